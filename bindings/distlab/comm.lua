@@ -1,0 +1,283 @@
+-- distlab.comm — communicators: `local world = dl.comm.world()`.
+--
+--   world.rank, world.size, world.backend ("shm" | "nccl" | "meta"), world.device
+--   world:all_reduce(t, op)               in place; op "sum" (default), "avg", "max", "min"
+--   world:all_reduce(t, op, out)          out of place
+--   world:all_gather(out, t)              out holds size x t, rank order
+--   world:reduce_scatter(out, t, op)      t holds size x out
+--   world:all_to_all(out, t)              block j of t goes to rank j
+--   world:all_to_allv(out, recv_counts, t, send_counts)   counts per rank, 1-based tables
+--   world:broadcast(t, root)  world:send(t, peer)  world:recv(t, peer)
+--   dl.comm.group(function() ... end)     point-to-point ops issued together
+--   world:barrier()  world:synchronize()  world:split(color, key)  world:free()
+--
+-- Ops take the current stream (dl.current_stream()). Ranks are 0-based, as
+-- the launchers number them. The world comes from the environment the
+-- launcher sets: distlab's own DISTLAB_* variables, else torchrun's, Slurm's
+-- or Open MPI's; ranks meet through the store on MASTER_ADDR:MASTER_PORT.
+local ffi = require "ffi"
+local core = require "distlab.core"
+
+local C, check, fail = core.C, core.check, core.fail
+
+local M = {}
+local Comm = {}
+Comm.__index = Comm
+
+local backend_names = { [C.DL_COMM_SHM] = "shm", [C.DL_COMM_NCCL] = "nccl", [C.DL_COMM_META] = "meta" }
+local reds = { sum = C.DL_RED_SUM, avg = C.DL_RED_AVG, max = C.DL_RED_MAX, min = C.DL_RED_MIN }
+
+-- ---- the environment ----------------------------------------------------------
+
+local function first_env(...)
+  for i = 1, select("#", ...) do
+    local v = os.getenv((select(i, ...)))
+    if v and v ~= "" then return v end
+  end
+end
+
+local function int_env(dflt, ...)
+  local v = first_env(...)
+  if v == nil then return dflt end
+  local n = tonumber(v)
+  if not n or n ~= math.floor(n) then fail("%s=%q is not an integer", table.concat({ ... }, "/"), v) end
+  return n
+end
+
+-- What this process is in the job: rank, world_size, local_rank,
+-- local_world_size, device ("cpu" | "meta" | "cuda"), job, master_addr, master_port.
+function M.env()
+  local e = {}
+  e.rank = int_env(0, "DISTLAB_RANK", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+  e.world_size = int_env(1, "DISTLAB_WORLD_SIZE", "WORLD_SIZE", "SLURM_NTASKS",
+    "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+  e.local_rank = int_env(e.rank, "DISTLAB_LOCAL_RANK", "LOCAL_RANK", "SLURM_LOCALID",
+    "OMPI_COMM_WORLD_LOCAL_RANK")
+  e.local_world_size = int_env(e.world_size, "DISTLAB_LOCAL_WORLD_SIZE", "LOCAL_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_SIZE")
+  e.device = (first_env("DISTLAB_DEVICE") or "cpu"):match("^(%a+)")
+  local slurm = os.getenv("SLURM_JOB_ID") and (os.getenv("SLURM_JOB_ID") .. "." .. (os.getenv("SLURM_STEP_ID") or "0"))
+  e.job = first_env("DISTLAB_JOB_ID", "TORCHELASTIC_RUN_ID", "OMPI_MCA_ess_base_jobid") or slurm or "job"
+  e.master_addr = first_env("MASTER_ADDR") or "127.0.0.1"
+  e.master_port = int_env(e.world_size == 1 and 0 or 29500, "MASTER_PORT")
+  if e.world_size < 1 or e.rank < 0 or e.rank >= e.world_size then
+    fail("rank %d is not in a world of size %d (check the launcher's variables)", e.rank, e.world_size)
+  end
+  return e
+end
+
+-- ---- the store ----------------------------------------------------------------
+
+local Store = {}
+Store.__index = Store
+
+-- The job's store (made once): rank 0 serves it, everyone connects.
+local the_store
+function M.store(opts)
+  if the_store then return the_store end
+  local e = M.env()
+  local pp = ffi.new("dl_store_t*[1]")
+  check(C.dl_store_new(pp, e.master_addr, e.master_port, e.rank, e.world_size, e.job,
+    opts and opts.timeout or 0))
+  the_store = setmetatable({ ptr = ffi.gc(pp[0], C.dl_store_free) }, Store)
+  return the_store
+end
+
+function Store:set(key, value)
+  check(C.dl_store_set(self.ptr, key, value, #value))
+end
+
+-- Waits until key is set; returns its value as a string.
+function Store:get(key)
+  local len = ffi.new("int64_t[1]")
+  check(C.dl_store_get(self.ptr, key, nil, 0, len))
+  local buf = ffi.new("char[?]", math.max(1, tonumber(len[0])))
+  check(C.dl_store_get(self.ptr, key, buf, len[0], len))
+  return ffi.string(buf, len[0])
+end
+
+function Store:add(key, delta)
+  local v = ffi.new("int64_t[1]")
+  check(C.dl_store_add(self.ptr, key, delta or 1, v))
+  return tonumber(v[0])
+end
+
+function Store:wait(key) check(C.dl_store_wait(self.ptr, key)) end
+function Store:delete(key) check(C.dl_store_delete(self.ptr, key)) end
+function Store:set_timeout(s) check(C.dl_store_set_timeout(self.ptr, s)) end
+function Store:check(key)
+  local e = ffi.new("int[1]")
+  check(C.dl_store_check(self.ptr, key, e))
+  return e[0] ~= 0
+end
+
+-- ---- communicators ------------------------------------------------------------
+
+local info = ffi.new("dl_comm_info_t")
+
+local function wrap(ptr, store)
+  check(C.dl_comm_info(ptr, info))
+  return setmetatable({
+    ptr = ffi.gc(ptr, C.dl_comm_free),
+    rank = info.rank,
+    size = info.size,
+    backend = backend_names[info.backend],
+    device = core.device_name(info.dev_type, info.dev_index),
+    name = ffi.string(info.name),
+    store = store,
+  }, Comm)
+end
+
+Comm.__tostring = function(c)
+  return string.format("comm '%s' (%s, rank %d of %d, %s)", c.name, c.backend, c.rank, c.size, c.device)
+end
+
+-- A new communicator over the job. opts: backend ("shm" | "nccl" | "meta";
+-- by default from the device), timeout (s), debug, and for meta rank/size.
+function M.new(opts)
+  opts = opts or {}
+  local e = M.env()
+  local backend = opts.backend or (e.device == "cuda" and "nccl" or e.device == "meta" and "meta" or "shm")
+  local id = ({ shm = C.DL_COMM_SHM, nccl = C.DL_COMM_NCCL, meta = C.DL_COMM_META })[backend]
+  if not id then fail("unknown backend %q (expected shm, nccl or meta)", tostring(backend)) end
+  local rank, size = opts.rank or e.rank, opts.size or e.world_size
+  local store = backend ~= "meta" and M.store(opts) or nil
+  local dev_index = 0
+  if backend == "nccl" then
+    local d = opts.device or core.default_device()
+    if not d:match("^cuda") then d = "cuda:" .. e.local_rank end
+    dev_index = select(2, core.parse_device(d))
+  end
+  local pp = ffi.new("dl_comm_t*[1]")
+  check(C.dl_comm_new(pp, id, store and store.ptr or nil, rank, size, dev_index, opts.timeout or 0))
+  local c = wrap(pp[0], store)
+  if opts.debug or os.getenv("DISTLAB_COMM_DEBUG") == "1" then c:set_debug(true) end
+  return c
+end
+
+local the_world
+-- The job's world communicator (made on first use; later opts are ignored).
+function M.world(opts)
+  if not the_world or the_world.ptr == nil then the_world = M.new(opts) end
+  return the_world
+end
+
+-- A meta world of `size` where this process is `rank` (no store, no peers).
+function M.meta(size, rank, opts)
+  opts = opts or {}
+  return M.new { backend = "meta", size = size, rank = rank or 0, timeout = opts.timeout }
+end
+
+function Comm:free()
+  if self.ptr ~= nil then
+    C.dl_comm_free(ffi.gc(self.ptr, nil))
+    self.ptr = nil
+  end
+  if the_world == self then the_world = nil end
+end
+
+local function live(c)
+  if c.ptr == nil then fail("use of a freed communicator") end
+  return c.ptr
+end
+
+function Comm:info()
+  check(C.dl_comm_info(live(self), info))
+  return { rank = info.rank, size = info.size, backend = backend_names[info.backend], seq = tonumber(info.seq),
+    timeout = info.timeout_s, debug = info.debug ~= 0, failed = info.failed ~= 0, name = ffi.string(info.name) }
+end
+
+function Comm:set_timeout(seconds) check(C.dl_comm_set_timeout(live(self), seconds)) return self end
+function Comm:set_debug(on) check(C.dl_comm_set_debug(live(self), on and 1 or 0)) return self end
+function Comm:abort(why) check(C.dl_comm_abort(live(self), why or "aborted from Lua")) end
+
+-- split(color, key): collective; color < 0 (or nil) gives nil.
+-- split(function(rank) return color, key end): every rank's color is known
+-- locally, so nothing is exchanged; the only way on meta.
+function Comm:split(color, key)
+  local pp = ffi.new("dl_comm_t*[1]")
+  if type(color) == "function" then
+    local colors, keys = ffi.new("int32_t[?]", self.size), ffi.new("int32_t[?]", self.size)
+    for r = 0, self.size - 1 do
+      local cr, kr = color(r)
+      colors[r], keys[r] = cr or -1, kr or r
+    end
+    check(C.dl_comm_split_table(pp, live(self), colors, keys))
+  else
+    check(C.dl_comm_split(pp, live(self), color or -1, key or self.rank))
+  end
+  if pp[0] == nil then return nil end
+  return wrap(pp[0], self.store)
+end
+
+local function red(op)
+  local r = reds[op or "sum"]
+  if not r then fail("unknown reduction %q (expected sum, avg, max or min)", tostring(op)) end
+  return r
+end
+
+local function stream() return core.stream end
+
+function Comm:all_reduce(t, op, out)
+  out = out or t
+  check(C.dl_comm_all_reduce(live(self), out, t, red(op), stream()))
+  return out
+end
+
+function Comm:all_gather(out, t)
+  check(C.dl_comm_all_gather(live(self), out, t, stream()))
+  return out
+end
+
+function Comm:reduce_scatter(out, t, op)
+  check(C.dl_comm_reduce_scatter(live(self), out, t, red(op), stream()))
+  return out
+end
+
+function Comm:all_to_all(out, t)
+  check(C.dl_comm_all_to_all(live(self), out, t, stream()))
+  return out
+end
+
+local function counts_arr(c, counts, what)
+  if type(counts) ~= "table" or #counts ~= c.size then
+    fail("%s must be a table of %d counts (one per rank)", what, c.size)
+  end
+  local a = ffi.new("int64_t[?]", c.size)
+  for i = 1, c.size do a[i - 1] = counts[i] end
+  return a
+end
+
+function Comm:all_to_allv(out, recv_counts, t, send_counts)
+  check(C.dl_comm_all_to_allv(live(self), out, counts_arr(self, recv_counts, "recv_counts"), t,
+    counts_arr(self, send_counts, "send_counts"), stream()))
+  return out
+end
+
+function Comm:broadcast(t, root)
+  check(C.dl_comm_broadcast(live(self), t, root or 0, stream()))
+  return t
+end
+
+function Comm:send(t, peer) check(C.dl_comm_send(live(self), t, peer, stream())) end
+
+function Comm:recv(t, peer)
+  check(C.dl_comm_recv(live(self), t, peer, stream()))
+  return t
+end
+
+function Comm:barrier() check(C.dl_comm_barrier(live(self), stream())) end
+function Comm:synchronize() check(C.dl_comm_synchronize(live(self), stream())) end
+
+-- Issue the point-to-point ops of fn together (a ring exchange cannot
+-- deadlock). fn's errors propagate after the group is closed.
+function M.group(fn, ...)
+  check(C.dl_comm_group_start())
+  local ok, err = pcall(fn, ...)
+  local rc = C.dl_comm_group_end()
+  if not ok then error(err, 0) end
+  check(rc)
+end
+
+M.Comm = Comm
+return M
