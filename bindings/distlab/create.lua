@@ -1,0 +1,106 @@
+-- distlab.create — tensor factories: empty, zeros, ones, full, rand, randn,
+-- arange, from_table and the *_like variants. All take the same trailing
+-- options: a dtype name, a device name, or {dtype =, device =, seed =}.
+local ffi = require "ffi"
+local core = require "distlab.core"
+local tensor = require "distlab.tensor"
+
+local C, fail = core.C, core.fail
+local T = tensor.methods
+local M = {}
+
+M.empty = tensor.empty
+
+function M.full(...)
+  local n = select("#", ...)
+  local value = select(n, ...)
+  if type(value) ~= "number" then fail("full: the last argument must be the fill value") end
+  local args = { ... }
+  args[n] = nil
+  return T.fill_(tensor.empty(unpack(args, 1, n - 1)), value)
+end
+
+function M.zeros(...) return T.fill_(tensor.empty(...), 0) end
+function M.ones(...) return T.fill_(tensor.empty(...), 1) end
+
+function M.randn(...)
+  local _, opts = tensor.parse_args(...)
+  return T.normal_(tensor.empty(...), opts.mean or 0, opts.std or 1, opts.seed)
+end
+
+function M.rand(...)
+  local _, opts = tensor.parse_args(...)
+  return T.uniform_(tensor.empty(...), opts.low or 0, opts.high or 1, opts.seed)
+end
+
+function M.empty_like(t, opts) return tensor.empty_like(t, opts) end
+function M.zeros_like(t, opts) return T.fill_(tensor.empty_like(t, opts), 0) end
+function M.ones_like(t, opts) return T.fill_(tensor.empty_like(t, opts), 1) end
+function M.full_like(t, v, opts) return T.fill_(tensor.empty_like(t, opts), v) end
+
+-- Values from a host buffer of f64 (or i64) into a tensor of the wanted dtype/device.
+local function from_values(values, shape, opts, int)
+  local host = tensor.empty(shape, { dtype = int and "i64" or "f64", device = "cpu" })
+  local p = ffi.cast(int and "int64_t*" or "double*", T.data_ptr(host))
+  for i, v in ipairs(values) do p[i - 1] = v end
+  local dtype = opts.dtype or (int and "i64" or "f32")
+  local out = tensor.empty(shape, { dtype = dtype, device = opts.device })
+  T.copy_(out, host)
+  T.free(host)
+  return out
+end
+
+-- arange(n), arange(start, stop[, step]): [start, stop), like torch.
+function M.arange(...)
+  local nums, opts = {}, {}
+  for i = 1, select("#", ...) do
+    local a = select(i, ...)
+    if type(a) == "number" then nums[#nums + 1] = a
+    elseif type(a) == "table" then opts = a
+    elseif type(a) == "string" then
+      if core.is_dtype(a) then opts.dtype = a else opts.device = a end
+    end
+  end
+  local start, stop, step
+  if #nums == 1 then start, stop, step = 0, nums[1], 1
+  elseif #nums == 2 then start, stop, step = nums[1], nums[2], 1
+  elseif #nums == 3 then start, stop, step = nums[1], nums[2], nums[3]
+  else fail("arange: expected 1 to 3 numbers, got %d", #nums) end
+  if step == 0 then fail("arange: step must not be 0") end
+  local n = math.max(0, math.ceil((stop - start) / step))
+  local vals = {}
+  for i = 1, n do vals[i] = start + (i - 1) * step end
+  local int = start == math.floor(start) and step == math.floor(step)
+  return from_values(vals, { n }, opts, int)
+end
+
+-- from_table{{1, 2}, {3, 4}}: nested tables of numbers, rectangular; f32
+-- unless a dtype is given (Torch7's default tensor type, not PyTorch's int64).
+function M.from_table(tbl, ...)
+  if type(tbl) ~= "table" then fail("from_table: expected a (nested) table of numbers") end
+  local _, opts = tensor.parse_args(...)
+  local shape, d = {}, tbl
+  while type(d) == "table" do
+    shape[#shape + 1] = #d
+    d = d[1]
+  end
+  local vals = {}
+  local function walk(x, depth, where)
+    if depth > #shape then
+      if type(x) ~= "number" then fail("from_table: %s is a %s, not a number", where, type(x)) end
+      vals[#vals + 1] = x
+      return
+    end
+    if type(x) ~= "table" or #x ~= shape[depth] then
+      fail("from_table: ragged at %s (expected %d entries)", where, shape[depth])
+    end
+    for i = 1, #x do walk(x[i], depth + 1, where .. "[" .. i .. "]") end
+  end
+  walk(tbl, 1, "table")
+  local dtype = opts.dtype or "f32"
+  local int = core.dtype_id(dtype) == C.DL_I32 or core.dtype_id(dtype) == C.DL_I64 or
+    core.dtype_id(dtype) == C.DL_U8
+  return from_values(vals, shape, { dtype = dtype, device = opts.device }, int)
+end
+
+return M

@@ -1,0 +1,28 @@
+/* alloc.h — storages: reference-counted allocations from the per-device caching
+ * allocator, charged to a memory tag (see alloc.c). */
+#ifndef DISTLAB_ALLOC_H
+#define DISTLAB_ALLOC_H
+
+#include "internal.h"
+
+struct dl_storage {
+  int refs;
+  int dev_type;
+  int dev_index;
+  int tag;
+  void *ptr;         /* NULL on meta and for 0 bytes */
+  int64_t nbytes;    /* requested */
+  int64_t charged;   /* what the stats count: nbytes, rounded on cuda */
+  int64_t block;     /* bytes of the device block behind it */
+  void *stream;      /* cudaStream_t it was allocated on (its pool) */
+  void *uses[4];     /* other streams that used it (record_stream) */
+  int n_uses;
+};
+
+/* A new storage with one reference, allocated on `stream`'s pool. */
+int dl_storage_new(int dev_type, int dev_index, int64_t nbytes, void *stream, dl_storage_t **out);
+void dl_storage_retain(dl_storage_t *s);
+void dl_storage_release(dl_storage_t *s);
+int dl_storage_record_stream(dl_storage_t *s, void *stream);
+
+#endif

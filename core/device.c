@@ -1,0 +1,325 @@
+/*
+ * device.c — devices, streams and events.
+ *
+ * CUDA is touched lazily: loading the library never initialises it, so it
+ * loads on machines with the toolkit but no driver (developer machines, CI),
+ * where dl_cuda_device_count() answers 0 with the reason. A cpu or meta
+ * stream is a tag (ops there run synchronously); cpu and meta events record
+ * host time so timing code is the same on every device.
+ */
+#include <stdlib.h>
+#include <time.h>
+
+#include "device.h"
+
+struct dl_stream {
+  int dev_type;
+  int dev_index;
+#ifdef DL_WITH_CUDA
+  cudaStream_t cu;
+#endif
+};
+
+struct dl_event {
+  int dev_type;
+  int dev_index;
+  int recorded;
+  double host_us;
+#ifdef DL_WITH_CUDA
+  cudaEvent_t cu;
+#endif
+};
+
+int dl_dtype_size(int dtype) {
+  static const int sizes[DL_NUM_DTYPES] = {4, 2, 2, 4, 8, 1, 8};
+  return dtype >= 0 && dtype < DL_NUM_DTYPES ? sizes[dtype] : 0;
+}
+
+const char *dl_dtype_name(int dtype) {
+  static const char *names[DL_NUM_DTYPES] = {"f32", "f16", "bf16", "i32", "i64", "u8", "f64"};
+  return dtype >= 0 && dtype < DL_NUM_DTYPES ? names[dtype] : "?";
+}
+
+const char *dl_build_info(void) {
+#ifdef DL_WITH_CUDA
+#define DL_STR2(x) #x
+#define DL_STR(x) DL_STR2(x)
+  return "distlab abi " DL_STR(1) ", CUDA runtime " DL_STR(CUDART_VERSION) ", NCCL loaded at run time";
+#else
+  return "distlab abi 1, cpu-only build (no nvcc at build time)";
+#endif
+}
+
+/* ---- CUDA availability ------------------------------------------------- */
+
+static int cuda_count = -1;
+static const char *cuda_reason = "";
+
+int dl_cuda_device_count(int *count, const char **reason) {
+#ifdef DL_WITH_CUDA
+  if (cuda_count < 0) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      cuda_reason = e == cudaErrorInsufficientDriver ? "no CUDA driver (libcuda.so) on this machine"
+                    : e == cudaErrorNoDevice        ? "no CUDA device on this machine"
+                                                    : cudaGetErrorString(e);
+      n = 0;
+    } else if (n == 0) {
+      cuda_reason = "no CUDA device on this machine";
+    }
+    cuda_count = n;
+  }
+#else
+  cuda_count = 0;
+  cuda_reason = "this libdistlab was built without CUDA (no nvcc at build time)";
+#endif
+  if (count) *count = cuda_count;
+  if (reason) *reason = cuda_reason;
+  return DL_OK;
+}
+
+int dl_device_check(int dev_type, int dev_index) {
+  if (dev_type == DL_CPU || dev_type == DL_META) {
+    DL_CHECK_ARG(dev_index == 0, "device index %d on %s (only 0 exists)", dev_index,
+                 dev_type == DL_CPU ? "cpu" : "meta");
+    return DL_OK;
+  }
+  DL_CHECK_ARG(dev_type == DL_CUDA, "unknown device type %d", dev_type);
+  int n;
+  const char *why;
+  dl_cuda_device_count(&n, &why);
+  if (n == 0) return DL_ERR(DL_ENODEV, "cuda:%d requested but %s", dev_index, why);
+  if (dev_index < 0 || dev_index >= n)
+    return DL_ERR(DL_ENODEV, "cuda:%d requested but this machine has %d CUDA device(s)", dev_index,
+                  n);
+  return DL_OK;
+}
+
+#ifdef DL_WITH_CUDA
+static __thread int current_cuda = -1;
+int dl_cuda_use(int dev_index) {
+  if (current_cuda != dev_index) {
+    DL_CUDA_CHECK(cudaSetDevice(dev_index));
+    current_cuda = dev_index;
+  }
+  return DL_OK;
+}
+#endif
+
+int dl_cuda_device_name(int index, char *buf, int64_t buflen) {
+  DL_TRY(dl_device_check(DL_CUDA, index));
+  DL_CHECK_ARG(buf && buflen > 0, "no buffer for the device name");
+#ifdef DL_WITH_CUDA
+  struct cudaDeviceProp prop;
+  DL_CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
+  snprintf(buf, (size_t)buflen, "%s", prop.name);
+#endif
+  return DL_OK;
+}
+
+int dl_device_synchronize(int dev_type, int dev_index) {
+  DL_TRY(dl_device_check(dev_type, dev_index));
+#ifdef DL_WITH_CUDA
+  if (dev_type == DL_CUDA) {
+    DL_TRY(dl_cuda_use(dev_index));
+    DL_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+#endif
+  return DL_OK;
+}
+
+/* ---- streams ------------------------------------------------------------ */
+
+int dl_stream_new(dl_stream_t **out, int dev_type, int dev_index, int priority) {
+  DL_CHECK_ARG(out, "out is NULL");
+  DL_TRY(dl_device_check(dev_type, dev_index));
+  dl_stream_t *s = calloc(1, sizeof *s);
+  if (!s) return DL_ERR(DL_ENOMEM, "out of host memory for a stream");
+  s->dev_type = dev_type;
+  s->dev_index = dev_index;
+#ifdef DL_WITH_CUDA
+  if (dev_type == DL_CUDA) {
+    int rc = dl_cuda_use(dev_index);
+    if (rc == DL_OK) {
+      int lo, hi;
+      cudaError_t e = cudaDeviceGetStreamPriorityRange(&lo, &hi);
+      if (e == cudaSuccess) {
+        int p = priority < hi ? hi : priority > lo ? lo : priority;
+        e = cudaStreamCreateWithPriority(&s->cu, cudaStreamNonBlocking, p);
+      }
+      if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        rc = DL_ERR(DL_ECUDA, "cudaStreamCreateWithPriority on cuda:%d: %s", dev_index,
+                    cudaGetErrorString(e));
+      }
+    }
+    if (rc) {
+      free(s);
+      return rc;
+    }
+  }
+#endif
+  *out = s;
+  return DL_OK;
+}
+
+void dl_stream_free(dl_stream_t *s) {
+  if (!s) return;
+#ifdef DL_WITH_CUDA
+  if (s->dev_type == DL_CUDA && s->cu) cudaStreamDestroy(s->cu);
+#endif
+  free(s);
+}
+
+void *dl_stream_handle(dl_stream_t *s) {
+#ifdef DL_WITH_CUDA
+  if (s && s->dev_type == DL_CUDA) return (void *)s->cu;
+#endif
+  return NULL;
+}
+
+int dl_stream_for(dl_stream_t *s, int dev_type, int dev_index, void **handle) {
+  *handle = NULL;
+  if (!s || dev_type != DL_CUDA) return DL_OK;
+  if (s->dev_type != DL_CUDA || s->dev_index != dev_index)
+    return DL_ERR(DL_EINVAL, "the current stream belongs to %s:%d but the tensor is on cuda:%d",
+                  s->dev_type == DL_CUDA ? "cuda" : s->dev_type == DL_CPU ? "cpu" : "meta",
+                  s->dev_index, dev_index);
+  *handle = dl_stream_handle(s);
+  return DL_OK;
+}
+
+int dl_stream_synchronize(dl_stream_t *s, int dev_type, int dev_index) {
+  if (s) {
+    dev_type = s->dev_type;
+    dev_index = s->dev_index;
+  }
+  DL_TRY(dl_device_check(dev_type, dev_index));
+#ifdef DL_WITH_CUDA
+  if (dev_type == DL_CUDA) {
+    DL_TRY(dl_cuda_use(dev_index));
+    DL_CUDA_CHECK(cudaStreamSynchronize(s ? s->cu : 0));
+  }
+#endif
+  return DL_OK;
+}
+
+int dl_stream_wait_event(dl_stream_t *s, dl_event_t *e) {
+  DL_CHECK_ARG(e, "event is NULL");
+  if (!e->recorded) return DL_ERR(DL_ESTATE, "waiting on an event that was never recorded");
+#ifdef DL_WITH_CUDA
+  if (e->dev_type == DL_CUDA) {
+    int dev = s ? s->dev_index : e->dev_index;
+    if (s && s->dev_type != DL_CUDA) return DL_OK; /* cpu work is already ordered */
+    DL_TRY(dl_cuda_use(dev));
+    DL_CUDA_CHECK(cudaStreamWaitEvent(s ? s->cu : 0, e->cu, 0));
+  }
+#endif
+  return DL_OK;
+}
+
+/* ---- events ------------------------------------------------------------- */
+
+int dl_event_new(dl_event_t **out, int dev_type, int dev_index) {
+  DL_CHECK_ARG(out, "out is NULL");
+  DL_TRY(dl_device_check(dev_type, dev_index));
+  dl_event_t *e = calloc(1, sizeof *e);
+  if (!e) return DL_ERR(DL_ENOMEM, "out of host memory for an event");
+  e->dev_type = dev_type;
+  e->dev_index = dev_index;
+#ifdef DL_WITH_CUDA
+  if (dev_type == DL_CUDA) {
+    int rc = dl_cuda_use(dev_index);
+    if (rc == DL_OK) {
+      cudaError_t err = cudaEventCreate(&e->cu);
+      if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        rc = DL_ERR(DL_ECUDA, "cudaEventCreate on cuda:%d: %s", dev_index, cudaGetErrorString(err));
+      }
+    }
+    if (rc) {
+      free(e);
+      return rc;
+    }
+  }
+#endif
+  *out = e;
+  return DL_OK;
+}
+
+void dl_event_free(dl_event_t *e) {
+  if (!e) return;
+#ifdef DL_WITH_CUDA
+  if (e->dev_type == DL_CUDA && e->cu) cudaEventDestroy(e->cu);
+#endif
+  free(e);
+}
+
+int dl_event_record(dl_event_t *e, dl_stream_t *s) {
+  DL_CHECK_ARG(e, "event is NULL");
+  e->host_us = dl_now_us();
+  e->recorded = 1;
+#ifdef DL_WITH_CUDA
+  if (e->dev_type == DL_CUDA) {
+    if (s && (s->dev_type != DL_CUDA || s->dev_index != e->dev_index))
+      return DL_ERR(DL_EINVAL, "event of cuda:%d recorded on a stream of another device",
+                    e->dev_index);
+    DL_TRY(dl_cuda_use(e->dev_index));
+    DL_CUDA_CHECK(cudaEventRecord(e->cu, s ? s->cu : 0));
+  }
+#endif
+  return DL_OK;
+}
+
+int dl_event_query(dl_event_t *e, int *done) {
+  DL_CHECK_ARG(e && done, "event or out is NULL");
+  *done = 1;
+#ifdef DL_WITH_CUDA
+  if (e->dev_type == DL_CUDA && e->recorded) {
+    cudaError_t err = cudaEventQuery(e->cu);
+    if (err == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      *done = 0;
+    } else {
+      DL_CUDA_CHECK(err);
+    }
+  }
+#endif
+  return DL_OK;
+}
+
+int dl_event_synchronize(dl_event_t *e, double timeout_s) {
+  DL_CHECK_ARG(e, "event is NULL");
+  double t0 = dl_now_us();
+  int done = 0;
+  for (unsigned spin = 0;; spin++) {
+    DL_TRY(dl_event_query(e, &done));
+    if (done) return DL_OK;
+    if (timeout_s > 0 && dl_now_us() - t0 > timeout_s * 1e6)
+      return DL_ERR(DL_ETIMEOUT, "event on cuda:%d not reached after %.1f s (a kernel is stuck "
+                    "or a peer never arrived)", e->dev_index, timeout_s);
+    if (spin > 1000) {
+      struct timespec ts = {0, 20000};
+      nanosleep(&ts, NULL);
+    }
+  }
+}
+
+int dl_event_elapsed_ms(dl_event_t *start, dl_event_t *end, double *ms) {
+  DL_CHECK_ARG(start && end && ms, "NULL argument");
+  if (!start->recorded || !end->recorded)
+    return DL_ERR(DL_ESTATE, "elapsed time between events that were not both recorded");
+#ifdef DL_WITH_CUDA
+  if (start->dev_type == DL_CUDA && end->dev_type == DL_CUDA) {
+    float f;
+    DL_TRY(dl_event_synchronize(end, dl_timeout_s()));
+    DL_CUDA_CHECK(cudaEventElapsedTime(&f, start->cu, end->cu));
+    *ms = f;
+    return DL_OK;
+  }
+#endif
+  *ms = (end->host_us - start->host_us) * 1e-3;
+  return DL_OK;
+}

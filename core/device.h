@@ -1,0 +1,19 @@
+/* device.h — device checks and stream resolution shared inside the core. */
+#ifndef DISTLAB_DEVICE_H
+#define DISTLAB_DEVICE_H
+
+#include <stdio.h>
+
+#include "internal.h"
+
+/* DL_OK if the device exists; DL_ENODEV / DL_EINVAL with a clear message if not. */
+int dl_device_check(int dev_type, int dev_index);
+/* The raw cudaStream_t for work on (dev_type, dev_index); NULL for the default
+ * stream and for cpu/meta. Fails if s belongs to another CUDA device. */
+int dl_stream_for(dl_stream_t *s, int dev_type, int dev_index, void **handle);
+#ifdef DL_WITH_CUDA
+/* cudaSetDevice, skipped when the thread is already there. */
+int dl_cuda_use(int dev_index);
+#endif
+
+#endif

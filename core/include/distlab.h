@@ -1,0 +1,331 @@
+/*
+ * distlab.h — the whole C ABI of libdistlab.
+ *
+ * The Lua bindings read this file at load time, drop every preprocessor line,
+ * every comment and the C++ guard, and hand the rest to ffi.cdef. So: plain C
+ * only — no macros that must expand, no CUDA or NCCL types (streams are opaque),
+ * sizes as int64_t, array bounds as literals.
+ *
+ * Conventions: every fallible function returns int (DL_OK = 0, or a negative
+ * DL_E* code) and leaves a per-thread message "what, at file:line" that
+ * dl_last_error() returns. Nothing here aborts or exits the process.
+ * Objects are dl_<object>_t, functions dl_<object>_<verb>. Dimensions and
+ * indices are 0-based in C (the Lua layer is 1-based, as Torch7).
+ */
+#ifndef DISTLAB_H
+#define DISTLAB_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+enum { DL_ABI_VERSION = 1 };
+
+/* ---- status codes ------------------------------------------------------ */
+enum {
+  DL_OK = 0,
+  DL_EINVAL = -1,       /* bad argument: shape, dtype, range, option        */
+  DL_ENOMEM = -2,       /* allocation failed after emptying the cache       */
+  DL_ECUDA = -3,        /* a CUDA runtime call failed                       */
+  DL_ENODEV = -4,       /* no such device / no CUDA device / no driver      */
+  DL_ENCCL = -5,        /* an NCCL call failed                              */
+  DL_ETIMEOUT = -6,     /* a wait ran past its timeout                      */
+  DL_ESTATE = -7,       /* use of a freed or ill-formed object              */
+  DL_EUNSUPPORTED = -8, /* valid request this build or device cannot do     */
+  DL_EIO = -9,          /* socket, file or shared-memory failure            */
+  DL_EPEER = -10        /* a peer rank failed or went away                  */
+};
+
+const char *dl_last_error(void);
+int dl_last_error_code(void);
+void dl_clear_error(void);
+int dl_abi_version(void);
+/* One line: version, CUDA runtime it was built with (or "cpu-only"), archs. */
+const char *dl_build_info(void);
+
+/* ---- dtypes and devices ------------------------------------------------ */
+enum {
+  DL_F32 = 0,
+  DL_F16 = 1,
+  DL_BF16 = 2,
+  DL_I32 = 3,
+  DL_I64 = 4,
+  DL_U8 = 5,
+  DL_F64 = 6,
+  DL_NUM_DTYPES = 7
+};
+
+enum { DL_CPU = 0, DL_CUDA = 1, DL_META = 2 };
+
+int dl_dtype_size(int dtype);
+const char *dl_dtype_name(int dtype);
+
+/* Number of usable CUDA devices. 0 with DL_OK when the build has CUDA but
+ * the machine has no driver or no GPU; *reason then says why (static text). */
+int dl_cuda_device_count(int *count, const char **reason);
+int dl_cuda_device_name(int index, char *buf, int64_t buflen);
+int dl_device_synchronize(int dev_type, int dev_index);
+
+/* ---- streams and events ------------------------------------------------
+ * A stream belongs to one device. NULL wherever a stream is taken means the
+ * device's default stream. On cpu and meta, ops run synchronously; events
+ * record host time, so the same timing code works everywhere.            */
+typedef struct dl_stream dl_stream_t;
+typedef struct dl_event dl_event_t;
+
+int dl_stream_new(dl_stream_t **out, int dev_type, int dev_index, int priority);
+void dl_stream_free(dl_stream_t *s);
+int dl_stream_synchronize(dl_stream_t *s, int dev_type, int dev_index);
+int dl_stream_wait_event(dl_stream_t *s, dl_event_t *e);
+/* The cudaStream_t behind a stream (NULL for the default or a cpu stream). */
+void *dl_stream_handle(dl_stream_t *s);
+
+int dl_event_new(dl_event_t **out, int dev_type, int dev_index);
+void dl_event_free(dl_event_t *e);
+int dl_event_record(dl_event_t *e, dl_stream_t *s);
+int dl_event_synchronize(dl_event_t *e, double timeout_s);
+int dl_event_query(dl_event_t *e, int *done);
+int dl_event_elapsed_ms(dl_event_t *start, dl_event_t *end, double *ms);
+
+/* ---- tensors ------------------------------------------------------------
+ * Fields are for reading; change a tensor only through these functions.
+ * The short field names leave shape/dtype/device free for Lua properties.
+ * sz (shape), st (strides) and offset are in elements.
+ * A tensor owns one reference to its storage; views share it.          */
+typedef struct dl_storage dl_storage_t;
+
+typedef struct dl_tensor {
+  uint32_t magic;
+  int32_t dtype_id;
+  int32_t nd;          /* number of dimensions, 0..8 */
+  int32_t dev_type;
+  int32_t dev_index;
+  int32_t flags;
+  int64_t sz[8];       /* shape */
+  int64_t st[8];       /* strides */
+  int64_t offset;
+  dl_storage_t *storage; /* NULL once released */
+} dl_tensor_t;
+
+int dl_tensor_empty(dl_tensor_t **out, int dtype, int ndim, const int64_t *shape,
+                    int dev_type, int dev_index);
+/* A new tensor on base's storage: any shape/strides/offset that stays inside it. */
+int dl_tensor_as_strided(dl_tensor_t **out, const dl_tensor_t *base, int ndim,
+                         const int64_t *shape, const int64_t *strides, int64_t offset);
+/* Drop the struct and its storage reference (the Lua finalizer). NULL is a no-op. */
+void dl_tensor_free(dl_tensor_t *t);
+/* Drop the storage reference now; later use of t is an error naming it freed. */
+int dl_tensor_release(dl_tensor_t *t);
+int dl_tensor_check(const dl_tensor_t *t);
+int dl_tensor_data_ptr(const dl_tensor_t *t, void **ptr);
+int64_t dl_tensor_numel(const dl_tensor_t *t);
+int dl_tensor_is_contiguous(const dl_tensor_t *t);
+/* Bytes of the storage and how many tensors share it. */
+int dl_tensor_storage_info(const dl_tensor_t *t, int64_t *nbytes, int32_t *refs);
+/* Ask the allocator not to reuse t's memory until work queued on s so far is done. */
+int dl_tensor_record_stream(dl_tensor_t *t, dl_stream_t *s);
+
+/* Element-wise ops. Shapes must match exactly (no broadcasting); dtypes may
+ * differ (values convert with round-to-nearest-even); devices must match
+ * except in copy, which moves data between any two of cpu and cuda:N.     */
+int dl_tensor_copy(dl_tensor_t *dst, const dl_tensor_t *src, dl_stream_t *s);
+int dl_tensor_fill(dl_tensor_t *t, double value, dl_stream_t *s);
+/* dst = dst*beta + alpha*src */
+int dl_tensor_axpby(dl_tensor_t *dst, double beta, const dl_tensor_t *src, double alpha,
+                    dl_stream_t *s);
+/* dst = dst*a + b */
+int dl_tensor_scale_shift(dl_tensor_t *dst, double a, double b, dl_stream_t *s);
+/* dst = dst*src */
+int dl_tensor_mul(dl_tensor_t *dst, const dl_tensor_t *src, dl_stream_t *s);
+
+enum { DL_RAND_UNIFORM = 0, DL_RAND_NORMAL = 1 };
+/* Counter-based (Philox4x32-10): element i of the row-major order gets the
+ * same value on every device for the same (seed, offset + i). uniform in
+ * [a, b); normal with mean a and std b. */
+int dl_tensor_random(dl_tensor_t *t, int dist, uint64_t seed, uint64_t offset, double a,
+                     double b, dl_stream_t *s);
+
+/* Comparison, in fp64, of two cpu tensors of the same shape (any dtypes). */
+typedef struct dl_compare {
+  double sum_sq_diff;    /* sum (a-b)^2 over finite pairs */
+  double sum_sq_ref;     /* sum b^2 */
+  double max_abs_diff;
+  int64_t n_nonfinite_a; /* NaN or Inf in a */
+  int64_t n_nonfinite_b;
+  int64_t n_not_close;   /* |a-b| > atol + rtol*|b|, or non-finite mismatch */
+  int64_t first_not_close; /* row-major index, -1 if none */
+} dl_compare_t;
+int dl_tensor_compare(const dl_tensor_t *a, const dl_tensor_t *b, double atol, double rtol,
+                      dl_compare_t *out);
+
+/* ---- allocator and memory accounting ------------------------------------
+ * One caching allocator per device. Every allocation is charged to the tag
+ * on top of the tag stack when it is made (tag 0, "untagged", when empty).
+ * On meta nothing is stored but everything is counted, in exact bytes.  */
+typedef struct dl_mem_stats {
+  int64_t allocated;      /* bytes held by live tensors                    */
+  int64_t allocated_peak;
+  int64_t reserved;       /* bytes taken from the device (cached included) */
+  int64_t reserved_peak;
+  int64_t n_allocs;
+  int64_t n_frees;
+  int64_t n_cache_hits;
+  int64_t n_device_allocs; /* cudaMalloc / malloc calls                     */
+  int64_t driver_free;     /* cuda: cudaMemGetInfo; else -1                */
+  int64_t driver_total;
+  int64_t untracked;       /* cuda: used on the device outside our reserve  */
+} dl_mem_stats_t;
+
+int dl_mem_stats(int dev_type, int dev_index, dl_mem_stats_t *out);
+int dl_mem_reset_peak(int dev_type, int dev_index);
+int dl_mem_empty_cache(int dev_type, int dev_index);
+
+int dl_mem_tag_push(const char *name);
+int dl_mem_tag_pop(void);
+int dl_mem_tag_count(void);
+const char *dl_mem_tag_name(int tag);
+/* current: bytes the tag holds now; peak: the most it held; at_peak: what it
+ * held when the device's allocated_peak was reached. */
+int dl_mem_tag_stats(int dev_type, int dev_index, int tag, int64_t *current, int64_t *peak,
+                     int64_t *at_peak);
+
+typedef struct dl_mem_event {
+  double t_us;       /* since the library loaded */
+  int32_t dev_type;
+  int32_t dev_index;
+  int32_t tag;
+  int32_t pad;
+  int64_t bytes;     /* +allocated, -freed */
+  int64_t allocated; /* device total after the event */
+} dl_mem_event_t;
+/* Keep the last `capacity` events (0 turns tracing off and clears it). */
+int dl_mem_trace_enable(int64_t capacity);
+/* Copy up to max events, oldest first; *n gets how many. */
+int dl_mem_trace_read(dl_mem_event_t *buf, int64_t max, int64_t *n);
+
+/* ---- communicators, store, symmetric buffers ----------------------------
+ * The store is a job's rendezvous: a TCP key-value store that rank 0 serves
+ * on host:port; keys live in the job's namespace. A communicator is one
+ * interface over three backends (NCCL on cuda, shared memory between the
+ * processes of one host on cpu, and meta, which moves nothing). Ops are
+ * ordered on the stream given (cpu ops run synchronously); bf16/fp16
+ * reductions accumulate in fp32. Every wait ends within the timeout (seconds;
+ * <= 0 means DISTLAB_TIMEOUT, else 120) with an error naming the operation,
+ * this rank and the peer. Counts are elements.                            */
+typedef struct dl_store dl_store_t;
+typedef struct dl_comm dl_comm_t;
+typedef struct dl_symm dl_symm_t;
+
+/* Rank 0 serves on host:port and every rank (0 too) connects, retrying until
+ * the timeout. job namespaces the keys ("" for none). Port 0 (a world of
+ * one only) takes any free port. */
+int dl_store_new(dl_store_t **out, const char *host, int port, int rank, int world_size,
+                 const char *job, double timeout_s);
+/* Drop one reference; the server stops with rank 0's last one. NULL is a no-op. */
+void dl_store_free(dl_store_t *s);
+int dl_store_set_timeout(dl_store_t *s, double timeout_s);
+int dl_store_set(dl_store_t *s, const char *key, const void *value, int64_t len);
+/* Waits until key exists; copies min(cap, size) bytes; *len gets its size. */
+int dl_store_get(dl_store_t *s, const char *key, void *buf, int64_t cap, int64_t *len);
+int dl_store_wait(dl_store_t *s, const char *key);
+/* Atomic add to an int64 counter (missing = 0); *value gets the new value. */
+int dl_store_add(dl_store_t *s, const char *key, int64_t delta, int64_t *value);
+int dl_store_check(dl_store_t *s, const char *key, int *exists);
+int dl_store_delete(dl_store_t *s, const char *key);
+
+enum { DL_COMM_SHM = 0, DL_COMM_NCCL = 1, DL_COMM_META = 2 };
+enum { DL_RED_SUM = 0, DL_RED_AVG = 1, DL_RED_MAX = 2, DL_RED_MIN = 3 };
+
+typedef struct dl_comm_info {
+  int32_t rank;
+  int32_t size;
+  int32_t backend;   /* DL_COMM_* */
+  int32_t dev_type;  /* DL_CPU, DL_CUDA or DL_META */
+  int32_t dev_index;
+  int32_t debug;
+  int32_t failed;    /* an op failed: the communicator refuses further ops */
+  int32_t pad;
+  int64_t seq;       /* ops issued so far */
+  double timeout_s;
+  char name[96];     /* "w" for the world, "w.s1c0" for split 1, color 0 */
+} dl_comm_info_t;
+
+/* Collective over the store's ranks: rank/size are this communicator's
+ * (meta needs no store: any size, this process is `rank`). dev_index picks
+ * the GPU for nccl. */
+int dl_comm_new(dl_comm_t **out, int backend, dl_store_t *store, int rank, int size,
+                int dev_index, double timeout_s);
+void dl_comm_free(dl_comm_t *c);
+int dl_comm_info(const dl_comm_t *c, dl_comm_info_t *out);
+int dl_comm_set_timeout(dl_comm_t *c, double timeout_s);
+/* Debug mode: before each op, check through the store that every rank calls
+ * the same op with the same dtype and sizes. Slow; for finding bugs. */
+int dl_comm_set_debug(dl_comm_t *c, int on);
+/* Ranks with the same color form a communicator, ordered by key then rank;
+ * color < 0 takes part but gets *out = NULL. Collective. Not on meta. */
+int dl_comm_split(dl_comm_t **out, dl_comm_t *c, int color, int key);
+/* The same, with every rank's color and key given (size entries each): needs
+ * no exchange, so it works on meta, where the peers are imaginary. */
+int dl_comm_split_table(dl_comm_t **out, dl_comm_t *c, const int32_t *colors,
+                        const int32_t *keys);
+/* Give up: peers waiting on this rank fail now with `why`. */
+int dl_comm_abort(dl_comm_t *c, const char *why);
+
+/* out may be in (in place). Sizes: all_gather out = size*in, reduce_scatter
+ * in = size*out, all_to_all in = out and divisible by size. */
+int dl_comm_all_reduce(dl_comm_t *c, dl_tensor_t *out, const dl_tensor_t *in, int op,
+                       dl_stream_t *s);
+int dl_comm_all_gather(dl_comm_t *c, dl_tensor_t *out, const dl_tensor_t *in, dl_stream_t *s);
+int dl_comm_reduce_scatter(dl_comm_t *c, dl_tensor_t *out, const dl_tensor_t *in, int op,
+                           dl_stream_t *s);
+int dl_comm_all_to_all(dl_comm_t *c, dl_tensor_t *out, const dl_tensor_t *in, dl_stream_t *s);
+/* send_counts[j] elements of in go to rank j and recv_counts[j] of out come
+ * from rank j, each packed in rank order. */
+int dl_comm_all_to_allv(dl_comm_t *c, dl_tensor_t *out, const int64_t *recv_counts,
+                        const dl_tensor_t *in, const int64_t *send_counts, dl_stream_t *s);
+int dl_comm_broadcast(dl_comm_t *c, dl_tensor_t *t, int root, dl_stream_t *s);
+int dl_comm_send(dl_comm_t *c, const dl_tensor_t *t, int peer, dl_stream_t *s);
+int dl_comm_recv(dl_comm_t *c, dl_tensor_t *t, int peer, dl_stream_t *s);
+/* Point-to-point ops between start and end (of this thread) are issued
+ * together, so a ring exchange cannot deadlock. Groups nest. */
+int dl_comm_group_start(void);
+int dl_comm_group_end(void);
+/* Host returns once every rank arrived. */
+int dl_comm_barrier(dl_comm_t *c, dl_stream_t *s);
+/* Host waits for the communicator's work queued on s, within the timeout;
+ * on nccl a hang or an async error aborts the communicator. */
+int dl_comm_synchronize(dl_comm_t *c, dl_stream_t *s);
+
+/* Symmetric buffers: nbytes on every rank of c (one host), each mapped by
+ * all: CUDA IPC on cuda, POSIX shared memory on cpu. Each buffer has a
+ * signal pad of DL_SIGNAL_FLAGS flags (uint32) and a barrier for
+ * flag-based synchronisation; counts only grow, so back-to-back uses
+ * cannot mistake an old signal for a new one. Collective. */
+enum { DL_SIGNAL_FLAGS = 64, DL_SIGNAL_MAX_RANKS = 8, DL_SIGNAL_MAX_BLOCKS = 64 };
+int dl_symm_alloc(dl_symm_t **out, dl_comm_t *c, int64_t nbytes);
+void dl_symm_free(dl_symm_t *b);
+int64_t dl_symm_nbytes(const dl_symm_t *b);
+/* Rank `peer`'s buffer as mapped here, and its signal pad. */
+int dl_symm_peer_ptr(const dl_symm_t *b, int peer, void **ptr);
+int dl_symm_signal_pad(const dl_symm_t *b, int peer, void **pad);
+/* A tensor view of rank peer's buffer: byte offset, dtype, shape (row-major). */
+int dl_symm_tensor(dl_tensor_t **out, dl_symm_t *b, int peer, int64_t offset, int dtype,
+                   int ndim, const int64_t *shape);
+/* flag `flag` of peer's pad := value (after this rank's prior writes). */
+int dl_symm_flag_set(dl_symm_t *b, int peer, int flag, uint32_t value, dl_stream_t *s);
+/* Wait until this rank's flag reaches value (counts compare modulo 2^32). */
+int dl_symm_flag_wait(dl_symm_t *b, int flag, uint32_t value, dl_stream_t *s);
+int dl_symm_flag_get(dl_symm_t *b, int peer, int flag, uint32_t *value);
+/* All ranks meet; writes before it are visible to every rank after it. */
+int dl_symm_barrier(dl_symm_t *b, dl_stream_t *s);
+/* On cuda, device-side waits that time out record it in the pad: wait for s
+ * and turn such a record into an error naming the flag, the rank and the peer. */
+int dl_symm_check(dl_symm_t *b, dl_stream_t *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

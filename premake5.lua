@@ -1,0 +1,115 @@
+-- premake5.lua — the one build description of libdistlab.
+--
+-- Runs under Debian's Premake 4.3 (`premake4 --file=premake5.lua gmake`) and
+-- under premake5. Three projects, so that object names never collide:
+--   distlab_cuda  kernels/*.cu     static, compiled by nvcc (only when nvcc exists)
+--   distlab_cpu   kernels/cpu/*.c  static, the CPU twins of the kernels
+--   distlab       core/*.c         shared: build/lib/libdistlab.so
+-- Under premake4 a .cu file counts as a C++ file and nvcc is the C++ compiler
+-- (it understands -MMD -MP, so a changed kernel rebuilds one object); run the
+-- generated makefile with `make -R` so GNU make's built-in CXX=g++ does not win.
+-- `./distlab build` does all of this.
+
+local P4 = _PREMAKE_VERSION:sub(1, 1) == "4"
+
+newoption { trigger = "cpu-only", description = "Build without CUDA even if nvcc is found" }
+newoption { trigger = "cuda-arch", value = "SM", description = "GPU arch, default 90" }
+
+local function find_nvcc()
+  if _OPTIONS["cpu-only"] then return nil end
+  local home = os.getenv("CUDA_HOME") or os.getenv("CUDA_PATH")
+  for _, p in ipairs({ home and (home .. "/bin/nvcc"), "/usr/local/cuda/bin/nvcc" }) do
+    if p and os.isfile(p) then return p end
+  end
+  local dir = os.pathsearch("nvcc", os.getenv("PATH") or "")
+  return dir and (dir .. "/nvcc") or nil
+end
+
+local nvcc = find_nvcc()
+local cuda_home = nvcc and path.getdirectory(path.getdirectory(nvcc))
+local sm = _OPTIONS["cuda-arch"] or "90"
+-- Machine code for sm_XX plus PTX, so a newer GPU can JIT it.
+local gencode = string.format("-gencode arch=compute_%s,code=sm_%s -gencode arch=compute_%s,code=compute_%s",
+  sm, sm, sm, sm)
+local nvcc_flags = "--forward-unknown-to-host-compiler -std=c++20 -O3 -Xcompiler -fPIC " ..
+  "--expt-relaxed-constexpr -lineinfo " .. gencode
+
+-- NCCL and cuDNN headers live in the CUDA tree on developer machines and in
+-- the system paths on the GPU hosts; NCCL itself is opened at run time.
+local cuda_includes = nvcc and { cuda_home .. "/include", "/usr/include" } or {}
+local cuda_libdirs = nvcc and { cuda_home .. "/lib64" } or {}
+
+local cu_files = nvcc and os.matchfiles("kernels/*.cu") or {}
+
+if P4 then
+  path.iscppfile_p4 = path.iscppfile_p4 or path.iscppfile
+  function path.iscppfile(f) return path.getextension(f):lower() == ".cu" or path.iscppfile_p4(f) end
+  if nvcc then premake.gcc.cxx = nvcc end
+end
+
+local function common()
+  if P4 then
+    configuration "*"
+  else
+    filter {}
+  end
+  flags { "Symbols" }
+  includedirs { "core", "kernels" }
+  includedirs(cuda_includes)
+  if nvcc then defines { "DL_WITH_CUDA" } end
+  targetdir "build/lib"
+end
+
+if P4 then solution "distlab" else workspace "distlab" end
+  location "build"
+  configurations { "release" }
+
+if nvcc then
+  project "distlab_cuda"
+    kind "StaticLib"
+    language "C++"
+    common()
+    objdir "build/obj/cuda"
+    files(cu_files)
+    if P4 then
+      buildoptions { nvcc_flags }
+    else
+      filter "files:**.cu"
+        buildcommands { nvcc .. " " .. nvcc_flags .. " -Icore -Ikernels -I" .. cuda_home .. "/include" ..
+          " -DDL_WITH_CUDA -MMD -MP -o %{cfg.objdir}/%{file.basename}.o -c %{file.relpath}" }
+        buildoutputs { "%{cfg.objdir}/%{file.basename}.o" }
+      filter {}
+    end
+end
+
+project "distlab_cpu"
+  kind "StaticLib"
+  language "C"
+  common()
+  objdir "build/obj/cpu"
+  files { "kernels/cpu/*.c" }
+  buildoptions { "-std=gnu11", "-O2", "-fPIC", "-Wall", "-Wextra", "-Wno-unused-parameter" }
+
+project "distlab"
+  kind "SharedLib"
+  language "C"
+  common()
+  objdir "build/obj/core"
+  files { "core/*.c" }
+  buildoptions { "-std=gnu11", "-O2", "-fPIC", "-Wall", "-Wextra", "-Wno-unused-parameter" }
+  -- Static kernel libraries first, then what they need; nothing may stay undefined.
+  if nvcc then
+    links { "distlab_cuda" }
+  end
+  links { "distlab_cpu" }
+  libdirs(cuda_libdirs)
+  if nvcc then
+    links { "cudart", "stdc++" }
+    linkoptions { "-Wl,-rpath," .. cuda_home .. "/lib64" }
+  end
+  links { "m", "pthread", "dl", "rt" }
+  -- Export exactly the functions of the ABI header; the symbols the core and
+  -- the kernels share stay internal.
+  prelinkcommands { "sed -n 's/^[^/ ].*[ *]\\(dl_[a-z0-9_]*\\)(.*/\\1;/p' ../core/include/distlab.h" ..
+    " | sort -u | { echo '{ global:'; cat; echo 'local: *; };'; } > distlab.map" }
+  linkoptions { "-Wl,--no-undefined", "-Wl,--version-script=distlab.map" }

@@ -1,0 +1,69 @@
+-- Streams, events and the benchmark harness: the same API on every device.
+local dl = require "distlab"
+local H = require "helpers"
+
+for _, dev in ipairs(H.devices) do
+  describe("streams on " .. dev.name .. dev.tag, function()
+    it("run ops on the current stream and restore it", function()
+      local s = dl.stream(dev.name)
+      local t = dl.zeros(1 << 16, { device = dev.name })
+      local r = dl.with_stream(s, function()
+        assert.equal(s, dl.current_stream())
+        t:fill_(3):mul_(2)
+        return 42
+      end)
+      assert.equal(42, r)
+      assert.is_nil(dl.current_stream())
+      s:synchronize()
+      assert.equal(6, t:narrow(1, 65536, 1):item())
+    end)
+
+    it("order work across streams with events", function()
+      local s1, s2 = dl.stream(dev.name), dl.stream(dev.name)
+      local a = dl.zeros(1 << 20, { device = dev.name })
+      local e = dl.event(dev.name)
+      dl.with_stream(s1, function()
+        a:fill_(1)
+        for _ = 1, 20 do a:mul_(1.0001) end
+        e:record()
+      end)
+      dl.with_stream(s2, function()
+        s2:wait(e)
+        a:add_(1)
+      end)
+      s2:synchronize()
+      assert.near(1.0001 ^ 20 + 1, a:narrow(1, 1, 1):item(), 1e-4)
+      assert.is_true(e:query())
+    end)
+
+    it("time with events and bench", function()
+      local t = dl.zeros(1024, { device = dev.name })
+      local r = dl.bench(function() t:fill_(1) end, { warmup = 2, iters = 15, device = dev.name })
+      assert.equal(15, r.iters)
+      assert.is_true(r.min <= r.median and r.median <= r.max)
+      assert.is_true(r.min >= 0)
+      local e1, e2 = dl.event(dev.name), dl.event(dev.name)
+      e1:record()
+      t:add_(1)
+      e2:record()
+      assert.is_true(e1:elapsed(e2) >= 0)
+      assert.has_error(function() dl.event(dev.name):elapsed(e2) end)
+    end)
+
+    it("keep a buffer used on a side stream alive until that stream is done", function()
+      local s = dl.stream(dev.name)
+      local keep = dl.zeros(1 << 18, { device = dev.name })
+      dl.with_stream(s, function()
+        local tmp = dl.ones(1 << 18, { device = dev.name })
+        for _ = 1, 10 do keep:add_(tmp) end
+        tmp:record_stream(s)
+        tmp:free()
+      end)
+      local other = dl.zeros(1 << 18, { device = dev.name }) -- must not reuse tmp before s finishes
+      other:fill_(7)
+      s:synchronize()
+      assert.equal(10, keep:narrow(1, 1000, 1):item())
+      dl.synchronize(dev.name)
+    end)
+  end)
+end
