@@ -6,7 +6,7 @@ for _, dev in ipairs(H.devices) do
   describe("streams on " .. dev.name .. dev.tag, function()
     it("run ops on the current stream and restore it", function()
       local s = dl.stream(dev.name)
-      local t = dl.zeros(1 << 16, { device = dev.name })
+      local t = dl.zeros(65536, { device = dev.name })
       local r = dl.with_stream(s, function()
         assert.equal(s, dl.current_stream())
         t:fill_(3):mul_(2)
@@ -20,7 +20,7 @@ for _, dev in ipairs(H.devices) do
 
     it("order work across streams with events", function()
       local s1, s2 = dl.stream(dev.name), dl.stream(dev.name)
-      local a = dl.zeros(1 << 20, { device = dev.name })
+      local a = dl.zeros(1048576, { device = dev.name })
       local e = dl.event(dev.name)
       dl.with_stream(s1, function()
         a:fill_(1)
@@ -52,14 +52,14 @@ for _, dev in ipairs(H.devices) do
 
     it("keep a buffer used on a side stream alive until that stream is done", function()
       local s = dl.stream(dev.name)
-      local keep = dl.zeros(1 << 18, { device = dev.name })
+      local keep = dl.zeros(262144, { device = dev.name })
       dl.with_stream(s, function()
-        local tmp = dl.ones(1 << 18, { device = dev.name })
+        local tmp = dl.ones(262144, { device = dev.name })
         for _ = 1, 10 do keep:add_(tmp) end
         tmp:record_stream(s)
         tmp:free()
       end)
-      local other = dl.zeros(1 << 18, { device = dev.name }) -- must not reuse tmp before s finishes
+      local other = dl.zeros(262144, { device = dev.name }) -- must not reuse tmp before s finishes
       other:fill_(7)
       s:synchronize()
       assert.equal(10, keep:narrow(1, 1000, 1):item())

@@ -11,12 +11,19 @@ local M = {}
 
 M.empty = tensor.empty
 
+-- full({2, 3}, 7[, opts]) or full(2, 3, 7[, opts]): the value follows the shape.
 function M.full(...)
-  local n = select("#", ...)
-  local value = select(n, ...)
-  if type(value) ~= "number" then fail("full: the last argument must be the fill value") end
   local args = { ... }
-  args[n] = nil
+  local n = select("#", ...)
+  local vi
+  if type(args[1]) == "table" and (args[1][1] ~= nil or next(args[1]) == nil) then
+    vi = 2
+  else
+    for i = 1, n do if type(args[i]) == "number" then vi = i end end
+  end
+  local value = vi and args[vi]
+  if type(value) ~= "number" then fail("full: expected full(shape, value[, options])") end
+  table.remove(args, vi)
   return T.fill_(tensor.empty(unpack(args, 1, n - 1)), value)
 end
 

@@ -13,15 +13,21 @@ _G.pp = pretty.print
 
 local HISTORY = (os.getenv("HOME") or "/tmp") .. "/.distlab_history"
 
+local ffi = require "ffi"
+ffi.cdef "int isatty(int fd);"
+local interactive = ffi.C.isatty(0) == 1
+
 local readline_ok, RL = pcall(require, "readline")
 local readline
-if readline_ok and io.stdin and os.getenv("TERM") ~= "dumb" then
+if readline_ok and interactive and os.getenv("TERM") ~= "dumb" then
   pcall(RL.set_options, { histfile = HISTORY, keeplines = 1000, completion = false })
   readline = function(prompt) return RL.readline(prompt) end
 else
   readline = function(prompt)
-    io.write(prompt)
-    io.flush()
+    if interactive then
+      io.write(prompt)
+      io.flush()
+    end
     return io.read("*l")
   end
 end
@@ -51,8 +57,10 @@ local function incomplete(err) return err and (err:match("near '<eof>'$") or err
 
 -- compiled?, message, is_runtime_error
 local function run_chunk(src)
-  local fn, eerr = loadstring("return " .. src, "=stdin")
+  -- `return (expr)` first: not a tail call, so errors point at stdin:1
+  local fn, eerr = loadstring("return (" .. src .. ")", "=stdin")
   local err
+  if not fn then fn, eerr = loadstring("return " .. src, "=stdin") end
   if not fn then fn, err = loadstring(src, "=stdin") end
   if not fn then
     if incomplete(err) or incomplete(eerr) then return false, "<eof>" end

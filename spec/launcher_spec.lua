@@ -1,0 +1,81 @@
+-- The launcher starts N ranks with their environment, and a failing rank ends
+-- the whole job with its error and a non-zero exit code.
+local H = require "helpers"
+
+local function lines_of(out)
+  local t = {}
+  for l in out:gmatch("[^\n]+") do if l:match("^rank=") then t[#t + 1] = l end end
+  table.sort(t)
+  return t
+end
+
+describe("distlab run", function()
+  for _, n in ipairs({ 2, 4 }) do
+    it("starts " .. n .. " cpu ranks with rank, world and job variables", function()
+      local rc, out = H.distlab("run -n " .. n .. " --device cpu spec/launcher/ranks.lua")
+      assert.equal(0, rc, out)
+      local l = lines_of(out)
+      assert.equal(n, #l, out)
+      local job, port
+      for r = 0, n - 1 do
+        local rank, world, lr, dev, j, p = l[r + 1]:match("rank=(%d+) world=(%d+) local=(%d+) device=(%S+) job=(%x+) port=(%d+)")
+        assert.equal(r, tonumber(rank))
+        assert.equal(n, tonumber(world))
+        assert.equal(r, tonumber(lr))
+        assert.equal("cpu", dev)
+        job, port = job or j, port or p
+        assert.equal(job, j)
+        assert.equal(port, p)
+      end
+    end)
+  end
+
+  it("stops the job when a rank raises an error, and reports it", function()
+    local t0 = os.time()
+    local rc, out = H.distlab("run -n 4 --device cpu spec/launcher/ranks.lua 2")
+    assert.is_true(os.time() - t0 < 30, "the healthy ranks were not stopped")
+    assert.equal(1, rc, out)
+    assert.truthy(out:find("rank 2 of 4 failed (exit code 1)", 1, true), out)
+    assert.truthy(out:find("narrow: elements 3..3 out of range", 1, true), out)
+  end)
+
+  it("stops the job when a rank exits early with a code", function()
+    local rc, out = H.distlab("run -n 2 --device cpu spec/launcher/ranks.lua 0 exit")
+    assert.equal(3, rc, out)
+    assert.truthy(out:find("rank 0 of 2 failed (exit code 3)", 1, true), out)
+  end)
+
+  it("pretends to be one rank of a large meta job", function()
+    local rc, out = H.distlab("run --device meta --world 64 --rank 5 spec/launcher/ranks.lua")
+    assert.equal(0, rc, out)
+    assert.truthy(out:find("rank=5 world=64 local=0 device=meta", 1, true), out)
+  end)
+
+  it("refuses bad arguments", function()
+    local rc, out = H.distlab("run -n 0 spec/launcher/ranks.lua")
+    assert.equal(2, rc)
+    assert.truthy(out:find("-n needs a positive integer", 1, true))
+    rc, out = H.distlab("run --device cpu --world 4 spec/launcher/ranks.lua")
+    assert.equal(2, rc)
+    assert.truthy(out:find("only with --device meta", 1, true))
+    rc, out = H.distlab("run nothing_here.lua")
+    assert.equal(2, rc)
+    assert.truthy(out:find("no such script", 1, true))
+  end)
+end)
+
+describe("distlab repl", function()
+  it("evaluates expressions, statements, multi-line chunks and :commands", function()
+    local input = H.write(H.tmpname(".txt"),
+      "x = dl.arange(6):view(2, 3)\nx:select(1, 2)\nfor i = 1, 2 do\nprint('line', i)\nend\n{a = 1}\n:help\nx:narrow(1, 9, 1)\n1 +\n2\n:quit\n")
+    local rc, out = H.distlab("repl --device cpu < " .. input, "TERM=dumb")
+    os.remove(input)
+    assert.equal(0, rc, out)
+    assert.truthy(out:find("tensor([3, 4, 5], shape=[3], dtype=i64, device=cpu)", 1, true), out)
+    assert.truthy(out:find("line\t2", 1, true), out)
+    assert.truthy(out:find("{ a = 1 }", 1, true), out)
+    assert.truthy(out:find(":mem", 1, true), out)
+    assert.truthy(out:find("error: stdin:1: narrow: elements 9..9 out of range", 1, true), out)
+    assert.truthy(out:find("\n3\n", 1, true), out)
+  end)
+end)
