@@ -57,7 +57,19 @@ int dl_fill_cpu(const dl_view_t *dst, double value, void *stream) {
       memset(dst->data, (unsigned char)one[0], (size_t)(dst->numel * es));
       return DL_OK;
     }
-    for (int64_t i = 0; i < dst->numel; i++) memcpy(dst->data + i * es, one, (size_t)es);
+    if (es == 2) {
+      uint16_t v;
+      memcpy(&v, one, 2);
+      for (int64_t i = 0; i < dst->numel; i++) ((uint16_t *)dst->data)[i] = v;
+    } else if (es == 4) {
+      uint32_t v;
+      memcpy(&v, one, 4);
+      for (int64_t i = 0; i < dst->numel; i++) ((uint32_t *)dst->data)[i] = v;
+    } else {
+      uint64_t v;
+      memcpy(&v, one, 8);
+      for (int64_t i = 0; i < dst->numel; i++) ((uint64_t *)dst->data)[i] = v;
+    }
     return DL_OK;
   }
   walker_t w;
