@@ -1,0 +1,148 @@
+-- Communicators: the store, every collective against a reference on 2 and 4
+-- cpu ranks (shared memory), split communicators, the meta world, and every
+-- failure path ending in a clear error within the timeout. The multi-rank
+-- parts run scripts under spec/comm/ through `./distlab run -n N`; the same
+-- scripts run on 2 GPUs (NCCL) under the #multigpu tag.
+local ffi = require "ffi"
+local dl = require "distlab"
+local H = require "helpers"
+
+local C = dl.C
+
+local function run(n, device, script, args, env)
+  return H.distlab(string.format("run -n %d --device %s spec/comm/%s %s", n, device, script, args or ""), env)
+end
+
+local function elapsed(fn)
+  local t0 = os.time()
+  local a, b = fn()
+  return os.time() - t0, a, b
+end
+
+describe("store", function()
+  it("sets, gets, adds, checks, deletes in the job's namespace", function()
+    local pp = ffi.new("dl_store_t*[1]")
+    dl.check(C.dl_store_new(pp, "127.0.0.1", 0, 0, 1, "specjob", 2))
+    local s = ffi.gc(pp[0], C.dl_store_free)
+    dl.check(C.dl_store_set(s, "k", "hello", 5))
+    local buf, len = ffi.new("char[16]"), ffi.new("int64_t[1]")
+    dl.check(C.dl_store_get(s, "k", buf, 16, len))
+    assert.equal("hello", ffi.string(buf, len[0]))
+    local v = ffi.new("int64_t[1]")
+    dl.check(C.dl_store_add(s, "n", 5, v))
+    dl.check(C.dl_store_add(s, "n", -2, v))
+    assert.equal(3, tonumber(v[0]))
+    local e = ffi.new("int[1]")
+    dl.check(C.dl_store_check(s, "k", e))
+    assert.equal(1, e[0])
+    dl.check(C.dl_store_delete(s, "k"))
+    dl.check(C.dl_store_check(s, "k", e))
+    assert.equal(0, e[0])
+  end)
+
+  it("times out on a key nobody sets, naming the key, rank and address", function()
+    local pp = ffi.new("dl_store_t*[1]")
+    dl.check(C.dl_store_new(pp, "127.0.0.1", 0, 0, 1, "specjob", 0.5))
+    local s = ffi.gc(pp[0], C.dl_store_free)
+    local t, rc = elapsed(function() return C.dl_store_wait(s, "never") end)
+    assert.equal(C.DL_ETIMEOUT, rc)
+    local msg = ffi.string(C.dl_last_error())
+    assert.truthy(msg:find("store wait of key 'never' timed out after 0.5 s (rank 0, store 127.0.0.1:", 1, true), msg)
+    assert.is_true(t <= 2)
+    dl.check(C.dl_store_set(s, "after", "x", 1)) -- the connection recovers
+  end)
+
+  it("fails within the timeout when rank 0 never serves, naming the address", function()
+    local pp = ffi.new("dl_store_t*[1]")
+    local t, rc = elapsed(function() return C.dl_store_new(pp, "127.0.0.1", 1, 1, 2, "specjob", 1) end)
+    assert.equal(C.DL_ETIMEOUT, rc)
+    local msg = ffi.string(C.dl_last_error())
+    assert.truthy(msg:find("could not reach the store within 1.0 s (rank 1, store 127.0.0.1:1, job 'specjob')", 1, true), msg)
+    assert.is_true(t <= 3)
+  end)
+end)
+
+local small = "DISTLAB_SHM_SLOT_BYTES=4096 DISTLAB_SHM_BOX_BYTES=4096"
+
+describe("comm on cpu (shared memory)", function()
+  for _, n in ipairs { 2, 4 } do
+    it(n .. " ranks: every collective and dtype, sizes 1, 7, 1001, in many chunks", function()
+      local rc, out = run(n, "cpu", "collectives.lua", "", small)
+      assert.equal(0, rc, out)
+      local _, k = out:gsub("collectives ok", "")
+      assert.equal(n, k, out)
+    end)
+
+    it(n .. " ranks: split communicators", function()
+      local rc, out = run(n, "cpu", "split.lua")
+      assert.equal(0, rc, out)
+      local _, k = out:gsub("split ok", "")
+      assert.equal(n, k, out)
+    end)
+  end
+
+  it("2 ranks: a large tensor (600001 elements) through the default chunk and mailbox sizes", function()
+    local rc, out = run(2, "cpu", "collectives.lua", "600001", "SPEC_DTYPES='f32 bf16'")
+    assert.equal(0, rc, out)
+  end)
+end)
+
+describe("comm on meta", function()
+  it("plays rank 5 of 64: ops accepted, shapes checked, split by function, symm buffers", function()
+    local rc, out = H.distlab("run --device meta --world 64 --rank 5 spec/comm/meta.lua")
+    assert.equal(0, rc, out)
+    assert.truthy(out:find("meta ok: rank 5 of 64", 1, true), out)
+  end)
+end)
+
+-- mode -> what rank 0's (or every rank's) error must say
+local failures = {
+  { "exit", "rank 1 %(pid %d+%) has exited" },
+  { "never", "the communicator failed earlier" },
+  { "size", "mismatched calls: rank %d calls all_reduce %(dtype f32, 1[01] in" },
+  { "dtype", "mismatched calls: rank %d calls all_reduce %(dtype [bf3216]+" },
+  { "p2p", "mismatched sizes: recv of 44 bytes from rank 0, but rank 0 sent 40" },
+  { "counts", "mismatched counts: rank 0 sends 3 elements to rank 1, which expects 4" },
+  { "debug", "mismatched calls: rank %d calls all_reduce%(max%), dtype f32, 1[01] in" },
+  { "symmflag", "flag 5 did not reach 1 within 2.0 s" },
+}
+
+describe("comm failures on cpu end in a clear error within the timeout", function()
+  for _, f in ipairs(failures) do
+    it(f[1], function()
+      local t, rc, out = elapsed(function() return run(2, "cpu", "fail.lua", f[1], "SPEC_TIMEOUT=2") end)
+      assert.truthy(out:match("ERR: [^\n]*" .. f[2]), out)
+      assert.is_true(t <= 10, "took " .. t .. " s")
+      if f[1] == "exit" then assert.equal(3, rc, out) end
+      if f[1] == "never" then
+        assert.truthy(out:find("FIRST: [^\n]*timed out after 2.0 s waiting for rank 1 at barrier"), out)
+      end
+    end)
+  end
+end)
+
+describe("comm on 2 GPUs (NCCL) #multigpu", function()
+  it("every collective and dtype, odd sizes", function()
+    local rc, out = run(2, "cuda", "collectives.lua", "1 7 1001")
+    assert.equal(0, rc, out)
+    rc, out = run(2, "cuda", "collectives.lua", "600001", "SPEC_DTYPES='f32 bf16'")
+    assert.equal(0, rc, out)
+  end)
+  it("split communicators", function()
+    local rc, out = run(2, "cuda", "split.lua")
+    assert.equal(0, rc, out)
+  end)
+  local gpu_failures = {
+    { "exit", "did not finish within 2.0 s" },
+    { "never", "the communicator failed earlier" },
+    { "debug", "mismatched calls: rank %d calls all_reduce%(max%), dtype f32, 1[01] in" },
+    { "symmflag", "flag 5 did not reach 1 within 2.0 s" },
+  }
+  for _, f in ipairs(gpu_failures) do
+    it("failure: " .. f[1], function()
+      local t, rc, out = elapsed(function() return run(2, "cuda", "fail.lua", f[1], "SPEC_TIMEOUT=2") end)
+      assert.truthy(out:match("ERR: [^\n]*" .. f[2]), out)
+      assert.is_true(t <= 30, "took " .. t .. " s")
+    end)
+  end
+end)
