@@ -421,6 +421,16 @@ int dl_mem_trace_enable(int64_t capacity) {
   return DL_OK;
 }
 
+/* LuaJIT unloads the library when its state closes: give back what the
+ * allocator keeps for the process's lifetime (tag names, the trace). */
+__attribute__((destructor)) static void alloc_unload(void) {
+  for (int i = 1; i < n_tags; i++) free(tag_names[i]);
+  n_tags = 1;
+  free(trace);
+  trace = NULL;
+  trace_cap = trace_n = trace_head = 0;
+}
+
 int dl_mem_trace_read(dl_mem_event_t *buf, int64_t max, int64_t *n) {
   DL_CHECK_ARG(n && (buf || max == 0), "NULL argument");
   pthread_mutex_lock(&mu);

@@ -161,6 +161,31 @@ __global__ void random_kernel(T *dst, dl_shape_t s, int64_t n, int dist, uint64_
   }
 }
 
+// Contiguous fast paths: no shape struct in the launch (a smaller parameter
+// block launches measurably faster) and no index arithmetic.
+
+template <typename T> __global__ void fill_contig_kernel(T *dst, int64_t n, T value) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x)
+    dst[i] = value;
+}
+
+template <typename TD, typename TS>
+__global__ void axpby_contig_kernel(TD *dst, double beta, const TS *src, double alpha, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x) {
+    double s = alpha * elem<TS>::load(src + i);
+    elem<TD>::store(dst + i, beta == 0 ? s : beta * elem<TD>::load(dst + i) + s);
+  }
+}
+
+template <typename T>
+__global__ void scale_shift_contig_kernel(T *dst, double a, double b, int64_t n) {
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+       i += (int64_t)gridDim.x * blockDim.x)
+    elem<T>::store(dst + i, elem<T>::load(dst + i) * a + b);
+}
+
 // ---------------------------------------------------------------------------
 // launchers
 
@@ -178,6 +203,11 @@ extern "C" int dl_fill_cuda(const dl_view_t *dst, double value, void *stream) {
   return dispatch_dtype(dst->dtype, [&]<typename T>() -> int {
     T v;
     memcpy(&v, &bits, sizeof(T));
+    if (s.contiguous) {
+      fill_contig_kernel<T><<<grid_for(dst->numel), 256, 0, st>>>((T *)dst->data, dst->numel, v);
+      DL_CUDA_CHECK_LAUNCH("fill_contig_kernel");
+      return DL_OK;
+    }
     fill_kernel<T><<<grid_for(dst->numel), 256, 0, st>>>((T *)dst->data, s, dst->numel, v);
     DL_CUDA_CHECK_LAUNCH("fill_kernel");
     return DL_OK;
@@ -212,6 +242,12 @@ extern "C" int dl_axpby_cuda(const dl_view_t *dst, double beta, const dl_view_t 
   dl_shape_t sd = shape_of(dst), ss = shape_of(src);
   return dispatch_dtype(dst->dtype, [&]<typename TD>() -> int {
     return dispatch_dtype(src->dtype, [&]<typename TS>() -> int {
+      if (sd.contiguous && ss.contiguous) {
+        axpby_contig_kernel<TD, TS><<<grid_for(dst->numel), 256, 0, st>>>(
+            (TD *)dst->data, beta, (const TS *)src->data, alpha, dst->numel);
+        DL_CUDA_CHECK_LAUNCH("axpby_contig_kernel");
+        return DL_OK;
+      }
       axpby_kernel<TD, TS><<<grid_for(dst->numel), 256, 0, st>>>(
           (TD *)dst->data, sd, beta, (const TS *)src->data, ss, alpha, dst->numel);
       DL_CUDA_CHECK_LAUNCH("axpby_kernel");
@@ -240,6 +276,12 @@ extern "C" int dl_scale_shift_cuda(const dl_view_t *dst, double a, double b, voi
   if (dst->numel == 0) return DL_OK;
   dl_shape_t s = shape_of(dst);
   return dispatch_dtype(dst->dtype, [&]<typename T>() -> int {
+    if (s.contiguous) {
+      scale_shift_contig_kernel<T><<<grid_for(dst->numel), 256, 0, st>>>((T *)dst->data, a, b,
+                                                                          dst->numel);
+      DL_CUDA_CHECK_LAUNCH("scale_shift_contig_kernel");
+      return DL_OK;
+    }
     scale_shift_kernel<T><<<grid_for(dst->numel), 256, 0, st>>>((T *)dst->data, s, a, b,
                                                                  dst->numel);
     DL_CUDA_CHECK_LAUNCH("scale_shift_kernel");
