@@ -240,7 +240,7 @@ __global__ void __launch_bounds__(C::NT) attn_bwd_kernel(const dl_attn_params_t 
 #pragma unroll
       for (int dp = 0; dp < C::DVS / 16; dp++) {
         uint32_t b[4];
-        ldmatrix_x4_trans(b, la.at<C::D_V>(udOs, kq * 16, sp * (C::DVS / 16) + dp));
+        ldmatrix_x4_trans(b, la.at_rt<C::D_V>(udOs, kq * 16, sp * (C::DVS / 16) + dp));
         mma_16816<BF16>(dv[2 * dp], a, b[0], b[1]);
         mma_16816<BF16>(dv[2 * dp + 1], a, b[2], b[3]);
       }
@@ -266,7 +266,7 @@ __global__ void __launch_bounds__(C::NT) attn_bwd_kernel(const dl_attn_params_t 
 #pragma unroll
       for (int dp = 0; dp < C::DKS / 16; dp++) {
         uint32_t b[4];
-        ldmatrix_x4_trans(b, la.at<C::D_QK>(uQs, kq * 16, sp * (C::DKS / 16) + dp));
+        ldmatrix_x4_trans(b, la.at_rt<C::D_QK>(uQs, kq * 16, sp * (C::DKS / 16) + dp));
         mma_16816<BF16>(dk[2 * dp], a, b[0], b[1]);
         mma_16816<BF16>(dk[2 * dp + 1], a, b[2], b[3]);
       }
@@ -284,7 +284,7 @@ __global__ void __launch_bounds__(C::NT) attn_bwd_kernel(const dl_attn_params_t 
 #pragma unroll
       for (int dp = 0; dp < C::DQT / 2; dp++) {
         uint32_t b[4];
-        ldmatrix_x4_trans(b, la.at<C::D_QK>(uK, kk * 16, (sp * C::DKS + cg * C::DQC) / 16 + dp));
+        ldmatrix_x4_trans(b, la.at_rt<C::D_QK>(uK, kk * 16, (sp * C::DKS + cg * C::DQC) / 16 + dp));
         mma_16816<BF16>(dq[2 * dp], a, b[0], b[1]);
         mma_16816<BF16>(dq[2 * dp + 1], a, b[2], b[3]);
       }

@@ -97,17 +97,23 @@ ATTN_DEV int swz(int r, int chunk) {
  * transposed B operands take r0 = l%8 + 8((l/8)%2), h = l/16; B operands
  * and transposed A operands take r0 = l%8 + 8(l/16), h = (l/8)%2. */
 struct attn_lane {
-  int r0;
+  int r0, t;
   uint32_t x[4];
   ATTN_DEV attn_lane(int lane, bool b_pattern) {
-    const int h = b_pattern ? (lane >> 3) & 1 : lane >> 4;
     r0 = (lane & 7) + (b_pattern ? lane >> 4 : (lane >> 3) & 1) * 8;
+    t = (b_pattern ? (lane >> 3) & 1 : lane >> 4) ^ (lane & 7);
 #pragma unroll
-    for (int k = 0; k < 4; k++) x[k] = (uint32_t)((2 * k) ^ (h ^ (lane & 7))) << 4;
+    for (int k = 0; k < 4; k++) x[k] = (uint32_t)((2 * k) ^ t) << 4;
   }
+  /* k known at compile time */
   template <int COLS>
   ATTN_DEV uint32_t at(uint32_t tile, int rows, int k) const {
     return tile + (uint32_t)(r0 + rows) * (COLS * 2) + x[k & 3] + (uint32_t)(k >> 2) * 128;
+  }
+  /* k known at run time only (a register array must not be indexed by it) */
+  template <int COLS>
+  ATTN_DEV uint32_t at_rt(uint32_t tile, int rows, int k) const {
+    return tile + (uint32_t)(r0 + rows) * (COLS * 2) + ((uint32_t)((2 * k) ^ t) << 4);
   }
 };
 

@@ -33,6 +33,7 @@ ATTN_DEV void attn_sync() { __syncthreads(); }
 ATTN_DEV void attn_syncwarp() { __syncwarp(); }
 
 ATTN_DEV float attn_shfl_xor(float x, int mask) { return __shfl_xor_sync(0xffffffffu, x, mask); }
+ATTN_DEV bool attn_all(bool x) { return __all_sync(0xffffffffu, x); }
 
 /* ---- ldmatrix / mma -------------------------------------------------------- */
 
