@@ -27,6 +27,7 @@ for s in "${sections[@]}"; do
     foundation)
       ./distlab test 2>&1 | tee "$OUT/test.log" | grep -v '^ok ' | tail -40
       ./distlab run -n 1 --device cuda experiments/overhead.lua "$OUT/overhead.md"
+      nvcc -O2 -arch=sm_90 experiments/lab/launch_floor.cu -o /tmp/launch_floor && /tmp/launch_floor | tee "$OUT/launch_floor.txt"
       python3 experiments/overhead_torch.py "$OUT/overhead_torch.md"
       ./distlab demo 2>&1 | tail -8 ;;
     *)
