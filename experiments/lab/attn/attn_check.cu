@@ -118,7 +118,7 @@ struct operand {
   }
   void alloc(size_t count, int dt) {
     n = count, dtype = dt;
-    host.assign(n * esize(), 0), mine.assign(n, 0);
+    host.assign((n + 1) * esize(), 0), mine.assign(n, 0); /* never empty: a NULL pointer means absent */
     dev = dev_alloc(n * esize());
   }
   /* mine: value; others: a sentinel NaN that must survive */
