@@ -1,0 +1,275 @@
+-- experiments/comm_bench.lua — nccl-tests style benchmark of distlab's
+-- communicators: all_reduce, all_gather, reduce_scatter, all_to_all and
+-- sendrecv from 8 B up (f32, out of place), plus the point-to-point copy
+-- bandwidth into a neighbour's symmetric buffer (symm_put).
+--
+--   ./distlab run -n 2 --device cuda experiments/comm_bench.lua [options]
+--     -b BYTES  -e BYTES     sizes, doubling (default 8 .. 1G on cuda, 8 .. 16M on cpu)
+--     --ops a,b,...          subset of all_reduce,all_gather,reduce_scatter,all_to_all,sendrecv,symm_put
+--     --tag NAME             results file name: experiments/results/comm-NAME.{csv,md}
+--                            (default: GPU model and rank count, e.g. h200x2)
+--     --compare FILE.csv     the CSV of experiments/lab/nccl_loop.c from the same run:
+--                            the markdown then compares the two, size by size
+--     --out DIR              where results go (default experiments/results)
+--
+-- Method (the same as nccl_loop.c, so the two are comparable): per size,
+-- 5 warm-up ops, then 3 repetitions of [barrier, event, `iters` back-to-back
+-- ops, event] with iters = clamp(2^28 / bytes, 10, 1000); time = elapsed /
+-- iters; the max over ranks of each repetition, the median over repetitions.
+-- algbw = bytes / time; busbw = algbw x nccl-tests' factor: all_reduce
+-- 2(n-1)/n, all_gather, reduce_scatter and all_to_all (n-1)/n, sendrecv and
+-- symm_put 1. Data are checked after timing (first and last element of each
+-- rank's block, like nccl_loop.c); #wrong counts misses over all ranks, and
+-- any makes the exit code non-zero.
+local ffi = require "ffi"
+local dl = require "distlab"
+
+-- ---- options -----------------------------------------------------------------
+
+local function bytes_arg(s)
+  local n, unit = tostring(s):match("^(%d+)([KkMmGg]?)$")
+  if not n then error("bad size " .. tostring(s) .. " (e.g. 8, 64K, 16M, 1G)", 0) end
+  return tonumber(n) * ({ [""] = 1, k = 2 ^ 10, m = 2 ^ 20, g = 2 ^ 30 })[unit:lower()]
+end
+
+local w = dl.comm.world()
+local N, me = w.size, w.rank
+local on_gpu = w.backend == "nccl"
+local opt = { b = 8, e = on_gpu and 2 ^ 30 or 2 ^ 24, out = "experiments/results",
+  ops = "all_reduce,all_gather,reduce_scatter,all_to_all,sendrecv,symm_put" }
+local i = 1
+while i <= #arg do
+  local a, v = arg[i], arg[i + 1]
+  if a == "-b" then opt.b = bytes_arg(v)
+  elseif a == "-e" then opt.e = bytes_arg(v)
+  elseif a == "--ops" then opt.ops = v
+  elseif a == "--tag" then opt.tag = v
+  elseif a == "--compare" then opt.compare = v
+  elseif a == "--out" then opt.out = v
+  else error("unknown option " .. tostring(a), 0) end
+  i = i + 2
+end
+
+local device_name = on_gpu and dl.cuda_device_name(tonumber(w.device:match("%d+"))) or w.device
+if not opt.tag then
+  local model = on_gpu and (device_name:match("([AHBL]%d+)") or "gpu"):lower() or w.backend
+  opt.tag = model .. "x" .. N
+end
+
+-- ---- ops -------------------------------------------------------------------------
+
+local REPS, WARMUP = 3, 5
+local function iters_for(bytes) return math.max(10, math.min(1000, math.floor(2 ^ 28 / bytes))) end
+local function round_bytes(s) return math.max(4 * N, math.floor(s / (4 * N)) * 4 * N) end
+
+local factor = { all_reduce = 2 * (N - 1) / N, all_gather = (N - 1) / N, reduce_scatter = (N - 1) / N,
+  all_to_all = (N - 1) / N, sendrecv = 1, symm_put = 1 }
+local nxt, prv = (me + 1) % N, (me - 1 + N) % N
+local maxb = round_bytes(opt.e)
+local send = dl.empty({ maxb / 4 }):fill_(me + 1)
+local recv = dl.empty({ maxb / 4 }):fill_(0)
+local symm
+
+-- op -> function(bytes) returning (issue one op, recv tensor, expected value of element i)
+local make = {}
+function make.all_reduce(b)
+  local s, r = send:narrow(1, 1, b / 4), recv:narrow(1, 1, b / 4)
+  return function() w:all_reduce(s, "sum", r) end, r, function() return N * (N + 1) / 2 end
+end
+function make.all_gather(b)
+  local s, r = send:narrow(1, 1, b / 4 / N), recv:narrow(1, 1, b / 4)
+  return function() w:all_gather(r, s) end, r, function(i) return math.floor(i / (b / 4 / N)) + 1 end
+end
+function make.reduce_scatter(b)
+  local s, r = send:narrow(1, 1, b / 4), recv:narrow(1, 1, b / 4 / N)
+  return function() w:reduce_scatter(r, s, "sum") end, r, function() return N * (N + 1) / 2 end
+end
+function make.all_to_all(b)
+  local s, r = send:narrow(1, 1, b / 4), recv:narrow(1, 1, b / 4)
+  return function() w:all_to_all(r, s) end, r, function(i) return math.floor(i / (b / 4 / N)) + 1 end
+end
+function make.sendrecv(b)
+  local s, r = send:narrow(1, 1, b / 4), recv:narrow(1, 1, b / 4)
+  local function pair()
+    w:send(s, nxt)
+    w:recv(r, prv)
+  end
+  return function() dl.comm.group(pair) end, r, function() return prv + 1 end
+end
+function make.symm_put(b)
+  symm = symm or dl.symm.alloc(w, { maxb / 4 }, "f32")
+  local s, dst = send:narrow(1, 1, b / 4), symm:view(nxt, 0, { b / 4 })
+  -- the put lands in the next rank's buffer: check ours after a barrier
+  local mine = symm:view(me, 0, { b / 4 })
+  return function() dst:copy_(s) end, mine, function() return prv + 1 end, function() symm:barrier() end
+end
+
+-- ---- measuring -----------------------------------------------------------------------
+
+local e0, e1 = dl.event(), dl.event()
+local red = dl.empty({ REPS + 1 }, { dtype = "f64" })
+
+-- every rank's numbers -> max of each (time), sum of the last (#wrong)
+local function across_ranks(vals)
+  local host = dl.empty({ REPS + 1 }, { dtype = "f64", device = "cpu" })
+  local p = ffi.cast("double*", host:data_ptr())
+  for k = 1, REPS + 1 do p[k - 1] = vals[k] end
+  red:copy_(host)
+  local wrong = red:narrow(1, REPS + 1, 1)
+  w:all_reduce(red:narrow(1, 1, REPS), "max")
+  w:all_reduce(wrong, "sum")
+  host:copy_(red)
+  local out = {}
+  for k = 1, REPS + 1 do out[k] = p[k - 1] end
+  return out
+end
+
+local function measure(op, s)
+  local b = round_bytes(s)
+  local issue, out, want, settle = make[op](b)
+  local iters = iters_for(b)
+  for _ = 1, WARMUP do issue() end
+  local vals = {}
+  for rep = 1, REPS do
+    w:barrier()
+    e0:record()
+    for _ = 1, iters do issue() end
+    e1:record()
+    e1:synchronize(w:info().timeout)
+    vals[rep] = e0:elapsed(e1) * 1e3 / iters
+  end
+  w:synchronize()
+  if settle then settle() end
+  local n = out:numel()
+  local blocks = (op == "all_gather" or op == "all_to_all") and N or 1
+  local block, wrong = math.floor(n / blocks), 0
+  local host = dl.empty({ n }, { device = "cpu" })
+  host:copy_(out)
+  local p = ffi.cast("float*", host:data_ptr())
+  for j = 0, blocks - 1 do
+    local first, last = j * block, (j + 1) * block - 1
+    if p[first] ~= want(first) then wrong = wrong + 1 end
+    if p[last] ~= want(last) then wrong = wrong + 1 end
+  end
+  host:free()
+  vals[REPS + 1] = wrong
+  local all = across_ranks(vals)
+  local t = { all[1], all[2], all[3] }
+  table.sort(t)
+  local us = t[2]
+  local alg = b / us * 1e-3
+  return { impl = "distlab", op = op, bytes = b, count = b / 4, dtype = "f32", iters = iters, time_us = us,
+    algbw = alg, busbw = alg * factor[op], wrong = all[REPS + 1] }
+end
+
+-- ---- reporting -------------------------------------------------------------------------
+
+local function fmt_row(r)
+  return string.format("%12d %12d %6s %-15s %10.2f %8.2f %8.2f %6d", r.bytes, r.count, r.dtype, r.op, r.time_us,
+    r.algbw, r.busbw, r.wrong)
+end
+
+local function read_csv(path)
+  local rows = {}
+  local f = assert(io.open(path, "r"), "cannot read " .. path)
+  local head
+  for line in f:lines() do
+    local cells = {}
+    for c in line:gmatch("[^,]+") do cells[#cells + 1] = c end
+    if not head then head = cells
+    else
+      local r = {}
+      for k, name in ipairs(head) do r[name] = tonumber(cells[k]) or cells[k] end
+      rows[r.op .. ":" .. r.bytes] = r
+    end
+  end
+  f:close()
+  return rows
+end
+
+local function write_results(rows)
+  os.execute("mkdir -p " .. opt.out)
+  local base = opt.out .. "/comm-" .. opt.tag
+  local cmd = string.format("./distlab run -n %d --device %s experiments/comm_bench.lua %s", N,
+    on_gpu and "cuda" or w.device, table.concat(arg, " "))
+  local csv = assert(io.open(base .. ".csv", "w"))
+  csv:write("impl,op,bytes,count,dtype,iters,time_us,algbw_GBps,busbw_GBps,wrong\n")
+  for _, r in ipairs(rows) do
+    csv:write(string.format("%s,%s,%d,%d,%s,%d,%.2f,%.2f,%.2f,%d\n", r.impl, r.op, r.bytes, r.count, r.dtype,
+      r.iters, r.time_us, r.algbw, r.busbw, r.wrong))
+  end
+  csv:close()
+  local md = { "# Communicator benchmark: " .. opt.tag, "",
+    string.format("- device: %s x %d (%s backend)", device_name, N, w.backend),
+    "- date: " .. os.date("!%Y-%m-%d %H:%M UTC"),
+    "- command: `" .. cmd .. "`",
+    "- NCCL watchdog: " .. (os.getenv("DISTLAB_NCCL_WATCHDOG") == "0" and "off" or "on"),
+    "- method: f32, out of place; 5 warm-up ops, 3 x [barrier, `iters` ops between events], max over ranks, " ..
+      "median over repetitions; busbw factors of nccl-tests", "" }
+  local ref = opt.compare and read_csv(opt.compare)
+  if ref then
+    md[#md + 1] = "Compared with `experiments/lab/nccl_loop.c` (plain C over NCCL) from the same run."
+    md[#md + 1] = ""
+    md[#md + 1] = "| op | size (B) | distlab us | nccl us | distlab busbw GB/s | nccl busbw GB/s | busbw ratio | time diff us | #wrong |"
+    md[#md + 1] = "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+  else
+    md[#md + 1] = "| op | size (B) | count | time us | algbw GB/s | busbw GB/s | #wrong |"
+    md[#md + 1] = "|---|---:|---:|---:|---:|---:|---:|"
+  end
+  local worst_bw, worst_at, lat = 1e9, "-", {}
+  for _, r in ipairs(rows) do
+    local c = ref and ref[r.op .. ":" .. r.bytes]
+    if c then
+      local ratio = r.busbw / c.busbw_GBps
+      if r.bytes >= 2 ^ 20 and ratio < worst_bw then worst_bw, worst_at = ratio, r.op .. " " .. r.bytes end
+      if r.bytes == round_bytes(opt.b) then lat[#lat + 1] = string.format("%s %+.2f us", r.op, r.time_us - c.time_us) end
+      md[#md + 1] = string.format("| %s | %d | %.2f | %.2f | %.2f | %.2f | %.3f | %+.2f | %d |", r.op, r.bytes, r.time_us,
+        c.time_us, r.busbw, c.busbw_GBps, ratio, r.time_us - c.time_us, r.wrong)
+    else
+      md[#md + 1] = string.format("| %s | %d | %d | %.2f | %.2f | %.2f | %d |", r.op, r.bytes, r.count, r.time_us,
+        r.algbw, r.busbw, r.wrong)
+    end
+  end
+  if ref then
+    md[#md + 1] = ""
+    if worst_at ~= "-" then
+      md[#md + 1] = string.format("Worst busbw ratio at sizes >= 1 MiB: %.3f (%s); the bar is >= 0.97.", worst_bw, worst_at)
+    end
+    md[#md + 1] = string.format("Latency at %d B, distlab minus plain NCCL: %s; the bar is <= 2 us.",
+      round_bytes(opt.b), table.concat(lat, ", "))
+  end
+  local f = assert(io.open(base .. ".md", "w"))
+  f:write(table.concat(md, "\n") .. "\n")
+  f:close()
+  print("wrote " .. base .. ".csv and " .. base .. ".md")
+end
+
+-- ---- main ----------------------------------------------------------------------------
+
+local rows, total_wrong = {}, 0
+if me == 0 then
+  print(string.format("# distlab comm_bench: %s x %d, %s backend, %d..%d bytes", device_name, N, w.backend,
+    round_bytes(opt.b), maxb))
+  print(string.format("#%11s %12s %6s %-15s %10s %8s %8s %6s", "size", "count", "type", "op", "time_us", "algbw",
+    "busbw", "#wrong"))
+end
+for op in opt.ops:gmatch("[^,]+") do
+  if not make[op] then error("unknown op " .. op, 0) end
+  local s = opt.b
+  while s <= opt.e do
+    local r = measure(op, s)
+    rows[#rows + 1] = r
+    total_wrong = total_wrong + r.wrong
+    if me == 0 then
+      print(fmt_row(r))
+      io.stdout:flush()
+    end
+    s = s * 2
+  end
+end
+if me == 0 then write_results(rows) end
+w:barrier()
+if total_wrong > 0 then
+  io.stderr:write(string.format("comm_bench: %d wrong elements\n", total_wrong))
+  os.exit(1)
+end

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Remote step on a host with 2 GPUs (repo root as cwd, .debs carried): the
+# communicator checks in one go, everything under $OUT.
+#   scripts/gpu/comm_check.sh          (alone, or as `scripts/gpu/check.sh comm_check`)
+# 1. the #multigpu specs of comm and symm (NCCL, CUDA IPC)   -> $OUT/comm_specs.log
+# 2. experiments/lab/nccl_loop.c, plain C over NCCL          -> $OUT/nccl_loop.csv
+# 3. experiments/comm_bench.lua, compared with 2.            -> $OUT/results/comm-<gpu>x2.{md,csv}
+# 4. the small sizes again with the NCCL watchdog off, to show what it costs
+#                                                            -> $OUT/results/comm-<gpu>x2-nowatchdog.*
+# NVLink multicast stays off (NCCL_NVLS_ENABLE=0); nothing here calls cuMulticastCreate.
+set -u
+OUT="${OUT:-/tmp/distlab-out}"
+mkdir -p "$OUT/results"
+cd "$(dirname "$0")/../.." || exit 2
+source scripts/gpu/setup.sh || exit 2
+export NCCL_NVLS_ENABLE=0
+
+CUDA_HOME="${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)")")")}"
+{
+  date -u '+%Y-%m-%d %H:%M UTC'
+  nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader
+  nvidia-smi topo -m 2>/dev/null | head -5
+  grep -h -m3 -E '#define NCCL_(MAJOR|MINOR|PATCH)' /usr/include/nccl.h "$CUDA_HOME/include/nccl.h" 2>/dev/null
+} | tee "$OUT/comm_machine.txt"
+
+./distlab build 2>&1 | tail -5 | tee "$OUT/comm_build.log"
+
+echo "== 1. multigpu specs"
+timeout 900 busted --run=default --tags=multigpu -o spec/support/summary.lua \
+  spec/comm_spec.lua spec/symm_spec.lua 2>&1 | tee "$OUT/comm_specs.log" | tail -25
+
+echo "== 2. plain C loop over NCCL"
+nccl_lib=""
+for d in /usr/lib/x86_64-linux-gnu "$CUDA_HOME/lib64" \
+  $(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) + "/lib")' 2>/dev/null); do
+  [ -e "$d/libnccl.so.2" ] && { nccl_lib="$d"; break; }
+done
+gcc -O2 -o "$OUT/nccl_loop" experiments/lab/nccl_loop.c -I/usr/include -I"$CUDA_HOME/include" \
+  -L"$CUDA_HOME/lib64" ${nccl_lib:+-L"$nccl_lib" -Wl,-rpath,"$nccl_lib"} -lcudart -l:libnccl.so.2 2>&1 |
+  tee "$OUT/nccl_loop_build.log"
+timeout 900 "$OUT/nccl_loop" -n 2 -b 8 -e 1073741824 -o "$OUT/nccl_loop.csv" 2>&1 | tail -5
+column -s, -t "$OUT/nccl_loop.csv" 2>/dev/null | head -200 >"$OUT/nccl_loop.txt"
+
+echo "== 3. distlab comm_bench"
+timeout 1200 ./distlab run -n 2 --device cuda experiments/comm_bench.lua -b 8 -e 1G \
+  --compare "$OUT/nccl_loop.csv" --out "$OUT/results" 2>&1 | tee "$OUT/comm_bench.log" | tail -40
+tail -4 "$OUT"/results/comm-*x2.md
+
+echo "== 4. small sizes with the NCCL watchdog off"
+tag="$(ls "$OUT"/results/comm-*x2.md 2>/dev/null | head -1 | sed 's/.*comm-\(.*\)\.md/\1/')"
+DISTLAB_NCCL_WATCHDOG=0 timeout 600 ./distlab run -n 2 --device cuda experiments/comm_bench.lua -b 8 -e 64K \
+  --compare "$OUT/nccl_loop.csv" --out "$OUT/results" --tag "${tag:-gpux2}-nowatchdog" 2>&1 |
+  tee "$OUT/comm_bench_nowatchdog.log" | tail -4
+echo "comm_check done: results in $OUT/results, specs in $OUT/comm_specs.log"
