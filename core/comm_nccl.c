@@ -126,6 +126,7 @@ typedef struct nccl {
   char failure[1024];
   int last_op;
   int64_t last_seq;
+  cudaStream_t group_stream; /* where the current group's ops went */
 } nccl_t;
 
 static nccl_t *impl(dl_comm_t *c) { return c->impl; }
@@ -292,6 +293,10 @@ static int nccl_run(dl_comm_t *c, const dl_comm_call_t *call) {
   if (call->op != DL_OP_BARRIER)
     DL_TRY(dtype_of(call->op == DL_OP_SEND ? call->in.dtype : call->out.dtype, &dt));
   const char *what = dl_comm_op_name(call->op);
+  if (c->in_group) {
+    m->group_stream = st;
+    m->last_op = call->op;
+  }
   ncclResult_t r;
   switch (call->op) {
   case DL_OP_ALL_REDUCE:
@@ -340,8 +345,7 @@ static int nccl_group_start(dl_comm_t *c) {
 static int nccl_group_end(dl_comm_t *c) {
   nccl_t *m = impl(c);
   DL_TRY(settle(c, api.GroupEnd(), "grouped point-to-point"));
-  void *h = NULL; /* the group's ops went to the streams given; watch the default one's */
-  if (dl_stream_for(NULL, DL_CUDA, c->dev_index, &h) == DL_OK) watch_op(c, m->last_op, h);
+  watch_op(c, m->last_op, m->group_stream);
   return DL_OK;
 }
 

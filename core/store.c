@@ -98,6 +98,17 @@ static kv_t *kv_find(server_t *sv, const char *key, int64_t n, kv_t ***link) {
   return *p;
 }
 
+/* A new empty entry for key at *link (where kv_find stopped); NULL if out of memory. */
+static kv_t *kv_insert(kv_t **link, const char *key, int64_t n) {
+  kv_t *e = calloc(1, sizeof *e);
+  if (!e || !(e->key = strndup(key, (size_t)n))) {
+    free(e);
+    return NULL;
+  }
+  *link = e;
+  return e;
+}
+
 static int send_all(int fd, const void *buf, int64_t n) {
   const char *p = buf;
   while (n > 0) {
@@ -145,14 +156,9 @@ static void serve_request(server_t *sv, conn_t *c) {
   c->have = 0;
   switch (h->op) {
   case OP_SET: {
-    if (!e) {
-      e = calloc(1, sizeof *e);
-      if (!e || !(e->key = strndup(key, h->keylen))) {
-        free(e);
-        reply(c->fd, ST_BADREQ, NULL, 0);
-        return;
-      }
-      *link = e;
+    if (!e && !(e = kv_insert(link, key, h->keylen))) {
+      reply(c->fd, ST_BADREQ, NULL, 0);
+      return;
     }
     free(e->val);
     e->val = malloc(h->vallen > 0 ? (size_t)h->vallen : 1);
@@ -167,14 +173,9 @@ static void serve_request(server_t *sv, conn_t *c) {
     if (h->vallen == 8) memcpy(&delta, val, 8);
     if (e && e->len == 8) memcpy(&v, e->val, 8);
     v += delta;
-    if (!e) {
-      e = calloc(1, sizeof *e);
-      if (!e || !(e->key = strndup(key, h->keylen))) {
-        free(e);
-        reply(c->fd, ST_BADREQ, NULL, 0);
-        return;
-      }
-      *link = e;
+    if (!e && !(e = kv_insert(link, key, h->keylen))) {
+      reply(c->fd, ST_BADREQ, NULL, 0);
+      return;
     }
     if (e->len != 8) {
       free(e->val);

@@ -4,7 +4,7 @@
  *
  * They are what custom all-reduce, EP dispatch and all-gather+GEMM kernels
  * read and write directly: a kernel on rank r loads from and stores to rank
- * q's buffer and synchronises through the pads (kernels/signal.h).
+ * q's buffer and synchronises through the pads (kernels/signal_pad.h).
  *   cuda: cudaMalloc, cudaIpcGetMemHandle, handles exchanged through the
  *         store, cudaIpcOpenMemHandle on the peers. Never NVLink multicast.
  *   cpu:  one POSIX shm segment per rank, /distlab-<job>-<comm>-y<k>-r<rank>,
@@ -29,7 +29,7 @@
 #include "alloc.h"
 #include "comm_internal.h"
 #include "device.h"
-#include "signal.h"
+#include "signal_pad.h"
 
 enum { SYMM_MAGIC = 0x5e11b0f };
 

@@ -1,7 +1,7 @@
 /*
  * signal.cu — flag set, flag wait and barrier on symmetric-buffer signal
  * pads, each as a tiny kernel on a stream, so a stream can wait for another
- * rank's kernels without the host in the loop (protocol: signal.h).
+ * rank's kernels without the host in the loop (protocol: signal_pad.h).
  *
  *   signal_set_kernel      1 thread: pad.flags[flag] = value, after a system
  *                          fence, so this stream's earlier writes are visible
@@ -13,7 +13,7 @@
  * it. Checked against the CPU twins in kernels/cpu/signal.c by
  * spec/symm_spec.lua (#multigpu).
  */
-#include "signal.h"
+#include "signal_pad.h"
 
 // ---- kernels ----------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 /*
  * signal.c — CPU twins of kernels/signal.cu: flag set, flag wait and the
- * barrier on signal pads in shared memory, same protocol (signal.h), with
+ * barrier on signal pads in shared memory, same protocol (signal_pad.h), with
  * C11 atomics (release stores, acquire loads) between processes.
  *
  * Waits spin, then yield, then sleep, and end after the timeout with the
@@ -10,7 +10,7 @@
 #include <sched.h>
 #include <time.h>
 
-#include "signal.h"
+#include "signal_pad.h"
 
 static double now_s(void) {
   struct timespec ts;

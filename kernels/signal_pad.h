@@ -1,5 +1,5 @@
 /*
- * signal.h — the signal pad of a symmetric buffer and the flag protocol that
+ * signal_pad.h — the signal pad of a symmetric buffer and the flag protocol that
  * kernels of different ranks synchronise with (kernels/signal.cu,
  * kernels/cpu/signal.c, and any kernel that includes this file).
  *
@@ -22,8 +22,8 @@
  * {kind, index, expected, seen} in its own pad's error[] and returns false;
  * the host turns that record into an error (dl_symm_check).
  */
-#ifndef DISTLAB_SIGNAL_H
-#define DISTLAB_SIGNAL_H
+#ifndef DISTLAB_SIGNAL_PAD_H
+#define DISTLAB_SIGNAL_PAD_H
 
 #include <stdint.h>
 
