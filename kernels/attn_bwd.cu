@@ -27,6 +27,12 @@
  */
 #include "attn_common.cuh"
 
+/* Lab knob: warps (= keys / 16) of the d=128 CTA: 8 (BN=128, 1 CTA/SM) or 4
+ * (BN=64, 2 CTAs/SM), so experiments/lab/attn can compare them on a GPU. */
+#ifndef DL_ATTN_BWD128_NW
+#define DL_ATTN_BWD128_NW 8
+#endif
+
 template <int D_QK_, int D_V_, int NW_, int NSPLIT_>
 struct attn_bwd_cfg {
   static constexpr int D_QK = D_QK_, D_V = D_V_, NW = NW_, NSPLIT = NSPLIT_, NT = 32 * NW;
@@ -347,7 +353,7 @@ extern "C" int dl_attn_bwd_cuda(const dl_attn_params_t *p, void *stream) {
                "attn bwd: grid too large (s_q=%d s_kv=%d h_q=%d b=%d)", p->s_q, p->s_kv, p->h_q, p->b);
   switch (attn_dims_config(p->d_qk, p->d_v)) {
     case 0: return attn_bwd_run<attn_bwd_cfg<64, 64, 8, 1>>(p, stream);
-    case 1: return attn_bwd_run<attn_bwd_cfg<128, 128, 8, 1>>(p, stream);
+    case 1: return attn_bwd_run<attn_bwd_cfg<128, 128, DL_ATTN_BWD128_NW, 1>>(p, stream);
     case 2: return attn_bwd_run<attn_bwd_cfg<192, 128, 8, 2>>(p, stream);
     case 3: return attn_bwd_run<attn_bwd_cfg<256, 256, 4, 2>>(p, stream);
   }

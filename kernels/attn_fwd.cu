@@ -22,6 +22,12 @@
  */
 #include "attn_common.cuh"
 
+/* Lab knob: the key tile of d=128 (64 or 32), so experiments/lab/attn can
+ * compare tile shapes in one GPU session. */
+#ifndef DL_ATTN_FWD128_BN
+#define DL_ATTN_FWD128_BN 64
+#endif
+
 template <int D_QK_, int D_V_, int BM_, int BN_, int NW_>
 struct attn_fwd_cfg {
   static constexpr int D_QK = D_QK_, D_V = D_V_, BM = BM_, BN = BN_, NW = NW_, NT = 32 * NW;
@@ -118,7 +124,8 @@ __global__ void __launch_bounds__(C::NT) attn_fwd_kernel(const dl_attn_params_t 
         }
       }
 
-      if (attn_tile_masked(p, sq, m0, m0 + C::BM - 1, n0, n0 + C::BN - 1)) {
+      /* rows past q_len need no mask: their q is zero, so they stay finite, and are never written */
+      if (attn_tile_masked(p, sq, m0, min(m0 + C::BM, sq.q_len) - 1, n0, n0 + C::BN - 1)) {
 #pragma unroll
         for (int mt = 0; mt < C::MT; mt++)
 #pragma unroll
@@ -265,7 +272,7 @@ extern "C" int dl_attn_fwd_cuda(const dl_attn_params_t *p, void *stream) {
                "attn fwd: grid too large (s_q=%d h_q=%d b=%d)", p->s_q, p->h_q, p->b);
   switch (attn_dims_config(p->d_qk, p->d_v)) {
     case 0: return attn_fwd_run<attn_fwd_cfg<64, 64, 128, 64, 4>>(p, stream);
-    case 1: return attn_fwd_run<attn_fwd_cfg<128, 128, 128, 64, 4>>(p, stream);
+    case 1: return attn_fwd_run<attn_fwd_cfg<128, 128, 128, DL_ATTN_FWD128_BN, 4>>(p, stream);
     case 2: return attn_fwd_run<attn_fwd_cfg<192, 128, 128, 64, 4>>(p, stream);
     case 3: return attn_fwd_run<attn_fwd_cfg<256, 256, 128, 64, 8>>(p, stream);
   }
