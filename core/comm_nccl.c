@@ -7,14 +7,21 @@
  * environment variables apply as always; NVLink multicast (NVLS) is forced
  * off, since the lent GPU hosts forbid it.
  *
- * Nothing may hang: the communicator is made non-blocking (unless
- * NCCL_COMM_BLOCKING says otherwise), so its setup is polled with a timeout.
- * A watchdog thread per communicator watches an event recorded after each op
- * and NCCL's asynchronous error; when an op has not finished within the
- * timeout, or NCCL reports an error, it aborts the communicator (which ends
- * the stuck kernels), says so on stderr, and every later op and
- * dl_comm_synchronize returns the reason. dl_comm_synchronize itself polls
- * the stream, the async error and the deadline instead of blocking.
+ * Nothing may hang. The communicator stays blocking (NCCL's default: in
+ * non-blocking mode recent NCCL hands every op to a new thread, which would
+ * cost microseconds per op), and hangs are caught around it instead:
+ *  - before ncclCommInitRank the ranks meet through the store, so a rank
+ *    that never comes is named by a store timeout;
+ *  - a watchdog thread per communicator aborts it when the host has been
+ *    inside one NCCL call for longer than the timeout (setup, or the lazy
+ *    connection of a first op to a peer that never calls), when an op's
+ *    event (recorded after each op) has not completed within the timeout,
+ *    or when NCCL reports an asynchronous error. The abort ends the stuck
+ *    call or kernels; the reason goes to stderr and every later op and
+ *    dl_comm_synchronize returns it;
+ *  - dl_comm_synchronize polls the stream, the async error and the deadline
+ *    instead of blocking.
+ * With NCCL_COMM_BLOCKING=0 set by the user, ncclInProgress is polled too.
  * DISTLAB_NCCL_WATCHDOG=0 turns the thread off (the per-op event with it).
  */
 #include <stdio.h>
@@ -122,7 +129,9 @@ typedef struct nccl {
   int has_watchdog, stop;
   pending_op_t ring[RING];
   int head, tail; /* entries [tail, head) are pending, modulo RING */
-  int failed, aborted;
+  int failed, aborted, ready;
+  int64_t call_since_us; /* when the host entered the NCCL call it is in; 0: none */
+  int call_op;
   char failure[1024];
   int last_op;
   int64_t last_seq;
@@ -188,14 +197,33 @@ static int settle(dl_comm_t *c, ncclResult_t r, const char *what) {
   return r == ncclSuccess ? DL_OK : nccl_error(c, r, what);
 }
 
+/* Bracket every NCCL call that may block the host, for the watchdog. */
+static void call_enter(nccl_t *m, int op) {
+  m->call_op = op;
+  __atomic_store_n(&m->call_since_us, (int64_t)(now_s() * 1e6), __ATOMIC_RELEASE);
+}
+
+static int call_leave(dl_comm_t *c, ncclResult_t r, const char *what) {
+  nccl_t *m = impl(c);
+  __atomic_store_n(&m->call_since_us, 0, __ATOMIC_RELEASE);
+  if (__atomic_load_n(&m->failed, __ATOMIC_ACQUIRE)) return failure_error(c);
+  return settle(c, r, what);
+}
+
 /* ---- watchdog ----------------------------------------------------------- */
 
-/* Drop finished ops from the tail. Caller holds mu. */
+/* Drop finished ops from the tail. An op's clock starts when it is enqueued
+ * or, if later, when the op before it finished: a long queue of work ahead of
+ * it is not its hang. Caller holds mu. */
 static void ring_retire(nccl_t *m) {
+  int moved = 0;
   while (m->tail != m->head && cudaEventQuery(m->ring[m->tail].ev) != cudaErrorNotReady) {
     (void)cudaGetLastError();
     m->tail = (m->tail + 1) % RING;
+    moved = 1;
   }
+  double t = now_s();
+  if (moved && m->tail != m->head && m->ring[m->tail].t < t) m->ring[m->tail].t = t;
 }
 
 static void watch_op(dl_comm_t *c, int op, cudaStream_t stream) {
@@ -228,11 +256,18 @@ static void *watchdog_main(void *arg) {
       pthread_mutex_unlock(&m->mu);
       break;
     }
-    ring_retire(m);
+    if (m->ready) ring_retire(m);
     char why[512] = "";
     ncclResult_t ar = ncclSuccess;
-    api.CommGetAsyncError(m->comm, &ar);
-    if (ar != ncclSuccess && ar != ncclInProgress) {
+    if (m->ready) api.CommGetAsyncError(m->comm, &ar);
+    int64_t since = __atomic_load_n(&m->call_since_us, __ATOMIC_ACQUIRE);
+    if (since > 0 && now_s() - since * 1e-6 > c->timeout_s) {
+      snprintf(why, sizeof why,
+               "%s on rank %d of %d (comm '%s') has been inside NCCL for more than %.1f s (a "
+               "peer did not join it, died, or is stuck)",
+               m->ready ? dl_comm_op_name(m->call_op) : "NCCL setup", c->rank, c->size, c->name,
+               c->timeout_s);
+    } else if (ar != ncclSuccess && ar != ncclInProgress) {
       snprintf(why, sizeof why, "NCCL reported %s on rank %d: %s", api.GetErrorString(ar),
                c->rank, api.GetLastError(m->comm));
     } else if (m->tail != m->head && now_s() - m->ring[m->tail].t > c->timeout_s) {
@@ -264,7 +299,9 @@ static int dtype_of(int dt, ncclDataType_t *out) {
   return DL_OK;
 }
 
-static int a2av(dl_comm_t *c, const dl_comm_call_t *call, ncclDataType_t dt, cudaStream_t st) {
+/* Grouped sends and receives; the first failure, or GroupEnd's result. */
+static ncclResult_t a2av(dl_comm_t *c, const dl_comm_call_t *call, ncclDataType_t dt,
+                         cudaStream_t st) {
   nccl_t *m = impl(c);
   int esz = dl_dtype_size(call->in.dtype);
   int64_t so = 0, ro = 0;
@@ -278,7 +315,7 @@ static int a2av(dl_comm_t *c, const dl_comm_call_t *call, ncclDataType_t dt, cud
     ro += call->recv_counts[j];
   }
   ncclResult_t e = api.GroupEnd();
-  return settle(c, r != ncclSuccess ? r : e, "all_to_all");
+  return r != ncclSuccess ? r : e;
 }
 
 static int nccl_run(dl_comm_t *c, const dl_comm_call_t *call) {
@@ -292,49 +329,37 @@ static int nccl_run(dl_comm_t *c, const dl_comm_call_t *call) {
   ncclDataType_t dt = ncclFloat32;
   if (call->op != DL_OP_BARRIER)
     DL_TRY(dtype_of(call->op == DL_OP_SEND ? call->in.dtype : call->out.dtype, &dt));
-  const char *what = dl_comm_op_name(call->op);
   if (c->in_group) {
     m->group_stream = st;
     m->last_op = call->op;
   }
+  const dl_view_t *in = &call->in, *out = &call->out;
   ncclResult_t r;
+  call_enter(m, call->op);
   switch (call->op) {
   case DL_OP_ALL_REDUCE:
-    r = api.AllReduce(call->in.data, call->out.data, (size_t)call->in.numel, dt, reds[call->red],
-                      m->comm, st);
+    r = api.AllReduce(in->data, out->data, (size_t)in->numel, dt, reds[call->red], m->comm, st);
     break;
   case DL_OP_ALL_GATHER:
-    r = api.AllGather(call->in.data, call->out.data, (size_t)call->in.numel, dt, m->comm, st);
+    r = api.AllGather(in->data, out->data, (size_t)in->numel, dt, m->comm, st);
     break;
   case DL_OP_REDUCE_SCATTER:
-    r = api.ReduceScatter(call->in.data, call->out.data, (size_t)call->out.numel, dt,
-                          reds[call->red], m->comm, st);
+    r = api.ReduceScatter(in->data, out->data, (size_t)out->numel, dt, reds[call->red], m->comm,
+                          st);
     break;
   case DL_OP_ALL_TO_ALL:
-  case DL_OP_ALL_TO_ALLV:
-    DL_TRY(a2av(c, call, dt, st));
-    if (!c->in_group) watch_op(c, call->op, st);
-    return DL_OK;
+  case DL_OP_ALL_TO_ALLV: r = a2av(c, call, dt, st); break;
   case DL_OP_BROADCAST:
-    r = api.Broadcast(call->out.data, call->out.data, (size_t)call->out.numel, dt, call->peer,
-                      m->comm, st);
+    r = api.Broadcast(out->data, out->data, (size_t)out->numel, dt, call->peer, m->comm, st);
     break;
-  case DL_OP_SEND:
-    r = api.Send(call->in.data, (size_t)call->in.numel, dt, call->peer, m->comm, st);
-    break;
-  case DL_OP_RECV:
-    r = api.Recv(call->out.data, (size_t)call->out.numel, dt, call->peer, m->comm, st);
-    break;
-  case DL_OP_BARRIER:
+  case DL_OP_SEND: r = api.Send(in->data, (size_t)in->numel, dt, call->peer, m->comm, st); break;
+  case DL_OP_RECV: r = api.Recv(out->data, (size_t)out->numel, dt, call->peer, m->comm, st); break;
+  default: /* DL_OP_BARRIER */
     r = api.AllReduce(m->sync_buf, m->sync_buf, 1, ncclInt32, ncclSum, m->comm, st);
-    DL_TRY(settle(c, r, what));
-    watch_op(c, call->op, st);
-    return c->be->synchronize(c, call->stream);
-  default: return DL_ERR(DL_EUNSUPPORTED, "nccl: op %d", call->op);
   }
-  DL_TRY(settle(c, r, what));
+  DL_TRY(call_leave(c, r, dl_comm_op_name(call->op)));
   if (!c->in_group) watch_op(c, call->op, st);
-  return DL_OK;
+  return call->op == DL_OP_BARRIER ? c->be->synchronize(c, call->stream) : DL_OK;
 }
 
 static int nccl_group_start(dl_comm_t *c) {
@@ -344,7 +369,8 @@ static int nccl_group_start(dl_comm_t *c) {
 
 static int nccl_group_end(dl_comm_t *c) {
   nccl_t *m = impl(c);
-  DL_TRY(settle(c, api.GroupEnd(), "grouped point-to-point"));
+  call_enter(m, m->last_op);
+  DL_TRY(call_leave(c, api.GroupEnd(), "grouped point-to-point"));
   watch_op(c, m->last_op, m->group_stream);
   return DL_OK;
 }
@@ -421,6 +447,14 @@ static void nccl_destroy(dl_comm_t *c) {
 static int nccl_setup(dl_comm_t *c, nccl_t *m) {
   DL_TRY(dl_cuda_use(c->dev_index));
   setenv("NCCL_NVLS_ENABLE", "0", 1); /* no NVLink multicast, whatever the caller set */
+  const char *wd = getenv("DISTLAB_NCCL_WATCHDOG");
+  if (!wd || strcmp(wd, "0") != 0) { /* before setup, so a hanging setup is caught too */
+    for (int i = 0; i < RING; i++)
+      DL_CUDA_CHECK(cudaEventCreateWithFlags(&m->ring[i].ev, cudaEventDisableTiming));
+    if (pthread_create(&m->watchdog, NULL, watchdog_main, c) != 0)
+      return DL_ERR(DL_EIO, "nccl: cannot start the watchdog thread");
+    m->has_watchdog = 1;
+  }
   ncclUniqueId id;
   if (c->rank == 0) {
     ncclResult_t r = api.GetUniqueId(&id);
@@ -429,22 +463,13 @@ static int nccl_setup(dl_comm_t *c, nccl_t *m) {
   } else {
     DL_TRY(dl_comm_store_get(c, "ncclid", &id, sizeof id));
   }
+  DL_TRY(dl_comm_store_barrier(c, "nccl")); /* every rank is here: NCCL's setup can start */
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-  if (!getenv("NCCL_COMM_BLOCKING")) cfg.blocking = 0;
+  call_enter(m, DL_OP_BARRIER);
   ncclResult_t r = api.CommInitRankConfig(&m->comm, c->size, id, c->rank, &cfg);
-  if (r != ncclSuccess && r != ncclInProgress) {
-    m->comm = NULL;
-    return nccl_error(c, r, "ncclCommInitRankConfig");
-  }
-  DL_TRY(settle(c, r, "NCCL communicator setup"));
+  DL_TRY(call_leave(c, r, "ncclCommInitRankConfig"));
+  m->ready = 1;
   DL_CUDA_CHECK(cudaMalloc((void **)&m->sync_buf, sizeof(int)));
-  const char *wd = getenv("DISTLAB_NCCL_WATCHDOG");
-  if (wd && strcmp(wd, "0") == 0) return DL_OK;
-  for (int i = 0; i < RING; i++)
-    DL_CUDA_CHECK(cudaEventCreateWithFlags(&m->ring[i].ev, cudaEventDisableTiming));
-  if (pthread_create(&m->watchdog, NULL, watchdog_main, c) != 0)
-    return DL_ERR(DL_EIO, "nccl: cannot start the watchdog thread");
-  m->has_watchdog = 1;
   return DL_OK;
 }
 
@@ -456,11 +481,7 @@ static int nccl_init(dl_comm_t *c) {
   c->impl = m;
   int rc = nccl_setup(c, m);
   if (rc < 0) {
-    if (m->comm && !m->aborted) {
-      m->aborted = 1;
-      api.CommAbort(m->comm);
-    }
-    m->failed = 1;
+    nccl_abort(c, dl_last_error());
     nccl_destroy(c);
   }
   return rc;
