@@ -102,7 +102,7 @@ static int comm_create(dl_comm_t **out, const dl_comm_backend_t *be, dl_store_t 
   c->dev_type = be == &dl_comm_nccl_backend ? DL_CUDA : be == &dl_comm_meta_backend ? DL_META
                                                                                     : DL_CPU;
   c->dev_index = be == &dl_comm_nccl_backend ? dev_index : 0;
-  c->timeout_s = timeout_s > 0 ? timeout_s : dl_default_timeout();
+  c->timeout_s = timeout_s > 0 ? timeout_s : dl_timeout_s();
   snprintf(c->name, sizeof c->name, "%s", name);
   if (world_ranks) {
     c->world_ranks = malloc(sizeof(int) * (size_t)size);
@@ -175,7 +175,7 @@ int dl_comm_info(const dl_comm_t *c, dl_comm_info_t *out) {
 
 int dl_comm_set_timeout(dl_comm_t *c, double timeout_s) {
   DL_TRY(comm_check(c, "dl_comm_set_timeout"));
-  c->timeout_s = timeout_s > 0 ? timeout_s : dl_default_timeout();
+  c->timeout_s = timeout_s > 0 ? timeout_s : dl_timeout_s();
   return DL_OK;
 }
 

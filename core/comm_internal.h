@@ -91,9 +91,6 @@ int dl_comm_store_barrier(dl_comm_t *c, const char *name);
 int dl_comm_describe(const dl_comm_t *c, int op, char *buf, size_t len);
 int dl_comm_world_rank(const dl_comm_t *c, int rank);
 
-/* Timeouts from the environment: DISTLAB_TIMEOUT seconds, else 120. */
-double dl_default_timeout(void);
-
 /* Store internals the communicator files use. */
 double dl_store_timeout(const dl_store_t *s);
 int dl_store_rank(const dl_store_t *s);

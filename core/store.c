@@ -480,12 +480,6 @@ static int store_call(dl_store_t *s, int op, const char *what, const char *key, 
 
 /* ---- public ------------------------------------------------------------- */
 
-double dl_default_timeout(void) {
-  const char *e = getenv("DISTLAB_TIMEOUT");
-  double t = e ? atof(e) : 0;
-  return t > 0 ? t : 120.0;
-}
-
 int dl_store_new(dl_store_t **out, const char *host, int port, int rank, int world_size,
                  const char *job, double timeout_s) {
   DL_CHECK_ARG(out, "dl_store_new: out is NULL");
@@ -504,7 +498,7 @@ int dl_store_new(dl_store_t **out, const char *host, int port, int rank, int wor
   s->port = port;
   s->rank = rank;
   s->world_size = world_size;
-  s->timeout_s = timeout_s > 0 ? timeout_s : dl_default_timeout();
+  s->timeout_s = timeout_s > 0 ? timeout_s : dl_timeout_s();
   int rc = rank == 0 ? server_start(s) : DL_OK;
   if (rc == DL_OK) rc = store_connect(s, now_s() + s->timeout_s);
   if (rc < 0) {
@@ -528,7 +522,7 @@ void dl_store_free(dl_store_t *s) {
 
 int dl_store_set_timeout(dl_store_t *s, double timeout_s) {
   DL_CHECK_ARG(s, "dl_store_set_timeout: store is NULL");
-  s->timeout_s = timeout_s > 0 ? timeout_s : dl_default_timeout();
+  s->timeout_s = timeout_s > 0 ? timeout_s : dl_timeout_s();
   return DL_OK;
 }
 
