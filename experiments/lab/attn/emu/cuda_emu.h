@@ -9,10 +9,13 @@
  * Semantics follow the PTX ISA: ldmatrix (.x4, .trans) and mma.m16n8k16
  * exchange data between the 32 lanes of a warp at the instruction, which
  * all lanes must reach (a divergent collective or barrier is reported as a
- * deadlock); cp.async copies happen at cp.async.wait_group, so reading a
- * stage before waiting sees stale data (shared memory starts as NaN
- * garbage); a barrier lets no thread past before all have arrived. Not
- * emulated: memory ordering between CTAs, bank conflicts, timing.
+ * deadlock); cp.async copies land either at once or only at
+ * cp.async.wait_group (a coin decides), so reading a stage before waiting
+ * sees stale data (shared memory starts as NaN garbage) and refilling it
+ * before a barrier clobbers data still in use; warps run in a different
+ * order between sync points every round; a barrier lets no thread past
+ * before all have arrived. Not emulated: memory ordering between CTAs,
+ * bank conflicts, timing.
  */
 #ifndef DISTLAB_KERNELS_ATTN_DEVICE_CUH
 #define DISTLAB_KERNELS_ATTN_DEVICE_CUH
@@ -182,10 +185,17 @@ static inline void emu_run(dim3 grid, dim3 block, size_t smem, const std::functi
           for (int r = 0; r < 6; r++) *--sp = nullptr;
           th.sp = sp;
         }
+        uint64_t order = 0x2545f4914f6cdd1dull ^ (x * 131 + y * 7 + z);
         for (int left = nt;;) {
           long before = emu.progress;
           left = 0;
-          for (int t = 0; t < nt; t++) {
+          /* warps in a different order every round, so a missing barrier
+           * between warps is likely to show as stale data */
+          order ^= order << 13, order ^= order >> 7, order ^= order << 17;
+          const int nw = nt / 32, w0 = (int)(order % nw);
+          const int stride = (nw & (nw - 1)) == 0 ? 2 * (int)((order >> 20) % nw) + 1 : 1; /* coprime */
+          for (int k = 0; k < nt; k++) {
+            const int w = (w0 + (k / 32) * stride) % nw, t = w * 32 + k % 32;
             if (emu.th[t].done) continue;
             emu.cur = t;
             threadIdx = dim3(t % block.x, (t / block.x) % block.y, t / (block.x * block.y));
@@ -358,6 +368,17 @@ static inline void emu_cp_async(void *dst, const void *src, int bytes, bool vali
   if ((uintptr_t)dst % bytes || (valid && (uintptr_t)src % bytes)) {
     fprintf(stderr, "emu: cp.async of %d bytes misaligned\n", bytes);
     abort();
+  }
+  /* half the copies land at once, half at the wait: a missing wait reads
+   * stale data, a missing barrier before a refill overwrites live data */
+  static uint64_t coin = 0x853c49e6748fea9bull;
+  coin ^= coin << 13, coin ^= coin >> 7, coin ^= coin << 17;
+  if (coin & 1) {
+    if (valid)
+      memcpy(dst, src, bytes);
+    else
+      memset(dst, 0, bytes);
+    return;
   }
   t.pending.push_back({(char *)dst, (const char *)src, bytes, valid, t.committed});
 }
