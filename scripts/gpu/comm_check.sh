@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Remote step on a host with 2 GPUs (repo root as cwd, .debs carried): the
 # communicator checks in one go, everything under $OUT.
-#   scripts/gpu/comm_check.sh          (alone, or as `scripts/gpu/check.sh comm_check`)
+#   scripts/gpu/comm_check.sh [specs] [bench]   (default both; alone, or as
+#                                               `scripts/gpu/check.sh comm_check`)
+# Each step has its own time limit, all together under 10 minutes.
 # 1. the #multigpu specs of comm and symm (NCCL, CUDA IPC)   -> $OUT/comm_specs.log
 # 2. experiments/lab/nccl_loop.c, plain C over NCCL          -> $OUT/nccl_loop.csv
 # 3. experiments/comm_bench.lua, compared with 2.            -> $OUT/results/comm-<gpu>x2.{md,csv}
@@ -25,9 +27,14 @@ CUDA_HOME="${CUDA_HOME:-$(dirname "$(dirname "$(readlink -f "$(command -v nvcc)"
 
 ./distlab build 2>&1 | tail -5 | tee "$OUT/comm_build.log"
 
+steps=" ${*:-specs bench} "
+
+if [[ "$steps" == *" specs "* ]]; then
 echo "== 1. multigpu specs"
-timeout 900 busted --run=default --tags=multigpu -o spec/support/summary.lua \
+timeout 240 busted --run=default --tags=multigpu -o spec/support/summary.lua \
   spec/comm_spec.lua spec/symm_spec.lua 2>&1 | tee "$OUT/comm_specs.log" | tail -25
+fi
+[[ "$steps" == *" bench "* ]] || exit 0
 
 echo "== 2. plain C loop over NCCL"
 nccl_lib=""
@@ -38,17 +45,17 @@ done
 gcc -O2 -o "$OUT/nccl_loop" experiments/lab/nccl_loop.c -I/usr/include -I"$CUDA_HOME/include" \
   -L"$CUDA_HOME/lib64" ${nccl_lib:+-L"$nccl_lib" -Wl,-rpath,"$nccl_lib"} -lcudart -l:libnccl.so.2 2>&1 |
   tee "$OUT/nccl_loop_build.log"
-timeout 900 "$OUT/nccl_loop" -n 2 -b 8 -e 1073741824 -o "$OUT/nccl_loop.csv" 2>&1 | tail -5
+timeout 120 "$OUT/nccl_loop" -n 2 -b 8 -e 1073741824 -o "$OUT/nccl_loop.csv" 2>&1 | tail -5
 column -s, -t "$OUT/nccl_loop.csv" 2>/dev/null | head -200 >"$OUT/nccl_loop.txt"
 
 echo "== 3. distlab comm_bench"
-timeout 1200 ./distlab run -n 2 --device cuda experiments/comm_bench.lua -b 8 -e 1G \
+timeout 180 ./distlab run -n 2 --device cuda experiments/comm_bench.lua -b 8 -e 1G \
   --compare "$OUT/nccl_loop.csv" --out "$OUT/results" 2>&1 | tee "$OUT/comm_bench.log" | tail -40
 tail -4 "$OUT"/results/comm-*x2.md
 
 echo "== 4. small sizes with the NCCL watchdog off"
 tag="$(ls "$OUT"/results/comm-*x2.md 2>/dev/null | head -1 | sed 's/.*comm-\(.*\)\.md/\1/')"
-DISTLAB_NCCL_WATCHDOG=0 timeout 600 ./distlab run -n 2 --device cuda experiments/comm_bench.lua -b 8 -e 64K \
+DISTLAB_NCCL_WATCHDOG=0 timeout 60 ./distlab run -n 2 --device cuda experiments/comm_bench.lua -b 8 -e 64K \
   --compare "$OUT/nccl_loop.csv" --out "$OUT/results" --tag "${tag:-gpux2}-nowatchdog" 2>&1 |
   tee "$OUT/comm_bench_nowatchdog.log" | tail -4
 echo "comm_check done: results in $OUT/results, specs in $OUT/comm_specs.log"
