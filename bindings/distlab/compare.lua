@@ -69,6 +69,10 @@ function M.mismatch_report(a, b, atol, rtol, max_shown)
       if shown >= (max_shown or 5) then break end
     end
   end
+  -- pa/pb point into ah/bh (which may be a and b themselves): a call that
+  -- uses them keeps the collector from freeing them before the reads are done
+  C.dl_tensor_check(ah)
+  C.dl_tensor_check(bh)
   return table.concat(lines, "\n")
 end
 
