@@ -286,12 +286,34 @@ int dl_storage_new(int dev_type, int dev_index, int64_t nbytes, void *stream, dl
   return DL_OK;
 }
 
+int dl_storage_wrap(int dev_type, int dev_index, void *ptr, int64_t nbytes,
+                    void (*release)(void *ctx), void *ctx, dl_storage_t **out) {
+  DL_CHECK_ARG(nbytes >= 0 && release, "wrap: bad size or no release function");
+  DL_TRY(dl_device_check(dev_type, dev_index));
+  dl_storage_t *s = calloc(1, sizeof *s);
+  if (!s) return DL_ERR(DL_ENOMEM, "out of host memory for a storage");
+  s->refs = 1;
+  s->dev_type = dev_type;
+  s->dev_index = dev_index;
+  s->ptr = ptr;
+  s->nbytes = nbytes;
+  s->release = release;
+  s->ctx = ctx;
+  *out = s;
+  return DL_OK;
+}
+
 void dl_storage_retain(dl_storage_t *s) {
   if (s) __atomic_add_fetch(&s->refs, 1, __ATOMIC_RELAXED);
 }
 
 void dl_storage_release(dl_storage_t *s) {
   if (!s || __atomic_sub_fetch(&s->refs, 1, __ATOMIC_ACQ_REL) > 0) return;
+  if (s->release) {
+    s->release(s->ctx);
+    free(s);
+    return;
+  }
   devstate_t *d = dev_of(s->dev_type, s->dev_index);
   pthread_mutex_lock(&mu);
   charge(d, s->dev_type, s->dev_index, s->tag, -s->charged);

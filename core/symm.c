@@ -13,9 +13,9 @@
  * Layout of each rank's allocation: the data, rounded up to 4 KiB, then the
  * pad (zeroed before anyone can see it).
  *
- * Tensor views of a peer's buffer share a storage that this file owns and
- * pins (its count never reaches zero, so the allocator never frees mapped
- * memory); the Lua side keeps the buffer alive as long as a view lives.
+ * Tensor views of a peer's buffer sit on storages that wrap the mapping
+ * (dl_storage_wrap) and hold a reference to the buffer: dl_symm_free drops
+ * the owner's reference, and the memory is unmapped when the last view goes.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -43,12 +43,13 @@ struct dl_symm {
   size_t total;
   char *base[DL_SIGNAL_MAX_RANKS]; /* each rank's allocation as mapped here */
   dl_signal_peers_t peers;
-  dl_storage_t *storage[DL_SIGNAL_MAX_RANKS];
+  int refs;   /* the owner's, plus one per live view storage */
+  int closed; /* dl_symm_free was called: no new use */
   dl_tensor_t *meta; /* meta: the one allocation */
 };
 
 static int symm_check(const dl_symm_t *b, const char *fn) {
-  if (!b || b->magic != SYMM_MAGIC)
+  if (!b || b->magic != SYMM_MAGIC || b->closed)
     return DL_ERR(DL_ESTATE, "%s: not a live symmetric buffer (NULL or freed)", fn);
   return DL_OK;
 }
@@ -167,6 +168,7 @@ int dl_symm_alloc(dl_symm_t **out, dl_comm_t *c, int64_t nbytes) {
   dl_symm_t *b = calloc(1, sizeof *b);
   if (!b) return DL_ERR(DL_ENOMEM, "dl_symm_alloc: out of memory");
   b->magic = SYMM_MAGIC;
+  b->refs = 1;
   b->rank = c->rank;
   b->size = c->size;
   b->dev_type = c->dev_type;
@@ -201,19 +203,19 @@ int dl_symm_alloc(dl_symm_t **out, dl_comm_t *c, int64_t nbytes) {
   return DL_OK;
 }
 
-void dl_symm_free(dl_symm_t *b) {
-  if (!b || b->magic != SYMM_MAGIC) return;
+static void symm_unref(void *ctx) {
+  dl_symm_t *b = ctx;
+  if (__atomic_sub_fetch(&b->refs, 1, __ATOMIC_ACQ_REL) > 0) return;
   unmap(b);
-  /* views may still name these storages (and release them later): leave the
-   * small structs, but with no memory behind them */
-  for (int r = 0; r < b->size; r++)
-    if (b->storage[r]) {
-      b->storage[r]->ptr = NULL;
-      b->storage[r]->nbytes = 0;
-    }
   dl_tensor_free(b->meta);
   b->magic = 0;
   free(b);
+}
+
+void dl_symm_free(dl_symm_t *b) {
+  if (!b || b->magic != SYMM_MAGIC || b->closed) return;
+  b->closed = 1;
+  symm_unref(b);
 }
 
 int64_t dl_symm_nbytes(const dl_symm_t *b) {
@@ -234,23 +236,15 @@ int dl_symm_signal_pad(const dl_symm_t *b, int peer, void **pad) {
   return DL_OK;
 }
 
-/* A storage over peer's mapped buffer that the allocator will never free. */
-static int pinned_storage(dl_symm_t *b, int peer, dl_storage_t **out) {
+/* A new storage (one reference) over peer's mapping that keeps b alive. */
+static int view_storage(dl_symm_t *b, int peer, dl_storage_t **out) {
   if (b->dev_type == DL_META) {
+    dl_storage_retain(b->meta->storage);
     *out = b->meta->storage;
     return DL_OK;
   }
-  if (!b->storage[peer]) {
-    dl_storage_t *s = calloc(1, sizeof *s);
-    if (!s) return DL_ERR(DL_ENOMEM, "symm view: out of memory");
-    s->refs = 1 << 30;
-    s->dev_type = b->dev_type;
-    s->dev_index = b->dev_index;
-    s->ptr = b->base[peer];
-    s->nbytes = b->nbytes;
-    b->storage[peer] = s;
-  }
-  *out = b->storage[peer];
+  DL_TRY(dl_storage_wrap(b->dev_type, b->dev_index, b->base[peer], b->nbytes, symm_unref, b, out));
+  __atomic_add_fetch(&b->refs, 1, __ATOMIC_RELAXED);
   return DL_OK;
 }
 
@@ -274,14 +268,17 @@ int dl_symm_tensor(dl_tensor_t **out, dl_symm_t *b, int peer, int64_t offset, in
                "symm view of %lld bytes at offset %lld does not fit the buffer of %lld bytes "
                "(or the offset is not a multiple of %d)",
                (long long)(numel * esz), (long long)offset, (long long)b->nbytes, esz);
-  dl_storage_t *s = NULL;
-  DL_TRY(pinned_storage(b, peer, &s));
-  /* a tensor with no memory, moved onto the pinned storage, gives the view */
+  /* a tensor with no memory, moved onto the view's storage, gives the view */
   dl_tensor_t *tmp;
   int64_t zero = 0;
   DL_TRY(dl_tensor_empty(&tmp, dtype, 1, &zero, b->dev_type, b->dev_index));
+  dl_storage_t *s = NULL;
+  int vrc = view_storage(b, peer, &s);
+  if (vrc) {
+    dl_tensor_free(tmp);
+    return vrc;
+  }
   dl_storage_release(tmp->storage);
-  dl_storage_retain(s);
   tmp->storage = s;
   int rc = dl_tensor_as_strided(out, tmp, ndim, shape, strides, offset / esz);
   dl_tensor_free(tmp);
