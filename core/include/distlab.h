@@ -325,6 +325,78 @@ int dl_symm_barrier(dl_symm_t *b, dl_stream_t *s);
  * and turn such a record into an error naming the flag, the rank and the peer. */
 int dl_symm_check(dl_symm_t *b, dl_stream_t *s);
 
+/* ---- attention ------------------------------------------------------------
+ * One attention step (flash kernel on cuda, its fp64 twin on cpu) and the
+ * merges of partial results that context-parallel schedules use.
+ * Layouts: bshd [b, s, h, d], sbhd [s, b, h, d], thd [t, h, d] with
+ * cu_seqlens (int32 [b+1], prefix sums of the valid lengths) and optional
+ * cu_seqlens_padded (int32 [b+1], the row where each sequence starts; need
+ * not start at 0). lse is fp32 [b, h, s], or [h, t] for thd. The last dim of
+ * every operand is contiguous; other strides are free.
+ * Outputs are passed as dl_tensor_t **: one that holds NULL is allocated
+ * (charged to the current memory tag; for thd, out/dq/dk/dv are zeroed and
+ * lse set to -inf first, so rows outside the sequences are defined), one
+ * that holds a tensor is checked and written in place, rows outside the
+ * sequences untouched. On meta, outputs and the workspace are allocated and
+ * nothing runs.                                                           */
+enum { DL_ATTN_BSHD = 0, DL_ATTN_SBHD = 1, DL_ATTN_THD = 2 };
+
+typedef struct dl_attn_opts {
+  int32_t layout;        /* DL_ATTN_BSHD, DL_ATTN_SBHD or DL_ATTN_THD               */
+  int32_t window_left;   /* key j is visible to query i iff                          */
+  int32_t window_right;  /*   i + shift - left <= j <= i + shift + right, -1 = no bound */
+  int32_t bottom_right;  /* shift = s_kv - s_q of each sequence (else 0)             */
+  double scale;          /* softmax scale; 0 = 1/sqrt(d_qk)                          */
+  int32_t max_seqlen_q;  /* thd: the largest valid lengths; 0 = read cu_seqlens      */
+  int32_t max_seqlen_kv; /*   (a device-to-host copy on cuda)                        */
+  int32_t accumulate_grads; /* bwd: add into the given dq, dk, dv                    */
+  int32_t pad;
+  const dl_tensor_t *cu_seqlens_q, *cu_seqlens_kv;               /* thd              */
+  const dl_tensor_t *cu_seqlens_q_padded, *cu_seqlens_kv_padded; /* thd, or NULL     */
+} dl_attn_opts_t;
+
+/* out, lse: the step's result (ignored when accumulating). max_logit: NULL,
+ * or fp32 [h_q] max of the scaled logits over visible keys (allocated as
+ * -inf, or a given running max). acc_out, acc_lse: NULL, or a running
+ * (O, L) the step is merged into in the kernel's epilogue (fused merge). */
+int dl_attn_fwd(const dl_attn_opts_t *o, const dl_tensor_t *q, const dl_tensor_t *k,
+                const dl_tensor_t *v, dl_tensor_t **out, dl_tensor_t **lse,
+                dl_tensor_t **max_logit, dl_tensor_t *acc_out, dl_tensor_t *acc_lse,
+                dl_stream_t *s);
+/* Gradients of sum(dout * out); out and lse may be merged ones (CP). */
+int dl_attn_bwd(const dl_attn_opts_t *o, const dl_tensor_t *dout, const dl_tensor_t *q,
+                const dl_tensor_t *k, const dl_tensor_t *v, const dl_tensor_t *out,
+                const dl_tensor_t *lse, dl_tensor_t **dq, dl_tensor_t **dk, dl_tensor_t **dv,
+                dl_stream_t *s);
+
+/* Merges. rows picks the rows of every sequence that take part (thd: of its
+ * padded extent [p[i], p[i+1]), whose length must then be even). part and
+ * part_lse hold the same rows as out and lse, or, when a half is picked and
+ * their sequence dim is shorter, only that half, packed (thd: sequence i
+ * at row (p[i] - p[0]) / 2).                                             */
+enum { DL_ATTN_ROWS_ALL = 0, DL_ATTN_ROWS_FIRST_HALF = 1, DL_ATTN_ROWS_SECOND_HALF = 2 };
+/* incremental: O <- O e^(L-L') + P e^(Lp-L'), L <- L' = logaddexp(L, Lp);
+ * init: O = P e^(Lp-L) and add: O += P e^(Lp-L), with L the final lse.     */
+enum { DL_ATTN_OUT_INCREMENTAL = 0, DL_ATTN_OUT_INIT = 1, DL_ATTN_OUT_ADD = 2 };
+enum { DL_ATTN_GRAD_SET = 0, DL_ATTN_GRAD_ACCUMULATE = 1 }; /* G = P, G += P */
+
+typedef struct dl_attn_merge_opts {
+  int32_t layout;         /* DL_ATTN_BSHD, DL_ATTN_SBHD or DL_ATTN_THD             */
+  int32_t rows;           /* DL_ATTN_ROWS_*                                        */
+  int32_t skip_zero_rows; /* merge_out: a part row that is exactly 0 adds nothing   */
+  int32_t pad;
+  const dl_tensor_t *cu_seqlens_padded; /* thd: int32 [b+1]                        */
+} dl_attn_merge_opts_t;
+
+/* lse <- logaddexp(lse, part_lse) */
+int dl_attn_merge_lse(const dl_attn_merge_opts_t *o, dl_tensor_t *lse,
+                      const dl_tensor_t *part_lse, dl_stream_t *s);
+int dl_attn_merge_out(const dl_attn_merge_opts_t *o, int mode, dl_tensor_t *out,
+                      dl_tensor_t *lse, const dl_tensor_t *part, const dl_tensor_t *part_lse,
+                      dl_stream_t *s);
+int dl_attn_merge_grad(const dl_attn_merge_opts_t *o, int mode, dl_tensor_t *grad,
+                       const dl_tensor_t *part, dl_stream_t *s);
+
 #ifdef __cplusplus
 }
 #endif
