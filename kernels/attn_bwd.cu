@@ -18,7 +18,7 @@
  * dV += P^T dO and dK += dS^T Q. dS^T also goes to shared memory once for
  * dQ = dS K, which the warps share out as (16 rows, column group) tiles.
  * Q, dO, lse and D of the next row block load with cp.async during the
- * current one (two stages). With NSPLIT = 2 (head dims > 128) S^T and dP^T
+ * current one (two stages); two barriers per block. With NSPLIT = 2 (head dims > 128) S^T and dP^T
  * are computed by both halves, so the accumulators fit in registers.
  *
  * Requires what attn_fwd.cu requires, plus the workspace of
@@ -313,7 +313,8 @@ __global__ void __launch_bounds__(C::NT) attn_bwd_kernel(const dl_attn_params_t 
         }
       }
     }
-    attn_sync(); /* stage st and dS^T are free for the next prefetch */
+    /* no barrier here: the next prefetch refills stage st, last read before
+     * the barrier above, and dS^T is rewritten only after the next one */
   }
 
   const int keys = sq.kv_len - n0 - wkey;

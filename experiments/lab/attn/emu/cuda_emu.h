@@ -13,8 +13,9 @@
  * cp.async.wait_group (a coin decides), so reading a stage before waiting
  * sees stale data (shared memory starts as NaN garbage) and refilling it
  * before a barrier clobbers data still in use; warps run in a different
- * order between sync points every round; a barrier lets no thread past
- * before all have arrived. Not emulated: memory ordering between CTAs,
+ * order every round and a random quarter of them sit each round out, so
+ * they drift apart between barriers as on hardware and a missing barrier
+ * shows as stale data; a barrier lets no thread past before all arrive. Not emulated: memory ordering between CTAs,
  * bank conflicts, timing.
  */
 #ifndef DISTLAB_KERNELS_ATTN_DEVICE_CUH
@@ -186,7 +187,7 @@ static inline void emu_run(dim3 grid, dim3 block, size_t smem, const std::functi
           th.sp = sp;
         }
         uint64_t order = 0x2545f4914f6cdd1dull ^ (x * 131 + y * 7 + z);
-        for (int left = nt;;) {
+        for (int left = nt, idle = 0;;) {
           long before = emu.progress;
           left = 0;
           /* warps in a different order every round, so a missing barrier
@@ -194,16 +195,23 @@ static inline void emu_run(dim3 grid, dim3 block, size_t smem, const std::functi
           order ^= order << 13, order ^= order >> 7, order ^= order << 17;
           const int nw = nt / 32, w0 = (int)(order % nw);
           const int stride = (nw & (nw - 1)) == 0 ? 2 * (int)((order >> 20) % nw) + 1 : 1; /* coprime */
+          /* and about a quarter of the warps sit out each round */
+          const uint64_t sit_out = (order >> 24) & (order >> 40) & ~(1ull << w0);
           for (int k = 0; k < nt; k++) {
             const int w = (w0 + (k / 32) * stride) % nw, t = w * 32 + k % 32;
             if (emu.th[t].done) continue;
+            if ((sit_out >> (w % 64)) & 1) {
+              left++;
+              continue;
+            }
             emu.cur = t;
             threadIdx = dim3(t % block.x, (t / block.x) % block.y, t / (block.x * block.y));
             emu_switch(&emu.sched_sp, emu.th[t].sp);
             left += !emu.th[t].done;
           }
           if (left == 0) break;
-          if (emu.progress == before) {
+          idle = emu.progress == before ? idle + 1 : 0;
+          if (idle > 64) { /* sitting out never lasts 64 rounds for every warp */
             fprintf(stderr, "emu: deadlock in block (%u,%u,%u): divergent barrier or collective\n", x, y, z);
             abort();
           }
