@@ -39,10 +39,11 @@ struct attn_bwd_cfg {
   static constexpr int BN = 16 * NW, BM = 64, QT = BM / 8;
   static constexpr int DKS = D_QK / NSPLIT, DVS = D_V / NSPLIT; /* columns of dK/dQ, dV per CTA */
   static constexpr int MQ = BM / 16, CG = NW / MQ, DQC = DKS / CG, DQT = DQC / 8;
+  static constexpr int DQP = DQT < 8 ? DQT : 8; /* n8 tiles of dQ per pass */
   static constexpr int SQ = BM * D_QK, SDO = BM * D_V; /* elements of one stage */
   static constexpr size_t SMEM =
       (size_t)(BN * D_QK + BN * D_V + 2 * SQ + 2 * SDO + BN * BM) * 2 + 4 * BM * sizeof(float);
-  static_assert(NW % MQ == 0 && DQC % 16 == 0 && DKS % 16 == 0 && DVS % 16 == 0, "bwd tiles");
+  static_assert(NW % MQ == 0 && DQC % 16 == 0 && DKS % 16 == 0 && DVS % 16 == 0 && DQT % DQP == 0, "bwd tiles");
 };
 
 /* Rows of the workspace: thd rows of the tensor, else b * s_q. */
@@ -279,32 +280,35 @@ __global__ void __launch_bounds__(C::NT) attn_bwd_kernel(const dl_attn_params_t 
     }
     attn_sync(); /* dS^T complete */
 
-    /* dQ(16 rows mq, column group cg) = dS K, added to the fp32 accumulator */
-    float dq[C::DQT][4];
+    /* dQ(16 rows mq, column group cg) = dS K, added to the fp32 accumulator,
+     * in passes of at most 64 columns (fewer live registers) */
 #pragma unroll
-    for (int t = 0; t < C::DQT; t++) dq[t][0] = dq[t][1] = dq[t][2] = dq[t][3] = 0;
+    for (int pass = 0; pass < C::DQT / C::DQP; pass++) {
+      const int col0 = sp * C::DKS + cg * C::DQC + pass * C::DQP * 8;
+      float dq[C::DQP][4];
 #pragma unroll
-    for (int kk = 0; kk < C::BN / 16; kk++) {
-      uint32_t a[4];
-      ldmatrix_x4_trans(a, lb.at<C::BM>(udS, kk * 16, mq));
+      for (int t = 0; t < C::DQP; t++) dq[t][0] = dq[t][1] = dq[t][2] = dq[t][3] = 0;
 #pragma unroll
-      for (int dp = 0; dp < C::DQT / 2; dp++) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, la.at_rt<C::D_QK>(uK, kk * 16, (sp * C::DKS + cg * C::DQC) / 16 + dp));
-        mma_16816<BF16>(dq[2 * dp], a, b[0], b[1]);
-        mma_16816<BF16>(dq[2 * dp + 1], a, b[2], b[3]);
+      for (int kk = 0; kk < C::BN / 16; kk++) {
+        uint32_t a[4];
+        ldmatrix_x4_trans(a, lb.at<C::BM>(udS, kk * 16, mq));
+#pragma unroll
+        for (int dp = 0; dp < C::DQP / 2; dp++) {
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, la.at_rt<C::D_QK>(uK, kk * 16, col0 / 16 + dp));
+          mma_16816<BF16>(dq[2 * dp], a, b[0], b[1]);
+          mma_16816<BF16>(dq[2 * dp + 1], a, b[2], b[3]);
+        }
       }
-    }
-    {
       /* lanes 2k and 2k+1 swap halves so each adds 4 consecutive columns of one row */
       const bool odd = lane & 1;
       const int i = m0 + mq * 16 + (lane >> 2) + (odd ? 8 : 0);
       float *row = dq_acc + (hq * ws_rows + attn_ws_row(p, sq, bi, i)) * p.d_qk;
 #pragma unroll
-      for (int t = 0; t < C::DQT; t++) {
+      for (int t = 0; t < C::DQP; t++) {
         const float s0 = attn_shfl_xor(odd ? dq[t][0] : dq[t][2], 1);
         const float s1 = attn_shfl_xor(odd ? dq[t][1] : dq[t][3], 1);
-        const int c = sp * C::DKS + cg * C::DQC + t * 8 + ((lane & 3) >> 1) * 4;
+        const int c = col0 + t * 8 + ((lane & 3) >> 1) * 4;
         if (i < sq.q_len && c < p.d_qk) {
           if (odd)
             attn_atomic_add4(row + c, s0, s1, dq[t][2], dq[t][3]);
