@@ -1,0 +1,228 @@
+-- distlab.cp — context-parallel attention: one attention over a sequence
+-- that is spread over the ranks of a communicator.
+--
+--   local cp = dl.cp.attention{comm = dl.comm.world(),
+--     algo = "p2p" | "all_gather" | "a2a",
+--     comm_buffers = "per_step" | 2,                         (p2p; default 2)
+--     correction = "post_loop" | "incremental" | "fused",    (p2p; default "fused")
+--     layout = "bshd" | "sbhd" | "thd", mask = "none" | "causal",
+--     window = {left, right}, scale =, return_max_logit = bool}
+--   out, lse[, max_logit] = cp:forward(q, k, v[, {cu_seqlens_q =, cu_seqlens_q_padded =}])
+--   dq, dk, dv = cp:backward(dout)
+--   cp:peak(q, k, v[, seq]) -> {fwd =, bwd =}: the schedule's memory formula, bytes
+--   x_shard = dl.cp.shard(x, {comm =, layout =, cu_seqlens_padded =, dim =})
+--   x = dl.cp.unshard(x_shard, {comm =, layout =, cu_seqlens_padded =, dim =})
+--
+-- q, k, v, out and lse are this rank's shards in dual-chunk order (plan.lua),
+-- as dl.cp.shard cuts them; lse is [b, h, s_r] (thd [h, t_r]), max_logit [h]
+-- is merged over steps and ranks. thd takes the cu_seqlens of the FULL
+-- sequence (Lua tables or int32 tensors; tables on meta), every padded
+-- length a multiple of 2C. The schedules are cp/p2p.lua, cp/all_gather.lua
+-- and cp/a2a.lua: each reads top to bottom and states its peak memory.
+local dl = require "distlab"
+local plan = require "distlab.cp.plan"
+
+local fail = dl.fail
+local M = {}
+local CP = {}
+CP.__index = CP
+
+local KEYS = { comm = true, algo = true, comm_buffers = true, correction = true, layout = true,
+  mask = true, window = true, scale = true, return_max_logit = true }
+local P2P_ONLY = { comm_buffers = true, correction = true }
+
+local function one_of(name, x, list)
+  for _, v in ipairs(list) do
+    if x == v then return x end
+  end
+  local names = {}
+  for i, v in ipairs(list) do names[i] = tostring(v) end
+  fail("cp.attention: %s = %s is not one of %s", name, tostring(x), table.concat(names, ", "))
+end
+
+function M.attention(opts)
+  opts = opts or {}
+  if type(opts) ~= "table" then fail("cp.attention: expected an options table") end
+  for k in pairs(opts) do
+    if not KEYS[k] then fail("cp.attention: unknown option %s", tostring(k)) end
+  end
+  local self = setmetatable({}, CP)
+  self.comm = opts.comm or dl.comm.world()
+  self.algo = one_of("algo", opts.algo or "p2p", { "p2p", "all_gather", "a2a" })
+  for k in pairs(P2P_ONLY) do
+    if opts[k] ~= nil and self.algo ~= "p2p" then
+      fail("cp.attention: %s is an option of algo p2p, not %s", k, self.algo)
+    end
+  end
+  self.comm_buffers = one_of("comm_buffers", opts.comm_buffers or 2, { "per_step", 2 })
+  self.correction = one_of("correction", opts.correction or "fused", { "post_loop", "incremental", "fused" })
+  self.layout = one_of("layout", opts.layout or "bshd", { "bshd", "sbhd", "thd" })
+  local mask = one_of("mask", opts.mask or "none", { "none", "causal", "causal_bottom_right" })
+  -- Q and KV cover the same positions: bottom-right and top-left causal agree.
+  self.causal = mask ~= "none"
+  if opts.scale ~= nil and (type(opts.scale) ~= "number" or not (opts.scale > 0)) then
+    fail("cp.attention: scale must be a number > 0, got %s", tostring(opts.scale))
+  end
+  self.scale = opts.scale
+  self.return_max_logit = opts.return_max_logit and true or false
+  local w = opts.window
+  if w ~= nil then
+    if type(w) ~= "table" or #w ~= 2 then fail("cp.attention: window must be {left, right}") end
+    for i = 1, 2 do
+      if type(w[i]) ~= "number" or w[i] ~= math.floor(w[i]) or w[i] < -1 then
+        fail("cp.attention: window[%d] = %s must be an integer >= -1 (-1: no bound)", i, tostring(w[i]))
+      end
+    end
+    if self.causal and w[2] > 0 then
+      fail("cp.attention: window {%d, %d} contradicts a causal mask (right bound 0)", w[1], w[2])
+    end
+    if self.algo == "p2p" then
+      fail("cp.attention: sliding windows are supported by algo all_gather and a2a, not p2p")
+    end
+    if self.algo == "all_gather" and self.layout == "thd" and w[2] ~= 0 and not self.causal and
+       not (w[1] == -1 and w[2] == -1) then
+      fail("cp.attention: all_gather with thd takes windows {left, 0} (or a causal mask): a window " ..
+        "reaching right of the diagonal cannot be clipped per sequence by the kernel's two alignments; use a2a")
+    end
+    self.window = { w[1], self.causal and 0 or w[2] }
+  end
+  self.impl = require("distlab.cp." .. self.algo)
+  return self
+end
+
+CP.__tostring = function(s)
+  local extra = s.algo == "p2p" and string.format(", comm_buffers %s, correction %s", s.comm_buffers, s.correction) or ""
+  return string.format("cp.attention(%s over %d ranks, %s, %s%s)", s.algo, s.comm.size, s.layout,
+    s.causal and "causal" or "no mask", extra)
+end
+
+-- Streams and events of this object, made once on the tensors' device.
+local function streams(self, device)
+  if self.device == device then return end
+  self.device = device
+  self.streams = { comm = dl.stream(device), merge = dl.stream(device) }
+  self.events = { ready = dl.event(device), arrived = dl.event(device), done = dl.event(device) }
+end
+
+local function check_inputs(self, q, k, v)
+  for i, x in ipairs({ q, k, v }) do
+    if not dl.is_tensor(x) then fail("cp:forward: %s must be a tensor", ({ "q", "k", "v" })[i]) end
+  end
+  local nd = self.layout == "thd" and 3 or 4
+  if q.nd ~= nd or k.nd ~= nd or v.nd ~= nd then
+    fail("cp:forward: layout %s needs %d-dim q, k, v", self.layout, nd)
+  end
+  local dev = self.comm.device
+  if q.device ~= dev and not (dev:match("^cuda") and q.device:match("^cuda")) then
+    fail("cp:forward: q is on %s but the communicator on %s", q.device, dev)
+  end
+end
+
+function CP:forward(q, k, v, seq)
+  check_inputs(self, q, k, v)
+  self:release()
+  streams(self, q.device)
+  local pl = plan.new { C = self.comm.size, r = self.comm.rank, layout = self.layout, x = q, seq = seq }
+  local out, lse, ml = self.impl.forward(self, q, k, v, pl)
+  self.saved = self.saved or {}
+  local sv = self.saved
+  sv.q, sv.k, sv.v, sv.out, sv.lse, sv.pl = q, k, v, out, lse, pl
+  return out, lse, ml
+end
+
+function CP:backward(dout)
+  if not self.saved then fail("cp:backward: call cp:forward first (or again after a backward)") end
+  if not dl.is_tensor(dout) then fail("cp:backward: dout must be a tensor") end
+  local dq, dk, dv = self.impl.backward(self, dout, self.saved)
+  self:release()
+  return dq, dk, dv
+end
+
+-- Drops what forward kept for backward (the schedule's own saved tensors,
+-- the plan's seqlens); the caller's tensors are left alone.
+function CP:release()
+  local sv = self.saved
+  if not sv then return end
+  for _, t in ipairs(sv.own or {}) do t:free() end
+  if sv.pl then sv.pl:release() end
+  self.saved = nil
+end
+
+-- ---- memory formula --------------------------------------------------------------
+
+local function round256(n) return math.ceil(n / 256) * 256 end
+
+-- The sizes the formulas are written in, for this object and these shards.
+function CP:geometry(q, k, v, seq)
+  local C = self.comm.size
+  local pl = plan.new { C = C, r = self.comm.rank, layout = self.layout, x = q, seq = seq }
+  local rows = pl.thd and pl.T_r or q:size(self.layout == "sbhd" and 2 or 1) * pl.S_r
+  local e, hq, hkv = q:element_size(), q:size(-2), k:size(-2)
+  local dqk, dv = q:size(-1), v:size(-1)
+  local g = { C = C, r = self.comm.rank, layout = self.layout, causal = self.causal, window = self.window,
+    comm_buffers = self.comm_buffers, correction = self.correction, rows = rows, hq = hq, hkv = hkv,
+    Uq = rows * hq * dqk * e, Uk = rows * hkv * dqk * e, Uv = rows * hkv * dv * e, Uo = rows * hq * dv * e,
+    l = rows * hq * 4, ml = self.return_max_logit and 4 * hq or 0, B = pl.B }
+  g.seqlens_rows = function(n) return pl.thd and n * (pl.B + 1) * 4 or 0 end
+  -- The attention backward's workspace for `rws` query rows of `h` heads
+  -- (fp32 dQ, 256-aligned, and a rowsum), on cuda and meta.
+  g.workspace = function(rws, h)
+    h = h or hq
+    if q.device == "cpu" then return 0 end
+    return round256(rws * h * dqk * 4) + rws * h * 4
+  end
+  return g
+end
+
+-- {fwd =, bwd =}: peak bytes of this rank by the schedule's formula, counting
+-- q, k, v (and dout, out, lse in the backward) as held by the caller.
+function CP:peak(q, k, v, seq)
+  return self.impl.peak(self:geometry(q, k, v, seq))
+end
+
+-- ---- shard / unshard ------------------------------------------------------------
+
+local function shard_plan(op, x, opts, full)
+  if not dl.is_tensor(x) then fail("%s: expected a tensor", op) end
+  opts = opts or {}
+  local comm = opts.comm or dl.comm.world()
+  local layout = opts.layout or "bshd"
+  if layout ~= "bshd" and layout ~= "sbhd" and layout ~= "thd" then
+    fail("%s: layout %s is not bshd, sbhd or thd", op, tostring(layout))
+  end
+  local seq
+  if layout == "thd" then
+    if opts.cu_seqlens_padded == nil then fail("%s: layout thd needs cu_seqlens_padded (of the full sequence)", op) end
+    seq = { cu_seqlens_q = opts.cu_seqlens_padded, cu_seqlens_q_padded = opts.cu_seqlens_padded }
+  end
+  local pl = plan.new { C = comm.size, r = comm.rank, layout = layout, x = x, seq = seq, full = full, dim = opts.dim }
+  return pl, opts.dim or pl.sdim, comm
+end
+
+-- This rank's shard (a new tensor): chunks r and 2C-1-r of every sequence.
+-- dim: the sequence dim when it is not the layout's (an lse: 3, thd 2).
+function M.shard(x, opts)
+  local pl, d = shard_plan("cp.shard", x, opts, true)
+  local shape = x.shape
+  shape[d] = shape[d] / pl.C
+  local out = dl.empty(shape, { dtype = x.dtype, device = x.device })
+  pl:copy_pieces(pl.r, out, x, d, false)
+  return out
+end
+
+-- The full tensor in sequence order from every rank's shard (collective).
+function M.unshard(x, opts)
+  local pl, d, comm = shard_plan("cp.unshard", x, opts, false)
+  local shape = x.shape
+  local ranked = dl.empty({ pl.C, unpack(shape) }, { dtype = x.dtype, device = x.device })
+  local src = x:contiguous()
+  comm:all_gather(ranked, src)
+  if src ~= x then src:free() end
+  shape[d] = shape[d] * pl.C
+  local full = dl.empty(shape, { dtype = x.dtype, device = x.device })
+  pl:reorder(ranked, full, d, true)
+  ranked:free()
+  return full
+end
+
+return M

@@ -1,0 +1,291 @@
+-- distlab.cp.p2p — ring attention: context parallelism by passing K/V
+-- around the ranks, forward and backward.
+--
+-- Rank r holds chunks r and 2C-1-r of the sequence (plan.lua). Forward
+-- step i computes on the K/V of rank src = r-i, which came along the ring
+-- r-1 -> r:
+--   not causal        all of Q x all of KV, no mask
+--   causal, src = r   all of Q x all of KV, causal (step 0, the diagonal)
+--   causal, src < r   all of Q x the first half of KV (chunk src), no mask
+--   causal, src > r   the second half of Q (chunk 2C-1-r) x all of KV, no mask
+-- thd picks the halves through per-step cu_seqlens (plan.lua), not copies.
+-- While step i computes, the K/V of step i+1 is in flight on a comm stream.
+--
+-- comm_buffers  "per_step": TransformerEngine's main. K/V are copied into a
+--               first buffer and every step receives into a fresh one; all
+--               C live until the loop ends.
+--               2: double buffering (seed 000). Step 0 sends the input K/V
+--               itself; two receive buffers alternate (one when C = 2).
+-- correction    "post_loop": keep every step's (out, lse) and merge after
+--               the loop (TE main). "incremental": merge each step into a
+--               running (O, L) as it finishes (seed 000), on a side stream,
+--               with two out/lse slots so that step i+1 computes while step
+--               i merges. "fused": the attention kernel folds each step into
+--               (O, L) in its epilogue; no per-step output ever exists.
+-- Backward: the K/V ring runs the other way (step i holds rank r+i's K/V,
+-- received from r+1) with two buffers whatever comm_buffers says, as in TE's
+-- main. The dK/dV of that K/V travel one hop behind it: each step adds its
+-- share straight into the travelling buffer (accumulate_grads) and passes
+-- it to r-1; after C hops it is home, complete.
+--
+-- Peak memory per rank (exact on meta; cuda adds the allocator's rounding).
+-- U = one per-rank Q, B*S_r*H*D*e bytes (K, V and O alike for MHA); l = one
+-- per-rank LSE, B*H*S_r*4 bytes; n = min(2, C-1); the inputs q, k, v count.
+--   forward, fused        3U + comm + U + l
+--   forward, incremental  3U + comm + (1 + n)(U + l)
+--   forward, post_loop    3U + P + max(comm, U + l)
+--     comm = 2C U (per_step) or 2n U (2). P = the per-step (out, lse), all
+--     kept: C (U + l), but causal bshd/sbhd steps with src > r (C-1-r of
+--     them) hold half the rows: (1 + r + (C-1-r)/2)(U + l).
+--   backward  5U + l (q, k, v, dout, out, lse: held) + U (dq) + 2n U (K/V)
+--     + 2 x 2U (the travelling dK/dV and the one arriving) + W, where
+--     W = 2U + l is the attention backward's workspace (fp32 dQ, rowsum;
+--     the dQ part rounded up to 256 B), taken on cuda and meta only.
+-- Plus 4H bytes with return_max_logit, and for thd the seqlens tensor:
+-- (2C + 5) rows causal, (2C + 3) not, of (B+1) int32. GQA scales the K/V
+-- terms by h_kv/h. M.peak gives the exact bytes of any configuration.
+-- Above the inputs, in units (C >= 3): main (per_step + post_loop) 3C at
+-- the last rank, growing with C; double + incremental 4 + 3 = 7; fused
+-- 4 + 1 = 5; each plus its LSE fractions.
+local dl = require "distlab"
+local plan = require "distlab.cp.plan"
+
+local free, wait = plan.free, plan.wait
+local M = {}
+
+-- The rows step src computes on this rank: Q part, KV part, mask.
+local function parts_of(causal, r, src)
+  if not causal then return "all", "all", "none" end
+  if src == r then return "all", "all", "causal" end
+  if src < r then return "all", "first", "none" end
+  return "second", "all", "none"
+end
+
+-- thd: the row selections of every step (before plan:upload).
+local function select_rows(pl, causal)
+  pl:select("q_all", pl:local_rows(pl.r, "all"))
+  if causal then pl:select("q_second", pl:local_rows(pl.r, "second")) end
+  for src = 0, pl.C - 1 do
+    local _, kvp = parts_of(causal, pl.r, src)
+    pl:select("kv" .. src, pl:local_rows(src, kvp))
+  end
+end
+
+-- A K/V receive buffer: U_k + U_v.
+local function kv_buffer(k, v, s)
+  local b = dl.mem.tag("comm_buffers", function() return { k = dl.empty_like(k), v = dl.empty_like(v) } end)
+  b.k:record_stream(s)
+  b.v:record_stream(s)
+  return b
+end
+
+-- Runs fn on stream s and records ev there.
+local function on(s, ev, fn)
+  dl.with_stream(s, fn)
+  ev:record(s)
+end
+
+-- Point-to-point exchange: send `give` to one neighbour, receive `take` from
+-- the other. One group per tensor: the shm backend may hand the message of
+-- one receive to another when a group holds two receives from one peer.
+local function exchange(comm, give, to, take, from)
+  for _, x in ipairs({ "k", "v" }) do
+    dl.comm.group(function()
+      comm:send(give[x], to)
+      comm:recv(take[x], from)
+    end)
+  end
+end
+
+local function step_opts(cp, pl, src, extra)
+  local qp, kvp, mask = parts_of(cp.causal, pl.r, src)
+  return qp, kvp, pl:opts({ layout = pl.layout, mask = mask, scale = cp.scale }, "q_" .. qp, "kv" .. src, extra)
+end
+
+function M.forward(cp, q, k, v, pl)
+  local C, r, comm = pl.C, pl.r, cp.comm
+  local nxt, prv = (r + 1) % C, (r - 1 + C) % C
+  local comp, cs, ms, ev = dl.current_stream(), cp.streams.comm, cp.streams.merge, cp.events
+  local correction = cp.correction
+  if pl.thd then
+    select_rows(pl, cp.causal)
+    pl:upload()
+  end
+
+  -- The running (O, L), U + l: zero / -inf, so thd rows outside the sequences stay so.
+  local acc, ml
+  if correction ~= "post_loop" then
+    acc = dl.mem.tag("accumulator", dl.attn.accumulator, q, v, { layout = pl.layout, dtype = q.dtype })
+  end
+  if cp.return_max_logit then
+    ml = dl.mem.tag("accumulator", dl.full, { q:size(-2) }, -math.huge, { dtype = "f32", device = q.device })
+  end
+
+  -- The K/V step 0 computes on, and the receive buffers.
+  local cur, bufs = { k = k, v = v }, {}
+  if cp.comm_buffers == "per_step" then
+    cur = kv_buffer(k, v, cs)
+    cur.k:copy_(k)
+    cur.v:copy_(v)
+    bufs[1] = cur
+  else
+    for i = 1, math.min(2, C - 1) do bufs[i] = kv_buffer(k, v, cs) end
+  end
+  -- incremental: two out/lse slots (U + l each), each with the event of its last merge.
+  local slots, parts = {}, {}
+  if correction == "incremental" then
+    for i = 1, math.min(2, C - 1) do
+      slots[i] = pl:result(q, v, "out_per_step", "lse_per_step")
+      slots[i].merged = dl.event(q.device):record(comp)
+      slots[i].out:record_stream(ms)
+      slots[i].lse:record_stream(ms)
+    end
+    if pl.thd then pl.meta_t:record_stream(ms) end
+  end
+
+  for i = 0, C - 1 do
+    local src = (r - i) % C
+    -- 1. Communication: pass our K/V to r+1, receive step i+1's from r-1.
+    local incoming
+    if i < C - 1 then
+      if cp.comm_buffers == "per_step" then
+        incoming = kv_buffer(k, v, cs)
+        bufs[#bufs + 1] = incoming
+      else
+        incoming = bufs[i % 2 + 1]
+      end
+      ev.ready:record(comp) -- cur is ready; incoming's last reader (step i-1) is queued
+      wait(cs, ev.ready)
+      on(cs, ev.arrived, function() exchange(comm, cur, nxt, incoming, prv) end)
+    end
+
+    -- 2. Attention of step i, and its correction.
+    local qp, kvp, o = step_opts(cp, pl, src, { max_logit = ml })
+    local qv, kv_k, kv_v = pl:part(q, qp), pl:part(cur.k, kvp), pl:part(cur.v, kvp)
+    if correction == "fused" then
+      o.accumulate = { out = pl:part(acc.out, qp), lse = pl:part(acc.lse, qp, "lse") }
+      dl.attn.fwd(qv, kv_k, kv_v, o)
+    elseif correction == "incremental" and i == 0 then
+      o.out, o.lse = acc.out, acc.lse -- step 0 covers every row: it starts the running (O, L)
+      dl.attn.fwd(qv, kv_k, kv_v, o)
+    elseif correction == "incremental" then
+      local s = slots[(i - 1) % #slots + 1]
+      wait(comp, s.merged) -- the merge that last read this slot is done
+      o.out, o.lse = pl:part(s.out, qp), pl:part(s.lse, qp, "lse")
+      dl.attn.fwd(qv, kv_k, kv_v, o)
+      ev.done:record(comp)
+      wait(ms, ev.done)
+      on(ms, s.merged, function()
+        dl.attn.merge_out(acc.out, acc.lse, s.out, s.lse,
+          pl:merge_opts(qp, { mode = "incremental", skip_zero_rows = pl.thd }))
+      end)
+    else
+      -- post_loop: this step's own (out, lse); bshd/sbhd halves hold half the rows
+      local part = pl:result(qv, v, "out_per_step", "lse_per_step")
+      part.half = qp
+      parts[#parts + 1] = part
+      o.out, o.lse = part.out, part.lse
+      dl.attn.fwd(qv, kv_k, kv_v, o)
+    end
+    pl:drop_views()
+
+    -- 3. Step i+1 computes on what arrived.
+    if incoming then
+      wait(comp, ev.arrived)
+      cur = incoming
+    end
+  end
+  for _, b in ipairs(bufs) do free(b.k, b.v) end
+
+  if correction == "incremental" then
+    for _, s in ipairs(slots) do
+      wait(comp, s.merged)
+      free(s.out, s.lse)
+    end
+  elseif correction == "post_loop" then
+    -- L = logaddexp of every step's lse, then O = sum_i e^(L_i - L) O_i.
+    acc = dl.mem.tag("accumulator", dl.attn.accumulator, q, v, { layout = pl.layout, dtype = q.dtype })
+    for _, p in ipairs(parts) do dl.attn.merge_lse(acc.lse, p.lse, pl:merge_opts(p.half)) end
+    for i, p in ipairs(parts) do
+      dl.attn.merge_out(acc.out, acc.lse, p.out, p.lse,
+        pl:merge_opts(p.half, { mode = i == 1 and "init" or "add", skip_zero_rows = pl.thd }))
+      free(p.out, p.lse)
+    end
+  end
+  if ml then comm:all_reduce(ml, "max") end
+  return acc.out, acc.lse, ml
+end
+
+function M.backward(cp, dout, sv)
+  local q, k, v, out, lse, pl = sv.q, sv.k, sv.v, sv.out, sv.lse, sv.pl
+  local C, r, comm = pl.C, pl.r, cp.comm
+  local nxt, prv = (r + 1) % C, (r - 1 + C) % C
+  local comp, cs, ev = dl.current_stream(), cp.streams.comm, cp.events
+
+  local dq = dl.mem.tag("accumulator", dl.zeros_like, q)
+  local bufs = {}
+  for i = 1, math.min(2, C - 1) do bufs[i] = kv_buffer(k, v, cs) end
+  -- The travelling dK/dV (starts at zero) and the one arriving: 2 x (U_k + U_v).
+  local grad, other = kv_buffer(k, v, cs), C > 1 and kv_buffer(k, v, cs) or nil
+  grad.k:zero_()
+  grad.v:zero_()
+
+  local cur = { k = k, v = v }
+  for i = 0, C - 1 do
+    local src = (r + i) % C
+    -- 1. Pass the K/V on to r-1, receive step i+1's from r+1.
+    local incoming
+    if i < C - 1 then
+      incoming = bufs[i % 2 + 1]
+      ev.ready:record(comp)
+      wait(cs, ev.ready)
+      on(cs, ev.arrived, function() exchange(comm, cur, prv, incoming, nxt) end)
+    end
+
+    -- 2. This step's gradients, added into dq and into src's travelling dK/dV.
+    local qp, kvp, o = step_opts(cp, pl, src, { accumulate_grads = true })
+    o.dq, o.dk, o.dv = pl:part(dq, qp), pl:part(grad.k, kvp), pl:part(grad.v, kvp)
+    dl.mem.tag("workspace", dl.attn.bwd, pl:part(dout, qp), pl:part(q, qp), pl:part(cur.k, kvp),
+      pl:part(cur.v, kvp), pl:part(out, qp), pl:part(lse, qp, "lse"), o)
+    pl:drop_views()
+
+    -- 3. The dK/dV moves one hop (to r-1); the next arrives from r+1 — after
+    --    the last step, our own, complete.
+    if C > 1 then
+      ev.ready:record(comp)
+      wait(cs, ev.ready)
+      on(cs, ev.arrived, function() exchange(comm, grad, prv, other, nxt) end)
+      wait(comp, ev.arrived)
+      grad, other = other, grad
+    end
+    if incoming then cur = incoming end
+  end
+  for _, b in ipairs(bufs) do free(b.k, b.v) end
+  if other then free(other.k, other.v) end
+  return dq, grad.k, grad.v
+end
+
+-- ---- the memory formula ----------------------------------------------------------
+
+-- Peak bytes per rank of forward and backward (see the top of this file).
+-- g: the geometry from cp.geometry (rows, units, seqlens rows, ...).
+function M.peak(g)
+  local C, r, n = g.C, g.r, math.min(2, g.C - 1)
+  local U, Ukv, Uo, l = g.Uq, g.Uk + g.Uv, g.Uo, g.l
+  local fixed = g.Uq + Ukv + g.ml + g.seqlens_rows(g.causal and 2 * C + 5 or 2 * C + 3)
+  local comm = (g.comm_buffers == "per_step" and C or n) * Ukv
+  local fwd
+  if g.correction == "fused" then
+    fwd = fixed + comm + Uo + l
+  elseif g.correction == "incremental" then
+    fwd = fixed + comm + (1 + n) * (Uo + l)
+  else
+    local P = C * (Uo + l)
+    if g.causal and g.layout ~= "thd" then P = (1 + r + (C - 1 - r) / 2) * (Uo + l) end
+    fwd = fixed + P + math.max(comm, Uo + l)
+  end
+  local bwd = fixed + 2 * Uo + l + U + n * Ukv + (C > 1 and 2 or 1) * Ukv + g.workspace(g.rows)
+  return { fwd = fwd, bwd = bwd }
+end
+
+return M
