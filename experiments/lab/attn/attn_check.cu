@@ -11,8 +11,10 @@
  * sentinel that must survive. One line per case, then "N passed, N failed";
  * exit status 1 on any failure.
  *
- *   attn_check            all cases          attn_check --small   a subset
- *   (for compute-sanitizer)                   attn_check --filter S  cases whose name has S
+ *   attn_check              all cases
+ *   attn_check --small      a subset, for compute-sanitizer
+ *   attn_check --filter S   the cases whose name contains S
+ *   attn_check --list       list the attention cases
  *
  * Built by scripts/gpu/attn_lab.sh on a GPU, or with -DDL_ATTN_EMU on the
  * CPU warp emulator (experiments/lab/attn/emu, `make emu`).
@@ -486,6 +488,10 @@ static void run_validation() {
 
 /* ---- the case list ------------------------------------------------------------------------- */
 
+/* the --small set (for the sanitizers): every layout and head dim, windows in both
+ * alignments, GQA and MQA, fused, accumulate_grads, max_logit */
+#define SMALL_CASES {5, 13, 18, 32, 39}
+
 static std::vector<acase> attention_cases() {
   static const int dims[][2] = {{64, 64}, {128, 128}, {256, 256}, {192, 128}, {96, 96}, {40, 72}};
   static const int masks[][3] = {{-1, -1, 0}, {-1, 0, 0}, {-1, 0, 1}, {37, 11, 0}, {50, 0, 1}, {0, -1, 1}, {-1, 5, 0}};
@@ -498,11 +504,12 @@ static std::vector<acase> attention_cases() {
       for (const auto &mk : masks) {
         acase c;
         c.dtype = dt, c.layout = layout, c.wl = mk[0], c.wr = mk[1], c.br = mk[2];
-        c.dqk = dims[n % 6][0], c.dv = dims[n % 6][1], c.hq = heads[n % 3][0], c.hkv = heads[n % 3][1];
+        /* features cycle with different periods, so they meet in many combinations */
+        c.dqk = dims[n % 6][0], c.dv = dims[n % 6][1], c.hq = heads[n / 2 % 3][0], c.hkv = heads[n / 2 % 3][1];
         c.sq = lens[n % 5][0], c.skv = lens[n % 5][1];
         if (layout == THD) c.b = 5, c.ql = {70, 0, 1, 129, 64}, c.kl = {90, 5, 0, 129, 64};
-        c.max_logit = n % 2 == 0, c.acc_grads = n % 4 == 1, c.row_pad = layout != THD && n % 2 ? 8 : 0;
-        c.fused = n % 3 == 2 ? (n % 2 ? DL_BF16 : DL_F32) : -1;
+        c.max_logit = n / 3 % 2 == 0, c.acc_grads = n / 4 % 2 == 1, c.row_pad = layout != THD && n / 5 % 2 ? 8 : 0;
+        c.fused = n % 7 == 2 ? DL_F32 : n % 7 == 5 ? DL_BF16 : -1;
         v.push_back(c), n++;
       }
   acase mla; /* MLA dims, MQA, thd causal bottom-right, fp32 accumulator */
@@ -518,7 +525,7 @@ static std::vector<acase> attention_cases() {
   acase empty; /* no queries at all, keys present: dk = dv = 0 */
   empty.sq = 0, empty.skv = 50, empty.small = true;
   v.push_back(empty);
-  for (int i : {1, 11, 19, 31, 40}) v[i].small = true; /* one per layout and head dim, masks, fused, accgrad */
+  for (int i : SMALL_CASES) v[i].small = true;
   return v;
 }
 
@@ -537,17 +544,23 @@ static const mcase merge_cases[] = {
 };
 
 int main(int argc, char **argv) {
-  bool small = false;
+  bool small = false, list = false;
   const char *filter = nullptr;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--small")) small = true;
+    if (!strcmp(argv[i], "--list")) list = true;
     if (!strcmp(argv[i], "--filter") && i + 1 < argc) filter = argv[++i];
   }
-  run_validation();
+  if (!list) run_validation();
   for (const mcase &mc : merge_cases)
-    if (!filter || strstr(mc.name, filter)) run_merge(mc);
-  for (const acase &c : attention_cases())
-    if ((!small || c.small) && (!filter || strstr(c.name().c_str(), filter))) run_case(c);
+    if (!list && (!filter || strstr(mc.name, filter))) run_merge(mc);
+  std::vector<acase> cases = attention_cases();
+  for (size_t i = 0; i < cases.size(); i++)
+    if (list)
+      printf("%2zu %s%s\n", i, cases[i].name().c_str(), cases[i].small ? "  [small]" : "");
+    else if ((!small || cases[i].small) && (!filter || strstr(cases[i].name().c_str(), filter)))
+      run_case(cases[i]);
+  if (list) return 0;
   printf("%d passed, %d failed\n", n_pass, n_fail);
   return n_fail != 0;
 }
