@@ -84,6 +84,8 @@ function M.attention(opts)
       fail("cp.attention: all_gather with thd takes windows {left, 0} (or a causal mask): a window " ..
         "reaching right of the diagonal cannot be clipped per sequence by the kernel's two alignments; use a2a")
     end
+    -- {left, 0} is a causal mask with a left bound: one name for it.
+    if w[2] == 0 then self.causal = true end
     self.window = { w[1], self.causal and 0 or w[2] }
   end
   self.impl = require("distlab.cp." .. self.algo)

@@ -1,0 +1,174 @@
+-- distlab.cp.a2a — Ulysses context parallelism: an all-to-all trades the
+-- sequence split for a head split, each rank attends over the whole
+-- sequence with H/C heads, and an all-to-all trades back.
+--
+-- Forward
+--   1. For q, k, v: heads split into C groups (group j for rank j), one
+--      all-to-all, and the C shards received reordered to sequence order:
+--      [.., S, H/C, D] (thd: the whole packed sequence, padded offsets).
+--   2. One attention over the whole sequence: mask and window as given.
+--   3. out and lse go back the same way (reorder to rank order, all-to-all,
+--      heads joined); max_logit [H/C] is all-gathered to [H].
+-- The head-split q, k, v, out, lse are kept for the backward (as in
+-- TransformerEngine), which sends dout over, runs one attention backward,
+-- and sends dq, dk, dv back. Heads (and K/V heads) must divide by C.
+--
+-- Peak memory per rank (exact on meta). Per-rank sizes U_q, U_k, U_v, U_o
+-- (= U for MHA), l = B H S_r 4; the head-split copies are the same sizes;
+-- inputs q, k, v counted:
+--   forward   3U + max(2U_q, U_q + 2U_k, U_q + U_k + 2U_v,      q, k, v over
+--                      U_q + U_k + U_v + 3U_o + l,             out back (split, sent, joined)
+--                      U_q + U_k + U_v + 2U_o + 3l)            lse back
+--             = 9U + l for MHA; the forward keeps 3U + U + l (head-split
+--             q, k, v, out, lse) for the backward, plus out and lse.
+--   backward  5U + l (q, k, v, dout, out, lse: held) + 4U + l (kept)
+--             + max(2U_o, U_o + U_q + U_k + U_v + W,            dout over; attention
+--                   U_k + U_v + 2U_q, U_q + U_v + 2U_k, U_q + U_k + 2U_v)   dq, dk, dv back
+--             W = the attention backward's workspace over the whole sequence
+--             with H/C heads, the same bytes as 2U + l; cuda and meta only.
+-- Plus 4H + 4H/C bytes with return_max_logit (the gathered max and this
+-- rank's), and for thd a seqlens tensor of 3 rows of (B+1) int32.
+local dl = require "distlab"
+local plan = require "distlab.cp.plan"
+
+local free = plan.free
+local M = {}
+
+-- x [.., H, D] -> [C, .., H/C, D], head group j at index j+1.
+local function split_heads(x, C, tag)
+  local hd = x.nd - 1
+  local g = x:size(hd) / C
+  local shape = x.shape
+  shape[hd] = g
+  local out = dl.mem.tag(tag, dl.empty, { C, unpack(shape) }, { dtype = x.dtype, device = x.device })
+  for j = 1, C do
+    local dst, src = out:select(1, j), x:narrow(hd, (j - 1) * g + 1, g)
+    dst:copy_(src)
+    free(dst, src)
+  end
+  return out
+end
+
+-- The inverse of split_heads: [C, .., g, D] -> [.., C g, D] (hd: head dim of the result).
+local function join_heads(parts, hd, tag)
+  local C = parts:size(1)
+  local shape = parts.shape
+  table.remove(shape, 1)
+  local g = shape[hd]
+  shape[hd] = g * C
+  local out = dl.mem.tag(tag, dl.empty, shape, { dtype = parts.dtype, device = parts.device })
+  for j = 1, C do
+    local dst, src = out:narrow(hd, (j - 1) * g + 1, g), parts:select(1, j)
+    dst:copy_(src)
+    free(dst, src)
+  end
+  return out
+end
+
+-- This rank's shard x [.., S_r, H, D] -> the whole sequence with H/C heads.
+-- hd: head dim of x, d: its sequence dim.
+local function to_sequence(comm, pl, x, d)
+  local send = split_heads(x, pl.C, "comm_buffers")
+  local recv = dl.mem.tag("comm_buffers", dl.empty_like, send)
+  comm:all_to_all(recv, send)
+  send:free()
+  local shape = recv.shape
+  table.remove(shape, 1)
+  shape[d] = shape[d] * pl.C
+  local seq = dl.mem.tag("comm_buffers", dl.empty, shape, { dtype = x.dtype, device = x.device })
+  pl:reorder(recv, seq, d, true)
+  recv:free()
+  return seq
+end
+
+-- The inverse: whole sequence with H/C heads -> this rank's shard with H
+-- heads (hd: head dim). consume: free xs as soon as it has been read.
+local function to_shard(comm, pl, xs, d, hd, tag, consume)
+  local shape = xs.shape
+  shape[d] = shape[d] / pl.C
+  local send = dl.mem.tag("comm_buffers", dl.empty, { pl.C, unpack(shape) }, { dtype = xs.dtype, device = xs.device })
+  pl:reorder(send, xs, d, false)
+  if consume then xs:free() end
+  local recv = dl.mem.tag("comm_buffers", dl.empty_like, send)
+  comm:all_to_all(recv, send)
+  send:free()
+  local x = join_heads(recv, hd, tag)
+  recv:free()
+  return x
+end
+
+function M.forward(cp, q, k, v, pl)
+  local C, comm = pl.C, cp.comm
+  local h, hkv = q:size(-2), k:size(-2)
+  if h % C ~= 0 or hkv % C ~= 0 then
+    dl.fail("cp a2a: heads (q %d, k/v %d) must be divisible by the CP size %d", h, hkv, C)
+  end
+  local thd = pl.thd
+  if thd then
+    local counts, starts = {}, {}
+    for b = 1, pl.B do counts[b], starts[b] = pl.L[b], pl.P[b] end
+    pl:select("all", counts, starts, pl.T)
+    pl:upload()
+  end
+  local ml, ml_mine
+  if cp.return_max_logit then
+    ml = dl.mem.tag("accumulator", dl.empty, { h }, { dtype = "f32", device = q.device })
+    ml_mine = dl.mem.tag("accumulator", dl.full, { h / C }, -math.huge, { dtype = "f32", device = q.device })
+  end
+  -- 1. Sequence split -> head split.
+  local sd = pl.sdim
+  local qs, ks, vs = to_sequence(comm, pl, q, sd), to_sequence(comm, pl, k, sd), to_sequence(comm, pl, v, sd)
+  -- 2. One attention over the whole sequence.
+  local o = pl:opts({ layout = pl.layout, mask = cp.causal and "causal" or "none", window = cp.window,
+    scale = cp.scale, max_logit = ml_mine }, "all", "all")
+  local res = pl:result(qs, vs, "out_per_step", "lse_per_step")
+  o.out, o.lse = res.out, res.lse
+  dl.attn.fwd(qs, ks, vs, o)
+  -- 3. Back to the sequence split.
+  local out = to_shard(comm, pl, res.out, sd, q.nd - 1, "accumulator")
+  local lse = to_shard(comm, pl, res.lse, pl.ldim, thd and 1 or 2, "accumulator")
+  if ml then
+    comm:all_gather(ml, ml_mine)
+    ml_mine:free()
+  end
+  cp.saved = { own = { qs, ks, vs, res.out, res.lse }, qs = qs, ks = ks, vs = vs, outs = res.out, lses = res.lse }
+  return out, lse, ml
+end
+
+function M.backward(cp, dout, sv)
+  local pl, comm, sd = sv.pl, cp.comm, sv.pl.sdim
+  local douts = to_sequence(comm, pl, dout, sd)
+  local o = pl:opts({ layout = pl.layout, mask = cp.causal and "causal" or "none", window = cp.window,
+    scale = cp.scale }, "all", "all")
+  local function grad(x)
+    local t = dl.mem.tag("accumulator", dl.empty_like, x)
+    if pl.thd then t:zero_() end
+    return t
+  end
+  o.dq, o.dk, o.dv = grad(sv.qs), grad(sv.ks), grad(sv.vs)
+  dl.mem.tag("workspace", dl.attn.bwd, douts, sv.qs, sv.ks, sv.vs, sv.outs, sv.lses, o)
+  douts:free()
+  local hd = dout.nd - 1
+  local dq = to_shard(comm, pl, o.dq, sd, hd, "accumulator", true)
+  local dk = to_shard(comm, pl, o.dk, sd, hd, "accumulator", true)
+  local dv = to_shard(comm, pl, o.dv, sd, hd, "accumulator", true)
+  return dq, dk, dv
+end
+
+-- ---- the memory formula ----------------------------------------------------------
+
+function M.peak(g)
+  local Uq, Uk, Uv, Uo, l = g.Uq, g.Uk, g.Uv, g.Uo, g.l
+  local ml = g.ml > 0 and g.ml + g.ml / g.C or 0
+  local fixed = Uq + Uk + Uv + g.seqlens_rows(3)
+  local S3 = Uq + Uk + Uv
+  local fwd = fixed + ml + math.max(2 * Uq, Uq + 2 * Uk, Uq + Uk + 2 * Uv,
+    S3 + 3 * Uo + l, S3 + 2 * Uo + 3 * l)
+  local kept = S3 + Uo + l
+  local W = g.workspace(g.rows * g.C, g.hq / g.C)
+  local bwd = fixed + g.ml + 2 * Uo + l + kept + math.max(2 * Uo, Uo + S3 + W,
+    Uk + Uv + 2 * Uq, Uq + Uv + 2 * Uk, Uq + Uk + 2 * Uv)
+  return { fwd = fwd, bwd = bwd }
+end
+
+return M

@@ -1,0 +1,182 @@
+-- spec/cp/check.lua — every context-parallel schedule against the
+-- single-rank reference attention (dl.attn) on the unsharded input: out,
+-- lse, dq, dk, dv (and max_logit), each rank comparing its own shard.
+-- Tolerances as TransformerEngine's CP tests: bf16 2.5e-2 (GQA 3.5e-2),
+-- fp16 5e-3, atol = rtol; no NaN/Inf; thd rows outside the sequences of
+-- out, dq, dk, dv exactly zero. thd uses odd lengths, a 0-length sequence
+-- and padding rows full of noise (a schedule that reads them fails).
+-- Usage: check.lua p2p | all_gather | a2a | extras. Prints "cp check ok:
+-- N configs" per rank, or "FAIL ..." lines and exits 1.
+local dl = require "distlab"
+
+local w = dl.comm.world { timeout = tonumber(os.getenv("SPEC_TIMEOUT") or "60") }
+local C, r = w.size, w.rank
+local group = arg[1] or "p2p"
+
+-- ---- inputs ------------------------------------------------------------------------
+
+-- thd sequences for C ranks: {cu_seqlens, cu_seqlens_padded} of the full input.
+local function thd_seqs()
+  local L = { 2 * C + 3, 0, 1, 6 * C - 1 }
+  local cu, P = { 0 }, { 0 }
+  for b, n in ipairs(L) do
+    cu[b + 1] = cu[b] + n
+    P[b + 1] = P[b] + math.max(2 * C, math.ceil(n / (2 * C)) * 2 * C)
+  end
+  return { cu_seqlens_q = cu, cu_seqlens_q_padded = P }
+end
+
+local function i32(t) return dl.from_table(t, { dtype = "i32" }) end
+
+-- Full-sequence inputs of a case (same on every rank: fixed seeds).
+local function inputs(cs)
+  local S, B = 6 * C, 2
+  local function shape(h, d)
+    if cs.layout == "thd" then return { cs.seq.cu_seqlens_q_padded[#cs.seq.cu_seqlens_q_padded], h, d } end
+    return cs.layout == "bshd" and { B, S, h, d } or { S, B, h, d }
+  end
+  local function rnd(shp, seed)
+    return dl.randn(shp, { dtype = "f32", seed = seed }):to(cs.dtype)
+  end
+  return {
+    q = rnd(shape(cs.h, cs.dqk), 11), k = rnd(shape(cs.hkv, cs.dqk), 12),
+    v = rnd(shape(cs.hkv, cs.dv), 13), dout = rnd(shape(cs.h, cs.dv), 14),
+  }
+end
+
+-- ---- the reference ------------------------------------------------------------------
+
+local refs = {}
+local function reference(cs)
+  local key = table.concat({ cs.layout, cs.mask, cs.dtype, cs.h, cs.hkv, cs.dqk, cs.dv,
+    cs.window and table.concat(cs.window, ",") or "-" }, "/")
+  if refs[key] then return refs[key] end
+  local x = inputs(cs)
+  local o = { layout = cs.layout, mask = cs.mask, window = cs.window, return_max_logit = true }
+  if cs.layout == "thd" then
+    o.cu_seqlens_q, o.cu_seqlens_q_padded = i32(cs.seq.cu_seqlens_q), i32(cs.seq.cu_seqlens_q_padded)
+    o.cu_seqlens_kv, o.cu_seqlens_kv_padded = o.cu_seqlens_q, o.cu_seqlens_q_padded
+  end
+  x.out, x.lse, x.max_logit = dl.attn.fwd(x.q, x.k, x.v, o)
+  o.return_max_logit = nil
+  x.dq, x.dk, x.dv = dl.attn.bwd(x.dout, x.q, x.k, x.v, x.out, x.lse, o)
+  refs[key] = x
+  return x
+end
+
+-- ---- one case ------------------------------------------------------------------------
+
+local function shard(x, cs, dim)
+  return dl.cp.shard(x, { comm = w, layout = cs.layout, cu_seqlens_padded = cs.seq and cs.seq.cu_seqlens_q_padded, dim = dim })
+end
+
+-- Rows of this rank's thd shard outside the sequences: {start, length} (1-based).
+local function padding_rows(seq)
+  local cu, P = seq.cu_seqlens_q, seq.cu_seqlens_q_padded
+  local rows = {}
+  for b = 1, #cu - 1 do
+    local L, c = cu[b + 1] - cu[b], (P[b + 1] - P[b]) / (2 * C)
+    local function valid(j) return math.max(0, math.min(c, L - j * c)) end
+    local n = valid(r) + valid(2 * C - 1 - r)
+    if 2 * c > n then rows[#rows + 1] = { P[b] / C + n + 1, 2 * c - n } end
+  end
+  return rows
+end
+
+local function describe_case(cs)
+  local s = string.format("%s %s %s %s h=%d/%d d=%d/%d", cs.algo, cs.layout, cs.mask, cs.dtype, cs.h, cs.hkv, cs.dqk, cs.dv)
+  if cs.algo == "p2p" then s = s .. string.format(" buffers=%s correction=%s", cs.comm_buffers, cs.correction) end
+  if cs.window then s = s .. string.format(" window={%d,%d}", cs.window[1], cs.window[2]) end
+  return s .. string.format(" C=%d rank=%d", C, r)
+end
+
+local function run_case(cs)
+  local ref = reference(cs)
+  local tol = cs.dtype == "f16" and 5e-3 or (cs.h ~= cs.hkv and 3.5e-2 or 2.5e-2)
+  local cp = dl.cp.attention { comm = w, algo = cs.algo, comm_buffers = cs.comm_buffers, correction = cs.correction,
+    layout = cs.layout, mask = cs.mask, window = cs.window, return_max_logit = true }
+  local q, k, v, dout = shard(ref.q, cs), shard(ref.k, cs), shard(ref.v, cs), shard(ref.dout, cs)
+  local out, lse, ml = cp:forward(q, k, v, cs.seq)
+  local dq, dk, dv = cp:backward(dout)
+  local bad = {}
+  local function near(name, want, got, t)
+    local rep = dl.mismatch_report(got, want, t, t, 4)
+    if rep then bad[#bad + 1] = name .. ": " .. rep end
+  end
+  near("out", shard(ref.out, cs), out, tol)
+  near("lse", shard(ref.lse, cs, cs.layout == "thd" and 2 or 3), lse, 1e-3)
+  near("dq", shard(ref.dq, cs), dq, tol)
+  near("dk", shard(ref.dk, cs), dk, tol)
+  near("dv", shard(ref.dv, cs), dv, tol)
+  near("max_logit", ref.max_logit, ml, 1e-3)
+  if cs.layout == "thd" then
+    for name, t in pairs({ out = out, dq = dq, dk = dk, dv = dv }) do
+      for _, pr in ipairs(padding_rows(cs.seq)) do
+        local rows = t:narrow(1, pr[1], pr[2])
+        local m = dl.max_abs_diff(rows, dl.zeros_like(rows))
+        if m ~= 0 then bad[#bad + 1] = string.format("%s: padding rows %d..%d not zero (max %g)", name, pr[1], pr[1] + pr[2] - 1, m) end
+      end
+    end
+  end
+  if #bad > 0 then
+    print("FAIL " .. describe_case(cs) .. "\n  " .. table.concat(bad, "\n  "))
+    return false
+  end
+  return true
+end
+
+-- ---- the cases --------------------------------------------------------------------------
+
+local cases = {}
+local function add(cs)
+  cs.dtype, cs.h, cs.hkv = cs.dtype or "bf16", cs.h or 4, cs.hkv or cs.h or 4
+  cs.dqk, cs.dv = cs.dqk or 16, cs.dv or cs.dqk or 16
+  if cs.layout == "thd" then cs.seq = thd_seqs() end
+  cases[#cases + 1] = cs
+end
+
+local layouts, masks = { "bshd", "sbhd", "thd" }, { "causal", "none" }
+if group == "p2p" then
+  for _, cb in ipairs({ 2, "per_step" }) do
+    for _, corr in ipairs({ "post_loop", "incremental", "fused" }) do
+      for _, l in ipairs(layouts) do
+        for _, m in ipairs(masks) do add { algo = "p2p", comm_buffers = cb, correction = corr, layout = l, mask = m } end
+      end
+    end
+  end
+elseif group == "all_gather" or group == "a2a" then
+  for _, l in ipairs(layouts) do
+    for _, m in ipairs(masks) do add { algo = group, layout = l, mask = m } end
+  end
+  -- sliding windows: the visible K/V range of a step clipped to the window
+  add { algo = group, layout = "bshd", mask = "causal", window = { 4, 0 } }
+  add { algo = group, layout = "sbhd", mask = "none", window = { 3, 5 } }
+  add { algo = group, layout = "thd", mask = "causal", window = { 5, 0 } }
+  if group == "a2a" then add { algo = group, layout = "thd", mask = "none", window = { 2, 3 } } end
+elseif group == "extras" then
+  -- fp16, GQA and MLA head dims (d_v != d_qk) through every algorithm
+  for _, a in ipairs({ "p2p", "all_gather", "a2a" }) do
+    add { algo = a, layout = "bshd", mask = "causal", dtype = "f16" }
+    add { algo = a, layout = "thd", mask = "causal", h = 8, hkv = 4 }
+    add { algo = a, layout = "sbhd", mask = "none", h = 8, hkv = 4, dtype = "f16" }
+    add { algo = a, layout = "bshd", mask = "causal", dqk = 24, dv = 16 }
+  end
+  add { algo = "p2p", correction = "incremental", layout = "thd", mask = "causal", h = 8, hkv = 2 }
+  add { algo = "p2p", correction = "post_loop", comm_buffers = "per_step", layout = "sbhd", mask = "causal", h = 8, hkv = 2 }
+else
+  error("check.lua: unknown group " .. tostring(group))
+end
+
+local ok, failed = 0, 0
+for _, cs in ipairs(cases) do
+  local good, err = pcall(run_case, cs)
+  if not good then print("FAIL " .. describe_case(cs) .. "\n  error: " .. tostring(err)) end
+  if good and err then ok = ok + 1 else failed = failed + 1 end
+end
+-- Nobody leaves before everyone is done (a peer's last receive may still be in flight).
+w:barrier()
+if failed > 0 then
+  print(string.format("cp check failed: %d of %d configs (rank %d)", failed, #cases, r))
+  os.exit(1)
+end
+print(string.format("cp check ok: %d configs (rank %d of %d, %s)", ok, r, C, group))
