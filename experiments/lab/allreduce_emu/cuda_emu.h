@@ -1,0 +1,153 @@
+/*
+ * cuda_emu.h — just enough CUDA to run kernels/allreduce.cu on a CPU: every
+ * CUDA thread is an OS thread, __syncthreads a real barrier of its block, the
+ * signal-pad device functions (kernels/signal_pad.h, device side) atomics with
+ * the same acquire/release pairs. Force-included by the Makefile; launches
+ * `k<<<g, b, 0, s>>>(args)` are rewritten to `emu_launch(k, g, b, 0, s)(args)`
+ * by sed, and the launch blocks until the grid is done (one stream per rank).
+ *
+ * What it checks: indexing, tails, rounds, slices, the flag and double-buffer
+ * protocol under real concurrency (blocks of all ranks run at once), the
+ * timeout path. What it cannot: the GPU's weaker memory ordering (x86 is
+ * TSO), NVLink, performance.
+ */
+#ifndef ALLREDUCE_CUDA_EMU_H
+#define ALLREDUCE_CUDA_EMU_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __noinline__ __attribute__((noinline))
+#define __launch_bounds__(...)
+
+struct dim3 {
+  unsigned x, y, z;
+  dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+struct uint4 {
+  uint32_t x, y, z, w;
+};
+static inline uint4 make_uint4(uint32_t x, uint32_t y, uint32_t z, uint32_t w) {
+  return uint4{x, y, z, w};
+}
+typedef void *cudaStream_t;
+
+inline thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+/* ---- blocks ----------------------------------------------------------------- */
+
+struct emu_block {
+  std::mutex m;
+  std::condition_variable cv;
+  int n = 0, count = 0;
+  unsigned gen = 0;
+  bool acc = true, result = true;
+  bool sync_and(bool v) {
+    std::unique_lock<std::mutex> lk(m);
+    acc = acc && v;
+    if (++count == n) {
+      result = acc;
+      acc = true;
+      count = 0;
+      gen++;
+      cv.notify_all();
+      return result;
+    }
+    unsigned g = gen;
+    cv.wait(lk, [&] { return gen != g; });
+    return result;
+  }
+};
+inline thread_local emu_block *emu_this_block;
+
+static inline void __syncthreads() { emu_this_block->sync_and(true); }
+static inline bool __syncthreads_and(bool v) { return emu_this_block->sync_and(v); }
+static inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+static inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+static inline uint32_t atomicCAS(uint32_t *p, uint32_t cmp, uint32_t val) {
+  __atomic_compare_exchange_n(p, &cmp, val, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  return cmp;
+}
+static inline uint32_t atomicAdd(uint32_t *p, uint32_t v) {
+  return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+}
+
+/* ---- the signal-pad device side (kernels/signal_pad.h under __CUDACC__) ----- */
+
+static inline void dl_signal_store_release(uint32_t *p, uint32_t v) {
+  __atomic_store_n(p, v, __ATOMIC_RELEASE);
+}
+static inline uint32_t dl_signal_load_acquire(const uint32_t *p) {
+  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+}
+static inline uint64_t dl_signal_clock_ns(void) {
+  return (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+#define DL_EMU_REACHED(a, b) ((int32_t)((uint32_t)(a) - (uint32_t)(b)) >= 0)
+static inline bool dl_signal_wait_until(const uint32_t *p, uint32_t v, uint64_t timeout_ns,
+                                        uint32_t *seen) {
+  uint64_t t0 = dl_signal_clock_ns();
+  uint32_t x;
+  int spins = 0;
+  while (!DL_EMU_REACHED(x = dl_signal_load_acquire(p), v)) {
+    if (++spins % 64 == 0) {
+      std::this_thread::yield();
+      if (dl_signal_clock_ns() - t0 > timeout_ns) {
+        *seen = x;
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+/* ---- launches ------------------------------------------------------------------ */
+
+#define DL_CUDA_CHECK_LAUNCH(name) \
+  do {                             \
+  } while (0)
+
+template <typename Kernel> struct emu_launcher {
+  Kernel k;
+  unsigned grid, block;
+  template <typename... Args> void operator()(Args... args) {
+    std::vector<emu_block> blocks(grid);
+    std::vector<std::thread> threads;
+    for (unsigned b = 0; b < grid; b++) {
+      blocks[b].n = (int)block;
+      for (unsigned t = 0; t < block; t++) {
+        threads.emplace_back([=, &blocks] {
+          threadIdx = dim3(t);
+          blockIdx = dim3(b);
+          blockDim = dim3(block);
+          gridDim = dim3(grid);
+          emu_this_block = &blocks[b];
+          k(args...);
+        });
+      }
+    }
+    for (auto &th : threads) th.join();
+  }
+};
+
+template <typename Kernel>
+emu_launcher<Kernel> emu_launch(Kernel k, int grid, int block, int shmem, cudaStream_t) {
+  (void)shmem;
+  return emu_launcher<Kernel>{k, (unsigned)grid, (unsigned)block};
+}
+
+#endif

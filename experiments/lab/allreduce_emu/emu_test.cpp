@@ -1,0 +1,188 @@
+// emu_test.cpp — runs the real kernels/allreduce.cu (through cuda_emu.h) on
+// N emulated ranks (host threads sharing memory, each with its own "stream"
+// that runs one grid at a time) and checks every call exactly.
+//
+//   ./emu_test [ranks] [calls] [seed]
+//
+// Each rank runs the same sequence of calls, back to back, without any host
+// synchronisation between ranks: random algorithm, dtype, size (1, 7, 4095,
+// odd sizes, a few rounds' worth), grid size, zero-copy or copy-in, in place
+// or not, aligned or not, and replays of the previous call's arguments (what
+// a CUDA graph replay does). Inputs are multiples of 1/4 in [-2, 2], so every
+// sum is exact in every dtype and the check is bit-exact; bytes around the
+// output must stay untouched. Last, rank 1 skips a call: rank 0's kernel must
+// end by itself and leave a failure record naming rank 1.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <atomic>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "allreduce.h"
+#include "dtype.h"
+
+extern "C" int dl_set_error(int code, const char *file, int line, const char *fmt, ...) {
+  fprintf(stderr, "dl_set_error %d at %s:%d: %s\n", code, file, line, fmt);
+  return code;
+}
+extern "C" const char *dl_dtype_name(int dtype) { return dtype == 0 ? "f32" : dtype == 1 ? "f16" : "bf16"; }
+extern "C" int dl_dtype_size(int dtype) { return dtype == 0 ? 4 : 2; }
+
+enum { GUARD = 64 };
+static const int64_t SLOT = 1 << 20; // bytes per staging slot / zero-copy region
+
+struct world {
+  int n;
+  std::vector<char *> bufs;
+  std::vector<dl_signal_pad_t> pads;
+  std::vector<dl_ar_status_t> status;
+};
+
+struct call {
+  int algo, dtype, blocks, zc, inplace, misalign;
+  int64_t n, zc_extra; // zero-copy tensor at this byte offset in the region
+};
+
+static double val(int c, int r, int64_t i) { return (double)(((c * 7 + r * 13 + i * 5) % 17) - 8) / 4.0; }
+
+static std::atomic<int> failures{0};
+
+static void fail(int rank, int c, const call &k, const char *what, int64_t i, double got, double want) {
+  if (failures++ < 10)
+    fprintf(stderr, "rank %d call %d (algo %d dtype %d n %lld blocks %d zc %d inplace %d mis %d): %s at %lld: got %g want %g\n",
+            rank, c, k.algo, k.dtype, (long long)k.n, k.blocks, k.zc, k.inplace, k.misalign, what, (long long)i, got, want);
+}
+
+static void rank_main(world *w, int r, const std::vector<call> *calls, int skip_last) {
+  const int n = w->n;
+  std::vector<unsigned char> inbuf(SLOT + 2 * GUARD + 16), outbuf(SLOT + 2 * GUARD + 16);
+  for (size_t c = 0; c < calls->size(); c++) {
+    const call &k = (*calls)[c];
+    if (skip_last && c + 1 == calls->size()) return;
+    const int es = dl_dtype_size(k.dtype);
+    // where the input and output live
+    char *zc_region = w->bufs[r] + DL_AR_CTRL_BYTES;
+    char *in, *out;
+    if (k.zc) {
+      in = zc_region + k.zc_extra;
+    } else {
+      in = (char *)inbuf.data() + GUARD + (k.misalign ? es : 0);
+    }
+    if (k.inplace) out = in;
+    else out = (char *)outbuf.data() + GUARD + (k.misalign ? es : 0);
+    // guards around the output and the zero-copy tensor
+    memset(outbuf.data(), 0xa5, outbuf.size());
+    if (k.zc) memset(zc_region, 0xa5, SLOT);
+    if (k.inplace && !k.zc) memset(inbuf.data(), 0xa5, inbuf.size());
+    int reps = (c % 5 == 4) ? 2 : 1; // a "graph replay": same arguments again
+    for (int rep = 0; rep < reps; rep++) {
+      for (int64_t i = 0; i < k.n; i++) dl_store_f64(in, i, k.dtype, val((int)c + rep, r, i));
+      dl_ar_args_t a;
+      memset(&a, 0, sizeof a);
+      a.algo = k.algo;
+      a.dtype = k.dtype;
+      a.rank = r;
+      a.nranks = n;
+      a.blocks = k.blocks;
+      dl_allreduce_cuda_shape(n, &a.threads, &a.unroll);
+      a.zero_copy = k.zc;
+      a.n = k.n;
+      a.in = in;
+      a.out = out;
+      for (int p = 0; p < n; p++) a.bufs[p] = w->bufs[p];
+      a.zc_off = DL_AR_CTRL_BYTES + k.zc_extra;
+      a.staging_off = DL_AR_CTRL_BYTES + SLOT;
+      a.slot_bytes = SLOT;
+      a.pad = &w->pads[r];
+      a.status = &w->status[r];
+      a.timeout_ns = 3000000000ull;
+      int rc = dl_allreduce_cuda(&a, nullptr);
+      if (rc != 0) {
+        fail(r, (int)c, k, "launcher returned an error", 0, rc, 0);
+        return;
+      }
+      if (w->status[r].kind) {
+        fail(r, (int)c, k, "timeout recorded", w->status[r].peer, w->status[r].expected, w->status[r].seen);
+        return;
+      }
+      for (int64_t i = 0; i < k.n; i++) {
+        double want = 0;
+        for (int p = 0; p < n; p++) want += val((int)c + rep, p, i);
+        double got = dl_load_f64(out, i, k.dtype);
+        if (got != want) {
+          fail(r, (int)c, k, "wrong sum", i, got, want);
+          break;
+        }
+      }
+      // nothing written outside the output
+      const unsigned char *o = (const unsigned char *)out;
+      for (int g = 1; g <= 16; g++) {
+        if (o[-g] != 0xa5 || o[k.n * es + g - 1] != 0xa5) {
+          fail(r, (int)c, k, "wrote outside the output", g, o[-g], o[k.n * es + g - 1]);
+          break;
+        }
+      }
+    }
+  }
+}
+
+int main(int argc, char **argv) {
+  int n = argc > 1 ? atoi(argv[1]) : 2;
+  int ncalls = argc > 2 ? atoi(argv[2]) : 200;
+  unsigned seed = argc > 3 ? (unsigned)atoi(argv[3]) : 1;
+  world w;
+  w.n = n;
+  w.pads.resize(n);
+  w.status.resize(n);
+  memset(w.pads.data(), 0, sizeof(dl_signal_pad_t) * n);
+  memset(w.status.data(), 0, sizeof(dl_ar_status_t) * n);
+  const int64_t total = DL_AR_CTRL_BYTES + SLOT + 2 * n * SLOT;
+  for (int r = 0; r < n; r++) {
+    w.bufs.push_back((char *)aligned_alloc(4096, total));
+    memset(w.bufs[r], 0, total);
+  }
+  std::mt19937 rng(seed);
+  const int64_t sizes[] = {1, 7, 8, 9, 31, 4095, 4096, 12345, 40001, 65537};
+  std::vector<call> calls;
+  for (int c = 0; c < ncalls; c++) {
+    call k;
+    k.algo = 1 + rng() % 4;
+    k.dtype = rng() % 3;
+    k.n = sizes[rng() % 10];
+    int threads, unroll;
+    dl_allreduce_cuda_shape(n, &threads, &unroll);
+    k.blocks = 1 + rng() % 5;
+    k.zc = k.algo != DL_AR_ALGO_ONE_SHOT_PUSH && rng() % 3 == 0;
+    k.inplace = rng() % 2;
+    if (k.zc && k.algo == DL_AR_ALGO_ONE_SHOT) k.inplace = 0; // the core copies in instead
+    if (k.zc && k.algo != DL_AR_ALGO_ONE_SHOT) k.inplace = 1; // two-shot zero copy is in place
+    k.misalign = !k.zc && rng() % 5 == 0;
+    k.zc_extra = k.zc ? 16 * (int64_t)(1 + rng() % 4) : 0;
+    calls.push_back(k);
+  }
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < n; r++) ranks.emplace_back(rank_main, &w, r, &calls, 0);
+  for (auto &t : ranks) t.join();
+  printf("%d ranks, %d calls: %s\n", n, ncalls, failures ? "FAILED" : "ok");
+  for (int r = 0; r < n; r++)
+    printf("  rank %d: seq %u done %u\n", r, ((dl_ar_ctrl_t *)w.bufs[r])->seq, ((dl_ar_ctrl_t *)w.bufs[r])->done);
+  if (failures) return 1;
+
+  // rank 1 skips the last call: rank 0 must time out and say so
+  std::vector<call> last(1, calls[0]);
+  last[0].zc = 0;
+  last[0].blocks = 2;
+  ranks.clear();
+  failures = 0;
+  for (int r = 0; r < n; r++) ranks.emplace_back(rank_main, &w, r, &last, r == 1);
+  for (auto &t : ranks) t.join();
+  const dl_ar_status_t &s = w.status[0];
+  printf("timeout: rank 0 status kind %u peer %u expected %u seen %u block %u algo %u seq %u; pad error %u %u\n",
+         s.kind, s.peer, s.expected, s.seen, s.block, s.algo, s.seq, w.pads[0].error[0], w.pads[0].error[1]);
+  bool ok = s.kind == DL_SIGNAL_ERR_BARRIER && s.peer == 1 && w.pads[0].error[0] == DL_SIGNAL_ERR_BARRIER;
+  printf("timeout path: %s\n", ok ? "ok" : "FAILED");
+  return ok ? 0 : 1;
+}

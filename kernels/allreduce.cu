@@ -1,0 +1,563 @@
+/*
+ * allreduce.cu — sum all-reduce over symmetric buffers (CUDA IPC, no NVLink
+ * multicast), for 2..8 ranks of one host, f32 / f16 / bf16 with fp32
+ * accumulation in rank order (so every rank gets bit-identical results).
+ *
+ *   allreduce_one_shot_kernel       pull: each rank reads every rank's input
+ *                                   and reduces all of it. Copy-in variant: the
+ *                                   kernel first copies the local input into
+ *                                   this rank's staging; zero-copy variant: the
+ *                                   input already sits in every rank's buffer.
+ *   allreduce_one_shot_push_kernel  each rank writes its input into a slot of
+ *                                   every peer's staging, then reduces locally;
+ *                                   no copy and no closing barrier, in place.
+ *   allreduce_two_shot_kernel<PUSH> reduce-scatter by reading the peers' copies
+ *                                   of this rank's slice, then all-gather by
+ *                                   reading the peers' reduced slices (pull) or
+ *                                   by writing this rank's reduced slice into
+ *                                   every peer (push). Copy-in or zero-copy
+ *                                   (in place in the buffer).
+ *
+ * Work is cut in 16-byte vectors (the tail vector of a size that is not a
+ * multiple is loaded and stored element by element) and in rounds: round k
+ * of block b covers vectors [(k*G + b)*T*U, +T*U) (of the tensor, or of each
+ * slice for two-shot), each thread U vectors T apart, all loads issued before
+ * the first use. A round's data only ever flows between blocks of the same
+ * index on different ranks, so the barriers are per block: block b of every
+ * rank meets block b of every other (flags[b][from] in the peer's ctrl,
+ * counts that only grow; protocol in kernels/signal_pad.h, buffer layout and
+ * the double buffering in kernels/allreduce.h).
+ *
+ * Every wait ends after a->timeout_ns: the first to time out records
+ * {peer, expected, seen, block, algo, call} in a->status and the pad's
+ * error[], the kernel finishes without touching data, and the host turns
+ * the record into an error naming the op, the rank and the peer.
+ *
+ * Requirements: n >= 1; in/out aligned to 16 bytes for the vector path (the
+ * AL=false instantiation moves them element by element); zero-copy inputs
+ * at a 16-byte aligned offset, the same on every rank. Reference:
+ * kernels/cpu/allreduce.c (same arguments, same algorithm), checked by
+ * spec/allreduce_spec.lua against an fp64 sum.
+ */
+#ifdef __CUDACC__
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#endif
+
+#include "allreduce.h"
+#include "dtype.h"
+
+// ---- vectors ------------------------------------------------------------------
+
+// 16 bytes of a dtype: unpack into fp32 lanes, accumulate, pack back.
+template <int DT> struct vt;
+
+template <> struct vt<DL_F32> {
+  enum { L = 4, ES = 4 };
+  static __device__ __forceinline__ void first(float *acc, const uint4 &x) {
+    acc[0] = dl_bits_f32(x.x), acc[1] = dl_bits_f32(x.y), acc[2] = dl_bits_f32(x.z),
+    acc[3] = dl_bits_f32(x.w);
+  }
+  static __device__ __forceinline__ void add(float *acc, const uint4 &x) {
+    acc[0] += dl_bits_f32(x.x), acc[1] += dl_bits_f32(x.y), acc[2] += dl_bits_f32(x.z),
+        acc[3] += dl_bits_f32(x.w);
+  }
+  static __device__ __forceinline__ uint4 pack(const float *acc) {
+    return make_uint4(dl_f32_bits(acc[0]), dl_f32_bits(acc[1]), dl_f32_bits(acc[2]),
+                      dl_f32_bits(acc[3]));
+  }
+};
+
+// Two 16-bit values per 32-bit word, element 2i in the low half.
+template <int DT> struct half2_ops;
+
+template <> struct half2_ops<DL_BF16> {
+  static __device__ __forceinline__ void unpack(uint32_t w, float &lo, float &hi) {
+    lo = dl_bits_f32(w << 16);
+    hi = dl_bits_f32(w & 0xffff0000u);
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+#ifdef __CUDA_ARCH__
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+#else
+    return (uint32_t)dl_f32_to_bf16(lo) | ((uint32_t)dl_f32_to_bf16(hi) << 16);
+#endif
+  }
+};
+
+template <> struct half2_ops<DL_F16> {
+  static __device__ __forceinline__ void unpack(uint32_t w, float &lo, float &hi) {
+#ifdef __CUDA_ARCH__
+    float2 f = __half22float2(*reinterpret_cast<const __half2 *>(&w));
+    lo = f.x;
+    hi = f.y;
+#else
+    lo = dl_f16_to_f32((uint16_t)(w & 0xffffu));
+    hi = dl_f16_to_f32((uint16_t)(w >> 16));
+#endif
+  }
+  static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+#ifdef __CUDA_ARCH__
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+#else
+    return (uint32_t)dl_f32_to_f16(lo) | ((uint32_t)dl_f32_to_f16(hi) << 16);
+#endif
+  }
+};
+
+template <int DT> struct vt16 {
+  enum { L = 8, ES = 2 };
+  typedef half2_ops<DT> H;
+  static __device__ __forceinline__ void first(float *acc, const uint4 &x) {
+    H::unpack(x.x, acc[0], acc[1]);
+    H::unpack(x.y, acc[2], acc[3]);
+    H::unpack(x.z, acc[4], acc[5]);
+    H::unpack(x.w, acc[6], acc[7]);
+  }
+  static __device__ __forceinline__ void add(float *acc, const uint4 &x) {
+    float t[8];
+    first(t, x);
+#pragma unroll
+    for (int i = 0; i < 8; i++) acc[i] += t[i];
+  }
+  static __device__ __forceinline__ uint4 pack(const float *acc) {
+    return make_uint4(H::pack(acc[0], acc[1]), H::pack(acc[2], acc[3]), H::pack(acc[4], acc[5]),
+                      H::pack(acc[6], acc[7]));
+  }
+};
+template <> struct vt<DL_BF16> : vt16<DL_BF16> {};
+template <> struct vt<DL_F16> : vt16<DL_F16> {};
+
+union vec_pun {
+  uint4 v;
+  uint32_t w[4];
+  uint16_t h[8];
+};
+
+// Vector v of the caller's tensor of n elements: 16-byte access when the
+// whole vector is inside and the pointer is aligned, else element-wise (lanes
+// past n read as 0 and are never written).
+template <int DT, bool AL>
+__device__ __forceinline__ uint4 ld_user(const void *p, int64_t v, int64_t n) {
+  constexpr int L = vt<DT>::L;
+  const int64_t e0 = v * L;
+  if (AL && e0 + L <= n) return reinterpret_cast<const uint4 *>(p)[v];
+  vec_pun r;
+  r.v = make_uint4(0, 0, 0, 0);
+#pragma unroll
+  for (int i = 0; i < L; i++) {
+    if (e0 + i < n) {
+      if (vt<DT>::ES == 4) r.w[i] = reinterpret_cast<const uint32_t *>(p)[e0 + i];
+      else r.h[i] = reinterpret_cast<const uint16_t *>(p)[e0 + i];
+    }
+  }
+  return r.v;
+}
+
+template <int DT, bool AL>
+__device__ __forceinline__ void st_user(void *p, int64_t v, int64_t n, const uint4 &x) {
+  constexpr int L = vt<DT>::L;
+  const int64_t e0 = v * L;
+  if (AL && e0 + L <= n) {
+    reinterpret_cast<uint4 *>(p)[v] = x;
+    return;
+  }
+  vec_pun r;
+  r.v = x;
+#pragma unroll
+  for (int i = 0; i < L; i++) {
+    if (e0 + i < n) {
+      if (vt<DT>::ES == 4) reinterpret_cast<uint32_t *>(p)[e0 + i] = r.w[i];
+      else reinterpret_cast<uint16_t *>(p)[e0 + i] = r.h[i];
+    }
+  }
+}
+
+// Staging and zero-copy regions are padded to whole vectors.
+__device__ __forceinline__ uint4 ld_vec(const char *base, int64_t v) {
+  return reinterpret_cast<const uint4 *>(base)[v];
+}
+__device__ __forceinline__ void st_vec(char *base, int64_t v, const uint4 &x) {
+  reinterpret_cast<uint4 *>(base)[v] = x;
+}
+
+// ---- synchronisation --------------------------------------------------------------
+
+// Vectors in flight per thread: enough loads to cover NVLink latency,
+// registers for NR x U of them.
+template <int NR> struct shape {
+  enum { NRC = NR ? NR : DL_SIGNAL_MAX_RANKS, U = NR == 2 ? 4 : (NR == 3 || NR == 4) ? 2 : 1 };
+};
+#ifndef DL_AR_THREADS // a knob for the CPU emulation in experiments/lab/allreduce_emu
+#define DL_AR_THREADS 512
+#endif
+enum { AR_THREADS = DL_AR_THREADS };
+
+__device__ __forceinline__ dl_ar_ctrl_t *ctrl_of(char *buf) {
+  return reinterpret_cast<dl_ar_ctrl_t *>(buf);
+}
+
+// Rank p's buffer without indexing the parameter block at run time (which
+// would copy it to local memory).
+__device__ __forceinline__ char *buf_of(const dl_ar_args_t &a, int p) {
+  char *b = a.bufs[0];
+#pragma unroll
+  for (int q = 1; q < DL_SIGNAL_MAX_RANKS; q++)
+    if (p == q) b = a.bufs[q];
+  return b;
+}
+
+__device__ __forceinline__ char *staging(const dl_ar_args_t &a, int rank, int half, int slot) {
+  return buf_of(a, rank) + a.staging_off + ((int64_t)half * a.nranks + slot) * a.slot_bytes;
+}
+
+// The first wait to time out on this rank records itself (pad and status).
+__device__ __noinline__ void ar_fail(dl_signal_pad_t *pad, dl_ar_status_t *status, int algo,
+                                     int peer, uint32_t expected, uint32_t seen, uint32_t seq) {
+  if (atomicCAS(&pad->error[0], 0u, (uint32_t)DL_SIGNAL_ERR_BARRIER) != 0u) return;
+  pad->error[1] = (uint32_t)peer;
+  pad->error[2] = expected;
+  pad->error[3] = seen;
+  volatile dl_ar_status_t *s = status;
+  s->peer = (uint32_t)peer;
+  s->expected = expected;
+  s->seen = seen;
+  s->block = blockIdx.x;
+  s->algo = (uint32_t)algo;
+  s->seq = seq;
+  __threadfence_system();
+  s->kind = DL_SIGNAL_ERR_BARRIER;
+  __threadfence_system();
+}
+
+// Block b of this rank meets block b of every other rank: this block's
+// writes before it are visible to those blocks after it, and theirs here.
+// Thread p (< nranks) keeps the count for peer p, signals it, waits for it.
+__device__ __forceinline__ bool ar_barrier(const dl_ar_args_t &a, dl_ar_ctrl_t *self,
+                                           uint32_t seq) {
+  __syncthreads();
+  bool ok = true;
+  const int p = threadIdx.x;
+  if (p < a.nranks && p != a.rank) {
+    const uint32_t e = self->counts[blockIdx.x][p] + 1;
+    self->counts[blockIdx.x][p] = e;
+    dl_signal_store_release(&ctrl_of(buf_of(a, p))->flags[blockIdx.x][a.rank], e);
+    uint32_t seen = 0;
+    if (!dl_signal_wait_until(&self->flags[blockIdx.x][p], e, a.timeout_ns, &seen)) {
+      ar_fail(a.pad, a.status, a.algo, p, e, seen, seq);
+      ok = false;
+    }
+  }
+  return __syncthreads_and(ok);
+}
+
+// The call counter: read by every block at its start, advanced by the last
+// block to finish (each block counts itself after all its reads of seq).
+__device__ __forceinline__ uint32_t ar_begin(dl_ar_ctrl_t *self) {
+  return *reinterpret_cast<volatile uint32_t *>(&self->seq);
+}
+
+__device__ __forceinline__ void ar_end(dl_ar_ctrl_t *self, uint32_t seq) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(&self->done, 1u) == gridDim.x - 1) {
+      *reinterpret_cast<volatile uint32_t *>(&self->done) = 0;
+      *reinterpret_cast<volatile uint32_t *>(&self->seq) = seq + 1;
+      __threadfence();
+    }
+  }
+}
+
+// Number of 16-byte vectors holding n elements.
+template <int DT> __device__ __forceinline__ int64_t vec_count(int64_t n) {
+  return (n + vt<DT>::L - 1) / vt<DT>::L;
+}
+
+// Sum x[0..nr) in rank order into one vector.
+template <int DT, int NRC>
+__device__ __forceinline__ uint4 reduce_vec(const uint4 (&x)[NRC], int nr) {
+  float acc[vt<DT>::L];
+  vt<DT>::first(acc, x[0]);
+#pragma unroll
+  for (int p = 1; p < NRC; p++)
+    if (p < nr) vt<DT>::add(acc, x[p]);
+  return vt<DT>::pack(acc);
+}
+
+// The same with rank me's term taken from `own` instead of x[me].
+template <int DT, int NRC>
+__device__ __forceinline__ uint4 reduce_vec_own(const uint4 (&x)[NRC], int nr, int me,
+                                                uint4 own) {
+  float acc[vt<DT>::L];
+  uint4 y = x[0];
+  if (me == 0) y = own;
+  vt<DT>::first(acc, y);
+#pragma unroll
+  for (int p = 1; p < NRC; p++) {
+    if (p < nr) {
+      y = x[p];
+      if (p == me) y = own;
+      vt<DT>::add(acc, y);
+    }
+  }
+  return vt<DT>::pack(acc);
+}
+
+// ---- kernels --------------------------------------------------------------------
+
+template <int DT, int NR, bool AL>
+__global__ void __launch_bounds__(AR_THREADS, 2) allreduce_one_shot_kernel(const dl_ar_args_t a) {
+  constexpr int NRC = shape<NR>::NRC, U = shape<NR>::U;
+  const int nr = NR ? NR : a.nranks;
+  dl_ar_ctrl_t *self = ctrl_of(buf_of(a, a.rank));
+  const uint32_t seq = ar_begin(self);
+  const int h = seq & 1;
+  const int64_t nv = vec_count<DT>(a.n);
+  const char *src[NRC];
+#pragma unroll
+  for (int p = 0; p < NRC; p++)
+    src[p] = p < nr ? (a.zero_copy ? a.bufs[p] + a.zc_off : staging(a, p, h, 0)) : nullptr;
+  char *mine = staging(a, a.rank, h, 0);
+  const int64_t step = (int64_t)gridDim.x * blockDim.x * U;
+  bool ok = !a.zero_copy || ar_barrier(a, self, seq);
+  for (int64_t base = (int64_t)blockIdx.x * blockDim.x * U + threadIdx.x; ok && base - threadIdx.x < nv;
+       base += step) {
+    if (!a.zero_copy) {
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int64_t v = base + (int64_t)u * blockDim.x;
+        if (v < nv) st_vec(mine, v, ld_user<DT, AL>(a.in, v, a.n));
+      }
+      if (!(ok = ar_barrier(a, self, seq))) break;
+    }
+    uint4 x[U][NRC];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int64_t v = base + (int64_t)u * blockDim.x;
+#pragma unroll
+      for (int p = 0; p < NRC; p++)
+        if (p < nr && v < nv) x[u][p] = ld_vec(src[p], v);
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int64_t v = base + (int64_t)u * blockDim.x;
+      if (v < nv) st_user<DT, AL>(a.out, v, a.n, reduce_vec<DT, NRC>(x[u], nr));
+    }
+  }
+  if (ok && a.zero_copy) ar_barrier(a, self, seq); // peers are done with our input
+  ar_end(self, seq);
+}
+
+template <int DT, int NR, bool AL>
+__global__ void __launch_bounds__(AR_THREADS, 2)
+    allreduce_one_shot_push_kernel(const dl_ar_args_t a) {
+  constexpr int NRC = shape<NR>::NRC, U = shape<NR>::U;
+  const int nr = NR ? NR : a.nranks;
+  dl_ar_ctrl_t *self = ctrl_of(buf_of(a, a.rank));
+  const uint32_t seq = ar_begin(self);
+  const int h = seq & 1;
+  const int64_t nv = vec_count<DT>(a.n);
+  const int64_t step = (int64_t)gridDim.x * blockDim.x * U;
+  bool ok = true;
+  for (int64_t base = (int64_t)blockIdx.x * blockDim.x * U + threadIdx.x; base - threadIdx.x < nv;
+       base += step) {
+    uint4 own[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int64_t v = base + (int64_t)u * blockDim.x;
+      if (v < nv) own[u] = ld_user<DT, AL>(a.in, v, a.n);
+    }
+    // our input goes to slot `rank` of every peer's staging
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int64_t v = base + (int64_t)u * blockDim.x;
+#pragma unroll
+      for (int p = 0; p < NRC; p++)
+        if (p < nr && p != a.rank && v < nv) st_vec(staging(a, p, h, a.rank), v, own[u]);
+    }
+    if (!(ok = ar_barrier(a, self, seq))) break;
+    uint4 x[U][NRC];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int64_t v = base + (int64_t)u * blockDim.x;
+#pragma unroll
+      for (int p = 0; p < NRC; p++)
+        if (p < nr && p != a.rank && v < nv) x[u][p] = ld_vec(staging(a, a.rank, h, p), v);
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int64_t v = base + (int64_t)u * blockDim.x;
+      if (v < nv) st_user<DT, AL>(a.out, v, a.n, reduce_vec_own<DT, NRC>(x[u], nr, a.rank, own[u]));
+    }
+  }
+  (void)ok;
+  ar_end(self, seq);
+}
+
+// Slices: slice q is vectors [q*sv, min((q+1)*sv, nv)), sv = ceil(nv / nranks).
+// Rounds walk j in [0, sv); vector q*sv + j of every slice belongs to the
+// same thread of the same block on every rank.
+template <int DT, int NR, bool AL, bool PUSH>
+__global__ void __launch_bounds__(AR_THREADS, 1) allreduce_two_shot_kernel(const dl_ar_args_t a) {
+  constexpr int NRC = shape<NR>::NRC, U = shape<NR>::U;
+  const int nr = NR ? NR : a.nranks, me = a.rank;
+  dl_ar_ctrl_t *self = ctrl_of(buf_of(a, me));
+  const uint32_t seq = ar_begin(self);
+  const int h = seq & 1;
+  const int64_t nv = vec_count<DT>(a.n);
+  const int64_t sv = (nv + nr - 1) / nr;
+  // where each rank's input (then its reduced slice) lives
+  char *buf[NRC];
+#pragma unroll
+  for (int p = 0; p < NRC; p++)
+    buf[p] = p < nr ? (a.zero_copy ? a.bufs[p] + a.zc_off : staging(a, p, h, 0)) : nullptr;
+  char *const mine = a.zero_copy ? buf_of(a, me) + a.zc_off : staging(a, me, h, 0);
+  const int64_t step = (int64_t)gridDim.x * blockDim.x * U;
+  bool ok = true;
+  int64_t round = 0;
+  for (int64_t base = (int64_t)blockIdx.x * blockDim.x * U + threadIdx.x; base - threadIdx.x < sv;
+       base += step, round++) {
+    if (!a.zero_copy) { // copy-in: this round's part of every slice
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int64_t j = base + (int64_t)u * blockDim.x;
+#pragma unroll
+        for (int q = 0; q < NRC; q++) {
+          const int64_t v = (int64_t)q * sv + j;
+          if (q < nr && j < sv && v < nv) st_vec(mine, v, ld_user<DT, AL>(a.in, v, a.n));
+        }
+      }
+    }
+    if (!a.zero_copy || round == 0)
+      if (!(ok = ar_barrier(a, self, seq))) break;
+    // reduce-scatter: our slice, from every rank
+    uint4 x[U][NRC];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int64_t j = base + (int64_t)u * blockDim.x, v = (int64_t)me * sv + j;
+#pragma unroll
+      for (int p = 0; p < NRC; p++)
+        if (p < nr && j < sv && v < nv) x[u][p] = ld_vec(buf[p], v);
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int64_t j = base + (int64_t)u * blockDim.x, v = (int64_t)me * sv + j;
+      if (j < sv && v < nv) {
+        const uint4 y = reduce_vec<DT, NRC>(x[u], nr);
+        if (a.zero_copy) {
+          st_user<DT, true>(mine, v, a.n, y);
+        } else {
+          st_user<DT, AL>(a.out, v, a.n, y);
+          if (!PUSH) st_vec(mine, v, y);
+        }
+        if (PUSH) {
+#pragma unroll
+          for (int p = 0; p < NRC; p++)
+            if (p < nr && p != me) {
+              if (a.zero_copy) st_user<DT, true>(buf[p], v, a.n, y);
+              else st_vec(buf[p], v, y);
+            }
+        }
+      }
+    }
+    if (!(ok = ar_barrier(a, self, seq))) break;
+    // all-gather: every other slice, read from its owner or from our buffer
+    if (PUSH && a.zero_copy) continue;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int64_t j = base + (int64_t)u * blockDim.x;
+#pragma unroll
+      for (int q = 0; q < NRC; q++) {
+        const int64_t v = (int64_t)q * sv + j;
+        if (q < nr && q != me && j < sv && v < nv) x[u][q] = ld_vec(PUSH ? mine : buf[q], v);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int64_t j = base + (int64_t)u * blockDim.x;
+#pragma unroll
+      for (int q = 0; q < NRC; q++) {
+        const int64_t v = (int64_t)q * sv + j;
+        if (q < nr && q != me && j < sv && v < nv) {
+          if (a.zero_copy) st_user<DT, true>(mine, v, a.n, x[u][q]);
+          else st_user<DT, AL>(a.out, v, a.n, x[u][q]);
+        }
+      }
+    }
+  }
+  // zero-copy pull: peers may still read our reduced slice in the buffer
+  if (ok && a.zero_copy && !PUSH) ar_barrier(a, self, seq);
+  ar_end(self, seq);
+}
+
+// ---- launchers ------------------------------------------------------------------
+
+extern "C" void dl_allreduce_cuda_shape(int nranks, int *threads, int *unroll) {
+  *threads = AR_THREADS;
+  *unroll = nranks == 2   ? (int)shape<2>::U
+            : nranks == 4 ? (int)shape<4>::U
+            : nranks == 8 ? (int)shape<8>::U
+                          : (int)shape<0>::U;
+}
+
+template <int DT, int NR, bool AL> static int launch(const dl_ar_args_t *a, cudaStream_t st) {
+  switch (a->algo) {
+  case DL_AR_ALGO_ONE_SHOT: {
+    auto k = allreduce_one_shot_kernel<DT, NR, AL>;
+    k<<<a->blocks, a->threads, 0, st>>>(*a);
+    DL_CUDA_CHECK_LAUNCH("allreduce_one_shot_kernel");
+    return DL_OK;
+  }
+  case DL_AR_ALGO_ONE_SHOT_PUSH: {
+    auto k = allreduce_one_shot_push_kernel<DT, NR, AL>;
+    k<<<a->blocks, a->threads, 0, st>>>(*a);
+    DL_CUDA_CHECK_LAUNCH("allreduce_one_shot_push_kernel");
+    return DL_OK;
+  }
+  case DL_AR_ALGO_TWO_SHOT: {
+    auto k = allreduce_two_shot_kernel<DT, NR, AL, false>;
+    k<<<a->blocks, a->threads, 0, st>>>(*a);
+    DL_CUDA_CHECK_LAUNCH("allreduce_two_shot_kernel");
+    return DL_OK;
+  }
+  case DL_AR_ALGO_TWO_SHOT_PUSH: {
+    auto k = allreduce_two_shot_kernel<DT, NR, AL, true>;
+    k<<<a->blocks, a->threads, 0, st>>>(*a);
+    DL_CUDA_CHECK_LAUNCH("allreduce_two_shot_kernel (push)");
+    return DL_OK;
+  }
+  default: return DL_ERR(DL_EINVAL, "allreduce: algorithm %d has no kernel", a->algo);
+  }
+}
+
+template <int DT> static int launch_dt(const dl_ar_args_t *a, cudaStream_t st) {
+  const int al = ((uintptr_t)a->in % DL_AR_VEC_BYTES == 0 || a->zero_copy) &&
+                 (uintptr_t)a->out % DL_AR_VEC_BYTES == 0;
+  if (!al) return launch<DT, 0, false>(a, st);
+  switch (a->nranks) {
+  case 2: return launch<DT, 2, true>(a, st);
+  case 4: return launch<DT, 4, true>(a, st);
+  case 8: return launch<DT, 8, true>(a, st);
+  default: return launch<DT, 0, true>(a, st);
+  }
+}
+
+extern "C" int dl_allreduce_cuda(const dl_ar_args_t *a, void *stream) {
+  int threads, unroll;
+  dl_allreduce_cuda_shape(a->nranks, &threads, &unroll);
+  if (a->threads != threads || a->unroll != unroll || a->blocks < 1 ||
+      a->blocks > DL_AR_MAX_BLOCKS || a->nranks < 2 || a->nranks > DL_SIGNAL_MAX_RANKS)
+    return DL_ERR(DL_EINVAL, "allreduce: bad launch shape (%d blocks of %d threads, unroll %d, %d ranks)",
+                  a->blocks, a->threads, a->unroll, a->nranks);
+  cudaStream_t st = (cudaStream_t)stream;
+  switch (a->dtype) {
+  case DL_F32: return launch_dt<DL_F32>(a, st);
+  case DL_F16: return launch_dt<DL_F16>(a, st);
+  case DL_BF16: return launch_dt<DL_BF16>(a, st);
+  default: return DL_ERR(DL_EUNSUPPORTED, "allreduce kernels: dtype %s (f32, f16, bf16 only)",
+                         dl_dtype_name(a->dtype));
+  }
+}

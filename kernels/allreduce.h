@@ -1,0 +1,104 @@
+/*
+ * allreduce.h — what core/allreduce.c hands the all-reduce kernels
+ * (kernels/allreduce.cu) and their CPU twin (kernels/cpu/allreduce.c): the
+ * argument block, the layout of each rank's symmetric buffer, and the
+ * failure record a timed-out wait leaves.
+ *
+ * Each rank's symmetric buffer (one dl_symm_t, mapped by every rank):
+ *
+ *   [ctrl: dl_ar_ctrl_t, 64 KiB][zero-copy input: slot][staging: 2 halves x n slots]
+ *
+ * ctrl holds the barrier flags peers write (flags[block][from rank]), this
+ * rank's own barrier counts, the call counter `seq` and the count of blocks
+ * that finished the current call. All of them live in device memory and are
+ * advanced by the kernels themselves (as vLLM's custom all-reduce keeps its
+ * counters), so a CUDA graph replays correctly any number of times, mixed
+ * with eager calls, other algorithms and other sizes.
+ *
+ * Double buffering: a call with counter seq uses staging half seq & 1. A
+ * rank rewrites half h two calls later; by then it has met every peer in a
+ * barrier of the call in between, and a peer that reached that call had
+ * finished this one. So copy-in and push variants need no closing barrier.
+ * Zero-copy variants read the caller's region, which the caller may rewrite
+ * as soon as the call returns: they end with a barrier.
+ */
+#ifndef DISTLAB_ALLREDUCE_H
+#define DISTLAB_ALLREDUCE_H
+
+#include <stdint.h>
+
+#include "signal_pad.h"
+
+/* The algorithms. NCCL is the communicator's own all_reduce (core only). */
+enum {
+  DL_AR_ALGO_NCCL = 0,
+  DL_AR_ALGO_ONE_SHOT = 1,      /* pull: read every rank's input, reduce locally   */
+  DL_AR_ALGO_ONE_SHOT_PUSH = 2, /* push own input into every peer, reduce locally  */
+  DL_AR_ALGO_TWO_SHOT = 3,      /* reduce-scatter by reading, all-gather by reading */
+  DL_AR_ALGO_TWO_SHOT_PUSH = 4, /* reduce-scatter by reading, all-gather by writing */
+  DL_AR_NUM_ALGOS = 5
+};
+
+enum {
+  DL_AR_MAX_BLOCKS = 512,
+  DL_AR_CTRL_BYTES = 65536, /* sizeof(dl_ar_ctrl_t) rounded up */
+  DL_AR_VEC_BYTES = 16
+};
+
+typedef struct dl_ar_ctrl {
+  uint32_t flags[DL_AR_MAX_BLOCKS][DL_SIGNAL_MAX_RANKS];  /* [block][from rank], peers write */
+  uint32_t counts[DL_AR_MAX_BLOCKS][DL_SIGNAL_MAX_RANKS]; /* [block][peer], this rank's */
+  uint32_t seq;  /* calls finished on this rank                          */
+  uint32_t done; /* blocks of the running call that finished             */
+} dl_ar_ctrl_t;
+
+/* What a timed-out wait leaves for the host (host-mapped memory on cuda, so
+ * the next call sees it without a synchronisation). The first failure wins;
+ * the same record also goes to the signal pad's error[] (signal.h). */
+typedef struct dl_ar_status {
+  uint32_t kind;     /* 0: none; DL_SIGNAL_ERR_BARRIER */
+  uint32_t peer;     /* the rank that did not arrive */
+  uint32_t expected; /* the count waited for */
+  uint32_t seen;     /* the count found */
+  uint32_t block;
+  uint32_t algo;
+  uint32_t seq; /* the call, counted by the kernels of this buffer */
+  uint32_t pad;
+} dl_ar_status_t;
+
+typedef struct dl_ar_args {
+  int algo;      /* DL_AR_ALGO_*, not NCCL                                        */
+  int dtype;     /* DL_F32, DL_F16 or DL_BF16                                      */
+  int rank, nranks;
+  int blocks;    /* grid size, 1..DL_AR_MAX_BLOCKS                                 */
+  int threads;   /* per block; >= nranks                                           */
+  int unroll;    /* 16-byte vectors per thread per round                           */
+  int zero_copy; /* the input is at zc_off in every rank's buffer (see above)      */
+  int64_t n;     /* elements                                                       */
+  const void *in;  /* this rank's input (not read when zero_copy)                  */
+  void *out;       /* this rank's output; may equal in                             */
+  char *bufs[DL_SIGNAL_MAX_RANKS]; /* every rank's symmetric buffer, mapped here   */
+  int64_t zc_off;      /* byte offset of the zero-copy input in every buffer       */
+  int64_t staging_off; /* byte offset of staging half 0, slot 0                    */
+  int64_t slot_bytes;  /* bytes of one staging slot (a multiple of 16)             */
+  dl_signal_pad_t *pad;    /* this rank's signal pad: failure records             */
+  dl_ar_status_t *status;  /* this rank's status, writable by the kernel           */
+  uint64_t timeout_ns;     /* every wait ends after this                            */
+} dl_ar_args_t;
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* One all-reduce of a->n elements. cuda: kernels on `stream` (asynchronous;
+ * a timeout shows up in *a->status). cpu: runs to the end, DL_ETIMEOUT with
+ * a message naming the peer if one did not arrive. Same arguments for both. */
+int dl_allreduce_cuda(const dl_ar_args_t *a, void *stream);
+int dl_allreduce_cpu(const dl_ar_args_t *a, void *stream);
+/* The launch configuration the cuda launcher uses (threads, unroll) for a
+ * world size, so the core can size grids and rounds. */
+void dl_allreduce_cuda_shape(int nranks, int *threads, int *unroll);
+#ifdef __cplusplus
+}
+#endif
+
+#endif
