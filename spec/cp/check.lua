@@ -167,7 +167,37 @@ else
   error("check.lua: unknown group " .. tostring(group))
 end
 
+-- dl.cp.shard agrees with dl.seq's dual-chunk split, and unshard inverts it
+-- (also for an lse, whose sequence dim is not the layout's).
+local function check_shard()
+  local bad = {}
+  local seq = thd_seqs()
+  local P = seq.cu_seqlens_q_padded
+  local x4 = dl.randn({ 2, 6 * C, 3, 8 }, { seed = 5 })
+  local s4 = dl.randn({ 6 * C, 2, 3, 8 }, { seed = 8 })
+  local xt = dl.randn({ P[#P], 3, 8 }, { seed = 6 })
+  local lt = dl.randn({ 3, P[#P] }, { seed = 7 })
+  local cases_ = {
+    { x4, { layout = "bshd" }, dl.seq.dual_chunk(x4, r, C, "bshd") },
+    { s4, { layout = "sbhd" }, dl.seq.dual_chunk(s4, r, C, "sbhd") },
+    { xt, { layout = "thd", cu_seqlens_padded = P }, dl.seq.thd_dual_chunk(xt, i32(P), r, C) },
+    { dl.randn({ 2, 3, 6 * C }, { seed = 9 }), { layout = "bshd", dim = 3 } },
+    { lt, { layout = "thd", cu_seqlens_padded = P, dim = 2 } },
+  }
+  for i, c in ipairs(cases_) do
+    c[2].comm = w
+    local s = dl.cp.shard(c[1], c[2])
+    if c[3] and dl.max_abs_diff(s, c[3]) ~= 0 then bad[#bad + 1] = "shard " .. i .. " differs from dl.seq's" end
+    if dl.max_abs_diff(dl.cp.unshard(s, c[2]), c[1]) ~= 0 then bad[#bad + 1] = "unshard " .. i .. " is not the input" end
+  end
+  if #bad > 0 then print("FAIL shard/unshard C=" .. C .. " rank=" .. r .. ": " .. table.concat(bad, "; ")) end
+  return #bad == 0
+end
+
 local ok, failed = 0, 0
+if group == "extras" then
+  if check_shard() then ok = ok + 1 else failed = failed + 1 end
+end
 for _, cs in ipairs(cases) do
   local good, err = pcall(run_case, cs)
   if not good then print("FAIL " .. describe_case(cs) .. "\n  error: " .. tostring(err)) end
@@ -176,7 +206,7 @@ end
 -- Nobody leaves before everyone is done (a peer's last receive may still be in flight).
 w:barrier()
 if failed > 0 then
-  print(string.format("cp check failed: %d of %d configs (rank %d)", failed, #cases, r))
+  print(string.format("cp check failed: %d of %d configs (rank %d)", failed, ok + failed, r))
   os.exit(1)
 end
 print(string.format("cp check ok: %d configs (rank %d of %d, %s)", ok, r, C, group))

@@ -182,6 +182,42 @@ function CP:peak(q, k, v, seq)
   return self.impl.peak(self:geometry(q, k, v, seq))
 end
 
+-- cp:memory(q_shape, k_shape, v_shape, {dtype =, seq =, unit =}) measures
+-- one forward and one backward on the communicator's device with fresh
+-- inputs (tag "inputs"; dout made after the forward): {fwd =, bwd =} as
+-- dl.mem.report tables whose .peak counts from what was allocated before,
+-- and .formula = cp:peak(...). On meta nothing runs and bytes are exact.
+function CP:memory(q_shape, k_shape, v_shape, o)
+  o = o or {}
+  local dev = self.comm.device
+  collectgarbage("collect")
+  collectgarbage("collect")
+  dl.synchronize(dev)
+  local base = dl.mem.stats(dev).allocated
+  local function input(shape)
+    local t = dl.mem.tag("inputs", dl.empty, shape, { dtype = o.dtype or "bf16", device = dev })
+    if dev ~= "meta" then t:uniform_(-1, 1) end
+    return t
+  end
+  local q, k, v = input(q_shape), input(k_shape), input(v_shape)
+  local formula = self:peak(q, k, v, o.seq)
+  local function measure(fn)
+    dl.synchronize(dev)
+    dl.mem.reset_peak(dev)
+    local res = { fn() }
+    dl.synchronize(dev)
+    local rep = dl.mem.report { device = dev, unit = o.unit or q:nbytes() }
+    rep.peak = rep.peak - base
+    rep.peak_mib, rep.peak_units = rep.peak / 1048576, rep.peak / rep.unit
+    return rep, res
+  end
+  local fwd, res = measure(function() return self:forward(q, k, v, o.seq) end)
+  local dout = input(res[1].shape)
+  local bwd, grads = measure(function() return self:backward(dout) end)
+  plan.free(q, k, v, dout, res[1], res[2], res[3], grads[1], grads[2], grads[3])
+  return { fwd = fwd, bwd = bwd, formula = formula }
+end
+
 -- ---- shard / unshard ------------------------------------------------------------
 
 local function shard_plan(op, x, opts, full)

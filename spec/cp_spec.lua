@@ -1,0 +1,192 @@
+-- Context-parallel attention (dl.cp): every schedule x layout x mask x
+-- strategy against the single-rank reference on 1, 2 and 4 cpu ranks
+-- (spec/cp/check.lua, many configs per launched job); the peak memory of
+-- every schedule on meta equal to the formula written in its file, for CP
+-- sizes up to 64; the errors that unsupported configurations give; and
+-- the same rank scripts on 2 GPUs under #multigpu.
+local dl = require "distlab"
+local H = require "helpers"
+
+local groups = { "p2p", "all_gather", "a2a", "extras" }
+
+local function run_check(n, device, group)
+  return H.distlab(string.format("run -n %d --device %s spec/cp/check.lua %s", n, device, group))
+end
+
+local function count(out, pat)
+  local _, k = out:gsub(pat, "")
+  return k
+end
+
+describe("cp schedules on cpu against the single-rank reference", function()
+  for _, n in ipairs({ 1, 2, 4 }) do
+    for _, g in ipairs(groups) do
+      it(string.format("%d rank%s: %s", n, n > 1 and "s" or "", g), function()
+        local rc, out = run_check(n, "cpu", g)
+        assert.equal(0, rc, out)
+        assert.equal(n, count(out, "cp check ok"), out)
+      end)
+    end
+  end
+end)
+
+describe("cp schedules on 2 GPUs #multigpu", function()
+  for _, g in ipairs(groups) do
+    it("2 ranks: " .. g, function()
+      local rc, out = run_check(2, "cuda", g)
+      assert.equal(0, rc, out)
+      assert.equal(2, count(out, "cp check ok"), out)
+    end)
+  end
+end)
+
+-- ---- memory on meta ---------------------------------------------------------------------
+
+-- Per-rank shard shapes for C ranks; thd sequences as {cu_seqlens, padded}.
+local function shapes(layout, C, h, hkv, uneven)
+  if layout == "thd" then
+    local L = uneven and { 6 * C + 1, 0, 2 * C - 1, 10 * C } or { 8 * C, 8 * C }
+    local cu, P = { 0 }, { 0 }
+    for b, n in ipairs(L) do
+      cu[b + 1], P[b + 1] = cu[b] + n, P[b] + math.max(2 * C, math.ceil(n / (2 * C)) * 2 * C)
+    end
+    local T_r = P[#P] / C
+    return { T_r, h, 32 }, { T_r, hkv, 32 }, { cu_seqlens_q = cu, cu_seqlens_q_padded = P }
+  end
+  if layout == "bshd" then return { 2, 8, h, 32 }, { 2, 8, hkv, 32 } end
+  return { 8, 2, h, 32 }, { 8, 2, hkv, 32 }
+end
+
+local strategies = {
+  { algo = "p2p", comm_buffers = "per_step", correction = "post_loop" },
+  { algo = "p2p", comm_buffers = 2, correction = "post_loop" },
+  { algo = "p2p", comm_buffers = "per_step", correction = "incremental" },
+  { algo = "p2p", comm_buffers = 2, correction = "incremental" },
+  { algo = "p2p", comm_buffers = "per_step", correction = "fused" },
+  { algo = "p2p", comm_buffers = 2, correction = "fused" },
+  { algo = "all_gather" },
+  { algo = "a2a" },
+}
+
+local function label(st)
+  return st.algo == "p2p" and string.format("p2p buffers=%s correction=%s", st.comm_buffers, st.correction) or st.algo
+end
+
+-- Every (C, rank, layout, mask, heads) of one strategy; returns the mismatches.
+local function sweep(st, what, uneven)
+  local bad = {}
+  for _, C in ipairs({ 1, 2, 3, 4, 8, 64 }) do
+    local ranks = C <= 2 and { 0, C - 1 } or { 0, math.floor(C / 2), C - 1 }
+    for ri, r in ipairs(ranks) do
+      local comm = dl.comm.meta(C, r)
+      local layouts = { "bshd", "sbhd", "thd" }
+      if what == "bwd" and st.algo == "all_gather" then layouts[3] = nil end
+      for _, layout in ipairs(ri > 1 and r == ranks[ri - 1] and {} or layouts) do
+        for _, mask in ipairs({ "causal", "none" }) do
+          for _, heads in ipairs({ { 2 * C, 2 * C }, { 2 * C, C } }) do
+            local o = { comm = comm, layout = layout, mask = mask, return_max_logit = mask == "causal" }
+            for k, v in pairs(st) do o[k] = v end
+            local cp = dl.cp.attention(o)
+            local qs, kvs, seq = shapes(layout, C, heads[1], heads[2], uneven)
+            local m = cp:memory(qs, kvs, kvs, { seq = seq })
+            if m[what].peak ~= m.formula[what] then
+              bad[#bad + 1] = string.format("C=%d r=%d %s %s h=%d/%d: measured %d, formula %d", C, r, layout, mask,
+                heads[1], heads[2], m[what].peak, m.formula[what])
+            end
+            local left = dl.mem.stats("meta").allocated
+            if left ~= 0 then bad[#bad + 1] = string.format("C=%d r=%d %s: %d bytes left allocated", C, r, layout, left) end
+          end
+        end
+      end
+      comm:free()
+    end
+  end
+  return bad
+end
+
+describe("cp peak memory on meta equals each schedule's formula", function()
+  for _, st in ipairs(strategies) do
+    it(label(st) .. ": forward, C = 1..64, every layout and mask, MHA and GQA, uneven thd", function()
+      local bad = sweep(st, "fwd", true)
+      assert.equal(0, #bad, table.concat(bad, "\n"))
+    end)
+    it(label(st) .. (st.algo == "all_gather" and ": backward, same sweep but thd" or ": backward, same sweep (thd with equal lengths)"), function()
+      local bad = sweep(st, "bwd", false)
+      assert.equal(0, #bad, table.concat(bad, "\n"))
+    end)
+  end
+  -- On meta, dl.attn.bwd sizes its workspace for b * max_seqlen_q query rows
+  -- when thd (core/attn.c lends no cu_seqlens pointer there), where cuda uses
+  -- total_q; the formulas follow cuda. The two agree when every step's
+  -- sequences fill their rows (equal lengths, whole local sequences), so
+  -- uneven thd backwards, and all_gather's half-sequence thd steps, wait.
+  pending("backward with uneven thd lengths, and all_gather thd backward: meta's thd workspace differs from cuda's (attn)")
+
+  it("fused p2p stays constant in C and at most 6 units above the inputs; main grows 3 units per rank", function()
+    local main, fused = {}, {}
+    for _, C in ipairs({ 4, 8, 16, 64 }) do
+      local comm = dl.comm.meta(C, C - 1)
+      local function units(o)
+        o.comm, o.mask = comm, "causal"
+        local m = dl.cp.attention(o):memory({ 2, 64, 16, 128 }, { 2, 64, 16, 128 }, { 2, 64, 16, 128 })
+        return m.fwd.peak_units - 3
+      end
+      main[C] = units { algo = "p2p", comm_buffers = "per_step", correction = "post_loop" }
+      fused[C] = units { algo = "p2p", comm_buffers = 2, correction = "fused" }
+      comm:free()
+    end
+    assert.is_true(fused[4] <= 6, "fused: " .. fused[4])
+    assert.equal(fused[4], fused[64])
+    assert.near(3 * 60, main[64] - main[4], 1)
+  end)
+end)
+
+-- ---- unsupported configurations --------------------------------------------------------
+
+describe("cp refuses what it does not support, with a clear error", function()
+  local comm = dl.comm.meta(4, 1)
+  local function err(fn)
+    local ok, e = pcall(fn)
+    assert.is_false(ok)
+    return tostring(e)
+  end
+  local function t(shape) return dl.empty(shape, { dtype = "bf16", device = "meta" }) end
+
+  it("options", function()
+    assert.matches("unknown option bogus", err(function() dl.cp.attention { comm = comm, bogus = 1 } end))
+    assert.matches("algo = ring is not one of p2p, all_gather, a2a", err(function() dl.cp.attention { comm = comm, algo = "ring" } end))
+    assert.matches("comm_buffers is an option of algo p2p, not a2a",
+      err(function() dl.cp.attention { comm = comm, algo = "a2a", comm_buffers = 2 } end))
+    assert.matches("correction = online is not one of", err(function() dl.cp.attention { comm = comm, correction = "online" } end))
+    assert.matches("sliding windows are supported by algo all_gather and a2a, not p2p",
+      err(function() dl.cp.attention { comm = comm, window = { 8, 0 } } end))
+    assert.matches("contradicts a causal mask", err(function() dl.cp.attention { comm = comm, algo = "a2a", mask = "causal", window = { 8, 4 } } end))
+    assert.matches("all_gather with thd takes windows {left, 0}",
+      err(function() dl.cp.attention { comm = comm, algo = "all_gather", layout = "thd", window = { 8, 4 } } end))
+  end)
+
+  it("shapes: heads for a2a, lengths for the dual-chunk split", function()
+    local a2a = dl.cp.attention { comm = comm, algo = "a2a" }
+    local e = err(function() a2a:forward(t { 2, 8, 6, 32 }, t { 2, 8, 6, 32 }, t { 2, 8, 6, 32 }) end)
+    assert.matches("cp a2a: heads %(q 6, k/v 6%) must be divisible by the CP size 4", e)
+    assert.matches("cp_spec.lua", e) -- the error points at the caller's line
+    local p2p = dl.cp.attention { comm = comm }
+    assert.matches("full length must be divisible by 2C = 8", err(function() p2p:forward(t { 2, 7, 4, 32 }, t { 2, 7, 4, 32 }, t { 2, 7, 4, 32 }) end))
+    local thd = dl.cp.attention { comm = comm, layout = "thd" }
+    local x = t { 4, 4, 32 }
+    assert.matches("not a multiple of 2C = 8", err(function() thd:forward(x, x, x, { cu_seqlens_q = { 0, 5, 12 }, cu_seqlens_q_padded = { 0, 6, 16 } }) end))
+    assert.matches("layout thd needs cu_seqlens_q", err(function() thd:forward(x, x, x) end))
+    assert.matches("on meta, pass cu_seqlens as Lua tables", err(function()
+      thd:forward(x, x, x, { cu_seqlens_q = dl.empty({ 3 }, { dtype = "i32", device = "meta" }) })
+    end))
+    assert.matches("needs the same sequences for q and kv", err(function()
+      thd:forward(x, x, x, { cu_seqlens_q = { 0, 8, 16 }, cu_seqlens_kv = { 0, 4, 16 } })
+    end))
+    assert.matches("call cp:forward first", err(function() p2p:backward(t { 2, 8, 4, 32 }) end))
+  end)
+
+  it("shard and unshard check their arguments", function()
+    assert.matches("not divisible by 2C = 8", err(function() dl.cp.shard(dl.empty({ 2, 12, 2, 8 }), { comm = comm }) end))
+    assert.matches("needs cu_seqlens_padded", err(function() dl.cp.shard(dl.empty({ 16, 2, 8 }), { comm = comm, layout = "thd" }) end))
+  end)
+end)
