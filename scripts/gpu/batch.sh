@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One device call, several checks: runs each given step (a script under
+# scripts/gpu/ with its arguments, or `test` for the whole spec suite, or
+# `foundation`) with OUT pointing at a scratch folder, each under its own time
+# limit, then packs that folder into $OUT/out.tgz, because a device call
+# returns at most 8 files. The log of each step is printed as it runs.
+#   scripts/gpu/batch.sh "test" "attn_lab.sh QUICK" "comm_check.sh bench"
+# Every step gets STEP_TIMEOUT seconds (default 300).
+set -u
+REAL_OUT="${OUT:-/tmp/distlab-out}"
+export OUT=/tmp/distlab-batch
+rm -rf "$OUT"
+mkdir -p "$OUT" "$REAL_OUT"
+cd "$(dirname "$0")/../.." || exit 2
+source scripts/gpu/setup.sh || exit 2
+pack() { tar czf "$REAL_OUT/out.tgz" -C "$OUT" . 2>/dev/null; }
+trap pack EXIT
+{
+  date -u '+%Y-%m-%d %H:%M UTC'
+  nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader
+} | tee "$OUT/machine.txt"
+t0=$(date +%s)
+./distlab build 2>&1 | tail -3 | tee "$OUT/build.log"
+echo "build: $(( $(date +%s) - t0 )) s"
+for step in "$@"; do
+  name=${step%% *}
+  args=""
+  [ "$name" != "$step" ] && args=${step#* }
+  echo "=== $step ($(date -u +%T))"
+  case "$name" in
+    test) timeout "${STEP_TIMEOUT:-300}" ./distlab test $args >"$OUT/test.log" 2>&1
+          grep -E "^(FAIL|ERROR)|skipping|passed," "$OUT/test.log" | tail -30 ;;
+    foundation) timeout "${STEP_TIMEOUT:-300}" bash scripts/gpu/check.sh foundation 2>&1 | tail -30 ;;
+    *.sh) env $args timeout "${STEP_TIMEOUT:-300}" bash "scripts/gpu/$name" 2>&1 | tail -40 ;;
+    *) echo "unknown step $name" ;;
+  esac
+done
+echo "=== done ($(( $(date +%s) - t0 )) s)"
