@@ -4,7 +4,8 @@
 # `foundation`) with OUT pointing at a scratch folder, each under its own time
 # limit, then packs that folder into $OUT/out.tgz, because a device call
 # returns at most 8 files. The log of each step is printed as it runs.
-#   scripts/gpu/batch.sh "test" "attn_lab.sh QUICK" "comm_check.sh bench"
+#   scripts/gpu/batch.sh "test" "attn_lab.sh QUICK=1" "comm_check.sh bench"
+# (words with '=' become the step's environment, the others its arguments)
 # Every step gets STEP_TIMEOUT seconds (default 300).
 set -u
 REAL_OUT="${OUT:-/tmp/distlab-out}"
@@ -31,7 +32,9 @@ for step in "$@"; do
     test) timeout "${STEP_TIMEOUT:-300}" ./distlab test $args >"$OUT/test.log" 2>&1
           grep -E "^(FAIL|ERROR)|skipping|passed," "$OUT/test.log" | tail -30 ;;
     foundation) timeout "${STEP_TIMEOUT:-300}" bash scripts/gpu/check.sh foundation 2>&1 | tail -30 ;;
-    *.sh) env $args timeout "${STEP_TIMEOUT:-300}" bash "scripts/gpu/$name" 2>&1 | tail -40 ;;
+    *.sh) envs=() pos=()
+          for a in $args; do if [[ "$a" == *=* ]]; then envs+=("$a"); else pos+=("$a"); fi; done
+          env "${envs[@]}" timeout "${STEP_TIMEOUT:-300}" bash "scripts/gpu/$name" "${pos[@]}" 2>&1 | tail -40 ;;
     *) echo "unknown step $name" ;;
   esac
 done
