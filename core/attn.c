@@ -339,7 +339,6 @@ static int step_inputs(step_t *st, const dl_attn_opts_t *o, const dl_tensor_t *q
                o->window_right);
   DL_CHECK_ARG(o->scale == 0 || (isfinite(o->scale) && o->scale > 0),
                "%s: scale %g must be finite and > 0 (0 = 1/sqrt(d))", op, o->scale);
-  memset(p, 0, sizeof *p);
   p->dtype = q->dtype_id;
   p->h_q = (int)oq->h;
   p->h_kv = (int)ok->h;
@@ -436,7 +435,7 @@ int dl_attn_fwd(const dl_attn_opts_t *o, const dl_tensor_t *q, const dl_tensor_t
                 dl_stream_t *s) {
   step_t st = {.op = "attn.fwd"};
   made_t m = {.n = 0};
-  dl_attn_params_t p;
+  dl_attn_params_t p = {0};
   int rc = step_inputs(&st, o, q, k, v, &p, s);
   if (!rc) rc = fwd_outputs(&st, &m, &p, out, lse, max_logit, acc_out, acc_lse, s);
   if (!rc && q->dev_type != DL_META && st.oq.s > 0 && (st.oq.b > 0 || (st.thd && p.b > 0))) {
@@ -455,7 +454,7 @@ int dl_attn_bwd(const dl_attn_opts_t *o, const dl_tensor_t *dout, const dl_tenso
                 dl_stream_t *s) {
   step_t st = {.op = "attn.bwd"};
   made_t m = {.n = 0};
-  dl_attn_params_t p;
+  dl_attn_params_t p = {0};
   dl_storage_t *ws = NULL;
   const char *op = st.op;
   int rc = step_inputs(&st, o, q, k, v, &p, s);
@@ -502,7 +501,9 @@ int dl_attn_bwd(const dl_attn_opts_t *o, const dl_tensor_t *dout, const dl_tenso
   int empty = !(st.oq.s > 0 || st.ok.s > 0) || (st.thd ? p.b == 0 : st.oq.b == 0);
   if (!rc && q->dev_type != DL_CPU && !empty) {
     void *h = NULL;
-    p.workspace_bytes = dl_attn_bwd_workspace_bytes(&p);
+    dl_attn_params_t sized = p; /* on meta cu_seqlens_q has no memory; thd is its being set */
+    if (st.thd) sized.cu_seqlens_q = (const int32_t *)&sized;
+    p.workspace_bytes = dl_attn_bwd_workspace_bytes(&sized);
     rc = dl_stream_for(s, q->dev_type, q->dev_index, &h);
     if (!rc) rc = dl_storage_new(q->dev_type, q->dev_index, (int64_t)p.workspace_bytes, h, &ws);
     if (rc) rc = dl_error_context(rc, "%s: allocating the workspace", op);

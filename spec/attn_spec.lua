@@ -357,6 +357,48 @@ for _, dev in ipairs(H.devices) do
       end
     end)
 
+    -- All-gather CP over thd: the whole local q goes to every step, per-step
+    -- padded offsets pick each sequence's chunk (step 2's start at 4, not 0),
+    -- results land in one full out/lse and dq; dk, dv accumulate over steps.
+    it("runs all-gather CP steps on one full q through per-step padded offsets", function()
+      local x = on(build({ layout = "thd", dtype = "bf16", q_lens = { 8, 8 }, kv_lens = { 8, 7 }, hq = 2, hkv = 1,
+        dqk = 16, dv = 16 }), D)
+      local function cu(t) return i32(t):to(D) end
+      local steps = {
+        { q = { 0, 4, 8 }, qp = { 0, 8, 16 }, kv = { 0, 4, 8 }, rows = { 0, 8 } },
+        { q = { 0, 4, 7 }, qp = { 4, 12, 16 }, kv = { 0, 8, 15 }, rows = { 4, 12 } },
+      }
+      local out = dl.zeros({ 16, 2, 16 }, { dtype = "bf16", device = D })
+      local lse = dl.full({ 2, 16 }, NINF, { device = D })
+      local dout = clamped({ 16, 2, 16 }, "bf16"):to(D)
+      local dq, dk, dv = dl.zeros(x.q.shape, { dtype = "bf16", device = D }), dl.zeros(x.k.shape, { dtype = "bf16", device = D }),
+        dl.zeros(x.v.shape, { dtype = "bf16", device = D })
+      local sum_dk, sum_dv = dl.zeros(x.k.shape, "f64"), dl.zeros(x.v.shape, "f64")
+      for _, st in ipairs(steps) do
+        local o = { layout = "thd", mask = "causal_bottom_right", cu_seqlens_q = cu(st.q), cu_seqlens_q_padded = cu(st.qp),
+          cu_seqlens_kv = cu(st.kv), cu_seqlens_kv_padded = cu({ 0, 8, 16 }) }
+        dl.attn.fwd(x.q, x.k, x.v, with(o, { out = out, lse = lse }))
+        dl.attn.bwd(dout, x.q, x.k, x.v, out, lse, with(o, { dq = dq, dk = dk, dv = dv, accumulate_grads = true }))
+        -- the same step on compact tensors holding only its q rows
+        local function compact(t, dim)
+          local c = dl.empty(dim == 1 and { 8, 2, 16 } or { 2, 8 }, { dtype = t.dtype, device = D })
+          for i, r in ipairs(st.rows) do c:narrow(dim, 4 * i - 3, 4):copy_(t:narrow(dim, r + 1, 4)) end
+          return c
+        end
+        local co = with(o, { cu_seqlens_q_padded = cu({ 0, 4, 8 }) })
+        local qc, oc, lc = compact(x.q, 1), compact(out, 1), compact(lse, 2)
+        local ro, rl = dl.attn.fwd(qc, x.k, x.v, co)
+        assert.tensor_near(ro, oc, 2.5e-2, 2.5e-2)
+        assert.tensor_near(rl, lc, 2.5e-2, 2.5e-2)
+        local rq, rk, rv = dl.attn.bwd(compact(dout, 1), qc, x.k, x.v, ro, rl, co)
+        assert.tensor_near(rq, compact(dq, 1), 2.5e-2, 2.5e-2)
+        sum_dk:add_(rk:cpu())
+        sum_dv:add_(rv:cpu())
+      end
+      assert.tensor_near(sum_dk, dk, 2.5e-2, 2.5e-2)
+      assert.tensor_near(sum_dv, dv, 2.5e-2, 2.5e-2)
+    end)
+
     it("accumulates gradients into given dq, dk, dv", function()
       local c = with(TINY.bshd, { dtype = "f16", mask = "causal" })
       local x = on(build(c), D)
@@ -668,5 +710,17 @@ describe("attn on meta", function()
     local unit = 2 * 4096 * 16 * 128 * 2
     -- dq, dk, dv, plus the fp32 dq accumulator and row sums of the workspace
     assert.equal(3 * unit + 2 * unit + 2 * 4096 * 16 * 4, tag.peak)
+  end)
+
+  it("sizes the thd workspace by the rows of q, as on cuda", function()
+    local q = dl.empty({ 1000, 4, 64 }, { dtype = "bf16", device = "meta" })
+    local cu = dl.empty({ 3 }, { dtype = "i32", device = "meta" })
+    local o = { layout = "thd", cu_seqlens_q = cu, cu_seqlens_kv = cu, max_seqlen_q = 300, max_seqlen_kv = 300 }
+    local out, lse = dl.attn.fwd(q, q, q, o)
+    assert.same({ 4, 1000 }, lse.shape)
+    dl.mem.reset_peak("meta")
+    dl.mem.tag("attn_spec_thd", function() dl.attn.bwd(out, q, q, q, out, lse, o) end)
+    local unit = 1000 * 4 * 64 * 2
+    assert.equal(3 * unit + 2 * unit + 1000 * 4 * 4, dl.mem.stats("meta").tags.attn_spec_thd.peak)
   end)
 end)
