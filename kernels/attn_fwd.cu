@@ -22,10 +22,17 @@
  */
 #include "attn_common.cuh"
 
-/* Lab knob: the key tile of d=128 (64 or 32), so experiments/lab/attn can
- * compare tile shapes in one GPU session. */
+/* Lab knobs: the tile of d=128 (query rows BM, keys BN, warps NW with
+ * BM = 16 * NW * m16 tiles per warp), so experiments/lab/attn can compare
+ * shapes in one GPU session. */
+#ifndef DL_ATTN_FWD128_BM
+#define DL_ATTN_FWD128_BM 128
+#endif
 #ifndef DL_ATTN_FWD128_BN
 #define DL_ATTN_FWD128_BN 64
+#endif
+#ifndef DL_ATTN_FWD128_NW
+#define DL_ATTN_FWD128_NW 4
 #endif
 
 template <int D_QK_, int D_V_, int BM_, int BN_, int NW_>
@@ -283,7 +290,7 @@ extern "C" int dl_attn_fwd_cuda(const dl_attn_params_t *p, void *stream) {
                "attn fwd: grid too large (s_q=%d h_q=%d b=%d)", p->s_q, p->h_q, p->b);
   switch (attn_dims_config(p->d_qk, p->d_v)) {
     case 0: return attn_fwd_run<attn_fwd_cfg<64, 64, 128, 64, 4>>(p, stream);
-    case 1: return attn_fwd_run<attn_fwd_cfg<128, 128, 128, DL_ATTN_FWD128_BN, 4>>(p, stream);
+    case 1: return attn_fwd_run<attn_fwd_cfg<128, 128, DL_ATTN_FWD128_BM, DL_ATTN_FWD128_BN, DL_ATTN_FWD128_NW>>(p, stream);
     case 2: return attn_fwd_run<attn_fwd_cfg<192, 128, 128, 64, 4>>(p, stream);
     case 3: return attn_fwd_run<attn_fwd_cfg<256, 256, 128, 64, 8>>(p, stream);
   }

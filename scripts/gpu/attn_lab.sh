@@ -33,9 +33,15 @@ done
 gcc -std=c11 -O2 -fPIC -D_POSIX_C_SOURCE=200809L -c core/error.c -o "$BUILD/error.o" & pids+=($!)
 $NVCC $FLAGS -c experiments/lab/attn/attn_check.cu -o "$BUILD/attn_check.o" & pids+=($!)
 $NVCC $FLAGS -c experiments/lab/attn/attn_bench.cu -o "$BUILD/attn_bench.o" & pids+=($!)
-# lab knobs (see the kernels' headers): the variants are checked and timed at s=8k
-$NVCC $FLAGS -DDL_ATTN_FWD128_BN=32 -c kernels/attn_fwd.cu -o "$BUILD/attn_fwd_bn32.o" & pids+=($!)
-$NVCC $FLAGS -DDL_ATTN_BWD128_NW=4 -c kernels/attn_bwd.cu -o "$BUILD/attn_bwd_nw4.o" & pids+=($!)
+# lab knobs (see the kernels' headers): variants of the d=128 tiles, checked
+# and timed at s=8k after the main run
+VARIANTS=("fwd 128x32, bwd 4 warps|-DDL_ATTN_FWD128_BN=32 -DDL_ATTN_BWD128_NW=4"
+          "fwd 64x64 1 m-tile per warp|-DDL_ATTN_FWD128_BM=64")
+for i in "${!VARIANTS[@]}"; do
+  defs=${VARIANTS[$i]#*|}
+  $NVCC $FLAGS $defs -c kernels/attn_fwd.cu -o "$BUILD/attn_fwd_v$i.o" & pids+=($!)
+  $NVCC $FLAGS $defs -c kernels/attn_bwd.cu -o "$BUILD/attn_bwd_v$i.o" & pids+=($!)
+done
 for p in "${pids[@]}"; do wait "$p" || status=1; done
 cat "$BUILD"/attn_*.ptxas > "$OUT/ptxas.txt" 2>/dev/null
 grep -E "error" "$OUT/ptxas.txt" && status=1
@@ -43,9 +49,11 @@ CPU_OBJS="$BUILD/cpu_attn.o $BUILD/cpu_attn_merge.o $BUILD/cpu_attn_params.o $BU
 OBJS="$BUILD/attn_fwd.o $BUILD/attn_bwd.o $BUILD/attn_merge.o $CPU_OBJS"
 $NVCC $FLAGS "$BUILD/attn_check.o" $OBJS -o "$BUILD/attn_check" -lm || status=1
 $NVCC $FLAGS "$BUILD/attn_bench.o" $OBJS -o "$BUILD/attn_bench" -lm || status=1
-VOBJS="$BUILD/attn_fwd_bn32.o $BUILD/attn_bwd_nw4.o $BUILD/attn_merge.o $CPU_OBJS"
-for t in check bench; do
-  $NVCC $FLAGS "$BUILD/attn_$t.o" $VOBJS -o "$BUILD/attn_${t}_variant" -lm || status=1
+for i in "${!VARIANTS[@]}"; do
+  for t in check bench; do
+    $NVCC $FLAGS "$BUILD/attn_$t.o" "$BUILD/attn_fwd_v$i.o" "$BUILD/attn_bwd_v$i.o" "$BUILD/attn_merge.o" $CPU_OBJS \
+      -o "$BUILD/attn_${t}_v$i" -lm || status=1
+  done
 done
 if [ $status -ne 0 ]; then log "BUILD FAILED"; exit 1; fi
 awk '/Compiling entry/ {f = $7} /spill stores/ {sp = $5 "B spill"} /Used [0-9]+ registers/ {print $5, "regs", sp, f}' \
@@ -54,6 +62,7 @@ awk '/Compiling entry/ {f = $7} /spill stores/ {sp = $5 "B spill"} /Used [0-9]+ 
 log "checker, all cases ($(date +%T))"
 timeout 240 "$BUILD/attn_check" > "$OUT/check.txt" 2>&1 || status=1
 grep -E "^FAIL|passed" "$OUT/check.txt" | tee -a "$OUT/summary.txt"
+grep -q passed "$OUT/check.txt" || tail -5 "$OUT/check.txt" | tee -a "$OUT/summary.txt"
 
 if [ -z "${QUICK:-}" ]; then
   log "compute-sanitizer memcheck, small set ($(date +%T))"
@@ -67,9 +76,11 @@ fi
 
 log "bench ($(date +%T))"
 timeout 150 "$BUILD/attn_bench" ${QUICK:+--quick} 2>&1 | tee "$OUT/bench.txt" | tee -a "$OUT/summary.txt" || status=1
-log "variant: fwd d=128 BN=32, bwd d=128 4 warps / BN=64 ($(date +%T))"
-timeout 60 "$BUILD/attn_check_variant" --filter d128/128 > "$OUT/check_variant.txt" 2>&1 || status=1
-grep -E "^FAIL|passed" "$OUT/check_variant.txt" | tee -a "$OUT/summary.txt"
-timeout 60 "$BUILD/attn_bench_variant" --quick 2>&1 | tee "$OUT/bench_variant.txt" | tee -a "$OUT/summary.txt" || status=1
+for i in "${!VARIANTS[@]}"; do
+  log "variant $i: ${VARIANTS[$i]%|*} ($(date +%T))"
+  timeout 60 "$BUILD/attn_check_v$i" --filter d128/128 > "$OUT/check_v$i.txt" 2>&1 || status=1
+  grep -E "^FAIL|passed" "$OUT/check_v$i.txt" | tee -a "$OUT/summary.txt"
+  timeout 60 "$BUILD/attn_bench_v$i" --quick 2>&1 | tee "$OUT/bench_v$i.txt" | tee -a "$OUT/summary.txt" || status=1
+done
 log "done, status $status ($(date +%T))"
 exit $status
