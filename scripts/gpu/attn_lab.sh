@@ -64,7 +64,9 @@ timeout 240 "$BUILD/attn_check" > "$OUT/check.txt" 2>&1 || status=1
 grep -E "^FAIL|passed" "$OUT/check.txt" | tee -a "$OUT/summary.txt"
 grep -q passed "$OUT/check.txt" || tail -5 "$OUT/check.txt" | tee -a "$OUT/summary.txt"
 
-if [ -z "${QUICK:-}" ]; then
+if [ -z "${QUICK:-}" ] && ! [ -x "$(command -v "$SAN")" ]; then
+  log "compute-sanitizer not found: sanitizer runs skipped"
+elif [ -z "${QUICK:-}" ]; then
   log "compute-sanitizer memcheck, small set ($(date +%T))"
   timeout 150 "$SAN" --tool memcheck --error-exitcode 1 "$BUILD/attn_check" --small > "$OUT/memcheck.txt" 2>&1 || status=1
   tail -3 "$OUT/memcheck.txt" | tee -a "$OUT/summary.txt"
