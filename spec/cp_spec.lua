@@ -43,9 +43,9 @@ end)
 -- ---- memory on meta ---------------------------------------------------------------------
 
 -- Per-rank shard shapes for C ranks; thd sequences as {cu_seqlens, padded}.
-local function shapes(layout, C, h, hkv, uneven)
+local function shapes(layout, C, h, hkv)
   if layout == "thd" then
-    local L = uneven and { 6 * C + 1, 0, 2 * C - 1, 10 * C } or { 8 * C, 8 * C }
+    local L = { 6 * C + 1, 0, 2 * C - 1, 10 * C }
     local cu, P = { 0 }, { 0 }
     for b, n in ipairs(L) do
       cu[b + 1], P[b + 1] = cu[b] + n, P[b] + math.max(2 * C, math.ceil(n / (2 * C)) * 2 * C)
@@ -73,21 +73,20 @@ local function label(st)
 end
 
 -- Every (C, rank, layout, mask, heads) of one strategy; returns the mismatches.
-local function sweep(st, what, uneven)
+local function sweep(st, what)
   local bad = {}
   for _, C in ipairs({ 1, 2, 3, 4, 8, 64 }) do
     local ranks = C <= 2 and { 0, C - 1 } or { 0, math.floor(C / 2), C - 1 }
     for ri, r in ipairs(ranks) do
       local comm = dl.comm.meta(C, r)
       local layouts = { "bshd", "sbhd", "thd" }
-      if what == "bwd" and st.algo == "all_gather" then layouts[3] = nil end
       for _, layout in ipairs(ri > 1 and r == ranks[ri - 1] and {} or layouts) do
         for _, mask in ipairs({ "causal", "none" }) do
           for _, heads in ipairs({ { 2 * C, 2 * C }, { 2 * C, C } }) do
             local o = { comm = comm, layout = layout, mask = mask, return_max_logit = mask == "causal" }
             for k, v in pairs(st) do o[k] = v end
             local cp = dl.cp.attention(o)
-            local qs, kvs, seq = shapes(layout, C, heads[1], heads[2], uneven)
+            local qs, kvs, seq = shapes(layout, C, heads[1], heads[2])
             local m = cp:memory(qs, kvs, kvs, { seq = seq })
             if m[what].peak ~= m.formula[what] then
               bad[#bad + 1] = string.format("C=%d r=%d %s %s h=%d/%d: measured %d, formula %d", C, r, layout, mask,
@@ -106,21 +105,15 @@ end
 
 describe("cp peak memory on meta equals each schedule's formula", function()
   for _, st in ipairs(strategies) do
-    it(label(st) .. ": forward, C = 1..64, every layout and mask, MHA and GQA, uneven thd", function()
-      local bad = sweep(st, "fwd", true)
+    it(label(st) .. ": forward, C = 1..64, every layout and mask, MHA and GQA, uneven thd lengths", function()
+      local bad = sweep(st, "fwd")
       assert.equal(0, #bad, table.concat(bad, "\n"))
     end)
-    it(label(st) .. (st.algo == "all_gather" and ": backward, same sweep but thd" or ": backward, same sweep (thd with equal lengths)"), function()
-      local bad = sweep(st, "bwd", false)
+    it(label(st) .. ": backward, same sweep", function()
+      local bad = sweep(st, "bwd")
       assert.equal(0, #bad, table.concat(bad, "\n"))
     end)
   end
-  -- On meta, dl.attn.bwd sizes its workspace for b * max_seqlen_q query rows
-  -- when thd (core/attn.c lends no cu_seqlens pointer there), where cuda uses
-  -- total_q; the formulas follow cuda. The two agree when every step's
-  -- sequences fill their rows (equal lengths, whole local sequences), so
-  -- uneven thd backwards, and all_gather's half-sequence thd steps, wait.
-  pending("backward with uneven thd lengths, and all_gather thd backward: meta's thd workspace differs from cuda's (attn)")
 
   it("fused p2p stays constant in C and at most 6 units above the inputs; main grows 3 units per rank", function()
     local main, fused = {}, {}
