@@ -525,6 +525,8 @@ static std::vector<acase> attention_cases() {
   acase empty; /* no queries at all, keys present: dk = dv = 0 */
   empty.sq = 0, empty.skv = 50, empty.small = true;
   v.push_back(empty);
+  empty.sq = 50, empty.skv = 0, empty.max_logit = true; /* no keys: out 0, lse -inf, dq 0 */
+  v.push_back(empty);
   for (int i : SMALL_CASES) v[i].small = true;
   return v;
 }
