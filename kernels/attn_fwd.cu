@@ -146,9 +146,9 @@ __global__ void __launch_bounds__(C::NT) attn_fwd_kernel(const dl_attn_params_t 
       }
 
       /* online softmax; rows g and g+8 of each m16 tile, shared by a quad.
-       * O is rescaled only when some row max of the warp moved (rare once
-       * the maxima settle), decided by a warp vote so the branch is uniform. */
-      float alpha[C::MT][2];
+       * O and l are rescaled only when some row max of the warp moved (rare
+       * once the maxima settle), decided by a warp vote so the branch is uniform. */
+      float mnew[C::MT][2];
       bool moved = false;
 #pragma unroll
       for (int mt = 0; mt < C::MT; mt++)
@@ -158,12 +158,28 @@ __global__ void __launch_bounds__(C::NT) attn_fwd_kernel(const dl_attn_params_t 
 #pragma unroll
           for (int st = 0; st < C::ST; st++) mx = fmaxf(mx, fmaxf(s[mt][st][2 * r], s[mt][st][2 * r + 1]));
           mx = fmaxf(mx, attn_shfl_xor(mx, 1));
-          mx = fmaxf(mx, attn_shfl_xor(mx, 2));
-          const float ms = mx == ATTN_NEG_INF ? 0.f : mx * sl2;
-          moved |= mx != row_m[mt][r];
-          alpha[mt][r] = attn_exp2(row_m[mt][r] * sl2 - ms);
-          row_m[mt][r] = mx;
-          float l = row_l[mt][r] * alpha[mt][r];
+          mnew[mt][r] = fmaxf(mx, attn_shfl_xor(mx, 2));
+          moved |= mnew[mt][r] != row_m[mt][r];
+        }
+      if (!attn_all(!moved)) {
+#pragma unroll
+        for (int mt = 0; mt < C::MT; mt++)
+#pragma unroll
+          for (int r = 0; r < 2; r++) {
+            const float ms = mnew[mt][r] == ATTN_NEG_INF ? 0.f : mnew[mt][r] * sl2;
+            const float alpha = attn_exp2(row_m[mt][r] * sl2 - ms); /* 0 from -inf, 1 if unmoved */
+            row_l[mt][r] *= alpha;
+#pragma unroll
+            for (int ot = 0; ot < C::OT; ot++) acc[mt][ot][2 * r] *= alpha, acc[mt][ot][2 * r + 1] *= alpha;
+          }
+      }
+#pragma unroll
+      for (int mt = 0; mt < C::MT; mt++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+          row_m[mt][r] = mnew[mt][r];
+          const float ms = mnew[mt][r] == ATTN_NEG_INF ? 0.f : mnew[mt][r] * sl2;
+          float l = row_l[mt][r];
 #pragma unroll
           for (int st = 0; st < C::ST; st++) {
             s[mt][st][2 * r] = attn_exp2(s[mt][st][2 * r] * sl2 - ms);
@@ -172,14 +188,6 @@ __global__ void __launch_bounds__(C::NT) attn_fwd_kernel(const dl_attn_params_t 
           }
           row_l[mt][r] = l;
         }
-      if (!attn_all(!moved)) {
-#pragma unroll
-        for (int mt = 0; mt < C::MT; mt++)
-#pragma unroll
-          for (int ot = 0; ot < C::OT; ot++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[mt][ot][e] *= alpha[mt][e >> 1];
-      }
 
       cp_async_wait<0>();
       attn_sync(); /* V[nb] landed; every warp is done with K[nb] */
