@@ -9,9 +9,9 @@
 --       experiments/results/cp-memory.md, cp-memory-meta.csv, cp-memory.png
 --       (and takes the GPU columns from cp-memory-gpu.csv when it exists).
 --   ./distlab run -n 2 --device cuda experiments/cp_memory.lua [dir]
---       measured on the GPUs at CP=2, and at CP=1 (each GPU alone):
---       dir/cp-memory-gpu.csv (default experiments/results). CP_MEM_S=...
---       shortens the sequence.
+--       measured on the GPUs at CP=2, and at CP=1 (each GPU alone; main and
+--       fused): dir/cp-memory-gpu.csv (default experiments/results).
+--       CP_MEM_S=... shortens the sequence (units do not depend on it).
 local dl = require "distlab"
 
 local results = dl.root .. "/experiments/results"
@@ -45,7 +45,7 @@ local function measure(comm, st, layout)
     correction = st.correction, layout = layout, mask = "causal" }
   local m = cp:memory(shape, shape, shape, { seq = seq })
   local unit = m.fwd.unit
-  local row = { layout = layout, strategy = st.name, C = C, rank = comm.rank, unit = unit }
+  local row = { device = comm.device, layout = layout, strategy = st.name, C = C, rank = comm.rank, unit = unit }
   for _, pass in ipairs({ "fwd", "bwd" }) do
     local rep = m[pass]
     row[pass] = rep.peak
@@ -59,7 +59,7 @@ local function measure(comm, st, layout)
 end
 
 local function csv_header()
-  local cols = { "layout", "strategy", "C", "rank", "unit", "fwd", "fwd_formula", "bwd", "bwd_formula" }
+  local cols = { "device", "layout", "strategy", "C", "rank", "unit", "fwd", "fwd_formula", "bwd", "bwd_formula" }
   for _, p in ipairs({ "fwd", "bwd" }) do
     for _, t in ipairs(TAGS) do cols[#cols + 1] = p .. ":" .. t end
   end
@@ -99,15 +99,15 @@ end
 -- ---- on the GPUs ------------------------------------------------------------------------
 
 local world = dl.comm.world()
-if world.backend == "nccl" then
+if world.backend ~= "meta" then
   local dir = arg[1] or results
   local rows = {}
   local alone = world:split(function(r) return r, 0 end)
   for _, layout in ipairs({ "thd", "bshd" }) do
     for _, st in ipairs(strategies) do
-      if st.algo == "p2p" then rows[#rows + 1] = measure(alone, st, layout) end
+      if st.name == "main" or st.name == "fused" then rows[#rows + 1] = measure(alone, st, layout) end
       rows[#rows + 1] = measure(world, st, layout)
-      if world.rank == 0 then
+      if world.rank == world.size - 1 then
         local r = rows[#rows]
         print(string.format("%-5s %-19s CP=%d  fwd %8.1f MiB (%5.2f units; meta %5.2f)  bwd %8.1f MiB (%5.2f; meta %5.2f)",
           layout, st.name, r.C, r.fwd / 2 ^ 20, r.fwd / r.unit, r.fwd_formula / r.unit, r.bwd / 2 ^ 20,
@@ -116,8 +116,9 @@ if world.backend == "nccl" then
     end
   end
   world:barrier()
-  if world.rank == 0 then
-    for _, r in ipairs(rows) do r.device = dl.cuda_device_name(0) end
+  -- The last rank writes: its peak is the highest (post_loop bshd keeps the most there).
+  if world.rank == world.size - 1 then
+    for _, r in ipairs(rows) do r.device = world.backend == "nccl" and dl.cuda_device_name(0):gsub(",", " ") or world.device end
     write_csv(dir .. "/cp-memory-gpu.csv", rows)
     print("wrote " .. dir .. "/cp-memory-gpu.csv")
   end
@@ -226,7 +227,8 @@ if not gpu then
   p("Not measured yet: `scripts/gpu/cp.sh` on a 2-GPU machine writes `cp-memory-gpu.csv`;")
   p("rerunning this experiment on meta then adds the table here.")
 else
-  p("%s, rank 0. CP=1: each GPU alone; CP=2: both. Units above the inputs; meta = the formula.", gpu[1].device)
+  p("%s, the last rank. CP=1: each GPU alone; CP=2: both. Units above the inputs (fwd) and", gpu[1].device)
+  p("with the held tensors (bwd); meta = the formula for the same shapes.")
   p("Differences from meta: the caching allocator rounds every block up to 512 bytes.\n")
   p("| layout | strategy | CP | fwd MiB | fwd units | meta | bwd MiB | bwd units | meta |")
   p("|---|---|---:|---:|---:|---:|---:|---:|---:|")
