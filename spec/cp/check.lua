@@ -15,13 +15,16 @@ local group = arg[1] or "p2p"
 
 -- ---- inputs ------------------------------------------------------------------------
 
--- thd sequences for C ranks: {cu_seqlens, cu_seqlens_padded} of the full input.
+-- thd sequences for C ranks: {cu_seqlens, cu_seqlens_padded} of the full
+-- input. Odd lengths, one of 1 token, one empty with 2C rows of padding and
+-- one with no rows at all.
 local function thd_seqs()
-  local L = { 2 * C + 3, 0, 1, 6 * C - 1 }
+  local L = { 2 * C + 3, 0, 1, 0, 6 * C - 1 }
+  local rows = { nil, 2 * C, nil, 0, nil }
   local cu, P = { 0 }, { 0 }
   for b, n in ipairs(L) do
     cu[b + 1] = cu[b] + n
-    P[b + 1] = P[b] + math.max(2 * C, math.ceil(n / (2 * C)) * 2 * C)
+    P[b + 1] = P[b] + (rows[b] or math.ceil(n / (2 * C)) * 2 * C)
   end
   return { cu_seqlens_q = cu, cu_seqlens_q_padded = P }
 end

@@ -19,7 +19,10 @@
 --
 -- Memory is read exactly on the meta device, so every tensor a schedule
 -- makes is freed at a known point: views through plan:drop_views(), buffers
--- with plan.free(...). The garbage collector never decides a peak.
+-- with plan.free(...). The garbage collector never decides a peak. That is
+-- why the schedules move chunks with the copies here rather than dl.seq's
+-- (the same split, cross-checked in spec/cp/check.lua), whose views the
+-- collector frees, and which gathers along the sequence, not into [C, shard].
 local dl = require "distlab"
 
 local fail = dl.fail
@@ -174,11 +177,6 @@ function Plan:upload()
     self.sels[name].cu, self.sels[name].pad = row(2 * i - 1), row(2 * i)
   end
   self.padded = row(#rows)
-end
-
--- Rows of the uploaded tensor: what the memory formulas count.
-function Plan:seqlens_bytes()
-  return self.thd and (2 * #self.sel_order + 1) * (self.B + 1) * 4 or 0
 end
 
 function Plan:release()
