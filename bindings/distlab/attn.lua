@@ -13,9 +13,10 @@
 --   mask          "none" | "causal" (top-left) | "causal_bottom_right"
 --   window        {left, right}: key j visible to query i iff
 --                 i+shift-left <= j <= i+shift+right (-1: no bound); a causal
---                 mask makes right 0. shift is 0 (top-left) or s_kv - s_q of
---                 each sequence (bottom-right: causal_bottom_right, or
---   align         "bottom_right" with mask "none")
+--                 mask makes right 0. shift is 0 (top-left alignment) or
+--                 s_kv - s_q of each sequence (bottom-right alignment: mask
+--                 causal_bottom_right, or mask none with align)
+--   align         "top_left" (default) | "bottom_right"
 --   scale         softmax scale, default 1/sqrt(d_qk)
 --   cu_seqlens_q, cu_seqlens_kv            thd: i32 [b+1], valid lengths
 --   cu_seqlens_q_padded, cu_seqlens_kv_padded
