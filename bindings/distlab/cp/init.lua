@@ -9,12 +9,15 @@
 --     window = {left, right}, scale =, return_max_logit = bool}
 --   out, lse[, max_logit] = cp:forward(q, k, v[, {cu_seqlens_q =, cu_seqlens_q_padded =}])
 --   dq, dk, dv = cp:backward(dout)
+--   cp:release()                      drop what forward kept for backward
 --   cp:peak(q, k, v[, seq]) -> {fwd =, bwd =}: the schedule's memory formula, bytes
+--   cp:memory(q_shape, k_shape, v_shape[, {dtype =, seq =}]) -> measured peaks by tag
 --   x_shard = dl.cp.shard(x, {comm =, layout =, cu_seqlens_padded =, dim =})
 --   x = dl.cp.unshard(x_shard, {comm =, layout =, cu_seqlens_padded =, dim =})
 --
 -- q, k, v, out and lse are this rank's shards in dual-chunk order (plan.lua),
--- as dl.cp.shard cuts them; lse is [b, h, s_r] (thd [h, t_r]), max_logit [h]
+-- as dl.cp.shard cuts them (contiguous: p2p sends k and v as they are);
+-- lse is [b, h, s_r] (thd [h, t_r]), max_logit [h]
 -- is merged over steps and ranks. thd takes the cu_seqlens of the FULL
 -- sequence (Lua tables or int32 tensors; tables on meta), every padded
 -- length a multiple of 2C. The schedules are cp/p2p.lua, cp/all_gather.lua
