@@ -291,7 +291,7 @@ __global__ void __launch_bounds__(C::NT) attn_bwd_kernel(const dl_attn_params_t 
 #pragma unroll
       for (int kk = 0; kk < C::BN / 16; kk++) {
         uint32_t a[4];
-        ldmatrix_x4_trans(a, lb.at<C::BM>(udS, kk * 16, mq));
+        ldmatrix_x4_trans(a, lb.at_rt<C::BM>(udS, kk * 16, mq));
 #pragma unroll
         for (int dp = 0; dp < C::DQP / 2; dp++) {
           uint32_t b[4];
