@@ -303,6 +303,11 @@ local function cases(big)
     add(with(s, { hkv = 4, scale = 0.3 }))                     -- MHA, explicit scale
     add(with(s, { dqk = 192, dv = 128, mask = "causal" }))     -- MLA
   end
+  -- no keys at all: out 0, lse -inf, dq 0 (k, v have no rows)
+  add(with(shapes.bshd, { dtype = "bf16", skv = 0, mask = "causal_bottom_right" }))
+  local none = {}
+  for i = 1, #shapes.thd.q_lens do none[i] = 0 end
+  add(with(shapes.thd, { dtype = "f16", kv_lens = none, first = 0, gap = 0 }))
   if big then
     for _, d in ipairs({ 128, 256 }) do
       add(with(shapes.bshd, { dtype = "bf16", dqk = d, dv = d, mask = "causal" }))
