@@ -32,6 +32,7 @@ local strategies = {
   { name = "double", algo = "p2p", comm_buffers = 2, correction = "post_loop" },
   { name = "double+incremental", algo = "p2p", comm_buffers = 2, correction = "incremental" },
   { name = "fused", algo = "p2p", comm_buffers = 2, correction = "fused" },
+  { name = "fused, dkv local", algo = "p2p", comm_buffers = 2, correction = "fused", dkv = "local" },
   { name = "all_gather", algo = "all_gather" },
   { name = "a2a", algo = "a2a" },
 }
@@ -78,7 +79,7 @@ for _, S in ipairs(lengths) do
   rows[#rows + 1] = { S = S, name = "1 GPU, whole sequence", fwd = t1f, fb = t1b, tflops = flops / t1f / 1e9 }
   for _, st in ipairs(strategies) do
     local cp = dl.cp.attention { comm = world, algo = st.algo, comm_buffers = st.comm_buffers,
-      correction = st.correction, layout = layout, mask = "causal" }
+      correction = st.correction, dkv = st.dkv, layout = layout, mask = "causal" }
     local function fwd()
       local out, lse = cp:forward(q, k, v, x.seq)
       cp:release()

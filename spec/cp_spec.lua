@@ -64,12 +64,14 @@ local strategies = {
   { algo = "p2p", comm_buffers = 2, correction = "incremental" },
   { algo = "p2p", comm_buffers = "per_step", correction = "fused" },
   { algo = "p2p", comm_buffers = 2, correction = "fused" },
+  { algo = "p2p", comm_buffers = 2, correction = "fused", dkv = "local" },
   { algo = "all_gather" },
   { algo = "a2a" },
 }
 
 local function label(st)
-  return st.algo == "p2p" and string.format("p2p buffers=%s correction=%s", st.comm_buffers, st.correction) or st.algo
+  return st.algo == "p2p" and string.format("p2p buffers=%s correction=%s dkv=%s", st.comm_buffers, st.correction,
+    st.dkv or "travel") or st.algo
 end
 
 -- Every (C, rank, layout, mask, heads) of one strategy; returns the mismatches.

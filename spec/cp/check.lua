@@ -88,7 +88,7 @@ end
 
 local function describe_case(cs)
   local s = string.format("%s %s %s %s h=%d/%d d=%d/%d", cs.algo, cs.layout, cs.mask, cs.dtype, cs.h, cs.hkv, cs.dqk, cs.dv)
-  if cs.algo == "p2p" then s = s .. string.format(" buffers=%s correction=%s", cs.comm_buffers, cs.correction) end
+  if cs.algo == "p2p" then s = s .. string.format(" buffers=%s correction=%s dkv=%s", cs.comm_buffers, cs.correction, cs.dkv) end
   if cs.window then s = s .. string.format(" window={%d,%d}", cs.window[1], cs.window[2]) end
   return s .. string.format(" C=%d rank=%d", C, r)
 end
@@ -96,7 +96,7 @@ end
 local function run_case(cs)
   local ref = reference(cs)
   local tol = cs.dtype == "f16" and 5e-3 or (cs.h ~= cs.hkv and 3.5e-2 or 2.5e-2)
-  local cp = dl.cp.attention { comm = w, algo = cs.algo, comm_buffers = cs.comm_buffers, correction = cs.correction,
+  local cp = dl.cp.attention { comm = w, algo = cs.algo, comm_buffers = cs.comm_buffers, correction = cs.correction, dkv = cs.dkv,
     layout = cs.layout, mask = cs.mask, window = cs.window, return_max_logit = true }
   local q, k, v, dout = shard(ref.q, cs), shard(ref.k, cs), shard(ref.v, cs), shard(ref.dout, cs)
   local out, lse, ml = cp:forward(q, k, v, cs.seq)
@@ -146,6 +146,9 @@ if group == "p2p" then
         for _, m in ipairs(masks) do add { algo = "p2p", comm_buffers = cb, correction = corr, layout = l, mask = m } end
       end
     end
+  end
+  for _, l in ipairs(layouts) do
+    for _, m in ipairs(masks) do add { algo = "p2p", dkv = "local", layout = l, mask = m } end
   end
 elseif group == "all_gather" or group == "a2a" then
   for _, l in ipairs(layouts) do

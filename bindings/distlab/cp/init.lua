@@ -5,6 +5,7 @@
 --     algo = "p2p" | "all_gather" | "a2a",
 --     comm_buffers = "per_step" | 2,                         (p2p; default 2)
 --     correction = "post_loop" | "incremental" | "fused",    (p2p; default "fused")
+--     dkv = "travel" | "local",                              (p2p backward; default "travel")
 --     layout = "bshd" | "sbhd" | "thd", mask = "none" | "causal",
 --     window = {left, right}, scale =, return_max_logit = bool}
 --   out, lse[, max_logit] = cp:forward(q, k, v[, {cu_seqlens_q =, cu_seqlens_q_padded =}])
@@ -30,9 +31,9 @@ local M = {}
 local CP = {}
 CP.__index = CP
 
-local KEYS = { comm = true, algo = true, comm_buffers = true, correction = true, layout = true,
-  mask = true, window = true, scale = true, return_max_logit = true }
-local P2P_ONLY = { comm_buffers = true, correction = true }
+local KEYS = { comm = true, algo = true, comm_buffers = true, correction = true, dkv = true,
+  layout = true, mask = true, window = true, scale = true, return_max_logit = true }
+local P2P_ONLY = { comm_buffers = true, correction = true, dkv = true }
 
 local function one_of(name, x, list)
   for _, v in ipairs(list) do
@@ -59,6 +60,7 @@ function M.attention(opts)
   end
   self.comm_buffers = one_of("comm_buffers", opts.comm_buffers or 2, { "per_step", 2 })
   self.correction = one_of("correction", opts.correction or "fused", { "post_loop", "incremental", "fused" })
+  self.dkv = one_of("dkv", opts.dkv or "travel", { "travel", "local" })
   self.layout = one_of("layout", opts.layout or "bshd", { "bshd", "sbhd", "thd" })
   local mask = one_of("mask", opts.mask or "none", { "none", "causal", "causal_bottom_right" })
   -- Q and KV cover the same positions: bottom-right and top-left causal agree.
@@ -96,7 +98,8 @@ function M.attention(opts)
 end
 
 CP.__tostring = function(s)
-  local extra = s.algo == "p2p" and string.format(", comm_buffers %s, correction %s", s.comm_buffers, s.correction) or ""
+  local extra = s.algo == "p2p" and string.format(", comm_buffers %s, correction %s, dkv %s", s.comm_buffers,
+    s.correction, s.dkv) or ""
   return string.format("cp.attention(%s over %d ranks, %s, %s%s)", s.algo, s.comm.size, s.layout,
     s.causal and "causal" or "no mask", extra)
 end
@@ -165,7 +168,7 @@ function CP:geometry(q, k, v, seq)
   local e, hq, hkv = q:element_size(), q:size(-2), k:size(-2)
   local dqk, dv = q:size(-1), v:size(-1)
   local g = { C = C, r = self.comm.rank, layout = self.layout, causal = self.causal, window = self.window,
-    comm_buffers = self.comm_buffers, correction = self.correction, rows = rows, hq = hq, hkv = hkv,
+    comm_buffers = self.comm_buffers, correction = self.correction, dkv = self.dkv, rows = rows, hq = hq, hkv = hkv,
     Uq = rows * hq * dqk * e, Uk = rows * hkv * dqk * e, Uv = rows * hkv * dv * e, Uo = rows * hq * dv * e,
     l = rows * hq * 4, ml = self.return_max_logit and 4 * hq or 0, B = pl.B }
   g.seqlens_rows = function(n) return pl.thd and n * (pl.B + 1) * 4 or 0 end

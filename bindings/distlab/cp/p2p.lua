@@ -24,9 +24,13 @@
 --               (O, L) in its epilogue; no per-step output ever exists.
 -- Backward: the K/V ring runs the other way (step i holds rank r+i's K/V,
 -- received from r+1) with two buffers whatever comm_buffers says, as in TE's
--- main. The dK/dV of that K/V travel one hop behind it: each step adds its
--- share straight into the travelling buffer (accumulate_grads) and passes
--- it to r-1; after C hops it is home, complete.
+-- main. The dK/dV of that K/V travel one hop behind it, to r-1; after C
+-- hops they are home, complete.
+-- dkv           "travel": each step adds its share straight into the
+--               travelling dK/dV (accumulate_grads), so it computes only
+--               once they have arrived. "local" (TE's main): each step
+--               computes into a local buffer while they travel, and adds
+--               when they arrive; one more buffer, the transfer hidden.
 --
 -- Peak memory per rank (exact on meta; cuda adds the allocator's rounding).
 -- U = one per-rank Q, B*S_r*H*D*e bytes (K, V and O alike for MHA); l = one
@@ -38,7 +42,8 @@
 --     kept: C (U + l), but causal bshd/sbhd steps with src > r (C-1-r of
 --     them) hold half the rows: (1 + r + (C-1-r)/2)(U + l).
 --   backward  5U + l (q, k, v, dout, out, lse: held) + U (dq) + 2n U (K/V)
---     + 2 x 2U (the travelling dK/dV and the one arriving) + W, where
+--     + 2 x 2U (the travelling dK/dV and the one arriving; "local" 3 x 2U,
+--     with its own share) + W, where
 --     W = 2U + l is the attention backward's workspace (fp32 dQ, rowsum;
 --     the dQ part rounded up to 256 B), taken on cuda and meta only.
 -- Plus 4H bytes with return_max_logit, and for thd the seqlens tensor:
@@ -225,8 +230,10 @@ function M.backward(cp, dout, sv)
   local dq = dl.mem.tag("accumulator", dl.zeros_like, q)
   local bufs = {}
   for i = 1, math.min(2, C - 1) do bufs[i] = kv_buffer(k, v, cs) end
-  -- The travelling dK/dV (starts at zero) and the one arriving: 2 x (U_k + U_v).
+  -- The travelling dK/dV (starts at zero) and the one arriving: 2 x (U_k + U_v);
+  -- "local" adds the step's own share: U_k + U_v.
   local grad, other = kv_buffer(k, v, cs), C > 1 and kv_buffer(k, v, cs) or nil
+  local mine = cp.dkv == "local" and C > 1 and kv_buffer(k, v, cs) or nil
   grad.k:zero_()
   grad.v:zero_()
 
@@ -242,26 +249,43 @@ function M.backward(cp, dout, sv)
       on(cs, ev.arrived, function() exchange(comm, cur, prv, incoming, nxt) end)
     end
 
-    -- 2. This step's gradients, added into dq and into src's travelling dK/dV.
+    -- 2. This step's gradients, added into dq and into src's dK/dV: the
+    --    travelling one (waiting for it), or our own share while it travels.
+    local into = (mine and i > 0) and mine or grad
+    if into == mine then
+      mine.k:zero_()
+      mine.v:zero_()
+    elseif i > 0 then
+      wait(comp, ev.done)
+    end
     local qp, kvp, o = step_opts(cp, pl, src, { accumulate_grads = true })
-    o.dq, o.dk, o.dv = pl:part(dq, qp), pl:part(grad.k, kvp), pl:part(grad.v, kvp)
+    o.dq, o.dk, o.dv = pl:part(dq, qp), pl:part(into.k, kvp), pl:part(into.v, kvp)
     dl.mem.tag("workspace", dl.attn.bwd, pl:part(dout, qp), pl:part(q, qp), pl:part(cur.k, kvp),
       pl:part(cur.v, kvp), pl:part(out, qp), pl:part(lse, qp, "lse"), o)
     pl:drop_views()
+    if into == mine then
+      wait(comp, ev.done)
+      grad.k:add_(mine.k)
+      grad.v:add_(mine.v)
+    end
 
     -- 3. The dK/dV moves one hop (to r-1); the next arrives from r+1 — after
     --    the last step, our own, complete.
     if C > 1 then
       ev.ready:record(comp)
       wait(cs, ev.ready)
-      on(cs, ev.arrived, function() exchange(comm, grad, prv, other, nxt) end)
-      wait(comp, ev.arrived)
+      on(cs, ev.done, function() exchange(comm, grad, prv, other, nxt) end)
       grad, other = other, grad
     end
-    if incoming then cur = incoming end
+    -- 4. Step i+1 computes on the K/V that arrived.
+    if incoming then
+      wait(comp, ev.arrived)
+      cur = incoming
+    end
   end
+  if C > 1 then wait(comp, ev.done) end
   for _, b in ipairs(bufs) do free(b.k, b.v) end
-  if other then free(other.k, other.v) end
+  for _, b in pairs({ other, mine }) do free(b.k, b.v) end
   return dq, grad.k, grad.v
 end
 
@@ -284,7 +308,8 @@ function M.peak(g)
     if g.causal and g.layout ~= "thd" then P = (1 + r + (C - 1 - r) / 2) * (Uo + l) end
     fwd = fixed + P + math.max(comm, Uo + l)
   end
-  local bwd = fixed + 2 * Uo + l + U + n * Ukv + (C > 1 and 2 or 1) * Ukv + g.workspace(g.rows)
+  local dkv = C == 1 and 1 or g.dkv == "local" and 3 or 2
+  local bwd = fixed + 2 * Uo + l + U + n * Ukv + dkv * Ukv + g.workspace(g.rows)
   return { fwd = fwd, bwd = bwd }
 end
 
