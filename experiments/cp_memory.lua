@@ -189,9 +189,10 @@ local function above(r) return (r.fwd - r["fwd:inputs"]) / r.unit end
 p("\nAgainst the seed: main grows by 3 units per rank (%.2f at CP=8, %.2f at CP=64; the",
   above(wu("main", 8)), above(wu("main", 64)))
 p("seed gives 3C+2 for thd and 3C+3 for bshd: the same growth, 2C of K/V buffers and C")
-p("per-step outputs; our main frees its buffers before it allocates the merged output,")
-p("TransformerEngine's keeps them). Double buffering alone still grows with C through the")
-p("per-step outputs. Double+incremental (the seed's PR) is constant: %.2f units (seed: ~8",
+p("per-step outputs; the constants differ by what each implementation keeps beside them,")
+p("ours frees the K/V buffers before it allocates the merged output). Double buffering")
+p("alone still grows with C through the per-step outputs. Double+incremental (the seed's")
+p("PR) is constant: %.2f units (seed: ~8",
   above(wu("double+incremental", 64)))
 p("thd, ~9 bshd). Fused is constant and lowest: %.2f units (target <= 6): two K/V buffers and",
   above(wu("fused", 64)))
