@@ -505,25 +505,25 @@ extern "C" void dl_allreduce_cuda_shape(int nranks, int *threads, int *unroll) {
 
 template <int DT, int NR, bool AL> static int launch(const dl_ar_args_t *a, cudaStream_t st) {
   switch (a->algo) {
-  case DL_AR_ALGO_ONE_SHOT: {
+  case DL_AR_ONE_SHOT: {
     auto k = allreduce_one_shot_kernel<DT, NR, AL>;
     k<<<a->blocks, a->threads, 0, st>>>(*a);
     DL_CUDA_CHECK_LAUNCH("allreduce_one_shot_kernel");
     return DL_OK;
   }
-  case DL_AR_ALGO_ONE_SHOT_PUSH: {
+  case DL_AR_ONE_SHOT_PUSH: {
     auto k = allreduce_one_shot_push_kernel<DT, NR, AL>;
     k<<<a->blocks, a->threads, 0, st>>>(*a);
     DL_CUDA_CHECK_LAUNCH("allreduce_one_shot_push_kernel");
     return DL_OK;
   }
-  case DL_AR_ALGO_TWO_SHOT: {
+  case DL_AR_TWO_SHOT: {
     auto k = allreduce_two_shot_kernel<DT, NR, AL, false>;
     k<<<a->blocks, a->threads, 0, st>>>(*a);
     DL_CUDA_CHECK_LAUNCH("allreduce_two_shot_kernel");
     return DL_OK;
   }
-  case DL_AR_ALGO_TWO_SHOT_PUSH: {
+  case DL_AR_TWO_SHOT_PUSH: {
     auto k = allreduce_two_shot_kernel<DT, NR, AL, true>;
     k<<<a->blocks, a->threads, 0, st>>>(*a);
     DL_CUDA_CHECK_LAUNCH("allreduce_two_shot_kernel (push)");

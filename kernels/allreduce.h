@@ -29,16 +29,6 @@
 
 #include "signal_pad.h"
 
-/* The algorithms. NCCL is the communicator's own all_reduce (core only). */
-enum {
-  DL_AR_ALGO_NCCL = 0,
-  DL_AR_ALGO_ONE_SHOT = 1,      /* pull: read every rank's input, reduce locally   */
-  DL_AR_ALGO_ONE_SHOT_PUSH = 2, /* push own input into every peer, reduce locally  */
-  DL_AR_ALGO_TWO_SHOT = 3,      /* reduce-scatter by reading, all-gather by reading */
-  DL_AR_ALGO_TWO_SHOT_PUSH = 4, /* reduce-scatter by reading, all-gather by writing */
-  DL_AR_NUM_ALGOS = 5
-};
-
 enum {
   DL_AR_MAX_BLOCKS = 512,
   DL_AR_CTRL_BYTES = 65536, /* sizeof(dl_ar_ctrl_t) rounded up */
@@ -67,7 +57,7 @@ typedef struct dl_ar_status {
 } dl_ar_status_t;
 
 typedef struct dl_ar_args {
-  int algo;      /* DL_AR_ALGO_*, not NCCL                                        */
+  int algo;      /* DL_AR_* (distlab.h), not DL_AR_NCCL                           */
   int dtype;     /* DL_F32, DL_F16 or DL_BF16                                      */
   int rank, nranks;
   int blocks;    /* grid size, 1..DL_AR_MAX_BLOCKS                                 */

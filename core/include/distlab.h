@@ -397,6 +397,71 @@ int dl_attn_merge_out(const dl_attn_merge_opts_t *o, int mode, dl_tensor_t *out,
 int dl_attn_merge_grad(const dl_attn_merge_opts_t *o, int mode, dl_tensor_t *grad,
                        const dl_tensor_t *part, dl_stream_t *s);
 
+/* ---- all-reduce and graphs ----------------------------------------------
+ * A sum all-reduce of one communicator (one host, up to 8 ranks) with a
+ * choice of algorithm: the communicator's own (NCCL on cuda), or kernels
+ * over a symmetric buffer the object owns (kernels/allreduce.cu; no NVLink
+ * multicast): one-shot (every rank reads every input), one-shot push (every
+ * rank writes its input into every peer), two-shot (reduce-scatter by
+ * reading, all-gather by reading or by writing). f32, f16 and bf16 (summed
+ * in fp32), any size (sizes above max_bytes run in pieces), in place or
+ * not, on the given stream, and safe inside CUDA graphs: the kernels keep
+ * their counters in device memory. Memory: (1 + 2 x size) x max_bytes per
+ * rank. An input that lies in this rank's zero-copy region
+ * (dl_allreduce_buffer; same offset on every rank) is read where it is by
+ * one-shot (out must be elsewhere) and two-shot (in place). A device-side
+ * wait that times out ends its kernel; the next run or check on this rank
+ * fails with an error naming the op, the rank and the peer, and the object
+ * refuses further work. blocks <= 0: a grid sized from the tensor. */
+typedef struct dl_allreduce dl_allreduce_t;
+enum {
+  DL_AR_NCCL = 0,
+  DL_AR_ONE_SHOT = 1,
+  DL_AR_ONE_SHOT_PUSH = 2,
+  DL_AR_TWO_SHOT = 3,
+  DL_AR_TWO_SHOT_PUSH = 4,
+  DL_AR_NUM_ALGOS = 5
+};
+typedef struct dl_allreduce_info {
+  int32_t rank;
+  int32_t size;
+  int32_t dev_type;
+  int32_t dev_index;
+  int32_t sms;        /* multiprocessors of the GPU (0 on cpu and meta)          */
+  int32_t max_blocks; /* the largest grid a run may ask for                       */
+  int32_t threads;    /* per block, and 16-byte vectors per thread and round: a    */
+  int32_t unroll;     /* block's round covers threads x unroll vectors            */
+  int32_t failed;
+  int32_t pad;
+  int64_t max_bytes;  /* bytes of one piece (the zero-copy region's size)         */
+  int64_t calls;      /* kernel calls issued so far                               */
+} dl_allreduce_info_t;
+
+/* Collective over c's ranks. max_bytes <= 0: 64 MiB. */
+int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes);
+void dl_allreduce_free(dl_allreduce_t *ar);
+int dl_allreduce_info(const dl_allreduce_t *ar, dl_allreduce_info_t *out);
+/* out = sum over ranks of in (out may be in); algo DL_AR_*. */
+int dl_allreduce_run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int algo,
+                     int blocks, dl_stream_t *s);
+/* A view of this rank's zero-copy region at a byte offset (a multiple of 16). */
+int dl_allreduce_buffer(dl_allreduce_t *ar, dl_tensor_t **out, int64_t offset, int dtype,
+                        int ndim, const int64_t *shape);
+/* Wait for s (within twice the timeout) and report a device-side timeout. */
+int dl_allreduce_check(dl_allreduce_t *ar, dl_stream_t *s);
+
+/* CUDA graphs: capture the work issued on stream s (a stream of its own,
+ * not the default one) between begin and end, then replay it on any stream
+ * of that device. Tensors the captured work uses must outlive the graph. */
+typedef struct dl_graph dl_graph_t;
+int dl_graph_begin(dl_graph_t **out, dl_stream_t *s);
+/* Ends the capture (also after a failure inside it) and instantiates. */
+int dl_graph_end(dl_graph_t *g);
+int dl_graph_replay(dl_graph_t *g, dl_stream_t *s);
+/* Kernel and other nodes captured. */
+int dl_graph_nodes(const dl_graph_t *g, int64_t *nodes);
+void dl_graph_free(dl_graph_t *g);
+
 #ifdef __cplusplus
 }
 #endif

@@ -155,10 +155,10 @@ int main(int argc, char **argv) {
     int threads, unroll;
     dl_allreduce_cuda_shape(n, &threads, &unroll);
     k.blocks = 1 + rng() % 5;
-    k.zc = k.algo != DL_AR_ALGO_ONE_SHOT_PUSH && rng() % 3 == 0;
+    k.zc = k.algo != DL_AR_ONE_SHOT_PUSH && rng() % 3 == 0;
     k.inplace = rng() % 2;
-    if (k.zc && k.algo == DL_AR_ALGO_ONE_SHOT) k.inplace = 0; // the core copies in instead
-    if (k.zc && k.algo != DL_AR_ALGO_ONE_SHOT) k.inplace = 1; // two-shot zero copy is in place
+    if (k.zc && k.algo == DL_AR_ONE_SHOT) k.inplace = 0; // the core copies in instead
+    if (k.zc && k.algo != DL_AR_ONE_SHOT) k.inplace = 1; // two-shot zero copy is in place
     k.misalign = !k.zc && rng() % 5 == 0;
     k.zc_extra = k.zc ? 16 * (int64_t)(1 + rng() % 4) : 0;
     calls.push_back(k);

@@ -1,0 +1,387 @@
+/*
+ * allreduce.c — the all-reduce object: a communicator, a symmetric buffer
+ * laid out for the kernels (kernels/allreduce.h), the choice of algorithm
+ * per call, zero-copy detection, pieces for tensors larger than a slot,
+ * grid sizing, and the failure record turned into errors.
+ *
+ * The algorithm and grid come from the caller (distlab.allreduce picks them
+ * from the dispatch table for "auto"); every rank must make the same call,
+ * as with any collective. Kernel counters live in the buffer, so nothing on
+ * the host changes from call to call except the launch arguments: that is
+ * what lets a CUDA graph replay the calls.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "allreduce.h"
+#include "comm_internal.h"
+#include "device.h"
+
+enum { AR_MAGIC = 0xa11ed0ce };
+
+/* cpu twin: one "thread" per block moving 8192 vectors (128 KiB) a round */
+enum { CPU_THREADS = 1, CPU_UNROLL = 8192, CPU_MAX_BLOCKS = 4 };
+
+struct dl_allreduce {
+  uint32_t magic;
+  dl_comm_t *comm; /* borrowed: the caller keeps it alive */
+  dl_symm_t *symm;
+  int rank, size, dev_type, dev_index;
+  int sms, max_blocks, threads, unroll;
+  int failed;
+  char failure[512]; /* why, once failed */
+  double timeout_s;
+  int64_t slot;  /* bytes of the zero-copy region and of each staging slot */
+  int64_t calls; /* kernel calls issued */
+  char *bufs[DL_SIGNAL_MAX_RANKS];
+  dl_signal_pad_t *pad;
+  dl_ar_status_t *status; /* host-mapped on cuda, so runs can read it for free */
+};
+
+static const char *algo_names[DL_AR_NUM_ALGOS] = {"nccl", "one_shot", "one_shot_push",
+                                                  "two_shot", "two_shot_push"};
+
+static const char *algo_name(int algo) {
+  return algo >= 0 && algo < DL_AR_NUM_ALGOS ? algo_names[algo] : "?";
+}
+
+static int ar_check(const dl_allreduce_t *ar, const char *fn) {
+  if (!ar || ar->magic != AR_MAGIC)
+    return DL_ERR(DL_ESTATE, "%s: not a live all-reduce (NULL or freed)", fn);
+  return DL_OK;
+}
+
+/* "all_reduce two_shot on rank 1 of 2 (comm 'w', cuda:1)" */
+static int describe(const dl_allreduce_t *ar, int algo, char *buf, size_t len) {
+  return snprintf(buf, len, "all_reduce %s on rank %d of %d (comm '%s', %s:%d)", algo_name(algo),
+                  ar->rank, ar->size, ar->comm->name,
+                  ar->dev_type == DL_CUDA ? "cuda" : ar->dev_type == DL_CPU ? "cpu" : "meta",
+                  ar->dev_index);
+}
+
+static void set_failed(dl_allreduce_t *ar) {
+  ar->failed = 1;
+  snprintf(ar->failure, sizeof ar->failure, "%s", dl_last_error());
+}
+
+/* A failure the kernels recorded, as an error; the object is dead after it. */
+static int recorded_failure(dl_allreduce_t *ar) {
+  if (ar->failed)
+    return DL_ERR(DL_ESTATE, "this all-reduce failed earlier and refuses work (make a new "
+                  "one): %s", ar->failure);
+  volatile dl_ar_status_t *s = ar->status;
+  if (!s || s->kind == 0) return DL_OK;
+  char what[256];
+  describe(ar, (int)s->algo, what, sizeof what);
+  int rc = DL_ERR(DL_ETIMEOUT,
+                  "%s: rank %u did not arrive within %.1f s (block %u waited for count %u and "
+                  "saw %u, in the buffer's call %u); did every rank call the same all-reduce?",
+                  what, s->peer, ar->timeout_s, s->block, s->expected, s->seen, s->seq);
+  set_failed(ar);
+  return rc;
+}
+
+/* ---- lifetime ------------------------------------------------------------ */
+
+static int zero_ctrl(dl_allreduce_t *ar) {
+  if (ar->dev_type == DL_CPU) {
+    memset(ar->bufs[ar->rank], 0, DL_AR_CTRL_BYTES);
+    return DL_OK;
+  }
+#ifdef DL_WITH_CUDA
+  if (ar->dev_type == DL_CUDA) {
+    DL_TRY(dl_cuda_use(ar->dev_index));
+    DL_CUDA_CHECK(cudaMemset(ar->bufs[ar->rank], 0, DL_AR_CTRL_BYTES));
+    DL_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+#endif
+  return DL_OK;
+}
+
+static int new_status(dl_allreduce_t *ar) {
+#ifdef DL_WITH_CUDA
+  if (ar->dev_type == DL_CUDA) {
+    void *h = NULL, *d = NULL;
+    DL_TRY(dl_cuda_use(ar->dev_index));
+    DL_CUDA_CHECK(cudaHostAlloc(&h, sizeof(dl_ar_status_t), cudaHostAllocMapped));
+    memset(h, 0, sizeof(dl_ar_status_t));
+    ar->status = h;
+    DL_CUDA_CHECK(cudaHostGetDevicePointer(&d, h, 0));
+    if (d != h) return DL_ERR(DL_EUNSUPPORTED, "allreduce: mapped host memory without UVA");
+    DL_CUDA_CHECK(cudaDeviceGetAttribute(&ar->sms, cudaDevAttrMultiProcessorCount,
+                                         ar->dev_index));
+    dl_allreduce_cuda_shape(ar->size, &ar->threads, &ar->unroll);
+    ar->max_blocks = DL_AR_MAX_BLOCKS;
+    return DL_OK;
+  }
+#endif
+  ar->status = calloc(1, sizeof(dl_ar_status_t));
+  if (!ar->status) return DL_ERR(DL_ENOMEM, "allreduce: out of host memory");
+  ar->threads = CPU_THREADS;
+  ar->unroll = CPU_UNROLL;
+  ar->max_blocks = CPU_MAX_BLOCKS;
+  return DL_OK;
+}
+
+static void free_status(dl_allreduce_t *ar) {
+  if (!ar->status) return;
+#ifdef DL_WITH_CUDA
+  if (ar->dev_type == DL_CUDA) {
+    cudaFreeHost(ar->status);
+    ar->status = NULL;
+    return;
+  }
+#endif
+  free(ar->status);
+  ar->status = NULL;
+}
+
+int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
+  DL_CHECK_ARG(out, "dl_allreduce_new: out is NULL");
+  *out = NULL;
+  dl_comm_info_t ci;
+  DL_TRY(dl_comm_info(c, &ci));
+  if (max_bytes <= 0) max_bytes = (int64_t)64 << 20;
+  DL_CHECK_ARG(ci.size <= DL_SIGNAL_MAX_RANKS,
+               "dl_allreduce_new: comm '%s' has %d ranks; the all-reduce kernels span one host "
+               "of at most %d (split the communicator by host)",
+               ci.name, ci.size, DL_SIGNAL_MAX_RANKS);
+  dl_allreduce_t *ar = calloc(1, sizeof *ar);
+  if (!ar) return DL_ERR(DL_ENOMEM, "dl_allreduce_new: out of host memory");
+  ar->magic = AR_MAGIC;
+  ar->comm = c;
+  ar->rank = ci.rank;
+  ar->size = ci.size;
+  ar->dev_type = ci.dev_type;
+  ar->dev_index = ci.dev_index;
+  ar->timeout_s = ci.timeout_s;
+  ar->slot = (max_bytes + 4095) & ~(int64_t)4095;
+  int64_t total = DL_AR_CTRL_BYTES + ar->slot * (1 + 2 * (int64_t)ci.size);
+  int rc = new_status(ar);
+  if (rc == DL_OK) rc = dl_symm_alloc(&ar->symm, c, total);
+  for (int p = 0; p < ar->size && rc == DL_OK && ar->dev_type != DL_META; p++) {
+    void *ptr;
+    rc = dl_symm_peer_ptr(ar->symm, p, &ptr);
+    ar->bufs[p] = ptr;
+  }
+  if (rc == DL_OK && ar->dev_type != DL_META) {
+    void *pad;
+    rc = dl_symm_signal_pad(ar->symm, ar->rank, &pad);
+    ar->pad = pad;
+  }
+  if (rc == DL_OK && ar->dev_type != DL_META) rc = zero_ctrl(ar);
+  /* nobody signals into a control block before its owner zeroed it */
+  if (rc == DL_OK && ar->dev_type != DL_META && ar->size > 1) rc = dl_comm_barrier(c, NULL);
+  if (rc < 0) {
+    dl_error_context(rc, "dl_allreduce_new on rank %d of %d (comm '%s', %lld bytes a rank)",
+                     ci.rank, ci.size, ci.name, (long long)total);
+    dl_allreduce_free(ar);
+    return rc;
+  }
+  *out = ar;
+  return DL_OK;
+}
+
+void dl_allreduce_free(dl_allreduce_t *ar) {
+  if (!ar || ar->magic != AR_MAGIC) return;
+  dl_symm_free(ar->symm);
+  free_status(ar);
+  ar->magic = 0;
+  free(ar);
+}
+
+int dl_allreduce_info(const dl_allreduce_t *ar, dl_allreduce_info_t *out) {
+  DL_TRY(ar_check(ar, "dl_allreduce_info"));
+  DL_CHECK_ARG(out, "dl_allreduce_info: out is NULL");
+  memset(out, 0, sizeof *out);
+  out->rank = ar->rank;
+  out->size = ar->size;
+  out->dev_type = ar->dev_type;
+  out->dev_index = ar->dev_index;
+  out->sms = ar->sms;
+  out->max_blocks = ar->max_blocks;
+  out->threads = ar->threads;
+  out->unroll = ar->unroll;
+  out->failed = ar->failed || (ar->status && ((volatile dl_ar_status_t *)ar->status)->kind != 0);
+  out->max_bytes = ar->slot;
+  out->calls = ar->calls;
+  return DL_OK;
+}
+
+int dl_allreduce_buffer(dl_allreduce_t *ar, dl_tensor_t **out, int64_t offset, int dtype,
+                        int ndim, const int64_t *shape) {
+  DL_CHECK_ARG(out, "dl_allreduce_buffer: out is NULL");
+  *out = NULL;
+  DL_TRY(ar_check(ar, "dl_allreduce_buffer"));
+  DL_CHECK_ARG(offset >= 0 && offset % DL_AR_VEC_BYTES == 0,
+               "dl_allreduce_buffer: offset %lld is not a non-negative multiple of %d",
+               (long long)offset, DL_AR_VEC_BYTES);
+  DL_CHECK_ARG(ndim >= 0 && ndim <= DL_MAX_DIMS && (ndim == 0 || shape),
+               "dl_allreduce_buffer: bad shape (%d dims)", ndim);
+  int64_t n = 1;
+  for (int d = 0; d < ndim; d++) n *= shape[d] > 0 ? shape[d] : 0;
+  int64_t bytes = n * dl_dtype_size(dtype);
+  DL_CHECK_ARG(dl_dtype_size(dtype) > 0 && offset + bytes <= ar->slot,
+               "dl_allreduce_buffer: %lld bytes at offset %lld do not fit the zero-copy region "
+               "of %lld bytes (make the all-reduce with a larger max_bytes)",
+               (long long)bytes, (long long)offset, (long long)ar->slot);
+  return dl_symm_tensor(out, ar->symm, ar->rank, DL_AR_CTRL_BYTES + offset, dtype, ndim, shape);
+}
+
+/* ---- running --------------------------------------------------------------- */
+
+static int tensor_arg(const dl_allreduce_t *ar, const dl_tensor_t *t, const char *what,
+                      dl_view_t *v) {
+  DL_CHECK_ARG(t, "all_reduce: %s tensor is NULL", what);
+  DL_TRY(dl_tensor_check(t));
+  DL_TRY(dl_view_of(t, v));
+  DL_CHECK_ARG(dl_view_is_contiguous(v), "all_reduce: %s tensor must be contiguous", what);
+  if (ar->dev_type == DL_META) return DL_OK;
+  DL_CHECK_ARG(t->dev_type == ar->dev_type &&
+                   (ar->dev_type != DL_CUDA || t->dev_index == ar->dev_index),
+               "all_reduce: %s tensor is on %s:%d but the all-reduce works on %s:%d", what,
+               t->dev_type == DL_CUDA ? "cuda" : t->dev_type == DL_META ? "meta" : "cpu",
+               t->dev_index, ar->dev_type == DL_CUDA ? "cuda" : "cpu", ar->dev_index);
+  return DL_OK;
+}
+
+/* Byte offset of p in this rank's zero-copy region, or -1. */
+static int64_t zc_offset(const dl_allreduce_t *ar, const char *p, int64_t nbytes) {
+  const char *zc = ar->bufs[ar->rank] + DL_AR_CTRL_BYTES;
+  if (p < zc || p + nbytes > zc + ar->slot) return -1;
+  return p - zc;
+}
+
+/* Blocks for len vectors per block set (of the tensor or of a slice). */
+static int grid_for(const dl_allreduce_t *ar, int64_t len, int blocks) {
+  if (blocks > 0) return blocks;
+  int64_t per_block = (int64_t)ar->threads * ar->unroll;
+  int64_t g = (len + per_block - 1) / per_block;
+  int cap = ar->dev_type == DL_CUDA ? (ar->sms > 0 ? ar->sms : 1) : ar->max_blocks;
+  return (int)(g < 1 ? 1 : g > cap ? cap : g);
+}
+
+static int launch(dl_allreduce_t *ar, dl_ar_args_t *a, void *stream) {
+  ar->calls++;
+  if (ar->dev_type == DL_CPU) return dl_allreduce_cpu(a, stream);
+#ifdef DL_WITH_CUDA
+  return dl_allreduce_cuda(a, stream);
+#else
+  return DL_ERR(DL_EUNSUPPORTED, "allreduce kernels on cuda need a CUDA build");
+#endif
+}
+
+static int run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int algo,
+               int blocks, dl_stream_t *s) {
+  dl_view_t vo, vi;
+  DL_TRY(tensor_arg(ar, out, "output", &vo));
+  DL_TRY(tensor_arg(ar, in, "input", &vi));
+  DL_CHECK_ARG(vo.dtype == vi.dtype && vo.numel == vi.numel,
+               "all_reduce: output (%s, %lld elements) and input (%s, %lld) differ",
+               dl_dtype_name(vo.dtype), (long long)vo.numel, dl_dtype_name(vi.dtype),
+               (long long)vi.numel);
+  DL_CHECK_ARG(algo >= 0 && algo < DL_AR_NUM_ALGOS, "all_reduce: unknown algorithm %d", algo);
+  DL_CHECK_ARG(blocks <= ar->max_blocks, "all_reduce: %d blocks (at most %d)", blocks,
+               ar->max_blocks);
+  if (algo == DL_AR_NCCL) return dl_comm_all_reduce(ar->comm, out, in, DL_RED_SUM, s);
+  if (vi.dtype != DL_F32 && vi.dtype != DL_F16 && vi.dtype != DL_BF16)
+    return DL_ERR(DL_EUNSUPPORTED, "all_reduce %s: dtype %s (f32, f16 and bf16; algo nccl "
+                  "takes the others)", algo_name(algo), dl_dtype_name(vi.dtype));
+  if (vi.numel == 0 || ar->dev_type == DL_META) return DL_OK;
+  if (ar->size == 1) return vo.data == vi.data ? DL_OK : dl_tensor_copy(out, in, s);
+  void *stream = NULL;
+  DL_TRY(dl_stream_for(s, ar->dev_type, ar->dev_index, &stream));
+#ifdef DL_WITH_CUDA
+  if (ar->dev_type == DL_CUDA) DL_TRY(dl_cuda_use(ar->dev_index));
+#endif
+  const int es = dl_dtype_size(vi.dtype);
+  const int64_t nbytes = vi.numel * es;
+  dl_ar_args_t a;
+  memset(&a, 0, sizeof a);
+  a.algo = algo;
+  a.dtype = vi.dtype;
+  a.rank = ar->rank;
+  a.nranks = ar->size;
+  a.threads = ar->threads;
+  a.unroll = ar->unroll;
+  for (int p = 0; p < ar->size; p++) a.bufs[p] = ar->bufs[p];
+  a.staging_off = DL_AR_CTRL_BYTES + ar->slot;
+  a.slot_bytes = ar->slot;
+  a.pad = ar->pad;
+  a.status = ar->status;
+  a.timeout_ns = (uint64_t)(ar->timeout_s * 1e9);
+  /* zero copy: the input already in our region, the output where the
+   * algorithm can write it while peers read the inputs */
+  int64_t zc = zc_offset(ar, vi.data, nbytes);
+  const int overlap = vo.data < vi.data + nbytes && vi.data < vo.data + nbytes;
+  if (zc >= 0 && zc % DL_AR_VEC_BYTES == 0 &&
+      ((algo == DL_AR_ONE_SHOT && !overlap) ||
+       ((algo == DL_AR_TWO_SHOT || algo == DL_AR_TWO_SHOT_PUSH) && vo.data == vi.data))) {
+    const int64_t nv = (nbytes + DL_AR_VEC_BYTES - 1) / DL_AR_VEC_BYTES;
+    a.zero_copy = 1;
+    a.zc_off = DL_AR_CTRL_BYTES + zc;
+    a.n = vi.numel;
+    a.in = vi.data;
+    a.out = vo.data;
+    a.blocks = grid_for(ar, algo == DL_AR_ONE_SHOT ? nv : (nv + ar->size - 1) / ar->size, blocks);
+    return launch(ar, &a, stream);
+  }
+  /* copy-in (or push): pieces of one slot each */
+  const int64_t piece = ar->slot / es;
+  for (int64_t off = 0; off < vi.numel; off += piece) {
+    a.n = vi.numel - off < piece ? vi.numel - off : piece;
+    a.in = vi.data + off * es;
+    a.out = vo.data + off * es;
+    const int64_t nv = (a.n * es + DL_AR_VEC_BYTES - 1) / DL_AR_VEC_BYTES;
+    const int two = algo == DL_AR_TWO_SHOT || algo == DL_AR_TWO_SHOT_PUSH;
+    a.blocks = grid_for(ar, two ? (nv + ar->size - 1) / ar->size : nv, blocks);
+    DL_TRY(launch(ar, &a, stream));
+  }
+  return DL_OK;
+}
+
+int dl_allreduce_run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int algo,
+                     int blocks, dl_stream_t *s) {
+  DL_TRY(ar_check(ar, "dl_allreduce_run"));
+  DL_TRY(recorded_failure(ar));
+  int rc = run(ar, out, in, algo, blocks, s);
+  if (rc < 0 && algo != DL_AR_NCCL && rc != DL_EINVAL && rc != DL_EUNSUPPORTED) {
+    char what[256];
+    describe(ar, algo, what, sizeof what);
+    dl_error_context(rc, "%s", what);
+    set_failed(ar);
+  }
+  return rc;
+}
+
+int dl_allreduce_check(dl_allreduce_t *ar, dl_stream_t *s) {
+  DL_TRY(ar_check(ar, "dl_allreduce_check"));
+#ifdef DL_WITH_CUDA
+  if (ar->dev_type == DL_CUDA) {
+    void *h = NULL;
+    DL_TRY(dl_stream_for(s, DL_CUDA, ar->dev_index, &h));
+    DL_TRY(dl_cuda_use(ar->dev_index));
+    /* device waits end by themselves within the timeout; allow twice that */
+    struct timespec t0, t;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    cudaError_t q;
+    while ((q = cudaStreamQuery((cudaStream_t)h)) == cudaErrorNotReady) {
+      clock_gettime(CLOCK_MONOTONIC, &t);
+      if ((t.tv_sec - t0.tv_sec) + (t.tv_nsec - t0.tv_nsec) * 1e-9 > 2 * ar->timeout_s + 1) {
+        return DL_ERR(DL_ETIMEOUT, "all_reduce check on rank %d of %d: the stream did not "
+                      "finish within %.1f s", ar->rank, ar->size, 2 * ar->timeout_s + 1);
+      }
+      struct timespec nap = {0, 100000};
+      nanosleep(&nap, NULL);
+    }
+    if (q != cudaSuccess) {
+      (void)cudaGetLastError();
+      return DL_ERR(DL_ECUDA, "all_reduce check on rank %d of %d: the stream failed: %s",
+                    ar->rank, ar->size, cudaGetErrorString(q));
+    }
+  }
+#endif
+  return recorded_failure(ar);
+}

@@ -1,0 +1,122 @@
+/*
+ * graph.c — CUDA graphs: capture what is issued on one stream, instantiate
+ * it, replay it on any stream of the same device.
+ *
+ * Capture runs in relaxed mode: the caching allocator may call cudaMalloc
+ * and query events while capturing, and other threads (the NCCL watchdog)
+ * keep working. Work that cannot be captured (a host synchronisation on the
+ * capturing stream) invalidates the capture; dl_graph_end then reports it
+ * and leaves the stream usable. cpu and meta streams have no graphs: the Lua
+ * layer (distlab.graph) replays a recorded function there instead.
+ */
+#include <stdlib.h>
+
+#include "device.h"
+
+enum { GRAPH_MAGIC = 0x6a9a1c };
+
+struct dl_graph {
+  uint32_t magic;
+  int dev_index;
+  int capturing;
+  int64_t nodes;
+#ifdef DL_WITH_CUDA
+  cudaStream_t stream;
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+#endif
+};
+
+static int graph_check(const dl_graph_t *g, const char *fn) {
+  if (!g || g->magic != GRAPH_MAGIC)
+    return DL_ERR(DL_ESTATE, "%s: not a live graph (NULL or freed)", fn);
+  return DL_OK;
+}
+
+int dl_graph_begin(dl_graph_t **out, dl_stream_t *s) {
+  DL_CHECK_ARG(out, "dl_graph_begin: out is NULL");
+  *out = NULL;
+#ifdef DL_WITH_CUDA
+  void *h = dl_stream_handle(s);
+  DL_CHECK_ARG(s && h, "dl_graph_begin: capture needs a cuda stream of its own (not the default "
+               "stream, not a cpu stream)");
+  int dev = 0;
+  DL_CUDA_CHECK(cudaStreamGetDevice((cudaStream_t)h, &dev));
+  DL_TRY(dl_cuda_use(dev));
+  dl_graph_t *g = calloc(1, sizeof *g);
+  if (!g) return DL_ERR(DL_ENOMEM, "dl_graph_begin: out of host memory");
+  g->magic = GRAPH_MAGIC;
+  g->dev_index = dev;
+  g->stream = (cudaStream_t)h;
+  cudaError_t e = cudaStreamBeginCapture(g->stream, cudaStreamCaptureModeRelaxed);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    free(g);
+    return DL_ERR(DL_ECUDA, "cudaStreamBeginCapture on cuda:%d: %s", dev, cudaGetErrorString(e));
+  }
+  g->capturing = 1;
+  *out = g;
+  return DL_OK;
+#else
+  (void)s;
+  return DL_ERR(DL_EUNSUPPORTED, "CUDA graphs need a CUDA build");
+#endif
+}
+
+int dl_graph_end(dl_graph_t *g) {
+  DL_TRY(graph_check(g, "dl_graph_end"));
+  DL_CHECK_ARG(g->capturing, "dl_graph_end: the graph is not capturing");
+#ifdef DL_WITH_CUDA
+  DL_TRY(dl_cuda_use(g->dev_index));
+  g->capturing = 0;
+  cudaError_t e = cudaStreamEndCapture(g->stream, &g->graph);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return DL_ERR(DL_ECUDA, "capture on cuda:%d failed: %s (an operation inside it cannot be "
+                  "captured, e.g. a host synchronisation or a copy to the host)",
+                  g->dev_index, cudaGetErrorString(e));
+  }
+  size_t n = 0;
+  DL_CUDA_CHECK(cudaGraphGetNodes(g->graph, NULL, &n));
+  g->nodes = (int64_t)n;
+  DL_CUDA_CHECK(cudaGraphInstantiate(&g->exec, g->graph, 0));
+  DL_CUDA_CHECK(cudaGraphUpload(g->exec, g->stream));
+#endif
+  return DL_OK;
+}
+
+int dl_graph_replay(dl_graph_t *g, dl_stream_t *s) {
+  DL_TRY(graph_check(g, "dl_graph_replay"));
+  DL_CHECK_ARG(!g->capturing, "dl_graph_replay: the graph is still capturing");
+#ifdef DL_WITH_CUDA
+  DL_CHECK_ARG(g->exec, "dl_graph_replay: the capture failed; nothing to replay");
+  void *h = NULL;
+  DL_TRY(dl_stream_for(s, DL_CUDA, g->dev_index, &h));
+  DL_TRY(dl_cuda_use(g->dev_index));
+  DL_CUDA_CHECK(cudaGraphLaunch(g->exec, (cudaStream_t)h));
+#endif
+  return DL_OK;
+}
+
+int dl_graph_nodes(const dl_graph_t *g, int64_t *nodes) {
+  DL_TRY(graph_check(g, "dl_graph_nodes"));
+  DL_CHECK_ARG(nodes, "dl_graph_nodes: out is NULL");
+  *nodes = g->nodes;
+  return DL_OK;
+}
+
+void dl_graph_free(dl_graph_t *g) {
+  if (!g || g->magic != GRAPH_MAGIC) return;
+#ifdef DL_WITH_CUDA
+  if (g->capturing) {
+    cudaGraph_t partial = NULL;
+    if (cudaStreamEndCapture(g->stream, &partial) == cudaSuccess && partial)
+      cudaGraphDestroy(partial);
+    (void)cudaGetLastError();
+  }
+  if (g->exec) cudaGraphExecDestroy(g->exec);
+  if (g->graph) cudaGraphDestroy(g->graph);
+#endif
+  g->magic = 0;
+  free(g);
+}

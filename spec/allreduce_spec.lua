@@ -1,0 +1,142 @@
+-- All-reduce family (distlab.allreduce) and graphs (distlab.graph): every
+-- algorithm against an fp64 sum for bf16/f16/f32 and sizes 1, 7, 4095 and
+-- 2^20+3; 1000 calls back to back; graph replays among eager calls; a peer
+-- that never comes; tuning and the dispatch table. The multi-rank parts run
+-- scripts under spec/allreduce/ through `./distlab run -n N` on 2 and 4 cpu
+-- ranks (the CPU twins over shared memory) and, tagged #multigpu, on 2 GPUs.
+local dl = require "distlab"
+local H = require "helpers"
+
+local function run(n, device, script, args, env)
+  return H.distlab(string.format("run -n %d --device %s spec/allreduce/%s %s", n, device, script, args or ""), env)
+end
+
+local function ok_lines(out, word)
+  local _, k = out:gsub(word .. " ok", "")
+  return k
+end
+
+local scripts = {
+  { "correct.lua", "correct", "every algorithm, dtype and size against the fp64 sum" },
+  { "backtoback.lua", "backtoback", "1000 calls back to back, alternating sizes, dtypes and algorithms" },
+  { "graph.lua", "graph", "graph replays stay exact among eager calls" },
+}
+
+describe("allreduce on cpu (shared memory)", function()
+  for _, n in ipairs { 2, 4 } do
+    for _, s in ipairs(scripts) do
+      it(n .. " ranks: " .. s[3], function()
+        local rc, out = run(n, "cpu", s[1])
+        assert.equal(0, rc, out)
+        assert.equal(n, ok_lines(out, s[2]), out)
+      end)
+    end
+  end
+
+  it("2 ranks: a peer that never comes ends in an error naming the op, rank and peer", function()
+    for _, algo in ipairs { "one_shot", "two_shot_push" } do
+      local t0 = os.time()
+      local rc, out = run(2, "cpu", "fail.lua", algo, "SPEC_TIMEOUT=1")
+      assert.equal(0, rc, out)
+      assert.truthy(out:find("ERR: [^\n]*all_reduce " .. algo .. " on rank 0 of 2 %(comm 'w', cpu:0%): rank 1 did not arrive within 1.0 s"), out)
+      assert.truthy(out:find("AFTER: [^\n]*this all%-reduce failed earlier and refuses work"), out)
+      assert.is_true(os.time() - t0 <= 10)
+    end
+  end)
+
+  it("2 ranks: tune writes a table that auto follows", function()
+    local file = H.tmpname(".lua")
+    local rc, out = run(2, "cpu", "tune.lua", file, "DISTLAB_AR_TABLE=" .. file)
+    os.remove(file)
+    assert.equal(0, rc, out)
+    assert.equal(2, ok_lines(out, "tune"), out)
+  end)
+end)
+
+describe("allreduce tables", function()
+  local ar = require "distlab.allreduce"
+
+  it("ship provisional entries for H100/H200 at 2 ranks and generic ones for 2, 4, 6, 8", function()
+    local chunk = assert(loadfile(ar.shipped_file))
+    local entries = chunk()
+    local have = {}
+    for _, e in ipairs(entries) do
+      have[e.device .. "/" .. e.world] = e
+      for i, r in ipairs(e.rows) do
+        local known = false
+        for _, a in ipairs(ar.algos) do known = known or a == r.algo end
+        assert.truthy(known, "row " .. i .. " of " .. e.device .. ": algorithm " .. tostring(r.algo))
+        if i < #e.rows then assert.is_number(r.upto) end
+      end
+    end
+    for _, k in ipairs { "NVIDIA H200/2", "NVIDIA H100 80GB HBM3/2", "*/2", "*/4", "*/6", "*/8" } do
+      assert.truthy(have[k], "no entry " .. k)
+    end
+  end)
+
+  it("round-trip through serialize", function()
+    local e = { { device = "X", world = 2, dtype = "bf16", rows = { { upto = 4096, algo = "one_shot", blocks = 8 },
+      { algo = "nccl", blocks = 0 } } } }
+    local back = loadstring(ar.serialize(e))()
+    assert.same(e, back)
+  end)
+end)
+
+describe("allreduce on meta", function()
+  it("accepts every algorithm and moves nothing", function()
+    local file = H.write(H.tmpname(".lua"), [[
+      local dl = require "distlab"
+      local w = dl.comm.meta(8, 3)
+      local ar = dl.allreduce.new(w, { max_bytes = 2 ^ 20 })
+      local t = dl.empty({ 1000 }, { dtype = "bf16", device = "meta" })
+      for _, algo in ipairs(dl.allreduce.algos) do ar:run(t, { algo = algo }) end
+      ar:run(t, { algo = "auto" })
+      print("meta ok")
+    ]])
+    local rc, out = H.distlab("run --device meta --world 8 --rank 3 " .. file)
+    os.remove(file)
+    assert.equal(0, rc, out)
+    assert.truthy(out:find("meta ok", 1, true), out)
+  end)
+end)
+
+describe("graph on cpu", function()
+  it("records a function and replays it on the current stream", function()
+    local t = dl.zeros({ 4 })
+    local g = dl.graph.capture(function() t:add_(1) end)
+    assert.same({ 0, 0, 0, 0 }, t:tolist()) -- nothing ran at capture
+    for _ = 1, 3 do g:replay() end
+    assert.same({ 3, 3, 3, 3 }, t:tolist())
+    g:free()
+    assert.has_error(function() g:replay() end)
+  end)
+end)
+
+describe("allreduce on 2 GPUs #multigpu", function()
+  for _, s in ipairs(scripts) do
+    it(s[3], function()
+      local rc, out = run(2, "cuda", s[1])
+      assert.equal(0, rc, out)
+      assert.equal(2, ok_lines(out, s[2]), out)
+    end)
+  end
+
+  it("a peer that never comes: the kernel ends by itself, check() names the op, rank and peer", function()
+    for _, algo in ipairs { "one_shot", "one_shot_push", "two_shot", "two_shot_push" } do
+      local t0 = os.time()
+      local rc, out = run(2, "cuda", "fail.lua", algo, "SPEC_TIMEOUT=2")
+      assert.equal(0, rc, out)
+      assert.truthy(out:find("ERR: [^\n]*all_reduce " .. algo .. " on rank 0 of 2 %(comm 'w', cuda:0%): rank 1 did not arrive within 2.0 s"), out)
+      assert.truthy(out:find("AFTER: [^\n]*this all%-reduce failed earlier and refuses work"), out)
+      assert.is_true(os.time() - t0 <= 30)
+    end
+  end)
+
+  it("tune writes a table that auto follows", function()
+    local file = H.tmpname(".lua")
+    local rc, out = run(2, "cuda", "tune.lua", file, "DISTLAB_AR_TABLE=" .. file)
+    os.remove(file)
+    assert.equal(0, rc, out)
+    assert.equal(2, ok_lines(out, "tune"), out)
+  end)
+end)
