@@ -104,6 +104,11 @@ for _, S in ipairs(lengths) do
     end
     rows[#rows + 1] = { S = S, name = st.name, fwd = tf, fb = tb, err = worst,
       eff_f = t1f / (C * tf), eff_fb = t1b / (C * tb), tflops = flops / C / tf / 1e9 }
+    if r == 0 then -- as it goes, for a run cut short
+      print(string.format("S=%d %-18s fwd %9.3f ms (%5.1f%%)  fwd+bwd %9.3f ms (%5.1f%%)  one GPU %9.3f / %9.3f ms",
+        S, st.name, tf, 100 * t1f / (C * tf), tb, 100 * t1b / (C * tb), t1f, t1b))
+      io.stdout:flush()
+    end
     collectgarbage()
   end
   collectgarbage()

@@ -11,9 +11,11 @@
 #      overlap efficiency of every strategy against one GPU).
 # Logs and tables land in $OUT and in experiments/results/; the short tables
 # are printed last. Exit status non-zero if a step failed.
-#   CP_MEM_S (default 262144) and CP_BENCH_S ("16384 65536 131072"),
-#   CP_BENCH_ITERS (default 5) trade fidelity for time. The steps take at
-#   most 200 + 240 + 300 s: under batch.sh give STEP_TIMEOUT=600.
+#   scripts/gpu/cp.sh [specs] [memory] [bench]     (default: all three)
+# CP_MEM_S (default 262144) and CP_BENCH_S ("16384 65536 131072"),
+# CP_BENCH_ITERS (default 5) trade fidelity for time. The steps stop after
+# 150, 240 and 240 s: under batch.sh give STEP_TIMEOUT=660, or run the
+# steps in separate calls.
 set -uo pipefail
 OUT="${OUT:-/tmp/distlab-out}"
 cd "$(dirname "$0")/../.." || exit 2
@@ -26,12 +28,18 @@ gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 tag=$(echo "$gpu" | grep -oiE 'h100|h200|b200|a100|l40s' | head -1 | tr '[:upper:]' '[:lower:]')
 tag="${tag:-gpu}x2"
 
+steps=" ${*:-specs memory bench} "
+want() { [[ "$steps" == *" $1 "* ]]; }
+
+if want specs; then
 echo "== cp specs, #multigpu included ($(date +%T))"
-timeout 200 busted --run=default --exclude-tags=gpu -o spec/support/summary.lua spec/cp_spec.lua \
+timeout 150 busted --run=default --exclude-tags=gpu -o spec/support/summary.lua spec/cp_spec.lua \
   >"$OUT/cp-spec.log" 2>&1 || status=1
 grep -E "^(FAIL|ERROR)" "$OUT/cp-spec.log" | head -20
 tail -n 1 "$OUT/cp-spec.log"
+fi
 
+if want memory; then
 echo "== cp memory on the GPUs, CP=1 and 2 ($(date +%T))"
 CP_MEM_S="${CP_MEM_S:-262144}" timeout 240 ./distlab run -n 2 --device cuda experiments/cp_memory.lua "$OUT" \
   >"$OUT/cp-memory-gpu.log" 2>&1 || status=1
@@ -41,11 +49,14 @@ if [ -f "$OUT/cp-memory-gpu.csv" ]; then
   ./distlab run --device meta experiments/cp_memory.lua >"$OUT/cp-memory.log" 2>&1 || status=1
   cp experiments/results/cp-memory.md experiments/results/cp-memory.png "$OUT/" 2>/dev/null
 fi
+fi
 
+if want bench; then
 echo "== cp bench at CP=2 ($(date +%T))"
-CP_BENCH_ITERS="${CP_BENCH_ITERS:-5}" timeout 300 ./distlab run -n 2 --device cuda experiments/cp_bench.lua "$OUT" \
+CP_BENCH_ITERS="${CP_BENCH_ITERS:-5}" timeout 240 ./distlab run -n 2 --device cuda experiments/cp_bench.lua "$OUT" \
   >"$OUT/cp-bench.log" 2>&1 || status=1
 cp "$OUT/cp-bench-$tag.md" "$OUT/cp-bench-$tag.csv" experiments/results/ 2>/dev/null
+fi
 
 echo "== done, status $status ($(date +%T)); tables: $OUT/cp-memory.md, $OUT/cp-bench-$tag.md"
 sed -n '/^| layout | strategy | CP | fwd MiB/,/^$/p' "$OUT/cp-memory.md" 2>/dev/null
