@@ -23,8 +23,8 @@
 #include "attn_common.cuh"
 
 /* Lab knobs: the tile of d=128 (query rows BM, keys BN, warps NW with
- * BM = 16 * NW * m16 tiles per warp), so experiments/lab/attn can compare
- * shapes in one GPU session. */
+ * BM = 16 * NW * m16 tiles per warp, K/V STAGES), so experiments/lab/attn
+ * can compare shapes in one GPU session. */
 #ifndef DL_ATTN_FWD128_BM
 #define DL_ATTN_FWD128_BM 128
 #endif
@@ -34,15 +34,22 @@
 #ifndef DL_ATTN_FWD128_NW
 #define DL_ATTN_FWD128_NW 4
 #endif
+#ifndef DL_ATTN_FWD128_STAGES
+#define DL_ATTN_FWD128_STAGES 1
+#endif
 
-template <int D_QK_, int D_V_, int BM_, int BN_, int NW_>
+/* STAGES = 1: one K and one V buffer, V[j] loading under S, K[j-1] under PV
+ * (FA2; two barriers per key block). STAGES = 2: K and V double-buffered,
+ * block j-1 loading under all of block j (one barrier per key block). */
+template <int D_QK_, int D_V_, int BM_, int BN_, int NW_, int STAGES_ = 1>
 struct attn_fwd_cfg {
   static constexpr int D_QK = D_QK_, D_V = D_V_, BM = BM_, BN = BN_, NW = NW_, NT = 32 * NW;
+  static constexpr int STAGES = STAGES_;
   static constexpr int MT = BM / (16 * NW); /* m16 tiles per warp */
   static constexpr int ST = BN / 8;         /* n8 tiles of S per m16 tile */
   static constexpr int OT = D_V / 8;        /* n8 tiles of O */
-  static constexpr size_t SMEM = (size_t)(BM * D_QK + BN * D_QK + BN * D_V) * 2;
-  static_assert(MT >= 1 && BM == 16 * NW * MT && BN % 16 == 0, "tile shape");
+  static constexpr size_t SMEM = (size_t)(BM * D_QK + STAGES * (BN * D_QK + BN * D_V)) * 2;
+  static_assert(MT >= 1 && BM == 16 * NW * MT && BN % 16 == 0 && (STAGES == 1 || STAGES == 2), "tile shape");
 };
 
 /* ---- kernels ------------------------------------------------------------------ */
@@ -80,7 +87,9 @@ __global__ void __launch_bounds__(C::NT) attn_fwd_kernel(const dl_attn_params_t 
   const uint16_t *gq = (const uint16_t *)p.q + attn_base(p.q_st, sq, bi, true) + hq * p.q_st.h;
   const uint16_t *gk = (const uint16_t *)p.k + attn_base(p.k_st, sq, bi, false) + hk * p.k_st.h;
   const uint16_t *gv = (const uint16_t *)p.v + attn_base(p.v_st, sq, bi, false) + hk * p.v_st.h;
+  /* Q, then per stage K and V */
   uint16_t *sQ = (uint16_t *)attn_smem(), *sK = sQ + C::BM * C::D_QK, *sV = sK + C::BN * C::D_QK;
+  constexpr int STAGE = C::BN * (C::D_QK + C::D_V); /* elements */
   const int wrow = warp * 16 * C::MT; /* first row of this warp in the tile */
   const float sl2 = p.scale * ATTN_LOG2E;
   const attn_mask_t mask(p, sq);
@@ -100,13 +109,26 @@ __global__ void __launch_bounds__(C::NT) attn_fwd_kernel(const dl_attn_params_t 
     load_tile<C::BM, C::D_QK, C::NT>(sQ, gq + m0 * p.q_st.s, p.q_st.s, sq.q_len - m0, p.d_qk, p.q, tid);
     load_tile<C::BN, C::D_QK, C::NT>(sK, gk + (int64_t)(nb_hi - 1) * C::BN * p.k_st.s, p.k_st.s,
                                      sq.kv_len - (nb_hi - 1) * C::BN, p.d_qk, p.k, tid);
+    if (C::STAGES == 2)
+      load_tile<C::BN, C::D_V, C::NT>(sV, gv + (int64_t)(nb_hi - 1) * C::BN * p.v_st.s, p.v_st.s,
+                                      sq.kv_len - (nb_hi - 1) * C::BN, p.d_v, p.v, tid);
     cp_async_commit();
     for (int nb = nb_hi - 1; nb >= nb_lo; nb--) {
-      const int n0 = nb * C::BN;
+      const int n0 = nb * C::BN, st = C::STAGES == 2 ? (nb_hi - 1 - nb) & 1 : 0;
+      const uint32_t uKs = uK + st * STAGE * 2, uVs = uV + st * STAGE * 2;
       cp_async_wait<0>();
-      attn_sync(); /* K[nb] landed; every warp is done with V[nb+1] */
-      load_tile<C::BN, C::D_V, C::NT>(sV, gv + (int64_t)n0 * p.v_st.s, p.v_st.s, sq.kv_len - n0, p.d_v, p.v, tid);
-      cp_async_commit();
+      attn_sync(); /* K[nb] (and V[nb]) landed; every warp is done with block nb+1 */
+      if (C::STAGES == 1) {
+        load_tile<C::BN, C::D_V, C::NT>(sV, gv + (int64_t)n0 * p.v_st.s, p.v_st.s, sq.kv_len - n0, p.d_v, p.v, tid);
+        cp_async_commit();
+      } else if (nb > nb_lo) {
+        uint16_t *nK = sK + (st ^ 1) * STAGE, *nV = sV + (st ^ 1) * STAGE;
+        load_tile<C::BN, C::D_QK, C::NT>(nK, gk + (int64_t)(n0 - C::BN) * p.k_st.s, p.k_st.s,
+                                         sq.kv_len - (n0 - C::BN), p.d_qk, p.k, tid);
+        load_tile<C::BN, C::D_V, C::NT>(nV, gv + (int64_t)(n0 - C::BN) * p.v_st.s, p.v_st.s,
+                                        sq.kv_len - (n0 - C::BN), p.d_v, p.v, tid);
+        cp_async_commit();
+      }
 
       float s[C::MT][C::ST][4];
 #pragma unroll
@@ -122,7 +144,7 @@ __global__ void __launch_bounds__(C::NT) attn_fwd_kernel(const dl_attn_params_t 
 #pragma unroll
         for (int np = 0; np < C::ST / 2; np++) {
           uint32_t b[4];
-          ldmatrix_x4(b, lb.at<C::D_QK>(uK, np * 16, kk));
+          ldmatrix_x4(b, lb.at<C::D_QK>(uKs, np * 16, kk));
 #pragma unroll
           for (int mt = 0; mt < C::MT; mt++) {
             mma_16816<BF16>(s[mt][2 * np], a[mt], b[0], b[1]);
@@ -189,9 +211,11 @@ __global__ void __launch_bounds__(C::NT) attn_fwd_kernel(const dl_attn_params_t 
           row_l[mt][r] = l;
         }
 
-      cp_async_wait<0>();
-      attn_sync(); /* V[nb] landed; every warp is done with K[nb] */
-      if (nb > nb_lo) {
+      if (C::STAGES == 1) {
+        cp_async_wait<0>();
+        attn_sync(); /* V[nb] landed; every warp is done with K[nb] */
+      }
+      if (C::STAGES == 1 && nb > nb_lo) {
         load_tile<C::BN, C::D_QK, C::NT>(sK, gk + (int64_t)(n0 - C::BN) * p.k_st.s, p.k_st.s,
                                          sq.kv_len - (n0 - C::BN), p.d_qk, p.k, tid);
         cp_async_commit();
@@ -210,7 +234,7 @@ __global__ void __launch_bounds__(C::NT) attn_fwd_kernel(const dl_attn_params_t 
 #pragma unroll
         for (int dp = 0; dp < C::OT / 2; dp++) {
           uint32_t b[4];
-          ldmatrix_x4_trans(b, la.at<C::D_V>(uV, kk * 16, dp));
+          ldmatrix_x4_trans(b, la.at<C::D_V>(uVs, kk * 16, dp));
 #pragma unroll
           for (int mt = 0; mt < C::MT; mt++) {
             mma_16816<BF16>(acc[mt][2 * dp], a[mt], b[0], b[1]);
@@ -298,7 +322,9 @@ extern "C" int dl_attn_fwd_cuda(const dl_attn_params_t *p, void *stream) {
                "attn fwd: grid too large (s_q=%d h_q=%d b=%d)", p->s_q, p->h_q, p->b);
   switch (attn_dims_config(p->d_qk, p->d_v)) {
     case 0: return attn_fwd_run<attn_fwd_cfg<64, 64, 128, 64, 4>>(p, stream);
-    case 1: return attn_fwd_run<attn_fwd_cfg<128, 128, DL_ATTN_FWD128_BM, DL_ATTN_FWD128_BN, DL_ATTN_FWD128_NW>>(p, stream);
+    case 1:
+      return attn_fwd_run<attn_fwd_cfg<128, 128, DL_ATTN_FWD128_BM, DL_ATTN_FWD128_BN, DL_ATTN_FWD128_NW,
+                                       DL_ATTN_FWD128_STAGES>>(p, stream);
     case 2: return attn_fwd_run<attn_fwd_cfg<192, 128, 128, 64, 4>>(p, stream);
     case 3: return attn_fwd_run<attn_fwd_cfg<256, 256, 128, 64, 8>>(p, stream);
   }

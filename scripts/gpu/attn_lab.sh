@@ -36,7 +36,8 @@ $NVCC $FLAGS -c experiments/lab/attn/attn_bench.cu -o "$BUILD/attn_bench.o" & pi
 # lab knobs (see the kernels' headers): variants of the d=128 tiles, checked
 # and timed at s=8k after the main run
 VARIANTS=("fwd 128x32, bwd 4 warps|-DDL_ATTN_FWD128_BN=32 -DDL_ATTN_BWD128_NW=4"
-          "fwd 64x64 1 m-tile per warp|-DDL_ATTN_FWD128_BM=64")
+          "fwd 64x64 1 m-tile per warp|-DDL_ATTN_FWD128_BM=64"
+          "fwd K/V double-buffered|-DDL_ATTN_FWD128_STAGES=2")
 for i in "${!VARIANTS[@]}"; do
   defs=${VARIANTS[$i]#*|}
   $NVCC $FLAGS $defs -c kernels/attn_fwd.cu -o "$BUILD/attn_fwd_v$i.o" & pids+=($!)
