@@ -18,8 +18,9 @@
  * dV += P^T dO and dK += dS^T Q. dS^T also goes to shared memory once for
  * dQ = dS K, which the warps share out as (16 rows, column group) tiles.
  * Q, dO, lse and D of the next row block load with cp.async during the
- * current one (two stages); two barriers per block. With NSPLIT = 2 (head dims > 128) S^T and dP^T
- * are computed by both halves, so the accumulators fit in registers.
+ * current one (two stages); two barriers per block. With NSPLIT = 2 (head
+ * dims > 128) S^T and dP^T are computed by both halves, so the accumulators
+ * fit in registers.
  *
  * Requires what attn_fwd.cu requires, plus the workspace of
  * dl_attn_bwd_workspace_bytes. Checked against dl_attn_bwd_cpu by
