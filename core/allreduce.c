@@ -254,13 +254,20 @@ static int64_t zc_offset(const dl_allreduce_t *ar, const char *p, int64_t nbytes
   return p - zc;
 }
 
-/* Blocks for len vectors per block set (of the tensor or of a slice). */
-static int grid_for(const dl_allreduce_t *ar, int64_t len, int blocks) {
-  if (blocks > 0) return blocks;
-  int64_t per_block = (int64_t)ar->threads * ar->unroll;
-  int64_t g = (len + per_block - 1) / per_block;
-  int cap = ar->dev_type == DL_CUDA ? (ar->sms > 0 ? ar->sms : 1) : ar->max_blocks;
-  return (int)(g < 1 ? 1 : g > cap ? cap : g);
+/* Grid and steps for len vectors per block set (of the tensor or of a
+ * slice): enough blocks for one step each, up to one per multiprocessor,
+ * and steps so that a block needs at most ~4 rounds (a barrier each). */
+static void shape_for(const dl_allreduce_t *ar, int64_t len, int blocks, dl_ar_args_t *a) {
+  const int64_t per_step = (int64_t)ar->threads * ar->unroll;
+  int64_t g = blocks;
+  if (g <= 0) {
+    int cap = ar->dev_type == DL_CUDA ? (ar->sms > 0 ? ar->sms : 1) : ar->max_blocks;
+    g = (len + per_step - 1) / per_step;
+    g = g < 1 ? 1 : g > cap ? cap : g;
+  }
+  int64_t rounds = (len + g * per_step - 1) / (g * per_step);
+  a->blocks = (int)g;
+  a->steps = (int)(rounds > 4 ? (rounds + 3) / 4 : 1);
 }
 
 static int launch(dl_allreduce_t *ar, dl_ar_args_t *a, void *stream) {
@@ -325,7 +332,7 @@ static int run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int 
     a.n = vi.numel;
     a.in = vi.data;
     a.out = vo.data;
-    a.blocks = grid_for(ar, algo == DL_AR_ONE_SHOT ? nv : (nv + ar->size - 1) / ar->size, blocks);
+    shape_for(ar, algo == DL_AR_ONE_SHOT ? nv : (nv + ar->size - 1) / ar->size, blocks, &a);
     return launch(ar, &a, stream);
   }
   /* copy-in (or push): pieces of one slot each */
@@ -336,7 +343,7 @@ static int run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int 
     a.out = vo.data + off * es;
     const int64_t nv = (a.n * es + DL_AR_VEC_BYTES - 1) / DL_AR_VEC_BYTES;
     const int two = algo == DL_AR_TWO_SHOT || algo == DL_AR_TWO_SHOT_PUSH;
-    a.blocks = grid_for(ar, two ? (nv + ar->size - 1) / ar->size : nv, blocks);
+    shape_for(ar, two ? (nv + ar->size - 1) / ar->size : nv, blocks, &a);
     DL_TRY(launch(ar, &a, stream));
   }
   return DL_OK;

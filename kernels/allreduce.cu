@@ -20,13 +20,14 @@
  *
  * Work is cut in 16-byte vectors (the tail vector of a size that is not a
  * multiple is loaded and stored element by element) and in rounds: round k
- * of block b covers vectors [(k*G + b)*T*U, +T*U) (of the tensor, or of each
- * slice for two-shot), each thread U vectors T apart, all loads issued before
- * the first use. A round's data only ever flows between blocks of the same
- * index on different ranks, so the barriers are per block: block b of every
- * rank meets block b of every other (flags[b][from] in the peer's ctrl,
- * counts that only grow; protocol in kernels/signal_pad.h, buffer layout and
- * the double buffering in kernels/allreduce.h).
+ * of block b covers vectors [(k*G + b)*R, +R) (of the tensor, or of each
+ * slice for two-shot), R = steps*T*U, each thread U vectors T apart per step,
+ * all loads of a step issued before the first use. A round's data only ever
+ * flows between blocks of the same index on different ranks, so the
+ * barriers are per block: block b of every rank meets block b of every
+ * other (flags[b][from] in the peer's ctrl, counts that only grow; protocol
+ * in kernels/signal_pad.h, buffer layout and the double buffering in
+ * kernels/allreduce.h).
  *
  * Every wait ends after a->timeout_ns: the first to time out records
  * {peer, expected, seen, block, algo, call} in a->status and the pad's
@@ -308,6 +309,11 @@ __device__ __forceinline__ uint4 reduce_vec_own(const uint4 (&x)[NRC], int nr, i
 
 // ---- kernels --------------------------------------------------------------------
 
+// Round k of block b covers vectors [(k*G + b)*R, +R) of the tensor (or of
+// each slice), R = steps*T*U; in step s thread t handles the U vectors
+// r0 + s*T*U + u*T + t. Only the rounds are separated by barriers, so
+// `steps` trades barriers against overlap between the phases of blocks.
+
 template <int DT, int NR, bool AL>
 __global__ void __launch_bounds__(AR_THREADS, 2) allreduce_one_shot_kernel(const dl_ar_args_t a) {
   constexpr int NRC = shape<NR>::NRC, U = shape<NR>::U;
@@ -321,30 +327,34 @@ __global__ void __launch_bounds__(AR_THREADS, 2) allreduce_one_shot_kernel(const
   for (int p = 0; p < NRC; p++)
     src[p] = p < nr ? (a.zero_copy ? a.bufs[p] + a.zc_off : staging(a, p, h, 0)) : nullptr;
   char *mine = staging(a, a.rank, h, 0);
-  const int64_t step = (int64_t)gridDim.x * blockDim.x * U;
+  const int64_t per_step = (int64_t)blockDim.x * U, per_round = per_step * a.steps;
   bool ok = !a.zero_copy || ar_barrier(a, self, seq);
-  for (int64_t base = (int64_t)blockIdx.x * blockDim.x * U + threadIdx.x; ok && base - threadIdx.x < nv;
-       base += step) {
+  for (int64_t r0 = blockIdx.x * per_round; ok && r0 < nv; r0 += per_round * gridDim.x) {
+    const int64_t r1 = r0 + per_round < nv ? r0 + per_round : nv;
     if (!a.zero_copy) {
+      for (int64_t s0 = r0 + threadIdx.x; s0 < r1; s0 += per_step) {
 #pragma unroll
-      for (int u = 0; u < U; u++) {
-        const int64_t v = base + (int64_t)u * blockDim.x;
-        if (v < nv) st_vec(mine, v, ld_user<DT, AL>(a.in, v, a.n));
+        for (int u = 0; u < U; u++) {
+          const int64_t v = s0 + (int64_t)u * blockDim.x;
+          if (v < r1) st_vec(mine, v, ld_user<DT, AL>(a.in, v, a.n));
+        }
       }
       if (!(ok = ar_barrier(a, self, seq))) break;
     }
-    uint4 x[U][NRC];
+    for (int64_t s0 = r0 + threadIdx.x; s0 < r1; s0 += per_step) {
+      uint4 x[U][NRC];
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-      const int64_t v = base + (int64_t)u * blockDim.x;
+      for (int u = 0; u < U; u++) {
+        const int64_t v = s0 + (int64_t)u * blockDim.x;
 #pragma unroll
-      for (int p = 0; p < NRC; p++)
-        if (p < nr && v < nv) x[u][p] = ld_vec(src[p], v);
-    }
+        for (int p = 0; p < NRC; p++)
+          if (p < nr && v < r1) x[u][p] = ld_vec(src[p], v);
+      }
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-      const int64_t v = base + (int64_t)u * blockDim.x;
-      if (v < nv) st_user<DT, AL>(a.out, v, a.n, reduce_vec<DT, NRC>(x[u], nr));
+      for (int u = 0; u < U; u++) {
+        const int64_t v = s0 + (int64_t)u * blockDim.x;
+        if (v < r1) st_user<DT, AL>(a.out, v, a.n, reduce_vec<DT, NRC>(x[u], nr));
+      }
     }
   }
   if (ok && a.zero_copy) ar_barrier(a, self, seq); // peers are done with our input
@@ -352,48 +362,53 @@ __global__ void __launch_bounds__(AR_THREADS, 2) allreduce_one_shot_kernel(const
 }
 
 template <int DT, int NR, bool AL>
-__global__ void __launch_bounds__(AR_THREADS, 2)
+__global__ void __launch_bounds__(AR_THREADS, 1)
     allreduce_one_shot_push_kernel(const dl_ar_args_t a) {
   constexpr int NRC = shape<NR>::NRC, U = shape<NR>::U;
-  const int nr = NR ? NR : a.nranks;
-  dl_ar_ctrl_t *self = ctrl_of(buf_of(a, a.rank));
+  const int nr = NR ? NR : a.nranks, me = a.rank;
+  dl_ar_ctrl_t *self = ctrl_of(buf_of(a, me));
   const uint32_t seq = ar_begin(self);
   const int h = seq & 1;
   const int64_t nv = vec_count<DT>(a.n);
-  const int64_t step = (int64_t)gridDim.x * blockDim.x * U;
-  bool ok = true;
-  for (int64_t base = (int64_t)blockIdx.x * blockDim.x * U + threadIdx.x; base - threadIdx.x < nv;
-       base += step) {
-    uint4 own[U];
+  const int64_t per_step = (int64_t)blockDim.x * U, per_round = per_step * a.steps;
+  for (int64_t r0 = blockIdx.x * per_round; r0 < nv; r0 += per_round * gridDim.x) {
+    const int64_t r1 = r0 + per_round < nv ? r0 + per_round : nv;
+    // our input goes to slot `me` of every peer's staging
+    for (int64_t s0 = r0 + threadIdx.x; s0 < r1; s0 += per_step) {
+      uint4 own[U];
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-      const int64_t v = base + (int64_t)u * blockDim.x;
-      if (v < nv) own[u] = ld_user<DT, AL>(a.in, v, a.n);
+      for (int u = 0; u < U; u++) {
+        const int64_t v = s0 + (int64_t)u * blockDim.x;
+        if (v < r1) own[u] = ld_user<DT, AL>(a.in, v, a.n);
+      }
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int64_t v = s0 + (int64_t)u * blockDim.x;
+#pragma unroll
+        for (int p = 0; p < NRC; p++)
+          if (p < nr && p != me && v < r1) st_vec(staging(a, p, h, me), v, own[u]);
+      }
     }
-    // our input goes to slot `rank` of every peer's staging
+    if (!ar_barrier(a, self, seq)) break;
+    // every peer's input is in our staging: reduce locally (our own input
+    // is read again, it is local and still unchanged)
+    for (int64_t s0 = r0 + threadIdx.x; s0 < r1; s0 += per_step) {
+      uint4 own[U], x[U][NRC];
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-      const int64_t v = base + (int64_t)u * blockDim.x;
+      for (int u = 0; u < U; u++) {
+        const int64_t v = s0 + (int64_t)u * blockDim.x;
+        if (v < r1) own[u] = ld_user<DT, AL>(a.in, v, a.n);
 #pragma unroll
-      for (int p = 0; p < NRC; p++)
-        if (p < nr && p != a.rank && v < nv) st_vec(staging(a, p, h, a.rank), v, own[u]);
-    }
-    if (!(ok = ar_barrier(a, self, seq))) break;
-    uint4 x[U][NRC];
+        for (int p = 0; p < NRC; p++)
+          if (p < nr && p != me && v < r1) x[u][p] = ld_vec(staging(a, me, h, p), v);
+      }
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-      const int64_t v = base + (int64_t)u * blockDim.x;
-#pragma unroll
-      for (int p = 0; p < NRC; p++)
-        if (p < nr && p != a.rank && v < nv) x[u][p] = ld_vec(staging(a, a.rank, h, p), v);
-    }
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-      const int64_t v = base + (int64_t)u * blockDim.x;
-      if (v < nv) st_user<DT, AL>(a.out, v, a.n, reduce_vec_own<DT, NRC>(x[u], nr, a.rank, own[u]));
+      for (int u = 0; u < U; u++) {
+        const int64_t v = s0 + (int64_t)u * blockDim.x;
+        if (v < r1) st_user<DT, AL>(a.out, v, a.n, reduce_vec_own<DT, NRC>(x[u], nr, me, own[u]));
+      }
     }
   }
-  (void)ok;
   ar_end(self, seq);
 }
 
@@ -415,75 +430,81 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_two_shot_kernel(const
   for (int p = 0; p < NRC; p++)
     buf[p] = p < nr ? (a.zero_copy ? a.bufs[p] + a.zc_off : staging(a, p, h, 0)) : nullptr;
   char *const mine = a.zero_copy ? buf_of(a, me) + a.zc_off : staging(a, me, h, 0);
-  const int64_t step = (int64_t)gridDim.x * blockDim.x * U;
+  const int64_t per_step = (int64_t)blockDim.x * U, per_round = per_step * a.steps;
   bool ok = true;
-  int64_t round = 0;
-  for (int64_t base = (int64_t)blockIdx.x * blockDim.x * U + threadIdx.x; base - threadIdx.x < sv;
-       base += step, round++) {
+  for (int64_t r0 = blockIdx.x * per_round; r0 < sv; r0 += per_round * gridDim.x) {
+    const int64_t r1 = r0 + per_round < sv ? r0 + per_round : sv;
     if (!a.zero_copy) { // copy-in: this round's part of every slice
+      for (int64_t s0 = r0 + threadIdx.x; s0 < r1; s0 += per_step) {
 #pragma unroll
-      for (int u = 0; u < U; u++) {
-        const int64_t j = base + (int64_t)u * blockDim.x;
+        for (int u = 0; u < U; u++) {
+          const int64_t j = s0 + (int64_t)u * blockDim.x;
 #pragma unroll
-        for (int q = 0; q < NRC; q++) {
-          const int64_t v = (int64_t)q * sv + j;
-          if (q < nr && j < sv && v < nv) st_vec(mine, v, ld_user<DT, AL>(a.in, v, a.n));
+          for (int q = 0; q < NRC; q++) {
+            const int64_t v = (int64_t)q * sv + j;
+            if (q < nr && j < r1 && v < nv) st_vec(mine, v, ld_user<DT, AL>(a.in, v, a.n));
+          }
         }
       }
     }
-    if (!a.zero_copy || round == 0)
+    if (!a.zero_copy || r0 == blockIdx.x * per_round)
       if (!(ok = ar_barrier(a, self, seq))) break;
     // reduce-scatter: our slice, from every rank
-    uint4 x[U][NRC];
+    for (int64_t s0 = r0 + threadIdx.x; s0 < r1; s0 += per_step) {
+      uint4 x[U][NRC];
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-      const int64_t j = base + (int64_t)u * blockDim.x, v = (int64_t)me * sv + j;
+      for (int u = 0; u < U; u++) {
+        const int64_t j = s0 + (int64_t)u * blockDim.x, v = (int64_t)me * sv + j;
 #pragma unroll
-      for (int p = 0; p < NRC; p++)
-        if (p < nr && j < sv && v < nv) x[u][p] = ld_vec(buf[p], v);
-    }
+        for (int p = 0; p < NRC; p++)
+          if (p < nr && j < r1 && v < nv) x[u][p] = ld_vec(buf[p], v);
+      }
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-      const int64_t j = base + (int64_t)u * blockDim.x, v = (int64_t)me * sv + j;
-      if (j < sv && v < nv) {
-        const uint4 y = reduce_vec<DT, NRC>(x[u], nr);
-        if (a.zero_copy) {
-          st_user<DT, true>(mine, v, a.n, y);
-        } else {
-          st_user<DT, AL>(a.out, v, a.n, y);
-          if (!PUSH) st_vec(mine, v, y);
-        }
-        if (PUSH) {
+      for (int u = 0; u < U; u++) {
+        const int64_t j = s0 + (int64_t)u * blockDim.x, v = (int64_t)me * sv + j;
+        if (j < r1 && v < nv) {
+          const uint4 y = reduce_vec<DT, NRC>(x[u], nr);
+          if (a.zero_copy) {
+            st_user<DT, true>(mine, v, a.n, y);
+          } else {
+            st_user<DT, AL>(a.out, v, a.n, y);
+            if (!PUSH) st_vec(mine, v, y);
+          }
+          if (PUSH) {
 #pragma unroll
-          for (int p = 0; p < NRC; p++)
-            if (p < nr && p != me) {
-              if (a.zero_copy) st_user<DT, true>(buf[p], v, a.n, y);
-              else st_vec(buf[p], v, y);
-            }
+            for (int p = 0; p < NRC; p++)
+              if (p < nr && p != me) {
+                if (a.zero_copy) st_user<DT, true>(buf[p], v, a.n, y);
+                else st_vec(buf[p], v, y);
+              }
+          }
         }
       }
     }
     if (!(ok = ar_barrier(a, self, seq))) break;
     // all-gather: every other slice, read from its owner or from our buffer
     if (PUSH && a.zero_copy) continue;
+    for (int64_t s0 = r0 + threadIdx.x; s0 < r1; s0 += per_step) {
+      uint4 x[U][NRC];
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-      const int64_t j = base + (int64_t)u * blockDim.x;
+      for (int u = 0; u < U; u++) {
+        const int64_t j = s0 + (int64_t)u * blockDim.x;
 #pragma unroll
-      for (int q = 0; q < NRC; q++) {
-        const int64_t v = (int64_t)q * sv + j;
-        if (q < nr && q != me && j < sv && v < nv) x[u][q] = ld_vec(PUSH ? mine : buf[q], v);
+        for (int q = 0; q < NRC; q++) {
+          const int64_t v = (int64_t)q * sv + j;
+          if (q < nr && q != me && j < r1 && v < nv) x[u][q] = ld_vec(PUSH ? mine : buf[q], v);
+        }
       }
-    }
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-      const int64_t j = base + (int64_t)u * blockDim.x;
+      for (int u = 0; u < U; u++) {
+        const int64_t j = s0 + (int64_t)u * blockDim.x;
 #pragma unroll
-      for (int q = 0; q < NRC; q++) {
-        const int64_t v = (int64_t)q * sv + j;
-        if (q < nr && q != me && j < sv && v < nv) {
-          if (a.zero_copy) st_user<DT, true>(mine, v, a.n, x[u][q]);
-          else st_user<DT, AL>(a.out, v, a.n, x[u][q]);
+        for (int q = 0; q < NRC; q++) {
+          const int64_t v = (int64_t)q * sv + j;
+          if (q < nr && q != me && j < r1 && v < nv) {
+            if (a.zero_copy) st_user<DT, true>(mine, v, a.n, x[u][q]);
+            else st_user<DT, AL>(a.out, v, a.n, x[u][q]);
+          }
         }
       }
     }
@@ -548,7 +569,7 @@ template <int DT> static int launch_dt(const dl_ar_args_t *a, cudaStream_t st) {
 extern "C" int dl_allreduce_cuda(const dl_ar_args_t *a, void *stream) {
   int threads, unroll;
   dl_allreduce_cuda_shape(a->nranks, &threads, &unroll);
-  if (a->threads != threads || a->unroll != unroll || a->blocks < 1 ||
+  if (a->threads != threads || a->unroll != unroll || a->steps < 1 || a->blocks < 1 ||
       a->blocks > DL_AR_MAX_BLOCKS || a->nranks < 2 || a->nranks > DL_SIGNAL_MAX_RANKS)
     return DL_ERR(DL_EINVAL, "allreduce: bad launch shape (%d blocks of %d threads, unroll %d, %d ranks)",
                   a->blocks, a->threads, a->unroll, a->nranks);

@@ -62,7 +62,8 @@ typedef struct dl_ar_args {
   int rank, nranks;
   int blocks;    /* grid size, 1..DL_AR_MAX_BLOCKS                                 */
   int threads;   /* per block; >= nranks                                           */
-  int unroll;    /* 16-byte vectors per thread per round                           */
+  int unroll;    /* 16-byte vectors per thread per step                            */
+  int steps;     /* steps per round (rounds are separated by barriers)             */
   int zero_copy; /* the input is at zc_off in every rank's buffer (see above)      */
   int64_t n;     /* elements                                                       */
   const void *in;  /* this rank's input (not read when zero_copy)                  */

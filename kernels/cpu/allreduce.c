@@ -120,7 +120,7 @@ typedef struct job {
   dl_ar_ctrl_t *self;
   uint32_t seq;
   int h, es, L;
-  int64_t nv, chunk; /* vectors; vectors per block and round */
+  int64_t nv, chunk; /* vectors; vectors per block and round (steps x threads x unroll) */
 } job_t;
 
 /* Elements of vectors [v0, v1), clipped to the tensor. */
@@ -206,7 +206,7 @@ static int two_shot(const job_t *j, int push) {
 
 int dl_allreduce_cpu(const dl_ar_args_t *a, void *stream) {
   (void)stream;
-  if (a->blocks < 1 || a->blocks > DL_AR_MAX_BLOCKS || a->threads < 1 || a->unroll < 1 ||
+  if (a->blocks < 1 || a->blocks > DL_AR_MAX_BLOCKS || a->threads < 1 || a->unroll < 1 || a->steps < 1 ||
       a->nranks < 2 || a->nranks > DL_SIGNAL_MAX_RANKS)
     return DL_ERR(DL_EINVAL, "allreduce (cpu): bad shape (%d blocks, %d x %d vectors, %d ranks)",
                   a->blocks, a->threads, a->unroll, a->nranks);
@@ -221,7 +221,7 @@ int dl_allreduce_cpu(const dl_ar_args_t *a, void *stream) {
   j.es = dl_dtype_size(a->dtype);
   j.L = DL_AR_VEC_BYTES / j.es;
   j.nv = (a->n + j.L - 1) / j.L;
-  j.chunk = (int64_t)a->threads * a->unroll;
+  j.chunk = (int64_t)a->threads * a->unroll * a->steps;
   int rc;
   switch (a->algo) {
   case DL_AR_ONE_SHOT: rc = one_shot(&j); break;

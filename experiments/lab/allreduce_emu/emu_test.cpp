@@ -42,7 +42,7 @@ struct world {
 };
 
 struct call {
-  int algo, dtype, blocks, zc, inplace, misalign;
+  int algo, dtype, blocks, steps, zc, inplace, misalign;
   int64_t n, zc_extra; // zero-copy tensor at this byte offset in the region
 };
 
@@ -87,6 +87,7 @@ static void rank_main(world *w, int r, const std::vector<call> *calls, int skip_
       a.rank = r;
       a.nranks = n;
       a.blocks = k.blocks;
+      a.steps = k.steps;
       dl_allreduce_cuda_shape(n, &a.threads, &a.unroll);
       a.zero_copy = k.zc;
       a.n = k.n;
@@ -155,6 +156,7 @@ int main(int argc, char **argv) {
     int threads, unroll;
     dl_allreduce_cuda_shape(n, &threads, &unroll);
     k.blocks = 1 + rng() % 5;
+    k.steps = 1 + rng() % 3;
     k.zc = k.algo != DL_AR_ONE_SHOT_PUSH && rng() % 3 == 0;
     k.inplace = rng() % 2;
     if (k.zc && k.algo == DL_AR_ONE_SHOT) k.inplace = 0; // the core copies in instead
