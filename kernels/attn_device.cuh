@@ -123,6 +123,26 @@ ATTN_DEV float attn_unpack_hi(uint32_t x) {
   return attn_unpack_lo<BF16>(x >> 16);
 }
 
+/* ---- vector global access (aligned to the size) ----------------------------------- */
+
+ATTN_DEV void attn_ld_b64(const void *p, uint32_t r[2]) {
+  const uint2 v = *reinterpret_cast<const uint2 *>(p);
+  r[0] = v.x, r[1] = v.y;
+}
+
+ATTN_DEV void attn_st_b64(void *p, const uint32_t r[2]) {
+  *reinterpret_cast<uint2 *>(p) = make_uint2(r[0], r[1]);
+}
+
+ATTN_DEV void attn_ld_b128(const void *p, uint32_t r[4]) {
+  const uint4 v = *reinterpret_cast<const uint4 *>(p);
+  r[0] = v.x, r[1] = v.y, r[2] = v.z, r[3] = v.w;
+}
+
+ATTN_DEV void attn_st_b128(void *p, const uint32_t r[4]) {
+  *reinterpret_cast<uint4 *>(p) = make_uint4(r[0], r[1], r[2], r[3]);
+}
+
 /* ---- atomics ------------------------------------------------------------------ */
 
 ATTN_DEV void attn_atomic_add4(float *dst, float a, float b, float c, float d) {

@@ -9,8 +9,9 @@
  * s, thd via cu_seqlens_padded), with the part full-size or the packed half.
  * A part row with lse -inf, or exactly zero under skip_zero_rows, adds
  * nothing, so fully masked rows never produce NaN. fp32 math; out, part in
- * fp32/bf16/fp16. Memory-bound: a warp per (row, head) for the outputs, a
- * thread per (row, head) for lse. Checked against kernels/cpu/attn_merge.c
+ * fp32/bf16/fp16. Memory-bound: a warp per (row, head) for the outputs,
+ * 4 elements per lane when d, strides and bases allow (else 1), a thread
+ * per (row, head) for lse. Checked against kernels/cpu/attn_merge.c
  * by experiments/lab/attn/attn_check.cu.
  */
 #include "attn_common.cuh"
@@ -68,6 +69,43 @@ ATTN_DEV void attn_st(void *x, int dt, int64_t o, float v) {
     ((uint16_t *)x)[o] = (uint16_t)(dt == DL_BF16 ? attn_pack2<true>(v, 0.f) : attn_pack2<false>(v, 0.f));
 }
 
+/* VEC consecutive elements at offset o (VEC = 4: aligned to 4 elements). */
+template <int VEC>
+ATTN_DEV void attn_ldv(const void *x, int dt, int64_t o, float v[VEC]) {
+  if (VEC == 1) {
+    v[0] = attn_ld(x, dt, o);
+  } else if (dt == DL_F32) {
+    uint32_t r[4];
+    attn_ld_b128((const float *)x + o, r);
+#pragma unroll
+    for (int e = 0; e < 4; e++) v[e] = __uint_as_float(r[e]);
+  } else {
+    uint32_t r[2];
+    attn_ld_b64((const uint16_t *)x + o, r);
+    const bool bf = dt == DL_BF16;
+    v[0] = bf ? attn_unpack_lo<true>(r[0]) : attn_unpack_lo<false>(r[0]);
+    v[1] = bf ? attn_unpack_hi<true>(r[0]) : attn_unpack_hi<false>(r[0]);
+    v[2] = bf ? attn_unpack_lo<true>(r[1]) : attn_unpack_lo<false>(r[1]);
+    v[3] = bf ? attn_unpack_hi<true>(r[1]) : attn_unpack_hi<false>(r[1]);
+  }
+}
+
+template <int VEC>
+ATTN_DEV void attn_stv(void *x, int dt, int64_t o, const float v[VEC]) {
+  if (VEC == 1) {
+    attn_st(x, dt, o, v[0]);
+  } else if (dt == DL_F32) {
+    const uint32_t r[4] = {__float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]),
+                           __float_as_uint(v[3])};
+    attn_st_b128((float *)x + o, r);
+  } else {
+    const bool bf = dt == DL_BF16;
+    const uint32_t r[2] = {bf ? attn_pack2<true>(v[0], v[1]) : attn_pack2<false>(v[0], v[1]),
+                           bf ? attn_pack2<true>(v[2], v[3]) : attn_pack2<false>(v[2], v[3])};
+    attn_st_b64((uint16_t *)x + o, r);
+  }
+}
+
 __global__ void attn_merge_lse_kernel(const dl_attn_merge_params_t p, int64_t items) {
   for (int64_t it = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; it < items;
        it += (int64_t)gridDim.x * blockDim.x) {
@@ -79,6 +117,7 @@ __global__ void attn_merge_lse_kernel(const dl_attn_merge_params_t p, int64_t it
   }
 }
 
+template <int VEC>
 __global__ void attn_merge_out_kernel(const dl_attn_merge_params_t p, int64_t items) {
   const int lane = threadIdx.x & 31;
   for (int64_t it = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5; it < items;
@@ -89,7 +128,12 @@ __global__ void attn_merge_out_kernel(const dl_attn_merge_params_t p, int64_t it
     bool skip = Lp == ATTN_NEG_INF;
     if (p.skip_zero_rows) {
       bool zero = true;
-      for (int c = lane; c < p.d; c += 32) zero &= attn_ld(p.part, p.part_dtype, m.po + c) == 0.f;
+      for (int c = lane * VEC; c < p.d; c += 32 * VEC) {
+        float v[VEC];
+        attn_ldv<VEC>(p.part, p.part_dtype, m.po + c, v);
+#pragma unroll
+        for (int e = 0; e < VEC; e++) zero &= v[e] == 0.f;
+      }
       skip |= attn_all(zero);
     }
     float keep, take, Ln = L;
@@ -102,10 +146,15 @@ __global__ void attn_merge_out_kernel(const dl_attn_merge_params_t p, int64_t it
       keep = p.mode == DL_ATTN_MERGE_ADD ? 1.f : 0.f;
       take = skip || L == ATTN_NEG_INF ? 0.f : expf(Lp - L);
     }
-    for (int c = lane; c < p.d; c += 32) {
-      const float old = keep != 0.f ? keep * attn_ld(p.out, p.out_dtype, m.o + c) : 0.f;
-      const float add = take != 0.f ? take * attn_ld(p.part, p.part_dtype, m.po + c) : 0.f;
-      attn_st(p.out, p.out_dtype, m.o + c, old + add);
+    for (int c = lane * VEC; c < p.d; c += 32 * VEC) {
+      float o[VEC], x[VEC];
+#pragma unroll
+      for (int e = 0; e < VEC; e++) o[e] = x[e] = 0.f;
+      if (keep != 0.f) attn_ldv<VEC>(p.out, p.out_dtype, m.o + c, o);
+      if (take != 0.f) attn_ldv<VEC>(p.part, p.part_dtype, m.po + c, x);
+#pragma unroll
+      for (int e = 0; e < VEC; e++) o[e] = keep * o[e] + take * x[e];
+      attn_stv<VEC>(p.out, p.out_dtype, m.o + c, o);
     }
     if (p.mode == DL_ATTN_MERGE_INCR) {
       attn_syncwarp(); /* every lane has read L */
@@ -114,16 +163,22 @@ __global__ void attn_merge_out_kernel(const dl_attn_merge_params_t p, int64_t it
   }
 }
 
+template <int VEC>
 __global__ void attn_merge_grad_kernel(const dl_attn_merge_params_t p, int64_t items) {
   const int lane = threadIdx.x & 31;
   for (int64_t it = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5; it < items;
        it += ((int64_t)gridDim.x * blockDim.x) >> 5) {
     attn_merge_row_t m;
     if (!attn_merge_row(p, it / p.h, (int)(it % p.h), &m)) continue;
-    for (int c = lane; c < p.d; c += 32) {
-      float v = attn_ld(p.part, p.part_dtype, m.po + c);
-      if (p.mode == DL_ATTN_GRAD_ADD) v += attn_ld(p.out, p.out_dtype, m.o + c);
-      attn_st(p.out, p.out_dtype, m.o + c, v);
+    for (int c = lane * VEC; c < p.d; c += 32 * VEC) {
+      float v[VEC], o[VEC];
+      attn_ldv<VEC>(p.part, p.part_dtype, m.po + c, v);
+      if (p.mode == DL_ATTN_GRAD_ADD) {
+        attn_ldv<VEC>(p.out, p.out_dtype, m.o + c, o);
+#pragma unroll
+        for (int e = 0; e < VEC; e++) v[e] += o[e];
+      }
+      attn_stv<VEC>(p.out, p.out_dtype, m.o + c, v);
     }
   }
 }
@@ -135,6 +190,19 @@ static int64_t attn_merge_items(const dl_attn_merge_params_t *p) {
   const int64_t slots = p->cu_seqlens_padded ? p->total
                         : (int64_t)p->b * (p->half == DL_ATTN_HALF_ALL ? p->s : p->s / 2);
   return slots * p->h;
+}
+
+/* Can out and part move 4 elements at a time (d, strides, bases aligned)? */
+static bool attn_merge_vec4(const dl_attn_merge_params_t *p) {
+  const dl_attn_strides_t *st[2] = {&p->out_st, &p->part_st};
+  const void *ptr[2] = {p->out, p->part};
+  const int dt[2] = {p->out_dtype, p->part_dtype};
+  if (p->d % 4) return false;
+  for (int i = 0; i < 2; i++)
+    if (st[i]->s % 4 || st[i]->h % 4 || (!p->cu_seqlens_padded && st[i]->b % 4) ||
+        (uintptr_t)ptr[i] % (dt[i] == DL_F32 ? 16 : 8))
+      return false;
+  return true;
 }
 
 static dim3 attn_merge_grid(int64_t items, int per_block) {
@@ -154,14 +222,14 @@ extern "C" int dl_attn_merge_out_cuda(const dl_attn_merge_params_t *p, void *str
   DL_TRY(dl_attn_merge_validate(p, 1, 1));
   const int64_t items = attn_merge_items(p);
   if (items == 0) return 0;
-  return attn_launch("attn_merge_out_kernel", attn_merge_out_kernel, attn_merge_grid(items, 8), dim3(256), 0,
-                     stream, *p, items);
+  return attn_launch("attn_merge_out_kernel", attn_merge_vec4(p) ? attn_merge_out_kernel<4> : attn_merge_out_kernel<1>,
+                     attn_merge_grid(items, 8), dim3(256), 0, stream, *p, items);
 }
 
 extern "C" int dl_attn_merge_grad_cuda(const dl_attn_merge_params_t *p, void *stream) {
   DL_TRY(dl_attn_merge_validate(p, 2, 1));
   const int64_t items = attn_merge_items(p);
   if (items == 0) return 0;
-  return attn_launch("attn_merge_grad_kernel", attn_merge_grad_kernel, attn_merge_grid(items, 8), dim3(256), 0,
-                     stream, *p, items);
+  return attn_launch("attn_merge_grad_kernel", attn_merge_vec4(p) ? attn_merge_grad_kernel<4> : attn_merge_grad_kernel<1>,
+                     attn_merge_grid(items, 8), dim3(256), 0, stream, *p, items);
 }

@@ -48,6 +48,7 @@ static inline int max(int a, int b) { return a > b ? a : b; }
 static inline float __int_as_float(int x) { float f; memcpy(&f, &x, 4); return f; }
 static inline int __float_as_int(float f) { int x; memcpy(&x, &f, 4); return x; }
 static inline float __uint_as_float(uint32_t x) { float f; memcpy(&f, &x, 4); return f; }
+static inline uint32_t __float_as_uint(float f) { uint32_t x; memcpy(&x, &f, 4); return x; }
 
 /* ---- the scheduler ------------------------------------------------------------ */
 
@@ -424,6 +425,17 @@ ATTN_DEV float attn_unpack_lo(uint32_t x) { return emu_b16_to_f32(x, BF16); }
 
 template <bool BF16>
 ATTN_DEV float attn_unpack_hi(uint32_t x) { return emu_b16_to_f32(x >> 16, BF16); }
+
+static inline void emu_aligned(const void *p, size_t n) {
+  if ((uintptr_t)p % n) {
+    fprintf(stderr, "emu: %zu-byte access misaligned\n", n);
+    abort();
+  }
+}
+ATTN_DEV void attn_ld_b64(const void *p, uint32_t r[2]) { emu_aligned(p, 8), memcpy(r, p, 8); }
+ATTN_DEV void attn_st_b64(void *p, const uint32_t r[2]) { emu_aligned(p, 8), memcpy(p, r, 8); }
+ATTN_DEV void attn_ld_b128(const void *p, uint32_t r[4]) { emu_aligned(p, 16), memcpy(r, p, 16); }
+ATTN_DEV void attn_st_b128(void *p, const uint32_t r[4]) { emu_aligned(p, 16), memcpy(p, r, 16); }
 
 ATTN_DEV void attn_atomic_add4(float *dst, float a, float b, float c, float d) {
   if ((uintptr_t)dst % 16) {
