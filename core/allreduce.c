@@ -143,7 +143,8 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
   *out = NULL;
   dl_comm_info_t ci;
   DL_TRY(dl_comm_info(c, &ci));
-  if (max_bytes <= 0) max_bytes = (int64_t)64 << 20;
+  /* cpu buffers live in /dev/shm, which containers keep small */
+  if (max_bytes <= 0) max_bytes = (int64_t)(ci.dev_type == DL_CPU ? 8 : 64) << 20;
   DL_CHECK_ARG(ci.size <= DL_SIGNAL_MAX_RANKS,
                "dl_allreduce_new: comm '%s' has %d ranks; the all-reduce kernels span one host "
                "of at most %d (split the communicator by host)",

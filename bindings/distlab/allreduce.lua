@@ -10,7 +10,7 @@
 --       ranks, CUDA graphs of 10 calls; writes the table that "auto" reads.
 --   dl.allreduce.choose(nbytes, comm) -> algo, blocks   what "auto" would run
 --   dl.allreduce.get(comm)   the communicator's all-reduce object (made on first use: collective)
---   dl.allreduce.new(comm, {max_bytes = 64 MiB})
+--   dl.allreduce.new(comm, {max_bytes = 64 MiB on cuda, 8 MiB on cpu})
 --     ar:run(t, opts)  ar:buffer(shape, dtype, offset)  ar:check()  ar:info()  ar:free()
 --
 -- ar:buffer gives a view of this rank's zero-copy region: an input written
@@ -239,9 +239,10 @@ local function grid_choices(a, algo, nbytes)
   local vecs = math.ceil(nbytes / 16)
   if algo:match("^two_shot") then vecs = math.ceil(vecs / a.size) end
   local most = math.min(a.max_blocks, math.max(1, math.ceil(vecs / a.threads)))
-  local out, seen = { 0 }, {}
   local sms = a.sms > 0 and a.sms or 4
-  for _, g in ipairs { 8, 16, 32, 64, sms, 2 * sms } do
+  local tries = nbytes > 16 * 2 ^ 20 and { 2 * sms } or { 8, 16, 32, 64, sms, 2 * sms }
+  local out, seen = { 0 }, {}
+  for _, g in ipairs(tries) do
     if g <= most and not seen[g] then
       seen[g] = true
       out[#out + 1] = g
@@ -311,7 +312,9 @@ function M.tune(opts)
     local best
     for _, algo in ipairs(algos) do
       for _, g in ipairs(grid_choices(a, algo, n * es)) do
-        local us = time_call(a, function() a:run(x, { algo = algo, blocks = g }) end, opts.replays or 30)
+        local replays = opts.replays or 30
+        replays = math.max(5, math.min(replays, math.floor(replays * 8 * 2 ^ 20 / (n * es))))
+        local us = time_call(a, function() a:run(x, { algo = algo, blocks = g }) end, replays)
         measured[#measured + 1] = { bytes = n * es, algo = algo, blocks = g, us = us }
         if not best or us < best.us then best = { algo = algo, blocks = g, us = us, at = n * es } end
       end

@@ -1,0 +1,401 @@
+-- experiments/allreduce_sweep.lua — the all-reduce table of seed 002 (vLLM's
+-- benchmark), on our machines: bf16, rows (32..4096) x 8192 (0.5 MB .. 64 MB)
+-- plus 8 KB .. 256 KB and 128 MB .. 1 GB; columns one_shot, two_shot, nccl,
+-- auto and "best (speedup vs nccl)", and more: the push variants, the
+-- zero-copy variants (input already in the all-reduce's symmetric buffer),
+-- and the PyTorch anchors measured in the same run (--torch, the CSV of
+-- experiments/allreduce_torch.py).
+--
+--   ./distlab run -n 2 --device cuda experiments/allreduce_sweep.lua [options]
+--     --out DIR          results go to DIR/allreduce-TAG.{md,csv} (default experiments/results)
+--     --tag NAME         default: GPU model and rank count, e.g. h200x2
+--     --torch FILE.csv   PyTorch anchors from the same run
+--     --sizes a,b,...    bytes (default: the table's sizes)
+--     --replays N        timed replays per case (default 50; fewer above 64 MB)
+--     --command TEXT     the command line to record (default: this script's)
+--     --tune FILE        first run dl.allreduce.tune at the same sizes, write its table to
+--                        FILE and let auto use it (set DISTLAB_AR_TABLE=FILE too, so that
+--                        nothing else shadows it)
+--
+-- Method (vLLM's): per case a CUDA graph of 10 back-to-back all-reduces on
+-- the same tensor, 5 warm-up replays, then each replay between two device
+-- events; time per all-reduce = replay / 10, the median over replays, the
+-- max over ranks. algbw = bytes / time, busbw = algbw x 2(n-1)/n (nccl-tests).
+-- Inputs are zeros while timing; after timing every case runs once more on
+-- random inputs and three windows of the result are checked against an fp64
+-- sum (#wrong). "auto" runs whatever the dispatch table in use picks (its
+-- file is named in the results); the "best" column is the fastest of the
+-- algorithms on an ordinary tensor (one_shot, one_shot_push, two_shot,
+-- two_shot_push, nccl), the zero-copy columns are reported apart.
+local ffi = require "ffi"
+local dl = require "distlab"
+
+local C = dl.C
+
+-- ---- options ------------------------------------------------------------------------
+
+local w = dl.comm.world()
+local N, me = w.size, w.rank
+local on_gpu = w.backend == "nccl"
+local opt = { out = "experiments/results", replays = 50 }
+local i = 1
+while i <= #arg do
+  local a, v = arg[i], arg[i + 1]
+  if a == "--out" then opt.out = v
+  elseif a == "--tag" then opt.tag = v
+  elseif a == "--torch" then opt.torch = v
+  elseif a == "--sizes" then opt.sizes = v
+  elseif a == "--replays" then opt.replays = tonumber(v)
+  elseif a == "--command" then opt.command = v
+  elseif a == "--tune" then opt.tune = v
+  else error("unknown option " .. tostring(a), 0) end
+  i = i + 2
+end
+
+local device_name = on_gpu and dl.cuda_device_name(tonumber(w.device:match("%d+"))) or w.device
+opt.tag = opt.tag or ((on_gpu and (device_name:match("([AHBL]%d+)") or "gpu"):lower() or w.backend) .. "x" .. N)
+
+local sizes = {}
+if opt.sizes then
+  for s in opt.sizes:gmatch("[^,]+") do sizes[#sizes + 1] = { bytes = tonumber(s) } end
+else
+  for _, kb in ipairs { 8, 16, 32, 64, 128, 256 } do sizes[#sizes + 1] = { bytes = kb * 1024 } end
+  for _, rows in ipairs { 32, 64, 96, 128, 192, 256, 512, 1024, 2048, 3072, 4096 } do
+    sizes[#sizes + 1] = { bytes = rows * 8192 * 2, shape = string.format("(%d, 8192)", rows) }
+  end
+  for _, mb in ipairs { 128, 256, 512, 1024 } do
+    sizes[#sizes + 1] = { bytes = mb * 2 ^ 20, shape = string.format("(%d, 8192)", mb * 2 ^ 20 / 16384) }
+  end
+end
+
+local ar = dl.allreduce.get(w)
+local regular = { "one_shot", "two_shot", "nccl", "one_shot_push", "two_shot_push" }
+local columns = { "one_shot", "two_shot", "nccl", "auto", "one_shot_push", "two_shot_push", "one_shot_zc",
+  "two_shot_zc", "two_shot_push_zc" }
+
+-- ---- checking ---------------------------------------------------------------------------
+
+local SEED = 4242
+
+-- rank r's check input: normal(0, 1) in bf16, element i from Philox(SEED + r, i)
+local function fill_input(t) t:normal_(0, 1, SEED + me) end
+
+-- Elements [start, start + k) of every rank's input summed in fp64, on the host.
+local function window_ref(start, k)
+  local ref = dl.zeros({ k }, { dtype = "f64", device = "cpu" })
+  for r = 0, N - 1 do
+    local x = dl.empty({ k }, { dtype = "bf16", device = "cpu" })
+    dl.check(C.dl_tensor_random(x, C.DL_RAND_NORMAL, ffi.cast("uint64_t", SEED + r), start, 0, 1, nil))
+    ref:add_(x:f64())
+  end
+  return ref
+end
+
+-- Wrong elements in three windows (start, middle, end) of result.
+local function count_wrong(result)
+  local n = result:numel()
+  local k = math.min(n, 4096)
+  local wrong = 0
+  for _, start in ipairs { 0, math.floor((n - k) / 2), n - k } do
+    local got = result:narrow(1, start + 1, k):to("cpu"):f64()
+    local r = dl.compare(got, window_ref(start, k), 1e-2 * N, 2 ^ -7)
+    wrong = wrong + tonumber(r.n_not_close)
+  end
+  return wrong
+end
+
+-- ---- cases ---------------------------------------------------------------------------------
+
+-- column -> function(n) returning (issue one all-reduce, run once on check inputs -> result)
+local function make(col, n, x)
+  local zc = col:match("^(.+)_zc$")
+  if not zc then
+    local algo = col
+    return function() ar:run(x, { algo = algo }) end, function()
+      fill_input(x)
+      ar:run(x, { algo = algo })
+      return x
+    end
+  end
+  if n * 2 > ar.max_bytes then return nil end
+  local z = ar:buffer({ n }, "bf16")
+  if zc == "one_shot" then
+    local out = dl.empty({ n }, { dtype = "bf16" })
+    return function() ar:run(z, { algo = "one_shot", out = out }) end, function()
+      fill_input(z)
+      ar:run(z, { algo = "one_shot", out = out })
+      return out
+    end
+  end
+  return function() ar:run(z, { algo = zc }) end, function()
+    fill_input(z)
+    ar:run(z, { algo = zc })
+    return z
+  end
+end
+
+local function measure(col, size)
+  local n = size.bytes / 2
+  local x = size.x
+  local issue, once = make(col, n, x)
+  if not issue then return nil end
+  x:zero_()
+  if col:match("_zc$") then ar:buffer({ n }, "bf16"):zero_() end
+  local replays = math.max(10, math.min(opt.replays, math.floor(opt.replays * 64 * 2 ^ 20 / size.bytes)))
+  local us = dl.allreduce.time_call(ar, issue, replays)
+  local wrong = count_wrong(once())
+  local v = dl.full({ 1 }, wrong, { dtype = "f64" })
+  w:all_reduce(v, "sum")
+  local alg = size.bytes / us * 1e-3
+  return { col = col, us = us, algbw = alg, busbw = alg * 2 * (N - 1) / N, wrong = v:item(), replays = replays }
+end
+
+-- ---- anchors ------------------------------------------------------------------------------
+
+local torch_cols = { "nccl_torch", "torch_one_shot", "torch_two_shot" }
+local torch = {} -- impl -> bytes -> {us, method}
+local torch_note
+if opt.torch then
+  local f = io.open(opt.torch, "r")
+  if not f then
+    torch_note = "no PyTorch anchors: " .. opt.torch .. " is missing (the PyTorch run failed?)"
+  else
+    local head
+    for line in f:lines() do
+      local c = {}
+      for x in (line .. ","):gmatch("([^,]*),") do c[#c + 1] = x end
+      if not head then head = c
+      else
+        local impl = c[1] == "nccl" and "nccl_torch" or c[1]
+        torch[impl] = torch[impl] or {}
+        torch[impl][tonumber(c[2])] = { us = tonumber(c[3]), method = c[4], wrong = tonumber(c[5]) }
+      end
+    end
+    f:close()
+  end
+end
+
+local function anchor(impl, bytes)
+  local a = torch[impl] and torch[impl][bytes]
+  if a and a.us and a.us == a.us then return a.us end
+end
+
+-- ---- run -------------------------------------------------------------------------------------
+
+local function fmt_size(b)
+  if b >= 2 ^ 30 then return string.format("%.2f GB", b / 2 ^ 30) end
+  if b >= 2 ^ 20 then return string.format("%.2f MB", b / 2 ^ 20) end
+  return string.format("%d KB", b / 1024)
+end
+
+if opt.tune then
+  local bytes = {}
+  for k, s in ipairs(sizes) do bytes[k] = s.bytes end
+  local entry = dl.allreduce.tune { comm = w, sizes = bytes, file = opt.tune }
+  if me == 0 then -- every measurement, for the record
+    os.execute("mkdir -p '" .. opt.out .. "'")
+    local f = assert(io.open(opt.out .. "/allreduce-" .. opt.tag .. "-tune.csv", "w"))
+    f:write("bytes,algo,blocks,time_us\n")
+    for _, m in ipairs(entry.measured) do f:write(string.format("%d,%s,%d,%.3f\n", m.bytes, m.algo, m.blocks, m.us)) end
+    f:close()
+  end
+end
+local table_entry, table_file = dl.allreduce.table(w)
+if me == 0 then
+  print(string.format("# allreduce sweep: %s x %d, bf16, table %s (%s)", device_name, N, tostring(table_file),
+    table_entry and (table_entry.provisional and "provisional" or table_entry.date or "") or "none: built-in rule"))
+  print(string.format("#%11s %-16s %10s %9s %9s %7s", "bytes", "column", "time_us", "algbw", "busbw", "#wrong"))
+end
+local results, total_wrong = {}, 0
+for _, size in ipairs(sizes) do
+  size.x = dl.empty({ size.bytes / 2 }, { dtype = "bf16" })
+  size.auto_algo = dl.allreduce.choose(size.bytes, w)
+  local row = { size = size }
+  for _, col in ipairs(columns) do
+    local r = measure(col, size)
+    row[col] = r
+    if r then
+      total_wrong = total_wrong + r.wrong
+      if me == 0 then
+        print(string.format("%12d %-16s %10.2f %9.2f %9.2f %7d", size.bytes, col, r.us, r.algbw, r.busbw, r.wrong))
+        io.stdout:flush()
+      end
+    end
+  end
+  size.x:free()
+  size.x = nil
+  results[#results + 1] = row
+end
+ar:check()
+
+-- ---- report ------------------------------------------------------------------------------------
+
+local function best_of(row)
+  local best
+  for _, col in ipairs(regular) do
+    local r = row[col]
+    if r and (not best or r.us < best.us) then best = r end
+  end
+  return best
+end
+
+local function us_cell(v) return v and string.format("%.1f", v) or "-" end
+local function ms_cell(v) return v and string.format("%.3f", v / 1e3) or "-" end
+
+local function write_results()
+  os.execute("mkdir -p '" .. opt.out .. "'")
+  local base = opt.out .. "/allreduce-" .. opt.tag
+  local cmd = opt.command or string.format("./distlab run -n %d --device %s experiments/allreduce_sweep.lua %s", N,
+    on_gpu and "cuda" or w.device, table.concat(arg, " "))
+  -- long CSV: one row per size and column
+  local csv = assert(io.open(base .. ".csv", "w"))
+  csv:write("bytes,shape,impl,time_us,algbw_GBps,busbw_GBps,wrong,note\n")
+  -- wide CSV for the plot: bytes, then every column's us
+  local wide = assert(io.open(base .. "-wide.csv", "w"))
+  local wcols = {}
+  for _, c in ipairs(columns) do wcols[#wcols + 1] = c end
+  for _, c in ipairs(torch_cols) do wcols[#wcols + 1] = c end
+  wide:write("bytes," .. table.concat(wcols, ",") .. "\n")
+  for _, row in ipairs(results) do
+    local s = row.size
+    for _, col in ipairs(columns) do
+      local r = row[col]
+      if r then
+        csv:write(string.format("%d,%s,%s,%.3f,%.2f,%.2f,%d,%s\n", s.bytes, s.shape or "", col, r.us, r.algbw, r.busbw,
+          r.wrong, col == "auto" and ("picked " .. s.auto_algo) or ""))
+      end
+    end
+    for _, col in ipairs(torch_cols) do
+      local a = torch[col] and torch[col][s.bytes]
+      if a and a.us == a.us then
+        local alg = s.bytes / a.us * 1e-3
+        csv:write(string.format("%d,%s,%s,%.3f,%.2f,%.2f,%d,%s\n", s.bytes, s.shape or "", col, a.us, alg,
+          alg * 2 * (N - 1) / N, a.wrong or -1, a.method or ""))
+      end
+    end
+    local cells = { tostring(s.bytes) }
+    for _, c in ipairs(wcols) do
+      local v = row[c] and row[c].us or anchor(c, s.bytes)
+      cells[#cells + 1] = v and string.format("%.3f", v) or "NaN"
+    end
+    wide:write(table.concat(cells, ",") .. "\n")
+  end
+  csv:close()
+  wide:close()
+
+  local md = { "# All-reduce sweep: " .. device_name .. " x " .. N, "",
+    "- device: " .. device_name .. " x " .. N .. " (" .. w.backend .. " communicator" .. (on_gpu and ", NVLink, no multicast)" or ")"),
+    "- date: " .. os.date("!%Y-%m-%d %H:%M UTC"),
+    "- command: `" .. cmd .. "`",
+    "- dispatch table for auto: " .. tostring(table_file) .. (table_entry and table_entry.provisional and " (provisional)" or ""),
+    "- method: bf16, in place unless noted; a CUDA graph of 10 back-to-back all-reduces, 5 warm-up replays, " ..
+      "then each replay timed with device events; time per all-reduce = median replay / 10, max over ranks " ..
+      "(vLLM's benchmark method); data checked after timing (3 windows of 4096 elements vs an fp64 sum).",
+    "- columns: one_shot (pull, copy into the symmetric buffer in the kernel), two_shot (reduce-scatter and " ..
+      "all-gather by reading), nccl (the communicator's NCCL all_reduce), auto (what the table picks), " ..
+      "one_shot_push / two_shot_push (writes instead of reads), *_zc (zero copy: the input already in the " ..
+      "all-reduce's symmetric buffer; one_shot_zc out of place), PyTorch anchors from the same run: " ..
+      "nccl_torch (torch.distributed), torch_one_shot / torch_two_shot (torch.ops.symm_mem, input in symmetric memory).",
+    "- best: the fastest of one_shot, one_shot_push, two_shot, two_shot_push and nccl on an ordinary tensor.",
+  }
+  if torch_note then md[#md + 1] = "- " .. torch_note end
+  md[#md + 1] = ""
+  md[#md + 1] = "## The seed's table (ms per all-reduce)"
+  md[#md + 1] = ""
+  md[#md + 1] = "| Tensor Shape | Tensor Size | one_shot | two_shot | nccl | auto | Best (Speedup vs NCCL) |"
+  md[#md + 1] = "|---|---:|---:|---:|---:|---:|---|"
+  for _, row in ipairs(results) do
+    local s, best = row.size, best_of(row)
+    md[#md + 1] = string.format("| %s | %s | %s | %s | %s | %s | %s |", s.shape or string.format("(%d)", s.bytes / 2),
+      fmt_size(s.bytes), ms_cell(row.one_shot and row.one_shot.us), ms_cell(row.two_shot and row.two_shot.us),
+      ms_cell(row.nccl and row.nccl.us), ms_cell(row.auto and row.auto.us),
+      best and string.format("%s (%.2fx)", best.col, row.nccl.us / best.us) or "-")
+  end
+  md[#md + 1] = ""
+  md[#md + 1] = "## Every column (us per all-reduce; auto's pick; busbw of auto and nccl in GB/s)"
+  md[#md + 1] = ""
+  local head = "| size | " .. table.concat(columns, " | ") .. " | " .. table.concat(torch_cols, " | ") ..
+    " | auto picks | busbw auto | busbw nccl | #wrong |"
+  md[#md + 1] = head
+  md[#md + 1] = "|---" .. string.rep("|---:", #columns + #torch_cols) .. "|---|---:|---:|---:|"
+  for _, row in ipairs(results) do
+    local s = row.size
+    local cells, wrong = { fmt_size(s.bytes) }, 0
+    for _, col in ipairs(columns) do
+      cells[#cells + 1] = us_cell(row[col] and row[col].us)
+      wrong = wrong + (row[col] and row[col].wrong or 0)
+    end
+    for _, col in ipairs(torch_cols) do cells[#cells + 1] = us_cell(anchor(col, s.bytes)) end
+    cells[#cells + 1] = s.auto_algo
+    cells[#cells + 1] = string.format("%.1f", row.auto.busbw)
+    cells[#cells + 1] = string.format("%.1f", row.nccl.busbw)
+    cells[#cells + 1] = tostring(wrong)
+    md[#md + 1] = "| " .. table.concat(cells, " | ") .. " |"
+  end
+  -- the issue's targets
+  md[#md + 1] = ""
+  md[#md + 1] = "## Targets"
+  md[#md + 1] = ""
+  local function verdict(ok) return ok and "PASS" or "FAIL" end
+  local worst_auto, worst_at = 0, "-"
+  local anchors_ok, anchors_bad, anchors_seen = true, {}, false
+  local at2mb, big_ok, big_bad = nil, true, {}
+  for _, row in ipairs(results) do
+    local s, best = row.size, best_of(row)
+    local ratio = row.auto.us / best.us
+    if ratio > worst_auto then worst_auto, worst_at = ratio, fmt_size(s.bytes) end
+    if s.bytes >= 8 * 1024 and s.bytes <= 64 * 2 ^ 20 then
+      for _, a in ipairs(torch_cols) do
+        local v = anchor(a, s.bytes)
+        if v then
+          anchors_seen = true
+          if row.auto.us >= v then
+            anchors_ok = false
+            anchors_bad[#anchors_bad + 1] = string.format("%s %s %.1f vs %.1f us", fmt_size(s.bytes), a, row.auto.us, v)
+          end
+        end
+      end
+    end
+    if s.bytes == 2 * 2 ^ 20 then at2mb = row.nccl.us / row.auto.us end
+    if s.bytes >= 64 * 2 ^ 20 and row.auto.busbw < row.nccl.busbw then
+      big_ok = false
+      big_bad[#big_bad + 1] = string.format("%s %.1f vs %.1f GB/s", fmt_size(s.bytes), row.auto.busbw, row.nccl.busbw)
+    end
+  end
+  md[#md + 1] = string.format("- auto within 5%% of the best column at every size: %s (worst auto/best %.3f at %s)",
+    verdict(worst_auto <= 1.05), worst_auto, worst_at)
+  md[#md + 1] = string.format("- auto beats both PyTorch anchors from 8 KB to 64 MB: %s%s",
+    anchors_seen and verdict(anchors_ok) or "not measured",
+    #anchors_bad > 0 and (" (" .. table.concat(anchors_bad, "; ") .. ")") or "")
+  md[#md + 1] = string.format("- at 2 MB auto >= 2x faster than NCCL: %s (%.2fx)", at2mb and verdict(at2mb >= 2) or "not measured",
+    at2mb or 0)
+  md[#md + 1] = string.format("- at >= 64 MB auto's busbw >= NCCL's: %s%s", verdict(big_ok),
+    #big_bad > 0 and (" (" .. table.concat(big_bad, "; ") .. ")") or "")
+  md[#md + 1] = string.format("- wrong elements after timing, all cases: %d", total_wrong)
+  md[#md + 1] = ""
+  md[#md + 1] = "![latency vs size](allreduce-" .. opt.tag .. ".png)"
+  md[#md + 1] = ""
+  md[#md + 1] = "CSV: `allreduce-" .. opt.tag .. ".csv` (every case), `allreduce-" .. opt.tag ..
+    "-wide.csv` (the plot's data; `experiments/allreduce_plot.sh` draws it)."
+  local f = assert(io.open(base .. ".md", "w"))
+  f:write(table.concat(md, "\n") .. "\n")
+  f:close()
+  -- the short table, printed last
+  print("")
+  print(string.format("%-16s %10s %10s %10s %10s %10s  %s", "size", "one_shot", "two_shot", "nccl", "auto", "torch_2s",
+    "best (speedup vs nccl)"))
+  for _, row in ipairs(results) do
+    local s, best = row.size, best_of(row)
+    print(string.format("%-16s %10s %10s %10s %10s %10s  %s (%.2fx)", fmt_size(s.bytes), us_cell(row.one_shot.us),
+      us_cell(row.two_shot.us), us_cell(row.nccl.us), us_cell(row.auto.us), us_cell(anchor("torch_two_shot", s.bytes)),
+      best.col, row.nccl.us / best.us))
+  end
+  print("wrote " .. base .. ".md, .csv and -wide.csv")
+end
+
+if me == 0 then write_results() end
+w:barrier()
+if total_wrong > 0 then
+  io.stderr:write(string.format("allreduce_sweep: %d wrong elements\n", total_wrong))
+  os.exit(1)
+end
