@@ -5,6 +5,7 @@
 # limit, then packs that folder into $OUT/out.tgz, because a device call
 # returns at most 8 files. The log of each step is printed as it runs.
 #   scripts/gpu/batch.sh "test" "attn_lab.sh QUICK=1" "comm_check.sh bench"
+#   scripts/gpu/batch.sh "specs spec/a_spec.lua spec/b_spec.lua"   (each file under FILE_TIMEOUT)
 # (words with '=' become the step's environment, the others its arguments)
 # Every step gets STEP_TIMEOUT seconds (default 300).
 set -u
@@ -31,6 +32,13 @@ for step in "$@"; do
   case "$name" in
     test) timeout "${STEP_TIMEOUT:-300}" ./distlab test $args >"$OUT/test.log" 2>&1
           grep -E "^(FAIL|ERROR)|skipping|passed," "$OUT/test.log" | tail -30 ;;
+    specs) # each spec file alone, under its own limit, so one hang costs one file
+          for f in ${args:-spec/*_spec.lua}; do
+            timeout "${FILE_TIMEOUT:-90}" busted --run=default -o spec/support/summary.lua "$f" >"$OUT/$(basename "$f" .lua).log" 2>&1
+            rc=$?
+            echo "$(basename "$f"): $(tail -n 1 "$OUT/$(basename "$f" .lua).log")$([ $rc = 124 ] && echo ' TIMED OUT')"
+            grep -E "^(FAIL|ERROR)" "$OUT/$(basename "$f" .lua).log" | head -8
+          done ;;
     foundation) timeout "${STEP_TIMEOUT:-300}" bash scripts/gpu/check.sh foundation 2>&1 | tail -30 ;;
     *.sh) envs=() pos=()
           for a in $args; do if [[ "$a" == *=* ]]; then envs+=("$a"); else pos+=("$a"); fi; done
