@@ -257,9 +257,14 @@ static int64_t zc_offset(const dl_allreduce_t *ar, const char *p, int64_t nbytes
 
 /* Grid and steps for len vectors per block set (of the tensor or of a
  * slice): enough blocks for one step each, up to one per multiprocessor,
- * and steps so that a block needs at most ~4 rounds (a barrier each). */
-static void shape_for(const dl_allreduce_t *ar, int64_t len, int blocks, dl_ar_args_t *a) {
-  const int64_t per_step = (int64_t)ar->threads * ar->unroll;
+ * and steps so that a block needs at most a few rounds (a barrier each), or
+ * for the pipelined one-shot kernels (one role per half block), up to 64
+ * rounds, which is what lets their two halves overlap. */
+static void shape_for(const dl_allreduce_t *ar, int64_t len, int blocks, int pipelined,
+                      dl_ar_args_t *a) {
+  const int half = ar->dev_type == DL_CUDA && pipelined;
+  const int64_t per_step = (int64_t)ar->threads / (half ? 2 : 1) * ar->unroll;
+  const int64_t max_rounds = half ? 64 : 4;
   int64_t g = blocks;
   if (g <= 0) {
     int cap = ar->dev_type == DL_CUDA ? (ar->sms > 0 ? ar->sms : 1) : ar->max_blocks;
@@ -268,7 +273,7 @@ static void shape_for(const dl_allreduce_t *ar, int64_t len, int blocks, dl_ar_a
   }
   int64_t rounds = (len + g * per_step - 1) / (g * per_step);
   a->blocks = (int)g;
-  a->steps = (int)(rounds > 4 ? (rounds + 3) / 4 : 1);
+  a->steps = (int)(rounds > max_rounds ? (rounds + max_rounds - 1) / max_rounds : 1);
 }
 
 static int launch(dl_allreduce_t *ar, dl_ar_args_t *a, void *stream) {
@@ -333,7 +338,7 @@ static int run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int 
     a.n = vi.numel;
     a.in = vi.data;
     a.out = vo.data;
-    shape_for(ar, algo == DL_AR_ONE_SHOT ? nv : (nv + ar->size - 1) / ar->size, blocks, &a);
+    shape_for(ar, algo == DL_AR_ONE_SHOT ? nv : (nv + ar->size - 1) / ar->size, blocks, 0, &a);
     return launch(ar, &a, stream);
   }
   /* copy-in (or push): pieces of one slot each */
@@ -344,7 +349,7 @@ static int run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int 
     a.out = vo.data + off * es;
     const int64_t nv = (a.n * es + DL_AR_VEC_BYTES - 1) / DL_AR_VEC_BYTES;
     const int two = algo == DL_AR_TWO_SHOT || algo == DL_AR_TWO_SHOT_PUSH;
-    shape_for(ar, two ? (nv + ar->size - 1) / ar->size : nv, blocks, &a);
+    shape_for(ar, two ? (nv + ar->size - 1) / ar->size : nv, blocks, !two, &a);
     DL_TRY(launch(ar, &a, stream));
   }
   return DL_OK;

@@ -3,14 +3,17 @@
  * multicast), for 2..8 ranks of one host, f32 / f16 / bf16 with fp32
  * accumulation in rank order (so every rank gets bit-identical results).
  *
- *   allreduce_one_shot_kernel       pull: each rank reads every rank's input
- *                                   and reduces all of it. Copy-in variant: the
- *                                   kernel first copies the local input into
- *                                   this rank's staging; zero-copy variant: the
- *                                   input already sits in every rank's buffer.
- *   allreduce_one_shot_push_kernel  each rank writes its input into a slot of
- *                                   every peer's staging, then reduces locally;
- *                                   no copy and no closing barrier, in place.
+ *   allreduce_one_shot_pipe_kernel  every rank gets every input and reduces it
+ *                                   all. Warp-specialised and pipelined: half
+ *                                   the warps copy the local input into this
+ *                                   rank's staging (pull: the other half then
+ *                                   reads the peers' staging) or write it into
+ *                                   every peer's staging (push: the other half
+ *                                   reads it locally), round after round, while
+ *                                   the other half reduces the rounds that have
+ *                                   arrived; in place or not.
+ *   allreduce_one_shot_kernel       zero copy: the inputs already sit in every
+ *                                   rank's buffer; read them all, reduce.
  *   allreduce_two_shot_kernel<PUSH> reduce-scatter by reading the peers' copies
  *                                   of this rank's slice, then all-gather by
  *                                   reading the peers' reduced slices (pull) or
@@ -254,6 +257,20 @@ __device__ __forceinline__ bool ar_barrier(const dl_ar_args_t &a, dl_ar_ctrl_t *
   return __syncthreads_and(ok);
 }
 
+// Threads of one role (n of them, warps whole) meet at barrier `id` (1..15);
+// true in all of them if pred held in all.
+#ifndef DL_AR_EMU_NAMED_SYNC // the CPU emulation brings its own
+__device__ __forceinline__ bool named_sync_and(int id, int n, bool pred) {
+  uint32_t out;
+  asm volatile("{\n\t.reg .pred p, q;\n\tsetp.ne.u32 q, %1, 0;\n\t"
+               "bar.red.and.pred p, %2, %3, q;\n\tselp.u32 %0, 1, 0, p;\n\t}"
+               : "=r"(out)
+               : "r"((uint32_t)pred), "r"(id), "r"(n)
+               : "memory");
+  return out != 0;
+}
+#endif
+
 // The call counter: read by every block at its start, advanced by the last
 // block to finish (each block counts itself after all its reads of seq).
 __device__ __forceinline__ uint32_t ar_begin(dl_ar_ctrl_t *self) {
@@ -314,101 +331,129 @@ __device__ __forceinline__ uint4 reduce_vec_own(const uint4 (&x)[NRC], int nr, i
 // r0 + s*T*U + u*T + t. Only the rounds are separated by barriers, so
 // `steps` trades barriers against overlap between the phases of blocks.
 
+// Zero copy: every rank's input already in its buffer. Meet, read and
+// reduce everything, meet again (so nobody rewrites its input while a peer
+// still reads it).
 template <int DT, int NR, bool AL>
 __global__ void __launch_bounds__(AR_THREADS, 2) allreduce_one_shot_kernel(const dl_ar_args_t a) {
   constexpr int NRC = shape<NR>::NRC, U = shape<NR>::U;
   const int nr = NR ? NR : a.nranks;
   dl_ar_ctrl_t *self = ctrl_of(buf_of(a, a.rank));
   const uint32_t seq = ar_begin(self);
-  const int h = seq & 1;
   const int64_t nv = vec_count<DT>(a.n);
   const char *src[NRC];
 #pragma unroll
-  for (int p = 0; p < NRC; p++)
-    src[p] = p < nr ? (a.zero_copy ? a.bufs[p] + a.zc_off : staging(a, p, h, 0)) : nullptr;
-  char *mine = staging(a, a.rank, h, 0);
-  const int64_t per_step = (int64_t)blockDim.x * U, per_round = per_step * a.steps;
-  bool ok = !a.zero_copy || ar_barrier(a, self, seq);
-  for (int64_t r0 = blockIdx.x * per_round; ok && r0 < nv; r0 += per_round * gridDim.x) {
-    const int64_t r1 = r0 + per_round < nv ? r0 + per_round : nv;
-    if (!a.zero_copy) {
-      for (int64_t s0 = r0 + threadIdx.x; s0 < r1; s0 += per_step) {
+  for (int p = 0; p < NRC; p++) src[p] = p < nr ? a.bufs[p] + a.zc_off : nullptr;
+  const int64_t per_step = (int64_t)blockDim.x * U;
+  bool ok = ar_barrier(a, self, seq);
+  for (int64_t s0 = blockIdx.x * per_step + threadIdx.x; ok && s0 < nv; s0 += per_step * gridDim.x) {
+    uint4 x[U][NRC];
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-          const int64_t v = s0 + (int64_t)u * blockDim.x;
-          if (v < r1) st_vec(mine, v, ld_user<DT, AL>(a.in, v, a.n));
-        }
-      }
-      if (!(ok = ar_barrier(a, self, seq))) break;
+    for (int u = 0; u < U; u++) {
+      const int64_t v = s0 + (int64_t)u * blockDim.x;
+#pragma unroll
+      for (int p = 0; p < NRC; p++)
+        if (p < nr && v < nv) x[u][p] = ld_vec(src[p], v);
     }
-    for (int64_t s0 = r0 + threadIdx.x; s0 < r1; s0 += per_step) {
-      uint4 x[U][NRC];
 #pragma unroll
-      for (int u = 0; u < U; u++) {
-        const int64_t v = s0 + (int64_t)u * blockDim.x;
-#pragma unroll
-        for (int p = 0; p < NRC; p++)
-          if (p < nr && v < r1) x[u][p] = ld_vec(src[p], v);
-      }
-#pragma unroll
-      for (int u = 0; u < U; u++) {
-        const int64_t v = s0 + (int64_t)u * blockDim.x;
-        if (v < r1) st_user<DT, AL>(a.out, v, a.n, reduce_vec<DT, NRC>(x[u], nr));
-      }
+    for (int u = 0; u < U; u++) {
+      const int64_t v = s0 + (int64_t)u * blockDim.x;
+      if (v < nv) st_user<DT, AL>(a.out, v, a.n, reduce_vec<DT, NRC>(x[u], nr));
     }
   }
-  if (ok && a.zero_copy) ar_barrier(a, self, seq); // peers are done with our input
+  if (ok) ar_barrier(a, self, seq);
   ar_end(self, seq);
 }
 
-template <int DT, int NR, bool AL>
-__global__ void __launch_bounds__(AR_THREADS, 1)
-    allreduce_one_shot_push_kernel(const dl_ar_args_t a) {
+// Copy-in (PUSH = false) and push (PUSH = true), pipelined: the first half
+// of the block's warps produce round after round (copy the input into our
+// staging, or write it into slot `rank` of every peer's staging) and signal
+// each round to the peers (flags[block][rank] := base + k + 1) and to their
+// own block (progress[block]); the other half consume: wait for round k from
+// every peer and from their producers, then reduce it (our input read where
+// it is, the peers' from their staging (pull) or ours (push)) into out. So
+// NVLink traffic of round k+1 overlaps the reduction of round k, and an
+// in-place output is written only after our producers have read the input.
+template <int DT, int NR, bool AL, bool PUSH>
+__global__ void __launch_bounds__(AR_THREADS, 1) allreduce_one_shot_pipe_kernel(const dl_ar_args_t a) {
   constexpr int NRC = shape<NR>::NRC, U = shape<NR>::U;
   const int nr = NR ? NR : a.nranks, me = a.rank;
+  const int half = blockDim.x / 2, b = blockIdx.x;
+  const bool producer = threadIdx.x < half;
+  const int t = producer ? threadIdx.x : threadIdx.x - half; // index within the role
   dl_ar_ctrl_t *self = ctrl_of(buf_of(a, me));
   const uint32_t seq = ar_begin(self);
   const int h = seq & 1;
   const int64_t nv = vec_count<DT>(a.n);
-  const int64_t per_step = (int64_t)blockDim.x * U, per_round = per_step * a.steps;
-  for (int64_t r0 = blockIdx.x * per_round; r0 < nv; r0 += per_round * gridDim.x) {
+  // counts before this call: thread t < nr of each role keeps peer t's
+  const uint32_t base = t < nr ? self->counts[b][t] : 0;
+  const uint32_t base_me = self->counts[b][me];
+  const int64_t per_step = (int64_t)half * U, per_round = per_step * a.steps;
+  uint32_t k = 0;
+  bool ok = true;
+  for (int64_t r0 = b * per_round; r0 < nv; r0 += per_round * gridDim.x, k++) {
     const int64_t r1 = r0 + per_round < nv ? r0 + per_round : nv;
-    // our input goes to slot `me` of every peer's staging
-    for (int64_t s0 = r0 + threadIdx.x; s0 < r1; s0 += per_step) {
-      uint4 own[U];
+    if (producer) {
+      for (int64_t s0 = r0 + t; s0 < r1; s0 += per_step) {
+        uint4 x[U];
 #pragma unroll
-      for (int u = 0; u < U; u++) {
-        const int64_t v = s0 + (int64_t)u * blockDim.x;
-        if (v < r1) own[u] = ld_user<DT, AL>(a.in, v, a.n);
+        for (int u = 0; u < U; u++) {
+          const int64_t v = s0 + (int64_t)u * half;
+          if (v < r1) x[u] = ld_user<DT, AL>(a.in, v, a.n);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+          const int64_t v = s0 + (int64_t)u * half;
+          if (v >= r1) continue;
+          if (PUSH) {
+#pragma unroll
+            for (int p = 0; p < NRC; p++)
+              if (p < nr && p != me) st_vec(staging(a, p, h, me), v, x[u]);
+          } else {
+            st_vec(staging(a, me, h, 0), v, x[u]);
+          }
+        }
       }
-#pragma unroll
-      for (int u = 0; u < U; u++) {
-        const int64_t v = s0 + (int64_t)u * blockDim.x;
-#pragma unroll
-        for (int p = 0; p < NRC; p++)
-          if (p < nr && p != me && v < r1) st_vec(staging(a, p, h, me), v, own[u]);
+      named_sync_and(1, half, true); // every producer's reads and writes of round k are issued
+      if (t == 0) *reinterpret_cast<volatile uint32_t *>(&self->progress[b]) = base_me + k + 1;
+      if (t < nr && t != me)
+        dl_signal_store_release(&ctrl_of(buf_of(a, t))->flags[b][me], base + k + 1);
+    } else {
+      if (t < nr) {
+        uint32_t seen = 0;
+        if (t == me) { // our producers have read round k of the input
+          if (!dl_signal_wait_until(&self->progress[b], base_me + k + 1, a.timeout_ns, &seen)) {
+            ar_fail(a.pad, a.status, a.algo, me, base_me + k + 1, seen, seq);
+            ok = false;
+          }
+        } else if (!dl_signal_wait_until(&self->flags[b][t], base + k + 1, a.timeout_ns, &seen)) {
+          ar_fail(a.pad, a.status, a.algo, t, base + k + 1, seen, seq);
+          ok = false;
+        }
       }
-    }
-    if (!ar_barrier(a, self, seq)) break;
-    // every peer's input is in our staging: reduce locally (our own input
-    // is read again, it is local and still unchanged)
-    for (int64_t s0 = r0 + threadIdx.x; s0 < r1; s0 += per_step) {
-      uint4 own[U], x[U][NRC];
+      if (!(ok = named_sync_and(2, half, ok))) break;
+      for (int64_t s0 = r0 + t; s0 < r1; s0 += per_step) {
+        uint4 own[U], x[U][NRC];
 #pragma unroll
-      for (int u = 0; u < U; u++) {
-        const int64_t v = s0 + (int64_t)u * blockDim.x;
-        if (v < r1) own[u] = ld_user<DT, AL>(a.in, v, a.n);
+        for (int u = 0; u < U; u++) {
+          const int64_t v = s0 + (int64_t)u * half;
+          if (v < r1) own[u] = ld_user<DT, AL>(a.in, v, a.n);
 #pragma unroll
-        for (int p = 0; p < NRC; p++)
-          if (p < nr && p != me && v < r1) x[u][p] = ld_vec(staging(a, me, h, p), v);
-      }
+          for (int p = 0; p < NRC; p++)
+            if (p < nr && p != me && v < r1)
+              x[u][p] = ld_vec(PUSH ? staging(a, me, h, p) : staging(a, p, h, 0), v);
+        }
 #pragma unroll
-      for (int u = 0; u < U; u++) {
-        const int64_t v = s0 + (int64_t)u * blockDim.x;
-        if (v < r1) st_user<DT, AL>(a.out, v, a.n, reduce_vec_own<DT, NRC>(x[u], nr, me, own[u]));
+        for (int u = 0; u < U; u++) {
+          const int64_t v = s0 + (int64_t)u * half;
+          if (v < r1) st_user<DT, AL>(a.out, v, a.n, reduce_vec_own<DT, NRC>(x[u], nr, me, own[u]));
+        }
       }
     }
   }
+  __syncthreads();
+  // k rounds were signalled and waited for: the counts move on by k
+  if (threadIdx.x < nr) self->counts[b][threadIdx.x] = (threadIdx.x == me ? base_me : base) + k;
   ar_end(self, seq);
 }
 
@@ -527,15 +572,21 @@ extern "C" void dl_allreduce_cuda_shape(int nranks, int *threads, int *unroll) {
 template <int DT, int NR, bool AL> static int launch(const dl_ar_args_t *a, cudaStream_t st) {
   switch (a->algo) {
   case DL_AR_ONE_SHOT: {
-    auto k = allreduce_one_shot_kernel<DT, NR, AL>;
-    k<<<a->blocks, a->threads, 0, st>>>(*a);
-    DL_CUDA_CHECK_LAUNCH("allreduce_one_shot_kernel");
+    if (a->zero_copy) {
+      auto k = allreduce_one_shot_kernel<DT, NR, AL>;
+      k<<<a->blocks, a->threads, 0, st>>>(*a);
+      DL_CUDA_CHECK_LAUNCH("allreduce_one_shot_kernel");
+    } else {
+      auto k = allreduce_one_shot_pipe_kernel<DT, NR, AL, false>;
+      k<<<a->blocks, a->threads, 0, st>>>(*a);
+      DL_CUDA_CHECK_LAUNCH("allreduce_one_shot_pipe_kernel (copy-in)");
+    }
     return DL_OK;
   }
   case DL_AR_ONE_SHOT_PUSH: {
-    auto k = allreduce_one_shot_push_kernel<DT, NR, AL>;
+    auto k = allreduce_one_shot_pipe_kernel<DT, NR, AL, true>;
     k<<<a->blocks, a->threads, 0, st>>>(*a);
-    DL_CUDA_CHECK_LAUNCH("allreduce_one_shot_push_kernel");
+    DL_CUDA_CHECK_LAUNCH("allreduce_one_shot_pipe_kernel (push)");
     return DL_OK;
   }
   case DL_AR_TWO_SHOT: {

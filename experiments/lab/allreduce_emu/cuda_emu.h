@@ -48,7 +48,31 @@ inline thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 /* ---- blocks ----------------------------------------------------------------- */
 
+struct emu_sync {
+  std::mutex m;
+  std::condition_variable cv;
+  int count = 0;
+  unsigned gen = 0;
+  bool acc = true, result = true;
+  bool arrive(int n, bool v) {
+    std::unique_lock<std::mutex> lk(m);
+    acc = acc && v;
+    if (++count == n) {
+      result = acc;
+      acc = true;
+      count = 0;
+      gen++;
+      cv.notify_all();
+      return result;
+    }
+    unsigned g = gen;
+    cv.wait(lk, [&] { return gen != g; });
+    return result;
+  }
+};
+
 struct emu_block {
+  emu_sync named[16]; /* bar.sync 1..15 with a thread count */
   std::mutex m;
   std::condition_variable cv;
   int n = 0, count = 0;
@@ -73,6 +97,8 @@ struct emu_block {
 inline thread_local emu_block *emu_this_block;
 
 static inline void __syncthreads() { emu_this_block->sync_and(true); }
+#define DL_AR_EMU_NAMED_SYNC
+static inline bool named_sync_and(int id, int n, bool pred) { return emu_this_block->named[id].arrive(n, pred); }
 static inline bool __syncthreads_and(bool v) { return emu_this_block->sync_and(v); }
 static inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 static inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_seq_cst); }
