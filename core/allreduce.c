@@ -35,6 +35,8 @@ struct dl_allreduce {
   double timeout_s;
   int64_t slot;  /* bytes of the zero-copy region and of each staging slot */
   int64_t calls; /* kernel calls issued */
+  int64_t runs;  /* dl_allreduce_run calls, for the debug check */
+  int id;        /* which of the comm's symmetric buffers: names debug keys */
   char *bufs[DL_SIGNAL_MAX_RANKS];
   dl_signal_pad_t *pad;
   dl_ar_status_t *status; /* host-mapped on cuda, so runs can read it for free */
@@ -160,6 +162,7 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
   ar->timeout_s = ci.timeout_s;
   ar->slot = (max_bytes + 4095) & ~(int64_t)4095;
   int64_t total = DL_AR_CTRL_BYTES + ar->slot * (1 + 2 * (int64_t)ci.size);
+  ar->id = c->nsymm;
   int rc = new_status(ar);
   if (rc == DL_OK) rc = dl_symm_alloc(&ar->symm, c, total);
   for (int p = 0; p < ar->size && rc == DL_OK && ar->dev_type != DL_META; p++) {
@@ -355,10 +358,60 @@ static int run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int 
   return DL_OK;
 }
 
+/* The communicator's debug mode: every rank publishes its call through the
+ * store and compares it with everyone's (algorithm, dtype, elements, grid,
+ * zero copy), so a mismatch is an error instead of a hang or wrong sums. */
+typedef struct ar_sig {
+  int32_t algo, dtype, blocks, zero_copy;
+  int64_t n;
+} ar_sig_t;
+
+static int debug_check(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int algo,
+                       int blocks) {
+  dl_view_t vi, vo;
+  DL_TRY(dl_view_of(in, &vi));
+  DL_TRY(dl_view_of(out, &vo));
+  int64_t nbytes = vi.numel * dl_dtype_size(vi.dtype);
+  ar_sig_t me = {algo, vi.dtype, blocks, 0, vi.numel};
+  if (ar->dev_type != DL_META) me.zero_copy = zc_offset(ar, vi.data, nbytes) >= 0;
+  char key[64];
+  snprintf(key, sizeof key, "ar%d/%lld/%d", ar->id, (long long)ar->runs, ar->rank);
+  DL_TRY(dl_comm_store_set(ar->comm, key, &me, sizeof me));
+  for (int r = 0; r < ar->size; r++) {
+    ar_sig_t other;
+    snprintf(key, sizeof key, "ar%d/%lld/%d", ar->id, (long long)ar->runs, r);
+    DL_TRY(dl_comm_store_get(ar->comm, key, &other, sizeof other));
+    if (memcmp(&other, &me, sizeof me) != 0)
+      return DL_ERR(DL_EINVAL,
+                    "mismatched all-reduce calls: rank %d runs %s on %lld %s (blocks %d, zero "
+                    "copy %d) but rank %d runs %s on %lld %s (blocks %d, zero copy %d)",
+                    ar->rank, algo_name(me.algo), (long long)me.n, dl_dtype_name(me.dtype),
+                    me.blocks, me.zero_copy, r, algo_name(other.algo), (long long)other.n,
+                    dl_dtype_name(other.dtype), other.blocks, other.zero_copy);
+  }
+  /* everyone has read our previous call's key once they published this one */
+  if (ar->runs > 0) {
+    char full[200];
+    snprintf(full, sizeof full, "%s/ar%d/%lld/%d", ar->comm->name, ar->id,
+             (long long)ar->runs - 1, ar->rank);
+    DL_TRY(dl_store_delete(ar->comm->store, full));
+  }
+  return DL_OK;
+}
+
 int dl_allreduce_run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int algo,
                      int blocks, dl_stream_t *s) {
   DL_TRY(ar_check(ar, "dl_allreduce_run"));
   DL_TRY(recorded_failure(ar));
+  if (ar->comm->debug && ar->comm->store) {
+    int rc = debug_check(ar, out, in, algo, blocks);
+    ar->runs++;
+    if (rc < 0) {
+      char what[256];
+      describe(ar, algo, what, sizeof what);
+      return dl_error_context(rc, "%s", what);
+    }
+  }
   int rc = run(ar, out, in, algo, blocks, s);
   if (rc < 0 && algo != DL_AR_NCCL && rc != DL_EINVAL && rc != DL_EUNSUPPORTED) {
     char what[256];

@@ -44,6 +44,13 @@ describe("allreduce on cpu (shared memory)", function()
     end
   end)
 
+  it("2 ranks: the communicator's debug mode catches mismatched calls", function()
+    local rc, out = run(2, "cpu", "fail.lua", "mismatch", "SPEC_TIMEOUT=5")
+    assert.equal(0, rc, out)
+    local _, k = out:gsub("ERR: [^\n]*mismatched all%-reduce calls: rank %d runs two_shot on 10[01] f32", "")
+    assert.equal(2, k, out)
+  end)
+
   it("2 ranks: tune writes a table that auto follows", function()
     local file = H.tmpname(".lua")
     local rc, out = run(2, "cpu", "tune.lua", file, "DISTLAB_AR_TABLE=" .. file)

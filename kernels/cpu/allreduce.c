@@ -9,7 +9,11 @@
  *
  * The blocks of the kernel run one after another here (round k of block 0,
  * then of block 1, ...); every rank walks them in the same order, so a
- * block's barrier always meets the same block of the other ranks. Sums are
+ * block's barrier always meets the same block of the other ranks. The
+ * pipelined one-shot kernels (producer warps copying or pushing round k+1
+ * while consumer warps reduce round k) become, one thread per rank, copy or
+ * push round k, signal it, wait for it, reduce it: the same flags and counts.
+ * Sums are
  * in fp32 in rank order, rounding as the kernels do (dtype.h), so cpu and
  * cuda results are bit-identical. The stream argument is unused.
  */

@@ -1,15 +1,26 @@
--- spec/allreduce/fail.lua — rank 1 skips an all-reduce: rank 0's call ends
+-- spec/allreduce/fail.lua <algo> — rank 1 skips an all-reduce: rank 0's call ends
 -- within the timeout (on cuda the kernel ends by itself and ar:check()
 -- reports it) with an error naming the op, the rank and the peer; the
 -- all-reduce then refuses work, saying why. Prints "ERR: <message>" and
 -- "AFTER: <message>" for the spec; rank 1 waits (through the store) until
 -- rank 0 is done, and exits 0.
+-- spec/allreduce/fail.lua mismatch — in the communicator's debug mode, ranks
+-- calling different sizes get "mismatched all-reduce calls" (every rank
+-- prints ERR: and exits 0).
 local dir = arg[0]:match("^(.*)/[^/]*$") or "."
 local A = dofile(dir .. "/common.lua")
 local dl = require "distlab"
 
 local w, me = A.w, A.me
 local algo = arg[1] or "one_shot"
+if algo == "mismatch" then
+  w:set_debug(true)
+  local ar = dl.allreduce.get(w)
+  ar:run(dl.ones({ 100 }), { algo = "one_shot" })
+  local ok, err = pcall(ar.run, ar, dl.ones({ 100 + me }), { algo = "two_shot" })
+  print("ERR: " .. tostring(err))
+  os.exit(ok and 1 or 0)
+end
 local ar = dl.allreduce.get(w)
 local x = dl.ones({ 1000 })
 ar:run(x, { algo = algo })
