@@ -60,7 +60,7 @@ if opt.sizes then
   for s in opt.sizes:gmatch("[^,]+") do sizes[#sizes + 1] = { bytes = tonumber(s) } end
 else
   for _, kb in ipairs { 8, 16, 32, 64, 128, 256 } do sizes[#sizes + 1] = { bytes = kb * 1024 } end
-  for _, rows in ipairs { 32, 64, 96, 128, 192, 256, 512, 1024, 2048, 3072, 4096 } do
+  for _, rows in ipairs { 32, 64, 96, 128, 192, 256, 512, 1024, 2048, 3062, 4096 } do
     sizes[#sizes + 1] = { bytes = rows * 8192 * 2, shape = string.format("(%d, 8192)", rows) }
   end
   for _, mb in ipairs { 128, 256, 512, 1024 } do

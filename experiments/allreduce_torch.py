@@ -29,7 +29,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 SMALL = [8 << 10, 16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10]
-ROWS = [32, 64, 96, 128, 192, 256, 512, 1024, 2048, 3072, 4096]
+ROWS = [32, 64, 96, 128, 192, 256, 512, 1024, 2048, 3062, 4096]  # seed 002's rows, and 512
 LARGE = [128 << 20, 256 << 20, 512 << 20, 1 << 30]
 DEFAULT_SIZES = SMALL + [r * 8192 * 2 for r in ROWS] + LARGE
 

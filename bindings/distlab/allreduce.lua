@@ -227,7 +227,7 @@ end
 -- Default sizes: the sweep's (experiments/allreduce_sweep.lua), 8 KiB .. 1 GiB.
 M.default_sizes = {}
 for _, kb in ipairs { 8, 16, 32, 64, 128, 256 } do M.default_sizes[#M.default_sizes + 1] = kb * 1024 end
-for _, rows in ipairs { 32, 64, 96, 128, 192, 256, 512, 1024, 2048, 3072, 4096 } do
+for _, rows in ipairs { 32, 64, 96, 128, 192, 256, 512, 1024, 2048, 3062, 4096 } do
   M.default_sizes[#M.default_sizes + 1] = rows * 8192 * 2
 end
 for _, mb in ipairs { 128, 256, 512, 1024 } do M.default_sizes[#M.default_sizes + 1] = mb * 2 ^ 20 end

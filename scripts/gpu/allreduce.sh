@@ -7,9 +7,12 @@
 #     torch  PyTorch anchors: experiments/allreduce_torch.py under torchrun
 #     sweep  dl.allreduce.tune, then experiments/allreduce_sweep.lua (auto uses
 #            the table just tuned; the torch CSV is merged), then the plot
-# Results: allreduce-<gpu>x2.{md,csv,png}, -wide.csv, -tune.csv, the tuned
-# table allreduce_tables.lua, logs; copy the md, csv and png to
-# experiments/results/ (the md links the png by its bare name).
+# Results: allreduce-<gpu>x2.{md,csv}, -wide.csv, -tune.csv, the tuned
+# table allreduce_tables.lua, logs, and the PNG where gnuplot exists (else
+# make it from the -wide.csv with experiments/allreduce_plot.sh); copy the
+# md, csv and png to experiments/results/ (the md links the png by its bare
+# name). Typical run: about 5 minutes after the build; every step has a time
+# limit (specs 240 s, torch 180 s, tune+sweep 360 s).
 set -u
 OUT="${OUT:-/tmp/distlab-out}"
 R="$OUT/allreduce"
@@ -21,6 +24,34 @@ sections=("$@")
 [ ${#sections[@]} -eq 0 ] && sections=(specs torch sweep)
 t_start=$(date +%s)
 stamp() { echo "[allreduce.sh +$(( $(date +%s) - t_start )) s] $*"; }
+
+# run_for SECONDS CMD...: the command, in a process group of its own, and
+# everything it started end after SECONDS (a hung rank must not keep a GPU
+# busy for the next step); the exit code is the command's (143/137 if cut).
+run_for() {
+  local limit=$1
+  shift
+  setsid "$@" &
+  local pid=$!
+  (
+    for ((i = 0; i < limit; i++)); do
+      sleep 1
+      kill -0 "$pid" 2>/dev/null || exit 0
+    done
+    echo "allreduce.sh: $1 ran past ${limit} s; stopping it" >&2
+    kill -TERM -- "-$pid" 2>/dev/null
+    for ((i = 0; i < 10; i++)); do
+      sleep 0.5
+      kill -0 -- "-$pid" 2>/dev/null || exit 0
+    done
+    kill -KILL -- "-$pid" 2>/dev/null
+  ) >/dev/null 2>&1 &
+  local dog=$!
+  wait "$pid"
+  local rc=$?
+  wait "$dog" 2>/dev/null
+  return "$rc"
+}
 
 {
   date -u '+%Y-%m-%d %H:%M UTC'
@@ -39,20 +70,20 @@ for s in "${sections[@]}"; do
   case "$s" in
     specs)
       stamp "specs (cpu and 2 GPUs)"
-      timeout 420 busted --run=default -o spec/support/summary.lua spec/allreduce_spec.lua >"$R/spec.log" 2>&1
+      run_for 240 busted --run=default -o spec/support/summary.lua spec/allreduce_spec.lua >"$R/spec.log" 2>&1
       echo "specs exit code $?" >>"$R/spec.log"
       grep -v '^ok ' "$R/spec.log" | tail -30 ;;
     torch)
       stamp "PyTorch anchors"
       port=$((20000 + RANDOM % 20000))
-      timeout 300 python3 -m torch.distributed.run --nproc_per_node 2 --master_port "$port" \
+      run_for 180 python3 -m torch.distributed.run --nproc_per_node 2 --master_port "$port" \
         experiments/allreduce_torch.py "$R/torch.csv" >"$R/torch.log" 2>&1
       echo "torch exit code $?" >>"$R/torch.log"
       tail -5 "$R/torch.log" ;;
     sweep)
       stamp "tune and sweep"
       rm -f "$R/allreduce_tables.lua"
-      DISTLAB_AR_TABLE="$R/allreduce_tables.lua" timeout 480 ./distlab run -n 2 --device cuda \
+      DISTLAB_AR_TABLE="$R/allreduce_tables.lua" run_for 360 ./distlab run -n 2 --device cuda \
         experiments/allreduce_sweep.lua --out "$R" --torch "$R/torch.csv" --tune "$R/allreduce_tables.lua" \
         --command "scripts/gpu/allreduce.sh (DISTLAB_AR_TABLE=allreduce_tables.lua, tuned in the same run)" \
         >"$R/sweep.log" 2>&1
