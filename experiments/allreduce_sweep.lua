@@ -357,7 +357,9 @@ local function write_results()
       end
     end
     if s.bytes == 2 * 2 ^ 20 then at2mb = row.nccl.us / row.auto.us end
-    if s.bytes >= 64 * 2 ^ 20 and row.auto.busbw < row.nccl.busbw then
+    -- where auto runs NCCL itself the two columns differ only by noise (1% allowed)
+    local slack = s.auto_algo == "nccl" and 0.99 or 1
+    if s.bytes >= 64 * 2 ^ 20 and row.auto.busbw < slack * row.nccl.busbw then
       big_ok = false
       big_bad[#big_bad + 1] = string.format("%s %.1f vs %.1f GB/s", fmt_size(s.bytes), row.auto.busbw, row.nccl.busbw)
     end

@@ -141,7 +141,16 @@ def main():
     one_shot = getattr(ops, "one_shot_all_reduce", None) if ops is not None else None
     two_shot = getattr(ops, "two_shot_all_reduce_", None) if ops is not None else None
 
-    rows = []
+    out = open(args.out, "w") if rank == 0 else None
+    if out:
+        out.write("impl,bytes,time_us,method,wrong\n")
+
+    def row(impl, nbytes, us, method, wrong):
+        """One line of the CSV, written at once (a later crash keeps it)."""
+        if out:
+            out.write(f"{impl},{nbytes},{us:.3f},{method.replace(',', ';')},{wrong}\n")
+            out.flush()
+
     log(f"{'bytes':>12} {'impl':<16} {'us':>10}  method")
     for nbytes in sizes:
         n = nbytes // 2
@@ -183,19 +192,16 @@ def main():
                     traceback.print_exc()
                 torch.cuda.synchronize()
                 dist.barrier()
-            rows.append((impl, nbytes, us, method, wrong))
+            row(impl, nbytes, us, method, wrong)
             log(f"{nbytes:>12} {impl:<16} {us:>10.2f}  {method}{'' if wrong == 0 else f'  WRONG {wrong}'}")
         x = None
     for missing, op in (("torch_one_shot", one_shot), ("torch_two_shot", two_shot)):
         if op is None or symm is None:
             why = symm_err or f"torch.ops.symm_mem has no {missing[6:]} op in torch {torch.__version__}"
             for nbytes in sizes:
-                rows.append((missing, nbytes, float("nan"), "absent: " + why, -1))
-    if rank == 0:
-        with open(args.out, "w") as f:
-            f.write("impl,bytes,time_us,method,wrong\n")
-            for impl, nbytes, us, method, wrong in rows:
-                f.write(f"{impl},{nbytes},{us:.3f},{method.replace(',', ';')},{wrong}\n")
+                row(missing, nbytes, float("nan"), "absent: " + why, -1)
+    if out:
+        out.close()
         print(f"wrote {args.out} ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})")
     dist.barrier()
     dist.destroy_process_group()
