@@ -402,7 +402,8 @@ int dl_attn_merge_grad(const dl_attn_merge_opts_t *o, int mode, dl_tensor_t *gra
  * choice of algorithm: the communicator's own (NCCL on cuda), or kernels
  * over a symmetric buffer the object owns (kernels/allreduce.cu; no NVLink
  * multicast): one-shot (every rank reads every input), one-shot push (every
- * rank writes its input into every peer), two-shot (reduce-scatter by
+ * rank writes its input into every peer), both pipelined so that NVLink
+ * traffic overlaps the local reduction, two-shot (reduce-scatter by
  * reading, all-gather by reading or by writing). f32, f16 and bf16 (summed
  * in fp32), any size (sizes above max_bytes run in pieces), in place or
  * not, on the given stream, and safe inside CUDA graphs: the kernels keep
@@ -429,8 +430,9 @@ typedef struct dl_allreduce_info {
   int32_t dev_index;
   int32_t sms;        /* multiprocessors of the GPU (0 on cpu and meta)          */
   int32_t max_blocks; /* the largest grid a run may ask for                       */
-  int32_t threads;    /* per block, and 16-byte vectors per thread and round: a    */
-  int32_t unroll;     /* block's round covers threads x unroll vectors            */
+  int32_t threads;    /* per block, and 16-byte vectors per thread and step: a     */
+  int32_t unroll;     /* block's step covers threads x unroll vectors (half that */
+                      /* for the pipelined one-shot kernels, one role a half)    */
   int32_t failed;
   int32_t pad;
   int64_t max_bytes;  /* bytes of one piece (the zero-copy region's size)         */
