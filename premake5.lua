@@ -112,4 +112,6 @@ project "distlab"
   -- the kernels share stay internal.
   prelinkcommands { "sed -n 's/^[^/ ].*[ *]\\(dl_[a-z0-9_]*\\)(.*/\\1;/p' ../core/include/distlab.h" ..
     " | sort -u | { echo '{ global:'; cat; echo 'local: *; };'; } > distlab.map" }
-  linkoptions { "-Wl,--no-undefined", "-Wl,--version-script=distlab.map" }
+  -- nodelete: LuaJIT may unload the library at exit before the finalizers of
+  -- the objects that still need it (and the NCCL watchdog thread) have run
+  linkoptions { "-Wl,--no-undefined", "-Wl,--version-script=distlab.map", "-Wl,-z,nodelete" }

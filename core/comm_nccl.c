@@ -129,6 +129,8 @@ typedef struct nccl {
   int has_watchdog, stop;
   pending_op_t ring[RING];
   int head, tail; /* entries [tail, head) are pending, modulo RING */
+  int since_watch;   /* ops since the last watched one */
+  double watch_t;    /* when that one was watched */
   int failed, aborted, ready;
   int64_t call_since_us; /* when the host entered the NCCL call it is in; 0: none */
   int call_op;
@@ -219,29 +221,39 @@ static void ring_retire(nccl_t *m) {
   int moved = 0;
   while (m->tail != m->head && cudaEventQuery(m->ring[m->tail].ev) != cudaErrorNotReady) {
     (void)cudaGetLastError();
-    m->tail = (m->tail + 1) % RING;
+    __atomic_store_n(&m->tail, (m->tail + 1) % RING, __ATOMIC_RELEASE);
     moved = 1;
   }
   double t = now_s();
   if (moved && m->tail != m->head && m->ring[m->tail].t < t) m->ring[m->tail].t = t;
 }
 
+/* Watching an op costs an event record and a lock the watchdog thread also
+ * takes: on every op that doubled the host cost of a small collective. A
+ * hang stops everything queued after it, so a sample suffices: an op is
+ * watched when none is pending, or 64 ops or 1 ms after the last watched one.
+ * (An op issued after the last watched one finished and followed by nothing
+ * is left to the timeouts of synchronize and of event waits.) */
 static void watch_op(dl_comm_t *c, int op, cudaStream_t stream) {
   nccl_t *m = impl(c);
   m->last_op = op;
   m->last_seq = c->seq;
   if (!m->has_watchdog) return;
+  double t = now_s();
+  int idle = __atomic_load_n(&m->tail, __ATOMIC_ACQUIRE) == m->head;
+  if (!idle && ++m->since_watch < 64 && t - m->watch_t < 1e-3) return;
   enum cudaStreamCaptureStatus cap;
   if (cudaStreamIsCapturing(stream, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone)
     return; /* a graph being captured: its replays are not watched */
   pthread_mutex_lock(&m->mu);
-  ring_retire(m);
   int next = (m->head + 1) % RING;
   if (next != m->tail && cudaEventRecord(m->ring[m->head].ev, stream) == cudaSuccess) {
-    m->ring[m->head] = (pending_op_t){m->ring[m->head].ev, now_s(), c->seq, op};
-    m->head = next;
+    m->ring[m->head] = (pending_op_t){m->ring[m->head].ev, t, c->seq, op};
+    __atomic_store_n(&m->head, next, __ATOMIC_RELEASE);
   }
   pthread_mutex_unlock(&m->mu);
+  m->since_watch = 0;
+  m->watch_t = t;
 }
 
 static void *watchdog_main(void *arg) {

@@ -453,21 +453,31 @@ static int p2p_run(dl_comm_t *c) {
   shm_t *m = impl(c);
   waiter_t w;
   wait_begin(c, &w);
-  int rc = DL_OK;
+  int rc = DL_OK, peer_gone_checked = 0;
   for (;;) {
     int pending = -1;
     int64_t moved = 0;
+    /* messages between two ranks arrive in the order they were queued: an op
+     * waits until the earlier ones in its direction with the same peer are done */
+    uint64_t busy[2] = {0, 0};
     for (int i = 0; i < m->nops && rc == DL_OK; i++) {
       p2p_t *op = &m->ops[i];
       if (op->done == 8 + op->nbytes) continue;
-      int64_t r = box_io(c, op);
-      if (r < 0) rc = (int)r;
-      else moved += r;
-      if (op->done < 8 + op->nbytes && pending < 0) pending = i;
+      uint64_t bit = (uint64_t)1 << op->peer;
+      if (!(busy[op->send] & bit)) {
+        int64_t r = box_io(c, op);
+        if (r < 0) rc = (int)r;
+        else moved += r;
+      }
+      if (op->done < 8 + op->nbytes) {
+        busy[op->send] |= bit;
+        if (pending < 0) pending = i;
+      }
     }
     if (rc < 0 || pending < 0) break;
     if (moved) {
       wait_begin(c, &w);
+      peer_gone_checked = 0;
       continue;
     }
     p2p_t *op = &m->ops[pending];
@@ -476,6 +486,14 @@ static int p2p_run(dl_comm_t *c) {
              op->send ? "sending" : "receiving", (long long)op->nbytes, op->send ? "to" : "from",
              op->peer, (long long)(op->done > 8 ? op->done - 8 : 0));
     rc = wait_step(c, &w, op->peer, what);
+    if (rc == DL_EPEER && !peer_gone_checked) {
+      /* the peer may have posted its last message and then exited between
+       * our poll and the check: poll once more before calling it gone */
+      peer_gone_checked = 1;
+      dl_clear_error();
+      rc = DL_OK;
+      continue;
+    }
     if (rc < 0) break;
   }
   m->nops = 0;

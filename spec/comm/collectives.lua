@@ -103,6 +103,17 @@ U.report(function()
         w:recv(got, prv)
       end)
       U.expect(got, function(i) return val(dtype, prv, i) end, "grouped send/recv " .. tag)
+      -- two messages of equal size to the same peer in one group arrive in order
+      local second = U.make(n, dtype, function(i) return val(dtype, me + N, i) end)
+      local got1, got2 = dl.empty({ n }, { dtype = dtype }), dl.empty({ n }, { dtype = dtype })
+      dl.comm.group(function()
+        w:send(mine, nxt)
+        w:send(second, nxt)
+        w:recv(got1, prv)
+        w:recv(got2, prv)
+      end)
+      U.expect(got1, function(i) return val(dtype, prv, i) end, "grouped pair, first " .. tag)
+      U.expect(got2, function(i) return val(dtype, prv + N, i) end, "grouped pair, second " .. tag)
       local mate = me % 2 == 0 and me + 1 or me - 1
       if mate < N then
         local r2 = dl.empty({ n }, { dtype = dtype })
