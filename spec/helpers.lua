@@ -47,9 +47,11 @@ if dl.cuda_device_count() > 0 then H.devices[#H.devices + 1] = { name = "cuda:0"
 -- Tagged GPU entry even without a GPU, so busted lists (and skips) it visibly.
 if dl.cuda_device_count() == 0 then H.devices[#H.devices + 1] = { name = "cuda:0", tag = " #gpu" } end
 
--- Runs `./distlab <args>` and returns exit code, stdout+stderr.
+-- Runs `./distlab <args>` and returns exit code, stdout+stderr. A job that
+-- runs past DISTLAB_JOB_TIMEOUT (default 300 s) is stopped by the launcher.
 function H.distlab(args, env)
-  local cmd = string.format("cd %q && %s ./distlab %s 2>&1", H.root, env or "", args)
+  local cmd = string.format("cd %q && DISTLAB_JOB_TIMEOUT=${DISTLAB_JOB_TIMEOUT:-300} %s ./distlab %s 2>&1",
+    H.root, env or "", args)
   local p = io.popen(cmd .. "; echo \"__rc=$?\"")
   local out = p:read("*a")
   p:close()

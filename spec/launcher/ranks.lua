@@ -4,6 +4,9 @@ local dl = require "distlab"
 local rank = tonumber(os.getenv("DISTLAB_RANK"))
 local fail_rank = tonumber(arg[1] or "-1")
 local mode = arg[2] or "error"
+if mode == "hang" then
+  while true do end
+end
 if rank == fail_rank then
   if mode == "exit" then os.exit(3) end
   dl.zeros(2):narrow(1, 3, 1) -- a real distlab error
