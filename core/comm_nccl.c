@@ -435,14 +435,57 @@ static void nccl_abort(dl_comm_t *c, const char *why) {
   pthread_mutex_unlock(&m->mu);
 }
 
+/* Live watchdogs. A script that ends with os.exit() skips the finalizers:
+ * exit() then tears the CUDA runtime down under a watchdog thread still
+ * querying events (a segfault at exit). An atexit handler registered after
+ * the runtime's (at the first watchdog, CUDA being initialised by then) runs
+ * before it and stops them. */
+enum { MAX_WATCHED = 64 };
+static pthread_mutex_t dogs_mu = PTHREAD_MUTEX_INITIALIZER;
+static nccl_t *dogs[MAX_WATCHED];
+static int dogs_hooked;
+
+static void stop_watchdog(nccl_t *m) {
+  pthread_mutex_lock(&m->mu);
+  int running = m->has_watchdog;
+  m->stop = 1;
+  m->has_watchdog = 0;
+  pthread_mutex_unlock(&m->mu);
+  if (running) pthread_join(m->watchdog, NULL);
+}
+
+static void stop_watchdogs_at_exit(void) {
+  pthread_mutex_lock(&dogs_mu);
+  for (int i = 0; i < MAX_WATCHED; i++)
+    if (dogs[i]) {
+      stop_watchdog(dogs[i]);
+      dogs[i] = NULL;
+    }
+  pthread_mutex_unlock(&dogs_mu);
+}
+
+static void dogs_add(nccl_t *m) {
+  pthread_mutex_lock(&dogs_mu);
+  if (!dogs_hooked) dogs_hooked = atexit(stop_watchdogs_at_exit) == 0;
+  for (int i = 0; i < MAX_WATCHED; i++)
+    if (!dogs[i]) {
+      dogs[i] = m;
+      break;
+    }
+  pthread_mutex_unlock(&dogs_mu);
+}
+
+static void dogs_remove(nccl_t *m) {
+  pthread_mutex_lock(&dogs_mu);
+  for (int i = 0; i < MAX_WATCHED; i++)
+    if (dogs[i] == m) dogs[i] = NULL;
+  pthread_mutex_unlock(&dogs_mu);
+}
+
 static void nccl_destroy(dl_comm_t *c) {
   nccl_t *m = impl(c);
-  if (m->has_watchdog) {
-    pthread_mutex_lock(&m->mu);
-    m->stop = 1;
-    pthread_mutex_unlock(&m->mu);
-    pthread_join(m->watchdog, NULL);
-  }
+  dogs_remove(m);
+  stop_watchdog(m);
   if (m->comm) {
     /* work that cannot finish would block ncclCommDestroy: the wait aborts it */
     if (!m->failed && nccl_synchronize(c, NULL) < 0) dl_clear_error();
@@ -466,6 +509,7 @@ static int nccl_setup(dl_comm_t *c, nccl_t *m) {
     if (pthread_create(&m->watchdog, NULL, watchdog_main, c) != 0)
       return DL_ERR(DL_EIO, "nccl: cannot start the watchdog thread");
     m->has_watchdog = 1;
+    dogs_add(m);
   }
   ncclUniqueId id;
   if (c->rank == 0) {
