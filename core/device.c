@@ -7,6 +7,7 @@
  * stream is a tag (ops there run synchronously); cpu and meta events record
  * host time so timing code is the same on every device.
  */
+#include <pthread.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -15,6 +16,7 @@
 struct dl_stream {
   int dev_type;
   int dev_index;
+  int priority;
 #ifdef DL_WITH_CUDA
   cudaStream_t cu;
 #endif
@@ -132,6 +134,44 @@ int dl_device_synchronize(int dev_type, int dev_index) {
 
 /* ---- streams ------------------------------------------------------------ */
 
+/* CUDA streams are never destroyed, only pooled (as PyTorch does): the
+ * allocator keeps raw stream handles (a block's pool, record_stream's users)
+ * that may outlive the Lua object of the stream, and an event recorded on a
+ * destroyed stream crashes the driver. A freed stream goes back to the pool
+ * of its device and priority. */
+enum { POOL_MAX = 256 };
+#ifdef DL_WITH_CUDA
+typedef struct pooled {
+  int dev_index, priority;
+  cudaStream_t cu;
+} pooled_t;
+static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
+static pooled_t pool[POOL_MAX];
+static int pool_n;
+
+static cudaStream_t pool_take(int dev_index, int priority) {
+  cudaStream_t cu = NULL;
+  pthread_mutex_lock(&pool_mu);
+  for (int i = pool_n - 1; i >= 0; i--)
+    if (pool[i].dev_index == dev_index && pool[i].priority == priority) {
+      cu = pool[i].cu;
+      pool[i] = pool[--pool_n];
+      break;
+    }
+  pthread_mutex_unlock(&pool_mu);
+  return cu;
+}
+
+/* 0 when the pool is full (the caller then keeps the stream alive unpooled). */
+static int pool_put(int dev_index, int priority, cudaStream_t cu) {
+  pthread_mutex_lock(&pool_mu);
+  int ok = pool_n < POOL_MAX;
+  if (ok) pool[pool_n++] = (pooled_t){dev_index, priority, cu};
+  pthread_mutex_unlock(&pool_mu);
+  return ok;
+}
+#endif
+
 int dl_stream_new(dl_stream_t **out, int dev_type, int dev_index, int priority) {
   DL_CHECK_ARG(out, "out is NULL");
   DL_TRY(dl_device_check(dev_type, dev_index));
@@ -147,7 +187,9 @@ int dl_stream_new(dl_stream_t **out, int dev_type, int dev_index, int priority) 
       cudaError_t e = cudaDeviceGetStreamPriorityRange(&lo, &hi);
       if (e == cudaSuccess) {
         int p = priority < hi ? hi : priority > lo ? lo : priority;
-        e = cudaStreamCreateWithPriority(&s->cu, cudaStreamNonBlocking, p);
+        s->priority = p;
+        s->cu = pool_take(dev_index, p);
+        if (!s->cu) e = cudaStreamCreateWithPriority(&s->cu, cudaStreamNonBlocking, p);
       }
       if (e != cudaSuccess) {
         (void)cudaGetLastError();
@@ -168,7 +210,7 @@ int dl_stream_new(dl_stream_t **out, int dev_type, int dev_index, int priority) 
 void dl_stream_free(dl_stream_t *s) {
   if (!s) return;
 #ifdef DL_WITH_CUDA
-  if (s->dev_type == DL_CUDA && s->cu) cudaStreamDestroy(s->cu);
+  if (s->dev_type == DL_CUDA && s->cu) (void)pool_put(s->dev_index, s->priority, s->cu);
 #endif
   free(s);
 }

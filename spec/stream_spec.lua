@@ -50,6 +50,21 @@ for _, dev in ipairs(H.devices) do
       assert.has_error(function() dl.event(dev.name):elapsed(e2) end)
     end)
 
+    it("free a buffer recorded on a stream whose object is already gone", function()
+      local t = dl.zeros(1000, { device = dev.name })
+      do
+        local s = dl.stream(dev.name)
+        dl.with_stream(s, function() t:add_(1) end)
+        t:record_stream(s)
+      end
+      collectgarbage("collect")
+      collectgarbage("collect") -- the stream's object is finalized first
+      t:free()
+      local u = dl.zeros(1000, { device = dev.name }) -- reuses t's block once safe
+      assert.equal(0, u:narrow(1, 1, 1):item())
+      dl.synchronize(dev.name)
+    end)
+
     it("keep a buffer used on a side stream alive until that stream is done", function()
       local s = dl.stream(dev.name)
       local keep = dl.zeros(262144, { device = dev.name })
