@@ -338,4 +338,9 @@ function M.accumulator(q, v, opts)
   }
 end
 
+-- Options are built (allocations) between taking the tensors' pointers and the
+-- C call: keep these interpreted so their arguments stay alive (see the end
+-- of distlab.tensor). Each launches a kernel; the interpreter costs nothing here.
+for _, fn in ipairs({ M.fwd, M.bwd, M.merge_lse, M.merge_out, M.correct_grad }) do jit.off(fn) end
+
 return M

@@ -520,5 +520,20 @@ local mt = {
 }
 ffi.metatype("struct dl_tensor", mt)
 
+-- Interpreted, not compiled: these functions take a raw pointer out of a
+-- tensor (its struct, its shape array, its data) and then allocate before the
+-- C call that uses it. In compiled code LuaJIT keeps only the pointer and may
+-- let the tensor's box die; a garbage-collector step at that allocation then
+-- runs the box's finalizer and frees the struct (or a host staging buffer)
+-- under the pointer: wrong values, seen as `t:narrow(1, i, 1):item()` reading
+-- garbage in hot loops. In the interpreter every argument stays on the Lua
+-- stack, alive, until the function returns. The hot element-wise paths
+-- (fill_, add_, mul_, copy_, random) allocate nothing and stay compiled.
+for _, fn in ipairs({ empty_like, as_strided, host_f64, tostring_tensor, T.item, T.tolist, T.narrow,
+  T.select, T.transpose, T.permute, T.view, T.reshape, T.clone, T.contiguous, T.to, T.data_ptr,
+  T.size, T.stride }) do
+  jit.off(fn)
+end
+
 M.methods = T
 return M
