@@ -199,8 +199,8 @@ static void release_cached(devstate_t *d) {
 
 /* ---- storages ------------------------------------------------------------ */
 
-int dl_storage_new(int dev_type, int dev_index, int64_t nbytes, void *stream, dl_storage_t **out) {
-  DL_CHECK_ARG(nbytes >= 0, "negative allocation size %lld", (long long)nbytes);
+/* A storage record with one reference and no memory yet. */
+static int storage_record(int dev_type, int dev_index, int64_t nbytes, dl_storage_t **out) {
   DL_TRY(dl_device_check(dev_type, dev_index));
   dl_storage_t *s = calloc(1, sizeof *s);
   if (!s) return DL_ERR(DL_ENOMEM, "out of host memory for a storage");
@@ -208,6 +208,14 @@ int dl_storage_new(int dev_type, int dev_index, int64_t nbytes, void *stream, dl
   s->dev_type = dev_type;
   s->dev_index = dev_index;
   s->nbytes = nbytes;
+  *out = s;
+  return DL_OK;
+}
+
+int dl_storage_new(int dev_type, int dev_index, int64_t nbytes, void *stream, dl_storage_t **out) {
+  DL_CHECK_ARG(nbytes >= 0, "negative allocation size %lld", (long long)nbytes);
+  dl_storage_t *s;
+  DL_TRY(storage_record(dev_type, dev_index, nbytes, &s));
   s->charged = nbytes;
   s->stream = stream;
   devstate_t *d = dev_of(dev_type, dev_index);
@@ -289,14 +297,9 @@ int dl_storage_new(int dev_type, int dev_index, int64_t nbytes, void *stream, dl
 int dl_storage_wrap(int dev_type, int dev_index, void *ptr, int64_t nbytes,
                     void (*release)(void *ctx), void *ctx, dl_storage_t **out) {
   DL_CHECK_ARG(nbytes >= 0 && release, "wrap: bad size or no release function");
-  DL_TRY(dl_device_check(dev_type, dev_index));
-  dl_storage_t *s = calloc(1, sizeof *s);
-  if (!s) return DL_ERR(DL_ENOMEM, "out of host memory for a storage");
-  s->refs = 1;
-  s->dev_type = dev_type;
-  s->dev_index = dev_index;
+  dl_storage_t *s;
+  DL_TRY(storage_record(dev_type, dev_index, nbytes, &s));
   s->ptr = ptr;
-  s->nbytes = nbytes;
   s->release = release;
   s->ctx = ctx;
   *out = s;
