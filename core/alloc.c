@@ -214,7 +214,7 @@ static int storage_record(int dev_type, int dev_index, int64_t nbytes, dl_storag
 
 int dl_storage_new(int dev_type, int dev_index, int64_t nbytes, void *stream, dl_storage_t **out) {
   DL_CHECK_ARG(nbytes >= 0, "negative allocation size %lld", (long long)nbytes);
-  dl_storage_t *s;
+  dl_storage_t *s = NULL;
   DL_TRY(storage_record(dev_type, dev_index, nbytes, &s));
   s->charged = nbytes;
   s->stream = stream;
@@ -297,7 +297,7 @@ int dl_storage_new(int dev_type, int dev_index, int64_t nbytes, void *stream, dl
 int dl_storage_wrap(int dev_type, int dev_index, void *ptr, int64_t nbytes,
                     void (*release)(void *ctx), void *ctx, dl_storage_t **out) {
   DL_CHECK_ARG(nbytes >= 0 && release, "wrap: bad size or no release function");
-  dl_storage_t *s;
+  dl_storage_t *s = NULL;
   DL_TRY(storage_record(dev_type, dev_index, nbytes, &s));
   s->ptr = ptr;
   s->release = release;
