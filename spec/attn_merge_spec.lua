@@ -3,7 +3,6 @@
 -- variants for bshd/sbhd and thd, gradient corrections), must equal attention
 -- over all keys. Same inputs, reference and tolerances as spec/attn_spec.lua
 -- (spec/attn_ref.lua). Seed: DISTLAB_SEED, else the clock.
-local ffi = require "ffi"
 local dl = require "distlab"
 local H = require "helpers"
 local R = require "attn_ref"

@@ -8,7 +8,6 @@
 -- read nor written: outputs there are exactly 0 (lse -inf).
 -- The merges are in spec/attn_merge_spec.lua; the reference in spec/attn_ref.lua.
 -- Seed: DISTLAB_SEED, else the clock (shown in the describe names).
-local ffi = require "ffi"
 local dl = require "distlab"
 local H = require "helpers"
 local R = require "attn_ref"
