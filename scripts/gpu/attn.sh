@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Remote step on a GPU host for issue 4, from the repo root after the build
 # (`scripts/gpu/check.sh attn` builds, then runs this):
-#   1. spec/attn_spec.lua and spec/seq_spec.lua with the #gpu specs (the CUDA
+#   1. spec/attn_spec.lua, attn_merge_spec.lua and seq_spec.lua with the #gpu specs (the CUDA
 #      kernels against the cpu twin on the same inputs);
 #   2. PyTorch SDPA (flash and cuDNN backends), then dl.attn, on the same
 #      shapes in this one run (experiments/attn_bench_torch.py, attn_bench.lua);
@@ -20,7 +20,7 @@ tag=${tag:-gpu}
 
 echo "== attn specs, #gpu included ($(date +%T))"
 timeout 240 busted --run=default --exclude-tags=multigpu -o spec/support/summary.lua \
-  spec/attn_spec.lua spec/seq_spec.lua >"$OUT/attn-spec.log" 2>&1 || status=1
+  spec/attn_spec.lua spec/attn_merge_spec.lua spec/seq_spec.lua >"$OUT/attn-spec.log" 2>&1 || status=1
 grep -E "^(FAIL|ERROR)" "$OUT/attn-spec.log" | head -20
 tail -n 1 "$OUT/attn-spec.log"
 
