@@ -13,7 +13,7 @@
 --     --out DIR              where results go (default experiments/results)
 --
 -- Method (the same as nccl_loop.c, so the two are comparable): per size,
--- 5 warm-up ops, then 3 repetitions of [barrier, event, `iters` back-to-back
+-- 5 warm-up ops, then 5 repetitions of [barrier, event, `iters` back-to-back
 -- ops, event] with iters = clamp(2^28 / bytes, 10, 1000); time = elapsed /
 -- iters; the max over ranks of each repetition, the median over repetitions.
 -- algbw = bytes / time; busbw = algbw x nccl-tests' factor: all_reduce
@@ -58,7 +58,7 @@ end
 
 -- ---- ops -------------------------------------------------------------------------
 
-local REPS, WARMUP = 3, 5
+local REPS, WARMUP = 5, 5
 local function iters_for(bytes) return math.max(10, math.min(1000, math.floor(2 ^ 28 / bytes))) end
 local function round_bytes(s) return math.max(4 * N, math.floor(s / (4 * N)) * 4 * N) end
 
@@ -204,7 +204,7 @@ local function write_results(rows)
     "- date: " .. os.date("!%Y-%m-%d %H:%M UTC"),
     "- command: `" .. cmd .. "`",
     "- NCCL watchdog: " .. (os.getenv("DISTLAB_NCCL_WATCHDOG") == "0" and "off" or "on"),
-    "- method: f32, out of place; 5 warm-up ops, 3 x [barrier, `iters` ops between events], max over ranks, " ..
+    "- method: f32, out of place; 5 warm-up ops, " .. REPS .. " x [barrier, `iters` ops between events], max over ranks, " ..
       "median over repetitions; busbw factors of nccl-tests", "" }
   local ref = opt.compare and read_csv(opt.compare)
   if ref then

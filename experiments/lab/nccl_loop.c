@@ -26,7 +26,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-enum { OP_AR, OP_AG, OP_RS, OP_A2A, OP_SR, NOPS, MAXSIZES = 40, MAXRANKS = 8, REPS = 3,
+enum { OP_AR, OP_AG, OP_RS, OP_A2A, OP_SR, NOPS, MAXSIZES = 40, MAXRANKS = 8, REPS = 5,
        WARMUP = 5 };
 static const char *op_name[NOPS] = {"all_reduce", "all_gather", "reduce_scatter", "all_to_all",
                                     "sendrecv"};
