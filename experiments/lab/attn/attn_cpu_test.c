@@ -161,8 +161,8 @@ static double *values(const prob_t *pr, int q_side, int heads, int d) {
   size_t n = (size_t)pr->b * heads * (q_side ? pr->sq : pr->skv) * d;
   double *x = malloc(sizeof(double) * (n + 1));
   for (size_t e = 0; e < n; e++) {
-    uint16_t h = pr->dtype == DL_BF16 ? attn_f32_to_bf16((float)urand()) : attn_f32_to_f16((float)urand());
-    x[e] = pr->dtype == DL_BF16 ? attn_bf16_to_f32(h) : attn_f16_to_f32(h);
+    uint16_t h = pr->dtype == DL_BF16 ? dl_f32_to_bf16((float)urand()) : dl_f32_to_f16((float)urand());
+    x[e] = pr->dtype == DL_BF16 ? dl_bf16_to_f32(h) : dl_f16_to_f32(h);
   }
   return x;
 }
@@ -350,7 +350,7 @@ static dl_attn_merge_params_t out_merge(void *out, int out_dtype, float *lse, co
 static double max_err(const void *a, int dta, const uint16_t *b, int n, double atol) {
   double err = 0;
   for (int e = 0; e < n; e++) {
-    double x = attn_ld(a, dta, e), y = attn_bf16_to_f32(b[e]), d = fabs(x - y) / (atol + fabs(y));
+    double x = attn_ld(a, dta, e), y = dl_bf16_to_f32(b[e]), d = fabs(x - y) / (atol + fabs(y));
     if (!(d <= err)) err = isnan(d) ? INFINITY : d;
   }
   return err;
@@ -371,9 +371,9 @@ static void merges(void) {
   static float acc[MB * MSQ * MH * MD], acc_lse[MB * MH * MSQ];
   static uint16_t post[MB * MSQ * MH * MD];
   int no = MB * MSQ * MH * MD, nl = MB * MH * MSQ, rc = 0;
-  for (int e = 0; e < no; e++) q[e] = attn_f32_to_bf16((float)urand());
-  for (int e = 0; e < MB * MN * MH * MD; e++) k[e] = attn_f32_to_bf16((float)urand() * 2);
-  for (int e = 0; e < MB * MN * MH * MD; e++) v[e] = attn_f32_to_bf16((float)urand());
+  for (int e = 0; e < no; e++) q[e] = dl_f32_to_bf16((float)urand());
+  for (int e = 0; e < MB * MN * MH * MD; e++) k[e] = dl_f32_to_bf16((float)urand() * 2);
+  for (int e = 0; e < MB * MN * MH * MD; e++) v[e] = dl_f32_to_bf16((float)urand());
   dl_attn_params_t pf = merge_params(q, k, v, MN, 1);
   dl_attn_params_t p0 = merge_params(q, k, v, MA, 0);
   dl_attn_params_t p1 = merge_params(q, k + MA * MH * MD, v + MA * MH * MD, MN - MA, 1);
@@ -421,7 +421,7 @@ static void thd_halves(void) {
   static uint16_t po[T * H * D], ho[T / 2 * H * D];
   for (int e = 0; e < T * H * D; e++) ref_o[e] = o[e] = (float)urand();
   for (int e = 0; e < H * T; e++) ref_l[e] = l[e] = e % 7 ? (float)urand() : -INFINITY;
-  for (int e = 0; e < T * H * D; e++) po[e] = attn_f32_to_bf16((float)urand());
+  for (int e = 0; e < T * H * D; e++) po[e] = dl_f32_to_bf16((float)urand());
   for (int e = 0; e < H * T; e++) pl[e] = e % 5 ? (float)urand() : -INFINITY;
   for (int r = 0; r < T * H * D; r += 37) po[r] = 0;
   int zero_row = 9; /* part row 9, head 1: exactly zero with a finite lse: skipped */
@@ -441,7 +441,7 @@ static void thd_halves(void) {
       if (Lp == -INFINITY || (r == zero_row && h == 1)) continue;
       for (int c = 0; c < D; c++) {
         double x = ref_o[(r * H + h) * D + c] * (L == -INFINITY ? 0 : exp(L - Ln)) +
-                   attn_bf16_to_f32(po[(r * H + h) * D + c]) * exp(Lp - Ln);
+                   dl_bf16_to_f32(po[(r * H + h) * D + c]) * exp(Lp - Ln);
         ref_o[(r * H + h) * D + c] = (float)x;
       }
       ref_l[h * T + r] = (float)Ln;
@@ -473,7 +473,7 @@ static void thd_halves(void) {
   check("thd lse merge of the second halves (packed part)", rc ? INFINITY : e, 1e-6);
   /* gradient correction: copy the packed half into second halves, add full-size into first */
   static uint16_t g[T * H * D], g0[T * H * D];
-  for (int x = 0; x < T * H * D; x++) g0[x] = g[x] = attn_f32_to_bf16((float)urand());
+  for (int x = 0; x < T * H * D; x++) g0[x] = g[x] = dl_f32_to_bf16((float)urand());
   m.out = g, m.out_dtype = DL_BF16, m.mode = DL_ATTN_GRAD_COPY;
   rc = dl_attn_merge_grad_cpu(&m, NULL);
   m.half = DL_ATTN_HALF_FIRST, m.part_is_half = 0, m.part = po, m.mode = DL_ATTN_GRAD_ADD;
@@ -483,10 +483,10 @@ static void thd_halves(void) {
     for (int i = 0; i < cu[bi + 1] - cu[bi]; i++)
       for (int x = 0; x < H * D; x++) {
         int r = cu[bi] + i, second = i >= (cu[bi + 1] - cu[bi]) / 2;
-        double want = second ? attn_bf16_to_f32(po[r * H * D + x])
-                             : attn_bf16_to_f32(g0[r * H * D + x]) + attn_bf16_to_f32(po[r * H * D + x]);
-        want = attn_bf16_to_f32(attn_f32_to_bf16((float)want));
-        e = fmax(e, fabs(want - attn_bf16_to_f32(g[r * H * D + x])));
+        double want = second ? dl_bf16_to_f32(po[r * H * D + x])
+                             : dl_bf16_to_f32(g0[r * H * D + x]) + dl_bf16_to_f32(po[r * H * D + x]);
+        want = dl_bf16_to_f32(dl_f32_to_bf16((float)want));
+        e = fmax(e, fabs(want - dl_bf16_to_f32(g[r * H * D + x])));
       }
   check("thd gradient correction: add first halves, copy packed second halves", rc ? INFINITY : e, 0);
 }
