@@ -108,11 +108,7 @@ static int64_t env_bytes(const char *name, int64_t dflt) {
 
 /* ---- waiting ------------------------------------------------------------ */
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+static double now_s(void) { return dl_now_us() * 1e-6; }
 
 static void backoff(int64_t iter) {
   if (iter < 256) return;

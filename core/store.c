@@ -357,11 +357,7 @@ static int server_start(dl_store_t *st) {
 
 /* ---- client ------------------------------------------------------------- */
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
+static double now_s(void) { return dl_now_us() * 1e-6; }
 
 static int store_where(const dl_store_t *s, char *buf, size_t n) {
   return snprintf(buf, n, "rank %d, store %s:%d, job '%s'", s->rank, s->host, s->port, s->job);
