@@ -172,6 +172,9 @@ local function units(key) return function(r) return string.format("%.2f", r[key]
 
 p("# Context-parallel attention: peak memory per rank")
 p("")
+p("Generated %s by `./distlab run --device meta experiments/cp_memory.lua` (meta device: %s).",
+  os.date("!%Y-%m-%d %H:%M UTC"), dl.build_info())
+p("")
 p("Seed 000's configuration: B=2, S=262144, H=16, D=128, bf16, causal; thd = two")
 p("sequences of S. One unit = one per-rank Q tensor, B·(S/C)·H·D·2 bytes (%d MiB at CP=2,", 2 * S / 2 * H * D * 2 / 2 ^ 20)
 p("%d MiB at CP=64); l = one per-rank LSE = 1/64 unit. Measured on the meta device (exact", 2 * S / 64 * H * D * 2 / 2 ^ 20)
