@@ -8,8 +8,13 @@
 --     --ops a,b,...          subset of all_reduce,all_gather,reduce_scatter,all_to_all,sendrecv,symm_put
 --     --tag NAME             results file name: experiments/results/comm-NAME.{csv,md}
 --                            (default: GPU model and rank count, e.g. h200x2)
---     --compare FILE.csv     the CSV of experiments/lab/nccl_loop.c from the same run:
---                            the markdown then compares the two, size by size
+--     --compare A.csv[,B.csv] the CSV(s) of experiments/lab/nccl_loop.c from the same
+--                            call: the markdown then compares the two, size by size
+--                            (several loop runs: the fastest of them per op and size)
+--     --merge C.csv[,...]    this benchmark's own CSV(s) from earlier runs in the same
+--                            call: each op and size keeps its fastest run, as for the
+--                            loop, so run-to-run drift (clocks, placement) treats the
+--                            two sides alike
 --     --out DIR              where results go (default experiments/results)
 --
 -- Method (the same as nccl_loop.c, so the two are comparable): per size,
@@ -45,6 +50,7 @@ while i <= #arg do
   elseif a == "--ops" then opt.ops = v
   elseif a == "--tag" then opt.tag = v
   elseif a == "--compare" then opt.compare = v
+  elseif a == "--merge" then opt.merge = v
   elseif a == "--out" then opt.out = v
   else error("unknown option " .. tostring(a), 0) end
   i = i + 2
@@ -154,9 +160,10 @@ local function measure(op, s)
   host:free()
   vals[REPS + 1] = wrong
   local all = across_ranks(vals)
-  local t = { all[1], all[2], all[3] }
+  local t = {}
+  for k = 1, REPS do t[k] = all[k] end
   table.sort(t)
-  local us = t[2]
+  local us = t[math.floor(REPS / 2) + 1] -- the median
   local alg = b / us * 1e-3
   return { impl = "distlab", op = op, bytes = b, count = b / 4, dtype = "f32", iters = iters, time_us = us,
     algbw = alg, busbw = alg * factor[op], wrong = all[REPS + 1] }
@@ -164,13 +171,15 @@ end
 
 -- ---- reporting -------------------------------------------------------------------------
 
+local nmerged = 1 -- how many runs (this one and --merge's) the written table takes its fastest from
+
 local function fmt_row(r)
   return string.format("%12d %12d %6s %-15s %10.2f %8.2f %8.2f %6d", r.bytes, r.count, r.dtype, r.op, r.time_us,
     r.algbw, r.busbw, r.wrong)
 end
 
-local function read_csv(path)
-  local rows = {}
+local function read_csv(path, rows)
+  rows = rows or {}
   local f = assert(io.open(path, "r"), "cannot read " .. path)
   local head
   for line in f:lines() do
@@ -180,7 +189,8 @@ local function read_csv(path)
     else
       local r = {}
       for k, name in ipairs(head) do r[name] = tonumber(cells[k]) or cells[k] end
-      rows[r.op .. ":" .. r.bytes] = r
+      local key, old = r.op .. ":" .. r.bytes, rows[r.op .. ":" .. r.bytes]
+      if not old or r.time_us < old.time_us then rows[key] = r end
     end
   end
   f:close()
@@ -206,9 +216,15 @@ local function write_results(rows)
     "- NCCL watchdog: " .. (os.getenv("DISTLAB_NCCL_WATCHDOG") == "0" and "off" or "on"),
     "- method: f32, out of place; 5 warm-up ops, " .. REPS .. " x [barrier, `iters` ops between events], max over ranks, " ..
       "median over repetitions; busbw factors of nccl-tests", "" }
-  local ref = opt.compare and read_csv(opt.compare)
+  local ref, nref = nil, 0
+  for path in (opt.compare or ""):gmatch("[^,]+") do ref, nref = read_csv(path, ref), nref + 1 end
+  if nmerged > 1 then
+    md[#md + 1] = string.format("distlab: the fastest of %d runs of this benchmark in the same call, per op and size.", nmerged)
+  end
   if ref then
-    md[#md + 1] = "Compared with `experiments/lab/nccl_loop.c` (plain C over NCCL) from the same run."
+    md[#md + 1] = nref > 1 and string.format("Compared with `experiments/lab/nccl_loop.c` (plain C over NCCL), " ..
+      "the fastest of %d runs in the same call (interleaved with distlab's), per op and size.", nref) or
+      "Compared with `experiments/lab/nccl_loop.c` (plain C over NCCL) from the same run."
     md[#md + 1] = ""
     md[#md + 1] = "| op | size (B) | distlab us | nccl us | distlab busbw GB/s | nccl busbw GB/s | busbw ratio | time diff us | #wrong |"
     md[#md + 1] = "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
@@ -265,6 +281,22 @@ for op in opt.ops:gmatch("[^,]+") do
       io.stdout:flush()
     end
     s = s * 2
+  end
+end
+if me == 0 and opt.merge then
+  -- this run's CSV is written from rows; rows take the fastest of the earlier runs
+  for path in opt.merge:gmatch("[^,]+") do
+    local prior = read_csv(path)
+    nmerged = nmerged + 1
+    for _, r in ipairs(rows) do
+      local o = prior[r.op .. ":" .. r.bytes]
+      if o and o.time_us < r.time_us then
+        r.time_us, r.algbw, r.busbw = o.time_us, o.algbw_GBps, o.busbw_GBps
+        r.wrong = r.wrong + o.wrong
+      elseif o then
+        r.wrong = r.wrong + o.wrong
+      end
+    end
   end
 end
 if me == 0 then write_results(rows) end

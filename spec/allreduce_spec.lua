@@ -119,13 +119,21 @@ describe("graph on cpu", function()
   end)
 end)
 
+-- DISTLAB_SPEC_GPUS=4 (scripts/gpu/allreduce.sh with NRANKS=4) adds the
+-- correctness, back-to-back and graph cases at that many GPUs.
+local gpu_worlds = { 2 }
+local more = tonumber(os.getenv("DISTLAB_SPEC_GPUS") or "")
+if more and more > 2 then gpu_worlds[2] = more end
+
 describe("allreduce on 2 GPUs #multigpu", function()
-  for _, s in ipairs(scripts) do
-    it(s[3], function()
-      local rc, out = run(2, "cuda", s[1])
-      assert.equal(0, rc, out)
-      assert.equal(2, ok_lines(out, s[2]), out)
-    end)
+  for _, n in ipairs(gpu_worlds) do
+    for _, s in ipairs(scripts) do
+      it(n .. " ranks: " .. s[3], function()
+        local rc, out = run(n, "cuda", s[1])
+        assert.equal(0, rc, out)
+        assert.equal(n, ok_lines(out, s[2]), out)
+      end)
+    end
   end
 
   it("a peer that never comes: the kernel ends by itself, check() names the op, rank and peer", function()

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Remote step on a host with 2 GPUs (repo root as cwd, .debs carried, the
-# lead's build done): everything the all-reduce issue needs measured, in one
-# run. Writes under $OUT/allreduce/ and prints the short table last.
-#   scripts/gpu/allreduce.sh [specs] [torch] [sweep]      (default: all three)
+# Remote step on a host with NRANKS GPUs (default 2; repo root as cwd, .debs
+# carried, the lead's build done): everything the all-reduce issues need
+# measured, in one run. Writes under $OUT/allreduce/ and prints the short
+# table last.
+#   [NRANKS=4] scripts/gpu/allreduce.sh [specs] [torch] [sweep]   (default: all three)
 #     specs  the #multigpu cases of spec/allreduce_spec.lua (2 GPUs; the cpu
 #            cases run on every machine with ./distlab test)
 #     torch  PyTorch anchors: experiments/allreduce_torch.py under torchrun
 #     sweep  dl.allreduce.tune, then experiments/allreduce_sweep.lua (auto uses
 #            the table just tuned; the torch CSV is merged), then the plot
-# Results: allreduce-<gpu>x2.{md,csv}, -wide.csv, -tune.csv, the tuned
+# Results: allreduce-<gpu>x<NRANKS>.{md,csv}, -wide.csv, -tune.csv, the tuned
 # table allreduce_tables.lua, logs, and the PNG where gnuplot exists (else
 # make it from the -wide.csv with experiments/allreduce_plot.sh); copy the
 # md, csv and png to experiments/results/ (the md links the png by its bare
@@ -62,32 +63,34 @@ run_for() {
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())' 2>&1 | tail -1
 } >"$R/machine.txt"
 cat "$R/machine.txt"
+NR="${NRANKS:-2}"
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-[ "$ngpu" -ge 2 ] || { echo "allreduce.sh: needs 2 GPUs, found $ngpu"; exit 2; }
+[ "$ngpu" -ge "$NR" ] || { echo "allreduce.sh: needs $NR GPUs, found $ngpu"; exit 2; }
 [ -f build/lib/libdistlab.so ] || ./distlab build 2>&1 | tail -5
-export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0,1}"
+export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-$(seq -s, 0 $((NR - 1)))}"
 
 for s in "${sections[@]}"; do
   case "$s" in
     specs)
       stamp "specs on 2 GPUs"
-      run_for 240 busted --run=default --tags=multigpu -o spec/support/summary.lua spec/allreduce_spec.lua \
+      [ "$NR" = 2 ] || stamp "and the correctness cases on $NR GPUs"
+      DISTLAB_SPEC_GPUS="$NR" run_for 300 busted --run=default --tags=multigpu -o spec/support/summary.lua spec/allreduce_spec.lua \
         >"$R/spec.log" 2>&1
       echo "specs exit code $?" >>"$R/spec.log"
       grep -v '^ok ' "$R/spec.log" | tail -30 ;;
     torch)
       stamp "PyTorch anchors"
       port=$((20000 + RANDOM % 20000))
-      run_for 180 python3 -m torch.distributed.run --nproc_per_node 2 --master_port "$port" \
+      run_for 180 python3 -m torch.distributed.run --nproc_per_node "$NR" --master_port "$port" \
         experiments/allreduce_torch.py "$R/torch.csv" >"$R/torch.log" 2>&1
       echo "torch exit code $?" >>"$R/torch.log"
       tail -5 "$R/torch.log" ;;
     sweep)
       stamp "tune and sweep"
       rm -f "$R/allreduce_tables.lua"
-      DISTLAB_AR_TABLE="$R/allreduce_tables.lua" run_for 360 ./distlab run -n 2 --device cuda \
+      DISTLAB_AR_TABLE="$R/allreduce_tables.lua" run_for 360 ./distlab run -n "$NR" --device cuda \
         experiments/allreduce_sweep.lua --out "$R" --torch "$R/torch.csv" --tune "$R/allreduce_tables.lua" \
-        --command "scripts/gpu/allreduce.sh (DISTLAB_AR_TABLE=allreduce_tables.lua, tuned in the same run)" \
+        --command "NRANKS=$NR scripts/gpu/allreduce.sh (DISTLAB_AR_TABLE=allreduce_tables.lua, tuned in the same run)" \
         >"$R/sweep.log" 2>&1
       echo "sweep exit code $?" >>"$R/sweep.log"
       for wide in "$R"/allreduce-*-wide.csv; do
@@ -101,7 +104,7 @@ done
 stamp "done"
 if [ -f "$R/sweep.log" ]; then
   echo "---- targets"
-  grep -A6 '^## Targets' "$R"/allreduce-*x2.md 2>/dev/null | grep '^- ' || tail -5 "$R/sweep.log"
+  grep -A7 '^## Targets' "$R"/allreduce-*x"$NR".md 2>/dev/null | grep '^- ' || tail -5 "$R/sweep.log"
   echo "---- short table (us per all-reduce)"
   sed -n '/^size  /,$p' "$R/sweep.log"
 fi

@@ -6,6 +6,7 @@
 # $OUT (default experiments/results/attn_lab). ~3-5 minutes on an H100/H200.
 #   scripts/gpu/attn_lab.sh            everything
 #   QUICK=1 scripts/gpu/attn_lab.sh    no sanitizers, bench at s=8k only
+#   NOVARIANTS=1 NOBENCH=1 ...          only the checker and the sanitizers
 # Exit status: non-zero if the build, the checker or a sanitizer failed.
 set -uo pipefail
 
@@ -38,6 +39,7 @@ $NVCC $FLAGS -c experiments/lab/attn/attn_bench.cu -o "$BUILD/attn_bench.o" & pi
 VARIANTS=("fwd 128x32, bwd 4 warps|-DDL_ATTN_FWD128_BN=32 -DDL_ATTN_BWD128_NW=4"
           "fwd 64x64 1 m-tile per warp|-DDL_ATTN_FWD128_BM=64"
           "fwd K/V double-buffered|-DDL_ATTN_FWD128_STAGES=2")
+[ -n "${NOVARIANTS:-}" ] && VARIANTS=()
 for i in "${!VARIANTS[@]}"; do
   defs=${VARIANTS[$i]#*|}
   $NVCC $FLAGS $defs -c kernels/attn_fwd.cu -o "$BUILD/attn_fwd_v$i.o" & pids+=($!)
@@ -77,8 +79,10 @@ elif [ -z "${QUICK:-}" ]; then
   tail -3 "$OUT/racecheck.txt" | tee -a "$OUT/summary.txt"
 fi
 
-log "bench ($(date +%T))"
-timeout 150 "$BUILD/attn_bench" ${QUICK:+--quick} 2>&1 | tee "$OUT/bench.txt" | tee -a "$OUT/summary.txt" || status=1
+if [ -z "${NOBENCH:-}" ]; then
+  log "bench ($(date +%T))"
+  timeout 150 "$BUILD/attn_bench" ${QUICK:+--quick} 2>&1 | tee "$OUT/bench.txt" | tee -a "$OUT/summary.txt" || status=1
+fi
 for i in "${!VARIANTS[@]}"; do
   log "variant $i: ${VARIANTS[$i]%|*} ($(date +%T))"
   timeout 60 "$BUILD/attn_check_v$i" --filter d128/128 > "$OUT/check_v$i.txt" 2>&1 || status=1

@@ -45,17 +45,28 @@ done
 gcc -O2 -o "$OUT/nccl_loop" experiments/lab/nccl_loop.c -I/usr/include -I"$CUDA_HOME/include" \
   -L"$CUDA_HOME/lib64" ${nccl_lib:+-L"$nccl_lib" -Wl,-rpath,"$nccl_lib"} -lcudart -l:libnccl.so.2 2>&1 |
   tee "$OUT/nccl_loop_build.log"
-timeout 120 "$OUT/nccl_loop" -n 2 -b 8 -e 1073741824 -o "$OUT/nccl_loop.csv" 2>&1 | tail -5
+# Two rounds, interleaved (loop, distlab, loop, distlab): each side keeps its
+# fastest round per op and size, so drift between runs (clocks, placement)
+# falls on both alike.
+for round in 1 2; do
+  timeout 120 "$OUT/nccl_loop" -n 2 -b 8 -e 1073741824 -o "$OUT/nccl_loop$round.csv" 2>&1 | tail -5
+  echo "== 3.$round distlab comm_bench"
+  merge=()
+  [ "$round" = 2 ] && merge=(--merge "$OUT/round1/comm-$(cat "$OUT/tag")-r1.csv")
+  [ "$round" = 2 ] && cmp="$OUT/nccl_loop1.csv,$OUT/nccl_loop2.csv" || cmp="$OUT/nccl_loop1.csv"
+  dir="$OUT/round1"; [ "$round" = 2 ] && dir="$OUT/results"
+  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE '[AHBL][0-9]+' | head -1 | tr '[:upper:]' '[:lower:]')
+  echo "${gpu:-gpu}x2" > "$OUT/tag"
+  tagarg="$(cat "$OUT/tag")"; [ "$round" = 1 ] && tagarg="$tagarg-r1"
+  timeout 180 ./distlab run -n 2 --device cuda experiments/comm_bench.lua -b 8 -e 1G --tag "$tagarg" \
+    --compare "$cmp" "${merge[@]}" --out "$dir" 2>&1 | tee "$OUT/comm_bench$round.log" | tail -3
+done
+cp "$OUT/nccl_loop2.csv" "$OUT/nccl_loop.csv"
 column -s, -t "$OUT/nccl_loop.csv" 2>/dev/null | head -200 >"$OUT/nccl_loop.txt"
-
-echo "== 3. distlab comm_bench"
-timeout 180 ./distlab run -n 2 --device cuda experiments/comm_bench.lua -b 8 -e 1G \
-  --compare "$OUT/nccl_loop.csv" --out "$OUT/results" 2>&1 | tee "$OUT/comm_bench.log" | tail -40
 tail -4 "$OUT"/results/comm-*x2.md
 
-echo "== 4. small sizes with the NCCL watchdog off"
-tag="$(ls "$OUT"/results/comm-*x2.md 2>/dev/null | head -1 | sed 's/.*comm-\(.*\)\.md/\1/')"
-DISTLAB_NCCL_WATCHDOG=0 timeout 60 ./distlab run -n 2 --device cuda experiments/comm_bench.lua -b 8 -e 64K \
-  --compare "$OUT/nccl_loop.csv" --out "$OUT/results" --tag "${tag:-gpux2}-nowatchdog" 2>&1 |
-  tee "$OUT/comm_bench_nowatchdog.log" | tail -4
+echo "== 4. mid sizes with the NCCL watchdog off (does the watchdog cost bandwidth?)"
+DISTLAB_NCCL_WATCHDOG=0 timeout 90 ./distlab run -n 2 --device cuda experiments/comm_bench.lua -b 8 -e 64M \
+  --ops all_reduce,reduce_scatter,all_to_all --compare "$OUT/nccl_loop1.csv,$OUT/nccl_loop2.csv" \
+  --out "$OUT/results" --tag "$(cat "$OUT/tag")-nowatchdog" 2>&1 | tee "$OUT/comm_bench_nowatchdog.log" | tail -4
 echo "comm_check done: results in $OUT/results, specs in $OUT/comm_specs.log"
