@@ -10,12 +10,19 @@ local dl = require "distlab"
 
 local w, me = A.w, A.me
 local replays = tonumber(arg[1] or "20")
+local verbose = os.getenv("SPEC_VERBOSE")
+local function say(...) if verbose then io.stdout:write(string.format(...) .. "\n"); io.stdout:flush() end end
+local algos = A.algos -- SPEC_ALGOS=a,b narrows them (for bisecting on a GPU)
+if os.getenv("SPEC_ALGOS") then
+  algos = {}
+  for a in os.getenv("SPEC_ALGOS"):gmatch("[^,]+") do algos[#algos + 1] = a end
+end
 
 A.report(function()
   local ar = dl.allreduce.get(w)
   local cases = {}
   local k = 0
-  for _, algo in ipairs(A.algos) do
+  for _, algo in ipairs(algos) do
     for _, n in ipairs { 7, 4095, 65537 } do
       k = k + 1
       local dtype = A.dtypes[k % 3 + 1]
@@ -30,6 +37,7 @@ A.report(function()
     ar:run(c.x, { algo = c.algo })
   end
   ar:check()
+  say("rank %d: warm-up done", me)
   local g = dl.graph.capture(function()
     for _, c in ipairs(cases) do
       c.x:copy_(c.src)
@@ -40,10 +48,12 @@ A.report(function()
     last.x:copy_(last.src)
     ar:run(last.x, { algo = "one_shot" }) -- an odd count of kernel calls
   end)
+  say("rank %d: captured %d nodes", me, g:nodes())
   local junk = A.exact_input(1000, "f32", 999, me)
   for r = 1, replays do
     g:replay()
     ar:check()
+    say("rank %d: replay %d done", me, r)
     for _, c in ipairs(cases) do
       A.exact_check(c.x, c.call, string.format("replay %d: %s n=%d in place", r, c.algo, c.n))
       A.exact_check(c.out, c.call, string.format("replay %d: %s n=%d out of place", r, c.algo, c.n))
