@@ -9,6 +9,7 @@
  * and leaves the stream usable. cpu and meta streams have no graphs: the Lua
  * layer (distlab.graph) replays a recorded function there instead.
  */
+#include <stdio.h>
 #include <stdlib.h>
 
 #include "device.h"
@@ -107,6 +108,7 @@ int dl_graph_nodes(const dl_graph_t *g, int64_t *nodes) {
 
 void dl_graph_free(dl_graph_t *g) {
   if (!g || g->magic != GRAPH_MAGIC) return;
+  if (getenv("DISTLAB_TRACE_TEARDOWN")) fprintf(stderr, "distlab teardown: graph %p freed\n", (void *)g);
 #ifdef DL_WITH_CUDA
   if (g->capturing) {
     cudaGraph_t partial = NULL;

@@ -44,9 +44,11 @@ A.report(function()
       ar:run(c.x, { algo = c.algo }) -- in place
       ar:run(c.src, { algo = c.algo, out = c.out }) -- out of place: src stays
     end
-    local last = cases[1]
-    last.x:copy_(last.src)
-    ar:run(last.x, { algo = "one_shot" }) -- an odd count of kernel calls
+    if not os.getenv("SPEC_NO_ODD") then
+      local last = cases[1]
+      last.x:copy_(last.src)
+      ar:run(last.x, { algo = "one_shot" }) -- an odd count of kernel calls
+    end
   end)
   say("rank %d: captured %d nodes", me, g:nodes())
   local junk = A.exact_input(1000, "f32", 999, me)
@@ -62,6 +64,8 @@ A.report(function()
     for i = 1, r % 3 do ar:run(junk:clone(), { algo = A.kernels[(r + i) % 4 + 1] }) end
   end
   ar:check()
+  say("rank %d: checked; barrier", me)
   w:barrier()
+  say("rank %d: barrier done", me)
   print(string.format("graph ok: rank %d of %d on %s, %d replays of %d nodes", me, A.N, w.device, replays, g:nodes()))
 end)
