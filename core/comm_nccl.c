@@ -366,6 +366,7 @@ static int nccl_run(dl_comm_t *c, const dl_comm_call_t *call) {
     r = api.AllReduce(m->sync_buf, m->sync_buf, 1, ncclInt32, ncclSum, m->comm, st);
   }
   DL_TRY(call_leave(c, r, dl_comm_op_name(call->op)));
+  dl_graph_note_user(c); /* a graph being captured now holds NCCL work of c */
   if (!c->in_group) watch_op(c, call->op, st);
   return call->op == DL_OP_BARRIER ? c->be->synchronize(c, call->stream) : DL_OK;
 }
@@ -379,6 +380,7 @@ static int nccl_group_end(dl_comm_t *c) {
   nccl_t *m = impl(c);
   call_enter(m, m->last_op);
   DL_TRY(call_leave(c, api.GroupEnd(), "grouped point-to-point"));
+  dl_graph_note_user(c);
   watch_op(c, m->last_op, m->group_stream);
   return DL_OK;
 }
@@ -495,6 +497,11 @@ static void nccl_destroy(dl_comm_t *c) {
   stop_watchdog(m);
   if (m->comm) {
     /* work that cannot finish would block ncclCommDestroy: the wait aborts it */
+    /* graphs holding NCCL work of this communicator would make
+     * ncclCommDestroy wait for them forever: they go first */
+    char what[160];
+    snprintf(what, sizeof what, "the NCCL communicator '%s'", c->name);
+    dl_graph_release_user(c, what);
     teardown_trace("synchronize", m);
     if (!m->failed && nccl_synchronize(c, NULL) < 0) dl_clear_error();
     teardown_trace(m->aborted ? "aborted before" : "ncclCommDestroy", m);

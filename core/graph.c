@@ -9,24 +9,84 @@
  * and leaves the stream usable. cpu and meta streams have no graphs: the Lua
  * layer (distlab.graph) replays a recorded function there instead.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "device.h"
 
-enum { GRAPH_MAGIC = 0x6a9a1c };
+enum { GRAPH_MAGIC = 0x6a9a1c, MAX_USERS = 8 };
 
 struct dl_graph {
   uint32_t magic;
   int dev_index;
   int capturing;
   int64_t nodes;
+  const void *users[MAX_USERS]; /* communicators whose work it captured */
+  int nusers;
+  char released[160];           /* why it can no longer replay ("" if it can) */
+  struct dl_graph *prev, *next; /* the live graphs */
 #ifdef DL_WITH_CUDA
   cudaStream_t stream;
   cudaGraph_t graph;
   cudaGraphExec_t exec;
 #endif
 };
+
+static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
+static dl_graph_t *live;
+static __thread dl_graph_t *capturing_here; /* the graph this thread captures into */
+
+static void live_add(dl_graph_t *g) {
+  pthread_mutex_lock(&live_mu);
+  g->next = live;
+  if (live) live->prev = g;
+  live = g;
+  pthread_mutex_unlock(&live_mu);
+}
+
+static void live_remove(dl_graph_t *g) {
+  pthread_mutex_lock(&live_mu);
+  if (g->prev) g->prev->next = g->next;
+  else if (live == g) live = g->next;
+  if (g->next) g->next->prev = g->prev;
+  g->prev = g->next = NULL;
+  pthread_mutex_unlock(&live_mu);
+}
+
+void dl_graph_note_user(const void *key) {
+  dl_graph_t *g = capturing_here;
+  if (!g || !key) return;
+  for (int i = 0; i < g->nusers; i++)
+    if (g->users[i] == key) return;
+  if (g->nusers < MAX_USERS) g->users[g->nusers++] = key;
+  else snprintf(g->released, sizeof g->released, "it captured work of more than %d communicators",
+                MAX_USERS); /* refuse it at dl_graph_end rather than hang later */
+}
+
+/* The graph's CUDA objects, destroyed (the caller holds live_mu or owns g). */
+static void drop_cuda(dl_graph_t *g) {
+#ifdef DL_WITH_CUDA
+  if (g->exec) cudaGraphExecDestroy(g->exec);
+  if (g->graph) cudaGraphDestroy(g->graph);
+  g->exec = NULL;
+  g->graph = NULL;
+#else
+  (void)g;
+#endif
+}
+
+void dl_graph_release_user(const void *key, const char *what) {
+  pthread_mutex_lock(&live_mu);
+  for (dl_graph_t *g = live; g; g = g->next)
+    for (int i = 0; i < g->nusers; i++)
+      if (g->users[i] == key && !g->released[0]) {
+        drop_cuda(g);
+        snprintf(g->released, sizeof g->released, "%s it captured was destroyed",
+                 what ? what : "a communicator");
+      }
+  pthread_mutex_unlock(&live_mu);
+}
 
 static int graph_check(const dl_graph_t *g, const char *fn) {
   if (!g || g->magic != GRAPH_MAGIC)
@@ -56,6 +116,8 @@ int dl_graph_begin(dl_graph_t **out, dl_stream_t *s) {
     return DL_ERR(DL_ECUDA, "cudaStreamBeginCapture on cuda:%d: %s", dev, cudaGetErrorString(e));
   }
   g->capturing = 1;
+  capturing_here = g;
+  live_add(g);
   *out = g;
   return DL_OK;
 #else
@@ -70,6 +132,7 @@ int dl_graph_end(dl_graph_t *g) {
 #ifdef DL_WITH_CUDA
   DL_TRY(dl_cuda_use(g->dev_index));
   g->capturing = 0;
+  if (capturing_here == g) capturing_here = NULL;
   cudaError_t e = cudaStreamEndCapture(g->stream, &g->graph);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
@@ -80,6 +143,11 @@ int dl_graph_end(dl_graph_t *g) {
   size_t n = 0;
   DL_CUDA_CHECK(cudaGraphGetNodes(g->graph, NULL, &n));
   g->nodes = (int64_t)n;
+  if (g->released[0]) {
+    cudaGraphDestroy(g->graph);
+    g->graph = NULL;
+    return DL_ERR(DL_EUNSUPPORTED, "capture on cuda:%d: %s", g->dev_index, g->released);
+  }
   DL_CUDA_CHECK(cudaGraphInstantiate(&g->exec, g->graph, 0));
   DL_CUDA_CHECK(cudaGraphUpload(g->exec, g->stream));
 #endif
@@ -90,6 +158,8 @@ int dl_graph_replay(dl_graph_t *g, dl_stream_t *s) {
   DL_TRY(graph_check(g, "dl_graph_replay"));
   DL_CHECK_ARG(!g->capturing, "dl_graph_replay: the graph is still capturing");
 #ifdef DL_WITH_CUDA
+  if (g->released[0])
+    return DL_ERR(DL_ESTATE, "dl_graph_replay: the graph was released: %s", g->released);
   DL_CHECK_ARG(g->exec, "dl_graph_replay: the capture failed; nothing to replay");
   void *h = NULL;
   DL_TRY(dl_stream_for(s, DL_CUDA, g->dev_index, &h));
@@ -109,6 +179,8 @@ int dl_graph_nodes(const dl_graph_t *g, int64_t *nodes) {
 void dl_graph_free(dl_graph_t *g) {
   if (!g || g->magic != GRAPH_MAGIC) return;
   if (getenv("DISTLAB_TRACE_TEARDOWN")) fprintf(stderr, "distlab teardown: graph %p freed\n", (void *)g);
+  live_remove(g);
+  if (capturing_here == g) capturing_here = NULL;
 #ifdef DL_WITH_CUDA
   if (g->capturing) {
     cudaGraph_t partial = NULL;
@@ -116,9 +188,8 @@ void dl_graph_free(dl_graph_t *g) {
       cudaGraphDestroy(partial);
     (void)cudaGetLastError();
   }
-  if (g->exec) cudaGraphExecDestroy(g->exec);
-  if (g->graph) cudaGraphDestroy(g->graph);
 #endif
+  drop_cuda(g);
   g->magic = 0;
   free(g);
 }
