@@ -16,6 +16,11 @@
 --                            loop, so run-to-run drift (clocks, placement) treats the
 --                            two sides alike
 --     --out DIR              where results go (default experiments/results)
+--     --report-only RUN.csv  measure nothing: write the CSV and markdown from this
+--                            benchmark's CSV of an earlier run (with --merge and
+--                            --compare), e.g. after two runs of each side in ABBA
+--                            order; --device-name NAME and --ranks N name the machine
+--                            it ran on (any device works for this step)
 --
 -- Method (the same as nccl_loop.c, so the two are comparable): per size,
 -- 5 warm-up ops, then 5 repetitions of [barrier, event, `iters` back-to-back
@@ -51,14 +56,22 @@ while i <= #arg do
   elseif a == "--tag" then opt.tag = v
   elseif a == "--compare" then opt.compare = v
   elseif a == "--merge" then opt.merge = v
+  elseif a == "--report-only" then opt.report_only = v
+  elseif a == "--device-name" then opt.device_name = v
+  elseif a == "--ranks" then opt.ranks = tonumber(v)
   elseif a == "--out" then opt.out = v
   else error("unknown option " .. tostring(a), 0) end
   i = i + 2
 end
 
 local device_name = on_gpu and dl.cuda_device_name(tonumber(w.device:match("%d+"))) or w.device
+local backend = w.backend
+if opt.report_only then -- the figures come from a run on another machine or device
+  device_name, backend, on_gpu = opt.device_name or "unknown device", "nccl", true
+  N = opt.ranks or N
+end
 if not opt.tag then
-  local model = on_gpu and (device_name:match("([AHBL]%d+)") or "gpu"):lower() or w.backend
+  local model = on_gpu and (device_name:match("([AHBL]%d+)") or "gpu"):lower() or backend
   opt.tag = model .. "x" .. N
 end
 
@@ -200,8 +213,8 @@ end
 local function write_results(rows)
   os.execute("mkdir -p " .. opt.out)
   local base = opt.out .. "/comm-" .. opt.tag
-  local cmd = string.format("./distlab run -n %d --device %s experiments/comm_bench.lua %s", N,
-    on_gpu and "cuda" or w.device, table.concat(arg, " "))
+  local cmd = string.format("./distlab run -n %d --device %s experiments/comm_bench.lua %s", opt.report_only and w.size or N,
+    opt.report_only and w.device or on_gpu and "cuda" or w.device, table.concat(arg, " "))
   local csv = assert(io.open(base .. ".csv", "w"))
   csv:write("impl,op,bytes,count,dtype,iters,time_us,algbw_GBps,busbw_GBps,wrong\n")
   for _, r in ipairs(rows) do
@@ -210,7 +223,7 @@ local function write_results(rows)
   end
   csv:close()
   local md = { "# Communicator benchmark: " .. opt.tag, "",
-    string.format("- device: %s x %d (%s backend)", device_name, N, w.backend),
+    string.format("- device: %s x %d (%s backend)", device_name, N, backend),
     "- date: " .. os.date("!%Y-%m-%d %H:%M UTC"),
     "- command: `" .. cmd .. "`",
     "- NCCL watchdog: " .. (os.getenv("DISTLAB_NCCL_WATCHDOG") == "0" and "off" or "on"),
@@ -264,10 +277,32 @@ end
 
 local rows, total_wrong = {}, 0
 if me == 0 then
-  print(string.format("# distlab comm_bench: %s x %d, %s backend, %d..%d bytes", device_name, N, w.backend,
+  print(string.format("# distlab comm_bench: %s x %d, %s backend, %d..%d bytes", device_name, N, backend,
     round_bytes(opt.b), maxb))
   print(string.format("#%11s %12s %6s %-15s %10s %8s %8s %6s", "size", "count", "type", "op", "time_us", "algbw",
     "busbw", "#wrong"))
+end
+-- --report-only: the rows of an earlier run's CSV, in its order
+local function csv_rows(path)
+  local out, head = {}, nil
+  for line in assert(io.open(path, "r"), "cannot read " .. path):lines() do
+    local cells = {}
+    for c in line:gmatch("[^,]+") do cells[#cells + 1] = c end
+    if not head then head = cells
+    else
+      local r = {}
+      for k, name in ipairs(head) do r[name] = tonumber(cells[k]) or cells[k] end
+      out[#out + 1] = { impl = r.impl, op = r.op, bytes = r.bytes, count = r.count, dtype = r.dtype, iters = r.iters,
+        time_us = r.time_us, algbw = r.algbw_GBps, busbw = r.busbw_GBps, wrong = r.wrong }
+    end
+  end
+  return out
+end
+
+if opt.report_only then
+  rows = csv_rows(opt.report_only)
+  for _, r in ipairs(rows) do total_wrong = total_wrong + r.wrong end
+  opt.ops = "" -- nothing to measure
 end
 for op in opt.ops:gmatch("[^,]+") do
   if not make[op] then error("unknown op " .. op, 0) end

@@ -4,28 +4,52 @@
 -- 0 = the kernels' own sizing) for sizes up to `upto` bytes; the last row
 -- covers everything larger.
 --
--- NVIDIA H200 at 2 ranks: measured (experiments/results/allreduce-h200x2.md,
--- 2026-11-22, vLLM's graph method, every algorithm at its default grid):
--- one_shot_push is the fastest from 1 MB to 1 GB and at 8 KB, one_shot from
--- 16 KB to 512 KB (the two tie at 512 KB). The other entries are still
--- PROVISIONAL. The H100 two-rank rows follow seed 002 (vLLM's sweep on H100, TP=2: one-stage
--- custom all-reduce fastest up to 64 MB, NCCL even at 64 MB), with the push
--- one-shot, which needs no copy into the staging buffer, in its place; the
--- generic rows for 4, 6 and 8 ranks follow the same seed's TP=4/6 tables
--- (one-stage up to ~1 MB, two-stage to 16-32 MB, then NCCL) and its B200
--- TP=8 table. `scripts/gpu/allreduce.sh` measures the real ones with
--- dl.allreduce.tune; replace these entries with its output.
+-- NVIDIA H200 at 2 and 4 ranks: the tables dl.allreduce.tune wrote on
+-- nvidia-h200-x2 and nvidia-h200-x4 on 2026-11-22 (every algorithm and a few
+-- grids per size, CUDA-graph timing); the sweeps in
+-- experiments/results/allreduce-h200x2.md and allreduce-h200x4.md ran with
+-- exactly these tables. The other entries are still PROVISIONAL: the H100
+-- two-rank rows follow seed 002 (vLLM's sweep on H100, TP=2: one-stage custom
+-- all-reduce fastest up to 64 MB, NCCL even at 64 MB), with the push one-shot
+-- in its place; the generic rows for 4, 6 and 8 ranks follow the same seed's
+-- TP=4/6 tables (one-stage up to ~1 MB, two-stage to 16-32 MB, then NCCL)
+-- and its B200 TP=8 table. `NRANKS=N scripts/gpu/allreduce.sh sweep`
+-- measures the real ones; replace these entries with its output.
 return {
   {
     device = "NVIDIA H200",
     world = 2,
     dtype = "bf16",
-    date = "2026-11-22",
-    source = "experiments/results/allreduce-h200x2.md (measured sweep, default grids)",
+    date = "2026-11-22 08:14 UTC",
+    source = "dl.allreduce.tune on nvidia-h200-x2 (experiments/results/allreduce-h200x2-tune.csv)",
     rows = {
-      { upto = 8 * 1024, algo = "one_shot_push", blocks = 0 },
-      { upto = 512 * 1024, algo = "one_shot", blocks = 0 },
-      { algo = "one_shot_push", blocks = 0 },
+      { upto = 11584, algo = "one_shot_push", blocks = 0, us = 5.72, at = 8192 },
+      { upto = 92672, algo = "one_shot", blocks = 0, us = 6.44, at = 16384 },
+      { upto = 185360, algo = "one_shot", blocks = 8, us = 6.63, at = 131072 },
+      { upto = 370720, algo = "one_shot", blocks = 16, us = 6.89, at = 262144 },
+      { upto = 741440, algo = "one_shot", blocks = 32, us = 7.87, at = 524288 },
+      { upto = 1284224, algo = "one_shot_push", blocks = 64, us = 9.65, at = 1048576 },
+      { upto = 1816176, algo = "one_shot_push", blocks = 132, us = 11.10, at = 1572864 },
+      { upto = 2568464, algo = "one_shot_push", blocks = 0, us = 12.65, at = 2097152 },
+      { upto = 11863280, algo = "one_shot_push", blocks = 132, us = 17.92, at = 3145728 },
+      { algo = "one_shot_push", blocks = 0, us = 56.83, at = 16777216 },
+    },
+  },
+  {
+    device = "NVIDIA H200",
+    world = 4,
+    dtype = "bf16",
+    date = "2026-11-22 08:04 UTC",
+    source = "dl.allreduce.tune on nvidia-h200-x4 (experiments/results/allreduce-h200x4-tune.csv)",
+    rows = {
+      { upto = 185360, algo = "one_shot", blocks = 0, us = 5.93, at = 8192 },
+      { upto = 370720, algo = "one_shot", blocks = 32, us = 8.88, at = 262144 },
+      { upto = 741440, algo = "one_shot", blocks = 64, us = 11.39, at = 524288 },
+      { upto = 1284224, algo = "two_shot_push", blocks = 16, us = 15.80, at = 1048576 },
+      { upto = 1816176, algo = "two_shot_push", blocks = 0, us = 17.78, at = 1572864 },
+      { upto = 5931632, algo = "two_shot_push", blocks = 64, us = 20.47, at = 2097152 },
+      { upto = 11863280, algo = "two_shot_push", blocks = 132, us = 51.68, at = 8388608 },
+      { algo = "nccl", blocks = 0, us = 95.14, at = 16777216 },
     },
   },
   {

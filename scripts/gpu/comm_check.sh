@@ -45,28 +45,31 @@ done
 gcc -O2 -o "$OUT/nccl_loop" experiments/lab/nccl_loop.c -I/usr/include -I"$CUDA_HOME/include" \
   -L"$CUDA_HOME/lib64" ${nccl_lib:+-L"$nccl_lib" -Wl,-rpath,"$nccl_lib"} -lcudart -l:libnccl.so.2 2>&1 |
   tee "$OUT/nccl_loop_build.log"
-# Two rounds, interleaved (loop, distlab, loop, distlab): each side keeps its
-# fastest round per op and size, so drift between runs (clocks, placement)
-# falls on both alike.
-for round in 1 2; do
-  timeout 120 "$OUT/nccl_loop" -n 2 -b 8 -e 1073741824 -o "$OUT/nccl_loop$round.csv" 2>&1 | tail -5
-  echo "== 3.$round distlab comm_bench"
-  merge=()
-  [ "$round" = 2 ] && merge=(--merge "$OUT/round1/comm-$(cat "$OUT/tag")-r1.csv")
-  [ "$round" = 2 ] && cmp="$OUT/nccl_loop1.csv,$OUT/nccl_loop2.csv" || cmp="$OUT/nccl_loop1.csv"
-  dir="$OUT/round1"; [ "$round" = 2 ] && dir="$OUT/results"
-  gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE '[AHBL][0-9]+' | head -1 | tr '[:upper:]' '[:lower:]')
-  echo "${gpu:-gpu}x2" > "$OUT/tag"
-  tagarg="$(cat "$OUT/tag")"; [ "$round" = 1 ] && tagarg="$tagarg-r1"
-  timeout 180 ./distlab run -n 2 --device cuda experiments/comm_bench.lua -b 8 -e 1G --tag "$tagarg" \
-    --compare "$cmp" "${merge[@]}" --out "$dir" 2>&1 | tee "$OUT/comm_bench$round.log" | tail -3
-done
+# Two runs of each side in ABBA order (loop, distlab, distlab, loop): each
+# side keeps its fastest run per op and size. Clocks drift over a call (later
+# runs were slower), and ABBA gives both sides the same mean position.
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE '[AHBL][0-9]+' | head -1 | tr '[:upper:]' '[:lower:]')
+tag="${gpu:-gpu}x2"
+loop() { echo "== plain loop run $1"; timeout 120 "$OUT/nccl_loop" -n 2 -b 8 -e 1073741824 -o "$OUT/nccl_loop$1.csv" 2>&1 | tail -5; }
+loop 1
+echo "== 3.1 distlab comm_bench"
+timeout 180 ./distlab run -n 2 --device cuda experiments/comm_bench.lua -b 8 -e 1G --tag "$tag-r1" \
+  --compare "$OUT/nccl_loop1.csv" --out "$OUT/round1" 2>&1 | tee "$OUT/comm_bench1.log" | tail -2
+echo "== 3.2 distlab comm_bench"
+timeout 180 ./distlab run -n 2 --device cuda experiments/comm_bench.lua -b 8 -e 1G --tag "$tag-r2" \
+  --compare "$OUT/nccl_loop1.csv" --out "$OUT/round2" 2>&1 | tee "$OUT/comm_bench2.log" | tail -2
+loop 2
+# the table: both distlab runs against both loop runs (the written CSV holds the merged figures)
+./distlab run --device cpu experiments/comm_bench.lua --ranks 2 --report-only "$OUT/round2/comm-$tag-r2.csv" \
+  --merge "$OUT/round1/comm-$tag-r1.csv" --compare "$OUT/nccl_loop1.csv,$OUT/nccl_loop2.csv" \
+  --tag "$tag" --out "$OUT/results" --device-name "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" 2>&1 | tail -2
 cp "$OUT/nccl_loop2.csv" "$OUT/nccl_loop.csv"
 column -s, -t "$OUT/nccl_loop.csv" 2>/dev/null | head -200 >"$OUT/nccl_loop.txt"
 tail -4 "$OUT"/results/comm-*x2.md
 
+[ "${NOWD:-1}" = 0 ] && exit 0
 echo "== 4. mid sizes with the NCCL watchdog off (does the watchdog cost bandwidth?)"
 DISTLAB_NCCL_WATCHDOG=0 timeout 90 ./distlab run -n 2 --device cuda experiments/comm_bench.lua -b 8 -e 64M \
   --ops all_reduce,reduce_scatter,all_to_all --compare "$OUT/nccl_loop1.csv,$OUT/nccl_loop2.csv" \
-  --out "$OUT/results" --tag "$(cat "$OUT/tag")-nowatchdog" 2>&1 | tee "$OUT/comm_bench_nowatchdog.log" | tail -4
+  --out "$OUT/results" --tag "$tag-nowatchdog" 2>&1 | tee "$OUT/comm_bench_nowatchdog.log" | tail -4
 echo "comm_check done: results in $OUT/results, specs in $OUT/comm_specs.log"
