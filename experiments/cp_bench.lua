@@ -143,12 +143,14 @@ if r == 0 then
     "Efficiency = T(1 GPU, whole sequence) / (C x T(CP)): the share of the ideal C-fold\n",
     "speed-up that the schedule keeps (communication hidden, causal work balanced).\n",
     "`vs main` compares forward+backward with main (p2p, per-step buffers, post-loop merge).\n",
-    "Produced by `experiments/cp_bench.lua`.\n\n", table.concat(lines, "\n", 3), "\n")
+    "Produced by `experiments/cp_bench.lua`.\n\n", table.concat(lines, "\n", 3), "\n\n",
+    "![overlap efficiency against S_total](cp-bench-", tag, ".png)\n\n",
+    "(`experiments/cp_bench_plot.sh cp-bench-", tag, ".csv` draws it from the CSV.)\n")
   f:close()
   local c = assert(io.open(string.format("%s/cp-bench-%s.csv", dir, tag), "w"))
   c:write("S_total,strategy,fwd_ms,fwd_eff,fwd_bwd_ms,fwd_bwd_eff,max_err\n")
   for _, row in ipairs(rows) do
-    c:write(string.format("%d,%s,%.4f,%s,%.4f,%s,%s\n", row.S, row.name, row.fwd, row.eff_f or "",
+    c:write(string.format("%d,%q,%.4f,%s,%.4f,%s,%s\n", row.S, row.name, row.fwd, row.eff_f or "",
       row.fb, row.eff_fb or "", row.err or ""))
   end
   c:close()

@@ -120,7 +120,12 @@ if world.backend ~= "meta" then
   if world.rank == world.size - 1 then
     for _, r in ipairs(rows) do r.device = world.backend == "nccl" and dl.cuda_device_name(0):gsub(",", " ") or world.device end
     write_csv(dir .. "/cp-memory-gpu.csv", rows)
-    print("wrote " .. dir .. "/cp-memory-gpu.csv")
+    -- when and how, for the table's caption
+    local f = assert(io.open(dir .. "/cp-memory-gpu.txt", "w"))
+    f:write(string.format("%s, %d ranks, `CP_MEM_S=%d ./distlab run -n %d --device cuda experiments/cp_memory.lua`\n",
+      os.date("!%Y-%m-%d %H:%M UTC"), world.size, S, world.size))
+    f:close()
+    print("wrote " .. dir .. "/cp-memory-gpu.csv and .txt")
   end
   return
 end
@@ -231,6 +236,11 @@ if not gpu then
   p("Not measured yet: `scripts/gpu/cp.sh` on a 2-GPU machine writes `cp-memory-gpu.csv`;")
   p("rerunning this experiment on meta then adds the table here.")
 else
+  local when = io.open(results .. "/cp-memory-gpu.txt", "r")
+  if when then
+    p("Measured %s (`cp-memory-gpu.csv`).\n", (when:read("*l") or ""))
+    when:close()
+  end
   p("%s, the last rank. CP=1: each GPU alone; CP=2: both. Units above the inputs (fwd) and", gpu[1].device)
   p("with the held tensors (bwd); meta = the formula for the same shapes.")
   p("Differences from meta: the caching allocator rounds every block up to 512 bytes.\n")

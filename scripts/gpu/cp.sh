@@ -45,7 +45,7 @@ CP_MEM_S="${CP_MEM_S:-262144}" timeout 240 ./distlab run -n 2 --device cuda expe
   >"$OUT/cp-memory-gpu.log" 2>&1 || status=1
 tail -n 20 "$OUT/cp-memory-gpu.log"
 if [ -f "$OUT/cp-memory-gpu.csv" ]; then
-  cp "$OUT/cp-memory-gpu.csv" experiments/results/
+  cp "$OUT/cp-memory-gpu.csv" "$OUT/cp-memory-gpu.txt" experiments/results/
   ./distlab run --device meta experiments/cp_memory.lua >"$OUT/cp-memory.log" 2>&1 || status=1
   cp experiments/results/cp-memory.md experiments/results/cp-memory.png "$OUT/" 2>/dev/null
 fi
@@ -56,6 +56,8 @@ echo "== cp bench at CP=2 ($(date +%T))"
 CP_BENCH_ITERS="${CP_BENCH_ITERS:-5}" timeout 240 ./distlab run -n 2 --device cuda experiments/cp_bench.lua "$OUT" \
   >"$OUT/cp-bench.log" 2>&1 || status=1
 cp "$OUT/cp-bench-$tag.md" "$OUT/cp-bench-$tag.csv" experiments/results/ 2>/dev/null
+command -v gnuplot >/dev/null && experiments/cp_bench_plot.sh "experiments/results/cp-bench-$tag.csv" ||
+  echo "no gnuplot here: draw the PNG with experiments/cp_bench_plot.sh experiments/results/cp-bench-$tag.csv"
 fi
 
 echo "== done, status $status ($(date +%T)); tables: $OUT/cp-memory.md, $OUT/cp-bench-$tag.md"
