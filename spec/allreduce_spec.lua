@@ -125,7 +125,7 @@ local gpu_worlds = { 2 }
 local more = tonumber(os.getenv("DISTLAB_SPEC_GPUS") or "")
 if more and more > 2 then gpu_worlds[2] = more end
 
-describe("allreduce on 2 GPUs #multigpu", function()
+describe("allreduce on GPUs (2, and DISTLAB_SPEC_GPUS) #multigpu", function()
   for _, n in ipairs(gpu_worlds) do
     for _, s in ipairs(scripts) do
       it(n .. " ranks: " .. s[3], function()
