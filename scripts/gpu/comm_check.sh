@@ -5,10 +5,12 @@
 #                                               `scripts/gpu/check.sh comm_check`)
 # Each step has its own time limit, all together under 10 minutes.
 # 1. the #multigpu specs of comm and symm (NCCL, CUDA IPC)   -> $OUT/comm_specs.log
-# 2. experiments/lab/nccl_loop.c, plain C over NCCL          -> $OUT/nccl_loop.csv
-# 3. experiments/comm_bench.lua, compared with 2.            -> $OUT/results/comm-<gpu>x2.{md,csv}
-# 4. the small sizes again with the NCCL watchdog off, to show what it costs
-#                                                            -> $OUT/results/comm-<gpu>x2-nowatchdog.*
+# 2./3. experiments/lab/nccl_loop.c (plain C over NCCL) and
+#    experiments/comm_bench.lua, ROUNDS (default 1) rounds of loop, distlab,
+#    distlab, loop; each side's fastest run per size -> $OUT/results/comm-<gpu>x2.{md,csv}
+#    (a round takes about a minute)
+# 4. up to 64 MiB again with the NCCL watchdog off, to show what it costs
+#    (NOWD=0 skips it)                                       -> $OUT/results/comm-<gpu>x2-nowatchdog.*
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0); nothing here calls cuMulticastCreate.
 set -u
 OUT="${OUT:-/tmp/distlab-out}"
@@ -45,23 +47,30 @@ done
 gcc -O2 -o "$OUT/nccl_loop" experiments/lab/nccl_loop.c -I/usr/include -I"$CUDA_HOME/include" \
   -L"$CUDA_HOME/lib64" ${nccl_lib:+-L"$nccl_lib" -Wl,-rpath,"$nccl_lib"} -lcudart -l:libnccl.so.2 2>&1 |
   tee "$OUT/nccl_loop_build.log"
-# Two runs of each side in ABBA order (loop, distlab, distlab, loop): each
-# side keeps its fastest run per op and size. Clocks drift over a call (later
-# runs were slower), and ABBA gives both sides the same mean position.
+# ROUNDS (default 1) rounds in ABBA order (loop, distlab, distlab, loop):
+# each side keeps its fastest run per op and size. Clocks drift over a call
+# (later runs were slower), and ABBA gives both sides the same mean position.
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE '[AHBL][0-9]+' | head -1 | tr '[:upper:]' '[:lower:]')
 tag="${gpu:-gpu}x2"
-loop() { echo "== plain loop run $1"; timeout 120 "$OUT/nccl_loop" -n 2 -b 8 -e 1073741824 -o "$OUT/nccl_loop$1.csv" 2>&1 | tail -5; }
-loop 1
-echo "== 3.1 distlab comm_bench"
-timeout 180 ./distlab run -n 2 --device cuda experiments/comm_bench.lua -b 8 -e 1G --tag "$tag-r1" \
-  --compare "$OUT/nccl_loop1.csv" --out "$OUT/round1" 2>&1 | tee "$OUT/comm_bench1.log" | tail -2
-echo "== 3.2 distlab comm_bench"
-timeout 180 ./distlab run -n 2 --device cuda experiments/comm_bench.lua -b 8 -e 1G --tag "$tag-r2" \
-  --compare "$OUT/nccl_loop1.csv" --out "$OUT/round2" 2>&1 | tee "$OUT/comm_bench2.log" | tail -2
-loop 2
-# the table: both distlab runs against both loop runs (the written CSV holds the merged figures)
-./distlab run --device cpu experiments/comm_bench.lua --ranks 2 --report-only "$OUT/round2/comm-$tag-r2.csv" \
-  --merge "$OUT/round1/comm-$tag-r1.csv" --compare "$OUT/nccl_loop1.csv,$OUT/nccl_loop2.csv" \
+loops=() runs=()
+loop() {
+  echo "== plain loop run $1"
+  timeout 120 "$OUT/nccl_loop" -n 2 -b 8 -e 1073741824 -o "$OUT/nccl_loop$1.csv" 2>&1 | tail -5
+  loops+=("$OUT/nccl_loop$1.csv")
+}
+bench() {
+  echo "== distlab comm_bench run $1"
+  timeout 180 ./distlab run -n 2 --device cuda experiments/comm_bench.lua -b 8 -e 1G --tag "$tag-r$1" \
+    --compare "$OUT/nccl_loop1.csv" --out "$OUT/round$1" 2>&1 | tee "$OUT/comm_bench$1.log" | tail -2
+  runs+=("$OUT/round$1/comm-$tag-r$1.csv")
+}
+for ((r = 0; r < ${ROUNDS:-1}; r++)); do
+  loop $((2 * r + 1)); bench $((2 * r + 1)); bench $((2 * r + 2)); loop $((2 * r + 2))
+done
+# the table: every distlab run against every loop run (the written CSV holds the merged figures)
+merge=$(IFS=,; echo "${runs[*]:1}")
+./distlab run --device cpu experiments/comm_bench.lua --ranks 2 --report-only "${runs[0]}" \
+  --merge "$merge" --compare "$(IFS=,; echo "${loops[*]}")" \
   --tag "$tag" --out "$OUT/results" --device-name "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" 2>&1 | tail -2
 cp "$OUT/nccl_loop2.csv" "$OUT/nccl_loop.csv"
 column -s, -t "$OUT/nccl_loop.csv" 2>/dev/null | head -200 >"$OUT/nccl_loop.txt"
