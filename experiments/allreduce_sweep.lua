@@ -69,9 +69,9 @@ else
 end
 
 local ar = dl.allreduce.get(w)
-local regular = { "one_shot", "two_shot", "nccl", "one_shot_push", "two_shot_push" }
-local columns = { "one_shot", "two_shot", "nccl", "auto", "one_shot_push", "two_shot_push", "one_shot_zc",
-  "two_shot_zc", "two_shot_push_zc" }
+local regular = { "one_shot", "two_shot", "nccl", "one_shot_push", "two_shot_push", "two_shot_write" }
+local columns = { "one_shot", "two_shot", "nccl", "auto", "one_shot_push", "two_shot_push", "two_shot_write",
+  "one_shot_zc", "two_shot_zc", "two_shot_push_zc" }
 
 -- ---- checking ---------------------------------------------------------------------------
 
@@ -293,10 +293,11 @@ local function write_results()
       "(vLLM's benchmark method); data checked after timing (3 windows of 4096 elements vs an fp64 sum).",
     "- columns: one_shot (pull, copy into the symmetric buffer in the kernel), two_shot (reduce-scatter and " ..
       "all-gather by reading), nccl (the communicator's NCCL all_reduce), auto (what the table picks), " ..
-      "one_shot_push / two_shot_push (writes instead of reads), *_zc (zero copy: the input already in the " ..
+      "one_shot_push / two_shot_push (writes instead of reads), two_shot_write (both phases write into the " ..
+      "peers: no copy-in), *_zc (zero copy: the input already in the " ..
       "all-reduce's symmetric buffer; one_shot_zc out of place), PyTorch anchors from the same run: " ..
       "nccl_torch (torch.distributed), torch_one_shot / torch_two_shot (torch.ops.symm_mem, input in symmetric memory).",
-    "- best: the fastest of one_shot, one_shot_push, two_shot, two_shot_push and nccl on an ordinary tensor.",
+    "- best: the fastest of one_shot, one_shot_push, two_shot, two_shot_push, two_shot_write and nccl on an ordinary tensor.",
   }
   if torch_note then md[#md + 1] = "- " .. torch_note end
   md[#md + 1] = ""
@@ -359,7 +360,7 @@ local function write_results()
     end
     if s.bytes <= 2 ^ 20 then
       local bc = nil
-      for _, c in ipairs({ "one_shot", "one_shot_push", "two_shot", "two_shot_push" }) do
+      for _, c in ipairs({ "one_shot", "one_shot_push", "two_shot", "two_shot_push", "two_shot_write" }) do
         if row[c] and (not bc or row[c].us < bc.us) then bc = { col = c, us = row[c].us } end
       end
       if not bc or bc.us >= row.nccl.us then

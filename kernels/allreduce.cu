@@ -19,7 +19,11 @@
  *                                   reading the peers' reduced slices (pull) or
  *                                   by writing this rank's reduced slice into
  *                                   every peer (push). Copy-in or zero-copy
- *                                   (in place in the buffer).
+ *                                   (in place in the buffer). two_shot_write
+ *                                   (PUSH, no copy-in): every rank writes slice
+ *                                   q of its input into rank q's staging slot
+ *                                   `rank`, so the reduce-scatter reads only
+ *                                   local memory and nothing is copied in.
  *
  * Work is cut in 16-byte vectors (the tail vector of a size that is not a
  * multiple is loaded and stored element by element) and in rounds: round k
@@ -460,7 +464,7 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_one_shot_pipe_kernel(
 // Slices: slice q is vectors [q*sv, min((q+1)*sv, nv)), sv = ceil(nv / nranks).
 // Rounds walk j in [0, sv); vector q*sv + j of every slice belongs to the
 // same thread of the same block on every rank.
-template <int DT, int NR, bool AL, bool PUSH>
+template <int DT, int NR, bool AL, bool PUSH, bool WRITE = false>
 __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_two_shot_kernel(const dl_ar_args_t a) {
   constexpr int NRC = shape<NR>::NRC, U = shape<NR>::U;
   const int nr = NR ? NR : a.nranks, me = a.rank;
@@ -475,6 +479,10 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_two_shot_kernel(const
   for (int p = 0; p < NRC; p++)
     buf[p] = p < nr ? (a.zero_copy ? a.bufs[p] + a.zc_off : staging(a, p, h, 0)) : nullptr;
   char *const mine = a.zero_copy ? buf_of(a, me) + a.zc_off : staging(a, me, h, 0);
+  // two_shot_write: slice q of every rank p lands in rank q's slot p (slot 0
+  // at q's own slice positions is then free for the all-gather's writes, which
+  // go to the writer's slice positions: the two never overlap)
+  const bool wr = PUSH && WRITE && !a.zero_copy; // an instantiation of its own: no registers for the others
   const int64_t per_step = (int64_t)blockDim.x * U, per_round = per_step * a.steps;
   bool ok = true;
   for (int64_t r0 = blockIdx.x * per_round; r0 < sv; r0 += per_round * gridDim.x) {
@@ -487,7 +495,10 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_two_shot_kernel(const
 #pragma unroll
           for (int q = 0; q < NRC; q++) {
             const int64_t v = (int64_t)q * sv + j;
-            if (q < nr && j < r1 && v < nv) st_vec(mine, v, ld_user<DT, AL>(a.in, v, a.n));
+            if (q < nr && j < r1 && v < nv) {
+              if (!wr) st_vec(mine, v, ld_user<DT, AL>(a.in, v, a.n));
+              else if (q != me) st_vec(staging(a, q, h, me), v, ld_user<DT, AL>(a.in, v, a.n));
+            }
           }
         }
       }
@@ -496,19 +507,21 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_two_shot_kernel(const
       if (!(ok = ar_barrier(a, self, seq))) break;
     // reduce-scatter: our slice, from every rank
     for (int64_t s0 = r0 + threadIdx.x; s0 < r1; s0 += per_step) {
-      uint4 x[U][NRC];
+      uint4 x[U][NRC], own[U];
 #pragma unroll
       for (int u = 0; u < U; u++) {
         const int64_t j = s0 + (int64_t)u * blockDim.x, v = (int64_t)me * sv + j;
+        if (wr && j < r1 && v < nv) own[u] = ld_user<DT, AL>(a.in, v, a.n);
 #pragma unroll
         for (int p = 0; p < NRC; p++)
-          if (p < nr && j < r1 && v < nv) x[u][p] = ld_vec(buf[p], v);
+          if (p < nr && j < r1 && v < nv && !(wr && p == me))
+            x[u][p] = ld_vec(wr ? staging(a, me, h, p) : buf[p], v);
       }
 #pragma unroll
       for (int u = 0; u < U; u++) {
         const int64_t j = s0 + (int64_t)u * blockDim.x, v = (int64_t)me * sv + j;
         if (j < r1 && v < nv) {
-          const uint4 y = reduce_vec<DT, NRC>(x[u], nr);
+          const uint4 y = wr ? reduce_vec_own<DT, NRC>(x[u], nr, me, own[u]) : reduce_vec<DT, NRC>(x[u], nr);
           if (a.zero_copy) {
             st_user<DT, true>(mine, v, a.n, y);
           } else {
@@ -599,6 +612,12 @@ template <int DT, int NR, bool AL> static int launch(const dl_ar_args_t *a, cuda
     auto k = allreduce_two_shot_kernel<DT, NR, AL, true>;
     k<<<a->blocks, a->threads, 0, st>>>(*a);
     DL_CUDA_CHECK_LAUNCH("allreduce_two_shot_kernel (push)");
+    return DL_OK;
+  }
+  case DL_AR_TWO_SHOT_WRITE: {
+    auto k = allreduce_two_shot_kernel<DT, NR, AL, true, true>;
+    k<<<a->blocks, a->threads, 0, st>>>(*a);
+    DL_CUDA_CHECK_LAUNCH("allreduce_two_shot_kernel (write)");
     return DL_OK;
   }
   default: return DL_ERR(DL_EINVAL, "allreduce: algorithm %d has no kernel", a->algo);

@@ -17,6 +17,12 @@
  * counters), so a CUDA graph replays correctly any number of times, mixed
  * with eager calls, other algorithms and other sizes.
  *
+ * Staging slots: one-shot push writes rank p's input into slot p of every
+ * peer; two_shot_write writes slice q of rank p's input into slot p of rank
+ * q (at slice q's positions) and the reduced slice q into slot 0 of every
+ * peer (at slice q's positions: free, since rank 0 writes its share of the
+ * owner's slice only into the owner's own slice positions).
+ *
  * Double buffering: a call with counter seq uses staging half seq & 1. A
  * rank rewrites half h two calls later; by then it has met every peer in a
  * barrier of the call in between, and a peer that reached that call had

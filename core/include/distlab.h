@@ -421,7 +421,8 @@ enum {
   DL_AR_ONE_SHOT_PUSH = 2,
   DL_AR_TWO_SHOT = 3,
   DL_AR_TWO_SHOT_PUSH = 4,
-  DL_AR_NUM_ALGOS = 5
+  DL_AR_TWO_SHOT_WRITE = 5, /* two-shot writing both phases into peers: no copy-in */
+  DL_AR_NUM_ALGOS = 6
 };
 typedef struct dl_allreduce_info {
   int32_t rank;

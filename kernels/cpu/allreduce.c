@@ -1,6 +1,6 @@
 /*
  * allreduce.c — CPU twin of kernels/allreduce.cu: the same one-shot (pull,
- * push) and two-shot (pull, push) all-reduces over symmetric buffers in POSIX
+ * push) and two-shot (pull, push, write) all-reduces over symmetric buffers in POSIX
  * shared memory, one process per rank, with the same buffer layout, rounds,
  * per-block barriers, device-style counters, double-buffered staging and
  * failure record (kernels/allreduce.h). So the specs exercise the protocol
@@ -173,26 +173,35 @@ static int one_shot_push(const job_t *j) {
   return DL_OK;
 }
 
-static int two_shot(const job_t *j, int push) {
+/* push: the all-gather writes into every peer; write (push too, not zero
+ * copy): the reduce-scatter's inputs are written into their owners' staging
+ * (slice q of rank p into rank q's slot p), so nothing is copied in. */
+static int two_shot(const job_t *j, int push, int write) {
   const dl_ar_args_t *a = j->a;
   const int G = a->blocks, me = a->rank, nr = a->nranks;
   const int64_t sv = (j->nv + nr - 1) / nr;
-  char *buf[DL_SIGNAL_MAX_RANKS];
-  for (int p = 0; p < nr; p++)
+  char *buf[DL_SIGNAL_MAX_RANKS], *rs[DL_SIGNAL_MAX_RANKS];
+  write = write && !a->zero_copy;
+  for (int p = 0; p < nr; p++) {
     buf[p] = a->zero_copy ? a->bufs[p] + a->zc_off : staging(a, p, j->h, 0);
+    rs[p] = !write ? buf[p] : p == me ? (char *)a->in : staging(a, me, j->h, p);
+  }
   void *out = a->zero_copy ? buf[me] : a->out;
   for (int64_t k = 0; k * G * j->chunk < sv; k++) {
     for (int b = 0; b < G; b++) {
       int64_t j0 = (k * G + b) * j->chunk, j1 = j0 + j->chunk < sv ? j0 + j->chunk : sv;
       if (j0 >= sv) break;
       if (!a->zero_copy)
-        for (int q = 0; q < nr; q++)
-          copy_range(buf[me], a->in, el(j, q * sv + j0), el(j, q * sv + j1), j->es);
+        for (int q = 0; q < nr; q++) {
+          if (!write) copy_range(buf[me], a->in, el(j, q * sv + j0), el(j, q * sv + j1), j->es);
+          else if (q != me)
+            copy_range(staging(a, q, j->h, me), a->in, el(j, q * sv + j0), el(j, q * sv + j1), j->es);
+        }
       if (!a->zero_copy || k == 0) DL_TRY(ar_barrier(a, j->self, b, j->seq));
       /* reduce-scatter: our slice into the output; for pull also into our
        * buffer, for push into every peer's */
       int64_t e0 = el(j, me * sv + j0), e1 = el(j, me * sv + j1);
-      sum_range(out, buf, nr, e0, e1, a->dtype);
+      sum_range(out, rs, nr, e0, e1, a->dtype);
       if (!a->zero_copy && !push) copy_range(buf[me], out, e0, e1, j->es);
       if (push)
         for (int p = 0; p < nr; p++)
@@ -230,8 +239,9 @@ int dl_allreduce_cpu(const dl_ar_args_t *a, void *stream) {
   switch (a->algo) {
   case DL_AR_ONE_SHOT: rc = one_shot(&j); break;
   case DL_AR_ONE_SHOT_PUSH: rc = one_shot_push(&j); break;
-  case DL_AR_TWO_SHOT: rc = two_shot(&j, 0); break;
-  case DL_AR_TWO_SHOT_PUSH: rc = two_shot(&j, 1); break;
+  case DL_AR_TWO_SHOT: rc = two_shot(&j, 0, 0); break;
+  case DL_AR_TWO_SHOT_PUSH: rc = two_shot(&j, 1, 0); break;
+  case DL_AR_TWO_SHOT_WRITE: rc = two_shot(&j, 1, 1); break;
   default: return DL_ERR(DL_EINVAL, "allreduce (cpu): algorithm %d has no twin", a->algo);
   }
   __atomic_store_n(&j.self->seq, j.seq + 1, __ATOMIC_RELEASE);

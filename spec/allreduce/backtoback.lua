@@ -11,7 +11,7 @@ local dl = require "distlab"
 local calls = tonumber(arg[1] or "1000")
 local w, me = A.w, A.me
 local sizes = { 1, 7, 4095, 65537 }
-local algos = { "one_shot", "two_shot_push", "nccl", "one_shot_push", "two_shot", "auto" }
+local algos = { "one_shot", "two_shot_push", "nccl", "one_shot_push", "two_shot", "two_shot_write", "auto" }
 
 A.report(function()
   local ar = dl.allreduce.get(w)

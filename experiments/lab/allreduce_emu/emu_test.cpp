@@ -150,7 +150,7 @@ int main(int argc, char **argv) {
   std::vector<call> calls;
   for (int c = 0; c < ncalls; c++) {
     call k;
-    k.algo = 1 + rng() % 4;
+    k.algo = 1 + rng() % 5; // one_shot .. two_shot_write
     k.dtype = rng() % 3;
     k.n = sizes[rng() % 10];
     int threads, unroll;
