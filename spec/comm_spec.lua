@@ -81,6 +81,13 @@ describe("comm on cpu (shared memory)", function()
     end)
   end
 
+  it("2 ranks: a recorded graph that meets its freed communicator refuses to replay", function()
+    local rc, out = run(2, "cpu", "graph_release.lua")
+    assert.equal(0, rc, out)
+    local _, k = out:gsub("graph_release ok", "")
+    assert.equal(2, k, out)
+  end)
+
   it("2 ranks: a large tensor (600001 elements) through the default chunk and mailbox sizes", function()
     local rc, out = run(2, "cpu", "collectives.lua", "600001", "SPEC_DTYPES='f32 bf16'")
     assert.equal(0, rc, out)
@@ -144,6 +151,13 @@ describe("comm on 2 GPUs (NCCL) #multigpu", function()
   it("split communicators", function()
     local rc, out = run(2, "cuda", "split.lua")
     assert.equal(0, rc, out)
+  end)
+  it("a graph holding NCCL work is released when its communicator goes, and the exit does not hang", function()
+    local t, rc, out = elapsed(function() return run(2, "cuda", "graph_release.lua") end)
+    assert.equal(0, rc, out)
+    local _, k = out:gsub("graph_release ok", "")
+    assert.equal(2, k, out)
+    assert.is_true(t <= 60, "took " .. t .. " s")
   end)
   -- a hang shows as a kernel that does not finish, or as the host stuck in
   -- NCCL's lazy connection to the missing peer: either names the op and rank
