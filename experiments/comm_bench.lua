@@ -191,10 +191,10 @@ local function fmt_row(r)
     r.algbw, r.busbw, r.wrong)
 end
 
-local function read_csv(path, rows)
-  rows = rows or {}
+-- The records of a results CSV (this benchmark's or nccl_loop.c's), in order.
+local function csv_records(path)
+  local out, head = {}, nil
   local f = assert(io.open(path, "r"), "cannot read " .. path)
-  local head
   for line in f:lines() do
     local cells = {}
     for c in line:gmatch("[^,]+") do cells[#cells + 1] = c end
@@ -202,11 +202,20 @@ local function read_csv(path, rows)
     else
       local r = {}
       for k, name in ipairs(head) do r[name] = tonumber(cells[k]) or cells[k] end
-      local key, old = r.op .. ":" .. r.bytes, rows[r.op .. ":" .. r.bytes]
-      if not old or r.time_us < old.time_us then rows[key] = r end
+      out[#out + 1] = r
     end
   end
   f:close()
+  return out
+end
+
+-- op:bytes -> the fastest record of path (and of what rows held already)
+local function read_csv(path, rows)
+  rows = rows or {}
+  for _, r in ipairs(csv_records(path)) do
+    local key, old = r.op .. ":" .. r.bytes, rows[r.op .. ":" .. r.bytes]
+    if not old or r.time_us < old.time_us then rows[key] = r end
+  end
   return rows
 end
 
@@ -284,17 +293,10 @@ if me == 0 then
 end
 -- --report-only: the rows of an earlier run's CSV, in its order
 local function csv_rows(path)
-  local out, head = {}, nil
-  for line in assert(io.open(path, "r"), "cannot read " .. path):lines() do
-    local cells = {}
-    for c in line:gmatch("[^,]+") do cells[#cells + 1] = c end
-    if not head then head = cells
-    else
-      local r = {}
-      for k, name in ipairs(head) do r[name] = tonumber(cells[k]) or cells[k] end
-      out[#out + 1] = { impl = r.impl, op = r.op, bytes = r.bytes, count = r.count, dtype = r.dtype, iters = r.iters,
-        time_us = r.time_us, algbw = r.algbw_GBps, busbw = r.busbw_GBps, wrong = r.wrong }
-    end
+  local out = {}
+  for _, r in ipairs(csv_records(path)) do
+    out[#out + 1] = { impl = r.impl, op = r.op, bytes = r.bytes, count = r.count, dtype = r.dtype, iters = r.iters,
+      time_us = r.time_us, algbw = r.algbw_GBps, busbw = r.busbw_GBps, wrong = r.wrong }
   end
   return out
 end
