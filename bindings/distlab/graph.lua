@@ -13,6 +13,9 @@
 -- no synchronisation), and the tensors it uses must outlive the graph: the
 -- graph keeps fn and what fn returns. distlab's all-reduce kernels keep their
 -- counters on the device, so replays stay correct; NCCL is capturable too.
+-- A graph that captured NCCL work is released when that communicator is
+-- freed (NCCL cannot destroy a communicator a live graph holds); it then
+-- refuses to replay, saying why.
 -- cpu and meta: there are no graphs; capture only keeps fn (nothing runs,
 -- as on cuda) and replay calls it, on the current stream. Same results,
 -- host timing.

@@ -455,7 +455,9 @@ int dl_allreduce_check(dl_allreduce_t *ar, dl_stream_t *s);
 
 /* CUDA graphs: capture the work issued on stream s (a stream of its own,
  * not the default one) between begin and end, then replay it on any stream
- * of that device. Tensors the captured work uses must outlive the graph. */
+ * of that device. Tensors the captured work uses must outlive the graph. A
+ * graph that captured NCCL work of a communicator is released when that
+ * communicator is freed; a released graph's replay fails, saying why. */
 typedef struct dl_graph dl_graph_t;
 int dl_graph_begin(dl_graph_t **out, dl_stream_t *s);
 /* Ends the capture (also after a failure inside it) and instantiates. */
