@@ -126,21 +126,39 @@ end
 -- ---- measuring -----------------------------------------------------------------------
 
 local e0, e1 = dl.event(), dl.event()
-local red = dl.empty({ REPS + 1 }, { dtype = "f64" })
+local NV = 2 * REPS + 1 -- per repetition the device time and the host time, then #wrong
+local red = dl.empty({ NV }, { dtype = "f64" })
 
--- every rank's numbers -> max of each (time), sum of the last (#wrong)
+ffi.cdef [[
+typedef struct { long tv_sec; long tv_nsec; } comm_bench_timespec_t;
+int clock_gettime(int clk, comm_bench_timespec_t *ts);
+]]
+local ts = ffi.new("comm_bench_timespec_t")
+local function now_us()
+  ffi.C.clock_gettime(1, ts) -- CLOCK_MONOTONIC
+  return tonumber(ts.tv_sec) * 1e6 + tonumber(ts.tv_nsec) * 1e-3
+end
+
+-- every rank's numbers -> max of each (times), sum of the last (#wrong)
 local function across_ranks(vals)
-  local host = dl.empty({ REPS + 1 }, { dtype = "f64", device = "cpu" })
+  local host = dl.empty({ NV }, { dtype = "f64", device = "cpu" })
   local p = ffi.cast("double*", host:data_ptr())
-  for k = 1, REPS + 1 do p[k - 1] = vals[k] end
+  for k = 1, NV do p[k - 1] = vals[k] end
   red:copy_(host)
-  local wrong = red:narrow(1, REPS + 1, 1)
-  w:all_reduce(red:narrow(1, 1, REPS), "max")
+  local wrong = red:narrow(1, NV, 1)
+  w:all_reduce(red:narrow(1, 1, NV - 1), "max")
   w:all_reduce(wrong, "sum")
   host:copy_(red)
   local out = {}
-  for k = 1, REPS + 1 do out[k] = p[k - 1] end
+  for k = 1, NV do out[k] = p[k - 1] end
   return out
+end
+
+local function median(vals, first, count)
+  local t = {}
+  for k = 1, count do t[k] = vals[first + k - 1] end
+  table.sort(t)
+  return t[math.floor(count / 2) + 1]
 end
 
 local function measure(op, s)
@@ -152,7 +170,9 @@ local function measure(op, s)
   for rep = 1, REPS do
     w:barrier()
     e0:record()
+    local h0 = now_us()
     for _ = 1, iters do issue() end
+    vals[REPS + rep] = (now_us() - h0) / iters -- the host's time to issue one op
     e1:record()
     e1:synchronize(w:info().timeout)
     vals[rep] = e0:elapsed(e1) * 1e3 / iters
@@ -171,15 +191,12 @@ local function measure(op, s)
     if p[last] ~= want(last) then wrong = wrong + 1 end
   end
   host:free()
-  vals[REPS + 1] = wrong
+  vals[NV] = wrong
   local all = across_ranks(vals)
-  local t = {}
-  for k = 1, REPS do t[k] = all[k] end
-  table.sort(t)
-  local us = t[math.floor(REPS / 2) + 1] -- the median
+  local us = median(all, 1, REPS)
   local alg = b / us * 1e-3
   return { impl = "distlab", op = op, bytes = b, count = b / 4, dtype = "f32", iters = iters, time_us = us,
-    algbw = alg, busbw = alg * factor[op], wrong = all[REPS + 1] }
+    algbw = alg, busbw = alg * factor[op], wrong = all[NV], host_us = median(all, REPS + 1, REPS) }
 end
 
 -- ---- reporting -------------------------------------------------------------------------
@@ -225,10 +242,10 @@ local function write_results(rows)
   local cmd = string.format("./distlab run -n %d --device %s experiments/comm_bench.lua %s", opt.report_only and w.size or N,
     opt.report_only and w.device or on_gpu and "cuda" or w.device, table.concat(arg, " "))
   local csv = assert(io.open(base .. ".csv", "w"))
-  csv:write("impl,op,bytes,count,dtype,iters,time_us,algbw_GBps,busbw_GBps,wrong\n")
+  csv:write("impl,op,bytes,count,dtype,iters,time_us,algbw_GBps,busbw_GBps,wrong,host_us\n")
   for _, r in ipairs(rows) do
-    csv:write(string.format("%s,%s,%d,%d,%s,%d,%.2f,%.2f,%.2f,%d\n", r.impl, r.op, r.bytes, r.count, r.dtype,
-      r.iters, r.time_us, r.algbw, r.busbw, r.wrong))
+    csv:write(string.format("%s,%s,%d,%d,%s,%d,%.2f,%.2f,%.2f,%d,%s\n", r.impl, r.op, r.bytes, r.count, r.dtype,
+      r.iters, r.time_us, r.algbw, r.busbw, r.wrong, r.host_us and string.format("%.2f", r.host_us) or ""))
   end
   csv:close()
   local md = { "# Communicator benchmark: " .. opt.tag, "",
@@ -237,7 +254,8 @@ local function write_results(rows)
     "- command: `" .. cmd .. "`",
     "- NCCL watchdog: " .. (os.getenv("DISTLAB_NCCL_WATCHDOG") == "0" and "off" or "on"),
     "- method: f32, out of place; 5 warm-up ops, " .. REPS .. " x [barrier, `iters` ops between events], max over ranks, " ..
-      "median over repetitions; busbw factors of nccl-tests", "" }
+      "median over repetitions; busbw factors of nccl-tests; host us = the host's time to issue one op (where it " ..
+      "approaches the device time, the loop is host-bound)", "" }
   local ref, nref = nil, 0
   for path in (opt.compare or ""):gmatch("[^,]+") do ref, nref = read_csv(path, ref), nref + 1 end
   if nmerged > 1 then
@@ -248,8 +266,8 @@ local function write_results(rows)
       "the fastest of %d runs in the same call (interleaved with distlab's), per op and size.", nref) or
       "Compared with `experiments/lab/nccl_loop.c` (plain C over NCCL) from the same run."
     md[#md + 1] = ""
-    md[#md + 1] = "| op | size (B) | distlab us | nccl us | distlab busbw GB/s | nccl busbw GB/s | busbw ratio | time diff us | #wrong |"
-    md[#md + 1] = "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    md[#md + 1] = "| op | size (B) | distlab us | nccl us | distlab busbw GB/s | nccl busbw GB/s | busbw ratio | time diff us | host us: distlab | host us: nccl | #wrong |"
+    md[#md + 1] = "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
   else
     md[#md + 1] = "| op | size (B) | count | time us | algbw GB/s | busbw GB/s | #wrong |"
     md[#md + 1] = "|---|---:|---:|---:|---:|---:|---:|"
@@ -261,8 +279,9 @@ local function write_results(rows)
       local ratio = r.busbw / c.busbw_GBps
       if r.bytes >= 2 ^ 20 and ratio < worst_bw then worst_bw, worst_at = ratio, r.op .. " " .. r.bytes end
       if r.bytes == round_bytes(opt.b) then lat[#lat + 1] = string.format("%s %+.2f us", r.op, r.time_us - c.time_us) end
-      md[#md + 1] = string.format("| %s | %d | %.2f | %.2f | %.2f | %.2f | %.3f | %+.2f | %d |", r.op, r.bytes, r.time_us,
-        c.time_us, r.busbw, c.busbw_GBps, ratio, r.time_us - c.time_us, r.wrong)
+      local function h(v) return tonumber(v) and string.format("%.2f", v) or "-" end
+      md[#md + 1] = string.format("| %s | %d | %.2f | %.2f | %.2f | %.2f | %.3f | %+.2f | %s | %s | %d |", r.op, r.bytes,
+        r.time_us, c.time_us, r.busbw, c.busbw_GBps, ratio, r.time_us - c.time_us, h(r.host_us), h(c.host_us), r.wrong)
     else
       md[#md + 1] = string.format("| %s | %d | %d | %.2f | %.2f | %.2f | %d |", r.op, r.bytes, r.count, r.time_us,
         r.algbw, r.busbw, r.wrong)
@@ -296,7 +315,7 @@ local function csv_rows(path)
   local out = {}
   for _, r in ipairs(csv_records(path)) do
     out[#out + 1] = { impl = r.impl, op = r.op, bytes = r.bytes, count = r.count, dtype = r.dtype, iters = r.iters,
-      time_us = r.time_us, algbw = r.algbw_GBps, busbw = r.busbw_GBps, wrong = r.wrong }
+      time_us = r.time_us, algbw = r.algbw_GBps, busbw = r.busbw_GBps, wrong = r.wrong, host_us = tonumber(r.host_us) }
   end
   return out
 end
@@ -328,7 +347,7 @@ if me == 0 and opt.merge then
     for _, r in ipairs(rows) do
       local o = prior[r.op .. ":" .. r.bytes]
       if o and o.time_us < r.time_us then
-        r.time_us, r.algbw, r.busbw = o.time_us, o.algbw_GBps, o.busbw_GBps
+        r.time_us, r.algbw, r.busbw, r.host_us = o.time_us, o.algbw_GBps, o.busbw_GBps, tonumber(o.host_us)
         r.wrong = r.wrong + o.wrong
       elseif o then
         r.wrong = r.wrong + o.wrong

@@ -24,6 +24,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 enum { OP_AR, OP_AG, OP_RS, OP_A2A, OP_SR, NOPS, MAXSIZES = 40, MAXRANKS = 8, REPS = 5,
@@ -33,6 +34,7 @@ static const char *op_name[NOPS] = {"all_reduce", "all_gather", "reduce_scatter"
 
 typedef struct results {
   double us[NOPS][MAXSIZES][REPS][MAXRANKS];
+  double host_us[NOPS][MAXSIZES][REPS][MAXRANKS]; /* the host's time to issue one op */
   long wrong[NOPS][MAXSIZES][MAXRANKS];
 } results_t;
 
@@ -138,8 +140,13 @@ static int rank_main(int rank, int n, int idpipe[2], long minb, long maxb, resul
         NK(ncclAllReduce(one, one, 1, ncclFloat32, ncclSum, comm, 0)); /* barrier */
         CK(cudaStreamSynchronize(0));
         CK(cudaEventRecord(e0, 0));
+        struct timespec h0, h1;
+        clock_gettime(CLOCK_MONOTONIC, &h0);
         for (int it = 0; it < iters; it++)
           if (issue(op, send, recv, bytes, n, rank, comm)) return 1;
+        clock_gettime(CLOCK_MONOTONIC, &h1);
+        res->host_us[op][si][rep][rank] =
+            ((h1.tv_sec - h0.tv_sec) * 1e6 + (h1.tv_nsec - h0.tv_nsec) * 1e-3) / iters;
         CK(cudaEventRecord(e1, 0));
         CK(cudaEventSynchronize(e1));
         float ms = 0;
@@ -197,23 +204,28 @@ int main(int argc, char **argv) {
   }
   FILE *f = out ? fopen(out, "w") : stdout;
   if (!f) return 1;
-  fprintf(f, "impl,op,bytes,count,dtype,iters,time_us,algbw_GBps,busbw_GBps,wrong\n");
+  fprintf(f, "impl,op,bytes,count,dtype,iters,time_us,algbw_GBps,busbw_GBps,wrong,host_us\n");
   for (int op = 0; op < NOPS; op++) {
     int si = 0;
     for (long s = minb; s <= maxb && si < MAXSIZES; s *= 2, si++) {
       long bytes = round_bytes(s, n);
-      double t[REPS];
+      double t[REPS], ht[REPS];
       long wrong = 0;
       for (int rep = 0; rep < REPS; rep++) {
         t[rep] = 0;
-        for (int r = 0; r < n; r++) t[rep] = res->us[op][si][rep][r] > t[rep] ? res->us[op][si][rep][r] : t[rep];
+        ht[rep] = 0;
+        for (int r = 0; r < n; r++) {
+          t[rep] = res->us[op][si][rep][r] > t[rep] ? res->us[op][si][rep][r] : t[rep];
+          ht[rep] = res->host_us[op][si][rep][r] > ht[rep] ? res->host_us[op][si][rep][r] : ht[rep];
+        }
       }
       for (int r = 0; r < n; r++) wrong += res->wrong[op][si][r];
       qsort(t, REPS, sizeof t[0], cmp_double);
+      qsort(ht, REPS, sizeof ht[0], cmp_double);
       double us = t[REPS / 2], alg = bytes / us * 1e-3;
       double factor = op == OP_AR ? 2.0 * (n - 1) / n : op == OP_SR ? 1.0 : (double)(n - 1) / n;
-      fprintf(f, "nccl_loop,%s,%ld,%ld,f32,%d,%.2f,%.2f,%.2f,%ld\n", op_name[op], bytes, bytes / 4,
-              iters_for(bytes), us, alg, alg * factor, wrong);
+      fprintf(f, "nccl_loop,%s,%ld,%ld,f32,%d,%.2f,%.2f,%.2f,%ld,%.2f\n", op_name[op], bytes, bytes / 4,
+              iters_for(bytes), us, alg, alg * factor, wrong, ht[REPS / 2]);
     }
   }
   if (out) fclose(f);
