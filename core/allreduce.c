@@ -191,6 +191,8 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
 
 void dl_allreduce_free(dl_allreduce_t *ar) {
   if (!ar || ar->magic != AR_MAGIC) return;
+  /* graphs whose kernels read this object's buffers must not replay after them */
+  dl_graph_release_user(ar, "the all-reduce object (its symmetric buffers)");
   dl_symm_free(ar->symm);
   free_status(ar);
   ar->magic = 0;
@@ -282,6 +284,7 @@ static void shape_for(const dl_allreduce_t *ar, int64_t len, int blocks, int pip
 
 static int launch(dl_allreduce_t *ar, dl_ar_args_t *a, void *stream) {
   ar->calls++;
+  dl_graph_note_user(ar); /* a graph being captured now reads this object's buffers */
   if (ar->dev_type == DL_CPU) return dl_allreduce_cpu(a, stream);
 #ifdef DL_WITH_CUDA
   return dl_allreduce_cuda(a, stream);

@@ -2,8 +2,10 @@
 -- communicator, and that communicator freed while the graph lives:
 -- ncclCommDestroy would wait for the graph forever, so distlab releases the
 -- graph first. The graph then refuses to replay, saying why, and the process
--- ends (the exit used to hang). On cpu the recorded function meets the freed
--- communicator instead. Prints "graph_release ok" per rank.
+-- ends (the exit used to hang). The same for a graph of all-reduce kernels
+-- whose all-reduce object is freed (its symmetric buffers go with it). On cpu
+-- the recorded functions meet the freed objects instead. Prints
+-- "graph_release ok" per rank.
 local dir = arg[0]:match("^(.*)/[^/]*$") or "."
 local U = dofile(dir .. "/util.lua")
 local dl = require "distlab"
@@ -21,6 +23,20 @@ U.report(function()
     s:synchronize()
     U.expect(t, function() return N * (N + 1) / 2 end, "replay " .. r)
   end
+  -- an all-reduce object of its own, captured, then freed: its buffers are gone
+  local ar = dl.allreduce.new(s)
+  local x = dl.empty({ 4096 }, "bf16")
+  local ga = dl.graph.capture(function() ar:run(x, { algo = "one_shot" }) end)
+  x:fill_(1)
+  ga:replay()
+  s:synchronize()
+  U.expect(x, function() return N end, "all-reduce graph replay")
+  ar:free()
+  local aok, aerr = pcall(function() ga:replay() end)
+  assert(not aok, "a graph whose all-reduce object was freed replayed")
+  local awant = w.backend == "nccl" and "the all-reduce object" or "use of a freed all-reduce"
+  assert(tostring(aerr):find(awant, 1, true), "unexpected error: " .. tostring(aerr))
+  ga:free()
   s:free()
   local ok, err = pcall(function() g:replay() end)
   assert(not ok, "a graph whose communicator was freed replayed")
