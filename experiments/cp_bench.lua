@@ -34,8 +34,12 @@ local strategies = {
   { name = "fused", algo = "p2p", comm_buffers = 2, correction = "fused" },
   { name = "fused, dkv local", algo = "p2p", comm_buffers = 2, correction = "fused", dkv = "local" },
   { name = "all_gather", algo = "all_gather" },
+  { name = "all_gather, overlap", algo = "all_gather", overlap = true },
   { name = "a2a", algo = "a2a" },
 }
+if layout == "thd" then -- all_gather's overlap takes bshd/sbhd
+  for i = #strategies, 1, -1 do if strategies[i].overlap then table.remove(strategies, i) end end
+end
 
 -- The median over iterations, max over ranks, in ms.
 local function timed(fn)
@@ -79,7 +83,7 @@ for _, S in ipairs(lengths) do
   rows[#rows + 1] = { S = S, name = "1 GPU, whole sequence", fwd = t1f, fb = t1b, tflops = flops / t1f / 1e9 }
   for _, st in ipairs(strategies) do
     local cp = dl.cp.attention { comm = world, algo = st.algo, comm_buffers = st.comm_buffers,
-      correction = st.correction, dkv = st.dkv, layout = layout, mask = "causal" }
+      correction = st.correction, dkv = st.dkv, overlap = st.overlap, layout = layout, mask = "causal" }
     local function fwd()
       local out, lse = cp:forward(q, k, v, x.seq)
       cp:release()

@@ -66,12 +66,13 @@ local strategies = {
   { algo = "p2p", comm_buffers = 2, correction = "fused" },
   { algo = "p2p", comm_buffers = 2, correction = "fused", dkv = "local" },
   { algo = "all_gather" },
+  { algo = "all_gather", overlap = true },
   { algo = "a2a" },
 }
 
 local function label(st)
   return st.algo == "p2p" and string.format("p2p buffers=%s correction=%s dkv=%s", st.comm_buffers, st.correction,
-    st.dkv or "travel") or st.algo
+    st.dkv or "travel") or st.algo .. (st.overlap and " overlap" or "")
 end
 
 -- Every (C, rank, layout, mask, heads) of one strategy; returns the mismatches.
@@ -81,7 +82,7 @@ local function sweep(st, what)
     local ranks = C <= 2 and { 0, C - 1 } or { 0, math.floor(C / 2), C - 1 }
     for ri, r in ipairs(ranks) do
       local comm = dl.comm.meta(C, r)
-      local layouts = { "bshd", "sbhd", "thd" }
+      local layouts = st.overlap and { "bshd", "sbhd" } or { "bshd", "sbhd", "thd" }
       for _, layout in ipairs(ri > 1 and r == ranks[ri - 1] and {} or layouts) do
         for _, mask in ipairs({ "causal", "none" }) do
           for _, heads in ipairs({ { 2 * C, 2 * C }, { 2 * C, C } }) do
@@ -158,6 +159,14 @@ describe("cp refuses what it does not support, with a clear error", function()
     assert.matches("contradicts a causal mask", err(function() dl.cp.attention { comm = comm, algo = "a2a", mask = "causal", window = { 8, 4 } } end))
     assert.matches("all_gather with thd takes windows {left, 0}",
       err(function() dl.cp.attention { comm = comm, algo = "all_gather", layout = "thd", window = { 8, 4 } } end))
+    assert.matches("overlap is an option of algo all_gather, not p2p",
+      err(function() dl.cp.attention { comm = comm, algo = "p2p", overlap = true } end))
+    assert.matches("all_gather overlap takes bshd or sbhd, not thd",
+      err(function() dl.cp.attention { comm = comm, algo = "all_gather", layout = "thd", overlap = true } end))
+    assert.matches("all_gather overlap takes no window",
+      err(function() dl.cp.attention { comm = comm, algo = "all_gather", window = { 4, 0 }, overlap = true } end))
+    assert.matches("overlap must be true or false, got yes",
+      err(function() dl.cp.attention { comm = comm, algo = "all_gather", overlap = "yes" } end))
   end)
 
   it("shapes: heads for a2a, lengths for the dual-chunk split", function()

@@ -90,6 +90,7 @@ local function describe_case(cs)
   local s = string.format("%s %s %s %s h=%d/%d d=%d/%d", cs.algo, cs.layout, cs.mask, cs.dtype, cs.h, cs.hkv, cs.dqk, cs.dv)
   if cs.algo == "p2p" then s = s .. string.format(" buffers=%s correction=%s dkv=%s", cs.comm_buffers, cs.correction, cs.dkv) end
   if cs.window then s = s .. string.format(" window={%d,%d}", cs.window[1], cs.window[2]) end
+  if cs.overlap then s = s .. " overlap" end
   return s .. string.format(" C=%d rank=%d", C, r)
 end
 
@@ -97,7 +98,7 @@ local function run_case(cs)
   local ref = reference(cs)
   local tol = cs.dtype == "f16" and 5e-3 or (cs.h ~= cs.hkv and 3.5e-2 or 2.5e-2)
   local cp = dl.cp.attention { comm = w, algo = cs.algo, comm_buffers = cs.comm_buffers, correction = cs.correction, dkv = cs.dkv,
-    layout = cs.layout, mask = cs.mask, window = cs.window, return_max_logit = true }
+    layout = cs.layout, mask = cs.mask, window = cs.window, return_max_logit = true, overlap = cs.overlap }
   local q, k, v, dout = shard(ref.q, cs), shard(ref.k, cs), shard(ref.v, cs), shard(ref.dout, cs)
   local out, lse, ml = cp:forward(q, k, v, cs.seq)
   local dq, dk, dv = cp:backward(dout)
@@ -159,6 +160,12 @@ elseif group == "all_gather" or group == "a2a" then
   add { algo = group, layout = "sbhd", mask = "none", window = { 3, 5 } }
   add { algo = group, layout = "thd", mask = "causal", window = { 5, 0 } }
   if group == "a2a" then add { algo = group, layout = "thd", mask = "none", window = { 2, 3 } } end
+  if group == "all_gather" then -- the local K/V attended while the gathers run
+    for _, l in ipairs({ "bshd", "sbhd" }) do
+      for _, m in ipairs(masks) do add { algo = group, layout = l, mask = m, overlap = true } end
+    end
+    add { algo = group, layout = "bshd", mask = "causal", overlap = true, h = 8, hkv = 2, dqk = 24, dv = 16 }
+  end
 elseif group == "extras" then
   -- fp16, GQA and MLA head dims (d_v != d_qk) through every algorithm
   for _, a in ipairs({ "p2p", "all_gather", "a2a" }) do

@@ -37,6 +37,17 @@
 --             thd all of them (2U + l); cuda and meta only.
 -- Plus 4H bytes with return_max_logit, and for thd a seqlens tensor of 9
 -- rows of (B+1) int32. M.peak gives the exact bytes.
+--
+-- overlap = true (bshd/sbhd, no window): the gathers run on the comm stream
+-- while each Q chunk attends, on the compute stream, to the K/V chunks this
+-- rank already holds (its diagonal block causal); once they land, to the
+-- rest of its visible keys. Every piece goes into (out, lse) through the
+-- kernel's fused merge: the same work in 2-5 calls per chunk instead of one.
+-- The (out, lse) accumulator and, backward, dq/dK/dV exist before the
+-- gathers start:
+--   forward   3U + U + l + max(2C U_k, C U_k + 2C U_v)
+--   backward  5U + l + max(U + C (U_k + U_v) + max(2C U_k, C U_k + 2C U_v),
+--               2C (U_k + U_v) + U + W, U + C U_v + 2C U_k, U + U_k + 2C U_v)
 local dl = require "distlab"
 local plan = require "distlab.cp.plan"
 
@@ -108,7 +119,74 @@ local function rows(pl, x, lo, hi)
   return pl:track(x:narrow(pl.sdim, lo + 1, hi - lo))
 end
 
+-- overlap: the pieces of Q chunk j (step s) — the local K/V halves it sees
+-- ({part, mask}) and the runs of other chunks it sees ({lo, hi} rows of the
+-- whole sequence).
+local function pieces(cp, pl, s)
+  local C, r, c = pl.C, pl.r, pl.half
+  local j = s == 1 and r or 2 * C - 1 - r
+  local locals, runs = {}, {}
+  for _, h in ipairs({ { "first", r }, { "second", 2 * C - 1 - r } }) do
+    if not cp.causal or h[2] < j then locals[#locals + 1] = { part = h[1], mask = "none" }
+    elseif h[2] == j then locals[#locals + 1] = { part = h[1], mask = "causal" } end
+  end
+  local last = cp.causal and j or 2 * C - 1
+  local lo
+  for x = 0, last + 1 do
+    local remote = x <= last and x ~= r and x ~= 2 * C - 1 - r
+    if remote and not lo then lo = x end
+    if not remote and lo then runs[#runs + 1] = { lo = lo * c, hi = x * c }; lo = nil end
+  end
+  return locals, runs
+end
+
+-- overlap: K and V gathered on the comm stream after the compute stream's
+-- work so far (k, v may be made there); ev.arrived marks them done.
+local function gather_async(cp, pl, k, v)
+  local comp, cs, ev = dl.current_stream(), cp.streams.comm, cp.events
+  ev.ready:record(comp)
+  plan.wait(cs, ev.ready)
+  local K, V
+  dl.with_stream(cs, function()
+    K = gather(cp.comm, pl, k)
+    V = gather(cp.comm, pl, v)
+  end)
+  ev.arrived:record(cs)
+  k:record_stream(cs)
+  v:record_stream(cs)
+  K:record_stream(comp)
+  V:record_stream(comp)
+  return K, V
+end
+
+local function forward_overlap(cp, q, k, v, pl)
+  local ml
+  if cp.return_max_logit then
+    ml = dl.mem.tag("accumulator", dl.full, { q:size(-2) }, -math.huge, { dtype = "f32", device = q.device })
+  end
+  local res = dl.mem.tag("accumulator", dl.attn.accumulator, q, v, { layout = pl.layout, dtype = q.dtype })
+  local K, V = gather_async(cp, pl, k, v)
+  local function piece(s, kk, vv, mask)
+    local part = s == 1 and "first" or "second"
+    dl.attn.fwd(pl:part(q, part), kk, vv, { layout = pl.layout, mask = mask, scale = cp.scale, max_logit = ml,
+      accumulate = { out = pl:part(res.out, part), lse = pl:part(res.lse, part, "lse") } })
+    pl:drop_views()
+  end
+  for s = 1, 2 do -- what this rank holds, while the gathers run
+    for _, h in ipairs((pieces(cp, pl, s))) do piece(s, pl:part(k, h.part), pl:part(v, h.part), h.mask) end
+  end
+  plan.wait(dl.current_stream(), cp.events.arrived)
+  for s = 1, 2 do
+    local _, runs = pieces(cp, pl, s)
+    for _, run in ipairs(runs) do piece(s, rows(pl, K, run.lo, run.hi), rows(pl, V, run.lo, run.hi), "none") end
+  end
+  free(K, V)
+  if ml then cp.comm:all_reduce(ml, "max") end
+  return res.out, res.lse, ml
+end
+
 function M.forward(cp, q, k, v, pl)
+  if cp.overlap then return forward_overlap(cp, q, k, v, pl) end
   if pl.thd then
     select_rows(cp, pl)
     pl:upload()
@@ -133,21 +211,63 @@ function M.forward(cp, q, k, v, pl)
   return res.out, res.lse, ml
 end
 
+-- The whole-sequence shape of a local K or V shard.
+local function whole(pl, x)
+  local shape = x.shape
+  shape[pl.sdim] = shape[pl.sdim] * pl.C
+  return shape
+end
+
+-- overlap: the rows of the whole sequence where local half `part` sits.
+local function local_rows(pl, part)
+  local j = part == "first" and pl.r or 2 * pl.C - 1 - pl.r
+  return j * pl.half, (j + 1) * pl.half
+end
+
 function M.backward(cp, dout, sv)
   local q, k, v, out, lse, pl = sv.q, sv.k, sv.v, sv.out, sv.lse, sv.pl
-  local K = gather(cp.comm, pl, k)
-  local V = gather(cp.comm, pl, v)
-  -- dq (U), and dK/dV of the whole sequence (C U_k + C U_v), summed over the steps.
-  local dq = dl.mem.tag("accumulator", dl.zeros_like, q)
-  local dK = dl.mem.tag("accumulator", dl.zeros_like, K)
-  local dV = dl.mem.tag("accumulator", dl.zeros_like, V)
-  for s = 1, 2 do
-    local part, o, lo, hi = step(cp, pl, s)
-    o.dq, o.dk, o.dv = pl:part(dq, part), rows(pl, dK, lo, hi), rows(pl, dV, lo, hi)
-    o.accumulate_grads = true
-    dl.mem.tag("workspace", dl.attn.bwd, pl:part(dout, part), pl:part(q, part), rows(pl, K, lo, hi),
-      rows(pl, V, lo, hi), pl:part(out, part), pl:part(lse, part, "lse"), o)
-    pl:drop_views()
+  local K, V, dq, dK, dV
+  if cp.overlap then
+    -- dq, dK, dV first: the local pieces fill them while the gathers run
+    dq = dl.mem.tag("accumulator", dl.zeros_like, q)
+    dK = dl.mem.tag("accumulator", dl.zeros, whole(pl, k), { dtype = k.dtype, device = k.device })
+    dV = dl.mem.tag("accumulator", dl.zeros, whole(pl, v), { dtype = v.dtype, device = v.device })
+    K, V = gather_async(cp, pl, k, v)
+    local function piece(s, kk, vv, lo, hi, mask)
+      local part = s == 1 and "first" or "second"
+      dl.mem.tag("workspace", dl.attn.bwd, pl:part(dout, part), pl:part(q, part), kk, vv, pl:part(out, part),
+        pl:part(lse, part, "lse"), { layout = pl.layout, mask = mask, scale = cp.scale, accumulate_grads = true,
+          dq = pl:part(dq, part), dk = rows(pl, dK, lo, hi), dv = rows(pl, dV, lo, hi) })
+      pl:drop_views()
+    end
+    for s = 1, 2 do
+      for _, h in ipairs((pieces(cp, pl, s))) do
+        local lo, hi = local_rows(pl, h.part)
+        piece(s, pl:part(k, h.part), pl:part(v, h.part), lo, hi, h.mask)
+      end
+    end
+    plan.wait(dl.current_stream(), cp.events.arrived)
+    for s = 1, 2 do
+      local _, runs = pieces(cp, pl, s)
+      for _, run in ipairs(runs) do
+        piece(s, rows(pl, K, run.lo, run.hi), rows(pl, V, run.lo, run.hi), run.lo, run.hi, "none")
+      end
+    end
+  else
+    K = gather(cp.comm, pl, k)
+    V = gather(cp.comm, pl, v)
+    -- dq (U), and dK/dV of the whole sequence (C U_k + C U_v), summed over the steps.
+    dq = dl.mem.tag("accumulator", dl.zeros_like, q)
+    dK = dl.mem.tag("accumulator", dl.zeros_like, K)
+    dV = dl.mem.tag("accumulator", dl.zeros_like, V)
+    for s = 1, 2 do
+      local part, o, lo, hi = step(cp, pl, s)
+      o.dq, o.dk, o.dv = pl:part(dq, part), rows(pl, dK, lo, hi), rows(pl, dV, lo, hi)
+      o.accumulate_grads = true
+      dl.mem.tag("workspace", dl.attn.bwd, pl:part(dout, part), pl:part(q, part), rows(pl, K, lo, hi),
+        rows(pl, V, lo, hi), pl:part(out, part), pl:part(lse, part, "lse"), o)
+      pl:drop_views()
+    end
   end
   free(K, V)
   -- Every rank's share of dK/dV, summed: reorder to rank order, reduce-scatter.
@@ -171,10 +291,14 @@ function M.peak(g)
   local C, Uk, Uv, Uq, Uo, l = g.C, g.Uk, g.Uv, g.Uq, g.Uo, g.l
   local fixed = Uq + Uk + Uv + g.ml + g.seqlens_rows(9)
   local gather = math.max(2 * C * Uk, C * Uk + 2 * C * Uv)
-  local fwd = fixed + math.max(gather, C * (Uk + Uv) + Uo + l)
   local W = g.workspace(g.layout == "thd" and g.rows or g.rows / 2)
-  local bwd = fixed + 2 * Uo + l + math.max(gather, 2 * C * (Uk + Uv) + Uq + W,
-    Uq + C * Uv + 2 * C * Uk, Uq + Uk + 2 * C * Uv)
+  local rs = math.max(Uq + C * Uv + 2 * C * Uk, Uq + Uk + 2 * C * Uv) -- the reduce-scatters of dK, dV
+  if g.overlap then -- the accumulators exist before the gathers
+    return { fwd = fixed + Uo + l + gather,
+      bwd = fixed + 2 * Uo + l + math.max(Uq + C * (Uk + Uv) + gather, 2 * C * (Uk + Uv) + Uq + W, rs) }
+  end
+  local fwd = fixed + math.max(gather, C * (Uk + Uv) + Uo + l)
+  local bwd = fixed + 2 * Uo + l + math.max(gather, 2 * C * (Uk + Uv) + Uq + W, rs)
   return { fwd = fwd, bwd = bwd }
 end
 

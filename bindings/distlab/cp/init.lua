@@ -6,6 +6,8 @@
 --     comm_buffers = "per_step" | 2,                         (p2p; default 2)
 --     correction = "post_loop" | "incremental" | "fused",    (p2p; default "fused")
 --     dkv = "travel" | "local",                              (p2p backward; default "travel")
+--     overlap = bool,        (all_gather, bshd/sbhd, no window: attend to the local
+--                             K/V while the gathers run; default false)
 --     layout = "bshd" | "sbhd" | "thd", mask = "none" | "causal",
 --     window = {left, right}, scale =, return_max_logit = bool}
 --   out, lse[, max_logit] = cp:forward(q, k, v[, {cu_seqlens_q =, cu_seqlens_q_padded =}])
@@ -32,7 +34,7 @@ local CP = {}
 CP.__index = CP
 
 local KEYS = { comm = true, algo = true, comm_buffers = true, correction = true, dkv = true,
-  layout = true, mask = true, window = true, scale = true, return_max_logit = true }
+  layout = true, mask = true, window = true, scale = true, return_max_logit = true, overlap = true }
 local P2P_ONLY = { comm_buffers = true, correction = true, dkv = true }
 
 local function one_of(name, x, list)
@@ -93,13 +95,22 @@ function M.attention(opts)
     if w[2] == 0 then self.causal = true end
     self.window = { w[1], self.causal and 0 or w[2] }
   end
+  if opts.overlap ~= nil and type(opts.overlap) ~= "boolean" then
+    fail("cp.attention: overlap must be true or false, got %s", tostring(opts.overlap))
+  end
+  self.overlap = opts.overlap or false
+  if self.overlap then
+    if self.algo ~= "all_gather" then fail("cp.attention: overlap is an option of algo all_gather, not %s", self.algo) end
+    if self.layout == "thd" then fail("cp.attention: all_gather overlap takes bshd or sbhd, not thd") end
+    if self.window then fail("cp.attention: all_gather overlap takes no window (a causal mask or none)") end
+  end
   self.impl = require("distlab.cp." .. self.algo)
   return self
 end
 
 CP.__tostring = function(s)
   local extra = s.algo == "p2p" and string.format(", comm_buffers %s, correction %s, dkv %s", s.comm_buffers,
-    s.correction, s.dkv) or ""
+    s.correction, s.dkv) or s.overlap and ", overlap" or ""
   return string.format("cp.attention(%s over %d ranks, %s, %s%s)", s.algo, s.comm.size, s.layout,
     s.causal and "causal" or "no mask", extra)
 end
@@ -168,7 +179,8 @@ function CP:geometry(q, k, v, seq)
   local e, hq, hkv = q:element_size(), q:size(-2), k:size(-2)
   local dqk, dv = q:size(-1), v:size(-1)
   local g = { C = C, r = self.comm.rank, layout = self.layout, causal = self.causal, window = self.window,
-    comm_buffers = self.comm_buffers, correction = self.correction, dkv = self.dkv, rows = rows, hq = hq, hkv = hkv,
+    comm_buffers = self.comm_buffers, correction = self.correction, dkv = self.dkv, overlap = self.overlap,
+    rows = rows, hq = hq, hkv = hkv,
     Uq = rows * hq * dqk * e, Uk = rows * hkv * dqk * e, Uv = rows * hkv * dv * e, Uo = rows * hq * dv * e,
     l = rows * hq * 4, ml = self.return_max_logit and 4 * hq or 0, B = pl.B }
   g.seqlens_rows = function(n) return pl.thd and n * (pl.B + 1) * 4 or 0 end
