@@ -22,7 +22,7 @@ struct dl_graph {
   int dev_index;
   int capturing;
   int64_t nodes;
-  const void *users[MAX_USERS]; /* communicators whose work it captured */
+  const void *users[MAX_USERS]; /* communicators / all-reduce objects whose work it captured */
   int nusers;
   char released[160];           /* why it can no longer replay ("" if it can) */
   struct dl_graph *prev, *next; /* the live graphs */
@@ -60,8 +60,8 @@ void dl_graph_note_user(const void *key) {
   for (int i = 0; i < g->nusers; i++)
     if (g->users[i] == key) return;
   if (g->nusers < MAX_USERS) g->users[g->nusers++] = key;
-  else snprintf(g->released, sizeof g->released, "it captured work of more than %d communicators",
-                MAX_USERS); /* refuse it at dl_graph_end rather than hang later */
+  else snprintf(g->released, sizeof g->released, "it captured the work of more than %d "
+                "communicators and all-reduce objects", MAX_USERS); /* refused at dl_graph_end */
 }
 
 /* The graph's CUDA objects, destroyed (the caller holds live_mu or owns g). */
@@ -158,13 +158,23 @@ int dl_graph_replay(dl_graph_t *g, dl_stream_t *s) {
   DL_TRY(graph_check(g, "dl_graph_replay"));
   DL_CHECK_ARG(!g->capturing, "dl_graph_replay: the graph is still capturing");
 #ifdef DL_WITH_CUDA
-  if (g->released[0])
-    return DL_ERR(DL_ESTATE, "dl_graph_replay: the graph was released: %s", g->released);
-  DL_CHECK_ARG(g->exec, "dl_graph_replay: the capture failed; nothing to replay");
   void *h = NULL;
   DL_TRY(dl_stream_for(s, DL_CUDA, g->dev_index, &h));
   DL_TRY(dl_cuda_use(g->dev_index));
-  DL_CUDA_CHECK(cudaGraphLaunch(g->exec, (cudaStream_t)h));
+  /* under the lock that releasing takes: the executable cannot go mid-launch */
+  pthread_mutex_lock(&live_mu);
+  int rc = DL_OK;
+  if (g->released[0]) rc = DL_ERR(DL_ESTATE, "dl_graph_replay: the graph was released: %s", g->released);
+  else if (!g->exec) rc = DL_ERR(DL_EINVAL, "dl_graph_replay: the capture failed; nothing to replay");
+  else {
+    cudaError_t e = cudaGraphLaunch(g->exec, (cudaStream_t)h);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      rc = DL_ERR(DL_ECUDA, "cudaGraphLaunch on cuda:%d: %s", g->dev_index, cudaGetErrorString(e));
+    }
+  }
+  pthread_mutex_unlock(&live_mu);
+  DL_TRY(rc);
 #endif
   return DL_OK;
 }
