@@ -36,6 +36,7 @@ local strategies = {
   { name = "all_gather", algo = "all_gather" },
   { name = "all_gather, overlap", algo = "all_gather", overlap = true },
   { name = "a2a", algo = "a2a" },
+  { name = "a2a, overlap", algo = "a2a", overlap = true },
 }
 if layout == "thd" then -- all_gather's overlap takes bshd/sbhd
   for i = #strategies, 1, -1 do if strategies[i].overlap then table.remove(strategies, i) end end

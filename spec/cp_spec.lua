@@ -68,6 +68,7 @@ local strategies = {
   { algo = "all_gather" },
   { algo = "all_gather", overlap = true },
   { algo = "a2a" },
+  { algo = "a2a", overlap = true, heads = 2 }, -- heads per rank even: twice the heads
 }
 
 local function label(st)
@@ -85,9 +86,10 @@ local function sweep(st, what)
       local layouts = st.overlap and { "bshd", "sbhd" } or { "bshd", "sbhd", "thd" }
       for _, layout in ipairs(ri > 1 and r == ranks[ri - 1] and {} or layouts) do
         for _, mask in ipairs({ "causal", "none" }) do
-          for _, heads in ipairs({ { 2 * C, 2 * C }, { 2 * C, C } }) do
+          local hm = st.heads or 1
+          for _, heads in ipairs({ { 2 * C * hm, 2 * C * hm }, { 2 * C * hm, C * hm } }) do
             local o = { comm = comm, layout = layout, mask = mask, return_max_logit = mask == "causal" }
-            for k, v in pairs(st) do o[k] = v end
+            for k, v in pairs(st) do if k ~= "heads" then o[k] = v end end
             local cp = dl.cp.attention(o)
             local qs, kvs, seq = shapes(layout, C, heads[1], heads[2])
             local m = cp:memory(qs, kvs, kvs, { seq = seq })
@@ -159,7 +161,7 @@ describe("cp refuses what it does not support, with a clear error", function()
     assert.matches("contradicts a causal mask", err(function() dl.cp.attention { comm = comm, algo = "a2a", mask = "causal", window = { 8, 4 } } end))
     assert.matches("all_gather with thd takes windows {left, 0}",
       err(function() dl.cp.attention { comm = comm, algo = "all_gather", layout = "thd", window = { 8, 4 } } end))
-    assert.matches("overlap is an option of algo all_gather, not p2p",
+    assert.matches("overlap is an option of algo all_gather and a2a, not p2p",
       err(function() dl.cp.attention { comm = comm, algo = "p2p", overlap = true } end))
     assert.matches("all_gather overlap takes bshd or sbhd, not thd",
       err(function() dl.cp.attention { comm = comm, algo = "all_gather", layout = "thd", overlap = true } end))
@@ -174,6 +176,9 @@ describe("cp refuses what it does not support, with a clear error", function()
     local e = err(function() a2a:forward(t { 2, 8, 6, 32 }, t { 2, 8, 6, 32 }, t { 2, 8, 6, 32 }) end)
     assert.matches("cp a2a: heads %(q 6, k/v 6%) must be divisible by the CP size 4", e)
     assert.matches("cp_spec.lua", e) -- the error points at the caller's line
+    local a2a_o = dl.cp.attention { comm = comm, algo = "a2a", overlap = true }
+    assert.matches("cp a2a overlap: heads per rank %(q 3, k/v 3%) must be divisible by its 2 sub%-groups",
+      err(function() a2a_o:forward(t { 2, 8, 12, 32 }, t { 2, 8, 12, 32 }, t { 2, 8, 12, 32 }) end))
     local p2p = dl.cp.attention { comm = comm }
     assert.matches("full length must be divisible by 2C = 8", err(function() p2p:forward(t { 2, 7, 4, 32 }, t { 2, 7, 4, 32 }, t { 2, 7, 4, 32 }) end))
     local thd = dl.cp.attention { comm = comm, layout = "thd" }

@@ -160,6 +160,13 @@ elseif group == "all_gather" or group == "a2a" then
   add { algo = group, layout = "sbhd", mask = "none", window = { 3, 5 } }
   add { algo = group, layout = "thd", mask = "causal", window = { 5, 0 } }
   if group == "a2a" then add { algo = group, layout = "thd", mask = "none", window = { 2, 3 } } end
+  if group == "a2a" then -- two head groups in a pipeline
+    for _, l in ipairs(layouts) do
+      for _, m in ipairs(masks) do add { algo = group, layout = l, mask = m, overlap = true, h = 8, hkv = 8 } end
+    end
+    add { algo = group, layout = "sbhd", mask = "none", window = { 3, 5 }, overlap = true, h = 8, hkv = 8 }
+    add { algo = group, layout = "bshd", mask = "causal", overlap = true, h = 16, hkv = 8, dqk = 24, dv = 16 }
+  end
   if group == "all_gather" then -- the local K/V attended while the gathers run
     for _, l in ipairs({ "bshd", "sbhd" }) do
       for _, m in ipairs(masks) do add { algo = group, layout = l, mask = m, overlap = true } end

@@ -28,47 +28,66 @@
 --             with H/C heads, the same bytes as 2U + l; cuda and meta only.
 -- Plus 4H + 4H/C bytes with return_max_logit (the gathered max and this
 -- rank's), and for thd a seqlens tensor of 3 rows of (B+1) int32.
+--
+-- overlap = true: the heads of each rank in G = 2 groups, in a pipeline.
+-- Every group's all-to-alls go on the comm stream at once; group s attends
+-- on the compute stream as soon as its q, k, v have arrived, and its out,
+-- lse (backward: dq, dk, dv) travel back while group s+1 attends. Heads per
+-- rank (q and k/v) must be even. This rank's (out, lse) and, backward,
+-- dq/dk/dv are allocated first and filled group by group (n = G):
+--   forward   3U + U_o + l + max(S/n + 2U_q/n, S/n + U_q/n + 2U_k/n,
+--               S/n + (U_q + U_k)/n + 2U_v/n, S + 2(U_o + l)/n + 2U_o/n,
+--               S + 2(U_o + l)/n + 2l/n),   S = U_q + U_k + U_v
+--   backward  5U + l + (S + U_o + l) kept + S + max(3U_o/n,
+--               2U_o/n + S/n + W_n, U_o/n + (2U_q + U_k + U_v)/n,
+--               U_o/n + (2U_k + U_v)/n, U_o/n + 2U_v/n)
+--             W_n = the attention backward's workspace for H/(C n) heads.
 local dl = require "distlab"
 local plan = require "distlab.cp.plan"
 
 local free = plan.free
 local M = {}
 
--- x [.., H, D] -> [C, .., H/C, D], head group j at index j+1.
-local function split_heads(x, C, tag)
+-- x [.., H, D] -> [C, .., H/C, D], head group j at index j+1. With
+-- sub-group s of G (overlap): the s-th of G equal parts of every group.
+local function split_heads(x, C, tag, s, G)
+  s, G = s or 1, G or 1
   local hd = x.nd - 1
-  local g = x:size(hd) / C
+  local gC = x:size(hd) / C
+  local g = gC / G
   local shape = x.shape
   shape[hd] = g
   local out = dl.mem.tag(tag, dl.empty, { C, unpack(shape) }, { dtype = x.dtype, device = x.device })
   for j = 1, C do
-    local dst, src = out:select(1, j), x:narrow(hd, (j - 1) * g + 1, g)
+    local dst, src = out:select(1, j), x:narrow(hd, (j - 1) * gC + (s - 1) * g + 1, g)
     dst:copy_(src)
     free(dst, src)
   end
   return out
 end
 
--- The inverse of split_heads: [C, .., g, D] -> [.., C g, D] (hd: head dim of the result).
-local function join_heads(parts, hd, tag)
+-- The inverse of split_heads: [C, .., g, D] -> [.., C g, D] (hd: head dim of
+-- the result), or into sub-group s of G of `into` (overlap).
+local function join_heads(parts, hd, tag, into, s, G)
+  s, G = s or 1, G or 1
   local C = parts:size(1)
   local shape = parts.shape
   table.remove(shape, 1)
   local g = shape[hd]
   shape[hd] = g * C
-  local out = dl.mem.tag(tag, dl.empty, shape, { dtype = parts.dtype, device = parts.device })
+  local out = into or dl.mem.tag(tag, dl.empty, shape, { dtype = parts.dtype, device = parts.device })
   for j = 1, C do
-    local dst, src = out:narrow(hd, (j - 1) * g + 1, g), parts:select(1, j)
+    local dst, src = out:narrow(hd, ((j - 1) * G + s - 1) * g + 1, g), parts:select(1, j)
     dst:copy_(src)
     free(dst, src)
   end
   return out
 end
 
--- This rank's shard x [.., S_r, H, D] -> the whole sequence with H/C heads.
--- hd: head dim of x, d: its sequence dim.
-local function to_sequence(comm, pl, x, d)
-  local send = split_heads(x, pl.C, "comm_buffers")
+-- This rank's shard x [.., S_r, H, D] -> the whole sequence with H/C heads
+-- (with s, G: H/(C G), sub-group s). hd: head dim of x, d: its sequence dim.
+local function to_sequence(comm, pl, x, d, s, G)
+  local send = split_heads(x, pl.C, "comm_buffers", s, G)
   local recv = dl.mem.tag("comm_buffers", dl.empty_like, send)
   comm:all_to_all(recv, send)
   send:free()
@@ -82,8 +101,9 @@ local function to_sequence(comm, pl, x, d)
 end
 
 -- The inverse: whole sequence with H/C heads -> this rank's shard with H
--- heads (hd: head dim). consume: free xs as soon as it has been read.
-local function to_shard(comm, pl, xs, d, hd, tag, consume)
+-- heads (hd: head dim). consume: free xs as soon as it has been read. With
+-- into, s, G: xs is sub-group s of G, written into its heads of `into`.
+local function to_shard(comm, pl, xs, d, hd, tag, consume, into, s, G)
   local shape = xs.shape
   shape[d] = shape[d] / pl.C
   local send = dl.mem.tag("comm_buffers", dl.empty, { pl.C, unpack(shape) }, { dtype = xs.dtype, device = xs.device })
@@ -92,9 +112,113 @@ local function to_shard(comm, pl, xs, d, hd, tag, consume)
   local recv = dl.mem.tag("comm_buffers", dl.empty_like, send)
   comm:all_to_all(recv, send)
   send:free()
-  local x = join_heads(recv, hd, tag)
+  local x = join_heads(recv, hd, tag, into, s, G)
   recv:free()
   return x
+end
+
+-- overlap: G head sub-groups in a pipeline. The all-to-alls of every group
+-- go on the comm stream at once; group s attends on the compute stream once
+-- its q, k, v have arrived, and its out, lse travel back while group s+1
+-- attends. Events: arrived[s], done[s] and back (all groups home).
+local G = 2
+
+local function events(cp, device)
+  local e = cp.a2a_events
+  if e and e.device == device then return e end
+  e = { device = device, arrived = {}, done = {}, back = dl.event(device), ready = dl.event(device) }
+  for s = 1, G do e.arrived[s], e.done[s] = dl.event(device), dl.event(device) end
+  cp.a2a_events = e
+  return e
+end
+
+local function keep(ts, s) for _, t in ipairs(ts) do t:record_stream(s) end end
+
+local function forward_overlap(cp, q, k, v, pl, ml_mine)
+  local comm, comp, cs = cp.comm, dl.current_stream(), cp.streams.comm
+  local ev = events(cp, q.device)
+  local sd, hd, lhd = pl.sdim, q.nd - 1, pl.thd and 1 or 2
+  local g = q:size(-2) / pl.C / G
+  -- this rank's out, lse with every head, filled group by group
+  local res = pl:result(q, v, "accumulator", "accumulator")
+  ev.ready:record(comp)
+  plan.wait(cs, ev.ready)
+  keep({ q, k, v, res.out, res.lse }, cs)
+  local qs, ks, vs, outs, lses = {}, {}, {}, {}, {}
+  for s = 1, G do
+    dl.with_stream(cs, function()
+      qs[s], ks[s], vs[s] = to_sequence(comm, pl, q, sd, s, G), to_sequence(comm, pl, k, sd, s, G),
+        to_sequence(comm, pl, v, sd, s, G)
+    end)
+    ev.arrived[s]:record(cs)
+    keep({ qs[s], ks[s], vs[s] }, comp)
+  end
+  for s = 1, G do
+    plan.wait(comp, ev.arrived[s])
+    local o = pl:opts({ layout = pl.layout, mask = cp.causal and "causal" or "none", window = cp.window,
+      scale = cp.scale, max_logit = ml_mine and pl:track(ml_mine:narrow(1, (s - 1) * g + 1, g)) }, "all", "all")
+    local r = pl:result(qs[s], vs[s], "out_per_step", "lse_per_step")
+    o.out, o.lse = r.out, r.lse
+    dl.attn.fwd(qs[s], ks[s], vs[s], o)
+    pl:drop_views()
+    outs[s], lses[s] = r.out, r.lse
+    ev.done[s]:record(comp)
+    plan.wait(cs, ev.done[s])
+    keep({ r.out, r.lse }, cs)
+    dl.with_stream(cs, function()
+      to_shard(comm, pl, r.out, sd, hd, "accumulator", false, res.out, s, G)
+      to_shard(comm, pl, r.lse, pl.ldim, lhd, "accumulator", false, res.lse, s, G)
+    end)
+  end
+  ev.back:record(cs)
+  plan.wait(comp, ev.back)
+  local own = {}
+  for s = 1, G do for _, t in ipairs({ qs[s], ks[s], vs[s], outs[s], lses[s] }) do own[#own + 1] = t end end
+  cp.saved = { own = own, qs = qs, ks = ks, vs = vs, outs = outs, lses = lses }
+  return res.out, res.lse
+end
+
+local function backward_overlap(cp, dout, sv)
+  local pl, comm, sd = sv.pl, cp.comm, sv.pl.sdim
+  local comp, cs = dl.current_stream(), cp.streams.comm
+  local ev = events(cp, dout.device)
+  local hd = dout.nd - 1
+  local dq = dl.mem.tag("accumulator", dl.empty_like, sv.q)
+  local dk = dl.mem.tag("accumulator", dl.empty_like, sv.k)
+  local dv = dl.mem.tag("accumulator", dl.empty_like, sv.v)
+  ev.ready:record(comp)
+  plan.wait(cs, ev.ready)
+  keep({ dout, dq, dk, dv }, cs)
+  local douts = {}
+  for s = 1, G do
+    dl.with_stream(cs, function() douts[s] = to_sequence(comm, pl, dout, sd, s, G) end)
+    ev.arrived[s]:record(cs)
+    keep({ douts[s] }, comp)
+  end
+  for s = 1, G do
+    plan.wait(comp, ev.arrived[s])
+    local o = pl:opts({ layout = pl.layout, mask = cp.causal and "causal" or "none", window = cp.window,
+      scale = cp.scale }, "all", "all")
+    local function grad(x)
+      local t = dl.mem.tag("accumulator", dl.empty_like, x)
+      if pl.thd then t:zero_() end
+      return t
+    end
+    o.dq, o.dk, o.dv = grad(sv.qs[s]), grad(sv.ks[s]), grad(sv.vs[s])
+    dl.mem.tag("workspace", dl.attn.bwd, douts[s], sv.qs[s], sv.ks[s], sv.vs[s], sv.outs[s], sv.lses[s], o)
+    douts[s]:free()
+    ev.done[s]:record(comp)
+    plan.wait(cs, ev.done[s])
+    keep({ o.dq, o.dk, o.dv }, cs)
+    dl.with_stream(cs, function()
+      to_shard(comm, pl, o.dq, sd, hd, "accumulator", true, dq, s, G)
+      to_shard(comm, pl, o.dk, sd, hd, "accumulator", true, dk, s, G)
+      to_shard(comm, pl, o.dv, sd, hd, "accumulator", true, dv, s, G)
+    end)
+  end
+  ev.back:record(cs)
+  plan.wait(comp, ev.back)
+  return dq, dk, dv
 end
 
 function M.forward(cp, q, k, v, pl)
@@ -114,6 +238,17 @@ function M.forward(cp, q, k, v, pl)
   if cp.return_max_logit then
     ml = dl.mem.tag("accumulator", dl.empty, { h }, { dtype = "f32", device = q.device })
     ml_mine = dl.mem.tag("accumulator", dl.full, { h / C }, -math.huge, { dtype = "f32", device = q.device })
+  end
+  if cp.overlap then
+    if (h / C) % G ~= 0 or (hkv / C) % G ~= 0 then
+      dl.fail("cp a2a overlap: heads per rank (q %d, k/v %d) must be divisible by its %d sub-groups", h / C, hkv / C, G)
+    end
+    local out, lse = forward_overlap(cp, q, k, v, pl, ml_mine)
+    if ml then
+      comm:all_gather(ml, ml_mine)
+      ml_mine:free()
+    end
+    return out, lse, ml
   end
   -- 1. Sequence split -> head split.
   local sd = pl.sdim
@@ -136,6 +271,7 @@ function M.forward(cp, q, k, v, pl)
 end
 
 function M.backward(cp, dout, sv)
+  if cp.overlap then return backward_overlap(cp, dout, sv) end
   local pl, comm, sd = sv.pl, cp.comm, sv.pl.sdim
   local douts = to_sequence(comm, pl, dout, sd)
   local o = pl:opts({ layout = pl.layout, mask = cp.causal and "causal" or "none", window = cp.window,
@@ -162,9 +298,18 @@ function M.peak(g)
   local ml = g.ml > 0 and g.ml + g.ml / g.C or 0
   local fixed = Uq + Uk + Uv + g.seqlens_rows(3)
   local S3 = Uq + Uk + Uv
+  local kept = S3 + Uo + l
+  if g.overlap then -- G head groups; (out, lse) of every head and dq/dk/dv exist from the start
+    local n = G
+    local fwd = fixed + ml + Uo + l + math.max(S3 / n + 2 * Uq / n, S3 / n + Uq / n + 2 * Uk / n,
+      S3 / n + (Uq + Uk) / n + 2 * Uv / n, S3 + 2 * (Uo + l) / n + 2 * Uo / n, S3 + 2 * (Uo + l) / n + 2 * l / n)
+    local Wg = g.workspace(g.rows * g.C, g.hq / (g.C * n))
+    local bwd = fixed + g.ml + 2 * Uo + l + kept + S3 + math.max(3 * Uo / n, 2 * Uo / n + S3 / n + Wg,
+      Uo / n + (2 * Uq + Uk + Uv) / n, Uo / n + (2 * Uk + Uv) / n, Uo / n + 2 * Uv / n)
+    return { fwd = fwd, bwd = bwd }
+  end
   local fwd = fixed + ml + math.max(2 * Uq, Uq + 2 * Uk, Uq + Uk + 2 * Uv,
     S3 + 3 * Uo + l, S3 + 2 * Uo + 3 * l)
-  local kept = S3 + Uo + l
   local W = g.workspace(g.rows * g.C, g.hq / g.C)
   local bwd = fixed + g.ml + 2 * Uo + l + kept + math.max(2 * Uo, Uo + S3 + W,
     Uk + Uv + 2 * Uq, Uq + Uv + 2 * Uk, Uq + Uk + 2 * Uv)

@@ -7,7 +7,8 @@
 --     correction = "post_loop" | "incremental" | "fused",    (p2p; default "fused")
 --     dkv = "travel" | "local",                              (p2p backward; default "travel")
 --     overlap = bool,        (all_gather, bshd/sbhd, no window: attend to the local
---                             K/V while the gathers run; default false)
+--                             K/V while the gathers run; a2a: two head groups in a
+--                             pipeline, heads per rank even; default false)
 --     layout = "bshd" | "sbhd" | "thd", mask = "none" | "causal",
 --     window = {left, right}, scale =, return_max_logit = bool}
 --   out, lse[, max_logit] = cp:forward(q, k, v[, {cu_seqlens_q =, cu_seqlens_q_padded =}])
@@ -100,9 +101,13 @@ function M.attention(opts)
   end
   self.overlap = opts.overlap or false
   if self.overlap then
-    if self.algo ~= "all_gather" then fail("cp.attention: overlap is an option of algo all_gather, not %s", self.algo) end
-    if self.layout == "thd" then fail("cp.attention: all_gather overlap takes bshd or sbhd, not thd") end
-    if self.window then fail("cp.attention: all_gather overlap takes no window (a causal mask or none)") end
+    if self.algo == "p2p" then fail("cp.attention: overlap is an option of algo all_gather and a2a, not p2p") end
+    if self.algo == "all_gather" and self.layout == "thd" then
+      fail("cp.attention: all_gather overlap takes bshd or sbhd, not thd")
+    end
+    if self.algo == "all_gather" and self.window then
+      fail("cp.attention: all_gather overlap takes no window (a causal mask or none)")
+    end
   end
   self.impl = require("distlab.cp." .. self.algo)
   return self
