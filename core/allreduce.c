@@ -46,6 +46,10 @@ static const char *algo_names[DL_AR_NUM_ALGOS] = {"nccl", "one_shot", "one_shot_
                                                   "two_shot", "two_shot_push",
                                                   "two_shot_write"};
 
+static int is_two_shot(int algo) {
+  return algo == DL_AR_TWO_SHOT || algo == DL_AR_TWO_SHOT_PUSH || algo == DL_AR_TWO_SHOT_WRITE;
+}
+
 static const char *algo_name(int algo) {
   return algo >= 0 && algo < DL_AR_NUM_ALGOS ? algo_names[algo] : "?";
 }
@@ -338,8 +342,7 @@ static int run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int 
   const int overlap = vo.data < vi.data + nbytes && vi.data < vo.data + nbytes;
   if (zc >= 0 && zc % DL_AR_VEC_BYTES == 0 &&
       ((algo == DL_AR_ONE_SHOT && !overlap) ||
-       ((algo == DL_AR_TWO_SHOT || algo == DL_AR_TWO_SHOT_PUSH || algo == DL_AR_TWO_SHOT_WRITE) &&
-        vo.data == vi.data))) {
+       (is_two_shot(algo) && vo.data == vi.data))) {
     const int64_t nv = (nbytes + DL_AR_VEC_BYTES - 1) / DL_AR_VEC_BYTES;
     a.zero_copy = 1;
     a.zc_off = DL_AR_CTRL_BYTES + zc;
@@ -356,7 +359,7 @@ static int run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int 
     a.in = vi.data + off * es;
     a.out = vo.data + off * es;
     const int64_t nv = (a.n * es + DL_AR_VEC_BYTES - 1) / DL_AR_VEC_BYTES;
-    const int two = algo == DL_AR_TWO_SHOT || algo == DL_AR_TWO_SHOT_PUSH || algo == DL_AR_TWO_SHOT_WRITE;
+    const int two = is_two_shot(algo);
     shape_for(ar, two ? (nv + ar->size - 1) / ar->size : nv, blocks, !two, &a);
     DL_TRY(launch(ar, &a, stream));
   }

@@ -443,27 +443,19 @@ static pthread_mutex_t dogs_mu = PTHREAD_MUTEX_INITIALIZER;
 static nccl_t *dogs[MAX_WATCHED];
 static int dogs_hooked;
 
-/* DISTLAB_TRACE_TEARDOWN=1: each step of taking a communicator down, on
- * stderr (to find where an exit hangs on a GPU machine without a debugger). */
-static void teardown_trace(const char *what, const void *m) {
-  static int on = -1;
-  if (on < 0) on = getenv("DISTLAB_TRACE_TEARDOWN") != NULL;
-  if (on) fprintf(stderr, "distlab teardown [%.6f] %s %p\n", now_s(), what, m);
-}
-
 static void stop_watchdog(nccl_t *m) {
-  teardown_trace("stop watchdog", m);
+  dl_teardown_trace("stop watchdog", m);
   pthread_mutex_lock(&m->mu);
   int running = m->has_watchdog;
   m->stop = 1;
   m->has_watchdog = 0;
   pthread_mutex_unlock(&m->mu);
   if (running) pthread_join(m->watchdog, NULL);
-  teardown_trace("watchdog stopped", m);
+  dl_teardown_trace("watchdog stopped", m);
 }
 
 static void stop_watchdogs_at_exit(void) {
-  teardown_trace("at exit", NULL);
+  dl_teardown_trace("at exit", NULL);
   pthread_mutex_lock(&dogs_mu);
   for (int i = 0; i < MAX_WATCHED; i++)
     if (dogs[i]) {
@@ -496,17 +488,17 @@ static void nccl_destroy(dl_comm_t *c) {
   dogs_remove(m);
   stop_watchdog(m);
   if (m->comm) {
-    /* work that cannot finish would block ncclCommDestroy: the wait aborts it */
     /* graphs holding NCCL work of this communicator would make
      * ncclCommDestroy wait for them forever: they go first */
     char what[160];
     snprintf(what, sizeof what, "the NCCL communicator '%s'", c->name);
     dl_graph_release_user(c, what);
-    teardown_trace("synchronize", m);
+    /* work that cannot finish would block ncclCommDestroy: the wait aborts it */
+    dl_teardown_trace("synchronize", m);
     if (!m->failed && nccl_synchronize(c, NULL) < 0) dl_clear_error();
-    teardown_trace(m->aborted ? "aborted before" : "ncclCommDestroy", m);
+    dl_teardown_trace(m->aborted ? "aborted before" : "ncclCommDestroy", m);
     if (!m->aborted) api.CommDestroy(m->comm);
-    teardown_trace("comm gone", m);
+    dl_teardown_trace("comm gone", m);
   }
   if (m->sync_buf) cudaFree(m->sync_buf);
   for (int i = 0; i < RING; i++)

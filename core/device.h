@@ -16,12 +16,13 @@ int dl_stream_for(dl_stream_t *s, int dev_type, int dev_index, void **handle);
 int dl_cuda_use(int dev_index);
 #endif
 
-/* Graphs and the communicators they captured. A CUDA graph that holds NCCL
- * work keeps the communicator busy: ncclCommDestroy waits for every such
- * graph to be destroyed, so a communicator that goes first would hang the
- * exit. NCCL notes itself (note_user) while this thread captures; before it
- * destroys the communicator it releases (release_user) every live graph that
- * captured it; a released graph refuses to replay, saying why. */
+/* Graphs and the objects whose work they captured. A CUDA graph that holds
+ * NCCL work keeps the communicator busy (ncclCommDestroy waits for every such
+ * graph, so a communicator that goes first would hang the exit), and one that
+ * holds all-reduce kernels reads that object's symmetric buffers. Such an
+ * object notes itself (note_user) when it issues work while this thread
+ * captures, and releases (release_user) every live graph that captured it
+ * before it goes; a released graph refuses to replay, saying why. */
 void dl_graph_note_user(const void *key);
 void dl_graph_release_user(const void *key, const char *what);
 

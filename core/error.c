@@ -77,4 +77,10 @@ double dl_timeout_s(void) {
   return t;
 }
 
+void dl_teardown_trace(const char *what, const void *p) {
+  static int on = -1;
+  if (on < 0) on = getenv("DISTLAB_TRACE_TEARDOWN") != NULL;
+  if (on) fprintf(stderr, "distlab teardown [%.6f] %s %p\n", dl_now_us() * 1e-6, what, p);
+}
+
 __attribute__((constructor)) static void dl_clock_init(void) { (void)dl_now_us(); }

@@ -188,7 +188,7 @@ int dl_graph_nodes(const dl_graph_t *g, int64_t *nodes) {
 
 void dl_graph_free(dl_graph_t *g) {
   if (!g || g->magic != GRAPH_MAGIC) return;
-  if (getenv("DISTLAB_TRACE_TEARDOWN")) fprintf(stderr, "distlab teardown: graph %p freed\n", (void *)g);
+  dl_teardown_trace("graph freed", g);
   live_remove(g);
   if (capturing_here == g) capturing_here = NULL;
 #ifdef DL_WITH_CUDA

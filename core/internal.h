@@ -55,6 +55,9 @@ void dl_view_coalesce1(dl_view_t *a);
 double dl_now_us(void);
 /* Default timeout of every blocking wait, seconds: DISTLAB_TIMEOUT or 120. */
 double dl_timeout_s(void);
+/* DISTLAB_TRACE_TEARDOWN=1: one line on stderr per step of taking NCCL
+ * communicators and graphs down (where an exit hangs, without a debugger). */
+void dl_teardown_trace(const char *what, const void *p);
 
 #ifdef __cplusplus
 }

@@ -447,44 +447,25 @@ extern "C" void dl_allreduce_cuda_shape(int nranks, int *threads, int *unroll) {
                           : (int)shape<0>::U;
 }
 
+// One grid of kernel k with the arguments' shape, its launch error checked.
+static int go(void (*k)(const dl_ar_args_t), const dl_ar_args_t *a, cudaStream_t st, const char *what) {
+  k<<<a->blocks, a->threads, 0, st>>>(*a);
+  DL_CUDA_CHECK_LAUNCH(what);
+  return DL_OK;
+}
+
 template <int DT, int NR, bool AL> static int launch(const dl_ar_args_t *a, cudaStream_t st) {
   switch (a->algo) {
-  case DL_AR_ONE_SHOT: {
-    if (a->zero_copy) {
-      auto k = allreduce_one_shot_kernel<DT, NR, AL>;
-      k<<<a->blocks, a->threads, 0, st>>>(*a);
-      DL_CUDA_CHECK_LAUNCH("allreduce_one_shot_kernel");
-    } else {
-      auto k = allreduce_one_shot_pipe_kernel<DT, NR, AL, false>;
-      k<<<a->blocks, a->threads, 0, st>>>(*a);
-      DL_CUDA_CHECK_LAUNCH("allreduce_one_shot_pipe_kernel (copy-in)");
-    }
-    return DL_OK;
-  }
-  case DL_AR_ONE_SHOT_PUSH: {
-    auto k = allreduce_one_shot_pipe_kernel<DT, NR, AL, true>;
-    k<<<a->blocks, a->threads, 0, st>>>(*a);
-    DL_CUDA_CHECK_LAUNCH("allreduce_one_shot_pipe_kernel (push)");
-    return DL_OK;
-  }
-  case DL_AR_TWO_SHOT: {
-    auto k = allreduce_two_shot_kernel<DT, NR, AL, false>;
-    k<<<a->blocks, a->threads, 0, st>>>(*a);
-    DL_CUDA_CHECK_LAUNCH("allreduce_two_shot_kernel");
-    return DL_OK;
-  }
-  case DL_AR_TWO_SHOT_PUSH: {
-    auto k = allreduce_two_shot_kernel<DT, NR, AL, true>;
-    k<<<a->blocks, a->threads, 0, st>>>(*a);
-    DL_CUDA_CHECK_LAUNCH("allreduce_two_shot_kernel (push)");
-    return DL_OK;
-  }
-  case DL_AR_TWO_SHOT_WRITE: {
-    auto k = allreduce_two_shot_kernel<DT, NR, AL, true, true>;
-    k<<<a->blocks, a->threads, 0, st>>>(*a);
-    DL_CUDA_CHECK_LAUNCH("allreduce_two_shot_kernel (write)");
-    return DL_OK;
-  }
+  case DL_AR_ONE_SHOT:
+    if (a->zero_copy) return go(allreduce_one_shot_kernel<DT, NR, AL>, a, st, "allreduce_one_shot_kernel");
+    return go(allreduce_one_shot_pipe_kernel<DT, NR, AL, false>, a, st, "allreduce_one_shot_pipe_kernel (copy-in)");
+  case DL_AR_ONE_SHOT_PUSH:
+    return go(allreduce_one_shot_pipe_kernel<DT, NR, AL, true>, a, st, "allreduce_one_shot_pipe_kernel (push)");
+  case DL_AR_TWO_SHOT: return go(allreduce_two_shot_kernel<DT, NR, AL, false>, a, st, "allreduce_two_shot_kernel");
+  case DL_AR_TWO_SHOT_PUSH:
+    return go(allreduce_two_shot_kernel<DT, NR, AL, true>, a, st, "allreduce_two_shot_kernel (push)");
+  case DL_AR_TWO_SHOT_WRITE:
+    return go(allreduce_two_shot_kernel<DT, NR, AL, true, true>, a, st, "allreduce_two_shot_kernel (write)");
   default: return DL_ERR(DL_EINVAL, "allreduce: algorithm %d has no kernel", a->algo);
   }
 }
