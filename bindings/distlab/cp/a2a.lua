@@ -120,23 +120,15 @@ end
 -- overlap: G head sub-groups in a pipeline. The all-to-alls of every group
 -- go on the comm stream at once; group s attends on the compute stream once
 -- its q, k, v have arrived, and its out, lse travel back while group s+1
--- attends. Events: arrived[s], done[s] and back (all groups home).
+-- attends. Events (cp/init.lua): groups[s].arrived, groups[s].done, and back
+-- (all groups home).
 local G = 2
-
-local function events(cp, device)
-  local e = cp.a2a_events
-  if e and e.device == device then return e end
-  e = { device = device, arrived = {}, done = {}, back = dl.event(device), ready = dl.event(device) }
-  for s = 1, G do e.arrived[s], e.done[s] = dl.event(device), dl.event(device) end
-  cp.a2a_events = e
-  return e
-end
-
-local function keep(ts, s) for _, t in ipairs(ts) do t:record_stream(s) end end
+M.GROUPS = G
+local keep = plan.keep
 
 local function forward_overlap(cp, q, k, v, pl, ml_mine)
   local comm, comp, cs = cp.comm, dl.current_stream(), cp.streams.comm
-  local ev = events(cp, q.device)
+  local ev = cp.events
   local sd, hd, lhd = pl.sdim, q.nd - 1, pl.thd and 1 or 2
   local g = q:size(-2) / pl.C / G
   -- this rank's out, lse with every head, filled group by group
@@ -150,11 +142,11 @@ local function forward_overlap(cp, q, k, v, pl, ml_mine)
       qs[s], ks[s], vs[s] = to_sequence(comm, pl, q, sd, s, G), to_sequence(comm, pl, k, sd, s, G),
         to_sequence(comm, pl, v, sd, s, G)
     end)
-    ev.arrived[s]:record(cs)
+    ev.groups[s].arrived:record(cs)
     keep({ qs[s], ks[s], vs[s] }, comp)
   end
   for s = 1, G do
-    plan.wait(comp, ev.arrived[s])
+    plan.wait(comp, ev.groups[s].arrived)
     local o = pl:opts({ layout = pl.layout, mask = cp.causal and "causal" or "none", window = cp.window,
       scale = cp.scale, max_logit = ml_mine and pl:track(ml_mine:narrow(1, (s - 1) * g + 1, g)) }, "all", "all")
     local r = pl:result(qs[s], vs[s], "out_per_step", "lse_per_step")
@@ -162,8 +154,8 @@ local function forward_overlap(cp, q, k, v, pl, ml_mine)
     dl.attn.fwd(qs[s], ks[s], vs[s], o)
     pl:drop_views()
     outs[s], lses[s] = r.out, r.lse
-    ev.done[s]:record(comp)
-    plan.wait(cs, ev.done[s])
+    ev.groups[s].done:record(comp)
+    plan.wait(cs, ev.groups[s].done)
     keep({ r.out, r.lse }, cs)
     dl.with_stream(cs, function()
       to_shard(comm, pl, r.out, sd, hd, "accumulator", false, res.out, s, G)
@@ -181,7 +173,7 @@ end
 local function backward_overlap(cp, dout, sv)
   local pl, comm, sd = sv.pl, cp.comm, sv.pl.sdim
   local comp, cs = dl.current_stream(), cp.streams.comm
-  local ev = events(cp, dout.device)
+  local ev = cp.events
   local hd = dout.nd - 1
   local dq = dl.mem.tag("accumulator", dl.empty_like, sv.q)
   local dk = dl.mem.tag("accumulator", dl.empty_like, sv.k)
@@ -192,11 +184,11 @@ local function backward_overlap(cp, dout, sv)
   local douts = {}
   for s = 1, G do
     dl.with_stream(cs, function() douts[s] = to_sequence(comm, pl, dout, sd, s, G) end)
-    ev.arrived[s]:record(cs)
+    ev.groups[s].arrived:record(cs)
     keep({ douts[s] }, comp)
   end
   for s = 1, G do
-    plan.wait(comp, ev.arrived[s])
+    plan.wait(comp, ev.groups[s].arrived)
     local o = pl:opts({ layout = pl.layout, mask = cp.causal and "causal" or "none", window = cp.window,
       scale = cp.scale }, "all", "all")
     local function grad(x)
@@ -207,8 +199,8 @@ local function backward_overlap(cp, dout, sv)
     o.dq, o.dk, o.dv = grad(sv.qs[s]), grad(sv.ks[s]), grad(sv.vs[s])
     dl.mem.tag("workspace", dl.attn.bwd, douts[s], sv.qs[s], sv.ks[s], sv.vs[s], sv.outs[s], sv.lses[s], o)
     douts[s]:free()
-    ev.done[s]:record(comp)
-    plan.wait(cs, ev.done[s])
+    ev.groups[s].done:record(comp)
+    plan.wait(cs, ev.groups[s].done)
     keep({ o.dq, o.dk, o.dv }, cs)
     dl.with_stream(cs, function()
       to_shard(comm, pl, o.dq, sd, hd, "accumulator", true, dq, s, G)

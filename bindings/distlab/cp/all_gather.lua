@@ -98,6 +98,13 @@ local function step(cp, pl, s)
   return part, base, lo, hi
 end
 
+-- The whole-sequence shape of a local K or V shard.
+local function whole(pl, x)
+  local shape = x.shape
+  shape[pl.sdim] = shape[pl.sdim] * pl.C
+  return shape
+end
+
 -- The whole x (K or V) in sequence order: all-gather, then reorder. C U_x,
 -- with another C U_x (the gathered copy) while it is made.
 local function gather(comm, pl, x)
@@ -105,9 +112,7 @@ local function gather(comm, pl, x)
   local ranked = dl.mem.tag("comm_buffers", dl.empty, { pl.C, unpack(x.shape) }, { dtype = x.dtype, device = x.device })
   comm:all_gather(ranked, src)
   if src ~= x then src:free() end
-  local shape = x.shape
-  shape[pl.sdim] = shape[pl.sdim] * pl.C
-  local full = dl.mem.tag("comm_buffers", dl.empty, shape, { dtype = x.dtype, device = x.device })
+  local full = dl.mem.tag("comm_buffers", dl.empty, whole(pl, x), { dtype = x.dtype, device = x.device })
   pl:reorder(ranked, full, pl.sdim, true)
   ranked:free()
   return full
@@ -152,10 +157,8 @@ local function gather_async(cp, pl, k, v)
     V = gather(cp.comm, pl, v)
   end)
   ev.arrived:record(cs)
-  k:record_stream(cs)
-  v:record_stream(cs)
-  K:record_stream(comp)
-  V:record_stream(comp)
+  plan.keep({ k, v }, cs)
+  plan.keep({ K, V }, comp)
   return K, V
 end
 
@@ -211,12 +214,6 @@ function M.forward(cp, q, k, v, pl)
   return res.out, res.lse, ml
 end
 
--- The whole-sequence shape of a local K or V shard.
-local function whole(pl, x)
-  local shape = x.shape
-  shape[pl.sdim] = shape[pl.sdim] * pl.C
-  return shape
-end
 
 -- overlap: the rows of the whole sequence where local half `part` sits.
 local function local_rows(pl, part)

@@ -125,7 +125,11 @@ local function streams(self, device)
   if self.device == device then return end
   self.device = device
   self.streams = { comm = dl.stream(device), merge = dl.stream(device) }
-  self.events = { ready = dl.event(device), arrived = dl.event(device), done = dl.event(device) }
+  self.events = { ready = dl.event(device), arrived = dl.event(device), done = dl.event(device),
+    back = dl.event(device), groups = {} }
+  for s = 1, self.impl.GROUPS or 0 do -- a schedule's pipeline groups (a2a overlap): arrived, done
+    self.events.groups[s] = { arrived = dl.event(device), done = dl.event(device) }
+  end
 end
 
 local function check_inputs(self, q, k, v)

@@ -259,6 +259,12 @@ function M.free(...)
   end
 end
 
+-- Tensors ts are (also) used on stream s: the allocator waits for s before
+-- their memory is reused.
+function M.keep(ts, s)
+  for _, t in ipairs(ts) do t:record_stream(s) end
+end
+
 -- Stream s (nil: the default stream) waits for event ev.
 function M.wait(s, ev)
   dl.check(dl.C.dl_stream_wait_event(s and s.ptr or nil, ev.ptr))
