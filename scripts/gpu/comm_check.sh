@@ -72,13 +72,13 @@ merge=$(IFS=,; echo "${runs[*]:1}")
 ./distlab run --device cpu experiments/comm_bench.lua --ranks 2 --report-only "${runs[0]}" \
   --merge "$merge" --compare "$(IFS=,; echo "${loops[*]}")" \
   --tag "$tag" --out "$OUT/results" --device-name "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" 2>&1 | tail -2
-cp "$OUT/nccl_loop2.csv" "$OUT/nccl_loop.csv"
+cp "${loops[-1]}" "$OUT/nccl_loop.csv" # the last plain-loop run, as a readable table below
 column -s, -t "$OUT/nccl_loop.csv" 2>/dev/null | head -200 >"$OUT/nccl_loop.txt"
 tail -4 "$OUT"/results/comm-*x2.md
 
 [ "${NOWD:-1}" = 0 ] && exit 0
 echo "== 4. mid sizes with the NCCL watchdog off (does the watchdog cost bandwidth?)"
 DISTLAB_NCCL_WATCHDOG=0 timeout 90 ./distlab run -n 2 --device cuda experiments/comm_bench.lua -b 8 -e 64M \
-  --ops all_reduce,reduce_scatter,all_to_all --compare "$OUT/nccl_loop1.csv,$OUT/nccl_loop2.csv" \
+  --ops all_reduce,reduce_scatter,all_to_all --compare "$(IFS=,; echo "${loops[*]}")" \
   --out "$OUT/results" --tag "$tag-nowatchdog" 2>&1 | tee "$OUT/comm_bench_nowatchdog.log" | tail -4
 echo "comm_check done: results in $OUT/results, specs in $OUT/comm_specs.log"
