@@ -146,7 +146,7 @@ int dl_attn_arg_cu_host(const char *op, const char *name, const dl_tensor_t *t, 
     return 0;
   }
   dl_tensor_t *tmp;
-  int rc = dl_tensor_empty(&tmp, DL_I32, 1, &n, DL_CPU, 0);
+  int rc = dl_tensor_empty(&tmp, DL_I32, 1, &n, DL_CPU, 0, NULL);
   if (!rc) {
     rc = dl_tensor_copy(tmp, t, s);
     if (!rc) memcpy(h, tmp->storage->ptr, sizeof(int32_t) * n);
@@ -206,11 +206,10 @@ int dl_attn_arg_output(const char *op, const char *name, dl_attn_made_t *m, dl_t
     return 0;
   }
   dl_tensor_t *t;
-  int rc = dl_tensor_empty(&t, dtype, nd, shape, like->dev_type, like->dev_index);
+  int rc = dl_tensor_empty(&t, dtype, nd, shape, like->dev_type, like->dev_index, s);
   if (rc) return dl_error_context(rc, "%s: allocating %s", op, name);
   m->slot[m->n++] = slot;
   *slot = t;
-  DL_TRY(dl_tensor_record_stream(t, s));
   return fill ? dl_tensor_fill(t, value, s) : 0;
 }
 

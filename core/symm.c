@@ -181,7 +181,7 @@ int dl_symm_alloc(dl_symm_t **out, dl_comm_t *c, int64_t nbytes) {
   int k = c->nsymm++, rc;
   if (c->dev_type == DL_META) {
     int64_t n = nbytes;
-    rc = dl_tensor_empty(&b->meta, DL_U8, 1, &n, DL_META, 0);
+    rc = dl_tensor_empty(&b->meta, DL_U8, 1, &n, DL_META, 0, NULL);
   } else if (c->dev_type == DL_CPU) {
     rc = map_cpu(b, c, k);
   } else {
@@ -271,7 +271,7 @@ int dl_symm_tensor(dl_tensor_t **out, dl_symm_t *b, int peer, int64_t offset, in
   /* a tensor with no memory, moved onto the view's storage, gives the view */
   dl_tensor_t *tmp;
   int64_t zero = 0;
-  DL_TRY(dl_tensor_empty(&tmp, dtype, 1, &zero, b->dev_type, b->dev_index));
+  DL_TRY(dl_tensor_empty(&tmp, dtype, 1, &zero, b->dev_type, b->dev_index, NULL));
   dl_storage_t *s = NULL;
   int vrc = view_storage(b, peer, &s);
   if (vrc) {

@@ -119,13 +119,15 @@ static dl_tensor_t *tensor_alloc(void) {
 }
 
 int dl_tensor_empty(dl_tensor_t **out, int dtype, int ndim, const int64_t *shape, int dev_type,
-                    int dev_index) {
+                    int dev_index, dl_stream_t *stream) {
   DL_CHECK_ARG(out, "out is NULL");
   DL_CHECK_ARG(dtype >= 0 && dtype < DL_NUM_DTYPES, "unknown dtype id %d", dtype);
   int64_t numel;
   DL_TRY(check_shape(ndim, shape, &numel));
+  void *h;
+  DL_TRY(dl_stream_for(stream, dev_type, dev_index, &h));
   dl_storage_t *s;
-  DL_TRY(dl_storage_new(dev_type, dev_index, numel * dl_dtype_size(dtype), NULL, &s));
+  DL_TRY(dl_storage_new(dev_type, dev_index, numel * dl_dtype_size(dtype), h, &s));
   dl_tensor_t *t = tensor_alloc();
   if (!t) {
     dl_storage_release(s);
@@ -269,8 +271,8 @@ static int aliases(const dl_tensor_t *dst, const dl_tensor_t *src) {
 /* ---- copy --------------------------------------------------------------------- */
 
 static int contiguous_like(const dl_tensor_t *like, int dtype, int dev_type, int dev_index,
-                           dl_tensor_t **out) {
-  return dl_tensor_empty(out, dtype, like->nd, like->sz, dev_type, dev_index);
+                           dl_stream_t *s, dl_tensor_t **out) {
+  return dl_tensor_empty(out, dtype, like->nd, like->sz, dev_type, dev_index, s);
 }
 
 #ifdef DL_WITH_CUDA
@@ -285,13 +287,13 @@ static int copy_cross(dl_tensor_t *dst, const dl_tensor_t *src, dl_stream_t *s) 
   int rc = DL_OK;
   const dl_tensor_t *from = src;
   if (!dl_tensor_is_contiguous(src) || src->dtype_id != dst->dtype_id) {
-    rc = contiguous_like(src, dst->dtype_id, src->dev_type, src->dev_index, &stage_src);
+    rc = contiguous_like(src, dst->dtype_id, src->dev_type, src->dev_index, hs ? s : NULL, &stage_src);
     if (!rc) rc = dl_tensor_copy(stage_src, src, src->dev_type == DL_CUDA ? s : NULL);
     from = stage_src;
   }
   dl_tensor_t *to = dst;
   if (!rc && !dl_tensor_is_contiguous(dst)) {
-    rc = contiguous_like(dst, dst->dtype_id, dst->dev_type, dst->dev_index, &stage_dst);
+    rc = contiguous_like(dst, dst->dtype_id, dst->dev_type, dst->dev_index, hd ? s : NULL, &stage_dst);
     to = stage_dst;
   }
   if (!rc) {
@@ -343,10 +345,9 @@ int dl_tensor_copy(dl_tensor_t *dst, const dl_tensor_t *src, dl_stream_t *s) {
   }
   if (aliases(dst, src)) { /* overlapping views: go through a temporary */
     dl_tensor_t *tmp;
-    DL_TRY(contiguous_like(src, src->dtype_id, src->dev_type, src->dev_index, &tmp));
+    DL_TRY(contiguous_like(src, src->dtype_id, src->dev_type, src->dev_index, s, &tmp));
     int rc = dl_tensor_copy(tmp, src, s);
     if (!rc) rc = dl_tensor_copy(dst, tmp, s);
-    if (tmp->dev_type == DL_CUDA) dl_tensor_record_stream(tmp, s);
     dl_tensor_free(tmp);
     return rc;
   }

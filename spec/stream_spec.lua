@@ -1,4 +1,5 @@
 -- Streams, events and the benchmark harness: the same API on every device.
+local ffi = require "ffi"
 local dl = require "distlab"
 local H = require "helpers"
 
@@ -79,6 +80,44 @@ for _, dev in ipairs(H.devices) do
       s:synchronize()
       assert.equal(10, keep:narrow(1, 1000, 1):item())
       dl.synchronize(dev.name)
+    end)
+
+    -- A tensor made while s is current belongs to s: freed, its block goes back
+    -- to s's cache (reused there without a sync), never to another stream's
+    -- while s may still use it. (Once, every block belonged to the default
+    -- stream: a temporary of the cp a2a overlap's comm stream was handed to
+    -- the compute stream while the all-to-all still read it.)
+    it("give a block made on a side stream back to that stream only", function()
+      local s = dl.stream(dev.name)
+      local keep = dl.zeros(262144, { device = dev.name })
+      local addr = function(t) return tonumber(ffi.cast("intptr_t", t:data_ptr())) end
+      local p
+      dl.with_stream(s, function()
+        local tmp = dl.ones(262144, { device = dev.name })
+        p = addr(tmp)
+        for _ = 1, 50 do keep:add_(tmp) end
+        tmp:free()
+      end)
+      local other = dl.empty(262144, { device = dev.name }) -- the default stream's
+      other:fill_(7)
+      local again
+      dl.with_stream(s, function() again = dl.empty(262144, { device = dev.name }) end)
+      if dev.name:match("^cuda") then
+        assert.not_equal(p, addr(other))
+        assert.equal(p, addr(again)) -- s's own cache, ordered on s
+      end
+      s:synchronize()
+      assert.equal(50, keep:narrow(1, 1000, 1):item())
+      dl.synchronize(dev.name)
+    end)
+
+    it("make cpu tensors while a cuda stream is current", function()
+      if not dev.name:match("^cuda") then return end
+      local s = dl.stream(dev.name)
+      dl.with_stream(s, function()
+        local t = dl.zeros(4, { device = "cpu" }) -- cpu memory has no stream
+        assert.equal(0, t:narrow(1, 1, 1):item())
+      end)
     end)
   end)
 end

@@ -31,11 +31,11 @@ M.is_tensor = is_tensor
 -- Device memory is invisible to Lua's GC: on DL_ENOMEM collect once, retry.
 local function empty_raw(dtype, ndim, shape_arr, dev_type, dev_index)
   local pp = tensor_pp()
-  local rc = C.dl_tensor_empty(pp, dtype, ndim, shape_arr, dev_type, dev_index)
+  local rc = C.dl_tensor_empty(pp, dtype, ndim, shape_arr, dev_type, dev_index, core.stream)
   if rc == C.DL_ENOMEM then
     collectgarbage("collect")
     collectgarbage("collect")
-    rc = C.dl_tensor_empty(pp, dtype, ndim, shape_arr, dev_type, dev_index)
+    rc = C.dl_tensor_empty(pp, dtype, ndim, shape_arr, dev_type, dev_index, core.stream)
   end
   check(rc)
   return wrap(pp)

@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-enum { DL_ABI_VERSION = 1 };
+enum { DL_ABI_VERSION = 2 };
 
 /* ---- status codes ------------------------------------------------------ */
 enum {
@@ -110,8 +110,11 @@ typedef struct dl_tensor {
   dl_storage_t *storage; /* NULL once released */
 } dl_tensor_t;
 
+/* stream: where the memory is first used (NULL: the device's default stream).
+ * A cuda block returns to that stream's cache when freed and is reused there
+ * without a sync; use on another stream needs dl_tensor_record_stream. */
 int dl_tensor_empty(dl_tensor_t **out, int dtype, int ndim, const int64_t *shape,
-                    int dev_type, int dev_index);
+                    int dev_type, int dev_index, dl_stream_t *stream);
 /* A new tensor on base's storage: any shape/strides/offset that stays inside it. */
 int dl_tensor_as_strided(dl_tensor_t **out, const dl_tensor_t *base, int ndim,
                          const int64_t *shape, const int64_t *strides, int64_t offset);
