@@ -116,7 +116,7 @@ enum { RING = 256 };
 
 typedef struct pending_op {
   cudaEvent_t ev;
-  double t;
+  double t; /* when its clock started (0: not yet seen by the watchdog) */
   int64_t seq;
   int op;
 } pending_op_t;
@@ -130,9 +130,10 @@ typedef struct nccl {
   pending_op_t ring[RING];
   int head, tail; /* entries [tail, head) are pending, modulo RING */
   int since_watch;   /* ops since the last watched one */
-  double watch_t;    /* when that one was watched */
+  int want_watch;    /* set by the watchdog each tick: watch the next op */
   int failed, aborted, ready;
-  int64_t call_since_us; /* when the host entered the NCCL call it is in; 0: none */
+  int64_t in_call;   /* the id of the NCCL call the host is in; 0: none */
+  int64_t calls;     /* NCCL calls entered so far (the ids) */
   int call_op;
   char failure[1024];
   int last_op;
@@ -195,24 +196,27 @@ static int settle(dl_comm_t *c, ncclResult_t r, const char *what) {
   return r == ncclSuccess ? DL_OK : nccl_error(c, r, what);
 }
 
-/* Bracket every NCCL call that may block the host, for the watchdog. */
+/* Bracket every NCCL call that may block the host, for the watchdog, which
+ * times a call id it sees twice (no clock read here: on the GPU hosts the
+ * issue rate of small collectives is the host's, every 100 ns shows). */
 static void call_enter(nccl_t *m, int op) {
   m->call_op = op;
-  __atomic_store_n(&m->call_since_us, (int64_t)(now_s() * 1e6), __ATOMIC_RELEASE);
+  __atomic_store_n(&m->in_call, ++m->calls, __ATOMIC_RELEASE);
 }
 
 static int call_leave(dl_comm_t *c, ncclResult_t r, const char *what) {
   nccl_t *m = impl(c);
-  __atomic_store_n(&m->call_since_us, 0, __ATOMIC_RELEASE);
+  __atomic_store_n(&m->in_call, 0, __ATOMIC_RELEASE);
   if (__atomic_load_n(&m->failed, __ATOMIC_ACQUIRE)) return failure_error(c);
   return settle(c, r, what);
 }
 
 /* ---- watchdog ----------------------------------------------------------- */
 
-/* Drop finished ops from the tail. An op's clock starts when it is enqueued
- * or, if later, when the op before it finished: a long queue of work ahead of
- * it is not its hang. Caller holds mu. */
+/* Drop finished ops from the tail. An op's clock starts when the watchdog
+ * first sees it at the tail (enqueued with t = 0), or when the op before it
+ * finished: a long queue of work ahead of it is not its hang. Caller holds
+ * mu; the clock has the watchdog's tick (20 ms) as its grain. */
 static void ring_retire(nccl_t *m) {
   int moved = 0;
   while (m->tail != m->head && cudaEventQuery(m->ring[m->tail].ev) != cudaErrorNotReady) {
@@ -221,41 +225,43 @@ static void ring_retire(nccl_t *m) {
     moved = 1;
   }
   double t = now_s();
-  if (moved && m->tail != m->head && m->ring[m->tail].t < t) m->ring[m->tail].t = t;
+  if (m->tail != m->head && (moved || m->ring[m->tail].t == 0)) m->ring[m->tail].t = t;
 }
 
 /* Watching an op costs an event record and a lock the watchdog thread also
  * takes: on every op that doubled the host cost of a small collective. A
  * hang stops everything queued after it, so a sample suffices: an op is
- * watched when none is pending, or 64 ops or 1 ms after the last watched one.
- * (An op issued after the last watched one finished and followed by nothing
- * is left to the timeouts of synchronize and of event waits.) */
+ * watched when none is pending, every 64 ops, or when the watchdog asked
+ * for one (each of its ticks). (An op issued after the last watched one
+ * finished and followed by nothing is left to the timeouts of synchronize
+ * and of event waits.) */
 static void watch_op(dl_comm_t *c, int op, cudaStream_t stream) {
   nccl_t *m = impl(c);
   m->last_op = op;
   m->last_seq = c->seq;
   if (!m->has_watchdog) return;
-  double t = now_s();
   int idle = __atomic_load_n(&m->tail, __ATOMIC_ACQUIRE) == m->head;
-  if (!idle && ++m->since_watch < 64 && t - m->watch_t < 1e-3) return;
+  if (!idle && ++m->since_watch < 64 && !__atomic_load_n(&m->want_watch, __ATOMIC_RELAXED)) return;
   enum cudaStreamCaptureStatus cap;
   if (cudaStreamIsCapturing(stream, &cap) != cudaSuccess || cap != cudaStreamCaptureStatusNone)
     return; /* a graph being captured: its replays are not watched */
   pthread_mutex_lock(&m->mu);
   int next = (m->head + 1) % RING;
   if (next != m->tail && cudaEventRecord(m->ring[m->head].ev, stream) == cudaSuccess) {
-    m->ring[m->head] = (pending_op_t){m->ring[m->head].ev, t, c->seq, op};
+    m->ring[m->head] = (pending_op_t){m->ring[m->head].ev, 0, c->seq, op};
     __atomic_store_n(&m->head, next, __ATOMIC_RELEASE);
   }
   pthread_mutex_unlock(&m->mu);
   m->since_watch = 0;
-  m->watch_t = t;
+  __atomic_store_n(&m->want_watch, 0, __ATOMIC_RELAXED);
 }
 
 static void *watchdog_main(void *arg) {
   dl_comm_t *c = arg;
   nccl_t *m = impl(c);
   cudaSetDevice(c->dev_index);
+  int64_t seen_call = 0; /* the NCCL call the host was in at the last tick, and since when */
+  double seen_since = 0;
   for (;;) {
     struct timespec ts = {0, 20 * 1000 * 1000};
     nanosleep(&ts, NULL);
@@ -264,12 +270,17 @@ static void *watchdog_main(void *arg) {
       pthread_mutex_unlock(&m->mu);
       break;
     }
+    __atomic_store_n(&m->want_watch, 1, __ATOMIC_RELAXED);
     if (m->ready) ring_retire(m);
     char why[512] = "";
     ncclResult_t ar = ncclSuccess;
     if (m->ready) api.CommGetAsyncError(m->comm, &ar);
-    int64_t since = __atomic_load_n(&m->call_since_us, __ATOMIC_ACQUIRE);
-    if (since > 0 && now_s() - since * 1e-6 > c->timeout_s) {
+    int64_t call = __atomic_load_n(&m->in_call, __ATOMIC_ACQUIRE);
+    if (call != seen_call) {
+      seen_call = call;
+      seen_since = now_s();
+    }
+    if (call != 0 && now_s() - seen_since > c->timeout_s) {
       snprintf(why, sizeof why,
                "%s on rank %d of %d (comm '%s') has been inside NCCL for more than %.1f s (a "
                "peer did not join it, died, or is stuck)",

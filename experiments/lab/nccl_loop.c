@@ -14,11 +14,15 @@
  *
  *   build: gcc -O2 -o nccl_loop experiments/lab/nccl_loop.c -I$CUDA/include \
  *            -L$CUDA/lib64 -lcudart -lnccl
- *   run:   ./nccl_loop [-n ranks] [-b min_bytes] [-e max_bytes] [-o out.csv]
+ *   run:   ./nccl_loop [-n ranks] [-b min_bytes] [-e max_bytes] [-o out.csv] [-c FIRST:PER]
+ * -c: rank r runs on cores FIRST + r*PER .. FIRST + (r+1)*PER - 1, as
+ * `distlab run --bind FIRST:PER` places distlab's ranks.
  * The CSV has the columns comm_bench.lua writes and reads (--compare).
  */
+#define _GNU_SOURCE
 #include <cuda_runtime.h>
 #include <nccl.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -175,7 +179,7 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 int main(int argc, char **argv) {
-  int n = 2;
+  int n = 2, first = -1, per = 0;
   long minb = 8, maxb = 1L << 30;
   const char *out = NULL;
   for (int i = 1; i + 1 < argc; i += 2) {
@@ -183,10 +187,11 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "-b")) minb = atol(argv[i + 1]);
     else if (!strcmp(argv[i], "-e")) maxb = atol(argv[i + 1]);
     else if (!strcmp(argv[i], "-o")) out = argv[i + 1];
+    else if (!strcmp(argv[i], "-c") && sscanf(argv[i + 1], "%d:%d", &first, &per) != 2) first = -2;
   }
-  if (n < 1 || n > MAXRANKS || minb < 1 || maxb < minb) {
-    fprintf(stderr, "usage: nccl_loop [-n 1..%d] [-b min_bytes] [-e max_bytes] [-o out.csv]\n",
-            MAXRANKS);
+  if (n < 1 || n > MAXRANKS || minb < 1 || maxb < minb || first < -1 || (first >= 0 && per < 1)) {
+    fprintf(stderr, "usage: nccl_loop [-n 1..%d] [-b min_bytes] [-e max_bytes] [-o out.csv] "
+            "[-c FIRST:PER]\n", MAXRANKS);
     return 2;
   }
   results_t *res = mmap(NULL, sizeof *res, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
@@ -194,7 +199,18 @@ int main(int argc, char **argv) {
   int idpipe[2];
   if (res == MAP_FAILED || pipe(idpipe) != 0) return 1;
   for (int r = 0; r < n; r++)
-    if (fork() == 0) _exit(rank_main(r, n, idpipe, minb, maxb, res));
+    if (fork() == 0) {
+      if (first >= 0) {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        for (int c = first + r * per; c < first + (r + 1) * per; c++) CPU_SET(c, &set);
+        if (sched_setaffinity(0, sizeof set, &set) != 0) {
+          perror("nccl_loop: sched_setaffinity");
+          _exit(1);
+        }
+      }
+      _exit(rank_main(r, n, idpipe, minb, maxb, res));
+    }
   int failed = 0, st;
   for (int r = 0; r < n; r++)
     if (wait(&st) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) failed = 1;

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Remote step on a host with 2 GPUs (repo root as cwd, .debs carried): the
 # communicator checks in one go, everything under $OUT.
-#   scripts/gpu/comm_check.sh [specs] [bench]   (default both; alone, or as
+#   scripts/gpu/comm_check.sh [specs] [hostcost] [bench]   (default specs bench; alone, or as
 #                                               `scripts/gpu/check.sh comm_check`)
 # Each step has its own time limit, all together under 10 minutes.
 # 1. the #multigpu specs of comm and symm (NCCL, CUDA IPC)   -> $OUT/comm_specs.log
 # 2./3. experiments/lab/nccl_loop.c (plain C over NCCL) and
 #    experiments/comm_bench.lua, ROUNDS (default 1) rounds of loop, distlab,
 #    distlab, loop; each side's fastest run per size -> $OUT/results/comm-<gpu>x2.{md,csv}
-#    (a round takes about a minute)
+#    (a round takes about a minute); BIND=FIRST:PER pins rank r of both to
+#    cores FIRST + r*PER .. (the small sizes are host-bound: the issue rate
+#    of one core)
 # 4. up to 64 MiB again with the NCCL watchdog off, to show what it costs
 #    (NOWD=0 skips it)                                       -> $OUT/results/comm-<gpu>x2-nowatchdog.*
 # NVLink multicast stays off (NCCL_NVLS_ENABLE=0); nothing here calls cuMulticastCreate.
@@ -36,6 +38,12 @@ echo "== 1. multigpu specs"
 timeout 240 busted --run=default --tags=multigpu -o spec/support/summary.lua \
   spec/comm_spec.lua spec/symm_spec.lua 2>&1 | tee "$OUT/comm_specs.log" | tail -25
 fi
+if [[ "$steps" == *" hostcost "* ]]; then
+echo "== host cost of a call without transport (meta), and the clock source"
+echo "clocksource: $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>/dev/null)"
+timeout 60 ./distlab run --device meta --world 2 --rank 0 ${BIND:+--bind "${BIND%%:*}:1"} \
+  experiments/comm_host_cost.lua 200000 2>&1 | tee "$OUT/comm_host_cost.txt"
+fi
 [[ "$steps" == *" bench "* ]] || exit 0
 
 echo "== 2. plain C loop over NCCL"
@@ -55,12 +63,12 @@ tag="${gpu:-gpu}x2"
 loops=() runs=()
 loop() {
   echo "== plain loop run $1"
-  timeout 120 "$OUT/nccl_loop" -n 2 -b 8 -e 1073741824 -o "$OUT/nccl_loop$1.csv" 2>&1 | tail -5
+  timeout 120 "$OUT/nccl_loop" -n 2 -b 8 -e 1073741824 -o "$OUT/nccl_loop$1.csv" ${BIND:+-c "$BIND"} 2>&1 | tail -5
   loops+=("$OUT/nccl_loop$1.csv")
 }
 bench() {
   echo "== distlab comm_bench run $1"
-  timeout 180 ./distlab run -n 2 --device cuda experiments/comm_bench.lua -b 8 -e 1G --tag "$tag-r$1" \
+  timeout 180 ./distlab run -n 2 --device cuda ${BIND:+--bind "$BIND"} experiments/comm_bench.lua -b 8 -e 1G --tag "$tag-r$1" \
     --compare "$OUT/nccl_loop1.csv" --out "$OUT/round$1" 2>&1 | tee "$OUT/comm_bench$1.log" | tail -2
   runs+=("$OUT/round$1/comm-$tag-r$1.csv")
 }
