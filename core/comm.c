@@ -170,6 +170,7 @@ int dl_comm_info(const dl_comm_t *c, dl_comm_info_t *out) {
   out->seq = c->seq;
   out->timeout_s = c->timeout_s;
   snprintf(out->name, sizeof out->name, "%s", c->name);
+  out->native = c->be->native && c->impl ? c->be->native((dl_comm_t *)c) : NULL;
   return DL_OK;
 }
 

@@ -76,6 +76,8 @@ struct dl_comm_backend {
   /* Tell peers this rank gives up, so their waits end now (may be NULL). */
   void (*abort)(dl_comm_t *c, const char *why);
   void (*destroy)(dl_comm_t *c);
+  /* The backend's own handle for dl_comm_info (may be NULL). */
+  void *(*native)(dl_comm_t *c);
 };
 
 extern const dl_comm_backend_t dl_comm_shm_backend;

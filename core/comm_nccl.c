@@ -41,6 +41,7 @@ static int nccl_none(dl_comm_t *c) { return DL_EUNSUPPORTED; }
 static int nccl_run(dl_comm_t *c, const dl_comm_call_t *call) { return DL_EUNSUPPORTED; }
 static int nccl_synchronize(dl_comm_t *c, dl_stream_t *s) { return DL_EUNSUPPORTED; }
 static void nccl_destroy(dl_comm_t *c) { c->impl = NULL; }
+#define nccl_native NULL
 #define nccl_group_start nccl_none
 #define nccl_group_end nccl_none
 #define nccl_abort NULL
@@ -519,6 +520,8 @@ static void nccl_destroy(dl_comm_t *c) {
   c->impl = NULL;
 }
 
+static void *nccl_native(dl_comm_t *c) { return impl(c)->comm; }
+
 static int nccl_setup(dl_comm_t *c, nccl_t *m) {
   DL_TRY(dl_cuda_use(c->dev_index));
   setenv("NCCL_NVLS_ENABLE", "0", 1); /* no NVLink multicast, whatever the caller set */
@@ -574,4 +577,5 @@ const dl_comm_backend_t dl_comm_nccl_backend = {
     .synchronize = nccl_synchronize,
     .abort = nccl_abort,
     .destroy = nccl_destroy,
+    .native = nccl_native,
 };

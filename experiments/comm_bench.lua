@@ -16,6 +16,10 @@
 --                            loop, so run-to-run drift (clocks, placement) treats the
 --                            two sides alike
 --     --out DIR              where results go (default experiments/results)
+--     --raw                  (nccl) also time the same ops as raw NCCL calls through the
+--                            FFI on this communicator's own ncclComm_t, same buffers,
+--                            same stream, alternating with distlab's repetition by
+--                            repetition: what distlab adds, with the host's drift shared
 --     --report-only RUN.csv  measure nothing: write the CSV and markdown from this
 --                            benchmark's CSV of an earlier run (with --merge and
 --                            --compare), e.g. after two runs of each side in ABBA
@@ -60,6 +64,7 @@ while i <= #arg do
   elseif a == "--device-name" then opt.device_name = v
   elseif a == "--ranks" then opt.ranks = tonumber(v)
   elseif a == "--out" then opt.out = v
+  elseif a == "--raw" then opt.raw, i = true, i - 1
   else error("unknown option " .. tostring(a), 0) end
   i = i + 2
 end
@@ -125,8 +130,57 @@ end
 
 -- ---- measuring -----------------------------------------------------------------------
 
+-- --raw: the same op as plain NCCL calls on this communicator's ncclComm_t
+local raw = {}
+if opt.raw and on_gpu and not opt.report_only then
+  ffi.cdef [[
+  typedef struct comm_bench_nccl *comm_bench_nccl_t;
+  int ncclAllReduce(const void *s, void *r, size_t n, int dt, int op, comm_bench_nccl_t c, void *st);
+  int ncclAllGather(const void *s, void *r, size_t n, int dt, comm_bench_nccl_t c, void *st);
+  int ncclReduceScatter(const void *s, void *r, size_t n, int dt, int op, comm_bench_nccl_t c, void *st);
+  int ncclSend(const void *s, size_t n, int dt, int peer, comm_bench_nccl_t c, void *st);
+  int ncclRecv(void *r, size_t n, int dt, int peer, comm_bench_nccl_t c, void *st);
+  int ncclGroupStart(void);
+  int ncclGroupEnd(void);
+  const char *ncclGetErrorString(int r);
+  ]]
+  local nccl = ffi.load("libnccl.so.2") -- the library distlab already opened
+  local comm = ffi.cast("comm_bench_nccl_t", w:info().native)
+  local F32, SUM = 7, 0 -- ncclFloat32, ncclSum
+  local function ck(r)
+    if r ~= 0 then error("raw NCCL call: " .. ffi.string(nccl.ncclGetErrorString(r)), 0) end
+  end
+  local sp, rp = send:data_ptr(), recv:data_ptr()
+  function raw.all_reduce(b) return function() ck(nccl.ncclAllReduce(sp, rp, b / 4, F32, SUM, comm, nil)) end end
+  function raw.all_gather(b) return function() ck(nccl.ncclAllGather(sp, rp, b / 4 / N, F32, comm, nil)) end end
+  function raw.reduce_scatter(b)
+    return function() ck(nccl.ncclReduceScatter(sp, rp, b / 4 / N, F32, SUM, comm, nil)) end
+  end
+  function raw.all_to_all(b)
+    local n = b / 4 / N
+    local fs, fr = ffi.cast("float*", sp), ffi.cast("float*", rp)
+    return function()
+      ck(nccl.ncclGroupStart())
+      for j = 0, N - 1 do
+        ck(nccl.ncclSend(fs + j * n, n, F32, j, comm, nil))
+        ck(nccl.ncclRecv(fr + j * n, n, F32, j, comm, nil))
+      end
+      ck(nccl.ncclGroupEnd())
+    end
+  end
+  function raw.sendrecv(b)
+    return function()
+      ck(nccl.ncclGroupStart())
+      ck(nccl.ncclSend(sp, b / 4, F32, nxt, comm, nil))
+      ck(nccl.ncclRecv(rp, b / 4, F32, prv, comm, nil))
+      ck(nccl.ncclGroupEnd())
+    end
+  end
+end
+
 local e0, e1 = dl.event(), dl.event()
-local NV = 2 * REPS + 1 -- per repetition the device time and the host time, then #wrong
+-- per repetition: distlab's device and host time, then raw NCCL's (--raw; else 0); then #wrong
+local NV = 4 * REPS + 1
 local red = dl.empty({ NV }, { dtype = "f64" })
 
 ffi.cdef [[
@@ -165,17 +219,25 @@ local function measure(op, s)
   local b = round_bytes(s)
   local issue, out, want, settle = make[op](b)
   local iters = iters_for(b)
+  local plain = raw[op] and raw[op](b)
   for _ = 1, WARMUP do issue() end
+  if plain then for _ = 1, WARMUP do plain() end end
   local vals = {}
-  for rep = 1, REPS do
+  for k = 1, 4 * REPS do vals[k] = 0 end
+  local function timed(fn, at, rep)
     w:barrier()
     e0:record()
     local h0 = now_us()
-    for _ = 1, iters do issue() end
-    vals[REPS + rep] = (now_us() - h0) / iters -- the host's time to issue one op
+    for _ = 1, iters do fn() end
+    vals[at + REPS + rep] = (now_us() - h0) / iters -- the host's time to issue one op
     e1:record()
     e1:synchronize(w:info().timeout)
-    vals[rep] = e0:elapsed(e1) * 1e3 / iters
+    vals[at + rep] = e0:elapsed(e1) * 1e3 / iters
+  end
+  for rep = 1, REPS do -- with --raw, ABBA order repetition by repetition
+    if plain and rep % 2 == 0 then timed(plain, 2 * REPS, rep) end
+    timed(issue, 0, rep)
+    if plain and rep % 2 == 1 then timed(plain, 2 * REPS, rep) end
   end
   w:synchronize()
   if settle then settle() end
@@ -196,7 +258,8 @@ local function measure(op, s)
   local us = median(all, 1, REPS)
   local alg = b / us * 1e-3
   return { impl = "distlab", op = op, bytes = b, count = b / 4, dtype = "f32", iters = iters, time_us = us,
-    algbw = alg, busbw = alg * factor[op], wrong = all[NV], host_us = median(all, REPS + 1, REPS) }
+    algbw = alg, busbw = alg * factor[op], wrong = all[NV], host_us = median(all, REPS + 1, REPS),
+    raw_us = plain and median(all, 2 * REPS + 1, REPS), raw_host_us = plain and median(all, 3 * REPS + 1, REPS) }
 end
 
 -- ---- reporting -------------------------------------------------------------------------
@@ -214,7 +277,7 @@ local function csv_records(path)
   local f = assert(io.open(path, "r"), "cannot read " .. path)
   for line in f:lines() do
     local cells = {}
-    for c in line:gmatch("[^,]+") do cells[#cells + 1] = c end
+    for c in (line .. ","):gmatch("([^,]*),") do cells[#cells + 1] = c end
     if not head then head = cells
     else
       local r = {}
@@ -242,10 +305,11 @@ local function write_results(rows)
   local cmd = string.format("./distlab run -n %d --device %s experiments/comm_bench.lua %s", opt.report_only and w.size or N,
     opt.report_only and w.device or on_gpu and "cuda" or w.device, table.concat(arg, " "))
   local csv = assert(io.open(base .. ".csv", "w"))
-  csv:write("impl,op,bytes,count,dtype,iters,time_us,algbw_GBps,busbw_GBps,wrong,host_us\n")
+  csv:write("impl,op,bytes,count,dtype,iters,time_us,algbw_GBps,busbw_GBps,wrong,host_us,raw_us,raw_host_us\n")
+  local function opt2(v) return v and string.format("%.2f", v) or "" end
   for _, r in ipairs(rows) do
-    csv:write(string.format("%s,%s,%d,%d,%s,%d,%.2f,%.2f,%.2f,%d,%s\n", r.impl, r.op, r.bytes, r.count, r.dtype,
-      r.iters, r.time_us, r.algbw, r.busbw, r.wrong, r.host_us and string.format("%.2f", r.host_us) or ""))
+    csv:write(string.format("%s,%s,%d,%d,%s,%d,%.2f,%.2f,%.2f,%d,%s,%s,%s\n", r.impl, r.op, r.bytes, r.count, r.dtype,
+      r.iters, r.time_us, r.algbw, r.busbw, r.wrong, opt2(r.host_us), opt2(r.raw_us), opt2(r.raw_host_us)))
   end
   csv:close()
   local md = { "# Communicator benchmark: " .. opt.tag, "",
@@ -287,6 +351,31 @@ local function write_results(rows)
         r.algbw, r.busbw, r.wrong)
     end
   end
+  local with_raw = {}
+  for _, r in ipairs(rows) do if r.raw_us then with_raw[#with_raw + 1] = r end end
+  if #with_raw > 0 then -- distlab against raw NCCL calls in the same process, repetition by repetition
+    md[#md + 1] = ""
+    md[#md + 1] = "## distlab against raw NCCL calls in the same process"
+    md[#md + 1] = ""
+    md[#md + 1] = "The same ops as plain `ncclAllReduce`/... calls through the FFI on the communicator's own " ..
+      "ncclComm_t, same buffers and stream, their repetitions alternating with distlab's (ABBA): what distlab " ..
+      "adds, with the host's drift shared by both." .. (nmerged > 1 and
+      string.format(" Each column is the fastest of the %d runs.", nmerged) or "")
+    md[#md + 1] = ""
+    md[#md + 1] = "| op | size (B) | distlab us | raw us | diff us | busbw ratio | host us: distlab | host us: raw |"
+    md[#md + 1] = "|---|---:|---:|---:|---:|---:|---:|---:|"
+    local worst, wat, small = 1e9, "-", {}
+    for _, r in ipairs(with_raw) do
+      local ratio = r.raw_us / r.time_us
+      if r.bytes >= 2 ^ 20 and ratio < worst then worst, wat = ratio, r.op .. " " .. r.bytes end
+      if r.bytes == round_bytes(opt.b) then small[#small + 1] = string.format("%s %+.2f us", r.op, r.time_us - r.raw_us) end
+      md[#md + 1] = string.format("| %s | %d | %.2f | %.2f | %+.2f | %.3f | %.2f | %.2f |", r.op, r.bytes, r.time_us,
+        r.raw_us, r.time_us - r.raw_us, ratio, r.host_us or 0, r.raw_host_us or 0)
+    end
+    md[#md + 1] = ""
+    if wat ~= "-" then md[#md + 1] = string.format("Worst busbw ratio to raw NCCL at sizes >= 1 MiB: %.3f (%s).", worst, wat) end
+    md[#md + 1] = string.format("At %d B, distlab minus raw NCCL: %s.", round_bytes(opt.b), table.concat(small, ", "))
+  end
   if ref then
     md[#md + 1] = ""
     if worst_at ~= "-" then
@@ -315,7 +404,8 @@ local function csv_rows(path)
   local out = {}
   for _, r in ipairs(csv_records(path)) do
     out[#out + 1] = { impl = r.impl, op = r.op, bytes = r.bytes, count = r.count, dtype = r.dtype, iters = r.iters,
-      time_us = r.time_us, algbw = r.algbw_GBps, busbw = r.busbw_GBps, wrong = r.wrong, host_us = tonumber(r.host_us) }
+      time_us = r.time_us, algbw = r.algbw_GBps, busbw = r.busbw_GBps, wrong = r.wrong, host_us = tonumber(r.host_us),
+      raw_us = tonumber(r.raw_us), raw_host_us = tonumber(r.raw_host_us) }
   end
   return out
 end
@@ -346,6 +436,8 @@ if me == 0 and opt.merge then
     nmerged = nmerged + 1
     for _, r in ipairs(rows) do
       local o = prior[r.op .. ":" .. r.bytes]
+      local ru = o and tonumber(o.raw_us)
+      if ru and (not r.raw_us or ru < r.raw_us) then r.raw_us, r.raw_host_us = ru, tonumber(o.raw_host_us) end
       if o and o.time_us < r.time_us then
         r.time_us, r.algbw, r.busbw, r.host_us = o.time_us, o.algbw_GBps, o.busbw_GBps, tonumber(o.host_us)
         r.wrong = r.wrong + o.wrong

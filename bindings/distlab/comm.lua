@@ -184,7 +184,8 @@ end
 function Comm:info()
   check(C.dl_comm_info(live(self), info))
   return { rank = info.rank, size = info.size, backend = backend_names[info.backend], seq = tonumber(info.seq),
-    timeout = info.timeout_s, debug = info.debug ~= 0, failed = info.failed ~= 0, name = ffi.string(info.name) }
+    timeout = info.timeout_s, debug = info.debug ~= 0, failed = info.failed ~= 0, name = ffi.string(info.name),
+    native = info.native ~= nil and info.native or nil }
 end
 
 function Comm:set_timeout(seconds) check(C.dl_comm_set_timeout(live(self), seconds)) return self end

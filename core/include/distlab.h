@@ -254,6 +254,8 @@ typedef struct dl_comm_info {
   int64_t seq;       /* ops issued so far */
   double timeout_s;
   char name[96];     /* "w" for the world, "w.s1c0" for split 1, color 0 */
+  void *native;      /* the backend's own handle: the ncclComm_t of an nccl
+                        communicator (to call NCCL on it directly); else NULL */
 } dl_comm_info_t;
 
 /* Collective over the store's ranks: rank/size are this communicator's

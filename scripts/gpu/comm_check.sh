@@ -8,7 +8,8 @@
 # 2./3. experiments/lab/nccl_loop.c (plain C over NCCL) and
 #    experiments/comm_bench.lua, ROUNDS (default 1) rounds of loop, distlab,
 #    distlab, loop; each side's fastest run per size -> $OUT/results/comm-<gpu>x2.{md,csv}
-#    (a round takes about a minute); BIND=FIRST:PER pins rank r of both to
+#    (a round takes about two minutes; distlab's runs also time raw NCCL
+#    calls on the same communicator, --raw); BIND=FIRST:PER pins rank r of both to
 #    cores FIRST + r*PER .. (the small sizes are host-bound: the issue rate
 #    of one core)
 # 4. up to 64 MiB again with the NCCL watchdog off, to show what it costs
@@ -68,7 +69,7 @@ loop() {
 }
 bench() {
   echo "== distlab comm_bench run $1"
-  timeout 180 ./distlab run -n 2 --device cuda ${BIND:+--bind "$BIND"} experiments/comm_bench.lua -b 8 -e 1G --tag "$tag-r$1" \
+  timeout 180 ./distlab run -n 2 --device cuda ${BIND:+--bind "$BIND"} experiments/comm_bench.lua -b 8 -e 1G --raw --tag "$tag-r$1" \
     --compare "$OUT/nccl_loop1.csv" --out "$OUT/round$1" 2>&1 | tee "$OUT/comm_bench$1.log" | tail -2
   runs+=("$OUT/round$1/comm-$tag-r$1.csv")
 }
