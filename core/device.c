@@ -8,6 +8,7 @@
  * host time so timing code is the same on every device.
  */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -43,13 +44,17 @@ const char *dl_dtype_name(int dtype) {
 }
 
 const char *dl_build_info(void) {
+  static char info[128];
+  if (!info[0]) {
 #ifdef DL_WITH_CUDA
-#define DL_STR2(x) #x
-#define DL_STR(x) DL_STR2(x)
-  return "distlab abi " DL_STR(1) ", CUDA runtime " DL_STR(CUDART_VERSION) ", NCCL loaded at run time";
+    snprintf(info, sizeof info, "distlab abi %d, CUDA runtime %d, NCCL loaded at run time",
+             (int)DL_ABI_VERSION, (int)CUDART_VERSION);
 #else
-  return "distlab abi 1, cpu-only build (no nvcc at build time)";
+    snprintf(info, sizeof info, "distlab abi %d, cpu-only build (no nvcc at build time)",
+             (int)DL_ABI_VERSION);
 #endif
+  }
+  return info;
 }
 
 /* ---- CUDA availability ------------------------------------------------- */

@@ -52,7 +52,6 @@ void dl_view_coalesce2(dl_view_t *a, dl_view_t *b);
 void dl_view_coalesce1(dl_view_t *a);
 
 /* Host-side wall clock in microseconds since the library loaded. */
-double dl_now_us(void);
 /* Default timeout of every blocking wait, seconds: DISTLAB_TIMEOUT or 120. */
 double dl_timeout_s(void);
 /* DISTLAB_TRACE_TEARDOWN=1: one line on stderr per step of taking NCCL

@@ -183,15 +183,7 @@ local e0, e1 = dl.event(), dl.event()
 local NV = 4 * REPS + 1
 local red = dl.empty({ NV }, { dtype = "f64" })
 
-ffi.cdef [[
-typedef struct { long tv_sec; long tv_nsec; } comm_bench_timespec_t;
-int clock_gettime(int clk, comm_bench_timespec_t *ts);
-]]
-local ts = ffi.new("comm_bench_timespec_t")
-local function now_us()
-  ffi.C.clock_gettime(1, ts) -- CLOCK_MONOTONIC
-  return tonumber(ts.tv_sec) * 1e6 + tonumber(ts.tv_nsec) * 1e-3
-end
+local now_us = dl.now_us
 
 -- every rank's numbers -> max of each (times), sum of the last (#wrong)
 local function across_ranks(vals)

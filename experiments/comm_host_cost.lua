@@ -3,18 +3,9 @@
 -- meta device every call is validated and accounted, nothing moves. What a
 -- GPU call costs on top of this is the backend's (NCCL's enqueue).
 --   ./distlab run --device meta --world 2 --rank 0 experiments/comm_host_cost.lua [calls]
-local ffi = require "ffi"
 local dl = require "distlab"
 
-ffi.cdef [[
-typedef struct { long tv_sec; long tv_nsec; } comm_host_cost_timespec_t;
-int clock_gettime(int clk, comm_host_cost_timespec_t *ts);
-]]
-local ts = ffi.new("comm_host_cost_timespec_t")
-local function now_us()
-  ffi.C.clock_gettime(1, ts) -- CLOCK_MONOTONIC
-  return tonumber(ts.tv_sec) * 1e6 + tonumber(ts.tv_nsec) * 1e-3
-end
+local now_us = dl.now_us
 
 local w = dl.comm.world()
 local calls = tonumber(arg[1] or "200000")

@@ -5,18 +5,9 @@
 -- batches, and only the issue time of each batch is counted, so the figure is
 -- the host's cost per launch, not the GPU's queue draining. Prints a table;
 -- with an argument, also writes it as markdown.
-local ffi = require "ffi"
 local dl = require "distlab"
 
-ffi.cdef [[
-typedef struct { long tv_sec; long tv_nsec; } dl_timespec_t;
-int clock_gettime(int clk, dl_timespec_t *ts);
-]]
-local ts = ffi.new("dl_timespec_t")
-local function now_us()
-  ffi.C.clock_gettime(1, ts)
-  return tonumber(ts.tv_sec) * 1e6 + tonumber(ts.tv_nsec) * 1e-3
-end
+local now_us = dl.now_us
 
 local function median(t)
   table.sort(t)

@@ -16,6 +16,8 @@ describe("core/include/distlab.h", function()
 
   it("matches the library's ABI version", function()
     assert.equal(core.C.DL_ABI_VERSION, core.C.dl_abi_version())
+    local info = require("distlab").build_info() -- it once said "abi 1" whatever the version
+    assert.truthy(info:find("distlab abi " .. tonumber(core.C.DL_ABI_VERSION) .. ",", 1, true), info)
   end)
 
   it("is exactly what the library exports", function()

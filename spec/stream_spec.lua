@@ -121,3 +121,13 @@ for _, dev in ipairs(H.devices) do
     end)
   end)
 end
+
+describe("host clock", function()
+  it("dl.now_us is monotonic and counts microseconds", function()
+    local a = dl.now_us()
+    assert.is_true(a >= 0)
+    os.execute("sleep 0.05")
+    local b = dl.now_us()
+    assert.is_true(b - a >= 45000 and b - a < 5e6, "slept 50 ms, clock moved " .. (b - a) .. " us")
+  end)
+end)

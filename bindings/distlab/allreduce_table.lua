@@ -5,7 +5,8 @@
 -- covers everything larger.
 --
 -- NVIDIA H200 at 2 and 4 ranks: the tables dl.allreduce.tune wrote on
--- nvidia-h200-x2 and nvidia-h200-x4 on 2026-11-22 (every algorithm and a few
+-- nvidia-h200-x2 (2026-11-22 09:46, two_shot_write among the candidates) and
+-- nvidia-h200-x4 (2026-11-22, before two_shot_write existed) (every algorithm and a few
 -- grids per size, CUDA-graph timing); the sweeps in
 -- experiments/results/allreduce-h200x2.md and allreduce-h200x4.md ran with
 -- exactly these tables. The other entries are still PROVISIONAL: the H100
@@ -20,19 +21,19 @@ return {
     device = "NVIDIA H200",
     world = 2,
     dtype = "bf16",
-    date = "2026-11-22 08:14 UTC",
+    date = "2026-11-22 09:46 UTC",
     source = "dl.allreduce.tune on nvidia-h200-x2 (experiments/results/allreduce-h200x2-tune.csv)",
     rows = {
-      { upto = 11584, algo = "one_shot_push", blocks = 0, us = 5.72, at = 8192 },
+      { upto = 11584, algo = "one_shot_push", blocks = 0, us = 5.69, at = 8192 },
       { upto = 92672, algo = "one_shot", blocks = 0, us = 6.44, at = 16384 },
-      { upto = 185360, algo = "one_shot", blocks = 8, us = 6.63, at = 131072 },
-      { upto = 370720, algo = "one_shot", blocks = 16, us = 6.89, at = 262144 },
-      { upto = 741440, algo = "one_shot", blocks = 32, us = 7.87, at = 524288 },
-      { upto = 1284224, algo = "one_shot_push", blocks = 64, us = 9.65, at = 1048576 },
-      { upto = 1816176, algo = "one_shot_push", blocks = 132, us = 11.10, at = 1572864 },
-      { upto = 2568464, algo = "one_shot_push", blocks = 0, us = 12.65, at = 2097152 },
-      { upto = 11863280, algo = "one_shot_push", blocks = 132, us = 17.92, at = 3145728 },
-      { algo = "one_shot_push", blocks = 0, us = 56.83, at = 16777216 },
+      { upto = 185360, algo = "one_shot", blocks = 8, us = 6.59, at = 131072 },
+      { upto = 370720, algo = "one_shot", blocks = 32, us = 6.86, at = 262144 },
+      { upto = 741440, algo = "one_shot_push", blocks = 32, us = 8.20, at = 524288 },
+      { upto = 3632368, algo = "one_shot_push", blocks = 0, us = 9.63, at = 1048576 },
+      { upto = 5931632, algo = "one_shot_push", blocks = 132, us = 20.69, at = 4194304 },
+      { upto = 11863280, algo = "one_shot_push", blocks = 0, us = 32.59, at = 8388608 },
+      { upto = 23726560, algo = "one_shot_push", blocks = 132, us = 56.29, at = 16777216 },
+      { algo = "one_shot_push", blocks = 0, us = 104.85, at = 33554432 },
     },
   },
   {

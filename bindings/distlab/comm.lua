@@ -10,6 +10,9 @@
 --   world:broadcast(t, root)  world:send(t, peer)  world:recv(t, peer)
 --   dl.comm.group(function() ... end)     point-to-point ops issued together
 --   world:barrier()  world:synchronize()  world:split(color, key)  world:free()
+--   world:info()                          rank, size, backend, seq, timeout, debug, failed,
+--                                         name, native (nccl: the ncclComm_t, for calling
+--                                         NCCL on it directly; nil on the other backends)
 --
 -- Ops take the current stream (dl.current_stream()). Ranks are 0-based, as
 -- the launchers number them. The world comes from the environment the

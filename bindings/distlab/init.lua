@@ -37,6 +37,9 @@ dl.compare, dl.mismatch_report = compare.compare, compare.mismatch_report
 
 function dl.build_info() return require("ffi").string(core.C.dl_build_info()) end
 
+-- Host time in microseconds (monotonic, since the library loaded): for timing host work.
+function dl.now_us() return core.C.dl_now_us() end
+
 -- Number of CUDA devices and, when 0, why.
 dl.cuda_device_count = core.cuda_count
 

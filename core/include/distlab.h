@@ -45,6 +45,8 @@ void dl_clear_error(void);
 int dl_abi_version(void);
 /* One line: version, CUDA runtime it was built with (or "cpu-only"), archs. */
 const char *dl_build_info(void);
+/* Host time in microseconds (CLOCK_MONOTONIC) since the library loaded. */
+double dl_now_us(void);
 
 /* ---- dtypes and devices ------------------------------------------------ */
 enum {

@@ -10,6 +10,11 @@ local dl = require "distlab"
 
 local w = dl.comm.world { timeout = tonumber(os.getenv("SPEC_TIMEOUT") or "20") }
 local N, me = w.size, w.rank
+-- the backend's own handle: the ncclComm_t on nccl, nothing elsewhere
+local native = w:info().native
+if (w.backend == "nccl") ~= (native ~= nil) then
+  error(string.format("info().native is %s on the %s backend", tostring(native), w.backend))
+end
 local sizes = {}
 for i = 1, #arg do sizes[i] = tonumber(arg[i]) end
 if #sizes == 0 then sizes = { 1, 7, 1001 } end
