@@ -438,17 +438,14 @@ int dl_allreduce_check(dl_allreduce_t *ar, dl_stream_t *s) {
     DL_TRY(dl_stream_for(s, DL_CUDA, ar->dev_index, &h));
     DL_TRY(dl_cuda_use(ar->dev_index));
     /* device waits end by themselves within the timeout; allow twice that */
-    struct timespec t0, t;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const double t0 = dl_now_us();
     cudaError_t q;
     while ((q = cudaStreamQuery((cudaStream_t)h)) == cudaErrorNotReady) {
-      clock_gettime(CLOCK_MONOTONIC, &t);
-      if ((t.tv_sec - t0.tv_sec) + (t.tv_nsec - t0.tv_nsec) * 1e-9 > 2 * ar->timeout_s + 1) {
+      if (dl_now_us() - t0 > (2 * ar->timeout_s + 1) * 1e6) {
         return DL_ERR(DL_ETIMEOUT, "all_reduce check on rank %d of %d: the stream did not "
                       "finish within %.1f s", ar->rank, ar->size, 2 * ar->timeout_s + 1);
       }
-      struct timespec nap = {0, 100000};
-      nanosleep(&nap, NULL);
+      dl_wait_pause(t0);
     }
     if (q != cudaSuccess) {
       (void)cudaGetLastError();

@@ -146,11 +146,6 @@ static nccl_t *impl(dl_comm_t *c) { return c->impl; }
 
 static double now_s(void) { return dl_now_us() * 1e-6; }
 
-static void nap(void) {
-  struct timespec ts = {0, 50000};
-  nanosleep(&ts, NULL);
-}
-
 static int nccl_error(dl_comm_t *c, ncclResult_t r, const char *what) {
   nccl_t *m = impl(c);
   const char *detail = m && m->comm ? api.GetLastError(m->comm) : "";
@@ -177,7 +172,7 @@ static int failure_error(dl_comm_t *c) {
 /* Wait out ncclInProgress on a non-blocking comm, within the timeout. */
 static int settle(dl_comm_t *c, ncclResult_t r, const char *what) {
   nccl_t *m = impl(c);
-  double deadline = now_s() + c->timeout_s;
+  const double t0 = dl_now_us(), deadline = t0 * 1e-6 + c->timeout_s;
   while (r == ncclInProgress) {
     if (now_s() > deadline) {
       char why[512];
@@ -189,7 +184,7 @@ static int settle(dl_comm_t *c, ncclResult_t r, const char *what) {
       return DL_ERR(DL_ETIMEOUT, "%s (did every rank of %d reach it? NCCL_DEBUG=INFO tells more)",
                     why, c->size);
     }
-    nap();
+    dl_wait_pause(t0);
     ncclResult_t ar = ncclSuccess;
     api.CommGetAsyncError(m->comm, &ar);
     r = ar;
@@ -403,7 +398,7 @@ static int nccl_synchronize(dl_comm_t *c, dl_stream_t *s) {
   DL_TRY(dl_cuda_use(c->dev_index));
   void *h = NULL;
   DL_TRY(dl_stream_for(s, DL_CUDA, c->dev_index, &h));
-  double deadline = now_s() + c->timeout_s;
+  const double t0 = dl_now_us(), deadline = t0 * 1e-6 + c->timeout_s;
   for (;;) {
     cudaError_t q = cudaStreamQuery((cudaStream_t)h);
     if (q == cudaSuccess) return DL_OK;
@@ -434,7 +429,7 @@ static int nccl_synchronize(dl_comm_t *c, dl_stream_t *s) {
     }
     pthread_mutex_unlock(&m->mu);
     if (failed) return failure_error(c);
-    nap();
+    dl_wait_pause(t0);
   }
 }
 

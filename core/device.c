@@ -245,9 +245,19 @@ int dl_stream_synchronize(dl_stream_t *s, int dev_type, int dev_index) {
   }
   DL_TRY(dl_device_check(dev_type, dev_index));
 #ifdef DL_WITH_CUDA
-  if (dev_type == DL_CUDA) {
+  if (dev_type == DL_CUDA) { /* polled, so that a stuck stream ends in an error, not a hang */
     DL_TRY(dl_cuda_use(dev_index));
-    DL_CUDA_CHECK(cudaStreamSynchronize(s ? s->cu : 0));
+    cudaStream_t h = s ? s->cu : 0;
+    const double t0 = dl_now_us(), limit = dl_timeout_s();
+    cudaError_t q;
+    while ((q = cudaStreamQuery(h)) == cudaErrorNotReady) {
+      if (dl_now_us() - t0 > limit * 1e6)
+        return DL_ERR(DL_ETIMEOUT, "stream on cuda:%d did not finish within %.1f s (a kernel is "
+                      "stuck, or waits for a peer that never came; DISTLAB_TIMEOUT sets the limit)",
+                      dev_index, limit);
+      dl_wait_pause(t0);
+    }
+    DL_CUDA_CHECK(q);
   }
 #endif
   return DL_OK;
@@ -341,16 +351,13 @@ int dl_event_synchronize(dl_event_t *e, double timeout_s) {
   DL_CHECK_ARG(e, "event is NULL");
   double t0 = dl_now_us();
   int done = 0;
-  for (unsigned spin = 0;; spin++) {
+  for (;;) {
     DL_TRY(dl_event_query(e, &done));
     if (done) return DL_OK;
     if (timeout_s > 0 && dl_now_us() - t0 > timeout_s * 1e6)
       return DL_ERR(DL_ETIMEOUT, "event on cuda:%d not reached after %.1f s (a kernel is stuck "
                     "or a peer never arrived)", e->dev_index, timeout_s);
-    if (spin > 1000) {
-      struct timespec ts = {0, 20000};
-      nanosleep(&ts, NULL);
-    }
+    dl_wait_pause(t0);
   }
 }
 

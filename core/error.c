@@ -5,6 +5,7 @@
  * here; the Lua bindings read it with dl_last_error() and raise it. The
  * message ends with " at file:line" of the place that detected the problem.
  */
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,6 +68,17 @@ double dl_now_us(void) {
   if (t0_us < 0) t0_us = now;
   return now - t0_us;
 }
+void dl_wait_pause(double since_us) {
+  const double waited = dl_now_us() - since_us;
+  if (waited < 100) return;
+  if (waited < 2000) {
+    sched_yield();
+    return;
+  }
+  struct timespec ts = {0, 50000};
+  nanosleep(&ts, NULL);
+}
+
 double dl_timeout_s(void) {
   static double t = -1;
   if (t < 0) {

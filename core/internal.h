@@ -51,7 +51,11 @@ int dl_view_is_contiguous(const dl_view_t *v);
 void dl_view_coalesce2(dl_view_t *a, dl_view_t *b);
 void dl_view_coalesce1(dl_view_t *a);
 
-/* Host-side wall clock in microseconds since the library loaded. */
+/* One pause of a host loop that polls the GPU (a stream or an event), the
+ * wait having started at since_us (dl_now_us): none for the first 100 us
+ * (a wait that ends soon costs no wake-up, as cudaStreamSynchronize's spin),
+ * then a yield until 2 ms, then naps of 50 us. */
+void dl_wait_pause(double since_us);
 /* Default timeout of every blocking wait, seconds: DISTLAB_TIMEOUT or 120. */
 double dl_timeout_s(void);
 /* DISTLAB_TRACE_TEARDOWN=1: one line on stderr per step of taking NCCL

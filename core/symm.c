@@ -379,16 +379,13 @@ int dl_symm_check(dl_symm_t *b, dl_stream_t *s) {
     void *h;
     DL_TRY(signal_stream(b, s, &h));
     /* device waits end by themselves within the timeout; allow twice that */
-    struct timespec t0, t;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    const double t0 = dl_now_us();
     cudaError_t q;
     while ((q = cudaStreamQuery((cudaStream_t)h)) == cudaErrorNotReady) {
-      clock_gettime(CLOCK_MONOTONIC, &t);
-      if ((t.tv_sec - t0.tv_sec) + (t.tv_nsec - t0.tv_nsec) * 1e-9 > 2 * b->timeout_s + 1)
+      if (dl_now_us() - t0 > (2 * b->timeout_s + 1) * 1e6)
         return signal_ctx(b, DL_ERR(DL_ETIMEOUT, "the stream did not finish within %.1f s",
                                     2 * b->timeout_s + 1), "check");
-      struct timespec nap = {0, 100000};
-      nanosleep(&nap, NULL);
+      dl_wait_pause(t0);
     }
     if (q != cudaSuccess) {
       (void)cudaGetLastError();
