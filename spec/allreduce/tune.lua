@@ -14,6 +14,19 @@ A.report(function()
   assert(path == file, "tune wrote " .. tostring(path))
   assert(entry.world == A.N and #entry.rows >= 1, "tune returned no rows")
   assert(#entry.measured >= #sizes * #dl.allreduce.algos, "tune measured " .. #entry.measured .. " cases")
+  -- each size's row is its fastest candidate after the near-ties were timed again
+  local fastest = {}
+  for _, m in ipairs(entry.measured) do
+    assert(m.timings >= 1, "a measurement without timings")
+    local f = fastest[m.bytes]
+    if not f or m.us < f.us then fastest[m.bytes] = m end
+  end
+  for _, bytes in ipairs(sizes) do
+    local algo, blocks = dl.allreduce.choose(bytes, w)
+    local f = fastest[bytes]
+    assert(f and f.algo == algo and f.blocks == blocks, string.format("at %d bytes the table says %s/%d, the fastest "
+      .. "measured was %s/%d", bytes, algo, blocks, f and f.algo or "-", f and f.blocks or -1))
+  end
   -- auto now follows the file
   local e, from = dl.allreduce.table(w)
   assert(from == file, "auto reads " .. tostring(from) .. ", not the tuned file")
