@@ -34,17 +34,16 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "comm_internal.h"
+#include "cpu/host_wait.h"
 #include "dtype.h"
 
 enum { SHM_MAX = 64, SHM_MAGIC = 0x5d15ab01 };
@@ -110,16 +109,6 @@ static int64_t env_bytes(const char *name, int64_t dflt) {
 
 static double now_s(void) { return dl_now_us() * 1e-6; }
 
-static void backoff(int64_t iter) {
-  if (iter < 256) return;
-  if (iter < 2048) {
-    sched_yield();
-    return;
-  }
-  struct timespec ts = {0, iter < 20000 ? 20000 : 200000};
-  nanosleep(&ts, NULL);
-}
-
 /* Why the wait on peer must stop now, or DL_OK. */
 static int check_peer(dl_comm_t *c, int peer, const char *what) {
   shm_ctl_t *ctl = impl(c)->ctl;
@@ -150,7 +139,7 @@ static void wait_begin(dl_comm_t *c, waiter_t *w) {
 
 /* Call between polls while waiting on peer; nonzero means stop. */
 static int wait_step(dl_comm_t *c, waiter_t *w, int peer, const char *what) {
-  backoff(w->iter++);
+  dl_host_pause(w->iter++);
   if (w->iter % 64) return DL_OK;
   double t = now_s();
   if (t - w->last_check < 1e-3) return DL_OK;

@@ -17,19 +17,13 @@
  * in fp32 in rank order, rounding as the kernels do (dtype.h), so cpu and
  * cuda results are bit-identical. The stream argument is unused.
  */
-#include <sched.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 
 #include "../allreduce.h"
 #include "../dtype.h"
+#include "host_wait.h"
 
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static dl_ar_ctrl_t *ctrl_of(char *buf) { return (dl_ar_ctrl_t *)buf; }
 
@@ -98,20 +92,14 @@ static int ar_barrier(const dl_ar_args_t *a, dl_ar_ctrl_t *self, int b, uint32_t
     self->counts[b][p] = e[p];
     __atomic_store_n(&ctrl_of(a->bufs[p])->flags[b][a->rank], e[p], __ATOMIC_RELEASE);
   }
-  double deadline = now_s() + a->timeout_ns * 1e-9;
+  double deadline = dl_host_now_s() + a->timeout_ns * 1e-9;
   for (int p = 0; p < a->nranks; p++) {
     if (p == a->rank) continue;
     uint32_t x;
     for (long i = 0; !DL_SIGNAL_REACHED(x = __atomic_load_n(&self->flags[b][p], __ATOMIC_ACQUIRE), e[p]);
          i++) {
-      if (i < 256) continue;
-      if (i < 4096) {
-        sched_yield();
-        continue;
-      }
-      struct timespec nap = {0, 20000};
-      nanosleep(&nap, NULL);
-      if (i % 16 == 0 && now_s() > deadline) return ar_fail(a, b, p, e[p], x, seq);
+      dl_host_pause(i);
+      if (i % 16 == 0 && dl_host_now_s() > deadline) return ar_fail(a, b, p, e[p], x, seq);
     }
   }
   return DL_OK;

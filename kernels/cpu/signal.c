@@ -7,16 +7,8 @@
  * record in the pad (as on the GPU) and DL_ETIMEOUT naming the flag or the
  * peer. The stream argument is unused: cpu work is synchronous.
  */
-#include <sched.h>
-#include <time.h>
-
+#include "host_wait.h"
 #include "signal_pad.h"
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void fail(dl_signal_pad_t *self, uint32_t kind, uint32_t index, uint32_t expected,
                  uint32_t seen) {
@@ -31,18 +23,12 @@ static void fail(dl_signal_pad_t *self, uint32_t kind, uint32_t index, uint32_t 
 
 /* 0 once *p reaches v; else the last value seen, with *timed_out set. */
 static uint32_t wait_until(const uint32_t *p, uint32_t v, double timeout_s, int *timed_out) {
-  double deadline = now_s() + timeout_s;
+  double deadline = dl_host_now_s() + timeout_s;
   uint32_t x;
   *timed_out = 0;
   for (long i = 0; !DL_SIGNAL_REACHED(x = __atomic_load_n(p, __ATOMIC_ACQUIRE), v); i++) {
-    if (i < 256) continue;
-    if (i < 4096) {
-      sched_yield();
-      continue;
-    }
-    struct timespec ts = {0, 50000};
-    nanosleep(&ts, NULL);
-    if (i % 16 == 0 && now_s() > deadline) {
+    dl_host_pause(i);
+    if (i % 16 == 0 && dl_host_now_s() > deadline) {
       *timed_out = 1;
       return x;
     }

@@ -117,6 +117,14 @@ local function to_shard(comm, pl, xs, d, hd, tag, consume, into, s, G)
   return x
 end
 
+-- A gradient of the head-split x, for the attention backward to write (thd:
+-- zeroed, since padding rows are never written).
+local function grad(pl, x)
+  local t = dl.mem.tag("accumulator", dl.empty_like, x)
+  if pl.thd then t:zero_() end
+  return t
+end
+
 -- overlap: G head sub-groups in a pipeline. The all-to-alls of every group
 -- go on the comm stream at once; group s attends on the compute stream once
 -- its q, k, v have arrived, and its out, lse travel back while group s+1
@@ -191,12 +199,7 @@ local function backward_overlap(cp, dout, sv)
     plan.wait(comp, ev.groups[s].arrived)
     local o = pl:opts({ layout = pl.layout, mask = cp.causal and "causal" or "none", window = cp.window,
       scale = cp.scale }, "all", "all")
-    local function grad(x)
-      local t = dl.mem.tag("accumulator", dl.empty_like, x)
-      if pl.thd then t:zero_() end
-      return t
-    end
-    o.dq, o.dk, o.dv = grad(sv.qs[s]), grad(sv.ks[s]), grad(sv.vs[s])
+    o.dq, o.dk, o.dv = grad(pl, sv.qs[s]), grad(pl, sv.ks[s]), grad(pl, sv.vs[s])
     dl.mem.tag("workspace", dl.attn.bwd, douts[s], sv.qs[s], sv.ks[s], sv.vs[s], sv.outs[s], sv.lses[s], o)
     douts[s]:free()
     ev.groups[s].done:record(comp)
@@ -268,12 +271,7 @@ function M.backward(cp, dout, sv)
   local douts = to_sequence(comm, pl, dout, sd)
   local o = pl:opts({ layout = pl.layout, mask = cp.causal and "causal" or "none", window = cp.window,
     scale = cp.scale }, "all", "all")
-  local function grad(x)
-    local t = dl.mem.tag("accumulator", dl.empty_like, x)
-    if pl.thd then t:zero_() end
-    return t
-  end
-  o.dq, o.dk, o.dv = grad(sv.qs), grad(sv.ks), grad(sv.vs)
+  o.dq, o.dk, o.dv = grad(pl, sv.qs), grad(pl, sv.ks), grad(pl, sv.vs)
   dl.mem.tag("workspace", dl.attn.bwd, douts, sv.qs, sv.ks, sv.vs, sv.outs, sv.lses, o)
   douts:free()
   local hd = dout.nd - 1

@@ -73,26 +73,9 @@ struct emu_sync {
 
 struct emu_block {
   emu_sync named[16]; /* bar.sync 1..15 with a thread count */
-  std::mutex m;
-  std::condition_variable cv;
-  int n = 0, count = 0;
-  unsigned gen = 0;
-  bool acc = true, result = true;
-  bool sync_and(bool v) {
-    std::unique_lock<std::mutex> lk(m);
-    acc = acc && v;
-    if (++count == n) {
-      result = acc;
-      acc = true;
-      count = 0;
-      gen++;
-      cv.notify_all();
-      return result;
-    }
-    unsigned g = gen;
-    cv.wait(lk, [&] { return gen != g; });
-    return result;
-  }
+  emu_sync all;       /* __syncthreads: every thread of the block */
+  int n = 0;
+  bool sync_and(bool v) { return all.arrive(n, v); }
 };
 inline thread_local emu_block *emu_this_block;
 
