@@ -132,7 +132,8 @@ end
 
 -- --raw: the same op as plain NCCL calls on this communicator's ncclComm_t
 local raw = {}
-if opt.raw and on_gpu and not opt.report_only then
+if opt.raw and not on_gpu then error("--raw times raw NCCL calls: it needs the nccl backend (--device cuda)", 0) end
+if opt.raw and not opt.report_only then
   ffi.cdef [[
   typedef struct comm_bench_nccl *comm_bench_nccl_t;
   int ncclAllReduce(const void *s, void *r, size_t n, int dt, int op, comm_bench_nccl_t c, void *st);
