@@ -30,10 +30,13 @@ struct dl_allreduce {
   dl_symm_t *symm;
   int rank, size, dev_type, dev_index;
   int sms, max_blocks, threads, unroll;
+  int64_t round_max; /* vectors a block moves per round at most (0: the kernels' own) */
+  int pdl;           /* launch with programmatic stream serialization (cuda) */
   int failed;
   char failure[512]; /* why, once failed */
   double timeout_s;
   int64_t slot;  /* bytes of the zero-copy region and of each staging slot */
+  int64_t lslot; /* bytes of each lamport slot (kernels/allreduce.h) */
   int64_t calls; /* kernel calls issued */
   int64_t runs;  /* dl_allreduce_run calls, for the debug check */
   int id;        /* which of the comm's symmetric buffers: names debug keys */
@@ -44,7 +47,7 @@ struct dl_allreduce {
 
 static const char *algo_names[DL_AR_NUM_ALGOS] = {"nccl", "one_shot", "one_shot_push",
                                                   "two_shot", "two_shot_push",
-                                                  "two_shot_write"};
+                                                  "two_shot_write", "one_shot_lamport"};
 
 static int is_two_shot(int algo) {
   return algo == DL_AR_TWO_SHOT || algo == DL_AR_TWO_SHOT_PUSH || algo == DL_AR_TWO_SHOT_WRITE;
@@ -82,25 +85,41 @@ static int recorded_failure(dl_allreduce_t *ar) {
   if (!s || s->kind == 0) return DL_OK;
   char what[256];
   describe(ar, (int)s->algo, what, sizeof what);
-  int rc = DL_ERR(DL_ETIMEOUT,
-                  "%s: rank %u did not arrive within %.1f s (block %u waited for count %u and "
-                  "saw %u, in the buffer's call %u); did every rank call the same all-reduce?",
-                  what, s->peer, ar->timeout_s, s->block, s->expected, s->seen, s->seq);
+  int rc = s->algo == DL_AR_ONE_SHOT_LAMPORT
+               ? DL_ERR(DL_ETIMEOUT,
+                        "%s: rank %u did not arrive within %.1f s (block %u waited for its data "
+                        "at vector %u, in the buffer's call %u); did every rank call the same "
+                        "all-reduce?",
+                        what, s->peer, ar->timeout_s, s->block, s->expected, s->seq)
+               : DL_ERR(DL_ETIMEOUT,
+                        "%s: rank %u did not arrive within %.1f s (block %u waited for count %u "
+                        "and saw %u, in the buffer's call %u); did every rank call the same "
+                        "all-reduce?",
+                        what, s->peer, ar->timeout_s, s->block, s->expected, s->seen, s->seq);
   set_failed(ar);
   return rc;
 }
 
 /* ---- lifetime ------------------------------------------------------------ */
 
+static int64_t lamport_offset(const dl_allreduce_t *ar) {
+  return DL_AR_CTRL_BYTES + ar->slot * (1 + 2 * (int64_t)ar->size);
+}
+
+/* Counters at zero, the Lamport region empty (every byte 0xff). */
 static int zero_ctrl(dl_allreduce_t *ar) {
+  char *lam = ar->bufs[ar->rank] + lamport_offset(ar);
+  const size_t lam_bytes = (size_t)(ar->lslot * 2 * ar->size);
   if (ar->dev_type == DL_CPU) {
     memset(ar->bufs[ar->rank], 0, DL_AR_CTRL_BYTES);
+    memset(lam, 0xff, lam_bytes);
     return DL_OK;
   }
 #ifdef DL_WITH_CUDA
   if (ar->dev_type == DL_CUDA) {
     DL_TRY(dl_cuda_use(ar->dev_index));
     DL_CUDA_CHECK(cudaMemset(ar->bufs[ar->rank], 0, DL_AR_CTRL_BYTES));
+    DL_CUDA_CHECK(cudaMemset(lam, 0xff, lam_bytes));
     DL_CUDA_CHECK(cudaDeviceSynchronize());
   }
 #endif
@@ -166,7 +185,20 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
   ar->dev_index = ci.dev_index;
   ar->timeout_s = ci.timeout_s;
   ar->slot = (max_bytes + 4095) & ~(int64_t)4095;
-  int64_t total = DL_AR_CTRL_BYTES + ar->slot * (1 + 2 * (int64_t)ci.size);
+  /* for experiments (scripts/gpu/allreduce.sh rounds): the length of a
+   * block's round; every rank of the job must see the same value */
+  const char *rk = getenv("DISTLAB_AR_ROUND_KB");
+  ar->round_max = rk ? atoll(rk) * 1024 / DL_AR_VEC_BYTES : 0;
+  /* DISTLAB_AR_PDL=0: launch without programmatic dependent launch, to
+   * measure what it brings */
+  const char *pdl = getenv("DISTLAB_AR_PDL");
+  ar->pdl = !(pdl && strcmp(pdl, "0") == 0);
+  /* the Lamport region: 32 MiB (8 MiB on cpu) in all, 2 halves of a slot a rank */
+  int64_t lamport_total = (int64_t)(ci.dev_type == DL_CPU ? 8 : 32) << 20;
+  ar->lslot = (lamport_total / (2 * ci.size)) & ~(int64_t)4095;
+  if (ar->lslot > ar->slot) ar->lslot = ar->slot;
+  int64_t total = DL_AR_CTRL_BYTES + ar->slot * (1 + 2 * (int64_t)ci.size) +
+                  ar->lslot * 2 * (int64_t)ci.size;
   ar->id = c->nsymm;
   int rc = new_status(ar);
   if (rc == DL_OK) rc = dl_symm_alloc(&ar->symm, c, total);
@@ -265,25 +297,43 @@ static int64_t zc_offset(const dl_allreduce_t *ar, const char *p, int64_t nbytes
   return p - zc;
 }
 
-/* Grid and steps for len vectors per block set (of the tensor or of a
- * slice): enough blocks for one step each, up to one per multiprocessor,
- * and steps so that a block needs at most a few rounds (a barrier each), or
- * for the pipelined one-shot kernels (one role per half block), up to 64
- * rounds, which is what lets their two halves overlap. */
-static void shape_for(const dl_allreduce_t *ar, int64_t len, int blocks, int pipelined,
+/* Grid and rounds for len vectors per block set (of the tensor or of a
+ * slice): enough blocks for one step each, up to one per multiprocessor;
+ * rounds of at most one step per block (a block's threads hold one step's
+ * loads in flight; DISTLAB_AR_ROUND_KB sets another length), at most a few
+ * for the two-shot kernels (a barrier each) and up to 64 for the pipelined
+ * one-shot kernels (one role per half block; their rounds are what lets the
+ * halves overlap). The vectors are spread
+ * evenly over blocks and rounds: a size just past a whole number of full
+ * rounds would otherwise leave most blocks idle in its last round while a
+ * few do it at full length (3 MB on 132 blocks took as long as 4 MB). */
+static void shape_for(const dl_allreduce_t *ar, int64_t len, int blocks, int algo,
                       dl_ar_args_t *a) {
+  const int pipelined = algo == DL_AR_ONE_SHOT_PUSH || (algo == DL_AR_ONE_SHOT && !a->zero_copy);
   const int half = ar->dev_type == DL_CUDA && pipelined;
   const int64_t per_step = (int64_t)ar->threads / (half ? 2 : 1) * ar->unroll;
   const int64_t max_rounds = half ? 64 : 4;
+  /* the Lamport kernel has no rounds; its latency is one vector's trip, so
+   * its grid spreads the vectors one a thread before any thread takes more */
+  const int64_t fill = algo == DL_AR_ONE_SHOT_LAMPORT ? ar->threads : per_step;
   int64_t g = blocks;
   if (g <= 0) {
     int cap = ar->dev_type == DL_CUDA ? (ar->sms > 0 ? ar->sms : 1) : ar->max_blocks;
-    g = (len + per_step - 1) / per_step;
+    g = (len + fill - 1) / fill;
     g = g < 1 ? 1 : g > cap ? cap : g;
   }
-  int64_t rounds = (len + g * per_step - 1) / (g * per_step);
+  int64_t step = ar->round_max > 0 ? ar->round_max : per_step;
+  /* a pipelined kernel whose blocks need at most two steps does it in one
+   * round: a round costs a fence and a flag, which its overlap only repays
+   * from three rounds on (2 H200s: 3 MB 16.7 us in one round, 17.2 in two) */
+  if (!ar->round_max && half && len <= g * 2 * per_step) step = 2 * per_step;
+  int64_t rounds = (len + g * step - 1) / (g * step);
+  if (rounds > max_rounds) rounds = max_rounds;
+  if (rounds < 1) rounds = 1;
+  int64_t r = (len + g * rounds - 1) / (g * rounds);
+  r = (r + 31) / 32 * 32; /* whole warps of vectors: rounds start 512-byte aligned */
   a->blocks = (int)g;
-  a->steps = (int)(rounds > max_rounds ? (rounds + max_rounds - 1) / max_rounds : 1);
+  a->round_vecs = (int)r;
 }
 
 static int launch(dl_allreduce_t *ar, dl_ar_args_t *a, void *stream) {
@@ -333,9 +383,12 @@ static int run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int 
   for (int p = 0; p < ar->size; p++) a.bufs[p] = ar->bufs[p];
   a.staging_off = DL_AR_CTRL_BYTES + ar->slot;
   a.slot_bytes = ar->slot;
+  a.lamport_off = lamport_offset(ar);
+  a.lamport_slot = ar->lslot;
   a.pad = ar->pad;
   a.status = ar->status;
   a.timeout_ns = (uint64_t)(ar->timeout_s * 1e9);
+  a.pdl = ar->pdl;
   /* zero copy: the input already in our region, the output where the
    * algorithm can write it while peers read the inputs */
   int64_t zc = zc_offset(ar, vi.data, nbytes);
@@ -349,18 +402,17 @@ static int run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int 
     a.n = vi.numel;
     a.in = vi.data;
     a.out = vo.data;
-    shape_for(ar, algo == DL_AR_ONE_SHOT ? nv : (nv + ar->size - 1) / ar->size, blocks, 0, &a);
+    shape_for(ar, algo == DL_AR_ONE_SHOT ? nv : (nv + ar->size - 1) / ar->size, blocks, algo, &a);
     return launch(ar, &a, stream);
   }
   /* copy-in (or push): pieces of one slot each */
-  const int64_t piece = ar->slot / es;
+  const int64_t piece = (algo == DL_AR_ONE_SHOT_LAMPORT ? ar->lslot : ar->slot) / es;
   for (int64_t off = 0; off < vi.numel; off += piece) {
     a.n = vi.numel - off < piece ? vi.numel - off : piece;
     a.in = vi.data + off * es;
     a.out = vo.data + off * es;
     const int64_t nv = (a.n * es + DL_AR_VEC_BYTES - 1) / DL_AR_VEC_BYTES;
-    const int two = is_two_shot(algo);
-    shape_for(ar, two ? (nv + ar->size - 1) / ar->size : nv, blocks, !two, &a);
+    shape_for(ar, is_two_shot(algo) ? (nv + ar->size - 1) / ar->size : nv, blocks, algo, &a);
     DL_TRY(launch(ar, &a, stream));
   }
   return DL_OK;

@@ -26,7 +26,8 @@
 -- sum (#wrong). "auto" runs whatever the dispatch table in use picks (its
 -- file is named in the results); the "best" column is the fastest of the
 -- algorithms on an ordinary tensor (one_shot, one_shot_push, two_shot,
--- two_shot_push, nccl), the zero-copy columns are reported apart.
+-- two_shot_push, two_shot_write, one_shot_lamport, nccl), the zero-copy
+-- columns are reported apart.
 local ffi = require "ffi"
 local dl = require "distlab"
 
@@ -69,9 +70,10 @@ else
 end
 
 local ar = dl.allreduce.get(w)
-local regular = { "one_shot", "two_shot", "nccl", "one_shot_push", "two_shot_push", "two_shot_write" }
+local regular = { "one_shot", "two_shot", "nccl", "one_shot_push", "two_shot_push", "two_shot_write",
+  "one_shot_lamport" }
 local columns = { "one_shot", "two_shot", "nccl", "auto", "one_shot_push", "two_shot_push", "two_shot_write",
-  "one_shot_zc", "two_shot_zc", "two_shot_push_zc" }
+  "one_shot_lamport", "one_shot_zc", "two_shot_zc", "two_shot_push_zc" }
 
 -- ---- checking ---------------------------------------------------------------------------
 
@@ -296,10 +298,11 @@ local function write_results()
     "- columns: one_shot (pull, copy into the symmetric buffer in the kernel), two_shot (reduce-scatter and " ..
       "all-gather by reading), nccl (the communicator's NCCL all_reduce), auto (what the table picks), " ..
       "one_shot_push / two_shot_push (writes instead of reads), two_shot_write (both phases write into the " ..
-      "peers: no copy-in), *_zc (zero copy: the input already in the " ..
+      "peers: no copy-in), one_shot_lamport (push into a region kept at a sentinel; the receiver polls the data, " ..
+      "no flags or fences), *_zc (zero copy: the input already in the " ..
       "all-reduce's symmetric buffer; one_shot_zc out of place), PyTorch anchors from the same run: " ..
       "nccl_torch (torch.distributed), torch_one_shot / torch_two_shot (torch.ops.symm_mem, input in symmetric memory).",
-    "- best: the fastest of one_shot, one_shot_push, two_shot, two_shot_push, two_shot_write and nccl on an ordinary tensor.",
+    "- best: the fastest of " .. table.concat(regular, ", ") .. " on an ordinary tensor.",
   }
   if torch_note then md[#md + 1] = "- " .. torch_note end
   md[#md + 1] = ""

@@ -24,11 +24,15 @@
  *                                   q of its input into rank q's staging slot
  *                                   `rank`, so the reduce-scatter reads only
  *                                   local memory and nothing is copied in.
+ *   allreduce_lamport_kernel        one-shot push without flags or fences:
+ *                                   the peers' data is polled where it lands,
+ *                                   against the sentinel its region is kept at
+ *                                   (kernels/allreduce.h), and emptied again.
  *
  * Work is cut in 16-byte vectors (the tail vector of a size that is not a
  * multiple is loaded and stored element by element) and in rounds: round k
  * of block b covers vectors [(k*G + b)*R, +R) (of the tensor, or of each
- * slice for two-shot), R = steps*T*U, each thread U vectors T apart per step,
+ * slice for two-shot), R = round_vecs, each thread U vectors T apart per step,
  * all loads of a step issued before the first use. A round's data only ever
  * flows between blocks of the same index on different ranks, so the
  * barriers are per block: block b of every rank meets block b of every
@@ -51,6 +55,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #endif
+
+#include <string.h>
 
 #include "allreduce.h"
 #include "allreduce_vec.cuh" // the 16-byte vectors of each dtype, unpacked to fp32
@@ -140,9 +146,30 @@ __device__ __forceinline__ bool named_sync_and(int id, int n, bool pred) {
 }
 #endif
 
+// Programmatic dependent launch (sm_90; no-ops elsewhere). A kernel launched
+// with programmatic stream serialization may start before the grid ahead of
+// it in the stream has finished: pdl_wait() returns once that grid has
+// completed and its memory is visible, so it comes before any access.
+// pdl_release() lets the grid after this one be scheduled now; it too waits
+// for this grid's completion before it touches memory, so releasing early
+// is safe, and it hides the launch of the next all-reduce of a sequence
+// behind this one's tail.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // The call counter: read by every block at its start, advanced by the last
 // block to finish (each block counts itself after all its reads of seq).
 __device__ __forceinline__ uint32_t ar_begin(dl_ar_ctrl_t *self) {
+  pdl_wait();
+  pdl_release();
   return *reinterpret_cast<volatile uint32_t *>(&self->seq);
 }
 
@@ -196,9 +223,11 @@ __device__ __forceinline__ uint4 reduce_vec_own(const uint4 (&x)[NRC], int nr, i
 // ---- kernels --------------------------------------------------------------------
 
 // Round k of block b covers vectors [(k*G + b)*R, +R) of the tensor (or of
-// each slice), R = steps*T*U; in step s thread t handles the U vectors
-// r0 + s*T*U + u*T + t. Only the rounds are separated by barriers, so
-// `steps` trades barriers against overlap between the phases of blocks.
+// each slice), R = a.round_vecs (the core spreads the vectors evenly over
+// blocks and rounds); in step s thread t handles the U vectors
+// r0 + s*T*U + u*T + t, steps until the round is covered. Only the rounds are
+// separated by barriers, so R trades barriers against overlap between the
+// phases of blocks.
 
 // Zero copy: every rank's input already in its buffer. Meet, read and
 // reduce everything, meet again (so nobody rewrites its input while a peer
@@ -257,7 +286,7 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_one_shot_pipe_kernel(
   // counts before this call: thread t < nr of each role keeps peer t's
   const uint32_t base = t < nr ? self->counts[b][t] : 0;
   const uint32_t base_me = self->counts[b][me];
-  const int64_t per_step = (int64_t)half * U, per_round = per_step * a.steps;
+  const int64_t per_step = (int64_t)half * U, per_round = a.round_vecs;
   uint32_t k = 0;
   bool ok = true;
   for (int64_t r0 = b * per_round; r0 < nv; r0 += per_round * gridDim.x, k++) {
@@ -348,7 +377,7 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_two_shot_kernel(const
   // at q's own slice positions is then free for the all-gather's writes, which
   // go to the writer's slice positions: the two never overlap)
   const bool wr = PUSH && WRITE && !a.zero_copy; // an instantiation of its own: no registers for the others
-  const int64_t per_step = (int64_t)blockDim.x * U, per_round = per_step * a.steps;
+  const int64_t per_step = (int64_t)blockDim.x * U, per_round = a.round_vecs;
   bool ok = true;
   for (int64_t r0 = blockIdx.x * per_round; r0 < sv; r0 += per_round * gridDim.x) {
     const int64_t r1 = r0 + per_round < sv ? r0 + per_round : sv;
@@ -437,6 +466,107 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_two_shot_kernel(const
   ar_end(self, seq);
 }
 
+// ---- Lamport one-shot ---------------------------------------------------------------
+
+#ifndef DL_AR_EMU // the CPU emulation brings its own
+// A 16-byte load that goes to memory every time (peers write there).
+__device__ __forceinline__ uint4 ld_volatile_vec(const char *base, int64_t v) {
+  uint4 x;
+  const uint4 *p = reinterpret_cast<const uint4 *>(base) + v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
+               : "l"(p)
+               : "memory");
+  return x;
+}
+#define DL_AR_POLL_PAUSE() ((void)0)
+#endif
+
+__device__ __forceinline__ char *lamport(const dl_ar_args_t &a, int rank, int half, int slot) {
+  return buf_of(a, rank) + a.lamport_off + ((int64_t)half * a.nranks + slot) * a.lamport_slot;
+}
+
+__device__ __forceinline__ uint32_t lamport_word(uint32_t w) {
+  return w == DL_AR_LAMPORT_EMPTY ? DL_AR_LAMPORT_NAN : w;
+}
+// An input vector as it is sent (and summed, so every rank sums the same bits).
+__device__ __forceinline__ uint4 lamport_clean(const uint4 &x) {
+  return make_uint4(lamport_word(x.x), lamport_word(x.y), lamport_word(x.z), lamport_word(x.w));
+}
+__device__ __forceinline__ bool lamport_full(const uint4 &x) {
+  return x.x != DL_AR_LAMPORT_EMPTY && x.y != DL_AR_LAMPORT_EMPTY && x.z != DL_AR_LAMPORT_EMPTY &&
+         x.w != DL_AR_LAMPORT_EMPTY;
+}
+
+// First push every vector of the input (cleaned) into slot `rank` of every
+// peer's lamport half, then, vector by vector, poll the peers' copies in our
+// half until each is whole, reduce in rank order and empty them. A vector
+// belongs to the same thread in both phases, so an in-place output is
+// written only after its thread read the input. A wait that times out (or
+// sees another thread's failure) records it and ends the kernel's work.
+template <int DT, int NR, bool AL>
+__global__ void __launch_bounds__(AR_THREADS, 1) allreduce_lamport_kernel(const dl_ar_args_t a) {
+  constexpr int NRC = shape<NR>::NRC, U = shape<NR>::U;
+  const int nr = NR ? NR : a.nranks, me = a.rank;
+  dl_ar_ctrl_t *self = ctrl_of(buf_of(a, me));
+  const uint32_t seq = ar_begin(self);
+  const int h = seq & 1;
+  const int64_t nv = vec_count<DT>(a.n);
+  const int64_t per_step = (int64_t)blockDim.x * U, first = blockIdx.x * per_step + threadIdx.x;
+  for (int64_t s0 = first; s0 < nv; s0 += per_step * gridDim.x) {
+    uint4 x[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int64_t v = s0 + (int64_t)u * blockDim.x;
+      if (v < nv) x[u] = lamport_clean(ld_user<DT, AL>(a.in, v, a.n));
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int64_t v = s0 + (int64_t)u * blockDim.x;
+#pragma unroll
+      for (int p = 0; p < NRC; p++)
+        if (p < nr && p != me && v < nv) st_vec(lamport(a, p, h, me), v, x[u]);
+    }
+  }
+  const uint4 empty = make_uint4(DL_AR_LAMPORT_EMPTY, DL_AR_LAMPORT_EMPTY, DL_AR_LAMPORT_EMPTY,
+                                 DL_AR_LAMPORT_EMPTY);
+  const volatile uint32_t *failed = &a.pad->error[0];
+  const uint64_t t0 = dl_signal_clock_ns();
+  bool ok = true;
+  for (int64_t s0 = first; ok && s0 < nv; s0 += per_step * gridDim.x) {
+    uint4 own[U], x[U][NRC];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int64_t v = s0 + (int64_t)u * blockDim.x;
+      if (v < nv) own[u] = lamport_clean(ld_user<DT, AL>(a.in, v, a.n));
+#pragma unroll
+      for (int p = 0; p < NRC; p++) {
+        if (!(p < nr && p != me && v < nv && ok)) continue;
+        const char *src = lamport(a, me, h, p);
+        for (int spins = 1; !lamport_full(x[u][p] = ld_volatile_vec(src, v)); spins++) {
+          DL_AR_POLL_PAUSE();
+          if (spins % 256 == 0 && (*failed != 0u || dl_signal_clock_ns() - t0 > a.timeout_ns)) {
+            if (*failed == 0u) ar_fail(a.pad, a.status, a.algo, p, (uint32_t)v, 0u, seq);
+            ok = false;
+            break;
+          }
+        }
+      }
+    }
+    if (!ok) break;
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int64_t v = s0 + (int64_t)u * blockDim.x;
+      if (v >= nv) continue;
+      st_user<DT, AL>(a.out, v, a.n, reduce_vec_own<DT, NRC>(x[u], nr, me, own[u]));
+#pragma unroll
+      for (int p = 0; p < NRC; p++)
+        if (p < nr && p != me) st_vec(lamport(a, me, h, p), v, empty);
+    }
+  }
+  ar_end(self, seq);
+}
+
 // ---- launchers ------------------------------------------------------------------
 
 extern "C" void dl_allreduce_cuda_shape(int nranks, int *threads, int *unroll) {
@@ -447,9 +577,29 @@ extern "C" void dl_allreduce_cuda_shape(int nranks, int *threads, int *unroll) {
                           : (int)shape<0>::U;
 }
 
-// One grid of kernel k with the arguments' shape, its launch error checked.
+// One grid of kernel k with the arguments' shape (and programmatic stream
+// serialization when a->pdl), its launch error checked.
 static int go(void (*k)(const dl_ar_args_t), const dl_ar_args_t *a, cudaStream_t st, const char *what) {
+#ifdef DL_AR_EMU
   k<<<a->blocks, a->threads, 0, st>>>(*a);
+#else
+  cudaLaunchAttribute attr;
+  memset(&attr, 0, sizeof attr);
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.gridDim = dim3((unsigned)a->blocks);
+  cfg.blockDim = dim3((unsigned)a->threads);
+  cfg.stream = st;
+  cfg.attrs = &attr;
+  cfg.numAttrs = a->pdl ? 1 : 0;
+  cudaError_t e = cudaLaunchKernelEx(&cfg, k, *a);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return DL_ERR(DL_ECUDA, "launch of %s failed: %s", what, cudaGetErrorString(e));
+  }
+#endif
   DL_CUDA_CHECK_LAUNCH(what);
   return DL_OK;
 }
@@ -466,6 +616,7 @@ template <int DT, int NR, bool AL> static int launch(const dl_ar_args_t *a, cuda
     return go(allreduce_two_shot_kernel<DT, NR, AL, true>, a, st, "allreduce_two_shot_kernel (push)");
   case DL_AR_TWO_SHOT_WRITE:
     return go(allreduce_two_shot_kernel<DT, NR, AL, true, true>, a, st, "allreduce_two_shot_kernel (write)");
+  case DL_AR_ONE_SHOT_LAMPORT: return go(allreduce_lamport_kernel<DT, NR, AL>, a, st, "allreduce_lamport_kernel");
   default: return DL_ERR(DL_EINVAL, "allreduce: algorithm %d has no kernel", a->algo);
   }
 }
@@ -485,10 +636,10 @@ template <int DT> static int launch_dt(const dl_ar_args_t *a, cudaStream_t st) {
 extern "C" int dl_allreduce_cuda(const dl_ar_args_t *a, void *stream) {
   int threads, unroll;
   dl_allreduce_cuda_shape(a->nranks, &threads, &unroll);
-  if (a->threads != threads || a->unroll != unroll || a->steps < 1 || a->blocks < 1 ||
+  if (a->threads != threads || a->unroll != unroll || a->round_vecs < 1 || a->blocks < 1 ||
       a->blocks > DL_AR_MAX_BLOCKS || a->nranks < 2 || a->nranks > DL_SIGNAL_MAX_RANKS)
-    return DL_ERR(DL_EINVAL, "allreduce: bad launch shape (%d blocks of %d threads, unroll %d, %d ranks)",
-                  a->blocks, a->threads, a->unroll, a->nranks);
+    return DL_ERR(DL_EINVAL, "allreduce: bad launch shape (%d blocks of %d threads, unroll %d, "
+                  "%d vectors a round, %d ranks)", a->blocks, a->threads, a->unroll, a->round_vecs, a->nranks);
   cudaStream_t st = (cudaStream_t)stream;
   switch (a->dtype) {
   case DL_F32: return launch_dt<DL_F32>(a, st);

@@ -7,6 +7,7 @@
  * Each rank's symmetric buffer (one dl_symm_t, mapped by every rank):
  *
  *   [ctrl: dl_ar_ctrl_t, 64 KiB][zero-copy input: slot][staging: 2 halves x n slots]
+ *   [lamport: 2 halves x n lamport slots]
  *
  * ctrl holds the barrier flags peers write (flags[block][from rank]), this
  * rank's own barrier counts (counts[block][peer]; counts[block][rank] counts
@@ -29,6 +30,16 @@
  * finished this one. So copy-in and push variants need no closing barrier.
  * Zero-copy variants read the caller's region, which the caller may rewrite
  * as soon as the call returns: they end with a barrier.
+ *
+ * Lamport region: every 32-bit word is DL_AR_LAMPORT_EMPTY except while a
+ * call uses it. one_shot_lamport writes rank p's input into slot p of every
+ * peer's half (seq & 1), with any word equal to DL_AR_LAMPORT_EMPTY sent as
+ * DL_AR_LAMPORT_NAN (both are NaNs in every dtype, so no value changes);
+ * the receiver polls each vector until none of its words is empty, reduces,
+ * and empties the words again. A peer writes that half again two calls
+ * later, after it has received this rank's data of the call in between,
+ * which this rank sends only after this call (its emptying included) ended.
+ * The region serves no other algorithm, so nothing else leaves data there.
  */
 #ifndef DISTLAB_ALLREDUCE_H
 #define DISTLAB_ALLREDUCE_H
@@ -42,6 +53,8 @@ enum {
   DL_AR_CTRL_BYTES = 65536, /* sizeof(dl_ar_ctrl_t) rounded up */
   DL_AR_VEC_BYTES = 16
 };
+#define DL_AR_LAMPORT_EMPTY 0xffffffffu /* a NaN as f32, two NaNs as f16/bf16 */
+#define DL_AR_LAMPORT_NAN 0x7fffffffu   /* what an input word equal to EMPTY is sent as */
 
 typedef struct dl_ar_ctrl {
   uint32_t flags[DL_AR_MAX_BLOCKS][DL_SIGNAL_MAX_RANKS];  /* [block][from rank], peers write */
@@ -57,8 +70,8 @@ typedef struct dl_ar_ctrl {
 typedef struct dl_ar_status {
   uint32_t kind;     /* 0: none; DL_SIGNAL_ERR_BARRIER */
   uint32_t peer;     /* the rank that did not arrive */
-  uint32_t expected; /* the count waited for */
-  uint32_t seen;     /* the count found */
+  uint32_t expected; /* the count waited for (one_shot_lamport: the vector) */
+  uint32_t seen;     /* the count found (one_shot_lamport: 0) */
   uint32_t block;
   uint32_t algo;
   uint32_t seq; /* the call, counted by the kernels of this buffer */
@@ -72,8 +85,13 @@ typedef struct dl_ar_args {
   int blocks;    /* grid size, 1..DL_AR_MAX_BLOCKS                                 */
   int threads;   /* per block; >= nranks                                           */
   int unroll;    /* 16-byte vectors per thread per step                            */
-  int steps;     /* steps per round (rounds are separated by barriers)             */
+  int round_vecs; /* vectors per block per round (of the tensor, or of each slice
+                     for two-shot); rounds are separated by barriers or flags    */
   int zero_copy; /* the input is at zc_off in every rank's buffer (see above)      */
+  int pdl;       /* cuda: launch with programmatic stream serialization (sm_90),
+                    so the grid can be scheduled while the kernel before it in
+                    the stream finishes; the kernels wait for it before any
+                    memory access (griddepcontrol.wait)                          */
   int64_t n;     /* elements                                                       */
   const void *in;  /* this rank's input (not read when zero_copy)                  */
   void *out;       /* this rank's output; may equal in                             */
@@ -81,6 +99,8 @@ typedef struct dl_ar_args {
   int64_t zc_off;      /* byte offset of the zero-copy input in every buffer       */
   int64_t staging_off; /* byte offset of staging half 0, slot 0                    */
   int64_t slot_bytes;  /* bytes of one staging slot (a multiple of 16)             */
+  int64_t lamport_off;  /* byte offset of lamport half 0, slot 0                     */
+  int64_t lamport_slot; /* bytes of one lamport slot (a multiple of 16)              */
   dl_signal_pad_t *pad;    /* this rank's signal pad: failure records             */
   dl_ar_status_t *status;  /* this rank's status, writable by the kernel           */
   uint64_t timeout_ns;     /* every wait ends after this                            */

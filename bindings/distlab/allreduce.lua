@@ -3,7 +3,8 @@
 --   dl.allreduce.run(t, {algo = "auto", comm = world, out = nil, blocks = nil})
 --       in place (or into out) on the current stream; returns the result tensor.
 --       algo: "nccl" (the communicator's own), "one_shot", "one_shot_push",
---       "two_shot", "two_shot_push", "two_shot_write" (kernels/allreduce.cu), or "auto": the
+--       "two_shot", "two_shot_push", "two_shot_write", "one_shot_lamport" (kernels/allreduce.cu),
+--       or "auto": the
 --       dispatch table's choice for this device, world size and size.
 --   dl.allreduce.tune{sizes = {bytes...}, comm =, file =, algos =, replays =}
 --       measures every algorithm (and a few grid sizes) at each size, max over
@@ -28,9 +29,10 @@ local graph = require "distlab.graph"
 local C, check, fail = core.C, core.check, core.fail
 
 local M = {}
-M.algos = { "nccl", "one_shot", "one_shot_push", "two_shot", "two_shot_push", "two_shot_write" }
+M.algos = { "nccl", "one_shot", "one_shot_push", "two_shot", "two_shot_push", "two_shot_write", "one_shot_lamport" }
 local ids = { nccl = C.DL_AR_NCCL, one_shot = C.DL_AR_ONE_SHOT, one_shot_push = C.DL_AR_ONE_SHOT_PUSH,
-  two_shot = C.DL_AR_TWO_SHOT, two_shot_push = C.DL_AR_TWO_SHOT_PUSH, two_shot_write = C.DL_AR_TWO_SHOT_WRITE }
+  two_shot = C.DL_AR_TWO_SHOT, two_shot_push = C.DL_AR_TWO_SHOT_PUSH, two_shot_write = C.DL_AR_TWO_SHOT_WRITE,
+  one_shot_lamport = C.DL_AR_ONE_SHOT_LAMPORT }
 
 local AR = {}
 AR.__index = AR
@@ -233,12 +235,14 @@ end
 for _, mb in ipairs { 128, 256, 512, 1024 } do M.default_sizes[#M.default_sizes + 1] = mb * 2 ^ 20 end
 
 -- Grids worth trying for an algorithm at a size: the kernels' own sizing and
--- a few fixed ones, none with blocks that would get no work.
+-- a few fixed ones, none with blocks that would get less than 128 vectors
+-- (2 KiB; the core spreads the vectors evenly over the blocks, so a block
+-- may cover less than one step of its threads).
 local function grid_choices(a, algo, nbytes)
   if algo == "nccl" then return { 0 } end
   local vecs = math.ceil(nbytes / 16)
   if algo:match("^two_shot") then vecs = math.ceil(vecs / a.size) end
-  local most = math.min(a.max_blocks, math.max(1, math.ceil(vecs / a.threads)))
+  local most = math.min(a.max_blocks, math.max(1, math.ceil(vecs / 128)))
   local sms = a.sms > 0 and a.sms or 4
   local tries = nbytes > 16 * 2 ^ 20 and { 2 * sms } or { 8, 16, 32, 64, sms, 2 * sms }
   local out, seen = { 0 }, {}

@@ -411,11 +411,13 @@ int dl_attn_merge_grad(const dl_attn_merge_opts_t *o, int mode, dl_tensor_t *gra
  * multicast): one-shot (every rank reads every input), one-shot push (every
  * rank writes its input into every peer), both pipelined so that NVLink
  * traffic overlaps the local reduction, two-shot (reduce-scatter by
- * reading, all-gather by reading or by writing). f32, f16 and bf16 (summed
- * in fp32), any size (sizes above max_bytes run in pieces), in place or
- * not, on the given stream, and safe inside CUDA graphs: the kernels keep
- * their counters in device memory. Memory: (1 + 2 x size) x max_bytes per
- * rank. An input that lies in this rank's zero-copy region
+ * reading, all-gather by reading or by writing), and a Lamport one-shot
+ * (pushes like one-shot push into a region kept at a sentinel value, and
+ * the receiver polls the data itself: no flags, no fences). f32, f16 and
+ * bf16 (summed in fp32), any size (sizes above max_bytes run in pieces), in
+ * place or not, on the given stream, and safe inside CUDA graphs: the
+ * kernels keep their counters in device memory. Memory: (1 + 2 x size) x
+ * max_bytes per rank, plus 32 MiB (8 MiB on cpu) for the Lamport region. An input that lies in this rank's zero-copy region
  * (dl_allreduce_buffer; same offset on every rank) is read where it is by
  * one-shot (out must be elsewhere) and two-shot (in place). A device-side
  * wait that times out ends its kernel; the next run or check on this rank
@@ -429,7 +431,8 @@ enum {
   DL_AR_TWO_SHOT = 3,
   DL_AR_TWO_SHOT_PUSH = 4,
   DL_AR_TWO_SHOT_WRITE = 5, /* two-shot writing both phases into peers: no copy-in */
-  DL_AR_NUM_ALGOS = 6
+  DL_AR_ONE_SHOT_LAMPORT = 6, /* one-shot push with no flags: data polled against a sentinel */
+  DL_AR_NUM_ALGOS = 7
 };
 typedef struct dl_allreduce_info {
   int32_t rank;

@@ -1,6 +1,6 @@
 /*
  * allreduce.c — CPU twin of kernels/allreduce.cu: the same one-shot (pull,
- * push) and two-shot (pull, push, write) all-reduces over symmetric buffers in POSIX
+ * push, Lamport) and two-shot (pull, push, write) all-reduces over symmetric buffers in POSIX
  * shared memory, one process per rank, with the same buffer layout, rounds,
  * per-block barriers, device-style counters, double-buffered staging and
  * failure record (kernels/allreduce.h). So the specs exercise the protocol
@@ -78,6 +78,9 @@ static int ar_fail(const dl_ar_args_t *a, int block, int peer, uint32_t expected
     s->seq = seq;
     __atomic_store_n(&s->kind, (uint32_t)DL_SIGNAL_ERR_BARRIER, __ATOMIC_RELEASE);
   }
+  if (a->algo == DL_AR_ONE_SHOT_LAMPORT)
+    return DL_ERR(DL_ETIMEOUT, "rank %d did not arrive within %.1f s (waited for its data at vector %u)",
+                  peer, a->timeout_ns * 1e-9, expected);
   return DL_ERR(DL_ETIMEOUT,
                 "rank %d did not arrive within %.1f s (block %d waited for count %u, saw %u)",
                 peer, a->timeout_ns * 1e-9, block, expected, seen);
@@ -112,7 +115,7 @@ typedef struct job {
   dl_ar_ctrl_t *self;
   uint32_t seq;
   int h, es, L;
-  int64_t nv, chunk; /* vectors; vectors per block and round (steps x threads x unroll) */
+  int64_t nv, chunk; /* vectors; vectors per block and round (round_vecs) */
 } job_t;
 
 /* Elements of vectors [v0, v1), clipped to the tensor. */
@@ -205,9 +208,51 @@ static int two_shot(const job_t *j, int push, int write) {
   return DL_OK;
 }
 
+/* Lamport one-shot (kernel: allreduce_lamport_kernel): push the input,
+ * cleaned and padded to whole vectors as the kernel sends it, into slot
+ * `rank` of every peer's lamport half; put our own cleaned copy in our slot
+ * `rank`; wait until every word of every peer's slot is filled; sum in rank
+ * order; empty the slots again. */
+static char *lamport(const dl_ar_args_t *a, int rank, int half, int slot) {
+  return a->bufs[rank] + a->lamport_off + ((int64_t)half * a->nranks + slot) * a->lamport_slot;
+}
+
+static void lamport_put(uint32_t *dst, const dl_ar_args_t *a, int64_t nw, int es) {
+  const uint32_t *src = (const uint32_t *)a->in;
+  const int64_t data_words = a->n * es / 4, tail = a->n * es % 4;
+  for (int64_t w = 0; w < nw; w++) {
+    uint32_t x = 0;
+    if (w < data_words) memcpy(&x, src + w, 4);
+    else if (w == data_words && tail) memcpy(&x, src + w, (size_t)tail);
+    __atomic_store_n(dst + w, x == DL_AR_LAMPORT_EMPTY ? DL_AR_LAMPORT_NAN : x, __ATOMIC_RELAXED);
+  }
+}
+
+static int one_shot_lamport(const job_t *j) {
+  const dl_ar_args_t *a = j->a;
+  const int me = a->rank, nr = a->nranks;
+  const int64_t nw = j->nv * (DL_AR_VEC_BYTES / 4);
+  for (int p = 0; p < nr; p++) lamport_put((uint32_t *)lamport(a, p, j->h, me), a, nw, j->es);
+  char *src[DL_SIGNAL_MAX_RANKS];
+  double deadline = dl_host_now_s() + a->timeout_ns * 1e-9;
+  for (int p = 0; p < nr; p++) {
+    src[p] = lamport(a, me, j->h, p);
+    const uint32_t *w = (const uint32_t *)src[p];
+    for (int64_t i = 0; i < nw; i++)
+      for (long k = 0; __atomic_load_n(w + i, __ATOMIC_ACQUIRE) == DL_AR_LAMPORT_EMPTY; k++) {
+        dl_host_pause(k);
+        if (k % 16 == 0 && dl_host_now_s() > deadline)
+          return ar_fail(a, 0, p, (uint32_t)(i / (DL_AR_VEC_BYTES / 4)), 0, j->seq);
+      }
+  }
+  sum_range(a->out, src, nr, 0, a->n, a->dtype);
+  for (int p = 0; p < nr; p++) memset(src[p], 0xff, (size_t)(nw * 4));
+  return DL_OK;
+}
+
 int dl_allreduce_cpu(const dl_ar_args_t *a, void *stream) {
   (void)stream;
-  if (a->blocks < 1 || a->blocks > DL_AR_MAX_BLOCKS || a->threads < 1 || a->unroll < 1 || a->steps < 1 ||
+  if (a->blocks < 1 || a->blocks > DL_AR_MAX_BLOCKS || a->threads < 1 || a->unroll < 1 || a->round_vecs < 1 ||
       a->nranks < 2 || a->nranks > DL_SIGNAL_MAX_RANKS)
     return DL_ERR(DL_EINVAL, "allreduce (cpu): bad shape (%d blocks, %d x %d vectors, %d ranks)",
                   a->blocks, a->threads, a->unroll, a->nranks);
@@ -222,7 +267,7 @@ int dl_allreduce_cpu(const dl_ar_args_t *a, void *stream) {
   j.es = dl_dtype_size(a->dtype);
   j.L = DL_AR_VEC_BYTES / j.es;
   j.nv = (a->n + j.L - 1) / j.L;
-  j.chunk = (int64_t)a->threads * a->unroll * a->steps;
+  j.chunk = a->round_vecs;
   int rc;
   switch (a->algo) {
   case DL_AR_ONE_SHOT: rc = one_shot(&j); break;
@@ -230,6 +275,7 @@ int dl_allreduce_cpu(const dl_ar_args_t *a, void *stream) {
   case DL_AR_TWO_SHOT: rc = two_shot(&j, 0, 0); break;
   case DL_AR_TWO_SHOT_PUSH: rc = two_shot(&j, 1, 0); break;
   case DL_AR_TWO_SHOT_WRITE: rc = two_shot(&j, 1, 1); break;
+  case DL_AR_ONE_SHOT_LAMPORT: rc = one_shot_lamport(&j); break;
   default: return DL_ERR(DL_EINVAL, "allreduce (cpu): algorithm %d has no twin", a->algo);
   }
   __atomic_store_n(&j.self->seq, j.seq + 1, __ATOMIC_RELEASE);

@@ -3,18 +3,21 @@
 # carried, the lead's build done): everything the all-reduce issues need
 # measured, in one run. Writes under $OUT/allreduce/ and prints the short
 # table last.
-#   [NRANKS=4] scripts/gpu/allreduce.sh [specs] [torch] [sweep]   (default: all three)
+#   [NRANKS=4] scripts/gpu/allreduce.sh [specs] [torch] [sweep] [variants]
+#   (default: the first three)
 #     specs  the #multigpu cases of spec/allreduce_spec.lua (2 GPUs; the cpu
 #            cases run on every machine with ./distlab test)
 #     torch  PyTorch anchors: experiments/allreduce_torch.py under torchrun
 #     sweep  dl.allreduce.tune, then experiments/allreduce_sweep.lua (auto uses
 #            the table just tuned; the torch CSV is merged), then the plot
+#     variants  the sweep at 8 KB .. 16 MB once per setting of VARIANTS (see
+#            below), under $OUT/allreduce/variants
 # Results: allreduce-<gpu>x<NRANKS>.{md,csv}, -wide.csv, -tune.csv, the tuned
 # table allreduce_tables.lua, logs, and the PNG where gnuplot exists (else
 # make it from the -wide.csv with experiments/allreduce_plot.sh); copy the
 # md, csv and png to experiments/results/ (the md links the png by its bare
 # name). Typical run: about 5 minutes after the build; every step has a time
-# limit (specs 240 s, torch 180 s, tune+sweep 360 s).
+# limit (specs 300 s, torch 180 s, tune+sweep 450 s).
 set -u
 OUT="${OUT:-/tmp/distlab-out}"
 R="$OUT/allreduce"
@@ -88,7 +91,7 @@ for s in "${sections[@]}"; do
     sweep)
       stamp "tune and sweep"
       rm -f "$R/allreduce_tables.lua"
-      DISTLAB_AR_TABLE="$R/allreduce_tables.lua" run_for 360 ./distlab run -n "$NR" --device cuda \
+      DISTLAB_AR_TABLE="$R/allreduce_tables.lua" run_for 450 ./distlab run -n "$NR" --device cuda \
         experiments/allreduce_sweep.lua --out "$R" --torch "$R/torch.csv" --tune "$R/allreduce_tables.lua" \
         --command "NRANKS=$NR scripts/gpu/allreduce.sh (DISTLAB_AR_TABLE=allreduce_tables.lua, tuned in the same run)" \
         >"$R/sweep.log" 2>&1
@@ -98,7 +101,23 @@ for s in "${sections[@]}"; do
         if command -v gnuplot >/dev/null; then experiments/allreduce_plot.sh "$wide"
         else echo "no gnuplot on this host: make the PNG elsewhere with experiments/allreduce_plot.sh $(basename "$wide")"; fi
       done ;;
-    *) echo "unknown section $s (specs, torch, sweep)" ;;
+    variants)
+      # the sweep at 8 KB .. 16 MB once per setting in VARIANTS (NAME=VALUE
+      # words, default "DISTLAB_AR_PDL=0 DISTLAB_AR_PDL=1"; also e.g.
+      # DISTLAB_AR_ROUND_KB=32), tagged <gpu>x<NRANKS>-<value>
+      mkdir -p "$R/variants"
+      gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o '[AHBL][0-9][0-9]*' | head -1 | tr 'A-Z' 'a-z')"
+      for v in ${VARIANTS:-DISTLAB_AR_PDL=0 DISTLAB_AR_PDL=1}; do
+        stamp "sweep with $v"
+        tag="${gpu}x$NR-$(echo "${v#DISTLAB_AR_}" | tr 'A-Z=' 'a-z-')"
+        (export "$v"; run_for 150 ./distlab run -n "$NR" --device cuda experiments/allreduce_sweep.lua \
+          --out "$R/variants" --tag "$tag" --torch "$R/torch.csv" \
+          --sizes 8192,65536,262144,524288,1048576,2097152,3145728,4194304,8388608,16777216 \
+          --command "$v NRANKS=$NR scripts/gpu/allreduce.sh variants") >"$R/variants/$tag.log" 2>&1
+        echo "$v exit code $?" >>"$R/variants/$tag.log"
+        grep -E "^ *[0-9]+ (one_shot|one_shot_push|one_shot_lamport|two_shot_push_zc|auto) " "$R/variants/$tag.log"
+      done ;;
+    *) echo "unknown section $s (specs, torch, sweep, variants)" ;;
   esac
 done
 stamp "done"

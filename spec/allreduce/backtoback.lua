@@ -11,22 +11,29 @@ local dl = require "distlab"
 local calls = tonumber(arg[1] or "1000")
 local w, me = A.w, A.me
 local sizes = { 1, 7, 4095, 65537 }
-local algos = { "one_shot", "two_shot_push", "nccl", "one_shot_push", "two_shot", "two_shot_write", "auto" }
+local algos = { "one_shot", "two_shot_push", "nccl", "one_shot_push", "one_shot_lamport", "two_shot", "two_shot_write", "auto" }
+
+-- every call's dtype, size, algorithm and mode, drawn independently from one
+-- seeded generator (the same on every rank): Park-Miller, exact in doubles
+local state = 20261122
+local function draw(k)
+  state = state * 16807 % 2147483647
+  return state % k + 1
+end
+local plan = {}
+for c = 1, calls do
+  plan[c] = { dtype = A.dtypes[draw(3)], n = sizes[draw(#sizes)], algo = algos[draw(#algos)], mode = draw(5) - 1 }
+end
 
 A.report(function()
   local ar = dl.allreduce.get(w)
   -- inputs made up front: the loop below issues only all-reduces (and copies)
   local inputs, results = {}, {}
-  for c = 1, calls do
-    local dtype = A.dtypes[c % 3 + 1]
-    local n = sizes[c % #sizes + 1]
-    inputs[c] = A.exact_input(n, dtype, c, me)
-  end
+  for c = 1, calls do inputs[c] = A.exact_input(plan[c].n, plan[c].dtype, c, me) end
   w:barrier()
   for c = 1, calls do
     local x = inputs[c]
-    local algo = algos[(c * 7) % #algos + 1]
-    local mode = c % 5
+    local algo, mode = plan[c].algo, plan[c].mode
     if mode == 0 and (algo == "one_shot" or algo:match("^two_shot")) then
       local z = ar:buffer({ x:numel() }, x.dtype, 16 * (c % 3))
       z:copy_(x)

@@ -19,6 +19,9 @@ if algo == "mismatch" then
   ar:run(dl.ones({ 100 }), { algo = "one_shot" })
   local ok, err = pcall(ar.run, ar, dl.ones({ 100 + me }), { algo = "two_shot" })
   print("ERR: " .. tostring(err))
+  -- rank 0 serves the store: it stays until every rank has read its call
+  -- (else a slower rank 1 sees "the store closed the connection" instead)
+  w:barrier()
   os.exit(ok and 1 or 0)
 end
 local ar = dl.allreduce.get(w)

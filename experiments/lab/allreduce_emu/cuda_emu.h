@@ -81,6 +81,7 @@ inline thread_local emu_block *emu_this_block;
 
 static inline void __syncthreads() { emu_this_block->sync_and(true); }
 #define DL_AR_EMU_NAMED_SYNC
+#define DL_AR_EMU 1 /* kernels/allreduce.cu launches with <<<>>> here */
 static inline bool named_sync_and(int id, int n, bool pred) { return emu_this_block->named[id].arrive(n, pred); }
 static inline bool __syncthreads_and(bool v) { return emu_this_block->sync_and(v); }
 static inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
@@ -106,6 +107,15 @@ static inline uint64_t dl_signal_clock_ns(void) {
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
+/* kernels/allreduce.cu's Lamport poll: each word loaded atomically (what a
+ * GPU guarantees at least), and a yield so that spinning threads let the
+ * writers run */
+static inline uint4 ld_volatile_vec(const char *base, int64_t v) {
+  const uint32_t *p = reinterpret_cast<const uint32_t *>(base) + 4 * v;
+  return uint4{__atomic_load_n(p, __ATOMIC_RELAXED), __atomic_load_n(p + 1, __ATOMIC_RELAXED),
+               __atomic_load_n(p + 2, __ATOMIC_RELAXED), __atomic_load_n(p + 3, __ATOMIC_RELAXED)};
+}
+#define DL_AR_POLL_PAUSE() std::this_thread::yield()
 #define DL_EMU_REACHED(a, b) ((int32_t)((uint32_t)(a) - (uint32_t)(b)) >= 0)
 static inline bool dl_signal_wait_until(const uint32_t *p, uint32_t v, uint64_t timeout_ns,
                                         uint32_t *seen) {

@@ -32,7 +32,8 @@ extern "C" const char *dl_dtype_name(int dtype) { return dtype == 0 ? "f32" : dt
 extern "C" int dl_dtype_size(int dtype) { return dtype == 0 ? 4 : 2; }
 
 enum { GUARD = 64 };
-static const int64_t SLOT = 1 << 20; // bytes per staging slot / zero-copy region
+static const int64_t SLOT = 1 << 20; // bytes per staging slot / zero-copy region / lamport slot
+static int64_t lamport_off(int n) { return DL_AR_CTRL_BYTES + SLOT + 2 * n * SLOT; }
 
 struct world {
   int n;
@@ -42,7 +43,7 @@ struct world {
 };
 
 struct call {
-  int algo, dtype, blocks, steps, zc, inplace, misalign;
+  int algo, dtype, blocks, round_vecs, zc, inplace, misalign;
   int64_t n, zc_extra; // zero-copy tensor at this byte offset in the region
 };
 
@@ -87,7 +88,7 @@ static void rank_main(world *w, int r, const std::vector<call> *calls, int skip_
       a.rank = r;
       a.nranks = n;
       a.blocks = k.blocks;
-      a.steps = k.steps;
+      a.round_vecs = k.round_vecs;
       dl_allreduce_cuda_shape(n, &a.threads, &a.unroll);
       a.zero_copy = k.zc;
       a.n = k.n;
@@ -97,6 +98,8 @@ static void rank_main(world *w, int r, const std::vector<call> *calls, int skip_
       a.zc_off = DL_AR_CTRL_BYTES + k.zc_extra;
       a.staging_off = DL_AR_CTRL_BYTES + SLOT;
       a.slot_bytes = SLOT;
+      a.lamport_off = lamport_off(n);
+      a.lamport_slot = SLOT;
       a.pad = &w->pads[r];
       a.status = &w->status[r];
       a.timeout_ns = 3000000000ull;
@@ -140,24 +143,26 @@ int main(int argc, char **argv) {
   w.status.resize(n);
   memset(w.pads.data(), 0, sizeof(dl_signal_pad_t) * n);
   memset(w.status.data(), 0, sizeof(dl_ar_status_t) * n);
-  const int64_t total = DL_AR_CTRL_BYTES + SLOT + 2 * n * SLOT;
+  const int64_t total = DL_AR_CTRL_BYTES + SLOT + 2 * n * SLOT + 2 * n * SLOT;
   for (int r = 0; r < n; r++) {
     w.bufs.push_back((char *)aligned_alloc(4096, total));
-    memset(w.bufs[r], 0, total);
+    memset(w.bufs[r], 0, lamport_off(n));
+    memset(w.bufs[r] + lamport_off(n), 0xff, total - lamport_off(n)); // the Lamport region starts empty
   }
   std::mt19937 rng(seed);
   const int64_t sizes[] = {1, 7, 8, 9, 31, 4095, 4096, 12345, 40001, 65537};
   std::vector<call> calls;
   for (int c = 0; c < ncalls; c++) {
     call k;
-    k.algo = 1 + rng() % 5; // one_shot .. two_shot_write
+    k.algo = 1 + rng() % 6; // one_shot .. one_shot_lamport
     k.dtype = rng() % 3;
     k.n = sizes[rng() % 10];
     int threads, unroll;
     dl_allreduce_cuda_shape(n, &threads, &unroll);
     k.blocks = 1 + rng() % 5;
-    k.steps = 1 + rng() % 3;
-    k.zc = k.algo != DL_AR_ONE_SHOT_PUSH && rng() % 3 == 0;
+    // any round length: partial steps (as the core's even spread gives) and several steps
+    k.round_vecs = 1 + rng() % (3 * threads * unroll);
+    k.zc = k.algo != DL_AR_ONE_SHOT_PUSH && k.algo != DL_AR_ONE_SHOT_LAMPORT && rng() % 3 == 0;
     k.inplace = rng() % 2;
     if (k.zc && k.algo == DL_AR_ONE_SHOT) k.inplace = 0; // the core copies in instead
     if (k.zc && k.algo != DL_AR_ONE_SHOT) k.inplace = 1; // two-shot zero copy is in place
@@ -173,18 +178,27 @@ int main(int argc, char **argv) {
     printf("  rank %d: seq %u done %u\n", r, ((dl_ar_ctrl_t *)w.bufs[r])->seq, ((dl_ar_ctrl_t *)w.bufs[r])->done);
   if (failures) return 1;
 
-  // rank 1 skips the last call: rank 0 must time out and say so
-  std::vector<call> last(1, calls[0]);
-  last[0].zc = 0;
-  last[0].blocks = 2;
-  ranks.clear();
-  failures = 0;
-  for (int r = 0; r < n; r++) ranks.emplace_back(rank_main, &w, r, &last, r == 1);
-  for (auto &t : ranks) t.join();
-  const dl_ar_status_t &s = w.status[0];
-  printf("timeout: rank 0 status kind %u peer %u expected %u seen %u block %u algo %u seq %u; pad error %u %u\n",
-         s.kind, s.peer, s.expected, s.seen, s.block, s.algo, s.seq, w.pads[0].error[0], w.pads[0].error[1]);
-  bool ok = s.kind == DL_SIGNAL_ERR_BARRIER && s.peer == 1 && w.pads[0].error[0] == DL_SIGNAL_ERR_BARRIER;
-  printf("timeout path: %s\n", ok ? "ok" : "FAILED");
+  // rank 1 skips the last call: rank 0 must time out and say so (with the
+  // first call's algorithm, then with the Lamport one, whose waits poll data)
+  bool ok = true;
+  for (int algo : {calls[0].algo, (int)DL_AR_ONE_SHOT_LAMPORT}) {
+    std::vector<call> last(1, calls[0]);
+    last[0].algo = algo;
+    last[0].zc = 0;
+    last[0].blocks = 2;
+    memset(w.pads.data(), 0, sizeof(dl_signal_pad_t) * n);
+    memset(w.status.data(), 0, sizeof(dl_ar_status_t) * n);
+    ranks.clear();
+    failures = 0;
+    for (int r = 0; r < n; r++) ranks.emplace_back(rank_main, &w, r, &last, r == 1);
+    for (auto &t : ranks) t.join();
+    const dl_ar_status_t &s = w.status[0];
+    printf("timeout: rank 0 status kind %u peer %u expected %u seen %u block %u algo %u seq %u; pad error %u %u\n",
+           s.kind, s.peer, s.expected, s.seen, s.block, s.algo, s.seq, w.pads[0].error[0], w.pads[0].error[1]);
+    bool here = s.kind == DL_SIGNAL_ERR_BARRIER && s.peer == 1 && s.algo == (uint32_t)algo &&
+                w.pads[0].error[0] == DL_SIGNAL_ERR_BARRIER;
+    printf("timeout path (algo %d): %s\n", algo, here ? "ok" : "FAILED");
+    ok = ok && here;
+  }
   return ok ? 0 : 1;
 }
