@@ -32,6 +32,7 @@ struct dl_allreduce {
   int sms, max_blocks, threads, unroll;
   int64_t round_max; /* vectors a block moves per round at most (0: the kernels' own) */
   int pdl;           /* launch with programmatic stream serialization (cuda) */
+  uint32_t poll_ns;  /* one_shot_lamport's nap between polls */
   int failed;
   char failure[512]; /* why, once failed */
   double timeout_s;
@@ -193,6 +194,9 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
    * measure what it brings */
   const char *pdl = getenv("DISTLAB_AR_PDL");
   ar->pdl = !(pdl && strcmp(pdl, "0") == 0);
+  /* DISTLAB_AR_POLL_NS: one_shot_lamport's nap between polls (default 128) */
+  const char *pns = getenv("DISTLAB_AR_POLL_NS");
+  ar->poll_ns = pns ? (uint32_t)atoi(pns) : 128;
   /* the Lamport region: 32 MiB (8 MiB on cpu) in all, 2 halves of a slot a rank */
   int64_t lamport_total = (int64_t)(ci.dev_type == DL_CPU ? 8 : 32) << 20;
   ar->lslot = (lamport_total / (2 * ci.size)) & ~(int64_t)4095;
@@ -389,6 +393,7 @@ static int run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int 
   a.status = ar->status;
   a.timeout_ns = (uint64_t)(ar->timeout_s * 1e9);
   a.pdl = ar->pdl;
+  a.poll_ns = ar->poll_ns;
   /* zero copy: the input already in our region, the output where the
    * algorithm can write it while peers read the inputs */
   int64_t zc = zc_offset(ar, vi.data, nbytes);

@@ -479,7 +479,13 @@ __device__ __forceinline__ uint4 ld_volatile_vec(const char *base, int64_t v) {
                : "memory");
   return x;
 }
-#define DL_AR_POLL_PAUSE() ((void)0)
+// Between polls after the first few: a nap of a->poll_ns, so that a grid of
+// pollers waiting for data still on its way does not crowd the memory the
+// data is landing in.
+#define DL_AR_POLL_PAUSE(spins, ns) \
+  do {                              \
+    if ((spins) > 8 && (ns) > 0) __nanosleep(ns); \
+  } while (0)
 #endif
 
 __device__ __forceinline__ char *lamport(const dl_ar_args_t &a, int rank, int half, int slot) {
@@ -544,7 +550,7 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_lamport_kernel(const 
         if (!(p < nr && p != me && v < nv && ok)) continue;
         const char *src = lamport(a, me, h, p);
         for (int spins = 1; !lamport_full(x[u][p] = ld_volatile_vec(src, v)); spins++) {
-          DL_AR_POLL_PAUSE();
+          DL_AR_POLL_PAUSE(spins, a.poll_ns);
           if (spins % 256 == 0 && (*failed != 0u || dl_signal_clock_ns() - t0 > a.timeout_ns)) {
             if (*failed == 0u) ar_fail(a.pad, a.status, a.algo, p, (uint32_t)v, 0u, seq);
             ok = false;

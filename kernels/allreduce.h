@@ -104,6 +104,7 @@ typedef struct dl_ar_args {
   dl_signal_pad_t *pad;    /* this rank's signal pad: failure records             */
   dl_ar_status_t *status;  /* this rank's status, writable by the kernel           */
   uint64_t timeout_ns;     /* every wait ends after this                            */
+  uint32_t poll_ns;        /* one_shot_lamport: nap between polls after the 8th     */
 } dl_ar_args_t;
 
 #ifdef __cplusplus

@@ -115,7 +115,7 @@ static inline uint4 ld_volatile_vec(const char *base, int64_t v) {
   return uint4{__atomic_load_n(p, __ATOMIC_RELAXED), __atomic_load_n(p + 1, __ATOMIC_RELAXED),
                __atomic_load_n(p + 2, __ATOMIC_RELAXED), __atomic_load_n(p + 3, __ATOMIC_RELAXED)};
 }
-#define DL_AR_POLL_PAUSE() std::this_thread::yield()
+#define DL_AR_POLL_PAUSE(spins, ns) std::this_thread::yield()
 #define DL_EMU_REACHED(a, b) ((int32_t)((uint32_t)(a) - (uint32_t)(b)) >= 0)
 static inline bool dl_signal_wait_until(const uint32_t *p, uint32_t v, uint64_t timeout_ns,
                                         uint32_t *seen) {
