@@ -48,7 +48,8 @@ struct dl_allreduce {
 
 static const char *algo_names[DL_AR_NUM_ALGOS] = {"nccl", "one_shot", "one_shot_push",
                                                   "two_shot", "two_shot_push",
-                                                  "two_shot_write", "one_shot_lamport"};
+                                                  "two_shot_write", "one_shot_lamport",
+                                                  "one_shot_push_flat"};
 
 static int is_two_shot(int algo) {
   return algo == DL_AR_TWO_SHOT || algo == DL_AR_TWO_SHOT_PUSH || algo == DL_AR_TWO_SHOT_WRITE;

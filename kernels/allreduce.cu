@@ -24,6 +24,9 @@
  *                                   q of its input into rank q's staging slot
  *                                   `rank`, so the reduce-scatter reads only
  *                                   local memory and nothing is copied in.
+ *   allreduce_one_shot_flat_kernel  one-shot push without roles: every thread
+ *                                   pushes its part of a round, the block
+ *                                   meets its peers, every thread reduces.
  *   allreduce_lamport_kernel        one-shot push without flags or fences:
  *                                   the peers' data is polled where it lands,
  *                                   against the sentinel its region is kept at
@@ -355,6 +358,59 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_one_shot_pipe_kernel(
   ar_end(self, seq);
 }
 
+// Push without roles: round after round (at most a few), every thread of the
+// block writes its vectors of the round into slot `rank` of every peer's
+// staging, the block meets the same block of every peer, and every thread
+// reduces the round (our input read where it is). Twice the stores in flight
+// of the pipelined push, whose producers are half the block; no overlap
+// between the rounds, so it suits sizes a grid covers in a round or two.
+template <int DT, int NR, bool AL>
+__global__ void __launch_bounds__(AR_THREADS, 1) allreduce_one_shot_flat_kernel(const dl_ar_args_t a) {
+  constexpr int NRC = shape<NR>::NRC, U = shape<NR>::U;
+  const int nr = NR ? NR : a.nranks, me = a.rank;
+  dl_ar_ctrl_t *self = ctrl_of(buf_of(a, me));
+  const uint32_t seq = ar_begin(self);
+  const int h = seq & 1;
+  const int64_t nv = vec_count<DT>(a.n);
+  const int64_t per_step = (int64_t)blockDim.x * U, per_round = a.round_vecs;
+  for (int64_t r0 = blockIdx.x * per_round; r0 < nv; r0 += per_round * gridDim.x) {
+    const int64_t r1 = r0 + per_round < nv ? r0 + per_round : nv;
+    for (int64_t s0 = r0 + threadIdx.x; s0 < r1; s0 += per_step) {
+      uint4 x[U];
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int64_t v = s0 + (int64_t)u * blockDim.x;
+        if (v < r1) x[u] = ld_user<DT, AL>(a.in, v, a.n);
+      }
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int64_t v = s0 + (int64_t)u * blockDim.x;
+#pragma unroll
+        for (int p = 0; p < NRC; p++)
+          if (p < nr && p != me && v < r1) st_vec(staging(a, p, h, me), v, x[u]);
+      }
+    }
+    if (!ar_barrier(a, self, seq)) break;
+    for (int64_t s0 = r0 + threadIdx.x; s0 < r1; s0 += per_step) {
+      uint4 own[U], x[U][NRC];
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int64_t v = s0 + (int64_t)u * blockDim.x;
+        if (v < r1) own[u] = ld_user<DT, AL>(a.in, v, a.n);
+#pragma unroll
+        for (int p = 0; p < NRC; p++)
+          if (p < nr && p != me && v < r1) x[u][p] = ld_vec(staging(a, me, h, p), v);
+      }
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int64_t v = s0 + (int64_t)u * blockDim.x;
+        if (v < r1) st_user<DT, AL>(a.out, v, a.n, reduce_vec_own<DT, NRC>(x[u], nr, me, own[u]));
+      }
+    }
+  }
+  ar_end(self, seq);
+}
+
 // Slices: slice q is vectors [q*sv, min((q+1)*sv, nv)), sv = ceil(nv / nranks).
 // Rounds walk j in [0, sv); vector q*sv + j of every slice belongs to the
 // same thread of the same block on every rank.
@@ -623,6 +679,8 @@ template <int DT, int NR, bool AL> static int launch(const dl_ar_args_t *a, cuda
   case DL_AR_TWO_SHOT_WRITE:
     return go(allreduce_two_shot_kernel<DT, NR, AL, true, true>, a, st, "allreduce_two_shot_kernel (write)");
   case DL_AR_ONE_SHOT_LAMPORT: return go(allreduce_lamport_kernel<DT, NR, AL>, a, st, "allreduce_lamport_kernel");
+  case DL_AR_ONE_SHOT_PUSH_FLAT:
+    return go(allreduce_one_shot_flat_kernel<DT, NR, AL>, a, st, "allreduce_one_shot_flat_kernel");
   default: return DL_ERR(DL_EINVAL, "allreduce: algorithm %d has no kernel", a->algo);
   }
 }

@@ -137,7 +137,8 @@ describe("allreduce on GPUs (2, and DISTLAB_SPEC_GPUS) #multigpu", function()
   end
 
   it("a peer that never comes: the kernel ends by itself, check() names the op, rank and peer", function()
-    for _, algo in ipairs { "one_shot", "one_shot_push", "two_shot", "two_shot_push", "two_shot_write", "one_shot_lamport" } do
+    for _, algo in ipairs { "one_shot", "one_shot_push", "two_shot", "two_shot_push", "two_shot_write", "one_shot_lamport",
+      "one_shot_push_flat" } do
       local t0 = os.time()
       local rc, out = run(2, "cuda", "fail.lua", algo, "SPEC_TIMEOUT=2")
       assert.equal(0, rc, out)

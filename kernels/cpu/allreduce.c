@@ -271,7 +271,8 @@ int dl_allreduce_cpu(const dl_ar_args_t *a, void *stream) {
   int rc;
   switch (a->algo) {
   case DL_AR_ONE_SHOT: rc = one_shot(&j); break;
-  case DL_AR_ONE_SHOT_PUSH: rc = one_shot_push(&j); break;
+  case DL_AR_ONE_SHOT_PUSH:
+  case DL_AR_ONE_SHOT_PUSH_FLAT: rc = one_shot_push(&j); break; /* no roles on the cpu: one twin */
   case DL_AR_TWO_SHOT: rc = two_shot(&j, 0, 0); break;
   case DL_AR_TWO_SHOT_PUSH: rc = two_shot(&j, 1, 0); break;
   case DL_AR_TWO_SHOT_WRITE: rc = two_shot(&j, 1, 1); break;

@@ -154,7 +154,7 @@ int main(int argc, char **argv) {
   std::vector<call> calls;
   for (int c = 0; c < ncalls; c++) {
     call k;
-    k.algo = 1 + rng() % 6; // one_shot .. one_shot_lamport
+    k.algo = 1 + rng() % 7; // one_shot .. one_shot_push_flat
     k.dtype = rng() % 3;
     k.n = sizes[rng() % 10];
     int threads, unroll;
@@ -162,7 +162,8 @@ int main(int argc, char **argv) {
     k.blocks = 1 + rng() % 5;
     // any round length: partial steps (as the core's even spread gives) and several steps
     k.round_vecs = 1 + rng() % (3 * threads * unroll);
-    k.zc = k.algo != DL_AR_ONE_SHOT_PUSH && k.algo != DL_AR_ONE_SHOT_LAMPORT && rng() % 3 == 0;
+    k.zc = k.algo != DL_AR_ONE_SHOT_PUSH && k.algo != DL_AR_ONE_SHOT_LAMPORT &&
+           k.algo != DL_AR_ONE_SHOT_PUSH_FLAT && rng() % 3 == 0;
     k.inplace = rng() % 2;
     if (k.zc && k.algo == DL_AR_ONE_SHOT) k.inplace = 0; // the core copies in instead
     if (k.zc && k.algo != DL_AR_ONE_SHOT) k.inplace = 1; // two-shot zero copy is in place
