@@ -5,8 +5,9 @@
 -- covers everything larger.
 --
 -- NVIDIA H200 at 2 and 4 ranks: the tables dl.allreduce.tune wrote on
--- nvidia-h200-x2 (2026-11-22 09:46, two_shot_write among the candidates) and
--- nvidia-h200-x4 (2026-11-22, before two_shot_write existed) (every algorithm and a few
+-- nvidia-h200-x2 (2026-11-22 11:42, every algorithm including one_shot_lamport
+-- and one_shot_push_flat) and nvidia-h200-x4 (2026-11-22, before two_shot_write,
+-- one_shot_lamport and one_shot_push_flat existed) (every algorithm and a few
 -- grids per size, CUDA-graph timing); the sweeps in
 -- experiments/results/allreduce-h200x2.md and allreduce-h200x4.md ran with
 -- exactly these tables. The other entries are still PROVISIONAL: the H100
@@ -21,19 +22,16 @@ return {
     device = "NVIDIA H200",
     world = 2,
     dtype = "bf16",
-    date = "2026-11-22 09:46 UTC",
+    date = "2026-11-22 11:42 UTC",
     source = "dl.allreduce.tune on nvidia-h200-x2 (experiments/results/allreduce-h200x2-tune.csv)",
     rows = {
-      { upto = 11584, algo = "one_shot_push", blocks = 0, us = 5.69, at = 8192 },
-      { upto = 92672, algo = "one_shot", blocks = 0, us = 6.44, at = 16384 },
-      { upto = 185360, algo = "one_shot", blocks = 8, us = 6.59, at = 131072 },
-      { upto = 370720, algo = "one_shot", blocks = 32, us = 6.86, at = 262144 },
-      { upto = 741440, algo = "one_shot_push", blocks = 32, us = 8.20, at = 524288 },
-      { upto = 3632368, algo = "one_shot_push", blocks = 0, us = 9.63, at = 1048576 },
-      { upto = 5931632, algo = "one_shot_push", blocks = 132, us = 20.69, at = 4194304 },
-      { upto = 11863280, algo = "one_shot_push", blocks = 0, us = 32.59, at = 8388608 },
-      { upto = 23726560, algo = "one_shot_push", blocks = 132, us = 56.29, at = 16777216 },
-      { algo = "one_shot_push", blocks = 0, us = 104.85, at = 33554432 },
+      { upto = 11584, algo = "one_shot_lamport", blocks = 0, us = 4.40, at = 8192 },
+      { upto = 46336, algo = "one_shot_push_flat", blocks = 8, us = 4.97, at = 16384 },
+      { upto = 185360, algo = "one_shot_push_flat", blocks = 32, us = 5.13, at = 65536 },
+      { upto = 370720, algo = "one_shot_push_flat", blocks = 64, us = 5.75, at = 262144 },
+      { upto = 5931632, algo = "one_shot_push_flat", blocks = 132, us = 6.56, at = 524288 },
+      { upto = 11863280, algo = "one_shot_push", blocks = 132, us = 32.50, at = 8388608 },
+      { algo = "one_shot_push", blocks = 0, us = 56.26, at = 16777216 },
     },
   },
   {
