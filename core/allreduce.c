@@ -10,6 +10,7 @@
  * the host changes from call to call except the launch arguments: that is
  * what lets a CUDA graph replay the calls.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,6 +105,22 @@ static int recorded_failure(dl_allreduce_t *ar) {
 
 /* ---- lifetime ------------------------------------------------------------ */
 
+/* An integer knob from the environment: dflt when unset, an error naming it
+ * when it is not an integer in [lo, hi] (a typo must not quietly measure
+ * something else). */
+static int env_int(const char *name, long dflt, long lo, long hi, long *out) {
+  const char *e = getenv(name);
+  *out = dflt;
+  if (!e || !*e) return DL_OK;
+  char *end;
+  errno = 0;
+  long v = strtol(e, &end, 10);
+  if (errno || *end || v < lo || v > hi)
+    return DL_ERR(DL_EINVAL, "dl_allreduce_new: %s=%s (an integer from %ld to %ld)", name, e, lo, hi);
+  *out = v;
+  return DL_OK;
+}
+
 static int64_t lamport_offset(const dl_allreduce_t *ar) {
   return DL_AR_CTRL_BYTES + ar->slot * (1 + 2 * (int64_t)ar->size);
 }
@@ -177,8 +194,20 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
                "dl_allreduce_new: comm '%s' has %d ranks; the all-reduce kernels span one host "
                "of at most %d (split the communicator by host)",
                ci.name, ci.size, DL_SIGNAL_MAX_RANKS);
+  /* knobs for experiments (scripts/gpu/allreduce.sh variants,
+   * allreduce-h200x2-knobs.md); every rank of a job must see the same:
+   * DISTLAB_AR_ROUND_KB a block's round length (0: the kernels' own),
+   * DISTLAB_AR_PDL=0 no programmatic dependent launch, DISTLAB_AR_POLL_NS
+   * one_shot_lamport's nap between polls */
+  long round_kb, pdl, poll_ns;
+  DL_TRY(env_int("DISTLAB_AR_ROUND_KB", 0, 0, 1 << 20, &round_kb));
+  DL_TRY(env_int("DISTLAB_AR_PDL", 1, 0, 1, &pdl));
+  DL_TRY(env_int("DISTLAB_AR_POLL_NS", 128, 0, 100000, &poll_ns));
   dl_allreduce_t *ar = calloc(1, sizeof *ar);
   if (!ar) return DL_ERR(DL_ENOMEM, "dl_allreduce_new: out of host memory");
+  ar->round_max = (int64_t)round_kb * 1024 / DL_AR_VEC_BYTES;
+  ar->pdl = (int)pdl;
+  ar->poll_ns = (uint32_t)poll_ns;
   ar->magic = AR_MAGIC;
   ar->comm = c;
   ar->rank = ci.rank;
@@ -187,17 +216,6 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
   ar->dev_index = ci.dev_index;
   ar->timeout_s = ci.timeout_s;
   ar->slot = (max_bytes + 4095) & ~(int64_t)4095;
-  /* for experiments (scripts/gpu/allreduce.sh rounds): the length of a
-   * block's round; every rank of the job must see the same value */
-  const char *rk = getenv("DISTLAB_AR_ROUND_KB");
-  ar->round_max = rk ? atoll(rk) * 1024 / DL_AR_VEC_BYTES : 0;
-  /* DISTLAB_AR_PDL=0: launch without programmatic dependent launch, to
-   * measure what it brings */
-  const char *pdl = getenv("DISTLAB_AR_PDL");
-  ar->pdl = !(pdl && strcmp(pdl, "0") == 0);
-  /* DISTLAB_AR_POLL_NS: one_shot_lamport's nap between polls (default 128) */
-  const char *pns = getenv("DISTLAB_AR_POLL_NS");
-  ar->poll_ns = pns ? (uint32_t)atoi(pns) : 128;
   /* the Lamport region: 32 MiB (8 MiB on cpu) in all, 2 halves of a slot a rank */
   int64_t lamport_total = (int64_t)(ci.dev_type == DL_CPU ? 8 : 32) << 20;
   ar->lslot = (lamport_total / (2 * ci.size)) & ~(int64_t)4095;
@@ -306,12 +324,12 @@ static int64_t zc_offset(const dl_allreduce_t *ar, const char *p, int64_t nbytes
  * slice): enough blocks for one step each, up to one per multiprocessor;
  * rounds of at most one step per block (a block's threads hold one step's
  * loads in flight; DISTLAB_AR_ROUND_KB sets another length), at most a few
- * for the two-shot kernels (a barrier each) and up to 64 for the pipelined
- * one-shot kernels (one role per half block; their rounds are what lets the
- * halves overlap). The vectors are spread
- * evenly over blocks and rounds: a size just past a whole number of full
- * rounds would otherwise leave most blocks idle in its last round while a
- * few do it at full length (3 MB on 132 blocks took as long as 4 MB). */
+ * for the two-shot and flat kernels (a barrier each) and up to 64 for the
+ * pipelined one-shot kernels (one role per half block; their rounds are
+ * what lets the halves overlap). The vectors are spread evenly over blocks
+ * and rounds: a size just past a whole number of full rounds would
+ * otherwise leave most blocks idle in its last round while a few do it at
+ * full length (3 MB on 132 blocks took as long as 4 MB). */
 static void shape_for(const dl_allreduce_t *ar, int64_t len, int blocks, int algo,
                       dl_ar_args_t *a) {
   const int pipelined = algo == DL_AR_ONE_SHOT_PUSH || (algo == DL_AR_ONE_SHOT && !a->zero_copy);

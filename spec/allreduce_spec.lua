@@ -51,6 +51,15 @@ describe("allreduce on cpu (shared memory)", function()
     assert.equal(2, k, out)
   end)
 
+  it("a bad all-reduce knob in the environment is an error naming it", function()
+    for _, env in ipairs { "DISTLAB_AR_POLL_NS=abc", "DISTLAB_AR_PDL=2", "DISTLAB_AR_ROUND_KB=-4" } do
+      local rc, out = run(1, "cpu", "fail.lua", "knob", env)
+      assert.equal(0, rc, out)
+      local name = env:match("^[%w_]+")
+      assert.truthy(out:find("ERR: [^\n]*dl_allreduce_new: " .. name .. "=[^\n]*an integer from"), out)
+    end
+  end)
+
   it("2 ranks: tune writes a table that auto follows", function()
     local file = H.tmpname(".lua")
     local rc, out = run(2, "cpu", "tune.lua", file, "DISTLAB_AR_TABLE=" .. file)

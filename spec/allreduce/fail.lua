@@ -7,12 +7,19 @@
 -- spec/allreduce/fail.lua mismatch — in the communicator's debug mode, ranks
 -- calling different sizes get "mismatched all-reduce calls" (every rank
 -- prints ERR: and exits 0).
+-- spec/allreduce/fail.lua knob — making the all-reduce with the environment
+-- the caller set (a bad DISTLAB_AR_* knob): prints ERR: with the error.
 local dir = arg[0]:match("^(.*)/[^/]*$") or "."
 local A = dofile(dir .. "/common.lua")
 local dl = require "distlab"
 
 local w, me = A.w, A.me
 local algo = arg[1] or "one_shot"
+if algo == "knob" then
+  local ok, err = pcall(dl.allreduce.new, w)
+  print("ERR: " .. tostring(err))
+  os.exit(ok and 1 or 0)
+end
 if algo == "mismatch" then
   w:set_debug(true)
   local ar = dl.allreduce.get(w)
