@@ -336,9 +336,17 @@ static void shape_for(const dl_allreduce_t *ar, int64_t len, int blocks, int alg
   const int half = ar->dev_type == DL_CUDA && pipelined;
   const int64_t per_step = (int64_t)ar->threads / (half ? 2 : 1) * ar->unroll;
   const int64_t max_rounds = half ? 64 : 4;
-  /* the Lamport kernel has no rounds; its latency is one vector's trip, so
-   * its grid spreads the vectors one a thread before any thread takes more */
-  const int64_t fill = algo == DL_AR_ONE_SHOT_LAMPORT ? ar->threads : per_step;
+  /* the vectors a block gets before the grid grows. The Lamport kernel has
+   * no rounds and its latency is one vector's trip: one vector a thread.
+   * The pushes on a GPU: 256 (4 KiB). On 2 H200s (allreduce-h200x2-tune.csv)
+   * the grids this gives were within 1% of the best one tried from 32 KiB to
+   * 256 KiB and were the best from 1 MiB (all multiprocessors; 128 blocks at
+   * 512 KiB, where 132 was best), while a block a step (1024 or 2048
+   * vectors) cost 16-43% below 1 MiB. */
+  const int push = algo == DL_AR_ONE_SHOT_PUSH || algo == DL_AR_ONE_SHOT_PUSH_FLAT;
+  const int64_t fill = algo == DL_AR_ONE_SHOT_LAMPORT                ? ar->threads
+                       : push && ar->dev_type == DL_CUDA ? 256
+                                                         : per_step;
   int64_t g = blocks;
   if (g <= 0) {
     int cap = ar->dev_type == DL_CUDA ? (ar->sms > 0 ? ar->sms : 1) : ar->max_blocks;
