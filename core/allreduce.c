@@ -88,17 +88,15 @@ static int recorded_failure(dl_allreduce_t *ar) {
   if (!s || s->kind == 0) return DL_OK;
   char what[256];
   describe(ar, (int)s->algo, what, sizeof what);
-  int rc = s->algo == DL_AR_ONE_SHOT_LAMPORT
-               ? DL_ERR(DL_ETIMEOUT,
-                        "%s: rank %u did not arrive within %.1f s (block %u waited for its data "
-                        "at vector %u, in the buffer's call %u); did every rank call the same "
-                        "all-reduce?",
-                        what, s->peer, ar->timeout_s, s->block, s->expected, s->seq)
-               : DL_ERR(DL_ETIMEOUT,
-                        "%s: rank %u did not arrive within %.1f s (block %u waited for count %u "
-                        "and saw %u, in the buffer's call %u); did every rank call the same "
-                        "all-reduce?",
-                        what, s->peer, ar->timeout_s, s->block, s->expected, s->seen, s->seq);
+  char waited[96]; /* one_shot_lamport waits for data, the others for a count */
+  if (s->algo == DL_AR_ONE_SHOT_LAMPORT)
+    snprintf(waited, sizeof waited, "waited for its data at vector %u", s->expected);
+  else
+    snprintf(waited, sizeof waited, "waited for count %u and saw %u", s->expected, s->seen);
+  int rc = DL_ERR(DL_ETIMEOUT,
+                  "%s: rank %u did not arrive within %.1f s (block %u %s, in the buffer's call %u); "
+                  "did every rank call the same all-reduce?",
+                  what, s->peer, ar->timeout_s, s->block, waited, s->seq);
   set_failed(ar);
   return rc;
 }
