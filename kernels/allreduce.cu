@@ -75,7 +75,7 @@ template <int NR> struct shape {
 #ifndef DL_AR_THREADS // a knob for the CPU emulation in experiments/lab/allreduce_emu
 #define DL_AR_THREADS 512
 #endif
-enum { AR_THREADS = DL_AR_THREADS, AR_WARP = 32 };
+enum { AR_THREADS = DL_AR_THREADS };
 
 __device__ __forceinline__ dl_ar_ctrl_t *ctrl_of(char *buf) {
   return reinterpret_cast<dl_ar_ctrl_t *>(buf);
@@ -148,40 +148,6 @@ __device__ __forceinline__ bool named_sync_and(int id, int n, bool pred) {
   return out != 0;
 }
 #endif
-
-// A word in the block's shared memory, and a release / acquire pair on it
-// at block scope with a timed wait (the pipelined kernels' round count).
-#ifndef DL_AR_BLOCK_WORD // the CPU emulation brings its own
-#define DL_AR_BLOCK_WORD(name) \
-  __shared__ uint32_t name##_word; \
-  uint32_t *const name = &name##_word
-__device__ __forceinline__ void block_store_release(uint32_t *p, uint32_t v) {
-  asm volatile("st.release.cta.shared.u32 [%0], %1;" ::"r"((uint32_t)__cvta_generic_to_shared(p)), "r"(v)
-               : "memory");
-}
-__device__ __forceinline__ uint32_t block_load_acquire(const uint32_t *p) {
-  uint32_t v;
-  asm volatile("ld.acquire.cta.shared.u32 %0, [%1];"
-               : "=r"(v)
-               : "r"((uint32_t)__cvta_generic_to_shared(p))
-               : "memory");
-  return v;
-}
-#endif
-
-__device__ __forceinline__ bool block_wait_until(const uint32_t *p, uint32_t v, uint64_t timeout_ns,
-                                                 uint32_t *seen) {
-  const uint64_t t0 = dl_signal_clock_ns();
-  uint32_t x;
-  int spins = 0;
-  while (!DL_SIGNAL_REACHED(x = block_load_acquire(p), v)) {
-    if (++spins % 64 == 0 && dl_signal_clock_ns() - t0 > timeout_ns) {
-      *seen = x;
-      return false;
-    }
-  }
-  return true;
-}
 
 // Programmatic dependent launch (sm_90; no-ops elsewhere). A kernel launched
 // with programmatic stream serialization may start before the grid ahead of
@@ -300,41 +266,35 @@ __global__ void __launch_bounds__(AR_THREADS, 2) allreduce_one_shot_kernel(const
   ar_end(self, seq);
 }
 
-// Copy-in (PUSH = false) and push (PUSH = true), pipelined, in three roles:
-// the first a.threads/2 threads produce round after round (copy the input
-// into our staging, or write it into slot `rank` of every peer's staging)
-// and count each round done in the block's `pushed`; one more warp, the
-// signaller, turns each count into flags to the peers (flags[block][rank]
-// := base + k + 1); the other a.threads/2 threads consume: wait for round k
-// from every peer and from their producers, then reduce it (our input read
-// where it is, the peers' from their staging (pull) or ours (push)) into
-// out. So NVLink traffic of round k+1 overlaps the reduction of round k, an
-// in-place output is written only after our producers have read the input,
-// and the producers never stall on the system-scope release a flag costs:
-// the signaller waits for the round's writes while they push the next.
+// Copy-in (PUSH = false) and push (PUSH = true), pipelined: the first half
+// of the block's warps produce round after round (copy the input into our
+// staging, or write it into slot `rank` of every peer's staging) and signal
+// each round to the peers (flags[block][rank] := base + k + 1) and to their
+// own block (progress[block]); the other half consume: wait for round k from
+// every peer and from their producers, then reduce it (our input read where
+// it is, the peers' from their staging (pull) or ours (push)) into out. So
+// NVLink traffic of round k+1 overlaps the reduction of round k, and an
+// in-place output is written only after our producers have read the input.
 template <int DT, int NR, bool AL, bool PUSH>
-__global__ void __launch_bounds__(AR_THREADS + AR_WARP, 1)
-    allreduce_one_shot_pipe_kernel(const dl_ar_args_t a) {
+__global__ void __launch_bounds__(AR_THREADS, 1) allreduce_one_shot_pipe_kernel(const dl_ar_args_t a) {
   constexpr int NRC = shape<NR>::NRC, U = shape<NR>::U;
   const int nr = NR ? NR : a.nranks, me = a.rank;
-  const int half = a.threads / 2, b = blockIdx.x;
-  const int role = threadIdx.x < half ? 0 : threadIdx.x < 2 * half ? 1 : 2; // producer, consumer, signaller
-  const int t = threadIdx.x - role * half; // index within the role
-  DL_AR_BLOCK_WORD(pushed);                // rounds the producers finished
-  if (threadIdx.x == 0) *pushed = 0;
+  const int half = blockDim.x / 2, b = blockIdx.x;
+  const bool producer = threadIdx.x < half;
+  const int t = producer ? threadIdx.x : threadIdx.x - half; // index within the role
   dl_ar_ctrl_t *self = ctrl_of(buf_of(a, me));
   const uint32_t seq = ar_begin(self);
-  __syncthreads();
   const int h = seq & 1;
   const int64_t nv = vec_count<DT>(a.n);
   // counts before this call: thread t < nr of each role keeps peer t's
   const uint32_t base = t < nr ? self->counts[b][t] : 0;
+  const uint32_t base_me = self->counts[b][me];
   const int64_t per_step = (int64_t)half * U, per_round = a.round_vecs;
   uint32_t k = 0;
   bool ok = true;
   for (int64_t r0 = b * per_round; r0 < nv; r0 += per_round * gridDim.x, k++) {
     const int64_t r1 = r0 + per_round < nv ? r0 + per_round : nv;
-    if (role == 0) {
+    if (producer) {
       for (int64_t s0 = r0 + t; s0 < r1; s0 += per_step) {
         uint4 x[U];
 #pragma unroll
@@ -356,22 +316,15 @@ __global__ void __launch_bounds__(AR_THREADS + AR_WARP, 1)
         }
       }
       named_sync_and(1, half, true); // every producer's reads and writes of round k are issued
-      if (t == 0) block_store_release(pushed, k + 1);
-    } else if (role == 2) {
-      if (t < nr && t != me) {
-        uint32_t seen = 0;
-        if (!block_wait_until(pushed, k + 1, a.timeout_ns, &seen)) {
-          ar_fail(a.pad, a.status, a.algo, me, k + 1, seen, seq);
-          break;
-        }
+      if (t == 0) *reinterpret_cast<volatile uint32_t *>(&self->progress[b]) = base_me + k + 1;
+      if (t < nr && t != me)
         dl_signal_store_release(&ctrl_of(buf_of(a, t))->flags[b][me], base + k + 1);
-      }
     } else {
       if (t < nr) {
         uint32_t seen = 0;
         if (t == me) { // our producers have read round k of the input
-          if (!block_wait_until(pushed, k + 1, a.timeout_ns, &seen)) {
-            ar_fail(a.pad, a.status, a.algo, me, k + 1, seen, seq);
+          if (!dl_signal_wait_until(&self->progress[b], base_me + k + 1, a.timeout_ns, &seen)) {
+            ar_fail(a.pad, a.status, a.algo, me, base_me + k + 1, seen, seq);
             ok = false;
           }
         } else if (!dl_signal_wait_until(&self->flags[b][t], base + k + 1, a.timeout_ns, &seen)) {
@@ -401,7 +354,7 @@ __global__ void __launch_bounds__(AR_THREADS + AR_WARP, 1)
   }
   __syncthreads();
   // k rounds were signalled and waited for: the counts move on by k
-  if (threadIdx.x < nr && threadIdx.x != me) self->counts[b][threadIdx.x] = base + k;
+  if (threadIdx.x < nr) self->counts[b][threadIdx.x] = (threadIdx.x == me ? base_me : base) + k;
   ar_end(self, seq);
 }
 
@@ -686,13 +639,11 @@ extern "C" void dl_allreduce_cuda_shape(int nranks, int *threads, int *unroll) {
                           : (int)shape<0>::U;
 }
 
-// One grid of kernel k with the arguments' shape plus `extra` threads a
-// block (and programmatic stream serialization when a->pdl), its launch
-// error checked.
-static int go(void (*k)(const dl_ar_args_t), const dl_ar_args_t *a, cudaStream_t st, const char *what,
-              int extra = 0) {
+// One grid of kernel k with the arguments' shape (and programmatic stream
+// serialization when a->pdl), its launch error checked.
+static int go(void (*k)(const dl_ar_args_t), const dl_ar_args_t *a, cudaStream_t st, const char *what) {
 #ifdef DL_AR_EMU
-  k<<<a->blocks, a->threads + extra, 0, st>>>(*a);
+  k<<<a->blocks, a->threads, 0, st>>>(*a);
 #else
   cudaLaunchAttribute attr;
   memset(&attr, 0, sizeof attr);
@@ -701,7 +652,7 @@ static int go(void (*k)(const dl_ar_args_t), const dl_ar_args_t *a, cudaStream_t
   cudaLaunchConfig_t cfg;
   memset(&cfg, 0, sizeof cfg);
   cfg.gridDim = dim3((unsigned)a->blocks);
-  cfg.blockDim = dim3((unsigned)(a->threads + extra));
+  cfg.blockDim = dim3((unsigned)a->threads);
   cfg.stream = st;
   cfg.attrs = &attr;
   cfg.numAttrs = a->pdl ? 1 : 0;
@@ -719,11 +670,9 @@ template <int DT, int NR, bool AL> static int launch(const dl_ar_args_t *a, cuda
   switch (a->algo) {
   case DL_AR_ONE_SHOT:
     if (a->zero_copy) return go(allreduce_one_shot_kernel<DT, NR, AL>, a, st, "allreduce_one_shot_kernel");
-    return go(allreduce_one_shot_pipe_kernel<DT, NR, AL, false>, a, st, "allreduce_one_shot_pipe_kernel (copy-in)",
-              AR_WARP);
+    return go(allreduce_one_shot_pipe_kernel<DT, NR, AL, false>, a, st, "allreduce_one_shot_pipe_kernel (copy-in)");
   case DL_AR_ONE_SHOT_PUSH:
-    return go(allreduce_one_shot_pipe_kernel<DT, NR, AL, true>, a, st, "allreduce_one_shot_pipe_kernel (push)",
-              AR_WARP);
+    return go(allreduce_one_shot_pipe_kernel<DT, NR, AL, true>, a, st, "allreduce_one_shot_pipe_kernel (push)");
   case DL_AR_TWO_SHOT: return go(allreduce_two_shot_kernel<DT, NR, AL, false>, a, st, "allreduce_two_shot_kernel");
   case DL_AR_TWO_SHOT_PUSH:
     return go(allreduce_two_shot_kernel<DT, NR, AL, true>, a, st, "allreduce_two_shot_kernel (push)");

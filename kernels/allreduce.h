@@ -10,8 +10,10 @@
  *   [lamport: 2 halves x n lamport slots]
  *
  * ctrl holds the barrier flags peers write (flags[block][from rank]), this
- * rank's own barrier counts (counts[block][peer]), the call counter `seq`
- * and the count of blocks that finished the current call. All of them live in device memory and are
+ * rank's own barrier counts (counts[block][peer]; counts[block][rank] counts
+ * the rounds a pipelined kernel's producer warps finished, which they also
+ * publish in progress[block] for the block's consumer warps), the call
+ * counter `seq` and the count of blocks that finished the current call. All of them live in device memory and are
  * advanced by the kernels themselves (as vLLM's custom all-reduce keeps its
  * counters), so a CUDA graph replays correctly any number of times, mixed
  * with eager calls, other algorithms and other sizes.
@@ -57,6 +59,7 @@ enum {
 typedef struct dl_ar_ctrl {
   uint32_t flags[DL_AR_MAX_BLOCKS][DL_SIGNAL_MAX_RANKS];  /* [block][from rank], peers write */
   uint32_t counts[DL_AR_MAX_BLOCKS][DL_SIGNAL_MAX_RANKS]; /* [block][peer], this rank's */
+  uint32_t progress[DL_AR_MAX_BLOCKS]; /* pipelined kernels: rounds block b produced */
   uint32_t seq;  /* calls finished on this rank                          */
   uint32_t done; /* blocks of the running call that finished             */
 } dl_ar_ctrl_t;

@@ -74,7 +74,6 @@ struct emu_sync {
 struct emu_block {
   emu_sync named[16]; /* bar.sync 1..15 with a thread count */
   emu_sync all;       /* __syncthreads: every thread of the block */
-  uint32_t word = 0;  /* DL_AR_BLOCK_WORD */
   int n = 0;
   bool sync_and(bool v) { return all.arrive(n, v); }
 };
@@ -84,12 +83,6 @@ static inline void __syncthreads() { emu_this_block->sync_and(true); }
 #define DL_AR_EMU_NAMED_SYNC
 #define DL_AR_EMU 1 /* kernels/allreduce.cu launches with <<<>>> here */
 static inline bool named_sync_and(int id, int n, bool pred) { return emu_this_block->named[id].arrive(n, pred); }
-#define DL_AR_BLOCK_WORD(name) uint32_t *const name = &emu_this_block->word
-static inline void block_store_release(uint32_t *p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
-static inline uint32_t block_load_acquire(const uint32_t *p) {
-  std::this_thread::yield(); /* spinning threads let the producers run */
-  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
-}
 static inline bool __syncthreads_and(bool v) { return emu_this_block->sync_and(v); }
 static inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
 static inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_seq_cst); }
