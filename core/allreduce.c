@@ -39,9 +39,6 @@ struct dl_allreduce {
   double timeout_s;
   int64_t slot;  /* bytes of the zero-copy region and of each staging slot */
   int64_t lslot; /* bytes of each lamport slot (kernels/allreduce.h) */
-  int64_t ce_chunk; /* one_shot_ce: bytes a chunk (the copy engine's unit, a flag each) */
-  void *ce_stream, *ce_fork, *ce_join; /* cuda: the copies' side stream, its fork and join events */
-  int (*ce_write32)(void *stream, unsigned long long addr, unsigned int value, unsigned int flags);
   int64_t calls; /* kernel calls issued */
   int64_t runs;  /* dl_allreduce_run calls, for the debug check */
   int id;        /* which of the comm's symmetric buffers: names debug keys */
@@ -53,8 +50,7 @@ struct dl_allreduce {
 static const char *algo_names[DL_AR_NUM_ALGOS] = {"nccl", "one_shot", "one_shot_push",
                                                   "two_shot", "two_shot_push",
                                                   "two_shot_write", "one_shot_lamport",
-                                                  "one_shot_push_flat", "one_shot_ce"};
-_Static_assert(sizeof(dl_ar_ctrl_t) <= DL_AR_CTRL_BYTES, "dl_ar_ctrl_t outgrew its 64 KiB");
+                                                  "one_shot_push_flat"};
 
 static int is_two_shot(int algo) {
   return algo == DL_AR_TWO_SHOT || algo == DL_AR_TWO_SHOT_PUSH || algo == DL_AR_TWO_SHOT_WRITE;
@@ -127,10 +123,6 @@ static int64_t lamport_offset(const dl_allreduce_t *ar) {
   return DL_AR_CTRL_BYTES + ar->slot * (1 + 2 * (int64_t)ar->size);
 }
 
-static int64_t ce_offset(const dl_allreduce_t *ar) {
-  return lamport_offset(ar) + ar->lslot * 2 * (int64_t)ar->size;
-}
-
 /* Counters at zero, the Lamport region empty (every byte 0xff). */
 static int zero_ctrl(dl_allreduce_t *ar) {
   char *lam = ar->bufs[ar->rank] + lamport_offset(ar);
@@ -176,45 +168,6 @@ static int new_status(dl_allreduce_t *ar) {
   return DL_OK;
 }
 
-/* one_shot_ce on cuda: a side stream for the copies, events to fork it from
- * and join it to the caller's stream (so a graph capture takes it in), and
- * cuStreamWriteValue32 from the driver the runtime loaded (no link against
- * libcuda). */
-static int ce_init(dl_allreduce_t *ar) {
-#ifdef DL_WITH_CUDA
-  if (ar->dev_type != DL_CUDA) return DL_OK;
-  DL_TRY(dl_cuda_use(ar->dev_index));
-  cudaStream_t s;
-  cudaEvent_t e;
-  DL_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  ar->ce_stream = s;
-  DL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  ar->ce_fork = e;
-  DL_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  ar->ce_join = e;
-  /* without it one_shot_ce is refused when called; the others work */
-  void *fn = NULL;
-  enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-  if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &fn, 12000, cudaEnableDefault, &q) !=
-      cudaSuccess) {
-    (void)cudaGetLastError();
-    fn = NULL;
-  }
-  if (q == cudaDriverEntryPointSuccess && fn)
-    ar->ce_write32 = (int (*)(void *, unsigned long long, unsigned int, unsigned int))fn;
-#endif
-  return DL_OK;
-}
-
-static void ce_free(dl_allreduce_t *ar) {
-#ifdef DL_WITH_CUDA
-  if (ar->ce_join) cudaEventDestroy((cudaEvent_t)ar->ce_join);
-  if (ar->ce_fork) cudaEventDestroy((cudaEvent_t)ar->ce_fork);
-  if (ar->ce_stream) cudaStreamDestroy((cudaStream_t)ar->ce_stream);
-#endif
-  ar->ce_join = ar->ce_fork = ar->ce_stream = NULL;
-}
-
 static void free_status(dl_allreduce_t *ar) {
   if (!ar->status) return;
 #ifdef DL_WITH_CUDA
@@ -243,19 +196,16 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
    * allreduce-h200x2-knobs.md); every rank of a job must see the same:
    * DISTLAB_AR_ROUND_KB a block's round length (0: the kernels' own),
    * DISTLAB_AR_PDL=0 no programmatic dependent launch, DISTLAB_AR_POLL_NS
-   * one_shot_lamport's nap between polls, DISTLAB_AR_CE_CHUNK_KB one_shot_ce's
-   * chunk (a copy and a flag each) */
-  long round_kb, pdl, poll_ns, ce_chunk_kb;
+   * one_shot_lamport's nap between polls */
+  long round_kb, pdl, poll_ns;
   DL_TRY(env_int("DISTLAB_AR_ROUND_KB", 0, 0, 1 << 20, &round_kb));
   DL_TRY(env_int("DISTLAB_AR_PDL", 1, 0, 1, &pdl));
   DL_TRY(env_int("DISTLAB_AR_POLL_NS", 128, 0, 100000, &poll_ns));
-  DL_TRY(env_int("DISTLAB_AR_CE_CHUNK_KB", 2048, 16, 1 << 20, &ce_chunk_kb));
   dl_allreduce_t *ar = calloc(1, sizeof *ar);
   if (!ar) return DL_ERR(DL_ENOMEM, "dl_allreduce_new: out of host memory");
   ar->round_max = (int64_t)round_kb * 1024 / DL_AR_VEC_BYTES;
   ar->pdl = (int)pdl;
   ar->poll_ns = (uint32_t)poll_ns;
-  ar->ce_chunk = (int64_t)ce_chunk_kb * 1024;
   ar->magic = AR_MAGIC;
   ar->comm = c;
   ar->rank = ci.rank;
@@ -268,11 +218,10 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
   int64_t lamport_total = (int64_t)(ci.dev_type == DL_CPU ? 8 : 32) << 20;
   ar->lslot = (lamport_total / (2 * ci.size)) & ~(int64_t)4095;
   if (ar->lslot > ar->slot) ar->lslot = ar->slot;
-  int64_t total = DL_AR_CTRL_BYTES + ar->slot * (1 + 3 * (int64_t)ci.size) +
+  int64_t total = DL_AR_CTRL_BYTES + ar->slot * (1 + 2 * (int64_t)ci.size) +
                   ar->lslot * 2 * (int64_t)ci.size;
   ar->id = c->nsymm;
   int rc = new_status(ar);
-  if (rc == DL_OK) rc = ce_init(ar);
   if (rc == DL_OK) rc = dl_symm_alloc(&ar->symm, c, total);
   for (int p = 0; p < ar->size && rc == DL_OK && ar->dev_type != DL_META; p++) {
     void *ptr;
@@ -302,7 +251,6 @@ void dl_allreduce_free(dl_allreduce_t *ar) {
   /* graphs whose kernels read this object's buffers must not replay after them */
   dl_graph_release_user(ar, "the all-reduce object (its symmetric buffers)");
   dl_symm_free(ar->symm);
-  ce_free(ar);
   free_status(ar);
   ar->magic = 0;
   free(ar);
@@ -403,17 +351,6 @@ static void shape_for(const dl_allreduce_t *ar, int64_t len, int blocks, int alg
     g = (len + fill - 1) / fill;
     g = g < 1 ? 1 : g > cap ? cap : g;
   }
-  if (algo == DL_AR_ONE_SHOT_CE) {
-    /* chunks of ce_chunk bytes, at most DL_AR_CE_MAX_CHUNKS, each reduced by
-     * the whole grid as soon as it lands */
-    const int64_t cv = ar->ce_chunk / DL_AR_VEC_BYTES;
-    int64_t chunks = (len + cv - 1) / cv;
-    if (chunks > DL_AR_CE_MAX_CHUNKS) chunks = DL_AR_CE_MAX_CHUNKS;
-    int64_t r = (len + chunks - 1) / chunks;
-    a->blocks = (int)g;
-    a->round_vecs = (int)((r + 31) / 32 * 32);
-    return;
-  }
   int64_t step = ar->round_max > 0 ? ar->round_max : per_step;
   /* a pipelined kernel whose blocks need at most two steps does it in one
    * round: a round costs a fence and a flag, which its overlap only repays
@@ -428,51 +365,11 @@ static void shape_for(const dl_allreduce_t *ar, int64_t len, int blocks, int alg
   a->round_vecs = (int)r;
 }
 
-#ifdef DL_WITH_CUDA
-/* one_shot_ce on cuda (kernels/allreduce.h): on the side stream, forked from
- * the caller's, each chunk of our input goes by copy engine into slot `rank`
- * of every peer's copy-engine region, then ce_ready[chunk][rank] := 1 in
- * every rank (ours too: the input has been read); the kernel on the caller's
- * stream reduces the chunks as they land; the caller's stream then joins the
- * side stream. */
-static int ce_launch(dl_allreduce_t *ar, dl_ar_args_t *a, cudaStream_t st) {
-  cudaStream_t side = (cudaStream_t)ar->ce_stream;
-  const int64_t bytes = a->n * dl_dtype_size(a->dtype);
-  const int64_t cb = (int64_t)a->round_vecs * DL_AR_VEC_BYTES;
-  if (!ar->ce_write32)
-    return DL_ERR(DL_EUNSUPPORTED, "allreduce one_shot_ce: the driver has no cuStreamWriteValue32");
-  a->pdl = 0; /* the kernel follows an event record, not a kernel */
-  DL_CUDA_CHECK(cudaEventRecord((cudaEvent_t)ar->ce_fork, st));
-  DL_CUDA_CHECK(cudaStreamWaitEvent(side, (cudaEvent_t)ar->ce_fork, 0));
-  for (int64_t off = 0, c = 0; off < bytes; off += cb, c++) {
-    const int64_t len = bytes - off < cb ? bytes - off : cb;
-    for (int p = 0; p < ar->size; p++) {
-      if (p == ar->rank) continue;
-      char *dst = ar->bufs[p] + a->ce_off + (int64_t)ar->rank * ar->slot + off;
-      DL_CUDA_CHECK(cudaMemcpyAsync(dst, (const char *)a->in + off, (size_t)len,
-                                    cudaMemcpyDeviceToDevice, side));
-    }
-    for (int p = 0; p < ar->size; p++) {
-      dl_ar_ctrl_t *ctrl = (dl_ar_ctrl_t *)ar->bufs[p];
-      int r = ar->ce_write32(side, (unsigned long long)(uintptr_t)&ctrl->ce_ready[c][ar->rank], 1u, 0);
-      if (r != 0)
-        return DL_ERR(DL_ECUDA, "allreduce one_shot_ce: cuStreamWriteValue32 to rank %d failed (CUresult %d)",
-                      p, r);
-    }
-  }
-  DL_CUDA_CHECK(cudaEventRecord((cudaEvent_t)ar->ce_join, side));
-  DL_TRY(dl_allreduce_cuda(a, st));
-  DL_CUDA_CHECK(cudaStreamWaitEvent(st, (cudaEvent_t)ar->ce_join, 0));
-  return DL_OK;
-}
-#endif
-
 static int launch(dl_allreduce_t *ar, dl_ar_args_t *a, void *stream) {
   ar->calls++;
   dl_graph_note_user(ar); /* a graph being captured now reads this object's buffers */
   if (ar->dev_type == DL_CPU) return dl_allreduce_cpu(a, stream);
 #ifdef DL_WITH_CUDA
-  if (a->algo == DL_AR_ONE_SHOT_CE) return ce_launch(ar, a, (cudaStream_t)stream);
   return dl_allreduce_cuda(a, stream);
 #else
   return DL_ERR(DL_EUNSUPPORTED, "allreduce kernels on cuda need a CUDA build");
@@ -517,7 +414,6 @@ static int run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int 
   a.slot_bytes = ar->slot;
   a.lamport_off = lamport_offset(ar);
   a.lamport_slot = ar->lslot;
-  a.ce_off = ce_offset(ar);
   a.pad = ar->pad;
   a.status = ar->status;
   a.timeout_ns = (uint64_t)(ar->timeout_s * 1e9);

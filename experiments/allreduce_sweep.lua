@@ -71,9 +71,9 @@ end
 
 local ar = dl.allreduce.get(w)
 local regular = { "one_shot", "two_shot", "nccl", "one_shot_push", "two_shot_push", "two_shot_write",
-  "one_shot_lamport", "one_shot_push_flat", "one_shot_ce" }
+  "one_shot_lamport", "one_shot_push_flat" }
 local columns = { "one_shot", "two_shot", "nccl", "auto", "one_shot_push", "two_shot_push", "two_shot_write",
-  "one_shot_lamport", "one_shot_push_flat", "one_shot_ce", "one_shot_zc", "two_shot_zc", "two_shot_push_zc" }
+  "one_shot_lamport", "one_shot_push_flat", "one_shot_zc", "two_shot_zc", "two_shot_push_zc" }
 
 -- ---- checking ---------------------------------------------------------------------------
 
@@ -299,7 +299,7 @@ local function write_results()
       "all-gather by reading), nccl (the communicator's NCCL all_reduce), auto (what the table picks), " ..
       "one_shot_push / two_shot_push (writes instead of reads), two_shot_write (both phases write into the " ..
       "peers: no copy-in), one_shot_lamport (push into a region kept at a sentinel; the receiver polls the data, " ..
-      "no flags or fences), one_shot_push_flat (push with every thread, then reduce, per round), one_shot_ce (copy engines move the data in chunks, a kernel reduces each as it lands), *_zc (zero copy: the input already in the " ..
+      "no flags or fences), one_shot_push_flat (push with every thread, then reduce, per round), *_zc (zero copy: the input already in the " ..
       "all-reduce's symmetric buffer; one_shot_zc out of place), PyTorch anchors from the same run: " ..
       "nccl_torch (torch.distributed), torch_one_shot / torch_two_shot (torch.ops.symm_mem, input in symmetric memory).",
     "- best: the fastest of " .. table.concat(regular, ", ") .. " on an ordinary tensor.",

@@ -629,82 +629,6 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_lamport_kernel(const 
   ar_end(self, seq);
 }
 
-// Copy engines move the data (core/allreduce.c: chunk after chunk, rank p's
-// input into slot p of every peer's copy-engine region, then ce_ready[c][p]
-// := 1 in every rank, from p's side stream); the kernel only reduces: for
-// each chunk, wait until every rank's copy of it has landed here (ours: has
-// read our input, so an in-place output may be written), reduce it from the
-// region with our own input read where it is. The last block to finish
-// clears the flags and meets the other ranks' last blocks (ce_done), so no
-// rank copies into this region again before we are done with it.
-template <int DT, int NR, bool AL>
-__global__ void __launch_bounds__(AR_THREADS, 1) allreduce_one_shot_ce_kernel(const dl_ar_args_t a) {
-  constexpr int NRC = shape<NR>::NRC, U = shape<NR>::U;
-  const int nr = NR ? NR : a.nranks, me = a.rank;
-  dl_ar_ctrl_t *self = ctrl_of(buf_of(a, me));
-  const uint32_t seq = ar_begin(self);
-  const int64_t nv = vec_count<DT>(a.n);
-  const int64_t cv = a.round_vecs; // vectors a chunk
-  const int64_t per_step = (int64_t)blockDim.x * U;
-  const char *region = buf_of(a, me) + a.ce_off;
-  bool ok = true;
-  for (int64_t c0 = 0, c = 0; c0 < nv; c0 += cv, c++) {
-    const int64_t c1 = c0 + cv < nv ? c0 + cv : nv;
-    const int p = threadIdx.x;
-    if (p < nr) {
-      uint32_t seen = 0;
-      if (!dl_signal_wait_until(&self->ce_ready[c][p], 1u, a.timeout_ns, &seen)) {
-        ar_fail(a.pad, a.status, a.algo, p, 1u, seen, seq);
-        ok = false;
-      }
-    }
-    if (!(ok = __syncthreads_and(ok))) break;
-    for (int64_t s0 = c0 + blockIdx.x * per_step + threadIdx.x; s0 < c1; s0 += per_step * gridDim.x) {
-      uint4 own[U], x[U][NRC];
-#pragma unroll
-      for (int u = 0; u < U; u++) {
-        const int64_t v = s0 + (int64_t)u * blockDim.x;
-        if (v < c1) own[u] = ld_user<DT, AL>(a.in, v, a.n);
-#pragma unroll
-        for (int q = 0; q < NRC; q++)
-          if (q < nr && q != me && v < c1) x[u][q] = ld_vec(region + q * a.slot_bytes, v);
-      }
-#pragma unroll
-      for (int u = 0; u < U; u++) {
-        const int64_t v = s0 + (int64_t)u * blockDim.x;
-        if (v < c1) st_user<DT, AL>(a.out, v, a.n, reduce_vec_own<DT, NRC>(x[u], nr, me, own[u]));
-      }
-    }
-  }
-  // the last block: every block has waited for every flag and read the region
-  bool mine = false;
-  if (threadIdx.x == 0) {
-    __threadfence();
-    mine = atomicAdd(&self->done, 1u) == gridDim.x - 1;
-  }
-  if (__syncthreads_and(!mine)) return;
-  __threadfence();
-  const int64_t chunks = (nv + a.round_vecs - 1) / a.round_vecs;
-  for (int i = threadIdx.x; i < chunks * DL_SIGNAL_MAX_RANKS; i += blockDim.x)
-    self->ce_ready[i / DL_SIGNAL_MAX_RANKS][i % DL_SIGNAL_MAX_RANKS] = 0;
-  const uint32_t e = self->ce_calls + 1;
-  __syncthreads(); // the flags are clear (and e read) before any peer hears of it
-  const int p = threadIdx.x;
-  if (p < nr && p != me) {
-    dl_signal_store_release(&ctrl_of(buf_of(a, p))->ce_done[me], e);
-    uint32_t seen = 0;
-    if (!dl_signal_wait_until(&self->ce_done[p], e, a.timeout_ns, &seen))
-      ar_fail(a.pad, a.status, a.algo, p, e, seen, seq);
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    self->ce_calls = e;
-    *reinterpret_cast<volatile uint32_t *>(&self->done) = 0;
-    *reinterpret_cast<volatile uint32_t *>(&self->seq) = seq + 1;
-    __threadfence();
-  }
-}
-
 // ---- launchers ------------------------------------------------------------------
 
 extern "C" void dl_allreduce_cuda_shape(int nranks, int *threads, int *unroll) {
@@ -757,7 +681,6 @@ template <int DT, int NR, bool AL> static int launch(const dl_ar_args_t *a, cuda
   case DL_AR_ONE_SHOT_LAMPORT: return go(allreduce_lamport_kernel<DT, NR, AL>, a, st, "allreduce_lamport_kernel");
   case DL_AR_ONE_SHOT_PUSH_FLAT:
     return go(allreduce_one_shot_flat_kernel<DT, NR, AL>, a, st, "allreduce_one_shot_flat_kernel");
-  case DL_AR_ONE_SHOT_CE: return go(allreduce_one_shot_ce_kernel<DT, NR, AL>, a, st, "allreduce_one_shot_ce_kernel");
   default: return DL_ERR(DL_EINVAL, "allreduce: algorithm %d has no kernel", a->algo);
   }
 }

@@ -7,7 +7,7 @@
  * Each rank's symmetric buffer (one dl_symm_t, mapped by every rank):
  *
  *   [ctrl: dl_ar_ctrl_t, 64 KiB][zero-copy input: slot][staging: 2 halves x n slots]
- *   [lamport: 2 halves x n lamport slots][copy engine: n slots (cuda and cpu)]
+ *   [lamport: 2 halves x n lamport slots]
  *
  * ctrl holds the barrier flags peers write (flags[block][from rank]), this
  * rank's own barrier counts (counts[block][peer]; counts[block][rank] counts
@@ -40,18 +40,6 @@
  * later, after it has received this rank's data of the call in between,
  * which this rank sends only after this call (its emptying included) ended.
  * The region serves no other algorithm, so nothing else leaves data there.
- *
- * Copy-engine region (one_shot_ce): rank p's copy engine writes p's input,
- * chunk after chunk, into slot p of every peer's region, and after each
- * chunk c the stream sets ce_ready[c][p] to 1 in every rank's ctrl (its own
- * too: its input has been read). The values a stream writes are fixed when
- * a graph is captured, so these are set-and-clear flags, not counts: the
- * kernel of the call waits for every ce_ready[c][*], reduces chunk c, and
- * the last of its blocks clears them all, then meets every peer's last
- * block (ce_done[from], counts of calls that only grow). A rank copies into
- * a peer again only after its own kernel has met the peer there, so after
- * the peer read everything and cleared its flags: one buffer suffices and
- * nothing of the other algorithms is shared.
  */
 #ifndef DISTLAB_ALLREDUCE_H
 #define DISTLAB_ALLREDUCE_H
@@ -63,8 +51,7 @@
 enum {
   DL_AR_MAX_BLOCKS = 512,
   DL_AR_CTRL_BYTES = 65536, /* sizeof(dl_ar_ctrl_t) rounded up */
-  DL_AR_VEC_BYTES = 16,
-  DL_AR_CE_MAX_CHUNKS = 32 /* one_shot_ce: chunks of one call, each with its flags */
+  DL_AR_VEC_BYTES = 16
 };
 #define DL_AR_LAMPORT_EMPTY 0xffffffffu /* a NaN as f32, two NaNs as f16/bf16 */
 #define DL_AR_LAMPORT_NAN 0x7fffffffu   /* what an input word equal to EMPTY is sent as */
@@ -75,9 +62,6 @@ typedef struct dl_ar_ctrl {
   uint32_t progress[DL_AR_MAX_BLOCKS]; /* pipelined kernels: rounds block b produced */
   uint32_t seq;  /* calls finished on this rank                          */
   uint32_t done; /* blocks of the running call that finished             */
-  uint32_t ce_ready[DL_AR_CE_MAX_CHUNKS][DL_SIGNAL_MAX_RANKS]; /* [chunk][from]: 1 once it landed */
-  uint32_t ce_done[DL_SIGNAL_MAX_RANKS]; /* [from]: one_shot_ce calls it finished, peers write */
-  uint32_t ce_calls;                     /* one_shot_ce calls this rank finished              */
 } dl_ar_ctrl_t;
 
 /* What a timed-out wait leaves for the host (host-mapped memory on cuda, so
@@ -117,7 +101,6 @@ typedef struct dl_ar_args {
   int64_t slot_bytes;  /* bytes of one staging slot (a multiple of 16)             */
   int64_t lamport_off;  /* byte offset of lamport half 0, slot 0                     */
   int64_t lamport_slot; /* bytes of one lamport slot (a multiple of 16)              */
-  int64_t ce_off;       /* byte offset of the copy-engine region's slot 0           */
   dl_signal_pad_t *pad;    /* this rank's signal pad: failure records             */
   dl_ar_status_t *status;  /* this rank's status, writable by the kernel           */
   uint64_t timeout_ns;     /* every wait ends after this                            */

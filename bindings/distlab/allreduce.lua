@@ -4,7 +4,7 @@
 --       in place (or into out) on the current stream; returns the result tensor.
 --       algo: "nccl" (the communicator's own), "one_shot", "one_shot_push",
 --       "two_shot", "two_shot_push", "two_shot_write", "one_shot_lamport", "one_shot_push_flat"
---       (kernels/allreduce.cu), "one_shot_ce" (copy engines move the data, a kernel reduces),
+--       (kernels/allreduce.cu),
 --       or "auto": the
 --       dispatch table's choice for this device, world size and size.
 --   dl.allreduce.tune{sizes = {bytes...}, comm =, file =, algos =, replays =}
@@ -31,11 +31,10 @@ local C, check, fail = core.C, core.check, core.fail
 
 local M = {}
 M.algos = { "nccl", "one_shot", "one_shot_push", "two_shot", "two_shot_push", "two_shot_write", "one_shot_lamport",
-  "one_shot_push_flat", "one_shot_ce" }
+  "one_shot_push_flat" }
 local ids = { nccl = C.DL_AR_NCCL, one_shot = C.DL_AR_ONE_SHOT, one_shot_push = C.DL_AR_ONE_SHOT_PUSH,
   two_shot = C.DL_AR_TWO_SHOT, two_shot_push = C.DL_AR_TWO_SHOT_PUSH, two_shot_write = C.DL_AR_TWO_SHOT_WRITE,
-  one_shot_lamport = C.DL_AR_ONE_SHOT_LAMPORT, one_shot_push_flat = C.DL_AR_ONE_SHOT_PUSH_FLAT,
-  one_shot_ce = C.DL_AR_ONE_SHOT_CE }
+  one_shot_lamport = C.DL_AR_ONE_SHOT_LAMPORT, one_shot_push_flat = C.DL_AR_ONE_SHOT_PUSH_FLAT }
 
 local AR = {}
 AR.__index = AR

@@ -433,8 +433,7 @@ enum {
   DL_AR_TWO_SHOT_WRITE = 5, /* two-shot writing both phases into peers: no copy-in */
   DL_AR_ONE_SHOT_LAMPORT = 6, /* one-shot push with no flags: data polled against a sentinel */
   DL_AR_ONE_SHOT_PUSH_FLAT = 7, /* one-shot push, every thread pushing, then reducing, per round */
-  DL_AR_ONE_SHOT_CE = 8, /* one-shot with the copy engines moving the data, the kernel reducing */
-  DL_AR_NUM_ALGOS = 9
+  DL_AR_NUM_ALGOS = 8
 };
 typedef struct dl_allreduce_info {
   int32_t rank;

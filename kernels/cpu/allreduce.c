@@ -86,18 +86,6 @@ static int ar_fail(const dl_ar_args_t *a, int block, int peer, uint32_t expected
                 peer, a->timeout_ns * 1e-9, block, expected, seen);
 }
 
-/* Wait until *w reaches v (counting modulo 2^32) or the deadline passes;
- * a timeout is recorded as block b waiting for `peer`. */
-static int wait_reach(const dl_ar_args_t *a, const uint32_t *w, uint32_t v, double deadline, int b,
-                      int peer, uint32_t seq) {
-  uint32_t x;
-  for (long i = 0; !DL_SIGNAL_REACHED(x = __atomic_load_n(w, __ATOMIC_ACQUIRE), v); i++) {
-    dl_host_pause(i);
-    if (i % 16 == 0 && dl_host_now_s() > deadline) return ar_fail(a, b, peer, v, x, seq);
-  }
-  return DL_OK;
-}
-
 /* Block b of this rank meets block b of every other rank (kernel: ar_barrier). */
 static int ar_barrier(const dl_ar_args_t *a, dl_ar_ctrl_t *self, int b, uint32_t seq) {
   uint32_t e[DL_SIGNAL_MAX_RANKS];
@@ -108,8 +96,15 @@ static int ar_barrier(const dl_ar_args_t *a, dl_ar_ctrl_t *self, int b, uint32_t
     __atomic_store_n(&ctrl_of(a->bufs[p])->flags[b][a->rank], e[p], __ATOMIC_RELEASE);
   }
   double deadline = dl_host_now_s() + a->timeout_ns * 1e-9;
-  for (int p = 0; p < a->nranks; p++)
-    if (p != a->rank) DL_TRY(wait_reach(a, &self->flags[b][p], e[p], deadline, b, p, seq));
+  for (int p = 0; p < a->nranks; p++) {
+    if (p == a->rank) continue;
+    uint32_t x;
+    for (long i = 0; !DL_SIGNAL_REACHED(x = __atomic_load_n(&self->flags[b][p], __ATOMIC_ACQUIRE), e[p]);
+         i++) {
+      dl_host_pause(i);
+      if (i % 16 == 0 && dl_host_now_s() > deadline) return ar_fail(a, b, p, e[p], x, seq);
+    }
+  }
   return DL_OK;
 }
 
@@ -255,38 +250,6 @@ static int one_shot_lamport(const job_t *j) {
   return DL_OK;
 }
 
-/* The copy-engine one-shot (kernels/allreduce.h): what the GPU's side
- * stream does (copy chunk c into slot `rank` of every peer's region, set
- * ce_ready[c][rank] everywhere) and what its kernel does (wait for chunk c
- * from everyone, reduce it; clear the flags, meet the peers at ce_done),
- * one chunk after another. */
-static int one_shot_ce(const job_t *j) {
-  const dl_ar_args_t *a = j->a;
-  const int me = a->rank, nr = a->nranks;
-  char *src[DL_SIGNAL_MAX_RANKS];
-  for (int p = 0; p < nr; p++) src[p] = a->bufs[me] + a->ce_off + (int64_t)p * a->slot_bytes;
-  src[me] = (char *)a->in;
-  const double deadline = dl_host_now_s() + a->timeout_ns * 1e-9;
-  int64_t chunks = 0;
-  for (int64_t v0 = 0; v0 < j->nv; v0 += j->chunk, chunks++) {
-    const int64_t e0 = el(j, v0), e1 = el(j, v0 + j->chunk), c = chunks;
-    for (int p = 0; p < nr; p++)
-      if (p != me) copy_range(a->bufs[p] + a->ce_off + (int64_t)me * a->slot_bytes, a->in, e0, e1, j->es);
-    for (int p = 0; p < nr; p++)
-      __atomic_store_n(&ctrl_of(a->bufs[p])->ce_ready[c][me], 1u, __ATOMIC_RELEASE);
-    for (int p = 0; p < nr; p++) DL_TRY(wait_reach(a, &j->self->ce_ready[c][p], 1u, deadline, 0, p, j->seq));
-    sum_range(a->out, src, nr, e0, e1, a->dtype);
-  }
-  memset(j->self->ce_ready, 0, sizeof j->self->ce_ready[0] * (size_t)chunks);
-  const uint32_t e = j->self->ce_calls + 1;
-  for (int p = 0; p < nr; p++)
-    if (p != me) __atomic_store_n(&ctrl_of(a->bufs[p])->ce_done[me], e, __ATOMIC_RELEASE);
-  for (int p = 0; p < nr; p++)
-    if (p != me) DL_TRY(wait_reach(a, &j->self->ce_done[p], e, deadline, 0, p, j->seq));
-  j->self->ce_calls = e;
-  return DL_OK;
-}
-
 int dl_allreduce_cpu(const dl_ar_args_t *a, void *stream) {
   (void)stream;
   if (a->blocks < 1 || a->blocks > DL_AR_MAX_BLOCKS || a->threads < 1 || a->unroll < 1 || a->round_vecs < 1 ||
@@ -314,7 +277,6 @@ int dl_allreduce_cpu(const dl_ar_args_t *a, void *stream) {
   case DL_AR_TWO_SHOT_PUSH: rc = two_shot(&j, 1, 0); break;
   case DL_AR_TWO_SHOT_WRITE: rc = two_shot(&j, 1, 1); break;
   case DL_AR_ONE_SHOT_LAMPORT: rc = one_shot_lamport(&j); break;
-  case DL_AR_ONE_SHOT_CE: rc = one_shot_ce(&j); break;
   default: return DL_ERR(DL_EINVAL, "allreduce (cpu): algorithm %d has no twin", a->algo);
   }
   __atomic_store_n(&j.self->seq, j.seq + 1, __ATOMIC_RELEASE);
