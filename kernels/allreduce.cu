@@ -290,18 +290,10 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_one_shot_pipe_kernel(
   const uint32_t base = t < nr ? self->counts[b][t] : 0;
   const uint32_t base_me = self->counts[b][me];
   const int64_t per_step = (int64_t)half * U, per_round = a.round_vecs;
-  // block b's vectors [b0, b1), in rounds of per_round; with a.stagger = S >
-  // 1 the first round of block b is cut short by (b % S) / S of a round, so
-  // that neighbouring blocks reach their flags at different times
-  const int64_t W = ((nv + gridDim.x - 1) / gridDim.x + 31) / 32 * 32;
-  const int64_t b0 = (int64_t)b * W < nv ? (int64_t)b * W : nv, b1 = b0 + W < nv ? b0 + W : nv;
-  const int64_t phase =
-      a.stagger > 1 && b1 - b0 > 2 * per_round ? (b % a.stagger) * per_round / a.stagger / 32 * 32 : 0;
   uint32_t k = 0;
   bool ok = true;
-  for (int64_t r0 = b0, r1; r0 < b1; r0 = r1, k++) {
-    r1 = r0 + (r0 == b0 && phase > 0 ? phase : per_round);
-    if (r1 > b1) r1 = b1;
+  for (int64_t r0 = b * per_round; r0 < nv; r0 += per_round * gridDim.x, k++) {
+    const int64_t r1 = r0 + per_round < nv ? r0 + per_round : nv;
     if (producer) {
       for (int64_t s0 = r0 + t; s0 < r1; s0 += per_step) {
         uint4 x[U];

@@ -105,7 +105,6 @@ typedef struct dl_ar_args {
   dl_ar_status_t *status;  /* this rank's status, writable by the kernel           */
   uint64_t timeout_ns;     /* every wait ends after this                            */
   uint32_t poll_ns;        /* one_shot_lamport: nap between polls after the 8th     */
-  int stagger;             /* pipelined one-shot: phases of the blocks' first rounds */
 } dl_ar_args_t;
 
 #ifdef __cplusplus
