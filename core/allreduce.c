@@ -34,6 +34,7 @@ struct dl_allreduce {
   int64_t round_max; /* vectors a block moves per round at most (0: the kernels' own) */
   int pdl;           /* launch with programmatic stream serialization (cuda) */
   uint32_t poll_ns;  /* one_shot_lamport's nap between polls */
+  int lamport_ahead; /* one_shot_lamport: grid steps pushed ahead of the reduction */
   int failed;
   char failure[512]; /* why, once failed */
   double timeout_s;
@@ -196,16 +197,19 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
    * allreduce-h200x2-knobs.md); every rank of a job must see the same:
    * DISTLAB_AR_ROUND_KB a block's round length (0: the kernels' own),
    * DISTLAB_AR_PDL=0 no programmatic dependent launch, DISTLAB_AR_POLL_NS
-   * one_shot_lamport's nap between polls */
-  long round_kb, pdl, poll_ns;
+   * one_shot_lamport's nap between polls, DISTLAB_AR_LAMPORT_AHEAD its grid
+   * steps pushed ahead of the reduction (0: all) */
+  long round_kb, pdl, poll_ns, ahead;
   DL_TRY(env_int("DISTLAB_AR_ROUND_KB", 0, 0, 1 << 20, &round_kb));
   DL_TRY(env_int("DISTLAB_AR_PDL", 1, 0, 1, &pdl));
   DL_TRY(env_int("DISTLAB_AR_POLL_NS", 128, 0, 100000, &poll_ns));
+  DL_TRY(env_int("DISTLAB_AR_LAMPORT_AHEAD", 0, 0, 1 << 20, &ahead));
   dl_allreduce_t *ar = calloc(1, sizeof *ar);
   if (!ar) return DL_ERR(DL_ENOMEM, "dl_allreduce_new: out of host memory");
   ar->round_max = (int64_t)round_kb * 1024 / DL_AR_VEC_BYTES;
   ar->pdl = (int)pdl;
   ar->poll_ns = (uint32_t)poll_ns;
+  ar->lamport_ahead = (int)ahead;
   ar->magic = AR_MAGIC;
   ar->comm = c;
   ar->rank = ci.rank;
@@ -419,6 +423,7 @@ static int run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int 
   a.timeout_ns = (uint64_t)(ar->timeout_s * 1e9);
   a.pdl = ar->pdl;
   a.poll_ns = ar->poll_ns;
+  a.lamport_ahead = ar->lamport_ahead;
   /* zero copy: the input already in our region, the output where the
    * algorithm can write it while peers read the inputs */
   int64_t zc = zc_offset(ar, vi.data, nbytes);

@@ -560,71 +560,67 @@ __device__ __forceinline__ bool lamport_full(const uint4 &x) {
          x.w != DL_AR_LAMPORT_EMPTY;
 }
 
-// First push every vector of the input (cleaned) into slot `rank` of every
-// peer's lamport half, then, vector by vector, poll the peers' copies in our
-// half until each is whole, reduce in rank order and empty them. A vector
-// belongs to the same thread in both phases, so an in-place output is
-// written only after its thread read the input. A wait that times out (or
-// sees another thread's failure) records it and ends the kernel's work.
+// Push the input vectors (cleaned) into slot `rank` of every peer's lamport
+// half, and, vector by vector, poll the peers' copies in our half until each
+// is whole, reduce in rank order and empty them. Thread t of block b owns
+// vectors j*T*G + b*T + t (a step j of the grid is T*G vectors), and pushes
+// its step j + a.lamport_ahead before it reduces step j (0: every step
+// first), so the reduction of arrived data overlaps the pushes still going
+// out. A vector's push and reduction are in the same thread, so an in-place
+// output is written only after its thread read the input. A wait that times
+// out (or sees another thread's failure) records it and ends the kernel's
+// work.
+template <int DT, int NR, bool AL>
+__device__ __forceinline__ void lamport_push(const dl_ar_args_t &a, int nr, int h, int64_t v) {
+  constexpr int NRC = shape<NR>::NRC;
+  const uint4 x = lamport_clean(ld_user<DT, AL>(a.in, v, a.n));
+#pragma unroll
+  for (int p = 0; p < NRC; p++)
+    if (p < nr && p != a.rank) st_vec(lamport(a, p, h, a.rank), v, x);
+}
+
 template <int DT, int NR, bool AL>
 __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_lamport_kernel(const dl_ar_args_t a) {
-  constexpr int NRC = shape<NR>::NRC, U = shape<NR>::U;
+  constexpr int NRC = shape<NR>::NRC;
   const int nr = NR ? NR : a.nranks, me = a.rank;
   dl_ar_ctrl_t *self = ctrl_of(buf_of(a, me));
   const uint32_t seq = ar_begin(self);
   const int h = seq & 1;
   const int64_t nv = vec_count<DT>(a.n);
-  const int64_t per_step = (int64_t)blockDim.x * U, first = blockIdx.x * per_step + threadIdx.x;
-  for (int64_t s0 = first; s0 < nv; s0 += per_step * gridDim.x) {
-    uint4 x[U];
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-      const int64_t v = s0 + (int64_t)u * blockDim.x;
-      if (v < nv) x[u] = lamport_clean(ld_user<DT, AL>(a.in, v, a.n));
-    }
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-      const int64_t v = s0 + (int64_t)u * blockDim.x;
-#pragma unroll
-      for (int p = 0; p < NRC; p++)
-        if (p < nr && p != me && v < nv) st_vec(lamport(a, p, h, me), v, x[u]);
-    }
-  }
+  const int64_t stride = (int64_t)blockDim.x * gridDim.x, first = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  int64_t next = first; // the next vector to push
+  for (int j = 0; (a.lamport_ahead <= 0 || j < a.lamport_ahead) && next < nv; j++, next += stride)
+    lamport_push<DT, NR, AL>(a, nr, h, next);
   const uint4 empty = make_uint4(DL_AR_LAMPORT_EMPTY, DL_AR_LAMPORT_EMPTY, DL_AR_LAMPORT_EMPTY,
                                  DL_AR_LAMPORT_EMPTY);
   const volatile uint32_t *failed = &a.pad->error[0];
   const uint64_t t0 = dl_signal_clock_ns();
   bool ok = true;
-  for (int64_t s0 = first; ok && s0 < nv; s0 += per_step * gridDim.x) {
-    uint4 own[U], x[U][NRC];
+  for (int64_t v = first; ok && v < nv; v += stride) {
+    if (next < nv) {
+      lamport_push<DT, NR, AL>(a, nr, h, next);
+      next += stride;
+    }
+    uint4 x[NRC];
+    const uint4 own = lamport_clean(ld_user<DT, AL>(a.in, v, a.n));
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-      const int64_t v = s0 + (int64_t)u * blockDim.x;
-      if (v < nv) own[u] = lamport_clean(ld_user<DT, AL>(a.in, v, a.n));
-#pragma unroll
-      for (int p = 0; p < NRC; p++) {
-        if (!(p < nr && p != me && v < nv && ok)) continue;
-        const char *src = lamport(a, me, h, p);
-        for (int spins = 1; !lamport_full(x[u][p] = ld_volatile_vec(src, v)); spins++) {
-          DL_AR_POLL_PAUSE(spins, a.poll_ns);
-          if (spins % 256 == 0 && (*failed != 0u || dl_signal_clock_ns() - t0 > a.timeout_ns)) {
-            if (*failed == 0u) ar_fail(a.pad, a.status, a.algo, p, (uint32_t)v, 0u, seq);
-            ok = false;
-            break;
-          }
+    for (int p = 0; p < NRC; p++) {
+      if (!(p < nr && p != me && ok)) continue;
+      const char *src = lamport(a, me, h, p);
+      for (int spins = 1; !lamport_full(x[p] = ld_volatile_vec(src, v)); spins++) {
+        DL_AR_POLL_PAUSE(spins, a.poll_ns);
+        if (spins % 256 == 0 && (*failed != 0u || dl_signal_clock_ns() - t0 > a.timeout_ns)) {
+          if (*failed == 0u) ar_fail(a.pad, a.status, a.algo, p, (uint32_t)v, 0u, seq);
+          ok = false;
+          break;
         }
       }
     }
     if (!ok) break;
+    st_user<DT, AL>(a.out, v, a.n, reduce_vec_own<DT, NRC>(x, nr, me, own));
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-      const int64_t v = s0 + (int64_t)u * blockDim.x;
-      if (v >= nv) continue;
-      st_user<DT, AL>(a.out, v, a.n, reduce_vec_own<DT, NRC>(x[u], nr, me, own[u]));
-#pragma unroll
-      for (int p = 0; p < NRC; p++)
-        if (p < nr && p != me) st_vec(lamport(a, me, h, p), v, empty);
-    }
+    for (int p = 0; p < NRC; p++)
+      if (p < nr && p != me) st_vec(lamport(a, me, h, p), v, empty);
   }
   ar_end(self, seq);
 }

@@ -105,6 +105,8 @@ typedef struct dl_ar_args {
   dl_ar_status_t *status;  /* this rank's status, writable by the kernel           */
   uint64_t timeout_ns;     /* every wait ends after this                            */
   uint32_t poll_ns;        /* one_shot_lamport: nap between polls after the 8th     */
+  int lamport_ahead;       /* one_shot_lamport: grid steps pushed before the first
+                              is reduced (0: all of them)                          */
 } dl_ar_args_t;
 
 #ifdef __cplusplus

@@ -43,7 +43,7 @@ struct world {
 };
 
 struct call {
-  int algo, dtype, blocks, round_vecs, zc, inplace, misalign;
+  int algo, dtype, blocks, round_vecs, ahead, zc, inplace, misalign;
   int64_t n, zc_extra; // zero-copy tensor at this byte offset in the region
 };
 
@@ -89,6 +89,7 @@ static void rank_main(world *w, int r, const std::vector<call> *calls, int skip_
       a.nranks = n;
       a.blocks = k.blocks;
       a.round_vecs = k.round_vecs;
+      a.lamport_ahead = k.ahead;
       dl_allreduce_cuda_shape(n, &a.threads, &a.unroll);
       a.zero_copy = k.zc;
       a.n = k.n;
@@ -162,6 +163,7 @@ int main(int argc, char **argv) {
     k.blocks = 1 + rng() % 5;
     // any round length: partial steps (as the core's even spread gives) and several steps
     k.round_vecs = 1 + rng() % (3 * threads * unroll);
+    k.ahead = rng() % 4; // one_shot_lamport: steps pushed ahead (0: all)
     k.zc = k.algo != DL_AR_ONE_SHOT_PUSH && k.algo != DL_AR_ONE_SHOT_LAMPORT &&
            k.algo != DL_AR_ONE_SHOT_PUSH_FLAT && rng() % 3 == 0;
     k.inplace = rng() % 2;
