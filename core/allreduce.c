@@ -198,12 +198,12 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
    * DISTLAB_AR_ROUND_KB a block's round length (0: the kernels' own),
    * DISTLAB_AR_PDL=0 no programmatic dependent launch, DISTLAB_AR_POLL_NS
    * one_shot_lamport's nap between polls, DISTLAB_AR_LAMPORT_AHEAD its grid
-   * steps pushed ahead of the reduction (0: all) */
+   * steps pushed ahead of the reduction (default 2; 0: all first) */
   long round_kb, pdl, poll_ns, ahead;
   DL_TRY(env_int("DISTLAB_AR_ROUND_KB", 0, 0, 1 << 20, &round_kb));
   DL_TRY(env_int("DISTLAB_AR_PDL", 1, 0, 1, &pdl));
   DL_TRY(env_int("DISTLAB_AR_POLL_NS", 128, 0, 100000, &poll_ns));
-  DL_TRY(env_int("DISTLAB_AR_LAMPORT_AHEAD", 0, 0, 1 << 20, &ahead));
+  DL_TRY(env_int("DISTLAB_AR_LAMPORT_AHEAD", 2, 0, 1 << 20, &ahead));
   dl_allreduce_t *ar = calloc(1, sizeof *ar);
   if (!ar) return DL_ERR(DL_ENOMEM, "dl_allreduce_new: out of host memory");
   ar->round_max = (int64_t)round_kb * 1024 / DL_AR_VEC_BYTES;
