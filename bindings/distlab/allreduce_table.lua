@@ -5,8 +5,8 @@
 -- covers everything larger.
 --
 -- NVIDIA H200 at 2 and 4 ranks: the tables dl.allreduce.tune wrote on
--- nvidia-h200-x2 (2026-11-22 11:42, every algorithm including one_shot_lamport
--- and one_shot_push_flat) and nvidia-h200-x4 (2026-11-22, before two_shot_write,
+-- nvidia-h200-x2 (2026-11-22 12:47, every algorithm, one_shot_lamport with one
+-- vector a thread a step and two steps of look-ahead) and nvidia-h200-x4 (2026-11-22, before two_shot_write,
 -- one_shot_lamport and one_shot_push_flat existed) (every algorithm and a few
 -- grids per size, CUDA-graph timing); the sweeps in
 -- experiments/results/allreduce-h200x2.md and allreduce-h200x4.md ran with
@@ -22,16 +22,20 @@ return {
     device = "NVIDIA H200",
     world = 2,
     dtype = "bf16",
-    date = "2026-11-22 11:42 UTC",
+    date = "2026-11-22 12:47 UTC",
     source = "dl.allreduce.tune on nvidia-h200-x2 (experiments/results/allreduce-h200x2-tune.csv)",
     rows = {
-      { upto = 11584, algo = "one_shot_lamport", blocks = 0, us = 4.40, at = 8192 },
-      { upto = 46336, algo = "one_shot_push_flat", blocks = 8, us = 4.97, at = 16384 },
-      { upto = 185360, algo = "one_shot_push_flat", blocks = 32, us = 5.13, at = 65536 },
-      { upto = 370720, algo = "one_shot_push_flat", blocks = 64, us = 5.75, at = 262144 },
-      { upto = 5931632, algo = "one_shot_push_flat", blocks = 132, us = 6.56, at = 524288 },
-      { upto = 11863280, algo = "one_shot_push", blocks = 132, us = 32.50, at = 8388608 },
-      { algo = "one_shot_push", blocks = 0, us = 56.26, at = 16777216 },
+      { upto = 11584, algo = "one_shot_lamport", blocks = 0, us = 3.73, at = 8192 },
+      { upto = 23168, algo = "one_shot_lamport", blocks = 8, us = 3.74, at = 16384 },
+      { upto = 46336, algo = "one_shot_lamport", blocks = 16, us = 3.85, at = 32768 },
+      { upto = 92672, algo = "one_shot_lamport", blocks = 0, us = 3.96, at = 65536 },
+      { upto = 185360, algo = "one_shot_lamport", blocks = 64, us = 4.11, at = 131072 },
+      { upto = 370720, algo = "one_shot_lamport", blocks = 32, us = 4.44, at = 262144 },
+      { upto = 741440, algo = "one_shot_lamport", blocks = 0, us = 5.25, at = 524288 },
+      { upto = 1284224, algo = "one_shot_lamport", blocks = 132, us = 6.71, at = 1048576 },
+      { upto = 5931632, algo = "one_shot_lamport", blocks = 264, us = 8.24, at = 1572864 },
+      { upto = 11863280, algo = "one_shot_lamport", blocks = 0, us = 29.02, at = 8388608 },
+      { algo = "one_shot_push", blocks = 0, us = 56.36, at = 16777216 },
     },
   },
   {
