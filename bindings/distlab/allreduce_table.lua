@@ -6,9 +6,9 @@
 --
 -- NVIDIA H200 at 2 and 4 ranks: the tables dl.allreduce.tune wrote on
 -- nvidia-h200-x2 (2026-11-22 12:47, every algorithm, one_shot_lamport with one
--- vector a thread a step and two steps of look-ahead) and nvidia-h200-x4 (2026-11-22, before two_shot_write,
--- one_shot_lamport and one_shot_push_flat existed) (every algorithm and a few
--- grids per size, CUDA-graph timing); the sweeps in
+-- vector a thread a step and two steps of look-ahead) and nvidia-h200-x4
+-- (2026-11-22 12:58, every algorithm) (every algorithm and a few grids per
+-- size, CUDA-graph timing); the sweeps in
 -- experiments/results/allreduce-h200x2.md and allreduce-h200x4.md ran with
 -- exactly these tables. The other entries are still PROVISIONAL: the H100
 -- two-rank rows follow seed 002 (vLLM's sweep on H100, TP=2: one-stage custom
@@ -42,17 +42,18 @@ return {
     device = "NVIDIA H200",
     world = 4,
     dtype = "bf16",
-    date = "2026-11-22 08:04 UTC",
+    date = "2026-11-22 12:58 UTC",
     source = "dl.allreduce.tune on nvidia-h200-x4 (experiments/results/allreduce-h200x4-tune.csv)",
     rows = {
-      { upto = 185360, algo = "one_shot", blocks = 0, us = 5.93, at = 8192 },
-      { upto = 370720, algo = "one_shot", blocks = 32, us = 8.88, at = 262144 },
-      { upto = 741440, algo = "one_shot", blocks = 64, us = 11.39, at = 524288 },
-      { upto = 1284224, algo = "two_shot_push", blocks = 16, us = 15.80, at = 1048576 },
-      { upto = 1816176, algo = "two_shot_push", blocks = 0, us = 17.78, at = 1572864 },
-      { upto = 5931632, algo = "two_shot_push", blocks = 64, us = 20.47, at = 2097152 },
-      { upto = 11863280, algo = "two_shot_push", blocks = 132, us = 51.68, at = 8388608 },
-      { algo = "nccl", blocks = 0, us = 95.14, at = 16777216 },
+      { upto = 11584, algo = "one_shot", blocks = 0, us = 5.63, at = 8192 },
+      { upto = 23168, algo = "one_shot", blocks = 8, us = 5.46, at = 16384 },
+      { upto = 92672, algo = "one_shot", blocks = 16, us = 5.57, at = 32768 },
+      { upto = 185360, algo = "one_shot", blocks = 32, us = 6.47, at = 131072 },
+      { upto = 370720, algo = "one_shot", blocks = 64, us = 8.25, at = 262144 },
+      { upto = 741440, algo = "one_shot_lamport", blocks = 64, us = 10.69, at = 524288 },
+      { upto = 2568464, algo = "two_shot_push", blocks = 64, us = 14.23, at = 1048576 },
+      { upto = 11863280, algo = "two_shot_push", blocks = 132, us = 24.69, at = 3145728 },
+      { algo = "nccl", blocks = 0, us = 96.73, at = 16777216 },
     },
   },
   {
