@@ -567,10 +567,10 @@ __device__ __forceinline__ bool lamport_full(const uint4 &x) {
 // its step j + a.lamport_ahead before it reduces step j (0: every step
 // first), so the reduction of arrived data overlaps the pushes still going
 // out (2 H200s, 8 MB: 31.9 us with every step first, 29.2 with two ahead;
-// allreduce-h200x2-knobs.md). A vector's push and reduction are in the same thread, so an in-place
-// output is written only after its thread read the input. A wait that times
-// out (or sees another thread's failure) records it and ends the kernel's
-// work.
+// allreduce-h200x2-knobs.md). A vector's push and reduction are in the same
+// thread, so an in-place output is written only after its thread read the
+// input. A wait that times out (or sees another thread's failure) records it
+// and ends the kernel's work.
 template <int DT, int NR, bool AL>
 __device__ __forceinline__ void lamport_push(const dl_ar_args_t &a, int nr, int h, int64_t v) {
   constexpr int NRC = shape<NR>::NRC;
@@ -588,7 +588,8 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_lamport_kernel(const 
   const uint32_t seq = ar_begin(self);
   const int h = seq & 1;
   const int64_t nv = vec_count<DT>(a.n);
-  const int64_t stride = (int64_t)blockDim.x * gridDim.x, first = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const int64_t stride = (int64_t)blockDim.x * gridDim.x;
+  const int64_t first = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   int64_t next = first; // the next vector to push
   for (int j = 0; (a.lamport_ahead <= 0 || j < a.lamport_ahead) && next < nv; j++, next += stride)
     lamport_push<DT, NR, AL>(a, nr, h, next);
