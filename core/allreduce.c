@@ -33,8 +33,8 @@ struct dl_allreduce {
   int sms, max_blocks, threads, unroll;
   int64_t round_max; /* vectors a block moves per round at most (0: the kernels' own) */
   int pdl;           /* launch with programmatic stream serialization (cuda) */
-  uint32_t poll_ns;  /* one_shot_lamport's nap between polls */
-  int lamport_ahead; /* one_shot_lamport: grid steps pushed ahead of the reduction */
+  uint32_t poll_ns;  /* the Lamport kernels' nap between polls */
+  int lamport_ahead; /* the Lamport kernels: grid steps pushed ahead of the reduction */
   int failed;
   char failure[512]; /* why, once failed */
   double timeout_s;
@@ -51,10 +51,14 @@ struct dl_allreduce {
 static const char *algo_names[DL_AR_NUM_ALGOS] = {"nccl", "one_shot", "one_shot_push",
                                                   "two_shot", "two_shot_push",
                                                   "two_shot_write", "one_shot_lamport",
-                                                  "one_shot_push_flat"};
+                                                  "one_shot_push_flat", "two_shot_lamport"};
 
 static int is_two_shot(int algo) {
   return algo == DL_AR_TWO_SHOT || algo == DL_AR_TWO_SHOT_PUSH || algo == DL_AR_TWO_SHOT_WRITE;
+}
+
+static int is_lamport(int algo) {
+  return algo == DL_AR_ONE_SHOT_LAMPORT || algo == DL_AR_TWO_SHOT_LAMPORT;
 }
 
 static const char *algo_name(int algo) {
@@ -89,8 +93,8 @@ static int recorded_failure(dl_allreduce_t *ar) {
   if (!s || s->kind == 0) return DL_OK;
   char what[256];
   describe(ar, (int)s->algo, what, sizeof what);
-  char waited[96]; /* one_shot_lamport waits for data, the others for a count */
-  if (s->algo == DL_AR_ONE_SHOT_LAMPORT)
+  char waited[96]; /* the Lamport kernels wait for data, the others for a count */
+  if (is_lamport((int)s->algo))
     snprintf(waited, sizeof waited, "waited for its data at vector %u", s->expected);
   else
     snprintf(waited, sizeof waited, "waited for count %u and saw %u", s->expected, s->seen);
@@ -197,8 +201,8 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
    * allreduce-h200x2-knobs.md); every rank of a job must see the same:
    * DISTLAB_AR_ROUND_KB a block's round length (0: the kernels' own),
    * DISTLAB_AR_PDL=0 no programmatic dependent launch, DISTLAB_AR_POLL_NS
-   * one_shot_lamport's nap between polls, DISTLAB_AR_LAMPORT_AHEAD its grid
-   * steps pushed ahead of the reduction (default 2; 0: all first) */
+   * the Lamport kernels' nap between polls, DISTLAB_AR_LAMPORT_AHEAD their
+   * grid steps pushed ahead of the reduction (default 2; 0: all first) */
   long round_kb, pdl, poll_ns, ahead;
   DL_TRY(env_int("DISTLAB_AR_ROUND_KB", 0, 0, 1 << 20, &round_kb));
   DL_TRY(env_int("DISTLAB_AR_PDL", 1, 0, 1, &pdl));
@@ -338,15 +342,15 @@ static void shape_for(const dl_allreduce_t *ar, int64_t len, int blocks, int alg
   const int half = ar->dev_type == DL_CUDA && pipelined;
   const int64_t per_step = (int64_t)ar->threads / (half ? 2 : 1) * ar->unroll;
   const int64_t max_rounds = half ? 64 : 4;
-  /* the vectors a block gets before the grid grows. The Lamport kernel has
-   * no rounds and its latency is one vector's trip: one vector a thread.
+  /* the vectors a block gets before the grid grows. The Lamport kernels
+   * have no rounds and their latency is one vector's trip: one a thread.
    * The pushes on a GPU: 256 (4 KiB). On 2 H200s (allreduce-h200x2-tune.csv)
    * the grids this gives were within 1% of the best one tried from 32 KiB to
    * 256 KiB and were the best from 1 MiB (all multiprocessors; 128 blocks at
    * 512 KiB, where 132 was best), while a block a step (1024 or 2048
    * vectors) cost 16-43% below 1 MiB. */
   const int push = algo == DL_AR_ONE_SHOT_PUSH || algo == DL_AR_ONE_SHOT_PUSH_FLAT;
-  const int64_t fill = algo == DL_AR_ONE_SHOT_LAMPORT                ? ar->threads
+  const int64_t fill = is_lamport(algo)                              ? ar->threads
                        : push && ar->dev_type == DL_CUDA ? 256
                                                          : per_step;
   int64_t g = blocks;
@@ -441,13 +445,14 @@ static int run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int 
     return launch(ar, &a, stream);
   }
   /* copy-in (or push): pieces of one slot each */
-  const int64_t piece = (algo == DL_AR_ONE_SHOT_LAMPORT ? ar->lslot : ar->slot) / es;
+  const int64_t piece = (is_lamport(algo) ? ar->lslot : ar->slot) / es;
   for (int64_t off = 0; off < vi.numel; off += piece) {
     a.n = vi.numel - off < piece ? vi.numel - off : piece;
     a.in = vi.data + off * es;
     a.out = vo.data + off * es;
     const int64_t nv = (a.n * es + DL_AR_VEC_BYTES - 1) / DL_AR_VEC_BYTES;
-    shape_for(ar, is_two_shot(algo) ? (nv + ar->size - 1) / ar->size : nv, blocks, algo, &a);
+    const int sliced = is_two_shot(algo) || algo == DL_AR_TWO_SHOT_LAMPORT;
+    shape_for(ar, sliced ? (nv + ar->size - 1) / ar->size : nv, blocks, algo, &a);
     DL_TRY(launch(ar, &a, stream));
   }
   return DL_OK;

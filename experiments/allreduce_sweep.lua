@@ -25,9 +25,8 @@
 -- random inputs and three windows of the result are checked against an fp64
 -- sum (#wrong). "auto" runs whatever the dispatch table in use picks (its
 -- file is named in the results); the "best" column is the fastest of the
--- algorithms on an ordinary tensor (one_shot, one_shot_push, two_shot,
--- two_shot_push, two_shot_write, one_shot_lamport, nccl), the zero-copy
--- columns are reported apart.
+-- algorithms on an ordinary tensor (every column but auto, the zero-copy
+-- ones and PyTorch's), the zero-copy columns are reported apart.
 local ffi = require "ffi"
 local dl = require "distlab"
 
@@ -71,9 +70,9 @@ end
 
 local ar = dl.allreduce.get(w)
 local regular = { "one_shot", "two_shot", "nccl", "one_shot_push", "two_shot_push", "two_shot_write",
-  "one_shot_lamport", "one_shot_push_flat" }
+  "one_shot_lamport", "one_shot_push_flat", "two_shot_lamport" }
 local columns = { "one_shot", "two_shot", "nccl", "auto", "one_shot_push", "two_shot_push", "two_shot_write",
-  "one_shot_lamport", "one_shot_push_flat", "one_shot_zc", "two_shot_zc", "two_shot_push_zc" }
+  "one_shot_lamport", "one_shot_push_flat", "two_shot_lamport", "one_shot_zc", "two_shot_zc", "two_shot_push_zc" }
 
 -- ---- checking ---------------------------------------------------------------------------
 
@@ -299,7 +298,7 @@ local function write_results()
       "all-gather by reading), nccl (the communicator's NCCL all_reduce), auto (what the table picks), " ..
       "one_shot_push / two_shot_push (writes instead of reads), two_shot_write (both phases write into the " ..
       "peers: no copy-in), one_shot_lamport (push into a region kept at a sentinel; the receiver polls the data, " ..
-      "no flags or fences), one_shot_push_flat (push with every thread, then reduce, per round), *_zc (zero copy: the input already in the " ..
+      "no flags or fences), one_shot_push_flat (push with every thread, then reduce, per round), two_shot_lamport (two-shot whose slices and sums are polled where they land, as one_shot_lamport's data), *_zc (zero copy: the input already in the " ..
       "all-reduce's symmetric buffer; one_shot_zc out of place), PyTorch anchors from the same run: " ..
       "nccl_torch (torch.distributed), torch_one_shot / torch_two_shot (torch.ops.symm_mem, input in symmetric memory).",
     "- best: the fastest of " .. table.concat(regular, ", ") .. " on an ordinary tensor.",

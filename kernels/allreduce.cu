@@ -31,6 +31,9 @@
  *                                   the peers' data is polled where it lands,
  *                                   against the sentinel its region is kept at
  *                                   (kernels/allreduce.h), and emptied again.
+ *   allreduce_two_shot_lamport_kernel  the same for two-shot: slices pushed
+ *                                   to their owners, sums pushed back, both
+ *                                   polled where they land.
  *
  * Work is cut in 16-byte vectors (the tail vector of a size that is not a
  * multiple is loaded and stored element by element) and in rounds: round k
@@ -571,6 +574,21 @@ __device__ __forceinline__ bool lamport_full(const uint4 &x) {
 // thread, so an in-place output is written only after its thread read the
 // input. A wait that times out (or sees another thread's failure) records it
 // and ends the kernel's work.
+// Poll vector v of `src` (peer `peer`'s copy) until it is whole; false once
+// the wait times out (recorded) or another thread has failed.
+__device__ __forceinline__ bool lamport_wait(const dl_ar_args_t &a, const volatile uint32_t *failed,
+                                             const char *src, int64_t v, int peer, uint64_t t0, uint32_t seq,
+                                             uint4 &x) {
+  for (int spins = 1; !lamport_full(x = ld_volatile_vec(src, v)); spins++) {
+    DL_AR_POLL_PAUSE(spins, a.poll_ns);
+    if (spins % 256 == 0 && (*failed != 0u || dl_signal_clock_ns() - t0 > a.timeout_ns)) {
+      if (*failed == 0u) ar_fail(a.pad, a.status, a.algo, peer, (uint32_t)v, 0u, seq);
+      return false;
+    }
+  }
+  return true;
+}
+
 template <int DT, int NR, bool AL>
 __device__ __forceinline__ void lamport_push(const dl_ar_args_t &a, int nr, int h, int64_t v) {
   constexpr int NRC = shape<NR>::NRC;
@@ -606,24 +624,109 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_lamport_kernel(const 
     uint4 x[NRC];
     const uint4 own = lamport_clean(ld_user<DT, AL>(a.in, v, a.n));
 #pragma unroll
-    for (int p = 0; p < NRC; p++) {
-      if (!(p < nr && p != me && ok)) continue;
-      const char *src = lamport(a, me, h, p);
-      for (int spins = 1; !lamport_full(x[p] = ld_volatile_vec(src, v)); spins++) {
-        DL_AR_POLL_PAUSE(spins, a.poll_ns);
-        if (spins % 256 == 0 && (*failed != 0u || dl_signal_clock_ns() - t0 > a.timeout_ns)) {
-          if (*failed == 0u) ar_fail(a.pad, a.status, a.algo, p, (uint32_t)v, 0u, seq);
-          ok = false;
-          break;
-        }
-      }
-    }
+    for (int p = 0; p < NRC; p++)
+      if (p < nr && p != me && ok) ok = lamport_wait(a, failed, lamport(a, me, h, p), v, p, t0, seq, x[p]);
     if (!ok) break;
     st_user<DT, AL>(a.out, v, a.n, reduce_vec_own<DT, NRC>(x, nr, me, own));
 #pragma unroll
     for (int p = 0; p < NRC; p++)
       if (p < nr && p != me) st_vec(lamport(a, me, h, p), v, empty);
   }
+  ar_end(self, seq);
+}
+
+// Two-shot without flags or fences, for more ranks than one-shot Lamport
+// suits (it sends every input to every peer). Slice q of every rank's input
+// goes into slot `rank` of rank q's lamport half, at the slice's own
+// positions; rank q polls its slice from every peer, reduces it in rank
+// order (cleaned, so every rank writes the same bits), writes it out and
+// pushes it into slot q of every peer, again at the slice's positions; every
+// rank polls the other slices' sums there and writes them out. In a rank's
+// half, slot p holds p's share of our slice at our slice's positions and
+// p's sum at p's: the two never meet. Every word is emptied by the rank that
+// polled it. Thread t of block b owns position j = k*T*G + b*T + t of every
+// slice; it scatters step k + a.lamport_ahead before it reduces step k, and
+// reads the sums of step k one step later, when they have had time to land.
+template <int DT, int NR, bool AL>
+__device__ __forceinline__ void lamport_scatter(const dl_ar_args_t &a, int nr, int h, int64_t sv, int64_t nv,
+                                                int64_t j) {
+  constexpr int NRC = shape<NR>::NRC;
+#pragma unroll
+  for (int q = 0; q < NRC; q++) {
+    const int64_t v = q * sv + j;
+    if (q < nr && q != a.rank && v < nv)
+      st_vec(lamport(a, q, h, a.rank), v, lamport_clean(ld_user<DT, AL>(a.in, v, a.n)));
+  }
+}
+
+// The sums of every other slice at position j: poll, write out, empty.
+template <int DT, int NR, bool AL>
+__device__ __forceinline__ bool lamport_gather(const dl_ar_args_t &a, const volatile uint32_t *failed, int nr,
+                                               int h, int64_t sv, int64_t nv, int64_t j, uint64_t t0,
+                                               uint32_t seq) {
+  constexpr int NRC = shape<NR>::NRC;
+  const uint4 empty = make_uint4(DL_AR_LAMPORT_EMPTY, DL_AR_LAMPORT_EMPTY, DL_AR_LAMPORT_EMPTY,
+                                 DL_AR_LAMPORT_EMPTY);
+#pragma unroll
+  for (int q = 0; q < NRC; q++) {
+    const int64_t v = q * sv + j;
+    if (!(q < nr && q != a.rank && v < nv)) continue;
+    char *src = lamport(a, a.rank, h, q);
+    uint4 x;
+    if (!lamport_wait(a, failed, src, v, q, t0, seq, x)) return false;
+    st_user<DT, AL>(a.out, v, a.n, x);
+    st_vec(src, v, empty);
+  }
+  return true;
+}
+
+template <int DT, int NR, bool AL>
+__global__ void __launch_bounds__(AR_THREADS, 1) allreduce_two_shot_lamport_kernel(const dl_ar_args_t a) {
+  constexpr int NRC = shape<NR>::NRC;
+  const int nr = NR ? NR : a.nranks, me = a.rank;
+  dl_ar_ctrl_t *self = ctrl_of(buf_of(a, me));
+  const uint32_t seq = ar_begin(self);
+  const int h = seq & 1;
+  const int64_t nv = vec_count<DT>(a.n);
+  const int64_t sv = (nv + nr - 1) / nr;
+  const int64_t stride = (int64_t)blockDim.x * gridDim.x;
+  const int64_t first = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  int64_t next = first; // the next position to scatter
+  for (int k = 0; (a.lamport_ahead <= 0 || k < a.lamport_ahead) && next < sv; k++, next += stride)
+    lamport_scatter<DT, NR, AL>(a, nr, h, sv, nv, next);
+  const uint4 empty = make_uint4(DL_AR_LAMPORT_EMPTY, DL_AR_LAMPORT_EMPTY, DL_AR_LAMPORT_EMPTY,
+                                 DL_AR_LAMPORT_EMPTY);
+  const volatile uint32_t *failed = &a.pad->error[0];
+  const uint64_t t0 = dl_signal_clock_ns();
+  bool ok = true;
+  int64_t prev = -1; // the position whose sums are gathered next
+  for (int64_t j = first; ok && j < sv; j += stride) {
+    if (next < sv) {
+      lamport_scatter<DT, NR, AL>(a, nr, h, sv, nv, next);
+      next += stride;
+    }
+    const int64_t v = me * sv + j;
+    if (v < nv) { // our slice: reduce, write out, send the sum to every peer
+      uint4 x[NRC];
+      const uint4 own = lamport_clean(ld_user<DT, AL>(a.in, v, a.n));
+#pragma unroll
+      for (int p = 0; p < NRC; p++)
+        if (p < nr && p != me && ok) ok = lamport_wait(a, failed, lamport(a, me, h, p), v, p, t0, seq, x[p]);
+      if (!ok) break;
+      const uint4 sum = lamport_clean(reduce_vec_own<DT, NRC>(x, nr, me, own));
+      st_user<DT, AL>(a.out, v, a.n, sum);
+#pragma unroll
+      for (int p = 0; p < NRC; p++) {
+        if (p < nr && p != me) {
+          st_vec(lamport(a, p, h, me), v, sum);
+          st_vec(lamport(a, me, h, p), v, empty);
+        }
+      }
+    }
+    if (prev >= 0) ok = lamport_gather<DT, NR, AL>(a, failed, nr, h, sv, nv, prev, t0, seq);
+    prev = j;
+  }
+  if (ok && prev >= 0) lamport_gather<DT, NR, AL>(a, failed, nr, h, sv, nv, prev, t0, seq);
   ar_end(self, seq);
 }
 
@@ -677,6 +780,8 @@ template <int DT, int NR, bool AL> static int launch(const dl_ar_args_t *a, cuda
   case DL_AR_TWO_SHOT_WRITE:
     return go(allreduce_two_shot_kernel<DT, NR, AL, true, true>, a, st, "allreduce_two_shot_kernel (write)");
   case DL_AR_ONE_SHOT_LAMPORT: return go(allreduce_lamport_kernel<DT, NR, AL>, a, st, "allreduce_lamport_kernel");
+  case DL_AR_TWO_SHOT_LAMPORT:
+    return go(allreduce_two_shot_lamport_kernel<DT, NR, AL>, a, st, "allreduce_two_shot_lamport_kernel");
   case DL_AR_ONE_SHOT_PUSH_FLAT:
     return go(allreduce_one_shot_flat_kernel<DT, NR, AL>, a, st, "allreduce_one_shot_flat_kernel");
   default: return DL_ERR(DL_EINVAL, "allreduce: algorithm %d has no kernel", a->algo);

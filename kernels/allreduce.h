@@ -36,10 +36,15 @@
  * peer's half (seq & 1), with any word equal to DL_AR_LAMPORT_EMPTY sent as
  * DL_AR_LAMPORT_NAN (both are NaNs in every dtype, so no value changes);
  * the receiver polls each vector until none of its words is empty, reduces,
- * and empties the words again. A peer writes that half again two calls
- * later, after it has received this rank's data of the call in between,
- * which this rank sends only after this call (its emptying included) ended.
- * The region serves no other algorithm, so nothing else leaves data there.
+ * and empties the words again. two_shot_lamport does the same with slices:
+ * slice q of rank p's input into slot p of rank q's half, and rank q's sum
+ * of slice q into slot q of every peer's half, each at the slice's own
+ * positions (in one half, slot p holds p's share of the owner's slice at
+ * the owner's positions and p's sum at p's: they never overlap). A peer
+ * writes that half again two calls later, after it has received this rank's
+ * data of the call in between, which this rank sends only after this call
+ * (its emptying included) ended. The region serves no other algorithms, so
+ * nothing else leaves data there.
  */
 #ifndef DISTLAB_ALLREDUCE_H
 #define DISTLAB_ALLREDUCE_H
@@ -104,8 +109,8 @@ typedef struct dl_ar_args {
   dl_signal_pad_t *pad;    /* this rank's signal pad: failure records             */
   dl_ar_status_t *status;  /* this rank's status, writable by the kernel           */
   uint64_t timeout_ns;     /* every wait ends after this                            */
-  uint32_t poll_ns;        /* one_shot_lamport: nap between polls after the 8th     */
-  int lamport_ahead;       /* one_shot_lamport: grid steps pushed before the first
+  uint32_t poll_ns;        /* Lamport kernels: nap between polls after the 8th      */
+  int lamport_ahead;       /* Lamport kernels: grid steps pushed before the first
                               is reduced (0: all of them)                          */
 } dl_ar_args_t;
 

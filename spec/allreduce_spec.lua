@@ -34,7 +34,7 @@ describe("allreduce on cpu (shared memory)", function()
   end
 
   it("2 ranks: a peer that never comes ends in an error naming the op, rank and peer", function()
-    for _, algo in ipairs { "one_shot", "two_shot_push", "two_shot_write", "one_shot_lamport" } do
+    for _, algo in ipairs { "one_shot", "two_shot_push", "two_shot_write", "one_shot_lamport", "two_shot_lamport" } do
       local t0 = os.time()
       local rc, out = run(2, "cpu", "fail.lua", algo, "SPEC_TIMEOUT=1")
       assert.equal(0, rc, out)
@@ -148,7 +148,7 @@ describe("allreduce on GPUs (2, and DISTLAB_SPEC_GPUS) #multigpu", function()
 
   it("a peer that never comes: the kernel ends by itself, check() names the op, rank and peer", function()
     for _, algo in ipairs { "one_shot", "one_shot_push", "two_shot", "two_shot_push", "two_shot_write", "one_shot_lamport",
-      "one_shot_push_flat" } do
+      "one_shot_push_flat", "two_shot_lamport" } do
       local t0 = os.time()
       local rc, out = run(2, "cuda", "fail.lua", algo, "SPEC_TIMEOUT=2")
       assert.equal(0, rc, out)

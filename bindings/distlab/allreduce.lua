@@ -3,8 +3,8 @@
 --   dl.allreduce.run(t, {algo = "auto", comm = world, out = nil, blocks = nil})
 --       in place (or into out) on the current stream; returns the result tensor.
 --       algo: "nccl" (the communicator's own), "one_shot", "one_shot_push",
---       "two_shot", "two_shot_push", "two_shot_write", "one_shot_lamport", "one_shot_push_flat"
---       (kernels/allreduce.cu),
+--       "two_shot", "two_shot_push", "two_shot_write", "one_shot_lamport", "one_shot_push_flat",
+--       "two_shot_lamport" (kernels/allreduce.cu),
 --       or "auto": the
 --       dispatch table's choice for this device, world size and size.
 --   dl.allreduce.tune{sizes = {bytes...}, comm =, file =, algos =, replays =}
@@ -31,10 +31,11 @@ local C, check, fail = core.C, core.check, core.fail
 
 local M = {}
 M.algos = { "nccl", "one_shot", "one_shot_push", "two_shot", "two_shot_push", "two_shot_write", "one_shot_lamport",
-  "one_shot_push_flat" }
+  "one_shot_push_flat", "two_shot_lamport" }
 local ids = { nccl = C.DL_AR_NCCL, one_shot = C.DL_AR_ONE_SHOT, one_shot_push = C.DL_AR_ONE_SHOT_PUSH,
   two_shot = C.DL_AR_TWO_SHOT, two_shot_push = C.DL_AR_TWO_SHOT_PUSH, two_shot_write = C.DL_AR_TWO_SHOT_WRITE,
-  one_shot_lamport = C.DL_AR_ONE_SHOT_LAMPORT, one_shot_push_flat = C.DL_AR_ONE_SHOT_PUSH_FLAT }
+  one_shot_lamport = C.DL_AR_ONE_SHOT_LAMPORT, one_shot_push_flat = C.DL_AR_ONE_SHOT_PUSH_FLAT,
+  two_shot_lamport = C.DL_AR_TWO_SHOT_LAMPORT }
 
 local AR = {}
 AR.__index = AR

@@ -433,7 +433,8 @@ enum {
   DL_AR_TWO_SHOT_WRITE = 5, /* two-shot writing both phases into peers: no copy-in */
   DL_AR_ONE_SHOT_LAMPORT = 6, /* one-shot push with no flags: data polled against a sentinel */
   DL_AR_ONE_SHOT_PUSH_FLAT = 7, /* one-shot push, every thread pushing, then reducing, per round */
-  DL_AR_NUM_ALGOS = 8
+  DL_AR_TWO_SHOT_LAMPORT = 8, /* two-shot push with no flags: slices and sums polled against a sentinel */
+  DL_AR_NUM_ALGOS = 9
 };
 typedef struct dl_allreduce_info {
   int32_t rank;

@@ -217,36 +217,90 @@ static char *lamport(const dl_ar_args_t *a, int rank, int half, int slot) {
   return a->bufs[rank] + a->lamport_off + ((int64_t)half * a->nranks + slot) * a->lamport_slot;
 }
 
-static void lamport_put(uint32_t *dst, const dl_ar_args_t *a, int64_t nw, int es) {
-  const uint32_t *src = (const uint32_t *)a->in;
-  const int64_t data_words = a->n * es / 4, tail = a->n * es % 4;
-  for (int64_t w = 0; w < nw; w++) {
+/* Words [w0, w1) of src (nbytes of data, zeros past them), cleaned as the
+ * kernels send them, into the same words of dst. */
+static void lamport_put(uint32_t *dst, const void *src, int64_t nbytes, int64_t w0, int64_t w1) {
+  const uint32_t *s = (const uint32_t *)src;
+  const int64_t data_words = nbytes / 4, tail = nbytes % 4;
+  for (int64_t w = w0; w < w1; w++) {
     uint32_t x = 0;
-    if (w < data_words) memcpy(&x, src + w, 4);
-    else if (w == data_words && tail) memcpy(&x, src + w, (size_t)tail);
+    if (w < data_words) memcpy(&x, s + w, 4);
+    else if (w == data_words && tail) memcpy(&x, s + w, (size_t)tail);
     __atomic_store_n(dst + w, x == DL_AR_LAMPORT_EMPTY ? DL_AR_LAMPORT_NAN : x, __ATOMIC_RELAXED);
   }
+}
+
+/* Wait until words [w0, w1) of peer's slot `src` are all filled. */
+static int lamport_poll(const job_t *j, const char *src, int64_t w0, int64_t w1, double deadline, int peer) {
+  const uint32_t *w = (const uint32_t *)src;
+  for (int64_t i = w0; i < w1; i++)
+    for (long k = 0; __atomic_load_n(w + i, __ATOMIC_ACQUIRE) == DL_AR_LAMPORT_EMPTY; k++) {
+      dl_host_pause(k);
+      if (k % 16 == 0 && dl_host_now_s() > deadline)
+        return ar_fail(j->a, 0, peer, (uint32_t)(i / (DL_AR_VEC_BYTES / 4)), 0, j->seq);
+    }
+  return DL_OK;
 }
 
 static int one_shot_lamport(const job_t *j) {
   const dl_ar_args_t *a = j->a;
   const int me = a->rank, nr = a->nranks;
   const int64_t nw = j->nv * (DL_AR_VEC_BYTES / 4);
-  for (int p = 0; p < nr; p++) lamport_put((uint32_t *)lamport(a, p, j->h, me), a, nw, j->es);
+  for (int p = 0; p < nr; p++) lamport_put((uint32_t *)lamport(a, p, j->h, me), a->in, a->n * j->es, 0, nw);
   char *src[DL_SIGNAL_MAX_RANKS];
   double deadline = dl_host_now_s() + a->timeout_ns * 1e-9;
   for (int p = 0; p < nr; p++) {
     src[p] = lamport(a, me, j->h, p);
-    const uint32_t *w = (const uint32_t *)src[p];
-    for (int64_t i = 0; i < nw; i++)
-      for (long k = 0; __atomic_load_n(w + i, __ATOMIC_ACQUIRE) == DL_AR_LAMPORT_EMPTY; k++) {
-        dl_host_pause(k);
-        if (k % 16 == 0 && dl_host_now_s() > deadline)
-          return ar_fail(a, 0, p, (uint32_t)(i / (DL_AR_VEC_BYTES / 4)), 0, j->seq);
-      }
+    DL_TRY(lamport_poll(j, src[p], 0, nw, deadline, p));
   }
   sum_range(a->out, src, nr, 0, a->n, a->dtype);
   for (int p = 0; p < nr; p++) memset(src[p], 0xff, (size_t)(nw * 4));
+  return DL_OK;
+}
+
+/* Lamport two-shot (kernel: allreduce_two_shot_lamport_kernel): slice q of
+ * the input into slot `rank` of rank q's half (our own slice into our own
+ * slot, as the one-shot twin does), wait for our slice from everyone, sum it
+ * into out, clean it as the kernel does and push it into slot `rank` of
+ * every peer; wait for every other slice's sum, copy it out; empty every
+ * word read. Positions are the tensor's, so the slices never meet. */
+static int two_shot_lamport(const job_t *j) {
+  const dl_ar_args_t *a = j->a;
+  const int me = a->rank, nr = a->nranks;
+  const int W = DL_AR_VEC_BYTES / 4;
+  const int64_t sv = (j->nv + nr - 1) / nr, nbytes = a->n * j->es;
+  int64_t w0[DL_SIGNAL_MAX_RANKS] = {0}, w1[DL_SIGNAL_MAX_RANKS] = {0}; /* each slice's words */
+  for (int q = 0; q < nr; q++) {
+    w0[q] = (q * sv < j->nv ? q * sv : j->nv) * W;
+    w1[q] = ((q + 1) * sv < j->nv ? (q + 1) * sv : j->nv) * W;
+    lamport_put((uint32_t *)lamport(a, q, j->h, me), a->in, nbytes, w0[q], w1[q]);
+  }
+  const double deadline = dl_host_now_s() + a->timeout_ns * 1e-9;
+  char *src[DL_SIGNAL_MAX_RANKS];
+  for (int p = 0; p < nr; p++) {
+    src[p] = lamport(a, me, j->h, p);
+    if (p != me) DL_TRY(lamport_poll(j, src[p], w0[me], w1[me], deadline, p));
+  }
+  const int64_t e0 = w0[me] * 4 / j->es, e1 = w1[me] * 4 / j->es < a->n ? w1[me] * 4 / j->es : a->n;
+  sum_range(a->out, src, nr, e0, e1, a->dtype);
+  /* the sum as it is sent: cleaned, the same bits on every rank (whole
+   * words; a tensor's last half word is sent padded and kept as it is) */
+  for (int64_t w = w0[me]; w < w1[me] && (w + 1) * 4 <= nbytes; w++) {
+    uint32_t x;
+    memcpy(&x, (char *)a->out + w * 4, 4);
+    if (x == DL_AR_LAMPORT_EMPTY) memcpy((char *)a->out + w * 4, &(uint32_t){DL_AR_LAMPORT_NAN}, 4);
+  }
+  for (int p = 0; p < nr; p++) {
+    memset(src[p] + w0[me] * 4, 0xff, (size_t)((w1[me] - w0[me]) * 4));
+    if (p != me) lamport_put((uint32_t *)lamport(a, p, j->h, me), a->out, nbytes, w0[me], w1[me]);
+  }
+  for (int q = 0; q < nr; q++) {
+    if (q == me) continue;
+    DL_TRY(lamport_poll(j, src[q], w0[q], w1[q], deadline, q));
+    const int64_t b0 = w0[q] * 4, b1 = w1[q] * 4 < nbytes ? w1[q] * 4 : nbytes;
+    if (b1 > b0) memcpy((char *)a->out + b0, src[q] + b0, (size_t)(b1 - b0));
+    memset(src[q] + w0[q] * 4, 0xff, (size_t)((w1[q] - w0[q]) * 4));
+  }
   return DL_OK;
 }
 
@@ -277,6 +331,7 @@ int dl_allreduce_cpu(const dl_ar_args_t *a, void *stream) {
   case DL_AR_TWO_SHOT_PUSH: rc = two_shot(&j, 1, 0); break;
   case DL_AR_TWO_SHOT_WRITE: rc = two_shot(&j, 1, 1); break;
   case DL_AR_ONE_SHOT_LAMPORT: rc = one_shot_lamport(&j); break;
+  case DL_AR_TWO_SHOT_LAMPORT: rc = two_shot_lamport(&j); break;
   default: return DL_ERR(DL_EINVAL, "allreduce (cpu): algorithm %d has no twin", a->algo);
   }
   __atomic_store_n(&j.self->seq, j.seq + 1, __ATOMIC_RELEASE);

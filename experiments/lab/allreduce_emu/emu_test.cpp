@@ -155,7 +155,7 @@ int main(int argc, char **argv) {
   std::vector<call> calls;
   for (int c = 0; c < ncalls; c++) {
     call k;
-    k.algo = 1 + rng() % 7; // one_shot .. one_shot_push_flat
+    k.algo = 1 + rng() % 8; // one_shot .. two_shot_lamport
     k.dtype = rng() % 3;
     k.n = sizes[rng() % 10];
     int threads, unroll;
@@ -165,7 +165,7 @@ int main(int argc, char **argv) {
     k.round_vecs = 1 + rng() % (3 * threads * unroll);
     k.ahead = rng() % 4; // one_shot_lamport: steps pushed ahead (0: all)
     k.zc = k.algo != DL_AR_ONE_SHOT_PUSH && k.algo != DL_AR_ONE_SHOT_LAMPORT &&
-           k.algo != DL_AR_ONE_SHOT_PUSH_FLAT && rng() % 3 == 0;
+           k.algo != DL_AR_ONE_SHOT_PUSH_FLAT && k.algo != DL_AR_TWO_SHOT_LAMPORT && rng() % 3 == 0;
     k.inplace = rng() % 2;
     if (k.zc && k.algo == DL_AR_ONE_SHOT) k.inplace = 0; // the core copies in instead
     if (k.zc && k.algo != DL_AR_ONE_SHOT) k.inplace = 1; // two-shot zero copy is in place
@@ -182,9 +182,9 @@ int main(int argc, char **argv) {
   if (failures) return 1;
 
   // rank 1 skips the last call: rank 0 must time out and say so (with the
-  // first call's algorithm, then with the Lamport one, whose waits poll data)
+  // first call's algorithm, then with the Lamport ones, whose waits poll data)
   bool ok = true;
-  for (int algo : {calls[0].algo, (int)DL_AR_ONE_SHOT_LAMPORT}) {
+  for (int algo : {calls[0].algo, (int)DL_AR_ONE_SHOT_LAMPORT, (int)DL_AR_TWO_SHOT_LAMPORT}) {
     std::vector<call> last(1, calls[0]);
     last[0].algo = algo;
     last[0].zc = 0;
