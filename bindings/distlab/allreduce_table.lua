@@ -6,9 +6,9 @@
 --
 -- NVIDIA H200 at 2 and 4 ranks: the tables dl.allreduce.tune wrote on
 -- nvidia-h200-x2 (2026-11-22 12:47, every algorithm, one_shot_lamport with one
--- vector a thread a step and two steps of look-ahead) and nvidia-h200-x4
--- (2026-11-22 12:58, every algorithm) (every algorithm and a few grids per
--- size, CUDA-graph timing); the sweeps in
+-- vector a thread a step and two steps of look-ahead; two_shot_lamport did
+-- not exist yet) and nvidia-h200-x4 (2026-11-22 13:16, every algorithm) (a
+-- few grids per size, CUDA-graph timing); the sweeps in
 -- experiments/results/allreduce-h200x2.md and allreduce-h200x4.md ran with
 -- exactly these tables. The other entries are still PROVISIONAL: the H100
 -- two-rank rows follow seed 002 (vLLM's sweep on H100, TP=2: one-stage custom
@@ -42,18 +42,21 @@ return {
     device = "NVIDIA H200",
     world = 4,
     dtype = "bf16",
-    date = "2026-11-22 12:58 UTC",
+    date = "2026-11-22 13:16 UTC",
     source = "dl.allreduce.tune on nvidia-h200-x4 (experiments/results/allreduce-h200x4-tune.csv)",
     rows = {
       { upto = 11584, algo = "one_shot", blocks = 0, us = 5.63, at = 8192 },
-      { upto = 23168, algo = "one_shot", blocks = 8, us = 5.46, at = 16384 },
-      { upto = 92672, algo = "one_shot", blocks = 16, us = 5.57, at = 32768 },
-      { upto = 185360, algo = "one_shot", blocks = 32, us = 6.47, at = 131072 },
-      { upto = 370720, algo = "one_shot", blocks = 64, us = 8.25, at = 262144 },
-      { upto = 741440, algo = "one_shot_lamport", blocks = 64, us = 10.69, at = 524288 },
-      { upto = 2568464, algo = "two_shot_push", blocks = 64, us = 14.23, at = 1048576 },
-      { upto = 11863280, algo = "two_shot_push", blocks = 132, us = 24.69, at = 3145728 },
-      { algo = "nccl", blocks = 0, us = 96.73, at = 16777216 },
+      { upto = 23168, algo = "one_shot", blocks = 8, us = 5.45, at = 16384 },
+      { upto = 92672, algo = "one_shot", blocks = 16, us = 5.55, at = 32768 },
+      { upto = 185360, algo = "one_shot", blocks = 32, us = 6.48, at = 131072 },
+      { upto = 370720, algo = "two_shot_lamport", blocks = 0, us = 8.07, at = 262144 },
+      { upto = 741440, algo = "two_shot_lamport", blocks = 32, us = 9.11, at = 524288 },
+      { upto = 1284224, algo = "two_shot_lamport", blocks = 64, us = 11.09, at = 1048576 },
+      { upto = 2568464, algo = "two_shot_lamport", blocks = 132, us = 13.20, at = 1572864 },
+      { upto = 3632368, algo = "two_shot_lamport", blocks = 264, us = 22.77, at = 3145728 },
+      { upto = 5931632, algo = "two_shot_lamport", blocks = 64, us = 27.28, at = 4194304 },
+      { upto = 11863280, algo = "two_shot_push", blocks = 0, us = 51.34, at = 8388608 },
+      { algo = "nccl", blocks = 0, us = 96.85, at = 16777216 },
     },
   },
   {
