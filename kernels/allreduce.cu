@@ -589,6 +589,11 @@ __device__ __forceinline__ bool lamport_wait(const dl_ar_args_t &a, const volati
   return true;
 }
 
+// What an empty vector of the region holds.
+__device__ __forceinline__ uint4 lamport_empty() {
+  return make_uint4(DL_AR_LAMPORT_EMPTY, DL_AR_LAMPORT_EMPTY, DL_AR_LAMPORT_EMPTY, DL_AR_LAMPORT_EMPTY);
+}
+
 template <int DT, int NR, bool AL>
 __device__ __forceinline__ void lamport_push(const dl_ar_args_t &a, int nr, int h, int64_t v) {
   constexpr int NRC = shape<NR>::NRC;
@@ -611,8 +616,7 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_lamport_kernel(const 
   int64_t next = first; // the next vector to push
   for (int j = 0; (a.lamport_ahead <= 0 || j < a.lamport_ahead) && next < nv; j++, next += stride)
     lamport_push<DT, NR, AL>(a, nr, h, next);
-  const uint4 empty = make_uint4(DL_AR_LAMPORT_EMPTY, DL_AR_LAMPORT_EMPTY, DL_AR_LAMPORT_EMPTY,
-                                 DL_AR_LAMPORT_EMPTY);
+  const uint4 empty = lamport_empty();
   const volatile uint32_t *failed = &a.pad->error[0];
   const uint64_t t0 = dl_signal_clock_ns();
   bool ok = true;
@@ -665,8 +669,7 @@ __device__ __forceinline__ bool lamport_gather(const dl_ar_args_t &a, const vola
                                                int h, int64_t sv, int64_t nv, int64_t j, uint64_t t0,
                                                uint32_t seq) {
   constexpr int NRC = shape<NR>::NRC;
-  const uint4 empty = make_uint4(DL_AR_LAMPORT_EMPTY, DL_AR_LAMPORT_EMPTY, DL_AR_LAMPORT_EMPTY,
-                                 DL_AR_LAMPORT_EMPTY);
+  const uint4 empty = lamport_empty();
 #pragma unroll
   for (int q = 0; q < NRC; q++) {
     const int64_t v = q * sv + j;
@@ -694,8 +697,7 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_two_shot_lamport_kern
   int64_t next = first; // the next position to scatter
   for (int k = 0; (a.lamport_ahead <= 0 || k < a.lamport_ahead) && next < sv; k++, next += stride)
     lamport_scatter<DT, NR, AL>(a, nr, h, sv, nv, next);
-  const uint4 empty = make_uint4(DL_AR_LAMPORT_EMPTY, DL_AR_LAMPORT_EMPTY, DL_AR_LAMPORT_EMPTY,
-                                 DL_AR_LAMPORT_EMPTY);
+  const uint4 empty = lamport_empty();
   const volatile uint32_t *failed = &a.pad->error[0];
   const uint64_t t0 = dl_signal_clock_ns();
   bool ok = true;
