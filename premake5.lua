@@ -2,9 +2,13 @@
 --
 -- Runs under Debian's Premake 4.3 (`premake4 --file=premake5.lua gmake`) and
 -- under premake5. Three projects, so that object names never collide:
---   distlab_cuda  kernels/*.cu     static, compiled by nvcc (only when nvcc exists)
---   distlab_cpu   kernels/cpu/*.c  static, the CPU twins of the kernels
---   distlab       core/*.c         shared: build/lib/libdistlab.so
+--   distlab_cuda  kernels/**.cu      static, compiled by nvcc (only when nvcc exists)
+--   distlab_cpu   kernels/**/cpu/*.c static, the CPU twins of the kernels
+--   distlab       core/**.c          shared: build/lib/libdistlab.so
+-- Objects of one project share a folder, so file names are unique within
+-- each of the three sets (a spec checks it).
+-- Includes are written from the roots core/ and kernels/ ("base/internal.h",
+-- "common/dtype.h"); the ABI header is "distlab.h".
 -- Under premake4 a .cu file counts as a C++ file and nvcc is the C++ compiler
 -- (it understands -MMD -MP, so a changed kernel rebuilds one object); run the
 -- generated makefile with `make -R` so GNU make's built-in CXX=g++ does not win.
@@ -39,7 +43,7 @@ local nvcc_flags = "--forward-unknown-to-host-compiler -std=c++20 -O3 -Xcompiler
 local cuda_includes = nvcc and { cuda_home .. "/include", "/usr/include" } or {}
 local cuda_libdirs = nvcc and { cuda_home .. "/lib64" } or {}
 
-local cu_files = nvcc and os.matchfiles("kernels/*.cu") or {}
+local cu_files = nvcc and os.matchfiles("kernels/**.cu") or {}
 
 if P4 then
   path.iscppfile_p4 = path.iscppfile_p4 or path.iscppfile
@@ -54,7 +58,7 @@ local function common()
     filter {}
   end
   flags { "Symbols" }
-  includedirs { "core", "kernels" }
+  includedirs { "core", "core/include", "kernels" }
   includedirs(cuda_includes)
   if nvcc then defines { "DL_WITH_CUDA" } end
   targetdir "build/lib"
@@ -75,7 +79,7 @@ if nvcc then
       buildoptions { nvcc_flags }
     else
       filter "files:**.cu"
-        buildcommands { nvcc .. " " .. nvcc_flags .. " -Icore -Ikernels -I" .. cuda_home .. "/include" ..
+        buildcommands { nvcc .. " " .. nvcc_flags .. " -Icore -Icore/include -Ikernels -I" .. cuda_home .. "/include" ..
           " -DDL_WITH_CUDA -MMD -MP -o %{cfg.objdir}/%{file.basename}.o -c %{file.relpath}" }
         buildoutputs { "%{cfg.objdir}/%{file.basename}.o" }
       filter {}
@@ -87,7 +91,7 @@ project "distlab_cpu"
   language "C"
   common()
   objdir "build/obj/cpu"
-  files { "kernels/cpu/*.c" }
+  files { "kernels/**/cpu/*.c" }
   buildoptions { "-std=gnu11", "-O2", "-fPIC", "-Wall", "-Wextra", "-Wno-unused-parameter" }
 
 project "distlab"
@@ -95,7 +99,7 @@ project "distlab"
   language "C"
   common()
   objdir "build/obj/core"
-  files { "core/*.c" }
+  files { "core/**.c" }
   buildoptions { "-std=gnu11", "-O2", "-fPIC", "-Wall", "-Wextra", "-Wno-unused-parameter" }
   -- Static kernel libraries first, then what they need; nothing may stay undefined.
   if nvcc then

@@ -4,7 +4,7 @@
 --       in place (or into out) on the current stream; returns the result tensor.
 --       algo: "nccl" (the communicator's own), "one_shot", "one_shot_push",
 --       "two_shot", "two_shot_push", "two_shot_write", "one_shot_lamport", "one_shot_push_flat",
---       "two_shot_lamport" (kernels/allreduce.cu),
+--       "two_shot_lamport" (kernels/allreduce/allreduce.cu),
 --       or "auto": the
 --       dispatch table's choice for this device, world size and size.
 --   dl.allreduce.tune{sizes = {bytes...}, comm =, file =, algos =, replays =}

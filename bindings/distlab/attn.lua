@@ -1,6 +1,6 @@
 -- distlab.attn — one attention step and the merges of partial results that
--- context-parallel schedules are written from (C side: core/attn.c; kernels:
--- kernels/attn.h). 1-based Lua, tensors in, tensors out, on core.stream.
+-- context-parallel schedules are written from (C side: core/ops/attn/attn.c; kernels:
+-- kernels/attn/attn.h). 1-based Lua, tensors in, tensors out, on core.stream.
 --
 -- Step
 --   out, lse[, max_logit] = attn.fwd(q, k, v, opts)

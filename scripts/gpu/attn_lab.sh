@@ -17,7 +17,7 @@ SAN=${SANITIZER:-compute-sanitizer}
 command -v "$NVCC" >/dev/null || NVCC=/usr/local/cuda/bin/nvcc
 command -v "$SAN" >/dev/null || SAN=/usr/local/cuda/bin/compute-sanitizer
 mkdir -p "$OUT" "$BUILD"
-FLAGS="-std=c++17 -O3 -lineinfo -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90"
+FLAGS="-Icore -Icore/include -Ikernels -std=c++17 -O3 -lineinfo -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90"
 status=0
 log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
 : > "$OUT/summary.txt"
@@ -26,12 +26,12 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader |
 log "build ($(date +%T))"
 pids=()
 for f in attn_fwd attn_bwd attn_merge; do
-  $NVCC $FLAGS -Xptxas -v -c kernels/$f.cu -o "$BUILD/$f.o" > "$BUILD/$f.ptxas" 2>&1 & pids+=($!)
+  $NVCC $FLAGS -Xptxas -v -c kernels/attn/$f.cu -o "$BUILD/$f.o" > "$BUILD/$f.ptxas" 2>&1 & pids+=($!)
 done
 for f in attn attn_merge attn_params; do
-  gcc -std=c11 -O2 -fPIC -c kernels/cpu/$f.c -o "$BUILD/cpu_$f.o" & pids+=($!)
+  gcc -std=c11 -O2 -fPIC -Icore -Icore/include -Ikernels -c kernels/attn/cpu/$f.c -o "$BUILD/cpu_$f.o" & pids+=($!)
 done
-gcc -std=c11 -O2 -fPIC -D_POSIX_C_SOURCE=200809L -c core/error.c -o "$BUILD/error.o" & pids+=($!)
+gcc -std=c11 -O2 -fPIC -Icore -Icore/include -Ikernels -D_POSIX_C_SOURCE=200809L -c core/base/error.c -o "$BUILD/error.o" & pids+=($!)
 $NVCC $FLAGS -c experiments/lab/attn/attn_check.cu -o "$BUILD/attn_check.o" & pids+=($!)
 $NVCC $FLAGS -c experiments/lab/attn/attn_bench.cu -o "$BUILD/attn_bench.o" & pids+=($!)
 # lab knobs (see the kernels' headers): variants of the d=128 tiles, checked
@@ -42,8 +42,8 @@ VARIANTS=("fwd 128x32, bwd 4 warps|-DDL_ATTN_FWD128_BN=32 -DDL_ATTN_BWD128_NW=4"
 [ -n "${NOVARIANTS:-}" ] && VARIANTS=()
 for i in "${!VARIANTS[@]}"; do
   defs=${VARIANTS[$i]#*|}
-  $NVCC $FLAGS $defs -c kernels/attn_fwd.cu -o "$BUILD/attn_fwd_v$i.o" & pids+=($!)
-  $NVCC $FLAGS $defs -c kernels/attn_bwd.cu -o "$BUILD/attn_bwd_v$i.o" & pids+=($!)
+  $NVCC $FLAGS $defs -c kernels/attn/attn_fwd.cu -o "$BUILD/attn_fwd_v$i.o" & pids+=($!)
+  $NVCC $FLAGS $defs -c kernels/attn/attn_bwd.cu -o "$BUILD/attn_bwd_v$i.o" & pids+=($!)
 done
 for p in "${pids[@]}"; do wait "$p" || status=1; done
 cat "$BUILD"/attn_*.ptxas > "$OUT/ptxas.txt" 2>/dev/null

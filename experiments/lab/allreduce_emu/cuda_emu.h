@@ -1,7 +1,7 @@
 /*
- * cuda_emu.h — just enough CUDA to run kernels/allreduce.cu on a CPU: every
+ * cuda_emu.h — just enough CUDA to run kernels/allreduce/allreduce.cu on a CPU: every
  * CUDA thread is an OS thread, __syncthreads a real barrier of its block, the
- * signal-pad device functions (kernels/signal_pad.h, device side) atomics with
+ * signal-pad device functions (kernels/common/signal_pad.h, device side) atomics with
  * the same acquire/release pairs. Force-included by the Makefile; launches
  * `k<<<g, b, 0, s>>>(args)` are rewritten to `emu_launch(k, g, b, 0, s)(args)`
  * by sed, and the launch blocks until the grid is done (one stream per rank).
@@ -81,7 +81,7 @@ inline thread_local emu_block *emu_this_block;
 
 static inline void __syncthreads() { emu_this_block->sync_and(true); }
 #define DL_AR_EMU_NAMED_SYNC
-#define DL_AR_EMU 1 /* kernels/allreduce.cu launches with <<<>>> here */
+#define DL_AR_EMU 1 /* kernels/allreduce/allreduce.cu launches with <<<>>> here */
 static inline bool named_sync_and(int id, int n, bool pred) { return emu_this_block->named[id].arrive(n, pred); }
 static inline bool __syncthreads_and(bool v) { return emu_this_block->sync_and(v); }
 static inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
@@ -94,7 +94,7 @@ static inline uint32_t atomicAdd(uint32_t *p, uint32_t v) {
   return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
 }
 
-/* ---- the signal-pad device side (kernels/signal_pad.h under __CUDACC__) ----- */
+/* ---- the signal-pad device side (kernels/common/signal_pad.h under __CUDACC__) ----- */
 
 static inline void dl_signal_store_release(uint32_t *p, uint32_t v) {
   __atomic_store_n(p, v, __ATOMIC_RELEASE);
@@ -107,7 +107,7 @@ static inline uint64_t dl_signal_clock_ns(void) {
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
-/* kernels/allreduce.cu's Lamport poll: each word loaded atomically (what a
+/* kernels/allreduce/allreduce.cu's Lamport poll: each word loaded atomically (what a
  * GPU guarantees at least), and a yield so that spinning threads let the
  * writers run */
 static inline uint4 ld_volatile_vec(const char *base, int64_t v) {

@@ -1,4 +1,4 @@
-// emu_test.cpp — runs the real kernels/allreduce.cu (through cuda_emu.h) on
+// emu_test.cpp — runs the real kernels/allreduce/allreduce.cu (through cuda_emu.h) on
 // N emulated ranks (host threads sharing memory, each with its own "stream"
 // that runs one grid at a time) and checks every call exactly.
 //
@@ -21,8 +21,8 @@
 #include <thread>
 #include <vector>
 
-#include "allreduce.h"
-#include "dtype.h"
+#include "allreduce/allreduce.h"
+#include "common/dtype.h"
 
 extern "C" int dl_set_error(int code, const char *file, int line, const char *fmt, ...) {
   fprintf(stderr, "dl_set_error %d at %s:%d: %s\n", code, file, line, fmt);

@@ -19,8 +19,8 @@
 #include <algorithm>
 #include <vector>
 
-#include "../../../kernels/attn.h"
-#include "../../../core/internal.h"
+#include "attn/attn.h"
+#include "common/base.h"
 
 #define CK(x)                                                                              \
   do {                                                                                     \

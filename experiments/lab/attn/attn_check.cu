@@ -1,6 +1,6 @@
 /*
  * attn_check.cu — checks the CUDA attention kernels (kernels/attn_*.cu)
- * against their CPU twins (kernels/cpu/attn*.c) on fresh random inputs
+ * against their CPU twins (kernels/attn/cpu/attn*.c) on fresh random inputs
  * (clamp(randn, -1, 1)): every layout (bshd, sbhd with padded rows, thd with
  * offsets not at 0, gaps and lengths 0, 1 and non-multiples of the tiles),
  * masks and windows in both alignments, GQA/MQA, head dims 64/128/256, MLA
@@ -27,8 +27,8 @@
 #include <string>
 #include <vector>
 
-#include "../../../kernels/attn.h"
-#include "../../../core/internal.h"
+#include "attn/attn.h"
+#include "common/base.h"
 
 #ifdef DL_ATTN_EMU
 static void *dev_alloc(size_t n) { return aligned_alloc(256, (n + 256) / 256 * 256); }

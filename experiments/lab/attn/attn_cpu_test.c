@@ -1,5 +1,5 @@
 /*
- * attn_cpu_test.c — checks the CPU twins (kernels/cpu/attn*.c), which the
+ * attn_cpu_test.c — checks the CPU twins (kernels/attn/cpu/attn*.c), which the
  * GPU checker trusts, without a GPU:
  *   1. fwd and bwd against a full-matrix double implementation written here
  *      (scores matrix, mask matrix, softmax, and the analytic gradients) on
@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../../../kernels/cpu/attn_cpu.h"
+#include "attn/cpu/attn_cpu.h"
 
 static int n_pass, n_fail;
 static uint64_t rng = 88172645463325252ull;

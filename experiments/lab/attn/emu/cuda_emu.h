@@ -2,9 +2,9 @@
  * cuda_emu.h — runs the attention kernels on a CPU, one CTA at a time, each
  * CUDA thread a coroutine (x86-64 stack switch), so that the fragment
  * layouts, swizzles, masks, pipelines and launchers can be tested on a
- * machine without a GPU. It replaces kernels/attn_device.cuh (it defines
+ * machine without a GPU. It replaces kernels/attn/attn_device.cuh (it defines
  * that header's guard and every name in it) and is force-included:
- *   g++ -std=c++17 -include experiments/lab/attn/emu/cuda_emu.h -x c++ kernels/attn_fwd.cu
+ *   g++ -std=c++17 -include experiments/lab/attn/emu/cuda_emu.h -x c++ kernels/attn/attn_fwd.cu
  *
  * Semantics follow the PTX ISA: ldmatrix (.x4, .trans) and mma.m16n8k16
  * exchange data between the 32 lanes of a warp at the instruction, which
@@ -30,7 +30,7 @@
 #include <functional>
 #include <vector>
 
-#include "../../../../core/internal.h"
+#include "common/base.h"
 
 #define ATTN_DEV inline
 #define __global__
@@ -220,7 +220,7 @@ static inline void emu_run(dim3 grid, dim3 block, size_t smem, const std::functi
       }
 }
 
-/* ---- what kernels/attn_device.cuh provides ------------------------------------- */
+/* ---- what kernels/attn/attn_device.cuh provides ------------------------------------- */
 
 ATTN_DEV char *attn_smem() { return emu.smem; }
 

@@ -1,0 +1,104 @@
+/*
+ * comm_internal.h — what the communicator files share (comm.c, comm_shm.c,
+ * comm_nccl.c, comm_meta.c, symm.c, store.c) and nothing else sees: the
+ * communicator struct, the backend table every backend fills, and the
+ * helpers for deadlines and error context.
+ *
+ * comm.c owns argument checking, the debug-mode cross-rank checks and error
+ * context; a backend gets contiguous views that already agree in shape and
+ * dtype and only moves bytes.
+ */
+#ifndef DISTLAB_COMM_INTERNAL_H
+#define DISTLAB_COMM_INTERNAL_H
+
+#include "base/internal.h"
+
+enum { DL_COMM_MAX_RANKS = 4096, DL_COMM_NAME = 96 };
+
+/* The operations as numbered in error messages and the debug signature. */
+enum {
+  DL_OP_ALL_REDUCE = 0,
+  DL_OP_ALL_GATHER,
+  DL_OP_REDUCE_SCATTER,
+  DL_OP_ALL_TO_ALL,
+  DL_OP_ALL_TO_ALLV,
+  DL_OP_BROADCAST,
+  DL_OP_SEND,
+  DL_OP_RECV,
+  DL_OP_BARRIER,
+  DL_OP_SPLIT,
+  DL_OP_SYMM,
+  DL_OP_COUNT
+};
+const char *dl_comm_op_name(int op);
+
+typedef struct dl_comm_backend dl_comm_backend_t;
+
+struct dl_comm {
+  uint32_t magic;
+  int rank, size;
+  int dev_type, dev_index;
+  const dl_comm_backend_t *be;
+  void *impl;              /* the backend's state */
+  dl_store_t *store;       /* a reference; NULL on meta */
+  char name[DL_COMM_NAME]; /* "w", "w.s1c0": namespaces store keys and shm names */
+  int *world_ranks;        /* rank in the world comm of each member, for messages */
+  double timeout_s;
+  int debug;
+  int64_t seq;             /* ops issued so far (names them in messages) */
+  int nsplits, nsymm;      /* children made so far: name them identically on every rank */
+  int failed;              /* set once an op failed; later ops refuse */
+  int in_group;            /* p2p ops queued since dl_comm_group_start */
+  struct dl_comm *group_next;
+};
+
+/* One call of a backend op. Views are contiguous, checked, same dtype. */
+typedef struct dl_comm_call {
+  int op;
+  int red;                  /* DL_RED_* for reductions */
+  int peer;                 /* root for broadcast, peer for send/recv */
+  dl_view_t out, in;        /* in unused by broadcast/recv, out by send */
+  const int64_t *send_counts, *recv_counts; /* all_to_allv, elements per rank */
+  dl_stream_t *stream;
+} dl_comm_call_t;
+
+struct dl_comm_backend {
+  const char *name;
+  /* Rendezvous of c (rank, size, store, name set) and its state in c->impl. */
+  int (*init)(dl_comm_t *c);
+  /* Run (or, inside a group, queue) one op; DL_OP_BARRIER returns on the
+   * host once every rank arrived. */
+  int (*run)(dl_comm_t *c, const dl_comm_call_t *call);
+  int (*group_start)(dl_comm_t *c);
+  int (*group_end)(dl_comm_t *c);
+  /* Host waits for the comm's work on s, polling for peer errors. */
+  int (*synchronize)(dl_comm_t *c, dl_stream_t *s);
+  /* Tell peers this rank gives up, so their waits end now (may be NULL). */
+  void (*abort)(dl_comm_t *c, const char *why);
+  void (*destroy)(dl_comm_t *c);
+  /* The backend's own handle for dl_comm_info (may be NULL). */
+  void *(*native)(dl_comm_t *c);
+};
+
+extern const dl_comm_backend_t dl_comm_shm_backend;
+extern const dl_comm_backend_t dl_comm_meta_backend;
+extern const dl_comm_backend_t dl_comm_nccl_backend;
+
+/* Store helpers that take the communicator's namespace: "<c->name>/<key>". */
+int dl_comm_store_set(dl_comm_t *c, const char *key, const void *val, int64_t len);
+int dl_comm_store_get(dl_comm_t *c, const char *key, void *buf, int64_t len);
+/* All members of c meet at `name` through the store (used at setup only). */
+int dl_comm_store_barrier(dl_comm_t *c, const char *name);
+/* Error helpers: "<op> #<seq> on rank R of N (comm NAME, BACKEND)". */
+int dl_comm_describe(const dl_comm_t *c, int op, char *buf, size_t len);
+int dl_comm_world_rank(const dl_comm_t *c, int rank);
+
+/* Store internals the communicator files use. */
+double dl_store_timeout(const dl_store_t *s);
+int dl_store_rank(const dl_store_t *s);
+const char *dl_store_job(const dl_store_t *s);
+void dl_store_retain(dl_store_t *s);
+/* How many world communicators were made on this store before (0, 1, ...). */
+int dl_store_next_comm(dl_store_t *s);
+
+#endif

@@ -1,0 +1,540 @@
+/*
+ * allreduce.c — the all-reduce object: a communicator, a symmetric buffer
+ * laid out for the kernels (kernels/allreduce/allreduce.h), the choice of algorithm
+ * per call, zero-copy detection, pieces for tensors larger than a slot,
+ * grid sizing, and the failure record turned into errors.
+ *
+ * The algorithm and grid come from the caller (distlab.allreduce picks them
+ * from the dispatch table for "auto"); every rank must make the same call,
+ * as with any collective. Kernel counters live in the buffer, so nothing on
+ * the host changes from call to call except the launch arguments: that is
+ * what lets a CUDA graph replay the calls.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "allreduce/allreduce.h"
+#include "comm/comm_internal.h"
+#include "base/device.h"
+
+enum { AR_MAGIC = 0xa11ed0ce };
+
+/* cpu twin: one "thread" per block moving 8192 vectors (128 KiB) a round */
+enum { CPU_THREADS = 1, CPU_UNROLL = 8192, CPU_MAX_BLOCKS = 4 };
+
+struct dl_allreduce {
+  uint32_t magic;
+  dl_comm_t *comm; /* borrowed: the caller keeps it alive */
+  dl_symm_t *symm;
+  int rank, size, dev_type, dev_index;
+  int sms, max_blocks, threads, unroll;
+  int64_t round_max; /* vectors a block moves per round at most (0: the kernels' own) */
+  int pdl;           /* launch with programmatic stream serialization (cuda) */
+  uint32_t poll_ns;  /* the Lamport kernels' nap between polls */
+  int lamport_ahead; /* the Lamport kernels: grid steps pushed ahead of the reduction */
+  int failed;
+  char failure[512]; /* why, once failed */
+  double timeout_s;
+  int64_t slot;  /* bytes of the zero-copy region and of each staging slot */
+  int64_t lslot; /* bytes of each lamport slot (kernels/allreduce/allreduce.h) */
+  int64_t calls; /* kernel calls issued */
+  int64_t runs;  /* dl_allreduce_run calls, for the debug check */
+  int id;        /* which of the comm's symmetric buffers: names debug keys */
+  char *bufs[DL_SIGNAL_MAX_RANKS];
+  dl_signal_pad_t *pad;
+  dl_ar_status_t *status; /* host-mapped on cuda, so runs can read it for free */
+};
+
+static const char *algo_names[DL_AR_NUM_ALGOS] = {"nccl", "one_shot", "one_shot_push",
+                                                  "two_shot", "two_shot_push",
+                                                  "two_shot_write", "one_shot_lamport",
+                                                  "one_shot_push_flat", "two_shot_lamport"};
+
+static int is_two_shot(int algo) {
+  return algo == DL_AR_TWO_SHOT || algo == DL_AR_TWO_SHOT_PUSH || algo == DL_AR_TWO_SHOT_WRITE;
+}
+
+static int is_lamport(int algo) {
+  return algo == DL_AR_ONE_SHOT_LAMPORT || algo == DL_AR_TWO_SHOT_LAMPORT;
+}
+
+static const char *algo_name(int algo) {
+  return algo >= 0 && algo < DL_AR_NUM_ALGOS ? algo_names[algo] : "?";
+}
+
+static int ar_check(const dl_allreduce_t *ar, const char *fn) {
+  if (!ar || ar->magic != AR_MAGIC)
+    return DL_ERR(DL_ESTATE, "%s: not a live all-reduce (NULL or freed)", fn);
+  return DL_OK;
+}
+
+/* "all_reduce two_shot on rank 1 of 2 (comm 'w', cuda:1)" */
+static int describe(const dl_allreduce_t *ar, int algo, char *buf, size_t len) {
+  return snprintf(buf, len, "all_reduce %s on rank %d of %d (comm '%s', %s:%d)", algo_name(algo),
+                  ar->rank, ar->size, ar->comm->name, dl_device_type_name(ar->dev_type),
+                  ar->dev_index);
+}
+
+static void set_failed(dl_allreduce_t *ar) {
+  ar->failed = 1;
+  snprintf(ar->failure, sizeof ar->failure, "%s", dl_last_error());
+}
+
+/* A failure the kernels recorded, as an error; the object is dead after it. */
+static int recorded_failure(dl_allreduce_t *ar) {
+  if (ar->failed)
+    return DL_ERR(DL_ESTATE, "this all-reduce failed earlier and refuses work (make a new "
+                  "one): %s", ar->failure);
+  volatile dl_ar_status_t *s = ar->status;
+  if (!s || s->kind == 0) return DL_OK;
+  char what[256];
+  describe(ar, (int)s->algo, what, sizeof what);
+  char waited[96]; /* the Lamport kernels wait for data, the others for a count */
+  if (is_lamport((int)s->algo))
+    snprintf(waited, sizeof waited, "waited for its data at vector %u", s->expected);
+  else
+    snprintf(waited, sizeof waited, "waited for count %u and saw %u", s->expected, s->seen);
+  int rc = DL_ERR(DL_ETIMEOUT,
+                  "%s: rank %u did not arrive within %.1f s (block %u %s, in the buffer's call %u); "
+                  "did every rank call the same all-reduce?",
+                  what, s->peer, ar->timeout_s, s->block, waited, s->seq);
+  set_failed(ar);
+  return rc;
+}
+
+/* ---- lifetime ------------------------------------------------------------ */
+
+/* An integer knob from the environment: dflt when unset, an error naming it
+ * when it is not an integer in [lo, hi] (a typo must not quietly measure
+ * something else). */
+static int env_int(const char *name, long dflt, long lo, long hi, long *out) {
+  const char *e = getenv(name);
+  *out = dflt;
+  if (!e || !*e) return DL_OK;
+  char *end;
+  errno = 0;
+  long v = strtol(e, &end, 10);
+  if (errno || *end || v < lo || v > hi)
+    return DL_ERR(DL_EINVAL, "dl_allreduce_new: %s=%s (an integer from %ld to %ld)", name, e, lo, hi);
+  *out = v;
+  return DL_OK;
+}
+
+static int64_t lamport_offset(const dl_allreduce_t *ar) {
+  return DL_AR_CTRL_BYTES + ar->slot * (1 + 2 * (int64_t)ar->size);
+}
+
+/* Counters at zero, the Lamport region empty (every byte 0xff). */
+static int zero_ctrl(dl_allreduce_t *ar) {
+  char *lam = ar->bufs[ar->rank] + lamport_offset(ar);
+  const size_t lam_bytes = (size_t)(ar->lslot * 2 * ar->size);
+  if (ar->dev_type == DL_CPU) {
+    memset(ar->bufs[ar->rank], 0, DL_AR_CTRL_BYTES);
+    memset(lam, 0xff, lam_bytes);
+    return DL_OK;
+  }
+#ifdef DL_WITH_CUDA
+  if (ar->dev_type == DL_CUDA) {
+    DL_TRY(dl_cuda_use(ar->dev_index));
+    DL_CUDA_CHECK(cudaMemset(ar->bufs[ar->rank], 0, DL_AR_CTRL_BYTES));
+    DL_CUDA_CHECK(cudaMemset(lam, 0xff, lam_bytes));
+    DL_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+#endif
+  return DL_OK;
+}
+
+static int new_status(dl_allreduce_t *ar) {
+#ifdef DL_WITH_CUDA
+  if (ar->dev_type == DL_CUDA) {
+    void *h = NULL, *d = NULL;
+    DL_TRY(dl_cuda_use(ar->dev_index));
+    DL_CUDA_CHECK(cudaHostAlloc(&h, sizeof(dl_ar_status_t), cudaHostAllocMapped));
+    memset(h, 0, sizeof(dl_ar_status_t));
+    ar->status = h;
+    DL_CUDA_CHECK(cudaHostGetDevicePointer(&d, h, 0));
+    if (d != h) return DL_ERR(DL_EUNSUPPORTED, "allreduce: mapped host memory without UVA");
+    DL_CUDA_CHECK(cudaDeviceGetAttribute(&ar->sms, cudaDevAttrMultiProcessorCount,
+                                         ar->dev_index));
+    dl_allreduce_cuda_shape(ar->size, &ar->threads, &ar->unroll);
+    ar->max_blocks = DL_AR_MAX_BLOCKS;
+    return DL_OK;
+  }
+#endif
+  ar->status = calloc(1, sizeof(dl_ar_status_t));
+  if (!ar->status) return DL_ERR(DL_ENOMEM, "allreduce: out of host memory");
+  ar->threads = CPU_THREADS;
+  ar->unroll = CPU_UNROLL;
+  ar->max_blocks = CPU_MAX_BLOCKS;
+  return DL_OK;
+}
+
+static void free_status(dl_allreduce_t *ar) {
+  if (!ar->status) return;
+#ifdef DL_WITH_CUDA
+  if (ar->dev_type == DL_CUDA) {
+    cudaFreeHost(ar->status);
+    ar->status = NULL;
+    return;
+  }
+#endif
+  free(ar->status);
+  ar->status = NULL;
+}
+
+int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
+  DL_CHECK_ARG(out, "dl_allreduce_new: out is NULL");
+  *out = NULL;
+  dl_comm_info_t ci;
+  DL_TRY(dl_comm_info(c, &ci));
+  /* cpu buffers live in /dev/shm, which containers keep small */
+  if (max_bytes <= 0) max_bytes = (int64_t)(ci.dev_type == DL_CPU ? 8 : 64) << 20;
+  DL_CHECK_ARG(ci.size <= DL_SIGNAL_MAX_RANKS,
+               "dl_allreduce_new: comm '%s' has %d ranks; the all-reduce kernels span one host "
+               "of at most %d (split the communicator by host)",
+               ci.name, ci.size, DL_SIGNAL_MAX_RANKS);
+  /* knobs for experiments (scripts/gpu/allreduce.sh variants,
+   * allreduce-h200x2-knobs.md); every rank of a job must see the same:
+   * DISTLAB_AR_ROUND_KB a block's round length (0: the kernels' own),
+   * DISTLAB_AR_PDL=0 no programmatic dependent launch, DISTLAB_AR_POLL_NS
+   * the Lamport kernels' nap between polls, DISTLAB_AR_LAMPORT_AHEAD their
+   * grid steps pushed ahead of the reduction (default 2; 0: all first) */
+  long round_kb, pdl, poll_ns, ahead;
+  DL_TRY(env_int("DISTLAB_AR_ROUND_KB", 0, 0, 1 << 20, &round_kb));
+  DL_TRY(env_int("DISTLAB_AR_PDL", 1, 0, 1, &pdl));
+  DL_TRY(env_int("DISTLAB_AR_POLL_NS", 128, 0, 100000, &poll_ns));
+  DL_TRY(env_int("DISTLAB_AR_LAMPORT_AHEAD", 2, 0, 1 << 20, &ahead));
+  dl_allreduce_t *ar = calloc(1, sizeof *ar);
+  if (!ar) return DL_ERR(DL_ENOMEM, "dl_allreduce_new: out of host memory");
+  ar->round_max = (int64_t)round_kb * 1024 / DL_AR_VEC_BYTES;
+  ar->pdl = (int)pdl;
+  ar->poll_ns = (uint32_t)poll_ns;
+  ar->lamport_ahead = (int)ahead;
+  ar->magic = AR_MAGIC;
+  ar->comm = c;
+  ar->rank = ci.rank;
+  ar->size = ci.size;
+  ar->dev_type = ci.dev_type;
+  ar->dev_index = ci.dev_index;
+  ar->timeout_s = ci.timeout_s;
+  ar->slot = (max_bytes + 4095) & ~(int64_t)4095;
+  /* the Lamport region: 32 MiB (8 MiB on cpu) in all, 2 halves of a slot a rank */
+  int64_t lamport_total = (int64_t)(ci.dev_type == DL_CPU ? 8 : 32) << 20;
+  ar->lslot = (lamport_total / (2 * ci.size)) & ~(int64_t)4095;
+  if (ar->lslot > ar->slot) ar->lslot = ar->slot;
+  int64_t total = DL_AR_CTRL_BYTES + ar->slot * (1 + 2 * (int64_t)ci.size) +
+                  ar->lslot * 2 * (int64_t)ci.size;
+  ar->id = c->nsymm;
+  int rc = new_status(ar);
+  if (rc == DL_OK) rc = dl_symm_alloc(&ar->symm, c, total);
+  for (int p = 0; p < ar->size && rc == DL_OK && ar->dev_type != DL_META; p++) {
+    void *ptr;
+    rc = dl_symm_peer_ptr(ar->symm, p, &ptr);
+    ar->bufs[p] = ptr;
+  }
+  if (rc == DL_OK && ar->dev_type != DL_META) {
+    void *pad;
+    rc = dl_symm_signal_pad(ar->symm, ar->rank, &pad);
+    ar->pad = pad;
+  }
+  if (rc == DL_OK && ar->dev_type != DL_META) rc = zero_ctrl(ar);
+  /* nobody signals into a control block before its owner zeroed it */
+  if (rc == DL_OK && ar->dev_type != DL_META && ar->size > 1) rc = dl_comm_barrier(c, NULL);
+  if (rc < 0) {
+    dl_error_context(rc, "dl_allreduce_new on rank %d of %d (comm '%s', %lld bytes a rank)",
+                     ci.rank, ci.size, ci.name, (long long)total);
+    dl_allreduce_free(ar);
+    return rc;
+  }
+  *out = ar;
+  return DL_OK;
+}
+
+void dl_allreduce_free(dl_allreduce_t *ar) {
+  if (!ar || ar->magic != AR_MAGIC) return;
+  /* graphs whose kernels read this object's buffers must not replay after them */
+  dl_graph_release_user(ar, "the all-reduce object (its symmetric buffers)");
+  dl_symm_free(ar->symm);
+  free_status(ar);
+  ar->magic = 0;
+  free(ar);
+}
+
+int dl_allreduce_info(const dl_allreduce_t *ar, dl_allreduce_info_t *out) {
+  DL_TRY(ar_check(ar, "dl_allreduce_info"));
+  DL_CHECK_ARG(out, "dl_allreduce_info: out is NULL");
+  memset(out, 0, sizeof *out);
+  out->rank = ar->rank;
+  out->size = ar->size;
+  out->dev_type = ar->dev_type;
+  out->dev_index = ar->dev_index;
+  out->sms = ar->sms;
+  out->max_blocks = ar->max_blocks;
+  out->threads = ar->threads;
+  out->unroll = ar->unroll;
+  out->failed = ar->failed || (ar->status && ((volatile dl_ar_status_t *)ar->status)->kind != 0);
+  out->max_bytes = ar->slot;
+  out->calls = ar->calls;
+  return DL_OK;
+}
+
+int dl_allreduce_buffer(dl_allreduce_t *ar, dl_tensor_t **out, int64_t offset, int dtype,
+                        int ndim, const int64_t *shape) {
+  DL_CHECK_ARG(out, "dl_allreduce_buffer: out is NULL");
+  *out = NULL;
+  DL_TRY(ar_check(ar, "dl_allreduce_buffer"));
+  DL_CHECK_ARG(offset >= 0 && offset % DL_AR_VEC_BYTES == 0,
+               "dl_allreduce_buffer: offset %lld is not a non-negative multiple of %d",
+               (long long)offset, DL_AR_VEC_BYTES);
+  DL_CHECK_ARG(ndim >= 0 && ndim <= DL_MAX_DIMS && (ndim == 0 || shape),
+               "dl_allreduce_buffer: bad shape (%d dims)", ndim);
+  int64_t n = 1;
+  for (int d = 0; d < ndim; d++) n *= shape[d] > 0 ? shape[d] : 0;
+  int64_t bytes = n * dl_dtype_size(dtype);
+  DL_CHECK_ARG(dl_dtype_size(dtype) > 0 && offset + bytes <= ar->slot,
+               "dl_allreduce_buffer: %lld bytes at offset %lld do not fit the zero-copy region "
+               "of %lld bytes (make the all-reduce with a larger max_bytes)",
+               (long long)bytes, (long long)offset, (long long)ar->slot);
+  return dl_symm_tensor(out, ar->symm, ar->rank, DL_AR_CTRL_BYTES + offset, dtype, ndim, shape);
+}
+
+/* ---- running --------------------------------------------------------------- */
+
+static int tensor_arg(const dl_allreduce_t *ar, const dl_tensor_t *t, const char *what,
+                      dl_view_t *v) {
+  int rc = dl_tensor_arg(t, what, ar->dev_type, ar->dev_index, "the all-reduce", v);
+  return rc < 0 ? dl_error_context(rc, "all_reduce") : rc;
+}
+
+/* Byte offset of p in this rank's zero-copy region, or -1. */
+static int64_t zc_offset(const dl_allreduce_t *ar, const char *p, int64_t nbytes) {
+  const char *zc = ar->bufs[ar->rank] + DL_AR_CTRL_BYTES;
+  if (p < zc || p + nbytes > zc + ar->slot) return -1;
+  return p - zc;
+}
+
+/* Grid and rounds for len vectors per block set (of the tensor or of a
+ * slice): enough blocks for one step each, up to one per multiprocessor;
+ * rounds of at most one step per block (a block's threads hold one step's
+ * loads in flight; DISTLAB_AR_ROUND_KB sets another length), at most a few
+ * for the two-shot and flat kernels (a barrier each) and up to 64 for the
+ * pipelined one-shot kernels (one role per half block; their rounds are
+ * what lets the halves overlap). The vectors are spread evenly over blocks
+ * and rounds: a size just past a whole number of full rounds would
+ * otherwise leave most blocks idle in its last round while a few do it at
+ * full length (3 MB on 132 blocks took as long as 4 MB). */
+static void shape_for(const dl_allreduce_t *ar, int64_t len, int blocks, int algo,
+                      dl_ar_args_t *a) {
+  const int pipelined = algo == DL_AR_ONE_SHOT_PUSH || (algo == DL_AR_ONE_SHOT && !a->zero_copy);
+  const int half = ar->dev_type == DL_CUDA && pipelined;
+  const int64_t per_step = (int64_t)ar->threads / (half ? 2 : 1) * ar->unroll;
+  const int64_t max_rounds = half ? 64 : 4;
+  /* the vectors a block gets before the grid grows. The Lamport kernels
+   * have no rounds and their latency is one vector's trip: one a thread.
+   * The pushes on a GPU: 256 (4 KiB). On 2 H200s (allreduce-h200x2-tune.csv)
+   * the grids this gives were within 1% of the best one tried from 32 KiB to
+   * 256 KiB and were the best from 1 MiB (all multiprocessors; 128 blocks at
+   * 512 KiB, where 132 was best), while a block a step (1024 or 2048
+   * vectors) cost 16-43% below 1 MiB. */
+  const int push = algo == DL_AR_ONE_SHOT_PUSH || algo == DL_AR_ONE_SHOT_PUSH_FLAT;
+  const int64_t fill = is_lamport(algo)                              ? ar->threads
+                       : push && ar->dev_type == DL_CUDA ? 256
+                                                         : per_step;
+  int64_t g = blocks;
+  if (g <= 0) {
+    int cap = ar->dev_type == DL_CUDA ? (ar->sms > 0 ? ar->sms : 1) : ar->max_blocks;
+    g = (len + fill - 1) / fill;
+    g = g < 1 ? 1 : g > cap ? cap : g;
+  }
+  int64_t step = ar->round_max > 0 ? ar->round_max : per_step;
+  /* a pipelined kernel whose blocks need at most two steps does it in one
+   * round: a round costs a fence and a flag, which its overlap only repays
+   * from three rounds on (2 H200s: 3 MB 16.7 us in one round, 17.2 in two) */
+  if (!ar->round_max && half && len <= g * 2 * per_step) step = 2 * per_step;
+  int64_t rounds = (len + g * step - 1) / (g * step);
+  if (rounds > max_rounds) rounds = max_rounds;
+  if (rounds < 1) rounds = 1;
+  int64_t r = (len + g * rounds - 1) / (g * rounds);
+  r = (r + 31) / 32 * 32; /* whole warps of vectors: rounds start 512-byte aligned */
+  a->blocks = (int)g;
+  a->round_vecs = (int)r;
+}
+
+static int launch(dl_allreduce_t *ar, dl_ar_args_t *a, void *stream) {
+  ar->calls++;
+  dl_graph_note_user(ar); /* a graph being captured now reads this object's buffers */
+  if (ar->dev_type == DL_CPU) return dl_allreduce_cpu(a, stream);
+#ifdef DL_WITH_CUDA
+  return dl_allreduce_cuda(a, stream);
+#else
+  return DL_ERR(DL_EUNSUPPORTED, "allreduce kernels on cuda need a CUDA build");
+#endif
+}
+
+static int run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int algo,
+               int blocks, dl_stream_t *s) {
+  dl_view_t vo, vi;
+  DL_TRY(tensor_arg(ar, out, "output", &vo));
+  DL_TRY(tensor_arg(ar, in, "input", &vi));
+  DL_CHECK_ARG(vo.dtype == vi.dtype && vo.numel == vi.numel,
+               "all_reduce: output (%s, %lld elements) and input (%s, %lld) differ",
+               dl_dtype_name(vo.dtype), (long long)vo.numel, dl_dtype_name(vi.dtype),
+               (long long)vi.numel);
+  DL_CHECK_ARG(algo >= 0 && algo < DL_AR_NUM_ALGOS, "all_reduce: unknown algorithm %d", algo);
+  DL_CHECK_ARG(blocks <= ar->max_blocks, "all_reduce: %d blocks (at most %d)", blocks,
+               ar->max_blocks);
+  if (algo == DL_AR_NCCL) return dl_comm_all_reduce(ar->comm, out, in, DL_RED_SUM, s);
+  if (vi.dtype != DL_F32 && vi.dtype != DL_F16 && vi.dtype != DL_BF16)
+    return DL_ERR(DL_EUNSUPPORTED, "all_reduce %s: dtype %s (f32, f16 and bf16; algo nccl "
+                  "takes the others)", algo_name(algo), dl_dtype_name(vi.dtype));
+  if (vi.numel == 0 || ar->dev_type == DL_META) return DL_OK;
+  if (ar->size == 1) return vo.data == vi.data ? DL_OK : dl_tensor_copy(out, in, s);
+  void *stream = NULL;
+  DL_TRY(dl_stream_for(s, ar->dev_type, ar->dev_index, &stream));
+#ifdef DL_WITH_CUDA
+  if (ar->dev_type == DL_CUDA) DL_TRY(dl_cuda_use(ar->dev_index));
+#endif
+  const int es = dl_dtype_size(vi.dtype);
+  const int64_t nbytes = vi.numel * es;
+  dl_ar_args_t a;
+  memset(&a, 0, sizeof a);
+  a.algo = algo;
+  a.dtype = vi.dtype;
+  a.rank = ar->rank;
+  a.nranks = ar->size;
+  a.threads = ar->threads;
+  a.unroll = ar->unroll;
+  for (int p = 0; p < ar->size; p++) a.bufs[p] = ar->bufs[p];
+  a.staging_off = DL_AR_CTRL_BYTES + ar->slot;
+  a.slot_bytes = ar->slot;
+  a.lamport_off = lamport_offset(ar);
+  a.lamport_slot = ar->lslot;
+  a.pad = ar->pad;
+  a.status = ar->status;
+  a.timeout_ns = (uint64_t)(ar->timeout_s * 1e9);
+  a.pdl = ar->pdl;
+  a.poll_ns = ar->poll_ns;
+  a.lamport_ahead = ar->lamport_ahead;
+  /* zero copy: the input already in our region, the output where the
+   * algorithm can write it while peers read the inputs */
+  int64_t zc = zc_offset(ar, vi.data, nbytes);
+  const int overlap = vo.data < vi.data + nbytes && vi.data < vo.data + nbytes;
+  if (zc >= 0 && zc % DL_AR_VEC_BYTES == 0 &&
+      ((algo == DL_AR_ONE_SHOT && !overlap) ||
+       (is_two_shot(algo) && vo.data == vi.data))) {
+    const int64_t nv = (nbytes + DL_AR_VEC_BYTES - 1) / DL_AR_VEC_BYTES;
+    a.zero_copy = 1;
+    a.zc_off = DL_AR_CTRL_BYTES + zc;
+    a.n = vi.numel;
+    a.in = vi.data;
+    a.out = vo.data;
+    shape_for(ar, algo == DL_AR_ONE_SHOT ? nv : (nv + ar->size - 1) / ar->size, blocks, algo, &a);
+    return launch(ar, &a, stream);
+  }
+  /* copy-in (or push): pieces of one slot each */
+  const int64_t piece = (is_lamport(algo) ? ar->lslot : ar->slot) / es;
+  for (int64_t off = 0; off < vi.numel; off += piece) {
+    a.n = vi.numel - off < piece ? vi.numel - off : piece;
+    a.in = vi.data + off * es;
+    a.out = vo.data + off * es;
+    const int64_t nv = (a.n * es + DL_AR_VEC_BYTES - 1) / DL_AR_VEC_BYTES;
+    const int sliced = is_two_shot(algo) || algo == DL_AR_TWO_SHOT_LAMPORT;
+    shape_for(ar, sliced ? (nv + ar->size - 1) / ar->size : nv, blocks, algo, &a);
+    DL_TRY(launch(ar, &a, stream));
+  }
+  return DL_OK;
+}
+
+/* The communicator's debug mode: every rank publishes its call through the
+ * store and compares it with everyone's (algorithm, dtype, elements, grid,
+ * zero copy), so a mismatch is an error instead of a hang or wrong sums. */
+typedef struct ar_sig {
+  int32_t algo, dtype, blocks, zero_copy;
+  int64_t n;
+} ar_sig_t;
+
+static int debug_check(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int algo,
+                       int blocks) {
+  dl_view_t vi, vo;
+  DL_TRY(dl_view_of(in, &vi));
+  DL_TRY(dl_view_of(out, &vo));
+  int64_t nbytes = vi.numel * dl_dtype_size(vi.dtype);
+  ar_sig_t me = {algo, vi.dtype, blocks, 0, vi.numel};
+  if (ar->dev_type != DL_META) me.zero_copy = zc_offset(ar, vi.data, nbytes) >= 0;
+  char key[64];
+  snprintf(key, sizeof key, "ar%d/%lld/%d", ar->id, (long long)ar->runs, ar->rank);
+  DL_TRY(dl_comm_store_set(ar->comm, key, &me, sizeof me));
+  for (int r = 0; r < ar->size; r++) {
+    ar_sig_t other;
+    snprintf(key, sizeof key, "ar%d/%lld/%d", ar->id, (long long)ar->runs, r);
+    DL_TRY(dl_comm_store_get(ar->comm, key, &other, sizeof other));
+    if (memcmp(&other, &me, sizeof me) != 0)
+      return DL_ERR(DL_EINVAL,
+                    "mismatched all-reduce calls: rank %d runs %s on %lld %s (blocks %d, zero "
+                    "copy %d) but rank %d runs %s on %lld %s (blocks %d, zero copy %d)",
+                    ar->rank, algo_name(me.algo), (long long)me.n, dl_dtype_name(me.dtype),
+                    me.blocks, me.zero_copy, r, algo_name(other.algo), (long long)other.n,
+                    dl_dtype_name(other.dtype), other.blocks, other.zero_copy);
+  }
+  /* everyone has read our previous call's key once they published this one */
+  if (ar->runs > 0) {
+    char full[200];
+    snprintf(full, sizeof full, "%s/ar%d/%lld/%d", ar->comm->name, ar->id,
+             (long long)ar->runs - 1, ar->rank);
+    DL_TRY(dl_store_delete(ar->comm->store, full));
+  }
+  return DL_OK;
+}
+
+int dl_allreduce_run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int algo,
+                     int blocks, dl_stream_t *s) {
+  DL_TRY(ar_check(ar, "dl_allreduce_run"));
+  DL_TRY(recorded_failure(ar));
+  if (ar->comm->debug && ar->comm->store) {
+    int rc = debug_check(ar, out, in, algo, blocks);
+    ar->runs++;
+    if (rc < 0) {
+      char what[256];
+      describe(ar, algo, what, sizeof what);
+      return dl_error_context(rc, "%s", what);
+    }
+  }
+  int rc = run(ar, out, in, algo, blocks, s);
+  if (rc < 0 && algo != DL_AR_NCCL && rc != DL_EINVAL && rc != DL_EUNSUPPORTED) {
+    char what[256];
+    describe(ar, algo, what, sizeof what);
+    dl_error_context(rc, "%s", what);
+    set_failed(ar);
+  }
+  return rc;
+}
+
+int dl_allreduce_check(dl_allreduce_t *ar, dl_stream_t *s) {
+  DL_TRY(ar_check(ar, "dl_allreduce_check"));
+#ifdef DL_WITH_CUDA
+  if (ar->dev_type == DL_CUDA) {
+    void *h = NULL;
+    DL_TRY(dl_stream_for(s, DL_CUDA, ar->dev_index, &h));
+    DL_TRY(dl_cuda_use(ar->dev_index));
+    /* device waits end by themselves within the timeout; allow twice that */
+    const double t0 = dl_now_us();
+    cudaError_t q;
+    while ((q = cudaStreamQuery((cudaStream_t)h)) == cudaErrorNotReady) {
+      if (dl_now_us() - t0 > (2 * ar->timeout_s + 1) * 1e6) {
+        return DL_ERR(DL_ETIMEOUT, "all_reduce check on rank %d of %d: the stream did not "
+                      "finish within %.1f s", ar->rank, ar->size, 2 * ar->timeout_s + 1);
+      }
+      dl_wait_pause(t0);
+    }
+    if (q != cudaSuccess) {
+      (void)cudaGetLastError();
+      return DL_ERR(DL_ECUDA, "all_reduce check on rank %d of %d: the stream failed: %s",
+                    ar->rank, ar->size, cudaGetErrorString(q));
+    }
+  }
+#endif
+  return recorded_failure(ar);
+}

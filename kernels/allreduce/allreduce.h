@@ -1,0 +1,132 @@
+/*
+ * allreduce.h — what core/ops/allreduce/allreduce.c hands the all-reduce kernels
+ * (kernels/allreduce/allreduce.cu) and their CPU twin (kernels/allreduce/cpu/allreduce.c): the
+ * argument block, the layout of each rank's symmetric buffer, and the
+ * failure record a timed-out wait leaves.
+ *
+ * Each rank's symmetric buffer (one dl_symm_t, mapped by every rank):
+ *
+ *   [ctrl: dl_ar_ctrl_t, 64 KiB][zero-copy input: slot][staging: 2 halves x n slots]
+ *   [lamport: 2 halves x n lamport slots]
+ *
+ * ctrl holds the barrier flags peers write (flags[block][from rank]), this
+ * rank's own barrier counts (counts[block][peer]; counts[block][rank] counts
+ * the rounds a pipelined kernel's producer warps finished, which they also
+ * publish in progress[block] for the block's consumer warps), the call
+ * counter `seq` and the count of blocks that finished the current call. All of them live in device memory and are
+ * advanced by the kernels themselves (as vLLM's custom all-reduce keeps its
+ * counters), so a CUDA graph replays correctly any number of times, mixed
+ * with eager calls, other algorithms and other sizes.
+ *
+ * Staging slots: one-shot push writes rank p's input into slot p of every
+ * peer; two_shot_write writes slice q of rank p's input into slot p of rank
+ * q (at slice q's positions) and the reduced slice q into slot 0 of every
+ * peer (at slice q's positions: free, since rank 0 writes its share of the
+ * owner's slice only into the owner's own slice positions).
+ *
+ * Double buffering: a call with counter seq uses staging half seq & 1. A
+ * rank rewrites half h two calls later; by then it has met every peer in a
+ * barrier of the call in between, and a peer that reached that call had
+ * finished this one. So copy-in and push variants need no closing barrier.
+ * Zero-copy variants read the caller's region, which the caller may rewrite
+ * as soon as the call returns: they end with a barrier.
+ *
+ * Lamport region: every 32-bit word is DL_AR_LAMPORT_EMPTY except while a
+ * call uses it. one_shot_lamport writes rank p's input into slot p of every
+ * peer's half (seq & 1), with any word equal to DL_AR_LAMPORT_EMPTY sent as
+ * DL_AR_LAMPORT_NAN (both are NaNs in every dtype, so no value changes);
+ * the receiver polls each vector until none of its words is empty, reduces,
+ * and empties the words again. two_shot_lamport does the same with slices:
+ * slice q of rank p's input into slot p of rank q's half, and rank q's sum
+ * of slice q into slot q of every peer's half, each at the slice's own
+ * positions (in one half, slot p holds p's share of the owner's slice at
+ * the owner's positions and p's sum at p's: they never overlap). A peer
+ * writes that half again two calls later, after it has received this rank's
+ * data of the call in between, which this rank sends only after this call
+ * (its emptying included) ended. The region serves no other algorithms, so
+ * nothing else leaves data there.
+ */
+#ifndef DISTLAB_ALLREDUCE_H
+#define DISTLAB_ALLREDUCE_H
+
+#include <stdint.h>
+
+#include "common/signal_pad.h"
+
+enum {
+  DL_AR_MAX_BLOCKS = 512,
+  DL_AR_CTRL_BYTES = 65536, /* sizeof(dl_ar_ctrl_t) rounded up */
+  DL_AR_VEC_BYTES = 16
+};
+#define DL_AR_LAMPORT_EMPTY 0xffffffffu /* a NaN as f32, two NaNs as f16/bf16 */
+#define DL_AR_LAMPORT_NAN 0x7fffffffu   /* what an input word equal to EMPTY is sent as */
+
+typedef struct dl_ar_ctrl {
+  uint32_t flags[DL_AR_MAX_BLOCKS][DL_SIGNAL_MAX_RANKS];  /* [block][from rank], peers write */
+  uint32_t counts[DL_AR_MAX_BLOCKS][DL_SIGNAL_MAX_RANKS]; /* [block][peer], this rank's */
+  uint32_t progress[DL_AR_MAX_BLOCKS]; /* pipelined kernels: rounds block b produced */
+  uint32_t seq;  /* calls finished on this rank                          */
+  uint32_t done; /* blocks of the running call that finished             */
+} dl_ar_ctrl_t;
+
+/* What a timed-out wait leaves for the host (host-mapped memory on cuda, so
+ * the next call sees it without a synchronisation). The first failure wins;
+ * the same record also goes to the signal pad's error[] (signal.h). */
+typedef struct dl_ar_status {
+  uint32_t kind;     /* 0: none; DL_SIGNAL_ERR_BARRIER */
+  uint32_t peer;     /* the rank that did not arrive */
+  uint32_t expected; /* the count waited for (one_shot_lamport: the vector) */
+  uint32_t seen;     /* the count found (one_shot_lamport: 0) */
+  uint32_t block;
+  uint32_t algo;
+  uint32_t seq; /* the call, counted by the kernels of this buffer */
+  uint32_t pad;
+} dl_ar_status_t;
+
+typedef struct dl_ar_args {
+  int algo;      /* DL_AR_* (distlab.h), not DL_AR_NCCL                           */
+  int dtype;     /* DL_F32, DL_F16 or DL_BF16                                      */
+  int rank, nranks;
+  int blocks;    /* grid size, 1..DL_AR_MAX_BLOCKS                                 */
+  int threads;   /* per block; >= nranks                                           */
+  int unroll;    /* 16-byte vectors per thread per step                            */
+  int round_vecs; /* vectors per block per round (of the tensor, or of each slice
+                     for two-shot); rounds are separated by barriers or flags    */
+  int zero_copy; /* the input is at zc_off in every rank's buffer (see above)      */
+  int pdl;       /* cuda: launch with programmatic stream serialization (sm_90),
+                    so the grid can be scheduled while the kernel before it in
+                    the stream finishes; the kernels wait for it before any
+                    memory access (griddepcontrol.wait)                          */
+  int64_t n;     /* elements                                                       */
+  const void *in;  /* this rank's input (not read when zero_copy)                  */
+  void *out;       /* this rank's output; may equal in                             */
+  char *bufs[DL_SIGNAL_MAX_RANKS]; /* every rank's symmetric buffer, mapped here   */
+  int64_t zc_off;      /* byte offset of the zero-copy input in every buffer       */
+  int64_t staging_off; /* byte offset of staging half 0, slot 0                    */
+  int64_t slot_bytes;  /* bytes of one staging slot (a multiple of 16)             */
+  int64_t lamport_off;  /* byte offset of lamport half 0, slot 0                     */
+  int64_t lamport_slot; /* bytes of one lamport slot (a multiple of 16)              */
+  dl_signal_pad_t *pad;    /* this rank's signal pad: failure records             */
+  dl_ar_status_t *status;  /* this rank's status, writable by the kernel           */
+  uint64_t timeout_ns;     /* every wait ends after this                            */
+  uint32_t poll_ns;        /* Lamport kernels: nap between polls after the 8th      */
+  int lamport_ahead;       /* Lamport kernels: grid steps pushed before the first
+                              is reduced (0: all of them)                          */
+} dl_ar_args_t;
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* One all-reduce of a->n elements. cuda: kernels on `stream` (asynchronous;
+ * a timeout shows up in *a->status). cpu: runs to the end, DL_ETIMEOUT with
+ * a message naming the peer if one did not arrive. Same arguments for both. */
+int dl_allreduce_cuda(const dl_ar_args_t *a, void *stream);
+int dl_allreduce_cpu(const dl_ar_args_t *a, void *stream);
+/* The launch configuration the cuda launcher uses (threads, unroll) for a
+ * world size, so the core can size grids and rounds. */
+void dl_allreduce_cuda_shape(int nranks, int *threads, int *unroll);
+#ifdef __cplusplus
+}
+#endif
+
+#endif

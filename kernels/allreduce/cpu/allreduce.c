@@ -1,0 +1,339 @@
+/*
+ * allreduce.c — CPU twin of kernels/allreduce/allreduce.cu: the same one-shot (pull,
+ * push, Lamport) and two-shot (pull, push, write) all-reduces over symmetric buffers in POSIX
+ * shared memory, one process per rank, with the same buffer layout, rounds,
+ * per-block barriers, device-style counters, double-buffered staging and
+ * failure record (kernels/allreduce/allreduce.h). So the specs exercise the protocol
+ * itself on a machine without a GPU: a fast rank running ahead into the next
+ * call, zero-copy regions rewritten right after a call, timeouts.
+ *
+ * The blocks of the kernel run one after another here (round k of block 0,
+ * then of block 1, ...); every rank walks them in the same order, so a
+ * block's barrier always meets the same block of the other ranks. The
+ * pipelined one-shot kernels (producer warps copying or pushing round k+1
+ * while consumer warps reduce round k) become, one thread per rank, copy or
+ * push round k, signal it, wait for it, reduce it: the same flags and counts.
+ * Sums are
+ * in fp32 in rank order, rounding as the kernels do (dtype.h), so cpu and
+ * cuda results are bit-identical. The stream argument is unused.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "allreduce/allreduce.h"
+#include "common/dtype.h"
+#include "common/cpu/host_wait.h"
+
+
+static dl_ar_ctrl_t *ctrl_of(char *buf) { return (dl_ar_ctrl_t *)buf; }
+
+static char *staging(const dl_ar_args_t *a, int rank, int half, int slot) {
+  return a->bufs[rank] + a->staging_off + ((int64_t)half * a->nranks + slot) * a->slot_bytes;
+}
+
+/* ---- elements ------------------------------------------------------------ */
+
+static float ld(const void *p, int64_t i, int dt) {
+  if (dt == DL_F32) return ((const float *)p)[i];
+  if (dt == DL_F16) return dl_f16_to_f32(((const uint16_t *)p)[i]);
+  return dl_bf16_to_f32(((const uint16_t *)p)[i]);
+}
+
+static void st(void *p, int64_t i, int dt, float v) {
+  if (dt == DL_F32) ((float *)p)[i] = v;
+  else if (dt == DL_F16) ((uint16_t *)p)[i] = dl_f32_to_f16(v);
+  else ((uint16_t *)p)[i] = dl_f32_to_bf16(v);
+}
+
+/* dst[e0, e1) = src[e0, e1), raw bytes. */
+static void copy_range(void *dst, const void *src, int64_t e0, int64_t e1, int es) {
+  if (e1 > e0) memcpy((char *)dst + e0 * es, (const char *)src + e0 * es, (size_t)((e1 - e0) * es));
+}
+
+/* out[e0, e1) = sum over p of src[p][e0, e1), in rank order, fp32. */
+static void sum_range(void *out, char *const *src, int nr, int64_t e0, int64_t e1, int dt) {
+  for (int64_t i = e0; i < e1; i++) {
+    float acc = ld(src[0], i, dt);
+    for (int p = 1; p < nr; p++) acc += ld(src[p], i, dt);
+    st(out, i, dt, acc);
+  }
+}
+
+/* ---- synchronisation -------------------------------------------------------- */
+
+static int ar_fail(const dl_ar_args_t *a, int block, int peer, uint32_t expected, uint32_t seen,
+                   uint32_t seq) {
+  uint32_t none = 0;
+  if (__atomic_compare_exchange_n(&a->pad->error[0], &none, (uint32_t)DL_SIGNAL_ERR_BARRIER, 0,
+                                  __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    a->pad->error[1] = (uint32_t)peer;
+    a->pad->error[2] = expected;
+    a->pad->error[3] = seen;
+    dl_ar_status_t *s = a->status;
+    s->peer = (uint32_t)peer;
+    s->expected = expected;
+    s->seen = seen;
+    s->block = (uint32_t)block;
+    s->algo = (uint32_t)a->algo;
+    s->seq = seq;
+    __atomic_store_n(&s->kind, (uint32_t)DL_SIGNAL_ERR_BARRIER, __ATOMIC_RELEASE);
+  }
+  if (a->algo == DL_AR_ONE_SHOT_LAMPORT)
+    return DL_ERR(DL_ETIMEOUT, "rank %d did not arrive within %.1f s (waited for its data at vector %u)",
+                  peer, a->timeout_ns * 1e-9, expected);
+  return DL_ERR(DL_ETIMEOUT,
+                "rank %d did not arrive within %.1f s (block %d waited for count %u, saw %u)",
+                peer, a->timeout_ns * 1e-9, block, expected, seen);
+}
+
+/* Block b of this rank meets block b of every other rank (kernel: ar_barrier). */
+static int ar_barrier(const dl_ar_args_t *a, dl_ar_ctrl_t *self, int b, uint32_t seq) {
+  uint32_t e[DL_SIGNAL_MAX_RANKS];
+  for (int p = 0; p < a->nranks; p++) {
+    if (p == a->rank) continue;
+    e[p] = self->counts[b][p] + 1;
+    self->counts[b][p] = e[p];
+    __atomic_store_n(&ctrl_of(a->bufs[p])->flags[b][a->rank], e[p], __ATOMIC_RELEASE);
+  }
+  double deadline = dl_host_now_s() + a->timeout_ns * 1e-9;
+  for (int p = 0; p < a->nranks; p++) {
+    if (p == a->rank) continue;
+    uint32_t x;
+    for (long i = 0; !DL_SIGNAL_REACHED(x = __atomic_load_n(&self->flags[b][p], __ATOMIC_ACQUIRE), e[p]);
+         i++) {
+      dl_host_pause(i);
+      if (i % 16 == 0 && dl_host_now_s() > deadline) return ar_fail(a, b, p, e[p], x, seq);
+    }
+  }
+  return DL_OK;
+}
+
+/* ---- the algorithms ------------------------------------------------------------ */
+
+typedef struct job {
+  const dl_ar_args_t *a;
+  dl_ar_ctrl_t *self;
+  uint32_t seq;
+  int h, es, L;
+  int64_t nv, chunk; /* vectors; vectors per block and round (round_vecs) */
+} job_t;
+
+/* Elements of vectors [v0, v1), clipped to the tensor. */
+static int64_t el(const job_t *j, int64_t v) {
+  int64_t e = v * j->L;
+  return e < j->a->n ? e : j->a->n;
+}
+
+static int one_shot(const job_t *j) {
+  const dl_ar_args_t *a = j->a;
+  const int G = a->blocks;
+  char *src[DL_SIGNAL_MAX_RANKS];
+  for (int p = 0; p < a->nranks; p++)
+    src[p] = a->zero_copy ? a->bufs[p] + a->zc_off : staging(a, p, j->h, 0);
+  for (int b = 0; b < G && a->zero_copy; b++) DL_TRY(ar_barrier(a, j->self, b, j->seq));
+  for (int64_t k = 0; k * G * j->chunk < j->nv; k++) {
+    for (int b = 0; b < G; b++) {
+      int64_t v0 = (k * G + b) * j->chunk, v1 = v0 + j->chunk;
+      if (v0 >= j->nv) break;
+      if (!a->zero_copy) {
+        copy_range(src[a->rank], a->in, el(j, v0), el(j, v1), j->es);
+        DL_TRY(ar_barrier(a, j->self, b, j->seq));
+      }
+      sum_range(a->out, src, a->nranks, el(j, v0), el(j, v1), a->dtype);
+    }
+  }
+  for (int b = 0; b < G && a->zero_copy; b++) DL_TRY(ar_barrier(a, j->self, b, j->seq));
+  return DL_OK;
+}
+
+static int one_shot_push(const job_t *j) {
+  const dl_ar_args_t *a = j->a;
+  const int G = a->blocks, me = a->rank;
+  char *src[DL_SIGNAL_MAX_RANKS];
+  for (int p = 0; p < a->nranks; p++) src[p] = p == me ? (char *)a->in : staging(a, me, j->h, p);
+  for (int64_t k = 0; k * G * j->chunk < j->nv; k++) {
+    for (int b = 0; b < G; b++) {
+      int64_t v0 = (k * G + b) * j->chunk, v1 = v0 + j->chunk;
+      if (v0 >= j->nv) break;
+      for (int p = 0; p < a->nranks; p++)
+        if (p != me) copy_range(staging(a, p, j->h, me), a->in, el(j, v0), el(j, v1), j->es);
+      DL_TRY(ar_barrier(a, j->self, b, j->seq));
+      sum_range(a->out, src, a->nranks, el(j, v0), el(j, v1), a->dtype);
+    }
+  }
+  return DL_OK;
+}
+
+/* push: the all-gather writes into every peer; write (push too, not zero
+ * copy): the reduce-scatter's inputs are written into their owners' staging
+ * (slice q of rank p into rank q's slot p), so nothing is copied in. */
+static int two_shot(const job_t *j, int push, int write) {
+  const dl_ar_args_t *a = j->a;
+  const int G = a->blocks, me = a->rank, nr = a->nranks;
+  const int64_t sv = (j->nv + nr - 1) / nr;
+  char *buf[DL_SIGNAL_MAX_RANKS], *rs[DL_SIGNAL_MAX_RANKS];
+  write = write && !a->zero_copy;
+  for (int p = 0; p < nr; p++) {
+    buf[p] = a->zero_copy ? a->bufs[p] + a->zc_off : staging(a, p, j->h, 0);
+    rs[p] = !write ? buf[p] : p == me ? (char *)a->in : staging(a, me, j->h, p);
+  }
+  void *out = a->zero_copy ? buf[me] : a->out;
+  for (int64_t k = 0; k * G * j->chunk < sv; k++) {
+    for (int b = 0; b < G; b++) {
+      int64_t j0 = (k * G + b) * j->chunk, j1 = j0 + j->chunk < sv ? j0 + j->chunk : sv;
+      if (j0 >= sv) break;
+      if (!a->zero_copy)
+        for (int q = 0; q < nr; q++) {
+          if (!write) copy_range(buf[me], a->in, el(j, q * sv + j0), el(j, q * sv + j1), j->es);
+          else if (q != me)
+            copy_range(staging(a, q, j->h, me), a->in, el(j, q * sv + j0), el(j, q * sv + j1), j->es);
+        }
+      if (!a->zero_copy || k == 0) DL_TRY(ar_barrier(a, j->self, b, j->seq));
+      /* reduce-scatter: our slice into the output; for pull also into our
+       * buffer, for push into every peer's */
+      int64_t e0 = el(j, me * sv + j0), e1 = el(j, me * sv + j1);
+      sum_range(out, rs, nr, e0, e1, a->dtype);
+      if (!a->zero_copy && !push) copy_range(buf[me], out, e0, e1, j->es);
+      if (push)
+        for (int p = 0; p < nr; p++)
+          if (p != me) copy_range(buf[p], out, e0, e1, j->es);
+      DL_TRY(ar_barrier(a, j->self, b, j->seq));
+      if (push && a->zero_copy) continue;
+      for (int q = 0; q < nr; q++)
+        if (q != me)
+          copy_range(out, push ? buf[me] : buf[q], el(j, q * sv + j0), el(j, q * sv + j1), j->es);
+    }
+  }
+  for (int b = 0; b < G && a->zero_copy && !push; b++) DL_TRY(ar_barrier(a, j->self, b, j->seq));
+  return DL_OK;
+}
+
+/* Lamport one-shot (kernel: allreduce_lamport_kernel): push the input,
+ * cleaned and padded to whole vectors as the kernel sends it, into slot
+ * `rank` of every peer's lamport half; put our own cleaned copy in our slot
+ * `rank`; wait until every word of every peer's slot is filled; sum in rank
+ * order; empty the slots again. */
+static char *lamport(const dl_ar_args_t *a, int rank, int half, int slot) {
+  return a->bufs[rank] + a->lamport_off + ((int64_t)half * a->nranks + slot) * a->lamport_slot;
+}
+
+/* Words [w0, w1) of src (nbytes of data, zeros past them), cleaned as the
+ * kernels send them, into the same words of dst. */
+static void lamport_put(uint32_t *dst, const void *src, int64_t nbytes, int64_t w0, int64_t w1) {
+  const uint32_t *s = (const uint32_t *)src;
+  const int64_t data_words = nbytes / 4, tail = nbytes % 4;
+  for (int64_t w = w0; w < w1; w++) {
+    uint32_t x = 0;
+    if (w < data_words) memcpy(&x, s + w, 4);
+    else if (w == data_words && tail) memcpy(&x, s + w, (size_t)tail);
+    __atomic_store_n(dst + w, x == DL_AR_LAMPORT_EMPTY ? DL_AR_LAMPORT_NAN : x, __ATOMIC_RELAXED);
+  }
+}
+
+/* Wait until words [w0, w1) of peer's slot `src` are all filled. */
+static int lamport_poll(const job_t *j, const char *src, int64_t w0, int64_t w1, double deadline, int peer) {
+  const uint32_t *w = (const uint32_t *)src;
+  for (int64_t i = w0; i < w1; i++)
+    for (long k = 0; __atomic_load_n(w + i, __ATOMIC_ACQUIRE) == DL_AR_LAMPORT_EMPTY; k++) {
+      dl_host_pause(k);
+      if (k % 16 == 0 && dl_host_now_s() > deadline)
+        return ar_fail(j->a, 0, peer, (uint32_t)(i / (DL_AR_VEC_BYTES / 4)), 0, j->seq);
+    }
+  return DL_OK;
+}
+
+static int one_shot_lamport(const job_t *j) {
+  const dl_ar_args_t *a = j->a;
+  const int me = a->rank, nr = a->nranks;
+  const int64_t nw = j->nv * (DL_AR_VEC_BYTES / 4);
+  for (int p = 0; p < nr; p++) lamport_put((uint32_t *)lamport(a, p, j->h, me), a->in, a->n * j->es, 0, nw);
+  char *src[DL_SIGNAL_MAX_RANKS];
+  double deadline = dl_host_now_s() + a->timeout_ns * 1e-9;
+  for (int p = 0; p < nr; p++) {
+    src[p] = lamport(a, me, j->h, p);
+    DL_TRY(lamport_poll(j, src[p], 0, nw, deadline, p));
+  }
+  sum_range(a->out, src, nr, 0, a->n, a->dtype);
+  for (int p = 0; p < nr; p++) memset(src[p], 0xff, (size_t)(nw * 4));
+  return DL_OK;
+}
+
+/* Lamport two-shot (kernel: allreduce_two_shot_lamport_kernel): slice q of
+ * the input into slot `rank` of rank q's half (our own slice into our own
+ * slot, as the one-shot twin does), wait for our slice from everyone, sum it
+ * into out, clean it as the kernel does and push it into slot `rank` of
+ * every peer; wait for every other slice's sum, copy it out; empty every
+ * word read. Positions are the tensor's, so the slices never meet. */
+static int two_shot_lamport(const job_t *j) {
+  const dl_ar_args_t *a = j->a;
+  const int me = a->rank, nr = a->nranks;
+  const int W = DL_AR_VEC_BYTES / 4;
+  const int64_t sv = (j->nv + nr - 1) / nr, nbytes = a->n * j->es;
+  int64_t w0[DL_SIGNAL_MAX_RANKS] = {0}, w1[DL_SIGNAL_MAX_RANKS] = {0}; /* each slice's words */
+  for (int q = 0; q < nr; q++) {
+    w0[q] = (q * sv < j->nv ? q * sv : j->nv) * W;
+    w1[q] = ((q + 1) * sv < j->nv ? (q + 1) * sv : j->nv) * W;
+    lamport_put((uint32_t *)lamport(a, q, j->h, me), a->in, nbytes, w0[q], w1[q]);
+  }
+  const double deadline = dl_host_now_s() + a->timeout_ns * 1e-9;
+  char *src[DL_SIGNAL_MAX_RANKS];
+  for (int p = 0; p < nr; p++) {
+    src[p] = lamport(a, me, j->h, p);
+    if (p != me) DL_TRY(lamport_poll(j, src[p], w0[me], w1[me], deadline, p));
+  }
+  const int64_t e0 = w0[me] * 4 / j->es, e1 = w1[me] * 4 / j->es < a->n ? w1[me] * 4 / j->es : a->n;
+  sum_range(a->out, src, nr, e0, e1, a->dtype);
+  /* the sum as it is sent: cleaned, the same bits on every rank (whole
+   * words; a tensor's last half word is sent padded and kept as it is) */
+  for (int64_t w = w0[me]; w < w1[me] && (w + 1) * 4 <= nbytes; w++) {
+    uint32_t x;
+    memcpy(&x, (char *)a->out + w * 4, 4);
+    if (x == DL_AR_LAMPORT_EMPTY) memcpy((char *)a->out + w * 4, &(uint32_t){DL_AR_LAMPORT_NAN}, 4);
+  }
+  for (int p = 0; p < nr; p++) {
+    memset(src[p] + w0[me] * 4, 0xff, (size_t)((w1[me] - w0[me]) * 4));
+    if (p != me) lamport_put((uint32_t *)lamport(a, p, j->h, me), a->out, nbytes, w0[me], w1[me]);
+  }
+  for (int q = 0; q < nr; q++) {
+    if (q == me) continue;
+    DL_TRY(lamport_poll(j, src[q], w0[q], w1[q], deadline, q));
+    const int64_t b0 = w0[q] * 4, b1 = w1[q] * 4 < nbytes ? w1[q] * 4 : nbytes;
+    if (b1 > b0) memcpy((char *)a->out + b0, src[q] + b0, (size_t)(b1 - b0));
+    memset(src[q] + w0[q] * 4, 0xff, (size_t)((w1[q] - w0[q]) * 4));
+  }
+  return DL_OK;
+}
+
+int dl_allreduce_cpu(const dl_ar_args_t *a, void *stream) {
+  (void)stream;
+  if (a->blocks < 1 || a->blocks > DL_AR_MAX_BLOCKS || a->threads < 1 || a->unroll < 1 || a->round_vecs < 1 ||
+      a->nranks < 2 || a->nranks > DL_SIGNAL_MAX_RANKS)
+    return DL_ERR(DL_EINVAL, "allreduce (cpu): bad shape (%d blocks, %d x %d vectors, %d ranks)",
+                  a->blocks, a->threads, a->unroll, a->nranks);
+  if (a->dtype != DL_F32 && a->dtype != DL_F16 && a->dtype != DL_BF16)
+    return DL_ERR(DL_EUNSUPPORTED, "allreduce (cpu): dtype %s (f32, f16, bf16 only)",
+                  dl_dtype_name(a->dtype));
+  job_t j;
+  j.a = a;
+  j.self = ctrl_of(a->bufs[a->rank]);
+  j.seq = __atomic_load_n(&j.self->seq, __ATOMIC_ACQUIRE);
+  j.h = j.seq & 1;
+  j.es = dl_dtype_size(a->dtype);
+  j.L = DL_AR_VEC_BYTES / j.es;
+  j.nv = (a->n + j.L - 1) / j.L;
+  j.chunk = a->round_vecs;
+  int rc;
+  switch (a->algo) {
+  case DL_AR_ONE_SHOT: rc = one_shot(&j); break;
+  case DL_AR_ONE_SHOT_PUSH:
+  case DL_AR_ONE_SHOT_PUSH_FLAT: rc = one_shot_push(&j); break; /* no roles on the cpu: one twin */
+  case DL_AR_TWO_SHOT: rc = two_shot(&j, 0, 0); break;
+  case DL_AR_TWO_SHOT_PUSH: rc = two_shot(&j, 1, 0); break;
+  case DL_AR_TWO_SHOT_WRITE: rc = two_shot(&j, 1, 1); break;
+  case DL_AR_ONE_SHOT_LAMPORT: rc = one_shot_lamport(&j); break;
+  case DL_AR_TWO_SHOT_LAMPORT: rc = two_shot_lamport(&j); break;
+  default: return DL_ERR(DL_EINVAL, "allreduce (cpu): algorithm %d has no twin", a->algo);
+  }
+  __atomic_store_n(&j.self->seq, j.seq + 1, __ATOMIC_RELEASE);
+  return rc;
+}
