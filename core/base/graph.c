@@ -37,6 +37,7 @@ static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
 static dl_graph_t *live;
 static __thread dl_graph_t *capturing_here; /* the graph this thread captures into */
 
+#ifdef DL_WITH_CUDA /* only CUDA builds capture graphs */
 static void live_add(dl_graph_t *g) {
   pthread_mutex_lock(&live_mu);
   g->next = live;
@@ -44,6 +45,7 @@ static void live_add(dl_graph_t *g) {
   live = g;
   pthread_mutex_unlock(&live_mu);
 }
+#endif
 
 static void live_remove(dl_graph_t *g) {
   pthread_mutex_lock(&live_mu);
