@@ -44,7 +44,7 @@
 
 #include "comm_internal.h"
 #include "common/cpu/host_wait.h"
-#include "common/dtype.h"
+#include "common/reduce.h"
 
 enum { SHM_MAX = 64, SHM_MAGIC = 0x5d15ab01 };
 
@@ -209,52 +209,6 @@ static int sig_check(dl_comm_t *c) {
   return DL_OK;
 }
 
-/* ---- reductions --------------------------------------------------------- */
-
-#define REDUCE_LOOP(T, UT)                                                                 \
-  do {                                                                                     \
-    T *d = dst;                                                                            \
-    for (int64_t i = 0; i < k; i++) {                                                      \
-      T a = ((const T *)src[0])[i];                                                        \
-      for (int j = 1; j < n; j++) {                                                        \
-        T b = ((const T *)src[j])[i];                                                      \
-        if (red == DL_RED_MAX) a = b > a ? b : a;                                          \
-        else if (red == DL_RED_MIN) a = b < a ? b : a;                                     \
-        else a = (T)((UT)a + (UT)b);                                                       \
-      }                                                                                    \
-      d[i] = red == DL_RED_AVG ? (T)(a / (T)n) : a;                                        \
-    }                                                                                      \
-  } while (0)
-
-/* dst[i] = src[0][i] (op) ... (op) src[n-1][i], in rank order. */
-static void reduce(void *dst, char *const *src, int n, int64_t k, int dtype, int red, float *acc) {
-  switch (dtype) {
-  case DL_F32: REDUCE_LOOP(float, float); break;
-  case DL_F64: REDUCE_LOOP(double, double); break;
-  case DL_I32: REDUCE_LOOP(int32_t, uint32_t); break;
-  case DL_I64: REDUCE_LOOP(int64_t, uint64_t); break;
-  case DL_U8: REDUCE_LOOP(uint8_t, uint8_t); break;
-  default: { /* bf16, fp16: accumulate in fp32, round once */
-    int bf = dtype == DL_BF16;
-    for (int j = 0; j < n; j++) {
-      const uint16_t *s = (const uint16_t *)src[j];
-      for (int64_t i = 0; i < k; i++) {
-        float b = bf ? dl_bf16_to_f32(s[i]) : dl_f16_to_f32(s[i]);
-        if (j == 0) acc[i] = b;
-        else if (red == DL_RED_MAX) acc[i] = b > acc[i] ? b : acc[i];
-        else if (red == DL_RED_MIN) acc[i] = b < acc[i] ? b : acc[i];
-        else acc[i] += b;
-      }
-    }
-    uint16_t *d = dst;
-    for (int64_t i = 0; i < k; i++) {
-      float v = red == DL_RED_AVG ? acc[i] / (float)n : acc[i];
-      d[i] = bf ? dl_f32_to_bf16(v) : dl_f32_to_f16(v);
-    }
-  }
-  }
-}
-
 /* ---- collectives -------------------------------------------------------- */
 
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -280,7 +234,7 @@ static int all_reduce(dl_comm_t *c, const dl_comm_call_t *call) {
     if (first) sig_write(c, call);
     DL_TRY(chunk_barrier(c, "all_reduce", &first));
     for (int j = 0; j < c->size; j++) srcs[j] = slot(m, j, m->bar - 1);
-    reduce(call->out.data + off * esz, srcs, c->size, k, call->in.dtype, call->red, m->acc);
+    dl_reduce_cpu(call->out.data + off * esz, srcs, c->size, k, call->in.dtype, call->red, m->acc);
     off += k;
   } while (off < n);
   return DL_OK;
@@ -315,7 +269,7 @@ static int reduce_scatter(dl_comm_t *c, const dl_comm_call_t *call) {
     if (first) sig_write(c, call);
     DL_TRY(chunk_barrier(c, "reduce_scatter", &first));
     for (int j = 0; j < c->size; j++) srcs[j] = slot(m, j, m->bar - 1) + c->rank * k * esz;
-    reduce(call->out.data + off * esz, srcs, c->size, k, call->in.dtype, call->red, m->acc);
+    dl_reduce_cpu(call->out.data + off * esz, srcs, c->size, k, call->in.dtype, call->red, m->acc);
     off += k;
   } while (off < n);
   return DL_OK;
