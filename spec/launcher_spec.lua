@@ -80,6 +80,38 @@ describe("distlab run", function()
     assert.truthy(out:find("this host has 0..", 1, true), out)
   end)
 
+  -- a fake nvidia-smi that lists `gpus` GPUs, first on the PATH
+  local function fake_gpus(gpus)
+    local dir = H.tmpname("-bin")
+    os.execute("mkdir -p " .. dir)
+    local lines = {}
+    for g = 0, gpus - 1 do lines[#lines + 1] = string.format("echo 'GPU %d: Fake GPU (UUID: GPU-%d)'", g, g) end
+    H.write(dir .. "/nvidia-smi", "#!/bin/sh\n" .. table.concat(lines, "\n") .. "\n")
+    os.execute("chmod +x " .. dir .. "/nvidia-smi")
+    return dir, "PATH=" .. dir .. ":$PATH"
+  end
+
+  it("places more cuda ranks than GPUs round-robin, and says so once", function()
+    local dir, env = fake_gpus(2)
+    local rc, out = H.distlab("run -n 5 --device cuda spec/launcher/ranks.lua", env)
+    assert.equal(0, rc, out)
+    local l = lines_of(out)
+    assert.equal(5, #l, out)
+    for r = 0, 4 do
+      assert.truthy(l[r + 1]:find("rank=" .. r .. " world=5 local=" .. r .. " device=cuda:" .. r % 2 .. " ", 1, true), out)
+    end
+    local _, notes = out:gsub("5 ranks on 2 GPU%(s%), rank r on cuda:%(r mod 2%)", "")
+    assert.equal(1, notes, out)
+    assert.truthy(out:find("a correctness mode: timings mean nothing", 1, true), out)
+    -- as many ranks as GPUs: a GPU each, by local rank, and nothing said
+    rc, out = H.distlab("run -n 2 --device cuda spec/launcher/ranks.lua", env)
+    assert.equal(0, rc, out)
+    l = lines_of(out)
+    assert.truthy(l[1]:find("device=cuda:0 ", 1, true) and l[2]:find("device=cuda:1 ", 1, true), out)
+    assert.falsy(out:find("correctness mode", 1, true), out)
+    os.execute("rm -rf " .. dir)
+  end)
+
   it("refuses bad arguments", function()
     local rc, out = H.distlab("run -n 0 spec/launcher/ranks.lua")
     assert.equal(2, rc)

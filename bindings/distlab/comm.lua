@@ -27,7 +27,9 @@ local M = {}
 local Comm = {}
 Comm.__index = Comm
 
-local backend_names = { [C.DL_COMM_SHM] = "shm", [C.DL_COMM_NCCL] = "nccl", [C.DL_COMM_META] = "meta" }
+local backend_names = { [C.DL_COMM_SHM] = "shm", [C.DL_COMM_NCCL] = "nccl", [C.DL_COMM_META] = "meta",
+  [C.DL_COMM_IPC] = "ipc" }
+local backend_ids = { shm = C.DL_COMM_SHM, nccl = C.DL_COMM_NCCL, meta = C.DL_COMM_META, ipc = C.DL_COMM_IPC }
 local reds = { sum = C.DL_RED_SUM, avg = C.DL_RED_AVG, max = C.DL_RED_MAX, min = C.DL_RED_MIN }
 
 -- ---- the environment ----------------------------------------------------------
@@ -127,6 +129,7 @@ local function wrap(ptr, store)
     backend = backend_names[info.backend],
     device = core.device_name(info.dev_type, info.dev_index),
     name = ffi.string(info.name),
+    share = info.share,
     store = store,
   }, Comm)
 end
@@ -135,24 +138,51 @@ Comm.__tostring = function(c)
   return string.format("comm '%s' (%s, rank %d of %d, %s)", c.name, c.backend, c.rank, c.size, c.device)
 end
 
--- A new communicator over the job. opts: backend ("shm" | "nccl" | "meta";
--- by default from the device), timeout (s), debug, and for meta rank/size.
+-- The backend of a cuda job: NCCL, unless ranks share a GPU (NCCL refuses
+-- two ranks on one device): then the ipc backend (CUDA IPC, a correctness
+-- mode). Every rank publishes which GPU it uses, once per process.
+local gpu_backend
+local function cuda_backend(e, store, dev_index)
+  if gpu_backend then return gpu_backend end
+  local buf = ffi.new("char[256]")
+  check(C.dl_cuda_device_id(dev_index, buf, 256))
+  local mine = ffi.string(buf)
+  store:set("distlab/gpu/" .. e.rank, mine)
+  local seen, shared = {}, false
+  for r = 0, e.world_size - 1 do
+    local id = store:get("distlab/gpu/" .. r)
+    shared = shared or seen[id] ~= nil
+    seen[id] = true
+  end
+  gpu_backend = shared and "ipc" or "nccl"
+  return gpu_backend
+end
+
+-- A new communicator over the job. opts: backend ("shm" | "nccl" | "ipc" |
+-- "meta"; by default DISTLAB_COMM_BACKEND, else from the device: on cuda
+-- nccl, or ipc where ranks share a GPU), timeout (s), debug, and for meta
+-- rank/size.
 function M.new(opts)
   opts = opts or {}
   local e = M.env()
-  local backend = opts.backend or (e.device == "cuda" and "nccl" or e.device == "meta" and "meta" or "shm")
-  local id = ({ shm = C.DL_COMM_SHM, nccl = C.DL_COMM_NCCL, meta = C.DL_COMM_META })[backend]
-  if not id then fail("unknown backend %q (expected shm, nccl or meta)", tostring(backend)) end
+  local backend = opts.backend or os.getenv("DISTLAB_COMM_BACKEND")
+  if backend == "" then backend = nil end
+  backend = backend or (e.device == "cuda" and "cuda" or e.device == "meta" and "meta" or "shm")
+  if backend ~= "cuda" and not backend_ids[backend] then
+    fail("unknown backend %q (expected shm, nccl, ipc or meta)", tostring(backend))
+  end
   local rank, size = opts.rank or e.rank, opts.size or e.world_size
   local store = backend ~= "meta" and M.store(opts) or nil
   local dev_index = 0
-  if backend == "nccl" then
+  if backend == "nccl" or backend == "ipc" or backend == "cuda" then
     local d = opts.device or core.default_device()
     if not d:match("^cuda") then d = "cuda:" .. e.local_rank end
     dev_index = select(2, core.parse_device(d))
   end
+  if backend == "cuda" then backend = cuda_backend(e, store, dev_index) end
   local pp = ffi.new("dl_comm_t*[1]")
-  check(C.dl_comm_new(pp, id, store and store.ptr or nil, rank, size, dev_index, opts.timeout or 0))
+  check(C.dl_comm_new(pp, backend_ids[backend], store and store.ptr or nil, rank, size, dev_index,
+    opts.timeout or 0))
   local c = wrap(pp[0], store)
   if opts.debug or os.getenv("DISTLAB_COMM_DEBUG") == "1" then c:set_debug(true) end
   return c
@@ -187,6 +217,7 @@ end
 function Comm:info()
   check(C.dl_comm_info(live(self), info))
   return { rank = info.rank, size = info.size, backend = backend_names[info.backend], seq = tonumber(info.seq),
+    share = info.share,
     timeout = info.timeout_s, debug = info.debug ~= 0, failed = info.failed ~= 0, name = ffi.string(info.name),
     native = info.native ~= nil and info.native or nil }
 end

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "device.h"
 
@@ -98,6 +99,19 @@ int dl_cuda_device_name(int index, char *buf, int64_t buflen) {
   struct cudaDeviceProp prop;
   DL_CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
   snprintf(buf, (size_t)buflen, "%s", prop.name);
+#endif
+  return DL_OK;
+}
+
+int dl_cuda_device_id(int index, char *buf, int64_t buflen) {
+  DL_CHECK_ARG(buf && buflen > 0, "dl_cuda_device_id: no buffer");
+  buf[0] = 0;
+  DL_TRY(dl_device_check(DL_CUDA, index));
+#ifdef DL_WITH_CUDA
+  char host[256] = "?", bus[64] = "?";
+  gethostname(host, sizeof host - 1);
+  DL_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, (int)sizeof bus, index));
+  snprintf(buf, (size_t)buflen, "%s/%s", host, bus);
 #endif
   return DL_OK;
 }

@@ -1,6 +1,6 @@
 /*
  * comm.c — the one communicator interface and its dispatch to a backend
- * (comm_shm.c, comm_nccl.c, comm_meta.c).
+ * (comm_shm.c, comm_nccl.c, comm_ipc.c, comm_meta.c).
  *
  * Everything that does not depend on how bytes move lives here, so every
  * backend behaves the same at its edges: argument checks (devices, dtypes,
@@ -30,6 +30,7 @@ static const dl_comm_backend_t *backend_of(int backend) {
   case DL_COMM_SHM: return &dl_comm_shm_backend;
   case DL_COMM_NCCL: return &dl_comm_nccl_backend;
   case DL_COMM_META: return &dl_comm_meta_backend;
+  case DL_COMM_IPC: return &dl_comm_ipc_backend;
   default: return NULL;
   }
 }
@@ -37,6 +38,7 @@ static const dl_comm_backend_t *backend_of(int backend) {
 static int backend_id(const dl_comm_t *c) {
   if (c->be == &dl_comm_nccl_backend) return DL_COMM_NCCL;
   if (c->be == &dl_comm_meta_backend) return DL_COMM_META;
+  if (c->be == &dl_comm_ipc_backend) return DL_COMM_IPC;
   return DL_COMM_SHM;
 }
 
@@ -99,10 +101,11 @@ static int comm_create(dl_comm_t **out, const dl_comm_backend_t *be, dl_store_t 
   c->be = be;
   c->rank = rank;
   c->size = size;
-  c->dev_type = be == &dl_comm_nccl_backend ? DL_CUDA : be == &dl_comm_meta_backend ? DL_META
-                                                                                    : DL_CPU;
-  c->dev_index = be == &dl_comm_nccl_backend ? dev_index : 0;
+  const int on_cuda = be == &dl_comm_nccl_backend || be == &dl_comm_ipc_backend;
+  c->dev_type = on_cuda ? DL_CUDA : be == &dl_comm_meta_backend ? DL_META : DL_CPU;
+  c->dev_index = on_cuda ? dev_index : 0;
   c->timeout_s = timeout_s > 0 ? timeout_s : dl_timeout_s();
+  c->share = 1;
   snprintf(c->name, sizeof c->name, "%s", name);
   if (world_ranks) {
     c->world_ranks = malloc(sizeof(int) * (size_t)size);
@@ -167,6 +170,7 @@ int dl_comm_info(const dl_comm_t *c, dl_comm_info_t *out) {
   out->dev_index = c->dev_index;
   out->debug = c->debug;
   out->failed = c->failed;
+  out->share = c->share;
   out->seq = c->seq;
   out->timeout_s = c->timeout_s;
   snprintf(out->name, sizeof out->name, "%s", c->name);

@@ -48,6 +48,7 @@ struct dl_comm {
   int64_t seq;             /* ops issued so far (names them in messages) */
   int nsplits, nsymm;      /* children made so far: name them identically on every rank */
   int failed;              /* set once an op failed; later ops refuse */
+  int share;               /* ranks on this rank's GPU (dl_comm_info_t.share) */
   int in_group;            /* p2p ops queued since dl_comm_group_start */
   struct dl_comm *group_next;
 };
@@ -83,6 +84,7 @@ struct dl_comm_backend {
 extern const dl_comm_backend_t dl_comm_shm_backend;
 extern const dl_comm_backend_t dl_comm_meta_backend;
 extern const dl_comm_backend_t dl_comm_nccl_backend;
+extern const dl_comm_backend_t dl_comm_ipc_backend;
 
 /* Store helpers that take the communicator's namespace: "<c->name>/<key>". */
 int dl_comm_store_set(dl_comm_t *c, const char *key, const void *val, int64_t len);

@@ -44,7 +44,7 @@
 
 #include "comm_internal.h"
 #include "common/cpu/host_wait.h"
-#include "common/reduce.h"
+#include "comm/reduce.h"
 
 enum { SHM_MAX = 64, SHM_MAGIC = 0x5d15ab01 };
 
@@ -87,7 +87,6 @@ typedef struct shm {
   char *slots, *boxes;
   char name[160];
   uint64_t bar; /* barriers passed */
-  float *acc;   /* fp32 accumulator for half-precision reductions */
   int64_t *mat; /* this op's send-count matrix, size x size */
   p2p_t *ops;
   int nops, capops;
@@ -234,7 +233,7 @@ static int all_reduce(dl_comm_t *c, const dl_comm_call_t *call) {
     if (first) sig_write(c, call);
     DL_TRY(chunk_barrier(c, "all_reduce", &first));
     for (int j = 0; j < c->size; j++) srcs[j] = slot(m, j, m->bar - 1);
-    dl_reduce_cpu(call->out.data + off * esz, srcs, c->size, k, call->in.dtype, call->red, m->acc);
+    DL_TRY(dl_reduce_cpu(call->out.data + off * esz, srcs, c->size, k, call->in.dtype, call->red, NULL));
     off += k;
   } while (off < n);
   return DL_OK;
@@ -269,7 +268,7 @@ static int reduce_scatter(dl_comm_t *c, const dl_comm_call_t *call) {
     if (first) sig_write(c, call);
     DL_TRY(chunk_barrier(c, "reduce_scatter", &first));
     for (int j = 0; j < c->size; j++) srcs[j] = slot(m, j, m->bar - 1) + c->rank * k * esz;
-    dl_reduce_cpu(call->out.data + off * esz, srcs, c->size, k, call->in.dtype, call->red, m->acc);
+    DL_TRY(dl_reduce_cpu(call->out.data + off * esz, srcs, c->size, k, call->in.dtype, call->red, NULL));
     off += k;
   } while (off < n);
   return DL_OK;
@@ -483,7 +482,6 @@ static void shm_destroy(dl_comm_t *c) {
     __atomic_store_n(&m->ctl->left[c->rank], 1, __ATOMIC_RELEASE);
     munmap(m->ctl, m->map_bytes);
   }
-  free(m->acc);
   free(m->mat);
   free(m->ops);
   free(m);
@@ -541,9 +539,8 @@ static int shm_attach(dl_comm_t *c, shm_t *m) {
   m->ctl->pid[c->rank] = (int32_t)getpid();
   m->slots = (char *)m->ctl + ctl_b;
   m->boxes = m->slots + c->size * m->ctl->slot_bytes;
-  m->acc = malloc((size_t)half_bytes(m->ctl) / 2 * sizeof(float));
   m->mat = malloc(sizeof(int64_t) * (size_t)c->size * c->size);
-  if (!m->acc || !m->mat) return DL_ERR(DL_ENOMEM, "shm communicator: out of memory");
+  if (!m->mat) return DL_ERR(DL_ENOMEM, "shm communicator: out of memory");
   return barrier(c, "setup (every rank maps the segment)");
 }
 

@@ -69,6 +69,10 @@ const char *dl_dtype_name(int dtype);
  * the machine has no driver or no GPU; *reason then says why (static text). */
 int dl_cuda_device_count(int *count, const char **reason);
 int dl_cuda_device_name(int index, char *buf, int64_t buflen);
+/* The physical GPU behind an index, "<host>/<PCI bus id>": the same string in
+ * every process of the host that uses it, whatever CUDA_VISIBLE_DEVICES says
+ * (ranks compare them to find the GPUs they share). */
+int dl_cuda_device_id(int index, char *buf, int64_t buflen);
 int dl_device_synchronize(int dev_type, int dev_index);
 
 /* ---- streams and events ------------------------------------------------
@@ -241,7 +245,9 @@ int dl_store_add(dl_store_t *s, const char *key, int64_t delta, int64_t *value);
 int dl_store_check(dl_store_t *s, const char *key, int *exists);
 int dl_store_delete(dl_store_t *s, const char *key);
 
-enum { DL_COMM_SHM = 0, DL_COMM_NCCL = 1, DL_COMM_META = 2 };
+/* ipc: ranks of one host over CUDA IPC, no library (what ranks sharing a
+ * GPU use, since NCCL refuses two ranks on one device; core/comm/comm_ipc.c) */
+enum { DL_COMM_SHM = 0, DL_COMM_NCCL = 1, DL_COMM_META = 2, DL_COMM_IPC = 3 };
 enum { DL_RED_SUM = 0, DL_RED_AVG = 1, DL_RED_MAX = 2, DL_RED_MIN = 3 };
 
 typedef struct dl_comm_info {
@@ -252,7 +258,8 @@ typedef struct dl_comm_info {
   int32_t dev_index;
   int32_t debug;
   int32_t failed;    /* an op failed: the communicator refuses further ops */
-  int32_t pad;
+  int32_t share;     /* ranks of this communicator on this rank's GPU (1: one of
+                        its own; more where ranks share a GPU: the ipc backend) */
   int64_t seq;       /* ops issued so far */
   double timeout_s;
   char name[96];     /* "w" for the world, "w.s1c0" for split 1, color 0 */
