@@ -57,19 +57,18 @@ local function shapes(layout, C, h, hkv)
   return { 8, 2, h, 32 }, { 8, 2, hkv, 32 }
 end
 
-local strategies = {
-  { algo = "p2p", comm_buffers = "per_step", correction = "post_loop" },
-  { algo = "p2p", comm_buffers = 2, correction = "post_loop" },
-  { algo = "p2p", comm_buffers = "per_step", correction = "incremental" },
-  { algo = "p2p", comm_buffers = 2, correction = "incremental" },
-  { algo = "p2p", comm_buffers = "per_step", correction = "fused" },
-  { algo = "p2p", comm_buffers = 2, correction = "fused" },
+-- Every p2p correction (each entry of p2p.lua's table) with both buffer schemes, then the rest.
+local strategies = {}
+for _, corr in ipairs(require("distlab.cp.p2p").corrections) do
+  for _, cb in ipairs({ "per_step", 2 }) do strategies[#strategies + 1] = { algo = "p2p", comm_buffers = cb, correction = corr } end
+end
+for _, st in ipairs {
   { algo = "p2p", comm_buffers = 2, correction = "fused", dkv = "local" },
   { algo = "all_gather" },
   { algo = "all_gather", overlap = true },
   { algo = "a2a" },
   { algo = "a2a", overlap = true, heads = 2 }, -- heads per rank even: twice the heads
-}
+} do strategies[#strategies + 1] = st end
 
 local function label(st)
   return st.algo == "p2p" and string.format("p2p buffers=%s correction=%s dkv=%s", st.comm_buffers, st.correction,

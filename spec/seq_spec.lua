@@ -32,6 +32,33 @@ end
 
 local function i32(v, D) return dl.from_table(v, { dtype = "i32", device = D }) end
 
+describe("seq's split on Lua numbers (what dl.cp's plans use)", function()
+  it("gives every rank's chunks, where sequences start in a part, and the valid tokens of a chunk", function()
+    local C, p, lens = 3, { 6, 12, 12, 36 }, { 5, 0, 13 }
+    local c, at = dl.seq.chunk_sizes(p, C)
+    assert.same({ 1, 0, 4 }, c)
+    assert.same({ 0, 2, 2, 10 }, at)
+    for r = 0, C - 1 do
+      local want, got, valid = {}, {}, {}
+      for i = 1, #p - 1 do
+        local n = 0
+        for _, pos in ipairs(positions(p[i + 1] - p[i], r, C)) do
+          want[#want + 1] = { p[i] + pos, #want }
+          if pos < lens[i] then n = n + 1 end
+        end
+        valid[i] = n
+      end
+      for _, s in ipairs(dl.seq.chunk_segments(p, r, C)) do
+        for j = 0, s[3] - 1 do got[#got + 1] = { s[1] + j, s[2] + j } end
+      end
+      assert.same(want, got)
+      for i = 1, #p - 1 do
+        assert.equal(valid[i], dl.seq.chunk_valid(lens[i], c[i], r) + dl.seq.chunk_valid(lens[i], c[i], 2 * C - 1 - r))
+      end
+    end
+  end)
+end)
+
 for _, dev in ipairs(H.devices) do
   local D = dev.name
   describe("seq on " .. D .. dev.tag, function()

@@ -3,11 +3,14 @@
 -- and 2C-1-r, so every rank gets the same share of a causal mask), its
 -- inverse, the reorders between rank order (the parts of all ranks one after
 -- another, as an all-gather returns them) and sequence order, and the same
--- for thd, whose sequences are first padded to multiples of 2C.
+-- for thd, whose sequences are first padded to multiples of 2C. This is the
+-- one implementation of the split: dl.cp's plans (cp/plan.lua) use it too.
 --
 -- Ranks are 0-based (as DISTLAB_RANK); dims are 1-based. Everything moves
 -- whole chunks with narrow + copy_ (one copy per chunk, adjacent chunks
--- fused), never single elements; results are new tensors on x's device.
+-- fused), never single elements, and frees each view at once (so the
+-- allocator, not the garbage collector, decides when memory returns);
+-- results are new tensors on x's device.
 --
 -- bshd / sbhd (sequence dim 2 / 1, its length divisible by 2C):
 --   seq.dual_chunk(x, rank, C, layout)    -> rank's part, sequence dim s/C
@@ -26,6 +29,19 @@
 --   seq.thd_partition_indices(cu_padded, rank, C) -> i32 rows of the full tensor that rank holds
 --   seq.thd_local_seqlens(cu_seqlens, cu_padded, rank, C) -> cu_seqlens, cu_seqlens_padded of
 --                                                  rank's part (valid tokens stay a prefix)
+-- The split itself, on Lua numbers (p: padded offsets as a Lua table, p[1]
+-- need not be 0; bshd/sbhd are one sequence, {0, s}), which all of the
+-- above are built on, and which dl.cp's plans call (no argument checks):
+--   seq.chunk_sizes(p, C)          -> c, at: c[i] rows per chunk of sequence i,
+--                                     at[i] = (p[i] - p[1]) / C where it starts in
+--                                     a part (b+1 entries: at[b+1] = the part's rows)
+--   seq.chunk_segments(p, rank, C) -> {{sequence row, part row, rows}, ...}, 0-based:
+--                                     chunks rank, 2C-1-rank of every sequence, in
+--                                     the part's order; sequence rows as in p
+--   seq.chunk_valid(len, c, j)     -> valid tokens in chunk j (of c rows) of a
+--                                     sequence of len (valid tokens come first)
+--   seq.copy_chunks(part, x, dim, segs, to_seq)  the copies of segs along dim:
+--                                     x -> part, or part -> x with to_seq
 local core = require "distlab.core"
 local tensor = require "distlab.tensor"
 local create = require "distlab.create"
@@ -68,7 +84,10 @@ local function move(dst, src, dim, segs)
   local cur
   local function flush()
     if cur and cur[3] > 0 then
-      T.copy_(T.narrow(dst, dim, cur[2] + 1, cur[3]), T.narrow(src, dim, cur[1] + 1, cur[3]))
+      local to, from = T.narrow(dst, dim, cur[2] + 1, cur[3]), T.narrow(src, dim, cur[1] + 1, cur[3])
+      T.copy_(to, from)
+      T.free(to)
+      T.free(from)
     end
   end
   for _, s in ipairs(segs) do
@@ -96,46 +115,67 @@ local function empty_with(x, dim, n, zero)
   return zero and T.zero_(t) or t
 end
 
--- Rank r's chunks of sequences {start, padded length} (full rows) and where
--- they go in its part: chunk r first, then chunk 2C-1-r.
-local function rank_segs(seqs, rank, C)
-  local segs, base = {}, seqs[1] and seqs[1][1] or 0
-  for _, sq in ipairs(seqs) do
-    local c, at = sq[2] / (2 * C), (sq[1] - base) / C
-    segs[#segs + 1] = { sq[1] + rank * c, at, c }
-    segs[#segs + 1] = { sq[1] + (2 * C - 1 - rank) * c, at + c, c }
+-- ---- the split, on Lua numbers -------------------------------------------------
+
+function M.chunk_sizes(p, C)
+  local c, at = {}, {}
+  for i = 1, #p - 1 do
+    c[i] = (p[i + 1] - p[i]) / (2 * C)
+    at[i] = (p[i] - p[1]) / C
+  end
+  at[#p] = (p[#p] - p[1]) / C
+  return c, at
+end
+
+function M.chunk_segments(p, rank, C)
+  local c, at = M.chunk_sizes(p, C)
+  local segs = {}
+  for i = 1, #p - 1 do
+    segs[#segs + 1] = { p[i] + rank * c[i], at[i], c[i] }
+    segs[#segs + 1] = { p[i] + (2 * C - 1 - rank) * c[i], at[i] + c[i], c[i] }
   end
   return segs
 end
 
--- The same segments with the part at rank r's place in rank order.
-local function rank_order_segs(seqs, C, total)
-  local segs, base = {}, seqs[1] and seqs[1][1] or 0
+function M.chunk_valid(len, c, j)
+  return math.max(0, math.min(c, len - j * c))
+end
+
+function M.copy_chunks(part, x, dim, segs, to_seq)
+  if to_seq then return move(x, part, dim, inverse(segs)) end
+  return move(part, x, dim, segs)
+end
+
+-- The segments of every rank, its part at its place in rank order, with
+-- sequence rows from p[1].
+local function rank_order_segs(p, C)
+  local segs, total = {}, p[#p] - p[1]
   for r = 0, C - 1 do
-    for _, s in ipairs(rank_segs(seqs, r, C)) do
-      segs[#segs + 1] = { s[1] - base, r * total / C + s[2], s[3] }
+    for _, s in ipairs(M.chunk_segments(p, r, C)) do
+      segs[#segs + 1] = { s[1] - p[1], r * total / C + s[2], s[3] }
     end
   end
   return segs
 end
 
-local function fixed_seqs(op, x, dim, C)
+-- ---- bshd / sbhd ---------------------------------------------------------------
+
+-- The padded offsets of x's one sequence, {0, s}.
+local function one_sequence(op, x, dim, C)
   local s = T.size(x, dim)
   if s % (2 * C) ~= 0 then
     fail("%s: sequence length %d is not divisible by 2C = %d", op, s, 2 * C)
   end
-  return { { 0, s } }
+  return { 0, s }
 end
-
--- ---- bshd / sbhd ---------------------------------------------------------------
 
 function M.dual_chunk(x, rank, C, layout)
   local op = "seq.dual_chunk"
   want_tensor(op, "x", x)
   rank_arg(op, rank, C)
   local d = seq_dim(op, x, layout)
-  local seqs = fixed_seqs(op, x, d, C)
-  return move(empty_with(x, d, seqs[1][2] / C), x, d, rank_segs(seqs, rank, C))
+  local p = one_sequence(op, x, d, C)
+  return M.copy_chunks(empty_with(x, d, p[2] / C), x, d, M.chunk_segments(p, rank, C))
 end
 
 function M.dual_unchunk(parts, C, layout)
@@ -146,9 +186,9 @@ function M.dual_unchunk(parts, C, layout)
   local n = T.size(parts[1], d)
   local out = empty_with(parts[1], d, n * C)
   for r = 0, C - 1 do
-    local p = want_tensor(op, "parts[" .. r + 1 .. "]", parts[r + 1])
-    if T.size(p, d) ~= n then fail("%s: parts differ in sequence length", op) end
-    move(out, p, d, inverse(rank_segs({ { 0, n * C } }, r, C)))
+    local part = want_tensor(op, "parts[" .. r + 1 .. "]", parts[r + 1])
+    if T.size(part, d) ~= n then fail("%s: parts differ in sequence length", op) end
+    M.copy_chunks(part, out, d, M.chunk_segments({ 0, n * C }, r, C), true)
   end
   return out
 end
@@ -158,8 +198,8 @@ function M.to_sequence_order(x, C, layout)
   want_tensor(op, "x", x)
   want_int(op, "C (the CP size)", C, 1)
   local d = seq_dim(op, x, layout)
-  local seqs = fixed_seqs(op, x, d, C)
-  return move(empty_with(x, d, seqs[1][2]), x, d, inverse(rank_order_segs(seqs, C, seqs[1][2])))
+  local p = one_sequence(op, x, d, C)
+  return move(empty_with(x, d, p[2]), x, d, inverse(rank_order_segs(p, C)))
 end
 
 function M.to_rank_order(x, C, layout)
@@ -167,8 +207,8 @@ function M.to_rank_order(x, C, layout)
   want_tensor(op, "x", x)
   want_int(op, "C (the CP size)", C, 1)
   local d = seq_dim(op, x, layout)
-  local seqs = fixed_seqs(op, x, d, C)
-  return move(empty_with(x, d, seqs[1][2]), x, d, rank_order_segs(seqs, C, seqs[1][2]))
+  local p = one_sequence(op, x, d, C)
+  return move(empty_with(x, d, p[2]), x, d, rank_order_segs(p, C))
 end
 
 -- ---- thd -----------------------------------------------------------------------
@@ -189,19 +229,17 @@ local function i32_on(values, device)
   return create.from_table(values, { dtype = "i32", device = device })
 end
 
--- {start, padded length} of every sequence; lengths must be multiples of 2C.
-local function padded_seqs(op, cu_padded, C)
+-- The padded offsets as a Lua table; every padded length a multiple of 2C.
+local function padded_offsets(op, cu_padded, C)
   local p = cu_values(op, "cu_seqlens_padded", cu_padded)
-  local seqs = {}
   for i = 1, #p - 1 do
     local len = p[i + 1] - p[i]
     if len % (2 * C) ~= 0 then
       fail("%s: padded length %d of sequence %d is not a multiple of 2C = %d (use seq.thd_pad)",
         op, len, i, 2 * C)
     end
-    seqs[i] = { p[i], len }
   end
-  return seqs, p[#p] - p[1]
+  return p, p[#p] - p[1]
 end
 
 function M.thd_pad(cu_seqlens, C)
@@ -249,21 +287,20 @@ function M.thd_dual_chunk(x, cu_padded, rank, C)
   local op = "seq.thd_dual_chunk"
   want_tensor(op, "x", x)
   rank_arg(op, rank, C)
-  local seqs, total = padded_seqs(op, cu_padded, C)
-  return move(empty_with(x, 1, total / C), x, 1, rank_segs(seqs, rank, C))
+  local p, total = padded_offsets(op, cu_padded, C)
+  return M.copy_chunks(empty_with(x, 1, total / C), x, 1, M.chunk_segments(p, rank, C))
 end
 
 function M.thd_dual_unchunk(parts, cu_padded, C)
   local op = "seq.thd_dual_unchunk"
   want_int(op, "C (the CP size)", C, 1)
   if type(parts) ~= "table" or #parts ~= C then fail("%s: expected a list of C = %d parts", op, C) end
-  local seqs, total = padded_seqs(op, cu_padded, C)
+  local p, total = padded_offsets(op, cu_padded, C)
   local out = empty_with(want_tensor(op, "parts[1]", parts[1]), 1, total)
-  local base = seqs[1] and seqs[1][1] or 0
   for r = 0, C - 1 do
-    local segs = rank_segs(seqs, r, C)
-    for _, s in ipairs(segs) do s[1] = s[1] - base end
-    move(out, want_tensor(op, "parts[" .. r + 1 .. "]", parts[r + 1]), 1, inverse(segs))
+    local segs = M.chunk_segments(p, r, C)
+    for _, s in ipairs(segs) do s[1] = s[1] - p[1] end
+    M.copy_chunks(want_tensor(op, "parts[" .. r + 1 .. "]", parts[r + 1]), out, 1, segs, true)
   end
   return out
 end
@@ -272,16 +309,16 @@ function M.thd_to_sequence_order(x, cu_padded, C)
   local op = "seq.thd_to_sequence_order"
   want_tensor(op, "x", x)
   want_int(op, "C (the CP size)", C, 1)
-  local seqs, total = padded_seqs(op, cu_padded, C)
-  return move(empty_with(x, 1, total), x, 1, inverse(rank_order_segs(seqs, C, total)))
+  local p, total = padded_offsets(op, cu_padded, C)
+  return move(empty_with(x, 1, total), x, 1, inverse(rank_order_segs(p, C)))
 end
 
 function M.thd_to_rank_order(x, cu_padded, C)
   local op = "seq.thd_to_rank_order"
   want_tensor(op, "x", x)
   want_int(op, "C (the CP size)", C, 1)
-  local seqs, total = padded_seqs(op, cu_padded, C)
-  return move(empty_with(x, 1, total), x, 1, rank_order_segs(seqs, C, total))
+  local p, total = padded_offsets(op, cu_padded, C)
+  return move(empty_with(x, 1, total), x, 1, rank_order_segs(p, C))
 end
 
 -- Rows of the full tensor in rank's part, in the part's order: a copy of
@@ -289,17 +326,21 @@ end
 function M.thd_partition_indices(cu_padded, rank, C)
   local op = "seq.thd_partition_indices"
   rank_arg(op, rank, C)
-  local seqs, total = padded_seqs(op, cu_padded, C)
+  local p, total = padded_offsets(op, cu_padded, C)
   local dev = cu_padded.device
   local idx = tensor.empty({ total / C }, { dtype = "i32", device = dev })
   local longest = 0
-  for _, s in ipairs(seqs) do longest = math.max(longest, s[2] / (2 * C)) end
+  for _, c in ipairs((M.chunk_sizes(p, C))) do longest = math.max(longest, c) end
   local ramp = create.arange(longest, { dtype = "i32", device = dev })
-  for _, s in ipairs(rank_segs(seqs, rank, C)) do
+  for _, s in ipairs(M.chunk_segments(p, rank, C)) do
     if s[3] > 0 then
-      T.add_(T.copy_(T.narrow(idx, 1, s[2] + 1, s[3]), T.narrow(ramp, 1, 1, s[3])), s[1])
+      local to, from = T.narrow(idx, 1, s[2] + 1, s[3]), T.narrow(ramp, 1, 1, s[3])
+      T.add_(T.copy_(to, from), s[1])
+      T.free(to)
+      T.free(from)
     end
   end
+  T.free(ramp)
   return idx
 end
 
@@ -307,17 +348,16 @@ function M.thd_local_seqlens(cu_seqlens, cu_padded, rank, C)
   local op = "seq.thd_local_seqlens"
   rank_arg(op, rank, C)
   local v = cu_values(op, "cu_seqlens", cu_seqlens)
-  local seqs = padded_seqs(op, cu_padded, C)
-  if #v ~= #seqs + 1 then fail("%s: cu_seqlens and cu_seqlens_padded differ in length", op) end
-  local cu, cup = { 0 }, { 0 }
-  for i, s in ipairs(seqs) do
-    local len, c = v[i + 1] - v[i], s[2] / (2 * C)
-    if len > s[2] then fail("%s: sequence %d has %d tokens but %d padded rows", op, i, len, s[2]) end
-    local function valid(j) return math.max(0, math.min(c, len - j * c)) end
-    cu[i + 1] = cu[i] + valid(rank) + valid(2 * C - 1 - rank)
-    cup[i + 1] = cup[i] + 2 * c
+  local p = padded_offsets(op, cu_padded, C)
+  if #v ~= #p then fail("%s: cu_seqlens and cu_seqlens_padded differ in length", op) end
+  local c, at = M.chunk_sizes(p, C)
+  local cu = { 0 }
+  for i = 1, #p - 1 do
+    local len = v[i + 1] - v[i]
+    if len > 2 * C * c[i] then fail("%s: sequence %d has %d tokens but %d padded rows", op, i, len, 2 * C * c[i]) end
+    cu[i + 1] = cu[i] + M.chunk_valid(len, c[i], rank) + M.chunk_valid(len, c[i], 2 * C - 1 - rank)
   end
-  return i32_on(cu, cu_seqlens.device), i32_on(cup, cu_padded.device)
+  return i32_on(cu, cu_seqlens.device), i32_on(at, cu_padded.device)
 end
 
 return M

@@ -28,6 +28,7 @@
 -- and cp/a2a.lua: each reads top to bottom and states its peak memory.
 local dl = require "distlab"
 local plan = require "distlab.cp.plan"
+local p2p = require "distlab.cp.p2p"
 
 local fail = dl.fail
 local M = {}
@@ -62,7 +63,7 @@ function M.attention(opts)
     end
   end
   self.comm_buffers = one_of("comm_buffers", opts.comm_buffers or 2, { "per_step", 2 })
-  self.correction = one_of("correction", opts.correction or "fused", { "post_loop", "incremental", "fused" })
+  self.correction = one_of("correction", opts.correction or "fused", p2p.corrections)
   self.dkv = one_of("dkv", opts.dkv or "travel", { "travel", "local" })
   self.layout = one_of("layout", opts.layout or "bshd", { "bshd", "sbhd", "thd" })
   local mask = one_of("mask", opts.mask or "none", { "none", "causal", "causal_bottom_right" })

@@ -15,17 +15,20 @@
 --               first buffer and every step receives into a fresh one; all
 --               C live until the loop ends.
 --               2: double buffering (seed 000). Step 0 sends the input K/V
---               itself; two receive buffers alternate (one when C = 2).
--- correction    "post_loop": keep every step's (out, lse) and merge after
---               the loop (TE main). "incremental": merge each step into a
---               running (O, L) as it finishes (seed 000), on a side stream,
---               with two out/lse slots so that step i+1 computes while step
---               i merges. "fused": the attention kernel folds each step into
---               (O, L) in its epilogue; no per-step output ever exists.
+--               itself; KV_BUFFERS = 2 receive buffers rotate (one when C = 2).
+-- correction    how the per-step (out, lse) become one (O, L): an entry of
+--               CORRECTIONS below, {start, step, finish, peak}, around the
+--               one ring loop. "post_loop": keep every step's (out, lse) and
+--               merge after the loop (TE main). "incremental": merge each
+--               step into a running (O, L) as it finishes (seed 000), on a
+--               side stream, with SLOTS = 2 out/lse slots so that step i+1
+--               computes while step i merges. "fused": the attention kernel
+--               folds each step into (O, L) in its epilogue; no per-step
+--               output ever exists.
 -- Backward: the K/V ring runs the other way (step i holds rank r+i's K/V,
--- received from r+1) with two buffers whatever comm_buffers says, as in TE's
--- main. The dK/dV of that K/V travel one hop behind it, to r-1; after C
--- hops they are home, complete.
+-- received from r+1) with KV_BUFFERS buffers whatever comm_buffers says, as
+-- in TE's main. The dK/dV of that K/V travel one hop behind it, to r-1;
+-- after C hops they are home, complete.
 -- dkv           "travel": each step adds its share straight into the
 --               travelling dK/dV (accumulate_grads), so it computes only
 --               once they have arrived. "local" (TE's main): each step
@@ -34,16 +37,17 @@
 --
 -- Peak memory per rank (exact on meta; cuda adds the allocator's rounding).
 -- U = one per-rank Q, B*S_r*H*D*e bytes (K, V and O alike for MHA); l = one
--- per-rank LSE, B*H*S_r*4 bytes; n = min(2, C-1); the inputs q, k, v count.
+-- per-rank LSE, B*H*S_r*4 bytes; n = min(KV_BUFFERS, C-1) and
+-- m = min(SLOTS, C-1), both min(2, C-1); the inputs q, k, v count.
 --   forward, fused        3U + comm + U + l
---   forward, incremental  3U + comm + (1 + n)(U + l)
+--   forward, incremental  3U + comm + (1 + m)(U + l)
 --   forward, post_loop    3U + P + max(comm, U + l)
 --     comm = 2C U (per_step) or 2n U (2). P = the per-step (out, lse), all
 --     kept: C (U + l), but causal bshd/sbhd steps with src > r (C-1-r of
 --     them) hold half the rows: (1 + r + (C-1-r)/2)(U + l).
 --   backward  5U + l (q, k, v, dout, out, lse: held) + U (dq) + 2n U (K/V)
 --     + 2 x 2U (the travelling dK/dV and the one arriving; "local" 3 x 2U,
---     with its own share) + W, where
+--     with its own share; C = 1 only 2U) + W, where
 --     W = 2U + l is the attention backward's workspace (fp32 dQ, rowsum;
 --     the dQ part rounded up to 256 B), taken on cuda and meta only.
 -- Plus 4H bytes with return_max_logit, and for thd the seqlens tensor:
@@ -57,6 +61,13 @@ local plan = require "distlab.cp.plan"
 
 local free, wait = plan.free, plan.wait
 local M = {}
+
+-- K/V receive buffers that rotate through the ring: double buffering
+-- (seed 000), what comm_buffers = 2 names and what the backward always uses.
+local KV_BUFFERS = 2
+
+-- n buffers that rotate over the C-1 hops of the ring: never more than C-1.
+local function rotating(n, C) return math.min(n, C - 1) end
 
 -- The rows step src computes on this rank: Q part, KV part, mask.
 local function parts_of(causal, r, src)
@@ -107,45 +118,157 @@ local function step_opts(cp, pl, src, extra)
   return qp, kvp, pl:opts({ layout = pl.layout, mask = mask, scale = cp.scale }, "q_" .. qp, "kv" .. src, extra)
 end
 
+-- ---- corrections ----------------------------------------------------------------
+--
+-- How the steps' partial (out, lse) become one (O, L). start(f) runs before
+-- the loop and keeps in f what the correction needs; step(f, st) runs the
+-- attention of step st.i (st.q: its rows st.part of Q; st.k, st.v; options
+-- st.o) and folds it in; finish(f), after the loop and after the K/V
+-- buffers are freed, returns (O, L). peak(g, comm) is the memory it adds to
+-- the inputs, given comm bytes of K/V buffers (g: see M.peak). f holds the
+-- forward's pl, q, v, compute and merge streams (comp, ms) and events (ev).
+-- Adding an entry adds a correction: cp.attention accepts its name.
+
+-- incremental: out/lse slots that rotate, so that step i+1 computes while
+-- step i merges.
+local SLOTS = 2
+
+local function accumulator(f)
+  return dl.mem.tag("accumulator", dl.attn.accumulator, f.q, f.v, { layout = f.pl.layout, dtype = f.q.dtype })
+end
+
+local function attend(st) dl.attn.fwd(st.q, st.k, st.v, st.o) end
+
+local CORRECTIONS = {
+  -- TE's main: keep every step's (out, lse), U + l each (half the rows for
+  -- bshd/sbhd steps on the second half of Q), and merge them after the loop
+  -- into (O, L), U + l, made once the K/V buffers are gone: L = logaddexp of
+  -- every step's lse, then O = sum_i e^(L_i - L) O_i.
+  post_loop = {
+    start = function(f) f.parts = {} end,
+    step = function(f, st)
+      local part = f.pl:result(st.q, f.v, "out_per_step", "lse_per_step")
+      part.half = st.part
+      f.parts[#f.parts + 1] = part
+      st.o.out, st.o.lse = part.out, part.lse
+      attend(st)
+    end,
+    finish = function(f)
+      local acc = accumulator(f)
+      for _, p in ipairs(f.parts) do dl.attn.merge_lse(acc.lse, p.lse, f.pl:merge_opts(p.half)) end
+      for i, p in ipairs(f.parts) do
+        dl.attn.merge_out(acc.out, acc.lse, p.out, p.lse,
+          f.pl:merge_opts(p.half, { mode = i == 1 and "init" or "add", skip_zero_rows = f.pl.thd }))
+        free(p.out, p.lse)
+      end
+      return acc
+    end,
+    peak = function(g, comm)
+      local P = g.C * (g.Uo + g.l)
+      if g.causal and g.layout ~= "thd" then P = (1 + g.r + (g.C - 1 - g.r) / 2) * (g.Uo + g.l) end
+      return P + math.max(comm, g.Uo + g.l)
+    end,
+  },
+
+  -- Seed 000: the running (O, L), U + l, and SLOTS out/lse slots, U + l
+  -- each; each step is merged into (O, L) as it finishes, on the merge
+  -- stream, while the next computes into another slot. Step 0 covers
+  -- every row: it writes (O, L) itself.
+  incremental = {
+    start = function(f)
+      f.acc = accumulator(f)
+      f.slots = {}
+      for j = 1, rotating(SLOTS, f.pl.C) do
+        local s = f.pl:result(f.q, f.v, "out_per_step", "lse_per_step")
+        s.merged = dl.event(f.q.device):record(f.comp) -- the merge that last read the slot
+        s.out:record_stream(f.ms)
+        s.lse:record_stream(f.ms)
+        f.slots[j] = s
+      end
+      if f.pl.thd then f.pl.meta_t:record_stream(f.ms) end
+    end,
+    step = function(f, st)
+      if st.i == 0 then
+        st.o.out, st.o.lse = f.acc.out, f.acc.lse
+        return attend(st)
+      end
+      local s = f.slots[(st.i - 1) % #f.slots + 1]
+      wait(f.comp, s.merged)
+      st.o.out, st.o.lse = f.pl:part(s.out, st.part), f.pl:part(s.lse, st.part, "lse")
+      attend(st)
+      f.ev.done:record(f.comp)
+      wait(f.ms, f.ev.done)
+      on(f.ms, s.merged, function()
+        dl.attn.merge_out(f.acc.out, f.acc.lse, s.out, s.lse,
+          f.pl:merge_opts(st.part, { mode = "incremental", skip_zero_rows = f.pl.thd }))
+      end)
+    end,
+    finish = function(f)
+      for _, s in ipairs(f.slots) do
+        wait(f.comp, s.merged)
+        free(s.out, s.lse)
+      end
+      return f.acc
+    end,
+    peak = function(g, comm) return comm + (1 + rotating(SLOTS, g.C)) * (g.Uo + g.l) end,
+  },
+
+  -- The running (O, L), U + l: the attention kernel folds each step into it
+  -- in its epilogue; no per-step output ever exists.
+  fused = {
+    start = function(f) f.acc = accumulator(f) end,
+    step = function(f, st)
+      st.o.accumulate = { out = f.pl:part(f.acc.out, st.part), lse = f.pl:part(f.acc.lse, st.part, "lse") }
+      attend(st)
+    end,
+    finish = function(f) return f.acc end,
+    peak = function(g, comm) return comm + g.Uo + g.l end,
+  },
+}
+
+-- The names cp.attention accepts for `correction`.
+M.corrections = {}
+for name in pairs(CORRECTIONS) do M.corrections[#M.corrections + 1] = name end
+table.sort(M.corrections)
+
+-- ---- the schedule ------------------------------------------------------------------
+
 function M.forward(cp, q, k, v, pl)
   local C, r, comm = pl.C, pl.r, cp.comm
   local nxt, prv = (r + 1) % C, (r - 1 + C) % C
-  local comp, cs, ms, ev = dl.current_stream(), cp.streams.comm, cp.streams.merge, cp.events
-  local correction = cp.correction
+  local comp, cs, ev = dl.current_stream(), cp.streams.comm, cp.events
+  local correction = CORRECTIONS[cp.correction]
   if pl.thd then
     select_rows(pl, cp.causal)
     pl:upload()
   end
 
-  -- The running (O, L), U + l: zero / -inf, so thd rows outside the sequences stay so.
-  local acc, ml
-  if correction ~= "post_loop" then
-    acc = dl.mem.tag("accumulator", dl.attn.accumulator, q, v, { layout = pl.layout, dtype = q.dtype })
-  end
+  -- What the correction keeps across the steps.
+  local f = { pl = pl, q = q, v = v, comp = comp, ms = cp.streams.merge, ev = ev }
+  correction.start(f)
+  -- The running max logit, 4H bytes, merged over the ranks at the end.
+  local ml
   if cp.return_max_logit then
     ml = dl.mem.tag("accumulator", dl.full, { q:size(-2) }, -math.huge, { dtype = "f32", device = q.device })
   end
 
-  -- The K/V step 0 computes on, and the receive buffers.
-  local cur, bufs = { k = k, v = v }, {}
+  -- The K/V step 0 computes on, and where the next step's arrives, U_k + U_v
+  -- per buffer: "per_step" copies K/V into a first buffer and receives every
+  -- step into a fresh one (C buffers by the end); 2 sends k, v themselves and
+  -- receives into KV_BUFFERS buffers in turn.
+  local cur, bufs, receive = { k = k, v = v }, {}
   if cp.comm_buffers == "per_step" then
     cur = kv_buffer(k, v, cs)
     cur.k:copy_(k)
     cur.v:copy_(v)
     bufs[1] = cur
-  else
-    for i = 1, math.min(2, C - 1) do bufs[i] = kv_buffer(k, v, cs) end
-  end
-  -- incremental: two out/lse slots (U + l each), each with the event of its last merge.
-  local slots, parts = {}, {}
-  if correction == "incremental" then
-    for i = 1, math.min(2, C - 1) do
-      slots[i] = pl:result(q, v, "out_per_step", "lse_per_step")
-      slots[i].merged = dl.event(q.device):record(comp)
-      slots[i].out:record_stream(ms)
-      slots[i].lse:record_stream(ms)
+    receive = function()
+      bufs[#bufs + 1] = kv_buffer(k, v, cs)
+      return bufs[#bufs]
     end
-    if pl.thd then pl.meta_t:record_stream(ms) end
+  else
+    for j = 1, rotating(KV_BUFFERS, C) do bufs[j] = kv_buffer(k, v, cs) end
+    receive = function(i) return bufs[i % #bufs + 1] end
   end
 
   for i = 0, C - 1 do
@@ -153,45 +276,16 @@ function M.forward(cp, q, k, v, pl)
     -- 1. Communication: pass our K/V to r+1, receive step i+1's from r-1.
     local incoming
     if i < C - 1 then
-      if cp.comm_buffers == "per_step" then
-        incoming = kv_buffer(k, v, cs)
-        bufs[#bufs + 1] = incoming
-      else
-        incoming = bufs[i % 2 + 1]
-      end
+      incoming = receive(i)
       ev.ready:record(comp) -- cur is ready; incoming's last reader (step i-1) is queued
       wait(cs, ev.ready)
       on(cs, ev.arrived, function() exchange(comm, cur, nxt, incoming, prv) end)
     end
 
-    -- 2. Attention of step i, and its correction.
+    -- 2. Attention of step i, folded into (O, L) by the correction.
     local qp, kvp, o = step_opts(cp, pl, src, { max_logit = ml })
-    local qv, kv_k, kv_v = pl:part(q, qp), pl:part(cur.k, kvp), pl:part(cur.v, kvp)
-    if correction == "fused" then
-      o.accumulate = { out = pl:part(acc.out, qp), lse = pl:part(acc.lse, qp, "lse") }
-      dl.attn.fwd(qv, kv_k, kv_v, o)
-    elseif correction == "incremental" and i == 0 then
-      o.out, o.lse = acc.out, acc.lse -- step 0 covers every row: it starts the running (O, L)
-      dl.attn.fwd(qv, kv_k, kv_v, o)
-    elseif correction == "incremental" then
-      local s = slots[(i - 1) % #slots + 1]
-      wait(comp, s.merged) -- the merge that last read this slot is done
-      o.out, o.lse = pl:part(s.out, qp), pl:part(s.lse, qp, "lse")
-      dl.attn.fwd(qv, kv_k, kv_v, o)
-      ev.done:record(comp)
-      wait(ms, ev.done)
-      on(ms, s.merged, function()
-        dl.attn.merge_out(acc.out, acc.lse, s.out, s.lse,
-          pl:merge_opts(qp, { mode = "incremental", skip_zero_rows = pl.thd }))
-      end)
-    else
-      -- post_loop: this step's own (out, lse); bshd/sbhd halves hold half the rows
-      local part = pl:result(qv, v, "out_per_step", "lse_per_step")
-      part.half = qp
-      parts[#parts + 1] = part
-      o.out, o.lse = part.out, part.lse
-      dl.attn.fwd(qv, kv_k, kv_v, o)
-    end
+    correction.step(f, { i = i, part = qp, q = pl:part(q, qp), k = pl:part(cur.k, kvp), v = pl:part(cur.v, kvp),
+      o = o })
     pl:drop_views()
 
     -- 3. Step i+1 computes on what arrived.
@@ -201,22 +295,7 @@ function M.forward(cp, q, k, v, pl)
     end
   end
   for _, b in ipairs(bufs) do free(b.k, b.v) end
-
-  if correction == "incremental" then
-    for _, s in ipairs(slots) do
-      wait(comp, s.merged)
-      free(s.out, s.lse)
-    end
-  elseif correction == "post_loop" then
-    -- L = logaddexp of every step's lse, then O = sum_i e^(L_i - L) O_i.
-    acc = dl.mem.tag("accumulator", dl.attn.accumulator, q, v, { layout = pl.layout, dtype = q.dtype })
-    for _, p in ipairs(parts) do dl.attn.merge_lse(acc.lse, p.lse, pl:merge_opts(p.half)) end
-    for i, p in ipairs(parts) do
-      dl.attn.merge_out(acc.out, acc.lse, p.out, p.lse,
-        pl:merge_opts(p.half, { mode = i == 1 and "init" or "add", skip_zero_rows = pl.thd }))
-      free(p.out, p.lse)
-    end
-  end
+  local acc = correction.finish(f)
   if ml then comm:all_reduce(ml, "max") end
   return acc.out, acc.lse, ml
 end
@@ -229,7 +308,7 @@ function M.backward(cp, dout, sv)
 
   local dq = dl.mem.tag("accumulator", dl.zeros_like, q)
   local bufs = {}
-  for i = 1, math.min(2, C - 1) do bufs[i] = kv_buffer(k, v, cs) end
+  for j = 1, rotating(KV_BUFFERS, C) do bufs[j] = kv_buffer(k, v, cs) end
   -- The travelling dK/dV (starts at zero) and the one arriving: 2 x (U_k + U_v);
   -- "local" adds the step's own share: U_k + U_v.
   local grad, other = kv_buffer(k, v, cs), C > 1 and kv_buffer(k, v, cs) or nil
@@ -243,7 +322,7 @@ function M.backward(cp, dout, sv)
     -- 1. Pass the K/V on to r-1, receive step i+1's from r+1.
     local incoming
     if i < C - 1 then
-      incoming = bufs[i % 2 + 1]
+      incoming = bufs[i % #bufs + 1]
       ev.ready:record(comp)
       wait(cs, ev.ready)
       on(cs, ev.arrived, function() exchange(comm, cur, prv, incoming, nxt) end)
@@ -294,22 +373,12 @@ end
 -- Peak bytes per rank of forward and backward (see the top of this file).
 -- g: the geometry from cp.geometry (rows, units, seqlens rows, ...).
 function M.peak(g)
-  local C, r, n = g.C, g.r, math.min(2, g.C - 1)
-  local U, Ukv, Uo, l = g.Uq, g.Uk + g.Uv, g.Uo, g.l
+  local C, n, Ukv = g.C, rotating(KV_BUFFERS, g.C), g.Uk + g.Uv
   local fixed = g.Uq + Ukv + g.ml + g.seqlens_rows(g.causal and 2 * C + 5 or 2 * C + 3)
   local comm = (g.comm_buffers == "per_step" and C or n) * Ukv
-  local fwd
-  if g.correction == "fused" then
-    fwd = fixed + comm + Uo + l
-  elseif g.correction == "incremental" then
-    fwd = fixed + comm + (1 + n) * (Uo + l)
-  else
-    local P = C * (Uo + l)
-    if g.causal and g.layout ~= "thd" then P = (1 + r + (C - 1 - r) / 2) * (Uo + l) end
-    fwd = fixed + P + math.max(comm, Uo + l)
-  end
+  local fwd = fixed + CORRECTIONS[g.correction].peak(g, comm)
   local dkv = C == 1 and 1 or g.dkv == "local" and 3 or 2
-  local bwd = fixed + 2 * Uo + l + U + n * Ukv + dkv * Ukv + g.workspace(g.rows)
+  local bwd = fixed + 2 * g.Uo + g.l + g.Uq + n * Ukv + dkv * Ukv + g.workspace(g.rows)
   return { fwd = fwd, bwd = bwd }
 end
 

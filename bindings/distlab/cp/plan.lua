@@ -3,13 +3,14 @@
 --
 -- Sharding, for every algorithm: the sequence is cut into 2C chunks and rank
 -- r holds chunks r and 2C-1-r, in that order (the dual-chunk split, which
--- gives every rank the same causal work). bshd/sbhd: S divisible by 2C, a
--- rank holds S/C positions. thd: sequence b is padded to N_b rows, a
--- multiple of 2C (cu_seqlens_padded), and split the same way into chunks
--- of c_b = N_b/2C rows. Valid tokens come first in a sequence, so chunk j
--- holds clamp(L_b - j c_b, 0, c_b) of them and on every rank the valid rows
--- of a sequence are a prefix of its 2 c_b local rows (the second chunk has
--- valid rows only when the first is full).
+-- gives every rank the same causal work; its arithmetic and its copies are
+-- dl.seq's). bshd/sbhd: S divisible by 2C, a rank holds S/C positions.
+-- thd: sequence b is padded to N_b rows, a multiple of 2C
+-- (cu_seqlens_padded), and split the same way into chunks of c_b = N_b/2C
+-- rows. Valid tokens come first in a sequence, so chunk j holds
+-- clamp(L_b - j c_b, 0, c_b) of them and on every rank the valid rows of a
+-- sequence are a prefix of its 2 c_b local rows (the second chunk has valid
+-- rows only when the first is full).
 --
 -- thd steps pick rows through cu_seqlens (valid counts) and
 -- cu_seqlens_padded (where each sequence's rows start), never by copying:
@@ -19,11 +20,10 @@
 --
 -- Memory is read exactly on the meta device, so every tensor a schedule
 -- makes is freed at a known point: views through plan:drop_views(), buffers
--- with plan.free(...). The garbage collector never decides a peak. That is
--- why the schedules move chunks with the copies here rather than dl.seq's
--- (the same split, cross-checked in spec/cp/check.lua), whose views the
--- collector frees, and which gathers along the sequence, not into [C, shard].
+-- with plan.free(...), and the chunk copies of dl.seq free their views at
+-- once. The garbage collector never decides a peak.
 local dl = require "distlab"
+local seq = require "distlab.seq"
 
 local fail = dl.fail
 local M = {}
@@ -95,12 +95,7 @@ function M.new(o)
       fail("cp: the thd %s has %d rows, but cu_seqlens_padded gives %d%s", o.full and "tensor" or "shard",
         n, want, o.full and "" or string.format(" (%d / C) per rank", p.T))
     end
-    p.c, p.loc = {}, {}
-    for b = 1, p.B do
-      p.c[b] = (p.P[b + 1] - p.P[b]) / (2 * C)
-      p.loc[b] = p.P[b] / C
-    end
-    p.loc[p.B + 1] = p.T_r
+    p.c, p.loc = seq.chunk_sizes(p.P, C)
   else
     if o.full then
       if n % (2 * C) ~= 0 then
@@ -116,19 +111,13 @@ function M.new(o)
   return p
 end
 
--- thd: valid tokens per sequence in global chunk j (0-based).
-function Plan:chunk_valid(j)
-  local v = {}
-  for b = 1, self.B do v[b] = math.max(0, math.min(self.c[b], self.L[b] - j * self.c[b])) end
-  return v
-end
-
 -- thd: counts and starts (local rows) of rank `rank`'s part "all" | "first" | "second".
 function Plan:local_rows(rank, part)
-  local v1, v2 = self:chunk_valid(rank), self:chunk_valid(2 * self.C - 1 - rank)
   local counts, starts = {}, {}
   for b = 1, self.B do
-    counts[b] = part == "all" and v1[b] + v2[b] or part == "first" and v1[b] or v2[b]
+    local v1 = seq.chunk_valid(self.L[b], self.c[b], rank)
+    local v2 = seq.chunk_valid(self.L[b], self.c[b], 2 * self.C - 1 - rank)
+    counts[b] = part == "all" and v1 + v2 or part == "first" and v1 or v2
     starts[b] = self.loc[b] + (part == "second" and self.c[b] or 0)
   end
   return counts, starts
@@ -272,32 +261,11 @@ end
 
 -- ---- dual-chunk order <-> sequence order ---------------------------------------------
 
--- Where rank j's shard sits in the sequence: pieces {shard row, sequence
--- row, length} (0-based) along the sequence dim; c = chunk length (bshd/sbhd).
-function Plan:pieces(j, c)
-  local C = self.C
-  if not self.thd then return { { 0, j * c, c }, { c, (2 * C - 1 - j) * c, c } } end
-  local pieces = {}
-  for b = 1, self.B do
-    local cb = self.c[b]
-    pieces[#pieces + 1] = { self.loc[b], self.P[b] + j * cb, cb }
-    pieces[#pieces + 1] = { self.loc[b] + cb, self.P[b] + (2 * C - 1 - j) * cb, cb }
-  end
-  return pieces
-end
-
 -- Copies between a shard of rank j and the full sequence along dim d (thd:
 -- rows, also for an lse [h, t] with d = 2). to_seq: shard -> full.
 function Plan:copy_pieces(j, shard, full, d, to_seq)
-  local views = {}
-  for _, pc in ipairs(self:pieces(j, shard:size(d) / 2)) do
-    if pc[3] > 0 then
-      local a, b = shard:narrow(d, pc[1] + 1, pc[3]), full:narrow(d, pc[2] + 1, pc[3])
-      if to_seq then b:copy_(a) else a:copy_(b) end
-      views[#views + 1], views[#views + 2] = a, b
-    end
-  end
-  M.free(unpack(views))
+  local p = self.thd and self.P or { 0, shard:size(d) * self.C }
+  seq.copy_chunks(shard, full, d, seq.chunk_segments(p, j, self.C), to_seq)
 end
 
 -- Copies between `ranked` ([C, ...shard], rank j's shard at index j+1) and
