@@ -1,6 +1,6 @@
 """PyTorch's scaled_dot_product_attention with each backend (FLASH_ATTENTION and
 CUDNN_ATTENTION, forced with torch.nn.attention.sdpa_kernel) on the shapes of
-experiments/attn_bench.lua: b=2, h=16, d=128, bf16, s in {4k, 8k, 16k, 32k},
+experiments/attn/attn_bench.lua: b=2, h=16, d=128, bf16, s in {4k, 8k, 16k, 32k},
 causal and not. Inputs are bshd tensors seen as SDPA's [b, h, s, d] through a
 transpose, as distlab's bshd are. Times are medians of CUDA events around each
 call after warm-up, as dl.bench takes them; FLOPs as attn_bench.lua (fwd
@@ -10,10 +10,18 @@ Data checked after timing: outputs finite, and each backend against the math
 backend in fp32 at a small shape (s=333, h=2) within TransformerEngine's bf16
 tolerance. SDPA has no packed variable-length (thd) path; attn_bench.lua sets
 its bshd numbers beside our thd rows (the same work).
-  python3 experiments/attn_bench_torch.py [--s 4096,8192] [--iters 10] [--out md] [--csv csv]
+  python3 experiments/attn/attn_bench_torch.py [--s 4096,8192] [--iters 10] [--out DIR]
+Writes DIR/attn-torch.{md,csv} (default experiments/results/attn): the markdown
+headed by device, date, commit and command as distlab.bench.markdown heads its
+files, the CSV through Python's csv module (RFC 4180), which attn_bench.lua's
+--torch reads with distlab.bench.csv.
 """
 import argparse
+import csv
+import os
+import shlex
 import statistics
+import subprocess
 import sys
 import time
 
@@ -21,8 +29,22 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 B, H, D = 2, 16, 128
 BACKENDS = [("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)]
+
+
+def commit():
+    """$DISTLAB_COMMIT, else `git describe --always --dirty` of the checkout (distlab.bench.markdown.commit)."""
+    if os.environ.get("DISTLAB_COMMIT"):
+        return os.environ["DISTLAB_COMMIT"]
+    try:
+        out = subprocess.run(["git", "-C", ROOT, "describe", "--always", "--dirty"], capture_output=True, text=True)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    except OSError:
+        pass
+    return "unknown (no git checkout here; set DISTLAB_COMMIT=<hash> to record it)"
 
 
 def bench(fn, warmup, iters):
@@ -79,13 +101,12 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--s", default="4096,8192,16384,32768")
     ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--out", default="experiments/results/attn-torch.md")
-    ap.add_argument("--csv", default="experiments/results/attn-torch.csv")
+    ap.add_argument("--out", default=os.path.join(ROOT, "experiments/results/attn"), help="results folder")
     a = ap.parse_args()
     sizes = [int(x) for x in a.s.split(",")]
     gpu = torch.cuda.get_device_name(0)
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    command = "python3 " + " ".join(sys.argv)
+    command = "python3 " + " ".join(shlex.quote(x) for x in sys.argv)
     print(f"PyTorch {torch.__version__} SDPA, {gpu}, {date}, cuDNN {torch.backends.cudnn.version()}")
     print(f"{'backend':<7} {'mask':<7} {'s':>6}  {'fwd ms':>9} {'bwd ms':>9} {'f+b ms':>9}  "
           f"{'fwd TF/s':>8} {'bwd TF/s':>8} {'f+b TF/s':>8}  check")
@@ -110,21 +131,27 @@ def main():
                 rows.append(r)
                 print(f"{r[0]:<7} {r[1]:<7} {r[2]:>6}  {r[3]:9.3f} {r[4]:9.3f} {r[5]:9.3f}  "
                       f"{r[6]:8.1f} {r[7]:8.1f} {r[8]:8.1f}  {r[9]}")
-    with open(a.out, "w") as f:
+    os.makedirs(a.out, exist_ok=True)
+    with open(os.path.join(a.out, "attn-torch.md"), "w") as f:
         f.write("# PyTorch scaled_dot_product_attention\n\n")
-        f.write(f"Device: {gpu}. Date: {date}. PyTorch {torch.__version__}, "
-                f"cuDNN {torch.backends.cudnn.version()}.\nCommand: `{command}`\n\n")
-        f.write(f"b={B}, h={H}, d={D}, bf16, bshd inputs as [b, h, s, d] views; FLOPs fwd 4*b*h*s^2*d "
-                f"(halved when causal), bwd 2.5x, fwd+bwd 3.5x; median of {a.iters} CUDA-event timings.\n\n")
+        f.write(f"- device: {gpu}\n- date: {date}\n- commit: `{commit()}`\n- command: `{command}`\n"
+                f"- PyTorch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}\n")
+        f.write(f"- b={B}, h={H}, d={D}, bf16, bshd inputs as [b, h, s, d] views; FLOPs fwd 4*b*h*s^2*d "
+                f"(halved when causal), bwd 2.5x, fwd+bwd 3.5x; median of {a.iters} CUDA-event timings\n\n")
         f.write("| backend | mask | s | fwd ms | bwd ms | fwd+bwd ms | fwd TFLOP/s | bwd TFLOP/s | "
                 "fwd+bwd TFLOP/s | check |\n|---|---|---|---|---|---|---|---|---|---|\n")
         for r in rows:
+            check = r[9].replace("|", "\\|").replace("\n", " ")
             f.write(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:.3f} | {r[4]:.3f} | {r[5]:.3f} | {r[6]:.1f} | "
-                    f"{r[7]:.1f} | {r[8]:.1f} | {r[9]} |\n")
-    with open(a.csv, "w") as f:
-        f.write("impl,layout,mask,s,fwd_ms,bwd_ms,fwdbwd_ms,fwd_tflops,bwd_tflops,fwdbwd_tflops\n")
+                    f"{r[7]:.1f} | {r[8]:.1f} | {check} |\n")
+    with open(os.path.join(a.out, "attn-torch.csv"), "w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(["impl", "layout", "mask", "s", "fwd_ms", "bwd_ms", "fwdbwd_ms", "fwd_tflops", "bwd_tflops",
+                    "fwdbwd_tflops", "check"])
         for r in rows:
-            f.write(f"{r[0]},bshd,{r[1]},{r[2]},{r[3]:.4f},{r[4]:.4f},{r[5]:.4f},{r[6]:.2f},{r[7]:.2f},{r[8]:.2f}\n")
+            w.writerow([r[0], "bshd", r[1], r[2], f"{r[3]:.4f}", f"{r[4]:.4f}", f"{r[5]:.4f}", f"{r[6]:.2f}",
+                        f"{r[7]:.2f}", f"{r[8]:.2f}", r[9]])
+    print(f"wrote {os.path.join(a.out, 'attn-torch.md')} and .csv")
 
 
 if __name__ == "__main__":

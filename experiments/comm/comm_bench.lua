@@ -1,12 +1,13 @@
--- experiments/comm_bench.lua — nccl-tests style benchmark of distlab's
+-- experiments/comm/comm_bench.lua — nccl-tests style benchmark of distlab's
 -- communicators: all_reduce, all_gather, reduce_scatter, all_to_all and
 -- sendrecv from 8 B up (f32, out of place), plus the point-to-point copy
 -- bandwidth into a neighbour's symmetric buffer (symm_put).
 --
---   ./distlab run -n 2 --device cuda experiments/comm_bench.lua [options]
---     -b BYTES  -e BYTES     sizes, doubling (default 8 .. 1G on cuda, 8 .. 16M on cpu)
+--   ./distlab run -n 2 --device cuda experiments/comm/comm_bench.lua [options]
+--     -b BYTES  -e BYTES  -f F  sizes from -b to -e, times F (default 8 .. 1G on cuda,
+--                            8 .. 16M on cpu, doubling); --sizes LIST instead (8K,1M or 8..1G)
 --     --ops a,b,...          subset of all_reduce,all_gather,reduce_scatter,all_to_all,sendrecv,symm_put
---     --tag NAME             results file name: experiments/results/comm-NAME.{csv,md}
+--     --tag NAME             results file name: DIR/comm-NAME.{csv,md}
 --                            (default: GPU model and rank count, e.g. h200x2)
 --     --compare A.csv[,B.csv] the CSV(s) of experiments/lab/nccl_loop.c from the same
 --                            call: the markdown then compares the two, size by size
@@ -15,7 +16,7 @@
 --                            call: each op and size keeps its fastest run, as for the
 --                            loop, so run-to-run drift (clocks, placement) treats the
 --                            two sides alike
---     --out DIR              where results go (default experiments/results)
+--     --out DIR              where results go (default experiments/results/comm)
 --     --raw                  (nccl) also time the same ops as raw NCCL calls through the
 --                            FFI on this communicator's own ncclComm_t, same buffers,
 --                            same stream, alternating with distlab's repetition by
@@ -25,60 +26,58 @@
 --                            --compare), e.g. after two runs of each side in ABBA
 --                            order; --device-name NAME and --ranks N name the machine
 --                            it ran on (any device works for this step)
+--     --command TEXT         the command to record (default: this one); --help lists all
 --
--- Method (the same as nccl_loop.c, so the two are comparable): per size,
--- 5 warm-up ops, then 5 repetitions of [barrier, event, `iters` back-to-back
--- ops, event] with iters = clamp(2^28 / bytes, 10, 1000); time = elapsed /
--- iters; the max over ranks of each repetition, the median over repetitions.
--- algbw = bytes / time; busbw = algbw x nccl-tests' factor: all_reduce
--- 2(n-1)/n, all_gather, reduce_scatter and all_to_all (n-1)/n, sendrecv and
--- symm_put 1. Data are checked after timing (first and last element of each
--- rank's block, like nccl_loop.c); #wrong counts misses over all ranks, and
--- any makes the exit code non-zero.
+-- Method (the same as nccl_loop.c, so the two are comparable; the harness's
+-- dl.bench.timing.loop_once): per size, 5 warm-up ops, then 5 repetitions of
+-- [barrier, event, `iters` back-to-back ops, event] with iters = clamp(2^28 /
+-- bytes, 10, 1000); time = elapsed / iters; the max over ranks of each
+-- repetition, the median over repetitions. algbw = bytes / time; busbw =
+-- algbw x nccl-tests' factor (dl.bench.busbw): all_reduce 2(n-1)/n,
+-- all_gather, reduce_scatter and all_to_all (n-1)/n, sendrecv and symm_put 1.
+-- Data are checked after timing (first and last element of each rank's
+-- block, like nccl_loop.c); #wrong counts misses over all ranks, and any
+-- makes the exit code non-zero.
 local ffi = require "ffi"
 local dl = require "distlab"
-
--- ---- options -----------------------------------------------------------------
-
-local function bytes_arg(s)
-  local n, unit = tostring(s):match("^(%d+)([KkMmGg]?)$")
-  if not n then error("bad size " .. tostring(s) .. " (e.g. 8, 64K, 16M, 1G)", 0) end
-  return tonumber(n) * ({ [""] = 1, k = 2 ^ 10, m = 2 ^ 20, g = 2 ^ 30 })[unit:lower()]
-end
+local bench = dl.bench
 
 local w = dl.comm.world()
 local N, me = w.size, w.rank
 local on_gpu = w.backend == "nccl"
-local opt = { b = 8, e = on_gpu and 2 ^ 30 or 2 ^ 24, out = "experiments/results",
-  ops = "all_reduce,all_gather,reduce_scatter,all_to_all,sendrecv,symm_put" }
-local i = 1
-while i <= #arg do
-  local a, v = arg[i], arg[i + 1]
-  if a == "-b" then opt.b = bytes_arg(v)
-  elseif a == "-e" then opt.e = bytes_arg(v)
-  elseif a == "--ops" then opt.ops = v
-  elseif a == "--tag" then opt.tag = v
-  elseif a == "--compare" then opt.compare = v
-  elseif a == "--merge" then opt.merge = v
-  elseif a == "--report-only" then opt.report_only = v
-  elseif a == "--device-name" then opt.device_name = v
-  elseif a == "--ranks" then opt.ranks = tonumber(v)
-  elseif a == "--out" then opt.out = v
-  elseif a == "--raw" then opt.raw, i = true, i - 1
-  else error("unknown option " .. tostring(a), 0) end
-  i = i + 2
-end
+local OPS = { "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "sendrecv", "symm_put" }
+-- each op's nccl-tests collective, for the busbw factor (symm_put: a point-to-point copy)
+local KIND = { all_reduce = "all_reduce", all_gather = "all_gather", reduce_scatter = "reduce_scatter",
+  all_to_all = "all_to_all", sendrecv = "sendrecv", symm_put = "send" }
+
+local h = bench.harness {
+  name = "comm_bench", family = "comm", comm = w, tag = true,
+  usage = "./distlab run -n 2 --device cuda experiments/comm/comm_bench.lua [options]",
+  about = "nccl-tests style benchmark of distlab's communicators (f32, out of place); see the file's header",
+  options = {
+    { "b", "size", 8, "smallest size, bytes", meta = "BYTES" },
+    { "e", "size", on_gpu and "1G" or "16M", "largest size, bytes", meta = "BYTES" },
+    { "f", "int", 2, "size factor from -b to -e", meta = "F" },
+    { "sizes", "sizes", nil, "sizes instead of -b/-e/-f (8K,1M or 8..1G or 8K..1M:4)" },
+    { "ops", "list", table.concat(OPS, ","), "ops to run", values = OPS },
+    { "compare", "list", nil, "nccl_loop.c CSV(s) from the same call", meta = "A.csv,B.csv" },
+    { "merge", "list", nil, "this benchmark's CSV(s) from earlier runs in the same call", meta = "C.csv,..." },
+    { "raw", "flag", nil, "(nccl) also time raw NCCL calls on the same communicator" },
+    { "report-only", "string", nil, "measure nothing: report an earlier run's CSV", meta = "RUN.csv" },
+    { "device-name", "string", nil, "with --report-only: the device it ran on", meta = "NAME" },
+    { "ranks", "int", nil, "with --report-only: the rank count it ran with", meta = "N" },
+  },
+}
+local opt = h.opt
 
 local device_name = on_gpu and dl.cuda_device_name(tonumber(w.device:match("%d+"))) or w.device
 local backend = w.backend
 if opt.report_only then -- the figures come from a run on another machine or device
   device_name, backend, on_gpu = opt.device_name or "unknown device", "nccl", true
   N = opt.ranks or N
+  if not h.given.tag then h.tag = (device_name:match("([AHBL]%d+)") or "gpu"):lower() .. "x" .. N end
 end
-if not opt.tag then
-  local model = on_gpu and (device_name:match("([AHBL]%d+)") or "gpu"):lower() or backend
-  opt.tag = model .. "x" .. N
-end
+h.device_desc = string.format("%s x %d (%s backend)", device_name, N, backend)
 
 -- ---- ops -------------------------------------------------------------------------
 
@@ -86,13 +85,14 @@ local REPS, WARMUP = 5, 5
 local function iters_for(bytes) return math.max(10, math.min(1000, math.floor(2 ^ 28 / bytes))) end
 local function round_bytes(s) return math.max(4 * N, math.floor(s / (4 * N)) * 4 * N) end
 
-local factor = { all_reduce = 2 * (N - 1) / N, all_gather = (N - 1) / N, reduce_scatter = (N - 1) / N,
-  all_to_all = (N - 1) / N, sendrecv = 1, symm_put = 1 }
+local sizes = opt.sizes or bench.sizes.range(opt.b, opt.e, opt.f)
 local nxt, prv = (me + 1) % N, (me - 1 + N) % N
-local maxb = round_bytes(opt.e)
-local send = dl.empty({ maxb / 4 }):fill_(me + 1)
-local recv = dl.empty({ maxb / 4 }):fill_(0)
-local symm
+local maxb = round_bytes(math.max(unpack(sizes)))
+local send, recv, symm
+if not opt.report_only then
+  send = dl.empty({ maxb / 4 }):fill_(me + 1)
+  recv = dl.empty({ maxb / 4 }):fill_(0)
+end
 
 -- op -> function(bytes) returning (issue one op, recv tensor, expected value of element i)
 local make = {}
@@ -128,11 +128,13 @@ function make.symm_put(b)
   return function() dst:copy_(s) end, mine, function() return prv + 1 end, function() symm:barrier() end
 end
 
--- ---- measuring -----------------------------------------------------------------------
+-- ---- raw NCCL calls (--raw) --------------------------------------------------------------
 
--- --raw: the same op as plain NCCL calls on this communicator's ncclComm_t
 local raw = {}
-if opt.raw and not on_gpu then error("--raw times raw NCCL calls: it needs the nccl backend (--device cuda)", 0) end
+if opt.raw and not on_gpu then
+  io.stderr:write("comm_bench: --raw times raw NCCL calls: it needs the nccl backend (--device cuda)\n")
+  os.exit(2)
+end
 if opt.raw and not opt.report_only then
   ffi.cdef [[
   typedef struct comm_bench_nccl *comm_bench_nccl_t;
@@ -179,61 +181,16 @@ if opt.raw and not opt.report_only then
   end
 end
 
-local e0, e1 = dl.event(), dl.event()
--- per repetition: distlab's device and host time, then raw NCCL's (--raw; else 0); then #wrong
-local NV = 4 * REPS + 1
-local red = dl.empty({ NV }, { dtype = "f64" })
-
-local now_us = dl.now_us
-
--- every rank's numbers -> max of each (times), sum of the last (#wrong)
-local function across_ranks(vals)
-  local host = dl.empty({ NV }, { dtype = "f64", device = "cpu" })
-  local p = ffi.cast("double*", host:data_ptr())
-  for k = 1, NV do p[k - 1] = vals[k] end
-  red:copy_(host)
-  local wrong = red:narrow(1, NV, 1)
-  w:all_reduce(red:narrow(1, 1, NV - 1), "max")
-  w:all_reduce(wrong, "sum")
-  host:copy_(red)
-  local out = {}
-  for k = 1, NV do out[k] = p[k - 1] end
-  return out
-end
+-- ---- measuring -----------------------------------------------------------------------
 
 local function median(vals, first, count)
   local t = {}
   for k = 1, count do t[k] = vals[first + k - 1] end
-  table.sort(t)
-  return t[math.floor(count / 2) + 1]
+  return bench.stats(t).median
 end
 
-local function measure(op, s)
-  local b = round_bytes(s)
-  local issue, out, want, settle = make[op](b)
-  local iters = iters_for(b)
-  local plain = raw[op] and raw[op](b)
-  for _ = 1, WARMUP do issue() end
-  if plain then for _ = 1, WARMUP do plain() end end
-  local vals = {}
-  for k = 1, 4 * REPS do vals[k] = 0 end
-  local function timed(fn, at, rep)
-    w:barrier()
-    e0:record()
-    local h0 = now_us()
-    for _ = 1, iters do fn() end
-    vals[at + REPS + rep] = (now_us() - h0) / iters -- the host's time to issue one op
-    e1:record()
-    e1:synchronize(w:info().timeout)
-    vals[at + rep] = e0:elapsed(e1) * 1e3 / iters
-  end
-  for rep = 1, REPS do -- with --raw, ABBA order repetition by repetition
-    if plain and rep % 2 == 0 then timed(plain, 2 * REPS, rep) end
-    timed(issue, 0, rep)
-    if plain and rep % 2 == 1 then timed(plain, 2 * REPS, rep) end
-  end
-  w:synchronize()
-  if settle then settle() end
+-- Wrong elements of this rank's result: first and last of each rank's block.
+local function count_wrong(op, out, want)
   local n = out:numel()
   local blocks = (op == "all_gather" or op == "all_to_all") and N or 1
   local block, wrong = math.floor(n / blocks), 0
@@ -246,40 +203,55 @@ local function measure(op, s)
     if p[last] ~= want(last) then wrong = wrong + 1 end
   end
   host:free()
-  vals[NV] = wrong
-  local all = across_ranks(vals)
+  return wrong
+end
+
+local loop_opts = { before = function() w:barrier() end, timeout = w:info().timeout }
+
+local function measure(op, s)
+  local b = round_bytes(s)
+  local issue, out, want, settle = make[op](b)
+  local iters = iters_for(b)
+  local plain = raw[op] and raw[op](b)
+  for _ = 1, WARMUP do issue() end
+  if plain then for _ = 1, WARMUP do plain() end end
+  -- per repetition: distlab's device and host us, then raw NCCL's (--raw; else 0)
+  local vals = {}
+  for k = 1, 4 * REPS do vals[k] = 0 end
+  local function timed(fn, at, rep)
+    vals[at + rep], vals[at + REPS + rep] = bench.timing.loop_once(fn, iters, loop_opts)
+  end
+  for rep = 1, REPS do -- with --raw, ABBA order repetition by repetition
+    if plain and rep % 2 == 0 then timed(plain, 2 * REPS, rep) end
+    timed(issue, 0, rep)
+    if plain and rep % 2 == 1 then timed(plain, 2 * REPS, rep) end
+  end
+  w:synchronize()
+  if settle then settle() end
+  local all = h:max(vals)
+  local wrong = h:check(function() return count_wrong(op, out, want) end)
   local us = median(all, 1, REPS)
-  local alg = b / us * 1e-3
   return { impl = "distlab", op = op, bytes = b, count = b / 4, dtype = "f32", iters = iters, time_us = us,
-    algbw = alg, busbw = alg * factor[op], wrong = all[NV], host_us = median(all, REPS + 1, REPS),
-    raw_us = plain and median(all, 2 * REPS + 1, REPS), raw_host_us = plain and median(all, 3 * REPS + 1, REPS) }
+    algbw = bench.busbw.algbw(b, us), busbw = bench.busbw.busbw(KIND[op], N, b, us), wrong = wrong,
+    host_us = median(all, REPS + 1, REPS), raw_us = plain and median(all, 2 * REPS + 1, REPS),
+    raw_host_us = plain and median(all, 3 * REPS + 1, REPS) }
 end
 
 -- ---- reporting -------------------------------------------------------------------------
 
+local COLUMNS = { "impl", "op", "bytes", "count", "dtype", "iters", "time_us", "algbw_GBps", "busbw_GBps", "wrong",
+  "host_us", "raw_us", "raw_host_us" }
 local nmerged = 1 -- how many runs (this one and --merge's) the written table takes its fastest from
+local num = bench.csv.number
 
-local function fmt_row(r)
-  return string.format("%12d %12d %6s %-15s %10.2f %8.2f %8.2f %6d", r.bytes, r.count, r.dtype, r.op, r.time_us,
-    r.algbw, r.busbw, r.wrong)
-end
-
--- The records of a results CSV (this benchmark's or nccl_loop.c's), in order.
+-- The records of a results CSV (this benchmark's or nccl_loop.c's), numbers as numbers.
 local function csv_records(path)
-  local out, head = {}, nil
-  local f = assert(io.open(path, "r"), "cannot read " .. path)
-  for line in f:lines() do
-    local cells = {}
-    for c in (line .. ","):gmatch("([^,]*),") do cells[#cells + 1] = c end
-    if not head then head = cells
-    else
-      local r = {}
-      for k, name in ipairs(head) do r[name] = tonumber(cells[k]) or cells[k] end
-      out[#out + 1] = r
-    end
+  local head, recs = bench.csv.read(path)
+  if not head then dl.fail("comm_bench: cannot read %s: %s", path, tostring(recs)) end
+  for _, r in ipairs(recs) do
+    for k, v in pairs(r) do r[k] = num(v) or v end
   end
-  f:close()
-  return out
+  return recs
 end
 
 -- op:bytes -> the fastest record of path (and of what rows held already)
@@ -293,28 +265,17 @@ local function read_csv(path, rows)
 end
 
 local function write_results(rows)
-  os.execute("mkdir -p " .. opt.out)
-  local base = opt.out .. "/comm-" .. opt.tag
-  local cmd = string.format("./distlab run -n %d --device %s experiments/comm_bench.lua %s", opt.report_only and w.size or N,
-    opt.report_only and w.device or on_gpu and "cuda" or w.device, table.concat(arg, " "))
-  local csv = assert(io.open(base .. ".csv", "w"))
-  csv:write("impl,op,bytes,count,dtype,iters,time_us,algbw_GBps,busbw_GBps,wrong,host_us,raw_us,raw_host_us\n")
-  local function opt2(v) return v and string.format("%.2f", v) or "" end
-  for _, r in ipairs(rows) do
-    csv:write(string.format("%s,%s,%d,%d,%s,%d,%.2f,%.2f,%.2f,%d,%s,%s,%s\n", r.impl, r.op, r.bytes, r.count, r.dtype,
-      r.iters, r.time_us, r.algbw, r.busbw, r.wrong, opt2(r.host_us), opt2(r.raw_us), opt2(r.raw_host_us)))
+  local base = "comm-" .. h.tag
+  local function f2(v) return v and string.format("%.2f", v) or nil end
+  local out = {}
+  for k, r in ipairs(rows) do
+    out[k] = { r.impl, r.op, r.bytes, r.count, r.dtype, r.iters, f2(r.time_us), f2(r.algbw), f2(r.busbw), r.wrong,
+      f2(r.host_us), f2(r.raw_us), f2(r.raw_host_us) }
   end
-  csv:close()
-  local md = { "# Communicator benchmark: " .. opt.tag, "",
-    string.format("- device: %s x %d (%s backend)", device_name, N, backend),
-    "- date: " .. os.date("!%Y-%m-%d %H:%M UTC"),
-    "- command: `" .. cmd .. "`",
-    "- NCCL watchdog: " .. (os.getenv("DISTLAB_NCCL_WATCHDOG") == "0" and "off" or "on"),
-    "- method: f32, out of place; 5 warm-up ops, " .. REPS .. " x [barrier, `iters` ops between events], max over ranks, " ..
-      "median over repetitions; busbw factors of nccl-tests; host us = the host's time to issue one op (where it " ..
-      "approaches the device time, the loop is host-bound)", "" }
+  local csv_path = h:csv(base .. ".csv", COLUMNS, out)
+  local md = {}
   local ref, nref = nil, 0
-  for path in (opt.compare or ""):gmatch("[^,]+") do ref, nref = read_csv(path, ref), nref + 1 end
+  for _, path in ipairs(opt.compare or {}) do ref, nref = read_csv(path, ref), nref + 1 end
   if nmerged > 1 then
     md[#md + 1] = string.format("distlab: the fastest of %d runs of this benchmark in the same call, per op and size.", nmerged)
   end
@@ -329,16 +290,17 @@ local function write_results(rows)
     md[#md + 1] = "| op | size (B) | count | time us | algbw GB/s | busbw GB/s | #wrong |"
     md[#md + 1] = "|---|---:|---:|---:|---:|---:|---:|"
   end
+  local first = round_bytes(sizes[1])
   local worst_bw, worst_at, lat = 1e9, "-", {}
   for _, r in ipairs(rows) do
     local c = ref and ref[r.op .. ":" .. r.bytes]
     if c then
       local ratio = r.busbw / c.busbw_GBps
       if r.bytes >= 2 ^ 20 and ratio < worst_bw then worst_bw, worst_at = ratio, r.op .. " " .. r.bytes end
-      if r.bytes == round_bytes(opt.b) then lat[#lat + 1] = string.format("%s %+.2f us", r.op, r.time_us - c.time_us) end
-      local function h(v) return tonumber(v) and string.format("%.2f", v) or "-" end
+      if r.bytes == first then lat[#lat + 1] = string.format("%s %+.2f us", r.op, r.time_us - c.time_us) end
+      local function hc(v) return tonumber(v) and string.format("%.2f", v) or "-" end
       md[#md + 1] = string.format("| %s | %d | %.2f | %.2f | %.2f | %.2f | %.3f | %+.2f | %s | %s | %d |", r.op, r.bytes,
-        r.time_us, c.time_us, r.busbw, c.busbw_GBps, ratio, r.time_us - c.time_us, h(r.host_us), h(c.host_us), r.wrong)
+        r.time_us, c.time_us, r.busbw, c.busbw_GBps, ratio, r.time_us - c.time_us, hc(r.host_us), hc(c.host_us), r.wrong)
     else
       md[#md + 1] = string.format("| %s | %d | %d | %.2f | %.2f | %.2f | %d |", r.op, r.bytes, r.count, r.time_us,
         r.algbw, r.busbw, r.wrong)
@@ -361,13 +323,13 @@ local function write_results(rows)
     for _, r in ipairs(with_raw) do
       local ratio = r.raw_us / r.time_us
       if r.bytes >= 2 ^ 20 and ratio < worst then worst, wat = ratio, r.op .. " " .. r.bytes end
-      if r.bytes == round_bytes(opt.b) then small[#small + 1] = string.format("%s %+.2f us", r.op, r.time_us - r.raw_us) end
+      if r.bytes == first then small[#small + 1] = string.format("%s %+.2f us", r.op, r.time_us - r.raw_us) end
       md[#md + 1] = string.format("| %s | %d | %.2f | %.2f | %+.2f | %.3f | %.2f | %.2f |", r.op, r.bytes, r.time_us,
         r.raw_us, r.time_us - r.raw_us, ratio, r.host_us or 0, r.raw_host_us or 0)
     end
     md[#md + 1] = ""
     if wat ~= "-" then md[#md + 1] = string.format("Worst busbw ratio to raw NCCL at sizes >= 1 MiB: %.3f (%s).", worst, wat) end
-    md[#md + 1] = string.format("At %d B, distlab minus raw NCCL: %s.", round_bytes(opt.b), table.concat(small, ", "))
+    md[#md + 1] = string.format("At %d B, distlab minus raw NCCL: %s.", first, table.concat(small, ", "))
   end
   if ref then
     md[#md + 1] = ""
@@ -375,56 +337,47 @@ local function write_results(rows)
       md[#md + 1] = string.format("Worst busbw ratio at sizes >= 1 MiB: %.3f (%s); the bar is >= 0.97.", worst_bw, worst_at)
     end
     md[#md + 1] = string.format("Latency at %d B, distlab minus plain NCCL: %s; the bar is <= 2 us.",
-      round_bytes(opt.b), table.concat(lat, ", "))
+      first, table.concat(lat, ", "))
   end
-  local f = assert(io.open(base .. ".md", "w"))
-  f:write(table.concat(md, "\n") .. "\n")
-  f:close()
-  print("wrote " .. base .. ".csv and " .. base .. ".md")
+  local md_path = h:markdown(base .. ".md", "Communicator benchmark: " .. h.tag, md, {
+    "NCCL watchdog: " .. (os.getenv("DISTLAB_NCCL_WATCHDOG") == "0" and "off" or "on"),
+    "method: f32, out of place; 5 warm-up ops, " .. REPS .. " x [barrier, `iters` ops between events], max over " ..
+      "ranks, median over repetitions; busbw factors of nccl-tests; host us = the host's time to issue one op " ..
+      "(where it approaches the device time, the loop is host-bound); data checked after timing (first and last " ..
+      "element of each rank's block)",
+  })
+  print("wrote " .. csv_path .. " and " .. md_path)
 end
 
 -- ---- main ----------------------------------------------------------------------------
 
-local rows, total_wrong = {}, 0
-if me == 0 then
-  print(string.format("# distlab comm_bench: %s x %d, %s backend, %d..%d bytes", device_name, N, backend,
-    round_bytes(opt.b), maxb))
-  print(string.format("#%11s %12s %6s %-15s %10s %8s %8s %6s", "size", "count", "type", "op", "time_us", "algbw",
-    "busbw", "#wrong"))
-end
+local tbl = h:table({ { "size", "%12d", unit = "(B)" }, { "count", "%12d", unit = "(elements)" }, { "type", "%6s" },
+  { "op", "%-15s" }, { "time", "%10.2f", unit = "(us)" }, { "algbw", "%8.2f", unit = "(GB/s)" },
+  { "busbw", "%8.2f", unit = "(GB/s)" }, { "#wrong", "%6d" } })
+
+local rows = {}
 -- --report-only: the rows of an earlier run's CSV, in its order
-local function csv_rows(path)
-  local out = {}
-  for _, r in ipairs(csv_records(path)) do
-    out[#out + 1] = { impl = r.impl, op = r.op, bytes = r.bytes, count = r.count, dtype = r.dtype, iters = r.iters,
+if opt.report_only then
+  for _, r in ipairs(csv_records(opt.report_only)) do
+    rows[#rows + 1] = { impl = r.impl, op = r.op, bytes = r.bytes, count = r.count, dtype = r.dtype, iters = r.iters,
       time_us = r.time_us, algbw = r.algbw_GBps, busbw = r.busbw_GBps, wrong = r.wrong, host_us = tonumber(r.host_us),
       raw_us = tonumber(r.raw_us), raw_host_us = tonumber(r.raw_host_us) }
+    h.wrong = h.wrong + r.wrong -- checked when it ran
   end
-  return out
-end
-
-if opt.report_only then
-  rows = csv_rows(opt.report_only)
-  for _, r in ipairs(rows) do total_wrong = total_wrong + r.wrong end
-  opt.ops = "" -- nothing to measure
-end
-for op in opt.ops:gmatch("[^,]+") do
-  if not make[op] then error("unknown op " .. op, 0) end
-  local s = opt.b
-  while s <= opt.e do
-    local r = measure(op, s)
-    rows[#rows + 1] = r
-    total_wrong = total_wrong + r.wrong
-    if me == 0 then
-      print(fmt_row(r))
-      io.stdout:flush()
+else
+  tbl:header(string.format("distlab comm_bench: %s x %d, %s backend, %d..%d bytes", device_name, N, backend,
+    round_bytes(sizes[1]), maxb))
+  for _, op in ipairs(opt.ops) do
+    for _, s in ipairs(sizes) do
+      local r = measure(op, s)
+      rows[#rows + 1] = r
+      tbl:row({ r.bytes, r.count, r.dtype, r.op, r.time_us, r.algbw, r.busbw, r.wrong })
     end
-    s = s * 2
   end
 end
-if me == 0 and opt.merge then
+if h.rank0 and opt.merge then
   -- this run's CSV is written from rows; rows take the fastest of the earlier runs
-  for path in opt.merge:gmatch("[^,]+") do
+  for _, path in ipairs(opt.merge) do
     local prior = read_csv(path)
     nmerged = nmerged + 1
     for _, r in ipairs(rows) do
@@ -433,16 +386,13 @@ if me == 0 and opt.merge then
       if ru and (not r.raw_us or ru < r.raw_us) then r.raw_us, r.raw_host_us = ru, tonumber(o.raw_host_us) end
       if o and o.time_us < r.time_us then
         r.time_us, r.algbw, r.busbw, r.host_us = o.time_us, o.algbw_GBps, o.busbw_GBps, tonumber(o.host_us)
+      end
+      if o then
         r.wrong = r.wrong + o.wrong
-      elseif o then
-        r.wrong = r.wrong + o.wrong
+        h.wrong = h.wrong + o.wrong
       end
     end
   end
 end
-if me == 0 then write_results(rows) end
-w:barrier()
-if total_wrong > 0 then
-  io.stderr:write(string.format("comm_bench: %d wrong elements\n", total_wrong))
-  os.exit(1)
-end
+if h.rank0 then write_results(rows) end
+h:finish()
