@@ -1,36 +1,46 @@
--- experiments/cp_memory.lua — peak memory per rank of every context-parallel
--- strategy, forward and backward, by tag, in MiB and in units (one unit =
--- one per-rank Q tensor), for seed 000's configuration: B=2, S=262144,
--- H=16, D=128, bf16, causal, thd (two sequences of S) and bshd.
+-- experiments/cp/cp_memory.lua — peak memory per rank of every context-parallel
+-- strategy (distlab.cp.presets), forward and backward, by tag, in MiB and in
+-- units (one unit = one per-rank Q tensor), for seed 000's configuration:
+-- B=2, S=262144, H=16, D=128, bf16, causal, thd (two sequences of S) and bshd.
 --
---   ./distlab run --device meta experiments/cp_memory.lua
+--   ./distlab run --device meta experiments/cp/cp_memory.lua [--out DIR]
 --       CP = 2..64 on the meta device: exact bytes from the same schedule
 --       code the GPUs run, the highest of ranks 0, C/2, C-1. Writes
---       experiments/results/cp-memory.md, cp-memory-meta.csv, cp-memory.png
---       (and takes the GPU columns from cp-memory-gpu.csv when it exists).
---   ./distlab run -n 2 --device cuda experiments/cp_memory.lua [dir]
+--       DIR/cp-memory.md, cp-memory-meta.csv, cp-memory.png (gnuplot, where it
+--       exists) (DIR default experiments/results/cp), and takes the GPU
+--       columns from --gpu CSV (default DIR/cp-memory-gpu.csv) when it exists.
+--   ./distlab run -n 2 --device cuda experiments/cp/cp_memory.lua [--out DIR]
 --       measured on the GPUs at CP=2, and at CP=1 (each GPU alone; main and
---       fused): dir/cp-memory-gpu.csv (default experiments/results).
---       CP_MEM_S=... shortens the sequence (units do not depend on it).
+--       fused): DIR/cp-memory-gpu.csv and .md. --s shortens the sequence
+--       (units do not depend on it).
+-- The presets with a backward-only option (dkv) are left out: cp:memory
+-- measures the schedule's buffers, which that option does not change
+-- forward. Every forward peak measured on meta must equal the schedule's
+-- formula; a miss is counted as wrong (#wrong, exit code 1).
 local dl = require "distlab"
+local bench = dl.bench
+local presets = require "distlab.cp.presets"
 
-local results = dl.root .. "/experiments/results"
+local world = dl.comm.world()
+local on_meta = world.backend == "meta"
+local h = bench.harness {
+  name = "cp_memory", family = "cp", comm = world,
+  usage = "./distlab run --device meta experiments/cp/cp_memory.lua [options]  (or -n 2 --device cuda)",
+  about = "peak memory per rank of every CP strategy, forward and backward, by tag; see the file's header",
+  options = {
+    { "s", "size", 262144, "sequence length S per sequence (units do not depend on it)", meta = "S" },
+    { "gpu", "string", nil, "(meta) the GPU run's CSV for the measured table (default DIR/cp-memory-gpu.csv)",
+      meta = "CSV" },
+  },
+}
 local B, H, D = 2, 16, 128
-local S = tonumber(os.getenv("CP_MEM_S") or "262144")
+local S = h.opt.s
 local TAGS = { "inputs", "comm_buffers", "out_per_step", "lse_per_step", "accumulator", "workspace", "seqlens" }
 
-local strategies = {
-  { name = "main", algo = "p2p", comm_buffers = "per_step", correction = "post_loop" },
-  { name = "double", algo = "p2p", comm_buffers = 2, correction = "post_loop" },
-  { name = "double+incremental", algo = "p2p", comm_buffers = 2, correction = "incremental" },
-  { name = "fused", algo = "p2p", comm_buffers = 2, correction = "fused" },
-  { name = "all_gather", algo = "all_gather" },
-  { name = "all_gather, overlap", algo = "all_gather", overlap = true, only = "bshd" },
-  { name = "a2a", algo = "a2a" },
-  { name = "a2a, overlap", algo = "a2a", overlap = true },
-}
--- a strategy that takes one layout only (all_gather's overlap: bshd/sbhd)
-local function applies(st, layout) return not st.only or st.only == layout end
+local strategies = {}
+for _, st in ipairs(presets.list) do
+  if st.dkv == nil then strategies[#strategies + 1] = st end
+end
 -- Units above the inputs, MHA, C >= 3, l = one LSE = 1/64 unit here.
 local formulas = {
   main = "3C + C l", double = "4 + C (1 + l)", ["double+incremental"] = "7 + 3 l",
@@ -46,8 +56,9 @@ local function measure(comm, st, layout)
     shape = { B * S / C, H, D }
     seq = { cu_seqlens_q = { 0, S, 2 * S }, cu_seqlens_q_padded = { 0, S, 2 * S } }
   end
-  local cp = dl.cp.attention { comm = comm, algo = st.algo, comm_buffers = st.comm_buffers,
-    correction = st.correction, overlap = st.overlap, layout = layout, mask = "causal" }
+  local o = presets.options(st)
+  o.comm, o.layout, o.mask = comm, layout, "causal"
+  local cp = dl.cp.attention(o)
   local m = cp:memory(shape, shape, shape, { seq = seq })
   local unit = m.fwd.unit
   local row = { device = comm.device, layout = layout, strategy = st.name, C = C, rank = comm.rank, unit = unit }
@@ -71,46 +82,33 @@ local function csv_header()
   return cols
 end
 
-local function write_csv(path, rows)
-  local cols = csv_header()
-  local f = assert(io.open(path, "w"))
-  f:write(table.concat(cols, ","), "\n")
-  for _, r in ipairs(rows) do
-    local v = {}
-    for i, c in ipairs(cols) do v[i] = tostring(r[c]) end
-    f:write(table.concat(v, ","), "\n")
+local function write_csv(name, rows)
+  local cols, out = csv_header(), {}
+  for k, r in ipairs(rows) do
+    out[k] = {}
+    for i, c in ipairs(cols) do out[k][i] = r[c] end
   end
-  f:close()
+  return h:csv(name, cols, out)
 end
 
+-- The rows of a CSV this experiment wrote, numbers as numbers; nil when it is missing.
 local function read_csv(path)
-  local f = io.open(path)
-  if not f then return nil end
-  local cols, rows = nil, {}
-  for line in f:lines() do
-    local v = {}
-    for x in line:gmatch("[^,]+") do v[#v + 1] = x end
-    if not cols then cols = v
-    else
-      local r = {}
-      for i, c in ipairs(cols) do r[c] = tonumber(v[i]) or v[i] end
-      rows[#rows + 1] = r
-    end
+  local head, recs = bench.csv.read(path)
+  if not head then return nil end
+  for _, r in ipairs(recs) do
+    for k, v in pairs(r) do r[k] = tonumber(v) or v end
   end
-  f:close()
-  return rows
+  return recs
 end
 
 -- ---- on the GPUs ------------------------------------------------------------------------
 
-local world = dl.comm.world()
-if world.backend ~= "meta" then
-  local dir = arg[1] or results
+if not on_meta then
   local rows = {}
   local alone = world:split(function(r) return r, 0 end)
   for _, layout in ipairs({ "thd", "bshd" }) do
     for _, st in ipairs(strategies) do
-      if not applies(st, layout) then goto next end
+      if not presets.applies(st, layout) then goto next end
       if st.name == "main" or st.name == "fused" then rows[#rows + 1] = measure(alone, st, layout) end
       rows[#rows + 1] = measure(world, st, layout)
       if world.rank == world.size - 1 then
@@ -125,15 +123,21 @@ if world.backend ~= "meta" then
   world:barrier()
   -- The last rank writes: its peak is the highest (post_loop bshd keeps the most there).
   if world.rank == world.size - 1 then
-    for _, r in ipairs(rows) do r.device = world.backend == "nccl" and dl.cuda_device_name(0):gsub(",", " ") or world.device end
-    write_csv(dir .. "/cp-memory-gpu.csv", rows)
-    -- when and how, for the table's caption
-    local f = assert(io.open(dir .. "/cp-memory-gpu.txt", "w"))
-    f:write(string.format("%s, %d ranks, `CP_MEM_S=%d ./distlab run -n %d --device cuda experiments/cp_memory.lua`\n",
-      os.date("!%Y-%m-%d %H:%M UTC"), world.size, S, world.size))
-    f:close()
-    print("wrote " .. dir .. "/cp-memory-gpu.csv and .txt")
+    local device = bench.markdown.device_name(world.device)
+    for _, r in ipairs(rows) do r.device = device end
+    local csv = write_csv("cp-memory-gpu.csv", rows)
+    local md = bench.markdown.table({ "layout", "strategy", "CP", "fwd MiB", "fwd units", "bwd MiB", "bwd units" }, {},
+      { "l", "l", "r", "r", "r", "r", "r" })
+    for _, r in ipairs(rows) do
+      md[#md + 1] = string.format("| %s | %s | %d | %.1f | %.2f | %.1f | %.2f |", r.layout, r.strategy, r.C,
+        r.fwd / 2 ^ 20, r.fwd / r.unit, r.bwd / 2 ^ 20, r.bwd / r.unit)
+    end
+    local path = h:markdown("cp-memory-gpu.md", "CP peak memory measured on " .. device, md, {
+      string.format("B=%d, S=%d, H=%d, D=%d, bf16, causal; rank %d of %d (the highest peak); CP=1: each device " ..
+        "alone (main, fused)", B, S, H, D, world.rank, world.size) })
+    print("wrote " .. csv .. " and " .. path)
   end
+  h:finish()
   return
 end
 
@@ -143,12 +147,17 @@ local rows, worst = {}, {}
 for _, layout in ipairs({ "thd", "bshd" }) do
   for _, st in ipairs(strategies) do
     for _, C in ipairs({ 2, 4, 8, 16, 32, 64 }) do
-      if (st.algo ~= "a2a" or H % (C * (st.overlap and 2 or 1)) == 0) and applies(st, layout) then
+      if (st.algo ~= "a2a" or H % (C * (st.overlap and 2 or 1)) == 0) and presets.applies(st, layout) then
         for _, r in ipairs({ 0, C / 2, C - 1 }) do
           local comm = dl.comm.meta(C, r)
           local row = measure(comm, st, layout)
           comm:free()
-          assert(row.fwd == row.fwd_formula, "forward peak differs from the formula: " .. st.name)
+          h:check(function()
+            if row.fwd == row.fwd_formula then return 0 end
+            io.stderr:write(string.format("cp_memory: %s %s C=%d rank %d: forward peak %d differs from the formula %d\n",
+              layout, st.name, C, r, row.fwd, row.fwd_formula))
+            return 1
+          end)
           rows[#rows + 1] = row
           local key = layout .. "/" .. st.name .. "/" .. C
           if not worst[key] or row.fwd > worst[key].fwd then worst[key] = row end
@@ -157,7 +166,7 @@ for _, layout in ipairs({ "thd", "bshd" }) do
     end
   end
 end
-write_csv(results .. "/cp-memory-meta.csv", rows)
+write_csv("cp-memory-meta.csv", rows)
 
 -- ---- the report ----------------------------------------------------------------------------
 
@@ -182,15 +191,10 @@ local function table_of(title, f, with_formula)
 end
 local function units(key) return function(r) return string.format("%.2f", r[key] / r.unit) end end
 
-p("# Context-parallel attention: peak memory per rank")
-p("")
-p("Generated %s by `./distlab run --device meta experiments/cp_memory.lua` (meta device: %s).",
-  os.date("!%Y-%m-%d %H:%M UTC"), dl.build_info())
-p("")
 p("Seed 000's configuration: B=2, S=262144, H=16, D=128, bf16, causal; thd = two")
 p("sequences of S. One unit = one per-rank Q tensor, B·(S/C)·H·D·2 bytes (%d MiB at CP=2,", 2 * S / 2 * H * D * 2 / 2 ^ 20)
 p("%d MiB at CP=64); l = one per-rank LSE = 1/64 unit. Measured on the meta device (exact", 2 * S / 64 * H * D * 2 / 2 ^ 20)
-p("bytes, the same schedule code the GPUs run; `experiments/cp_memory.lua`), on the rank")
+p("bytes, the same schedule code the GPUs run; `experiments/cp/cp_memory.lua`), on the rank")
 p("with the highest peak of ranks 0, C/2 and C-1. Every measured forward peak equals the")
 p("formula written at the top of its schedule file (checked by the run and by")
 p("`spec/cp_spec.lua`). Strategies: main = p2p, comm_buffers \"per_step\", correction")
@@ -240,17 +244,24 @@ for _, layout in ipairs({ "thd", "bshd" }) do
   end
 end
 
-local gpu = read_csv(results .. "/cp-memory-gpu.csv")
+local gpu_csv = h.opt.gpu or h:path("cp-memory-gpu.csv")
+local gpu = read_csv(gpu_csv)
 p("\n### Measured on GPUs\n")
 if not gpu then
   p("Not measured yet: `scripts/gpu/cp.sh` on a 2-GPU machine writes `cp-memory-gpu.csv`;")
   p("rerunning this experiment on meta then adds the table here.")
 else
-  local when = io.open(results .. "/cp-memory-gpu.txt", "r")
-  if when then
-    p("Measured %s (`cp-memory-gpu.csv`).\n", (when:read("*l") or ""))
-    when:close()
+  -- when and how: the GPU run's markdown header (an older run left a .txt line)
+  local base = gpu_csv:match("([^/]+)$")
+  local head = bench.markdown.read_header((gpu_csv:gsub("%.csv$", ".md")))
+  local when = io.open((gpu_csv:gsub("%.csv$", ".txt")), "r")
+  if head and head.date then
+    p("Measured %s on %s, commit `%s`, `%s` (`%s`).\n", head.date, head.device or "?", head.commit or "?",
+      head.command or "?", base)
+  elseif when then
+    p("Measured %s (`%s`).\n", (when:read("*l") or ""), base)
   end
+  if when then when:close() end
   p("%s, the last rank. CP=1: each GPU alone; CP=2: both. Units above the inputs (fwd) and", gpu[1].device)
   p("with the held tensors (bwd); meta = the formula for the same shapes.")
   p("Differences from meta: the caching allocator rounds every block up to 512 bytes.\n")
@@ -283,9 +294,10 @@ for i, st in ipairs(strategies) do
   plots[i] = string.format("'%s' index IDX+%d with linespoints lw 2 dt %d title '%s'", dat, i - 1,
     st.algo == "p2p" and 1 or 2, st.name)
 end
+local png = h:path("cp-memory.png")
 local gp = string.format([[
 set terminal pngcairo size 1200,480 font ",11" noenhanced
-set output '%s/cp-memory.png'
+set output '%s'
 set multiplot layout 1,2 title "CP forward peak per rank above the inputs (B=2, S=262144, H=16, D=128, bf16, causal; meta)"
 set logscale xy 2
 set xtics (2, 4, 8, 16, 32, 64)
@@ -299,12 +311,14 @@ plot %s
 set title "bshd"
 plot %s
 unset multiplot
-]], results, (table.concat(plots, ", "):gsub("IDX", "0")), (table.concat(plots, ", "):gsub("IDX", tostring(#strategies))))
-local ok = os.execute("gnuplot <<'EOF'\n" .. gp .. "EOF\n")
+]], png, (table.concat(plots, ", "):gsub("IDX", "0")), (table.concat(plots, ", "):gsub("IDX", tostring(#strategies))))
+local drawn, note = bench.plot.gnuplot(gp, png)
 os.remove(dat)
-if ok == 0 or ok == true then p("\n![forward peak per rank against C](cp-memory.png)") end
+if drawn then p("\n![forward peak per rank against C](cp-memory.png)") end
 
-local md = assert(io.open(results .. "/cp-memory.md", "w"))
-md:write(table.concat(out, "\n"), "\n")
-md:close()
+local path = h:markdown("cp-memory.md", "Context-parallel attention: peak memory per rank", out,
+  { "meta device: " .. dl.build_info() })
 print(table.concat(out, "\n"))
+if note then print(note) end
+print("wrote " .. path .. ", cp-memory-meta.csv" .. (drawn and ", cp-memory.png" or ""))
+h:finish()

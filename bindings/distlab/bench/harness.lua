@@ -10,8 +10,9 @@
 --                                              --out DIR, --command TEXT and (tag = true) --tag
 --     comm = world,                            ranks (nil: one process)
 --     argv = arg, tag = true }
---   h.opt                    the parsed options (--help printed the text and exited 0;
---                            a bad option printed its error and exited 2)
+--   h.opt, h.given           the parsed options, and which were on the command line
+--                            (--help printed the text and exited 0; a bad option
+--                            printed its error and exited 2)
 --   h.rank0, h.rank, h.size  h.tag (with tag = true: --tag, default h200x2, cpux2, ...)
 --   h:print(fmt, ...)        on rank 0
 --   h:table(columns)         a distlab.bench.table printing on rank 0
@@ -65,7 +66,7 @@ function M.new(o)
       meta = "NAME" }
   end
   h.parser = options.new(spec, { program = o.name, usage = o.usage, about = o.about })
-  local ok, opt = pcall(h.parser.parse, h.parser, h.argv)
+  local ok, opt, given = pcall(h.parser.parse, h.parser, h.argv)
   if not ok then
     io.stderr:write(tostring(opt), "\n")
     os.exit(2)
@@ -74,9 +75,9 @@ function M.new(o)
     if h.rank0 then print(h.parser:help()) end
     os.exit(0)
   end
-  h.opt, h.out, h.tag = opt, opt.out, opt.tag
+  h.opt, h.given, h.out, h.tag = opt, given, opt.out, opt.tag
   -- the default folder is the checkout's, wherever the run starts; a folder given is the caller's
-  if opt.out == out_default and not out_default:match("^/") then h.out = core.root .. "/" .. out_default end
+  if not given.out and not out_default:match("^/") then h.out = core.root .. "/" .. out_default end
   return h
 end
 

@@ -7,10 +7,11 @@
 --     { "raw", "flag", nil, "also time raw NCCL calls" },
 --   }, { program = "comm_bench", usage = "./distlab run -n 2 experiments/comm/comm_bench.lua [options]",
 --        about = "what it measures, how" })
---   local opt = p:parse(arg)   -> opt.sizes, opt.iters, ...; opt.help when --help was given
+--   local opt, given = p:parse(arg)   -> opt.sizes, opt.iters, ...; opt.help when --help
+--                                was given; given[key] = true for the options on the line
 --   p:help() -> the text --help prints
 --
--- Forms: --name value, --name=value, -s value (a one-letter short name),
+-- Forms: --name value, --name=value, -s value (a short name, or a one-letter name),
 -- --flag. A dash in a name reads as an underscore in opt (--report-only ->
 -- opt.report_only). Types: string, number, int, size (bytes: 64K, 16M),
 -- sizes (a size list, distlab.bench.sizes), list (comma-separated words;
@@ -110,9 +111,9 @@ local function convert(p, o, v, from)
   return x
 end
 
--- parser:parse(argv) -> opt (argv: a list of strings, e.g. the script's `arg`)
+-- parser:parse(argv) -> opt, given (argv: a list of strings, e.g. the script's `arg`)
 function Parser:parse(argv)
-  local opt = {}
+  local opt, given = {}, {}
   for _, o in ipairs(self.list) do
     if o.default ~= nil and o.type ~= "flag" then opt[o.key] = convert(self, o, o.default, "the default of")
     elseif o.type == "flag" then opt[o.key] = o.default and true or false end
@@ -132,7 +133,7 @@ function Parser:parse(argv)
       end
       o = self.by_long[name] or self.by_long[name:gsub("_", "-")]
     elseif a:match("^%-%a$") then
-      o = self.by_short[a:sub(2)]
+      o = self.by_short[a:sub(2)] or self.by_long[a:sub(2)] -- a one-letter name takes one dash too
       if a == "-h" and not o then
         opt.help = true
         i = i + 1
@@ -142,6 +143,7 @@ function Parser:parse(argv)
       self:error("unexpected argument '%s' (every argument is an option: --name value)", a)
     end
     if not o then self:error("unknown option %s", name and ("--" .. name) or a) end
+    given[o.key] = true
     if o.type == "flag" then
       if value ~= nil then self:error("--%s takes no value", o.name) end
       opt[o.key] = true
@@ -158,7 +160,7 @@ function Parser:parse(argv)
     end
     ::continue::
   end
-  return opt
+  return opt, given
 end
 
 function Parser:help()
@@ -170,7 +172,8 @@ function Parser:help()
   local heads = {}
   for k, o in ipairs(self.list) do
     local arg_name = o.type == "flag" and "" or (" " .. (o.meta or o.type:upper()))
-    heads[k] = (o.short and ("-" .. o.short .. ", ") or "    ") .. "--" .. o.name .. arg_name
+    local long = #o.name == 1 and ("-" .. o.name) or ("--" .. o.name)
+    heads[k] = (o.short and ("-" .. o.short .. ", ") or "    ") .. long .. arg_name
     width = math.max(width, #heads[k])
   end
   for k, o in ipairs(self.list) do
