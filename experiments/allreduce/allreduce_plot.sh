@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# experiments/allreduce_plot.sh WIDE.csv [OUT.png] — latency vs size of every
-# column of experiments/allreduce_sweep.lua's wide CSV (log-log), with gnuplot
+# experiments/allreduce/allreduce_plot.sh WIDE.csv [OUT.png] — latency vs size of every
+# column of experiments/allreduce/allreduce_sweep.lua's wide CSV (log-log), with gnuplot
 # (gnuplot-nox: the png terminal through libgd). Default OUT: the CSV's name
 # with -wide.csv replaced by .png.
 set -euo pipefail

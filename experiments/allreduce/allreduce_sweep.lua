@@ -1,34 +1,38 @@
--- experiments/allreduce_sweep.lua — the all-reduce table of seed 002 (vLLM's
--- benchmark), on our machines: bf16, rows (32..4096) x 8192 (0.5 MB .. 64 MB)
--- plus 8 KB .. 256 KB and 128 MB .. 1 GB; columns one_shot, two_shot, nccl,
--- auto and "best (speedup vs nccl)", and more: the push variants, the
+-- experiments/allreduce/allreduce_sweep.lua — the all-reduce table of seed 002
+-- (vLLM's benchmark), on our machines: bf16, rows (32..4096) x 8192 (0.5 MB ..
+-- 64 MB) plus 8 KB .. 256 KB and 128 MB .. 1 GB; columns one_shot, two_shot,
+-- nccl, auto and "best (speedup vs nccl)", and more: the push variants, the
 -- zero-copy variants (input already in the all-reduce's symmetric buffer),
 -- and the PyTorch anchors measured in the same run (--torch, the CSV of
--- experiments/allreduce_torch.py).
+-- experiments/allreduce/allreduce_torch.py).
 --
---   ./distlab run -n 2 --device cuda experiments/allreduce_sweep.lua [options]
---     --out DIR          results go to DIR/allreduce-TAG.{md,csv} (default experiments/results)
+--   ./distlab run -n 2 --device cuda experiments/allreduce/allreduce_sweep.lua [options]
+--     --out DIR          results go to DIR/allreduce-TAG.{md,csv} (default experiments/results/allreduce)
 --     --tag NAME         default: GPU model and rank count, e.g. h200x2
 --     --torch FILE.csv   PyTorch anchors from the same run
---     --sizes a,b,...    bytes (default: the table's sizes)
+--     --sizes LIST       bytes, e.g. 8K,64K,1M or 8K..64M (default: the table's sizes)
 --     --replays N        timed replays per case (default 50; fewer above 64 MB)
---     --command TEXT     the command line to record (default: this script's)
+--     --command TEXT     the command line to record (default: this one)
 --     --tune FILE        first run dl.allreduce.tune at the same sizes, write its table to
 --                        FILE and let auto use it (set DISTLAB_AR_TABLE=FILE too, so that
 --                        nothing else shadows it)
+--     --plot             draw allreduce-TAG.png (experiments/allreduce/allreduce_plot.sh, gnuplot)
 --
--- Method (vLLM's): per case a CUDA graph of 10 back-to-back all-reduces on
--- the same tensor, 5 warm-up replays, then each replay between two device
--- events; time per all-reduce = replay / 10, the median over replays, the
--- max over ranks. algbw = bytes / time, busbw = algbw x 2(n-1)/n (nccl-tests).
--- Inputs are zeros while timing; after timing every case runs once more on
--- random inputs and three windows of the result are checked against an fp64
--- sum (#wrong). "auto" runs whatever the dispatch table in use picks (its
--- file is named in the results); the "best" column is the fastest of the
--- algorithms on an ordinary tensor (every column but auto, the zero-copy
--- ones and PyTorch's), the zero-copy columns are reported apart.
+-- Method (vLLM's; dl.bench.timing.graph): per case a CUDA graph of 10
+-- back-to-back all-reduces on the same tensor, 3 warm-up replays, a barrier,
+-- then each replay between two device events; time per all-reduce = replay /
+-- 10, the median over replays, the max over ranks. algbw = bytes / time,
+-- busbw = algbw x 2(n-1)/n (nccl-tests, dl.bench.busbw). Inputs are zeros
+-- while timing; after timing every case runs once more on random inputs and
+-- three windows of the result are checked against an fp64 sum (#wrong, over
+-- all ranks; any makes the exit code non-zero). "auto" runs whatever the
+-- dispatch table in use picks (its file is named in the results); the
+-- "best" column is the fastest of the algorithms on an ordinary tensor
+-- (every column but auto, the zero-copy ones and PyTorch's), the zero-copy
+-- columns are reported apart.
 local ffi = require "ffi"
 local dl = require "distlab"
+local bench = dl.bench
 
 local C = dl.C
 
@@ -37,27 +41,28 @@ local C = dl.C
 local w = dl.comm.world()
 local N, me = w.size, w.rank
 local on_gpu = w.backend == "nccl"
-local opt = { out = "experiments/results", replays = 50 }
-local i = 1
-while i <= #arg do
-  local a, v = arg[i], arg[i + 1]
-  if a == "--out" then opt.out = v
-  elseif a == "--tag" then opt.tag = v
-  elseif a == "--torch" then opt.torch = v
-  elseif a == "--sizes" then opt.sizes = v
-  elseif a == "--replays" then opt.replays = tonumber(v)
-  elseif a == "--command" then opt.command = v
-  elseif a == "--tune" then opt.tune = v
-  else error("unknown option " .. tostring(a), 0) end
-  i = i + 2
-end
+local h = bench.harness {
+  name = "allreduce_sweep", family = "allreduce", comm = w, tag = true,
+  usage = "./distlab run -n 2 --device cuda experiments/allreduce/allreduce_sweep.lua [options]",
+  about = "the all-reduce table of seed 002 (vLLM's benchmark) and more columns; see the file's header",
+  options = {
+    { "torch", "string", nil, "PyTorch anchors from the same run (allreduce_torch.py's CSV)", meta = "FILE.csv" },
+    { "sizes", "sizes", nil, "sizes in bytes (default: the table's sizes)" },
+    { "replays", "int", 50, "timed replays per case (fewer above 64 MB)", meta = "N" },
+    { "tune", "string", nil, "run dl.allreduce.tune first, write its table to FILE and let auto use it",
+      meta = "FILE" },
+    { "plot", "flag", nil, "draw allreduce-TAG.png from the wide CSV (needs gnuplot)" },
+  },
+}
+local opt = h.opt
 
 local device_name = on_gpu and dl.cuda_device_name(tonumber(w.device:match("%d+"))) or w.device
-opt.tag = opt.tag or ((on_gpu and (device_name:match("([AHBL]%d+)") or "gpu"):lower() or w.backend) .. "x" .. N)
+h.device_desc = device_name .. " x " .. N .. " (" .. w.backend .. " communicator" ..
+  (on_gpu and ", NVLink, no multicast)" or ")")
 
 local sizes = {}
 if opt.sizes then
-  for s in opt.sizes:gmatch("[^,]+") do sizes[#sizes + 1] = { bytes = tonumber(s) } end
+  for _, b in ipairs(opt.sizes) do sizes[#sizes + 1] = { bytes = b } end
 else
   for _, kb in ipairs { 8, 16, 32, 64, 128, 256 } do sizes[#sizes + 1] = { bytes = kb * 1024 } end
   for _, rows in ipairs { 32, 64, 96, 128, 192, 256, 512, 1024, 2048, 3062, 4096 } do
@@ -135,6 +140,13 @@ local function make(col, n, x)
   end
 end
 
+-- Median us of one call, max over ranks: a graph of 10 calls, 3 warm-up replays, a barrier, `replays` timed.
+local function time_call(issue, replays)
+  local st = bench.timing.graph(issue, { ops = 10, warmup = 3, replays = replays, before = function() w:barrier() end })
+  ar:check()
+  return h:max(st.median * 1e3)
+end
+
 local function measure(col, size)
   local n = size.bytes / 2
   local x = size.x
@@ -143,12 +155,11 @@ local function measure(col, size)
   x:zero_()
   if col:match("_zc$") then ar:buffer({ n }, "bf16"):zero_() end
   local replays = math.max(10, math.min(opt.replays, math.floor(opt.replays * 64 * 2 ^ 20 / size.bytes)))
-  local us = dl.allreduce.time_call(ar, issue, replays)
-  local wrong = count_wrong(once())
-  local v = dl.full({ 1 }, wrong, { dtype = "f64" })
-  w:all_reduce(v, "sum")
-  local alg = size.bytes / us * 1e-3
-  return { col = col, us = us, algbw = alg, busbw = alg * 2 * (N - 1) / N, wrong = v:item(), replays = replays }
+  local us = time_call(issue, replays)
+  local wrong = h:check(function() return count_wrong(once()) end)
+  local alg = bench.busbw.algbw(size.bytes, us)
+  return { col = col, us = us, algbw = alg, busbw = bench.busbw.busbw("all_reduce", N, size.bytes, us), wrong = wrong,
+    replays = replays }
 end
 
 -- ---- anchors ------------------------------------------------------------------------------
@@ -157,22 +168,15 @@ local torch_cols = { "nccl_torch", "torch_one_shot", "torch_two_shot" }
 local torch = {} -- impl -> bytes -> {us, method}
 local torch_note
 if opt.torch then
-  local f = io.open(opt.torch, "r")
-  if not f then
+  local head, recs = bench.csv.read(opt.torch)
+  if not head then
     torch_note = "no PyTorch anchors: " .. opt.torch .. " is missing (the PyTorch run failed?)"
   else
-    local head
-    for line in f:lines() do
-      local c = {}
-      for x in (line .. ","):gmatch("([^,]*),") do c[#c + 1] = x end
-      if not head then head = c
-      else
-        local impl = c[1] == "nccl" and "nccl_torch" or c[1]
-        torch[impl] = torch[impl] or {}
-        torch[impl][tonumber(c[2])] = { us = tonumber(c[3]), method = c[4], wrong = tonumber(c[5]) }
-      end
+    for _, r in ipairs(recs) do
+      local impl = r.impl == "nccl" and "nccl_torch" or r.impl
+      torch[impl] = torch[impl] or {}
+      torch[impl][tonumber(r.bytes)] = { us = tonumber(r.time_us), method = r.method, wrong = tonumber(r.wrong) }
     end
-    f:close()
   end
 end
 
@@ -183,33 +187,27 @@ end
 
 -- ---- run -------------------------------------------------------------------------------------
 
-local function fmt_size(b)
-  if b >= 2 ^ 30 then return string.format("%.2f GB", b / 2 ^ 30) end
-  if b >= 2 ^ 20 then return string.format("%.2f MB", b / 2 ^ 20) end
-  return string.format("%d KB", b / 1024)
-end
+local fmt_size = bench.sizes.human
 
 if opt.tune then
   local bytes = {}
   for k, s in ipairs(sizes) do bytes[k] = s.bytes end
   local entry = dl.allreduce.tune { comm = w, sizes = bytes, file = opt.tune }
   if me == 0 then -- every measurement, for the record
-    os.execute("mkdir -p '" .. opt.out .. "'")
-    local f = assert(io.open(opt.out .. "/allreduce-" .. opt.tag .. "-tune.csv", "w"))
-    f:write("bytes,algo,blocks,time_us,timings\n") -- time_us: the fastest of `timings` (near-ties are timed again)
-    for _, m in ipairs(entry.measured) do
-      f:write(string.format("%d,%s,%d,%.3f,%d\n", m.bytes, m.algo, m.blocks, m.us, m.timings))
+    local rows = {}
+    for k, m in ipairs(entry.measured) do
+      rows[k] = { m.bytes, m.algo, m.blocks, string.format("%.3f", m.us), m.timings }
     end
-    f:close()
+    -- time_us: the fastest of `timings` (near-ties are timed again)
+    h:csv("allreduce-" .. h.tag .. "-tune.csv", { "bytes", "algo", "blocks", "time_us", "timings" }, rows)
   end
 end
 local table_entry, table_file = dl.allreduce.table(w)
-if me == 0 then
-  print(string.format("# allreduce sweep: %s x %d, bf16, table %s (%s)", device_name, N, tostring(table_file),
-    table_entry and (table_entry.provisional and "provisional" or table_entry.date or "") or "none: built-in rule"))
-  print(string.format("#%11s %-16s %10s %9s %9s %7s", "bytes", "column", "time_us", "algbw", "busbw", "#wrong"))
-end
-local results, total_wrong = {}, 0
+local tbl = h:table({ { "bytes", "%12d", unit = "(B)" }, { "column", "%-18s" }, { "time", "%10.2f", unit = "(us)" },
+  { "algbw", "%9.2f", unit = "(GB/s)" }, { "busbw", "%9.2f", unit = "(GB/s)" }, { "#wrong", "%7d" } })
+tbl:header(string.format("allreduce sweep: %s x %d, bf16, table %s (%s)", device_name, N, tostring(table_file),
+  table_entry and (table_entry.provisional and "provisional" or table_entry.date or "") or "none: built-in rule"))
+local results = {}
 for _, size in ipairs(sizes) do
   size.x = dl.empty({ size.bytes / 2 }, { dtype = "bf16" })
   size.auto_algo = dl.allreduce.choose(size.bytes, w)
@@ -217,13 +215,7 @@ for _, size in ipairs(sizes) do
   for _, col in ipairs(columns) do
     local r = measure(col, size)
     row[col] = r
-    if r then
-      total_wrong = total_wrong + r.wrong
-      if me == 0 then
-        print(string.format("%12d %-16s %10.2f %9.2f %9.2f %7d", size.bytes, col, r.us, r.algbw, r.busbw, r.wrong))
-        io.stdout:flush()
-      end
-    end
+    if r then tbl:row({ size.bytes, col, r.us, r.algbw, r.busbw, r.wrong }) end
   end
   size.x:free()
   size.x = nil
@@ -246,65 +238,60 @@ local function us_cell(v) return v and string.format("%.1f", v) or "-" end
 local function ms_cell(v) return v and string.format("%.3f", v / 1e3) or "-" end
 
 local function write_results()
-  os.execute("mkdir -p '" .. opt.out .. "'")
-  local base = opt.out .. "/allreduce-" .. opt.tag
-  local cmd = opt.command or string.format("./distlab run -n %d --device %s experiments/allreduce_sweep.lua %s", N,
-    on_gpu and "cuda" or w.device, table.concat(arg, " "))
+  local base = "allreduce-" .. h.tag
   -- long CSV: one row per size and column
-  local csv = assert(io.open(base .. ".csv", "w"))
-  csv:write("bytes,shape,impl,time_us,algbw_GBps,busbw_GBps,wrong,note\n")
+  local csv = bench.csv.writer(h:path(base .. ".csv"),
+    { "bytes", "shape", "impl", "time_us", "algbw_GBps", "busbw_GBps", "wrong", "note" })
   -- wide CSV for the plot: bytes, then every column's us
-  local wide = assert(io.open(base .. "-wide.csv", "w"))
   local wcols = {}
   for _, c in ipairs(columns) do wcols[#wcols + 1] = c end
   for _, c in ipairs(torch_cols) do wcols[#wcols + 1] = c end
-  wide:write("bytes," .. table.concat(wcols, ",") .. "\n")
+  local wide_header = { "bytes" }
+  for _, c in ipairs(wcols) do wide_header[#wide_header + 1] = c end
+  local wide = bench.csv.writer(h:path(base .. "-wide.csv"), wide_header)
+  local function f(fmt, v) return string.format(fmt, v) end
   for _, row in ipairs(results) do
     local s = row.size
     for _, col in ipairs(columns) do
       local r = row[col]
       if r then
-        csv:write(string.format("%d,%s,%s,%.3f,%.2f,%.2f,%d,%s\n", s.bytes, s.shape or "", col, r.us, r.algbw, r.busbw,
-          r.wrong, col == "auto" and ("picked " .. s.auto_algo) or ""))
+        csv:row({ s.bytes, s.shape or "", col, f("%.3f", r.us), f("%.2f", r.algbw), f("%.2f", r.busbw), r.wrong,
+          col == "auto" and ("picked " .. s.auto_algo) or "" })
       end
     end
     for _, col in ipairs(torch_cols) do
       local a = torch[col] and torch[col][s.bytes]
       if a and a.us == a.us then
-        local alg = s.bytes / a.us * 1e-3
-        csv:write(string.format("%d,%s,%s,%.3f,%.2f,%.2f,%d,%s\n", s.bytes, s.shape or "", col, a.us, alg,
-          alg * 2 * (N - 1) / N, a.wrong or -1, a.method or ""))
+        csv:row({ s.bytes, s.shape or "", col, f("%.3f", a.us), f("%.2f", bench.busbw.algbw(s.bytes, a.us)),
+          f("%.2f", bench.busbw.busbw("all_reduce", N, s.bytes, a.us)), a.wrong or -1, a.method or "" })
       end
     end
-    local cells = { tostring(s.bytes) }
+    local cells = { s.bytes }
     for _, c in ipairs(wcols) do
       local v = row[c] and row[c].us or anchor(c, s.bytes)
-      cells[#cells + 1] = v and string.format("%.3f", v) or "NaN"
+      cells[#cells + 1] = v and f("%.3f", v) or "NaN"
     end
-    wide:write(table.concat(cells, ",") .. "\n")
+    wide:row(cells)
   end
   csv:close()
   wide:close()
 
-  local md = { "# All-reduce sweep: " .. device_name .. " x " .. N, "",
-    "- device: " .. device_name .. " x " .. N .. " (" .. w.backend .. " communicator" .. (on_gpu and ", NVLink, no multicast)" or ")"),
-    "- date: " .. os.date("!%Y-%m-%d %H:%M UTC"),
-    "- command: `" .. cmd .. "`",
-    "- dispatch table for auto: " .. tostring(table_file) .. (table_entry and table_entry.provisional and " (provisional)" or ""),
-    "- method: bf16, in place unless noted; a CUDA graph of 10 back-to-back all-reduces, 5 warm-up replays, " ..
+  local extra = {
+    "dispatch table for auto: " .. tostring(table_file) .. (table_entry and table_entry.provisional and " (provisional)" or ""),
+    "method: bf16, in place unless noted; a CUDA graph of 10 back-to-back all-reduces, 3 warm-up replays, " ..
       "then each replay timed with device events; time per all-reduce = median replay / 10, max over ranks " ..
       "(vLLM's benchmark method); data checked after timing (3 windows of 4096 elements vs an fp64 sum).",
-    "- columns: one_shot (pull, copy into the symmetric buffer in the kernel), two_shot (reduce-scatter and " ..
+    "columns: one_shot (pull, copy into the symmetric buffer in the kernel), two_shot (reduce-scatter and " ..
       "all-gather by reading), nccl (the communicator's NCCL all_reduce), auto (what the table picks), " ..
       "one_shot_push / two_shot_push (writes instead of reads), two_shot_write (both phases write into the " ..
       "peers: no copy-in), one_shot_lamport (push into a region kept at a sentinel; the receiver polls the data, " ..
       "no flags or fences), one_shot_push_flat (push with every thread, then reduce, per round), two_shot_lamport (two-shot whose slices and sums are polled where they land, as one_shot_lamport's data), *_zc (zero copy: the input already in the " ..
       "all-reduce's symmetric buffer; one_shot_zc out of place), PyTorch anchors from the same run: " ..
       "nccl_torch (torch.distributed), torch_one_shot / torch_two_shot (torch.ops.symm_mem, input in symmetric memory).",
-    "- best: the fastest of " .. table.concat(regular, ", ") .. " on an ordinary tensor.",
+    "best: the fastest of " .. table.concat(regular, ", ") .. " on an ordinary tensor.",
   }
-  if torch_note then md[#md + 1] = "- " .. torch_note end
-  md[#md + 1] = ""
+  local md = {}
+  if torch_note then extra[#extra + 1] = torch_note end
   md[#md + 1] = "## The seed's table (ms per all-reduce)"
   md[#md + 1] = ""
   md[#md + 1] = "| Tensor Shape | Tensor Size | one_shot | two_shot | nccl | auto | Best (Speedup vs NCCL) |"
@@ -392,15 +379,13 @@ local function write_results()
     #big_bad > 0 and (" (" .. table.concat(big_bad, "; ") .. ")") or "")
   md[#md + 1] = string.format("- the best custom algorithm beats NCCL at every size <= 1 MB: %s%s", verdict(small_ok),
     #small_bad > 0 and (" (" .. table.concat(small_bad, "; ") .. ")") or "")
-  md[#md + 1] = string.format("- wrong elements after timing, all cases: %d", total_wrong)
+  md[#md + 1] = string.format("- wrong elements after timing, all cases: %d", h.wrong)
   md[#md + 1] = ""
-  md[#md + 1] = "![latency vs size](allreduce-" .. opt.tag .. ".png)"
+  md[#md + 1] = "![latency vs size](" .. base .. ".png)"
   md[#md + 1] = ""
-  md[#md + 1] = "CSV: `allreduce-" .. opt.tag .. ".csv` (every case), `allreduce-" .. opt.tag ..
-    "-wide.csv` (the plot's data; `experiments/allreduce_plot.sh` draws it)."
-  local f = assert(io.open(base .. ".md", "w"))
-  f:write(table.concat(md, "\n") .. "\n")
-  f:close()
+  md[#md + 1] = "CSV: `" .. base .. ".csv` (every case), `" .. base ..
+    "-wide.csv` (the plot's data; `experiments/allreduce/allreduce_plot.sh` draws it)."
+  local md_path = h:markdown(base .. ".md", "All-reduce sweep: " .. device_name .. " x " .. N, md, extra)
   -- the short table, printed last
   print("")
   print(string.format("%-16s %10s %10s %10s %10s %10s  %s", "size", "one_shot", "two_shot", "nccl", "auto", "torch_2s",
@@ -411,12 +396,13 @@ local function write_results()
       us_cell(row.two_shot.us), us_cell(row.nccl.us), us_cell(row.auto.us), us_cell(anchor("torch_two_shot", s.bytes)),
       best.col, row.nccl.us / best.us))
   end
-  print("wrote " .. base .. ".md, .csv and -wide.csv")
+  print("wrote " .. md_path .. ", .csv and -wide.csv")
+  if opt.plot then
+    local ok, note = bench.plot.script("experiments/allreduce/allreduce_plot.sh", { h:path(base .. "-wide.csv") },
+      base .. ".png")
+    if not ok then print(note) end
+  end
 end
 
-if me == 0 then write_results() end
-w:barrier()
-if total_wrong > 0 then
-  io.stderr:write(string.format("allreduce_sweep: %d wrong elements\n", total_wrong))
-  os.exit(1)
-end
+if h.rank0 then write_results() end
+h:finish()

@@ -1,6 +1,7 @@
-"""PyTorch anchors for experiments/allreduce_sweep.lua, measured the same way
+"""PyTorch anchors for experiments/allreduce/allreduce_sweep.lua, measured the same way
 (a CUDA graph of 10 back-to-back all-reduces, warm-up replays, then each
-replay timed with CUDA events; the median per all-reduce, max over ranks):
+replay timed with CUDA events; the median per all-reduce (of an even count:
+the mean of the middle two, as distlab.bench.timing), max over ranks):
 
   nccl            torch.distributed.all_reduce, in place (NCCL, NVLS off)
   torch_one_shot  torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", group),
@@ -13,11 +14,16 @@ set before torch loads. An op that this torch lacks, or that fails at a size
 (or cannot be captured in a graph: then it is timed eagerly, 10 calls between
 events, and the method column says so), is recorded as such and the rest goes
 on. Data are checked after timing (bf16 inputs 1..8 per rank, exact sums).
+OUT.csv is written through Python's csv module (RFC 4180: a method or an
+error message holding a comma is quoted), which allreduce_sweep.lua's --torch
+reads with distlab.bench.csv.
 
-  torchrun --nproc_per_node 2 experiments/allreduce_torch.py OUT.csv [--sizes 8192,65536,...]
+  torchrun --nproc_per_node 2 experiments/allreduce/allreduce_torch.py OUT.csv [--sizes 8192,65536,...]
 """
 import argparse
+import csv
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -74,8 +80,8 @@ def time_graph(fn, ops, warmup, replays):
         run()
         ev[i + 1].record()
     torch.cuda.synchronize()
-    times = sorted(ev[i].elapsed_time(ev[i + 1]) / ops for i in range(replays))
-    med = torch.tensor([times[len(times) // 2]], device="cuda", dtype=torch.float64)
+    times = [ev[i].elapsed_time(ev[i + 1]) / ops for i in range(replays)]
+    med = torch.tensor([statistics.median(times)], device="cuda", dtype=torch.float64)
     dist.all_reduce(med, op=dist.ReduceOp.MAX)
     return med.item(), method
 
@@ -141,14 +147,15 @@ def main():
     one_shot = getattr(ops, "one_shot_all_reduce", None) if ops is not None else None
     two_shot = getattr(ops, "two_shot_all_reduce_", None) if ops is not None else None
 
-    out = open(args.out, "w") if rank == 0 else None
+    out = open(args.out, "w", newline="") if rank == 0 else None
+    writer = csv.writer(out, lineterminator="\n") if out else None
     if out:
-        out.write("impl,bytes,time_us,method,wrong\n")
+        writer.writerow(["impl", "bytes", "time_us", "method", "wrong"])
 
     def row(impl, nbytes, us, method, wrong):
         """One line of the CSV, written at once (a later crash keeps it)."""
         if out:
-            out.write(f"{impl},{nbytes},{us:.3f},{method.replace(',', ';')},{wrong}\n")
+            writer.writerow([impl, nbytes, f"{us:.3f}", method, wrong])
             out.flush()
 
     log(f"{'bytes':>12} {'impl':<16} {'us':>10}  method")
