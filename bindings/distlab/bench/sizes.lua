@@ -34,10 +34,11 @@ end
 function M.range(first, last, factor)
   factor = factor or 2
   if type(factor) ~= "number" or factor ~= math.floor(factor) or factor < 2 then
-    fail("bad size range: the factor must be an integer >= 2, got %s", tostring(factor))
+    fail("bad size range: the factor must be an integer >= 2, got %s %s", tostring(factor), EXAMPLES)
   end
   if first < 1 or last < first then
-    fail("bad size range %s..%s: the start must be at least 1 and not above the end", M.short(first), M.short(last))
+    fail("bad size range %s..%s: the start must be at least 1 and not above the end %s", M.short(first), M.short(last),
+      EXAMPLES)
   end
   local out, s = {}, first
   while s <= last do
