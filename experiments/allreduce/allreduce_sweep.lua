@@ -261,7 +261,7 @@ local function write_results()
     end
     for _, col in ipairs(torch_cols) do
       local a = torch[col] and torch[col][s.bytes]
-      if a and a.us == a.us then
+      if a and a.us and a.us == a.us then
         csv:row({ s.bytes, s.shape or "", col, f("%.3f", a.us), f("%.2f", bench.busbw.algbw(s.bytes, a.us)),
           f("%.2f", bench.busbw.busbw("all_reduce", N, s.bytes, a.us)), a.wrong or -1, a.method or "" })
       end
