@@ -57,18 +57,27 @@ local function shapes(layout, C, h, hkv)
   return { 8, 2, h, 32 }, { 8, 2, hkv, 32 }
 end
 
--- Every p2p correction (each entry of p2p.lua's table) with both buffer schemes, then the rest.
+-- The named strategies (distlab.cp.presets), then the p2p combinations of
+-- comm_buffers and every correction of p2p.lua's table that no preset names.
+-- a2a overlap needs the heads per rank even: twice the heads.
+local presets = require "distlab.cp.presets"
 local strategies = {}
-for _, corr in ipairs(require("distlab.cp.p2p").corrections) do
-  for _, cb in ipairs({ "per_step", 2 }) do strategies[#strategies + 1] = { algo = "p2p", comm_buffers = cb, correction = corr } end
+local function same(a, b)
+  return a.algo == b.algo and a.comm_buffers == b.comm_buffers and a.correction == b.correction and a.dkv == b.dkv
+    and a.overlap == b.overlap
 end
-for _, st in ipairs {
-  { algo = "p2p", comm_buffers = 2, correction = "fused", dkv = "local" },
-  { algo = "all_gather" },
-  { algo = "all_gather", overlap = true },
-  { algo = "a2a" },
-  { algo = "a2a", overlap = true, heads = 2 }, -- heads per rank even: twice the heads
-} do strategies[#strategies + 1] = st end
+for _, st in ipairs(presets.list) do
+  local o = presets.options(st)
+  if o.algo == "a2a" and o.overlap then o.heads = 2 end
+  strategies[#strategies + 1] = o
+end
+for _, cb in ipairs({ "per_step", 2 }) do
+  for _, corr in ipairs(require("distlab.cp.p2p").corrections) do
+    local o, named = { algo = "p2p", comm_buffers = cb, correction = corr }, false
+    for _, st in ipairs(strategies) do named = named or same(st, o) end
+    if not named then strategies[#strategies + 1] = o end
+  end
+end
 
 local function label(st)
   return st.algo == "p2p" and string.format("p2p buffers=%s correction=%s dkv=%s", st.comm_buffers, st.correction,

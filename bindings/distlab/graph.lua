@@ -22,7 +22,6 @@
 local ffi = require "ffi"
 local core = require "distlab.core"
 local stream = require "distlab.stream"
-local bench = require "distlab.bench"
 
 local C, check, fail = core.C, core.check, core.fail
 
@@ -84,31 +83,9 @@ end
 
 -- Time fn the way vLLM's benchmark times its all-reduces: a graph of `ops`
 -- back-to-back calls of fn, `warmup` replays, then `replays` replays each
--- between two events on the current stream; the time of one call is a
--- replay's time / ops. Returns bench-style stats (ms) per call; opts.before
--- runs before the timed replays (a barrier, so ranks start together).
-function M.bench(fn, opts)
-  opts = opts or {}
-  local ops, warmup, replays = opts.ops or 10, opts.warmup or 5, opts.replays or 50
-  local g = M.capture(function()
-    for _ = 1, ops do fn() end
-  end, opts)
-  for _ = 1, warmup do g:replay() end
-  if opts.before then opts.before() end
-  local cur = stream.current_stream()
-  local device = opts.device or (cur and cur.device) or core.default_device()
-  local evs = {}
-  for i = 1, replays + 1 do evs[i] = stream.event(device) end
-  evs[1]:record()
-  for i = 1, replays do
-    g:replay()
-    evs[i + 1]:record()
-  end
-  local times = {}
-  for i = 1, replays do times[i] = evs[i]:elapsed(evs[i + 1]) / ops end
-  g:free()
-  return bench.stats(times)
-end
+-- between two events; ms per call. The method lives in the benchmark
+-- harness (distlab.bench.timing.graph), which documents it.
+function M.bench(fn, opts) return require("distlab.bench.timing").graph(fn, opts) end
 
 M.Graph = Graph
 return M

@@ -28,7 +28,7 @@ local dl = {
   stream = stream.stream,
   event = stream.event,
   synchronize = stream.synchronize,
-  bench = bench.bench,
+  bench = bench, -- callable: dl.bench(fn, opts); dl.bench.harness, dl.bench.csv, ... are its parts
 }
 
 for k, v in pairs(create) do dl[k] = v end

@@ -1,5 +1,5 @@
 // launch_floor.cu — what one kernel launch costs the host on this machine,
-// with no Lua and no distlab in the way: the floor under experiments/overhead.lua.
+// with no Lua and no distlab in the way: the floor under experiments/foundation/overhead.lua.
 // Each variant is issued in batches of 256 with a synchronize between batches;
 // the median issue time per launch is printed in microseconds.
 //   nvcc -O2 -arch=sm_90 experiments/lab/launch_floor.cu -o /tmp/launch_floor && /tmp/launch_floor

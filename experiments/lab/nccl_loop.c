@@ -1,5 +1,5 @@
 /*
- * nccl_loop.c — the plain C baseline that experiments/comm_bench.lua is held
+ * nccl_loop.c — the plain C baseline that experiments/comm/comm_bench.lua is held
  * against: the same ops, sizes, iteration counts and timing, straight on
  * NCCL, with nothing in between.
  *

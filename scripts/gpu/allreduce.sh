@@ -7,16 +7,17 @@
 #   (default: the first three)
 #     specs  the #multigpu cases of spec/allreduce_spec.lua (2 GPUs; the cpu
 #            cases run on every machine with ./distlab test)
-#     torch  PyTorch anchors: experiments/allreduce_torch.py under torchrun
-#     sweep  dl.allreduce.tune, then experiments/allreduce_sweep.lua (auto uses
+#     torch  PyTorch anchors: experiments/allreduce/allreduce_torch.py under torchrun
+#     sweep  dl.allreduce.tune, then experiments/allreduce/allreduce_sweep.lua (auto uses
 #            the table just tuned; the torch CSV is merged), then the plot
 #     variants  the sweep at 8 KB .. 16 MB once per setting of VARIANTS (see
 #            below), under $OUT/allreduce/variants
 # Results: allreduce-<gpu>x<NRANKS>.{md,csv}, -wide.csv, -tune.csv, the tuned
 # table allreduce_tables.lua, logs, and the PNG where gnuplot exists (else
-# make it from the -wide.csv with experiments/allreduce_plot.sh); copy the
-# md, csv and png to experiments/results/ (the md links the png by its bare
-# name). Typical run: about 5 minutes after the build; every step has a time
+# make it from the -wide.csv with experiments/allreduce/allreduce_plot.sh); copy the
+# md, csv and png to experiments/results/allreduce/ (the md links the png by
+# its bare name). DISTLAB_COMMIT=<hash> names the commit in the results where
+# the checkout has no .git. Typical run: about 5 minutes after the build; every step has a time
 # limit (specs 300 s, torch 180 s, tune+sweep 450 s).
 set -u
 OUT="${OUT:-/tmp/distlab-out}"
@@ -85,21 +86,21 @@ for s in "${sections[@]}"; do
       stamp "PyTorch anchors"
       port=$((20000 + RANDOM % 20000))
       run_for 180 python3 -m torch.distributed.run --nproc_per_node "$NR" --master_port "$port" \
-        experiments/allreduce_torch.py "$R/torch.csv" >"$R/torch.log" 2>&1
+        experiments/allreduce/allreduce_torch.py "$R/torch.csv" >"$R/torch.log" 2>&1
       echo "torch exit code $?" >>"$R/torch.log"
       tail -5 "$R/torch.log" ;;
     sweep)
       stamp "tune and sweep"
       rm -f "$R/allreduce_tables.lua"
       DISTLAB_AR_TABLE="$R/allreduce_tables.lua" run_for 450 ./distlab run -n "$NR" --device cuda \
-        experiments/allreduce_sweep.lua --out "$R" --torch "$R/torch.csv" --tune "$R/allreduce_tables.lua" \
+        experiments/allreduce/allreduce_sweep.lua --out "$R" --torch "$R/torch.csv" --tune "$R/allreduce_tables.lua" \
         --command "NRANKS=$NR scripts/gpu/allreduce.sh (DISTLAB_AR_TABLE=allreduce_tables.lua, tuned in the same run)" \
         >"$R/sweep.log" 2>&1
       echo "sweep exit code $?" >>"$R/sweep.log"
       for wide in "$R"/allreduce-*-wide.csv; do
         [ -f "$wide" ] || continue
-        if command -v gnuplot >/dev/null; then experiments/allreduce_plot.sh "$wide"
-        else echo "no gnuplot on this host: make the PNG elsewhere with experiments/allreduce_plot.sh $(basename "$wide")"; fi
+        if command -v gnuplot >/dev/null; then experiments/allreduce/allreduce_plot.sh "$wide"
+        else echo "no gnuplot on this host: make the PNG elsewhere with experiments/allreduce/allreduce_plot.sh $(basename "$wide")"; fi
       done ;;
     variants)
       # the sweep at 8 KB .. 16 MB once per setting in VARIANTS (NAME=VALUE
@@ -110,7 +111,7 @@ for s in "${sections[@]}"; do
       for v in ${VARIANTS:-DISTLAB_AR_PDL=0 DISTLAB_AR_PDL=1}; do
         stamp "sweep with $v"
         tag="${gpu}x$NR-$(echo "${v#DISTLAB_AR_}" | tr 'A-Z=' 'a-z-')"
-        (export "$v"; run_for 150 ./distlab run -n "$NR" --device cuda experiments/allreduce_sweep.lua \
+        (export "$v"; run_for 150 ./distlab run -n "$NR" --device cuda experiments/allreduce/allreduce_sweep.lua \
           --out "$R/variants" --tag "$tag" --torch "$R/torch.csv" \
           --sizes 8192,65536,262144,524288,1048576,2097152,3145728,4194304,8388608,16777216 \
           --command "$v NRANKS=$NR scripts/gpu/allreduce.sh variants") >"$R/variants/$tag.log" 2>&1

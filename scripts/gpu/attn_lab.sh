@@ -3,14 +3,14 @@
 # experiments/lab/attn/{attn_check,attn_bench} with nvcc for sm_90, runs the
 # checker (all cases), compute-sanitizer memcheck and racecheck on the small
 # subset, then the benchmark. Run from the repository root; outputs go to
-# $OUT (default experiments/results/attn_lab). ~3-5 minutes on an H100/H200.
+# $OUT (default experiments/results/attn/lab). ~3-5 minutes on an H100/H200.
 #   scripts/gpu/attn_lab.sh            everything
 #   QUICK=1 scripts/gpu/attn_lab.sh    no sanitizers, bench at s=8k only
 #   NOVARIANTS=1 NOBENCH=1 ...          only the checker and the sanitizers
 # Exit status: non-zero if the build, the checker or a sanitizer failed.
 set -uo pipefail
 
-OUT=${OUT:-experiments/results/attn_lab}
+OUT=${OUT:-experiments/results/attn/lab}
 BUILD=${BUILD:-/tmp/distlab_attn_lab_gpu}
 NVCC=${NVCC:-nvcc}
 SAN=${SANITIZER:-compute-sanitizer}

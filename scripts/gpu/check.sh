@@ -3,7 +3,7 @@
 # and run the GPU checks. Everything it prints and writes lands in $OUT.
 #   scripts/gpu/check.sh [foundation] [more sections as they exist...]
 # Sections: foundation = the specs (gpu-tagged included), overhead benchmark
-# (distlab and PyTorch eager), demo.
+# (distlab and PyTorch eager: $OUT/overhead-<gpu>.{md,csv}, overhead-torch-<gpu>.*), demo.
 set -u
 OUT="${OUT:-/tmp/distlab-out}"
 mkdir -p "$OUT"
@@ -26,9 +26,9 @@ for s in "${sections[@]}"; do
   case "$s" in
     foundation)
       ./distlab test 2>&1 | tee "$OUT/test.log" | grep -v '^ok ' | tail -40
-      ./distlab run -n 1 --device cuda experiments/overhead.lua "$OUT/overhead.md"
+      ./distlab run -n 1 --device cuda experiments/foundation/overhead.lua --out "$OUT"
       nvcc -O2 -arch=sm_90 experiments/lab/launch_floor.cu -o /tmp/launch_floor && /tmp/launch_floor | tee "$OUT/launch_floor.txt"
-      python3 experiments/overhead_torch.py "$OUT/overhead_torch.md"
+      python3 experiments/foundation/overhead_torch.py --out "$OUT"
       ./distlab demo 2>&1 | tail -8 ;;
     *)
       if [ -x "scripts/gpu/$s.sh" ]; then "scripts/gpu/$s.sh"; else echo "unknown section $s"; fi ;;

@@ -6,7 +6,7 @@
 # Each step has its own time limit, all together under 10 minutes.
 # 1. the #multigpu specs of comm and symm (NCCL, CUDA IPC)   -> $OUT/comm_specs.log
 # 2./3. experiments/lab/nccl_loop.c (plain C over NCCL) and
-#    experiments/comm_bench.lua, ROUNDS (default 1) rounds of loop, distlab,
+#    experiments/comm/comm_bench.lua, ROUNDS (default 1) rounds of loop, distlab,
 #    distlab, loop; each side's fastest run per size -> $OUT/results/comm-<gpu>x2.{md,csv}
 #    (a round takes about two minutes; distlab's runs also time raw NCCL
 #    calls on the same communicator, --raw); BIND=FIRST:PER pins rank r of both to
@@ -43,7 +43,7 @@ if [[ "$steps" == *" hostcost "* ]]; then
 echo "== host cost of a call without transport (meta), and the clock source"
 echo "clocksource: $(cat /sys/devices/system/clocksource/clocksource0/current_clocksource 2>/dev/null)"
 timeout 60 ./distlab run --device meta --world 2 --rank 0 ${BIND:+--bind "${BIND%%:*}:1"} \
-  experiments/comm_host_cost.lua 200000 2>&1 | tee "$OUT/comm_host_cost.txt"
+  experiments/comm/comm_host_cost.lua --calls 200000 --out "$OUT/results" 2>&1 | tee "$OUT/comm_host_cost.txt"
 fi
 [[ "$steps" == *" bench "* ]] || exit 0
 
@@ -69,7 +69,7 @@ loop() {
 }
 bench() {
   echo "== distlab comm_bench run $1"
-  timeout 180 ./distlab run -n 2 --device cuda ${BIND:+--bind "$BIND"} experiments/comm_bench.lua -b 8 -e 1G --raw --tag "$tag-r$1" \
+  timeout 180 ./distlab run -n 2 --device cuda ${BIND:+--bind "$BIND"} experiments/comm/comm_bench.lua -b 8 -e 1G --raw --tag "$tag-r$1" \
     --compare "$OUT/nccl_loop1.csv" --out "$OUT/round$1" 2>&1 | tee "$OUT/comm_bench$1.log" | tail -2
   runs+=("$OUT/round$1/comm-$tag-r$1.csv")
 }
@@ -78,7 +78,7 @@ for ((r = 0; r < ${ROUNDS:-1}; r++)); do
 done
 # the table: every distlab run against every loop run (the written CSV holds the merged figures)
 merge=$(IFS=,; echo "${runs[*]:1}")
-./distlab run --device cpu experiments/comm_bench.lua --ranks 2 --report-only "${runs[0]}" \
+./distlab run --device cpu experiments/comm/comm_bench.lua --ranks 2 --report-only "${runs[0]}" \
   --merge "$merge" --compare "$(IFS=,; echo "${loops[*]}")" \
   --tag "$tag" --out "$OUT/results" --device-name "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" 2>&1 | tail -2
 cp "${loops[-1]}" "$OUT/nccl_loop.csv" # the last plain-loop run, as a readable table below
@@ -87,7 +87,7 @@ tail -4 "$OUT"/results/comm-*x2.md
 
 [ "${NOWD:-1}" = 0 ] && exit 0
 echo "== 4. mid sizes with the NCCL watchdog off (does the watchdog cost bandwidth?)"
-DISTLAB_NCCL_WATCHDOG=0 timeout 90 ./distlab run -n 2 --device cuda experiments/comm_bench.lua -b 8 -e 64M \
+DISTLAB_NCCL_WATCHDOG=0 timeout 90 ./distlab run -n 2 --device cuda experiments/comm/comm_bench.lua -b 8 -e 64M \
   --ops all_reduce,reduce_scatter,all_to_all --compare "$(IFS=,; echo "${loops[*]}")" \
   --out "$OUT/results" --tag "$tag-nowatchdog" 2>&1 | tee "$OUT/comm_bench_nowatchdog.log" | tail -4
 echo "comm_check done: results in $OUT/results, specs in $OUT/comm_specs.log"

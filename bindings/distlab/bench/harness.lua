@@ -1,0 +1,138 @@
+-- distlab.bench.harness — one benchmark run: its options, where its results
+-- go, its data checks and its exit code. The timing methods, the table, the
+-- CSV and markdown writers are the other parts of distlab.bench; this ties
+-- them to a run.
+--
+--   local h = dl.bench.harness {
+--     name = "comm_bench", family = "comm",   results go to experiments/results/comm (--out)
+--     usage = "...", about = "...",            for --help
+--     options = { {...}, ... },                distlab.bench.options specs; the harness adds
+--                                              --out DIR, --command TEXT and (tag = true) --tag
+--     comm = world,                            ranks (nil: one process)
+--     argv = arg, tag = true }
+--   h.opt, h.given           the parsed options, and which were on the command line
+--                            (--help printed the text and exited 0; a bad option
+--                            printed its error and exited 2)
+--   h.rank0, h.rank, h.size  h.tag (with tag = true: --tag, default h200x2, cpux2, ...)
+--   h:print(fmt, ...)        on rank 0
+--   h:table(columns)         a distlab.bench.table printing on rank 0
+--   h:max(v), h:sum(v)       v (number or list) over the ranks
+--   h:check(fn)              after timing: fn() returns this rank's wrong elements;
+--                            the sum over ranks is returned and counted for the exit code
+--   h:path(name)             DIR/name, DIR made when missing
+--   h:info()                 {device, date, commit, command} (--command replaces the command)
+--   h:csv(name, header, rows), h:markdown(name, title, lines[, extra header lines]) -> path
+--   h:finish()               barrier; exit 1 (saying how many) when any check found wrong data
+local core = require "distlab.core"
+local options = require "distlab.bench.options"
+local timing = require "distlab.bench.timing"
+local btable = require "distlab.bench.table"
+local csv = require "distlab.bench.csv"
+local markdown = require "distlab.bench.markdown"
+
+local fail = core.fail
+local M = {}
+local Harness = {}
+Harness.__index = Harness
+
+-- The machine's short name for file names: the GPU model and the rank count
+-- (h200x2), or the device type (cpux2, metax1).
+function M.default_tag(device, n)
+  device = tostring(device)
+  local model = device
+  if device:match("^cuda") then
+    model = (markdown.device_name(device):match("([AHBL]%d+)") or "gpu"):lower()
+  else
+    model = device:match("^(%a+)") or device
+  end
+  return model .. "x" .. (n or 1)
+end
+
+function M.new(o)
+  if type(o) ~= "table" or type(o.name) ~= "string" then fail("bench.harness: expected {name =, family =, ...}") end
+  local comm = o.comm
+  local h = setmetatable({ name = o.name, family = o.family, comm = comm, wrong = 0, argv = o.argv or _G.arg or {},
+    rank = comm and comm.rank or 0, size = comm and comm.size or 1 }, Harness)
+  h.rank0 = h.rank == 0
+  h.device = comm and comm.device or core.default_device()
+  local spec = {}
+  for _, s in ipairs(o.options or {}) do spec[#spec + 1] = s end
+  local out_default = o.out or (o.family and ("experiments/results/" .. o.family) or "experiments/results")
+  spec[#spec + 1] = { "out", "string", out_default, "results folder (made when missing)", meta = "DIR" }
+  spec[#spec + 1] = { "command", "string", nil, "the command to record in the results (default: this one)",
+    meta = "TEXT" }
+  if o.tag then
+    spec[#spec + 1] = { "tag", "string", M.default_tag(h.device, h.size), "name of the machine in file names",
+      meta = "NAME" }
+  end
+  h.parser = options.new(spec, { program = o.name, usage = o.usage, about = o.about })
+  local ok, opt, given = pcall(h.parser.parse, h.parser, h.argv)
+  if not ok then
+    io.stderr:write(tostring(opt), "\n")
+    os.exit(2)
+  end
+  if opt.help then
+    if h.rank0 then print(h.parser:help()) end
+    os.exit(0)
+  end
+  h.opt, h.given, h.out, h.tag = opt, given, opt.out, opt.tag
+  -- the default folder is the checkout's, wherever the run starts; a folder given is the caller's
+  if not given.out and not out_default:match("^/") then h.out = core.root .. "/" .. out_default end
+  return h
+end
+
+function Harness:print(fmt, ...)
+  if not self.rank0 then return end
+  io.stdout:write(select("#", ...) > 0 and string.format(fmt, ...) or fmt, "\n")
+  io.stdout:flush()
+end
+
+function Harness:table(columns) return btable.new(columns, { quiet = not self.rank0 }) end
+
+function Harness:max(v) return timing.over_ranks(self.comm, v, "max") end
+function Harness:sum(v) return timing.over_ranks(self.comm, v, "sum") end
+
+function Harness:check(fn)
+  local mine = type(fn) == "function" and fn() or fn
+  if type(mine) ~= "number" then fail("%s: a data check must return a count of wrong elements, got %s", self.name,
+    tostring(mine)) end
+  local total = self:sum(mine)
+  self.wrong = self.wrong + total
+  return total
+end
+
+function Harness:path(name)
+  if not self.made then
+    os.execute("mkdir -p " .. markdown.shell_word(self.out))
+    self.made = true
+  end
+  return self.out .. "/" .. name
+end
+
+function Harness:info()
+  if not self.run_info then
+    self.run_info = markdown.run_info { comm = self.comm, device = self.device, command = self.opt.command,
+      argv = self.argv, device_desc = self.device_desc }
+  end
+  return self.run_info
+end
+
+function Harness:csv(name, header, rows) return csv.write(self:path(name), header, rows) end
+
+function Harness:markdown(name, title, lines, extra)
+  local all = markdown.header(title, self:info(), extra)
+  all[#all + 1] = ""
+  for _, l in ipairs(lines) do all[#all + 1] = l end
+  return markdown.write(self:path(name), all)
+end
+
+function Harness:finish()
+  if self.comm and self.comm.size > 1 then self.comm:barrier() end
+  if self.wrong > 0 then
+    io.stderr:write(string.format("%s: %d wrong elements\n", self.name, self.wrong))
+    os.exit(1)
+  end
+end
+
+M.Harness = Harness
+return setmetatable(M, { __call = function(_, o) return M.new(o) end })

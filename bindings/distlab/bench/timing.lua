@@ -1,0 +1,155 @@
+-- distlab.bench.timing — how the benchmarks take their times. Each method
+-- warms up first and returns the times of its repetitions, so the numbers
+-- of two benches that use the same method compare.
+--
+--   stats(times)                    median (mean of the middle two when even),
+--                                   min, max, mean, iters; times sorted
+--   events(fn, opts) -> stats, ms   each call of fn between two device events
+--                                   (dl.bench's method; host time on cpu and meta)
+--   graph(fn, opts) -> stats, ms    per call: a CUDA graph of `ops` back-to-back
+--                                   calls, each replay between two events / ops
+--   loop_once(fn, iters, opts)      one repetition of [before(), event, `iters`
+--                                   calls, event] -> device us, host us per call
+--   host(fn, opts) -> stats, us     the host's time to issue one call, batches
+--                                   with a sync between them (not counted)
+--   over_ranks(comm, v, op)         v (a number or a list of numbers) reduced
+--                                   over the ranks of comm: "max" (default), "sum", "min"
+local core = require "distlab.core"
+local stream = require "distlab.stream"
+
+local fail = core.fail
+local M = {}
+
+function M.stats(times)
+  table.sort(times)
+  local n, sum = #times, 0
+  if n == 0 then fail("bench: no times to summarise") end
+  for _, t in ipairs(times) do sum = sum + t end
+  local median = n % 2 == 1 and times[(n + 1) / 2] or (times[n / 2] + times[n / 2 + 1]) / 2
+  return { median = median, min = times[1], max = times[n], mean = sum / n, iters = n, times = times }
+end
+
+local function device_of(opts)
+  local cur = stream.current_stream()
+  return opts.device or (cur and cur.device) or core.default_device()
+end
+
+local function count(opts, key, dflt, least)
+  local v = opts[key] == nil and dflt or opts[key]
+  if type(v) ~= "number" or v ~= math.floor(v) or v < least then
+    fail("bench: %s must be an integer >= %d, got %s", key, least, tostring(v))
+  end
+  return v
+end
+
+-- events(fn, {warmup = 5, iters = 20, device = current}) -> stats (ms per call)
+function M.events(fn, opts)
+  if type(fn) ~= "function" then fail("bench: first argument must be a function") end
+  opts = opts or {}
+  local warmup, iters = count(opts, "warmup", 5, 0), count(opts, "iters", 20, 1)
+  local device = device_of(opts)
+  for _ = 1, warmup do fn() end
+  local evs = {}
+  for i = 1, iters + 1 do evs[i] = stream.event(device) end
+  evs[1]:record()
+  for i = 1, iters do
+    fn()
+    evs[i + 1]:record()
+  end
+  local times = {}
+  for i = 1, iters do times[i] = evs[i]:elapsed(evs[i + 1]) end
+  return M.stats(times)
+end
+
+-- graph(fn, {ops = 10, warmup = 5, replays = 50, before =, device =}) -> stats (ms per call)
+-- vLLM's method for its all-reduce benchmark: a graph of `ops` back-to-back
+-- calls of fn, `warmup` replays, then `replays` replays each between two
+-- events on the current stream; one call = a replay / ops. opts.before runs
+-- before the timed replays (a barrier, so the ranks start together). On cpu
+-- and meta there are no graphs: a replay calls the ops again (host time).
+function M.graph(fn, opts)
+  if type(fn) ~= "function" then fail("bench: first argument must be a function") end
+  opts = opts or {}
+  local ops, warmup = count(opts, "ops", 10, 1), count(opts, "warmup", 5, 0)
+  local replays = count(opts, "replays", 50, 1)
+  local g = require("distlab.graph").capture(function()
+    for _ = 1, ops do fn() end
+  end, opts)
+  for _ = 1, warmup do g:replay() end
+  if opts.before then opts.before() end
+  local device = device_of(opts)
+  local evs = {}
+  for i = 1, replays + 1 do evs[i] = stream.event(device) end
+  evs[1]:record()
+  for i = 1, replays do
+    g:replay()
+    evs[i + 1]:record()
+  end
+  local times = {}
+  for i = 1, replays do times[i] = evs[i]:elapsed(evs[i + 1]) / ops end
+  g:free()
+  return M.stats(times)
+end
+
+local pair = {} -- device -> two events, made once: event creation stays out of the timings
+local now_us = core.C.dl_now_us
+
+-- loop_once(fn, iters, {before =, device =, timeout = s}) -> device us, host us per call
+-- nccl-tests' and nccl_loop.c's repetition: `before` (a barrier), an event,
+-- `iters` calls back to back, an event, wait for it. Host us = the host's
+-- time to issue one call: where it nears the device time, the loop is
+-- host-bound.
+function M.loop_once(fn, iters, opts)
+  opts = opts or {}
+  local device = device_of(opts)
+  local ev = pair[device]
+  if not ev then
+    ev = { stream.event(device), stream.event(device) }
+    pair[device] = ev
+  end
+  if opts.before then opts.before() end
+  ev[1]:record()
+  local h0 = now_us()
+  for _ = 1, iters do fn() end
+  local host = (now_us() - h0) / iters
+  ev[2]:record()
+  ev[2]:synchronize(opts.timeout)
+  return ev[1]:elapsed(ev[2]) * 1e3 / iters, host
+end
+
+-- host(fn, {warmup = 2000, batch = 256, batches = 200, sync = fn}) -> stats (us per call)
+-- Calls issued in batches with sync() between them; only the issue time of
+-- each batch counts, so the figure is the host's cost per call, not the
+-- device's queue draining.
+function M.host(fn, opts)
+  opts = opts or {}
+  local warmup, batch = count(opts, "warmup", 2000, 0), count(opts, "batch", 256, 1)
+  local batches, sync = count(opts, "batches", 200, 1), opts.sync or function() end
+  for _ = 1, warmup do fn() end
+  sync()
+  local samples = {}
+  for b = 1, batches do
+    local t0 = now_us()
+    for _ = 1, batch do fn() end
+    samples[b] = (now_us() - t0) / batch
+    sync()
+  end
+  return M.stats(samples)
+end
+
+-- over_ranks(comm, v, op): v (a number or a list) reduced element-wise over
+-- the ranks of comm, through comm itself (an f64 all_reduce on its device).
+-- Without a communicator, with one rank, or on meta (where nothing moves)
+-- v comes back as it is.
+function M.over_ranks(comm, v, op)
+  local list = type(v) == "table"
+  if not comm or comm.size == 1 or comm.backend == "meta" then return v end
+  local vals = list and v or { v }
+  local t = require("distlab").from_table(vals, { dtype = "f64", device = comm.device })
+  comm:all_reduce(t, op or "max")
+  local out = t:tolist()
+  if not list then return out[1] end
+  return out
+end
+
+return M

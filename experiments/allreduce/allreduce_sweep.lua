@@ -1,0 +1,408 @@
+-- experiments/allreduce/allreduce_sweep.lua — the all-reduce table of seed 002
+-- (vLLM's benchmark), on our machines: bf16, rows (32..4096) x 8192 (0.5 MB ..
+-- 64 MB) plus 8 KB .. 256 KB and 128 MB .. 1 GB; columns one_shot, two_shot,
+-- nccl, auto and "best (speedup vs nccl)", and more: the push variants, the
+-- zero-copy variants (input already in the all-reduce's symmetric buffer),
+-- and the PyTorch anchors measured in the same run (--torch, the CSV of
+-- experiments/allreduce/allreduce_torch.py).
+--
+--   ./distlab run -n 2 --device cuda experiments/allreduce/allreduce_sweep.lua [options]
+--     --out DIR          results go to DIR/allreduce-TAG.{md,csv} (default experiments/results/allreduce)
+--     --tag NAME         default: GPU model and rank count, e.g. h200x2
+--     --torch FILE.csv   PyTorch anchors from the same run
+--     --sizes LIST       bytes, e.g. 8K,64K,1M or 8K..64M (default: the table's sizes)
+--     --replays N        timed replays per case (default 50; fewer above 64 MB)
+--     --command TEXT     the command line to record (default: this one)
+--     --tune FILE        first run dl.allreduce.tune at the same sizes, write its table to
+--                        FILE and let auto use it (set DISTLAB_AR_TABLE=FILE too, so that
+--                        nothing else shadows it)
+--     --plot             draw allreduce-TAG.png (experiments/allreduce/allreduce_plot.sh, gnuplot)
+--
+-- Method (vLLM's; dl.bench.timing.graph): per case a CUDA graph of 10
+-- back-to-back all-reduces on the same tensor, 3 warm-up replays, a barrier,
+-- then each replay between two device events; time per all-reduce = replay /
+-- 10, the median over replays, the max over ranks. algbw = bytes / time,
+-- busbw = algbw x 2(n-1)/n (nccl-tests, dl.bench.busbw). Inputs are zeros
+-- while timing; after timing every case runs once more on random inputs and
+-- three windows of the result are checked against an fp64 sum (#wrong, over
+-- all ranks; any makes the exit code non-zero). "auto" runs whatever the
+-- dispatch table in use picks (its file is named in the results); the
+-- "best" column is the fastest of the algorithms on an ordinary tensor
+-- (every column but auto, the zero-copy ones and PyTorch's), the zero-copy
+-- columns are reported apart.
+local ffi = require "ffi"
+local dl = require "distlab"
+local bench = dl.bench
+
+local C = dl.C
+
+-- ---- options ------------------------------------------------------------------------
+
+local w = dl.comm.world()
+local N, me = w.size, w.rank
+local on_gpu = w.backend == "nccl"
+local h = bench.harness {
+  name = "allreduce_sweep", family = "allreduce", comm = w, tag = true,
+  usage = "./distlab run -n 2 --device cuda experiments/allreduce/allreduce_sweep.lua [options]",
+  about = "the all-reduce table of seed 002 (vLLM's benchmark) and more columns; see the file's header",
+  options = {
+    { "torch", "string", nil, "PyTorch anchors from the same run (allreduce_torch.py's CSV)", meta = "FILE.csv" },
+    { "sizes", "sizes", nil, "sizes in bytes (default: the table's sizes)" },
+    { "replays", "int", 50, "timed replays per case (fewer above 64 MB)", meta = "N" },
+    { "tune", "string", nil, "run dl.allreduce.tune first, write its table to FILE and let auto use it",
+      meta = "FILE" },
+    { "plot", "flag", nil, "draw allreduce-TAG.png from the wide CSV (needs gnuplot)" },
+  },
+}
+local opt = h.opt
+
+local device_name = on_gpu and dl.cuda_device_name(tonumber(w.device:match("%d+"))) or w.device
+h.device_desc = device_name .. " x " .. N .. " (" .. w.backend .. " communicator" ..
+  (on_gpu and ", NVLink, no multicast)" or ")")
+
+local sizes = {}
+if opt.sizes then
+  for _, b in ipairs(opt.sizes) do sizes[#sizes + 1] = { bytes = b } end
+else
+  for _, kb in ipairs { 8, 16, 32, 64, 128, 256 } do sizes[#sizes + 1] = { bytes = kb * 1024 } end
+  for _, rows in ipairs { 32, 64, 96, 128, 192, 256, 512, 1024, 2048, 3062, 4096 } do
+    sizes[#sizes + 1] = { bytes = rows * 8192 * 2, shape = string.format("(%d, 8192)", rows) }
+  end
+  for _, mb in ipairs { 128, 256, 512, 1024 } do
+    sizes[#sizes + 1] = { bytes = mb * 2 ^ 20, shape = string.format("(%d, 8192)", mb * 2 ^ 20 / 16384) }
+  end
+end
+
+local ar = dl.allreduce.get(w)
+local regular = { "one_shot", "two_shot", "nccl", "one_shot_push", "two_shot_push", "two_shot_write",
+  "one_shot_lamport", "one_shot_push_flat", "two_shot_lamport" }
+local columns = { "one_shot", "two_shot", "nccl", "auto", "one_shot_push", "two_shot_push", "two_shot_write",
+  "one_shot_lamport", "one_shot_push_flat", "two_shot_lamport", "one_shot_zc", "two_shot_zc", "two_shot_push_zc" }
+
+-- ---- checking ---------------------------------------------------------------------------
+
+local SEED = 4242
+
+-- rank r's check input: normal(0, 1) in bf16, element i from Philox(SEED + r, i)
+local function fill_input(t) t:normal_(0, 1, SEED + me) end
+
+-- Elements [start, start + k) of every rank's input summed in fp64, on the host.
+local function window_ref(start, k)
+  local ref = dl.zeros({ k }, { dtype = "f64", device = "cpu" })
+  for r = 0, N - 1 do
+    local x = dl.empty({ k }, { dtype = "bf16", device = "cpu" })
+    dl.check(C.dl_tensor_random(x, C.DL_RAND_NORMAL, ffi.cast("uint64_t", SEED + r), start, 0, 1, nil))
+    ref:add_(x:f64())
+  end
+  return ref
+end
+
+-- Wrong elements in three windows (start, middle, end) of result.
+local function count_wrong(result)
+  local n = result:numel()
+  local k = math.min(n, 4096)
+  local wrong = 0
+  for _, start in ipairs { 0, math.floor((n - k) / 2), n - k } do
+    local got = result:narrow(1, start + 1, k):to("cpu"):f64()
+    local r = dl.compare(got, window_ref(start, k), 1e-2 * N, 2 ^ -7)
+    wrong = wrong + tonumber(r.n_not_close)
+  end
+  return wrong
+end
+
+-- ---- cases ---------------------------------------------------------------------------------
+
+-- column -> function(n) returning (issue one all-reduce, run once on check inputs -> result)
+local function make(col, n, x)
+  local zc = col:match("^(.+)_zc$")
+  if not zc then
+    local algo = col
+    return function() ar:run(x, { algo = algo }) end, function()
+      fill_input(x)
+      ar:run(x, { algo = algo })
+      return x
+    end
+  end
+  if n * 2 > ar.max_bytes then return nil end
+  local z = ar:buffer({ n }, "bf16")
+  if zc == "one_shot" then
+    local out = dl.empty({ n }, { dtype = "bf16" })
+    return function() ar:run(z, { algo = "one_shot", out = out }) end, function()
+      fill_input(z)
+      ar:run(z, { algo = "one_shot", out = out })
+      return out
+    end
+  end
+  return function() ar:run(z, { algo = zc }) end, function()
+    fill_input(z)
+    ar:run(z, { algo = zc })
+    return z
+  end
+end
+
+-- Median us of one call, max over ranks: a graph of 10 calls, 3 warm-up replays, a barrier, `replays` timed.
+local function time_call(issue, replays)
+  local st = bench.timing.graph(issue, { ops = 10, warmup = 3, replays = replays, before = function() w:barrier() end })
+  ar:check()
+  return h:max(st.median * 1e3)
+end
+
+local function measure(col, size)
+  local n = size.bytes / 2
+  local x = size.x
+  local issue, once = make(col, n, x)
+  if not issue then return nil end
+  x:zero_()
+  if col:match("_zc$") then ar:buffer({ n }, "bf16"):zero_() end
+  local replays = math.max(10, math.min(opt.replays, math.floor(opt.replays * 64 * 2 ^ 20 / size.bytes)))
+  local us = time_call(issue, replays)
+  local wrong = h:check(function() return count_wrong(once()) end)
+  local alg = bench.busbw.algbw(size.bytes, us)
+  return { col = col, us = us, algbw = alg, busbw = bench.busbw.busbw("all_reduce", N, size.bytes, us), wrong = wrong,
+    replays = replays }
+end
+
+-- ---- anchors ------------------------------------------------------------------------------
+
+local torch_cols = { "nccl_torch", "torch_one_shot", "torch_two_shot" }
+local torch = {} -- impl -> bytes -> {us, method}
+local torch_note
+if opt.torch then
+  local head, recs = bench.csv.read(opt.torch)
+  if not head then
+    torch_note = "no PyTorch anchors: " .. opt.torch .. " is missing (the PyTorch run failed?)"
+  else
+    for _, r in ipairs(recs) do
+      local impl = r.impl == "nccl" and "nccl_torch" or r.impl
+      torch[impl] = torch[impl] or {}
+      torch[impl][tonumber(r.bytes)] = { us = tonumber(r.time_us), method = r.method, wrong = tonumber(r.wrong) }
+    end
+  end
+end
+
+local function anchor(impl, bytes)
+  local a = torch[impl] and torch[impl][bytes]
+  if a and a.us and a.us == a.us then return a.us end
+end
+
+-- ---- run -------------------------------------------------------------------------------------
+
+local fmt_size = bench.sizes.human
+
+if opt.tune then
+  local bytes = {}
+  for k, s in ipairs(sizes) do bytes[k] = s.bytes end
+  local entry = dl.allreduce.tune { comm = w, sizes = bytes, file = opt.tune }
+  if me == 0 then -- every measurement, for the record
+    local rows = {}
+    for k, m in ipairs(entry.measured) do
+      rows[k] = { m.bytes, m.algo, m.blocks, string.format("%.3f", m.us), m.timings }
+    end
+    -- time_us: the fastest of `timings` (near-ties are timed again)
+    h:csv("allreduce-" .. h.tag .. "-tune.csv", { "bytes", "algo", "blocks", "time_us", "timings" }, rows)
+  end
+end
+local table_entry, table_file = dl.allreduce.table(w)
+local tbl = h:table({ { "bytes", "%12d", unit = "(B)" }, { "column", "%-18s" }, { "time", "%10.2f", unit = "(us)" },
+  { "algbw", "%9.2f", unit = "(GB/s)" }, { "busbw", "%9.2f", unit = "(GB/s)" }, { "#wrong", "%7d" } })
+tbl:header(string.format("allreduce sweep: %s x %d, bf16, table %s (%s)", device_name, N, tostring(table_file),
+  table_entry and (table_entry.provisional and "provisional" or table_entry.date or "") or "none: built-in rule"))
+local results = {}
+for _, size in ipairs(sizes) do
+  size.x = dl.empty({ size.bytes / 2 }, { dtype = "bf16" })
+  size.auto_algo = dl.allreduce.choose(size.bytes, w)
+  local row = { size = size }
+  for _, col in ipairs(columns) do
+    local r = measure(col, size)
+    row[col] = r
+    if r then tbl:row({ size.bytes, col, r.us, r.algbw, r.busbw, r.wrong }) end
+  end
+  size.x:free()
+  size.x = nil
+  results[#results + 1] = row
+end
+ar:check()
+
+-- ---- report ------------------------------------------------------------------------------------
+
+local function best_of(row)
+  local best
+  for _, col in ipairs(regular) do
+    local r = row[col]
+    if r and (not best or r.us < best.us) then best = r end
+  end
+  return best
+end
+
+local function us_cell(v) return v and string.format("%.1f", v) or "-" end
+local function ms_cell(v) return v and string.format("%.3f", v / 1e3) or "-" end
+
+local function write_results()
+  local base = "allreduce-" .. h.tag
+  -- long CSV: one row per size and column
+  local csv = bench.csv.writer(h:path(base .. ".csv"),
+    { "bytes", "shape", "impl", "time_us", "algbw_GBps", "busbw_GBps", "wrong", "note" })
+  -- wide CSV for the plot: bytes, then every column's us
+  local wcols = {}
+  for _, c in ipairs(columns) do wcols[#wcols + 1] = c end
+  for _, c in ipairs(torch_cols) do wcols[#wcols + 1] = c end
+  local wide_header = { "bytes" }
+  for _, c in ipairs(wcols) do wide_header[#wide_header + 1] = c end
+  local wide = bench.csv.writer(h:path(base .. "-wide.csv"), wide_header)
+  local function f(fmt, v) return string.format(fmt, v) end
+  for _, row in ipairs(results) do
+    local s = row.size
+    for _, col in ipairs(columns) do
+      local r = row[col]
+      if r then
+        csv:row({ s.bytes, s.shape or "", col, f("%.3f", r.us), f("%.2f", r.algbw), f("%.2f", r.busbw), r.wrong,
+          col == "auto" and ("picked " .. s.auto_algo) or "" })
+      end
+    end
+    for _, col in ipairs(torch_cols) do
+      local a = torch[col] and torch[col][s.bytes]
+      if a and a.us and a.us == a.us then
+        csv:row({ s.bytes, s.shape or "", col, f("%.3f", a.us), f("%.2f", bench.busbw.algbw(s.bytes, a.us)),
+          f("%.2f", bench.busbw.busbw("all_reduce", N, s.bytes, a.us)), a.wrong or -1, a.method or "" })
+      end
+    end
+    local cells = { s.bytes }
+    for _, c in ipairs(wcols) do
+      local v = row[c] and row[c].us or anchor(c, s.bytes)
+      cells[#cells + 1] = v and f("%.3f", v) or "NaN"
+    end
+    wide:row(cells)
+  end
+  csv:close()
+  wide:close()
+
+  local extra = {
+    "dispatch table for auto: " .. tostring(table_file) .. (table_entry and table_entry.provisional and " (provisional)" or ""),
+    "method: bf16, in place unless noted; a CUDA graph of 10 back-to-back all-reduces, 3 warm-up replays, " ..
+      "then each replay timed with device events; time per all-reduce = median replay / 10, max over ranks " ..
+      "(vLLM's benchmark method); data checked after timing (3 windows of 4096 elements vs an fp64 sum).",
+    "columns: one_shot (pull, copy into the symmetric buffer in the kernel), two_shot (reduce-scatter and " ..
+      "all-gather by reading), nccl (the communicator's NCCL all_reduce), auto (what the table picks), " ..
+      "one_shot_push / two_shot_push (writes instead of reads), two_shot_write (both phases write into the " ..
+      "peers: no copy-in), one_shot_lamport (push into a region kept at a sentinel; the receiver polls the data, " ..
+      "no flags or fences), one_shot_push_flat (push with every thread, then reduce, per round), two_shot_lamport (two-shot whose slices and sums are polled where they land, as one_shot_lamport's data), *_zc (zero copy: the input already in the " ..
+      "all-reduce's symmetric buffer; one_shot_zc out of place), PyTorch anchors from the same run: " ..
+      "nccl_torch (torch.distributed), torch_one_shot / torch_two_shot (torch.ops.symm_mem, input in symmetric memory).",
+    "best: the fastest of " .. table.concat(regular, ", ") .. " on an ordinary tensor.",
+  }
+  local md = {}
+  if torch_note then extra[#extra + 1] = torch_note end
+  md[#md + 1] = "## The seed's table (ms per all-reduce)"
+  md[#md + 1] = ""
+  md[#md + 1] = "| Tensor Shape | Tensor Size | one_shot | two_shot | nccl | auto | Best (Speedup vs NCCL) |"
+  md[#md + 1] = "|---|---:|---:|---:|---:|---:|---|"
+  for _, row in ipairs(results) do
+    local s, best = row.size, best_of(row)
+    md[#md + 1] = string.format("| %s | %s | %s | %s | %s | %s | %s |", s.shape or string.format("(%d)", s.bytes / 2),
+      fmt_size(s.bytes), ms_cell(row.one_shot and row.one_shot.us), ms_cell(row.two_shot and row.two_shot.us),
+      ms_cell(row.nccl and row.nccl.us), ms_cell(row.auto and row.auto.us),
+      best and string.format("%s (%.2fx)", best.col, row.nccl.us / best.us) or "-")
+  end
+  md[#md + 1] = ""
+  md[#md + 1] = "## Every column (us per all-reduce; auto's pick; busbw of auto and nccl in GB/s)"
+  md[#md + 1] = ""
+  local head = "| size | " .. table.concat(columns, " | ") .. " | " .. table.concat(torch_cols, " | ") ..
+    " | auto picks | busbw auto | busbw nccl | #wrong |"
+  md[#md + 1] = head
+  md[#md + 1] = "|---" .. string.rep("|---:", #columns + #torch_cols) .. "|---|---:|---:|---:|"
+  for _, row in ipairs(results) do
+    local s = row.size
+    local cells, wrong = { fmt_size(s.bytes) }, 0
+    for _, col in ipairs(columns) do
+      cells[#cells + 1] = us_cell(row[col] and row[col].us)
+      wrong = wrong + (row[col] and row[col].wrong or 0)
+    end
+    for _, col in ipairs(torch_cols) do cells[#cells + 1] = us_cell(anchor(col, s.bytes)) end
+    cells[#cells + 1] = s.auto_algo
+    cells[#cells + 1] = string.format("%.1f", row.auto.busbw)
+    cells[#cells + 1] = string.format("%.1f", row.nccl.busbw)
+    cells[#cells + 1] = tostring(wrong)
+    md[#md + 1] = "| " .. table.concat(cells, " | ") .. " |"
+  end
+  -- the issue's targets
+  md[#md + 1] = ""
+  md[#md + 1] = "## Targets"
+  md[#md + 1] = ""
+  local function verdict(ok) return ok and "PASS" or "FAIL" end
+  local worst_auto, worst_at = 0, "-"
+  local anchors_ok, anchors_bad, anchors_seen = true, {}, false
+  local at2mb, big_ok, big_bad = nil, true, {}
+  local small_ok, small_bad = true, {} -- the best custom algorithm vs NCCL up to 1 MB (issue 7)
+  for _, row in ipairs(results) do
+    local s, best = row.size, best_of(row)
+    local ratio = row.auto.us / best.us
+    if ratio > worst_auto then worst_auto, worst_at = ratio, fmt_size(s.bytes) end
+    if s.bytes >= 8 * 1024 and s.bytes <= 64 * 2 ^ 20 then
+      for _, a in ipairs(torch_cols) do
+        local v = anchor(a, s.bytes)
+        if v then
+          anchors_seen = true
+          if row.auto.us >= v then
+            anchors_ok = false
+            anchors_bad[#anchors_bad + 1] = string.format("%s %s %.1f vs %.1f us", fmt_size(s.bytes), a, row.auto.us, v)
+          end
+        end
+      end
+    end
+    if s.bytes <= 2 ^ 20 then
+      local bc = nil
+      for _, c in ipairs({ "one_shot", "one_shot_push", "two_shot", "two_shot_push", "two_shot_write" }) do
+        if row[c] and (not bc or row[c].us < bc.us) then bc = { col = c, us = row[c].us } end
+      end
+      if not bc or bc.us >= row.nccl.us then
+        small_ok = false
+        small_bad[#small_bad + 1] = string.format("%s %s %.1f vs nccl %.1f us", fmt_size(s.bytes), bc and bc.col or "-",
+          bc and bc.us or 0, row.nccl.us)
+      end
+    end
+    if s.bytes == 2 * 2 ^ 20 then at2mb = row.nccl.us / row.auto.us end
+    -- where auto runs NCCL itself the two columns differ only by noise (1% allowed)
+    local slack = s.auto_algo == "nccl" and 0.99 or 1
+    if s.bytes >= 64 * 2 ^ 20 and row.auto.busbw < slack * row.nccl.busbw then
+      big_ok = false
+      big_bad[#big_bad + 1] = string.format("%s %.1f vs %.1f GB/s", fmt_size(s.bytes), row.auto.busbw, row.nccl.busbw)
+    end
+  end
+  md[#md + 1] = string.format("- auto within 5%% of the best column at every size: %s (worst auto/best %.3f at %s)",
+    verdict(worst_auto <= 1.05), worst_auto, worst_at)
+  md[#md + 1] = string.format("- auto beats both PyTorch anchors from 8 KB to 64 MB: %s%s",
+    anchors_seen and verdict(anchors_ok) or "not measured",
+    #anchors_bad > 0 and (" (" .. table.concat(anchors_bad, "; ") .. ")") or "")
+  md[#md + 1] = string.format("- at 2 MB auto >= 2x faster than NCCL: %s (%.2fx)", at2mb and verdict(at2mb >= 2) or "not measured",
+    at2mb or 0)
+  md[#md + 1] = string.format("- at >= 64 MB auto's busbw >= NCCL's: %s%s", verdict(big_ok),
+    #big_bad > 0 and (" (" .. table.concat(big_bad, "; ") .. ")") or "")
+  md[#md + 1] = string.format("- the best custom algorithm beats NCCL at every size <= 1 MB: %s%s", verdict(small_ok),
+    #small_bad > 0 and (" (" .. table.concat(small_bad, "; ") .. ")") or "")
+  md[#md + 1] = string.format("- wrong elements after timing, all cases: %d", h.wrong)
+  md[#md + 1] = ""
+  md[#md + 1] = "![latency vs size](" .. base .. ".png)"
+  md[#md + 1] = ""
+  md[#md + 1] = "CSV: `" .. base .. ".csv` (every case), `" .. base ..
+    "-wide.csv` (the plot's data; `experiments/allreduce/allreduce_plot.sh` draws it)."
+  local md_path = h:markdown(base .. ".md", "All-reduce sweep: " .. device_name .. " x " .. N, md, extra)
+  -- the short table, printed last
+  print("")
+  print(string.format("%-16s %10s %10s %10s %10s %10s  %s", "size", "one_shot", "two_shot", "nccl", "auto", "torch_2s",
+    "best (speedup vs nccl)"))
+  for _, row in ipairs(results) do
+    local s, best = row.size, best_of(row)
+    print(string.format("%-16s %10s %10s %10s %10s %10s  %s (%.2fx)", fmt_size(s.bytes), us_cell(row.one_shot.us),
+      us_cell(row.two_shot.us), us_cell(row.nccl.us), us_cell(row.auto.us), us_cell(anchor("torch_two_shot", s.bytes)),
+      best.col, row.nccl.us / best.us))
+  end
+  print("wrote " .. md_path .. ", .csv and -wide.csv")
+  if opt.plot then
+    local ok, note = bench.plot.script("experiments/allreduce/allreduce_plot.sh", { h:path(base .. "-wide.csv") },
+      base .. ".png")
+    if not ok then print(note) end
+  end
+end
+
+if h.rank0 then write_results() end
+h:finish()

@@ -1,0 +1,188 @@
+-- experiments/attn/attn_bench.lua — TFLOP/s of dl.attn.fwd, bwd and fwd+bwd:
+-- b=2, h=16, d=128, bf16, s in {4k, 8k, 16k, 32k}, causal and not, bshd and
+-- thd (thd: b sequences of s tokens packed, max_seqlen given so nothing
+-- syncs). Times are medians of device events around each call after 3
+-- warm-up calls (dl.bench.timing.events). FLOPs: fwd 4*b*h*s^2*d, halved
+-- when causal; bwd 2.5x fwd; fwd+bwd 3.5x fwd.
+-- Data checked after timing: every result finite, and the same call at a
+-- small shape (s=333, h=2, beyond one tile) equal to the cpu twin within
+-- TransformerEngine's bf16 tolerance; a failed check is reported in the
+-- table and makes the exit code non-zero. Runs on any device (--device cpu
+-- with small --s for a smoke test of the script).
+--   ./distlab run -n 1 --device cuda experiments/attn/attn_bench.lua [--s 4096,8192]
+--       [--iters 10] [--out DIR] [--torch torch.csv] [--tag NAME]
+-- Writes DIR/attn-distlab.{md,csv} (default experiments/results/attn).
+-- --torch reads experiments/attn/attn_bench_torch.py's CSV and also writes
+-- DIR/attn-TAG.md (TAG: the GPU model, e.g. h200): one table with PyTorch
+-- SDPA's flash and cuDNN backends beside ours.
+local dl = require "distlab"
+local bench = dl.bench
+
+local B, NH, D = 2, 16, 128
+
+local h = bench.harness {
+  name = "attn_bench", family = "attn", tag = true,
+  usage = "./distlab run -n 1 --device cuda experiments/attn/attn_bench.lua [options]",
+  about = "TFLOP/s of dl.attn.fwd, bwd and fwd+bwd (b=2, h=16, d=128, bf16); see the file's header",
+  options = {
+    { "s", "sizes", "4096,8192,16384,32768", "sequence lengths (4K,8K or 4K..32K)", meta = "LENGTHS" },
+    { "iters", "int", 10, "timed calls per case" },
+    { "torch", "string", nil, "attn_bench_torch.py's CSV: also write the combined table attn-TAG.md",
+      meta = "CSV" },
+  },
+}
+local A = h.opt
+local dev = dl.default_device()
+local gpu = dev:match("^cuda") and dl.cuda_device_name(tonumber(dev:match("%d+")) or 0) or dev
+if not h.given.tag then h.tag = dev:match("^cuda") and (gpu:match("([AHBL]%d+)") or "gpu"):lower() or dev end
+
+-- uniform(-1, 1) inputs, made on the device they are used on
+local function input(shape, device)
+  return dl.rand(shape, { dtype = "f32", device = device, low = -1, high = 1 }):to("bf16")
+end
+
+-- Inputs and options of one configuration.
+local function setup(layout, s, causal, nh, device)
+  local shape = layout == "thd" and { B * s, nh, D } or { B, s, nh, D }
+  local x = { q = input(shape, device), k = input(shape, device), v = input(shape, device) }
+  x.opts = { layout = layout, mask = causal and "causal" or "none" }
+  if layout == "thd" then
+    local cu = dl.from_table({ 0, s, 2 * s }, { dtype = "i32", device = device })
+    x.opts.cu_seqlens_q, x.opts.cu_seqlens_kv = cu, cu
+    x.opts.max_seqlen_q, x.opts.max_seqlen_kv = s, s
+  end
+  return x
+end
+
+local function with(t, extra)
+  local r = {}
+  for k, v in pairs(t) do r[k] = v end
+  for k, v in pairs(extra) do r[k] = v end
+  return r
+end
+
+local function finite(t)
+  local r = dl.compare(t, t)
+  return r.n_nonfinite_a == 0
+end
+
+-- The same call on the device and the cpu twin at a small shape.
+local function check_small(layout, causal)
+  local x = setup(layout, 333, causal, 2, "cpu")
+  local g = { q = x.q:to(dev), k = x.k:to(dev), v = x.v:to(dev), opts = with(x.opts, {}) }
+  for _, k in ipairs({ "cu_seqlens_q", "cu_seqlens_kv" }) do
+    if x.opts[k] then g.opts[k] = x.opts[k]:to(dev) end
+  end
+  g.opts.max_seqlen_q, g.opts.max_seqlen_kv = x.opts.max_seqlen_q, x.opts.max_seqlen_kv
+  local o, l = dl.attn.fwd(g.q, g.k, g.v, g.opts)
+  local dout = input(o.shape, "cpu")
+  local dq, dk, dv = dl.attn.bwd(dout:to(dev), g.q, g.k, g.v, o, l, g.opts)
+  local ro, rl = dl.attn.fwd(x.q, x.k, x.v, x.opts)
+  local rq, rk, rv = dl.attn.bwd(dout, x.q, x.k, x.v, o:cpu(), l:cpu(), x.opts)
+  local bad = {}
+  for name, pair in pairs({ out = { ro, o }, lse = { rl, l }, dq = { rq, dq }, dk = { rk, dk }, dv = { rv, dv } }) do
+    local rep = dl.mismatch_report(pair[2], pair[1], 2.5e-2, 2.5e-2, 2)
+    if rep then bad[#bad + 1] = name .. ": " .. rep end
+  end
+  return #bad == 0 and "ok" or ("WRONG " .. table.concat(bad, "; "))
+end
+
+local tbl = h:table({ { "layout", "%-6s" }, { "mask", "%-7s" }, { "s", "%6d" }, { "fwd ms", "%9.3f" },
+  { "bwd ms", "%9.3f" }, { "f+b ms", "%9.3f" }, { "fwd TF/s", "%8.1f" }, { "bwd TF/s", "%8.1f" },
+  { "f+b TF/s", "%8.1f" }, { "check", "%-s" } })
+tbl:header(string.format("distlab attention, %s, %s, %s", gpu, bench.markdown.date(), dl.build_info()))
+local rows = {}
+local timing = { warmup = 3, iters = A.iters }
+for _, layout in ipairs({ "bshd", "thd" }) do
+  for _, causal in ipairs({ false, true }) do
+    local checked = check_small(layout, causal)
+    for _, s in ipairs(A.s) do
+      local x = setup(layout, s, causal, NH, dev)
+      local o = x.opts
+      local out, lse = dl.attn.fwd(x.q, x.k, x.v, o)
+      local dout = input(out.shape, dev)
+      local dq, dk, dv = dl.attn.bwd(dout, x.q, x.k, x.v, out, lse, o)
+      local fo, bo = with(o, { out = out, lse = lse }), with(o, { dq = dq, dk = dk, dv = dv })
+      local tf = bench.timing.events(function() dl.attn.fwd(x.q, x.k, x.v, fo) end, timing).median
+      local tb = bench.timing.events(function() dl.attn.bwd(dout, x.q, x.k, x.v, out, lse, bo) end, timing).median
+      local tfb = bench.timing.events(function()
+        dl.attn.fwd(x.q, x.k, x.v, fo)
+        dl.attn.bwd(dout, x.q, x.k, x.v, out, lse, bo)
+      end, timing).median
+      local ok = checked
+      for _, t in ipairs({ out, lse, dq, dk, dv }) do
+        if not finite(t) then ok = "NON-FINITE" end
+      end
+      h:check(ok == "ok" and 0 or 1)
+      local flops = 4 * B * NH * s * s * D * (causal and 0.5 or 1)
+      local r = { layout = layout, mask = causal and "causal" or "none", s = s, fwd_ms = tf, bwd_ms = tb,
+        fwdbwd_ms = tfb, fwd = flops / tf / 1e9, bwd = 2.5 * flops / tb / 1e9, fwdbwd = 3.5 * flops / tfb / 1e9,
+        check = ok }
+      rows[#rows + 1] = r
+      tbl:row({ r.layout, r.mask, s, tf, tb, tfb, r.fwd, r.bwd, r.fwdbwd, ok })
+      x, out, lse, dout, dq, dk, dv, fo, bo = nil
+      collectgarbage("collect")
+    end
+  end
+end
+
+local extra = { "build: " .. dl.build_info(),
+  string.format("b=%d, h=%d, d=%d, bf16; FLOPs fwd 4*b*h*s^2*d (halved when causal), bwd 2.5x, fwd+bwd 3.5x; " ..
+    "median of %d device-event timings after 3 warm-up calls", B, NH, D, A.iters),
+  "data checked after timing: results finite; s=333, h=2 against the cpu twin (TE's bf16 tolerance)" }
+
+local md = { "| layout | mask | s | fwd ms | bwd ms | fwd+bwd ms | fwd TFLOP/s | bwd TFLOP/s | fwd+bwd TFLOP/s | check |",
+  "|---|---|---|---|---|---|---|---|---|---|" }
+local csv = {}
+local function f(fmt, v) return string.format(fmt, v) end
+for _, r in ipairs(rows) do
+  md[#md + 1] = string.format("| %s | %s | %d | %.3f | %.3f | %.3f | %.1f | %.1f | %.1f | %s |", r.layout, r.mask,
+    r.s, r.fwd_ms, r.bwd_ms, r.fwdbwd_ms, r.fwd, r.bwd, r.fwdbwd, bench.markdown.cell(r.check))
+  csv[#csv + 1] = { "distlab", r.layout, r.mask, r.s, f("%.4f", r.fwd_ms), f("%.4f", r.bwd_ms), f("%.4f", r.fwdbwd_ms),
+    f("%.2f", r.fwd), f("%.2f", r.bwd), f("%.2f", r.fwdbwd), r.check }
+end
+h:markdown("attn-distlab.md", "distlab attention (dl.attn)", md, extra)
+h:csv("attn-distlab.csv", { "impl", "layout", "mask", "s", "fwd_ms", "bwd_ms", "fwdbwd_ms", "fwd_tflops", "bwd_tflops",
+  "fwdbwd_tflops", "check" }, csv)
+print("wrote " .. h:path("attn-distlab.md") .. " and .csv")
+
+-- ---- the combined table -------------------------------------------------------------
+
+if A.torch then
+  local head, recs = bench.csv.read(A.torch)
+  if not head then dl.fail("attn_bench: cannot read %s: %s", A.torch, tostring(recs)) end
+  if head[1] ~= "impl" then dl.fail("attn_bench: %s is not attn_bench_torch.py's CSV", A.torch) end
+  local torch = {}
+  local num = bench.csv.number -- "nan": did not run
+  for _, t in ipairs(recs) do
+    torch[t.impl .. "/" .. t.layout .. "/" .. t.mask .. "/" .. t.s] =
+      { num(t.fwd_tflops), num(t.bwd_tflops), num(t.fwdbwd_tflops) }
+  end
+
+  local function cell(v) return v and string.format("%.0f", v) or "—" end
+  local out = { "PyTorch numbers from `experiments/attn/attn_bench_torch.py` in the same run (SDPA on [b, h, s, d] " ..
+    "views of bshd tensors; SDPA has no thd path, so thd rows show its bshd numbers: the same work, b sequences of " ..
+    "s). TFLOP/s; target (issue 4): ours >= flash forward and backward at every s >= 8k.", "",
+    "| layout | mask | s | ours fwd | ours bwd | ours f+b | flash fwd | flash bwd | flash f+b | cuDNN fwd | cuDNN bwd | cuDNN f+b | vs flash f+b | target |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" }
+  local short = {}
+  for _, r in ipairs(rows) do
+    local fl = torch["flash/bshd/" .. r.mask .. "/" .. r.s] or {}
+    local cu = torch["cudnn/bshd/" .. r.mask .. "/" .. r.s] or {}
+    local target = "—"
+    if r.s >= 8192 and fl[1] and fl[2] then target = (r.fwd >= fl[1] and r.bwd >= fl[2]) and "met" or "below" end
+    local ratio = fl[3] and string.format("%.2fx", r.fwdbwd / fl[3]) or "—"
+    out[#out + 1] = string.format("| %s | %s | %d | %.0f | %.0f | %.0f | %s | %s | %s | %s | %s | %s | %s | %s |",
+      r.layout, r.mask, r.s, r.fwd, r.bwd, r.fwdbwd, cell(fl[1]), cell(fl[2]), cell(fl[3]), cell(cu[1]), cell(cu[2]),
+      cell(cu[3]), ratio, target)
+    short[#short + 1] = string.format("%-4s %-6s %6d  ours %4.0f/%4.0f  flash %4s/%4s  cudnn %4s/%4s  %s",
+      r.layout, r.mask, r.s, r.fwd, r.bwd, cell(fl[1]), cell(fl[2]), cell(cu[1]), cell(cu[2]), target)
+  end
+  out[#out + 1] = ""
+  out[#out + 1] = "Gap to cuDNN and the plan to close it: experiments/lab/attn/NOTES.md."
+  local path = h:markdown("attn-" .. h.tag .. ".md", "Attention: distlab vs PyTorch SDPA (flash, cuDNN)", out, extra)
+  print("wrote " .. path)
+  print("\nTFLOP/s fwd/bwd (target: ours >= flash at s >= 8k)")
+  for _, l in ipairs(short) do print(l) end
+end
+h:finish()

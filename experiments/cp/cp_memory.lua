@@ -1,0 +1,324 @@
+-- experiments/cp/cp_memory.lua — peak memory per rank of every context-parallel
+-- strategy (distlab.cp.presets), forward and backward, by tag, in MiB and in
+-- units (one unit = one per-rank Q tensor), for seed 000's configuration:
+-- B=2, S=262144, H=16, D=128, bf16, causal, thd (two sequences of S) and bshd.
+--
+--   ./distlab run --device meta experiments/cp/cp_memory.lua [--out DIR]
+--       CP = 2..64 on the meta device: exact bytes from the same schedule
+--       code the GPUs run, the highest of ranks 0, C/2, C-1. Writes
+--       DIR/cp-memory.md, cp-memory-meta.csv, cp-memory.png (gnuplot, where it
+--       exists) (DIR default experiments/results/cp), and takes the GPU
+--       columns from --gpu CSV (default DIR/cp-memory-gpu.csv) when it exists.
+--   ./distlab run -n 2 --device cuda experiments/cp/cp_memory.lua [--out DIR]
+--       measured on the GPUs at CP=2, and at CP=1 (each GPU alone; main and
+--       fused): DIR/cp-memory-gpu.csv and .md. --s shortens the sequence
+--       (units do not depend on it).
+-- The presets with a backward-only option (dkv) are left out: cp:memory
+-- measures the schedule's buffers, which that option does not change
+-- forward. Every forward peak measured on meta must equal the schedule's
+-- formula; a miss is counted as wrong (#wrong, exit code 1).
+local dl = require "distlab"
+local bench = dl.bench
+local presets = require "distlab.cp.presets"
+
+local world = dl.comm.world()
+local on_meta = world.backend == "meta"
+local h = bench.harness {
+  name = "cp_memory", family = "cp", comm = world,
+  usage = "./distlab run --device meta experiments/cp/cp_memory.lua [options]  (or -n 2 --device cuda)",
+  about = "peak memory per rank of every CP strategy, forward and backward, by tag; see the file's header",
+  options = {
+    { "s", "size", 262144, "sequence length S per sequence (units do not depend on it)", meta = "S" },
+    { "gpu", "string", nil, "(meta) the GPU run's CSV for the measured table (default DIR/cp-memory-gpu.csv)",
+      meta = "CSV" },
+  },
+}
+local B, H, D = 2, 16, 128
+local S = h.opt.s
+local TAGS = { "inputs", "comm_buffers", "out_per_step", "lse_per_step", "accumulator", "workspace", "seqlens" }
+
+local strategies = {}
+for _, st in ipairs(presets.list) do
+  if st.dkv == nil then strategies[#strategies + 1] = st end
+end
+-- Units above the inputs, MHA, C >= 3, l = one LSE = 1/64 unit here.
+local formulas = {
+  main = "3C + C l", double = "4 + C (1 + l)", ["double+incremental"] = "7 + 3 l",
+  fused = "5 + l", all_gather = "3C", ["all_gather, overlap"] = "3C + 1 + l", a2a = "6 + l",
+  ["a2a, overlap"] = "6 + 2 l",
+}
+
+-- One measurement: this rank's shard shapes and seqlens for C ranks.
+local function measure(comm, st, layout)
+  local C = comm.size
+  local shape, seq = { B, S / C, H, D }, nil
+  if layout == "thd" then
+    shape = { B * S / C, H, D }
+    seq = { cu_seqlens_q = { 0, S, 2 * S }, cu_seqlens_q_padded = { 0, S, 2 * S } }
+  end
+  local o = presets.options(st)
+  o.comm, o.layout, o.mask = comm, layout, "causal"
+  local cp = dl.cp.attention(o)
+  local m = cp:memory(shape, shape, shape, { seq = seq })
+  local unit = m.fwd.unit
+  local row = { device = comm.device, layout = layout, strategy = st.name, C = C, rank = comm.rank, unit = unit }
+  for _, pass in ipairs({ "fwd", "bwd" }) do
+    local rep = m[pass]
+    row[pass] = rep.peak
+    row[pass .. "_formula"] = m.formula[pass]
+    for _, t in ipairs(TAGS) do row[pass .. ":" .. t] = 0 end
+    for _, tr in ipairs(rep.rows) do
+      if row[pass .. ":" .. tr.tag] then row[pass .. ":" .. tr.tag] = tr.at_peak end
+    end
+  end
+  return row
+end
+
+local function csv_header()
+  local cols = { "device", "layout", "strategy", "C", "rank", "unit", "fwd", "fwd_formula", "bwd", "bwd_formula" }
+  for _, p in ipairs({ "fwd", "bwd" }) do
+    for _, t in ipairs(TAGS) do cols[#cols + 1] = p .. ":" .. t end
+  end
+  return cols
+end
+
+local function write_csv(name, rows)
+  local cols, out = csv_header(), {}
+  for k, r in ipairs(rows) do
+    out[k] = {}
+    for i, c in ipairs(cols) do out[k][i] = r[c] end
+  end
+  return h:csv(name, cols, out)
+end
+
+-- The rows of a CSV this experiment wrote, numbers as numbers; nil when it is missing.
+local function read_csv(path)
+  local head, recs = bench.csv.read(path)
+  if not head then return nil end
+  for _, r in ipairs(recs) do
+    for k, v in pairs(r) do r[k] = tonumber(v) or v end
+  end
+  return recs
+end
+
+-- ---- on the GPUs ------------------------------------------------------------------------
+
+if not on_meta then
+  local rows = {}
+  local alone = world:split(function(r) return r, 0 end)
+  for _, layout in ipairs({ "thd", "bshd" }) do
+    for _, st in ipairs(strategies) do
+      if not presets.applies(st, layout) then goto next end
+      if st.name == "main" or st.name == "fused" then rows[#rows + 1] = measure(alone, st, layout) end
+      rows[#rows + 1] = measure(world, st, layout)
+      if world.rank == world.size - 1 then
+        local r = rows[#rows]
+        print(string.format("%-5s %-19s CP=%d  fwd %8.1f MiB (%5.2f units; meta %5.2f)  bwd %8.1f MiB (%5.2f; meta %5.2f)",
+          layout, st.name, r.C, r.fwd / 2 ^ 20, r.fwd / r.unit, r.fwd_formula / r.unit, r.bwd / 2 ^ 20,
+          r.bwd / r.unit, r.bwd_formula / r.unit))
+      end
+      ::next::
+    end
+  end
+  world:barrier()
+  -- The last rank writes: its peak is the highest (post_loop bshd keeps the most there).
+  if world.rank == world.size - 1 then
+    local device = bench.markdown.device_name(world.device)
+    for _, r in ipairs(rows) do r.device = device end
+    local csv = write_csv("cp-memory-gpu.csv", rows)
+    local md = bench.markdown.table({ "layout", "strategy", "CP", "fwd MiB", "fwd units", "bwd MiB", "bwd units" }, {},
+      { "l", "l", "r", "r", "r", "r", "r" })
+    for _, r in ipairs(rows) do
+      md[#md + 1] = string.format("| %s | %s | %d | %.1f | %.2f | %.1f | %.2f |", r.layout, r.strategy, r.C,
+        r.fwd / 2 ^ 20, r.fwd / r.unit, r.bwd / 2 ^ 20, r.bwd / r.unit)
+    end
+    local path = h:markdown("cp-memory-gpu.md", "CP peak memory measured on " .. device, md, {
+      string.format("B=%d, S=%d, H=%d, D=%d, bf16, causal; rank %d of %d (the highest peak); CP=1: each device " ..
+        "alone (main, fused)", B, S, H, D, world.rank, world.size) })
+    print("wrote " .. csv .. " and " .. path)
+  end
+  h:finish()
+  return
+end
+
+-- ---- on meta: CP = 2..64 ------------------------------------------------------------------
+
+local rows, worst = {}, {}
+for _, layout in ipairs({ "thd", "bshd" }) do
+  for _, st in ipairs(strategies) do
+    for _, C in ipairs({ 2, 4, 8, 16, 32, 64 }) do
+      if (st.algo ~= "a2a" or H % (C * (st.overlap and 2 or 1)) == 0) and presets.applies(st, layout) then
+        for _, r in ipairs({ 0, C / 2, C - 1 }) do
+          local comm = dl.comm.meta(C, r)
+          local row = measure(comm, st, layout)
+          comm:free()
+          h:check(function()
+            if row.fwd == row.fwd_formula then return 0 end
+            io.stderr:write(string.format("cp_memory: %s %s C=%d rank %d: forward peak %d differs from the formula %d\n",
+              layout, st.name, C, r, row.fwd, row.fwd_formula))
+            return 1
+          end)
+          rows[#rows + 1] = row
+          local key = layout .. "/" .. st.name .. "/" .. C
+          if not worst[key] or row.fwd > worst[key].fwd then worst[key] = row end
+        end
+      end
+    end
+  end
+end
+write_csv("cp-memory-meta.csv", rows)
+
+-- ---- the report ----------------------------------------------------------------------------
+
+local Cs = { 2, 4, 8, 16, 32, 64 }
+local out = {}
+local function p(fmt, ...) out[#out + 1] = string.format(fmt, ...) end
+local function cell(layout, name, C, f)
+  local r = worst[layout .. "/" .. name .. "/" .. C]
+  return r and f(r) or "—"
+end
+local function table_of(title, f, with_formula)
+  p("\n### %s\n", title)
+  p("| layout | strategy | %s |%s", table.concat(Cs, " | "):gsub("(%d+)", "CP=%1"), with_formula and " formula |" or "")
+  p("|---|---|%s%s", string.rep("---:|", #Cs), with_formula and "---|" or "")
+  for _, layout in ipairs({ "thd", "bshd" }) do
+    for _, st in ipairs(strategies) do
+      local cells = {}
+      for i, C in ipairs(Cs) do cells[i] = cell(layout, st.name, C, f) end
+      p("| %s | %s | %s |%s", layout, st.name, table.concat(cells, " | "), with_formula and (" " .. formulas[st.name] .. " |") or "")
+    end
+  end
+end
+local function units(key) return function(r) return string.format("%.2f", r[key] / r.unit) end end
+
+p("Seed 000's configuration: B=2, S=262144, H=16, D=128, bf16, causal; thd = two")
+p("sequences of S. One unit = one per-rank Q tensor, B·(S/C)·H·D·2 bytes (%d MiB at CP=2,", 2 * S / 2 * H * D * 2 / 2 ^ 20)
+p("%d MiB at CP=64); l = one per-rank LSE = 1/64 unit. Measured on the meta device (exact", 2 * S / 64 * H * D * 2 / 2 ^ 20)
+p("bytes, the same schedule code the GPUs run; `experiments/cp/cp_memory.lua`), on the rank")
+p("with the highest peak of ranks 0, C/2 and C-1. Every measured forward peak equals the")
+p("formula written at the top of its schedule file (checked by the run and by")
+p("`spec/cp_spec.lua`). Strategies: main = p2p, comm_buffers \"per_step\", correction")
+p("\"post_loop\" (TransformerEngine's main); double = 2 comm buffers, post_loop;")
+p("double+incremental = seed 000's PR; fused = 2 buffers, the merge in the attention kernel's")
+p("epilogue. all_gather and a2a for comparison (a2a needs H divisible by C); all_gather, overlap")
+p("attends to the local K/V while the gathers run (bshd/sbhd only), so its (out, lse) accumulator")
+p("exists during the gathers: one unit and an LSE more than all_gather. a2a, overlap runs two head")
+p("groups in a pipeline (heads per rank even, so C <= 8 here): one LSE more than a2a.")
+table_of("Forward peak, units above the inputs (the seed's \"P2P algo\" column)",
+  function(r) return string.format("%.2f", (r.fwd - r["fwd:inputs"]) / r.unit) end, true)
+local function wu(name, C) return worst["thd/" .. name .. "/" .. C] end
+local function above(r) return (r.fwd - r["fwd:inputs"]) / r.unit end
+p("\nAgainst the seed: main grows by 3 units per rank (%.2f at CP=8, %.2f at CP=64; the",
+  above(wu("main", 8)), above(wu("main", 64)))
+p("seed gives 3C+2 for thd and 3C+3 for bshd: the same growth, 2C of K/V buffers and C")
+p("per-step outputs; the constants differ by what each implementation keeps beside them,")
+p("ours frees the K/V buffers before it allocates the merged output). Double buffering")
+p("alone still grows with C through the per-step outputs. Double+incremental (the seed's")
+p("PR) is constant: %.2f units (seed: ~8",
+  above(wu("double+incremental", 64)))
+p("thd, ~9 bshd). Fused is constant and lowest: %.2f units (target <= 6): two K/V buffers and",
+  above(wu("fused", 64)))
+p("the running (O, L), nothing per step. With the inputs, at CP=64: main %.2f GiB,",
+  wu("main", 64).fwd / 2 ^ 30)
+p("double+incremental %.2f GiB, fused %.2f GiB (the seed: ~6.3 GiB to ~1.1 GiB; its GiB",
+  wu("double+incremental", 64).fwd / 2 ^ 30, wu("fused", 64).fwd / 2 ^ 30)
+p("figures count more than the schedule's own buffers, e.g. cuDNN's forward workspace, which")
+p("our attention kernel does not take).")
+p("At CP=2 the ring needs one receive buffer, so every p2p strategy is lower there.")
+table_of("Forward peak including the inputs q, k, v, GiB", function(r) return string.format("%.2f", r.fwd / 2 ^ 30) end)
+table_of("Backward peak including q, k, v, dout, out, lse (units)", units("bwd"))
+
+p("\n### Forward peak by tag (units at the peak), CP=8 and CP=64\n")
+p("| layout | strategy | CP | %s | total |", table.concat(TAGS, " | "))
+p("|---|---|---:|%s---:|", string.rep("---:|", #TAGS))
+for _, layout in ipairs({ "thd", "bshd" }) do
+  for _, st in ipairs(strategies) do
+    for _, C in ipairs({ 8, 64 }) do
+      local r = worst[layout .. "/" .. st.name .. "/" .. C]
+      if r then
+        local cells = {}
+        for i, t in ipairs(TAGS) do cells[i] = string.format("%.2f", r["fwd:" .. t] / r.unit) end
+        p("| %s | %s | %d | %s | %.2f |", layout, st.name, C, table.concat(cells, " | "), r.fwd / r.unit)
+      end
+    end
+  end
+end
+
+local gpu_csv = h.opt.gpu or h:path("cp-memory-gpu.csv")
+local gpu = read_csv(gpu_csv)
+p("\n### Measured on GPUs\n")
+if not gpu then
+  p("Not measured yet: `scripts/gpu/cp.sh` on a 2-GPU machine writes `cp-memory-gpu.csv`;")
+  p("rerunning this experiment on meta then adds the table here.")
+else
+  -- when and how: the GPU run's markdown header (an older run left a .txt line)
+  local base = gpu_csv:match("([^/]+)$")
+  local head = bench.markdown.read_header((gpu_csv:gsub("%.csv$", ".md")))
+  local when = io.open((gpu_csv:gsub("%.csv$", ".txt")), "r")
+  if head and head.date then
+    p("Measured %s on %s, commit `%s`, `%s` (`%s`).\n", head.date, head.device or "?", head.commit or "?",
+      head.command or "?", base)
+  elseif when then
+    p("Measured %s (`%s`).\n", (when:read("*l") or ""), base)
+  end
+  if when then when:close() end
+  p("%s, the last rank. CP=1: each GPU alone; CP=2: both. Units above the inputs (fwd) and", gpu[1].device)
+  p("with the held tensors (bwd); meta = the formula for the same shapes.")
+  p("Differences from meta: the caching allocator rounds every block up to 512 bytes.\n")
+  p("| layout | strategy | CP | fwd MiB | fwd units | meta | bwd MiB | bwd units | meta |")
+  p("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+  for _, r in ipairs(gpu) do
+    p("| %s | %s | %d | %.1f | %.2f | %.2f | %.1f | %.2f | %.2f |", r.layout, r.strategy, r.C, r.fwd / 2 ^ 20,
+      (r.fwd - r["fwd:inputs"]) / r.unit, (r.fwd_formula - 3 * r.unit) / r.unit, r.bwd / 2 ^ 20, r.bwd / r.unit, r.bwd_formula / r.unit)
+  end
+end
+
+-- The plot: forward units above the inputs against C, from the CSV just written.
+local dat = os.tmpname()
+local f = assert(io.open(dat, "w"))
+for _, layout in ipairs({ "thd", "bshd" }) do
+  for _, st in ipairs(strategies) do
+    f:write(string.format("# %s %s\n", layout, st.name))
+    local any = false
+    for _, C in ipairs(Cs) do
+      local r = worst[layout .. "/" .. st.name .. "/" .. C]
+      if r then f:write(string.format("%d %.4f\n", C, (r.fwd - r["fwd:inputs"]) / r.unit)) any = true end
+    end
+    if not any then f:write("2 NaN\n") end -- keeps the block, so the indices stay in step
+    f:write("\n\n")
+  end
+end
+f:close()
+local plots = {}
+for i, st in ipairs(strategies) do
+  plots[i] = string.format("'%s' index IDX+%d with linespoints lw 2 dt %d title '%s'", dat, i - 1,
+    st.algo == "p2p" and 1 or 2, st.name)
+end
+local png = h:path("cp-memory.png")
+local gp = string.format([[
+set terminal pngcairo size 1200,480 font ",11" noenhanced
+set output '%s'
+set multiplot layout 1,2 title "CP forward peak per rank above the inputs (B=2, S=262144, H=16, D=128, bf16, causal; meta)"
+set logscale xy 2
+set xtics (2, 4, 8, 16, 32, 64)
+set xrange [1.8:72]
+set xlabel "CP size C"
+set ylabel "units (one per-rank Q tensor)"
+set key top left
+set grid
+set title "thd"
+plot %s
+set title "bshd"
+plot %s
+unset multiplot
+]], png, (table.concat(plots, ", "):gsub("IDX", "0")), (table.concat(plots, ", "):gsub("IDX", tostring(#strategies))))
+local drawn, note = bench.plot.gnuplot(gp, png)
+os.remove(dat)
+if drawn then p("\n![forward peak per rank against C](cp-memory.png)") end
+
+local path = h:markdown("cp-memory.md", "Context-parallel attention: peak memory per rank", out,
+  { "meta device: " .. dl.build_info() })
+print(table.concat(out, "\n"))
+if note then print(note) end
+print("wrote " .. path .. ", cp-memory-meta.csv" .. (drawn and ", cp-memory.png" or ""))
+h:finish()
