@@ -33,18 +33,13 @@ if dev:match("^cuda") then say("  GPU: %s", dl.cuda_device_name(tonumber(dev:mat
 -- (two sequences of S). One unit = one per-rank Q tensor; l = one per-rank
 -- LSE (1/64 unit here). The seed's figures count a little more than the
 -- schedule's own buffers (experiments/results/cp/cp-memory.md says what).
-local STRATEGIES = {
-  { name = "main", algo = "p2p", comm_buffers = "per_step", correction = "post_loop",
-    formula = "3C + C l", seed = "3C + 2 (TE main)" },
-  { name = "double", algo = "p2p", comm_buffers = 2, correction = "post_loop",
-    formula = "4 + C (1 + l)", seed = "" },
-  { name = "double+incremental", algo = "p2p", comm_buffers = 2, correction = "incremental",
-    formula = "7 + 3 l", seed = "~8 (the seed's PR)" },
-  { name = "fused", algo = "p2p", comm_buffers = 2, correction = "fused",
-    formula = "5 + l", seed = "" },
-  { name = "all_gather", algo = "all_gather", formula = "3C", seed = "" },
-  { name = "a2a", algo = "a2a", formula = "6 + l", seed = "" },
-}
+-- The named strategies (distlab.cp.presets) that take thd, with the seed's
+-- own figure beside two of them.
+local SEED = { main = "3C + 2 (TE main)", ["double+incremental"] = "~8 (the seed's PR)" }
+local STRATEGIES = {}
+for _, st in ipairs(dl.cp.presets.list) do
+  if dl.cp.presets.applies(st, "thd") and not st.overlap and not st.dkv then STRATEGIES[#STRATEGIES + 1] = st end
+end
 local B, S, H, D = 2, 262144, 16, 128
 local Cs = { 2, 4, 8, 16, 32, 64 }
 
@@ -63,8 +58,9 @@ if me == 0 then
       if st.algo ~= "a2a" or H % C == 0 then
         for _, r in ipairs({ 0, C / 2, C - 1 }) do
           local comm = dl.comm.meta(C, r)
-          local cp = dl.cp.attention { comm = comm, algo = st.algo, comm_buffers = st.comm_buffers,
-            correction = st.correction, layout = "thd", mask = "causal" }
+          local o = dl.cp.presets.options(st)
+          o.comm, o.layout, o.mask = comm, "thd", "causal"
+          local cp = dl.cp.attention(o)
           local shape = { B * S / C, H, D }
           local m = cp:memory(shape, shape, shape,
             { seq = { cu_seqlens_q = { 0, S, 2 * S }, cu_seqlens_q_padded = { 0, S, 2 * S } } })
@@ -79,7 +75,7 @@ if me == 0 then
       if st.name == "fused" then worst_fused = math.max(worst_fused, best) end
       cells[#cells + 1] = best and string.format("%7.2f", best) or string.format("%7s", "-")
     end
-    say("%s   %-14s %s", table.concat(cells, " "), st.formula, st.seed)
+    say("%s   %-14s %s", table.concat(cells, " "), st.units, SEED[st.name] or "")
   end
   say("\n   main grows by 3 units a rank; double+incremental (the seed's PR) and fused stay flat;")
   say("   fused (the merge in the attention kernel's epilogue) is the lowest: %.2f units at most.", worst_fused)

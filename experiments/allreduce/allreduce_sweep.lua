@@ -40,7 +40,7 @@ local C = dl.C
 
 local w = dl.comm.world()
 local N, me = w.size, w.rank
-local on_gpu = w.backend == "nccl"
+local on_gpu = w.device:match("^cuda") ~= nil
 local h = bench.harness {
   name = "allreduce_sweep", family = "allreduce", comm = w, tag = true,
   usage = "./distlab run -n 2 --device cuda experiments/allreduce/allreduce_sweep.lua [options]",

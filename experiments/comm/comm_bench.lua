@@ -44,7 +44,7 @@ local bench = dl.bench
 
 local w = dl.comm.world()
 local N, me = w.size, w.rank
-local on_gpu = w.backend == "nccl"
+local on_gpu = w.device:match("^cuda") ~= nil
 local OPS = { "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "sendrecv", "symm_put" }
 -- each op's nccl-tests collective, for the busbw factor (symm_put: a point-to-point copy)
 local KIND = { all_reduce = "all_reduce", all_gather = "all_gather", reduce_scatter = "reduce_scatter",
@@ -131,7 +131,7 @@ end
 -- ---- raw NCCL calls (--raw) --------------------------------------------------------------
 
 local raw = {}
-if opt.raw and not on_gpu then
+if opt.raw and w.backend ~= "nccl" then
   io.stderr:write("comm_bench: --raw times raw NCCL calls: it needs the nccl backend (--device cuda)\n")
   os.exit(2)
 end

@@ -23,7 +23,7 @@ local presets = require "distlab.cp.presets"
 
 local world = dl.comm.world()
 local C = world.size
-local gpu = world.backend == "nccl"
+local gpu = world.device:match("^cuda") ~= nil
 local B, H, D = 1, 16, 128
 
 local h = bench.harness {

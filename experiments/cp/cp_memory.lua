@@ -41,12 +41,6 @@ local strategies = {}
 for _, st in ipairs(presets.list) do
   if st.dkv == nil then strategies[#strategies + 1] = st end
 end
--- Units above the inputs, MHA, C >= 3, l = one LSE = 1/64 unit here.
-local formulas = {
-  main = "3C + C l", double = "4 + C (1 + l)", ["double+incremental"] = "7 + 3 l",
-  fused = "5 + l", all_gather = "3C", ["all_gather, overlap"] = "3C + 1 + l", a2a = "6 + l",
-  ["a2a, overlap"] = "6 + 2 l",
-}
 
 -- One measurement: this rank's shard shapes and seqlens for C ranks.
 local function measure(comm, st, layout)
@@ -185,7 +179,7 @@ local function table_of(title, f, with_formula)
     for _, st in ipairs(strategies) do
       local cells = {}
       for i, C in ipairs(Cs) do cells[i] = cell(layout, st.name, C, f) end
-      p("| %s | %s | %s |%s", layout, st.name, table.concat(cells, " | "), with_formula and (" " .. formulas[st.name] .. " |") or "")
+      p("| %s | %s | %s |%s", layout, st.name, table.concat(cells, " | "), with_formula and (" " .. st.units .. " |") or "")
     end
   end
 end

@@ -23,6 +23,9 @@
 --   h:info()                 {device, date, commit, command} (--command replaces the command)
 --   h:csv(name, header, rows), h:markdown(name, title, lines[, extra header lines]) -> path
 --   h:finish()               barrier; exit 1 (saying how many) when any check found wrong data
+-- Where ranks share a GPU (comm.share > 1: the ipc communicator, a
+-- correctness mode) timings mean nothing: the run says so, and refuses to
+-- write into experiments/results/ unless --shared-results is given.
 local core = require "distlab.core"
 local options = require "distlab.bench.options"
 local timing = require "distlab.bench.timing"
@@ -61,6 +64,8 @@ function M.new(o)
   spec[#spec + 1] = { "out", "string", out_default, "results folder (made when missing)", meta = "DIR" }
   spec[#spec + 1] = { "command", "string", nil, "the command to record in the results (default: this one)",
     meta = "TEXT" }
+  spec[#spec + 1] = { "shared-results", "flag", false,
+    "write into experiments/results/ even where ranks share a GPU (timings mean nothing there)" }
   if o.tag then
     spec[#spec + 1] = { "tag", "string", M.default_tag(h.device, h.size), "name of the machine in file names",
       meta = "NAME" }
@@ -78,6 +83,20 @@ function M.new(o)
   h.opt, h.given, h.out, h.tag = opt, given, opt.out, opt.tag
   -- the default folder is the checkout's, wherever the run starts; a folder given is the caller's
   if not given.out and not out_default:match("^/") then h.out = core.root .. "/" .. out_default end
+  h.shared = comm ~= nil and (comm.share or 1) > 1
+  if h.shared then
+    h:print("%s: %d ranks share this GPU (the ipc communicator): a correctness run, its timings mean nothing",
+      h.name, comm.share)
+    local results = (core.root .. "/experiments/results"):gsub("//+", "/")
+    local out = (h.out:match("^/") and h.out or (os.getenv("PWD") or ".") .. "/" .. h.out):gsub("//+", "/")
+    if not opt.shared_results and (out == results or out:sub(1, #results + 1) == results .. "/") then
+      if h.rank0 then
+        io.stderr:write(string.format("%s: ranks share a GPU, so nothing is written to %s (give --out elsewhere, "
+          .. "or --shared-results)\n", h.name, h.out))
+      end
+      os.exit(2)
+    end
+  end
   return h
 end
 

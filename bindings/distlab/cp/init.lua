@@ -32,6 +32,8 @@ local p2p = require "distlab.cp.p2p"
 
 local fail = dl.fail
 local M = {}
+-- the named strategies (main, double, fused, ...): distlab.cp.presets
+M.presets = require "distlab.cp.presets"
 local CP = {}
 CP.__index = CP
 

@@ -20,18 +20,22 @@
 --   presets.options(st)          its dl.cp.attention options (algo, comm_buffers,
 --                                correction, dkv, overlap), without name and layouts
 --   presets.applies(st, layout)  false where the strategy does not take the layout
+-- Each strategy's `units`: its forward peak above the inputs, in units of one
+-- per-rank Q (MHA, C >= 3; l = one per-rank LSE), as its schedule file
+-- states it (the files give exact bytes; cp_memory checks them on meta).
 local M = {}
 
 M.list = {
-  { name = "main", algo = "p2p", comm_buffers = "per_step", correction = "post_loop" },
-  { name = "double", algo = "p2p", comm_buffers = 2, correction = "post_loop" },
-  { name = "double+incremental", algo = "p2p", comm_buffers = 2, correction = "incremental" },
-  { name = "fused", algo = "p2p", comm_buffers = 2, correction = "fused" },
-  { name = "fused, dkv local", algo = "p2p", comm_buffers = 2, correction = "fused", dkv = "local" },
-  { name = "all_gather", algo = "all_gather" },
-  { name = "all_gather, overlap", algo = "all_gather", overlap = true, layouts = { bshd = true, sbhd = true } },
-  { name = "a2a", algo = "a2a" },
-  { name = "a2a, overlap", algo = "a2a", overlap = true },
+  { name = "main", algo = "p2p", comm_buffers = "per_step", correction = "post_loop", units = "3C + C l" },
+  { name = "double", algo = "p2p", comm_buffers = 2, correction = "post_loop", units = "4 + C (1 + l)" },
+  { name = "double+incremental", algo = "p2p", comm_buffers = 2, correction = "incremental", units = "7 + 3 l" },
+  { name = "fused", algo = "p2p", comm_buffers = 2, correction = "fused", units = "5 + l" },
+  { name = "fused, dkv local", algo = "p2p", comm_buffers = 2, correction = "fused", dkv = "local", units = "5 + l" },
+  { name = "all_gather", algo = "all_gather", units = "3C" },
+  { name = "all_gather, overlap", algo = "all_gather", overlap = true, layouts = { bshd = true, sbhd = true },
+    units = "3C + 1 + l" },
+  { name = "a2a", algo = "a2a", units = "6 + l" },
+  { name = "a2a, overlap", algo = "a2a", overlap = true, units = "6 + 2 l" },
 }
 
 local OPTION_KEYS = { "algo", "comm_buffers", "correction", "dkv", "overlap" }
