@@ -30,12 +30,12 @@ describe("cp schedules on cpu against the single-rank reference", function()
   end
 end)
 
-describe("cp schedules on 2 GPUs #multigpu", function()
+describe("cp schedules on GPUs #multigpu", function()
   for _, g in ipairs(groups) do
-    it("2 ranks: " .. g, function()
-      local rc, out = run_check(2, "cuda", g)
+    it(H.gpu_ranks .. " ranks: " .. g, function()
+      local rc, out = run_check(H.gpu_ranks, "cuda", g)
       assert.equal(0, rc, out)
-      assert.equal(2, count(out, "cp check ok"), out)
+      assert.equal(H.gpu_ranks, count(out, "cp check ok"), out)
     end)
   end
 end)

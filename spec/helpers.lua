@@ -47,6 +47,10 @@ if dl.cuda_device_count() > 0 then H.devices[#H.devices + 1] = { name = "cuda:0"
 -- Tagged GPU entry even without a GPU, so busted lists (and skips) it visibly.
 if dl.cuda_device_count() == 0 then H.devices[#H.devices + 1] = { name = "cuda:0", tag = " #gpu" } end
 
+-- Ranks of the #multigpu specs: 2, or DISTLAB_SPEC_RANKS (scripts/gpu/shared.sh
+-- runs them with 2 and 4 ranks on one GPU, where ranks share it).
+H.gpu_ranks = tonumber(os.getenv("DISTLAB_SPEC_RANKS") or "") or 2
+
 -- Runs `./distlab <args>` and returns exit code, stdout+stderr. A job that
 -- runs past DISTLAB_JOB_TIMEOUT (default 300 s) is stopped by the launcher.
 function H.distlab(args, env)

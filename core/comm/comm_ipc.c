@@ -110,7 +110,7 @@ static int stream_of(dl_comm_t *c, dl_stream_t *s, cudaStream_t *out) {
 /* A device wait that timed out earlier: the error it recorded. Reads the
  * record on a stream of its own, so work still queued is not waited for
  * (and nothing is read while the stream is being captured). */
-static int earlier_failure(dl_comm_t *c, cudaStream_t st) {
+static int earlier_failure(dl_comm_t *c, dl_stream_t *s, cudaStream_t st) {
   ipc_t *m = impl(c);
   enum cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
   DL_CUDA_CHECK(cudaStreamIsCapturing(st, &cap));
@@ -119,8 +119,17 @@ static int earlier_failure(dl_comm_t *c, cudaStream_t st) {
   DL_TRY(dl_symm_signal_pad(m->buf, c->rank, &pad));
   DL_CUDA_CHECK(cudaMemcpyAsync(m->err, ((dl_signal_pad_t *)pad)->error, 4 * sizeof(uint32_t),
                                 cudaMemcpyDeviceToHost, m->probe));
-  DL_CUDA_CHECK(cudaStreamSynchronize(m->probe));
-  return m->err[0] ? dl_symm_check(m->buf, NULL) : DL_OK;
+  const double t0 = dl_now_us();
+  cudaError_t q;
+  while ((q = cudaStreamQuery(m->probe)) == cudaErrorNotReady) {
+    if (dl_now_us() - t0 > c->timeout_s * 1e6)
+      return DL_ERR(DL_ETIMEOUT, "reading the ipc communicator's error record took over %.1f s",
+                    c->timeout_s);
+    dl_wait_pause(t0);
+  }
+  DL_CUDA_CHECK(q);
+  /* the record's wait ended (it timed out), so the check does not wait long */
+  return m->err[0] ? dl_symm_check(m->buf, s) : DL_OK;
 }
 
 static int copy(void *dst, const void *src, int64_t bytes, cudaStream_t st) {
@@ -342,7 +351,7 @@ static int ipc_run(dl_comm_t *c, const dl_comm_call_t *call) {
   cudaStream_t st;
   DL_TRY(dl_cuda_use(c->dev_index));
   DL_TRY(stream_of(c, call->stream, &st));
-  DL_TRY(earlier_failure(c, st));
+  DL_TRY(earlier_failure(c, call->stream, st));
   dl_graph_note_user(c); /* a graph being captured now reads this communicator's buffers */
   switch (call->op) {
   case DL_OP_ALL_REDUCE: return all_reduce(c, call, st);
