@@ -407,7 +407,7 @@ int dl_attn_merge_grad(const dl_attn_merge_opts_t *o, int mode, dl_tensor_t *gra
 /* ---- all-reduce and graphs ----------------------------------------------
  * A sum all-reduce of one communicator (one host, up to 8 ranks) with a
  * choice of algorithm: the communicator's own (NCCL on cuda), or kernels
- * over a symmetric buffer the object owns (kernels/allreduce/allreduce.cu; no NVLink
+ * over a symmetric buffer the object owns (kernels/allreduce/; no NVLink
  * multicast): one-shot (every rank reads every input), one-shot push (every
  * rank writes its input into every peer), both pipelined so that NVLink
  * traffic overlaps the local reduction, two-shot (reduce-scatter by
