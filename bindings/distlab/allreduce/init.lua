@@ -20,7 +20,7 @@
 -- elsewhere) and two_shot (in place), with no copy into the staging buffer.
 -- Tables: DISTLAB_AR_TABLE if set, else the tuned file
 -- (~/.cache/distlab/allreduce_tables.lua, what tune writes by default), else
--- the table shipped in distlab/allreduce_table.lua; an entry matches the GPU
+-- the table shipped in distlab/allreduce/tables.lua; an entry matches the GPU
 -- name (exactly, else its model, e.g. H200) and the world size, else the
 -- shipped generic entry for the world size.
 local ffi = require "ffi"
@@ -101,7 +101,7 @@ local function home_file()
   local home = os.getenv("XDG_CACHE_HOME") or ((os.getenv("HOME") or "/tmp") .. "/.cache")
   return home .. "/distlab/allreduce_tables.lua"
 end
-M.shipped_file = core.root .. "/bindings/distlab/allreduce_table.lua"
+M.shipped_file = core.root .. "/bindings/distlab/allreduce/tables.lua"
 
 local function read_entries(path)
   local f = io.open(path, "r")
