@@ -436,6 +436,9 @@ enum {
   DL_AR_TWO_SHOT_LAMPORT = 8, /* two-shot push with no flags: slices and sums polled against a sentinel */
   DL_AR_NUM_ALGOS = 9
 };
+/* The name users give algorithm algo: DL_AR_ONE_SHOT is "one_shot", and so
+ * on; NULL past the last. The one list of names (the bindings read it). */
+const char *dl_allreduce_algo_name(int algo);
 typedef struct dl_allreduce_info {
   int32_t rank;
   int32_t size;

@@ -47,8 +47,8 @@ static int go(dl_ar_kernel_t k, const dl_ar_args_t *a, cudaStream_t st) {
   if (e == cudaSuccess) e = cudaGetLastError();
   if (e != cudaSuccess) {
     (void)cudaGetLastError();
-    return DL_ERR(DL_ECUDA, "launch of the kernel of all-reduce algorithm %d failed: %s", a->algo,
-                  cudaGetErrorString(e));
+    return DL_ERR(DL_ECUDA, "launch of allreduce_%s%s_kernel failed: %s", dl_allreduce_algo_name(a->algo),
+                  a->algo == DL_AR_ONE_SHOT && a->zero_copy ? "_zero_copy" : "", cudaGetErrorString(e));
   }
 #endif
   return DL_OK;

@@ -2,10 +2,10 @@
 --
 --   dl.allreduce.run(t, {algo = "auto", comm = world, out = nil, blocks = nil})
 --       in place (or into out) on the current stream; returns the result tensor.
---       algo: "nccl" (the communicator's own), "one_shot", "one_shot_push",
---       "two_shot", "two_shot_push", "two_shot_write", "one_shot_lamport", "one_shot_push_flat",
---       "two_shot_lamport" (kernels/allreduce/), or "auto": the dispatch
---       table's choice for this device, world size and size.
+--       algo: one of dl.allreduce.algos ("nccl", the communicator's own, and
+--       the kernels of kernels/allreduce/: "one_shot", "two_shot_push", ...), or
+--       "auto": the dispatch table's choice for this device, world size and size.
+--   dl.allreduce.algos   every algorithm's name, in DL_AR_* order (from the library)
 --   dl.allreduce.table(comm) -> entry, file, device name   the table "auto" follows
 --   dl.allreduce.choose(nbytes, comm) -> algo, blocks   what "auto" would run
 --   dl.allreduce.tune{sizes = {bytes...}, comm =, file =, algos =, replays =}
@@ -30,12 +30,16 @@ local U = require "distlab.allreduce.tune"
 local C, check, fail = core.C, core.check, core.fail
 
 local M = {}
-M.algos = { "nccl", "one_shot", "one_shot_push", "two_shot", "two_shot_push", "two_shot_write", "one_shot_lamport",
-  "one_shot_push_flat", "two_shot_lamport" }
-local ids = { nccl = C.DL_AR_NCCL, one_shot = C.DL_AR_ONE_SHOT, one_shot_push = C.DL_AR_ONE_SHOT_PUSH,
-  two_shot = C.DL_AR_TWO_SHOT, two_shot_push = C.DL_AR_TWO_SHOT_PUSH, two_shot_write = C.DL_AR_TWO_SHOT_WRITE,
-  one_shot_lamport = C.DL_AR_ONE_SHOT_LAMPORT, one_shot_push_flat = C.DL_AR_ONE_SHOT_PUSH_FLAT,
-  two_shot_lamport = C.DL_AR_TWO_SHOT_LAMPORT }
+-- The algorithms' names in DL_AR_* order, as the library names them
+-- (dl_allreduce_algo_name), and each name's DL_AR_* value.
+M.algos = {}
+local ids = {}
+for i = 0, math.huge do
+  local name = C.dl_allreduce_algo_name(i)
+  if name == nil then break end
+  M.algos[i + 1] = ffi.string(name)
+  ids[M.algos[i + 1]] = i
+end
 
 local AR = {}
 AR.__index = AR

@@ -49,10 +49,26 @@ struct dl_allreduce {
   dl_ar_status_t *status; /* host-mapped on cuda, so runs can read it for free */
 };
 
-static const char *algo_names[DL_AR_NUM_ALGOS] = {"nccl", "one_shot", "one_shot_push",
-                                                  "two_shot", "two_shot_push",
-                                                  "two_shot_write", "one_shot_lamport",
-                                                  "one_shot_push_flat", "two_shot_lamport"};
+/* By DL_AR_*, so a name cannot land on another algorithm's value; the
+ * assertion below catches an algorithm added to the enum without a name
+ * (spec/allreduce_spec.lua maps every name back to its DL_AR_* value). */
+static const char *const algo_names[] = {
+    [DL_AR_NCCL] = "nccl",
+    [DL_AR_ONE_SHOT] = "one_shot",
+    [DL_AR_ONE_SHOT_PUSH] = "one_shot_push",
+    [DL_AR_TWO_SHOT] = "two_shot",
+    [DL_AR_TWO_SHOT_PUSH] = "two_shot_push",
+    [DL_AR_TWO_SHOT_WRITE] = "two_shot_write",
+    [DL_AR_ONE_SHOT_LAMPORT] = "one_shot_lamport",
+    [DL_AR_ONE_SHOT_PUSH_FLAT] = "one_shot_push_flat",
+    [DL_AR_TWO_SHOT_LAMPORT] = "two_shot_lamport",
+};
+_Static_assert(sizeof algo_names / sizeof *algo_names == DL_AR_NUM_ALGOS,
+               "every DL_AR_* algorithm needs a name in algo_names");
+
+const char *dl_allreduce_algo_name(int algo) {
+  return algo >= 0 && algo < DL_AR_NUM_ALGOS ? algo_names[algo] : NULL;
+}
 
 static int is_two_shot(int algo) {
   return algo == DL_AR_TWO_SHOT || algo == DL_AR_TWO_SHOT_PUSH || algo == DL_AR_TWO_SHOT_WRITE;
@@ -62,8 +78,10 @@ static int is_lamport(int algo) {
   return algo == DL_AR_ONE_SHOT_LAMPORT || algo == DL_AR_TWO_SHOT_LAMPORT;
 }
 
+/* For messages: "?" for a number that names no algorithm. */
 static const char *algo_name(int algo) {
-  return algo >= 0 && algo < DL_AR_NUM_ALGOS ? algo_names[algo] : "?";
+  const char *name = dl_allreduce_algo_name(algo);
+  return name ? name : "?";
 }
 
 static int ar_check(const dl_allreduce_t *ar, const char *fn) {
