@@ -3,9 +3,9 @@
  * two_shot.cu, lamport.cu) share, and what the launcher (launch.cu) needs of
  * them: the launch shape per world size, every rank's buffer, the per-block
  * barrier and the failure record, programmatic dependent launch, the call
- * counter, sums in rank order, and the kernels' declarations with the
- * instantiations the launcher picks from. Device code; no file outside
- * kernels/allreduce/ includes it (the CPU emulation in
+ * counter, sums in rank order, and how each family's file picks the
+ * instantiation of its kernel for a call (dl_ar_pick, DL_AR_PICK). No file
+ * outside kernels/allreduce/ includes it (the CPU emulation in
  * experiments/lab/allreduce_emu compiles it with the kernel files).
  *
  * Work is cut in 16-byte vectors (the tail vector of a size that is not a

@@ -1,8 +1,8 @@
 /*
  * launch.cu — the launcher of the all-reduce kernels (one_shot.cu,
- * two_shot.cu, lamport.cu): checks the launch shape the core computed, picks
- * the kernel of a->algo instantiated for the dtype, world size and alignment,
- * and launches it on the stream, with programmatic stream serialization when
+ * two_shot.cu, lamport.cu): checks the launch shape the core computed, has
+ * the file of a->algo's family pick its kernel instantiated for the dtype,
+ * world size and alignment, and launches it on the stream, with programmatic stream serialization when
  * a->pdl (so a grid can be scheduled while the one before it finishes).
  * Asynchronous: a wait that times out inside a kernel shows up in
  * *a->status, which the core reads (core/ops/allreduce/allreduce.c).

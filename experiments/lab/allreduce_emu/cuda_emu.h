@@ -1,8 +1,9 @@
 /*
- * cuda_emu.h — just enough CUDA to run the all-reduce kernels
- * (kernels/allreduce/*.cu) on a CPU: every CUDA thread is an OS thread, __syncthreads a real barrier of its block, the
- * signal-pad device functions (kernels/common/signal_pad.h, device side) atomics with
- * the same acquire/release pairs. Force-included by the Makefile; launches
+ * cuda_emu.h — just enough CUDA to run the all-reduce kernels (the .cu files
+ * of kernels/allreduce/) on a CPU: every CUDA thread is an OS thread,
+ * __syncthreads a real barrier of its block, the signal-pad device functions
+ * (kernels/common/signal_pad.h, device side) atomics with the same
+ * acquire/release pairs. Force-included by the Makefile; launches
  * `k<<<g, b, 0, s>>>(args)` are rewritten to `emu_launch(k, g, b, 0, s)(args)`
  * by sed, and the launch blocks until the grid is done (one stream per rank).
  *
