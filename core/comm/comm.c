@@ -73,6 +73,12 @@ int dl_comm_store_get(dl_comm_t *c, const char *key, void *buf, int64_t len) {
   return DL_OK;
 }
 
+int dl_comm_store_delete(dl_comm_t *c, const char *key) {
+  char full[256];
+  snprintf(full, sizeof full, "%s/%s", c->name, key);
+  return dl_store_delete(c->store, full);
+}
+
 int dl_comm_store_barrier(dl_comm_t *c, const char *name) {
   char key[200], done[220];
   int64_t n = 0;
@@ -184,6 +190,8 @@ int dl_comm_set_timeout(dl_comm_t *c, double timeout_s) {
   return DL_OK;
 }
 
+int dl_comm_debug(const dl_comm_t *c) { return c->debug && c->store; }
+
 int dl_comm_set_debug(dl_comm_t *c, int on) {
   DL_TRY(comm_check(c, "dl_comm_set_debug"));
   DL_CHECK_ARG(!on || c->store, "dl_comm_set_debug: comm '%s' (%s) has no store to check through",
@@ -289,6 +297,13 @@ static int sig_str(const sig_t *s, char *buf, size_t len) {
                   dl_dtype_name(s->dtype), (long long)s->n_in, (long long)s->n_out);
 }
 
+/* "calls all_reduce(sum), dtype f32, 10 in, 10 out" (dl_comm_check_same) */
+static int sig_calls(const void *s, char *buf, size_t len) {
+  char sig[160];
+  sig_str(s, sig, sizeof sig);
+  return snprintf(buf, len, "calls %s", sig);
+}
+
 /* Debug mode: every rank publishes its call; each compares with all others.
  * p2p ops compare pairwise (n-th send from a to b against the n-th recv). */
 static int debug_check(dl_comm_t *c, const dl_comm_call_t *call) {
@@ -299,7 +314,7 @@ static int debug_check(dl_comm_t *c, const dl_comm_call_t *call) {
                            : &call->out;
   sig_t me = {call->op, call->red, v->dtype, call->peer, call->in.numel, call->out.numel};
   if (call->op == DL_OP_ALL_TO_ALLV) me.n_in = me.n_out = 0; /* may differ; counts are checked */
-  char key[96], a[160], b[160];
+  char key[96], a[160];
   if (call->op == DL_OP_SEND || call->op == DL_OP_RECV) {
     int src = call->op == DL_OP_SEND ? c->rank : call->peer;
     int dst = call->op == DL_OP_SEND ? call->peer : c->rank;
@@ -321,25 +336,31 @@ static int debug_check(dl_comm_t *c, const dl_comm_call_t *call) {
     }
     return DL_OK;
   }
-  snprintf(key, sizeof key, "dbg/%lld/%d", (long long)c->seq, c->rank);
-  DL_TRY(dl_comm_store_set(c, key, &me, sizeof me));
-  for (int r = 0; r < c->size; r++) {
+  return dl_comm_check_same(c, "dbg", c->seq, &me, sizeof me, "calls", sig_calls);
+}
+
+int dl_comm_check_same(dl_comm_t *c, const char *key, int64_t seq, const void *sig, size_t len,
+                       const char *what, int (*describe)(const void *sig, char *buf, size_t len)) {
+  char k[160], mine[200], theirs[200], other[256];
+  DL_CHECK_ARG(len <= sizeof other, "dl_comm_check_same: a signature of %zu bytes (at most %zu)", len,
+               sizeof other);
+  snprintf(k, sizeof k, "%s/%lld/%d", key, (long long)seq, c->rank);
+  int rc = dl_comm_store_set(c, k, sig, (int64_t)len);
+  for (int r = 0; r < c->size && rc == DL_OK; r++) {
     if (r == c->rank) continue;
-    sig_t other;
-    snprintf(key, sizeof key, "dbg/%lld/%d", (long long)c->seq, r);
-    DL_TRY(dl_comm_store_get(c, key, &other, sizeof other));
-    if (memcmp(&other, &me, sizeof me) != 0) {
-      sig_str(&me, a, sizeof a);
-      sig_str(&other, b, sizeof b);
-      return DL_ERR(DL_EINVAL, "mismatched calls: rank %d calls %s but rank %d calls %s",
-                    c->rank, a, r, b);
+    snprintf(k, sizeof k, "%s/%lld/%d", key, (long long)seq, r);
+    rc = dl_comm_store_get(c, k, other, (int64_t)len);
+    if (rc == DL_OK && memcmp(other, sig, len) != 0) {
+      describe(sig, mine, sizeof mine);
+      describe(other, theirs, sizeof theirs);
+      rc = DL_ERR(DL_EINVAL, "mismatched %s: rank %d %s but rank %d %s", what, c->rank, mine, r, theirs);
     }
   }
-  /* everyone has read the previous op's keys once they published this one */
-  if (c->seq > 0) {
-    char full[200];
-    snprintf(full, sizeof full, "%s/dbg/%lld/%d", c->name, (long long)c->seq - 1, c->rank);
-    DL_TRY(dl_store_delete(c->store, full));
+  DL_TRY(rc);
+  /* everyone has read our key of the previous call once they published this one */
+  if (seq > 0) {
+    snprintf(k, sizeof k, "%s/%lld/%d", key, (long long)seq - 1, c->rank);
+    DL_TRY(dl_comm_store_delete(c, k));
   }
   return DL_OK;
 }

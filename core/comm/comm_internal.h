@@ -2,7 +2,7 @@
  * comm_internal.h — what the communicator files share (comm.c, comm_shm.c,
  * comm_nccl.c, comm_meta.c, symm.c, store.c) and nothing else sees: the
  * communicator struct, the backend table every backend fills, and the
- * helpers for deadlines and error context.
+ * helpers for deadlines and error context. Operators see only comm_ops.h.
  *
  * comm.c owns argument checking, the debug-mode cross-rank checks and error
  * context; a backend gets contiguous views that already agree in shape and
@@ -12,6 +12,7 @@
 #define DISTLAB_COMM_INTERNAL_H
 
 #include "base/internal.h"
+#include "comm/comm_ops.h"
 
 enum { DL_COMM_MAX_RANKS = 4096, DL_COMM_NAME = 96 };
 
@@ -86,9 +87,6 @@ extern const dl_comm_backend_t dl_comm_meta_backend;
 extern const dl_comm_backend_t dl_comm_nccl_backend;
 extern const dl_comm_backend_t dl_comm_ipc_backend;
 
-/* Store helpers that take the communicator's namespace: "<c->name>/<key>". */
-int dl_comm_store_set(dl_comm_t *c, const char *key, const void *val, int64_t len);
-int dl_comm_store_get(dl_comm_t *c, const char *key, void *buf, int64_t len);
 /* All members of c meet at `name` through the store (used at setup only). */
 int dl_comm_store_barrier(dl_comm_t *c, const char *name);
 /* Error helpers: "<op> #<seq> on rank R of N (comm NAME, BACKEND)". */

@@ -154,6 +154,8 @@ static void unmap(dl_symm_t *b) {
 
 /* ---- lifetime ----------------------------------------------------------- */
 
+int dl_comm_next_symm_id(const dl_comm_t *c) { return c->nsymm; }
+
 int dl_symm_alloc(dl_symm_t **out, dl_comm_t *c, int64_t nbytes) {
   DL_CHECK_ARG(out, "dl_symm_alloc: out is NULL");
   *out = NULL;

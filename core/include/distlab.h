@@ -414,7 +414,7 @@ int dl_attn_merge_grad(const dl_attn_merge_opts_t *o, int mode, dl_tensor_t *gra
 /* ---- all-reduce and graphs ----------------------------------------------
  * A sum all-reduce of one communicator (one host, up to 8 ranks) with a
  * choice of algorithm: the communicator's own (NCCL on cuda), or kernels
- * over a symmetric buffer the object owns (kernels/allreduce/allreduce.cu; no NVLink
+ * over a symmetric buffer the object owns (kernels/allreduce/; no NVLink
  * multicast): one-shot (every rank reads every input), one-shot push (every
  * rank writes its input into every peer), both pipelined so that NVLink
  * traffic overlaps the local reduction, two-shot (reduce-scatter by
@@ -443,6 +443,9 @@ enum {
   DL_AR_TWO_SHOT_LAMPORT = 8, /* two-shot push with no flags: slices and sums polled against a sentinel */
   DL_AR_NUM_ALGOS = 9
 };
+/* The name users give algorithm algo: DL_AR_ONE_SHOT is "one_shot", and so
+ * on; NULL past the last. The one list of names (the bindings read it). */
+const char *dl_allreduce_algo_name(int algo);
 typedef struct dl_allreduce_info {
   int32_t rank;
   int32_t size;

@@ -1,8 +1,8 @@
 /*
- * allreduce.h — what core/ops/allreduce/allreduce.c hands the all-reduce kernels
- * (kernels/allreduce/allreduce.cu) and their CPU twin (kernels/allreduce/cpu/allreduce.c): the
- * argument block, the layout of each rank's symmetric buffer, and the
- * failure record a timed-out wait leaves.
+ * allreduce.h — what core/ops/allreduce/allreduce.c hands the all-reduce
+ * kernels (kernels/allreduce/, launched by launch.cu) and their CPU twin
+ * (kernels/allreduce/cpu/allreduce.c): the argument block, the layout of each
+ * rank's symmetric buffer, and the failure record a timed-out wait leaves.
  *
  * Each rank's symmetric buffer (one dl_symm_t, mapped by every rank):
  *

@@ -1,8 +1,9 @@
-// allreduce_vec.cuh — the 16-byte vectors of kernels/allreduce/allreduce.cu: per dtype,
-// unpack to fp32 lanes, accumulate, pack back; loads and stores of a vector
-// of the caller's tensor (element-wise at the tail or when unaligned) and of
-// the padded staging regions. Device code, included by allreduce.cu only (and
-// through it by the CPU emulation in experiments/lab/allreduce_emu).
+// vec.cuh — the 16-byte vectors of the all-reduce kernels (kernels/allreduce/):
+// per dtype, unpack to fp32 lanes, accumulate, pack back; loads and stores of
+// a vector of the caller's tensor (element-wise at the tail or when
+// unaligned) and of the padded staging regions. Device code, included through
+// kernels/allreduce/allreduce_device.cuh (and so by the CPU emulation in
+// experiments/lab/allreduce_emu).
 #ifndef DISTLAB_ALLREDUCE_VEC_CUH
 #define DISTLAB_ALLREDUCE_VEC_CUH
 

@@ -11,8 +11,6 @@ local dl = require "distlab"
 local calls = tonumber(arg[1] or "1000")
 local w, me = A.w, A.me
 local sizes = { 1, 7, 4095, 65537 }
-local algos = { "one_shot", "two_shot_push", "nccl", "one_shot_push", "one_shot_lamport", "two_shot", "two_shot_write",
-  "one_shot_push_flat", "two_shot_lamport", "auto" }
 
 -- every call's dtype, size, algorithm and mode, drawn independently from one
 -- seeded generator (the same on every rank): Park-Miller, exact in doubles
@@ -23,7 +21,7 @@ local function draw(k)
 end
 local plan = {}
 for c = 1, calls do
-  plan[c] = { dtype = A.dtypes[draw(3)], n = sizes[draw(#sizes)], algo = algos[draw(#algos)], mode = draw(5) - 1 }
+  plan[c] = { dtype = A.dtypes[draw(3)], n = sizes[draw(#sizes)], algo = A.algos[draw(#A.algos)], mode = draw(5) - 1 }
 end
 
 A.report(function()

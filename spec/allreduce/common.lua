@@ -9,10 +9,13 @@ local A = {}
 A.timeout = tonumber(os.getenv("SPEC_TIMEOUT") or "20")
 A.w = dl.comm.world { timeout = A.timeout }
 A.N, A.me = A.w.size, A.w.rank
-A.algos = { "nccl", "one_shot", "one_shot_push", "two_shot", "two_shot_push", "two_shot_write", "one_shot_lamport",
-  "one_shot_push_flat", "two_shot_lamport", "auto" }
-A.kernels = { "one_shot", "one_shot_push", "two_shot", "two_shot_push", "two_shot_write", "one_shot_lamport",
-  "one_shot_push_flat", "two_shot_lamport" }
+-- every algorithm the library names, and "auto"; the kernels: all but nccl
+A.algos, A.kernels = {}, {}
+for _, a in ipairs(dl.allreduce.algos) do
+  A.algos[#A.algos + 1] = a
+  if a ~= "nccl" then A.kernels[#A.kernels + 1] = a end
+end
+A.algos[#A.algos + 1] = "auto"
 A.dtypes = { "bf16", "f16", "f32" }
 
 -- rank r's input of call `seed`: normal(0, 1), generated in dtype (Philox:

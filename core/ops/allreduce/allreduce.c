@@ -17,7 +17,7 @@
 #include <time.h>
 
 #include "allreduce/allreduce.h"
-#include "comm/comm_internal.h"
+#include "comm/comm_ops.h"
 #include "base/device.h"
 
 enum { AR_MAGIC = 0xa11ed0ce };
@@ -28,6 +28,7 @@ enum { CPU_THREADS = 1, CPU_UNROLL = 8192, CPU_MAX_BLOCKS = 4 };
 struct dl_allreduce {
   uint32_t magic;
   dl_comm_t *comm; /* borrowed: the caller keeps it alive */
+  char comm_name[96]; /* its name, for messages */
   dl_symm_t *symm;
   int rank, size, dev_type, dev_index;
   int sms, max_blocks, threads, unroll;
@@ -48,10 +49,26 @@ struct dl_allreduce {
   dl_ar_status_t *status; /* host-mapped on cuda, so runs can read it for free */
 };
 
-static const char *algo_names[DL_AR_NUM_ALGOS] = {"nccl", "one_shot", "one_shot_push",
-                                                  "two_shot", "two_shot_push",
-                                                  "two_shot_write", "one_shot_lamport",
-                                                  "one_shot_push_flat", "two_shot_lamport"};
+/* By DL_AR_*, so a name cannot land on another algorithm's value; the
+ * assertion below catches an algorithm added to the enum without a name
+ * (spec/allreduce_spec.lua maps every name back to its DL_AR_* value). */
+static const char *const algo_names[] = {
+    [DL_AR_NCCL] = "nccl",
+    [DL_AR_ONE_SHOT] = "one_shot",
+    [DL_AR_ONE_SHOT_PUSH] = "one_shot_push",
+    [DL_AR_TWO_SHOT] = "two_shot",
+    [DL_AR_TWO_SHOT_PUSH] = "two_shot_push",
+    [DL_AR_TWO_SHOT_WRITE] = "two_shot_write",
+    [DL_AR_ONE_SHOT_LAMPORT] = "one_shot_lamport",
+    [DL_AR_ONE_SHOT_PUSH_FLAT] = "one_shot_push_flat",
+    [DL_AR_TWO_SHOT_LAMPORT] = "two_shot_lamport",
+};
+_Static_assert(sizeof algo_names / sizeof *algo_names == DL_AR_NUM_ALGOS,
+               "every DL_AR_* algorithm needs a name in algo_names");
+
+const char *dl_allreduce_algo_name(int algo) {
+  return algo >= 0 && algo < DL_AR_NUM_ALGOS ? algo_names[algo] : NULL;
+}
 
 static int is_two_shot(int algo) {
   return algo == DL_AR_TWO_SHOT || algo == DL_AR_TWO_SHOT_PUSH || algo == DL_AR_TWO_SHOT_WRITE;
@@ -61,8 +78,10 @@ static int is_lamport(int algo) {
   return algo == DL_AR_ONE_SHOT_LAMPORT || algo == DL_AR_TWO_SHOT_LAMPORT;
 }
 
+/* For messages: "?" for a number that names no algorithm. */
 static const char *algo_name(int algo) {
-  return algo >= 0 && algo < DL_AR_NUM_ALGOS ? algo_names[algo] : "?";
+  const char *name = dl_allreduce_algo_name(algo);
+  return name ? name : "?";
 }
 
 static int ar_check(const dl_allreduce_t *ar, const char *fn) {
@@ -74,7 +93,7 @@ static int ar_check(const dl_allreduce_t *ar, const char *fn) {
 /* "all_reduce two_shot on rank 1 of 2 (comm 'w', cuda:1)" */
 static int describe(const dl_allreduce_t *ar, int algo, char *buf, size_t len) {
   return snprintf(buf, len, "all_reduce %s on rank %d of %d (comm '%s', %s:%d)", algo_name(algo),
-                  ar->rank, ar->size, ar->comm->name, dl_device_type_name(ar->dev_type),
+                  ar->rank, ar->size, ar->comm_name, dl_device_type_name(ar->dev_type),
                   ar->dev_index);
 }
 
@@ -215,6 +234,7 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
   ar->lamport_ahead = (int)ahead;
   ar->magic = AR_MAGIC;
   ar->comm = c;
+  snprintf(ar->comm_name, sizeof ar->comm_name, "%s", ci.name);
   ar->rank = ci.rank;
   ar->size = ci.size;
   ar->dev_type = ci.dev_type;
@@ -227,7 +247,7 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
   if (ar->lslot > ar->slot) ar->lslot = ar->slot;
   int64_t total = DL_AR_CTRL_BYTES + ar->slot * (1 + 2 * (int64_t)ci.size) +
                   ar->lslot * 2 * (int64_t)ci.size;
-  ar->id = c->nsymm;
+  ar->id = dl_comm_next_symm_id(c);
   int rc = new_status(ar);
   if (rc == DL_OK) rc = dl_symm_alloc(&ar->symm, c, total);
   for (int p = 0; p < ar->size && rc == DL_OK && ar->dev_type != DL_META; p++) {
@@ -448,13 +468,20 @@ static int run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int 
   return DL_OK;
 }
 
-/* The communicator's debug mode: every rank publishes its call through the
- * store and compares it with everyone's (algorithm, dtype, elements, grid,
- * zero copy), so a mismatch is an error instead of a hang or wrong sums. */
+/* The communicator's debug mode: every rank's call (algorithm, dtype,
+ * elements, grid, zero copy) is compared with everyone's through the store,
+ * so a mismatch is an error instead of a hang or wrong sums. */
 typedef struct ar_sig {
   int32_t algo, dtype, blocks, zero_copy;
   int64_t n;
 } ar_sig_t;
+
+/* "runs two_shot on 100 f32 (blocks 0, zero copy 0)" (dl_comm_check_same) */
+static int sig_runs(const void *sig, char *buf, size_t len) {
+  const ar_sig_t *s = sig;
+  return snprintf(buf, len, "runs %s on %lld %s (blocks %d, zero copy %d)", algo_name(s->algo),
+                  (long long)s->n, dl_dtype_name(s->dtype), s->blocks, s->zero_copy);
+}
 
 static int debug_check(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int algo,
                        int blocks) {
@@ -464,36 +491,16 @@ static int debug_check(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *
   int64_t nbytes = vi.numel * dl_dtype_size(vi.dtype);
   ar_sig_t me = {algo, vi.dtype, blocks, 0, vi.numel};
   if (ar->dev_type != DL_META) me.zero_copy = zc_offset(ar, vi.data, nbytes) >= 0;
-  char key[64];
-  snprintf(key, sizeof key, "ar%d/%lld/%d", ar->id, (long long)ar->runs, ar->rank);
-  DL_TRY(dl_comm_store_set(ar->comm, key, &me, sizeof me));
-  for (int r = 0; r < ar->size; r++) {
-    ar_sig_t other;
-    snprintf(key, sizeof key, "ar%d/%lld/%d", ar->id, (long long)ar->runs, r);
-    DL_TRY(dl_comm_store_get(ar->comm, key, &other, sizeof other));
-    if (memcmp(&other, &me, sizeof me) != 0)
-      return DL_ERR(DL_EINVAL,
-                    "mismatched all-reduce calls: rank %d runs %s on %lld %s (blocks %d, zero "
-                    "copy %d) but rank %d runs %s on %lld %s (blocks %d, zero copy %d)",
-                    ar->rank, algo_name(me.algo), (long long)me.n, dl_dtype_name(me.dtype),
-                    me.blocks, me.zero_copy, r, algo_name(other.algo), (long long)other.n,
-                    dl_dtype_name(other.dtype), other.blocks, other.zero_copy);
-  }
-  /* everyone has read our previous call's key once they published this one */
-  if (ar->runs > 0) {
-    char full[200];
-    snprintf(full, sizeof full, "%s/ar%d/%lld/%d", ar->comm->name, ar->id,
-             (long long)ar->runs - 1, ar->rank);
-    DL_TRY(dl_store_delete(ar->comm->store, full));
-  }
-  return DL_OK;
+  char key[32];
+  snprintf(key, sizeof key, "ar%d", ar->id);
+  return dl_comm_check_same(ar->comm, key, ar->runs, &me, sizeof me, "all-reduce calls", sig_runs);
 }
 
 int dl_allreduce_run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int algo,
                      int blocks, dl_stream_t *s) {
   DL_TRY(ar_check(ar, "dl_allreduce_run"));
   DL_TRY(recorded_failure(ar));
-  if (ar->comm->debug && ar->comm->store) {
+  if (dl_comm_debug(ar->comm)) {
     int rc = debug_check(ar, out, in, algo, blocks);
     ar->runs++;
     if (rc < 0) {

@@ -1,8 +1,9 @@
 /*
- * cuda_emu.h — just enough CUDA to run kernels/allreduce/allreduce.cu on a CPU: every
- * CUDA thread is an OS thread, __syncthreads a real barrier of its block, the
- * signal-pad device functions (kernels/common/signal_pad.h, device side) atomics with
- * the same acquire/release pairs. Force-included by the Makefile; launches
+ * cuda_emu.h — just enough CUDA to run the all-reduce kernels (the .cu files
+ * of kernels/allreduce/) on a CPU: every CUDA thread is an OS thread,
+ * __syncthreads a real barrier of its block, the signal-pad device functions
+ * (kernels/common/signal_pad.h, device side) atomics with the same
+ * acquire/release pairs. Force-included by the Makefile; launches
  * `k<<<g, b, 0, s>>>(args)` are rewritten to `emu_launch(k, g, b, 0, s)(args)`
  * by sed, and the launch blocks until the grid is done (one stream per rank).
  *
@@ -29,7 +30,9 @@
 #define __device__
 #define __host__
 #define __forceinline__ inline
-#define __noinline__ __attribute__((noinline))
+/* inline: a __noinline__ helper of allreduce_device.cuh is defined in every
+ * kernel file, which the linker must accept once (nvcc keeps one per file) */
+#define __noinline__ __attribute__((noinline)) inline
 #define __launch_bounds__(...)
 
 struct dim3 {
@@ -81,7 +84,7 @@ inline thread_local emu_block *emu_this_block;
 
 static inline void __syncthreads() { emu_this_block->sync_and(true); }
 #define DL_AR_EMU_NAMED_SYNC
-#define DL_AR_EMU 1 /* kernels/allreduce/allreduce.cu launches with <<<>>> here */
+#define DL_AR_EMU 1 /* kernels/allreduce/launch.cu launches with <<<>>> here */
 static inline bool named_sync_and(int id, int n, bool pred) { return emu_this_block->named[id].arrive(n, pred); }
 static inline bool __syncthreads_and(bool v) { return emu_this_block->sync_and(v); }
 static inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
@@ -107,7 +110,7 @@ static inline uint64_t dl_signal_clock_ns(void) {
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
-/* kernels/allreduce/allreduce.cu's Lamport poll: each word loaded atomically (what a
+/* kernels/allreduce/lamport.cu's poll: each word loaded atomically (what a
  * GPU guarantees at least), and a yield so that spinning threads let the
  * writers run */
 static inline uint4 ld_volatile_vec(const char *base, int64_t v) {

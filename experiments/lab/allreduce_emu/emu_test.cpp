@@ -1,4 +1,4 @@
-// emu_test.cpp — runs the real kernels/allreduce/allreduce.cu (through cuda_emu.h) on
+// emu_test.cpp — runs the real kernels/allreduce/*.cu (through cuda_emu.h) on
 // N emulated ranks (host threads sharing memory, each with its own "stream"
 // that runs one grid at a time) and checks every call exactly.
 //
@@ -155,7 +155,7 @@ int main(int argc, char **argv) {
   std::vector<call> calls;
   for (int c = 0; c < ncalls; c++) {
     call k;
-    k.algo = 1 + rng() % 8; // one_shot .. two_shot_lamport
+    k.algo = 1 + rng() % (DL_AR_NUM_ALGOS - 1); // every algorithm but nccl
     k.dtype = rng() % 3;
     k.n = sizes[rng() % 10];
     int threads, unroll;

@@ -1,7 +1,9 @@
 /*
- * allreduce.c — CPU twin of kernels/allreduce/allreduce.cu: the same one-shot (pull,
- * push, Lamport) and two-shot (pull, push, write) all-reduces over symmetric buffers in POSIX
- * shared memory, one process per rank, with the same buffer layout, rounds,
+ * allreduce.c — CPU twin of the all-reduce kernels (kernels/allreduce/:
+ * one_shot.cu, two_shot.cu, lamport.cu, launched by launch.cu): the same
+ * one-shot (pull, push, push_flat), two-shot (pull, push, write) and Lamport
+ * (one-shot, two-shot) all-reduces over symmetric buffers in POSIX shared
+ * memory, one process per rank, with the same buffer layout, rounds,
  * per-block barriers, device-style counters, double-buffered staging and
  * failure record (kernels/allreduce/allreduce.h). So the specs exercise the protocol
  * itself on a machine without a GPU: a fast rank running ahead into the next
@@ -12,9 +14,9 @@
  * block's barrier always meets the same block of the other ranks. The
  * pipelined one-shot kernels (producer warps copying or pushing round k+1
  * while consumer warps reduce round k) become, one thread per rank, copy or
- * push round k, signal it, wait for it, reduce it: the same flags and counts.
- * Sums are
- * in fp32 in rank order, rounding as the kernels do (dtype.h), so cpu and
+ * push round k, signal it, wait for it, reduce it: the same flags and counts;
+ * one_shot_push_flat, the push without roles, has the same twin. Sums are in
+ * fp32 in rank order, rounding as the kernels do (dtype.h), so cpu and
  * cuda results are bit-identical. The stream argument is unused.
  */
 #include <stdio.h>
@@ -124,6 +126,8 @@ static int64_t el(const job_t *j, int64_t v) {
   return e < j->a->n ? e : j->a->n;
 }
 
+/* one_shot (kernels: allreduce_one_shot_kernel, and
+ * allreduce_one_shot_zero_copy_kernel for a zero-copy input). */
 static int one_shot(const job_t *j) {
   const dl_ar_args_t *a = j->a;
   const int G = a->blocks;
@@ -146,6 +150,8 @@ static int one_shot(const job_t *j) {
   return DL_OK;
 }
 
+/* one_shot_push and one_shot_push_flat (kernels: allreduce_one_shot_push_kernel,
+ * allreduce_one_shot_push_flat_kernel). */
 static int one_shot_push(const job_t *j) {
   const dl_ar_args_t *a = j->a;
   const int G = a->blocks, me = a->rank;
@@ -164,7 +170,9 @@ static int one_shot_push(const job_t *j) {
   return DL_OK;
 }
 
-/* push: the all-gather writes into every peer; write (push too, not zero
+/* two_shot, two_shot_push, two_shot_write (kernels: allreduce_two_shot_kernel,
+ * allreduce_two_shot_push_kernel, allreduce_two_shot_write_kernel).
+ * push: the all-gather writes into every peer; write (push too, not zero
  * copy): the reduce-scatter's inputs are written into their owners' staging
  * (slice q of rank p into rank q's slot p), so nothing is copied in. */
 static int two_shot(const job_t *j, int push, int write) {
@@ -208,7 +216,7 @@ static int two_shot(const job_t *j, int push, int write) {
   return DL_OK;
 }
 
-/* Lamport one-shot (kernel: allreduce_lamport_kernel): push the input,
+/* Lamport one-shot (kernel: allreduce_one_shot_lamport_kernel): push the input,
  * cleaned and padded to whole vectors as the kernel sends it, into slot
  * `rank` of every peer's lamport half; put our own cleaned copy in our slot
  * `rank`; wait until every word of every peer's slot is filled; sum in rank

@@ -1,6 +1,6 @@
--- The all-reduce dispatch tables distlab ships (read by distlab.allreduce
--- for algo = "auto" when no tuned table matches; DISTLAB_AR_TABLE and the
--- file dl.allreduce.tune writes come first). rows: the algorithm (and grid;
+-- The all-reduce dispatch tables distlab ships (read by
+-- distlab.allreduce.table for algo = "auto" when no tuned table matches;
+-- DISTLAB_AR_TABLE and the file dl.allreduce.tune writes come first). rows: the algorithm (and grid;
 -- 0 = the kernels' own sizing) for sizes up to `upto` bytes; the last row
 -- covers everything larger.
 --

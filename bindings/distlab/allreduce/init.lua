@@ -1,0 +1,146 @@
+-- distlab.allreduce — sum all-reduce with a choice of algorithm.
+--
+--   dl.allreduce.run(t, {algo = "auto", comm = world, out = nil, blocks = nil})
+--       in place (or into out) on the current stream; returns the result tensor.
+--       algo: one of dl.allreduce.algos ("nccl", the communicator's own, and
+--       the kernels of kernels/allreduce/: "one_shot", "two_shot_push", ...), or
+--       "auto": the dispatch table's choice for this device, world size and size.
+--   dl.allreduce.algos   every algorithm's name, in DL_AR_* order (from the library)
+--   dl.allreduce.table(comm) -> entry, file, device name   the table "auto" follows
+--   dl.allreduce.choose(nbytes, comm) -> algo, blocks   what "auto" would run
+--   dl.allreduce.tune{sizes = {bytes...}, comm =, file =, algos =, replays =}
+--       measures every algorithm (and a few grid sizes) at each size, max over
+--       ranks, CUDA graphs of 10 calls; writes the table that "auto" reads.
+--   dl.allreduce.get(comm)   the communicator's all-reduce object (made on first use: collective)
+--   dl.allreduce.new(comm, {max_bytes = 64 MiB on cuda, 8 MiB on cpu})
+--     ar:run(t, opts)  ar:buffer(shape, dtype, offset)  ar:check()  ar:info()  ar:free()
+--
+-- ar:buffer gives a view of this rank's zero-copy region: an input written
+-- there (at the same offset on every rank) is read in place by one_shot (out
+-- elsewhere) and two_shot (in place), with no copy into the staging buffer.
+--
+-- This file: the objects and running them. Where the tables come from and
+-- how an entry is chosen: allreduce/table.lua; tuning: allreduce/tune.lua;
+-- the shipped tables: allreduce/tables.lua.
+local ffi = require "ffi"
+local core = require "distlab.core"
+local T = require "distlab.allreduce.table"
+local U = require "distlab.allreduce.tune"
+
+local C, check, fail = core.C, core.check, core.fail
+
+local M = {}
+-- The algorithms' names in DL_AR_* order, as the library names them
+-- (dl_allreduce_algo_name), and each name's DL_AR_* value.
+M.algos = {}
+local ids = {}
+for i = 0, math.huge do
+  local name = C.dl_allreduce_algo_name(i)
+  if name == nil then break end
+  M.algos[i + 1] = ffi.string(name)
+  ids[M.algos[i + 1]] = i
+end
+
+local AR = {}
+AR.__index = AR
+AR.__tostring = function(a)
+  return string.format("allreduce(%s, rank %d of %d, %d MiB pieces)", a.device, a.rank, a.size,
+    a.max_bytes / 2 ^ 20)
+end
+
+local owner = setmetatable({}, { __mode = "k" }) -- buffer view -> its all-reduce
+
+local function live(a)
+  if a.ptr == nil then fail("use of a freed all-reduce") end
+  return a.ptr
+end
+
+local info = ffi.new("dl_allreduce_info_t")
+
+function M.new(comm, opts)
+  if type(comm) ~= "table" or comm.ptr == nil then fail("allreduce.new: the first argument must be a live communicator") end
+  opts = opts or {}
+  local pp = ffi.new("dl_allreduce_t*[1]")
+  check(C.dl_allreduce_new(pp, comm.ptr, opts.max_bytes or 0))
+  local a = setmetatable({ ptr = ffi.gc(pp[0], C.dl_allreduce_free), comm = comm, device = comm.device }, AR)
+  check(C.dl_allreduce_info(a.ptr, info))
+  a.rank, a.size, a.sms = info.rank, info.size, info.sms
+  a.max_blocks, a.threads, a.unroll = info.max_blocks, info.threads, info.unroll
+  a.max_bytes = tonumber(info.max_bytes)
+  return a
+end
+
+function AR:info()
+  check(C.dl_allreduce_info(live(self), info))
+  return { rank = info.rank, size = info.size, sms = info.sms, max_blocks = info.max_blocks, threads = info.threads,
+    unroll = info.unroll, failed = info.failed ~= 0, max_bytes = tonumber(info.max_bytes), calls = tonumber(info.calls) }
+end
+
+function AR:free()
+  if self.ptr ~= nil then C.dl_allreduce_free(ffi.gc(self.ptr, nil)) end
+  self.ptr = nil
+end
+
+function AR:check()
+  check(C.dl_allreduce_check(live(self), core.stream))
+  return self
+end
+
+-- A view of this rank's zero-copy region: shape (number or table), dtype,
+-- byte offset (a multiple of 16, default 0).
+function AR:buffer(shape, dtype, offset)
+  if type(shape) == "number" then shape = { shape } end
+  local dims = ffi.new("int64_t[8]")
+  for i, v in ipairs(shape) do dims[i - 1] = v end
+  local pp = ffi.new("dl_tensor_t*[1]")
+  check(C.dl_allreduce_buffer(live(self), pp, offset or 0, core.dtype_id(dtype or "f32"), #shape, dims))
+  local t = ffi.gc(pp[0], C.dl_tensor_free)
+  owner[t] = self
+  return t
+end
+
+-- ---- running ------------------------------------------------------------------------
+
+local function tensor_bytes(t) return tonumber(C.dl_tensor_numel(t)) * C.dl_dtype_size(t.dtype_id) end
+
+function AR:run(t, opts)
+  opts = opts or {}
+  local algo, blocks = opts.algo or "auto", opts.blocks or 0
+  if algo == "auto" then
+    local b
+    algo, b = M.choose(tensor_bytes(t), self.comm)
+    if opts.blocks == nil then blocks = b end
+  end
+  local id = ids[algo]
+  if not id then fail("unknown all-reduce algorithm %q (auto, %s)", tostring(algo), table.concat(M.algos, ", ")) end
+  local out = opts.out or t
+  check(C.dl_allreduce_run(live(self), out, t, id, blocks, core.stream))
+  return out
+end
+
+local by_comm = setmetatable({}, { __mode = "k" })
+
+-- The all-reduce object of comm (made with opts on first use; collective).
+function M.get(comm, opts)
+  comm = comm or require("distlab.comm").world()
+  local a = by_comm[comm]
+  if not a or a.ptr == nil then
+    a = M.new(comm, opts)
+    by_comm[comm] = a
+  end
+  return a
+end
+
+function M.run(t, opts)
+  opts = opts or {}
+  return M.get(opts.comm):run(t, opts)
+end
+
+-- ---- the dispatch table and tuning -------------------------------------------------
+
+M.shipped_file, M.table, M.choose = T.shipped_file, T.table, T.choose
+M.tune, M.time_call, M.fmt_bytes, M.serialize, M.default_sizes = U.tune, U.time_call, U.fmt_bytes, U.serialize,
+  U.default_sizes
+
+M.AR = AR
+return M

@@ -1,0 +1,249 @@
+/*
+ * allreduce_device.cuh — what the all-reduce kernel files (one_shot.cu,
+ * two_shot.cu, lamport.cu) share, and what the launcher (launch.cu) needs of
+ * them: the launch shape per world size, every rank's buffer, the per-block
+ * barrier and the failure record, programmatic dependent launch, the call
+ * counter, sums in rank order, and how each family's file picks the
+ * instantiation of its kernel for a call (dl_ar_pick, DL_AR_PICK). No file
+ * outside kernels/allreduce/ includes it (the CPU emulation in
+ * experiments/lab/allreduce_emu compiles it with the kernel files).
+ *
+ * Work is cut in 16-byte vectors (the tail vector of a size that is not a
+ * multiple is loaded and stored element by element) and in rounds: round k
+ * of block b covers vectors [(k*G + b)*R, +R) (of the tensor, or of each
+ * slice for two-shot), R = a.round_vecs, each thread U vectors T apart per
+ * step, all loads of a step issued before the first use. A round's data only
+ * ever flows between blocks of the same index on different ranks, so the
+ * barriers are per block: block b of every rank meets block b of every
+ * other (flags[b][from] in the peer's ctrl, counts that only grow; protocol
+ * in kernels/common/signal_pad.h, buffer layout and the double buffering in
+ * kernels/allreduce/allreduce.h). In step s of a round starting at r0,
+ * thread t handles the U vectors r0 + s*T*U + u*T + t, steps until the round
+ * is covered; the core spreads the vectors evenly over blocks and rounds.
+ * Only the rounds are separated by barriers, so R trades barriers against
+ * overlap between the phases of blocks.
+ *
+ * Every wait ends after a.timeout_ns: the first to time out records
+ * {peer, expected, seen, block, algo, call} in a.status and the pad's
+ * error[], the kernel finishes without touching data, and the host turns
+ * the record into an error naming the op, the rank and the peer.
+ */
+#ifndef DISTLAB_ALLREDUCE_DEVICE_CUH
+#define DISTLAB_ALLREDUCE_DEVICE_CUH
+
+#ifdef __CUDACC__
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#endif
+
+#include "allreduce/allreduce.h"
+#include "common/vec.cuh" // the 16-byte vectors of each dtype, unpacked to fp32
+#include "common/dtype.h"
+
+// ---- shape, buffers, synchronisation ----------------------------------------------
+
+// Vectors in flight per thread: enough loads to cover NVLink latency,
+// registers for NR x U of them.
+template <int NR> struct shape {
+  enum { NRC = NR ? NR : DL_SIGNAL_MAX_RANKS, U = NR == 2 ? 4 : (NR == 3 || NR == 4) ? 2 : 1 };
+};
+#ifndef DL_AR_THREADS // a knob for the CPU emulation in experiments/lab/allreduce_emu
+#define DL_AR_THREADS 512
+#endif
+enum { AR_THREADS = DL_AR_THREADS };
+
+__device__ __forceinline__ dl_ar_ctrl_t *ctrl_of(char *buf) {
+  return reinterpret_cast<dl_ar_ctrl_t *>(buf);
+}
+
+// Rank p's buffer without indexing the parameter block at run time (which
+// would copy it to local memory).
+__device__ __forceinline__ char *buf_of(const dl_ar_args_t &a, int p) {
+  char *b = a.bufs[0];
+#pragma unroll
+  for (int q = 1; q < DL_SIGNAL_MAX_RANKS; q++)
+    if (p == q) b = a.bufs[q];
+  return b;
+}
+
+__device__ __forceinline__ char *staging(const dl_ar_args_t &a, int rank, int half, int slot) {
+  return buf_of(a, rank) + a.staging_off + ((int64_t)half * a.nranks + slot) * a.slot_bytes;
+}
+
+// The first wait to time out on this rank records itself (pad and status).
+__device__ __noinline__ void ar_fail(dl_signal_pad_t *pad, dl_ar_status_t *status, int algo,
+                                     int peer, uint32_t expected, uint32_t seen, uint32_t seq) {
+  if (atomicCAS(&pad->error[0], 0u, (uint32_t)DL_SIGNAL_ERR_BARRIER) != 0u) return;
+  pad->error[1] = (uint32_t)peer;
+  pad->error[2] = expected;
+  pad->error[3] = seen;
+  volatile dl_ar_status_t *s = status;
+  s->peer = (uint32_t)peer;
+  s->expected = expected;
+  s->seen = seen;
+  s->block = blockIdx.x;
+  s->algo = (uint32_t)algo;
+  s->seq = seq;
+  __threadfence_system();
+  s->kind = DL_SIGNAL_ERR_BARRIER;
+  __threadfence_system();
+}
+
+// Block b of this rank meets block b of every other rank: this block's
+// writes before it are visible to those blocks after it, and theirs here.
+// Thread p (< nranks) keeps the count for peer p, signals it, waits for it.
+__device__ __forceinline__ bool ar_barrier(const dl_ar_args_t &a, dl_ar_ctrl_t *self,
+                                           uint32_t seq) {
+  __syncthreads();
+  bool ok = true;
+  const int p = threadIdx.x;
+  if (p < a.nranks && p != a.rank) {
+    const uint32_t e = self->counts[blockIdx.x][p] + 1;
+    self->counts[blockIdx.x][p] = e;
+    dl_signal_store_release(&ctrl_of(buf_of(a, p))->flags[blockIdx.x][a.rank], e);
+    uint32_t seen = 0;
+    if (!dl_signal_wait_until(&self->flags[blockIdx.x][p], e, a.timeout_ns, &seen)) {
+      ar_fail(a.pad, a.status, a.algo, p, e, seen, seq);
+      ok = false;
+    }
+  }
+  return __syncthreads_and(ok);
+}
+
+// Threads of one role (n of them, warps whole) meet at barrier `id` (1..15);
+// true in all of them if pred held in all.
+#ifndef DL_AR_EMU_NAMED_SYNC // the CPU emulation brings its own
+__device__ __forceinline__ bool named_sync_and(int id, int n, bool pred) {
+  uint32_t out;
+  asm volatile("{\n\t.reg .pred p, q;\n\tsetp.ne.u32 q, %1, 0;\n\t"
+               "bar.red.and.pred p, %2, %3, q;\n\tselp.u32 %0, 1, 0, p;\n\t}"
+               : "=r"(out)
+               : "r"((uint32_t)pred), "r"(id), "r"(n)
+               : "memory");
+  return out != 0;
+}
+#endif
+
+// Programmatic dependent launch (sm_90; no-ops elsewhere). A kernel launched
+// with programmatic stream serialization may start before the grid ahead of
+// it in the stream has finished: pdl_wait() returns once that grid has
+// completed and its memory is visible, so it comes before any access.
+// pdl_release() lets the grid after this one be scheduled now; it too waits
+// for this grid's completion before it touches memory, so releasing early
+// is safe, and it hides the launch of the next all-reduce of a sequence
+// behind this one's tail.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// The call counter: read by every block at its start, advanced by the last
+// block to finish (each block counts itself after all its reads of seq).
+__device__ __forceinline__ uint32_t ar_begin(dl_ar_ctrl_t *self) {
+  pdl_wait();
+  pdl_release();
+  return *reinterpret_cast<volatile uint32_t *>(&self->seq);
+}
+
+__device__ __forceinline__ void ar_end(dl_ar_ctrl_t *self, uint32_t seq) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(&self->done, 1u) == gridDim.x - 1) {
+      *reinterpret_cast<volatile uint32_t *>(&self->done) = 0;
+      *reinterpret_cast<volatile uint32_t *>(&self->seq) = seq + 1;
+      __threadfence();
+    }
+  }
+}
+
+// ---- vectors and sums ------------------------------------------------------------
+
+// Number of 16-byte vectors holding n elements.
+template <int DT> __device__ __forceinline__ int64_t vec_count(int64_t n) {
+  return (n + vt<DT>::L - 1) / vt<DT>::L;
+}
+
+// Sum x[0..nr) in rank order into one vector.
+template <int DT, int NRC>
+__device__ __forceinline__ uint4 reduce_vec(const uint4 (&x)[NRC], int nr) {
+  float acc[vt<DT>::L];
+  vt<DT>::first(acc, x[0]);
+#pragma unroll
+  for (int p = 1; p < NRC; p++)
+    if (p < nr) vt<DT>::add(acc, x[p]);
+  return vt<DT>::pack(acc);
+}
+
+// The same with rank me's term taken from `own` instead of x[me].
+template <int DT, int NRC>
+__device__ __forceinline__ uint4 reduce_vec_own(const uint4 (&x)[NRC], int nr, int me,
+                                                uint4 own) {
+  float acc[vt<DT>::L];
+  uint4 y = x[0];
+  if (me == 0) y = own;
+  vt<DT>::first(acc, y);
+#pragma unroll
+  for (int p = 1; p < NRC; p++) {
+    if (p < nr) {
+      y = x[p];
+      if (p == me) y = own;
+      vt<DT>::add(acc, y);
+    }
+  }
+  return vt<DT>::pack(acc);
+}
+
+// ---- the kernels ------------------------------------------------------------------
+
+// A kernel instantiated for one dtype (DT), world size (NR; 0: read at run
+// time) and alignment (AL: in and out 16-byte aligned). One kernel per
+// algorithm a user names, allreduce_<algo>_kernel (one_shot has a second,
+// allreduce_one_shot_zero_copy_kernel, for an input already in the
+// zero-copy region).
+typedef void (*dl_ar_kernel_t)(const dl_ar_args_t);
+
+// Names one instantiation of a kernel, for the pickers below.
+template <int DT, int NR, bool AL> struct dl_ar_inst {};
+
+// of(dl_ar_inst<DT, NR, AL>()) for a's dtype, world size and alignment:
+// every dtype; world sizes 2, 4, 8 and any other when in and out are
+// aligned, any size when not. NULL for a dtype the kernels lack.
+template <int DT, class F> dl_ar_kernel_t dl_ar_pick_ranks(const dl_ar_args_t *a, F of) {
+  const bool al = ((uintptr_t)a->in % DL_AR_VEC_BYTES == 0 || a->zero_copy) &&
+                  (uintptr_t)a->out % DL_AR_VEC_BYTES == 0;
+  if (!al) return of(dl_ar_inst<DT, 0, false>());
+  switch (a->nranks) {
+  case 2: return of(dl_ar_inst<DT, 2, true>());
+  case 4: return of(dl_ar_inst<DT, 4, true>());
+  case 8: return of(dl_ar_inst<DT, 8, true>());
+  default: return of(dl_ar_inst<DT, 0, true>());
+  }
+}
+template <class F> dl_ar_kernel_t dl_ar_pick(const dl_ar_args_t *a, F of) {
+  switch (a->dtype) {
+  case DL_F32: return dl_ar_pick_ranks<DL_F32>(a, of);
+  case DL_F16: return dl_ar_pick_ranks<DL_F16>(a, of);
+  case DL_BF16: return dl_ar_pick_ranks<DL_BF16>(a, of);
+  default: return nullptr;
+  }
+}
+
+// Kernel template `kernel` instantiated for a: DL_AR_PICK(a, allreduce_two_shot_kernel).
+#define DL_AR_PICK(a, kernel) \
+  dl_ar_pick((a), []<int DT, int NR, bool AL>(dl_ar_inst<DT, NR, AL>) { return kernel<DT, NR, AL>; })
+
+// The kernel of a->algo picked for a, by the file of its family (NULL for an
+// algorithm of another family). There, not in the launcher: nvcc wants a
+// kernel template instantiated in the file that defines it.
+dl_ar_kernel_t dl_ar_one_shot_kernel(const dl_ar_args_t *a); // one_shot.cu
+dl_ar_kernel_t dl_ar_two_shot_kernel(const dl_ar_args_t *a); // two_shot.cu
+dl_ar_kernel_t dl_ar_lamport_kernel(const dl_ar_args_t *a);  // lamport.cu
+
+#endif

@@ -1,0 +1,84 @@
+/*
+ * launch.cu — the launcher of the all-reduce kernels (one_shot.cu,
+ * two_shot.cu, lamport.cu): checks the launch shape the core computed, has
+ * the file of a->algo's family pick its kernel instantiated for the dtype,
+ * world size and alignment, and launches it on the stream, with programmatic stream serialization when
+ * a->pdl (so a grid can be scheduled while the one before it finishes).
+ * Asynchronous: a wait that times out inside a kernel shows up in
+ * *a->status, which the core reads (core/ops/allreduce/allreduce.c).
+ *
+ * Requirements: the shape dl_allreduce_cuda_shape gives for a->nranks,
+ * 1..DL_AR_MAX_BLOCKS blocks, 2..DL_SIGNAL_MAX_RANKS ranks, f32 / f16 /
+ * bf16. The CPU twin kernels/allreduce/cpu/allreduce.c (dl_allreduce_cpu)
+ * takes the same arguments.
+ */
+#include <string.h>
+
+#include "allreduce/allreduce_device.cuh"
+
+// ---- launchers ------------------------------------------------------------------
+
+extern "C" void dl_allreduce_cuda_shape(int nranks, int *threads, int *unroll) {
+  *threads = AR_THREADS;
+  *unroll = nranks == 2   ? (int)shape<2>::U
+            : nranks == 4 ? (int)shape<4>::U
+            : nranks == 8 ? (int)shape<8>::U
+                          : (int)shape<0>::U;
+}
+
+// One grid of kernel k with the arguments' shape (and programmatic stream
+// serialization when a->pdl), its launch error checked.
+static int go(dl_ar_kernel_t k, const dl_ar_args_t *a, cudaStream_t st) {
+#ifdef DL_AR_EMU
+  k<<<a->blocks, a->threads, 0, st>>>(*a);
+#else
+  cudaLaunchAttribute attr;
+  memset(&attr, 0, sizeof attr);
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.gridDim = dim3((unsigned)a->blocks);
+  cfg.blockDim = dim3((unsigned)a->threads);
+  cfg.stream = st;
+  cfg.attrs = &attr;
+  cfg.numAttrs = a->pdl ? 1 : 0;
+  cudaError_t e = cudaLaunchKernelEx(&cfg, k, *a);
+  if (e == cudaSuccess) e = cudaGetLastError();
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return DL_ERR(DL_ECUDA, "launch of allreduce_%s%s_kernel failed: %s", dl_allreduce_algo_name(a->algo),
+                  a->algo == DL_AR_ONE_SHOT && a->zero_copy ? "_zero_copy" : "", cudaGetErrorString(e));
+  }
+#endif
+  return DL_OK;
+}
+
+// The kernel of a->algo, from the file of its family.
+static dl_ar_kernel_t kernel_of(const dl_ar_args_t *a) {
+  switch (a->algo) {
+  case DL_AR_ONE_SHOT:
+  case DL_AR_ONE_SHOT_PUSH:
+  case DL_AR_ONE_SHOT_PUSH_FLAT: return dl_ar_one_shot_kernel(a);
+  case DL_AR_TWO_SHOT:
+  case DL_AR_TWO_SHOT_PUSH:
+  case DL_AR_TWO_SHOT_WRITE: return dl_ar_two_shot_kernel(a);
+  case DL_AR_ONE_SHOT_LAMPORT:
+  case DL_AR_TWO_SHOT_LAMPORT: return dl_ar_lamport_kernel(a);
+  default: return nullptr;
+  }
+}
+
+extern "C" int dl_allreduce_cuda(const dl_ar_args_t *a, void *stream) {
+  int threads, unroll;
+  dl_allreduce_cuda_shape(a->nranks, &threads, &unroll);
+  if (a->threads != threads || a->unroll != unroll || a->round_vecs < 1 || a->blocks < 1 ||
+      a->blocks > DL_AR_MAX_BLOCKS || a->nranks < 2 || a->nranks > DL_SIGNAL_MAX_RANKS)
+    return DL_ERR(DL_EINVAL, "allreduce: bad launch shape (%d blocks of %d threads, unroll %d, "
+                  "%d vectors a round, %d ranks)", a->blocks, a->threads, a->unroll, a->round_vecs, a->nranks);
+  if (a->dtype != DL_F32 && a->dtype != DL_F16 && a->dtype != DL_BF16)
+    return DL_ERR(DL_EUNSUPPORTED, "allreduce kernels: dtype %s (f32, f16, bf16 only)", dl_dtype_name(a->dtype));
+  const dl_ar_kernel_t k = kernel_of(a);
+  if (!k) return DL_ERR(DL_EINVAL, "allreduce: algorithm %d has no kernel", a->algo);
+  return go(k, a, (cudaStream_t)stream);
+}

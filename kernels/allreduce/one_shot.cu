@@ -1,0 +1,237 @@
+/*
+ * one_shot.cu — the one-shot all-reduces over symmetric buffers: every rank
+ * gets every input and reduces all of them, so one trip over NVLink and n x
+ * the reads (or writes) of a two-shot: the choice for small and mid sizes.
+ * f32 / f16 / bf16 summed in fp32 in rank order, so every rank gets the same
+ * bits.
+ *
+ *   one_shot            copy-in, pipelined (one_shot_pipe): half the warps
+ *                       copy the input into this rank's staging round after
+ *                       round, the other half read the peers' staging and
+ *                       reduce the rounds that have arrived. An input already
+ *                       in the zero-copy region runs the zero-copy kernel:
+ *                       read every rank's buffer, reduce.
+ *   one_shot_push       push, pipelined: half the warps write the input into
+ *                       every peer's staging, the other half reduce what
+ *                       arrived in ours, locally.
+ *   one_shot_push_flat  push without roles: every thread pushes its part of
+ *                       a round, the block meets its peers, every thread
+ *                       reduces.
+ *
+ * Requirements: n >= 1; in/out aligned to 16 bytes for the vector path (the
+ * AL=false instantiation moves them element by element); a zero-copy input
+ * at a 16-byte aligned offset, the same on every rank, and the output
+ * elsewhere. Shared helpers and the scheme of rounds and barriers:
+ * allreduce_device.cuh. Reference: kernels/allreduce/cpu/allreduce.c (same
+ * arguments, same algorithm), checked by spec/allreduce_spec.lua against an
+ * fp64 sum.
+ */
+#include "allreduce/allreduce_device.cuh"
+
+// ---- kernels --------------------------------------------------------------------
+
+// one_shot, zero copy: every rank's input already in its buffer. Meet, read
+// and reduce everything, meet again (so nobody rewrites its input while a
+// peer still reads it).
+template <int DT, int NR, bool AL>
+__global__ void __launch_bounds__(AR_THREADS, 2) allreduce_one_shot_zero_copy_kernel(const dl_ar_args_t a) {
+  constexpr int NRC = shape<NR>::NRC, U = shape<NR>::U;
+  const int nr = NR ? NR : a.nranks;
+  dl_ar_ctrl_t *self = ctrl_of(buf_of(a, a.rank));
+  const uint32_t seq = ar_begin(self);
+  const int64_t nv = vec_count<DT>(a.n);
+  const char *src[NRC];
+#pragma unroll
+  for (int p = 0; p < NRC; p++) src[p] = p < nr ? a.bufs[p] + a.zc_off : nullptr;
+  const int64_t per_step = (int64_t)blockDim.x * U;
+  bool ok = ar_barrier(a, self, seq);
+  for (int64_t s0 = blockIdx.x * per_step + threadIdx.x; ok && s0 < nv; s0 += per_step * gridDim.x) {
+    uint4 x[U][NRC];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int64_t v = s0 + (int64_t)u * blockDim.x;
+#pragma unroll
+      for (int p = 0; p < NRC; p++)
+        if (p < nr && v < nv) x[u][p] = ld_vec(src[p], v);
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      const int64_t v = s0 + (int64_t)u * blockDim.x;
+      if (v < nv) st_user<DT, AL>(a.out, v, a.n, reduce_vec<DT, NRC>(x[u], nr));
+    }
+  }
+  if (ok) ar_barrier(a, self, seq);
+  ar_end(self, seq);
+}
+
+// The pipelined one-shot, copy-in (PUSH = false) and push (PUSH = true): the
+// first half of the block's warps produce round after round (copy the input
+// into our staging, or write it into slot `rank` of every peer's staging) and
+// signal each round to the peers (flags[block][rank] := base + k + 1) and to
+// their own block (progress[block]); the other half consume: wait for round k
+// from every peer and from their producers, then reduce it (our input read
+// where it is, the peers' from their staging (pull) or ours (push)) into out.
+// So NVLink traffic of round k+1 overlaps the reduction of round k, and an
+// in-place output is written only after our producers have read the input.
+template <int DT, int NR, bool AL, bool PUSH>
+__device__ __forceinline__ void one_shot_pipe(const dl_ar_args_t &a) {
+  constexpr int NRC = shape<NR>::NRC, U = shape<NR>::U;
+  const int nr = NR ? NR : a.nranks, me = a.rank;
+  const int half = blockDim.x / 2, b = blockIdx.x;
+  const bool producer = threadIdx.x < half;
+  const int t = producer ? threadIdx.x : threadIdx.x - half; // index within the role
+  dl_ar_ctrl_t *self = ctrl_of(buf_of(a, me));
+  const uint32_t seq = ar_begin(self);
+  const int h = seq & 1;
+  const int64_t nv = vec_count<DT>(a.n);
+  // counts before this call: thread t < nr of each role keeps peer t's
+  const uint32_t base = t < nr ? self->counts[b][t] : 0;
+  const uint32_t base_me = self->counts[b][me];
+  const int64_t per_step = (int64_t)half * U, per_round = a.round_vecs;
+  uint32_t k = 0;
+  bool ok = true;
+  for (int64_t r0 = b * per_round; r0 < nv; r0 += per_round * gridDim.x, k++) {
+    const int64_t r1 = r0 + per_round < nv ? r0 + per_round : nv;
+    if (producer) {
+      for (int64_t s0 = r0 + t; s0 < r1; s0 += per_step) {
+        uint4 x[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+          const int64_t v = s0 + (int64_t)u * half;
+          if (v < r1) x[u] = ld_user<DT, AL>(a.in, v, a.n);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+          const int64_t v = s0 + (int64_t)u * half;
+          if (v >= r1) continue;
+          if (PUSH) {
+#pragma unroll
+            for (int p = 0; p < NRC; p++)
+              if (p < nr && p != me) st_vec(staging(a, p, h, me), v, x[u]);
+          } else {
+            st_vec(staging(a, me, h, 0), v, x[u]);
+          }
+        }
+      }
+      named_sync_and(1, half, true); // every producer's reads and writes of round k are issued
+      if (t == 0) *reinterpret_cast<volatile uint32_t *>(&self->progress[b]) = base_me + k + 1;
+      if (t < nr && t != me)
+        dl_signal_store_release(&ctrl_of(buf_of(a, t))->flags[b][me], base + k + 1);
+    } else {
+      if (t < nr) {
+        uint32_t seen = 0;
+        if (t == me) { // our producers have read round k of the input
+          if (!dl_signal_wait_until(&self->progress[b], base_me + k + 1, a.timeout_ns, &seen)) {
+            ar_fail(a.pad, a.status, a.algo, me, base_me + k + 1, seen, seq);
+            ok = false;
+          }
+        } else if (!dl_signal_wait_until(&self->flags[b][t], base + k + 1, a.timeout_ns, &seen)) {
+          ar_fail(a.pad, a.status, a.algo, t, base + k + 1, seen, seq);
+          ok = false;
+        }
+      }
+      if (!(ok = named_sync_and(2, half, ok))) break;
+      for (int64_t s0 = r0 + t; s0 < r1; s0 += per_step) {
+        uint4 own[U], x[U][NRC];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+          const int64_t v = s0 + (int64_t)u * half;
+          if (v < r1) own[u] = ld_user<DT, AL>(a.in, v, a.n);
+#pragma unroll
+          for (int p = 0; p < NRC; p++)
+            if (p < nr && p != me && v < r1)
+              x[u][p] = ld_vec(PUSH ? staging(a, me, h, p) : staging(a, p, h, 0), v);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+          const int64_t v = s0 + (int64_t)u * half;
+          if (v < r1) st_user<DT, AL>(a.out, v, a.n, reduce_vec_own<DT, NRC>(x[u], nr, me, own[u]));
+        }
+      }
+    }
+  }
+  __syncthreads();
+  // k rounds were signalled and waited for: the counts move on by k
+  if (threadIdx.x < nr) self->counts[b][threadIdx.x] = (threadIdx.x == me ? base_me : base) + k;
+  ar_end(self, seq);
+}
+
+// one_shot, copy-in: the pipelined one-shot pulling from the peers' staging.
+template <int DT, int NR, bool AL>
+__global__ void __launch_bounds__(AR_THREADS, 1) allreduce_one_shot_kernel(const dl_ar_args_t a) {
+  one_shot_pipe<DT, NR, AL, false>(a);
+}
+
+// one_shot_push: the pipelined one-shot writing into the peers' staging.
+template <int DT, int NR, bool AL>
+__global__ void __launch_bounds__(AR_THREADS, 1) allreduce_one_shot_push_kernel(const dl_ar_args_t a) {
+  one_shot_pipe<DT, NR, AL, true>(a);
+}
+
+// one_shot_push_flat, push without roles: round after round (at most a
+// few), every thread of the block writes its vectors of the round into slot
+// `rank` of every peer's staging, the block meets the same block of every
+// peer, and every thread reduces the round (our input read where it is).
+// Twice the stores in flight of the pipelined push, whose producers are half
+// the block; no overlap between the rounds, so it suits sizes a grid covers
+// in a round or two.
+template <int DT, int NR, bool AL>
+__global__ void __launch_bounds__(AR_THREADS, 1) allreduce_one_shot_push_flat_kernel(const dl_ar_args_t a) {
+  constexpr int NRC = shape<NR>::NRC, U = shape<NR>::U;
+  const int nr = NR ? NR : a.nranks, me = a.rank;
+  dl_ar_ctrl_t *self = ctrl_of(buf_of(a, me));
+  const uint32_t seq = ar_begin(self);
+  const int h = seq & 1;
+  const int64_t nv = vec_count<DT>(a.n);
+  const int64_t per_step = (int64_t)blockDim.x * U, per_round = a.round_vecs;
+  for (int64_t r0 = blockIdx.x * per_round; r0 < nv; r0 += per_round * gridDim.x) {
+    const int64_t r1 = r0 + per_round < nv ? r0 + per_round : nv;
+    for (int64_t s0 = r0 + threadIdx.x; s0 < r1; s0 += per_step) {
+      uint4 x[U];
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int64_t v = s0 + (int64_t)u * blockDim.x;
+        if (v < r1) x[u] = ld_user<DT, AL>(a.in, v, a.n);
+      }
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int64_t v = s0 + (int64_t)u * blockDim.x;
+#pragma unroll
+        for (int p = 0; p < NRC; p++)
+          if (p < nr && p != me && v < r1) st_vec(staging(a, p, h, me), v, x[u]);
+      }
+    }
+    if (!ar_barrier(a, self, seq)) break;
+    for (int64_t s0 = r0 + threadIdx.x; s0 < r1; s0 += per_step) {
+      uint4 own[U], x[U][NRC];
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int64_t v = s0 + (int64_t)u * blockDim.x;
+        if (v < r1) own[u] = ld_user<DT, AL>(a.in, v, a.n);
+#pragma unroll
+        for (int p = 0; p < NRC; p++)
+          if (p < nr && p != me && v < r1) x[u][p] = ld_vec(staging(a, me, h, p), v);
+      }
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int64_t v = s0 + (int64_t)u * blockDim.x;
+        if (v < r1) st_user<DT, AL>(a.out, v, a.n, reduce_vec_own<DT, NRC>(x[u], nr, me, own[u]));
+      }
+    }
+  }
+  ar_end(self, seq);
+}
+
+
+// ---- launcher -----------------------------------------------------------------
+
+dl_ar_kernel_t dl_ar_one_shot_kernel(const dl_ar_args_t *a) {
+  switch (a->algo) {
+  case DL_AR_ONE_SHOT:
+    if (a->zero_copy) return DL_AR_PICK(a, allreduce_one_shot_zero_copy_kernel);
+    return DL_AR_PICK(a, allreduce_one_shot_kernel);
+  case DL_AR_ONE_SHOT_PUSH: return DL_AR_PICK(a, allreduce_one_shot_push_kernel);
+  case DL_AR_ONE_SHOT_PUSH_FLAT: return DL_AR_PICK(a, allreduce_one_shot_push_flat_kernel);
+  default: return nullptr;
+  }
+}

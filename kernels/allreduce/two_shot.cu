@@ -1,0 +1,171 @@
+/*
+ * two_shot.cu — the two-shot all-reduces over symmetric buffers: a
+ * reduce-scatter (rank q reduces slice q of every rank's input), then an
+ * all-gather of the reduced slices. Each rank moves 2 (n-1)/n of the tensor
+ * instead of a one-shot's n-1 copies, so it wins at large sizes and many
+ * ranks. f32 / f16 / bf16 summed in fp32 in rank order, so every rank gets
+ * the same bits.
+ *
+ *   two_shot        copy-in (or zero-copy: in place in the buffer); the
+ *                   reduce-scatter reads the peers' copies of this rank's
+ *                   slice, the all-gather reads the peers' reduced slices.
+ *   two_shot_push   the same, but the all-gather writes this rank's reduced
+ *                   slice into every peer.
+ *   two_shot_write  push, and no copy-in either: every rank writes slice q of
+ *                   its input into rank q's staging slot `rank`, so the
+ *                   reduce-scatter reads only local memory.
+ *
+ * Requirements: n >= 1; in/out aligned to 16 bytes for the vector path (the
+ * AL=false instantiation moves them element by element); a zero-copy input
+ * at a 16-byte aligned offset, the same on every rank, and reduced in place.
+ * Shared helpers and the scheme of rounds and barriers:
+ * allreduce_device.cuh. Reference: kernels/allreduce/cpu/allreduce.c (same
+ * arguments, same algorithm), checked by spec/allreduce_spec.lua against an
+ * fp64 sum.
+ */
+#include "allreduce/allreduce_device.cuh"
+
+// ---- kernels --------------------------------------------------------------------
+
+// The two-shot, pull or push (PUSH), with or without copy-in (WRITE: the
+// reduce-scatter's inputs are written into their owners' staging). Slices:
+// slice q is vectors [q*sv, min((q+1)*sv, nv)), sv = ceil(nv / nranks).
+// Rounds walk j in [0, sv); vector q*sv + j of every slice belongs to the
+// same thread of the same block on every rank.
+template <int DT, int NR, bool AL, bool PUSH, bool WRITE>
+__device__ __forceinline__ void two_shot(const dl_ar_args_t &a) {
+  constexpr int NRC = shape<NR>::NRC, U = shape<NR>::U;
+  const int nr = NR ? NR : a.nranks, me = a.rank;
+  dl_ar_ctrl_t *self = ctrl_of(buf_of(a, me));
+  const uint32_t seq = ar_begin(self);
+  const int h = seq & 1;
+  const int64_t nv = vec_count<DT>(a.n);
+  const int64_t sv = (nv + nr - 1) / nr;
+  // where each rank's input (then its reduced slice) lives
+  char *buf[NRC];
+#pragma unroll
+  for (int p = 0; p < NRC; p++)
+    buf[p] = p < nr ? (a.zero_copy ? a.bufs[p] + a.zc_off : staging(a, p, h, 0)) : nullptr;
+  char *const mine = a.zero_copy ? buf_of(a, me) + a.zc_off : staging(a, me, h, 0);
+  // two_shot_write: slice q of every rank p lands in rank q's slot p (slot 0
+  // at q's own slice positions is then free for the all-gather's writes, which
+  // go to the writer's slice positions: the two never overlap)
+  const bool wr = PUSH && WRITE && !a.zero_copy; // an instantiation of its own: no registers for the others
+  const int64_t per_step = (int64_t)blockDim.x * U, per_round = a.round_vecs;
+  bool ok = true;
+  for (int64_t r0 = blockIdx.x * per_round; r0 < sv; r0 += per_round * gridDim.x) {
+    const int64_t r1 = r0 + per_round < sv ? r0 + per_round : sv;
+    if (!a.zero_copy) { // copy-in: this round's part of every slice
+      for (int64_t s0 = r0 + threadIdx.x; s0 < r1; s0 += per_step) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+          const int64_t j = s0 + (int64_t)u * blockDim.x;
+#pragma unroll
+          for (int q = 0; q < NRC; q++) {
+            const int64_t v = (int64_t)q * sv + j;
+            if (q < nr && j < r1 && v < nv) {
+              if (!wr) st_vec(mine, v, ld_user<DT, AL>(a.in, v, a.n));
+              else if (q != me) st_vec(staging(a, q, h, me), v, ld_user<DT, AL>(a.in, v, a.n));
+            }
+          }
+        }
+      }
+    }
+    if (!a.zero_copy || r0 == blockIdx.x * per_round)
+      if (!(ok = ar_barrier(a, self, seq))) break;
+    // reduce-scatter: our slice, from every rank
+    for (int64_t s0 = r0 + threadIdx.x; s0 < r1; s0 += per_step) {
+      uint4 x[U][NRC], own[U];
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int64_t j = s0 + (int64_t)u * blockDim.x, v = (int64_t)me * sv + j;
+        if (wr && j < r1 && v < nv) own[u] = ld_user<DT, AL>(a.in, v, a.n);
+#pragma unroll
+        for (int p = 0; p < NRC; p++)
+          if (p < nr && j < r1 && v < nv && !(wr && p == me))
+            x[u][p] = ld_vec(wr ? staging(a, me, h, p) : buf[p], v);
+      }
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int64_t j = s0 + (int64_t)u * blockDim.x, v = (int64_t)me * sv + j;
+        if (j < r1 && v < nv) {
+          const uint4 y = wr ? reduce_vec_own<DT, NRC>(x[u], nr, me, own[u]) : reduce_vec<DT, NRC>(x[u], nr);
+          if (a.zero_copy) {
+            st_user<DT, true>(mine, v, a.n, y);
+          } else {
+            st_user<DT, AL>(a.out, v, a.n, y);
+            if (!PUSH) st_vec(mine, v, y);
+          }
+          if (PUSH) {
+#pragma unroll
+            for (int p = 0; p < NRC; p++)
+              if (p < nr && p != me) {
+                if (a.zero_copy) st_user<DT, true>(buf[p], v, a.n, y);
+                else st_vec(buf[p], v, y);
+              }
+          }
+        }
+      }
+    }
+    if (!(ok = ar_barrier(a, self, seq))) break;
+    // all-gather: every other slice, read from its owner or from our buffer
+    if (PUSH && a.zero_copy) continue;
+    for (int64_t s0 = r0 + threadIdx.x; s0 < r1; s0 += per_step) {
+      uint4 x[U][NRC];
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int64_t j = s0 + (int64_t)u * blockDim.x;
+#pragma unroll
+        for (int q = 0; q < NRC; q++) {
+          const int64_t v = (int64_t)q * sv + j;
+          if (q < nr && q != me && j < r1 && v < nv) x[u][q] = ld_vec(PUSH ? mine : buf[q], v);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        const int64_t j = s0 + (int64_t)u * blockDim.x;
+#pragma unroll
+        for (int q = 0; q < NRC; q++) {
+          const int64_t v = (int64_t)q * sv + j;
+          if (q < nr && q != me && j < r1 && v < nv) {
+            if (a.zero_copy) st_user<DT, true>(mine, v, a.n, x[u][q]);
+            else st_user<DT, AL>(a.out, v, a.n, x[u][q]);
+          }
+        }
+      }
+    }
+  }
+  // zero-copy pull: peers may still read our reduced slice in the buffer
+  if (ok && a.zero_copy && !PUSH) ar_barrier(a, self, seq);
+  ar_end(self, seq);
+}
+
+// two_shot: reduce-scatter and all-gather both by reading the peers.
+template <int DT, int NR, bool AL>
+__global__ void __launch_bounds__(AR_THREADS, 1) allreduce_two_shot_kernel(const dl_ar_args_t a) {
+  two_shot<DT, NR, AL, false, false>(a);
+}
+
+// two_shot_push: the all-gather writes into the peers.
+template <int DT, int NR, bool AL>
+__global__ void __launch_bounds__(AR_THREADS, 1) allreduce_two_shot_push_kernel(const dl_ar_args_t a) {
+  two_shot<DT, NR, AL, true, false>(a);
+}
+
+// two_shot_write: both phases write into the peers, nothing is copied in
+// (zero-copy inputs run as two_shot_push).
+template <int DT, int NR, bool AL>
+__global__ void __launch_bounds__(AR_THREADS, 1) allreduce_two_shot_write_kernel(const dl_ar_args_t a) {
+  two_shot<DT, NR, AL, true, true>(a);
+}
+
+// ---- launcher -----------------------------------------------------------------
+
+dl_ar_kernel_t dl_ar_two_shot_kernel(const dl_ar_args_t *a) {
+  switch (a->algo) {
+  case DL_AR_TWO_SHOT: return DL_AR_PICK(a, allreduce_two_shot_kernel);
+  case DL_AR_TWO_SHOT_PUSH: return DL_AR_PICK(a, allreduce_two_shot_push_kernel);
+  case DL_AR_TWO_SHOT_WRITE: return DL_AR_PICK(a, allreduce_two_shot_write_kernel);
+  default: return nullptr;
+  }
+}
