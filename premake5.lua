@@ -113,9 +113,9 @@ project "distlab"
   end
   links { "m", "pthread", "dl", "rt" }
   -- Export exactly the functions of the ABI header; the symbols the core and
-  -- the kernels share stay internal.
-  prelinkcommands { "sed -n 's/^[^/ ].*[ *]\\(dl_[a-z0-9_]*\\)(.*/\\1;/p' ../core/include/distlab.h" ..
-    " | sort -u | { echo '{ global:'; cat; echo 'local: *; };'; } > distlab.map" }
+  -- the kernels share stay internal. `./distlab build` writes build/distlab.map
+  -- from the header before make runs (a pre-link command would race the link
+  -- under make -j: premake4's makefile builds both at once).
   -- nodelete: LuaJIT may unload the library at exit before the finalizers of
   -- the objects that still need it (and the NCCL watchdog thread) have run
   linkoptions { "-Wl,--no-undefined", "-Wl,--version-script=distlab.map", "-Wl,-z,nodelete" }

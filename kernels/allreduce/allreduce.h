@@ -1,6 +1,6 @@
 /*
  * allreduce.h — what core/ops/allreduce/allreduce.c hands the all-reduce
- * kernels (kernels/allreduce/, launched by launch.cu) and their CPU twin
+ * kernels (kernels/allreduce/, launched by allreduce_launch.cu) and their CPU twin
  * (kernels/allreduce/cpu/allreduce.c): the argument block, the layout of each
  * rank's symmetric buffer, and the failure record a timed-out wait leaves.
  *

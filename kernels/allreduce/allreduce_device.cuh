@@ -1,6 +1,7 @@
 /*
  * allreduce_device.cuh — what the all-reduce kernel files (one_shot.cu,
- * two_shot.cu, lamport.cu) share, and what the launcher (launch.cu) needs of
+ * two_shot.cu; their Lamport kernels also lamport.cuh) share, and what the
+ * launcher (allreduce_launch.cu) needs of
  * them: the launch shape per world size, every rank's buffer, the per-block
  * barrier and the failure record, programmatic dependent launch, the call
  * counter, sums in rank order, and how each family's file picks the
@@ -71,7 +72,7 @@ __device__ __forceinline__ char *staging(const dl_ar_args_t &a, int rank, int ha
 }
 
 // The first wait to time out on this rank records itself (pad and status).
-__device__ __noinline__ void ar_fail(dl_signal_pad_t *pad, dl_ar_status_t *status, int algo,
+static __device__ __noinline__ void ar_fail(dl_signal_pad_t *pad, dl_ar_status_t *status, int algo,
                                      int peer, uint32_t expected, uint32_t seen, uint32_t seq) {
   if (atomicCAS(&pad->error[0], 0u, (uint32_t)DL_SIGNAL_ERR_BARRIER) != 0u) return;
   pad->error[1] = (uint32_t)peer;
@@ -244,6 +245,5 @@ template <class F> dl_ar_kernel_t dl_ar_pick(const dl_ar_args_t *a, F of) {
 // kernel template instantiated in the file that defines it.
 dl_ar_kernel_t dl_ar_one_shot_kernel(const dl_ar_args_t *a); // one_shot.cu
 dl_ar_kernel_t dl_ar_two_shot_kernel(const dl_ar_args_t *a); // two_shot.cu
-dl_ar_kernel_t dl_ar_lamport_kernel(const dl_ar_args_t *a);  // lamport.cu
 
 #endif

@@ -17,16 +17,19 @@
  *   one_shot_push_flat  push without roles: every thread pushes its part of
  *                       a round, the block meets its peers, every thread
  *                       reduces.
+ *   one_shot_lamport    push into every peer's Lamport region, poll the
+ *                       peers' copies in ours: no flags, no fences
+ *                       (lamport.cuh).
  *
  * Requirements: n >= 1; in/out aligned to 16 bytes for the vector path (the
  * AL=false instantiation moves them element by element); a zero-copy input
  * at a 16-byte aligned offset, the same on every rank, and the output
- * elsewhere. Shared helpers and the scheme of rounds and barriers:
- * allreduce_device.cuh. Reference: kernels/allreduce/cpu/allreduce.c (same
+ * elsewhere; the Lamport kernel's own in lamport.cuh. Shared helpers and the
+ * scheme of rounds and barriers: allreduce_device.cuh. Reference: kernels/allreduce/cpu/allreduce.c (same
  * arguments, same algorithm), checked by spec/allreduce_spec.lua against an
  * fp64 sum.
  */
-#include "allreduce/allreduce_device.cuh"
+#include "allreduce/lamport.cuh"
 
 // ---- kernels --------------------------------------------------------------------
 
@@ -223,6 +226,53 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_one_shot_push_flat_ke
 }
 
 
+// one_shot_lamport: push the input vectors (cleaned) into slot `rank` of
+// every peer's lamport half, and, vector by vector, poll the peers' copies in
+// our half until each is whole, reduce in rank order and empty them. Thread
+// t of block b owns vectors j*T*G + b*T + t (a step j of the grid is T*G
+// vectors), and pushes its step j + a.lamport_ahead before it reduces step j
+// (0: every step first), so the reduction of arrived data overlaps the
+// pushes still going out (2 H200s, 8 MB: 31.9 us with every step first, 29.2
+// with two ahead; allreduce-h200x2-knobs.md). A vector's push and reduction
+// are in the same thread, so an in-place output is written only after its
+// thread read the input. A wait that times out (or sees another thread's
+// failure) records it and ends the kernel's work.
+template <int DT, int NR, bool AL>
+__global__ void __launch_bounds__(AR_THREADS, 1) allreduce_one_shot_lamport_kernel(const dl_ar_args_t a) {
+  constexpr int NRC = shape<NR>::NRC;
+  const int nr = NR ? NR : a.nranks, me = a.rank;
+  dl_ar_ctrl_t *self = ctrl_of(buf_of(a, me));
+  const uint32_t seq = ar_begin(self);
+  const int h = seq & 1;
+  const int64_t nv = vec_count<DT>(a.n);
+  const int64_t stride = (int64_t)blockDim.x * gridDim.x;
+  const int64_t first = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  int64_t next = first; // the next vector to push
+  for (int j = 0; (a.lamport_ahead <= 0 || j < a.lamport_ahead) && next < nv; j++, next += stride)
+    lamport_push<DT, NR, AL>(a, nr, h, next);
+  const uint4 empty = lamport_empty();
+  const volatile uint32_t *failed = &a.pad->error[0];
+  const uint64_t t0 = dl_signal_clock_ns();
+  bool ok = true;
+  for (int64_t v = first; ok && v < nv; v += stride) {
+    if (next < nv) {
+      lamport_push<DT, NR, AL>(a, nr, h, next);
+      next += stride;
+    }
+    uint4 x[NRC];
+    const uint4 own = lamport_clean(ld_user<DT, AL>(a.in, v, a.n));
+#pragma unroll
+    for (int p = 0; p < NRC; p++)
+      if (p < nr && p != me && ok) ok = lamport_wait(a, failed, lamport(a, me, h, p), v, p, t0, seq, x[p]);
+    if (!ok) break;
+    st_user<DT, AL>(a.out, v, a.n, reduce_vec_own<DT, NRC>(x, nr, me, own));
+#pragma unroll
+    for (int p = 0; p < NRC; p++)
+      if (p < nr && p != me) st_vec(lamport(a, me, h, p), v, empty);
+  }
+  ar_end(self, seq);
+}
+
 // ---- launcher -----------------------------------------------------------------
 
 dl_ar_kernel_t dl_ar_one_shot_kernel(const dl_ar_args_t *a) {
@@ -232,6 +282,7 @@ dl_ar_kernel_t dl_ar_one_shot_kernel(const dl_ar_args_t *a) {
     return DL_AR_PICK(a, allreduce_one_shot_kernel);
   case DL_AR_ONE_SHOT_PUSH: return DL_AR_PICK(a, allreduce_one_shot_push_kernel);
   case DL_AR_ONE_SHOT_PUSH_FLAT: return DL_AR_PICK(a, allreduce_one_shot_push_flat_kernel);
+  case DL_AR_ONE_SHOT_LAMPORT: return DL_AR_PICK(a, allreduce_one_shot_lamport_kernel);
   default: return nullptr;
   }
 }

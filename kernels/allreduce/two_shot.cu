@@ -14,16 +14,19 @@
  *   two_shot_write  push, and no copy-in either: every rank writes slice q of
  *                   its input into rank q's staging slot `rank`, so the
  *                   reduce-scatter reads only local memory.
+ *   two_shot_lamport  slices pushed to their owners, sums pushed back, both
+ *                   polled where they land in the Lamport region: no flags,
+ *                   no fences, no copy-in (lamport.cuh).
  *
  * Requirements: n >= 1; in/out aligned to 16 bytes for the vector path (the
  * AL=false instantiation moves them element by element); a zero-copy input
- * at a 16-byte aligned offset, the same on every rank, and reduced in place.
- * Shared helpers and the scheme of rounds and barriers:
+ * at a 16-byte aligned offset, the same on every rank, and reduced in place;
+ * the Lamport kernel's own in lamport.cuh. Shared helpers and the scheme of rounds and barriers:
  * allreduce_device.cuh. Reference: kernels/allreduce/cpu/allreduce.c (same
  * arguments, same algorithm), checked by spec/allreduce_spec.lua against an
  * fp64 sum.
  */
-#include "allreduce/allreduce_device.cuh"
+#include "allreduce/lamport.cuh"
 
 // ---- kernels --------------------------------------------------------------------
 
@@ -159,6 +162,68 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_two_shot_write_kernel
   two_shot<DT, NR, AL, true, true>(a);
 }
 
+// two_shot_lamport: a two-shot without flags or fences, for more ranks than
+// one-shot Lamport suits (it sends every input to every peer). Slice q of
+// every rank's input goes into slot `rank` of rank q's lamport half, at the
+// slice's own positions; rank q polls its slice from every peer, reduces it
+// in rank order (cleaned, so every rank writes the same bits), writes it out
+// and pushes it into slot q of every peer, again at the slice's positions;
+// every rank polls the other slices' sums there and writes them out. In a
+// rank's half, slot p holds p's share of our slice at our slice's positions
+// and p's sum at p's: the two never meet. Every word is emptied by the rank
+// that polled it. Thread t of block b owns position j = k*T*G + b*T + t of
+// every slice; it scatters step k + a.lamport_ahead before it reduces step
+// k, and reads the sums of step k one step later, when they have had time
+// to land.
+template <int DT, int NR, bool AL>
+__global__ void __launch_bounds__(AR_THREADS, 1) allreduce_two_shot_lamport_kernel(const dl_ar_args_t a) {
+  constexpr int NRC = shape<NR>::NRC;
+  const int nr = NR ? NR : a.nranks, me = a.rank;
+  dl_ar_ctrl_t *self = ctrl_of(buf_of(a, me));
+  const uint32_t seq = ar_begin(self);
+  const int h = seq & 1;
+  const int64_t nv = vec_count<DT>(a.n);
+  const int64_t sv = (nv + nr - 1) / nr;
+  const int64_t stride = (int64_t)blockDim.x * gridDim.x;
+  const int64_t first = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  int64_t next = first; // the next position to scatter
+  for (int k = 0; (a.lamport_ahead <= 0 || k < a.lamport_ahead) && next < sv; k++, next += stride)
+    lamport_scatter<DT, NR, AL>(a, nr, h, sv, nv, next);
+  const uint4 empty = lamport_empty();
+  const volatile uint32_t *failed = &a.pad->error[0];
+  const uint64_t t0 = dl_signal_clock_ns();
+  bool ok = true;
+  int64_t prev = -1; // the position whose sums are gathered next
+  for (int64_t j = first; ok && j < sv; j += stride) {
+    if (next < sv) {
+      lamport_scatter<DT, NR, AL>(a, nr, h, sv, nv, next);
+      next += stride;
+    }
+    const int64_t v = me * sv + j;
+    if (v < nv) { // our slice: reduce, write out, send the sum to every peer
+      uint4 x[NRC];
+      const uint4 own = lamport_clean(ld_user<DT, AL>(a.in, v, a.n));
+#pragma unroll
+      for (int p = 0; p < NRC; p++)
+        if (p < nr && p != me && ok) ok = lamport_wait(a, failed, lamport(a, me, h, p), v, p, t0, seq, x[p]);
+      if (!ok) break;
+      const uint4 sum = lamport_clean(reduce_vec_own<DT, NRC>(x, nr, me, own));
+      st_user<DT, AL>(a.out, v, a.n, sum);
+#pragma unroll
+      for (int p = 0; p < NRC; p++) {
+        if (p < nr && p != me) {
+          st_vec(lamport(a, p, h, me), v, sum);
+          st_vec(lamport(a, me, h, p), v, empty);
+        }
+      }
+    }
+    if (prev >= 0) ok = lamport_gather<DT, NR, AL>(a, failed, nr, h, sv, nv, prev, t0, seq);
+    prev = j;
+  }
+  if (ok && prev >= 0) lamport_gather<DT, NR, AL>(a, failed, nr, h, sv, nv, prev, t0, seq);
+  ar_end(self, seq);
+}
+
 // ---- launcher -----------------------------------------------------------------
 
 dl_ar_kernel_t dl_ar_two_shot_kernel(const dl_ar_args_t *a) {
@@ -166,6 +231,7 @@ dl_ar_kernel_t dl_ar_two_shot_kernel(const dl_ar_args_t *a) {
   case DL_AR_TWO_SHOT: return DL_AR_PICK(a, allreduce_two_shot_kernel);
   case DL_AR_TWO_SHOT_PUSH: return DL_AR_PICK(a, allreduce_two_shot_push_kernel);
   case DL_AR_TWO_SHOT_WRITE: return DL_AR_PICK(a, allreduce_two_shot_write_kernel);
+  case DL_AR_TWO_SHOT_LAMPORT: return DL_AR_PICK(a, allreduce_two_shot_lamport_kernel);
   default: return nullptr;
   }
 }

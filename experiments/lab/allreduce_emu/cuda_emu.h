@@ -84,7 +84,7 @@ inline thread_local emu_block *emu_this_block;
 
 static inline void __syncthreads() { emu_this_block->sync_and(true); }
 #define DL_AR_EMU_NAMED_SYNC
-#define DL_AR_EMU 1 /* kernels/allreduce/launch.cu launches with <<<>>> here */
+#define DL_AR_EMU 1 /* kernels/allreduce/allreduce_launch.cu launches with <<<>>> here */
 static inline bool named_sync_and(int id, int n, bool pred) { return emu_this_block->named[id].arrive(n, pred); }
 static inline bool __syncthreads_and(bool v) { return emu_this_block->sync_and(v); }
 static inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
@@ -110,7 +110,7 @@ static inline uint64_t dl_signal_clock_ns(void) {
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
-/* kernels/allreduce/lamport.cu's poll: each word loaded atomically (what a
+/* kernels/allreduce/lamport.cuh's poll: each word loaded atomically (what a
  * GPU guarantees at least), and a yield so that spinning threads let the
  * writers run */
 static inline uint4 ld_volatile_vec(const char *base, int64_t v) {

@@ -1,6 +1,6 @@
 /*
  * allreduce.c — CPU twin of the all-reduce kernels (kernels/allreduce/:
- * one_shot.cu, two_shot.cu, lamport.cu, launched by launch.cu): the same
+ * one_shot.cu and two_shot.cu, launched by allreduce_launch.cu): the same
  * one-shot (pull, push, push_flat), two-shot (pull, push, write) and Lamport
  * (one-shot, two-shot) all-reduces over symmetric buffers in POSIX shared
  * memory, one process per rank, with the same buffer layout, rounds,

@@ -1,6 +1,6 @@
 /*
- * launch.cu — the launcher of the all-reduce kernels (one_shot.cu,
- * two_shot.cu, lamport.cu): checks the launch shape the core computed, has
+ * allreduce_launch.cu — the launcher of the all-reduce kernels (one_shot.cu,
+ * two_shot.cu): checks the launch shape the core computed, has
  * the file of a->algo's family pick its kernel instantiated for the dtype,
  * world size and alignment, and launches it on the stream, with programmatic stream serialization when
  * a->pdl (so a grid can be scheduled while the one before it finishes).
@@ -59,12 +59,12 @@ static dl_ar_kernel_t kernel_of(const dl_ar_args_t *a) {
   switch (a->algo) {
   case DL_AR_ONE_SHOT:
   case DL_AR_ONE_SHOT_PUSH:
-  case DL_AR_ONE_SHOT_PUSH_FLAT: return dl_ar_one_shot_kernel(a);
+  case DL_AR_ONE_SHOT_PUSH_FLAT:
+  case DL_AR_ONE_SHOT_LAMPORT: return dl_ar_one_shot_kernel(a);
   case DL_AR_TWO_SHOT:
   case DL_AR_TWO_SHOT_PUSH:
-  case DL_AR_TWO_SHOT_WRITE: return dl_ar_two_shot_kernel(a);
-  case DL_AR_ONE_SHOT_LAMPORT:
-  case DL_AR_TWO_SHOT_LAMPORT: return dl_ar_lamport_kernel(a);
+  case DL_AR_TWO_SHOT_WRITE:
+  case DL_AR_TWO_SHOT_LAMPORT: return dl_ar_two_shot_kernel(a);
   default: return nullptr;
   }
 }
