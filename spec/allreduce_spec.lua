@@ -155,13 +155,15 @@ describe("graph on cpu", function()
   end)
 end)
 
--- DISTLAB_SPEC_GPUS=4 (scripts/gpu/allreduce.sh with NRANKS=4) adds the
--- correctness, back-to-back and graph cases at that many GPUs.
-local gpu_worlds = { 2 }
+-- DISTLAB_SPEC_RANKS=N (scripts/gpu/shared.sh: ranks sharing one GPU) runs
+-- the correctness, back-to-back and graph cases at N ranks instead of 2;
+-- DISTLAB_SPEC_GPUS=4 (scripts/gpu/allreduce.sh with NRANKS=4) adds them at
+-- that many ranks.
+local gpu_worlds = { H.gpu_ranks }
 local more = tonumber(os.getenv("DISTLAB_SPEC_GPUS") or "")
-if more and more > 2 then gpu_worlds[2] = more end
+if more and more ~= H.gpu_ranks then gpu_worlds[2] = more end
 
-describe("allreduce on GPUs (2, and DISTLAB_SPEC_GPUS) #multigpu", function()
+describe("allreduce on GPUs (DISTLAB_SPEC_RANKS, and DISTLAB_SPEC_GPUS) #multigpu", function()
   for _, n in ipairs(gpu_worlds) do
     for _, s in ipairs(scripts) do
       it(n .. " ranks: " .. s[3], function()

@@ -451,7 +451,8 @@ typedef struct dl_allreduce_info {
   int32_t size;
   int32_t dev_type;
   int32_t dev_index;
-  int32_t sms;        /* multiprocessors of the GPU (0 on cpu and meta)          */
+  int32_t sms;        /* multiprocessors a grid may use: the GPU's, or their share  */
+                      /* where ranks share it (0 on cpu and meta)                 */
   int32_t max_blocks; /* the largest grid a run may ask for                       */
   int32_t threads;    /* per block, and 16-byte vectors per thread and step: a     */
   int32_t unroll;     /* block's step covers threads x unroll vectors (half that */

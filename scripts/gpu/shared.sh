@@ -44,7 +44,7 @@ for n in ${RANKS:-2 4}; do
   for f in ${SPECS:-spec/comm_spec.lua spec/symm_spec.lua spec/allreduce_spec.lua spec/cp_spec.lua}; do
     log="$OUT/shared-$n-$(basename "$f" .lua).log"
     t1=$(date +%s)
-    DISTLAB_SPEC_RANKS=$n DISTLAB_SPEC_GPUS=$n timeout "${FILE_TIMEOUT:-300}" \
+    DISTLAB_SPEC_RANKS=$n timeout "${FILE_TIMEOUT:-300}" \
       ./distlab test --tags=multigpu "$f" >"$log" 2>&1
     rc=$?
     line="$n ranks $(basename "$f"): $(tail -n 1 "$log")$([ $rc = 124 ] && echo ' TIMED OUT') ($(( $(date +%s) - t1 )) s)"

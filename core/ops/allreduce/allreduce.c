@@ -32,6 +32,7 @@ struct dl_allreduce {
   dl_symm_t *symm;
   int rank, size, dev_type, dev_index;
   int sms, max_blocks, threads, unroll;
+  int share; /* ranks of the comm on this GPU: the grids are split among them */
   int64_t round_max; /* vectors a block moves per round at most (0: the kernels' own) */
   int pdl;           /* launch with programmatic stream serialization (cuda) */
   uint32_t poll_ns;  /* the Lamport kernels' nap between polls */
@@ -249,6 +250,11 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
                   ar->lslot * 2 * (int64_t)ci.size;
   ar->id = dl_comm_next_symm_id(c);
   int rc = new_status(ar);
+  /* ranks that share a GPU (the ipc communicator) run their kernels at once
+   * (MPS) or in turns, and a block spins until its peers' blocks arrive: so
+   * every rank's grid must fit beside the others', a share of the GPU each */
+  ar->share = ci.share > 1 ? ci.share : 1;
+  if (ar->share > 1 && ar->sms > 0) ar->sms = ar->sms / ar->share > 0 ? ar->sms / ar->share : 1;
   if (rc == DL_OK) rc = dl_symm_alloc(&ar->symm, c, total);
   for (int p = 0; p < ar->size && rc == DL_OK && ar->dev_type != DL_META; p++) {
     void *ptr;
@@ -407,6 +413,8 @@ static int run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int 
   DL_CHECK_ARG(blocks <= ar->max_blocks, "all_reduce: %d blocks (at most %d)", blocks,
                ar->max_blocks);
   if (algo == DL_AR_NCCL) return dl_comm_all_reduce(ar->comm, out, in, DL_RED_SUM, s);
+  /* a grid from a table made for a GPU of one's own: no more than our share */
+  if (ar->share > 1 && ar->dev_type == DL_CUDA && blocks > ar->sms) blocks = ar->sms;
   if (vi.dtype != DL_F32 && vi.dtype != DL_F16 && vi.dtype != DL_BF16)
     return DL_ERR(DL_EUNSUPPORTED, "all_reduce %s: dtype %s (f32, f16 and bf16; algo nccl "
                   "takes the others)", algo_name(algo), dl_dtype_name(vi.dtype));
