@@ -163,7 +163,7 @@ describe("comm on GPUs (NCCL; ipc where ranks share a GPU) #multigpu", function(
   -- a hang shows as a kernel that does not finish, or as the host stuck in
   -- NCCL's lazy connection to the missing peer: either names the op and rank
   local hang = { "did not finish within 2.0 s", "has been inside NCCL for more than 2.0 s",
-    "rank 1 did not arrive within 2.0 s" } -- nccl (the first two), ipc (a device barrier)
+    "rank 1 did not arrive within 2.0 s" } -- nccl (the first two), ipc (its checks, a device barrier)
   local gpu_failures = {
     { "exit", hang },
     { "never", { "the communicator failed earlier" } },

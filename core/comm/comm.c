@@ -350,6 +350,10 @@ int dl_comm_check_same(dl_comm_t *c, const char *key, int64_t seq, const void *s
     if (r == c->rank) continue;
     snprintf(k, sizeof k, "%s/%lld/%d", key, (long long)seq, r);
     rc = dl_comm_store_get(c, k, other, (int64_t)len);
+    if (rc == DL_ETIMEOUT)
+      rc = dl_error_context(rc, "rank %d did not arrive within %.1f s (it never made this call, or "
+                            "went away; the debug check waits for every rank's call)",
+                            r, dl_store_timeout(c->store));
     if (rc == DL_OK && memcmp(other, sig, len) != 0) {
       describe(sig, mine, sizeof mine);
       describe(other, theirs, sizeof theirs);

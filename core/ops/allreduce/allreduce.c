@@ -251,10 +251,15 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
   ar->id = dl_comm_next_symm_id(c);
   int rc = new_status(ar);
   /* ranks that share a GPU (the ipc communicator) run their kernels at once
-   * (MPS) or in turns, and a block spins until its peers' blocks arrive: so
-   * every rank's grid must fit beside the others', a share of the GPU each */
+   * (MPS) or in turns, and a block spins until the same block of every peer
+   * has run: so every rank's grid must be resident beside the others', and
+   * beside the next grid each launches early (programmatic dependent launch)
+   * before its blocks spin too. Half the multiprocessors go to them, a share
+   * each (4 ranks on one H100 with a quarter each deadlocked until the
+   * timeout: a rank's last block found no multiprocessor free) */
   ar->share = ci.share > 1 ? ci.share : 1;
-  if (ar->share > 1 && ar->sms > 0) ar->sms = ar->sms / ar->share > 0 ? ar->sms / ar->share : 1;
+  if (ar->share > 1 && ar->sms > 0)
+    ar->sms = ar->sms / (2 * ar->share) > 0 ? ar->sms / (2 * ar->share) : 1;
   if (rc == DL_OK) rc = dl_symm_alloc(&ar->symm, c, total);
   for (int p = 0; p < ar->size && rc == DL_OK && ar->dev_type != DL_META; p++) {
     void *ptr;
@@ -514,7 +519,10 @@ int dl_allreduce_run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in
     if (rc < 0) {
       char what[256];
       describe(ar, algo, what, sizeof what);
-      return dl_error_context(rc, "%s", what);
+      dl_error_context(rc, "%s", what);
+      /* a peer that never made the call: the calls are out of step for good */
+      if (rc == DL_ETIMEOUT) set_failed(ar);
+      return rc;
     }
   }
   int rc = run(ar, out, in, algo, blocks, s);
