@@ -74,10 +74,17 @@ else
 end
 
 local ar = dl.allreduce.get(w)
-local regular = { "one_shot", "two_shot", "nccl", "one_shot_push", "two_shot_push", "two_shot_write",
-  "one_shot_lamport", "one_shot_push_flat", "two_shot_lamport" }
-local columns = { "one_shot", "two_shot", "nccl", "auto", "one_shot_push", "two_shot_push", "two_shot_write",
-  "one_shot_lamport", "one_shot_push_flat", "two_shot_lamport", "one_shot_zc", "two_shot_zc", "two_shot_push_zc" }
+-- Every algorithm (dl.allreduce.algos, the list the C core exports), seed
+-- 002's three columns first; auto after them; then the zero-copy runs of the
+-- algorithms that read an input in place (one_shot, two_shot; two_shot_push
+-- too, its reduce-scatter reads like two_shot's).
+local regular = { "one_shot", "two_shot", "nccl" }
+for _, a in ipairs(dl.allreduce.algos) do
+  if a ~= "one_shot" and a ~= "two_shot" and a ~= "nccl" then regular[#regular + 1] = a end
+end
+local columns = { "one_shot", "two_shot", "nccl", "auto" }
+for i = 4, #regular do columns[#columns + 1] = regular[i] end
+for _, zc in ipairs { "one_shot_zc", "two_shot_zc", "two_shot_push_zc" } do columns[#columns + 1] = zc end
 
 -- ---- checking ---------------------------------------------------------------------------
 
