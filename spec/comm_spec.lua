@@ -107,6 +107,32 @@ describe("multi-rank REPL", function()
   end)
 end)
 
+describe("choosing a backend", function()
+  local function world_with(env)
+    local file = H.write(H.tmpname(".lua"), [[
+      local dl = require "distlab"
+      local ok, err = pcall(dl.comm.world)
+      print(ok and ("BACKEND " .. dl.comm.world().backend) or ("ERR " .. tostring(err)))
+    ]])
+    local rc, out = H.distlab("run -n 2 --device cpu " .. file, env)
+    os.remove(file)
+    return rc, out
+  end
+  it("DISTLAB_COMM_BACKEND picks one, and a bad name is a clear error", function()
+    local rc, out = world_with("DISTLAB_COMM_BACKEND=shm")
+    assert.equal(0, rc, out)
+    local _, k = out:gsub("BACKEND shm", "")
+    assert.equal(2, k, out)
+    rc, out = world_with("DISTLAB_COMM_BACKEND=nvlink")
+    assert.truthy(out:find('ERR [^\n]*unknown backend "nvlink" %(expected shm, nccl, ipc or meta%)'), out)
+  end)
+  it("the ipc communicator (ranks sharing a GPU) needs a GPU, and says so", function()
+    local _, out = world_with("DISTLAB_COMM_BACKEND=ipc")
+    local want = dl.build_info():find("cpu-only", 1, true) and "needs a CUDA build" or "cuda:0 requested but"
+    assert.truthy(out:find("ERR [^\n]*" .. want:gsub("%-", "%%-")), out)
+  end)
+end)
+
 describe("comm on meta", function()
   it("plays rank 5 of 64: ops accepted, shapes checked, split by function, symm buffers", function()
     local rc, out = H.distlab("run --device meta --world 64 --rank 5 spec/comm/meta.lua")
