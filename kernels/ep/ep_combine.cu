@@ -20,8 +20,8 @@
 
 template <bool PER_RANK, bool EXPERT_MAJOR>
 __global__ void __launch_bounds__(DL_EP_THREADS) ep_combine_send_kernel(const dl_ep_args_t a) {
-  extern __shared__ int smem[];
-  __shared__ ep_block blk;
+  EP_SMEM(smem);
+  EP_SHARED(ep_block, blk);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, W = blockDim.x >> 5;
   const int N = a.nranks, B = a.max_tokens, H = a.hidden;
   const int groups = EXPERT_MAJOR ? a.local : N;
@@ -44,11 +44,15 @@ __global__ void __launch_bounds__(DL_EP_THREADS) ep_combine_send_kernel(const dl
   ep_finish(a, blk, dl_ep_comb_flag);
 }
 
+struct ep_sums {
+  const uint4 *slots[DL_EP_THREADS / 32][DL_EP_MAX_TOPK];
+  float weights[DL_EP_THREADS / 32][DL_EP_MAX_TOPK];
+};
+
 template <bool PER_RANK, bool EXPERT_MAJOR>
 __global__ void __launch_bounds__(DL_EP_THREADS) ep_combine_recv_kernel(const dl_ep_args_t a) {
-  __shared__ ep_block blk;
-  __shared__ const uint4 *slots[DL_EP_THREADS / 32][DL_EP_MAX_TOPK];
-  __shared__ float weights[DL_EP_THREADS / 32][DL_EP_MAX_TOPK];
+  EP_SHARED(ep_block, blk);
+  EP_SHARED(ep_sums, sh); // per warp: the token's slots and weights, in k order
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, W = blockDim.x >> 5;
   const int K = a.topk, B = a.max_tokens, H = a.hidden, L = a.local;
   ep_begin(a, blk, dl_ep_comb_flag, 0);
@@ -68,8 +72,8 @@ __global__ void __launch_bounds__(DL_EP_THREADS) ep_combine_recv_kernel(const dl
     const uint32_t m = __ballot_sync(EP_FULL, use);
     if (use) {
       const int at = __popc(m & ((1u << lane) - 1u));
-      slots[warp][at] = reinterpret_cast<const uint4 *>(region + ((PER_RANK ? (int64_t)lane : id) * B + t) * a.msg_c);
-      weights[warp][at] = w;
+      sh.slots[warp][at] = reinterpret_cast<const uint4 *>(region + ((PER_RANK ? (int64_t)lane : id) * B + t) * a.msg_c);
+      sh.weights[warp][at] = w;
     }
     __syncwarp();
     const int n = __popc(m);
@@ -77,8 +81,8 @@ __global__ void __launch_bounds__(DL_EP_THREADS) ep_combine_recv_kernel(const dl
     for (int v = lane; v < H / 8; v += 32) {
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       for (int j = 0; j < n; j++) {
-        const uint4 y = slots[warp][j][v];
-        const float wj = weights[warp][j];
+        const uint4 y = sh.slots[warp][j][v];
+        const float wj = sh.weights[warp][j];
         const uint32_t wd[4] = {y.x, y.y, y.z, y.w};
 #pragma unroll
         for (int i = 0; i < 4; i++) {

@@ -15,6 +15,13 @@
 
 #define EP_FULL 0xffffffffu
 
+// Shared memory: the kernel's dynamic int array, and a block-wide variable
+// (the CPU emulation gives each block its own).
+#ifndef EP_SMEM
+#define EP_SMEM(name) extern __shared__ int name[]
+#define EP_SHARED(type, name) __shared__ type name
+#endif
+
 // Rank p's buffer without indexing the parameter block at run time (which
 // would copy it to local memory).
 __device__ __forceinline__ char *ep_buf(const dl_ep_args_t &a, int p) {

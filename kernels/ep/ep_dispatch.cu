@@ -84,8 +84,8 @@ __device__ __forceinline__ void ep_send_payload(const dl_ep_args_t &a, int t, ch
 
 template <bool FP8, bool PER_RANK>
 __global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_send_kernel(const dl_ep_args_t a) {
-  extern __shared__ int smem[];
-  __shared__ ep_block blk;
+  EP_SMEM(smem);
+  EP_SHARED(ep_block, blk);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, W = blockDim.x >> 5;
   const int N = a.nranks, E = a.experts, L = a.local, K = a.topk, T = a.tokens, B = a.max_tokens;
   const int C = T > 0 ? (T + (int)gridDim.x - 1) / (int)gridDim.x : 0;
@@ -206,8 +206,8 @@ __device__ __forceinline__ void ep_store_row(const dl_ep_args_t &a, const char *
 
 template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR>
 __global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_recv_kernel(const dl_ep_args_t a) {
-  extern __shared__ int smem[];
-  __shared__ ep_block blk;
+  EP_SMEM(smem);
+  EP_SHARED(ep_block, blk);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, W = blockDim.x >> 5;
   const int N = a.nranks, L = a.local, K = a.topk, B = a.max_tokens, NL = N * L;
   int *cnt = smem, *pre = cnt + NL, *ntok = pre + NL + 1, *tmp = ntok + N;
