@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# Remote step on a GPU host (repo root as cwd, .debs carried) for issue 17,
+# all-gather + GEMM: everything in one run on one GPU, about 6-8 minutes on
+# an H100 (each step under `timeout`; a hang fails in DISTLAB_TIMEOUT=60 s):
+#   1. build;
+#   2. spec/gemm_spec.lua with its #gpu specs (dl.gemm through cuBLASLt against
+#      fp64, the algorithm cache, graphs, a missing cuBLASLt);
+#   3. gemm_bench: torch.matmul (experiments/overlap/gemm_bench_torch.py, with
+#      /opt/torch/.venv/bin/python, else python3) then dl.gemm, same shapes,
+#      same run: m in 1k..32k, k = 16k, n = 8k, bf16. Writes
+#      $OUT/gemm-<gpu>.md, the results file (copy it to experiments/results/overlap/);
+#      the target is dl.gemm >= 0.98 x torch.matmul at every m;
+#   4. MPS started (as scripts/gpu/shared.sh does), then the #multigpu specs
+#      of spec/overlap_spec.lua with 2 and 4 ranks sharing the GPU (every
+#      variant, 200 back-to-back runs, graph replays, uneven m; the stuck-run
+#      spec at 2 ranks);
+#   5. an ag_gemm_bench smoke run, 2 ranks sharing the GPU, small shapes,
+#      with its PyTorch anchors (ag_gemm_torch.py under torchrun) in the same run.
+# Outputs: $OUT/overlap-summary.txt (every step's verdict), $OUT/gemm-<gpu>.md
+# and .csv, and $OUT/overlap-logs.tgz (every log and CSV). Exit status non-zero
+# when a step failed. DISTLAB_COMMIT=<hash> names the commit where the
+# checkout has no .git.
+set -u
+OUT="${OUT:-/tmp/distlab-out}"
+L="$OUT/overlap"
+mkdir -p "$L"
+cd "$(dirname "$0")/../.." || exit 2
+source scripts/gpu/setup.sh || exit 2
+export DISTLAB_TIMEOUT="${DISTLAB_TIMEOUT:-60}" NCCL_NVLS_ENABLE=0
+PY=/opt/torch/.venv/bin/python
+[ -x "$PY" ] || PY=python3
+SUM="$OUT/overlap-summary.txt"
+status=0
+t_start=$(date +%s)
+say() { echo "[overlap.sh +$(( $(date +%s) - t_start )) s] $*" | tee -a "$SUM"; }
+# step NAME SECONDS LOG CMD...: the command under a time limit, its verdict in the summary
+step() {
+  local name=$1 limit=$2 log=$3
+  shift 3
+  timeout "$limit" "$@" >"$log" 2>&1
+  local rc=$?
+  [ $rc = 0 ] || status=1
+  say "$name: exit $rc$([ $rc = 124 ] && echo " (ran past $limit s)"); $(tail -n 1 "$log")"
+}
+
+{
+  date -u '+%Y-%m-%d %H:%M UTC'
+  nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader
+  echo "commit: ${DISTLAB_COMMIT:-$(git describe --always --dirty 2>/dev/null || echo unknown)}"
+  "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 | tail -1
+} | tee "$SUM"
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE '[AHBL][0-9]+' | head -1 | tr '[:upper:]' '[:lower:]')
+gpu=${gpu:-gpu}
+
+step build 420 "$L/build.log" ./distlab build
+step "gemm_spec (#gpu)" 240 "$L/gemm-spec.log" ./distlab test spec/gemm_spec.lua
+grep -E "^(FAIL|ERROR)" "$L/gemm-spec.log" | head -10
+
+step "gemm_bench torch.matmul" 180 "$L/gemm-torch.log" "$PY" experiments/overlap/gemm_bench_torch.py "$L/gemm-torch.csv"
+step "gemm_bench dl.gemm" 240 "$L/gemm-bench.log" ./distlab run -n 1 --device cuda experiments/overlap/gemm_bench.lua \
+  --torch "$L/gemm-torch.csv" --out "$OUT" --tag "$gpu" \
+  --command "scripts/gpu/overlap.sh (gemm_bench_torch.py, then this, in the same run)"
+sed -n '/^# dl.gemm vs/,$p' "$L/gemm-bench.log"
+
+mps_on=0
+ctl="$(command -v nvidia-cuda-mps-control || ls /usr/local/nvidia/bin/nvidia-cuda-mps-control 2>/dev/null)"
+if [ "${MPS:-1}" = 1 ] && [ -n "$ctl" ]; then
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/distlab-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/distlab-mps-log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  "$ctl" -d && mps_on=1
+  trap 'echo quit | "$ctl" >/dev/null 2>&1' EXIT
+  export PATH="$(dirname "$ctl"):$PATH" # the launcher looks for the daemon by name
+fi
+say "MPS: $([ $mps_on = 1 ] && echo "running ($ctl)" || echo "not running")"
+
+for n in 2 4; do
+  filter=()
+  [ "$n" = 2 ] || filter=(--filter-out="a stuck run") # that spec runs 2 ranks whatever n is
+  DISTLAB_SPEC_RANKS=$n step "overlap_spec #multigpu, $n ranks on one GPU" 300 "$L/overlap-spec-$n.log" \
+    ./distlab test --tags=multigpu ${filter[@]+"${filter[@]}"} spec/overlap_spec.lua
+  grep -E "^(FAIL|ERROR)" "$L/overlap-spec-$n.log" | head -10
+done
+
+port=$((20000 + RANDOM % 20000))
+step "ag_gemm torch anchors (2 ranks, one GPU)" 150 "$L/ag-torch.log" "$PY" -m torch.distributed.run --nproc_per_node 2 \
+  --master_port "$port" experiments/overlap/ag_gemm_torch.py "$L/ag-torch.csv" --m 2048,4096 --k 2048 --n 1024 --iters 3
+step "ag_gemm_bench smoke (2 ranks, one GPU)" 180 "$L/ag-bench.log" ./distlab run -n 2 --device cuda \
+  experiments/overlap/ag_gemm_bench.lua --m 2K,4K --k 2K --n 1K --streams 1,2 --iters 3 --torch "$L/ag-torch.csv" \
+  --out "$L/ag-smoke" --command "scripts/gpu/overlap.sh (smoke, ranks sharing one GPU)"
+grep -E "^ *[0-9]+ " "$L/ag-bench.log" | head -40
+
+cp "$OUT"/gemm-"$gpu".csv "$L/" 2>/dev/null
+tar -czf "$OUT/overlap-logs.tgz" -C "$OUT" overlap
+say "done, status $status; results file: $OUT/gemm-$gpu.md; logs: $OUT/overlap-logs.tgz"
+grep -E "^target" "$L/gemm-bench.log" | tee -a "$SUM"
+exit $status
