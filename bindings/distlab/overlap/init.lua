@@ -206,7 +206,6 @@ function Op:plan(a, b)
   check(C.dl_overlap_info(self.ov, info))
   self.blocks = self.copy == "sm" and math.max(1, math.min(self.copy_blocks, info.sms > 0 and info.sms or
     self.copy_blocks)) or 0
-  self.base = info.base
   self.side, self.joins, self.ws = {}, {}, {}
   self.fork = stream.event(self.device)
   for j = 1, self.streams do

@@ -120,7 +120,7 @@ static int try_open(const char *name, char *tried, size_t tlen) {
     return 1;
   }
   size_t used = strlen(tried);
-  snprintf(tried + used, tlen - used, "\n  %s: %s", name, dlerror());
+  snprintf(tried + used, tlen - used, "\n  %s", dlerror()); /* it names the file */
   return 0;
 }
 
