@@ -244,6 +244,9 @@ int dl_store_wait(dl_store_t *s, const char *key);
 int dl_store_add(dl_store_t *s, const char *key, int64_t delta, int64_t *value);
 int dl_store_check(dl_store_t *s, const char *key, int *exists);
 int dl_store_delete(dl_store_t *s, const char *key);
+/* Deletes every key that begins with prefix (not empty); *count (may be NULL)
+ * gets how many: what a communicator that is gone left (dl.comm.world{new = true}). */
+int dl_store_delete_prefix(dl_store_t *s, const char *prefix, int64_t *count);
 
 /* ipc: ranks of one host over CUDA IPC, no library (what ranks sharing a
  * GPU use, since NCCL refuses two ranks on one device; core/comm/comm_ipc.c) */
