@@ -47,6 +47,12 @@ int dl_abi_version(void);
 const char *dl_build_info(void);
 /* Host time in microseconds (CLOCK_MONOTONIC) since the library loaded. */
 double dl_now_us(void);
+/* Ctrl-C in an interactive session: on = 1 makes SIGINT only count (no
+ * exit, no Lua code in the handler), on = 0 restores the handler there was.
+ * dl_sigint_take returns the SIGINTs counted since its last call, and
+ * clears them; the REPL polls it between instructions and at its prompt. */
+int dl_sigint_arm(int on);
+int dl_sigint_take(void);
 
 /* ---- dtypes and devices ------------------------------------------------ */
 enum {
