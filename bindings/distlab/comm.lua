@@ -20,9 +20,10 @@
 --                                         something still holds it (which then errors on
 --                                         use), and once the new world is set up its store
 --                                         keys and its splits' are deleted. Every rank must
---                                         call it, the same number of times; the name (w1,
---                                         w2, ...) is agreed through the store even where a
---                                         rank made more communicators than the others.
+--                                         call it, the same number of times; its new name
+--                                         ("w2": numbers may be skipped) is agreed through
+--                                         the store even where a rank made more
+--                                         communicators than the others.
 --                                         Other opts as dl.comm.new. Splits of the old world
 --                                         are not aborted: split the new one.
 --
