@@ -75,12 +75,23 @@ local function compile(src)
   return fn, false, err
 end
 
+-- The input's line that runs (the innermost frame of typed code), as
+-- "stdin:N: ", though the hook may fire inside a library function.
+local function typed_line()
+  for level = 3, 200 do
+    local info = debug.getinfo(level, "Sl")
+    if not info then break end
+    if info.source == "=stdin" then return "stdin:" .. info.currentline .. ": " end
+  end
+  return ""
+end
+
 local function on_hook()
   if C.dl_sigint_take() > 0 then
-    local why = "interrupted (Ctrl-C)"
+    local why = typed_line() .. "interrupted (Ctrl-C)"
     local ok, err = pcall(dl.synchronize)
     if not ok then why = why .. "; waiting for the device then failed: " .. tostring(err) end
-    error(why, 2)
+    error(why, 0)
   end
 end
 
