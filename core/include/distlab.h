@@ -47,6 +47,12 @@ int dl_abi_version(void);
 const char *dl_build_info(void);
 /* Host time in microseconds (CLOCK_MONOTONIC) since the library loaded. */
 double dl_now_us(void);
+/* Ctrl-C in an interactive session: on = 1 makes SIGINT only count (no
+ * exit, no Lua code in the handler), on = 0 restores the handler there was.
+ * dl_sigint_take returns the SIGINTs counted since its last call, and
+ * clears them; the REPL polls it between instructions and at its prompt. */
+int dl_sigint_arm(int on);
+int dl_sigint_take(void);
 
 /* ---- dtypes and devices ------------------------------------------------ */
 enum {
@@ -244,6 +250,9 @@ int dl_store_wait(dl_store_t *s, const char *key);
 int dl_store_add(dl_store_t *s, const char *key, int64_t delta, int64_t *value);
 int dl_store_check(dl_store_t *s, const char *key, int *exists);
 int dl_store_delete(dl_store_t *s, const char *key);
+/* Deletes every key that begins with prefix (not empty); *count (may be NULL)
+ * gets how many: what a communicator that is gone left (dl.comm.world{new = true}). */
+int dl_store_delete_prefix(dl_store_t *s, const char *prefix, int64_t *count);
 
 /* ipc: ranks of one host over CUDA IPC, no library (what ranks sharing a
  * GPU use, since NCCL refuses two ranks on one device; core/comm/comm_ipc.c) */
