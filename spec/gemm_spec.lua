@@ -24,7 +24,7 @@ local function nan(shape, dtype, device) return dl.full(shape, 0 / 0, { dtype = 
 -- the message of a failed check, or nil
 local function verdict(got, a, b, opts, what)
   local ref, abs = R.matmul(a, b, opts)
-  return (R.check(got, ref, abs, R.u[got.dtype], R.sum_bound(a:size(2)), what))
+  return (R.check(got, ref, abs, R.u[got.dtype], R.sum_bound(a:size(2), R.u[got.dtype]), what))
 end
 
 local function expect(got, a, b, opts, what)
@@ -149,7 +149,7 @@ for _, dev in ipairs(H.devices) do
       end
     end)
 
-    it("the check catches a planted 2% error: the whole result, or one element", function()
+    it("the check catches a planted 2% error (the whole result, or one element) and bf16 partial sums", function()
       local a, b = inputs(24, 64, 20, "bf16", D)
       local out = dl.gemm(a, b, { out_dtype = "f32" })
       expect(out, a, b, nil, "clean")
@@ -163,6 +163,14 @@ for _, dev in ipairs(H.devices) do
       end
       one:narrow(1, bi, 1):narrow(2, bj, 1):mul_(1.02)
       assert.truthy(verdict(one, a, b, nil, "one element"), "one element 2% off passed the check")
+      -- a split-K GEMM that adds its two K-halves rounded to bf16 (a reduction in the output
+      -- type, which cuBLASLt may pick unless told not to): not fp32 accumulation, so it must fail
+      local a2, b2 = inputs(48, 700, 40, "bf16", D)
+      local lo = dl.gemm(a2:narrow(2, 1, 350), b2:narrow(1, 1, 350))
+      local hi = dl.gemm(a2:narrow(2, 351, 350), b2:narrow(1, 351, 350))
+      assert.truthy(verdict(lo:float():add_(hi:float()):bf16(), a2, b2, nil, "bf16 partials"),
+        "partial sums rounded to bf16 passed the check")
+      expect(dl.gemm(a2, b2), a2, b2, nil, "the same GEMM in one piece")
     end)
   end)
 end
