@@ -305,8 +305,8 @@ static int entry_make(entry_t *e, cublasLtHandle_t h, const operand_t *x, const 
       return DL_OK;
     }
   return DL_ERR(DL_EUNSUPPORTED, "cuBLASLt has no algorithm with fp32 partial sums for %s x %s "
-                "-> %s, op %c/%c, [%lld x %lld] (ld %lld) @ [%lld x %lld] (ld %lld), k = %lld, alignments "
-                "%lld/%lld/%lld/%lld bytes (%d candidates)", dl_dtype_name(in_dt),
+                "-> %s, op %c/%c, [%lld x %lld] (ld %lld) @ [%lld x %lld] (ld %lld), k = %lld, "
+                "alignments %lld/%lld/%lld/%lld bytes (%d candidates)", dl_dtype_name(in_dt),
                 dl_dtype_name(in_dt), dl_dtype_name(out_dt), opx == CUBLAS_OP_N ? 'N' : 'T',
                 opy == CUBLAS_OP_N ? 'N' : 'T', (long long)x->lrows, (long long)x->lcols,
                 (long long)x->ld, (long long)y->lrows, (long long)y->lcols, (long long)y->ld,
@@ -376,6 +376,13 @@ static int run_locked(const dl_gemm_args_t *g, int dev, void *ws, int64_t ws_byt
                         ws_bytes);
     if (rc) {
       entry_drop(e);
+      /* some cuBLASLt versions refuse the heuristic query while a stream captures */
+      enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+      if (cudaStreamIsCapturing((cudaStream_t)stream, &cs) != cudaSuccess)
+        (void)cudaGetLastError();
+      else if (cs != cudaStreamCaptureStatusNone)
+        rc = dl_error_context(rc, "gemm inside a CUDA graph capture (the first call of a "
+                              "configuration asks cuBLASLt's heuristic: make one before capturing)");
       return rc;
     }
     e->used = 1;
