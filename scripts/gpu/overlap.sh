@@ -85,7 +85,7 @@ done
 
 port=$((20000 + RANDOM % 20000))
 step "ag_gemm torch anchors (2 ranks, one GPU)" 150 "$L/ag-torch.log" "$PY" -m torch.distributed.run --nproc_per_node 2 \
-  --master_port "$port" experiments/overlap/ag_gemm_torch.py "$L/ag-torch.csv" --m 2048,4096 --k 2048 --n 1024 --iters 3
+  --master_port "$port" experiments/overlap/ag_gemm_torch.py "$L/ag-torch.csv" --ag-m 2048,4096 --ag-k 2048 --ag-n 1024 --ag-iters 3
 step "ag_gemm_bench smoke (2 ranks, one GPU)" 180 "$L/ag-bench.log" ./distlab run -n 2 --device cuda \
   experiments/overlap/ag_gemm_bench.lua --m 2K,4K --k 2K --n 1K --streams 1,2 --iters 3 --torch "$L/ag-torch.csv" \
   --out "$L/ag-smoke" --command "scripts/gpu/overlap.sh (smoke, ranks sharing one GPU)"
