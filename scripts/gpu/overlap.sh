@@ -28,6 +28,7 @@
 # when a step failed. DISTLAB_COMMIT=<hash> names the commit where the
 # checkout has no .git.
 set -u
+t_start=$(date +%s) # the budget counts from here: unpacking the .debs is part of it
 OUT="${OUT:-/tmp/distlab-out}"
 L="$OUT/overlap"
 rm -rf "$L"
@@ -40,7 +41,6 @@ PY=/opt/torch/.venv/bin/python
 SUM="$OUT/overlap-summary.txt"
 BUDGET="${BUDGET:-345}"
 status=0
-t_start=$(date +%s)
 deadline=$((t_start + BUDGET))
 say() { echo "[overlap.sh +$(($(date +%s) - t_start)) s] $*" | tee -a "$SUM"; }
 
