@@ -24,7 +24,7 @@ local function nan(shape, dtype, device) return dl.full(shape, 0 / 0, { dtype = 
 -- the message of a failed check, or nil
 local function verdict(got, a, b, opts, what)
   local ref, abs = R.matmul(a, b, opts)
-  return (R.check(got, ref, abs, R.u[got.dtype], R.sum_bound(a:size(2)), what))
+  return (R.check(got, ref, abs, R.u[got.dtype], R.sum_bound(a:size(2), R.u[got.dtype]), what))
 end
 
 local function expect(got, a, b, opts, what)
@@ -149,7 +149,7 @@ for _, dev in ipairs(H.devices) do
       end
     end)
 
-    it("the check catches a planted 2% error: the whole result, or one element", function()
+    it("the check catches a planted 2% error (the whole result, or one element) and bf16 partial sums", function()
       local a, b = inputs(24, 64, 20, "bf16", D)
       local out = dl.gemm(a, b, { out_dtype = "f32" })
       expect(out, a, b, nil, "clean")
@@ -163,6 +163,14 @@ for _, dev in ipairs(H.devices) do
       end
       one:narrow(1, bi, 1):narrow(2, bj, 1):mul_(1.02)
       assert.truthy(verdict(one, a, b, nil, "one element"), "one element 2% off passed the check")
+      -- a split-K GEMM that adds its two K-halves rounded to bf16 (a reduction in the output
+      -- type, which cuBLASLt may pick unless told not to): not fp32 accumulation, so it must fail
+      local a2, b2 = inputs(48, 700, 40, "bf16", D)
+      local lo = dl.gemm(a2:narrow(2, 1, 350), b2:narrow(1, 1, 350))
+      local hi = dl.gemm(a2:narrow(2, 351, 350), b2:narrow(1, 351, 350))
+      assert.truthy(verdict(lo:float():add_(hi:float()):bf16(), a2, b2, nil, "bf16 partials"),
+        "partial sums rounded to bf16 passed the check")
+      expect(dl.gemm(a2, b2), a2, b2, nil, "the same GEMM in one piece")
     end)
   end)
 end
@@ -215,8 +223,10 @@ describe("dl.gemm on cuda #gpu", function()
     local a, b = inputs(96, 160, 64, "bf16", D)
     local out = dl.empty({ 96, 64 }, "f32", D)
     local ws = dl.empty({ dl.gemm.workspace_bytes }, "u8", D)
-    local g = dl.graph.capture(function() dl.gemm(a, b, out, { workspace = ws }) end)
-    assert.is_true(g:nodes() >= 1)
+    -- on D's stream (the default device is cpu here, where capture only records the function);
+    -- a configuration not met before, so the heuristic is asked inside the capture
+    local g = dl.graph.capture(function() dl.gemm(a, b, out, { workspace = ws }) end, { device = D })
+    assert.is_true(g:nodes() >= 1, "captured " .. g:nodes() .. " nodes")
     for r = 1, 3 do
       local na, nb = inputs(96, 160, 64, "bf16", D)
       a:copy_(na)
@@ -239,12 +249,15 @@ describe("dl.gemm on cuda #gpu", function()
   end)
 
   it("without cuBLASLt: a clear error naming it, and the rest of distlab still works", function()
+    -- a on cpu by name: under --device cuda the default device is cuda:0
     local file = H.write(H.tmpname(".lua"), [[
       local dl = require "distlab"
-      local a = dl.randn({ 8, 8 }, { dtype = "bf16" })
+      local a = dl.randn({ 8, 8 }, { dtype = "bf16", device = "cpu" })
       local ok, err = pcall(dl.gemm, a:cuda(0), a:cuda(0))
-      print("ERR: " .. tostring(err))
+      print("ERR: " .. (ok and "none" or tostring(err)))
       print("CPU: " .. tostring(dl.gemm(a, a):numel()))
+      local x = a:cuda(0):float():add_(1)
+      print("CUDA: " .. tostring(dl.max_abs_diff(x:cpu(), a:float():add_(1))))
     ]])
     local rc, out = H.distlab("run -n 1 --device cuda " .. file, "DISTLAB_CUBLASLT=/nonexistent/libcublasLt.so.13")
     os.remove(file)
@@ -252,5 +265,6 @@ describe("dl.gemm on cuda #gpu", function()
     assert.truthy(out:find("ERR: [^\n]*cannot load cuBLASLt %(libcublasLt%)[^\n]*"), out)
     assert.truthy(out:find("/nonexistent/libcublasLt.so.13", 1, true), out)
     assert.truthy(out:find("CPU: 64", 1, true), out)
+    assert.truthy(out:find("CUDA: 0\n", 1, true), out)
   end)
 end)

@@ -533,17 +533,19 @@ int dl_gemm_stats(dl_gemm_stats_t *out);
 /* ---- overlap: symmetric workspace and flags for comm + GEMM schedules ------
  * What the schedules of distlab.overlap (all-gather + GEMM, GEMM +
  * reduce-scatter) run on: a symmetric buffer of nbytes on every rank of c,
- * and nflags flags in each rank's buffer that peers set (signal: := 1 once
- * the work queued before it on the stream is done) and their owner waits
- * on (wait: until it is 1, then := 0). Set-and-clear, not counts: a CUDA
- * graph replays a captured write with the value it captured. On cuda both
- * are stream memory operations (cuStreamWriteValue32, cuStreamWaitValue32:
- * no kernel, no multiprocessor spins; graphs capture them), and a watchdog
- * thread of the object fails it when a run between begin and end has made
- * no progress for the timeout: it prints and keeps the waits that had not
- * passed (step, peer, flag) for the next call to report, and sets their
- * flags so the streams drain. On cpu (shared memory) a wait polls and fails
- * at its timeout. A failed object refuses further runs.                  */
+ * and nflags flags per rank, in host memory that every rank of the node
+ * maps, that peers set (signal: := 1 once the work queued before it on the
+ * stream is done) and their owner waits on (wait: until it is 1, then
+ * := 0). Set-and-clear, not counts: a CUDA graph replays a captured write
+ * with the value it captured. On cuda both are stream memory operations
+ * (cuStreamWriteValue32, cuStreamWaitValue32: no kernel, no multiprocessor
+ * spins; graphs capture them), and a watchdog thread of the object fails it
+ * when a run between begin and end has made no progress for the timeout: it
+ * prints and keeps the waits that had not passed (step, peer, flag) for the
+ * next call to report, and sets the object's flags from the host so the
+ * streams drain. On cpu a wait polls and fails at its timeout. A failed
+ * object refuses further runs. Freeing it waits for the device's queued
+ * work (which ends: see the watchdog).                                    */
 typedef struct dl_overlap dl_overlap_t;
 enum { DL_OVERLAP_MAX_FLAGS = 64, DL_OVERLAP_MAX_WAITS = 256 };
 typedef struct dl_overlap_info {

@@ -16,9 +16,13 @@ Data checked after timing: the gathered A equals every rank's shard, and rows
 of C (first and last of each block) against an fp32 GEMM of the same rows
 (normwise within 2^-7); the status column says "ok" or what failed.
 
-  torchrun --nproc_per_node 8 experiments/overlap/ag_gemm_torch.py OUT.csv [--m 8192,16384,32768]
-      [--k 16384] [--n 8192] [--iters 10]
+  torchrun --nproc_per_node 8 experiments/overlap/ag_gemm_torch.py OUT.csv [--ag-m 8192,16384,32768]
+      [--ag-k 16384] [--ag-n 8192] [--ag-dtype bf16] [--ag-iters 10]
 
+The options carry an ag- prefix because torchrun parses the whole command
+line with argparse, which takes any --x that is the start of one of its own
+options (--m: --master-port, --max-restarts, ...; --n: --nnodes, ...) as
+that option, or fails as ambiguous; no torchrun option starts with --ag.
 OUT.csv (rank 0; Python's csv module) is what ag_gemm_bench.lua's --torch reads.
 """
 import argparse
@@ -70,11 +74,11 @@ def check_rows(c, full, b, world):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
-    ap.add_argument("--m", default="8192,16384,32768")
-    ap.add_argument("--k", type=int, default=16384)
-    ap.add_argument("--n", type=int, default=8192)
-    ap.add_argument("--dtype", default="bf16", choices=["bf16", "f16"])
-    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--ag-m", dest="m", default="8192,16384,32768")
+    ap.add_argument("--ag-k", dest="k", type=int, default=16384)
+    ap.add_argument("--ag-n", dest="n", type=int, default=8192)
+    ap.add_argument("--ag-dtype", dest="dtype", default="bf16", choices=["bf16", "f16"])
+    ap.add_argument("--ag-iters", dest="iters", type=int, default=10)
     args = ap.parse_args()
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
 

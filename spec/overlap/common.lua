@@ -47,7 +47,7 @@ end
 -- of values no larger than sum |a||b|.
 function K.expect(got, case, what)
   local u = K.R.u[got.dtype]
-  local u_abs = K.R.sum_bound(case.k) + (case.kind == "rs" and K.d * u * (1 + u) ^ K.d or 0)
+  local u_abs = K.R.sum_bound(case.k, u) + (case.kind == "rs" and K.d * u * (1 + u) ^ K.d or 0)
   local msg = K.R.check(got, case.ref, case.abs, u, u_abs, what)
   if msg then error(msg, 0) end
 end

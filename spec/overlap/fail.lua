@@ -3,8 +3,10 @@
 -- after the timeout (SPEC_TIMEOUT): on cpu the run itself fails, on cuda
 -- the run returns and the watchdog fails the op, which check() reports;
 -- rank 0 prints "ERR: <message>", then "AFTER: <message>" of the next run,
--- which the failed op refuses. Rank 1 stays until rank 0 is done (rank 0's
--- copies may still read its buffer once the watchdog released them).
+-- which the failed op refuses, then frees the op, which on cuda waits for
+-- the device: every wait of the stuck run must have ended (the watchdog
+-- sets the flags), and "FREED" says they did. Rank 1 stays until then
+-- (rank 0's released copies read its buffer).
 local dir = arg[0]:match("^(.*)/[^/]*$") or "."
 local K = dofile(dir .. "/common.lua")
 local ffi = require "ffi"
@@ -38,6 +40,9 @@ K.report(function()
     print("ERR: " .. (ok and "none" or tostring(err)))
     local ok2, err2 = pcall(op.run, op, case.a, case.b)
     print("AFTER: " .. (ok2 and "none" or tostring(err2)))
+    io.stdout:flush()
+    op:free()
+    print("FREED")
     io.stdout:flush()
     store:set("fail/done", "1")
     wait_key(store, "fail/bye") -- rank 0 serves the store: it leaves last

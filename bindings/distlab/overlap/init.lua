@@ -36,8 +36,9 @@
 -- that every rank runs the same op on the same shapes; a mismatch (e.g. m
 -- not a multiple of d, so that ranks hold different shard rows) fails on
 -- every rank, naming both sides. Flags: C side, dl_overlap_* in
--- core/include/distlab.h (stream memory operations; a watchdog turns a
--- stuck run into an error naming the step, the flag and the peer). The
+-- core/include/distlab.h (stream memory operations on words in host memory
+-- that every rank of the node maps; a watchdog turns a stuck run into an
+-- error naming the step, the flag and the peer, and lets its streams drain). The
 -- schedules: overlap/ag_*.lua and overlap/rs_*.lua, one file each.
 local ffi = require "ffi"
 local core = require "distlab.core"

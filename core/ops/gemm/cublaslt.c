@@ -19,12 +19,21 @@
  * The algorithm: for each (device, dtypes, ops, m, n, k, leading
  * dimensions, pointer alignments) the first result of
  * cublasLtMatmulAlgoGetHeuristic (its results come ordered by estimated
- * time) among those that fit a DL_GEMM_WORKSPACE_BYTES workspace (32 MiB:
- * what PyTorch gives cuBLAS on Hopper). It is asked once and cached with the
- * descriptors (CACHE entries, least recently used out), so a repeated shape
- * costs no heuristic query and no descriptor creation. Alignments are part
- * of the key because cuBLASLt assumes 256-byte aligned pointers unless told:
- * a kernel chosen for aligned rows must never see a view at an odd offset.
+ * time) that fits a DL_GEMM_WORKSPACE_BYTES workspace (32 MiB: what
+ * PyTorch gives cuBLAS on Hopper) and keeps every partial sum in fp32. A
+ * split-K algorithm may add its K-slices' partial results in the output
+ * type (reduction schemes INPLACE and OUTPUT_TYPE: bf16 partials), which is
+ * not fp32 accumulation: on an H100 a bf16 300x700x500 GEMM had a tenth of
+ * its elements off by more than fp32 sums allow (0.03 at |c| = 0.34, 15
+ * bf16 units there), what rounding partial sums of size ~20 to bf16 gives.
+ * So the preference allows only COMPUTE_TYPE reductions (fp32 partials in
+ * the workspace; no split-K is scheme NONE), and a candidate whose
+ * configuration says otherwise is skipped. The choice is made once and
+ * cached with the descriptors (CACHE entries, least recently used out), so
+ * a repeated shape costs no heuristic query and no descriptor creation.
+ * Alignments are part of the key because cuBLASLt assumes 256-byte aligned
+ * pointers unless told: a kernel chosen for aligned rows must never see a
+ * view at an odd offset.
  */
 #define _GNU_SOURCE /* dladdr */
 #include <dlfcn.h>
@@ -66,6 +75,9 @@ static struct {
                                            cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
                                            cublasLtMatmulPreference_t, int,
                                            cublasLtMatmulHeuristicResult_t *, int *);
+  cublasStatus_t (*MatmulAlgoConfigGetAttribute)(const cublasLtMatmulAlgo_t *,
+                                                 cublasLtMatmulAlgoConfigAttributes_t, void *,
+                                                 size_t, size_t *);
   cublasStatus_t (*Matmul)(cublasLtHandle_t, cublasLtMatmulDesc_t, const void *, const void *,
                            cublasLtMatrixLayout_t, const void *, cublasLtMatrixLayout_t,
                            const void *, const void *, cublasLtMatrixLayout_t, void *,
@@ -133,7 +145,7 @@ static int bind_symbols(void) {
   SYM(Create) SYM(GetVersion) SYM(GetStatusName) SYM(MatmulDescCreate) SYM(MatmulDescDestroy)
   SYM(MatmulDescSetAttribute) SYM(MatrixLayoutCreate) SYM(MatrixLayoutDestroy)
   SYM(MatmulPreferenceCreate) SYM(MatmulPreferenceDestroy) SYM(MatmulPreferenceSetAttribute)
-  SYM(MatmulAlgoGetHeuristic) SYM(Matmul)
+  SYM(MatmulAlgoGetHeuristic) SYM(MatmulAlgoConfigGetAttribute) SYM(Matmul)
 #undef SYM
   if (rc == DL_OK) {
     lt.version = lt.GetVersion();
@@ -223,6 +235,18 @@ static int64_t align_of(const void *p) {
   return a;
 }
 
+/* Whether algo keeps its partial sums in fp32: no split-K, or split-K
+ * reduced in the compute type (see the header). */
+static int fp32_partials(const cublasLtMatmulAlgo_t *algo) {
+  uint32_t scheme = CUBLASLT_REDUCTION_SCHEME_MASK;
+  size_t written = 0;
+  if (lt.MatmulAlgoConfigGetAttribute(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &scheme,
+                                      sizeof scheme, &written) != CUBLAS_STATUS_SUCCESS)
+    return 0;
+  return scheme == CUBLASLT_REDUCTION_SCHEME_NONE ||
+         scheme == CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+}
+
 /* ---- the cache --------------------------------------------------------------- */
 
 static void entry_drop(entry_t *e) {
@@ -255,8 +279,12 @@ static int entry_make(entry_t *e, cublasLtHandle_t h, const operand_t *x, const 
   const cublasLtMatmulPreferenceAttributes_t which[4] = {
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
       CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+  const uint32_t reductions = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE; /* and NONE, which is 0 */
   cublasStatus_t st =
       lt.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = lt.MatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                         &reductions, sizeof reductions);
   for (int i = 0; i < 4 && st == CUBLAS_STATUS_SUCCESS; i++)
     st = lt.MatmulPreferenceSetAttribute(pref, which[i], &al[i], sizeof al[i]);
   cublasLtMatmulHeuristicResult_t res[HEURISTIC_RESULTS];
@@ -271,13 +299,14 @@ static int entry_make(entry_t *e, cublasLtHandle_t h, const operand_t *x, const 
     return DL_ERR(DL_ECUDA, "cublasLtMatmulAlgoGetHeuristic failed: %s (%d)", status_name(st),
                   (int)st);
   for (int i = 0; i < got; i++)
-    if (res[i].state == CUBLAS_STATUS_SUCCESS && res[i].workspaceSize <= (size_t)ws_bytes) {
+    if (res[i].state == CUBLAS_STATUS_SUCCESS && res[i].workspaceSize <= (size_t)ws_bytes &&
+        fp32_partials(&res[i].algo)) {
       e->algo = res[i].algo;
       return DL_OK;
     }
-  return DL_ERR(DL_EUNSUPPORTED, "cuBLASLt has no algorithm for %s x %s -> %s, op %c/%c, "
-                "[%lld x %lld] (ld %lld) @ [%lld x %lld] (ld %lld), k = %lld, alignments "
-                "%lld/%lld/%lld/%lld bytes (%d candidates)", dl_dtype_name(in_dt),
+  return DL_ERR(DL_EUNSUPPORTED, "cuBLASLt has no algorithm with fp32 partial sums for %s x %s "
+                "-> %s, op %c/%c, [%lld x %lld] (ld %lld) @ [%lld x %lld] (ld %lld), k = %lld, "
+                "alignments %lld/%lld/%lld/%lld bytes (%d candidates)", dl_dtype_name(in_dt),
                 dl_dtype_name(in_dt), dl_dtype_name(out_dt), opx == CUBLAS_OP_N ? 'N' : 'T',
                 opy == CUBLAS_OP_N ? 'N' : 'T', (long long)x->lrows, (long long)x->lcols,
                 (long long)x->ld, (long long)y->lrows, (long long)y->lcols, (long long)y->ld,
@@ -347,6 +376,13 @@ static int run_locked(const dl_gemm_args_t *g, int dev, void *ws, int64_t ws_byt
                         ws_bytes);
     if (rc) {
       entry_drop(e);
+      /* some cuBLASLt versions refuse the heuristic query while a stream captures */
+      enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+      if (cudaStreamIsCapturing((cudaStream_t)stream, &cs) != cudaSuccess)
+        (void)cudaGetLastError();
+      else if (cs != cudaStreamCaptureStatusNone)
+        rc = dl_error_context(rc, "gemm inside a CUDA graph capture (the first call of a "
+                              "configuration asks cuBLASLt's heuristic: make one before capturing)");
       return rc;
     }
     e->used = 1;

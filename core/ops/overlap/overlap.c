@@ -1,13 +1,13 @@
 /*
- * overlap.c — the overlap object: a symmetric buffer with set-and-clear
+ * overlap.c — the overlap object: a symmetric buffer and set-and-clear
  * flags for the schedules of distlab.overlap (all-gather + GEMM and GEMM +
  * reduce-scatter, bindings/distlab/overlap/), which issue its signals,
  * waits and copies step by step on their streams. Here: making it (every
  * rank must describe the same call; the flags start where the schedule says,
  * before any peer can signal), views of any rank's buffer, the cpu flags
- * (shared memory, a wait polls and fails at its timeout), the copies and the
- * reduction the schedules move data with. The cuda flags and the watchdog:
- * overlap_watch.c.
+ * (a wait polls and fails at its timeout), the copies and the reduction the
+ * schedules move data with. Where the flags live (host shared memory):
+ * overlap_flags.c; the cuda flags and the watchdog: overlap_watch.c.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,22 +83,12 @@ static int same_call(dl_overlap_t *o, dl_comm_t *c, int64_t seq) {
   return dl_comm_check_same(c, "ov", seq, sig, sizeof sig, "overlap ops", sig_text);
 }
 
-/* The flags at their starting values, progress and active at 0. */
-static int init_flags(dl_overlap_t *o, const uint32_t *initial) {
-  uint32_t words[DL_OVERLAP_MAX_FLAGS + 1 + DL_OVERLAP_MAX_WAITS];
-  memset(words, 0, sizeof words);
-  for (int f = 0; f < o->nflags && initial; f++) words[f] = initial[f];
-  if (o->dev_type == DL_CPU) {
-    memcpy(o->flags[o->rank], words, sizeof words);
-    __atomic_thread_fence(__ATOMIC_SEQ_CST);
-    return DL_OK;
-  }
-#ifdef DL_WITH_CUDA
-  DL_TRY(dl_cuda_use(o->dev_index));
-  DL_CUDA_CHECK(cudaMemcpy(o->flags[o->rank], words, sizeof words, cudaMemcpyHostToDevice));
-  DL_CUDA_CHECK(cudaDeviceSynchronize());
-#endif
-  return DL_OK;
+/* Our flags at their starting values, active and progress at 0 (host
+ * memory no stream has touched yet: plain stores, then a fence). */
+static void init_flags(dl_overlap_t *o, const uint32_t *initial) {
+  memset(o->flags[o->rank], 0, DL_OVERLAP_CTL_WORDS * sizeof(uint32_t));
+  for (int f = 0; f < o->nflags && initial; f++) o->flags[o->rank][f] = initial[f];
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
 }
 
 int dl_overlap_new(dl_overlap_t **out, dl_comm_t *c, const char *what, int64_t nbytes,
@@ -125,21 +115,17 @@ int dl_overlap_new(dl_overlap_t **out, dl_comm_t *c, const char *what, int64_t n
   o->nflags = nflags;
   o->timeout_s = ci.timeout_s;
   o->nbytes = nbytes;
-  o->data_bytes = (nbytes + 255) & ~(int64_t)255;
-  const int64_t total = o->data_bytes + 4 * (DL_OVERLAP_MAX_FLAGS + 1 + DL_OVERLAP_MAX_WAITS);
-  const int64_t seq = ci.dev_type == DL_META ? 0 : next_call(ci.name);
-  int rc = ci.dev_type == DL_META ? DL_OK : same_call(o, c, seq);
-  if (rc == DL_OK) rc = dl_symm_alloc(&o->symm, c, total);
-  for (int p = 0; p < o->size && rc == DL_OK && o->dev_type != DL_META; p++) {
+  const int meta = ci.dev_type == DL_META; /* no flags: nothing runs */
+  const int64_t seq = meta ? 0 : next_call(ci.name);
+  int rc = meta ? DL_OK : same_call(o, c, seq);
+  if (rc == DL_OK) rc = dl_symm_alloc(&o->symm, c, nbytes);
+  for (int p = 0; p < o->size && rc == DL_OK && !meta; p++) {
     void *ptr;
     rc = dl_symm_peer_ptr(o->symm, p, &ptr);
     o->bufs[p] = ptr;
-    o->flags[p] = (uint32_t *)(o->bufs[p] + o->data_bytes);
   }
-  if (rc == DL_OK && o->dev_type != DL_META) {
-    o->state = o->flags[o->rank] + DL_OVERLAP_MAX_FLAGS;
-    rc = init_flags(o, initial);
-  }
+  if (rc == DL_OK && !meta) rc = dl_overlap_ctl_map(o, c, seq);
+  if (rc == DL_OK && !meta) init_flags(o, initial);
 #ifdef DL_WITH_CUDA
   if (rc == DL_OK && o->dev_type == DL_CUDA) {
     int sms = 0;
@@ -154,13 +140,15 @@ int dl_overlap_new(dl_overlap_t **out, dl_comm_t *c, const char *what, int64_t n
   }
 #endif
   /* nobody signals into flags before their owner set them; then everyone
-   * has read every signature, and ours can go (the next call's check would
-   * delete it too, but the last one's would stay) */
-  if (rc == DL_OK && o->dev_type != DL_META && o->size > 1) rc = dl_comm_barrier(c, NULL);
-  if (rc == DL_OK && o->dev_type != DL_META) {
+   * has read every signature and mapped every segment, and ours can go (the
+   * next call's check would delete the signature too, but the last one's
+   * would stay) */
+  if (rc == DL_OK && !meta && o->size > 1) rc = dl_comm_barrier(c, NULL);
+  if (rc == DL_OK && !meta) {
     char key[48];
     snprintf(key, sizeof key, "ov/%lld/%d", (long long)seq, o->rank);
     rc = dl_comm_store_delete(c, key);
+    if (rc == DL_OK) rc = dl_overlap_ctl_unlink(o, c, seq);
   }
   if (rc < 0) {
     dl_error_context(rc, "dl_overlap_new (%s) on rank %d of %d (comm '%s')", what, ci.rank, ci.size,
@@ -177,8 +165,9 @@ void dl_overlap_free(dl_overlap_t *o) {
   /* graphs that captured its waits and copies must not replay after it */
   dl_graph_release_user(o, "the overlap op (its symmetric buffer and flags)");
 #ifdef DL_WITH_CUDA
-  dl_overlap_cu_fini(o);
+  dl_overlap_cu_fini(o); /* after it, no queued run touches the flags */
 #endif
+  dl_overlap_ctl_unmap(o);
   dl_symm_free(o->symm);
   pthread_mutex_destroy(&o->mu);
   o->magic = 0;
@@ -249,6 +238,7 @@ int dl_overlap_begin(dl_overlap_t *o, dl_stream_t *s) {
   pthread_mutex_lock(&o->mu);
   o->nlog = 0;
   o->runs++;
+  o->run_id = (uint32_t)o->runs ? (uint32_t)o->runs : 1; /* 0 means "no run" */
   pthread_mutex_unlock(&o->mu);
   dl_graph_note_user(o); /* a graph being captured now waits on this object's flags */
 #ifdef DL_WITH_CUDA
@@ -273,7 +263,7 @@ int dl_overlap_signal(dl_overlap_t *o, int peer, int flag, dl_stream_t *s) {
   DL_TRY(stream_of(o, s, &h));
   if (o->dev_type == DL_CPU) __atomic_store_n(&o->flags[peer][flag], 1u, __ATOMIC_RELEASE);
 #ifdef DL_WITH_CUDA
-  if (o->dev_type == DL_CUDA) return dl_overlap_cu_signal(o, &o->flags[peer][flag], h);
+  if (o->dev_type == DL_CUDA) return dl_overlap_cu_signal(o, &o->dflags[peer][flag], h);
 #endif
   return DL_OK;
 }
@@ -322,7 +312,7 @@ int dl_overlap_wait(dl_overlap_t *o, int flag, int peer, int step, const char *w
                DL_OVERLAP_MAX_WAITS);
   if (o->dev_type == DL_CPU) return wait_cpu(o, &rec);
 #ifdef DL_WITH_CUDA
-  return dl_overlap_cu_wait(o, &o->flags[o->rank][flag], idx, h);
+  return dl_overlap_cu_wait(o, &o->dflags[o->rank][flag], idx, h);
 #endif
   return DL_EUNSUPPORTED;
 }

@@ -1,24 +1,28 @@
 /*
  * overlap_watch.c — the overlap object's flags on cuda, and its watchdog.
  *
- * Signals and waits are stream memory operations: cuStreamWriteValue32
- * (with its default memory barrier, so the work before it on the stream is
- * visible before the flag) and cuStreamWaitValue32 (EQ 1) followed by a write
- * of 0, then a write of 1 into the run's progress word for that wait. No
+ * Signals and waits are stream memory operations on the control words in
+ * host memory (overlap_flags.c): cuStreamWriteValue32 (with its default
+ * memory barrier, so the work before it on the stream is visible before
+ * the flag) and cuStreamWaitValue32 (EQ 1) followed by a write of 0, then a
+ * write of the run's id into the run's progress word for that wait. No
  * kernel runs and no multiprocessor spins; CUDA graphs capture them as
  * memory-operation nodes. The driver functions come from the runtime
  * (cudaGetDriverEntryPointByVersion), so nothing links against libcuda.
  *
- * A stream wait has no timeout of its own, so a thread per object watches:
- * every TICK it copies this rank's flags, active word and progress words to
- * the host on a stream of its own. While a run is active and the progress
- * words have not changed for the timeout, the run is stuck: the object fails
- * with a message naming, for each stream, the first wait that has not passed
- * (step, flag, peer, the flag's value), printed at once and returned by the
- * next begin or check; and the watchdog sets the flags of every wait not yet
- * passed to 1, on every tick while the object stays active, so its streams
- * (and graph replays already queued) drain instead of hanging the process.
- * Results of a failed object are garbage; it refuses further runs.
+ * A stream wait has no timeout of its own, so a thread per object watches,
+ * with plain loads and stores of host memory and no CUDA call (nothing it
+ * does can queue behind a stuck stream): every TICK it reads the active and
+ * progress words. While a run is active and they have not changed for the
+ * timeout, the run is stuck: the object fails with a message naming, for
+ * each stream, the first wait that has not passed (step, flag, peer, the
+ * flag's value), printed at once and returned by the next begin or check.
+ * From then on, on every tick while a run of the object is active, the
+ * watchdog sets all of its flags to 1, so every wait of its streams (and of
+ * graph replays already queued) passes and they drain instead of hanging
+ * the process. Results of a failed object are garbage; it refuses further
+ * runs. Freeing the object waits for the device's queued work with the
+ * watchdog still at it, so no queued run outlives the flags.
  */
 #ifdef DL_WITH_CUDA
 
@@ -32,7 +36,7 @@
 #include "overlap_int.h"
 #include "base/device.h"
 
-enum { TICK_MS = 50, WORDS = DL_OVERLAP_MAX_FLAGS + 1 + DL_OVERLAP_MAX_WAITS };
+enum { TICK_MS = 50 };
 
 typedef CUresult (*value32_fn)(CUstream, CUdeviceptr, cuuint32_t, unsigned int);
 typedef CUresult (*errstr_fn)(CUresult, const char **);
@@ -49,11 +53,8 @@ struct watch {
   pthread_t thread;
   pthread_cond_t cv;
   int started, stop;
-  cudaStream_t stream;
-  uint32_t *host; /* pinned: a copy of [flags][active][progress] */
-  uint32_t *ones; /* pinned: 1s to release waits with */
-  uint32_t last[1 + DL_OVERLAP_MAX_WAITS];
-  int last_n; /* words of last that hold a snapshot (0: none) */
+  uint32_t last[1 + DL_OVERLAP_MAX_WAITS]; /* [active][progress...] at the last change */
+  int last_n;                              /* words of last that hold one (0: none) */
   double since;
 };
 
@@ -94,26 +95,8 @@ static double now_s(void) { return dl_now_us() * 1e-6; }
 
 /* ---- the watchdog ------------------------------------------------------------------ */
 
-/* Copies `words` words from this rank's flags on to w->host; 0 when done. */
-static int snapshot(dl_overlap_t *o, int words) {
-  watch_t *w = o->watch;
-  if (cudaMemcpyAsync(w->host, o->flags[o->rank], (size_t)words * 4, cudaMemcpyDeviceToHost,
-                      w->stream) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return -1;
-  }
-  const double t0 = dl_now_us();
-  cudaError_t q;
-  while ((q = cudaStreamQuery(w->stream)) == cudaErrorNotReady) {
-    if (dl_now_us() - t0 > 5e6) return -1;
-    dl_wait_pause(t0);
-  }
-  if (q != cudaSuccess) (void)cudaGetLastError();
-  return q == cudaSuccess ? 0 : -1;
-}
-
 /* The message: for each stream, its first wait that has not passed. mu held. */
-static void diagnose(dl_overlap_t *o, const uint32_t *progress, char *buf, size_t len) {
+static void diagnose(dl_overlap_t *o, const uint32_t *snap, char *buf, size_t len) {
   char who[300];
   dl_overlap_describe(o, who, sizeof who);
   int used = snprintf(buf, len, "%s: no progress for %.1f s:", who, o->timeout_s);
@@ -123,47 +106,40 @@ static void diagnose(dl_overlap_t *o, const uint32_t *progress, char *buf, size_
     const wait_rec_t *r = &o->log[i];
     int dup = 0;
     for (int j = 0; j < nseen; j++) dup |= seen[j] == r->stream;
-    if (progress[i] || dup) continue;
+    if (snap[1 + i] == snap[0] || dup) continue;
     seen[nseen++] = r->stream;
     used += snprintf(buf + used, len - (size_t)used, " step %d waits for '%s' from rank %d (flag %d is %u);",
-                     r->step, r->what, r->peer, r->flag, o->watch->host[r->flag]);
+                     r->step, r->what, r->peer, r->flag,
+                     __atomic_load_n(&o->flags[o->rank][r->flag], __ATOMIC_ACQUIRE));
   }
   if (used < (int)len) snprintf(buf + used, len - (size_t)used, " did every rank run this op?");
 }
 
-/* Sets the flag of every wait not yet passed: the streams drain. */
-static void release(dl_overlap_t *o, const uint32_t *progress, int n) {
-  watch_t *w = o->watch;
-  for (int i = 0; i < n; i++)
-    if (!progress[i] &&
-        cudaMemcpyAsync(&o->flags[o->rank][o->log[i].flag], w->ones, 4, cudaMemcpyHostToDevice,
-                        w->stream) != cudaSuccess)
-      (void)cudaGetLastError();
+/* Every flag of ours := 1: each wait of a queued run passes, its streams drain. */
+static void release(dl_overlap_t *o) {
+  for (int f = 0; f < o->nflags; f++) __atomic_store_n(&o->flags[o->rank][f], 1u, __ATOMIC_RELEASE);
 }
 
 static void tick(dl_overlap_t *o) {
   watch_t *w = o->watch;
+  uint32_t snap[1 + DL_OVERLAP_MAX_WAITS];
   pthread_mutex_lock(&o->mu);
   const int n = o->nlog;
-  pthread_mutex_unlock(&o->mu);
-  if (snapshot(o, DL_OVERLAP_MAX_FLAGS + 1 + n)) return;
-  const uint32_t active = w->host[DL_OVERLAP_MAX_FLAGS];
-  const uint32_t *progress = w->host + DL_OVERLAP_MAX_FLAGS + 1;
-  pthread_mutex_lock(&o->mu);
-  if (!active || n != o->nlog) { /* idle, or a new run being issued */
+  for (int i = 0; i <= n; i++) snap[i] = __atomic_load_n(&o->state[i], __ATOMIC_ACQUIRE);
+  if (!snap[0]) { /* idle */
     w->last_n = 0;
   } else if (o->failed) {
-    release(o, progress, n);
-  } else if (w->last_n != n + 1 || memcmp(w->last, w->host + DL_OVERLAP_MAX_FLAGS, (size_t)(n + 1) * 4)) {
-    memcpy(w->last, w->host + DL_OVERLAP_MAX_FLAGS, (size_t)(n + 1) * 4);
+    release(o);
+  } else if (w->last_n != n + 1 || memcmp(w->last, snap, (size_t)(n + 1) * 4)) {
+    memcpy(w->last, snap, (size_t)(n + 1) * 4);
     w->last_n = n + 1;
     w->since = now_s();
   } else if (now_s() - w->since > o->timeout_s) {
     char why[sizeof o->failure];
-    diagnose(o, progress, why, sizeof why);
+    diagnose(o, snap, why, sizeof why);
     dl_overlap_fail_locked(o, why);
     fprintf(stderr, "distlab: %s\n", why);
-    release(o, progress, n);
+    release(o);
   }
   pthread_mutex_unlock(&o->mu);
 }
@@ -171,7 +147,6 @@ static void tick(dl_overlap_t *o) {
 static void *watch_main(void *arg) {
   dl_overlap_t *o = arg;
   watch_t *w = o->watch;
-  if (cudaSetDevice(o->dev_index) != cudaSuccess) (void)cudaGetLastError();
   pthread_mutex_lock(&o->mu);
   while (!w->stop) {
     struct timespec ts;
@@ -198,10 +173,6 @@ int dl_overlap_cu_init(dl_overlap_t *o) {
   if (!w) return DL_ERR(DL_ENOMEM, "overlap: out of host memory for the watchdog");
   o->watch = w;
   pthread_cond_init(&w->cv, NULL);
-  DL_CUDA_CHECK(cudaStreamCreateWithFlags(&w->stream, cudaStreamNonBlocking));
-  DL_CUDA_CHECK(cudaHostAlloc((void **)&w->host, WORDS * 4, cudaHostAllocDefault));
-  DL_CUDA_CHECK(cudaHostAlloc((void **)&w->ones, 4, cudaHostAllocDefault));
-  *w->ones = 1;
   int e = pthread_create(&w->thread, NULL, watch_main, o);
   if (e) return DL_ERR(DL_ENOMEM, "overlap: cannot start the watchdog thread: %s", strerror(e));
   w->started = 1;
@@ -211,6 +182,11 @@ int dl_overlap_cu_init(dl_overlap_t *o) {
 void dl_overlap_cu_fini(dl_overlap_t *o) {
   watch_t *w = o->watch;
   if (!w) return;
+  /* a run still queued (eager or a graph replay) would touch the flags after
+   * they go: wait for the device; a stuck run among them is ended by the
+   * watchdog within the timeout */
+  if (o->runs > 0 && dl_cuda_use(o->dev_index) == DL_OK && cudaDeviceSynchronize() != cudaSuccess)
+    (void)cudaGetLastError();
   if (w->started) {
     pthread_mutex_lock(&o->mu);
     w->stop = 1;
@@ -218,21 +194,17 @@ void dl_overlap_cu_fini(dl_overlap_t *o) {
     pthread_mutex_unlock(&o->mu);
     pthread_join(w->thread, NULL);
   }
-  if (w->stream) cudaStreamDestroy(w->stream);
-  if (w->host) cudaFreeHost(w->host);
-  if (w->ones) cudaFreeHost(w->ones);
   pthread_cond_destroy(&w->cv);
   free(w);
   o->watch = NULL;
 }
 
 int dl_overlap_cu_begin(dl_overlap_t *o, void *stream) {
-  DL_CUDA_CHECK(cudaMemsetAsync(o->state + 1, 0, DL_OVERLAP_MAX_WAITS * 4, (cudaStream_t)stream));
-  return write32(stream, o->state, 1, "overlap begin: cuStreamWriteValue32");
+  return write32(stream, o->dstate, o->run_id, "overlap begin: cuStreamWriteValue32");
 }
 
 int dl_overlap_cu_end(dl_overlap_t *o, void *stream) {
-  return write32(stream, o->state, 0, "overlap end: cuStreamWriteValue32");
+  return write32(stream, o->dstate, 0, "overlap end: cuStreamWriteValue32");
 }
 
 int dl_overlap_cu_signal(dl_overlap_t *o, uint32_t *flag, void *stream) {
@@ -244,7 +216,8 @@ int dl_overlap_cu_wait(dl_overlap_t *o, uint32_t *flag, int idx, void *stream) {
   CUresult r = drv.wait32((CUstream)stream, (CUdeviceptr)(uintptr_t)flag, 1, CU_STREAM_WAIT_VALUE_EQ);
   if (r != CUDA_SUCCESS) return drv_error(r, "overlap wait: cuStreamWaitValue32");
   DL_TRY(write32(stream, flag, 0, "overlap wait: cuStreamWriteValue32 (clear)"));
-  return write32(stream, o->state + 1 + idx, 1, "overlap wait: cuStreamWriteValue32 (progress)");
+  return write32(stream, o->dstate + 1 + idx, o->run_id,
+                 "overlap wait: cuStreamWriteValue32 (progress)");
 }
 
 #endif
