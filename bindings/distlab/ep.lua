@@ -23,9 +23,11 @@
 --   ep:bytes()   symmetric bytes per rank by part: dispatch_send, dispatch_recv,
 --                combine_send, combine_recv, signals, total; and outputs (the
 --                tensors above, not symmetric). The allocator charges each part to
---                the tag "ep_<part>" (dl.mem.report shows them; outputs: ep_outputs)
+--                the tag "ep_<part>" (dl.mem.report shows them; outputs: ep_outputs).
+--                On cuda the buffer is in whole 2 MiB pages: signals holds the rounding
 --   ep:info(), ep:check() (wait and report what the kernels recorded), ep:free()
 --   dl.ep.formula(opts) -> the same parts from the layout's formulas, for `ranks` ranks
+--                (as meta and cpu count them: the buffer rounded to 4 KiB)
 --
 -- recv, handle and the default out are the buffer's own tensors, reused by
 -- the next dispatch (one dispatch in flight per buffer; make two buffers for

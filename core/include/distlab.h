@@ -542,9 +542,10 @@ typedef struct dl_ep_config {
 } dl_ep_config_t;
 /* Bytes per rank by part (dl_ep_info_t.bytes): the symmetric buffer's
  * dispatch and combine send and receive regions, its control words with the
- * buffer's rounding and signal pad (signals), their total, and the output
- * tensors (not symmetric). The allocator charges each part to the memory
- * tag "ep_<name>" (names: dl_ep_part_name). */
+ * buffer's rounding (4 KiB; whole 2 MiB pages on cuda) and signal pad
+ * (signals), their total, and the output tensors (not symmetric). The
+ * allocator charges each part to the memory tag "ep_<name>" (names:
+ * dl_ep_part_name). */
 enum {
   DL_EP_DISPATCH_SEND_BYTES = 0,
   DL_EP_DISPATCH_RECV_BYTES = 1,

@@ -405,6 +405,26 @@ function X.check_fp8_bound(o, inp)
   return nil
 end
 
+-- ep:bytes() against the layout's formula: equal on cpu; on cuda the
+-- buffer in whole 2 MiB pages, the rounding in signals; and the allocator's
+-- ep_dispatch_recv tag holding at least this buffer's part.
+function X.check_bytes(o, ep)
+  local f = dl.ep.formula { max_tokens = o.B, hidden = o.H, experts = o.E, topk = o.K, layout = o.layout,
+    output = o.output, dtype = o.dtype, ranks = X.N }
+  local b, page = ep:bytes(), 2 ^ 21
+  for _, part in ipairs { "dispatch_send", "dispatch_recv", "combine_send", "combine_recv", "outputs" } do
+    if b[part] ~= f[part] then return string.format("bytes: %s %d, the formula says %d", part, b[part], f[part]) end
+  end
+  local want = X.on_cpu and f.total or math.ceil(f.total / page) * page
+  if b.total ~= want or b.signals ~= want - f.dispatch_recv - f.combine_recv then
+    return string.format("bytes: total %d, signals %d; expected %d, %d (formula total %d)", b.total, b.signals, want,
+      want - f.dispatch_recv - f.combine_recv, f.total)
+  end
+  local tag = dl.mem.stats(X.w.device).tags.ep_dispatch_recv
+  if not tag or tag.current < b.dispatch_recv then return "bytes: the allocator's ep_dispatch_recv tag misses the buffer" end
+  return nil
+end
+
 -- Poison the buffer's outputs, so a row or entry the kernels skip shows.
 function X.poison(ep)
   local t = ep.tensors

@@ -7,7 +7,8 @@
 -- outputs poisoned first. Combine: against the fp64 sums (kernels' fp32
 -- sums rounded once to bf16), and fp8 within its stated bound. Then a
 -- planted 2% error in a received row and in the combined output must be
--- caught. Prints "correct ok" per rank.
+-- caught. Each buffer's bytes against its layout's formula (on cuda in
+-- whole 2 MiB pages). Prints "correct ok" per rank.
 local dir = arg[0]:match("^(.*)/[^/]*$") or "."
 local X = dofile(dir .. "/common.lua")
 local dl = require "distlab"
@@ -28,6 +29,8 @@ X.report(function()
       local o = { B = cfg.B, H = cfg.H, E = cfg.E, K = cfg.K, layout = combo.layout, output = combo.output,
         dtype = combo.dtype }
       local ep = X.buffer(o)
+      local berr = X.check_bytes(o, ep)
+      if berr then fail(string.format("config %d %s/%s/%s", ci, o.layout, o.output, o.dtype), berr) end
       for c, case in ipairs(cases) do
         call = call + 1
         local what = string.format("config %d %s/%s/%s case %d (%s, T=%s)", ci, o.layout, o.output, o.dtype, c,

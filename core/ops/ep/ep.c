@@ -15,8 +15,10 @@
  *
  * Memory: the symmetric buffer is mapped outside the allocator, so each part
  * is charged to its tag (ep_dispatch_recv, ...; dl_mem_charge) and the
- * reports see it; on meta nothing is mapped and the same bytes are charged,
- * for any world size. The outputs come from the allocator under ep_outputs.
+ * reports see it; on meta nothing is mapped and the bytes a cpu rank would
+ * map are charged, for any world size (on cuda the buffer is in whole 2 MiB
+ * pages, at most 2 MiB more, charged to signals). The outputs come from the
+ * allocator under ep_outputs.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -184,8 +186,9 @@ static void lay_out(dl_ep_t *ep) {
   const int64_t crecv = dl_ep_combine_slots(per_rank, c->experts, c->topk, c->max_tokens) * a->msg_c;
   a->drecv_off = dl_ep_ctrl_bytes(ep->size, ep->local);
   a->crecv_off = a->drecv_off + drecv;
-  /* the symmetric buffer rounds to 4 KiB and puts its signal pad behind */
-  const int64_t mapped = dl_ep_align(a->crecv_off + crecv, 4096) + (int64_t)sizeof(dl_signal_pad_t);
+  /* what the symmetric buffer maps: its rounding and signal pad (on cuda
+   * whole 2 MiB pages) count as signals */
+  const int64_t mapped = dl_symm_mapped_bytes(ep->dev_type, a->crecv_off + crecv);
   ep->bytes[DL_EP_DISPATCH_SEND_BYTES] = 0; /* messages go straight into the peers' slots */
   ep->bytes[DL_EP_DISPATCH_RECV_BYTES] = drecv;
   ep->bytes[DL_EP_COMBINE_SEND_BYTES] = 0;
@@ -308,7 +311,7 @@ static int init(dl_ep_t *ep, dl_comm_t *c, const dl_comm_info_t *ci) {
   DL_TRY(grid(ep, ci->share));
   if (ep->dev_type == DL_META) return DL_OK;
   /* the buffer: what symm maps is exactly the total charged above */
-  DL_TRY(dl_symm_alloc(&ep->symm, c, ep->bytes[DL_EP_TOTAL_BYTES] - (int64_t)sizeof(dl_signal_pad_t)));
+  DL_TRY(dl_symm_alloc(&ep->symm, c, ep->base.crecv_off + ep->bytes[DL_EP_COMBINE_RECV_BYTES]));
   for (int p = 0; p < ep->size; p++) {
     void *ptr;
     DL_TRY(dl_symm_peer_ptr(ep->symm, p, &ptr));
