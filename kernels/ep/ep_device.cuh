@@ -90,9 +90,11 @@ __device__ __forceinline__ void ep_begin(const dl_ep_args_t &a, ep_block &blk,
   __syncthreads();
 }
 
-// The end of a block: its writes fenced, it counts itself; the last block
-// of the grid resets the count, advances the epoch and stores it into word
-// flag_of(N, rank) of every rank (release), unless a wait timed out (the
+// The end of a block: its writes fenced, it counts itself (a block whose
+// wait timed out adds 2^16 more, so the count in device memory says so
+// without a read of the host-mapped record); the last block of the grid
+// resets the count, advances the epoch and stores it into word
+// flag_of(N, rank) of every rank (release), unless a block timed out (the
 // peers then time out too, naming this rank).
 __device__ __forceinline__ void ep_finish(const dl_ep_args_t &a, ep_block &blk,
                                           int64_t (*flag_of)(int, int)) {
@@ -100,12 +102,14 @@ __device__ __forceinline__ void ep_finish(const dl_ep_args_t &a, ep_block &blk,
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence_system();
-    blk.last = atomicAdd(self + dl_ep_done(a.phase), 1u) == gridDim.x - 1;
+    const uint32_t add = blk.ok ? 1u : 1u + 0x10000u;
+    const uint32_t now = atomicAdd(self + dl_ep_done(a.phase), add) + add;
+    blk.last = (now & 0xffffu) == gridDim.x;
     if (blk.last) {
       __threadfence_system();
       *reinterpret_cast<volatile uint32_t *>(self + dl_ep_done(a.phase)) = 0;
       *reinterpret_cast<volatile uint32_t *>(self + dl_ep_seq(a.phase)) = blk.epoch;
-      if (ep_ld_volatile(&a.status->kind) == DL_EP_ERR_TIMEOUT) blk.last = 0;
+      if (now >> 16) blk.last = 0;
     }
   }
   __syncthreads();
