@@ -89,6 +89,23 @@ describe("ep on cpu (shared memory)", function()
   end)
 end)
 
+describe("ep_bench on cpu", function()
+  it("2 ranks, small sizes: every path and case runs, data checked, CSV and markdown written", function()
+    local dir = H.tmpname("")
+    local rc, out = H.distlab("run -n 2 --device cpu experiments/ep/ep_bench.lua --B 1,4 --experts 4 --hidden 128 " ..
+      "--topk 2 --replays 2 --ops 2 --out " .. dir)
+    assert.equal(0, rc, out)
+    local f = io.open(dir .. "/ep-bench-cpux2.md")
+    assert.truthy(f, out)
+    local md = f:read("*a")
+    f:close()
+    local _, rows = md:gsub("\n| distlab | ep |", "")
+    assert.equal(2 * 8, rows, md) -- B 1 and 4, 2 layouts x 2 outputs x 2 dtypes
+    assert.truthy(md:find("| distlab | a2av | 4 | 4 |", 1, true), md)
+    os.execute("rm -rf " .. dir)
+  end)
+end)
+
 describe("ep bytes", function()
   local configs = {
     { max_tokens = 128, hidden = 7168, experts = 256, topk = 8 },
