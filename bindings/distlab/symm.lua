@@ -47,7 +47,9 @@ function M.alloc(comm, shape, dtype)
   dtype = dtype or "f32"
   local id = core.dtype_id(dtype)
   local pp = ffi.new("dl_symm_t*[1]")
-  check(C.dl_symm_alloc(pp, comm.ptr, n * C.dl_dtype_size(id)))
+  -- every rank's dtype and shape are compared too, not only the bytes
+  local desc = string.format("%s[%s]", core.dtype_names[id], table.concat(shape, ", "))
+  check(C.dl_symm_alloc_desc(pp, comm.ptr, n * C.dl_dtype_size(id), desc))
   return setmetatable({
     ptr = ffi.gc(pp[0], C.dl_symm_free),
     comm = comm,

@@ -339,9 +339,33 @@ static int debug_check(dl_comm_t *c, const dl_comm_call_t *call) {
   return dl_comm_check_same(c, "dbg", c->seq, &me, sizeof me, "calls", sig_calls);
 }
 
+/* The entries ("a, b, c") of `theirs` that differ from `mine`, position by
+ * position, as "x vs y; ..." into out: what a mismatch message must say. */
+static void entry_diff(const char *mine, const char *theirs, char *out, size_t len) {
+  size_t n = 0, skip = 0;
+  out[0] = 0;
+  /* a word both start with ("calls ", "has ") says nothing */
+  for (size_t i = 0; mine[i] && mine[i] == theirs[i] && mine[i] != ','; i++)
+    if (mine[i] == ' ') skip = i + 1;
+  mine += skip;
+  theirs += skip;
+  while ((*mine || *theirs) && n + 1 < len) {
+    size_t a = strcspn(mine, ","), b = strcspn(theirs, ",");
+    if (a != b || strncmp(mine, theirs, a) != 0) {
+      int w = snprintf(out + n, len - n, "%s%.*s vs %.*s", n ? "; " : "", (int)a, mine, (int)b,
+                       theirs);
+      n = w < 0 ? len : n + (size_t)w < len ? n + (size_t)w : len - 1;
+    }
+    mine += a + (mine[a] == ',');
+    theirs += b + (theirs[b] == ',');
+    while (*mine == ' ') mine++;
+    while (*theirs == ' ') theirs++;
+  }
+}
+
 int dl_comm_check_same(dl_comm_t *c, const char *key, int64_t seq, const void *sig, size_t len,
                        const char *what, int (*describe)(const void *sig, char *buf, size_t len)) {
-  char k[160], mine[200], theirs[200], other[256];
+  char k[160], mine[300], theirs[300], other[256], diff[400];
   DL_CHECK_ARG(len <= sizeof other, "dl_comm_check_same: a signature of %zu bytes (at most %zu)", len,
                sizeof other);
   snprintf(k, sizeof k, "%s/%lld/%d", key, (long long)seq, c->rank);
@@ -357,7 +381,9 @@ int dl_comm_check_same(dl_comm_t *c, const char *key, int64_t seq, const void *s
     if (rc == DL_OK && memcmp(other, sig, len) != 0) {
       describe(sig, mine, sizeof mine);
       describe(other, theirs, sizeof theirs);
-      rc = DL_ERR(DL_EINVAL, "mismatched %s: rank %d %s but rank %d %s", what, c->rank, mine, r, theirs);
+      entry_diff(mine, theirs, diff, sizeof diff);
+      rc = DL_ERR(DL_EINVAL, "mismatched %s: rank %d %s but rank %d %s (differs: %s)", what,
+                  c->rank, mine, r, theirs, diff);
     }
   }
   DL_TRY(rc);
@@ -367,6 +393,26 @@ int dl_comm_check_same(dl_comm_t *c, const char *key, int64_t seq, const void *s
     DL_TRY(dl_comm_store_delete(c, k));
   }
   return DL_OK;
+}
+
+/* "has algo=p2p, mask=causal" (dl_comm_agree's signature is the string) */
+static int desc_has(const void *sig, char *buf, size_t len) {
+  return snprintf(buf, len, "has %s", (const char *)sig);
+}
+
+int dl_comm_agree(dl_comm_t *c, const char *what, const char *desc) {
+  DL_TRY(comm_check(c, "dl_comm_agree"));
+  DL_CHECK_ARG(what && desc, "dl_comm_agree: what and desc must be given");
+  char sig[256] = {0};
+  DL_CHECK_ARG(strlen(desc) < sizeof sig, "dl_comm_agree: a description of %zu bytes (at most %zu)",
+               strlen(desc), sizeof sig - 1);
+  if (!c->store) return DL_OK;
+  char whaton[256];
+  snprintf(whaton, sizeof whaton, "%s on comm '%s'", what, c->name);
+  if (c->failed)
+    return DL_ERR(DL_ESTATE, "%s: the communicator failed earlier; make a new one", whaton);
+  strcpy(sig, desc);
+  return dl_comm_check_same(c, "agree", c->nagree++, sig, sizeof sig, whaton, desc_has);
 }
 
 /* ---- groups ------------------------------------------------------------- */

@@ -48,6 +48,7 @@ struct dl_comm {
   int debug;
   int64_t seq;             /* ops issued so far (names them in messages) */
   int nsplits, nsymm;      /* children made so far: name them identically on every rank */
+  int nagree;              /* dl_comm_agree calls so far (their store keys) */
   int failed;              /* set once an op failed; later ops refuse */
   int share;               /* ranks on this rank's GPU (dl_comm_info_t.share) */
   int in_group;            /* p2p ops queued since dl_comm_group_start */

@@ -156,17 +156,39 @@ static void unmap(dl_symm_t *b) {
 
 int dl_comm_next_symm_id(const dl_comm_t *c) { return c->nsymm; }
 
+/* Larger sizes are no memory any host has, and would overflow the rounding. */
+#define SYMM_MAX_BYTES ((int64_t)1 << 56)
+
 int dl_symm_alloc(dl_symm_t **out, dl_comm_t *c, int64_t nbytes) {
+  return dl_symm_alloc_desc(out, c, nbytes, NULL);
+}
+
+int dl_symm_alloc_desc(dl_symm_t **out, dl_comm_t *c, int64_t nbytes, const char *desc) {
   DL_CHECK_ARG(out, "dl_symm_alloc: out is NULL");
   *out = NULL;
   dl_comm_info_t ci;
   DL_TRY(dl_comm_info(c, &ci));
-  DL_CHECK_ARG(nbytes >= 0, "dl_symm_alloc: negative size %lld", (long long)nbytes);
+  DL_CHECK_ARG(nbytes >= 0 && nbytes <= SYMM_MAX_BYTES,
+               "dl_symm_alloc: size %lld bytes is not in 0..2^56", (long long)nbytes);
+  DL_CHECK_ARG(!desc || strlen(desc) < 200, "dl_symm_alloc: a description of %zu bytes (under 200)",
+               strlen(desc));
   DL_CHECK_ARG(c->size <= DL_SIGNAL_MAX_RANKS,
                "symmetric buffers span one host of at most %d ranks; comm '%s' has %d (split it "
                "by host first)",
                DL_SIGNAL_MAX_RANKS, c->name, c->size);
   DL_CHECK_ARG(!c->failed, "dl_symm_alloc: comm '%s' failed earlier", c->name);
+  /* a peer that maps a larger buffer than ours would write past our end (a
+   * SIGBUS on cpu, corrupt memory on cuda): every rank checks every other
+   * rank's size before anything is mapped, so all fail alike */
+  char sig[256];
+  snprintf(sig, sizeof sig, "%lld bytes%s%s", (long long)nbytes, desc ? ", " : "", desc ? desc : "");
+  char what[64];
+  snprintf(what, sizeof what, "symmetric buffers (symm_alloc #%d)", c->nsymm);
+  int arc = dl_comm_agree(c, what, sig);
+  if (arc < 0) {
+    c->nsymm++; /* every rank counted this allocation: keep their ids in step */
+    return dl_error_context(arc, "symm_alloc on rank %d of %d", c->rank, c->size);
+  }
   dl_symm_t *b = calloc(1, sizeof *b);
   if (!b) return DL_ERR(DL_ENOMEM, "dl_symm_alloc: out of memory");
   b->magic = SYMM_MAGIC;

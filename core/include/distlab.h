@@ -287,6 +287,13 @@ int dl_comm_split_table(dl_comm_t **out, dl_comm_t *c, const int32_t *colors,
                         const int32_t *keys);
 /* Give up: peers waiting on this rank fail now with `why`. */
 int dl_comm_abort(dl_comm_t *c, const char *why);
+/* Every rank describes an object it creates on c (a CP schedule, an EP
+ * buffer layout): desc is "key=value, key=value" (under 256 bytes). Fails
+ * on every rank when two ranks differ, with "mismatched <what>: rank R has
+ * <desc> but rank Q has <desc> (differs: <their differing entries>)".
+ * Collective, through the store (so for creation, not per call); no-op on
+ * meta, whose peers are imaginary. */
+int dl_comm_agree(dl_comm_t *c, const char *what, const char *desc);
 
 /* out may be in (in place). Sizes: all_gather out = size*in, reduce_scatter
  * in = size*out, all_to_all in = out and divisible by size. */
@@ -314,12 +321,17 @@ int dl_comm_barrier(dl_comm_t *c, dl_stream_t *s);
 int dl_comm_synchronize(dl_comm_t *c, dl_stream_t *s);
 
 /* Symmetric buffers: nbytes on every rank of c (one host), each mapped by
- * all: CUDA IPC on cuda, POSIX shared memory on cpu. Each buffer has a
+ * all: CUDA IPC on cuda, POSIX shared memory on cpu. Every rank must ask
+ * for the same size: checked through the store, an error on every rank. Each buffer has a
  * signal pad of DL_SIGNAL_FLAGS flags (uint32) and a barrier for
  * flag-based synchronisation; counts only grow, so back-to-back uses
  * cannot mistake an old signal for a new one. Collective. */
 enum { DL_SIGNAL_FLAGS = 64, DL_SIGNAL_MAX_RANKS = 8, DL_SIGNAL_MAX_BLOCKS = 64 };
 int dl_symm_alloc(dl_symm_t **out, dl_comm_t *c, int64_t nbytes);
+/* The same, with what the buffer holds ("bf16[16, 32]", under 200 bytes):
+ * every rank must ask for the same nbytes and desc (dl_comm_agree; on a
+ * mismatch every rank fails, before anything is mapped). */
+int dl_symm_alloc_desc(dl_symm_t **out, dl_comm_t *c, int64_t nbytes, const char *desc);
 void dl_symm_free(dl_symm_t *b);
 int64_t dl_symm_nbytes(const dl_symm_t *b);
 /* Rank `peer`'s buffer as mapped here, and its signal pad. */

@@ -1,0 +1,31 @@
+-- spec/comm/mismatch.lua <mode> — ranks that disagree, without debug mode:
+-- every rank must end in an error naming the ranks and what differs (it
+-- prints "ERR: <message>" and exits 0, so the others report too), never a
+-- crash, a hang or a silently wrong result ("NOERR" then fails the spec).
+--   symm_size   a symmetric buffer of 16 floats on rank 0, 4096 elsewhere
+--   symm_dtype  the same bytes, f32[64] on rank 0 and bf16[128] elsewhere
+local dir = arg[0]:match("^(.*)/[^/]*$") or "."
+local U = dofile(dir .. "/util.lua")
+local dl = require "distlab"
+
+local mode = arg[1]
+local w = dl.comm.world { timeout = tonumber(os.getenv("SPEC_TIMEOUT") or "5") }
+local me = w.rank
+
+local modes = {}
+
+function modes.symm_size()
+  local b = dl.symm.alloc(w, { me == 0 and 16 or 4096 }, "f32")
+  b:peer((me + 1) % w.size):fill_(1) -- past rank 0's end if the sizes were not checked
+  w:barrier()
+end
+
+function modes.symm_dtype()
+  local b = dl.symm.alloc(w, { me == 0 and 64 or 128 }, me == 0 and "f32" or "bf16")
+  b:peer((me + 1) % w.size):fill_(1)
+  w:barrier()
+end
+
+if not modes[mode] then error("unknown mode " .. tostring(mode), 0) end
+U.report(modes[mode], 0)
+print("NOERR rank " .. me)
