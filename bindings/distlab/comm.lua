@@ -13,6 +13,19 @@
 --   world:info()                          rank, size, backend, seq, timeout, debug, failed,
 --                                         name, native (nccl: the ncclComm_t, for calling
 --                                         NCCL on it directly; nil on the other backends)
+--   dl.comm.world{new = true, ...}        collective: a fresh world after a failed one (a
+--                                         timeout, a peer that gave up). The current world
+--                                         is aborted (peers still waiting in it return with
+--                                         an error) and dropped, its finalizer runs unless
+--                                         something still holds it (which then errors on
+--                                         use), and once the new world is set up its store
+--                                         keys and its splits' are deleted. Every rank must
+--                                         call it, the same number of times; its new name
+--                                         ("w2": numbers may be skipped) is agreed through
+--                                         the store even where a rank made more
+--                                         communicators than the others.
+--                                         Other opts as dl.comm.new. Splits of the old world
+--                                         are not aborted: split the new one.
 --
 -- Ops take the current stream (dl.current_stream()). Ranks are 0-based, as
 -- the launchers number them. The world comes from the environment the
@@ -189,8 +202,66 @@ function M.new(opts)
 end
 
 local the_world
--- The job's world communicator (made on first use; later opts are ignored).
+local renewals = 0 -- world{new = true} calls so far: the same on every rank
+
+-- The number in the name the next dl_comm_new on this store gives ("w" 0,
+-- "w3" 3), found by making (and freeing) a meta communicator on the store:
+-- no rendezvous, no memory, but it takes the name.
+local function take_world_number(store)
+  local pp = ffi.new("dl_comm_t*[1]")
+  check(C.dl_comm_new(pp, C.DL_COMM_META, store.ptr, 0, 1, 0, 0))
+  local rc = C.dl_comm_info(pp[0], info)
+  C.dl_comm_free(pp[0])
+  check(rc)
+  return tonumber(ffi.string(info.name):match("%d+$")) or 0
+end
+
+-- Every rank agrees on the new world's name. dl_comm_new names worlds by
+-- how many this process made ("w", "w1", ...), so a rank that made one more
+-- (a REPL line run on one rank) would wait under a name nobody else uses.
+-- Each rank says how far it counted; all move to the largest count. Returns
+-- the prefix of the keys this exchange left.
+local function agree_on_name(store, e)
+  renewals = renewals + 1
+  local key = "distlab/world/new" .. renewals .. "/"
+  local mine = take_world_number(store)
+  store:set(key .. e.rank, tostring(mine))
+  local top = mine
+  for r = 0, e.world_size - 1 do top = math.max(top, tonumber(store:get(key .. r))) end
+  while mine < top do mine = take_world_number(store) end
+  return key
+end
+
+-- world{new = true}: see the header.
+local function renew(opts)
+  local old = the_world
+  the_world = nil
+  if old and old.ptr ~= nil then pcall(old.abort, old, "replaced by dl.comm.world{new = true}") end
+  local e = M.env()
+  local o = {}
+  for k, v in pairs(opts) do if k ~= "new" then o[k] = v end end
+  local backend = o.backend or os.getenv("DISTLAB_COMM_BACKEND")
+  if backend == nil or backend == "" then backend = e.device end
+  local store = backend ~= "meta" and M.store(o) or nil -- as M.new finds it
+  local exchanged = store and agree_on_name(store, e)
+  the_world = M.new(o)
+  -- the new world's setup was a rendezvous: every rank is past the old
+  -- world and the exchange, so their keys can go (the old world's splits
+  -- are "<name>.s<k>c<color>")
+  if store and e.rank == 0 then
+    for _, prefix in ipairs { exchanged, old and old.name .. "/", old and old.name .. "." } do
+      check(C.dl_store_delete_prefix(store.ptr, prefix, nil))
+    end
+  end
+  old = nil
+  collectgarbage() -- the old world's finalizer, unless something still holds it
+  return the_world
+end
+
+-- The job's world communicator (made on first use; later opts are ignored),
+-- or with opts.new a fresh one in place of the current.
 function M.world(opts)
+  if opts and opts.new then return renew(opts) end
   if not the_world or the_world.ptr == nil then the_world = M.new(opts) end
   return the_world
 end

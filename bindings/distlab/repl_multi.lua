@@ -1,49 +1,84 @@
 -- distlab multi-rank REPL: `./distlab repl -n 2 [--device D]`.
 --
--- Every rank runs this script. Rank 0 reads a chunk (continuing lines until
--- it compiles), hands it to every rank through the job's store, and every
--- rank runs it with print and io.write captured; rank 0 then shows each
--- rank's output: once, unprefixed, when all ranks printed the same, else
--- line by line as "[r] ...". An error on any rank is shown the same way and
--- the session goes on. Globals: dl, pp, rank, nranks, and world (the world
--- communicator, made on first use). :quit or Ctrl-D ends every rank.
+-- Every rank runs this script, each with its own session (repl/session.lua:
+-- globals, `_`, `?x`, the :commands). Rank 0 reads an input (continuing
+-- lines until it compiles; Tab completes from rank 0's objects) and hands it
+-- through the job's store, with the ranks it is for, to every rank; those
+-- ranks run it with print and io.write captured, and rank 0 shows what each
+-- printed: once, unprefixed, where every rank printed the same, else
+-- "[r] ..." per group of ranks that printed the same. A rank whose input
+-- fails shows its error; the others keep their state. The world
+-- communicator (`world`) is made at the start, on every rank.
+--
+-- Rank 0 only: :quit (or Ctrl-D) ends every rank; :ranks 1,3 (or 0-2, all)
+-- picks the ranks of the inputs that follow; :on 1 <code> runs one input
+-- there. :reset (dl.comm.world{new = true}) always runs on every rank.
+--
+-- Ctrl-C reaches every rank (the launcher ignores it). A rank running Lua
+-- stops at once (the session's hook); a rank inside C (a collective whose
+-- peers never come) does not. A second Ctrl-C while an input still runs
+-- aborts the world communicator on every idle rank, so that such waits end
+-- with an error (:reset then makes a new world); a third ends the session.
+--
+-- Keys: repl/<n> holds input n ("<ranks>\n<code>", ranks "*" for all, or
+-- "quit"); repl/<n>/out/<r> rank r's output. Rank 0 deletes them once it has
+-- shown the outputs: a rank that still finds repl/<n> knows input n runs.
 package.path = (os.getenv("DISTLAB_ROOT") or ".") .. "/bindings/?.lua;" .. package.path
 local ffi = require "ffi"
 local dl = require "distlab"
-local pretty = require "distlab.pretty"
+local session = require "distlab.repl.session"
+local line = require "distlab.repl.line"
 
+ffi.cdef "int usleep(unsigned int us);"
 local C = dl.C
 local env = dl.comm.env()
 local store = dl.comm.store()
 local rank, nranks = env.rank, env.world_size
+local S = session.new { rank = rank, nranks = nranks }
+local QUIT, SKIPPED = "quit", "\0skipped"
+local HINT_AFTER = 1 -- s: a Ctrl-C that has not stopped every rank by then gets a hint
 
-_G.dl, _G.pp, _G.rank, _G.nranks = dl, pretty.print, rank, nranks
-setmetatable(_G, { __index = function(_, k) if k == "world" then return dl.comm.world() end end })
+local function sleep_ms(ms) ffi.C.usleep(ms * 1000) end
 
-local QUIT = "\0quit"
+local made, world_or_err = pcall(dl.comm.world)
+if made then S.world = world_or_err end
 
--- Store get that waits as long as it takes (the REPL may idle for hours).
-local len = ffi.new("int64_t[1]")
-local function get(key, patient)
-  while true do
-    local rc = C.dl_store_get(store.ptr, key, nil, 0, len)
-    if rc == 0 then
-      local buf = ffi.new("char[?]", math.max(1, tonumber(len[0])))
-      dl.check(C.dl_store_get(store.ptr, key, buf, len[0], len))
-      return ffi.string(buf, len[0])
+-- ---- ranks ------------------------------------------------------------------
+
+-- "1,3", "0-2" or "all" -> {[r] = true, ...} (nil: all ranks), or nil, why
+local function parse_ranks(text)
+  if text == "all" or text == "*" then return nil end
+  local set, any = {}, false
+  for item in text:gmatch("[^,%s]+") do
+    local a, b = item:match("^(%d+)%-(%d+)$")
+    a, b = tonumber(a or item:match("^%d+$")), tonumber(b or a or item:match("^%d+$"))
+    if not a or a > b or b >= nranks then
+      return nil, string.format("'%s' is not a rank or range of 0..%d (:ranks 1,3  :ranks 0-2  :ranks all)", item, nranks - 1)
     end
-    if rc ~= C.DL_ETIMEOUT or not patient then return nil, ffi.string(C.dl_last_error()) end
+    for r = a, b do set[r] = true end
+    any = true
   end
+  if not any then return nil, "no ranks given (:ranks 1,3  :ranks 0-2  :ranks all)" end
+  return set
 end
 
--- Compile src as an expression if it is one, else as statements.
-local function compile(src)
-  local fn = loadstring("return (" .. src .. ")", "=stdin") or loadstring("return " .. src, "=stdin")
-  if fn then return fn end
-  return loadstring(src, "=stdin")
+local function ranks_text(set)
+  if not set then return "*" end
+  local l = {}
+  for r = 0, nranks - 1 do if set[r] then l[#l + 1] = r end end
+  return table.concat(l, ",")
 end
 
--- Run a chunk with output captured; returns the text.
+local function decode(msg)
+  local who, src = msg:match("^([^\n]*)\n(.*)$")
+  if who == "*" then return nil, src end
+  local set = {}
+  for r in who:gmatch("%d+") do set[tonumber(r)] = true end
+  return set, src
+end
+
+-- ---- running an input, output captured ---------------------------------------
+
 local function run_captured(src)
   local out = {}
   local saved_print, saved_write = print, io.write
@@ -54,76 +89,208 @@ local function run_captured(src)
   end
   io.write = function(...)
     for i = 1, select("#", ...) do out[#out + 1] = tostring((select(i, ...))) end
+    return io.stdout
   end
-  local fn, err = compile(src)
-  local res = fn and { pcall(fn) } or { false, err }
+  local ok, err = pcall(S.execute, S, src)
   _G.print, io.write = saved_print, saved_write
-  if not res[1] then
-    out[#out + 1] = "error: " .. tostring(res[2]) .. "\n"
-  elseif table.maxn(res) > 1 then
-    local vals = {}
-    for i = 2, table.maxn(res) do vals[#vals + 1] = pretty.format(res[i]) end
-    out[#out + 1] = table.concat(vals, "\t") .. "\n"
-  end
+  if not ok then out[#out + 1] = "error: " .. tostring(err) .. "\n" end
   return table.concat(out)
 end
 
-local function show(outs)
-  local same = true
-  for r = 1, nranks - 1 do same = same and outs[r] == outs[0] end
-  if same then
-    io.write(outs[0])
+-- Ctrl-C while an input runs on other ranks and this one waits (see the
+-- header); busy() names those ranks.
+local function waiting_interrupts()
+  local count, first, hinted, aborted = 0, nil, false, false
+  return function(busy)
+    count = count + C.dl_sigint_take()
+    if count == 0 then return end
+    first = first or os.time()
+    local busy_ranks = busy()
+    if count >= 3 then
+      io.stderr:write(string.format("distlab repl: rank %d: a third Ctrl-C: ending the session\n", rank))
+      os.exit(130)
+    end
+    if count >= 2 and not aborted and S.world and S.world.ptr ~= nil then
+      aborted = true
+      pcall(S.world.abort, S.world, string.format("Ctrl-C in the REPL while rank(s) %s still ran an input", busy_ranks))
+      if rank == 0 then
+        print(string.format("(the world communicator '%s' is aborted, so waits in it end; :reset makes a new one)",
+          S.world.name))
+      end
+    end
+    if rank == 0 and not hinted and os.time() - first >= HINT_AFTER then
+      hinted = true
+      print(string.format("(rank(s) %s still running, inside C (a collective waiting for its peers?): " ..
+        "Ctrl-C again aborts the world communicator, a third time ends the session)", busy_ranks))
+    end
+  end
+end
+
+-- ---- rank 0: reading, handing out, showing --------------------------------------
+
+local function prompt(set)
+  if not set then return string.format("dl[%d]> ", nranks) end
+  return string.format("dl[%s of %d]> ", ranks_text(set), nranks)
+end
+
+-- The next input and the ranks it is for; nil at :quit or the end of input.
+local function read_input(ed, state)
+  local src, on
+  while true do
+    local l = ed:read(src and ">> " or prompt(state.ranks))
+    if l == nil then return nil end
+    if l == false then
+      src, on = nil, nil
+    else
+      if not src then
+        local cmd, arg = l:match("^%s*:(%a+)%s*(.-)%s*$")
+        if cmd == "quit" or cmd == "q" or cmd == "exit" then return nil end
+        if cmd == "ranks" then
+          if arg ~= "" then
+            local set, err = parse_ranks(arg)
+            if err then print(err) else state.ranks = set end
+          end
+          print("inputs run on rank(s) " .. (state.ranks and ranks_text(state.ranks) or "0-" .. nranks - 1))
+          l = nil
+        elseif cmd == "on" then
+          local list, code = arg:match("^(%S+)%s*(.*)$")
+          local set, err = parse_ranks(list or "")
+          if err or code == "" then
+            print(err or ":on needs ranks and code: :on 1 x = 2")
+            l = nil
+          else
+            on, l = set, code
+          end
+        end
+      end
+      if l then
+        src = src and (src .. "\n" .. l) or l
+        if not session.incomplete(src) then
+          if src:match("^%s*:reset") then return src, nil end -- collective: every rank
+          if on ~= nil then return src, on end
+          return src, state.ranks
+        end
+      end
+    end
+  end
+end
+
+-- Ranks that printed the same text share one "[0,2] " prefix; all ranks
+-- printing the same print it bare.
+local function show(outs, set)
+  local groups, order = {}, {}
+  for r = 0, nranks - 1 do
+    local o = outs[r]
+    if o ~= nil then
+      if not groups[o] then
+        groups[o] = {}
+        order[#order + 1] = o
+      end
+      table.insert(groups[o], r)
+    end
+  end
+  if #order == 1 and not set then
+    io.write(order[1])
     return
   end
-  for r = 0, nranks - 1 do
-    for line in outs[r]:gmatch("[^\n]*\n?") do
-      if line ~= "" then io.write(string.format("[%d] %s", r, line:sub(-1) == "\n" and line or line .. "\n")) end
+  for _, o in ipairs(order) do
+    local prefix = "[" .. table.concat(groups[o], ",") .. "] "
+    for l in o:gmatch("[^\n]*\n?") do
+      if l ~= "" then io.write(prefix, l:sub(-1) == "\n" and l or l .. "\n") end
     end
   end
+  io.flush()
 end
 
-local function read_chunk()
-  local src = nil
-  while true do
-    io.write(src and ">> " or string.format("dl[%d]> ", nranks))
-    io.flush()
-    local line = io.read("*l")
-    if line == nil then return nil end
-    if not src and line:match("^%s*:quit%s*$") then return nil end
-    src = src and (src .. "\n" .. line) or line
-    local _, err = compile(src)
-    if not (err and err:match("<eof>")) then return src end
+local function key_exists(key)
+  local ok, there = pcall(store.check, store, key)
+  return ok and there
+end
+
+local function collect(n, set)
+  local outs, left = {}, {}
+  for r = 0, nranks - 1 do left[r] = true end
+  local interrupts = waiting_interrupts()
+  while next(left) do
+    for r in pairs(left) do
+      local key = "repl/" .. n .. "/out/" .. r
+      if key_exists(key) then
+        local o = store:get(key)
+        if o ~= SKIPPED then outs[r] = o end
+        left[r] = nil
+      end
+    end
+    if next(left) then
+      interrupts(function()
+        local busy = {}
+        for r in pairs(left) do busy[#busy + 1] = r end
+        table.sort(busy)
+        return table.concat(busy, ",")
+      end)
+      sleep_ms(20)
+    end
   end
+  show(outs, set)
+  for r = 0, nranks - 1 do store:delete("repl/" .. n .. "/out/" .. r) end
+  store:delete("repl/" .. n)
 end
 
-if rank == 0 then
-  print(string.format("distlab REPL on %d ranks (%s); rank, nranks, world and dl are set. :quit to leave.",
+local function serve()
+  local ed = line.editor {
+    history = (os.getenv("HOME") or "/tmp") .. "/.distlab_history",
+    complete = function(word) return S:complete(word) end,
+    prompt_piped = true,
+  }
+  print(string.format("distlab REPL on %d ranks (%s); rank, nranks, world and dl are set. :help for help, :quit to leave.",
     nranks, env.device))
-end
-local n = 0
-while true do
-  n = n + 1
-  local key = "repl/" .. n
-  local src
-  if rank == 0 then
-    src = read_chunk()
-    store:set(key, src or QUIT)
-    if not src then io.write("\n") end
-  else
-    src = get(key, true)
-  end
-  if src == nil or src == QUIT then
-    -- rank 0 serves the store: it leaves last, once everyone has read QUIT
-    if rank ~= 0 then store:set(key .. "/bye/" .. rank, "") end
-    for r = 1, rank == 0 and nranks - 1 or 0 do get(key .. "/bye/" .. r, false) end
-    break
-  end
-  store:set(key .. "/out/" .. rank, run_captured(src))
-  if rank == 0 then
-    local outs = {}
-    for r = 0, nranks - 1 do
-      outs[r] = get(key .. "/out/" .. r, false) or string.format("(no answer within the store timeout)\n")
+  if not made then print("no world communicator yet (`world` tries again): " .. tostring(world_or_err)) end
+  local state = {}
+  local n = 0
+  while true do
+    n = n + 1
+    local src, set = read_input(ed, state)
+    if not src then
+      io.write("\n")
+      store:set("repl/" .. n, QUIT)
+      -- rank 0 serves the store: it leaves last, once everyone has read QUIT
+      for r = 1, nranks - 1 do store:wait("repl/" .. n .. "/bye/" .. r) end
+      return
     end
-    show(outs)
+    store:set("repl/" .. n, ranks_text(set) .. "\n" .. src)
+    store:set("repl/" .. n .. "/out/0", (not set or set[0]) and run_captured(src) or SKIPPED)
+    collect(n, set)
   end
 end
+
+-- ---- ranks 1..N-1 ---------------------------------------------------------------
+
+local function follow()
+  local n = 0
+  while true do
+    n = n + 1
+    local key = "repl/" .. n
+    local interrupts = waiting_interrupts()
+    local function busy() -- the ranks input n-1 still runs on
+      local l = {}
+      for r = 0, nranks - 1 do
+        if not key_exists("repl/" .. (n - 1) .. "/out/" .. r) then l[#l + 1] = r end
+      end
+      return table.concat(l, ",")
+    end
+    while not key_exists(key) do
+      -- input n-1 still runs somewhere while its key is there
+      if n > 1 and key_exists("repl/" .. (n - 1)) then interrupts(busy) else C.dl_sigint_take() end
+      sleep_ms(50)
+    end
+    local msg = store:get(key)
+    if msg == QUIT then
+      store:set(key .. "/bye/" .. rank, "")
+      return
+    end
+    local set, src = decode(msg)
+    store:set(key .. "/out/" .. rank, (not set or set[rank]) and run_captured(src) or SKIPPED)
+  end
+end
+
+dl.check(C.dl_sigint_arm(1))
+if rank == 0 then serve() else follow() end

@@ -33,7 +33,7 @@
 
 #include "comm_internal.h"
 
-enum { OP_SET = 1, OP_GET, OP_WAIT, OP_ADD, OP_CHECK, OP_DEL };
+enum { OP_SET = 1, OP_GET, OP_WAIT, OP_ADD, OP_CHECK, OP_DEL, OP_DEL_PREFIX };
 enum { ST_OK = 0, ST_MISSING = 1, ST_BADREQ = 2 };
 enum { NBUCKETS = 1024, MAX_CLIENTS = 4096 };
 
@@ -210,6 +210,25 @@ static void serve_request(server_t *sv, conn_t *c) {
     }
     reply(c->fd, ST_OK, NULL, 0);
     return;
+  case OP_DEL_PREFIX: { /* the keys of a communicator that is gone: "<job>/w/..." */
+    int64_t n = 0;
+    for (int b = 0; b < NBUCKETS; b++) {
+      for (kv_t **p = &sv->buckets[b]; *p;) {
+        kv_t *x = *p;
+        if (strncmp(x->key, key, h->keylen) != 0) {
+          p = &x->next;
+          continue;
+        }
+        *p = x->next;
+        free(x->key);
+        free(x->val);
+        free(x);
+        n++;
+      }
+    }
+    reply(c->fd, ST_OK, &n, 8);
+    return;
+  }
   default:
     reply(c->fd, ST_BADREQ, NULL, 0);
   }
@@ -557,4 +576,12 @@ int dl_store_check(dl_store_t *s, const char *key, int *exists) {
 
 int dl_store_delete(dl_store_t *s, const char *key) {
   return store_call(s, OP_DEL, "delete", key, NULL, 0, NULL, 0, NULL);
+}
+
+int dl_store_delete_prefix(dl_store_t *s, const char *prefix, int64_t *count) {
+  DL_CHECK_ARG(prefix && prefix[0], "store delete_prefix: an empty prefix would delete every key");
+  int64_t n = 0;
+  DL_TRY(store_call(s, OP_DEL_PREFIX, "delete_prefix", prefix, NULL, 0, &n, 8, NULL));
+  if (count) *count = n;
+  return DL_OK;
 }

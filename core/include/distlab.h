@@ -47,6 +47,12 @@ int dl_abi_version(void);
 const char *dl_build_info(void);
 /* Host time in microseconds (CLOCK_MONOTONIC) since the library loaded. */
 double dl_now_us(void);
+/* Ctrl-C in an interactive session: on = 1 makes SIGINT only count (no
+ * exit, no Lua code in the handler), on = 0 restores the handler there was.
+ * dl_sigint_take returns the SIGINTs counted since its last call, and
+ * clears them; the REPL polls it between instructions and at its prompt. */
+int dl_sigint_arm(int on);
+int dl_sigint_take(void);
 
 /* ---- dtypes and devices ------------------------------------------------ */
 enum {
@@ -244,6 +250,9 @@ int dl_store_wait(dl_store_t *s, const char *key);
 int dl_store_add(dl_store_t *s, const char *key, int64_t delta, int64_t *value);
 int dl_store_check(dl_store_t *s, const char *key, int *exists);
 int dl_store_delete(dl_store_t *s, const char *key);
+/* Deletes every key that begins with prefix (not empty); *count (may be NULL)
+ * gets how many: what a communicator that is gone left (dl.comm.world{new = true}). */
+int dl_store_delete_prefix(dl_store_t *s, const char *prefix, int64_t *count);
 
 /* ipc: ranks of one host over CUDA IPC, no library (what ranks sharing a
  * GPU use, since NCCL refuses two ranks on one device; core/comm/comm_ipc.c) */
@@ -501,6 +510,93 @@ int dl_graph_replay(dl_graph_t *g, dl_stream_t *s);
 /* Kernel and other nodes captured. */
 int dl_graph_nodes(const dl_graph_t *g, int64_t *nodes);
 void dl_graph_free(dl_graph_t *g);
+
+/* ---- GEMM -----------------------------------------------------------------
+ * out = alpha * a @ b + beta * c for matrices: a [m, k], b [k, n], out and c
+ * [m, n]. a and b both bf16 or both f16; the products are summed in fp32
+ * (fp64 in the cpu twin); out is a's dtype or f32. Any strides with a unit
+ * stride in one dimension of each matrix: a transposed view is op T, no
+ * copy. cuda: cuBLASLt, opened at run time (core/ops/gemm/cublaslt.c says
+ * which files, in what order, and how the algorithm is chosen and cached),
+ * so libdistlab loads and everything else works without it. *out NULL: out
+ * is allocated (out_dtype, current memory tag); workspace NULL: one of
+ * DL_GEMM_WORKSPACE_BYTES comes from the allocator under the memory tag
+ * "gemm_workspace" and goes back stream-ordered after the call. c NULL:
+ * out itself; c is not read when beta is 0 (NaNs there do not spread). On
+ * meta out and the workspace are allocated and nothing runs.            */
+enum { DL_GEMM_WORKSPACE_BYTES = 33554432 };
+typedef struct dl_gemm_opts {
+  double alpha, beta;
+  int32_t out_dtype;       /* of an allocated out: DL_BF16, DL_F16, DL_F32; -1: a's */
+  int32_t pad;
+  const dl_tensor_t *c;    /* the addend (out's dtype and shape), or NULL */
+  dl_tensor_t *workspace;  /* cuda: contiguous, >= DL_GEMM_WORKSPACE_BYTES bytes, or NULL */
+} dl_gemm_opts_t;
+int dl_gemm(const dl_gemm_opts_t *o, const dl_tensor_t *a, const dl_tensor_t *b,
+            dl_tensor_t **out, dl_stream_t *s);
+typedef struct dl_gemm_stats {
+  int64_t calls;      /* GEMMs given to cuBLASLt                                   */
+  int64_t heuristics; /* cublasLtMatmulAlgoGetHeuristic queries (algorithm cache misses) */
+  int64_t cached;     /* configurations in the cache now                           */
+  int64_t version;    /* cublasLtGetVersion() of the library loaded; 0: none yet   */
+} dl_gemm_stats_t;
+int dl_gemm_stats(dl_gemm_stats_t *out);
+
+/* ---- overlap: symmetric workspace and flags for comm + GEMM schedules ------
+ * What the schedules of distlab.overlap (all-gather + GEMM, GEMM +
+ * reduce-scatter) run on: a symmetric buffer of nbytes on every rank of c,
+ * and nflags flags per rank, in host memory that every rank of the node
+ * maps, that peers set (signal: := 1 once the work queued before it on the
+ * stream is done) and their owner waits on (wait: until it is 1, then
+ * := 0). Set-and-clear, not counts: a CUDA graph replays a captured write
+ * with the value it captured. On cuda both are stream memory operations
+ * (cuStreamWriteValue32, cuStreamWaitValue32: no kernel, no multiprocessor
+ * spins; graphs capture them), and a watchdog thread of the object fails it
+ * when a run between begin and end has made no progress for the timeout: it
+ * prints and keeps the waits that had not passed (step, peer, flag) for the
+ * next call to report, and sets the object's flags from the host so the
+ * streams drain. On cpu a wait polls and fails at its timeout. A failed
+ * object refuses further runs. Freeing it waits for the device's queued
+ * work (which ends: see the watchdog).                                    */
+typedef struct dl_overlap dl_overlap_t;
+enum { DL_OVERLAP_MAX_FLAGS = 64, DL_OVERLAP_MAX_WAITS = 256 };
+typedef struct dl_overlap_info {
+  int32_t rank, size, dev_type, dev_index;
+  int32_t share;    /* ranks of c on this GPU                                  */
+  int32_t sms;      /* multiprocessors an SM copy may use: the GPU's, or half   */
+                    /* of them split among the ranks where ranks share it       */
+  int32_t nflags;
+  int32_t failed;
+  int64_t nbytes;
+  int64_t runs;     /* dl_overlap_begin calls                                   */
+  int64_t waits;    /* waits issued since the last begin                        */
+  void *base;       /* this rank's buffer, the same for the object's life       */
+} dl_overlap_info_t;
+/* Collective. what: the call, which every rank must make the same (compared
+ * through the store; a mismatch fails on every rank, naming both sides).
+ * initial: nflags starting values (NULL: 0). */
+int dl_overlap_new(dl_overlap_t **out, dl_comm_t *c, const char *what, int64_t nbytes,
+                   int nflags, const uint32_t *initial);
+void dl_overlap_free(dl_overlap_t *o);
+int dl_overlap_info(const dl_overlap_t *o, dl_overlap_info_t *out);
+/* A view of rank peer's buffer: byte offset, dtype, shape (row-major). */
+int dl_overlap_tensor(dl_tensor_t **out, dl_overlap_t *o, int peer, int64_t offset, int dtype,
+                      int ndim, const int64_t *shape);
+/* A run: begin on the stream it starts on, signals and waits on any streams
+ * forked from it, end on that stream once they joined it. */
+int dl_overlap_begin(dl_overlap_t *o, dl_stream_t *s);
+int dl_overlap_signal(dl_overlap_t *o, int peer, int flag, dl_stream_t *s);
+/* step, peer and what ("ready", "free") name the wait in a timeout's message. */
+int dl_overlap_wait(dl_overlap_t *o, int flag, int peer, int step, const char *what,
+                    dl_stream_t *s);
+int dl_overlap_end(dl_overlap_t *o, dl_stream_t *s);
+/* Host waits for s (twice the timeout at most); the watchdog's failure, if any. */
+int dl_overlap_check(dl_overlap_t *o, dl_stream_t *s);
+/* dst := src, both contiguous, same dtype and size: blocks 0 by the copy
+ * engine (cudaMemcpyAsync), else by a copy kernel of that many blocks. */
+int dl_overlap_copy(dl_tensor_t *dst, const dl_tensor_t *src, int blocks, dl_stream_t *s);
+/* out := srcs[0] + ... + srcs[n-1] (n <= 8; bf16/f16 summed in fp32, rounded once). */
+int dl_overlap_reduce(dl_tensor_t *out, dl_tensor_t *const *srcs, int n, dl_stream_t *s);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,243 @@
+-- experiments/overlap/ag_gemm_bench.lua — all-gather + GEMM (seed 003): C =
+-- all_gather(A) @ B with A [m, k] sharded by rows over the d ranks, B [k, n]
+-- on every rank; m in {8k, 16k, 32k}, k = 16k, n = 8k, bf16 by default.
+-- Rows: the GEMM alone on the full (gathered) A, the nccl_then_gemm baseline,
+-- every dl.overlap.ag_gemm variant (p2p and ring x get and put x ce and sm x
+-- the stream counts), and PyTorch's anchors from the same run (--torch, the
+-- CSV of experiments/overlap/ag_gemm_torch.py: torch.ops.symm_mem.
+-- fused_all_gather_matmul without multicast, NCCL all_gather_into_tensor then
+-- torch.matmul, and torch.matmul alone).
+--
+--   ./distlab run -n 8 --device cuda experiments/overlap/ag_gemm_bench.lua [options]
+--     --m LIST --k K --n N     sizes (default 8K,16K,32K, 16K, 8K; m a multiple of d)
+--     --streams LIST           stream counts of the variants (default 1,2,3)
+--     --algos, --transports, --copies   which variants (default all)
+--     --copy-blocks B          the sm copy's grid (default 16)
+--     --iters N                timed runs per row (default 10, after 2 warm-up runs)
+--     --torch CSV              ag_gemm_torch.py's CSV from the same run (missing: a note, no anchors)
+--     --out DIR, --tag NAME    default experiments/results/overlap, the GPU model and d (h100x8)
+-- Writes DIR/ag_gemm-TAG.{md,csv} and DIR/ag_gemm-TAG.png (gnuplot, where it exists).
+-- With ranks sharing a GPU it runs as a smoke test (the harness says so and
+-- writes into experiments/results/ only with --shared-results).
+--
+-- Method: per timed run a barrier (every rank's host arrives), an event, the
+-- run, an event, a wait; per run the slowest rank's time, then the median
+-- over runs: TFLOP/s = 2 m n k / time. Data after timing: C_ref, the GEMM of
+-- the gathered A (each rank draws every rank's shard: Philox), checked on two
+-- rows against the fp64 CPU twin; every variant's first and last rows of
+-- each rank's block against C_ref (2^-7 relative + 2^-7 rms absolute;
+-- #wrong, summed over ranks; any makes the exit code non-zero).
+local dl = require "distlab"
+local bench = dl.bench
+
+local w = dl.comm.world()
+local d, me = w.size, w.rank
+local h = bench.harness {
+  name = "ag_gemm_bench", family = "overlap", comm = w, tag = true,
+  usage = "./distlab run -n 8 --device cuda experiments/overlap/ag_gemm_bench.lua [options]",
+  about = "all-gather + GEMM TFLOP/s: GEMM alone, nccl_then_gemm, every dl.overlap.ag_gemm variant, PyTorch; "
+    .. "see the file's header",
+  options = {
+    { "m", "sizes", "8K,16K,32K", "rows of the gathered A", meta = "LIST" },
+    { "k", "size", "16K", "columns of A, rows of B" },
+    { "n", "size", "8K", "columns of B" },
+    { "dtype", "choice", "bf16", "A, B and C", values = { "bf16", "f16" } },
+    { "streams", "list", "1,2,3", "stream counts of the variants", meta = "LIST" },
+    { "algos", "list", "p2p,ring", "schedules", values = { "p2p", "ring" } },
+    { "transports", "list", "get,put", "transports", values = { "get", "put" } },
+    { "copies", "list", "ce,sm", "copies", values = { "ce", "sm" } },
+    { "copy-blocks", "int", 16, "blocks of the sm copy kernel" },
+    { "iters", "int", 10, "timed runs per row" },
+    { "torch", "string", nil, "ag_gemm_torch.py's CSV from the same run", meta = "CSV" },
+  },
+}
+local A = h.opt
+local dev = w.device
+local gpu = dev:match("^cuda") and dl.cuda_device_name(tonumber(dev:match("%d+")) or 0) or dev
+h.device_desc = string.format("%s x %d (%s communicator%s)", gpu, d, w.backend,
+  (w.share or 1) > 1 and (", " .. w.share .. " ranks a GPU: a smoke run") or "")
+
+-- per timed run the slowest rank's ms, the median over runs
+local function time_ms(fn)
+  local per = {}
+  for i = 1, A.iters do per[i] = bench.timing.loop_once(fn, 1, { before = function() w:barrier() end,
+    timeout = 600 }) / 1e3 end
+  return bench.stats(h:max(per)).median
+end
+
+-- C's first and last row of every rank's block against ref: wrong elements
+local function check_rows(c, ref, rows)
+  local bad = 0
+  for p = 0, d - 1 do
+    for _, r in ipairs { p * rows + 1, (p + 1) * rows } do
+      local got, want = c:narrow(1, r, 1):to("cpu"):f64(), ref:narrow(1, r, 1):to("cpu"):f64()
+      local rms = math.sqrt(dl.compare(got, want).sum_sq_ref / want:numel())
+      bad = bad + tonumber(dl.compare(got, want, 2 ^ -7 * rms, 2 ^ -7).n_not_close)
+    end
+  end
+  return bad
+end
+
+-- C_ref against the CPU twin on two rows
+local function check_ref(full, b, ref)
+  local hb, bad = b:to("cpu"), 0
+  for _, r in ipairs { 1, full:size(1) } do
+    local want = dl.gemm(full:narrow(1, r, 1):to("cpu"), hb, { out_dtype = "f32" }):f64()
+    local got = ref:narrow(1, r, 1):to("cpu"):f64()
+    local rms = math.sqrt(dl.compare(got, want).sum_sq_ref / want:numel())
+    bad = bad + tonumber(dl.compare(got, want, 2 ^ -7 * rms, 2 ^ -7).n_not_close)
+  end
+  return bad
+end
+
+-- PyTorch's rows: a CSV that is missing or empty (its run failed) leaves them out, and the
+-- output says so; one of another kind is an error
+local torch, torch_note = {}, nil
+if A.torch then
+  local head, recs = bench.csv.read(A.torch)
+  if not head then
+    torch_note = string.format("no PyTorch anchors: cannot read %s (%s)", A.torch, tostring(recs))
+    h:print("ag_gemm_bench: %s; the other rows run", torch_note)
+  elseif head[1] ~= "impl" then
+    dl.fail("ag_gemm_bench: %s is not ag_gemm_torch.py's CSV", A.torch)
+  else
+    for _, r in ipairs(recs) do torch[r.impl .. "/" .. r.m] = r end
+  end
+end
+local anchors = { { "torch_matmul", "torch.matmul alone" }, { "torch_nccl_matmul", "torch: NCCL all_gather + matmul" },
+  { "torch_fused", "torch: fused_all_gather_matmul" } }
+
+local variants = { { algo = "nccl_then_gemm" } }
+for _, algo in ipairs(A.algos) do
+  for _, transport in ipairs(A.transports) do
+    for _, copy in ipairs(A.copies) do
+      for _, s in ipairs(A.streams) do
+        variants[#variants + 1] = { algo = algo, transport = transport, copy = copy, streams = tonumber(s) }
+      end
+    end
+  end
+end
+
+local tbl = h:table({ { "m", "%6d" }, { "row", "%-34s" }, { "ms", "%9.3f" }, { "TFLOP/s", "%8.1f" },
+  { "vs nccl", "%7.2f" }, { "#wrong", "%6d" } })
+tbl:header(string.format("all-gather + GEMM, %s, k = %d, n = %d, %s", h.device_desc, A.k, A.n, A.dtype))
+local results = {}
+for _, m in ipairs(A.m) do
+  if m % d ~= 0 then dl.fail("ag_gemm_bench: m = %d does not split over %d ranks", m, d) end
+  local rows = m / d
+  local flops = 2 * m * A.n * A.k
+  local b = dl.randn({ A.k, A.n }, { dtype = A.dtype, device = dev, seed = m * 64 + 63 })
+  local full = dl.empty({ m, A.k }, { dtype = A.dtype, device = dev })
+  for p = 0, d - 1 do full:narrow(1, p * rows + 1, rows):normal_(0, 1, m * 64 + p) end
+  local a = full:narrow(1, me * rows + 1, rows):clone()
+  local ref = dl.empty({ m, A.n }, { dtype = A.dtype, device = dev })
+  local base
+  local function row(name, ms, wrong)
+    local r = { m = m, row = name, ms = ms, tflops = ms and flops / (ms * 1e-3) / 1e12, wrong = wrong }
+    if name == "nccl_then_gemm" then base = r.tflops end
+    r.vs = base and r.tflops and r.tflops / base
+    results[#results + 1] = r
+    tbl:row({ m, name, ms, r.tflops, r.vs, wrong })
+  end
+  -- the GEMM alone, on the gathered A: its result is every check's reference
+  local ms = time_ms(function() dl.gemm(full, b, ref) end)
+  row("gemm (alone, gathered A)", ms, h:check(check_ref(full, b, ref)))
+  local c = dl.empty({ m, A.n }, { dtype = A.dtype, device = dev })
+  for _, v in ipairs(variants) do
+    local op = dl.overlap.ag_gemm { comm = w, algo = v.algo, transport = v.transport, copy = v.copy,
+      streams = v.streams, copy_blocks = A.copy_blocks }
+    local fn = function() op:run(a, b, c) end
+    fn()
+    fn()
+    op:check()
+    local t = time_ms(fn)
+    op:check()
+    row(op:label(), t, h:check(check_rows(c, ref, rows)))
+    op:free()
+    collectgarbage("collect")
+  end
+  for _, an in ipairs(anchors) do
+    local t = torch[an[1] .. "/" .. m]
+    if t then
+      local tms = bench.csv.number(t.ms)
+      local r = { m = m, row = an[2], ms = tms, tflops = bench.csv.number(t.tflops), wrong = 0, status = t.status }
+      r.vs = base and r.tflops and r.tflops / base
+      results[#results + 1] = r
+      tbl:row({ m, an[2], tms, r.tflops, r.vs, t.status == "ok" and 0 or nil })
+    end
+  end
+  a, b, full, ref, c = nil, nil, nil, nil, nil
+  collectgarbage("collect")
+end
+
+-- ---- results ----------------------------------------------------------------------------
+
+local function f(fmt, x) return x and string.format(fmt, x) or "—" end
+local md = { string.format("C = all_gather(A) @ B, A [m, %d] sharded by rows over %d ranks, B [%d, %d]; TFLOP/s = " ..
+  "2 m n k / time, time = the median over %d timed runs of the slowest rank's time (each run after a barrier); " ..
+  "\"vs nccl\": TFLOP/s over nccl_then_gemm's. Variants: algo transport copy x streams (dl.overlap.ag_gemm).",
+  A.k, d, A.k, A.n, A.iters), "" }
+local csv_rows = {}
+for _, m in ipairs(A.m) do
+  local cells = {}
+  local best
+  for _, r in ipairs(results) do
+    if r.m == m then
+      cells[#cells + 1] = { r.row, f("%.3f", r.ms), f("%.1f", r.tflops), f("%.2f", r.vs), r.status or r.wrong }
+      csv_rows[#csv_rows + 1] = { m, A.k, A.n, d, r.row, f("%.4f", r.ms), f("%.2f", r.tflops), r.status or r.wrong }
+      if r.row:match("^p2p") or r.row:match("^ring") then
+        if r.tflops and (not best or r.tflops > best.tflops) then best = r end
+      end
+    end
+  end
+  md[#md + 1] = string.format("## m = %d%s", m, best and string.format(" (best: %s, %.1f TFLOP/s)", best.row,
+    best.tflops) or "")
+  md[#md + 1] = ""
+  for _, l in ipairs(bench.markdown.table({ "row", "ms", "TFLOP/s", "vs nccl", "#wrong / status" }, cells)) do
+    md[#md + 1] = l
+  end
+  md[#md + 1] = ""
+end
+
+-- the plot: TFLOP/s against m for the GEMM alone, the baseline, the best p2p
+-- and ring variants and the PyTorch anchors
+local series = { { "gemm (alone", "GEMM alone" }, { "nccl_then_gemm", "nccl then GEMM" }, { "p2p", "best p2p" },
+  { "ring", "best ring" }, { "torch: fused", "torch fused" }, { "torch: NCCL", "torch NCCL + matmul" } }
+local dat = { "# m " .. table.concat((function()
+  local t = {}
+  for i, s in ipairs(series) do t[i] = s[2]:gsub(" ", "_") end
+  return t
+end)(), " ") }
+for _, m in ipairs(A.m) do
+  local line = { tostring(m) }
+  for i, s in ipairs(series) do
+    local best
+    for _, r in ipairs(results) do
+      if r.m == m and r.row:sub(1, #s[1]) == s[1] and r.tflops and (not best or r.tflops > best) then best = r.tflops end
+    end
+    line[i + 1] = best and string.format("%.2f", best) or "NaN"
+  end
+  dat[#dat + 1] = table.concat(line, " ")
+end
+local png
+if h.rank0 then
+  local dat_path = h:path("ag_gemm-" .. h.tag .. ".dat")
+  bench.markdown.write(dat_path, dat)
+  png = h:path("ag_gemm-" .. h.tag .. ".png")
+  local plots = {}
+  for i, s in ipairs(series) do plots[i] = string.format("'%s' using 1:%d with linespoints title '%s'", dat_path, i + 1, s[2]) end
+  local ok, note = bench.plot.gnuplot(table.concat({ "set terminal pngcairo size 900,560",
+    "set output '" .. png .. "'", "set logscale x 2", "set xlabel 'm'", "set ylabel 'TFLOP/s'", "set key bottom right",
+    string.format("set title 'all-gather + GEMM, %s, k=%d n=%d %s'", h.device_desc:gsub("'", ""), A.k, A.n, A.dtype),
+    "plot " .. table.concat(plots, ", ") }, "\n"), png)
+  md[#md + 1] = ok and ("![TFLOP/s against m](" .. png:match("[^/]*$") .. ")") or ("(" .. note .. ")")
+  if not ok then png = nil end
+end
+local extra = { "build: " .. dl.build_info(), "torch: " .. (torch_note or (A.torch and ((next(torch) and
+  select(2, next(torch)).torch) or "its CSV had no rows") or "not run (no --torch)")) }
+if h.rank0 then
+  local path = h:markdown("ag_gemm-" .. h.tag .. ".md", "All-gather + GEMM (dl.overlap.ag_gemm)", md, extra)
+  h:csv("ag_gemm-" .. h.tag .. ".csv", { "m", "k", "n", "ranks", "row", "ms", "tflops", "wrong_or_status" }, csv_rows)
+  print("wrote " .. path .. ", .csv, .dat" .. (png and " and .png" or " (no plot: no gnuplot here)"))
+end
+h:finish()

@@ -1,0 +1,186 @@
+"""PyTorch anchors for experiments/overlap/ag_gemm_bench.lua, measured the same way
+(per timed run a barrier, a CUDA event, the run, an event; per run the slowest
+rank's time; the median over runs; TFLOP/s = 2 m n k / time):
+
+  torch_fused        torch.ops.symm_mem.fused_all_gather_matmul(a_shard, [b], 0, group)
+                     (symmetric memory, no multicast: TORCH_SYMM_MEM_DISABLE_MULTICAST=1)
+  torch_nccl_matmul  dist.all_gather_into_tensor (NCCL, NVLS off) then torch.matmul
+  torch_matmul       torch.matmul alone on the gathered A
+
+A [m, k] is sharded by rows over the ranks, B [k, n] is the same on every rank.
+Where ranks share a GPU (more ranks than GPUs: a smoke run) the process group is
+gloo, NCCL refuses two ranks on one device, so torch_nccl_matmul is recorded as
+skipped; the fused op needs no NCCL and is tried. An implementation that this
+torch lacks or that fails is recorded with its error, and the rest goes on.
+Data checked after timing: the gathered A equals every rank's shard, and rows
+of C (first and last of each block) against an fp32 GEMM of the same rows
+(normwise within 2^-7); the status column says "ok" or what failed.
+
+  torchrun --nproc_per_node 8 experiments/overlap/ag_gemm_torch.py OUT.csv [--ag-m 8192,16384,32768]
+      [--ag-k 16384] [--ag-n 8192] [--ag-dtype bf16] [--ag-iters 10]
+
+The options carry an ag- prefix because torchrun parses the whole command
+line with argparse, which takes any --x that is the start of one of its own
+options (--m: --master-port, --max-restarts, ...; --n: --nnodes, ...) as
+that option, or fails as ambiguous; no torchrun option starts with --ag.
+OUT.csv (rank 0; Python's csv module) is what ag_gemm_bench.lua's --torch reads.
+"""
+import argparse
+import csv
+import os
+import statistics
+import sys
+from datetime import timedelta
+
+os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+
+def shard(m, k, rank, world, dtype):
+    """Rank `rank`'s rows of A, the same numbers on every rank that draws them."""
+    g = torch.Generator(device="cuda").manual_seed(m * 64 + rank)
+    return torch.randn(m // world, k, device="cuda", dtype=dtype, generator=g)
+
+
+def time_ms(fn, iters, cpu_group):
+    per = []
+    for _ in range(iters):
+        dist.barrier(group=cpu_group)
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        fn()
+        e1.record()
+        torch.cuda.synchronize()
+        per.append(e0.elapsed_time(e1))
+    t = torch.tensor(per, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=cpu_group)
+    return statistics.median(t.tolist())
+
+
+def check_rows(c, full, b, world):
+    rows = full.shape[0] // world
+    for p in range(world):
+        for r in (p * rows, (p + 1) * rows - 1):
+            ref = full[r:r + 1].float() @ b.float()
+            err = ((c[r:r + 1].float() - ref).norm() / ref.norm()).item()
+            if not err <= 2 ** -7:
+                return f"row {r + 1}: normwise error {err:.3g}"
+    return "ok"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--ag-m", dest="m", default="8192,16384,32768")
+    ap.add_argument("--ag-k", dest="k", type=int, default=16384)
+    ap.add_argument("--ag-n", dest="n", type=int, default=8192)
+    ap.add_argument("--ag-dtype", dest="dtype", default="bf16", choices=["bf16", "f16"])
+    ap.add_argument("--ag-iters", dest="iters", type=int, default=10)
+    args = ap.parse_args()
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    ngpu = torch.cuda.device_count()
+    shared = world > ngpu
+    torch.cuda.set_device(local % ngpu)
+    limit = timedelta(seconds=600)
+    dist.init_process_group("gloo" if shared else "nccl", timeout=limit)
+    cpu_group = dist.new_group(backend="gloo", timeout=limit)
+    group_name = dist.group.WORLD.group_name
+    about = (f"torch {torch.__version__} (CUDA {torch.version.cuda}), {torch.cuda.get_device_name()} x {world}"
+             + (", ranks sharing GPUs (gloo group)" if shared else f", NCCL {torch.cuda.nccl.version()}"))
+    if rank == 0:
+        print(about, flush=True)
+
+    fused, fused_err = None, ""
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+
+        if hasattr(symm_mem, "set_backend"):
+            try:
+                symm_mem.set_backend("CUDA")
+            except Exception:
+                pass
+        if hasattr(symm_mem, "enable_symm_mem_for_group"):
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                symm_mem.enable_symm_mem_for_group(group_name)
+        fused = torch.ops.symm_mem.fused_all_gather_matmul
+    except Exception as e:
+        fused_err = f"unavailable: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
+
+    out = open(args.out, "w", newline="") if rank == 0 else None
+    writer = csv.writer(out, lineterminator="\n") if out else None
+    if writer:
+        writer.writerow(["impl", "m", "k", "n", "ranks", "ms", "tflops", "status", "torch"])
+
+    for m in [int(x) for x in args.m.split(",") if x]:
+        a = shard(m, args.k, rank, world, dtype)
+        gb = torch.Generator(device="cuda").manual_seed(m * 64 + 63)
+        b = torch.randn(args.k, args.n, device="cuda", dtype=dtype, generator=gb)
+        full = torch.cat([shard(m, args.k, p, world, dtype) for p in range(world)])
+        c = torch.empty(m, args.n, device="cuda", dtype=dtype)
+        gathered = torch.empty_like(full)
+        flops = 2 * m * args.n * args.k
+
+        def fused_run():
+            return fused(a, [b], 0, group_name)
+
+        cases = [
+            ("torch_matmul", lambda: torch.matmul(full, b, out=c), ""),
+            ("torch_nccl_matmul", lambda: (dist.all_gather_into_tensor(gathered, a), torch.matmul(gathered, b, out=c)),
+             "skipped: ranks share a GPU (NCCL refuses two ranks on one device)" if shared else ""),
+            ("torch_fused", fused_run, fused_err),
+        ]
+        for impl, fn, skip in cases:
+            ms, status = float("nan"), skip
+            if not skip:
+                # a first call on every rank; the timing (collective) only where all of them worked
+                try:
+                    fn()
+                    torch.cuda.synchronize()
+                except Exception as e:
+                    status = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+                worked = torch.tensor([0 if status else 1], dtype=torch.int32)
+                dist.all_reduce(worked, op=dist.ReduceOp.MIN, group=cpu_group)
+                if worked.item():
+                    ms = time_ms(fn, args.iters, cpu_group)
+                    res = fn()
+                    if impl == "torch_fused":
+                        got_a, (got_c,) = res
+                        status = "ok" if torch.equal(got_a, full) else "the gathered A differs from the shards"
+                        if status == "ok":
+                            status = check_rows(got_c, full, b, world)
+                    elif impl == "torch_nccl_matmul" and not torch.equal(gathered, full):
+                        status = "the gathered A differs from the shards"
+                    else:
+                        status = check_rows(c, full, b, world)
+                elif not status:
+                    status = "failed on another rank"
+            # every rank's status: the first that is not ok
+            flags = torch.tensor([0 if status == "ok" or status.startswith("skipped") else 1], dtype=torch.int32)
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=cpu_group)
+            if flags.item() and status == "ok":
+                status = "failed on another rank"
+            tf = flops / (ms * 1e-3) / 1e12 if ms == ms else float("nan")
+            if writer:
+                writer.writerow([impl, m, args.k, args.n, world, f"{ms:.4f}", f"{tf:.2f}", status, about])
+                out.flush()
+            if rank == 0:
+                print(f"m={m:6d} {impl:<18} {ms:9.3f} ms {tf:8.1f} TFLOP/s {status}", flush=True)
+        del a, b, full, c, gathered
+        torch.cuda.empty_cache()
+    if out:
+        out.close()
+    dist.barrier(group=cpu_group)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+-- experiments/overlap/gemm_bench.lua — dl.gemm against torch.matmul on the
+-- GEMM that every all-gather + GEMM pipeline step runs: m in {1k, 2k, 4k,
+-- 8k, 16k, 32k}, k = 16k, n = 8k, bf16 (issue 17's target: dl.gemm at least
+-- 98% of torch.matmul's TFLOP/s at every m).
+--
+--   ./distlab run -n 1 --device cuda experiments/overlap/gemm_bench.lua [options]
+--     --m LIST        rows (default 1K,2K,4K,8K,16K,32K); --k, --n (default 16K, 8K)
+--     --iters N       timed calls per case (default 20, after 5 warm-up calls)
+--     --torch CSV     experiments/overlap/gemm_bench_torch.py's CSV from the same run:
+--                     its columns beside ours, the ratio and the target
+--     --out DIR       default experiments/results/overlap; --tag NAME (default: the GPU, h100)
+-- Writes DIR/gemm-TAG.md (the results file) and DIR/gemm-TAG.csv.
+--
+-- Method: dl.bench.timing.events (each call between two device events, the
+-- median), as the torch script times torch.matmul; TFLOP/s = 2 m n k / time.
+-- Inputs randn (Philox), out given (a's dtype); dl.gemm's workspace comes
+-- from the allocator per call (its cache: no device time). After timing: the
+-- result finite, and rows 1, 2 and the last two against the CPU twin (fp64
+-- sums): normwise within 2^-7, each element within 2^-7 |ref| + 2^-7 rms
+-- (#wrong; any makes the exit code non-zero).
+local dl = require "distlab"
+local bench = dl.bench
+
+local h = bench.harness {
+  name = "gemm_bench", family = "overlap", tag = true,
+  usage = "./distlab run -n 1 --device cuda experiments/overlap/gemm_bench.lua [options]",
+  about = "dl.gemm vs torch.matmul TFLOP/s (bf16, k = 16k, n = 8k); see the file's header",
+  options = {
+    { "m", "sizes", "1K,2K,4K,8K,16K,32K", "rows of a", meta = "LIST" },
+    { "k", "size", "16K", "columns of a, rows of b" },
+    { "n", "size", "8K", "columns of b" },
+    { "dtype", "choice", "bf16", "inputs and output", values = { "bf16", "f16" } },
+    { "iters", "int", 20, "timed calls per case" },
+    { "torch", "string", nil, "gemm_bench_torch.py's CSV from the same run", meta = "CSV" },
+  },
+}
+local A = h.opt
+local dev = dl.default_device()
+local gpu = dev:match("^cuda") and dl.cuda_device_name(tonumber(dev:match("%d+")) or 0) or dev
+if not h.given.tag then h.tag = dev:match("^cuda") and (gpu:match("([AHBL]%d+)") or "gpu"):lower() or dev end
+
+-- rows of `out` against the twin: wrong elements
+local function check(a, b, out)
+  local m, bad = a:size(1), 0
+  local hb = b:to("cpu")
+  for _, first in ipairs { 1, math.max(1, m - 1) } do
+    local rows = math.min(2, m - first + 1)
+    local ref = dl.gemm(a:narrow(1, first, rows):to("cpu"), hb, { out_dtype = "f32" }):f64()
+    local got = out:narrow(1, first, rows):to("cpu"):f64()
+    local rms = math.sqrt(dl.compare(got, ref).sum_sq_ref / ref:numel())
+    local r = dl.compare(got, ref, 2 ^ -7 * rms, 2 ^ -7)
+    bad = bad + tonumber(r.n_not_close)
+    if dl.rel_err(got, ref) > 2 ^ -7 then bad = bad + 1 end
+  end
+  if dl.compare(out, out).n_nonfinite_a > 0 then bad = bad + 1 end
+  return bad
+end
+
+local torch = {}
+if A.torch then
+  local head, recs = bench.csv.read(A.torch)
+  if not head then dl.fail("gemm_bench: cannot read %s: %s", A.torch, tostring(recs)) end
+  if head[1] ~= "impl" then dl.fail("gemm_bench: %s is not gemm_bench_torch.py's CSV", A.torch) end
+  for _, r in ipairs(recs) do torch[tonumber(r.m)] = r end
+end
+
+local tbl = h:table({ { "m", "%6d" }, { "k", "%6d" }, { "n", "%6d" }, { "ms", "%9.3f" }, { "TFLOP/s", "%8.1f" },
+  { "torch ms", "%9.3f" }, { "torch TF/s", "%10.1f" }, { "ratio", "%6.3f" }, { "target", "%-6s" },
+  { "#wrong", "%6d" } })
+tbl:header(string.format("dl.gemm vs torch.matmul, %s, %s, %s", gpu, A.dtype, dl.build_info()))
+local rows = {}
+for _, m in ipairs(A.m) do
+  local a = dl.randn({ m, A.k }, { dtype = A.dtype, device = dev, seed = m })
+  local b = dl.randn({ A.k, A.n }, { dtype = A.dtype, device = dev, seed = m + 1 })
+  local out = dl.empty({ m, A.n }, { dtype = A.dtype, device = dev })
+  local ms = bench.timing.events(function() dl.gemm(a, b, out) end, { warmup = 5, iters = A.iters }).median
+  local wrong = h:check(check(a, b, out))
+  local tf = 2 * m * A.n * A.k / (ms * 1e-3) / 1e12
+  local t = torch[m] or {}
+  local tms, ttf = bench.csv.number(t.ms), bench.csv.number(t.tflops)
+  local ratio = ttf and tf / ttf
+  local r = { m = m, ms = ms, tf = tf, tms = tms, ttf = ttf, ratio = ratio, wrong = wrong,
+    target = ratio and (ratio >= 0.98 and "met" or "below") or "-", tstatus = t.status }
+  rows[#rows + 1] = r
+  tbl:row({ m, A.k, A.n, ms, tf, tms, ttf, ratio, r.target, wrong })
+  a, b, out = nil, nil, nil
+  collectgarbage("collect")
+end
+
+local stats = dl.gemm.stats()
+local v = stats.version
+local function f(fmt, x) return x and string.format(fmt, x) or "—" end
+local md_rows, csv_rows = {}, {}
+for _, r in ipairs(rows) do
+  md_rows[#md_rows + 1] = { r.m, A.k, A.n, f("%.3f", r.ms), f("%.1f", r.tf), f("%.3f", r.tms), f("%.1f", r.ttf),
+    f("%.3f", r.ratio), r.target, r.wrong }
+  csv_rows[#csv_rows + 1] = { r.m, A.k, A.n, A.dtype, f("%.4f", r.ms), f("%.2f", r.tf), f("%.4f", r.tms),
+    f("%.2f", r.ttf), f("%.4f", r.ratio), r.wrong }
+end
+local lines = { "TFLOP/s = 2 m n k / time; time: the median of " .. A.iters .. " calls, each between two device " ..
+  "events, after 5 warm-up calls (torch.matmul timed the same way by `experiments/overlap/gemm_bench_torch.py`, " ..
+  "in the same run). Target (issue 17): dl.gemm >= 0.98 x torch.matmul at every m.", "" }
+for _, l in ipairs(bench.markdown.table({ "m", "k", "n", "dl.gemm ms", "dl.gemm TFLOP/s", "torch ms",
+  "torch TFLOP/s", "ratio", "target", "#wrong" }, md_rows)) do lines[#lines + 1] = l end
+local notes = {}
+for _, r in ipairs(rows) do
+  if r.tstatus and r.tstatus ~= "ok" then notes[#notes + 1] = string.format("- torch at m = %d: %s", r.m, r.tstatus) end
+end
+if #notes > 0 then
+  lines[#lines + 1] = ""
+  for _, l in ipairs(notes) do lines[#lines + 1] = l end
+end
+local extra = { "build: " .. dl.build_info(),
+  (v > 0 and string.format("cuBLASLt %d.%d.%d", math.floor(v / 10000), math.floor(v / 100) % 100, v % 100) or
+    "cuBLASLt not loaded (not a GPU run)") .. " (dl.gemm: cublasLtMatmul with the heuristic's first algorithm " ..
+    "for the configuration, asked once and cached; a 32 MiB workspace; fp32 accumulation)",
+  "torch: " .. ((rows[1] and torch[rows[1].m] and torch[rows[1].m].torch) or "not run (no --torch)"),
+  "data checked after timing: rows 1-2 and the last two against the fp64 CPU twin (#wrong)" }
+local path = h:markdown("gemm-" .. h.tag .. ".md", "dl.gemm vs torch.matmul (" .. A.dtype .. ")", lines, extra)
+h:csv("gemm-" .. h.tag .. ".csv", { "m", "k", "n", "dtype", "ms", "tflops", "torch_ms", "torch_tflops", "ratio",
+  "wrong" }, csv_rows)
+print("wrote " .. path .. " and .csv")
+local met, judged = 0, 0
+for _, r in ipairs(rows) do
+  if r.ratio then judged, met = judged + 1, met + (r.ratio >= 0.98 and 1 or 0) end
+end
+if judged > 0 then print(string.format("target (>= 0.98 x torch.matmul): met at %d of %d sizes", met, judged)) end
+h:finish()

@@ -1,0 +1,39 @@
+/*
+ * gemm.h — the arguments of one GEMM, d = alpha * a @ b + beta * c, as the
+ * core (core/ops/gemm/) hands them to cuBLASLt (core/ops/gemm/cublaslt.c)
+ * and to the CPU twin (kernels/gemm/cpu/gemm.c). Matrices are raw pointers
+ * with element strides, so transposed views need no copy.
+ */
+#ifndef DISTLAB_KERNELS_GEMM_H
+#define DISTLAB_KERNELS_GEMM_H
+
+#include "common/base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Element (i, j) at data + (i * rs + j * cs) * dtype size. */
+typedef struct dl_gemm_mat {
+  void *data;
+  int64_t rs, cs;
+  int dtype;
+} dl_gemm_mat_t;
+
+typedef struct dl_gemm_args {
+  int64_t m, n, k;
+  dl_gemm_mat_t a, b; /* a [m, k], b [k, n] */
+  dl_gemm_mat_t c, d; /* c [m, n] the addend (read only when beta != 0), d [m, n] the result */
+  double alpha, beta;
+} dl_gemm_args_t;
+
+/* The reference: products summed in fp64, d = alpha * sum + beta * c
+ * rounded at the end. Blocked (64 x 256 tiles of d, 256-deep
+ * panels converted to fp64 once), so specs can afford shapes of a few
+ * hundred. stream is ignored. */
+int dl_gemm_cpu(const dl_gemm_args_t *g, void *stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
