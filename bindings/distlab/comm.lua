@@ -10,6 +10,7 @@
 --   world:broadcast(t, root)  world:send(t, peer)  world:recv(t, peer)
 --   dl.comm.group(function() ... end)     point-to-point ops issued together
 --   world:barrier()  world:synchronize()  world:split(color, key)  world:free()
+--   world:agree(what, desc)               every rank made the same object (else an error on every rank)
 --   world:info()                          rank, size, backend, seq, timeout, debug, failed,
 --                                         name, native (nccl: the ncclComm_t, for calling
 --                                         NCCL on it directly; nil on the other backends)
@@ -296,6 +297,10 @@ end
 function Comm:set_timeout(seconds) check(C.dl_comm_set_timeout(live(self), seconds)) return self end
 function Comm:set_debug(on) check(C.dl_comm_set_debug(live(self), on and 1 or 0)) return self end
 function Comm:abort(why) check(C.dl_comm_abort(live(self), why or "aborted from Lua")) end
+-- Every rank describes an object it makes on this communicator ("key=value,
+-- ..."); where two ranks differ, every rank fails naming what differs
+-- (collective, through the store: for creation, not per call).
+function Comm:agree(what, desc) check(C.dl_comm_agree(live(self), what, desc)) end
 
 -- split(color, key): collective; color < 0 (or nil) gives nil.
 -- split(function(rank) return color, key end): every rank's color is known
