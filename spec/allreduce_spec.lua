@@ -13,6 +13,10 @@ local function run(n, device, script, args, env)
   return H.distlab(string.format("run -n %d --device %s spec/allreduce/%s %s", n, device, script, args or ""), env)
 end
 
+-- the algorithms run by kernels (all but the communicator's own)
+local A_kernels = {}
+for _, a in ipairs(dl.allreduce.algos) do if a ~= "nccl" then A_kernels[#A_kernels + 1] = a end end
+
 local function ok_lines(out, word)
   local _, k = out:gsub(word .. " ok", "")
   return k
@@ -43,6 +47,39 @@ describe("allreduce on cpu (shared memory)", function()
       assert.truthy(out:find("ERR: [^\n]*all_reduce " .. algo .. " on rank 0 of 2 %(comm 'w', cpu:0%): rank 1 did not arrive within 1.0 s"), out)
       assert.truthy(out:find("AFTER: [^\n]*this all%-reduce failed earlier and refuses work"), out)
       assert.is_true(os.time() - t0 <= 10)
+    end
+  end)
+
+  -- without debug mode: the kernels compare every rank's call descriptor
+  -- (kernels/allreduce/allreduce.h, dl_ar_call_t) before reading its data
+  local function mismatch(n, args)
+    local t0 = os.time()
+    local rc, out = H.distlab(string.format("run -n %d --device cpu spec/comm/mismatch.lua %s", n, args),
+      "SPEC_TIMEOUT=20")
+    assert.equal(0, rc, out)
+    assert.falsy(out:find("NOERR", 1, true), out)
+    assert.is_true(os.time() - t0 <= 8, "took " .. os.time() - t0 .. " s (the timeout is 20 s)")
+    return out
+  end
+  local function every_rank(out, n, pattern)
+    for r = 0, n - 1 do
+      assert.truthy(out:find("ERR: [^\n]*all_reduce [%w_]+ on rank " .. r .. " of " .. n .. " [^\n]*" .. pattern), out)
+    end
+  end
+
+  it("ranks that run different sizes fail at once, every one naming the sizes (every algorithm)", function()
+    for _, algo in ipairs(A_kernels) do
+      local out = mismatch(2, "ar_count " .. algo)
+      every_rank(out, 2, "mismatched calls %(the buffer's call 0%): rank %d runs " .. algo ..
+        " on 100[01] f32 [^\n]* but rank %d runs " .. algo .. " on 100[01] f32 [^\n]*%(differs: elements 100[01] vs 100[01]")
+    end
+  end)
+
+  it("ranks that run different dtypes or algorithms fail at once, naming them (2 and 3 ranks)", function()
+    for _, n in ipairs { 2, 3 } do
+      every_rank(mismatch(n, "ar_dtype one_shot_push"), n, "differs: [^\n]*dtype [bf3216]+ vs [bf3216]+")
+      every_rank(mismatch(n, "ar_algo one_shot two_shot"), n, "differs: algorithm [%w_]+ vs [%w_]+")
+      every_rank(mismatch(n, "ar_algo two_shot_write one_shot_lamport"), n, "differs: algorithm [%w_]+ vs [%w_]+")
     end
   end)
 

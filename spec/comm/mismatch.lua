@@ -4,6 +4,11 @@
 -- crash, a hang or a silently wrong result ("NOERR" then fails the spec).
 --   symm_size   a symmetric buffer of 16 floats on rank 0, 4096 elsewhere
 --   symm_dtype  the same bytes, f32[64] on rank 0 and bf16[128] elsewhere
+--   ar_count <algo>          dl.allreduce.run of 1000 elements, rank 1 1001
+--   ar_dtype <algo>          f32 on rank 0, bf16 elsewhere
+--   ar_algo <algo> <algo2>   rank 1 runs algo2
+--   cp_mask, cp_correction   a CP schedule with a causal mask (fused correction)
+--                            on rank 0 and none (post_loop) elsewhere
 local dir = arg[0]:match("^(.*)/[^/]*$") or "."
 local U = dofile(dir .. "/util.lua")
 local dl = require "distlab"
@@ -24,6 +29,26 @@ function modes.symm_dtype()
   local b = dl.symm.alloc(w, { me == 0 and 64 or 128 }, me == 0 and "f32" or "bf16")
   b:peer((me + 1) % w.size):fill_(1)
   w:barrier()
+end
+
+function modes.ar_count()
+  dl.allreduce.run(dl.ones(1000 + (me == 1 and 1 or 0)), { algo = arg[2] })
+end
+
+function modes.ar_dtype()
+  dl.allreduce.run(dl.ones(1000, me == 0 and "f32" or "bf16"), { algo = arg[2] })
+end
+
+function modes.ar_algo()
+  dl.allreduce.run(dl.ones(1000), { algo = me == 1 and arg[3] or arg[2] })
+end
+
+function modes.cp_mask()
+  dl.cp.attention { comm = w, mask = me == 0 and "causal" or "none" }
+end
+
+function modes.cp_correction()
+  dl.cp.attention { comm = w, correction = me == 0 and "fused" or "post_loop" }
 end
 
 if not modes[mode] then error("unknown mode " .. tostring(mode), 0) end
