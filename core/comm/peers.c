@@ -6,26 +6,38 @@
  * Every member publishes its pid and host name through the store when the
  * communicator is made (before the backend's rendezvous, so all are there
  * once it is done); dl_comm_peer_pid reads them (once). One watchdog thread
- * per process looks at the watched members' processes every TICK_MS
- * (kill(pid, 0), and /proc/<pid>/stat for a zombie its parent has not
- * reaped yet, which kill calls alive: a rank that died under a launcher busy
- * elsewhere) and writes 1 + the member's rank into each word that watches
- * it. The waits poll those words: host waits with a load, kernels through
+ * per process waits in poll() on a pidfd of every watched member's process,
+ * which the kernel makes readable the moment the process exits (also while
+ * it is a zombie its parent has not reaped: a rank that died under a
+ * launcher busy elsewhere), and writes 1 + the member's rank into each word
+ * that watches it. So it sees deaths in the order they happen: a survivor
+ * that fails because of the death and exits a millisecond later is not
+ * named instead. Where pidfd_open fails (kernels before 5.3) it looks every
+ * TICK_MS (kill(pid, 0), and /proc/<pid>/stat, which shows a zombie).
+ *
+ * The waits poll those words: host waits with a load, kernels through
  * mapped memory (a word in pinned host memory mapped for the device), so no
  * wait makes a system call and no kernel needs the host to end it. Members
  * on other hosts are not seen (pid 0): their deaths end at the timeout.
  *
  * The thread runs while something is watched and is joined when the last
- * word goes; an atexit hook stops it before the CUDA runtime frees pinned
- * words (it is registered after CUDA's, so it runs first).
+ * word goes (an eventfd wakes it for changes); an atexit hook stops it
+ * before the CUDA runtime frees pinned words (it is registered after
+ * CUDA's, so it runs first).
  */
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
+#include <sys/eventfd.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434 /* the same number on every architecture */
+#endif
 
 #include "comm_internal.h"
 #include "common/cpu/host_wait.h"
@@ -83,38 +95,73 @@ typedef struct entry {
   int32_t *pids; /* member r's process (0: unknown or this one) */
 } entry_t;
 
+/* A watched process: its pidfd (-1: none, looked at each tick instead). */
+typedef struct proc {
+  int32_t pid;
+  int fd;
+  int dead;
+} proc_t;
+
 static struct {
   pthread_mutex_t mu;
-  pthread_cond_t cv;
   entry_t *list;
   int n, cap;
+  proc_t *procs; /* every pid some entry watches, each once */
+  int nprocs, capprocs;
+  int wake;      /* eventfd: a write ends the thread's poll (a change, a stop) */
   pthread_t thread;
   int running, hooked;
   unsigned gen; /* a thread runs while gen is what it was at its start */
-} dog = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+} dog = {.mu = PTHREAD_MUTEX_INITIALIZER, .wake = -1};
 
-/* One look at every watched process (each once, however many words watch
- * it); mu held. */
-static void tick(void) {
-  int32_t dead[64];
-  int ndead = 0;
-  int32_t alive[64];
-  int nalive = 0;
+static void wake_thread(void) {
+  const uint64_t one = 1;
+  if (dog.wake >= 0 && write(dog.wake, &one, sizeof one) < 0) { /* a full counter wakes it too */
+  }
+}
+
+/* The processes every entry still waiting for a death watches, each with
+ * its pidfd (opened once: readable from the moment the process exits, also
+ * while it is a zombie); those no entry needs are closed. mu held. */
+static void sync_procs(void) {
+  int keep = 0;
+  for (int k = 0; k < dog.nprocs; k++) {
+    int used = 0;
+    for (int i = 0; i < dog.n && !used; i++)
+      for (int r = 0; r < dog.list[i].n && !used; r++) used = dog.list[i].pids[r] == dog.procs[k].pid;
+    if (used) dog.procs[keep++] = dog.procs[k];
+    else if (dog.procs[k].fd >= 0) close(dog.procs[k].fd);
+  }
+  dog.nprocs = keep;
+  for (int i = 0; i < dog.n; i++)
+    for (int r = 0; r < dog.list[i].n; r++) {
+      const int32_t pid = dog.list[i].pids[r];
+      int known = pid <= 0;
+      for (int k = 0; k < dog.nprocs && !known; k++) known = dog.procs[k].pid == pid;
+      if (known) continue;
+      if (dog.nprocs == dog.capprocs) {
+        int cap = dog.capprocs ? 2 * dog.capprocs : 16;
+        proc_t *p = realloc(dog.procs, sizeof *p * (size_t)cap);
+        if (!p) continue; /* not watched: it ends at the timeout */
+        dog.procs = p;
+        dog.capprocs = cap;
+      }
+      const int fd = (int)syscall(SYS_pidfd_open, pid, 0);
+      dog.procs[dog.nprocs++] = (proc_t){pid, fd, fd < 0 && errno == ESRCH};
+    }
+}
+
+/* Every entry that watches a dead process: its word := 1 + that member's
+ * rank (the lowest of several dead in one look: they died within one wake
+ * of this thread). mu held. */
+static void mark(void) {
   for (int i = 0; i < dog.n; i++) {
     entry_t *e = &dog.list[i];
     if (__atomic_load_n(e->word, __ATOMIC_RELAXED)) continue;
     for (int r = 0; r < e->n; r++) {
-      const int32_t pid = e->pids[r];
-      if (pid <= 0) continue;
-      int known = -1; /* 1 alive, 0 dead, -1 not looked at in this tick */
-      for (int k = 0; k < ndead && known < 0; k++) known = dead[k] == pid ? 0 : -1;
-      for (int k = 0; k < nalive && known < 0; k++) known = alive[k] == pid ? 1 : -1;
-      if (known < 0) {
-        known = dl_host_pid_alive(pid);
-        if (known && nalive < 64) alive[nalive++] = pid;
-        if (!known && ndead < 64) dead[ndead++] = pid;
-      }
-      if (!known) {
+      int dead = 0;
+      for (int k = 0; k < dog.nprocs && !dead; k++) dead = dog.procs[k].pid == e->pids[r] && dog.procs[k].dead;
+      if (dead) {
         __atomic_store_n(e->word, (uint32_t)r + 1, __ATOMIC_RELEASE);
         break;
       }
@@ -122,19 +169,49 @@ static void tick(void) {
   }
 }
 
+/* Wait for a death (pidfds: woken at once; the others looked at every
+ * TICK_MS), or a change. Deaths are recorded as the thread sees them, so
+ * a peer that dies after it saw the first is not named instead. */
 static void *watch_main(void *arg) {
   const unsigned gen = (unsigned)(uintptr_t)arg;
+  struct pollfd *pf = NULL;
+  int cap = 0;
   pthread_mutex_lock(&dog.mu);
   while (dog.gen == gen) {
-    tick();
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_nsec += TICK_MS * 1000000L;
-    ts.tv_sec += ts.tv_nsec / 1000000000L;
-    ts.tv_nsec %= 1000000000L;
-    pthread_cond_timedwait(&dog.cv, &dog.mu, &ts);
+    sync_procs();
+    if (cap < dog.nprocs + 1) {
+      struct pollfd *q = realloc(pf, sizeof *q * (size_t)(dog.nprocs + 1));
+      if (q) {
+        pf = q;
+        cap = dog.nprocs + 1;
+      }
+    }
+    int n = 0;
+    if (cap > 0) pf[n++] = (struct pollfd){dog.wake, POLLIN, 0};
+    for (int k = 0; k < dog.nprocs && n < cap; k++)
+      if (dog.procs[k].fd >= 0 && !dog.procs[k].dead) pf[n++] = (struct pollfd){dog.procs[k].fd, POLLIN, 0};
+    pthread_mutex_unlock(&dog.mu);
+    const int ready = n > 0 ? poll(pf, (nfds_t)n, TICK_MS) : (usleep(TICK_MS * 1000), 0);
+    pthread_mutex_lock(&dog.mu);
+    if (dog.gen != gen) break;
+    if (ready > 0 && (pf[0].revents & POLLIN)) {
+      uint64_t v;
+      if (read(dog.wake, &v, sizeof v) < 0) { /* nothing to drain */
+      }
+    }
+    /* the processes whose pidfd fired (only this thread changes procs, so
+     * the fds are those polled), and those without a pidfd */
+    for (int i = 1; i < n && ready > 0; i++)
+      if (pf[i].revents)
+        for (int k = 0; k < dog.nprocs; k++)
+          if (dog.procs[k].fd == pf[i].fd) dog.procs[k].dead = 1;
+    for (int k = 0; k < dog.nprocs; k++)
+      if (dog.procs[k].fd < 0 && !dog.procs[k].dead && !dl_host_pid_alive(dog.procs[k].pid))
+        dog.procs[k].dead = 1;
+    mark();
   }
   pthread_mutex_unlock(&dog.mu);
+  free(pf);
   return NULL;
 }
 
@@ -145,7 +222,7 @@ static int stop_locked(pthread_t *thread) {
   dog.gen++;
   dog.running = 0;
   *thread = dog.thread;
-  pthread_cond_broadcast(&dog.cv);
+  wake_thread();
   return 1;
 }
 
@@ -185,6 +262,10 @@ int dl_comm_watch(dl_comm_t *c, uint32_t *word) {
     }
   }
   if (rc == DL_OK) dog.list[dog.n++] = (entry_t){word, c->size, pids};
+  if (rc == DL_OK && dog.wake < 0 && (dog.wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) < 0)
+    rc = DL_ERR(DL_EIO, "watching the peers: eventfd: %s", strerror(errno));
+  if (rc < 0 && dog.n > 0 && dog.list[dog.n - 1].word == word) dog.n--;
+  if (rc == DL_OK && dog.running) wake_thread(); /* it picks the new pids up now */
   if (rc == DL_OK && !dog.running) {
     if (!dog.hooked) dog.hooked = atexit(stop_at_exit) == 0;
     int e = pthread_create(&dog.thread, NULL, watch_main, (void *)(uintptr_t)dog.gen);
@@ -218,7 +299,17 @@ void dl_comm_unwatch(uint32_t *word) {
     dog.cap = 0;
   }
   pthread_mutex_unlock(&dog.mu);
-  if (ran) pthread_join(t, NULL);
+  if (!ran) return;
+  pthread_join(t, NULL);
+  pthread_mutex_lock(&dog.mu);
+  if (dog.n == 0 && !dog.running) { /* no new thread took over meanwhile */
+    for (int k = 0; k < dog.nprocs; k++)
+      if (dog.procs[k].fd >= 0) close(dog.procs[k].fd);
+    free(dog.procs);
+    dog.procs = NULL;
+    dog.nprocs = dog.capprocs = 0;
+  }
+  pthread_mutex_unlock(&dog.mu);
 }
 
 int dl_comm_gone_str(dl_comm_t *c, uint32_t gone, char *buf, size_t len) {
