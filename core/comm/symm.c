@@ -466,6 +466,12 @@ int dl_symm_check(dl_symm_t *b, dl_stream_t *s) {
     }
     if (q != cudaSuccess) {
       (void)cudaGetLastError();
+      /* a peer's death can take the memory it exported with it */
+      const uint32_t g = __atomic_load_n(b->gone, __ATOMIC_ACQUIRE);
+      if (g)
+        return signal_ctx(b, DL_ERR(DL_EPEER, "rank %u (pid %d) has exited, and the stream failed: %s",
+                                    g - 1, g - 1 < DL_SIGNAL_MAX_RANKS ? b->pids[g - 1] : 0,
+                                    cudaGetErrorString(q)), "check");
       return signal_ctx(b, DL_ERR(DL_ECUDA, "the stream failed: %s", cudaGetErrorString(q)),
                         "check");
     }

@@ -620,6 +620,11 @@ int dl_allreduce_run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in
     char what[256];
     describe(ar, algo, what, sizeof what);
     dl_error_context(rc, "%s", what);
+    /* a CUDA error after a peer's death (the memory it exported went with it) */
+    const uint32_t g = ar->status ? __atomic_load_n(&ar->status->gone, __ATOMIC_ACQUIRE) : 0;
+    if (rc == DL_ECUDA && g)
+      rc = dl_error_context(DL_EPEER, "rank %u (pid %d) has exited", g - 1,
+                            g - 1 < DL_SIGNAL_MAX_RANKS ? ar->pids[g - 1] : 0);
     set_failed(ar);
   }
   return rc;
@@ -644,6 +649,11 @@ int dl_allreduce_check(dl_allreduce_t *ar, dl_stream_t *s) {
     }
     if (q != cudaSuccess) {
       (void)cudaGetLastError();
+      const uint32_t g = __atomic_load_n(&ar->status->gone, __ATOMIC_ACQUIRE);
+      if (g) /* the memory a dead peer exported went with it */
+        return DL_ERR(DL_EPEER, "all_reduce check on rank %d of %d: rank %u (pid %d) has exited, "
+                      "and the stream failed: %s", ar->rank, ar->size, g - 1,
+                      g - 1 < DL_SIGNAL_MAX_RANKS ? ar->pids[g - 1] : 0, cudaGetErrorString(q));
       return DL_ERR(DL_ECUDA, "all_reduce check on rank %d of %d: the stream failed: %s",
                     ar->rank, ar->size, cudaGetErrorString(q));
     }
