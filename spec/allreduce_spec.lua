@@ -28,6 +28,43 @@ local scripts = {
   { "graph.lua", "graph", "graph replays stay exact among eager calls" },
 }
 
+-- Without debug mode: the kernels compare every rank's call descriptor
+-- (kernels/allreduce/allreduce.h, dl_ar_call_t) before reading its data, so
+-- ranks that call differently fail at once, every one naming what differs.
+local function mismatches(device, worlds, algos)
+  local function mismatch(n, args)
+    local t0 = os.time()
+    local rc, out = H.distlab(string.format("run -n %d --device %s spec/comm/mismatch.lua %s", n, device, args),
+      "SPEC_TIMEOUT=20")
+    assert.equal(0, rc, out)
+    assert.falsy(out:find("NOERR", 1, true), out)
+    assert.is_true(os.time() - t0 <= 10, "took " .. os.time() - t0 .. " s (the timeout is 20 s)")
+    return out
+  end
+  local function every_rank(out, n, pattern)
+    for r = 0, n - 1 do
+      assert.truthy(out:find("ERR: [^\n]*all_reduce [%w_]+ on rank " .. r .. " of " .. n .. " [^\n]*" .. pattern), out)
+    end
+  end
+
+  it("mismatched sizes fail at once on every rank, naming the sizes (" .. table.concat(algos, ", ") .. ")", function()
+    for _, algo in ipairs(algos) do
+      local out = mismatch(worlds[1], "ar_count " .. algo)
+      every_rank(out, worlds[1], "mismatched calls %(the buffer's call 0%): rank %d runs " .. algo ..
+        " on 100[01] f32 [^\n]* but rank %d runs " .. algo .. " on 100[01] f32 [^\n]*%(differs: elements 100[01] vs 100[01]")
+    end
+  end)
+
+  it("mismatched dtypes or algorithms fail at once on every rank, naming them (" ..
+    table.concat(worlds, " and ") .. " ranks)", function()
+    for _, n in ipairs(worlds) do
+      every_rank(mismatch(n, "ar_dtype one_shot_push"), n, "differs: [^\n]*dtype [bf3216]+ vs [bf3216]+")
+      every_rank(mismatch(n, "ar_algo one_shot two_shot"), n, "differs: algorithm [%w_]+ vs [%w_]+")
+      every_rank(mismatch(n, "ar_algo two_shot_write one_shot_lamport"), n, "differs: algorithm [%w_]+ vs [%w_]+")
+    end
+  end)
+end
+
 describe("allreduce on cpu (shared memory)", function()
   for _, n in ipairs { 2, 4 } do
     for _, s in ipairs(scripts) do
@@ -50,38 +87,7 @@ describe("allreduce on cpu (shared memory)", function()
     end
   end)
 
-  -- without debug mode: the kernels compare every rank's call descriptor
-  -- (kernels/allreduce/allreduce.h, dl_ar_call_t) before reading its data
-  local function mismatch(n, args)
-    local t0 = os.time()
-    local rc, out = H.distlab(string.format("run -n %d --device cpu spec/comm/mismatch.lua %s", n, args),
-      "SPEC_TIMEOUT=20")
-    assert.equal(0, rc, out)
-    assert.falsy(out:find("NOERR", 1, true), out)
-    assert.is_true(os.time() - t0 <= 8, "took " .. os.time() - t0 .. " s (the timeout is 20 s)")
-    return out
-  end
-  local function every_rank(out, n, pattern)
-    for r = 0, n - 1 do
-      assert.truthy(out:find("ERR: [^\n]*all_reduce [%w_]+ on rank " .. r .. " of " .. n .. " [^\n]*" .. pattern), out)
-    end
-  end
-
-  it("ranks that run different sizes fail at once, every one naming the sizes (every algorithm)", function()
-    for _, algo in ipairs(A_kernels) do
-      local out = mismatch(2, "ar_count " .. algo)
-      every_rank(out, 2, "mismatched calls %(the buffer's call 0%): rank %d runs " .. algo ..
-        " on 100[01] f32 [^\n]* but rank %d runs " .. algo .. " on 100[01] f32 [^\n]*%(differs: elements 100[01] vs 100[01]")
-    end
-  end)
-
-  it("ranks that run different dtypes or algorithms fail at once, naming them (2 and 3 ranks)", function()
-    for _, n in ipairs { 2, 3 } do
-      every_rank(mismatch(n, "ar_dtype one_shot_push"), n, "differs: [^\n]*dtype [bf3216]+ vs [bf3216]+")
-      every_rank(mismatch(n, "ar_algo one_shot two_shot"), n, "differs: algorithm [%w_]+ vs [%w_]+")
-      every_rank(mismatch(n, "ar_algo two_shot_write one_shot_lamport"), n, "differs: algorithm [%w_]+ vs [%w_]+")
-    end
-  end)
+  mismatches("cpu", { 2, 3 }, A_kernels)
 
   it("2 ranks: the communicator's debug mode catches mismatched calls", function()
     local rc, out = run(2, "cpu", "fail.lua", "mismatch", "SPEC_TIMEOUT=5")
@@ -223,6 +229,8 @@ describe("allreduce on GPUs (DISTLAB_SPEC_RANKS, and DISTLAB_SPEC_GPUS) #multigp
       end
     end
   end)
+
+  mismatches("cuda", { H.gpu_ranks }, { "one_shot", "two_shot", "one_shot_push_flat", "two_shot_lamport" })
 
   it("tune writes a table that auto follows", function()
     local file = H.tmpname(".lua")

@@ -87,6 +87,7 @@ function ops.symm(i)
   buf:set_flag((me + 1) % N, 0, i)
   buf:wait_flag(0, i)
   buf:barrier()
+  buf:check() -- cuda: waits for the device's waits and reports how they ended
 end
 
 local ovs, cases = {}, {}

@@ -31,16 +31,23 @@ function modes.symm_dtype()
   w:barrier()
 end
 
+-- on cuda a run returns at once: check() waits for it and reports its failure
+local function ar_run(t, algo)
+  local ar = dl.allreduce.get(w)
+  ar:run(t, { algo = algo })
+  ar:check()
+end
+
 function modes.ar_count()
-  dl.allreduce.run(dl.ones(1000 + (me == 1 and 1 or 0)), { algo = arg[2] })
+  ar_run(dl.ones(1000 + (me == 1 and 1 or 0)), arg[2])
 end
 
 function modes.ar_dtype()
-  dl.allreduce.run(dl.ones(1000, me == 0 and "f32" or "bf16"), { algo = arg[2] })
+  ar_run(dl.ones(1000, me == 0 and "f32" or "bf16"), arg[2])
 end
 
 function modes.ar_algo()
-  dl.allreduce.run(dl.ones(1000), { algo = me == 1 and arg[3] or arg[2] })
+  ar_run(dl.ones(1000), me == 1 and arg[3] or arg[2])
 end
 
 function modes.cp_mask()
