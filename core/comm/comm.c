@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "comm_internal.h"
+#include "base/device.h"
 
 enum { COMM_MAGIC = 0xc0333c0u };
 
@@ -137,8 +138,11 @@ static int comm_create(dl_comm_t **out, const dl_comm_backend_t *be, dl_store_t 
     dl_store_retain(store);
     c->store = store;
   }
+  /* a device that is not there fails at once on every rank, before any of
+   * them waits on the store for a peer that already gave up */
+  int rc = on_cuda ? dl_device_check(DL_CUDA, dev_index) : DL_OK;
   /* before the backend's rendezvous: once it is done, every member's pid is there */
-  int rc = store && size > 1 ? dl_comm_publish_pid(c) : DL_OK;
+  if (rc == DL_OK && store && size > 1) rc = dl_comm_publish_pid(c);
   if (rc == DL_OK) rc = be->init(c);
   else c->impl = NULL;
   if (rc == DL_OK && (rc = dl_comm_watch(c, &c->gone)) < 0) be->destroy(c);
