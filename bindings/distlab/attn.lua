@@ -58,6 +58,7 @@
 local ffi = require "ffi"
 local core = require "distlab.core"
 local tensor = require "distlab.tensor"
+local args = require "distlab.args"
 
 local C, check, fail = core.C, core.check, core.fail
 local T = tensor.methods
@@ -88,9 +89,7 @@ for _, k in ipairs({ "dq", "dk", "dv", "accumulate_grads" }) do BWD_KEYS[k] = tr
 
 local function check_keys(op, opts, keys)
   if type(opts) ~= "table" then fail("%s: opts must be a table, got %s", op, type(opts)) end
-  for k in pairs(opts) do
-    if not keys[k] then fail("%s: unknown option %s", op, tostring(k)) end
-  end
+  args.options(opts, keys, op)
 end
 
 local function want_tensor(op, name, x, optional)
@@ -99,12 +98,10 @@ local function want_tensor(op, name, x, optional)
   return x
 end
 
+-- the kernels take these as int32: checked before the conversion
 local function int_opt(op, name, x, lo)
   if x == nil then return nil end
-  if type(x) ~= "number" or x ~= math.floor(x) or x < lo then
-    fail("%s: %s must be an integer >= %d, got %s", op, name, lo, tostring(x))
-  end
-  return x
+  return args.int32(x, op .. ": " .. name, lo)
 end
 
 local function layout_of(op, opts)

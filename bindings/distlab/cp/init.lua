@@ -29,6 +29,7 @@
 local dl = require "distlab"
 local plan = require "distlab.cp.plan"
 local p2p = require "distlab.cp.p2p"
+local args = require "distlab.args"
 
 local fail = dl.fail
 local M = {}
@@ -51,10 +52,10 @@ local function one_of(name, x, list)
 end
 
 function M.attention(opts)
-  opts = opts or {}
-  if type(opts) ~= "table" then fail("cp.attention: expected an options table") end
-  for k in pairs(opts) do
-    if not KEYS[k] then fail("cp.attention: unknown option %s", tostring(k)) end
+  opts = args.options(opts, KEYS, "cp.attention")
+  if opts.comm ~= nil and not (type(opts.comm) == "table" and getmetatable(opts.comm) == dl.comm.Comm) then
+    fail("cp.attention: comm must be a communicator (dl.comm.world(), a split), got %s",
+      type(opts.comm) == "string" and string.format("%q", opts.comm) or type(opts.comm))
   end
   local self = setmetatable({}, CP)
   self.comm = opts.comm or dl.comm.world()
@@ -144,8 +145,9 @@ local function streams(self, device)
 end
 
 local function check_inputs(self, q, k, v)
-  for i, x in ipairs({ q, k, v }) do
-    if not dl.is_tensor(x) then fail("cp:forward: %s must be a tensor", ({ "q", "k", "v" })[i]) end
+  local xs = { q, k, v } -- not ipairs: it stops at a nil q
+  for i, name in ipairs { "q", "k", "v" } do
+    if not dl.is_tensor(xs[i]) then fail("cp:forward: %s must be a tensor, got %s", name, type(xs[i])) end
   end
   local nd = self.layout == "thd" and 3 or 4
   if q.nd ~= nd or k.nd ~= nd or v.nd ~= nd then
@@ -158,6 +160,7 @@ local function check_inputs(self, q, k, v)
 end
 
 function CP:forward(q, k, v, seq)
+  if getmetatable(self) ~= CP then fail("cp:forward: call it as cp:forward(q, k, v[, seq]) (a colon, not a dot)") end
   check_inputs(self, q, k, v)
   self:release()
   streams(self, q.device)
@@ -170,6 +173,7 @@ function CP:forward(q, k, v, seq)
 end
 
 function CP:backward(dout)
+  if getmetatable(self) ~= CP then fail("cp:backward: call it as cp:backward(dout) (a colon, not a dot)") end
   if not self.saved then fail("cp:backward: call cp:forward first (or again after a backward)") end
   if not dl.is_tensor(dout) then fail("cp:backward: dout must be a tensor") end
   local dq, dk, dv = self.impl.backward(self, dout, self.saved)
