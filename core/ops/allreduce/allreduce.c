@@ -576,11 +576,13 @@ typedef struct ar_sig {
   int64_t n;
 } ar_sig_t;
 
-/* "runs two_shot on 100 f32 (blocks 0, zero copy 0)" (dl_comm_check_same) */
+/* "runs two_shot, 100 elements, dtype f32, blocks 0, copy-in" (dl_comm_check_same:
+ * one entry a comma, so that the message says which differ) */
 static int sig_runs(const void *sig, char *buf, size_t len) {
   const ar_sig_t *s = sig;
-  return snprintf(buf, len, "runs %s on %lld %s (blocks %d, zero copy %d)", algo_name(s->algo),
-                  (long long)s->n, dl_dtype_name(s->dtype), s->blocks, s->zero_copy);
+  return snprintf(buf, len, "runs %s, %lld elements, dtype %s, blocks %d, %s", algo_name(s->algo),
+                  (long long)s->n, dl_dtype_name(s->dtype), s->blocks,
+                  s->zero_copy ? "zero copy" : "copy-in");
 }
 
 static int debug_check(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int algo,
