@@ -36,7 +36,8 @@ enum {
   DL_ESTATE = -7,       /* use of a freed or ill-formed object              */
   DL_EUNSUPPORTED = -8, /* valid request this build or device cannot do     */
   DL_EIO = -9,          /* socket, file or shared-memory failure            */
-  DL_EPEER = -10        /* a peer rank failed or went away                  */
+  DL_EPEER = -10,       /* a peer rank failed or went away                  */
+  DL_EINTR = -11        /* a wait stopped by the user (Ctrl-C twice)        */
 };
 
 const char *dl_last_error(void);
@@ -50,7 +51,9 @@ double dl_now_us(void);
 /* Ctrl-C in an interactive session: on = 1 makes SIGINT only count (no
  * exit, no Lua code in the handler), on = 0 restores the handler there was.
  * dl_sigint_take returns the SIGINTs counted since its last call, and
- * clears them; the REPL polls it between instructions and at its prompt. */
+ * clears them; the REPL polls it between instructions and at its prompt.
+ * While armed, Ctrl-C twice during one of the library's store waits (a rank
+ * inside a collective whose peers never come) ends it with DL_EINTR. */
 int dl_sigint_arm(int on);
 int dl_sigint_take(void);
 
