@@ -17,8 +17,9 @@
 #      d=128 s 4k..32k, causal and not, bshd and thd: $OUT/attn-<gpu>.md, the
 #      results file (target: cudnn >= 0.95 x PyTorch's cuDNN, fwd and bwd);
 #   5. MPS started, the CP specs with backend "cudnn" (DISTLAB_CP_BACKEND)
-#      with 2 ranks sharing the GPU, and cp_memory.lua's GPU measurement of
-#      the cudnn workspace beside the meta formula.
+#      with 2 ranks sharing the GPU, and the cudnn workspace of the CP
+#      schedules measured on the GPU beside the meta formula
+#      (experiments/cp/cp_cudnn_memory.lua on cuda, then on meta).
 # STEPS picks steps (default "pick specs bench cp"; the build always runs).
 # Every step runs under `timeout` with the smaller of its own limit and what
 # is left of BUDGET and writes one verdict line to $OUT/cudnn-summary.txt;
@@ -147,8 +148,10 @@ if want cp; then
   DISTLAB_CP_BACKEND=cudnn DISTLAB_SPEC_RANKS=2 step "cp_spec #multigpu, backend cudnn, 2 ranks on one GPU" 200 \
     "$L/cp-spec-cudnn.log" ./distlab test --tags=multigpu spec/cp_spec.lua
   grep -E "^(ok|FAIL|ERROR)" "$L/cp-spec-cudnn.log" | head -12 | tee -a "$SUM"
-  step "cp memory, cudnn workspace on the GPU" 90 "$L/cp-memory-cudnn.log" ./distlab run -n 2 --device cuda \
-    experiments/cp/cp_memory.lua --cudnn-gpu "$OUT/cp-memory-cudnn.md"
-  tail -n 20 "$L/cp-memory-cudnn.log" | tee -a "$SUM"
+  step "cp memory: cudnn workspace, 2 ranks on the GPU" 90 "$L/cp-cudnn-memory-gpu.log" ./distlab run -n 2 \
+    --device cuda experiments/cp/cp_cudnn_memory.lua
+  step "cp memory: cudnn workspace, meta formula" 30 "$L/cp-cudnn-memory-meta.log" ./distlab run --device meta \
+    --world 2 --rank 0 experiments/cp/cp_cudnn_memory.lua
+  grep -h "^cudnn" "$L/cp-cudnn-memory-gpu.log" "$L/cp-cudnn-memory-meta.log" | tee -a "$SUM"
 fi
 exit $status
