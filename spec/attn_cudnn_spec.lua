@@ -52,7 +52,8 @@ describe(string.format("attn backend cudnn on cuda:0 (seed %d) #gpu", SEED), fun
     it(label .. R.describe_case(c), function()
       local x = on(build(c), "cuda:0")
       local b = dl.attn.backends(x.q, x.k, x.v, opts(x, { backend = "cudnn", return_max_logit = true }))
-      if b.fwd == "cudnn" and b.bwd == "cudnn" then
+      if (b.fwd == "cudnn" or b.fwd == "ours") and (b.bwd == "cudnn" or b.bwd == "ours") then
+        -- "ours" under "cudnn": no keys, the result is fixed (out 0, lse -inf) and ours writes it
         local bad = run_case(c, "cudnn")
         assert(not bad, bad)
       else

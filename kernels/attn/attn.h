@@ -158,6 +158,8 @@ typedef struct dl_attn_ragged_params {
 typedef struct dl_attn_stats_params {
   int b, h, s, d;
   const int32_t *cu, *pad;
+  const int32_t *seq_kv; /* thd: a sequence with no keys has no visible key anywhere */
+  const float *max, *sum_exp; /* to_lse: when set, the stat is max + log(sum_exp) */
   float *stats;
   float *lse;
   dl_attn_strides_t lse_st;
@@ -168,6 +170,16 @@ typedef struct dl_attn_stats_params {
 
 int dl_attn_cudnn_ragged_cuda(const dl_attn_ragged_params_t *p, void *stream);
 int dl_attn_cudnn_stats_cuda(const dl_attn_stats_params_t *p, void *stream);
+/* thd bwd: zero the rows of dq (dk, dv) of sequences that have no keys (no
+ * queries), which cuDNN may leave unwritten or write garbage into. */
+typedef struct dl_attn_empty_rows_params {
+  int b;
+  const int32_t *cu_q, *cu_kv, *pad_q, *pad_kv;
+  void *dq, *dk, *dv; /* 16-bit */
+  dl_attn_strides_t dq_st, dk_st, dv_st;
+  int h_q, h_kv, d_qk, d_v;
+} dl_attn_empty_rows_params_t;
+int dl_attn_cudnn_empty_rows_cuda(const dl_attn_empty_rows_params_t *p, void *stream);
 /* max_logit[hh] = max(max_logit[hh], rowmax[bi, hh, i] for i < seq[bi] (or s)). */
 int dl_attn_cudnn_max_cuda(const float *rowmax, int b, int h, int s, const int32_t *seq,
                            float *max_logit, void *stream);

@@ -13,6 +13,10 @@
  *     0) whatever cuDNN left there (-inf or NaN); and back, for the
  *     backward, where such a row's -inf becomes +inf so that cuDNN's
  *     exp(s - lse) is 0 (not exp(-inf + inf) = NaN) and its gradient rows 0.
+ *     With max_logit asked for, cuDNN gives the LSE's parts instead (row
+ *     max and sum of exp(s - max)): the LSE is max + log(sum).
+ *   empty rows: thd, the gradient rows of a sequence with no keys (dq) or
+ *     no queries (dk, dv) are 0; cuDNN leaves them unwritten or not 0.
  *   max: our max_logit [h] (running max of the scaled logits) from cuDNN's
  *     per-row max ([b, h, s] fp32), over the valid rows.
  * Launches checked with DL_CUDA_CHECK_LAUNCH. cuda only: the backend they serve
@@ -55,7 +59,8 @@ __global__ void attn_cudnn_stats_kernel(dl_attn_stats_params_t p) {
     if (p.cu && i >= p.cu[bi + 1] - p.cu[bi]) continue;
     float *lse = p.lse + row_base(p.cu, p.pad, bi, p.lse_st) + hh * p.lse_st.h + i * p.lse_st.s;
     if (p.to_lse) {
-      float v = p.stats[x];
+      float v = p.max ? p.max[x] + logf(p.sum_exp[x]) : p.stats[x];
+      if (p.seq_kv && p.seq_kv[bi] == 0) v = -INFINITY;
       if (!(v > -INFINITY)) { /* no visible key: -inf or NaN from cuDNN */
         v = -INFINITY;
         if (p.out) {
@@ -69,6 +74,25 @@ __global__ void attn_cudnn_stats_kernel(dl_attn_stats_params_t p) {
       const float v = *lse;
       p.stats[x] = v == -INFINITY ? INFINITY : v;
     }
+  }
+}
+
+/* One block per (sequence, which of dq/dk/dv); threads over its rows x heads x d. */
+__global__ void attn_cudnn_empty_rows_kernel(dl_attn_empty_rows_params_t p) {
+  const int bi = blockIdx.x, which = blockIdx.y; /* 0 dq (no keys), 1 dk, 2 dv (no queries) */
+  const int32_t *cu_me = which ? p.cu_kv : p.cu_q, *pad_me = which ? p.pad_kv : p.pad_q;
+  const int32_t *cu_other = which ? p.cu_q : p.cu_kv;
+  if (cu_other[bi + 1] - cu_other[bi] != 0) return;
+  const int rows = cu_me[bi + 1] - cu_me[bi];
+  const int64_t start = pad_me ? pad_me[bi] : cu_me[bi];
+  uint16_t *g = (uint16_t *)(which == 0 ? p.dq : which == 1 ? p.dk : p.dv);
+  const dl_attn_strides_t st = which == 0 ? p.dq_st : which == 1 ? p.dk_st : p.dv_st;
+  const int h = which == 0 ? p.h_q : p.h_kv, d = which == 2 ? p.d_v : p.d_qk;
+  const int64_t n = (int64_t)rows * h * d;
+  for (int64_t x = threadIdx.x; x < n; x += blockDim.x) {
+    const int c = (int)(x % d), hh = (int)(x / d % h);
+    const int64_t r = x / d / h;
+    g[(start + r) * st.s + hh * st.h + c] = 0;
   }
 }
 
@@ -108,6 +132,13 @@ extern "C" int dl_attn_cudnn_stats_cuda(const dl_attn_stats_params_t *p, void *s
   const int blocks = (int)(n / threads + 1 < 4096 ? n / threads + 1 : 4096);
   attn_cudnn_stats_kernel<<<blocks, threads, 0, (cudaStream_t)stream>>>(*p);
   DL_CUDA_CHECK_LAUNCH("attn_cudnn_stats_kernel");
+  return 0;
+}
+
+extern "C" int dl_attn_cudnn_empty_rows_cuda(const dl_attn_empty_rows_params_t *p, void *stream) {
+  if (p->b == 0) return 0;
+  attn_cudnn_empty_rows_kernel<<<dim3(p->b, 3), 256, 0, (cudaStream_t)stream>>>(*p);
+  DL_CUDA_CHECK_LAUNCH("attn_cudnn_empty_rows_kernel");
   return 0;
 }
 

@@ -7,8 +7,9 @@
 #   2. which libcudnn: every candidate (the system's, the one in PyTorch's
 #      venv, the CUDA toolkit's), its version, and one causal bf16 forward +
 #      backward timed with each (experiments/attn/cudnn_pick.lua); the
-#      fastest, newest on a tie, is exported as DISTLAB_CUDNN for the rest
-#      (with its folder's neighbours, e.g. NVRTC, on LD_LIBRARY_PATH);
+#      fastest, newest on a tie (within 1%), is exported as DISTLAB_CUDNN for
+#      distlab's commands (with its folder's neighbours, e.g. NVRTC, on their
+#      LD_LIBRARY_PATH; PyTorch's keeps its own);
 #   3. spec/attn_cudnn_spec.lua (#gpu: every attention case with backend
 #      "cudnn" against the fp64 cpu twin, normwise and element-wise) and
 #      spec/attn_spec.lua (ours unchanged);
@@ -90,6 +91,7 @@ gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE '[
 gpu=${gpu:-gpu}
 
 step build 240 "$L/build.log" ./distlab build || exit 1
+DL_LIBS=""
 grep -q "cudnn_sdpa" build/make.log || say "WARNING: built without cuDNN's frontend (no .deps/cudnn-frontend?)"
 
 if want pick; then
@@ -99,7 +101,7 @@ if want pick; then
     /usr/local/cuda/lib64/libcudnn.so.9; do
     [ -e "$f" ] && cands+=("$(readlink -f "$f")")
   done
-  best="" best_ms=""
+  best="" best_ms="" best_ver=0
   for f in "${cands[@]}"; do
     # its folder's neighbours first: NVRTC and cuBLAS of the same CUDA major for the wheel's cuDNN
     libs="$(dirname "$f")"
@@ -108,27 +110,31 @@ if want pick; then
     if DISTLAB_CUDNN="$f" LD_LIBRARY_PATH="$libs:${LD_LIBRARY_PATH:-}" step "pick: $f" 90 "$log" \
       ./distlab run -n 1 --device cuda experiments/attn/cudnn_pick.lua; then
       ms=$(sed -n 's/^pick ms=\([0-9.]*\).*/\1/p' "$log")
-      if [ -n "$ms" ] && { [ -z "$best_ms" ] || awk "BEGIN{exit !($ms < $best_ms * 0.99)}"; }; then
-        best=$f best_ms=$ms best_libs=$libs
+      ver=$(sed -n 's/^pick .*version=\([0-9]*\).*/\1/p' "$log")
+      # faster by more than 1%, or as fast (within 1%) and newer
+      if [ -n "$ms" ] && { [ -z "$best_ms" ] || awk "BEGIN{exit !($ms < $best_ms * 0.99 || \
+        ($ms <= $best_ms * 1.01 && $ver > $best_ver))}"; }; then
+        best=$f best_ms=$ms best_libs=$libs best_ver=$ver
       fi
     fi
   done
   if [ -n "$best" ]; then
-    export DISTLAB_CUDNN="$best" LD_LIBRARY_PATH="$best_libs:${LD_LIBRARY_PATH:-}"
-    say "cuDNN for the rest: $best ($best_ms ms per causal fwd+bwd at s=8k)"
+    # distlab's commands only: PyTorch must keep finding the cuDNN it was built with
+    export DISTLAB_CUDNN="$best" DL_LIBS="$best_libs"
+    say "cuDNN for the rest: $best (version $best_ver, $best_ms ms per causal fwd+bwd at s=8k)"
   else
     say "no libcudnn candidate ran; the rest uses the loader's"
   fi
 fi
 
 if want specs; then
-  step "attn_cudnn_spec (#gpu)" 200 "$L/attn-cudnn-spec.log" ./distlab test --exclude-tags=multigpu spec/attn_cudnn_spec.lua
+  step "attn_cudnn_spec (#gpu)" 200 "$L/attn-cudnn-spec.log" env LD_LIBRARY_PATH="${DL_LIBS:+$DL_LIBS:}${LD_LIBRARY_PATH:-}" ./distlab test --exclude-tags=multigpu spec/attn_cudnn_spec.lua
   grep -E "^(FAIL|ERROR)|^cudnn|^  (bshd|sbhd|thd)" "$L/attn-cudnn-spec.log" | head -40 | tee -a "$SUM"
 fi
 
 if want bench; then
   step "attn bench: PyTorch SDPA" 150 "$L/attn-torch.log" "$PY" experiments/attn/attn_bench_torch.py --out "$L"
-  step "attn bench: dl.attn ours and cudnn" 200 "$L/attn-bench.log" ./distlab run -n 1 --device cuda \
+  step "attn bench: dl.attn ours and cudnn" 200 "$L/attn-bench.log" env LD_LIBRARY_PATH="${DL_LIBS:+$DL_LIBS:}${LD_LIBRARY_PATH:-}" ./distlab run -n 1 --device cuda \
     experiments/attn/attn_bench.lua --backends ours,cudnn --torch "$L/attn-torch.csv" --out "$OUT" --tag "$gpu" \
     --command "scripts/gpu/cudnn.sh (attn_bench_torch.py, then this, in the same run)"
   sed -n '/^TFLOP\/s fwd\/bwd/,$p' "$L/attn-bench.log" | tee -a "$SUM"
@@ -146,9 +152,9 @@ if want cp; then
   say "MPS: $([ -n "$mps_ctl" ] && echo "running ($ctl)" || echo "not running")"
   export DISTLAB_JOB_TIMEOUT="${DISTLAB_JOB_TIMEOUT:-150}"
   DISTLAB_CP_BACKEND=cudnn DISTLAB_SPEC_RANKS=2 step "cp_spec #multigpu, backend cudnn, 2 ranks on one GPU" 200 \
-    "$L/cp-spec-cudnn.log" ./distlab test --tags=multigpu spec/cp_spec.lua
+    "$L/cp-spec-cudnn.log" env LD_LIBRARY_PATH="${DL_LIBS:+$DL_LIBS:}${LD_LIBRARY_PATH:-}" ./distlab test --tags=multigpu spec/cp_spec.lua
   grep -E "^(ok|FAIL|ERROR)" "$L/cp-spec-cudnn.log" | head -12 | tee -a "$SUM"
-  step "cp memory: cudnn workspace, 2 ranks on the GPU" 90 "$L/cp-cudnn-memory-gpu.log" ./distlab run -n 2 \
+  step "cp memory: cudnn workspace, 2 ranks on the GPU" 90 "$L/cp-cudnn-memory-gpu.log" env LD_LIBRARY_PATH="${DL_LIBS:+$DL_LIBS:}${LD_LIBRARY_PATH:-}" ./distlab run -n 2 \
     --device cuda experiments/cp/cp_cudnn_memory.lua
   step "cp memory: cudnn workspace, meta formula" 30 "$L/cp-cudnn-memory-meta.log" ./distlab run --device meta \
     --world 2 --rank 0 experiments/cp/cp_cudnn_memory.lua

@@ -221,7 +221,8 @@ int dl_attn_fwd(const dl_attn_opts_t *o, const dl_tensor_t *q, const dl_tensor_t
   const int fused = acc_out || acc_lse, want_max = max_logit != NULL;
   if (!rc) rc = fwd_outputs(&st, &m, &p, out, lse, max_logit, acc_out, acc_lse, s);
   if (!rc) rc = dl_attn_cudnn_choose(o, q, &p, st.thd, 0, fused, want_max, &cudnn, NULL, 0);
-  if (!rc && cudnn && q->dev_type == DL_META) rc = dl_attn_cudnn_account(&p, 0, st.thd, want_max, q);
+  if (!rc && cudnn && q->dev_type == DL_META)
+    rc = dl_attn_cudnn_account(&p, 0, st.thd, want_max, q, 0);
   if (!rc && q->dev_type != DL_META && st.oq.s > 0 && (st.oq.b > 0 || (st.thd && p.b > 0))) {
     void **ptrs[] = {(void **)&p.q, (void **)&p.k, (void **)&p.v};
     dl_attn_lend(ptrs, 3);
@@ -288,7 +289,11 @@ int dl_attn_bwd(const dl_attn_opts_t *o, const dl_tensor_t *dout, const dl_tenso
   p.accumulate_grads = o && o->accumulate_grads;
   int empty = !(st.oq.s > 0 || st.ok.s > 0) || (st.thd ? p.b == 0 : st.oq.b == 0), cudnn = 0;
   if (!rc) rc = dl_attn_cudnn_choose(o, q, &p, st.thd, 1, 0, 0, &cudnn, NULL, 0);
-  if (!rc && cudnn && q->dev_type == DL_META) rc = dl_attn_cudnn_account(&p, 1, st.thd, 0, q);
+  if (!rc && cudnn && q->dev_type == DL_META) {
+    int64_t gb = (dl_tensor_numel(*dq) + dl_tensor_numel(*dk) + dl_tensor_numel(*dv)) *
+                 dl_dtype_size(q->dtype_id);
+    rc = dl_attn_cudnn_account(&p, 1, st.thd, 0, q, gb);
+  }
   if (!rc && q->dev_type != DL_CPU && !empty && !cudnn) {
     void *h = NULL;
     dl_attn_params_t sized = p; /* on meta cu_seqlens_q has no memory; thd is its being set */

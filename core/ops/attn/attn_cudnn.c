@@ -134,11 +134,14 @@ int dl_attn_cudnn_choose(const dl_attn_opts_t *o, const dl_tensor_t *q, const dl
 /* ---- meta ------------------------------------------------------------------------- */
 
 int dl_attn_cudnn_account(const dl_attn_params_t *p, int bwd, int thd, int want_max,
-                          const dl_tensor_t *q) {
+                          const dl_tensor_t *q, int64_t grads_bytes) {
   int64_t rows = (int64_t)p->b * p->h_q * p->s_q, bytes = 0;
+  const int packed = p->lse_st.s == 1 && p->lse_st.h == p->s_q &&
+                     p->lse_st.b == (int64_t)p->h_q * p->s_q;
   if (bwd) bytes = rows * (p->d_qk + 1) * 4 + rows * 4; /* dQ accumulator and row sums; stats copy */
-  else if (thd) bytes = rows * 4;                        /* stats temporary */
-  if (want_max && !bwd) bytes += rows * 4;
+  else if (want_max) bytes = 2 * rows * 4;              /* row max and sum of exp */
+  else if (thd || !packed) bytes = rows * 4;            /* stats temporary */
+  if (bwd && p->accumulate_grads) bytes += grads_bytes; /* dq, dk, dv temporaries */
   if (thd) bytes += (int64_t)(2 * p->b + 8 * (p->b + 1)) * 4;
   dl_storage_t *st = NULL;
   DL_TRY(dl_mem_tag_push(TAG));
@@ -171,6 +174,7 @@ static void lay_out(carve_t *c, const dl_attn_params_t *p, int thd, int bwd, int
   *workspace = piece(c, ws > 0 ? ws : 1);
   ptrs->stats = stats_tmp ? (float *)piece(c, rows * 4) : NULL;
   ptrs->max = want_max && !bwd ? (float *)piece(c, rows * 4) : NULL;
+  ptrs->sum_exp = want_max && !bwd ? (float *)piece(c, rows * 4) : NULL;
   if (thd) {
     ptrs->seq_q = (int32_t *)piece(c, p->b * 4);
     ptrs->seq_kv = (int32_t *)piece(c, p->b * 4);
@@ -195,11 +199,14 @@ static int ragged(const dl_attn_params_t *p, dl_cudnn_ptrs_t *ptrs, void *h) {
   return dl_attn_cudnn_ragged_cuda(&r, h);
 }
 
-static int stats_pass(const dl_attn_params_t *p, int thd, float *stats, int to_lse, void *h) {
+static int stats_pass(const dl_attn_params_t *p, int thd, const dl_cudnn_ptrs_t *ptrs, int to_lse,
+                      void *h) {
   dl_attn_stats_params_t sp = {.b = p->b, .h = p->h_q, .s = p->s_q, .d = p->d_v};
   sp.cu = thd ? p->cu_seqlens_q : NULL;
   sp.pad = thd ? p->cu_seqlens_q_padded : NULL;
-  sp.stats = stats, sp.lse = p->lse, sp.lse_st = p->lse_st;
+  sp.seq_kv = thd ? ptrs->seq_kv : NULL;
+  sp.max = ptrs->max, sp.sum_exp = ptrs->sum_exp;
+  sp.stats = ptrs->stats, sp.lse = p->lse, sp.lse_st = p->lse_st;
   sp.out = to_lse ? p->out : NULL, sp.out_st = p->out_st;
   sp.to_lse = to_lse;
   return dl_attn_cudnn_stats_cuda(&sp, h);
@@ -217,7 +224,7 @@ static int run(const dl_attn_params_t *p, int thd, int bwd, int want_max, int de
   int64_t ws;
   key_of(p, thd, bwd, want_max, dev, &key);
   DL_TRY(dl_cudnn_plan(&key, &plan, &ws));
-  const int stats_tmp = bwd || thd || !packed_lse(p);
+  const int stats_tmp = bwd || ((thd || !packed_lse(p)) && !want_max);
   dl_cudnn_ptrs_t ptrs;
   memset(&ptrs, 0, sizeof ptrs);
   void *workspace;
@@ -234,9 +241,18 @@ static int run(const dl_attn_params_t *p, int thd, int bwd, int want_max, int de
   const void *t[DL_CUDNN_NT] = {p->q, p->k, p->v, p->out, p->dout, p->dq, p->dk, p->dv};
   for (int i = 0; i < DL_CUDNN_NT; i++) ptrs.t[i] = (void *)t[i];
   if (thd) DL_TRY(ragged(p, &ptrs, h));
-  if (bwd) DL_TRY(stats_pass(p, thd, ptrs.stats, 0, h));
+  if (bwd) DL_TRY(stats_pass(p, thd, &ptrs, 0, h));
   DL_TRY(dl_cudnn_run(plan, &ptrs, workspace, h));
-  if (!bwd) DL_TRY(stats_pass(p, thd, ptrs.stats, 1, h));
+  if (!bwd) DL_TRY(stats_pass(p, thd, &ptrs, 1, h));
+  if (bwd && thd) {
+    dl_attn_empty_rows_params_t e = {.b = p->b, .h_q = p->h_q, .h_kv = p->h_kv, .d_qk = p->d_qk,
+                                     .d_v = p->d_v};
+    e.cu_q = p->cu_seqlens_q, e.cu_kv = p->cu_seqlens_kv;
+    e.pad_q = p->cu_seqlens_q_padded, e.pad_kv = p->cu_seqlens_kv_padded;
+    e.dq = p->dq, e.dk = p->dk, e.dv = p->dv;
+    e.dq_st = p->dq_st, e.dk_st = p->dk_st, e.dv_st = p->dv_st;
+    DL_TRY(dl_attn_cudnn_empty_rows_cuda(&e, h));
+  }
   if (ptrs.max && p->max_logit)
     DL_TRY(dl_attn_cudnn_max_cuda(ptrs.max, p->b, p->h_q, p->s_q, thd ? ptrs.seq_q : NULL,
                                   p->max_logit, h));

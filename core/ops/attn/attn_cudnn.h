@@ -45,7 +45,7 @@ typedef struct dl_cudnn_key {
 
 typedef struct dl_cudnn_ptrs {
   void *t[DL_CUDNN_NT];
-  float *stats, *max;
+  float *stats, *max, *sum_exp; /* fwd with max: max and sum_exp, not stats */
   int32_t *seq_q, *seq_kv;       /* thd: [b] valid lengths                      */
   int32_t *ragged[DL_CUDNN_NT]; /* thd: [b+1] element offset of each sequence   */
 } dl_cudnn_ptrs_t;
@@ -69,9 +69,10 @@ void dl_cudnn_info_fill(dl_attn_cudnn_info_t *out);
 int dl_attn_cudnn_choose(const dl_attn_opts_t *o, const dl_tensor_t *q, const dl_attn_params_t *p,
                          int thd, int bwd, int fused, int want_max, int *use, char *why,
                          size_t whylen);
-/* meta: charge the workspace a cuda call would take (by formula) and give it back. */
+/* meta: charge the workspace a cuda call would take (by formula) and give it
+ * back; grads_bytes: dq + dk + dv, temporaries when accumulating. */
 int dl_attn_cudnn_account(const dl_attn_params_t *p, int bwd, int thd, int want_max,
-                          const dl_tensor_t *q);
+                          const dl_tensor_t *q, int64_t grads_bytes);
 int dl_attn_cudnn_fwd(const dl_attn_params_t *p, int thd, const dl_tensor_t *q, dl_stream_t *s);
 int dl_attn_cudnn_bwd(const dl_attn_params_t *p, int thd, const dl_tensor_t *q, dl_tensor_t *dq,
                       dl_tensor_t *dk, dl_tensor_t *dv, int layout, dl_stream_t *s);

@@ -76,6 +76,7 @@ enum : int64_t {
   UID_MAX,
   UID_SEQ_Q,
   UID_SEQ_KV,
+  UID_SUM_EXP,
   UID_RAGGED = 200 /* + DL_CUDNN_* */
 };
 
@@ -275,23 +276,29 @@ void build(Plan *p, cudnnHandle_t h) {
   std::shared_ptr<fe::graph::Tensor_attributes> seq_q, seq_kv;
   auto q = input(*g, k, DL_CUDNN_Q), kk = input(*g, k, DL_CUDNN_K), v = input(*g, k, DL_CUDNN_V);
   if (!k.bwd) {
-    auto a = fe::graph::SDPA_attributes().set_name("sdpa_fwd").set_generate_stats(true);
+    /* cuDNN's softmax gives stats (the LSE) or its parts, the row max and the
+     * sum of exp(s - max), not both: with max_logit asked for, the parts
+     * (attn_cudnn.c makes the LSE, max + log(sum), and reduces the max) */
+    auto a = fe::graph::SDPA_attributes().set_name("sdpa_fwd").set_generate_stats(!k.want_max);
     set_mask(a, k, *g, &seq_q, &seq_kv);
-    std::shared_ptr<fe::graph::Tensor_attributes> mx;
+    std::shared_ptr<fe::graph::Tensor_attributes> mx, se;
     if (k.want_max) {
       mx = stats_tensor(*g, k, UID_MAX, "max");
-      a.set_logit_max(mx);
+      se = stats_tensor(*g, k, UID_SUM_EXP, "sum_exp");
+      mx->set_output(true);
+      se->set_output(true);
+      a.set_logit_max(mx).set_score_sum_exp(se);
     }
     auto outs = g->sdpa(q, kk, v, a);
     describe(outs[0], *g, k, DL_CUDNN_O);
     outs[0]->set_output(true);
-    outs[1]
-        ->set_output(true)
-        .set_uid(UID_STATS)
-        .set_data_type(fe::DataType_t::FLOAT)
-        .set_dim({k.b, k.h_q, k.s_q, 1})
-        .set_stride({k.h_q * k.s_q, k.s_q, 1, 1});
-    if (mx) mx->set_output(true);
+    if (outs[1])
+      outs[1]
+          ->set_output(true)
+          .set_uid(UID_STATS)
+          .set_data_type(fe::DataType_t::FLOAT)
+          .set_dim({k.b, k.h_q, k.s_q, 1})
+          .set_stride({k.h_q * k.s_q, k.s_q, 1, 1});
   } else {
     auto a = fe::graph::SDPA_backward_attributes().set_name("sdpa_bwd");
     set_mask(a, k, *g, &seq_q, &seq_kv);
@@ -383,8 +390,12 @@ extern "C" int dl_cudnn_run(void *plan, const dl_cudnn_ptrs_t *ptrs, void *works
     pack[ops[j]] = ptrs->t[ops[j]];
     if (k.thd) pack[UID_RAGGED + ops[j]] = ptrs->ragged[ops[j]];
   }
-  pack[UID_STATS] = ptrs->stats;
-  if (k.want_max && !k.bwd) pack[UID_MAX] = ptrs->max;
+  if (k.want_max && !k.bwd) {
+    pack[UID_MAX] = ptrs->max;
+    pack[UID_SUM_EXP] = ptrs->sum_exp;
+  } else {
+    pack[UID_STATS] = ptrs->stats;
+  }
   if (k.thd) {
     pack[UID_SEQ_Q] = ptrs->seq_q;
     pack[UID_SEQ_KV] = ptrs->seq_kv;
