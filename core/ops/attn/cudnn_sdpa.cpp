@@ -31,8 +31,9 @@
  *
  * Plans: one per dl_cudnn_key_t (shapes, strides, dtype, mask, window, scale,
  * device, direction), built on first use (validate, operation graph,
- * heuristics mode A, support check, plan build: tens of ms, or a second or
- * more where cuDNN compiles a kernel with NVRTC) and kept, least recently
+ * heuristics mode A, support check, plan build: on an H200, 75 ms per plan
+ * on average with cuDNN 9.14 and 140-165 ms with 9.19, 1.8-2.1 s for the
+ * first, which loads the engines) and kept, least recently
  * used out beyond CACHE entries; dl_attn_cudnn_info reports builds, hits and
  * build times. A configuration cuDNN refuses is cached too (with its
  * reason), so "auto" asks once. Every frontend error and exception becomes a
