@@ -49,6 +49,9 @@ describe("cp schedules on GPUs #multigpu", function()
       local rc, out = run_check(H.gpu_ranks, "cuda", g)
       assert.equal(0, rc, out)
       assert.equal(H.gpu_ranks, count(out, "cp check ok"), out)
+      -- which backend ran (DISTLAB_CP_BACKEND) and what cuDNN refused, in the log
+      for l in out:gmatch("[^\n]*cp check ok[^\n]*") do print(l) end
+      for l in out:gmatch("refused by cudnn[^\n]*") do print(l) end
     end)
   end
 end)

@@ -474,6 +474,7 @@ static int recv_all(dl_store_t *s, void *buf, int64_t n, double deadline, const 
                     const char *key, const store_watch_t *watch) {
   char *p = buf;
   char where[400];
+  int sig0 = dl_sigint_pending();
   while (n > 0) {
     double left = deadline - now_s();
     if (left <= 0) {
@@ -481,6 +482,13 @@ static int recv_all(dl_store_t *s, void *buf, int64_t n, double deadline, const 
       store_where(s, where, sizeof where);
       return DL_ERR(DL_ETIMEOUT, "store %s of key '%s' timed out after %.1f s (%s)", what, key,
                     s->timeout_s, where);
+    }
+    if (sig0 >= 0 && dl_sigint_pending() >= sig0 + 2) {
+      dl_sigint_take();
+      store_drop(s);
+      store_where(s, where, sizeof where);
+      return DL_ERR(DL_EINTR, "store %s of key '%s' stopped by Ctrl-C (twice) (%s)", what, key,
+                    where);
     }
     struct pollfd pf = {s->fd, POLLIN, 0};
     int pr = poll(&pf, 1, left > 0.1 ? 100 : (int)(left * 1000) + 1);

@@ -113,8 +113,12 @@ static int map_cpu(dl_symm_t *b, dl_comm_t *c, int k) {
 #ifdef DL_WITH_CUDA
 static int map_cuda(dl_symm_t *b, dl_comm_t *c, int k) {
   DL_TRY(dl_cuda_use(b->dev_index));
+  /* A whole number of 2 MiB pages: cudaMalloc packs small allocations into one page, an IPC
+   * handle names the page, and a peer that already opened a handle on it (an earlier small
+   * buffer of this rank) is refused the second with "resource already mapped". */
+  size_t granule = (size_t)2 << 20;
   void *p = NULL;
-  DL_CUDA_CHECK(cudaMalloc(&p, b->total));
+  DL_CUDA_CHECK(cudaMalloc(&p, (b->total + granule - 1) / granule * granule));
   b->base[b->rank] = p;
   DL_CUDA_CHECK(cudaMemset((char *)p + b->data_bytes, 0, sizeof(dl_signal_pad_t)));
   DL_CUDA_CHECK(cudaDeviceSynchronize());

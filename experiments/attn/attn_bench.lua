@@ -3,7 +3,9 @@
 -- thd (thd: b sequences of s tokens packed, max_seqlen given so nothing
 -- syncs). Times are medians of device events around each call after 3
 -- warm-up calls (dl.bench.timing.events). FLOPs: fwd 4*b*h*s^2*d, halved
--- when causal; bwd 2.5x fwd; fwd+bwd 3.5x fwd.
+-- when causal; bwd 2.5x fwd; fwd+bwd 3.5x fwd. --backends ours,cudnn times
+-- each backend of dl.attn (cudnn: cuDNN's fused attention; the results name
+-- the libcudnn file and version that ran, and its plan build times).
 -- Data checked after timing: every result finite, and the same call at a
 -- small shape (s=333, h=2, beyond one tile) equal to the cpu twin within
 -- TransformerEngine's bf16 tolerance; a failed check is reported in the
@@ -14,7 +16,9 @@
 -- Writes DIR/attn-distlab.{md,csv} (default experiments/results/attn).
 -- --torch reads experiments/attn/attn_bench_torch.py's CSV and also writes
 -- DIR/attn-TAG.md (TAG: the GPU model, e.g. h200): one table with PyTorch
--- SDPA's flash and cuDNN backends beside ours.
+-- SDPA's flash and cuDNN backends beside ours, and, with cudnn among the
+-- backends, one with dl.attn's cudnn backend against PyTorch's cuDNN SDPA
+-- (target: >= 0.95 x, forward and backward, at every shape).
 local dl = require "distlab"
 local bench = dl.bench
 
@@ -27,6 +31,7 @@ local h = bench.harness {
   options = {
     { "s", "sizes", "4096,8192,16384,32768", "sequence lengths (4K,8K or 4K..32K)", meta = "LENGTHS" },
     { "iters", "int", 10, "timed calls per case" },
+    { "backends", "list", "ours", "dl.attn backends to time", values = { "ours", "cudnn" } },
     { "torch", "string", nil, "attn_bench_torch.py's CSV: also write the combined table attn-TAG.md",
       meta = "CSV" },
   },
@@ -42,10 +47,11 @@ local function input(shape, device)
 end
 
 -- Inputs and options of one configuration.
+local backend = "ours" -- set per pass below
 local function setup(layout, s, causal, nh, device)
   local shape = layout == "thd" and { B * s, nh, D } or { B, s, nh, D }
   local x = { q = input(shape, device), k = input(shape, device), v = input(shape, device) }
-  x.opts = { layout = layout, mask = causal and "causal" or "none" }
+  x.opts = { layout = layout, mask = causal and "causal" or "none", backend = backend }
   if layout == "thd" then
     local cu = dl.from_table({ 0, s, 2 * s }, { dtype = "i32", device = device })
     x.opts.cu_seqlens_q, x.opts.cu_seqlens_kv = cu, cu
@@ -77,6 +83,7 @@ local function check_small(layout, causal)
   local o, l = dl.attn.fwd(g.q, g.k, g.v, g.opts)
   local dout = input(o.shape, "cpu")
   local dq, dk, dv = dl.attn.bwd(dout:to(dev), g.q, g.k, g.v, o, l, g.opts)
+  x.opts.backend = nil -- the reference: the cpu twin
   local ro, rl = dl.attn.fwd(x.q, x.k, x.v, x.opts)
   local rq, rk, rv = dl.attn.bwd(dout, x.q, x.k, x.v, o:cpu(), l:cpu(), x.opts)
   local bad = {}
@@ -87,12 +94,14 @@ local function check_small(layout, causal)
   return #bad == 0 and "ok" or ("WRONG " .. table.concat(bad, "; "))
 end
 
-local tbl = h:table({ { "layout", "%-6s" }, { "mask", "%-7s" }, { "s", "%6d" }, { "fwd ms", "%9.3f" },
+local tbl = h:table({ { "backend", "%-6s" }, { "layout", "%-6s" }, { "mask", "%-7s" }, { "s", "%6d" }, { "fwd ms", "%9.3f" },
   { "bwd ms", "%9.3f" }, { "f+b ms", "%9.3f" }, { "fwd TF/s", "%8.1f" }, { "bwd TF/s", "%8.1f" },
   { "f+b TF/s", "%8.1f" }, { "check", "%-s" } })
 tbl:header(string.format("distlab attention, %s, %s, %s", gpu, bench.markdown.date(), dl.build_info()))
 local rows = {}
 local timing = { warmup = 3, iters = A.iters }
+for _, be in ipairs(A.backends) do
+backend = be
 for _, layout in ipairs({ "bshd", "thd" }) do
   for _, causal in ipairs({ false, true }) do
     local checked = check_small(layout, causal)
@@ -115,30 +124,38 @@ for _, layout in ipairs({ "bshd", "thd" }) do
       end
       h:check(ok == "ok" and 0 or 1)
       local flops = 4 * B * NH * s * s * D * (causal and 0.5 or 1)
-      local r = { layout = layout, mask = causal and "causal" or "none", s = s, fwd_ms = tf, bwd_ms = tb,
+      local r = { backend = be, layout = layout, mask = causal and "causal" or "none", s = s, fwd_ms = tf, bwd_ms = tb,
         fwdbwd_ms = tfb, fwd = flops / tf / 1e9, bwd = 2.5 * flops / tb / 1e9, fwdbwd = 3.5 * flops / tfb / 1e9,
         check = ok }
       rows[#rows + 1] = r
-      tbl:row({ r.layout, r.mask, s, tf, tb, tfb, r.fwd, r.bwd, r.fwdbwd, ok })
+      tbl:row({ be, r.layout, r.mask, s, tf, tb, tfb, r.fwd, r.bwd, r.fwdbwd, ok })
       x, out, lse, dout, dq, dk, dv, fo, bo = nil
       collectgarbage("collect")
     end
   end
+end
 end
 
 local extra = { "build: " .. dl.build_info(),
   string.format("b=%d, h=%d, d=%d, bf16; FLOPs fwd 4*b*h*s^2*d (halved when causal), bwd 2.5x, fwd+bwd 3.5x; " ..
     "median of %d device-event timings after 3 warm-up calls", B, NH, D, A.iters),
   "data checked after timing: results finite; s=333, h=2 against the cpu twin (TE's bf16 tolerance)" }
+local ci = dl.attn.cudnn_info()
+if ci.version > 0 then
+  extra[#extra + 1] = string.format("cudnn backend: cuDNN %d.%d.%d from %s (DISTLAB_CUDNN=%s), built against headers %d, " ..
+    "frontend %d; %d plans built in %.0f ms (%.0f ms per plan), %d calls from the plan cache",
+    math.floor(ci.version / 10000), math.floor(ci.version / 100) % 100, ci.version % 100, ci.path, os.getenv("DISTLAB_CUDNN") or "unset",
+    ci.header_version, ci.frontend_version, ci.builds, ci.build_ms, ci.build_ms / math.max(ci.builds, 1), ci.hits)
+end
 
-local md = { "| layout | mask | s | fwd ms | bwd ms | fwd+bwd ms | fwd TFLOP/s | bwd TFLOP/s | fwd+bwd TFLOP/s | check |",
-  "|---|---|---|---|---|---|---|---|---|---|" }
+local md = { "| backend | layout | mask | s | fwd ms | bwd ms | fwd+bwd ms | fwd TFLOP/s | bwd TFLOP/s | fwd+bwd TFLOP/s | check |",
+  "|---|---|---|---|---|---|---|---|---|---|---|" }
 local csv = {}
 local function f(fmt, v) return string.format(fmt, v) end
 for _, r in ipairs(rows) do
-  md[#md + 1] = string.format("| %s | %s | %d | %.3f | %.3f | %.3f | %.1f | %.1f | %.1f | %s |", r.layout, r.mask,
+  md[#md + 1] = string.format("| %s | %s | %s | %d | %.3f | %.3f | %.3f | %.1f | %.1f | %.1f | %s |", r.backend, r.layout, r.mask,
     r.s, r.fwd_ms, r.bwd_ms, r.fwdbwd_ms, r.fwd, r.bwd, r.fwdbwd, bench.markdown.cell(r.check))
-  csv[#csv + 1] = { "distlab", r.layout, r.mask, r.s, f("%.4f", r.fwd_ms), f("%.4f", r.bwd_ms), f("%.4f", r.fwdbwd_ms),
+  csv[#csv + 1] = { r.backend == "ours" and "distlab" or "distlab-" .. r.backend, r.layout, r.mask, r.s, f("%.4f", r.fwd_ms), f("%.4f", r.bwd_ms), f("%.4f", r.fwdbwd_ms),
     f("%.2f", r.fwd), f("%.2f", r.bwd), f("%.2f", r.fwdbwd), r.check }
 end
 h:markdown("attn-distlab.md", "distlab attention (dl.attn)", md, extra)
@@ -167,6 +184,7 @@ if A.torch then
     "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" }
   local short = {}
   for _, r in ipairs(rows) do
+    if r.backend ~= "ours" then goto next end
     local fl = torch["flash/bshd/" .. r.mask .. "/" .. r.s] or {}
     local cu = torch["cudnn/bshd/" .. r.mask .. "/" .. r.s] or {}
     local target = "—"
@@ -177,6 +195,42 @@ if A.torch then
       cell(cu[3]), ratio, target)
     short[#short + 1] = string.format("%-4s %-6s %6d  ours %4.0f/%4.0f  flash %4s/%4s  cudnn %4s/%4s  %s",
       r.layout, r.mask, r.s, r.fwd, r.bwd, cell(fl[1]), cell(fl[2]), cell(cu[1]), cell(cu[2]), target)
+    ::next::
+  end
+  -- dl.attn's cudnn backend against PyTorch's cuDNN SDPA (issue 18: >= 0.95 x, fwd and bwd, every shape)
+  local cshort, met, n = {}, 0, 0
+  for _, r in ipairs(rows) do
+    if r.backend == "cudnn" then
+      if n == 0 then
+        out[#out + 1] = ""
+        out[#out + 1] = "dl.attn with backend \"cudnn\" (cuDNN's fused attention through distlab; thd through " ..
+          "ragged offsets) against PyTorch's cuDNN SDPA (bshd) and flash SDPA, same run. TFLOP/s; target (issue 18): " ..
+          ">= 0.95 x PyTorch's cuDNN, forward and backward, at every shape."
+        out[#out + 1] = ""
+        out[#out + 1] = "| layout | mask | s | cudnn fwd | cudnn bwd | cudnn f+b | PyTorch cuDNN fwd | bwd | f+b | " ..
+          "flash fwd | flash bwd | fwd ratio | bwd ratio | target |"
+        out[#out + 1] = "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+      end
+      n = n + 1
+      local cu = torch["cudnn/bshd/" .. r.mask .. "/" .. r.s] or {}
+      local fl = torch["flash/bshd/" .. r.mask .. "/" .. r.s] or {}
+      local rf, rb = cu[1] and r.fwd / cu[1], cu[2] and r.bwd / cu[2]
+      local target = "—"
+      if rf and rb then
+        target = (rf >= 0.95 and rb >= 0.95) and "met" or "below"
+        if target == "met" then met = met + 1 end
+      end
+      local function ratio(x) return x and string.format("%.3f", x) or "—" end
+      out[#out + 1] = string.format("| %s | %s | %d | %.0f | %.0f | %.0f | %s | %s | %s | %s | %s | %s | %s | %s |",
+        r.layout, r.mask, r.s, r.fwd, r.bwd, r.fwdbwd, cell(cu[1]), cell(cu[2]), cell(cu[3]), cell(fl[1]),
+        cell(fl[2]), ratio(rf), ratio(rb), target)
+      cshort[#cshort + 1] = string.format("%-4s %-6s %6d  cudnn %4.0f/%4.0f  torch-cudnn %4s/%4s  ratio %s/%s  %s",
+        r.layout, r.mask, r.s, r.fwd, r.bwd, cell(cu[1]), cell(cu[2]), ratio(rf), ratio(rb), target)
+    end
+  end
+  if n > 0 then
+    out[#out + 1] = ""
+    out[#out + 1] = string.format("Target met at %d of %d shapes.", met, n)
   end
   out[#out + 1] = ""
   out[#out + 1] = "Gap to cuDNN and the plan to close it: experiments/lab/attn/NOTES.md."
@@ -184,5 +238,9 @@ if A.torch then
   print("wrote " .. path)
   print("\nTFLOP/s fwd/bwd (target: ours >= flash at s >= 8k)")
   for _, l in ipairs(short) do print(l) end
+  if #cshort > 0 then
+    print(string.format("\ncudnn backend vs PyTorch's cuDNN SDPA, TFLOP/s fwd/bwd (target >= 0.95x): met at %d of %d", met, n))
+    for _, l in ipairs(cshort) do print(l) end
+  end
 end
 h:finish()

@@ -5,14 +5,24 @@
 --
 --   ./distlab run -n 1 --device cuda experiments/overlap/gemm_bench.lua [options]
 --     --m LIST        rows (default 1K,2K,4K,8K,16K,32K); --k, --n (default 16K, 8K)
---     --iters N       timed calls per case (default 20, after 5 warm-up calls)
---     --torch CSV     experiments/overlap/gemm_bench_torch.py's CSV from the same run:
---                     its columns beside ours, the ratio and the target
+--     --iters N       timed calls per case, at least (default 20; more to fill --min-ms)
+--     --warm-ms, --min-ms  warm-up and timed work per case in ms (default 500 and 1000)
+--     --torch CSVS    experiments/overlap/gemm_bench_torch.py's CSVs from the same run, comma
+--                     separated (overlap.sh runs it before and after this: the anchor is the
+--                     mean of the runs, so a drift of the card's clocks cancels); its columns
+--                     beside ours, the ratio and the target
+--     --measured CSV  take dl.gemm's figures from this bench's own CSV of the same run
+--                     instead of timing again (overlap.sh: torch, this, torch, this
+--                     --measured, so that the results file holds both torch runs)
 --     --out DIR       default experiments/results/overlap; --tag NAME (default: the GPU, h100)
 -- Writes DIR/gemm-TAG.md (the results file) and DIR/gemm-TAG.csv.
 --
 -- Method: dl.bench.timing.events (each call between two device events, the
 -- median), as the torch script times torch.matmul; TFLOP/s = 2 m n k / time.
+-- Warm-up and timed calls are counted from a first estimate so that each
+-- case warms the card for --warm-ms and times --min-ms of work: 20 calls of
+-- a 3 ms GEMM (60 ms) left the clocks wherever the last case put them, and
+-- the same GEMM differed by 10% between two runs (H200, m = 8k).
 -- Inputs randn (Philox), out given (a's dtype); dl.gemm's workspace comes
 -- from the allocator per call (its cache: no device time). After timing: the
 -- result finite, and rows 1, 2 and the last two against the CPU twin (fp64
@@ -30,8 +40,11 @@ local h = bench.harness {
     { "k", "size", "16K", "columns of a, rows of b" },
     { "n", "size", "8K", "columns of b" },
     { "dtype", "choice", "bf16", "inputs and output", values = { "bf16", "f16" } },
-    { "iters", "int", 20, "timed calls per case" },
-    { "torch", "string", nil, "gemm_bench_torch.py's CSV from the same run", meta = "CSV" },
+    { "iters", "int", 20, "timed calls per case, at least" },
+    { "warm-ms", "number", 500, "warm-up work per case (ms)" },
+    { "min-ms", "number", 1000, "timed work per case (ms)" },
+    { "torch", "string", nil, "gemm_bench_torch.py's CSVs from the same run, comma separated", meta = "CSVS" },
+    { "measured", "string", nil, "dl.gemm's figures from this bench's CSV of the same run", meta = "CSV" },
   },
 }
 local A = h.opt
@@ -56,52 +69,99 @@ local function check(a, b, out)
   return bad
 end
 
-local torch = {}
-if A.torch then
-  local head, recs = bench.csv.read(A.torch)
-  if not head then dl.fail("gemm_bench: cannot read %s: %s", A.torch, tostring(recs)) end
-  if head[1] ~= "impl" then dl.fail("gemm_bench: %s is not gemm_bench_torch.py's CSV", A.torch) end
-  for _, r in ipairs(recs) do torch[tonumber(r.m)] = r end
+-- torch[m] = {ms, tflops (the mean over the CSVs), runs = "a / b" TFLOP/s, status, torch}
+local torch, nruns = {}, 0
+for file in (A.torch or ""):gmatch("[^,]+") do
+  local head, recs = bench.csv.read(file)
+  if not head then dl.fail("gemm_bench: cannot read %s: %s", file, tostring(recs)) end
+  if head[1] ~= "impl" then dl.fail("gemm_bench: %s is not gemm_bench_torch.py's CSV", file) end
+  nruns = nruns + 1
+  for _, r in ipairs(recs) do
+    local m, t = tonumber(r.m), torch[tonumber(r.m)]
+    local tf = bench.csv.number(r.tflops)
+    if not t then
+      t = { status = r.status, torch = r.torch, sum_ms = 0, sum_tf = 0, n = 0, runs = {} }
+      torch[m] = t
+    end
+    if r.status ~= "ok" then t.status = r.status end
+    t.runs[#t.runs + 1] = tf and string.format("%.1f", tf) or "-"
+    if tf and r.status == "ok" then
+      t.sum_ms, t.sum_tf, t.n = t.sum_ms + bench.csv.number(r.ms), t.sum_tf + tf, t.n + 1
+    end
+  end
+end
+for _, t in pairs(torch) do
+  if t.n > 0 then t.ms, t.tflops = t.sum_ms / t.n, t.sum_tf / t.n end
+  t.runs = table.concat(t.runs, " / ")
 end
 
 local tbl = h:table({ { "m", "%6d" }, { "k", "%6d" }, { "n", "%6d" }, { "ms", "%9.3f" }, { "TFLOP/s", "%8.1f" },
   { "torch ms", "%9.3f" }, { "torch TF/s", "%10.1f" }, { "ratio", "%6.3f" }, { "target", "%-6s" },
   { "#wrong", "%6d" } })
 tbl:header(string.format("dl.gemm vs torch.matmul, %s, %s, %s", gpu, A.dtype, dl.build_info()))
-local rows = {}
-for _, m in ipairs(A.m) do
+-- measured[m] = this bench's earlier CSV row (--measured)
+local measured
+if A.measured then
+  local head, recs = bench.csv.read(A.measured)
+  if not head then dl.fail("gemm_bench: cannot read %s: %s", A.measured, tostring(recs)) end
+  if head[1] ~= "m" or head[5] ~= "ms" then dl.fail("gemm_bench: %s is not gemm_bench's CSV", A.measured) end
+  measured = {}
+  for _, r in ipairs(recs) do measured[tonumber(r.m)] = r end
+end
+
+-- dl.gemm at m rows: ms per call, wrong elements
+local function measure(m)
+  if measured then
+    local r = measured[m] or dl.fail("gemm_bench: %s has no row for m = %d", A.measured, m)
+    return bench.csv.number(r.ms), h:check(tonumber(r.wrong))
+  end
   local a = dl.randn({ m, A.k }, { dtype = A.dtype, device = dev, seed = m })
   local b = dl.randn({ A.k, A.n }, { dtype = A.dtype, device = dev, seed = m + 1 })
   local out = dl.empty({ m, A.n }, { dtype = A.dtype, device = dev })
-  local ms = bench.timing.events(function() dl.gemm(a, b, out) end, { warmup = 5, iters = A.iters }).median
+  local call = function() dl.gemm(a, b, out) end
+  local est = bench.timing.events(call, { warmup = 2, iters = 3 }).median
+  local ms = bench.timing.events(call, { warmup = math.ceil(A.warm_ms / est),
+    iters = math.max(A.iters, math.ceil(A.min_ms / est)) }).median
   local wrong = h:check(check(a, b, out))
-  local tf = 2 * m * A.n * A.k / (ms * 1e-3) / 1e12
-  local t = torch[m] or {}
-  local tms, ttf = bench.csv.number(t.ms), bench.csv.number(t.tflops)
-  local ratio = ttf and tf / ttf
-  local r = { m = m, ms = ms, tf = tf, tms = tms, ttf = ttf, ratio = ratio, wrong = wrong,
-    target = ratio and (ratio >= 0.98 and "met" or "below") or "-", tstatus = t.status }
-  rows[#rows + 1] = r
-  tbl:row({ m, A.k, A.n, ms, tf, tms, ttf, ratio, r.target, wrong })
   a, b, out = nil, nil, nil
   collectgarbage("collect")
+  return ms, wrong
 end
 
+local rows = {}
+for _, m in ipairs(A.m) do
+  local ms, wrong = measure(m)
+  local tf = 2 * m * A.n * A.k / (ms * 1e-3) / 1e12
+  local t = torch[m] or {}
+  local tms, ttf = t.ms, t.tflops
+  local ratio = ttf and tf / ttf
+  local r = { m = m, ms = ms, tf = tf, tms = tms, ttf = ttf, ratio = ratio, wrong = wrong,
+    target = ratio and (ratio >= 0.98 and "met" or "below") or "-", tstatus = t.status, truns = t.runs }
+  rows[#rows + 1] = r
+  tbl:row({ m, A.k, A.n, ms, tf, tms, ttf, ratio, r.target, wrong })
+end
+
+-- with --measured no GEMM ran here: one small one loads cuBLASLt, so the file names its version
+if measured and dev:match("^cuda") then
+  dl.gemm(dl.randn({ 16, 16 }, { dtype = A.dtype, device = dev }), dl.randn({ 16, 16 }, { dtype = A.dtype, device = dev }))
+end
 local stats = dl.gemm.stats()
 local v = stats.version
 local function f(fmt, x) return x and string.format(fmt, x) or "—" end
 local md_rows, csv_rows = {}, {}
 for _, r in ipairs(rows) do
   md_rows[#md_rows + 1] = { r.m, A.k, A.n, f("%.3f", r.ms), f("%.1f", r.tf), f("%.3f", r.tms), f("%.1f", r.ttf),
-    f("%.3f", r.ratio), r.target, r.wrong }
+    r.truns or "—", f("%.3f", r.ratio), r.target, r.wrong }
   csv_rows[#csv_rows + 1] = { r.m, A.k, A.n, A.dtype, f("%.4f", r.ms), f("%.2f", r.tf), f("%.4f", r.tms),
     f("%.2f", r.ttf), f("%.4f", r.ratio), r.wrong }
 end
-local lines = { "TFLOP/s = 2 m n k / time; time: the median of " .. A.iters .. " calls, each between two device " ..
-  "events, after 5 warm-up calls (torch.matmul timed the same way by `experiments/overlap/gemm_bench_torch.py`, " ..
-  "in the same run). Target (issue 17): dl.gemm >= 0.98 x torch.matmul at every m.", "" }
+local lines = { string.format("TFLOP/s = 2 m n k / time; time: the median of at least %d calls and %g ms of work, " ..
+  "each call between two device events, after %g ms of warm-up calls (torch.matmul timed the same way by " ..
+  "`experiments/overlap/gemm_bench_torch.py`, in the same run, %d time(s): before and after dl.gemm, its " ..
+  "figure the mean of the runs, each run's TFLOP/s listed). Target (issue 17): dl.gemm >= 0.98 x torch.matmul " ..
+  "at every m.", A.iters, A.min_ms, A.warm_ms, nruns), "" }
 for _, l in ipairs(bench.markdown.table({ "m", "k", "n", "dl.gemm ms", "dl.gemm TFLOP/s", "torch ms",
-  "torch TFLOP/s", "ratio", "target", "#wrong" }, md_rows)) do lines[#lines + 1] = l end
+  "torch TFLOP/s", "torch runs", "ratio", "target", "#wrong" }, md_rows)) do lines[#lines + 1] = l end
 local notes = {}
 for _, r in ipairs(rows) do
   if r.tstatus and r.tstatus ~= "ok" then notes[#notes + 1] = string.format("- torch at m = %d: %s", r.m, r.tstatus) end

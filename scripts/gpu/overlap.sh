@@ -6,8 +6,9 @@
 #   2. spec/gemm_spec.lua with its #gpu specs (dl.gemm through cuBLASLt against
 #      fp64, the algorithm cache, graphs, a missing cuBLASLt);
 #   3. gemm_bench: torch.matmul (experiments/overlap/gemm_bench_torch.py, with
-#      /opt/torch/.venv/bin/python, else python3) then dl.gemm, same shapes,
-#      same run: m in 1k..32k, k = 16k, n = 8k, bf16. Writes
+#      /opt/torch/.venv/bin/python, else python3), dl.gemm, torch.matmul
+#      again (the anchor: the mean of the two), same shapes, same run: m in
+#      1k..32k, k = 16k, n = 8k, bf16. Writes
 #      $OUT/gemm-<gpu>.md, the results file (copy it to experiments/results/overlap/);
 #      the target is dl.gemm >= 0.98 x torch.matmul at every m;
 #   4. MPS started (as scripts/gpu/shared.sh does), then the #multigpu specs
@@ -93,10 +94,15 @@ step build 200 "$L/build.log" ./distlab build || exit 1
 step "gemm_spec (#gpu)" 60 "$L/gemm-spec.log" ./distlab test spec/gemm_spec.lua
 grep -E "^(FAIL|ERROR)" "$L/gemm-spec.log" | head -10 | tee -a "$SUM"
 
-step "gemm_bench torch.matmul" 60 "$L/gemm-torch.log" "$PY" experiments/overlap/gemm_bench_torch.py "$L/gemm-torch.csv"
-step "gemm_bench dl.gemm" 60 "$L/gemm-bench.log" ./distlab run -n 1 --device cuda experiments/overlap/gemm_bench.lua \
-  --torch "$L/gemm-torch.csv" --out "$OUT" --tag "$gpu" \
-  --command "scripts/gpu/overlap.sh (gemm_bench_torch.py, then this, in the same run)"
+# torch, dl.gemm, torch again, then the results file from the three (the anchor is the mean of the
+# two torch runs around dl.gemm's, so a drift of the card's clocks cancels)
+step "gemm_bench torch.matmul (1)" 60 "$L/gemm-torch.log" "$PY" experiments/overlap/gemm_bench_torch.py "$L/gemm-torch.csv"
+step "gemm_bench dl.gemm" 60 "$L/gemm-bench-1.log" ./distlab run -n 1 --device cuda experiments/overlap/gemm_bench.lua \
+  --out "$L" --tag "$gpu"
+step "gemm_bench torch.matmul (2)" 60 "$L/gemm-torch-2.log" "$PY" experiments/overlap/gemm_bench_torch.py "$L/gemm-torch-2.csv"
+step "gemm_bench results" 30 "$L/gemm-bench.log" ./distlab run -n 1 --device cuda experiments/overlap/gemm_bench.lua \
+  --measured "$L/gemm-$gpu.csv" --torch "$L/gemm-torch.csv,$L/gemm-torch-2.csv" --out "$OUT" --tag "$gpu" \
+  --command "scripts/gpu/overlap.sh (gemm_bench_torch.py, this, gemm_bench_torch.py, this with --measured, in the same run)"
 sed -n '/^# dl.gemm vs/,$p' "$L/gemm-bench.log" | tee -a "$SUM"
 
 ctl="$(command -v nvidia-cuda-mps-control || ls /usr/local/nvidia/bin/nvidia-cuda-mps-control 2>/dev/null)"

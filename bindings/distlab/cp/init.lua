@@ -9,6 +9,10 @@
 --     overlap = bool,        (all_gather, bshd/sbhd, no window: attend to the local
 --                             K/V while the gathers run; a2a: two head groups in a
 --                             pipeline, heads per rank even; default false)
+--     backend = "ours" | "cudnn" | "auto",  (dl.attn's backend for every step; default
+--                             "ours". correction "fused" and all_gather's overlap
+--                             merge in our kernel's epilogue: with "cudnn" they are an
+--                             error, with "auto" those steps run ours)
 --     layout = "bshd" | "sbhd" | "thd", mask = "none" | "causal",
 --     window = {left, right}, scale =, return_max_logit = bool}
 --   out, lse[, max_logit] = cp:forward(q, k, v[, {cu_seqlens_q =, cu_seqlens_q_padded =}])
@@ -39,7 +43,8 @@ local CP = {}
 CP.__index = CP
 
 local KEYS = { comm = true, algo = true, comm_buffers = true, correction = true, dkv = true,
-  layout = true, mask = true, window = true, scale = true, return_max_logit = true, overlap = true }
+  layout = true, mask = true, window = true, scale = true, return_max_logit = true, overlap = true,
+  backend = true }
 local P2P_ONLY = { comm_buffers = true, correction = true, dkv = true }
 
 local function one_of(name, x, list)
@@ -69,6 +74,12 @@ function M.attention(opts)
   self.correction = one_of("correction", opts.correction or "fused", p2p.corrections)
   self.dkv = one_of("dkv", opts.dkv or "travel", { "travel", "local" })
   self.layout = one_of("layout", opts.layout or "bshd", { "bshd", "sbhd", "thd" })
+  self.backend = one_of("backend", opts.backend or "ours", { "ours", "cudnn", "auto" })
+  if self.backend == "cudnn" and self.algo == "p2p" and self.correction == "fused" then
+    fail("cp.attention: correction = \"fused\" merges in our attention kernel's epilogue, which cuDNN " ..
+      "has not: with backend = \"cudnn\" use correction \"incremental\" or \"post_loop\" (or backend \"auto\", " ..
+      "which runs ours for the fused steps)")
+  end
   local mask = one_of("mask", opts.mask or "none", { "none", "causal", "causal_bottom_right" })
   -- Q and KV cover the same positions: bottom-right and top-left causal agree.
   self.causal = mask ~= "none"
@@ -111,6 +122,10 @@ function M.attention(opts)
     end
     if self.algo == "all_gather" and self.window then
       fail("cp.attention: all_gather overlap takes no window (a causal mask or none)")
+    end
+    if self.algo == "all_gather" and self.backend == "cudnn" then
+      fail("cp.attention: all_gather overlap merges in our attention kernel's epilogue, which cuDNN has not: " ..
+        "with backend = \"cudnn\" leave overlap off (or use backend \"auto\")")
     end
   end
   self.impl = require("distlab.cp." .. self.algo)
@@ -164,7 +179,8 @@ function CP:forward(q, k, v, seq)
   check_inputs(self, q, k, v)
   self:release()
   streams(self, q.device)
-  local pl = plan.new { C = self.comm.size, r = self.comm.rank, layout = self.layout, x = q, seq = seq }
+  local pl = plan.new { C = self.comm.size, r = self.comm.rank, layout = self.layout, x = q, seq = seq,
+    backend = self.backend }
   local out, lse, ml = self.impl.forward(self, q, k, v, pl)
   self.saved = self.saved or {}
   local sv = self.saved
@@ -198,7 +214,7 @@ local function round256(n) return math.ceil(n / 256) * 256 end
 -- The sizes the formulas are written in, for this object and these shards.
 function CP:geometry(q, k, v, seq)
   local C = self.comm.size
-  local pl = plan.new { C = C, r = self.comm.rank, layout = self.layout, x = q, seq = seq }
+  local pl = plan.new { C = C, r = self.comm.rank, layout = self.layout, x = q, seq = seq, backend = self.backend }
   local rows = pl.thd and pl.T_r or q:size(self.layout == "sbhd" and 2 or 1) * pl.S_r
   local e, hq, hkv = q:element_size(), q:size(-2), k:size(-2)
   local dqk, dv = q:size(-1), v:size(-1)

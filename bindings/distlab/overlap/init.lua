@@ -326,6 +326,10 @@ function Op:info()
 end
 
 function Op:free()
+  -- the slot views hold the symmetric buffer's mappings of the peers' memory: closed now, not
+  -- at some later collection, so that a peer's next buffer (which may reuse the freed memory,
+  -- and with it the IPC handle) can be opened here
+  for _, v in pairs(self.slots) do C.dl_tensor_free(ffi.gc(v, nil)) end
   if self.ov then C.dl_overlap_free(ffi.gc(self.ov, nil)) end
   self.ov, self.slots, self.ws, self.side = nil, {}, {}, {}
   self.freed = true
