@@ -132,8 +132,8 @@ function M.attention(opts)
   -- ranks whose schedules differ (a mask, a correction) would each compute
   -- something plausible and wrong: every rank checks every other's, once
   self.comm:agree("cp.attention options", string.format(
-    "algo=%s, layout=%s, causal=%s, window=%s, scale=%s, comm_buffers=%s, correction=%s, dkv=%s, overlap=%s, " ..
-    "return_max_logit=%s", self.algo, self.layout, tostring(self.causal),
+    "algo=%s, backend=%s, layout=%s, causal=%s, window=%s, scale=%s, comm_buffers=%s, correction=%s, dkv=%s, " ..
+    "overlap=%s, return_max_logit=%s", self.algo, self.backend, self.layout, tostring(self.causal),
     self.window and (self.window[1] .. ":" .. self.window[2]) or "none",
     self.scale and string.format("%.17g", self.scale) or "default", tostring(self.comm_buffers), self.correction,
     self.dkv, tostring(self.overlap), tostring(self.return_max_logit)))
