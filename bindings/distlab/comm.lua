@@ -193,13 +193,20 @@ function M.new(opts)
   end
   local rank = args.int32(opts.rank or e.rank, "comm.new: rank", 0)
   local size = args.int32(opts.size or e.world_size, "comm.new: size", 1)
-  local store = backend ~= "meta" and M.store(opts) or nil
   local dev_index = 0
   if backend == "nccl" or backend == "ipc" or backend == "cuda" then
     local d = opts.device or core.default_device()
     if not d:match("^cuda") then d = "cuda:" .. e.local_rank end
     dev_index = select(2, core.parse_device(d))
+    -- before the store: a rank 0 that fails here exits at once, and a peer
+    -- still connecting to its store would wait the whole timeout
+    local n, why = core.cuda_count()
+    if dev_index >= n then
+      fail("comm.new: the %s communicator needs cuda:%d, but %s", backend == "cuda" and "GPU" or backend, dev_index,
+        n == 0 and why or string.format("this machine has %d GPU(s)", n))
+    end
   end
+  local store = backend ~= "meta" and M.store(opts) or nil
   if backend == "cuda" then backend = cuda_backend(e, store, dev_index) end
   local pp = ffi.new("dl_comm_t*[1]")
   check(C.dl_comm_new(pp, backend_ids[backend], store and store.ptr or nil, rank, size, dev_index,

@@ -66,7 +66,8 @@ int dl_comm_publish_pid(dl_comm_t *c) {
 }
 
 int dl_comm_peer_pid(dl_comm_t *c, int rank) {
-  if (!c || !c->store || rank < 0 || rank >= c->size) return 0;
+  /* a communicator of one rank has no peers and published nothing */
+  if (!c || !c->store || c->size < 2 || rank < 0 || rank >= c->size) return 0;
   if (!c->pids) {
     int *pids = calloc((size_t)c->size, sizeof *pids);
     if (!pids) return 0;
