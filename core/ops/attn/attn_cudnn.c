@@ -44,7 +44,9 @@
 
 #define TAG "cudnn_workspace"
 
+#if defined(DL_WITH_CUDA) && defined(DL_WITH_CUDNN_FE)
 static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+#endif
 
 static int strides_aligned(const dl_attn_strides_t *st) {
   return st->b % 8 == 0 && st->h % 8 == 0 && st->s % 8 == 0;
@@ -87,7 +89,11 @@ int dl_attn_cudnn_choose(const dl_attn_opts_t *o, const dl_tensor_t *q, const dl
                "attn: backend %d is not ours (0), cudnn (1) or auto (2)", backend);
   if (backend == DL_ATTN_OURS) return say(why, whylen, "%s", "backend \"ours\" asked for");
   const char *no = NULL;
+#if defined(DL_WITH_CUDA) && defined(DL_WITH_CUDNN_FE)
   char buf[1024];
+#else
+  (void)thd, (void)want_max;
+#endif
   if (p->s_kv == 0 || p->s_q == 0) /* the result is fixed; not a refusal, even for "cudnn" */
     return say(why, whylen, "%s", "ours: no keys or no queries, nothing to attend (ours writes "
                "the defined result: out 0, lse -inf)");

@@ -179,28 +179,42 @@ static int ar_agree(const dl_ar_args_t *a, dl_ar_ctrl_t *self, uint32_t seq) {
            sizeof mine - sizeof mine.seq);
     __atomic_store_n(&slot->seq, mine.seq, __ATOMIC_RELEASE);
   }
-  for (int p = 0; p < a->nranks; p++) {
-    if (p == a->rank) continue;
-    const dl_ar_call_t *in = &self->calls[seq & 1][p];
-    watch_t w = watch_begin(a);
-    uint32_t x, kind = 0, aborted = 0;
-    int who = p, gave_up = -1;
-    for (long i = 0; (x = __atomic_load_n(&in->seq, __ATOMIC_ACQUIRE)) != mine.seq && !kind; i++) {
-      kind = watch_step(a, &w, i, p, &who, !aborted);
-      /* another rank gave up (it saw a mismatch, most likely): this peer's
-       * call, if it comes within a second, says more than the abort */
-      if (kind == DL_AR_FAIL_ABORT) {
-        aborted = 1;
-        gave_up = who;
-        if (w.deadline > dl_host_now_s() + 1) w.deadline = dl_host_now_s() + 1;
-        kind = 0;
+  /* every peer's slot at each poll, so that a mismatched call that is there is named even when
+   * another peer is late or gone (in order, waiting on rank 1 first, rank 0 reported the death
+   * of a rank 2 that had published a mismatched call and exited) */
+  int left = a->nranks - 1, who = -1, gave_up = -1;
+  uint32_t kind = 0, aborted = 0, x = 0;
+  uint8_t seen[DL_SIGNAL_MAX_RANKS] = {0};
+  watch_t w = watch_begin(a);
+  for (long i = 0; left > 0; i++) {
+    int late = -1;
+    for (int p = 0; p < a->nranks; p++) {
+      if (p == a->rank || seen[p]) continue;
+      const dl_ar_call_t *in = &self->calls[seq & 1][p];
+      uint32_t got = __atomic_load_n(&in->seq, __ATOMIC_ACQUIRE);
+      if (got != mine.seq) {
+        if (late < 0) late = p, x = got;
+        continue;
       }
+      dl_ar_call_t theirs = *in;
+      if (memcmp(&theirs, &mine, sizeof mine) != 0)
+        return ar_fail(a, DL_AR_FAIL_MISMATCH, 0, p, seq, seq, seq, &mine, &theirs);
+      seen[p] = 1;
+      left--;
+    }
+    if (left == 0) break;
+    if (kind) return ar_fail(a, kind, DL_AR_BLOCK_CALL, who, mine.seq, x, seq, NULL, NULL);
+    kind = watch_step(a, &w, i, late, &who, !aborted);
+    /* another rank gave up (it saw a mismatch, most likely): a late call, if it comes within a
+     * second, says more than the abort */
+    if (kind == DL_AR_FAIL_ABORT) {
+      aborted = 1;
+      gave_up = who;
+      if (w.deadline > dl_host_now_s() + 1) w.deadline = dl_host_now_s() + 1;
+      kind = 0;
     }
     if (kind == DL_AR_FAIL_TIMEOUT && aborted) kind = DL_AR_FAIL_ABORT, who = gave_up;
-    if (kind) return ar_fail(a, kind, DL_AR_BLOCK_CALL, who, mine.seq, x, seq, NULL, NULL);
-    dl_ar_call_t theirs = *in;
-    if (memcmp(&theirs, &mine, sizeof mine) != 0)
-      return ar_fail(a, DL_AR_FAIL_MISMATCH, 0, p, seq, seq, seq, &mine, &theirs);
+    /* kind set: one more look at every slot (above) before failing with it */
   }
   return DL_OK;
 }
