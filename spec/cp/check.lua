@@ -141,6 +141,17 @@ local function run_case(cs, backend)
   near("dk", shard(ref.dk, cs), dk, tol)
   near("dv", shard(ref.dv, cs), dv, tol)
   near("max_logit", ref.max_logit, ml, 1e-3)
+  -- and normwise, ||got - ref|| / ||ref|| in fp64, near the dtype's precision (lse: fp32)
+  local function normwise(name, want, got, bound)
+    local e = dl.rel_err(got, want)
+    if not (e <= bound) then bad[#bad + 1] = string.format("%s: normwise error %.3g > %.3g", name, e, bound) end
+  end
+  local nb = cs.dtype == "f16" and 2e-3 or 1e-2
+  normwise("out", shard(ref.out, cs), out, nb)
+  normwise("lse", shard(ref.lse, cs, cs.layout == "thd" and 2 or 3), lse, 1e-5)
+  normwise("dq", shard(ref.dq, cs), dq, nb)
+  normwise("dk", shard(ref.dk, cs), dk, nb)
+  normwise("dv", shard(ref.dv, cs), dv, nb)
   if cs.layout == "thd" then
     for name, t in pairs({ out = out, dq = dq, dk = dk, dv = dv }) do
       for _, pr in ipairs(padding_rows(cs.seq)) do
