@@ -119,9 +119,7 @@ local function measure(m)
   local b = dl.randn({ A.k, A.n }, { dtype = A.dtype, device = dev, seed = m + 1 })
   local out = dl.empty({ m, A.n }, { dtype = A.dtype, device = dev })
   local call = function() dl.gemm(a, b, out) end
-  local est = bench.timing.events(call, { warmup = 2, iters = 3 }).median
-  local ms = bench.timing.events(call, { warmup = math.ceil(A.warm_ms / est),
-    iters = math.max(A.iters, math.ceil(A.min_ms / est)) }).median
+  local ms = bench.timing.events(call, { warmup = 0, iters = A.iters, warm_ms = A.warm_ms, min_ms = A.min_ms }).median
   local wrong = h:check(check(a, b, out))
   a, b, out = nil, nil, nil
   collectgarbage("collect")

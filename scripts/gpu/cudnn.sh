@@ -14,9 +14,11 @@
 #      "cudnn" against the fp64 cpu twin, normwise and element-wise) and
 #      spec/attn_spec.lua (ours unchanged);
 #   4. the attention bench: PyTorch SDPA flash and cuDNN
-#      (attn_bench_torch.py), then dl.attn ours and cudnn, same run, b=2 h=16
-#      d=128 s 4k..32k, causal and not, bshd and thd: $OUT/attn-<gpu>.md, the
-#      results file (target: cudnn >= 0.95 x PyTorch's cuDNN, fwd and bwd);
+#      (attn_bench_torch.py, bshd and thd), dl.attn ours and cudnn, PyTorch
+#      again, same run, b=2 h=16 d=128 s 4k..32k (BENCH_S), causal and not,
+#      bshd and thd: $OUT/attn-<gpu>.md, the results file, against the mean
+#      of the two PyTorch runs (target: cudnn >= 0.95 x PyTorch's cuDNN, fwd
+#      and bwd);
 #   5. MPS started, the CP specs with backend "cudnn" (DISTLAB_CP_BACKEND)
 #      with 2 ranks sharing the GPU, and the cudnn workspace of the CP
 #      schedules measured on the GPU beside the meta formula
@@ -133,11 +135,21 @@ if want specs; then
 fi
 
 if want bench; then
-  step "attn bench: PyTorch SDPA" 150 "$L/attn-torch.log" "$PY" experiments/attn/attn_bench_torch.py --out "$L"
-  step "attn bench: dl.attn ours and cudnn" 200 "$L/attn-bench.log" env LD_LIBRARY_PATH="${DL_LIBS:+$DL_LIBS:}${LD_LIBRARY_PATH:-}" ./distlab run -n 1 --device cuda \
-    experiments/attn/attn_bench.lua --backends ours,cudnn --torch "$L/attn-torch.csv" --out "$OUT" --tag "$gpu" \
-    --command "scripts/gpu/cudnn.sh (attn_bench_torch.py, then this, in the same run)"
-  sed -n '/^TFLOP\/s fwd\/bwd/,$p' "$L/attn-bench.log" | tee -a "$SUM"
+  # PyTorch before and after ours: the anchor is the mean of the two runs, so a drift of the
+  # card's clocks between them cancels; the results file is assembled last (--measured)
+  BENCH_S="${BENCH_S:-4096,8192,16384,32768}"
+  DLENV=(env LD_LIBRARY_PATH="${DL_LIBS:+$DL_LIBS:}${LD_LIBRARY_PATH:-}")
+  step "attn bench: PyTorch SDPA (before)" 200 "$L/attn-torch-1.log" "$PY" experiments/attn/attn_bench_torch.py \
+    --s "$BENCH_S" --out "$L" --name attn-torch-1
+  step "attn bench: dl.attn ours and cudnn" 240 "$L/attn-bench.log" "${DLENV[@]}" ./distlab run -n 1 --device cuda \
+    experiments/attn/attn_bench.lua --s "$BENCH_S" --backends ours,cudnn --out "$L"
+  step "attn bench: PyTorch SDPA (after)" 200 "$L/attn-torch-2.log" "$PY" experiments/attn/attn_bench_torch.py \
+    --s "$BENCH_S" --out "$L" --name attn-torch-2
+  step "attn bench: the results file" 60 "$L/attn-table.log" "${DLENV[@]}" ./distlab run -n 1 --device cuda \
+    experiments/attn/attn_bench.lua --s "$BENCH_S" --backends ours,cudnn --measured "$L/attn-distlab.csv" \
+    --torch "$L/attn-torch-1.csv,$L/attn-torch-2.csv" --out "$OUT" --tag "$gpu" \
+    --command "scripts/gpu/cudnn.sh (attn_bench_torch.py, attn_bench.lua, attn_bench_torch.py, then this with --measured, in the same run)"
+  sed -n '/^TFLOP\/s fwd\/bwd/,$p' "$L/attn-table.log" | tee -a "$SUM"
   cp "$OUT"/attn-*.csv "$L/" 2>/dev/null
 fi
 
