@@ -23,9 +23,9 @@
 -- SDPA's flash and cuDNN backends beside ours, and, with cudnn among the
 -- backends, one with dl.attn's cudnn backend against PyTorch's cuDNN SDPA
 -- (target: >= 0.95 x, forward and backward, at every shape). thd rows are
--- set against PyTorch's thd figures (nested jagged tensors: flash varlen,
--- cuDNN's ragged offsets) where it ran them, else against its bshd figures
--- (the same work), marked so. --measured CSV takes our figures from this
+-- set against PyTorch's thd figures (nested jagged tensors: flash varlen;
+-- its cuDNN thd path only with attn_bench_torch.py --cudnn-thd) where it ran
+-- them, else against its bshd figures (the same work), marked so. --measured CSV takes our figures from this
 -- bench's own attn-distlab.csv of the same run instead of timing again
 -- (cudnn.sh: torch, this, torch, this --measured, so the results file holds
 -- both PyTorch runs).
@@ -235,9 +235,11 @@ if A.torch then
   local function cell(v, mark) return v and string.format("%.0f%s", v, mark or "") or "—" end
   local out = { string.format("PyTorch numbers from `experiments/attn/attn_bench_torch.py`, %d run%s in the same " ..
     "run as ours (before and after it; each figure the mean). SDPA on [b, h, s, d] views of bshd tensors; thd " ..
-    "on nested jagged tensors of the same packed data (flash: varlen kernels; cuDNN: ragged offsets, behind " ..
-    "TORCH_CUDNN_SDPA_NESTED_TENSOR_ENABLED=1). † marks a thd figure PyTorch could not make, shown from its " ..
-    "bshd run (the same work). TFLOP/s; target (issue 4): ours >= flash forward and backward at every s >= 8k.",
+    "on nested jagged tensors of the same packed data (flash: its varlen kernels). PyTorch's cuDNN thd path " ..
+    "(nested tensors behind TORCH_CUDNN_SDPA_NESTED_TENSOR_ENABLED=1) is not run: on this H200 with PyTorch " ..
+    "2.11 it gave a wrong dq and an illegal memory access (attn_bench_torch.py's header). † marks a thd figure " ..
+    "PyTorch did not make, shown from its bshd run (the same work). TFLOP/s; target (issue 4): ours >= flash " ..
+    "forward and backward at every s >= 8k.",
     nruns, nruns == 1 and "" or "s"), "",
     "| layout | mask | s | ours fwd | ours bwd | ours f+b | flash fwd | flash bwd | flash f+b | cuDNN fwd | cuDNN bwd | cuDNN f+b | vs flash f+b | target |",
     "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" }
