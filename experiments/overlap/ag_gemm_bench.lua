@@ -16,7 +16,7 @@
 --     --iters N                timed runs per row (default 10, after 2 warm-up runs)
 --     --torch CSV              ag_gemm_torch.py's CSV from the same run (missing: a note, no anchors)
 --     --out DIR, --tag NAME    default experiments/results/overlap, the GPU model and d (h100x8)
--- Writes DIR/ag_gemm-TAG.{md,csv} and DIR/ag_gemm-TAG.png (gnuplot, where it exists).
+-- Writes DIR/ag-gemm-TAG.{md,csv} and DIR/ag-gemm-TAG.png (gnuplot, where it exists).
 -- With ranks sharing a GPU it runs as a smoke test (the harness says so and
 -- writes into experiments/results/ only with --shared-results).
 --
@@ -221,9 +221,9 @@ for _, m in ipairs(A.m) do
 end
 local png
 if h.rank0 then
-  local dat_path = h:path("ag_gemm-" .. h.tag .. ".dat")
+  local dat_path = h:path("ag-gemm-" .. h.tag .. ".dat")
   bench.markdown.write(dat_path, dat)
-  png = h:path("ag_gemm-" .. h.tag .. ".png")
+  png = h:path("ag-gemm-" .. h.tag .. ".png")
   local plots = {}
   for i, s in ipairs(series) do plots[i] = string.format("'%s' using 1:%d with linespoints title '%s'", dat_path, i + 1, s[2]) end
   local ok, note = bench.plot.gnuplot(table.concat({ "set terminal pngcairo size 900,560",
@@ -236,8 +236,8 @@ end
 local extra = { "build: " .. dl.build_info(), "torch: " .. (torch_note or (A.torch and ((next(torch) and
   select(2, next(torch)).torch) or "its CSV had no rows") or "not run (no --torch)")) }
 if h.rank0 then
-  local path = h:markdown("ag_gemm-" .. h.tag .. ".md", "All-gather + GEMM (dl.overlap.ag_gemm)", md, extra)
-  h:csv("ag_gemm-" .. h.tag .. ".csv", { "m", "k", "n", "ranks", "row", "ms", "tflops", "wrong_or_status" }, csv_rows)
+  local path = h:markdown("ag-gemm-" .. h.tag .. ".md", "All-gather + GEMM (dl.overlap.ag_gemm)", md, extra)
+  h:csv("ag-gemm-" .. h.tag .. ".csv", { "m", "k", "n", "ranks", "row", "ms", "tflops", "wrong_or_status" }, csv_rows)
   print("wrote " .. path .. ", .csv, .dat" .. (png and " and .png" or " (no plot: no gnuplot here)"))
 end
 h:finish()
