@@ -13,7 +13,9 @@
 --     --streams LIST           stream counts of the variants (default 1,2,3)
 --     --algos, --transports, --copies   which variants (default all)
 --     --copy-blocks B          the sm copy's grid (default 16)
---     --iters N                timed runs per row (default 10, after 2 warm-up runs)
+--     --iters N                timed runs per row (default 10)
+--     --warm-ms MS             warm-up runs per row filling MS (default 300: the same count on
+--                              every rank, from the slowest rank's estimate)
 --     --torch CSV              ag_gemm_torch.py's CSV from the same run (missing: a note, no anchors)
 --     --out DIR, --tag NAME    default experiments/results/overlap, the GPU model and d (h100x8)
 -- Writes DIR/ag-gemm-TAG.{md,csv} and DIR/ag-gemm-TAG.png (gnuplot, where it exists).
@@ -48,6 +50,7 @@ local h = bench.harness {
     { "copies", "list", "ce,sm", "copies", values = { "ce", "sm" } },
     { "copy-blocks", "int", 16, "blocks of the sm copy kernel" },
     { "iters", "int", 10, "timed runs per row" },
+    { "warm-ms", "number", 300, "warm-up work per row (ms), after 2 runs that estimate it" },
     { "torch", "string", nil, "ag_gemm_torch.py's CSV from the same run", meta = "CSV" },
   },
 }
@@ -57,8 +60,15 @@ local gpu = dev:match("^cuda") and dl.cuda_device_name(tonumber(dev:match("%d+")
 h.device_desc = string.format("%s x %d (%s communicator%s)", gpu, d, w.backend,
   (w.share or 1) > 1 and (", " .. w.share .. " ranks a GPU: a smoke run") or "")
 
--- per timed run the slowest rank's ms, the median over runs
+-- per timed run the slowest rank's ms, the median over runs; before them, runs filling
+-- --warm-ms (a count every rank agrees on: the slowest rank's estimate from 2 runs), so
+-- that 2 warm-up runs of a 3 ms GEMM do not leave the clocks where the last row put them
 local function time_ms(fn)
+  local est = 0
+  for _ = 1, 2 do
+    est = math.max(est, bench.timing.loop_once(fn, 1, { before = function() w:barrier() end, timeout = 600 }) / 1e3)
+  end
+  for _ = 1, math.ceil(A.warm_ms / math.max(h:max(est), 1e-3)) do fn() end
   local per = {}
   for i = 1, A.iters do per[i] = bench.timing.loop_once(fn, 1, { before = function() w:barrier() end,
     timeout = 600 }) / 1e3 end
@@ -174,7 +184,8 @@ end
 
 local function f(fmt, x) return x and string.format(fmt, x) or "—" end
 local md = { string.format("C = all_gather(A) @ B, A [m, %d] sharded by rows over %d ranks, B [%d, %d]; TFLOP/s = " ..
-  "2 m n k / time, time = the median over %d timed runs of the slowest rank's time (each run after a barrier); " ..
+  "2 m n k / time, time = the median over %d timed runs of the slowest rank's time (each run after a barrier, " ..
+  "after warm-up runs filling " .. A.warm_ms .. " ms); " ..
   "\"vs nccl\": TFLOP/s over nccl_then_gemm's. Variants: algo transport copy x streams (dl.overlap.ag_gemm).",
   A.k, d, A.k, A.n, A.iters), "" }
 local csv_rows = {}
