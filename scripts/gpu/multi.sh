@@ -9,13 +9,15 @@
 #            ag_gemm_bench.lua at m 8k,16k,32k (AG_M), k 16k, n 8k, bf16, GEMM
 #            alone, nccl_then_gemm and every variant, AG_ITERS (20) timed runs
 #            per row -> $OUT/ag-gemm-<gpu>x<N>.{md,csv};
+#   gemm_rs  the mirror, GEMM + reduce-scatter (issue 21), the same way (--op gemm_rs)
+#            -> $OUT/gemm-rs-<gpu>x<N>.{md,csv};
 #   cp       cp_bench.lua at CP = N (issue 23) on the attention backends CP_BACKENDS
 #            (default "cudnn"; "ours,cudnn" for both), S_total CP_S (16k,64k,128k),
 #            CP_ITERS (20) repeats -> $OUT/cp-bench-<gpu>x<N>[-TAG].{md,csv} (CP_TAG);
 #   ep       ep_bench.lua (issue 20, where experiments/ep/ exists) with its PyTorch
 #            baseline (ep_bench_torch.py under torchrun), EP_ARGS passed on
 #            -> $OUT/ep-bench-<gpu>x<N>.{md,csv}.
-# STEPS picks them (default "ag_gemm cp ep"); the build always runs. Results
+# STEPS picks them (default "ag_gemm gemm_rs cp ep"); the build always runs. Results
 # files come back in $OUT (copy them to experiments/results/<family>/ and
 # draw the PNGs locally: the hosts have no gnuplot); every log in
 # $OUT/multi-logs.tgz; verdicts in $OUT/multi-summary.txt. Exit status
@@ -31,7 +33,7 @@ source scripts/gpu/setup.sh || exit 2
 NAME=multi SUM="$OUT/multi-summary.txt" BUDGET="${BUDGET:-540}"
 source scripts/gpu/steps.sh
 export DISTLAB_TIMEOUT="${DISTLAB_TIMEOUT:-60}" DISTLAB_JOB_TIMEOUT="${DISTLAB_JOB_TIMEOUT:-400}" NCCL_NVLS_ENABLE=0
-STEPS="${STEPS:-ag_gemm cp ep}"
+STEPS="${STEPS:-ag_gemm gemm_rs cp ep}"
 want() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 
 header
@@ -42,17 +44,18 @@ say "$N GPUs: tag $tag; steps: $STEPS"
 step build 240 "$L/build.log" ./distlab build || exit 1
 port=$((20000 + RANDOM % 20000))
 
-if want ag_gemm; then
-  AG_M="${AG_M:-8192,16384,32768}" AG_ITERS="${AG_ITERS:-20}"
-  step "ag_gemm PyTorch anchors ($N ranks)" 120 "$L/ag-torch.log" "$PY" -m torch.distributed.run \
-    --nproc_per_node "$N" --master_port "$port" experiments/overlap/ag_gemm_torch.py "$L/ag-torch.csv" \
-    --ag-m "$AG_M" --ag-iters "$AG_ITERS"
-  step "ag_gemm_bench ($N ranks)" 200 "$L/ag-bench.log" ./distlab run -n "$N" --device cuda \
-    experiments/overlap/ag_gemm_bench.lua --m "$AG_M" --iters "$AG_ITERS" --torch "$L/ag-torch.csv" --out "$OUT" \
-    --tag "$tag" --command "scripts/gpu/multi.sh (ag_gemm_torch.py under torchrun, then this, in the same run)"
-  grep -E "^ *[0-9]+ " "$L/ag-bench.log" | head -90 >"$L/ag-table.txt"
-  grep -iE "target|best" "$L/ag-bench.log" | tail -8 | tee -a "$SUM"
-fi
+AG_M="${AG_M:-8192,16384,32768}" AG_ITERS="${AG_ITERS:-20}"
+for op in ag_gemm gemm_rs; do
+  want $op || continue
+  port=$((port + 2))
+  step "$op PyTorch anchors ($N ranks)" 150 "$L/$op-torch.log" "$PY" -m torch.distributed.run \
+    --nproc_per_node "$N" --master_port "$port" experiments/overlap/ag_gemm_torch.py "$L/$op-torch.csv" \
+    --ag-op $op --ag-m "$AG_M" --ag-iters "$AG_ITERS"
+  step "$op bench ($N ranks)" 200 "$L/$op-bench.log" ./distlab run -n "$N" --device cuda \
+    experiments/overlap/ag_gemm_bench.lua --op $op --m "$AG_M" --iters "$AG_ITERS" --torch "$L/$op-torch.csv" \
+    --out "$OUT" --tag "$tag" --command "scripts/gpu/multi.sh (ag_gemm_torch.py --ag-op $op under torchrun, then this, in the same run)"
+  grep -E "^m=" "$L/$op-torch.log" | tee -a "$SUM"
+done
 
 if want cp; then
   pick_cudnn
