@@ -1,9 +1,12 @@
 -- premake5.lua — the one build description of libdistlab.
 --
 -- Runs under Debian's Premake 4.3 (`premake4 --file=premake5.lua gmake`) and
--- under premake5. Three projects, so that object names never collide:
+-- under premake5. Four projects, so that object names never collide:
 --   distlab_cuda  kernels/**.cu      static, compiled by nvcc (only when nvcc exists)
 --   distlab_cpu   kernels/**/cpu/*.c static, the CPU twins of the kernels
+--   distlab_cudnn core/**.cpp        static, C++17: cuDNN's frontend (only when nvcc and
+--                                    .deps/cudnn-frontend/include exist, which
+--                                    scripts/fetch-cudnn-frontend.sh fetches)
 --   distlab       core/**.c          shared: build/lib/libdistlab.so
 -- Objects of one project share a folder, so file names are unique within
 -- each of the three sets (a spec checks it).
@@ -44,6 +47,10 @@ local cuda_includes = nvcc and { cuda_home .. "/include", "/usr/include" } or {}
 local cuda_libdirs = nvcc and { cuda_home .. "/lib64" } or {}
 
 local cu_files = nvcc and os.matchfiles("kernels/**.cu") or {}
+-- cuDNN's frontend headers (pinned by scripts/fetch-cudnn-frontend.sh); cuDNN
+-- itself is opened at run time (core/ops/attn/cudnn_sdpa.cpp), like NCCL.
+local cudnn_fe = nvcc and os.isfile(".deps/cudnn-frontend/include/cudnn_frontend.h") and
+  os.getcwd() .. "/.deps/cudnn-frontend/include"
 
 if P4 then
   path.iscppfile_p4 = path.iscppfile_p4 or path.iscppfile
@@ -61,6 +68,7 @@ local function common()
   includedirs { "core", "core/include", "kernels" }
   includedirs(cuda_includes)
   if nvcc then defines { "DL_WITH_CUDA" } end
+  if cudnn_fe then defines { "DL_WITH_CUDNN_FE" } end
   targetdir "build/lib"
 end
 
@@ -86,6 +94,24 @@ if nvcc then
     end
 end
 
+if cudnn_fe then
+  -- One translation unit; the frontend's headers are system headers here (-isystem),
+  -- so their own warnings do not hide ours. nvcc is the C++ compiler under premake4
+  -- and hands a .cpp to the host compiler.
+  project "distlab_cudnn"
+    kind "StaticLib"
+    language "C++"
+    common()
+    objdir "build/obj/cudnn"
+    files(os.matchfiles("core/**.cpp"))
+    local flags = "-std=c++17 -O2 -fPIC -Wall -Wextra -Wno-unused-parameter -isystem " .. cudnn_fe
+    if P4 then
+      buildoptions { "--forward-unknown-to-host-compiler " .. flags }
+    else
+      buildoptions { flags }
+    end
+end
+
 project "distlab_cpu"
   kind "StaticLib"
   language "C"
@@ -102,6 +128,9 @@ project "distlab"
   files { "core/**.c" }
   buildoptions { "-std=gnu11", "-O2", "-fPIC", "-Wall", "-Wextra", "-Wno-unused-parameter" }
   -- Static kernel libraries first, then what they need; nothing may stay undefined.
+  if cudnn_fe then
+    links { "distlab_cudnn" }
+  end
   if nvcc then
     links { "distlab_cuda" }
   end

@@ -13,6 +13,10 @@ local function run(n, device, script, args, env)
   return H.distlab(string.format("run -n %d --device %s spec/allreduce/%s %s", n, device, script, args or ""), env)
 end
 
+-- the algorithms run by kernels (all but the communicator's own)
+local A_kernels = {}
+for _, a in ipairs(dl.allreduce.algos) do if a ~= "nccl" then A_kernels[#A_kernels + 1] = a end end
+
 local function ok_lines(out, word)
   local _, k = out:gsub(word .. " ok", "")
   return k
@@ -23,6 +27,54 @@ local scripts = {
   { "backtoback.lua", "backtoback", "1000 calls back to back, alternating sizes, dtypes and algorithms" },
   { "graph.lua", "graph", "graph replays stay exact among eager calls" },
 }
+
+-- Without debug mode: the kernels compare every rank's call descriptor
+-- (kernels/allreduce/allreduce.h, dl_ar_call_t) before reading its data, so
+-- ranks that call differently fail at once, every one naming what differs.
+-- (Ranks that share a GPU talk through the ipc communicator, which keeps
+-- debug mode on: there its store check names the difference first, in its
+-- own words; `strict` expects the kernels' words.)
+local function mismatches(device, worlds, algos, strict)
+  local function mismatch(n, args)
+    local t0 = os.time()
+    local rc, out = H.distlab(string.format("run -n %d --device %s spec/comm/mismatch.lua %s", n, device, args),
+      "SPEC_TIMEOUT=20")
+    assert.equal(0, rc, out)
+    assert.falsy(out:find("NOERR", 1, true), out)
+    assert.is_true(os.time() - t0 <= 10, "took " .. os.time() - t0 .. " s (the timeout is 20 s)")
+    return out
+  end
+  local function every_rank(out, n, pattern)
+    for r = 0, n - 1 do
+      assert.truthy(out:find("ERR: [^\n]*all_reduce [%w_]+ on rank " .. r .. " of " .. n .. " [^\n]*" .. pattern), out)
+    end
+  end
+
+  it("mismatched sizes fail at once on every rank, naming the sizes (" .. table.concat(algos, ", ") .. ")", function()
+    for _, algo in ipairs(algos) do
+      local out = mismatch(worlds[1], "ar_count " .. algo)
+      every_rank(out, worlds[1], strict and "mismatched calls %(the buffer's call 0%): rank %d runs " .. algo ..
+        " on 100[01] f32 [^\n]* but rank %d runs " .. algo .. " on 100[01] f32 [^\n]*%(differs: elements 100[01] vs 100[01]"
+        or "mismatched [^\n]*calls[^\n]*%(differs: [^\n]*100[01][^\n]* vs [^\n]*100[01]")
+    end
+  end)
+
+  it("mismatched dtypes or algorithms fail at once on every rank, naming them (" ..
+    table.concat(worlds, " and ") .. " ranks)", function()
+    for _, n in ipairs(worlds) do
+      every_rank(mismatch(n, "ar_dtype one_shot_push"), n, "differs: [^\n]*dtype [bf3216]+ vs [^\n]*[bf3216]+")
+      for _, ab in ipairs { { "one_shot", "two_shot" }, { "two_shot_write", "one_shot_lamport" } } do
+        local out = mismatch(n, "ar_algo " .. ab[1] .. " " .. ab[2])
+        for r = 0, n - 1 do -- the differing part names both algorithms, in either order
+          local line = out:match("ERR: [^\n]*all_reduce [%w_]+ on rank " .. r .. " of " .. n .. "[^\n]*")
+          local diff = line and line:match("%(differs: ([^\n]*)")
+          assert.truthy(diff and diff:find("%f[%w_]" .. ab[1] .. "%f[^%w_]") and diff:find("%f[%w_]" .. ab[2] .. "%f[^%w_]"), out)
+          if strict then assert.truthy(diff:find("^algorithm [%w_]+ vs [%w_]+"), out) end
+        end
+      end
+    end
+  end)
+end
 
 describe("allreduce on cpu (shared memory)", function()
   for _, n in ipairs { 2, 4 } do
@@ -46,10 +98,13 @@ describe("allreduce on cpu (shared memory)", function()
     end
   end)
 
+  mismatches("cpu", { 2, 3 }, A_kernels, true)
+
   it("2 ranks: the communicator's debug mode catches mismatched calls", function()
     local rc, out = run(2, "cpu", "fail.lua", "mismatch", "SPEC_TIMEOUT=5")
     assert.equal(0, rc, out)
-    local _, k = out:gsub("ERR: [^\n]*mismatched all%-reduce calls: rank %d runs two_shot on 10[01] f32", "")
+    local _, k = out:gsub("ERR: [^\n]*mismatched all%-reduce calls: rank %d runs two_shot, 10[01] elements, dtype f32, " ..
+      "[^\n]*%(differs: 10[01] elements vs 10[01] elements%)", "")
     assert.equal(2, k, out)
   end)
 
@@ -186,6 +241,8 @@ describe("allreduce on GPUs (DISTLAB_SPEC_RANKS, and DISTLAB_SPEC_GPUS) #multigp
       end
     end
   end)
+
+  mismatches("cuda", { H.gpu_ranks }, { "one_shot", "two_shot", "one_shot_push_flat", "two_shot_lamport" })
 
   it("tune writes a table that auto follows", function()
     local file = H.tmpname(".lua")

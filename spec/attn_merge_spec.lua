@@ -13,6 +13,16 @@ local i32 = R.i32
 local build = R.build
 local on = R.on
 local assert_rows_zero = R.assert_rows_zero
+
+-- element-wise within tol (TransformerEngine's) and, where tol > 0, normwise within 0.4 tol
+-- (1e-2 for bf16's 2.5e-2): ||got - want|| / ||want|| in fp64, which a 2% scale fails
+local function near(got, want, tol)
+  assert.tensor_near(got, want, tol, tol)
+  if tol > 0 then
+    local bad = R.norm_differs(want, got, 0.4 * tol, "merge")
+    assert(not bad, bad)
+  end
+end
 local with = R.with
 
 -- ---- merges: parts of the keys, merged, equal attention over all keys ------------------
@@ -47,30 +57,30 @@ for _, dev in ipairs(H.devices) do
       it(layout .. ": lse merge, incremental (f32 and bf16), post-loop and fused merges", function()
         local x, u, p1, p2, kv = parts()
         local L = p1[2]:clone()
-        assert.tensor_near(u[2], dl.attn.merge_lse(L, p2[2], { layout = layout }), 2.5e-2, 2.5e-2)
+        near(u[2], dl.attn.merge_lse(L, p2[2], { layout = layout }), 2.5e-2)
         for _, dt in ipairs({ "f32", "bf16" }) do
           local acc = dl.attn.accumulator(x.q, x.v, { layout = layout, dtype = dt })
           dl.attn.merge_out(acc.out, acc.lse, p1[1], p1[2], { layout = layout })
           dl.attn.merge_out(acc.out, acc.lse, p2[1], p2[2], { layout = layout })
-          assert.tensor_near(u[1], acc.out, 2.5e-2, 2.5e-2)
-          assert.tensor_near(u[2], acc.lse, 2.5e-2, 2.5e-2)
+          near(u[1], acc.out, 2.5e-2)
+          near(u[2], acc.lse, 2.5e-2)
         end
         local o, l = dl.attn.merge({ p1[1], p2[1] }, { p1[2], p2[2] }, { layout = layout, dtype = "f32" })
-        assert.tensor_near(u[1], o, 2.5e-2, 2.5e-2)
-        assert.tensor_near(u[2], l, 2.5e-2, 2.5e-2)
+        near(u[1], o, 2.5e-2)
+        near(u[2], l, 2.5e-2)
         local acc = dl.attn.accumulator(x.q, x.v, { layout = layout })
         dl.attn.fwd(x.q, kv[1], kv[2], { layout = layout, accumulate = acc })
         local ao, al = dl.attn.fwd(x.q, kv[3], kv[4], { layout = layout, accumulate = acc })
         assert.equal(acc.out, ao)
-        assert.tensor_near(u[1], acc.out, 2.5e-2, 2.5e-2)
-        assert.tensor_near(u[2], al, 2.5e-2, 2.5e-2)
+        near(u[1], acc.out, 2.5e-2)
+        near(u[2], al, 2.5e-2)
       end)
 
       it(layout .. ": causal union from a causal part and a bottom-right part with empty rows", function()
         local _, u, p1, p2 = parts("causal", "causal_bottom_right", 10)
         local o, l = dl.attn.merge({ p1[1], p2[1] }, { p1[2], p2[2] }, { layout = layout, dtype = "f32" })
-        assert.tensor_near(u[1], o, 2.5e-2, 2.5e-2)
-        assert.tensor_near(u[2], l, 2.5e-2, 2.5e-2)
+        near(u[1], o, 2.5e-2)
+        near(u[2], l, 2.5e-2)
       end)
 
       for _, half in ipairs({ "first", "second" }) do
@@ -82,10 +92,10 @@ for _, dev in ipairs(H.devices) do
           local p2o, p2l = dl.attn.fwd(x.q, kv[3], kv[4], { layout = layout })
           local other = half == "first" and 4 or 1
           local function expect(o, l)
-            assert.tensor_near(u[1]:narrow(sd, lo, 3), o:narrow(sd, lo, 3), 2.5e-2, 2.5e-2)
-            assert.tensor_near(u[2]:narrow(3, lo, 3), l:narrow(3, lo, 3), 2.5e-2, 2.5e-2)
-            assert.tensor_near(p1[1]:narrow(sd, other, 3), o:narrow(sd, other, 3), 2.5e-2, 2.5e-2)
-            assert.tensor_near(p1[2]:narrow(3, other, 3), l:narrow(3, other, 3), 0, 0)
+            near(u[1]:narrow(sd, lo, 3), o:narrow(sd, lo, 3), 2.5e-2)
+            near(u[2]:narrow(3, lo, 3), l:narrow(3, lo, 3), 2.5e-2)
+            near(p1[1]:narrow(sd, other, 3), o:narrow(sd, other, 3), 2.5e-2)
+            near(p1[2]:narrow(3, other, 3), l:narrow(3, other, 3), 0)
           end
           for _, part in ipairs({ { ph, lh }, { p2o, p2l } }) do
             local mo = { layout = layout, half = half }
@@ -108,20 +118,20 @@ for _, dev in ipairs(H.devices) do
         local g = {}
         for i = 1, 2 do g[i] = { dl.attn.bwd(dout, x.q, kh[i][1], kh[i][2], u[1], u[2], o) } end
         local q = g[1][1]:f32()
-        assert.tensor_near(dq, dl.attn.correct_grad(q, g[2][1], with(o, { first = "add", second = "add" })), 2.5e-2, 2.5e-2)
+        near(dq, dl.attn.correct_grad(q, g[2][1], with(o, { first = "add", second = "add" })), 2.5e-2)
         local K, V = dl.full(dk.shape, 9, { device = D }), dl.zeros(dv.shape, { device = D })
         dl.attn.correct_grad(K, g[1][2], with(o, { first = "copy" }))
         dl.attn.correct_grad(K, g[2][2], with(o, { second = "copy" }))
         dl.attn.correct_grad(V, g[1][3], with(o, { first = "add", second = "none" }))
         dl.attn.correct_grad(V, g[2][3], with(o, { first = "none", second = "add" }))
-        assert.tensor_near(dk, K, 2.5e-2, 2.5e-2)
-        assert.tensor_near(dv, V, 2.5e-2, 2.5e-2)
+        near(dk, K, 2.5e-2)
+        near(dv, V, 2.5e-2)
         local a, b = g[1][2], g[2][2]
         local M = cat_rows(a, b, sd):f32()
         dl.attn.correct_grad(M, cat_rows(b, a, sd), with(o, { first = "copy", second = "add" }))
-        assert.tensor_near(cat_rows(b, b:f32():add_(a), sd), M, 2.5e-2, 2.5e-2)
+        near(cat_rows(b, b:f32():add_(a), sd), M, 2.5e-2)
         dl.attn.correct_grad(M, cat_rows(a, a, sd), with(o, { first = "none", second = "copy" }))
-        assert.tensor_near(cat_rows(b, a, sd), M, 0, 0)
+        near(cat_rows(b, a, sd), M, 0)
       end)
     end
 
@@ -164,13 +174,13 @@ for _, dev in ipairs(H.devices) do
       local acc = dl.attn.accumulator(q, v, { layout = "thd" })
       dl.attn.fwd(q, k, v, with(o, { cu_seqlens_kv = i32(prefix(k1l)):to(D), accumulate = acc }))
       dl.attn.fwd(q, k, v, with(o2o, { accumulate = acc }))
-      assert.tensor_near(ou, acc.out, 2.5e-2, 2.5e-2)
-      assert.tensor_near(lu, acc.lse, 2.5e-2, 2.5e-2)
+      near(ou, acc.out, 2.5e-2)
+      near(lu, acc.lse, 2.5e-2)
       local mo = { layout = "thd", cu_seqlens_padded = cup, skip_zero_rows = true }
       local O, L = o1:f32(), l1:clone()
       dl.attn.merge_out(O, L, o2, l2, mo)
-      assert.tensor_near(ou, O, 2.5e-2, 2.5e-2)
-      assert.tensor_near(lu, L, 2.5e-2, 2.5e-2)
+      near(ou, O, 2.5e-2)
+      near(lu, L, 2.5e-2)
       -- second halves of q, packed, attending to all keys: second-half merges
       local qh = dl.zeros({ half_p[#half_p], hq, d }, { dtype = "bf16", device = D })
       for i = 1, #lens do
@@ -189,9 +199,9 @@ for _, dev in ipairs(H.devices) do
       for i = 1, #lens do
         local h = plen[i] / 2
         if h > 0 then
-          assert.tensor_near(o1:narrow(1, p[i] + 1, h), O2:narrow(1, p[i] + 1, h), 2.5e-2, 2.5e-2)
-          assert.tensor_near(ou:narrow(1, p[i] + h + 1, h), O2:narrow(1, p[i] + h + 1, h), 2.5e-2, 2.5e-2)
-          assert.tensor_near(lu:narrow(2, p[i] + h + 1, h), L2:narrow(2, p[i] + h + 1, h), 2.5e-2, 2.5e-2)
+          near(o1:narrow(1, p[i] + 1, h), O2:narrow(1, p[i] + 1, h), 2.5e-2)
+          near(ou:narrow(1, p[i] + h + 1, h), O2:narrow(1, p[i] + h + 1, h), 2.5e-2)
+          near(lu:narrow(2, p[i] + h + 1, h), L2:narrow(2, p[i] + h + 1, h), 2.5e-2)
         end
       end
       -- gradients: dq from the two key halves added, dk/dv halves copied
@@ -200,14 +210,14 @@ for _, dev in ipairs(H.devices) do
       local g1 = { dl.attn.bwd(dout, q, k, v, ou, lu, with(o, { cu_seqlens_kv = i32(prefix(k1l)):to(D) })) }
       local g2 = { dl.attn.bwd(dout, q, k, v, ou, lu, o2o) }
       local go = { layout = "thd", cu_seqlens_padded = cup }
-      assert.tensor_near(dq, dl.attn.correct_grad(g1[1]:clone(), g2[1], with(go, { first = "add", second = "add" })), 2.5e-2, 2.5e-2)
+      near(dq, dl.attn.correct_grad(g1[1]:clone(), g2[1], with(go, { first = "add", second = "add" })), 2.5e-2)
       local K = dl.zeros(dk.shape, { dtype = "bf16", device = D })
       dl.attn.correct_grad(K, g1[2], with(go, { first = "copy", second = "none" }))
       dl.attn.correct_grad(K, g2[2], with(go, { first = "none", second = "add" }))
-      assert.tensor_near(dk, K, 2.5e-2, 2.5e-2)
+      near(dk, K, 2.5e-2)
       local V = g1[3]:clone()
       dl.attn.correct_grad(V, g2[3], with(go, { first = "add", second = "copy" }))
-      assert.tensor_near(dv, V, 2.5e-2, 2.5e-2)
+      near(dv, V, 2.5e-2)
       assert_rows_zero(dq, gaps)
       assert_rows_zero(K, gaps)
     end)
@@ -218,8 +228,8 @@ for _, dev in ipairs(H.devices) do
       local P = dl.zeros({ 1, 2, 1, 8 }, { device = D })
       local PL = dl.zeros({ 1, 1, 2 }, { device = D })
       dl.attn.merge_out(O, L, P, PL, { skip_zero_rows = true })
-      assert.tensor_near(dl.full({ 1, 2, 1, 8 }, 0.5), O, 0, 0)
-      assert.tensor_near(dl.zeros({ 1, 1, 2 }), L, 0, 0)
+      near(dl.full({ 1, 2, 1, 8 }, 0.5), O, 0)
+      near(dl.zeros({ 1, 1, 2 }), L, 0)
       dl.attn.merge_out(O, L, P, PL)
       assert.tensor_near(dl.full({ 1, 2, 1, 8 }, 0.25), O, 1e-6, 0)
       assert.tensor_near(dl.full({ 1, 1, 2 }, math.log(2)), L, 1e-6, 0)

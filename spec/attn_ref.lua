@@ -10,6 +10,15 @@ local H = require "helpers"
 
 local SEED = tonumber(os.getenv("DISTLAB_SEED")) or os.time()
 local TOL = { bf16 = 2.5e-2, f16 = 5e-3 }
+-- normwise bounds, ||got - ref|| / ||ref|| in fp64, on top of TOL's element-wise ones: near the
+-- dtype's precision (the LSE and max logit are fp32)
+local NORM = { bf16 = 1e-2, f16 = 2e-3, lse = 1e-5 }
+
+-- nil, or what failed of the normwise check
+local function norm_differs(ref, got, bound, what)
+  local e = dl.rel_err(got, ref)
+  if not (e <= bound) then return string.format("%s: normwise error %.3g > %.3g", what, e, bound) end
+end
 local NINF = -math.huge
 
 -- ---- inputs -------------------------------------------------------------------
@@ -236,6 +245,11 @@ local function check_case(c, D)
   assert.tensor_near(rdq, dq, tol, tol)
   assert.tensor_near(rdk, dk, tol, tol)
   assert.tensor_near(rdv, dv, tol, tol)
+  local norm = NORM[c.dtype]
+  local bad = norm_differs(r.out, out, norm, "out") or norm_differs(r.lse, lse, NORM.lse, "lse") or
+    norm_differs(r.max_logit, ml, NORM.lse, "max_logit") or norm_differs(rdq, dq, norm, "dq") or
+    norm_differs(rdk, dk, norm, "dk") or norm_differs(rdv, dv, norm, "dv")
+  assert(not bad, bad)
   assert_rows_zero(out, x.qgaps)
   assert_rows_zero(dq, x.qgaps)
   assert_rows_zero(dk, x.kgaps)
@@ -316,6 +330,8 @@ end
 return {
   SEED = SEED,
   TOL = TOL,
+  NORM = NORM,
+  norm_differs = norm_differs,
   NINF = NINF,
   n_drawn = n_drawn,
   clamped = clamped,

@@ -47,6 +47,16 @@ for _, dev in ipairs(H.devices) do
       assert.is_false(dl.allclose(out, r.out, { atol = 2.5e-2, rtol = 2.5e-2 }))
     end)
 
+    it("fails the normwise check on a planted 2% error, passes it without", function()
+      local c = with(TINY.bshd, { dtype = "bf16", sq = 64, skv = 64, mask = "causal" })
+      local x = build(c)
+      local out, lse = dl.attn.fwd(x.q:to(D), x.k:to(D), x.v:to(D), opts(x))
+      local r = ref_fwd(x, out:cpu(), lse:cpu())
+      assert.is_nil(R.norm_differs(r.out, out:cpu(), R.NORM.bf16, "out"))
+      assert.is_not_nil(R.norm_differs(r.out, out:cpu():f32():mul_(1.02), R.NORM.bf16, "out"))
+      assert.is_not_nil(R.norm_differs(r.lse, lse:cpu():clone():mul_(1.02), R.NORM.lse, "lse"))
+    end)
+
     it("takes strided views and writes preallocated out/lse, leaving other rows alone", function()
       local c = with(TINY.thd, { dtype = "bf16", mask = "causal" })
       local x = on(build(c), D)

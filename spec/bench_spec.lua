@@ -192,6 +192,24 @@ describe("bench stats and timing", function()
     assert.equal(6, syncs)
     assert.equal(t:narrow(1, 1, 1):item(), 7 + 20 + 10 + 23)
     assert.matches("iters must be an integer >= 1", err(bench.timing.events, fn, { iters = 0 }))
+    assert.matches("min_ms must be a number >= 0", err(bench.timing.events, fn, { min_ms = "1" }))
+  end)
+
+  it("fills warm_ms and min_ms with calls, from a first estimate", function()
+    local calls = 0
+    local spin = function() -- about 2 ms of host time a call
+      calls = calls + 1
+      local t0 = tonumber(dl.now_us())
+      while tonumber(dl.now_us()) - t0 < 2000 do end
+    end
+    local e = bench.timing.events(spin, { warmup = 1, iters = 2, warm_ms = 20, min_ms = 40, device = "cpu" })
+    -- est >= 2 ms: warm-up <= 10 calls and >= 1; timed >= 2 and <= 20, and the timed work fills 40 ms
+    assert.is_true(e.iters >= 2 and e.iters <= 20, tostring(e.iters))
+    assert.is_true(e.iters * e.median >= 40 * 0.5, string.format("%d x %.3f ms", e.iters, e.median))
+    assert.is_true(calls >= 5 + 1 + e.iters and calls <= 5 + 10 + e.iters, tostring(calls))
+    calls = 0
+    e = bench.timing.events(spin, { warmup = 1, iters = 4, min_ms = 0, device = "cpu" })
+    assert.equal(4, e.iters) -- the floor holds
     assert.equal(2.5, bench.timing.over_ranks(nil, 2.5))
     assert.same({ 1, 2 }, bench.timing.over_ranks(nil, { 1, 2 }, "sum"))
   end)

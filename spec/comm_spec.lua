@@ -128,7 +128,7 @@ describe("choosing a backend", function()
   end)
   it("the ipc communicator (ranks sharing a GPU) needs a GPU, and says so", function()
     local _, out = world_with("DISTLAB_COMM_BACKEND=ipc")
-    local want = dl.build_info():find("cpu-only", 1, true) and "needs a CUDA build" or "cuda:0 requested but"
+    local want = "the ipc communicator needs cuda:0, but "
     assert.truthy(out:find("ERR [^\n]*" .. want:gsub("%-", "%%-")), out)
   end)
 end)
@@ -145,10 +145,15 @@ end)
 local failures = {
   { "exit", "rank 1 %(pid %d+%) has exited" },
   { "never", "the communicator failed earlier" },
-  { "size", "mismatched calls: rank %d calls all_reduce %(dtype f32, 1[01] in" },
-  { "dtype", "mismatched calls: rank %d calls all_reduce %(dtype [bf3216]+" },
-  { "p2p", "mismatched sizes: recv of 44 bytes from rank 0, but rank 0 sent 40" },
+  { "size", "mismatched calls: rank %d calls all_reduce%(sum%), dtype f32, 1[01] in, 1[01] out but rank %d " ..
+    "calls all_reduce%(sum%), dtype f32, 1[01] in, 1[01] out %(differs: 1[01] in vs 1[01] in; 1[01] out vs 1[01] out%)" },
+  { "dtype", "mismatched calls: rank %d calls all_reduce%(sum%), dtype [bf3216]+, [^\n]*%(differs: dtype [bf3216]+ vs dtype [bf3216]+%)" },
+  { "reduction", "mismatched calls: [^\n]*%(differs: all_reduce%(sum%) vs all_reduce%(max%)%)" },
+  { "root", "mismatched calls: [^\n]*%(differs: broadcast from [01] vs broadcast from [01]%)" },
+  { "p2p", "mismatched sizes: rank 1 receives 11 elements of f32 %(44 bytes%) from rank 0, which sends 10 elements of f32 %(40 bytes%)" },
+  { "p2p_dtype", "mismatched dtypes: rank 1 receives 8 elements of bf16 %(16 bytes%) from rank 0, which sends 4 elements of f32 %(16 bytes%)" },
   { "counts", "mismatched counts: rank 0 sends 3 elements to rank 1, which expects 4" },
+  { "late", "all_reduce #%d+ on rank 1 of 2 [^\n]*rank 0 gave up on the communicator while [^\n]*timed out after 2.0 s" },
   { "debug", "mismatched calls: rank %d calls all_reduce%(max%), dtype f32, 1[01] in" },
   { "symmflag", "flag 5 did not reach 1 within 2.0 s" },
 }
@@ -162,6 +167,14 @@ describe("comm failures on cpu end in a clear error within the timeout", functio
       if f[1] == "exit" then assert.equal(3, rc, out) end
       if f[1] == "never" then
         assert.truthy(out:find("FIRST: [^\n]*timed out after 2.0 s waiting for rank 1 at barrier"), out)
+      end
+      if f[1]:match("^p2p") then -- the sender fails at its next op, with the receiver's reason
+        assert.truthy(out:find("ERR: [^\n]*barrier #%d+ on rank 0 of 2 [^\n]*rank 1 gave up on the communicator while " ..
+          "[^\n]*" .. f[2]), out)
+      end
+      if f[1] == "late" then
+        assert.truthy(out:find("FIRST: [^\n]*timed out after 2.0 s waiting for rank 1 at barrier"), out)
+        assert.falsy(out:find("NOERR rank 1", 1, true), out)
       end
     end)
   end

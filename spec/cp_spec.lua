@@ -30,12 +30,28 @@ describe("cp schedules on cpu against the single-rank reference", function()
   end
 end)
 
+describe("cp schedules that differ across ranks", function()
+  it("fail at creation on every rank, naming what differs (2 and 3 ranks)", function()
+    for _, c in ipairs { { 2, "cp_mask", "causal=true vs causal=false" }, { 3, "cp_correction", "correction=fused vs correction=post_loop" } } do
+      local rc, out = H.distlab(string.format("run -n %d --device cpu spec/comm/mismatch.lua %s", c[1], c[2]))
+      assert.equal(0, rc, out)
+      assert.falsy(out:find("NOERR", 1, true), out)
+      assert.equal(c[1], count(out, "ERR: [^\n]*mismatched cp.attention options on comm 'w': rank %d has algo=p2p, [^\n]* but rank %d has algo=p2p"), out)
+      local diff = c[3]:gsub("%p", "%%%0")
+      assert.truthy(out:find("ERR: [^\n]*%(differs: " .. diff .. "%)"), out)
+    end
+  end)
+end)
+
 describe("cp schedules on GPUs #multigpu", function()
   for _, g in ipairs(groups) do
     it(H.gpu_ranks .. " ranks: " .. g, function()
       local rc, out = run_check(H.gpu_ranks, "cuda", g)
       assert.equal(0, rc, out)
       assert.equal(H.gpu_ranks, count(out, "cp check ok"), out)
+      -- which backend ran (DISTLAB_CP_BACKEND) and what cuDNN refused, in the log
+      for l in out:gmatch("[^\n]*cp check ok[^\n]*") do print(l) end
+      for l in out:gmatch("refused by cudnn[^\n]*") do print(l) end
     end)
   end
 end)

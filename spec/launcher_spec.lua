@@ -45,6 +45,31 @@ describe("distlab run", function()
     assert.truthy(out:find("rank 0 of 2 failed (exit code 3)", 1, true), out)
   end)
 
+  it("names the rank that failed first, also when the others fail before it ends", function()
+    local rc, out = H.distlab("run -n 3 --device cpu spec/launcher/blame.lua")
+    assert.equal(1, rc, out)
+    assert.truthy(out:find("distlab run: rank 0 of 3 failed (exit code 1)", 1, true), out)
+    assert.truthy(out:find("rank 0's error:\n  [^\n]*rank 0: corrupt input %(the first failure%)"), out)
+  end)
+
+  it("leaves no process behind (ranks, timers), however the job ends", function()
+    for _, args in ipairs { "-n 3 --device cpu spec/launcher/ranks.lua 1", "-n 2 --device cpu spec/launcher/ranks.lua 0 exit",
+      "-n 2 --device cpu --timeout 1 spec/launcher/ranks.lua -1 hang", "-n 3 --device cpu spec/launcher/blame.lua" } do
+      -- the launcher in a session of its own: whatever it started is in it
+      local p = io.popen(string.format("cd %q && setsid bash -c 'echo SID=$$; exec ./distlab run %s' 2>&1", H.root, args))
+      local out = p:read("*a")
+      p:close()
+      local sid = assert(tonumber(out:match("SID=(%d+)")), out)
+      p = io.popen("ps -eo sid=,pid=,args=")
+      local left = {}
+      for l in p:lines() do
+        if tonumber(l:match("^%s*(%d+)")) == sid then left[#left + 1] = l end
+      end
+      p:close()
+      assert.same({}, left, args .. "\n" .. out)
+    end
+  end)
+
   it("stops a job that runs past its --timeout", function()
     local t0 = os.time()
     local rc, out = H.distlab("run -n 2 --device cpu --timeout 2 spec/launcher/ranks.lua -1 hang")

@@ -27,3 +27,27 @@ describe("symmetric buffers on GPUs #multigpu", function()
     assert.equal(H.gpu_ranks, k, out)
   end)
 end)
+
+describe("symmetric buffers that differ across ranks", function()
+  local function mismatch(n, mode)
+    return H.distlab(string.format("run -n %d --device cpu spec/comm/mismatch.lua %s", n, mode))
+  end
+  it("in size: every rank fails at creation, naming both sizes (no SIGBUS)", function()
+    for _, n in ipairs { 2, 3 } do
+      local rc, out = mismatch(n, "symm_size")
+      assert.equal(0, rc, out)
+      assert.falsy(out:find("NOERR", 1, true), out)
+      for r = 0, n - 1 do
+        local theirs = r == 0 and "rank %d has 16384 bytes, f32%[4096%]" or "rank 0 has 64 bytes, f32%[16%]"
+        assert.truthy(out:find("ERR: [^\n]*symm_alloc on rank " .. r .. " of " .. n .. ": mismatched symmetric buffers " ..
+          "%(symm_alloc #0%) on comm 'w': rank " .. r .. " has [^\n]* but " .. theirs .. " %(differs: "), out)
+      end
+    end
+  end)
+  it("in dtype alone (same bytes): every rank fails, naming the dtypes", function()
+    local rc, out = mismatch(2, "symm_dtype")
+    assert.equal(0, rc, out)
+    assert.truthy(out:find("ERR: [^\n]*rank 0 has 256 bytes, f32%[64%] but rank 1 has 256 bytes, bf16%[128%] %(differs: f32%[64%] vs bf16%[128%]%)"), out)
+    assert.truthy(out:find("ERR: [^\n]*rank 1 has 256 bytes, bf16%[128%] but rank 0 has 256 bytes, f32%[64%] %(differs: bf16%[128%] vs f32%[64%]%)"), out)
+  end)
+end)

@@ -24,6 +24,10 @@
 --                 start at 0: all-gather CP passes the whole Q per step)
 --   max_seqlen_q, max_seqlen_kv   thd: largest valid lengths; without them
 --                 cu_seqlens are read back (a sync on cuda)
+--   backend       "ours" (default: our kernel, its fp64 twin on cpu) |
+--                 "cudnn" (cuDNN's fused attention, cuda only; a call it
+--                 cannot run is an error saying why) | "auto" (cuDNN where
+--                 it takes the call, else ours). attn.backends says which.
 -- fwd only:
 --   return_max_logit  also return f32 [h_q], the max scaled logit per head
 --   max_logit     a running f32 [h_q] max to update (implies the above)
@@ -39,6 +43,14 @@
 --                 them (all three needed)
 -- Results the call allocates are charged to the current memory tag; for thd
 -- they are zero (lse -inf) outside the sequences.
+--
+-- Backends
+--   attn.backends(q, k, v, opts) -> {fwd = "cudnn" | "ours" | false, fwd_why = ...,
+--       bwd = ..., bwd_why = ..., cudnn = attn.cudnn_info()}: what fwd and bwd
+--       with these operands and opts would run (false: "cudnn" asked and
+--       refused) and why; may build and cache cuDNN's plans.
+--   attn.cudnn_info() -> {version, header_version, frontend_version, path,
+--       plans, builds, hits, build_ms, last_build_ms, max_workspace}
 --
 -- Merges (the correction strategies). Common opts: layout, half = "first" |
 -- "second" (rows of every sequence that take part; thd: halves of each
@@ -58,6 +70,7 @@
 local ffi = require "ffi"
 local core = require "distlab.core"
 local tensor = require "distlab.tensor"
+local args = require "distlab.args"
 
 local C, check, fail = core.C, core.check, core.fail
 local T = tensor.methods
@@ -73,6 +86,8 @@ local halves = { all = C.DL_ATTN_ROWS_ALL, first = C.DL_ATTN_ROWS_FIRST_HALF,
 local out_modes = { incremental = C.DL_ATTN_OUT_INCREMENTAL, init = C.DL_ATTN_OUT_INIT,
   add = C.DL_ATTN_OUT_ADD }
 local grad_modes = { copy = C.DL_ATTN_GRAD_SET, add = C.DL_ATTN_GRAD_ACCUMULATE }
+local backends = { ours = C.DL_ATTN_OURS, cudnn = C.DL_ATTN_CUDNN, auto = C.DL_ATTN_AUTO }
+local backend_names = { [C.DL_ATTN_OURS] = "ours", [C.DL_ATTN_CUDNN] = "cudnn" }
 
 local function keyset(list)
   local s = {}
@@ -80,7 +95,7 @@ local function keyset(list)
   return s
 end
 local STEP = { "layout", "mask", "window", "align", "scale", "cu_seqlens_q", "cu_seqlens_kv",
-  "cu_seqlens_q_padded", "cu_seqlens_kv_padded", "max_seqlen_q", "max_seqlen_kv" }
+  "cu_seqlens_q_padded", "cu_seqlens_kv_padded", "max_seqlen_q", "max_seqlen_kv", "backend" }
 local FWD_KEYS = keyset(STEP)
 for _, k in ipairs({ "return_max_logit", "max_logit", "out", "lse", "accumulate" }) do FWD_KEYS[k] = true end
 local BWD_KEYS = keyset(STEP)
@@ -88,9 +103,7 @@ for _, k in ipairs({ "dq", "dk", "dv", "accumulate_grads" }) do BWD_KEYS[k] = tr
 
 local function check_keys(op, opts, keys)
   if type(opts) ~= "table" then fail("%s: opts must be a table, got %s", op, type(opts)) end
-  for k in pairs(opts) do
-    if not keys[k] then fail("%s: unknown option %s", op, tostring(k)) end
-  end
+  args.options(opts, keys, op)
 end
 
 local function want_tensor(op, name, x, optional)
@@ -99,12 +112,10 @@ local function want_tensor(op, name, x, optional)
   return x
 end
 
+-- the kernels take these as int32: checked before the conversion
 local function int_opt(op, name, x, lo)
   if x == nil then return nil end
-  if type(x) ~= "number" or x ~= math.floor(x) or x < lo then
-    fail("%s: %s must be an integer >= %d, got %s", op, name, lo, tostring(x))
-  end
-  return x
+  return args.int32(x, op .. ": " .. name, lo)
 end
 
 local function layout_of(op, opts)
@@ -152,6 +163,9 @@ local function step_opts(op, opts, keys)
   end
   o.max_seqlen_q = int_opt(op, "max_seqlen_q", opts.max_seqlen_q, 1) or 0
   o.max_seqlen_kv = int_opt(op, "max_seqlen_kv", opts.max_seqlen_kv, 1) or 0
+  local b = backends[opts.backend or "ours"]
+  if not b then fail("%s: backend %s is not ours, cudnn or auto", op, tostring(opts.backend)) end
+  o.backend = b
   return o
 end
 
@@ -217,6 +231,39 @@ function M.bwd(dout, q, k, v, out, lse, opts)
   dv[0] = want_tensor(op, "dv", opts.dv, true)
   call(C.dl_attn_bwd, o, dout, q, k, v, out, lse, dq, dk, dv, core.stream)
   return take(dq, opts.dq), take(dk, opts.dk), take(dv, opts.dv)
+end
+
+-- ---- backends --------------------------------------------------------------------
+
+function M.cudnn_info()
+  local i = ffi.new("dl_attn_cudnn_info_t")
+  check(C.dl_attn_cudnn_info(i))
+  return { version = tonumber(i.version), header_version = tonumber(i.header_version),
+    frontend_version = tonumber(i.frontend_version), path = ffi.string(i.path), plans = tonumber(i.plans),
+    builds = tonumber(i.builds), hits = tonumber(i.hits), build_ms = i.build_ms, last_build_ms = i.last_build_ms,
+    max_workspace = tonumber(i.max_workspace) }
+end
+
+function M.backends(q, k, v, opts)
+  opts = opts or {}
+  local op = "attn.backends"
+  local keys = keyset(STEP)
+  for _, key in ipairs({ "accumulate", "return_max_logit" }) do keys[key] = true end
+  local o = step_opts(op, opts, keys)
+  want_tensor(op, "q", q)
+  want_tensor(op, "k", k)
+  want_tensor(op, "v", v)
+  local r = {}
+  local chosen, why = ffi.new("int[1]"), ffi.new("char[1024]")
+  for dir, name in pairs({ [0] = "fwd", [1] = "bwd" }) do
+    local fused = dir == 0 and opts.accumulate ~= nil and 1 or 0
+    local ml = dir == 0 and opts.return_max_logit and 1 or 0
+    check(C.dl_attn_backend(o, q, k, v, dir, fused, ml, chosen, why, 1024))
+    r[name] = backend_names[chosen[0]] or false
+    r[name .. "_why"] = ffi.string(why)
+  end
+  r.cudnn = M.cudnn_info()
+  return r
 end
 
 -- ---- merges ----------------------------------------------------------------------
@@ -341,6 +388,6 @@ end
 -- Options are built (allocations) between taking the tensors' pointers and the
 -- C call: keep these interpreted so their arguments stay alive (see the end
 -- of distlab.tensor). Each launches a kernel; the interpreter costs nothing here.
-for _, fn in ipairs({ M.fwd, M.bwd, M.merge_lse, M.merge_out, M.correct_grad }) do jit.off(fn) end
+for _, fn in ipairs({ M.fwd, M.bwd, M.backends, M.merge_lse, M.merge_out, M.correct_grad }) do jit.off(fn) end
 
 return M

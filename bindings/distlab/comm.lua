@@ -10,6 +10,7 @@
 --   world:broadcast(t, root)  world:send(t, peer)  world:recv(t, peer)
 --   dl.comm.group(function() ... end)     point-to-point ops issued together
 --   world:barrier()  world:synchronize()  world:split(color, key)  world:free()
+--   world:agree(what, desc)               every rank made the same object (else an error on every rank)
 --   world:info()                          rank, size, backend, seq, timeout, debug, failed,
 --                                         name, native (nccl: the ncclComm_t, for calling
 --                                         NCCL on it directly; nil on the other backends)
@@ -33,6 +34,8 @@
 -- or Open MPI's; ranks meet through the store on MASTER_ADDR:MASTER_PORT.
 local ffi = require "ffi"
 local core = require "distlab.core"
+local tensor = require "distlab.tensor"
+local args = require "distlab.args"
 
 local C, check, fail = core.C, core.check, core.fail
 
@@ -175,8 +178,12 @@ end
 -- "meta"; by default DISTLAB_COMM_BACKEND, else from the device: on cuda
 -- nccl, or ipc where ranks share a GPU), timeout (s), debug, and for meta
 -- rank/size.
+local NEW_KEYS = { "backend", "timeout", "debug", "rank", "size", "device", "new" }
 function M.new(opts)
-  opts = opts or {}
+  opts = args.options(opts, NEW_KEYS, "comm.new")
+  if opts.timeout ~= nil and (type(opts.timeout) ~= "number" or not (opts.timeout >= 0)) then
+    fail("comm.new: timeout must be a number of seconds >= 0, got %s", tostring(opts.timeout))
+  end
   local e = M.env()
   local backend = opts.backend or os.getenv("DISTLAB_COMM_BACKEND")
   if backend == "" then backend = nil end
@@ -184,14 +191,22 @@ function M.new(opts)
   if backend ~= "cuda" and not backend_ids[backend] then
     fail("unknown backend %q (expected shm, nccl, ipc or meta)", tostring(backend))
   end
-  local rank, size = opts.rank or e.rank, opts.size or e.world_size
-  local store = backend ~= "meta" and M.store(opts) or nil
+  local rank = args.int32(opts.rank or e.rank, "comm.new: rank", 0)
+  local size = args.int32(opts.size or e.world_size, "comm.new: size", 1)
   local dev_index = 0
   if backend == "nccl" or backend == "ipc" or backend == "cuda" then
     local d = opts.device or core.default_device()
     if not d:match("^cuda") then d = "cuda:" .. e.local_rank end
     dev_index = select(2, core.parse_device(d))
+    -- before the store: a rank 0 that fails here exits at once, and a peer
+    -- still connecting to its store would wait the whole timeout
+    local n, why = core.cuda_count()
+    if dev_index >= n then
+      fail("comm.new: the %s communicator needs cuda:%d, but %s", backend == "cuda" and "GPU" or backend, dev_index,
+        n == 0 and why or string.format("this machine has %d GPU(s)", n))
+    end
   end
+  local store = backend ~= "meta" and M.store(opts) or nil
   if backend == "cuda" then backend = cuda_backend(e, store, dev_index) end
   local pp = ffi.new("dl_comm_t*[1]")
   check(C.dl_comm_new(pp, backend_ids[backend], store and store.ptr or nil, rank, size, dev_index,
@@ -293,9 +308,22 @@ function Comm:info()
     native = info.native ~= nil and info.native or nil }
 end
 
-function Comm:set_timeout(seconds) check(C.dl_comm_set_timeout(live(self), seconds)) return self end
+function Comm:set_timeout(seconds)
+  if type(seconds) ~= "number" or not (seconds >= 0) then
+    fail("set_timeout: expected a number of seconds >= 0, got %s", tostring(seconds))
+  end
+  check(C.dl_comm_set_timeout(live(self), seconds))
+  return self
+end
 function Comm:set_debug(on) check(C.dl_comm_set_debug(live(self), on and 1 or 0)) return self end
 function Comm:abort(why) check(C.dl_comm_abort(live(self), why or "aborted from Lua")) end
+-- Every rank describes an object it makes on this communicator ("key=value,
+-- ..."); where two ranks differ, every rank fails naming what differs
+-- (collective, through the store: for creation, not per call).
+function Comm:agree(what, desc)
+  if type(what) ~= "string" or type(desc) ~= "string" then fail("agree: expected two strings (what, desc)") end
+  check(C.dl_comm_agree(live(self), what, desc))
+end
 
 -- split(color, key): collective; color < 0 (or nil) gives nil.
 -- split(function(rank) return color, key end): every rank's color is known
@@ -306,11 +334,13 @@ function Comm:split(color, key)
     local colors, keys = ffi.new("int32_t[?]", self.size), ffi.new("int32_t[?]", self.size)
     for r = 0, self.size - 1 do
       local cr, kr = color(r)
-      colors[r], keys[r] = cr or -1, kr or r
+      colors[r] = args.int32(cr or -1, "split: the color of rank " .. r)
+      keys[r] = args.int32(kr or r, "split: the key of rank " .. r)
     end
     check(C.dl_comm_split_table(pp, live(self), colors, keys))
   else
-    check(C.dl_comm_split(pp, live(self), color or -1, key or self.rank))
+    check(C.dl_comm_split(pp, live(self), args.int32(color or -1, "split: color"),
+      args.int32(key or self.rank, "split: key")))
   end
   if pp[0] == nil then return nil end
   return wrap(pp[0], self.store)
@@ -324,24 +354,36 @@ end
 
 local function stream() return core.stream end
 
+-- tensors and ranks checked here, so that a wrong type is a message at the
+-- caller's line rather than an FFI conversion error
+local function tensor_arg(x, what)
+  if not tensor.is_tensor(x) then fail("%s must be a tensor, got %s", what, type(x)) end
+  return x
+end
+
+
 function Comm:all_reduce(t, op, out)
+  tensor_arg(t, "all_reduce: the tensor")
   out = out or t
-  check(C.dl_comm_all_reduce(live(self), out, t, red(op), stream()))
+  check(C.dl_comm_all_reduce(live(self), tensor_arg(out, "all_reduce: out"), t, red(op), stream()))
   return out
 end
 
 function Comm:all_gather(out, t)
-  check(C.dl_comm_all_gather(live(self), out, t, stream()))
+  check(C.dl_comm_all_gather(live(self), tensor_arg(out, "all_gather: out"), tensor_arg(t, "all_gather: the input"),
+    stream()))
   return out
 end
 
 function Comm:reduce_scatter(out, t, op)
-  check(C.dl_comm_reduce_scatter(live(self), out, t, red(op), stream()))
+  check(C.dl_comm_reduce_scatter(live(self), tensor_arg(out, "reduce_scatter: out"),
+    tensor_arg(t, "reduce_scatter: the input"), red(op), stream()))
   return out
 end
 
 function Comm:all_to_all(out, t)
-  check(C.dl_comm_all_to_all(live(self), out, t, stream()))
+  check(C.dl_comm_all_to_all(live(self), tensor_arg(out, "all_to_all: out"), tensor_arg(t, "all_to_all: the input"),
+    stream()))
   return out
 end
 
@@ -350,25 +392,29 @@ local function counts_arr(c, counts, what)
     fail("%s must be a table of %d counts (one per rank)", what, c.size)
   end
   local a = ffi.new("int64_t[?]", c.size)
-  for i = 1, c.size do a[i - 1] = counts[i] end
+  for i = 1, c.size do a[i - 1] = args.size(counts[i], string.format("%s[%d]", what, i)) end
   return a
 end
 
 function Comm:all_to_allv(out, recv_counts, t, send_counts)
-  check(C.dl_comm_all_to_allv(live(self), out, counts_arr(self, recv_counts, "recv_counts"), t,
+  check(C.dl_comm_all_to_allv(live(self), tensor_arg(out, "all_to_allv: out"),
+    counts_arr(self, recv_counts, "recv_counts"), tensor_arg(t, "all_to_allv: the input"),
     counts_arr(self, send_counts, "send_counts"), stream()))
   return out
 end
 
 function Comm:broadcast(t, root)
-  check(C.dl_comm_broadcast(live(self), t, root or 0, stream()))
+  check(C.dl_comm_broadcast(live(self), tensor_arg(t, "broadcast: the tensor"),
+    args.int32(root or 0, "broadcast: root"), stream()))
   return t
 end
 
-function Comm:send(t, peer) check(C.dl_comm_send(live(self), t, peer, stream())) end
+function Comm:send(t, peer)
+  check(C.dl_comm_send(live(self), tensor_arg(t, "send: the tensor"), args.int32(peer, "send: peer"), stream()))
+end
 
 function Comm:recv(t, peer)
-  check(C.dl_comm_recv(live(self), t, peer, stream()))
+  check(C.dl_comm_recv(live(self), tensor_arg(t, "recv: the tensor"), args.int32(peer, "recv: peer"), stream()))
   return t
 end
 

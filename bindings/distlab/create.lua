@@ -4,6 +4,7 @@
 local ffi = require "ffi"
 local core = require "distlab.core"
 local tensor = require "distlab.tensor"
+local args = require "distlab.args"
 
 local C, fail = core.C, core.fail
 local T = tensor.methods
@@ -13,31 +14,33 @@ M.empty = tensor.empty
 
 -- full({2, 3}, 7[, opts]) or full(2, 3, 7[, opts]): the value follows the shape.
 function M.full(...)
-  local args = { ... }
+  local argv = { ... }
   local n = select("#", ...)
   local vi
-  if type(args[1]) == "table" and (args[1][1] ~= nil or next(args[1]) == nil) then
+  if type(argv[1]) == "table" and (argv[1][1] ~= nil or next(argv[1]) == nil) then
     vi = 2
   else
-    for i = 1, n do if type(args[i]) == "number" then vi = i end end
+    for i = 1, n do if type(argv[i]) == "number" then vi = i end end
   end
-  local value = vi and args[vi]
+  local value = vi and argv[vi]
   if type(value) ~= "number" then fail("full: expected full(shape, value[, options])") end
-  table.remove(args, vi)
-  return T.fill_(tensor.empty(unpack(args, 1, n - 1)), value)
+  table.remove(argv, vi)
+  return T.fill_(tensor.empty_as("full", nil, unpack(argv, 1, n - 1)), value)
 end
 
-function M.zeros(...) return T.fill_(tensor.empty(...), 0) end
-function M.ones(...) return T.fill_(tensor.empty(...), 1) end
+function M.zeros(...) return T.fill_(tensor.empty_as("zeros", nil, ...), 0) end
+function M.ones(...) return T.fill_(tensor.empty_as("ones", nil, ...), 1) end
 
+local RANDN_KEYS = { "dtype", "device", "seed", "mean", "std" }
 function M.randn(...)
-  local _, opts = tensor.parse_args(...)
-  return T.normal_(tensor.empty(...), opts.mean or 0, opts.std or 1, opts.seed)
+  local _, opts = tensor.parse_args("randn", RANDN_KEYS, ...)
+  return T.normal_(tensor.empty_as("randn", RANDN_KEYS, ...), opts.mean or 0, opts.std or 1, opts.seed)
 end
 
+local RAND_KEYS = { "dtype", "device", "seed", "low", "high" }
 function M.rand(...)
-  local _, opts = tensor.parse_args(...)
-  return T.uniform_(tensor.empty(...), opts.low or 0, opts.high or 1, opts.seed)
+  local _, opts = tensor.parse_args("rand", RAND_KEYS, ...)
+  return T.uniform_(tensor.empty_as("rand", RAND_KEYS, ...), opts.low or 0, opts.high or 1, opts.seed)
 end
 
 function M.empty_like(t, opts) return tensor.empty_like(t, opts) end
@@ -57,15 +60,23 @@ local function from_values(values, shape, opts, int)
   return out
 end
 
--- arange(n), arange(start, stop[, step]): [start, stop), like torch.
+-- arange(n), arange(start, stop[, step]): [start, stop), like torch. The
+-- values go straight into a host buffer (no Lua table of them), so a huge n
+-- is an allocation that succeeds or fails at once.
 function M.arange(...)
   local nums, opts = {}, {}
   for i = 1, select("#", ...) do
     local a = select(i, ...)
     if type(a) == "number" then nums[#nums + 1] = a
-    elseif type(a) == "table" then opts = a
+    elseif type(a) == "table" then
+      args.options(a, { "dtype", "device" }, "arange")
+      for k, v in pairs(a) do opts[k] = v end
     elseif type(a) == "string" then
-      if core.is_dtype(a) then opts.dtype = a else opts.device = a end
+      if core.is_dtype(a) then opts.dtype = a
+      elseif core.is_device(a) then opts.device = a
+      else fail("arange: unknown argument %q (not a dtype or a device)", a) end
+    elseif a ~= nil then
+      fail("arange: bad argument #%d of type %s", i, type(a))
     end
   end
   local start, stop, step
@@ -73,19 +84,27 @@ function M.arange(...)
   elseif #nums == 2 then start, stop, step = nums[1], nums[2], 1
   elseif #nums == 3 then start, stop, step = nums[1], nums[2], nums[3]
   else fail("arange: expected 1 to 3 numbers, got %d", #nums) end
+  for _, x in ipairs { start, stop, step } do
+    if x ~= x or x == math.huge or x == -math.huge then fail("arange: %s is not a finite number", tostring(x)) end
+  end
   if step == 0 then fail("arange: step must not be 0") end
-  local n = math.max(0, math.ceil((stop - start) / step))
-  local vals = {}
-  for i = 1, n do vals[i] = start + (i - 1) * step end
+  local n = args.size(math.max(0, math.ceil((stop - start) / step)), "arange: the number of elements")
   local int = start == math.floor(start) and step == math.floor(step)
-  return from_values(vals, { n }, opts, int)
+  local out = tensor.empty({ n }, { dtype = opts.dtype or (int and "i64" or "f32"), device = opts.device })
+  if out.dev_type == C.DL_META or n == 0 then return out end
+  local host = tensor.empty({ n }, { dtype = int and "i64" or "f64", device = "cpu" })
+  local p = ffi.cast(int and "int64_t*" or "double*", T.data_ptr(host))
+  for i = 0, n - 1 do p[i] = start + i * step end
+  T.copy_(out, host)
+  T.free(host)
+  return out
 end
 
 -- from_table{{1, 2}, {3, 4}}: nested tables of numbers, rectangular; f32
 -- unless a dtype is given (Torch7's default tensor type, not PyTorch's int64).
 function M.from_table(tbl, ...)
   if type(tbl) ~= "table" then fail("from_table: expected a (nested) table of numbers") end
-  local _, opts = tensor.parse_args(...)
+  local _, opts = tensor.parse_args("from_table", nil, ...)
   local shape, d = {}, tbl
   while type(d) == "table" do
     shape[#shape + 1] = #d

@@ -19,6 +19,7 @@
 -- core/ops/gemm/cublaslt.c. Products are summed in fp32 on the GPU.
 local ffi = require "ffi"
 local core = require "distlab.core"
+local args = require "distlab.args"
 local tensor = require "distlab.tensor"
 
 local C, check, fail = core.C, core.check, core.fail
@@ -36,13 +37,10 @@ end
 
 function M.run(a, b, out, opts)
   if opts == nil and type(out) == "table" then out, opts = nil, out end
-  opts = opts or {}
+  opts = args.options(opts, KNOWN, "gemm")
   tensor_arg(a, "a")
   tensor_arg(b, "b")
   if out ~= nil then tensor_arg(out, "out") end
-  for k in pairs(opts) do
-    if not KNOWN[k] then fail("gemm: unknown option %s (alpha, beta, c, out_dtype, workspace)", tostring(k)) end
-  end
   local o = o_t()
   o.alpha = opts.alpha or 1
   o.beta = opts.beta or 0

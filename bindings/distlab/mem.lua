@@ -6,6 +6,7 @@
 -- each tag's share of the device peak, so a peak can be decomposed by tag.
 local ffi = require "ffi"
 local core = require "distlab.core"
+local args = require "distlab.args"
 
 local C, check, fail = core.C, core.check, core.fail
 local M = {}
@@ -59,7 +60,9 @@ Report.__index = Report
 
 -- dl.mem.report{device =, unit = bytes, unit_name = "units", title =}
 function M.report(opts)
-  opts = opts or {}
+  -- report("meta") is report{device = "meta"}
+  if type(opts) == "string" then opts = { device = opts } end
+  opts = args.options(opts, { "device", "unit", "unit_name", "title" }, "mem.report")
   local st = M.stats(opts.device)
   local rows = {}
   for name, t in pairs(st.tags) do

@@ -18,6 +18,8 @@
 local ffi = require "ffi"
 local core = require "distlab.core"
 
+local args = require "distlab.args"
+
 local C, check, fail = core.C, core.check, core.fail
 
 local M = {}
@@ -27,27 +29,30 @@ Buf.__index = Buf
 -- view -> buffer: a live view keeps its buffer (and so the mapping) alive.
 local owner = setmetatable({}, { __mode = "k" })
 
-local function shape_of(shape)
+local function shape_of(shape, fn)
   if type(shape) == "number" then shape = { shape } end
-  if type(shape) ~= "table" then fail("shape must be a number or a table of sizes") end
+  if type(shape) ~= "table" then fail("%s: shape must be a number or a table of sizes", fn) end
   local n = 1
-  for i, v in ipairs(shape) do
-    if type(v) ~= "number" or v < 0 or v ~= math.floor(v) then
-      fail("size %s in dimension %d is not a non-negative integer", tostring(v), i)
-    end
-    n = n * v
-  end
-  return shape, n
+  for i, v in ipairs(shape) do n = n * args.size(v, fn .. ": size in dimension " .. i) end
+  return shape, args.size(n, fn .. ": the number of elements")
 end
+
+-- a rank of the buffer's communicator, a flag, a flag value: checked
+-- before the FFI converts them
+local function rank_arg(r, fn) return args.int32(r, fn .. ": rank", 0) end
+local function flag_arg(f, fn) return args.int32(f, fn .. ": flag", 0) end
+local function value_arg(v, fn) return args.int(v, fn .. ": value", 0, 2 ^ 32 - 1) end
 
 function M.alloc(comm, shape, dtype)
   if type(comm) ~= "table" or comm.ptr == nil then fail("symm.alloc: the first argument must be a live communicator") end
   local n
-  shape, n = shape_of(shape)
+  shape, n = shape_of(shape, "symm.alloc")
   dtype = dtype or "f32"
   local id = core.dtype_id(dtype)
   local pp = ffi.new("dl_symm_t*[1]")
-  check(C.dl_symm_alloc(pp, comm.ptr, n * C.dl_dtype_size(id)))
+  -- every rank's dtype and shape are compared too, not only the bytes
+  local desc = string.format("%s[%s]", core.dtype_names[id], table.concat(shape, ", "))
+  check(C.dl_symm_alloc_desc(pp, comm.ptr, n * C.dl_dtype_size(id), desc))
   return setmetatable({
     ptr = ffi.gc(pp[0], C.dl_symm_free),
     comm = comm,
@@ -71,11 +76,13 @@ end
 
 function Buf:view(r, offset, shape, dtype)
   local id = core.dtype_id(dtype or self.dtype)
-  shape = shape_of(shape or self.shape)
+  shape = shape_of(shape or self.shape, "symm view")
+  if #shape > 8 then fail("symm view: a tensor has at most 8 dimensions, got %d", #shape) end
   local dims = ffi.new("int64_t[8]")
   for i, v in ipairs(shape) do dims[i - 1] = v end
   local pp = ffi.new("dl_tensor_t*[1]")
-  check(C.dl_symm_tensor(pp, live(self), r, offset or 0, id, #shape, dims))
+  check(C.dl_symm_tensor(pp, live(self), rank_arg(r, "symm view"),
+    args.size(offset or 0, "symm view: offset"), id, #shape, dims))
   local t = ffi.gc(pp[0], C.dl_tensor_free)
   owner[t] = self
   return t
@@ -86,22 +93,27 @@ function Buf:tensor() return self:view(self.rank) end
 
 function Buf:address(r)
   local p = ffi.new("void*[1]")
-  check(C.dl_symm_peer_ptr(live(self), r or self.rank, p))
+  check(C.dl_symm_peer_ptr(live(self), rank_arg(r or self.rank, "address"), p))
   return p[0]
 end
 
 function Buf:pad(r)
   local p = ffi.new("void*[1]")
-  check(C.dl_symm_signal_pad(live(self), r or self.rank, p))
+  check(C.dl_symm_signal_pad(live(self), rank_arg(r or self.rank, "pad"), p))
   return p[0]
 end
 
-function Buf:set_flag(r, flag, value) check(C.dl_symm_flag_set(live(self), r, flag, value, core.stream)) end
-function Buf:wait_flag(flag, value) check(C.dl_symm_flag_wait(live(self), flag, value, core.stream)) end
+function Buf:set_flag(r, flag, value)
+  check(C.dl_symm_flag_set(live(self), rank_arg(r, "set_flag"), flag_arg(flag, "set_flag"),
+    value_arg(value, "set_flag"), core.stream))
+end
+function Buf:wait_flag(flag, value)
+  check(C.dl_symm_flag_wait(live(self), flag_arg(flag, "wait_flag"), value_arg(value, "wait_flag"), core.stream))
+end
 
 function Buf:flag(r, flag)
   local v = ffi.new("uint32_t[1]")
-  check(C.dl_symm_flag_get(live(self), r, flag, v))
+  check(C.dl_symm_flag_get(live(self), rank_arg(r, "flag"), flag_arg(flag, "flag"), v))
   return tonumber(v[0])
 end
 

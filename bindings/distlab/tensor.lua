@@ -6,6 +6,7 @@
 -- the C storage is reference counted, so a view keeps its base's memory alive.
 local ffi = require "ffi"
 local core = require "distlab.core"
+local args = require "distlab.args"
 
 local C, check, fail = core.C, core.check, core.fail
 
@@ -43,32 +44,47 @@ end
 
 -- Parses (shape..., opts) in the forms dl.empty(2, 3), dl.empty({2, 3}),
 -- dl.empty({2, 3}, "bf16"), dl.empty({2, 3}, {dtype = "bf16", device = "cuda"}).
-local function parse_args(...)
-  local shape, opts = {}, {}
-  for i = 1, select("#", ...) do
+-- fn names the factory in messages; known lists its option keys (default:
+-- dtype and device). Sizes go through distlab.args (integers that fit an
+-- int64_t); a dtype or a device given twice, a second options table, sizes
+-- after the options and unknown option keys are errors.
+local BASE_KEYS = { "dtype", "device" }
+local function parse_args(fn, known, ...)
+  local shape, opts, seen = {}, {}, {}
+  local n = select("#", ...)
+  local function once(key, v)
+    if seen[key] then fail("%s: %s given twice (%s and %s)", fn, key, tostring(seen[key]), tostring(v)) end
+    seen[key] = v
+    opts[key] = v
+  end
+  for i = 1, n do
     local a = select(i, ...)
-    if type(a) == "number" then
-      shape[#shape + 1] = a
-    elseif type(a) == "table" then
-      if a[1] ~= nil or next(a) == nil and #shape == 0 and i == 1 then
-        for _, v in ipairs(a) do shape[#shape + 1] = v end
+    if type(a) == "number" or (type(a) == "table" and (a[1] ~= nil or next(a) == nil and #shape == 0 and i == 1)) then
+      if next(seen) then fail("%s: sizes after the options (argument #%d)", fn, i) end
+      if type(a) == "number" then
+        shape[#shape + 1] = a
       else
-        for k, v in pairs(a) do opts[k] = v end
+        if #shape > 0 then fail("%s: a shape table after sizes (argument #%d)", fn, i) end
+        for k in pairs(a) do
+          if type(k) ~= "number" or k < 1 or k > #a or k ~= math.floor(k) then
+            fail("%s: a shape table holds sizes only, not key %s", fn, tostring(k))
+          end
+        end
+        for _, v in ipairs(a) do shape[#shape + 1] = v end
       end
+    elseif type(a) == "table" then
+      args.options(a, known or BASE_KEYS, fn)
+      for k, v in pairs(a) do once(k, v) end
     elseif type(a) == "string" then
-      if core.is_dtype(a) then opts.dtype = a
-      elseif core.is_device(a) then opts.device = a
-      else fail("unknown argument %q (not a dtype or a device)", a) end
+      if core.is_dtype(a) then once("dtype", a)
+      elseif core.is_device(a) then once("device", a)
+      else fail("%s: unknown argument %q (not a dtype or a device)", fn, a) end
     elseif a ~= nil then
-      fail("bad argument #%d of type %s (expected sizes, a shape table or options)", i, type(a))
+      fail("%s: bad argument #%d of type %s (expected sizes, a shape table or options)", fn, i, type(a))
     end
   end
-  for i, v in ipairs(shape) do
-    if type(v) ~= "number" or v < 0 or v ~= math.floor(v) then
-      fail("size %s in dimension %d is not a non-negative integer", tostring(v), i)
-    end
-  end
-  if #shape > 8 then fail("a tensor has at most 8 dimensions, got %d", #shape) end
+  for i, v in ipairs(shape) do shape[i] = args.size(v, fn .. ": size in dimension " .. i) end
+  if #shape > 8 then fail("%s: a tensor has at most 8 dimensions, got %d", fn, #shape) end
   return shape, opts
 end
 M.parse_args = parse_args
@@ -79,11 +95,14 @@ local function shape_arr(shape)
   return a
 end
 
-function M.empty(...)
-  local shape, opts = parse_args(...)
+-- empty_as(fn, known, ...): dl.empty's arguments, messages naming fn.
+function M.empty_as(fn, known, ...)
+  local shape, opts = parse_args(fn, known, ...)
   local dt, di = core.parse_device(opts.device)
   return empty_raw(core.dtype_id(opts.dtype or "f32"), #shape, shape_arr(shape), dt, di)
 end
+
+function M.empty(...) return M.empty_as("empty", nil, ...) end
 
 -- ---- fields ------------------------------------------------------------------
 
@@ -138,6 +157,11 @@ function T.free(t)
 end
 
 function T.record_stream(t, s)
+  -- a stream object (distlab.stream), or nil for the default stream
+  if s ~= nil and not (type(s) == "table" and type(s.ptr) == "cdata" and ffi.istype("dl_stream_t*", s.ptr)) then
+    fail("record_stream: expected a stream (dl.stream()) or nil, got %s", type(s) == "string" and
+      string.format("%q", s) or type(s))
+  end
   check(C.dl_tensor_record_stream(t, s and s.ptr or nil))
   return t
 end
@@ -312,7 +336,7 @@ local function empty_like(t, dtype, dev_type, dev_index)
   return empty_raw(dtype or t.dtype_id, t.nd, t.sz, dev_type or t.dev_type, dev_index or t.dev_index)
 end
 M.empty_like = function(t, opts)
-  opts = opts or {}
+  opts = args.options(opts, BASE_KEYS, "empty_like")
   local dt, di = t.dev_type, t.dev_index
   if opts.device then dt, di = core.parse_device(opts.device) end
   return empty_like(t, opts.dtype and core.dtype_id(opts.dtype), dt, di)

@@ -32,6 +32,10 @@ const char *dl_device_type_name(int dev_type);
  * (a wait that ends soon costs no wake-up, as cudaStreamSynchronize's spin),
  * then a yield until 2 ms, then naps of 50 us. */
 void dl_wait_pause(double since_us);
+/* The SIGINTs counted and not yet taken, or -1 while dl_sigint_arm is off. A
+ * blocking wait the REPL cannot reach reads it as it starts and ends (taking
+ * them) once two more came: Ctrl-C twice during the wait. */
+int dl_sigint_pending(void);
 /* Default timeout of every blocking wait, seconds: DISTLAB_TIMEOUT or 120. */
 double dl_timeout_s(void);
 /* DISTLAB_TRACE_TEARDOWN=1: one line on stderr per step of taking NCCL

@@ -43,3 +43,7 @@ int dl_sigint_arm(int on) {
 }
 
 int dl_sigint_take(void) { return __atomic_exchange_n(&pending, 0, __ATOMIC_ACQ_REL); }
+
+/* One Ctrl-C is the REPL's (it stops Lua code at its hook); a second during a
+ * C wait means the user wants out of that wait. */
+int dl_sigint_pending(void) { return armed ? __atomic_load_n(&pending, __ATOMIC_ACQUIRE) : -1; }

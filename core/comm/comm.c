@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "comm_internal.h"
+#include "base/device.h"
 
 enum { COMM_MAGIC = 0xc0333c0u };
 
@@ -62,11 +63,23 @@ int dl_comm_store_set(dl_comm_t *c, const char *key, const void *val, int64_t le
   return dl_store_set(c->store, full, val, len);
 }
 
+/* A store wait ends within 100 ms of a member's death or of an abort. */
+static int store_watch(void *ctx) {
+  dl_comm_t *c = ctx;
+  const uint32_t gone = __atomic_load_n(&c->gone, __ATOMIC_ACQUIRE);
+  if (gone) {
+    char who[160];
+    dl_comm_gone_str(c, gone, who, sizeof who);
+    return DL_ERR(DL_EPEER, "%s", who);
+  }
+  return c->be->watch ? c->be->watch(c) : DL_OK;
+}
+
 int dl_comm_store_get(dl_comm_t *c, const char *key, void *buf, int64_t len) {
   char full[256];
   int64_t got = 0;
   snprintf(full, sizeof full, "%s/%s", c->name, key);
-  DL_TRY(dl_store_get(c->store, full, buf, len, &got));
+  DL_TRY(dl_store_get_watched(c->store, full, buf, len, &got, store_watch, c));
   if (got != len)
     return DL_ERR(DL_EPEER, "store key '%s' holds %lld bytes, expected %lld", full,
                   (long long)got, (long long)len);
@@ -125,7 +138,14 @@ static int comm_create(dl_comm_t **out, const dl_comm_backend_t *be, dl_store_t 
     dl_store_retain(store);
     c->store = store;
   }
-  int rc = be->init(c);
+  /* a device that is not there fails at once on every rank, before any of
+   * them waits on the store for a peer that already gave up */
+  int rc = on_cuda ? dl_device_check(DL_CUDA, dev_index) : DL_OK;
+  /* before the backend's rendezvous: once it is done, every member's pid is there */
+  if (rc == DL_OK && store && size > 1) rc = dl_comm_publish_pid(c);
+  if (rc == DL_OK) rc = be->init(c);
+  else c->impl = NULL;
+  if (rc == DL_OK && (rc = dl_comm_watch(c, &c->gone)) < 0) be->destroy(c);
   if (rc < 0) {
     dl_error_context(rc, "creating %s communicator '%s' on rank %d of %d", be->name, c->name,
                      rank, size);
@@ -158,9 +178,11 @@ int dl_comm_new(dl_comm_t **out, int backend, dl_store_t *store, int rank, int s
 
 void dl_comm_free(dl_comm_t *c) {
   if (!c || c->magic != COMM_MAGIC) return;
+  dl_comm_unwatch(&c->gone);
   if (c->impl) c->be->destroy(c);
   dl_store_free(c->store);
   free(c->world_ranks);
+  free(c->pids);
   c->magic = 0;
   free(c);
 }
@@ -286,15 +308,22 @@ static int view_arg(const dl_comm_t *c, const dl_tensor_t *t, const char *what, 
 typedef struct sig {
   int32_t op, red, dtype, peer;
   int64_t n_in, n_out;
-} sig_t;
+} call_sig_t;
 
-static int sig_str(const sig_t *s, char *buf, size_t len) {
-  return snprintf(buf, len, "%s%s%s%s dtype %s, %lld in, %lld out", op_names[s->op],
-                  s->op == DL_OP_ALL_REDUCE || s->op == DL_OP_REDUCE_SCATTER ? "(" : "",
-                  s->op == DL_OP_ALL_REDUCE || s->op == DL_OP_REDUCE_SCATTER ? red_names[s->red]
-                                                                              : "",
-                  s->op == DL_OP_ALL_REDUCE || s->op == DL_OP_REDUCE_SCATTER ? ")," : ",",
-                  dl_dtype_name(s->dtype), (long long)s->n_in, (long long)s->n_out);
+int dl_comm_call_str(int op, int red, int dtype, int root, int64_t n_in, int64_t n_out, char *buf,
+                     size_t len) {
+  const int reduces = op == DL_OP_ALL_REDUCE || op == DL_OP_REDUCE_SCATTER;
+  char head[64];
+  if (reduces) snprintf(head, sizeof head, "%s(%s)", dl_comm_op_name(op), red_names[red & 3]);
+  else if (op == DL_OP_BROADCAST) snprintf(head, sizeof head, "broadcast from %d", root);
+  else snprintf(head, sizeof head, "%s", dl_comm_op_name(op));
+  if (op == DL_OP_BARRIER) return snprintf(buf, len, "%s", head);
+  return snprintf(buf, len, "%s, dtype %s, %lld in, %lld out", head,
+                  dtype < 0 ? "-" : dl_dtype_name(dtype), (long long)n_in, (long long)n_out);
+}
+
+static int sig_str(const call_sig_t *s, char *buf, size_t len) {
+  return dl_comm_call_str(s->op, s->red, s->dtype, s->peer, s->n_in, s->n_out, buf, len);
 }
 
 /* "calls all_reduce(sum), dtype f32, 10 in, 10 out" (dl_comm_check_same) */
@@ -312,7 +341,7 @@ static int debug_check(dl_comm_t *c, const dl_comm_call_t *call) {
                                call->op == DL_OP_ALL_REDUCE || call->op == DL_OP_REDUCE_SCATTER
                            ? &call->in
                            : &call->out;
-  sig_t me = {call->op, call->red, v->dtype, call->peer, call->in.numel, call->out.numel};
+  call_sig_t me = {call->op, call->red, v->dtype, call->peer, call->in.numel, call->out.numel};
   if (call->op == DL_OP_ALL_TO_ALLV) me.n_in = me.n_out = 0; /* may differ; counts are checked */
   char key[96], a[160];
   if (call->op == DL_OP_SEND || call->op == DL_OP_RECV) {
@@ -325,7 +354,7 @@ static int debug_check(dl_comm_t *c, const dl_comm_call_t *call) {
     DL_TRY(dl_store_add(c->store, full, 1, &nth));
     snprintf(key, sizeof key, "dbg/p2p/%d-%d/%lld", src, dst, (long long)nth);
     if (call->op == DL_OP_SEND) return dl_comm_store_set(c, key, &me, sizeof me);
-    sig_t other;
+    call_sig_t other;
     DL_TRY(dl_comm_store_get(c, key, &other, sizeof other));
     if (other.dtype != me.dtype || other.n_in != me.n_out) {
       sig_str(&other, a, sizeof a);
@@ -339,9 +368,28 @@ static int debug_check(dl_comm_t *c, const dl_comm_call_t *call) {
   return dl_comm_check_same(c, "dbg", c->seq, &me, sizeof me, "calls", sig_calls);
 }
 
+/* The entries ("a, b, c") of `theirs` that differ from `mine`, position by
+ * position, as "x vs y; ..." into out: what a mismatch message must say. */
+void dl_comm_diff(const char *mine, const char *theirs, char *out, size_t len) {
+  size_t n = 0;
+  out[0] = 0;
+  while ((*mine || *theirs) && n + 1 < len) {
+    size_t a = strcspn(mine, ","), b = strcspn(theirs, ",");
+    if (a != b || strncmp(mine, theirs, a) != 0) {
+      int w = snprintf(out + n, len - n, "%s%.*s vs %.*s", n ? "; " : "", (int)a, mine, (int)b,
+                       theirs);
+      n = w < 0 ? len : n + (size_t)w < len ? n + (size_t)w : len - 1;
+    }
+    mine += a + (mine[a] == ',');
+    theirs += b + (theirs[b] == ',');
+    while (*mine == ' ') mine++;
+    while (*theirs == ' ') theirs++;
+  }
+}
+
 int dl_comm_check_same(dl_comm_t *c, const char *key, int64_t seq, const void *sig, size_t len,
                        const char *what, int (*describe)(const void *sig, char *buf, size_t len)) {
-  char k[160], mine[200], theirs[200], other[256];
+  char k[160], mine[300], theirs[300], other[256], diff[400];
   DL_CHECK_ARG(len <= sizeof other, "dl_comm_check_same: a signature of %zu bytes (at most %zu)", len,
                sizeof other);
   snprintf(k, sizeof k, "%s/%lld/%d", key, (long long)seq, c->rank);
@@ -357,7 +405,11 @@ int dl_comm_check_same(dl_comm_t *c, const char *key, int64_t seq, const void *s
     if (rc == DL_OK && memcmp(other, sig, len) != 0) {
       describe(sig, mine, sizeof mine);
       describe(other, theirs, sizeof theirs);
-      rc = DL_ERR(DL_EINVAL, "mismatched %s: rank %d %s but rank %d %s", what, c->rank, mine, r, theirs);
+      /* the verb both start with ("calls", "has") says nothing */
+      const char *a = strchr(mine, ' '), *b = strchr(theirs, ' ');
+      dl_comm_diff(a ? a + 1 : mine, b ? b + 1 : theirs, diff, sizeof diff);
+      rc = DL_ERR(DL_EINVAL, "mismatched %s: rank %d %s but rank %d %s (differs: %s)", what,
+                  c->rank, mine, r, theirs, diff);
     }
   }
   DL_TRY(rc);
@@ -367,6 +419,26 @@ int dl_comm_check_same(dl_comm_t *c, const char *key, int64_t seq, const void *s
     DL_TRY(dl_comm_store_delete(c, k));
   }
   return DL_OK;
+}
+
+/* "has algo=p2p, mask=causal" (dl_comm_agree's signature is the string) */
+static int desc_has(const void *sig, char *buf, size_t len) {
+  return snprintf(buf, len, "has %s", (const char *)sig);
+}
+
+int dl_comm_agree(dl_comm_t *c, const char *what, const char *desc) {
+  DL_TRY(comm_check(c, "dl_comm_agree"));
+  DL_CHECK_ARG(what && desc, "dl_comm_agree: what and desc must be given");
+  char sig[256] = {0};
+  DL_CHECK_ARG(strlen(desc) < sizeof sig, "dl_comm_agree: a description of %zu bytes (at most %zu)",
+               strlen(desc), sizeof sig - 1);
+  if (!c->store) return DL_OK;
+  char whaton[256];
+  snprintf(whaton, sizeof whaton, "%s on comm '%s'", what, c->name);
+  if (c->failed)
+    return DL_ERR(DL_ESTATE, "%s: the communicator failed earlier; make a new one", whaton);
+  strcpy(sig, desc);
+  return dl_comm_check_same(c, "agree", c->nagree++, sig, sizeof sig, whaton, desc_has);
 }
 
 /* ---- groups ------------------------------------------------------------- */

@@ -48,6 +48,9 @@ struct dl_comm {
   int debug;
   int64_t seq;             /* ops issued so far (names them in messages) */
   int nsplits, nsymm;      /* children made so far: name them identically on every rank */
+  int nagree;              /* dl_comm_agree calls so far (their store keys) */
+  int *pids;               /* each member's process on this host (0: elsewhere), read lazily */
+  uint32_t gone;           /* 1 + a member whose process is gone (peers.c), polled by waits */
   int failed;              /* set once an op failed; later ops refuse */
   int share;               /* ranks on this rank's GPU (dl_comm_info_t.share) */
   int in_group;            /* p2p ops queued since dl_comm_group_start */
@@ -77,6 +80,9 @@ struct dl_comm_backend {
   int (*synchronize)(dl_comm_t *c, dl_stream_t *s);
   /* Tell peers this rank gives up, so their waits end now (may be NULL). */
   void (*abort)(dl_comm_t *c, const char *why);
+  /* Why a host wait on the store (a debug check) must stop now: a rank gave
+   * up on the communicator (may be NULL; comm.c watches the processes). */
+  int (*watch)(dl_comm_t *c);
   void (*destroy)(dl_comm_t *c);
   /* The backend's own handle for dl_comm_info (may be NULL). */
   void *(*native)(dl_comm_t *c);
@@ -89,11 +95,26 @@ extern const dl_comm_backend_t dl_comm_ipc_backend;
 
 /* All members of c meet at `name` through the store (used at setup only). */
 int dl_comm_store_barrier(dl_comm_t *c, const char *name);
+/* This member's pid and host, for its peers' dl_comm_peer_pid (peers.c). */
+int dl_comm_publish_pid(dl_comm_t *c);
+/* "rank R (pid P) has exited" for a watched word's value (1 + R). */
+int dl_comm_gone_str(dl_comm_t *c, uint32_t gone, char *buf, size_t len);
 /* Error helpers: "<op> #<seq> on rank R of N (comm NAME, BACKEND)". */
 int dl_comm_describe(const dl_comm_t *c, int op, char *buf, size_t len);
 int dl_comm_world_rank(const dl_comm_t *c, int rank);
+/* An op as mismatch messages show it: "all_reduce(sum), dtype f32, 8 in,
+ * 8 out", "broadcast from 0, ...", "barrier". */
+int dl_comm_call_str(int op, int red, int dtype, int root, int64_t n_in, int64_t n_out, char *buf,
+                     size_t len);
+/* The entries ("a, b, c") that differ between two such strings, position by
+ * position: "x vs y; ...". */
+void dl_comm_diff(const char *mine, const char *theirs, char *out, size_t len);
 
-/* Store internals the communicator files use. */
+/* Store internals the communicator files use. dl_store_get_watched waits
+ * like dl_store_get and every 100 ms asks watch(ctx) whether to go on: a
+ * negative code ends the wait with that error (a dead peer, an abort). */
+int dl_store_get_watched(dl_store_t *s, const char *key, void *buf, int64_t cap, int64_t *len,
+                         int (*watch)(void *ctx), void *ctx);
 double dl_store_timeout(const dl_store_t *s);
 int dl_store_rank(const dl_store_t *s);
 const char *dl_store_job(const dl_store_t *s);

@@ -16,7 +16,8 @@
  *    inside one NCCL call for longer than the timeout (setup, or the lazy
  *    connection of a first op to a peer that never calls), when an op's
  *    event (recorded after each op) has not completed within the timeout,
- *    or when NCCL reports an asynchronous error. The abort ends the stuck
+ *    when NCCL reports an asynchronous error, or when a member's process
+ *    on this host has died (core/comm/peers.c). The abort ends the stuck
  *    call or kernels; the reason goes to stderr and every later op and
  *    dl_comm_synchronize returns it;
  *  - dl_comm_synchronize polls the stream, the async error and the deadline
@@ -276,7 +277,14 @@ static void *watchdog_main(void *arg) {
       seen_call = call;
       seen_since = now_s();
     }
-    if (call != 0 && now_s() - seen_since > c->timeout_s) {
+    const uint32_t gone = __atomic_load_n(&c->gone, __ATOMIC_ACQUIRE);
+    if (gone) { /* a member's process died (peers.c): its NCCL peers would hang */
+      char who[160];
+      dl_comm_gone_str(c, gone, who, sizeof who);
+      snprintf(why, sizeof why, "%s on rank %d of %d (comm '%s'): %s",
+               m->ready ? dl_comm_op_name(m->last_op) : "NCCL setup", c->rank, c->size, c->name,
+               who);
+    } else if (call != 0 && now_s() - seen_since > c->timeout_s) {
       snprintf(why, sizeof why,
                "%s on rank %d of %d (comm '%s') has been inside NCCL for more than %.1f s (a "
                "peer did not join it, died, or is stuck)",

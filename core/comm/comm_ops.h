@@ -13,10 +13,22 @@
 
 /* The store under the communicator's namespace: key "k" is "<name>/k", so
  * the same key on two communicators never meets. get waits for the key and
- * fails unless it holds exactly len bytes. */
+ * fails unless it holds exactly len bytes; the wait also ends within 100 ms
+ * of a member's death (dl_comm_watch) or of an abort of the communicator. */
 int dl_comm_store_set(dl_comm_t *c, const char *key, const void *val, int64_t len);
 int dl_comm_store_get(dl_comm_t *c, const char *key, void *buf, int64_t len);
 int dl_comm_store_delete(dl_comm_t *c, const char *key);
+
+/* Peers' processes (core/comm/peers.c). dl_comm_peer_pid: member rank's pid
+ * where it runs on this host, else 0. dl_comm_watch: within 50 ms of the
+ * death of a member's process on this host (a zombie counts), *word
+ * becomes 1 + that member's rank, and stays so; the process's watchdog
+ * thread writes it. Waits that must end at a peer's death, not at the
+ * timeout, poll it (kernels too: on cuda give a word in pinned host memory
+ * mapped for the device). dl_comm_unwatch before the word's memory goes. */
+int dl_comm_peer_pid(dl_comm_t *c, int rank);
+int dl_comm_watch(dl_comm_t *c, uint32_t *word);
+void dl_comm_unwatch(uint32_t *word);
 
 /* Debug mode is on (dl_comm_set_debug): operators check their calls across
  * ranks too (dl_comm_check_same). */

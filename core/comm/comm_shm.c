@@ -2,7 +2,7 @@
  * comm_shm.c — the CPU communicator: the processes of one host meet in one
  * POSIX shared-memory segment, /distlab-<job>-<comm>.
  *
- * Layout: a control block (barrier counters, pids, the abort record, op
+ * Layout: a control block (barrier counters, the abort record, op
  * signatures, all_to_allv count matrices, mailbox counters), then one slot
  * per rank for collectives, then one mailbox per (src, dst) pair for
  * point-to-point.
@@ -22,19 +22,23 @@
  * fail on every rank at once, cheaply, in every mode.
  *
  * Mailboxes are byte rings with monotonic posted/consumed counters; each
- * message starts with its byte count, so a recv of the wrong size is an
- * error rather than a desynchronised stream. Point-to-point ops are queued
- * and progressed together (a group), so ring exchanges cannot deadlock.
+ * message starts with its byte count and dtype, so a recv of the wrong size
+ * or dtype is an error rather than a desynchronised stream or reinterpreted
+ * bytes. Point-to-point ops are queued and progressed together (a group),
+ * so ring exchanges cannot deadlock.
  *
  * Waits spin, then yield, then sleep, and every millisecond or so check the
- * deadline, the abort record (a rank that failed says why) and whether the
- * awaited peer still lives (its pid) or has freed the communicator.
+ * deadline, the abort record (a rank that failed says why), the word the
+ * process's watchdog sets when a member's process is gone (peers.c), and
+ * whether the awaited peer has freed the communicator. A rank that gives up
+ * records how many barriers it had passed: a late rank that then passes a
+ * barrier the other never passed fails too, rather than completing the op
+ * against an abandoned one; any op started after the abort fails at once.
  * Rank 0 unlinks the segment's name once every rank has mapped it, so a job
  * that crashes later leaves nothing in /dev/shm.
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,8 +67,8 @@ typedef struct shm_ctl {
   int64_t slot_bytes, box_bytes;
   _Alignas(64) int32_t aborted;
   int32_t abort_rank;
+  uint64_t abort_passed; /* barriers the rank that gave up had passed */
   char abort_msg[768];
-  int32_t pid[SHM_MAX];
   int32_t left[SHM_MAX];
   line_t arrive[SHM_MAX];
   shm_sig_t sig[2][SHM_MAX];
@@ -74,11 +78,21 @@ typedef struct shm_ctl {
   line_t consumed[SHM_MAX * SHM_MAX];
 } shm_ctl_t;
 
+/* What a message starts with: its size and dtype, so that a recv that
+ * expects another size or dtype is an error on arrival, not bytes
+ * reinterpreted. */
+typedef struct p2p_hdr {
+  int64_t nbytes;
+  int32_t dtype, pad;
+} p2p_hdr_t;
+enum { HDR = sizeof(p2p_hdr_t) };
+
 typedef struct p2p {
   int send, peer;
   char *data;
-  int64_t nbytes, done; /* done counts the 8-byte header too */
-  int64_t hdr;
+  int64_t nbytes, done; /* done counts the header too */
+  int32_t dtype;
+  p2p_hdr_t hdr;
 } p2p_t;
 
 typedef struct shm {
@@ -86,7 +100,8 @@ typedef struct shm {
   size_t map_bytes;
   char *slots, *boxes;
   char name[160];
-  uint64_t bar; /* barriers passed */
+  uint64_t bar;    /* barriers issued */
+  uint64_t passed; /* barriers passed (every rank arrived) */
   int64_t *mat; /* this op's send-count matrix, size x size */
   p2p_t *ops;
   int nops, capops;
@@ -108,20 +123,30 @@ static int64_t env_bytes(const char *name, int64_t dflt) {
 
 static double now_s(void) { return dl_now_us() * 1e-6; }
 
-/* Why the wait on peer must stop now, or DL_OK. */
+/* A rank gave up on the communicator (its abort record): why, or DL_OK.
+ * Every op looks before it starts and every wait while it waits, so no
+ * rank starts an op on a communicator a peer abandoned. */
+static int check_abort(dl_comm_t *c, const char *what) {
+  shm_ctl_t *ctl = impl(c)->ctl;
+  if (!__atomic_load_n(&ctl->aborted, __ATOMIC_ACQUIRE)) return DL_OK;
+  c->failed = 1;
+  return DL_ERR(DL_EPEER, "rank %d gave up on the communicator while %s: %s", ctl->abort_rank,
+                what, ctl->abort_msg);
+}
+
+/* Why the wait on peer must stop now, or DL_OK: an abort, the peer freed
+ * the communicator, or a member's process is gone (peers.c). */
 static int check_peer(dl_comm_t *c, int peer, const char *what) {
   shm_ctl_t *ctl = impl(c)->ctl;
-  if (__atomic_load_n(&ctl->aborted, __ATOMIC_ACQUIRE)) {
-    c->failed = 1;
-    return DL_ERR(DL_EPEER, "rank %d gave up on the communicator while %s: %s", ctl->abort_rank,
-                  what, ctl->abort_msg);
+  DL_TRY(check_abort(c, what));
+  const uint32_t gone = __atomic_load_n(&c->gone, __ATOMIC_ACQUIRE);
+  if (gone) {
+    char who[160];
+    dl_comm_gone_str(c, gone, who, sizeof who);
+    return DL_ERR(DL_EPEER, "%s: %s", what, who);
   }
-  if (peer < 0 || peer == c->rank) return DL_OK;
-  if (__atomic_load_n(&ctl->left[peer], __ATOMIC_ACQUIRE))
+  if (peer >= 0 && peer != c->rank && __atomic_load_n(&ctl->left[peer], __ATOMIC_ACQUIRE))
     return DL_ERR(DL_EPEER, "%s: rank %d has freed the communicator (it left early)", what, peer);
-  int pid = ctl->pid[peer];
-  if (pid > 0 && kill(pid, 0) != 0 && errno == ESRCH)
-    return DL_ERR(DL_EPEER, "%s: rank %d (pid %d) has exited", what, peer, pid);
   return DL_OK;
 }
 
@@ -136,7 +161,8 @@ static void wait_begin(dl_comm_t *c, waiter_t *w) {
   w->deadline = w->last_check + c->timeout_s;
 }
 
-/* Call between polls while waiting on peer; nonzero means stop. */
+/* Call between polls while waiting on peer; nonzero means stop. The abort
+ * record and the peers' word are read every millisecond. */
 static int wait_step(dl_comm_t *c, waiter_t *w, int peer, const char *what) {
   dl_host_pause(w->iter++);
   if (w->iter % 64) return DL_OK;
@@ -176,6 +202,17 @@ static int barrier(dl_comm_t *c, const char *opname) {
              (unsigned long long)t, opname);
     DL_TRY(wait_ge(c, &m->ctl->arrive[j].v, t, j, what));
   }
+  /* everyone arrived, but one may have given up before it passed this
+   * barrier (it timed out waiting for a late peer): the op is void, or a
+   * late rank would complete it against an abandoned one. A rank that gave
+   * up after it passed here (at a later op) leaves this exchange whole. */
+  shm_ctl_t *ctl = m->ctl;
+  if (__atomic_load_n(&ctl->aborted, __ATOMIC_ACQUIRE) && ctl->abort_passed < t) {
+    c->failed = 1;
+    return DL_ERR(DL_EPEER, "rank %d gave up on the communicator before barrier %llu of %s: %s",
+                  ctl->abort_rank, (unsigned long long)t, opname, ctl->abort_msg);
+  }
+  m->passed = t;
   return DL_OK;
 }
 
@@ -197,13 +234,12 @@ static int sig_check(dl_comm_t *c) {
   for (int j = 0; j < c->size; j++) {
     const shm_sig_t *o = &sg[j];
     if (memcmp(o, me, sizeof *me) == 0) continue;
-    return DL_ERR(DL_EINVAL,
-                  "mismatched calls: rank %d calls %s (dtype %s, %lld in, %lld out, root %d) "
-                  "but rank %d calls %s (dtype %s, %lld in, %lld out, root %d)",
-                  c->rank, dl_comm_op_name(me->op), me->dtype < 0 ? "-" : dl_dtype_name(me->dtype),
-                  (long long)me->n_in, (long long)me->n_out, me->root, j, dl_comm_op_name(o->op),
-                  o->dtype < 0 ? "-" : dl_dtype_name(o->dtype), (long long)o->n_in,
-                  (long long)o->n_out, o->root);
+    char a[160], b[160], d[200];
+    dl_comm_call_str(me->op, me->red, me->dtype, me->root, me->n_in, me->n_out, a, sizeof a);
+    dl_comm_call_str(o->op, o->red, o->dtype, o->root, o->n_in, o->n_out, b, sizeof b);
+    dl_comm_diff(a, b, d, sizeof d);
+    return DL_ERR(DL_EINVAL, "mismatched calls: rank %d calls %s but rank %d calls %s (differs: %s)",
+                  c->rank, a, j, b, d);
   }
   return DL_OK;
 }
@@ -344,7 +380,7 @@ static int all_to_allv(dl_comm_t *c, const dl_comm_call_t *call) {
 static int64_t box_io(dl_comm_t *c, p2p_t *op) {
   shm_t *m = impl(c);
   int src = op->send ? c->rank : op->peer, dst = op->send ? op->peer : c->rank;
-  int64_t B = m->ctl->box_bytes, total = 8 + op->nbytes, moved = 0;
+  int64_t B = m->ctl->box_bytes, total = HDR + op->nbytes, moved = 0;
   char *box = m->boxes + ((int64_t)src * c->size + dst) * B;
   uint64_t *posted = &m->ctl->posted[src * SHM_MAX + dst].v;
   uint64_t *consumed = &m->ctl->consumed[src * SHM_MAX + dst].v;
@@ -354,19 +390,24 @@ static int64_t box_io(dl_comm_t *c, p2p_t *op) {
     uint64_t at = op->send ? p : q;
     int64_t room = op->send ? B - (int64_t)(p - q) : (int64_t)(p - q);
     int64_t pos = (int64_t)(at % (uint64_t)B);
-    char *user = op->done < 8 ? (char *)&op->hdr + op->done : op->data + (op->done - 8);
-    int64_t len = min64(min64(op->done < 8 ? 8 - op->done : total - op->done, room), B - pos);
+    char *user = op->done < HDR ? (char *)&op->hdr + op->done : op->data + (op->done - HDR);
+    int64_t len = min64(min64(op->done < HDR ? HDR - op->done : total - op->done, room), B - pos);
     if (len <= 0) break;
     if (op->send) memcpy(box + pos, user, (size_t)len);
     else memcpy(user, box + pos, (size_t)len);
     __atomic_store_n(op->send ? posted : consumed, at + (uint64_t)len, __ATOMIC_RELEASE);
     op->done += len;
     moved += len;
-    if (!op->send && op->done == 8 && op->hdr != op->nbytes) {
+    if (!op->send && op->done == HDR && (op->hdr.nbytes != op->nbytes || op->hdr.dtype != op->dtype)) {
       c->failed = 1; /* the byte stream from this peer is no longer in step */
+      const int es = dl_dtype_size(op->dtype), hs = dl_dtype_size(op->hdr.dtype);
       return DL_ERR(DL_EINVAL,
-                    "mismatched sizes: recv of %lld bytes from rank %d, but rank %d sent %lld",
-                    (long long)op->nbytes, op->peer, op->peer, (long long)op->hdr);
+                    "mismatched %s: rank %d receives %lld elements of %s (%lld bytes) from rank %d, "
+                    "which sends %lld elements of %s (%lld bytes)",
+                    op->hdr.nbytes != op->nbytes ? "sizes" : "dtypes", c->rank,
+                    (long long)(op->nbytes / es), dl_dtype_name(op->dtype), (long long)op->nbytes,
+                    op->peer, (long long)(hs > 0 ? op->hdr.nbytes / hs : 0),
+                    dl_dtype_name(op->hdr.dtype), (long long)op->hdr.nbytes);
     }
   }
   return moved;
@@ -382,7 +423,8 @@ static int p2p_queue(dl_comm_t *c, int send, const dl_view_t *v, int peer) {
     m->capops = cap;
   }
   int64_t nbytes = v->numel * dl_dtype_size(v->dtype);
-  m->ops[m->nops++] = (p2p_t){send, peer, v->data, nbytes, 0, send ? nbytes : 0};
+  p2p_hdr_t hdr = {send ? nbytes : 0, send ? v->dtype : -1, 0};
+  m->ops[m->nops++] = (p2p_t){send, peer, v->data, nbytes, 0, v->dtype, hdr};
   return DL_OK;
 }
 
@@ -400,14 +442,14 @@ static int p2p_run(dl_comm_t *c) {
     uint64_t busy[2] = {0, 0};
     for (int i = 0; i < m->nops && rc == DL_OK; i++) {
       p2p_t *op = &m->ops[i];
-      if (op->done == 8 + op->nbytes) continue;
+      if (op->done == HDR + op->nbytes) continue;
       uint64_t bit = (uint64_t)1 << op->peer;
       if (!(busy[op->send] & bit)) {
         int64_t r = box_io(c, op);
         if (r < 0) rc = (int)r;
         else moved += r;
       }
-      if (op->done < 8 + op->nbytes) {
+      if (op->done < HDR + op->nbytes) {
         busy[op->send] |= bit;
         if (pending < 0) pending = i;
       }
@@ -422,9 +464,9 @@ static int p2p_run(dl_comm_t *c) {
     char what[160];
     snprintf(what, sizeof what, "%s %lld bytes %s rank %d (%lld moved)",
              op->send ? "sending" : "receiving", (long long)op->nbytes, op->send ? "to" : "from",
-             op->peer, (long long)(op->done > 8 ? op->done - 8 : 0));
+             op->peer, (long long)(op->done > HDR ? op->done - HDR : 0));
     rc = wait_step(c, &w, op->peer, what);
-    if (rc == DL_EPEER && !peer_gone_checked) {
+    if (rc == DL_EPEER && !peer_gone_checked && !__atomic_load_n(&m->ctl->aborted, __ATOMIC_ACQUIRE)) {
       /* the peer may have posted its last message and then exited between
        * our poll and the check: poll once more before calling it gone */
       peer_gone_checked = 1;
@@ -440,7 +482,7 @@ static int p2p_run(dl_comm_t *c) {
 
 /* ---- backend ------------------------------------------------------------ */
 
-static int shm_run(dl_comm_t *c, const dl_comm_call_t *call) {
+static int shm_op(dl_comm_t *c, const dl_comm_call_t *call) {
   switch (call->op) {
   case DL_OP_ALL_REDUCE: return all_reduce(c, call);
   case DL_OP_ALL_GATHER: return all_gather(c, call);
@@ -462,6 +504,16 @@ static int shm_run(dl_comm_t *c, const dl_comm_call_t *call) {
   }
 }
 
+static int shm_run(dl_comm_t *c, const dl_comm_call_t *call) {
+  DL_TRY(check_abort(c, "this rank started the op"));
+  return shm_op(c, call);
+}
+
+static int shm_watch(dl_comm_t *c) {
+  shm_t *m = impl(c);
+  return m && m->ctl ? check_abort(c, "this rank waited for the store") : DL_OK;
+}
+
 static int shm_group_start(dl_comm_t *c) { return DL_OK; }
 static int shm_group_end(dl_comm_t *c) { return p2p_run(c); }
 static int shm_synchronize(dl_comm_t *c, dl_stream_t *s) { return DL_OK; }
@@ -473,6 +525,7 @@ static void shm_abort(dl_comm_t *c, const char *why) {
                                    __ATOMIC_ACQUIRE))
     return;
   snprintf(ctl->abort_msg, sizeof ctl->abort_msg, "%s", why);
+  ctl->abort_passed = impl(c)->passed;
   __atomic_store_n(&ctl->aborted, 1, __ATOMIC_RELEASE);
 }
 
@@ -536,7 +589,6 @@ static int shm_attach(dl_comm_t *c, shm_t *m) {
       return DL_ERR(DL_EPEER, "%s holds a communicator of %d ranks, not %d", m->name,
                     m->ctl->size, c->size);
   }
-  m->ctl->pid[c->rank] = (int32_t)getpid();
   m->slots = (char *)m->ctl + ctl_b;
   m->boxes = m->slots + c->size * m->ctl->slot_bytes;
   m->mat = malloc(sizeof(int64_t) * (size_t)c->size * c->size);
@@ -568,5 +620,6 @@ const dl_comm_backend_t dl_comm_shm_backend = {
     .group_end = shm_group_end,
     .synchronize = shm_synchronize,
     .abort = shm_abort,
+    .watch = shm_watch,
     .destroy = shm_destroy,
 };

@@ -65,6 +65,7 @@ typedef struct conn {
 } conn_t;
 
 typedef struct server {
+  int64_t last_us; /* when a request was last served (dl_now_us), for the linger at exit */
   int listen_fd;
   int wake[2]; /* a byte on wake[1] stops the thread */
   pthread_t thread;
@@ -148,6 +149,7 @@ static void wake_waiters(server_t *sv, const kv_t *e) {
 
 /* Handle the complete request in c->buf; may park it. */
 static void serve_request(server_t *sv, conn_t *c) {
+  __atomic_store_n(&sv->last_us, (int64_t)dl_now_us(), __ATOMIC_RELAXED);
   req_hdr_t *h = (req_hdr_t *)c->buf;
   const char *key = c->buf + sizeof *h;
   const char *val = key + h->keylen;
@@ -312,6 +314,38 @@ static void *server_main(void *arg) {
   return NULL;
 }
 
+/* Rank 0 serves the store from inside its process: when it exits (an error
+ * it reports, or plain os.exit) while peers are about to read keys it or
+ * others set (their half of the same check), they would get "the store
+ * closed the connection" instead of their own error. So the process that
+ * serves lingers at exit while clients are connected and the store is in
+ * use: a request parked, or one served in the last 200 ms; at most
+ * DISTLAB_STORE_LINGER seconds (default 5). A peer blocked elsewhere does
+ * not hold the exit up. */
+static double now_s(void);
+static server_t *serving;    /* the live server of this process, if any */
+static dl_store_t *serving_client; /* rank 0's own client of it */
+
+static void linger_at_exit(void) {
+  server_t *sv = __atomic_load_n(&serving, __ATOMIC_ACQUIRE);
+  if (!sv) return;
+  if (serving_client && serving_client->fd >= 0) { /* our own connection counts as none */
+    close(serving_client->fd);
+    serving_client->fd = -1;
+  }
+  const char *e = getenv("DISTLAB_STORE_LINGER");
+  double limit = e && *e ? atof(e) : 5, t0 = now_s();
+  __atomic_store_n(&sv->last_us, (int64_t)dl_now_us(), __ATOMIC_RELAXED);
+  while (__atomic_load_n(&sv->nconns, __ATOMIC_ACQUIRE) > 0 && now_s() - t0 < limit) {
+    int parked = 0;
+    for (int i = 0; i < __atomic_load_n(&sv->nconns, __ATOMIC_ACQUIRE); i++)
+      parked |= __atomic_load_n(&sv->conns[i].waiting, __ATOMIC_RELAXED);
+    if (!parked && dl_now_us() - __atomic_load_n(&sv->last_us, __ATOMIC_RELAXED) > 2e5) break;
+    struct timespec ts = {0, 5000000};
+    nanosleep(&ts, NULL);
+  }
+}
+
 static void server_free(server_t *sv) {
   if (!sv) return;
   if (sv->thread) {
@@ -371,6 +405,10 @@ static int server_start(dl_store_t *st) {
     sv->thread = 0;
     return DL_ERR(DL_EIO, "store server: cannot start its thread");
   }
+  static int registered;
+  if (!registered++) atexit(linger_at_exit);
+  serving_client = st;
+  __atomic_store_n(&serving, sv, __ATOMIC_RELEASE);
   return DL_OK;
 }
 
@@ -425,10 +463,18 @@ static void store_drop(dl_store_t *s) {
   s->fd = -1;
 }
 
+/* Who waits on a key another rank sets may watch that rank: every 100 ms of
+ * waiting, watch(ctx) says whether to go on (DL_OK) or why not. */
+typedef struct store_watch {
+  int (*fn)(void *ctx);
+  void *ctx;
+} store_watch_t;
+
 static int recv_all(dl_store_t *s, void *buf, int64_t n, double deadline, const char *what,
-                    const char *key) {
+                    const char *key, const store_watch_t *watch) {
   char *p = buf;
   char where[400];
+  int sig0 = dl_sigint_pending();
   while (n > 0) {
     double left = deadline - now_s();
     if (left <= 0) {
@@ -437,9 +483,23 @@ static int recv_all(dl_store_t *s, void *buf, int64_t n, double deadline, const 
       return DL_ERR(DL_ETIMEOUT, "store %s of key '%s' timed out after %.1f s (%s)", what, key,
                     s->timeout_s, where);
     }
+    if (sig0 >= 0 && dl_sigint_pending() >= sig0 + 2) {
+      dl_sigint_take();
+      store_drop(s);
+      store_where(s, where, sizeof where);
+      return DL_ERR(DL_EINTR, "store %s of key '%s' stopped by Ctrl-C (twice) (%s)", what, key,
+                    where);
+    }
     struct pollfd pf = {s->fd, POLLIN, 0};
     int pr = poll(&pf, 1, left > 0.1 ? 100 : (int)(left * 1000) + 1);
     if (pr < 0 && errno != EINTR) break;
+    if (pr == 0 && watch) {
+      int rc = watch->fn(watch->ctx);
+      if (rc < 0) {
+        store_drop(s); /* the server forgets the parked request with the connection */
+        return dl_error_context(rc, "store %s of key '%s'", what, key);
+      }
+    }
     if (pr <= 0) continue;
     ssize_t r = recv(s->fd, p, (size_t)n, 0);
     if (r == 0 || (r < 0 && errno != EINTR && errno != EAGAIN)) {
@@ -459,7 +519,8 @@ static int recv_all(dl_store_t *s, void *buf, int64_t n, double deadline, const 
 
 /* One request/reply turn. payload_out (may be NULL) gets min(cap, len) bytes. */
 static int store_call(dl_store_t *s, int op, const char *what, const char *key, const void *val,
-                      int64_t vallen, void *out, int64_t cap, int64_t *outlen) {
+                      int64_t vallen, void *out, int64_t cap, int64_t *outlen,
+                      const store_watch_t *watch) {
   DL_CHECK_ARG(s && key, "store %s: store and key must be given", what);
   double deadline = now_s() + s->timeout_s;
   if (s->fd < 0) DL_TRY(store_connect(s, deadline));
@@ -476,13 +537,13 @@ static int store_call(dl_store_t *s, int op, const char *what, const char *key, 
                   what, key, strerror(errno), where);
   }
   rep_hdr_t r;
-  DL_TRY(recv_all(s, &r, sizeof r, deadline, what, key));
+  DL_TRY(recv_all(s, &r, sizeof r, deadline, what, key, watch));
   int64_t keep = out ? (r.len < cap ? r.len : cap) : 0;
-  if (keep > 0) DL_TRY(recv_all(s, out, keep, deadline, what, key));
+  if (keep > 0) DL_TRY(recv_all(s, out, keep, deadline, what, key, NULL));
   for (int64_t rest = r.len - keep; rest > 0;) { /* drain what did not fit */
     char sink[4096];
     int64_t n = rest < (int64_t)sizeof sink ? rest : (int64_t)sizeof sink;
-    DL_TRY(recv_all(s, sink, n, deadline, what, key));
+    DL_TRY(recv_all(s, sink, n, deadline, what, key, NULL));
     rest -= n;
   }
   if (outlen) *outlen = r.len;
@@ -531,6 +592,10 @@ void dl_store_retain(dl_store_t *s) {
 void dl_store_free(dl_store_t *s) {
   if (!s || --s->refs > 0) return;
   store_drop(s);
+  if (s->server && __atomic_load_n(&serving, __ATOMIC_ACQUIRE) == s->server) {
+    __atomic_store_n(&serving, NULL, __ATOMIC_RELEASE);
+    serving_client = NULL;
+  }
   server_free(s->server);
   free(s);
 }
@@ -549,39 +614,45 @@ const char *dl_store_job(const dl_store_t *s) { return s->job; }
 int dl_store_set(dl_store_t *s, const char *key, const void *value, int64_t len) {
   DL_CHECK_ARG(len >= 0 && (value || len == 0), "store set of key '%s': bad value",
                key ? key : "?");
-  return store_call(s, OP_SET, "set", key, value, len, NULL, 0, NULL);
+  return store_call(s, OP_SET, "set", key, value, len, NULL, 0, NULL, NULL);
 }
 
 int dl_store_get(dl_store_t *s, const char *key, void *buf, int64_t cap, int64_t *len) {
-  return store_call(s, OP_GET, "get", key, NULL, 0, buf, buf ? cap : 0, len);
+  return store_call(s, OP_GET, "get", key, NULL, 0, buf, buf ? cap : 0, len, NULL);
+}
+
+int dl_store_get_watched(dl_store_t *s, const char *key, void *buf, int64_t cap, int64_t *len,
+                         int (*watch)(void *ctx), void *ctx) {
+  store_watch_t w = {watch, ctx};
+  return store_call(s, OP_GET, "get", key, NULL, 0, buf, buf ? cap : 0, len, watch ? &w : NULL);
 }
 
 int dl_store_wait(dl_store_t *s, const char *key) {
-  return store_call(s, OP_WAIT, "wait", key, NULL, 0, NULL, 0, NULL);
+  return store_call(s, OP_WAIT, "wait", key, NULL, 0, NULL, 0, NULL, NULL);
 }
 
 int dl_store_add(dl_store_t *s, const char *key, int64_t delta, int64_t *value) {
   int64_t v = 0;
-  DL_TRY(store_call(s, OP_ADD, "add", key, &delta, 8, &v, 8, NULL));
+  DL_TRY(store_call(s, OP_ADD, "add", key, &delta, 8, &v, 8, NULL, NULL));
   if (value) *value = v;
   return DL_OK;
 }
 
 int dl_store_check(dl_store_t *s, const char *key, int *exists) {
   int64_t v = 0;
-  DL_TRY(store_call(s, OP_CHECK, "check", key, NULL, 0, &v, 8, NULL));
+  DL_TRY(store_call(s, OP_CHECK, "check", key, NULL, 0, &v, 8, NULL, NULL));
   if (exists) *exists = (int)v;
   return DL_OK;
 }
 
 int dl_store_delete(dl_store_t *s, const char *key) {
-  return store_call(s, OP_DEL, "delete", key, NULL, 0, NULL, 0, NULL);
+  return store_call(s, OP_DEL, "delete", key, NULL, 0, NULL, 0, NULL, NULL);
 }
 
 int dl_store_delete_prefix(dl_store_t *s, const char *prefix, int64_t *count) {
   DL_CHECK_ARG(prefix && prefix[0], "store delete_prefix: an empty prefix would delete every key");
   int64_t n = 0;
-  DL_TRY(store_call(s, OP_DEL_PREFIX, "delete_prefix", prefix, NULL, 0, &n, 8, NULL));
+  DL_TRY(store_call(s, OP_DEL_PREFIX, "delete_prefix", prefix, NULL, 0, &n, 8, NULL, NULL));
   if (count) *count = n;
   return DL_OK;
 }

@@ -43,6 +43,9 @@ struct dl_symm {
   size_t total;
   char *base[DL_SIGNAL_MAX_RANKS]; /* each rank's allocation as mapped here */
   dl_signal_peers_t peers;
+  int32_t pids[DL_SIGNAL_MAX_RANKS]; /* each rank's process on this host (0: unknown), for messages */
+  uint32_t *gone;    /* the peers' word (peers.c) the waits poll: gone_cpu, or pinned and mapped */
+  uint32_t gone_cpu;
   int refs;   /* the owner's, plus one per live view storage */
   int closed; /* dl_symm_free was called: no new use */
   dl_tensor_t *meta; /* meta: the one allocation */
@@ -152,6 +155,33 @@ static void unmap(dl_symm_t *b) {
   }
 }
 
+static void free_gone(dl_symm_t *b) {
+  if (!b->gone) return;
+  dl_comm_unwatch(b->gone);
+#ifdef DL_WITH_CUDA
+  if (b->gone != &b->gone_cpu) cudaFreeHost(b->gone);
+#endif
+  b->gone = NULL;
+}
+
+/* The word the waits poll, watched: pinned host memory the device reads on
+ * cuda (with UVA its address is the same on both sides). */
+static int new_gone(dl_symm_t *b, dl_comm_t *c) {
+  b->gone = &b->gone_cpu;
+#ifdef DL_WITH_CUDA
+  if (b->dev_type == DL_CUDA) {
+    void *h = NULL, *d = NULL;
+    b->gone = NULL;
+    DL_TRY(dl_cuda_use(b->dev_index));
+    DL_CUDA_CHECK(cudaHostAlloc(&h, sizeof(uint32_t), cudaHostAllocMapped));
+    b->gone = h;
+    DL_CUDA_CHECK(cudaHostGetDevicePointer(&d, h, 0));
+    if (d != h) return DL_ERR(DL_EUNSUPPORTED, "symm: mapped host memory without UVA");
+  }
+#endif
+  return dl_comm_watch(c, b->gone);
+}
+
 /* ---- lifetime ----------------------------------------------------------- */
 
 int dl_comm_next_symm_id(const dl_comm_t *c) { return c->nsymm; }
@@ -166,17 +196,39 @@ int64_t dl_symm_mapped_bytes(int dev_type, int64_t nbytes) {
   return dev_type == DL_CUDA ? (total + page - 1) / page * page : total;
 }
 
+/* Larger sizes are no memory any host has, and would overflow the rounding. */
+#define SYMM_MAX_BYTES ((int64_t)1 << 56)
+
 int dl_symm_alloc(dl_symm_t **out, dl_comm_t *c, int64_t nbytes) {
+  return dl_symm_alloc_desc(out, c, nbytes, NULL);
+}
+
+int dl_symm_alloc_desc(dl_symm_t **out, dl_comm_t *c, int64_t nbytes, const char *desc) {
   DL_CHECK_ARG(out, "dl_symm_alloc: out is NULL");
   *out = NULL;
   dl_comm_info_t ci;
   DL_TRY(dl_comm_info(c, &ci));
-  DL_CHECK_ARG(nbytes >= 0, "dl_symm_alloc: negative size %lld", (long long)nbytes);
+  DL_CHECK_ARG(nbytes >= 0 && nbytes <= SYMM_MAX_BYTES,
+               "dl_symm_alloc: size %lld bytes is not in 0..2^56", (long long)nbytes);
+  DL_CHECK_ARG(!desc || strlen(desc) < 200, "dl_symm_alloc: a description of %zu bytes (under 200)",
+               strlen(desc));
   DL_CHECK_ARG(c->size <= DL_SIGNAL_MAX_RANKS,
                "symmetric buffers span one host of at most %d ranks; comm '%s' has %d (split it "
                "by host first)",
                DL_SIGNAL_MAX_RANKS, c->name, c->size);
   DL_CHECK_ARG(!c->failed, "dl_symm_alloc: comm '%s' failed earlier", c->name);
+  /* a peer that maps a larger buffer than ours would write past our end (a
+   * SIGBUS on cpu, corrupt memory on cuda): every rank checks every other
+   * rank's size before anything is mapped, so all fail alike */
+  char sig[256];
+  snprintf(sig, sizeof sig, "%lld bytes%s%s", (long long)nbytes, desc ? ", " : "", desc ? desc : "");
+  char what[64];
+  snprintf(what, sizeof what, "symmetric buffers (symm_alloc #%d)", c->nsymm);
+  int arc = dl_comm_agree(c, what, sig);
+  if (arc < 0) {
+    c->nsymm++; /* every rank counted this allocation: keep their ids in step */
+    return dl_error_context(arc, "symm_alloc on rank %d of %d", c->rank, c->size);
+  }
   dl_symm_t *b = calloc(1, sizeof *b);
   if (!b) return DL_ERR(DL_ENOMEM, "dl_symm_alloc: out of memory");
   b->magic = SYMM_MAGIC;
@@ -209,8 +261,15 @@ int dl_symm_alloc(dl_symm_t **out, dl_comm_t *c, int64_t nbytes) {
     dl_symm_free(b);
     return rc;
   }
-  for (int r = 0; r < b->size; r++)
+  for (int r = 0; r < b->size; r++) {
     b->peers.pads[r] = b->base[r] ? (dl_signal_pad_t *)(b->base[r] + b->data_bytes) : NULL;
+    b->pids[r] = dl_comm_peer_pid(c, r);
+  }
+  if (c->dev_type != DL_META && (rc = new_gone(b, c)) < 0) {
+    dl_error_context(rc, "symm_alloc on rank %d of %d (comm '%s')", c->rank, c->size, c->name);
+    dl_symm_free(b);
+    return rc;
+  }
   *out = b;
   return DL_OK;
 }
@@ -218,6 +277,7 @@ int dl_symm_alloc(dl_symm_t **out, dl_comm_t *c, int64_t nbytes) {
 static void symm_unref(void *ctx) {
   dl_symm_t *b = ctx;
   if (__atomic_sub_fetch(&b->refs, 1, __ATOMIC_ACQ_REL) > 0) return;
+  free_gone(b);
   unmap(b);
   dl_tensor_free(b->meta);
   b->magic = 0;
@@ -311,6 +371,19 @@ static int signal_ctx(dl_symm_t *b, int rc, const char *what) {
                           b->comm_name);
 }
 
+/* The message of a death the pad records (kind DL_SIGNAL_ERR_DEAD), with
+ * the words the launcher and the specs look for: "rank R (pid P) has exited". */
+static int dead_error(dl_symm_t *b, const uint32_t *err) {
+  return DL_ERR(DL_EPEER, "rank %u (pid %d) has exited (a wait of this rank for %u saw %u)", err[1],
+                err[1] < DL_SIGNAL_MAX_RANKS ? b->pids[err[1]] : 0, err[2], err[3]);
+}
+
+/* cpu: a wait that ended at a death says so in those words (the pid is ours to add). */
+static int dead_pid(dl_symm_t *b, int rc) {
+  const uint32_t *err = b->peers.pads[b->rank]->error;
+  return rc == DL_EPEER && err[0] == DL_SIGNAL_ERR_DEAD ? dead_error(b, err) : rc;
+}
+
 static int flag_arg(dl_symm_t *b, int flag, const char *fn) {
   DL_TRY(symm_check(b, fn));
   DL_CHECK_ARG(flag >= 0 && flag < DL_SIGNAL_FLAGS, "%s: flag %d is not in 0..%d", fn, flag,
@@ -339,9 +412,10 @@ int dl_symm_flag_wait(dl_symm_t *b, int flag, uint32_t value, dl_stream_t *s) {
   DL_TRY(signal_stream(b, s, &h));
   dl_signal_pad_t *self = b->peers.pads[b->rank];
   if (b->dev_type == DL_CPU)
-    return signal_ctx(b, dl_signal_wait_cpu(self, flag, value, b->timeout_s, h), "flag wait");
+    return signal_ctx(b, dead_pid(b, dl_signal_wait_cpu(self, flag, value, b->timeout_s, b->gone, h)),
+                      "flag wait");
 #ifdef DL_WITH_CUDA
-  return dl_signal_wait_cuda(self, flag, value, b->timeout_s, h);
+  return dl_signal_wait_cuda(self, flag, value, b->timeout_s, b->gone, h);
 #endif
   return DL_EUNSUPPORTED;
 }
@@ -371,10 +445,11 @@ int dl_symm_barrier(dl_symm_t *b, dl_stream_t *s) {
   void *h;
   DL_TRY(signal_stream(b, s, &h));
   if (b->dev_type == DL_CPU)
-    return signal_ctx(b, dl_signal_barrier_cpu(b->peers, b->rank, b->size, b->timeout_s, h),
+    return signal_ctx(b, dead_pid(b, dl_signal_barrier_cpu(b->peers, b->rank, b->size, b->timeout_s,
+                                                           b->gone, h)),
                       "barrier");
 #ifdef DL_WITH_CUDA
-  return dl_signal_barrier_cuda(b->peers, b->rank, b->size, b->timeout_s, h);
+  return dl_signal_barrier_cuda(b->peers, b->rank, b->size, b->timeout_s, b->gone, h);
 #endif
   return DL_EUNSUPPORTED;
 }
@@ -401,6 +476,12 @@ int dl_symm_check(dl_symm_t *b, dl_stream_t *s) {
     }
     if (q != cudaSuccess) {
       (void)cudaGetLastError();
+      /* a peer's death can take the memory it exported with it */
+      const uint32_t g = __atomic_load_n(b->gone, __ATOMIC_ACQUIRE);
+      if (g)
+        return signal_ctx(b, DL_ERR(DL_EPEER, "rank %u (pid %d) has exited, and the stream failed: %s",
+                                    g - 1, g - 1 < DL_SIGNAL_MAX_RANKS ? b->pids[g - 1] : 0,
+                                    cudaGetErrorString(q)), "check");
       return signal_ctx(b, DL_ERR(DL_ECUDA, "the stream failed: %s", cudaGetErrorString(q)),
                         "check");
     }
@@ -410,6 +491,7 @@ int dl_symm_check(dl_symm_t *b, dl_stream_t *s) {
   if (err[0] == DL_SIGNAL_ERR_FLAG)
     return signal_ctx(b, DL_ERR(DL_ETIMEOUT, "flag %u did not reach %u within %.1f s (it is %u)",
                                 err[1], err[2], b->timeout_s, err[3]), "flag wait");
+  if (err[0] == DL_SIGNAL_ERR_DEAD) return signal_ctx(b, dead_error(b, err), "wait");
   if (err[0] == DL_SIGNAL_ERR_BARRIER)
     return signal_ctx(b, DL_ERR(DL_ETIMEOUT,
                                 "barrier %u: rank %u did not arrive within %.1f s (its count "

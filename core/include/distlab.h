@@ -36,7 +36,8 @@ enum {
   DL_ESTATE = -7,       /* use of a freed or ill-formed object              */
   DL_EUNSUPPORTED = -8, /* valid request this build or device cannot do     */
   DL_EIO = -9,          /* socket, file or shared-memory failure            */
-  DL_EPEER = -10        /* a peer rank failed or went away                  */
+  DL_EPEER = -10,       /* a peer rank failed or went away                  */
+  DL_EINTR = -11        /* a wait stopped by the user (Ctrl-C twice)        */
 };
 
 const char *dl_last_error(void);
@@ -50,7 +51,9 @@ double dl_now_us(void);
 /* Ctrl-C in an interactive session: on = 1 makes SIGINT only count (no
  * exit, no Lua code in the handler), on = 0 restores the handler there was.
  * dl_sigint_take returns the SIGINTs counted since its last call, and
- * clears them; the REPL polls it between instructions and at its prompt. */
+ * clears them; the REPL polls it between instructions and at its prompt.
+ * While armed, Ctrl-C twice during one of the library's store waits (a rank
+ * inside a collective whose peers never come) ends it with DL_EINTR. */
 int dl_sigint_arm(int on);
 int dl_sigint_take(void);
 
@@ -296,6 +299,13 @@ int dl_comm_split_table(dl_comm_t **out, dl_comm_t *c, const int32_t *colors,
                         const int32_t *keys);
 /* Give up: peers waiting on this rank fail now with `why`. */
 int dl_comm_abort(dl_comm_t *c, const char *why);
+/* Every rank describes an object it creates on c (a CP schedule, an EP
+ * buffer layout): desc is "key=value, key=value" (under 256 bytes). Fails
+ * on every rank when two ranks differ, with "mismatched <what>: rank R has
+ * <desc> but rank Q has <desc> (differs: <their differing entries>)".
+ * Collective, through the store (so for creation, not per call); no-op on
+ * meta, whose peers are imaginary. */
+int dl_comm_agree(dl_comm_t *c, const char *what, const char *desc);
 
 /* out may be in (in place). Sizes: all_gather out = size*in, reduce_scatter
  * in = size*out, all_to_all in = out and divisible by size. */
@@ -323,12 +333,17 @@ int dl_comm_barrier(dl_comm_t *c, dl_stream_t *s);
 int dl_comm_synchronize(dl_comm_t *c, dl_stream_t *s);
 
 /* Symmetric buffers: nbytes on every rank of c (one host), each mapped by
- * all: CUDA IPC on cuda, POSIX shared memory on cpu. Each buffer has a
+ * all: CUDA IPC on cuda, POSIX shared memory on cpu. Every rank must ask
+ * for the same size: checked through the store, an error on every rank. Each buffer has a
  * signal pad of DL_SIGNAL_FLAGS flags (uint32) and a barrier for
  * flag-based synchronisation; counts only grow, so back-to-back uses
  * cannot mistake an old signal for a new one. Collective. */
 enum { DL_SIGNAL_FLAGS = 64, DL_SIGNAL_MAX_RANKS = 8, DL_SIGNAL_MAX_BLOCKS = 64 };
 int dl_symm_alloc(dl_symm_t **out, dl_comm_t *c, int64_t nbytes);
+/* The same, with what the buffer holds ("bf16[16, 32]", under 200 bytes):
+ * every rank must ask for the same nbytes and desc (dl_comm_agree; on a
+ * mismatch every rank fails, before anything is mapped). */
+int dl_symm_alloc_desc(dl_symm_t **out, dl_comm_t *c, int64_t nbytes, const char *desc);
 void dl_symm_free(dl_symm_t *b);
 int64_t dl_symm_nbytes(const dl_symm_t *b);
 /* Rank `peer`'s buffer as mapped here, and its signal pad. */
@@ -363,6 +378,11 @@ int dl_symm_check(dl_symm_t *b, dl_stream_t *s);
  * sequences untouched. On meta, outputs and the workspace are allocated and
  * nothing runs.                                                           */
 enum { DL_ATTN_BSHD = 0, DL_ATTN_SBHD = 1, DL_ATTN_THD = 2 };
+/* Backends: ours (the flash kernel, its cpu twin), cuDNN's fused attention
+ * (cuda; cuDNN's frontend, libcudnn opened at run time: see
+ * core/ops/attn/cudnn_sdpa.cpp), or auto: cuDNN where it takes the call, else
+ * ours. cuDNN's workspace is charged to the memory tag "cudnn_workspace". */
+enum { DL_ATTN_OURS = 0, DL_ATTN_CUDNN = 1, DL_ATTN_AUTO = 2 };
 
 typedef struct dl_attn_opts {
   int32_t layout;        /* DL_ATTN_BSHD, DL_ATTN_SBHD or DL_ATTN_THD               */
@@ -373,7 +393,7 @@ typedef struct dl_attn_opts {
   int32_t max_seqlen_q;  /* thd: the largest valid lengths; 0 = read cu_seqlens      */
   int32_t max_seqlen_kv; /*   (a device-to-host copy on cuda)                        */
   int32_t accumulate_grads; /* bwd: add into the given dq, dk, dv                    */
-  int32_t pad;
+  int32_t backend;       /* DL_ATTN_OURS (0), DL_ATTN_CUDNN or DL_ATTN_AUTO             */
   const dl_tensor_t *cu_seqlens_q, *cu_seqlens_kv;               /* thd              */
   const dl_tensor_t *cu_seqlens_q_padded, *cu_seqlens_kv_padded; /* thd, or NULL     */
 } dl_attn_opts_t;
@@ -391,6 +411,28 @@ int dl_attn_bwd(const dl_attn_opts_t *o, const dl_tensor_t *dout, const dl_tenso
                 const dl_tensor_t *k, const dl_tensor_t *v, const dl_tensor_t *out,
                 const dl_tensor_t *lse, dl_tensor_t **dq, dl_tensor_t **dk, dl_tensor_t **dv,
                 dl_stream_t *s);
+
+/* Which backend a fwd (bwd = 0) or bwd call on these operands would run,
+ * without running it: *chosen DL_ATTN_OURS or DL_ATTN_CUDNN, or -1 when
+ * o->backend is DL_ATTN_CUDNN and cuDNN cannot take it; why (whylen bytes)
+ * says why. accumulate, max_logit: the fwd call would have them. May build
+ * and cache cuDNN's plan (that is how cuDNN says what it supports). */
+int dl_attn_backend(const dl_attn_opts_t *o, const dl_tensor_t *q, const dl_tensor_t *k,
+                    const dl_tensor_t *v, int bwd, int accumulate, int max_logit, int *chosen,
+                    char *why, int64_t whylen);
+typedef struct dl_attn_cudnn_info {
+  int64_t version;          /* cudnnGetVersion() of the library opened; 0: none yet        */
+  int64_t header_version;   /* CUDNN_VERSION built against; 0: built without the frontend  */
+  int64_t frontend_version; /* CUDNN_FRONTEND_VERSION built with                           */
+  int64_t plans;            /* plans in the cache now                                      */
+  int64_t builds;           /* plans built (cache misses), unsupported ones included       */
+  int64_t hits;             /* calls served from the cache                                 */
+  double build_ms;          /* time spent building plans, all and the last one             */
+  double last_build_ms;
+  int64_t max_workspace;    /* the largest workspace a plan asked for, bytes               */
+  char path[512];           /* the file opened, or why none could be                       */
+} dl_attn_cudnn_info_t;
+int dl_attn_cudnn_info(dl_attn_cudnn_info_t *out);
 
 /* Merges. rows picks the rows of every sequence that take part (thd: of its
  * padded extent [p[i], p[i+1]), whose length must then be even). part and

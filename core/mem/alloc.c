@@ -100,11 +100,13 @@ const char *dl_mem_tag_name(int tag) { return tag >= 0 && tag < n_tags ? tag_nam
 
 /* ---- accounting (mu held) ---------------------------------------------- */
 
-static void charge(devstate_t *d, int dev_type, int dev_index, int tag, int64_t bytes) {
+/* An allocation (alloc) of bytes >= 0, or a free of -bytes: a zero-sized
+ * storage counts as an allocation and a free like any other. */
+static void charge(devstate_t *d, int dev_type, int dev_index, int tag, int64_t bytes, int alloc) {
   d->st.allocated += bytes;
   d->tag_cur[tag] += bytes;
   if (d->tag_cur[tag] > d->tag_peak[tag]) d->tag_peak[tag] = d->tag_cur[tag];
-  if (bytes > 0) {
+  if (alloc) {
     d->st.n_allocs++;
     if (d->st.allocated > d->st.allocated_peak) {
       d->st.allocated_peak = d->st.allocated;
@@ -288,7 +290,7 @@ int dl_storage_new(int dev_type, int dev_index, int64_t nbytes, void *stream, dl
     reserve(d, s->charged);
     if (nbytes > 0) d->st.n_device_allocs++;
   }
-  charge(d, dev_type, dev_index, s->tag, s->charged);
+  charge(d, dev_type, dev_index, s->tag, s->charged, 1);
   pthread_mutex_unlock(&mu);
   *out = s;
   return DL_OK;
@@ -319,7 +321,7 @@ void dl_storage_release(dl_storage_t *s) {
   }
   devstate_t *d = dev_of(s->dev_type, s->dev_index);
   pthread_mutex_lock(&mu);
-  charge(d, s->dev_type, s->dev_index, s->tag, -s->charged);
+  charge(d, s->dev_type, s->dev_index, s->tag, -s->charged, 0);
   if (s->dev_type != DL_CUDA) d->st.reserved -= s->charged;
   pthread_mutex_unlock(&mu);
   if (s->dev_type == DL_CPU) free(s->ptr);
@@ -376,7 +378,7 @@ int dl_mem_charge(int dev_type, int dev_index, int64_t bytes, int *tag) {
   pthread_mutex_lock(&mu);
   *tag = tag_depth ? tag_stack[tag_depth - 1] : 0;
   reserve(d, bytes);
-  if (bytes > 0) charge(d, dev_type, dev_index, *tag, bytes);
+  if (bytes > 0) charge(d, dev_type, dev_index, *tag, bytes, 1);
   pthread_mutex_unlock(&mu);
   return DL_OK;
 }
@@ -385,7 +387,7 @@ void dl_mem_uncharge(int dev_type, int dev_index, int tag, int64_t bytes) {
   devstate_t *d = dev_of(dev_type, dev_index);
   if (!d || bytes <= 0 || tag < 0 || tag >= n_tags) return;
   pthread_mutex_lock(&mu);
-  charge(d, dev_type, dev_index, tag, -bytes);
+  charge(d, dev_type, dev_index, tag, -bytes, 0);
   d->st.reserved -= bytes;
   pthread_mutex_unlock(&mu);
 }

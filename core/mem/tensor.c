@@ -6,6 +6,7 @@
  * any other and then nothing runs.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -98,14 +99,25 @@ int dl_tensor_is_contiguous(const dl_tensor_t *t) {
   return dl_view_is_contiguous(&v);
 }
 
-static int check_shape(int ndim, const int64_t *shape, int64_t *numel) {
+/* Elements of a shape. Its bytes (of esz each, zero sizes left out, since
+ * strides multiply the others) must stay under 2^61, so that no byte count,
+ * stride or offset computed from it overflows. */
+static int check_shape(int ndim, const int64_t *shape, int esz, int64_t *numel) {
   DL_CHECK_ARG(ndim >= 0 && ndim <= 8, "a tensor has 0 to 8 dimensions, got %d", ndim);
   DL_CHECK_ARG(ndim == 0 || shape, "shape is NULL");
-  int64_t n = 1;
+  int64_t n = 1, nonzero = 1;
   for (int d = 0; d < ndim; d++) {
     DL_CHECK_ARG(shape[d] >= 0, "negative size %lld in dimension %d", (long long)shape[d], d + 1);
-    if (shape[d] && n > INT64_MAX / 4 / shape[d])
-      return DL_ERR(DL_EINVAL, "tensor of more than 2^61 elements");
+    if (shape[d] && nonzero > ((int64_t)1 << 61) / esz / shape[d]) {
+      char dims[200];
+      int used = 0;
+      for (int e = 0; e < ndim && used < (int)sizeof dims; e++)
+        used += snprintf(dims + used, sizeof dims - (size_t)used, "%s%lld", e ? ", " : "",
+                         (long long)shape[e]);
+      return DL_ERR(DL_EINVAL, "a tensor of shape [%s] with %d-byte elements would take 2^61 "
+                    "bytes or more", dims, esz);
+    }
+    if (shape[d]) nonzero *= shape[d];
     n *= shape[d];
   }
   *numel = n;
@@ -123,7 +135,7 @@ int dl_tensor_empty(dl_tensor_t **out, int dtype, int ndim, const int64_t *shape
   DL_CHECK_ARG(out, "out is NULL");
   DL_CHECK_ARG(dtype >= 0 && dtype < DL_NUM_DTYPES, "unknown dtype id %d", dtype);
   int64_t numel;
-  DL_TRY(check_shape(ndim, shape, &numel));
+  DL_TRY(check_shape(ndim, shape, dl_dtype_size(dtype), &numel));
   void *h;
   DL_TRY(dl_stream_for(stream, dev_type, dev_index, &h));
   dl_storage_t *s;
@@ -153,7 +165,7 @@ int dl_tensor_as_strided(dl_tensor_t **out, const dl_tensor_t *base, int ndim, c
   DL_CHECK_ARG(out, "out is NULL");
   DL_TRY(dl_tensor_check(base));
   int64_t numel;
-  DL_TRY(check_shape(ndim, shape, &numel));
+  DL_TRY(check_shape(ndim, shape, dl_dtype_size(base->dtype_id), &numel));
   DL_CHECK_ARG(ndim == 0 || strides, "strides is NULL");
   DL_CHECK_ARG(offset >= 0, "negative storage offset %lld", (long long)offset);
   int64_t last = offset;

@@ -1,20 +1,34 @@
 -- experiments/attn/attn_bench.lua — TFLOP/s of dl.attn.fwd, bwd and fwd+bwd:
 -- b=2, h=16, d=128, bf16, s in {4k, 8k, 16k, 32k}, causal and not, bshd and
 -- thd (thd: b sequences of s tokens packed, max_seqlen given so nothing
--- syncs). Times are medians of device events around each call after 3
--- warm-up calls (dl.bench.timing.events). FLOPs: fwd 4*b*h*s^2*d, halved
--- when causal; bwd 2.5x fwd; fwd+bwd 3.5x fwd.
+-- syncs). Times are medians of device events around each call
+-- (dl.bench.timing.events) after warm-up calls filling --warm-ms, at least
+-- --iters timed calls filling --min-ms (a few calls of a short kernel leave
+-- the card's clocks where the previous case put them). FLOPs: fwd 4*b*h*s^2*d, halved
+-- when causal; bwd 2.5x fwd; fwd+bwd 3.5x fwd. --backends ours,cudnn times
+-- each backend of dl.attn (cudnn: cuDNN's fused attention; the results name
+-- the libcudnn file and version that ran, and its plan build times).
 -- Data checked after timing: every result finite, and the same call at a
 -- small shape (s=333, h=2, beyond one tile) equal to the cpu twin within
 -- TransformerEngine's bf16 tolerance; a failed check is reported in the
 -- table and makes the exit code non-zero. Runs on any device (--device cpu
 -- with small --s for a smoke test of the script).
 --   ./distlab run -n 1 --device cuda experiments/attn/attn_bench.lua [--s 4096,8192]
---       [--iters 10] [--out DIR] [--torch torch.csv] [--tag NAME]
+--       [--iters 10] [--warm-ms 300] [--min-ms 600] [--out DIR] [--torch a.csv,b.csv] [--tag NAME]
 -- Writes DIR/attn-distlab.{md,csv} (default experiments/results/attn).
--- --torch reads experiments/attn/attn_bench_torch.py's CSV and also writes
+-- --torch reads experiments/attn/attn_bench_torch.py's CSVs (cudnn.sh runs
+-- it before and after this; each figure is the mean of the runs, so a drift
+-- of the card's clocks cancels, and both runs are listed) and also writes
 -- DIR/attn-TAG.md (TAG: the GPU model, e.g. h200): one table with PyTorch
--- SDPA's flash and cuDNN backends beside ours.
+-- SDPA's flash and cuDNN backends beside ours, and, with cudnn among the
+-- backends, one with dl.attn's cudnn backend against PyTorch's cuDNN SDPA
+-- (target: >= 0.95 x, forward and backward, at every shape). thd rows are
+-- set against PyTorch's thd figures (nested jagged tensors: flash varlen;
+-- its cuDNN thd path only with attn_bench_torch.py --cudnn-thd) where it ran
+-- them, else against its bshd figures (the same work), marked so. --measured CSV takes our figures from this
+-- bench's own attn-distlab.csv of the same run instead of timing again
+-- (cudnn.sh: torch, this, torch, this --measured, so the results file holds
+-- both PyTorch runs).
 local dl = require "distlab"
 local bench = dl.bench
 
@@ -26,9 +40,13 @@ local h = bench.harness {
   about = "TFLOP/s of dl.attn.fwd, bwd and fwd+bwd (b=2, h=16, d=128, bf16); see the file's header",
   options = {
     { "s", "sizes", "4096,8192,16384,32768", "sequence lengths (4K,8K or 4K..32K)", meta = "LENGTHS" },
-    { "iters", "int", 10, "timed calls per case" },
-    { "torch", "string", nil, "attn_bench_torch.py's CSV: also write the combined table attn-TAG.md",
-      meta = "CSV" },
+    { "iters", "int", 10, "timed calls per case, at least" },
+    { "warm-ms", "number", 300, "warm-up work per case (ms)" },
+    { "min-ms", "number", 600, "timed work per case (ms)" },
+    { "backends", "list", "ours", "dl.attn backends to time", values = { "ours", "cudnn" } },
+    { "torch", "string", nil, "attn_bench_torch.py's CSVs of the same run, comma separated: also write " ..
+      "the combined table attn-TAG.md (figures: the mean of the runs)", meta = "CSVS" },
+    { "measured", "string", nil, "our figures from this bench's attn-distlab.csv of the same run", meta = "CSV" },
   },
 }
 local A = h.opt
@@ -42,10 +60,11 @@ local function input(shape, device)
 end
 
 -- Inputs and options of one configuration.
+local backend = "ours" -- set per pass below
 local function setup(layout, s, causal, nh, device)
   local shape = layout == "thd" and { B * s, nh, D } or { B, s, nh, D }
   local x = { q = input(shape, device), k = input(shape, device), v = input(shape, device) }
-  x.opts = { layout = layout, mask = causal and "causal" or "none" }
+  x.opts = { layout = layout, mask = causal and "causal" or "none", backend = backend }
   if layout == "thd" then
     local cu = dl.from_table({ 0, s, 2 * s }, { dtype = "i32", device = device })
     x.opts.cu_seqlens_q, x.opts.cu_seqlens_kv = cu, cu
@@ -77,6 +96,7 @@ local function check_small(layout, causal)
   local o, l = dl.attn.fwd(g.q, g.k, g.v, g.opts)
   local dout = input(o.shape, "cpu")
   local dq, dk, dv = dl.attn.bwd(dout:to(dev), g.q, g.k, g.v, o, l, g.opts)
+  x.opts.backend = nil -- the reference: the cpu twin
   local ro, rl = dl.attn.fwd(x.q, x.k, x.v, x.opts)
   local rq, rk, rv = dl.attn.bwd(dout, x.q, x.k, x.v, o:cpu(), l:cpu(), x.opts)
   local bad = {}
@@ -87,12 +107,30 @@ local function check_small(layout, causal)
   return #bad == 0 and "ok" or ("WRONG " .. table.concat(bad, "; "))
 end
 
-local tbl = h:table({ { "layout", "%-6s" }, { "mask", "%-7s" }, { "s", "%6d" }, { "fwd ms", "%9.3f" },
+local tbl = h:table({ { "backend", "%-6s" }, { "layout", "%-6s" }, { "mask", "%-7s" }, { "s", "%6d" }, { "fwd ms", "%9.3f" },
   { "bwd ms", "%9.3f" }, { "f+b ms", "%9.3f" }, { "fwd TF/s", "%8.1f" }, { "bwd TF/s", "%8.1f" },
   { "f+b TF/s", "%8.1f" }, { "check", "%-s" } })
 tbl:header(string.format("distlab attention, %s, %s, %s", gpu, bench.markdown.date(), dl.build_info()))
 local rows = {}
-local timing = { warmup = 3, iters = A.iters }
+local timing = { warmup = 3, iters = A.iters, warm_ms = A.warm_ms, min_ms = A.min_ms }
+if A.measured then
+  local head, recs = bench.csv.read(A.measured)
+  if not head then dl.fail("attn_bench: cannot read %s: %s", A.measured, tostring(recs)) end
+  if head[1] ~= "impl" or head[5] ~= "fwd_ms" then dl.fail("attn_bench: %s is not attn_bench's CSV", A.measured) end
+  local num = bench.csv.number
+  for _, t in ipairs(recs) do
+    local r = { backend = t.impl == "distlab" and "ours" or t.impl:gsub("^distlab%-", ""), layout = t.layout,
+      mask = t.mask, s = tonumber(t.s), fwd_ms = num(t.fwd_ms), bwd_ms = num(t.bwd_ms), fwdbwd_ms = num(t.fwdbwd_ms),
+      check = t.check }
+    local flops = 4 * B * NH * r.s * r.s * D * (r.mask == "causal" and 0.5 or 1)
+    r.fwd, r.bwd, r.fwdbwd = flops / r.fwd_ms / 1e9, 2.5 * flops / r.bwd_ms / 1e9, 3.5 * flops / r.fwdbwd_ms / 1e9
+    h:check(r.check == "ok" and 0 or 1)
+    rows[#rows + 1] = r
+    tbl:row({ r.backend, r.layout, r.mask, r.s, r.fwd_ms, r.bwd_ms, r.fwdbwd_ms, r.fwd, r.bwd, r.fwdbwd, r.check })
+  end
+end
+for _, be in ipairs(A.measured and {} or A.backends) do
+backend = be
 for _, layout in ipairs({ "bshd", "thd" }) do
   for _, causal in ipairs({ false, true }) do
     local checked = check_small(layout, causal)
@@ -115,30 +153,42 @@ for _, layout in ipairs({ "bshd", "thd" }) do
       end
       h:check(ok == "ok" and 0 or 1)
       local flops = 4 * B * NH * s * s * D * (causal and 0.5 or 1)
-      local r = { layout = layout, mask = causal and "causal" or "none", s = s, fwd_ms = tf, bwd_ms = tb,
+      local r = { backend = be, layout = layout, mask = causal and "causal" or "none", s = s, fwd_ms = tf, bwd_ms = tb,
         fwdbwd_ms = tfb, fwd = flops / tf / 1e9, bwd = 2.5 * flops / tb / 1e9, fwdbwd = 3.5 * flops / tfb / 1e9,
         check = ok }
       rows[#rows + 1] = r
-      tbl:row({ r.layout, r.mask, s, tf, tb, tfb, r.fwd, r.bwd, r.fwdbwd, ok })
+      tbl:row({ be, r.layout, r.mask, s, tf, tb, tfb, r.fwd, r.bwd, r.fwdbwd, ok })
       x, out, lse, dout, dq, dk, dv, fo, bo = nil
       collectgarbage("collect")
     end
   end
 end
+end
 
 local extra = { "build: " .. dl.build_info(),
   string.format("b=%d, h=%d, d=%d, bf16; FLOPs fwd 4*b*h*s^2*d (halved when causal), bwd 2.5x, fwd+bwd 3.5x; " ..
-    "median of %d device-event timings after 3 warm-up calls", B, NH, D, A.iters),
+    "median of device-event timings: warm-up filling %g ms, at least %d calls filling %g ms", B, NH, D, A.warm_ms,
+    A.iters, A.min_ms),
   "data checked after timing: results finite; s=333, h=2 against the cpu twin (TE's bf16 tolerance)" }
+local ci = dl.attn.cudnn_info()
+if A.measured then
+  extra[#extra + 1] = "figures from " .. A.measured .. " (timed earlier in the same run; its log names the cudnn " ..
+    "library and plan build times)"
+elseif ci.version > 0 then
+  extra[#extra + 1] = string.format("cudnn backend: cuDNN %d.%d.%d from %s (DISTLAB_CUDNN=%s), built against headers %d, " ..
+    "frontend %d; %d plans built in %.0f ms (%.0f ms per plan), %d calls from the plan cache",
+    math.floor(ci.version / 10000), math.floor(ci.version / 100) % 100, ci.version % 100, ci.path, os.getenv("DISTLAB_CUDNN") or "unset",
+    ci.header_version, ci.frontend_version, ci.builds, ci.build_ms, ci.build_ms / math.max(ci.builds, 1), ci.hits)
+end
 
-local md = { "| layout | mask | s | fwd ms | bwd ms | fwd+bwd ms | fwd TFLOP/s | bwd TFLOP/s | fwd+bwd TFLOP/s | check |",
-  "|---|---|---|---|---|---|---|---|---|---|" }
+local md = { "| backend | layout | mask | s | fwd ms | bwd ms | fwd+bwd ms | fwd TFLOP/s | bwd TFLOP/s | fwd+bwd TFLOP/s | check |",
+  "|---|---|---|---|---|---|---|---|---|---|---|" }
 local csv = {}
 local function f(fmt, v) return string.format(fmt, v) end
 for _, r in ipairs(rows) do
-  md[#md + 1] = string.format("| %s | %s | %d | %.3f | %.3f | %.3f | %.1f | %.1f | %.1f | %s |", r.layout, r.mask,
+  md[#md + 1] = string.format("| %s | %s | %s | %d | %.3f | %.3f | %.3f | %.1f | %.1f | %.1f | %s |", r.backend, r.layout, r.mask,
     r.s, r.fwd_ms, r.bwd_ms, r.fwdbwd_ms, r.fwd, r.bwd, r.fwdbwd, bench.markdown.cell(r.check))
-  csv[#csv + 1] = { "distlab", r.layout, r.mask, r.s, f("%.4f", r.fwd_ms), f("%.4f", r.bwd_ms), f("%.4f", r.fwdbwd_ms),
+  csv[#csv + 1] = { r.backend == "ours" and "distlab" or "distlab-" .. r.backend, r.layout, r.mask, r.s, f("%.4f", r.fwd_ms), f("%.4f", r.bwd_ms), f("%.4f", r.fwdbwd_ms),
     f("%.2f", r.fwd), f("%.2f", r.bwd), f("%.2f", r.fwdbwd), r.check }
 end
 h:markdown("attn-distlab.md", "distlab attention (dl.attn)", md, extra)
@@ -149,34 +199,100 @@ print("wrote " .. h:path("attn-distlab.md") .. " and .csv")
 -- ---- the combined table -------------------------------------------------------------
 
 if A.torch then
-  local head, recs = bench.csv.read(A.torch)
-  if not head then dl.fail("attn_bench: cannot read %s: %s", A.torch, tostring(recs)) end
-  if head[1] ~= "impl" then dl.fail("attn_bench: %s is not attn_bench_torch.py's CSV", A.torch) end
-  local torch = {}
-  local num = bench.csv.number -- "nan": did not run
-  for _, t in ipairs(recs) do
-    torch[t.impl .. "/" .. t.layout .. "/" .. t.mask .. "/" .. t.s] =
-      { num(t.fwd_tflops), num(t.bwd_tflops), num(t.fwdbwd_tflops) }
+  -- torch[impl/layout/mask/s] = {fwd, bwd, f+b TFLOP/s: the mean over the runs; runs = "a / b" fwd, bwd}
+  local torch, nruns, num = {}, 0, bench.csv.number -- "nan": did not run
+  for file in A.torch:gmatch("[^,]+") do
+    local head, recs = bench.csv.read(file)
+    if not head then dl.fail("attn_bench: cannot read %s: %s", file, tostring(recs)) end
+    if head[1] ~= "impl" or head[2] ~= "layout" then dl.fail("attn_bench: %s is not attn_bench_torch.py's CSV", file) end
+    nruns = nruns + 1
+    for _, t in ipairs(recs) do
+      local key = t.impl .. "/" .. t.layout .. "/" .. t.mask .. "/" .. t.s
+      local e = torch[key] or { sum = { 0, 0, 0 }, n = { 0, 0, 0 }, runs = { {}, {} } }
+      torch[key] = e
+      for i, v in ipairs({ num(t.fwd_tflops), num(t.bwd_tflops), num(t.fwdbwd_tflops) }) do
+        if v then e.sum[i], e.n[i] = e.sum[i] + v, e.n[i] + 1 end
+        if i <= 2 then e.runs[i][#e.runs[i] + 1] = v and string.format("%.0f", v) or "-" end
+      end
+    end
   end
-
-  local function cell(v) return v and string.format("%.0f", v) or "—" end
-  local out = { "PyTorch numbers from `experiments/attn/attn_bench_torch.py` in the same run (SDPA on [b, h, s, d] " ..
-    "views of bshd tensors; SDPA has no thd path, so thd rows show its bshd numbers: the same work, b sequences of " ..
-    "s). TFLOP/s; target (issue 4): ours >= flash forward and backward at every s >= 8k.", "",
+  for _, e in pairs(torch) do
+    for i = 1, 3 do e[i] = e.n[i] > 0 and e.sum[i] / e.n[i] or nil end
+    e.runs = table.concat(e.runs[1], " / ") .. " ; " .. table.concat(e.runs[2], " / ")
+  end
+  -- PyTorch's figures for a row, each direction its own: thd ones where it ran thd, else its bshd ones
+  -- (the same work), marked with a dagger
+  local function anchor(impl, r)
+    local own = torch[impl .. "/" .. r.layout .. "/" .. r.mask .. "/" .. r.s] or {}
+    local dense = torch[impl .. "/bshd/" .. r.mask .. "/" .. r.s] or {}
+    local a = { mark = {}, runs = own.runs or dense.runs or "—" }
+    for i = 1, 3 do
+      a[i] = own[i] or dense[i]
+      a.mark[i] = (not own[i] and dense[i] and r.layout ~= "bshd") and "†" or ""
+    end
+    return a
+  end
+  local function cell(v, mark) return v and string.format("%.0f%s", v, mark or "") or "—" end
+  local out = { string.format("PyTorch numbers from `experiments/attn/attn_bench_torch.py`, %d run%s in the same " ..
+    "run as ours (before and after it; each figure the mean). SDPA on [b, h, s, d] views of bshd tensors; thd " ..
+    "on nested jagged tensors of the same packed data (flash: its varlen kernels). PyTorch's cuDNN thd path " ..
+    "(nested tensors behind TORCH_CUDNN_SDPA_NESTED_TENSOR_ENABLED=1) is not run: on this H200 with PyTorch " ..
+    "2.11 it gave a wrong dq and an illegal memory access (attn_bench_torch.py's header). † marks a thd figure " ..
+    "PyTorch did not make, shown from its bshd run (the same work). TFLOP/s; target (issue 4): ours >= flash " ..
+    "forward and backward at every s >= 8k.",
+    nruns, nruns == 1 and "" or "s"), "",
     "| layout | mask | s | ours fwd | ours bwd | ours f+b | flash fwd | flash bwd | flash f+b | cuDNN fwd | cuDNN bwd | cuDNN f+b | vs flash f+b | target |",
     "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" }
   local short = {}
   for _, r in ipairs(rows) do
-    local fl = torch["flash/bshd/" .. r.mask .. "/" .. r.s] or {}
-    local cu = torch["cudnn/bshd/" .. r.mask .. "/" .. r.s] or {}
+    if r.backend ~= "ours" then goto next end
+    local fl, cu = anchor("flash", r), anchor("cudnn", r)
     local target = "—"
     if r.s >= 8192 and fl[1] and fl[2] then target = (r.fwd >= fl[1] and r.bwd >= fl[2]) and "met" or "below" end
     local ratio = fl[3] and string.format("%.2fx", r.fwdbwd / fl[3]) or "—"
     out[#out + 1] = string.format("| %s | %s | %d | %.0f | %.0f | %.0f | %s | %s | %s | %s | %s | %s | %s | %s |",
-      r.layout, r.mask, r.s, r.fwd, r.bwd, r.fwdbwd, cell(fl[1]), cell(fl[2]), cell(fl[3]), cell(cu[1]), cell(cu[2]),
-      cell(cu[3]), ratio, target)
+      r.layout, r.mask, r.s, r.fwd, r.bwd, r.fwdbwd, cell(fl[1], fl.mark[1]), cell(fl[2], fl.mark[2]),
+      cell(fl[3], fl.mark[3]), cell(cu[1], cu.mark[1]), cell(cu[2], cu.mark[2]), cell(cu[3], cu.mark[3]), ratio, target)
     short[#short + 1] = string.format("%-4s %-6s %6d  ours %4.0f/%4.0f  flash %4s/%4s  cudnn %4s/%4s  %s",
       r.layout, r.mask, r.s, r.fwd, r.bwd, cell(fl[1]), cell(fl[2]), cell(cu[1]), cell(cu[2]), target)
+    ::next::
+  end
+  -- dl.attn's cudnn backend against PyTorch's cuDNN SDPA (issue 18: >= 0.95 x, fwd and bwd, every shape)
+  local cshort, met, n = {}, 0, 0
+  for _, r in ipairs(rows) do
+    if r.backend == "cudnn" then
+      if n == 0 then
+        out[#out + 1] = ""
+        out[#out + 1] = "dl.attn with backend \"cudnn\" (cuDNN's fused attention through distlab; thd through " ..
+          "ragged offsets) against PyTorch's cuDNN SDPA and flash SDPA on the same layout (†: PyTorch's bshd " ..
+          "figure, where it has no thd one), same run; the PyTorch cuDNN runs column lists each run's fwd and bwd " ..
+          "(before ; after this bench). TFLOP/s; target (issue 18): >= 0.95 x PyTorch's cuDNN, forward and " ..
+          "backward, at every shape."
+        out[#out + 1] = ""
+        out[#out + 1] = "| layout | mask | s | cudnn fwd | cudnn bwd | cudnn f+b | PyTorch cuDNN fwd | bwd | f+b | " ..
+          "PyTorch cuDNN runs (fwd ; bwd) | flash fwd | flash bwd | fwd ratio | bwd ratio | target |"
+        out[#out + 1] = "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+      end
+      n = n + 1
+      local cu, fl = anchor("cudnn", r), anchor("flash", r)
+      local rf, rb = cu[1] and r.fwd / cu[1], cu[2] and r.bwd / cu[2]
+      local target = "—"
+      if rf and rb then
+        target = (rf >= 0.95 and rb >= 0.95) and "met" or "below"
+        if target == "met" then met = met + 1 end
+      end
+      local function ratio(x) return x and string.format("%.3f", x) or "—" end
+      out[#out + 1] = string.format("| %s | %s | %d | %.0f | %.0f | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %s |",
+        r.layout, r.mask, r.s, r.fwd, r.bwd, r.fwdbwd, cell(cu[1], cu.mark[1]), cell(cu[2], cu.mark[2]),
+        cell(cu[3], cu.mark[3]), cu.runs, cell(fl[1], fl.mark[1]), cell(fl[2], fl.mark[2]), ratio(rf), ratio(rb), target)
+      cshort[#cshort + 1] = string.format("%-4s %-6s %6d  cudnn %4.0f/%4.0f  torch-cudnn %4s/%4s  ratio %s/%s  %s",
+        r.layout, r.mask, r.s, r.fwd, r.bwd, cell(cu[1], cu.mark[1]), cell(cu[2], cu.mark[2]), ratio(rf), ratio(rb),
+        target)
+    end
+  end
+  if n > 0 then
+    out[#out + 1] = ""
+    out[#out + 1] = string.format("Target met at %d of %d shapes.", met, n)
   end
   out[#out + 1] = ""
   out[#out + 1] = "Gap to cuDNN and the plan to close it: experiments/lab/attn/NOTES.md."
@@ -184,5 +300,9 @@ if A.torch then
   print("wrote " .. path)
   print("\nTFLOP/s fwd/bwd (target: ours >= flash at s >= 8k)")
   for _, l in ipairs(short) do print(l) end
+  if #cshort > 0 then
+    print(string.format("\ncudnn backend vs PyTorch's cuDNN SDPA, TFLOP/s fwd/bwd (target >= 0.95x): met at %d of %d", met, n))
+    for _, l in ipairs(cshort) do print(l) end
+  end
 end
 h:finish()

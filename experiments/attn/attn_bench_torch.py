@@ -1,29 +1,46 @@
 """PyTorch's scaled_dot_product_attention with each backend (FLASH_ATTENTION and
 CUDNN_ATTENTION, forced with torch.nn.attention.sdpa_kernel) on the shapes of
 experiments/attn/attn_bench.lua: b=2, h=16, d=128, bf16, s in {4k, 8k, 16k, 32k},
-causal and not. Inputs are bshd tensors seen as SDPA's [b, h, s, d] through a
-transpose, as distlab's bshd are. Times are medians of CUDA events around each
-call after warm-up, as dl.bench takes them; FLOPs as attn_bench.lua (fwd
-4*b*h*s^2*d, halved when causal; bwd 2.5x; fwd+bwd 3.5x). The forward runs with
-inputs that require grad (a training forward, saving what backward needs).
-Data checked after timing: outputs finite, and each backend against the math
-backend in fp32 at a small shape (s=333, h=2) within TransformerEngine's bf16
-tolerance. SDPA has no packed variable-length (thd) path; attn_bench.lua sets
-its bshd numbers beside our thd rows (the same work).
-  python3 experiments/attn/attn_bench_torch.py [--s 4096,8192] [--iters 10] [--out DIR]
-Writes DIR/attn-torch.{md,csv} (default experiments/results/attn): the markdown
-headed by device, date, commit and command as distlab.bench.markdown heads its
-files, the CSV through Python's csv module (RFC 4180), which attn_bench.lua's
---torch reads with distlab.bench.csv.
+causal and not, bshd and thd. bshd inputs are [b, s, h, d] tensors seen as
+SDPA's [b, h, s, d] through a transpose, as distlab's bshd are. thd inputs are
+packed [b*s, h, d] tensors seen as nested jagged tensors (offsets 0, s, 2s;
+torch.nested.nested_tensor_from_jagged), which SDPA runs on its variable-length
+paths: flash's varlen kernels, and, with --cudnn-thd only, cuDNN's
+ragged-offset graphs, which PyTorch gates behind
+TORCH_CUDNN_SDPA_NESTED_TENSOR_ENABLED=1. That path is off by default: on an
+H200 (PyTorch 2.11.0+cu130, cuDNN 9.19, 2026-11-23) it returned a wrong dq at
+s=333 (against the math backend), ran at 6-83 TFLOP/s at s 4k-16k, and hit an
+illegal memory access at s=32k, which ends the process. Where a backend has
+no thd row, attn_bench.lua sets its bshd figure (the same work), saying so.
+Times: medians of CUDA events around each call, as dl.bench takes them, after
+warm-up calls filling --warm-ms and at least --iters timed calls filling
+--min-ms (a few calls leave the card's clocks where the previous case put
+them). FLOPs as attn_bench.lua (fwd 4*b*h*s^2*d, halved when causal; bwd
+2.5x; fwd+bwd 3.5x). The forward runs with inputs that require grad (a
+training forward, saving what backward needs). Data checked after timing:
+outputs finite, and each backend against the math backend in fp32 at a small
+shape (s=333, h=2) within TransformerEngine's bf16 tolerance (thd against the
+dense result of the same sequences).
+  python3 experiments/attn/attn_bench_torch.py [--s 4096,8192] [--layouts bshd,thd]
+      [--iters 10] [--warm-ms 300] [--min-ms 600] [--out DIR] [--name attn-torch]
+Writes DIR/NAME.{md,csv} (default experiments/results/attn/attn-torch): the
+markdown headed by device, date, commit and command as distlab.bench.markdown
+heads its files, the CSV through Python's csv module (RFC 4180), which
+attn_bench.lua's --torch reads with distlab.bench.csv (cudnn.sh runs this
+before and after attn_bench.lua and the anchor is the mean of the two runs).
 """
 import argparse
 import csv
+import math
 import os
 import shlex
 import statistics
 import subprocess
 import sys
 import time
+
+if "--cudnn-thd" in sys.argv:
+    os.environ["TORCH_CUDNN_SDPA_NESTED_TENSOR_ENABLED"] = "1"
 
 import torch
 import torch.nn.functional as F
@@ -47,7 +64,7 @@ def commit():
     return "unknown (no git checkout here; set DISTLAB_COMMIT=<hash> to record it)"
 
 
-def bench(fn, warmup, iters):
+def events_ms(fn, warmup, iters):
     for _ in range(warmup):
         fn()
     ev = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
@@ -59,99 +76,150 @@ def bench(fn, warmup, iters):
     return statistics.median(ev[i].elapsed_time(ev[i + 1]) for i in range(iters))
 
 
-def inputs(s, h, device="cuda"):
-    """q, k, v bases [b, s, h, d] (requiring grad) and their [b, h, s, d] views."""
-    bases = [torch.empty(B, s, h, D, device=device, dtype=torch.bfloat16).uniform_(-1, 1).requires_grad_()
+def bench(fn, a):
+    """dl.bench.timing.events with warm_ms/min_ms: a first estimate (2 + 3 calls),
+    then warm-up calls filling warm_ms and at least iters timed calls filling min_ms."""
+    est = max(events_ms(fn, 2, 3), 1e-3)
+    return events_ms(fn, math.ceil(a.warm_ms / est), max(a.iters, math.ceil(a.min_ms / est)))
+
+
+def inputs(layout, s, h, device="cuda"):
+    """q, k, v bases requiring grad and their SDPA views [b, h, s, d]: bshd bases
+    [b, s, h, d]; thd bases packed [b*s, h, d], viewed as nested jagged tensors."""
+    if layout == "bshd":
+        bases = [torch.empty(B, s, h, D, device=device, dtype=torch.bfloat16).uniform_(-1, 1).requires_grad_()
+                 for _ in range(3)]
+        return bases, [t.transpose(1, 2) for t in bases]
+    bases = [torch.empty(B * s, h, D, device=device, dtype=torch.bfloat16).uniform_(-1, 1).requires_grad_()
              for _ in range(3)]
-    return bases, [t.transpose(1, 2) for t in bases]
+    offsets = torch.arange(0, (B + 1) * s, s, device=device, dtype=torch.int64)
+    views = [torch.nested.nested_tensor_from_jagged(t, offsets, max_seqlen=s, min_seqlen=s).transpose(1, 2)
+             for t in bases]
+    return bases, views
 
 
-def check_small(backend, causal):
-    bases, (q, k, v) = inputs(333, 2)
-    dout = torch.empty_like(q).uniform_(-1, 1)
+def packed(t, layout):
+    """An SDPA output [b, h, s, d] (dense or nested) as the bases are laid out."""
+    t = t.transpose(1, 2)
+    return t.values() if layout == "thd" else t
+
+
+def check_small(backend, layout, causal):
+    bases, (q, k, v) = inputs(layout, 333, 2)
     with sdpa_kernel(backend):
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
-    grads = torch.autograd.grad(out, bases, dout)
-    ref_bases = [t.detach().float().requires_grad_() for t in bases]
+        out = packed(F.scaled_dot_product_attention(q, k, v, is_causal=causal), layout)
+    dout = torch.empty_like(out).uniform_(-1, 1)
+    try:
+        grads, note = torch.autograd.grad(out, bases, dout), ""
+    except Exception as e:  # noqa: BLE001 (forward only: the forward is still checked and timed)
+        grads, note = (), " (forward only; backward failed: " + one_line(e) + ")"
+    # the reference: the math backend in fp32 on dense [b, s, h, d] copies of the same data
+    ref_bases = [t.detach().float().reshape(B, 333, 2, D).requires_grad_() for t in bases]
     rq, rk, rv = [t.transpose(1, 2) for t in ref_bases]
     with sdpa_kernel(SDPBackend.MATH):
-        ref = F.scaled_dot_product_attention(rq, rk, rv, is_causal=causal)
-    ref_grads = torch.autograd.grad(ref, ref_bases, dout.float())
-    bad = [name for name, a, b in zip(["out", "dq", "dk", "dv"], (out,) + grads, (ref,) + ref_grads)
-           if not torch.allclose(a.float(), b, atol=2.5e-2, rtol=2.5e-2)]
-    return "ok" if not bad else "WRONG " + ",".join(bad)
+        ref = F.scaled_dot_product_attention(rq, rk, rv, is_causal=causal).transpose(1, 2)
+    ref_grads = torch.autograd.grad(ref, ref_bases, dout.float().reshape(ref.shape))
+    bad = [name for name, x, y in zip(["out", "dq", "dk", "dv"], (out,) + grads, (ref,) + ref_grads)
+           if not torch.allclose(x.float().reshape(y.shape), y, atol=2.5e-2, rtol=2.5e-2)]
+    return ("ok" if not bad else "WRONG " + ",".join(bad)) + note
 
 
-def run(backend, s, causal, iters):
-    bases, (q, k, v) = inputs(s, H)
-    dout = torch.empty_like(q).uniform_(-1, 1)
+def run(backend, layout, s, causal, a):
+    bases, (q, k, v) = inputs(layout, s, H)
     with sdpa_kernel(backend):
         def fwd():
-            return F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            return packed(F.scaled_dot_product_attention(q, k, v, is_causal=causal), layout)
         out = fwd()
-        tf = bench(fwd, 3, iters)
-        tb = bench(lambda: torch.autograd.grad(out, bases, dout, retain_graph=True), 3, iters)
-        tfb = bench(lambda: torch.autograd.grad(fwd(), bases, dout), 3, iters)
-        grads = torch.autograd.grad(out, bases, dout)
+        dout = torch.empty_like(out).uniform_(-1, 1)
+        tf = bench(fwd, a)
+        try:  # a backend may run a layout forward only (cuDNN's nested path in some versions)
+            tb = bench(lambda: torch.autograd.grad(out, bases, dout, retain_graph=True), a)
+            tfb = bench(lambda: torch.autograd.grad(fwd(), bases, dout), a)
+            grads = torch.autograd.grad(out, bases, dout)
+            why = None
+        except Exception as e:  # noqa: BLE001 (any refusal is recorded in the row)
+            tb = tfb = float("nan")
+            grads, why = (), "backward failed: " + one_line(e)
     finite = all(torch.isfinite(t).all().item() for t in (out,) + grads)
-    return tf, tb, tfb, finite
+    return tf, tb, tfb, finite, why
+
+
+def one_line(e):
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:100]
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--s", default="4096,8192,16384,32768")
-    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--layouts", default="bshd,thd")
+    ap.add_argument("--iters", type=int, default=10, help="timed calls per case, at least")
+    ap.add_argument("--warm-ms", type=float, default=300, help="warm-up work per case (ms)")
+    ap.add_argument("--min-ms", type=float, default=600, help="timed work per case (ms)")
     ap.add_argument("--out", default=os.path.join(ROOT, "experiments/results/attn"), help="results folder")
+    ap.add_argument("--name", default="attn-torch", help="file name (without .md/.csv)")
+    ap.add_argument("--cudnn-thd", action="store_true",
+                    help="also run cuDNN on thd (nested tensors; see the header: wrong and faulting in 2.11)")
     a = ap.parse_args()
     sizes = [int(x) for x in a.s.split(",")]
+    layouts = [x for x in a.layouts.split(",") if x]
     gpu = torch.cuda.get_device_name(0)
     date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     command = "python3 " + " ".join(shlex.quote(x) for x in sys.argv)
     print(f"PyTorch {torch.__version__} SDPA, {gpu}, {date}, cuDNN {torch.backends.cudnn.version()}")
-    print(f"{'backend':<7} {'mask':<7} {'s':>6}  {'fwd ms':>9} {'bwd ms':>9} {'f+b ms':>9}  "
+    print(f"{'backend':<7} {'layout':<6} {'mask':<7} {'s':>6}  {'fwd ms':>9} {'bwd ms':>9} {'f+b ms':>9}  "
           f"{'fwd TF/s':>8} {'bwd TF/s':>8} {'f+b TF/s':>8}  check")
     rows = []
+    nan = float("nan")
     for name, backend in BACKENDS:
-        for causal in (False, True):
-            mask = "causal" if causal else "none"
-            try:
-                checked = check_small(backend, causal)
-            except RuntimeError as e:
-                checked = "unsupported: " + str(e).splitlines()[0][:80]
-            for s in sizes:
-                flops = 4 * B * H * s * s * D * (0.5 if causal else 1)
+        for layout in layouts:
+            if name == "cudnn" and layout == "thd" and not a.cudnn_thd:
+                continue
+            for causal in (False, True):
+                mask = "causal" if causal else "none"
                 try:
-                    tf, tb, tfb, finite = run(backend, s, causal, a.iters)
-                    r = (name, mask, s, tf, tb, tfb, flops / tf / 1e9, 2.5 * flops / tb / 1e9,
-                         3.5 * flops / tfb / 1e9, checked if finite else "NON-FINITE")
-                except RuntimeError as e:
-                    nan = float("nan")
-                    r = (name, mask, s, nan, nan, nan, nan, nan, nan, "failed: " + str(e).splitlines()[0][:80])
-                torch.cuda.empty_cache()
-                rows.append(r)
-                print(f"{r[0]:<7} {r[1]:<7} {r[2]:>6}  {r[3]:9.3f} {r[4]:9.3f} {r[5]:9.3f}  "
-                      f"{r[6]:8.1f} {r[7]:8.1f} {r[8]:8.1f}  {r[9]}")
+                    checked = check_small(backend, layout, causal)
+                except Exception as e:  # noqa: BLE001 (a backend that refuses a layout: recorded)
+                    checked = "unsupported: " + one_line(e)
+                for s in sizes:
+                    flops = 4 * B * H * s * s * D * (0.5 if causal else 1)
+                    if checked.startswith("unsupported"):
+                        r = (name, layout, mask, s, nan, nan, nan, nan, nan, nan, checked)
+                    else:
+                        try:
+                            tf, tb, tfb, finite, why = run(backend, layout, s, causal, a)
+                            verdict = "NON-FINITE" if not finite else why or checked
+                            r = (name, layout, mask, s, tf, tb, tfb, flops / tf / 1e9, 2.5 * flops / tb / 1e9,
+                                 3.5 * flops / tfb / 1e9, verdict)
+                        except Exception as e:  # noqa: BLE001
+                            r = (name, layout, mask, s, nan, nan, nan, nan, nan, nan, "failed: " + one_line(e))
+                    torch.cuda.empty_cache()
+                    rows.append(r)
+                    print(f"{r[0]:<7} {r[1]:<6} {r[2]:<7} {r[3]:>6}  {r[4]:9.3f} {r[5]:9.3f} {r[6]:9.3f}  "
+                          f"{r[7]:8.1f} {r[8]:8.1f} {r[9]:8.1f}  {r[10]}", flush=True)
     os.makedirs(a.out, exist_ok=True)
-    with open(os.path.join(a.out, "attn-torch.md"), "w") as f:
+    path = os.path.join(a.out, a.name)
+    with open(path + ".md", "w") as f:
         f.write("# PyTorch scaled_dot_product_attention\n\n")
         f.write(f"- device: {gpu}\n- date: {date}\n- commit: `{commit()}`\n- command: `{command}`\n"
-                f"- PyTorch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}\n")
-        f.write(f"- b={B}, h={H}, d={D}, bf16, bshd inputs as [b, h, s, d] views; FLOPs fwd 4*b*h*s^2*d "
-                f"(halved when causal), bwd 2.5x, fwd+bwd 3.5x; median of {a.iters} CUDA-event timings\n\n")
-        f.write("| backend | mask | s | fwd ms | bwd ms | fwd+bwd ms | fwd TFLOP/s | bwd TFLOP/s | "
-                "fwd+bwd TFLOP/s | check |\n|---|---|---|---|---|---|---|---|---|---|\n")
+                f"- PyTorch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, "
+                f"TORCH_CUDNN_SDPA_NESTED_TENSOR_ENABLED={os.environ.get('TORCH_CUDNN_SDPA_NESTED_TENSOR_ENABLED')}\n")
+        f.write(f"- b={B}, h={H}, d={D}, bf16; bshd inputs as [b, h, s, d] views, thd as nested jagged tensors; "
+                f"FLOPs fwd 4*b*h*s^2*d (halved when causal), bwd 2.5x, fwd+bwd 3.5x; median of CUDA-event "
+                f"timings, warm-up filling {a.warm_ms:g} ms, at least {a.iters} calls filling {a.min_ms:g} ms\n\n")
+        f.write("| backend | layout | mask | s | fwd ms | bwd ms | fwd+bwd ms | fwd TFLOP/s | bwd TFLOP/s | "
+                "fwd+bwd TFLOP/s | check |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
         for r in rows:
-            check = r[9].replace("|", "\\|").replace("\n", " ")
-            f.write(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]:.3f} | {r[4]:.3f} | {r[5]:.3f} | {r[6]:.1f} | "
-                    f"{r[7]:.1f} | {r[8]:.1f} | {check} |\n")
-    with open(os.path.join(a.out, "attn-torch.csv"), "w", newline="") as f:
+            check = r[10].replace("|", "\\|").replace("\n", " ")
+            f.write(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]:.3f} | {r[5]:.3f} | {r[6]:.3f} | {r[7]:.1f} | "
+                    f"{r[8]:.1f} | {r[9]:.1f} | {check} |\n")
+    with open(path + ".csv", "w", newline="") as f:
         w = csv.writer(f, lineterminator="\n")
         w.writerow(["impl", "layout", "mask", "s", "fwd_ms", "bwd_ms", "fwdbwd_ms", "fwd_tflops", "bwd_tflops",
                     "fwdbwd_tflops", "check"])
         for r in rows:
-            w.writerow([r[0], "bshd", r[1], r[2], f"{r[3]:.4f}", f"{r[4]:.4f}", f"{r[5]:.4f}", f"{r[6]:.2f}",
-                        f"{r[7]:.2f}", f"{r[8]:.2f}", r[9]])
-    print(f"wrote {os.path.join(a.out, 'attn-torch.md')} and .csv")
+            w.writerow([r[0], r[1], r[2], r[3], f"{r[4]:.4f}", f"{r[5]:.4f}", f"{r[6]:.4f}", f"{r[7]:.2f}",
+                        f"{r[8]:.2f}", f"{r[9]:.2f}", r[10]])
+    print(f"wrote {path}.md and .csv")
 
 
 if __name__ == "__main__":

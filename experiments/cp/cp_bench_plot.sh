@@ -31,6 +31,7 @@ NR == 1 { n = fields($0, h); for (i = 1; i <= n; i++) col[h[i]] = i; next }
 {
   fields($0, f)
   name = f[col["strategy"]]
+  if ("backend" in col && f[col["backend"]] != "") name = f[col["backend"]] ": " name  # cp_bench --backends
   if (f[col["fwd_eff"]] == "") next                      # the one-GPU reference row
   rows[name] = rows[name] sprintf("%s %.4f %.4f\n", f[col["S_total"]], 100 * f[col["fwd_eff"]], 100 * f[col["fwd_bwd_eff"]])
   if (!(name in seen)) { seen[name] = 1; order[++k] = name }

@@ -1,6 +1,11 @@
 -- experiments/overlap/ag_gemm_bench.lua — all-gather + GEMM (seed 003): C =
 -- all_gather(A) @ B with A [m, k] sharded by rows over the d ranks, B [k, n]
 -- on every rank; m in {8k, 16k, 32k}, k = 16k, n = 8k, bf16 by default.
+-- --op gemm_rs times the mirror, GEMM + reduce-scatter: C = reduce_scatter(A
+-- @ B) with A [m, k] sharded by columns and B [k, n] by rows over the ranks,
+-- C [m/d, n] on each (rows: the local GEMM alone, gemm_then_nccl, every
+-- dl.overlap.gemm_rs variant; anchors: fused_matmul_reduce_scatter, matmul
+-- then NCCL reduce_scatter; TFLOP/s per GPU = 2 m n k / d / time).
 -- Rows: the GEMM alone on the full (gathered) A, the nccl_then_gemm baseline,
 -- every dl.overlap.ag_gemm variant (p2p and ring x get and put x ce and sm x
 -- the stream counts), and PyTorch's anchors from the same run (--torch, the
@@ -13,10 +18,13 @@
 --     --streams LIST           stream counts of the variants (default 1,2,3)
 --     --algos, --transports, --copies   which variants (default all)
 --     --copy-blocks B          the sm copy's grid (default 16)
---     --iters N                timed runs per row (default 10, after 2 warm-up runs)
+--     --iters N                timed runs per row (default 10)
+--     --warm-ms MS             warm-up runs per row filling MS (default 300: the same count on
+--                              every rank, from the slowest rank's estimate)
 --     --torch CSV              ag_gemm_torch.py's CSV from the same run (missing: a note, no anchors)
 --     --out DIR, --tag NAME    default experiments/results/overlap, the GPU model and d (h100x8)
--- Writes DIR/ag_gemm-TAG.{md,csv} and DIR/ag_gemm-TAG.png (gnuplot, where it exists).
+-- Writes DIR/ag-gemm-TAG.{md,csv} and DIR/ag-gemm-TAG.png (gnuplot, where it exists);
+-- gemm-rs-TAG.* with --op gemm_rs.
 -- With ranks sharing a GPU it runs as a smoke test (the harness says so and
 -- writes into experiments/results/ only with --shared-results).
 --
@@ -38,7 +46,9 @@ local h = bench.harness {
   about = "all-gather + GEMM TFLOP/s: GEMM alone, nccl_then_gemm, every dl.overlap.ag_gemm variant, PyTorch; "
     .. "see the file's header",
   options = {
-    { "m", "sizes", "8K,16K,32K", "rows of the gathered A", meta = "LIST" },
+    { "op", "choice", "ag_gemm", "all-gather + GEMM, or its mirror GEMM + reduce-scatter",
+      values = { "ag_gemm", "gemm_rs" } },
+    { "m", "sizes", "8K,16K,32K", "rows of the gathered A (gemm_rs: of A and of the GEMM's result)", meta = "LIST" },
     { "k", "size", "16K", "columns of A, rows of B" },
     { "n", "size", "8K", "columns of B" },
     { "dtype", "choice", "bf16", "A, B and C", values = { "bf16", "f16" } },
@@ -48,6 +58,7 @@ local h = bench.harness {
     { "copies", "list", "ce,sm", "copies", values = { "ce", "sm" } },
     { "copy-blocks", "int", 16, "blocks of the sm copy kernel" },
     { "iters", "int", 10, "timed runs per row" },
+    { "warm-ms", "number", 300, "warm-up work per row (ms), after 2 runs that estimate it" },
     { "torch", "string", nil, "ag_gemm_torch.py's CSV from the same run", meta = "CSV" },
   },
 }
@@ -57,8 +68,15 @@ local gpu = dev:match("^cuda") and dl.cuda_device_name(tonumber(dev:match("%d+")
 h.device_desc = string.format("%s x %d (%s communicator%s)", gpu, d, w.backend,
   (w.share or 1) > 1 and (", " .. w.share .. " ranks a GPU: a smoke run") or "")
 
--- per timed run the slowest rank's ms, the median over runs
+-- per timed run the slowest rank's ms, the median over runs; before them, runs filling
+-- --warm-ms (a count every rank agrees on: the slowest rank's estimate from 2 runs), so
+-- that 2 warm-up runs of a 3 ms GEMM do not leave the clocks where the last row put them
 local function time_ms(fn)
+  local est = 0
+  for _ = 1, 2 do
+    est = math.max(est, bench.timing.loop_once(fn, 1, { before = function() w:barrier() end, timeout = 600 }) / 1e3)
+  end
+  for _ = 1, math.ceil(A.warm_ms / math.max(h:max(est), 1e-3)) do fn() end
   local per = {}
   for i = 1, A.iters do per[i] = bench.timing.loop_once(fn, 1, { before = function() w:barrier() end,
     timeout = 600 }) / 1e3 end
@@ -104,10 +122,14 @@ if A.torch then
     for _, r in ipairs(recs) do torch[r.impl .. "/" .. r.m] = r end
   end
 end
-local anchors = { { "torch_matmul", "torch.matmul alone" }, { "torch_nccl_matmul", "torch: NCCL all_gather + matmul" },
-  { "torch_fused", "torch: fused_all_gather_matmul" } }
+local RS = A.op == "gemm_rs"
+local anchors = RS and { { "torch_matmul", "torch.matmul alone (local)" },
+  { "torch_matmul_nccl", "torch: matmul + NCCL reduce_scatter" }, { "torch_fused", "torch: fused_matmul_reduce_scatter" } }
+  or { { "torch_matmul", "torch.matmul alone" }, { "torch_nccl_matmul", "torch: NCCL all_gather + matmul" },
+    { "torch_fused", "torch: fused_all_gather_matmul" } }
+local BASELINE = RS and "gemm_then_nccl" or "nccl_then_gemm"
 
-local variants = { { algo = "nccl_then_gemm" } }
+local variants = { { algo = BASELINE } }
 for _, algo in ipairs(A.algos) do
   for _, transport in ipairs(A.transports) do
     for _, copy in ipairs(A.copies) do
@@ -118,33 +140,64 @@ for _, algo in ipairs(A.algos) do
   end
 end
 
-local tbl = h:table({ { "m", "%6d" }, { "row", "%-34s" }, { "ms", "%9.3f" }, { "TFLOP/s", "%8.1f" },
+-- gemm_rs: rows 1 and `rows` of this rank's C against its block of ref
+local function check_rs(c, ref, rows)
+  local bad = 0
+  for _, r in ipairs { 1, rows } do
+    local got, want = c:narrow(1, r, 1):to("cpu"):f64(), ref:narrow(1, me * rows + r, 1):to("cpu"):f64()
+    local rms = math.sqrt(dl.compare(got, want).sum_sq_ref / want:numel())
+    bad = bad + tonumber(dl.compare(got, want, 2 ^ -7 * rms, 2 ^ -7).n_not_close)
+  end
+  return bad
+end
+
+local tbl = h:table({ { "m", "%6d" }, { "row", "%-36s" }, { "ms", "%9.3f" }, { "TFLOP/s", "%8.1f" },
   { "vs nccl", "%7.2f" }, { "#wrong", "%6d" } })
-tbl:header(string.format("all-gather + GEMM, %s, k = %d, n = %d, %s", h.device_desc, A.k, A.n, A.dtype))
+tbl:header(string.format("%s, %s, k = %d, n = %d, %s", RS and "GEMM + reduce-scatter" or "all-gather + GEMM",
+  h.device_desc, A.k, A.n, A.dtype))
+if RS and A.k % d ~= 0 then dl.fail("ag_gemm_bench: k = %d does not split over %d ranks", A.k, d) end
 local results = {}
 for _, m in ipairs(A.m) do
   if m % d ~= 0 then dl.fail("ag_gemm_bench: m = %d does not split over %d ranks", m, d) end
-  local rows = m / d
-  local flops = 2 * m * A.n * A.k
-  local b = dl.randn({ A.k, A.n }, { dtype = A.dtype, device = dev, seed = m * 64 + 63 })
+  local rows, kd = m / d, A.k / d
+  -- every rank's work: ag the whole m x n x k GEMM; rs its k/d share of it
+  local flops = 2 * m * A.n * A.k / (RS and d or 1)
+  local bfull = dl.randn({ A.k, A.n }, { dtype = A.dtype, device = dev, seed = m * 64 + 63 })
   local full = dl.empty({ m, A.k }, { dtype = A.dtype, device = dev })
   for p = 0, d - 1 do full:narrow(1, p * rows + 1, rows):normal_(0, 1, m * 64 + p) end
-  local a = full:narrow(1, me * rows + 1, rows):clone()
   local ref = dl.empty({ m, A.n }, { dtype = A.dtype, device = dev })
+  dl.gemm(full, bfull, ref)
+  local a, b, c, local_c
+  if RS then -- rank me's columns of A and rows of B
+    a = full:narrow(2, me * kd + 1, kd):contiguous()
+    b = bfull:narrow(1, me * kd + 1, kd):contiguous()
+    c = dl.empty({ rows, A.n }, { dtype = A.dtype, device = dev })
+    local_c = dl.empty({ m, A.n }, { dtype = A.dtype, device = dev })
+  else
+    a = full:narrow(1, me * rows + 1, rows):clone()
+    b = bfull
+    c = dl.empty({ m, A.n }, { dtype = A.dtype, device = dev })
+  end
   local base
   local function row(name, ms, wrong)
     local r = { m = m, row = name, ms = ms, tflops = ms and flops / (ms * 1e-3) / 1e12, wrong = wrong }
-    if name == "nccl_then_gemm" then base = r.tflops end
+    if name == BASELINE then base = r.tflops end
     r.vs = base and r.tflops and r.tflops / base
     results[#results + 1] = r
     tbl:row({ m, name, ms, r.tflops, r.vs, wrong })
   end
-  -- the GEMM alone, on the gathered A: its result is every check's reference
-  local ms = time_ms(function() dl.gemm(full, b, ref) end)
-  row("gemm (alone, gathered A)", ms, h:check(check_ref(full, b, ref)))
-  local c = dl.empty({ m, A.n }, { dtype = A.dtype, device = dev })
+  -- the GEMM alone: ag, on the gathered A (its result, ref, is every check's reference);
+  -- rs, this rank's partial product, the work each rank does without the communication
+  if RS then
+    local ms = time_ms(function() dl.gemm(a, b, local_c) end)
+    row("gemm (alone, local A B)", ms, h:check(check_ref(full, bfull, ref)))
+  else
+    local ms = time_ms(function() dl.gemm(full, b, ref) end)
+    row("gemm (alone, gathered A)", ms, h:check(check_ref(full, b, ref)))
+  end
   for _, v in ipairs(variants) do
-    local op = dl.overlap.ag_gemm { comm = w, algo = v.algo, transport = v.transport, copy = v.copy,
+    local make = RS and dl.overlap.gemm_rs or dl.overlap.ag_gemm
+    local op = make { comm = w, algo = v.algo, transport = v.transport, copy = v.copy,
       streams = v.streams, copy_blocks = A.copy_blocks }
     local fn = function() op:run(a, b, c) end
     fn()
@@ -152,7 +205,7 @@ for _, m in ipairs(A.m) do
     op:check()
     local t = time_ms(fn)
     op:check()
-    row(op:label(), t, h:check(check_rows(c, ref, rows)))
+    row(op:label(), t, h:check(RS and check_rs(c, ref, rows) or check_rows(c, ref, rows)))
     op:free()
     collectgarbage("collect")
   end
@@ -166,17 +219,20 @@ for _, m in ipairs(A.m) do
       tbl:row({ m, an[2], tms, r.tflops, r.vs, t.status == "ok" and 0 or nil })
     end
   end
-  a, b, full, ref, c = nil, nil, nil, nil, nil
+  a, b, bfull, full, ref, c, local_c = nil, nil, nil, nil, nil, nil, nil
   collectgarbage("collect")
 end
 
 -- ---- results ----------------------------------------------------------------------------
 
 local function f(fmt, x) return x and string.format(fmt, x) or "—" end
-local md = { string.format("C = all_gather(A) @ B, A [m, %d] sharded by rows over %d ranks, B [%d, %d]; TFLOP/s = " ..
-  "2 m n k / time, time = the median over %d timed runs of the slowest rank's time (each run after a barrier); " ..
-  "\"vs nccl\": TFLOP/s over nccl_then_gemm's. Variants: algo transport copy x streams (dl.overlap.ag_gemm).",
-  A.k, d, A.k, A.n, A.iters), "" }
+local what = RS and string.format("C = reduce_scatter(A @ B), A [m, %d] sharded by columns over %d ranks, B [%d, %d] " ..
+  "by rows, C [m/%d, %d] on each; TFLOP/s per GPU = 2 m n k / %d / time", A.k, d, A.k, A.n, d, A.n, d)
+  or string.format("C = all_gather(A) @ B, A [m, %d] sharded by rows over %d ranks, B [%d, %d]; TFLOP/s = 2 m n k / time",
+    A.k, d, A.k, A.n)
+local md = { string.format("%s, time = the median over %d timed runs of the slowest rank's time (each run after a " ..
+  "barrier, after warm-up runs filling %g ms); \"vs nccl\": TFLOP/s over %s's. Variants: algo transport copy x " ..
+  "streams (dl.overlap.%s).", what, A.iters, A.warm_ms, BASELINE, A.op), "" }
 local csv_rows = {}
 for _, m in ipairs(A.m) do
   local cells = {}
@@ -201,8 +257,11 @@ end
 
 -- the plot: TFLOP/s against m for the GEMM alone, the baseline, the best p2p
 -- and ring variants and the PyTorch anchors
-local series = { { "gemm (alone", "GEMM alone" }, { "nccl_then_gemm", "nccl then GEMM" }, { "p2p", "best p2p" },
-  { "ring", "best ring" }, { "torch: fused", "torch fused" }, { "torch: NCCL", "torch NCCL + matmul" } }
+local series = RS and { { "gemm (alone", "GEMM alone" }, { "gemm_then_nccl", "GEMM then nccl" },
+  { "p2p", "best p2p" }, { "ring", "best ring" }, { "torch: fused", "torch fused" },
+  { "torch: matmul", "torch matmul + NCCL" } } or { { "gemm (alone", "GEMM alone" }, { "nccl_then_gemm", "nccl then GEMM" },
+  { "p2p", "best p2p" }, { "ring", "best ring" }, { "torch: fused", "torch fused" }, { "torch: NCCL", "torch NCCL + matmul" } }
+local FILE = RS and "gemm-rs-" or "ag-gemm-"
 local dat = { "# m " .. table.concat((function()
   local t = {}
   for i, s in ipairs(series) do t[i] = s[2]:gsub(" ", "_") end
@@ -221,14 +280,15 @@ for _, m in ipairs(A.m) do
 end
 local png
 if h.rank0 then
-  local dat_path = h:path("ag_gemm-" .. h.tag .. ".dat")
+  local dat_path = h:path(FILE .. h.tag .. ".dat")
   bench.markdown.write(dat_path, dat)
-  png = h:path("ag_gemm-" .. h.tag .. ".png")
+  png = h:path(FILE .. h.tag .. ".png")
   local plots = {}
   for i, s in ipairs(series) do plots[i] = string.format("'%s' using 1:%d with linespoints title '%s'", dat_path, i + 1, s[2]) end
   local ok, note = bench.plot.gnuplot(table.concat({ "set terminal pngcairo size 900,560",
     "set output '" .. png .. "'", "set logscale x 2", "set xlabel 'm'", "set ylabel 'TFLOP/s'", "set key bottom right",
-    string.format("set title 'all-gather + GEMM, %s, k=%d n=%d %s'", h.device_desc:gsub("'", ""), A.k, A.n, A.dtype),
+    string.format("set title '%s, %s, k=%d n=%d %s'", RS and "GEMM + reduce-scatter" or "all-gather + GEMM",
+      h.device_desc:gsub("'", ""), A.k, A.n, A.dtype),
     "plot " .. table.concat(plots, ", ") }, "\n"), png)
   md[#md + 1] = ok and ("![TFLOP/s against m](" .. png:match("[^/]*$") .. ")") or ("(" .. note .. ")")
   if not ok then png = nil end
@@ -236,8 +296,9 @@ end
 local extra = { "build: " .. dl.build_info(), "torch: " .. (torch_note or (A.torch and ((next(torch) and
   select(2, next(torch)).torch) or "its CSV had no rows") or "not run (no --torch)")) }
 if h.rank0 then
-  local path = h:markdown("ag_gemm-" .. h.tag .. ".md", "All-gather + GEMM (dl.overlap.ag_gemm)", md, extra)
-  h:csv("ag_gemm-" .. h.tag .. ".csv", { "m", "k", "n", "ranks", "row", "ms", "tflops", "wrong_or_status" }, csv_rows)
+  local path = h:markdown(FILE .. h.tag .. ".md", RS and "GEMM + reduce-scatter (dl.overlap.gemm_rs)" or
+    "All-gather + GEMM (dl.overlap.ag_gemm)", md, extra)
+  h:csv(FILE .. h.tag .. ".csv", { "m", "k", "n", "ranks", "row", "ms", "tflops", "wrong_or_status" }, csv_rows)
   print("wrote " .. path .. ", .csv, .dat" .. (png and " and .png" or " (no plot: no gnuplot here)"))
 end
 h:finish()

@@ -7,6 +7,13 @@ rank's time; the median over runs; TFLOP/s = 2 m n k / time):
   torch_nccl_matmul  dist.all_gather_into_tensor (NCCL, NVLS off) then torch.matmul
   torch_matmul       torch.matmul alone on the gathered A
 
+With --ag-op gemm_rs, the mirror (GEMM + reduce-scatter; A [m, k] sharded by
+columns, B [k, n] by rows, C [m/d, n]; TFLOP/s per GPU = 2 m n k / d / time):
+
+  torch_fused        torch.ops.symm_mem.fused_matmul_reduce_scatter(a, b, "sum", 0, group)
+  torch_matmul_nccl  torch.matmul then dist.reduce_scatter_tensor (NCCL)
+  torch_matmul       torch.matmul alone on the local shards
+
 A [m, k] is sharded by rows over the ranks, B [k, n] is the same on every rank.
 Where ranks share a GPU (more ranks than GPUs: a smoke run) the process group is
 gloo, NCCL refuses two ranks on one device, so torch_nccl_matmul is recorded as
@@ -17,7 +24,7 @@ of C (first and last of each block) against an fp32 GEMM of the same rows
 (normwise within 2^-7); the status column says "ok" or what failed.
 
   torchrun --nproc_per_node 8 experiments/overlap/ag_gemm_torch.py OUT.csv [--ag-m 8192,16384,32768]
-      [--ag-k 16384] [--ag-n 8192] [--ag-dtype bf16] [--ag-iters 10]
+      [--ag-k 16384] [--ag-n 8192] [--ag-dtype bf16] [--ag-iters 10] [--ag-warm-ms 300] [--ag-op gemm_rs]
 
 The options carry an ag- prefix because torchrun parses the whole command
 line with argparse, which takes any --x that is the start of one of its own
@@ -27,6 +34,7 @@ OUT.csv (rank 0; Python's csv module) is what ag_gemm_bench.lua's --torch reads.
 """
 import argparse
 import csv
+import math
 import os
 import statistics
 import sys
@@ -45,7 +53,22 @@ def shard(m, k, rank, world, dtype):
     return torch.randn(m // world, k, device="cuda", dtype=dtype, generator=g)
 
 
-def time_ms(fn, iters, cpu_group):
+def time_ms(fn, iters, cpu_group, warm_ms):
+    """ag_gemm_bench.lua's method: 2 runs estimate a run, warm-up runs fill warm_ms (the count
+    from the slowest rank's estimate, the same on every rank), then per timed run a barrier,
+    an event, the run, an event; the slowest rank's time per run; the median."""
+    est = torch.zeros(1, dtype=torch.float64)
+    for _ in range(2):
+        dist.barrier(group=cpu_group)
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        fn()
+        e1.record()
+        torch.cuda.synchronize()
+        est[0] = max(est[0].item(), e0.elapsed_time(e1))
+    dist.all_reduce(est, op=dist.ReduceOp.MAX, group=cpu_group)
+    for _ in range(math.ceil(warm_ms / max(est.item(), 1e-3))):
+        fn()
     per = []
     for _ in range(iters):
         dist.barrier(group=cpu_group)
@@ -71,6 +94,70 @@ def check_rows(c, full, b, world):
     return "ok"
 
 
+def run_rs(m, args, rank, world, dtype, fused, fused_err, shared, group_name, cpu_group, writer, out, about):
+    """GEMM + reduce-scatter at m rows: every rank draws the whole A and B (the same numbers),
+    keeps its columns of A and rows of B; C is its m/d rows of A @ B."""
+    kd, rows = args.k // world, m // world
+    full = torch.cat([shard(m, args.k, p, world, dtype) for p in range(world)])  # [m, k], as ag draws it
+    gb = torch.Generator(device="cuda").manual_seed(m * 64 + 63)
+    bfull = torch.randn(args.k, args.n, device="cuda", dtype=dtype, generator=gb)
+    a = full[:, rank * kd:(rank + 1) * kd].contiguous()
+    b = bfull[rank * kd:(rank + 1) * kd].contiguous()
+    partial = torch.empty(m, args.n, device="cuda", dtype=dtype)
+    c = torch.empty(rows, args.n, device="cuda", dtype=dtype)
+    flops = 2 * m * args.n * args.k / world
+
+    def check(got):
+        for r in (0, rows - 1):
+            ref = full[rank * rows + r:rank * rows + r + 1].float() @ bfull.float()
+            err = ((got[r:r + 1].float() - ref).norm() / ref.norm()).item()
+            if not err <= 2 ** -7:
+                return f"row {r + 1}: normwise error {err:.3g}"
+        return "ok"
+
+    cases = [
+        ("torch_matmul", lambda: torch.matmul(a, b, out=partial), ""),
+        ("torch_matmul_nccl", lambda: (torch.matmul(a, b, out=partial), dist.reduce_scatter_tensor(c, partial)),
+         "skipped: ranks share a GPU (NCCL refuses two ranks on one device)" if shared else ""),
+        ("torch_fused", lambda: fused(a, b, "sum", 0, group_name), fused_err),
+    ]
+    for impl, fn, skip in cases:
+        ms, status = float("nan"), skip
+        if not skip:
+            try:
+                fn()
+                torch.cuda.synchronize()
+            except Exception as e:
+                status = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+            worked = torch.tensor([0 if status else 1], dtype=torch.int32)
+            dist.all_reduce(worked, op=dist.ReduceOp.MIN, group=cpu_group)
+            if worked.item():
+                ms = time_ms(fn, args.iters, cpu_group, args.warm_ms)
+                res = fn()
+                if impl == "torch_fused":
+                    status = check(res)
+                elif impl == "torch_matmul_nccl":
+                    status = check(c)
+                else:  # the local product alone: its first row against fp32
+                    ref = a[:1].float() @ b.float()
+                    err = ((partial[:1].float() - ref).norm() / ref.norm()).item()
+                    status = "ok" if err <= 2 ** -7 else f"row 1: normwise error {err:.3g}"
+            elif not status:
+                status = "failed on another rank"
+        flags = torch.tensor([0 if status == "ok" or status.startswith("skipped") else 1], dtype=torch.int32)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=cpu_group)
+        if flags.item() and status == "ok":
+            status = "failed on another rank"
+        tf = flops / (ms * 1e-3) / 1e12 if ms == ms else float("nan")
+        if writer:
+            writer.writerow([impl, m, args.k, args.n, world, f"{ms:.4f}", f"{tf:.2f}", status, about])
+            out.flush()
+        if rank == 0:
+            print(f"m={m:6d} {impl:<18} {ms:9.3f} ms {tf:8.1f} TFLOP/s {status}", flush=True)
+    del a, b, full, bfull, partial, c
+    torch.cuda.empty_cache()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("out")
@@ -79,6 +166,8 @@ def main():
     ap.add_argument("--ag-n", dest="n", type=int, default=8192)
     ap.add_argument("--ag-dtype", dest="dtype", default="bf16", choices=["bf16", "f16"])
     ap.add_argument("--ag-iters", dest="iters", type=int, default=10)
+    ap.add_argument("--ag-warm-ms", dest="warm_ms", type=float, default=300)
+    ap.add_argument("--ag-op", dest="op", default="ag_gemm", choices=["ag_gemm", "gemm_rs"])
     args = ap.parse_args()
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
 
@@ -111,7 +200,8 @@ def main():
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 symm_mem.enable_symm_mem_for_group(group_name)
-        fused = torch.ops.symm_mem.fused_all_gather_matmul
+        fused = (torch.ops.symm_mem.fused_matmul_reduce_scatter if args.op == "gemm_rs"
+                 else torch.ops.symm_mem.fused_all_gather_matmul)
     except Exception as e:
         fused_err = f"unavailable: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
 
@@ -121,6 +211,9 @@ def main():
         writer.writerow(["impl", "m", "k", "n", "ranks", "ms", "tflops", "status", "torch"])
 
     for m in [int(x) for x in args.m.split(",") if x]:
+        if args.op == "gemm_rs":
+            run_rs(m, args, rank, world, dtype, fused, fused_err, shared, group_name, cpu_group, writer, out, about)
+            continue
         a = shard(m, args.k, rank, world, dtype)
         gb = torch.Generator(device="cuda").manual_seed(m * 64 + 63)
         b = torch.randn(args.k, args.n, device="cuda", dtype=dtype, generator=gb)
@@ -150,7 +243,7 @@ def main():
                 worked = torch.tensor([0 if status else 1], dtype=torch.int32)
                 dist.all_reduce(worked, op=dist.ReduceOp.MIN, group=cpu_group)
                 if worked.item():
-                    ms = time_ms(fn, args.iters, cpu_group)
+                    ms = time_ms(fn, args.iters, cpu_group, args.warm_ms)
                     res = fn()
                     if impl == "torch_fused":
                         got_a, (got_c,) = res

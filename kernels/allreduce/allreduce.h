@@ -61,26 +61,72 @@ enum {
 #define DL_AR_LAMPORT_EMPTY 0xffffffffu /* a NaN as f32, two NaNs as f16/bf16 */
 #define DL_AR_LAMPORT_NAN 0x7fffffffu   /* what an input word equal to EMPTY is sent as */
 
+/* A call as one rank runs it. Block 0 of every rank writes its call into
+ * every peer's ctrl (calls[seq & 1][from]) as it starts, seq last (release);
+ * before any block touches a peer's data it waits until that peer's entry
+ * holds its own seq and compares the rest, so ranks that call differently
+ * (size, dtype, algorithm, grid) fail instead of summing garbage. It costs a
+ * 32-byte store into each peer and a poll of local memory that the peer's
+ * first flag or data would have been waited for anyway. The entry of call s
+ * is rewritten at call s + 2, which its writer starts only after this rank
+ * took part in call s + 1 (the double buffering of the staging halves). */
+typedef struct dl_ar_call {
+  uint32_t seq;        /* 1 + the writer's ctrl.seq at this call (0: none yet): written last */
+  uint8_t algo, dtype, zero_copy, pad;
+  int32_t blocks, round_vecs;
+  int64_t n;           /* elements of the whole run (a large one runs in pieces) */
+  int64_t offset;      /* this piece's first element */
+} dl_ar_call_t;        /* 32 bytes, no padding: compared word by word */
+#ifdef __cplusplus
+static_assert(sizeof(dl_ar_call_t) == 32, "dl_ar_call_t is 8 words");
+#else
+_Static_assert(sizeof(dl_ar_call_t) == 32, "dl_ar_call_t is 8 words");
+#endif
+
 typedef struct dl_ar_ctrl {
   uint32_t flags[DL_AR_MAX_BLOCKS][DL_SIGNAL_MAX_RANKS];  /* [block][from rank], peers write */
   uint32_t counts[DL_AR_MAX_BLOCKS][DL_SIGNAL_MAX_RANKS]; /* [block][peer], this rank's */
   uint32_t progress[DL_AR_MAX_BLOCKS]; /* pipelined kernels: rounds block b produced */
   uint32_t seq;  /* calls finished on this rank                          */
   uint32_t done; /* blocks of the running call that finished             */
+  dl_ar_call_t calls[2][DL_SIGNAL_MAX_RANKS]; /* [seq & 1][from rank], peers write */
+  /* 1 + the rank that gave up (its wait timed out, it saw mismatched calls,
+   * a peer of its died): written by that rank into every peer's ctrl, read by
+   * every wait here, so no rank completes a call against an abandoned one */
+  uint32_t abort;
 } dl_ar_ctrl_t;
+#ifdef __cplusplus
+static_assert(sizeof(dl_ar_ctrl_t) <= DL_AR_CTRL_BYTES, "ctrl fits its region");
+#else
+_Static_assert(sizeof(dl_ar_ctrl_t) <= DL_AR_CTRL_BYTES, "ctrl fits its region");
+#endif
 
-/* What a timed-out wait leaves for the host (host-mapped memory on cuda, so
+/* Failure kinds (status.kind and the pad's error[0]). A timed-out wait is
+ * the pad's barrier kind. */
+enum {
+  DL_AR_FAIL_TIMEOUT = DL_SIGNAL_ERR_BARRIER,
+  DL_AR_FAIL_MISMATCH = 16, /* a peer's call differs: mine and theirs below   */
+  DL_AR_FAIL_ABORT = 17,    /* peer gave up (its ctrl.abort reached ours)     */
+  DL_AR_FAIL_DEAD = 18      /* a rank's process is gone (status.gone)          */
+};
+
+/* status.block of a wait for a peer's call descriptor (not a block's flag) */
+#define DL_AR_BLOCK_CALL 0xffffffffu
+
+/* What a failed wait leaves for the host (host-mapped memory on cuda, so
  * the next call sees it without a synchronisation). The first failure wins;
- * the same record also goes to the signal pad's error[] (signal.h). */
+ * the same kind also goes to the signal pad's error[] (signal.h). */
 typedef struct dl_ar_status {
-  uint32_t kind;     /* 0: none; DL_SIGNAL_ERR_BARRIER */
-  uint32_t peer;     /* the rank that did not arrive */
+  uint32_t kind;     /* 0: none; DL_AR_FAIL_* */
+  uint32_t peer;     /* the rank that did not arrive, differs, gave up or died */
   uint32_t expected; /* the count waited for (one_shot_lamport: the vector) */
   uint32_t seen;     /* the count found (one_shot_lamport: 0) */
   uint32_t block;
   uint32_t algo;
   uint32_t seq; /* the call, counted by the kernels of this buffer */
-  uint32_t pad;
+  uint32_t gone; /* 1 + a rank whose process is gone, written by the host's watchdog
+                    (core/comm/peers.c); every wait that lasts polls it */
+  dl_ar_call_t mine, theirs; /* DL_AR_FAIL_MISMATCH */
 } dl_ar_status_t;
 
 typedef struct dl_ar_args {
@@ -112,6 +158,8 @@ typedef struct dl_ar_args {
   uint32_t poll_ns;        /* Lamport kernels: nap between polls after the 8th      */
   int lamport_ahead;       /* Lamport kernels: grid steps pushed before the first
                               is reduced (0: all of them)                          */
+  int64_t total_n;         /* elements of the whole run, and this piece's first:    */
+  int64_t offset;          /* what the call descriptor says (dl_ar_call_t)          */
 } dl_ar_args_t;
 
 #ifdef __cplusplus

@@ -71,30 +71,150 @@ __device__ __forceinline__ char *staging(const dl_ar_args_t &a, int rank, int ha
   return buf_of(a, rank) + a.staging_off + ((int64_t)half * a.nranks + slot) * a.slot_bytes;
 }
 
-// The first wait to time out on this rank records itself (pad and status).
-static __device__ __noinline__ void ar_fail(dl_signal_pad_t *pad, dl_ar_status_t *status, int algo,
-                                     int peer, uint32_t expected, uint32_t seen, uint32_t seq) {
-  if (atomicCAS(&pad->error[0], 0u, (uint32_t)DL_SIGNAL_ERR_BARRIER) != 0u) return;
-  pad->error[1] = (uint32_t)peer;
-  pad->error[2] = expected;
-  pad->error[3] = seen;
-  volatile dl_ar_status_t *s = status;
+#ifndef DL_AR_EMU // the CPU emulation brings its own
+// Between polls after the first few: a nap of ns, so that a grid of pollers
+// waiting for data still on its way does not crowd the memory it lands in.
+#define DL_AR_POLL_PAUSE(spins, ns) \
+  do {                              \
+    if ((spins) > 8 && (ns) > 0) __nanosleep(ns); \
+  } while (0)
+#endif
+
+// This call as every rank describes it to the others (dl_ar_call_t), as 8
+// words: word 0 is 1 + seq, the marker a peer polls for.
+__device__ __forceinline__ void ar_call_words(const dl_ar_args_t &a, uint32_t seq, uint32_t (&w)[8]) {
+  dl_ar_call_t c;
+  memset(&c, 0, sizeof c);
+  c.seq = seq + 1;
+  c.algo = (uint8_t)a.algo;
+  c.dtype = (uint8_t)a.dtype;
+  c.zero_copy = (uint8_t)a.zero_copy;
+  c.blocks = a.blocks;
+  c.round_vecs = a.round_vecs;
+  c.n = a.total_n;
+  c.offset = a.offset;
+  memcpy(w, &c, sizeof w);
+}
+
+// The first failure of this rank records itself (pad and status); unless it
+// is a peer's abort, every peer is told to give up too (its ctrl.abort), so
+// no peer completes a call against this rank's abandoned one.
+static __device__ __noinline__ void ar_fail(const dl_ar_args_t &a, uint32_t kind, uint32_t block, int peer,
+                                            uint32_t expected, uint32_t seen, uint32_t seq,
+                                            const uint32_t *mine = nullptr, const uint32_t *theirs = nullptr) {
+  if (atomicCAS(&a.pad->error[0], 0u, kind) != 0u) return;
+  a.pad->error[1] = (uint32_t)peer;
+  a.pad->error[2] = expected;
+  a.pad->error[3] = seen;
+  volatile dl_ar_status_t *s = a.status;
   s->peer = (uint32_t)peer;
   s->expected = expected;
   s->seen = seen;
-  s->block = blockIdx.x;
-  s->algo = (uint32_t)algo;
+  s->block = block;
+  s->algo = (uint32_t)a.algo;
   s->seq = seq;
+  if (mine && theirs)
+    for (int i = 0; i < 8; i++) {
+      reinterpret_cast<volatile uint32_t *>(&s->mine)[i] = mine[i];
+      reinterpret_cast<volatile uint32_t *>(&s->theirs)[i] = theirs[i];
+    }
   __threadfence_system();
-  s->kind = DL_SIGNAL_ERR_BARRIER;
+  s->kind = kind;
+  if (kind != DL_AR_FAIL_ABORT)
+    for (int p = 0; p < a.nranks; p++)
+      if (p != a.rank) dl_signal_store_release(&ctrl_of(buf_of(a, p))->abort, (uint32_t)a.rank + 1);
   __threadfence_system();
+}
+
+// Whether a wait (on peer, begun at t0) must end now, recorded: another
+// thread of this rank failed, a peer gave up, the host saw a peer's process
+// die, or the timeout expired.
+static __device__ __noinline__ bool ar_stop(const dl_ar_args_t &a, dl_ar_ctrl_t *self, uint64_t t0, int peer,
+                                            uint32_t expected, uint32_t seen, uint32_t seq, uint32_t block) {
+  if (*reinterpret_cast<volatile uint32_t *>(&a.pad->error[0]) != 0u) return true;
+  const uint32_t ab = *reinterpret_cast<volatile uint32_t *>(&self->abort);
+  if (ab) {
+    ar_fail(a, DL_AR_FAIL_ABORT, block, (int)ab - 1, expected, seen, seq);
+    return true;
+  }
+  // the watchdog's word is host memory: read over PCIe only once a wait lasts
+  const uint64_t waited = dl_signal_clock_ns() - t0;
+  const uint32_t gone = waited > 100000 ? reinterpret_cast<volatile dl_ar_status_t *>(a.status)->gone : 0u;
+  if (gone) {
+    ar_fail(a, DL_AR_FAIL_DEAD, block, (int)gone - 1, expected, seen, seq);
+    return true;
+  }
+  if (waited > a.timeout_ns) {
+    ar_fail(a, DL_AR_FAIL_TIMEOUT, block, peer, expected, seen, seq);
+    return true;
+  }
+  return false;
+}
+
+// One thread waits until the count *p (peer's signal) reaches v; false once
+// ar_stop says so.
+__device__ __forceinline__ bool ar_wait(const dl_ar_args_t &a, dl_ar_ctrl_t *self, const uint32_t *p, uint32_t v,
+                                        int peer, uint32_t seq) {
+  const uint64_t t0 = dl_signal_clock_ns();
+  uint32_t x;
+  for (int spins = 1; !DL_SIGNAL_REACHED(x = dl_signal_load_acquire(p), v); spins++) {
+    if (spins % 64 == 0) {
+      DL_AR_POLL_PAUSE(spins, 0);
+      if (ar_stop(a, self, t0, peer, v, x, seq, blockIdx.x)) return false;
+    }
+  }
+  return true;
+}
+
+// Block 0, thread p (< nranks, not ours): this call into peer p's ctrl,
+// the marker last (dl_ar_call_t), at the start of every kernel.
+__device__ __forceinline__ void ar_announce(const dl_ar_args_t &a, uint32_t seq) {
+  const int p = threadIdx.x;
+  if (blockIdx.x != 0 || p >= a.nranks || p == a.rank) return;
+  uint32_t w[8];
+  ar_call_words(a, seq, w);
+  volatile uint32_t *dst = reinterpret_cast<volatile uint32_t *>(&ctrl_of(buf_of(a, p))->calls[seq & 1][a.rank]);
+  for (int i = 1; i < 8; i++) dst[i] = w[i];
+  __threadfence_system();
+  dl_signal_store_release(const_cast<uint32_t *>(&dst[0]), w[0]);
+}
+
+// One thread, before it first reads what peer p sent in this call: wait for
+// p's call (ar_announce) and compare it with ours; false (recorded) when
+// they differ or the wait ends.
+static __device__ __noinline__ bool ar_agree(const dl_ar_args_t &a, dl_ar_ctrl_t *self, int p, uint32_t seq) {
+  uint32_t mine[8], theirs[8];
+  ar_call_words(a, seq, mine);
+  const uint32_t *in = reinterpret_cast<const uint32_t *>(&self->calls[seq & 1][p]);
+  const uint64_t t0 = dl_signal_clock_ns();
+  uint32_t x;
+  for (int spins = 1; (x = dl_signal_load_acquire(in)) != mine[0]; spins++) {
+    if (spins % 64 == 0) {
+      DL_AR_POLL_PAUSE(spins, 0);
+      // a peer that saw the mismatch first gives up at once: its call, once
+      // here, says more than its abort
+      if (*reinterpret_cast<volatile uint32_t *>(&self->abort) != 0u &&
+          dl_signal_load_acquire(in) == mine[0])
+        break;
+      if (ar_stop(a, self, t0, p, mine[0], x, seq, DL_AR_BLOCK_CALL)) return false;
+    }
+  }
+  bool same = true;
+  theirs[0] = mine[0];
+  for (int i = 1; i < 8; i++) {
+    theirs[i] = reinterpret_cast<const volatile uint32_t *>(in)[i];
+    same = same && theirs[i] == mine[i];
+  }
+  if (!same) ar_fail(a, DL_AR_FAIL_MISMATCH, blockIdx.x, p, mine[0], x, seq, mine, theirs);
+  return same;
 }
 
 // Block b of this rank meets block b of every other rank: this block's
 // writes before it are visible to those blocks after it, and theirs here.
-// Thread p (< nranks) keeps the count for peer p, signals it, waits for it.
+// Thread p (< nranks) keeps the count for peer p, signals it, waits for it;
+// at a call's first barrier (first) it then compares p's call with ours.
 __device__ __forceinline__ bool ar_barrier(const dl_ar_args_t &a, dl_ar_ctrl_t *self,
-                                           uint32_t seq) {
+                                           uint32_t seq, bool first = false) {
   __syncthreads();
   bool ok = true;
   const int p = threadIdx.x;
@@ -102,11 +222,8 @@ __device__ __forceinline__ bool ar_barrier(const dl_ar_args_t &a, dl_ar_ctrl_t *
     const uint32_t e = self->counts[blockIdx.x][p] + 1;
     self->counts[blockIdx.x][p] = e;
     dl_signal_store_release(&ctrl_of(buf_of(a, p))->flags[blockIdx.x][a.rank], e);
-    uint32_t seen = 0;
-    if (!dl_signal_wait_until(&self->flags[blockIdx.x][p], e, a.timeout_ns, &seen)) {
-      ar_fail(a.pad, a.status, a.algo, p, e, seen, seq);
-      ok = false;
-    }
+    ok = ar_wait(a, self, &self->flags[blockIdx.x][p], e, p, seq);
+    if (ok && first) ok = ar_agree(a, self, p, seq);
   }
   return __syncthreads_and(ok);
 }
@@ -146,15 +263,23 @@ __device__ __forceinline__ void pdl_release() {
 
 // The call counter: read by every block at its start, advanced by the last
 // block to finish (each block counts itself after all its reads of seq).
-__device__ __forceinline__ uint32_t ar_begin(dl_ar_ctrl_t *self) {
+// Block 0 announces the call to the peers (ar_announce).
+__device__ __forceinline__ uint32_t ar_begin(const dl_ar_args_t &a, dl_ar_ctrl_t *self) {
   pdl_wait();
   pdl_release();
-  return *reinterpret_cast<volatile uint32_t *>(&self->seq);
+  const uint32_t seq = *reinterpret_cast<volatile uint32_t *>(&self->seq);
+  ar_announce(a, seq);
+  return seq;
 }
 
-__device__ __forceinline__ void ar_end(dl_ar_ctrl_t *self, uint32_t seq) {
+// A peer that gave up while this block passed its last signal voids the
+// call here too (recorded; the host reports it at the next run or check).
+__device__ __forceinline__ void ar_end(const dl_ar_args_t &a, dl_ar_ctrl_t *self, uint32_t seq) {
   __syncthreads();
   if (threadIdx.x == 0) {
+    const uint32_t ab = *reinterpret_cast<volatile uint32_t *>(&self->abort);
+    if (ab && *reinterpret_cast<volatile uint32_t *>(&a.pad->error[0]) == 0u)
+      ar_fail(a, DL_AR_FAIL_ABORT, blockIdx.x, (int)ab - 1, 0, 0, seq);
     __threadfence();
     if (atomicAdd(&self->done, 1u) == gridDim.x - 1) {
       *reinterpret_cast<volatile uint32_t *>(&self->done) = 0;

@@ -35,13 +35,6 @@ __device__ __forceinline__ uint4 ld_volatile_vec(const char *base, int64_t v) {
                : "memory");
   return x;
 }
-// Between polls after the first few: a nap of a.poll_ns, so that a grid of
-// pollers waiting for data still on its way does not crowd the memory the
-// data is landing in.
-#define DL_AR_POLL_PAUSE(spins, ns) \
-  do {                              \
-    if ((spins) > 8 && (ns) > 0) __nanosleep(ns); \
-  } while (0)
 #endif
 
 __device__ __forceinline__ char *lamport(const dl_ar_args_t &a, int rank, int half, int slot) {
@@ -60,17 +53,14 @@ __device__ __forceinline__ bool lamport_full(const uint4 &x) {
          x.w != DL_AR_LAMPORT_EMPTY;
 }
 
-// Poll vector v of `src` (peer `peer`'s copy) until it is whole; false once
-// the wait times out (recorded) or another thread has failed.
-__device__ __forceinline__ bool lamport_wait(const dl_ar_args_t &a, const volatile uint32_t *failed,
-                                             const char *src, int64_t v, int peer, uint64_t t0, uint32_t seq,
-                                             uint4 &x) {
+// Poll vector v of `src` (peer `peer`'s copy) until it is whole (naps of
+// a.poll_ns after the first few polls); false once ar_stop says so (the
+// wait timed out, another thread failed, a peer gave up or died).
+__device__ __forceinline__ bool lamport_wait(const dl_ar_args_t &a, dl_ar_ctrl_t *self, const char *src,
+                                             int64_t v, int peer, uint64_t t0, uint32_t seq, uint4 &x) {
   for (int spins = 1; !lamport_full(x = ld_volatile_vec(src, v)); spins++) {
     DL_AR_POLL_PAUSE(spins, a.poll_ns);
-    if (spins % 256 == 0 && (*failed != 0u || dl_signal_clock_ns() - t0 > a.timeout_ns)) {
-      if (*failed == 0u) ar_fail(a.pad, a.status, a.algo, peer, (uint32_t)v, 0u, seq);
-      return false;
-    }
+    if (spins % 256 == 0 && ar_stop(a, self, t0, peer, (uint32_t)v, 0u, seq, blockIdx.x)) return false;
   }
   return true;
 }
@@ -108,7 +98,7 @@ __device__ __forceinline__ void lamport_scatter(const dl_ar_args_t &a, int nr, i
 
 // The sums of every other slice at position j: poll, write out, empty.
 template <int DT, int NR, bool AL>
-__device__ __forceinline__ bool lamport_gather(const dl_ar_args_t &a, const volatile uint32_t *failed, int nr,
+__device__ __forceinline__ bool lamport_gather(const dl_ar_args_t &a, dl_ar_ctrl_t *self, int nr,
                                                int h, int64_t sv, int64_t nv, int64_t j, uint64_t t0,
                                                uint32_t seq) {
   constexpr int NRC = shape<NR>::NRC;
@@ -119,7 +109,7 @@ __device__ __forceinline__ bool lamport_gather(const dl_ar_args_t &a, const vola
     if (!(q < nr && q != a.rank && v < nv)) continue;
     char *src = lamport(a, a.rank, h, q);
     uint4 x;
-    if (!lamport_wait(a, failed, src, v, q, t0, seq, x)) return false;
+    if (!lamport_wait(a, self, src, v, q, t0, seq, x)) return false;
     st_user<DT, AL>(a.out, v, a.n, x);
     st_vec(src, v, empty);
   }

@@ -41,13 +41,13 @@ __global__ void __launch_bounds__(AR_THREADS, 2) allreduce_one_shot_zero_copy_ke
   constexpr int NRC = shape<NR>::NRC, U = shape<NR>::U;
   const int nr = NR ? NR : a.nranks;
   dl_ar_ctrl_t *self = ctrl_of(buf_of(a, a.rank));
-  const uint32_t seq = ar_begin(self);
+  const uint32_t seq = ar_begin(a, self);
   const int64_t nv = vec_count<DT>(a.n);
   const char *src[NRC];
 #pragma unroll
   for (int p = 0; p < NRC; p++) src[p] = p < nr ? a.bufs[p] + a.zc_off : nullptr;
   const int64_t per_step = (int64_t)blockDim.x * U;
-  bool ok = ar_barrier(a, self, seq);
+  bool ok = ar_barrier(a, self, seq, true);
   for (int64_t s0 = blockIdx.x * per_step + threadIdx.x; ok && s0 < nv; s0 += per_step * gridDim.x) {
     uint4 x[U][NRC];
 #pragma unroll
@@ -64,7 +64,7 @@ __global__ void __launch_bounds__(AR_THREADS, 2) allreduce_one_shot_zero_copy_ke
     }
   }
   if (ok) ar_barrier(a, self, seq);
-  ar_end(self, seq);
+  ar_end(a, self, seq);
 }
 
 // The pipelined one-shot, copy-in (PUSH = false) and push (PUSH = true): the
@@ -84,7 +84,7 @@ __device__ __forceinline__ void one_shot_pipe(const dl_ar_args_t &a) {
   const bool producer = threadIdx.x < half;
   const int t = producer ? threadIdx.x : threadIdx.x - half; // index within the role
   dl_ar_ctrl_t *self = ctrl_of(buf_of(a, me));
-  const uint32_t seq = ar_begin(self);
+  const uint32_t seq = ar_begin(a, self);
   const int h = seq & 1;
   const int64_t nv = vec_count<DT>(a.n);
   // counts before this call: thread t < nr of each role keeps peer t's
@@ -122,16 +122,10 @@ __device__ __forceinline__ void one_shot_pipe(const dl_ar_args_t &a) {
         dl_signal_store_release(&ctrl_of(buf_of(a, t))->flags[b][me], base + k + 1);
     } else {
       if (t < nr) {
-        uint32_t seen = 0;
-        if (t == me) { // our producers have read round k of the input
-          if (!dl_signal_wait_until(&self->progress[b], base_me + k + 1, a.timeout_ns, &seen)) {
-            ar_fail(a.pad, a.status, a.algo, me, base_me + k + 1, seen, seq);
-            ok = false;
-          }
-        } else if (!dl_signal_wait_until(&self->flags[b][t], base + k + 1, a.timeout_ns, &seen)) {
-          ar_fail(a.pad, a.status, a.algo, t, base + k + 1, seen, seq);
-          ok = false;
-        }
+        if (t == me) // our producers have read round k of the input
+          ok = ar_wait(a, self, &self->progress[b], base_me + k + 1, me, seq);
+        else // peer t's round k has arrived; before its first, its call is compared with ours
+          ok = ar_wait(a, self, &self->flags[b][t], base + k + 1, t, seq) && (k > 0 || ar_agree(a, self, t, seq));
       }
       if (!(ok = named_sync_and(2, half, ok))) break;
       for (int64_t s0 = r0 + t; s0 < r1; s0 += per_step) {
@@ -156,7 +150,7 @@ __device__ __forceinline__ void one_shot_pipe(const dl_ar_args_t &a) {
   __syncthreads();
   // k rounds were signalled and waited for: the counts move on by k
   if (threadIdx.x < nr) self->counts[b][threadIdx.x] = (threadIdx.x == me ? base_me : base) + k;
-  ar_end(self, seq);
+  ar_end(a, self, seq);
 }
 
 // one_shot, copy-in: the pipelined one-shot pulling from the peers' staging.
@@ -183,7 +177,7 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_one_shot_push_flat_ke
   constexpr int NRC = shape<NR>::NRC, U = shape<NR>::U;
   const int nr = NR ? NR : a.nranks, me = a.rank;
   dl_ar_ctrl_t *self = ctrl_of(buf_of(a, me));
-  const uint32_t seq = ar_begin(self);
+  const uint32_t seq = ar_begin(a, self);
   const int h = seq & 1;
   const int64_t nv = vec_count<DT>(a.n);
   const int64_t per_step = (int64_t)blockDim.x * U, per_round = a.round_vecs;
@@ -204,7 +198,7 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_one_shot_push_flat_ke
           if (p < nr && p != me && v < r1) st_vec(staging(a, p, h, me), v, x[u]);
       }
     }
-    if (!ar_barrier(a, self, seq)) break;
+    if (!ar_barrier(a, self, seq, r0 == blockIdx.x * per_round)) break;
     for (int64_t s0 = r0 + threadIdx.x; s0 < r1; s0 += per_step) {
       uint4 own[U], x[U][NRC];
 #pragma unroll
@@ -222,7 +216,7 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_one_shot_push_flat_ke
       }
     }
   }
-  ar_end(self, seq);
+  ar_end(a, self, seq);
 }
 
 
@@ -242,7 +236,7 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_one_shot_lamport_kern
   constexpr int NRC = shape<NR>::NRC;
   const int nr = NR ? NR : a.nranks, me = a.rank;
   dl_ar_ctrl_t *self = ctrl_of(buf_of(a, me));
-  const uint32_t seq = ar_begin(self);
+  const uint32_t seq = ar_begin(a, self);
   const int h = seq & 1;
   const int64_t nv = vec_count<DT>(a.n);
   const int64_t stride = (int64_t)blockDim.x * gridDim.x;
@@ -251,9 +245,12 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_one_shot_lamport_kern
   for (int j = 0; (a.lamport_ahead <= 0 || j < a.lamport_ahead) && next < nv; j++, next += stride)
     lamport_push<DT, NR, AL>(a, nr, h, next);
   const uint4 empty = lamport_empty();
-  const volatile uint32_t *failed = &a.pad->error[0];
   const uint64_t t0 = dl_signal_clock_ns();
   bool ok = true;
+  // the peers' calls, compared with ours before their data is read
+#pragma unroll
+  for (int p = 0; p < NRC; p++)
+    if (p < nr && p != me && ok && first < nv) ok = ar_agree(a, self, p, seq);
   for (int64_t v = first; ok && v < nv; v += stride) {
     if (next < nv) {
       lamport_push<DT, NR, AL>(a, nr, h, next);
@@ -263,14 +260,14 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_one_shot_lamport_kern
     const uint4 own = lamport_clean(ld_user<DT, AL>(a.in, v, a.n));
 #pragma unroll
     for (int p = 0; p < NRC; p++)
-      if (p < nr && p != me && ok) ok = lamport_wait(a, failed, lamport(a, me, h, p), v, p, t0, seq, x[p]);
+      if (p < nr && p != me && ok) ok = lamport_wait(a, self, lamport(a, me, h, p), v, p, t0, seq, x[p]);
     if (!ok) break;
     st_user<DT, AL>(a.out, v, a.n, reduce_vec_own<DT, NRC>(x, nr, me, own));
 #pragma unroll
     for (int p = 0; p < NRC; p++)
       if (p < nr && p != me) st_vec(lamport(a, me, h, p), v, empty);
   }
-  ar_end(self, seq);
+  ar_end(a, self, seq);
 }
 
 // ---- launcher -----------------------------------------------------------------

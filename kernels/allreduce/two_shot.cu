@@ -40,7 +40,7 @@ __device__ __forceinline__ void two_shot(const dl_ar_args_t &a) {
   constexpr int NRC = shape<NR>::NRC, U = shape<NR>::U;
   const int nr = NR ? NR : a.nranks, me = a.rank;
   dl_ar_ctrl_t *self = ctrl_of(buf_of(a, me));
-  const uint32_t seq = ar_begin(self);
+  const uint32_t seq = ar_begin(a, self);
   const int h = seq & 1;
   const int64_t nv = vec_count<DT>(a.n);
   const int64_t sv = (nv + nr - 1) / nr;
@@ -75,7 +75,7 @@ __device__ __forceinline__ void two_shot(const dl_ar_args_t &a) {
       }
     }
     if (!a.zero_copy || r0 == blockIdx.x * per_round)
-      if (!(ok = ar_barrier(a, self, seq))) break;
+      if (!(ok = ar_barrier(a, self, seq, r0 == blockIdx.x * per_round))) break;
     // reduce-scatter: our slice, from every rank
     for (int64_t s0 = r0 + threadIdx.x; s0 < r1; s0 += per_step) {
       uint4 x[U][NRC], own[U];
@@ -140,7 +140,7 @@ __device__ __forceinline__ void two_shot(const dl_ar_args_t &a) {
   }
   // zero-copy pull: peers may still read our reduced slice in the buffer
   if (ok && a.zero_copy && !PUSH) ar_barrier(a, self, seq);
-  ar_end(self, seq);
+  ar_end(a, self, seq);
 }
 
 // two_shot: reduce-scatter and all-gather both by reading the peers.
@@ -180,7 +180,7 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_two_shot_lamport_kern
   constexpr int NRC = shape<NR>::NRC;
   const int nr = NR ? NR : a.nranks, me = a.rank;
   dl_ar_ctrl_t *self = ctrl_of(buf_of(a, me));
-  const uint32_t seq = ar_begin(self);
+  const uint32_t seq = ar_begin(a, self);
   const int h = seq & 1;
   const int64_t nv = vec_count<DT>(a.n);
   const int64_t sv = (nv + nr - 1) / nr;
@@ -190,9 +190,12 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_two_shot_lamport_kern
   for (int k = 0; (a.lamport_ahead <= 0 || k < a.lamport_ahead) && next < sv; k++, next += stride)
     lamport_scatter<DT, NR, AL>(a, nr, h, sv, nv, next);
   const uint4 empty = lamport_empty();
-  const volatile uint32_t *failed = &a.pad->error[0];
   const uint64_t t0 = dl_signal_clock_ns();
   bool ok = true;
+  // the peers' calls, compared with ours before their data is read
+#pragma unroll
+  for (int p = 0; p < NRC; p++)
+    if (p < nr && p != me && ok && first < sv) ok = ar_agree(a, self, p, seq);
   int64_t prev = -1; // the position whose sums are gathered next
   for (int64_t j = first; ok && j < sv; j += stride) {
     if (next < sv) {
@@ -205,7 +208,7 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_two_shot_lamport_kern
       const uint4 own = lamport_clean(ld_user<DT, AL>(a.in, v, a.n));
 #pragma unroll
       for (int p = 0; p < NRC; p++)
-        if (p < nr && p != me && ok) ok = lamport_wait(a, failed, lamport(a, me, h, p), v, p, t0, seq, x[p]);
+        if (p < nr && p != me && ok) ok = lamport_wait(a, self, lamport(a, me, h, p), v, p, t0, seq, x[p]);
       if (!ok) break;
       const uint4 sum = lamport_clean(reduce_vec_own<DT, NRC>(x, nr, me, own));
       st_user<DT, AL>(a.out, v, a.n, sum);
@@ -217,11 +220,11 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_two_shot_lamport_kern
         }
       }
     }
-    if (prev >= 0) ok = lamport_gather<DT, NR, AL>(a, failed, nr, h, sv, nv, prev, t0, seq);
+    if (prev >= 0) ok = lamport_gather<DT, NR, AL>(a, self, nr, h, sv, nv, prev, t0, seq);
     prev = j;
   }
-  if (ok && prev >= 0) lamport_gather<DT, NR, AL>(a, failed, nr, h, sv, nv, prev, t0, seq);
-  ar_end(self, seq);
+  if (ok && prev >= 0) lamport_gather<DT, NR, AL>(a, self, nr, h, sv, nv, prev, t0, seq);
+  ar_end(a, self, seq);
 }
 
 // ---- launcher -----------------------------------------------------------------

@@ -136,6 +136,54 @@ int dl_attn_merge_out_cpu(const dl_attn_merge_params_t *p, void *stream);
 int dl_attn_merge_grad_cuda(const dl_attn_merge_params_t *p, void *stream);
 int dl_attn_merge_grad_cpu(const dl_attn_merge_params_t *p, void *stream);
 
+/* ---- around cuDNN's fused attention (kernels/attn/attn_cudnn.cu; cuda only) ---- */
+
+/* thd: seq_q/seq_kv [b] = lengths from cu_seqlens; for each of n tensors,
+ * ragged[t] [b+1] = row start of each sequence (pad, else cu; entry b: the
+ * end) times row_stride[t], on the q side or the kv side (kv_side[t]). */
+typedef struct dl_attn_ragged_params {
+  int b, n;
+  const int32_t *cu_q, *cu_kv, *pad_q, *pad_kv; /* pad_*: NULL = cu_* */
+  int32_t *seq_q, *seq_kv;
+  int32_t *ragged[8];
+  int64_t row_stride[8];
+  int kv_side[8];
+} dl_attn_ragged_params_t;
+
+/* Between cuDNN's packed stats [b, h, s] and an lse (lse_st; thd when cu !=
+ * NULL: sequence bi's rows start at pad[bi] (or cu[bi]), only its
+ * cu[bi+1]-cu[bi] rows take part). to_lse: a row whose stat is -inf or NaN
+ * gets lse -inf and, when out != NULL (16-bit, d columns), a zero row; else
+ * (lse to stats) -inf becomes +inf. stats and lse may be the same memory. */
+typedef struct dl_attn_stats_params {
+  int b, h, s, d;
+  const int32_t *cu, *pad;
+  const int32_t *seq_kv; /* thd: a sequence with no keys has no visible key anywhere */
+  const float *max, *sum_exp; /* to_lse: when set, the stat is max + log(sum_exp) */
+  float *stats;
+  float *lse;
+  dl_attn_strides_t lse_st;
+  void *out;
+  dl_attn_strides_t out_st;
+  int to_lse;
+} dl_attn_stats_params_t;
+
+int dl_attn_cudnn_ragged_cuda(const dl_attn_ragged_params_t *p, void *stream);
+int dl_attn_cudnn_stats_cuda(const dl_attn_stats_params_t *p, void *stream);
+/* thd bwd: zero the rows of dq (dk, dv) of sequences that have no keys (no
+ * queries), which cuDNN may leave unwritten or write garbage into. */
+typedef struct dl_attn_empty_rows_params {
+  int b;
+  const int32_t *cu_q, *cu_kv, *pad_q, *pad_kv;
+  void *dq, *dk, *dv; /* 16-bit */
+  dl_attn_strides_t dq_st, dk_st, dv_st;
+  int h_q, h_kv, d_qk, d_v;
+} dl_attn_empty_rows_params_t;
+int dl_attn_cudnn_empty_rows_cuda(const dl_attn_empty_rows_params_t *p, void *stream);
+/* max_logit[hh] = max(max_logit[hh], rowmax[bi, hh, i] for i < seq[bi] (or s)). */
+int dl_attn_cudnn_max_cuda(const float *rowmax, int b, int h, int s, const int32_t *seq,
+                           float *max_logit, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -18,9 +18,13 @@
  * (acquire); then epoch[b] = e. Writes before the barrier on any rank are
  * visible after it on every rank.
  *
- * Waits end after a timeout (the GPU's globaltimer): the waiter records
- * {kind, index, expected, seen} in its own pad's error[] and returns false;
- * the host turns that record into an error (dl_symm_check).
+ * Waits end after a timeout (the GPU's globaltimer), or once the peers'
+ * word `gone` is set: 1 + the rank of a member whose process died, written
+ * by the host's watchdog (core/comm/peers.c) into pinned host memory that
+ * the device reads (NULL: none). The waiter records {kind, index, expected,
+ * seen} in its own pad's error[] (index: the flag, the peer waited for, or
+ * the dead rank) and returns false; the host turns that record into an
+ * error (dl_symm_check).
  */
 #ifndef DISTLAB_SIGNAL_PAD_H
 #define DISTLAB_SIGNAL_PAD_H
@@ -29,7 +33,7 @@
 
 #include "base.h"
 
-enum { DL_SIGNAL_ERR_FLAG = 1, DL_SIGNAL_ERR_BARRIER = 2 };
+enum { DL_SIGNAL_ERR_FLAG = 1, DL_SIGNAL_ERR_BARRIER = 2, DL_SIGNAL_ERR_DEAD = 3 };
 
 typedef struct dl_signal_pad {
   uint32_t flags[DL_SIGNAL_FLAGS];
@@ -48,16 +52,17 @@ extern "C" {
 /* Launchers (kernels/common/signal.cu): one tiny kernel each on `stream`. */
 int dl_signal_set_cuda(dl_signal_pad_t *pad, int flag, uint32_t value, void *stream);
 int dl_signal_wait_cuda(dl_signal_pad_t *self, int flag, uint32_t value, double timeout_s,
-                        void *stream);
+                        const uint32_t *gone, void *stream);
 int dl_signal_barrier_cuda(dl_signal_peers_t peers, int rank, int nranks, double timeout_s,
-                           void *stream);
-/* CPU twins (kernels/common/cpu/signal.c): same protocol on host memory; a timeout
- * is also returned as DL_ETIMEOUT with a message naming flag/peer. */
+                           const uint32_t *gone, void *stream);
+/* CPU twins (kernels/common/cpu/signal.c): same protocol on host memory; a
+ * failed wait is also returned as DL_ETIMEOUT or DL_EPEER with a message
+ * naming the flag or the peer. */
 int dl_signal_set_cpu(dl_signal_pad_t *pad, int flag, uint32_t value, void *stream);
 int dl_signal_wait_cpu(dl_signal_pad_t *self, int flag, uint32_t value, double timeout_s,
-                       void *stream);
+                       const uint32_t *gone, void *stream);
 int dl_signal_barrier_cpu(dl_signal_peers_t peers, int rank, int nranks, double timeout_s,
-                          void *stream);
+                          const uint32_t *gone, void *stream);
 #ifdef __cplusplus
 }
 #endif
@@ -96,14 +101,22 @@ __device__ __forceinline__ void dl_signal_fail(dl_signal_pad_t *self, uint32_t k
   }
 }
 
-/* One thread waits until *p reaches v; false after timeout_ns. */
+/* One thread waits until *p reaches v: true once it does; false after
+ * timeout_ns (*dead = 0) or once *gone is set (*dead = its value: 1 + the
+ * dead rank). gone is host memory: read only once the wait has lasted
+ * 100 us, every 64 polls. */
 __device__ __forceinline__ bool dl_signal_wait_until(const uint32_t *p, uint32_t v,
-                                                     uint64_t timeout_ns, uint32_t *seen) {
+                                                     uint64_t timeout_ns, const uint32_t *gone,
+                                                     uint32_t *seen, uint32_t *dead) {
   uint64_t t0 = dl_signal_clock_ns();
   uint32_t x;
   int spins = 0;
+  *dead = 0;
   while (!DL_SIGNAL_REACHED(x = dl_signal_load_acquire(p), v)) {
-    if (++spins % 64 == 0 && dl_signal_clock_ns() - t0 > timeout_ns) {
+    if (++spins % 64) continue;
+    const uint64_t waited = dl_signal_clock_ns() - t0;
+    if ((gone && waited > 100000 && (*dead = *(const volatile uint32_t *)gone) != 0u) ||
+        waited > timeout_ns) {
       *seen = x;
       return false;
     }
@@ -112,9 +125,10 @@ __device__ __forceinline__ bool dl_signal_wait_until(const uint32_t *p, uint32_t
 }
 
 /* The whole block meets the same block of every rank; false (in every
- * thread) when a peer did not come within timeout_ns. */
+ * thread) when a peer did not come within timeout_ns or died. */
 __device__ __forceinline__ bool dl_signal_barrier_block(const dl_signal_peers_t &peers, int rank,
-                                                        int nranks, uint64_t timeout_ns) {
+                                                        int nranks, uint64_t timeout_ns,
+                                                        const uint32_t *gone) {
   dl_signal_pad_t *self = peers.pads[rank];
   __syncthreads();
   uint32_t e = self->epoch[blockIdx.x] + 1;
@@ -122,9 +136,11 @@ __device__ __forceinline__ bool dl_signal_barrier_block(const dl_signal_peers_t 
   if (threadIdx.x < (unsigned)nranks) {
     __threadfence_system();
     dl_signal_store_release(&peers.pads[threadIdx.x]->barrier[blockIdx.x][rank], e);
-    uint32_t seen = 0;
-    ok = dl_signal_wait_until(&self->barrier[blockIdx.x][threadIdx.x], e, timeout_ns, &seen);
-    if (!ok) dl_signal_fail(self, DL_SIGNAL_ERR_BARRIER, threadIdx.x, e, seen);
+    uint32_t seen = 0, dead = 0;
+    ok = dl_signal_wait_until(&self->barrier[blockIdx.x][threadIdx.x], e, timeout_ns, gone, &seen,
+                              &dead);
+    if (!ok && dead) dl_signal_fail(self, DL_SIGNAL_ERR_DEAD, dead - 1, e, seen);
+    else if (!ok) dl_signal_fail(self, DL_SIGNAL_ERR_BARRIER, threadIdx.x, e, seen);
   }
   ok = __syncthreads_and(ok);
   if (threadIdx.x == 0 && ok) self->epoch[blockIdx.x] = e;

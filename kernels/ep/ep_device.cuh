@@ -59,11 +59,12 @@ static __device__ __noinline__ void ep_fail(dl_ep_status_t *s, int phase, uint32
 }
 
 // One thread: until control word w of this rank reaches v (written by
-// `peer`); false, recorded, after the timeout.
+// `peer`); false, recorded, after the timeout. The peers' death word is not
+// polled (gone NULL): a dead peer ends the wait at its timeout.
 __device__ __forceinline__ bool ep_wait(const dl_ep_args_t &a, int64_t w, uint32_t v, int peer,
                                         uint32_t epoch) {
-  uint32_t seen = 0;
-  if (dl_signal_wait_until(ep_ctrl(a, a.rank) + w, v, a.timeout_ns, &seen)) return true;
+  uint32_t seen = 0, dead = 0;
+  if (dl_signal_wait_until(ep_ctrl(a, a.rank) + w, v, a.timeout_ns, nullptr, &seen, &dead)) return true;
   ep_fail(a.status, a.phase, DL_EP_ERR_TIMEOUT, (uint32_t)peer, v, seen, epoch);
   return false;
 }

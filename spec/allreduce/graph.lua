@@ -2,7 +2,7 @@
 -- a CUDA graph on cuda, a recorded Lua function on cpu) and replayed, with
 -- eager all-reduces of other sizes and algorithms in between (they move the
 -- device-side counters and the staging half a replay finds): every replay's
--- results are exact. Also: an odd number of calls per graph, so consecutive
+-- results are exact, with fresh inputs before every replay. Also: an odd number of calls per graph, so consecutive
 -- replays start on different staging halves.
 local dir = arg[0]:match("^(.*)/[^/]*$") or "."
 local A = dofile(dir .. "/common.lua")
@@ -27,7 +27,7 @@ A.report(function()
       k = k + 1
       local dtype = A.dtypes[k % 3 + 1]
       local src = A.exact_input(n, dtype, k, me)
-      cases[#cases + 1] = { algo = algo, n = n, call = k, src = src, x = dl.empty({ n }, { dtype = dtype }),
+      cases[#cases + 1] = { algo = algo, n = n, call = k, k = k, src = src, x = dl.empty({ n }, { dtype = dtype }),
         out = dl.empty({ n }, { dtype = dtype }), dtype = dtype }
     end
   end
@@ -53,6 +53,12 @@ A.report(function()
   say("rank %d: captured %d nodes", me, g:nodes())
   local junk = A.exact_input(1000, "f32", 999, me)
   for r = 1, replays do
+    -- fresh data for every replay, written into the tensors the graph reads (the same
+    -- memory): a replay that reused a stale staging copy or result would not match
+    for _, c in ipairs(cases) do
+      c.call = c.k + 1000 * r -- 1000 * 7 is not a multiple of 17: the values move
+      c.src:copy_(A.exact_input(c.n, c.dtype, c.call, me))
+    end
     g:replay()
     ar:check()
     say("rank %d: replay %d done", me, r)

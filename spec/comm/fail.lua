@@ -7,7 +7,11 @@
 --   never     rank 1 never calls; rank 0 times out, then its comm refuses ops
 --   size      ranks all-reduce different sizes
 --   dtype     ranks all-reduce different dtypes
+--   reduction ranks all-reduce with different reductions (sum, max)
+--   root      ranks broadcast from different roots
 --   p2p       recv expects more than the send carries
+--   p2p_dtype send f32[4], recv bf16[8]: the same bytes, another dtype
+--   late      rank 1 calls after rank 0 timed out on the same all-reduce
 --   counts    all_to_allv counts that do not match across ranks
 --   debug     debug mode (checks through the store) catches a size mismatch
 --   symmflag  rank 0 waits on a flag that no one sets
@@ -44,8 +48,26 @@ U.report(function()
     w:all_reduce(dl.ones(10 + me), "sum")
   elseif mode == "dtype" then
     w:all_reduce(dl.ones(10, me == 0 and "f32" or "bf16"), "sum")
+  elseif mode == "reduction" then
+    w:all_reduce(dl.ones(10), me == 0 and "sum" or "max")
+  elseif mode == "root" then
+    w:broadcast(dl.ones(10), me)
   elseif mode == "p2p" then
     if me == 0 then w:send(dl.ones(10), 1) else w:recv(dl.ones(11), 0) end
+    w:barrier() -- the sender's next op fails too (the receiver gave up)
+  elseif mode == "p2p_dtype" then
+    if me == 0 then w:send(dl.ones(4), 1) else w:recv(dl.ones(8, "bf16"), 0) end
+    w:barrier()
+  elseif mode == "late" then
+    -- rank 1 comes after rank 0 timed out: it must fail too, not complete
+    -- the all-reduce against rank 0's abandoned one
+    if me == 1 then U.sleep(timeout + 1) end
+    local ok, err = pcall(w.all_reduce, w, dl.ones(8), "sum")
+    if me == 0 then
+      print("FIRST: " .. tostring(err))
+      U.sleep(3) -- serve the store until rank 1 is done
+    end
+    if not ok then error(err, 0) end
   elseif mode == "counts" then
     local send = me == 0 and { 2, 3 } or { 1, 1 }
     local recv = me == 0 and { 2, 1 } or { 4, 1 }

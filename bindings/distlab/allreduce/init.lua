@@ -24,6 +24,8 @@
 -- the shipped tables: allreduce/tables.lua.
 local ffi = require "ffi"
 local core = require "distlab.core"
+local tensor = require "distlab.tensor"
+local args = require "distlab.args"
 local T = require "distlab.allreduce.table"
 local U = require "distlab.allreduce.tune"
 
@@ -59,9 +61,10 @@ local info = ffi.new("dl_allreduce_info_t")
 
 function M.new(comm, opts)
   if type(comm) ~= "table" or comm.ptr == nil then fail("allreduce.new: the first argument must be a live communicator") end
-  opts = opts or {}
+  opts = args.options(opts, { "max_bytes" }, "allreduce.new")
+  local max_bytes = opts.max_bytes and args.size(opts.max_bytes, "allreduce.new: max_bytes") or 0
   local pp = ffi.new("dl_allreduce_t*[1]")
-  check(C.dl_allreduce_new(pp, comm.ptr, opts.max_bytes or 0))
+  check(C.dl_allreduce_new(pp, comm.ptr, max_bytes))
   local a = setmetatable({ ptr = ffi.gc(pp[0], C.dl_allreduce_free), comm = comm, device = comm.device }, AR)
   check(C.dl_allreduce_info(a.ptr, info))
   a.rank, a.size, a.sms = info.rank, info.size, info.sms
@@ -103,9 +106,15 @@ end
 
 local function tensor_bytes(t) return tonumber(C.dl_tensor_numel(t)) * C.dl_dtype_size(t.dtype_id) end
 
+local RUN_KEYS = { "algo", "blocks", "out", "comm" }
 function AR:run(t, opts)
-  opts = opts or {}
-  local algo, blocks = opts.algo or "auto", opts.blocks or 0
+  if not tensor.is_tensor(t) then fail("allreduce.run: the first argument must be a tensor, got %s", type(t)) end
+  opts = args.options(opts, RUN_KEYS, "allreduce.run")
+  if opts.out ~= nil and not tensor.is_tensor(opts.out) then
+    fail("allreduce.run: out must be a tensor, got %s", type(opts.out))
+  end
+  local algo = opts.algo or "auto"
+  local blocks = opts.blocks ~= nil and args.int32(opts.blocks, "allreduce.run: blocks", 0) or 0
   if algo == "auto" then
     local b
     algo, b = M.choose(tensor_bytes(t), self.comm)
@@ -132,7 +141,8 @@ function M.get(comm, opts)
 end
 
 function M.run(t, opts)
-  opts = opts or {}
+  if not tensor.is_tensor(t) then fail("allreduce.run: the first argument must be a tensor, got %s", type(t)) end
+  opts = args.options(opts, RUN_KEYS, "allreduce.run")
   return M.get(opts.comm):run(t, opts)
 end
 

@@ -5,7 +5,8 @@
 --   stats(times)                    median (mean of the middle two when even),
 --                                   min, max, mean, iters; times sorted
 --   events(fn, opts) -> stats, ms   each call of fn between two device events
---                                   (dl.bench's method; host time on cpu and meta)
+--                                   (dl.bench's method; host time on cpu and meta);
+--                                   warm_ms / min_ms: counts filled to that much work
 --   graph(fn, opts) -> stats, ms    per call: a CUDA graph of `ops` back-to-back
 --                                   calls, each replay between two events / ops
 --   loop_once(fn, iters, opts)      one repetition of [before(), event, `iters`
@@ -42,12 +43,29 @@ local function count(opts, key, dflt, least)
   return v
 end
 
--- events(fn, {warmup = 5, iters = 20, device = current}) -> stats (ms per call)
+local function ms_opt(opts, key)
+  local v = opts[key]
+  if v ~= nil and (type(v) ~= "number" or v < 0) then fail("bench: %s must be a number >= 0, got %s", key, tostring(v)) end
+  return v
+end
+
+-- events(fn, {warmup = 5, iters = 20, warm_ms =, min_ms =, device = current}) -> stats (ms per call)
+-- With warm_ms or min_ms, a first estimate (2 + 3 calls) sets the counts: at
+-- least `warmup` calls and enough to fill warm_ms, at least `iters` timed calls
+-- and enough to fill min_ms. A few calls of a short kernel leave the card's
+-- clocks where the previous case put them (the same GEMM moved 10% between
+-- two H200 runs at 5 + 20 calls); half a second of it settles them.
 function M.events(fn, opts)
   if type(fn) ~= "function" then fail("bench: first argument must be a function") end
   opts = opts or {}
   local warmup, iters = count(opts, "warmup", 5, 0), count(opts, "iters", 20, 1)
+  local warm_ms, min_ms = ms_opt(opts, "warm_ms"), ms_opt(opts, "min_ms")
   local device = device_of(opts)
+  if warm_ms or min_ms then
+    local est = math.max(M.events(fn, { warmup = 2, iters = 3, device = device }).median, 1e-3)
+    warmup = math.max(warmup, math.ceil((warm_ms or 0) / est))
+    iters = math.max(iters, math.ceil((min_ms or 0) / est))
+  end
   for _ = 1, warmup do fn() end
   local evs = {}
   for i = 1, iters + 1 do evs[i] = stream.event(device) end

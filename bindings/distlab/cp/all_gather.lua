@@ -86,7 +86,7 @@ end
 -- the K/V row range for bshd/sbhd.
 local function step(cp, pl, s)
   local part = s == 1 and "first" or "second"
-  local base = { layout = pl.layout, scale = cp.scale }
+  local base = { layout = pl.layout, scale = cp.scale, backend = pl.backend }
   if pl.thd then
     base.mask = cp.causal and "causal_bottom_right" or "none"
     if cp.window and cp.causal and cp.window[1] >= 0 then base.window = { cp.window[1], 0 } end
@@ -172,6 +172,7 @@ local function forward_overlap(cp, q, k, v, pl)
   local function piece(s, kk, vv, mask)
     local part = s == 1 and "first" or "second"
     dl.attn.fwd(pl:part(q, part), kk, vv, { layout = pl.layout, mask = mask, scale = cp.scale, max_logit = ml,
+      backend = pl.backend,
       accumulate = { out = pl:part(res.out, part), lse = pl:part(res.lse, part, "lse") } })
     pl:drop_views()
   end
@@ -234,6 +235,7 @@ function M.backward(cp, dout, sv)
       local part = s == 1 and "first" or "second"
       dl.mem.tag("workspace", dl.attn.bwd, pl:part(dout, part), pl:part(q, part), kk, vv, pl:part(out, part),
         pl:part(lse, part, "lse"), { layout = pl.layout, mask = mask, scale = cp.scale, accumulate_grads = true,
+          backend = pl.backend,
           dq = pl:part(dq, part), dk = rows(pl, dK, lo, hi), dv = rows(pl, dV, lo, hi) })
       pl:drop_views()
     end

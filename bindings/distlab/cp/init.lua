@@ -9,6 +9,10 @@
 --     overlap = bool,        (all_gather, bshd/sbhd, no window: attend to the local
 --                             K/V while the gathers run; a2a: two head groups in a
 --                             pipeline, heads per rank even; default false)
+--     backend = "ours" | "cudnn" | "auto",  (dl.attn's backend for every step; default
+--                             "ours". correction "fused" and all_gather's overlap
+--                             merge in our kernel's epilogue: with "cudnn" they are an
+--                             error, with "auto" those steps run ours)
 --     layout = "bshd" | "sbhd" | "thd", mask = "none" | "causal",
 --     window = {left, right}, scale =, return_max_logit = bool}
 --   out, lse[, max_logit] = cp:forward(q, k, v[, {cu_seqlens_q =, cu_seqlens_q_padded =}])
@@ -29,6 +33,7 @@
 local dl = require "distlab"
 local plan = require "distlab.cp.plan"
 local p2p = require "distlab.cp.p2p"
+local args = require "distlab.args"
 
 local fail = dl.fail
 local M = {}
@@ -38,7 +43,8 @@ local CP = {}
 CP.__index = CP
 
 local KEYS = { comm = true, algo = true, comm_buffers = true, correction = true, dkv = true,
-  layout = true, mask = true, window = true, scale = true, return_max_logit = true, overlap = true }
+  layout = true, mask = true, window = true, scale = true, return_max_logit = true, overlap = true,
+  backend = true }
 local P2P_ONLY = { comm_buffers = true, correction = true, dkv = true }
 
 local function one_of(name, x, list)
@@ -51,10 +57,10 @@ local function one_of(name, x, list)
 end
 
 function M.attention(opts)
-  opts = opts or {}
-  if type(opts) ~= "table" then fail("cp.attention: expected an options table") end
-  for k in pairs(opts) do
-    if not KEYS[k] then fail("cp.attention: unknown option %s", tostring(k)) end
+  opts = args.options(opts, KEYS, "cp.attention")
+  if opts.comm ~= nil and not (type(opts.comm) == "table" and getmetatable(opts.comm) == dl.comm.Comm) then
+    fail("cp.attention: comm must be a communicator (dl.comm.world(), a split), got %s",
+      type(opts.comm) == "string" and string.format("%q", opts.comm) or type(opts.comm))
   end
   local self = setmetatable({}, CP)
   self.comm = opts.comm or dl.comm.world()
@@ -68,6 +74,12 @@ function M.attention(opts)
   self.correction = one_of("correction", opts.correction or "fused", p2p.corrections)
   self.dkv = one_of("dkv", opts.dkv or "travel", { "travel", "local" })
   self.layout = one_of("layout", opts.layout or "bshd", { "bshd", "sbhd", "thd" })
+  self.backend = one_of("backend", opts.backend or "ours", { "ours", "cudnn", "auto" })
+  if self.backend == "cudnn" and self.algo == "p2p" and self.correction == "fused" then
+    fail("cp.attention: correction = \"fused\" merges in our attention kernel's epilogue, which cuDNN " ..
+      "has not: with backend = \"cudnn\" use correction \"incremental\" or \"post_loop\" (or backend \"auto\", " ..
+      "which runs ours for the fused steps)")
+  end
   local mask = one_of("mask", opts.mask or "none", { "none", "causal", "causal_bottom_right" })
   -- Q and KV cover the same positions: bottom-right and top-left causal agree.
   self.causal = mask ~= "none"
@@ -111,8 +123,20 @@ function M.attention(opts)
     if self.algo == "all_gather" and self.window then
       fail("cp.attention: all_gather overlap takes no window (a causal mask or none)")
     end
+    if self.algo == "all_gather" and self.backend == "cudnn" then
+      fail("cp.attention: all_gather overlap merges in our attention kernel's epilogue, which cuDNN has not: " ..
+        "with backend = \"cudnn\" leave overlap off (or use backend \"auto\")")
+    end
   end
   self.impl = require("distlab.cp." .. self.algo)
+  -- ranks whose schedules differ (a mask, a correction) would each compute
+  -- something plausible and wrong: every rank checks every other's, once
+  self.comm:agree("cp.attention options", string.format(
+    "algo=%s, backend=%s, layout=%s, causal=%s, window=%s, scale=%s, comm_buffers=%s, correction=%s, dkv=%s, " ..
+    "overlap=%s, return_max_logit=%s", self.algo, self.backend, self.layout, tostring(self.causal),
+    self.window and (self.window[1] .. ":" .. self.window[2]) or "none",
+    self.scale and string.format("%.17g", self.scale) or "default", tostring(self.comm_buffers), self.correction,
+    self.dkv, tostring(self.overlap), tostring(self.return_max_logit)))
   return self
 end
 
@@ -136,8 +160,9 @@ local function streams(self, device)
 end
 
 local function check_inputs(self, q, k, v)
-  for i, x in ipairs({ q, k, v }) do
-    if not dl.is_tensor(x) then fail("cp:forward: %s must be a tensor", ({ "q", "k", "v" })[i]) end
+  local xs = { q, k, v } -- not ipairs: it stops at a nil q
+  for i, name in ipairs { "q", "k", "v" } do
+    if not dl.is_tensor(xs[i]) then fail("cp:forward: %s must be a tensor, got %s", name, type(xs[i])) end
   end
   local nd = self.layout == "thd" and 3 or 4
   if q.nd ~= nd or k.nd ~= nd or v.nd ~= nd then
@@ -150,10 +175,12 @@ local function check_inputs(self, q, k, v)
 end
 
 function CP:forward(q, k, v, seq)
+  if getmetatable(self) ~= CP then fail("cp:forward: call it as cp:forward(q, k, v[, seq]) (a colon, not a dot)") end
   check_inputs(self, q, k, v)
   self:release()
   streams(self, q.device)
-  local pl = plan.new { C = self.comm.size, r = self.comm.rank, layout = self.layout, x = q, seq = seq }
+  local pl = plan.new { C = self.comm.size, r = self.comm.rank, layout = self.layout, x = q, seq = seq,
+    backend = self.backend }
   local out, lse, ml = self.impl.forward(self, q, k, v, pl)
   self.saved = self.saved or {}
   local sv = self.saved
@@ -162,6 +189,7 @@ function CP:forward(q, k, v, seq)
 end
 
 function CP:backward(dout)
+  if getmetatable(self) ~= CP then fail("cp:backward: call it as cp:backward(dout) (a colon, not a dot)") end
   if not self.saved then fail("cp:backward: call cp:forward first (or again after a backward)") end
   if not dl.is_tensor(dout) then fail("cp:backward: dout must be a tensor") end
   local dq, dk, dv = self.impl.backward(self, dout, self.saved)
@@ -186,7 +214,7 @@ local function round256(n) return math.ceil(n / 256) * 256 end
 -- The sizes the formulas are written in, for this object and these shards.
 function CP:geometry(q, k, v, seq)
   local C = self.comm.size
-  local pl = plan.new { C = C, r = self.comm.rank, layout = self.layout, x = q, seq = seq }
+  local pl = plan.new { C = C, r = self.comm.rank, layout = self.layout, x = q, seq = seq, backend = self.backend }
   local rows = pl.thd and pl.T_r or q:size(self.layout == "sbhd" and 2 or 1) * pl.S_r
   local e, hq, hkv = q:element_size(), q:size(-2), k:size(-2)
   local dqk, dv = q:size(-1), v:size(-1)

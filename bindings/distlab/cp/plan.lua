@@ -74,14 +74,15 @@ function M.thd_lengths(seq, C)
   return L, pad
 end
 
--- plan.new{C =, r =, layout =, x =, seq =, full =, dim =}: the plan of rank
--- r of C. x is one of this rank's shards (q/k/v), or with full = true a
+-- plan.new{C =, r =, layout =, x =, seq =, full =, dim =, backend =}: the plan of
+-- rank r of C. x is one of this rank's shards (q/k/v), or with full = true a
 -- full-sequence tensor; dim is x's sequence dim when it is not the layout's
--- (an lse); seq holds the full-sequence cu_seqlens (thd).
+-- (an lse); seq holds the full-sequence cu_seqlens (thd); backend: dl.attn's,
+-- put into every step's options (plan:opts).
 function M.new(o)
   local C, r, layout, x = o.C, o.r, o.layout, o.x
   local p = setmetatable({ C = C, r = r, layout = layout, thd = layout == "thd", device = x.device,
-    views = {}, sels = {}, sel_order = {} }, Plan)
+    views = {}, sels = {}, sel_order = {}, backend = o.backend }, Plan)
   p.sdim = layout == "bshd" and 2 or 1 -- sequence dim of q/k/v/out
   p.ldim = layout == "thd" and 2 or 3  -- sequence dim of lse
   local n = x:size(o.dim or p.sdim)
@@ -178,7 +179,7 @@ end
 -- Attention options for a step: base (mask, window, ...) plus, for thd, the
 -- cu_seqlens of the q and kv selections.
 function Plan:opts(base, qsel, kvsel, extra)
-  local o = {}
+  local o = { backend = self.backend }
   for k, v in pairs(base) do o[k] = v end
   for k, v in pairs(extra or {}) do o[k] = v end
   if self.thd then

@@ -42,6 +42,7 @@
 -- schedules: overlap/ag_*.lua and overlap/rs_*.lua, one file each.
 local ffi = require "ffi"
 local core = require "distlab.core"
+local args = require "distlab.args"
 local tensor = require "distlab.tensor"
 local stream = require "distlab.stream"
 local gemm = require "distlab.gemm"
@@ -75,10 +76,7 @@ end
 local function new(kind, o)
   local name = kind == "ag" and "ag_gemm" or "gemm_rs"
   if type(o) ~= "table" then fail("overlap.%s: expected a table of options", name) end
-  for k in pairs(o) do
-    if not KNOWN[k] then fail("overlap.%s: unknown option %s (comm, algo, transport, copy, streams, copy_blocks, out_dtype)",
-      name, tostring(k)) end
-  end
+  args.options(o, KNOWN, "overlap." .. name)
   local comm = o.comm or require("distlab.comm").world()
   if type(comm) ~= "table" or comm.ptr == nil then fail("overlap.%s: comm must be a live communicator", name) end
   local op = setmetatable({ kind = kind, name = name, comm = comm, rank = comm.rank, size = comm.size,
@@ -86,14 +84,8 @@ local function new(kind, o)
   op.algo = one_of(o.algo or "p2p", M.algos[kind], "algo", name)
   op.transport = one_of(o.transport or "get", M.transports, "transport", name)
   op.copy = one_of(o.copy or "ce", M.copies, "copy", name)
-  op.streams = o.streams or 2
-  if type(op.streams) ~= "number" or op.streams ~= math.floor(op.streams) or op.streams < 1 or op.streams > 16 then
-    fail("overlap.%s: streams must be an integer from 1 to 16, got %s", name, tostring(op.streams))
-  end
-  op.copy_blocks = o.copy_blocks or 16
-  if type(op.copy_blocks) ~= "number" or op.copy_blocks ~= math.floor(op.copy_blocks) or op.copy_blocks < 1 then
-    fail("overlap.%s: copy_blocks must be a positive integer, got %s", name, tostring(op.copy_blocks))
-  end
+  op.streams = args.int(o.streams or 2, "overlap." .. name .. ": streams", 1, 16)
+  op.copy_blocks = args.int32(o.copy_blocks or 16, "overlap." .. name .. ": copy_blocks", 1)
   op.out_dtype = o.out_dtype and core.dtype_names[core.dtype_id(o.out_dtype)]
   op.schedule = require("distlab.overlap." .. schedules[kind][op.algo])
   op.nccl = op.schedule.baseline == true
@@ -347,7 +339,10 @@ end
 -- peer's buffer) on the current stream: blocks 0 (default) by the copy
 -- engine, else by the "sm" transport's copy kernel with that many blocks
 function M.copy(dst, src, blocks)
-  check(C.dl_overlap_copy(dst, src, blocks or 0, core.stream))
+  for _, x in ipairs { { dst, "dst" }, { src, "src" } } do
+    if not tensor.is_tensor(x[1]) then fail("overlap.copy: %s must be a tensor, got %s", x[2], type(x[1])) end
+  end
+  check(C.dl_overlap_copy(dst, src, args.int32(blocks or 0, "overlap.copy: blocks", 0), core.stream))
   return dst
 end
 

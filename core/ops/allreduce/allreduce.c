@@ -46,6 +46,8 @@ struct dl_allreduce {
   int64_t runs;  /* dl_allreduce_run calls, for the debug check */
   int id;        /* which of the comm's symmetric buffers: names debug keys */
   char *bufs[DL_SIGNAL_MAX_RANKS];
+  int32_t pids[DL_SIGNAL_MAX_RANKS]; /* the ranks' processes on this host, for messages */
+  int watched;                       /* status->gone is watched (peers.c) */
   dl_signal_pad_t *pad;
   dl_ar_status_t *status; /* host-mapped on cuda, so runs can read it for free */
 };
@@ -103,6 +105,41 @@ static void set_failed(dl_allreduce_t *ar) {
   snprintf(ar->failure, sizeof ar->failure, "%s", dl_last_error());
 }
 
+/* "one_shot on 100 f32 (1 block, rounds of 32 vectors, copy-in)", and for a
+ * piece of a larger run "elements 4096.. of 10000 f32" */
+static void call_str(const dl_ar_call_t *c, char *buf, size_t len) {
+  char what[64];
+  if (c->offset) snprintf(what, sizeof what, "elements %lld.. of ", (long long)c->offset);
+  else what[0] = 0;
+  snprintf(buf, len, "%s on %s%lld %s (%d block%s, rounds of %d vectors, %s)", algo_name(c->algo),
+           what, (long long)c->n, dl_dtype_name(c->dtype), c->blocks, c->blocks == 1 ? "" : "s",
+           c->round_vecs, c->zero_copy ? "zero copy" : "copy-in");
+}
+
+/* What differs between two calls: "algorithm one_shot vs two_shot; ...". */
+static void call_diff(const dl_ar_call_t *a, const dl_ar_call_t *b, char *buf, size_t len) {
+  size_t n = 0;
+  buf[0] = 0;
+#define DIFF(cond, ...)                                                          \
+  if ((cond) && n < len) {                                                       \
+    int w = snprintf(buf + n, len - n, "%s", n ? "; " : "");                     \
+    n += w > 0 ? (size_t)w : 0;                                                  \
+    if (n < len) {                                                               \
+      w = snprintf(buf + n, len - n, __VA_ARGS__);                               \
+      n += w > 0 ? (size_t)w : 0;                                                \
+    }                                                                            \
+  }
+  DIFF(a->algo != b->algo, "algorithm %s vs %s", algo_name(a->algo), algo_name(b->algo));
+  DIFF(a->dtype != b->dtype, "dtype %s vs %s", dl_dtype_name(a->dtype), dl_dtype_name(b->dtype));
+  DIFF(a->n != b->n, "elements %lld vs %lld", (long long)a->n, (long long)b->n);
+  DIFF(a->offset != b->offset, "piece at element %lld vs %lld", (long long)a->offset,
+       (long long)b->offset);
+  DIFF(a->blocks != b->blocks, "blocks %d vs %d", a->blocks, b->blocks);
+  DIFF(a->round_vecs != b->round_vecs, "rounds of %d vs %d vectors", a->round_vecs, b->round_vecs);
+  DIFF(a->zero_copy != b->zero_copy, "zero copy %d vs %d", a->zero_copy, b->zero_copy);
+#undef DIFF
+}
+
 /* A failure the kernels recorded, as an error; the object is dead after it. */
 static int recorded_failure(dl_allreduce_t *ar) {
   if (ar->failed)
@@ -112,17 +149,56 @@ static int recorded_failure(dl_allreduce_t *ar) {
   if (!s || s->kind == 0) return DL_OK;
   char what[256];
   describe(ar, (int)s->algo, what, sizeof what);
-  char waited[96]; /* the Lamport kernels wait for data, the others for a count */
-  if (is_lamport((int)s->algo))
-    snprintf(waited, sizeof waited, "waited for its data at vector %u", s->expected);
-  else
-    snprintf(waited, sizeof waited, "waited for count %u and saw %u", s->expected, s->seen);
-  int rc = DL_ERR(DL_ETIMEOUT,
-                  "%s: rank %u did not arrive within %.1f s (block %u %s, in the buffer's call %u); "
-                  "did every rank call the same all-reduce?",
-                  what, s->peer, ar->timeout_s, s->block, waited, s->seq);
+  int rc;
+  if (s->kind == DL_AR_FAIL_MISMATCH) {
+    dl_ar_call_t mine = s->mine, theirs = s->theirs;
+    char a[160], b[160], d[256];
+    call_str(&mine, a, sizeof a);
+    call_str(&theirs, b, sizeof b);
+    call_diff(&mine, &theirs, d, sizeof d);
+    rc = DL_ERR(DL_EINVAL, "%s: mismatched calls (the buffer's call %u): rank %d runs %s but rank %u "
+                "runs %s (differs: %s)", what, s->seq, ar->rank, a, s->peer, b, d);
+  } else if (s->kind == DL_AR_FAIL_ABORT) {
+    rc = DL_ERR(DL_EPEER, "%s: rank %u gave up on this all-reduce (a wait of its timed out, it saw "
+                "mismatched calls or a dead peer: its own error says which), so the buffer's call "
+                "%u is void here", what, s->peer, s->seq);
+  } else if (s->kind == DL_AR_FAIL_DEAD) {
+    rc = DL_ERR(DL_EPEER, "%s: rank %u (pid %d) has exited (this rank waited for it in the "
+                "buffer's call %u)", what, s->peer, s->peer < DL_SIGNAL_MAX_RANKS ? ar->pids[s->peer] : 0,
+                s->seq);
+  } else {
+    char waited[96]; /* its call, or the Lamport kernels its data, the others a count */
+    if (s->block == DL_AR_BLOCK_CALL)
+      snprintf(waited, sizeof waited, "it never started the buffer's call %u", s->seq);
+    else if (is_lamport((int)s->algo))
+      snprintf(waited, sizeof waited, "block %u waited for its data at vector %u, in the buffer's "
+               "call %u", s->block, s->expected, s->seq);
+    else
+      snprintf(waited, sizeof waited, "block %u waited for count %u and saw %u, in the buffer's "
+               "call %u", s->block, s->expected, s->seen, s->seq);
+    rc = DL_ERR(DL_ETIMEOUT,
+                "%s: rank %u did not arrive within %.1f s (%s); did every rank call the same "
+                "all-reduce?", what, s->peer, ar->timeout_s, waited);
+  }
   set_failed(ar);
   return rc;
+}
+
+/* A failure found on the host (a debug check that timed out): tell every
+ * peer's kernels to give up, as a kernel's own failure does, so that no
+ * peer completes a call against this rank's abandoned one. */
+static void abort_peers(dl_allreduce_t *ar) {
+  const uint32_t word = (uint32_t)ar->rank + 1;
+  for (int p = 0; p < ar->size; p++) {
+    if (p == ar->rank || !ar->bufs[p]) continue;
+    uint32_t *dst = &((dl_ar_ctrl_t *)ar->bufs[p])->abort;
+    if (ar->dev_type == DL_CPU) __atomic_store_n(dst, word, __ATOMIC_RELEASE);
+#ifdef DL_WITH_CUDA
+    else if (ar->dev_type == DL_CUDA && dl_cuda_use(ar->dev_index) == DL_OK &&
+             cudaMemcpy(dst, &word, sizeof word, cudaMemcpyHostToDevice) != cudaSuccess)
+      (void)cudaGetLastError(); /* best effort: the peer still times out by itself */
+#endif
+  }
 }
 
 /* ---- lifetime ------------------------------------------------------------ */
@@ -272,6 +348,10 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
     ar->pad = pad;
   }
   if (rc == DL_OK && ar->dev_type != DL_META) rc = zero_ctrl(ar);
+  for (int p = 0; p < ar->size && ar->dev_type != DL_META; p++) ar->pids[p] = dl_comm_peer_pid(c, p);
+  /* every wait of the kernels polls status->gone: a dead peer ends them at once */
+  if (rc == DL_OK && ar->dev_type != DL_META && (rc = dl_comm_watch(c, &ar->status->gone)) == DL_OK)
+    ar->watched = 1;
   /* nobody signals into a control block before its owner zeroed it */
   if (rc == DL_OK && ar->dev_type != DL_META && ar->size > 1) rc = dl_comm_barrier(c, NULL);
   if (rc < 0) {
@@ -288,6 +368,7 @@ void dl_allreduce_free(dl_allreduce_t *ar) {
   if (!ar || ar->magic != AR_MAGIC) return;
   /* graphs whose kernels read this object's buffers must not replay after them */
   dl_graph_release_user(ar, "the all-reduce object (its symmetric buffers)");
+  if (ar->watched) dl_comm_unwatch(&ar->status->gone);
   dl_symm_free(ar->symm);
   free_status(ar);
   ar->magic = 0;
@@ -397,7 +478,11 @@ static void shape_for(const dl_allreduce_t *ar, int64_t len, int blocks, int alg
 static int launch(dl_allreduce_t *ar, dl_ar_args_t *a, void *stream) {
   ar->calls++;
   dl_graph_note_user(ar); /* a graph being captured now reads this object's buffers */
-  if (ar->dev_type == DL_CPU) return dl_allreduce_cpu(a, stream);
+  if (ar->dev_type == DL_CPU) {
+    int rc = dl_allreduce_cpu(a, stream);
+    /* the twin's failure in the words the cuda path uses (from the record) */
+    return rc < 0 && ar->status->kind ? recorded_failure(ar) : rc;
+  }
 #ifdef DL_WITH_CUDA
   return dl_allreduce_cuda(a, stream);
 #else
@@ -451,6 +536,7 @@ static int run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int 
   a.pdl = ar->pdl;
   a.poll_ns = ar->poll_ns;
   a.lamport_ahead = ar->lamport_ahead;
+  a.total_n = vi.numel;
   /* zero copy: the input already in our region, the output where the
    * algorithm can write it while peers read the inputs */
   int64_t zc = zc_offset(ar, vi.data, nbytes);
@@ -471,6 +557,7 @@ static int run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int 
   const int64_t piece = (is_lamport(algo) ? ar->lslot : ar->slot) / es;
   for (int64_t off = 0; off < vi.numel; off += piece) {
     a.n = vi.numel - off < piece ? vi.numel - off : piece;
+    a.offset = off;
     a.in = vi.data + off * es;
     a.out = vo.data + off * es;
     const int64_t nv = (a.n * es + DL_AR_VEC_BYTES - 1) / DL_AR_VEC_BYTES;
@@ -489,11 +576,13 @@ typedef struct ar_sig {
   int64_t n;
 } ar_sig_t;
 
-/* "runs two_shot on 100 f32 (blocks 0, zero copy 0)" (dl_comm_check_same) */
+/* "runs two_shot, 100 elements, dtype f32, blocks 0, copy-in" (dl_comm_check_same:
+ * one entry a comma, so that the message says which differ) */
 static int sig_runs(const void *sig, char *buf, size_t len) {
   const ar_sig_t *s = sig;
-  return snprintf(buf, len, "runs %s on %lld %s (blocks %d, zero copy %d)", algo_name(s->algo),
-                  (long long)s->n, dl_dtype_name(s->dtype), s->blocks, s->zero_copy);
+  return snprintf(buf, len, "runs %s, %lld elements, dtype %s, blocks %d, %s", algo_name(s->algo),
+                  (long long)s->n, dl_dtype_name(s->dtype), s->blocks,
+                  s->zero_copy ? "zero copy" : "copy-in");
 }
 
 static int debug_check(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int algo,
@@ -521,15 +610,23 @@ int dl_allreduce_run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in
       describe(ar, algo, what, sizeof what);
       dl_error_context(rc, "%s", what);
       /* a peer that never made the call: the calls are out of step for good */
-      if (rc == DL_ETIMEOUT) set_failed(ar);
+      if (rc == DL_ETIMEOUT || rc == DL_EPEER) {
+        set_failed(ar);
+        abort_peers(ar);
+      }
       return rc;
     }
   }
   int rc = run(ar, out, in, algo, blocks, s);
-  if (rc < 0 && algo != DL_AR_NCCL && rc != DL_EINVAL && rc != DL_EUNSUPPORTED) {
+  if (rc < 0 && algo != DL_AR_NCCL && rc != DL_EINVAL && rc != DL_EUNSUPPORTED && !ar->failed) {
     char what[256];
     describe(ar, algo, what, sizeof what);
     dl_error_context(rc, "%s", what);
+    /* a CUDA error after a peer's death (the memory it exported went with it) */
+    const uint32_t g = ar->status ? __atomic_load_n(&ar->status->gone, __ATOMIC_ACQUIRE) : 0;
+    if (rc == DL_ECUDA && g)
+      rc = dl_error_context(DL_EPEER, "rank %u (pid %d) has exited", g - 1,
+                            g - 1 < DL_SIGNAL_MAX_RANKS ? ar->pids[g - 1] : 0);
     set_failed(ar);
   }
   return rc;
@@ -554,6 +651,11 @@ int dl_allreduce_check(dl_allreduce_t *ar, dl_stream_t *s) {
     }
     if (q != cudaSuccess) {
       (void)cudaGetLastError();
+      const uint32_t g = __atomic_load_n(&ar->status->gone, __ATOMIC_ACQUIRE);
+      if (g) /* the memory a dead peer exported went with it */
+        return DL_ERR(DL_EPEER, "all_reduce check on rank %d of %d: rank %u (pid %d) has exited, "
+                      "and the stream failed: %s", ar->rank, ar->size, g - 1,
+                      g - 1 < DL_SIGNAL_MAX_RANKS ? ar->pids[g - 1] : 0, cudaGetErrorString(q));
       return DL_ERR(DL_ECUDA, "all_reduce check on rank %d of %d: the stream failed: %s",
                     ar->rank, ar->size, cudaGetErrorString(q));
     }

@@ -7,6 +7,9 @@
  * or its CPU twin on the stream given. On meta it allocates and runs nothing, so peak memory can be
  * read.
  *
+ * opts->backend picks ours or cuDNN's fused attention (core/ops/attn/attn_cudnn.c decides and
+ * runs it; "auto": cuDNN where it takes the call).
+ *
  * cu_seqlens contents are checked (non-decreasing, every sequence inside its
  * tensor) wherever they are read on the host: always on cpu, and on cuda
  * when max_seqlen_* is not given (the kernels need the largest length).
@@ -17,6 +20,7 @@
 
 #include "mem/alloc.h"
 #include "attn_args.h"
+#include "attn_cudnn.h"
 #include "base/device.h"
 
 /* ---- one step ------------------------------------------------------------------ */
@@ -213,12 +217,20 @@ int dl_attn_fwd(const dl_attn_opts_t *o, const dl_tensor_t *q, const dl_tensor_t
   step_t st = {.op = "attn.fwd"};
   dl_attn_made_t m = {.n = 0};
   dl_attn_params_t p = {0};
-  int rc = step_inputs(&st, o, q, k, v, &p, s);
+  int rc = step_inputs(&st, o, q, k, v, &p, s), cudnn = 0;
+  const int fused = acc_out || acc_lse, want_max = max_logit != NULL;
   if (!rc) rc = fwd_outputs(&st, &m, &p, out, lse, max_logit, acc_out, acc_lse, s);
+  if (!rc) rc = dl_attn_cudnn_choose(o, q, &p, st.thd, 0, fused, want_max, &cudnn, NULL, 0);
+  if (!rc && cudnn && q->dev_type == DL_META)
+    rc = dl_attn_cudnn_account(&p, 0, st.thd, want_max, q, 0);
   if (!rc && q->dev_type != DL_META && st.oq.s > 0 && (st.oq.b > 0 || (st.thd && p.b > 0))) {
     void **ptrs[] = {(void **)&p.q, (void **)&p.k, (void **)&p.v};
     dl_attn_lend(ptrs, 3);
-    rc = launch(0, &p, q, s);
+#if defined(DL_WITH_CUDA) && defined(DL_WITH_CUDNN_FE)
+    if (cudnn) rc = dl_attn_cudnn_fwd(&p, st.thd, q, s);
+    else
+#endif
+      rc = launch(0, &p, q, s);
   }
   step_free(&st);
   if (rc) dl_attn_made_undo(&m);
@@ -275,8 +287,14 @@ int dl_attn_bwd(const dl_attn_opts_t *o, const dl_tensor_t *dout, const dl_tenso
     if (i == 2) p.dv = x.ptr, p.dv_st = x.st;
   }
   p.accumulate_grads = o && o->accumulate_grads;
-  int empty = !(st.oq.s > 0 || st.ok.s > 0) || (st.thd ? p.b == 0 : st.oq.b == 0);
-  if (!rc && q->dev_type != DL_CPU && !empty) {
+  int empty = !(st.oq.s > 0 || st.ok.s > 0) || (st.thd ? p.b == 0 : st.oq.b == 0), cudnn = 0;
+  if (!rc) rc = dl_attn_cudnn_choose(o, q, &p, st.thd, 1, 0, 0, &cudnn, NULL, 0);
+  if (!rc && cudnn && q->dev_type == DL_META) {
+    int64_t gb = (dl_tensor_numel(*dq) + dl_tensor_numel(*dk) + dl_tensor_numel(*dv)) *
+                 dl_dtype_size(q->dtype_id);
+    rc = dl_attn_cudnn_account(&p, 1, st.thd, 0, q, gb);
+  }
+  if (!rc && q->dev_type != DL_CPU && !empty && !cudnn) {
     void *h = NULL;
     dl_attn_params_t sized = p; /* on meta cu_seqlens_q has no memory; thd is its being set */
     if (st.thd) sized.cu_seqlens_q = (const int32_t *)&sized;
@@ -293,10 +311,37 @@ int dl_attn_bwd(const dl_attn_opts_t *o, const dl_tensor_t *dout, const dl_tenso
                      (void **)&p.out, (void **)&p.dout, (void **)&p.dq,
                      (void **)&p.dk,  (void **)&p.dv,   (void **)&p.lse};
     dl_attn_lend(ptrs, 9);
-    rc = launch(1, &p, q, s);
+#if defined(DL_WITH_CUDA) && defined(DL_WITH_CUDNN_FE)
+    if (cudnn) rc = dl_attn_cudnn_bwd(&p, st.thd, q, *dq, *dk, *dv, st.layout, s);
+    else
+#endif
+      rc = launch(1, &p, q, s);
   }
   dl_storage_release(ws); /* stream-ordered: the next user of the block queues after us */
   step_free(&st);
   if (rc) dl_attn_made_undo(&m);
+  return rc;
+}
+
+int dl_attn_backend(const dl_attn_opts_t *o, const dl_tensor_t *q, const dl_tensor_t *k,
+                    const dl_tensor_t *v, int bwd, int accumulate, int max_logit, int *chosen,
+                    char *why, int64_t whylen) {
+  step_t st = {.op = bwd ? "attn.bwd" : "attn.fwd"};
+  dl_attn_params_t p = {0};
+  DL_CHECK_ARG(chosen && why && whylen > 0, "dl_attn_backend: chosen or why is NULL");
+  int rc = step_inputs(&st, o, q, k, v, &p, NULL), use = 0;
+  if (!rc) {
+    dl_attn_opts_t asked = *o;
+    if (asked.backend == DL_ATTN_CUDNN) asked.backend = DL_ATTN_AUTO; /* a refusal is an answer here */
+    rc = dl_attn_cudnn_choose(&asked, q, &p, st.thd, bwd, accumulate, max_logit, &use, why,
+                              (size_t)whylen);
+    if (!rc && !use && o->backend == DL_ATTN_CUDNN && strncmp(why, "ours: no keys", 13)) {
+      *chosen = -1;
+      memmove(why, why + 6, strlen(why + 6) + 1); /* drop "ours: " */
+    } else {
+      *chosen = use ? DL_ATTN_CUDNN : DL_ATTN_OURS;
+    }
+  }
+  step_free(&st);
   return rc;
 }

@@ -161,7 +161,7 @@ int dl_attn_arg_cu_host(const char *op, const char *name, const dl_tensor_t *t, 
 }
 
 /* Every sequence i (length cu[i+1]-cu[i] >= 0, first row start[i]) inside
- * `rows`; *max_len gets the largest length. */
+ * `rows`, none reaching into the next; *max_len gets the largest length. */
 int dl_attn_arg_check_seqs(const char *op, const char *name, const char *pname, const int32_t *cu,
                            const int32_t *start, int64_t b, int64_t rows, const char *tname,
                            int *max_len) {
@@ -176,6 +176,14 @@ int dl_attn_arg_check_seqs(const char *op, const char *name, const char *pname, 
                     "%s: sequence %lld (rows %lld..%lld by %s) lies outside the %lld rows of %s",
                     op, (long long)i, (long long)start[i], (long long)start[i] + len - 1, pname,
                     (long long)rows, tname);
+    /* padded offsets that leave a sequence less room than its valid rows
+     * would make two sequences share rows (each attending to the other's) */
+    if (i + 1 < b && len > 0 && (int64_t)start[i] + len > start[i + 1])
+      return DL_ERR(DL_EINVAL,
+                    "%s: sequence %lld (rows %lld..%lld by %s) overlaps sequence %lld, which "
+                    "starts at row %lld: %s gives it fewer rows than %s says it holds",
+                    op, (long long)i, (long long)start[i], (long long)start[i] + len - 1, pname,
+                    (long long)i + 1, (long long)start[i + 1], pname, name);
     if (len > m) m = (int)len;
   }
   *max_len = m;

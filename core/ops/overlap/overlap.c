@@ -33,6 +33,12 @@ int dl_overlap_describe(const dl_overlap_t *o, char *buf, size_t len) {
                   o->comm_name, dl_device_type_name(o->dev_type), o->dev_index);
 }
 
+int dl_overlap_gone_str(const dl_overlap_t *o, uint32_t gone, char *buf, size_t len) {
+  const int r = (int)gone - 1;
+  return snprintf(buf, len, "rank %d (pid %d) has exited", r,
+                  r >= 0 && r < DL_SIGNAL_MAX_RANKS ? o->pids[r] : 0);
+}
+
 void dl_overlap_fail_locked(dl_overlap_t *o, const char *why) {
   if (o->failed) return;
   o->failed = 1;
@@ -41,6 +47,14 @@ void dl_overlap_fail_locked(dl_overlap_t *o, const char *why) {
 
 static int refused(dl_overlap_t *o) {
   pthread_mutex_lock(&o->mu);
+  const uint32_t gone = __atomic_load_n(&o->gone, __ATOMIC_ACQUIRE);
+  if (gone && !o->failed) { /* no run can complete without that rank */
+    char who[300], dead[96], why[512];
+    dl_overlap_describe(o, who, sizeof who);
+    dl_overlap_gone_str(o, gone, dead, sizeof dead);
+    snprintf(why, sizeof why, "%s: %s", who, dead);
+    dl_overlap_fail_locked(o, why);
+  }
   int rc = o->failed ? DL_ERR(DL_ESTATE, "this overlap op failed earlier and refuses work (make a "
                               "new one): %s", o->failure)
                      : DL_OK;
@@ -126,6 +140,9 @@ int dl_overlap_new(dl_overlap_t **out, dl_comm_t *c, const char *what, int64_t n
   }
   if (rc == DL_OK && !meta) rc = dl_overlap_ctl_map(o, c, seq);
   if (rc == DL_OK && !meta) init_flags(o, initial);
+  /* a wait (the cpu's polls, the cuda watchdog's ticks) ends at a peer's death */
+  for (int p = 0; p < o->size && !meta; p++) o->pids[p] = dl_comm_peer_pid(c, p);
+  if (rc == DL_OK && !meta && (rc = dl_comm_watch(c, &o->gone)) == DL_OK) o->watched = 1;
 #ifdef DL_WITH_CUDA
   if (rc == DL_OK && o->dev_type == DL_CUDA) {
     int sms = 0;
@@ -167,6 +184,7 @@ void dl_overlap_free(dl_overlap_t *o) {
 #ifdef DL_WITH_CUDA
   dl_overlap_cu_fini(o); /* after it, no queued run touches the flags */
 #endif
+  if (o->watched) dl_comm_unwatch(&o->gone);
   dl_overlap_ctl_unmap(o);
   dl_symm_free(o->symm);
   pthread_mutex_destroy(&o->mu);
@@ -268,21 +286,28 @@ int dl_overlap_signal(dl_overlap_t *o, int peer, int flag, dl_stream_t *s) {
   return DL_OK;
 }
 
-/* cpu: poll until the flag is 1 (a peer's process sets it), then clear it. */
+/* cpu: poll until the flag is 1 (a peer's process sets it), then clear
+ * it; a peer's death or the timeout fails the object. */
 static int wait_cpu(dl_overlap_t *o, const wait_rec_t *w) {
   uint32_t *f = &o->flags[o->rank][w->flag];
   const double t0 = dl_host_now_s();
   for (int64_t it = 0; __atomic_load_n(f, __ATOMIC_ACQUIRE) != 1u; it++) {
-    if ((it & 255) == 0 && dl_host_now_s() - t0 > o->timeout_s) {
-      char who[300], why[1024];
+    const uint32_t gone = (it & 15) == 0 ? __atomic_load_n(&o->gone, __ATOMIC_ACQUIRE) : 0;
+    if (gone || ((it & 255) == 0 && dl_host_now_s() - t0 > o->timeout_s)) {
+      char who[300], dead[96] = "", why[1024];
       dl_overlap_describe(o, who, sizeof who);
-      snprintf(why, sizeof why, "%s: step %d waited %.1f s for '%s' from rank %d (flag %d is %u, "
-               "wants 1); did every rank run this op?", who, w->step, o->timeout_s, w->what,
-               w->peer, w->flag, __atomic_load_n(f, __ATOMIC_ACQUIRE));
+      if (gone) dl_overlap_gone_str(o, gone, dead, sizeof dead);
+      if (gone)
+        snprintf(why, sizeof why, "%s: %s (step %d waited for '%s' from rank %d)", who, dead,
+                 w->step, w->what, w->peer);
+      else
+        snprintf(why, sizeof why, "%s: step %d waited %.1f s for '%s' from rank %d (flag %d is %u, "
+                 "wants 1); did every rank run this op?", who, w->step, o->timeout_s, w->what,
+                 w->peer, w->flag, __atomic_load_n(f, __ATOMIC_ACQUIRE));
       pthread_mutex_lock(&o->mu);
       dl_overlap_fail_locked(o, why);
       pthread_mutex_unlock(&o->mu);
-      return DL_ERR(DL_ETIMEOUT, "%s", why);
+      return DL_ERR(gone ? DL_EPEER : DL_ETIMEOUT, "%s", why);
     }
     dl_host_pause(it);
   }

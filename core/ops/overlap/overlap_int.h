@@ -57,7 +57,13 @@ struct dl_overlap {
   int failed;
   char failure[1536];
   watch_t *watch;
+  uint32_t gone;                       /* 1 + a rank whose process died (peers.c) */
+  int watched;                         /* gone is watched */
+  int32_t pids[DL_SIGNAL_MAX_RANKS];   /* for messages */
 };
+
+/* "rank R (pid P) has exited" for o->gone's value. */
+int dl_overlap_gone_str(const dl_overlap_t *o, uint32_t gone, char *buf, size_t len);
 
 /* Record why the object failed (the first reason stays); mu held. */
 void dl_overlap_fail_locked(dl_overlap_t *o, const char *why);

@@ -20,7 +20,9 @@
  * From then on, on every tick while a run of the object is active, the
  * watchdog sets all of its flags to 1, so every wait of its streams (and of
  * graph replays already queued) passes and they drain instead of hanging
- * the process. Results of a failed object are garbage; it refuses further
+ * the process. A peer's death (o->gone, set by the process's watchdog of
+ * peers, core/comm/peers.c) fails the active run at the next tick the same
+ * way, without waiting for the timeout. Results of a failed object are garbage; it refuses further
  * runs. Freeing the object waits for the device's queued work with the
  * watchdog still at it, so no queued run outlives the flags.
  */
@@ -97,9 +99,12 @@ static double now_s(void) { return dl_now_us() * 1e-6; }
 
 /* The message: for each stream, its first wait that has not passed. mu held. */
 static void diagnose(dl_overlap_t *o, const uint32_t *snap, char *buf, size_t len) {
-  char who[300];
+  char who[300], dead[96];
   dl_overlap_describe(o, who, sizeof who);
-  int used = snprintf(buf, len, "%s: no progress for %.1f s:", who, o->timeout_s);
+  const uint32_t gone = __atomic_load_n(&o->gone, __ATOMIC_ACQUIRE);
+  if (gone) dl_overlap_gone_str(o, gone, dead, sizeof dead);
+  int used = gone ? snprintf(buf, len, "%s: %s; waits that had not passed:", who, dead)
+                  : snprintf(buf, len, "%s: no progress for %.1f s:", who, o->timeout_s);
   void *seen[DL_OVERLAP_MAX_WAITS];
   int nseen = 0;
   for (int i = 0; i < o->nlog && used < (int)len; i++) {
@@ -112,7 +117,8 @@ static void diagnose(dl_overlap_t *o, const uint32_t *snap, char *buf, size_t le
                      r->step, r->what, r->peer, r->flag,
                      __atomic_load_n(&o->flags[o->rank][r->flag], __ATOMIC_ACQUIRE));
   }
-  if (used < (int)len) snprintf(buf + used, len - (size_t)used, " did every rank run this op?");
+  if (used < (int)len && !gone)
+    snprintf(buf + used, len - (size_t)used, " did every rank run this op?");
 }
 
 /* Every flag of ours := 1: each wait of a queued run passes, its streams drain. */
@@ -125,16 +131,17 @@ static void tick(dl_overlap_t *o) {
   uint32_t snap[1 + DL_OVERLAP_MAX_WAITS];
   pthread_mutex_lock(&o->mu);
   const int n = o->nlog;
+  const uint32_t gone = __atomic_load_n(&o->gone, __ATOMIC_ACQUIRE);
   for (int i = 0; i <= n; i++) snap[i] = __atomic_load_n(&o->state[i], __ATOMIC_ACQUIRE);
   if (!snap[0]) { /* idle */
     w->last_n = 0;
   } else if (o->failed) {
     release(o);
-  } else if (w->last_n != n + 1 || memcmp(w->last, snap, (size_t)(n + 1) * 4)) {
+  } else if (!gone && (w->last_n != n + 1 || memcmp(w->last, snap, (size_t)(n + 1) * 4))) {
     memcpy(w->last, snap, (size_t)(n + 1) * 4);
     w->last_n = n + 1;
     w->since = now_s();
-  } else if (now_s() - w->since > o->timeout_s) {
+  } else if (gone || now_s() - w->since > o->timeout_s) {
     char why[sizeof o->failure];
     diagnose(o, snap, why, sizeof why);
     dl_overlap_fail_locked(o, why);

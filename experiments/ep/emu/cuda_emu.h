@@ -159,14 +159,18 @@ static inline uint64_t dl_signal_clock_ns(void) {
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
-static inline bool dl_signal_wait_until(const uint32_t *p, uint32_t v, uint64_t timeout_ns, uint32_t *seen) {
+static inline bool dl_signal_wait_until(const uint32_t *p, uint32_t v, uint64_t timeout_ns, const uint32_t *gone,
+                                        uint32_t *seen, uint32_t *dead) {
   uint64_t t0 = dl_signal_clock_ns();
   uint32_t x;
   int spins = 0;
+  *dead = 0;
   while ((int32_t)((x = dl_signal_load_acquire(p)) - v) < 0) {
     if (++spins % 64 == 0) {
       std::this_thread::yield();
-      if (dl_signal_clock_ns() - t0 > timeout_ns) {
+      const uint64_t waited = dl_signal_clock_ns() - t0;
+      if ((gone && waited > 100000 && (*dead = __atomic_load_n(gone, __ATOMIC_ACQUIRE)) != 0u) ||
+          waited > timeout_ns) {
         *seen = x;
         return false;
       }

@@ -119,24 +119,6 @@ static inline uint4 ld_volatile_vec(const char *base, int64_t v) {
                __atomic_load_n(p + 2, __ATOMIC_RELAXED), __atomic_load_n(p + 3, __ATOMIC_RELAXED)};
 }
 #define DL_AR_POLL_PAUSE(spins, ns) std::this_thread::yield()
-#define DL_EMU_REACHED(a, b) ((int32_t)((uint32_t)(a) - (uint32_t)(b)) >= 0)
-static inline bool dl_signal_wait_until(const uint32_t *p, uint32_t v, uint64_t timeout_ns,
-                                        uint32_t *seen) {
-  uint64_t t0 = dl_signal_clock_ns();
-  uint32_t x;
-  int spins = 0;
-  while (!DL_EMU_REACHED(x = dl_signal_load_acquire(p), v)) {
-    if (++spins % 64 == 0) {
-      std::this_thread::yield();
-      if (dl_signal_clock_ns() - t0 > timeout_ns) {
-        *seen = x;
-        return false;
-      }
-    }
-  }
-  return true;
-}
-
 /* ---- launches ------------------------------------------------------------------ */
 
 #define DL_CUDA_CHECK_LAUNCH(name) \

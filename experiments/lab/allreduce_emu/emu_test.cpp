@@ -10,13 +10,18 @@
 // or not, aligned or not, and replays of the previous call's arguments (what
 // a CUDA graph replay does). Inputs are multiples of 1/4 in [-2, 2], so every
 // sum is exact in every dtype and the check is bit-exact; bytes around the
-// output must stay untouched. Last, rank 1 skips a call: rank 0's kernel must
-// end by itself and leave a failure record naming rank 1.
+// output must stay untouched. Then the failures: rank 1 skips a call (rank
+// 0's kernel must end by itself and leave a record naming rank 1); rank 1
+// calls differently (size, dtype, algorithm, grid: every rank must end at
+// once with a mismatch, or the abort of a peer that saw it first); rank 1
+// comes after rank 0 timed out (it must not complete the call: abort);
+// rank 1 dies (the others must end at once, naming it).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <atomic>
+#include <chrono>
 #include <random>
 #include <thread>
 #include <vector>
@@ -37,6 +42,7 @@ static int64_t lamport_off(int n) { return DL_AR_CTRL_BYTES + SLOT + 2 * n * SLO
 
 struct world {
   int n;
+  uint64_t timeout_ns = 3000000000ull;
   std::vector<char *> bufs;
   std::vector<dl_signal_pad_t> pads;
   std::vector<dl_ar_status_t> status;
@@ -57,8 +63,12 @@ static void fail(int rank, int c, const call &k, const char *what, int64_t i, do
             rank, c, k.algo, k.dtype, (long long)k.n, k.blocks, k.zc, k.inplace, k.misalign, what, (long long)i, got, want);
 }
 
-static void rank_main(world *w, int r, const std::vector<call> *calls, int skip_last) {
+// Rank r runs calls (all but the last when skip_last) after delay_s; with
+// expect_fail a recorded failure ends it quietly (the caller checks it).
+static void rank_main(world *w, int r, const std::vector<call> *calls, int skip_last,
+                      double delay_s, bool expect_fail) {
   const int n = w->n;
+  if (delay_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(delay_s));
   std::vector<unsigned char> inbuf(SLOT + 2 * GUARD + 16), outbuf(SLOT + 2 * GUARD + 16);
   for (size_t c = 0; c < calls->size(); c++) {
     const call &k = (*calls)[c];
@@ -103,14 +113,16 @@ static void rank_main(world *w, int r, const std::vector<call> *calls, int skip_
       a.lamport_slot = SLOT;
       a.pad = &w->pads[r];
       a.status = &w->status[r];
-      a.timeout_ns = 3000000000ull;
+      a.timeout_ns = w->timeout_ns;
+      a.total_n = k.n;
       int rc = dl_allreduce_cuda(&a, nullptr);
       if (rc != 0) {
         fail(r, (int)c, k, "launcher returned an error", 0, rc, 0);
         return;
       }
       if (w->status[r].kind) {
-        fail(r, (int)c, k, "timeout recorded", w->status[r].peer, w->status[r].expected, w->status[r].seen);
+        if (!expect_fail)
+          fail(r, (int)c, k, "failure recorded", w->status[r].peer, w->status[r].expected, w->status[r].seen);
         return;
       }
       for (int64_t i = 0; i < k.n; i++) {
@@ -134,6 +146,95 @@ static void rank_main(world *w, int r, const std::vector<call> *calls, int skip_
   }
 }
 
+// Every buffer as dl_allreduce_new leaves it: counters at zero, the Lamport
+// region empty; no failure recorded.
+static void reset(world &w) {
+  const int n = w.n;
+  const int64_t total = DL_AR_CTRL_BYTES + SLOT + 2 * n * SLOT + 2 * n * SLOT;
+  if (w.bufs.empty())
+    for (int r = 0; r < n; r++) w.bufs.push_back((char *)aligned_alloc(4096, total));
+  for (int r = 0; r < n; r++) {
+    memset(w.bufs[r], 0, lamport_off(n));
+    memset(w.bufs[r] + lamport_off(n), 0xff, total - lamport_off(n));
+  }
+  memset(w.pads.data(), 0, sizeof(dl_signal_pad_t) * n);
+  memset(w.status.data(), 0, sizeof(dl_ar_status_t) * n);
+}
+
+static double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Rank 1 calls `theirs`, the others `mine`: every rank must end well before
+// the timeout, each with a mismatch naming a rank that differs from it, or
+// with the abort of a rank that saw one first.
+static bool mismatch_case(world &w, const call &mine, const call &theirs, const char *what) {
+  reset(w);
+  std::vector<call> a(1, mine), b(1, theirs);
+  std::vector<std::thread> ranks;
+  const double t0 = now_s();
+  for (int r = 0; r < w.n; r++) ranks.emplace_back(rank_main, &w, r, r == 1 ? &b : &a, 0, 0.0, true);
+  for (auto &t : ranks) t.join();
+  const double took = now_s() - t0;
+  bool ok = took < 0.5 * w.timeout_ns * 1e-9;
+  int mismatches = 0;
+  for (int r = 0; r < w.n; r++) {
+    const dl_ar_status_t &s = w.status[r];
+    mismatches += s.kind == DL_AR_FAIL_MISMATCH;
+    const bool named = s.kind == DL_AR_FAIL_MISMATCH ? (r == 1) != (s.peer == 1) : s.kind == DL_AR_FAIL_ABORT;
+    ok = ok && named && s.seq == 0;
+  }
+  ok = ok && mismatches > 0;
+  printf("mismatch (%s): %.2f s, kinds", what, took);
+  for (int r = 0; r < w.n; r++) printf(" %u/%u", w.status[r].kind, w.status[r].peer);
+  printf(": %s\n", ok ? "ok" : "FAILED");
+  return ok;
+}
+
+// Rank 0 times out waiting for rank 1, which comes afterwards: rank 1 must
+// not complete the call against rank 0's abandoned one.
+static bool late_case(world &w, const call &k) {
+  reset(w);
+  std::vector<call> one(1, k);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < w.n; r++)
+    ranks.emplace_back(rank_main, &w, r, &one, 0, r == 1 ? w.timeout_ns * 1e-9 + 0.3 : 0.0, true);
+  for (auto &t : ranks) t.join();
+  // the others time out on rank 1 (or take the abort of one that did first)
+  bool ok = w.status[1].kind == DL_AR_FAIL_ABORT && w.status[1].peer != 1;
+  for (int r = 0; r < w.n; r++)
+    if (r != 1)
+      ok = ok && ((w.status[r].kind == DL_AR_FAIL_TIMEOUT && w.status[r].peer == 1) ||
+                  (w.status[r].kind == DL_AR_FAIL_ABORT && w.status[r].peer != 1));
+  printf("late peer (algo %d): rank 0 kind %u, rank 1 kind %u (gave up: rank %u): %s\n", k.algo,
+         w.status[0].kind, w.status[1].kind, w.status[1].peer, ok ? "ok" : "FAILED");
+  return ok;
+}
+
+// Rank 1 never comes and the host's watchdog says its process is gone
+// (status.gone, as core/comm/peers.c writes it) 50 ms in: every other rank
+// must end at once with the death, not at the timeout.
+static bool dead_case(world &w, const call &k) {
+  reset(w);
+  std::vector<call> one(1, k);
+  std::vector<std::thread> ranks;
+  const double t0 = now_s();
+  for (int r = 0; r < w.n; r++)
+    if (r != 1) ranks.emplace_back(rank_main, &w, r, &one, 0, 0.0, true);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  for (int r = 0; r < w.n; r++) __atomic_store_n(&w.status[r].gone, 2u, __ATOMIC_RELEASE);
+  for (auto &t : ranks) t.join();
+  const double took = now_s() - t0;
+  bool ok = took < 0.5 * w.timeout_ns * 1e-9;
+  for (int r = 0; r < w.n; r++)
+    if (r != 1)
+      ok = ok && ((w.status[r].kind == DL_AR_FAIL_DEAD && w.status[r].peer == 1) ||
+                  (w.status[r].kind == DL_AR_FAIL_ABORT && w.status[r].peer != 1));
+  printf("dead peer (algo %d): %.2f s, rank 0 kind %u peer %u: %s\n", k.algo, took, w.status[0].kind,
+         w.status[0].peer, ok ? "ok" : "FAILED");
+  return ok;
+}
+
 int main(int argc, char **argv) {
   int n = argc > 1 ? atoi(argv[1]) : 2;
   int ncalls = argc > 2 ? atoi(argv[2]) : 200;
@@ -142,14 +243,7 @@ int main(int argc, char **argv) {
   w.n = n;
   w.pads.resize(n);
   w.status.resize(n);
-  memset(w.pads.data(), 0, sizeof(dl_signal_pad_t) * n);
-  memset(w.status.data(), 0, sizeof(dl_ar_status_t) * n);
-  const int64_t total = DL_AR_CTRL_BYTES + SLOT + 2 * n * SLOT + 2 * n * SLOT;
-  for (int r = 0; r < n; r++) {
-    w.bufs.push_back((char *)aligned_alloc(4096, total));
-    memset(w.bufs[r], 0, lamport_off(n));
-    memset(w.bufs[r] + lamport_off(n), 0xff, total - lamport_off(n)); // the Lamport region starts empty
-  }
+  reset(w);
   std::mt19937 rng(seed);
   const int64_t sizes[] = {1, 7, 8, 9, 31, 4095, 4096, 12345, 40001, 65537};
   std::vector<call> calls;
@@ -174,13 +268,15 @@ int main(int argc, char **argv) {
     calls.push_back(k);
   }
   std::vector<std::thread> ranks;
-  for (int r = 0; r < n; r++) ranks.emplace_back(rank_main, &w, r, &calls, 0);
+  for (int r = 0; r < n; r++) ranks.emplace_back(rank_main, &w, r, &calls, 0, 0.0, false);
   for (auto &t : ranks) t.join();
   printf("%d ranks, %d calls: %s\n", n, ncalls, failures ? "FAILED" : "ok");
   for (int r = 0; r < n; r++)
     printf("  rank %d: seq %u done %u\n", r, ((dl_ar_ctrl_t *)w.bufs[r])->seq, ((dl_ar_ctrl_t *)w.bufs[r])->done);
   if (failures) return 1;
 
+  // the failures need no margin for a slow emulation: a second is long
+  w.timeout_ns = 1000000000ull;
   // rank 1 skips the last call: rank 0 must time out and say so (with the
   // first call's algorithm, then with the Lamport ones, whose waits poll data)
   bool ok = true;
@@ -193,15 +289,50 @@ int main(int argc, char **argv) {
     memset(w.status.data(), 0, sizeof(dl_ar_status_t) * n);
     ranks.clear();
     failures = 0;
-    for (int r = 0; r < n; r++) ranks.emplace_back(rank_main, &w, r, &last, r == 1);
+    for (int r = 0; r < n; r++) ranks.emplace_back(rank_main, &w, r, &last, r == 1, 0.0, true);
     for (auto &t : ranks) t.join();
     const dl_ar_status_t &s = w.status[0];
     printf("timeout: rank 0 status kind %u peer %u expected %u seen %u block %u algo %u seq %u; pad error %u %u\n",
            s.kind, s.peer, s.expected, s.seen, s.block, s.algo, s.seq, w.pads[0].error[0], w.pads[0].error[1]);
-    bool here = s.kind == DL_SIGNAL_ERR_BARRIER && s.peer == 1 && s.algo == (uint32_t)algo &&
-                w.pads[0].error[0] == DL_SIGNAL_ERR_BARRIER;
+    // with 3 or more ranks another waiter may time out first and abort: its
+    // abort, naming it, is the record then
+    bool here = ((s.kind == DL_SIGNAL_ERR_BARRIER && s.peer == 1) ||
+                 (n > 2 && s.kind == DL_AR_FAIL_ABORT && s.peer != 1)) &&
+                s.algo == (uint32_t)algo && w.pads[0].error[0] == s.kind;
     printf("timeout path (algo %d): %s\n", algo, here ? "ok" : "FAILED");
     ok = ok && here;
+  }
+
+  // ranks that call differently, a peer that comes too late, a dead one
+  call base = calls[0];
+  base.zc = 0;
+  base.inplace = 0;
+  base.misalign = 0;
+  base.n = 4095;
+  base.blocks = 2;
+  base.algo = DL_AR_TWO_SHOT;
+  for (int i = 0; i < 6; i++) {
+    call other = base;
+    const char *what = "";
+    switch (i) {
+    case 0: other.n = 4096; what = "size"; break;
+    case 1: other.dtype = (base.dtype + 1) % 3; what = "dtype"; break;
+    case 2: other.algo = DL_AR_ONE_SHOT; what = "algorithm two_shot vs one_shot"; break;
+    case 3: other.algo = DL_AR_ONE_SHOT_LAMPORT; what = "algorithm two_shot vs one_shot_lamport"; break;
+    case 4: other.blocks = 3; what = "grid"; break;
+    case 5: other.round_vecs = base.round_vecs + 32; what = "round length"; break;
+    }
+    ok = mismatch_case(w, base, other, what) && ok;
+  }
+  for (int algo : {(int)DL_AR_ONE_SHOT_PUSH, (int)DL_AR_TWO_SHOT_LAMPORT}) {
+    call k = base;
+    k.algo = algo;
+    ok = late_case(w, k) && ok;
+  }
+  for (int algo : {(int)DL_AR_TWO_SHOT, (int)DL_AR_ONE_SHOT_LAMPORT}) {
+    call k = base;
+    k.algo = algo;
+    ok = dead_case(w, k) && ok;
   }
   return ok ? 0 : 1;
 }

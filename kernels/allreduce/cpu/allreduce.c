@@ -63,11 +63,13 @@ static void sum_range(void *out, char *const *src, int nr, int64_t e0, int64_t e
 
 /* ---- synchronisation -------------------------------------------------------- */
 
-static int ar_fail(const dl_ar_args_t *a, int block, int peer, uint32_t expected, uint32_t seen,
-                   uint32_t seq) {
+/* Record the first failure of this rank (status and pad, as the kernels do)
+ * and, unless it is a peer's abort, tell every peer to give up too. */
+static int ar_fail(const dl_ar_args_t *a, uint32_t kind, int block, int peer, uint32_t expected,
+                   uint32_t seen, uint32_t seq, const dl_ar_call_t *mine, const dl_ar_call_t *theirs) {
   uint32_t none = 0;
-  if (__atomic_compare_exchange_n(&a->pad->error[0], &none, (uint32_t)DL_SIGNAL_ERR_BARRIER, 0,
-                                  __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+  if (__atomic_compare_exchange_n(&a->pad->error[0], &none, kind, 0, __ATOMIC_ACQ_REL,
+                                  __ATOMIC_ACQUIRE)) {
     a->pad->error[1] = (uint32_t)peer;
     a->pad->error[2] = expected;
     a->pad->error[3] = seen;
@@ -78,14 +80,56 @@ static int ar_fail(const dl_ar_args_t *a, int block, int peer, uint32_t expected
     s->block = (uint32_t)block;
     s->algo = (uint32_t)a->algo;
     s->seq = seq;
-    __atomic_store_n(&s->kind, (uint32_t)DL_SIGNAL_ERR_BARRIER, __ATOMIC_RELEASE);
+    if (mine) s->mine = *mine;
+    if (theirs) s->theirs = *theirs;
+    __atomic_store_n(&s->kind, kind, __ATOMIC_RELEASE);
+    if (kind != DL_AR_FAIL_ABORT)
+      for (int p = 0; p < a->nranks; p++)
+        if (p != a->rank)
+          __atomic_store_n(&ctrl_of(a->bufs[p])->abort, (uint32_t)a->rank + 1, __ATOMIC_RELEASE);
   }
-  if (a->algo == DL_AR_ONE_SHOT_LAMPORT)
-    return DL_ERR(DL_ETIMEOUT, "rank %d did not arrive within %.1f s (waited for its data at vector %u)",
-                  peer, a->timeout_ns * 1e-9, expected);
-  return DL_ERR(DL_ETIMEOUT,
-                "rank %d did not arrive within %.1f s (block %d waited for count %u, saw %u)",
-                peer, a->timeout_ns * 1e-9, block, expected, seen);
+  /* the core words the error from the status record, as on cuda */
+  return DL_ERR(kind == DL_AR_FAIL_TIMEOUT ? DL_ETIMEOUT : kind == DL_AR_FAIL_MISMATCH ? DL_EINVAL : DL_EPEER,
+                "allreduce (cpu): failure %u with rank %d", kind, peer);
+}
+
+/* A wait: its deadline. */
+typedef struct watch {
+  double deadline;
+} watch_t;
+
+static watch_t watch_begin(const dl_ar_args_t *a) {
+  return (watch_t){dl_host_now_s() + a->timeout_ns * 1e-9};
+}
+
+/* Between polls number i of a wait on `peer`: why it must end now
+ * (DL_AR_FAIL_*, *who the rank to name), or 0: a peer gave up (unless
+ * heed_abort is 0), a rank's process is gone (status.gone, which the
+ * host's watchdog sets), or the timeout expired. */
+static uint32_t watch_step(const dl_ar_args_t *a, watch_t *w, long i, int peer, int *who,
+                           int heed_abort) {
+  dl_host_pause(i);
+  if (i % 16) return 0;
+  const uint32_t ab = __atomic_load_n(&ctrl_of(a->bufs[a->rank])->abort, __ATOMIC_ACQUIRE);
+  *who = peer;
+  if (ab && heed_abort) {
+    *who = (int)ab - 1;
+    return DL_AR_FAIL_ABORT;
+  }
+  const uint32_t gone = __atomic_load_n(&a->status->gone, __ATOMIC_ACQUIRE);
+  if (gone) {
+    *who = (int)gone - 1;
+    return DL_AR_FAIL_DEAD;
+  }
+  return dl_host_now_s() > w->deadline ? DL_AR_FAIL_TIMEOUT : 0;
+}
+
+/* The same, recording why. */
+static int watch_fail(const dl_ar_args_t *a, watch_t *w, long i, int block, int peer,
+                      uint32_t expected, uint32_t seen, uint32_t seq) {
+  int who;
+  const uint32_t kind = watch_step(a, w, i, peer, &who, 1);
+  return kind ? ar_fail(a, kind, block, who, expected, seen, seq, NULL, NULL) : DL_OK;
 }
 
 /* Block b of this rank meets block b of every other rank (kernel: ar_barrier). */
@@ -97,15 +141,80 @@ static int ar_barrier(const dl_ar_args_t *a, dl_ar_ctrl_t *self, int b, uint32_t
     self->counts[b][p] = e[p];
     __atomic_store_n(&ctrl_of(a->bufs[p])->flags[b][a->rank], e[p], __ATOMIC_RELEASE);
   }
-  double deadline = dl_host_now_s() + a->timeout_ns * 1e-9;
   for (int p = 0; p < a->nranks; p++) {
     if (p == a->rank) continue;
+    watch_t w = watch_begin(a);
     uint32_t x;
     for (long i = 0; !DL_SIGNAL_REACHED(x = __atomic_load_n(&self->flags[b][p], __ATOMIC_ACQUIRE), e[p]);
-         i++) {
-      dl_host_pause(i);
-      if (i % 16 == 0 && dl_host_now_s() > deadline) return ar_fail(a, b, p, e[p], x, seq);
+         i++)
+      DL_TRY(watch_fail(a, &w, i, b, p, e[p], x, seq));
+  }
+  return DL_OK;
+}
+
+/* This call as the descriptor says it (dl_ar_call_t). */
+static dl_ar_call_t call_of(const dl_ar_args_t *a, uint32_t seq) {
+  dl_ar_call_t c;
+  memset(&c, 0, sizeof c);
+  c.seq = seq + 1; /* 0: the zeroed entry, before any call */
+  c.algo = (uint8_t)a->algo;
+  c.dtype = (uint8_t)a->dtype;
+  c.zero_copy = (uint8_t)a->zero_copy;
+  c.blocks = a->blocks;
+  c.round_vecs = a->round_vecs;
+  c.n = a->total_n;
+  c.offset = a->offset;
+  return c;
+}
+
+/* Our call into every peer's ctrl, seq last; then every peer's call, once it
+ * is there, compared with ours (kernels: ar_announce, ar_agree). */
+static int ar_agree(const dl_ar_args_t *a, dl_ar_ctrl_t *self, uint32_t seq) {
+  const dl_ar_call_t mine = call_of(a, seq);
+  for (int p = 0; p < a->nranks; p++) {
+    if (p == a->rank) continue;
+    dl_ar_call_t *slot = &ctrl_of(a->bufs[p])->calls[seq & 1][a->rank];
+    /* everything but seq, which the peer may be polling, then seq */
+    memcpy((char *)slot + sizeof slot->seq, (const char *)&mine + sizeof mine.seq,
+           sizeof mine - sizeof mine.seq);
+    __atomic_store_n(&slot->seq, mine.seq, __ATOMIC_RELEASE);
+  }
+  /* every peer's slot at each poll, so that a mismatched call that is there is named even when
+   * another peer is late or gone (in order, waiting on rank 1 first, rank 0 reported the death
+   * of a rank 2 that had published a mismatched call and exited) */
+  int left = a->nranks - 1, who = -1, gave_up = -1;
+  uint32_t kind = 0, aborted = 0, x = 0;
+  uint8_t seen[DL_SIGNAL_MAX_RANKS] = {0};
+  watch_t w = watch_begin(a);
+  for (long i = 0; left > 0; i++) {
+    int late = -1;
+    for (int p = 0; p < a->nranks; p++) {
+      if (p == a->rank || seen[p]) continue;
+      const dl_ar_call_t *in = &self->calls[seq & 1][p];
+      uint32_t got = __atomic_load_n(&in->seq, __ATOMIC_ACQUIRE);
+      if (got != mine.seq) {
+        if (late < 0) late = p, x = got;
+        continue;
+      }
+      dl_ar_call_t theirs = *in;
+      if (memcmp(&theirs, &mine, sizeof mine) != 0)
+        return ar_fail(a, DL_AR_FAIL_MISMATCH, 0, p, seq, seq, seq, &mine, &theirs);
+      seen[p] = 1;
+      left--;
     }
+    if (left == 0) break;
+    if (kind) return ar_fail(a, kind, DL_AR_BLOCK_CALL, who, mine.seq, x, seq, NULL, NULL);
+    kind = watch_step(a, &w, i, late, &who, !aborted);
+    /* another rank gave up (it saw a mismatch, most likely): a late call, if it comes within a
+     * second, says more than the abort */
+    if (kind == DL_AR_FAIL_ABORT) {
+      aborted = 1;
+      gave_up = who;
+      if (w.deadline > dl_host_now_s() + 1) w.deadline = dl_host_now_s() + 1;
+      kind = 0;
+    }
+    if (kind == DL_AR_FAIL_TIMEOUT && aborted) kind = DL_AR_FAIL_ABORT, who = gave_up;
+    /* kind set: one more look at every slot (above) before failing with it */
   }
   return DL_OK;
 }
@@ -239,14 +348,11 @@ static void lamport_put(uint32_t *dst, const void *src, int64_t nbytes, int64_t 
 }
 
 /* Wait until words [w0, w1) of peer's slot `src` are all filled. */
-static int lamport_poll(const job_t *j, const char *src, int64_t w0, int64_t w1, double deadline, int peer) {
+static int lamport_poll(const job_t *j, const char *src, int64_t w0, int64_t w1, watch_t *wt, int peer) {
   const uint32_t *w = (const uint32_t *)src;
   for (int64_t i = w0; i < w1; i++)
-    for (long k = 0; __atomic_load_n(w + i, __ATOMIC_ACQUIRE) == DL_AR_LAMPORT_EMPTY; k++) {
-      dl_host_pause(k);
-      if (k % 16 == 0 && dl_host_now_s() > deadline)
-        return ar_fail(j->a, 0, peer, (uint32_t)(i / (DL_AR_VEC_BYTES / 4)), 0, j->seq);
-    }
+    for (long k = 0; __atomic_load_n(w + i, __ATOMIC_ACQUIRE) == DL_AR_LAMPORT_EMPTY; k++)
+      DL_TRY(watch_fail(j->a, wt, k, 0, peer, (uint32_t)(i / (DL_AR_VEC_BYTES / 4)), 0, j->seq));
   return DL_OK;
 }
 
@@ -256,10 +362,10 @@ static int one_shot_lamport(const job_t *j) {
   const int64_t nw = j->nv * (DL_AR_VEC_BYTES / 4);
   for (int p = 0; p < nr; p++) lamport_put((uint32_t *)lamport(a, p, j->h, me), a->in, a->n * j->es, 0, nw);
   char *src[DL_SIGNAL_MAX_RANKS];
-  double deadline = dl_host_now_s() + a->timeout_ns * 1e-9;
+  watch_t wt = watch_begin(a);
   for (int p = 0; p < nr; p++) {
     src[p] = lamport(a, me, j->h, p);
-    DL_TRY(lamport_poll(j, src[p], 0, nw, deadline, p));
+    DL_TRY(lamport_poll(j, src[p], 0, nw, &wt, p));
   }
   sum_range(a->out, src, nr, 0, a->n, a->dtype);
   for (int p = 0; p < nr; p++) memset(src[p], 0xff, (size_t)(nw * 4));
@@ -283,11 +389,11 @@ static int two_shot_lamport(const job_t *j) {
     w1[q] = ((q + 1) * sv < j->nv ? (q + 1) * sv : j->nv) * W;
     lamport_put((uint32_t *)lamport(a, q, j->h, me), a->in, nbytes, w0[q], w1[q]);
   }
-  const double deadline = dl_host_now_s() + a->timeout_ns * 1e-9;
+  watch_t wt = watch_begin(a);
   char *src[DL_SIGNAL_MAX_RANKS];
   for (int p = 0; p < nr; p++) {
     src[p] = lamport(a, me, j->h, p);
-    if (p != me) DL_TRY(lamport_poll(j, src[p], w0[me], w1[me], deadline, p));
+    if (p != me) DL_TRY(lamport_poll(j, src[p], w0[me], w1[me], &wt, p));
   }
   const int64_t e0 = w0[me] * 4 / j->es, e1 = w1[me] * 4 / j->es < a->n ? w1[me] * 4 / j->es : a->n;
   sum_range(a->out, src, nr, e0, e1, a->dtype);
@@ -304,7 +410,7 @@ static int two_shot_lamport(const job_t *j) {
   }
   for (int q = 0; q < nr; q++) {
     if (q == me) continue;
-    DL_TRY(lamport_poll(j, src[q], w0[q], w1[q], deadline, q));
+    DL_TRY(lamport_poll(j, src[q], w0[q], w1[q], &wt, q));
     const int64_t b0 = w0[q] * 4, b1 = w1[q] * 4 < nbytes ? w1[q] * 4 : nbytes;
     if (b1 > b0) memcpy((char *)a->out + b0, src[q] + b0, (size_t)(b1 - b0));
     memset(src[q] + w0[q] * 4, 0xff, (size_t)((w1[q] - w0[q]) * 4));
@@ -330,8 +436,12 @@ int dl_allreduce_cpu(const dl_ar_args_t *a, void *stream) {
   j.L = DL_AR_VEC_BYTES / j.es;
   j.nv = (a->n + j.L - 1) / j.L;
   j.chunk = a->round_vecs;
-  int rc;
-  switch (a->algo) {
+  /* every call is compared first, also when a peer gave up already (it saw
+   * a mismatch: say which); then a peer's abort voids it */
+  int rc = ar_agree(a, j.self, j.seq);
+  const uint32_t ab = __atomic_load_n(&j.self->abort, __ATOMIC_ACQUIRE);
+  if (rc == DL_OK && ab) rc = ar_fail(a, DL_AR_FAIL_ABORT, 0, (int)ab - 1, 0, 0, j.seq, NULL, NULL);
+  if (rc == DL_OK) switch (a->algo) {
   case DL_AR_ONE_SHOT: rc = one_shot(&j); break;
   case DL_AR_ONE_SHOT_PUSH:
   case DL_AR_ONE_SHOT_PUSH_FLAT: rc = one_shot_push(&j); break; /* no roles on the cpu: one twin */
@@ -342,6 +452,9 @@ int dl_allreduce_cpu(const dl_ar_args_t *a, void *stream) {
   case DL_AR_TWO_SHOT_LAMPORT: rc = two_shot_lamport(&j); break;
   default: return DL_ERR(DL_EINVAL, "allreduce (cpu): algorithm %d has no twin", a->algo);
   }
+  /* a peer that gave up while we passed its last signal: this call is void */
+  const uint32_t late = __atomic_load_n(&j.self->abort, __ATOMIC_ACQUIRE);
+  if (rc == DL_OK && late) rc = ar_fail(a, DL_AR_FAIL_ABORT, 0, (int)late - 1, 0, 0, j.seq, NULL, NULL);
   __atomic_store_n(&j.self->seq, j.seq + 1, __ATOMIC_RELEASE);
   return rc;
 }

@@ -9,9 +9,15 @@
 #ifndef DL_HOST_WAIT_H
 #define DL_HOST_WAIT_H
 
+#include <errno.h>
+#include <fcntl.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 static inline double dl_host_now_s(void) {
   struct timespec ts;
@@ -28,6 +34,25 @@ static inline void dl_host_pause(int64_t iter) {
   }
   struct timespec ts = {0, iter < 20000 ? 20000 : 200000};
   nanosleep(&ts, NULL);
+}
+
+/* Whether process pid (of this host) still runs: 0 once it exited, also
+ * while it is a zombie its parent has not reaped yet (a rank that died
+ * under a launcher busy elsewhere, or under none), which kill(pid, 0) alone
+ * calls alive. pid <= 0 (unknown) counts as alive. */
+static inline int dl_host_pid_alive(int pid) {
+  if (pid <= 0) return 1;
+  if (kill(pid, 0) != 0 && errno == ESRCH) return 0;
+  char path[32], buf[256];
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno != ENOENT;
+  ssize_t n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n <= 0) return 1;
+  buf[n] = 0;
+  const char *p = strrchr(buf, ')'); /* "pid (comm) S ...": comm may hold spaces */
+  return !(p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X'));
 }
 
 #endif

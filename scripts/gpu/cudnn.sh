@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# Remote step on a GPU host (repo root as cwd, .debs and .deps carried) for
+# issue 18, cuDNN's fused attention as a backend of dl.attn: the whole check
+# on one GPU, in BUDGET seconds (default 470):
+#   1. build (with cuDNN's frontend headers from .deps/, fetched beforehand by
+#      scripts/fetch-cudnn-frontend.sh);
+#   2. which libcudnn: every candidate (the system's, the one in PyTorch's
+#      venv, the CUDA toolkit's), its version, and one causal bf16 forward +
+#      backward timed with each (experiments/attn/cudnn_pick.lua); the
+#      fastest, newest on a tie (within 1%), is exported as DISTLAB_CUDNN for
+#      distlab's commands (with its folder's neighbours, e.g. NVRTC, on their
+#      LD_LIBRARY_PATH; PyTorch's keeps its own);
+#   3. spec/attn_cudnn_spec.lua (#gpu: every attention case with backend
+#      "cudnn" against the fp64 cpu twin, normwise and element-wise) and
+#      spec/attn_spec.lua (ours unchanged);
+#   4. the attention bench: PyTorch SDPA flash and cuDNN
+#      (attn_bench_torch.py, bshd and thd), dl.attn ours and cudnn, PyTorch
+#      again, same run, b=2 h=16 d=128 s 4k..32k (BENCH_S), causal and not,
+#      bshd and thd: $OUT/attn-<gpu>.md, the results file, against the mean
+#      of the two PyTorch runs (target: cudnn >= 0.95 x PyTorch's cuDNN, fwd
+#      and bwd);
+#   5. MPS started, the CP specs with backend "cudnn" (DISTLAB_CP_BACKEND)
+#      with 2 ranks sharing the GPU, and the cudnn workspace of the CP
+#      schedules measured on the GPU beside the meta formula
+#      (experiments/cp/cp_cudnn_memory.lua on cuda, then on meta).
+# STEPS picks steps (default "pick specs bench cp"; the build always runs).
+# Every step runs under `timeout` with the smaller of its own limit and what
+# is left of BUDGET and writes one verdict line to $OUT/cudnn-summary.txt;
+# logs are packed into $OUT/cudnn-logs.tgz however the script ends (MPS
+# stopped). Exit status non-zero when a step failed. DISTLAB_COMMIT=<hash>
+# names the commit where the checkout has no .git.
+set -u
+t_start=$(date +%s)
+OUT="${OUT:-/tmp/distlab-out}"
+L="$OUT/cudnn"
+rm -rf "$L"
+mkdir -p "$L"
+cd "$(dirname "$0")/../.." || exit 2
+source scripts/gpu/setup.sh || exit 2
+export DISTLAB_TIMEOUT="${DISTLAB_TIMEOUT:-60}" NCCL_NVLS_ENABLE=0
+PY=/opt/torch/.venv/bin/python
+[ -x "$PY" ] || PY=python3
+SUM="$OUT/cudnn-summary.txt"
+BUDGET="${BUDGET:-470}"
+STEPS="${STEPS:-pick specs bench cp}"
+status=0
+deadline=$((t_start + BUDGET))
+say() { echo "[cudnn.sh +$(($(date +%s) - t_start)) s] $*" | tee -a "$SUM"; }
+want() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
+
+mps_ctl=""
+finish() {
+  [ -n "$mps_ctl" ] && echo quit | "$mps_ctl" >/dev/null 2>&1
+  cp "$SUM" "$L/" 2>/dev/null
+  tar -czf "$OUT/cudnn-logs.tgz" -C "$OUT" cudnn
+  say "done, status $status; logs: $OUT/cudnn-logs.tgz"
+}
+trap finish EXIT
+
+# step NAME LIMIT LOG CMD...: the command under min(LIMIT, what is left of the budget
+# less 10 s for packing); its verdict (and the log's last line) in the summary
+step() {
+  local name=$1 limit=$2 log=$3
+  shift 3
+  local left=$((deadline - $(date +%s) - 10))
+  [ "$left" -lt "$limit" ] && limit=$left
+  if [ "$limit" -lt 5 ]; then
+    status=1
+    say "$name: SKIPPED (the ${BUDGET} s budget is spent)"
+    return 1
+  fi
+  local t0 rc verdict
+  t0=$(date +%s)
+  timeout -k 5 "$limit" "$@" >"$log" 2>&1
+  rc=$?
+  case $rc in
+    0) verdict=ok ;;
+    124 | 137) verdict="TIMED OUT after $limit s" ;;
+    *) verdict="FAILED (exit $rc)" ;;
+  esac
+  [ $rc = 0 ] || status=1
+  say "$name: $verdict in $(($(date +%s) - t0)) s; $(tail -n 1 "$log")"
+  return $rc
+}
+
+{
+  date -u '+%Y-%m-%d %H:%M UTC'
+  nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader
+  echo "commit: ${DISTLAB_COMMIT:-$(git describe --always --dirty 2>/dev/null || echo unknown)}"
+  "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())' 2>&1 | tail -1
+} | tee "$SUM"
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE '[AHBL][0-9]+' | head -1 | tr '[:upper:]' '[:lower:]')
+gpu=${gpu:-gpu}
+
+step build 240 "$L/build.log" ./distlab build || exit 1
+DL_LIBS=""
+grep -q "cudnn_sdpa" build/make.log || say "WARNING: built without cuDNN's frontend (no .deps/cudnn-frontend?)"
+
+if want pick; then
+  # candidates: the loader's (system), PyTorch's wheel, the CUDA toolkit's
+  cands=()
+  for f in /usr/lib/x86_64-linux-gnu/libcudnn.so.9 /opt/torch/.venv/lib/python3*/site-packages/nvidia/cudnn/lib/libcudnn.so.9 \
+    /usr/local/cuda/lib64/libcudnn.so.9; do
+    [ -e "$f" ] && cands+=("$(readlink -f "$f")")
+  done
+  best="" best_ms="" best_ver=0
+  for f in "${cands[@]}"; do
+    # its folder's neighbours first: NVRTC and cuBLAS of the same CUDA major for the wheel's cuDNN
+    libs="$(dirname "$f")"
+    for d in "$(dirname "$f")"/../../*/lib; do [ -d "$d" ] && libs="$libs:$(readlink -f "$d")"; done
+    log="$L/pick-$(echo "$f" | tr '/' '_').log"
+    if DISTLAB_CUDNN="$f" LD_LIBRARY_PATH="$libs:${LD_LIBRARY_PATH:-}" step "pick: $f" 90 "$log" \
+      ./distlab run -n 1 --device cuda experiments/attn/cudnn_pick.lua; then
+      ms=$(sed -n 's/^pick ms=\([0-9.]*\).*/\1/p' "$log")
+      ver=$(sed -n 's/^pick .*version=\([0-9]*\).*/\1/p' "$log")
+      # faster by more than 1%, or as fast (within 1%) and newer
+      if [ -n "$ms" ] && { [ -z "$best_ms" ] || awk "BEGIN{exit !($ms < $best_ms * 0.99 || \
+        ($ms <= $best_ms * 1.01 && $ver > $best_ver))}"; }; then
+        best=$f best_ms=$ms best_libs=$libs best_ver=$ver
+      fi
+    fi
+  done
+  if [ -n "$best" ]; then
+    # distlab's commands only: PyTorch must keep finding the cuDNN it was built with
+    export DISTLAB_CUDNN="$best" DL_LIBS="$best_libs"
+    say "cuDNN for the rest: $best (version $best_ver, $best_ms ms per causal fwd+bwd at s=8k)"
+  else
+    say "no libcudnn candidate ran; the rest uses the loader's"
+  fi
+fi
+
+if want specs; then
+  step "attn_cudnn_spec (#gpu)" 200 "$L/attn-cudnn-spec.log" env LD_LIBRARY_PATH="${DL_LIBS:+$DL_LIBS:}${LD_LIBRARY_PATH:-}" ./distlab test --exclude-tags=multigpu spec/attn_cudnn_spec.lua
+  grep -E "^(FAIL|ERROR)|^cudnn|^  (bshd|sbhd|thd)" "$L/attn-cudnn-spec.log" | head -40 | tee -a "$SUM"
+fi
+
+if want bench; then
+  # PyTorch before and after ours: the anchor is the mean of the two runs, so a drift of the
+  # card's clocks between them cancels; the results file is assembled last (--measured)
+  BENCH_S="${BENCH_S:-4096,8192,16384,32768}"
+  DLENV=(env LD_LIBRARY_PATH="${DL_LIBS:+$DL_LIBS:}${LD_LIBRARY_PATH:-}")
+  step "attn bench: PyTorch SDPA (before)" 200 "$L/attn-torch-1.log" "$PY" experiments/attn/attn_bench_torch.py \
+    --s "$BENCH_S" --out "$L" --name attn-torch-1
+  step "attn bench: dl.attn ours and cudnn" 240 "$L/attn-bench.log" "${DLENV[@]}" ./distlab run -n 1 --device cuda \
+    experiments/attn/attn_bench.lua --s "$BENCH_S" --backends ours,cudnn --out "$L"
+  step "attn bench: PyTorch SDPA (after)" 200 "$L/attn-torch-2.log" "$PY" experiments/attn/attn_bench_torch.py \
+    --s "$BENCH_S" --out "$L" --name attn-torch-2
+  step "attn bench: the results file" 60 "$L/attn-table.log" "${DLENV[@]}" ./distlab run -n 1 --device cuda \
+    experiments/attn/attn_bench.lua --s "$BENCH_S" --backends ours,cudnn --measured "$L/attn-distlab.csv" \
+    --torch "$L/attn-torch-1.csv,$L/attn-torch-2.csv" --out "$OUT" --tag "$gpu" \
+    --command "scripts/gpu/cudnn.sh (attn_bench_torch.py, attn_bench.lua, attn_bench_torch.py, then this with --measured, in the same run)"
+  sed -n '/^TFLOP\/s fwd\/bwd/,$p' "$L/attn-table.log" | tee -a "$SUM"
+  cp "$OUT"/attn-*.csv "$L/" 2>/dev/null
+fi
+
+if want cp; then
+  ctl="$(command -v nvidia-cuda-mps-control || ls /usr/local/nvidia/bin/nvidia-cuda-mps-control 2>/dev/null)"
+  if [ "${MPS:-1}" = 1 ] && [ -n "$ctl" ]; then
+    export CUDA_MPS_PIPE_DIRECTORY=/tmp/distlab-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/distlab-mps-log
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    "$ctl" -d && mps_ctl=$ctl
+    export PATH="$(dirname "$ctl"):$PATH" # the launcher looks for the daemon by name
+  fi
+  say "MPS: $([ -n "$mps_ctl" ] && echo "running ($ctl)" || echo "not running")"
+  export DISTLAB_JOB_TIMEOUT="${DISTLAB_JOB_TIMEOUT:-150}"
+  DISTLAB_CP_BACKEND=cudnn DISTLAB_SPEC_RANKS=2 step "cp_spec #multigpu, backend cudnn, 2 ranks on one GPU" 200 \
+    "$L/cp-spec-cudnn.log" env LD_LIBRARY_PATH="${DL_LIBS:+$DL_LIBS:}${LD_LIBRARY_PATH:-}" ./distlab test --tags=multigpu spec/cp_spec.lua
+  grep -E "^(ok|FAIL|ERROR)" "$L/cp-spec-cudnn.log" | head -12 | tee -a "$SUM"
+  step "cp memory: cudnn workspace, 2 ranks on the GPU" 90 "$L/cp-cudnn-memory-gpu.log" env LD_LIBRARY_PATH="${DL_LIBS:+$DL_LIBS:}${LD_LIBRARY_PATH:-}" ./distlab run -n 2 \
+    --device cuda experiments/cp/cp_cudnn_memory.lua
+  step "cp memory: cudnn workspace, meta formula" 30 "$L/cp-cudnn-memory-meta.log" ./distlab run --device meta \
+    --world 2 --rank 0 experiments/cp/cp_cudnn_memory.lua
+  grep -h "^cudnn" "$L/cp-cudnn-memory-gpu.log" "$L/cp-cudnn-memory-meta.log" | tee -a "$SUM"
+fi
+exit $status

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Remote step on a host of several GPUs (nvidia-h200-x2/-x4/-x8; repo root as
+# cwd, .debs and .deps carried): the multi-GPU timings of issues 20, 21 and
+# 23 in one call, each step on every GPU of the host (N = nvidia-smi's count),
+# in BUDGET seconds (default 540):
+#   ag_gemm  all-gather + GEMM (issue 21): PyTorch's anchors
+#            (experiments/overlap/ag_gemm_torch.py under torchrun: the fused op
+#            without multicast, NCCL then matmul, matmul alone), then
+#            ag_gemm_bench.lua at m 8k,16k,32k (AG_M), k 16k, n 8k, bf16, GEMM
+#            alone, nccl_then_gemm and every variant, AG_ITERS (20) timed runs
+#            per row -> $OUT/ag-gemm-<gpu>x<N>.{md,csv};
+#   gemm_rs  the mirror, GEMM + reduce-scatter (issue 21), the same way (--op gemm_rs)
+#            -> $OUT/gemm-rs-<gpu>x<N>.{md,csv};
+#   cp       cp_bench.lua at CP = N (issue 23) on the attention backends CP_BACKENDS
+#            (default "cudnn"; "ours,cudnn" for both), S_total CP_S (16k,64k,128k),
+#            CP_ITERS (20) repeats -> $OUT/cp-bench-<gpu>x<N>[-TAG].{md,csv} (CP_TAG);
+#   ep       ep_bench.lua (issue 20, where experiments/ep/ exists) with its PyTorch
+#            baseline (ep_bench_torch.py under torchrun), EP_ARGS passed on
+#            -> $OUT/ep-bench-<gpu>x<N>.{md,csv}.
+# STEPS picks them (default "ag_gemm gemm_rs cp ep"); the build always runs. Results
+# files come back in $OUT (copy them to experiments/results/<family>/ and
+# draw the PNGs locally: the hosts have no gnuplot); every log in
+# $OUT/multi-logs.tgz; verdicts in $OUT/multi-summary.txt. Exit status
+# non-zero when a step failed. DISTLAB_COMMIT=<hash> names the commit.
+set -u
+t_start=$(date +%s)
+OUT="${OUT:-/tmp/distlab-out}"
+L="$OUT/multi"
+rm -rf "$L"
+mkdir -p "$L"
+cd "$(dirname "$0")/../.." || exit 2
+source scripts/gpu/setup.sh || exit 2
+NAME=multi SUM="$OUT/multi-summary.txt" BUDGET="${BUDGET:-540}"
+source scripts/gpu/steps.sh
+export DISTLAB_TIMEOUT="${DISTLAB_TIMEOUT:-60}" DISTLAB_JOB_TIMEOUT="${DISTLAB_JOB_TIMEOUT:-400}" NCCL_NVLS_ENABLE=0
+STEPS="${STEPS:-ag_gemm gemm_rs cp ep}"
+want() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
+
+header
+N=$(nvidia-smi -L | grep -c '^GPU')
+tag="$(gpu_tag)x$N"
+say "$N GPUs: tag $tag; steps: $STEPS"
+[ "$N" -ge 2 ] || { say "multi.sh needs at least 2 GPUs"; status=1; exit 1; }
+step build 240 "$L/build.log" ./distlab build || exit 1
+port=$((20000 + RANDOM % 20000))
+
+AG_M="${AG_M:-8192,16384,32768}" AG_ITERS="${AG_ITERS:-20}"
+for op in ag_gemm gemm_rs; do
+  want $op || continue
+  port=$((port + 2))
+  step "$op PyTorch anchors ($N ranks)" 150 "$L/$op-torch.log" "$PY" -m torch.distributed.run \
+    --nproc_per_node "$N" --master_port "$port" experiments/overlap/ag_gemm_torch.py "$L/$op-torch.csv" \
+    --ag-op $op --ag-m "$AG_M" --ag-iters "$AG_ITERS"
+  step "$op bench ($N ranks)" 200 "$L/$op-bench.log" ./distlab run -n "$N" --device cuda \
+    experiments/overlap/ag_gemm_bench.lua --op $op --m "$AG_M" --iters "$AG_ITERS" --torch "$L/$op-torch.csv" \
+    --out "$OUT" --tag "$tag" --command "scripts/gpu/multi.sh (ag_gemm_torch.py --ag-op $op under torchrun, then this, in the same run)"
+  grep -E "^m=" "$L/$op-torch.log" | tee -a "$SUM"
+done
+
+if want cp; then
+  pick_cudnn
+  CP_BACKENDS="${CP_BACKENDS:-cudnn}"
+  ctag="$tag${CP_TAG:+-$CP_TAG}"
+  step "cp_bench CP=$N, backends $CP_BACKENDS" 300 "$L/cp-bench.log" "${DL_ENV[@]}" ./distlab run -n "$N" --device cuda \
+    experiments/cp/cp_bench.lua --backends "$CP_BACKENDS" --s "${CP_S:-16384,65536,131072}" --iters "${CP_ITERS:-20}" \
+    --tag "$ctag" --out "$OUT" --command "scripts/gpu/multi.sh (STEPS=cp CP_BACKENDS=$CP_BACKENDS)"
+  sed -n '/^| backend | S_total/,$p' "$L/cp-bench.log" | head -60 | tee -a "$SUM"
+fi
+
+if want ep && [ -f experiments/ep/ep_bench.lua ]; then
+  step "ep PyTorch baseline ($N ranks)" 120 "$L/ep-torch.log" "$PY" -m torch.distributed.run \
+    --nproc_per_node "$N" --master_port "$((port + 1))" experiments/ep/ep_bench_torch.py "$L/ep-torch.csv" ${EP_TORCH_ARGS:-}
+  step "ep_bench ($N ranks)" 240 "$L/ep-bench.log" ./distlab run -n "$N" --device cuda experiments/ep/ep_bench.lua \
+    --torch "$L/ep-torch.csv" --out "$OUT" --tag "$tag" ${EP_ARGS:-} \
+    --command "scripts/gpu/multi.sh (ep_bench_torch.py under torchrun, then this, in the same run)"
+  tail -n 40 "$L/ep-bench.log" >>"$SUM"
+fi
+cp "$OUT"/*.csv "$L/" 2>/dev/null
+exit $status

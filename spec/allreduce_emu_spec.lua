@@ -1,0 +1,32 @@
+-- The all-reduce kernels' own sources (kernels/allreduce/*.cu) on the CPU
+-- emulator (experiments/lab/allreduce_emu: OS threads as CUDA threads, host
+-- threads as ranks), so that a kernel change is checked in CI where no GPU
+-- is: random calls of every algorithm checked bit-exactly, then the failure
+-- paths (a peer that never comes, mismatched calls, a late peer, a dead
+-- peer). The build (g++, about 20 s on 2 cores) is cached in /tmp.
+local H = require "helpers"
+
+local function has(cmd)
+  local p = io.popen("command -v " .. cmd .. " 2>/dev/null")
+  local out = p:read("*a")
+  p:close()
+  return out ~= ""
+end
+
+describe("allreduce kernels on the CPU emulator", function()
+  local runnable = has("g++") and has("make")
+  for _, c in ipairs { { 2, 80, 3 }, { 3, 40, 4 } } do
+    local it_ = runnable and it or pending
+    it_(c[1] .. " ranks, " .. c[2] .. " random calls, then the failure paths", function()
+      local p = io.popen(string.format("cd %q/experiments/lab/allreduce_emu && make -s run N=%d CALLS=%d SEED=%d 2>&1; echo __rc=$?",
+        H.root, c[1], c[2], c[3]))
+      local out = p:read("*a")
+      p:close()
+      assert.truthy(out:find("__rc=0", 1, true), out)
+      assert.truthy(out:find(c[1] .. " ranks, " .. c[2] .. " calls: ok", 1, true), out)
+      assert.falsy(out:find("FAILED", 1, true), out)
+      local _, k = out:gsub("dead peer %(algo %d+%): [%d.]+ s[^\n]*: ok", "")
+      assert.equal(2, k, out)
+    end)
+  end
+end)
