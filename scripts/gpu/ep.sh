@@ -24,7 +24,8 @@
 #      baseline's CSV merged, written under $OUT/ep/bench (the harness
 #      writes nothing under experiments/results where ranks share a GPU);
 #   8. MPS stopped, compute-sanitizer memcheck on spec/ep/correct.lua with 2
-#      ranks (every rank's luajit under the sanitizer, a log per process;
+#      ranks (every rank's luajit under the sanitizer, its log and the rank's
+#      stderr per process;
 #      SAN=0 skips it).
 # Expect "5 passed, 0 failed", "3 passed, 0 failed", "args done", torch lines
 # with "#wrong 0", an ep_bench table whose #wrong column is all 0, "ERROR
@@ -94,13 +95,13 @@ if [ "${SAN:-1}" = 1 ] && [ -n "$SANBIN" ]; then
   mkdir -p "$sd"
   cat >"$sd/luajit" <<EOF
 #!/bin/sh
-exec "$SANBIN" --tool memcheck --error-exitcode 9 --log-file "$sd/rank-%p.log" luajit "\$@"
+exec "$SANBIN" --tool memcheck --error-exitcode 9 --log-file "$sd/rank-%p.log" luajit "\$@" 2>"$sd/stderr-\$\$.log"
 EOF
   chmod +x "$sd/luajit"
   DISTLAB_JOB_TIMEOUT=200 LUAJIT="$sd/luajit" step "compute-sanitizer memcheck, correct.lua, 2 ranks" 200 \
     "$L/sanitizer.log" ./distlab run -n 2 --device cuda spec/ep/correct.lua
-  for f in "$sd"/rank-*.log; do
-    [ -e "$f" ] && echo "$(basename "$f"): $(grep -E "ERROR SUMMARY" "$f" | tail -1)" | tee -a "$SUM"
+  for f in "$sd"/rank-*.log "$sd"/stderr-*.log; do
+    [ -s "$f" ] && echo "$(basename "$f"): $(grep -E "ERROR SUMMARY|rror|PANIC|memory" "$f" | tail -2 | tr '\n' ' ')" | tee -a "$SUM"
   done
 else
   say "compute-sanitizer: skipped (SAN=${SAN:-1}, binary '${SANBIN}')"

@@ -29,7 +29,8 @@
 #include "mem/alloc.h"
 #include "base/device.h"
 
-enum { EP_MAGIC = 0xe9e9e9e9u, CPU_BLOCKS = 4 };
+enum { EP_MAGIC = 0xe9e9e9e9u };
+enum { CPU_BLOCKS = 4 }; /* apart: EP_MAGIC makes its enum unsigned */
 enum { IDLE = 0, SENT, DISPATCHED, COMBINE_SENT, COMBINED };
 /* the object's own tensors past the public ones */
 enum { T_SRC = DL_EP_NUM_TENSORS, T_HIDX, T_HW, N_TENSORS };
@@ -485,7 +486,13 @@ static int run(dl_ep_t *ep, int phase, dl_ep_args_t *a, dl_stream_t *s, int *lau
   char what[256];
   describe(ep, phase, what, sizeof what);
   *launched = 0;
-  int rc = recorded_failure(ep);
+  /* a bad expert id that an earlier kernel recorded (cuda: the host reads
+   * the record without waiting for the stream) does not stop this phase:
+   * it runs, then the id is reported (DL_EINVAL), as the cpu twin reports
+   * it at the end of its own call; the buffer goes on */
+  const volatile dl_ep_status_t *st = ep->status;
+  const int deferred = !ep->failed && st && st->kind == DL_EP_ERR_BAD_ID;
+  int rc = deferred ? DL_OK : recorded_failure(ep);
   if (rc == DL_OK && !in_order(phase, ep->state))
     rc = DL_ERR(DL_ESTATE, "%s: out of order: %s", what, order_rules[phase]);
   if (rc < 0) return rc;
@@ -496,6 +503,7 @@ static int run(dl_ep_t *ep, int phase, dl_ep_args_t *a, dl_stream_t *s, int *lau
     dl_error_context(rc, "%s", what);
     set_failed(ep);
   }
+  if (rc == DL_OK && deferred) rc = recorded_failure(ep);
   return rc;
 }
 
@@ -539,10 +547,10 @@ int dl_ep_dispatch_recv(dl_ep_t *ep, dl_stream_t *s) {
   a.rids = data(ep->t[DL_EP_EXPERT_IDS]);
   a.rweights = data(ep->t[DL_EP_WEIGHTS]);
   a.rsrc = data(ep->t[T_SRC]);
-  int launched;
-  DL_TRY(run(ep, DL_EP_DISPATCH_RECV, &a, s, &launched));
-  ep->state = DISPATCHED;
-  return DL_OK;
+  int launched, rc = run(ep, DL_EP_DISPATCH_RECV, &a, s, &launched);
+  if (!launched || (rc < 0 && rc != DL_EINVAL)) return rc;
+  ep->state = DISPATCHED; /* ran (a bad id of an earlier send is reported now) */
+  return rc;
 }
 
 int dl_ep_combine_send(dl_ep_t *ep, const dl_tensor_t *y, dl_stream_t *s) {
@@ -555,10 +563,10 @@ int dl_ep_combine_send(dl_ep_t *ep, const dl_tensor_t *y, dl_stream_t *s) {
   a.y = vy.data;
   a.rcounts = data(ep->t[DL_EP_COUNTS]);
   a.rsrc = data(ep->t[T_SRC]);
-  int launched;
-  DL_TRY(run(ep, DL_EP_COMBINE_SEND, &a, s, &launched));
+  int launched, rc = run(ep, DL_EP_COMBINE_SEND, &a, s, &launched);
+  if (!launched || (rc < 0 && rc != DL_EINVAL)) return rc;
   ep->state = COMBINE_SENT;
-  return DL_OK;
+  return rc;
 }
 
 int dl_ep_combine_recv(dl_ep_t *ep, dl_tensor_t *out, dl_stream_t *s) {
@@ -571,11 +579,11 @@ int dl_ep_combine_recv(dl_ep_t *ep, dl_tensor_t *out, dl_stream_t *s) {
   a.out = vo.data;
   a.hidx = data(ep->t[T_HIDX]);
   a.hw = data(ep->t[T_HW]);
-  int launched;
-  DL_TRY(run(ep, DL_EP_COMBINE_RECV, &a, s, &launched));
+  int launched, rc = run(ep, DL_EP_COMBINE_RECV, &a, s, &launched);
+  if (!launched || (rc < 0 && rc != DL_EINVAL)) return rc;
   ep->state = COMBINED;
   ep->combines++;
-  return DL_OK;
+  return rc;
 }
 
 int dl_ep_check(dl_ep_t *ep, dl_stream_t *s) {
