@@ -23,10 +23,11 @@
 #      E 16, both layouts, outputs and dtypes, the all_to_allv path and the
 #      baseline's CSV merged, written under $OUT/ep/bench (the harness
 #      writes nothing under experiments/results where ranks share a GPU);
-#   8. MPS stopped, compute-sanitizer memcheck on spec/ep/correct.lua with 2
-#      ranks (every rank's luajit under the sanitizer, its log and the rank's
-#      stderr per process;
-#      SAN=0 skips it).
+#   8. MPS stopped, compute-sanitizer: a bare luajit under it, then memcheck
+#      on spec/ep/correct.lua with 1 and 2 ranks (every rank's luajit under
+#      the sanitizer; its log and the rank's stderr per process).
+# STEPS (default "specs bench san") picks 3-4, 5-7 and 8; SAN_RANKS (default
+# "1 2") the sanitizer's rank counts.
 # Expect "5 passed, 0 failed", "3 passed, 0 failed", "args done", torch lines
 # with "#wrong 0", an ep_bench table whose #wrong column is all 0, "ERROR
 # SUMMARY: 0 errors" in every sanitizer log, status 0. Timings mean nothing
@@ -53,11 +54,15 @@ export DISTLAB_TIMEOUT="${DISTLAB_TIMEOUT:-30}"
 # every job of ranks the specs start ends within DISTLAB_JOB_TIMEOUT, hung or not
 export DISTLAB_JOB_TIMEOUT="${DISTLAB_JOB_TIMEOUT:-90}"
 
+STEPS="${STEPS:-specs bench san}"
+want() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
+
 header
+say "steps: $STEPS"
 step build 240 "$L/build.log" ./distlab build || exit 1
 [ "${MPS:-1}" = 1 ] && mps_start
 
-for n in 2 4; do
+want specs && for n in 2 4; do
   filter=()
   # the timeout (2 ranks) and bad-id (1 rank) specs run their own rank count. One word:
   # busted re-runs itself under luajit through a shell, joining its arguments with spaces
@@ -67,23 +72,27 @@ for n in 2 4; do
   grep -E "^(ok|FAIL|ERROR)" "$L/ep-spec-$n.log" | head -12 | tee -a "$SUM"
 done
 
-step "ep bad input on cuda (1 rank)" 40 "$L/ep-args.log" ./distlab run -n 1 --device cuda spec/ep/fail.lua args
-grep -c "^ERR " "$L/ep-args.log" | sed 's/^/ERR lines: /' | tee -a "$SUM"
+if want specs; then
+  step "ep bad input on cuda (1 rank)" 40 "$L/ep-args.log" ./distlab run -n 1 --device cuda spec/ep/fail.lua args
+  grep -c "^ERR " "$L/ep-args.log" | sed 's/^/ERR lines: /' | tee -a "$SUM"
+fi
 
-port=$((20000 + RANDOM % 20000))
-step "ep_bench_torch (2 ranks, one GPU, gloo)" 90 "$L/torch.log" "$PY" -m torch.distributed.run \
-  --nproc_per_node 2 --master_port "$port" experiments/ep/ep_bench_torch.py "$L/torch.csv" \
-  --B 1,128 --experts 16 --iters 10 --warmup 3
-grep -E "^torch " "$L/torch.log" | tee -a "$SUM"
-torch_arg=()
-[ -s "$L/torch.csv" ] && torch_arg=(--torch "$L/torch.csv")
-step "ep_bench smoke (2 ranks, one GPU)" 120 "$L/bench.log" ./distlab run -n 2 --device cuda \
-  experiments/ep/ep_bench.lua --B 1,128 --experts 16 --replays 10 --out "$L/bench" ${torch_arg[@]+"${torch_arg[@]}"} \
-  --command "scripts/gpu/ep.sh (2 ranks sharing one GPU: a smoke run)"
-sed -n '/distlab ep_bench/,$p' "$L/bench.log" | head -40 | tee -a "$SUM"
+if want bench; then
+  port=$((20000 + RANDOM % 20000))
+  step "ep_bench_torch (2 ranks, one GPU, gloo)" 90 "$L/torch.log" "$PY" -m torch.distributed.run \
+    --nproc_per_node 2 --master_port "$port" experiments/ep/ep_bench_torch.py "$L/torch.csv" \
+    --B 1,128 --experts 16 --iters 10 --warmup 3
+  grep -E "^torch " "$L/torch.log" | tee -a "$SUM"
+  torch_arg=()
+  [ -s "$L/torch.csv" ] && torch_arg=(--torch "$L/torch.csv")
+  step "ep_bench smoke (2 ranks, one GPU)" 120 "$L/bench.log" ./distlab run -n 2 --device cuda \
+    experiments/ep/ep_bench.lua --B 1,128 --experts 16 --replays 10 --out "$L/bench" ${torch_arg[@]+"${torch_arg[@]}"} \
+    --command "scripts/gpu/ep.sh (2 ranks sharing one GPU: a smoke run)"
+  sed -n '/distlab ep_bench/,$p' "$L/bench.log" | head -40 | tee -a "$SUM"
+fi
 
 SANBIN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
-if [ "${SAN:-1}" = 1 ] && [ -n "$SANBIN" ]; then
+if want san && [ -n "$SANBIN" ]; then
   # the sanitizer and MPS clients do not mix: the ranks take turns on the GPU from here
   if [ -n "$mps_ctl" ]; then
     echo quit | "$mps_ctl" >/dev/null 2>&1
@@ -93,17 +102,20 @@ if [ "${SAN:-1}" = 1 ] && [ -n "$SANBIN" ]; then
   fi
   sd="$L/sanitizer"
   mkdir -p "$sd"
+  step "compute-sanitizer runs luajit" 30 "$sd/hello.log" "$SANBIN" --tool memcheck luajit -e 'print("luajit ok")'
   cat >"$sd/luajit" <<EOF
 #!/bin/sh
 exec "$SANBIN" --tool memcheck --error-exitcode 9 --log-file "$sd/rank-%p.log" luajit "\$@" 2>"$sd/stderr-\$\$.log"
 EOF
   chmod +x "$sd/luajit"
-  DISTLAB_JOB_TIMEOUT=200 LUAJIT="$sd/luajit" step "compute-sanitizer memcheck, correct.lua, 2 ranks" 200 \
-    "$L/sanitizer.log" ./distlab run -n 2 --device cuda spec/ep/correct.lua
+  for n in ${SAN_RANKS:-1 2}; do
+    DISTLAB_JOB_TIMEOUT=150 LUAJIT="$sd/luajit" step "compute-sanitizer memcheck, correct.lua, $n ranks" 150 \
+      "$L/sanitizer-$n.log" ./distlab run -n "$n" --device cuda spec/ep/correct.lua
+  done
   for f in "$sd"/rank-*.log "$sd"/stderr-*.log; do
     [ -s "$f" ] && echo "$(basename "$f"): $(grep -E "ERROR SUMMARY|rror|PANIC|memory" "$f" | tail -2 | tr '\n' ' ')" | tee -a "$SUM"
   done
-else
-  say "compute-sanitizer: skipped (SAN=${SAN:-1}, binary '${SANBIN}')"
+elif want san; then
+  say "compute-sanitizer: not found here"
 fi
 exit $status
