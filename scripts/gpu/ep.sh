@@ -23,15 +23,18 @@
 #      E 16, both layouts, outputs and dtypes, the all_to_allv path and the
 #      baseline's CSV merged, written under $OUT/ep/bench (the harness
 #      writes nothing under experiments/results where ranks share a GPU);
-#   8. MPS stopped, compute-sanitizer: a bare luajit under it, then memcheck
-#      on spec/ep/correct.lua with 1 and 2 ranks (every rank's luajit under
-#      the sanitizer; its log and the rank's stderr per process).
-# STEPS (default "specs bench san") picks 3-4, 5-7 and 8; SAN_RANKS (default
-# "1 2") the sanitizer's rank counts.
+#   8. only with STEPS holding "san": MPS stopped, compute-sanitizer memcheck
+#      on spec/ep/correct.lua with SAN_RANKS ranks (default "1 2"; every
+#      rank's luajit under the sanitizer, its log and the rank's stderr per
+#      process). Not yet useful: on the H200 (a44d898..347a91a) 1 rank's NCCL
+#      communicator setup hit cudaErrorNoKernelImageForDevice 4 times inside
+#      NCCL under the sanitizer and was aborted after 20 s, before any ep
+#      kernel; 2 ranks sharing the GPU ended within 4 s with exit 6 and
+#      nothing on either rank's stderr to say where.
+# STEPS (default "specs bench") picks 3-5, 6-7 and 8.
 # Expect "5 passed, 0 failed", "3 passed, 0 failed", "args done", torch lines
-# with "#wrong 0", an ep_bench table whose #wrong column is all 0, "ERROR
-# SUMMARY: 0 errors" in every sanitizer log, status 0. Timings mean nothing
-# here: this is a correctness and smoke run.
+# with "#wrong 0", an ep_bench table whose #wrong column is all 0, status 0.
+# Timings mean nothing here: this is a correctness and smoke run.
 # Every step runs under `timeout` with the smaller of its own limit and what
 # is left of BUDGET (under 5 s left: skipped, and the run fails); a job of
 # ranks that outlives DISTLAB_JOB_TIMEOUT (90 s) is killed, a wait that never
@@ -54,7 +57,7 @@ export DISTLAB_TIMEOUT="${DISTLAB_TIMEOUT:-30}"
 # every job of ranks the specs start ends within DISTLAB_JOB_TIMEOUT, hung or not
 export DISTLAB_JOB_TIMEOUT="${DISTLAB_JOB_TIMEOUT:-90}"
 
-STEPS="${STEPS:-specs bench san}"
+STEPS="${STEPS:-specs bench}"
 want() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 
 header
@@ -102,7 +105,6 @@ if want san && [ -n "$SANBIN" ]; then
   fi
   sd="$L/sanitizer"
   mkdir -p "$sd"
-  step "compute-sanitizer runs luajit" 30 "$sd/hello.log" "$SANBIN" --tool memcheck luajit -e 'print("luajit ok")'
   cat >"$sd/luajit" <<EOF
 #!/bin/sh
 exec "$SANBIN" --tool memcheck --error-exitcode 9 --log-file "$sd/rank-%p.log" luajit "\$@" 2>"$sd/stderr-\$\$.log"
