@@ -170,6 +170,13 @@ def main():
           f"{'fwd TF/s':>8} {'bwd TF/s':>8} {'f+b TF/s':>8}  check")
     rows = []
     nan = float("nan")
+    os.makedirs(a.out, exist_ok=True)
+    path = os.path.join(a.out, a.name)
+    # the CSV row by row, so that rows made before a fault that ends the process (a CUDA error) are kept
+    csv_file = open(path + ".csv", "w", newline="")
+    w = csv.writer(csv_file, lineterminator="\n")
+    w.writerow(["impl", "layout", "mask", "s", "fwd_ms", "bwd_ms", "fwdbwd_ms", "fwd_tflops", "bwd_tflops",
+                "fwdbwd_tflops", "check"])
     for name, backend in BACKENDS:
         for layout in layouts:
             if name == "cudnn" and layout == "thd" and not a.cudnn_thd:
@@ -194,10 +201,12 @@ def main():
                             r = (name, layout, mask, s, nan, nan, nan, nan, nan, nan, "failed: " + one_line(e))
                     torch.cuda.empty_cache()
                     rows.append(r)
+                    w.writerow([r[0], r[1], r[2], r[3], f"{r[4]:.4f}", f"{r[5]:.4f}", f"{r[6]:.4f}", f"{r[7]:.2f}",
+                                f"{r[8]:.2f}", f"{r[9]:.2f}", r[10]])
+                    csv_file.flush()
                     print(f"{r[0]:<7} {r[1]:<6} {r[2]:<7} {r[3]:>6}  {r[4]:9.3f} {r[5]:9.3f} {r[6]:9.3f}  "
                           f"{r[7]:8.1f} {r[8]:8.1f} {r[9]:8.1f}  {r[10]}", flush=True)
-    os.makedirs(a.out, exist_ok=True)
-    path = os.path.join(a.out, a.name)
+    csv_file.close()
     with open(path + ".md", "w") as f:
         f.write("# PyTorch scaled_dot_product_attention\n\n")
         f.write(f"- device: {gpu}\n- date: {date}\n- commit: `{commit()}`\n- command: `{command}`\n"
@@ -212,13 +221,6 @@ def main():
             check = r[10].replace("|", "\\|").replace("\n", " ")
             f.write(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]:.3f} | {r[5]:.3f} | {r[6]:.3f} | {r[7]:.1f} | "
                     f"{r[8]:.1f} | {r[9]:.1f} | {check} |\n")
-    with open(path + ".csv", "w", newline="") as f:
-        w = csv.writer(f, lineterminator="\n")
-        w.writerow(["impl", "layout", "mask", "s", "fwd_ms", "bwd_ms", "fwdbwd_ms", "fwd_tflops", "bwd_tflops",
-                    "fwdbwd_tflops", "check"])
-        for r in rows:
-            w.writerow([r[0], r[1], r[2], r[3], f"{r[4]:.4f}", f"{r[5]:.4f}", f"{r[6]:.4f}", f"{r[7]:.2f}",
-                        f"{r[8]:.2f}", f"{r[9]:.2f}", r[10]])
     print(f"wrote {path}.md and .csv")
 
 

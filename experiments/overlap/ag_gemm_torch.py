@@ -154,8 +154,6 @@ def run_rs(m, args, rank, world, dtype, fused, fused_err, shared, group_name, cp
             out.flush()
         if rank == 0:
             print(f"m={m:6d} {impl:<18} {ms:9.3f} ms {tf:8.1f} TFLOP/s {status}", flush=True)
-    del a, b, full, bfull, partial, c
-    torch.cuda.empty_cache()
 
 
 def main():
