@@ -38,6 +38,12 @@ int dl_comm_debug(const dl_comm_t *c);
  * allocations, so the same on every rank; names an operator's store keys. */
 int dl_comm_next_symm_id(const dl_comm_t *c);
 
+/* Bytes a rank's dl_symm_alloc of nbytes takes on a device type: the data
+ * rounded up to 4 KiB, the signal pad behind it, and on cuda the whole in
+ * 2 MiB pages (an IPC handle names a page: symm.c says why), so that an
+ * operator charges its symmetric parts to the allocator as they are. */
+int64_t dl_symm_mapped_bytes(int dev_type, int64_t nbytes);
+
 /* Debug mode's check that every rank of c made the same call: publishes
  * this rank's signature (len bytes, compared bytewise, so no padding) under
  * "<key>/<seq>/<rank>", reads every other rank's, and fails with DL_EINVAL

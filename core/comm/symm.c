@@ -113,12 +113,8 @@ static int map_cpu(dl_symm_t *b, dl_comm_t *c, int k) {
 #ifdef DL_WITH_CUDA
 static int map_cuda(dl_symm_t *b, dl_comm_t *c, int k) {
   DL_TRY(dl_cuda_use(b->dev_index));
-  /* A whole number of 2 MiB pages: cudaMalloc packs small allocations into one page, an IPC
-   * handle names the page, and a peer that already opened a handle on it (an earlier small
-   * buffer of this rank) is refused the second with "resource already mapped". */
-  size_t granule = (size_t)2 << 20;
   void *p = NULL;
-  DL_CUDA_CHECK(cudaMalloc(&p, (b->total + granule - 1) / granule * granule));
+  DL_CUDA_CHECK(cudaMalloc(&p, (size_t)dl_symm_mapped_bytes(DL_CUDA, b->nbytes)));
   b->base[b->rank] = p;
   DL_CUDA_CHECK(cudaMemset((char *)p + b->data_bytes, 0, sizeof(dl_signal_pad_t)));
   DL_CUDA_CHECK(cudaDeviceSynchronize());
@@ -189,6 +185,16 @@ static int new_gone(dl_symm_t *b, dl_comm_t *c) {
 /* ---- lifetime ----------------------------------------------------------- */
 
 int dl_comm_next_symm_id(const dl_comm_t *c) { return c->nsymm; }
+
+/* cuda: a whole number of 2 MiB pages. cudaMalloc packs small allocations
+ * into one page, an IPC handle names the page, and a peer that already
+ * opened a handle on it (an earlier small buffer of this rank) is refused
+ * the second with "resource already mapped". */
+int64_t dl_symm_mapped_bytes(int dev_type, int64_t nbytes) {
+  const int64_t page = (int64_t)2 << 20;
+  const int64_t total = ((nbytes + 4095) & ~(int64_t)4095) + (int64_t)sizeof(dl_signal_pad_t);
+  return dev_type == DL_CUDA ? (total + page - 1) / page * page : total;
+}
 
 /* Larger sizes are no memory any host has, and would overflow the rounding. */
 #define SYMM_MAX_BYTES ((int64_t)1 << 56)

@@ -541,6 +541,102 @@ int dl_graph_replay(dl_graph_t *g, dl_stream_t *s);
 int dl_graph_nodes(const dl_graph_t *g, int64_t *nodes);
 void dl_graph_free(dl_graph_t *g);
 
+/* ---- expert parallelism: low-latency MoE dispatch and combine -----------
+ * Each rank sends each of its T <= B tokens (x bf16 [T, H]) to the experts
+ * topk_idx (int32 [T, K], -1 = none) picked, weighted by topk_weights (f32
+ * [T, K]), through a symmetric buffer the object owns (one host, up to 8
+ * ranks; NVLink or shared memory, no multicast; kernels/ep/ep.h has the
+ * layout); combine brings the expert outputs back and sums them in fp32.
+ * Layouts: per_expert, a message per (token, k) into slots [L][N][B]
+ * (dispatch) and [E][B] (combine), O(E B H); per_rank, one message per
+ * (token, destination rank) whose header carries the token's expert ids and
+ * weights for that rank, slots [N][B] and [K][B], O((N + K) B H). Outputs,
+ * the object's own tensors, valid until the next dispatch (dl_ep_tensor):
+ * expert_major x [L, N*B, H] and counts [L] (rows per local expert), or
+ * rank_major x [N, B, H], counts [N] (rows per source), expert ids and
+ * weights [N, B, K] (the token's selection k if on this rank, else -1 / 0).
+ * The fp8 option sends e4m3 codes (x u8) with one f32 scale per 128 values
+ * (scales [.., H/128]). Combine takes y bf16 shaped like x: expert_major,
+ * each row's expert output, summed as out[t] = sum_k w[t,k] y_k(t);
+ * rank_major, each row's output already weighted over its selections on
+ * that rank, summed over ranks. Each call is a send and a receive phase, so
+ * a caller can do other work between them; every rank makes the same calls
+ * in the same order, on one stream. Completion is counted by epochs in the
+ * buffer that the kernels advance themselves: no zeroing between calls,
+ * back to back and inside CUDA graphs alike. A wait that times out ends its
+ * kernel; the next call or dl_ep_check names the phase, this rank and the
+ * peer, and the object refuses further work. An expert id outside -1..E-1
+ * drops that selection and is reported the same way (cpu: by the call).
+ * On meta the object counts its bytes (any world size) and moves nothing. */
+typedef struct dl_ep dl_ep_t;
+enum { DL_EP_PER_EXPERT = 0, DL_EP_PER_RANK = 1 };
+enum { DL_EP_EXPERT_MAJOR = 0, DL_EP_RANK_MAJOR = 1 };
+typedef struct dl_ep_config {
+  int32_t max_tokens; /* B: tokens a rank sends per call at most            */
+  int32_t hidden;     /* H: a multiple of 8 (of 128 with fp8)               */
+  int32_t experts;    /* E: a multiple of the ranks                         */
+  int32_t topk;       /* K                                                  */
+  int32_t layout;     /* DL_EP_PER_EXPERT or DL_EP_PER_RANK                 */
+  int32_t output;     /* DL_EP_EXPERT_MAJOR or DL_EP_RANK_MAJOR             */
+  int32_t fp8;        /* dispatch fp8 e4m3 + scales instead of bf16         */
+  int32_t blocks;     /* grid size; <= 0: from the device (its share where
+                         ranks share a GPU)                                 */
+} dl_ep_config_t;
+/* Bytes per rank by part (dl_ep_info_t.bytes): the symmetric buffer's
+ * dispatch and combine send and receive regions, its control words with the
+ * buffer's rounding (4 KiB; whole 2 MiB pages on cuda) and signal pad
+ * (signals), their total, and the output tensors (not symmetric). The
+ * allocator charges each part to the memory tag "ep_<name>" (names:
+ * dl_ep_part_name). */
+enum {
+  DL_EP_DISPATCH_SEND_BYTES = 0,
+  DL_EP_DISPATCH_RECV_BYTES = 1,
+  DL_EP_COMBINE_SEND_BYTES = 2,
+  DL_EP_COMBINE_RECV_BYTES = 3,
+  DL_EP_SIGNALS_BYTES = 4,
+  DL_EP_TOTAL_BYTES = 5,
+  DL_EP_OUTPUTS_BYTES = 6,
+  DL_EP_NUM_PARTS = 7
+};
+const char *dl_ep_part_name(int part); /* "dispatch_send", ...; NULL past the last */
+typedef struct dl_ep_info {
+  int32_t rank;
+  int32_t size;
+  int32_t dev_type;
+  int32_t dev_index;
+  int32_t local_experts; /* L = E / N                                       */
+  int32_t blocks;        /* grid of every phase (cpu: blocks run in turn)  */
+  int32_t threads;
+  int32_t failed;
+  int32_t tokens;        /* T of the last dispatch                         */
+  int32_t pad;
+  int64_t msg_dispatch;  /* bytes of a dispatch message (header + payload) */
+  int64_t msg_combine;
+  int64_t bytes[7];      /* by DL_EP_*_BYTES                               */
+  int64_t dispatches;    /* dispatch_send calls so far                     */
+  int64_t combines;
+} dl_ep_info_t;
+/* The object's tensors (dl_ep_tensor): x, scales (fp8), counts, expert ids
+ * and weights (rank_major), and out [B, H] bf16 where combine writes by
+ * default. */
+enum { DL_EP_X = 0, DL_EP_SCALES = 1, DL_EP_COUNTS = 2, DL_EP_EXPERT_IDS = 3, DL_EP_WEIGHTS = 4,
+       DL_EP_OUT = 5, DL_EP_NUM_TENSORS = 6 };
+
+/* Collective over c's ranks (every rank the same configuration). */
+int dl_ep_new(dl_ep_t **out, dl_comm_t *c, const dl_ep_config_t *cfg);
+void dl_ep_free(dl_ep_t *ep);
+int dl_ep_info(const dl_ep_t *ep, dl_ep_info_t *out);
+/* A new view of tensor `which`; *out = NULL for one the configuration lacks. */
+int dl_ep_tensor(dl_ep_t *ep, int which, dl_tensor_t **out);
+int dl_ep_dispatch_send(dl_ep_t *ep, const dl_tensor_t *x, const dl_tensor_t *topk_idx,
+                        const dl_tensor_t *topk_weights, dl_stream_t *s);
+int dl_ep_dispatch_recv(dl_ep_t *ep, dl_stream_t *s);
+/* y: bf16 shaped like x; out: bf16 [T, H] (T of the dispatch). */
+int dl_ep_combine_send(dl_ep_t *ep, const dl_tensor_t *y, dl_stream_t *s);
+int dl_ep_combine_recv(dl_ep_t *ep, dl_tensor_t *out, dl_stream_t *s);
+/* Wait for s (within twice the timeout) and report what the kernels recorded. */
+int dl_ep_check(dl_ep_t *ep, dl_stream_t *s);
+
 /* ---- GEMM -----------------------------------------------------------------
  * out = alpha * a @ b + beta * c for matrices: a [m, k], b [k, n], out and c
  * [m, n]. a and b both bf16 or both f16; the products are summed in fp32

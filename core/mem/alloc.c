@@ -370,6 +370,28 @@ int dl_storage_record_stream(dl_storage_t *s, void *stream) {
   return DL_OK;
 }
 
+int dl_mem_charge(int dev_type, int dev_index, int64_t bytes, int *tag) {
+  DL_CHECK_ARG(bytes >= 0 && tag, "dl_mem_charge: bad arguments");
+  DL_TRY(dl_device_check(dev_type, dev_index));
+  devstate_t *d = dev_of(dev_type, dev_index);
+  if (!d) return DL_ERR(DL_ENODEV, "cuda:%d is beyond the %d devices distlab tracks", dev_index, MAX_CUDA);
+  pthread_mutex_lock(&mu);
+  *tag = tag_depth ? tag_stack[tag_depth - 1] : 0;
+  reserve(d, bytes);
+  if (bytes > 0) charge(d, dev_type, dev_index, *tag, bytes, 1);
+  pthread_mutex_unlock(&mu);
+  return DL_OK;
+}
+
+void dl_mem_uncharge(int dev_type, int dev_index, int tag, int64_t bytes) {
+  devstate_t *d = dev_of(dev_type, dev_index);
+  if (!d || bytes <= 0 || tag < 0 || tag >= n_tags) return;
+  pthread_mutex_lock(&mu);
+  charge(d, dev_type, dev_index, tag, -bytes, 0);
+  d->st.reserved -= bytes;
+  pthread_mutex_unlock(&mu);
+}
+
 /* ---- stats ---------------------------------------------------------------- */
 
 int dl_mem_stats(int dev_type, int dev_index, dl_mem_stats_t *out) {

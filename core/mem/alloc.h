@@ -32,4 +32,11 @@ void dl_storage_retain(dl_storage_t *s);
 void dl_storage_release(dl_storage_t *s);
 int dl_storage_record_stream(dl_storage_t *s, void *stream);
 
+/* Memory taken outside the allocator (a symmetric buffer an operator lays
+ * out, core/ops/ep/) counted as if allocated: charge adds bytes to the
+ * allocated and reserved stats of the device and to the tag on top of the
+ * stack (returned in *tag), uncharge gives them back to that tag. */
+int dl_mem_charge(int dev_type, int dev_index, int64_t bytes, int *tag);
+void dl_mem_uncharge(int dev_type, int dev_index, int tag, int64_t bytes);
+
 #endif

@@ -1,0 +1,239 @@
+-- distlab.ep — expert-parallel low-latency MoE dispatch and combine
+-- (core/ops/ep/, kernels/ep/; the buffer layouts are in kernels/ep/ep.h).
+--
+--   local ep = dl.ep.buffer { comm = w, max_tokens = B, hidden = H, experts = E, topk = K,
+--     layout = "per_rank" | "per_expert", output = "expert_major" | "rank_major",
+--     dtype = "bf16" | "fp8", blocks = nil }                      collective
+--   local recv, handle = ep:dispatch(x, topk_idx, topk_weights)
+--       x bf16 [T, H] (T <= B), topk_idx int32 [T, K] (-1: no expert), topk_weights f32 [T, K]
+--       expert_major: recv = {x = [L, N*B, H], counts = [L]}: rows r < counts[e] of x[e]
+--         are the tokens local expert e got (rows ordered by source rank, then token)
+--       rank_major: recv = {x = [N, B, H], counts = [N], expert_ids = [N, B, K],
+--         weights = [N, B, K]}: row j < counts[s] of x[s] is a token of rank s, and
+--         expert_ids[s][j][k] the local expert of its selection k (-1: on another rank)
+--       dtype "fp8": x holds e4m3 codes (u8) and recv.scales [.., H/128] f32, x ~ code * scale
+--   local out = ep:combine(y, handle[, {out = t}])  -> bf16 [T, H]
+--       y bf16 shaped like recv.x. expert_major: each row the output of its expert;
+--       out[t] = sum_k w[t, k] * y_k(t) in fp32 (id -1 skipped). rank_major: each row
+--       already weighted over its selections on that rank (recv.weights); out[t] = the
+--       sum over ranks.
+--   ep:dispatch_send(x, topk_idx, topk_weights) -> handle;  ep:dispatch_recv(handle) -> recv
+--   ep:combine_send(y, handle);  ep:combine_recv(handle[, out]) -> out
+--       the two phases apart, so other work can run while the messages travel
+--   ep:bytes()   symmetric bytes per rank by part: dispatch_send, dispatch_recv,
+--                combine_send, combine_recv, signals, total; and outputs (the
+--                tensors above, not symmetric). The allocator charges each part to
+--                the tag "ep_<part>" (dl.mem.report shows them; outputs: ep_outputs).
+--                On cuda the buffer is in whole 2 MiB pages: signals holds the rounding
+--   ep:info(), ep:check() (wait and report what the kernels recorded), ep:free()
+--   dl.ep.formula(opts) -> the same parts from the layout's formulas, for `ranks` ranks
+--                (as meta and cpu count them: the buffer rounded to 4 KiB)
+--
+-- recv, handle and the default out are the buffer's own tensors, reused by
+-- the next dispatch (one dispatch in flight per buffer; make two buffers for
+-- two); a handle of an older dispatch is refused. Every rank makes the same
+-- calls in the same order, on the current stream. On meta the buffer counts
+-- its bytes for any world size and moves nothing.
+local ffi = require "ffi"
+local core = require "distlab.core"
+
+local C, check, fail = core.C, core.check, core.fail
+
+local M = {}
+M.layouts = { per_expert = C.DL_EP_PER_EXPERT, per_rank = C.DL_EP_PER_RANK }
+M.outputs = { expert_major = C.DL_EP_EXPERT_MAJOR, rank_major = C.DL_EP_RANK_MAJOR }
+M.dtypes = { bf16 = 0, fp8 = 1 }
+-- the parts of ep:bytes(), in DL_EP_*_BYTES order, as the library names them
+M.parts = {}
+for i = 0, math.huge do
+  local name = C.dl_ep_part_name(i)
+  if name == nil then break end
+  M.parts[i + 1] = ffi.string(name)
+end
+
+local Buffer = {}
+Buffer.__index = Buffer
+
+local function names(t)
+  local n = {}
+  for k in pairs(t) do n[#n + 1] = k end
+  table.sort(n)
+  return table.concat(n, ", ")
+end
+
+local function choice(o, key, list, dflt)
+  local v = o[key] == nil and dflt or o[key]
+  if list[v] == nil then fail("ep.buffer: %s %s (expected one of %s)", key, tostring(v), names(list)) end
+  return v
+end
+
+local function int(o, key, dflt)
+  local v = o[key] == nil and dflt or o[key]
+  if type(v) ~= "number" or v ~= math.floor(v) then
+    fail("ep.buffer: %s must be an integer, got %s", key, tostring(v))
+  end
+  return v
+end
+
+-- The options as the library takes them (errors name the option).
+local function config(o)
+  if type(o) ~= "table" then fail("ep.buffer: expected a table of options") end
+  for k in pairs(o) do
+    if not ({ comm = 1, max_tokens = 1, hidden = 1, experts = 1, topk = 1, layout = 1, output = 1, dtype = 1,
+      blocks = 1, ranks = 1 })[k] then
+      fail("ep.buffer: unknown option %s", tostring(k))
+    end
+  end
+  local c = ffi.new("dl_ep_config_t")
+  c.max_tokens, c.hidden, c.experts, c.topk = int(o, "max_tokens"), int(o, "hidden"), int(o, "experts"), int(o, "topk")
+  c.layout = M.layouts[choice(o, "layout", M.layouts, "per_rank")]
+  c.output = M.outputs[choice(o, "output", M.outputs, "expert_major")]
+  c.fp8 = M.dtypes[choice(o, "dtype", M.dtypes, "bf16")]
+  c.blocks = int(o, "blocks", 0)
+  return c
+end
+
+function M.buffer(o)
+  local c = config(o)
+  local comm = o.comm or require("distlab.comm").world()
+  if type(comm) ~= "table" or comm.ptr == nil then fail("ep.buffer: comm must be a live communicator") end
+  local pp = ffi.new("dl_ep_t*[1]")
+  check(C.dl_ep_new(pp, comm.ptr, c))
+  local ep = setmetatable({ ptr = ffi.gc(pp[0], C.dl_ep_free), comm = comm, device = comm.device,
+    layout = o.layout or "per_rank", output = o.output or "expert_major", dtype = o.dtype or "bf16",
+    max_tokens = c.max_tokens, hidden = c.hidden, experts = c.experts, topk = c.topk, calls = 0 }, Buffer)
+  local info = ep:info()
+  ep.rank, ep.size, ep.local_experts, ep.blocks = info.rank, info.size, info.local_experts, info.blocks
+  -- the library's tensors, viewed once
+  local t = {}
+  for key, which in pairs { x = C.DL_EP_X, scales = C.DL_EP_SCALES, counts = C.DL_EP_COUNTS,
+    expert_ids = C.DL_EP_EXPERT_IDS, weights = C.DL_EP_WEIGHTS, out = C.DL_EP_OUT } do
+    local tp = ffi.new("dl_tensor_t*[1]")
+    check(C.dl_ep_tensor(ep.ptr, which, tp))
+    if tp[0] ~= nil then t[key] = ffi.gc(tp[0], C.dl_tensor_free) end
+  end
+  ep.tensors = t
+  return ep
+end
+
+Buffer.__tostring = function(ep)
+  return string.format("ep(%s, %s, %s, B=%d, H=%d, E=%d, K=%d, rank %d of %d, %.1f MiB symmetric)", ep.layout,
+    ep.output, ep.dtype, ep.max_tokens, ep.hidden, ep.experts, ep.topk, ep.rank, ep.size, ep:bytes().total / 2 ^ 20)
+end
+
+local function live(ep)
+  if ep.ptr == nil then fail("use of a freed ep buffer") end
+  return ep.ptr
+end
+
+local info = ffi.new("dl_ep_info_t")
+
+function Buffer:info()
+  check(C.dl_ep_info(live(self), info))
+  return { rank = info.rank, size = info.size, local_experts = info.local_experts, blocks = info.blocks,
+    threads = info.threads, failed = info.failed ~= 0, tokens = info.tokens,
+    msg_dispatch = tonumber(info.msg_dispatch), msg_combine = tonumber(info.msg_combine),
+    dispatches = tonumber(info.dispatches), combines = tonumber(info.combines) }
+end
+
+function Buffer:bytes()
+  check(C.dl_ep_info(live(self), info))
+  local b = {}
+  for i, name in ipairs(M.parts) do b[name] = tonumber(info.bytes[i - 1]) end
+  return b
+end
+
+function Buffer:check()
+  check(C.dl_ep_check(live(self), core.stream))
+  return self
+end
+
+-- Gives the buffer and its outputs back now (views of them, recv's tensors
+-- among them, are freed too).
+function Buffer:free()
+  for _, t in pairs(self.tensors or {}) do t:free() end
+  if self.ptr ~= nil then C.dl_ep_free(ffi.gc(self.ptr, nil)) end
+  self.ptr, self.tensors = nil, nil
+end
+
+-- ---- dispatch and combine ----------------------------------------------------------------
+
+function Buffer:dispatch_send(x, topk_idx, topk_weights)
+  local rc = C.dl_ep_dispatch_send(live(self), x, topk_idx, topk_weights, core.stream)
+  -- a bad expert id on cpu fails the call after the tokens went out: the
+  -- dispatch counts (its receive phase comes next)
+  self.calls = self:info().dispatches
+  check(rc)
+  return { ep = self, call = self.calls, tokens = tonumber(x.sz[0]) }
+end
+
+local function handle_of(self, h, what)
+  if type(h) ~= "table" or h.ep ~= self then fail("ep %s: expected a handle of this buffer's dispatch", what) end
+  if h.call ~= self.calls then
+    fail("ep %s: the handle of dispatch %d is stale: dispatch %d reused the buffer's outputs", what, h.call, self.calls)
+  end
+  return h
+end
+
+function Buffer:dispatch_recv(h)
+  h = handle_of(self, h, "dispatch_recv")
+  check(C.dl_ep_dispatch_recv(live(self), core.stream))
+  local t = self.tensors
+  if self.output == "expert_major" then
+    return { x = t.x, scales = t.scales, counts = t.counts }, h
+  end
+  return { x = t.x, scales = t.scales, counts = t.counts, expert_ids = t.expert_ids, weights = t.weights }, h
+end
+
+function Buffer:dispatch(x, topk_idx, topk_weights)
+  return self:dispatch_recv(self:dispatch_send(x, topk_idx, topk_weights))
+end
+
+function Buffer:combine_send(y, h)
+  h = handle_of(self, h, "combine_send")
+  check(C.dl_ep_combine_send(live(self), y, core.stream))
+end
+
+function Buffer:combine_recv(h, out)
+  h = handle_of(self, h, "combine_recv")
+  out = out or self.tensors.out:narrow(1, 1, h.tokens)
+  check(C.dl_ep_combine_recv(live(self), out, core.stream))
+  return out
+end
+
+function Buffer:combine(y, h, opts)
+  self:combine_send(y, h)
+  return self:combine_recv(h, opts and opts.out)
+end
+
+-- ---- the layouts' formulas --------------------------------------------------------------
+
+local function align(n, a) return math.ceil(n / a) * a end
+
+-- Bytes per rank of each part for the options of ep.buffer plus ranks = N,
+-- from the layout as kernels/ep/ep.h describes it (not from the library, so
+-- that the allocator's count checks it).
+function M.formula(o)
+  local c = config(o)
+  local N = int(o, "ranks")
+  local B, H, E, K, L = c.max_tokens, c.hidden, c.experts, c.topk, c.experts / N
+  local per_rank, fp8 = c.layout == C.DL_EP_PER_RANK, c.fp8 == 1
+  local hdr = per_rank and align(4 + 8 * K, 16) or 16 -- token + K (local expert, position, weight) / token, row, k, weight
+  local msg_d = hdr + align(fp8 and (H + 4 * H / 128) or 2 * H, 16)
+  local msg_c = align(2 * H, 16)
+  local drecv = (per_rank and N or E) * B * msg_d -- slots [N][B] / [L][N][B]
+  local crecv = (per_rank and K or E) * B * msg_c -- slots [K][B] / [E][B]
+  local ctrl = align((8 + 5 * N + N * L) * 4, 4096) -- epochs, flags, counts per (source, expert)
+  -- the symmetric buffer rounds to 4 KiB and keeps its signal pad behind the data
+  local pad = 4 * (C.DL_SIGNAL_FLAGS + C.DL_SIGNAL_MAX_BLOCKS * C.DL_SIGNAL_MAX_RANKS + C.DL_SIGNAL_MAX_BLOCKS + 4)
+  local total = align(ctrl + drecv + crecv, 4096) + pad
+  local em = c.output == C.DL_EP_EXPERT_MAJOR
+  local rows = em and L * N * B or N * B
+  local outputs = rows * H * (fp8 and 1 or 2) + (fp8 and rows * H / 128 * 4 or 0) + (em and L or N) * 4 +
+    (em and 0 or 2 * rows * K * 4) + B * H * 2 + rows * 2 * 4 + 2 * B * K * 4
+  return { dispatch_send = 0, dispatch_recv = drecv, combine_send = 0, combine_recv = crecv,
+    signals = total - drecv - crecv, total = total, outputs = outputs, msg_dispatch = msg_d, msg_combine = msg_c }
+end
+
+M.Buffer = Buffer
+return M

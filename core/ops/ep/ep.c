@@ -1,0 +1,613 @@
+/*
+ * ep.c — the expert-parallel dispatch/combine object: a communicator, a
+ * symmetric buffer laid out for the kernels (kernels/ep/ep.h), the output
+ * and handle tensors, the order of the four phases, and the failure record
+ * turned into errors.
+ *
+ * Every rank makes the same calls in the same order: dispatch_send,
+ * dispatch_recv, then any number of (combine_send, combine_recv) pairs, then
+ * the next dispatch. The host keeps that order; the epochs that pair a
+ * phase with the peers' live in the buffer and the kernels advance them, so
+ * a CUDA graph of calls replays correctly. One dispatch is in flight per
+ * object: its outputs (x, counts, ...) and its routing (the handle: where
+ * each row's output goes, the owner's topk copy) are the object's tensors,
+ * reused by the next dispatch.
+ *
+ * Memory: the symmetric buffer is mapped outside the allocator, so each part
+ * is charged to its tag (ep_dispatch_recv, ...; dl_mem_charge) and the
+ * reports see it; on meta nothing is mapped and the bytes a cpu rank would
+ * map are charged, for any world size (on cuda the buffer is in whole 2 MiB
+ * pages, at most 2 MiB more, charged to signals). The outputs come from the
+ * allocator under ep_outputs.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ep/ep.h"
+#include "comm/comm_ops.h"
+#include "mem/alloc.h"
+#include "base/device.h"
+
+enum { EP_MAGIC = 0xe9e9e9e9u };
+enum { CPU_BLOCKS = 4 }; /* apart: EP_MAGIC makes its enum unsigned */
+enum { IDLE = 0, SENT, DISPATCHED, COMBINE_SENT, COMBINED };
+/* the object's own tensors past the public ones */
+enum { T_SRC = DL_EP_NUM_TENSORS, T_HIDX, T_HW, N_TENSORS };
+
+static const char *const part_names[] = {
+    [DL_EP_DISPATCH_SEND_BYTES] = "dispatch_send", [DL_EP_DISPATCH_RECV_BYTES] = "dispatch_recv",
+    [DL_EP_COMBINE_SEND_BYTES] = "combine_send",   [DL_EP_COMBINE_RECV_BYTES] = "combine_recv",
+    [DL_EP_SIGNALS_BYTES] = "signals",             [DL_EP_TOTAL_BYTES] = "total",
+    [DL_EP_OUTPUTS_BYTES] = "outputs",
+};
+_Static_assert(sizeof part_names / sizeof *part_names == DL_EP_NUM_PARTS, "every part needs a name");
+
+const char *dl_ep_part_name(int part) {
+  return part >= 0 && part < DL_EP_NUM_PARTS ? part_names[part] : NULL;
+}
+
+static const char *const phase_names[] = {"dispatch send", "dispatch recv", "combine send",
+                                          "combine recv"};
+/* what each phase's waits wait for, for messages */
+static const char *const phase_waits[] = {
+    "to finish reading this rank's previous dispatch", "for its dispatch messages",
+    "to finish reading this rank's previous combine", "for its combine messages"};
+
+struct dl_ep {
+  uint32_t magic;
+  dl_comm_t *comm; /* borrowed: the caller keeps it alive */
+  char comm_name[96];
+  dl_ep_config_t cfg;
+  int rank, size, dev_type, dev_index, local;
+  int blocks, threads;
+  dl_ep_args_t base;     /* the launch arguments that never change */
+  int64_t bytes[DL_EP_NUM_PARTS];
+  int tags[DL_EP_NUM_PARTS]; /* the tag each charged part went to */
+  int charged;           /* parts charged so far (to give back) */
+  dl_symm_t *symm;
+  dl_ep_status_t *status; /* host-mapped on cuda */
+  dl_tensor_t *t[N_TENSORS];
+  int state, tokens;
+  int64_t dispatches, combines;
+  int failed;
+  char failure[512];
+  double timeout_s;
+};
+
+static const char *layout_name(int l) { return l == DL_EP_PER_RANK ? "per_rank" : "per_expert"; }
+static const char *output_name(int o) { return o == DL_EP_RANK_MAJOR ? "rank_major" : "expert_major"; }
+
+static int ep_check(const dl_ep_t *ep, const char *fn) {
+  if (!ep || ep->magic != EP_MAGIC) return DL_ERR(DL_ESTATE, "%s: not a live ep buffer (NULL or freed)", fn);
+  return DL_OK;
+}
+
+/* "ep dispatch recv (per_rank, expert_major, bf16) on rank 1 of 4 (comm 'w', cpu:0)" */
+static int describe(const dl_ep_t *ep, int phase, char *buf, size_t len) {
+  return snprintf(buf, len, "ep %s (%s, %s, %s) on rank %d of %d (comm '%s', %s:%d)",
+                  phase_names[phase], layout_name(ep->cfg.layout), output_name(ep->cfg.output),
+                  ep->cfg.fp8 ? "fp8" : "bf16", ep->rank, ep->size, ep->comm_name,
+                  dl_device_type_name(ep->dev_type), ep->dev_index);
+}
+
+static void set_failed(dl_ep_t *ep) {
+  ep->failed = 1;
+  snprintf(ep->failure, sizeof ep->failure, "%s", dl_last_error());
+}
+
+/* What the kernels recorded, as an error: a timeout kills the object, a bad
+ * expert id is reported once. */
+static int recorded_failure(dl_ep_t *ep) {
+  if (ep->failed)
+    return DL_ERR(DL_ESTATE, "this ep buffer failed earlier and refuses work (make a new one): %s",
+                  ep->failure);
+  volatile dl_ep_status_t *s = ep->status;
+  if (!s || s->kind == 0) return DL_OK;
+  char what[256];
+  const int phase = s->phase < 4 ? (int)s->phase : 0;
+  describe(ep, phase, what, sizeof what);
+  if (s->kind == DL_EP_ERR_BAD_ID) {
+    int rc = DL_ERR(DL_EINVAL,
+                    "%s, call %u: topk_idx[%u][%u] = %d is not an expert id (-1 or 0..%d); that "
+                    "selection was dropped",
+                    what, s->epoch, s->peer, s->expected, (int)s->seen, ep->cfg.experts - 1);
+    s->kind = 0;
+    s->claim = 0; /* reported: the next failure may record itself */
+    return rc;
+  }
+  int rc = DL_ERR(DL_ETIMEOUT,
+                  "%s: rank %u did not arrive within %.1f s (block %u waited %s, call %u; its "
+                  "count here is %u); did every rank make the same ep calls?",
+                  what, s->peer, ep->timeout_s, s->block, phase_waits[phase], s->expected, s->seen);
+  set_failed(ep);
+  return rc;
+}
+
+/* ---- lifetime -------------------------------------------------------------------- */
+
+static int check_config(const dl_ep_config_t *c, const dl_comm_info_t *ci) {
+  DL_CHECK_ARG(c, "dl_ep_new: config is NULL");
+  DL_CHECK_ARG(c->max_tokens >= 1 && c->max_tokens <= DL_EP_MAX_TOKENS,
+               "ep: max_tokens %d is not in 1..%d", c->max_tokens, DL_EP_MAX_TOKENS);
+  DL_CHECK_ARG(c->hidden >= 8 && c->hidden % 8 == 0,
+               "ep: hidden %d is not a positive multiple of 8 (16-byte rows)", c->hidden);
+  DL_CHECK_ARG(!c->fp8 || c->hidden % DL_EP_FP8_GROUP == 0,
+               "ep: hidden %d is not a multiple of 128, which fp8 dispatch needs (one scale per 128 "
+               "values)", c->hidden);
+  DL_CHECK_ARG(c->experts >= 1 && c->experts % ci->size == 0,
+               "ep: experts %d is not a positive multiple of the %d ranks", c->experts, ci->size);
+  DL_CHECK_ARG(c->experts / ci->size <= DL_EP_MAX_TOKENS,
+               "ep: %d local experts (at most %d)", c->experts / ci->size, DL_EP_MAX_TOKENS);
+  DL_CHECK_ARG(c->topk >= 1 && c->topk <= DL_EP_MAX_TOPK && c->topk <= c->experts,
+               "ep: topk %d is not in 1..min(%d, experts %d)", c->topk, DL_EP_MAX_TOPK, c->experts);
+  DL_CHECK_ARG(c->layout == DL_EP_PER_EXPERT || c->layout == DL_EP_PER_RANK,
+               "ep: unknown layout %d", c->layout);
+  DL_CHECK_ARG(c->output == DL_EP_EXPERT_MAJOR || c->output == DL_EP_RANK_MAJOR,
+               "ep: unknown output %d", c->output);
+  DL_CHECK_ARG(ci->dev_type == DL_META || ci->size <= DL_SIGNAL_MAX_RANKS,
+               "ep: comm '%s' has %d ranks; the kernels span one host of at most %d (meta counts "
+               "bytes for any size)", ci->name, ci->size, DL_SIGNAL_MAX_RANKS);
+  return DL_OK;
+}
+
+/* Every rank was given the same configuration: a mismatch fails on every rank. */
+static int agree(dl_ep_t *ep, int id) {
+  if (ep->dev_type == DL_META || ep->size == 1) return DL_OK;
+  char key[64];
+  dl_ep_config_t mine = ep->cfg, theirs;
+  mine.blocks = 0; /* grids are each rank's own */
+  snprintf(key, sizeof key, "ep%d/cfg/%d", id, ep->rank);
+  DL_TRY(dl_comm_store_set(ep->comm, key, &mine, sizeof mine));
+  for (int r = 0; r < ep->size; r++) {
+    snprintf(key, sizeof key, "ep%d/cfg/%d", id, r);
+    DL_TRY(dl_comm_store_get(ep->comm, key, &theirs, sizeof theirs));
+    theirs.blocks = 0;
+    if (memcmp(&mine, &theirs, sizeof mine) != 0)
+      return DL_ERR(DL_EINVAL,
+                    "ep: ranks disagree on the buffer: rank %d has max_tokens %d, hidden %d, "
+                    "experts %d, topk %d, %s, %s, %s; rank %d has %d, %d, %d, %d, %s, %s, %s",
+                    ep->rank, mine.max_tokens, mine.hidden, mine.experts, mine.topk,
+                    layout_name(mine.layout), output_name(mine.output), mine.fp8 ? "fp8" : "bf16", r,
+                    theirs.max_tokens, theirs.hidden, theirs.experts, theirs.topk,
+                    layout_name(theirs.layout), output_name(theirs.output), theirs.fp8 ? "fp8" : "bf16");
+  }
+  return DL_OK;
+}
+
+/* Part sizes and the offsets of the regions (kernels/ep/ep.h). */
+static void lay_out(dl_ep_t *ep) {
+  const dl_ep_config_t *c = &ep->cfg;
+  const int per_rank = c->layout == DL_EP_PER_RANK;
+  dl_ep_args_t *a = &ep->base;
+  a->hdr = dl_ep_hdr_bytes(per_rank, c->topk);
+  a->msg_d = dl_ep_msg_d(per_rank, c->fp8, c->topk, c->hidden);
+  a->msg_c = dl_ep_msg_c(c->hidden);
+  const int64_t drecv = dl_ep_dispatch_slots(per_rank, ep->size, c->experts, c->max_tokens) * a->msg_d;
+  const int64_t crecv = dl_ep_combine_slots(per_rank, c->experts, c->topk, c->max_tokens) * a->msg_c;
+  a->drecv_off = dl_ep_ctrl_bytes(ep->size, ep->local);
+  a->crecv_off = a->drecv_off + drecv;
+  /* what the symmetric buffer maps: its rounding and signal pad (on cuda
+   * whole 2 MiB pages) count as signals */
+  const int64_t mapped = dl_symm_mapped_bytes(ep->dev_type, a->crecv_off + crecv);
+  ep->bytes[DL_EP_DISPATCH_SEND_BYTES] = 0; /* messages go straight into the peers' slots */
+  ep->bytes[DL_EP_DISPATCH_RECV_BYTES] = drecv;
+  ep->bytes[DL_EP_COMBINE_SEND_BYTES] = 0;
+  ep->bytes[DL_EP_COMBINE_RECV_BYTES] = crecv;
+  ep->bytes[DL_EP_SIGNALS_BYTES] = mapped - drecv - crecv;
+  ep->bytes[DL_EP_TOTAL_BYTES] = mapped;
+}
+
+/* Charge each symmetric part to its tag ep_<part>. */
+static int charge_parts(dl_ep_t *ep) {
+  for (int p = 0; p < DL_EP_TOTAL_BYTES; p++) {
+    char tag[64];
+    snprintf(tag, sizeof tag, "ep_%s", part_names[p]);
+    DL_TRY(dl_mem_tag_push(tag));
+    int rc = dl_mem_charge(ep->dev_type, ep->dev_index, ep->bytes[p], &ep->tags[p]);
+    dl_mem_tag_pop();
+    DL_TRY(rc);
+    ep->charged = p + 1;
+  }
+  return DL_OK;
+}
+
+static int new_tensor(dl_ep_t *ep, int which, int dtype, int ndim, int64_t d0, int64_t d1,
+                      int64_t d2) {
+  const int64_t shape[3] = {d0, d1, d2};
+  DL_TRY(dl_tensor_empty(&ep->t[which], dtype, ndim, shape, ep->dev_type, ep->dev_index, NULL));
+  int64_t n;
+  dl_tensor_storage_info(ep->t[which], &n, NULL);
+  ep->bytes[DL_EP_OUTPUTS_BYTES] += n;
+  return DL_OK;
+}
+
+static int new_tensors(dl_ep_t *ep) {
+  const dl_ep_config_t *c = &ep->cfg;
+  const int64_t N = ep->size, B = c->max_tokens, H = c->hidden, K = c->topk, L = ep->local;
+  const int em = c->output == DL_EP_EXPERT_MAJOR;
+  const int64_t g = em ? L : N, rows = em ? N * B : B; /* [g][rows] */
+  DL_TRY(new_tensor(ep, DL_EP_X, c->fp8 ? DL_U8 : DL_BF16, 3, g, rows, H));
+  if (c->fp8) DL_TRY(new_tensor(ep, DL_EP_SCALES, DL_F32, 3, g, rows, H / DL_EP_FP8_GROUP));
+  DL_TRY(new_tensor(ep, DL_EP_COUNTS, DL_I32, 1, g, 0, 0));
+  if (!em) {
+    DL_TRY(new_tensor(ep, DL_EP_EXPERT_IDS, DL_I32, 3, N, B, K));
+    DL_TRY(new_tensor(ep, DL_EP_WEIGHTS, DL_F32, 3, N, B, K));
+  }
+  DL_TRY(new_tensor(ep, DL_EP_OUT, DL_BF16, 2, B, H, 0));
+  DL_TRY(new_tensor(ep, T_SRC, DL_I32, 3, g, rows, 2));
+  DL_TRY(new_tensor(ep, T_HIDX, DL_I32, 2, B, K, 0));
+  DL_TRY(new_tensor(ep, T_HW, DL_F32, 2, B, K, 0));
+  return DL_OK;
+}
+
+static int new_status(dl_ep_t *ep) {
+#ifdef DL_WITH_CUDA
+  if (ep->dev_type == DL_CUDA) {
+    void *h = NULL, *d = NULL;
+    DL_TRY(dl_cuda_use(ep->dev_index));
+    DL_CUDA_CHECK(cudaHostAlloc(&h, sizeof(dl_ep_status_t), cudaHostAllocMapped));
+    memset(h, 0, sizeof(dl_ep_status_t));
+    ep->status = h;
+    DL_CUDA_CHECK(cudaHostGetDevicePointer(&d, h, 0));
+    if (d != h) return DL_ERR(DL_EUNSUPPORTED, "ep: mapped host memory without UVA");
+    return DL_OK;
+  }
+#endif
+  ep->status = calloc(1, sizeof(dl_ep_status_t));
+  return ep->status ? DL_OK : DL_ERR(DL_ENOMEM, "ep: out of host memory");
+}
+
+static void free_status(dl_ep_t *ep) {
+#ifdef DL_WITH_CUDA
+  if (ep->dev_type == DL_CUDA && ep->status) {
+    cudaFreeHost(ep->status);
+    ep->status = NULL;
+  }
+#endif
+  free(ep->status);
+  ep->status = NULL;
+}
+
+/* Grid of every phase: the multiprocessors, or where ranks share a GPU half
+ * of them split among the ranks (every rank's blocks spin on the others',
+ * so all of them must be resident at once: core/ops/allreduce/allreduce.c). */
+static int grid(dl_ep_t *ep, int share) {
+  if (ep->dev_type != DL_CUDA) {
+    ep->blocks = ep->cfg.blocks > 0 ? ep->cfg.blocks : CPU_BLOCKS;
+    ep->threads = 1;
+    return DL_OK;
+  }
+#ifdef DL_WITH_CUDA
+  int sms = 0;
+  DL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ep->dev_index));
+  if (share > 1) sms = sms / (2 * share) > 0 ? sms / (2 * share) : 1;
+  ep->blocks = ep->cfg.blocks > 0 && ep->cfg.blocks < sms ? ep->cfg.blocks : sms;
+  if (ep->blocks > DL_EP_MAX_BLOCKS) ep->blocks = DL_EP_MAX_BLOCKS;
+  ep->threads = DL_EP_THREADS;
+  int optin = 0;
+  DL_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ep->dev_index));
+  dl_ep_args_t a = ep->base;
+  a.blocks = ep->blocks;
+  a.tokens = ep->cfg.max_tokens;
+  for (a.phase = 0; a.phase < 4; a.phase++)
+    if (dl_ep_cuda_smem(&a) > optin)
+      return DL_ERR(DL_EUNSUPPORTED, "ep: %s needs %lld bytes of shared memory per block (the GPU has "
+                    "%d): fewer experts or more blocks", phase_names[a.phase],
+                    (long long)dl_ep_cuda_smem(&a), optin);
+#endif
+  return DL_OK;
+}
+
+static int init(dl_ep_t *ep, dl_comm_t *c, const dl_comm_info_t *ci) {
+  const int id = dl_comm_next_symm_id(c);
+  lay_out(ep);
+  DL_TRY(agree(ep, id));
+  DL_TRY(charge_parts(ep));
+  DL_TRY(dl_mem_tag_push("ep_outputs"));
+  int rc = new_tensors(ep);
+  dl_mem_tag_pop();
+  DL_TRY(rc);
+  DL_TRY(new_status(ep));
+  DL_TRY(grid(ep, ci->share));
+  if (ep->dev_type == DL_META) return DL_OK;
+  /* the buffer: what symm maps is exactly the total charged above */
+  DL_TRY(dl_symm_alloc(&ep->symm, c, ep->base.crecv_off + ep->bytes[DL_EP_COMBINE_RECV_BYTES]));
+  for (int p = 0; p < ep->size; p++) {
+    void *ptr;
+    DL_TRY(dl_symm_peer_ptr(ep->symm, p, &ptr));
+    ep->base.bufs[p] = ptr;
+  }
+  /* epochs at zero before anyone signals into them */
+  const size_t ctrl = (size_t)dl_ep_ctrl_bytes(ep->size, ep->local);
+  if (ep->dev_type == DL_CPU) {
+    memset(ep->base.bufs[ep->rank], 0, ctrl);
+  } else {
+#ifdef DL_WITH_CUDA
+    DL_TRY(dl_cuda_use(ep->dev_index));
+    DL_CUDA_CHECK(cudaMemset(ep->base.bufs[ep->rank], 0, ctrl));
+    DL_CUDA_CHECK(cudaDeviceSynchronize());
+#endif
+  }
+  return ep->size > 1 ? dl_comm_barrier(c, NULL) : DL_OK;
+}
+
+int dl_ep_new(dl_ep_t **out, dl_comm_t *c, const dl_ep_config_t *cfg) {
+  DL_CHECK_ARG(out, "dl_ep_new: out is NULL");
+  *out = NULL;
+  dl_comm_info_t ci;
+  DL_TRY(dl_comm_info(c, &ci));
+  DL_TRY(check_config(cfg, &ci));
+  dl_ep_t *ep = calloc(1, sizeof *ep);
+  if (!ep) return DL_ERR(DL_ENOMEM, "dl_ep_new: out of host memory");
+  ep->magic = EP_MAGIC;
+  ep->comm = c;
+  snprintf(ep->comm_name, sizeof ep->comm_name, "%s", ci.name);
+  ep->cfg = *cfg;
+  ep->rank = ci.rank;
+  ep->size = ci.size;
+  ep->dev_type = ci.dev_type;
+  ep->dev_index = ci.dev_index;
+  ep->local = cfg->experts / ci.size;
+  ep->timeout_s = ci.timeout_s;
+  dl_ep_args_t *a = &ep->base;
+  a->layout = cfg->layout;
+  a->output = cfg->output;
+  a->fp8 = cfg->fp8;
+  a->rank = ci.rank;
+  a->nranks = ci.size;
+  a->experts = cfg->experts;
+  a->local = ep->local;
+  a->topk = cfg->topk;
+  a->hidden = cfg->hidden;
+  a->max_tokens = cfg->max_tokens;
+  a->timeout_ns = (uint64_t)(ci.timeout_s * 1e9);
+  int rc = init(ep, c, &ci);
+  if (rc < 0) {
+    dl_error_context(rc, "dl_ep_new on rank %d of %d (comm '%s', %lld bytes a rank)", ci.rank,
+                     ci.size, ci.name, (long long)ep->bytes[DL_EP_TOTAL_BYTES]);
+    dl_ep_free(ep);
+    return rc;
+  }
+  a->blocks = ep->blocks;
+  a->threads = ep->threads;
+  a->status = ep->status;
+  *out = ep;
+  return DL_OK;
+}
+
+void dl_ep_free(dl_ep_t *ep) {
+  if (!ep || ep->magic != EP_MAGIC) return;
+  /* graphs whose kernels use this object's buffers must not replay after them */
+  dl_graph_release_user(ep, "the ep buffer (its symmetric buffer and outputs)");
+  dl_symm_free(ep->symm);
+  for (int p = 0; p < ep->charged; p++)
+    dl_mem_uncharge(ep->dev_type, ep->dev_index, ep->tags[p], ep->bytes[p]);
+  for (int i = 0; i < N_TENSORS; i++) dl_tensor_free(ep->t[i]);
+  free_status(ep);
+  ep->magic = 0;
+  free(ep);
+}
+
+int dl_ep_info(const dl_ep_t *ep, dl_ep_info_t *out) {
+  DL_TRY(ep_check(ep, "dl_ep_info"));
+  DL_CHECK_ARG(out, "dl_ep_info: out is NULL");
+  memset(out, 0, sizeof *out);
+  out->rank = ep->rank;
+  out->size = ep->size;
+  out->dev_type = ep->dev_type;
+  out->dev_index = ep->dev_index;
+  out->local_experts = ep->local;
+  out->blocks = ep->blocks;
+  out->threads = ep->threads;
+  out->failed = ep->failed || (ep->status && ((volatile dl_ep_status_t *)ep->status)->kind == DL_EP_ERR_TIMEOUT);
+  out->tokens = ep->tokens;
+  out->msg_dispatch = ep->base.msg_d;
+  out->msg_combine = ep->base.msg_c;
+  memcpy(out->bytes, ep->bytes, sizeof out->bytes);
+  out->dispatches = ep->dispatches;
+  out->combines = ep->combines;
+  return DL_OK;
+}
+
+int dl_ep_tensor(dl_ep_t *ep, int which, dl_tensor_t **out) {
+  DL_CHECK_ARG(out, "dl_ep_tensor: out is NULL");
+  *out = NULL;
+  DL_TRY(ep_check(ep, "dl_ep_tensor"));
+  DL_CHECK_ARG(which >= 0 && which < DL_EP_NUM_TENSORS, "dl_ep_tensor: no tensor %d", which);
+  const dl_tensor_t *t = ep->t[which];
+  if (!t) return DL_OK;
+  return dl_tensor_as_strided(out, t, t->nd, t->sz, t->st, t->offset);
+}
+
+/* ---- running ------------------------------------------------------------------------ */
+
+static void *data(const dl_tensor_t *t) {
+  void *p = NULL;
+  if (t) dl_tensor_data_ptr(t, &p);
+  return p;
+}
+
+/* A tensor argument: contiguous, on the object's device, dtype and shape. */
+static int arg(const dl_ep_t *ep, const dl_tensor_t *t, const char *what, int dtype, int ndim,
+               const int64_t *shape, dl_view_t *v) {
+  DL_TRY(dl_tensor_arg(t, what, ep->dev_type, ep->dev_index, "the ep buffer", v));
+  char want[96], got[96];
+  int n = 0, m = 0;
+  for (int d = 0; d < ndim; d++) n += snprintf(want + n, sizeof want - n, "%s%lld", d ? ", " : "", (long long)shape[d]);
+  for (int d = 0; d < v->ndim; d++) m += snprintf(got + m, sizeof got - m, "%s%lld", d ? ", " : "", (long long)v->shape[d]);
+  DL_CHECK_ARG(v->dtype == dtype, "%s must be %s, got %s", what, dl_dtype_name(dtype), dl_dtype_name(v->dtype));
+  int same = v->ndim == ndim;
+  for (int d = 0; same && d < ndim; d++) same = v->shape[d] == shape[d];
+  DL_CHECK_ARG(same, "%s must have shape [%s], got [%s]", what, want, got);
+  return DL_OK;
+}
+
+/* The phase's kernel (or twin); meta runs nothing. */
+static int launch(dl_ep_t *ep, dl_ep_args_t *a, dl_stream_t *s) {
+  if (ep->dev_type == DL_META) return DL_OK;
+  void *stream = NULL;
+  DL_TRY(dl_stream_for(s, ep->dev_type, ep->dev_index, &stream));
+  dl_graph_note_user(ep); /* a graph being captured now uses this object's buffers */
+  if (ep->dev_type == DL_CPU) {
+    int rc = dl_ep_cpu(a, stream);
+    int rec = recorded_failure(ep); /* a timeout or a bad id, worded */
+    return rec < 0 ? rec : rc;
+  }
+#ifdef DL_WITH_CUDA
+  DL_TRY(dl_cuda_use(ep->dev_index));
+  return dl_ep_cuda(a, stream);
+#else
+  return DL_ERR(DL_EUNSUPPORTED, "ep kernels on cuda need a CUDA build");
+#endif
+}
+
+/* The states each phase may follow: a dispatch after a finished dispatch
+ * or combine, its receive after its send, combines after a dispatch. */
+static int in_order(int phase, int state) {
+  switch (phase) {
+  case DL_EP_DISPATCH_SEND: return state == IDLE || state == DISPATCHED || state == COMBINED;
+  case DL_EP_DISPATCH_RECV: return state == SENT;
+  case DL_EP_COMBINE_SEND: return state == DISPATCHED || state == COMBINED;
+  default: return state == COMBINE_SENT;
+  }
+}
+
+static const char *const order_rules[] = {
+    "a dispatch_send or combine_send is waiting for its receive phase",
+    "dispatch_recv needs a dispatch_send first",
+    "combine needs a finished dispatch (dispatch_send, dispatch_recv) first",
+    "combine_recv needs a combine_send first"};
+
+/* Runs a phase; *launched says whether it ran (an error from an earlier
+ * call's record, or a call out of order, runs nothing). Errors get the
+ * phase's description. */
+static int run(dl_ep_t *ep, int phase, dl_ep_args_t *a, dl_stream_t *s, int *launched) {
+  char what[256];
+  describe(ep, phase, what, sizeof what);
+  *launched = 0;
+  /* a bad expert id that an earlier kernel recorded (cuda: the host reads
+   * the record without waiting for the stream) does not stop this phase:
+   * it runs, then the id is reported (DL_EINVAL), as the cpu twin reports
+   * it at the end of its own call; the buffer goes on */
+  const volatile dl_ep_status_t *st = ep->status;
+  const int deferred = !ep->failed && st && st->kind == DL_EP_ERR_BAD_ID;
+  int rc = deferred ? DL_OK : recorded_failure(ep);
+  if (rc == DL_OK && !in_order(phase, ep->state))
+    rc = DL_ERR(DL_ESTATE, "%s: out of order: %s", what, order_rules[phase]);
+  if (rc < 0) return rc;
+  a->phase = phase;
+  *launched = 1;
+  rc = launch(ep, a, s);
+  if (rc < 0 && rc != DL_ETIMEOUT && rc != DL_EINVAL) { /* those name the phase already */
+    dl_error_context(rc, "%s", what);
+    set_failed(ep);
+  }
+  if (rc == DL_OK && deferred) rc = recorded_failure(ep);
+  return rc;
+}
+
+int dl_ep_dispatch_send(dl_ep_t *ep, const dl_tensor_t *x, const dl_tensor_t *topk_idx,
+                        const dl_tensor_t *topk_weights, dl_stream_t *s) {
+  DL_TRY(ep_check(ep, "dl_ep_dispatch_send"));
+  const dl_ep_config_t *c = &ep->cfg;
+  dl_view_t vx, vi, vw;
+  DL_TRY(dl_tensor_arg(x, "x", ep->dev_type, ep->dev_index, "the ep buffer", &vx));
+  const int64_t T = vx.ndim == 2 ? vx.shape[0] : -1;
+  DL_CHECK_ARG(T >= 0, "ep dispatch: x must be [T, %d] (2 dimensions), got %d", c->hidden, vx.ndim);
+  DL_CHECK_ARG(T <= c->max_tokens, "ep dispatch: %lld tokens, more than the buffer's max_tokens %d",
+               (long long)T, c->max_tokens);
+  const int64_t sx[2] = {T, c->hidden}, sk[2] = {T, c->topk};
+  DL_TRY(arg(ep, x, "ep dispatch: x", DL_BF16, 2, sx, &vx));
+  DL_TRY(arg(ep, topk_idx, "ep dispatch: topk_idx", DL_I32, 2, sk, &vi));
+  DL_TRY(arg(ep, topk_weights, "ep dispatch: topk_weights", DL_F32, 2, sk, &vw));
+  dl_ep_args_t a = ep->base;
+  a.tokens = (int)T;
+  a.x = vx.data;
+  a.idx = (const int32_t *)vi.data;
+  a.w = (const float *)vw.data;
+  a.hidx = data(ep->t[T_HIDX]);
+  a.hw = data(ep->t[T_HW]);
+  int launched, rc = run(ep, DL_EP_DISPATCH_SEND, &a, s, &launched);
+  if (!launched || (rc < 0 && rc != DL_EINVAL)) return rc;
+  /* sent (a bad expert id on cpu is reported now, the protocol done) */
+  ep->state = SENT;
+  ep->tokens = (int)T;
+  ep->dispatches++;
+  return rc;
+}
+
+int dl_ep_dispatch_recv(dl_ep_t *ep, dl_stream_t *s) {
+  DL_TRY(ep_check(ep, "dl_ep_dispatch_recv"));
+  dl_ep_args_t a = ep->base;
+  a.tokens = ep->tokens;
+  a.rx = data(ep->t[DL_EP_X]);
+  a.rscales = data(ep->t[DL_EP_SCALES]);
+  a.rcounts = data(ep->t[DL_EP_COUNTS]);
+  a.rids = data(ep->t[DL_EP_EXPERT_IDS]);
+  a.rweights = data(ep->t[DL_EP_WEIGHTS]);
+  a.rsrc = data(ep->t[T_SRC]);
+  int launched, rc = run(ep, DL_EP_DISPATCH_RECV, &a, s, &launched);
+  if (!launched || (rc < 0 && rc != DL_EINVAL)) return rc;
+  ep->state = DISPATCHED; /* ran (a bad id of an earlier send is reported now) */
+  return rc;
+}
+
+int dl_ep_combine_send(dl_ep_t *ep, const dl_tensor_t *y, dl_stream_t *s) {
+  DL_TRY(ep_check(ep, "dl_ep_combine_send"));
+  const dl_tensor_t *x = ep->t[DL_EP_X];
+  dl_view_t vy;
+  DL_TRY(arg(ep, y, "ep combine: y (shaped like recv.x, bf16)", DL_BF16, x->nd, x->sz, &vy));
+  dl_ep_args_t a = ep->base;
+  a.tokens = ep->tokens;
+  a.y = vy.data;
+  a.rcounts = data(ep->t[DL_EP_COUNTS]);
+  a.rsrc = data(ep->t[T_SRC]);
+  int launched, rc = run(ep, DL_EP_COMBINE_SEND, &a, s, &launched);
+  if (!launched || (rc < 0 && rc != DL_EINVAL)) return rc;
+  ep->state = COMBINE_SENT;
+  return rc;
+}
+
+int dl_ep_combine_recv(dl_ep_t *ep, dl_tensor_t *out, dl_stream_t *s) {
+  DL_TRY(ep_check(ep, "dl_ep_combine_recv"));
+  dl_view_t vo;
+  const int64_t so[2] = {ep->tokens, ep->cfg.hidden};
+  DL_TRY(arg(ep, out, "ep combine: out", DL_BF16, 2, so, &vo));
+  dl_ep_args_t a = ep->base;
+  a.tokens = ep->tokens;
+  a.out = vo.data;
+  a.hidx = data(ep->t[T_HIDX]);
+  a.hw = data(ep->t[T_HW]);
+  int launched, rc = run(ep, DL_EP_COMBINE_RECV, &a, s, &launched);
+  if (!launched || (rc < 0 && rc != DL_EINVAL)) return rc;
+  ep->state = COMBINED;
+  ep->combines++;
+  return rc;
+}
+
+int dl_ep_check(dl_ep_t *ep, dl_stream_t *s) {
+  DL_TRY(ep_check(ep, "dl_ep_check"));
+#ifdef DL_WITH_CUDA
+  if (ep->dev_type == DL_CUDA) {
+    void *h = NULL;
+    DL_TRY(dl_stream_for(s, DL_CUDA, ep->dev_index, &h));
+    DL_TRY(dl_cuda_use(ep->dev_index));
+    /* device waits end by themselves within the timeout; allow twice that */
+    const double t0 = dl_now_us();
+    cudaError_t q;
+    while ((q = cudaStreamQuery((cudaStream_t)h)) == cudaErrorNotReady) {
+      if (dl_now_us() - t0 > (2 * ep->timeout_s + 1) * 1e6)
+        return DL_ERR(DL_ETIMEOUT, "ep check on rank %d of %d: the stream did not finish within %.1f s",
+                      ep->rank, ep->size, 2 * ep->timeout_s + 1);
+      dl_wait_pause(t0);
+    }
+    if (q != cudaSuccess) {
+      (void)cudaGetLastError();
+      return DL_ERR(DL_ECUDA, "ep check on rank %d of %d: the stream failed: %s", ep->rank,
+                    ep->size, cudaGetErrorString(q));
+    }
+  }
+#endif
+  return recorded_failure(ep);
+}

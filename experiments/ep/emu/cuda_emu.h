@@ -1,0 +1,220 @@
+/*
+ * cuda_emu.h — just enough CUDA to run the expert-parallel kernels
+ * (kernels/ep/ep_dispatch.cu, ep_combine.cu) on a CPU: every CUDA thread an
+ * OS thread; __syncthreads a barrier of its block; the warp intrinsics the
+ * kernels use (__shfl_sync, __shfl_xor_sync, __shfl_up_sync, __ballot_sync,
+ * __syncwarp) an exchange through a barrier of the warp's 32 threads;
+ * shared memory a per-block arena; the signal-pad device functions
+ * (kernels/common/signal_pad.h) atomics with the same acquire/release
+ * pairs. Force-included by the Makefile; launches `k<<<g, b, s, st>>>(args)`
+ * are rewritten to `emu_launch(k, g, b, s, st)(args)` by sed, and a launch
+ * returns once its grid is done (one stream per rank).
+ *
+ * What it checks: indexing, routing, the walk and the scans, the message
+ * formats, the epochs and handshakes under real concurrency (all blocks of
+ * all ranks at once), the timeout path. What it cannot: the GPU's weaker
+ * memory ordering (x86 is TSO), NVLink, performance.
+ */
+#ifndef EP_CUDA_EMU_H
+#define EP_CUDA_EMU_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __noinline__ __attribute__((noinline))
+#define __launch_bounds__(...)
+#define DL_EP_EMU 1
+
+struct dim3 {
+  unsigned x, y, z;
+  dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+struct uint4 {
+  uint32_t x, y, z, w;
+};
+struct uint2 {
+  uint32_t x, y;
+};
+static inline uint4 make_uint4(uint32_t x, uint32_t y, uint32_t z, uint32_t w) { return uint4{x, y, z, w}; }
+static inline uint2 make_uint2(uint32_t x, uint32_t y) { return uint2{x, y}; }
+typedef void *cudaStream_t;
+
+inline thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+static inline int min(int a, int b) { return a < b ? a : b; }
+static inline int __popc(uint32_t x) { return __builtin_popcount(x); }
+static inline int __ffs(uint32_t x) { return __builtin_ffs((int)x); }
+
+/* ---- blocks and warps --------------------------------------------------------- */
+
+struct emu_sync {
+  std::mutex m;
+  std::condition_variable cv;
+  int count = 0;
+  unsigned gen = 0;
+  void arrive(int n) {
+    std::unique_lock<std::mutex> lk(m);
+    if (++count == n) {
+      count = 0;
+      gen++;
+      cv.notify_all();
+      return;
+    }
+    unsigned g = gen;
+    cv.wait(lk, [&] { return gen != g; });
+  }
+};
+
+struct emu_warp {
+  emu_sync sync;
+  uint64_t vals[32];
+};
+
+struct emu_block {
+  emu_sync all;
+  std::vector<emu_warp> warps;
+  std::vector<int64_t> dynamic; /* extern __shared__, 8-byte aligned */
+  std::mutex m;
+  std::vector<std::vector<int64_t>> statics; /* __shared__ variables, in declaration order */
+  int n = 0;
+};
+inline thread_local emu_block *emu_this_block;
+inline thread_local size_t emu_shared_next;
+
+static inline void __syncthreads() { emu_this_block->all.arrive(emu_this_block->n); }
+static inline void __syncwarp(unsigned = 0xffffffffu) { emu_this_block->warps[threadIdx.x / 32].sync.arrive(32); }
+
+/* Every lane publishes v, then reads lane src's. */
+template <typename T> static inline T emu_exchange(T v, int src) {
+  emu_warp &w = emu_this_block->warps[threadIdx.x / 32];
+  uint64_t bits = 0;
+  memcpy(&bits, &v, sizeof v);
+  w.vals[threadIdx.x % 32] = bits;
+  w.sync.arrive(32);
+  T r;
+  uint64_t got = w.vals[src & 31];
+  memcpy(&r, &got, sizeof r);
+  w.sync.arrive(32);
+  return r;
+}
+template <typename T> static inline T __shfl_sync(unsigned, T v, int src) { return emu_exchange(v, src); }
+template <typename T> static inline T __shfl_xor_sync(unsigned, T v, int m) {
+  return emu_exchange(v, (int)(threadIdx.x % 32) ^ m);
+}
+template <typename T> static inline T __shfl_up_sync(unsigned, T v, int d) {
+  const int lane = (int)(threadIdx.x % 32);
+  T r = emu_exchange(v, lane >= d ? lane - d : lane);
+  return r;
+}
+static inline unsigned __ballot_sync(unsigned, int pred) {
+  emu_warp &w = emu_this_block->warps[threadIdx.x / 32];
+  w.vals[threadIdx.x % 32] = pred ? 1 : 0;
+  w.sync.arrive(32);
+  unsigned m = 0;
+  for (int i = 0; i < 32; i++) m |= (unsigned)(w.vals[i] != 0) << i;
+  w.sync.arrive(32);
+  return m;
+}
+
+#define EP_SMEM(name) int *name = reinterpret_cast<int *>(emu_this_block->dynamic.data())
+#define EP_SHARED(type, name) type &name = emu_shared<type>()
+template <typename T> static inline T &emu_shared() {
+  emu_block *b = emu_this_block;
+  const size_t k = emu_shared_next++;
+  std::lock_guard<std::mutex> lk(b->m);
+  if (b->statics.size() <= k) b->statics.resize(k + 1);
+  if (b->statics[k].empty()) b->statics[k].assign((sizeof(T) + 7) / 8, 0);
+  return *reinterpret_cast<T *>(b->statics[k].data());
+}
+
+/* ---- atomics and fences ----------------------------------------------------------- */
+
+static inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+static inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+static inline uint32_t atomicCAS(uint32_t *p, uint32_t cmp, uint32_t val) {
+  __atomic_compare_exchange_n(p, &cmp, val, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  return cmp;
+}
+static inline uint32_t atomicAdd(uint32_t *p, uint32_t v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+static inline int atomicAdd(int *p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+
+/* ---- the signal-pad device side (kernels/common/signal_pad.h under __CUDACC__) ----- */
+
+static inline void dl_signal_store_release(uint32_t *p, uint32_t v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+static inline uint32_t dl_signal_load_acquire(const uint32_t *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+static inline uint64_t dl_signal_clock_ns(void) {
+  return (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+static inline bool dl_signal_wait_until(const uint32_t *p, uint32_t v, uint64_t timeout_ns, const uint32_t *gone,
+                                        uint32_t *seen, uint32_t *dead) {
+  uint64_t t0 = dl_signal_clock_ns();
+  uint32_t x;
+  int spins = 0;
+  *dead = 0;
+  while ((int32_t)((x = dl_signal_load_acquire(p)) - v) < 0) {
+    if (++spins % 64 == 0) {
+      std::this_thread::yield();
+      const uint64_t waited = dl_signal_clock_ns() - t0;
+      if ((gone && waited > 100000 && (*dead = __atomic_load_n(gone, __ATOMIC_ACQUIRE)) != 0u) ||
+          waited > timeout_ns) {
+        *seen = x;
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+/* ---- launches ------------------------------------------------------------------ */
+
+#define DL_CUDA_CHECK_LAUNCH(name) \
+  do {                             \
+  } while (0)
+
+template <typename Kernel> struct emu_launcher {
+  Kernel k;
+  unsigned grid, block;
+  size_t smem;
+  template <typename... Args> void operator()(Args... args) {
+    std::vector<emu_block> blocks(grid);
+    std::vector<std::thread> threads;
+    for (unsigned b = 0; b < grid; b++) {
+      blocks[b].n = (int)block;
+      blocks[b].warps = std::vector<emu_warp>(block / 32);
+      blocks[b].dynamic.assign((smem + 7) / 8 + 1, 0x5a5a5a5a5a5a5a5aLL); /* garbage, as on a GPU */
+      for (unsigned t = 0; t < block; t++) {
+        threads.emplace_back([=, this, &blocks] {
+          threadIdx = dim3(t);
+          blockIdx = dim3(b);
+          blockDim = dim3(block);
+          gridDim = dim3(grid);
+          emu_this_block = &blocks[b];
+          emu_shared_next = 0;
+          k(args...);
+        });
+      }
+    }
+    for (auto &th : threads) th.join();
+  }
+};
+
+template <typename Kernel>
+emu_launcher<Kernel> emu_launch(Kernel k, int grid, int block, size_t smem, cudaStream_t) {
+  return emu_launcher<Kernel>{k, (unsigned)grid, (unsigned)block, smem};
+}
+
+#endif

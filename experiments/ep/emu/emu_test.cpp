@@ -1,0 +1,255 @@
+// emu_test.cpp — runs the real kernels/ep/*.cu (through cuda_emu.h) on N
+// emulated ranks (host threads sharing memory, each with its own "stream"
+// that runs one grid at a time) and checks every output bit for bit against
+// the CPU twin (kernels/ep/cpu/ep.c, which spec/ep_spec.lua checks against
+// fp64 references) run on a world of its own with the same inputs.
+//
+//   ./emu_test [ranks] [calls per buffer] [seed]
+//
+// Every layout, output and dtype; per call each rank's T (0..B), routing
+// (random with -1 ids, all of a token's experts on one rank, no expert, an
+// expert picked twice) and data are new; calls run back to back with no
+// host synchronisation between ranks, some dispatched twice before their
+// combine. Last, rank 1 skips a dispatch: rank 0's receive kernel must end
+// by itself and leave a record naming the phase and a rank that skipped it.
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <atomic>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "ep/ep.h"
+#include "ep/fp8.h"
+
+extern "C" int dl_set_error(int code, const char *file, int line, const char *fmt, ...) {
+  (void)file;
+  (void)line;
+  (void)fmt;
+  return code;
+}
+
+enum { B = 16, H = 256, K = 3, BLOCKS = 3, THREADS = 64 };
+
+struct rank_state {
+  std::vector<char> buf; // the symmetric buffer (4 KiB aligned below)
+  char *base = nullptr;
+  dl_ep_status_t status{};
+  std::vector<uint16_t> x;
+  std::vector<int32_t> idx, hidx, counts, ids, src;
+  std::vector<float> w, hw, weights, scales;
+  std::vector<uint8_t> rx;
+  std::vector<uint16_t> y, out;
+  int T = 0;
+};
+
+struct world {
+  int n, layout, output, fp8, E;
+  bool emulated;
+  std::vector<rank_state> r;
+  dl_ep_args_t base{};
+};
+
+static int64_t rows_of(const world &w) { return w.output == DL_EP_EXPERT_MAJOR ? (int64_t)w.E * B : (int64_t)w.n * B; }
+
+static void make_world(world &w, int n, int layout, int output, int fp8, int E, bool emulated) {
+  w.n = n, w.layout = layout, w.output = output, w.fp8 = fp8, w.E = E, w.emulated = emulated;
+  const int L = E / n, pr = layout == DL_EP_PER_RANK;
+  dl_ep_args_t &a = w.base;
+  a.layout = layout, a.output = output, a.fp8 = fp8, a.nranks = n, a.experts = E, a.local = L, a.topk = K;
+  a.hidden = H, a.max_tokens = B, a.blocks = BLOCKS, a.threads = emulated ? THREADS : 1;
+  a.hdr = dl_ep_hdr_bytes(pr, K);
+  a.msg_d = dl_ep_msg_d(pr, fp8, K, H);
+  a.msg_c = dl_ep_msg_c(H);
+  a.drecv_off = dl_ep_ctrl_bytes(n, L);
+  a.crecv_off = a.drecv_off + dl_ep_dispatch_slots(pr, n, E, B) * a.msg_d;
+  a.timeout_ns = 20000000000ull;
+  const int64_t total = a.crecv_off + dl_ep_combine_slots(pr, E, K, B) * a.msg_c;
+  w.r.resize(n);
+  const int64_t rows = rows_of(w);
+  for (int q = 0; q < n; q++) {
+    rank_state &s = w.r[q];
+    s.buf.assign(total + 4096, (char)0x5a); // garbage everywhere but the control words
+    s.base = s.buf.data() + (4096 - (uintptr_t)s.buf.data() % 4096) % 4096;
+    memset(s.base, 0, a.drecv_off);
+    a.bufs[q] = s.base;
+    s.rx.assign(rows * H * (fp8 ? 1 : 2), 0);
+    s.scales.assign(rows * (H / 128), 0);
+    s.counts.assign(output == DL_EP_EXPERT_MAJOR ? L : n, 0);
+    s.ids.assign(rows * K, 0);
+    s.weights.assign(rows * K, 0);
+    s.src.assign(rows * 2, 0);
+    s.hidx.assign(B * K, 0);
+    s.hw.assign(B * K, 0);
+    s.y.assign(rows * H, 0);
+    s.out.assign(B * H, 0);
+  }
+}
+
+static dl_ep_args_t args_of(world &w, int q, int phase) {
+  dl_ep_args_t a = w.base;
+  rank_state &s = w.r[q];
+  a.phase = phase, a.rank = q, a.tokens = s.T;
+  a.x = s.x.data(), a.idx = s.idx.data(), a.w = s.w.data(), a.hidx = s.hidx.data(), a.hw = s.hw.data();
+  a.rx = s.rx.data(), a.rscales = s.scales.data(), a.rcounts = s.counts.data(), a.rids = s.ids.data();
+  a.rweights = s.weights.data(), a.rsrc = s.src.data(), a.y = s.y.data(), a.out = s.out.data();
+  a.status = &s.status;
+  return a;
+}
+
+// Every rank runs `phase` at once; the emulated kernels or the twin.
+static void run(world &w, int phase) {
+  std::vector<std::thread> th;
+  for (int q = 0; q < w.n; q++)
+    th.emplace_back([&w, q, phase] {
+      dl_ep_args_t a = args_of(w, q, phase);
+      const int rc = w.emulated ? dl_ep_cuda(&a, nullptr) : dl_ep_cpu(&a, nullptr);
+      if (rc != 0) fprintf(stderr, "rank %d phase %d returned %d\n", q, phase, rc);
+    });
+  for (auto &t : th) t.join();
+}
+
+// Rank q's inputs of call c: T, routing, bf16 data.
+static void inputs(world &w, int q, int c, std::mt19937 &g) {
+  rank_state &s = w.r[q];
+  s.T = (int)(g() % (B + 1));
+  const int route = (int)(g() % 6), L = w.E / w.n;
+  s.x.resize((size_t)B * H);
+  s.idx.resize((size_t)B * K);
+  s.w.resize((size_t)B * K);
+  for (int i = 0; i < s.T * H; i++) s.x[i] = dl_f32_to_bf16((float)((int)(g() % 2001) - 1000) / 256.0f * (1 + c % 3));
+  for (int t = 0; t < s.T; t++) {
+    const int rank = (int)(g() % w.n);
+    for (int k = 0; k < K; k++) {
+      int e;
+      do {
+        e = route == 0 ? rank * L + (int)(g() % L) : (int)(g() % w.E);
+        if (route == 1 || (route >= 2 && g() % 8 == 0)) e = -1;
+        if (route == 2 && k == 1) e = s.idx[t * K];
+      } while (e >= 0 && route != 2 && route != 0 && [&] {
+        for (int j = 0; j < k; j++)
+          if (s.idx[t * K + j] == e) return true;
+        return false;
+      }());
+      s.idx[t * K + k] = e;
+      s.w[t * K + k] = (float)(g() % 1000 + 1) / 997.0f;
+    }
+  }
+}
+
+// The experts' outputs from the received rows: x (dequantized) times a
+// per-expert factor (expert_major), or the rank's weighted sum (rank_major).
+static void experts(world &w, int q) {
+  rank_state &s = w.r[q];
+  const int L = w.E / w.n, em = w.output == DL_EP_EXPERT_MAJOR;
+  auto val = [&](int64_t row, int i) {
+    if (!w.fp8) return dl_bf16_to_f32(((uint16_t *)s.rx.data())[row * H + i]);
+    return dl_e4m3_to_f32(s.rx[row * H + i]) * s.scales[row * (H / 128) + i / 128];
+  };
+  auto coef = [&](int le) { return 1.0f + (float)((q * L + le) % 7) / 8.0f; };
+  for (int g = 0; g < (int)s.counts.size(); g++)
+    for (int r = 0; r < s.counts[g]; r++) {
+      const int64_t row = em ? (int64_t)g * w.n * B + r : (int64_t)g * B + r;
+      for (int i = 0; i < H; i++) {
+        float acc = 0;
+        if (em) acc = coef(g) * val(row, i);
+        else
+          for (int k = 0; k < K; k++)
+            if (s.ids[row * K + k] >= 0) acc += s.weights[row * K + k] * coef(s.ids[row * K + k]) * val(row, i);
+        s.y[row * H + i] = dl_f32_to_bf16(acc);
+      }
+    }
+}
+
+static std::atomic<int> failures{0};
+
+static void expect(bool ok, const char *what, int q, int c, int64_t i) {
+  if (!ok && failures++ < 12) fprintf(stderr, "  rank %d call %d: %s differs at %lld\n", q, c, what, (long long)i);
+}
+
+// The emulated kernels' outputs against the twin's, bit for bit, where defined.
+static void compare_dispatch(world &a, world &b, int c) {
+  const int em = a.output == DL_EP_EXPERT_MAJOR;
+  for (int q = 0; q < a.n; q++) {
+    rank_state &s = a.r[q], &t = b.r[q];
+    for (size_t g = 0; g < s.counts.size(); g++) {
+      expect(s.counts[g] == t.counts[g], "counts", q, c, (int64_t)g);
+      for (int r = 0; r < s.counts[g] && r < t.counts[g]; r++) {
+        const int64_t row = em ? (int64_t)g * a.n * B + r : (int64_t)g * B + r;
+        const int64_t rb = a.fp8 ? H : 2 * H;
+        expect(!memcmp(&s.rx[row * rb], &t.rx[row * rb], rb), "x row", q, c, row);
+        if (a.fp8) expect(!memcmp(&s.scales[row * (H / 128)], &t.scales[row * (H / 128)], 4 * (H / 128)), "scales", q, c, row);
+        expect(!memcmp(&s.src[row * 2], &t.src[row * 2], 8), "src", q, c, row);
+        if (!em) {
+          expect(!memcmp(&s.ids[row * K], &t.ids[row * K], 4 * K), "expert ids", q, c, row);
+          expect(!memcmp(&s.weights[row * K], &t.weights[row * K], 4 * K), "weights", q, c, row);
+        }
+      }
+    }
+    expect(!memcmp(s.hidx.data(), t.hidx.data(), 4 * (size_t)s.T * K), "hidx", q, c, 0);
+  }
+}
+
+static void compare_combine(world &a, world &b, int c) {
+  for (int q = 0; q < a.n; q++)
+    expect(!memcmp(a.r[q].out.data(), b.r[q].out.data(), 2 * (size_t)a.r[q].T * H), "combined out", q, c, 0);
+}
+
+int main(int argc, char **argv) {
+  const int n = argc > 1 ? atoi(argv[1]) : 2, calls = argc > 2 ? atoi(argv[2]) : 12;
+  const unsigned seed = argc > 3 ? (unsigned)atoi(argv[3]) : 1;
+  const int E = 2 * n;
+  int total = 0;
+  for (int combo = 0; combo < 8; combo++) {
+    const int layout = combo & 1 ? DL_EP_PER_RANK : DL_EP_PER_EXPERT;
+    const int output = combo & 2 ? DL_EP_RANK_MAJOR : DL_EP_EXPERT_MAJOR, fp8 = combo >> 2 & 1;
+    world twin, emu;
+    make_world(twin, n, layout, output, fp8, E, false);
+    make_world(emu, n, layout, output, fp8, E, true);
+    std::mt19937 g(seed * 100 + combo);
+    for (int c = 0; c < calls; c++) {
+      const int twice = c % 5 == 2; // a second dispatch before the combine
+      for (int d = 0; d <= twice; d++) {
+        for (int q = 0; q < n; q++) inputs(twin, q, c, g);
+        for (int q = 0; q < n; q++) emu.r[q].T = twin.r[q].T, emu.r[q].x = twin.r[q].x, emu.r[q].idx = twin.r[q].idx,
+                                    emu.r[q].w = twin.r[q].w;
+        for (world *w : {&twin, &emu}) {
+          run(*w, DL_EP_DISPATCH_SEND);
+          run(*w, DL_EP_DISPATCH_RECV);
+        }
+        compare_dispatch(emu, twin, c);
+      }
+      for (world *w : {&twin, &emu}) {
+        for (int q = 0; q < n; q++) experts(*w, q);
+        run(*w, DL_EP_COMBINE_SEND);
+        run(*w, DL_EP_COMBINE_RECV);
+      }
+      compare_combine(emu, twin, c);
+      for (int q = 0; q < n; q++)
+        if (emu.r[q].status.kind) fprintf(stderr, "  rank %d call %d: a failure was recorded (kind %u)\n", q, c, emu.r[q].status.kind), failures++;
+      total++;
+    }
+    printf("layout %s output %s %s: %d calls on %d emulated ranks %s\n", layout ? "per_rank" : "per_expert",
+           output ? "rank_major" : "expert_major", fp8 ? "fp8" : "bf16", calls, n, failures ? "FAILED" : "match the twin");
+  }
+  if (n >= 2) { // rank 1 skips a dispatch: rank 0's receive ends by itself, naming rank 1
+    world w;
+    make_world(w, n, DL_EP_PER_RANK, DL_EP_EXPERT_MAJOR, 0, E, true);
+    w.base.timeout_ns = 200000000ull;
+    std::mt19937 g(seed);
+    for (int q = 0; q < n; q++) inputs(w, q, 0, g);
+    dl_ep_args_t a = args_of(w, 0, DL_EP_DISPATCH_SEND);
+    dl_ep_cuda(&a, nullptr);
+    a = args_of(w, 0, DL_EP_DISPATCH_RECV);
+    dl_ep_cuda(&a, nullptr);
+    const dl_ep_status_t &s = w.r[0].status;
+    const bool ok = s.kind == DL_EP_ERR_TIMEOUT && s.phase == DL_EP_DISPATCH_RECV && s.peer >= 1 && s.expected == 1;
+    printf("timeout: %s (kind %u phase %u peer %u epoch %u)\n", ok ? "recorded" : "WRONG", s.kind, s.phase, s.peer, s.expected);
+    if (!ok) failures++;
+  }
+  printf("%s: %d calls, %d failures\n", failures ? "FAIL" : "ok", total, failures.load());
+  return failures ? 1 : 0;
+}

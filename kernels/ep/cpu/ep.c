@@ -1,0 +1,435 @@
+/*
+ * ep.c — CPU twin of the expert-parallel dispatch/combine kernels
+ * (kernels/ep/ep_dispatch.cu, ep_combine.cu): the same four phases over
+ * symmetric buffers in POSIX shared memory, one process per rank, with the
+ * same buffer layout, message formats, routing, epochs and handshakes
+ * (kernels/ep/ep.h). The blocks of a kernel run one after another here,
+ * each with the same share of the work as on the GPU (a contiguous chunk of
+ * tokens on dispatch_send), and the last one to finish signals the peers as
+ * the last block does there: so the specs exercise the protocol itself
+ * (back-to-back calls, a fast rank running into the next call, graph
+ * replays, timeouts) on a machine without a GPU, and cpu and cuda give the
+ * same bits (row order, fp8 codes, sums in fp32 with fmaf in k order).
+ * The stream argument is unused.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ep/ep.h"
+#include "ep/fp8.h"
+#include "common/cpu/host_wait.h"
+
+static uint32_t *ctrl_of(const dl_ep_args_t *a, int r) { return (uint32_t *)a->bufs[r]; }
+
+static void record(const dl_ep_args_t *a, uint32_t kind, uint32_t peer, uint32_t expected,
+                   uint32_t seen, int block, uint32_t epoch) {
+  dl_ep_status_t *s = a->status;
+  uint32_t none = 0;
+  if (!__atomic_compare_exchange_n(&s->claim, &none, 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+    return;
+  s->phase = (uint32_t)a->phase;
+  s->peer = peer;
+  s->expected = expected;
+  s->seen = seen;
+  s->block = (uint32_t)block;
+  s->epoch = epoch;
+  __atomic_store_n(&s->kind, kind, __ATOMIC_RELEASE);
+}
+
+/* Until ctrl word w of this rank reaches v; DL_ETIMEOUT (recorded, the core
+ * words the message) when `peer` did not get there in time. */
+static int wait_word(const dl_ep_args_t *a, int64_t w, uint32_t v, int peer, int block,
+                     uint32_t epoch) {
+  const uint32_t *p = ctrl_of(a, a->rank) + w;
+  const double deadline = dl_host_now_s() + a->timeout_ns * 1e-9;
+  uint32_t x;
+  for (long i = 0; !DL_SIGNAL_REACHED(x = __atomic_load_n(p, __ATOMIC_ACQUIRE), v); i++) {
+    dl_host_pause(i);
+    if (i % 16 == 0 && dl_host_now_s() > deadline) {
+      record(a, DL_EP_ERR_TIMEOUT, (uint32_t)peer, v, x, block, epoch);
+      return DL_ERR(DL_ETIMEOUT, "ep: rank %d did not arrive", peer);
+    }
+  }
+  return DL_OK;
+}
+
+/* The end of block `block` of a phase: the last one resets the count,
+ * advances the epoch and stores it into word `flag(q)` of every rank q. */
+static void finish_block(const dl_ep_args_t *a, uint32_t e, int64_t (*flag)(int, int)) {
+  uint32_t *self = ctrl_of(a, a->rank);
+  if (__atomic_add_fetch(&self[dl_ep_done(a->phase)], 1, __ATOMIC_ACQ_REL) != (uint32_t)a->blocks)
+    return;
+  self[dl_ep_done(a->phase)] = 0;
+  self[dl_ep_seq(a->phase)] = e;
+  for (int q = 0; q < a->nranks; q++)
+    __atomic_store_n(&ctrl_of(a, q)[flag(a->nranks, a->rank)], e, __ATOMIC_RELEASE);
+}
+
+static int64_t row_bytes(const dl_ep_args_t *a) { return a->fp8 ? a->hidden : 2 * (int64_t)a->hidden; }
+
+/* ---- dispatch send -------------------------------------------------------------- */
+
+/* A block's routing of its chunk of tokens: per entry (t, k) the expert (-1:
+ * none), the token's slot at the destination rank (its position among our
+ * tokens for that rank), its position among our tokens for the expert, and
+ * the mask of the token's selections on that rank. */
+typedef struct route {
+  int e, slot, pos;
+  uint32_t kmask;
+} route_t;
+
+static int expert_of(const dl_ep_args_t *a, int t, int k) {
+  const int e = a->idx[(int64_t)t * a->topk + k];
+  return e >= 0 && e < a->experts ? e : -1;
+}
+
+/* hist_e / hist_r: selections per expert and tokens per rank of rows [0, t0)
+ * (the scan every block does), then rows [t0, t1) walked in order. */
+static void route_chunk(const dl_ep_args_t *a, int t0, int t1, int *hist_e, int *hist_r,
+                        route_t *rt, int block, uint32_t epoch) {
+  const int K = a->topk, L = a->local;
+  memset(hist_e, 0, sizeof(int) * (size_t)a->experts);
+  memset(hist_r, 0, sizeof(int) * (size_t)a->nranks);
+  for (int t = 0; t < t0; t++) {
+    uint32_t ranks = 0;
+    for (int k = 0; k < K; k++) {
+      const int e = expert_of(a, t, k);
+      if (e < 0) continue;
+      hist_e[e]++;
+      if (!(ranks >> (e / L) & 1u)) hist_r[e / L]++;
+      ranks |= 1u << (e / L);
+    }
+  }
+  for (int t = t0; t < t1; t++) {
+    route_t *r = rt + (int64_t)(t - t0) * K;
+    for (int k = 0; k < K; k++) {
+      const int raw = a->idx[(int64_t)t * K + k];
+      r[k].e = expert_of(a, t, k);
+      if (r[k].e < 0 && raw != -1)
+        record(a, DL_EP_ERR_BAD_ID, (uint32_t)t, (uint32_t)k, (uint32_t)raw, block, epoch);
+    }
+    /* every selection reads the counts before its row advances them, as the
+     * lanes of the kernel's warp do */
+    for (int k = 0; k < K; k++) {
+      const int e = r[k].e;
+      if (e < 0) continue;
+      int before_e = 0;
+      uint32_t kmask = 0;
+      for (int j = 0; j < K; j++) {
+        if (r[j].e >= 0 && r[j].e / L == e / L) kmask |= 1u << j;
+        if (j < k && r[j].e == e) before_e++;
+      }
+      r[k].kmask = kmask;
+      r[k].slot = hist_r[e / L];
+      r[k].pos = hist_e[e] + before_e;
+    }
+    for (int k = 0; k < K; k++) {
+      const int e = r[k].e;
+      if (e < 0) continue;
+      if ((r[k].kmask & ((1u << k) - 1u)) == 0) hist_r[e / L]++; /* the rank's first selection */
+      hist_e[e]++;
+    }
+  }
+}
+
+/* The fp8 payload of one row: codes [H] then scales [H/128]. */
+static void quantize_row(const uint16_t *x, int h, uint8_t *codes, float *scales) {
+  for (int g = 0; g < h / DL_EP_FP8_GROUP; g++) {
+    const uint16_t *xg = x + (int64_t)g * DL_EP_FP8_GROUP;
+    float amax = DL_EP_FP8_AMIN;
+    for (int i = 0; i < DL_EP_FP8_GROUP; i++) amax = fmaxf(amax, fabsf(dl_bf16_to_f32(xg[i])));
+    const float inv = DL_EP_FP8_MAX / amax;
+    for (int i = 0; i < DL_EP_FP8_GROUP; i++)
+      codes[(int64_t)g * DL_EP_FP8_GROUP + i] = dl_f32_to_e4m3(dl_bf16_to_f32(xg[i]) * inv);
+    scales[g] = amax / DL_EP_FP8_MAX;
+  }
+}
+
+static void write_payload(const dl_ep_args_t *a, int t, char *msg) {
+  const uint16_t *x = (const uint16_t *)a->x + (int64_t)t * a->hidden;
+  if (a->fp8) quantize_row(x, a->hidden, (uint8_t *)msg, (float *)(msg + a->hidden));
+  else memcpy(msg, x, 2 * (size_t)a->hidden);
+}
+
+static void send_messages(const dl_ep_args_t *a, int t, const route_t *r) {
+  const int K = a->topk, L = a->local;
+  for (int k = 0; k < K; k++) {
+    const int e = r[k].e;
+    if (e < 0) continue;
+    const int q = e / L, le = e % L;
+    char *msg;
+    if (a->layout == DL_EP_PER_RANK) {
+      if (r[k].kmask & ((1u << k) - 1u)) continue; /* one message per rank: its first selection's */
+      msg = a->bufs[q] + a->drecv_off + ((int64_t)a->rank * a->max_tokens + r[k].slot) * a->msg_d;
+      int32_t *h = (int32_t *)msg;
+      memset(msg, 0, (size_t)a->hdr);
+      h[0] = t;
+      for (int j = 0; j < K; j++) {
+        const int on = r[j].e >= 0 && r[j].e / L == q;
+        const uint32_t lp = on ? ((uint32_t)(r[j].e % L) & 0xffffu) | ((uint32_t)r[j].pos << 16) : 0xffffu;
+        memcpy(msg + 4 + 8 * j, &lp, 4);
+        const float w = on ? a->w[(int64_t)t * K + j] : 0.0f;
+        memcpy(msg + 8 + 8 * j, &w, 4);
+      }
+    } else {
+      msg = a->bufs[q] + a->drecv_off +
+            (((int64_t)le * a->nranks + a->rank) * a->max_tokens + r[k].pos) * a->msg_d;
+      int32_t *h = (int32_t *)msg;
+      h[0] = t;
+      h[1] = r[k].slot;
+      h[2] = (int32_t)((uint32_t)k | r[k].kmask << 8);
+      memcpy(&h[3], &a->w[(int64_t)t * K + k], 4);
+    }
+    write_payload(a, t, msg + a->hdr);
+  }
+}
+
+static int dispatch_send(const dl_ep_args_t *a) {
+  const int G = a->blocks, K = a->topk, T = a->tokens, L = a->local;
+  uint32_t *self = ctrl_of(a, a->rank);
+  const int C = T > 0 ? (T + G - 1) / G : 0;
+  int *hist_e = malloc(sizeof(int) * ((size_t)a->experts + (size_t)a->nranks));
+  route_t *rt = malloc(sizeof(route_t) * ((size_t)C * K + 1));
+  if (!hist_e || !rt) {
+    free(hist_e);
+    free(rt);
+    return DL_ERR(DL_ENOMEM, "ep dispatch: out of host memory");
+  }
+  int *hist_r = hist_e + a->experts, rc = DL_OK;
+  for (int b = 0; b < G && rc == DL_OK; b++) {
+    const uint32_t e = self[dl_ep_seq(DL_EP_DISPATCH_SEND)] + 1;
+    /* the receivers have read our previous messages */
+    for (int q = 0; q < a->nranks && rc == DL_OK; q++)
+      rc = wait_word(a, dl_ep_disp_done(a->nranks, q), e - 1, q, b, e);
+    if (rc) break;
+    const int t0 = b * C < T ? b * C : T, t1 = t0 + C < T ? t0 + C : T;
+    route_chunk(a, t0, t1, hist_e, hist_r, rt, b, e);
+    for (int t = t0; t < t1; t++) {
+      const route_t *r = rt + (int64_t)(t - t0) * K;
+      send_messages(a, t, r);
+      for (int k = 0; k < K; k++) {
+        a->hidx[(int64_t)t * K + k] = r[k].e;
+        a->hw[(int64_t)t * K + k] = a->w[(int64_t)t * K + k];
+      }
+    }
+    if (b == G - 1) /* its scan and walk covered every token: the counts */
+      for (int q = 0; q < a->nranks; q++) {
+        uint32_t *c = ctrl_of(a, q);
+        for (int le = 0; le < L; le++)
+          c[dl_ep_cnt(a->nranks, L, a->rank, le)] = (uint32_t)hist_e[q * L + le];
+        c[dl_ep_ntok(a->nranks, a->rank)] = (uint32_t)hist_r[q];
+      }
+    finish_block(a, e, dl_ep_disp_flag);
+  }
+  free(hist_e);
+  free(rt);
+  return rc;
+}
+
+/* ---- dispatch receive ------------------------------------------------------------- */
+
+static void copy_payload(const dl_ep_args_t *a, const char *payload, int64_t row) {
+  const int64_t rb = row_bytes(a);
+  memcpy((char *)a->rx + row * rb, payload, (size_t)rb);
+  if (a->fp8)
+    memcpy(a->rscales + row * (a->hidden / DL_EP_FP8_GROUP), payload + a->hidden,
+           sizeof(float) * (size_t)(a->hidden / DL_EP_FP8_GROUP));
+}
+
+/* off[le * N + s]: the row where source s's tokens for expert le start */
+static void expert_offsets(const dl_ep_args_t *a, const uint32_t *self, int64_t *off) {
+  const int N = a->nranks, L = a->local;
+  for (int le = 0; le < L; le++) {
+    int64_t sum = 0;
+    for (int s = 0; s < N; s++) {
+      off[le * N + s] = sum;
+      sum += self[dl_ep_cnt(N, L, s, le)];
+    }
+  }
+}
+
+static void recv_per_rank(const dl_ep_args_t *a, const uint32_t *self, const int64_t *off, int s,
+                          int j) {
+  const int K = a->topk, N = a->nranks, B = a->max_tokens;
+  const char *msg = a->bufs[a->rank] + a->drecv_off + ((int64_t)s * B + j) * a->msg_d;
+  const int32_t t = *(const int32_t *)msg;
+  const char *payload = msg + a->hdr;
+  int kfirst = -1;
+  for (int k = 0; k < K; k++) {
+    uint32_t lp;
+    float w;
+    memcpy(&lp, msg + 4 + 8 * k, 4);
+    memcpy(&w, msg + 8 + 8 * k, 4);
+    const int le = (int16_t)(lp & 0xffffu), pos = (int)(lp >> 16);
+    if (a->output == DL_EP_RANK_MAJOR) {
+      const int64_t at = ((int64_t)s * B + j) * K + k;
+      a->rids[at] = le;
+      a->rweights[at] = le >= 0 ? w : 0.0f;
+      if (le >= 0 && kfirst < 0) {
+        kfirst = k;
+        a->rsrc[((int64_t)s * B + j) * 2] = t;
+        a->rsrc[((int64_t)s * B + j) * 2 + 1] = dl_ep_src_pack(s, k, le);
+      }
+    } else if (le >= 0) {
+      const int64_t row = (int64_t)le * N * B + off[le * N + s] + pos;
+      copy_payload(a, payload, row);
+      a->rsrc[row * 2] = t;
+      a->rsrc[row * 2 + 1] = dl_ep_src_pack(s, k, le);
+    }
+  }
+  if (a->output == DL_EP_RANK_MAJOR) copy_payload(a, payload, (int64_t)s * B + j);
+  (void)self;
+}
+
+static void recv_per_expert(const dl_ep_args_t *a, const int64_t *off, int le, int s, int j) {
+  const int K = a->topk, N = a->nranks, B = a->max_tokens;
+  const char *msg =
+      a->bufs[a->rank] + a->drecv_off + (((int64_t)le * N + s) * B + j) * a->msg_d;
+  const int32_t *h = (const int32_t *)msg;
+  const int t = h[0], row_q = h[1], k = (int)((uint32_t)h[2] & 0xffu);
+  const uint32_t kmask = (uint32_t)h[2] >> 8;
+  float w;
+  memcpy(&w, &h[3], 4);
+  if (a->output == DL_EP_EXPERT_MAJOR) {
+    const int64_t row = (int64_t)le * N * B + off[le * N + s] + j;
+    copy_payload(a, msg + a->hdr, row);
+    a->rsrc[row * 2] = t;
+    a->rsrc[row * 2 + 1] = dl_ep_src_pack(s, k, le);
+    return;
+  }
+  const int64_t row = (int64_t)s * B + row_q;
+  if ((kmask & ((1u << k) - 1u)) == 0) { /* the token's first selection here: the row's owner */
+    copy_payload(a, msg + a->hdr, row);
+    for (int kk = 0; kk < K; kk++)
+      if (!(kmask >> kk & 1u)) {
+        a->rids[row * K + kk] = -1;
+        a->rweights[row * K + kk] = 0.0f;
+      }
+    a->rsrc[row * 2] = t;
+    a->rsrc[row * 2 + 1] = dl_ep_src_pack(s, k, le);
+  }
+  a->rids[row * K + k] = le;
+  a->rweights[row * K + k] = w;
+}
+
+static int dispatch_recv(const dl_ep_args_t *a) {
+  const int N = a->nranks, L = a->local, G = a->blocks;
+  uint32_t *self = ctrl_of(a, a->rank);
+  int64_t *off = malloc(sizeof(int64_t) * (size_t)N * L);
+  if (!off) return DL_ERR(DL_ENOMEM, "ep dispatch: out of host memory");
+  int rc = DL_OK;
+  for (int b = 0; b < G && rc == DL_OK; b++) {
+    const uint32_t e = self[dl_ep_seq(DL_EP_DISPATCH_RECV)] + 1;
+    for (int s = 0; s < N && rc == DL_OK; s++) rc = wait_word(a, dl_ep_disp_flag(N, s), e, s, b, e);
+    if (rc) break;
+    expert_offsets(a, self, off);
+    if (b == 0) {
+      if (a->output == DL_EP_EXPERT_MAJOR)
+        for (int le = 0; le < L; le++) {
+          int32_t sum = 0;
+          for (int s = 0; s < N; s++) sum += (int32_t)self[dl_ep_cnt(N, L, s, le)];
+          a->rcounts[le] = sum;
+        }
+      else
+        for (int s = 0; s < N; s++) a->rcounts[s] = (int32_t)self[dl_ep_ntok(N, s)];
+    }
+    /* messages i = b, b + G, ... in the order the kernel numbers them */
+    int64_t i = 0;
+    if (a->layout == DL_EP_PER_RANK) {
+      for (int s = 0; s < N; s++)
+        for (int j = 0; j < (int)self[dl_ep_ntok(N, s)]; j++, i++)
+          if (i % G == b) recv_per_rank(a, self, off, s, j);
+    } else {
+      for (int le = 0; le < L; le++)
+        for (int s = 0; s < N; s++)
+          for (int j = 0; j < (int)self[dl_ep_cnt(N, L, s, le)]; j++, i++)
+            if (i % G == b) recv_per_expert(a, off, le, s, j);
+    }
+    finish_block(a, e, dl_ep_disp_done);
+  }
+  free(off);
+  return rc;
+}
+
+/* ---- combine ---------------------------------------------------------------------- */
+
+/* Where the output of row `row` goes: its owner and the slot there. */
+static char *combine_dst(const dl_ep_args_t *a, int64_t row) {
+  const int t = a->rsrc[row * 2];
+  const uint32_t p = (uint32_t)a->rsrc[row * 2 + 1];
+  const int s = (int)(p & 0xffu), k = (int)((p >> 8) & 0xffu), le = (int)(p >> 16);
+  const int64_t slot = a->layout == DL_EP_PER_RANK ? k : (int64_t)a->rank * a->local + le;
+  return a->bufs[s] + a->crecv_off + (slot * a->max_tokens + t) * a->msg_c;
+}
+
+static int combine_send(const dl_ep_args_t *a) {
+  const int N = a->nranks, B = a->max_tokens, G = a->blocks, H = a->hidden;
+  const int groups = a->output == DL_EP_EXPERT_MAJOR ? a->local : N;
+  const int64_t per_group = a->output == DL_EP_EXPERT_MAJOR ? (int64_t)N * B : B;
+  uint32_t *self = ctrl_of(a, a->rank);
+  int rc = DL_OK;
+  for (int b = 0; b < G && rc == DL_OK; b++) {
+    const uint32_t e = self[dl_ep_seq(DL_EP_COMBINE_SEND)] + 1;
+    for (int s = 0; s < N && rc == DL_OK; s++) rc = wait_word(a, dl_ep_comb_done(N, s), e - 1, s, b, e);
+    if (rc) break;
+    int64_t i = 0;
+    for (int g = 0; g < groups; g++)
+      for (int64_t r = 0; r < a->rcounts[g]; r++, i++)
+        if (i % G == b) {
+          const int64_t row = g * per_group + r;
+          memcpy(combine_dst(a, row), (const uint16_t *)a->y + row * H, 2 * (size_t)H);
+        }
+    finish_block(a, e, dl_ep_comb_flag);
+  }
+  return rc;
+}
+
+static int combine_recv(const dl_ep_args_t *a) {
+  const int N = a->nranks, K = a->topk, B = a->max_tokens, G = a->blocks, H = a->hidden;
+  uint32_t *self = ctrl_of(a, a->rank);
+  const char *base = a->bufs[a->rank] + a->crecv_off;
+  int rc = DL_OK;
+  float *acc = malloc(sizeof(float) * (size_t)(H > 0 ? H : 1));
+  if (!acc) return DL_ERR(DL_ENOMEM, "ep combine: out of host memory");
+  for (int b = 0; b < G && rc == DL_OK; b++) {
+    const uint32_t e = self[dl_ep_seq(DL_EP_COMBINE_RECV)] + 1;
+    for (int q = 0; q < N && rc == DL_OK; q++) rc = wait_word(a, dl_ep_comb_flag(N, q), e, q, b, e);
+    if (rc) break;
+    for (int t = b; t < a->tokens; t += G) {
+      for (int i = 0; i < H; i++) acc[i] = 0.0f;
+      for (int k = 0; k < K; k++) {
+        const int ex = a->hidx[(int64_t)t * K + k];
+        if (ex < 0) continue;
+        float w = a->hw[(int64_t)t * K + k];
+        if (a->output == DL_EP_RANK_MAJOR) { /* one row per rank, already weighted */
+          int first = 1;
+          for (int j = 0; j < k; j++)
+            if (a->hidx[(int64_t)t * K + j] >= 0 && a->hidx[(int64_t)t * K + j] / a->local == ex / a->local)
+              first = 0;
+          if (!first) continue;
+          w = 1.0f;
+        }
+        const int64_t slot = a->layout == DL_EP_PER_RANK ? k : ex;
+        const uint16_t *y = (const uint16_t *)(base + (slot * B + t) * a->msg_c);
+        for (int i = 0; i < H; i++) acc[i] = fmaf(w, dl_bf16_to_f32(y[i]), acc[i]);
+      }
+      uint16_t *o = (uint16_t *)a->out + (int64_t)t * H;
+      for (int i = 0; i < H; i++) o[i] = dl_f32_to_bf16(acc[i]);
+    }
+    finish_block(a, e, dl_ep_comb_done);
+  }
+  free(acc);
+  return rc;
+}
+
+int dl_ep_cpu(const dl_ep_args_t *a, void *stream) {
+  (void)stream;
+  switch (a->phase) {
+  case DL_EP_DISPATCH_SEND: return dispatch_send(a);
+  case DL_EP_DISPATCH_RECV: return dispatch_recv(a);
+  case DL_EP_COMBINE_SEND: return combine_send(a);
+  case DL_EP_COMBINE_RECV: return combine_recv(a);
+  default: return DL_ERR(DL_EINVAL, "ep: unknown phase %d", a->phase);
+  }
+}

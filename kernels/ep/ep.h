@@ -1,0 +1,204 @@
+/*
+ * ep.h — what core/ops/ep/ep.c hands the expert-parallel dispatch/combine
+ * kernels (kernels/ep/ep_dispatch.cu, ep_combine.cu) and their CPU twin
+ * (kernels/ep/cpu/ep.c): the argument block, the layout of every rank's
+ * symmetric buffer, the message formats and the failure record.
+ *
+ * Notation: N ranks, E experts, L = E/N local experts (expert e lives on rank
+ * e / L as local expert e % L), K selections per token, B max tokens a rank
+ * sends, H hidden size, T <= B this rank's tokens of the call.
+ *
+ * Every rank's buffer (offsets the same on every rank):
+ *
+ *   [ctrl: dl_ep_ctrl_words(N, L) uint32, rounded up to 4 KiB]
+ *   [dispatch receive: slots x msg_d][combine receive: slots x msg_c]
+ *
+ *   layout      dispatch slots            combine slots
+ *   per_expert  [L][N][B]: one message    [E][B]: expert e's output for
+ *               per (token, k), slot       token t at [e][t]
+ *               [le][source][position of
+ *               the token among the
+ *               source's tokens for e]
+ *   per_rank    [N][B]: one message per    [K][B]: the output of selection k
+ *               (token, destination        of token t at [k][t]
+ *               rank), slot [source][its
+ *               position among the
+ *               source's tokens for that
+ *               rank]; its header carries
+ *               the token's selections on
+ *               that rank
+ *
+ * Messages are written by the sender straight into the receiver's slots
+ * (NVLink, or shared memory on cpu): no send buffers. Dispatch message =
+ * header + payload (16-byte aligned each):
+ *   per_expert header (16 B): int32 token, int32 row (the token's position
+ *     among the source's tokens for this rank: its rank-major row), uint32
+ *     k | kmask << 8 (kmask: the token's selections on this rank), f32 weight
+ *   per_rank header (align16(4 + 8K) B): int32 token, then per selection k:
+ *     int16 local expert (-1: not on this rank), int16 position of the token
+ *     among the source's tokens for that expert, f32 weight
+ *   payload: bf16 [H], or fp8 e4m3 [H] bytes then f32 scales [H/128]
+ * Combine message = the bf16 output row [H].
+ *
+ * Control words (uint32; "from q" = written by rank q into this rank's buffer):
+ *   seq[4]        calls finished per phase (DISPATCH_SEND ... COMBINE_RECV):
+ *                 the kernels' epochs, in device memory, so graph replays
+ *                 advance them
+ *   done[4]       blocks of the running call of each phase that finished
+ *   disp_flag[N]  from source q: the epoch whose messages to us are written
+ *   disp_done[N]  from receiver q: the epoch whose messages from us it read
+ *   comb_flag[N]  from expert host q: the combine epoch it wrote to us
+ *   comb_done[N]  from owner q: the combine epoch of ours it read
+ *   ntok[N]       from source q: its messages (per_rank) / distinct tokens
+ *                 (per_expert) to us in the epoch of disp_flag[q]
+ *   cnt[N][L]     from source q: its selections of each of our experts
+ * Epochs only grow and are compared as "reached" (modulo 2^32): no word is
+ * ever reset between calls except done[], which the last block of a call
+ * resets itself. A sender writes into a peer's slots only once that peer
+ * has read the previous epoch's (disp_done / comb_done): so calls are safe
+ * back to back in any order, under graph replay as eagerly.
+ *
+ * Outputs (the object's own tensors, core/ops/ep/ep.c):
+ *   expert_major  x [L][N*B][H] (bf16; fp8: u8 codes and scales
+ *                 [L][N*B][H/128]), counts [L]; rows of expert le ordered by
+ *                 source, then by the token order at the source
+ *   rank_major    x [N][B][H], counts [N] (tokens from each source),
+ *                 ids [N][B][K] (the local expert of the token's selection
+ *                 k, or -1 if it lives elsewhere), weights [N][B][K]
+ *   src           per output row {token, source | k << 8 | le << 16}: where
+ *                 combine sends the row's output (rank_major: the token's
+ *                 first selection on this rank)
+ *   hidx, hw      the owner's copy of topk_idx / topk_weights (combine)
+ */
+#ifndef DISTLAB_EP_H
+#define DISTLAB_EP_H
+
+#include <stdint.h>
+
+#include "common/signal_pad.h"
+
+enum {
+  DL_EP_MAX_TOPK = 24,     /* kmask fits the per_expert header's 24 bits     */
+  DL_EP_MAX_TOKENS = 32767, /* positions are int16 in the per_rank header     */
+  DL_EP_THREADS = 512,
+  DL_EP_MAX_BLOCKS = 1024,
+  DL_EP_CTRL_ALIGN = 4096,
+  DL_EP_FP8_GROUP = 128    /* values per fp8 scale (kernels/ep/fp8.h)          */
+};
+
+/* phases, as the epochs and the failure record number them */
+enum { DL_EP_DISPATCH_SEND = 0, DL_EP_DISPATCH_RECV = 1, DL_EP_COMBINE_SEND = 2, DL_EP_COMBINE_RECV = 3 };
+
+/* failure kinds */
+enum { DL_EP_ERR_TIMEOUT = 1, DL_EP_ERR_BAD_ID = 2 };
+
+/* What a kernel leaves for the host (host-mapped on cuda, so the next call
+ * reads it for free). The first failure wins. */
+typedef struct dl_ep_status {
+  uint32_t kind;     /* 0, DL_EP_ERR_TIMEOUT or DL_EP_ERR_BAD_ID           */
+  uint32_t phase;    /* DL_EP_DISPATCH_SEND ...                            */
+  uint32_t peer;     /* timeout: the rank waited for; bad id: the token     */
+  uint32_t expected; /* timeout: the epoch waited for; bad id: k           */
+  uint32_t seen;     /* timeout: the epoch found; bad id: the id           */
+  uint32_t block;
+  uint32_t epoch;    /* the call, counted by the kernels of this phase      */
+  uint32_t claim;    /* taken by the first failure, which then fills the
+                        fields and sets kind last (the host reads kind first) */
+} dl_ep_status_t;
+
+typedef struct dl_ep_args {
+  int phase;       /* DL_EP_*_SEND / _RECV                                  */
+  int layout;      /* DL_EP_PER_EXPERT or DL_EP_PER_RANK (distlab.h)        */
+  int output;      /* DL_EP_EXPERT_MAJOR or DL_EP_RANK_MAJOR                */
+  int fp8;         /* dispatch payload: fp8 e4m3 + scales (else bf16)       */
+  int rank, nranks, experts, local, topk, hidden, max_tokens;
+  int tokens;      /* this rank's T of the last dispatch_send              */
+  int blocks;      /* grid size (cpu: the blocks run one after another)     */
+  int threads;     /* per block                                            */
+  int64_t hdr, msg_d, msg_c; /* bytes: dispatch header, messages            */
+  int64_t drecv_off, crecv_off; /* byte offsets of the receive regions      */
+  char *bufs[DL_SIGNAL_MAX_RANKS]; /* every rank's buffer, as mapped here    */
+  /* dispatch_send */
+  const void *x;        /* bf16 [T][H]                                     */
+  const int32_t *idx;   /* [T][K]                                          */
+  const float *w;       /* [T][K]                                          */
+  int32_t *hidx;        /* the handle's copies [B][K]                      */
+  float *hw;
+  /* dispatch_recv (combine_send reads counts and src) */
+  void *rx;             /* bf16, or u8 codes with fp8                      */
+  float *rscales;       /* fp8 only                                        */
+  int32_t *rcounts;
+  int32_t *rids;        /* rank_major only                                 */
+  float *rweights;      /* rank_major only                                 */
+  int32_t *rsrc;        /* [rows][2]                                       */
+  /* combine */
+  const void *y;        /* bf16, shaped like rx                            */
+  void *out;            /* bf16 [T][H]                                     */
+  dl_ep_status_t *status;
+  uint64_t timeout_ns;
+} dl_ep_args_t;
+
+/* ---- layout (host and device) ----------------------------------------------- */
+
+#if defined(__CUDACC__)
+#define DL_EP_HD __host__ __device__ __forceinline__
+#else
+#define DL_EP_HD static inline
+#endif
+
+DL_EP_HD int64_t dl_ep_align(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
+
+/* control word offsets (uint32 index into a rank's buffer) */
+DL_EP_HD int64_t dl_ep_seq(int phase) { return phase; }
+DL_EP_HD int64_t dl_ep_done(int phase) { return 4 + phase; }
+DL_EP_HD int64_t dl_ep_disp_flag(int n, int q) { (void)n; return 8 + (int64_t)q; }
+DL_EP_HD int64_t dl_ep_disp_done(int n, int q) { return 8 + (int64_t)n + q; }
+DL_EP_HD int64_t dl_ep_comb_flag(int n, int q) { return 8 + 2 * (int64_t)n + q; }
+DL_EP_HD int64_t dl_ep_comb_done(int n, int q) { return 8 + 3 * (int64_t)n + q; }
+DL_EP_HD int64_t dl_ep_ntok(int n, int q) { return 8 + 4 * (int64_t)n + q; }
+DL_EP_HD int64_t dl_ep_cnt(int n, int l, int q, int le) { return 8 + 5 * (int64_t)n + (int64_t)q * l + le; }
+DL_EP_HD int64_t dl_ep_ctrl_words(int n, int l) { return 8 + 5 * (int64_t)n + (int64_t)n * l; }
+DL_EP_HD int64_t dl_ep_ctrl_bytes(int n, int l) {
+  return dl_ep_align(dl_ep_ctrl_words(n, l) * 4, DL_EP_CTRL_ALIGN);
+}
+
+/* dispatch header: per_expert 16 B; per_rank the token and K (le, pos, w) */
+DL_EP_HD int64_t dl_ep_hdr_bytes(int per_rank, int k) {
+  return per_rank ? dl_ep_align(4 + 8 * (int64_t)k, 16) : 16;
+}
+/* payload: bf16 [H], or fp8 [H] and f32 scales [H/128] */
+DL_EP_HD int64_t dl_ep_payload_bytes(int fp8, int h) {
+  return dl_ep_align(fp8 ? (int64_t)h + 4 * (int64_t)(h / DL_EP_FP8_GROUP) : 2 * (int64_t)h, 16);
+}
+DL_EP_HD int64_t dl_ep_msg_d(int per_rank, int fp8, int k, int h) {
+  return dl_ep_hdr_bytes(per_rank, k) + dl_ep_payload_bytes(fp8, h);
+}
+DL_EP_HD int64_t dl_ep_msg_c(int h) { return dl_ep_align(2 * (int64_t)h, 16); }
+/* slots of the receive regions */
+DL_EP_HD int64_t dl_ep_dispatch_slots(int per_rank, int n, int e, int b) {
+  return (per_rank ? (int64_t)n : (int64_t)e) * b;
+}
+DL_EP_HD int64_t dl_ep_combine_slots(int per_rank, int e, int k, int b) {
+  return (per_rank ? (int64_t)k : (int64_t)e) * b;
+}
+
+/* src word 1: source | k << 8 | local expert << 16 */
+DL_EP_HD int32_t dl_ep_src_pack(int s, int k, int le) { return s | k << 8 | le << 16; }
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+/* One phase (a->phase) of a dispatch or combine. cuda: kernels on `stream`
+ * (asynchronous; a timeout or a bad expert id shows up in *a->status). cpu:
+ * runs to the end, DL_ETIMEOUT naming the peer and the phase if one did not
+ * arrive; a bad expert id is recorded and the call still completes. Same
+ * arguments for both. */
+int dl_ep_cuda(const dl_ep_args_t *a, void *stream);
+int dl_ep_cpu(const dl_ep_args_t *a, void *stream);
+/* Dynamic shared memory a cuda phase needs (the core checks the limit). */
+int64_t dl_ep_cuda_smem(const dl_ep_args_t *a);
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,122 @@
+/*
+ * ep_combine.cu — the combine kernels of the expert-parallel buffer
+ * (layout, message formats and protocol: kernels/ep/ep.h).
+ *
+ *   ep_combine_send_kernel   on the experts' rank: once every owner has read
+ *       our previous combine, one warp per output row (rows r < counts[g] of
+ *       each expert, or source) sends y's row to its owner's slot: [k][t]
+ *       (per_rank; rank_major rows to the token's first selection on this
+ *       rank) or [e][t] (per_expert), 16-byte vectors over NVLink. The last
+ *       block stores the epoch into every owner's comb_flag.
+ *   ep_combine_recv_kernel   on the owner: waits for every rank's comb_flag,
+ *       then one warp per token sums its slots in fp32, k by k with fmaf
+ *       (expert_major: weighted by topk_weights; rank_major: the rows came
+ *       weighted, one per rank), skipping ids of -1, and writes bf16. The
+ *       last block tells every rank it read its epoch.
+ *
+ * Reference: kernels/ep/cpu/ep.c (the same sums in the same order).
+ */
+#include "ep/ep_device.cuh"
+
+template <bool PER_RANK, bool EXPERT_MAJOR>
+__global__ void __launch_bounds__(DL_EP_THREADS) ep_combine_send_kernel(const dl_ep_args_t a) {
+  EP_SMEM(smem);
+  EP_SHARED(ep_block, blk);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, W = blockDim.x >> 5;
+  const int N = a.nranks, B = a.max_tokens, H = a.hidden;
+  const int groups = EXPERT_MAJOR ? a.local : N;
+  const int64_t per_group = EXPERT_MAJOR ? (int64_t)N * B : B;
+  int *counts = smem, *pre = counts + groups, *tmp = pre + groups + 1;
+  for (int g = tid; g < groups; g += blockDim.x) counts[g] = a.rcounts[g];
+  // the owners have read our previous combine
+  ep_begin(a, blk, dl_ep_comb_done, -1);
+  ep_scan(counts, groups, pre, tmp);
+  for (int64_t i = (int64_t)blockIdx.x * W + warp; blk.ok && i < pre[groups]; i += (int64_t)gridDim.x * W) {
+    const int g = ep_group_of(pre, groups, i);
+    const int64_t row = g * per_group + (i - pre[g]);
+    const int t = a.rsrc[row * 2];
+    const uint32_t p = (uint32_t)a.rsrc[row * 2 + 1];
+    const int s = (int)(p & 0xffu), k = (int)((p >> 8) & 0xffu), le = (int)(p >> 16);
+    const int64_t slot = PER_RANK ? k : (int64_t)a.rank * a.local + le;
+    char *dst = ep_buf(a, s) + a.crecv_off + (slot * B + t) * a.msg_c;
+    ep_copy_row(dst, reinterpret_cast<const char *>(a.y) + row * H * 2, 2 * (int64_t)H, lane);
+  }
+  ep_finish(a, blk, dl_ep_comb_flag);
+}
+
+struct ep_sums {
+  const uint4 *slots[DL_EP_THREADS / 32][DL_EP_MAX_TOPK];
+  float weights[DL_EP_THREADS / 32][DL_EP_MAX_TOPK];
+};
+
+template <bool PER_RANK, bool EXPERT_MAJOR>
+__global__ void __launch_bounds__(DL_EP_THREADS) ep_combine_recv_kernel(const dl_ep_args_t a) {
+  EP_SHARED(ep_block, blk);
+  EP_SHARED(ep_sums, sh); // per warp: the token's slots and weights, in k order
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, W = blockDim.x >> 5;
+  const int K = a.topk, B = a.max_tokens, H = a.hidden, L = a.local;
+  ep_begin(a, blk, dl_ep_comb_flag, 0);
+  const char *region = ep_buf(a, a.rank) + a.crecv_off;
+  for (int t = blockIdx.x * W + warp; blk.ok && t < a.tokens; t += gridDim.x * W) {
+    // lane k: the slot of selection k and its weight; n of them, in k order
+    const int id = lane < K ? a.hidx[(int64_t)t * K + lane] : -1;
+    bool use = id >= 0;
+    float w = use ? a.hw[(int64_t)t * K + lane] : 0.0f;
+    if (!EXPERT_MAJOR) { // one row per rank: the rank's first selection
+      for (int j = 0; j < K; j++) {
+        const int ij = __shfl_sync(EP_FULL, id, j);
+        if (j < lane && ij >= 0 && use && ij / L == id / L) use = false;
+      }
+      w = 1.0f;
+    }
+    const uint32_t m = __ballot_sync(EP_FULL, use);
+    if (use) {
+      const int at = __popc(m & ((1u << lane) - 1u));
+      sh.slots[warp][at] = reinterpret_cast<const uint4 *>(region + ((PER_RANK ? (int64_t)lane : id) * B + t) * a.msg_c);
+      sh.weights[warp][at] = w;
+    }
+    __syncwarp();
+    const int n = __popc(m);
+    uint4 *out = reinterpret_cast<uint4 *>(reinterpret_cast<char *>(a.out) + (int64_t)t * H * 2);
+    for (int v = lane; v < H / 8; v += 32) {
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int j = 0; j < n; j++) {
+        const uint4 y = sh.slots[warp][j][v];
+        const float wj = sh.weights[warp][j];
+        const uint32_t wd[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+          acc[2 * i] = fmaf(wj, dl_bf16_to_f32((uint16_t)(wd[i] & 0xffffu)), acc[2 * i]);
+          acc[2 * i + 1] = fmaf(wj, dl_bf16_to_f32((uint16_t)(wd[i] >> 16)), acc[2 * i + 1]);
+        }
+      }
+      uint32_t o[4];
+#pragma unroll
+      for (int i = 0; i < 4; i++)
+        o[i] = (uint32_t)dl_f32_to_bf16(acc[2 * i]) | (uint32_t)dl_f32_to_bf16(acc[2 * i + 1]) << 16;
+      out[v] = make_uint4(o[0], o[1], o[2], o[3]);
+    }
+    __syncwarp();
+  }
+  ep_finish(a, blk, dl_ep_comb_done);
+}
+
+// ---- launcher ----------------------------------------------------------------------
+
+typedef void (*ep_kernel_t)(const dl_ep_args_t);
+
+static ep_kernel_t combine_kernel(const dl_ep_args_t *a) {
+  const int em = a->output == DL_EP_EXPERT_MAJOR, pr = a->layout == DL_EP_PER_RANK;
+  if (a->phase == DL_EP_COMBINE_SEND)
+    return pr ? (em ? ep_combine_send_kernel<true, true> : ep_combine_send_kernel<true, false>)
+              : (em ? ep_combine_send_kernel<false, true> : ep_combine_send_kernel<false, false>);
+  return pr ? (em ? ep_combine_recv_kernel<true, true> : ep_combine_recv_kernel<true, false>)
+            : (em ? ep_combine_recv_kernel<false, true> : ep_combine_recv_kernel<false, false>);
+}
+
+int ep_launch_combine(const dl_ep_args_t *a, void *stream, int64_t smem) {
+  const ep_kernel_t k = combine_kernel(a);
+  k<<<a->blocks, a->threads, (size_t)smem, (cudaStream_t)stream>>>(*a);
+  DL_CUDA_CHECK_LAUNCH(a->phase == DL_EP_COMBINE_SEND ? "ep_combine_send_kernel" : "ep_combine_recv_kernel");
+  return DL_OK;
+}

@@ -1,0 +1,196 @@
+// ep_device.cuh — what the expert-parallel kernel files (ep_dispatch.cu,
+// ep_combine.cu) share: every rank's buffer and control words, the waits
+// with their timeout and failure record, the end of a block (the last one
+// of the grid signals the peers), a block-wide exclusive scan, and the
+// row copies in 16-byte vectors. Protocol, layout and message formats:
+// kernels/ep/ep.h. Only the warp intrinsics __shfl*_sync, __ballot_sync,
+// __syncwarp, the block barrier, atomics and the signal-pad loads and
+// stores are used, so the CPU emulation in experiments/ep/emu runs these
+// files as they are.
+#ifndef DISTLAB_EP_DEVICE_CUH
+#define DISTLAB_EP_DEVICE_CUH
+
+#include "ep/ep.h"
+#include "ep/fp8.h"
+
+#define EP_FULL 0xffffffffu
+
+// Shared memory: the kernel's dynamic int array, and a block-wide variable
+// (the CPU emulation gives each block its own).
+#ifndef EP_SMEM
+#define EP_SMEM(name) extern __shared__ int name[]
+#define EP_SHARED(type, name) __shared__ type name
+#endif
+
+// Rank p's buffer without indexing the parameter block at run time (which
+// would copy it to local memory).
+__device__ __forceinline__ char *ep_buf(const dl_ep_args_t &a, int p) {
+  char *b = a.bufs[0];
+#pragma unroll
+  for (int q = 1; q < DL_SIGNAL_MAX_RANKS; q++)
+    if (p == q) b = a.bufs[q];
+  return b;
+}
+
+__device__ __forceinline__ uint32_t *ep_ctrl(const dl_ep_args_t &a, int p) {
+  return reinterpret_cast<uint32_t *>(ep_buf(a, p));
+}
+
+__device__ __forceinline__ uint32_t ep_ld_volatile(const uint32_t *p) {
+  return *reinterpret_cast<const volatile uint32_t *>(p);
+}
+
+// The first failure of this rank records itself: fields, then kind (the
+// host reads kind first, without waiting for the stream). Plain arguments:
+// a reference to the parameter block would copy it to local memory.
+static __device__ __noinline__ void ep_fail(dl_ep_status_t *s, int phase, uint32_t kind, uint32_t peer,
+                                            uint32_t expected, uint32_t seen, uint32_t epoch) {
+  if (atomicCAS(&s->claim, 0u, 1u) != 0u) return;
+  volatile dl_ep_status_t *v = s;
+  v->phase = (uint32_t)phase;
+  v->peer = peer;
+  v->expected = expected;
+  v->seen = seen;
+  v->block = blockIdx.x;
+  v->epoch = epoch;
+  __threadfence_system();
+  v->kind = kind;
+  __threadfence_system();
+}
+
+// One thread: until control word w of this rank reaches v (written by
+// `peer`); false, recorded, after the timeout. The peers' death word is not
+// polled (gone NULL): a dead peer ends the wait at its timeout.
+__device__ __forceinline__ bool ep_wait(const dl_ep_args_t &a, int64_t w, uint32_t v, int peer,
+                                        uint32_t epoch) {
+  uint32_t seen = 0, dead = 0;
+  if (dl_signal_wait_until(ep_ctrl(a, a.rank) + w, v, a.timeout_ns, nullptr, &seen, &dead)) return true;
+  ep_fail(a.status, a.phase, DL_EP_ERR_TIMEOUT, (uint32_t)peer, v, seen, epoch);
+  return false;
+}
+
+// Block-wide values a kernel's threads share.
+struct ep_block {
+  uint32_t epoch;
+  int ok;   // no wait of this block timed out
+  int last; // this block finished last
+};
+
+// The start of a block: this phase's epoch (calls finished + 1), and the
+// waits of threads q < N for word word_of(N, q) to reach epoch + lag.
+__device__ __forceinline__ void ep_begin(const dl_ep_args_t &a, ep_block &blk,
+                                         int64_t (*word_of)(int, int), int lag) {
+  if (threadIdx.x == 0) {
+    blk.epoch = ep_ld_volatile(ep_ctrl(a, a.rank) + dl_ep_seq(a.phase)) + 1;
+    blk.ok = 1;
+  }
+  __syncthreads();
+  const int q = threadIdx.x;
+  if (q < a.nranks && !ep_wait(a, word_of(a.nranks, q), blk.epoch + (uint32_t)lag, q, blk.epoch))
+    blk.ok = 0;
+  __syncthreads();
+}
+
+// The end of a block: its writes fenced, it counts itself (a block whose
+// wait timed out adds 2^16 more, so the count in device memory says so
+// without a read of the host-mapped record); the last block of the grid
+// resets the count, advances the epoch and stores it into word
+// flag_of(N, rank) of every rank (release), unless a block timed out (the
+// peers then time out too, naming this rank).
+__device__ __forceinline__ void ep_finish(const dl_ep_args_t &a, ep_block &blk,
+                                          int64_t (*flag_of)(int, int)) {
+  uint32_t *self = ep_ctrl(a, a.rank);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    const uint32_t add = blk.ok ? 1u : 1u + 0x10000u;
+    const uint32_t now = atomicAdd(self + dl_ep_done(a.phase), add) + add;
+    blk.last = (now & 0xffffu) == gridDim.x;
+    if (blk.last) {
+      __threadfence_system();
+      *reinterpret_cast<volatile uint32_t *>(self + dl_ep_done(a.phase)) = 0;
+      *reinterpret_cast<volatile uint32_t *>(self + dl_ep_seq(a.phase)) = blk.epoch;
+      if (now >> 16) blk.last = 0;
+    }
+  }
+  __syncthreads();
+  const int q = threadIdx.x;
+  if (blk.last && q < a.nranks) {
+    __threadfence_system();
+    dl_signal_store_release(ep_ctrl(a, q) + flag_of(a.nranks, a.rank), blk.epoch);
+  }
+}
+
+// Exclusive prefix sums of v[0..n) into pre[0..n], pre[n] the total, by the
+// whole block (every thread a contiguous run). tmp: 32 ints of shared memory.
+__device__ __forceinline__ void ep_scan(const int *v, int n, int *pre, int *tmp) {
+  const int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5;
+  const int per = (n + nt - 1) / nt, lo = tid * per < n ? tid * per : n, hi = lo + per < n ? lo + per : n;
+  int sum = 0;
+  for (int i = lo; i < hi; i++) sum += v[i];
+  int inc = sum; // inclusive scan of the threads' sums within the warp
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int y = __shfl_up_sync(EP_FULL, inc, d);
+    if (lane >= d) inc += y;
+  }
+  if (lane == 31) tmp[warp] = inc;
+  __syncthreads();
+  if (warp == 0) {
+    int w = lane < (nt >> 5) ? tmp[lane] : 0;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int y = __shfl_up_sync(EP_FULL, w, d);
+      if (lane >= d) w += y;
+    }
+    if (lane < (nt >> 5)) tmp[lane] = w; // inclusive over warps
+  }
+  __syncthreads();
+  int run = inc - sum + (warp > 0 ? tmp[warp - 1] : 0);
+  for (int i = lo; i < hi; i++) {
+    pre[i] = run;
+    run += v[i];
+  }
+  if (tid == nt - 1) pre[n] = run;
+  __syncthreads();
+}
+
+// The largest g in [0, n) with pre[g] <= i (pre non-decreasing, pre[0] = 0).
+__device__ __forceinline__ int ep_group_of(const int *pre, int n, int64_t i) {
+  int lo = 0, hi = n - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (pre[mid] <= i) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+// A warp copies `bytes` (a multiple of 16) from src to dst, four vectors in
+// flight per lane.
+__device__ __forceinline__ void ep_copy_row(char *dst, const char *src, int64_t bytes, int lane) {
+  const uint4 *s = reinterpret_cast<const uint4 *>(src);
+  uint4 *d = reinterpret_cast<uint4 *>(dst);
+  const int64_t nv = bytes / 16;
+  for (int64_t v0 = lane; v0 < nv; v0 += 128) {
+    uint4 r[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+      if (v0 + 32 * u < nv) r[u] = s[v0 + 32 * u];
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+      if (v0 + 32 * u < nv) d[v0 + 32 * u] = r[u];
+  }
+}
+
+// A warp copies n 32-bit words.
+__device__ __forceinline__ void ep_copy_words(uint32_t *dst, const uint32_t *src, int64_t n, int lane) {
+  for (int64_t i = lane; i < n; i += 32) dst[i] = src[i];
+}
+
+// Launches, by the file that defines the kernels (nvcc instantiates a
+// template where it is defined); smem: dynamic shared memory bytes.
+int ep_launch_dispatch(const dl_ep_args_t *a, void *stream, int64_t smem);
+int ep_launch_combine(const dl_ep_args_t *a, void *stream, int64_t smem);
+
+#endif

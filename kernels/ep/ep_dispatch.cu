@@ -1,0 +1,364 @@
+/*
+ * ep_dispatch.cu — the dispatch kernels of the expert-parallel buffer
+ * (layout, message formats and protocol: kernels/ep/ep.h), and the launcher
+ * of all four phases, dl_ep_cuda.
+ *
+ *   ep_dispatch_send_kernel   block b owns a contiguous chunk of tokens. Its
+ *       routing, without atomics across blocks: every block counts the
+ *       selections per expert and the tokens per rank of the tokens before
+ *       its chunk (a scan of topk_idx in shared memory), then warp 0 walks
+ *       the chunk in order, lane = k, giving each selection its slot at the
+ *       destination rank and its position among this rank's tokens for the
+ *       expert (so rows come out ordered by token, and cpu and cuda agree).
+ *       Then one warp per message writes the header and the payload straight
+ *       into the receiver's slot (16-byte vectors over NVLink; fp8: each
+ *       half-warp quantizes a group of 128 values with one scale). per_rank:
+ *       a message per (token, destination rank), its first selection's warp
+ *       sends it; per_expert: one per (token, k). The last block (its scan
+ *       and walk cover every token) writes the counts into every
+ *       receiver's control words; the last block to finish stores the epoch
+ *       into each receiver's disp_flag.
+ *   ep_dispatch_recv_kernel   waits for every source's disp_flag, then one
+ *       warp per message copies the payload (locally) into the outputs:
+ *       expert_major rows at the expert's offset for the source (prefix
+ *       sums of the counts) plus the position; rank_major row j of the
+ *       source with its expert ids and weights; and the row's origin (src)
+ *       for combine. The last block tells every source it read its epoch.
+ *
+ * Requirements: H a multiple of 8 (of 128 with fp8), K <= 24, at most 8
+ * ranks, blockDim a multiple of 32. Reference: kernels/ep/cpu/ep.c (the same
+ * arguments and routing, bit for bit), checked by spec/ep_spec.lua.
+ */
+#include "ep/ep_device.cuh"
+
+// ---- dispatch send ----------------------------------------------------------------
+
+// Shared memory of the send kernel: hist_e[E], hist_r[32], then per entry
+// (t, k) of the chunk: expert, slot, position, kmask.
+__host__ __device__ __forceinline__ int64_t ep_send_smem(int experts, int chunk, int topk) {
+  return 4 * ((int64_t)experts + 32 + 4 * (int64_t)chunk * topk);
+}
+
+// A warp writes token t's payload at p: bf16 as it is, or fp8 codes then
+// the scales (lanes 0-15 and 16-31 each quantize a group of 128 values).
+template <bool FP8>
+__device__ __forceinline__ void ep_send_payload(const dl_ep_args_t &a, int t, char *p, int lane) {
+  const int H = a.hidden;
+  const char *x = reinterpret_cast<const char *>(a.x) + (int64_t)t * H * 2;
+  if (!FP8) {
+    ep_copy_row(p, x, 2 * (int64_t)H, lane);
+    return;
+  }
+  const uint4 *src = reinterpret_cast<const uint4 *>(x);
+  uint2 *codes = reinterpret_cast<uint2 *>(p);
+  float *scales = reinterpret_cast<float *>(p + H);
+  const int nv = H / 8;
+  for (int base = 0; base < nv; base += 32) {
+    const int v = base + lane;
+    const bool in = v < nv;
+    uint4 r = make_uint4(0, 0, 0, 0);
+    if (in) r = src[v];
+    const uint32_t wd[4] = {r.x, r.y, r.z, r.w};
+    float f[8];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      f[2 * i] = dl_bf16_to_f32((uint16_t)(wd[i] & 0xffffu));
+      f[2 * i + 1] = dl_bf16_to_f32((uint16_t)(wd[i] >> 16));
+    }
+    float amax = DL_EP_FP8_AMIN;
+#pragma unroll
+    for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(f[i]));
+#pragma unroll
+    for (int d = 8; d >= 1; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(EP_FULL, amax, d));
+    const float inv = DL_EP_FP8_MAX / amax;
+    uint32_t lo = 0, hi = 0;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      lo |= (uint32_t)dl_f32_to_e4m3(f[i] * inv) << (8 * i);
+      hi |= (uint32_t)dl_f32_to_e4m3(f[4 + i] * inv) << (8 * i);
+    }
+    if (in) codes[v] = make_uint2(lo, hi);
+    if (in && (lane & 15) == 0) scales[v / 16] = amax / DL_EP_FP8_MAX;
+  }
+}
+
+template <bool FP8, bool PER_RANK>
+__global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_send_kernel(const dl_ep_args_t a) {
+  EP_SMEM(smem);
+  EP_SHARED(ep_block, blk);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, W = blockDim.x >> 5;
+  const int N = a.nranks, E = a.experts, L = a.local, K = a.topk, T = a.tokens, B = a.max_tokens;
+  const int C = T > 0 ? (T + (int)gridDim.x - 1) / (int)gridDim.x : 0;
+  const int t0 = min((int)blockIdx.x * C, T), t1 = min(t0 + C, T), CK = (t1 - t0) * K;
+  int *hist_e = smem, *hist_r = smem + E;
+  int *re = hist_r + 32, *rslot = re + C * K, *rpos = rslot + C * K;
+  uint32_t *rmask = reinterpret_cast<uint32_t *>(rpos + C * K);
+  for (int i = tid; i < E + 32; i += blockDim.x) smem[i] = 0;
+  // the receivers have read our previous messages
+  ep_begin(a, blk, dl_ep_disp_done, -1);
+  const uint32_t e = blk.epoch;
+
+  // counts of the tokens before our chunk
+  for (int t = tid; t < t0; t += blockDim.x) {
+    uint32_t ranks = 0;
+    for (int k = 0; k < K; k++) {
+      const int ev = a.idx[(int64_t)t * K + k];
+      if (ev < 0 || ev >= E) continue;
+      atomicAdd(&hist_e[ev], 1);
+      if (!(ranks >> (ev / L) & 1u)) atomicAdd(&hist_r[ev / L], 1);
+      ranks |= 1u << (ev / L);
+    }
+  }
+  __syncthreads();
+  // our chunk in token order: lane k reads the counts, then the first lane
+  // of each rank and of each expert advances them
+  if (warp == 0) {
+    for (int t = t0; t < t1; t++) {
+      const int raw = lane < K ? a.idx[(int64_t)t * K + lane] : -1;
+      const int ev = raw >= 0 && raw < E ? raw : -1;
+      if (lane < K && ev < 0 && raw != -1) ep_fail(a.status, a.phase, DL_EP_ERR_BAD_ID, (uint32_t)t, (uint32_t)lane, (uint32_t)raw, e);
+      const int q = ev >= 0 ? ev / L : -1;
+      uint32_t qmask = 0, emask = 0;
+      for (int j = 0; j < K; j++) {
+        const int ej = __shfl_sync(EP_FULL, ev, j);
+        if (ev >= 0 && ej >= 0 && ej / L == q) qmask |= 1u << j;
+        if (ev >= 0 && ej == ev) emask |= 1u << j;
+      }
+      const uint32_t below = (1u << lane) - 1u;
+      int slot = 0, pos = 0;
+      if (ev >= 0) {
+        slot = hist_r[q];
+        pos = hist_e[ev] + __popc(emask & below);
+      }
+      __syncwarp();
+      if (ev >= 0 && (qmask & below) == 0) hist_r[q] = slot + 1;
+      if (ev >= 0 && (emask & below) == 0) hist_e[ev] = pos + __popc(emask);
+      __syncwarp();
+      if (lane < K) {
+        const int i = (t - t0) * K + lane;
+        re[i] = ev;
+        rslot[i] = slot;
+        rpos[i] = pos;
+        rmask[i] = qmask;
+      }
+    }
+  }
+  __syncthreads();
+  // the owner's copy of the routing, for combine
+  for (int i = tid; i < CK; i += blockDim.x) {
+    a.hidx[(int64_t)t0 * K + i] = re[i];
+    a.hw[(int64_t)t0 * K + i] = a.w[(int64_t)t0 * K + i];
+  }
+  // the messages, a warp each
+  for (int i = warp; blk.ok && i < CK; i += W) {
+    const int ev = re[i], k = i % K, t = t0 + i / K;
+    const uint32_t km = rmask[i];
+    if (ev < 0 || (PER_RANK && (km & ((1u << k) - 1u)))) continue;
+    const int q = ev / L, le = ev % L;
+    char *msg = ep_buf(a, q) + a.drecv_off +
+                (PER_RANK ? (int64_t)a.rank * B + rslot[i] : ((int64_t)le * N + a.rank) * B + rpos[i]) * a.msg_d;
+    for (int j = lane; j < a.hdr / 4; j += 32) {
+      uint32_t v = 0;
+      if (j == 0) {
+        v = (uint32_t)t;
+      } else if (PER_RANK) {
+        const int kk = (j - 1) >> 1, ik = i - k + kk;
+        if (kk < K) {
+          const bool on = re[ik] >= 0 && re[ik] / L == q;
+          if ((j - 1) & 1) v = on ? dl_f32_bits(a.w[(int64_t)t * K + kk]) : 0u;
+          else v = on ? ((uint32_t)(re[ik] % L) & 0xffffu) | ((uint32_t)rpos[ik] << 16) : 0xffffu;
+        }
+      } else {
+        v = j == 1 ? (uint32_t)rslot[i] : j == 2 ? ((uint32_t)k | km << 8) : dl_f32_bits(a.w[(int64_t)t * K + k]);
+      }
+      reinterpret_cast<uint32_t *>(msg)[j] = v;
+    }
+    ep_send_payload<FP8>(a, t, msg + a.hdr, lane);
+  }
+  // the last block's counts cover every token: each receiver's counts from us
+  if (blockIdx.x == gridDim.x - 1 && blk.ok)
+    for (int i = tid; i < N * L + N; i += blockDim.x) {
+      if (i < N * L) ep_ctrl(a, i / L)[dl_ep_cnt(N, L, a.rank, i % L)] = (uint32_t)hist_e[i];
+      else ep_ctrl(a, i - N * L)[dl_ep_ntok(N, a.rank)] = (uint32_t)hist_r[i - N * L];
+    }
+  ep_finish(a, blk, dl_ep_disp_flag);
+}
+
+// ---- dispatch receive ----------------------------------------------------------------
+
+// Shared memory of the receive kernel: cnt[N][L], the message prefix sums
+// (E + 1, or N + 1), ntok[N] and the scan's 32.
+__host__ __device__ __forceinline__ int64_t ep_recv_smem(int nranks, int experts) {
+  return 4 * (2 * (int64_t)experts + 2 * (int64_t)nranks + 2 + 32);
+}
+
+// A warp copies a message's payload into output row `row` (and its scales).
+template <bool FP8>
+__device__ __forceinline__ void ep_store_row(const dl_ep_args_t &a, const char *payload, int64_t row, int lane) {
+  const int64_t rb = FP8 ? a.hidden : 2 * (int64_t)a.hidden;
+  ep_copy_row(reinterpret_cast<char *>(a.rx) + row * rb, payload, rb, lane);
+  if (FP8) {
+    const int G = a.hidden / DL_EP_FP8_GROUP;
+    ep_copy_words(reinterpret_cast<uint32_t *>(a.rscales) + row * G,
+                  reinterpret_cast<const uint32_t *>(payload + a.hidden), G, lane);
+  }
+}
+
+template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR>
+__global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_recv_kernel(const dl_ep_args_t a) {
+  EP_SMEM(smem);
+  EP_SHARED(ep_block, blk);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, W = blockDim.x >> 5;
+  const int N = a.nranks, L = a.local, K = a.topk, B = a.max_tokens, NL = N * L;
+  int *cnt = smem, *pre = cnt + NL, *ntok = pre + NL + 1, *tmp = ntok + N;
+  ep_begin(a, blk, dl_ep_disp_flag, 0);
+  const uint32_t *self = ep_ctrl(a, a.rank);
+  for (int i = tid; i < NL; i += blockDim.x) {
+    const int s = i % N, le = i / N; // cnt[le * N + s]: expert-major order
+    cnt[i] = (int)ep_ld_volatile(self + dl_ep_cnt(N, L, s, le));
+  }
+  for (int s = tid; s < N; s += blockDim.x) ntok[s] = (int)ep_ld_volatile(self + dl_ep_ntok(N, s));
+  __syncthreads();
+  if (PER_RANK) ep_scan(ntok, N, pre, tmp);
+  else ep_scan(cnt, NL, pre, tmp);
+  if (blockIdx.x == 0) {
+    if (EXPERT_MAJOR)
+      for (int le = tid; le < L; le += blockDim.x) {
+        int sum = 0;
+        for (int s = 0; s < N; s++) sum += cnt[le * N + s];
+        a.rcounts[le] = sum;
+      }
+    else
+      for (int s = tid; s < N; s += blockDim.x) a.rcounts[s] = ntok[s];
+  }
+  const int64_t total = PER_RANK ? pre[N] : pre[NL];
+  const char *region = ep_buf(a, a.rank) + a.drecv_off;
+  for (int64_t i = (int64_t)blockIdx.x * W + warp; blk.ok && i < total; i += (int64_t)gridDim.x * W) {
+    if (PER_RANK) {
+      const int s = ep_group_of(pre, N, i), j = (int)(i - pre[s]);
+      const char *msg = region + ((int64_t)s * B + j) * a.msg_d;
+      const uint32_t *h = reinterpret_cast<const uint32_t *>(msg);
+      const int t = (int)h[0];
+      int le = -1, pos = 0;
+      float w = 0.0f;
+      if (lane < K) {
+        le = (int16_t)(h[1 + 2 * lane] & 0xffffu);
+        pos = (int)(h[1 + 2 * lane] >> 16);
+        w = dl_bits_f32(h[2 + 2 * lane]);
+      }
+      const uint32_t here = __ballot_sync(EP_FULL, le >= 0);
+      if (EXPERT_MAJOR) {
+        int64_t row = 0;
+        if (le >= 0) {
+          int off = 0; // rows of expert le from sources before s
+          for (int r = 0; r < s; r++) off += cnt[le * N + r];
+          row = (int64_t)le * N * B + off + pos;
+          a.rsrc[row * 2] = t;
+          a.rsrc[row * 2 + 1] = dl_ep_src_pack(s, lane, le);
+        }
+        for (uint32_t m = here; m; m &= m - 1) {
+          const int k = __ffs(m) - 1;
+          ep_store_row<FP8>(a, msg + a.hdr, __shfl_sync(EP_FULL, row, k), lane);
+        }
+      } else {
+        const int64_t row = (int64_t)s * B + j;
+        if (lane < K) {
+          a.rids[row * K + lane] = le;
+          a.rweights[row * K + lane] = le >= 0 ? w : 0.0f;
+        }
+        const int kf = here ? __ffs(here) - 1 : 0;
+        const int lef = __shfl_sync(EP_FULL, le, kf);
+        if (lane == 0) {
+          a.rsrc[row * 2] = t;
+          a.rsrc[row * 2 + 1] = dl_ep_src_pack(s, kf, lef);
+        }
+        ep_store_row<FP8>(a, msg + a.hdr, row, lane);
+      }
+    } else {
+      const int g = ep_group_of(pre, NL, i), le = g / N, s = g % N, j = (int)(i - pre[g]);
+      const char *msg = region + ((int64_t)g * B + j) * a.msg_d;
+      const uint32_t *h = reinterpret_cast<const uint32_t *>(msg);
+      const int t = (int)h[0], row_q = (int)h[1], k = (int)(h[2] & 0xffu);
+      const uint32_t kmask = h[2] >> 8;
+      if (EXPERT_MAJOR) {
+        const int64_t row = (int64_t)le * N * B + (pre[g] - pre[le * N]) + j;
+        if (lane == 0) {
+          a.rsrc[row * 2] = t;
+          a.rsrc[row * 2 + 1] = dl_ep_src_pack(s, k, le);
+        }
+        ep_store_row<FP8>(a, msg + a.hdr, row, lane);
+      } else {
+        const int64_t row = (int64_t)s * B + row_q;
+        if ((kmask & ((1u << k) - 1u)) == 0) { // the token's first selection here owns the row
+          if (lane < K && !(kmask >> lane & 1u)) {
+            a.rids[row * K + lane] = -1;
+            a.rweights[row * K + lane] = 0.0f;
+          }
+          if (lane == 0) {
+            a.rsrc[row * 2] = t;
+            a.rsrc[row * 2 + 1] = dl_ep_src_pack(s, k, le);
+          }
+          ep_store_row<FP8>(a, msg + a.hdr, row, lane);
+        }
+        if (lane == 0) {
+          a.rids[row * K + k] = le;
+          a.rweights[row * K + k] = dl_bits_f32(h[3]);
+        }
+      }
+    }
+  }
+  ep_finish(a, blk, dl_ep_disp_done);
+}
+
+// ---- launchers ---------------------------------------------------------------------
+
+typedef void (*ep_kernel_t)(const dl_ep_args_t);
+
+template <bool FP8, bool PER_RANK> static ep_kernel_t recv_kernel(int expert_major) {
+  return expert_major ? ep_dispatch_recv_kernel<FP8, PER_RANK, true> : ep_dispatch_recv_kernel<FP8, PER_RANK, false>;
+}
+
+static ep_kernel_t dispatch_kernel(const dl_ep_args_t *a) {
+  const int em = a->output == DL_EP_EXPERT_MAJOR, pr = a->layout == DL_EP_PER_RANK;
+  if (a->phase == DL_EP_DISPATCH_SEND)
+    return a->fp8 ? (pr ? ep_dispatch_send_kernel<true, true> : ep_dispatch_send_kernel<true, false>)
+                  : (pr ? ep_dispatch_send_kernel<false, true> : ep_dispatch_send_kernel<false, false>);
+  return a->fp8 ? (pr ? recv_kernel<true, true>(em) : recv_kernel<true, false>(em))
+                : (pr ? recv_kernel<false, true>(em) : recv_kernel<false, false>(em));
+}
+
+// One grid of k, with the shared memory it needs (above 48 KiB by opting in).
+static int go(ep_kernel_t k, const dl_ep_args_t *a, void *stream, int64_t smem, const char *name) {
+#ifndef DL_EP_EMU
+  if (smem > 48 * 1024) DL_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+#endif
+  k<<<a->blocks, a->threads, (size_t)smem, (cudaStream_t)stream>>>(*a);
+  DL_CUDA_CHECK_LAUNCH(name);
+  return DL_OK;
+}
+
+int ep_launch_dispatch(const dl_ep_args_t *a, void *stream, int64_t smem) {
+  return go(dispatch_kernel(a), a, stream, smem,
+            a->phase == DL_EP_DISPATCH_SEND ? "ep_dispatch_send_kernel" : "ep_dispatch_recv_kernel");
+}
+
+extern "C" int64_t dl_ep_cuda_smem(const dl_ep_args_t *a) {
+  const int groups = a->output == DL_EP_EXPERT_MAJOR ? a->local : a->nranks;
+  switch (a->phase) {
+  case DL_EP_DISPATCH_SEND:
+    return ep_send_smem(a->experts, a->tokens > 0 ? (a->tokens + a->blocks - 1) / a->blocks : 0, a->topk);
+  case DL_EP_DISPATCH_RECV: return ep_recv_smem(a->nranks, a->experts);
+  case DL_EP_COMBINE_SEND: return 4 * ((int64_t)2 * groups + 1 + 32);
+  default: return 0;
+  }
+}
+
+extern "C" int dl_ep_cuda(const dl_ep_args_t *a, void *stream) {
+  if (a->blocks < 1 || a->blocks > DL_EP_MAX_BLOCKS || a->threads < 32 || a->threads % 32 ||
+      a->threads > DL_EP_THREADS || a->nranks < 1 || a->nranks > DL_SIGNAL_MAX_RANKS || a->topk > DL_EP_MAX_TOPK)
+    return DL_ERR(DL_EINVAL, "ep: bad launch shape (%d blocks of %d threads, %d ranks, topk %d)", a->blocks,
+                  a->threads, a->nranks, a->topk);
+  const int64_t smem = dl_ep_cuda_smem(a);
+  if (a->phase == DL_EP_DISPATCH_SEND || a->phase == DL_EP_DISPATCH_RECV) return ep_launch_dispatch(a, stream, smem);
+  return ep_launch_combine(a, stream, smem);
+}
