@@ -19,7 +19,8 @@
  *       receiver's control words; the last block to finish stores the epoch
  *       into each receiver's disp_flag.
  *   ep_dispatch_recv_kernel   waits for every source's disp_flag, then one
- *       warp per message copies the payload (locally) into the outputs:
+ *       warp per message (per_rank with expert_major: per message and
+ *       selection) copies the payload (locally) into the outputs:
  *       expert_major rows at the expert's offset for the source (prefix
  *       sums of the counts) plus the position; rank_major row j of the
  *       source with its expert ids and weights; and the row's origin (src)
@@ -233,34 +234,46 @@ __global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_recv_kernel(const d
   }
   const int64_t total = PER_RANK ? pre[N] : pre[NL];
   const char *region = ep_buf(a, a.rank) + a.drecv_off;
-  for (int64_t i = (int64_t)blockIdx.x * W + warp; blk.ok && i < total; i += (int64_t)gridDim.x * W) {
+  if (PER_RANK && EXPERT_MAJOR) {
+    // A warp per (message, k): a message brings one payload for each of its selections
+    // here, and one warp per message wrote them one after another (at B = 32 on 2 ranks,
+    // 1.42x per_expert's dispatch, whose K messages go to K warps at once). Warp i of the
+    // grid takes selection k = i % K of message i / K; a k that is not here costs a read
+    // of one header word.
+    for (int64_t i = (int64_t)blockIdx.x * W + warp; blk.ok && i < total * K; i += (int64_t)gridDim.x * W) {
+      const int64_t mi = i / K;
+      const int k = (int)(i % K);
+      const int s = ep_group_of(pre, N, mi), j = (int)(mi - pre[s]);
+      const char *msg = region + ((int64_t)s * B + j) * a.msg_d;
+      const uint32_t *h = reinterpret_cast<const uint32_t *>(msg);
+      const uint32_t e = h[1 + 2 * k];
+      const int le = (int16_t)(e & 0xffffu);
+      if (le < 0) continue;
+      int off = 0; // rows of expert le from sources before s
+      for (int r = 0; r < s; r++) off += cnt[le * N + r];
+      const int64_t row = (int64_t)le * N * B + off + (int)(e >> 16);
+      if (lane == 0) {
+        a.rsrc[row * 2] = (int)h[0];
+        a.rsrc[row * 2 + 1] = dl_ep_src_pack(s, k, le);
+      }
+      ep_store_row<FP8>(a, msg + a.hdr, row, lane);
+    }
+  }
+  for (int64_t i = (int64_t)blockIdx.x * W + warp; !(PER_RANK && EXPERT_MAJOR) && blk.ok && i < total;
+       i += (int64_t)gridDim.x * W) {
     if (PER_RANK) {
       const int s = ep_group_of(pre, N, i), j = (int)(i - pre[s]);
       const char *msg = region + ((int64_t)s * B + j) * a.msg_d;
       const uint32_t *h = reinterpret_cast<const uint32_t *>(msg);
       const int t = (int)h[0];
-      int le = -1, pos = 0;
+      int le = -1;
       float w = 0.0f;
       if (lane < K) {
         le = (int16_t)(h[1 + 2 * lane] & 0xffffu);
-        pos = (int)(h[1 + 2 * lane] >> 16);
         w = dl_bits_f32(h[2 + 2 * lane]);
       }
       const uint32_t here = __ballot_sync(EP_FULL, le >= 0);
-      if (EXPERT_MAJOR) {
-        int64_t row = 0;
-        if (le >= 0) {
-          int off = 0; // rows of expert le from sources before s
-          for (int r = 0; r < s; r++) off += cnt[le * N + r];
-          row = (int64_t)le * N * B + off + pos;
-          a.rsrc[row * 2] = t;
-          a.rsrc[row * 2 + 1] = dl_ep_src_pack(s, lane, le);
-        }
-        for (uint32_t m = here; m; m &= m - 1) {
-          const int k = __ffs(m) - 1;
-          ep_store_row<FP8>(a, msg + a.hdr, __shfl_sync(EP_FULL, row, k), lane);
-        }
-      } else {
+      { // rank_major: row j of source s (expert_major took the loop above)
         const int64_t row = (int64_t)s * B + j;
         if (lane < K) {
           a.rids[row * K + lane] = le;

@@ -14,7 +14,8 @@
 #   cp       cp_bench.lua at CP = N (issue 23) on the attention backends CP_BACKENDS
 #            (default "cudnn"; "ours,cudnn" for both), S_total CP_S (16k,64k,128k),
 #            CP_ITERS (20) repeats -> $OUT/cp-bench-<gpu>x<N>[-TAG].{md,csv} (CP_TAG);
-#   ep       ep_bench.lua (issue 20, where experiments/ep/ exists) with its PyTorch
+#   ep       spec/ep_spec.lua's #multigpu specs, one rank a GPU, then
+#            ep_bench.lua (issue 20, where experiments/ep/ exists) with its PyTorch
 #            baseline (ep_bench_torch.py under torchrun), EP_ARGS passed on
 #            -> $OUT/ep-bench-<gpu>x<N>.{md,csv}.
 # STEPS picks them (default "ag_gemm gemm_rs cp ep"); the build always runs. Results
@@ -68,6 +69,10 @@ if want cp; then
 fi
 
 if want ep && [ -f experiments/ep/ep_bench.lua ]; then
+  # correctness first, one rank a GPU: the specs ep.sh runs with ranks sharing one GPU
+  DISTLAB_SPEC_RANKS=$N step "ep_spec #multigpu ($N ranks, a GPU each)" 150 "$L/ep-spec.log" \
+    ./distlab test --tags=multigpu spec/ep_spec.lua
+  grep -E "^(FAIL|ERROR)|passed," "$L/ep-spec.log" | head -12 | tee -a "$SUM"
   step "ep PyTorch baseline ($N ranks)" 120 "$L/ep-torch.log" "$PY" -m torch.distributed.run \
     --nproc_per_node "$N" --master_port "$((port + 1))" experiments/ep/ep_bench_torch.py "$L/ep-torch.csv" ${EP_TORCH_ARGS:-}
   step "ep_bench ($N ranks)" 240 "$L/ep-bench.log" ./distlab run -n "$N" --device cuda experiments/ep/ep_bench.lua \
