@@ -94,6 +94,37 @@ def check_rows(c, full, b, world):
     return "ok"
 
 
+def run_cases(cases, m, flops, args, world, rank, cpu_group, writer, out, about):
+    """Each (impl, fn, skip, check) of an m: a first call on every rank, the timing (collective) only
+    where all of them worked, then check(fn's result) -> status; every rank's status merged (the
+    first that is not ok); one CSV row on rank 0."""
+    for impl, fn, skip, check in cases:
+        ms, status = float("nan"), skip
+        if not skip:
+            try:
+                fn()
+                torch.cuda.synchronize()
+            except Exception as e:
+                status = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
+            worked = torch.tensor([0 if status else 1], dtype=torch.int32)
+            dist.all_reduce(worked, op=dist.ReduceOp.MIN, group=cpu_group)
+            if worked.item():
+                ms = time_ms(fn, args.iters, cpu_group, args.warm_ms)
+                status = check(fn())
+            elif not status:
+                status = "failed on another rank"
+        flags = torch.tensor([0 if status == "ok" or status.startswith("skipped") else 1], dtype=torch.int32)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=cpu_group)
+        if flags.item() and status == "ok":
+            status = "failed on another rank"
+        tf = flops / (ms * 1e-3) / 1e12 if ms == ms else float("nan")
+        if writer:
+            writer.writerow([impl, m, args.k, args.n, world, f"{ms:.4f}", f"{tf:.2f}", status, about])
+            out.flush()
+        if rank == 0:
+            print(f"m={m:6d} {impl:<18} {ms:9.3f} ms {tf:8.1f} TFLOP/s {status}", flush=True)
+
+
 def run_rs(m, args, rank, world, dtype, fused, fused_err, shared, group_name, cpu_group, writer, out, about):
     """GEMM + reduce-scatter at m rows: every rank draws the whole A and B (the same numbers),
     keeps its columns of A and rows of B; C is its m/d rows of A @ B."""
@@ -115,45 +146,18 @@ def run_rs(m, args, rank, world, dtype, fused, fused_err, shared, group_name, cp
                 return f"row {r + 1}: normwise error {err:.3g}"
         return "ok"
 
+    def check_local(_):  # the local product alone: its first row against fp32
+        ref = a[:1].float() @ b.float()
+        err = ((partial[:1].float() - ref).norm() / ref.norm()).item()
+        return "ok" if err <= 2 ** -7 else f"row 1: normwise error {err:.3g}"
+
     cases = [
-        ("torch_matmul", lambda: torch.matmul(a, b, out=partial), ""),
+        ("torch_matmul", lambda: torch.matmul(a, b, out=partial), "", check_local),
         ("torch_matmul_nccl", lambda: (torch.matmul(a, b, out=partial), dist.reduce_scatter_tensor(c, partial)),
-         "skipped: ranks share a GPU (NCCL refuses two ranks on one device)" if shared else ""),
-        ("torch_fused", lambda: fused(a, b, "sum", 0, group_name), fused_err),
+         "skipped: ranks share a GPU (NCCL refuses two ranks on one device)" if shared else "", lambda _: check(c)),
+        ("torch_fused", lambda: fused(a, b, "sum", 0, group_name), fused_err, check),
     ]
-    for impl, fn, skip in cases:
-        ms, status = float("nan"), skip
-        if not skip:
-            try:
-                fn()
-                torch.cuda.synchronize()
-            except Exception as e:
-                status = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
-            worked = torch.tensor([0 if status else 1], dtype=torch.int32)
-            dist.all_reduce(worked, op=dist.ReduceOp.MIN, group=cpu_group)
-            if worked.item():
-                ms = time_ms(fn, args.iters, cpu_group, args.warm_ms)
-                res = fn()
-                if impl == "torch_fused":
-                    status = check(res)
-                elif impl == "torch_matmul_nccl":
-                    status = check(c)
-                else:  # the local product alone: its first row against fp32
-                    ref = a[:1].float() @ b.float()
-                    err = ((partial[:1].float() - ref).norm() / ref.norm()).item()
-                    status = "ok" if err <= 2 ** -7 else f"row 1: normwise error {err:.3g}"
-            elif not status:
-                status = "failed on another rank"
-        flags = torch.tensor([0 if status == "ok" or status.startswith("skipped") else 1], dtype=torch.int32)
-        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=cpu_group)
-        if flags.item() and status == "ok":
-            status = "failed on another rank"
-        tf = flops / (ms * 1e-3) / 1e12 if ms == ms else float("nan")
-        if writer:
-            writer.writerow([impl, m, args.k, args.n, world, f"{ms:.4f}", f"{tf:.2f}", status, about])
-            out.flush()
-        if rank == 0:
-            print(f"m={m:6d} {impl:<18} {ms:9.3f} ms {tf:8.1f} TFLOP/s {status}", flush=True)
+    run_cases(cases, m, flops, args, world, rank, cpu_group, writer, out, about)
 
 
 def main():
@@ -220,51 +224,24 @@ def main():
         gathered = torch.empty_like(full)
         flops = 2 * m * args.n * args.k
 
-        def fused_run():
-            return fused(a, [b], 0, group_name)
+        def check_fused(res):
+            got_a, (got_c,) = res
+            if not torch.equal(got_a, full):
+                return "the gathered A differs from the shards"
+            return check_rows(got_c, full, b, world)
+
+        def check_nccl(_):
+            if not torch.equal(gathered, full):
+                return "the gathered A differs from the shards"
+            return check_rows(c, full, b, world)
 
         cases = [
-            ("torch_matmul", lambda: torch.matmul(full, b, out=c), ""),
+            ("torch_matmul", lambda: torch.matmul(full, b, out=c), "", lambda _: check_rows(c, full, b, world)),
             ("torch_nccl_matmul", lambda: (dist.all_gather_into_tensor(gathered, a), torch.matmul(gathered, b, out=c)),
-             "skipped: ranks share a GPU (NCCL refuses two ranks on one device)" if shared else ""),
-            ("torch_fused", fused_run, fused_err),
+             "skipped: ranks share a GPU (NCCL refuses two ranks on one device)" if shared else "", check_nccl),
+            ("torch_fused", lambda: fused(a, [b], 0, group_name), fused_err, check_fused),
         ]
-        for impl, fn, skip in cases:
-            ms, status = float("nan"), skip
-            if not skip:
-                # a first call on every rank; the timing (collective) only where all of them worked
-                try:
-                    fn()
-                    torch.cuda.synchronize()
-                except Exception as e:
-                    status = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"
-                worked = torch.tensor([0 if status else 1], dtype=torch.int32)
-                dist.all_reduce(worked, op=dist.ReduceOp.MIN, group=cpu_group)
-                if worked.item():
-                    ms = time_ms(fn, args.iters, cpu_group, args.warm_ms)
-                    res = fn()
-                    if impl == "torch_fused":
-                        got_a, (got_c,) = res
-                        status = "ok" if torch.equal(got_a, full) else "the gathered A differs from the shards"
-                        if status == "ok":
-                            status = check_rows(got_c, full, b, world)
-                    elif impl == "torch_nccl_matmul" and not torch.equal(gathered, full):
-                        status = "the gathered A differs from the shards"
-                    else:
-                        status = check_rows(c, full, b, world)
-                elif not status:
-                    status = "failed on another rank"
-            # every rank's status: the first that is not ok
-            flags = torch.tensor([0 if status == "ok" or status.startswith("skipped") else 1], dtype=torch.int32)
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=cpu_group)
-            if flags.item() and status == "ok":
-                status = "failed on another rank"
-            tf = flops / (ms * 1e-3) / 1e12 if ms == ms else float("nan")
-            if writer:
-                writer.writerow([impl, m, args.k, args.n, world, f"{ms:.4f}", f"{tf:.2f}", status, about])
-                out.flush()
-            if rank == 0:
-                print(f"m={m:6d} {impl:<18} {ms:9.3f} ms {tf:8.1f} TFLOP/s {status}", flush=True)
+        run_cases(cases, m, flops, args, world, rank, cpu_group, writer, out, about)
         del a, b, full, c, gathered
         torch.cuda.empty_cache()
     if out:
