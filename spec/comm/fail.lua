@@ -81,6 +81,11 @@ U.report(function()
     if me == 0 then
       b:wait_flag(5, 1)
       b:check()
+    else
+      -- stay out of any wait until rank 0's flag wait has timed out: a barrier
+      -- with the same timeout would race it, and rank 1 giving up first makes
+      -- rank 0 report rank 1's exit instead of the flag
+      U.sleep(timeout + 1)
     end
     w:barrier()
   else
