@@ -52,6 +52,14 @@ describe("ep on cpu (shared memory)", function()
     assert.truthy(out:find("AFTER: %(no error%)"), out)
   end)
 
+  it("1 rank: an expert a token picked already is reported with the token, k and the id; the buffer goes on", function()
+    local rc, out = run(1, "cpu", "fail.lua", "repeat")
+    assert.equal(0, rc, out)
+    assert.truthy(out:find("ERR: [^\n]*topk_idx%[2%]%[1%] = 1 picks an expert that token 2 picked already %(a token's " ..
+      "top%-k experts must differ%); that selection was dropped"), out)
+    assert.truthy(out:find("AFTER: %(no error%)"), out)
+  end)
+
   it("2 ranks given different buffers: an error on every rank", function()
     local rc, out = run(2, "cpu", "fail.lua", "disagree")
     assert.equal(0, rc, out)
@@ -197,6 +205,13 @@ describe("ep on GPUs (DISTLAB_SPEC_RANKS ranks, sharing a GPU where there are fe
     local rc, out = run(1, "cuda", "fail.lua", "badid")
     assert.equal(0, rc, out)
     assert.truthy(out:find("ERR: [^\n]*topk_idx%[2%]%[1%] = 7 is not an expert id"), out)
+    assert.truthy(out:find("AFTER: %(no error%)"), out)
+  end)
+
+  it("1 rank: an expert a token picked already is reported by check()", function()
+    local rc, out = run(1, "cuda", "fail.lua", "repeat")
+    assert.equal(0, rc, out)
+    assert.truthy(out:find("ERR: [^\n]*topk_idx%[2%]%[1%] = 1 picks an expert that token 2 picked already"), out)
     assert.truthy(out:find("AFTER: %(no error%)"), out)
   end)
 end)

@@ -3,16 +3,18 @@
  * (layout, message formats and protocol: kernels/ep/ep.h).
  *
  *   ep_combine_send_kernel   on the experts' rank: once every owner has read
- *       our previous combine, one warp per output row (rows r < counts[g] of
- *       each expert, or source) sends y's row to its owner's slot: [k][t]
- *       (per_rank; rank_major rows to the token's first selection on this
- *       rank) or [e][t] (per_expert), 16-byte vectors over NVLink. The last
- *       block stores the epoch into every owner's comb_flag.
+ *       our previous combine, a warp per output row (rows r < counts[g] of
+ *       each expert, or source; at small B per segment of one) sends y's row
+ *       to its owner's slot: [k][t] (per_rank; rank_major rows to the
+ *       token's first selection on this rank) or [e][t] (per_expert),
+ *       16-byte vectors over NVLink. The last block stores the epoch into
+ *       every owner's comb_flag.
  *   ep_combine_recv_kernel   on the owner: waits for every rank's comb_flag,
- *       then one warp per token sums its slots in fp32, k by k with fmaf
- *       (expert_major: weighted by topk_weights; rank_major: the rows came
- *       weighted, one per rank), skipping ids of -1, and writes bf16. The
- *       last block tells every rank it read its epoch.
+ *       then a warp per token (at small B per segment of one) sums its slots
+ *       in fp32, k by k with fmaf (expert_major: weighted by topk_weights;
+ *       rank_major: the rows came weighted, one per rank), skipping ids of
+ *       -1, and writes bf16. The last block tells every rank it read its
+ *       epoch.
  *
  * Reference: kernels/ep/cpu/ep.c (the same sums in the same order).
  */
@@ -31,7 +33,10 @@ __global__ void __launch_bounds__(DL_EP_THREADS) ep_combine_send_kernel(const dl
   // the owners have read our previous combine
   ep_begin(a, blk, dl_ep_comb_done, -1);
   ep_scan(counts, groups, pre, tmp);
-  for (int64_t i = (int64_t)blockIdx.x * W + warp; blk.ok && i < pre[groups]; i += (int64_t)gridDim.x * W) {
+  const int64_t warps = (int64_t)gridDim.x * W, rows = pre[groups], nv = H / 8;
+  const ep_split sp = ep_split_rows(rows, warps, nv); // rows cut into segments (ep_device.cuh)
+  for (int64_t it = (int64_t)blockIdx.x * W + warp; blk.ok && it < rows * sp.segs; it += warps) {
+    const int64_t i = it / sp.segs, lo = 16 * (it % sp.segs) * sp.per, hi = min(16 * nv, lo + 16 * sp.per);
     const int g = ep_group_of(pre, groups, i);
     const int64_t row = g * per_group + (i - pre[g]);
     const int t = a.rsrc[row * 2];
@@ -39,7 +44,7 @@ __global__ void __launch_bounds__(DL_EP_THREADS) ep_combine_send_kernel(const dl
     const int s = (int)(p & 0xffu), k = (int)((p >> 8) & 0xffu), le = (int)(p >> 16);
     const int64_t slot = PER_RANK ? k : (int64_t)a.rank * a.local + le;
     char *dst = ep_buf(a, s) + a.crecv_off + (slot * B + t) * a.msg_c;
-    ep_copy_row(dst, reinterpret_cast<const char *>(a.y) + row * H * 2, 2 * (int64_t)H, lane);
+    ep_copy_row(dst + lo, reinterpret_cast<const char *>(a.y) + row * H * 2 + lo, hi - lo, lane);
   }
   ep_finish(a, blk, dl_ep_comb_flag);
 }
@@ -57,7 +62,11 @@ __global__ void __launch_bounds__(DL_EP_THREADS) ep_combine_recv_kernel(const dl
   const int K = a.topk, B = a.max_tokens, H = a.hidden, L = a.local;
   ep_begin(a, blk, dl_ep_comb_flag, 0);
   const char *region = ep_buf(a, a.rank) + a.crecv_off;
-  for (int t = blockIdx.x * W + warp; blk.ok && t < a.tokens; t += gridDim.x * W) {
+  const int64_t warps = (int64_t)gridDim.x * W, nv = H / 8;
+  const ep_split sp = ep_split_rows(a.tokens, warps, nv); // tokens cut into segments (ep_device.cuh)
+  for (int64_t it = (int64_t)blockIdx.x * W + warp; blk.ok && it < a.tokens * sp.segs; it += warps) {
+    const int t = (int)(it / sp.segs);
+    const int64_t lo = (it % sp.segs) * sp.per, hi = min(nv, lo + sp.per);
     // lane k: the slot of selection k and its weight; n of them, in k order
     const int id = lane < K ? a.hidx[(int64_t)t * K + lane] : -1;
     bool use = id >= 0;
@@ -78,8 +87,9 @@ __global__ void __launch_bounds__(DL_EP_THREADS) ep_combine_recv_kernel(const dl
     __syncwarp();
     const int n = __popc(m);
     uint4 *out = reinterpret_cast<uint4 *>(reinterpret_cast<char *>(a.out) + (int64_t)t * H * 2);
-    for (int v = lane; v < H / 8; v += 32) {
+    for (int64_t v = lo + lane; v < hi; v += 32) {
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll 4
       for (int j = 0; j < n; j++) {
         const uint4 y = sh.slots[warp][j][v];
         const float wj = sh.weights[warp][j];

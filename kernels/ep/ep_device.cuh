@@ -166,6 +166,27 @@ __device__ __forceinline__ int ep_group_of(const int *pre, int n, int64_t i) {
   return lo;
 }
 
+// Rows cut into segments for small calls. A warp that moves a whole row
+// (14 KB at H = 7168) alone waits for seven rounds of four vectors a lane,
+// and at small B most of the grid's warps sit idle: 17 us for one token on
+// 2 H200s, most of it one warp. So `items` rows of nv 16-byte vectors are
+// split over `warps` warps: segs segments of `per` vectors (a multiple of
+// 32, so every lane has work and fp8 groups of 16 vectors stay whole), at
+// most one segment per warp. Segment g covers [g * per, min(nv, (g + 1) * per)).
+struct ep_split {
+  int64_t segs, per;
+};
+
+__device__ __forceinline__ ep_split ep_split_rows(int64_t items, int64_t warps, int64_t nv) {
+  const int64_t most = nv > 32 ? (nv + 31) / 32 : 1;
+  int64_t s = items > 0 ? warps / items : 1;
+  s = s < 1 ? 1 : s > most ? most : s;
+  ep_split r;
+  r.per = ((nv + s - 1) / s + 31) / 32 * 32;
+  r.segs = nv > 0 ? (nv + r.per - 1) / r.per : 1;
+  return r;
+}
+
 // A warp copies `bytes` (a multiple of 16) from src to dst, four vectors in
 // flight per lane.
 __device__ __forceinline__ void ep_copy_row(char *dst, const char *src, int64_t bytes, int lane) {

@@ -10,21 +10,23 @@
  *       the chunk in order, lane = k, giving each selection its slot at the
  *       destination rank and its position among this rank's tokens for the
  *       expert (so rows come out ordered by token, and cpu and cuda agree).
- *       Then one warp per message writes the header and the payload straight
- *       into the receiver's slot (16-byte vectors over NVLink; fp8: each
- *       half-warp quantizes a group of 128 values with one scale). per_rank:
- *       a message per (token, destination rank), its first selection's warp
- *       sends it; per_expert: one per (token, k). The last block (its scan
- *       and walk cover every token) writes the counts into every
- *       receiver's control words; the last block to finish stores the epoch
- *       into each receiver's disp_flag.
- *   ep_dispatch_recv_kernel   waits for every source's disp_flag, then one
+ *       Then a warp per message (or per segment of one, where the block's
+ *       messages are fewer than its warps: ep_split_rows) writes the header
+ *       and the payload straight into the receiver's slot (16-byte vectors
+ *       over NVLink; fp8: each half-warp quantizes a group of 128 values
+ *       with one scale). per_rank: a message per (token, destination rank),
+ *       its first selection's warp sends it; per_expert: one per (token, k).
+ *       The last block (its scan and walk cover every token) writes the
+ *       counts into every receiver's control words; the last block to finish
+ *       stores the epoch into each receiver's disp_flag.
+ *   ep_dispatch_recv_kernel   waits for every source's disp_flag, then a
  *       warp per message (per_rank with expert_major: per message and
- *       selection) copies the payload (locally) into the outputs:
- *       expert_major rows at the expert's offset for the source (prefix
- *       sums of the counts) plus the position; rank_major row j of the
- *       source with its expert ids and weights; and the row's origin (src)
- *       for combine. The last block tells every source it read its epoch.
+ *       selection; at small B per segment of one) copies the payload
+ *       (locally) into the outputs: expert_major rows at the expert's offset
+ *       for the source (prefix sums of the counts) plus the position;
+ *       rank_major row j of the source with its expert ids and weights; and
+ *       the row's origin (src) for combine. The last block tells every
+ *       source it read its epoch.
  *
  * Requirements: H a multiple of 8 (of 128 with fp8), K <= 24, at most 8
  * ranks, blockDim a multiple of 32. Reference: kernels/ep/cpu/ep.c (the same
@@ -35,28 +37,29 @@
 // ---- dispatch send ----------------------------------------------------------------
 
 // Shared memory of the send kernel: hist_e[E], hist_r[32], then per entry
-// (t, k) of the chunk: expert, slot, position, kmask.
+// (t, k) of the chunk: expert, slot, position, kmask, and the list of the
+// entries that send a message.
 __host__ __device__ __forceinline__ int64_t ep_send_smem(int experts, int chunk, int topk) {
-  return 4 * ((int64_t)experts + 32 + 4 * (int64_t)chunk * topk);
+  return 4 * ((int64_t)experts + 32 + 5 * (int64_t)chunk * topk);
 }
 
-// A warp writes token t's payload at p: bf16 as it is, or fp8 codes then
-// the scales (lanes 0-15 and 16-31 each quantize a group of 128 values).
+// A warp writes vectors [lo, hi) of token t's payload at p (a vector: 8
+// values; lo a multiple of 32): bf16 as it is, or fp8 codes and the scales
+// of their groups (lanes 0-15 and 16-31 each quantize a group of 128 values).
 template <bool FP8>
-__device__ __forceinline__ void ep_send_payload(const dl_ep_args_t &a, int t, char *p, int lane) {
+__device__ __forceinline__ void ep_send_payload(const dl_ep_args_t &a, int t, char *p, int lane, int lo, int hi) {
   const int H = a.hidden;
   const char *x = reinterpret_cast<const char *>(a.x) + (int64_t)t * H * 2;
   if (!FP8) {
-    ep_copy_row(p, x, 2 * (int64_t)H, lane);
+    ep_copy_row(p + 16 * (int64_t)lo, x + 16 * (int64_t)lo, 16 * (int64_t)(hi - lo), lane);
     return;
   }
   const uint4 *src = reinterpret_cast<const uint4 *>(x);
   uint2 *codes = reinterpret_cast<uint2 *>(p);
   float *scales = reinterpret_cast<float *>(p + H);
-  const int nv = H / 8;
-  for (int base = 0; base < nv; base += 32) {
+  for (int base = lo; base < hi; base += 32) {
     const int v = base + lane;
-    const bool in = v < nv;
+    const bool in = v < hi;
     uint4 r = make_uint4(0, 0, 0, 0);
     if (in) r = src[v];
     const uint32_t wd[4] = {r.x, r.y, r.z, r.w};
@@ -94,7 +97,10 @@ __global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_send_kernel(const d
   int *hist_e = smem, *hist_r = smem + E;
   int *re = hist_r + 32, *rslot = re + C * K, *rpos = rslot + C * K;
   uint32_t *rmask = reinterpret_cast<uint32_t *>(rpos + C * K);
+  int *msgs = reinterpret_cast<int *>(rmask + C * K);
+  EP_SHARED(int, nmsg);
   for (int i = tid; i < E + 32; i += blockDim.x) smem[i] = 0;
+  if (tid == 0) nmsg = 0;
   // the receivers have read our previous messages
   ep_begin(a, blk, dl_ep_disp_done, -1);
   const uint32_t e = blk.epoch;
@@ -104,7 +110,9 @@ __global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_send_kernel(const d
     uint32_t ranks = 0;
     for (int k = 0; k < K; k++) {
       const int ev = a.idx[(int64_t)t * K + k];
-      if (ev < 0 || ev >= E) continue;
+      bool again = false;
+      for (int j = 0; j < k; j++) again |= a.idx[(int64_t)t * K + j] == ev;
+      if (ev < 0 || ev >= E || again) continue;
       atomicAdd(&hist_e[ev], 1);
       if (!(ranks >> (ev / L) & 1u)) atomicAdd(&hist_r[ev / L], 1);
       ranks |= 1u << (ev / L);
@@ -116,7 +124,11 @@ __global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_send_kernel(const d
   if (warp == 0) {
     for (int t = t0; t < t1; t++) {
       const int raw = lane < K ? a.idx[(int64_t)t * K + lane] : -1;
-      const int ev = raw >= 0 && raw < E ? raw : -1;
+      int ev = raw >= 0 && raw < E ? raw : -1;
+      for (int j = 0; j < K; j++) { // an expert an earlier k picked is dropped (cpu/ep.c expert_of)
+        const int rj = __shfl_sync(EP_FULL, raw, j);
+        if (j < lane && rj == raw) ev = -1;
+      }
       if (lane < K && ev < 0 && raw != -1) ep_fail(a.status, a.phase, DL_EP_ERR_BAD_ID, (uint32_t)t, (uint32_t)lane, (uint32_t)raw, e);
       const int q = ev >= 0 ? ev / L : -1;
       uint32_t qmask = 0, emask = 0;
@@ -142,6 +154,12 @@ __global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_send_kernel(const d
         rpos[i] = pos;
         rmask[i] = qmask;
       }
+      // the entries that send: per_rank a token's first selection on each rank
+      const uint32_t sends = __ballot_sync(EP_FULL, ev >= 0 && (!PER_RANK || (qmask & below) == 0));
+      if (sends >> lane & 1u) msgs[nmsg + __popc(sends & below)] = (t - t0) * K + lane;
+      __syncwarp();
+      if (lane == 0) nmsg += __popc(sends);
+      __syncwarp();
     }
   }
   __syncthreads();
@@ -150,15 +168,19 @@ __global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_send_kernel(const d
     a.hidx[(int64_t)t0 * K + i] = re[i];
     a.hw[(int64_t)t0 * K + i] = a.w[(int64_t)t0 * K + i];
   }
-  // the messages, a warp each
-  for (int i = warp; blk.ok && i < CK; i += W) {
+  // the messages, cut into segments so that every warp of the block has one
+  // (the first segment's warp writes the header)
+  const int nm = nmsg;
+  const ep_split sp = ep_split_rows(nm, W, a.hidden / 8);
+  for (int64_t it = warp; blk.ok && it < nm * sp.segs; it += W) {
+    const int i = msgs[it / sp.segs], g = (int)(it % sp.segs);
     const int ev = re[i], k = i % K, t = t0 + i / K;
     const uint32_t km = rmask[i];
-    if (ev < 0 || (PER_RANK && (km & ((1u << k) - 1u)))) continue;
     const int q = ev / L, le = ev % L;
     char *msg = ep_buf(a, q) + a.drecv_off +
                 (PER_RANK ? (int64_t)a.rank * B + rslot[i] : ((int64_t)le * N + a.rank) * B + rpos[i]) * a.msg_d;
-    for (int j = lane; j < a.hdr / 4; j += 32) {
+    const int lo = (int)(g * sp.per), hi = (int)min((int64_t)a.hidden / 8, (g + 1) * sp.per);
+    for (int j = lane; g == 0 && j < a.hdr / 4; j += 32) {
       uint32_t v = 0;
       if (j == 0) {
         v = (uint32_t)t;
@@ -174,7 +196,7 @@ __global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_send_kernel(const d
       }
       reinterpret_cast<uint32_t *>(msg)[j] = v;
     }
-    ep_send_payload<FP8>(a, t, msg + a.hdr, lane);
+    ep_send_payload<FP8>(a, t, msg + a.hdr, lane, lo, hi);
   }
   // the last block's counts cover every token: each receiver's counts from us
   if (blockIdx.x == gridDim.x - 1 && blk.ok)
@@ -193,12 +215,20 @@ __host__ __device__ __forceinline__ int64_t ep_recv_smem(int nranks, int experts
   return 4 * (2 * (int64_t)experts + 2 * (int64_t)nranks + 2 + 32);
 }
 
-// A warp copies a message's payload into output row `row` (and its scales).
+// 16-byte vectors of an output row: bf16 values, or fp8 codes.
+template <bool FP8> __device__ __forceinline__ int64_t ep_row_vectors(const dl_ep_args_t &a) {
+  return FP8 ? a.hidden / 16 : a.hidden / 8;
+}
+
+// A warp copies segment g of a message's payload into output row `row`
+// (the first segment: and the row's scales).
 template <bool FP8>
-__device__ __forceinline__ void ep_store_row(const dl_ep_args_t &a, const char *payload, int64_t row, int lane) {
+__device__ __forceinline__ void ep_store_row(const dl_ep_args_t &a, const char *payload, int64_t row, int lane,
+                                             const ep_split &sp, int64_t g) {
   const int64_t rb = FP8 ? a.hidden : 2 * (int64_t)a.hidden;
-  ep_copy_row(reinterpret_cast<char *>(a.rx) + row * rb, payload, rb, lane);
-  if (FP8) {
+  const int64_t lo = 16 * g * sp.per, hi = min(rb, 16 * (g + 1) * sp.per);
+  ep_copy_row(reinterpret_cast<char *>(a.rx) + row * rb + lo, payload + lo, hi - lo, lane);
+  if (FP8 && g == 0) {
     const int G = a.hidden / DL_EP_FP8_GROUP;
     ep_copy_words(reinterpret_cast<uint32_t *>(a.rscales) + row * G,
                   reinterpret_cast<const uint32_t *>(payload + a.hidden), G, lane);
@@ -234,14 +264,18 @@ __global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_recv_kernel(const d
   }
   const int64_t total = PER_RANK ? pre[N] : pre[NL];
   const char *region = ep_buf(a, a.rank) + a.drecv_off;
+  // rows cut into segments where the messages are fewer than the grid's warps;
+  // a message's header words are written by its first segment's warp
+  const int64_t warps = (int64_t)gridDim.x * W, items = PER_RANK && EXPERT_MAJOR ? total * K : total;
+  const ep_split sp = ep_split_rows(items, warps, ep_row_vectors<FP8>(a));
   if (PER_RANK && EXPERT_MAJOR) {
     // A warp per (message, k): a message brings one payload for each of its selections
     // here, and one warp per message wrote them one after another (at B = 32 on 2 ranks,
     // 1.42x per_expert's dispatch, whose K messages go to K warps at once). Warp i of the
     // grid takes selection k = i % K of message i / K; a k that is not here costs a read
     // of one header word.
-    for (int64_t i = (int64_t)blockIdx.x * W + warp; blk.ok && i < total * K; i += (int64_t)gridDim.x * W) {
-      const int64_t mi = i / K;
+    for (int64_t it = (int64_t)blockIdx.x * W + warp; blk.ok && it < items * sp.segs; it += warps) {
+      const int64_t i = it / sp.segs, sg = it % sp.segs, mi = i / K;
       const int k = (int)(i % K);
       const int s = ep_group_of(pre, N, mi), j = (int)(mi - pre[s]);
       const char *msg = region + ((int64_t)s * B + j) * a.msg_d;
@@ -252,15 +286,16 @@ __global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_recv_kernel(const d
       int off = 0; // rows of expert le from sources before s
       for (int r = 0; r < s; r++) off += cnt[le * N + r];
       const int64_t row = (int64_t)le * N * B + off + (int)(e >> 16);
-      if (lane == 0) {
+      if (lane == 0 && sg == 0) {
         a.rsrc[row * 2] = (int)h[0];
         a.rsrc[row * 2 + 1] = dl_ep_src_pack(s, k, le);
       }
-      ep_store_row<FP8>(a, msg + a.hdr, row, lane);
+      ep_store_row<FP8>(a, msg + a.hdr, row, lane, sp, sg);
     }
   }
-  for (int64_t i = (int64_t)blockIdx.x * W + warp; !(PER_RANK && EXPERT_MAJOR) && blk.ok && i < total;
-       i += (int64_t)gridDim.x * W) {
+  for (int64_t it = (int64_t)blockIdx.x * W + warp; !(PER_RANK && EXPERT_MAJOR) && blk.ok && it < items * sp.segs;
+       it += warps) {
+    const int64_t i = it / sp.segs, sg = it % sp.segs;
     if (PER_RANK) {
       const int s = ep_group_of(pre, N, i), j = (int)(i - pre[s]);
       const char *msg = region + ((int64_t)s * B + j) * a.msg_d;
@@ -275,17 +310,17 @@ __global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_recv_kernel(const d
       const uint32_t here = __ballot_sync(EP_FULL, le >= 0);
       { // rank_major: row j of source s (expert_major took the loop above)
         const int64_t row = (int64_t)s * B + j;
-        if (lane < K) {
+        if (lane < K && sg == 0) {
           a.rids[row * K + lane] = le;
           a.rweights[row * K + lane] = le >= 0 ? w : 0.0f;
         }
         const int kf = here ? __ffs(here) - 1 : 0;
         const int lef = __shfl_sync(EP_FULL, le, kf);
-        if (lane == 0) {
+        if (lane == 0 && sg == 0) {
           a.rsrc[row * 2] = t;
           a.rsrc[row * 2 + 1] = dl_ep_src_pack(s, kf, lef);
         }
-        ep_store_row<FP8>(a, msg + a.hdr, row, lane);
+        ep_store_row<FP8>(a, msg + a.hdr, row, lane, sp, sg);
       }
     } else {
       const int g = ep_group_of(pre, NL, i), le = g / N, s = g % N, j = (int)(i - pre[g]);
@@ -295,25 +330,25 @@ __global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_recv_kernel(const d
       const uint32_t kmask = h[2] >> 8;
       if (EXPERT_MAJOR) {
         const int64_t row = (int64_t)le * N * B + (pre[g] - pre[le * N]) + j;
-        if (lane == 0) {
+        if (lane == 0 && sg == 0) {
           a.rsrc[row * 2] = t;
           a.rsrc[row * 2 + 1] = dl_ep_src_pack(s, k, le);
         }
-        ep_store_row<FP8>(a, msg + a.hdr, row, lane);
+        ep_store_row<FP8>(a, msg + a.hdr, row, lane, sp, sg);
       } else {
         const int64_t row = (int64_t)s * B + row_q;
         if ((kmask & ((1u << k) - 1u)) == 0) { // the token's first selection here owns the row
-          if (lane < K && !(kmask >> lane & 1u)) {
+          if (lane < K && !(kmask >> lane & 1u) && sg == 0) {
             a.rids[row * K + lane] = -1;
             a.rweights[row * K + lane] = 0.0f;
           }
-          if (lane == 0) {
+          if (lane == 0 && sg == 0) {
             a.rsrc[row * 2] = t;
             a.rsrc[row * 2 + 1] = dl_ep_src_pack(s, k, le);
           }
-          ep_store_row<FP8>(a, msg + a.hdr, row, lane);
+          ep_store_row<FP8>(a, msg + a.hdr, row, lane, sp, sg);
         }
-        if (lane == 0) {
+        if (lane == 0 && sg == 0) {
           a.rids[row * K + k] = le;
           a.rweights[row * K + k] = dl_bits_f32(h[3]);
         }

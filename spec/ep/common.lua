@@ -109,8 +109,9 @@ end
 
 -- Rank s's inputs of call `call` for config o ({B, H, E, K}) and routing
 -- `route`: "random" (distinct experts, about one in eight -1), "one_rank"
--- (every token's experts on one rank, (t + call) mod N), "none" (all -1),
--- "dup" (a token picks an expert twice). T: tokens (default from the call).
+-- (every token's experts on one rank, (t + call) mod N; -1 once its L
+-- experts are taken), "none" (all -1), "dup" (k = 2 repeats k = 1's
+-- expert, which the kernels drop and report). T: tokens (default from the call).
 function X.inputs(o, call, s, route, T)
   local rnd = lcg(call * 131 + s * 7 + 1)
   T = T or o.T or rnd(o.B + 1)
@@ -121,12 +122,12 @@ function X.inputs(o, call, s, route, T)
     local rank = (t + call) % X.N
     for k = 1, o.K do
       local e
-      if route == "none" or (route == "random" and rnd(8) == 0) then
+      if route == "none" or (route == "random" and rnd(8) == 0) or (route == "one_rank" and k > L) then
         e = -1
       else
         repeat
           e = route == "one_rank" and rank * L + rnd(L) or rnd(o.E)
-        until not taken[e] or (route == "one_rank" and L < o.K) or (route == "dup" and k == 2)
+        until not taken[e] or (route == "dup" and k == 2)
       end
       if route == "dup" and k == 2 then e = row[1] end
       if e >= 0 then taken[e] = true end
@@ -146,6 +147,25 @@ function X.inputs(o, call, s, route, T)
     xv[t] = r
   end
   return { T = T, idx = idx, w = w, x = x, xv = xv, s = s }
+end
+
+-- Whether a token of inputs `inp` picks one expert twice; with drop, those
+-- repeats become -1 in inp.idx (as the kernels drop them).
+function X.repeats(inp, drop)
+  local any = false
+  for t = 1, inp.T do
+    local row = inp.idx[t]
+    for k = 2, #row do
+      for j = 1, k - 1 do
+        if row[k] >= 0 and row[k] == row[j] then
+          any = true
+          if drop then row[k] = -1 end
+          break
+        end
+      end
+    end
+  end
+  return any
 end
 
 -- This rank's inputs as device tensors.

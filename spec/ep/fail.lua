@@ -5,6 +5,7 @@
 --             ep:check() reports it) naming the phase, rank 0 and peer 1;
 --             the buffer then refuses work
 --   badid     1 rank: an expert id >= E drops that selection and is reported
+--   repeat    1 rank: an expert a token picked already, the same
 --             once (the token, k and the id) by dispatch_send (cpu),
 --             dispatch_recv or check() (cuda); the next dispatch works
 --   args      1 rank: bad options and inputs, calls out of order, a stale
@@ -45,10 +46,15 @@ if mode == "timeout" then
   say("AFTER", ok2, err2)
   store:set("ep-fail-done", "")
   os.exit((not ok and not ok2) and 0 or 1)
-elseif mode == "badid" then
+elseif mode == "badid" or mode == "repeat" then
   local ep = X.buffer(o)
   local inp = X.inputs(o, 1, 0, "random", 4)
-  inp.idx[3][2] = o.E + 5
+  if mode == "badid" then
+    inp.idx[3][2] = o.E + 5
+  else -- token 2 picks its first expert again
+    inp.idx[3][1] = 1
+    inp.idx[3][2] = 1
+  end
   -- the id is reported once, by the call that sees the record: dispatch_send
   -- on cpu (the twin words it at the end of the call); on cuda the next
   -- call whose host side reads the record (dispatch_recv) or check(). Each

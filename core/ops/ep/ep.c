@@ -108,10 +108,18 @@ static int recorded_failure(dl_ep_t *ep) {
   const int phase = s->phase < 4 ? (int)s->phase : 0;
   describe(ep, phase, what, sizeof what);
   if (s->kind == DL_EP_ERR_BAD_ID) {
-    int rc = DL_ERR(DL_EINVAL,
-                    "%s, call %u: topk_idx[%u][%u] = %d is not an expert id (-1 or 0..%d); that "
-                    "selection was dropped",
-                    what, s->epoch, s->peer, s->expected, (int)s->seen, ep->cfg.experts - 1);
+    /* an id in range was recorded because an earlier k of the token picked it */
+    const int repeated = (int)s->seen >= 0 && (int)s->seen < ep->cfg.experts;
+    int rc = repeated
+                 ? DL_ERR(DL_EINVAL,
+                          "%s, call %u: topk_idx[%u][%u] = %d picks an expert that token %u "
+                          "picked already (a token's top-k experts must differ); that selection "
+                          "was dropped",
+                          what, s->epoch, s->peer, s->expected, (int)s->seen, s->peer)
+                 : DL_ERR(DL_EINVAL,
+                          "%s, call %u: topk_idx[%u][%u] = %d is not an expert id (-1 or 0..%d); "
+                          "that selection was dropped",
+                          what, s->epoch, s->peer, s->expected, (int)s->seen, ep->cfg.experts - 1);
     s->kind = 0;
     s->claim = 0; /* reported: the next failure may record itself */
     return rc;

@@ -4,12 +4,13 @@
 // the CPU twin (kernels/ep/cpu/ep.c, which spec/ep_spec.lua checks against
 // fp64 references) run on a world of its own with the same inputs.
 //
-//   ./emu_test [ranks] [calls per buffer] [seed]
+//   ./emu_test [ranks] [calls per buffer] [seed] [hidden 256] [threads 64]
 //
 // Every layout, output and dtype; per call each rank's T (0..B), routing
 // (random with -1 ids, all of a token's experts on one rank, no expert, an
-// expert picked twice) and data are new; calls run back to back with no
-// host synchronisation between ranks, some dispatched twice before their
+// expert picked twice: dropped and recorded) and data are new; calls run
+// back to back with no host synchronisation between ranks, some dispatched
+// twice before their
 // combine. Last, rank 1 skips a dispatch: rank 0's receive kernel must end
 // by itself and leave a record naming the phase and a rank that skipped it.
 #include <stdarg.h>
@@ -32,7 +33,10 @@ extern "C" int dl_set_error(int code, const char *file, int line, const char *fm
   return code;
 }
 
-enum { B = 16, H = 256, K = 3, BLOCKS = 3, THREADS = 64 };
+enum { B = 16, K = 3, BLOCKS = 3 };
+// hidden size and threads a block: at 1024 and 128 the kernels cut rows
+// into segments (ep_split_rows) whenever a call has few rows
+static int H = 256, THREADS = 64;
 
 struct rank_state {
   std::vector<char> buf; // the symmetric buffer (4 KiB aligned below)
@@ -166,6 +170,32 @@ static void experts(world &w, int q) {
 
 static std::atomic<int> failures{0};
 
+// Whether a token of rank q picks one expert twice (the kernels drop the
+// repeat and record it as a bad id, naming the expert).
+static bool repeats(const rank_state &s) {
+  for (int t = 0; t < s.T; t++)
+    for (int k = 1; k < K; k++)
+      for (int j = 0; j < k; j++)
+        if (s.idx[t * K + k] >= 0 && s.idx[t * K + k] == s.idx[t * K + j]) return true;
+  return false;
+}
+
+// After a dispatch: a record on exactly the ranks whose tokens repeat an
+// expert, naming one (as the host does, it is then cleared).
+static void check_record(world &w, int c) {
+  for (int q = 0; q < w.n; q++) {
+    dl_ep_status_t &st = w.r[q].status;
+    const bool want = repeats(w.r[q]);
+    const bool ok = want ? st.kind == DL_EP_ERR_BAD_ID && (int)st.seen >= 0 && (int)st.seen < w.E &&
+                               w.r[q].idx[st.peer * K + st.expected] == (int)st.seen
+                         : st.kind == 0;
+    if (!ok && failures++ < 12)
+      fprintf(stderr, "  rank %d call %d (%s): record kind %u (repeated expert: %s)\n", q, c,
+              w.emulated ? "emulated" : "twin", st.kind, want ? "yes" : "no");
+    st = dl_ep_status_t{};
+  }
+}
+
 static void expect(bool ok, const char *what, int q, int c, int64_t i) {
   if (!ok && failures++ < 12) fprintf(stderr, "  rank %d call %d: %s differs at %lld\n", q, c, what, (long long)i);
 }
@@ -201,6 +231,12 @@ static void compare_combine(world &a, world &b, int c) {
 int main(int argc, char **argv) {
   const int n = argc > 1 ? atoi(argv[1]) : 2, calls = argc > 2 ? atoi(argv[2]) : 12;
   const unsigned seed = argc > 3 ? (unsigned)atoi(argv[3]) : 1;
+  if (argc > 4) H = atoi(argv[4]);
+  if (argc > 5) THREADS = atoi(argv[5]);
+  if (H < 128 || H % 128 || THREADS < 32 || THREADS % 32 || THREADS > DL_EP_THREADS) {
+    fprintf(stderr, "usage: emu_test [ranks] [calls] [seed] [hidden, a multiple of 128] [threads, a multiple of 32]\n");
+    return 2;
+  }
   const int E = 2 * n;
   int total = 0;
   for (int combo = 0; combo < 8; combo++) {
@@ -221,6 +257,8 @@ int main(int argc, char **argv) {
           run(*w, DL_EP_DISPATCH_RECV);
         }
         compare_dispatch(emu, twin, c);
+        check_record(emu, c);
+        check_record(twin, c);
       }
       for (world *w : {&twin, &emu}) {
         for (int q = 0; q < n; q++) experts(*w, q);
@@ -243,6 +281,7 @@ int main(int argc, char **argv) {
     for (int q = 0; q < n; q++) inputs(w, q, 0, g);
     dl_ep_args_t a = args_of(w, 0, DL_EP_DISPATCH_SEND);
     dl_ep_cuda(&a, nullptr);
+    w.r[0].status = dl_ep_status_t{}; // a repeated expert's record, if the inputs had one
     a = args_of(w, 0, DL_EP_DISPATCH_RECV);
     dl_ep_cuda(&a, nullptr);
     const dl_ep_status_t &s = w.r[0].status;

@@ -79,9 +79,17 @@ typedef struct route {
   uint32_t kmask;
 } route_t;
 
+/* Selection k of token t: its expert, or -1 for an id of -1, one out of
+ * range, or an expert that an earlier k of the token picked already (a
+ * second row for one (token, expert) could overflow the B rows that every
+ * (expert, source) has in the receive slots and expert-major outputs). */
 static int expert_of(const dl_ep_args_t *a, int t, int k) {
-  const int e = a->idx[(int64_t)t * a->topk + k];
-  return e >= 0 && e < a->experts ? e : -1;
+  const int32_t *row = a->idx + (int64_t)t * a->topk;
+  const int e = row[k];
+  if (e < 0 || e >= a->experts) return -1;
+  for (int j = 0; j < k; j++)
+    if (row[j] == e) return -1;
+  return e;
 }
 
 /* hist_e / hist_r: selections per expert and tokens per rank of rows [0, t0)
@@ -106,7 +114,7 @@ static void route_chunk(const dl_ep_args_t *a, int t0, int t1, int *hist_e, int 
     for (int k = 0; k < K; k++) {
       const int raw = a->idx[(int64_t)t * K + k];
       r[k].e = expert_of(a, t, k);
-      if (r[k].e < 0 && raw != -1)
+      if (r[k].e < 0 && raw != -1) /* out of range, or repeated */
         record(a, DL_EP_ERR_BAD_ID, (uint32_t)t, (uint32_t)k, (uint32_t)raw, block, epoch);
     }
     /* every selection reads the counts before its row advances them, as the
