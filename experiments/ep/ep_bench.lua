@@ -53,6 +53,7 @@ local h = bench.harness {
     { "dtypes", "list", "bf16,fp8", "dispatch payloads", values = { "bf16", "fp8" } },
     { "paths", "list", "ep,a2av", "ep: distlab.ep; a2av: all_to_allv on the communicator", values = { "ep", "a2av" } },
     { "ops", "int", 10, "calls per graph" },
+    { "blocks", "int", 0, "grid of every ep kernel (0: the buffer's choice, a block an SM)" },
     { "replays", "int", on_gpu and 30 or 5, "timed replays" },
     { "torch", "string", nil, "ep_bench_torch.py's CSV from the same machine", meta = "T.csv" },
   },
@@ -154,7 +155,7 @@ local function dispatch_bytes(case, T) return T * K * (case.dtype == "fp8" and H
 local function run_ep(case)
   local T = case.B
   local ep = dl.ep.buffer { comm = w, max_tokens = case.B, hidden = H, experts = case.E, topk = K,
-    layout = case.layout, output = case.output, dtype = case.dtype }
+    layout = case.layout, output = case.output, dtype = case.dtype, blocks = opt.blocks > 0 and opt.blocks or nil }
   local idx_h, w_h, wk = routing(T, case.E, case.B * 1000 + case.E)
   local x = dl.randn({ T, H }, { dtype = "bf16", seed = me + 17, device = w.device })
   local idx, wts = idx_h:to(w.device), w_h:to(w.device)
@@ -301,7 +302,8 @@ local md = {
     "eager calls between events, as a plain MoE layer runs, its split sizes read on the host). Bandwidth as " ..
     "DeepEP counts it: selections x bytes per token / time. Published at 8 ranks on NVLink, B=128: DeepEP " ..
     "42.6 / 72.0 us (dispatch / combine, as Perplexity measured it), pplx-kernels 83.6 / 102.3 us (H100), " ..
-    "NCCL EP about 65 / 79 us (bf16 both ways, H100).", H, K, opt.replays, opt.ops),
+    "NCCL EP about 65 / 79 us (bf16 both ways, H100).%s", H, K, opt.replays, opt.ops,
+    opt.blocks > 0 and string.format(" Every ep kernel on a grid of %d blocks (--blocks).", opt.blocks) or ""),
   "",
   "| impl | path | B | E | layout | output | dtype | dispatch us | combine us | both us | dispatch GB/s | combine GB/s | buffer MiB | #wrong |",
   "|---|---|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|",

@@ -3,7 +3,7 @@
 // with their timeout and failure record, the end of a block (the last one
 // of the grid signals the peers), a block-wide exclusive scan, and the
 // row copies in 16-byte vectors. Protocol, layout and message formats:
-// kernels/ep/ep.h. Only the warp intrinsics __shfl*_sync, __ballot_sync,
+// kernels/ep/ep.h. Only the warp intrinsics __shfl*_sync, __ballot_sync, __match_any_sync,
 // __syncwarp, the block barrier, atomics and the signal-pad loads and
 // stores are used, so the CPU emulation in experiments/ep/emu runs these
 // files as they are.

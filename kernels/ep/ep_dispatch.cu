@@ -107,12 +107,16 @@ __global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_send_kernel(const d
 
   // counts of the tokens before our chunk
   for (int t = tid; t < t0; t += blockDim.x) {
-    uint32_t ranks = 0;
-    for (int k = 0; k < K; k++) {
+    uint32_t ranks = 0, seen = 0; // seen: the token's experts mod 32, so that only a
+    for (int k = 0; k < K; k++) { // possible repeat reads the earlier ids again
       const int ev = a.idx[(int64_t)t * K + k];
-      bool again = false;
-      for (int j = 0; j < k; j++) again |= a.idx[(int64_t)t * K + j] == ev;
-      if (ev < 0 || ev >= E || again) continue;
+      if (ev < 0 || ev >= E) continue;
+      if (seen >> (ev & 31) & 1u) {
+        bool again = false;
+        for (int j = 0; j < k; j++) again |= a.idx[(int64_t)t * K + j] == ev;
+        if (again) continue;
+      }
+      seen |= 1u << (ev & 31);
       atomicAdd(&hist_e[ev], 1);
       if (!(ranks >> (ev / L) & 1u)) atomicAdd(&hist_r[ev / L], 1);
       ranks |= 1u << (ev / L);
@@ -124,28 +128,22 @@ __global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_send_kernel(const d
   if (warp == 0) {
     for (int t = t0; t < t1; t++) {
       const int raw = lane < K ? a.idx[(int64_t)t * K + lane] : -1;
-      int ev = raw >= 0 && raw < E ? raw : -1;
-      for (int j = 0; j < K; j++) { // an expert an earlier k picked is dropped (cpu/ep.c expert_of)
-        const int rj = __shfl_sync(EP_FULL, raw, j);
-        if (j < lane && rj == raw) ev = -1;
-      }
+      const uint32_t below = (1u << lane) - 1u;
+      // an expert an earlier k picked is dropped (cpu/ep.c expert_of), so the
+      // lanes' experts differ: each lane owns its expert's count
+      const uint32_t same = __match_any_sync(EP_FULL, raw); // every lane, before any branch
+      const int ev = raw >= 0 && raw < E && !(same & below) ? raw : -1;
       if (lane < K && ev < 0 && raw != -1) ep_fail(a.status, a.phase, DL_EP_ERR_BAD_ID, (uint32_t)t, (uint32_t)lane, (uint32_t)raw, e);
       const int q = ev >= 0 ? ev / L : -1;
-      uint32_t qmask = 0, emask = 0;
-      for (int j = 0; j < K; j++) {
-        const int ej = __shfl_sync(EP_FULL, ev, j);
-        if (ev >= 0 && ej >= 0 && ej / L == q) qmask |= 1u << j;
-        if (ev >= 0 && ej == ev) emask |= 1u << j;
-      }
-      const uint32_t below = (1u << lane) - 1u;
+      const uint32_t qmask = __match_any_sync(EP_FULL, q) & (ev >= 0 ? ~0u : 0u); // the token's selections on q
       int slot = 0, pos = 0;
       if (ev >= 0) {
         slot = hist_r[q];
-        pos = hist_e[ev] + __popc(emask & below);
+        pos = hist_e[ev];
       }
       __syncwarp();
       if (ev >= 0 && (qmask & below) == 0) hist_r[q] = slot + 1;
-      if (ev >= 0 && (emask & below) == 0) hist_e[ev] = pos + __popc(emask);
+      if (ev >= 0) hist_e[ev] = pos + 1;
       __syncwarp();
       if (lane < K) {
         const int i = (t - t0) * K + lane;

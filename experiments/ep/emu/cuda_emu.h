@@ -128,6 +128,17 @@ static inline unsigned __ballot_sync(unsigned, int pred) {
   return m;
 }
 
+// The lanes whose v equals this lane's (every lane takes part).
+static inline unsigned __match_any_sync(unsigned, int v) {
+  emu_warp &w = emu_this_block->warps[threadIdx.x / 32];
+  w.vals[threadIdx.x % 32] = (uint64_t)(uint32_t)v;
+  w.sync.arrive(32);
+  unsigned m = 0;
+  for (int i = 0; i < 32; i++) m |= (unsigned)(w.vals[i] == (uint64_t)(uint32_t)v) << i;
+  w.sync.arrive(32);
+  return m;
+}
+
 #define EP_SMEM(name) int *name = reinterpret_cast<int *>(emu_this_block->dynamic.data())
 #define EP_SHARED(type, name) type &name = emu_shared<type>()
 template <typename T> static inline T &emu_shared() {
