@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Remote step on a one-GPU Hopper host (repo root as cwd) for issue 19's lab
+# kernel, experiments/lab/attn/hopper/fwd.cu (wgmma + TMA forward, bshd bf16,
+# d = 128), in one call:
+#   1. build for sm_90a (registers and spills into the summary);
+#   2. correctness first: b=1 h=2 at s 128..1024, then b=2 h=16 at s 4k (the
+#      bench shape), causal and not, against the fp64 reference on sampled
+#      rows, with a planted 2% error that must fail; stop here if it fails;
+#   3. compute-sanitizer memcheck and racecheck on b=1 h=2 s=256;
+#   4. timing at the bench's shapes (b=2 h=16, s 4k-32k), data checked after
+#      timing, and in the same call PyTorch's cuDNN and flash SDPA at those
+#      shapes (experiments/attn/attn_bench_torch.py, bshd).
+# Everything under $OUT (summary.txt, fwd-*.log, attn-torch-hopper.{md,csv}).
+set -uo pipefail
+OUT="${OUT:-/tmp/hopper-lab}"
+mkdir -p "$OUT"
+SUM="$OUT/summary.txt"
+: >"$SUM"
+say() { echo "$*" | tee -a "$SUM"; }
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$SUM"
+say "commit: ${DISTLAB_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+BIN="$OUT/hopper_fwd"
+nvcc -std=c++17 -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -o "$BIN" \
+  experiments/lab/attn/hopper/fwd.cu >"$OUT/build.log" 2>&1 || { say "build FAILED"; tail -20 "$OUT/build.log" | tee -a "$SUM"; exit 1; }
+grep -A2 "fwd_kernel" "$OUT/build.log" | grep -E "registers|spill" | tee -a "$SUM"
+SAN=compute-sanitizer
+command -v $SAN >/dev/null || SAN=/usr/local/cuda/bin/compute-sanitizer
+timeout 120 "$BIN" --check --b 1 --h 2 --s 128,256,384,1024 --iters 2 >"$OUT/fwd-small.log" 2>&1
+rc=$?
+tail -n +1 "$OUT/fwd-small.log" | tee -a "$SUM"
+[ $rc -eq 0 ] || { say "small check FAILED (rc $rc): stopping before any timing"; exit 1; }
+timeout 120 "$BIN" --check --s 4096 --iters 3 >"$OUT/fwd-4k.log" 2>&1 || { cat "$OUT/fwd-4k.log" | tee -a "$SUM"; say "4k check FAILED"; exit 1; }
+cat "$OUT/fwd-4k.log" | tee -a "$SUM"
+for tool in memcheck racecheck; do
+  timeout 300 $SAN --tool $tool --error-exitcode 9 "$BIN" --b 1 --h 2 --s 256 --iters 1 >"$OUT/san-$tool.log" 2>&1
+  say "compute-sanitizer $tool: rc $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/san-$tool.log" | head -1))"
+done
+timeout 300 "$BIN" --check --s 4096,8192,16384,32768 --iters 20 >"$OUT/fwd-bench.log" 2>&1
+say "bench rc $?"
+cat "$OUT/fwd-bench.log" | tee -a "$SUM"
+timeout 300 python3 experiments/attn/attn_bench_torch.py --layouts bshd --out "$OUT" --name attn-torch-hopper \
+  >"$OUT/torch.log" 2>&1
+say "PyTorch SDPA rc $?"
+grep -E "^\|" "$OUT/attn-torch-hopper.md" 2>/dev/null | head -20 | tee -a "$SUM"
