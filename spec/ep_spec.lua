@@ -85,7 +85,7 @@ describe("ep on cpu (shared memory)", function()
       ["recv first"] = "ep dispatch recv [^\n]*out of order: dispatch_recv needs a dispatch_send first",
       ["y shape"] = "ep combine: y %(shaped like recv.x, bf16%) must have shape %[2, 4, 128%], got %[4, 128%]",
       ["send twice"] = "ep dispatch send [^\n]*out of order: a dispatch_send or combine_send is waiting",
-      ["stale handle"] = "ep combine_send: the handle of dispatch 1 is stale: dispatch 3 reused the buffer's outputs",
+      ["stale handle"] = "ep combine: the handle of dispatch 1 is stale: dispatch 3 reused the buffer's outputs",
     }
     for name, msg in pairs(want) do
       local line = out:match("ERR " .. name:gsub("%p", "%%%0") .. ": ([^\n]*)")

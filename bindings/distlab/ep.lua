@@ -19,7 +19,8 @@
 --       sum over ranks.
 --   ep:dispatch_send(x, topk_idx, topk_weights) -> handle;  ep:dispatch_recv(handle) -> recv
 --   ep:combine_send(y, handle);  ep:combine_recv(handle[, out]) -> out
---       the two phases apart, so other work can run while the messages travel
+--       the two phases apart (two kernels on cuda), so other work can run while the
+--       messages travel; dispatch and combine run both in one kernel
 --   ep:bytes()   symmetric bytes per rank by part: dispatch_send, dispatch_recv,
 --                combine_send, combine_recv, signals, total; and outputs (the
 --                tensors above, not symmetric). The allocator charges each part to
@@ -158,6 +159,15 @@ end
 
 -- ---- dispatch and combine ----------------------------------------------------------------
 
+-- recv: the buffer's output tensors of the last dispatch
+local function received(self)
+  local t = self.tensors
+  if self.output == "expert_major" then
+    return { x = t.x, scales = t.scales, counts = t.counts }
+  end
+  return { x = t.x, scales = t.scales, counts = t.counts, expert_ids = t.expert_ids, weights = t.weights }
+end
+
 function Buffer:dispatch_send(x, topk_idx, topk_weights)
   local rc = C.dl_ep_dispatch_send(live(self), x, topk_idx, topk_weights, core.stream)
   -- a bad expert id on cpu fails the call after the tokens went out: the
@@ -178,15 +188,17 @@ end
 function Buffer:dispatch_recv(h)
   h = handle_of(self, h, "dispatch_recv")
   check(C.dl_ep_dispatch_recv(live(self), core.stream))
-  local t = self.tensors
-  if self.output == "expert_major" then
-    return { x = t.x, scales = t.scales, counts = t.counts }, h
-  end
-  return { x = t.x, scales = t.scales, counts = t.counts, expert_ids = t.expert_ids, weights = t.weights }, h
+  return received(self), h
 end
 
+
+-- send and receive in one launch (one kernel on cuda): what dispatch_send
+-- then dispatch_recv give, with one launch and one grid drain fewer
 function Buffer:dispatch(x, topk_idx, topk_weights)
-  return self:dispatch_recv(self:dispatch_send(x, topk_idx, topk_weights))
+  local rc = C.dl_ep_dispatch(live(self), x, topk_idx, topk_weights, core.stream)
+  self.calls = self:info().dispatches -- as dispatch_send: a bad id on cpu fails the call after it ran
+  check(rc)
+  return received(self), { ep = self, call = self.calls, tokens = tonumber(x.sz[0]) }
 end
 
 function Buffer:combine_send(y, h)
@@ -201,9 +213,12 @@ function Buffer:combine_recv(h, out)
   return out
 end
 
+-- send and receive in one launch, as dispatch
 function Buffer:combine(y, h, opts)
-  self:combine_send(y, h)
-  return self:combine_recv(h, opts and opts.out)
+  h = handle_of(self, h, "combine")
+  local out = opts and opts.out or self.tensors.out:narrow(1, 1, h.tokens)
+  check(C.dl_ep_combine(live(self), y, out, core.stream))
+  return out
 end
 
 -- ---- the layouts' formulas --------------------------------------------------------------

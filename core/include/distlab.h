@@ -634,6 +634,11 @@ int dl_ep_dispatch_recv(dl_ep_t *ep, dl_stream_t *s);
 /* y: bf16 shaped like x; out: bf16 [T, H] (T of the dispatch). */
 int dl_ep_combine_send(dl_ep_t *ep, const dl_tensor_t *y, dl_stream_t *s);
 int dl_ep_combine_recv(dl_ep_t *ep, dl_tensor_t *out, dl_stream_t *s);
+/* A send and its receive in one launch (one kernel on cuda): the same
+ * results as the two calls, without the overlap they allow. */
+int dl_ep_dispatch(dl_ep_t *ep, const dl_tensor_t *x, const dl_tensor_t *topk_idx,
+                   const dl_tensor_t *topk_weights, dl_stream_t *s);
+int dl_ep_combine(dl_ep_t *ep, const dl_tensor_t *y, dl_tensor_t *out, dl_stream_t *s);
 /* Wait for s (within twice the timeout) and report what the kernels recorded. */
 int dl_ep_check(dl_ep_t *ep, dl_stream_t *s);
 

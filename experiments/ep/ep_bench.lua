@@ -54,6 +54,8 @@ local h = bench.harness {
     { "paths", "list", "ep,a2av", "ep: distlab.ep; a2av: all_to_allv on the communicator", values = { "ep", "a2av" } },
     { "ops", "int", 10, "calls per graph" },
     { "blocks", "int", 0, "grid of every ep kernel (0: the buffer's choice, a block an SM)" },
+    { "split", "flag", false, "time dispatch_send + dispatch_recv and combine_send + combine_recv (two kernels each) " ..
+      "instead of dispatch and combine (one)" },
     { "replays", "int", on_gpu and 30 or 5, "timed replays" },
     { "torch", "string", nil, "ep_bench_torch.py's CSV from the same machine", meta = "T.csv" },
   },
@@ -163,12 +165,20 @@ local function run_ep(case)
   local y = dl.randn(recv.x:size(), { dtype = "bf16", device = w.device })
   local r = { impl = "distlab", path = "ep", B = case.B, E = case.E, layout = case.layout, output = case.output,
     dtype = case.dtype, method = "graph" }
-  r.dispatch_us = timed(function() ep:dispatch(x, idx, wts) end)
-  recv, hd = ep:dispatch(x, idx, wts)
-  r.combine_us = timed(function() ep:combine(y, hd) end)
+  local dispatch, combine = ep.dispatch, ep.combine
+  if opt.split then
+    dispatch = function(e, ...) return e:dispatch_recv(e:dispatch_send(...)) end
+    combine = function(e, yy, hh)
+      e:combine_send(yy, hh)
+      return e:combine_recv(hh)
+    end
+  end
+  r.dispatch_us = timed(function() dispatch(ep, x, idx, wts) end)
+  recv, hd = dispatch(ep, x, idx, wts)
+  r.combine_us = timed(function() combine(ep, y, hd) end)
   r.both_us = timed(function()
-    local _, hh = ep:dispatch(x, idx, wts)
-    ep:combine(y, hh)
+    local _, hh = dispatch(ep, x, idx, wts)
+    combine(ep, y, hh)
   end)
   r.dispatch_GBps = dispatch_bytes(case, T) / (r.dispatch_us * 1e3)
   r.combine_GBps = T * K * 2 * H / (r.combine_us * 1e3)
@@ -303,7 +313,9 @@ local md = {
     "DeepEP counts it: selections x bytes per token / time. Published at 8 ranks on NVLink, B=128: DeepEP " ..
     "42.6 / 72.0 us (dispatch / combine, as Perplexity measured it), pplx-kernels 83.6 / 102.3 us (H100), " ..
     "NCCL EP about 65 / 79 us (bf16 both ways, H100).%s", H, K, opt.replays, opt.ops,
-    opt.blocks > 0 and string.format(" Every ep kernel on a grid of %d blocks (--blocks).", opt.blocks) or ""),
+    (opt.blocks > 0 and string.format(" Every ep kernel on a grid of %d blocks (--blocks).", opt.blocks) or "") ..
+    (opt.split and " Send and receive as two kernels each (--split: dispatch_send + dispatch_recv, " ..
+      "combine_send + combine_recv)." or " Send and receive in one kernel each (dispatch, combine).")),
   "",
   "| impl | path | B | E | layout | output | dtype | dispatch us | combine us | both us | dispatch GB/s | combine GB/s | buffer MiB | #wrong |",
   "|---|---|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|",

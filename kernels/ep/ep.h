@@ -86,8 +86,11 @@ enum {
   DL_EP_FP8_GROUP = 128    /* values per fp8 scale (kernels/ep/fp8.h)          */
 };
 
-/* phases, as the epochs and the failure record number them */
-enum { DL_EP_DISPATCH_SEND = 0, DL_EP_DISPATCH_RECV = 1, DL_EP_COMBINE_SEND = 2, DL_EP_COMBINE_RECV = 3 };
+/* phases, as the epochs and the failure record number them; DL_EP_DISPATCH
+ * and DL_EP_COMBINE run a send and its receive in one launch (one kernel on
+ * cuda), each half counting and recording as its own phase */
+enum { DL_EP_DISPATCH_SEND = 0, DL_EP_DISPATCH_RECV = 1, DL_EP_COMBINE_SEND = 2, DL_EP_COMBINE_RECV = 3,
+       DL_EP_DISPATCH = 4, DL_EP_COMBINE = 5 };
 
 /* failure kinds */
 enum { DL_EP_ERR_TIMEOUT = 1, DL_EP_ERR_BAD_ID = 2 };

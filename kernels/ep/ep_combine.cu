@@ -20,8 +20,8 @@
  */
 #include "ep/ep_device.cuh"
 
-template <bool PER_RANK, bool EXPERT_MAJOR>
-__global__ void __launch_bounds__(DL_EP_THREADS) ep_combine_send_kernel(const dl_ep_args_t a) {
+template <bool PER_RANK, bool EXPERT_MAJOR> __device__ __forceinline__ void ep_combine_send_body(const dl_ep_args_t &a) {
+  const int phase = DL_EP_COMBINE_SEND;
   EP_SMEM(smem);
   EP_SHARED(ep_block, blk);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, W = blockDim.x >> 5;
@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(DL_EP_THREADS) ep_combine_send_kernel(const dl
   int *counts = smem, *pre = counts + groups, *tmp = pre + groups + 1;
   for (int g = tid; g < groups; g += blockDim.x) counts[g] = a.rcounts[g];
   // the owners have read our previous combine
-  ep_begin(a, blk, dl_ep_comb_done, -1);
+  ep_begin(a, phase, blk, dl_ep_comb_done, -1);
   ep_scan(counts, groups, pre, tmp);
   const int64_t warps = (int64_t)gridDim.x * W, rows = pre[groups], nv = H / 8;
   const ep_split sp = ep_split_rows(rows, warps, nv); // rows cut into segments (ep_device.cuh)
@@ -46,7 +46,12 @@ __global__ void __launch_bounds__(DL_EP_THREADS) ep_combine_send_kernel(const dl
     char *dst = ep_buf(a, s) + a.crecv_off + (slot * B + t) * a.msg_c;
     ep_copy_row(dst + lo, reinterpret_cast<const char *>(a.y) + row * H * 2 + lo, hi - lo, lane);
   }
-  ep_finish(a, blk, dl_ep_comb_flag);
+  ep_finish(a, phase, blk, dl_ep_comb_flag);
+}
+
+template <bool PER_RANK, bool EXPERT_MAJOR>
+__global__ void __launch_bounds__(DL_EP_THREADS) ep_combine_send_kernel(const dl_ep_args_t a) {
+  ep_combine_send_body<PER_RANK, EXPERT_MAJOR>(a);
 }
 
 struct ep_sums {
@@ -54,13 +59,13 @@ struct ep_sums {
   float weights[DL_EP_THREADS / 32][DL_EP_MAX_TOPK];
 };
 
-template <bool PER_RANK, bool EXPERT_MAJOR>
-__global__ void __launch_bounds__(DL_EP_THREADS) ep_combine_recv_kernel(const dl_ep_args_t a) {
+template <bool PER_RANK, bool EXPERT_MAJOR> __device__ __forceinline__ void ep_combine_recv_body(const dl_ep_args_t &a) {
+  const int phase = DL_EP_COMBINE_RECV;
   EP_SHARED(ep_block, blk);
   EP_SHARED(ep_sums, sh); // per warp: the token's slots and weights, in k order
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, W = blockDim.x >> 5;
   const int K = a.topk, B = a.max_tokens, H = a.hidden, L = a.local;
-  ep_begin(a, blk, dl_ep_comb_flag, 0);
+  ep_begin(a, phase, blk, dl_ep_comb_flag, 0);
   const char *region = ep_buf(a, a.rank) + a.crecv_off;
   const int64_t warps = (int64_t)gridDim.x * W, nv = H / 8;
   const ep_split sp = ep_split_rows(a.tokens, warps, nv); // tokens cut into segments (ep_device.cuh)
@@ -108,7 +113,19 @@ __global__ void __launch_bounds__(DL_EP_THREADS) ep_combine_recv_kernel(const dl
     }
     __syncwarp();
   }
-  ep_finish(a, blk, dl_ep_comb_done);
+  ep_finish(a, phase, blk, dl_ep_comb_done);
+}
+
+template <bool PER_RANK, bool EXPERT_MAJOR>
+__global__ void __launch_bounds__(DL_EP_THREADS) ep_combine_recv_kernel(const dl_ep_args_t a) {
+  ep_combine_recv_body<PER_RANK, EXPERT_MAJOR>(a);
+}
+
+// combine in one launch: the send, then the receive (as ep_dispatch_kernel).
+template <bool PER_RANK, bool EXPERT_MAJOR>
+__global__ void __launch_bounds__(DL_EP_THREADS) ep_combine_kernel(const dl_ep_args_t a) {
+  ep_combine_send_body<PER_RANK, EXPERT_MAJOR>(a);
+  ep_combine_recv_body<PER_RANK, EXPERT_MAJOR>(a);
 }
 
 // ---- launcher ----------------------------------------------------------------------
@@ -120,6 +137,9 @@ static ep_kernel_t combine_kernel(const dl_ep_args_t *a) {
   if (a->phase == DL_EP_COMBINE_SEND)
     return pr ? (em ? ep_combine_send_kernel<true, true> : ep_combine_send_kernel<true, false>)
               : (em ? ep_combine_send_kernel<false, true> : ep_combine_send_kernel<false, false>);
+  if (a->phase == DL_EP_COMBINE)
+    return pr ? (em ? ep_combine_kernel<true, true> : ep_combine_kernel<true, false>)
+              : (em ? ep_combine_kernel<false, true> : ep_combine_kernel<false, false>);
   return pr ? (em ? ep_combine_recv_kernel<true, true> : ep_combine_recv_kernel<true, false>)
             : (em ? ep_combine_recv_kernel<false, true> : ep_combine_recv_kernel<false, false>);
 }
@@ -127,6 +147,8 @@ static ep_kernel_t combine_kernel(const dl_ep_args_t *a) {
 int ep_launch_combine(const dl_ep_args_t *a, void *stream, int64_t smem) {
   const ep_kernel_t k = combine_kernel(a);
   k<<<a->blocks, a->threads, (size_t)smem, (cudaStream_t)stream>>>(*a);
-  DL_CUDA_CHECK_LAUNCH(a->phase == DL_EP_COMBINE_SEND ? "ep_combine_send_kernel" : "ep_combine_recv_kernel");
+  DL_CUDA_CHECK_LAUNCH(a->phase == DL_EP_COMBINE_SEND   ? "ep_combine_send_kernel"
+                       : a->phase == DL_EP_COMBINE_RECV ? "ep_combine_recv_kernel"
+                                                        : "ep_combine_kernel");
   return DL_OK;
 }

@@ -61,11 +61,11 @@ static __device__ __noinline__ void ep_fail(dl_ep_status_t *s, int phase, uint32
 // One thread: until control word w of this rank reaches v (written by
 // `peer`); false, recorded, after the timeout. The peers' death word is not
 // polled (gone NULL): a dead peer ends the wait at its timeout.
-__device__ __forceinline__ bool ep_wait(const dl_ep_args_t &a, int64_t w, uint32_t v, int peer,
+__device__ __forceinline__ bool ep_wait(const dl_ep_args_t &a, int phase, int64_t w, uint32_t v, int peer,
                                         uint32_t epoch) {
   uint32_t seen = 0, dead = 0;
   if (dl_signal_wait_until(ep_ctrl(a, a.rank) + w, v, a.timeout_ns, nullptr, &seen, &dead)) return true;
-  ep_fail(a.status, a.phase, DL_EP_ERR_TIMEOUT, (uint32_t)peer, v, seen, epoch);
+  ep_fail(a.status, phase, DL_EP_ERR_TIMEOUT, (uint32_t)peer, v, seen, epoch);
   return false;
 }
 
@@ -76,17 +76,18 @@ struct ep_block {
   int last; // this block finished last
 };
 
-// The start of a block: this phase's epoch (calls finished + 1), and the
-// waits of threads q < N for word word_of(N, q) to reach epoch + lag.
-__device__ __forceinline__ void ep_begin(const dl_ep_args_t &a, ep_block &blk,
+// The start of a block of phase `phase` (DL_EP_DISPATCH_SEND ... the one it
+// counts as; a fused launch runs two): this phase's epoch (calls finished +
+// 1), and the waits of threads q < N for word word_of(N, q) to reach epoch + lag.
+__device__ __forceinline__ void ep_begin(const dl_ep_args_t &a, int phase, ep_block &blk,
                                          int64_t (*word_of)(int, int), int lag) {
   if (threadIdx.x == 0) {
-    blk.epoch = ep_ld_volatile(ep_ctrl(a, a.rank) + dl_ep_seq(a.phase)) + 1;
+    blk.epoch = ep_ld_volatile(ep_ctrl(a, a.rank) + dl_ep_seq(phase)) + 1;
     blk.ok = 1;
   }
   __syncthreads();
   const int q = threadIdx.x;
-  if (q < a.nranks && !ep_wait(a, word_of(a.nranks, q), blk.epoch + (uint32_t)lag, q, blk.epoch))
+  if (q < a.nranks && !ep_wait(a, phase, word_of(a.nranks, q), blk.epoch + (uint32_t)lag, q, blk.epoch))
     blk.ok = 0;
   __syncthreads();
 }
@@ -97,19 +98,19 @@ __device__ __forceinline__ void ep_begin(const dl_ep_args_t &a, ep_block &blk,
 // resets the count, advances the epoch and stores it into word
 // flag_of(N, rank) of every rank (release), unless a block timed out (the
 // peers then time out too, naming this rank).
-__device__ __forceinline__ void ep_finish(const dl_ep_args_t &a, ep_block &blk,
+__device__ __forceinline__ void ep_finish(const dl_ep_args_t &a, int phase, ep_block &blk,
                                           int64_t (*flag_of)(int, int)) {
   uint32_t *self = ep_ctrl(a, a.rank);
   __syncthreads();
   if (threadIdx.x == 0) {
     __threadfence_system();
     const uint32_t add = blk.ok ? 1u : 1u + 0x10000u;
-    const uint32_t now = atomicAdd(self + dl_ep_done(a.phase), add) + add;
+    const uint32_t now = atomicAdd(self + dl_ep_done(phase), add) + add;
     blk.last = (now & 0xffffu) == gridDim.x;
     if (blk.last) {
       __threadfence_system();
-      *reinterpret_cast<volatile uint32_t *>(self + dl_ep_done(a.phase)) = 0;
-      *reinterpret_cast<volatile uint32_t *>(self + dl_ep_seq(a.phase)) = blk.epoch;
+      *reinterpret_cast<volatile uint32_t *>(self + dl_ep_done(phase)) = 0;
+      *reinterpret_cast<volatile uint32_t *>(self + dl_ep_seq(phase)) = blk.epoch;
       if (now >> 16) blk.last = 0;
     }
   }

@@ -86,8 +86,9 @@ __device__ __forceinline__ void ep_send_payload(const dl_ep_args_t &a, int t, ch
   }
 }
 
-template <bool FP8, bool PER_RANK>
-__global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_send_kernel(const dl_ep_args_t a) {
+// The send phase, as a kernel of its own or the first half of the fused one.
+template <bool FP8, bool PER_RANK> __device__ __forceinline__ void ep_dispatch_send_body(const dl_ep_args_t &a) {
+  const int phase = DL_EP_DISPATCH_SEND;
   EP_SMEM(smem);
   EP_SHARED(ep_block, blk);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, W = blockDim.x >> 5;
@@ -102,7 +103,7 @@ __global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_send_kernel(const d
   for (int i = tid; i < E + 32; i += blockDim.x) smem[i] = 0;
   if (tid == 0) nmsg = 0;
   // the receivers have read our previous messages
-  ep_begin(a, blk, dl_ep_disp_done, -1);
+  ep_begin(a, phase, blk, dl_ep_disp_done, -1);
   const uint32_t e = blk.epoch;
 
   // counts of the tokens before our chunk
@@ -133,7 +134,7 @@ __global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_send_kernel(const d
       // lanes' experts differ: each lane owns its expert's count
       const uint32_t same = __match_any_sync(EP_FULL, raw); // every lane, before any branch
       const int ev = raw >= 0 && raw < E && !(same & below) ? raw : -1;
-      if (lane < K && ev < 0 && raw != -1) ep_fail(a.status, a.phase, DL_EP_ERR_BAD_ID, (uint32_t)t, (uint32_t)lane, (uint32_t)raw, e);
+      if (lane < K && ev < 0 && raw != -1) ep_fail(a.status, phase, DL_EP_ERR_BAD_ID, (uint32_t)t, (uint32_t)lane, (uint32_t)raw, e);
       const int q = ev >= 0 ? ev / L : -1;
       const uint32_t qmask = __match_any_sync(EP_FULL, q) & (ev >= 0 ? ~0u : 0u); // the token's selections on q
       int slot = 0, pos = 0;
@@ -202,7 +203,12 @@ __global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_send_kernel(const d
       if (i < N * L) ep_ctrl(a, i / L)[dl_ep_cnt(N, L, a.rank, i % L)] = (uint32_t)hist_e[i];
       else ep_ctrl(a, i - N * L)[dl_ep_ntok(N, a.rank)] = (uint32_t)hist_r[i - N * L];
     }
-  ep_finish(a, blk, dl_ep_disp_flag);
+  ep_finish(a, phase, blk, dl_ep_disp_flag);
+}
+
+template <bool FP8, bool PER_RANK>
+__global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_send_kernel(const dl_ep_args_t a) {
+  ep_dispatch_send_body<FP8, PER_RANK>(a);
 }
 
 // ---- dispatch receive ----------------------------------------------------------------
@@ -233,14 +239,16 @@ __device__ __forceinline__ void ep_store_row(const dl_ep_args_t &a, const char *
   }
 }
 
+// The receive phase, as a kernel of its own or the second half of the fused one.
 template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR>
-__global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_recv_kernel(const dl_ep_args_t a) {
+__device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a) {
+  const int phase = DL_EP_DISPATCH_RECV;
   EP_SMEM(smem);
   EP_SHARED(ep_block, blk);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, W = blockDim.x >> 5;
   const int N = a.nranks, L = a.local, K = a.topk, B = a.max_tokens, NL = N * L;
   int *cnt = smem, *pre = cnt + NL, *ntok = pre + NL + 1, *tmp = ntok + N;
-  ep_begin(a, blk, dl_ep_disp_flag, 0);
+  ep_begin(a, phase, blk, dl_ep_disp_flag, 0);
   const uint32_t *self = ep_ctrl(a, a.rank);
   for (int i = tid; i < NL; i += blockDim.x) {
     const int s = i % N, le = i / N; // cnt[le * N + s]: expert-major order
@@ -353,24 +361,47 @@ __global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_recv_kernel(const d
       }
     }
   }
-  ep_finish(a, blk, dl_ep_disp_done);
+  ep_finish(a, phase, blk, dl_ep_disp_done);
+}
+
+template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR>
+__global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_recv_kernel(const dl_ep_args_t a) {
+  ep_dispatch_recv_body<FP8, PER_RANK, EXPERT_MAJOR>(a);
+}
+
+// dispatch in one launch: the send, then (every block of every rank resident,
+// as for the two kernels one after the other) the receive. One launch and one
+// grid drain fewer than send and receive apart; the same words and epochs.
+// Their dynamic shared memory is one region, used by one half at a time (the
+// receive's first block-wide barrier comes after the send's last use).
+template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR>
+__global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_kernel(const dl_ep_args_t a) {
+  ep_dispatch_send_body<FP8, PER_RANK>(a);
+  ep_dispatch_recv_body<FP8, PER_RANK, EXPERT_MAJOR>(a);
 }
 
 // ---- launchers ---------------------------------------------------------------------
 
 typedef void (*ep_kernel_t)(const dl_ep_args_t);
 
-template <bool FP8, bool PER_RANK> static ep_kernel_t recv_kernel(int expert_major) {
+template <bool FP8, bool PER_RANK> static ep_kernel_t recv_kernel(int expert_major, int fused) {
+  if (fused) return expert_major ? ep_dispatch_kernel<FP8, PER_RANK, true> : ep_dispatch_kernel<FP8, PER_RANK, false>;
   return expert_major ? ep_dispatch_recv_kernel<FP8, PER_RANK, true> : ep_dispatch_recv_kernel<FP8, PER_RANK, false>;
 }
 
 static ep_kernel_t dispatch_kernel(const dl_ep_args_t *a) {
-  const int em = a->output == DL_EP_EXPERT_MAJOR, pr = a->layout == DL_EP_PER_RANK;
+  const int em = a->output == DL_EP_EXPERT_MAJOR, pr = a->layout == DL_EP_PER_RANK, f = a->phase == DL_EP_DISPATCH;
   if (a->phase == DL_EP_DISPATCH_SEND)
     return a->fp8 ? (pr ? ep_dispatch_send_kernel<true, true> : ep_dispatch_send_kernel<true, false>)
                   : (pr ? ep_dispatch_send_kernel<false, true> : ep_dispatch_send_kernel<false, false>);
-  return a->fp8 ? (pr ? recv_kernel<true, true>(em) : recv_kernel<true, false>(em))
-                : (pr ? recv_kernel<false, true>(em) : recv_kernel<false, false>(em));
+  return a->fp8 ? (pr ? recv_kernel<true, true>(em, f) : recv_kernel<true, false>(em, f))
+                : (pr ? recv_kernel<false, true>(em, f) : recv_kernel<false, false>(em, f));
+}
+
+static const char *dispatch_name(int phase) {
+  return phase == DL_EP_DISPATCH_SEND ? "ep_dispatch_send_kernel"
+         : phase == DL_EP_DISPATCH_RECV ? "ep_dispatch_recv_kernel"
+                                        : "ep_dispatch_kernel";
 }
 
 // One grid of k, with the shared memory it needs (above 48 KiB by opting in).
@@ -384,17 +415,19 @@ static int go(ep_kernel_t k, const dl_ep_args_t *a, void *stream, int64_t smem, 
 }
 
 int ep_launch_dispatch(const dl_ep_args_t *a, void *stream, int64_t smem) {
-  return go(dispatch_kernel(a), a, stream, smem,
-            a->phase == DL_EP_DISPATCH_SEND ? "ep_dispatch_send_kernel" : "ep_dispatch_recv_kernel");
+  return go(dispatch_kernel(a), a, stream, smem, dispatch_name(a->phase));
 }
 
 extern "C" int64_t dl_ep_cuda_smem(const dl_ep_args_t *a) {
   const int groups = a->output == DL_EP_EXPERT_MAJOR ? a->local : a->nranks;
+  const int64_t send = ep_send_smem(a->experts, a->tokens > 0 ? (a->tokens + a->blocks - 1) / a->blocks : 0, a->topk);
+  const int64_t recv = ep_recv_smem(a->nranks, a->experts);
   switch (a->phase) {
-  case DL_EP_DISPATCH_SEND:
-    return ep_send_smem(a->experts, a->tokens > 0 ? (a->tokens + a->blocks - 1) / a->blocks : 0, a->topk);
-  case DL_EP_DISPATCH_RECV: return ep_recv_smem(a->nranks, a->experts);
-  case DL_EP_COMBINE_SEND: return 4 * ((int64_t)2 * groups + 1 + 32);
+  case DL_EP_DISPATCH_SEND: return send;
+  case DL_EP_DISPATCH_RECV: return recv;
+  case DL_EP_DISPATCH: return send > recv ? send : recv; // one region, a half at a time
+  case DL_EP_COMBINE_SEND:
+  case DL_EP_COMBINE: return 4 * ((int64_t)2 * groups + 1 + 32); // the receive uses none
   default: return 0;
   }
 }
@@ -405,6 +438,13 @@ extern "C" int dl_ep_cuda(const dl_ep_args_t *a, void *stream) {
     return DL_ERR(DL_EINVAL, "ep: bad launch shape (%d blocks of %d threads, %d ranks, topk %d)", a->blocks,
                   a->threads, a->nranks, a->topk);
   const int64_t smem = dl_ep_cuda_smem(a);
-  if (a->phase == DL_EP_DISPATCH_SEND || a->phase == DL_EP_DISPATCH_RECV) return ep_launch_dispatch(a, stream, smem);
-  return ep_launch_combine(a, stream, smem);
+  switch (a->phase) {
+  case DL_EP_DISPATCH_SEND:
+  case DL_EP_DISPATCH_RECV:
+  case DL_EP_DISPATCH: return ep_launch_dispatch(a, stream, smem);
+  case DL_EP_COMBINE_SEND:
+  case DL_EP_COMBINE_RECV:
+  case DL_EP_COMBINE: return ep_launch_combine(a, stream, smem);
+  default: return DL_ERR(DL_EINVAL, "ep: unknown phase %d", a->phase);
+  }
 }

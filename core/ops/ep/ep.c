@@ -48,7 +48,7 @@ const char *dl_ep_part_name(int part) {
 }
 
 static const char *const phase_names[] = {"dispatch send", "dispatch recv", "combine send",
-                                          "combine recv"};
+                                          "combine recv", "dispatch", "combine"};
 /* what each phase's waits wait for, for messages */
 static const char *const phase_waits[] = {
     "to finish reading this rank's previous dispatch", "for its dispatch messages",
@@ -298,7 +298,7 @@ static int grid(dl_ep_t *ep, int share) {
   dl_ep_args_t a = ep->base;
   a.blocks = ep->blocks;
   a.tokens = ep->cfg.max_tokens;
-  for (a.phase = 0; a.phase < 4; a.phase++)
+  for (a.phase = 0; a.phase <= DL_EP_COMBINE; a.phase++)
     if (dl_ep_cuda_smem(&a) > optin)
       return DL_ERR(DL_EUNSUPPORTED, "ep: %s needs %lld bytes of shared memory per block (the GPU has "
                     "%d): fewer experts or more blocks", phase_names[a.phase],
@@ -474,9 +474,11 @@ static int launch(dl_ep_t *ep, dl_ep_args_t *a, dl_stream_t *s) {
  * or combine, its receive after its send, combines after a dispatch. */
 static int in_order(int phase, int state) {
   switch (phase) {
-  case DL_EP_DISPATCH_SEND: return state == IDLE || state == DISPATCHED || state == COMBINED;
+  case DL_EP_DISPATCH_SEND:
+  case DL_EP_DISPATCH: return state == IDLE || state == DISPATCHED || state == COMBINED;
   case DL_EP_DISPATCH_RECV: return state == SENT;
-  case DL_EP_COMBINE_SEND: return state == DISPATCHED || state == COMBINED;
+  case DL_EP_COMBINE_SEND:
+  case DL_EP_COMBINE: return state == DISPATCHED || state == COMBINED;
   default: return state == COMBINE_SENT;
   }
 }
@@ -485,7 +487,9 @@ static const char *const order_rules[] = {
     "a dispatch_send or combine_send is waiting for its receive phase",
     "dispatch_recv needs a dispatch_send first",
     "combine needs a finished dispatch (dispatch_send, dispatch_recv) first",
-    "combine_recv needs a combine_send first"};
+    "combine_recv needs a combine_send first",
+    "a dispatch_send or combine_send is waiting for its receive phase",
+    "combine needs a finished dispatch (dispatch_send, dispatch_recv) first"};
 
 /* Runs a phase; *launched says whether it ran (an error from an earlier
  * call's record, or a call out of order, runs nothing). Errors get the
@@ -515,9 +519,10 @@ static int run(dl_ep_t *ep, int phase, dl_ep_args_t *a, dl_stream_t *s, int *lau
   return rc;
 }
 
-int dl_ep_dispatch_send(dl_ep_t *ep, const dl_tensor_t *x, const dl_tensor_t *topk_idx,
-                        const dl_tensor_t *topk_weights, dl_stream_t *s) {
-  DL_TRY(ep_check(ep, "dl_ep_dispatch_send"));
+/* The send phase's arguments, checked: x [T, H] bf16, topk_idx [T, K] i32,
+ * topk_weights [T, K] f32, T <= max_tokens. */
+static int send_args(dl_ep_t *ep, const dl_tensor_t *x, const dl_tensor_t *topk_idx,
+                     const dl_tensor_t *topk_weights, dl_ep_args_t *out) {
   const dl_ep_config_t *c = &ep->cfg;
   dl_view_t vx, vi, vw;
   DL_TRY(dl_tensor_arg(x, "x", ep->dev_type, ep->dev_index, "the ep buffer", &vx));
@@ -536,62 +541,111 @@ int dl_ep_dispatch_send(dl_ep_t *ep, const dl_tensor_t *x, const dl_tensor_t *to
   a.w = (const float *)vw.data;
   a.hidx = data(ep->t[T_HIDX]);
   a.hw = data(ep->t[T_HW]);
-  int launched, rc = run(ep, DL_EP_DISPATCH_SEND, &a, s, &launched);
+  *out = a;
+  return DL_OK;
+}
+
+/* The receive phase's outputs. */
+static void recv_args(const dl_ep_t *ep, dl_ep_args_t *a) {
+  a->rx = data(ep->t[DL_EP_X]);
+  a->rscales = data(ep->t[DL_EP_SCALES]);
+  a->rcounts = data(ep->t[DL_EP_COUNTS]);
+  a->rids = data(ep->t[DL_EP_EXPERT_IDS]);
+  a->rweights = data(ep->t[DL_EP_WEIGHTS]);
+  a->rsrc = data(ep->t[T_SRC]);
+}
+
+/* A dispatch's send (phase DL_EP_DISPATCH_SEND, or both halves with
+ * DL_EP_DISPATCH): run, and the state it leaves. */
+static int dispatch(dl_ep_t *ep, int phase, const dl_tensor_t *x, const dl_tensor_t *topk_idx,
+                    const dl_tensor_t *topk_weights, dl_stream_t *s) {
+  dl_ep_args_t a;
+  DL_TRY(send_args(ep, x, topk_idx, topk_weights, &a));
+  if (phase == DL_EP_DISPATCH) recv_args(ep, &a);
+  int launched, rc = run(ep, phase, &a, s, &launched);
   if (!launched || (rc < 0 && rc != DL_EINVAL)) return rc;
   /* sent (a bad expert id on cpu is reported now, the protocol done) */
-  ep->state = SENT;
-  ep->tokens = (int)T;
+  ep->state = phase == DL_EP_DISPATCH ? DISPATCHED : SENT;
+  ep->tokens = a.tokens;
   ep->dispatches++;
   return rc;
+}
+
+int dl_ep_dispatch_send(dl_ep_t *ep, const dl_tensor_t *x, const dl_tensor_t *topk_idx,
+                        const dl_tensor_t *topk_weights, dl_stream_t *s) {
+  DL_TRY(ep_check(ep, "dl_ep_dispatch_send"));
+  return dispatch(ep, DL_EP_DISPATCH_SEND, x, topk_idx, topk_weights, s);
+}
+
+int dl_ep_dispatch(dl_ep_t *ep, const dl_tensor_t *x, const dl_tensor_t *topk_idx,
+                   const dl_tensor_t *topk_weights, dl_stream_t *s) {
+  DL_TRY(ep_check(ep, "dl_ep_dispatch"));
+  return dispatch(ep, DL_EP_DISPATCH, x, topk_idx, topk_weights, s);
 }
 
 int dl_ep_dispatch_recv(dl_ep_t *ep, dl_stream_t *s) {
   DL_TRY(ep_check(ep, "dl_ep_dispatch_recv"));
   dl_ep_args_t a = ep->base;
   a.tokens = ep->tokens;
-  a.rx = data(ep->t[DL_EP_X]);
-  a.rscales = data(ep->t[DL_EP_SCALES]);
-  a.rcounts = data(ep->t[DL_EP_COUNTS]);
-  a.rids = data(ep->t[DL_EP_EXPERT_IDS]);
-  a.rweights = data(ep->t[DL_EP_WEIGHTS]);
-  a.rsrc = data(ep->t[T_SRC]);
+  recv_args(ep, &a);
   int launched, rc = run(ep, DL_EP_DISPATCH_RECV, &a, s, &launched);
   if (!launched || (rc < 0 && rc != DL_EINVAL)) return rc;
   ep->state = DISPATCHED; /* ran (a bad id of an earlier send is reported now) */
   return rc;
 }
 
+/* The combine's send (y shaped like recv.x, bf16) and receive (out bf16
+ * [T, H]) arguments, checked; either may be NULL (not this call's half). */
+static int combine_args(dl_ep_t *ep, const dl_tensor_t *y, dl_tensor_t *out, dl_ep_args_t *a) {
+  *a = ep->base;
+  a->tokens = ep->tokens;
+  if (y) {
+    const dl_tensor_t *x = ep->t[DL_EP_X];
+    dl_view_t vy;
+    DL_TRY(arg(ep, y, "ep combine: y (shaped like recv.x, bf16)", DL_BF16, x->nd, x->sz, &vy));
+    a->y = vy.data;
+    a->rcounts = data(ep->t[DL_EP_COUNTS]);
+    a->rsrc = data(ep->t[T_SRC]);
+  }
+  if (out) {
+    dl_view_t vo;
+    const int64_t so[2] = {ep->tokens, ep->cfg.hidden};
+    DL_TRY(arg(ep, out, "ep combine: out", DL_BF16, 2, so, &vo));
+    a->out = vo.data;
+    a->hidx = data(ep->t[T_HIDX]);
+    a->hw = data(ep->t[T_HW]);
+  }
+  return DL_OK;
+}
+
+/* A combine phase (DL_EP_COMBINE_SEND, _RECV, or both halves with
+ * DL_EP_COMBINE): run, and the state it leaves. */
+static int combine(dl_ep_t *ep, int phase, const dl_tensor_t *y, dl_tensor_t *out, dl_stream_t *s) {
+  dl_ep_args_t a;
+  DL_TRY(combine_args(ep, y, out, &a));
+  int launched, rc = run(ep, phase, &a, s, &launched);
+  if (!launched || (rc < 0 && rc != DL_EINVAL)) return rc;
+  ep->state = phase == DL_EP_COMBINE_SEND ? COMBINE_SENT : COMBINED;
+  if (phase != DL_EP_COMBINE_SEND) ep->combines++;
+  return rc;
+}
+
 int dl_ep_combine_send(dl_ep_t *ep, const dl_tensor_t *y, dl_stream_t *s) {
   DL_TRY(ep_check(ep, "dl_ep_combine_send"));
-  const dl_tensor_t *x = ep->t[DL_EP_X];
-  dl_view_t vy;
-  DL_TRY(arg(ep, y, "ep combine: y (shaped like recv.x, bf16)", DL_BF16, x->nd, x->sz, &vy));
-  dl_ep_args_t a = ep->base;
-  a.tokens = ep->tokens;
-  a.y = vy.data;
-  a.rcounts = data(ep->t[DL_EP_COUNTS]);
-  a.rsrc = data(ep->t[T_SRC]);
-  int launched, rc = run(ep, DL_EP_COMBINE_SEND, &a, s, &launched);
-  if (!launched || (rc < 0 && rc != DL_EINVAL)) return rc;
-  ep->state = COMBINE_SENT;
-  return rc;
+  DL_CHECK_ARG(y, "ep combine: y is NULL");
+  return combine(ep, DL_EP_COMBINE_SEND, y, NULL, s);
 }
 
 int dl_ep_combine_recv(dl_ep_t *ep, dl_tensor_t *out, dl_stream_t *s) {
   DL_TRY(ep_check(ep, "dl_ep_combine_recv"));
-  dl_view_t vo;
-  const int64_t so[2] = {ep->tokens, ep->cfg.hidden};
-  DL_TRY(arg(ep, out, "ep combine: out", DL_BF16, 2, so, &vo));
-  dl_ep_args_t a = ep->base;
-  a.tokens = ep->tokens;
-  a.out = vo.data;
-  a.hidx = data(ep->t[T_HIDX]);
-  a.hw = data(ep->t[T_HW]);
-  int launched, rc = run(ep, DL_EP_COMBINE_RECV, &a, s, &launched);
-  if (!launched || (rc < 0 && rc != DL_EINVAL)) return rc;
-  ep->state = COMBINED;
-  ep->combines++;
-  return rc;
+  DL_CHECK_ARG(out, "ep combine: out is NULL");
+  return combine(ep, DL_EP_COMBINE_RECV, NULL, out, s);
+}
+
+int dl_ep_combine(dl_ep_t *ep, const dl_tensor_t *y, dl_tensor_t *out, dl_stream_t *s) {
+  DL_TRY(ep_check(ep, "dl_ep_combine"));
+  DL_CHECK_ARG(y && out, "ep combine: y and out must not be NULL");
+  return combine(ep, DL_EP_COMBINE, y, out, s);
 }
 
 int dl_ep_check(dl_ep_t *ep, dl_stream_t *s) {

@@ -6,11 +6,11 @@
 //
 //   ./emu_test [ranks] [calls per buffer] [seed] [hidden 256] [threads 64]
 //
-// Every layout, output and dtype; per call each rank's T (0..B), routing
-// (random with -1 ids, all of a token's experts on one rank, no expert, an
-// expert picked twice: dropped and recorded) and data are new; calls run
-// back to back with no host synchronisation between ranks, some dispatched
-// twice before their
+// Every layout, output and dtype, send and receive in one launch or two;
+// per call each rank's T (0..B), routing (random with -1 ids, all of a
+// token's experts on one rank, no expert, an expert picked twice: dropped
+// and recorded) and data are new; calls run back to back with no host
+// synchronisation between ranks, some dispatched twice before their
 // combine. Last, rank 1 skips a dispatch: rank 0's receive kernel must end
 // by itself and leave a record naming the phase and a rank that skipped it.
 #include <stdarg.h>
@@ -115,6 +115,11 @@ static void run(world &w, int phase) {
     });
   for (auto &t : th) t.join();
 }
+
+// Whether call i runs its send and receive in one launch (DL_EP_DISPATCH,
+// DL_EP_COMBINE): every other call emulated, every third on the twin, so
+// fused and split calls follow each other on the same buffer.
+static bool fused(const world &w, int i) { return w.emulated ? i % 2 == 1 : i % 3 == 0; }
 
 // Rank q's inputs of call c: T, routing, bf16 data.
 static void inputs(world &w, int q, int c, std::mt19937 &g) {
@@ -252,9 +257,13 @@ int main(int argc, char **argv) {
         for (int q = 0; q < n; q++) inputs(twin, q, c, g);
         for (int q = 0; q < n; q++) emu.r[q].T = twin.r[q].T, emu.r[q].x = twin.r[q].x, emu.r[q].idx = twin.r[q].idx,
                                     emu.r[q].w = twin.r[q].w;
-        for (world *w : {&twin, &emu}) {
-          run(*w, DL_EP_DISPATCH_SEND);
-          run(*w, DL_EP_DISPATCH_RECV);
+        for (world *w : {&twin, &emu}) { // fused (one launch) or send then receive
+          if (fused(*w, c + d)) {
+            run(*w, DL_EP_DISPATCH);
+          } else {
+            run(*w, DL_EP_DISPATCH_SEND);
+            run(*w, DL_EP_DISPATCH_RECV);
+          }
         }
         compare_dispatch(emu, twin, c);
         check_record(emu, c);
@@ -262,8 +271,12 @@ int main(int argc, char **argv) {
       }
       for (world *w : {&twin, &emu}) {
         for (int q = 0; q < n; q++) experts(*w, q);
-        run(*w, DL_EP_COMBINE_SEND);
-        run(*w, DL_EP_COMBINE_RECV);
+        if (fused(*w, c + 1)) {
+          run(*w, DL_EP_COMBINE);
+        } else {
+          run(*w, DL_EP_COMBINE_SEND);
+          run(*w, DL_EP_COMBINE_RECV);
+        }
       }
       compare_combine(emu, twin, c);
       for (int q = 0; q < n; q++)

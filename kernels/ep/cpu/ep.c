@@ -431,6 +431,20 @@ static int combine_recv(const dl_ep_args_t *a) {
   return rc;
 }
 
+/* A send and its receive in one call (DL_EP_DISPATCH / DL_EP_COMBINE, one
+ * kernel on cuda): each half counts and records as its own phase; a bad
+ * expert id the send reports (DL_EINVAL) does not stop the receive. */
+static int fused(const dl_ep_args_t *a, int send_phase, int (*send)(const dl_ep_args_t *),
+                 int (*recv)(const dl_ep_args_t *)) {
+  dl_ep_args_t b = *a;
+  b.phase = send_phase;
+  const int rc = send(&b);
+  if (rc < 0 && rc != DL_EINVAL) return rc;
+  b.phase = send_phase + 1;
+  const int rc2 = recv(&b);
+  return rc2 < 0 ? rc2 : rc;
+}
+
 int dl_ep_cpu(const dl_ep_args_t *a, void *stream) {
   (void)stream;
   switch (a->phase) {
@@ -438,6 +452,8 @@ int dl_ep_cpu(const dl_ep_args_t *a, void *stream) {
   case DL_EP_DISPATCH_RECV: return dispatch_recv(a);
   case DL_EP_COMBINE_SEND: return combine_send(a);
   case DL_EP_COMBINE_RECV: return combine_recv(a);
+  case DL_EP_DISPATCH: return fused(a, DL_EP_DISPATCH_SEND, dispatch_send, dispatch_recv);
+  case DL_EP_COMBINE: return fused(a, DL_EP_COMBINE_SEND, combine_send, combine_recv);
   default: return DL_ERR(DL_EINVAL, "ep: unknown phase %d", a->phase);
   }
 }
