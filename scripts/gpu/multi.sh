@@ -17,7 +17,9 @@
 #   ep       spec/ep_spec.lua's #multigpu specs, one rank a GPU, then
 #            ep_bench.lua (issue 20, where experiments/ep/ exists) with its PyTorch
 #            baseline (ep_bench_torch.py under torchrun), EP_ARGS passed on
-#            -> $OUT/ep-bench-<gpu>x<N>.{md,csv}.
+#            -> $OUT/ep-bench-<gpu>x<N>.{md,csv}; then (EP_SPLIT=1, the default)
+#            the same with --split, send and receive as two kernels each, at
+#            E 256 -> ep-bench-<gpu>x<N>-split.{md,csv}, the A/B of the fused kernels.
 # STEPS picks them (default "ag_gemm gemm_rs cp ep"); the build always runs. Results
 # files come back in $OUT (copy them to experiments/results/<family>/ and
 # draw the PNGs locally: the hosts have no gnuplot); every log in
@@ -79,6 +81,12 @@ if want ep && [ -f experiments/ep/ep_bench.lua ]; then
     --torch "$L/ep-torch.csv" --out "$OUT" --tag "$tag" ${EP_ARGS:-} \
     --command "scripts/gpu/multi.sh (ep_bench_torch.py under torchrun, then this, in the same run)"
   tail -n 40 "$L/ep-bench.log" >>"$SUM"
+  if [ "${EP_SPLIT:-1}" = 1 ]; then
+    step "ep_bench --split ($N ranks)" 120 "$L/ep-bench-split.log" ./distlab run -n "$N" --device cuda \
+      experiments/ep/ep_bench.lua --split --experts 256 --paths ep --out "$OUT" --tag "$tag-split" ${EP_ARGS:-} \
+      --command "scripts/gpu/multi.sh (after the fused run, in the same call)"
+    tail -n 36 "$L/ep-bench-split.log" >>"$SUM"
+  fi
 fi
 cp "$OUT"/*.csv "$L/" 2>/dev/null
 exit $status
