@@ -1,0 +1,357 @@
+// emu.cpp — runs hopper/fwd_kernel.cuh on the CPU, on the attention lab's
+// warp emulator (../emu/cuda_emu.h: every CUDA thread a coroutine, warps in
+// a shuffled order, shared memory starting as NaN garbage), with the Hopper
+// instructions emulated here as the PTX ISA and CUTLASS's canonical layouts
+// define them:
+//   mbarrier   arrival count, transaction bytes, phase parity (try_wait is
+//              true once the phase of the given parity completed);
+//   TMA        a box of a 4-d tensor into shared memory, rows of 128 bytes
+//              with the 128-byte swizzle (16-byte chunk c of row r lands at
+//              chunk c ^ (r % 8)), zeros outside the tensor; it lands either
+//              at once or only when a thread polls its barrier (a coin), and
+//              completes that many transaction bytes;
+//   wgmma      m64n128k16, bf16 in, fp32 accumulators: a collective of the
+//              128 threads of a warpgroup, A and B decoded from shared
+//              memory descriptors (K-major: row r at (r % 8) * 128 + (r / 8)
+//              * SBO; MN-major: 8 elements a 16-byte unit, units (n / 8) % 8
+//              apart by 16 bytes and n / 64 by LBO, k % 8 by 128 bytes and
+//              k / 8 by SBO; then the swizzle on the address) or A from each
+//              thread's registers, D in the accumulator layout (thread t,
+//              value v: row 16 (t / 32) + (t % 32) / 4 + 8 ((v / 2) % 2),
+//              column 8 (v / 4) + 2 (t % 4) + v % 2). Synchronous: the
+//              result is there at the instruction, so a missing wait is not
+//              caught.
+// This checks the kernel's own logic (fragment maps, softmax, masks, the
+// pipeline's barriers and phases, the epilogue) against an fp64 reference;
+// it cannot check that the hardware reads the layouts as emulated: that is
+// what the first GPU run (scripts/gpu/hopper_lab.sh) is for.
+//   make -C experiments/lab/attn hopper-emu
+#define HOPPER_EMU
+#include "../emu/cuda_emu.h"
+
+#include <map>
+#include <random>
+
+#define HP_DEV inline
+#define HP_GRID_CONST
+
+struct hp_tmap_t {
+  const uint16_t *base;
+  uint64_t dims[4], strides[3]; // strides in bytes of dims 1..3
+  uint32_t box[4];
+};
+
+// ---- shared memory addresses: offsets that keep the real pointer's alignment mod 1024 ----
+
+static inline uint32_t hp_off0() { return (uint32_t)((uintptr_t)emu.smem % 1024); }
+HP_DEV char *hp_smem() { return emu.smem; }
+HP_DEV uint32_t hp_smem_u32(const void *p) {
+  const ptrdiff_t o = (const char *)p - emu.smem;
+  if (o < 0 || (size_t)o >= emu.smem_bytes) {
+    fprintf(stderr, "emu: pointer outside shared memory\n");
+    abort();
+  }
+  return (uint32_t)o + hp_off0();
+}
+static inline char *hp_ptr(uint32_t addr, size_t bytes) {
+  const int64_t o = (int64_t)addr - hp_off0();
+  if (o < 0 || (size_t)o + bytes > emu.smem_bytes) {
+    fprintf(stderr, "emu: shared address %u (%zu bytes) outside shared memory\n", addr, bytes);
+    abort();
+  }
+  return emu.smem + o;
+}
+static inline uint32_t hp_swizzle(uint32_t addr) { return addr ^ (((addr >> 7) & 7u) << 4); }
+
+HP_DEV void hp_sync() { attn_sync(); }
+HP_DEV void hp_trap() {
+  fprintf(stderr, "emu: trap (a barrier phase never completed)\n");
+  abort();
+}
+HP_DEV float hp_shfl_xor(float x, int m) { return attn_shfl_xor(x, m); }
+HP_DEV uint32_t pack_bf16(float lo, float hi) { return emu_f32_to_b16(lo, true) | emu_f32_to_b16(hi, true) << 16; }
+template <int R> HP_DEV void reg_alloc() {}
+template <int R> HP_DEV void reg_dealloc() {}
+
+// ---- mbarriers and TMA ----------------------------------------------------------------------
+
+struct hp_mbar {
+  uint32_t count = 0, pending = 0, phase = 0;
+  int64_t tx = 0;
+};
+struct hp_copy {
+  uint32_t dst, bar;
+  const hp_tmap_t *map;
+  int c[4];
+};
+static std::map<uint32_t, hp_mbar> hp_bars; // by shared address, per CTA (cleared by the test between CTAs)
+static std::vector<hp_copy> hp_pending;
+static std::mt19937 hp_coin(7);
+
+static hp_mbar &hp_bar(uint64_t *b) {
+  auto it = hp_bars.find(hp_smem_u32(b));
+  if (it == hp_bars.end()) {
+    fprintf(stderr, "emu: mbarrier used before mbarrier.init\n");
+    abort();
+  }
+  return it->second;
+}
+static void hp_complete_if(hp_mbar &m) {
+  if (m.pending == 0 && m.tx == 0) {
+    m.phase++;
+    m.pending = m.count;
+    emu.progress++;
+  }
+}
+HP_DEV void mbar_init(uint64_t *b, uint32_t count) {
+  hp_mbar m;
+  m.count = m.pending = count;
+  hp_bars[hp_smem_u32(b)] = m;
+}
+HP_DEV void mbar_init_fence() {}
+HP_DEV void mbar_arrive(uint64_t *b) {
+  hp_mbar &m = hp_bar(b);
+  if (m.pending == 0) {
+    fprintf(stderr, "emu: more arrivals than the barrier's count\n");
+    abort();
+  }
+  m.pending--;
+  emu.progress++;
+  hp_complete_if(m);
+}
+HP_DEV void mbar_expect_tx(uint64_t *b, uint32_t bytes) {
+  hp_bar(b).tx += bytes;
+  mbar_arrive(b);
+}
+
+static void hp_land(const hp_copy &c) {
+  const hp_tmap_t &m = *c.map;
+  if (c.dst % 1024) {
+    fprintf(stderr, "emu: TMA destination %u not 1024-byte aligned (128-byte swizzle)\n", c.dst);
+    abort();
+  }
+  if (m.box[0] * 2 != 128) {
+    fprintf(stderr, "emu: the emulated TMA takes rows of 128 bytes\n");
+    abort();
+  }
+  uint32_t r = 0;
+  for (uint32_t i3 = 0; i3 < m.box[3]; i3++)
+    for (uint32_t i2 = 0; i2 < m.box[2]; i2++)
+      for (uint32_t i1 = 0; i1 < m.box[1]; i1++, r++)
+        for (uint32_t e = 0; e < m.box[0]; e++) {
+          const uint64_t x[4] = {(uint64_t)c.c[0] + e, (uint64_t)c.c[1] + i1, (uint64_t)c.c[2] + i2, (uint64_t)c.c[3] + i3};
+          uint16_t v = 0;
+          if (x[0] < m.dims[0] && x[1] < m.dims[1] && x[2] < m.dims[2] && x[3] < m.dims[3])
+            memcpy(&v, (const char *)m.base + 2 * x[0] + x[1] * m.strides[0] + x[2] * m.strides[1] + x[3] * m.strides[2], 2);
+          const uint32_t addr = c.dst + r * 128 + ((e / 8) ^ (r % 8)) * 16 + (e % 8) * 2;
+          memcpy(hp_ptr(addr, 2), &v, 2);
+        }
+  hp_mbar &b = hp_bars.at(c.bar);
+  b.tx -= (int64_t)m.box[0] * m.box[1] * m.box[2] * m.box[3] * 2;
+  if (b.tx < 0) {
+    fprintf(stderr, "emu: more TMA bytes than the barrier expected\n");
+    abort();
+  }
+  emu.progress++;
+  hp_complete_if(b);
+}
+
+HP_DEV void tma_load(void *dst, const hp_tmap_t *map, uint64_t *bar, int c0, int c1, int c2, int c3) {
+  const hp_copy c{hp_smem_u32(dst), hp_smem_u32(bar), map, {c0, c1, c2, c3}};
+  hp_bar(bar); // initialised
+  if (hp_coin() % 2) hp_land(c);
+  else hp_pending.push_back(c);
+}
+
+HP_DEV bool mbar_try(uint64_t *b, uint32_t parity) {
+  const uint32_t a = hp_smem_u32(b);
+  std::vector<hp_copy> keep; // copies to this barrier land now
+  for (const hp_copy &c : hp_pending) {
+    if (c.bar == a) hp_land(c);
+    else keep.push_back(c);
+  }
+  hp_pending.swap(keep);
+  const hp_mbar &m = hp_bar(b);
+  // true once the phase of this parity completed, i.e. the current phase has the other parity
+  const bool done = (m.phase & 1u) != parity;
+  if (!done) emu_yield();
+  return done;
+}
+
+// ---- wgmma ----------------------------------------------------------------------------------
+
+struct hp_wg {
+  int arrived = 0;
+  long gen = 0;
+  float *d[128];
+  uint32_t a[128][4];
+  uint64_t da[128], db[128];
+  int acc[128];
+};
+static hp_wg hp_wgs[8];
+
+HP_DEV void wg_fence() {}
+HP_DEV void wg_commit() {}
+HP_DEV void wg_wait0() {}
+
+static float hp_bf16(uint32_t addr) {
+  uint16_t h;
+  memcpy(&h, hp_ptr(hp_swizzle(addr), 2), 2);
+  return emu_b16_to_f32(h, true);
+}
+static void hp_desc(uint64_t d, uint32_t &start, uint32_t &lbo, uint32_t &sbo) {
+  if ((d >> 62) != 1 || ((d >> 49) & 7)) {
+    fprintf(stderr, "emu: descriptor %016llx: only the 128-byte swizzle with base offset 0 is emulated\n", (unsigned long long)d);
+    abort();
+  }
+  start = (uint32_t)(d & 0x3fff) << 4, lbo = (uint32_t)((d >> 16) & 0x3fff) << 4, sbo = (uint32_t)((d >> 32) & 0x3fff) << 4;
+}
+// K-major operand element (row r, k) of a descriptor
+static float hp_kmajor(uint64_t d, int r, int k) {
+  uint32_t start, lbo, sbo;
+  hp_desc(d, start, lbo, sbo);
+  return hp_bf16(start + (r % 8) * 128 + (r / 8) * sbo + (k / 8) * 16 + (k % 8) * 2);
+}
+// MN-major operand element (k, n)
+static float hp_mnmajor(uint64_t d, int k, int n) {
+  uint32_t start, lbo, sbo;
+  hp_desc(d, start, lbo, sbo);
+  return hp_bf16(start + (n % 8) * 2 + ((n / 8) % 8) * 16 + (n / 64) * lbo + (k % 8) * 128 + (k / 8) * sbo);
+}
+static inline int hp_row(int t, int v) { return 16 * (t / 32) + (t % 32) / 4 + 8 * ((v / 2) % 2); }
+static inline int hp_col(int t, int v) { return 8 * (v / 4) + 2 * (t % 4) + v % 2; }
+
+template <class F> static void hp_wg_op(F compute) {
+  hp_wg &g = hp_wgs[emu.cur / 128];
+  emu_barrier(&g.arrived, &g.gen, 128, [&] { compute(g); });
+}
+
+static void hp_mma(hp_wg &g, bool rs) {
+  for (int t = 1; t < 128; t++)
+    if (g.db[t] != g.db[0] || (!rs && (g.da[t] != g.da[0] || g.acc[t] != g.acc[0]))) {
+      fprintf(stderr, "emu: the threads of a warpgroup gave different wgmma operands\n");
+      abort();
+    }
+  static float A[64][16], C[64][128];
+  for (int m = 0; m < 64; m++)
+    for (int k = 0; k < 16; k++) A[m][k] = rs ? NAN : hp_kmajor(g.da[0], m, k);
+  if (rs)
+    for (int t = 0; t < 128; t++)
+      for (int v = 0; v < 8; v++) A[hp_row(t, v)][hp_col(t, v)] = emu_b16_to_f32(g.a[t][v / 2] >> (16 * (v % 2)), true);
+  for (int m = 0; m < 64; m++)
+    for (int n = 0; n < 128; n++) {
+      float c = 0;
+      for (int k = 0; k < 16; k++) c += A[m][k] * (rs ? hp_mnmajor(g.db[0], k, n) : hp_kmajor(g.db[0], n, k));
+      C[m][n] = c;
+    }
+  for (int t = 0; t < 128; t++)
+    for (int v = 0; v < 64; v++) g.d[t][v] = (rs || g.acc[0] ? g.d[t][v] : 0.0f) + C[hp_row(t, v)][hp_col(t, v)];
+}
+
+HP_DEV void wgmma_ss(float (&d)[64], uint64_t da, uint64_t db, int accumulate) {
+  hp_wg &g = hp_wgs[emu.cur / 128];
+  const int t = emu.cur % 128;
+  g.d[t] = d, g.da[t] = da, g.db[t] = db, g.acc[t] = accumulate != 0;
+  hp_wg_op([](hp_wg &g) { hp_mma(g, false); });
+}
+
+HP_DEV void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+  hp_wg &g = hp_wgs[emu.cur / 128];
+  const int t = emu.cur % 128;
+  g.d[t] = d, g.db[t] = db;
+  memcpy(g.a[t], a, 16);
+  hp_wg_op([](hp_wg &g) { hp_mma(g, true); });
+}
+
+#include "fwd_kernel.cuh"
+
+// ---- the test -------------------------------------------------------------------------------
+
+static uint16_t bf16_of(float f) { return (uint16_t)emu_f32_to_b16(f, true); }
+static float f32_of(uint16_t h) { return emu_b16_to_f32(h, true); }
+
+static bool run_case(int b, int h, int s, int causal, unsigned seed) {
+  const size_t n = (size_t)b * s * h * D;
+  std::vector<uint16_t> q(n), k(n), v(n), o(n, 0xffff);
+  std::vector<float> lse((size_t)b * h * s, NAN);
+  std::mt19937 g(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (size_t i = 0; i < n; i++) q[i] = bf16_of(u(g)), k[i] = bf16_of(u(g)), v[i] = bf16_of(u(g));
+  auto map = [&](const std::vector<uint16_t> &x) {
+    hp_tmap_t m;
+    m.base = x.data();
+    const uint64_t dims[4] = {(uint64_t)D, (uint64_t)h, (uint64_t)s, (uint64_t)b};
+    const uint64_t st[3] = {(uint64_t)D * 2, (uint64_t)h * D * 2, (uint64_t)s * h * D * 2};
+    const uint32_t box[4] = {64, 1, 128, 1};
+    memcpy(m.dims, dims, sizeof dims), memcpy(m.strides, st, sizeof st), memcpy(m.box, box, sizeof box);
+    return m;
+  };
+  const hp_tmap_t tq = map(q), tk = map(k), tv = map(v);
+  const params_t p{b, h, s, causal, 1.4426950408889634f / sqrtf((float)D), o.data(), lse.data()};
+  // one CTA at a time, each with fresh barriers
+  for (int z = 0; z < b; z++)
+    for (int y = 0; y < h; y++)
+      for (int x = 0; x < s / BM; x++) {
+        hp_bars.clear();
+        hp_pending.clear();
+        const std::function<void()> one = [&] {
+          blockIdx = dim3(x, y, z);
+          gridDim = dim3(s / BM, h, b);
+          fwd_kernel(tq, tk, tv, p);
+        };
+        emu_run(dim3(1, 1, 1), dim3(THREADS), sizeof(smem_t) + 1024, one);
+        if (!hp_pending.empty()) {
+          fprintf(stderr, "emu: a TMA copy never waited for\n");
+          return false;
+        }
+      }
+  // fp64 reference, every row
+  double num = 0, den = 0, emax = 0, lmax = 0, planted_num = 0;
+  const double scale = 1.0 / sqrt((double)D);
+  std::vector<double> sc(s), acc(D);
+  for (int bb = 0; bb < b; bb++)
+    for (int hh = 0; hh < h; hh++)
+      for (int i = 0; i < s; i++) {
+        auto at = [&](const std::vector<uint16_t> &x, int pos, int c) { return (double)f32_of(x[(((size_t)bb * s + pos) * h + hh) * D + c]); };
+        const int keys = causal ? i + 1 : s;
+        double m = -INFINITY;
+        for (int j = 0; j < keys; j++) {
+          double dot = 0;
+          for (int c = 0; c < D; c++) dot += at(q, i, c) * at(k, j, c);
+          sc[j] = dot * scale;
+          m = fmax(m, sc[j]);
+        }
+        double l = 0;
+        for (int c = 0; c < D; c++) acc[c] = 0;
+        for (int j = 0; j < keys; j++) {
+          const double e = exp(sc[j] - m);
+          l += e;
+          for (int c = 0; c < D; c++) acc[c] += e * at(v, j, c);
+        }
+        double rmax = 0; // elementwise errors against |ref| plus the row's largest |ref|
+        for (int c = 0; c < D; c++) rmax = fmax(rmax, fabs(acc[c] / l));
+        for (int c = 0; c < D; c++) {
+          const double ref = acc[c] / l, got = (double)f32_of(o[(((size_t)bb * s + i) * h + hh) * D + c]);
+          const double d = got - ref;
+          num += d * d, den += ref * ref, planted_num += (got * 1.02 - ref) * (got * 1.02 - ref);
+          emax = got != got ? INFINITY : fmax(emax, fabs(d) / (fabs(ref) + rmax));
+        }
+        const double lg = lse[((size_t)bb * h + hh) * s + i], lr = m + log(l);
+        lmax = lg != lg ? INFINITY : fmax(lmax, fabs(lg - lr) / fmax(1.0, fabs(lr)));
+      }
+  const double nw = sqrt(num / den), pw = sqrt(planted_num / den);
+  const bool ok = nw <= 4e-3 && emax <= 1e-2 && lmax <= 1e-4, caught = pw > 4e-3;
+  printf("b=%d h=%d s=%d causal=%d: normwise %.2e, elementwise %.2e, lse %.2e; planted 2%%: %.2e %s -> %s\n", b, h, s,
+         causal, nw, emax, lmax, pw, caught ? "caught" : "MISSED", ok && caught ? "ok" : "FAIL");
+  return ok && caught;
+}
+
+int main() {
+  bool ok = true;
+  const int cases[][3] = {{1, 1, 128}, {1, 2, 256}, {2, 1, 384}};
+  unsigned seed = 1;
+  for (const auto &c : cases)
+    for (int causal = 0; causal < 2; causal++) ok = run_case(c[0], c[1], c[2], causal, seed++) && ok;
+  printf("%s\n", ok ? "hopper emu: all ok" : "hopper emu: FAILED");
+  return ok ? 0 : 1;
+}
