@@ -31,62 +31,12 @@ mkdir -p "$L"
 cd "$(dirname "$0")/../.." || exit 2
 source scripts/gpu/setup.sh || exit 2
 export DISTLAB_JOB_TIMEOUT="${DISTLAB_JOB_TIMEOUT:-60}"
-SUM="$OUT/faults-summary.txt"
-BUDGET="${BUDGET:-470}"
+NAME=faults SUM="$OUT/faults-summary.txt" BUDGET="${BUDGET:-470}"
 TRIALS="${TRIALS:-20}"
-status=0
-deadline=$((t_start + BUDGET))
-say() { echo "[faults.sh +$(($(date +%s) - t_start)) s] $*" | tee -a "$SUM"; }
-
-mps_ctl=""
-finish() {
-  [ -n "$mps_ctl" ] && echo quit | "$mps_ctl" >/dev/null 2>&1
-  cp "$SUM" "$L/" 2>/dev/null
-  tar -czf "$OUT/faults-logs.tgz" -C "$OUT" faults
-  say "done, status $status; logs: $OUT/faults-logs.tgz"
-}
-trap finish EXIT
-
-# step NAME LIMIT LOG CMD...: as in scripts/gpu/overlap.sh
-step() {
-  local name=$1 limit=$2 log=$3
-  shift 3
-  local left=$((deadline - $(date +%s) - 10))
-  [ "$left" -lt "$limit" ] && limit=$left
-  if [ "$limit" -lt 5 ]; then
-    status=1
-    say "$name: SKIPPED (the ${BUDGET} s budget is spent)"
-    return 1
-  fi
-  local t0 rc verdict
-  t0=$(date +%s)
-  timeout -k 5 "$limit" "$@" >"$log" 2>&1
-  rc=$?
-  case $rc in
-    0) verdict=ok ;;
-    124 | 137) verdict="TIMED OUT after $limit s" ;;
-    *) verdict="FAILED (exit $rc)" ;;
-  esac
-  [ $rc = 0 ] || status=1
-  say "$name: $verdict in $(($(date +%s) - t0)) s; $(tail -n 1 "$log")"
-  return $rc
-}
-
-{
-  date -u '+%Y-%m-%d %H:%M UTC'
-  nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader
-  echo "commit: ${DISTLAB_COMMIT:-$(git describe --always --dirty 2>/dev/null || echo unknown)}"
-  echo "kernel: $(uname -r); trials per op: $TRIALS; budget: $BUDGET s"
-} | tee "$SUM"
-
-ctl="$(command -v nvidia-cuda-mps-control || ls /usr/local/nvidia/bin/nvidia-cuda-mps-control 2>/dev/null)"
-if [ "${MPS:-0}" = 1 ] && [ -n "$ctl" ]; then
-  export CUDA_MPS_PIPE_DIRECTORY=/tmp/distlab-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/distlab-mps-log
-  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-  "$ctl" -d && mps_ctl=$ctl
-  export PATH="$(dirname "$ctl"):$PATH" # the launcher looks for the daemon by name
-fi
-say "MPS: $([ -n "$mps_ctl" ] && echo "running ($ctl)" || echo "not running")"
+source scripts/gpu/steps.sh
+header
+say "kernel: $(uname -r); trials per op: $TRIALS; budget: $BUDGET s"
+if [ "${MPS:-0}" = 1 ]; then mps_start; else say "MPS: not started (MPS=1 starts it)"; fi
 
 step build 200 "$L/build.log" ./distlab build || exit 1
 

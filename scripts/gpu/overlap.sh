@@ -37,58 +37,11 @@ mkdir -p "$L"
 cd "$(dirname "$0")/../.." || exit 2
 source scripts/gpu/setup.sh || exit 2
 export DISTLAB_TIMEOUT="${DISTLAB_TIMEOUT:-60}" NCCL_NVLS_ENABLE=0
-PY=/opt/torch/.venv/bin/python
-[ -x "$PY" ] || PY=python3
-SUM="$OUT/overlap-summary.txt"
-BUDGET="${BUDGET:-345}"
-status=0
-deadline=$((t_start + BUDGET))
-say() { echo "[overlap.sh +$(($(date +%s) - t_start)) s] $*" | tee -a "$SUM"; }
-
-mps_ctl=""
-finish() {
-  [ -n "$mps_ctl" ] && echo quit | "$mps_ctl" >/dev/null 2>&1
-  cp "$OUT"/gemm-*.csv "$L/" 2>/dev/null
-  cp "$SUM" "$L/" 2>/dev/null
-  tar -czf "$OUT/overlap-logs.tgz" -C "$OUT" overlap
-  say "done, status $status; logs: $OUT/overlap-logs.tgz"
-}
-trap finish EXIT
-
-# step NAME LIMIT LOG CMD...: the command under min(LIMIT, what is left of the budget less 10 s
-# for packing), its verdict (and the log's last line) in the summary
-step() {
-  local name=$1 limit=$2 log=$3
-  shift 3
-  local left=$((deadline - $(date +%s) - 10))
-  [ "$left" -lt "$limit" ] && limit=$left
-  if [ "$limit" -lt 5 ]; then
-    status=1
-    say "$name: SKIPPED (the ${BUDGET} s budget is spent)"
-    return 1
-  fi
-  local t0 rc verdict
-  t0=$(date +%s)
-  timeout -k 5 "$limit" "$@" >"$log" 2>&1
-  rc=$?
-  case $rc in
-    0) verdict=ok ;;
-    124 | 137) verdict="TIMED OUT after $limit s" ;;
-    *) verdict="FAILED (exit $rc)" ;;
-  esac
-  [ $rc = 0 ] || status=1
-  say "$name: $verdict in $(($(date +%s) - t0)) s; $(tail -n 1 "$log")"
-  return $rc
-}
-
-{
-  date -u '+%Y-%m-%d %H:%M UTC'
-  nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader
-  echo "commit: ${DISTLAB_COMMIT:-$(git describe --always --dirty 2>/dev/null || echo unknown)}"
-  "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 | tail -1
-} | tee "$SUM"
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE '[AHBL][0-9]+' | head -1 | tr '[:upper:]' '[:lower:]')
-gpu=${gpu:-gpu}
+NAME=overlap SUM="$OUT/overlap-summary.txt" BUDGET="${BUDGET:-345}"
+source scripts/gpu/steps.sh
+trap 'cp "$OUT"/gemm-*.csv "$L/" 2>/dev/null; steps_finish' EXIT
+header
+gpu=$(gpu_tag)
 
 step build 200 "$L/build.log" ./distlab build || exit 1
 step "gemm_spec (#gpu)" 60 "$L/gemm-spec.log" ./distlab test spec/gemm_spec.lua
@@ -105,14 +58,7 @@ step "gemm_bench results" 30 "$L/gemm-bench.log" ./distlab run -n 1 --device cud
   --command "scripts/gpu/overlap.sh (gemm_bench_torch.py, this, gemm_bench_torch.py, this with --measured, in the same run)"
 sed -n '/^# dl.gemm vs/,$p' "$L/gemm-bench.log" | tee -a "$SUM"
 
-ctl="$(command -v nvidia-cuda-mps-control || ls /usr/local/nvidia/bin/nvidia-cuda-mps-control 2>/dev/null)"
-if [ "${MPS:-1}" = 1 ] && [ -n "$ctl" ]; then
-  export CUDA_MPS_PIPE_DIRECTORY=/tmp/distlab-mps-pipe CUDA_MPS_LOG_DIRECTORY=/tmp/distlab-mps-log
-  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-  "$ctl" -d && mps_ctl=$ctl
-  export PATH="$(dirname "$ctl"):$PATH" # the launcher looks for the daemon by name
-fi
-say "MPS: $([ -n "$mps_ctl" ] && echo "running ($ctl)" || echo "not running")"
+if [ "${MPS:-1}" = 1 ]; then mps_start; else say "MPS: not started (MPS=0)"; fi
 
 # every job of ranks the specs start ends within DISTLAB_JOB_TIMEOUT, hung or not
 export DISTLAB_JOB_TIMEOUT="${DISTLAB_JOB_TIMEOUT:-90}"
