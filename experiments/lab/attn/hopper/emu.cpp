@@ -64,6 +64,7 @@ static inline char *hp_ptr(uint32_t addr, size_t bytes) {
 static inline uint32_t hp_swizzle(uint32_t addr) { return addr ^ (((addr >> 7) & 7u) << 4); }
 
 HP_DEV void hp_sync() { attn_sync(); }
+HP_DEV int hp_warp_uniform(int x) { return x; } // the kernel passes values that are the same in every lane
 HP_DEV void hp_trap() {
   fprintf(stderr, "emu: trap (a barrier phase never completed)\n");
   abort();

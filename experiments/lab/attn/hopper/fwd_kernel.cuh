@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                const params_t p) {
   smem_t &sm = *reinterpret_cast<smem_t *>((reinterpret_cast<uintptr_t>(hp_smem()) + 1023) & ~uintptr_t(1023));
   const int m_block = gridDim.x - 1 - blockIdx.x, hh = blockIdx.y, bb = blockIdx.z;
-  const int wg = threadIdx.x / 128, tid = threadIdx.x % 128;
+  const int wg = hp_warp_uniform(threadIdx.x / 128), tid = threadIdx.x % 128; // lane 0's, as CUTLASS does
   const int n_end = p.causal ? min(p.s / BN, ((m_block + 1) * BM + BN - 1) / BN) : p.s / BN;
 
   if (threadIdx.x == 0) {

@@ -20,6 +20,8 @@ __device__ __forceinline__ char *hp_smem() {
   return hp_smem_raw;
 }
 __device__ __forceinline__ void hp_sync() { __syncthreads(); }
+// x as lane 0 has it: the compiler then knows it is the same across the warp
+__device__ __forceinline__ int hp_warp_uniform(int x) { return __shfl_sync(0xffffffffu, x, 0); }
 __device__ __forceinline__ void hp_trap() { __trap(); }
 __device__ __forceinline__ float hp_shfl_xor(float x, int m) { return __shfl_xor_sync(0xffffffffu, x, m); }
 __device__ __forceinline__ uint32_t hp_smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
