@@ -71,8 +71,6 @@ HP_DEV void hp_trap() {
 }
 HP_DEV float hp_shfl_xor(float x, int m) { return attn_shfl_xor(x, m); }
 HP_DEV uint32_t pack_bf16(float lo, float hi) { return emu_f32_to_b16(lo, true) | emu_f32_to_b16(hi, true) << 16; }
-template <int R> HP_DEV void reg_alloc() {}
-template <int R> HP_DEV void reg_dealloc() {}
 
 // ---- mbarriers and TMA ----------------------------------------------------------------------
 
@@ -182,8 +180,8 @@ HP_DEV bool mbar_try(uint64_t *b, uint32_t parity) {
 // ---- wgmma ----------------------------------------------------------------------------------
 
 struct hp_wg {
-  int arrived = 0;
-  long gen = 0;
+  int arrived = 0, bar_arrived = 0;
+  long gen = 0, bar_gen = 0;
   float *d[128];
   uint32_t a[128][4];
   uint64_t da[128], db[128];
@@ -193,7 +191,9 @@ static hp_wg hp_wgs[8];
 
 HP_DEV void wg_fence() {}
 HP_DEV void wg_commit() {}
-HP_DEV void wg_wait0() {}
+template <int N> HP_DEV void wg_wait() {}
+HP_DEV void fence_proxy_async() {}
+HP_DEV void st_shared_u32(uint32_t addr, uint32_t v) { memcpy(hp_ptr(addr, 4), &v, 4); }
 
 static float hp_bf16(uint32_t addr) {
   uint16_t h;
@@ -227,7 +227,8 @@ template <class F> static void hp_wg_op(F compute) {
   emu_barrier(&g.arrived, &g.gen, 128, [&] { compute(g); });
 }
 
-static void hp_mma(hp_wg &g, bool rs) {
+// rs: A from registers; bt: B MN-major (transposed), as the RS form always has it here
+static void hp_mma(hp_wg &g, bool rs, bool bt) {
   for (int t = 1; t < 128; t++)
     if (g.db[t] != g.db[0] || (!rs && (g.da[t] != g.da[0] || g.acc[t] != g.acc[0]))) {
       fprintf(stderr, "emu: the threads of a warpgroup gave different wgmma operands\n");
@@ -242,26 +243,44 @@ static void hp_mma(hp_wg &g, bool rs) {
   for (int m = 0; m < 64; m++)
     for (int n = 0; n < 128; n++) {
       float c = 0;
-      for (int k = 0; k < 16; k++) c += A[m][k] * (rs ? hp_mnmajor(g.db[0], k, n) : hp_kmajor(g.db[0], n, k));
+      for (int k = 0; k < 16; k++) c += A[m][k] * (bt ? hp_mnmajor(g.db[0], k, n) : hp_kmajor(g.db[0], n, k));
       C[m][n] = c;
     }
   for (int t = 0; t < 128; t++)
-    for (int v = 0; v < 64; v++) g.d[t][v] = (rs || g.acc[0] ? g.d[t][v] : 0.0f) + C[hp_row(t, v)][hp_col(t, v)];
+    for (int v = 0; v < 64; v++) g.d[t][v] = (g.acc[0] ? g.d[t][v] : 0.0f) + C[hp_row(t, v)][hp_col(t, v)];
+}
+
+// bar.sync id, 128: the warpgroup's threads meet (consumer warpgroup c names barrier 1 + c).
+HP_DEV void wg_bar_sync(int id) {
+  if (id != 1 + (int)(emu.cur / 128)) {
+    fprintf(stderr, "emu: named barrier %d used by warpgroup %d\n", id, emu.cur / 128);
+    abort();
+  }
+  hp_wg &g = hp_wgs[emu.cur / 128];
+  static const std::function<void()> nothing = [] {};
+  emu_barrier(&g.bar_arrived, &g.bar_gen, 128, nothing);
 }
 
 HP_DEV void wgmma_ss(float (&d)[64], uint64_t da, uint64_t db, int accumulate) {
   hp_wg &g = hp_wgs[emu.cur / 128];
   const int t = emu.cur % 128;
   g.d[t] = d, g.da[t] = da, g.db[t] = db, g.acc[t] = accumulate != 0;
-  hp_wg_op([](hp_wg &g) { hp_mma(g, false); });
+  hp_wg_op([](hp_wg &g) { hp_mma(g, false, false); });
+}
+
+HP_DEV void wgmma_ss_bt(float (&d)[64], uint64_t da, uint64_t db) {
+  hp_wg &g = hp_wgs[emu.cur / 128];
+  const int t = emu.cur % 128;
+  g.d[t] = d, g.da[t] = da, g.db[t] = db, g.acc[t] = 1;
+  hp_wg_op([](hp_wg &g) { hp_mma(g, false, true); });
 }
 
 HP_DEV void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
   hp_wg &g = hp_wgs[emu.cur / 128];
   const int t = emu.cur % 128;
-  g.d[t] = d, g.db[t] = db;
+  g.d[t] = d, g.db[t] = db, g.acc[t] = 1;
   memcpy(g.a[t], a, 16);
-  hp_wg_op([](hp_wg &g) { hp_mma(g, true); });
+  hp_wg_op([](hp_wg &g) { hp_mma(g, true, true); });
 }
 
 #include "fwd_kernel.cuh"
@@ -271,7 +290,7 @@ HP_DEV void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
 static uint16_t bf16_of(float f) { return (uint16_t)emu_f32_to_b16(f, true); }
 static float f32_of(uint16_t h) { return emu_b16_to_f32(h, true); }
 
-static bool run_case(int b, int h, int s, int causal, unsigned seed) {
+static bool run_case(int b, int h, int s, int causal, bool pipe, unsigned seed) {
   const size_t n = (size_t)b * s * h * D;
   std::vector<uint16_t> q(n), k(n), v(n), o(n, 0xffff);
   std::vector<float> lse((size_t)b * h * s, NAN);
@@ -298,7 +317,8 @@ static bool run_case(int b, int h, int s, int causal, unsigned seed) {
         const std::function<void()> one = [&] {
           blockIdx = dim3(x, y, z);
           gridDim = dim3(s / BM, h, b);
-          fwd_kernel(tq, tk, tv, p);
+          if (pipe) fwd_kernel<true>(tq, tk, tv, p);
+          else fwd_kernel<false>(tq, tk, tv, p);
         };
         emu_run(dim3(1, 1, 1), dim3(THREADS), sizeof(smem_t) + 1024, one);
         if (!hp_pending.empty()) {
@@ -342,7 +362,7 @@ static bool run_case(int b, int h, int s, int causal, unsigned seed) {
       }
   const double nw = sqrt(num / den), pw = sqrt(planted_num / den);
   const bool ok = nw <= 4e-3 && emax <= 1e-2 && lmax <= 1e-4, caught = pw > 4e-3;
-  printf("b=%d h=%d s=%d causal=%d: normwise %.2e, elementwise %.2e, lse %.2e; planted 2%%: %.2e %s -> %s\n", b, h, s,
+  printf("pipe=%d b=%d h=%d s=%d causal=%d: normwise %.2e, elementwise %.2e, lse %.2e; planted 2%%: %.2e %s -> %s\n", pipe, b, h, s,
          causal, nw, emax, lmax, pw, caught ? "caught" : "MISSED", ok && caught ? "ok" : "FAIL");
   return ok && caught;
 }
@@ -352,7 +372,8 @@ int main() {
   const int cases[][3] = {{1, 1, 128}, {1, 2, 256}, {2, 1, 384}};
   unsigned seed = 1;
   for (const auto &c : cases)
-    for (int causal = 0; causal < 2; causal++) ok = run_case(c[0], c[1], c[2], causal, seed++) && ok;
+    for (int causal = 0; causal < 2; causal++)
+      for (int pipe = 0; pipe < 2; pipe++) ok = run_case(c[0], c[1], c[2], causal, pipe, seed++) && ok;
   printf("%s\n", ok ? "hopper emu: all ok" : "hopper emu: FAILED");
   return ok ? 0 : 1;
 }

@@ -5,38 +5,50 @@
  * multiple of 128, causal (top-left) or not; out bf16 [b, s, h, d] and the
  * natural-log LSE fp32 [b, h, s].
  *
- * Why hand-written PTX and not CuTe: the kernel needs five instructions that
- * CuTe wraps (TMA load, mbarrier, wgmma SS/RS, setmaxnreg) and two shared
- * memory descriptors; spelled out here they are one screen each, the
- * descriptors are explicit (below), and the file compiles in seconds on CI's
- * two cores, where CuTe's template instantiations take minutes. The layouts
- * were read from CUTLASS 4.2's cute/atom/mma_traits_sm90_gmma.hpp
- * (make_gmma_desc) and cute/arch/copy_sm90_tma.hpp; no code is copied.
+ * Why hand-written PTX and not CuTe: the kernel needs a few instructions
+ * that CuTe wraps (TMA load, mbarrier, wgmma SS/RS, named barriers, the
+ * async-proxy fence) and two kinds of shared memory descriptors; spelled out
+ * here (hopper/ptx.cuh) they are one screen each, the descriptors are
+ * explicit (below), and the file compiles in seconds on CI's two cores,
+ * where CuTe's template instantiations take minutes. The layouts were read
+ * from CUTLASS 4.2's cute/atom/mma_traits_sm90_gmma.hpp (make_gmma_desc) and
+ * cute/arch/copy_sm90_tma.hpp; no code is copied.
  *
- * CTA: 3 warpgroups, BM = 128 query rows of one (batch, head).
- *   warpgroup 0, producer (one thread): TMA loads Q once, then K and V of
- *     each key block (BN = 128), last block first, into STAGES = 2 buffers;
- *     full barriers carry the bytes (expect_tx), empty barriers free them.
- *   warpgroups 1, 2, consumers: 64 query rows each. Per key block:
- *     S = Q K^T (8 wgmma m64n128k16, both operands in shared memory),
- *     K's buffer released, causal mask on the diagonal block, online
- *     softmax in base 2 (row max and sum over the 4 threads of a row),
- *     P rounded to bf16 in registers as wgmma's A operand (the fp32
- *     accumulator layout of a 16-column slice is the A layout of a k16
- *     step), O += P V (8 wgmma, V transposed by the descriptor), V's
- *     buffer released. Epilogue: O / l to global memory, LSE.
- *   Not yet here (FA3 has them): softmax of block j overlapped with the
- *   GEMMs of block j+1 (intra-warpgroup pipelining), ping-pong between the
- *   two consumer warpgroups, a TMA store of O, thd/sbhd, GQA, windows, the
- *   fused merge epilogue, backward.
+ * CTA: 288 threads, BM = 128 query rows of one (batch, head).
+ *   warp 8, producer (one thread): TMA loads Q once, then K and V of each
+ *     key block (BN = 128), last block first, into STAGES = 2 buffers; full
+ *     barriers carry the bytes (expect_tx), empty barriers free them.
+ *   warpgroups 0, 1 (warps 0-7), consumers: 64 query rows each. Per key
+ *     block: S = Q K^T (8 wgmma m64n128k16, both operands in shared memory),
+ *     K's buffer released, causal mask where the block reaches past the
+ *     warpgroup's first row, online softmax in base 2 (row max and sum over
+ *     the 4 threads of a row), O += P V (8 wgmma, V transposed by its
+ *     descriptor), V's buffer released; epilogue O / l to global memory, LSE.
+ *     Two main loops (template PIPE, `--pipe 0,1` times both):
+ *     PIPE = 0: the steps one after another, P rounded to bf16 in registers
+ *       as wgmma's A operand (the fp32 accumulator layout of a 16-column
+ *       slice pair is the A layout of a k16 step);
+ *     PIPE = 1: FA3's intra-warpgroup pipelining, S(j) issued with
+ *       P(j-1) V(j-1) and the softmax of S(j) run while the P V does; P goes
+ *       through a shared tile per warpgroup (named barrier 1 + c, async-proxy
+ *       fence), so that only O is pinned by wgmma during the softmax.
+ *   Registers: 162 / 166, no spills (ptxas of CUDA 13.0). With a producer
+ *   warpgroup (384 threads, 168 a thread) and setmaxnreg 40/232, PIPE = 1
+ *   with P in registers spilled 224 bytes and serialised its wgmmas; the 32
+ *   64-bit store addresses of P spilled too, until they became 32-bit shared
+ *   addresses. One producer warp leaves 168 for every thread, enough.
+ *   Not yet here (FA3 has them): ping-pong of the two consumer warpgroups,
+ *   a TMA store of O, thd/sbhd, GQA, windows, the fused merge epilogue,
+ *   backward.
  *
  * Shared memory tiles, each a TMA box of 64 columns (128 bytes) x rows with
  * the 128-byte swizzle, 1024-byte aligned; a d = 128 tile is two of them:
- *   Q [2][BM][64], K [STAGES][2][BN][64], V [STAGES][2][BN][64] bf16.
+ *   Q [2][BM][64], K [STAGES][2][BN][64], V [STAGES][2][BN][64] bf16, and
+ *   (PIPE) P [2 warpgroups][2][64][64]: 192 KB in all, one CTA an SM.
  * wgmma descriptors (64 bits: start >> 4 at [0,14), leading byte offset >> 4
  * at [16,30), stride byte offset >> 4 at [32,46), layout 1 = 128B swizzle at
  * [62,64)):
- *   K-major (Q as A, K as B; d contiguous): SBO = 1024 (8 rows of 128 B),
+ *   K-major (Q and P as A, K as B; d, or keys, contiguous): SBO = 1024 (8 rows of 128 B),
  *     LBO = 16 (unused by swizzled K-major); the k16 step kk of a half at
  *     start + 32 kk; the second half of d at start + rows * 128.
  *   MN-major (V as B; d = N contiguous): SBO = 1024 (8 keys), LBO = BN * 128
@@ -44,15 +56,15 @@
  *
  * Status (2026-11-26): never run on a GPU. It passes hopper/emu.cpp (the
  * kernel on the CPU with wgmma, TMA and mbarriers emulated from the PTX ISA
- * and CUTLASS's layouts; s 128-384, causal and not, against fp64, and seven
- * planted kernel bugs each caught). The first GPU call must run
+ * and CUTLASS's layouts; s 128-384, causal and not, both main loops,
+ * against fp64; seven planted kernel bugs each caught). The first GPU call must run
  * `./fwd --check` (sampled rows against an fp64 reference, normwise and
  * elementwise, with a planted 2% error that must fail) before any timing
  * is believed: the emulator cannot show that the hardware reads the
  * layouts as emulated.
  *
  *   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o fwd fwd.cu
- *   ./fwd [--check] [--b 2] [--h 16] [--s 4096,8192,16384,32768] [--iters 20]
+ *   ./fwd [--check] [--b 2] [--h 16] [--s 4096,8192,16384,32768] [--iters 20] [--pipe 0,1]
  */
 #include "fwd_kernel.cuh"
 
@@ -166,16 +178,18 @@ static CUtensorMap tensor_map(const __nv_bfloat16 *x, int b, int h, int s) {
 }
 
 static void run(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const params_t &p,
-                cudaStream_t st) {
+                bool pipe, cudaStream_t st) {
   const CUtensorMap tq = tensor_map(q, p.b, p.h, p.s), tk = tensor_map(k, p.b, p.h, p.s),
                     tv = tensor_map(v, p.b, p.h, p.s);
   const size_t smem = sizeof(smem_t) + 1024;
   static bool attr = false;
   if (!attr) {
-    CK(cudaFuncSetAttribute(fwd_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    CK(cudaFuncSetAttribute(fwd_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    CK(cudaFuncSetAttribute(fwd_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     attr = true;
   }
-  fwd_kernel<<<dim3(p.s / BM, p.h, p.b), THREADS, smem, st>>>(tq, tk, tv, p);
+  if (pipe) fwd_kernel<true><<<dim3(p.s / BM, p.h, p.b), THREADS, smem, st>>>(tq, tk, tv, p);
+  else fwd_kernel<false><<<dim3(p.s / BM, p.h, p.b), THREADS, smem, st>>>(tq, tk, tv, p);
   CK(cudaGetLastError());
 }
 
@@ -238,16 +252,21 @@ int main(int argc, char **argv) {
   int b = 2, h = 16, iters = 20;
   bool do_check = false;
   std::vector<int> ss = {4096, 8192, 16384, 32768};
+  std::vector<int> pipes = {0, 1}; // the kernel's two main loops (fwd_kernel.cuh)
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--check")) do_check = true;
     else if (!strcmp(argv[i], "--b") && i + 1 < argc) b = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--h") && i + 1 < argc) h = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--pipe") && i + 1 < argc) {
+      pipes.clear();
+      for (char *t = strtok(argv[++i], ","); t; t = strtok(nullptr, ",")) pipes.push_back(atoi(t) != 0);
+    }
     else if (!strcmp(argv[i], "--s") && i + 1 < argc) {
       ss.clear();
       for (char *t = strtok(argv[++i], ","); t; t = strtok(nullptr, ",")) ss.push_back(atoi(t));
     } else {
-      fprintf(stderr, "usage: fwd [--check] [--b B] [--h H] [--s S1,S2,...] [--iters N]\n");
+      fprintf(stderr, "usage: fwd [--check] [--b B] [--h H] [--s S1,S2,...] [--iters N] [--pipe 0,1]\n");
       return 2;
     }
   }
@@ -274,24 +293,25 @@ int main(int argc, char **argv) {
     fill_kernel<<<1024, 256>>>(k, n, 2);
     fill_kernel<<<1024, 256>>>(v, n, 3);
     CK(cudaGetLastError());
-    for (int causal = 0; causal < 2; causal++) {
+    for (int causal = 0; causal < 2; causal++)
+    for (int pipe : pipes) {
       params_t p{b, h, s, causal, 1.4426950408889634f / sqrtf((float)D), reinterpret_cast<uint16_t *>(o), lse};
       CK(cudaMemset(o, 0xff, n * 2)); // poison: NaN bf16 until the kernel writes
       CK(cudaMemset(lse, 0xff, (size_t)b * h * s * 4));
-      run(q, k, v, p, 0);
+      run(q, k, v, p, pipe, 0);
       CK(cudaDeviceSynchronize());
       cudaEvent_t e0, e1;
       CK(cudaEventCreate(&e0));
       CK(cudaEventCreate(&e1));
-      for (int i = 0; i < 3; i++) run(q, k, v, p, 0);
+      for (int i = 0; i < 3; i++) run(q, k, v, p, pipe, 0);
       CK(cudaEventRecord(e0));
-      for (int i = 0; i < iters; i++) run(q, k, v, p, 0);
+      for (int i = 0; i < iters; i++) run(q, k, v, p, pipe, 0);
       CK(cudaEventRecord(e1));
       CK(cudaEventSynchronize(e1));
       float ms;
       CK(cudaEventElapsedTime(&ms, e0, e1));
       const double us = ms * 1e3 / iters, flops = 4.0 * b * h * (double)s * s * D / (causal ? 2 : 1);
-      printf("s=%6d causal=%d  %9.1f us  %6.1f TFLOP/s\n", s, causal, us, flops / us * 1e-6);
+      printf("s=%6d causal=%d pipe=%d  %9.1f us  %6.1f TFLOP/s\n", s, causal, pipe, us, flops / us * 1e-6);
       if (do_check) { // after timing: the data the timed runs left
         const bool ok = check(q, k, v, p, false), caught = !check(q, k, v, p, true);
         if (!caught) printf("  the planted 2%% error went unseen\n");

@@ -13,13 +13,15 @@
 #include "ptx.cuh"
 #endif
 
-constexpr int D = 128, BM = 128, BN = 128, STAGES = 2, THREADS = 384;
+// 2 consumer warpgroups (warps 0-7) and a producer warp (8): 288 threads (fwd.cu on registers)
+constexpr int D = 128, BM = 128, BN = 128, STAGES = 2, THREADS = 288;
 constexpr uint32_t TILE_BYTES = 128 * 128 * 2; // a [128][128] bf16 tile: two TMA boxes
 
 struct alignas(1024) smem_t {
   uint16_t q[2][BM * 64];
   uint16_t k[STAGES][2][BN * 64];
   uint16_t v[STAGES][2][BN * 64];
+  uint16_t p[2][2][64 * 64]; // PIPE: each consumer warpgroup's P, [keys / 64][64 rows][64] (K-major A of P V)
   uint64_t q_full, k_full[STAGES], v_full[STAGES], k_empty[STAGES], v_empty[STAGES];
 };
 
@@ -42,13 +44,122 @@ HP_DEV uint64_t gmma_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
          (uint64_t)((sbo >> 4) & 0x3fff) << 32 | 1ull << 62;
 }
 
-// Grid (s / BM, h, b), m-blocks last to first (the causal heavy ones start first).
+
+// ---- the consumers' steps (thread t of a warpgroup holds rows r0 = 16 (t / 32) + (t % 32) / 4 and
+// r0 + 8 of its 64, columns 8 j + 2 (t % 4) + {0, 1}: value 4 j + e is row r0 + 8 (e / 2), column
+// 8 j + 2 (t % 4) + e % 2) ----
+
+// S = Q K^T over d = 128: 8 wgmma (both operands K-major in shared memory), one commit group.
+HP_DEV void gemm_qk(float (&s)[64], uint32_t q_base, uint32_t k_base) {
+  wg_fence();
+#pragma unroll
+  for (int half = 0; half < 2; half++)
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)
+      wgmma_ss(s, gmma_desc(q_base + half * BM * 128 + kk * 32, 16, 1024),
+               gmma_desc(k_base + half * BN * 128 + kk * 32, 16, 1024), half | kk);
+  wg_commit();
+}
+
+// Mask (causal, where the key block reaches past the warpgroup's first row) and the online softmax
+// in base 2: s becomes exp2(s * scale - max), sum grows, corr is the factor that brings O (and the
+// old sum, already scaled) to the new max.
+HP_DEV void softmax_step(float (&s)[64], float (&mx)[2], float (&sum)[2], float (&corr)[2], bool diag, int key0,
+                         int q0, int lane, float scale_log2) {
+  float mnew[2] = {mx[0], mx[1]};
+#pragma unroll
+  for (int j = 0; j < 16; j++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int col = key0 + 8 * j + 2 * (lane % 4) + (e & 1), row = q0 + 8 * (e >> 1);
+      float v = s[4 * j + e] * scale_log2;
+      if (diag && col > row) v = -INFINITY;
+      s[4 * j + e] = v;
+      mnew[e >> 1] = fmaxf(mnew[e >> 1], v);
+    }
+  float base[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    mnew[r] = fmaxf(mnew[r], hp_shfl_xor(mnew[r], 1));
+    mnew[r] = fmaxf(mnew[r], hp_shfl_xor(mnew[r], 2));
+    base[r] = mnew[r] == -INFINITY ? 0.0f : mnew[r]; // a row with no key yet
+    corr[r] = exp2f(mx[r] - base[r]);
+    mx[r] = mnew[r];
+    sum[r] *= corr[r];
+  }
+#pragma unroll
+  for (int j = 0; j < 16; j++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      s[4 * j + e] = exp2f(s[4 * j + e] - base[e >> 1]);
+      sum[e >> 1] += s[4 * j + e];
+    }
+}
+
+HP_DEV void scale_o(float (&o)[64], const float (&corr)[2]) {
+#pragma unroll
+  for (int j = 0; j < 16; j++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) o[4 * j + e] *= corr[e >> 1];
+}
+
+// O += P V with P in registers: the fp32 layout of a 16-column slice pair is wgmma's A layout of a
+// k16 step (a0 row r0 and a1 row r0 + 8 of slice 2 kc, a2 and a3 of slice 2 kc + 1).
+HP_DEV void gemm_pv_regs(float (&o)[64], const float (&s)[64], uint32_t v_base) {
+  uint32_t pa[32];
+#pragma unroll
+  for (int j = 0; j < 16; j++) {
+    pa[2 * j] = pack_bf16(s[4 * j], s[4 * j + 1]);
+    pa[2 * j + 1] = pack_bf16(s[4 * j + 2], s[4 * j + 3]);
+  }
+  wg_fence();
+#pragma unroll
+  for (int kc = 0; kc < 8; kc++) {
+    const uint32_t a[4] = {pa[4 * kc], pa[4 * kc + 1], pa[4 * kc + 2], pa[4 * kc + 3]};
+    wgmma_rs(o, a, gmma_desc(v_base + kc * 16 * 128, BN * 128, 1024));
+  }
+  wg_commit();
+}
+
+// P into the warpgroup's shared tile (K-major, 128-byte swizzle: row m's 16-byte chunk c at c ^ (m %
+// 8)), made visible to wgmma's reads (the async proxy) and complete across the warpgroup. Row m0's
+// and m0 + 8's chunk j % 8 of key half j / 8 (m % 8 = lane / 4 for both); 32-bit shared addresses,
+// so that the 32 stores' addresses cost ptxas few registers (64-bit pointers spilled 216 bytes).
+HP_DEV void store_p(const float (&s)[64], uint32_t tile, int warp, int lane, int c) {
+  const uint32_t base = tile + (uint32_t)(warp * 16 + lane / 4) * 128 + (uint32_t)(lane % 4) * 4;
+  const uint32_t x = (uint32_t)(lane / 4);
+#pragma unroll
+  for (int j = 0; j < 16; j++) {
+    const uint32_t a = base + (uint32_t)(j / 8) * 8192 + ((((uint32_t)j % 8) ^ x) << 4);
+    st_shared_u32(a, pack_bf16(s[4 * j], s[4 * j + 1]));            // row m0
+    st_shared_u32(a + 1024, pack_bf16(s[4 * j + 2], s[4 * j + 3])); // row m0 + 8
+  }
+  fence_proxy_async();
+  wg_bar_sync(1 + c); // every thread's part of P is in before any reads it (barrier 0 is __syncthreads')
+}
+
+// O += P V with P in shared memory: 8 wgmma with both operands there, one commit group.
+HP_DEV void gemm_pv_smem(float (&o)[64], uint32_t p_base, uint32_t v_base) {
+  wg_fence();
+#pragma unroll
+  for (int kc = 0; kc < 8; kc++)
+    wgmma_ss_bt(o, gmma_desc(p_base + (kc / 4) * 8192 + (kc % 4) * 32, 16, 1024),
+                gmma_desc(v_base + kc * 16 * 128, BN * 128, 1024));
+  wg_commit();
+}
+
+// Grid (s / BM, h, b), m-blocks last to first (the causal heavy ones start first). PIPE = false:
+// per key block, S, softmax, P V one after another, P in registers. PIPE = true: FA3's
+// intra-warpgroup pipelining, the softmax of block it between the issue of S(it) with
+// P(it - 1) V(it - 1) and their completion; P goes through shared memory, so that only O is pinned
+// by wgmma while the softmax runs (P in registers as well spilled: fwd.cu).
+template <bool PIPE>
 __global__ void __launch_bounds__(THREADS, 1)
     fwd_kernel(const HP_GRID_CONST hp_tmap_t tq, const HP_GRID_CONST hp_tmap_t tk, const HP_GRID_CONST hp_tmap_t tv,
                const params_t p) {
   smem_t &sm = *reinterpret_cast<smem_t *>((reinterpret_cast<uintptr_t>(hp_smem()) + 1023) & ~uintptr_t(1023));
   const int m_block = gridDim.x - 1 - blockIdx.x, hh = blockIdx.y, bb = blockIdx.z;
-  const int wg = hp_warp_uniform(threadIdx.x / 128), tid = threadIdx.x % 128; // lane 0's, as CUTLASS does
+  const int warp_id = hp_warp_uniform(threadIdx.x / 32), tid = threadIdx.x % 128; // lane 0's, as CUTLASS does
   const int n_end = p.causal ? min(p.s / BN, ((m_block + 1) * BM + BN - 1) / BN) : p.s / BN;
 
   if (threadIdx.x == 0) {
@@ -63,9 +174,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   }
   hp_sync();
 
-  if (wg == 0) { // producer
-    reg_dealloc<40>();
-    if (tid == 0) {
+  if (warp_id == 8) { // producer
+    if (threadIdx.x == 256) {
       mbar_expect_tx(&sm.q_full, TILE_BYTES);
       for (int half = 0; half < 2; half++) tma_load(sm.q[half], &tq, &sm.q_full, 64 * half, hh, m_block * BM, bb);
       for (int it = 0; it < n_end; it++) {
@@ -82,88 +192,61 @@ __global__ void __launch_bounds__(THREADS, 1)
     return;
   }
 
-  // consumers: warpgroup c = wg - 1 owns rows [c * 64, c * 64 + 64) of the block
-  reg_alloc<232>();
-  const int c = wg - 1, warp = tid / 32, lane = tid % 32;
+  // consumers: warpgroup c (warps 4c .. 4c + 3) owns rows [c * 64, c * 64 + 64) of the block
+  const int c = warp_id / 4, warp = tid / 32, lane = tid % 32;
   const int r0 = c * 64 + warp * 16 + lane / 4; // this thread's rows: r0 and r0 + 8 (in the block)
   const int q0 = m_block * BM + r0;
   float o[64], s[64];
   for (int i = 0; i < 64; i++) o[i] = 0.0f;
   float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
   const uint32_t q_base = hp_smem_u32(sm.q[0]) + c * 64 * 128;
+  const int row0 = m_block * BM + c * 64; // the warpgroup's first row
+  auto diag = [&](int it) { return p.causal && (n_end - it) * BN - 1 > row0; }; // key block n_end - 1 - it
+  auto key0 = [&](int it) { return (n_end - 1 - it) * BN; };
+  auto k_base = [&](int it) { return hp_smem_u32(sm.k[it % STAGES][0]); };
+  auto v_base = [&](int it) { return hp_smem_u32(sm.v[it % STAGES][0]); };
+  auto parity = [](int it) { return (uint32_t)(it / STAGES) & 1u; };
+  float corr[2];
   mbar_wait(&sm.q_full, 0);
 
-  for (int it = 0; it < n_end; it++) {
-    const int n = n_end - 1 - it, st = it % STAGES;
-    const uint32_t parity = (it / STAGES) & 1;
-    // S = Q K^T
-    mbar_wait(&sm.k_full[st], parity);
-    const uint32_t k_base = hp_smem_u32(sm.k[st][0]);
-    wg_fence();
-#pragma unroll
-    for (int half = 0; half < 2; half++)
-#pragma unroll
-      for (int kk = 0; kk < 4; kk++)
-        wgmma_ss(s, gmma_desc(q_base + half * BM * 128 + kk * 32, 16, 1024),
-                 gmma_desc(k_base + half * BN * 128 + kk * 32, 16, 1024), half | kk);
-    wg_commit();
-    wg_wait0();
-    mbar_arrive(&sm.k_empty[st]);
-
-    // mask (causal, the blocks that reach past a row) and online softmax, base 2
-    const bool diag = p.causal && (n + 1) * BN - 1 > m_block * BM + c * 64;
-    float mnew[2] = {mx[0], mx[1]};
-#pragma unroll
-    for (int j = 0; j < 16; j++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const int col = n * BN + 8 * j + 2 * (lane % 4) + (e & 1), row = q0 + 8 * (e >> 1);
-        float v = s[4 * j + e] * p.scale_log2;
-        if (diag && col > row) v = -INFINITY;
-        s[4 * j + e] = v;
-        mnew[e >> 1] = fmaxf(mnew[e >> 1], v);
-      }
-    float corr[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-      mnew[r] = fmaxf(mnew[r], hp_shfl_xor(mnew[r], 1));
-      mnew[r] = fmaxf(mnew[r], hp_shfl_xor(mnew[r], 2));
-      const float base = mnew[r] == -INFINITY ? 0.0f : mnew[r]; // a row with no key yet
-      corr[r] = exp2f(mx[r] - base);
-      mx[r] = mnew[r];
-      sum[r] *= corr[r];
+  if (!PIPE) {
+    for (int it = 0; it < n_end; it++) {
+      mbar_wait(&sm.k_full[it % STAGES], parity(it));
+      gemm_qk(s, q_base, k_base(it));
+      wg_wait<0>();
+      mbar_arrive(&sm.k_empty[it % STAGES]);
+      softmax_step(s, mx, sum, corr, diag(it), key0(it), q0, lane, p.scale_log2);
+      scale_o(o, corr);
+      mbar_wait(&sm.v_full[it % STAGES], parity(it));
+      gemm_pv_regs(o, s, v_base(it));
+      wg_wait<0>();
+      mbar_arrive(&sm.v_empty[it % STAGES]);
     }
-    uint32_t pa[32]; // P in bf16, as eight k16 A fragments of four registers
-#pragma unroll
-    for (int j = 0; j < 16; j++) {
-      float e4[4];
-#pragma unroll
-      for (int e = 0; e < 4; e++) {
-        const float base = mx[e >> 1] == -INFINITY ? 0.0f : mx[e >> 1];
-        e4[e] = exp2f(s[4 * j + e] - base);
-        sum[e >> 1] += e4[e];
-      }
-      pa[2 * j] = pack_bf16(e4[0], e4[1]);     // row r0: columns 2q, 2q+1 of this 8-column slice
-      pa[2 * j + 1] = pack_bf16(e4[2], e4[3]); // row r0 + 8
+  } else {
+    const uint32_t p_base = hp_smem_u32(sm.p[c][0]);
+    mbar_wait(&sm.k_full[0], parity(0));
+    gemm_qk(s, q_base, k_base(0));
+    wg_wait<0>();
+    mbar_arrive(&sm.k_empty[0]);
+    softmax_step(s, mx, sum, corr, diag(0), key0(0), q0, lane, p.scale_log2);
+    store_p(s, p_base, warp, lane, c);
+    for (int it = 1; it < n_end; it++) {
+      mbar_wait(&sm.k_full[it % STAGES], parity(it));
+      gemm_qk(s, q_base, k_base(it));
+      mbar_wait(&sm.v_full[(it - 1) % STAGES], parity(it - 1));
+      gemm_pv_smem(o, p_base, v_base(it - 1));
+      wg_wait<1>(); // S(it) is in (commit groups complete in order); P(it - 1) V(it - 1) still runs
+      mbar_arrive(&sm.k_empty[it % STAGES]);
+      softmax_step(s, mx, sum, corr, diag(it), key0(it), q0, lane, p.scale_log2);
+      wg_wait<0>(); // P(it - 1) V(it - 1) is in: O, P's tile and V's stage are free
+      mbar_arrive(&sm.v_empty[(it - 1) % STAGES]);
+      scale_o(o, corr);
+      store_p(s, p_base, warp, lane, c);
     }
-#pragma unroll
-    for (int j = 0; j < 16; j++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) o[4 * j + e] *= corr[e >> 1];
-
-    // O += P V
-    mbar_wait(&sm.v_full[st], parity);
-    const uint32_t v_base = hp_smem_u32(sm.v[st][0]);
-    wg_fence();
-#pragma unroll
-    for (int kc = 0; kc < 8; kc++) {
-      // keys 16 kc .. 16 kc + 15: slices 2 kc (a0 row r0, a1 row r0 + 8) and 2 kc + 1 (a2, a3)
-      const uint32_t a[4] = {pa[4 * kc], pa[4 * kc + 1], pa[4 * kc + 2], pa[4 * kc + 3]};
-      wgmma_rs(o, a, gmma_desc(v_base + kc * 16 * 128, BN * 128, 1024));
-    }
-    wg_commit();
-    wg_wait0();
-    mbar_arrive(&sm.v_empty[st]);
+    mbar_wait(&sm.v_full[(n_end - 1) % STAGES], parity(n_end - 1));
+    gemm_pv_smem(o, p_base, v_base(n_end - 1));
+    wg_wait<0>();
+    mbar_arrive(&sm.v_empty[(n_end - 1) % STAGES]);
   }
 
   // epilogue: the row sums over the four threads of a row, O / l, LSE (natural log)
