@@ -18,9 +18,11 @@
 //              k / 8 by SBO; then the swizzle on the address) or A from each
 //              thread's registers, D in the accumulator layout (thread t,
 //              value v: row 16 (t / 32) + (t % 32) / 4 + 8 ((v / 2) % 2),
-//              column 8 (v / 4) + 2 (t % 4) + v % 2). Synchronous: the
-//              result is there at the instruction, so a missing wait is not
-//              caught.
+//              column 8 (v / 4) + 2 (t % 4) + v % 2). Asynchronous as on the
+//              GPU: a wgmma runs at the wgmma.wait_group that covers its
+//              commit group, reading shared memory and adding to the
+//              accumulators then, so a stage reused, or accumulators read or
+//              written, before that wait give wrong results.
 // This checks the kernel's own logic (fragment maps, softmax, masks, the
 // pipeline's barriers and phases, the epilogue) against an fp64 reference;
 // it cannot check that the hardware reads the layouts as emulated: that is
@@ -179,6 +181,17 @@ HP_DEV bool mbar_try(uint64_t *b, uint32_t parity) {
 
 // ---- wgmma ----------------------------------------------------------------------------------
 
+// One wgmma as issued: its operands (A's registers as they were then: ptxas keeps them until the
+// wait) and where each thread's accumulators are. It runs at the wait that covers its commit group:
+// the shared memory it reads and the accumulators it adds to are read then, so a kernel that
+// reuses a stage, or reads or writes the accumulators, before that wait gets wrong results.
+struct hp_op {
+  bool rs, bt;
+  int acc;
+  uint64_t da, db;
+  float *d[128];
+  uint32_t a[128][4];
+};
 struct hp_wg {
   int arrived = 0, bar_arrived = 0;
   long gen = 0, bar_gen = 0;
@@ -186,12 +199,30 @@ struct hp_wg {
   uint32_t a[128][4];
   uint64_t da[128], db[128];
   int acc[128];
+  std::vector<hp_op> open;                // issued, not yet committed
+  std::vector<std::vector<hp_op>> groups; // committed, not yet waited for (oldest first)
 };
 static hp_wg hp_wgs[8];
 
+static void hp_mma(const hp_op &op);
+template <class F> static void hp_wg_op(F compute);
+
 HP_DEV void wg_fence() {}
-HP_DEV void wg_commit() {}
-template <int N> HP_DEV void wg_wait() {}
+HP_DEV void wg_commit() {
+  hp_wg_op([](hp_wg &g) {
+    g.groups.push_back(g.open);
+    g.open.clear();
+  });
+}
+// wgmma.wait_group N: every commit group but the N newest completes, in order
+template <int N> HP_DEV void wg_wait() {
+  hp_wg_op([](hp_wg &g) {
+    while (g.groups.size() > (size_t)N) {
+      for (const hp_op &op : g.groups.front()) hp_mma(op);
+      g.groups.erase(g.groups.begin());
+    }
+  });
+}
 HP_DEV void fence_proxy_async() {}
 HP_DEV void st_shared_u32(uint32_t addr, uint32_t v) { memcpy(hp_ptr(addr, 4), &v, 4); }
 
@@ -227,27 +258,36 @@ template <class F> static void hp_wg_op(F compute) {
   emu_barrier(&g.arrived, &g.gen, 128, [&] { compute(g); });
 }
 
-// rs: A from registers; bt: B MN-major (transposed), as the RS form always has it here
-static void hp_mma(hp_wg &g, bool rs, bool bt) {
+// The issue: the warpgroup's operands checked and snapshot. rs: A from registers; bt: B MN-major
+// (transposed), as the RS form always has it here.
+static void hp_issue(hp_wg &g, bool rs, bool bt) {
   for (int t = 1; t < 128; t++)
     if (g.db[t] != g.db[0] || (!rs && (g.da[t] != g.da[0] || g.acc[t] != g.acc[0]))) {
       fprintf(stderr, "emu: the threads of a warpgroup gave different wgmma operands\n");
       abort();
     }
+  hp_op op;
+  op.rs = rs, op.bt = bt, op.acc = g.acc[0], op.da = g.da[0], op.db = g.db[0];
+  memcpy(op.d, g.d, sizeof op.d);
+  memcpy(op.a, g.a, sizeof op.a);
+  g.open.push_back(op);
+}
+
+static void hp_mma(const hp_op &op) {
   static float A[64][16], C[64][128];
   for (int m = 0; m < 64; m++)
-    for (int k = 0; k < 16; k++) A[m][k] = rs ? NAN : hp_kmajor(g.da[0], m, k);
-  if (rs)
+    for (int k = 0; k < 16; k++) A[m][k] = op.rs ? NAN : hp_kmajor(op.da, m, k);
+  if (op.rs)
     for (int t = 0; t < 128; t++)
-      for (int v = 0; v < 8; v++) A[hp_row(t, v)][hp_col(t, v)] = emu_b16_to_f32(g.a[t][v / 2] >> (16 * (v % 2)), true);
+      for (int v = 0; v < 8; v++) A[hp_row(t, v)][hp_col(t, v)] = emu_b16_to_f32(op.a[t][v / 2] >> (16 * (v % 2)), true);
   for (int m = 0; m < 64; m++)
     for (int n = 0; n < 128; n++) {
       float c = 0;
-      for (int k = 0; k < 16; k++) c += A[m][k] * (bt ? hp_mnmajor(g.db[0], k, n) : hp_kmajor(g.db[0], n, k));
+      for (int k = 0; k < 16; k++) c += A[m][k] * (op.bt ? hp_mnmajor(op.db, k, n) : hp_kmajor(op.db, n, k));
       C[m][n] = c;
     }
   for (int t = 0; t < 128; t++)
-    for (int v = 0; v < 64; v++) g.d[t][v] = (g.acc[0] ? g.d[t][v] : 0.0f) + C[hp_row(t, v)][hp_col(t, v)];
+    for (int v = 0; v < 64; v++) op.d[t][v] = (op.acc ? op.d[t][v] : 0.0f) + C[hp_row(t, v)][hp_col(t, v)];
 }
 
 // bar.sync id, 128: the warpgroup's threads meet (consumer warpgroup c names barrier 1 + c).
@@ -265,14 +305,14 @@ HP_DEV void wgmma_ss(float (&d)[64], uint64_t da, uint64_t db, int accumulate) {
   hp_wg &g = hp_wgs[emu.cur / 128];
   const int t = emu.cur % 128;
   g.d[t] = d, g.da[t] = da, g.db[t] = db, g.acc[t] = accumulate != 0;
-  hp_wg_op([](hp_wg &g) { hp_mma(g, false, false); });
+  hp_wg_op([](hp_wg &g) { hp_issue(g, false, false); });
 }
 
 HP_DEV void wgmma_ss_bt(float (&d)[64], uint64_t da, uint64_t db) {
   hp_wg &g = hp_wgs[emu.cur / 128];
   const int t = emu.cur % 128;
   g.d[t] = d, g.da[t] = da, g.db[t] = db, g.acc[t] = 1;
-  hp_wg_op([](hp_wg &g) { hp_mma(g, false, true); });
+  hp_wg_op([](hp_wg &g) { hp_issue(g, false, true); });
 }
 
 HP_DEV void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
@@ -280,7 +320,7 @@ HP_DEV void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
   const int t = emu.cur % 128;
   g.d[t] = d, g.db[t] = db, g.acc[t] = 1;
   memcpy(g.a[t], a, 16);
-  hp_wg_op([](hp_wg &g) { hp_mma(g, true, true); });
+  hp_wg_op([](hp_wg &g) { hp_issue(g, true, true); });
 }
 
 #include "fwd_kernel.cuh"
@@ -325,6 +365,11 @@ static bool run_case(int b, int h, int s, int causal, bool pipe, unsigned seed) 
           fprintf(stderr, "emu: a TMA copy never waited for\n");
           return false;
         }
+        for (const hp_wg &g : hp_wgs)
+          if (!g.open.empty() || !g.groups.empty()) {
+            fprintf(stderr, "emu: a wgmma never committed or waited for\n");
+            return false;
+          }
       }
   // fp64 reference, every row
   double num = 0, den = 0, emax = 0, lmax = 0, planted_num = 0;
