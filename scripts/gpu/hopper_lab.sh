@@ -3,9 +3,10 @@
 # kernel, experiments/lab/attn/hopper/fwd.cu (wgmma + TMA forward, bshd bf16,
 # d = 128), in one call:
 #   1. build for sm_90a (registers and spills into the summary);
-#   2. correctness first: b=1 h=2 at s 128..1024, then b=2 h=16 at s 4k (the
-#      bench shape), causal and not, against the fp64 reference on sampled
-#      rows, with a planted 2% error that must fail; stop here if it fails;
+#   2. correctness first, both main loops: b=1 h=2 at s 128..1024, GQA 4/2
+#      sbhd, MQA 4/1, then b=2 h=16 at s 4k (the bench shape), causal and not,
+#      against the fp64 reference on sampled rows, with a planted 2% error that
+#      must fail; stop here if it fails;
 #   3. compute-sanitizer memcheck and racecheck on b=1 h=2 s=256;
 #   4. timing at the bench's shapes (b=2 h=16, s 4k-32k), data checked after
 #      timing, and in the same call PyTorch's cuDNN and flash SDPA at those
@@ -25,7 +26,9 @@ nvcc -std=c++17 -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -
 grep -A2 "fwd_kernel" "$OUT/build.log" | grep -E "registers|spill" | tee -a "$SUM"
 SAN=compute-sanitizer
 command -v $SAN >/dev/null || SAN=/usr/local/cuda/bin/compute-sanitizer
-timeout 120 "$BIN" --check --b 1 --h 2 --s 128,256,384,1024 --iters 2 >"$OUT/fwd-small.log" 2>&1
+{ timeout 120 "$BIN" --check --b 1 --h 2 --s 128,256,384,1024 --iters 2 &&
+  timeout 60 "$BIN" --check --b 2 --h 4 --hkv 2 --layout sbhd --s 256,640 --iters 2 &&
+  timeout 60 "$BIN" --check --b 1 --h 4 --hkv 1 --s 384 --iters 2; } >"$OUT/fwd-small.log" 2>&1
 rc=$?
 tail -n +1 "$OUT/fwd-small.log" | tee -a "$SUM"
 [ $rc -eq 0 ] || { say "small check FAILED (rc $rc): stopping before any timing"; exit 1; }

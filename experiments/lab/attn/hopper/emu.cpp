@@ -35,6 +35,7 @@
 #include <random>
 
 #define HP_DEV inline
+#define HP_HD inline
 #define HP_GRID_CONST
 
 struct hp_tmap_t {
@@ -330,24 +331,28 @@ HP_DEV void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
 static uint16_t bf16_of(float f) { return (uint16_t)emu_f32_to_b16(f, true); }
 static float f32_of(uint16_t h) { return emu_b16_to_f32(h, true); }
 
-static bool run_case(int b, int h, int s, int causal, bool pipe, unsigned seed) {
-  const size_t n = (size_t)b * s * h * D;
-  std::vector<uint16_t> q(n), k(n), v(n), o(n, 0xffff);
+static bool run_case(int b, int h, int h_kv, int s, bool sbhd, int causal, bool pipe, unsigned seed) {
+  const size_t n = (size_t)b * s * h * D, nkv = (size_t)b * s * h_kv * D;
+  std::vector<uint16_t> q(n), k(nkv), v(nkv), o(n, 0xffff);
   std::vector<float> lse((size_t)b * h * s, NAN);
   std::mt19937 g(seed);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (size_t i = 0; i < n; i++) q[i] = bf16_of(u(g)), k[i] = bf16_of(u(g)), v[i] = bf16_of(u(g));
-  auto map = [&](const std::vector<uint16_t> &x) {
+  for (size_t i = 0; i < n; i++) q[i] = bf16_of(u(g));
+  for (size_t i = 0; i < nkv; i++) k[i] = bf16_of(u(g)), v[i] = bf16_of(u(g));
+  int64_t sq[3], skv[3];
+  hp_strides(sbhd, b, s, h, sq);
+  hp_strides(sbhd, b, s, h_kv, skv);
+  auto map = [&](const std::vector<uint16_t> &x, int heads, const int64_t *st) {
     hp_tmap_t m;
     m.base = x.data();
-    const uint64_t dims[4] = {(uint64_t)D, (uint64_t)h, (uint64_t)s, (uint64_t)b};
-    const uint64_t st[3] = {(uint64_t)D * 2, (uint64_t)h * D * 2, (uint64_t)s * h * D * 2};
+    const uint64_t dims[4] = {(uint64_t)D, (uint64_t)heads, (uint64_t)s, (uint64_t)b};
+    const uint64_t bst[3] = {(uint64_t)st[1] * 2, (uint64_t)st[0] * 2, (uint64_t)st[2] * 2};
     const uint32_t box[4] = {64, 1, 128, 1};
-    memcpy(m.dims, dims, sizeof dims), memcpy(m.strides, st, sizeof st), memcpy(m.box, box, sizeof box);
+    memcpy(m.dims, dims, sizeof dims), memcpy(m.strides, bst, sizeof bst), memcpy(m.box, box, sizeof box);
     return m;
   };
-  const hp_tmap_t tq = map(q), tk = map(k), tv = map(v);
-  const params_t p{b, h, s, causal, 1.4426950408889634f / sqrtf((float)D), o.data(), lse.data()};
+  const hp_tmap_t tq = map(q, h, sq), tk = map(k, h_kv, skv), tv = map(v, h_kv, skv);
+  params_t p{b, h, s, causal, h_kv, {sq[0], sq[1], sq[2]}, 1.4426950408889634f / sqrtf((float)D), o.data(), lse.data()};
   // one CTA at a time, each with fresh barriers
   for (int z = 0; z < b; z++)
     for (int y = 0; y < h; y++)
@@ -378,7 +383,11 @@ static bool run_case(int b, int h, int s, int causal, bool pipe, unsigned seed) 
   for (int bb = 0; bb < b; bb++)
     for (int hh = 0; hh < h; hh++)
       for (int i = 0; i < s; i++) {
-        auto at = [&](const std::vector<uint16_t> &x, int pos, int c) { return (double)f32_of(x[(((size_t)bb * s + pos) * h + hh) * D + c]); };
+        const int hkv = hh / (h / h_kv);
+        auto at = [&](const std::vector<uint16_t> &x, int pos, int c) {
+          return (double)f32_of(&x == &q ? x[pos * sq[0] + hh * sq[1] + bb * sq[2] + c]
+                                         : x[pos * skv[0] + hkv * skv[1] + bb * skv[2] + c]);
+        };
         const int keys = causal ? i + 1 : s;
         double m = -INFINITY;
         for (int j = 0; j < keys; j++) {
@@ -397,7 +406,7 @@ static bool run_case(int b, int h, int s, int causal, bool pipe, unsigned seed) 
         double rmax = 0; // elementwise errors against |ref| plus the row's largest |ref|
         for (int c = 0; c < D; c++) rmax = fmax(rmax, fabs(acc[c] / l));
         for (int c = 0; c < D; c++) {
-          const double ref = acc[c] / l, got = (double)f32_of(o[(((size_t)bb * s + i) * h + hh) * D + c]);
+          const double ref = acc[c] / l, got = (double)f32_of(o[i * sq[0] + hh * sq[1] + bb * sq[2] + c]);
           const double d = got - ref;
           num += d * d, den += ref * ref, planted_num += (got * 1.02 - ref) * (got * 1.02 - ref);
           emax = got != got ? INFINITY : fmax(emax, fabs(d) / (fabs(ref) + rmax));
@@ -407,18 +416,19 @@ static bool run_case(int b, int h, int s, int causal, bool pipe, unsigned seed) 
       }
   const double nw = sqrt(num / den), pw = sqrt(planted_num / den);
   const bool ok = nw <= 4e-3 && emax <= 1e-2 && lmax <= 1e-4, caught = pw > 4e-3;
-  printf("pipe=%d b=%d h=%d s=%d causal=%d: normwise %.2e, elementwise %.2e, lse %.2e; planted 2%%: %.2e %s -> %s\n", pipe, b, h, s,
+  printf("pipe=%d %s b=%d h=%d/%d s=%d causal=%d: normwise %.2e, elementwise %.2e, lse %.2e; planted 2%%: %.2e %s -> %s\n", pipe, sbhd ? "sbhd" : "bshd", b, h, h_kv, s,
          causal, nw, emax, lmax, pw, caught ? "caught" : "MISSED", ok && caught ? "ok" : "FAIL");
   return ok && caught;
 }
 
 int main() {
   bool ok = true;
-  const int cases[][3] = {{1, 1, 128}, {1, 2, 256}, {2, 1, 384}};
+  // b, h, h_kv, s, sbhd: MHA bshd, GQA 4/2 sbhd, MQA 2/1 bshd over two sequences
+  const int cases[][5] = {{1, 1, 1, 128, 0}, {1, 4, 2, 256, 1}, {2, 2, 1, 384, 0}};
   unsigned seed = 1;
   for (const auto &c : cases)
     for (int causal = 0; causal < 2; causal++)
-      for (int pipe = 0; pipe < 2; pipe++) ok = run_case(c[0], c[1], c[2], causal, pipe, seed++) && ok;
+      for (int pipe = 0; pipe < 2; pipe++) ok = run_case(c[0], c[1], c[2], c[3], c[4] != 0, causal, pipe, seed++) && ok;
   printf("%s\n", ok ? "hopper emu: all ok" : "hopper emu: FAILED");
   return ok ? 0 : 1;
 }

@@ -1,9 +1,9 @@
 /*
  * fwd.cu — lab: a Hopper (sm_90a) flash-attention forward for issue 19, on
  * wgmma and TMA, warp-specialised; standalone (its own main, checker and
- * timer), not yet part of dl.attn. Shape: bshd bf16, d = 128, s_q = s_kv a
- * multiple of 128, causal (top-left) or not; out bf16 [b, s, h, d] and the
- * natural-log LSE fp32 [b, h, s].
+ * timer), not yet part of dl.attn. Shape: bshd or sbhd bf16, d = 128, GQA/MQA
+ * (h a multiple of h_kv), s_q = s_kv a multiple of 128, causal (top-left) or
+ * not; out bf16 in q's layout and the natural-log LSE fp32 [b, h, s].
  *
  * Why hand-written PTX and not CuTe: the kernel needs a few instructions
  * that CuTe wraps (TMA load, mbarrier, wgmma SS/RS, named barriers, the
@@ -64,7 +64,8 @@
  * layouts as emulated.
  *
  *   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o fwd fwd.cu
- *   ./fwd [--check] [--b 2] [--h 16] [--s 4096,8192,16384,32768] [--iters 20] [--pipe 0,1]
+ *   ./fwd [--check] [--b 2] [--h 16] [--hkv 16] [--layout bshd|sbhd] [--s 4096,8192,16384,32768]
+ *         [--iters 20] [--pipe 0,1]
  */
 #include "fwd_kernel.cuh"
 
@@ -94,11 +95,18 @@ namespace {
 
 // ---- the reference: fp64, one block of D threads per sampled (row, head, batch) ----------------
 
-__global__ void ref_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, int b, int h,
-                           int s, int causal, double scale, const int *rows, double *o_ref, double *lse_ref) {
+__global__ void ref_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, bool sbhd, int b,
+                           int h, int h_kv, int s, int causal, double scale, const int *rows, double *o_ref,
+                           double *lse_ref) {
   const int ri = blockIdx.x, hh = blockIdx.y, bb = blockIdx.z, t = threadIdx.x, row = rows[ri];
   __shared__ double qs[D], ps[128], red[D];
-  auto at = [&](const __nv_bfloat16 *x, int pos) { return x + (((int64_t)bb * s + pos) * h + hh) * D; };
+  int64_t sq[3], skv[3];
+  hp_strides(sbhd, b, s, h, sq);
+  hp_strides(sbhd, b, s, h_kv, skv);
+  const int hkv = hh / (h / h_kv);
+  auto at = [&](const __nv_bfloat16 *x, int pos) {
+    return x == q ? x + pos * sq[0] + hh * sq[1] + bb * sq[2] : x + pos * skv[0] + hkv * skv[1] + bb * skv[2];
+  };
   qs[t] = (double)__bfloat162float(at(q, row)[t]);
   __syncthreads();
   double m = -INFINITY, l = 0.0, acc = 0.0;
@@ -161,11 +169,13 @@ static PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   return fn;
 }
 
-// (d, h, s, b) of a bshd bf16 tensor; boxes of 64 x 1 x 128 x 1 with the 128-byte swizzle.
-static CUtensorMap tensor_map(const __nv_bfloat16 *x, int b, int h, int s) {
+// (d, h, s, b) of a bshd or sbhd bf16 tensor; boxes of 64 x 1 x 128 x 1 with the 128-byte swizzle.
+static CUtensorMap tensor_map(const __nv_bfloat16 *x, bool sbhd, int b, int h, int s) {
   CUtensorMap m;
+  int64_t st[3];
+  hp_strides(sbhd, b, s, h, st);
   const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)h, (cuuint64_t)s, (cuuint64_t)b};
-  const cuuint64_t strides[3] = {(cuuint64_t)D * 2, (cuuint64_t)h * D * 2, (cuuint64_t)s * h * D * 2};
+  const cuuint64_t strides[3] = {(cuuint64_t)st[1] * 2, (cuuint64_t)st[0] * 2, (cuuint64_t)st[2] * 2};
   const cuuint32_t box[4] = {64, 1, 128, 1}, estr[4] = {1, 1, 1, 1};
   const CUresult r = encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void *)x, dims, strides, box, estr,
                                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
@@ -178,9 +188,9 @@ static CUtensorMap tensor_map(const __nv_bfloat16 *x, int b, int h, int s) {
 }
 
 static void run(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const params_t &p,
-                bool pipe, cudaStream_t st) {
-  const CUtensorMap tq = tensor_map(q, p.b, p.h, p.s), tk = tensor_map(k, p.b, p.h, p.s),
-                    tv = tensor_map(v, p.b, p.h, p.s);
+                bool sbhd, bool pipe, cudaStream_t st) {
+  const CUtensorMap tq = tensor_map(q, sbhd, p.b, p.h, p.s), tk = tensor_map(k, sbhd, p.b, p.h_kv, p.s),
+                    tv = tensor_map(v, sbhd, p.b, p.h_kv, p.s);
   const size_t smem = sizeof(smem_t) + 1024;
   static bool attr = false;
   if (!attr) {
@@ -196,7 +206,7 @@ static void run(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloa
 // Sampled rows against the fp64 reference: normwise and elementwise error of O and LSE.
 // planted: O scaled by 1.02 first (the check must then fail).
 static bool check(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const params_t &p,
-                  bool planted) {
+                  bool sbhd, bool planted) {
   std::vector<int> rows;
   for (int r = 0; r < p.s; r += 97) rows.push_back(r);
   rows.push_back(p.s - 1);
@@ -207,8 +217,8 @@ static bool check(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfl
   CK(cudaMalloc(&oref, (size_t)p.b * p.h * nr * D * sizeof(double)));
   CK(cudaMalloc(&lref, (size_t)p.b * p.h * nr * sizeof(double)));
   CK(cudaMemcpy(drows, rows.data(), nr * sizeof(int), cudaMemcpyHostToDevice));
-  ref_kernel<<<dim3(nr, p.h, p.b), D>>>(q, k, v, p.b, p.h, p.s, p.causal, (double)p.scale_log2 / 1.4426950408889634,
-                                        drows, oref, lref);
+  ref_kernel<<<dim3(nr, p.h, p.b), D>>>(q, k, v, sbhd, p.b, p.h, p.h_kv, p.s, p.causal,
+                                        (double)p.scale_log2 / 1.4426950408889634, drows, oref, lref);
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
   std::vector<double> ho((size_t)p.b * p.h * nr * D), hl((size_t)p.b * p.h * nr);
@@ -226,7 +236,7 @@ static bool check(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfl
         double rmax = 0; // elementwise errors against |ref| plus the row's largest |ref|
         for (int c = 0; c < D; c++) rmax = fmax(rmax, fabs(ho[ri * D + c]));
         for (int c = 0; c < D; c++) {
-          double got = (double)__bfloat162float(go[(((int64_t)bb * p.s + rows[i]) * p.h + hh) * D + c]);
+          double got = (double)__bfloat162float(go[rows[i] * p.o_st[0] + hh * p.o_st[1] + bb * p.o_st[2] + c]);
           if (planted) got *= 1.02;
           const double ref = ho[ri * D + c], d = got - ref;
           num += d * d;
@@ -249,7 +259,8 @@ static bool check(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfl
 }
 
 int main(int argc, char **argv) {
-  int b = 2, h = 16, iters = 20;
+  int b = 2, h = 16, h_kv = 0, iters = 20;
+  bool sbhd = false;
   bool do_check = false;
   std::vector<int> ss = {4096, 8192, 16384, 32768};
   std::vector<int> pipes = {0, 1}; // the kernel's two main loops (fwd_kernel.cuh)
@@ -257,6 +268,15 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[i], "--check")) do_check = true;
     else if (!strcmp(argv[i], "--b") && i + 1 < argc) b = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--h") && i + 1 < argc) h = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--hkv") && i + 1 < argc) h_kv = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--layout") && i + 1 < argc) {
+      const char *l = argv[++i];
+      if (strcmp(l, "bshd") && strcmp(l, "sbhd")) {
+        fprintf(stderr, "--layout: bshd or sbhd, got %s\n", l);
+        return 2;
+      }
+      sbhd = !strcmp(l, "sbhd");
+    }
     else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--pipe") && i + 1 < argc) {
       pipes.clear();
@@ -266,7 +286,8 @@ int main(int argc, char **argv) {
       ss.clear();
       for (char *t = strtok(argv[++i], ","); t; t = strtok(nullptr, ",")) ss.push_back(atoi(t));
     } else {
-      fprintf(stderr, "usage: fwd [--check] [--b B] [--h H] [--s S1,S2,...] [--iters N] [--pipe 0,1]\n");
+      fprintf(stderr, "usage: fwd [--check] [--b B] [--h H] [--hkv H_KV] [--layout bshd|sbhd] [--s S1,S2,...] "
+                      "[--iters N] [--pipe 0,1]\n");
       return 2;
     }
   }
@@ -274,38 +295,46 @@ int main(int argc, char **argv) {
   cudaDeviceProp prop;
   CK(cudaGetDevice(&dev));
   CK(cudaGetDeviceProperties(&prop, dev));
-  printf("device %s, sm_%d%d; bshd bf16, b=%d h=%d d=%d\n", prop.name, prop.major, prop.minor, b, h, D);
+  if (h_kv == 0) h_kv = h;
+  if (h_kv < 1 || h % h_kv) {
+    fprintf(stderr, "--hkv %d must divide --h %d\n", h_kv, h);
+    return 2;
+  }
+  printf("device %s, sm_%d%d; %s bf16, b=%d h=%d h_kv=%d d=%d\n", prop.name, prop.major, prop.minor,
+         sbhd ? "sbhd" : "bshd", b, h, h_kv, D);
   bool all_ok = true;
   for (int s : ss) {
     if (s % 128) {
       fprintf(stderr, "s=%d: the lab kernel needs s a multiple of 128\n", s);
       return 2;
     }
-    const size_t n = (size_t)b * s * h * D;
+    const size_t n = (size_t)b * s * h * D, nkv = (size_t)b * s * h_kv * D;
     __nv_bfloat16 *q, *k, *v, *o;
     float *lse;
     CK(cudaMalloc(&q, n * 2));
-    CK(cudaMalloc(&k, n * 2));
-    CK(cudaMalloc(&v, n * 2));
+    CK(cudaMalloc(&k, nkv * 2));
+    CK(cudaMalloc(&v, nkv * 2));
     CK(cudaMalloc(&o, n * 2));
     CK(cudaMalloc(&lse, (size_t)b * h * s * 4));
     fill_kernel<<<1024, 256>>>(q, n, 1);
-    fill_kernel<<<1024, 256>>>(k, n, 2);
-    fill_kernel<<<1024, 256>>>(v, n, 3);
+    fill_kernel<<<1024, 256>>>(k, nkv, 2);
+    fill_kernel<<<1024, 256>>>(v, nkv, 3);
     CK(cudaGetLastError());
     for (int causal = 0; causal < 2; causal++)
     for (int pipe : pipes) {
-      params_t p{b, h, s, causal, 1.4426950408889634f / sqrtf((float)D), reinterpret_cast<uint16_t *>(o), lse};
+      params_t p{b, h, s, causal, h_kv, {0, 0, 0}, 1.4426950408889634f / sqrtf((float)D), reinterpret_cast<uint16_t *>(o),
+                 lse};
+      hp_strides(sbhd, b, s, h, p.o_st);
       CK(cudaMemset(o, 0xff, n * 2)); // poison: NaN bf16 until the kernel writes
       CK(cudaMemset(lse, 0xff, (size_t)b * h * s * 4));
-      run(q, k, v, p, pipe, 0);
+      run(q, k, v, p, sbhd, pipe, 0);
       CK(cudaDeviceSynchronize());
       cudaEvent_t e0, e1;
       CK(cudaEventCreate(&e0));
       CK(cudaEventCreate(&e1));
-      for (int i = 0; i < 3; i++) run(q, k, v, p, pipe, 0);
+      for (int i = 0; i < 3; i++) run(q, k, v, p, sbhd, pipe, 0);
       CK(cudaEventRecord(e0));
-      for (int i = 0; i < iters; i++) run(q, k, v, p, pipe, 0);
+      for (int i = 0; i < iters; i++) run(q, k, v, p, sbhd, pipe, 0);
       CK(cudaEventRecord(e1));
       CK(cudaEventSynchronize(e1));
       float ms;
@@ -313,7 +342,7 @@ int main(int argc, char **argv) {
       const double us = ms * 1e3 / iters, flops = 4.0 * b * h * (double)s * s * D / (causal ? 2 : 1);
       printf("s=%6d causal=%d pipe=%d  %9.1f us  %6.1f TFLOP/s\n", s, causal, pipe, us, flops / us * 1e-6);
       if (do_check) { // after timing: the data the timed runs left
-        const bool ok = check(q, k, v, p, false), caught = !check(q, k, v, p, true);
+        const bool ok = check(q, k, v, p, sbhd, false), caught = !check(q, k, v, p, sbhd, true);
         if (!caught) printf("  the planted 2%% error went unseen\n");
         all_ok = all_ok && ok && caught;
       }

@@ -27,10 +27,20 @@ struct alignas(1024) smem_t {
 
 struct params_t {
   int b, h, s, causal;
+  int h_kv;            // K/V heads (GQA/MQA: h a multiple of it); q head hh reads kv head hh / (h / h_kv)
+  int64_t o_st[3];     // out's strides in elements: s, h, b (d contiguous; bshd or sbhd)
   float scale_log2; // softmax scale * log2(e)
   uint16_t *o;      // bf16 [b, s, h, d]
   float *lse;       // [b, h, s]
 };
+
+// Strides in elements (position, head, batch) of a [b, s, heads, D] (bshd) or [s, b, heads, D]
+// (sbhd) tensor, for the hosts (tensor maps, references) and params_t.o_st.
+HP_HD void hp_strides(bool sbhd, int b, int s, int heads, int64_t st[3]) {
+  st[0] = (int64_t)heads * D * (sbhd ? b : 1);
+  st[1] = D;
+  st[2] = (int64_t)heads * D * (sbhd ? 1 : s);
+}
 
 // Every wait ends: a phase that never completes traps (a launch error on the host), it does not hang.
 HP_DEV void mbar_wait(uint64_t *b, uint32_t parity) {
@@ -158,7 +168,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     fwd_kernel(const HP_GRID_CONST hp_tmap_t tq, const HP_GRID_CONST hp_tmap_t tk, const HP_GRID_CONST hp_tmap_t tv,
                const params_t p) {
   smem_t &sm = *reinterpret_cast<smem_t *>((reinterpret_cast<uintptr_t>(hp_smem()) + 1023) & ~uintptr_t(1023));
-  const int m_block = gridDim.x - 1 - blockIdx.x, hh = blockIdx.y, bb = blockIdx.z;
+  const int m_block = gridDim.x - 1 - blockIdx.x, hh = blockIdx.y, bb = blockIdx.z, hkv = hh / (p.h / p.h_kv);
   const int warp_id = hp_warp_uniform(threadIdx.x / 32), tid = threadIdx.x % 128; // lane 0's, as CUTLASS does
   const int n_end = p.causal ? min(p.s / BN, ((m_block + 1) * BM + BN - 1) / BN) : p.s / BN;
 
@@ -183,10 +193,10 @@ __global__ void __launch_bounds__(THREADS, 1)
         const uint32_t round = it / STAGES;
         if (round > 0) mbar_wait(&sm.k_empty[st], (round - 1) & 1);
         mbar_expect_tx(&sm.k_full[st], TILE_BYTES);
-        for (int half = 0; half < 2; half++) tma_load(sm.k[st][half], &tk, &sm.k_full[st], 64 * half, hh, n * BN, bb);
+        for (int half = 0; half < 2; half++) tma_load(sm.k[st][half], &tk, &sm.k_full[st], 64 * half, hkv, n * BN, bb);
         if (round > 0) mbar_wait(&sm.v_empty[st], (round - 1) & 1);
         mbar_expect_tx(&sm.v_full[st], TILE_BYTES);
-        for (int half = 0; half < 2; half++) tma_load(sm.v[st][half], &tv, &sm.v_full[st], 64 * half, hh, n * BN, bb);
+        for (int half = 0; half < 2; half++) tma_load(sm.v[st][half], &tv, &sm.v_full[st], 64 * half, hkv, n * BN, bb);
       }
     }
     return;
@@ -259,7 +269,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     const int row = q0 + 8 * r;
-    uint16_t *out = p.o + (((int64_t)bb * p.s + row) * p.h + hh) * D;
+    uint16_t *out = p.o + row * p.o_st[0] + hh * p.o_st[1] + bb * p.o_st[2];
 #pragma unroll
     for (int j = 0; j < 16; j++) {
       const int col = 8 * j + 2 * (lane % 4);

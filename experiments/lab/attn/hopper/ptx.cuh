@@ -14,6 +14,7 @@
 typedef CUtensorMap hp_tmap_t;
 #define HP_GRID_CONST __grid_constant__
 #define HP_DEV __device__ __forceinline__
+#define HP_HD __host__ __device__ __forceinline__
 
 __device__ __forceinline__ char *hp_smem() {
   extern __shared__ char hp_smem_raw[];
