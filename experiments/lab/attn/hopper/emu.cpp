@@ -302,6 +302,15 @@ HP_DEV void wg_bar_sync(int id) {
   emu_barrier(&g.bar_arrived, &g.bar_gen, 128, nothing);
 }
 
+// bar.sync id, count across warpgroups (the test's kernels use id 3 for both consumer warpgroups)
+static std::map<int, std::pair<int, long>> hp_named; // id -> (arrived, generation)
+HP_DEV void named_bar_sync(int id, int count) {
+  auto &b = hp_named[id];
+  static const std::function<void()> nothing = [] {};
+  emu_barrier(&b.first, &b.second, count, nothing);
+}
+HP_DEV void st_shared_zero16(uint32_t addr) { memset(hp_ptr(addr, 16), 0, 16); }
+
 HP_DEV void wgmma_ss(float (&d)[64], uint64_t da, uint64_t db, int accumulate) {
   hp_wg &g = hp_wgs[emu.cur / 128];
   const int t = emu.cur % 128;
@@ -331,21 +340,49 @@ HP_DEV void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
 static uint16_t bf16_of(float f) { return (uint16_t)emu_f32_to_b16(f, true); }
 static float f32_of(uint16_t h) { return emu_b16_to_f32(h, true); }
 
-static bool run_case(int b, int h, int h_kv, int s, bool sbhd, int causal, bool pipe, unsigned seed) {
-  const size_t n = (size_t)b * s * h * D, nkv = (size_t)b * s * h_kv * D;
-  std::vector<uint16_t> q(n), k(nkv), v(nkv), o(n, 0xffff);
-  std::vector<float> lse((size_t)b * h * s, NAN);
+// A case: bshd or sbhd with b sequences of s tokens, or thd with the lengths lens at rows pads (the
+// rows between and after them NaN, as a padded thd batch may hold).
+struct hp_case {
+  int layout; // 0 bshd, 1 sbhd, 2 thd
+  int b, h, h_kv, s;
+  std::vector<int> lens, pads; // thd
+};
+
+static bool run_case(const hp_case &cs, int causal, bool pipe, unsigned seed) {
+  const bool thd = cs.layout == 2, sbhd = cs.layout == 1;
+  const int b = cs.b, h = cs.h, h_kv = cs.h_kv;
+  int s = cs.s, rows = cs.s; // thd: s = the longest sequence, rows = the packed tensor's rows
+  std::vector<int> cu(b + 1, 0), first(b, 0), len(b, cs.s);
+  if (thd) {
+    s = 0, rows = 0;
+    for (int bb = 0; bb < b; bb++) {
+      len[bb] = cs.lens[bb], first[bb] = cs.pads[bb], cu[bb + 1] = cu[bb] + len[bb];
+      s = std::max(s, len[bb]), rows = std::max(rows, first[bb] + len[bb] + 3);
+    }
+  }
+  const int tb = thd ? 1 : b; // the tensors' batch extent
+  const size_t n = (size_t)tb * rows * h * D, nkv = (size_t)tb * rows * h_kv * D;
+  std::vector<uint16_t> q(n, 0x7fc0), k(nkv, 0x7fc0), v(nkv, 0x7fc0), o(n, 0xffff); // NaN where no sequence is
+  std::vector<float> lse(thd ? (size_t)h * rows : (size_t)b * h * s, NAN);
   std::mt19937 g(seed);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  for (size_t i = 0; i < n; i++) q[i] = bf16_of(u(g));
-  for (size_t i = 0; i < nkv; i++) k[i] = bf16_of(u(g)), v[i] = bf16_of(u(g));
   int64_t sq[3], skv[3];
-  hp_strides(sbhd, b, s, h, sq);
-  hp_strides(sbhd, b, s, h_kv, skv);
+  hp_strides(sbhd, tb, rows, h, sq);
+  hp_strides(sbhd, tb, rows, h_kv, skv);
+  // element (sequence bb, position pos, head hd, c) of q/out or of k/v
+  auto qi = [&](int bb, int pos, int hd) { return (thd ? first[bb] + pos : pos) * sq[0] + hd * sq[1] + (thd ? 0 : bb) * sq[2]; };
+  auto kvi = [&](int bb, int pos, int hd) { return (thd ? first[bb] + pos : pos) * skv[0] + hd * skv[1] + (thd ? 0 : bb) * skv[2]; };
+  for (int bb = 0; bb < b; bb++)
+    for (int pos = 0; pos < len[bb]; pos++) {
+      for (int hd = 0; hd < h; hd++)
+        for (int c = 0; c < D; c++) q[qi(bb, pos, hd) + c] = bf16_of(u(g));
+      for (int hd = 0; hd < h_kv; hd++)
+        for (int c = 0; c < D; c++) k[kvi(bb, pos, hd) + c] = bf16_of(u(g)), v[kvi(bb, pos, hd) + c] = bf16_of(u(g));
+    }
   auto map = [&](const std::vector<uint16_t> &x, int heads, const int64_t *st) {
     hp_tmap_t m;
     m.base = x.data();
-    const uint64_t dims[4] = {(uint64_t)D, (uint64_t)heads, (uint64_t)s, (uint64_t)b};
+    const uint64_t dims[4] = {(uint64_t)D, (uint64_t)heads, (uint64_t)rows, (uint64_t)tb};
     const uint64_t bst[3] = {(uint64_t)st[1] * 2, (uint64_t)st[0] * 2, (uint64_t)st[2] * 2};
     const uint32_t box[4] = {64, 1, 128, 1};
     memcpy(m.dims, dims, sizeof dims), memcpy(m.strides, bst, sizeof bst), memcpy(m.box, box, sizeof box);
@@ -353,15 +390,17 @@ static bool run_case(int b, int h, int h_kv, int s, bool sbhd, int causal, bool 
   };
   const hp_tmap_t tq = map(q, h, sq), tk = map(k, h_kv, skv), tv = map(v, h_kv, skv);
   params_t p{b, h, s, causal, h_kv, {sq[0], sq[1], sq[2]}, 1.4426950408889634f / sqrtf((float)D), o.data(), lse.data()};
+  if (thd) p.thd = 1, p.total_q = rows, p.cu_q = p.cu_kv = cu.data(), p.pad_q = p.pad_kv = first.data();
   // one CTA at a time, each with fresh barriers
+  const int mb = (s + BM - 1) / BM;
   for (int z = 0; z < b; z++)
     for (int y = 0; y < h; y++)
-      for (int x = 0; x < s / BM; x++) {
+      for (int x = 0; x < mb; x++) {
         hp_bars.clear();
         hp_pending.clear();
         const std::function<void()> one = [&] {
           blockIdx = dim3(x, y, z);
-          gridDim = dim3(s / BM, h, b);
+          gridDim = dim3(mb, h, b);
           if (pipe) fwd_kernel<true>(tq, tk, tv, p);
           else fwd_kernel<false>(tq, tk, tv, p);
         };
@@ -376,23 +415,19 @@ static bool run_case(int b, int h, int h_kv, int s, bool sbhd, int causal, bool 
             return false;
           }
       }
-  // fp64 reference, every row
+  // fp64 reference, every row of every sequence (a sequence with no keys: out 0, lse -inf)
   double num = 0, den = 0, emax = 0, lmax = 0, planted_num = 0;
   const double scale = 1.0 / sqrt((double)D);
-  std::vector<double> sc(s), acc(D);
+  std::vector<double> sc(std::max(s, 1)), acc(D);
   for (int bb = 0; bb < b; bb++)
     for (int hh = 0; hh < h; hh++)
-      for (int i = 0; i < s; i++) {
+      for (int i = 0; i < len[bb]; i++) {
         const int hkv = hh / (h / h_kv);
-        auto at = [&](const std::vector<uint16_t> &x, int pos, int c) {
-          return (double)f32_of(&x == &q ? x[pos * sq[0] + hh * sq[1] + bb * sq[2] + c]
-                                         : x[pos * skv[0] + hkv * skv[1] + bb * skv[2] + c]);
-        };
-        const int keys = causal ? i + 1 : s;
+        const int keys = causal ? std::min(i + 1, len[bb]) : len[bb];
         double m = -INFINITY;
         for (int j = 0; j < keys; j++) {
           double dot = 0;
-          for (int c = 0; c < D; c++) dot += at(q, i, c) * at(k, j, c);
+          for (int c = 0; c < D; c++) dot += (double)f32_of(q[qi(bb, i, hh) + c]) * f32_of(k[kvi(bb, j, hkv) + c]);
           sc[j] = dot * scale;
           m = fmax(m, sc[j]);
         }
@@ -401,34 +436,49 @@ static bool run_case(int b, int h, int h_kv, int s, bool sbhd, int causal, bool 
         for (int j = 0; j < keys; j++) {
           const double e = exp(sc[j] - m);
           l += e;
-          for (int c = 0; c < D; c++) acc[c] += e * at(v, j, c);
+          for (int c = 0; c < D; c++) acc[c] += e * f32_of(v[kvi(bb, j, hkv) + c]);
         }
         double rmax = 0; // elementwise errors against |ref| plus the row's largest |ref|
-        for (int c = 0; c < D; c++) rmax = fmax(rmax, fabs(acc[c] / l));
+        for (int c = 0; c < D; c++) rmax = fmax(rmax, keys ? fabs(acc[c] / l) : 0.0);
         for (int c = 0; c < D; c++) {
-          const double ref = acc[c] / l, got = (double)f32_of(o[i * sq[0] + hh * sq[1] + bb * sq[2] + c]);
+          const double ref = keys ? acc[c] / l : 0.0, got = (double)f32_of(o[qi(bb, i, hh) + c]);
           const double d = got - ref;
           num += d * d, den += ref * ref, planted_num += (got * 1.02 - ref) * (got * 1.02 - ref);
-          emax = got != got ? INFINITY : fmax(emax, fabs(d) / (fabs(ref) + rmax));
+          emax = got != got ? INFINITY : fmax(emax, fabs(d) / (fabs(ref) + rmax + (keys ? 0.0 : 1.0)));
         }
-        const double lg = lse[((size_t)bb * h + hh) * s + i], lr = m + log(l);
-        lmax = lg != lg ? INFINITY : fmax(lmax, fabs(lg - lr) / fmax(1.0, fabs(lr)));
+        const double lg = lse[thd ? (size_t)hh * rows + first[bb] + i : ((size_t)bb * h + hh) * s + i];
+        const double lr = keys ? m + log(l) : -INFINITY;
+        lmax = lg != lg || (lr == -INFINITY) != (lg == -INFINITY) ? INFINITY
+               : lr == -INFINITY                                   ? lmax
+                                                                   : fmax(lmax, fabs(lg - lr) / fmax(1.0, fabs(lr)));
       }
   const double nw = sqrt(num / den), pw = sqrt(planted_num / den);
   const bool ok = nw <= 4e-3 && emax <= 1e-2 && lmax <= 1e-4, caught = pw > 4e-3;
-  printf("pipe=%d %s b=%d h=%d/%d s=%d causal=%d: normwise %.2e, elementwise %.2e, lse %.2e; planted 2%%: %.2e %s -> %s\n", pipe, sbhd ? "sbhd" : "bshd", b, h, h_kv, s,
-         causal, nw, emax, lmax, pw, caught ? "caught" : "MISSED", ok && caught ? "ok" : "FAIL");
+  char what[96];
+  if (thd) {
+    int w = snprintf(what, sizeof what, "thd lens");
+    for (int bb = 0; bb < b; bb++) w += snprintf(what + w, sizeof what - w, "%s%d@%d", bb ? "," : " ", len[bb], first[bb]);
+  } else {
+    snprintf(what, sizeof what, "%s b=%d s=%d", sbhd ? "sbhd" : "bshd", b, s);
+  }
+  printf("pipe=%d %s h=%d/%d causal=%d: normwise %.2e, elementwise %.2e, lse %.2e; planted 2%%: %.2e %s -> %s\n", pipe,
+         what, h, h_kv, causal, nw, emax, lmax, pw, caught ? "caught" : "MISSED", ok && caught ? "ok" : "FAIL");
   return ok && caught;
 }
 
 int main() {
   bool ok = true;
-  // b, h, h_kv, s, sbhd: MHA bshd, GQA 4/2 sbhd, MQA 2/1 bshd over two sequences
-  const int cases[][5] = {{1, 1, 1, 128, 0}, {1, 4, 2, 256, 1}, {2, 2, 1, 384, 0}};
+  const hp_case cases[] = {
+      {0, 1, 1, 1, 128, {}, {}},                       // MHA bshd
+      {1, 1, 4, 2, 256, {}, {}},                       // GQA 4/2 sbhd
+      {0, 2, 2, 1, 384, {}, {}},                       // MQA 2/1, two sequences
+      {0, 2, 2, 2, 200, {}, {}},                       // s not a multiple of 128
+      {2, 4, 2, 1, 0, {130, 0, 1, 77}, {5, 140, 141, 150}}, // thd: lengths 130, 0, 1, 77, offsets from 5, NaN gaps
+  };
   unsigned seed = 1;
-  for (const auto &c : cases)
+  for (const hp_case &c : cases)
     for (int causal = 0; causal < 2; causal++)
-      for (int pipe = 0; pipe < 2; pipe++) ok = run_case(c[0], c[1], c[2], c[3], c[4] != 0, causal, pipe, seed++) && ok;
+      for (int pipe = 0; pipe < 2; pipe++) ok = run_case(c, causal, pipe, seed++) && ok;
   printf("%s\n", ok ? "hopper emu: all ok" : "hopper emu: FAILED");
   return ok ? 0 : 1;
 }

@@ -1,9 +1,14 @@
 /*
  * fwd.cu — lab: a Hopper (sm_90a) flash-attention forward for issue 19, on
  * wgmma and TMA, warp-specialised; standalone (its own main, checker and
- * timer), not yet part of dl.attn. Shape: bshd or sbhd bf16, d = 128, GQA/MQA
- * (h a multiple of h_kv), s_q = s_kv a multiple of 128, causal (top-left) or
- * not; out bf16 in q's layout and the natural-log LSE fp32 [b, h, s].
+ * timer), not yet part of dl.attn. Shape: bshd, sbhd or thd (packed rows,
+ * per-sequence lengths and first rows that need not start at 0; the rows
+ * between sequences may hold anything, NaN in the checks) bf16, d = 128,
+ * GQA/MQA (h a multiple of h_kv), any length, causal (top-left) or not; out
+ * bf16 in q's layout, the natural-log LSE fp32 [b, h, s] (thd: [h, rows]).
+ * Keys past a sequence are masked, and its last V block's rows past it are
+ * zeroed in shared memory (0 * NaN is NaN), so TMA may read across
+ * sequences; rows past a sequence are neither computed for output nor written.
  *
  * Why hand-written PTX and not CuTe: the kernel needs a few instructions
  * that CuTe wraps (TMA load, mbarrier, wgmma SS/RS, named barriers, the
@@ -65,7 +70,7 @@
  *
  *   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o fwd fwd.cu
  *   ./fwd [--check] [--b 2] [--h 16] [--hkv 16] [--layout bshd|sbhd] [--s 4096,8192,16384,32768]
- *         [--iters 20] [--pipe 0,1]
+ *         [--thd L1,L2,...] [--iters 20] [--pipe 0,1]
  */
 #include "fwd_kernel.cuh"
 
@@ -93,53 +98,84 @@
 
 namespace {
 
-// ---- the reference: fp64, one block of D threads per sampled (row, head, batch) ----------------
+// ---- the tensors' layout -------------------------------------------------------------------------
 
-__global__ void ref_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, bool sbhd, int b,
-                           int h, int h_kv, int s, int causal, double scale, const int *rows, double *o_ref,
-                           double *lse_ref) {
-  const int ri = blockIdx.x, hh = blockIdx.y, bb = blockIdx.z, t = threadIdx.x, row = rows[ri];
-  __shared__ double qs[D], ps[128], red[D];
+// bshd or sbhd: b sequences of s tokens; thd: sequence bb has len[bb] rows from row first[bb] of a
+// packed [rows, h, d] tensor (batch extent tb = 1), with 3 NaN rows after each (padding gaps).
+struct layout_t {
+  bool thd, sbhd;
+  int b, s, rows, tb; // s: the longest sequence
+  std::vector<int> len, first, cu;
+};
+
+static layout_t dense_layout(bool sbhd, int b, int s) {
+  layout_t l{false, sbhd, b, s, s, b, std::vector<int>(b, s), std::vector<int>(b, 0), std::vector<int>(b + 1, 0)};
+  for (int bb = 0; bb < b; bb++) l.cu[bb + 1] = l.cu[bb] + s;
+  return l;
+}
+
+static layout_t thd_layout(const std::vector<int> &lens) {
+  layout_t l{true, false, (int)lens.size(), 0, 0, 1, lens, {}, {0}};
+  int row = 5; // offsets that do not start at 0
+  for (int n : lens) {
+    l.first.push_back(row), l.cu.push_back(l.cu.back() + n);
+    row += n + 3, l.s = n > l.s ? n : l.s;
+  }
+  l.rows = row;
+  return l;
+}
+
+// ---- the reference: fp64, one block of D threads per sampled (sequence, row) and head --------------
+
+struct ref_args_t {
+  int h, h_kv, causal, thd;
   int64_t sq[3], skv[3];
-  hp_strides(sbhd, b, s, h, sq);
-  hp_strides(sbhd, b, s, h_kv, skv);
-  const int hkv = hh / (h / h_kv);
-  auto at = [&](const __nv_bfloat16 *x, int pos) {
-    return x == q ? x + pos * sq[0] + hh * sq[1] + bb * sq[2] : x + pos * skv[0] + hkv * skv[1] + bb * skv[2];
+  const int *first, *len; // per sequence
+  double scale;
+};
+
+__global__ void ref_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, ref_args_t a,
+                           const int2 *pairs, double *o_ref, double *lse_ref) {
+  const int ri = blockIdx.x, hh = blockIdx.y, t = threadIdx.x, bb = pairs[ri].x, row = pairs[ri].y;
+  __shared__ double qs[D], ps[128], red[D];
+  const int hkv = hh / (a.h / a.h_kv), len = a.len[bb];
+  auto at = [&](const __nv_bfloat16 *x, int pos) { // element 0 of position pos of sequence bb
+    const int64_t r = a.thd ? a.first[bb] + pos : pos, tb = a.thd ? 0 : bb;
+    return x == q ? x + r * a.sq[0] + hh * a.sq[1] + tb * a.sq[2] : x + r * a.skv[0] + hkv * a.skv[1] + tb * a.skv[2];
   };
   qs[t] = (double)__bfloat162float(at(q, row)[t]);
   __syncthreads();
   double m = -INFINITY, l = 0.0, acc = 0.0;
-  const int keys = causal ? row + 1 : s;
+  const int keys = a.causal ? min(row + 1, len) : len;
   for (int k0 = 0; k0 < keys; k0 += 128) {
     double sc = -INFINITY; // thread t: score of key k0 + t
     if (k0 + t < keys) {
       const __nv_bfloat16 *kr = at(k, k0 + t);
       sc = 0.0;
       for (int i = 0; i < D; i++) sc += qs[i] * (double)__bfloat162float(kr[i]);
-      sc *= scale;
+      sc *= a.scale;
     }
     red[t] = sc;
     __syncthreads();
     double bm = -INFINITY;
     for (int i = 0; i < 128; i++) bm = fmax(bm, red[i]);
-    const double mn = fmax(m, bm), cr = exp(m - mn);
+    const double mn = fmax(m, bm), cr = m == -INFINITY ? 0.0 : exp(m - mn);
     __syncthreads();
     ps[t] = k0 + t < keys ? exp(sc - mn) : 0.0;
     __syncthreads();
-    double ls = 0.0, a = 0.0;
+    double ls = 0.0, av = 0.0;
     for (int i = 0; i < 128 && k0 + i < keys; i++) {
       ls += ps[i];
-      a += ps[i] * (double)__bfloat162float(at(v, k0 + i)[t]);
+      av += ps[i] * (double)__bfloat162float(at(v, k0 + i)[t]);
     }
     l = l * cr + ls;
-    acc = acc * cr + a;
+    acc = acc * cr + av;
     m = mn;
     __syncthreads();
   }
-  const int64_t idx = ((int64_t)bb * h + hh) * gridDim.x + ri;
-  o_ref[idx * D + t] = acc / l;
-  if (t == 0) lse_ref[idx] = m + log(l);
+  const int64_t idx = (int64_t)hh * gridDim.x + ri;
+  o_ref[idx * D + t] = keys ? acc / l : 0.0;
+  if (t == 0) lse_ref[idx] = keys ? m + log(l) : -INFINITY;
 }
 
 __global__ void fill_kernel(__nv_bfloat16 *x, int64_t n, uint64_t seed) {
@@ -169,12 +205,12 @@ static PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   return fn;
 }
 
-// (d, h, s, b) of a bshd or sbhd bf16 tensor; boxes of 64 x 1 x 128 x 1 with the 128-byte swizzle.
-static CUtensorMap tensor_map(const __nv_bfloat16 *x, bool sbhd, int b, int h, int s) {
+// (d, heads, rows, batch) of a tensor of layout l; boxes of 64 x 1 x 128 x 1 with the 128-byte swizzle.
+static CUtensorMap tensor_map(const __nv_bfloat16 *x, const layout_t &l, int heads) {
   CUtensorMap m;
   int64_t st[3];
-  hp_strides(sbhd, b, s, h, st);
-  const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)h, (cuuint64_t)s, (cuuint64_t)b};
+  hp_strides(l.sbhd, l.tb, l.rows, heads, st);
+  const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)heads, (cuuint64_t)l.rows, (cuuint64_t)l.tb};
   const cuuint64_t strides[3] = {(cuuint64_t)st[1] * 2, (cuuint64_t)st[0] * 2, (cuuint64_t)st[2] * 2};
   const cuuint32_t box[4] = {64, 1, 128, 1}, estr[4] = {1, 1, 1, 1};
   const CUresult r = encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void *)x, dims, strides, box, estr,
@@ -188,9 +224,8 @@ static CUtensorMap tensor_map(const __nv_bfloat16 *x, bool sbhd, int b, int h, i
 }
 
 static void run(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const params_t &p,
-                bool sbhd, bool pipe, cudaStream_t st) {
-  const CUtensorMap tq = tensor_map(q, sbhd, p.b, p.h, p.s), tk = tensor_map(k, sbhd, p.b, p.h_kv, p.s),
-                    tv = tensor_map(v, sbhd, p.b, p.h_kv, p.s);
+                const layout_t &l, bool pipe, cudaStream_t st) {
+  const CUtensorMap tq = tensor_map(q, l, p.h), tk = tensor_map(k, l, p.h_kv), tv = tensor_map(v, l, p.h_kv);
   const size_t smem = sizeof(smem_t) + 1024;
   static bool attr = false;
   if (!attr) {
@@ -198,61 +233,69 @@ static void run(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloa
     CK(cudaFuncSetAttribute(fwd_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     attr = true;
   }
-  if (pipe) fwd_kernel<true><<<dim3(p.s / BM, p.h, p.b), THREADS, smem, st>>>(tq, tk, tv, p);
-  else fwd_kernel<false><<<dim3(p.s / BM, p.h, p.b), THREADS, smem, st>>>(tq, tk, tv, p);
+  const dim3 grid((p.s + BM - 1) / BM, p.h, p.b);
+  if (pipe) fwd_kernel<true><<<grid, THREADS, smem, st>>>(tq, tk, tv, p);
+  else fwd_kernel<false><<<grid, THREADS, smem, st>>>(tq, tk, tv, p);
   CK(cudaGetLastError());
 }
 
-// Sampled rows against the fp64 reference: normwise and elementwise error of O and LSE.
-// planted: O scaled by 1.02 first (the check must then fail).
+// Sampled rows of every sequence against the fp64 reference: normwise and elementwise error of O
+// and LSE. planted: O scaled by 1.02 first (the check must then fail).
 static bool check(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const params_t &p,
-                  bool sbhd, bool planted) {
-  std::vector<int> rows;
-  for (int r = 0; r < p.s; r += 97) rows.push_back(r);
-  rows.push_back(p.s - 1);
-  const int nr = (int)rows.size();
-  int *drows;
+                  const layout_t &l, const int *d_first, const int *d_len, bool planted) {
+  std::vector<int2> pairs; // (sequence, row)
+  for (int bb = 0; bb < l.b; bb++) {
+    for (int r = 0; r < l.len[bb]; r += 97) pairs.push_back(make_int2(bb, r));
+    if (l.len[bb] > 0) pairs.push_back(make_int2(bb, l.len[bb] - 1));
+  }
+  const int np = (int)pairs.size();
+  if (np == 0) return true;
+  int2 *dpairs;
   double *oref, *lref;
-  CK(cudaMalloc(&drows, nr * sizeof(int)));
-  CK(cudaMalloc(&oref, (size_t)p.b * p.h * nr * D * sizeof(double)));
-  CK(cudaMalloc(&lref, (size_t)p.b * p.h * nr * sizeof(double)));
-  CK(cudaMemcpy(drows, rows.data(), nr * sizeof(int), cudaMemcpyHostToDevice));
-  ref_kernel<<<dim3(nr, p.h, p.b), D>>>(q, k, v, sbhd, p.b, p.h, p.h_kv, p.s, p.causal,
-                                        (double)p.scale_log2 / 1.4426950408889634, drows, oref, lref);
+  CK(cudaMalloc(&dpairs, np * sizeof(int2)));
+  CK(cudaMalloc(&oref, (size_t)p.h * np * D * sizeof(double)));
+  CK(cudaMalloc(&lref, (size_t)p.h * np * sizeof(double)));
+  CK(cudaMemcpy(dpairs, pairs.data(), np * sizeof(int2), cudaMemcpyHostToDevice));
+  ref_args_t a{p.h, p.h_kv, p.causal, l.thd, {}, {}, d_first, d_len, (double)p.scale_log2 / 1.4426950408889634};
+  hp_strides(l.sbhd, l.tb, l.rows, p.h, a.sq);
+  hp_strides(l.sbhd, l.tb, l.rows, p.h_kv, a.skv);
+  ref_kernel<<<dim3(np, p.h), D>>>(q, k, v, a, dpairs, oref, lref);
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
-  std::vector<double> ho((size_t)p.b * p.h * nr * D), hl((size_t)p.b * p.h * nr);
+  std::vector<double> ho((size_t)p.h * np * D), hl((size_t)p.h * np);
   CK(cudaMemcpy(ho.data(), oref, ho.size() * 8, cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(hl.data(), lref, hl.size() * 8, cudaMemcpyDeviceToHost));
-  std::vector<__nv_bfloat16> go((size_t)p.b * p.s * p.h * D);
-  std::vector<float> gl((size_t)p.b * p.h * p.s);
+  std::vector<__nv_bfloat16> go((size_t)l.tb * l.rows * p.h * D);
+  std::vector<float> gl(l.thd ? (size_t)p.h * l.rows : (size_t)l.b * p.h * l.s);
   CK(cudaMemcpy(go.data(), p.o, go.size() * 2, cudaMemcpyDeviceToHost));
   CK(cudaMemcpy(gl.data(), p.lse, gl.size() * 4, cudaMemcpyDeviceToHost));
   double num = 0, den = 0, emax = 0, lmax = 0;
-  for (int bb = 0; bb < p.b; bb++)
-    for (int hh = 0; hh < p.h; hh++)
-      for (int i = 0; i < nr; i++) {
-        const int64_t ri = ((int64_t)bb * p.h + hh) * nr + i;
-        double rmax = 0; // elementwise errors against |ref| plus the row's largest |ref|
-        for (int c = 0; c < D; c++) rmax = fmax(rmax, fabs(ho[ri * D + c]));
-        for (int c = 0; c < D; c++) {
-          double got = (double)__bfloat162float(go[rows[i] * p.o_st[0] + hh * p.o_st[1] + bb * p.o_st[2] + c]);
-          if (planted) got *= 1.02;
-          const double ref = ho[ri * D + c], d = got - ref;
-          num += d * d;
-          den += ref * ref;
-          emax = got != got ? INFINITY : fmax(emax, fabs(d) / (fabs(ref) + rmax));
-        }
-        const double lg = gl[((int64_t)bb * p.h + hh) * p.s + rows[i]];
-        lmax = fmax(lmax, lg != lg ? INFINITY : fabs(lg - hl[ri]) / fmax(1.0, fabs(hl[ri])));
+  for (int hh = 0; hh < p.h; hh++)
+    for (int i = 0; i < np; i++) {
+      const int bb = pairs[i].x, row = pairs[i].y;
+      const int64_t ri = (int64_t)hh * np + i, r = l.thd ? l.first[bb] + row : row, tb = l.thd ? 0 : bb;
+      double rmax = 0; // elementwise errors against |ref| plus the row's largest |ref|
+      for (int c = 0; c < D; c++) rmax = fmax(rmax, fabs(ho[ri * D + c]));
+      for (int c = 0; c < D; c++) {
+        double got = (double)__bfloat162float(go[r * p.o_st[0] + hh * p.o_st[1] + tb * p.o_st[2] + c]);
+        if (planted) got *= 1.02;
+        const double ref = ho[ri * D + c], d = got - ref;
+        num += d * d;
+        den += ref * ref;
+        emax = got != got ? INFINITY : fmax(emax, fabs(d) / (fabs(ref) + rmax + (rmax == 0 ? 1.0 : 0.0)));
       }
-  const double nw = sqrt(num / den);
+      const double lg = gl[l.thd ? (int64_t)hh * l.rows + r : ((int64_t)bb * p.h + hh) * l.s + row], lr = hl[ri];
+      lmax = lg != lg || (lr == -INFINITY) != (lg == -INFINITY) ? INFINITY
+             : lr == -INFINITY                                   ? lmax
+                                                                 : fmax(lmax, fabs(lg - lr) / fmax(1.0, fabs(lr)));
+    }
+  const double nw = den > 0 ? sqrt(num / den) : 0.0;
   // bf16 output and P: normwise 4e-3, elementwise 1e-2 of |ref| + the row's largest |ref|, LSE 1e-4
-  // (hopper/emu.cpp's bounds; it measured 2.0-2.4e-3 normwise, 2.5-3.5e-3 elementwise)
+  // (hopper/emu.cpp's bounds; it measured 1.9-2.4e-3 normwise, 2.2-3.2e-3 elementwise)
   const bool ok = nw <= 4e-3 && emax <= 1e-2 && lmax <= 1e-4;
-  printf("  check s=%d causal=%d%s: normwise %.2e, elementwise %.2e, lse %.2e over %d rows x %d heads x %d: %s\n",
-         p.s, p.causal, planted ? " (2%% planted)" : "", nw, emax, lmax, nr, p.h, p.b, ok ? "ok" : "FAIL");
-  CK(cudaFree(drows));
+  printf("  check s=%d causal=%d%s: normwise %.2e, elementwise %.2e, lse %.2e over %d rows x %d heads: %s\n", l.s,
+         p.causal, planted ? " (2%% planted)" : "", nw, emax, lmax, np, p.h, ok ? "ok" : "FAIL");
+  CK(cudaFree(dpairs));
   CK(cudaFree(oref));
   CK(cudaFree(lref));
   return ok;
@@ -262,8 +305,13 @@ int main(int argc, char **argv) {
   int b = 2, h = 16, h_kv = 0, iters = 20;
   bool sbhd = false;
   bool do_check = false;
-  std::vector<int> ss = {4096, 8192, 16384, 32768};
+  std::vector<int> ss = {4096, 8192, 16384, 32768}, thd_lens;
   std::vector<int> pipes = {0, 1}; // the kernel's two main loops (fwd_kernel.cuh)
+  auto ints = [](char *list) {
+    std::vector<int> out;
+    for (char *t = strtok(list, ","); t; t = strtok(nullptr, ",")) out.push_back(atoi(t));
+    return out;
+  };
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--check")) do_check = true;
     else if (!strcmp(argv[i], "--b") && i + 1 < argc) b = atoi(argv[++i]);
@@ -276,18 +324,15 @@ int main(int argc, char **argv) {
         return 2;
       }
       sbhd = !strcmp(l, "sbhd");
-    }
+    } else if (!strcmp(argv[i], "--thd") && i + 1 < argc) thd_lens = ints(argv[++i]);
     else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--pipe") && i + 1 < argc) {
       pipes.clear();
-      for (char *t = strtok(argv[++i], ","); t; t = strtok(nullptr, ",")) pipes.push_back(atoi(t) != 0);
-    }
-    else if (!strcmp(argv[i], "--s") && i + 1 < argc) {
-      ss.clear();
-      for (char *t = strtok(argv[++i], ","); t; t = strtok(nullptr, ",")) ss.push_back(atoi(t));
-    } else {
+      for (int x : ints(argv[++i])) pipes.push_back(x != 0);
+    } else if (!strcmp(argv[i], "--s") && i + 1 < argc) ss = ints(argv[++i]);
+    else {
       fprintf(stderr, "usage: fwd [--check] [--b B] [--h H] [--hkv H_KV] [--layout bshd|sbhd] [--s S1,S2,...] "
-                      "[--iters N] [--pipe 0,1]\n");
+                      "[--thd L1,L2,...] [--iters N] [--pipe 0,1]\n");
       return 2;
     }
   }
@@ -300,62 +345,83 @@ int main(int argc, char **argv) {
     fprintf(stderr, "--hkv %d must divide --h %d\n", h_kv, h);
     return 2;
   }
-  printf("device %s, sm_%d%d; %s bf16, b=%d h=%d h_kv=%d d=%d\n", prop.name, prop.major, prop.minor,
-         sbhd ? "sbhd" : "bshd", b, h, h_kv, D);
+  std::vector<layout_t> layouts;
+  if (!thd_lens.empty()) layouts.push_back(thd_layout(thd_lens));
+  else
+    for (int s : ss) layouts.push_back(dense_layout(sbhd, b, s));
+  printf("device %s, sm_%d%d; %s bf16, h=%d h_kv=%d d=%d\n", prop.name, prop.major, prop.minor,
+         thd_lens.empty() ? (sbhd ? "sbhd" : "bshd") : "thd", h, h_kv, D);
   bool all_ok = true;
-  for (int s : ss) {
-    if (s % 128) {
-      fprintf(stderr, "s=%d: the lab kernel needs s a multiple of 128\n", s);
-      return 2;
-    }
-    const size_t n = (size_t)b * s * h * D, nkv = (size_t)b * s * h_kv * D;
+  for (const layout_t &l : layouts) {
+    const size_t n = (size_t)l.tb * l.rows * h * D, nkv = (size_t)l.tb * l.rows * h_kv * D;
+    const size_t nlse = l.thd ? (size_t)h * l.rows : (size_t)l.b * h * l.s;
     __nv_bfloat16 *q, *k, *v, *o;
     float *lse;
+    int *d_first, *d_len, *d_cu;
     CK(cudaMalloc(&q, n * 2));
     CK(cudaMalloc(&k, nkv * 2));
     CK(cudaMalloc(&v, nkv * 2));
     CK(cudaMalloc(&o, n * 2));
-    CK(cudaMalloc(&lse, (size_t)b * h * s * 4));
+    CK(cudaMalloc(&lse, nlse * 4));
+    CK(cudaMalloc(&d_first, l.b * sizeof(int)));
+    CK(cudaMalloc(&d_len, l.b * sizeof(int)));
+    CK(cudaMalloc(&d_cu, (l.b + 1) * sizeof(int)));
+    CK(cudaMemcpy(d_first, l.first.data(), l.b * sizeof(int), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_len, l.len.data(), l.b * sizeof(int), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_cu, l.cu.data(), (l.b + 1) * sizeof(int), cudaMemcpyHostToDevice));
     fill_kernel<<<1024, 256>>>(q, n, 1);
     fill_kernel<<<1024, 256>>>(k, nkv, 2);
     fill_kernel<<<1024, 256>>>(v, nkv, 3);
     CK(cudaGetLastError());
-    for (int causal = 0; causal < 2; causal++)
-    for (int pipe : pipes) {
-      params_t p{b, h, s, causal, h_kv, {0, 0, 0}, 1.4426950408889634f / sqrtf((float)D), reinterpret_cast<uint16_t *>(o),
-                 lse};
-      hp_strides(sbhd, b, s, h, p.o_st);
-      CK(cudaMemset(o, 0xff, n * 2)); // poison: NaN bf16 until the kernel writes
-      CK(cudaMemset(lse, 0xff, (size_t)b * h * s * 4));
-      run(q, k, v, p, sbhd, pipe, 0);
-      CK(cudaDeviceSynchronize());
-      cudaEvent_t e0, e1;
-      CK(cudaEventCreate(&e0));
-      CK(cudaEventCreate(&e1));
-      for (int i = 0; i < 3; i++) run(q, k, v, p, sbhd, pipe, 0);
-      CK(cudaEventRecord(e0));
-      for (int i = 0; i < iters; i++) run(q, k, v, p, sbhd, pipe, 0);
-      CK(cudaEventRecord(e1));
-      CK(cudaEventSynchronize(e1));
-      float ms;
-      CK(cudaEventElapsedTime(&ms, e0, e1));
-      const double us = ms * 1e3 / iters, flops = 4.0 * b * h * (double)s * s * D / (causal ? 2 : 1);
-      printf("s=%6d causal=%d pipe=%d  %9.1f us  %6.1f TFLOP/s\n", s, causal, pipe, us, flops / us * 1e-6);
-      if (do_check) { // after timing: the data the timed runs left
-        const bool ok = check(q, k, v, p, sbhd, false), caught = !check(q, k, v, p, sbhd, true);
-        if (!caught) printf("  the planted 2%% error went unseen\n");
-        all_ok = all_ok && ok && caught;
+    if (l.thd) // NaN in the rows no sequence owns: before the first, in the gaps, after the last
+      for (int bb = 0; bb <= l.b; bb++) {
+        const int from = bb == 0 ? 0 : l.first[bb - 1] + l.len[bb - 1], to = bb == l.b ? l.rows : l.first[bb];
+        CK(cudaMemset(q + (size_t)from * h * D, 0xff, (size_t)(to - from) * h * D * 2));
+        CK(cudaMemset(k + (size_t)from * h_kv * D, 0xff, (size_t)(to - from) * h_kv * D * 2));
+        CK(cudaMemset(v + (size_t)from * h_kv * D, 0xff, (size_t)(to - from) * h_kv * D * 2));
       }
-      CK(cudaEventDestroy(e0));
-      CK(cudaEventDestroy(e1));
-    }
+    double work = 0; // attention FLOPs over the sequences (causal: half the square)
+    for (int bb = 0; bb < l.b; bb++) work += 4.0 * h * (double)l.len[bb] * l.len[bb] * D;
+    for (int causal = 0; causal < 2; causal++)
+      for (int pipe : pipes) {
+        params_t p{l.b, h, l.s, causal, h_kv, {0, 0, 0}, 1.4426950408889634f / sqrtf((float)D),
+                   reinterpret_cast<uint16_t *>(o), lse};
+        hp_strides(l.sbhd, l.tb, l.rows, h, p.o_st);
+        if (l.thd) p.thd = 1, p.total_q = l.rows, p.cu_q = p.cu_kv = d_cu, p.pad_q = p.pad_kv = d_first;
+        CK(cudaMemset(o, 0xff, n * 2)); // poison: NaN bf16 until the kernel writes
+        CK(cudaMemset(lse, 0xff, nlse * 4));
+        run(q, k, v, p, l, pipe, 0);
+        CK(cudaDeviceSynchronize());
+        cudaEvent_t e0, e1;
+        CK(cudaEventCreate(&e0));
+        CK(cudaEventCreate(&e1));
+        for (int i = 0; i < 3; i++) run(q, k, v, p, l, pipe, 0);
+        CK(cudaEventRecord(e0));
+        for (int i = 0; i < iters; i++) run(q, k, v, p, l, pipe, 0);
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        const double us = ms * 1e3 / iters, flops = work / (causal ? 2 : 1);
+        printf("s=%6d causal=%d pipe=%d  %9.1f us  %6.1f TFLOP/s\n", l.s, causal, pipe, us, flops / us * 1e-6);
+        if (do_check) { // after timing: the data the timed runs left
+          const bool ok = check(q, k, v, p, l, d_first, d_len, false),
+                     caught = !check(q, k, v, p, l, d_first, d_len, true);
+          if (!caught) printf("  the planted 2%% error went unseen\n");
+          all_ok = all_ok && ok && caught;
+        }
+        CK(cudaEventDestroy(e0));
+        CK(cudaEventDestroy(e1));
+      }
     CK(cudaFree(q));
     CK(cudaFree(k));
     CK(cudaFree(v));
     CK(cudaFree(o));
     CK(cudaFree(lse));
+    CK(cudaFree(d_first));
+    CK(cudaFree(d_len));
+    CK(cudaFree(d_cu));
   }
   if (do_check) printf("%s\n", all_ok ? "check: all ok" : "check: FAILED");
   return all_ok ? 0 : 1;
 }
-

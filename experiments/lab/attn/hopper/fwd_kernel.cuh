@@ -26,12 +26,17 @@ struct alignas(1024) smem_t {
 };
 
 struct params_t {
-  int b, h, s, causal;
+  int b, h, s, causal; // s: the queries and keys of every sequence (bshd, sbhd); thd: the longest
   int h_kv;            // K/V heads (GQA/MQA: h a multiple of it); q head hh reads kv head hh / (h / h_kv)
-  int64_t o_st[3];     // out's strides in elements: s, h, b (d contiguous; bshd or sbhd)
-  float scale_log2; // softmax scale * log2(e)
-  uint16_t *o;      // bf16 [b, s, h, d]
-  float *lse;       // [b, h, s]
+  int64_t o_st[3];     // out's strides in elements: position, head, batch (d contiguous)
+  float scale_log2;    // softmax scale * log2(e)
+  uint16_t *o;         // bf16, q's layout
+  float *lse;          // [b, h, s]; thd [h, total_q]
+  // thd: q, k, v, out packed [rows, h, d]; sequence bb has cu[bb + 1] - cu[bb] rows starting at row
+  // pad[bb] (cu[bb] where pad is NULL: padded offsets need not start at 0); the tensor maps' batch
+  // extent is 1 and out's batch stride unused
+  int thd, total_q;
+  const int *cu_q, *cu_kv, *pad_q, *pad_kv;
 };
 
 // Strides in elements (position, head, batch) of a [b, s, heads, D] (bshd) or [s, b, heads, D]
@@ -71,11 +76,11 @@ HP_DEV void gemm_qk(float (&s)[64], uint32_t q_base, uint32_t k_base) {
   wg_commit();
 }
 
-// Mask (causal, where the key block reaches past the warpgroup's first row) and the online softmax
+// Mask (keys past len_kv, and causal: past the row; only where diag says a block needs it) and the online softmax
 // in base 2: s becomes exp2(s * scale - max), sum grows, corr is the factor that brings O (and the
 // old sum, already scaled) to the new max.
 HP_DEV void softmax_step(float (&s)[64], float (&mx)[2], float (&sum)[2], float (&corr)[2], bool diag, int key0,
-                         int q0, int lane, float scale_log2) {
+                         int q0, int len_kv, int causal, int lane, float scale_log2) {
   float mnew[2] = {mx[0], mx[1]};
 #pragma unroll
   for (int j = 0; j < 16; j++)
@@ -83,7 +88,7 @@ HP_DEV void softmax_step(float (&s)[64], float (&mx)[2], float (&sum)[2], float 
     for (int e = 0; e < 4; e++) {
       const int col = key0 + 8 * j + 2 * (lane % 4) + (e & 1), row = q0 + 8 * (e >> 1);
       float v = s[4 * j + e] * scale_log2;
-      if (diag && col > row) v = -INFINITY;
+      if (diag && (col >= len_kv || (causal && col > row))) v = -INFINITY;
       s[4 * j + e] = v;
       mnew[e >> 1] = fmaxf(mnew[e >> 1], v);
     }
@@ -148,6 +153,19 @@ HP_DEV void store_p(const float (&s)[64], uint32_t tile, int warp, int lane, int
   wg_bar_sync(1 + c); // every thread's part of P is in before any reads it (barrier 0 is __syncthreads')
 }
 
+// Rows [valid, BN) of a V stage set to 0 by consumer warpgroup 0, then both consumer warpgroups meet
+// (named barrier 3, 256 threads): the rows past a sequence's keys may hold anything (thd's padding
+// gaps: NaN), and P's zeros there would still make 0 * NaN in P V.
+HP_DEV void zero_tail(uint32_t v_base, int valid, int c, int tid) {
+  if (c == 0)
+    for (int i = tid; i < (BN - valid) * 16; i += 128) { // 16-byte chunks: 8 a row in each half of d
+      const int row = valid + i / 16, half = (i / 8) % 2, chunk = i % 8;
+      st_shared_zero16(v_base + half * BN * 128 + row * 128 + chunk * 16);
+    }
+  fence_proxy_async();
+  named_bar_sync(3, 256);
+}
+
 // O += P V with P in shared memory: 8 wgmma with both operands there, one commit group.
 HP_DEV void gemm_pv_smem(float (&o)[64], uint32_t p_base, uint32_t v_base) {
   wg_fence();
@@ -170,7 +188,16 @@ __global__ void __launch_bounds__(THREADS, 1)
   smem_t &sm = *reinterpret_cast<smem_t *>((reinterpret_cast<uintptr_t>(hp_smem()) + 1023) & ~uintptr_t(1023));
   const int m_block = gridDim.x - 1 - blockIdx.x, hh = blockIdx.y, bb = blockIdx.z, hkv = hh / (p.h / p.h_kv);
   const int warp_id = hp_warp_uniform(threadIdx.x / 32), tid = threadIdx.x % 128; // lane 0's, as CUTLASS does
-  const int n_end = p.causal ? min(p.s / BN, ((m_block + 1) * BM + BN - 1) / BN) : p.s / BN;
+  // this sequence: its lengths, the rows (thd) or batch (bshd/sbhd) the tensor maps address it by
+  int len_q = p.s, len_kv = p.s, first_q = 0, first_kv = 0, tb = bb;
+  if (p.thd) {
+    len_q = p.cu_q[bb + 1] - p.cu_q[bb], len_kv = p.cu_kv[bb + 1] - p.cu_kv[bb];
+    first_q = p.pad_q ? p.pad_q[bb] : p.cu_q[bb], first_kv = p.pad_kv ? p.pad_kv[bb] : p.cu_kv[bb], tb = 0;
+  }
+  if (m_block * BM >= len_q) return; // the whole CTA, before any barrier
+  // key blocks: all of the sequence's, or (causal, top-left) those up to the block's last row
+  const int kv_blocks = (len_kv + BN - 1) / BN;
+  const int n_end = p.causal ? min(kv_blocks, ((m_block + 1) * BM + BN - 1) / BN) : kv_blocks;
 
   if (threadIdx.x == 0) {
     mbar_init(&sm.q_full, 1);
@@ -187,16 +214,19 @@ __global__ void __launch_bounds__(THREADS, 1)
   if (warp_id == 8) { // producer
     if (threadIdx.x == 256) {
       mbar_expect_tx(&sm.q_full, TILE_BYTES);
-      for (int half = 0; half < 2; half++) tma_load(sm.q[half], &tq, &sm.q_full, 64 * half, hh, m_block * BM, bb);
+      for (int half = 0; half < 2; half++)
+        tma_load(sm.q[half], &tq, &sm.q_full, 64 * half, hh, first_q + m_block * BM, tb);
       for (int it = 0; it < n_end; it++) {
         const int n = n_end - 1 - it, st = it % STAGES;
         const uint32_t round = it / STAGES;
         if (round > 0) mbar_wait(&sm.k_empty[st], (round - 1) & 1);
         mbar_expect_tx(&sm.k_full[st], TILE_BYTES);
-        for (int half = 0; half < 2; half++) tma_load(sm.k[st][half], &tk, &sm.k_full[st], 64 * half, hkv, n * BN, bb);
+        for (int half = 0; half < 2; half++)
+          tma_load(sm.k[st][half], &tk, &sm.k_full[st], 64 * half, hkv, first_kv + n * BN, tb);
         if (round > 0) mbar_wait(&sm.v_empty[st], (round - 1) & 1);
         mbar_expect_tx(&sm.v_full[st], TILE_BYTES);
-        for (int half = 0; half < 2; half++) tma_load(sm.v[st][half], &tv, &sm.v_full[st], 64 * half, hkv, n * BN, bb);
+        for (int half = 0; half < 2; half++)
+          tma_load(sm.v[st][half], &tv, &sm.v_full[st], 64 * half, hkv, first_kv + n * BN, tb);
       }
     }
     return;
@@ -211,11 +241,19 @@ __global__ void __launch_bounds__(THREADS, 1)
   float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
   const uint32_t q_base = hp_smem_u32(sm.q[0]) + c * 64 * 128;
   const int row0 = m_block * BM + c * 64; // the warpgroup's first row
-  auto diag = [&](int it) { return p.causal && (n_end - it) * BN - 1 > row0; }; // key block n_end - 1 - it
+  // key block n_end - 1 - it needs element masks where it reaches past the warpgroup's first row
+  // (causal) or past the sequence's keys (the rows past them hold another sequence's or zeros)
+  auto diag = [&](int it) { return (p.causal && (n_end - it) * BN - 1 > row0) || (n_end - it) * BN > len_kv; };
   auto key0 = [&](int it) { return (n_end - 1 - it) * BN; };
   auto k_base = [&](int it) { return hp_smem_u32(sm.k[it % STAGES][0]); };
   auto v_base = [&](int it) { return hp_smem_u32(sm.v[it % STAGES][0]); };
   auto parity = [](int it) { return (uint32_t)(it / STAGES) & 1u; };
+  // V of block it in its stage, with the rows past the sequence's keys zeroed in the one block that has them
+  auto wait_v = [&](int it) {
+    mbar_wait(&sm.v_full[it % STAGES], parity(it));
+    const int valid = len_kv - (n_end - 1 - it) * BN;
+    if (valid < BN) zero_tail(v_base(it), valid, c, tid);
+  };
   float corr[2];
   mbar_wait(&sm.q_full, 0);
 
@@ -225,35 +263,35 @@ __global__ void __launch_bounds__(THREADS, 1)
       gemm_qk(s, q_base, k_base(it));
       wg_wait<0>();
       mbar_arrive(&sm.k_empty[it % STAGES]);
-      softmax_step(s, mx, sum, corr, diag(it), key0(it), q0, lane, p.scale_log2);
+      softmax_step(s, mx, sum, corr, diag(it), key0(it), q0, len_kv, p.causal, lane, p.scale_log2);
       scale_o(o, corr);
-      mbar_wait(&sm.v_full[it % STAGES], parity(it));
+      wait_v(it);
       gemm_pv_regs(o, s, v_base(it));
       wg_wait<0>();
       mbar_arrive(&sm.v_empty[it % STAGES]);
     }
-  } else {
+  } else if (n_end > 0) {
     const uint32_t p_base = hp_smem_u32(sm.p[c][0]);
     mbar_wait(&sm.k_full[0], parity(0));
     gemm_qk(s, q_base, k_base(0));
     wg_wait<0>();
     mbar_arrive(&sm.k_empty[0]);
-    softmax_step(s, mx, sum, corr, diag(0), key0(0), q0, lane, p.scale_log2);
+    softmax_step(s, mx, sum, corr, diag(0), key0(0), q0, len_kv, p.causal, lane, p.scale_log2);
     store_p(s, p_base, warp, lane, c);
     for (int it = 1; it < n_end; it++) {
       mbar_wait(&sm.k_full[it % STAGES], parity(it));
       gemm_qk(s, q_base, k_base(it));
-      mbar_wait(&sm.v_full[(it - 1) % STAGES], parity(it - 1));
+      wait_v(it - 1);
       gemm_pv_smem(o, p_base, v_base(it - 1));
       wg_wait<1>(); // S(it) is in (commit groups complete in order); P(it - 1) V(it - 1) still runs
       mbar_arrive(&sm.k_empty[it % STAGES]);
-      softmax_step(s, mx, sum, corr, diag(it), key0(it), q0, lane, p.scale_log2);
+      softmax_step(s, mx, sum, corr, diag(it), key0(it), q0, len_kv, p.causal, lane, p.scale_log2);
       wg_wait<0>(); // P(it - 1) V(it - 1) is in: O, P's tile and V's stage are free
       mbar_arrive(&sm.v_empty[(it - 1) % STAGES]);
       scale_o(o, corr);
       store_p(s, p_base, warp, lane, c);
     }
-    mbar_wait(&sm.v_full[(n_end - 1) % STAGES], parity(n_end - 1));
+    wait_v(n_end - 1);
     gemm_pv_smem(o, p_base, v_base(n_end - 1));
     wg_wait<0>();
     mbar_arrive(&sm.v_empty[(n_end - 1) % STAGES]);
@@ -269,14 +307,15 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     const int row = q0 + 8 * r;
-    uint16_t *out = p.o + row * p.o_st[0] + hh * p.o_st[1] + bb * p.o_st[2];
+    if (row >= len_q) continue; // rows past the sequence: another sequence's, or nothing
+    uint16_t *out = p.o + ((int64_t)first_q + row) * p.o_st[0] + hh * p.o_st[1] + (int64_t)tb * p.o_st[2];
 #pragma unroll
     for (int j = 0; j < 16; j++) {
       const int col = 8 * j + 2 * (lane % 4);
       *reinterpret_cast<uint32_t *>(out + col) = pack_bf16(o[4 * j + 2 * r] * inv[r], o[4 * j + 2 * r + 1] * inv[r]);
     }
     if (lane % 4 == 0)
-      p.lse[((int64_t)bb * p.h + hh) * p.s + row] =
+      p.lse[p.thd ? (int64_t)hh * p.total_q + first_q + row : ((int64_t)bb * p.h + hh) * p.s + row] =
           sum[r] > 0.0f ? (mx[r] + log2f(sum[r])) * 0.69314718055994531f : -INFINITY;
   }
 }
