@@ -5,7 +5,8 @@
 #   1. build for sm_90a (registers and spills into the summary);
 #   2. correctness first, both main loops: b=1 h=2 at s 128..1024, GQA 4/2
 #      sbhd, MQA 4/1 (s 384 and 200), thd with lengths 1000, 0, 1, 77, 4096 and
-#      NaN gaps, then b=2 h=16 at s 4k (the bench shape), causal and not,
+#      NaN gaps, sliding windows (100, 20) and (64, -1), then b=2 h=16 at s 4k
+#      (the bench shape), causal and not,
 #      against the fp64 reference on sampled rows, with a planted 2% error that
 #      must fail; stop here if it fails;
 #   3. compute-sanitizer memcheck and racecheck on b=1 h=2 s=256;
@@ -30,7 +31,9 @@ command -v $SAN >/dev/null || SAN=/usr/local/cuda/bin/compute-sanitizer
 { timeout 120 "$BIN" --check --b 1 --h 2 --s 128,256,384,1024 --iters 2 &&
   timeout 60 "$BIN" --check --b 2 --h 4 --hkv 2 --layout sbhd --s 256,640 --iters 2 &&
   timeout 60 "$BIN" --check --b 1 --h 4 --hkv 1 --s 384,200 --iters 2 &&
-  timeout 60 "$BIN" --check --h 4 --hkv 2 --thd 1000,0,1,77,4096 --iters 2; } >"$OUT/fwd-small.log" 2>&1
+  timeout 60 "$BIN" --check --h 4 --hkv 2 --thd 1000,0,1,77,4096 --iters 2 &&
+  timeout 60 "$BIN" --check --b 1 --h 2 --s 1000 --window 100,20 --iters 2 &&
+  timeout 60 "$BIN" --check --h 2 --thd 300,1,900 --window 64,-1 --iters 2; } >"$OUT/fwd-small.log" 2>&1
 rc=$?
 tail -n +1 "$OUT/fwd-small.log" | tee -a "$SUM"
 [ $rc -eq 0 ] || { say "small check FAILED (rc $rc): stopping before any timing"; exit 1; }

@@ -346,51 +346,64 @@ struct hp_case {
   int layout; // 0 bshd, 1 sbhd, 2 thd
   int b, h, h_kv, s;
   std::vector<int> lens, pads; // thd
+  std::vector<int> kv_lens;    // thd: the keys' lengths where they differ (packed from row 3, gaps of 2)
+};
+struct hp_mask {
+  int wl, wr, br; // params_t's window_left, window_right, bottom_right
 };
 
-static bool run_case(const hp_case &cs, int causal, bool pipe, unsigned seed) {
+static bool run_case(const hp_case &cs, const hp_mask &mk, bool pipe, unsigned seed) {
   const bool thd = cs.layout == 2, sbhd = cs.layout == 1;
   const int b = cs.b, h = cs.h, h_kv = cs.h_kv;
-  int s = cs.s, rows = cs.s; // thd: s = the longest sequence, rows = the packed tensor's rows
-  std::vector<int> cu(b + 1, 0), first(b, 0), len(b, cs.s);
+  int s = cs.s, rows = cs.s, rows_kv = cs.s; // thd: s = the longest sequence, rows = the packed tensors' rows
+  std::vector<int> cu(b + 1, 0), first(b, 0), len(b, cs.s), cu_kv(b + 1, 0), first_kv(b, 0), len_kv(b, cs.s);
   if (thd) {
-    s = 0, rows = 0;
+    s = 0, rows = 0, rows_kv = 0;
     for (int bb = 0; bb < b; bb++) {
       len[bb] = cs.lens[bb], first[bb] = cs.pads[bb], cu[bb + 1] = cu[bb] + len[bb];
       s = std::max(s, len[bb]), rows = std::max(rows, first[bb] + len[bb] + 3);
     }
+    for (int bb = 0; bb < b; bb++) {
+      len_kv[bb] = cs.kv_lens.empty() ? len[bb] : cs.kv_lens[bb];
+      first_kv[bb] = cs.kv_lens.empty() ? first[bb] : bb ? first_kv[bb - 1] + len_kv[bb - 1] + 2 : 3;
+      cu_kv[bb + 1] = cu_kv[bb] + len_kv[bb], s = std::max(s, len_kv[bb]);
+      rows_kv = std::max(rows_kv, first_kv[bb] + len_kv[bb] + 3);
+    }
   }
   const int tb = thd ? 1 : b; // the tensors' batch extent
-  const size_t n = (size_t)tb * rows * h * D, nkv = (size_t)tb * rows * h_kv * D;
+  const size_t n = (size_t)tb * rows * h * D, nkv = (size_t)tb * rows_kv * h_kv * D;
   std::vector<uint16_t> q(n, 0x7fc0), k(nkv, 0x7fc0), v(nkv, 0x7fc0), o(n, 0xffff); // NaN where no sequence is
   std::vector<float> lse(thd ? (size_t)h * rows : (size_t)b * h * s, NAN);
   std::mt19937 g(seed);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   int64_t sq[3], skv[3];
   hp_strides(sbhd, tb, rows, h, sq);
-  hp_strides(sbhd, tb, rows, h_kv, skv);
+  hp_strides(sbhd, tb, rows_kv, h_kv, skv);
   // element (sequence bb, position pos, head hd, c) of q/out or of k/v
   auto qi = [&](int bb, int pos, int hd) { return (thd ? first[bb] + pos : pos) * sq[0] + hd * sq[1] + (thd ? 0 : bb) * sq[2]; };
-  auto kvi = [&](int bb, int pos, int hd) { return (thd ? first[bb] + pos : pos) * skv[0] + hd * skv[1] + (thd ? 0 : bb) * skv[2]; };
-  for (int bb = 0; bb < b; bb++)
-    for (int pos = 0; pos < len[bb]; pos++) {
+  auto kvi = [&](int bb, int pos, int hd) { return (thd ? first_kv[bb] + pos : pos) * skv[0] + hd * skv[1] + (thd ? 0 : bb) * skv[2]; };
+  for (int bb = 0; bb < b; bb++) {
+    for (int pos = 0; pos < len[bb]; pos++)
       for (int hd = 0; hd < h; hd++)
         for (int c = 0; c < D; c++) q[qi(bb, pos, hd) + c] = bf16_of(u(g));
+    for (int pos = 0; pos < len_kv[bb]; pos++)
       for (int hd = 0; hd < h_kv; hd++)
         for (int c = 0; c < D; c++) k[kvi(bb, pos, hd) + c] = bf16_of(u(g)), v[kvi(bb, pos, hd) + c] = bf16_of(u(g));
-    }
+  }
   auto map = [&](const std::vector<uint16_t> &x, int heads, const int64_t *st) {
     hp_tmap_t m;
     m.base = x.data();
-    const uint64_t dims[4] = {(uint64_t)D, (uint64_t)heads, (uint64_t)rows, (uint64_t)tb};
+    const uint64_t dims[4] = {(uint64_t)D, (uint64_t)heads, (uint64_t)(&x == &q ? rows : rows_kv), (uint64_t)tb};
     const uint64_t bst[3] = {(uint64_t)st[1] * 2, (uint64_t)st[0] * 2, (uint64_t)st[2] * 2};
     const uint32_t box[4] = {64, 1, 128, 1};
     memcpy(m.dims, dims, sizeof dims), memcpy(m.strides, bst, sizeof bst), memcpy(m.box, box, sizeof box);
     return m;
   };
   const hp_tmap_t tq = map(q, h, sq), tk = map(k, h_kv, skv), tv = map(v, h_kv, skv);
-  params_t p{b, h, s, causal, h_kv, {sq[0], sq[1], sq[2]}, 1.4426950408889634f / sqrtf((float)D), o.data(), lse.data()};
-  if (thd) p.thd = 1, p.total_q = rows, p.cu_q = p.cu_kv = cu.data(), p.pad_q = p.pad_kv = first.data();
+  params_t p{b, h, s, mk.wl, mk.wr, mk.br, h_kv, {sq[0], sq[1], sq[2]}, 1.4426950408889634f / sqrtf((float)D), o.data(),
+             lse.data()};
+  if (thd) p.thd = 1, p.total_q = rows, p.cu_q = cu.data(), p.pad_q = first.data(), p.cu_kv = cu_kv.data(),
+           p.pad_kv = first_kv.data();
   // one CTA at a time, each with fresh barriers
   const int mb = (s + BM - 1) / BM;
   for (int z = 0; z < b; z++)
@@ -418,25 +431,30 @@ static bool run_case(const hp_case &cs, int causal, bool pipe, unsigned seed) {
   // fp64 reference, every row of every sequence (a sequence with no keys: out 0, lse -inf)
   double num = 0, den = 0, emax = 0, lmax = 0, planted_num = 0;
   const double scale = 1.0 / sqrt((double)D);
-  std::vector<double> sc(std::max(s, 1)), acc(D);
+  std::vector<double> sc(std::max(s, 1) + 1), acc(D);
   for (int bb = 0; bb < b; bb++)
     for (int hh = 0; hh < h; hh++)
       for (int i = 0; i < len[bb]; i++) {
         const int hkv = hh / (h / h_kv);
-        const int keys = causal ? std::min(i + 1, len[bb]) : len[bb];
+        const int shift = mk.br ? len_kv[bb] - len[bb] : 0;
+        std::vector<int> seen; // the keys row i sees
+        for (int j = 0; j < len_kv[bb]; j++)
+          if (hp_visible(i, j, shift, mk.wl, mk.wr)) seen.push_back(j);
+        const int keys = (int)seen.size();
         double m = -INFINITY;
-        for (int j = 0; j < keys; j++) {
+        for (int jj = 0; jj < keys; jj++) {
+          const int j = seen[jj];
           double dot = 0;
           for (int c = 0; c < D; c++) dot += (double)f32_of(q[qi(bb, i, hh) + c]) * f32_of(k[kvi(bb, j, hkv) + c]);
-          sc[j] = dot * scale;
-          m = fmax(m, sc[j]);
+          sc[jj] = dot * scale;
+          m = fmax(m, sc[jj]);
         }
         double l = 0;
         for (int c = 0; c < D; c++) acc[c] = 0;
-        for (int j = 0; j < keys; j++) {
-          const double e = exp(sc[j] - m);
+        for (int jj = 0; jj < keys; jj++) {
+          const double e = exp(sc[jj] - m);
           l += e;
-          for (int c = 0; c < D; c++) acc[c] += e * f32_of(v[kvi(bb, j, hkv) + c]);
+          for (int c = 0; c < D; c++) acc[c] += e * f32_of(v[kvi(bb, seen[jj], hkv) + c]);
         }
         double rmax = 0; // elementwise errors against |ref| plus the row's largest |ref|
         for (int c = 0; c < D; c++) rmax = fmax(rmax, keys ? fabs(acc[c] / l) : 0.0);
@@ -461,8 +479,9 @@ static bool run_case(const hp_case &cs, int causal, bool pipe, unsigned seed) {
   } else {
     snprintf(what, sizeof what, "%s b=%d s=%d", sbhd ? "sbhd" : "bshd", b, s);
   }
-  printf("pipe=%d %s h=%d/%d causal=%d: normwise %.2e, elementwise %.2e, lse %.2e; planted 2%%: %.2e %s -> %s\n", pipe,
-         what, h, h_kv, causal, nw, emax, lmax, pw, caught ? "caught" : "MISSED", ok && caught ? "ok" : "FAIL");
+  printf("pipe=%d %s h=%d/%d window (%d,%d)%s: normwise %.2e, elementwise %.2e, lse %.2e; planted 2%%: %.2e %s -> %s\n",
+         pipe, what, h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", nw, emax, lmax, pw, caught ? "caught" : "MISSED",
+         ok && caught ? "ok" : "FAIL");
   return ok && caught;
 }
 
@@ -473,12 +492,15 @@ int main() {
       {1, 1, 4, 2, 256, {}, {}},                       // GQA 4/2 sbhd
       {0, 2, 2, 1, 384, {}, {}},                       // MQA 2/1, two sequences
       {0, 2, 2, 2, 200, {}, {}},                       // s not a multiple of 128
-      {2, 4, 2, 1, 0, {130, 0, 1, 77}, {5, 140, 141, 150}}, // thd: lengths 130, 0, 1, 77, offsets from 5, NaN gaps
+      {2, 4, 2, 1, 0, {130, 0, 1, 77}, {5, 140, 141, 150}, {}}, // thd: lengths 130, 0, 1, 77, offsets from 5, NaN gaps
+      {2, 3, 2, 2, 0, {70, 300, 5}, {0, 72, 380}, {260, 40, 0}},  // thd, keys of other lengths (0 too)
   };
+  // none, causal top-left and bottom-right, a window both ways, a left window bottom-right
+  const hp_mask masks[] = {{-1, -1, 0}, {-1, 0, 0}, {-1, 0, 1}, {100, 20, 0}, {64, -1, 1}};
   unsigned seed = 1;
   for (const hp_case &c : cases)
-    for (int causal = 0; causal < 2; causal++)
-      for (int pipe = 0; pipe < 2; pipe++) ok = run_case(c, causal, pipe, seed++) && ok;
+    for (const hp_mask &mk : masks)
+      for (int pipe = 0; pipe < 2; pipe++) ok = run_case(c, mk, pipe, seed++) && ok;
   printf("%s\n", ok ? "hopper emu: all ok" : "hopper emu: FAILED");
   return ok ? 0 : 1;
 }

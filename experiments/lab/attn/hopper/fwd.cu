@@ -4,7 +4,9 @@
  * timer), not yet part of dl.attn. Shape: bshd, sbhd or thd (packed rows,
  * per-sequence lengths and first rows that need not start at 0; the rows
  * between sequences may hold anything, NaN in the checks) bf16, d = 128,
- * GQA/MQA (h a multiple of h_kv), any length, causal (top-left) or not; out
+ * GQA/MQA (h a multiple of h_kv), any length, masks as dl.attn's (a window
+ * (left, right) around the diagonal, top-left or bottom-right; causal =
+ * (-1, 0)); out
  * bf16 in q's layout, the natural-log LSE fp32 [b, h, s] (thd: [h, rows]).
  * Keys past a sequence are masked, and its last V block's rows past it are
  * zeroed in shared memory (0 * NaN is NaN), so TMA may read across
@@ -37,7 +39,8 @@
  *       P(j-1) V(j-1) and the softmax of S(j) run while the P V does; P goes
  *       through a shared tile per warpgroup (named barrier 1 + c, async-proxy
  *       fence), so that only O is pinned by wgmma during the softmax.
- *   Registers: 162 / 166, no spills (ptxas of CUDA 13.0). With a producer
+ *   Registers: 154 / 168 (PIPE 0 / 1; 168 is the cap with 9 warps), no
+ *   spills (ptxas of CUDA 13.0). With a producer
  *   warpgroup (384 threads, 168 a thread) and setmaxnreg 40/232, PIPE = 1
  *   with P in registers spilled 224 bytes and serialised its wgmmas; the 32
  *   64-bit store addresses of P spilled too, until they became 32-bit shared
@@ -70,7 +73,7 @@
  *
  *   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o fwd fwd.cu
  *   ./fwd [--check] [--b 2] [--h 16] [--hkv 16] [--layout bshd|sbhd] [--s 4096,8192,16384,32768]
- *         [--thd L1,L2,...] [--iters 20] [--pipe 0,1]
+ *         [--thd L1,L2,...] [--window L,R] [--bottom-right] [--iters 20] [--pipe 0,1]
  */
 #include "fwd_kernel.cuh"
 
@@ -84,6 +87,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <algorithm>
 #include <vector>
 
 #define CK(x)                                                                                     \
@@ -128,7 +132,7 @@ static layout_t thd_layout(const std::vector<int> &lens) {
 // ---- the reference: fp64, one block of D threads per sampled (sequence, row) and head --------------
 
 struct ref_args_t {
-  int h, h_kv, causal, thd;
+  int h, h_kv, wl, wr, br, thd; // params_t's window_left, window_right, bottom_right
   int64_t sq[3], skv[3];
   const int *first, *len; // per sequence
   double scale;
@@ -146,11 +150,14 @@ __global__ void ref_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const
   qs[t] = (double)__bfloat162float(at(q, row)[t]);
   __syncthreads();
   double m = -INFINITY, l = 0.0, acc = 0.0;
-  const int keys = a.causal ? min(row + 1, len) : len;
+  // the keys row sees: [lo, hi] of the sequence's (self-attention here: as many keys as queries)
+  const int shift = 0; // bottom_right: len_kv - len_q = 0
+  const int lo = a.wl >= 0 ? max(0, row + shift - a.wl) : 0, hi = a.wr >= 0 ? min(len - 1, row + shift + a.wr) : len - 1;
+  const int keys = hi >= lo ? hi - lo + 1 : 0;
   for (int k0 = 0; k0 < keys; k0 += 128) {
-    double sc = -INFINITY; // thread t: score of key k0 + t
+    double sc = -INFINITY; // thread t: score of key lo + k0 + t
     if (k0 + t < keys) {
-      const __nv_bfloat16 *kr = at(k, k0 + t);
+      const __nv_bfloat16 *kr = at(k, lo + k0 + t);
       sc = 0.0;
       for (int i = 0; i < D; i++) sc += qs[i] * (double)__bfloat162float(kr[i]);
       sc *= a.scale;
@@ -166,7 +173,7 @@ __global__ void ref_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const
     double ls = 0.0, av = 0.0;
     for (int i = 0; i < 128 && k0 + i < keys; i++) {
       ls += ps[i];
-      av += ps[i] * (double)__bfloat162float(at(v, k0 + i)[t]);
+      av += ps[i] * (double)__bfloat162float(at(v, lo + k0 + i)[t]);
     }
     l = l * cr + ls;
     acc = acc * cr + av;
@@ -256,7 +263,8 @@ static bool check(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfl
   CK(cudaMalloc(&oref, (size_t)p.h * np * D * sizeof(double)));
   CK(cudaMalloc(&lref, (size_t)p.h * np * sizeof(double)));
   CK(cudaMemcpy(dpairs, pairs.data(), np * sizeof(int2), cudaMemcpyHostToDevice));
-  ref_args_t a{p.h, p.h_kv, p.causal, l.thd, {}, {}, d_first, d_len, (double)p.scale_log2 / 1.4426950408889634};
+  ref_args_t a{p.h, p.h_kv, p.window_left, p.window_right, p.bottom_right, l.thd, {}, {}, d_first, d_len,
+               (double)p.scale_log2 / 1.4426950408889634};
   hp_strides(l.sbhd, l.tb, l.rows, p.h, a.sq);
   hp_strides(l.sbhd, l.tb, l.rows, p.h_kv, a.skv);
   ref_kernel<<<dim3(np, p.h), D>>>(q, k, v, a, dpairs, oref, lref);
@@ -293,8 +301,8 @@ static bool check(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfl
   // bf16 output and P: normwise 4e-3, elementwise 1e-2 of |ref| + the row's largest |ref|, LSE 1e-4
   // (hopper/emu.cpp's bounds; it measured 1.9-2.4e-3 normwise, 2.2-3.2e-3 elementwise)
   const bool ok = nw <= 4e-3 && emax <= 1e-2 && lmax <= 1e-4;
-  printf("  check s=%d causal=%d%s: normwise %.2e, elementwise %.2e, lse %.2e over %d rows x %d heads: %s\n", l.s,
-         p.causal, planted ? " (2%% planted)" : "", nw, emax, lmax, np, p.h, ok ? "ok" : "FAIL");
+  printf("  check s=%d window (%d,%d)%s: normwise %.2e, elementwise %.2e, lse %.2e over %d rows x %d heads: %s\n", l.s,
+         p.window_left, p.window_right, planted ? " (2%% planted)" : "", nw, emax, lmax, np, p.h, ok ? "ok" : "FAIL");
   CK(cudaFree(dpairs));
   CK(cudaFree(oref));
   CK(cudaFree(lref));
@@ -307,6 +315,8 @@ int main(int argc, char **argv) {
   bool do_check = false;
   std::vector<int> ss = {4096, 8192, 16384, 32768}, thd_lens;
   std::vector<int> pipes = {0, 1}; // the kernel's two main loops (fwd_kernel.cuh)
+  std::vector<std::pair<int, int>> windows = {{-1, -1}, {-1, 0}}; // none, causal
+  bool bottom_right = false;
   auto ints = [](char *list) {
     std::vector<int> out;
     for (char *t = strtok(list, ","); t; t = strtok(nullptr, ",")) out.push_back(atoi(t));
@@ -325,6 +335,14 @@ int main(int argc, char **argv) {
       }
       sbhd = !strcmp(l, "sbhd");
     } else if (!strcmp(argv[i], "--thd") && i + 1 < argc) thd_lens = ints(argv[++i]);
+    else if (!strcmp(argv[i], "--window") && i + 1 < argc) { // L,R: the one mask to run (-1: unbounded)
+      const std::vector<int> w = ints(argv[++i]);
+      if (w.size() != 2) {
+        fprintf(stderr, "--window L,R\n");
+        return 2;
+      }
+      windows = {{w[0], w[1]}};
+    } else if (!strcmp(argv[i], "--bottom-right")) bottom_right = true;
     else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--pipe") && i + 1 < argc) {
       pipes.clear();
@@ -332,7 +350,7 @@ int main(int argc, char **argv) {
     } else if (!strcmp(argv[i], "--s") && i + 1 < argc) ss = ints(argv[++i]);
     else {
       fprintf(stderr, "usage: fwd [--check] [--b B] [--h H] [--hkv H_KV] [--layout bshd|sbhd] [--s S1,S2,...] "
-                      "[--thd L1,L2,...] [--iters N] [--pipe 0,1]\n");
+                      "[--thd L1,L2,...] [--window L,R] [--bottom-right] [--iters N] [--pipe 0,1]\n");
       return 2;
     }
   }
@@ -380,12 +398,17 @@ int main(int argc, char **argv) {
         CK(cudaMemset(k + (size_t)from * h_kv * D, 0xff, (size_t)(to - from) * h_kv * D * 2));
         CK(cudaMemset(v + (size_t)from * h_kv * D, 0xff, (size_t)(to - from) * h_kv * D * 2));
       }
-    double work = 0; // attention FLOPs over the sequences (causal: half the square)
-    for (int bb = 0; bb < l.b; bb++) work += 4.0 * h * (double)l.len[bb] * l.len[bb] * D;
-    for (int causal = 0; causal < 2; causal++)
+    for (const auto &w : windows)
       for (int pipe : pipes) {
-        params_t p{l.b, h, l.s, causal, h_kv, {0, 0, 0}, 1.4426950408889634f / sqrtf((float)D),
-                   reinterpret_cast<uint16_t *>(o), lse};
+        double work = 0; // attention FLOPs: 4 d per (query, visible key)
+        for (int bb = 0; bb < l.b; bb++)
+          for (int i = 0; i < l.len[bb]; i++) {
+            const int lo = w.first >= 0 ? std::max(0, i - w.first) : 0;
+            const int hi = w.second >= 0 ? std::min(l.len[bb] - 1, i + w.second) : l.len[bb] - 1;
+            work += hi >= lo ? 4.0 * h * D * (hi - lo + 1) : 0.0;
+          }
+        params_t p{l.b, h, l.s, w.first, w.second, bottom_right ? 1 : 0, h_kv, {0, 0, 0},
+                   1.4426950408889634f / sqrtf((float)D), reinterpret_cast<uint16_t *>(o), lse};
         hp_strides(l.sbhd, l.tb, l.rows, h, p.o_st);
         if (l.thd) p.thd = 1, p.total_q = l.rows, p.cu_q = p.cu_kv = d_cu, p.pad_q = p.pad_kv = d_first;
         CK(cudaMemset(o, 0xff, n * 2)); // poison: NaN bf16 until the kernel writes
@@ -402,8 +425,9 @@ int main(int argc, char **argv) {
         CK(cudaEventSynchronize(e1));
         float ms;
         CK(cudaEventElapsedTime(&ms, e0, e1));
-        const double us = ms * 1e3 / iters, flops = work / (causal ? 2 : 1);
-        printf("s=%6d causal=%d pipe=%d  %9.1f us  %6.1f TFLOP/s\n", l.s, causal, pipe, us, flops / us * 1e-6);
+        const double us = ms * 1e3 / iters;
+        printf("s=%6d window (%d,%d) pipe=%d  %9.1f us  %6.1f TFLOP/s\n", l.s, w.first, w.second, pipe, us,
+               work / us * 1e-6);
         if (do_check) { // after timing: the data the timed runs left
           const bool ok = check(q, k, v, p, l, d_first, d_len, false),
                      caught = !check(q, k, v, p, l, d_first, d_len, true);

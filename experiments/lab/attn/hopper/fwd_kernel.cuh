@@ -26,7 +26,10 @@ struct alignas(1024) smem_t {
 };
 
 struct params_t {
-  int b, h, s, causal; // s: the queries and keys of every sequence (bshd, sbhd); thd: the longest
+  int b, h, s;         // s: the queries and keys of every sequence (bshd, sbhd); thd: the longest
+  // the mask: query i sees key j where i + shift - window_left <= j <= i + shift + window_right (-1:
+  // no bound), shift = len_kv - len_q (bottom_right) or 0; causal = (-1, 0); none = (-1, -1)
+  int window_left, window_right, bottom_right;
   int h_kv;            // K/V heads (GQA/MQA: h a multiple of it); q head hh reads kv head hh / (h / h_kv)
   int64_t o_st[3];     // out's strides in elements: position, head, batch (d contiguous)
   float scale_log2;    // softmax scale * log2(e)
@@ -45,6 +48,11 @@ HP_HD void hp_strides(bool sbhd, int b, int s, int heads, int64_t st[3]) {
   st[0] = (int64_t)heads * D * (sbhd ? b : 1);
   st[1] = D;
   st[2] = (int64_t)heads * D * (sbhd ? 1 : s);
+}
+
+// Whether query i sees key j (params_t's mask; shift = len_kv - len_q with bottom_right, else 0).
+HP_HD bool hp_visible(int i, int j, int shift, int window_left, int window_right) {
+  return (window_left < 0 || j >= i + shift - window_left) && (window_right < 0 || j <= i + shift + window_right);
 }
 
 // Every wait ends: a phase that never completes traps (a launch error on the host), it does not hang.
@@ -76,11 +84,11 @@ HP_DEV void gemm_qk(float (&s)[64], uint32_t q_base, uint32_t k_base) {
   wg_commit();
 }
 
-// Mask (keys past len_kv, and causal: past the row; only where diag says a block needs it) and the online softmax
+// Mask (keys past len_kv, and those the window hides; only where diag says a block needs it) and the online softmax
 // in base 2: s becomes exp2(s * scale - max), sum grows, corr is the factor that brings O (and the
 // old sum, already scaled) to the new max.
 HP_DEV void softmax_step(float (&s)[64], float (&mx)[2], float (&sum)[2], float (&corr)[2], bool diag, int key0,
-                         int q0, int len_kv, int causal, int lane, float scale_log2) {
+                         int q0, int len_kv, int shift, int wl, int wr, int lane, float scale_log2) {
   float mnew[2] = {mx[0], mx[1]};
 #pragma unroll
   for (int j = 0; j < 16; j++)
@@ -88,7 +96,7 @@ HP_DEV void softmax_step(float (&s)[64], float (&mx)[2], float (&sum)[2], float 
     for (int e = 0; e < 4; e++) {
       const int col = key0 + 8 * j + 2 * (lane % 4) + (e & 1), row = q0 + 8 * (e >> 1);
       float v = s[4 * j + e] * scale_log2;
-      if (diag && (col >= len_kv || (causal && col > row))) v = -INFINITY;
+      if (diag && (col >= len_kv || !hp_visible(row, col, shift, wl, wr))) v = -INFINITY;
       s[4 * j + e] = v;
       mnew[e >> 1] = fmaxf(mnew[e >> 1], v);
     }
@@ -195,9 +203,11 @@ __global__ void __launch_bounds__(THREADS, 1)
     first_q = p.pad_q ? p.pad_q[bb] : p.cu_q[bb], first_kv = p.pad_kv ? p.pad_kv[bb] : p.cu_kv[bb], tb = 0;
   }
   if (m_block * BM >= len_q) return; // the whole CTA, before any barrier
-  // key blocks: all of the sequence's, or (causal, top-left) those up to the block's last row
-  const int kv_blocks = (len_kv + BN - 1) / BN;
-  const int n_end = p.causal ? min(kv_blocks, ((m_block + 1) * BM + BN - 1) / BN) : kv_blocks;
+  // key blocks [n_lo, n_hi): those holding a key that a row of this block sees; walked last to first
+  const int shift = p.bottom_right ? len_kv - len_q : 0, wl = p.window_left, wr = p.window_right;
+  const int i0 = m_block * BM, i1 = min(i0 + BM, len_q);
+  const int key_lo = wl >= 0 ? max(0, i0 + shift - wl) : 0, key_hi = wr >= 0 ? min(len_kv, i1 + shift + wr) : len_kv;
+  const int n_lo = key_lo / BN, n_hi = key_hi > key_lo ? (key_hi + BN - 1) / BN : n_lo, nblk = n_hi - n_lo;
 
   if (threadIdx.x == 0) {
     mbar_init(&sm.q_full, 1);
@@ -216,8 +226,8 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_expect_tx(&sm.q_full, TILE_BYTES);
       for (int half = 0; half < 2; half++)
         tma_load(sm.q[half], &tq, &sm.q_full, 64 * half, hh, first_q + m_block * BM, tb);
-      for (int it = 0; it < n_end; it++) {
-        const int n = n_end - 1 - it, st = it % STAGES;
+      for (int it = 0; it < nblk; it++) {
+        const int n = n_hi - 1 - it, st = it % STAGES;
         const uint32_t round = it / STAGES;
         if (round > 0) mbar_wait(&sm.k_empty[st], (round - 1) & 1);
         mbar_expect_tx(&sm.k_full[st], TILE_BYTES);
@@ -241,60 +251,63 @@ __global__ void __launch_bounds__(THREADS, 1)
   float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
   const uint32_t q_base = hp_smem_u32(sm.q[0]) + c * 64 * 128;
   const int row0 = m_block * BM + c * 64; // the warpgroup's first row
-  // key block n_end - 1 - it needs element masks where it reaches past the warpgroup's first row
-  // (causal) or past the sequence's keys (the rows past them hold another sequence's or zeros)
-  auto diag = [&](int it) { return (p.causal && (n_end - it) * BN - 1 > row0) || (n_end - it) * BN > len_kv; };
-  auto key0 = [&](int it) { return (n_end - 1 - it) * BN; };
+  // key block n_hi - 1 - it needs element masks where it reaches past the sequence's keys (the rows
+  // past them hold another sequence's or zeros) or past the window of one of the warpgroup's rows
+  auto diag = [&](int it) {
+    const int j0 = (n_hi - 1 - it) * BN, j1 = j0 + BN - 1; // its first and last key
+    return j1 >= len_kv || (wr >= 0 && j1 > row0 + shift + wr) || (wl >= 0 && j0 < row0 + 63 + shift - wl);
+  };
+  auto key0 = [&](int it) { return (n_hi - 1 - it) * BN; };
   auto k_base = [&](int it) { return hp_smem_u32(sm.k[it % STAGES][0]); };
   auto v_base = [&](int it) { return hp_smem_u32(sm.v[it % STAGES][0]); };
   auto parity = [](int it) { return (uint32_t)(it / STAGES) & 1u; };
   // V of block it in its stage, with the rows past the sequence's keys zeroed in the one block that has them
   auto wait_v = [&](int it) {
     mbar_wait(&sm.v_full[it % STAGES], parity(it));
-    const int valid = len_kv - (n_end - 1 - it) * BN;
+    const int valid = len_kv - (n_hi - 1 - it) * BN;
     if (valid < BN) zero_tail(v_base(it), valid, c, tid);
   };
   float corr[2];
   mbar_wait(&sm.q_full, 0);
 
   if (!PIPE) {
-    for (int it = 0; it < n_end; it++) {
+    for (int it = 0; it < nblk; it++) {
       mbar_wait(&sm.k_full[it % STAGES], parity(it));
       gemm_qk(s, q_base, k_base(it));
       wg_wait<0>();
       mbar_arrive(&sm.k_empty[it % STAGES]);
-      softmax_step(s, mx, sum, corr, diag(it), key0(it), q0, len_kv, p.causal, lane, p.scale_log2);
+      softmax_step(s, mx, sum, corr, diag(it), key0(it), q0, len_kv, shift, wl, wr, lane, p.scale_log2);
       scale_o(o, corr);
       wait_v(it);
       gemm_pv_regs(o, s, v_base(it));
       wg_wait<0>();
       mbar_arrive(&sm.v_empty[it % STAGES]);
     }
-  } else if (n_end > 0) {
+  } else if (nblk > 0) {
     const uint32_t p_base = hp_smem_u32(sm.p[c][0]);
     mbar_wait(&sm.k_full[0], parity(0));
     gemm_qk(s, q_base, k_base(0));
     wg_wait<0>();
     mbar_arrive(&sm.k_empty[0]);
-    softmax_step(s, mx, sum, corr, diag(0), key0(0), q0, len_kv, p.causal, lane, p.scale_log2);
+    softmax_step(s, mx, sum, corr, diag(0), key0(0), q0, len_kv, shift, wl, wr, lane, p.scale_log2);
     store_p(s, p_base, warp, lane, c);
-    for (int it = 1; it < n_end; it++) {
+    for (int it = 1; it < nblk; it++) {
       mbar_wait(&sm.k_full[it % STAGES], parity(it));
       gemm_qk(s, q_base, k_base(it));
       wait_v(it - 1);
       gemm_pv_smem(o, p_base, v_base(it - 1));
       wg_wait<1>(); // S(it) is in (commit groups complete in order); P(it - 1) V(it - 1) still runs
       mbar_arrive(&sm.k_empty[it % STAGES]);
-      softmax_step(s, mx, sum, corr, diag(it), key0(it), q0, len_kv, p.causal, lane, p.scale_log2);
+      softmax_step(s, mx, sum, corr, diag(it), key0(it), q0, len_kv, shift, wl, wr, lane, p.scale_log2);
       wg_wait<0>(); // P(it - 1) V(it - 1) is in: O, P's tile and V's stage are free
       mbar_arrive(&sm.v_empty[(it - 1) % STAGES]);
       scale_o(o, corr);
       store_p(s, p_base, warp, lane, c);
     }
-    wait_v(n_end - 1);
-    gemm_pv_smem(o, p_base, v_base(n_end - 1));
+    wait_v(nblk - 1);
+    gemm_pv_smem(o, p_base, v_base(nblk - 1));
     wg_wait<0>();
-    mbar_arrive(&sm.v_empty[(n_end - 1) % STAGES]);
+    mbar_arrive(&sm.v_empty[(nblk - 1) % STAGES]);
   }
 
   // epilogue: the row sums over the four threads of a row, O / l, LSE (natural log)
