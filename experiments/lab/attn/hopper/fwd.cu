@@ -40,14 +40,13 @@
  *       through a shared tile per warpgroup (named barrier 1 + c, async-proxy
  *       fence), so that only O is pinned by wgmma during the softmax.
  *   Registers: 154 / 168 (PIPE 0 / 1; 168 is the cap with 9 warps), no
- *   spills (ptxas of CUDA 13.0). With a producer
- *   warpgroup (384 threads, 168 a thread) and setmaxnreg 40/232, PIPE = 1
- *   with P in registers spilled 224 bytes and serialised its wgmmas; the 32
- *   64-bit store addresses of P spilled too, until they became 32-bit shared
- *   addresses. One producer warp leaves 168 for every thread, enough.
- *   Not yet here (FA3 has them): ping-pong of the two consumer warpgroups,
- *   a TMA store of O, thd/sbhd, GQA, windows, the fused merge epilogue,
- *   backward.
+ *   spills (ptxas of CUDA 13.0). With a producer warpgroup (384 threads,
+ *   168 a thread) and setmaxnreg 40/232, PIPE = 1 with P in registers
+ *   spilled 224 bytes and serialised its wgmmas; the 32 64-bit store
+ *   addresses of P spilled too, until they became 32-bit shared addresses.
+ *   Not yet here: ping-pong of the two consumer warpgroups and a TMA store
+ *   of O (FA3 has them), the fused merge epilogue, max_logit, backward,
+ *   d other than 128.
  *
  * Shared memory tiles, each a TMA box of 64 columns (128 bytes) x rows with
  * the 128-byte swizzle, 1024-byte aligned; a d = 128 tile is two of them:
