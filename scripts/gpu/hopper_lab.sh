@@ -10,9 +10,10 @@
 #      against the fp64 reference on sampled rows, with a planted 2% error that
 #      must fail; stop here if it fails;
 #   3. compute-sanitizer memcheck and racecheck on b=1 h=2 s=256;
-#   4. timing at the bench's shapes (b=2 h=16, s 4k-32k), data checked after
-#      timing, and in the same call PyTorch's cuDNN and flash SDPA at those
-#      shapes (experiments/attn/attn_bench_torch.py, bshd).
+#   4. timing at the bench's shapes (b=2 h=16, s 4k-32k), the plain step and
+#      the fused merge (issue 19: at most 3% more), data checked after timing,
+#      and in the same call PyTorch's cuDNN and flash SDPA at those shapes
+#      (experiments/attn/attn_bench_torch.py, bshd).
 # Everything under $OUT (summary.txt, fwd-*.log, attn-torch-hopper.{md,csv}).
 set -uo pipefail
 OUT="${OUT:-/tmp/hopper-lab}"
@@ -43,7 +44,7 @@ for tool in memcheck racecheck; do
   timeout 300 $SAN --tool $tool --error-exitcode 9 "$BIN" --b 1 --h 2 --s 256 --iters 1 >"$OUT/san-$tool.log" 2>&1
   say "compute-sanitizer $tool: rc $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/san-$tool.log" | head -1))"
 done
-timeout 300 "$BIN" --check --s 4096,8192,16384,32768 --iters 20 >"$OUT/fwd-bench.log" 2>&1
+timeout 300 "$BIN" --check --merge --s 4096,8192,16384,32768 --iters 20 >"$OUT/fwd-bench.log" 2>&1
 say "bench rc $?"
 cat "$OUT/fwd-bench.log" | tee -a "$SUM"
 timeout 300 python3 experiments/attn/attn_bench_torch.py --layouts bshd --out "$OUT" --name attn-torch-hopper \

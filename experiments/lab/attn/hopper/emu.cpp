@@ -37,6 +37,10 @@
 #define HP_DEV inline
 #define HP_HD inline
 #define HP_GRID_CONST
+struct float2 {
+  float x, y;
+};
+static inline float2 make_float2(float x, float y) { return float2{x, y}; }
 
 struct hp_tmap_t {
   const uint16_t *base;
@@ -67,6 +71,7 @@ static inline char *hp_ptr(uint32_t addr, size_t bytes) {
 static inline uint32_t hp_swizzle(uint32_t addr) { return addr ^ (((addr >> 7) & 7u) << 4); }
 
 HP_DEV void hp_sync() { attn_sync(); }
+HP_DEV void hp_syncwarp() { attn_syncwarp(); }
 HP_DEV int hp_warp_uniform(int x) { return x; } // the kernel passes values that are the same in every lane
 HP_DEV void hp_trap() {
   fprintf(stderr, "emu: trap (a barrier phase never completed)\n");
@@ -352,7 +357,8 @@ struct hp_mask {
   int wl, wr, br; // params_t's window_left, window_right, bottom_right
 };
 
-static bool run_case(const hp_case &cs, const hp_mask &mk, bool pipe, unsigned seed) {
+// merge: the step merged into a running (acc_out, acc_lse) of random rows, some with lse -inf
+static bool run_case(const hp_case &cs, const hp_mask &mk, bool pipe, unsigned seed, bool merge = false) {
   const bool thd = cs.layout == 2, sbhd = cs.layout == 1;
   const int b = cs.b, h = cs.h, h_kv = cs.h_kv;
   int s = cs.s, rows = cs.s, rows_kv = cs.s; // thd: s = the longest sequence, rows = the packed tensors' rows
@@ -404,6 +410,13 @@ static bool run_case(const hp_case &cs, const hp_mask &mk, bool pipe, unsigned s
              lse.data()};
   if (thd) p.thd = 1, p.total_q = rows, p.cu_q = cu.data(), p.pad_q = first.data(), p.cu_kv = cu_kv.data(),
            p.pad_kv = first_kv.data();
+  std::vector<float> acc(merge ? n : 0), acc_lse(merge ? lse.size() : 0);
+  if (merge) {
+    for (float &x : acc) x = u(g);
+    for (size_t i = 0; i < acc_lse.size(); i++) acc_lse[i] = i % 7 == 3 ? -INFINITY : 4.0f * u(g);
+    p.acc_out = acc.data(), p.acc_lse = acc_lse.data();
+  }
+  const std::vector<float> acc0 = acc, acc_lse0 = acc_lse;
   // one CTA at a time, each with fresh barriers
   const int mb = (s + BM - 1) / BM;
   for (int z = 0; z < b; z++)
@@ -431,7 +444,7 @@ static bool run_case(const hp_case &cs, const hp_mask &mk, bool pipe, unsigned s
   // fp64 reference, every row of every sequence (a sequence with no keys: out 0, lse -inf)
   double num = 0, den = 0, emax = 0, lmax = 0, planted_num = 0;
   const double scale = 1.0 / sqrt((double)D);
-  std::vector<double> sc(std::max(s, 1) + 1), acc(D);
+  std::vector<double> sc(std::max(s, 1) + 1), accr(D);
   for (int bb = 0; bb < b; bb++)
     for (int hh = 0; hh < h; hh++)
       for (int i = 0; i < len[bb]; i++) {
@@ -450,22 +463,34 @@ static bool run_case(const hp_case &cs, const hp_mask &mk, bool pipe, unsigned s
           m = fmax(m, sc[jj]);
         }
         double l = 0;
-        for (int c = 0; c < D; c++) acc[c] = 0;
+        for (int c = 0; c < D; c++) accr[c] = 0;
         for (int jj = 0; jj < keys; jj++) {
           const double e = exp(sc[jj] - m);
           l += e;
-          for (int c = 0; c < D; c++) acc[c] += e * f32_of(v[kvi(bb, seen[jj], hkv) + c]);
+          for (int c = 0; c < D; c++) accr[c] += e * f32_of(v[kvi(bb, seen[jj], hkv) + c]);
+        }
+        const size_t li = thd ? (size_t)hh * rows + first[bb] + i : ((size_t)bb * h + hh) * s + i;
+        double lr = keys ? m + log(l) : -INFINITY;
+        std::vector<double> refrow(D);
+        for (int c = 0; c < D; c++) refrow[c] = keys ? accr[c] / l : 0.0;
+        if (merge && lr != -INFINITY) { // the running pair after the merge (a step row with no key: as it was)
+          const double l0 = acc_lse0[li], ln = l0 == -INFINITY ? lr : fmax(l0, lr) + log1p(exp(-fabs(l0 - lr)));
+          for (int c = 0; c < D; c++)
+            refrow[c] = (l0 == -INFINITY ? 0.0 : acc0[qi(bb, i, hh) + c] * exp(l0 - ln)) + refrow[c] * exp(lr - ln);
+          lr = ln;
+        } else if (merge) {
+          for (int c = 0; c < D; c++) refrow[c] = acc0[qi(bb, i, hh) + c];
+          lr = acc_lse0[li];
         }
         double rmax = 0; // elementwise errors against |ref| plus the row's largest |ref|
-        for (int c = 0; c < D; c++) rmax = fmax(rmax, keys ? fabs(acc[c] / l) : 0.0);
+        for (int c = 0; c < D; c++) rmax = fmax(rmax, fabs(refrow[c]));
         for (int c = 0; c < D; c++) {
-          const double ref = keys ? acc[c] / l : 0.0, got = (double)f32_of(o[qi(bb, i, hh) + c]);
+          const double ref = refrow[c], got = merge ? (double)acc[qi(bb, i, hh) + c] : (double)f32_of(o[qi(bb, i, hh) + c]);
           const double d = got - ref;
           num += d * d, den += ref * ref, planted_num += (got * 1.02 - ref) * (got * 1.02 - ref);
           emax = got != got ? INFINITY : fmax(emax, fabs(d) / (fabs(ref) + rmax + (keys ? 0.0 : 1.0)));
         }
-        const double lg = lse[thd ? (size_t)hh * rows + first[bb] + i : ((size_t)bb * h + hh) * s + i];
-        const double lr = keys ? m + log(l) : -INFINITY;
+        const double lg = merge ? acc_lse[li] : lse[li];
         lmax = lg != lg || (lr == -INFINITY) != (lg == -INFINITY) ? INFINITY
                : lr == -INFINITY                                   ? lmax
                                                                    : fmax(lmax, fabs(lg - lr) / fmax(1.0, fabs(lr)));
@@ -479,8 +504,8 @@ static bool run_case(const hp_case &cs, const hp_mask &mk, bool pipe, unsigned s
   } else {
     snprintf(what, sizeof what, "%s b=%d s=%d", sbhd ? "sbhd" : "bshd", b, s);
   }
-  printf("pipe=%d %s h=%d/%d window (%d,%d)%s: normwise %.2e, elementwise %.2e, lse %.2e; planted 2%%: %.2e %s -> %s\n",
-         pipe, what, h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", nw, emax, lmax, pw, caught ? "caught" : "MISSED",
+  printf("pipe=%d %s h=%d/%d window (%d,%d)%s%s: normwise %.2e, elementwise %.2e, lse %.2e; planted 2%%: %.2e %s -> %s\n",
+         pipe, what, h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", merge ? " merged" : "", nw, emax, lmax, pw, caught ? "caught" : "MISSED",
          ok && caught ? "ok" : "FAIL");
   return ok && caught;
 }
@@ -501,6 +526,9 @@ int main() {
   for (const hp_case &c : cases)
     for (const hp_mask &mk : masks)
       for (int pipe = 0; pipe < 2; pipe++) ok = run_case(c, mk, pipe, seed++) && ok;
+  for (const hp_case &c : cases) // the fused merge, causal and not
+    for (int m = 0; m < 2; m++)
+      for (int pipe = 0; pipe < 2; pipe++) ok = run_case(c, masks[m], pipe, seed++, true) && ok;
   printf("%s\n", ok ? "hopper emu: all ok" : "hopper emu: FAILED");
   return ok ? 0 : 1;
 }

@@ -44,9 +44,13 @@
  *   168 a thread) and setmaxnreg 40/232, PIPE = 1 with P in registers
  *   spilled 224 bytes and serialised its wgmmas; the 32 64-bit store
  *   addresses of P spilled too, until they became 32-bit shared addresses.
+ *   Fused merge (dl.attn's accumulate): with acc_out set, the epilogue
+ *   merges the step's (O, LSE) into the running fp32 (acc_out, acc_lse)
+ *   instead of writing out/lse (`--merge` times it against the plain step
+ *   and checks it against a host merge of the plain step's results).
  *   Not yet here: ping-pong of the two consumer warpgroups and a TMA store
- *   of O (FA3 has them), the fused merge epilogue, max_logit, backward,
- *   d other than 128.
+ *   of O (FA3 has them), bf16 accumulators, max_logit, backward, d other
+ *   than 128.
  *
  * Shared memory tiles, each a TMA box of 64 columns (128 bytes) x rows with
  * the 128-byte swizzle, 1024-byte aligned; a d = 128 tile is two of them:
@@ -72,7 +76,7 @@
  *
  *   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o fwd fwd.cu
  *   ./fwd [--check] [--b 2] [--h 16] [--hkv 16] [--layout bshd|sbhd] [--s 4096,8192,16384,32768]
- *         [--thd L1,L2,...] [--window L,R] [--bottom-right] [--iters 20] [--pipe 0,1]
+ *         [--thd L1,L2,...] [--window L,R] [--bottom-right] [--merge] [--iters 20] [--pipe 0,1]
  */
 #include "fwd_kernel.cuh"
 
@@ -308,6 +312,42 @@ static bool check(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfl
   return ok;
 }
 
+// The fused merge against the plain step: acc_out/acc_lse started as acc0/lse0 (host copies), and the
+// plain run left o/lse (checked by check()); every valid row's merge in fp64 on the host.
+static bool check_merge(const params_t &p, const layout_t &l, const std::vector<float> &acc0,
+                        const std::vector<float> &lse0, const __nv_bfloat16 *o, const float *lse) {
+  std::vector<float> acc(acc0.size()), accl(lse0.size()), pl(lse0.size());
+  std::vector<__nv_bfloat16> po(acc0.size());
+  CK(cudaMemcpy(acc.data(), p.acc_out, acc.size() * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(accl.data(), p.acc_lse, accl.size() * 4, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(po.data(), o, po.size() * 2, cudaMemcpyDeviceToHost));
+  CK(cudaMemcpy(pl.data(), lse, pl.size() * 4, cudaMemcpyDeviceToHost));
+  double num = 0, den = 0, lmax = 0;
+  for (int bb = 0; bb < l.b; bb++)
+    for (int hh = 0; hh < p.h; hh++)
+      for (int i = 0; i < l.len[bb]; i++) {
+        const int64_t r = l.thd ? l.first[bb] + i : i, tb = l.thd ? 0 : bb;
+        const int64_t at = r * p.o_st[0] + hh * p.o_st[1] + tb * p.o_st[2];
+        const int64_t li = l.thd ? (int64_t)hh * l.rows + r : ((int64_t)bb * p.h + hh) * l.s + i;
+        const double l0 = lse0[li], ls = pl[li];
+        const double ln = ls == -INFINITY ? l0 : l0 == -INFINITY ? ls : fmax(l0, ls) + log1p(exp(-fabs(l0 - ls)));
+        for (int c = 0; c < D; c++) {
+          const double want = ls == -INFINITY ? acc0[at + c]
+                              : (l0 == -INFINITY ? 0.0 : acc0[at + c] * exp(l0 - ln)) +
+                                    (double)__bfloat162float(po[at + c]) * exp(ls - ln);
+          const double d = acc[at + c] - want;
+          num += d != d ? INFINITY : d * d, den += want * want;
+        }
+        lmax = fmax(lmax, accl[li] != accl[li] ? INFINITY : ln == -INFINITY ? (accl[li] == -INFINITY ? 0 : INFINITY)
+                                                                          : fabs(accl[li] - ln) / fmax(1.0, fabs(ln)));
+      }
+  // the plain O was rounded to bf16, the merged one was not: 2^-8 relative at most
+  const double nw = den > 0 ? sqrt(num / den) : 0.0;
+  const bool ok = nw <= 4e-3 && lmax <= 1e-4;
+  printf("  merge against the plain step: normwise %.2e, lse %.2e: %s\n", nw, lmax, ok ? "ok" : "FAIL");
+  return ok;
+}
+
 int main(int argc, char **argv) {
   int b = 2, h = 16, h_kv = 0, iters = 20;
   bool sbhd = false;
@@ -315,7 +355,7 @@ int main(int argc, char **argv) {
   std::vector<int> ss = {4096, 8192, 16384, 32768}, thd_lens;
   std::vector<int> pipes = {0, 1}; // the kernel's two main loops (fwd_kernel.cuh)
   std::vector<std::pair<int, int>> windows = {{-1, -1}, {-1, 0}}; // none, causal
-  bool bottom_right = false;
+  bool bottom_right = false, merge = false;
   auto ints = [](char *list) {
     std::vector<int> out;
     for (char *t = strtok(list, ","); t; t = strtok(nullptr, ",")) out.push_back(atoi(t));
@@ -342,6 +382,7 @@ int main(int argc, char **argv) {
       }
       windows = {{w[0], w[1]}};
     } else if (!strcmp(argv[i], "--bottom-right")) bottom_right = true;
+    else if (!strcmp(argv[i], "--merge")) merge = true; // also time the fused merge, and check it
     else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--pipe") && i + 1 < argc) {
       pipes.clear();
@@ -349,7 +390,7 @@ int main(int argc, char **argv) {
     } else if (!strcmp(argv[i], "--s") && i + 1 < argc) ss = ints(argv[++i]);
     else {
       fprintf(stderr, "usage: fwd [--check] [--b B] [--h H] [--hkv H_KV] [--layout bshd|sbhd] [--s S1,S2,...] "
-                      "[--thd L1,L2,...] [--window L,R] [--bottom-right] [--iters N] [--pipe 0,1]\n");
+                      "[--thd L1,L2,...] [--window L,R] [--bottom-right] [--merge] [--iters N] [--pipe 0,1]\n");
       return 2;
     }
   }
@@ -432,6 +473,36 @@ int main(int argc, char **argv) {
                      caught = !check(q, k, v, p, l, d_first, d_len, true);
           if (!caught) printf("  the planted 2%% error went unseen\n");
           all_ok = all_ok && ok && caught;
+        }
+        if (merge) { // the same step merged into a running fp32 (acc_out, acc_lse), timed the same way
+          std::vector<float> acc0(n), lse0(nlse);
+          uint64_t z = 12345;
+          for (size_t i = 0; i < n; i++) z = z * 6364136223846793005ull + 1, acc0[i] = (float)(z >> 40) / (1 << 24) - 0.5f;
+          for (size_t i = 0; i < nlse; i++) lse0[i] = i % 7 == 3 ? -INFINITY : (float)(i % 13) - 6.0f;
+          float *acc, *accl;
+          CK(cudaMalloc(&acc, n * 4));
+          CK(cudaMalloc(&accl, nlse * 4));
+          params_t pm = p;
+          pm.acc_out = acc, pm.acc_lse = accl;
+          auto reset = [&] {
+            CK(cudaMemcpy(acc, acc0.data(), n * 4, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(accl, lse0.data(), nlse * 4, cudaMemcpyHostToDevice));
+          };
+          for (int i = 0; i < 3; i++) run(q, k, v, pm, l, pipe, 0);
+          CK(cudaEventRecord(e0));
+          for (int i = 0; i < iters; i++) run(q, k, v, pm, l, pipe, 0);
+          CK(cudaEventRecord(e1));
+          CK(cudaEventSynchronize(e1));
+          float mms;
+          CK(cudaEventElapsedTime(&mms, e0, e1));
+          printf("s=%6d window (%d,%d) pipe=%d  %9.1f us  merged (%+.1f%% against the plain step)\n", l.s, w.first,
+                 w.second, pipe, mms * 1e3 / iters, (mms / ms - 1.0) * 100.0);
+          reset(); // one merge from the known start, checked against the plain step's o and lse
+          run(q, k, v, pm, l, pipe, 0);
+          CK(cudaDeviceSynchronize());
+          all_ok = check_merge(pm, l, acc0, lse0, o, lse) && all_ok;
+          CK(cudaFree(acc));
+          CK(cudaFree(accl));
         }
         CK(cudaEventDestroy(e0));
         CK(cudaEventDestroy(e1));

@@ -40,6 +40,9 @@ struct params_t {
   // extent is 1 and out's batch stride unused
   int thd, total_q;
   const int *cu_q, *cu_kv, *pad_q, *pad_kv;
+  // fused merge (dl.attn's accumulate): where acc_out is set, the step's (O, LSE) is merged into the
+  // running fp32 (acc_out, acc_lse), laid out as out and lse, and out/lse are not written
+  float *acc_out, *acc_lse;
 };
 
 // Strides in elements (position, head, batch) of a [b, s, heads, D] (bshd) or [s, b, heads, D]
@@ -310,7 +313,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     mbar_arrive(&sm.v_empty[(nblk - 1) % STAGES]);
   }
 
-  // epilogue: the row sums over the four threads of a row, O / l, LSE (natural log)
+  // epilogue: the row sums over the four threads of a row, O / l, LSE (natural log); or the merge
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     sum[r] += hp_shfl_xor(sum[r], 1);
@@ -320,16 +323,32 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     const int row = q0 + 8 * r;
-    if (row >= len_q) continue; // rows past the sequence: another sequence's, or nothing
-    uint16_t *out = p.o + ((int64_t)first_q + row) * p.o_st[0] + hh * p.o_st[1] + (int64_t)tb * p.o_st[2];
+    const int64_t at = ((int64_t)first_q + row) * p.o_st[0] + hh * p.o_st[1] + (int64_t)tb * p.o_st[2];
+    const int64_t lat = p.thd ? (int64_t)hh * p.total_q + first_q + row : ((int64_t)bb * p.h + hh) * p.s + row;
+    const float lse = sum[r] > 0.0f ? (mx[r] + log2f(sum[r])) * 0.69314718055994531f : -INFINITY;
+    if (!p.acc_out) {
+      if (row >= len_q) continue; // rows past the sequence: another sequence's, or nothing
+#pragma unroll
+      for (int j = 0; j < 16; j++)
+        *reinterpret_cast<uint32_t *>(p.o + at + 8 * j + 2 * (lane % 4)) =
+            pack_bf16(o[4 * j + 2 * r] * inv[r], o[4 * j + 2 * r + 1] * inv[r]);
+      if (lane % 4 == 0) p.lse[lat] = lse;
+      continue;
+    }
+    // merge: L = log(e^L_acc + e^L), acc_out = acc_out e^(L_acc - L) + O e^(L - L); a row of the step
+    // with no key (L = -inf) leaves the running pair as it was
+    const float old = row < len_q ? p.acc_lse[lat] : -INFINITY;
+    hp_syncwarp(); // the row's four threads read the old LSE before its first thread writes the new
+    if (row >= len_q || lse == -INFINITY) continue;
+    const float hi = fmaxf(old, lse), lnew = hi + log1pf(expf(-fabsf(old - lse)));
+    const float ka = old == -INFINITY ? 0.0f : expf(old - lnew), kb = expf(lse - lnew) * inv[r];
 #pragma unroll
     for (int j = 0; j < 16; j++) {
-      const int col = 8 * j + 2 * (lane % 4);
-      *reinterpret_cast<uint32_t *>(out + col) = pack_bf16(o[4 * j + 2 * r] * inv[r], o[4 * j + 2 * r + 1] * inv[r]);
+      float2 *a = reinterpret_cast<float2 *>(p.acc_out + at + 8 * j + 2 * (lane % 4));
+      const float2 x = *a;
+      *a = make_float2(x.x * ka + o[4 * j + 2 * r] * kb, x.y * ka + o[4 * j + 2 * r + 1] * kb);
     }
-    if (lane % 4 == 0)
-      p.lse[p.thd ? (int64_t)hh * p.total_q + first_q + row : ((int64_t)bb * p.h + hh) * p.s + row] =
-          sum[r] > 0.0f ? (mx[r] + log2f(sum[r])) * 0.69314718055994531f : -INFINITY;
+    if (lane % 4 == 0) p.acc_lse[lat] = lnew;
   }
 }
 

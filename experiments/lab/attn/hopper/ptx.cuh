@@ -21,6 +21,7 @@ __device__ __forceinline__ char *hp_smem() {
   return hp_smem_raw;
 }
 __device__ __forceinline__ void hp_sync() { __syncthreads(); }
+__device__ __forceinline__ void hp_syncwarp() { __syncwarp(); }
 // x as lane 0 has it: the compiler then knows it is the same across the warp
 __device__ __forceinline__ int hp_warp_uniform(int x) { return __shfl_sync(0xffffffffu, x, 0); }
 __device__ __forceinline__ void hp_trap() { __trap(); }
