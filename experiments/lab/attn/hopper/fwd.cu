@@ -49,8 +49,8 @@
  *   instead of writing out/lse (`--merge` times it against the plain step
  *   and checks it against a host merge of the plain step's results).
  *   Not yet here: ping-pong of the two consumer warpgroups and a TMA store
- *   of O (FA3 has them), bf16 accumulators, max_logit, backward, d other
- *   than 128.
+ *   of O (FA3 has them), bf16 accumulators, backward, d other than 128;
+ *   max_logit is in the kernel and the emulator, not yet set by this host.
  *
  * Shared memory tiles, each a TMA box of 64 columns (128 bytes) x rows with
  * the 128-byte swizzle, 1024-byte aligned; a d = 128 tile is two of them:

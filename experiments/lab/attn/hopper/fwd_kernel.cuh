@@ -43,6 +43,7 @@ struct params_t {
   // fused merge (dl.attn's accumulate): where acc_out is set, the step's (O, LSE) is merged into the
   // running fp32 (acc_out, acc_lse), laid out as out and lse, and out/lse are not written
   float *acc_out, *acc_lse;
+  float *max_logit; // optional [h]: the largest scaled logit a row sees (the caller fills -inf)
 };
 
 // Strides in elements (position, head, batch) of a [b, s, heads, D] (bshd) or [s, b, heads, D]
@@ -320,6 +321,12 @@ __global__ void __launch_bounds__(THREADS, 1)
     sum[r] += hp_shfl_xor(sum[r], 2);
   }
   const float inv[2] = {sum[0] > 0.0f ? 1.0f / sum[0] : 0.0f, sum[1] > 0.0f ? 1.0f / sum[1] : 0.0f};
+  if (p.max_logit) { // the rows' maxima (log2 units) over the warp, one atomic a warp
+    float m = fmaxf(q0 < len_q ? mx[0] : -INFINITY, q0 + 8 < len_q ? mx[1] : -INFINITY);
+#pragma unroll
+    for (int d = 4; d < 32; d *= 2) m = fmaxf(m, hp_shfl_xor(m, d));
+    if (lane == 0 && m > -INFINITY) hp_atomic_max(p.max_logit + hh, m * 0.69314718055994531f);
+  }
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     const int row = q0 + 8 * r;

@@ -22,6 +22,11 @@ __device__ __forceinline__ char *hp_smem() {
 }
 __device__ __forceinline__ void hp_sync() { __syncthreads(); }
 __device__ __forceinline__ void hp_syncwarp() { __syncwarp(); }
+// *dst = max(*dst, x) for floats, atomically (integer order of the bits: max for x >= 0, min below)
+__device__ __forceinline__ void hp_atomic_max(float *dst, float x) {
+  if (x >= 0.0f) atomicMax(reinterpret_cast<int *>(dst), __float_as_int(x));
+  else atomicMin(reinterpret_cast<unsigned int *>(dst), __float_as_uint(x));
+}
 // x as lane 0 has it: the compiler then knows it is the same across the warp
 __device__ __forceinline__ int hp_warp_uniform(int x) { return __shfl_sync(0xffffffffu, x, 0); }
 __device__ __forceinline__ void hp_trap() { __trap(); }
