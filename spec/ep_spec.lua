@@ -45,20 +45,19 @@ describe("ep on cpu (shared memory)", function()
     assert.is_true(os.time() - t0 <= 15)
   end)
 
-  it("1 rank: an expert id out of range is reported with the token, k and the id; the buffer goes on", function()
-    local rc, out = run(1, "cpu", "fail.lua", "badid")
-    assert.equal(0, rc, out)
-    assert.truthy(out:find("ERR: [^\n]*topk_idx%[2%]%[1%] = 7 is not an expert id %(%-1 or 0..1%); that selection was dropped"), out)
-    assert.truthy(out:find("AFTER: %(no error%)"), out)
-  end)
-
-  it("1 rank: an expert a token picked already is reported with the token, k and the id; the buffer goes on", function()
-    local rc, out = run(1, "cpu", "fail.lua", "repeat")
-    assert.equal(0, rc, out)
-    assert.truthy(out:find("ERR: [^\n]*topk_idx%[2%]%[1%] = 1 picks an expert that token 2 picked already %(a token's " ..
-      "top%-k experts must differ%); that selection was dropped"), out)
-    assert.truthy(out:find("AFTER: %(no error%)"), out)
-  end)
+  for _, c in ipairs {
+    { "an expert id out of range", "badid",
+      "topk_idx%[2%]%[1%] = 7 is not an expert id %(%-1 or 0..1%); that selection was dropped" },
+    { "an expert a token picked already", "repeat", "topk_idx%[2%]%[1%] = 1 picks an expert that token 2 picked " ..
+      "already %(a token's top%-k experts must differ%); that selection was dropped" },
+  } do
+    it("1 rank: " .. c[1] .. " is reported with the token, k and the id; the buffer goes on", function()
+      local rc, out = run(1, "cpu", "fail.lua", c[2])
+      assert.equal(0, rc, out)
+      assert.truthy(out:find("ERR: [^\n]*" .. c[3]), out)
+      assert.truthy(out:find("AFTER: %(no error%)"), out)
+    end)
+  end
 
   it("2 ranks given different buffers: an error on every rank", function()
     local rc, out = run(2, "cpu", "fail.lua", "disagree")
@@ -201,17 +200,15 @@ describe("ep on GPUs (DISTLAB_SPEC_RANKS ranks, sharing a GPU where there are fe
     assert.is_true(os.time() - t0 <= 40)
   end)
 
-  it("1 rank: an expert id out of range is reported by check()", function()
-    local rc, out = run(1, "cuda", "fail.lua", "badid")
-    assert.equal(0, rc, out)
-    assert.truthy(out:find("ERR: [^\n]*topk_idx%[2%]%[1%] = 7 is not an expert id"), out)
-    assert.truthy(out:find("AFTER: %(no error%)"), out)
-  end)
-
-  it("1 rank: an expert a token picked already is reported by check()", function()
-    local rc, out = run(1, "cuda", "fail.lua", "repeat")
-    assert.equal(0, rc, out)
-    assert.truthy(out:find("ERR: [^\n]*topk_idx%[2%]%[1%] = 1 picks an expert that token 2 picked already"), out)
-    assert.truthy(out:find("AFTER: %(no error%)"), out)
-  end)
+  for _, c in ipairs {
+    { "an expert id out of range", "badid", "topk_idx%[2%]%[1%] = 7 is not an expert id" },
+    { "an expert a token picked already", "repeat", "topk_idx%[2%]%[1%] = 1 picks an expert that token 2 picked already" },
+  } do
+    it("1 rank: " .. c[1] .. " is reported by check()", function()
+      local rc, out = run(1, "cuda", "fail.lua", c[2])
+      assert.equal(0, rc, out)
+      assert.truthy(out:find("ERR: [^\n]*" .. c[3]), out)
+      assert.truthy(out:find("AFTER: %(no error%)"), out)
+    end)
+  end
 end)

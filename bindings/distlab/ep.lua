@@ -168,13 +168,17 @@ local function received(self)
   return { x = t.x, scales = t.scales, counts = t.counts, expert_ids = t.expert_ids, weights = t.weights }
 end
 
-function Buffer:dispatch_send(x, topk_idx, topk_weights)
-  local rc = C.dl_ep_dispatch_send(live(self), x, topk_idx, topk_weights, core.stream)
-  -- a bad expert id on cpu fails the call after the tokens went out: the
-  -- dispatch counts (its receive phase comes next)
+-- The handle of the dispatch that `fn` (dl_ep_dispatch_send or dl_ep_dispatch) ran. A bad
+-- expert id on cpu fails the call after the tokens went out: the dispatch counts all the same.
+local function dispatched(self, fn, x, topk_idx, topk_weights)
+  local rc = fn(live(self), x, topk_idx, topk_weights, core.stream)
   self.calls = self:info().dispatches
   check(rc)
   return { ep = self, call = self.calls, tokens = tonumber(x.sz[0]) }
+end
+
+function Buffer:dispatch_send(x, topk_idx, topk_weights)
+  return dispatched(self, C.dl_ep_dispatch_send, x, topk_idx, topk_weights)
 end
 
 local function handle_of(self, h, what)
@@ -191,14 +195,11 @@ function Buffer:dispatch_recv(h)
   return received(self), h
 end
 
-
 -- send and receive in one launch (one kernel on cuda): what dispatch_send
 -- then dispatch_recv give, with one launch and one grid drain fewer
 function Buffer:dispatch(x, topk_idx, topk_weights)
-  local rc = C.dl_ep_dispatch(live(self), x, topk_idx, topk_weights, core.stream)
-  self.calls = self:info().dispatches -- as dispatch_send: a bad id on cpu fails the call after it ran
-  check(rc)
-  return received(self), { ep = self, call = self.calls, tokens = tonumber(x.sz[0]) }
+  local h = dispatched(self, C.dl_ep_dispatch, x, topk_idx, topk_weights)
+  return received(self), h
 end
 
 function Buffer:combine_send(y, h)
