@@ -234,18 +234,20 @@ static CUtensorMap tensor_map(const __nv_bfloat16 *x, const layout_t &l, int hea
 }
 
 static void run(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const params_t &p,
-                const layout_t &l, bool pipe, cudaStream_t st) {
+                const layout_t &l, int pipe, cudaStream_t st) {
   const CUtensorMap tq = tensor_map(q, l, p.h), tk = tensor_map(k, l, p.h_kv), tv = tensor_map(v, l, p.h_kv);
   const size_t smem = sizeof(smem_t) + 1024;
   static bool attr = false;
   if (!attr) {
-    CK(cudaFuncSetAttribute(fwd_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    CK(cudaFuncSetAttribute(fwd_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    CK(cudaFuncSetAttribute(fwd_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    CK(cudaFuncSetAttribute(fwd_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    CK(cudaFuncSetAttribute(fwd_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     attr = true;
   }
   const dim3 grid((p.s + BM - 1) / BM, p.h, p.b);
-  if (pipe) fwd_kernel<true><<<grid, THREADS, smem, st>>>(tq, tk, tv, p);
-  else fwd_kernel<false><<<grid, THREADS, smem, st>>>(tq, tk, tv, p);
+  if (pipe == 2) fwd_kernel<2><<<grid, THREADS, smem, st>>>(tq, tk, tv, p);
+  else if (pipe == 1) fwd_kernel<1><<<grid, THREADS, smem, st>>>(tq, tk, tv, p);
+  else fwd_kernel<0><<<grid, THREADS, smem, st>>>(tq, tk, tv, p);
   CK(cudaGetLastError());
 }
 
@@ -353,7 +355,7 @@ int main(int argc, char **argv) {
   bool sbhd = false;
   bool do_check = false;
   std::vector<int> ss = {4096, 8192, 16384, 32768}, thd_lens;
-  std::vector<int> pipes = {0, 1}; // the kernel's two main loops (fwd_kernel.cuh)
+  std::vector<int> pipes = {0, 1, 2}; // the kernel's main loops (fwd_kernel.cuh)
   std::vector<std::pair<int, int>> windows = {{-1, -1}, {-1, 0}}; // none, causal
   bool bottom_right = false, merge = false;
   auto ints = [](char *list) {
@@ -386,7 +388,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--pipe") && i + 1 < argc) {
       pipes.clear();
-      for (int x : ints(argv[++i])) pipes.push_back(x != 0);
+      for (int x : ints(argv[++i])) pipes.push_back(x);
     } else if (!strcmp(argv[i], "--s") && i + 1 < argc) ss = ints(argv[++i]);
     else {
       fprintf(stderr, "usage: fwd [--check] [--b B] [--h H] [--hkv H_KV] [--layout bshd|sbhd] [--s S1,S2,...] "
@@ -410,6 +412,17 @@ int main(int argc, char **argv) {
   printf("device %s, sm_%d%d; %s bf16, h=%d h_kv=%d d=%d\n", prop.name, prop.major, prop.minor,
          thd_lens.empty() ? (sbhd ? "sbhd" : "bshd") : "thd", h, h_kv, D);
   bool all_ok = true;
+  int *d_err; // params_t.err: a wait that timed out (the kernel then ends with garbage)
+  CK(cudaMalloc(&d_err, sizeof(int)));
+  CK(cudaMemset(d_err, 0, sizeof(int)));
+  auto check_err = [&](const char *what) {
+    int e = 0;
+    CK(cudaMemcpy(&e, d_err, sizeof(int), cudaMemcpyDeviceToHost));
+    if (e) {
+      fprintf(stderr, "fwd: a wait of the kernel timed out (%s); its results are garbage\n", what);
+      exit(1);
+    }
+  };
   for (const layout_t &l : layouts) {
     const size_t n = (size_t)l.tb * l.rows * h * D, nkv = (size_t)l.tb * l.rows * h_kv * D;
     const size_t nlse = l.thd ? (size_t)h * l.rows : (size_t)l.b * h * l.s;
@@ -451,10 +464,12 @@ int main(int argc, char **argv) {
                    1.4426950408889634f / sqrtf((float)D), reinterpret_cast<uint16_t *>(o), lse};
         hp_strides(l.sbhd, l.tb, l.rows, h, p.o_st);
         if (l.thd) p.thd = 1, p.total_q = l.rows, p.cu_q = p.cu_kv = d_cu, p.pad_q = p.pad_kv = d_first;
+        p.err = d_err;
         CK(cudaMemset(o, 0xff, n * 2)); // poison: NaN bf16 until the kernel writes
         CK(cudaMemset(lse, 0xff, nlse * 4));
         run(q, k, v, p, l, pipe, 0);
         CK(cudaDeviceSynchronize());
+        check_err("the first run");
         cudaEvent_t e0, e1;
         CK(cudaEventCreate(&e0));
         CK(cudaEventCreate(&e1));
@@ -466,6 +481,7 @@ int main(int argc, char **argv) {
           CK(cudaEventSynchronize(e1));
           float ms;
           CK(cudaEventElapsedTime(&ms, e0, e1));
+          check_err("the timed runs");
           return ms * 1e3 / iters;
         };
         const double us = time_us(p);
@@ -497,6 +513,7 @@ int main(int argc, char **argv) {
           reset(); // one merge from the known start, checked against the plain step's o and lse
           run(q, k, v, pm, l, pipe, 0);
           CK(cudaDeviceSynchronize());
+          check_err("the merge");
           all_ok = check_merge(pm, l, acc0, lse0, o, lse) && all_ok;
           CK(cudaFree(acc));
           CK(cudaFree(accl));
@@ -507,6 +524,7 @@ int main(int argc, char **argv) {
     for (void *ptr : {(void *)q, (void *)k, (void *)v, (void *)o, (void *)lse, (void *)d_first, (void *)d_len, (void *)d_cu})
       CK(cudaFree(ptr));
   }
+  CK(cudaFree(d_err));
   if (do_check) printf("%s\n", all_ok ? "check: all ok" : "check: FAILED");
   return all_ok ? 0 : 1;
 }

@@ -14,7 +14,7 @@
 #endif
 
 // 2 consumer warpgroups (warps 0-7) and a producer warp (8): 288 threads (fwd.cu on registers)
-constexpr int D = 128, BM = 128, BN = 128, STAGES = 2, THREADS = 288;
+constexpr int D = 128, BM = 128, BN = 128, STAGES = 2, THREADS = 384;
 constexpr uint32_t TILE_BYTES = 128 * 128 * 2; // a [128][128] bf16 tile: two TMA boxes
 
 struct alignas(1024) smem_t {
@@ -23,6 +23,7 @@ struct alignas(1024) smem_t {
   uint16_t v[STAGES][2][BN * 64];
   uint16_t p[2][2][64 * 64]; // PIPE: each consumer warpgroup's P, [keys / 64][64 rows][64] (K-major A of P V)
   uint64_t q_full, k_full[STAGES], v_full[STAGES], k_empty[STAGES], v_empty[STAGES];
+  int fail; // a wait of this CTA timed out (mbar_wait)
 };
 
 struct params_t {
@@ -44,6 +45,7 @@ struct params_t {
   // running fp32 (acc_out, acc_lse), laid out as out and lse, and out/lse are not written
   float *acc_out, *acc_lse;
   float *max_logit; // optional [h]: the largest scaled logit a row sees (the caller fills -inf)
+  int *err;         // optional: set to 1 when a wait timed out (the results are then garbage)
 };
 
 // Strides in elements (position, head, batch) of a [b, s, heads, D] (bshd) or [s, b, heads, D]
@@ -59,10 +61,16 @@ HP_HD bool hp_visible(int i, int j, int shift, int window_left, int window_right
   return (window_left < 0 || j >= i + shift - window_left) && (window_right < 0 || j <= i + shift + window_right);
 }
 
-// Every wait ends: a phase that never completes traps (a launch error on the host), it does not hang.
-HP_DEV void mbar_wait(uint64_t *b, uint32_t parity) {
+// Every wait ends: a phase still open after 2^26 polls, or once another thread of the CTA gave up
+// (*fail), sets *err (params_t.err, which the host reads) and returns, so that the CTA runs to its end
+// on whatever shared memory holds and no barrier hangs. (A trap there made ptxas spill P in PIPE 1.)
+HP_DEV void mbar_wait(uint64_t *b, uint32_t parity, volatile int *fail, int *err) {
   for (long n = 0; !mbar_try(b, parity); n++)
-    if (n > (1l << 26)) hp_trap();
+    if (n > (1l << 26) || *fail) {
+      *fail = 1;
+      if (err) *err = 1;
+      return;
+    }
 }
 
 // A shared memory matrix descriptor with the 128-byte swizzle.
@@ -89,36 +97,36 @@ HP_DEV void gemm_qk(float (&s)[64], uint32_t q_base, uint32_t k_base) {
 }
 
 // Mask (keys past len_kv, and those the window hides; only where diag says a block needs it) and the online softmax
-// in base 2: s becomes exp2(s * scale - max), sum grows, corr is the factor that brings O (and the
-// old sum, already scaled) to the new max.
+// in base 2: s (raw logits) becomes exp2(s * scale - max), one FFMA and one MUFU.EX2 an element, with
+// max (mx) in scaled units; sum grows, corr is the factor that brings O (and the old sum, already
+// scaled) to the new max. The block's row maxima are taken on the raw logits (scale > 0).
 HP_DEV void softmax_step(float (&s)[64], float (&mx)[2], float (&sum)[2], float (&corr)[2], bool diag, int key0,
                          int q0, int len_kv, int shift, int wl, int wr, int lane, float scale_log2) {
-  float mnew[2] = {mx[0], mx[1]};
+  float mraw[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int j = 0; j < 16; j++)
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       const int col = key0 + 8 * j + 2 * (lane % 4) + (e & 1), row = q0 + 8 * (e >> 1);
-      float v = s[4 * j + e] * scale_log2;
-      if (diag && (col >= len_kv || !hp_visible(row, col, shift, wl, wr))) v = -INFINITY;
-      s[4 * j + e] = v;
-      mnew[e >> 1] = fmaxf(mnew[e >> 1], v);
+      if (diag && (col >= len_kv || !hp_visible(row, col, shift, wl, wr))) s[4 * j + e] = -INFINITY;
+      mraw[e >> 1] = fmaxf(mraw[e >> 1], s[4 * j + e]);
     }
   float base[2];
 #pragma unroll
   for (int r = 0; r < 2; r++) {
-    mnew[r] = fmaxf(mnew[r], hp_shfl_xor(mnew[r], 1));
-    mnew[r] = fmaxf(mnew[r], hp_shfl_xor(mnew[r], 2));
-    base[r] = mnew[r] == -INFINITY ? 0.0f : mnew[r]; // a row with no key yet
-    corr[r] = exp2f(mx[r] - base[r]);
-    mx[r] = mnew[r];
+    mraw[r] = fmaxf(mraw[r], hp_shfl_xor(mraw[r], 1));
+    mraw[r] = fmaxf(mraw[r], hp_shfl_xor(mraw[r], 2));
+    const float mnew = fmaxf(mx[r], mraw[r] * scale_log2);
+    base[r] = mnew == -INFINITY ? 0.0f : mnew; // a row with no key yet
+    corr[r] = hp_exp2(mx[r] - base[r]);
+    mx[r] = mnew;
     sum[r] *= corr[r];
   }
 #pragma unroll
   for (int j = 0; j < 16; j++)
 #pragma unroll
     for (int e = 0; e < 4; e++) {
-      s[4 * j + e] = exp2f(s[4 * j + e] - base[e >> 1]);
+      s[4 * j + e] = hp_exp2(fmaf(s[4 * j + e], scale_log2, -base[e >> 1]));
       sum[e >> 1] += s[4 * j + e];
     }
 }
@@ -130,21 +138,22 @@ HP_DEV void scale_o(float (&o)[64], const float (&corr)[2]) {
     for (int e = 0; e < 4; e++) o[4 * j + e] *= corr[e >> 1];
 }
 
-// O += P V with P in registers: the fp32 layout of a 16-column slice pair is wgmma's A layout of a
+// P rounded to bf16 in registers: the fp32 layout of a 16-column slice pair is wgmma's A layout of a
 // k16 step (a0 row r0 and a1 row r0 + 8 of slice 2 kc, a2 and a3 of slice 2 kc + 1).
-HP_DEV void gemm_pv_regs(float (&o)[64], const float (&s)[64], uint32_t v_base) {
-  uint32_t pa[32];
+HP_DEV void pack_p(const float (&s)[64], uint32_t (&pa)[32]) {
 #pragma unroll
   for (int j = 0; j < 16; j++) {
     pa[2 * j] = pack_bf16(s[4 * j], s[4 * j + 1]);
     pa[2 * j + 1] = pack_bf16(s[4 * j + 2], s[4 * j + 3]);
   }
+}
+
+// O += P V with P in registers (pa must stay as it is until the wgmma.wait_group that covers it).
+HP_DEV void gemm_pv_regs(float (&o)[64], const uint32_t (&pa)[32], uint32_t v_base) {
   wg_fence();
 #pragma unroll
-  for (int kc = 0; kc < 8; kc++) {
-    const uint32_t a[4] = {pa[4 * kc], pa[4 * kc + 1], pa[4 * kc + 2], pa[4 * kc + 3]};
-    wgmma_rs(o, a, gmma_desc(v_base + kc * 16 * 128, BN * 128, 1024));
-  }
+  for (int kc = 0; kc < 8; kc++) // pa's own registers (the emulator checks they hold until the wait)
+    wgmma_rs(o, *reinterpret_cast<const uint32_t(*)[4]>(pa + 4 * kc), gmma_desc(v_base + kc * 16 * 128, BN * 128, 1024));
   wg_commit();
 }
 
@@ -188,12 +197,13 @@ HP_DEV void gemm_pv_smem(float (&o)[64], uint32_t p_base, uint32_t v_base) {
   wg_commit();
 }
 
-// Grid (s / BM, h, b), m-blocks last to first (the causal heavy ones start first). PIPE = false:
-// per key block, S, softmax, P V one after another, P in registers. PIPE = true: FA3's
-// intra-warpgroup pipelining, the softmax of block it between the issue of S(it) with
-// P(it - 1) V(it - 1) and their completion; P goes through shared memory, so that only O is pinned
-// by wgmma while the softmax runs (P in registers as well spilled: fwd.cu).
-template <bool PIPE>
+// Grid (s / BM, h, b), m-blocks last to first (the causal heavy ones start first). The two consumer
+// warpgroups take turns at the tensor cores (take_turn / hand_turn below). PIPE = 0: per key block,
+// S, softmax, P V one after another, P in registers. PIPE = 1: FA3's intra-warpgroup pipelining,
+// the softmax of block it between the issue of S(it) with P(it - 1) V(it - 1) and their completion,
+// P in registers. PIPE = 2: the same with P through shared memory (only O pinned by wgmma while the
+// softmax runs).
+template <int PIPE>
 __global__ void __launch_bounds__(THREADS, 1)
     fwd_kernel(const HP_GRID_CONST hp_tmap_t tq, const HP_GRID_CONST hp_tmap_t tk, const HP_GRID_CONST hp_tmap_t tv,
                const params_t p) {
@@ -214,6 +224,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int n_lo = key_lo / BN, n_hi = key_hi > key_lo ? (key_hi + BN - 1) / BN : n_lo, nblk = n_hi - n_lo;
 
   if (threadIdx.x == 0) {
+    sm.fail = 0;
     mbar_init(&sm.q_full, 1);
     for (int i = 0; i < STAGES; i++) {
       mbar_init(&sm.k_full[i], 1);
@@ -225,7 +236,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   }
   hp_sync();
 
-  if (warp_id == 8) { // producer
+  if (warp_id >= 8) { // producer
+    reg_dealloc<24>();
     if (threadIdx.x == 256) {
       mbar_expect_tx(&sm.q_full, TILE_BYTES);
       for (int half = 0; half < 2; half++)
@@ -233,11 +245,11 @@ __global__ void __launch_bounds__(THREADS, 1)
       for (int it = 0; it < nblk; it++) {
         const int n = n_hi - 1 - it, st = it % STAGES;
         const uint32_t round = it / STAGES;
-        if (round > 0) mbar_wait(&sm.k_empty[st], (round - 1) & 1);
+        if (round > 0) mbar_wait(&sm.k_empty[st], (round - 1) & 1, &sm.fail, p.err);
         mbar_expect_tx(&sm.k_full[st], TILE_BYTES);
         for (int half = 0; half < 2; half++)
           tma_load(sm.k[st][half], &tk, &sm.k_full[st], 64 * half, hkv, first_kv + n * BN, tb);
-        if (round > 0) mbar_wait(&sm.v_empty[st], (round - 1) & 1);
+        if (round > 0) mbar_wait(&sm.v_empty[st], (round - 1) & 1, &sm.fail, p.err);
         mbar_expect_tx(&sm.v_full[st], TILE_BYTES);
         for (int half = 0; half < 2; half++)
           tma_load(sm.v[st][half], &tv, &sm.v_full[st], 64 * half, hkv, first_kv + n * BN, tb);
@@ -246,6 +258,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     return;
   }
 
+  reg_alloc<240>();
   // consumers: warpgroup c (warps 4c .. 4c + 3) owns rows [c * 64, c * 64 + 64) of the block
   const int c = warp_id / 4, warp = tid / 32, lane = tid % 32;
   const int r0 = c * 64 + warp * 16 + lane / 4; // this thread's rows: r0 and r0 + 8 (in the block)
@@ -267,49 +280,71 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto parity = [](int it) { return (uint32_t)(it / STAGES) & 1u; };
   // V of block it in its stage, with the rows past the sequence's keys zeroed in the one block that has them
   auto wait_v = [&](int it) {
-    mbar_wait(&sm.v_full[it % STAGES], parity(it));
+    mbar_wait(&sm.v_full[it % STAGES], parity(it), &sm.fail, p.err);
     const int valid = len_kv - (n_hi - 1 - it) * BN;
     if (valid < BN) zero_tail(v_base(it), valid, c, tid);
   };
   float corr[2];
-  mbar_wait(&sm.q_full, 0);
+  uint32_t pa[32]; // P in bf16 (PIPE 0, 1)
+  // FA3's warpgroup scheduler: a warpgroup issues its GEMMs in its turn (named barrier 4 + c, 256
+  // threads: its own 128 and the other's arrival) and hands the turn over (arrives at 5 - c), so that
+  // one warpgroup's softmax runs while the other's GEMMs use the tensor cores. Warpgroup 0 starts.
+  // Every turn taken is handed over; warpgroup 0's opening arrival is the one left at the end.
+  auto take_turn = [&] { named_bar_sync(4 + c, 256); };
+  auto hand_turn = [&] { named_bar_arrive(5 - c, 256); };
+  if (c == 0) named_bar_arrive(4, 256);
+  mbar_wait(&sm.q_full, 0, &sm.fail, p.err);
 
-  if (!PIPE) {
+  if (PIPE == 0) {
+    // the turn: P(it - 1) V(it - 1) issued and waited for, then S(it) issued
+    take_turn();
     for (int it = 0; it < nblk; it++) {
-      mbar_wait(&sm.k_full[it % STAGES], parity(it));
+      mbar_wait(&sm.k_full[it % STAGES], parity(it), &sm.fail, p.err);
       gemm_qk(s, q_base, k_base(it));
+      hand_turn();
       wg_wait<0>();
       mbar_arrive(&sm.k_empty[it % STAGES]);
       softmax_step(s, mx, sum, corr, diag(it), key0(it), q0, len_kv, shift, wl, wr, lane, p.scale_log2);
+      pack_p(s, pa);
       scale_o(o, corr);
       wait_v(it);
-      gemm_pv_regs(o, s, v_base(it));
+      take_turn();
+      gemm_pv_regs(o, pa, v_base(it));
       wg_wait<0>();
       mbar_arrive(&sm.v_empty[it % STAGES]);
     }
+    hand_turn();
   } else if (nblk > 0) {
+    // S(0) and its softmax before the loop, outside the turns; then the turn: S(it) and
+    // P(it - 1) V(it - 1) issued together
     const uint32_t p_base = hp_smem_u32(sm.p[c][0]);
-    mbar_wait(&sm.k_full[0], parity(0));
+    mbar_wait(&sm.k_full[0], parity(0), &sm.fail, p.err);
     gemm_qk(s, q_base, k_base(0));
     wg_wait<0>();
     mbar_arrive(&sm.k_empty[0]);
     softmax_step(s, mx, sum, corr, diag(0), key0(0), q0, len_kv, shift, wl, wr, lane, p.scale_log2);
-    store_p(s, p_base, warp, lane, c);
+    if (PIPE == 1) pack_p(s, pa);
+    else store_p(s, p_base, warp, lane, c);
     for (int it = 1; it < nblk; it++) {
-      mbar_wait(&sm.k_full[it % STAGES], parity(it));
+      mbar_wait(&sm.k_full[it % STAGES], parity(it), &sm.fail, p.err);
+      wait_v(it - 1); // before the turn: the block with a tail meets the other warpgroup there
+      take_turn();
       gemm_qk(s, q_base, k_base(it));
-      wait_v(it - 1);
-      gemm_pv_smem(o, p_base, v_base(it - 1));
+      if (PIPE == 1) gemm_pv_regs(o, pa, v_base(it - 1));
+      else gemm_pv_smem(o, p_base, v_base(it - 1));
+      hand_turn();
       wg_wait<1>(); // S(it) is in (commit groups complete in order); P(it - 1) V(it - 1) still runs
       mbar_arrive(&sm.k_empty[it % STAGES]);
       softmax_step(s, mx, sum, corr, diag(it), key0(it), q0, len_kv, shift, wl, wr, lane, p.scale_log2);
-      wg_wait<0>(); // P(it - 1) V(it - 1) is in: O, P's tile and V's stage are free
+      wg_wait<0>(); // P(it - 1) V(it - 1) is in: O, P and V's stage are free
       mbar_arrive(&sm.v_empty[(it - 1) % STAGES]);
       scale_o(o, corr);
-      store_p(s, p_base, warp, lane, c);
+      if (PIPE == 1) pack_p(s, pa);
+      else store_p(s, p_base, warp, lane, c);
     }
     wait_v(nblk - 1);
-    gemm_pv_smem(o, p_base, v_base(nblk - 1));
+    if (PIPE == 1) gemm_pv_regs(o, pa, v_base(nblk - 1));
+    else gemm_pv_smem(o, p_base, v_base(nblk - 1));
     wg_wait<0>();
     mbar_arrive(&sm.v_empty[(nblk - 1) % STAGES]);
   }

@@ -29,7 +29,6 @@ __device__ __forceinline__ void hp_atomic_max(float *dst, float x) {
 }
 // x as lane 0 has it: the compiler then knows it is the same across the warp
 __device__ __forceinline__ int hp_warp_uniform(int x) { return __shfl_sync(0xffffffffu, x, 0); }
-__device__ __forceinline__ void hp_trap() { __trap(); }
 __device__ __forceinline__ float hp_shfl_xor(float x, int m) { return __shfl_xor_sync(0xffffffffu, x, m); }
 __device__ __forceinline__ uint32_t hp_smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
@@ -78,6 +77,24 @@ __device__ __forceinline__ void st_shared_zero16(uint32_t addr) {
 // count threads (a multiple of 32) meet at named barrier id.
 __device__ __forceinline__ void named_bar_sync(int id, int count) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+// count threads arrive at named barrier id without waiting (the ones that bar.sync there wait for them).
+__device__ __forceinline__ void named_bar_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+// A warpgroup's register budget a thread, lowered or raised (setmaxnreg; the kernel's entry count
+// comes from __launch_bounds__ with one block an SM).
+template <int N> __device__ __forceinline__ void reg_dealloc() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N> __device__ __forceinline__ void reg_alloc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+// 2^x, flushing subnormals (MUFU.EX2 alone; exp2f adds a range test and two multiplies an element)
+__device__ __forceinline__ float hp_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
 }
 // The 128 threads of a warpgroup meet at named barrier id (0 is __syncthreads').
 __device__ __forceinline__ void wg_bar_sync(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
