@@ -14,6 +14,7 @@
 #      the fused merge (issue 19: at most 3% more), data checked after timing,
 #      and in the same call PyTorch's cuDNN and flash SDPA at those shapes
 #      (experiments/attn/attn_bench_torch.py, bshd).
+# Env for quicker rounds: SKIP_SAN, SKIP_TORCH (set: leave those steps out), BENCH_S, PIPES.
 # Everything under $OUT (summary.txt, fwd-*.log, attn-torch-hopper.{md,csv}).
 set -uo pipefail
 OUT="${OUT:-/tmp/hopper-lab}"
@@ -40,13 +41,14 @@ tail -n +1 "$OUT/fwd-small.log" | tee -a "$SUM"
 [ $rc -eq 0 ] || { say "small check FAILED (rc $rc): stopping before any timing"; exit 1; }
 timeout 120 "$BIN" --check --s 4096 --iters 3 >"$OUT/fwd-4k.log" 2>&1 || { cat "$OUT/fwd-4k.log" | tee -a "$SUM"; say "4k check FAILED"; exit 1; }
 cat "$OUT/fwd-4k.log" | tee -a "$SUM"
-for tool in memcheck racecheck; do
+[ -n "${SKIP_SAN:-}" ] || for tool in memcheck racecheck; do
   timeout 300 $SAN --tool $tool --error-exitcode 9 "$BIN" --b 1 --h 2 --s 256 --iters 1 >"$OUT/san-$tool.log" 2>&1
   say "compute-sanitizer $tool: rc $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/san-$tool.log" | head -1))"
 done
-timeout 300 "$BIN" --check --merge --s 4096,8192,16384,32768 --iters 20 >"$OUT/fwd-bench.log" 2>&1
+timeout 300 "$BIN" --check --merge --s ${BENCH_S:-4096,8192,16384,32768} --pipe ${PIPES:-0,1,2} --iters 20 >"$OUT/fwd-bench.log" 2>&1
 say "bench rc $?"
 cat "$OUT/fwd-bench.log" | tee -a "$SUM"
+[ -n "${SKIP_TORCH:-}" ] && exit 0
 timeout 300 python3 experiments/attn/attn_bench_torch.py --layouts bshd --out "$OUT" --name attn-torch-hopper \
   >"$OUT/torch.log" 2>&1
 say "PyTorch SDPA rc $?"

@@ -57,8 +57,8 @@ HP_HD void hp_strides(bool sbhd, int b, int s, int heads, int64_t st[3]) {
 }
 
 // Whether query i sees key j (params_t's mask; shift = len_kv - len_q with bottom_right, else 0).
-HP_HD bool hp_visible(int i, int j, int shift, int window_left, int window_right) {
-  return (window_left < 0 || j >= i + shift - window_left) && (window_right < 0 || j <= i + shift + window_right);
+HP_HD bool hp_visible(int i, int j, int shift, int window_left, int window_right) { // bitwise: no branches
+  return (window_left < 0 | j >= i + shift - window_left) & (window_right < 0 | j <= i + shift + window_right);
 }
 
 // Every wait ends: a phase still open after 2^26 polls, or once another thread of the CTA gave up
@@ -96,21 +96,30 @@ HP_DEV void gemm_qk(float (&s)[64], uint32_t q_base, uint32_t k_base) {
   wg_commit();
 }
 
-// Mask (keys past len_kv, and those the window hides; only where diag says a block needs it) and the online softmax
-// in base 2: s (raw logits) becomes exp2(s * scale - max), one FFMA and one MUFU.EX2 an element, with
-// max (mx) in scaled units; sum grows, corr is the factor that brings O (and the old sum, already
-// scaled) to the new max. The block's row maxima are taken on the raw logits (scale > 0).
-HP_DEV void softmax_step(float (&s)[64], float (&mx)[2], float (&sum)[2], float (&corr)[2], bool diag, int key0,
-                         int q0, int len_kv, int shift, int wl, int wr, int lane, float scale_log2) {
-  float mraw[2] = {-INFINITY, -INFINITY};
+// The element mask of a key block that needs one (diag below): -inf where the key is past len_kv or
+// outside the row's window. Selects, not branches: a branch an element made the loop too long for the
+// instruction cache (most of the stalls at s 8k were instruction fetch).
+HP_DEV void mask_block(float (&s)[64], int key0, int q0, int len_kv, int shift, int wl, int wr, int lane) {
 #pragma unroll
   for (int j = 0; j < 16; j++)
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       const int col = key0 + 8 * j + 2 * (lane % 4) + (e & 1), row = q0 + 8 * (e >> 1);
-      if (diag && (col >= len_kv || !hp_visible(row, col, shift, wl, wr))) s[4 * j + e] = -INFINITY;
-      mraw[e >> 1] = fmaxf(mraw[e >> 1], s[4 * j + e]);
+      const bool keep = (col < len_kv) & hp_visible(row, col, shift, wl, wr);
+      s[4 * j + e] = keep ? s[4 * j + e] : -INFINITY;
     }
+}
+
+// The online softmax in base 2: s (raw logits, masked) becomes exp2(s * scale - max), one FFMA and
+// one MUFU.EX2 an element, with max (mx) in scaled units; sum grows, corr is the factor that brings
+// O (and the old sum, already scaled) to the new max. The block's row maxima are taken on the raw
+// logits (scale > 0).
+HP_DEV void softmax_step(float (&s)[64], float (&mx)[2], float (&sum)[2], float (&corr)[2], float scale_log2) {
+  float mraw[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int j = 0; j < 16; j++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) mraw[e >> 1] = fmaxf(mraw[e >> 1], s[4 * j + e]);
   float base[2];
 #pragma unroll
   for (int r = 0; r < 2; r++) {
@@ -285,6 +294,10 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (valid < BN) zero_tail(v_base(it), valid, c, tid);
   };
   float corr[2];
+  auto step_softmax = [&](int it) {
+    if (diag(it)) mask_block(s, key0(it), q0, len_kv, shift, wl, wr, lane);
+    softmax_step(s, mx, sum, corr, p.scale_log2);
+  };
   uint32_t pa[32]; // P in bf16 (PIPE 0, 1)
   // FA3's warpgroup scheduler: a warpgroup issues its GEMMs in its turn (named barrier 4 + c, 256
   // threads: its own 128 and the other's arrival) and hands the turn over (arrives at 5 - c), so that
@@ -304,7 +317,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       hand_turn();
       wg_wait<0>();
       mbar_arrive(&sm.k_empty[it % STAGES]);
-      softmax_step(s, mx, sum, corr, diag(it), key0(it), q0, len_kv, shift, wl, wr, lane, p.scale_log2);
+      step_softmax(it);
       pack_p(s, pa);
       scale_o(o, corr);
       wait_v(it);
@@ -322,7 +335,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     gemm_qk(s, q_base, k_base(0));
     wg_wait<0>();
     mbar_arrive(&sm.k_empty[0]);
-    softmax_step(s, mx, sum, corr, diag(0), key0(0), q0, len_kv, shift, wl, wr, lane, p.scale_log2);
+    step_softmax(0);
     if (PIPE == 1) pack_p(s, pa);
     else store_p(s, p_base, warp, lane, c);
     for (int it = 1; it < nblk; it++) {
@@ -335,7 +348,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       hand_turn();
       wg_wait<1>(); // S(it) is in (commit groups complete in order); P(it - 1) V(it - 1) still runs
       mbar_arrive(&sm.k_empty[it % STAGES]);
-      softmax_step(s, mx, sum, corr, diag(it), key0(it), q0, len_kv, shift, wl, wr, lane, p.scale_log2);
+      step_softmax(it);
       wg_wait<0>(); // P(it - 1) V(it - 1) is in: O, P and V's stage are free
       mbar_arrive(&sm.v_empty[(it - 1) % STAGES]);
       scale_o(o, corr);
