@@ -241,12 +241,10 @@ static void run(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloa
   if (!attr) {
     CK(cudaFuncSetAttribute(fwd_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     CK(cudaFuncSetAttribute(fwd_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    CK(cudaFuncSetAttribute(fwd_kernel<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     attr = true;
   }
   const dim3 grid((p.s + BM - 1) / BM, p.h, p.b);
-  if (pipe == 2) fwd_kernel<2><<<grid, THREADS, smem, st>>>(tq, tk, tv, p);
-  else if (pipe == 1) fwd_kernel<1><<<grid, THREADS, smem, st>>>(tq, tk, tv, p);
+  if (pipe == 1) fwd_kernel<1><<<grid, THREADS, smem, st>>>(tq, tk, tv, p);
   else fwd_kernel<0><<<grid, THREADS, smem, st>>>(tq, tk, tv, p);
   CK(cudaGetLastError());
 }
@@ -355,7 +353,7 @@ int main(int argc, char **argv) {
   bool sbhd = false;
   bool do_check = false;
   std::vector<int> ss = {4096, 8192, 16384, 32768}, thd_lens;
-  std::vector<int> pipes = {0, 1, 2}; // the kernel's main loops (fwd_kernel.cuh)
+  std::vector<int> pipes = {0, 1}; // the kernel's main loops (fwd_kernel.cuh)
   std::vector<std::pair<int, int>> windows = {{-1, -1}, {-1, 0}}; // none, causal
   bool bottom_right = false, merge = false;
   auto ints = [](char *list) {

@@ -21,7 +21,6 @@ struct alignas(1024) smem_t {
   uint16_t q[2][BM * 64];
   uint16_t k[STAGES][2][BN * 64];
   uint16_t v[STAGES][2][BN * 64];
-  uint16_t p[2][2][64 * 64]; // PIPE: each consumer warpgroup's P, [keys / 64][64 rows][64] (K-major A of P V)
   uint64_t q_full, k_full[STAGES], v_full[STAGES], k_empty[STAGES], v_empty[STAGES];
   int fail; // a wait of this CTA timed out (mbar_wait)
 };
@@ -166,23 +165,6 @@ HP_DEV void gemm_pv_regs(float (&o)[64], const uint32_t (&pa)[32], uint32_t v_ba
   wg_commit();
 }
 
-// P into the warpgroup's shared tile (K-major, 128-byte swizzle: row m's 16-byte chunk c at c ^ (m %
-// 8)), made visible to wgmma's reads (the async proxy) and complete across the warpgroup. Row m0's
-// and m0 + 8's chunk j % 8 of key half j / 8 (m % 8 = lane / 4 for both); 32-bit shared addresses,
-// so that the 32 stores' addresses cost ptxas few registers (64-bit pointers spilled 216 bytes).
-HP_DEV void store_p(const float (&s)[64], uint32_t tile, int warp, int lane, int c) {
-  const uint32_t base = tile + (uint32_t)(warp * 16 + lane / 4) * 128 + (uint32_t)(lane % 4) * 4;
-  const uint32_t x = (uint32_t)(lane / 4);
-#pragma unroll
-  for (int j = 0; j < 16; j++) {
-    const uint32_t a = base + (uint32_t)(j / 8) * 8192 + ((((uint32_t)j % 8) ^ x) << 4);
-    st_shared_u32(a, pack_bf16(s[4 * j], s[4 * j + 1]));            // row m0
-    st_shared_u32(a + 1024, pack_bf16(s[4 * j + 2], s[4 * j + 3])); // row m0 + 8
-  }
-  fence_proxy_async();
-  wg_bar_sync(1 + c); // every thread's part of P is in before any reads it (barrier 0 is __syncthreads')
-}
-
 // Rows [valid, BN) of a V stage set to 0 by consumer warpgroup 0, then both consumer warpgroups meet
 // (named barrier 3, 256 threads): the rows past a sequence's keys may hold anything (thd's padding
 // gaps: NaN), and P's zeros there would still make 0 * NaN in P V.
@@ -196,22 +178,11 @@ HP_DEV void zero_tail(uint32_t v_base, int valid, int c, int tid) {
   named_bar_sync(3, 256);
 }
 
-// O += P V with P in shared memory: 8 wgmma with both operands there, one commit group.
-HP_DEV void gemm_pv_smem(float (&o)[64], uint32_t p_base, uint32_t v_base) {
-  wg_fence();
-#pragma unroll
-  for (int kc = 0; kc < 8; kc++)
-    wgmma_ss_bt(o, gmma_desc(p_base + (kc / 4) * 8192 + (kc % 4) * 32, 16, 1024),
-                gmma_desc(v_base + kc * 16 * 128, BN * 128, 1024));
-  wg_commit();
-}
-
 // Grid (s / BM, h, b), m-blocks last to first (the causal heavy ones start first). The two consumer
 // warpgroups take turns at the tensor cores (take_turn / hand_turn below). PIPE = 0: per key block,
 // S, softmax, P V one after another, P in registers. PIPE = 1: FA3's intra-warpgroup pipelining,
 // the softmax of block it between the issue of S(it) with P(it - 1) V(it - 1) and their completion,
-// P in registers. PIPE = 2: the same with P through shared memory (only O pinned by wgmma while the
-// softmax runs).
+// P in registers. (P through shared memory instead was slower than both: fwd.cu.)
 template <int PIPE>
 __global__ void __launch_bounds__(THREADS, 1)
     fwd_kernel(const HP_GRID_CONST hp_tmap_t tq, const HP_GRID_CONST hp_tmap_t tk, const HP_GRID_CONST hp_tmap_t tv,
@@ -245,8 +216,20 @@ __global__ void __launch_bounds__(THREADS, 1)
   }
   hp_sync();
 
+  // where row `row` of the sequence (from 0) has its O (and acc_out) and its LSE (and acc_lse)
+  auto o_at = [&](int row) { return ((int64_t)first_q + row) * p.o_st[0] + hh * p.o_st[1] + (int64_t)tb * p.o_st[2]; };
+  auto lse_at = [&](int row) { return p.thd ? (int64_t)hh * p.total_q + first_q + row : ((int64_t)bb * p.h + hh) * p.s + row; };
+
   if (warp_id >= 8) { // producer
     reg_dealloc<24>();
+    if (warp_id == 9 && p.acc_out) { // the running rows this CTA merges into, asked into L2 now, so that
+      // the epilogue's read of them (fp32: twice the bytes the plain step writes) does not wait on DRAM
+      const int lane = threadIdx.x % 32;
+      for (int i = lane; i < BM * 4; i += 32) // a row's 128 floats: four 128-byte lines
+        if (i0 + i / 4 < len_q) prefetch_l2(p.acc_out + o_at(i0 + i / 4) + (i % 4) * 32);
+      const int r = lane < 4 ? lane * 32 : i1 - i0 - 1; // the LSE rows' lines, at any alignment
+      if (lane < 5 && r < i1 - i0) prefetch_l2(p.acc_lse + lse_at(i0 + r));
+    }
     if (threadIdx.x == 256) {
       mbar_expect_tx(&sm.q_full, TILE_BYTES);
       for (int half = 0; half < 2; half++)
@@ -298,7 +281,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (diag(it)) mask_block(s, key0(it), q0, len_kv, shift, wl, wr, lane);
     softmax_step(s, mx, sum, corr, p.scale_log2);
   };
-  uint32_t pa[32]; // P in bf16 (PIPE 0, 1)
+  uint32_t pa[32]; // P in bf16
   // FA3's warpgroup scheduler: a warpgroup issues its GEMMs in its turn (named barrier 4 + c, 256
   // threads: its own 128 and the other's arrival) and hands the turn over (arrives at 5 - c), so that
   // one warpgroup's softmax runs while the other's GEMMs use the tensor cores. Warpgroup 0 starts.
@@ -330,21 +313,18 @@ __global__ void __launch_bounds__(THREADS, 1)
   } else if (nblk > 0) {
     // S(0) and its softmax before the loop, outside the turns; then the turn: S(it) and
     // P(it - 1) V(it - 1) issued together
-    const uint32_t p_base = hp_smem_u32(sm.p[c][0]);
     mbar_wait(&sm.k_full[0], parity(0), &sm.fail, p.err);
     gemm_qk(s, q_base, k_base(0));
     wg_wait<0>();
     mbar_arrive(&sm.k_empty[0]);
     step_softmax(0);
-    if (PIPE == 1) pack_p(s, pa);
-    else store_p(s, p_base, warp, lane, c);
+    pack_p(s, pa);
     for (int it = 1; it < nblk; it++) {
       mbar_wait(&sm.k_full[it % STAGES], parity(it), &sm.fail, p.err);
       wait_v(it - 1); // before the turn: the block with a tail meets the other warpgroup there
       take_turn();
       gemm_qk(s, q_base, k_base(it));
-      if (PIPE == 1) gemm_pv_regs(o, pa, v_base(it - 1));
-      else gemm_pv_smem(o, p_base, v_base(it - 1));
+      gemm_pv_regs(o, pa, v_base(it - 1));
       hand_turn();
       wg_wait<1>(); // S(it) is in (commit groups complete in order); P(it - 1) V(it - 1) still runs
       mbar_arrive(&sm.k_empty[it % STAGES]);
@@ -352,12 +332,10 @@ __global__ void __launch_bounds__(THREADS, 1)
       wg_wait<0>(); // P(it - 1) V(it - 1) is in: O, P and V's stage are free
       mbar_arrive(&sm.v_empty[(it - 1) % STAGES]);
       scale_o(o, corr);
-      if (PIPE == 1) pack_p(s, pa);
-      else store_p(s, p_base, warp, lane, c);
+      pack_p(s, pa);
     }
     wait_v(nblk - 1);
-    if (PIPE == 1) gemm_pv_regs(o, pa, v_base(nblk - 1));
-    else gemm_pv_smem(o, p_base, v_base(nblk - 1));
+    gemm_pv_regs(o, pa, v_base(nblk - 1));
     wg_wait<0>();
     mbar_arrive(&sm.v_empty[(nblk - 1) % STAGES]);
   }
@@ -378,8 +356,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     const int row = q0 + 8 * r;
-    const int64_t at = ((int64_t)first_q + row) * p.o_st[0] + hh * p.o_st[1] + (int64_t)tb * p.o_st[2];
-    const int64_t lat = p.thd ? (int64_t)hh * p.total_q + first_q + row : ((int64_t)bb * p.h + hh) * p.s + row;
+    const int64_t at = o_at(row), lat = lse_at(row);
     const float lse = sum[r] > 0.0f ? (mx[r] + log2f(sum[r])) * 0.69314718055994531f : -INFINITY;
     if (!p.acc_out) {
       if (row >= len_q) continue; // rows past the sequence: another sequence's, or nothing
