@@ -353,36 +353,50 @@ __global__ void __launch_bounds__(THREADS, 1)
     for (int d = 4; d < 32; d *= 2) m = fmaxf(m, hp_shfl_xor(m, d));
     if (lane == 0 && m > -INFINITY) hp_atomic_max(p.max_logit + hh, m * 0.69314718055994531f);
   }
+  float lse[2];
 #pragma unroll
-  for (int r = 0; r < 2; r++) {
-    const int row = q0 + 8 * r;
-    const int64_t at = o_at(row), lat = lse_at(row);
-    const float lse = sum[r] > 0.0f ? (mx[r] + log2f(sum[r])) * 0.69314718055994531f : -INFINITY;
-    if (!p.acc_out) {
+  for (int r = 0; r < 2; r++) lse[r] = sum[r] > 0.0f ? (mx[r] + log2f(sum[r])) * 0.69314718055994531f : -INFINITY;
+  if (!p.acc_out) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      const int row = q0 + 8 * r;
       if (row >= len_q) continue; // rows past the sequence: another sequence's, or nothing
+      const int64_t at = o_at(row);
 #pragma unroll
       for (int j = 0; j < 16; j++)
         *reinterpret_cast<uint32_t *>(p.o + at + 8 * j + 2 * (lane % 4)) =
             pack_bf16(o[4 * j + 2 * r] * inv[r], o[4 * j + 2 * r + 1] * inv[r]);
-      if (lane % 4 == 0) p.lse[lat] = lse;
-      continue;
+      if (lane % 4 == 0) p.lse[lse_at(row)] = lse[r];
     }
-    // merge: L = log(e^L_acc + e^L), acc_out = acc_out e^(L_acc - L) + O e^(L - L); a row of the step
-    // with no key (L = -inf) leaves the running pair as it was
-    const float old = row < len_q ? p.acc_lse[lat] : -INFINITY;
-    hp_syncwarp(); // the row's four threads read the old LSE before its first thread writes the new
-    if (row >= len_q || lse == -INFINITY) continue;
-    const float hi = fmaxf(old, lse), lnew = hi + log1pf(expf(-fabsf(old - lse)));
-    const float ka = old == -INFINITY ? 0.0f : expf(old - lnew), kb = expf(lse - lnew) * inv[r];
+    return;
+  }
+  // merge: L = log(e^L_acc + e^L), acc_out = acc_out e^(L_acc - L) + O e^(L - L); a row of the step
+  // with no key (L = -inf) leaves the running pair as it was. Both rows' running LSE and O are read
+  // first, in one round trip (the producer asked them into L2 at the start).
+  float old[2];
+  float2 x[2][16];
 #pragma unroll
-    for (int j = 0; j < 16; j++) {
-      float2 *a = reinterpret_cast<float2 *>(p.acc_out + at + 8 * j + 2 * (lane % 4));
-      const float2 x = *a;
-      *a = make_float2(x.x * ka + o[4 * j + 2 * r] * kb, x.y * ka + o[4 * j + 2 * r + 1] * kb);
-    }
-    if (lane % 4 == 0) p.acc_lse[lat] = lnew;
+  for (int r = 0; r < 2; r++) {
+    const int row = q0 + 8 * r;
+    const bool in = row < len_q;
+    old[r] = in ? p.acc_lse[lse_at(row)] : -INFINITY;
+    const float2 *a = reinterpret_cast<const float2 *>(p.acc_out + (in ? o_at(row) : 0) + 2 * (lane % 4));
+#pragma unroll
+    for (int j = 0; j < 16; j++) x[r][j] = in ? a[4 * j] : make_float2(0.0f, 0.0f);
+  }
+  hp_syncwarp(); // a row's four threads read the old LSE before its first thread writes the new
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int row = q0 + 8 * r;
+    if (row >= len_q || lse[r] == -INFINITY) continue;
+    const float hi = fmaxf(old[r], lse[r]), lnew = hi + log1pf(expf(-fabsf(old[r] - lse[r])));
+    const float ka = old[r] == -INFINITY ? 0.0f : expf(old[r] - lnew), kb = expf(lse[r] - lnew) * inv[r];
+    float2 *a = reinterpret_cast<float2 *>(p.acc_out + o_at(row) + 2 * (lane % 4));
+#pragma unroll
+    for (int j = 0; j < 16; j++)
+      a[4 * j] = make_float2(x[r][j].x * ka + o[4 * j + 2 * r] * kb, x[r][j].y * ka + o[4 * j + 2 * r + 1] * kb);
+    if (lane % 4 == 0) p.acc_lse[lse_at(row)] = lnew;
   }
 }
-
 
 #endif
