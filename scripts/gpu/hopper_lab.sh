@@ -10,7 +10,7 @@
 #      against the fp64 reference on sampled rows, with a planted 2% error that
 #      must fail; stop here if it fails;
 #   3. compute-sanitizer memcheck and racecheck on b=1 h=2 s=256;
-#   4. timing at the bench's shapes (b=2 h=16, s 4k-32k), the plain step and
+#   4. timing at the bench's shapes (b=2 h=16, s 4k-32k; thd: two sequences of s), the plain step and
 #      the fused merge (issue 19: at most 3% more), data checked after timing,
 #      and in the same call PyTorch's cuDNN and flash SDPA at those shapes
 #      (experiments/attn/attn_bench_torch.py, bshd).
@@ -28,25 +28,30 @@ BIN=/tmp/hopper_fwd # not under $OUT: at most 8 files come back
 nvcc -std=c++17 -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -o "$BIN" \
   experiments/lab/attn/hopper/fwd.cu >"$OUT/build.log" 2>&1 || { say "build FAILED"; tail -20 "$OUT/build.log" | tee -a "$SUM"; exit 1; }
 grep -A2 "fwd_kernel" "$OUT/build.log" | grep -E "registers|spill" | tee -a "$SUM"
+Q="--warm-ms 0 --min-ms 0" # checks: no timing to speak of
 SAN=compute-sanitizer
 command -v $SAN >/dev/null || SAN=/usr/local/cuda/bin/compute-sanitizer
-{ timeout 120 "$BIN" --check --b 1 --h 2 --s 128,256,384,1024 --iters 2 &&
-  timeout 60 "$BIN" --check --b 2 --h 4 --hkv 2 --layout sbhd --s 256,640 --iters 2 &&
-  timeout 60 "$BIN" --check --b 1 --h 4 --hkv 1 --s 384,200 --iters 2 &&
-  timeout 60 "$BIN" --check --h 4 --hkv 2 --thd 1000,0,1,77,4096 --iters 2 &&
-  timeout 60 "$BIN" --check --b 1 --h 2 --s 1000 --window 100,20 --iters 2 &&
-  timeout 60 "$BIN" --check --h 2 --thd 300,1,900 --window 64,-1 --iters 2; } >"$OUT/fwd-small.log" 2>&1
+{ timeout 120 "$BIN" --check --b 1 --h 2 --s 128,256,384,1024 --iters 2 $Q &&
+  timeout 60 "$BIN" --check --b 2 --h 4 --hkv 2 --layout sbhd --s 256,640 --iters 2 $Q &&
+  timeout 60 "$BIN" --check --b 1 --h 4 --hkv 1 --s 384,200 --iters 2 $Q &&
+  timeout 60 "$BIN" --check --h 4 --hkv 2 --thd 1000,0,1,77,4096 --iters 2 $Q &&
+  timeout 60 "$BIN" --check --b 1 --h 2 --s 1000 --window 100,20 --iters 2 $Q &&
+  timeout 60 "$BIN" --check --h 2 --thd 300,1,900 --window 64,-1 --iters 2 $Q; } >"$OUT/fwd-small.log" 2>&1
 rc=$?
 tail -n +1 "$OUT/fwd-small.log" | tee -a "$SUM"
 [ $rc -eq 0 ] || { say "small check FAILED (rc $rc): stopping before any timing"; exit 1; }
-timeout 120 "$BIN" --check --s 4096 --iters 3 >"$OUT/fwd-4k.log" 2>&1 || { cat "$OUT/fwd-4k.log" | tee -a "$SUM"; say "4k check FAILED"; exit 1; }
+timeout 120 "$BIN" --check --s 4096 --iters 3 $Q >"$OUT/fwd-4k.log" 2>&1 || { cat "$OUT/fwd-4k.log" | tee -a "$SUM"; say "4k check FAILED"; exit 1; }
 cat "$OUT/fwd-4k.log" | tee -a "$SUM"
 [ -n "${SKIP_SAN:-}" ] || for tool in memcheck racecheck; do
-  timeout 300 $SAN --tool $tool --error-exitcode 9 "$BIN" --b 1 --h 2 --s 256 --iters 1 >"$OUT/san-$tool.log" 2>&1
+  timeout 300 $SAN --tool $tool --error-exitcode 9 "$BIN" --b 1 --h 2 --s 256 --iters 1 $Q >"$OUT/san-$tool.log" 2>&1
   say "compute-sanitizer $tool: rc $? ($(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/san-$tool.log" | head -1))"
 done
 timeout 300 "$BIN" --check --merge --s ${BENCH_S:-4096,8192,16384,32768} --pipe ${PIPES:-0,1} --iters 20 >"$OUT/fwd-bench.log" 2>&1
 say "bench rc $?"
+for s in $(echo ${BENCH_S:-4096,8192,16384,32768} | tr , ' '); do # thd: two sequences of s, the bshd bench's work
+  timeout 200 "$BIN" --check --merge --h 16 --thd $s,$s --pipe ${PIPES:-0,1} --iters 20
+done >>"$OUT/fwd-bench.log" 2>&1
+say "thd bench rc $?"
 cat "$OUT/fwd-bench.log" | tee -a "$SUM"
 [ -n "${SKIP_TORCH:-}" ] && exit 0
 timeout 300 python3 experiments/attn/attn_bench_torch.py --layouts bshd --out "$OUT" --name attn-torch-hopper \

@@ -77,6 +77,8 @@
  *   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o fwd fwd.cu
  *   ./fwd [--check] [--b 2] [--h 16] [--hkv 16] [--layout bshd|sbhd] [--s 4096,8192,16384,32768]
  *         [--thd L1,L2,...] [--window L,R] [--bottom-right] [--merge] [--iters 20] [--pipe 0,1]
+ *         [--warm-ms 300] [--min-ms 600] (timing as attn_bench_torch.py's: warm-up work, then at least
+ *         iters launches and min-ms of work)
  */
 #include "fwd_kernel.cuh"
 
@@ -350,6 +352,7 @@ static bool check_merge(const params_t &p, const layout_t &l, const std::vector<
 
 int main(int argc, char **argv) {
   int b = 2, h = 16, h_kv = 0, iters = 20;
+  float warm_ms = 300, min_ms = 600;
   bool sbhd = false;
   bool do_check = false;
   std::vector<int> ss = {4096, 8192, 16384, 32768}, thd_lens;
@@ -384,13 +387,15 @@ int main(int argc, char **argv) {
     } else if (!strcmp(argv[i], "--bottom-right")) bottom_right = true;
     else if (!strcmp(argv[i], "--merge")) merge = true; // also time the fused merge, and check it
     else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--warm-ms") && i + 1 < argc) warm_ms = (float)atof(argv[++i]);
+    else if (!strcmp(argv[i], "--min-ms") && i + 1 < argc) min_ms = (float)atof(argv[++i]);
     else if (!strcmp(argv[i], "--pipe") && i + 1 < argc) {
       pipes.clear();
       for (int x : ints(argv[++i])) pipes.push_back(x);
     } else if (!strcmp(argv[i], "--s") && i + 1 < argc) ss = ints(argv[++i]);
     else {
       fprintf(stderr, "usage: fwd [--check] [--b B] [--h H] [--hkv H_KV] [--layout bshd|sbhd] [--s S1,S2,...] "
-                      "[--thd L1,L2,...] [--window L,R] [--bottom-right] [--merge] [--iters N] [--pipe 0,1]\n");
+                      "[--thd L1,L2,...] [--window L,R] [--bottom-right] [--merge] [--iters N] [--warm-ms 300] [--min-ms 600] [--pipe 0,1]\n");
       return 2;
     }
   }
@@ -471,16 +476,26 @@ int main(int argc, char **argv) {
         cudaEvent_t e0, e1;
         CK(cudaEventCreate(&e0));
         CK(cudaEventCreate(&e1));
-        auto time_us = [&](const params_t &pp) { // 3 warm-up launches, then iters between two events
-          for (int i = 0; i < 3; i++) run(q, k, v, pp, l, pipe, 0);
+        // as experiments/attn/attn_bench_torch.py times its anchors: warm-up work of warm_ms, then at
+        // least iters launches and min_ms of work between two events (the clocks settle as they do there)
+        auto time_us = [&](const params_t &pp) {
           CK(cudaEventRecord(e0));
-          for (int i = 0; i < iters; i++) run(q, k, v, pp, l, pipe, 0);
+          run(q, k, v, pp, l, pipe, 0);
+          CK(cudaEventRecord(e1));
+          CK(cudaEventSynchronize(e1));
+          float one;
+          CK(cudaEventElapsedTime(&one, e0, e1));
+          one = std::max(one, 1e-3f);
+          for (int i = 0; i < (int)ceilf(warm_ms / one); i++) run(q, k, v, pp, l, pipe, 0);
+          const int n = std::max(iters, (int)ceilf(min_ms / one));
+          CK(cudaEventRecord(e0));
+          for (int i = 0; i < n; i++) run(q, k, v, pp, l, pipe, 0);
           CK(cudaEventRecord(e1));
           CK(cudaEventSynchronize(e1));
           float ms;
           CK(cudaEventElapsedTime(&ms, e0, e1));
           check_err("the timed runs");
-          return ms * 1e3 / iters;
+          return ms * 1e3 / n;
         };
         const double us = time_us(p);
         printf("s=%6d window (%d,%d) pipe=%d  %9.1f us  %6.1f TFLOP/s\n", l.s, w.first, w.second, pipe, us,
