@@ -19,7 +19,9 @@
 #            baseline (ep_bench_torch.py under torchrun), EP_ARGS passed on
 #            -> $OUT/ep-bench-<gpu>x<N>.{md,csv}; then (EP_SPLIT=1, the default)
 #            the same with --split, send and receive as two kernels each, at
-#            E 256 -> ep-bench-<gpu>x<N>-split.{md,csv}, the A/B of the fused kernels.
+#            E 256 -> ep-bench-<gpu>x<N>-split.{md,csv}, the A/B of the fused kernels;
+#            then, for each nb in EP_BLOCKS (unset: none), bf16 E 256 B 1,128 on nb
+#            blocks -> ep-bench-<gpu>x<N>-blocks<nb>.{md,csv}.
 # STEPS picks them (default "ag_gemm gemm_rs cp ep"); the build always runs. Results
 # files come back in $OUT (copy them to experiments/results/<family>/ and
 # draw the PNGs locally: the hosts have no gnuplot); every log in
@@ -87,6 +89,12 @@ if want ep && [ -f experiments/ep/ep_bench.lua ]; then
       --command "scripts/gpu/multi.sh (after the fused run, in the same call)"
     tail -n 36 "$L/ep-bench-split.log" >>"$SUM"
   fi
+  for nb in ${EP_BLOCKS:-}; do # the floor against the grid: every ep kernel on nb blocks (bf16, E 256)
+    step "ep_bench --blocks $nb ($N ranks)" 90 "$L/ep-bench-blocks$nb.log" ./distlab run -n "$N" --device cuda \
+      experiments/ep/ep_bench.lua --blocks "$nb" --B 1,128 --experts 256 --dtypes bf16 --paths ep \
+      --out "$OUT" --tag "$tag-blocks$nb" --command "scripts/gpu/multi.sh (EP_BLOCKS, in the same call)"
+    grep -E "^\|" "$L/ep-bench-blocks$nb.log" | tail -n 12 >>"$SUM"
+  done
 fi
 cp "$OUT"/*.csv "$L/" 2>/dev/null
 exit $status
