@@ -21,7 +21,7 @@
 #            the same with --split, send and receive as two kernels each, at
 #            E 256 -> ep-bench-<gpu>x<N>-split.{md,csv}, the A/B of the fused kernels;
 #            then, for each nb in EP_BLOCKS (unset: none), bf16 E 256 B 1,128 on nb
-#            blocks -> ep-bench-<gpu>x<N>-blocks<nb>.{md,csv}.
+#            blocks -> multi/ep-bench-<gpu>x<N>-blocks<nb>.{md,csv} (in the logs tarball).
 # STEPS picks them (default "ag_gemm gemm_rs cp ep"); the build always runs. Results
 # files come back in $OUT (copy them to experiments/results/<family>/ and
 # draw the PNGs locally: the hosts have no gnuplot); every log in
@@ -92,7 +92,7 @@ if want ep && [ -f experiments/ep/ep_bench.lua ]; then
   for nb in ${EP_BLOCKS:-}; do # the floor against the grid: every ep kernel on nb blocks (bf16, E 256)
     step "ep_bench --blocks $nb ($N ranks)" 90 "$L/ep-bench-blocks$nb.log" ./distlab run -n "$N" --device cuda \
       experiments/ep/ep_bench.lua --blocks "$nb" --B 1,128 --experts 256 --dtypes bf16 --paths ep \
-      --out "$OUT" --tag "$tag-blocks$nb" --command "scripts/gpu/multi.sh (EP_BLOCKS, in the same call)"
+      --out "$L" --tag "$tag-blocks$nb" --command "scripts/gpu/multi.sh (EP_BLOCKS, in the same call)"
     grep -E "^\|" "$L/ep-bench-blocks$nb.log" | tail -n 12 >>"$SUM"
   done
 fi
