@@ -47,6 +47,14 @@ local cuda_includes = nvcc and { cuda_home .. "/include", "/usr/include" } or {}
 local cuda_libdirs = nvcc and { cuda_home .. "/lib64" } or {}
 
 local cu_files = nvcc and os.matchfiles("kernels/**.cu") or {}
+-- The Hopper kernels (wgmma, TMA, setmaxnreg) need the arch-specific sm_90a target: their own
+-- library, compiled for it alone; they run only where the device is sm_90 (their launchers ask).
+local hopper_files = nvcc and os.matchfiles("kernels/**/hopper/*.cu") or {}
+for _, f in ipairs(hopper_files) do
+  for i = #cu_files, 1, -1 do if cu_files[i] == f then table.remove(cu_files, i) end end
+end
+local hopper_flags = "--forward-unknown-to-host-compiler -std=c++20 -O3 -Xcompiler -fPIC " ..
+  "--expt-relaxed-constexpr -lineinfo -gencode arch=compute_90a,code=sm_90a"
 -- cuDNN's frontend headers (pinned by scripts/fetch-cudnn-frontend.sh); cuDNN
 -- itself is opened at run time (core/ops/attn/cudnn_sdpa.cpp), like NCCL.
 local cudnn_fe = nvcc and os.isfile(".deps/cudnn-frontend/include/cudnn_frontend.h") and
@@ -94,6 +102,24 @@ if nvcc then
     end
 end
 
+if nvcc then
+  project "distlab_hopper"
+    kind "StaticLib"
+    language "C++"
+    common()
+    objdir "build/obj/hopper"
+    files(hopper_files)
+    if P4 then
+      buildoptions { hopper_flags }
+    else
+      filter "files:**.cu"
+        buildcommands { nvcc .. " " .. hopper_flags .. " -Icore -Icore/include -Ikernels -I" .. cuda_home .. "/include" ..
+          " -DDL_WITH_CUDA -MMD -MP -o %{cfg.objdir}/%{file.basename}.o -c %{file.relpath}" }
+        buildoutputs { "%{cfg.objdir}/%{file.basename}.o" }
+      filter {}
+    end
+end
+
 if cudnn_fe then
   -- One translation unit; the frontend's headers are system headers here (-isystem),
   -- so their own warnings do not hide ours. nvcc is the C++ compiler under premake4
@@ -132,7 +158,7 @@ project "distlab"
     links { "distlab_cudnn" }
   end
   if nvcc then
-    links { "distlab_cuda" }
+    links { "distlab_cuda", "distlab_hopper" }
   end
   links { "distlab_cpu" }
   libdirs(cuda_libdirs)

@@ -84,6 +84,12 @@ int dl_attn_validate(const dl_attn_params_t *p, int bwd, int cuda);
 size_t dl_attn_bwd_workspace_bytes(const dl_attn_params_t *p);
 
 int dl_attn_fwd_cuda(const dl_attn_params_t *p, void *stream);
+/* The Hopper forward (kernels/attn/hopper/; sm_90a): whether it takes p's shape (1, else 0 with
+ * the reason in why when given), whether it runs here (that and an sm_90 device), and the run.
+ * dl_attn_fwd_cuda takes it where usable. */
+int dl_attn_fwd_hopper_fits(const dl_attn_params_t *p, char *why, size_t n);
+int dl_attn_fwd_hopper_usable(const dl_attn_params_t *p, int *yes);
+int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream);
 int dl_attn_bwd_cuda(const dl_attn_params_t *p, void *stream);
 int dl_attn_fwd_cpu(const dl_attn_params_t *p, void *stream);
 int dl_attn_bwd_cpu(const dl_attn_params_t *p, void *stream);

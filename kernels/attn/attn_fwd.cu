@@ -15,6 +15,9 @@
  * bf16/fp16 as the A operand of the P V mma. Fully masked rows give out 0,
  * lse -inf, and no NaN.
  *
+ * On an sm_90 device, bf16 at head dims 128/128 runs the Hopper forward
+ * instead (kernels/attn/hopper/: wgmma, TMA; dl_attn_fwd_hopper_fits).
+ *
  * Requires: head dims multiples of 8 up to 256 (padded to 64/128/192/256
  * with zero-filled loads), 16-byte aligned operands with strides multiple of
  * 8 elements (dl_attn_validate). Checked against dl_attn_fwd_cpu by
@@ -318,6 +321,9 @@ static int attn_fwd_run(const dl_attn_params_t *p, void *stream) {
 extern "C" int dl_attn_fwd_cuda(const dl_attn_params_t *p, void *stream) {
   DL_TRY(dl_attn_validate(p, 0, 1));
   if (p->b == 0 || p->s_q == 0) return 0;
+  int hopper = 0;
+  DL_TRY(dl_attn_fwd_hopper_usable(p, &hopper));
+  if (hopper) return dl_attn_fwd_hopper_cuda(p, stream);
   DL_CHECK_ARG(p->s_q <= 65535 * 128 && p->h_q <= 65535 && p->b <= 65535,
                "attn fwd: grid too large (s_q=%d h_q=%d b=%d)", p->s_q, p->h_q, p->b);
   switch (attn_dims_config(p->d_qk, p->d_v)) {

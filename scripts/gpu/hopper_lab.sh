@@ -25,7 +25,7 @@ say() { echo "$*" | tee -a "$SUM"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$SUM"
 say "commit: ${DISTLAB_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 BIN=/tmp/hopper_fwd # not under $OUT: at most 8 files come back
-nvcc -std=c++17 -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -o "$BIN" \
+nvcc -Ikernels -std=c++17 -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -o "$BIN" \
   experiments/lab/attn/hopper/fwd.cu >"$OUT/build.log" 2>&1 || { say "build FAILED"; tail -20 "$OUT/build.log" | tee -a "$SUM"; exit 1; }
 grep -A2 "fwd_kernel" "$OUT/build.log" | grep -E "registers|spill" | tee -a "$SUM"
 Q="--warm-ms 0 --min-ms 0" # checks: no timing to speak of

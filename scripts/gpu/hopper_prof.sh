@@ -8,7 +8,7 @@ OUT="${OUT:-/tmp/hopper-prof}"
 mkdir -p "$OUT"
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 BIN=/tmp/hopper_fwd
-nvcc -std=c++17 -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -o "$BIN" \
+nvcc -Ikernels -std=c++17 -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -o "$BIN" \
   experiments/lab/attn/hopper/fwd.cu >"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
 ARGS="--b ${B:-2} --h ${H:-16} --s ${S:-8192} --pipe ${PIPE:-1} --window ${WINDOW:--1,-1} --iters 1"
 echo "commit ${DISTLAB_COMMIT:-unknown}; $BIN $ARGS" >"$OUT/prof.txt"

@@ -15,6 +15,7 @@
  * when max_seqlen_* is not given (the kernels need the largest length).
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -342,6 +343,24 @@ int dl_attn_backend(const dl_attn_opts_t *o, const dl_tensor_t *q, const dl_tens
       *chosen = use ? DL_ATTN_CUDNN : DL_ATTN_OURS;
     }
   }
+#ifdef DL_WITH_CUDA
+  /* ours on cuda, forward: which of our kernels runs (the Hopper forward, or the portable one) */
+  if (!rc && *chosen == DL_ATTN_OURS && !bwd && q->dev_type == DL_CUDA) {
+    char path[160];
+    int usable = 0;
+    p.acc_out = accumulate ? (void *)1 : NULL, p.acc_dtype = DL_F32; /* the usual accumulate */
+    if (dl_attn_fwd_hopper_fits(&p, path, sizeof path) && !(rc = dl_cuda_use(q->dev_index)))
+      rc = dl_attn_fwd_hopper_usable(&p, &usable);
+    if (!rc) {
+      size_t n = strlen(why);
+      if (usable)
+        snprintf(why + n, (size_t)whylen - n, "; kernel: %s", path);
+      else
+        snprintf(why + n, (size_t)whylen - n, "; kernel: portable (hopper forward: %s)",
+                 dl_attn_fwd_hopper_fits(&p, path, sizeof path) ? "not an sm_90 device" : path);
+    }
+  }
+#endif
   step_free(&st);
   return rc;
 }

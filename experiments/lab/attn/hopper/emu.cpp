@@ -336,7 +336,7 @@ HP_DEV void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
   hp_wg_op([](hp_wg &g) { hp_issue(g, true, true); });
 }
 
-#include "fwd_kernel.cuh"
+#include "attn/hopper/fwd_kernel.cuh"
 
 // ---- the test -------------------------------------------------------------------------------
 
@@ -404,10 +404,14 @@ static bool run_case(const hp_case &cs, const hp_mask &mk, int pipe, unsigned se
     return m;
   };
   const hp_tmap_t tq = map(q, h, sq), tk = map(k, h_kv, skv), tv = map(v, h_kv, skv);
-  params_t p{b, h, s, mk.wl, mk.wr, mk.br, h_kv, {sq[0], sq[1], sq[2]}, 1.4426950408889634f / sqrtf((float)D), o.data(),
-             lse.data()};
-  if (thd) p.thd = 1, p.total_q = rows, p.cu_q = cu.data(), p.pad_q = first.data(), p.cu_kv = cu_kv.data(),
-           p.pad_kv = first_kv.data();
+  params_t p{};
+  p.b = b, p.h = h, p.h_kv = h_kv, p.s_q = p.s_kv = s;
+  p.window_left = mk.wl, p.window_right = mk.wr, p.bottom_right = mk.br;
+  p.scale_log2 = 1.4426950408889634f / sqrtf((float)D), p.o = o.data(), p.lse = lse.data();
+  memcpy(p.o_st, sq, sizeof sq);
+  hp_lse_strides(thd, h, thd ? rows : s, p.lse_st);
+  memcpy(p.acc_st, p.o_st, sizeof sq), memcpy(p.acc_lse_st, p.lse_st, sizeof sq);
+  if (thd) p.cu_q = cu.data(), p.pad_q = first.data(), p.cu_kv = cu_kv.data(), p.pad_kv = first_kv.data();
   std::vector<float> acc(merge ? n : 0), acc_lse(merge ? lse.size() : 0);
   if (merge) {
     for (float &x : acc) x = u(g);

@@ -1,86 +1,25 @@
 /*
- * fwd.cu — lab: a Hopper (sm_90a) flash-attention forward for issue 19, on
- * wgmma and TMA, warp-specialised; standalone (its own main, checker and
- * timer), not yet part of dl.attn. Shape: bshd, sbhd or thd (packed rows,
- * per-sequence lengths and first rows that need not start at 0; the rows
- * between sequences may hold anything, NaN in the checks) bf16, d = 128,
- * GQA/MQA (h a multiple of h_kv), any length, masks as dl.attn's (a window
- * (left, right) around the diagonal, top-left or bottom-right; causal =
- * (-1, 0)); out
- * bf16 in q's layout, the natural-log LSE fp32 [b, h, s] (thd: [h, rows]).
- * Keys past a sequence are masked, and its last V block's rows past it are
- * zeroed in shared memory (0 * NaN is NaN), so TMA may read across
- * sequences; rows past a sequence are neither computed for output nor written.
+ * fwd.cu — lab driver of dl.attn's Hopper forward (kernels/attn/hopper/fwd_kernel.cuh,
+ * whose header says how it works): the kernel alone, with its own checker and
+ * timer, both main loops (PIPE 0: the steps in turn; PIPE 1: FA3's
+ * intra-warpgroup pipelining; P through shared memory was slower than both).
+ * Shapes: bshd, sbhd or thd (NaN between sequences), bf16, d = 128, GQA/MQA,
+ * any length, windows top-left or bottom-right, the fused merge.
  *
- * Why hand-written PTX and not CuTe: the kernel needs a few instructions
- * that CuTe wraps (TMA load, mbarrier, wgmma SS/RS, named barriers, the
- * async-proxy fence) and two kinds of shared memory descriptors; spelled out
- * here (hopper/ptx.cuh) they are one screen each, the descriptors are
- * explicit (below), and the file compiles in seconds on CI's two cores,
- * where CuTe's template instantiations take minutes. The layouts were read
- * from CUTLASS 4.2's cute/atom/mma_traits_sm90_gmma.hpp (make_gmma_desc) and
- * cute/arch/copy_sm90_tma.hpp; no code is copied.
+ * --check: sampled rows of every sequence against an fp64 reference kernel,
+ * normwise and elementwise for O and LSE, with a planted 2% error that must
+ * fail; after the timing, on the data the timed runs left. --merge also
+ * times the fused-merge step and checks it against a host merge of the plain
+ * step's (O, LSE).
  *
- * CTA: 288 threads, BM = 128 query rows of one (batch, head).
- *   warp 8, producer (one thread): TMA loads Q once, then K and V of each
- *     key block (BN = 128), last block first, into STAGES = 2 buffers; full
- *     barriers carry the bytes (expect_tx), empty barriers free them.
- *   warpgroups 0, 1 (warps 0-7), consumers: 64 query rows each. Per key
- *     block: S = Q K^T (8 wgmma m64n128k16, both operands in shared memory),
- *     K's buffer released, causal mask where the block reaches past the
- *     warpgroup's first row, online softmax in base 2 (row max and sum over
- *     the 4 threads of a row), O += P V (8 wgmma, V transposed by its
- *     descriptor), V's buffer released; epilogue O / l to global memory, LSE.
- *     Two main loops (template PIPE, `--pipe 0,1` times both):
- *     PIPE = 0: the steps one after another, P rounded to bf16 in registers
- *       as wgmma's A operand (the fp32 accumulator layout of a 16-column
- *       slice pair is the A layout of a k16 step);
- *     PIPE = 1: FA3's intra-warpgroup pipelining, S(j) issued with
- *       P(j-1) V(j-1) and the softmax of S(j) run while the P V does; P goes
- *       through a shared tile per warpgroup (named barrier 1 + c, async-proxy
- *       fence), so that only O is pinned by wgmma during the softmax.
- *   Registers: 154 / 168 (PIPE 0 / 1; 168 is the cap with 9 warps), no
- *   spills (ptxas of CUDA 13.0). With a producer warpgroup (384 threads,
- *   168 a thread) and setmaxnreg 40/232, PIPE = 1 with P in registers
- *   spilled 224 bytes and serialised its wgmmas; the 32 64-bit store
- *   addresses of P spilled too, until they became 32-bit shared addresses.
- *   Fused merge (dl.attn's accumulate): with acc_out set, the epilogue
- *   merges the step's (O, LSE) into the running fp32 (acc_out, acc_lse)
- *   instead of writing out/lse (`--merge` times it against the plain step
- *   and checks it against a host merge of the plain step's results).
- *   Not yet here: ping-pong of the two consumer warpgroups and a TMA store
- *   of O (FA3 has them), bf16 accumulators, backward, d other than 128;
- *   max_logit is in the kernel and the emulator, not yet set by this host.
- *
- * Shared memory tiles, each a TMA box of 64 columns (128 bytes) x rows with
- * the 128-byte swizzle, 1024-byte aligned; a d = 128 tile is two of them:
- *   Q [2][BM][64], K [STAGES][2][BN][64], V [STAGES][2][BN][64] bf16, and
- *   (PIPE) P [2 warpgroups][2][64][64]: 192 KB in all, one CTA an SM.
- * wgmma descriptors (64 bits: start >> 4 at [0,14), leading byte offset >> 4
- * at [16,30), stride byte offset >> 4 at [32,46), layout 1 = 128B swizzle at
- * [62,64)):
- *   K-major (Q and P as A, K as B; d, or keys, contiguous): SBO = 1024 (8 rows of 128 B),
- *     LBO = 16 (unused by swizzled K-major); the k16 step kk of a half at
- *     start + 32 kk; the second half of d at start + rows * 128.
- *   MN-major (V as B; d = N contiguous): SBO = 1024 (8 keys), LBO = BN * 128
- *     (the second 64 columns of d); the k16 step (16 keys) at start + 2048.
- *
- * Status (2026-11-26): never run on a GPU. It passes hopper/emu.cpp (the
- * kernel on the CPU with wgmma, TMA and mbarriers emulated from the PTX ISA
- * and CUTLASS's layouts; s 128-384, causal and not, both main loops,
- * against fp64; seven planted kernel bugs each caught). The first GPU call must run
- * `./fwd --check` (sampled rows against an fp64 reference, normwise and
- * elementwise, with a planted 2% error that must fail) before any timing
- * is believed: the emulator cannot show that the hardware reads the
- * layouts as emulated.
- *
- *   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o fwd fwd.cu
- *   ./fwd [--check] [--b 2] [--h 16] [--hkv 16] [--layout bshd|sbhd] [--s 4096,8192,16384,32768]
+ *   make -C experiments/lab/attn hopper       (nvcc -Ikernels ... -gencode=arch=compute_90a,code=sm_90a)
+ *   ./hopper_fwd [--check] [--b 2] [--h 16] [--hkv 16] [--layout bshd|sbhd] [--s 4096,8192,16384,32768]
  *         [--thd L1,L2,...] [--window L,R] [--bottom-right] [--merge] [--iters 20] [--pipe 0,1]
  *         [--warm-ms 300] [--min-ms 600] (timing as attn_bench_torch.py's: warm-up work, then at least
  *         iters launches and min-ms of work)
+ * scripts/gpu/hopper_lab.sh runs the checks, compute-sanitizer and the bench in one device call.
  */
-#include "fwd_kernel.cuh"
+#include "attn/hopper/fwd_kernel.cuh"
 
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -245,7 +184,7 @@ static void run(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloa
     CK(cudaFuncSetAttribute(fwd_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     attr = true;
   }
-  const dim3 grid((p.s + BM - 1) / BM, p.h, p.b);
+  const dim3 grid((p.s_q + BM - 1) / BM, p.h, p.b);
   if (pipe == 1) fwd_kernel<1><<<grid, THREADS, smem, st>>>(tq, tk, tv, p);
   else fwd_kernel<0><<<grid, THREADS, smem, st>>>(tq, tk, tv, p);
   CK(cudaGetLastError());
@@ -463,10 +402,15 @@ int main(int argc, char **argv) {
             const int hi = w.second >= 0 ? std::min(l.len[bb] - 1, i + w.second) : l.len[bb] - 1;
             work += hi >= lo ? 4.0 * h * D * (hi - lo + 1) : 0.0;
           }
-        params_t p{l.b, h, l.s, w.first, w.second, bottom_right ? 1 : 0, h_kv, {0, 0, 0},
-                   1.4426950408889634f / sqrtf((float)D), reinterpret_cast<uint16_t *>(o), lse};
+        params_t p{};
+        p.b = l.b, p.h = h, p.h_kv = h_kv, p.s_q = p.s_kv = l.s;
+        p.window_left = w.first, p.window_right = w.second, p.bottom_right = bottom_right ? 1 : 0;
+        p.scale_log2 = 1.4426950408889634f / sqrtf((float)D);
+        p.o = reinterpret_cast<uint16_t *>(o), p.lse = lse;
         hp_strides(l.sbhd, l.tb, l.rows, h, p.o_st);
-        if (l.thd) p.thd = 1, p.total_q = l.rows, p.cu_q = p.cu_kv = d_cu, p.pad_q = p.pad_kv = d_first;
+        hp_lse_strides(l.thd, h, l.thd ? l.rows : l.s, p.lse_st);
+        memcpy(p.acc_st, p.o_st, sizeof p.o_st), memcpy(p.acc_lse_st, p.lse_st, sizeof p.lse_st);
+        if (l.thd) p.cu_q = p.cu_kv = d_cu, p.pad_q = p.pad_kv = d_first;
         p.err = d_err;
         CK(cudaMemset(o, 0xff, n * 2)); // poison: NaN bf16 until the kernel writes
         CK(cudaMemset(lse, 0xff, nlse * 4));

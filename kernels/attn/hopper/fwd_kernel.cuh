@@ -1,10 +1,53 @@
 /*
- * fwd_kernel.cuh — the Hopper forward's kernel (hopper/fwd.cu says what it
- * does and how; hopper/emu.cpp runs this file on the CPU). The instructions
- * come from hopper/ptx.cuh on the GPU, from the emulator on the CPU.
+ * fwd_kernel.cuh — dl.attn's forward on Hopper (sm_90a): wgmma and TMA,
+ * warp-specialised, FA3's design written out in PTX (ptx.cuh). The launcher
+ * is attn_hopper.cu (which calls are taken: dl_attn_fwd_hopper_fits);
+ * experiments/lab/attn/hopper/ times it alone (fwd.cu) and runs this file on
+ * the CPU with wgmma, TMA and mbarriers emulated (emu.cpp).
+ *
+ * Why hand-written PTX and not CuTe: the kernel needs a few instructions that
+ * CuTe wraps (TMA load, mbarrier, wgmma SS/RS, named barriers, setmaxnreg)
+ * and two kinds of shared memory descriptors; spelled out they are one
+ * screen each, the descriptors are explicit (below), and the file compiles
+ * in seconds on CI's two cores. Layouts read from CUTLASS 4.2's
+ * cute/atom/mma_traits_sm90_gmma.hpp and cute/arch/copy_sm90_tma.hpp; no
+ * code copied.
+ *
+ * Shapes: bf16, d_qk = d_v = 128; bshd, sbhd or thd (packed rows, first rows
+ * that need not start at 0, anything (NaN) between sequences); GQA/MQA; any
+ * length; dl.attn's masks (a window (left, right) around the diagonal,
+ * top-left or bottom-right); LSE (natural log), max_logit, and the fused
+ * merge into a running fp32 (acc_out, acc_lse).
+ *
+ * CTA: 384 threads, BM = 128 query rows of one (batch, head); grid (m-blocks
+ * last to first, heads, batches).
+ *   warpgroup 2, producer (setmaxnreg 24): one thread TMA-loads Q once, then
+ *     K and V of each key block (BN = 128; last block first) into STAGES = 2
+ *     buffers; full barriers carry the bytes, empty barriers free them. With
+ *     the merge, another warp asks the running rows into L2.
+ *   warpgroups 0, 1, consumers (setmaxnreg 240): 64 query rows each. Per key
+ *     block: S = Q K^T (8 wgmma m64n128k16 from shared memory); the element
+ *     mask (selects) only in blocks that need it; online softmax in base 2
+ *     (FFMA + MUFU.EX2 an element); O += P V with P in registers (8 RS wgmma,
+ *     V transposed by its descriptor). The two warpgroups take turns at the
+ *     tensor cores (FA3's scheduler: named barriers 4 and 5), so one's
+ *     softmax runs under the other's GEMMs. PIPE = 1 adds FA3's
+ *     intra-warpgroup pipelining (S(j) issued with P(j-1) V(j-1)).
+ *   Every wait times out into *err (no trap: a trap made ptxas spill P).
+ *
+ * Shared memory tiles, each a TMA box of 64 columns (128 bytes) x rows with
+ * the 128-byte swizzle, 1024-byte aligned; a d = 128 tile is two of them:
+ * Q [2][BM][64], K and V [STAGES][2][BN][64]: 160 KB, one CTA an SM.
+ * wgmma descriptors (start >> 4 at [0,14), leading byte offset >> 4 at
+ * [16,30), stride byte offset >> 4 at [32,46), 1 = 128B swizzle at [62,64)):
+ *   K-major (Q as A, K as B): SBO = 1024 (8 rows of 128 B), LBO = 16 (unused);
+ *     the k16 step kk of a half at start + 32 kk, the second half of d at
+ *     start + rows * 128.
+ *   MN-major (V as B; d = N contiguous): SBO = 1024 (8 keys), LBO = BN * 128
+ *     (the second 64 columns of d); the k16 step (16 keys) at start + 2048.
  */
-#ifndef DISTLAB_LAB_HOPPER_FWD_KERNEL_CUH
-#define DISTLAB_LAB_HOPPER_FWD_KERNEL_CUH
+#ifndef DISTLAB_HOPPER_FWD_KERNEL_CUH
+#define DISTLAB_HOPPER_FWD_KERNEL_CUH
 
 #include <math.h>
 #include <stdint.h>
@@ -13,7 +56,7 @@
 #include "ptx.cuh"
 #endif
 
-// 2 consumer warpgroups (warps 0-7) and a producer warp (8): 288 threads (fwd.cu on registers)
+// 2 consumer warpgroups (warps 0-7) and a producer warpgroup (8-11)
 constexpr int D = 128, BM = 128, BN = 128, STAGES = 2, THREADS = 384;
 constexpr uint32_t TILE_BYTES = 128 * 128 * 2; // a [128][128] bf16 tile: two TMA boxes
 
@@ -25,34 +68,43 @@ struct alignas(1024) smem_t {
   int fail; // a wait of this CTA timed out (mbar_wait)
 };
 
+// Addressing as kernels/attn/attn.h's: row i of sequence bb, head hh, of an operand with strides st
+// (elements: position, head, batch) is at base + i st[0] + hh st[1], base = bb st[2] (bshd, sbhd) or
+// start(bb) st[0] (thd: start = pad[bb], or cu[bb] where pad is NULL); d contiguous.
 struct params_t {
-  int b, h, s;         // s: the queries and keys of every sequence (bshd, sbhd); thd: the longest
+  int b, h, h_kv;      // q heads, K/V heads (GQA/MQA: h a multiple of h_kv; q head hh reads hh / (h / h_kv))
+  int s_q, s_kv;       // bshd/sbhd: every sequence's lengths; thd: the longest query length (the grid)
   // the mask: query i sees key j where i + shift - window_left <= j <= i + shift + window_right (-1:
   // no bound), shift = len_kv - len_q (bottom_right) or 0; causal = (-1, 0); none = (-1, -1)
   int window_left, window_right, bottom_right;
-  int h_kv;            // K/V heads (GQA/MQA: h a multiple of it); q head hh reads kv head hh / (h / h_kv)
-  int64_t o_st[3];     // out's strides in elements: position, head, batch (d contiguous)
   float scale_log2;    // softmax scale * log2(e)
-  uint16_t *o;         // bf16, q's layout
-  float *lse;          // [b, h, s]; thd [h, total_q]
-  // thd: q, k, v, out packed [rows, h, d]; sequence bb has cu[bb + 1] - cu[bb] rows starting at row
-  // pad[bb] (cu[bb] where pad is NULL: padded offsets need not start at 0); the tensor maps' batch
-  // extent is 1 and out's batch stride unused
-  int thd, total_q;
+  uint16_t *o;         // bf16
+  int64_t o_st[3];
+  float *lse;          // natural log
+  int64_t lse_st[3];
+  // thd when cu_q is set: sequence bb has cu[bb + 1] - cu[bb] rows (tensor maps: batch extent 1)
   const int *cu_q, *cu_kv, *pad_q, *pad_kv;
   // fused merge (dl.attn's accumulate): where acc_out is set, the step's (O, LSE) is merged into the
-  // running fp32 (acc_out, acc_lse), laid out as out and lse, and out/lse are not written
+  // running fp32 (acc_out, acc_lse) and out/lse are not written
   float *acc_out, *acc_lse;
+  int64_t acc_st[3], acc_lse_st[3];
   float *max_logit; // optional [h]: the largest scaled logit a row sees (the caller fills -inf)
   int *err;         // optional: set to 1 when a wait timed out (the results are then garbage)
 };
 
 // Strides in elements (position, head, batch) of a [b, s, heads, D] (bshd) or [s, b, heads, D]
-// (sbhd) tensor, for the hosts (tensor maps, references) and params_t.o_st.
+// (sbhd) tensor, for the hosts (tensor maps, references, params_t).
 HP_HD void hp_strides(bool sbhd, int b, int s, int heads, int64_t st[3]) {
   st[0] = (int64_t)heads * D * (sbhd ? b : 1);
   st[1] = D;
   st[2] = (int64_t)heads * D * (sbhd ? 1 : s);
+}
+
+// LSE strides (position, head, batch) of [b, h, s] (bshd, sbhd) or [h, rows] (thd), for the hosts.
+HP_HD void hp_lse_strides(bool thd, int h, int s_or_rows, int64_t st[3]) {
+  st[0] = 1;
+  st[1] = s_or_rows;
+  st[2] = thd ? 0 : (int64_t)h * s_or_rows;
 }
 
 // Whether query i sees key j (params_t's mask; shift = len_kv - len_q with bottom_right, else 0).
@@ -191,8 +243,9 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int m_block = gridDim.x - 1 - blockIdx.x, hh = blockIdx.y, bb = blockIdx.z, hkv = hh / (p.h / p.h_kv);
   const int warp_id = hp_warp_uniform(threadIdx.x / 32), tid = threadIdx.x % 128; // lane 0's, as CUTLASS does
   // this sequence: its lengths, the rows (thd) or batch (bshd/sbhd) the tensor maps address it by
-  int len_q = p.s, len_kv = p.s, first_q = 0, first_kv = 0, tb = bb;
-  if (p.thd) {
+  const bool thd = p.cu_q != nullptr;
+  int len_q = p.s_q, len_kv = p.s_kv, first_q = 0, first_kv = 0, tb = bb;
+  if (thd) {
     len_q = p.cu_q[bb + 1] - p.cu_q[bb], len_kv = p.cu_kv[bb + 1] - p.cu_kv[bb];
     first_q = p.pad_q ? p.pad_q[bb] : p.cu_q[bb], first_kv = p.pad_kv ? p.pad_kv[bb] : p.cu_kv[bb], tb = 0;
   }
@@ -216,9 +269,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   }
   hp_sync();
 
-  // where row `row` of the sequence (from 0) has its O (and acc_out) and its LSE (and acc_lse)
-  auto o_at = [&](int row) { return ((int64_t)first_q + row) * p.o_st[0] + hh * p.o_st[1] + (int64_t)tb * p.o_st[2]; };
-  auto lse_at = [&](int row) { return p.thd ? (int64_t)hh * p.total_q + first_q + row : ((int64_t)bb * p.h + hh) * p.s + row; };
+  // where row `row` of the sequence (from 0) is in an operand with strides st (params_t)
+  auto at = [&](const int64_t(&st)[3], int row) { return ((int64_t)first_q + row) * st[0] + hh * st[1] + (int64_t)tb * st[2]; };
 
   if (warp_id >= 8) { // producer
     reg_dealloc<24>();
@@ -226,9 +278,9 @@ __global__ void __launch_bounds__(THREADS, 1)
       // the epilogue's read of them (fp32: twice the bytes the plain step writes) does not wait on DRAM
       const int lane = threadIdx.x % 32;
       for (int i = lane; i < BM * 4; i += 32) // a row's 128 floats: four 128-byte lines
-        if (i0 + i / 4 < len_q) prefetch_l2(p.acc_out + o_at(i0 + i / 4) + (i % 4) * 32);
+        if (i0 + i / 4 < len_q) prefetch_l2(p.acc_out + at(p.acc_st, i0 + i / 4) + (i % 4) * 32);
       const int r = lane < 4 ? lane * 32 : i1 - i0 - 1; // the LSE rows' lines, at any alignment
-      if (lane < 5 && r < i1 - i0) prefetch_l2(p.acc_lse + lse_at(i0 + r));
+      if (lane < 5 && r < i1 - i0) prefetch_l2(p.acc_lse + at(p.acc_lse_st, i0 + r));
     }
     if (threadIdx.x == 256) {
       mbar_expect_tx(&sm.q_full, TILE_BYTES);
@@ -361,12 +413,12 @@ __global__ void __launch_bounds__(THREADS, 1)
     for (int r = 0; r < 2; r++) {
       const int row = q0 + 8 * r;
       if (row >= len_q) continue; // rows past the sequence: another sequence's, or nothing
-      const int64_t at = o_at(row);
+      const int64_t oa = at(p.o_st, row);
 #pragma unroll
       for (int j = 0; j < 16; j++)
-        *reinterpret_cast<uint32_t *>(p.o + at + 8 * j + 2 * (lane % 4)) =
+        *reinterpret_cast<uint32_t *>(p.o + oa + 8 * j + 2 * (lane % 4)) =
             pack_bf16(o[4 * j + 2 * r] * inv[r], o[4 * j + 2 * r + 1] * inv[r]);
-      if (lane % 4 == 0) p.lse[lse_at(row)] = lse[r];
+      if (lane % 4 == 0) p.lse[at(p.lse_st, row)] = lse[r];
     }
     return;
   }
@@ -379,8 +431,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   for (int r = 0; r < 2; r++) {
     const int row = q0 + 8 * r;
     const bool in = row < len_q;
-    old[r] = in ? p.acc_lse[lse_at(row)] : -INFINITY;
-    const float2 *a = reinterpret_cast<const float2 *>(p.acc_out + (in ? o_at(row) : 0) + 2 * (lane % 4));
+    old[r] = in ? p.acc_lse[at(p.acc_lse_st, row)] : -INFINITY;
+    const float2 *a = reinterpret_cast<const float2 *>(p.acc_out + (in ? at(p.acc_st, row) : 0) + 2 * (lane % 4));
 #pragma unroll
     for (int j = 0; j < 16; j++) x[r][j] = in ? a[4 * j] : make_float2(0.0f, 0.0f);
   }
@@ -391,11 +443,11 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (row >= len_q || lse[r] == -INFINITY) continue;
     const float hi = fmaxf(old[r], lse[r]), lnew = hi + log1pf(expf(-fabsf(old[r] - lse[r])));
     const float ka = old[r] == -INFINITY ? 0.0f : expf(old[r] - lnew), kb = expf(lse[r] - lnew) * inv[r];
-    float2 *a = reinterpret_cast<float2 *>(p.acc_out + o_at(row) + 2 * (lane % 4));
+    float2 *a = reinterpret_cast<float2 *>(p.acc_out + at(p.acc_st, row) + 2 * (lane % 4));
 #pragma unroll
     for (int j = 0; j < 16; j++)
       a[4 * j] = make_float2(x[r][j].x * ka + o[4 * j + 2 * r] * kb, x[r][j].y * ka + o[4 * j + 2 * r + 1] * kb);
-    if (lane % 4 == 0) p.acc_lse[lse_at(row)] = lnew;
+    if (lane % 4 == 0) p.acc_lse[at(p.acc_lse_st, row)] = lnew;
   }
 }
 

@@ -1,0 +1,163 @@
+/*
+ * attn_hopper.cu — the launcher of the Hopper forward (fwd_kernel.cuh): which
+ * calls it takes, the TMA tensor maps of q, k and v, and the launch.
+ * dl_attn_fwd_cuda (attn_fwd.cu) runs it where dl_attn_fwd_hopper_fits says
+ * so and the device is an sm_90 part; DISTLAB_ATTN_HOPPER=0 in the
+ * environment keeps the portable kernel (for A/B timings).
+ *
+ * Built for sm_90a only (premake5.lua's distlab_hopper): wgmma, setmaxnreg
+ * and TMA need the arch-specific target.
+ *
+ * A wait of the kernel that times out (a phase that never completes) sets
+ * a host-mapped word instead of trapping; the next call through here
+ * reports it as an error, and that call's results are garbage.
+ */
+#include "attn/attn.h"
+#include "common/base.h"
+#include "fwd_kernel.cuh"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int fail_why(char *why, size_t n, const char *msg) {
+  if (why && n) snprintf(why, n, "%s", msg);
+  return 0;
+}
+
+extern "C" int dl_attn_fwd_hopper_fits(const dl_attn_params_t *p, char *why, size_t n) {
+  const char *off = getenv("DISTLAB_ATTN_HOPPER");
+  if (off && !strcmp(off, "0")) return fail_why(why, n, "DISTLAB_ATTN_HOPPER=0");
+  if (p->dtype != DL_BF16) return fail_why(why, n, "dtype is not bf16");
+  if (p->d_qk != D || p->d_v != D) return fail_why(why, n, "head dims are not 128/128");
+  if (p->acc_out && p->acc_dtype != DL_F32) return fail_why(why, n, "accumulate.out is not f32");
+  if (p->h_kv <= 0 || p->h_q % p->h_kv) return fail_why(why, n, "h_q is not a multiple of h_kv");
+  /* TMA: 16-byte aligned bases and strides (dl_attn_validate's cuda rules give that for q, k, v,
+   * out and acc_out); the fp32 acc_out is written two elements at a time */
+  if (p->acc_out && ((p->acc_out_st.s | p->acc_out_st.h | p->acc_out_st.b) & 1))
+    return fail_why(why, n, "accumulate.out has an odd stride");
+  if (why && n) snprintf(why, n, "hopper forward (wgmma, TMA; bf16, d 128)");
+  return 1;
+}
+
+/* The device of the call is an sm_90 part (cached per device). */
+static int on_hopper(int *yes) {
+  static int known[64], is90[64];
+  int dev;
+  DL_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 64) return *yes = 0, 0;
+  if (!known[dev]) {
+    int major = 0, minor = 0;
+    DL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    DL_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    is90[dev] = major == 9 && minor == 0, known[dev] = 1;
+  }
+  *yes = is90[dev];
+  return 0;
+}
+
+extern "C" int dl_attn_fwd_hopper_usable(const dl_attn_params_t *p, int *yes) {
+  *yes = 0;
+  if (!dl_attn_fwd_hopper_fits(p, NULL, 0)) return 0;
+  return on_hopper(yes);
+}
+
+static PFN_cuTensorMapEncodeTiled_v12000 encode_fn(void) {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn;
+  if (!fn) {
+    void *f = NULL;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) ==
+            cudaSuccess &&
+        q == cudaDriverEntryPointSuccess)
+      fn = (PFN_cuTensorMapEncodeTiled_v12000)f;
+  }
+  return fn;
+}
+
+/* A [b][s][h][128] bf16 operand (strides st; thd: rows packed, batch extent 1) as a 4-d tensor map
+ * (d, h, s, b) with boxes of 64 columns x 128 rows and the 128-byte swizzle. */
+static int tensor_map(CUtensorMap *m, const void *base, const dl_attn_strides_t &st, int heads, int64_t rows,
+                      int batches, const char *what) {
+  PFN_cuTensorMapEncodeTiled_v12000 enc = encode_fn();
+  if (!enc) return DL_ERR(DL_ECUDA, "attn fwd (hopper): cuTensorMapEncodeTiled not found in the driver");
+  const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)heads, (cuuint64_t)rows, (cuuint64_t)batches};
+  const cuuint64_t strides[3] = {(cuuint64_t)st.h * 2, (cuuint64_t)st.s * 2,
+                                 (cuuint64_t)(batches > 1 ? st.b : st.s * rows) * 2};
+  const cuuint32_t box[4] = {64, 1, (cuuint32_t)BM, 1}, elem[4] = {1, 1, 1, 1};
+  CUresult r = enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void *>(base), dims, strides, box, elem,
+                   CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                   CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return DL_ERR(DL_ECUDA, "attn fwd (hopper): the tensor map of %s failed (CUresult %d; rows %lld, strides %lld/%lld/%lld)",
+                  what, (int)r, (long long)rows, (long long)st.s, (long long)st.h, (long long)st.b);
+  return 0;
+}
+
+/* The host-mapped word the kernel's timed-out waits set. */
+static int *status_word(void) {
+  static int *word;
+  if (!word) {
+    void *h = NULL;
+    if (cudaHostAlloc(&h, sizeof(int), cudaHostAllocMapped) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return NULL;
+    }
+    memset(h, 0, sizeof(int));
+    word = (int *)h;
+  }
+  return word;
+}
+
+static void copy_st(int64_t (&dst)[3], const dl_attn_strides_t &st) { dst[0] = st.s, dst[1] = st.h, dst[2] = st.b; }
+
+extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) {
+  int *word = status_word();
+  if (!word) return DL_ERR(DL_ENOMEM, "attn fwd (hopper): no host-mapped status word");
+  if (__atomic_exchange_n(word, 0, __ATOMIC_ACQ_REL))
+    return DL_ERR(DL_ETIMEOUT, "attn fwd (hopper): a wait of an earlier call's kernel timed out (a TMA load "
+                               "or a barrier never completed); that call's results are garbage");
+  const bool thd = p->cu_seqlens_q != NULL;
+  CUtensorMap tq, tk, tv;
+  const int64_t rq = thd ? p->total_q : p->s_q, rkv = thd ? p->total_kv : p->s_kv;
+  const int bt = thd ? 1 : p->b;
+  if (rq == 0 || rkv == 0) return 0;
+  DL_TRY(tensor_map(&tq, p->q, p->q_st, p->h_q, rq, bt, "q"));
+  DL_TRY(tensor_map(&tk, p->k, p->k_st, p->h_kv, rkv, bt, "k"));
+  DL_TRY(tensor_map(&tv, p->v, p->v_st, p->h_kv, rkv, bt, "v"));
+  params_t k = {};
+  k.b = p->b, k.h = p->h_q, k.h_kv = p->h_kv, k.s_q = p->s_q, k.s_kv = p->s_kv;
+  k.window_left = p->window_left, k.window_right = p->window_right, k.bottom_right = p->bottom_right;
+  k.scale_log2 = p->scale * 1.4426950408889634f;
+  k.o = (uint16_t *)p->out, k.lse = p->lse;
+  if (p->out) copy_st(k.o_st, p->out_st);
+  if (p->lse) copy_st(k.lse_st, p->lse_st);
+  if (thd) {
+    k.cu_q = p->cu_seqlens_q, k.cu_kv = p->cu_seqlens_kv;
+    k.pad_q = p->cu_seqlens_q_padded, k.pad_kv = p->cu_seqlens_kv_padded;
+  }
+  if (p->acc_out) {
+    k.acc_out = (float *)p->acc_out, k.acc_lse = p->acc_lse;
+    copy_st(k.acc_st, p->acc_out_st), copy_st(k.acc_lse_st, p->acc_lse_st);
+  }
+  k.max_logit = p->max_logit;
+  void *dword = NULL;
+  DL_CUDA_CHECK(cudaHostGetDevicePointer(&dword, word, 0));
+  k.err = (int *)dword;
+  const size_t smem = sizeof(smem_t) + 1024;
+  static int attr_set[64];
+  int dev = 0;
+  DL_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev >= 0 && dev < 64 && !attr_set[dev]) {
+    DL_CUDA_CHECK(cudaFuncSetAttribute(fwd_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    attr_set[dev] = 1;
+  }
+  DL_CHECK_ARG(p->s_q <= 65535 * BM && p->h_q <= 65535 && p->b <= 65535,
+               "attn fwd (hopper): grid too large (s_q=%d h_q=%d b=%d)", p->s_q, p->h_q, p->b);
+  const dim3 grid((p->s_q + BM - 1) / BM, p->h_q, p->b);
+  fwd_kernel<0><<<grid, THREADS, smem, (cudaStream_t)stream>>>(tq, tk, tv, k);
+  DL_CUDA_CHECK_LAUNCH("attn fwd (hopper)");
+  return 0;
+}
