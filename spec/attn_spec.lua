@@ -37,6 +37,24 @@ for _, dev in ipairs(H.devices) do
       for _, c in ipairs(cases(true)) do
         it("beyond a tile: " .. describe_case(c), function() check_case(c, D) end)
       end
+      -- the same cases at the Hopper forward's shape (bf16, head dims 128/128: kernels/attn/hopper/
+      -- on an sm_90 device; the portable kernel elsewhere)
+      for _, c in ipairs(cases(true)) do
+        if c.dtype == "bf16" and c.dqk == 64 then
+          local h = with(c, { dqk = 128, dv = 128 })
+          it("at d 128 bf16: " .. describe_case(h), function() check_case(h, D) end)
+        end
+      end
+      it("runs the Hopper forward at d 128 bf16 on an sm_90 device, the portable kernel elsewhere", function()
+        local q = dl.randn({ 1, 64, 2, 128 }, { dtype = "bf16", device = D })
+        local f16 = dl.randn({ 1, 64, 2, 128 }, { dtype = "f16", device = D })
+        local b = dl.attn.backends(q, q, q, {})
+        local name = dl.cuda_device_name(tonumber(D:match("%d+")) or 0)
+        local hopper = name:match("H100") or name:match("H200") or name:match("H800") or name:match("H20")
+        assert.equal("ours", b.fwd)
+        assert.truthy(b.fwd_why:find(hopper and "kernel: hopper forward" or "kernel: portable", 1, true), b.fwd_why)
+        assert.truthy(dl.attn.backends(f16, f16, f16, {}).fwd_why:find("kernel: portable (hopper forward: dtype is not bf16)", 1, true))
+      end)
     end
 
     it("detects a wrong mask (the check can fail)", function()
