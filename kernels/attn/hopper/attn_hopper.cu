@@ -34,6 +34,8 @@ extern "C" int dl_attn_fwd_hopper_fits(const dl_attn_params_t *p, char *why, siz
   if (p->d_qk != D || p->d_v != D) return fail_why(why, n, "head dims are not 128/128");
   if (p->acc_out && p->acc_dtype != DL_F32) return fail_why(why, n, "accumulate.out is not f32");
   if (p->h_kv <= 0 || p->h_q % p->h_kv) return fail_why(why, n, "h_q is not a multiple of h_kv");
+  if ((p->cu_seqlens_q ? p->total_kv : p->s_kv) == 0) /* no tensor map of no rows */
+    return fail_why(why, n, "k and v have no rows (the portable kernel writes out 0, lse -inf)");
   /* TMA: 16-byte aligned bases and strides (dl_attn_validate's cuda rules give that for q, k, v,
    * out and acc_out); the fp32 acc_out is written two elements at a time */
   if (p->acc_out && ((p->acc_out_st.s | p->acc_out_st.h | p->acc_out_st.b) & 1))
@@ -123,7 +125,7 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   CUtensorMap tq, tk, tv;
   const int64_t rq = thd ? p->total_q : p->s_q, rkv = thd ? p->total_kv : p->s_kv;
   const int bt = thd ? 1 : p->b;
-  if (rq == 0 || rkv == 0) return 0;
+  if (rq == 0) return 0; /* nothing to write (no keys: dl_attn_fwd_hopper_fits sent it elsewhere) */
   DL_TRY(tensor_map(&tq, p->q, p->q_st, p->h_q, rq, bt, "q"));
   DL_TRY(tensor_map(&tk, p->k, p->k_st, p->h_kv, rkv, bt, "k"));
   DL_TRY(tensor_map(&tv, p->v, p->v_st, p->h_kv, rkv, bt, "v"));
