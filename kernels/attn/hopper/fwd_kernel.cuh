@@ -341,6 +341,22 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto take_turn = [&] { named_bar_sync(4 + c, 256); };
   auto hand_turn = [&] { named_bar_arrive(5 - c, 256); };
   if (c == 0) named_bar_arrive(4, 256);
+  // the merge's reads of the running rows (LSE and O), issued while the last P V runs, so that their
+  // round trip (from L2: the producer asked them there) is not on the epilogue's path
+  float old[2] = {-INFINITY, -INFINITY};
+  float2 x[2][16];
+  auto merge_loads = [&] {
+    if (!p.acc_out) return;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      const int row = q0 + 8 * r;
+      const bool in = row < len_q;
+      old[r] = in ? p.acc_lse[at(p.acc_lse_st, row)] : -INFINITY;
+      const float2 *a = reinterpret_cast<const float2 *>(p.acc_out + (in ? at(p.acc_st, row) : 0) + 2 * (lane % 4));
+#pragma unroll
+      for (int j = 0; j < 16; j++) x[r][j] = in ? a[4 * j] : make_float2(0.0f, 0.0f);
+    }
+  };
   mbar_wait(&sm.q_full, 0, &sm.fail, p.err);
 
   if (PIPE == 0) {
@@ -358,9 +374,11 @@ __global__ void __launch_bounds__(THREADS, 1)
       wait_v(it);
       take_turn();
       gemm_pv_regs(o, pa, v_base(it));
+      if (it == nblk - 1) merge_loads();
       wg_wait<0>();
       mbar_arrive(&sm.v_empty[it % STAGES]);
     }
+    if (nblk == 0) merge_loads();
     hand_turn();
   } else if (nblk > 0) {
     // S(0) and its softmax before the loop, outside the turns; then the turn: S(it) and
@@ -388,8 +406,11 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
     wait_v(nblk - 1);
     gemm_pv_regs(o, pa, v_base(nblk - 1));
+    merge_loads();
     wg_wait<0>();
     mbar_arrive(&sm.v_empty[(nblk - 1) % STAGES]);
+  } else {
+    merge_loads();
   }
 
   // epilogue: the row sums over the four threads of a row, O / l, LSE (natural log); or the merge
@@ -423,19 +444,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     return;
   }
   // merge: L = log(e^L_acc + e^L), acc_out = acc_out e^(L_acc - L) + O e^(L - L); a row of the step
-  // with no key (L = -inf) leaves the running pair as it was. Both rows' running LSE and O are read
-  // first, in one round trip (the producer asked them into L2 at the start).
-  float old[2];
-  float2 x[2][16];
-#pragma unroll
-  for (int r = 0; r < 2; r++) {
-    const int row = q0 + 8 * r;
-    const bool in = row < len_q;
-    old[r] = in ? p.acc_lse[at(p.acc_lse_st, row)] : -INFINITY;
-    const float2 *a = reinterpret_cast<const float2 *>(p.acc_out + (in ? at(p.acc_st, row) : 0) + 2 * (lane % 4));
-#pragma unroll
-    for (int j = 0; j < 16; j++) x[r][j] = in ? a[4 * j] : make_float2(0.0f, 0.0f);
-  }
+  // with no key (L = -inf) leaves the running pair as it was. The running LSE and O were read by
+  // merge_loads (under the last P V).
   hp_syncwarp(); // a row's four threads read the old LSE before its first thread writes the new
 #pragma unroll
   for (int r = 0; r < 2; r++) {
