@@ -149,9 +149,11 @@ def one_line(e):
 
 
 def main():
+    global D
     ap = argparse.ArgumentParser()
     ap.add_argument("--s", default="4096,8192,16384,32768")
     ap.add_argument("--layouts", default="bshd,thd")
+    ap.add_argument("--d", type=int, default=D, help="head dim")
     ap.add_argument("--iters", type=int, default=10, help="timed calls per case, at least")
     ap.add_argument("--warm-ms", type=float, default=300, help="warm-up work per case (ms)")
     ap.add_argument("--min-ms", type=float, default=600, help="timed work per case (ms)")
@@ -160,6 +162,7 @@ def main():
     ap.add_argument("--cudnn-thd", action="store_true",
                     help="also run cuDNN on thd (nested tensors; see the header: wrong and faulting in 2.11)")
     a = ap.parse_args()
+    D = a.d
     sizes = [int(x) for x in a.s.split(",")]
     layouts = [x for x in a.layouts.split(",") if x]
     gpu = torch.cuda.get_device_name(0)

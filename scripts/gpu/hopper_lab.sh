@@ -14,7 +14,8 @@
 #      the fused merge (issue 19: at most 3% more), data checked after timing,
 #      and in the same call PyTorch's cuDNN and flash SDPA at those shapes
 #      (experiments/attn/attn_bench_torch.py, bshd).
-# Env for quicker rounds: SKIP_SAN, SKIP_TORCH (set: leave those steps out), BENCH_S, PIPES.
+# Env for quicker rounds: SKIP_SAN, SKIP_TORCH (set: leave those steps out), BENCH_S, PIPES;
+# LAB_D=64 runs all of it at head dim 64 (the kernel, its checks, and PyTorch's anchors).
 # Everything under $OUT (summary.txt, fwd-*.log, attn-torch-hopper.{md,csv}).
 set -uo pipefail
 OUT="${OUT:-/tmp/hopper-lab}"
@@ -25,7 +26,7 @@ say() { echo "$*" | tee -a "$SUM"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$SUM"
 say "commit: ${DISTLAB_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 BIN=/tmp/hopper_fwd # not under $OUT: at most 8 files come back
-nvcc -Ikernels -std=c++17 -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -o "$BIN" \
+nvcc -DLAB_D=${LAB_D:-128} -Ikernels -std=c++17 -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -o "$BIN" \
   experiments/lab/attn/hopper/fwd.cu >"$OUT/build.log" 2>&1 || { say "build FAILED"; tail -20 "$OUT/build.log" | tee -a "$SUM"; exit 1; }
 grep -A2 "fwd_kernel" "$OUT/build.log" | grep -E "registers|spill" | tee -a "$SUM"
 Q="--warm-ms 0 --min-ms 0" # checks: no timing to speak of
@@ -54,7 +55,7 @@ done >>"$OUT/fwd-bench.log" 2>&1
 say "thd bench rc $?"
 cat "$OUT/fwd-bench.log" | tee -a "$SUM"
 [ -n "${SKIP_TORCH:-}" ] && exit 0
-timeout 300 python3 experiments/attn/attn_bench_torch.py --layouts bshd --out "$OUT" --name attn-torch-hopper \
+timeout 300 python3 experiments/attn/attn_bench_torch.py --layouts bshd --d ${LAB_D:-128} --out "$OUT" --name attn-torch-hopper \
   >"$OUT/torch.log" 2>&1
 say "PyTorch SDPA rc $?"
 grep -E "^\|" "$OUT/attn-torch-hopper.md" 2>/dev/null | head -20 | tee -a "$SUM"

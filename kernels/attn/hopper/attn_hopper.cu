@@ -31,7 +31,8 @@ extern "C" int dl_attn_fwd_hopper_fits(const dl_attn_params_t *p, char *why, siz
   const char *off = getenv("DISTLAB_ATTN_HOPPER");
   if (off && !strcmp(off, "0")) return fail_why(why, n, "DISTLAB_ATTN_HOPPER=0");
   if (p->dtype != DL_BF16) return fail_why(why, n, "dtype is not bf16");
-  if (p->d_qk != D || p->d_v != D) return fail_why(why, n, "head dims are not 128/128");
+  if (p->d_qk != p->d_v || (p->d_qk != 64 && p->d_qk != 128))
+    return fail_why(why, n, "head dims are not 64/64 or 128/128");
   if (p->acc_out && p->acc_dtype != DL_F32) return fail_why(why, n, "accumulate.out is not f32");
   if (p->h_kv <= 0 || p->h_q % p->h_kv) return fail_why(why, n, "h_q is not a multiple of h_kv");
   if ((p->cu_seqlens_q ? p->total_kv : p->s_kv) == 0) /* no tensor map of no rows */
@@ -40,7 +41,7 @@ extern "C" int dl_attn_fwd_hopper_fits(const dl_attn_params_t *p, char *why, siz
    * out and acc_out); the fp32 acc_out is written two elements at a time */
   if (p->acc_out && ((p->acc_out_st.s | p->acc_out_st.h | p->acc_out_st.b) & 1))
     return fail_why(why, n, "accumulate.out has an odd stride");
-  if (why && n) snprintf(why, n, "hopper forward (wgmma, TMA; bf16, d 128)");
+  if (why && n) snprintf(why, n, "hopper forward (wgmma, TMA; bf16, d %d)", p->d_qk);
   return 1;
 }
 
@@ -79,13 +80,13 @@ static PFN_cuTensorMapEncodeTiled_v12000 encode_fn(void) {
   return fn;
 }
 
-/* A [b][s][h][128] bf16 operand (strides st; thd: rows packed, batch extent 1) as a 4-d tensor map
+/* A [b][s][h][d] bf16 operand (strides st; thd: rows packed, batch extent 1) as a 4-d tensor map
  * (d, h, s, b) with boxes of 64 columns x 128 rows and the 128-byte swizzle. */
-static int tensor_map(CUtensorMap *m, const void *base, const dl_attn_strides_t &st, int heads, int64_t rows,
+static int tensor_map(CUtensorMap *m, const void *base, const dl_attn_strides_t &st, int d, int heads, int64_t rows,
                       int batches, const char *what) {
   PFN_cuTensorMapEncodeTiled_v12000 enc = encode_fn();
   if (!enc) return DL_ERR(DL_ECUDA, "attn fwd (hopper): cuTensorMapEncodeTiled not found in the driver");
-  const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)heads, (cuuint64_t)rows, (cuuint64_t)batches};
+  const cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)heads, (cuuint64_t)rows, (cuuint64_t)batches};
   const cuuint64_t strides[3] = {(cuuint64_t)st.h * 2, (cuuint64_t)st.s * 2,
                                  (cuuint64_t)(batches > 1 ? st.b : st.s * rows) * 2};
   const cuuint32_t box[4] = {64, 1, (cuuint32_t)BM, 1}, elem[4] = {1, 1, 1, 1};
@@ -113,6 +114,21 @@ static int *status_word(void) {
   return word;
 }
 
+template <int DH>
+static int launch(dim3 grid, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv, const params_t &k,
+                  void *stream) {
+  const size_t smem = sizeof(smem_t<DH>) + 1024; // + the slack of aligning it to 1024 bytes
+  static int attr_set[64];
+  int dev = 0;
+  DL_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 64 || !attr_set[dev]) {
+    DL_CUDA_CHECK(cudaFuncSetAttribute(fwd_kernel<0, DH>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    if (dev >= 0 && dev < 64) attr_set[dev] = 1;
+  }
+  fwd_kernel<0, DH><<<grid, THREADS, smem, (cudaStream_t)stream>>>(tq, tk, tv, k);
+  return 0;
+}
+
 static void copy_st(int64_t (&dst)[3], const dl_attn_strides_t &st) { dst[0] = st.s, dst[1] = st.h, dst[2] = st.b; }
 
 extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) {
@@ -126,9 +142,9 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   const int64_t rq = thd ? p->total_q : p->s_q, rkv = thd ? p->total_kv : p->s_kv;
   const int bt = thd ? 1 : p->b;
   if (rq == 0) return 0; /* nothing to write (no keys: dl_attn_fwd_hopper_fits sent it elsewhere) */
-  DL_TRY(tensor_map(&tq, p->q, p->q_st, p->h_q, rq, bt, "q"));
-  DL_TRY(tensor_map(&tk, p->k, p->k_st, p->h_kv, rkv, bt, "k"));
-  DL_TRY(tensor_map(&tv, p->v, p->v_st, p->h_kv, rkv, bt, "v"));
+  DL_TRY(tensor_map(&tq, p->q, p->q_st, p->d_qk, p->h_q, rq, bt, "q"));
+  DL_TRY(tensor_map(&tk, p->k, p->k_st, p->d_qk, p->h_kv, rkv, bt, "k"));
+  DL_TRY(tensor_map(&tv, p->v, p->v_st, p->d_v, p->h_kv, rkv, bt, "v"));
   params_t k = {};
   k.b = p->b, k.h = p->h_q, k.h_kv = p->h_kv, k.s_q = p->s_q, k.s_kv = p->s_kv;
   k.window_left = p->window_left, k.window_right = p->window_right, k.bottom_right = p->bottom_right;
@@ -148,18 +164,11 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   void *dword = NULL;
   DL_CUDA_CHECK(cudaHostGetDevicePointer(&dword, word, 0));
   k.err = (int *)dword;
-  const size_t smem = sizeof(smem_t) + 1024;
-  static int attr_set[64];
-  int dev = 0;
-  DL_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev >= 0 && dev < 64 && !attr_set[dev]) {
-    DL_CUDA_CHECK(cudaFuncSetAttribute(fwd_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    attr_set[dev] = 1;
-  }
   DL_CHECK_ARG(p->s_q <= 65535 * BM && p->h_q <= 65535 && p->b <= 65535,
                "attn fwd (hopper): grid too large (s_q=%d h_q=%d b=%d)", p->s_q, p->h_q, p->b);
   const dim3 grid((p->s_q + BM - 1) / BM, p->h_q, p->b);
-  fwd_kernel<0><<<grid, THREADS, smem, (cudaStream_t)stream>>>(tq, tk, tv, k);
+  if (p->d_qk == 64) DL_TRY(launch<64>(grid, tq, tk, tv, k, stream));
+  else DL_TRY(launch<128>(grid, tq, tk, tv, k, stream));
   DL_CUDA_CHECK_LAUNCH("attn fwd (hopper)");
   return 0;
 }

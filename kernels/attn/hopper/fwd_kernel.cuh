@@ -13,7 +13,7 @@
  * cute/atom/mma_traits_sm90_gmma.hpp and cute/arch/copy_sm90_tma.hpp; no
  * code copied.
  *
- * Shapes: bf16, d_qk = d_v = 128; bshd, sbhd or thd (packed rows, first rows
+ * Shapes: bf16, d_qk = d_v = 64 or 128 (template DH); bshd, sbhd or thd (packed rows, first rows
  * that need not start at 0, anything (NaN) between sequences); GQA/MQA; any
  * length; dl.attn's masks (a window (left, right) around the diagonal,
  * top-left or bottom-right); LSE (natural log), max_logit, and the fused
@@ -56,14 +56,15 @@
 #include "ptx.cuh"
 #endif
 
-// 2 consumer warpgroups (warps 0-7) and a producer warpgroup (8-11)
-constexpr int D = 128, BM = 128, BN = 128, STAGES = 2, THREADS = 384;
-constexpr uint32_t TILE_BYTES = 128 * 128 * 2; // a [128][128] bf16 tile: two TMA boxes
+// 2 consumer warpgroups (warps 0-7) and a producer warpgroup (8-11); head dim DH = 64 or 128, in
+// DH / 64 halves of 64 columns (a TMA box each)
+constexpr int BM = 128, BN = 128, STAGES = 2, THREADS = 384;
+template <int DH> struct tile_bytes_t { static constexpr uint32_t value = 128 * DH * 2; }; // a [128][DH] bf16 tile
 
-struct alignas(1024) smem_t {
-  uint16_t q[2][BM * 64];
-  uint16_t k[STAGES][2][BN * 64];
-  uint16_t v[STAGES][2][BN * 64];
+template <int DH> struct alignas(1024) smem_t {
+  uint16_t q[DH / 64][BM * 64];
+  uint16_t k[STAGES][DH / 64][BN * 64];
+  uint16_t v[STAGES][DH / 64][BN * 64];
   uint64_t q_full, k_full[STAGES], v_full[STAGES], k_empty[STAGES], v_empty[STAGES];
   int fail; // a wait of this CTA timed out (mbar_wait)
 };
@@ -92,12 +93,12 @@ struct params_t {
   int *err;         // optional: set to 1 when a wait timed out (the results are then garbage)
 };
 
-// Strides in elements (position, head, batch) of a [b, s, heads, D] (bshd) or [s, b, heads, D]
+// Strides in elements (position, head, batch) of a [b, s, heads, d] (bshd) or [s, b, heads, d]
 // (sbhd) tensor, for the hosts (tensor maps, references, params_t).
-HP_HD void hp_strides(bool sbhd, int b, int s, int heads, int64_t st[3]) {
-  st[0] = (int64_t)heads * D * (sbhd ? b : 1);
-  st[1] = D;
-  st[2] = (int64_t)heads * D * (sbhd ? 1 : s);
+HP_HD void hp_strides(bool sbhd, int b, int s, int heads, int d, int64_t st[3]) {
+  st[0] = (int64_t)heads * d * (sbhd ? b : 1);
+  st[1] = d;
+  st[2] = (int64_t)heads * d * (sbhd ? 1 : s);
 }
 
 // LSE strides (position, head, batch) of [b, h, s] (bshd, sbhd) or [h, rows] (thd), for the hosts.
@@ -135,11 +136,11 @@ HP_DEV uint64_t gmma_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
 // r0 + 8 of its 64, columns 8 j + 2 (t % 4) + {0, 1}: value 4 j + e is row r0 + 8 (e / 2), column
 // 8 j + 2 (t % 4) + e % 2) ----
 
-// S = Q K^T over d = 128: 8 wgmma (both operands K-major in shared memory), one commit group.
-HP_DEV void gemm_qk(float (&s)[64], uint32_t q_base, uint32_t k_base) {
+// S = Q K^T over d = DH: DH / 16 wgmma (both operands K-major in shared memory), one commit group.
+template <int DH> HP_DEV void gemm_qk(float (&s)[64], uint32_t q_base, uint32_t k_base) {
   wg_fence();
 #pragma unroll
-  for (int half = 0; half < 2; half++)
+  for (int half = 0; half < DH / 64; half++)
 #pragma unroll
     for (int kk = 0; kk < 4; kk++)
       wgmma_ss(s, gmma_desc(q_base + half * BM * 128 + kk * 32, 16, 1024),
@@ -191,9 +192,9 @@ HP_DEV void softmax_step(float (&s)[64], float (&mx)[2], float (&sum)[2], float 
     }
 }
 
-HP_DEV void scale_o(float (&o)[64], const float (&corr)[2]) {
+template <int DH> HP_DEV void scale_o(float (&o)[DH / 2], const float (&corr)[2]) {
 #pragma unroll
-  for (int j = 0; j < 16; j++)
+  for (int j = 0; j < DH / 8; j++)
 #pragma unroll
     for (int e = 0; e < 4; e++) o[4 * j + e] *= corr[e >> 1];
 }
@@ -208,8 +209,9 @@ HP_DEV void pack_p(const float (&s)[64], uint32_t (&pa)[32]) {
   }
 }
 
-// O += P V with P in registers (pa must stay as it is until the wgmma.wait_group that covers it).
-HP_DEV void gemm_pv_regs(float (&o)[64], const uint32_t (&pa)[32], uint32_t v_base) {
+// O += P V with P in registers (pa must stay as it is until the wgmma.wait_group that covers it):
+// 8 wgmma m64nDHk16.
+template <int DH> HP_DEV void gemm_pv_regs(float (&o)[DH / 2], const uint32_t (&pa)[32], uint32_t v_base) {
   wg_fence();
 #pragma unroll
   for (int kc = 0; kc < 8; kc++) // pa's own registers (the emulator checks they hold until the wait)
@@ -220,10 +222,10 @@ HP_DEV void gemm_pv_regs(float (&o)[64], const uint32_t (&pa)[32], uint32_t v_ba
 // Rows [valid, BN) of a V stage set to 0 by consumer warpgroup 0, then both consumer warpgroups meet
 // (named barrier 3, 256 threads): the rows past a sequence's keys may hold anything (thd's padding
 // gaps: NaN), and P's zeros there would still make 0 * NaN in P V.
-HP_DEV void zero_tail(uint32_t v_base, int valid, int c, int tid) {
+template <int DH> HP_DEV void zero_tail(uint32_t v_base, int valid, int c, int tid) {
   if (c == 0)
-    for (int i = tid; i < (BN - valid) * 16; i += 128) { // 16-byte chunks: 8 a row in each half of d
-      const int row = valid + i / 16, half = (i / 8) % 2, chunk = i % 8;
+    for (int i = tid; i < (BN - valid) * 8 * (DH / 64); i += 128) { // 16-byte chunks: 8 a row in each half of d
+      const int row = valid + i / (8 * (DH / 64)), half = (i / 8) % (DH / 64), chunk = i % 8;
       st_shared_zero16(v_base + half * BN * 128 + row * 128 + chunk * 16);
     }
   fence_proxy_async();
@@ -235,11 +237,11 @@ HP_DEV void zero_tail(uint32_t v_base, int valid, int c, int tid) {
 // S, softmax, P V one after another, P in registers. PIPE = 1: FA3's intra-warpgroup pipelining,
 // the softmax of block it between the issue of S(it) with P(it - 1) V(it - 1) and their completion,
 // P in registers. (P through shared memory instead was slower than both: fwd.cu.)
-template <int PIPE>
+template <int PIPE, int DH>
 __global__ void __launch_bounds__(THREADS, 1)
     fwd_kernel(const HP_GRID_CONST hp_tmap_t tq, const HP_GRID_CONST hp_tmap_t tk, const HP_GRID_CONST hp_tmap_t tv,
                const params_t p) {
-  smem_t &sm = *reinterpret_cast<smem_t *>((reinterpret_cast<uintptr_t>(hp_smem()) + 1023) & ~uintptr_t(1023));
+  smem_t<DH> &sm = *reinterpret_cast<smem_t<DH> *>((reinterpret_cast<uintptr_t>(hp_smem()) + 1023) & ~uintptr_t(1023));
   const int m_block = gridDim.x - 1 - blockIdx.x, hh = blockIdx.y, bb = blockIdx.z, hkv = hh / (p.h / p.h_kv);
   const int warp_id = hp_warp_uniform(threadIdx.x / 32), tid = threadIdx.x % 128; // lane 0's, as CUTLASS does
   // this sequence: its lengths, the rows (thd) or batch (bshd/sbhd) the tensor maps address it by
@@ -277,25 +279,25 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (warp_id == 9 && p.acc_out) { // the running rows this CTA merges into, asked into L2 now, so that
       // the epilogue's read of them (fp32: twice the bytes the plain step writes) does not wait on DRAM
       const int lane = threadIdx.x % 32;
-      for (int i = lane; i < BM * 4; i += 32) // a row's 128 floats: four 128-byte lines
-        if (i0 + i / 4 < len_q) prefetch_l2(p.acc_out + at(p.acc_st, i0 + i / 4) + (i % 4) * 32);
+      for (int i = lane; i < BM * (DH / 32); i += 32) // a row's DH floats: DH / 32 lines of 128 bytes
+        if (i0 + i / (DH / 32) < len_q) prefetch_l2(p.acc_out + at(p.acc_st, i0 + i / (DH / 32)) + (i % (DH / 32)) * 32);
       const int r = lane < 4 ? lane * 32 : i1 - i0 - 1; // the LSE rows' lines, at any alignment
       if (lane < 5 && r < i1 - i0) prefetch_l2(p.acc_lse + at(p.acc_lse_st, i0 + r));
     }
     if (threadIdx.x == 256) {
-      mbar_expect_tx(&sm.q_full, TILE_BYTES);
-      for (int half = 0; half < 2; half++)
+      mbar_expect_tx(&sm.q_full, tile_bytes_t<DH>::value);
+      for (int half = 0; half < DH / 64; half++)
         tma_load(sm.q[half], &tq, &sm.q_full, 64 * half, hh, first_q + m_block * BM, tb);
       for (int it = 0; it < nblk; it++) {
         const int n = n_hi - 1 - it, st = it % STAGES;
         const uint32_t round = it / STAGES;
         if (round > 0) mbar_wait(&sm.k_empty[st], (round - 1) & 1, &sm.fail, p.err);
-        mbar_expect_tx(&sm.k_full[st], TILE_BYTES);
-        for (int half = 0; half < 2; half++)
+        mbar_expect_tx(&sm.k_full[st], tile_bytes_t<DH>::value);
+        for (int half = 0; half < DH / 64; half++)
           tma_load(sm.k[st][half], &tk, &sm.k_full[st], 64 * half, hkv, first_kv + n * BN, tb);
         if (round > 0) mbar_wait(&sm.v_empty[st], (round - 1) & 1, &sm.fail, p.err);
-        mbar_expect_tx(&sm.v_full[st], TILE_BYTES);
-        for (int half = 0; half < 2; half++)
+        mbar_expect_tx(&sm.v_full[st], tile_bytes_t<DH>::value);
+        for (int half = 0; half < DH / 64; half++)
           tma_load(sm.v[st][half], &tv, &sm.v_full[st], 64 * half, hkv, first_kv + n * BN, tb);
       }
     }
@@ -307,7 +309,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int c = warp_id / 4, warp = tid / 32, lane = tid % 32;
   const int r0 = c * 64 + warp * 16 + lane / 4; // this thread's rows: r0 and r0 + 8 (in the block)
   const int q0 = m_block * BM + r0;
-  float o[64], s[64];
+  float o[DH / 2], s[64];
   for (int i = 0; i < 64; i++) o[i] = 0.0f;
   float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
   const uint32_t q_base = hp_smem_u32(sm.q[0]) + c * 64 * 128;
@@ -326,7 +328,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto wait_v = [&](int it) {
     mbar_wait(&sm.v_full[it % STAGES], parity(it), &sm.fail, p.err);
     const int valid = len_kv - (n_hi - 1 - it) * BN;
-    if (valid < BN) zero_tail(v_base(it), valid, c, tid);
+    if (valid < BN) zero_tail<DH>(v_base(it), valid, c, tid);
   };
   float corr[2];
   auto step_softmax = [&](int it) {
@@ -344,7 +346,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   // the merge's reads of the running rows (LSE and O), issued while the last P V runs, so that their
   // round trip (from L2: the producer asked them there) is not on the epilogue's path
   float old[2] = {-INFINITY, -INFINITY};
-  float2 x[2][16];
+  float2 x[2][DH / 8];
   auto merge_loads = [&] {
     if (!p.acc_out) return;
 #pragma unroll
@@ -354,7 +356,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       old[r] = in ? p.acc_lse[at(p.acc_lse_st, row)] : -INFINITY;
       const float2 *a = reinterpret_cast<const float2 *>(p.acc_out + (in ? at(p.acc_st, row) : 0) + 2 * (lane % 4));
 #pragma unroll
-      for (int j = 0; j < 16; j++) x[r][j] = in ? a[4 * j] : make_float2(0.0f, 0.0f);
+      for (int j = 0; j < DH / 8; j++) x[r][j] = in ? a[4 * j] : make_float2(0.0f, 0.0f);
     }
   };
   mbar_wait(&sm.q_full, 0, &sm.fail, p.err);
@@ -364,16 +366,16 @@ __global__ void __launch_bounds__(THREADS, 1)
     take_turn();
     for (int it = 0; it < nblk; it++) {
       mbar_wait(&sm.k_full[it % STAGES], parity(it), &sm.fail, p.err);
-      gemm_qk(s, q_base, k_base(it));
+      gemm_qk<DH>(s, q_base, k_base(it));
       hand_turn();
       wg_wait<0>();
       mbar_arrive(&sm.k_empty[it % STAGES]);
       step_softmax(it);
       pack_p(s, pa);
-      scale_o(o, corr);
+      scale_o<DH>(o, corr);
       wait_v(it);
       take_turn();
-      gemm_pv_regs(o, pa, v_base(it));
+      gemm_pv_regs<DH>(o, pa, v_base(it));
       if (it == nblk - 1) merge_loads();
       wg_wait<0>();
       mbar_arrive(&sm.v_empty[it % STAGES]);
@@ -384,7 +386,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     // S(0) and its softmax before the loop, outside the turns; then the turn: S(it) and
     // P(it - 1) V(it - 1) issued together
     mbar_wait(&sm.k_full[0], parity(0), &sm.fail, p.err);
-    gemm_qk(s, q_base, k_base(0));
+    gemm_qk<DH>(s, q_base, k_base(0));
     wg_wait<0>();
     mbar_arrive(&sm.k_empty[0]);
     step_softmax(0);
@@ -393,19 +395,19 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_wait(&sm.k_full[it % STAGES], parity(it), &sm.fail, p.err);
       wait_v(it - 1); // before the turn: the block with a tail meets the other warpgroup there
       take_turn();
-      gemm_qk(s, q_base, k_base(it));
-      gemm_pv_regs(o, pa, v_base(it - 1));
+      gemm_qk<DH>(s, q_base, k_base(it));
+      gemm_pv_regs<DH>(o, pa, v_base(it - 1));
       hand_turn();
       wg_wait<1>(); // S(it) is in (commit groups complete in order); P(it - 1) V(it - 1) still runs
       mbar_arrive(&sm.k_empty[it % STAGES]);
       step_softmax(it);
       wg_wait<0>(); // P(it - 1) V(it - 1) is in: O, P and V's stage are free
       mbar_arrive(&sm.v_empty[(it - 1) % STAGES]);
-      scale_o(o, corr);
+      scale_o<DH>(o, corr);
       pack_p(s, pa);
     }
     wait_v(nblk - 1);
-    gemm_pv_regs(o, pa, v_base(nblk - 1));
+    gemm_pv_regs<DH>(o, pa, v_base(nblk - 1));
     merge_loads();
     wg_wait<0>();
     mbar_arrive(&sm.v_empty[(nblk - 1) % STAGES]);
@@ -436,7 +438,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       if (row >= len_q) continue; // rows past the sequence: another sequence's, or nothing
       const int64_t oa = at(p.o_st, row);
 #pragma unroll
-      for (int j = 0; j < 16; j++)
+      for (int j = 0; j < DH / 8; j++)
         *reinterpret_cast<uint32_t *>(p.o + oa + 8 * j + 2 * (lane % 4)) =
             pack_bf16(o[4 * j + 2 * r] * inv[r], o[4 * j + 2 * r + 1] * inv[r]);
       if (lane % 4 == 0) p.lse[at(p.lse_st, row)] = lse[r];
@@ -455,7 +457,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     const float ka = old[r] == -INFINITY ? 0.0f : expf(old[r] - lnew), kb = expf(lse[r] - lnew) * inv[r];
     float2 *a = reinterpret_cast<float2 *>(p.acc_out + at(p.acc_st, row) + 2 * (lane % 4));
 #pragma unroll
-    for (int j = 0; j < 16; j++)
+    for (int j = 0; j < DH / 8; j++)
       a[4 * j] = make_float2(x[r][j].x * ka + o[4 * j + 2 * r] * kb, x[r][j].y * ka + o[4 * j + 2 * r + 1] * kb);
     if (lane % 4 == 0) p.acc_lse[at(p.acc_lse_st, row)] = lnew;
   }

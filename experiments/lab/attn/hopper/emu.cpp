@@ -194,14 +194,14 @@ HP_DEV bool mbar_try(uint64_t *b, uint32_t parity) {
 // reuses a stage, or reads or writes the accumulators, before that wait gets wrong results.
 struct hp_op {
   bool rs, bt;
-  int acc;
+  int acc, n; // n: the columns of D (128, or 64 for head dim 64's P V)
   uint64_t da, db;
   float *d[128];
   uint32_t a[128][4];          // A's registers at the issue
   const uint32_t *ap[128];     // and where they are: they must hold until the wait
 };
 struct hp_wg {
-  int arrived = 0;
+  int arrived = 0, n = 128;
   long gen = 0;
   float *d[128];
   uint32_t a[128][4];
@@ -275,7 +275,7 @@ static void hp_issue(hp_wg &g, bool rs, bool bt) {
       abort();
     }
   hp_op op;
-  op.rs = rs, op.bt = bt, op.acc = g.acc[0], op.da = g.da[0], op.db = g.db[0];
+  op.rs = rs, op.bt = bt, op.acc = g.acc[0], op.n = g.n, op.da = g.da[0], op.db = g.db[0];
   memcpy(op.d, g.d, sizeof op.d);
   memcpy(op.a, g.a, sizeof op.a);
   memcpy(op.ap, g.ap, sizeof op.ap);
@@ -296,13 +296,13 @@ static void hp_mma(const hp_op &op) {
     for (int t = 0; t < 128; t++)
       for (int v = 0; v < 8; v++) A[hp_row(t, v)][hp_col(t, v)] = emu_b16_to_f32(op.a[t][v / 2] >> (16 * (v % 2)), true);
   for (int m = 0; m < 64; m++)
-    for (int n = 0; n < 128; n++) {
+    for (int n = 0; n < op.n; n++) {
       float c = 0;
       for (int k = 0; k < 16; k++) c += A[m][k] * (op.bt ? hp_mnmajor(op.db, k, n) : hp_kmajor(op.db, n, k));
       C[m][n] = c;
     }
   for (int t = 0; t < 128; t++)
-    for (int v = 0; v < 64; v++) op.d[t][v] = (op.acc ? op.d[t][v] : 0.0f) + C[hp_row(t, v)][hp_col(t, v)];
+    for (int v = 0; v < op.n / 2; v++) op.d[t][v] = (op.acc ? op.d[t][v] : 0.0f) + C[hp_row(t, v)][hp_col(t, v)];
 }
 
 // bar.sync id, count across warpgroups (the test's kernels use id 3 for both consumer warpgroups)
@@ -324,17 +324,19 @@ HP_DEV void wgmma_ss(float (&d)[64], uint64_t da, uint64_t db, int accumulate) {
   hp_wg &g = hp_wgs[emu.cur / 128];
   const int t = emu.cur % 128;
   g.d[t] = d, g.da[t] = da, g.db[t] = db, g.acc[t] = accumulate != 0;
-  hp_wg_op([](hp_wg &g) { hp_issue(g, false, false); });
+  hp_wg_op([](hp_wg &g) { g.n = 128, hp_issue(g, false, false); });
 }
 
-HP_DEV void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db) {
+template <int N> HP_DEV void wgmma_rs_n(float *d, const uint32_t (&a)[4], uint64_t db) {
   hp_wg &g = hp_wgs[emu.cur / 128];
   const int t = emu.cur % 128;
   g.d[t] = d, g.db[t] = db, g.acc[t] = 1;
   memcpy(g.a[t], a, 16);
   g.ap[t] = a;
-  hp_wg_op([](hp_wg &g) { hp_issue(g, true, true); });
+  hp_wg_op([](hp_wg &g) { g.n = N, hp_issue(g, true, true); });
 }
+HP_DEV void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db) { wgmma_rs_n<128>(d, a, db); }
+HP_DEV void wgmma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db) { wgmma_rs_n<64>(d, a, db); }
 
 #include "attn/hopper/fwd_kernel.cuh"
 
@@ -356,7 +358,7 @@ struct hp_mask {
 };
 
 // merge: the step merged into a running (acc_out, acc_lse) of random rows, some with lse -inf
-static bool run_case(const hp_case &cs, const hp_mask &mk, int pipe, unsigned seed, bool merge = false) {
+template <int D> static bool run_case(const hp_case &cs, const hp_mask &mk, int pipe, unsigned seed, bool merge = false) {
   const bool thd = cs.layout == 2, sbhd = cs.layout == 1;
   const int b = cs.b, h = cs.h, h_kv = cs.h_kv;
   int s = cs.s, rows = cs.s, rows_kv = cs.s; // thd: s = the longest sequence, rows = the packed tensors' rows
@@ -381,8 +383,8 @@ static bool run_case(const hp_case &cs, const hp_mask &mk, int pipe, unsigned se
   std::mt19937 g(seed);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   int64_t sq[3], skv[3];
-  hp_strides(sbhd, tb, rows, h, sq);
-  hp_strides(sbhd, tb, rows_kv, h_kv, skv);
+  hp_strides(sbhd, tb, rows, h, D, sq);
+  hp_strides(sbhd, tb, rows_kv, h_kv, D, skv);
   // element (sequence bb, position pos, head hd, c) of q/out or of k/v
   auto qi = [&](int bb, int pos, int hd) { return (thd ? first[bb] + pos : pos) * sq[0] + hd * sq[1] + (thd ? 0 : bb) * sq[2]; };
   auto kvi = [&](int bb, int pos, int hd) { return (thd ? first_kv[bb] + pos : pos) * skv[0] + hd * skv[1] + (thd ? 0 : bb) * skv[2]; };
@@ -433,10 +435,10 @@ static bool run_case(const hp_case &cs, const hp_mask &mk, int pipe, unsigned se
         const std::function<void()> one = [&] {
           blockIdx = dim3(x, y, z);
           gridDim = dim3(mb, h, b);
-          if (pipe == 1) fwd_kernel<1>(tq, tk, tv, p);
-          else fwd_kernel<0>(tq, tk, tv, p);
+          if (pipe == 1) fwd_kernel<1, D>(tq, tk, tv, p);
+          else fwd_kernel<0, D>(tq, tk, tv, p);
         };
-        emu_run(dim3(1, 1, 1), dim3(THREADS), sizeof(smem_t) + 1024, one);
+        emu_run(dim3(1, 1, 1), dim3(THREADS), sizeof(smem_t<D>) + 1024, one);
         if (!hp_pending.empty()) {
           fprintf(stderr, "emu: a TMA copy never waited for\n");
           return false;
@@ -516,8 +518,8 @@ static bool run_case(const hp_case &cs, const hp_mask &mk, int pipe, unsigned se
   } else {
     snprintf(what, sizeof what, "%s b=%d s=%d", sbhd ? "sbhd" : "bshd", b, s);
   }
-  printf("pipe=%d %s h=%d/%d window (%d,%d)%s%s: normwise %.2e, elementwise %.2e, lse %.2e, max_logit %.1e; planted 2%%: %.2e %s -> %s\n",
-         pipe, what, h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", merge ? " merged" : "", nw, emax, lmax, mlmax, pw, caught ? "caught" : "MISSED",
+  printf("d=%d pipe=%d %s h=%d/%d window (%d,%d)%s%s: normwise %.2e, elementwise %.2e, lse %.2e, max_logit %.1e; planted 2%%: %.2e %s -> %s\n",
+         D, pipe, what, h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", merge ? " merged" : "", nw, emax, lmax, mlmax, pw, caught ? "caught" : "MISSED",
          ok && caught ? "ok" : "FAIL");
   return ok && caught;
 }
@@ -537,10 +539,13 @@ int main() {
   unsigned seed = 1;
   for (const hp_case &c : cases)
     for (const hp_mask &mk : masks)
-      for (int pipe = 0; pipe < 2; pipe++) ok = run_case(c, mk, pipe, seed++) && ok;
+      for (int pipe = 0; pipe < 2; pipe++) ok = run_case<128>(c, mk, pipe, seed++) && ok;
   for (const hp_case &c : cases) // the fused merge, causal and not
     for (int m = 0; m < 2; m++)
-      for (int pipe = 0; pipe < 2; pipe++) ok = run_case(c, masks[m], pipe, seed++, true) && ok;
+      for (int pipe = 0; pipe < 2; pipe++) ok = run_case<128>(c, masks[m], pipe, seed++, true) && ok;
+  for (const hp_case &c : cases) // head dim 64: every case under three masks, and merged causal
+    for (int m : {0, 2, 4})
+      for (int pipe = 0; pipe < 2; pipe++) ok = run_case<64>(c, masks[m], pipe, seed++, m == 2) && ok;
   printf("%s\n", ok ? "hopper emu: all ok" : "hopper emu: FAILED");
   return ok ? 0 : 1;
 }

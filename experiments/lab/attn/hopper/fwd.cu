@@ -21,6 +21,11 @@
  */
 #include "attn/hopper/fwd_kernel.cuh"
 
+#ifndef LAB_D
+#define LAB_D 128 // the head dim this binary runs (-DLAB_D=64: the d 64 kernel)
+#endif
+constexpr int D = LAB_D;
+
 #include <cuda.h>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -160,7 +165,7 @@ static PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 static CUtensorMap tensor_map(const __nv_bfloat16 *x, const layout_t &l, int heads) {
   CUtensorMap m;
   int64_t st[3];
-  hp_strides(l.sbhd, l.tb, l.rows, heads, st);
+  hp_strides(l.sbhd, l.tb, l.rows, heads, D, st);
   const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)heads, (cuuint64_t)l.rows, (cuuint64_t)l.tb};
   const cuuint64_t strides[3] = {(cuuint64_t)st[1] * 2, (cuuint64_t)st[0] * 2, (cuuint64_t)st[2] * 2};
   const cuuint32_t box[4] = {64, 1, 128, 1}, estr[4] = {1, 1, 1, 1};
@@ -177,16 +182,16 @@ static CUtensorMap tensor_map(const __nv_bfloat16 *x, const layout_t &l, int hea
 static void run(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const params_t &p,
                 const layout_t &l, int pipe, cudaStream_t st) {
   const CUtensorMap tq = tensor_map(q, l, p.h), tk = tensor_map(k, l, p.h_kv), tv = tensor_map(v, l, p.h_kv);
-  const size_t smem = sizeof(smem_t) + 1024;
+  const size_t smem = sizeof(smem_t<D>) + 1024;
   static bool attr = false;
   if (!attr) {
-    CK(cudaFuncSetAttribute(fwd_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    CK(cudaFuncSetAttribute(fwd_kernel<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    CK(cudaFuncSetAttribute(fwd_kernel<0, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    CK(cudaFuncSetAttribute(fwd_kernel<1, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     attr = true;
   }
   const dim3 grid((p.s_q + BM - 1) / BM, p.h, p.b);
-  if (pipe == 1) fwd_kernel<1><<<grid, THREADS, smem, st>>>(tq, tk, tv, p);
-  else fwd_kernel<0><<<grid, THREADS, smem, st>>>(tq, tk, tv, p);
+  if (pipe == 1) fwd_kernel<1, D><<<grid, THREADS, smem, st>>>(tq, tk, tv, p);
+  else fwd_kernel<0, D><<<grid, THREADS, smem, st>>>(tq, tk, tv, p);
   CK(cudaGetLastError());
 }
 
@@ -209,8 +214,8 @@ static bool check(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfl
   CK(cudaMemcpy(dpairs, pairs.data(), np * sizeof(int2), cudaMemcpyHostToDevice));
   ref_args_t a{p.h, p.h_kv, p.window_left, p.window_right, l.thd, {}, {}, d_first, d_len,
                (double)p.scale_log2 / 1.4426950408889634};
-  hp_strides(l.sbhd, l.tb, l.rows, p.h, a.sq);
-  hp_strides(l.sbhd, l.tb, l.rows, p.h_kv, a.skv);
+  hp_strides(l.sbhd, l.tb, l.rows, p.h, D, a.sq);
+  hp_strides(l.sbhd, l.tb, l.rows, p.h_kv, D, a.skv);
   ref_kernel<<<dim3(np, p.h), D>>>(q, k, v, a, dpairs, oref, lref);
   CK(cudaGetLastError());
   CK(cudaDeviceSynchronize());
@@ -407,7 +412,7 @@ int main(int argc, char **argv) {
         p.window_left = w.first, p.window_right = w.second, p.bottom_right = bottom_right ? 1 : 0;
         p.scale_log2 = 1.4426950408889634f / sqrtf((float)D);
         p.o = reinterpret_cast<uint16_t *>(o), p.lse = lse;
-        hp_strides(l.sbhd, l.tb, l.rows, h, p.o_st);
+        hp_strides(l.sbhd, l.tb, l.rows, h, D, p.o_st);
         hp_lse_strides(l.thd, h, l.thd ? l.rows : l.s, p.lse_st);
         memcpy(p.acc_st, p.o_st, sizeof p.o_st), memcpy(p.acc_lse_st, p.lse_st, sizeof p.lse_st);
         if (l.thd) p.cu_q = p.cu_kv = d_cu, p.pad_q = p.pad_kv = d_first;
