@@ -3,7 +3,7 @@
  * whose header says how it works): the kernel alone, with its own checker and
  * timer, both main loops (PIPE 0: the steps in turn; PIPE 1: FA3's
  * intra-warpgroup pipelining; P through shared memory was slower than both).
- * Shapes: bshd, sbhd or thd (NaN between sequences), bf16, d = 128, GQA/MQA,
+ * Shapes: bshd, sbhd or thd (NaN between sequences), bf16, d = 128 (or 64: -DLAB_D=64), GQA/MQA,
  * any length, windows top-left or bottom-right, the fused merge.
  *
  * --check: sampled rows of every sequence against an fp64 reference kernel,
@@ -90,7 +90,7 @@ struct ref_args_t {
 __global__ void ref_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, ref_args_t a,
                            const int2 *pairs, double *o_ref, double *lse_ref) {
   const int ri = blockIdx.x, hh = blockIdx.y, t = threadIdx.x, bb = pairs[ri].x, row = pairs[ri].y;
-  __shared__ double qs[D], ps[128], red[D];
+  __shared__ double qs[D], ps[D], red[D]; // D threads: D keys a chunk
   const int hkv = hh / (a.h / a.h_kv), len = a.len[bb];
   auto at = [&](const __nv_bfloat16 *x, int pos) { // element 0 of position pos of sequence bb
     const int64_t r = a.thd ? a.first[bb] + pos : pos, tb = a.thd ? 0 : bb;
@@ -103,7 +103,7 @@ __global__ void ref_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const
   const int shift = 0; // bottom_right: len_kv - len_q = 0
   const int lo = a.wl >= 0 ? max(0, row + shift - a.wl) : 0, hi = a.wr >= 0 ? min(len - 1, row + shift + a.wr) : len - 1;
   const int keys = hi >= lo ? hi - lo + 1 : 0;
-  for (int k0 = 0; k0 < keys; k0 += 128) {
+  for (int k0 = 0; k0 < keys; k0 += D) {
     double sc = -INFINITY; // thread t: score of key lo + k0 + t
     if (k0 + t < keys) {
       const __nv_bfloat16 *kr = at(k, lo + k0 + t);
@@ -114,13 +114,13 @@ __global__ void ref_kernel(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const
     red[t] = sc;
     __syncthreads();
     double bm = -INFINITY;
-    for (int i = 0; i < 128; i++) bm = fmax(bm, red[i]);
+    for (int i = 0; i < D; i++) bm = fmax(bm, red[i]);
     const double mn = fmax(m, bm), cr = m == -INFINITY ? 0.0 : exp(m - mn);
     __syncthreads();
     ps[t] = k0 + t < keys ? exp(sc - mn) : 0.0;
     __syncthreads();
     double ls = 0.0, av = 0.0;
-    for (int i = 0; i < 128 && k0 + i < keys; i++) {
+    for (int i = 0; i < D && k0 + i < keys; i++) {
       ls += ps[i];
       av += ps[i] * (double)__bfloat162float(at(v, lo + k0 + i)[t]);
     }
