@@ -114,7 +114,7 @@ static int *status_word(void) {
   return word;
 }
 
-template <int DH>
+template <int PIPE, int DH>
 static int launch(dim3 grid, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv, const params_t &k,
                   void *stream) {
   const size_t smem = sizeof(smem_t<DH>) + 1024; // + the slack of aligning it to 1024 bytes
@@ -122,10 +122,10 @@ static int launch(dim3 grid, const CUtensorMap &tq, const CUtensorMap &tk, const
   int dev = 0;
   DL_CUDA_CHECK(cudaGetDevice(&dev));
   if (dev < 0 || dev >= 64 || !attr_set[dev]) {
-    DL_CUDA_CHECK(cudaFuncSetAttribute(fwd_kernel<0, DH>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    DL_CUDA_CHECK(cudaFuncSetAttribute(fwd_kernel<PIPE, DH>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     if (dev >= 0 && dev < 64) attr_set[dev] = 1;
   }
-  fwd_kernel<0, DH><<<grid, THREADS, smem, (cudaStream_t)stream>>>(tq, tk, tv, k);
+  fwd_kernel<PIPE, DH><<<grid, THREADS, smem, (cudaStream_t)stream>>>(tq, tk, tv, k);
   return 0;
 }
 
@@ -167,8 +167,10 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   DL_CHECK_ARG(p->s_q <= 65535 * BM && p->h_q <= 65535 && p->b <= 65535,
                "attn fwd (hopper): grid too large (s_q=%d h_q=%d b=%d)", p->s_q, p->h_q, p->b);
   const dim3 grid((p->s_q + BM - 1) / BM, p->h_q, p->b);
-  if (p->d_qk == 64) DL_TRY(launch<64>(grid, tq, tk, tv, k, stream));
-  else DL_TRY(launch<128>(grid, tq, tk, tv, k, stream));
+  // the faster loop of each head dim on an H200 (experiments/results/attn/hopper-fwd*-h200.md): the
+  // steps in turn at d 128, FA3's intra-warpgroup pipelining at d 64
+  if (p->d_qk == 64) DL_TRY(launch<1, 64>(grid, tq, tk, tv, k, stream));
+  else DL_TRY(launch<0, 128>(grid, tq, tk, tv, k, stream));
   DL_CUDA_CHECK_LAUNCH("attn fwd (hopper)");
   return 0;
 }

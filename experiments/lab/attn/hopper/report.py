@@ -16,10 +16,11 @@ a = ap.parse_args()
 
 ours = {}  # (layout, mask, s, pipe) -> (tflops, merge %)
 device = layout = None
+dh = 128
 for line in open(os.path.join(a.run, "fwd-bench.log")):
-    m = re.match(r"device (.*?), sm_90; (\w+) bf16", line)
+    m = re.match(r"device (.*?), sm_90; (\w+) bf16.* d=(\d+)", line)
     if m:
-        device, layout = m.group(1), m.group(2)
+        device, layout, dh = m.group(1), m.group(2), int(m.group(3))
         continue
     m = re.match(r"s=\s*(\d+) window \((-?\d+),(-?\d+)\) pipe=(\d)\s+([\d.]+) us\s+(merged \(([-+\d.]+)%|([\d.]+) TFLOP/s)", line)
     if not m:
@@ -47,16 +48,16 @@ for tool in ("memcheck", "racecheck"):
         san.append(f"{tool}: {last[-1] if last else 'no summary'}")
 
 o = []
-o.append("# The Hopper forward (issue 19's lab kernel) against PyTorch SDPA\n")
+o.append(f"# The Hopper forward (kernels/attn/hopper/) at head dim {dh} against PyTorch SDPA\n")
 o.append(f"- device: {device}")
 o.append(f"- date: {a.date}")
 o.append(f"- commit: `{a.commit}`")
 o.append("- command: `bash scripts/gpu/hopper_lab.sh` (one device call: build for sm_90a, the small checks, "
          "compute-sanitizer, `fwd --check --merge --s 4096,8192,16384,32768 --pipe 0,1` (bshd, b=2 h=16), "
          "`fwd --check --merge --h 16 --thd s,s` for each s, then `python3 experiments/attn/attn_bench_torch.py "
-         "--layouts bshd`); this file: `python3 experiments/lab/attn/hopper/report.py <$OUT> <this file> "
+         f"--layouts bshd --d {dh}`){' with LAB_D=64' if dh == 64 else ''}; this file: `python3 experiments/lab/attn/hopper/report.py <$OUT> <this file> "
          f"--commit {a.commit} --date '{a.date}'`")
-o.append("- d=128, bf16, h=16; bshd b=2 x s; thd two sequences of s (the same work). FLOPs 4 b h s^2 d, halved "
+o.append(f"- d={dh}, bf16, h=16; bshd b=2 x s; thd two sequences of s (the same work). FLOPs 4 b h s^2 d, halved "
          "when causal. Ours: mean over at least 600 ms of launches after 300 ms of warm-up; PyTorch: the "
          "median of its calls over the same budget.")
 o.append(f"- checked after timing, each case against the fp64 reference on sampled rows (normwise O error "
