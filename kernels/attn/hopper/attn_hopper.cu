@@ -169,8 +169,8 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   const dim3 grid((p->s_q + BM - 1) / BM, p->h_q, p->b);
   // the faster loop of each head dim on an H200 (experiments/results/attn/hopper-fwd*-h200.md): the
   // steps in turn at d 128, FA3's intra-warpgroup pipelining at d 64
-  if (p->d_qk == 64) DL_TRY(launch<1, 64>(grid, tq, tk, tv, k, stream));
-  else DL_TRY(launch<0, 128>(grid, tq, tk, tv, k, stream));
+  const int rc = p->d_qk == 64 ? launch<1, 64>(grid, tq, tk, tv, k, stream) : launch<0, 128>(grid, tq, tk, tv, k, stream);
+  if (rc) return rc;
   DL_CUDA_CHECK_LAUNCH("attn fwd (hopper)");
   return 0;
 }
