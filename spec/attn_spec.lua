@@ -45,7 +45,7 @@ for _, dev in ipairs(H.devices) do
           it("at d 128 bf16: " .. describe_case(h), function() check_case(h, D) end)
         end
       end
-      it("runs the Hopper forward at d 128 bf16 on an sm_90 device, the portable kernel elsewhere", function()
+      it("runs the Hopper forward at d 64 and 128 bf16 on an sm_90 device, the portable kernel elsewhere", function()
         local q = dl.randn({ 1, 64, 2, 128 }, { dtype = "bf16", device = D })
         local f16 = dl.randn({ 1, 64, 2, 128 }, { dtype = "f16", device = D })
         local b = dl.attn.backends(q, q, q, {})
@@ -53,6 +53,9 @@ for _, dev in ipairs(H.devices) do
         local hopper = name:match("H100") or name:match("H200") or name:match("H800") or name:match("H20")
         assert.equal("ours", b.fwd)
         assert.truthy(b.fwd_why:find(hopper and "kernel: hopper forward" or "kernel: portable", 1, true), b.fwd_why)
+        local q64 = dl.randn({ 1, 64, 2, 64 }, { dtype = "bf16", device = D })
+        local w64 = dl.attn.backends(q64, q64, q64, {}).fwd_why
+        assert.truthy(w64:find(hopper and "kernel: hopper forward (wgmma, TMA; bf16, d 64)" or "kernel: portable", 1, true), w64)
         assert.truthy(dl.attn.backends(f16, f16, f16, {}).fwd_why:find("kernel: portable (hopper forward: dtype is not bf16)", 1, true))
       end)
     end
