@@ -76,6 +76,25 @@ for _, dev in ipairs(H.devices) do
         near(u[2], al, 2.5e-2)
       end)
 
+      -- the fused merge at the Hopper forward's shapes (bf16, head dims 64 and 128: kernels/attn/hopper/ on
+      -- an sm_90 device), beyond a tile: keys in two parts of 150 and 183, merged into an f32 accumulator,
+      -- against the step over all 333 keys (and max_logit across the parts)
+      for _, d in ipairs({ 64, 128 }) do
+        it(layout .. ": fused merge at d " .. d .. " bf16 over two key parts, beyond a tile", function()
+          local c = { layout = layout, dtype = "bf16", b = 2, sq = 200, skv = 333, hq = 4, hkv = 2, dqk = d, dv = d }
+          local x = on(build(c), D)
+          local o = { layout = layout }
+          local ou, lu, mu = dl.attn.fwd(x.q, x.k, x.v, with(o, { return_max_logit = true }))
+          local acc = dl.attn.accumulator(x.q, x.v, { layout = layout })
+          local ml = dl.full({ 4 }, -math.huge, { dtype = "f32", device = D })
+          dl.attn.fwd(x.q, x.k:narrow(sd, 1, 150), x.v:narrow(sd, 1, 150), with(o, { accumulate = acc, max_logit = ml }))
+          dl.attn.fwd(x.q, x.k:narrow(sd, 151, 183), x.v:narrow(sd, 151, 183), with(o, { accumulate = acc, max_logit = ml }))
+          near(ou, acc.out, 2.5e-2)
+          near(lu, acc.lse, 2.5e-2)
+          assert.tensor_near(ml, mu, 1e-5, 1e-5)
+        end)
+      end
+
       it(layout .. ": causal union from a causal part and a bottom-right part with empty rows", function()
         local _, u, p1, p2 = parts("causal", "causal_bottom_right", 10)
         local o, l = dl.attn.merge({ p1[1], p2[1] }, { p1[2], p2[2] }, { layout = layout, dtype = "f32" })
@@ -137,90 +156,93 @@ for _, dev in ipairs(H.devices) do
 
     -- thd: sequences padded to even lengths; keys of each sequence split into
     -- the two halves of its padded extent; q's second halves packed.
-    it("thd: merges and corrections over padded halves, offsets not at 0", function()
-      local lens, plen, first = { 5, 0, 8, 1 }, { 6, 2, 8, 2 }, 4
-      local p, r = {}, first
-      for i = 1, #plen do p[i] = r; r = r + plen[i] end
-      p[#p + 1] = r
-      local rows, hq, d = r + 1, 4, 16
-      local nan = {}
-      for row = 0, rows - 1 do nan[row + 1] = row end
-      local keep = {}
-      for i, l in ipairs(lens) do for j = 0, l - 1 do keep[p[i] + j] = true end end
-      local gaps = {}
-      for _, row in ipairs(nan) do if not keep[row] then gaps[#gaps + 1] = row end end
-      local q = clamped({ rows, hq, d }, "bf16", gaps):to(D)
-      local k = clamped({ rows, 2, d }, "bf16", gaps):to(D)
-      local v = clamped({ rows, 2, d }, "bf16", gaps):to(D)
-      local cu, cup = i32(prefix(lens)):to(D), i32(p):to(D)
-      local half_lens, half_p, k1l, k2l = {}, {}, {}, {}
-      for i, l in ipairs(lens) do
-        local h = plen[i] / 2
-        half_lens[i] = math.max(0, l - h)
-        half_p[i] = (p[i] - p[1]) / 2
-        k1l[i], k2l[i] = math.min(l, h), math.max(0, l - h)
-      end
-      half_p[#lens + 1] = (p[#p] - p[1]) / 2
-      local k2p = {}
-      for i = 1, #lens do k2p[i] = p[i] + plen[i] / 2 end
-      k2p[#lens + 1] = p[#p]
-      local o = { layout = "thd", cu_seqlens_q = cu, cu_seqlens_kv = cu, cu_seqlens_q_padded = cup,
-        cu_seqlens_kv_padded = cup }
-      local ou, lu = dl.attn.fwd(q, k, v, o)
-      local o1, l1 = dl.attn.fwd(q, k, v, with(o, { cu_seqlens_kv = i32(prefix(k1l)):to(D) }))
-      local o2o = with(o, { cu_seqlens_kv = i32(prefix(k2l)):to(D), cu_seqlens_kv_padded = i32(k2p):to(D) })
-      local o2, l2 = dl.attn.fwd(q, k, v, o2o)
-      -- fused merge and incremental merge over the two key halves
-      local acc = dl.attn.accumulator(q, v, { layout = "thd" })
-      dl.attn.fwd(q, k, v, with(o, { cu_seqlens_kv = i32(prefix(k1l)):to(D), accumulate = acc }))
-      dl.attn.fwd(q, k, v, with(o2o, { accumulate = acc }))
-      near(ou, acc.out, 2.5e-2)
-      near(lu, acc.lse, 2.5e-2)
-      local mo = { layout = "thd", cu_seqlens_padded = cup, skip_zero_rows = true }
-      local O, L = o1:f32(), l1:clone()
-      dl.attn.merge_out(O, L, o2, l2, mo)
-      near(ou, O, 2.5e-2)
-      near(lu, L, 2.5e-2)
-      -- second halves of q, packed, attending to all keys: second-half merges
-      local qh = dl.zeros({ half_p[#half_p], hq, d }, { dtype = "bf16", device = D })
-      for i = 1, #lens do
-        local h = plen[i] / 2
-        if h > 0 then qh:narrow(1, half_p[i] + 1, h):copy_(q:narrow(1, p[i] + h + 1, h)) end
-      end
-      local hcu, hcup = i32(prefix(half_lens)):to(D), i32(half_p):to(D)
-      local ho = { layout = "thd", cu_seqlens_q = hcu, cu_seqlens_kv = cu, cu_seqlens_q_padded = hcup,
-        cu_seqlens_kv_padded = cup }
-      local ph, lh = dl.attn.fwd(qh, k, v, with(ho, { cu_seqlens_kv = i32(prefix(k2l)):to(D), cu_seqlens_kv_padded = i32(k2p):to(D) }))
-      local sm = with(mo, { half = "second" })
-      local O2, L2 = o1:f32(), l1:clone()
-      dl.attn.merge_out(O2, L2, ph, lh, sm)
-      local L3 = dl.attn.merge_lse(l1:clone(), lh, { layout = "thd", cu_seqlens_padded = cup, half = "second" })
-      assert.tensor_near(L2, L3, 1e-6, 1e-6)
-      for i = 1, #lens do
-        local h = plen[i] / 2
-        if h > 0 then
-          near(o1:narrow(1, p[i] + 1, h), O2:narrow(1, p[i] + 1, h), 2.5e-2)
-          near(ou:narrow(1, p[i] + h + 1, h), O2:narrow(1, p[i] + h + 1, h), 2.5e-2)
-          near(lu:narrow(2, p[i] + h + 1, h), L2:narrow(2, p[i] + h + 1, h), 2.5e-2)
+    -- d 128 bf16: the Hopper forward on an sm_90 device (thd offsets, halves and the fused merge on it)
+    for _, d in ipairs({ 16, 128 }) do
+      it("thd (d " .. d .. "): merges and corrections over padded halves, offsets not at 0", function()
+        local lens, plen, first = { 5, 0, 8, 1 }, { 6, 2, 8, 2 }, 4
+        local p, r = {}, first
+        for i = 1, #plen do p[i] = r; r = r + plen[i] end
+        p[#p + 1] = r
+        local rows, hq = r + 1, 4
+        local nan = {}
+        for row = 0, rows - 1 do nan[row + 1] = row end
+        local keep = {}
+        for i, l in ipairs(lens) do for j = 0, l - 1 do keep[p[i] + j] = true end end
+        local gaps = {}
+        for _, row in ipairs(nan) do if not keep[row] then gaps[#gaps + 1] = row end end
+        local q = clamped({ rows, hq, d }, "bf16", gaps):to(D)
+        local k = clamped({ rows, 2, d }, "bf16", gaps):to(D)
+        local v = clamped({ rows, 2, d }, "bf16", gaps):to(D)
+        local cu, cup = i32(prefix(lens)):to(D), i32(p):to(D)
+        local half_lens, half_p, k1l, k2l = {}, {}, {}, {}
+        for i, l in ipairs(lens) do
+          local h = plen[i] / 2
+          half_lens[i] = math.max(0, l - h)
+          half_p[i] = (p[i] - p[1]) / 2
+          k1l[i], k2l[i] = math.min(l, h), math.max(0, l - h)
         end
-      end
-      -- gradients: dq from the two key halves added, dk/dv halves copied
-      local dout = clamped(ou.shape, "bf16", gaps):to(D)
-      local dq, dk, dv = dl.attn.bwd(dout, q, k, v, ou, lu, o)
-      local g1 = { dl.attn.bwd(dout, q, k, v, ou, lu, with(o, { cu_seqlens_kv = i32(prefix(k1l)):to(D) })) }
-      local g2 = { dl.attn.bwd(dout, q, k, v, ou, lu, o2o) }
-      local go = { layout = "thd", cu_seqlens_padded = cup }
-      near(dq, dl.attn.correct_grad(g1[1]:clone(), g2[1], with(go, { first = "add", second = "add" })), 2.5e-2)
-      local K = dl.zeros(dk.shape, { dtype = "bf16", device = D })
-      dl.attn.correct_grad(K, g1[2], with(go, { first = "copy", second = "none" }))
-      dl.attn.correct_grad(K, g2[2], with(go, { first = "none", second = "add" }))
-      near(dk, K, 2.5e-2)
-      local V = g1[3]:clone()
-      dl.attn.correct_grad(V, g2[3], with(go, { first = "add", second = "copy" }))
-      near(dv, V, 2.5e-2)
-      assert_rows_zero(dq, gaps)
-      assert_rows_zero(K, gaps)
-    end)
+        half_p[#lens + 1] = (p[#p] - p[1]) / 2
+        local k2p = {}
+        for i = 1, #lens do k2p[i] = p[i] + plen[i] / 2 end
+        k2p[#lens + 1] = p[#p]
+        local o = { layout = "thd", cu_seqlens_q = cu, cu_seqlens_kv = cu, cu_seqlens_q_padded = cup,
+          cu_seqlens_kv_padded = cup }
+        local ou, lu = dl.attn.fwd(q, k, v, o)
+        local o1, l1 = dl.attn.fwd(q, k, v, with(o, { cu_seqlens_kv = i32(prefix(k1l)):to(D) }))
+        local o2o = with(o, { cu_seqlens_kv = i32(prefix(k2l)):to(D), cu_seqlens_kv_padded = i32(k2p):to(D) })
+        local o2, l2 = dl.attn.fwd(q, k, v, o2o)
+        -- fused merge and incremental merge over the two key halves
+        local acc = dl.attn.accumulator(q, v, { layout = "thd" })
+        dl.attn.fwd(q, k, v, with(o, { cu_seqlens_kv = i32(prefix(k1l)):to(D), accumulate = acc }))
+        dl.attn.fwd(q, k, v, with(o2o, { accumulate = acc }))
+        near(ou, acc.out, 2.5e-2)
+        near(lu, acc.lse, 2.5e-2)
+        local mo = { layout = "thd", cu_seqlens_padded = cup, skip_zero_rows = true }
+        local O, L = o1:f32(), l1:clone()
+        dl.attn.merge_out(O, L, o2, l2, mo)
+        near(ou, O, 2.5e-2)
+        near(lu, L, 2.5e-2)
+        -- second halves of q, packed, attending to all keys: second-half merges
+        local qh = dl.zeros({ half_p[#half_p], hq, d }, { dtype = "bf16", device = D })
+        for i = 1, #lens do
+          local h = plen[i] / 2
+          if h > 0 then qh:narrow(1, half_p[i] + 1, h):copy_(q:narrow(1, p[i] + h + 1, h)) end
+        end
+        local hcu, hcup = i32(prefix(half_lens)):to(D), i32(half_p):to(D)
+        local ho = { layout = "thd", cu_seqlens_q = hcu, cu_seqlens_kv = cu, cu_seqlens_q_padded = hcup,
+          cu_seqlens_kv_padded = cup }
+        local ph, lh = dl.attn.fwd(qh, k, v, with(ho, { cu_seqlens_kv = i32(prefix(k2l)):to(D), cu_seqlens_kv_padded = i32(k2p):to(D) }))
+        local sm = with(mo, { half = "second" })
+        local O2, L2 = o1:f32(), l1:clone()
+        dl.attn.merge_out(O2, L2, ph, lh, sm)
+        local L3 = dl.attn.merge_lse(l1:clone(), lh, { layout = "thd", cu_seqlens_padded = cup, half = "second" })
+        assert.tensor_near(L2, L3, 1e-6, 1e-6)
+        for i = 1, #lens do
+          local h = plen[i] / 2
+          if h > 0 then
+            near(o1:narrow(1, p[i] + 1, h), O2:narrow(1, p[i] + 1, h), 2.5e-2)
+            near(ou:narrow(1, p[i] + h + 1, h), O2:narrow(1, p[i] + h + 1, h), 2.5e-2)
+            near(lu:narrow(2, p[i] + h + 1, h), L2:narrow(2, p[i] + h + 1, h), 2.5e-2)
+          end
+        end
+        -- gradients: dq from the two key halves added, dk/dv halves copied
+        local dout = clamped(ou.shape, "bf16", gaps):to(D)
+        local dq, dk, dv = dl.attn.bwd(dout, q, k, v, ou, lu, o)
+        local g1 = { dl.attn.bwd(dout, q, k, v, ou, lu, with(o, { cu_seqlens_kv = i32(prefix(k1l)):to(D) })) }
+        local g2 = { dl.attn.bwd(dout, q, k, v, ou, lu, o2o) }
+        local go = { layout = "thd", cu_seqlens_padded = cup }
+        near(dq, dl.attn.correct_grad(g1[1]:clone(), g2[1], with(go, { first = "add", second = "add" })), 2.5e-2)
+        local K = dl.zeros(dk.shape, { dtype = "bf16", device = D })
+        dl.attn.correct_grad(K, g1[2], with(go, { first = "copy", second = "none" }))
+        dl.attn.correct_grad(K, g2[2], with(go, { first = "none", second = "add" }))
+        near(dk, K, 2.5e-2)
+        local V = g1[3]:clone()
+        dl.attn.correct_grad(V, g2[3], with(go, { first = "add", second = "copy" }))
+        near(dv, V, 2.5e-2)
+        assert_rows_zero(dq, gaps)
+        assert_rows_zero(K, gaps)
+      end)
+    end
 
     it("skip_zero_rows keeps a part row of zeros out of the merge", function()
       local O = dl.full({ 1, 2, 1, 8 }, 0.5, { device = D })
