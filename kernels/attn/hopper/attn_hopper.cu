@@ -31,8 +31,8 @@ extern "C" int dl_attn_fwd_hopper_fits(const dl_attn_params_t *p, char *why, siz
   const char *off = getenv("DISTLAB_ATTN_HOPPER");
   if (off && !strcmp(off, "0")) return fail_why(why, n, "DISTLAB_ATTN_HOPPER=0");
   if (p->dtype != DL_BF16) return fail_why(why, n, "dtype is not bf16");
-  if (p->d_qk != p->d_v || (p->d_qk != 64 && p->d_qk != 128))
-    return fail_why(why, n, "head dims are not 64/64 or 128/128");
+  if (!((p->d_qk == 64 && p->d_v == 64) || (p->d_qk == 128 && p->d_v == 128) || (p->d_qk == 192 && p->d_v == 128)))
+    return fail_why(why, n, "head dims are not 64/64, 128/128 or 192/128");
   if (p->acc_out && p->acc_dtype != DL_F32) return fail_why(why, n, "accumulate.out is not f32");
   if (p->h_kv <= 0 || p->h_q % p->h_kv) return fail_why(why, n, "h_q is not a multiple of h_kv");
   if ((p->cu_seqlens_q ? p->total_kv : p->s_kv) == 0) /* no tensor map of no rows */
@@ -41,7 +41,10 @@ extern "C" int dl_attn_fwd_hopper_fits(const dl_attn_params_t *p, char *why, siz
    * out and acc_out); the fp32 acc_out is written two elements at a time */
   if (p->acc_out && ((p->acc_out_st.s | p->acc_out_st.h | p->acc_out_st.b) & 1))
     return fail_why(why, n, "accumulate.out has an odd stride");
-  if (why && n) snprintf(why, n, "hopper forward (wgmma, TMA; bf16, d %d)", p->d_qk);
+  if (why && n) {
+    if (p->d_qk == p->d_v) snprintf(why, n, "hopper forward (wgmma, TMA; bf16, d %d)", p->d_qk);
+    else snprintf(why, n, "hopper forward (wgmma, TMA; bf16, d %d/%d)", p->d_qk, p->d_v);
+  }
   return 1;
 }
 
@@ -114,18 +117,18 @@ static int *status_word(void) {
   return word;
 }
 
-template <int PIPE, int DH>
+template <int PIPE, int DQK, int DV>
 static int launch(dim3 grid, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv, const params_t &k,
                   void *stream) {
-  const size_t smem = sizeof(smem_t<DH>) + 1024; // + the slack of aligning it to 1024 bytes
+  const size_t smem = sizeof(smem_t<DQK, DV>) + 1024; // + the slack of aligning it to 1024 bytes
   static int attr_set[64];
   int dev = 0;
   DL_CUDA_CHECK(cudaGetDevice(&dev));
   if (dev < 0 || dev >= 64 || !attr_set[dev]) {
-    DL_CUDA_CHECK(cudaFuncSetAttribute(fwd_kernel<PIPE, DH>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    DL_CUDA_CHECK(cudaFuncSetAttribute(fwd_kernel<PIPE, DQK, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     if (dev >= 0 && dev < 64) attr_set[dev] = 1;
   }
-  fwd_kernel<PIPE, DH><<<grid, THREADS, smem, (cudaStream_t)stream>>>(tq, tk, tv, k);
+  fwd_kernel<PIPE, DQK, DV><<<grid, THREADS, smem, (cudaStream_t)stream>>>(tq, tk, tv, k);
   return 0;
 }
 
@@ -168,8 +171,10 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
                "attn fwd (hopper): grid too large (s_q=%d h_q=%d b=%d)", p->s_q, p->h_q, p->b);
   const dim3 grid((p->s_q + BM - 1) / BM, p->h_q, p->b);
   // the faster loop of each head dim on an H200 (experiments/results/attn/hopper-fwd*-h200.md): the
-  // steps in turn at d 128, FA3's intra-warpgroup pipelining at d 64
-  const int rc = p->d_qk == 64 ? launch<1, 64>(grid, tq, tk, tv, k, stream) : launch<0, 128>(grid, tq, tk, tv, k, stream);
+  // steps in turn at d 128 (and MLA's 192/128, not yet timed), FA3's intra-warpgroup pipelining at d 64
+  const int rc = p->d_qk == 64    ? launch<1, 64, 64>(grid, tq, tk, tv, k, stream)
+                 : p->d_qk == 128 ? launch<0, 128, 128>(grid, tq, tk, tv, k, stream)
+                                  : launch<0, 192, 128>(grid, tq, tk, tv, k, stream);
   if (rc) return rc;
   DL_CUDA_CHECK_LAUNCH("attn fwd (hopper)");
   return 0;

@@ -13,7 +13,7 @@
  * cute/atom/mma_traits_sm90_gmma.hpp and cute/arch/copy_sm90_tma.hpp; no
  * code copied.
  *
- * Shapes: bf16, d_qk = d_v = 64 or 128 (template DH); bshd, sbhd or thd (packed rows, first rows
+ * Shapes: bf16, head dims (d_qk, d_v) = (64, 64), (128, 128) or MLA's (192, 128) (templates DQK, DV); bshd, sbhd or thd (packed rows, first rows
  * that need not start at 0, anything (NaN) between sequences); GQA/MQA; any
  * length; dl.attn's masks (a window (left, right) around the diagonal,
  * top-left or bottom-right); LSE (natural log), max_logit, and the fused
@@ -56,15 +56,15 @@
 #include "ptx.cuh"
 #endif
 
-// 2 consumer warpgroups (warps 0-7) and a producer warpgroup (8-11); head dim DH = 64 or 128, in
-// DH / 64 halves of 64 columns (a TMA box each)
+// 2 consumer warpgroups (warps 0-7) and a producer warpgroup (8-11); head dims DQK (q, k) and DV (v, o),
+// multiples of 64, in halves of 64 columns (a TMA box each)
 constexpr int BM = 128, BN = 128, STAGES = 2, THREADS = 384;
 template <int DH> struct tile_bytes_t { static constexpr uint32_t value = 128 * DH * 2; }; // a [128][DH] bf16 tile
 
-template <int DH> struct alignas(1024) smem_t {
-  uint16_t q[DH / 64][BM * 64];
-  uint16_t k[STAGES][DH / 64][BN * 64];
-  uint16_t v[STAGES][DH / 64][BN * 64];
+template <int DQK, int DV> struct alignas(1024) smem_t {
+  uint16_t q[DQK / 64][BM * 64];
+  uint16_t k[STAGES][DQK / 64][BN * 64];
+  uint16_t v[STAGES][DV / 64][BN * 64];
   uint64_t q_full, k_full[STAGES], v_full[STAGES], k_empty[STAGES], v_empty[STAGES];
   int fail; // a wait of this CTA timed out (mbar_wait)
 };
@@ -237,11 +237,11 @@ template <int DH> HP_DEV void zero_tail(uint32_t v_base, int valid, int c, int t
 // S, softmax, P V one after another, P in registers. PIPE = 1: FA3's intra-warpgroup pipelining,
 // the softmax of block it between the issue of S(it) with P(it - 1) V(it - 1) and their completion,
 // P in registers. (P through shared memory instead was slower than both: fwd.cu.)
-template <int PIPE, int DH>
+template <int PIPE, int DQK, int DV>
 __global__ void __launch_bounds__(THREADS, 1)
     fwd_kernel(const HP_GRID_CONST hp_tmap_t tq, const HP_GRID_CONST hp_tmap_t tk, const HP_GRID_CONST hp_tmap_t tv,
                const params_t p) {
-  smem_t<DH> &sm = *reinterpret_cast<smem_t<DH> *>((reinterpret_cast<uintptr_t>(hp_smem()) + 1023) & ~uintptr_t(1023));
+  smem_t<DQK, DV> &sm = *reinterpret_cast<smem_t<DQK, DV> *>((reinterpret_cast<uintptr_t>(hp_smem()) + 1023) & ~uintptr_t(1023));
   const int m_block = gridDim.x - 1 - blockIdx.x, hh = blockIdx.y, bb = blockIdx.z, hkv = hh / (p.h / p.h_kv);
   const int warp_id = hp_warp_uniform(threadIdx.x / 32), tid = threadIdx.x % 128; // lane 0's, as CUTLASS does
   // this sequence: its lengths, the rows (thd) or batch (bshd/sbhd) the tensor maps address it by
@@ -279,25 +279,25 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (warp_id == 9 && p.acc_out) { // the running rows this CTA merges into, asked into L2 now, so that
       // the epilogue's read of them (fp32: twice the bytes the plain step writes) does not wait on DRAM
       const int lane = threadIdx.x % 32;
-      for (int i = lane; i < BM * (DH / 32); i += 32) // a row's DH floats: DH / 32 lines of 128 bytes
-        if (i0 + i / (DH / 32) < len_q) prefetch_l2(p.acc_out + at(p.acc_st, i0 + i / (DH / 32)) + (i % (DH / 32)) * 32);
+      for (int i = lane; i < BM * (DV / 32); i += 32) // a row's DV floats: DV / 32 lines of 128 bytes
+        if (i0 + i / (DV / 32) < len_q) prefetch_l2(p.acc_out + at(p.acc_st, i0 + i / (DV / 32)) + (i % (DV / 32)) * 32);
       const int r = lane < 4 ? lane * 32 : i1 - i0 - 1; // the LSE rows' lines, at any alignment
       if (lane < 5 && r < i1 - i0) prefetch_l2(p.acc_lse + at(p.acc_lse_st, i0 + r));
     }
     if (threadIdx.x == 256) {
-      mbar_expect_tx(&sm.q_full, tile_bytes_t<DH>::value);
-      for (int half = 0; half < DH / 64; half++)
+      mbar_expect_tx(&sm.q_full, tile_bytes_t<DQK>::value);
+      for (int half = 0; half < DQK / 64; half++)
         tma_load(sm.q[half], &tq, &sm.q_full, 64 * half, hh, first_q + m_block * BM, tb);
       for (int it = 0; it < nblk; it++) {
         const int n = n_hi - 1 - it, st = it % STAGES;
         const uint32_t round = it / STAGES;
         if (round > 0) mbar_wait(&sm.k_empty[st], (round - 1) & 1, &sm.fail, p.err);
-        mbar_expect_tx(&sm.k_full[st], tile_bytes_t<DH>::value);
-        for (int half = 0; half < DH / 64; half++)
+        mbar_expect_tx(&sm.k_full[st], tile_bytes_t<DQK>::value);
+        for (int half = 0; half < DQK / 64; half++)
           tma_load(sm.k[st][half], &tk, &sm.k_full[st], 64 * half, hkv, first_kv + n * BN, tb);
         if (round > 0) mbar_wait(&sm.v_empty[st], (round - 1) & 1, &sm.fail, p.err);
-        mbar_expect_tx(&sm.v_full[st], tile_bytes_t<DH>::value);
-        for (int half = 0; half < DH / 64; half++)
+        mbar_expect_tx(&sm.v_full[st], tile_bytes_t<DV>::value);
+        for (int half = 0; half < DV / 64; half++)
           tma_load(sm.v[st][half], &tv, &sm.v_full[st], 64 * half, hkv, first_kv + n * BN, tb);
       }
     }
@@ -309,7 +309,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int c = warp_id / 4, warp = tid / 32, lane = tid % 32;
   const int r0 = c * 64 + warp * 16 + lane / 4; // this thread's rows: r0 and r0 + 8 (in the block)
   const int q0 = m_block * BM + r0;
-  float o[DH / 2], s[64];
+  float o[DV / 2], s[64];
   for (int i = 0; i < 64; i++) o[i] = 0.0f;
   float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
   const uint32_t q_base = hp_smem_u32(sm.q[0]) + c * 64 * 128;
@@ -328,7 +328,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto wait_v = [&](int it) {
     mbar_wait(&sm.v_full[it % STAGES], parity(it), &sm.fail, p.err);
     const int valid = len_kv - (n_hi - 1 - it) * BN;
-    if (valid < BN) zero_tail<DH>(v_base(it), valid, c, tid);
+    if (valid < BN) zero_tail<DV>(v_base(it), valid, c, tid);
   };
   float corr[2];
   auto step_softmax = [&](int it) {
@@ -346,7 +346,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   // the merge's reads of the running rows (LSE and O), issued while the last P V runs, so that their
   // round trip (from L2: the producer asked them there) is not on the epilogue's path
   float old[2] = {-INFINITY, -INFINITY};
-  float2 x[2][DH / 8];
+  float2 x[2][DV / 8];
   auto merge_loads = [&] {
     if (!p.acc_out) return;
 #pragma unroll
@@ -356,7 +356,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       old[r] = in ? p.acc_lse[at(p.acc_lse_st, row)] : -INFINITY;
       const float2 *a = reinterpret_cast<const float2 *>(p.acc_out + (in ? at(p.acc_st, row) : 0) + 2 * (lane % 4));
 #pragma unroll
-      for (int j = 0; j < DH / 8; j++) x[r][j] = in ? a[4 * j] : make_float2(0.0f, 0.0f);
+      for (int j = 0; j < DV / 8; j++) x[r][j] = in ? a[4 * j] : make_float2(0.0f, 0.0f);
     }
   };
   mbar_wait(&sm.q_full, 0, &sm.fail, p.err);
@@ -366,16 +366,16 @@ __global__ void __launch_bounds__(THREADS, 1)
     take_turn();
     for (int it = 0; it < nblk; it++) {
       mbar_wait(&sm.k_full[it % STAGES], parity(it), &sm.fail, p.err);
-      gemm_qk<DH>(s, q_base, k_base(it));
+      gemm_qk<DQK>(s, q_base, k_base(it));
       hand_turn();
       wg_wait<0>();
       mbar_arrive(&sm.k_empty[it % STAGES]);
       step_softmax(it);
       pack_p(s, pa);
-      scale_o<DH>(o, corr);
+      scale_o<DV>(o, corr);
       wait_v(it);
       take_turn();
-      gemm_pv_regs<DH>(o, pa, v_base(it));
+      gemm_pv_regs<DV>(o, pa, v_base(it));
       if (it == nblk - 1) merge_loads();
       wg_wait<0>();
       mbar_arrive(&sm.v_empty[it % STAGES]);
@@ -386,7 +386,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     // S(0) and its softmax before the loop, outside the turns; then the turn: S(it) and
     // P(it - 1) V(it - 1) issued together
     mbar_wait(&sm.k_full[0], parity(0), &sm.fail, p.err);
-    gemm_qk<DH>(s, q_base, k_base(0));
+    gemm_qk<DQK>(s, q_base, k_base(0));
     wg_wait<0>();
     mbar_arrive(&sm.k_empty[0]);
     step_softmax(0);
@@ -395,19 +395,19 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_wait(&sm.k_full[it % STAGES], parity(it), &sm.fail, p.err);
       wait_v(it - 1); // before the turn: the block with a tail meets the other warpgroup there
       take_turn();
-      gemm_qk<DH>(s, q_base, k_base(it));
-      gemm_pv_regs<DH>(o, pa, v_base(it - 1));
+      gemm_qk<DQK>(s, q_base, k_base(it));
+      gemm_pv_regs<DV>(o, pa, v_base(it - 1));
       hand_turn();
       wg_wait<1>(); // S(it) is in (commit groups complete in order); P(it - 1) V(it - 1) still runs
       mbar_arrive(&sm.k_empty[it % STAGES]);
       step_softmax(it);
       wg_wait<0>(); // P(it - 1) V(it - 1) is in: O, P and V's stage are free
       mbar_arrive(&sm.v_empty[(it - 1) % STAGES]);
-      scale_o<DH>(o, corr);
+      scale_o<DV>(o, corr);
       pack_p(s, pa);
     }
     wait_v(nblk - 1);
-    gemm_pv_regs<DH>(o, pa, v_base(nblk - 1));
+    gemm_pv_regs<DV>(o, pa, v_base(nblk - 1));
     merge_loads();
     wg_wait<0>();
     mbar_arrive(&sm.v_empty[(nblk - 1) % STAGES]);
@@ -438,7 +438,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       if (row >= len_q) continue; // rows past the sequence: another sequence's, or nothing
       const int64_t oa = at(p.o_st, row);
 #pragma unroll
-      for (int j = 0; j < DH / 8; j++)
+      for (int j = 0; j < DV / 8; j++)
         *reinterpret_cast<uint32_t *>(p.o + oa + 8 * j + 2 * (lane % 4)) =
             pack_bf16(o[4 * j + 2 * r] * inv[r], o[4 * j + 2 * r + 1] * inv[r]);
       if (lane % 4 == 0) p.lse[at(p.lse_st, row)] = lse[r];
@@ -457,7 +457,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     const float ka = old[r] == -INFINITY ? 0.0f : expf(old[r] - lnew), kb = expf(lse[r] - lnew) * inv[r];
     float2 *a = reinterpret_cast<float2 *>(p.acc_out + at(p.acc_st, row) + 2 * (lane % 4));
 #pragma unroll
-    for (int j = 0; j < DH / 8; j++)
+    for (int j = 0; j < DV / 8; j++)
       a[4 * j] = make_float2(x[r][j].x * ka + o[4 * j + 2 * r] * kb, x[r][j].y * ka + o[4 * j + 2 * r + 1] * kb);
     if (lane % 4 == 0) p.acc_lse[at(p.acc_lse_st, row)] = lnew;
   }

@@ -194,7 +194,7 @@ HP_DEV bool mbar_try(uint64_t *b, uint32_t parity) {
 // reuses a stage, or reads or writes the accumulators, before that wait gets wrong results.
 struct hp_op {
   bool rs, bt;
-  int acc, n; // n: the columns of D (128, or 64 for head dim 64's P V)
+  int acc, n; // n: the columns of the accumulators (128, or 64 for head dim 64's P V)
   uint64_t da, db;
   float *d[128];
   uint32_t a[128][4];          // A's registers at the issue
@@ -358,7 +358,7 @@ struct hp_mask {
 };
 
 // merge: the step merged into a running (acc_out, acc_lse) of random rows, some with lse -inf
-template <int D> static bool run_case(const hp_case &cs, const hp_mask &mk, int pipe, unsigned seed, bool merge = false) {
+template <int DQK, int DV = DQK> static bool run_case(const hp_case &cs, const hp_mask &mk, int pipe, unsigned seed, bool merge = false) {
   const bool thd = cs.layout == 2, sbhd = cs.layout == 1;
   const int b = cs.b, h = cs.h, h_kv = cs.h_kv;
   int s = cs.s, rows = cs.s, rows_kv = cs.s; // thd: s = the longest sequence, rows = the packed tensors' rows
@@ -377,40 +377,50 @@ template <int D> static bool run_case(const hp_case &cs, const hp_mask &mk, int 
     }
   }
   const int tb = thd ? 1 : b; // the tensors' batch extent
-  const size_t n = (size_t)tb * rows * h * D, nkv = (size_t)tb * rows_kv * h_kv * D;
-  std::vector<uint16_t> q(n, 0x7fc0), k(nkv, 0x7fc0), v(nkv, 0x7fc0), o(n, 0xffff); // NaN where no sequence is
+  // q [.., DQK], out and acc [.., DV]; k [.., DQK], v [.., DV]
+  const size_t n = (size_t)tb * rows * h * DV, nq = (size_t)tb * rows * h * DQK, nk = (size_t)tb * rows_kv * h_kv * DQK,
+               nv = (size_t)tb * rows_kv * h_kv * DV;
+  std::vector<uint16_t> q(nq, 0x7fc0), k(nk, 0x7fc0), v(nv, 0x7fc0), o(n, 0xffff); // NaN where no sequence is
   std::vector<float> lse(thd ? (size_t)h * rows : (size_t)b * h * s, NAN);
   std::mt19937 g(seed);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  int64_t sq[3], skv[3];
-  hp_strides(sbhd, tb, rows, h, D, sq);
-  hp_strides(sbhd, tb, rows_kv, h_kv, D, skv);
-  // element (sequence bb, position pos, head hd, c) of q/out or of k/v
-  auto qi = [&](int bb, int pos, int hd) { return (thd ? first[bb] + pos : pos) * sq[0] + hd * sq[1] + (thd ? 0 : bb) * sq[2]; };
-  auto kvi = [&](int bb, int pos, int hd) { return (thd ? first_kv[bb] + pos : pos) * skv[0] + hd * skv[1] + (thd ? 0 : bb) * skv[2]; };
+  int64_t sq[3], so[3], sk[3], sv[3];
+  hp_strides(sbhd, tb, rows, h, DQK, sq);
+  hp_strides(sbhd, tb, rows, h, DV, so);
+  hp_strides(sbhd, tb, rows_kv, h_kv, DQK, sk);
+  hp_strides(sbhd, tb, rows_kv, h_kv, DV, sv);
+  // element (sequence bb, position pos, head hd, c) of q, of out (and acc), of k, of v
+  auto at_q = [&](const int64_t *st, int bb, int pos, int hd) { return (thd ? first[bb] + pos : pos) * st[0] + hd * st[1] + (thd ? 0 : bb) * st[2]; };
+  auto at_kv = [&](const int64_t *st, int bb, int pos, int hd) { return (thd ? first_kv[bb] + pos : pos) * st[0] + hd * st[1] + (thd ? 0 : bb) * st[2]; };
+  auto qi = [&](int bb, int pos, int hd) { return at_q(sq, bb, pos, hd); };
+  auto oi = [&](int bb, int pos, int hd) { return at_q(so, bb, pos, hd); };
+  auto ki = [&](int bb, int pos, int hd) { return at_kv(sk, bb, pos, hd); };
+  auto vi = [&](int bb, int pos, int hd) { return at_kv(sv, bb, pos, hd); };
   for (int bb = 0; bb < b; bb++) {
     for (int pos = 0; pos < len[bb]; pos++)
       for (int hd = 0; hd < h; hd++)
-        for (int c = 0; c < D; c++) q[qi(bb, pos, hd) + c] = bf16_of(u(g));
+        for (int c = 0; c < DQK; c++) q[qi(bb, pos, hd) + c] = bf16_of(u(g));
     for (int pos = 0; pos < len_kv[bb]; pos++)
-      for (int hd = 0; hd < h_kv; hd++)
-        for (int c = 0; c < D; c++) k[kvi(bb, pos, hd) + c] = bf16_of(u(g)), v[kvi(bb, pos, hd) + c] = bf16_of(u(g));
+      for (int hd = 0; hd < h_kv; hd++) {
+        for (int c = 0; c < DQK; c++) k[ki(bb, pos, hd) + c] = bf16_of(u(g));
+        for (int c = 0; c < DV; c++) v[vi(bb, pos, hd) + c] = bf16_of(u(g));
+      }
   }
-  auto map = [&](const std::vector<uint16_t> &x, int heads, const int64_t *st) {
+  auto map = [&](const std::vector<uint16_t> &x, int heads, const int64_t *st, int d) {
     hp_tmap_t m;
     m.base = x.data();
-    const uint64_t dims[4] = {(uint64_t)D, (uint64_t)heads, (uint64_t)(&x == &q ? rows : rows_kv), (uint64_t)tb};
+    const uint64_t dims[4] = {(uint64_t)d, (uint64_t)heads, (uint64_t)(&x == &q ? rows : rows_kv), (uint64_t)tb};
     const uint64_t bst[3] = {(uint64_t)st[1] * 2, (uint64_t)st[0] * 2, (uint64_t)st[2] * 2};
     const uint32_t box[4] = {64, 1, 128, 1};
     memcpy(m.dims, dims, sizeof dims), memcpy(m.strides, bst, sizeof bst), memcpy(m.box, box, sizeof box);
     return m;
   };
-  const hp_tmap_t tq = map(q, h, sq), tk = map(k, h_kv, skv), tv = map(v, h_kv, skv);
+  const hp_tmap_t tq = map(q, h, sq, DQK), tk = map(k, h_kv, sk, DQK), tv = map(v, h_kv, sv, DV);
   params_t p{};
   p.b = b, p.h = h, p.h_kv = h_kv, p.s_q = p.s_kv = s;
   p.window_left = mk.wl, p.window_right = mk.wr, p.bottom_right = mk.br;
-  p.scale_log2 = 1.4426950408889634f / sqrtf((float)D), p.o = o.data(), p.lse = lse.data();
-  memcpy(p.o_st, sq, sizeof sq);
+  p.scale_log2 = 1.4426950408889634f / sqrtf((float)DQK), p.o = o.data(), p.lse = lse.data();
+  memcpy(p.o_st, so, sizeof so);
   hp_lse_strides(thd, h, thd ? rows : s, p.lse_st);
   memcpy(p.acc_st, p.o_st, sizeof sq), memcpy(p.acc_lse_st, p.lse_st, sizeof sq);
   if (thd) p.cu_q = cu.data(), p.pad_q = first.data(), p.cu_kv = cu_kv.data(), p.pad_kv = first_kv.data();
@@ -435,10 +445,10 @@ template <int D> static bool run_case(const hp_case &cs, const hp_mask &mk, int 
         const std::function<void()> one = [&] {
           blockIdx = dim3(x, y, z);
           gridDim = dim3(mb, h, b);
-          if (pipe == 1) fwd_kernel<1, D>(tq, tk, tv, p);
-          else fwd_kernel<0, D>(tq, tk, tv, p);
+          if (pipe == 1) fwd_kernel<1, DQK, DV>(tq, tk, tv, p);
+          else fwd_kernel<0, DQK, DV>(tq, tk, tv, p);
         };
-        emu_run(dim3(1, 1, 1), dim3(THREADS), sizeof(smem_t<D>) + 1024, one);
+        emu_run(dim3(1, 1, 1), dim3(THREADS), sizeof(smem_t<DQK, DV>) + 1024, one);
         if (!hp_pending.empty()) {
           fprintf(stderr, "emu: a TMA copy never waited for\n");
           return false;
@@ -451,8 +461,8 @@ template <int D> static bool run_case(const hp_case &cs, const hp_mask &mk, int 
       }
   // fp64 reference, every row of every sequence (a sequence with no keys: out 0, lse -inf)
   double num = 0, den = 0, emax = 0, lmax = 0, planted_num = 0;
-  const double scale = 1.0 / sqrt((double)D);
-  std::vector<double> sc(std::max(s, 1) + 1), accr(D);
+  const double scale = 1.0 / sqrt((double)DQK);
+  std::vector<double> sc(std::max(s, 1) + 1), accr(DV);
   for (int bb = 0; bb < b; bb++)
     for (int hh = 0; hh < h; hh++)
       for (int i = 0; i < len[bb]; i++) {
@@ -466,35 +476,35 @@ template <int D> static bool run_case(const hp_case &cs, const hp_mask &mk, int 
         for (int jj = 0; jj < keys; jj++) {
           const int j = seen[jj];
           double dot = 0;
-          for (int c = 0; c < D; c++) dot += (double)f32_of(q[qi(bb, i, hh) + c]) * f32_of(k[kvi(bb, j, hkv) + c]);
+          for (int c = 0; c < DQK; c++) dot += (double)f32_of(q[qi(bb, i, hh) + c]) * f32_of(k[ki(bb, j, hkv) + c]);
           sc[jj] = dot * scale;
           m = fmax(m, sc[jj]);
           want_max[hh] = fmax(want_max[hh], sc[jj]);
         }
         double l = 0;
-        for (int c = 0; c < D; c++) accr[c] = 0;
+        for (int c = 0; c < DV; c++) accr[c] = 0;
         for (int jj = 0; jj < keys; jj++) {
           const double e = exp(sc[jj] - m);
           l += e;
-          for (int c = 0; c < D; c++) accr[c] += e * f32_of(v[kvi(bb, seen[jj], hkv) + c]);
+          for (int c = 0; c < DV; c++) accr[c] += e * f32_of(v[vi(bb, seen[jj], hkv) + c]);
         }
         const size_t li = thd ? (size_t)hh * rows + first[bb] + i : ((size_t)bb * h + hh) * s + i;
         double lr = keys ? m + log(l) : -INFINITY;
-        std::vector<double> refrow(D);
-        for (int c = 0; c < D; c++) refrow[c] = keys ? accr[c] / l : 0.0;
+        std::vector<double> refrow(DV);
+        for (int c = 0; c < DV; c++) refrow[c] = keys ? accr[c] / l : 0.0;
         if (merge && lr != -INFINITY) { // the running pair after the merge (a step row with no key: as it was)
           const double l0 = acc_lse0[li], ln = l0 == -INFINITY ? lr : fmax(l0, lr) + log1p(exp(-fabs(l0 - lr)));
-          for (int c = 0; c < D; c++)
-            refrow[c] = (l0 == -INFINITY ? 0.0 : acc0[qi(bb, i, hh) + c] * exp(l0 - ln)) + refrow[c] * exp(lr - ln);
+          for (int c = 0; c < DV; c++)
+            refrow[c] = (l0 == -INFINITY ? 0.0 : acc0[oi(bb, i, hh) + c] * exp(l0 - ln)) + refrow[c] * exp(lr - ln);
           lr = ln;
         } else if (merge) {
-          for (int c = 0; c < D; c++) refrow[c] = acc0[qi(bb, i, hh) + c];
+          for (int c = 0; c < DV; c++) refrow[c] = acc0[oi(bb, i, hh) + c];
           lr = acc_lse0[li];
         }
         double rmax = 0; // elementwise errors against |ref| plus the row's largest |ref|
-        for (int c = 0; c < D; c++) rmax = fmax(rmax, fabs(refrow[c]));
-        for (int c = 0; c < D; c++) {
-          const double ref = refrow[c], got = merge ? (double)acc[qi(bb, i, hh) + c] : (double)f32_of(o[qi(bb, i, hh) + c]);
+        for (int c = 0; c < DV; c++) rmax = fmax(rmax, fabs(refrow[c]));
+        for (int c = 0; c < DV; c++) {
+          const double ref = refrow[c], got = merge ? (double)acc[oi(bb, i, hh) + c] : (double)f32_of(o[oi(bb, i, hh) + c]);
           const double d = got - ref;
           num += d * d, den += ref * ref, planted_num += (got * 1.02 - ref) * (got * 1.02 - ref);
           emax = got != got ? INFINITY : fmax(emax, fabs(d) / (fabs(ref) + rmax + (keys ? 0.0 : 1.0)));
@@ -518,8 +528,8 @@ template <int D> static bool run_case(const hp_case &cs, const hp_mask &mk, int 
   } else {
     snprintf(what, sizeof what, "%s b=%d s=%d", sbhd ? "sbhd" : "bshd", b, s);
   }
-  printf("d=%d pipe=%d %s h=%d/%d window (%d,%d)%s%s: normwise %.2e, elementwise %.2e, lse %.2e, max_logit %.1e; planted 2%%: %.2e %s -> %s\n",
-         D, pipe, what, h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", merge ? " merged" : "", nw, emax, lmax, mlmax, pw, caught ? "caught" : "MISSED",
+  printf("d=%d/%d pipe=%d %s h=%d/%d window (%d,%d)%s%s: normwise %.2e, elementwise %.2e, lse %.2e, max_logit %.1e; planted 2%%: %.2e %s -> %s\n",
+         DQK, DV, pipe, what, h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", merge ? " merged" : "", nw, emax, lmax, mlmax, pw, caught ? "caught" : "MISSED",
          ok && caught ? "ok" : "FAIL");
   return ok && caught;
 }
@@ -546,6 +556,9 @@ int main() {
   for (const hp_case &c : cases) // head dim 64: every case under three masks, and merged causal
     for (int m : {0, 2, 4})
       for (int pipe = 0; pipe < 2; pipe++) ok = run_case<64>(c, masks[m], pipe, seed++, m == 2) && ok;
+  for (const hp_case &c : cases) // MLA's 192/128: every case causal bottom-right merged, and a window
+    for (int m : {2, 3})
+      ok = run_case<192, 128>(c, masks[m], 0, seed++, m == 2) && ok;
   printf("%s\n", ok ? "hopper emu: all ok" : "hopper emu: FAILED");
   return ok ? 0 : 1;
 }

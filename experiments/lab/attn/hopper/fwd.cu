@@ -182,16 +182,16 @@ static CUtensorMap tensor_map(const __nv_bfloat16 *x, const layout_t &l, int hea
 static void run(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const params_t &p,
                 const layout_t &l, int pipe, cudaStream_t st) {
   const CUtensorMap tq = tensor_map(q, l, p.h), tk = tensor_map(k, l, p.h_kv), tv = tensor_map(v, l, p.h_kv);
-  const size_t smem = sizeof(smem_t<D>) + 1024;
+  const size_t smem = sizeof(smem_t<D, D>) + 1024;
   static bool attr = false;
   if (!attr) {
-    CK(cudaFuncSetAttribute(fwd_kernel<0, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    CK(cudaFuncSetAttribute(fwd_kernel<1, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    CK(cudaFuncSetAttribute(fwd_kernel<0, D, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    CK(cudaFuncSetAttribute(fwd_kernel<1, D, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     attr = true;
   }
   const dim3 grid((p.s_q + BM - 1) / BM, p.h, p.b);
-  if (pipe == 1) fwd_kernel<1, D><<<grid, THREADS, smem, st>>>(tq, tk, tv, p);
-  else fwd_kernel<0, D><<<grid, THREADS, smem, st>>>(tq, tk, tv, p);
+  if (pipe == 1) fwd_kernel<1, D, D><<<grid, THREADS, smem, st>>>(tq, tk, tv, p);
+  else fwd_kernel<0, D, D><<<grid, THREADS, smem, st>>>(tq, tk, tv, p);
   CK(cudaGetLastError());
 }
 
