@@ -50,7 +50,7 @@
 --       with these operands and opts would run (false: "cudnn" asked and
 --       refused) and why; may build and cache cuDNN's plans. With "ours" on
 --       cuda, fwd_why ends with the kernel: "kernel: hopper forward (...)"
---       (kernels/attn/hopper/: sm_90, bf16, head dims 64, 128 or 192/128, accumulate in
+--       (kernels/attn/hopper/: sm_90, bf16, head dims 64 or 128, accumulate in
 --       f32) or "kernel: portable (hopper forward: <why not>)".
 --       DISTLAB_ATTN_HOPPER=0 keeps the portable kernel (A/B timings).
 --   attn.cudnn_info() -> {version, header_version, frontend_version, path,

@@ -84,7 +84,7 @@ int dl_attn_validate(const dl_attn_params_t *p, int bwd, int cuda);
 size_t dl_attn_bwd_workspace_bytes(const dl_attn_params_t *p);
 
 int dl_attn_fwd_cuda(const dl_attn_params_t *p, void *stream);
-/* The Hopper forward (kernels/attn/hopper/; sm_90a; bf16, head dims 64/64, 128/128 or 192/128): whether it takes p's shape (1, else 0 with
+/* The Hopper forward (kernels/attn/hopper/; sm_90a; bf16, head dims 64/64 or 128/128; 192/128 in the kernel, not yet taken): whether it takes p's shape (1, else 0 with
  * the reason in why when given), whether it runs here (that and an sm_90 device), and the run.
  * dl_attn_fwd_cuda takes it where usable. */
 int dl_attn_fwd_hopper_fits(const dl_attn_params_t *p, char *why, size_t n);

@@ -15,7 +15,7 @@
  * bf16/fp16 as the A operand of the P V mma. Fully masked rows give out 0,
  * lse -inf, and no NaN.
  *
- * On an sm_90 device, bf16 at head dims 64/64, 128/128 or 192/128 runs the Hopper forward
+ * On an sm_90 device, bf16 at head dims 64/64 or 128/128 runs the Hopper forward
  * instead (kernels/attn/hopper/: wgmma, TMA; dl_attn_fwd_hopper_fits).
  *
  * Requires: head dims multiples of 8 up to 256 (padded to 64/128/192/256
