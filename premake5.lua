@@ -84,18 +84,19 @@ if P4 then solution "distlab" else workspace "distlab" end
   location "build"
   configurations { "release" }
 
-if nvcc then
-  project "distlab_cuda"
+-- A static library of .cu files compiled by nvcc with the given flags.
+local function cuda_lib(name, dir, list, flags)
+  project(name)
     kind "StaticLib"
     language "C++"
     common()
-    objdir "build/obj/cuda"
-    files(cu_files)
+    objdir(dir)
+    files(list)
     if P4 then
-      buildoptions { nvcc_flags }
+      buildoptions { flags }
     else
       filter "files:**.cu"
-        buildcommands { nvcc .. " " .. nvcc_flags .. " -Icore -Icore/include -Ikernels -I" .. cuda_home .. "/include" ..
+        buildcommands { nvcc .. " " .. flags .. " -Icore -Icore/include -Ikernels -I" .. cuda_home .. "/include" ..
           " -DDL_WITH_CUDA -MMD -MP -o %{cfg.objdir}/%{file.basename}.o -c %{file.relpath}" }
         buildoutputs { "%{cfg.objdir}/%{file.basename}.o" }
       filter {}
@@ -103,21 +104,8 @@ if nvcc then
 end
 
 if nvcc then
-  project "distlab_hopper"
-    kind "StaticLib"
-    language "C++"
-    common()
-    objdir "build/obj/hopper"
-    files(hopper_files)
-    if P4 then
-      buildoptions { hopper_flags }
-    else
-      filter "files:**.cu"
-        buildcommands { nvcc .. " " .. hopper_flags .. " -Icore -Icore/include -Ikernels -I" .. cuda_home .. "/include" ..
-          " -DDL_WITH_CUDA -MMD -MP -o %{cfg.objdir}/%{file.basename}.o -c %{file.relpath}" }
-        buildoutputs { "%{cfg.objdir}/%{file.basename}.o" }
-      filter {}
-    end
+  cuda_lib("distlab_cuda", "build/obj/cuda", cu_files, nvcc_flags)
+  cuda_lib("distlab_hopper", "build/obj/hopper", hopper_files, hopper_flags)
 end
 
 if cudnn_fe then
