@@ -14,6 +14,14 @@ local function run(n, device, script, args, env)
   return H.distlab(string.format("run -n %d --device %s spec/ep/%s %s", n, device, script, args or ""), env)
 end
 
+-- fail.lua's mode on one rank: its error matches want, and the buffer's next call has none
+local function reported_then_on(device, mode, want)
+  local rc, out = run(1, device, "fail.lua", mode)
+  assert.equal(0, rc, out)
+  assert.truthy(out:find("ERR: [^\n]*" .. want), out)
+  assert.truthy(out:find("AFTER: %(no error%)"), out)
+end
+
 local function ok_lines(out, word)
   local _, k = out:gsub(word .. " ok", "")
   return k
@@ -52,10 +60,7 @@ describe("ep on cpu (shared memory)", function()
       "already %(a token's top%-k experts must differ%); that selection was dropped" },
   } do
     it("1 rank: " .. c[1] .. " is reported with the token, k and the id; the buffer goes on", function()
-      local rc, out = run(1, "cpu", "fail.lua", c[2])
-      assert.equal(0, rc, out)
-      assert.truthy(out:find("ERR: [^\n]*" .. c[3]), out)
-      assert.truthy(out:find("AFTER: %(no error%)"), out)
+      reported_then_on("cpu", c[2], c[3])
     end)
   end
 
@@ -204,11 +209,6 @@ describe("ep on GPUs (DISTLAB_SPEC_RANKS ranks, sharing a GPU where there are fe
     { "an expert id out of range", "badid", "topk_idx%[2%]%[1%] = 7 is not an expert id" },
     { "an expert a token picked already", "repeat", "topk_idx%[2%]%[1%] = 1 picks an expert that token 2 picked already" },
   } do
-    it("1 rank: " .. c[1] .. " is reported by check()", function()
-      local rc, out = run(1, "cuda", "fail.lua", c[2])
-      assert.equal(0, rc, out)
-      assert.truthy(out:find("ERR: [^\n]*" .. c[3]), out)
-      assert.truthy(out:find("AFTER: %(no error%)"), out)
-    end)
+    it("1 rank: " .. c[1] .. " is reported by check()", function() reported_then_on("cuda", c[2], c[3]) end)
   end
 end)
