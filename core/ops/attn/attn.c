@@ -349,15 +349,15 @@ int dl_attn_backend(const dl_attn_opts_t *o, const dl_tensor_t *q, const dl_tens
     char path[160];
     int usable = 0;
     p.acc_out = accumulate ? (void *)1 : NULL, p.acc_dtype = DL_F32; /* the usual accumulate */
-    if (dl_attn_fwd_hopper_fits(&p, path, sizeof path) && !(rc = dl_cuda_use(q->dev_index)))
-      rc = dl_attn_fwd_hopper_usable(&p, &usable);
+    const int fits = dl_attn_fwd_hopper_fits(&p, path, sizeof path);
+    if (fits && !(rc = dl_cuda_use(q->dev_index))) rc = dl_attn_fwd_hopper_usable(&p, &usable);
     if (!rc) {
       size_t n = strlen(why);
       if (usable)
         snprintf(why + n, (size_t)whylen - n, "; kernel: %s", path);
       else
         snprintf(why + n, (size_t)whylen - n, "; kernel: portable (hopper forward: %s)",
-                 dl_attn_fwd_hopper_fits(&p, path, sizeof path) ? "not an sm_90 device" : path);
+                 fits ? "not an sm_90 device" : path);
     }
   }
 #endif

@@ -28,8 +28,12 @@ static int fail_why(char *why, size_t n, const char *msg) {
 }
 
 extern "C" int dl_attn_fwd_hopper_fits(const dl_attn_params_t *p, char *why, size_t n) {
-  const char *off = getenv("DISTLAB_ATTN_HOPPER");
-  if (off && !strcmp(off, "0")) return fail_why(why, n, "DISTLAB_ATTN_HOPPER=0");
+  static int off = -1; /* the environment, read once */
+  if (off < 0) {
+    const char *e = getenv("DISTLAB_ATTN_HOPPER");
+    off = e && !strcmp(e, "0");
+  }
+  if (off) return fail_why(why, n, "DISTLAB_ATTN_HOPPER=0");
   if (p->dtype != DL_BF16) return fail_why(why, n, "dtype is not bf16");
   if (p->d_qk == 192 && p->d_v == 128) /* the kernel has it (launch<0, 192, 128> below) */
     return fail_why(why, n, "head dims 192/128 (MLA): checked on the emulator, not yet run on a GPU");
@@ -104,18 +108,22 @@ static int tensor_map(CUtensorMap *m, const void *base, const dl_attn_strides_t 
   return 0;
 }
 
-/* The host-mapped word the kernel's timed-out waits set. */
-static int *status_word(void) {
-  static int *word;
+/* The host-mapped word the kernel's timed-out waits set (portable: every device of the process maps it),
+ * and its device address (*dev). */
+static int *status_word(int **dev) {
+  static int *word, *dword;
   if (!word) {
-    void *h = NULL;
-    if (cudaHostAlloc(&h, sizeof(int), cudaHostAllocMapped) != cudaSuccess) {
+    void *h = NULL, *d = NULL;
+    if (cudaHostAlloc(&h, sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess ||
+        cudaHostGetDevicePointer(&d, h, 0) != cudaSuccess) {
       (void)cudaGetLastError();
+      if (h) cudaFreeHost(h);
       return NULL;
     }
     memset(h, 0, sizeof(int));
-    word = (int *)h;
+    word = (int *)h, dword = (int *)d;
   }
+  *dev = dword;
   return word;
 }
 
@@ -137,7 +145,7 @@ static int launch(dim3 grid, const CUtensorMap &tq, const CUtensorMap &tk, const
 static void copy_st(int64_t (&dst)[3], const dl_attn_strides_t &st) { dst[0] = st.s, dst[1] = st.h, dst[2] = st.b; }
 
 extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) {
-  int *word = status_word();
+  int *dword = NULL, *word = status_word(&dword);
   if (!word) return DL_ERR(DL_ENOMEM, "attn fwd (hopper): no host-mapped status word");
   if (__atomic_exchange_n(word, 0, __ATOMIC_ACQ_REL))
     return DL_ERR(DL_ETIMEOUT, "attn fwd (hopper): a wait of an earlier call's kernel timed out (a TMA load "
@@ -166,11 +174,8 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
     copy_st(k.acc_st, p->acc_out_st), copy_st(k.acc_lse_st, p->acc_lse_st);
   }
   k.max_logit = p->max_logit;
-  void *dword = NULL;
-  DL_CUDA_CHECK(cudaHostGetDevicePointer(&dword, word, 0));
-  k.err = (int *)dword;
-  DL_CHECK_ARG(p->s_q <= 65535 * BM && p->h_q <= 65535 && p->b <= 65535,
-               "attn fwd (hopper): grid too large (s_q=%d h_q=%d b=%d)", p->s_q, p->h_q, p->b);
+  k.err = dword;
+  static_assert(BM == 128, "dl_attn_fwd_cuda checks the grid for 128-row blocks");
   const dim3 grid((p->s_q + BM - 1) / BM, p->h_q, p->b);
   // the faster loop of each head dim on an H200 (experiments/results/attn/hopper-fwd*-h200.md): the
   // steps in turn at d 128 (and MLA's 192/128, not yet timed), FA3's intra-warpgroup pipelining at d 64
