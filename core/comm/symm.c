@@ -371,11 +371,44 @@ static int signal_ctx(dl_symm_t *b, int rc, const char *what) {
                           b->comm_name);
 }
 
+/* The death that dead rank d's own pad records, if its last wait ended at
+ * one (it gave up because another rank died first): that rank, or -1. The
+ * watchdog names the lowest of several ranks it finds dead at one look, so
+ * a survivor that failed and exited a millisecond after the real death can
+ * be the one named; its record names the first. Read from host memory on
+ * cpu; on cuda by a copy that may fail with the dead rank's memory (then
+ * -1). */
+static int cause_of(dl_symm_t *b, uint32_t d) {
+  if (d >= (uint32_t)b->size || !b->peers.pads[d] || (int)d == b->rank) return -1;
+  uint32_t rec[4] = {0, 0, 0, 0};
+  if (b->dev_type == DL_CPU) {
+    for (int i = 0; i < 4; i++) rec[i] = __atomic_load_n(&b->peers.pads[d]->error[i], __ATOMIC_ACQUIRE);
+  } else {
+#ifdef DL_WITH_CUDA
+    if (cudaMemcpy(rec, b->peers.pads[d]->error, sizeof rec, cudaMemcpyDeviceToHost) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return -1;
+    }
+#else
+    return -1;
+#endif
+  }
+  return rec[0] == DL_SIGNAL_ERR_DEAD && rec[1] < (uint32_t)b->size && rec[1] != d ? (int)rec[1] : -1;
+}
+
 /* The message of a death the pad records (kind DL_SIGNAL_ERR_DEAD), with
- * the words the launcher and the specs look for: "rank R (pid P) has exited". */
+ * the words the launcher and the specs look for: "rank R (pid P) has exited",
+ * and, where R gave up because another rank died first, that rank too. */
 static int dead_error(dl_symm_t *b, const uint32_t *err) {
-  return DL_ERR(DL_EPEER, "rank %u (pid %d) has exited (a wait of this rank for %u saw %u)", err[1],
-                err[1] < DL_SIGNAL_MAX_RANKS ? b->pids[err[1]] : 0, err[2], err[3]);
+  const uint32_t d = err[1];
+  const int first = cause_of(b, d);
+  if (first >= 0)
+    return DL_ERR(DL_EPEER,
+                  "rank %u (pid %d) has exited (a wait of this rank for %u saw %u); it gave up "
+                  "after rank %d (pid %d) has exited",
+                  d, d < DL_SIGNAL_MAX_RANKS ? b->pids[d] : 0, err[2], err[3], first, b->pids[first]);
+  return DL_ERR(DL_EPEER, "rank %u (pid %d) has exited (a wait of this rank for %u saw %u)", d,
+                d < DL_SIGNAL_MAX_RANKS ? b->pids[d] : 0, err[2], err[3]);
 }
 
 /* cpu: a wait that ended at a death says so in those words (the pid is ours to add). */

@@ -18,6 +18,10 @@
 -- Runs on the device DISTLAB_DEVICE gives (cuda: ranks sharing a GPU too);
 -- on cuda every iteration ends with a synchronize, so what a survivor waits
 -- on is the device's wait for its peer.
+-- KILL_STOP_RANK0=<s>: the victim (not rank 0) stops rank 0 (SIGSTOP) just
+-- before it dies and has it continued <s> seconds later, so rank 0's
+-- watchdog finds two ranks dead at its first look: the victim and a
+-- survivor that gave up and exited meanwhile.
 local dir = arg[0]:match("^(.*)/[^/]*$") or "."
 local ffi = require "ffi"
 local dl = require "distlab"
@@ -27,6 +31,8 @@ unsigned ualarm(unsigned usecs, unsigned interval);
 void *signal(int sig, void *handler);
 struct dl_kill_timespec { long tv_sec; long tv_nsec; };
 int clock_gettime(int clk, struct dl_kill_timespec *ts);
+int getpid(void);
+int kill(int pid, int sig);
 ]]
 local function now() -- CLOCK_MONOTONIC: the same clock in every process of the host
   local ts = ffi.new("struct dl_kill_timespec")
@@ -120,14 +126,24 @@ w:barrier()
 
 -- the victim picks its moment and tells the others when it will be
 local store = dl.comm.store()
+local stop0 = tonumber(os.getenv("KILL_STOP_RANK0") or "")
+if stop0 and me == 0 then store:set("kill/pid0", tostring(ffi.C.getpid())) end
 if me == victim then
   local delay = 0.1 + (seed * 0.137) % 0.4
   local at = now() + delay
   store:set("kill/" .. seed, string.format("%.6f", at))
   print(string.format("VICTIM %d dies in %.3f s", me, delay))
   io.stdout:flush()
+  local pid0 = stop0 and me ~= 0 and tonumber(store:get("kill/pid0"))
+  if pid0 then os.execute(string.format("(sleep %g; kill -CONT %d) >/dev/null 2>&1 &", delay + stop0, pid0)) end
   ffi.C.ualarm(math.floor((at - now()) * 1e6), 0)
-  for i = 1, math.huge do step(i) end
+  for i = 1, math.huge do
+    if pid0 and now() > at - 0.01 then
+      ffi.C.kill(pid0, 19) -- SIGSTOP
+      pid0 = nil
+    end
+    step(i)
+  end
 end
 local at = tonumber(store:get("kill/" .. seed))
 local ok, err = pcall(function() for i = 1, math.huge do step(i) end end)
