@@ -1,0 +1,388 @@
+// emu_hopper.h — the Hopper instructions of kernels/attn/hopper/ (ptx.cuh's
+// names) on the CPU, on the attention lab's warp emulator (../emu/cuda_emu.h:
+// every CUDA thread a coroutine, warps in a shuffled order, shared memory
+// starting as NaN garbage), as the PTX ISA and CUTLASS's canonical layouts
+// define them. emu.cpp runs the forward on it, emu_bwd.cpp the backward.
+//   mbarrier   arrival count, transaction bytes, phase parity (try_wait is
+//              true once the phase of the given parity completed);
+//   TMA        a box of a 4-d tensor into shared memory, rows of 128 bytes
+//              with the 128-byte swizzle (16-byte chunk c of row r lands at
+//              chunk c ^ (r % 8)), zeros outside the tensor; it lands either
+//              at once or only when a thread polls its barrier (a coin), and
+//              completes that many transaction bytes; the bulk copy (no
+//              tensor map: bytes from a global address) likewise;
+//   wgmma      m64nNk16 (N 128, 64 or 32), bf16 in, fp32 accumulators: a
+//              collective of the 128 threads of a warpgroup, A and B decoded
+//              from shared memory descriptors (K-major: row r at (r % 8) * 128
+//              + (r / 8) * SBO; MN-major (B, or A transposed): 8 elements a
+//              16-byte unit, units (n / 8) % 8 apart by 16 bytes and n / 64
+//              by LBO, k % 8 by 128 bytes and k / 8 by SBO; then the swizzle
+//              on the address) or A from each thread's registers, D in the
+//              accumulator layout (thread t, value v: row 16 (t / 32) +
+//              (t % 32) / 4 + 8 ((v / 2) % 2), column 8 (v / 4) + 2 (t % 4) +
+//              v % 2). Asynchronous as on the GPU: a wgmma runs at the
+//              wgmma.wait_group that covers its commit group, reading shared
+//              memory and adding to the accumulators then, so a stage reused,
+//              or accumulators read or written, before that wait give wrong
+//              results.
+// This checks a kernel's own logic (fragment maps, softmax, masks, the
+// pipeline's barriers and phases, the epilogue) against an fp64 reference;
+// it cannot check that the hardware reads the layouts as emulated: that is
+// what the GPU runs (scripts/gpu/hopper_lab.sh) are for.
+#ifndef DISTLAB_LAB_HOPPER_EMU_H
+#define DISTLAB_LAB_HOPPER_EMU_H
+#define HOPPER_EMU
+#include "../emu/cuda_emu.h"
+
+#include <map>
+#include <random>
+
+#define HP_DEV inline
+#define HP_HD inline
+#define HP_GRID_CONST
+struct float2 {
+  float x, y;
+};
+static inline float2 make_float2(float x, float y) { return float2{x, y}; }
+
+struct hp_tmap_t {
+  const uint16_t *base;
+  uint64_t dims[4], strides[3]; // strides in bytes of dims 1..3
+  uint32_t box[4];
+};
+
+// ---- shared memory addresses: offsets that keep the real pointer's alignment mod 1024 ----
+
+static inline uint32_t hp_off0() { return (uint32_t)((uintptr_t)emu.smem % 1024); }
+HP_DEV char *hp_smem() { return emu.smem; }
+HP_DEV uint32_t hp_smem_u32(const void *p) {
+  const ptrdiff_t o = (const char *)p - emu.smem;
+  if (o < 0 || (size_t)o >= emu.smem_bytes) {
+    fprintf(stderr, "emu: pointer outside shared memory\n");
+    abort();
+  }
+  return (uint32_t)o + hp_off0();
+}
+static inline char *hp_ptr(uint32_t addr, size_t bytes) {
+  const int64_t o = (int64_t)addr - hp_off0();
+  if (o < 0 || (size_t)o + bytes > emu.smem_bytes) {
+    fprintf(stderr, "emu: shared address %u (%zu bytes) outside shared memory\n", addr, bytes);
+    abort();
+  }
+  return emu.smem + o;
+}
+static inline uint32_t hp_swizzle(uint32_t addr) { return addr ^ (((addr >> 7) & 7u) << 4); }
+
+HP_DEV void hp_sync() { attn_sync(); }
+HP_DEV void hp_syncwarp() { attn_syncwarp(); }
+HP_DEV void hp_atomic_max(float *dst, float x) { *dst = fmaxf(*dst, x); } // one thread runs at a time
+HP_DEV int hp_warp_uniform(int x) { return x; } // the kernel passes values that are the same in every lane
+HP_DEV float hp_exp2(float x) { return exp2f(x); }
+HP_DEV void prefetch_l2(const void *) {}
+template <int N> HP_DEV void reg_alloc() {}
+template <int N> HP_DEV void reg_dealloc() {}
+HP_DEV float hp_shfl_xor(float x, int m) { return attn_shfl_xor(x, m); }
+HP_DEV uint32_t pack_bf16(float lo, float hi) { return emu_f32_to_b16(lo, true) | emu_f32_to_b16(hi, true) << 16; }
+
+// ---- mbarriers and TMA ----------------------------------------------------------------------
+
+struct hp_mbar {
+  uint32_t count = 0, pending = 0, phase = 0;
+  int64_t tx = 0;
+};
+struct hp_copy {
+  uint32_t dst, bar;
+  const hp_tmap_t *map; // NULL: a bulk copy of bytes from src
+  int c[4];
+  const void *src;
+  uint32_t bytes;
+};
+static std::map<uint32_t, hp_mbar> hp_bars; // by shared address, per CTA (cleared by the test between CTAs)
+static std::vector<hp_copy> hp_pending;
+static std::mt19937 hp_coin(7);
+
+static hp_mbar &hp_bar(uint64_t *b) {
+  auto it = hp_bars.find(hp_smem_u32(b));
+  if (it == hp_bars.end()) {
+    fprintf(stderr, "emu: mbarrier used before mbarrier.init\n");
+    abort();
+  }
+  return it->second;
+}
+static void hp_complete_if(hp_mbar &m) {
+  if (m.pending == 0 && m.tx == 0) {
+    m.phase++;
+    m.pending = m.count;
+    emu.progress++;
+  }
+}
+HP_DEV void mbar_init(uint64_t *b, uint32_t count) {
+  hp_mbar m;
+  m.count = m.pending = count;
+  hp_bars[hp_smem_u32(b)] = m;
+}
+HP_DEV void mbar_init_fence() {}
+HP_DEV void mbar_arrive(uint64_t *b) {
+  hp_mbar &m = hp_bar(b);
+  if (m.pending == 0) {
+    fprintf(stderr, "emu: more arrivals than the barrier's count\n");
+    abort();
+  }
+  m.pending--;
+  emu.progress++;
+  hp_complete_if(m);
+}
+HP_DEV void mbar_expect_tx(uint64_t *b, uint32_t bytes) {
+  hp_bar(b).tx += bytes;
+  mbar_arrive(b);
+}
+
+static void hp_land(const hp_copy &c) {
+  if (!c.map) { // a bulk copy
+    memcpy(hp_ptr(c.dst, c.bytes), c.src, c.bytes);
+    hp_mbar &b = hp_bars.at(c.bar);
+    b.tx -= c.bytes;
+    if (b.tx < 0) {
+      fprintf(stderr, "emu: more bulk copy bytes than the barrier expected\n");
+      abort();
+    }
+    emu.progress++;
+    hp_complete_if(b);
+    return;
+  }
+  const hp_tmap_t &m = *c.map;
+  if (c.dst % 1024) {
+    fprintf(stderr, "emu: TMA destination %u not 1024-byte aligned (128-byte swizzle)\n", c.dst);
+    abort();
+  }
+  if (m.box[0] * 2 != 128) {
+    fprintf(stderr, "emu: the emulated TMA takes rows of 128 bytes\n");
+    abort();
+  }
+  uint32_t r = 0;
+  for (uint32_t i3 = 0; i3 < m.box[3]; i3++)
+    for (uint32_t i2 = 0; i2 < m.box[2]; i2++)
+      for (uint32_t i1 = 0; i1 < m.box[1]; i1++, r++)
+        for (uint32_t e = 0; e < m.box[0]; e++) {
+          const uint64_t x[4] = {(uint64_t)c.c[0] + e, (uint64_t)c.c[1] + i1, (uint64_t)c.c[2] + i2, (uint64_t)c.c[3] + i3};
+          uint16_t v = 0;
+          if (x[0] < m.dims[0] && x[1] < m.dims[1] && x[2] < m.dims[2] && x[3] < m.dims[3])
+            memcpy(&v, (const char *)m.base + 2 * x[0] + x[1] * m.strides[0] + x[2] * m.strides[1] + x[3] * m.strides[2], 2);
+          const uint32_t addr = c.dst + r * 128 + ((e / 8) ^ (r % 8)) * 16 + (e % 8) * 2;
+          memcpy(hp_ptr(addr, 2), &v, 2);
+        }
+  hp_mbar &b = hp_bars.at(c.bar);
+  b.tx -= (int64_t)m.box[0] * m.box[1] * m.box[2] * m.box[3] * 2;
+  if (b.tx < 0) {
+    fprintf(stderr, "emu: more TMA bytes than the barrier expected\n");
+    abort();
+  }
+  emu.progress++;
+  hp_complete_if(b);
+}
+
+HP_DEV void bulk_load(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
+  const hp_copy c{hp_smem_u32(dst), hp_smem_u32(bar), nullptr, {0, 0, 0, 0}, src, bytes};
+  if (c.dst % 16 || (uintptr_t)src % 16 || bytes % 16) {
+    fprintf(stderr, "emu: bulk copy of %u bytes to %u from %p: not 16-byte aligned\n", bytes, c.dst, src);
+    abort();
+  }
+  hp_bar(bar);
+  if (hp_coin() % 2) hp_land(c);
+  else hp_pending.push_back(c);
+}
+
+HP_DEV void tma_load(void *dst, const hp_tmap_t *map, uint64_t *bar, int c0, int c1, int c2, int c3) {
+  const hp_copy c{hp_smem_u32(dst), hp_smem_u32(bar), map, {c0, c1, c2, c3}, nullptr, 0};
+  hp_bar(bar); // initialised
+  if (hp_coin() % 2) hp_land(c);
+  else hp_pending.push_back(c);
+}
+
+HP_DEV bool mbar_try(uint64_t *b, uint32_t parity) {
+  const uint32_t a = hp_smem_u32(b);
+  std::vector<hp_copy> keep; // copies to this barrier land now
+  for (const hp_copy &c : hp_pending) {
+    if (c.bar == a) hp_land(c);
+    else keep.push_back(c);
+  }
+  hp_pending.swap(keep);
+  const hp_mbar &m = hp_bar(b);
+  // true once the phase of this parity completed, i.e. the current phase has the other parity
+  const bool done = (m.phase & 1u) != parity;
+  if (!done) emu_yield();
+  return done;
+}
+
+// ---- wgmma ----------------------------------------------------------------------------------
+
+// One wgmma as issued: its operands (A's registers as they were then: ptxas keeps them until the
+// wait) and where each thread's accumulators are. It runs at the wait that covers its commit group:
+// the shared memory it reads and the accumulators it adds to are read then, so a kernel that
+// reuses a stage, or reads or writes the accumulators, before that wait gets wrong results.
+struct hp_op {
+  bool rs, bt, at; // A from registers; B MN-major; A MN-major (transposed)
+  int acc, n; // n: the columns of the accumulators (128, or 64 for head dim 64's P V)
+  uint64_t da, db;
+  float *d[128];
+  uint32_t a[128][4];          // A's registers at the issue
+  const uint32_t *ap[128];     // and where they are: they must hold until the wait
+};
+struct hp_wg {
+  int arrived = 0, n = 128;
+  long gen = 0;
+  float *d[128];
+  uint32_t a[128][4];
+  const uint32_t *ap[128];
+  uint64_t da[128], db[128];
+  int acc[128];
+  std::vector<hp_op> open;                // issued, not yet committed
+  std::vector<std::vector<hp_op>> groups; // committed, not yet waited for (oldest first)
+};
+static hp_wg hp_wgs[8];
+
+static void hp_mma(const hp_op &op);
+template <class F> static void hp_wg_op(F compute);
+
+HP_DEV void wg_fence() {}
+HP_DEV void wg_commit() {
+  hp_wg_op([](hp_wg &g) {
+    g.groups.push_back(g.open);
+    g.open.clear();
+  });
+}
+// wgmma.wait_group N: every commit group but the N newest completes, in order
+template <int N> HP_DEV void wg_wait() {
+  hp_wg_op([](hp_wg &g) {
+    while (g.groups.size() > (size_t)N) {
+      for (const hp_op &op : g.groups.front()) hp_mma(op);
+      g.groups.erase(g.groups.begin());
+    }
+  });
+}
+HP_DEV void fence_proxy_async() {}
+
+static float hp_bf16(uint32_t addr) {
+  uint16_t h;
+  memcpy(&h, hp_ptr(hp_swizzle(addr), 2), 2);
+  return emu_b16_to_f32(h, true);
+}
+static void hp_desc(uint64_t d, uint32_t &start, uint32_t &lbo, uint32_t &sbo) {
+  if ((d >> 62) != 1 || ((d >> 49) & 7)) {
+    fprintf(stderr, "emu: descriptor %016llx: only the 128-byte swizzle with base offset 0 is emulated\n", (unsigned long long)d);
+    abort();
+  }
+  start = (uint32_t)(d & 0x3fff) << 4, lbo = (uint32_t)((d >> 16) & 0x3fff) << 4, sbo = (uint32_t)((d >> 32) & 0x3fff) << 4;
+}
+// K-major operand element (row r, k) of a descriptor
+static float hp_kmajor(uint64_t d, int r, int k) {
+  uint32_t start, lbo, sbo;
+  hp_desc(d, start, lbo, sbo);
+  return hp_bf16(start + (r % 8) * 128 + (r / 8) * sbo + (k / 8) * 16 + (k % 8) * 2);
+}
+// MN-major operand element (k, n)
+static float hp_mnmajor(uint64_t d, int k, int n) {
+  uint32_t start, lbo, sbo;
+  hp_desc(d, start, lbo, sbo);
+  return hp_bf16(start + (n % 8) * 2 + ((n / 8) % 8) * 16 + (n / 64) * lbo + (k % 8) * 128 + (k / 8) * sbo);
+}
+static inline int hp_row(int t, int v) { return 16 * (t / 32) + (t % 32) / 4 + 8 * ((v / 2) % 2); }
+static inline int hp_col(int t, int v) { return 8 * (v / 4) + 2 * (t % 4) + v % 2; }
+
+template <class F> static void hp_wg_op(F compute) {
+  hp_wg &g = hp_wgs[emu.cur / 128];
+  emu_barrier(&g.arrived, &g.gen, 128, [&] { compute(g); });
+}
+
+// The issue: the warpgroup's operands checked and snapshot. rs: A from registers; bt: B MN-major
+// (transposed), as the RS form always has it here.
+static void hp_issue(hp_wg &g, bool rs, bool bt, bool at = false) {
+  for (int t = 1; t < 128; t++)
+    if (g.db[t] != g.db[0] || (!rs && (g.da[t] != g.da[0] || g.acc[t] != g.acc[0]))) {
+      fprintf(stderr, "emu: the threads of a warpgroup gave different wgmma operands\n");
+      abort();
+    }
+  hp_op op;
+  op.rs = rs, op.bt = bt, op.at = at, op.acc = g.acc[0], op.n = g.n, op.da = g.da[0], op.db = g.db[0];
+  memcpy(op.d, g.d, sizeof op.d);
+  memcpy(op.a, g.a, sizeof op.a);
+  memcpy(op.ap, g.ap, sizeof op.ap);
+  g.open.push_back(op);
+}
+
+static void hp_mma(const hp_op &op) {
+  static float A[64][16], C[64][128];
+  for (int m = 0; m < 64; m++)
+    for (int k = 0; k < 16; k++) A[m][k] = op.rs ? NAN : op.at ? hp_mnmajor(op.da, k, m) : hp_kmajor(op.da, m, k);
+  if (op.rs)
+    for (int t = 0; t < 128; t++)
+      if (memcmp(op.a[t], op.ap[t], 16)) {
+        fprintf(stderr, "emu: a wgmma's A registers changed before the wait that covers it (thread %d)\n", t);
+        abort();
+      }
+  if (op.rs)
+    for (int t = 0; t < 128; t++)
+      for (int v = 0; v < 8; v++) A[hp_row(t, v)][hp_col(t, v)] = emu_b16_to_f32(op.a[t][v / 2] >> (16 * (v % 2)), true);
+  for (int m = 0; m < 64; m++)
+    for (int n = 0; n < op.n; n++) {
+      float c = 0;
+      for (int k = 0; k < 16; k++) c += A[m][k] * (op.bt ? hp_mnmajor(op.db, k, n) : hp_kmajor(op.db, n, k));
+      C[m][n] = c;
+    }
+  for (int t = 0; t < 128; t++)
+    for (int v = 0; v < op.n / 2; v++) op.d[t][v] = (op.acc ? op.d[t][v] : 0.0f) + C[hp_row(t, v)][hp_col(t, v)];
+}
+
+// bar.sync id, count across warpgroups (the test's kernels use id 3 for both consumer warpgroups)
+static std::map<int, std::pair<int, long>> hp_named; // id -> (arrived, generation)
+HP_DEV void named_bar_sync(int id, int count) {
+  auto &b = hp_named[id];
+  static const std::function<void()> nothing = [] {};
+  emu_barrier(&b.first, &b.second, count, nothing);
+}
+// bar.arrive id, count: counts toward the barrier's next phase without waiting for it
+HP_DEV void named_bar_arrive(int id, int count) {
+  auto &b = hp_named[id];
+  emu.progress++;
+  if (++b.first == count) b.first = 0, ++b.second;
+}
+HP_DEV void st_shared_zero16(uint32_t addr) { memset(hp_ptr(addr, 16), 0, 16); }
+HP_DEV void st_shared_u32(uint32_t addr, uint32_t v) {
+  if (addr % 4) {
+    fprintf(stderr, "emu: st.shared.b32 at %u, not 4-byte aligned\n", addr);
+    abort();
+  }
+  memcpy(hp_ptr(addr, 4), &v, 4);
+}
+HP_DEV void hp_red_add2(float *dst, float x, float y) { // one thread runs at a time
+  if ((uintptr_t)dst % 8) {
+    fprintf(stderr, "emu: red.global.add.v2.f32 at an address not 8-byte aligned\n");
+    abort();
+  }
+  dst[0] += x, dst[1] += y;
+}
+
+// SS: N columns; A K-major, or (ta) A and B MN-major
+template <int N, bool TA> HP_DEV void wgmma_ss_n(float *d, uint64_t da, uint64_t db, int accumulate) {
+  hp_wg &g = hp_wgs[emu.cur / 128];
+  const int t = emu.cur % 128;
+  g.d[t] = d, g.da[t] = da, g.db[t] = db, g.acc[t] = accumulate != 0;
+  hp_wg_op([](hp_wg &g) { g.n = N, hp_issue(g, false, TA, TA); });
+}
+HP_DEV void wgmma_ss(float (&d)[64], uint64_t da, uint64_t db, int accumulate) { wgmma_ss_n<128, false>(d, da, db, accumulate); }
+HP_DEV void wgmma_ss(float (&d)[32], uint64_t da, uint64_t db, int accumulate) { wgmma_ss_n<64, false>(d, da, db, accumulate); }
+HP_DEV void wgmma_ss_tt(float (&d)[32], uint64_t da, uint64_t db, int accumulate) { wgmma_ss_n<64, true>(d, da, db, accumulate); }
+HP_DEV void wgmma_ss_tt(float (&d)[16], uint64_t da, uint64_t db, int accumulate) { wgmma_ss_n<32, true>(d, da, db, accumulate); }
+
+template <int N> HP_DEV void wgmma_rs_n(float *d, const uint32_t (&a)[4], uint64_t db) {
+  hp_wg &g = hp_wgs[emu.cur / 128];
+  const int t = emu.cur % 128;
+  g.d[t] = d, g.db[t] = db, g.acc[t] = 1;
+  memcpy(g.a[t], a, 16);
+  g.ap[t] = a;
+  hp_wg_op([](hp_wg &g) { g.n = N, hp_issue(g, true, true); });
+}
+HP_DEV void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db) { wgmma_rs_n<128>(d, a, db); }
+HP_DEV void wgmma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db) { wgmma_rs_n<64>(d, a, db); }
+
+#endif

@@ -1,0 +1,396 @@
+/*
+ * bwd_kernel.cuh — dl.attn's backward on Hopper (sm_90a): wgmma and TMA,
+ * warp-specialised, FA3's backward written out on the forward's machinery
+ * (fwd_kernel.cuh: descriptors, waits, masks; ptx.cuh: the instructions).
+ * experiments/lab/attn/hopper/emu_bwd.cpp runs it on the CPU with wgmma, TMA
+ * and mbarriers emulated, against an fp64 reference.
+ *
+ * Three kernels, as the portable backward (attn_bwd.cu) has them:
+ *   bwd_prep_kernel   lse2 = lse log2(e) (+inf for a row with no key) and
+ *                     D = rowsum(dO * O) into the workspace, the fp32 dQ
+ *                     accumulator rows zeroed;
+ *   bwd_kernel        below;
+ *   bwd_dq_kernel     dq = scale * accumulator (+ dq with accumulate_grads).
+ * The workspace holds, for q head hh and row i of sequence bb, row
+ * hh * rows_pad + ws_off(bb) + i of lse2 [h][rows_pad], D and dQ [h][rows_pad]
+ * [DQK]; a sequence's rows padded to whole query blocks of 64 (bwd_ws_off),
+ * so a block's lse2 and D are one 256-byte bulk copy and its dQ rows need no
+ * bound.
+ *
+ * bwd_kernel: CTA = BN = 128 keys of one kv head and batch, 384 threads;
+ * grid (key blocks, kv heads, batches).
+ *   warpgroup 2, producer (setmaxnreg 24): one thread TMA-loads K and V of
+ *     the block once, then for every q head of the kv head's group and every
+ *     query block of BQ = 64 rows that sees the keys: Q with lse2 and dO with
+ *     D (bulk copies) into two stages; full barriers carry the bytes, empty
+ *     barriers (256 arrivals) free them.
+ *   warpgroups 0 and 1, consumers (setmaxnreg 240): 64 keys each; dK, dV in
+ *     registers over all the items. Per item:
+ *       S^T = K_c Q^T and dP^T = V_c dO^T (SS wgmma m64n64k16, K-major both:
+ *         keys are rows, so P^T and dS^T come out in the A layout of the next
+ *         GEMMs);
+ *       P^T = exp2(S^T scale log2e - lse2), dS^T = P^T (dP^T - D), the mask
+ *         (selects) only in blocks that need it;
+ *       dV += P^T dO and dK += dS^T Q (RS wgmma m64nDk16, B MN-major: the
+ *         forward's V descriptor);
+ *       dS^T to shared memory (128-byte swizzle, two buffers), then both
+ *         warpgroups meet (named barrier 1) and each computes dQ for its half
+ *         of the head dims over all 128 keys: dQ = dS K (SS wgmma with A
+ *         transposed, i.e. MN-major, read from dS^T; B = K MN-major), added to
+ *         the fp32 accumulator with vector reductions.
+ *   dK (times the softmax scale) and dV are written once, in bf16.
+ * Rows past a sequence (keys of the last key block, queries of the last
+ * query block) are zeroed in shared memory before a GEMM reads them, so that
+ * another sequence's rows or NaN gaps (thd) never meet a zero of P or dS.
+ * Every wait times out into *err (mbar_wait), as in the forward.
+ *
+ * Shared memory (d 128): K, V 32 KB each; Q, dO 2 x 16 KB each; dS^T 2 x 16 KB:
+ * 160 KB, one CTA an SM. Descriptors as in fwd_kernel.cuh; dS^T is [128 keys]
+ * [64 queries] (a 128-byte row a key): as A of dQ = dS K it is MN-major (M =
+ * queries contiguous), SBO = 1024 (8 keys), the k16 step (16 keys) at + 2048;
+ * K as B of dQ is MN-major likewise, the warpgroup's columns of d at + c * BN
+ * * 128 (d 128: a half each) or + c * 64 bytes (d 64: 32 columns each).
+ */
+#ifndef DISTLAB_HOPPER_BWD_KERNEL_CUH
+#define DISTLAB_HOPPER_BWD_KERNEL_CUH
+
+#include "fwd_kernel.cuh"
+
+constexpr int BQ = 64; // query rows an item (BN = 128 keys a CTA, THREADS = 384: fwd_kernel.cuh)
+
+// the two bf16 halves of a 32-bit word, as floats
+HP_DEV float bf16_lo(uint32_t x) { return __uint_as_float(x << 16); }
+HP_DEV float bf16_hi(uint32_t x) { return __uint_as_float(x & 0xffff0000u); }
+
+template <int DQK, int DV> struct alignas(1024) bwd_smem_t {
+  uint16_t k[DQK / 64][BN * 64];
+  uint16_t v[DV / 64][BN * 64];
+  uint16_t q[2][DQK / 64][BQ * 64];
+  uint16_t dout[2][DV / 64][BQ * 64];
+  uint16_t ds[2][BN * 64]; // dS^T: [key][query]
+  float lse2[2][BQ], delta[2][BQ];
+  uint64_t kv_full, q_full[2], do_full[2], q_empty[2], do_empty[2];
+  int fail;
+};
+
+// Addressing as params_t's (fwd_kernel.cuh): strides (position, head, batch) in elements.
+struct bwd_params_t {
+  int b, h, h_kv, s_q, s_kv; // thd: s_q, s_kv the longest lengths (the grids)
+  int window_left, window_right, bottom_right; // params_t's mask
+  float scale, scale_log2;   // softmax scale, and times log2(e)
+  const int *cu_q, *cu_kv, *pad_q, *pad_kv; // thd when cu_q is set
+  const uint16_t *o, *dout;  // bf16 [.., DV]: the forward's (possibly merged) output and its gradient
+  int64_t o_st[3], dout_st[3];
+  const float *lse;          // the forward's (possibly merged) LSE, natural log
+  int64_t lse_st[3];
+  uint16_t *dq, *dk, *dv;    // bf16
+  int64_t dq_st[3], dk_st[3], dv_st[3];
+  int accumulate;            // add into dq, dk, dv instead of writing them
+  float *lse2, *delta, *dq_acc; // the workspace (bwd_ws_bytes)
+  int64_t rows_pad;
+  int *err;                  // optional: set to 1 when a wait timed out
+};
+
+// A sequence's first workspace row: whole blocks of BQ rows each (thd: from its packed start, so
+// every sequence's blocks stay clear of the next one's).
+HP_HD int64_t bwd_ws_off(const bwd_params_t &p, int bb) {
+  return p.cu_q ? (int64_t)BQ * (p.cu_q[bb] / BQ + bb) : (int64_t)bb * ((p.s_q + BQ - 1) / BQ) * BQ;
+}
+// rows_pad of a call (thd: total_q, the packed rows): every sequence's padded blocks fit
+HP_HD int64_t bwd_rows_pad(bool thd, int b, int s_q, int64_t total_q) {
+  return thd ? (int64_t)BQ * (total_q / BQ + b + 1) : (int64_t)b * ((s_q + BQ - 1) / BQ) * BQ;
+}
+// The workspace: lse2 and D [h][rows_pad] fp32, dQ [h][rows_pad][DQK] fp32, each 256-byte aligned.
+HP_HD size_t bwd_ws_bytes(int h, int64_t rows_pad, int dqk) {
+  const size_t v = ((size_t)h * rows_pad * 4 + 255) / 256 * 256;
+  return 2 * v + (size_t)h * rows_pad * dqk * 4;
+}
+HP_HD void bwd_ws_carve(bwd_params_t &p, void *ws) {
+  const size_t v = ((size_t)p.h * p.rows_pad * 4 + 255) / 256 * 256;
+  p.lse2 = (float *)ws, p.delta = (float *)((char *)ws + v), p.dq_acc = (float *)((char *)ws + 2 * v);
+}
+
+struct bwd_seq_t {
+  int len_q, len_kv, first_q, first_kv, tb;
+};
+HP_DEV bwd_seq_t bwd_seq(const bwd_params_t &p, int bb) {
+  bwd_seq_t s{p.s_q, p.s_kv, 0, 0, bb};
+  if (p.cu_q) {
+    s.len_q = p.cu_q[bb + 1] - p.cu_q[bb], s.len_kv = p.cu_kv[bb + 1] - p.cu_kv[bb];
+    s.first_q = p.pad_q ? p.pad_q[bb] : p.cu_q[bb], s.first_kv = p.pad_kv ? p.pad_kv[bb] : p.cu_kv[bb], s.tb = 0;
+  }
+  return s;
+}
+HP_DEV int64_t bwd_at(const int64_t (&st)[3], int first, int row, int head, int tb) {
+  return ((int64_t)first + row) * st[0] + (int64_t)head * st[1] + (int64_t)tb * st[2];
+}
+
+// grid (blocks of BQ rows, h, b), 128 threads: a warp a row at a time, every row of the sequence's
+// padded blocks (rows past it: lse2 +inf and D 0, so that they give P = 0 and dS = 0).
+template <int DQK, int DV> __global__ void __launch_bounds__(128) bwd_prep_kernel(const bwd_params_t p) {
+  const int hh = blockIdx.y, bb = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const bwd_seq_t sq = bwd_seq(p, bb);
+  if ((int)blockIdx.x * BQ >= sq.len_q) return;
+  const int64_t base = hh * p.rows_pad + bwd_ws_off(p, bb);
+  for (int r = warp; r < BQ; r += 4) {
+    const int i = blockIdx.x * BQ + r;
+    float d = 0.0f, l2 = INFINITY;
+    if (i < sq.len_q) {
+      const uint16_t *o = p.o + bwd_at(p.o_st, sq.first_q, i, hh, sq.tb), *g = p.dout + bwd_at(p.dout_st, sq.first_q, i, hh, sq.tb);
+      for (int c = 2 * lane; c < DV; c += 64) {
+        const uint32_t x = *reinterpret_cast<const uint32_t *>(o + c), y = *reinterpret_cast<const uint32_t *>(g + c);
+        d += bf16_lo(x) * bf16_lo(y) + bf16_hi(x) * bf16_hi(y);
+      }
+      const float l = p.lse[bwd_at(p.lse_st, sq.first_q, i, hh, sq.tb)];
+      l2 = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
+      float *acc = p.dq_acc + (base + i) * DQK;
+      for (int c = 2 * lane; c < DQK; c += 64) *reinterpret_cast<float2 *>(acc + c) = make_float2(0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int x = 16; x > 0; x >>= 1) d += hp_shfl_xor(d, x);
+    if (lane == 0) p.lse2[base + i] = l2, p.delta[base + i] = d;
+  }
+}
+
+// grid (blocks of BQ rows, h, b), 128 threads: dq = scale * accumulator (+ dq).
+template <int DQK> __global__ void __launch_bounds__(128) bwd_dq_kernel(const bwd_params_t p) {
+  const int hh = blockIdx.y, bb = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const bwd_seq_t sq = bwd_seq(p, bb);
+  const int64_t base = hh * p.rows_pad + bwd_ws_off(p, bb);
+  for (int r = warp; r < BQ; r += 4) {
+    const int i = blockIdx.x * BQ + r;
+    if (i >= sq.len_q) return;
+    const float *acc = p.dq_acc + (base + i) * DQK;
+    uint16_t *dq = p.dq + bwd_at(p.dq_st, sq.first_q, i, hh, sq.tb);
+    for (int c = 2 * lane; c < DQK; c += 64) {
+      const float2 a = *reinterpret_cast<const float2 *>(acc + c);
+      float x = a.x * p.scale, y = a.y * p.scale;
+      if (p.accumulate) {
+        const uint32_t old = *reinterpret_cast<const uint32_t *>(dq + c);
+        x += bf16_lo(old), y += bf16_hi(old);
+      }
+      *reinterpret_cast<uint32_t *>(dq + c) = pack_bf16(x, y);
+    }
+  }
+}
+
+// Rows [valid, rows) of a [DH / 64][rows][64] tile set to 0 by the 128 threads of warpgroup 0 (the
+// caller then fences and meets the other warpgroup).
+template <int DH> HP_DEV void zero_rows(uint32_t base, int rows, int valid, int tid) {
+  for (int i = tid; i < (rows - valid) * 8 * (DH / 64); i += 128) {
+    const int row = valid + i / (8 * (DH / 64)), half = (i / 8) % (DH / 64), chunk = i % 8;
+    st_shared_zero16(base + half * rows * 128 + row * 128 + chunk * 16);
+  }
+}
+
+// X^T = A_c B^T for the warpgroup's 64 rows of A (keys) and the item's 64 rows of B (queries), over
+// DH: both K-major in shared memory, DH / 16 wgmma m64n64k16, one commit group.
+template <int DH> HP_DEV void gemm_t(float (&x)[32], uint32_t a_base, int a_rows, uint32_t b_base) {
+  wg_fence();
+#pragma unroll
+  for (int half = 0; half < DH / 64; half++)
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)
+      wgmma_ss(x, gmma_desc(a_base + half * a_rows * 128 + kk * 32, 16, 1024),
+               gmma_desc(b_base + half * BQ * 128 + kk * 32, 16, 1024), half | kk);
+  wg_commit();
+}
+
+// acc (64 keys x DH) += X^T (in registers, bf16: the A layout) B (the item's 64 rows x DH, MN-major).
+template <int DH> HP_DEV void gemm_acc(float (&acc)[DH / 2], const uint32_t (&xa)[16], uint32_t b_base) {
+#pragma unroll
+  for (int kc = 0; kc < BQ / 16; kc++)
+    wgmma_rs(acc, *reinterpret_cast<const uint32_t(*)[4]>(xa + 4 * kc), gmma_desc(b_base + kc * 16 * 128, BQ * 128, 1024));
+}
+
+// dQ (64 queries x the warpgroup's DQK / 2 columns) = dS K over the block's 128 keys: A = dS^T in
+// shared memory read transposed (MN-major), B = K MN-major; one commit group.
+template <int DQK> HP_DEV void gemm_dq(float (&dq)[DQK / 4], uint32_t ds_base, uint32_t k_cols) {
+  wg_fence();
+#pragma unroll
+  for (int kc = 0; kc < BN / 16; kc++)
+    wgmma_ss_tt(dq, gmma_desc(ds_base + kc * 16 * 128, BQ * 128, 1024), gmma_desc(k_cols + kc * 16 * 128, BN * 128, 1024),
+                kc > 0);
+  wg_commit();
+}
+
+template <int DQK, int DV>
+__global__ void __launch_bounds__(THREADS, 1)
+    bwd_kernel(const HP_GRID_CONST hp_tmap_t tq, const HP_GRID_CONST hp_tmap_t tk, const HP_GRID_CONST hp_tmap_t tv,
+               const HP_GRID_CONST hp_tmap_t tdo, const bwd_params_t p) {
+  static_assert(DQK == 64 || DQK == 128, "dQ's split of the head dims between the warpgroups");
+  bwd_smem_t<DQK, DV> &sm = *reinterpret_cast<bwd_smem_t<DQK, DV> *>((reinterpret_cast<uintptr_t>(hp_smem()) + 1023) & ~uintptr_t(1023));
+  const int n_block = blockIdx.x, hkv = blockIdx.y, bb = blockIdx.z, group = p.h / p.h_kv;
+  const int warp_id = hp_warp_uniform(threadIdx.x / 32), tid = threadIdx.x % 128;
+  const bwd_seq_t sq = bwd_seq(p, bb);
+  const int len_q = sq.len_q, len_kv = sq.len_kv;
+  const int n0 = n_block * BN;
+  if (n0 >= len_kv) return; // the whole CTA, before any barrier
+  // query blocks [m_lo, m_hi): those holding a row that sees one of the keys [n0, n1]
+  const int shift = p.bottom_right ? len_kv - len_q : 0, wl = p.window_left, wr = p.window_right;
+  const int n1 = min(n0 + BN, len_kv) - 1;
+  const int i_lo = wr >= 0 ? max(0, n0 - shift - wr) : 0, i_hi = wl >= 0 ? min(len_q, n1 - shift + wl + 1) : len_q;
+  const int m_lo = i_lo / BQ, m_hi = i_hi > i_lo ? (i_hi + BQ - 1) / BQ : m_lo, nm = m_hi - m_lo;
+  const int items = group * nm; // item it: q head hkv * group + it / nm, query block m_lo + it % nm
+  const int64_t ws_bb = bwd_ws_off(p, bb);
+
+  if (threadIdx.x == 0) {
+    sm.fail = 0;
+    mbar_init(&sm.kv_full, 1);
+    for (int i = 0; i < 2; i++) {
+      mbar_init(&sm.q_full[i], 1);
+      mbar_init(&sm.do_full[i], 1);
+      mbar_init(&sm.q_empty[i], 256);
+      mbar_init(&sm.do_empty[i], 256);
+    }
+    mbar_init_fence();
+  }
+  hp_sync();
+
+  if (warp_id >= 8) { // producer
+    reg_dealloc<24>();
+    if (threadIdx.x == 256) {
+      mbar_expect_tx(&sm.kv_full, tile_bytes_t<DQK>::value + tile_bytes_t<DV>::value);
+      for (int half = 0; half < DQK / 64; half++) tma_load(sm.k[half], &tk, &sm.kv_full, 64 * half, hkv, sq.first_kv + n0, sq.tb);
+      for (int half = 0; half < DV / 64; half++) tma_load(sm.v[half], &tv, &sm.kv_full, 64 * half, hkv, sq.first_kv + n0, sq.tb);
+      for (int it = 0; it < items; it++) {
+        const int hq = hkv * group + it / nm, m = m_lo + it % nm, st = it % 2;
+        const uint32_t round = it / 2;
+        const int64_t ws = hq * p.rows_pad + ws_bb + (int64_t)m * BQ;
+        if (round > 0) mbar_wait(&sm.q_empty[st], (round - 1) & 1, &sm.fail, p.err);
+        mbar_expect_tx(&sm.q_full[st], tile_bytes_t<DQK>::value / 2 + BQ * 4);
+        for (int half = 0; half < DQK / 64; half++) tma_load(sm.q[st][half], &tq, &sm.q_full[st], 64 * half, hq, sq.first_q + m * BQ, sq.tb);
+        bulk_load(sm.lse2[st], p.lse2 + ws, BQ * 4, &sm.q_full[st]);
+        if (round > 0) mbar_wait(&sm.do_empty[st], (round - 1) & 1, &sm.fail, p.err);
+        mbar_expect_tx(&sm.do_full[st], tile_bytes_t<DV>::value / 2 + BQ * 4);
+        for (int half = 0; half < DV / 64; half++) tma_load(sm.dout[st][half], &tdo, &sm.do_full[st], 64 * half, hq, sq.first_q + m * BQ, sq.tb);
+        bulk_load(sm.delta[st], p.delta + ws, BQ * 4, &sm.do_full[st]);
+      }
+    }
+    return;
+  }
+
+  reg_alloc<240>();
+  // consumers: warpgroup c owns keys [c * 64, c * 64 + 64) of the block; this thread keys kr and kr + 8
+  const int c = warp_id / 4, warp = tid / 32, lane = tid % 32;
+  const int kr = c * 64 + warp * 16 + lane / 4;
+  float dk[DQK / 2], dv[DV / 2];
+#pragma unroll
+  for (int i = 0; i < DQK / 2; i++) dk[i] = 0.0f;
+#pragma unroll
+  for (int i = 0; i < DV / 2; i++) dv[i] = 0.0f;
+  const uint32_t k_all = hp_smem_u32(sm.k[0]), v_all = hp_smem_u32(sm.v[0]);
+  const uint32_t k_c = k_all + c * 64 * 128, v_c = v_all + c * 64 * 128; // the warpgroup's keys (A rows)
+  // B of dQ: the warpgroup's columns of d in K ([key][d], MN-major)
+  const uint32_t k_cols = DQK == 128 ? k_all + c * BN * 128 : k_all + c * 64;
+  mbar_wait(&sm.kv_full, 0, &sm.fail, p.err);
+  if (n1 - n0 + 1 < BN) { // the keys past the sequence: zeros (K is dQ's B; V for dP's rows)
+    if (c == 0) {
+      zero_rows<DQK>(k_all, BN, n1 - n0 + 1, tid);
+      zero_rows<DV>(v_all, BN, n1 - n0 + 1, tid);
+    }
+    fence_proxy_async();
+    named_bar_sync(2, 256);
+  }
+  const int key_lo = n0 + c * 64, key_hi = key_lo + 63; // the warpgroup's keys
+  for (int it = 0; it < items; it++) {
+    const int hq = hkv * group + it / nm, m = m_lo + it % nm, st = it % 2, i0 = m * BQ;
+    const uint32_t ph = (uint32_t)(it / 2) & 1u;
+    const uint32_t q_base = hp_smem_u32(sm.q[st][0]), do_base = hp_smem_u32(sm.dout[st][0]);
+    mbar_wait(&sm.q_full[st], ph, &sm.fail, p.err);
+    mbar_wait(&sm.do_full[st], ph, &sm.fail, p.err);
+    if (len_q - i0 < BQ) { // the query rows past the sequence: zeros (Q and dO are B of dK and dV)
+      if (c == 0) {
+        zero_rows<DQK>(q_base, BQ, len_q - i0, tid);
+        zero_rows<DV>(do_base, BQ, len_q - i0, tid);
+      }
+      fence_proxy_async();
+      named_bar_sync(2, 256);
+    }
+    float s[32], dp[32];
+    gemm_t<DQK>(s, k_c, BN, q_base);
+    gemm_t<DV>(dp, v_c, BN, do_base);
+    // this thread's queries: columns 8 j + 2 (lane % 4) + e % 2 of the item's 64
+    wg_wait<1>(); // S^T is in
+    const float *l2 = sm.lse2[st], *dd = sm.delta[st];
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) s[4 * j + e] = hp_exp2(fmaf(s[4 * j + e], p.scale_log2, -l2[8 * j + 2 * (lane % 4) + (e & 1)]));
+    const bool diag = key_hi >= len_kv || i0 + BQ - 1 >= len_q || (wr >= 0 && key_hi - i0 > shift + wr) ||
+                      (wl >= 0 && key_lo - (i0 + BQ - 1) < shift - wl);
+    wg_wait<0>(); // dP^T is in
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - dd[8 * j + 2 * (lane % 4) + (e & 1)]);
+    if (diag) {
+#pragma unroll
+      for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int key = n0 + kr + 8 * (e >> 1), qi = i0 + 8 * j + 2 * (lane % 4) + (e & 1);
+          const bool keep = (key < len_kv) & (qi < len_q) & hp_visible(qi, key, shift, wl, wr);
+          s[4 * j + e] = keep ? s[4 * j + e] : 0.0f;
+          dp[4 * j + e] = keep ? dp[4 * j + e] : 0.0f;
+        }
+    }
+    uint32_t pa[16], da[16]; // P^T and dS^T in bf16: A of dV and dK (hold until the wait below)
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      pa[2 * j] = pack_bf16(s[4 * j], s[4 * j + 1]), pa[2 * j + 1] = pack_bf16(s[4 * j + 2], s[4 * j + 3]);
+      da[2 * j] = pack_bf16(dp[4 * j], dp[4 * j + 1]), da[2 * j + 1] = pack_bf16(dp[4 * j + 2], dp[4 * j + 3]);
+    }
+    wg_fence();
+    gemm_acc<DV>(dv, pa, do_base);
+    gemm_acc<DQK>(dk, da, q_base);
+    wg_commit();
+    // dS^T (row = key, column = query) into its buffer, rows of 128 bytes with the 128-byte swizzle
+    const uint32_t ds_base = hp_smem_u32(sm.ds[it % 2]);
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+      for (int r = 0; r < 2; r++) {
+        const int row = kr + 8 * r, col = 8 * j + 2 * (lane % 4);
+        st_shared_u32(ds_base + row * 128 + (((col / 8) ^ (row % 8)) * 16) + (col % 8) * 2, da[2 * j + r]);
+      }
+    fence_proxy_async();
+    named_bar_sync(1, 256); // both warpgroups' dS^T are in (the other buffer is free: see the header)
+    float dq[DQK / 4];
+    gemm_dq<DQK>(dq, ds_base, k_cols);
+    wg_wait<0>(); // dV, dK and dQ are in: the stage is free
+    mbar_arrive(&sm.q_empty[st]);
+    mbar_arrive(&sm.do_empty[st]);
+    // dQ rows i0 + 16 warp + lane / 4 (+ 8), the warpgroup's columns: into the accumulator
+    float *acc = p.dq_acc + (hq * p.rows_pad + ws_bb + i0 + warp * 16 + lane / 4) * DQK + c * (DQK / 2) + 2 * (lane % 4);
+#pragma unroll
+    for (int j = 0; j < DQK / 16; j++)
+#pragma unroll
+      for (int r = 0; r < 2; r++) hp_red_add2(acc + r * 8 * DQK + 8 * j, dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+  }
+
+  // dK (times the scale) and dV of the keys in the sequence, bf16
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int key = n0 + kr + 8 * r;
+    if (key >= len_kv) continue;
+    uint16_t *gk = p.dk + bwd_at(p.dk_st, sq.first_kv, key, hkv, sq.tb) + 2 * (lane % 4);
+    uint16_t *gv = p.dv + bwd_at(p.dv_st, sq.first_kv, key, hkv, sq.tb) + 2 * (lane % 4);
+#pragma unroll
+    for (int j = 0; j < DQK / 8; j++) {
+      float x = dk[4 * j + 2 * r] * p.scale, y = dk[4 * j + 2 * r + 1] * p.scale;
+      uint32_t *dst = reinterpret_cast<uint32_t *>(gk + 8 * j);
+      if (p.accumulate) x += bf16_lo(*dst), y += bf16_hi(*dst);
+      *dst = pack_bf16(x, y);
+    }
+#pragma unroll
+    for (int j = 0; j < DV / 8; j++) {
+      float x = dv[4 * j + 2 * r], y = dv[4 * j + 2 * r + 1];
+      uint32_t *dst = reinterpret_cast<uint32_t *>(gv + 8 * j);
+      if (p.accumulate) x += bf16_lo(*dst), y += bf16_hi(*dst);
+      *dst = pack_bf16(x, y);
+    }
+  }
+}
+
+#endif
