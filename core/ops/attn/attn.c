@@ -360,6 +360,21 @@ int dl_attn_backend(const dl_attn_opts_t *o, const dl_tensor_t *q, const dl_tens
                  fits ? "not an sm_90 device" : path);
     }
   }
+  /* and the backward's main kernel */
+  if (!rc && *chosen == DL_ATTN_OURS && bwd && q->dev_type == DL_CUDA) {
+    char path[160];
+    int usable = 0;
+    const int fits = dl_attn_bwd_hopper_fits(&p, path, sizeof path);
+    if (fits && !(rc = dl_cuda_use(q->dev_index))) rc = dl_attn_bwd_hopper_usable(&p, &usable);
+    if (!rc) {
+      size_t n = strlen(why);
+      if (usable)
+        snprintf(why + n, (size_t)whylen - n, "; kernel: %s", path);
+      else
+        snprintf(why + n, (size_t)whylen - n, "; kernel: portable (hopper backward: %s)",
+                 fits ? "not an sm_90 device" : path);
+    }
+  }
 #endif
   step_free(&st);
   return rc;

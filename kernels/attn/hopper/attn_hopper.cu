@@ -1,9 +1,14 @@
 /*
- * attn_hopper.cu — the launcher of the Hopper forward (fwd_kernel.cuh): which
- * calls it takes, the TMA tensor maps of q, k and v, and the launch.
- * dl_attn_fwd_cuda (attn_fwd.cu) runs it where dl_attn_fwd_hopper_fits says
- * so and the device is an sm_90 part; DISTLAB_ATTN_HOPPER=0 in the
- * environment keeps the portable kernel (for A/B timings).
+ * attn_hopper.cu — the launchers of the Hopper forward (fwd_kernel.cuh) and
+ * backward (bwd_kernel.cuh): which calls they take, the TMA tensor maps, and
+ * the launches. dl_attn_fwd_cuda (attn_fwd.cu) runs the forward where
+ * dl_attn_fwd_hopper_fits says so and the device is an sm_90 part;
+ * dl_attn_bwd_cuda (attn_bwd.cu) runs the backward's main kernel likewise
+ * (dl_attn_bwd_hopper_fits), between its own prep and dQ conversion.
+ * DISTLAB_ATTN_HOPPER=0 in the environment keeps the portable kernels (for
+ * A/B timings). The backward has passed the emulator, not yet a GPU: until a
+ * GPU runs the attn specs on it, it is taken only with
+ * DISTLAB_ATTN_HOPPER_BWD=1.
  *
  * Built for sm_90a only (premake5.lua's distlab_hopper): wgmma, setmaxnreg
  * and TMA need the arch-specific target.
@@ -14,7 +19,7 @@
  */
 #include "attn/attn.h"
 #include "common/base.h"
-#include "fwd_kernel.cuh"
+#include "bwd_kernel.cuh"
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -27,13 +32,26 @@ static int fail_why(char *why, size_t n, const char *msg) {
   return 0;
 }
 
-extern "C" int dl_attn_fwd_hopper_fits(const dl_attn_params_t *p, char *why, size_t n) {
-  static int off = -1; /* the environment, read once */
+/* DISTLAB_ATTN_HOPPER=0 (both off) and DISTLAB_ATTN_HOPPER_BWD=1 (the backward on), read once */
+static int env_off(void) {
+  static int off = -1;
   if (off < 0) {
     const char *e = getenv("DISTLAB_ATTN_HOPPER");
     off = e && !strcmp(e, "0");
   }
-  if (off) return fail_why(why, n, "DISTLAB_ATTN_HOPPER=0");
+  return off;
+}
+static int env_bwd_on(void) {
+  static int on = -1;
+  if (on < 0) {
+    const char *e = getenv("DISTLAB_ATTN_HOPPER_BWD");
+    on = e && !strcmp(e, "1");
+  }
+  return on;
+}
+
+extern "C" int dl_attn_fwd_hopper_fits(const dl_attn_params_t *p, char *why, size_t n) {
+  if (env_off()) return fail_why(why, n, "DISTLAB_ATTN_HOPPER=0");
   if (p->dtype != DL_BF16) return fail_why(why, n, "dtype is not bf16");
   if (p->d_qk == 192 && p->d_v == 128) /* the kernel has it (launch<0, 192, 128> below) */
     return fail_why(why, n, "head dims 192/128 (MLA): checked on the emulator, not yet run on a GPU");
@@ -76,6 +94,26 @@ extern "C" int dl_attn_fwd_hopper_usable(const dl_attn_params_t *p, int *yes) {
   return on_hopper(yes);
 }
 
+extern "C" int dl_attn_bwd_hopper_fits(const dl_attn_params_t *p, char *why, size_t n) {
+  if (env_off()) return fail_why(why, n, "DISTLAB_ATTN_HOPPER=0");
+  if (!env_bwd_on())
+    return fail_why(why, n, "checked on the emulator, not yet run on a GPU (DISTLAB_ATTN_HOPPER_BWD=1 takes it)");
+  if (p->dtype != DL_BF16) return fail_why(why, n, "dtype is not bf16");
+  if (!((p->d_qk == 64 && p->d_v == 64) || (p->d_qk == 128 && p->d_v == 128)))
+    return fail_why(why, n, "head dims are not 64/64 or 128/128");
+  if (p->h_kv <= 0 || p->h_q % p->h_kv) return fail_why(why, n, "h_q is not a multiple of h_kv");
+  if ((p->cu_seqlens_q ? p->total_kv : p->s_kv) == 0 || (p->cu_seqlens_q ? p->total_q : p->s_q) == 0)
+    return fail_why(why, n, "q or k and v have no rows");
+  if (why && n) snprintf(why, n, "hopper backward (wgmma, TMA; bf16, d %d)", p->d_qk);
+  return 1;
+}
+
+extern "C" int dl_attn_bwd_hopper_usable(const dl_attn_params_t *p, int *yes) {
+  *yes = 0;
+  if (!dl_attn_bwd_hopper_fits(p, NULL, 0)) return 0;
+  return on_hopper(yes);
+}
+
 static PFN_cuTensorMapEncodeTiled_v12000 encode_fn(void) {
   static PFN_cuTensorMapEncodeTiled_v12000 fn;
   if (!fn) {
@@ -90,20 +128,20 @@ static PFN_cuTensorMapEncodeTiled_v12000 encode_fn(void) {
 }
 
 /* A [b][s][h][d] bf16 operand (strides st; thd: rows packed, batch extent 1) as a 4-d tensor map
- * (d, h, s, b) with boxes of 64 columns x 128 rows and the 128-byte swizzle. */
+ * (d, h, s, b) with boxes of 64 columns x box_rows rows and the 128-byte swizzle. */
 static int tensor_map(CUtensorMap *m, const void *base, const dl_attn_strides_t &st, int d, int heads, int64_t rows,
-                      int batches, const char *what) {
+                      int batches, const char *what, int box_rows = BM) {
   PFN_cuTensorMapEncodeTiled_v12000 enc = encode_fn();
-  if (!enc) return DL_ERR(DL_ECUDA, "attn fwd (hopper): cuTensorMapEncodeTiled not found in the driver");
+  if (!enc) return DL_ERR(DL_ECUDA, "attn (hopper): cuTensorMapEncodeTiled not found in the driver");
   const cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)heads, (cuuint64_t)rows, (cuuint64_t)batches};
   const cuuint64_t strides[3] = {(cuuint64_t)st.h * 2, (cuuint64_t)st.s * 2,
                                  (cuuint64_t)(batches > 1 ? st.b : st.s * rows) * 2};
-  const cuuint32_t box[4] = {64, 1, (cuuint32_t)BM, 1}, elem[4] = {1, 1, 1, 1};
+  const cuuint32_t box[4] = {64, 1, (cuuint32_t)box_rows, 1}, elem[4] = {1, 1, 1, 1};
   CUresult r = enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void *>(base), dims, strides, box, elem,
                    CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
-    return DL_ERR(DL_ECUDA, "attn fwd (hopper): the tensor map of %s failed (CUresult %d; rows %lld, strides %lld/%lld/%lld)",
+    return DL_ERR(DL_ECUDA, "attn (hopper): the tensor map of %s failed (CUresult %d; rows %lld, strides %lld/%lld/%lld)",
                   what, (int)r, (long long)rows, (long long)st.s, (long long)st.h, (long long)st.b);
   return 0;
 }
@@ -144,12 +182,19 @@ static int launch(dim3 grid, const CUtensorMap &tq, const CUtensorMap &tk, const
 
 static void copy_st(int64_t (&dst)[3], const dl_attn_strides_t &st) { dst[0] = st.s, dst[1] = st.h, dst[2] = st.b; }
 
-extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) {
-  int *dword = NULL, *word = status_word(&dword);
-  if (!word) return DL_ERR(DL_ENOMEM, "attn fwd (hopper): no host-mapped status word");
+/* The status word, checked and cleared: an earlier call's timed-out wait is this call's error. */
+static int status_check(int **dword, const char *op) {
+  int *word = status_word(dword);
+  if (!word) return DL_ERR(DL_ENOMEM, "%s (hopper): no host-mapped status word", op);
   if (__atomic_exchange_n(word, 0, __ATOMIC_ACQ_REL))
-    return DL_ERR(DL_ETIMEOUT, "attn fwd (hopper): a wait of an earlier call's kernel timed out (a TMA load "
-                               "or a barrier never completed); that call's results are garbage");
+    return DL_ERR(DL_ETIMEOUT, "%s (hopper): a wait of an earlier call's kernel (forward or backward) timed out "
+                               "(a TMA load or a barrier never completed); that call's results are garbage", op);
+  return 0;
+}
+
+extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) {
+  int *dword = NULL;
+  DL_TRY(status_check(&dword, "attn fwd"));
   const bool thd = p->cu_seqlens_q != NULL;
   CUtensorMap tq, tk, tv;
   const int64_t rq = thd ? p->total_q : p->s_q, rkv = thd ? p->total_kv : p->s_kv;
@@ -184,5 +229,55 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
                                   : launch<0, 192, 128>(grid, tq, tk, tv, k, stream);
   if (rc) return rc;
   DL_CUDA_CHECK_LAUNCH("attn fwd (hopper)");
+  return 0;
+}
+
+template <int DQK, int DV>
+static int launch_bwd(dim3 grid, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv,
+                      const CUtensorMap &tdo, const bwd_params_t &k, void *stream) {
+  const size_t smem = sizeof(bwd_smem_t<DQK, DV>) + 1024;
+  static int attr_set[64];
+  int dev = 0;
+  DL_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 64 || !attr_set[dev]) {
+    DL_CUDA_CHECK(cudaFuncSetAttribute(bwd_kernel<DQK, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    if (dev >= 0 && dev < 64) attr_set[dev] = 1;
+  }
+  bwd_kernel<DQK, DV><<<grid, THREADS, smem, (cudaStream_t)stream>>>(tq, tk, tv, tdo, k);
+  return 0;
+}
+
+extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc, const float *delta, void *stream) {
+  int *dword = NULL;
+  DL_TRY(status_check(&dword, "attn bwd"));
+  const bool thd = p->cu_seqlens_q != NULL;
+  CUtensorMap tq, tk, tv, tdo;
+  const int64_t rq = thd ? p->total_q : p->s_q, rkv = thd ? p->total_kv : p->s_kv;
+  const int bt = thd ? 1 : p->b;
+  DL_TRY(tensor_map(&tq, p->q, p->q_st, p->d_qk, p->h_q, rq, bt, "q", BQ));
+  DL_TRY(tensor_map(&tdo, p->dout, p->dout_st, p->d_v, p->h_q, rq, bt, "dout", BQ));
+  DL_TRY(tensor_map(&tk, p->k, p->k_st, p->d_qk, p->h_kv, rkv, bt, "k", BN));
+  DL_TRY(tensor_map(&tv, p->v, p->v_st, p->d_v, p->h_kv, rkv, bt, "v", BN));
+  bwd_params_t k = {};
+  k.b = p->b, k.h = p->h_q, k.h_kv = p->h_kv, k.s_q = p->s_q, k.s_kv = p->s_kv;
+  k.window_left = p->window_left, k.window_right = p->window_right, k.bottom_right = p->bottom_right;
+  k.scale = p->scale, k.scale_log2 = p->scale * 1.4426950408889634f;
+  if (thd) {
+    k.cu_q = p->cu_seqlens_q, k.cu_kv = p->cu_seqlens_kv;
+    k.pad_q = p->cu_seqlens_q_padded, k.pad_kv = p->cu_seqlens_kv_padded;
+  }
+  k.lse = p->lse;
+  copy_st(k.lse_st, p->lse_st);
+  k.dk = (uint16_t *)p->dk, k.dv = (uint16_t *)p->dv;
+  copy_st(k.dk_st, p->dk_st), copy_st(k.dv_st, p->dv_st);
+  k.accumulate = p->accumulate_grads;
+  k.delta = delta, k.dq_acc = dq_acc;
+  k.ws_rows = thd ? p->total_q : (int64_t)p->b * p->s_q; /* attn_bwd.cu's workspace rows */
+  k.err = dword;
+  const dim3 grid((p->s_kv + BN - 1) / BN, p->h_kv, p->b);
+  const int rc = p->d_qk == 64 ? launch_bwd<64, 64>(grid, tq, tk, tv, tdo, k, stream)
+                               : launch_bwd<128, 128>(grid, tq, tk, tv, tdo, k, stream);
+  if (rc) return rc;
+  DL_CUDA_CHECK_LAUNCH("attn bwd (hopper)");
   return 0;
 }

@@ -5,25 +5,19 @@
  * experiments/lab/attn/hopper/emu_bwd.cpp runs it on the CPU with wgmma, TMA
  * and mbarriers emulated, against an fp64 reference.
  *
- * Three kernels, as the portable backward (attn_bwd.cu) has them:
- *   bwd_prep_kernel   lse2 = lse log2(e) (+inf for a row with no key) and
- *                     D = rowsum(dO * O) into the workspace, the fp32 dQ
- *                     accumulator rows zeroed;
- *   bwd_kernel        below;
- *   bwd_dq_kernel     dq = scale * accumulator (+ dq with accumulate_grads).
- * The workspace holds, for q head hh and row i of sequence bb, row
- * hh * rows_pad + ws_off(bb) + i of lse2 [h][rows_pad], D and dQ [h][rows_pad]
- * [DQK]; a sequence's rows padded to whole query blocks of 64 (bwd_ws_off),
- * so a block's lse2 and D are one 256-byte bulk copy and its dQ rows need no
- * bound.
+ * It is the main kernel of dl_attn_bwd_cuda (attn_bwd.cu) on sm_90, between
+ * the portable backward's prep (D = rowsum(dO * O), the fp32 dQ accumulator
+ * zeroed) and its dQ conversion (dq = scale * accumulator), with their
+ * workspace: D [h][rows] and dQ [h][rows][DQK], row ws_row(sequence, i).
  *
  * bwd_kernel: CTA = BN = 128 keys of one kv head and batch, 384 threads;
  * grid (key blocks, kv heads, batches).
  *   warpgroup 2, producer (setmaxnreg 24): one thread TMA-loads K and V of
  *     the block once, then for every q head of the kv head's group and every
- *     query block of BQ = 64 rows that sees the keys: Q with lse2 and dO with
- *     D (bulk copies) into two stages; full barriers carry the bytes, empty
- *     barriers (256 arrivals) free them.
+ *     query block of BQ = 64 rows that sees the keys: Q and dO into two
+ *     stages; another warp loads the rows' LSE (as lse log2(e), +inf for a
+ *     row with no key) and D beside them. Full barriers carry the bytes and
+ *     that warp's 32 arrivals, empty barriers (256 arrivals) free a stage.
  *   warpgroups 0 and 1, consumers (setmaxnreg 240): 64 keys each; dK, dV in
  *     registers over all the items. Per item:
  *       S^T = K_c Q^T and dP^T = V_c dO^T (SS wgmma m64n64k16, K-major both:
@@ -58,10 +52,6 @@
 
 constexpr int BQ = 64; // query rows an item (BN = 128 keys a CTA, THREADS = 384: fwd_kernel.cuh)
 
-// the two bf16 halves of a 32-bit word, as floats
-HP_DEV float bf16_lo(uint32_t x) { return __uint_as_float(x << 16); }
-HP_DEV float bf16_hi(uint32_t x) { return __uint_as_float(x & 0xffff0000u); }
-
 template <int DQK, int DV> struct alignas(1024) bwd_smem_t {
   uint16_t k[DQK / 64][BN * 64];
   uint16_t v[DV / 64][BN * 64];
@@ -75,40 +65,24 @@ template <int DQK, int DV> struct alignas(1024) bwd_smem_t {
 
 // Addressing as params_t's (fwd_kernel.cuh): strides (position, head, batch) in elements.
 struct bwd_params_t {
-  int b, h, h_kv, s_q, s_kv; // thd: s_q, s_kv the longest lengths (the grids)
+  int b, h, h_kv, s_q, s_kv; // thd: s_q, s_kv the longest lengths (the grid)
   int window_left, window_right, bottom_right; // params_t's mask
   float scale, scale_log2;   // softmax scale, and times log2(e)
   const int *cu_q, *cu_kv, *pad_q, *pad_kv; // thd when cu_q is set
-  const uint16_t *o, *dout;  // bf16 [.., DV]: the forward's (possibly merged) output and its gradient
-  int64_t o_st[3], dout_st[3];
   const float *lse;          // the forward's (possibly merged) LSE, natural log
   int64_t lse_st[3];
-  uint16_t *dq, *dk, *dv;    // bf16
-  int64_t dq_st[3], dk_st[3], dv_st[3];
-  int accumulate;            // add into dq, dk, dv instead of writing them
-  float *lse2, *delta, *dq_acc; // the workspace (bwd_ws_bytes)
-  int64_t rows_pad;
+  uint16_t *dk, *dv;         // bf16
+  int64_t dk_st[3], dv_st[3];
+  int accumulate;            // add into dk, dv instead of writing them
+  const float *delta;        // the workspace: D [h][ws_rows], dQ [h][ws_rows][DQK] (fp32)
+  float *dq_acc;
+  int64_t ws_rows;           // thd: the packed rows of q; else b * s_q
   int *err;                  // optional: set to 1 when a wait timed out
 };
 
-// A sequence's first workspace row: whole blocks of BQ rows each (thd: from its packed start, so
-// every sequence's blocks stay clear of the next one's).
-HP_HD int64_t bwd_ws_off(const bwd_params_t &p, int bb) {
-  return p.cu_q ? (int64_t)BQ * (p.cu_q[bb] / BQ + bb) : (int64_t)bb * ((p.s_q + BQ - 1) / BQ) * BQ;
-}
-// rows_pad of a call (thd: total_q, the packed rows): every sequence's padded blocks fit
-HP_HD int64_t bwd_rows_pad(bool thd, int b, int s_q, int64_t total_q) {
-  return thd ? (int64_t)BQ * (total_q / BQ + b + 1) : (int64_t)b * ((s_q + BQ - 1) / BQ) * BQ;
-}
-// The workspace: lse2 and D [h][rows_pad] fp32, dQ [h][rows_pad][DQK] fp32, each 256-byte aligned.
-HP_HD size_t bwd_ws_bytes(int h, int64_t rows_pad, int dqk) {
-  const size_t v = ((size_t)h * rows_pad * 4 + 255) / 256 * 256;
-  return 2 * v + (size_t)h * rows_pad * dqk * 4;
-}
-HP_HD void bwd_ws_carve(bwd_params_t &p, void *ws) {
-  const size_t v = ((size_t)p.h * p.rows_pad * 4 + 255) / 256 * 256;
-  p.lse2 = (float *)ws, p.delta = (float *)((char *)ws + v), p.dq_acc = (float *)((char *)ws + 2 * v);
-}
+// the two bf16 halves of a 32-bit word, as floats
+HP_DEV float bf16_lo(uint32_t x) { return __uint_as_float(x << 16); }
+HP_DEV float bf16_hi(uint32_t x) { return __uint_as_float(x & 0xffff0000u); }
 
 struct bwd_seq_t {
   int len_q, len_kv, first_q, first_kv, tb;
@@ -124,54 +98,9 @@ HP_DEV bwd_seq_t bwd_seq(const bwd_params_t &p, int bb) {
 HP_DEV int64_t bwd_at(const int64_t (&st)[3], int first, int row, int head, int tb) {
   return ((int64_t)first + row) * st[0] + (int64_t)head * st[1] + (int64_t)tb * st[2];
 }
-
-// grid (blocks of BQ rows, h, b), 128 threads: a warp a row at a time, every row of the sequence's
-// padded blocks (rows past it: lse2 +inf and D 0, so that they give P = 0 and dS = 0).
-template <int DQK, int DV> __global__ void __launch_bounds__(128) bwd_prep_kernel(const bwd_params_t p) {
-  const int hh = blockIdx.y, bb = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const bwd_seq_t sq = bwd_seq(p, bb);
-  if ((int)blockIdx.x * BQ >= sq.len_q) return;
-  const int64_t base = hh * p.rows_pad + bwd_ws_off(p, bb);
-  for (int r = warp; r < BQ; r += 4) {
-    const int i = blockIdx.x * BQ + r;
-    float d = 0.0f, l2 = INFINITY;
-    if (i < sq.len_q) {
-      const uint16_t *o = p.o + bwd_at(p.o_st, sq.first_q, i, hh, sq.tb), *g = p.dout + bwd_at(p.dout_st, sq.first_q, i, hh, sq.tb);
-      for (int c = 2 * lane; c < DV; c += 64) {
-        const uint32_t x = *reinterpret_cast<const uint32_t *>(o + c), y = *reinterpret_cast<const uint32_t *>(g + c);
-        d += bf16_lo(x) * bf16_lo(y) + bf16_hi(x) * bf16_hi(y);
-      }
-      const float l = p.lse[bwd_at(p.lse_st, sq.first_q, i, hh, sq.tb)];
-      l2 = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
-      float *acc = p.dq_acc + (base + i) * DQK;
-      for (int c = 2 * lane; c < DQK; c += 64) *reinterpret_cast<float2 *>(acc + c) = make_float2(0.0f, 0.0f);
-    }
-#pragma unroll
-    for (int x = 16; x > 0; x >>= 1) d += hp_shfl_xor(d, x);
-    if (lane == 0) p.lse2[base + i] = l2, p.delta[base + i] = d;
-  }
-}
-
-// grid (blocks of BQ rows, h, b), 128 threads: dq = scale * accumulator (+ dq).
-template <int DQK> __global__ void __launch_bounds__(128) bwd_dq_kernel(const bwd_params_t p) {
-  const int hh = blockIdx.y, bb = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const bwd_seq_t sq = bwd_seq(p, bb);
-  const int64_t base = hh * p.rows_pad + bwd_ws_off(p, bb);
-  for (int r = warp; r < BQ; r += 4) {
-    const int i = blockIdx.x * BQ + r;
-    if (i >= sq.len_q) return;
-    const float *acc = p.dq_acc + (base + i) * DQK;
-    uint16_t *dq = p.dq + bwd_at(p.dq_st, sq.first_q, i, hh, sq.tb);
-    for (int c = 2 * lane; c < DQK; c += 64) {
-      const float2 a = *reinterpret_cast<const float2 *>(acc + c);
-      float x = a.x * p.scale, y = a.y * p.scale;
-      if (p.accumulate) {
-        const uint32_t old = *reinterpret_cast<const uint32_t *>(dq + c);
-        x += bf16_lo(old), y += bf16_hi(old);
-      }
-      *reinterpret_cast<uint32_t *>(dq + c) = pack_bf16(x, y);
-    }
-  }
+// The workspace row of row i of sequence bb (attn_bwd.cu's attn_ws_row).
+HP_DEV int64_t bwd_ws_row(const bwd_params_t &p, const bwd_seq_t &s, int bb, int i) {
+  return p.cu_q ? (int64_t)s.first_q + i : (int64_t)bb * p.s_q + i;
 }
 
 // Rows [valid, rows) of a [DH / 64][rows][64] tile set to 0 by the 128 threads of warpgroup 0 (the
@@ -232,14 +161,13 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int i_lo = wr >= 0 ? max(0, n0 - shift - wr) : 0, i_hi = wl >= 0 ? min(len_q, n1 - shift + wl + 1) : len_q;
   const int m_lo = i_lo / BQ, m_hi = i_hi > i_lo ? (i_hi + BQ - 1) / BQ : m_lo, nm = m_hi - m_lo;
   const int items = group * nm; // item it: q head hkv * group + it / nm, query block m_lo + it % nm
-  const int64_t ws_bb = bwd_ws_off(p, bb);
 
   if (threadIdx.x == 0) {
     sm.fail = 0;
     mbar_init(&sm.kv_full, 1);
     for (int i = 0; i < 2; i++) {
-      mbar_init(&sm.q_full[i], 1);
-      mbar_init(&sm.do_full[i], 1);
+      mbar_init(&sm.q_full[i], 1 + 32); // the TMA thread's expect_tx and warp 9's rows of lse2
+      mbar_init(&sm.do_full[i], 1 + 32); // and of D
       mbar_init(&sm.q_empty[i], 256);
       mbar_init(&sm.do_empty[i], 256);
     }
@@ -256,15 +184,31 @@ __global__ void __launch_bounds__(THREADS, 1)
       for (int it = 0; it < items; it++) {
         const int hq = hkv * group + it / nm, m = m_lo + it % nm, st = it % 2;
         const uint32_t round = it / 2;
-        const int64_t ws = hq * p.rows_pad + ws_bb + (int64_t)m * BQ;
         if (round > 0) mbar_wait(&sm.q_empty[st], (round - 1) & 1, &sm.fail, p.err);
-        mbar_expect_tx(&sm.q_full[st], tile_bytes_t<DQK>::value / 2 + BQ * 4);
+        mbar_expect_tx(&sm.q_full[st], tile_bytes_t<DQK>::value / 2);
         for (int half = 0; half < DQK / 64; half++) tma_load(sm.q[st][half], &tq, &sm.q_full[st], 64 * half, hq, sq.first_q + m * BQ, sq.tb);
-        bulk_load(sm.lse2[st], p.lse2 + ws, BQ * 4, &sm.q_full[st]);
         if (round > 0) mbar_wait(&sm.do_empty[st], (round - 1) & 1, &sm.fail, p.err);
-        mbar_expect_tx(&sm.do_full[st], tile_bytes_t<DV>::value / 2 + BQ * 4);
+        mbar_expect_tx(&sm.do_full[st], tile_bytes_t<DV>::value / 2);
         for (int half = 0; half < DV / 64; half++) tma_load(sm.dout[st][half], &tdo, &sm.do_full[st], 64 * half, hq, sq.first_q + m * BQ, sq.tb);
-        bulk_load(sm.delta[st], p.delta + ws, BQ * 4, &sm.do_full[st]);
+      }
+    } else if (warp_id == 9) { // the rows' lse2 and D (rows past the sequence: +inf and 0, so P = dS = 0)
+      const int lane = threadIdx.x % 32;
+      for (int it = 0; it < items; it++) {
+        const int hq = hkv * group + it / nm, st = it % 2;
+        const uint32_t round = it / 2;
+        if (round > 0) mbar_wait(&sm.q_empty[st], (round - 1) & 1, &sm.fail, p.err);
+        for (int r = lane; r < BQ; r += 32) {
+          const int i = (m_lo + it % nm) * BQ + r;
+          const float l = i < len_q ? p.lse[bwd_at(p.lse_st, sq.first_q, i, hq, sq.tb)] : -INFINITY;
+          sm.lse2[st][r] = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
+        }
+        mbar_arrive(&sm.q_full[st]);
+        if (round > 0) mbar_wait(&sm.do_empty[st], (round - 1) & 1, &sm.fail, p.err);
+        for (int r = lane; r < BQ; r += 32) {
+          const int i = (m_lo + it % nm) * BQ + r;
+          sm.delta[st][r] = i < len_q ? p.delta[hq * p.ws_rows + bwd_ws_row(p, sq, bb, i)] : 0.0f;
+        }
+        mbar_arrive(&sm.do_full[st]);
       }
     }
     return;
@@ -361,12 +305,15 @@ __global__ void __launch_bounds__(THREADS, 1)
     wg_wait<0>(); // dV, dK and dQ are in: the stage is free
     mbar_arrive(&sm.q_empty[st]);
     mbar_arrive(&sm.do_empty[st]);
-    // dQ rows i0 + 16 warp + lane / 4 (+ 8), the warpgroup's columns: into the accumulator
-    float *acc = p.dq_acc + (hq * p.rows_pad + ws_bb + i0 + warp * 16 + lane / 4) * DQK + c * (DQK / 2) + 2 * (lane % 4);
+    // dQ rows i0 + 16 warp + lane / 4 (+ 8) of the sequence, the warpgroup's columns: into the accumulator
 #pragma unroll
-    for (int j = 0; j < DQK / 16; j++)
+    for (int r = 0; r < 2; r++) {
+      const int i = i0 + warp * 16 + lane / 4 + 8 * r;
+      if (i >= len_q) continue; // the workspace's next rows are another sequence's
+      float *acc = p.dq_acc + (hq * p.ws_rows + bwd_ws_row(p, sq, bb, i)) * DQK + c * (DQK / 2) + 2 * (lane % 4);
 #pragma unroll
-      for (int r = 0; r < 2; r++) hp_red_add2(acc + r * 8 * DQK + 8 * j, dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+      for (int j = 0; j < DQK / 16; j++) hp_red_add2(acc + 8 * j, dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+    }
   }
 
   // dK (times the scale) and dV of the keys in the sequence, bf16

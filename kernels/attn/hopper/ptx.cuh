@@ -1,7 +1,7 @@
 /*
  * ptx.cuh — the instructions hopper/fwd_kernel.cuh and bwd_kernel.cuh use, for the GPU: shared
  * memory, the block and named barriers, shuffles, mbarriers, TMA loads,
- * bulk copies, wgmma, the async-proxy fence and vector reductions, as inline PTX.
+ * wgmma, the async-proxy fence and vector reductions, as inline PTX.
  * experiments/lab/attn/hopper/emu_hopper.h provides the same names on the CPU (and defines
  * HOPPER_EMU, so this file is not included there).
  */
@@ -151,13 +151,6 @@ __device__ __forceinline__ void wgmma_ss_tt(float (&d)[16], uint64_t da, uint64_
       : "l"(da), "l"(db), "r"(accumulate));
 }
 
-// A bulk copy (no tensor map) of bytes (a multiple of 16, both addresses 16-byte aligned) from global
-// memory into shared memory, completing on bar.
-__device__ __forceinline__ void bulk_load(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-               ::"r"(hp_smem_u32(dst)), "l"(src), "r"(bytes), "r"(hp_smem_u32(bar))
-               : "memory");
-}
 // 4 bytes at a shared address.
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");

@@ -1,6 +1,8 @@
-// emu_bwd.cpp — runs hopper/bwd_kernel.cuh (prep, the backward, the dQ
-// conversion) on the CPU with the Hopper instructions emulated
-// (emu_hopper.h), against an fp64 reference of dq, dk, dv: the forward's six
+// emu_bwd.cpp — runs hopper/bwd_kernel.cuh on the CPU with the Hopper
+// instructions emulated (emu_hopper.h), between a host twin of the portable
+// backward's prep and dQ conversion (attn_bwd.cu: D = rowsum(dO * O) in fp32,
+// dq = scale * accumulator, in their workspace layout), against an fp64
+// reference of dq, dk, dv: the forward's six
 // cases (bshd, sbhd, thd with offsets and NaN gaps, GQA/MQA, lengths off the
 // tile, keys of other lengths) under five masks at head dim 128, and under
 // three at head dim 64, with accumulate_grads on some. Each check also shows
@@ -151,18 +153,23 @@ template <int D> static bool run_case(const hp_case &cs, const hp_mask &mk, unsi
   p.window_left = mk.wl, p.window_right = mk.wr, p.bottom_right = mk.br;
   p.scale = (float)scale, p.scale_log2 = (float)(scale * 1.4426950408889634);
   if (thd) p.cu_q = cu.data(), p.pad_q = first.data(), p.cu_kv = cu_kv.data(), p.pad_kv = first_kv.data();
-  p.o = o.data(), p.dout = dout.data(), p.lse = lse.data(), p.dq = dq.data(), p.dk = dk.data(), p.dv = dv.data();
-  memcpy(p.o_st, sq, sizeof sq), memcpy(p.dout_st, sq, sizeof sq), memcpy(p.dq_st, sq, sizeof sq);
+  p.lse = lse.data(), p.dk = dk.data(), p.dv = dv.data();
   memcpy(p.dk_st, sk, sizeof sk), memcpy(p.dv_st, sk, sizeof sk), memcpy(p.lse_st, sl, sizeof sl);
   p.accumulate = accumulate;
-  p.rows_pad = bwd_rows_pad(thd, b, s, cu[b]);
-  std::vector<float> ws((bwd_ws_bytes(h, p.rows_pad, D) + 255) / 4 + 64, NAN); // NaN: rows nobody wrote
-  bwd_ws_carve(p, (void *)(((uintptr_t)ws.data() + 255) & ~(uintptr_t)255));
-  const int mb = (s + BQ - 1) / BQ, nb = (s_kv + BN - 1) / BN;
-  if (mb > 0) {
-    const std::function<void()> prep = [&] { bwd_prep_kernel<D, D>(p); };
-    emu_run(dim3(mb, h, b), dim3(128), 0, prep);
-  }
+  // the portable layout: D [h][ws_rows], dQ [h][ws_rows][D]; NaN where no sequence's row is
+  p.ws_rows = thd ? rows : (int64_t)b * s;
+  std::vector<float> delta((size_t)h * p.ws_rows, NAN), dq_acc((size_t)h * p.ws_rows * D, NAN);
+  p.delta = delta.data(), p.dq_acc = dq_acc.data();
+  auto wsr = [&](int bb, int i) { return thd ? (int64_t)first[bb] + i : (int64_t)bb * s + i; };
+  for (int bb = 0; bb < b; bb++) // the prep's twin: fp32 sums of bf16 products, the accumulator zeroed
+    for (int hh = 0; hh < h; hh++)
+      for (int i = 0; i < len[bb]; i++) {
+        float a = 0;
+        for (int c = 0; c < D; c++) a += f32_of(dout[qi(bb, i, hh) + c]) * f32_of(o[qi(bb, i, hh) + c]);
+        delta[hh * p.ws_rows + wsr(bb, i)] = a;
+        for (int c = 0; c < D; c++) dq_acc[(hh * p.ws_rows + wsr(bb, i)) * D + c] = 0.0f;
+      }
+  const int nb = (s_kv + BN - 1) / BN;
   for (int z = 0; z < b; z++)
     for (int y = 0; y < h_kv; y++)
       for (int x = 0; x < nb; x++) {
@@ -183,10 +190,13 @@ template <int D> static bool run_case(const hp_case &cs, const hp_mask &mk, unsi
             return false;
           }
       }
-  if (mb > 0) {
-    const std::function<void()> conv = [&] { bwd_dq_kernel<D>(p); };
-    emu_run(dim3(mb, h, b), dim3(128), 0, conv);
-  }
+  for (int bb = 0; bb < b; bb++) // the conversion's twin
+    for (int hh = 0; hh < h; hh++)
+      for (int i = 0; i < len[bb]; i++)
+        for (int c = 0; c < D; c++) {
+          const float x = dq_acc[(hh * p.ws_rows + wsr(bb, i)) * D + c] * p.scale;
+          dq[qi(bb, i, hh) + c] = bf16_of(accumulate ? x + f32_of(dq[qi(bb, i, hh) + c]) : x);
+        }
   // the reference gradients (D = rowsum(dO * out) with out as given, as dl.attn's backward defines it)
   errs eq, ek, ev;
   std::vector<double> got(D), ref(D);
@@ -231,8 +241,15 @@ template <int D> static bool run_case(const hp_case &cs, const hp_mask &mk, unsi
         ev.add(got.data(), ref.data(), D);
       }
   }
-  // nothing outside the sequences written: the poison (NaN pattern 0xffff) or the inputs' NaN stay
+  // nothing outside the sequences written: the poison (NaN pattern 0xffff) or the inputs' NaN stay,
+  // and no workspace row outside them
   size_t stray = 0;
+  std::vector<char> inws((size_t)h * p.ws_rows, 0);
+  for (int bb = 0; bb < b; bb++)
+    for (int hh = 0; hh < h; hh++)
+      for (int i = 0; i < len[bb]; i++) inws[hh * p.ws_rows + wsr(bb, i)] = 1;
+  for (size_t r = 0; r < inws.size(); r++)
+    for (int c = 0; c < D && !inws[r]; c++) stray += dq_acc[r * D + c] == dq_acc[r * D + c]; // not NaN: written
   std::vector<char> inq(nq, 0), ink(nk, 0);
   for (int bb = 0; bb < b; bb++) {
     for (int pos = 0; pos < len[bb]; pos++)
