@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # Remote step on a one-GPU Hopper host (repo root as cwd, .debs and .deps carried): dl.attn with
-# the Hopper forward inside it (issue 19), in one call:
+# the Hopper kernels inside it (issue 19), in one call:
 #   1. ./distlab build;
 #   2. spec/attn_spec.lua, attn_merge_spec.lua and seq_spec.lua with the #gpu specs (every
-#      layout, mask, window, GQA/MQA and thd case, also at d 128 bf16, where the Hopper forward runs,
-#      against the cpu twin; and that it is the kernel taken);
-#   3. experiments/attn/attn_bench.lua at S (default 8192,16384): with the Hopper forward, then with
-#      DISTLAB_ATTN_HOPPER=0 (the portable kernel), the A/B at the dl.attn level.
+#      layout, mask, window, GQA/MQA and thd case, also at d 128 bf16, where the Hopper kernels run,
+#      against the cpu twin; and that they are the kernels taken), with the Hopper backward on
+#      (DISTLAB_ATTN_HOPPER_BWD, default 1 here: it is opt-in until these specs pass on it);
+#   3. experiments/attn/attn_bench.lua at S (default 8192,16384): with the Hopper kernels, then with
+#      DISTLAB_ATTN_HOPPER=0 (the portable ones), the A/B at the dl.attn level.
 # Logs and tables under $OUT (attn-spec.log, hopper/, portable/).
 set -uo pipefail
 OUT="${OUT:-/tmp/distlab-out}"
 cd "$(dirname "$0")/../.." || exit 2
 source scripts/gpu/setup.sh || exit 2
+export DISTLAB_ATTN_HOPPER_BWD="${DISTLAB_ATTN_HOPPER_BWD:-1}"
 mkdir -p "$OUT/hopper" "$OUT/portable"
 status=0
 echo "commit ${DISTLAB_COMMIT:-unknown}; $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
