@@ -170,12 +170,12 @@ local extra = { "build: " .. dl.build_info(),
     "median of device-event timings: warm-up filling %g ms, at least %d calls filling %g ms", B, NH, D, A.warm_ms,
     A.iters, A.min_ms),
   "data checked after timing: results finite; s=333, h=2 against the cpu twin (TE's bf16 tolerance)" }
-do -- which of our kernels ran: dl.attn.backends names the forward's (the backward is the portable kernel)
+do -- which of our kernels ran: dl.attn.backends names them
   local q = dl.empty({ 1, 128, 1, D }, { dtype = "bf16", device = dev })
-  local why = dl.attn.backends(q, q, q, {}).fwd_why
+  local b = dl.attn.backends(q, q, q, {})
   local cpu = tostring(dev):match("^cpu") ~= nil
-  extra[#extra + 1] = "backend ours: forward " .. (why:match("kernel: (.*)$") or (cpu and "the fp64 cpu twin" or why)) ..
-    "; backward " .. (cpu and "the fp64 cpu twin" or "the portable kernel")
+  local function kernel(why) return why:match("kernel: (.*)$") or (cpu and "the fp64 cpu twin" or why) end
+  extra[#extra + 1] = "backend ours: forward " .. kernel(b.fwd_why) .. "; backward " .. kernel(b.bwd_why)
 end
 local ci = dl.attn.cudnn_info()
 if A.measured then

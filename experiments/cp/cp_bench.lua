@@ -192,14 +192,14 @@ if h.rank0 then
   body[#body + 1] = "![overlap efficiency against S_total](" .. base .. ".png)"
   body[#body + 1] = ""
   body[#body + 1] = "(`experiments/cp/cp_bench_plot.sh " .. base .. ".csv` draws it from the CSV.)"
-  -- which of our attention kernels the steps ran: dl.attn.backends names the forward's
+  -- which of our attention kernels the steps ran: dl.attn.backends names them
   local q = dl.empty({ 1, 128, 1, D }, { dtype = "bf16", device = world.device })
-  local why = dl.attn.backends(q, q, q, {}).fwd_why
+  local kb = dl.attn.backends(q, q, q, {})
+  local function kernel(why) return why:match("kernel: (.*)$") or (gpu and why or "the fp64 cpu twin") end
   local md = h:markdown(base .. ".md", title, body, {
     "method: each time the median of " .. iters .. " calls between device events after 2 warm-up calls, the max " ..
       "over ranks; outputs and gradients checked after timing against the one-GPU attention (atol = rtol = 2.5e-2)",
-    "backend ours: forward " .. (why:match("kernel: (.*)$") or (gpu and why or "the fp64 cpu twin")) ..
-      "; backward " .. (gpu and "the portable kernel" or "the fp64 cpu twin") })
+    "backend ours: forward " .. kernel(kb.fwd_why) .. "; backward " .. kernel(kb.bwd_why) })
   print("wrote " .. csv .. " and " .. md)
   if h.opt.plot then
     local ok, note = bench.plot.script("experiments/cp/cp_bench_plot.sh", { csv }, base .. ".png")
