@@ -2,7 +2,7 @@
 // instructions emulated (emu_hopper.h), between a host twin of the portable
 // backward's prep and dQ conversion (attn_bwd.cu: D = rowsum(dO * O) in fp32,
 // dq = scale * accumulator, in their workspace layout), against an fp64
-// reference of dq, dk, dv: the forward's six
+// reference of dq, dk, dv: the forward's six (and one with keys but no queries)
 // cases (bshd, sbhd, thd with offsets and NaN gaps, GQA/MQA, lengths off the
 // tile, keys of other lengths) under five masks at head dim 128, and under
 // three at head dim 64, with accumulate_grads on some. Each check also shows
@@ -289,6 +289,7 @@ int main(int argc, char **argv) {
       {0, 2, 2, 1, 200, {}, {}},                                  // MQA 2/1, two sequences, s off the tiles
       {2, 4, 2, 1, 0, {130, 0, 1, 77}, {5, 140, 141, 150}, {}},   // thd: lengths 130, 0, 1, 77, offsets, NaN gaps
       {2, 3, 2, 2, 0, {70, 300, 5}, {0, 72, 380}, {260, 40, 0}},  // thd, keys of other lengths (0 too)
+      {2, 2, 2, 1, 0, {0, 50}, {0, 3}, {140, 60}},                // thd: no queries for 140 keys (dk, dv = 0)
   };
   // none, causal top-left and bottom-right, a window both ways, a left window bottom-right
   const hp_mask masks[] = {{-1, -1, 0}, {-1, 0, 0}, {-1, 0, 1}, {100, 20, 0}, {64, -1, 1}};
