@@ -12,8 +12,9 @@
  *                          registers, and adds dQ with fp32 vector atomics
  *   attn_bwd_dq_kernel     dq = scale * accumulator (+ dq if accumulating)
  * On sm_90, where dl_attn_bwd_hopper_fits takes the call, the Hopper main
- * kernel (kernels/attn/hopper/bwd_kernel.cuh: wgmma, TMA) runs instead of
- * attn_bwd_kernel, on the same workspace.
+ * kernel (kernels/attn/hopper/bwd_kernel.cuh: wgmma, TMA) and its own dQ
+ * conversion run instead of attn_bwd_kernel and attn_bwd_dq_kernel, on the
+ * same workspace.
  *
  * In attn_bwd_kernel each warp owns 16 keys and computes transposed tiles:
  * S^T = K Q^T and dP^T = V dO^T have keys as rows, so P^T and
@@ -346,10 +347,10 @@ static int attn_bwd_run(const dl_attn_params_t *p, void *stream) {
   if (p->s_q > 0)
     DL_TRY(attn_launch("attn_bwd_prep_kernel", bf16 ? attn_bwd_prep_kernel<true> : attn_bwd_prep_kernel<false>,
                        rgrid, dim3(128), 0, stream, *p, dq_acc, delta));
-  int hopper = 0; /* the main kernel on wgmma and TMA (kernels/attn/hopper/) where it takes the call */
+  int hopper = 0; /* the main kernel on wgmma and TMA (kernels/attn/hopper/), and its dQ conversion */
   DL_TRY(dl_attn_bwd_hopper_usable(p, &hopper));
-  if (p->s_kv > 0 && hopper) DL_TRY(dl_attn_bwd_hopper_cuda(p, dq_acc, delta, stream));
-  else if (p->s_kv > 0)
+  if (hopper) return dl_attn_bwd_hopper_cuda(p, dq_acc, delta, stream);
+  if (p->s_kv > 0)
     DL_TRY(attn_launch("attn_bwd_kernel", bf16 ? attn_bwd_kernel<C, true> : attn_bwd_kernel<C, false>, grid,
                        dim3(C::NT), C::SMEM, stream, *p, dq_acc, (const float *)delta));
   if (p->s_q > 0)

@@ -232,22 +232,34 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   return 0;
 }
 
-template <int DQK, int DV>
+template <int DQK, int DV, bool BULK>
 static int launch_bwd(dim3 grid, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv,
                       const CUtensorMap &tdo, const bwd_params_t &k, void *stream) {
-  const size_t smem = sizeof(bwd_smem_t<DQK, DV>) + 1024;
+  const size_t smem = sizeof(bwd_smem_t<DQK, DV, BULK>) + 1024;
   static int attr_set[64];
   int dev = 0;
   DL_CUDA_CHECK(cudaGetDevice(&dev));
   if (dev < 0 || dev >= 64 || !attr_set[dev]) {
-    DL_CUDA_CHECK(cudaFuncSetAttribute(bwd_kernel<DQK, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    DL_CUDA_CHECK(cudaFuncSetAttribute(bwd_kernel<DQK, DV, BULK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     if (dev >= 0 && dev < 64) attr_set[dev] = 1;
   }
-  bwd_kernel<DQK, DV><<<grid, THREADS, smem, (cudaStream_t)stream>>>(tq, tk, tv, tdo, k);
+  bwd_kernel<DQK, DV, BULK><<<grid, THREADS, smem, (cudaStream_t)stream>>>(tq, tk, tv, tdo, k);
   return 0;
 }
 
+/* How dQ reaches the accumulator: 1 through shared memory and a bulk reduction (the default), 0 by
+ * the consumers' vector reductions (DISTLAB_ATTN_HOPPER_BWD_DQ=red, for A/B timings); read once. */
+static int dq_bulk(void) {
+  static int bulk = -1;
+  if (bulk < 0) {
+    const char *e = getenv("DISTLAB_ATTN_HOPPER_BWD_DQ");
+    bulk = !(e && !strcmp(e, "red"));
+  }
+  return bulk;
+}
+
 extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc, const float *delta, void *stream) {
+  /* after dl_attn_bwd_cuda's prep: the main kernel, then bwd_dq_kernel */
   int *dword = NULL;
   DL_TRY(status_check(&dword, "attn bwd"));
   const bool thd = p->cu_seqlens_q != NULL;
@@ -268,16 +280,23 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
   }
   k.lse = p->lse;
   copy_st(k.lse_st, p->lse_st);
-  k.dk = (uint16_t *)p->dk, k.dv = (uint16_t *)p->dv;
-  copy_st(k.dk_st, p->dk_st), copy_st(k.dv_st, p->dv_st);
+  k.dq = (uint16_t *)p->dq, k.dk = (uint16_t *)p->dk, k.dv = (uint16_t *)p->dv;
+  copy_st(k.dq_st, p->dq_st), copy_st(k.dk_st, p->dk_st), copy_st(k.dv_st, p->dv_st);
   k.accumulate = p->accumulate_grads;
   k.delta = delta, k.dq_acc = dq_acc;
   k.ws_rows = thd ? p->total_q : (int64_t)p->b * p->s_q; /* attn_bwd.cu's workspace rows */
   k.err = dword;
   const dim3 grid((p->s_kv + BN - 1) / BN, p->h_kv, p->b);
-  const int rc = p->d_qk == 64 ? launch_bwd<64, 64>(grid, tq, tk, tv, tdo, k, stream)
-                               : launch_bwd<128, 128>(grid, tq, tk, tv, tdo, k, stream);
+  const bool bulk = dq_bulk();
+  const int rc = p->d_qk == 64 ? (bulk ? launch_bwd<64, 64, true>(grid, tq, tk, tv, tdo, k, stream)
+                                       : launch_bwd<64, 64, false>(grid, tq, tk, tv, tdo, k, stream))
+                               : (bulk ? launch_bwd<128, 128, true>(grid, tq, tk, tv, tdo, k, stream)
+                                       : launch_bwd<128, 128, false>(grid, tq, tk, tv, tdo, k, stream));
   if (rc) return rc;
   DL_CUDA_CHECK_LAUNCH("attn bwd (hopper)");
+  const dim3 rgrid((p->s_q + BQ - 1) / BQ, p->h_q, p->b);
+  if (p->d_qk == 64) bwd_dq_kernel<64><<<rgrid, 128, 0, (cudaStream_t)stream>>>(k);
+  else bwd_dq_kernel<128><<<rgrid, 128, 0, (cudaStream_t)stream>>>(k);
+  DL_CUDA_CHECK_LAUNCH("attn bwd (hopper) dq");
   return 0;
 }

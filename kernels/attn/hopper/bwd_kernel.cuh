@@ -5,10 +5,11 @@
  * experiments/lab/attn/hopper/emu_bwd.cpp runs it on the CPU with wgmma, TMA
  * and mbarriers emulated, against an fp64 reference.
  *
- * It is the main kernel of dl_attn_bwd_cuda (attn_bwd.cu) on sm_90, between
- * the portable backward's prep (D = rowsum(dO * O), the fp32 dQ accumulator
- * zeroed) and its dQ conversion (dq = scale * accumulator), with their
- * workspace: D [h][rows] and dQ [h][rows][DQK], row ws_row(sequence, i).
+ * dl_attn_bwd_cuda (attn_bwd.cu) runs it on sm_90 after the portable
+ * backward's prep (D = rowsum(dO * O), the fp32 dQ accumulator zeroed), on
+ * that workspace (D [h][rows] and dQ [h][rows][DQK], row ws_row(sequence,
+ * i)), then bwd_dq_kernel (dq = scale * accumulator; the accumulator's
+ * columns are permuted within a row, bwd_dq_col).
  *
  * bwd_kernel: CTA = BN = 128 keys of one kv head and batch, 384 threads;
  * grid (key blocks, kv heads, batches).
@@ -31,15 +32,17 @@
  *         warpgroups meet (named barrier 1) and each computes dQ for its half
  *         of the head dims over all 128 keys: dQ = dS K (SS wgmma with A
  *         transposed, i.e. MN-major, read from dS^T; B = K MN-major), added to
- *         the fp32 accumulator with vector reductions.
+ *         the fp32 accumulator: BULK, FA3's way, through shared memory and one
+ *         bulk reduction of the item's rows by a producer thread; else with
+ *         vector reductions from the consumers' registers.
  *   dK (times the softmax scale) and dV are written once, in bf16.
  * Rows past a sequence (keys of the last key block, queries of the last
  * query block) are zeroed in shared memory before a GEMM reads them, so that
  * another sequence's rows or NaN gaps (thd) never meet a zero of P or dS.
  * Every wait times out into *err (mbar_wait), as in the forward.
  *
- * Shared memory (d 128): K, V 32 KB each; Q, dO 2 x 16 KB each; dS^T 2 x 16 KB:
- * 160 KB, one CTA an SM. Descriptors as in fwd_kernel.cuh; dS^T is [128 keys]
+ * Shared memory (d 128): K, V 32 KB each; Q, dO 2 x 16 KB each; dS^T 2 x 16 KB;
+ * BULK's dQ 32 KB: 192 KB, one CTA an SM. Descriptors as in fwd_kernel.cuh; dS^T is [128 keys]
  * [64 queries] (a 128-byte row a key): as A of dQ = dS K it is MN-major (M =
  * queries contiguous), SBO = 1024 (8 keys), the k16 step (16 keys) at + 2048;
  * K as B of dQ is MN-major likewise, the warpgroup's columns of d at + c * BN
@@ -52,16 +55,22 @@
 
 constexpr int BQ = 64; // query rows an item (BN = 128 keys a CTA, THREADS = 384: fwd_kernel.cuh)
 
-template <int DQK, int DV> struct alignas(1024) bwd_smem_t {
+template <int DQK, int DV, bool BULK> struct alignas(1024) bwd_smem_t {
   uint16_t k[DQK / 64][BN * 64];
   uint16_t v[DV / 64][BN * 64];
   uint16_t q[2][DQK / 64][BQ * 64];
   uint16_t dout[2][DV / 64][BQ * 64];
-  uint16_t ds[2][BN * 64]; // dS^T: [key][query]
+  uint16_t ds[2][BN * 64];      // dS^T: [key][query]
+  float dq[BULK ? BQ * DQK : 4]; // BULK: an item's dQ, [query][DQK] as the accumulator's rows hold it
   float lse2[2][BQ], delta[2][BQ];
-  uint64_t kv_full, q_full[2], do_full[2], q_empty[2], do_empty[2];
+  uint64_t kv_full, q_full[2], do_full[2], q_empty[2], do_empty[2], dq_full, dq_empty;
   int fail;
 };
+
+// The accumulator's rows hold dQ's columns permuted: column c of a row i at c ^ (8 (i % 4)), so that
+// the consumers' stores of a tile into shared memory (two columns a lane, eight rows a warp) hit
+// distinct banks; bwd_dq_kernel undoes it.
+HP_HD int bwd_dq_col(int c, int i) { return c ^ (8 * (i % 4)); }
 
 // Addressing as params_t's (fwd_kernel.cuh): strides (position, head, batch) in elements.
 struct bwd_params_t {
@@ -71,9 +80,9 @@ struct bwd_params_t {
   const int *cu_q, *cu_kv, *pad_q, *pad_kv; // thd when cu_q is set
   const float *lse;          // the forward's (possibly merged) LSE, natural log
   int64_t lse_st[3];
-  uint16_t *dk, *dv;         // bf16
-  int64_t dk_st[3], dv_st[3];
-  int accumulate;            // add into dk, dv instead of writing them
+  uint16_t *dq, *dk, *dv;    // bf16 (dq: bwd_dq_kernel's)
+  int64_t dq_st[3], dk_st[3], dv_st[3];
+  int accumulate;            // add into dq, dk, dv instead of writing them
   const float *delta;        // the workspace: D [h][ws_rows], dQ [h][ws_rows][DQK] (fp32)
   float *dq_acc;
   int64_t ws_rows;           // thd: the packed rows of q; else b * s_q
@@ -101,6 +110,28 @@ HP_DEV int64_t bwd_at(const int64_t (&st)[3], int first, int row, int head, int 
 // The workspace row of row i of sequence bb (attn_bwd.cu's attn_ws_row).
 HP_DEV int64_t bwd_ws_row(const bwd_params_t &p, const bwd_seq_t &s, int bb, int i) {
   return p.cu_q ? (int64_t)s.first_q + i : (int64_t)bb * p.s_q + i;
+}
+
+// grid (blocks of BQ rows, h, b), 128 threads, a warp a row: dq = scale * accumulator (+ dq), the
+// accumulator's columns as bwd_dq_col placed them (attn_bwd.cu's attn_bwd_dq_kernel, for that layout).
+template <int DQK> __global__ void __launch_bounds__(128) bwd_dq_kernel(const bwd_params_t p) {
+  const int hh = blockIdx.y, bb = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const bwd_seq_t sq = bwd_seq(p, bb);
+  for (int r = warp; r < BQ; r += 4) {
+    const int i = blockIdx.x * BQ + r;
+    if (i >= sq.len_q) return;
+    const float *acc = p.dq_acc + (hh * p.ws_rows + bwd_ws_row(p, sq, bb, i)) * DQK;
+    uint16_t *dq = p.dq + bwd_at(p.dq_st, sq.first_q, i, hh, sq.tb);
+    for (int c = 2 * lane; c < DQK; c += 64) {
+      const float2 a = *reinterpret_cast<const float2 *>(acc + bwd_dq_col(c, i));
+      float x = a.x * p.scale, y = a.y * p.scale;
+      if (p.accumulate) {
+        const uint32_t old = *reinterpret_cast<const uint32_t *>(dq + c);
+        x += bf16_lo(old), y += bf16_hi(old);
+      }
+      *reinterpret_cast<uint32_t *>(dq + c) = pack_bf16(x, y);
+    }
+  }
 }
 
 // Rows [valid, rows) of a [DH / 64][rows][64] tile set to 0 by the 128 threads of warpgroup 0 (the
@@ -143,12 +174,14 @@ template <int DQK> HP_DEV void gemm_dq(float (&dq)[DQK / 4], uint32_t ds_base, u
   wg_commit();
 }
 
-template <int DQK, int DV>
+// BULK: each item's dQ goes to shared memory and a producer warp adds it to the accumulator with one
+// bulk reduction (FA3's way); else the consumers add it with vector reductions from registers.
+template <int DQK, int DV, bool BULK>
 __global__ void __launch_bounds__(THREADS, 1)
     bwd_kernel(const HP_GRID_CONST hp_tmap_t tq, const HP_GRID_CONST hp_tmap_t tk, const HP_GRID_CONST hp_tmap_t tv,
                const HP_GRID_CONST hp_tmap_t tdo, const bwd_params_t p) {
   static_assert(DQK == 64 || DQK == 128, "dQ's split of the head dims between the warpgroups");
-  bwd_smem_t<DQK, DV> &sm = *reinterpret_cast<bwd_smem_t<DQK, DV> *>((reinterpret_cast<uintptr_t>(hp_smem()) + 1023) & ~uintptr_t(1023));
+  bwd_smem_t<DQK, DV, BULK> &sm = *reinterpret_cast<bwd_smem_t<DQK, DV, BULK> *>((reinterpret_cast<uintptr_t>(hp_smem()) + 1023) & ~uintptr_t(1023));
   const int n_block = blockIdx.x, hkv = blockIdx.y, bb = blockIdx.z, group = p.h / p.h_kv;
   const int warp_id = hp_warp_uniform(threadIdx.x / 32), tid = threadIdx.x % 128;
   const bwd_seq_t sq = bwd_seq(p, bb);
@@ -171,6 +204,8 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_init(&sm.q_empty[i], 256);
       mbar_init(&sm.do_empty[i], 256);
     }
+    mbar_init(&sm.dq_full, 256); // BULK: the consumers wrote an item's dQ
+    mbar_init(&sm.dq_empty, 1);  // and the producer's reduction has read it
     mbar_init_fence();
   }
   hp_sync();
@@ -210,6 +245,17 @@ __global__ void __launch_bounds__(THREADS, 1)
         }
         mbar_arrive(&sm.do_full[st]);
       }
+    } else if (BULK && threadIdx.x == 320) { // each item's dQ from shared memory into the accumulator
+      for (int it = 0; it < items; it++) {
+        const int hq = hkv * group + it / nm, i0 = (m_lo + it % nm) * BQ;
+        mbar_wait(&sm.dq_full, (uint32_t)it & 1u, &sm.fail, p.err);
+        const int rows = min(BQ, len_q - i0); // not into the next sequence's rows
+        bulk_reduce_add(p.dq_acc + (hq * p.ws_rows + bwd_ws_row(p, sq, bb, i0)) * DQK, sm.dq, (uint32_t)(rows * DQK * 4));
+        bulk_commit();
+        bulk_wait_read();
+        mbar_arrive(&sm.dq_empty);
+      }
+      bulk_wait(); // the last reduction done before the CTA ends
     }
     return;
   }
@@ -305,14 +351,29 @@ __global__ void __launch_bounds__(THREADS, 1)
     wg_wait<0>(); // dV, dK and dQ are in: the stage is free
     mbar_arrive(&sm.q_empty[st]);
     mbar_arrive(&sm.do_empty[st]);
-    // dQ rows i0 + 16 warp + lane / 4 (+ 8) of the sequence, the warpgroup's columns: into the accumulator
+    // dQ rows i0 + 16 warp + lane / 4 (+ 8) of the item, the warpgroup's columns (bwd_dq_col's order)
+    if (BULK) { // into shared memory once the last item's reduction has read it, then the producer's turn
+      if (it > 0) mbar_wait(&sm.dq_empty, (uint32_t)(it - 1) & 1u, &sm.fail, p.err);
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-      const int i = i0 + warp * 16 + lane / 4 + 8 * r;
-      if (i >= len_q) continue; // the workspace's next rows are another sequence's
-      float *acc = p.dq_acc + (hq * p.ws_rows + bwd_ws_row(p, sq, bb, i)) * DQK + c * (DQK / 2) + 2 * (lane % 4);
+      for (int r = 0; r < 2; r++) {
+        const int row = warp * 16 + lane / 4 + 8 * r;
 #pragma unroll
-      for (int j = 0; j < DQK / 16; j++) hp_red_add2(acc + 8 * j, dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+        for (int j = 0; j < DQK / 16; j++)
+          *reinterpret_cast<float2 *>(sm.dq + row * DQK + bwd_dq_col(c * (DQK / 2) + 8 * j + 2 * (lane % 4), row)) =
+              make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+      }
+      fence_proxy_async();
+      mbar_arrive(&sm.dq_full);
+    } else { // into the accumulator, from registers
+#pragma unroll
+      for (int r = 0; r < 2; r++) {
+        const int i = i0 + warp * 16 + lane / 4 + 8 * r;
+        if (i >= len_q) continue; // the workspace's next rows are another sequence's
+        float *acc = p.dq_acc + (hq * p.ws_rows + bwd_ws_row(p, sq, bb, i)) * DQK;
+#pragma unroll
+        for (int j = 0; j < DQK / 16; j++)
+          hp_red_add2(acc + bwd_dq_col(c * (DQK / 2) + 8 * j + 2 * (lane % 4), i), dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+      }
     }
   }
 

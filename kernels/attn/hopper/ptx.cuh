@@ -1,7 +1,7 @@
 /*
  * ptx.cuh — the instructions hopper/fwd_kernel.cuh and bwd_kernel.cuh use, for the GPU: shared
  * memory, the block and named barriers, shuffles, mbarriers, TMA loads,
- * wgmma, the async-proxy fence and vector reductions, as inline PTX.
+ * wgmma, the async-proxy fence, bulk reductions and vector reductions, as inline PTX.
  * experiments/lab/attn/hopper/emu_hopper.h provides the same names on the CPU (and defines
  * HOPPER_EMU, so this file is not included there).
  */
@@ -155,6 +155,17 @@ __device__ __forceinline__ void wgmma_ss_tt(float (&d)[16], uint64_t da, uint64_
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
+// dst (global) += src (shared), bytes (a multiple of 16; both 16-byte aligned) of fp32, a bulk copy of
+// the async proxy in this thread's bulk group (bulk_commit; bulk_wait_read: its source may be reused;
+// bulk_wait: done).
+__device__ __forceinline__ void bulk_reduce_add(float *dst, const void *src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+               ::"l"(dst), "r"(hp_smem_u32(src)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
 // dst[0] += x, dst[1] += y in global memory, one vector reduction (sm_90; dst 8-byte aligned).
 __device__ __forceinline__ void hp_red_add2(float *dst, float x, float y) {
   asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(x), "f"(y) : "memory");

@@ -1,7 +1,8 @@
-// emu_bwd.cpp — runs hopper/bwd_kernel.cuh on the CPU with the Hopper
-// instructions emulated (emu_hopper.h), between a host twin of the portable
-// backward's prep and dQ conversion (attn_bwd.cu: D = rowsum(dO * O) in fp32,
-// dq = scale * accumulator, in their workspace layout), against an fp64
+// emu_bwd.cpp — runs hopper/bwd_kernel.cuh (the main kernel, both ways of
+// adding dQ, and its dQ conversion) on the CPU with the Hopper instructions
+// emulated (emu_hopper.h), after a host twin of the portable backward's prep
+// (attn_bwd.cu: D = rowsum(dO * O) in fp32, the accumulator zeroed, in its
+// workspace layout), against an fp64
 // reference of dq, dk, dv: the forward's six (and one with keys but no queries)
 // cases (bshd, sbhd, thd with offsets and NaN gaps, GQA/MQA, lengths off the
 // tile, keys of other lengths) under five masks at head dim 128, and under
@@ -54,7 +55,7 @@ struct errs {
   double pw() const { return den > 0 ? sqrt(planted / den) : 1.0; }
 };
 
-template <int D> static bool run_case(const hp_case &cs, const hp_mask &mk, unsigned seed, bool accumulate) {
+template <int D, bool BULK> static bool run_case(const hp_case &cs, const hp_mask &mk, unsigned seed, bool accumulate) {
   const bool thd = cs.layout == 2, sbhd = cs.layout == 1;
   const int b = cs.b, h = cs.h, h_kv = cs.h_kv, group = h / h_kv;
   int s = cs.s, s_kv = cs.s, rows = cs.s, rows_kv = cs.s;
@@ -153,8 +154,8 @@ template <int D> static bool run_case(const hp_case &cs, const hp_mask &mk, unsi
   p.window_left = mk.wl, p.window_right = mk.wr, p.bottom_right = mk.br;
   p.scale = (float)scale, p.scale_log2 = (float)(scale * 1.4426950408889634);
   if (thd) p.cu_q = cu.data(), p.pad_q = first.data(), p.cu_kv = cu_kv.data(), p.pad_kv = first_kv.data();
-  p.lse = lse.data(), p.dk = dk.data(), p.dv = dv.data();
-  memcpy(p.dk_st, sk, sizeof sk), memcpy(p.dv_st, sk, sizeof sk), memcpy(p.lse_st, sl, sizeof sl);
+  p.lse = lse.data(), p.dq = dq.data(), p.dk = dk.data(), p.dv = dv.data();
+  memcpy(p.dq_st, sq, sizeof sq), memcpy(p.dk_st, sk, sizeof sk), memcpy(p.dv_st, sk, sizeof sk), memcpy(p.lse_st, sl, sizeof sl);
   p.accumulate = accumulate;
   // the portable layout: D [h][ws_rows], dQ [h][ws_rows][D]; NaN where no sequence's row is
   p.ws_rows = thd ? rows : (int64_t)b * s;
@@ -177,9 +178,13 @@ template <int D> static bool run_case(const hp_case &cs, const hp_mask &mk, unsi
         const std::function<void()> one = [&] {
           blockIdx = dim3(x, y, z);
           gridDim = dim3(nb, h_kv, b);
-          bwd_kernel<D, D>(tq, tk, tv, tdo, p);
+          bwd_kernel<D, D, BULK>(tq, tk, tv, tdo, p);
         };
-        emu_run(dim3(1, 1, 1), dim3(THREADS), sizeof(bwd_smem_t<D, D>) + 1024, one);
+        emu_run(dim3(1, 1, 1), dim3(THREADS), sizeof(bwd_smem_t<D, D, BULK>) + 1024, one);
+        if (!hp_bulks.empty()) {
+          fprintf(stderr, "emu: a bulk reduction never waited for\n");
+          return false;
+        }
         if (!hp_pending.empty()) {
           fprintf(stderr, "emu: a TMA copy never waited for\n");
           return false;
@@ -190,13 +195,11 @@ template <int D> static bool run_case(const hp_case &cs, const hp_mask &mk, unsi
             return false;
           }
       }
-  for (int bb = 0; bb < b; bb++) // the conversion's twin
-    for (int hh = 0; hh < h; hh++)
-      for (int i = 0; i < len[bb]; i++)
-        for (int c = 0; c < D; c++) {
-          const float x = dq_acc[(hh * p.ws_rows + wsr(bb, i)) * D + c] * p.scale;
-          dq[qi(bb, i, hh) + c] = bf16_of(accumulate ? x + f32_of(dq[qi(bb, i, hh) + c]) : x);
-        }
+  const int mb = (s + BQ - 1) / BQ;
+  if (mb > 0) {
+    const std::function<void()> conv = [&] { bwd_dq_kernel<D>(p); };
+    emu_run(dim3(mb, h, b), dim3(128), 0, conv);
+  }
   // the reference gradients (D = rowsum(dO * out) with out as given, as dl.attn's backward defines it)
   errs eq, ek, ev;
   std::vector<double> got(D), ref(D);
@@ -272,9 +275,9 @@ template <int D> static bool run_case(const hp_case &cs, const hp_mask &mk, unsi
   } else {
     snprintf(what, sizeof what, "%s b=%d s=%d", sbhd ? "sbhd" : "bshd", b, s);
   }
-  printf("bwd d=%d %s h=%d/%d window (%d,%d)%s%s: dq %.2e/%.2e dk %.2e/%.2e dv %.2e/%.2e (normwise/elementwise), "
+  printf("bwd d=%d %s %s h=%d/%d window (%d,%d)%s%s: dq %.2e/%.2e dk %.2e/%.2e dv %.2e/%.2e (normwise/elementwise), "
          "stray %zu; planted 2%%: %.1e %.1e %.1e %s -> %s\n",
-         D, what, h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", accumulate ? " accumulate" : "", eq.nw(), eq.emax(),
+         D, BULK ? "bulk" : "red ", what, h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", accumulate ? " accumulate" : "", eq.nw(), eq.emax(),
          ek.nw(), ek.emax(), ev.nw(), ev.emax(), stray, eq.pw(), ek.pw(), ev.pw(), caught ? "caught" : "MISSED",
          ok && caught ? "ok" : "FAIL");
   return ok && caught;
@@ -295,13 +298,15 @@ int main(int argc, char **argv) {
   const hp_mask masks[] = {{-1, -1, 0}, {-1, 0, 0}, {-1, 0, 1}, {100, 20, 0}, {64, -1, 1}};
   unsigned seed = 1;
   for (const hp_case &c : cases) {
-    for (int m = 0; m < 5; m++) {
+    for (int m = 0; m < 5; m++) { // dQ by bulk reductions (the default), and by the consumers' (fewer masks)
       if (quick && m % 2) continue;
-      ok = run_case<128>(c, masks[m], seed++, m == 3) && ok;
+      ok = run_case<128, true>(c, masks[m], seed++, m == 3) && ok;
+      if (m % 2 == 0) ok = run_case<128, false>(c, masks[m], seed++, m == 2) && ok;
     }
     for (int m : {0, 2, 4}) {
       if (quick && m == 4) continue;
-      ok = run_case<64>(c, masks[m], seed++, m == 2) && ok;
+      ok = run_case<64, true>(c, masks[m], seed++, m == 2) && ok;
+      if (m == 2) ok = run_case<64, false>(c, masks[m], seed++, true) && ok;
     }
   }
   printf("%s\n", ok ? "hopper emu bwd: all ok" : "hopper emu bwd: FAILED");

@@ -328,6 +328,44 @@ HP_DEV void st_shared_u32(uint32_t addr, uint32_t v) {
   }
   memcpy(hp_ptr(addr, 4), &v, 4);
 }
+// Bulk reductions (shared -> global, fp32 add): done at the issue or only at the wait that covers
+// them (a coin), reading shared memory then, so a source rewritten before bulk_wait_read shows.
+struct hp_bulk {
+  float *dst;
+  uint32_t src, bytes;
+  bool committed;
+};
+static std::vector<hp_bulk> hp_bulks;
+static void hp_bulk_do(const hp_bulk &b) {
+  const float *s = (const float *)hp_ptr(b.src, b.bytes);
+  for (uint32_t i = 0; i < b.bytes / 4; i++) b.dst[i] += s[i];
+  emu.progress++;
+}
+HP_DEV void bulk_reduce_add(float *dst, const void *src, uint32_t bytes) {
+  const hp_bulk b{dst, hp_smem_u32(src), bytes, false};
+  if (b.src % 16 || (uintptr_t)dst % 16 || bytes % 16) {
+    fprintf(stderr, "emu: bulk reduction of %u bytes at %u -> %p: not 16-byte aligned\n", bytes, b.src, (void *)dst);
+    abort();
+  }
+  if (hp_coin() % 2) hp_bulk_do(b);
+  else hp_bulks.push_back(b);
+}
+HP_DEV void bulk_commit() {
+  for (hp_bulk &b : hp_bulks) b.committed = true;
+}
+HP_DEV void bulk_wait_read() {
+  if (!hp_bulks.empty()) // the other threads run on (up to 64 rounds) while the copy engine reads
+    for (int n = hp_coin() % 65; n > 0; n--) emu.progress++, emu_yield();
+  for (const hp_bulk &b : hp_bulks) {
+    if (!b.committed) {
+      fprintf(stderr, "emu: a bulk reduction waited for before its commit\n");
+      abort();
+    }
+    hp_bulk_do(b);
+  }
+  hp_bulks.clear();
+}
+HP_DEV void bulk_wait() { bulk_wait_read(); }
 HP_DEV void hp_red_add2(float *dst, float x, float y) { // one thread runs at a time
   if ((uintptr_t)dst % 8) {
     fprintf(stderr, "emu: red.global.add.v2.f32 at an address not 8-byte aligned\n");
