@@ -1,32 +1,89 @@
 #!/usr/bin/env bash
 # Remote step on a one-GPU Hopper host (repo root as cwd, .debs and .deps carried): dl.attn with
-# the Hopper kernels inside it (issue 19), in one call:
-#   1. ./distlab build;
-#   2. spec/attn_spec.lua, attn_merge_spec.lua and seq_spec.lua with the #gpu specs (every
-#      layout, mask, window, GQA/MQA and thd case, also at d 128 bf16, where the Hopper kernels run,
-#      against the cpu twin; and that they are the kernels taken), with the Hopper backward on
-#      (DISTLAB_ATTN_HOPPER_BWD, default 1 here: it is opt-in until these specs pass on it);
-#   3. experiments/attn/attn_bench.lua at S (default 8192,16384): with the Hopper kernels, then with
-#      DISTLAB_ATTN_HOPPER=0 (the portable ones), the A/B at the dl.attn level.
-# Logs and tables under $OUT (attn-spec.log, hopper/, portable/).
+# the Hopper kernels inside it (issue 19), in one call. STEPS (default "specs san torch bench"):
+#   build  always: ./distlab build;
+#   specs  spec/attn_spec.lua, attn_merge_spec.lua and seq_spec.lua with the #gpu specs (every
+#          layout, mask, window, GQA/MQA and thd case, also at d 128 bf16, where the Hopper kernels
+#          run, against the cpu twin; and that they are the kernels taken), with the Hopper backward
+#          on (DISTLAB_ATTN_HOPPER_BWD, default 1 here: it is opt-in until these specs pass on it);
+#   san    experiments/attn/hopper_small.lua (fwd + bwd at small shapes, d 64 and 128, against the
+#          cpu twin) under compute-sanitizer memcheck and racecheck;
+#   torch  PyTorch SDPA's flash and cuDNN (experiments/attn/attn_bench_torch.py) at S, the anchors;
+#   bench  experiments/attn/attn_bench.lua at S (default 4096,8192,16384) for each of VARIANTS (default
+#          "hopper hopper-red portable": the Hopper kernels with dQ by bulk reductions, the same with
+#          the consumers' vector reductions (DISTLAB_ATTN_HOPPER_BWD_DQ=red), DISTLAB_ATTN_HOPPER=0),
+#          each with the anchors when torch ran: $OUT/<variant>/attn-<gpu>.md.
+# Logs and tables under $OUT (attn-spec.log, san-*.log, attn-torch.*, <variant>/).
 set -uo pipefail
 OUT="${OUT:-/tmp/distlab-out}"
 cd "$(dirname "$0")/../.." || exit 2
 source scripts/gpu/setup.sh || exit 2
 export DISTLAB_ATTN_HOPPER_BWD="${DISTLAB_ATTN_HOPPER_BWD:-1}"
-mkdir -p "$OUT/hopper" "$OUT/portable"
+STEPS="${STEPS:-specs san torch bench}"
+want() { [[ " $STEPS " == *" $1 "* ]]; }
+mkdir -p "$OUT"
 status=0
-echo "commit ${DISTLAB_COMMIT:-unknown}; $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)"
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+tag=$(echo "$gpu" | grep -oiE 'h100|h200' | head -1 | tr '[:upper:]' '[:lower:]')
+echo "commit ${DISTLAB_COMMIT:-unknown}; $gpu; steps: $STEPS; DISTLAB_ATTN_HOPPER_BWD=$DISTLAB_ATTN_HOPPER_BWD"
 ./distlab build 2>&1 | tail -3 >"$OUT/build.log" || status=1
-echo "== specs ($(date +%T))"
-timeout 300 busted --run=default --exclude-tags=multigpu -o spec/support/summary.lua \
-  spec/attn_spec.lua spec/attn_merge_spec.lua spec/seq_spec.lua >"$OUT/attn-spec.log" 2>&1 || status=1
-grep -E "^(FAIL|ERROR)" "$OUT/attn-spec.log" | head -20
-tail -n 1 "$OUT/attn-spec.log"
-for k in hopper portable; do
-  echo "== attn_bench, $k ($(date +%T))"
-  env $([ $k = portable ] && echo DISTLAB_ATTN_HOPPER=0) timeout 200 ./distlab run -n 1 --device cuda \
-    experiments/attn/attn_bench.lua --s "${S:-8192,16384}" --out "$OUT/$k" --tag "$k" >"$OUT/$k/bench.log" 2>&1 || status=1
-  grep -E "^(ours|cudnn) " "$OUT/$k/bench.log" | head -20
-done
+
+if want specs; then
+  echo "== specs ($(date +%T))"
+  timeout 300 busted --run=default --exclude-tags=multigpu -o spec/support/summary.lua \
+    spec/attn_spec.lua spec/attn_merge_spec.lua spec/seq_spec.lua >"$OUT/attn-spec.log" 2>&1 || status=1
+  grep -E "^(FAIL|ERROR)" "$OUT/attn-spec.log" | head -20
+  tail -n 1 "$OUT/attn-spec.log"
+fi
+
+SANBIN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+if want san && [ -n "$SANBIN" ]; then
+  for tool in memcheck racecheck; do
+    echo "== compute-sanitizer $tool, hopper_small.lua ($(date +%T))"
+    w="$OUT/san-$tool"
+    mkdir -p "$w"
+    cat >"$w/luajit" <<EOF
+#!/bin/sh
+exec "$SANBIN" --tool $tool --error-exitcode 9 --log-file "$w/sanitizer-%p.log" luajit "\$@"
+EOF
+    chmod +x "$w/luajit"
+    LUAJIT="$w/luajit" DISTLAB_JOB_TIMEOUT=280 timeout 300 ./distlab run -n 1 --device cuda \
+      experiments/attn/hopper_small.lua >"$OUT/san-$tool.log" 2>&1 || status=1
+    tail -n 3 "$OUT/san-$tool.log"
+    grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$w"/sanitizer-*.log 2>/dev/null | sort | uniq -c
+  done
+elif want san; then
+  echo "compute-sanitizer not found: sanitizer runs skipped"
+fi
+
+torch_csv=""
+if want torch; then
+  echo "== PyTorch SDPA ($(date +%T))"
+  if timeout 300 python3 experiments/attn/attn_bench_torch.py --s "${S:-4096,8192,16384}" --out "$OUT" \
+    >"$OUT/attn-torch.log" 2>&1; then
+    torch_csv="$OUT/attn-torch.csv"
+  else
+    status=1
+  fi
+  grep -vi "warn" "$OUT/attn-torch.log" | tail -n 12
+fi
+
+if want bench; then
+  for k in ${VARIANTS:-hopper hopper-red portable}; do
+    echo "== attn_bench, $k ($(date +%T))"
+    mkdir -p "$OUT/$k"
+    case $k in
+      hopper) envs="" ;;
+      hopper-red) envs="DISTLAB_ATTN_HOPPER_BWD_DQ=red" ;;
+      portable) envs="DISTLAB_ATTN_HOPPER=0" ;;
+      *) echo "unknown variant $k"; status=1; continue ;;
+    esac
+    env $envs timeout 240 ./distlab run -n 1 --device cuda experiments/attn/attn_bench.lua \
+      --s "${S:-4096,8192,16384}" --out "$OUT/$k" ${torch_csv:+--torch "$torch_csv" --tag "${tag:-gpu}"} \
+      >"$OUT/$k/bench.log" 2>&1 || status=1
+    grep -E "^(ours|cudnn) |backend ours" "$OUT/$k/bench.log" | head -20
+    [ -n "$torch_csv" ] && sed -n '/^TFLOP\/s fwd\/bwd/,$p' "$OUT/$k/bench.log" | head -20
+  done
+fi
+echo "== done, status $status ($(date +%T))"
 exit $status
