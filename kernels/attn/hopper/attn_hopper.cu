@@ -6,7 +6,9 @@
  * dl_attn_bwd_cuda (attn_bwd.cu) runs the backward's main kernel likewise
  * (dl_attn_bwd_hopper_fits), between its own prep and dQ conversion.
  * DISTLAB_ATTN_HOPPER=0 in the environment keeps the portable kernels (for
- * A/B timings). The backward has passed the emulator, not yet a GPU: until a
+ * A/B timings). DISTLAB_ATTN_HOPPER_MERGE=persistent runs the fused merge at
+ * d 128 on persistent CTAs (fwd_merge_kernel.cuh), opt-in until a GPU has
+ * run the specs on it. The backward has passed the emulator, not yet a GPU: until a
  * GPU runs the attn specs on it, it is taken only with
  * DISTLAB_ATTN_HOPPER_BWD=1.
  *
@@ -20,6 +22,7 @@
 #include "attn/attn.h"
 #include "common/base.h"
 #include "bwd_kernel.cuh"
+#include "fwd_merge_kernel.cuh"
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -40,6 +43,16 @@ static int env_off(void) {
     off = e && !strcmp(e, "0");
   }
   return off;
+}
+/* DISTLAB_ATTN_HOPPER_MERGE=persistent: the fused merge at d 128 on persistent CTAs
+ * (fwd_merge_kernel.cuh), opt-in until a GPU has run the specs on it; read once */
+static int env_merge_persistent(void) {
+  static int on = -1;
+  if (on < 0) {
+    const char *e = getenv("DISTLAB_ATTN_HOPPER_MERGE");
+    on = e && !strcmp(e, "persistent");
+  }
+  return on;
 }
 static int env_bwd_on(void) {
   static int on = -1;
@@ -182,6 +195,35 @@ static int launch(dim3 grid, const CUtensorMap &tq, const CUtensorMap &tk, const
 
 static void copy_st(int64_t (&dst)[3], const dl_attn_strides_t &st) { dst[0] = st.s, dst[1] = st.h, dst[2] = st.b; }
 
+/* The SMs of the call's device (cached per device): the persistent kernel's grid. */
+static int sm_count(int *n) {
+  static int known[64];
+  int dev;
+  DL_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev >= 0 && dev < 64 && known[dev]) return *n = known[dev], 0;
+  DL_CUDA_CHECK(cudaDeviceGetAttribute(n, cudaDevAttrMultiProcessorCount, dev));
+  if (dev >= 0 && dev < 64) known[dev] = *n;
+  return 0;
+}
+
+template <int DQK, int DV>
+static int launch_merge(const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv, const params_t &k,
+                        void *stream) {
+  const size_t smem = sizeof(merge_smem_t<DQK, DV>) + 1024;
+  static int attr_set[64];
+  int dev = 0, sms = 0;
+  DL_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 64 || !attr_set[dev]) {
+    DL_CUDA_CHECK(cudaFuncSetAttribute(fwd_merge_kernel<DQK, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    if (dev >= 0 && dev < 64) attr_set[dev] = 1;
+  }
+  DL_TRY(sm_count(&sms));
+  const int64_t tiles = (int64_t)((k.s_q + BM - 1) / BM) * k.h * k.b;
+  const dim3 grid((unsigned)(tiles < sms ? tiles : sms));
+  fwd_merge_kernel<DQK, DV><<<grid, THREADS, smem, (cudaStream_t)stream>>>(tq, tk, tv, k);
+  return 0;
+}
+
 /* The status word, checked and cleared: an earlier call's timed-out wait is this call's error. */
 static int status_check(int **dword, const char *op) {
   int *word = status_word(dword);
@@ -224,6 +266,15 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   const dim3 grid((p->s_q + BM - 1) / BM, p->h_q, p->b);
   // the faster loop of each head dim on an H200 (experiments/results/attn/hopper-fwd*-h200.md): the
   // steps in turn at d 128 (and MLA's 192/128, not yet timed), FA3's intra-warpgroup pipelining at d 64
+  /* the fused merge at d 128 on persistent CTAs: its running rows are read and written a float4 at a time */
+  const bool aligned16 = p->acc_out && ((uintptr_t)p->acc_out & 15) == 0 &&
+                         ((p->acc_out_st.s | p->acc_out_st.h | p->acc_out_st.b) & 3) == 0;
+  if (p->acc_out && p->d_qk == 128 && p->d_v == 128 && aligned16 && env_merge_persistent()) {
+    const int rm = launch_merge<128, 128>(tq, tk, tv, k, stream);
+    if (rm) return rm;
+    DL_CUDA_CHECK_LAUNCH("attn fwd (hopper, persistent merge)");
+    return 0;
+  }
   const int rc = p->d_qk == 64    ? launch<1, 64, 64>(grid, tq, tk, tv, k, stream)
                  : p->d_qk == 128 ? launch<0, 128, 128>(grid, tq, tk, tv, k, stream)
                                   : launch<0, 192, 128>(grid, tq, tk, tv, k, stream);

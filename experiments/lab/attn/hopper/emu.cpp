@@ -5,7 +5,7 @@
 //   make -C experiments/lab/attn hopper-emu [ARGS=--quick]
 #include "emu_hopper.h"
 
-#include "attn/hopper/fwd_kernel.cuh"
+#include "attn/hopper/fwd_merge_kernel.cuh"
 
 // ---- the test -------------------------------------------------------------------------------
 
@@ -101,21 +101,23 @@ template <int DQK, int DV = DQK> static bool run_case(const hp_case &cs, const h
   std::vector<float> max_logit(h, -INFINITY);
   p.max_logit = max_logit.data();
   std::vector<double> want_max(h, -INFINITY); // the reference's
-  // one CTA at a time, each with fresh barriers
-  const int mb = (s + BM - 1) / BM;
-  for (int z = 0; z < b; z++)
-    for (int y = 0; y < h; y++)
-      for (int x = 0; x < mb; x++) {
+  // one CTA at a time, each with fresh barriers; pipe 2: the persistent merge kernel on 3 CTAs (each
+  // walks several tiles)
+  const int mb = (s + BM - 1) / BM, persistent = pipe == 2;
+  for (int z = 0; z < (persistent ? 1 : b); z++)
+    for (int y = 0; y < (persistent ? 1 : h); y++)
+      for (int x = 0; x < (persistent ? 3 : mb); x++) {
         hp_bars.clear();
         hp_pending.clear();
         hp_named.clear(); // a CTA's named barriers start empty (warpgroup 0's opening turn is left over)
         const std::function<void()> one = [&] {
           blockIdx = dim3(x, y, z);
-          gridDim = dim3(mb, h, b);
-          if (pipe == 1) fwd_kernel<1, DQK, DV>(tq, tk, tv, p);
+          gridDim = persistent ? dim3(3, 1, 1) : dim3(mb, h, b);
+          if (persistent) fwd_merge_kernel<DQK, DV>(tq, tk, tv, p);
+          else if (pipe == 1) fwd_kernel<1, DQK, DV>(tq, tk, tv, p);
           else fwd_kernel<0, DQK, DV>(tq, tk, tv, p);
         };
-        emu_run(dim3(1, 1, 1), dim3(THREADS), sizeof(smem_t<DQK, DV>) + 1024, one);
+        emu_run(dim3(1, 1, 1), dim3(THREADS), (persistent ? sizeof(merge_smem_t<DQK, DV>) : sizeof(smem_t<DQK, DV>)) + 1024, one);
         if (!hp_pending.empty()) {
           fprintf(stderr, "emu: a TMA copy never waited for\n");
           return false;
@@ -226,10 +228,17 @@ int main(int argc, char **argv) {
         if (pick(pipe)) ok = run_case<128>(c, masks[m], pipe, seed++) && ok;
       n++;
     }
-  for (const hp_case &c : cases) // the fused merge, causal and not
-    for (int m = 0; m < 2; m++, n++)
+  for (const hp_case &c : cases) // the fused merge, causal and not; and on the persistent kernel (pipe 2)
+    for (int m = 0; m < 2; m++, n++) {
       for (int pipe = 0; pipe < 2; pipe++)
         if (pick(pipe)) ok = run_case<128>(c, masks[m], pipe, seed++, true) && ok;
+      ok = run_case<128>(c, masks[m], 2, seed++, true) && ok;
+    }
+  for (const hp_case &c : cases) // the persistent merge under the windows too, and MLA's 192/128 on it
+    for (int m : {2, 3, 4})
+      if (!quick || m == 3) ok = run_case<128>(c, masks[m], 2, seed++, true) && ok;
+  for (const hp_case &c : cases)
+    if (!quick) ok = run_case<192, 128>(c, masks[2], 2, seed++, true) && ok;
   for (const hp_case &c : cases) // head dim 64: every case under three masks, and merged causal
     for (int m : {0, 2, 4}) {
       if (quick && m != 2) continue;

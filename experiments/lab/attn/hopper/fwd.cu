@@ -2,7 +2,8 @@
  * fwd.cu — lab driver of dl.attn's Hopper forward (kernels/attn/hopper/fwd_kernel.cuh,
  * whose header says how it works): the kernel alone, with its own checker and
  * timer, both main loops (PIPE 0: the steps in turn; PIPE 1: FA3's
- * intra-warpgroup pipelining; P through shared memory was slower than both).
+ * intra-warpgroup pipelining; P through shared memory was slower than both), and
+ * --pipe 2: PIPE 0 with the fused merge on persistent CTAs (fwd_merge_kernel.cuh).
  * Shapes: bshd, sbhd or thd (NaN between sequences), bf16, d = 128 (or 64: -DLAB_D=64), GQA/MQA,
  * any length, windows top-left or bottom-right, the fused merge.
  *
@@ -19,7 +20,7 @@
  *         iters launches and min-ms of work)
  * scripts/gpu/hopper_lab.sh runs the checks, compute-sanitizer and the bench in one device call.
  */
-#include "attn/hopper/fwd_kernel.cuh"
+#include "attn/hopper/fwd_merge_kernel.cuh"
 
 #ifndef LAB_D
 #define LAB_D 128 // the head dim this binary runs (-DLAB_D=64: the d 64 kernel)
@@ -179,16 +180,27 @@ static CUtensorMap tensor_map(const __nv_bfloat16 *x, const layout_t &l, int hea
   return m;
 }
 
+// pipe 2: PIPE 0, and the fused merge on persistent CTAs (fwd_merge_kernel.cuh), one an SM
 static void run(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const params_t &p,
                 const layout_t &l, int pipe, cudaStream_t st) {
   const CUtensorMap tq = tensor_map(q, l, p.h), tk = tensor_map(k, l, p.h_kv), tv = tensor_map(v, l, p.h_kv);
-  const size_t smem = sizeof(smem_t<D, D>) + 1024;
+  const size_t smem = sizeof(smem_t<D, D>) + 1024, msmem = sizeof(merge_smem_t<D, D>) + 1024;
   static bool attr = false;
+  static int sms = 0;
   if (!attr) {
     CK(cudaFuncSetAttribute(fwd_kernel<0, D, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     CK(cudaFuncSetAttribute(fwd_kernel<1, D, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    CK(cudaFuncSetAttribute(fwd_merge_kernel<D, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)msmem));
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     attr = true;
   }
+  if (pipe == 2 && p.acc_out) {
+    const int tiles = (p.s_q + BM - 1) / BM * p.h * p.b;
+    fwd_merge_kernel<D, D><<<std::min(tiles, sms), THREADS, msmem, st>>>(tq, tk, tv, p);
+    CK(cudaGetLastError());
+    return;
+  }
+  if (pipe == 2) pipe = 0;
   const dim3 grid((p.s_q + BM - 1) / BM, p.h, p.b);
   if (pipe == 1) fwd_kernel<1, D, D><<<grid, THREADS, smem, st>>>(tq, tk, tv, p);
   else fwd_kernel<0, D, D><<<grid, THREADS, smem, st>>>(tq, tk, tv, p);
