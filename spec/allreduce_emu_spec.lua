@@ -6,12 +6,7 @@
 -- peer). The build (g++, about 20 s on 2 cores) is cached in /tmp.
 local H = require "helpers"
 
-local function has(cmd)
-  local p = io.popen("command -v " .. cmd .. " 2>/dev/null")
-  local out = p:read("*a")
-  p:close()
-  return out ~= ""
-end
+local has = H.has_command
 
 describe("allreduce kernels on the CPU emulator", function()
   local runnable = has("g++") and has("make")

@@ -9,12 +9,7 @@
 -- The builds (g++, about 10 s each on 2 cores) go to a fresh directory.
 local H = require "helpers"
 
-local function has(cmd)
-  local p = io.popen("command -v " .. cmd .. " 2>/dev/null")
-  local out = p:read("*a")
-  p:close()
-  return out ~= ""
-end
+local has = H.has_command
 
 local function run(target)
   local build = H.tmpname("_hopper_emu")
@@ -25,23 +20,23 @@ local function run(target)
   return out
 end
 
+-- The run's output ends well, every check passed and at least `cases` of them ran.
+local function all_ok(out, last, cases)
+  assert.truthy(out:find("__rc=0", 1, true), out)
+  assert.truthy(out:find(last, 1, true), out)
+  assert.falsy(out:find("FAIL", 1, true), out)
+  local _, n = out:gsub("caught %-> ok", "")
+  assert.is_true(n >= cases, out)
+end
+
 describe("the Hopper attention kernels on the CPU emulator", function()
   local it_ = (has("g++") and has("make")) and it or pending
-  it_("forward: every case under three masks, both loops, the merge, d 64 and MLA's 192/128, against fp64", function()
-    local out = run("hopper-emu")
-    assert.truthy(out:find("__rc=0", 1, true), out)
-    assert.truthy(out:find("hopper emu: all ok", 1, true), out)
-    assert.falsy(out:find("FAIL", 1, true), out)
-    local _, n = out:gsub("caught %-> ok", "")
-    assert.is_true(n >= 40, out)
+  it_("forward: every case under three masks, both loops, the merge (also on persistent CTAs), d 64 and MLA's 192/128, against fp64", function()
+    all_ok(run("hopper-emu"), "hopper emu: all ok", 40)
   end)
   it_("backward: dq, dk, dv of every case under three masks at d 128 and two at d 64, both ways of adding dQ", function()
     local out = run("hopper-emu-bwd")
-    assert.truthy(out:find("__rc=0", 1, true), out)
-    assert.truthy(out:find("hopper emu bwd: all ok", 1, true), out)
-    assert.falsy(out:find("FAIL", 1, true), out)
-    local _, n = out:gsub("caught %-> ok", "")
-    assert.is_true(n >= 50, out)
+    all_ok(out, "hopper emu bwd: all ok", 50)
     local _, bulk = out:gsub(" bulk thd", "")
     local _, red = out:gsub(" red  thd", "")
     assert.is_true(bulk > 0 and red > 0, out)

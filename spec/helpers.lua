@@ -63,6 +63,14 @@ function H.distlab(args, env)
   return rc, out:gsub("__rc=%d+%s*$", "")
 end
 
+-- Whether a command is on the PATH.
+function H.has_command(cmd)
+  local p = io.popen("command -v " .. cmd .. " 2>/dev/null")
+  local out = p:read("*a")
+  p:close()
+  return out ~= ""
+end
+
 -- A fresh temporary file path.
 function H.tmpname(suffix)
   local name = os.tmpname()

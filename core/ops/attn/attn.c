@@ -324,6 +324,25 @@ int dl_attn_bwd(const dl_attn_opts_t *o, const dl_tensor_t *dout, const dl_tenso
   return rc;
 }
 
+#ifdef DL_WITH_CUDA
+/* "; kernel: <the Hopper kernel's description>" or "; kernel: portable (<label>: why not)" after why. */
+static int kernel_why(dl_attn_params_t *p, int dev_index, int (*fits)(const dl_attn_params_t *, char *, size_t),
+                      int (*usable)(const dl_attn_params_t *, int *), const char *label, char *why,
+                      int64_t whylen) {
+  char path[160];
+  int ok = 0, rc = 0;
+  const int fit = fits(p, path, sizeof path);
+  if (fit && !(rc = dl_cuda_use(dev_index))) rc = usable(p, &ok);
+  if (rc) return rc;
+  const size_t n = strlen(why);
+  if (ok)
+    snprintf(why + n, (size_t)whylen - n, "; kernel: %s", path);
+  else
+    snprintf(why + n, (size_t)whylen - n, "; kernel: portable (%s: %s)", label, fit ? "not an sm_90 device" : path);
+  return 0;
+}
+#endif
+
 int dl_attn_backend(const dl_attn_opts_t *o, const dl_tensor_t *q, const dl_tensor_t *k,
                     const dl_tensor_t *v, int bwd, int accumulate, int max_logit, int *chosen,
                     char *why, int64_t whylen) {
@@ -344,36 +363,12 @@ int dl_attn_backend(const dl_attn_opts_t *o, const dl_tensor_t *q, const dl_tens
     }
   }
 #ifdef DL_WITH_CUDA
-  /* ours on cuda, forward: which of our kernels runs (the Hopper forward, or the portable one) */
-  if (!rc && *chosen == DL_ATTN_OURS && !bwd && q->dev_type == DL_CUDA) {
-    char path[160];
-    int usable = 0;
-    p.acc_out = accumulate ? (void *)1 : NULL, p.acc_dtype = DL_F32; /* the usual accumulate */
-    const int fits = dl_attn_fwd_hopper_fits(&p, path, sizeof path);
-    if (fits && !(rc = dl_cuda_use(q->dev_index))) rc = dl_attn_fwd_hopper_usable(&p, &usable);
-    if (!rc) {
-      size_t n = strlen(why);
-      if (usable)
-        snprintf(why + n, (size_t)whylen - n, "; kernel: %s", path);
-      else
-        snprintf(why + n, (size_t)whylen - n, "; kernel: portable (hopper forward: %s)",
-                 fits ? "not an sm_90 device" : path);
-    }
-  }
-  /* and the backward's main kernel */
-  if (!rc && *chosen == DL_ATTN_OURS && bwd && q->dev_type == DL_CUDA) {
-    char path[160];
-    int usable = 0;
-    const int fits = dl_attn_bwd_hopper_fits(&p, path, sizeof path);
-    if (fits && !(rc = dl_cuda_use(q->dev_index))) rc = dl_attn_bwd_hopper_usable(&p, &usable);
-    if (!rc) {
-      size_t n = strlen(why);
-      if (usable)
-        snprintf(why + n, (size_t)whylen - n, "; kernel: %s", path);
-      else
-        snprintf(why + n, (size_t)whylen - n, "; kernel: portable (hopper backward: %s)",
-                 fits ? "not an sm_90 device" : path);
-    }
+  /* ours on cuda: which of our kernels runs (the Hopper forward or backward, or the portable one) */
+  if (!rc && *chosen == DL_ATTN_OURS && q->dev_type == DL_CUDA) {
+    if (!bwd) p.acc_out = accumulate ? (void *)1 : NULL, p.acc_dtype = DL_F32; /* the usual accumulate */
+    rc = kernel_why(&p, q->dev_index, bwd ? dl_attn_bwd_hopper_fits : dl_attn_fwd_hopper_fits,
+                    bwd ? dl_attn_bwd_hopper_usable : dl_attn_fwd_hopper_usable,
+                    bwd ? "hopper backward" : "hopper forward", why, whylen);
   }
 #endif
   step_free(&st);

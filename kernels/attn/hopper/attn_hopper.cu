@@ -35,32 +35,33 @@ static int fail_why(char *why, size_t n, const char *msg) {
   return 0;
 }
 
-/* DISTLAB_ATTN_HOPPER=0 (both off) and DISTLAB_ATTN_HOPPER_BWD=1 (the backward on), read once */
-static int env_off(void) {
-  static int off = -1;
-  if (off < 0) {
-    const char *e = getenv("DISTLAB_ATTN_HOPPER");
-    off = e && !strcmp(e, "0");
+/* Whether the environment's name is value, read once (*cache: -1 until then). */
+static int env_is(const char *name, const char *value, int *cache) {
+  if (*cache < 0) {
+    const char *e = getenv(name);
+    *cache = e && !strcmp(e, value);
   }
-  return off;
+  return *cache;
+}
+/* DISTLAB_ATTN_HOPPER=0: the portable kernels only (A/B timings) */
+static int env_off(void) {
+  static int c = -1;
+  return env_is("DISTLAB_ATTN_HOPPER", "0", &c);
 }
 /* DISTLAB_ATTN_HOPPER_MERGE=persistent: the fused merge at d 128 on persistent CTAs
- * (fwd_merge_kernel.cuh), opt-in until a GPU has run the specs on it; read once */
+ * (fwd_merge_kernel.cuh); DISTLAB_ATTN_HOPPER_BWD=1: the Hopper backward. Both opt-in until a GPU has
+ * run the specs on them. DISTLAB_ATTN_HOPPER_BWD_DQ=red: the backward's dQ by vector reductions. */
 static int env_merge_persistent(void) {
-  static int on = -1;
-  if (on < 0) {
-    const char *e = getenv("DISTLAB_ATTN_HOPPER_MERGE");
-    on = e && !strcmp(e, "persistent");
-  }
-  return on;
+  static int c = -1;
+  return env_is("DISTLAB_ATTN_HOPPER_MERGE", "persistent", &c);
 }
 static int env_bwd_on(void) {
-  static int on = -1;
-  if (on < 0) {
-    const char *e = getenv("DISTLAB_ATTN_HOPPER_BWD");
-    on = e && !strcmp(e, "1");
-  }
-  return on;
+  static int c = -1;
+  return env_is("DISTLAB_ATTN_HOPPER_BWD", "1", &c);
+}
+static int env_bwd_dq_red(void) {
+  static int c = -1;
+  return env_is("DISTLAB_ATTN_HOPPER_BWD_DQ", "red", &c);
 }
 
 extern "C" int dl_attn_fwd_hopper_fits(const dl_attn_params_t *p, char *why, size_t n) {
@@ -178,17 +179,22 @@ static int *status_word(int **dev) {
   return word;
 }
 
+/* kernel's dynamic shared memory limit raised to smem, once per device (done: the kernel's own flags). */
+template <class K> static int allow_smem(K *kernel, size_t smem, int (&done)[64]) {
+  int dev = 0;
+  DL_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev >= 0 && dev < 64 && done[dev]) return 0;
+  DL_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+  if (dev >= 0 && dev < 64) done[dev] = 1;
+  return 0;
+}
+
 template <int PIPE, int DQK, int DV>
 static int launch(dim3 grid, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv, const params_t &k,
                   void *stream) {
   const size_t smem = sizeof(smem_t<DQK, DV>) + 1024; // + the slack of aligning it to 1024 bytes
-  static int attr_set[64];
-  int dev = 0;
-  DL_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= 64 || !attr_set[dev]) {
-    DL_CUDA_CHECK(cudaFuncSetAttribute(fwd_kernel<PIPE, DQK, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    if (dev >= 0 && dev < 64) attr_set[dev] = 1;
-  }
+  static int done[64];
+  DL_TRY(allow_smem(fwd_kernel<PIPE, DQK, DV>, smem, done));
   fwd_kernel<PIPE, DQK, DV><<<grid, THREADS, smem, (cudaStream_t)stream>>>(tq, tk, tv, k);
   return 0;
 }
@@ -210,13 +216,9 @@ template <int DQK, int DV>
 static int launch_merge(const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv, const params_t &k,
                         void *stream) {
   const size_t smem = sizeof(merge_smem_t<DQK, DV>) + 1024;
-  static int attr_set[64];
-  int dev = 0, sms = 0;
-  DL_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= 64 || !attr_set[dev]) {
-    DL_CUDA_CHECK(cudaFuncSetAttribute(fwd_merge_kernel<DQK, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    if (dev >= 0 && dev < 64) attr_set[dev] = 1;
-  }
+  static int done[64];
+  DL_TRY(allow_smem(fwd_merge_kernel<DQK, DV>, smem, done));
+  int sms = 0;
   DL_TRY(sm_count(&sms));
   const int64_t tiles = (int64_t)((k.s_q + BM - 1) / BM) * k.h * k.b;
   const dim3 grid((unsigned)(tiles < sms ? tiles : sms));
@@ -287,26 +289,10 @@ template <int DQK, int DV, bool BULK>
 static int launch_bwd(dim3 grid, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv,
                       const CUtensorMap &tdo, const bwd_params_t &k, void *stream) {
   const size_t smem = sizeof(bwd_smem_t<DQK, DV, BULK>) + 1024;
-  static int attr_set[64];
-  int dev = 0;
-  DL_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= 64 || !attr_set[dev]) {
-    DL_CUDA_CHECK(cudaFuncSetAttribute(bwd_kernel<DQK, DV, BULK>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    if (dev >= 0 && dev < 64) attr_set[dev] = 1;
-  }
+  static int done[64];
+  DL_TRY(allow_smem(bwd_kernel<DQK, DV, BULK>, smem, done));
   bwd_kernel<DQK, DV, BULK><<<grid, THREADS, smem, (cudaStream_t)stream>>>(tq, tk, tv, tdo, k);
   return 0;
-}
-
-/* How dQ reaches the accumulator: 1 through shared memory and a bulk reduction (the default), 0 by
- * the consumers' vector reductions (DISTLAB_ATTN_HOPPER_BWD_DQ=red, for A/B timings); read once. */
-static int dq_bulk(void) {
-  static int bulk = -1;
-  if (bulk < 0) {
-    const char *e = getenv("DISTLAB_ATTN_HOPPER_BWD_DQ");
-    bulk = !(e && !strcmp(e, "red"));
-  }
-  return bulk;
 }
 
 extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc, const float *delta, void *stream) {
@@ -338,7 +324,7 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
   k.ws_rows = thd ? p->total_q : (int64_t)p->b * p->s_q; /* attn_bwd.cu's workspace rows */
   k.err = dword;
   const dim3 grid((p->s_kv + BN - 1) / BN, p->h_kv, p->b);
-  const bool bulk = dq_bulk();
+  const bool bulk = !env_bwd_dq_red(); /* dQ through shared memory and bulk reductions (FA3's way) */
   const int rc = p->d_qk == 64 ? (bulk ? launch_bwd<64, 64, true>(grid, tq, tk, tv, tdo, k, stream)
                                        : launch_bwd<64, 64, false>(grid, tq, tk, tv, tdo, k, stream))
                                : (bulk ? launch_bwd<128, 128, true>(grid, tq, tk, tv, tdo, k, stream)

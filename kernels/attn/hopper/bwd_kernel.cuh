@@ -143,19 +143,6 @@ template <int DH> HP_DEV void zero_rows(uint32_t base, int rows, int valid, int 
   }
 }
 
-// X^T = A_c B^T for the warpgroup's 64 rows of A (keys) and the item's 64 rows of B (queries), over
-// DH: both K-major in shared memory, DH / 16 wgmma m64n64k16, one commit group.
-template <int DH> HP_DEV void gemm_t(float (&x)[32], uint32_t a_base, int a_rows, uint32_t b_base) {
-  wg_fence();
-#pragma unroll
-  for (int half = 0; half < DH / 64; half++)
-#pragma unroll
-    for (int kk = 0; kk < 4; kk++)
-      wgmma_ss(x, gmma_desc(a_base + half * a_rows * 128 + kk * 32, 16, 1024),
-               gmma_desc(b_base + half * BQ * 128 + kk * 32, 16, 1024), half | kk);
-  wg_commit();
-}
-
 // acc (64 keys x DH) += X^T (in registers, bf16: the A layout) B (the item's 64 rows x DH, MN-major).
 template <int DH> HP_DEV void gemm_acc(float (&acc)[DH / 2], const uint32_t (&xa)[16], uint32_t b_base) {
 #pragma unroll
@@ -298,8 +285,8 @@ __global__ void __launch_bounds__(THREADS, 1)
       named_bar_sync(2, 256);
     }
     float s[32], dp[32];
-    gemm_t<DQK>(s, k_c, BN, q_base);
-    gemm_t<DV>(dp, v_c, BN, do_base);
+    gemm_kmajor<DQK, BN, BQ>(s, k_c, q_base); // S^T = K_c Q^T
+    gemm_kmajor<DV, BN, BQ>(dp, v_c, do_base); // dP^T = V_c dO^T
     // this thread's queries: columns 8 j + 2 (lane % 4) + e % 2 of the item's 64
     wg_wait<1>(); // S^T is in
     const float *l2 = sm.lse2[st], *dd = sm.delta[st];

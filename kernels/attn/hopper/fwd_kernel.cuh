@@ -136,17 +136,22 @@ HP_DEV uint64_t gmma_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
 // r0 + 8 of its 64, columns 8 j + 2 (t % 4) + {0, 1}: value 4 j + e is row r0 + 8 (e / 2), column
 // 8 j + 2 (t % 4) + e % 2) ----
 
-// S = Q K^T over d = DH: DH / 16 wgmma (both operands K-major in shared memory), one commit group.
-template <int DH> HP_DEV void gemm_qk(float (&s)[64], uint32_t q_base, uint32_t k_base) {
+// X = A B^T over DH: A the warpgroup's 64 rows in a tile of A_ROWS rows, B a tile of B_ROWS rows (a
+// tile's second half of d lies ROWS * 128 bytes on), both K-major in shared memory; DH / 16 wgmma
+// m64nNk16 with N = 2 NACC (64 accumulators: N = 128; 32: N = 64), one commit group.
+template <int DH, int A_ROWS, int B_ROWS, int NACC> HP_DEV void gemm_kmajor(float (&x)[NACC], uint32_t a_base, uint32_t b_base) {
   wg_fence();
 #pragma unroll
   for (int half = 0; half < DH / 64; half++)
 #pragma unroll
     for (int kk = 0; kk < 4; kk++)
-      wgmma_ss(s, gmma_desc(q_base + half * BM * 128 + kk * 32, 16, 1024),
-               gmma_desc(k_base + half * BN * 128 + kk * 32, 16, 1024), half | kk);
+      wgmma_ss(x, gmma_desc(a_base + half * A_ROWS * 128 + kk * 32, 16, 1024),
+               gmma_desc(b_base + half * B_ROWS * 128 + kk * 32, 16, 1024), half | kk);
   wg_commit();
 }
+
+// S = Q K^T over d = DH.
+template <int DH> HP_DEV void gemm_qk(float (&s)[64], uint32_t q_base, uint32_t k_base) { gemm_kmajor<DH, BM, BN>(s, q_base, k_base); }
 
 // The element mask of a key block that needs one (diag below): -inf where the key is past len_kv or
 // outside the row's window. Selects, not branches: a branch an element made the loop too long for the
@@ -217,6 +222,25 @@ template <int DH> HP_DEV void gemm_pv_regs(float (&o)[DH / 2], const uint32_t (&
   for (int kc = 0; kc < 8; kc++) // pa's own registers (the emulator checks they hold until the wait)
     wgmma_rs(o, *reinterpret_cast<const uint32_t(*)[4]>(pa + 4 * kc), gmma_desc(v_base + kc * 16 * 128, BN * 128, 1024));
   wg_commit();
+}
+
+// The epilogue's start: a row's sum over its four threads, 1 / sum (0 for a row with no key), and
+// the rows' largest scaled logit (mx, log2 units) into p.max_logit[hh] (natural units; one atomic a
+// warp) where it is given; rows q0 and q0 + 8 count if below len_q.
+HP_DEV void row_totals(float (&sum)[2], float (&inv)[2], const float (&mx)[2], int q0, int len_q, const params_t &p, int hh,
+                       int lane) {
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    sum[r] += hp_shfl_xor(sum[r], 1);
+    sum[r] += hp_shfl_xor(sum[r], 2);
+  }
+  inv[0] = sum[0] > 0.0f ? 1.0f / sum[0] : 0.0f, inv[1] = sum[1] > 0.0f ? 1.0f / sum[1] : 0.0f;
+  if (p.max_logit) {
+    float m = fmaxf(q0 < len_q ? mx[0] : -INFINITY, q0 + 8 < len_q ? mx[1] : -INFINITY);
+#pragma unroll
+    for (int d = 4; d < 32; d *= 2) m = fmaxf(m, hp_shfl_xor(m, d));
+    if (lane == 0 && m > -INFINITY) hp_atomic_max(p.max_logit + hh, m * 0.69314718055994531f);
+  }
 }
 
 // Rows [valid, BN) of a V stage set to 0 by consumer warpgroup 0, then both consumer warpgroups meet
@@ -416,18 +440,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   }
 
   // epilogue: the row sums over the four threads of a row, O / l, LSE (natural log); or the merge
-#pragma unroll
-  for (int r = 0; r < 2; r++) {
-    sum[r] += hp_shfl_xor(sum[r], 1);
-    sum[r] += hp_shfl_xor(sum[r], 2);
-  }
-  const float inv[2] = {sum[0] > 0.0f ? 1.0f / sum[0] : 0.0f, sum[1] > 0.0f ? 1.0f / sum[1] : 0.0f};
-  if (p.max_logit) { // the rows' maxima (log2 units) over the warp, one atomic a warp
-    float m = fmaxf(q0 < len_q ? mx[0] : -INFINITY, q0 + 8 < len_q ? mx[1] : -INFINITY);
-#pragma unroll
-    for (int d = 4; d < 32; d *= 2) m = fmaxf(m, hp_shfl_xor(m, d));
-    if (lane == 0 && m > -INFINITY) hp_atomic_max(p.max_logit + hh, m * 0.69314718055994531f);
-  }
+  float inv[2];
+  row_totals(sum, inv, mx, q0, len_q, p, hh, lane);
   float lse[2];
 #pragma unroll
   for (int r = 0; r < 2; r++) lse[r] = sum[r] > 0.0f ? (mx[r] + log2f(sum[r])) * 0.69314718055994531f : -INFINITY;

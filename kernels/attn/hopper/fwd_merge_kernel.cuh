@@ -208,18 +208,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (nblk == 0) mbar_arrive(&sm.q_empty);
     hand_turn();
     // O / l and LSE into the staging area, once the last tile's merge has read it
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-      sum[r] += hp_shfl_xor(sum[r], 1);
-      sum[r] += hp_shfl_xor(sum[r], 2);
-    }
-    const float inv[2] = {sum[0] > 0.0f ? 1.0f / sum[0] : 0.0f, sum[1] > 0.0f ? 1.0f / sum[1] : 0.0f};
-    if (p.max_logit) {
-      float m = fmaxf(q0 < x.len_q ? mx[0] : -INFINITY, q0 + 8 < x.len_q ? mx[1] : -INFINITY);
-#pragma unroll
-      for (int d = 4; d < 32; d *= 2) m = fmaxf(m, hp_shfl_xor(m, d));
-      if (lane == 0 && m > -INFINITY) hp_atomic_max(p.max_logit + x.hh, m * 0.69314718055994531f);
-    }
+    float inv[2];
+    row_totals(sum, inv, mx, q0, x.len_q, p, x.hh, lane);
     if (n > 0) mbar_wait(&sm.o_empty, (uint32_t)(n - 1) & 1u, &sm.fail, p.err);
 #pragma unroll
     for (int r = 0; r < 2; r++) {

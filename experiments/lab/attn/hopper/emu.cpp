@@ -9,41 +9,14 @@
 
 // ---- the test -------------------------------------------------------------------------------
 
-static uint16_t bf16_of(float f) { return (uint16_t)emu_f32_to_b16(f, true); }
-static float f32_of(uint16_t h) { return emu_b16_to_f32(h, true); }
-
-// A case: bshd or sbhd with b sequences of s tokens, or thd with the lengths lens at rows pads (the
-// rows between and after them NaN, as a padded thd batch may hold).
-struct hp_case {
-  int layout; // 0 bshd, 1 sbhd, 2 thd
-  int b, h, h_kv, s;
-  std::vector<int> lens, pads; // thd
-  std::vector<int> kv_lens;    // thd: the keys' lengths where they differ (packed from row 3, gaps of 2)
-};
-struct hp_mask {
-  int wl, wr, br; // params_t's window_left, window_right, bottom_right
-};
-
 // merge: the step merged into a running (acc_out, acc_lse) of random rows, some with lse -inf
 template <int DQK, int DV = DQK> static bool run_case(const hp_case &cs, const hp_mask &mk, int pipe, unsigned seed, bool merge = false) {
-  const bool thd = cs.layout == 2, sbhd = cs.layout == 1;
-  const int b = cs.b, h = cs.h, h_kv = cs.h_kv;
-  int s = cs.s, rows = cs.s, rows_kv = cs.s; // thd: s = the longest sequence, rows = the packed tensors' rows
-  std::vector<int> cu(b + 1, 0), first(b, 0), len(b, cs.s), cu_kv(b + 1, 0), first_kv(b, 0), len_kv(b, cs.s);
-  if (thd) {
-    s = 0, rows = 0, rows_kv = 0;
-    for (int bb = 0; bb < b; bb++) {
-      len[bb] = cs.lens[bb], first[bb] = cs.pads[bb], cu[bb + 1] = cu[bb] + len[bb];
-      s = std::max(s, len[bb]), rows = std::max(rows, first[bb] + len[bb] + 3);
-    }
-    for (int bb = 0; bb < b; bb++) {
-      len_kv[bb] = cs.kv_lens.empty() ? len[bb] : cs.kv_lens[bb];
-      first_kv[bb] = cs.kv_lens.empty() ? first[bb] : bb ? first_kv[bb - 1] + len_kv[bb - 1] + 2 : 3;
-      cu_kv[bb + 1] = cu_kv[bb] + len_kv[bb], s = std::max(s, len_kv[bb]);
-      rows_kv = std::max(rows_kv, first_kv[bb] + len_kv[bb] + 3);
-    }
-  }
-  const int tb = thd ? 1 : b; // the tensors' batch extent
+  const hp_seqs sq_(cs);
+  const bool thd = sq_.thd, sbhd = sq_.sbhd;
+  const int b = cs.b, h = cs.h, h_kv = cs.h_kv, rows = sq_.rows, rows_kv = sq_.rows_kv, tb = sq_.tb;
+  const int s = std::max(sq_.s, sq_.s_kv); // the grid's (and the lse's) longest length
+  const std::vector<int> &cu = sq_.cu, &first = sq_.first, &len = sq_.len, &cu_kv = sq_.cu_kv, &first_kv = sq_.first_kv,
+                         &len_kv = sq_.len_kv;
   // q [.., DQK], out and acc [.., DV]; k [.., DQK], v [.., DV]
   const size_t n = (size_t)tb * rows * h * DV, nq = (size_t)tb * rows * h * DQK, nk = (size_t)tb * rows_kv * h_kv * DQK,
                nv = (size_t)tb * rows_kv * h_kv * DV;
@@ -73,16 +46,8 @@ template <int DQK, int DV = DQK> static bool run_case(const hp_case &cs, const h
         for (int c = 0; c < DV; c++) v[vi(bb, pos, hd) + c] = bf16_of(u(g));
       }
   }
-  auto map = [&](const std::vector<uint16_t> &x, int heads, const int64_t *st, int d) {
-    hp_tmap_t m;
-    m.base = x.data();
-    const uint64_t dims[4] = {(uint64_t)d, (uint64_t)heads, (uint64_t)(&x == &q ? rows : rows_kv), (uint64_t)tb};
-    const uint64_t bst[3] = {(uint64_t)st[1] * 2, (uint64_t)st[0] * 2, (uint64_t)st[2] * 2};
-    const uint32_t box[4] = {64, 1, 128, 1};
-    memcpy(m.dims, dims, sizeof dims), memcpy(m.strides, bst, sizeof bst), memcpy(m.box, box, sizeof box);
-    return m;
-  };
-  const hp_tmap_t tq = map(q, h, sq, DQK), tk = map(k, h_kv, sk, DQK), tv = map(v, h_kv, sv, DV);
+  const hp_tmap_t tq = hp_map(q, DQK, h, sq, rows, tb, BM), tk = hp_map(k, DQK, h_kv, sk, rows_kv, tb, BN),
+                  tv = hp_map(v, DV, h_kv, sv, rows_kv, tb, BN);
   params_t p{};
   p.b = b, p.h = h, p.h_kv = h_kv, p.s_q = p.s_kv = s;
   p.window_left = mk.wl, p.window_right = mk.wr, p.bottom_right = mk.br;
@@ -107,26 +72,13 @@ template <int DQK, int DV = DQK> static bool run_case(const hp_case &cs, const h
   for (int z = 0; z < (persistent ? 1 : b); z++)
     for (int y = 0; y < (persistent ? 1 : h); y++)
       for (int x = 0; x < (persistent ? 3 : mb); x++) {
-        hp_bars.clear();
-        hp_pending.clear();
-        hp_named.clear(); // a CTA's named barriers start empty (warpgroup 0's opening turn is left over)
-        const std::function<void()> one = [&] {
-          blockIdx = dim3(x, y, z);
-          gridDim = persistent ? dim3(3, 1, 1) : dim3(mb, h, b);
+        const size_t smem = persistent ? sizeof(merge_smem_t<DQK, DV>) : sizeof(smem_t<DQK, DV>);
+        const bool done = hp_run_cta(dim3(x, y, z), persistent ? dim3(3, 1, 1) : dim3(mb, h, b), THREADS, smem, [&] {
           if (persistent) fwd_merge_kernel<DQK, DV>(tq, tk, tv, p);
           else if (pipe == 1) fwd_kernel<1, DQK, DV>(tq, tk, tv, p);
           else fwd_kernel<0, DQK, DV>(tq, tk, tv, p);
-        };
-        emu_run(dim3(1, 1, 1), dim3(THREADS), (persistent ? sizeof(merge_smem_t<DQK, DV>) : sizeof(smem_t<DQK, DV>)) + 1024, one);
-        if (!hp_pending.empty()) {
-          fprintf(stderr, "emu: a TMA copy never waited for\n");
-          return false;
-        }
-        for (const hp_wg &g : hp_wgs)
-          if (!g.open.empty() || !g.groups.empty()) {
-            fprintf(stderr, "emu: a wgmma never committed or waited for\n");
-            return false;
-          }
+        });
+        if (!done) return false;
       }
   // fp64 reference, every row of every sequence (a sequence with no keys: out 0, lse -inf)
   double num = 0, den = 0, emax = 0, lmax = 0, planted_num = 0;
@@ -190,15 +142,9 @@ template <int DQK, int DV = DQK> static bool run_case(const hp_case &cs, const h
             : want_max[hh] == -INFINITY ? mlmax
                                         : fmax(mlmax, fabs(max_logit[hh] - want_max[hh]) / fmax(1.0, fabs(want_max[hh])));
   const bool ok = nw <= 4e-3 && emax <= 1e-2 && lmax <= 1e-4 && mlmax <= 1e-5, caught = pw > 4e-3;
-  char what[96];
-  if (thd) {
-    int w = snprintf(what, sizeof what, "thd lens");
-    for (int bb = 0; bb < b; bb++) w += snprintf(what + w, sizeof what - w, "%s%d@%d", bb ? "," : " ", len[bb], first[bb]);
-  } else {
-    snprintf(what, sizeof what, "%s b=%d s=%d", sbhd ? "sbhd" : "bshd", b, s);
-  }
+  const std::string what = sq_.what(false);
   printf("d=%d/%d pipe=%d %s h=%d/%d window (%d,%d)%s%s: normwise %.2e, elementwise %.2e, lse %.2e, max_logit %.1e; planted 2%%: %.2e %s -> %s\n",
-         DQK, DV, pipe, what, h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", merge ? " merged" : "", nw, emax, lmax, mlmax, pw, caught ? "caught" : "MISSED",
+         DQK, DV, pipe, what.c_str(), h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", merge ? " merged" : "", nw, emax, lmax, mlmax, pw, caught ? "caught" : "MISSED",
          ok && caught ? "ok" : "FAIL");
   return ok && caught;
 }
@@ -208,16 +154,8 @@ template <int DQK, int DV = DQK> static bool run_case(const hp_case &cs, const h
 int main(int argc, char **argv) {
   const bool quick = argc > 1 && !strcmp(argv[1], "--quick");
   bool ok = true;
-  const hp_case cases[] = {
-      {0, 1, 1, 1, 128, {}, {}},                       // MHA bshd
-      {1, 1, 4, 2, 256, {}, {}},                       // GQA 4/2 sbhd
-      {0, 2, 2, 1, 384, {}, {}},                       // MQA 2/1, two sequences
-      {0, 2, 2, 2, 200, {}, {}},                       // s not a multiple of 128
-      {2, 4, 2, 1, 0, {130, 0, 1, 77}, {5, 140, 141, 150}, {}}, // thd: lengths 130, 0, 1, 77, offsets from 5, NaN gaps
-      {2, 3, 2, 2, 0, {70, 300, 5}, {0, 72, 380}, {260, 40, 0}},  // thd, keys of other lengths (0 too)
-  };
-  // none, causal top-left and bottom-right, a window both ways, a left window bottom-right
-  const hp_mask masks[] = {{-1, -1, 0}, {-1, 0, 0}, {-1, 0, 1}, {100, 20, 0}, {64, -1, 1}};
+  const std::vector<hp_case> &cases = hp_cases;
+  const hp_mask *masks = hp_masks;
   unsigned seed = 1;
   int n = 0; // runs so far: quick alternates the loop by it
   auto pick = [&](int pipe) { return !quick || pipe == n % 2; };

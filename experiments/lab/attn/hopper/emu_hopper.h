@@ -35,6 +35,7 @@
 
 #include <map>
 #include <random>
+#include <string>
 
 #define HP_DEV inline
 #define HP_HD inline
@@ -400,5 +401,107 @@ template <int N> HP_DEV void wgmma_rs_n(float *d, const uint32_t (&a)[4], uint64
 }
 HP_DEV void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db) { wgmma_rs_n<128>(d, a, db); }
 HP_DEV void wgmma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db) { wgmma_rs_n<64>(d, a, db); }
+
+// ---- test scaffolding (emu.cpp, emu_bwd.cpp) ------------------------------------------------
+
+#include <algorithm>
+#include <random>
+
+static uint16_t bf16_of(float f) { return (uint16_t)emu_f32_to_b16(f, true); }
+static float f32_of(uint16_t h) { return emu_b16_to_f32(h, true); }
+
+// A case: bshd or sbhd with b sequences of s tokens, or thd with the lengths lens at rows pads (the
+// rows between and after them NaN, as a padded thd batch may hold).
+struct hp_case {
+  int layout; // 0 bshd, 1 sbhd, 2 thd
+  int b, h, h_kv, s;
+  std::vector<int> lens, pads; // thd
+  std::vector<int> kv_lens;    // thd: the keys' lengths where they differ (packed from row 3, gaps of 2)
+};
+struct hp_mask {
+  int wl, wr, br; // params_t's window_left, window_right, bottom_right
+};
+
+// The cases both tests run (emu_bwd.cpp adds one), and the masks: none, causal top-left and
+// bottom-right, a window both ways, a left window bottom-right.
+static const std::vector<hp_case> hp_cases = {
+    {0, 1, 1, 1, 128, {}, {}},                                 // MHA bshd
+    {1, 1, 4, 2, 256, {}, {}},                                 // GQA 4/2 sbhd
+    {0, 2, 2, 1, 384, {}, {}},                                 // MQA 2/1, two sequences
+    {0, 2, 2, 2, 200, {}, {}},                                 // s not a multiple of 128
+    {2, 4, 2, 1, 0, {130, 0, 1, 77}, {5, 140, 141, 150}, {}},  // thd: lengths 130, 0, 1, 77, offsets from 5, NaN gaps
+    {2, 3, 2, 2, 0, {70, 300, 5}, {0, 72, 380}, {260, 40, 0}}, // thd, keys of other lengths (0 too)
+};
+static const hp_mask hp_masks[] = {{-1, -1, 0}, {-1, 0, 0}, {-1, 0, 1}, {100, 20, 0}, {64, -1, 1}};
+
+// A case's sequences: their lengths, first rows and cumulative lengths (queries; keys), the longest
+// (s, s_kv), the tensors' rows (3 NaN rows after the last sequence) and batch extent tb.
+struct hp_seqs {
+  bool thd, sbhd;
+  int b, s, s_kv, rows, rows_kv, tb;
+  std::vector<int> cu, first, len, cu_kv, first_kv, len_kv;
+  explicit hp_seqs(const hp_case &cs)
+      : thd(cs.layout == 2), sbhd(cs.layout == 1), b(cs.b), s(cs.s), s_kv(cs.s), rows(cs.s), rows_kv(cs.s),
+        tb(cs.layout == 2 ? 1 : cs.b), cu(cs.b + 1, 0), first(cs.b, 0), len(cs.b, cs.s), cu_kv(cs.b + 1, 0),
+        first_kv(cs.b, 0), len_kv(cs.b, cs.s) {
+    for (int bb = 0; bb < b; bb++) cu[bb + 1] = cu[bb] + len[bb], cu_kv[bb + 1] = cu_kv[bb] + len_kv[bb];
+    if (!thd) return;
+    s = s_kv = rows = rows_kv = 0;
+    for (int bb = 0; bb < b; bb++) {
+      len[bb] = cs.lens[bb], first[bb] = cs.pads[bb], cu[bb + 1] = cu[bb] + len[bb];
+      s = std::max(s, len[bb]), rows = std::max(rows, first[bb] + len[bb] + 3);
+    }
+    for (int bb = 0; bb < b; bb++) {
+      len_kv[bb] = cs.kv_lens.empty() ? len[bb] : cs.kv_lens[bb];
+      first_kv[bb] = cs.kv_lens.empty() ? first[bb] : bb ? first_kv[bb - 1] + len_kv[bb - 1] + 2 : 3;
+      cu_kv[bb + 1] = cu_kv[bb] + len_kv[bb], s_kv = std::max(s_kv, len_kv[bb]);
+      rows_kv = std::max(rows_kv, first_kv[bb] + len_kv[bb] + 3);
+    }
+  }
+  // "bshd b=2 s=200" or "thd lens 130@5,0@140" (with keys' lengths /L where asked)
+  std::string what(bool kv) const {
+    char w[160];
+    int n = 0;
+    if (!thd) n = snprintf(w, sizeof w, "%s b=%d s=%d", sbhd ? "sbhd" : "bshd", b, s);
+    else {
+      n = snprintf(w, sizeof w, "thd lens");
+      for (int bb = 0; bb < b && n < (int)sizeof w; bb++)
+        n += kv ? snprintf(w + n, sizeof w - n, "%s%d@%d/%d", bb ? "," : " ", len[bb], first[bb], len_kv[bb])
+                : snprintf(w + n, sizeof w - n, "%s%d@%d", bb ? "," : " ", len[bb], first[bb]);
+    }
+    return w;
+  }
+};
+
+// The tensor map of a [tb][rows][heads][d] (or sbhd) bf16 tensor x with strides st (elements:
+// position, head, batch), boxes of 64 columns x box_rows rows.
+static hp_tmap_t hp_map(const std::vector<uint16_t> &x, int d, int heads, const int64_t *st, int rows, int tb, int box_rows) {
+  hp_tmap_t m;
+  m.base = x.data();
+  const uint64_t dims[4] = {(uint64_t)d, (uint64_t)heads, (uint64_t)rows, (uint64_t)tb};
+  const uint64_t bst[3] = {(uint64_t)st[1] * 2, (uint64_t)st[0] * 2, (uint64_t)st[2] * 2};
+  const uint32_t box[4] = {64, 1, (uint32_t)box_rows, 1};
+  memcpy(m.dims, dims, sizeof dims), memcpy(m.strides, bst, sizeof bst), memcpy(m.box, box, sizeof box);
+  return m;
+}
+
+// One CTA (blockIdx = at, gridDim = grid) of THREADS threads with fresh barriers: false, with the
+// reason, where it left a TMA copy, a wgmma or a bulk reduction unwaited.
+static bool hp_run_cta(dim3 at, dim3 grid, int threads, size_t smem, const std::function<void()> &kernel) {
+  hp_bars.clear();
+  hp_pending.clear();
+  hp_named.clear(); // a CTA's named barriers start empty (warpgroup 0's opening turn is left over)
+  const std::function<void()> one = [&] {
+    blockIdx = at;
+    gridDim = grid;
+    kernel();
+  };
+  emu_run(dim3(1, 1, 1), dim3(threads), smem + 1024, one);
+  const char *left = !hp_pending.empty() ? "a TMA copy" : !hp_bulks.empty() ? "a bulk reduction" : nullptr;
+  for (const hp_wg &g : hp_wgs)
+    if (!g.open.empty() || !g.groups.empty()) left = "a wgmma";
+  if (left) fprintf(stderr, "emu: %s never waited for\n", left);
+  return left == nullptr;
+}
 
 #endif
