@@ -1,5 +1,5 @@
 -- experiments/attn/attn_bench.lua — TFLOP/s of dl.attn.fwd, bwd and fwd+bwd:
--- b=2, h=16, d=128, bf16, s in {4k, 8k, 16k, 32k}, causal and not, bshd and
+-- b=2, h=16, d=128 (--d), bf16, s in {4k, 8k, 16k, 32k}, causal and not, bshd and
 -- thd (thd: b sequences of s tokens packed, max_seqlen given so nothing
 -- syncs). Times are medians of device events around each call
 -- (dl.bench.timing.events) after warm-up calls filling --warm-ms, at least
@@ -32,14 +32,15 @@
 local dl = require "distlab"
 local bench = dl.bench
 
-local B, NH, D = 2, 16, 128
+local B, NH = 2, 16
 
 local h = bench.harness {
   name = "attn_bench", family = "attn", tag = true,
   usage = "./distlab run -n 1 --device cuda experiments/attn/attn_bench.lua [options]",
-  about = "TFLOP/s of dl.attn.fwd, bwd and fwd+bwd (b=2, h=16, d=128, bf16); see the file's header",
+  about = "TFLOP/s of dl.attn.fwd, bwd and fwd+bwd (b=2, h=16, d=128 or --d, bf16); see the file's header",
   options = {
     { "s", "sizes", "4096,8192,16384,32768", "sequence lengths (4K,8K or 4K..32K)", meta = "LENGTHS" },
+    { "d", "int", 128, "head dim (q, k, v)" },
     { "iters", "int", 10, "timed calls per case, at least" },
     { "warm-ms", "number", 300, "warm-up work per case (ms)" },
     { "min-ms", "number", 600, "timed work per case (ms)" },
@@ -50,6 +51,7 @@ local h = bench.harness {
   },
 }
 local A = h.opt
+local D = A.d
 local dev = dl.default_device()
 local gpu = dev:match("^cuda") and dl.cuda_device_name(tonumber(dev:match("%d+")) or 0) or dev
 if not h.given.tag then h.tag = dev:match("^cuda") and (gpu:match("([AHBL]%d+)") or "gpu"):lower() or dev end

@@ -12,8 +12,10 @@
 #          cpu twin) under compute-sanitizer memcheck and racecheck;
 #   torch  PyTorch SDPA's flash and cuDNN (experiments/attn/attn_bench_torch.py) at S, the anchors;
 #   bench  experiments/attn/attn_bench.lua at S (default 4096,8192,16384) for each of VARIANTS (default
-#          "hopper hopper-red portable": the Hopper kernels with dQ by bulk reductions, the same with
-#          the consumers' vector reductions (DISTLAB_ATTN_HOPPER_BWD_DQ=red), DISTLAB_ATTN_HOPPER=0),
+#          "hopper hopper-red hopper-pipe portable": the Hopper kernels with dQ by bulk reductions, the same
+#          with the consumers' vector reductions (DISTLAB_ATTN_HOPPER_BWD_DQ=red), with the next item's
+#          S^T and dP^T before dQ's wait at d 64 (DISTLAB_ATTN_HOPPER_BWD_PIPE=1: with D=64, the head dim
+#          of the bench and the anchors, default 128), DISTLAB_ATTN_HOPPER=0),
 #          each with the anchors when torch ran: $OUT/<variant>/attn-<gpu>.md.
 # Logs and tables under $OUT (attn-spec.log, san-*.log, attn-torch.*, <variant>/).
 set -uo pipefail
@@ -63,7 +65,7 @@ fi
 torch_csv=""
 if want torch; then
   echo "== PyTorch SDPA ($(date +%T))"
-  if timeout 300 python3 experiments/attn/attn_bench_torch.py --s "${S:-4096,8192,16384}" --out "$OUT" \
+  if timeout 300 python3 experiments/attn/attn_bench_torch.py --s "${S:-4096,8192,16384}" --d "${D:-128}" --out "$OUT" \
     >"$OUT/attn-torch.log" 2>&1; then
     torch_csv="$OUT/attn-torch.csv"
   else
@@ -79,11 +81,12 @@ if want bench; then
     case $k in
       hopper) envs="" ;;
       hopper-red) envs="DISTLAB_ATTN_HOPPER_BWD_DQ=red" ;;
+      hopper-pipe) envs="DISTLAB_ATTN_HOPPER_BWD_PIPE=1" ;;
       portable) envs="DISTLAB_ATTN_HOPPER=0" ;;
       *) echo "unknown variant $k"; status=1; continue ;;
     esac
     env $envs timeout 240 ./distlab run -n 1 --device cuda experiments/attn/attn_bench.lua \
-      --s "${S:-4096,8192,16384}" --out "$OUT/$k" ${torch_csv:+--torch "$torch_csv" --tag "${tag:-gpu}"} \
+      --s "${S:-4096,8192,16384}" --d "${D:-128}" --out "$OUT/$k" ${torch_csv:+--torch "$torch_csv" --tag "${tag:-gpu}"} \
       >"$OUT/$k/bench.log" 2>&1 || status=1
     grep -E "^(ours|cudnn) |backend ours" "$OUT/$k/bench.log" | head -20
     [ -n "$torch_csv" ] && sed -n '/^TFLOP\/s fwd\/bwd/,$p' "$OUT/$k/bench.log" | head -20

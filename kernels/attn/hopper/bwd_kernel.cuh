@@ -163,7 +163,8 @@ template <int DQK> HP_DEV void gemm_dq(float (&dq)[DQK / 4], uint32_t ds_base, u
 
 // BULK: each item's dQ goes to shared memory and a producer warp adds it to the accumulator with one
 // bulk reduction (FA3's way); else the consumers add it with vector reductions from registers.
-template <int DQK, int DV, bool BULK>
+// PIPE: the next item's S^T and dP^T are issued before this item's dQ is waited for and stored.
+template <int DQK, int DV, bool BULK, bool PIPE>
 __global__ void __launch_bounds__(THREADS, 1)
     bwd_kernel(const HP_GRID_CONST hp_tmap_t tq, const HP_GRID_CONST hp_tmap_t tk, const HP_GRID_CONST hp_tmap_t tv,
                const HP_GRID_CONST hp_tmap_t tdo, const bwd_params_t p) {
@@ -270,13 +271,16 @@ __global__ void __launch_bounds__(THREADS, 1)
     named_bar_sync(2, 256);
   }
   const int key_lo = n0 + c * 64, key_hi = key_lo + 63; // the warpgroup's keys
-  for (int it = 0; it < items; it++) {
-    const int hq = hkv * group + it / nm, m = m_lo + it % nm, st = it % 2, i0 = m * BQ;
+  float s[32], dp[32];
+  // S^T = K_c Q^T and dP^T = V_c dO^T of item it issued (two commit groups), once its stage is in and
+  // the query rows past the sequence are zeros (Q and dO are B of dK and dV)
+  auto issue_sdp = [&](int it) {
+    const int st = it % 2, i0 = (m_lo + it % nm) * BQ;
     const uint32_t ph = (uint32_t)(it / 2) & 1u;
     const uint32_t q_base = hp_smem_u32(sm.q[st][0]), do_base = hp_smem_u32(sm.dout[st][0]);
     mbar_wait(&sm.q_full[st], ph, &sm.fail, p.err);
     mbar_wait(&sm.do_full[st], ph, &sm.fail, p.err);
-    if (len_q - i0 < BQ) { // the query rows past the sequence: zeros (Q and dO are B of dK and dV)
+    if (len_q - i0 < BQ) {
       if (c == 0) {
         zero_rows<DQK>(q_base, BQ, len_q - i0, tid);
         zero_rows<DV>(do_base, BQ, len_q - i0, tid);
@@ -284,11 +288,16 @@ __global__ void __launch_bounds__(THREADS, 1)
       fence_proxy_async();
       named_bar_sync(2, 256);
     }
-    float s[32], dp[32];
-    gemm_kmajor<DQK, BN, BQ>(s, k_c, q_base); // S^T = K_c Q^T
-    gemm_kmajor<DV, BN, BQ>(dp, v_c, do_base); // dP^T = V_c dO^T
+    gemm_kmajor<DQK, BN, BQ>(s, k_c, q_base);
+    gemm_kmajor<DV, BN, BQ>(dp, v_c, do_base);
+  };
+  if (PIPE && items > 0) issue_sdp(0);
+  for (int it = 0; it < items; it++) {
+    const int hq = hkv * group + it / nm, m = m_lo + it % nm, st = it % 2, i0 = m * BQ;
+    const uint32_t q_base = hp_smem_u32(sm.q[st][0]), do_base = hp_smem_u32(sm.dout[st][0]);
+    if (!PIPE) issue_sdp(it);
     // this thread's queries: columns 8 j + 2 (lane % 4) + e % 2 of the item's 64
-    wg_wait<1>(); // S^T is in
+    wg_wait<1>(); // S^T is in (PIPE: dQ of the last item was waited for)
     const float *l2 = sm.lse2[st], *dd = sm.delta[st];
 #pragma unroll
     for (int j = 0; j < 8; j++)
@@ -335,9 +344,21 @@ __global__ void __launch_bounds__(THREADS, 1)
     named_bar_sync(1, 256); // both warpgroups' dS^T are in (the other buffer is free: see the header)
     float dq[DQK / 4];
     gemm_dq<DQK>(dq, ds_base, k_cols);
-    wg_wait<0>(); // dV, dK and dQ are in: the stage is free
-    mbar_arrive(&sm.q_empty[st]);
-    mbar_arrive(&sm.do_empty[st]);
+    if (PIPE) { // the next item's S^T and dP^T run while this one's dQ is stored
+      wg_wait<1>(); // dV and dK are in: the stage is free (dQ reads dS^T and K only)
+      mbar_arrive(&sm.q_empty[st]);
+      mbar_arrive(&sm.do_empty[st]);
+      if (it + 1 < items) {
+        issue_sdp(it + 1);
+        wg_wait<2>(); // dQ is in; the next S^T and dP^T run on
+      } else {
+        wg_wait<0>();
+      }
+    } else {
+      wg_wait<0>(); // dV, dK and dQ are in: the stage is free
+      mbar_arrive(&sm.q_empty[st]);
+      mbar_arrive(&sm.do_empty[st]);
+    }
     // dQ rows i0 + 16 warp + lane / 4 (+ 8) of the item, the warpgroup's columns (bwd_dq_col's order)
     if (BULK) { // into shared memory once the last item's reduction has read it, then the producer's turn
       if (it > 0) mbar_wait(&sm.dq_empty, (uint32_t)(it - 1) & 1u, &sm.fail, p.err);

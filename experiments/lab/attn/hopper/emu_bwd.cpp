@@ -41,7 +41,7 @@ struct errs {
   double pw() const { return den > 0 ? sqrt(planted / den) : 1.0; }
 };
 
-template <int D, bool BULK> static bool run_case(const hp_case &cs, const hp_mask &mk, unsigned seed, bool accumulate) {
+template <int D, bool BULK, bool PIPE = false> static bool run_case(const hp_case &cs, const hp_mask &mk, unsigned seed, bool accumulate) {
   const hp_seqs sq_(cs);
   const bool thd = sq_.thd, sbhd = sq_.sbhd;
   const int b = cs.b, h = cs.h, h_kv = cs.h_kv, group = h / h_kv, s = sq_.s, s_kv = sq_.s_kv, rows = sq_.rows,
@@ -140,7 +140,7 @@ template <int D, bool BULK> static bool run_case(const hp_case &cs, const hp_mas
     for (int y = 0; y < h_kv; y++)
       for (int x = 0; x < nb; x++)
         if (!hp_run_cta(dim3(x, y, z), dim3(nb, h_kv, b), THREADS, sizeof(bwd_smem_t<D, D, BULK>),
-                        [&] { bwd_kernel<D, D, BULK>(tq, tk, tv, tdo, p); }))
+                        [&] { bwd_kernel<D, D, BULK, PIPE>(tq, tk, tv, tdo, p); }))
           return false;
   const int mb = (s + BQ - 1) / BQ;
   if (mb > 0) {
@@ -216,9 +216,9 @@ template <int D, bool BULK> static bool run_case(const hp_case &cs, const hp_mas
     caught = caught && (e->den == 0 || e->pw() > tol_nw);
   }
   const std::string what = sq_.what(true);
-  printf("bwd d=%d %s %s h=%d/%d window (%d,%d)%s%s: dq %.2e/%.2e dk %.2e/%.2e dv %.2e/%.2e (normwise/elementwise), "
+  printf("bwd d=%d %s%s %s h=%d/%d window (%d,%d)%s%s: dq %.2e/%.2e dk %.2e/%.2e dv %.2e/%.2e (normwise/elementwise), "
          "stray %zu; planted 2%%: %.1e %.1e %.1e %s -> %s\n",
-         D, BULK ? "bulk" : "red ", what.c_str(), h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", accumulate ? " accumulate" : "", eq.nw(), eq.emax(),
+         D, BULK ? "bulk" : "red ", PIPE ? " piped" : "", what.c_str(), h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", accumulate ? " accumulate" : "", eq.nw(), eq.emax(),
          ek.nw(), ek.emax(), ev.nw(), ev.emax(), stray, eq.pw(), ek.pw(), ev.pw(), caught ? "caught" : "MISSED",
          ok && caught ? "ok" : "FAIL");
   return ok && caught;
@@ -237,6 +237,7 @@ int main(int argc, char **argv) {
       ok = run_case<128, true>(c, masks[ci % 5], seed++, ci % 3 == 0) && ok;
       ok = run_case<128, false>(c, masks[(ci + 2) % 5], seed++, ci % 3 == 1) && ok;
       ok = run_case<64, true>(c, masks[(ci + 4) % 5], seed++, ci % 3 == 2) && ok;
+      ok = run_case<64, true, true>(c, masks[(ci + 1) % 5], seed++, ci % 3 == 0) && ok;
       continue;
     }
     for (int m = 0; m < 5; m++) { // dQ by bulk reductions (the default), and by the consumers' (fewer masks)
@@ -247,6 +248,8 @@ int main(int argc, char **argv) {
       ok = run_case<64, true>(c, masks[m], seed++, m == 2) && ok;
       if (m == 2) ok = run_case<64, false>(c, masks[m], seed++, true) && ok;
     }
+    for (int m = 0; m < 5; m++) // d 64 with the next item's S^T and dP^T before dQ's wait (PIPE), both dQ ways
+      ok = (m % 2 ? run_case<64, false, true>(c, masks[m], seed++, m == 1) : run_case<64, true, true>(c, masks[m], seed++, m == 2)) && ok;
   }
   printf("%s\n", ok ? "hopper emu bwd: all ok" : "hopper emu bwd: FAILED");
   return ok ? 0 : 1;
