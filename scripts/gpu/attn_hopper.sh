@@ -12,10 +12,11 @@
 #          cpu twin) under compute-sanitizer memcheck and racecheck;
 #   torch  PyTorch SDPA's flash and cuDNN (experiments/attn/attn_bench_torch.py) at S, the anchors;
 #   bench  experiments/attn/attn_bench.lua at S (default 4096,8192,16384) for each of VARIANTS (default
-#          "hopper hopper-red hopper-pipe portable": the Hopper kernels with dQ by bulk reductions, the same
-#          with the consumers' vector reductions (DISTLAB_ATTN_HOPPER_BWD_DQ=red), with the next item's
-#          S^T and dP^T before dQ's wait at d 64 (DISTLAB_ATTN_HOPPER_BWD_PIPE=1: with D=64, the head dim
-#          of the bench and the anchors, default 128), DISTLAB_ATTN_HOPPER=0),
+#          "hopper hopper-red hopper-turns portable": the Hopper kernels with dQ by bulk reductions, the
+#          same with the consumers' vector reductions (DISTLAB_ATTN_HOPPER_BWD_DQ=red), with the backward's
+#          warpgroups taking turns (DISTLAB_ATTN_HOPPER_BWD_MODE=2), DISTLAB_ATTN_HOPPER=0; and
+#          hopper-pipe: the next item's S^T and dP^T before dQ's wait (DISTLAB_ATTN_HOPPER_BWD_MODE=1, d 64
+#          only: with D=64, the head dim of the bench and the anchors, default 128),
 #          each with the anchors when torch ran: $OUT/<variant>/attn-<gpu>.md.
 # Logs and tables under $OUT (attn-spec.log, san-*.log, attn-torch.*, <variant>/).
 set -uo pipefail
@@ -75,13 +76,14 @@ if want torch; then
 fi
 
 if want bench; then
-  for k in ${VARIANTS:-hopper hopper-red portable}; do
+  for k in ${VARIANTS:-hopper hopper-red hopper-turns portable}; do
     echo "== attn_bench, $k ($(date +%T))"
     mkdir -p "$OUT/$k"
     case $k in
       hopper) envs="" ;;
       hopper-red) envs="DISTLAB_ATTN_HOPPER_BWD_DQ=red" ;;
-      hopper-pipe) envs="DISTLAB_ATTN_HOPPER_BWD_PIPE=1" ;;
+      hopper-turns) envs="DISTLAB_ATTN_HOPPER_BWD_MODE=2" ;;
+      hopper-pipe) envs="DISTLAB_ATTN_HOPPER_BWD_MODE=1" ;;
       portable) envs="DISTLAB_ATTN_HOPPER=0" ;;
       *) echo "unknown variant $k"; status=1; continue ;;
     esac

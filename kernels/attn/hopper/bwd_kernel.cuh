@@ -36,6 +36,9 @@
  *         bulk reduction of the item's rows by a producer thread; else with
  *         vector reductions from the consumers' registers.
  *   dK (times the softmax scale) and dV are written once, in bf16.
+ *   That is MODE 0; MODE 1 issues the next item's S^T and dP^T before this
+ *   item's dQ is waited for, MODE 2 has the warpgroups take turns at the
+ *   tensor cores with dQ one item late (bwd_kernel's comment).
  * Rows past a sequence (keys of the last key block, queries of the last
  * query block) are zeroed in shared memory before a GEMM reads them, so that
  * another sequence's rows or NaN gaps (thd) never meet a zero of P or dS.
@@ -64,6 +67,7 @@ template <int DQK, int DV, bool BULK> struct alignas(1024) bwd_smem_t {
   float dq[BULK ? BQ * DQK : 4]; // BULK: an item's dQ, [query][DQK] as the accumulator's rows hold it
   float lse2[2][BQ], delta[2][BQ];
   uint64_t kv_full, q_full[2], do_full[2], q_empty[2], do_empty[2], dq_full, dq_empty;
+  uint64_t ds_ready[2], ds_free[2]; // MODE 2: both warpgroups' halves of a dS^T buffer in; their dQ read it
   int fail;
 };
 
@@ -163,8 +167,10 @@ template <int DQK> HP_DEV void gemm_dq(float (&dq)[DQK / 4], uint32_t ds_base, u
 
 // BULK: each item's dQ goes to shared memory and a producer warp adds it to the accumulator with one
 // bulk reduction (FA3's way); else the consumers add it with vector reductions from registers.
-// PIPE: the next item's S^T and dP^T are issued before this item's dQ is waited for and stored.
-template <int DQK, int DV, bool BULK, bool PIPE>
+// MODE 0: the warpgroups in step, an item after the other; 1: the next item's S^T and dP^T issued
+// before this item's dQ is waited for and stored (d 64: at d 128 it spills); 2: the warpgroups take
+// turns at the tensor cores, dQ one item late.
+template <int DQK, int DV, bool BULK, int MODE>
 __global__ void __launch_bounds__(THREADS, 1)
     bwd_kernel(const HP_GRID_CONST hp_tmap_t tq, const HP_GRID_CONST hp_tmap_t tk, const HP_GRID_CONST hp_tmap_t tv,
                const HP_GRID_CONST hp_tmap_t tdo, const bwd_params_t p) {
@@ -194,6 +200,10 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
     mbar_init(&sm.dq_full, 256); // BULK: the consumers wrote an item's dQ
     mbar_init(&sm.dq_empty, 1);  // and the producer's reduction has read it
+    for (int i = 0; i < 2; i++) {
+      mbar_init(&sm.ds_ready[i], 256);
+      mbar_init(&sm.ds_free[i], 256);
+    }
     mbar_init_fence();
   }
   hp_sync();
@@ -271,33 +281,36 @@ __global__ void __launch_bounds__(THREADS, 1)
     named_bar_sync(2, 256);
   }
   const int key_lo = n0 + c * 64, key_hi = key_lo + 63; // the warpgroup's keys
-  float s[32], dp[32];
+  // S^T and dP^T (s, dp: arrays of the loop's body, so that the compiler sees them dead between items,
+  // except where MODE 1 carries them over), P^T and dS^T in bf16 (pa, da: A of dV and dK, held until the
+  // wait that covers them)
+  uint32_t pa[16], da[16];
   // S^T = K_c Q^T and dP^T = V_c dO^T of item it issued (two commit groups), once its stage is in and
   // the query rows past the sequence are zeros (Q and dO are B of dK and dV)
-  auto issue_sdp = [&](int it) {
+  auto stage_in = [&](int it) {
     const int st = it % 2, i0 = (m_lo + it % nm) * BQ;
     const uint32_t ph = (uint32_t)(it / 2) & 1u;
-    const uint32_t q_base = hp_smem_u32(sm.q[st][0]), do_base = hp_smem_u32(sm.dout[st][0]);
     mbar_wait(&sm.q_full[st], ph, &sm.fail, p.err);
     mbar_wait(&sm.do_full[st], ph, &sm.fail, p.err);
     if (len_q - i0 < BQ) {
       if (c == 0) {
-        zero_rows<DQK>(q_base, BQ, len_q - i0, tid);
-        zero_rows<DV>(do_base, BQ, len_q - i0, tid);
+        zero_rows<DQK>(hp_smem_u32(sm.q[st][0]), BQ, len_q - i0, tid);
+        zero_rows<DV>(hp_smem_u32(sm.dout[st][0]), BQ, len_q - i0, tid);
       }
       fence_proxy_async();
       named_bar_sync(2, 256);
     }
-    gemm_kmajor<DQK, BN, BQ>(s, k_c, q_base);
-    gemm_kmajor<DV, BN, BQ>(dp, v_c, do_base);
   };
-  if (PIPE && items > 0) issue_sdp(0);
-  for (int it = 0; it < items; it++) {
-    const int hq = hkv * group + it / nm, m = m_lo + it % nm, st = it % 2, i0 = m * BQ;
-    const uint32_t q_base = hp_smem_u32(sm.q[st][0]), do_base = hp_smem_u32(sm.dout[st][0]);
-    if (!PIPE) issue_sdp(it);
+  auto issue_sdp = [&](int it, float(&s)[32], float(&dp)[32]) {
+    gemm_kmajor<DQK, BN, BQ>(s, k_c, hp_smem_u32(sm.q[it % 2][0]));
+    gemm_kmajor<DV, BN, BQ>(dp, v_c, hp_smem_u32(sm.dout[it % 2][0]));
+  };
+  // P^T = exp2(S^T scale log2e - lse2) once S^T is in, dS^T = P^T (dP^T - D) once dP^T is in (the two
+  // newest commit groups), the mask where the block needs one; both packed to bf16 (pa, da)
+  auto p_and_ds = [&](int it, float(&s)[32], float(&dp)[32]) {
+    const int st = it % 2, i0 = (m_lo + it % nm) * BQ;
     // this thread's queries: columns 8 j + 2 (lane % 4) + e % 2 of the item's 64
-    wg_wait<1>(); // S^T is in (PIPE: dQ of the last item was waited for)
+    wg_wait<1>();
     const float *l2 = sm.lse2[st], *dd = sm.delta[st];
 #pragma unroll
     for (int j = 0; j < 8; j++)
@@ -305,7 +318,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       for (int e = 0; e < 4; e++) s[4 * j + e] = hp_exp2(fmaf(s[4 * j + e], p.scale_log2, -l2[8 * j + 2 * (lane % 4) + (e & 1)]));
     const bool diag = key_hi >= len_kv || i0 + BQ - 1 >= len_q || (wr >= 0 && key_hi - i0 > shift + wr) ||
                       (wl >= 0 && key_lo - (i0 + BQ - 1) < shift - wl);
-    wg_wait<0>(); // dP^T is in
+    wg_wait<0>();
 #pragma unroll
     for (int j = 0; j < 8; j++)
 #pragma unroll
@@ -321,17 +334,21 @@ __global__ void __launch_bounds__(THREADS, 1)
           dp[4 * j + e] = keep ? dp[4 * j + e] : 0.0f;
         }
     }
-    uint32_t pa[16], da[16]; // P^T and dS^T in bf16: A of dV and dK (hold until the wait below)
 #pragma unroll
     for (int j = 0; j < 8; j++) {
       pa[2 * j] = pack_bf16(s[4 * j], s[4 * j + 1]), pa[2 * j + 1] = pack_bf16(s[4 * j + 2], s[4 * j + 3]);
       da[2 * j] = pack_bf16(dp[4 * j], dp[4 * j + 1]), da[2 * j + 1] = pack_bf16(dp[4 * j + 2], dp[4 * j + 3]);
     }
+  };
+  auto issue_dkv = [&](int it) { // dV += P^T dO, dK += dS^T Q: one commit group
     wg_fence();
-    gemm_acc<DV>(dv, pa, do_base);
-    gemm_acc<DQK>(dk, da, q_base);
+    gemm_acc<DV>(dv, pa, hp_smem_u32(sm.dout[it % 2][0]));
+    gemm_acc<DQK>(dk, da, hp_smem_u32(sm.q[it % 2][0]));
     wg_commit();
-    // dS^T (row = key, column = query) into its buffer, rows of 128 bytes with the 128-byte swizzle
+  };
+  // dS^T (row = key, column = query) into buffer it % 2, rows of 128 bytes with the 128-byte swizzle,
+  // then visible to the wgmma of either warpgroup
+  auto store_ds = [&](int it) {
     const uint32_t ds_base = hp_smem_u32(sm.ds[it % 2]);
 #pragma unroll
     for (int j = 0; j < 8; j++)
@@ -341,27 +358,14 @@ __global__ void __launch_bounds__(THREADS, 1)
         st_shared_u32(ds_base + row * 128 + (((col / 8) ^ (row % 8)) * 16) + (col % 8) * 2, da[2 * j + r]);
       }
     fence_proxy_async();
-    named_bar_sync(1, 256); // both warpgroups' dS^T are in (the other buffer is free: see the header)
-    float dq[DQK / 4];
-    gemm_dq<DQK>(dq, ds_base, k_cols);
-    if (PIPE) { // the next item's S^T and dP^T run while this one's dQ is stored
-      wg_wait<1>(); // dV and dK are in: the stage is free (dQ reads dS^T and K only)
-      mbar_arrive(&sm.q_empty[st]);
-      mbar_arrive(&sm.do_empty[st]);
-      if (it + 1 < items) {
-        issue_sdp(it + 1);
-        wg_wait<2>(); // dQ is in; the next S^T and dP^T run on
-      } else {
-        wg_wait<0>();
-      }
-    } else {
-      wg_wait<0>(); // dV, dK and dQ are in: the stage is free
-      mbar_arrive(&sm.q_empty[st]);
-      mbar_arrive(&sm.do_empty[st]);
-    }
-    // dQ rows i0 + 16 warp + lane / 4 (+ 8) of the item, the warpgroup's columns (bwd_dq_col's order)
-    if (BULK) { // into shared memory once the last item's reduction has read it, then the producer's turn
-      if (it > 0) mbar_wait(&sm.dq_empty, (uint32_t)(it - 1) & 1u, &sm.fail, p.err);
+  };
+  // dQ of item it (rows i0 + 16 warp + lane / 4 (+ 8), the warpgroup's columns, bwd_dq_col's order)
+  // into the accumulator: BULK, into shared memory once the last item's reduction has read it, then
+  // the producer's turn; else with vector reductions from registers. n: the items stored so far.
+  auto store_dq = [&](int it, int n, const float(&dq)[DQK / 4]) {
+    const int hq = hkv * group + it / nm, i0 = (m_lo + it % nm) * BQ;
+    if (BULK) {
+      if (n > 0) mbar_wait(&sm.dq_empty, (uint32_t)(n - 1) & 1u, &sm.fail, p.err);
 #pragma unroll
       for (int r = 0; r < 2; r++) {
         const int row = warp * 16 + lane / 4 + 8 * r;
@@ -372,7 +376,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       }
       fence_proxy_async();
       mbar_arrive(&sm.dq_full);
-    } else { // into the accumulator, from registers
+    } else {
 #pragma unroll
       for (int r = 0; r < 2; r++) {
         const int i = i0 + warp * 16 + lane / 4 + 8 * r;
@@ -382,6 +386,82 @@ __global__ void __launch_bounds__(THREADS, 1)
         for (int j = 0; j < DQK / 16; j++)
           hp_red_add2(acc + bwd_dq_col(c * (DQK / 2) + 8 * j + 2 * (lane % 4), i), dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
       }
+    }
+  };
+  auto free_stage = [&](int it) {
+    mbar_arrive(&sm.q_empty[it % 2]);
+    mbar_arrive(&sm.do_empty[it % 2]);
+  };
+
+  if (MODE < 2) { // both warpgroups in step: they meet at named barrier 1 every item (dS^T both halves)
+    float s1[32], dp1[32]; // MODE 1: the next item's S^T and dP^T, issued in this item
+    if (MODE == 1 && items > 0) stage_in(0), issue_sdp(0, s1, dp1);
+    for (int it = 0; it < items; it++) {
+      float s0[32], dp0[32], dq[DQK / 4];
+      float(&s)[32] = MODE == 1 ? s1 : s0;
+      float(&dp)[32] = MODE == 1 ? dp1 : dp0;
+      if (MODE == 0) stage_in(it), issue_sdp(it, s, dp);
+      p_and_ds(it, s, dp); // MODE 1: dQ of the last item was waited for, so S^T and dP^T are the newest groups
+      issue_dkv(it);
+      store_ds(it);
+      named_bar_sync(1, 256); // both warpgroups' dS^T are in (the other buffer is free: see the header)
+      gemm_dq<DQK>(dq, hp_smem_u32(sm.ds[it % 2]), k_cols);
+      if (MODE == 1) { // the next item's S^T and dP^T run while this one's dQ is stored
+        wg_wait<1>(); // dV and dK are in: the stage is free (dQ reads dS^T and K only)
+        free_stage(it);
+        if (it + 1 < items) {
+          stage_in(it + 1), issue_sdp(it + 1, s1, dp1);
+          wg_wait<2>(); // dQ is in; the next S^T and dP^T run on
+        } else {
+          wg_wait<0>();
+        }
+      } else {
+        wg_wait<0>(); // dV, dK and dQ are in: the stage is free
+        free_stage(it);
+      }
+      store_dq(it, it, dq);
+    }
+  } else { // MODE 2: the warpgroups take turns at the tensor cores, dQ one item late
+    // A turn (named barrier 4 + c, 256 threads: its own and the other's hand-over) to issue GEMMs, so
+    // that one warpgroup's P and dS run under the other's GEMMs (fwd_kernel's scheduler). dQ of item
+    // it - 1 is issued with dV and dK of item it, once both halves of its dS^T are in (ds_ready); a
+    // dS^T buffer is written again once both warpgroups' dQ that read it are in (ds_free).
+    auto take_turn = [&] { named_bar_sync(4 + c, 256); };
+    auto hand_turn = [&] { named_bar_arrive(5 - c, 256); };
+    auto parity = [](int it) { return (uint32_t)(it / 2) & 1u; };
+    if (c == 0) named_bar_arrive(4, 256);
+    for (int it = 0; it < items; it++) {
+      float s[32], dp[32], dq[DQK / 4];
+      stage_in(it);
+      take_turn();
+      issue_sdp(it, s, dp);
+      hand_turn();
+      p_and_ds(it, s, dp);
+      if (it >= 2) mbar_wait(&sm.ds_free[it % 2], parity(it - 2), &sm.fail, p.err);
+      store_ds(it);
+      mbar_arrive(&sm.ds_ready[it % 2]);
+      take_turn();
+      issue_dkv(it);
+      if (it >= 1) {
+        mbar_wait(&sm.ds_ready[(it - 1) % 2], parity(it - 1), &sm.fail, p.err);
+        gemm_dq<DQK>(dq, hp_smem_u32(sm.ds[(it - 1) % 2]), k_cols);
+      }
+      hand_turn();
+      wg_wait<0>(); // dV, dK (and dQ of it - 1) are in
+      free_stage(it);
+      if (it >= 1) {
+        mbar_arrive(&sm.ds_free[(it - 1) % 2]);
+        store_dq(it - 1, it - 1, dq);
+      }
+    }
+    if (items > 0) { // the last item's dQ
+      float dq[DQK / 4];
+      take_turn();
+      mbar_wait(&sm.ds_ready[(items - 1) % 2], parity(items - 1), &sm.fail, p.err);
+      gemm_dq<DQK>(dq, hp_smem_u32(sm.ds[(items - 1) % 2]), k_cols);
+      hand_turn();
+      wg_wait<0>();
+      store_dq(items - 1, items - 1, dq);
     }
   }
 

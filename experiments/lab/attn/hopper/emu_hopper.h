@@ -230,9 +230,13 @@ HP_DEV void wg_commit() {
     g.open.clear();
   });
 }
-// wgmma.wait_group N: every commit group but the N newest completes, in order
+// wgmma.wait_group N: every commit group but the N newest completes, in order; the other warpgroups
+// run on for up to 32 rounds first (the tensor cores take time), so that a buffer rewritten before a
+// wgmma that reads it completed shows
 template <int N> HP_DEV void wg_wait() {
   hp_wg_op([](hp_wg &g) {
+    if (g.groups.size() > (size_t)N)
+      for (int n = hp_coin() % 33; n > 0; n--) emu.progress++, emu_yield();
     while (g.groups.size() > (size_t)N) {
       for (const hp_op &op : g.groups.front()) hp_mma(op);
       g.groups.erase(g.groups.begin());
