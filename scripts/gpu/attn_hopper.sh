@@ -18,7 +18,8 @@
 #          hopper-pipe: the next item's S^T and dP^T before dQ's wait (DISTLAB_ATTN_HOPPER_BWD_MODE=1, d 64
 #          only: with D=64, the head dim of the bench and the anchors, default 128),
 #          each with the anchors when torch ran: $OUT/<variant>/attn-<gpu>.md.
-# Logs and tables under $OUT (attn-spec.log, san-*.log, attn-torch.*, <variant>/).
+# Logs and tables under $OUT (attn-spec.log, san-*.log, attn-torch.*, <variant>/), and the results file
+# $OUT/hopper-dlattn-<gpu>.md (experiments/attn/hopper_report.py).
 set -uo pipefail
 OUT="${OUT:-/tmp/distlab-out}"
 cd "$(dirname "$0")/../.." || exit 2
@@ -93,6 +94,11 @@ if want bench; then
     grep -E "^(ours|cudnn) |backend ours" "$OUT/$k/bench.log" | head -20
     [ -n "$torch_csv" ] && sed -n '/^TFLOP\/s fwd\/bwd/,$p' "$OUT/$k/bench.log" | head -20
   done
+fi
+if want bench; then # the results file: every variant beside the anchors, issue 19's ratios
+  python3 experiments/attn/hopper_report.py "$OUT" "$OUT/hopper-dlattn-${tag:-gpu}.md" \
+    --commit "${DISTLAB_COMMIT:-unknown}" --date "$(date -u '+%Y-%m-%d %H:%M UTC')" >/dev/null || status=1
+  sed -n '/^## /,$p' "$OUT/hopper-dlattn-${tag:-gpu}.md" | head -40
 fi
 echo "== done, status $status ($(date +%T))"
 exit $status
