@@ -18,17 +18,30 @@
 #          hopper-pipe: the next item's S^T and dP^T before dQ's wait (DISTLAB_ATTN_HOPPER_BWD_MODE=1, d 64
 #          only: with D=64, the head dim of the bench and the anchors, default 128),
 #          each with the anchors when torch ran: $OUT/<variant>/attn-<gpu>.md.
-# Logs and tables under $OUT (attn-spec.log, san-*.log, attn-torch.*, <variant>/), and the results file
-# $OUT/hopper-dlattn-<gpu>.md (experiments/attn/hopper_report.py).
+# Logs and tables (attn-spec.log, san-*.log, attn-torch.*, <variant>/) in $OUT/attn-hopper-logs.tgz, and
+# the results file $OUT/hopper-dlattn-<gpu>.md (experiments/attn/hopper_report.py). With STEPS="torch bench"
+# after STEPS="specs san", the second call's results file has no spec or sanitizer lines: take them from
+# the first call's logs.
+# About 10-12 minutes in all on an H200: split it as STEPS="specs san" then STEPS="torch bench" (a device
+# call runs at most 600 s; the build stays between calls). A call returns at most 8 files, so every log goes
+# to a scratch folder packed into $OUT/attn-hopper-logs.tgz however the script ends; $OUT also gets the
+# results file.
 set -uo pipefail
-OUT="${OUT:-/tmp/distlab-out}"
+REAL_OUT="${OUT:-/tmp/distlab-out}"
+OUT=/tmp/attn-hopper-logs
+rm -rf "$OUT"
+mkdir -p "$OUT" "$REAL_OUT"
+pack() {
+  tar czf "$REAL_OUT/attn-hopper-logs.tgz" -C "$OUT" . 2>/dev/null
+  cp "$OUT"/hopper-dlattn-*.md "$REAL_OUT"/ 2>/dev/null
+}
+trap pack EXIT
 cd "$(dirname "$0")/../.." || exit 2
 source scripts/gpu/setup.sh || exit 2
 export DISTLAB_ATTN_HOPPER_BWD="${DISTLAB_ATTN_HOPPER_BWD:-1}"
 export DISTLAB_ATTN_HOPPER_MERGE="${DISTLAB_ATTN_HOPPER_MERGE:-persistent}"
 STEPS="${STEPS:-specs san torch bench}"
 want() { [[ " $STEPS " == *" $1 "* ]]; }
-mkdir -p "$OUT"
 status=0
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 tag=$(echo "$gpu" | grep -oiE 'h100|h200' | head -1 | tr '[:upper:]' '[:lower:]')
