@@ -77,6 +77,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     fwd_merge_kernel(const HP_GRID_CONST hp_tmap_t tq, const HP_GRID_CONST hp_tmap_t tk, const HP_GRID_CONST hp_tmap_t tv,
                      const params_t p) {
   static_assert(DV <= 128, "the merge warps take a row as up to 32 lanes x float4");
+  static_assert(sizeof(merge_smem_t<DQK, DV>) + 1024 <= 232448, "shared memory beyond sm_90's 227 KB (MLA's 192/128: 274 KB)");
   merge_smem_t<DQK, DV> &sm = *reinterpret_cast<merge_smem_t<DQK, DV> *>((reinterpret_cast<uintptr_t>(hp_smem()) + 1023) & ~uintptr_t(1023));
   const int warp_id = hp_warp_uniform(threadIdx.x / 32), tid = threadIdx.x % 128;
   const int mb = (p.s_q + BM - 1) / BM, tiles = mb * p.h * p.b;
