@@ -33,19 +33,10 @@ int dl_overlap_describe(const dl_overlap_t *o, char *buf, size_t len) {
                   o->comm_name, dl_device_type_name(o->dev_type), o->dev_index);
 }
 
-int dl_overlap_gone_str(dl_overlap_t *o, uint32_t gone, char *buf, size_t len) {
+int dl_overlap_gone_str(const dl_overlap_t *o, uint32_t gone, char *buf, size_t len) {
   const int r = (int)gone - 1;
-  if (r < 0 || r >= o->size) return snprintf(buf, len, "rank %d has exited", r);
-  uint32_t *mine = &o->flags[o->rank][DL_OVERLAP_CAUSE_WORD];
-  uint32_t none = 0;
-  __atomic_compare_exchange_n(mine, &none, gone, 0, __ATOMIC_RELEASE, __ATOMIC_RELAXED);
-  /* r may itself have given up because another rank died first (the
-   * watchdog names the lowest of the ranks it finds dead at one look) */
-  const int first = o->flags[r] ? (int)__atomic_load_n(&o->flags[r][DL_OVERLAP_CAUSE_WORD], __ATOMIC_ACQUIRE) - 1 : -1;
-  if (first >= 0 && first < o->size && first != r && first != o->rank)
-    return snprintf(buf, len, "rank %d (pid %d) has exited; it gave up after rank %d (pid %d) has exited",
-                    r, o->pids[r], first, o->pids[first]);
-  return snprintf(buf, len, "rank %d (pid %d) has exited", r, o->pids[r]);
+  return snprintf(buf, len, "rank %d (pid %d) has exited", r,
+                  r >= 0 && r < DL_SIGNAL_MAX_RANKS ? o->pids[r] : 0);
 }
 
 void dl_overlap_fail_locked(dl_overlap_t *o, const char *why) {
@@ -58,7 +49,7 @@ static int refused(dl_overlap_t *o) {
   pthread_mutex_lock(&o->mu);
   const uint32_t gone = __atomic_load_n(&o->gone, __ATOMIC_ACQUIRE);
   if (gone && !o->failed) { /* no run can complete without that rank */
-    char who[300], dead[192], why[640];
+    char who[300], dead[96], why[512];
     dl_overlap_describe(o, who, sizeof who);
     dl_overlap_gone_str(o, gone, dead, sizeof dead);
     snprintf(why, sizeof why, "%s: %s", who, dead);
@@ -303,7 +294,7 @@ static int wait_cpu(dl_overlap_t *o, const wait_rec_t *w) {
   for (int64_t it = 0; __atomic_load_n(f, __ATOMIC_ACQUIRE) != 1u; it++) {
     const uint32_t gone = (it & 15) == 0 ? __atomic_load_n(&o->gone, __ATOMIC_ACQUIRE) : 0;
     if (gone || ((it & 255) == 0 && dl_host_now_s() - t0 > o->timeout_s)) {
-      char who[300], dead[192] = "", why[1024];
+      char who[300], dead[96] = "", why[1024];
       dl_overlap_describe(o, who, sizeof who);
       if (gone) dl_overlap_gone_str(o, gone, dead, sizeof dead);
       if (gone)

@@ -30,12 +30,7 @@ typedef struct wait_rec {
 
 typedef struct watch watch_t; /* overlap_watch.c */
 
-/* A rank's control words: its flags, [active][progress of each wait], and
- * the cause word (1 + the rank whose death made this rank give up; 0: none). */
-enum {
-  DL_OVERLAP_CAUSE_WORD = DL_OVERLAP_MAX_FLAGS + 1 + DL_OVERLAP_MAX_WAITS,
-  DL_OVERLAP_CTL_WORDS = DL_OVERLAP_CAUSE_WORD + 1
-};
+enum { DL_OVERLAP_CTL_WORDS = DL_OVERLAP_MAX_FLAGS + 1 + DL_OVERLAP_MAX_WAITS };
 
 struct dl_overlap {
   uint32_t magic;
@@ -67,10 +62,8 @@ struct dl_overlap {
   int32_t pids[DL_SIGNAL_MAX_RANKS];   /* for messages */
 };
 
-/* "rank R (pid P) has exited" for o->gone's value, for this rank's error,
- * which it records (the cause word): a rank that later finds this one dead
- * among others reads it and names the first death too. */
-int dl_overlap_gone_str(dl_overlap_t *o, uint32_t gone, char *buf, size_t len);
+/* "rank R (pid P) has exited" for o->gone's value. */
+int dl_overlap_gone_str(const dl_overlap_t *o, uint32_t gone, char *buf, size_t len);
 
 /* Record why the object failed (the first reason stays); mu held. */
 void dl_overlap_fail_locked(dl_overlap_t *o, const char *why);

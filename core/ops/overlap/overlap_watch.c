@@ -99,7 +99,7 @@ static double now_s(void) { return dl_now_us() * 1e-6; }
 
 /* The message: for each stream, its first wait that has not passed. mu held. */
 static void diagnose(dl_overlap_t *o, const uint32_t *snap, char *buf, size_t len) {
-  char who[300], dead[192];
+  char who[300], dead[96];
   dl_overlap_describe(o, who, sizeof who);
   const uint32_t gone = __atomic_load_n(&o->gone, __ATOMIC_ACQUIRE);
   if (gone) dl_overlap_gone_str(o, gone, dead, sizeof dead);
