@@ -63,16 +63,11 @@ static int env_bwd_dq_red(void) {
   static int c = -1;
   return env_is("DISTLAB_ATTN_HOPPER_BWD_DQ", "red", &c);
 }
-/* DISTLAB_ATTN_HOPPER_BWD_MODE: the backward's schedule (bwd_kernel's MODE), for A/B timings: 0 (the
- * default) the warpgroups in step; 1 the next item's S^T and dP^T before dQ's wait (d 64 only: at d 128
- * ptxas spills 512 bytes, and 0 runs); 2 the warpgroups taking turns, dQ one item late. Read once. */
-static int env_bwd_mode(void) {
-  static int mode = -1;
-  if (mode < 0) {
-    const char *e = getenv("DISTLAB_ATTN_HOPPER_BWD_MODE");
-    mode = e && (!strcmp(e, "1") || !strcmp(e, "2")) ? e[0] - '0' : 0;
-  }
-  return mode;
+/* DISTLAB_ATTN_HOPPER_BWD_TURNS=1: at d 64, the backward's warpgroups take turns at the tensor cores
+ * (bwd_kernel's TURNS; at d 128 ptxas spills and serialises it), for A/B timings */
+static int env_bwd_turns(void) {
+  static int c = -1;
+  return env_is("DISTLAB_ATTN_HOPPER_BWD_TURNS", "1", &c);
 }
 
 extern "C" int dl_attn_fwd_hopper_fits(const dl_attn_params_t *p, char *why, size_t n) {
@@ -296,13 +291,13 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   return 0;
 }
 
-template <int DQK, int DV, bool BULK, int MODE>
+template <int DQK, int DV, bool BULK, bool TURNS>
 static int launch_bwd(dim3 grid, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv,
                       const CUtensorMap &tdo, const bwd_params_t &k, void *stream) {
   const size_t smem = sizeof(bwd_smem_t<DQK, DV, BULK>) + 1024;
   static int done[64];
-  DL_TRY(allow_smem(bwd_kernel<DQK, DV, BULK, MODE>, smem, done));
-  bwd_kernel<DQK, DV, BULK, MODE><<<grid, THREADS, smem, (cudaStream_t)stream>>>(tq, tk, tv, tdo, k);
+  DL_TRY(allow_smem(bwd_kernel<DQK, DV, BULK, TURNS>, smem, done));
+  bwd_kernel<DQK, DV, BULK, TURNS><<<grid, THREADS, smem, (cudaStream_t)stream>>>(tq, tk, tv, tdo, k);
   return 0;
 }
 
@@ -336,16 +331,13 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
   k.err = dword;
   const dim3 grid((p->s_kv + BN - 1) / BN, p->h_kv, p->b);
   const bool bulk = !env_bwd_dq_red(); /* dQ through shared memory and bulk reductions (FA3's way) */
-  const int mode = env_bwd_mode() == 1 && p->d_qk != 64 ? 0 : env_bwd_mode();
-  using launcher = int (*)(dim3, const CUtensorMap &, const CUtensorMap &, const CUtensorMap &, const CUtensorMap &,
-                           const bwd_params_t &, void *);
-  static const launcher d64[2][3] = {
-      {launch_bwd<64, 64, false, 0>, launch_bwd<64, 64, false, 1>, launch_bwd<64, 64, false, 2>},
-      {launch_bwd<64, 64, true, 0>, launch_bwd<64, 64, true, 1>, launch_bwd<64, 64, true, 2>}};
-  static const launcher d128[2][3] = {
-      {launch_bwd<128, 128, false, 0>, nullptr, launch_bwd<128, 128, false, 2>},
-      {launch_bwd<128, 128, true, 0>, nullptr, launch_bwd<128, 128, true, 2>}};
-  const int rc = (p->d_qk == 64 ? d64 : d128)[bulk][mode](grid, tq, tk, tv, tdo, k, stream);
+  const bool turns = p->d_qk == 64 && env_bwd_turns();
+  const int rc = p->d_qk == 64 ? (bulk ? (turns ? launch_bwd<64, 64, true, true>(grid, tq, tk, tv, tdo, k, stream)
+                                                : launch_bwd<64, 64, true, false>(grid, tq, tk, tv, tdo, k, stream))
+                                       : (turns ? launch_bwd<64, 64, false, true>(grid, tq, tk, tv, tdo, k, stream)
+                                                : launch_bwd<64, 64, false, false>(grid, tq, tk, tv, tdo, k, stream)))
+                               : (bulk ? launch_bwd<128, 128, true, false>(grid, tq, tk, tv, tdo, k, stream)
+                                       : launch_bwd<128, 128, false, false>(grid, tq, tk, tv, tdo, k, stream));
   if (rc) return rc;
   DL_CUDA_CHECK_LAUNCH("attn bwd (hopper)");
   const dim3 rgrid((p->s_q + BQ - 1) / BQ, p->h_q, p->b);

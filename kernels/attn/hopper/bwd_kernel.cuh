@@ -36,9 +36,8 @@
  *         bulk reduction of the item's rows by a producer thread; else with
  *         vector reductions from the consumers' registers.
  *   dK (times the softmax scale) and dV are written once, in bf16.
- *   That is MODE 0; MODE 1 issues the next item's S^T and dP^T before this
- *   item's dQ is waited for, MODE 2 has the warpgroups take turns at the
- *   tensor cores with dQ one item late (bwd_kernel's comment).
+ *   With TURNS (d 64), the warpgroups take turns at the tensor cores instead,
+ *   dQ one item late (bwd_kernel's comment).
  * Rows past a sequence (keys of the last key block, queries of the last
  * query block) are zeroed in shared memory before a GEMM reads them, so that
  * another sequence's rows or NaN gaps (thd) never meet a zero of P or dS.
@@ -67,7 +66,7 @@ template <int DQK, int DV, bool BULK> struct alignas(1024) bwd_smem_t {
   float dq[BULK ? BQ * DQK : 4]; // BULK: an item's dQ, [query][DQK] as the accumulator's rows hold it
   float lse2[2][BQ], delta[2][BQ];
   uint64_t kv_full, q_full[2], do_full[2], q_empty[2], do_empty[2], dq_full, dq_empty;
-  uint64_t ds_ready[2], ds_free[2]; // MODE 2: both warpgroups' halves of a dS^T buffer in; their dQ read it
+  uint64_t ds_ready[2], ds_free[2]; // TURNS: both warpgroups' halves of a dS^T buffer in; their dQ read it
   int fail;
 };
 
@@ -97,22 +96,11 @@ struct bwd_params_t {
 HP_DEV float bf16_lo(uint32_t x) { return __uint_as_float(x << 16); }
 HP_DEV float bf16_hi(uint32_t x) { return __uint_as_float(x & 0xffff0000u); }
 
-struct bwd_seq_t {
-  int len_q, len_kv, first_q, first_kv, tb;
-};
-HP_DEV bwd_seq_t bwd_seq(const bwd_params_t &p, int bb) {
-  bwd_seq_t s{p.s_q, p.s_kv, 0, 0, bb};
-  if (p.cu_q) {
-    s.len_q = p.cu_q[bb + 1] - p.cu_q[bb], s.len_kv = p.cu_kv[bb + 1] - p.cu_kv[bb];
-    s.first_q = p.pad_q ? p.pad_q[bb] : p.cu_q[bb], s.first_kv = p.pad_kv ? p.pad_kv[bb] : p.cu_kv[bb], s.tb = 0;
-  }
-  return s;
-}
 HP_DEV int64_t bwd_at(const int64_t (&st)[3], int first, int row, int head, int tb) {
   return ((int64_t)first + row) * st[0] + (int64_t)head * st[1] + (int64_t)tb * st[2];
 }
 // The workspace row of row i of sequence bb (attn_bwd.cu's attn_ws_row).
-HP_DEV int64_t bwd_ws_row(const bwd_params_t &p, const bwd_seq_t &s, int bb, int i) {
+HP_DEV int64_t bwd_ws_row(const bwd_params_t &p, const hp_seq_t &s, int bb, int i) {
   return p.cu_q ? (int64_t)s.first_q + i : (int64_t)bb * p.s_q + i;
 }
 
@@ -120,7 +108,7 @@ HP_DEV int64_t bwd_ws_row(const bwd_params_t &p, const bwd_seq_t &s, int bb, int
 // accumulator's columns as bwd_dq_col placed them (attn_bwd.cu's attn_bwd_dq_kernel, for that layout).
 template <int DQK> __global__ void __launch_bounds__(128) bwd_dq_kernel(const bwd_params_t p) {
   const int hh = blockIdx.y, bb = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const bwd_seq_t sq = bwd_seq(p, bb);
+  const hp_seq_t sq = hp_seq(p, bb);
   for (int r = warp; r < BQ; r += 4) {
     const int i = blockIdx.x * BQ + r;
     if (i >= sq.len_q) return;
@@ -167,10 +155,11 @@ template <int DQK> HP_DEV void gemm_dq(float (&dq)[DQK / 4], uint32_t ds_base, u
 
 // BULK: each item's dQ goes to shared memory and a producer warp adds it to the accumulator with one
 // bulk reduction (FA3's way); else the consumers add it with vector reductions from registers.
-// MODE 0: the warpgroups in step, an item after the other; 1: the next item's S^T and dP^T issued
-// before this item's dQ is waited for and stored (d 64: at d 128 it spills); 2: the warpgroups take
-// turns at the tensor cores, dQ one item late.
-template <int DQK, int DV, bool BULK, int MODE>
+// TURNS: the warpgroups take turns at the tensor cores, dQ one item late; else they go in step, an item
+// after the other. (At d 128 the turns cost ptxas 420 bytes of spills and it serialises the wgmma, so
+// dl.attn runs them at d 64 only. Issuing the next item's S^T and dP^T before this item's dQ wait was
+// serialised by ptxas too, at d 64, and spilled at d 128: dropped.)
+template <int DQK, int DV, bool BULK, bool TURNS>
 __global__ void __launch_bounds__(THREADS, 1)
     bwd_kernel(const HP_GRID_CONST hp_tmap_t tq, const HP_GRID_CONST hp_tmap_t tk, const HP_GRID_CONST hp_tmap_t tv,
                const HP_GRID_CONST hp_tmap_t tdo, const bwd_params_t p) {
@@ -178,7 +167,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   bwd_smem_t<DQK, DV, BULK> &sm = *reinterpret_cast<bwd_smem_t<DQK, DV, BULK> *>((reinterpret_cast<uintptr_t>(hp_smem()) + 1023) & ~uintptr_t(1023));
   const int n_block = blockIdx.x, hkv = blockIdx.y, bb = blockIdx.z, group = p.h / p.h_kv;
   const int warp_id = hp_warp_uniform(threadIdx.x / 32), tid = threadIdx.x % 128;
-  const bwd_seq_t sq = bwd_seq(p, bb);
+  const hp_seq_t sq = hp_seq(p, bb);
   const int len_q = sq.len_q, len_kv = sq.len_kv;
   const int n0 = n_block * BN;
   if (n0 >= len_kv) return; // the whole CTA, before any barrier
@@ -281,9 +270,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     named_bar_sync(2, 256);
   }
   const int key_lo = n0 + c * 64, key_hi = key_lo + 63; // the warpgroup's keys
-  // S^T and dP^T (s, dp: arrays of the loop's body, so that the compiler sees them dead between items,
-  // except where MODE 1 carries them over), P^T and dS^T in bf16 (pa, da: A of dV and dK, held until the
-  // wait that covers them)
+  // S^T and dP^T (s, dp: arrays of the loop's body, so that the compiler sees them dead between items),
+  // P^T and dS^T in bf16 (pa, da: A of dV and dK, held until the wait that covers them)
   uint32_t pa[16], da[16];
   // S^T = K_c Q^T and dP^T = V_c dO^T of item it issued (two commit groups), once its stage is in and
   // the query rows past the sequence are zeros (Q and dO are B of dK and dV)
@@ -310,7 +298,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto p_and_ds = [&](int it, float(&s)[32], float(&dp)[32]) {
     const int st = it % 2, i0 = (m_lo + it % nm) * BQ;
     // this thread's queries: columns 8 j + 2 (lane % 4) + e % 2 of the item's 64
-    wg_wait<1>();
+    wg_wait<1>(); // S^T and dP^T are the two newest commit groups
     const float *l2 = sm.lse2[st], *dd = sm.delta[st];
 #pragma unroll
     for (int j = 0; j < 8; j++)
@@ -393,35 +381,21 @@ __global__ void __launch_bounds__(THREADS, 1)
     mbar_arrive(&sm.do_empty[it % 2]);
   };
 
-  if (MODE < 2) { // both warpgroups in step: they meet at named barrier 1 every item (dS^T both halves)
-    float s1[32], dp1[32]; // MODE 1: the next item's S^T and dP^T, issued in this item
-    if (MODE == 1 && items > 0) stage_in(0), issue_sdp(0, s1, dp1);
+  if (!TURNS) { // both warpgroups in step: they meet at named barrier 1 every item (dS^T both halves)
     for (int it = 0; it < items; it++) {
-      float s0[32], dp0[32], dq[DQK / 4];
-      float(&s)[32] = MODE == 1 ? s1 : s0;
-      float(&dp)[32] = MODE == 1 ? dp1 : dp0;
-      if (MODE == 0) stage_in(it), issue_sdp(it, s, dp);
-      p_and_ds(it, s, dp); // MODE 1: dQ of the last item was waited for, so S^T and dP^T are the newest groups
+      float s[32], dp[32], dq[DQK / 4];
+      stage_in(it);
+      issue_sdp(it, s, dp);
+      p_and_ds(it, s, dp);
       issue_dkv(it);
       store_ds(it);
       named_bar_sync(1, 256); // both warpgroups' dS^T are in (the other buffer is free: see the header)
       gemm_dq<DQK>(dq, hp_smem_u32(sm.ds[it % 2]), k_cols);
-      if (MODE == 1) { // the next item's S^T and dP^T run while this one's dQ is stored
-        wg_wait<1>(); // dV and dK are in: the stage is free (dQ reads dS^T and K only)
-        free_stage(it);
-        if (it + 1 < items) {
-          stage_in(it + 1), issue_sdp(it + 1, s1, dp1);
-          wg_wait<2>(); // dQ is in; the next S^T and dP^T run on
-        } else {
-          wg_wait<0>();
-        }
-      } else {
-        wg_wait<0>(); // dV, dK and dQ are in: the stage is free
-        free_stage(it);
-      }
+      wg_wait<0>(); // dV, dK and dQ are in: the stage is free
+      free_stage(it);
       store_dq(it, it, dq);
     }
-  } else { // MODE 2: the warpgroups take turns at the tensor cores, dQ one item late
+  } else { // TURNS: the warpgroups take turns at the tensor cores, dQ one item late
     // A turn (named barrier 4 + c, 256 threads: its own and the other's hand-over) to issue GEMMs, so
     // that one warpgroup's P and dS run under the other's GEMMs (fwd_kernel's scheduler). dQ of item
     // it - 1 is issued with dV and dK of item it, once both halves of its dS^T are in (ds_ready); a

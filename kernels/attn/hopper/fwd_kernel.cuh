@@ -113,6 +113,21 @@ HP_HD bool hp_visible(int i, int j, int shift, int window_left, int window_right
   return (window_left < 0 | j >= i + shift - window_left) & (window_right < 0 | j <= i + shift + window_right);
 }
 
+// Sequence bb of a call (params_t or bwd_params_t: s_q, s_kv, cu_q, cu_kv, pad_q, pad_kv): its lengths,
+// the rows its position 0 is at (thd: pad, else cu; 0 for bshd/sbhd) and the batch index the tensors
+// address it by (thd: 0).
+struct hp_seq_t {
+  int len_q, len_kv, first_q, first_kv, tb;
+};
+template <class P> HP_DEV hp_seq_t hp_seq(const P &p, int bb) {
+  hp_seq_t s{p.s_q, p.s_kv, 0, 0, bb};
+  if (p.cu_q) {
+    s.len_q = p.cu_q[bb + 1] - p.cu_q[bb], s.len_kv = p.cu_kv[bb + 1] - p.cu_kv[bb];
+    s.first_q = p.pad_q ? p.pad_q[bb] : p.cu_q[bb], s.first_kv = p.pad_kv ? p.pad_kv[bb] : p.cu_kv[bb], s.tb = 0;
+  }
+  return s;
+}
+
 // Every wait ends: a phase still open after 2^26 polls, or once another thread of the CTA gave up
 // (*fail), sets *err (params_t.err, which the host reads) and returns, so that the CTA runs to its end
 // on whatever shared memory holds and no barrier hangs. (A trap there made ptxas spill P in PIPE 1.)
@@ -269,12 +284,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int m_block = gridDim.x - 1 - blockIdx.x, hh = blockIdx.y, bb = blockIdx.z, hkv = hh / (p.h / p.h_kv);
   const int warp_id = hp_warp_uniform(threadIdx.x / 32), tid = threadIdx.x % 128; // lane 0's, as CUTLASS does
   // this sequence: its lengths, the rows (thd) or batch (bshd/sbhd) the tensor maps address it by
-  const bool thd = p.cu_q != nullptr;
-  int len_q = p.s_q, len_kv = p.s_kv, first_q = 0, first_kv = 0, tb = bb;
-  if (thd) {
-    len_q = p.cu_q[bb + 1] - p.cu_q[bb], len_kv = p.cu_kv[bb + 1] - p.cu_kv[bb];
-    first_q = p.pad_q ? p.pad_q[bb] : p.cu_q[bb], first_kv = p.pad_kv ? p.pad_kv[bb] : p.cu_kv[bb], tb = 0;
-  }
+  const hp_seq_t sq = hp_seq(p, bb);
+  const int len_q = sq.len_q, len_kv = sq.len_kv, first_q = sq.first_q, first_kv = sq.first_kv, tb = sq.tb;
   if (m_block * BM >= len_q) return; // the whole CTA, before any barrier
   // key blocks [n_lo, n_hi): those holding a key that a row of this block sees; walked last to first
   const int shift = p.bottom_right ? len_kv - len_q : 0, wl = p.window_left, wr = p.window_right;

@@ -48,19 +48,15 @@ template <int DQK, int DV> struct alignas(1024) merge_smem_t {
 HP_DEV int stage_col(int c, int r) { return c ^ (8 * (r % 4)); }
 
 // A tile of the walk: its (batch, head, query block) and sequence.
-struct merge_tile_t {
-  int bb, hh, m_block, len_q, len_kv, first_q, first_kv, tb;
+struct merge_tile_t : hp_seq_t {
+  int bb, hh, m_block;
   bool empty; // no row of the sequence in the block (thd): skipped by every role alike
 };
 HP_DEV merge_tile_t merge_tile(const params_t &p, int t, int mb) {
   merge_tile_t x;
   const int hb = p.h * p.b;
   x.m_block = mb - 1 - t / hb, x.hh = (t % hb) % p.h, x.bb = (t % hb) / p.h;
-  x.len_q = p.s_q, x.len_kv = p.s_kv, x.first_q = 0, x.first_kv = 0, x.tb = x.bb;
-  if (p.cu_q) {
-    x.len_q = p.cu_q[x.bb + 1] - p.cu_q[x.bb], x.len_kv = p.cu_kv[x.bb + 1] - p.cu_kv[x.bb];
-    x.first_q = p.pad_q ? p.pad_q[x.bb] : p.cu_q[x.bb], x.first_kv = p.pad_kv ? p.pad_kv[x.bb] : p.cu_kv[x.bb], x.tb = 0;
-  }
+  static_cast<hp_seq_t &>(x) = hp_seq(p, x.bb);
   x.empty = x.m_block * BM >= x.len_q;
   return x;
 }

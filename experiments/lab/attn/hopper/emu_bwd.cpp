@@ -6,8 +6,8 @@
 // reference of dq, dk, dv: the forward's six (and one with keys but no queries)
 // cases (bshd, sbhd, thd with offsets and NaN gaps, GQA/MQA, lengths off the
 // tile, keys of other lengths) under five masks at head dim 128, and under
-// three at head dim 64, with accumulate_grads on some; and the schedules of
-// MODE 1 (d 64) and MODE 2 under every mask (--quick: a few runs a case, the
+// three at head dim 64, with accumulate_grads on some; and the warpgroups
+// taking turns (TURNS) under every mask (--quick: a few runs a case, the
 // masks turning with the case). Each check also shows
 // that a planted 2% error would fail it.
 //   make -C experiments/lab/attn hopper-emu-bwd
@@ -42,7 +42,7 @@ struct errs {
   double pw() const { return den > 0 ? sqrt(planted / den) : 1.0; }
 };
 
-template <int D, bool BULK, int MODE = 0> static bool run_case(const hp_case &cs, const hp_mask &mk, unsigned seed, bool accumulate) {
+template <int D, bool BULK, bool TURNS = false> static bool run_case(const hp_case &cs, const hp_mask &mk, unsigned seed, bool accumulate) {
   const hp_seqs sq_(cs);
   const bool thd = sq_.thd, sbhd = sq_.sbhd;
   const int b = cs.b, h = cs.h, h_kv = cs.h_kv, group = h / h_kv, s = sq_.s, s_kv = sq_.s_kv, rows = sq_.rows,
@@ -141,7 +141,7 @@ template <int D, bool BULK, int MODE = 0> static bool run_case(const hp_case &cs
     for (int y = 0; y < h_kv; y++)
       for (int x = 0; x < nb; x++)
         if (!hp_run_cta(dim3(x, y, z), dim3(nb, h_kv, b), THREADS, sizeof(bwd_smem_t<D, D, BULK>),
-                        [&] { bwd_kernel<D, D, BULK, MODE>(tq, tk, tv, tdo, p); }))
+                        [&] { bwd_kernel<D, D, BULK, TURNS>(tq, tk, tv, tdo, p); }))
           return false;
   const int mb = (s + BQ - 1) / BQ;
   if (mb > 0) {
@@ -219,7 +219,7 @@ template <int D, bool BULK, int MODE = 0> static bool run_case(const hp_case &cs
   const std::string what = sq_.what(true);
   printf("bwd d=%d %s%s %s h=%d/%d window (%d,%d)%s%s: dq %.2e/%.2e dk %.2e/%.2e dv %.2e/%.2e (normwise/elementwise), "
          "stray %zu; planted 2%%: %.1e %.1e %.1e %s -> %s\n",
-         D, BULK ? "bulk" : "red ", MODE == 1 ? " mode 1" : MODE == 2 ? " mode 2" : "", what.c_str(), h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", accumulate ? " accumulate" : "", eq.nw(), eq.emax(),
+         D, BULK ? "bulk" : "red ", TURNS ? " turns" : "", what.c_str(), h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", accumulate ? " accumulate" : "", eq.nw(), eq.emax(),
          ek.nw(), ek.emax(), ev.nw(), ev.emax(), stray, eq.pw(), ek.pw(), ev.pw(), caught ? "caught" : "MISSED",
          ok && caught ? "ok" : "FAIL");
   return ok && caught;
@@ -234,14 +234,12 @@ int main(int argc, char **argv) {
   unsigned seed = 1;
   for (size_t ci = 0; ci < cases.size(); ci++) {
     const hp_case &c = cases[ci];
-    if (quick) { // each case under two masks at d 128 and one at d 64, the masks turning with the case
+    if (quick) { // each case under two masks at d 128 and two at d 64 (one with TURNS), turning with the case
       ok = run_case<128, true>(c, masks[ci % 5], seed++, ci % 3 == 0) && ok;
       ok = run_case<128, false>(c, masks[(ci + 2) % 5], seed++, ci % 3 == 1) && ok;
       ok = run_case<64, true>(c, masks[(ci + 4) % 5], seed++, ci % 3 == 2) && ok;
-      ok = run_case<64, true, 1>(c, masks[(ci + 1) % 5], seed++, ci % 3 == 0) && ok;
-      ok = run_case<128, true, 2>(c, masks[(ci + 3) % 5], seed++, ci % 3 == 1) && ok;
-      ok = (ci % 2 ? run_case<64, false, 2>(c, masks[(ci + 1) % 5], seed++, ci % 3 == 2)
-                   : run_case<128, false, 2>(c, masks[(ci + 1) % 5], seed++, ci % 3 == 2)) && ok;
+      ok = (ci % 2 ? run_case<64, false, true>(c, masks[(ci + 1) % 5], seed++, ci % 3 == 0)
+                   : run_case<64, true, true>(c, masks[(ci + 1) % 5], seed++, ci % 3 == 0)) && ok;
       continue;
     }
     for (int m = 0; m < 5; m++) { // dQ by bulk reductions (the default), and by the consumers' (fewer masks)
@@ -252,10 +250,8 @@ int main(int argc, char **argv) {
       ok = run_case<64, true>(c, masks[m], seed++, m == 2) && ok;
       if (m == 2) ok = run_case<64, false>(c, masks[m], seed++, true) && ok;
     }
-    for (int m = 0; m < 5; m++) { // MODE 1 (d 64) and MODE 2 (both), both ways of adding dQ
-      ok = (m % 2 ? run_case<64, false, 1>(c, masks[m], seed++, m == 1) : run_case<64, true, 1>(c, masks[m], seed++, m == 2)) && ok;
-      ok = (m % 2 ? run_case<128, false, 2>(c, masks[m], seed++, m == 3) : run_case<128, true, 2>(c, masks[m], seed++, m == 0)) && ok;
-      ok = (m % 2 ? run_case<64, false, 2>(c, masks[m], seed++, m == 4) : run_case<64, true, 2>(c, masks[m], seed++, m == 4)) && ok;
+    for (int m = 0; m < 5; m++) { // TURNS, both ways of adding dQ (dl.attn runs it at d 64)
+      ok = (m % 2 ? run_case<64, false, true>(c, masks[m], seed++, m == 1) : run_case<64, true, true>(c, masks[m], seed++, m == 2)) && ok;
     }
   }
   printf("%s\n", ok ? "hopper emu bwd: all ok" : "hopper emu bwd: FAILED");
