@@ -70,17 +70,24 @@ static int env_bwd_turns(void) {
   return env_is("DISTLAB_ATTN_HOPPER_BWD_TURNS", "1", &c);
 }
 
-extern "C" int dl_attn_fwd_hopper_fits(const dl_attn_params_t *p, char *why, size_t n) {
+/* What both directions need: the kernels on, bf16, head dims 64/64 or 128/128, GQA groups, k and v with
+ * rows (no tensor map of no rows). 1, or 0 with why. */
+static int common_fit(const dl_attn_params_t *p, char *why, size_t n) {
   if (env_off()) return fail_why(why, n, "DISTLAB_ATTN_HOPPER=0");
   if (p->dtype != DL_BF16) return fail_why(why, n, "dtype is not bf16");
-  if (p->d_qk == 192 && p->d_v == 128) /* the kernel has it (launch<0, 192, 128> below) */
-    return fail_why(why, n, "head dims 192/128 (MLA): checked on the emulator, not yet run on a GPU");
   if (!((p->d_qk == 64 && p->d_v == 64) || (p->d_qk == 128 && p->d_v == 128)))
-    return fail_why(why, n, "head dims are not 64/64 or 128/128");
-  if (p->acc_out && p->acc_dtype != DL_F32) return fail_why(why, n, "accumulate.out is not f32");
+    return fail_why(why, n, p->d_qk == 192 && p->d_v == 128 /* the forward has it (launch<0, 192, 128> below) */
+                                ? "head dims 192/128 (MLA): checked on the emulator, not yet run on a GPU"
+                                : "head dims are not 64/64 or 128/128");
   if (p->h_kv <= 0 || p->h_q % p->h_kv) return fail_why(why, n, "h_q is not a multiple of h_kv");
-  if ((p->cu_seqlens_q ? p->total_kv : p->s_kv) == 0) /* no tensor map of no rows */
-    return fail_why(why, n, "k and v have no rows (the portable kernel writes out 0, lse -inf)");
+  if ((p->cu_seqlens_q ? p->total_kv : p->s_kv) == 0)
+    return fail_why(why, n, "k and v have no rows (the portable kernels handle it)");
+  return 1;
+}
+
+extern "C" int dl_attn_fwd_hopper_fits(const dl_attn_params_t *p, char *why, size_t n) {
+  if (!common_fit(p, why, n)) return 0;
+  if (p->acc_out && p->acc_dtype != DL_F32) return fail_why(why, n, "accumulate.out is not f32");
   /* TMA: 16-byte aligned bases and strides (dl_attn_validate's cuda rules give that for q, k, v,
    * out and acc_out); the fp32 acc_out is written two elements at a time */
   if (p->acc_out && ((p->acc_out_st.s | p->acc_out_st.h | p->acc_out_st.b) & 1))
@@ -115,15 +122,10 @@ extern "C" int dl_attn_fwd_hopper_usable(const dl_attn_params_t *p, int *yes) {
 }
 
 extern "C" int dl_attn_bwd_hopper_fits(const dl_attn_params_t *p, char *why, size_t n) {
-  if (env_off()) return fail_why(why, n, "DISTLAB_ATTN_HOPPER=0");
-  if (!env_bwd_on())
+  if (!env_bwd_on() && !env_off())
     return fail_why(why, n, "checked on the emulator, not yet run on a GPU (DISTLAB_ATTN_HOPPER_BWD=1 takes it)");
-  if (p->dtype != DL_BF16) return fail_why(why, n, "dtype is not bf16");
-  if (!((p->d_qk == 64 && p->d_v == 64) || (p->d_qk == 128 && p->d_v == 128)))
-    return fail_why(why, n, "head dims are not 64/64 or 128/128");
-  if (p->h_kv <= 0 || p->h_q % p->h_kv) return fail_why(why, n, "h_q is not a multiple of h_kv");
-  if ((p->cu_seqlens_q ? p->total_kv : p->s_kv) == 0 || (p->cu_seqlens_q ? p->total_q : p->s_q) == 0)
-    return fail_why(why, n, "q or k and v have no rows");
+  if (!common_fit(p, why, n)) return 0;
+  if ((p->cu_seqlens_q ? p->total_q : p->s_q) == 0) return fail_why(why, n, "q has no rows");
   if (why && n) snprintf(why, n, "hopper backward (wgmma, TMA; bf16, d %d)", p->d_qk);
   return 1;
 }
@@ -207,6 +209,17 @@ static int launch(dim3 grid, const CUtensorMap &tq, const CUtensorMap &tk, const
 
 static void copy_st(int64_t (&dst)[3], const dl_attn_strides_t &st) { dst[0] = st.s, dst[1] = st.h, dst[2] = st.b; }
 
+/* The fields params_t and bwd_params_t share: sizes, the mask, the scale in log2 units, thd's offsets. */
+template <class K> static void common_params(K &k, const dl_attn_params_t *p) {
+  k.b = p->b, k.h = p->h_q, k.h_kv = p->h_kv, k.s_q = p->s_q, k.s_kv = p->s_kv;
+  k.window_left = p->window_left, k.window_right = p->window_right, k.bottom_right = p->bottom_right;
+  k.scale_log2 = p->scale * 1.4426950408889634f;
+  if (p->cu_seqlens_q) {
+    k.cu_q = p->cu_seqlens_q, k.cu_kv = p->cu_seqlens_kv;
+    k.pad_q = p->cu_seqlens_q_padded, k.pad_kv = p->cu_seqlens_kv_padded;
+  }
+}
+
 /* The SMs of the call's device (cached per device): the persistent kernel's grid. */
 static int sm_count(int *n) {
   static int known[64];
@@ -254,16 +267,10 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   DL_TRY(tensor_map(&tk, p->k, p->k_st, p->d_qk, p->h_kv, rkv, bt, "k"));
   DL_TRY(tensor_map(&tv, p->v, p->v_st, p->d_v, p->h_kv, rkv, bt, "v"));
   params_t k = {};
-  k.b = p->b, k.h = p->h_q, k.h_kv = p->h_kv, k.s_q = p->s_q, k.s_kv = p->s_kv;
-  k.window_left = p->window_left, k.window_right = p->window_right, k.bottom_right = p->bottom_right;
-  k.scale_log2 = p->scale * 1.4426950408889634f;
+  common_params(k, p);
   k.o = (uint16_t *)p->out, k.lse = p->lse;
   if (p->out) copy_st(k.o_st, p->out_st);
   if (p->lse) copy_st(k.lse_st, p->lse_st);
-  if (thd) {
-    k.cu_q = p->cu_seqlens_q, k.cu_kv = p->cu_seqlens_kv;
-    k.pad_q = p->cu_seqlens_q_padded, k.pad_kv = p->cu_seqlens_kv_padded;
-  }
   if (p->acc_out) {
     k.acc_out = (float *)p->acc_out, k.acc_lse = p->acc_lse;
     copy_st(k.acc_st, p->acc_out_st), copy_st(k.acc_lse_st, p->acc_lse_st);
@@ -272,8 +279,6 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   k.err = dword;
   static_assert(BM == 128, "dl_attn_fwd_cuda checks the grid for 128-row blocks");
   const dim3 grid((p->s_q + BM - 1) / BM, p->h_q, p->b);
-  // the faster loop of each head dim on an H200 (experiments/results/attn/hopper-fwd*-h200.md): the
-  // steps in turn at d 128 (and MLA's 192/128, not yet timed), FA3's intra-warpgroup pipelining at d 64
   /* the fused merge at d 128 on persistent CTAs: its running rows are read and written a float4 at a time */
   const bool aligned16 = p->acc_out && ((uintptr_t)p->acc_out & 15) == 0 &&
                          ((p->acc_out_st.s | p->acc_out_st.h | p->acc_out_st.b) & 3) == 0;
@@ -283,6 +288,8 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
     DL_CUDA_CHECK_LAUNCH("attn fwd (hopper, persistent merge)");
     return 0;
   }
+  // the faster loop of each head dim on an H200 (experiments/results/attn/hopper-fwd*-h200.md): the
+  // steps in turn at d 128 (and MLA's 192/128, not yet timed), FA3's intra-warpgroup pipelining at d 64
   const int rc = p->d_qk == 64    ? launch<1, 64, 64>(grid, tq, tk, tv, k, stream)
                  : p->d_qk == 128 ? launch<0, 128, 128>(grid, tq, tk, tv, k, stream)
                                   : launch<0, 192, 128>(grid, tq, tk, tv, k, stream);
@@ -314,14 +321,8 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
   DL_TRY(tensor_map(&tk, p->k, p->k_st, p->d_qk, p->h_kv, rkv, bt, "k", BN));
   DL_TRY(tensor_map(&tv, p->v, p->v_st, p->d_v, p->h_kv, rkv, bt, "v", BN));
   bwd_params_t k = {};
-  k.b = p->b, k.h = p->h_q, k.h_kv = p->h_kv, k.s_q = p->s_q, k.s_kv = p->s_kv;
-  k.window_left = p->window_left, k.window_right = p->window_right, k.bottom_right = p->bottom_right;
-  k.scale = p->scale, k.scale_log2 = p->scale * 1.4426950408889634f;
-  if (thd) {
-    k.cu_q = p->cu_seqlens_q, k.cu_kv = p->cu_seqlens_kv;
-    k.pad_q = p->cu_seqlens_q_padded, k.pad_kv = p->cu_seqlens_kv_padded;
-  }
-  k.lse = p->lse;
+  common_params(k, p);
+  k.scale = p->scale, k.lse = p->lse;
   copy_st(k.lse_st, p->lse_st);
   k.dq = (uint16_t *)p->dq, k.dk = (uint16_t *)p->dk, k.dv = (uint16_t *)p->dv;
   copy_st(k.dq_st, p->dq_st), copy_st(k.dk_st, p->dk_st), copy_st(k.dv_st, p->dv_st);
