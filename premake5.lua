@@ -38,8 +38,9 @@ local sm = _OPTIONS["cuda-arch"] or "90"
 -- Machine code for sm_XX plus PTX, so a newer GPU can JIT it.
 local gencode = string.format("-gencode arch=compute_%s,code=sm_%s -gencode arch=compute_%s,code=compute_%s",
   sm, sm, sm, sm)
-local nvcc_flags = "--forward-unknown-to-host-compiler -std=c++20 -O3 -Xcompiler -fPIC " ..
-  "--expt-relaxed-constexpr -lineinfo " .. gencode
+local nvcc_common = "--forward-unknown-to-host-compiler -std=c++20 -O3 -Xcompiler -fPIC " ..
+  "--expt-relaxed-constexpr -lineinfo "
+local nvcc_flags = nvcc_common .. gencode
 
 -- NCCL and cuDNN headers live in the CUDA tree on developer machines and in
 -- the system paths on the GPU hosts; NCCL itself is opened at run time.
@@ -53,8 +54,7 @@ local hopper_files = nvcc and os.matchfiles("kernels/**/hopper/*.cu") or {}
 for _, f in ipairs(hopper_files) do
   for i = #cu_files, 1, -1 do if cu_files[i] == f then table.remove(cu_files, i) end end
 end
-local hopper_flags = "--forward-unknown-to-host-compiler -std=c++20 -O3 -Xcompiler -fPIC " ..
-  "--expt-relaxed-constexpr -lineinfo -gencode arch=compute_90a,code=sm_90a"
+local hopper_flags = nvcc_common .. "-gencode arch=compute_90a,code=sm_90a"
 -- cuDNN's frontend headers (pinned by scripts/fetch-cudnn-frontend.sh); cuDNN
 -- itself is opened at run time (core/ops/attn/cudnn_sdpa.cpp), like NCCL.
 local cudnn_fe = nvcc and os.isfile(".deps/cudnn-frontend/include/cudnn_frontend.h") and
