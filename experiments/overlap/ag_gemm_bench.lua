@@ -22,6 +22,8 @@
 --     --warm-ms MS             warm-up runs per row filling MS (default 300: the same count on
 --                              every rank, from the slowest rank's estimate)
 --     --torch CSV              ag_gemm_torch.py's CSV from the same run (missing: a note, no anchors)
+--     --plant F                a test of the data check: scale every variant's C by 1 + F after
+--                              timing (default 0; 0.02 must make the run fail)
 --     --out DIR, --tag NAME    default experiments/results/overlap, the GPU model and d (h100x8)
 -- Writes DIR/ag-gemm-TAG.{md,csv} and DIR/ag-gemm-TAG.png (gnuplot, where it exists);
 -- gemm-rs-TAG.* with --op gemm_rs.
@@ -30,11 +32,43 @@
 --
 -- Method: per timed run a barrier (every rank's host arrives), an event, the
 -- run, an event, a wait; per run the slowest rank's time, then the median
--- over runs: TFLOP/s = 2 m n k / time. Data after timing: C_ref, the GEMM of
--- the gathered A (each rank draws every rank's shard: Philox), checked on two
--- rows against the fp64 CPU twin; every variant's first and last rows of
--- each rank's block against C_ref (2^-7 relative + 2^-7 rms absolute;
--- #wrong, summed over ranks; any makes the exit code non-zero).
+-- over runs: TFLOP/s = 2 m n k / time. Data after timing (#wrong, summed
+-- over ranks; any makes the exit code non-zero): C_ref, the GEMM of the
+-- gathered A (each rank draws every rank's shard: Philox), checked on two
+-- rows against the fp64 CPU twin. All-gather: every variant's first and
+-- last rows of each rank's block against C_ref, 2^-7 relative + 2^-7 rms
+-- absolute (both are fp32 sums of the same products rounded once: they
+-- differ by at most 2u |C| = 2^-7 |C| and fp32 order terms).
+-- Reduce-scatter: each rank's first and last rows against want = sum_p P_p,
+-- P_p = A[row, slice p] @ B[slice p, :] the d partial rows (slice p: the k/d
+-- columns of A and rows of B that rank p owns), summed in fp32 on the device
+-- (1 x k/d x n GEMMs), in fp64 on the host; S = sum_p |P_p|. An element is
+-- wrong beyond
+--   |got - want| <= (2d - 1) u S + u |want| + (k/d + 4) 2^-20 sum_p rms(P_p)
+-- (u = 2^-8 for bf16, 2^-11 for f16; rms over the row). The result is d
+-- partials rounded to C's dtype and summed by d - 1 additions, each rounded
+-- to C's dtype too (NCCL's ring and ours; p2p rounds only the partials and
+-- the final fp32 sum), every rounded value at most S to first order: d u S
+-- (1 + u)^d in all. The bound allows twice that count, for a summation we
+-- did not foresee, which also covers the fp32 epilogue and reduce additions
+-- (<= d 2^-23 S). The last term: the kernel's fp32 partial and our P_p add
+-- the same k/d exact products in different orders, each of k/d + 4
+-- additions off by at most 2^-23 of its running sum; for these zero-mean
+-- random inputs a running sum is a random walk whose mean size along the
+-- way is about rms(P_p) / 2, and the term allows 4 rms(P_p) with the errors
+-- of all additions aligned, twice (theirs and ours). The worst case of
+-- spec/gemm_ref.lua, running sums as large as sum |a||b|, is not a useful
+-- bound here: 2 (k/d + 4) 2^-23 sum |a||b| is about 10 for a typical
+-- element at k = 16k, d = 4, twice the rounding terms. A row whose
+-- normwise error ||got - want|| / ||want|| exceeds 4u (2^-6 for bf16) is
+-- wrong as a whole (all n elements): roundings to nearest err
+-- independently, each with rms at most u |x| / sqrt(3), and with
+-- independent partials the j-partial sums have norm ||want|| sqrt(j / d),
+-- so the model's normwise error is u sqrt((1 + (d + 2)(d - 1) / (2d)) / 3):
+-- 0.82u, 1.04u, 1.34u at d = 2, 4, 8 (p2p: 0.82u at any d); 4u is three
+-- times that at d = 8, and a 2% error (5.1u, adding in quadrature to the
+-- rest) breaks it: --plant 0.02 (a test option: every variant's C scaled
+-- by 1.02 after timing, before its check) must exit non-zero.
 local dl = require "distlab"
 local bench = dl.bench
 
@@ -60,6 +94,7 @@ local h = bench.harness {
     { "iters", "int", 10, "timed runs per row" },
     { "warm-ms", "number", 300, "warm-up work per row (ms), after 2 runs that estimate it" },
     { "torch", "string", nil, "ag_gemm_torch.py's CSV from the same run", meta = "CSV" },
+    { "plant", "number", 0, "test of the data check: scale every variant's C by 1 + F after timing", meta = "F" },
   },
 }
 local A = h.opt
@@ -140,13 +175,54 @@ for _, algo in ipairs(A.algos) do
   end
 end
 
--- gemm_rs: rows 1 and `rows` of this rank's C against its block of ref
-local function check_rs(c, ref, rows)
-  local bad = 0
+-- gemm_rs: the reference of rank me's checked rows (1 and `rows` of its block): the d
+-- partial rows P_p in fp32 on the device, summed on the host in fp64 (see the header)
+local function rs_refs(full, bfull, rows, kd)
+  local refs = {}
   for _, r in ipairs { 1, rows } do
-    local got, want = c:narrow(1, r, 1):to("cpu"):f64(), ref:narrow(1, me * rows + r, 1):to("cpu"):f64()
-    local rms = math.sqrt(dl.compare(got, want).sum_sq_ref / want:numel())
-    bad = bad + tonumber(dl.compare(got, want, 2 ^ -7 * rms, 2 ^ -7).n_not_close)
+    local arow = full:narrow(1, me * rows + r, 1)
+    local ref = { r = r, want = {}, S = {}, rms = 0 }
+    for p = 0, d - 1 do
+      local P = dl.gemm(arow:narrow(2, p * kd + 1, kd), bfull:narrow(1, p * kd + 1, kd), { out_dtype = "f32" })
+        :tolist()[1]
+      local sq = 0
+      for j, x in ipairs(P) do
+        ref.want[j], ref.S[j] = (ref.want[j] or 0) + x, (ref.S[j] or 0) + math.abs(x)
+        sq = sq + x * x
+      end
+      ref.rms = ref.rms + math.sqrt(sq / #P)
+    end
+    refs[#refs + 1] = ref
+  end
+  return refs
+end
+
+-- gemm_rs: this rank's checked rows of C against refs: elements beyond their bound, and
+-- every element of a row beyond the normwise bound; a line per bad row on stderr
+local U = { bf16 = 2 ^ -8, f16 = 2 ^ -11 }
+local function check_rs(c, refs, kd, label)
+  local u, bad = U[A.dtype], 0
+  for _, ref in ipairs(refs) do
+    local got = c:narrow(1, ref.r, 1):tolist()[1]
+    local e32 = (kd + 4) * 2 ^ -20 * ref.rms
+    local over, diff2, want2, first = 0, 0, 0, nil
+    for j, g in ipairs(got) do
+      local w, s = ref.want[j], ref.S[j]
+      local e = g == g and math.abs(g - w) or math.huge
+      local bound = (2 * d - 1) * u * s + u * math.abs(w) + e32
+      diff2, want2 = diff2 + e * e, want2 + w * w
+      if not (e <= bound) then
+        over = over + 1
+        first = first or string.format("[%d] got %.6g want %.6g (bound %.3g)", j, g, w, bound)
+      end
+    end
+    local norm = want2 > 0 and math.sqrt(diff2 / want2) or math.sqrt(diff2)
+    if not (norm <= 4 * u) then over = #got end
+    if over > 0 then
+      io.stderr:write(string.format("ag_gemm_bench: rank %d, %s, row %d of its block: normwise %.3g (bound %.3g), " ..
+        "%d of %d elements wrong%s\n", me, label, ref.r, norm, 4 * u, over, #got, first and (", first " .. first) or ""))
+    end
+    bad = bad + over
   end
   return bad
 end
@@ -167,12 +243,13 @@ for _, m in ipairs(A.m) do
   for p = 0, d - 1 do full:narrow(1, p * rows + 1, rows):normal_(0, 1, m * 64 + p) end
   local ref = dl.empty({ m, A.n }, { dtype = A.dtype, device = dev })
   dl.gemm(full, bfull, ref)
-  local a, b, c, local_c
+  local a, b, c, local_c, refs
   if RS then -- rank me's columns of A and rows of B
     a = full:narrow(2, me * kd + 1, kd):contiguous()
     b = bfull:narrow(1, me * kd + 1, kd):contiguous()
     c = dl.empty({ rows, A.n }, { dtype = A.dtype, device = dev })
     local_c = dl.empty({ m, A.n }, { dtype = A.dtype, device = dev })
+    refs = rs_refs(full, bfull, rows, kd)
   else
     a = full:narrow(1, me * rows + 1, rows):clone()
     b = bfull
@@ -205,7 +282,8 @@ for _, m in ipairs(A.m) do
     op:check()
     local t = time_ms(fn)
     op:check()
-    row(op:label(), t, h:check(RS and check_rs(c, ref, rows) or check_rows(c, ref, rows)))
+    if A.plant ~= 0 then c:mul_(1 + A.plant) end
+    row(op:label(), t, h:check(RS and check_rs(c, refs, kd, op:label()) or check_rows(c, ref, rows)))
     op:free()
     collectgarbage("collect")
   end
@@ -219,7 +297,7 @@ for _, m in ipairs(A.m) do
       tbl:row({ m, an[2], tms, r.tflops, r.vs, t.status == "ok" and 0 or nil })
     end
   end
-  a, b, bfull, full, ref, c, local_c = nil, nil, nil, nil, nil, nil, nil
+  a, b, bfull, full, ref, c, local_c, refs = nil, nil, nil, nil, nil, nil, nil, nil
   collectgarbage("collect")
 end
 
