@@ -31,7 +31,7 @@ end
 
 describe("the Hopper attention kernels on the CPU emulator", function()
   local it_ = (has("g++") and has("make")) and it or pending
-  it_("forward: every case under three masks, both loops, the merge (also on persistent CTAs), d 64 and MLA's 192/128, against fp64", function()
+  it_("forward: every case under three masks, both loops, the merge into f32 and bf16, d 64 and MLA's 192/128, against fp64", function()
     all_ok(run("hopper-emu"), "hopper emu: all ok", 40)
   end)
   it_("backward: dq, dk, dv of every case under two masks at d 128 and one at d 64, both ways of adding dQ", function()

@@ -77,15 +77,16 @@ for _, dev in ipairs(H.devices) do
       end)
 
       -- the fused merge at the Hopper forward's shapes (bf16, head dims 64 and 128: kernels/attn/hopper/ on
-      -- an sm_90 device), beyond a tile: keys in two parts of 150 and 183, merged into an f32 accumulator,
-      -- against the step over all 333 keys (and max_logit across the parts)
+      -- an sm_90 device), beyond a tile: keys in two parts of 150 and 183, merged into an f32 or a bf16
+      -- (CP's) accumulator, against the step over all 333 keys (and max_logit across the parts)
       for _, d in ipairs({ 64, 128 }) do
-        it(layout .. ": fused merge at d " .. d .. " bf16 over two key parts, beyond a tile", function()
+        for _, adt in ipairs({ "f32", "bf16" }) do
+        it(layout .. ": fused merge at d " .. d .. " bf16 into " .. adt .. " over two key parts, beyond a tile", function()
           local c = { layout = layout, dtype = "bf16", b = 2, sq = 200, skv = 333, hq = 4, hkv = 2, dqk = d, dv = d }
           local x = on(build(c), D)
           local o = { layout = layout }
           local ou, lu, mu = dl.attn.fwd(x.q, x.k, x.v, with(o, { return_max_logit = true }))
-          local acc = dl.attn.accumulator(x.q, x.v, { layout = layout })
+          local acc = dl.attn.accumulator(x.q, x.v, { layout = layout, dtype = adt })
           local ml = dl.full({ 4 }, -math.huge, { dtype = "f32", device = D })
           dl.attn.fwd(x.q, x.k:narrow(sd, 1, 150), x.v:narrow(sd, 1, 150), with(o, { accumulate = acc, max_logit = ml }))
           dl.attn.fwd(x.q, x.k:narrow(sd, 151, 183), x.v:narrow(sd, 151, 183), with(o, { accumulate = acc, max_logit = ml }))
@@ -93,6 +94,7 @@ for _, dev in ipairs(H.devices) do
           near(lu, acc.lse, 2.5e-2)
           assert.tensor_near(ml, mu, 1e-5, 1e-5)
         end)
+        end
       end
 
       it(layout .. ": causal union from a causal part and a bottom-right part with empty rows", function()

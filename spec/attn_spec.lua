@@ -38,7 +38,7 @@ for _, dev in ipairs(H.devices) do
         it("beyond a tile: " .. describe_case(c), function() check_case(c, D) end)
       end
       -- the same cases at the Hopper kernels' shape (bf16, head dims 128/128: kernels/attn/hopper/
-      -- on an sm_90 device, the backward with DISTLAB_ATTN_HOPPER_BWD=1; the portable kernels elsewhere)
+      -- on an sm_90 device, forward and backward; the portable kernels elsewhere)
       for _, c in ipairs(cases(true)) do
         if c.dtype == "bf16" and c.dqk == 64 then
           local h = with(c, { dqk = 128, dv = 128 })
@@ -57,9 +57,13 @@ for _, dev in ipairs(H.devices) do
         local w64 = dl.attn.backends(q64, q64, q64, {}).fwd_why
         assert.truthy(w64:find(hopper and "kernel: hopper forward (wgmma, TMA; bf16, d 64)" or "kernel: portable", 1, true), w64)
         assert.truthy(dl.attn.backends(f16, f16, f16, {}).fwd_why:find("kernel: portable (hopper forward: dtype is not bf16)", 1, true))
-        -- the backward's: taken with DISTLAB_ATTN_HOPPER_BWD=1 (until a GPU has run these specs on it)
-        local bwd_on = os.getenv("DISTLAB_ATTN_HOPPER_BWD") == "1" and os.getenv("DISTLAB_ATTN_HOPPER") ~= "0"
-        assert.truthy(b.bwd_why:find(hopper and bwd_on and "kernel: hopper backward (wgmma, TMA; bf16, d 128)" or
+        for _, adt in ipairs({ "f32", "bf16" }) do -- the fused merge into either accumulator (CP's is bf16)
+          local acc = dl.attn.accumulator(q, q, { dtype = adt })
+          local wa = dl.attn.backends(q, q, q, { accumulate = acc }).fwd_why
+          assert.truthy(wa:find(hopper and "kernel: hopper forward (wgmma, TMA; bf16, d 128)" or "kernel: portable", 1, true), wa)
+        end
+        local on = os.getenv("DISTLAB_ATTN_HOPPER") ~= "0"
+        assert.truthy(b.bwd_why:find(hopper and on and "kernel: hopper backward (wgmma, TMA; bf16, d 128)" or
           "kernel: portable (hopper backward: ", 1, true), b.bwd_why)
         assert.truthy(dl.attn.backends(f16, f16, f16, {}).bwd_why:find("kernel: portable (hopper backward: ", 1, true))
       end)

@@ -51,10 +51,9 @@
 --       refused) and why; may build and cache cuDNN's plans. With "ours" on
 --       cuda, fwd_why ends with the kernel: "kernel: hopper forward (...)"
 --       (kernels/attn/hopper/: sm_90, bf16, head dims 64 or 128, accumulate in
---       f32) or "kernel: portable (hopper forward: <why not>)"; bwd_why
+--       f32 or bf16) or "kernel: portable (hopper forward: <why not>)"; bwd_why
 --       likewise "kernel: hopper backward (...)" or "kernel: portable (hopper
---       backward: <why not>)" (taken only with DISTLAB_ATTN_HOPPER_BWD=1 until
---       a GPU has run the specs on it). DISTLAB_ATTN_HOPPER=0 keeps the
+--       backward: <why not>)". DISTLAB_ATTN_HOPPER=0 keeps the
 --       portable kernels (A/B timings).
 --   attn.cudnn_info() -> {version, header_version, frontend_version, path,
 --       plans, builds, hits, build_ms, last_build_ms, max_workspace}

@@ -48,7 +48,7 @@ o.append(f"- device: {device or 'see the bench logs'}")
 o.append(f"- date: {a.date}")
 o.append(f"- commit: `{a.commit}`")
 o.append("- command: `bash scripts/gpu/attn_hopper.sh` (one device call: build, the attn specs with "
-         "DISTLAB_ATTN_HOPPER_BWD=1 and DISTLAB_ATTN_HOPPER_MERGE=persistent, compute-sanitizer on "
+         "the Hopper kernels on, compute-sanitizer on "
          "experiments/attn/hopper_small.lua, experiments/attn/attn_bench_torch.py, then "
          "experiments/attn/attn_bench.lua once a variant); this file: `python3 experiments/attn/hopper_report.py "
          f"<$OUT> <this file> --commit {a.commit} --date '{a.date}'`")

@@ -4,14 +4,14 @@
 -- (normwise relative error <= 1e-2 and TransformerEngine's bf16 tolerance),
 -- after checking which kernels dl.attn.backends says run. Small enough for
 -- compute-sanitizer (scripts/gpu/attn_hopper.sh runs it under memcheck and
--- racecheck with the Hopper backward on). Exit code 1 on a mismatch.
---   DISTLAB_ATTN_HOPPER_BWD=1 ./distlab run -n 1 --device cuda experiments/attn/hopper_small.lua
+-- racecheck). Exit code 1 on a mismatch.
+--   ./distlab run -n 1 --device cuda experiments/attn/hopper_small.lua
 local dl = require "distlab"
 
 local dev = dl.default_device()
 local bad = 0
 
-local function input(shape, seed) return dl.randn(shape, { dtype = "bf16", seed = seed }) end
+local function input(shape, seed) return dl.randn(shape, { dtype = "bf16", seed = seed, device = "cpu" }) end
 
 local function case(name, shape_q, shape_kv, opts, thd)
   local q, k, v = input(shape_q, 1), input(shape_kv, 2), input(shape_kv, 3)
@@ -47,8 +47,8 @@ for _, d in ipairs({ 128, 64 }) do
     { mask = "causal_bottom_right" })
   case("sbhd s=257 b=2 h=2 d=" .. d .. " window (64, 16)", { 257, 2, 2, d }, { 257, 2, 2, d },
     { layout = "sbhd", window = { 64, 16 } })
-  local cu = dl.from_table({ 0, 130, 130, 207 }, { dtype = "i32" })
-  local pad = dl.from_table({ 5, 140, 141, 220 }, { dtype = "i32" })
+  local cu = dl.from_table({ 0, 130, 130, 207 }, { dtype = "i32", device = "cpu" })
+  local pad = dl.from_table({ 5, 140, 141, 220 }, { dtype = "i32", device = "cpu" })
   case("thd 130,0,77 at 5,140,141 h=2 d=" .. d .. " causal", { 224, 2, d }, { 224, 2, d },
     { layout = "thd", mask = "causal", cu_seqlens_q = cu, cu_seqlens_kv = cu, cu_seqlens_q_padded = pad,
       cu_seqlens_kv_padded = pad, max_seqlen_q = 130, max_seqlen_kv = 130 })

@@ -92,7 +92,7 @@ int dl_attn_fwd_hopper_usable(const dl_attn_params_t *p, int *yes);
 int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream);
 int dl_attn_bwd_cuda(const dl_attn_params_t *p, void *stream);
 /* The Hopper backward's main kernel (kernels/attn/hopper/bwd_kernel.cuh; bf16, head dims 64/64 or
- * 128/128; taken only with DISTLAB_ATTN_HOPPER_BWD=1 until a GPU has run the specs on it), as the
+ * 128/128), as the
  * forward's three: dl_attn_bwd_cuda runs it (and its own dQ conversion) after its prep, on its
  * workspace (the fp32 dQ accumulator and D = rowsum(dO * O)). */
 int dl_attn_bwd_hopper_fits(const dl_attn_params_t *p, char *why, size_t n);

@@ -4,10 +4,7 @@
 #   build  always: ./distlab build;
 #   specs  spec/attn_spec.lua, attn_merge_spec.lua and seq_spec.lua with the #gpu specs (every
 #          layout, mask, window, GQA/MQA and thd case, also at d 128 bf16, where the Hopper kernels
-#          run, against the cpu twin; and that they are the kernels taken), with the Hopper backward
-#          on (DISTLAB_ATTN_HOPPER_BWD, default 1 here: it is opt-in until these specs pass on it) and
-#          the fused merge at d 128 on persistent CTAs (DISTLAB_ATTN_HOPPER_MERGE, default persistent
-#          here, likewise);
+#          run, against the cpu twin; and that they are the kernels taken);
 #   san    experiments/attn/hopper_small.lua (fwd + bwd at small shapes, d 64 and 128, against the
 #          cpu twin) under compute-sanitizer memcheck and racecheck;
 #   torch  PyTorch SDPA's flash and cuDNN (experiments/attn/attn_bench_torch.py) at S, the anchors;
@@ -37,15 +34,12 @@ pack() {
 trap pack EXIT
 cd "$(dirname "$0")/../.." || exit 2
 source scripts/gpu/setup.sh || exit 2
-export DISTLAB_ATTN_HOPPER_BWD="${DISTLAB_ATTN_HOPPER_BWD:-1}"
-export DISTLAB_ATTN_HOPPER_MERGE="${DISTLAB_ATTN_HOPPER_MERGE:-persistent}"
 STEPS="${STEPS:-specs san torch bench}"
 want() { [[ " $STEPS " == *" $1 "* ]]; }
 status=0
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 tag=$(echo "$gpu" | grep -oiE 'h100|h200' | head -1 | tr '[:upper:]' '[:lower:]')
-echo "commit ${DISTLAB_COMMIT:-unknown}; $gpu; steps: $STEPS; DISTLAB_ATTN_HOPPER_BWD=$DISTLAB_ATTN_HOPPER_BWD" \
-  "DISTLAB_ATTN_HOPPER_MERGE=$DISTLAB_ATTN_HOPPER_MERGE"
+echo "commit ${DISTLAB_COMMIT:-unknown}; $gpu; steps: $STEPS"
 ./distlab build 2>&1 | tail -3 >"$OUT/build.log" || status=1
 
 if want specs; then

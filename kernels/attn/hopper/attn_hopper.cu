@@ -6,11 +6,7 @@
  * dl_attn_bwd_cuda (attn_bwd.cu) runs the backward's main kernel likewise
  * (dl_attn_bwd_hopper_fits), between its own prep and dQ conversion.
  * DISTLAB_ATTN_HOPPER=0 in the environment keeps the portable kernels (for
- * A/B timings). DISTLAB_ATTN_HOPPER_MERGE=persistent runs the fused merge at
- * d 128 on persistent CTAs (fwd_merge_kernel.cuh), opt-in until a GPU has
- * run the specs on it. The backward has passed the emulator, not yet a GPU: until a
- * GPU runs the attn specs on it, it is taken only with
- * DISTLAB_ATTN_HOPPER_BWD=1.
+ * A/B timings).
  *
  * Built for sm_90a only (premake5.lua's distlab_hopper): wgmma, setmaxnreg
  * and TMA need the arch-specific target.
@@ -22,7 +18,6 @@
 #include "attn/attn.h"
 #include "common/base.h"
 #include "bwd_kernel.cuh"
-#include "fwd_merge_kernel.cuh"
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
@@ -48,17 +43,7 @@ static int env_off(void) {
   static int c = -1;
   return env_is("DISTLAB_ATTN_HOPPER", "0", &c);
 }
-/* DISTLAB_ATTN_HOPPER_MERGE=persistent: the fused merge at d 128 on persistent CTAs
- * (fwd_merge_kernel.cuh); DISTLAB_ATTN_HOPPER_BWD=1: the Hopper backward. Both opt-in until a GPU has
- * run the specs on them. DISTLAB_ATTN_HOPPER_BWD_DQ=red: the backward's dQ by vector reductions. */
-static int env_merge_persistent(void) {
-  static int c = -1;
-  return env_is("DISTLAB_ATTN_HOPPER_MERGE", "persistent", &c);
-}
-static int env_bwd_on(void) {
-  static int c = -1;
-  return env_is("DISTLAB_ATTN_HOPPER_BWD", "1", &c);
-}
+/* DISTLAB_ATTN_HOPPER_BWD_DQ=red: the backward's dQ by vector reductions, for A/B timings */
 static int env_bwd_dq_red(void) {
   static int c = -1;
   return env_is("DISTLAB_ATTN_HOPPER_BWD_DQ", "red", &c);
@@ -87,9 +72,10 @@ static int common_fit(const dl_attn_params_t *p, char *why, size_t n) {
 
 extern "C" int dl_attn_fwd_hopper_fits(const dl_attn_params_t *p, char *why, size_t n) {
   if (!common_fit(p, why, n)) return 0;
-  if (p->acc_out && p->acc_dtype != DL_F32) return fail_why(why, n, "accumulate.out is not f32");
+  if (p->acc_out && p->acc_dtype != DL_F32 && p->acc_dtype != DL_BF16)
+    return fail_why(why, n, "accumulate.out is neither f32 nor bf16");
   /* TMA: 16-byte aligned bases and strides (dl_attn_validate's cuda rules give that for q, k, v,
-   * out and acc_out); the fp32 acc_out is written two elements at a time */
+   * out and acc_out); acc_out is read and written two elements at a time */
   if (p->acc_out && ((p->acc_out_st.s | p->acc_out_st.h | p->acc_out_st.b) & 1))
     return fail_why(why, n, "accumulate.out has an odd stride");
   if (why && n) {
@@ -122,8 +108,6 @@ extern "C" int dl_attn_fwd_hopper_usable(const dl_attn_params_t *p, int *yes) {
 }
 
 extern "C" int dl_attn_bwd_hopper_fits(const dl_attn_params_t *p, char *why, size_t n) {
-  if (!env_bwd_on() && !env_off())
-    return fail_why(why, n, "checked on the emulator, not yet run on a GPU (DISTLAB_ATTN_HOPPER_BWD=1 takes it)");
   if (!common_fit(p, why, n)) return 0;
   if ((p->cu_seqlens_q ? p->total_q : p->s_q) == 0) return fail_why(why, n, "q has no rows");
   if (why && n) snprintf(why, n, "hopper backward (wgmma, TMA; bf16, d %d)", p->d_qk);
@@ -220,31 +204,6 @@ template <class K> static void common_params(K &k, const dl_attn_params_t *p) {
   }
 }
 
-/* The SMs of the call's device (cached per device): the persistent kernel's grid. */
-static int sm_count(int *n) {
-  static int known[64];
-  int dev;
-  DL_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev >= 0 && dev < 64 && known[dev]) return *n = known[dev], 0;
-  DL_CUDA_CHECK(cudaDeviceGetAttribute(n, cudaDevAttrMultiProcessorCount, dev));
-  if (dev >= 0 && dev < 64) known[dev] = *n;
-  return 0;
-}
-
-template <int DQK, int DV>
-static int launch_merge(const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv, const params_t &k,
-                        void *stream) {
-  const size_t smem = sizeof(merge_smem_t<DQK, DV>) + 1024;
-  static int done[64];
-  DL_TRY(allow_smem(fwd_merge_kernel<DQK, DV>, smem, done));
-  int sms = 0;
-  DL_TRY(sm_count(&sms));
-  const int64_t tiles = (int64_t)((k.s_q + BM - 1) / BM) * k.h * k.b;
-  const dim3 grid((unsigned)(tiles < sms ? tiles : sms));
-  fwd_merge_kernel<DQK, DV><<<grid, THREADS, smem, (cudaStream_t)stream>>>(tq, tk, tv, k);
-  return 0;
-}
-
 /* The status word, checked and cleared: an earlier call's timed-out wait is this call's error. */
 static int status_check(int **dword, const char *op) {
   int *word = status_word(dword);
@@ -272,22 +231,13 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   if (p->out) copy_st(k.o_st, p->out_st);
   if (p->lse) copy_st(k.lse_st, p->lse_st);
   if (p->acc_out) {
-    k.acc_out = (float *)p->acc_out, k.acc_lse = p->acc_lse;
+    k.acc_out = p->acc_out, k.acc_lse = p->acc_lse, k.acc_bf16 = p->acc_dtype == DL_BF16;
     copy_st(k.acc_st, p->acc_out_st), copy_st(k.acc_lse_st, p->acc_lse_st);
   }
   k.max_logit = p->max_logit;
   k.err = dword;
   static_assert(BM == 128, "dl_attn_fwd_cuda checks the grid for 128-row blocks");
   const dim3 grid((p->s_q + BM - 1) / BM, p->h_q, p->b);
-  /* the fused merge at d 128 on persistent CTAs: its running rows are read and written a float4 at a time */
-  const bool aligned16 = p->acc_out && ((uintptr_t)p->acc_out & 15) == 0 &&
-                         ((p->acc_out_st.s | p->acc_out_st.h | p->acc_out_st.b) & 3) == 0;
-  if (p->acc_out && p->d_qk == 128 && p->d_v == 128 && aligned16 && env_merge_persistent()) {
-    const int rm = launch_merge<128, 128>(tq, tk, tv, k, stream);
-    if (rm) return rm;
-    DL_CUDA_CHECK_LAUNCH("attn fwd (hopper, persistent merge)");
-    return 0;
-  }
   // the faster loop of each head dim on an H200 (experiments/results/attn/hopper-fwd*-h200.md): the
   // steps in turn at d 128 (and MLA's 192/128, not yet timed), FA3's intra-warpgroup pipelining at d 64
   const int rc = p->d_qk == 64    ? launch<1, 64, 64>(grid, tq, tk, tv, k, stream)

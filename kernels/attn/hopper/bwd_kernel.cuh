@@ -92,10 +92,6 @@ struct bwd_params_t {
   int *err;                  // optional: set to 1 when a wait timed out
 };
 
-// the two bf16 halves of a 32-bit word, as floats
-HP_DEV float bf16_lo(uint32_t x) { return __uint_as_float(x << 16); }
-HP_DEV float bf16_hi(uint32_t x) { return __uint_as_float(x & 0xffff0000u); }
-
 HP_DEV int64_t bwd_at(const int64_t (&st)[3], int first, int row, int head, int tb) {
   return ((int64_t)first + row) * st[0] + (int64_t)head * st[1] + (int64_t)tb * st[2];
 }

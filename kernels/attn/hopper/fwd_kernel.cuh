@@ -17,7 +17,8 @@
  * that need not start at 0, anything (NaN) between sequences); GQA/MQA; any
  * length; dl.attn's masks (a window (left, right) around the diagonal,
  * top-left or bottom-right); LSE (natural log), max_logit, and the fused
- * merge into a running fp32 (acc_out, acc_lse).
+ * merge into a running (acc_out, acc_lse): acc_out fp32, or bf16 (CP's
+ * accumulator has q's dtype), the merge in fp32 either way.
  *
  * CTA: 384 threads, BM = 128 query rows of one (batch, head); grid (m-blocks
  * last to first, heads, batches).
@@ -86,12 +87,19 @@ struct params_t {
   // thd when cu_q is set: sequence bb has cu[bb + 1] - cu[bb] rows (tensor maps: batch extent 1)
   const int *cu_q, *cu_kv, *pad_q, *pad_kv;
   // fused merge (dl.attn's accumulate): where acc_out is set, the step's (O, LSE) is merged into the
-  // running fp32 (acc_out, acc_lse) and out/lse are not written
-  float *acc_out, *acc_lse;
+  // running (acc_out, acc_lse) and out/lse are not written; acc_out is fp32, or bf16 where acc_bf16
+  void *acc_out;
+  float *acc_lse;
   int64_t acc_st[3], acc_lse_st[3];
+  int acc_bf16;
   float *max_logit; // optional [h]: the largest scaled logit a row sees (the caller fills -inf)
   int *err;         // optional: set to 1 when a wait timed out (the results are then garbage)
 };
+
+// The two bf16 halves of a 32-bit word (lo: the low half), exactly, as floats.
+HP_DEV float bf16_lo(uint32_t x) { return __uint_as_float(x << 16); }
+HP_DEV float bf16_hi(uint32_t x) { return __uint_as_float(x & 0xffff0000u); }
+HP_DEV float2 unpack_bf16(uint32_t x) { return make_float2(bf16_lo(x), bf16_hi(x)); }
 
 // Strides in elements (position, head, batch) of a [b, s, heads, d] (bshd) or [s, b, heads, d]
 // (sbhd) tensor, for the hosts (tensor maps, references, params_t).
@@ -313,9 +321,10 @@ __global__ void __launch_bounds__(THREADS, 1)
     reg_dealloc<24>();
     if (warp_id == 9 && p.acc_out) { // the running rows this CTA merges into, asked into L2 now, so that
       // the epilogue's read of them (fp32: twice the bytes the plain step writes) does not wait on DRAM
-      const int lane = threadIdx.x % 32;
-      for (int i = lane; i < BM * (DV / 32); i += 32) // a row's DV floats: DV / 32 lines of 128 bytes
-        if (i0 + i / (DV / 32) < len_q) prefetch_l2(p.acc_out + at(p.acc_st, i0 + i / (DV / 32)) + (i % (DV / 32)) * 32);
+      const int lane = threadIdx.x % 32, esize = p.acc_bf16 ? 2 : 4, lines = DV * esize / 128; // a row's lines
+      const char *acc = static_cast<const char *>(p.acc_out);
+      for (int i = lane; i < BM * lines; i += 32)
+        if (i0 + i / lines < len_q) prefetch_l2(acc + at(p.acc_st, i0 + i / lines) * esize + (i % lines) * 128);
       const int r = lane < 4 ? lane * 32 : i1 - i0 - 1; // the LSE rows' lines, at any alignment
       if (lane < 5 && r < i1 - i0) prefetch_l2(p.acc_lse + at(p.acc_lse_st, i0 + r));
     }
@@ -389,9 +398,16 @@ __global__ void __launch_bounds__(THREADS, 1)
       const int row = q0 + 8 * r;
       const bool in = row < len_q;
       old[r] = in ? p.acc_lse[at(p.acc_lse_st, row)] : -INFINITY;
-      const float2 *a = reinterpret_cast<const float2 *>(p.acc_out + (in ? at(p.acc_st, row) : 0) + 2 * (lane % 4));
+      const int64_t e = (in ? at(p.acc_st, row) : 0) + 2 * (lane % 4);
+      if (p.acc_bf16) {
+        const uint32_t *a = reinterpret_cast<const uint32_t *>(static_cast<const uint16_t *>(p.acc_out) + e);
 #pragma unroll
-      for (int j = 0; j < DV / 8; j++) x[r][j] = in ? a[4 * j] : make_float2(0.0f, 0.0f);
+        for (int j = 0; j < DV / 8; j++) x[r][j] = in ? unpack_bf16(a[4 * j]) : make_float2(0.0f, 0.0f);
+      } else {
+        const float2 *a = reinterpret_cast<const float2 *>(static_cast<const float *>(p.acc_out) + e);
+#pragma unroll
+        for (int j = 0; j < DV / 8; j++) x[r][j] = in ? a[4 * j] : make_float2(0.0f, 0.0f);
+      }
     }
   };
   mbar_wait(&sm.q_full, 0, &sm.fail, p.err);
@@ -480,10 +496,18 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (row >= len_q || lse[r] == -INFINITY) continue;
     const float hi = fmaxf(old[r], lse[r]), lnew = hi + log1pf(expf(-fabsf(old[r] - lse[r])));
     const float ka = old[r] == -INFINITY ? 0.0f : expf(old[r] - lnew), kb = expf(lse[r] - lnew) * inv[r];
-    float2 *a = reinterpret_cast<float2 *>(p.acc_out + at(p.acc_st, row) + 2 * (lane % 4));
+    const int64_t e = at(p.acc_st, row) + 2 * (lane % 4);
+    if (p.acc_bf16) {
+      uint32_t *a = reinterpret_cast<uint32_t *>(static_cast<uint16_t *>(p.acc_out) + e);
 #pragma unroll
-    for (int j = 0; j < DV / 8; j++)
-      a[4 * j] = make_float2(x[r][j].x * ka + o[4 * j + 2 * r] * kb, x[r][j].y * ka + o[4 * j + 2 * r + 1] * kb);
+      for (int j = 0; j < DV / 8; j++)
+        a[4 * j] = pack_bf16(x[r][j].x * ka + o[4 * j + 2 * r] * kb, x[r][j].y * ka + o[4 * j + 2 * r + 1] * kb);
+    } else {
+      float2 *a = reinterpret_cast<float2 *>(static_cast<float *>(p.acc_out) + e);
+#pragma unroll
+      for (int j = 0; j < DV / 8; j++)
+        a[4 * j] = make_float2(x[r][j].x * ka + o[4 * j + 2 * r] * kb, x[r][j].y * ka + o[4 * j + 2 * r + 1] * kb);
+    }
     if (lane % 4 == 0) p.acc_lse[at(p.acc_lse_st, row)] = lnew;
   }
 }

@@ -1,16 +1,18 @@
 // emu.cpp — runs hopper/fwd_kernel.cuh on the CPU with the Hopper
 // instructions emulated (emu_hopper.h), against an fp64 reference: six
 // cases (bshd, sbhd, thd with gaps, GQA/MQA, lengths off the tile) under
-// five masks, both loops, the fused merge, head dims 128, 64 and 192/128.
+// five masks, both loops, the fused merge (into an f32 and a bf16 running out),
+// head dims 128, 64 and 192/128.
 //   make -C experiments/lab/attn hopper-emu [ARGS=--quick]
 #include "emu_hopper.h"
 
-#include "attn/hopper/fwd_merge_kernel.cuh"
+#include "attn/hopper/fwd_kernel.cuh"
 
 // ---- the test -------------------------------------------------------------------------------
 
-// merge: the step merged into a running (acc_out, acc_lse) of random rows, some with lse -inf
-template <int DQK, int DV = DQK> static bool run_case(const hp_case &cs, const hp_mask &mk, int pipe, unsigned seed, bool merge = false) {
+// merge: the step merged into a running (acc_out, acc_lse) of random rows, some with lse -inf; acc_out
+// fp32 (1) or bf16 (2)
+template <int DQK, int DV = DQK> static bool run_case(const hp_case &cs, const hp_mask &mk, int pipe, unsigned seed, int merge = 0) {
   const hp_seqs sq_(cs);
   const bool thd = sq_.thd, sbhd = sq_.sbhd;
   const int b = cs.b, h = cs.h, h_kv = cs.h_kv, rows = sq_.rows, rows_kv = sq_.rows_kv, tb = sq_.tb;
@@ -57,25 +59,26 @@ template <int DQK, int DV = DQK> static bool run_case(const hp_case &cs, const h
   memcpy(p.acc_st, p.o_st, sizeof sq), memcpy(p.acc_lse_st, p.lse_st, sizeof sq);
   if (thd) p.cu_q = cu.data(), p.pad_q = first.data(), p.cu_kv = cu_kv.data(), p.pad_kv = first_kv.data();
   std::vector<float> acc(merge ? n : 0), acc_lse(merge ? lse.size() : 0);
+  std::vector<uint16_t> acc16(merge == 2 ? n : 0); // the bf16 running out
   if (merge) {
-    for (float &x : acc) x = u(g);
+    for (size_t i = 0; i < acc.size(); i++) {
+      acc[i] = u(g);
+      if (merge == 2) acc16[i] = bf16_of(acc[i]), acc[i] = f32_of(acc16[i]);
+    }
     for (size_t i = 0; i < acc_lse.size(); i++) acc_lse[i] = i % 7 == 3 ? -INFINITY : 4.0f * u(g);
-    p.acc_out = acc.data(), p.acc_lse = acc_lse.data();
+    p.acc_out = merge == 2 ? (void *)acc16.data() : (void *)acc.data(), p.acc_lse = acc_lse.data();
+    p.acc_bf16 = merge == 2;
   }
   const std::vector<float> acc0 = acc, acc_lse0 = acc_lse;
   std::vector<float> max_logit(h, -INFINITY);
   p.max_logit = max_logit.data();
   std::vector<double> want_max(h, -INFINITY); // the reference's
-  // one CTA at a time, each with fresh barriers; pipe 2: the persistent merge kernel on 3 CTAs (each
-  // walks several tiles)
-  const int mb = (s + BM - 1) / BM, persistent = pipe == 2;
-  for (int z = 0; z < (persistent ? 1 : b); z++)
-    for (int y = 0; y < (persistent ? 1 : h); y++)
-      for (int x = 0; x < (persistent ? 3 : mb); x++) {
-        const size_t smem = persistent ? sizeof(merge_smem_t<DQK, DV>) : sizeof(smem_t<DQK, DV>);
-        const bool done = hp_run_cta(dim3(x, y, z), persistent ? dim3(3, 1, 1) : dim3(mb, h, b), THREADS, smem, [&] {
-          if constexpr (DQK <= 128) // the persistent kernel's shared memory fits sm_90 up to d 128
-            if (persistent) return fwd_merge_kernel<DQK, DV>(tq, tk, tv, p);
+  // one CTA at a time, each with fresh barriers
+  const int mb = (s + BM - 1) / BM;
+  for (int z = 0; z < b; z++)
+    for (int y = 0; y < h; y++)
+      for (int x = 0; x < mb; x++) {
+        const bool done = hp_run_cta(dim3(x, y, z), dim3(mb, h, b), THREADS, sizeof(smem_t<DQK, DV>), [&] {
           if (pipe == 1) fwd_kernel<1, DQK, DV>(tq, tk, tv, p);
           else fwd_kernel<0, DQK, DV>(tq, tk, tv, p);
         });
@@ -126,7 +129,8 @@ template <int DQK, int DV = DQK> static bool run_case(const hp_case &cs, const h
         double rmax = 0; // elementwise errors against |ref| plus the row's largest |ref|
         for (int c = 0; c < DV; c++) rmax = fmax(rmax, fabs(refrow[c]));
         for (int c = 0; c < DV; c++) {
-          const double ref = refrow[c], got = merge ? (double)acc[oi(bb, i, hh) + c] : (double)f32_of(o[oi(bb, i, hh) + c]);
+          const double ref = refrow[c], got = merge == 2 ? (double)f32_of(acc16[oi(bb, i, hh) + c])
+                                              : merge ? (double)acc[oi(bb, i, hh) + c] : (double)f32_of(o[oi(bb, i, hh) + c]);
           const double d = got - ref;
           num += d * d, den += ref * ref, planted_num += (got * 1.02 - ref) * (got * 1.02 - ref);
           emax = got != got ? INFINITY : fmax(emax, fabs(d) / (fabs(ref) + rmax + (keys ? 0.0 : 1.0)));
@@ -142,10 +146,12 @@ template <int DQK, int DV = DQK> static bool run_case(const hp_case &cs, const h
     mlmax = (want_max[hh] == -INFINITY) != (max_logit[hh] == -INFINITY) || max_logit[hh] != max_logit[hh] ? INFINITY
             : want_max[hh] == -INFINITY ? mlmax
                                         : fmax(mlmax, fabs(max_logit[hh] - want_max[hh]) / fmax(1.0, fabs(want_max[hh])));
-  const bool ok = nw <= 4e-3 && emax <= 1e-2 && lmax <= 1e-4 && mlmax <= 1e-5, caught = pw > 4e-3;
+  // a bf16 running out is rounded once more (2^-8 relative at most)
+  const double nwb = merge == 2 ? 6e-3 : 4e-3;
+  const bool ok = nw <= nwb && emax <= 1e-2 && lmax <= 1e-4 && mlmax <= 1e-5, caught = pw > nwb;
   const std::string what = sq_.what(false);
   printf("d=%d/%d pipe=%d %s h=%d/%d window (%d,%d)%s%s: normwise %.2e, elementwise %.2e, lse %.2e, max_logit %.1e; planted 2%%: %.2e %s -> %s\n",
-         DQK, DV, pipe, what.c_str(), h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", merge ? " merged" : "", nw, emax, lmax, mlmax, pw, caught ? "caught" : "MISSED",
+         DQK, DV, pipe, what.c_str(), h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", merge == 2 ? " merged into bf16" : merge ? " merged" : "", nw, emax, lmax, mlmax, pw, caught ? "caught" : "MISSED",
          ok && caught ? "ok" : "FAIL");
   return ok && caught;
 }
@@ -167,20 +173,16 @@ int main(int argc, char **argv) {
         if (pick(pipe)) ok = run_case<128>(c, masks[m], pipe, seed++) && ok;
       n++;
     }
-  for (const hp_case &c : cases) // the fused merge, causal and not; and on the persistent kernel (pipe 2)
-    for (int m = 0; m < 2; m++, n++) {
+  for (const hp_case &c : cases) // the fused merge into f32 and bf16, causal and not (quick: one of each)
+    for (int m = 0; m < 2; m++, n++)
       for (int pipe = 0; pipe < 2; pipe++)
-        if (pick(pipe)) ok = run_case<128>(c, masks[m], pipe, seed++, true) && ok;
-      ok = run_case<128>(c, masks[m], 2, seed++, true) && ok;
-    }
-  for (const hp_case &c : cases) // the persistent merge under the windows too (d 128 only: MLA's 192/128
-    for (int m : {2, 3, 4})        // needs 274 KB of shared memory on it)
-      if (!quick || m == 3) ok = run_case<128>(c, masks[m], 2, seed++, true) && ok;
+        for (int acc = 1; acc <= 2; acc++)
+          if (pick(pipe) && (!quick || acc == 1 + (&c - cases.data() + m) % 2)) ok = run_case<128>(c, masks[m], pipe, seed++, acc) && ok;
   for (const hp_case &c : cases) // head dim 64: every case under three masks, and merged causal
     for (int m : {0, 2, 4}) {
       if (quick && m != 2) continue;
       for (int pipe = 0; pipe < 2; pipe++)
-        if (pick(pipe)) ok = run_case<64>(c, masks[m], pipe, seed++, m == 2) && ok;
+        if (pick(pipe)) ok = run_case<64>(c, masks[m], pipe, seed, m == 2 ? 1 + seed % 2 : 0) && ok, seed++;
       n++;
     }
   for (const hp_case &c : cases) // MLA's 192/128: every case causal bottom-right merged, and a window
