@@ -38,6 +38,8 @@ NR == 1 { n = fields($0, h); for (i = 1; i <= n; i++) col[h[i]] = i; next }
 }
 END { for (j = 1; j <= k; j++) printf "\"%s\"\n%s\n\n", order[j], rows[order[j]] }' "$csv" >"$dat"
 title=$(basename "${csv%.csv}")
+# the block count given, not [i=0:*]: that stops at the first block with no point in the y range
+last=$(($(grep -c '^"' "$dat") - 1))
 gnuplot <<GP
 set terminal png noenhanced size 1200,520 font ",11"
 set output "$png"
@@ -51,9 +53,9 @@ set yrange [60:100]
 set xrange [13000:160000]
 set xtics ("16k" 16384, "32k" 32768, "64k" 65536, "128k" 131072)
 set title "forward"
-plot for [i=0:*] "$dat" index i using 1:2 with linespoints lw 2 pt (i % 7 + 1) title columnheader(1)
+plot for [i=0:$last] "$dat" index i using 1:2 with linespoints lw 2 pt (i % 7 + 1) title columnheader(1)
 set title "forward + backward"
-plot for [i=0:*] "$dat" index i using 1:3 with linespoints lw 2 pt (i % 7 + 1) title columnheader(1)
+plot for [i=0:$last] "$dat" index i using 1:3 with linespoints lw 2 pt (i % 7 + 1) title columnheader(1)
 unset multiplot
 GP
 echo "wrote $png"
