@@ -9,9 +9,7 @@
 #          cpu twin) under compute-sanitizer memcheck and racecheck;
 #   torch  PyTorch SDPA's flash and cuDNN (experiments/attn/attn_bench_torch.py) at S, the anchors;
 #   bench  experiments/attn/attn_bench.lua at S (default 4096,8192,16384) for each of VARIANTS (default
-#          "hopper hopper-red portable": the Hopper kernels with dQ by bulk reductions, the same with the
-#          consumers' vector reductions (DISTLAB_ATTN_HOPPER_BWD_DQ=red), DISTLAB_ATTN_HOPPER=0; and
-#          hopper-turns: the backward's warpgroups taking turns (DISTLAB_ATTN_HOPPER_BWD_TURNS=1, d 64 only:
+#          "hopper portable": the Hopper kernels, DISTLAB_ATTN_HOPPER=0; and hopper-turns: the backward's warpgroups taking turns (DISTLAB_ATTN_HOPPER_BWD_TURNS=1, d 64 only:
 #          with D=64, the head dim of the bench and the anchors, default 128),
 #          each with the anchors when torch ran: $OUT/<variant>/attn-<gpu>.md.
 # Logs and tables (attn-spec.log, san-*.log, attn-torch.*, <variant>/) in $OUT/attn-hopper-logs.tgz, and
@@ -83,12 +81,11 @@ if want torch; then
 fi
 
 if want bench; then
-  for k in ${VARIANTS:-hopper hopper-red portable}; do
+  for k in ${VARIANTS:-hopper portable}; do
     echo "== attn_bench, $k ($(date +%T))"
     mkdir -p "$OUT/$k"
     case $k in
       hopper) envs="" ;;
-      hopper-red) envs="DISTLAB_ATTN_HOPPER_BWD_DQ=red" ;;
       hopper-turns) envs="DISTLAB_ATTN_HOPPER_BWD_TURNS=1" ;;
       portable) envs="DISTLAB_ATTN_HOPPER=0" ;;
       *) echo "unknown variant $k"; status=1; continue ;;

@@ -43,11 +43,6 @@ static int env_off(void) {
   static int c = -1;
   return env_is("DISTLAB_ATTN_HOPPER", "0", &c);
 }
-/* DISTLAB_ATTN_HOPPER_BWD_DQ=red: the backward's dQ by vector reductions, for A/B timings */
-static int env_bwd_dq_red(void) {
-  static int c = -1;
-  return env_is("DISTLAB_ATTN_HOPPER_BWD_DQ", "red", &c);
-}
 /* DISTLAB_ATTN_HOPPER_BWD_TURNS=1: at d 64, the backward's warpgroups take turns at the tensor cores
  * (bwd_kernel's TURNS; at d 128 ptxas spills and serialises it), for A/B timings */
 static int env_bwd_turns(void) {
@@ -248,13 +243,13 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   return 0;
 }
 
-template <int DQK, int DV, bool BULK, bool TURNS>
+template <int DQK, int DV, bool TURNS>
 static int launch_bwd(dim3 grid, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv,
                       const CUtensorMap &tdo, const bwd_params_t &k, void *stream) {
-  const size_t smem = sizeof(bwd_smem_t<DQK, DV, BULK>) + 1024;
+  const size_t smem = sizeof(bwd_smem_t<DQK, DV>) + 1024;
   static int done[64];
-  DL_TRY(allow_smem(bwd_kernel<DQK, DV, BULK, TURNS>, smem, done));
-  bwd_kernel<DQK, DV, BULK, TURNS><<<grid, THREADS, smem, (cudaStream_t)stream>>>(tq, tk, tv, tdo, k);
+  DL_TRY(allow_smem(bwd_kernel<DQK, DV, TURNS>, smem, done));
+  bwd_kernel<DQK, DV, TURNS><<<grid, THREADS, smem, (cudaStream_t)stream>>>(tq, tk, tv, tdo, k);
   return 0;
 }
 
@@ -281,14 +276,10 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
   k.ws_rows = thd ? p->total_q : (int64_t)p->b * p->s_q; /* attn_bwd.cu's workspace rows */
   k.err = dword;
   const dim3 grid((p->s_kv + BN - 1) / BN, p->h_kv, p->b);
-  const bool bulk = !env_bwd_dq_red(); /* dQ through shared memory and bulk reductions (FA3's way) */
   const bool turns = p->d_qk == 64 && env_bwd_turns();
-  const int rc = p->d_qk == 64 ? (bulk ? (turns ? launch_bwd<64, 64, true, true>(grid, tq, tk, tv, tdo, k, stream)
-                                                : launch_bwd<64, 64, true, false>(grid, tq, tk, tv, tdo, k, stream))
-                                       : (turns ? launch_bwd<64, 64, false, true>(grid, tq, tk, tv, tdo, k, stream)
-                                                : launch_bwd<64, 64, false, false>(grid, tq, tk, tv, tdo, k, stream)))
-                               : (bulk ? launch_bwd<128, 128, true, false>(grid, tq, tk, tv, tdo, k, stream)
-                                       : launch_bwd<128, 128, false, false>(grid, tq, tk, tv, tdo, k, stream));
+  const int rc = p->d_qk == 64 ? (turns ? launch_bwd<64, 64, true>(grid, tq, tk, tv, tdo, k, stream)
+                                        : launch_bwd<64, 64, false>(grid, tq, tk, tv, tdo, k, stream))
+                               : launch_bwd<128, 128, false>(grid, tq, tk, tv, tdo, k, stream);
   if (rc) return rc;
   DL_CUDA_CHECK_LAUNCH("attn bwd (hopper)");
   const dim3 rgrid((p->s_q + BQ - 1) / BQ, p->h_q, p->b);

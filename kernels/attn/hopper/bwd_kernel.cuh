@@ -32,9 +32,9 @@
  *         warpgroups meet (named barrier 1) and each computes dQ for its half
  *         of the head dims over all 128 keys: dQ = dS K (SS wgmma with A
  *         transposed, i.e. MN-major, read from dS^T; B = K MN-major), added to
- *         the fp32 accumulator: BULK, FA3's way, through shared memory and one
- *         bulk reduction of the item's rows by a producer thread; else with
- *         vector reductions from the consumers' registers.
+ *         the fp32 accumulator FA3's way, through shared memory and one bulk
+ *         reduction of the item's rows by a producer thread (vector reductions
+ *         from the consumers' registers were 2-14% slower on an H100).
  *   dK (times the softmax scale) and dV are written once, in bf16.
  *   With TURNS (d 64), the warpgroups take turns at the tensor cores instead,
  *   dQ one item late (bwd_kernel's comment).
@@ -44,7 +44,7 @@
  * Every wait times out into *err (mbar_wait), as in the forward.
  *
  * Shared memory (d 128): K, V 32 KB each; Q, dO 2 x 16 KB each; dS^T 2 x 16 KB;
- * BULK's dQ 32 KB: 192 KB, one CTA an SM. Descriptors as in fwd_kernel.cuh; dS^T is [128 keys]
+ * dQ 32 KB: 192 KB, one CTA an SM. Descriptors as in fwd_kernel.cuh; dS^T is [128 keys]
  * [64 queries] (a 128-byte row a key): as A of dQ = dS K it is MN-major (M =
  * queries contiguous), SBO = 1024 (8 keys), the k16 step (16 keys) at + 2048;
  * K as B of dQ is MN-major likewise, the warpgroup's columns of d at + c * BN
@@ -57,13 +57,13 @@
 
 constexpr int BQ = 64; // query rows an item (BN = 128 keys a CTA, THREADS = 384: fwd_kernel.cuh)
 
-template <int DQK, int DV, bool BULK> struct alignas(1024) bwd_smem_t {
+template <int DQK, int DV> struct alignas(1024) bwd_smem_t {
   uint16_t k[DQK / 64][BN * 64];
   uint16_t v[DV / 64][BN * 64];
   uint16_t q[2][DQK / 64][BQ * 64];
   uint16_t dout[2][DV / 64][BQ * 64];
   uint16_t ds[2][BN * 64];      // dS^T: [key][query]
-  float dq[BULK ? BQ * DQK : 4]; // BULK: an item's dQ, [query][DQK] as the accumulator's rows hold it
+  float dq[BQ * DQK];           // an item's dQ, [query][DQK] as the accumulator's rows hold it
   float lse2[2][BQ], delta[2][BQ];
   uint64_t kv_full, q_full[2], do_full[2], q_empty[2], do_empty[2], dq_full, dq_empty;
   uint64_t ds_ready[2], ds_free[2]; // TURNS: both warpgroups' halves of a dS^T buffer in; their dQ read it
@@ -149,18 +149,18 @@ template <int DQK> HP_DEV void gemm_dq(float (&dq)[DQK / 4], uint32_t ds_base, u
   wg_commit();
 }
 
-// BULK: each item's dQ goes to shared memory and a producer warp adds it to the accumulator with one
-// bulk reduction (FA3's way); else the consumers add it with vector reductions from registers.
+// Each item's dQ goes to shared memory and a producer warp adds it to the accumulator with one bulk
+// reduction (FA3's way).
 // TURNS: the warpgroups take turns at the tensor cores, dQ one item late; else they go in step, an item
 // after the other. (At d 128 the turns cost ptxas 420 bytes of spills and it serialises the wgmma, so
 // dl.attn runs them at d 64 only. Issuing the next item's S^T and dP^T before this item's dQ wait was
 // serialised by ptxas too, at d 64, and spilled at d 128: dropped.)
-template <int DQK, int DV, bool BULK, bool TURNS>
+template <int DQK, int DV, bool TURNS>
 __global__ void __launch_bounds__(THREADS, 1)
     bwd_kernel(const HP_GRID_CONST hp_tmap_t tq, const HP_GRID_CONST hp_tmap_t tk, const HP_GRID_CONST hp_tmap_t tv,
                const HP_GRID_CONST hp_tmap_t tdo, const bwd_params_t p) {
   static_assert(DQK == 64 || DQK == 128, "dQ's split of the head dims between the warpgroups");
-  bwd_smem_t<DQK, DV, BULK> &sm = *reinterpret_cast<bwd_smem_t<DQK, DV, BULK> *>((reinterpret_cast<uintptr_t>(hp_smem()) + 1023) & ~uintptr_t(1023));
+  bwd_smem_t<DQK, DV> &sm = *reinterpret_cast<bwd_smem_t<DQK, DV> *>((reinterpret_cast<uintptr_t>(hp_smem()) + 1023) & ~uintptr_t(1023));
   const int n_block = blockIdx.x, hkv = blockIdx.y, bb = blockIdx.z, group = p.h / p.h_kv;
   const int warp_id = hp_warp_uniform(threadIdx.x / 32), tid = threadIdx.x % 128;
   const hp_seq_t sq = hp_seq(p, bb);
@@ -183,7 +183,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_init(&sm.q_empty[i], 256);
       mbar_init(&sm.do_empty[i], 256);
     }
-    mbar_init(&sm.dq_full, 256); // BULK: the consumers wrote an item's dQ
+    mbar_init(&sm.dq_full, 256); // the consumers wrote an item's dQ
     mbar_init(&sm.dq_empty, 1);  // and the producer's reduction has read it
     for (int i = 0; i < 2; i++) {
       mbar_init(&sm.ds_ready[i], 256);
@@ -228,7 +228,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         }
         mbar_arrive(&sm.do_full[st]);
       }
-    } else if (BULK && threadIdx.x == 320) { // each item's dQ from shared memory into the accumulator
+    } else if (threadIdx.x == 320) { // each item's dQ from shared memory into the accumulator
       for (int it = 0; it < items; it++) {
         const int hq = hkv * group + it / nm, i0 = (m_lo + it % nm) * BQ;
         mbar_wait(&sm.dq_full, (uint32_t)it & 1u, &sm.fail, p.err);
@@ -344,33 +344,20 @@ __global__ void __launch_bounds__(THREADS, 1)
     fence_proxy_async();
   };
   // dQ of item it (rows i0 + 16 warp + lane / 4 (+ 8), the warpgroup's columns, bwd_dq_col's order)
-  // into the accumulator: BULK, into shared memory once the last item's reduction has read it, then
-  // the producer's turn; else with vector reductions from registers. n: the items stored so far.
-  auto store_dq = [&](int it, int n, const float(&dq)[DQK / 4]) {
-    const int hq = hkv * group + it / nm, i0 = (m_lo + it % nm) * BQ;
-    if (BULK) {
-      if (n > 0) mbar_wait(&sm.dq_empty, (uint32_t)(n - 1) & 1u, &sm.fail, p.err);
+  // into the accumulator: into shared memory once the last item's reduction has read it, then the
+  // producer's turn. n: the items stored so far.
+  auto store_dq = [&](int n, const float(&dq)[DQK / 4]) {
+    if (n > 0) mbar_wait(&sm.dq_empty, (uint32_t)(n - 1) & 1u, &sm.fail, p.err);
 #pragma unroll
-      for (int r = 0; r < 2; r++) {
-        const int row = warp * 16 + lane / 4 + 8 * r;
+    for (int r = 0; r < 2; r++) {
+      const int row = warp * 16 + lane / 4 + 8 * r;
 #pragma unroll
-        for (int j = 0; j < DQK / 16; j++)
-          *reinterpret_cast<float2 *>(sm.dq + row * DQK + bwd_dq_col(c * (DQK / 2) + 8 * j + 2 * (lane % 4), row)) =
-              make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
-      }
-      fence_proxy_async();
-      mbar_arrive(&sm.dq_full);
-    } else {
-#pragma unroll
-      for (int r = 0; r < 2; r++) {
-        const int i = i0 + warp * 16 + lane / 4 + 8 * r;
-        if (i >= len_q) continue; // the workspace's next rows are another sequence's
-        float *acc = p.dq_acc + (hq * p.ws_rows + bwd_ws_row(p, sq, bb, i)) * DQK;
-#pragma unroll
-        for (int j = 0; j < DQK / 16; j++)
-          hp_red_add2(acc + bwd_dq_col(c * (DQK / 2) + 8 * j + 2 * (lane % 4), i), dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
-      }
+      for (int j = 0; j < DQK / 16; j++)
+        *reinterpret_cast<float2 *>(sm.dq + row * DQK + bwd_dq_col(c * (DQK / 2) + 8 * j + 2 * (lane % 4), row)) =
+            make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
     }
+    fence_proxy_async();
+    mbar_arrive(&sm.dq_full);
   };
   auto free_stage = [&](int it) {
     mbar_arrive(&sm.q_empty[it % 2]);
@@ -389,7 +376,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       gemm_dq<DQK>(dq, hp_smem_u32(sm.ds[it % 2]), k_cols);
       wg_wait<0>(); // dV, dK and dQ are in: the stage is free
       free_stage(it);
-      store_dq(it, it, dq);
+      store_dq(it, dq);
     }
   } else { // TURNS: the warpgroups take turns at the tensor cores, dQ one item late
     // A turn (named barrier 4 + c, 256 threads: its own and the other's hand-over) to issue GEMMs, so
@@ -421,7 +408,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       free_stage(it);
       if (it >= 1) {
         mbar_arrive(&sm.ds_free[(it - 1) % 2]);
-        store_dq(it - 1, it - 1, dq);
+        store_dq(it - 1, dq);
       }
     }
     if (items > 0) { // the last item's dQ
@@ -431,7 +418,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       gemm_dq<DQK>(dq, hp_smem_u32(sm.ds[(items - 1) % 2]), k_cols);
       hand_turn();
       wg_wait<0>();
-      store_dq(items - 1, items - 1, dq);
+      store_dq(items - 1, dq);
     }
   }
 

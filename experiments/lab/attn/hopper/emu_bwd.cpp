@@ -42,7 +42,7 @@ struct errs {
   double pw() const { return den > 0 ? sqrt(planted / den) : 1.0; }
 };
 
-template <int D, bool BULK, bool TURNS = false> static bool run_case(const hp_case &cs, const hp_mask &mk, unsigned seed, bool accumulate) {
+template <int D, bool TURNS = false> static bool run_case(const hp_case &cs, const hp_mask &mk, unsigned seed, bool accumulate) {
   const hp_seqs sq_(cs);
   const bool thd = sq_.thd, sbhd = sq_.sbhd;
   const int b = cs.b, h = cs.h, h_kv = cs.h_kv, group = h / h_kv, s = sq_.s, s_kv = sq_.s_kv, rows = sq_.rows,
@@ -140,8 +140,8 @@ template <int D, bool BULK, bool TURNS = false> static bool run_case(const hp_ca
   for (int z = 0; z < b; z++)
     for (int y = 0; y < h_kv; y++)
       for (int x = 0; x < nb; x++)
-        if (!hp_run_cta(dim3(x, y, z), dim3(nb, h_kv, b), THREADS, sizeof(bwd_smem_t<D, D, BULK>),
-                        [&] { bwd_kernel<D, D, BULK, TURNS>(tq, tk, tv, tdo, p); }))
+        if (!hp_run_cta(dim3(x, y, z), dim3(nb, h_kv, b), THREADS, sizeof(bwd_smem_t<D, D>),
+                        [&] { bwd_kernel<D, D, TURNS>(tq, tk, tv, tdo, p); }))
           return false;
   const int mb = (s + BQ - 1) / BQ;
   if (mb > 0) {
@@ -217,9 +217,9 @@ template <int D, bool BULK, bool TURNS = false> static bool run_case(const hp_ca
     caught = caught && (e->den == 0 || e->pw() > tol_nw);
   }
   const std::string what = sq_.what(true);
-  printf("bwd d=%d %s%s %s h=%d/%d window (%d,%d)%s%s: dq %.2e/%.2e dk %.2e/%.2e dv %.2e/%.2e (normwise/elementwise), "
+  printf("bwd d=%d%s %s h=%d/%d window (%d,%d)%s%s: dq %.2e/%.2e dk %.2e/%.2e dv %.2e/%.2e (normwise/elementwise), "
          "stray %zu; planted 2%%: %.1e %.1e %.1e %s -> %s\n",
-         D, BULK ? "bulk" : "red ", TURNS ? " turns" : "", what.c_str(), h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", accumulate ? " accumulate" : "", eq.nw(), eq.emax(),
+         D, TURNS ? " turns" : "", what.c_str(), h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", accumulate ? " accumulate" : "", eq.nw(), eq.emax(),
          ek.nw(), ek.emax(), ev.nw(), ev.emax(), stray, eq.pw(), ek.pw(), ev.pw(), caught ? "caught" : "MISSED",
          ok && caught ? "ok" : "FAIL");
   return ok && caught;
@@ -235,24 +235,22 @@ int main(int argc, char **argv) {
   for (size_t ci = 0; ci < cases.size(); ci++) {
     const hp_case &c = cases[ci];
     if (quick) { // each case under two masks at d 128 and two at d 64 (one with TURNS), turning with the case
-      ok = run_case<128, true>(c, masks[ci % 5], seed++, ci % 3 == 0) && ok;
-      ok = run_case<128, false>(c, masks[(ci + 2) % 5], seed++, ci % 3 == 1) && ok;
-      ok = run_case<64, true>(c, masks[(ci + 4) % 5], seed++, ci % 3 == 2) && ok;
-      ok = (ci % 2 ? run_case<64, false, true>(c, masks[(ci + 1) % 5], seed++, ci % 3 == 0)
-                   : run_case<64, true, true>(c, masks[(ci + 1) % 5], seed++, ci % 3 == 0)) && ok;
+      ok = run_case<128>(c, masks[ci % 5], seed++, ci % 3 == 0) && ok;
+      ok = run_case<128>(c, masks[(ci + 2) % 5], seed++, ci % 3 == 1) && ok;
+      ok = run_case<64>(c, masks[(ci + 4) % 5], seed++, ci % 3 == 2) && ok;
+      ok = run_case<64, true>(c, masks[(ci + 1) % 5], seed++, ci % 3 == 0) && ok;
       continue;
     }
-    for (int m = 0; m < 5; m++) { // dQ by bulk reductions (the default), and by the consumers' (fewer masks)
-      ok = run_case<128, true>(c, masks[m], seed++, m == 3) && ok;
-      if (m % 2 == 0) ok = run_case<128, false>(c, masks[m], seed++, m == 2) && ok;
+    for (int m = 0; m < 5; m++) {
+      ok = run_case<128>(c, masks[m], seed++, m == 3) && ok;
+      if (m % 2 == 0) ok = run_case<128>(c, masks[m], seed++, m == 2) && ok;
     }
     for (int m : {0, 2, 4}) {
-      ok = run_case<64, true>(c, masks[m], seed++, m == 2) && ok;
-      if (m == 2) ok = run_case<64, false>(c, masks[m], seed++, true) && ok;
+      ok = run_case<64>(c, masks[m], seed++, m == 2) && ok;
+      if (m == 2) ok = run_case<64>(c, masks[m], seed++, false) && ok;
     }
-    for (int m = 0; m < 5; m++) { // TURNS, both ways of adding dQ (dl.attn runs it at d 64)
-      ok = (m % 2 ? run_case<64, false, true>(c, masks[m], seed++, m == 1) : run_case<64, true, true>(c, masks[m], seed++, m == 2)) && ok;
-    }
+    for (int m = 0; m < 5; m++) // TURNS (dl.attn runs it at d 64, opt-in)
+      ok = run_case<64, true>(c, masks[m], seed++, m == 1 || m == 2) && ok;
   }
   printf("%s\n", ok ? "hopper emu bwd: all ok" : "hopper emu bwd: FAILED");
   return ok ? 0 : 1;

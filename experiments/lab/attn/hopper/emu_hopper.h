@@ -375,13 +375,6 @@ HP_DEV void bulk_wait_read() {
   hp_bulks.clear();
 }
 HP_DEV void bulk_wait() { bulk_wait_read(); }
-HP_DEV void hp_red_add2(float *dst, float x, float y) { // one thread runs at a time
-  if ((uintptr_t)dst % 8) {
-    fprintf(stderr, "emu: red.global.add.v2.f32 at an address not 8-byte aligned\n");
-    abort();
-  }
-  dst[0] += x, dst[1] += y;
-}
 
 // SS: N columns; A K-major, or (ta) A and B MN-major
 template <int N, bool TA> HP_DEV void wgmma_ss_n(float *d, uint64_t da, uint64_t db, int accumulate) {
