@@ -1,7 +1,8 @@
 -- All-reduce family (distlab.allreduce) and graphs (distlab.graph): every
 -- algorithm against an fp64 sum for bf16/f16/f32 and sizes 1, 7, 4095 and
 -- 2^20+3; 1000 calls back to back; graph replays among eager calls; a peer
--- that never comes; tuning and the dispatch table. The multi-rank parts run
+-- that never comes; the Lamport region's size; tuning and the dispatch table,
+-- and what "auto" runs on an input in the zero-copy region. The multi-rank parts run
 -- scripts under spec/allreduce/ through `./distlab run -n N` on 2 and 4 cpu
 -- ranks (the CPU twins over shared memory) and, tagged #multigpu, on 2 GPUs.
 local ffi = require "ffi"
@@ -100,6 +101,44 @@ describe("allreduce on cpu (shared memory)", function()
 
   mismatches("cpu", { 2, 3 }, A_kernels, true)
 
+  it("2, 3 and 4 ranks: the Lamport region holds a quarter of max_bytes a slot (or DISTLAB_AR_LAMPORT_MB in all); " ..
+    "a call up to a slot is one piece", function()
+    for _, n in ipairs { 2, 3, 4 } do
+      for _, env in ipairs { "", "DISTLAB_AR_LAMPORT_MB=8", "DISTLAB_AR_LAMPORT_MB=32" } do
+        local rc, out = run(n, "cpu", "lamport_region.lua", "", env)
+        assert.equal(0, rc, out)
+        assert.equal(n, ok_lines(out, "lamport_region"), out)
+      end
+    end
+  end)
+
+  it("2 and 4 ranks: auto on an input in the zero-copy region follows the table's zc_rows (in place only)", function()
+    for _, n in ipairs { 2, 4 } do
+      local file = H.tmpname(".lua")
+      local rc, out = run(n, "cpu", "auto_zc.lua", file .. " pick", "DISTLAB_AR_TABLE=" .. file)
+      os.remove(file)
+      assert.equal(0, rc, out)
+      assert.equal(n, ok_lines(out, "auto_zc"), out)
+    end
+  end)
+
+  it("2 ranks: auto with a zero-copy input on one rank only is refused on every rank, debug mode or not", function()
+    for _, c in ipairs {
+      { "mismatch", "", "mismatched calls [^\n]*%(differs: algorithm [%w_]+ vs [%w_]+; [^\n]*zero copy [01] vs [01]%)" },
+      { "mismatch_same", "", "mismatched calls [^\n]*%(differs: zero copy [01] vs [01]%)" },
+      { "mismatch", "DEBUG=1", "mismatched all%-reduce calls: [^\n]*%(differs: [%w_]+ vs [%w_]+; [%w -]+ vs [%w -]+%)" },
+      { "mismatch_same", "DEBUG=1", "mismatched all%-reduce calls: [^\n]*%(differs: [%w -]+ vs [%w -]+%)" },
+    } do
+      local file = H.tmpname(".lua")
+      local rc, out = run(2, "cpu", "auto_zc.lua", file .. " " .. c[1], "SPEC_TIMEOUT=10 DISTLAB_AR_TABLE=" .. file .. " " .. c[2])
+      os.remove(file)
+      assert.equal(0, rc, out)
+      for r = 0, 1 do
+        assert.truthy(out:find("ERR: [^\n]*all_reduce [%w_]+ on rank " .. r .. " of 2 [^\n]*" .. c[3]), out)
+      end
+    end
+  end)
+
   it("2 ranks: the communicator's debug mode catches mismatched calls", function()
     local rc, out = run(2, "cpu", "fail.lua", "mismatch", "SPEC_TIMEOUT=5")
     assert.equal(0, rc, out)
@@ -110,7 +149,8 @@ describe("allreduce on cpu (shared memory)", function()
 
   it("a bad all-reduce knob in the environment is an error naming it", function()
     for _, env in ipairs { "DISTLAB_AR_POLL_NS=abc", "DISTLAB_AR_PDL=2", "DISTLAB_AR_ROUND_KB=-4",
-      "DISTLAB_AR_LAMPORT_AHEAD=-1" } do
+      "DISTLAB_AR_LAMPORT_AHEAD=-1", "DISTLAB_AR_LAMPORT_MB=0", "DISTLAB_AR_LAMPORT_MB=1.5",
+      "DISTLAB_AR_LAMPORT_MB=99999" } do
       local rc, out = run(1, "cpu", "fail.lua", "knob", env)
       assert.equal(0, rc, out)
       local name = env:match("^[%w_]+")
@@ -174,7 +214,8 @@ describe("allreduce tables", function()
 
   it("round-trip through serialize", function()
     local e = { { device = "X", world = 2, dtype = "bf16", rows = { { upto = 4096, algo = "one_shot", blocks = 8 },
-      { algo = "nccl", blocks = 0 } } } }
+      { algo = "nccl", blocks = 0 } } }, { device = "Y", world = 4, dtype = "bf16", rows = { { algo = "nccl", blocks = 0 } },
+      zc_rows = { { upto = 65536, algo = "two_shot_lamport", blocks = 16 }, { algo = "two_shot_push", blocks = 0 } } } }
     local back = loadstring(ar.serialize(e))()
     assert.same(e, back)
   end)
@@ -243,6 +284,21 @@ describe("allreduce on GPUs (DISTLAB_SPEC_RANKS, and DISTLAB_SPEC_GPUS) #multigp
   end)
 
   mismatches("cuda", { H.gpu_ranks }, { "one_shot", "two_shot", "one_shot_push_flat", "two_shot_lamport" })
+
+  it("the Lamport region's slot, a call up to it in one piece; auto on a zero-copy input follows zc_rows", function()
+    for _, n in ipairs(gpu_worlds) do
+      for _, env in ipairs { "", "DISTLAB_AR_LAMPORT_MB=32" } do
+        local rc, out = run(n, "cuda", "lamport_region.lua", "", env)
+        assert.equal(0, rc, out)
+        assert.equal(n, ok_lines(out, "lamport_region"), out)
+      end
+      local file = H.tmpname(".lua")
+      local rc, out = run(n, "cuda", "auto_zc.lua", file .. " pick", "DISTLAB_AR_TABLE=" .. file)
+      os.remove(file)
+      assert.equal(0, rc, out)
+      assert.equal(n, ok_lines(out, "auto_zc"), out)
+    end
+  end)
 
   it("tune writes a table that auto follows", function()
     local file = H.tmpname(".lua")

@@ -475,7 +475,9 @@ int dl_attn_merge_grad(const dl_attn_merge_opts_t *o, int mode, dl_tensor_t *gra
  * bf16 (summed in fp32), any size (sizes above max_bytes run in pieces), in
  * place or not, on the given stream, and safe inside CUDA graphs: the
  * kernels keep their counters in device memory. Memory: (1 + 2 x size) x
- * max_bytes per rank, plus at most 32 MiB (8 MiB on cpu) for the Lamport region. An input that lies in this rank's zero-copy region
+ * max_bytes per rank, plus 2 x size Lamport slots of max_bytes / 4 (at
+ * least 1 MiB, at most max_bytes; DISTLAB_AR_LAMPORT_MB: that region's MiB
+ * in all instead). An input that lies in this rank's zero-copy region
  * (dl_allreduce_buffer; same offset on every rank) is read where it is by
  * one-shot (out must be elsewhere) and two-shot (in place). A device-side
  * wait that times out ends its kernel; the next run or check on this rank
@@ -512,6 +514,7 @@ typedef struct dl_allreduce_info {
   int32_t pad;
   int64_t max_bytes;  /* bytes of one piece (the zero-copy region's size)         */
   int64_t calls;      /* kernel calls issued so far                               */
+  int64_t lamport_bytes; /* bytes of one piece of a Lamport algorithm (its slot)   */
 } dl_allreduce_info_t;
 
 /* Collective over c's ranks. max_bytes <= 0: 64 MiB on cuda, 8 MiB on cpu. */
@@ -524,6 +527,9 @@ int dl_allreduce_run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in
 /* A view of this rank's zero-copy region at a byte offset (a multiple of 16). */
 int dl_allreduce_buffer(dl_allreduce_t *ar, dl_tensor_t **out, int64_t offset, int dtype,
                         int ndim, const int64_t *shape);
+/* The byte offset of t in this rank's zero-copy region when all of t lies
+ * there at a multiple of 16 (a zero-copy input), else -1 (meta: -1). */
+int dl_allreduce_region_offset(const dl_allreduce_t *ar, const dl_tensor_t *t, int64_t *offset);
 /* Wait for s (within twice the timeout) and report a device-side timeout. */
 int dl_allreduce_check(dl_allreduce_t *ar, dl_stream_t *s);
 

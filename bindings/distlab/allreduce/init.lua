@@ -4,16 +4,20 @@
 --       in place (or into out) on the current stream; returns the result tensor.
 --       algo: one of dl.allreduce.algos ("nccl", the communicator's own, and
 --       the kernels of kernels/allreduce/: "one_shot", "two_shot_push", ...), or
---       "auto": the dispatch table's choice for this device, world size and size.
+--       "auto": the dispatch table's choice for this device, world size and size
+--       (for an input in ar:buffer's region, in place, the entry's zc_rows when it
+--       has them: what was fastest measured on such an input).
 --   dl.allreduce.algos   every algorithm's name, in DL_AR_* order (from the library)
 --   dl.allreduce.table(comm) -> entry, file, device name   the table "auto" follows
---   dl.allreduce.choose(nbytes, comm) -> algo, blocks   what "auto" would run
+--   dl.allreduce.choose(nbytes, comm, zc) -> algo, blocks   what "auto" would run
+--       (zc: for an input in the zero-copy region, run in place)
 --   dl.allreduce.tune{sizes = {bytes...}, comm =, file =, algos =, replays =}
 --       measures every algorithm (and a few grid sizes) at each size, max over
 --       ranks, CUDA graphs of 10 calls; writes the table that "auto" reads.
 --   dl.allreduce.get(comm)   the communicator's all-reduce object (made on first use: collective)
 --   dl.allreduce.new(comm, {max_bytes = 64 MiB on cuda, 8 MiB on cpu})
---     ar:run(t, opts)  ar:buffer(shape, dtype, offset)  ar:check()  ar:info()  ar:free()
+--     ar:run(t, opts)  ar:choose(t, out) -> algo, blocks (auto's pick)  ar:buffer(shape, dtype, offset)
+--     ar:region_offset(t)  ar:check()  ar:info()  ar:free()
 --
 -- ar:buffer gives a view of this rank's zero-copy region: an input written
 -- there (at the same offset on every rank) is read in place by one_shot (out
@@ -69,14 +73,15 @@ function M.new(comm, opts)
   check(C.dl_allreduce_info(a.ptr, info))
   a.rank, a.size, a.sms = info.rank, info.size, info.sms
   a.max_blocks, a.threads, a.unroll = info.max_blocks, info.threads, info.unroll
-  a.max_bytes = tonumber(info.max_bytes)
+  a.max_bytes, a.lamport_bytes = tonumber(info.max_bytes), tonumber(info.lamport_bytes)
   return a
 end
 
 function AR:info()
   check(C.dl_allreduce_info(live(self), info))
   return { rank = info.rank, size = info.size, sms = info.sms, max_blocks = info.max_blocks, threads = info.threads,
-    unroll = info.unroll, failed = info.failed ~= 0, max_bytes = tonumber(info.max_bytes), calls = tonumber(info.calls) }
+    unroll = info.unroll, failed = info.failed ~= 0, max_bytes = tonumber(info.max_bytes), calls = tonumber(info.calls),
+    lamport_bytes = tonumber(info.lamport_bytes) }
 end
 
 function AR:free()
@@ -102,9 +107,32 @@ function AR:buffer(shape, dtype, offset)
   return t
 end
 
+local region_off = ffi.new("int64_t[1]")
+
+-- The byte offset of t in this rank's zero-copy region (all of it there, at a
+-- multiple of 16: the kernels read it in place), or nil.
+function AR:region_offset(t)
+  check(C.dl_allreduce_region_offset(live(self), t, region_off))
+  local off = tonumber(region_off[0])
+  return off >= 0 and off or nil
+end
+
 -- ---- running ------------------------------------------------------------------------
 
 local function tensor_bytes(t) return tonumber(C.dl_tensor_numel(t)) * C.dl_dtype_size(t.dtype_id) end
+
+-- What algo = "auto" runs for t (into out, default t): algo, blocks. An
+-- input in our region, in place, follows the table's zero-copy rows when it
+-- has them (asking where t lies costs a C call, and a table without them
+-- chooses as before). A zc input on one rank but not another stays the
+-- mismatch it was: another algorithm, or zero copy against copy-in, which
+-- the kernels' call check (and debug mode's) refuses.
+function AR:choose(t, out)
+  out = out or t
+  local zc = T.has_zc(self.comm) and (out == t or out:data_ptr() == t:data_ptr()) and
+    self:region_offset(t) ~= nil
+  return M.choose(tensor_bytes(t), self.comm, zc)
+end
 
 local RUN_KEYS = { "algo", "blocks", "out", "comm" }
 function AR:run(t, opts)
@@ -115,14 +143,14 @@ function AR:run(t, opts)
   end
   local algo = opts.algo or "auto"
   local blocks = opts.blocks ~= nil and args.int32(opts.blocks, "allreduce.run: blocks", 0) or 0
+  local out = opts.out or t
   if algo == "auto" then
     local b
-    algo, b = M.choose(tensor_bytes(t), self.comm)
+    algo, b = self:choose(t, out)
     if opts.blocks == nil then blocks = b end
   end
   local id = ids[algo]
   if not id then fail("unknown all-reduce algorithm %q (auto, %s)", tostring(algo), table.concat(M.algos, ", ")) end
-  local out = opts.out or t
   check(C.dl_allreduce_run(live(self), out, t, id, blocks, core.stream))
   return out
 end

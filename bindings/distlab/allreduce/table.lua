@@ -8,6 +8,14 @@
 -- default), else the tables shipped in distlab/allreduce/tables.lua; an
 -- entry matches the GPU name (exactly, else its model, e.g. H200) and the
 -- world size, else the shipped generic entry for the world size.
+--
+-- An entry's rows say what to run for sizes up to `upto` bytes on an
+-- ordinary tensor (copied in, or pushed). Its zc_rows, where tune measured
+-- them, say the same for an input already in the all-reduce's zero-copy
+-- region (ar:buffer, the same offset on every rank), run in place: every
+-- algorithm timed on such an input, so the zero-copy two-shots compete with
+-- the ones that copy anyway. An entry without zc_rows (every shipped one so
+-- far) chooses from rows for both.
 local ffi = require "ffi"
 local core = require "distlab.core"
 
@@ -101,18 +109,30 @@ function T.table(comm)
   return t.entry, t.path, t.device_name
 end
 
--- What "auto" runs for nbytes on comm: algo, blocks (0: the kernels' own sizing).
-function T.choose(nbytes, comm)
+-- Does the table "auto" uses for comm have rows for zero-copy inputs?
+function T.has_zc(comm)
   local e = T.table(comm)
+  return e ~= nil and type(e.zc_rows) == "table" and #e.zc_rows > 0
+end
+
+local function pick(rows, nbytes)
+  for _, r in ipairs(rows) do
+    if not r.upto or nbytes <= r.upto then return r.algo, r.blocks or 0 end
+  end
+  local r = rows[#rows]
+  return r.algo, r.blocks or 0
+end
+
+-- What "auto" runs for nbytes on comm: algo, blocks (0: the kernels' own
+-- sizing); zc: for an input in the zero-copy region, run in place.
+function T.choose(nbytes, comm, zc)
+  local e = T.table(comm)
+  if zc and T.has_zc(comm) then return pick(e.zc_rows, nbytes) end
   if not e or not e.rows or #e.rows == 0 then
     if nbytes <= 2 ^ 20 then return "one_shot_push", 0 end
     return nbytes <= 16 * 2 ^ 20 and "two_shot" or "nccl", 0
   end
-  for _, r in ipairs(e.rows) do
-    if not r.upto or nbytes <= r.upto then return r.algo, r.blocks or 0 end
-  end
-  local r = e.rows[#e.rows]
-  return r.algo, r.blocks or 0
+  return pick(e.rows, nbytes)
 end
 
 return T

@@ -2,7 +2,8 @@
 -- distlab.allreduce.table for algo = "auto" when no tuned table matches;
 -- DISTLAB_AR_TABLE and the file dl.allreduce.tune writes come first). rows: the algorithm (and grid;
 -- 0 = the kernels' own sizing) for sizes up to `upto` bytes; the last row
--- covers everything larger.
+-- covers everything larger. zc_rows (none here yet; dl.allreduce.tune writes
+-- them): the same for an input in the zero-copy region, run in place.
 --
 -- NVIDIA H200 at 2 and 4 ranks: the tables dl.allreduce.tune wrote on
 -- nvidia-h200-x2 (2026-11-22 12:47, every algorithm, one_shot_lamport with one

@@ -51,13 +51,14 @@ local function time_call(a, fn, replays)
 end
 U.time_call = time_call
 
--- Does algo (with grid g) sum right at n elements? rank + 1 everywhere, the
+-- Does algo (with grid g) sum right on t (in place)? rank + 1 everywhere, the
 -- first, middle and last elements read back; every rank learns if any saw
 -- a wrong one, so all leave the same cases out.
-local function probe(a, algo, g, n, dtype)
+local function probe(a, algo, g, t)
   local dl = require "distlab"
   local comm = a.comm
-  local t = dl.full({ n }, comm.rank + 1, { dtype = dtype, device = comm.device })
+  local n = t:numel()
+  t:fill_(comm.rank + 1)
   a:run(t, { algo = algo, blocks = g })
   a:check()
   local want, bad = comm.size * (comm.size + 1) / 2, 0
@@ -66,7 +67,6 @@ local function probe(a, algo, g, n, dtype)
   end
   local v = dl.full({ 1 }, bad, { dtype = "f64", device = comm.device })
   comm:all_reduce(v, "max")
-  t:free()
   return v:item() == 0
 end
 
@@ -86,12 +86,16 @@ local function serialize(entries)
     for _, k in ipairs { "device", "world", "dtype", "date", "source", "provisional" } do
       if e[k] ~= nil then out[#out + 1] = string.format("    %s = %s,", k, type(e[k]) == "string" and string.format("%q", e[k]) or tostring(e[k])) end
     end
-    out[#out + 1] = "    rows = {"
-    for _, r in ipairs(e.rows) do
-      out[#out + 1] = string.format("      { %salgo = %q, blocks = %d%s },", r.upto and ("upto = " .. r.upto .. ", ") or "",
-        r.algo, r.blocks or 0, r.us and string.format(", us = %.2f, at = %d", r.us, r.at) or "")
+    for _, k in ipairs { "rows", "zc_rows" } do
+      if e[k] then
+        out[#out + 1] = "    " .. k .. " = {"
+        for _, r in ipairs(e[k]) do
+          out[#out + 1] = string.format("      { %salgo = %q, blocks = %d%s },", r.upto and ("upto = " .. r.upto .. ", ") or "",
+            r.algo, r.blocks or 0, r.us and string.format(", us = %.2f, at = %d", r.us, r.at) or "")
+        end
+        out[#out + 1] = "    },"
+      end
     end
-    out[#out + 1] = "    },"
     out[#out + 1] = "  },"
   end
   out[#out + 1] = "}"
@@ -99,11 +103,77 @@ local function serialize(entries)
 end
 U.serialize = serialize
 
+-- The fastest algorithm and grid on x (in place), every candidate timed
+-- (each appended to `measured`, zc marking an input in the zero-copy
+-- region), near-ties timed again: {algo, blocks, us, at}.
+local function fastest(a, x, algos, opts, log, measured, zc)
+  local n, es = x:numel(), C.dl_dtype_size(x.dtype_id)
+  local replays = opts.replays or 30
+  replays = math.max(5, math.min(replays, math.floor(replays * 8 * 2 ^ 20 / (n * es))))
+  local best
+  local here = {} -- this size's measurements
+  for _, algo in ipairs(algos) do
+    for _, g in ipairs(grid_choices(a, algo, n * es)) do
+      if not probe(a, algo, g, x) then
+        log(string.format("tune %10s%s: %s blocks %d gives wrong sums; left out", fmt_bytes(n * es), zc and " zc" or "",
+          algo, g))
+        goto next
+      end
+      x:zero_()
+      local us = time_call(a, function() a:run(x, { algo = algo, blocks = g }) end, replays)
+      here[#here + 1] = { bytes = n * es, algo = algo, blocks = g, us = us, timings = 1, zc = zc }
+      measured[#measured + 1] = here[#here]
+      if not best or us < best.us then best = { algo = algo, blocks = g, us = us, at = n * es } end
+      ::next::
+    end
+  end
+  if not best then fail("tune: no algorithm gave right sums at %s%s", fmt_bytes(n * es), zc and " (zero copy)" or "") end
+  -- near-ties again, in turns (times are the max over ranks: every rank sees the same list)
+  local close = {}
+  for _, m in ipairs(here) do if m.us <= best.us * 1.05 then close[#close + 1] = m end end
+  if #close > 1 then
+    for _ = 1, opts.rematch or 2 do
+      for _, m in ipairs(close) do
+        local us = time_call(a, function() a:run(x, { algo = m.algo, blocks = m.blocks }) end, replays)
+        m.us, m.timings = math.min(m.us, us), m.timings + 1
+      end
+    end
+    best = nil
+    for _, m in ipairs(close) do
+      if not best or m.us < best.us then best = { algo = m.algo, blocks = m.blocks, us = m.us, at = n * es } end
+    end
+  end
+  log(string.format("tune %10s%s: %-14s blocks %3d  %9.2f us", fmt_bytes(n * es), zc and " zc" or "   ", best.algo,
+    best.blocks, best.us))
+  return best
+end
+
+-- Rows from each measured size's best: each size rules up to the geometric
+-- middle of it and the next, and neighbours with the same choice merge.
+local function rows_of(rows)
+  for i, r in ipairs(rows) do
+    if rows[i + 1] then r.upto = math.floor(math.sqrt(r.at * rows[i + 1].at) / 16) * 16 end
+  end
+  local merged = {}
+  for _, r in ipairs(rows) do
+    local last = merged[#merged]
+    if last and last.algo == r.algo and last.blocks == r.blocks then
+      last.upto = r.upto
+    else
+      merged[#merged + 1] = r
+    end
+  end
+  return merged
+end
+
 -- dl.allreduce.tune{sizes = {...}, comm =, file =, algos =, replays = 30, dtype = "bf16", log = print,
---                   rematch = 2}
--- -> entry (rows, and every measurement in entry.measured), file
+--                   rematch = 2, zc = true}
+-- -> entry (rows, zc_rows, and every measurement in entry.measured), file
 -- Candidates within 5% of the best at a size are timed `rematch` more times,
 -- in turns, each keeping its fastest: one timing's noise does not pick the row.
+-- zc (default on): the sizes that fit the zero-copy region are measured again
+-- with the input there (ar:buffer), in place, every algorithm: entry.zc_rows,
+-- what "auto" runs on such an input.
 function U.tune(opts)
   opts = opts or {}
   local dl = require "distlab"
@@ -115,65 +185,26 @@ function U.tune(opts)
   local dtype = opts.dtype or "bf16"
   local es = C.dl_dtype_size(core.dtype_id(dtype))
   local log = opts.log or (comm.rank == 0 and print or function() end)
-  local measured, rows = {}, {}
+  local measured, rows, zc_rows = {}, {}, {}
   table.sort(sizes)
   for _, bytes in ipairs(sizes) do
     local n = math.max(1, math.floor(bytes / es))
     local x = dl.zeros({ n }, { dtype = dtype, device = comm.device })
-    local best
-    local replays = opts.replays or 30
-    replays = math.max(5, math.min(replays, math.floor(replays * 8 * 2 ^ 20 / (n * es))))
-    local here = {} -- this size's measurements
-    for _, algo in ipairs(algos) do
-      for _, g in ipairs(grid_choices(a, algo, n * es)) do
-        if not probe(a, algo, g, n, dtype) then
-          log(string.format("tune %10s: %s blocks %d gives wrong sums; left out", fmt_bytes(n * es), algo, g))
-          goto next
-        end
-        local us = time_call(a, function() a:run(x, { algo = algo, blocks = g }) end, replays)
-        here[#here + 1] = { bytes = n * es, algo = algo, blocks = g, us = us, timings = 1 }
-        measured[#measured + 1] = here[#here]
-        if not best or us < best.us then best = { algo = algo, blocks = g, us = us, at = n * es } end
-        ::next::
-      end
-    end
-    if not best then fail("tune: no algorithm gave right sums at %s", fmt_bytes(n * es)) end
-    -- near-ties again, in turns (times are the max over ranks: every rank sees the same list)
-    local close = {}
-    for _, m in ipairs(here) do if m.us <= best.us * 1.05 then close[#close + 1] = m end end
-    if #close > 1 then
-      for _ = 1, opts.rematch or 2 do
-        for _, m in ipairs(close) do
-          local us = time_call(a, function() a:run(x, { algo = m.algo, blocks = m.blocks }) end, replays)
-          m.us, m.timings = math.min(m.us, us), m.timings + 1
-        end
-      end
-      best = nil
-      for _, m in ipairs(close) do
-        if not best or m.us < best.us then best = { algo = m.algo, blocks = m.blocks, us = m.us, at = n * es } end
-      end
-    end
-    log(string.format("tune %10s: %-14s blocks %3d  %9.2f us", fmt_bytes(n * es), best.algo, best.blocks, best.us))
-    rows[#rows + 1] = best
+    rows[#rows + 1] = fastest(a, x, algos, opts, log, measured, false)
     x:free()
   end
-  -- each measured size rules up to the geometric middle of it and the next
-  for i, r in ipairs(rows) do
-    if rows[i + 1] then r.upto = math.floor(math.sqrt(r.at * rows[i + 1].at) / 16) * 16 end
-  end
-  -- neighbours with the same choice merge
-  local merged = {}
-  for _, r in ipairs(rows) do
-    local last = merged[#merged]
-    if last and last.algo == r.algo and last.blocks == r.blocks then
-      last.upto = r.upto
-    else
-      merged[#merged + 1] = r
+  if opts.zc ~= false then
+    for _, bytes in ipairs(sizes) do
+      local n = math.max(1, math.floor(bytes / es))
+      if n * es <= a.max_bytes then
+        zc_rows[#zc_rows + 1] = fastest(a, a:buffer({ n }, dtype), algos, opts, log, measured, true)
+      end
     end
   end
   local name = T.device_name(comm)
   local entry = { device = name, world = comm.size, dtype = dtype, date = os.date("!%Y-%m-%d %H:%M UTC"),
-    source = "dl.allreduce.tune", rows = merged, measured = measured }
+    source = "dl.allreduce.tune", rows = rows_of(rows), zc_rows = #zc_rows > 0 and rows_of(zc_rows) or nil,
+    measured = measured }
   local file = opts.file or os.getenv("DISTLAB_AR_TABLE") or T.home_file()
   if comm.rank == 0 then
     local entries = {}

@@ -219,6 +219,24 @@ static int env_int(const char *name, long dflt, long lo, long hi, long *out) {
   return DL_OK;
 }
 
+/* The bytes of a Lamport slot: the largest piece a Lamport call runs in one
+ * go; the region holds 2 halves of one slot a rank, 2 x size slots. A
+ * quarter of max_bytes, at least 1 MiB and at most max_bytes: with the
+ * default 64 MiB (cuda) 16 MiB slots, so that an 8 or 16 MB call is one
+ * piece at every world size, for a region of 64 / 128 / 256 MiB a rank at
+ * 2 / 4 / 8 ranks, beside (1 + 2 x size) x 64 MiB of zero-copy region and
+ * staging (320 / 576 / 1088 MiB). On cpu (8 MiB): 2 MiB slots, 8 / 16 / 32
+ * MiB. The fixed 32 MiB region this replaces gave 8 / 4 / 2 MiB slots and
+ * cut 8 MB in two at 4 ranks (allreduce-h200x4.md: two_shot_lamport 58.1 us
+ * there against 27.2 at 4 MB). mb > 0 (DISTLAB_AR_LAMPORT_MB): a region of
+ * mb MiB in all instead, as before (32: the old region, for the A/B). */
+static int64_t lamport_slot(int64_t slot, int size, long mb) {
+  int64_t ls = mb > 0 ? ((int64_t)mb << 20) / (2 * size) : slot / 4;
+  if (mb <= 0 && ls < ((int64_t)1 << 20)) ls = (int64_t)1 << 20;
+  ls &= ~(int64_t)4095;
+  return ls > slot ? slot : ls;
+}
+
 static int64_t lamport_offset(const dl_allreduce_t *ar) {
   return DL_AR_CTRL_BYTES + ar->slot * (1 + 2 * (int64_t)ar->size);
 }
@@ -297,12 +315,15 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
    * DISTLAB_AR_ROUND_KB a block's round length (0: the kernels' own),
    * DISTLAB_AR_PDL=0 no programmatic dependent launch, DISTLAB_AR_POLL_NS
    * the Lamport kernels' nap between polls, DISTLAB_AR_LAMPORT_AHEAD their
-   * grid steps pushed ahead of the reduction (default 2; 0: all first) */
-  long round_kb, pdl, poll_ns, ahead;
+   * grid steps pushed ahead of the reduction (default 2; 0: all first),
+   * DISTLAB_AR_LAMPORT_MB the Lamport region's MiB in all (unset: sized
+   * from max_bytes, below; 32: the fixed region of before) */
+  long round_kb, pdl, poll_ns, ahead, lamport_mb;
   DL_TRY(env_int("DISTLAB_AR_ROUND_KB", 0, 0, 1 << 20, &round_kb));
   DL_TRY(env_int("DISTLAB_AR_PDL", 1, 0, 1, &pdl));
   DL_TRY(env_int("DISTLAB_AR_POLL_NS", 128, 0, 100000, &poll_ns));
   DL_TRY(env_int("DISTLAB_AR_LAMPORT_AHEAD", 2, 0, 1 << 20, &ahead));
+  DL_TRY(env_int("DISTLAB_AR_LAMPORT_MB", 0, 1, 1 << 16, &lamport_mb));
   dl_allreduce_t *ar = calloc(1, sizeof *ar);
   if (!ar) return DL_ERR(DL_ENOMEM, "dl_allreduce_new: out of host memory");
   ar->round_max = (int64_t)round_kb * 1024 / DL_AR_VEC_BYTES;
@@ -318,10 +339,7 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
   ar->dev_index = ci.dev_index;
   ar->timeout_s = ci.timeout_s;
   ar->slot = (max_bytes + 4095) & ~(int64_t)4095;
-  /* the Lamport region: 32 MiB (8 MiB on cpu) in all, 2 halves of a slot a rank */
-  int64_t lamport_total = (int64_t)(ci.dev_type == DL_CPU ? 8 : 32) << 20;
-  ar->lslot = (lamport_total / (2 * ci.size)) & ~(int64_t)4095;
-  if (ar->lslot > ar->slot) ar->lslot = ar->slot;
+  ar->lslot = lamport_slot(ar->slot, ci.size, lamport_mb);
   int64_t total = DL_AR_CTRL_BYTES + ar->slot * (1 + 2 * (int64_t)ci.size) +
                   ar->lslot * 2 * (int64_t)ci.size;
   ar->id = dl_comm_next_symm_id(c);
@@ -390,6 +408,7 @@ int dl_allreduce_info(const dl_allreduce_t *ar, dl_allreduce_info_t *out) {
   out->failed = ar->failed || (ar->status && ((volatile dl_ar_status_t *)ar->status)->kind != 0);
   out->max_bytes = ar->slot;
   out->calls = ar->calls;
+  out->lamport_bytes = ar->lslot;
   return DL_OK;
 }
 
@@ -426,6 +445,18 @@ static int64_t zc_offset(const dl_allreduce_t *ar, const char *p, int64_t nbytes
   const char *zc = ar->bufs[ar->rank] + DL_AR_CTRL_BYTES;
   if (p < zc || p + nbytes > zc + ar->slot) return -1;
   return p - zc;
+}
+
+int dl_allreduce_region_offset(const dl_allreduce_t *ar, const dl_tensor_t *t, int64_t *offset) {
+  DL_CHECK_ARG(offset, "dl_allreduce_region_offset: offset is NULL");
+  *offset = -1;
+  DL_TRY(ar_check(ar, "dl_allreduce_region_offset"));
+  dl_view_t v;
+  DL_TRY(tensor_arg(ar, t, "tensor", &v));
+  if (ar->dev_type == DL_META) return DL_OK;
+  const int64_t zc = zc_offset(ar, v.data, v.numel * dl_dtype_size(v.dtype));
+  if (zc % DL_AR_VEC_BYTES == 0) *offset = zc; /* run() reads it in place only then */
+  return DL_OK;
 }
 
 /* Grid and rounds for len vectors per block set (of the tensor or of a

@@ -37,7 +37,10 @@ extern "C" const char *dl_dtype_name(int dtype) { return dtype == 0 ? "f32" : dt
 extern "C" int dl_dtype_size(int dtype) { return dtype == 0 ? 4 : 2; }
 
 enum { GUARD = 64 };
-static const int64_t SLOT = 1 << 20; // bytes per staging slot / zero-copy region / lamport slot
+static const int64_t SLOT = 1 << 20; // bytes per staging slot / zero-copy region
+// bytes per lamport slot: smaller than a staging slot, as the core sizes it
+// (a quarter of max_bytes there), and still above the largest call (65537 f32)
+static const int64_t LSLOT = SLOT / 2;
 static int64_t lamport_off(int n) { return DL_AR_CTRL_BYTES + SLOT + 2 * n * SLOT; }
 
 struct world {
@@ -110,7 +113,7 @@ static void rank_main(world *w, int r, const std::vector<call> *calls, int skip_
       a.staging_off = DL_AR_CTRL_BYTES + SLOT;
       a.slot_bytes = SLOT;
       a.lamport_off = lamport_off(n);
-      a.lamport_slot = SLOT;
+      a.lamport_slot = LSLOT;
       a.pad = &w->pads[r];
       a.status = &w->status[r];
       a.timeout_ns = w->timeout_ns;
@@ -150,7 +153,7 @@ static void rank_main(world *w, int r, const std::vector<call> *calls, int skip_
 // region empty; no failure recorded.
 static void reset(world &w) {
   const int n = w.n;
-  const int64_t total = DL_AR_CTRL_BYTES + SLOT + 2 * n * SLOT + 2 * n * SLOT;
+  const int64_t total = DL_AR_CTRL_BYTES + SLOT + 2 * n * SLOT + 2 * n * LSLOT;
   if (w.bufs.empty())
     for (int r = 0; r < n; r++) w.bufs.push_back((char *)aligned_alloc(4096, total));
   for (int r = 0; r < n; r++) {
