@@ -3,6 +3,7 @@
 -- 64 MB) plus 8 KB .. 256 KB and 128 MB .. 1 GB; columns one_shot, two_shot,
 -- nccl, auto and "best (speedup vs nccl)", and more: the push variants, the
 -- zero-copy variants (input already in the all-reduce's symmetric buffer),
+-- auto_zc (auto on such an input: the table's zc_rows where it has them),
 -- and the PyTorch anchors measured in the same run (--torch, the CSV of
 -- experiments/allreduce/allreduce_torch.py).
 --
@@ -17,6 +18,8 @@
 --                        FILE and let auto use it (set DISTLAB_AR_TABLE=FILE too, so that
 --                        nothing else shadows it)
 --     --plot             draw allreduce-TAG.png (experiments/allreduce/allreduce_plot.sh, gnuplot)
+--     --columns LIST     only these columns (nccl and auto always), e.g. for an A/B of one knob:
+--                        DISTLAB_AR_LAMPORT_MB=32 ... --columns one_shot_lamport,two_shot_lamport
 --
 -- Method (vLLM's; dl.bench.timing.graph): per case a CUDA graph of 10
 -- back-to-back all-reduces on the same tensor, 3 warm-up replays, a barrier,
@@ -52,6 +55,7 @@ local h = bench.harness {
     { "tune", "string", nil, "run dl.allreduce.tune first, write its table to FILE and let auto use it",
       meta = "FILE" },
     { "plot", "flag", nil, "draw allreduce-TAG.png from the wide CSV (needs gnuplot)" },
+    { "columns", "list", nil, "only these columns (nccl and auto are always measured)", meta = "LIST" },
   },
 }
 local opt = h.opt
@@ -82,9 +86,23 @@ local regular = { "one_shot", "two_shot", "nccl" }
 for _, a in ipairs(dl.allreduce.algos) do
   if a ~= "one_shot" and a ~= "two_shot" and a ~= "nccl" then regular[#regular + 1] = a end
 end
+-- auto_zc: auto on an input in the region, in place (the table's zc_rows).
 local columns = { "one_shot", "two_shot", "nccl", "auto" }
 for i = 4, #regular do columns[#columns + 1] = regular[i] end
-for _, zc in ipairs { "one_shot_zc", "two_shot_zc", "two_shot_push_zc" } do columns[#columns + 1] = zc end
+for _, zc in ipairs { "one_shot_zc", "two_shot_zc", "two_shot_push_zc", "auto_zc" } do columns[#columns + 1] = zc end
+if opt.columns then
+  local want = { nccl = true, auto = true }
+  for _, c in ipairs(opt.columns) do
+    local known = false
+    for _, k in ipairs(columns) do known = known or k == c end
+    if not known then error("--columns: no column " .. c .. " (" .. table.concat(columns, ", ") .. ")", 0) end
+    want[c] = true
+  end
+  local keep, keep_regular = {}, {}
+  for _, c in ipairs(columns) do if want[c] then keep[#keep + 1] = c end end
+  for _, c in ipairs(regular) do if want[c] then keep_regular[#keep_regular + 1] = c end end
+  columns, regular = keep, keep_regular
+end
 
 -- ---- checking ---------------------------------------------------------------------------
 
@@ -203,10 +221,11 @@ if opt.tune then
   if me == 0 then -- every measurement, for the record
     local rows = {}
     for k, m in ipairs(entry.measured) do
-      rows[k] = { m.bytes, m.algo, m.blocks, string.format("%.3f", m.us), m.timings }
+      rows[k] = { m.bytes, m.algo, m.blocks, string.format("%.3f", m.us), m.timings, m.zc and 1 or 0 }
     end
-    -- time_us: the fastest of `timings` (near-ties are timed again)
-    h:csv("allreduce-" .. h.tag .. "-tune.csv", { "bytes", "algo", "blocks", "time_us", "timings" }, rows)
+    -- time_us: the fastest of `timings` (near-ties are timed again); zc 1: the
+    -- input in the zero-copy region, in place (what zc_rows come from)
+    h:csv("allreduce-" .. h.tag .. "-tune.csv", { "bytes", "algo", "blocks", "time_us", "timings", "zc" }, rows)
   end
 end
 local table_entry, table_file = dl.allreduce.table(w)
@@ -218,6 +237,7 @@ local results = {}
 for _, size in ipairs(sizes) do
   size.x = dl.empty({ size.bytes / 2 }, { dtype = "bf16" })
   size.auto_algo = dl.allreduce.choose(size.bytes, w)
+  if size.bytes <= ar.max_bytes then size.auto_zc_algo = (ar:choose(ar:buffer({ size.bytes / 2 }, "bf16"))) end
   local row = { size = size }
   for _, col in ipairs(columns) do
     local r = measure(col, size)
@@ -263,7 +283,7 @@ local function write_results()
       local r = row[col]
       if r then
         csv:row({ s.bytes, s.shape or "", col, f("%.3f", r.us), f("%.2f", r.algbw), f("%.2f", r.busbw), r.wrong,
-          col == "auto" and ("picked " .. s.auto_algo) or "" })
+          col == "auto" and ("picked " .. s.auto_algo) or col == "auto_zc" and ("picked " .. s.auto_zc_algo) or "" })
       end
     end
     for _, col in ipairs(torch_cols) do
@@ -293,7 +313,8 @@ local function write_results()
       "one_shot_push / two_shot_push (writes instead of reads), two_shot_write (both phases write into the " ..
       "peers: no copy-in), one_shot_lamport (push into a region kept at a sentinel; the receiver polls the data, " ..
       "no flags or fences), one_shot_push_flat (push with every thread, then reduce, per round), two_shot_lamport (two-shot whose slices and sums are polled where they land, as one_shot_lamport's data), *_zc (zero copy: the input already in the " ..
-      "all-reduce's symmetric buffer; one_shot_zc out of place), PyTorch anchors from the same run: " ..
+      "all-reduce's symmetric buffer; one_shot_zc out of place; auto_zc: auto on such an input, in place, " ..
+      "following the table's zc_rows where it has them), PyTorch anchors from the same run: " ..
       "nccl_torch (torch.distributed), torch_one_shot / torch_two_shot (torch.ops.symm_mem, input in symmetric memory).",
     "best: the fastest of " .. table.concat(regular, ", ") .. " on an ordinary tensor.",
   }
@@ -314,9 +335,9 @@ local function write_results()
   md[#md + 1] = "## Every column (us per all-reduce; auto's pick; busbw of auto and nccl in GB/s)"
   md[#md + 1] = ""
   local head = "| size | " .. table.concat(columns, " | ") .. " | " .. table.concat(torch_cols, " | ") ..
-    " | auto picks | busbw auto | busbw nccl | #wrong |"
+    " | auto picks | auto_zc picks | busbw auto | busbw nccl | #wrong |"
   md[#md + 1] = head
-  md[#md + 1] = "|---" .. string.rep("|---:", #columns + #torch_cols) .. "|---|---:|---:|---:|"
+  md[#md + 1] = "|---" .. string.rep("|---:", #columns + #torch_cols) .. "|---|---|---:|---:|---:|"
   for _, row in ipairs(results) do
     local s = row.size
     local cells, wrong = { fmt_size(s.bytes) }, 0
@@ -326,6 +347,7 @@ local function write_results()
     end
     for _, col in ipairs(torch_cols) do cells[#cells + 1] = us_cell(anchor(col, s.bytes)) end
     cells[#cells + 1] = s.auto_algo
+    cells[#cells + 1] = s.auto_zc_algo or "-"
     cells[#cells + 1] = string.format("%.1f", row.auto.busbw)
     cells[#cells + 1] = string.format("%.1f", row.nccl.busbw)
     cells[#cells + 1] = tostring(wrong)
@@ -340,6 +362,8 @@ local function write_results()
   local anchors_ok, anchors_bad, anchors_seen = true, {}, false
   local at2mb, big_ok, big_bad = nil, true, {}
   local small_ok, small_bad = true, {} -- the best custom algorithm vs NCCL up to 1 MB (issue 7)
+  -- issue 26: col no slower than nccl and each PyTorch anchor from 8 KB to 64 MB
+  local rivals = { auto = { ok = true, bad = {}, seen = false }, auto_zc = { ok = true, bad = {}, seen = false } }
   for _, row in ipairs(results) do
     local s, best = row.size, best_of(row)
     local ratio = row.auto.us / best.us
@@ -352,6 +376,21 @@ local function write_results()
           if row.auto.us >= v then
             anchors_ok = false
             anchors_bad[#anchors_bad + 1] = string.format("%s %s %.1f vs %.1f us", fmt_size(s.bytes), a, row.auto.us, v)
+          end
+        end
+      end
+    end
+    if s.bytes >= 8 * 1024 and s.bytes <= 64 * 2 ^ 20 then
+      for col, v in pairs(rivals) do
+        if row[col] then
+          v.seen = true
+          local others = { { "nccl", row.nccl.us } }
+          for _, a in ipairs(torch_cols) do others[#others + 1] = { a, anchor(a, s.bytes) } end
+          for _, o in ipairs(others) do
+            if o[2] and row[col].us > o[2] then
+              v.ok = false
+              v.bad[#v.bad + 1] = string.format("%s %s %.1f vs %.1f us", fmt_size(s.bytes), o[1], row[col].us, o[2])
+            end
           end
         end
       end
@@ -380,6 +419,12 @@ local function write_results()
   md[#md + 1] = string.format("- auto beats both PyTorch anchors from 8 KB to 64 MB: %s%s",
     anchors_seen and verdict(anchors_ok) or "not measured",
     #anchors_bad > 0 and (" (" .. table.concat(anchors_bad, "; ") .. ")") or "")
+  for _, col in ipairs { "auto", "auto_zc" } do
+    local v = rivals[col]
+    md[#md + 1] = string.format("- %s no slower than nccl and each PyTorch anchor from 8 KB to 64 MB (issue 26%s): %s%s",
+      col, col == "auto_zc" and "; the input in the region, as torch's symm_mem anchors have theirs" or "",
+      v.seen and verdict(v.ok) or "not measured", #v.bad > 0 and (" (" .. table.concat(v.bad, "; ") .. ")") or "")
+  end
   md[#md + 1] = string.format("- at 2 MB auto >= 2x faster than NCCL: %s (%.2fx)", at2mb and verdict(at2mb >= 2) or "not measured",
     at2mb or 0)
   md[#md + 1] = string.format("- at >= 64 MB auto's busbw >= NCCL's: %s%s", verdict(big_ok),
@@ -395,12 +440,13 @@ local function write_results()
   local md_path = h:markdown(base .. ".md", "All-reduce sweep: " .. device_name .. " x " .. N, md, extra)
   -- the short table, printed last
   print("")
-  print(string.format("%-16s %10s %10s %10s %10s %10s  %s", "size", "one_shot", "two_shot", "nccl", "auto", "torch_2s",
-    "best (speedup vs nccl)"))
+  print(string.format("%-16s %10s %10s %10s %10s %10s %10s  %s", "size", "one_shot", "two_shot", "nccl", "auto", "auto_zc",
+    "torch_2s", "best (speedup vs nccl)"))
   for _, row in ipairs(results) do
     local s, best = row.size, best_of(row)
-    print(string.format("%-16s %10s %10s %10s %10s %10s  %s (%.2fx)", fmt_size(s.bytes), us_cell(row.one_shot.us),
-      us_cell(row.two_shot.us), us_cell(row.nccl.us), us_cell(row.auto.us), us_cell(anchor("torch_two_shot", s.bytes)),
+    print(string.format("%-16s %10s %10s %10s %10s %10s %10s  %s (%.2fx)", fmt_size(s.bytes),
+      us_cell(row.one_shot and row.one_shot.us), us_cell(row.two_shot and row.two_shot.us), us_cell(row.nccl.us),
+      us_cell(row.auto.us), us_cell(row.auto_zc and row.auto_zc.us), us_cell(anchor("torch_two_shot", s.bytes)),
       best.col, row.nccl.us / best.us))
   end
   print("wrote " .. md_path .. ", .csv and -wide.csv")

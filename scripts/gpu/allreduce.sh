@@ -8,8 +8,12 @@
 #     specs  the #multigpu cases of spec/allreduce_spec.lua (2 GPUs; the cpu
 #            cases run on every machine with ./distlab test)
 #     torch  PyTorch anchors: experiments/allreduce/allreduce_torch.py under torchrun
-#     sweep  dl.allreduce.tune, then experiments/allreduce/allreduce_sweep.lua (auto uses
-#            the table just tuned; the torch CSV is merged), then the plot
+#     sweep  dl.allreduce.tune (rows for ordinary tensors, zc_rows for inputs in the
+#            zero-copy region), then experiments/allreduce/allreduce_sweep.lua (auto and
+#            auto_zc use the table just tuned; the torch CSV is merged), then the plot;
+#            then the Lamport region's A/B (issue 26): the Lamport columns again with
+#            the fixed region of before (DISTLAB_AR_LAMPORT_MB=32), 256 KB .. 32 MB,
+#            as allreduce-<gpu>x<NRANKS>-lamport_mb-32.{md,csv}
 #     variants  the sweep at 8 KB .. 16 MB once per setting of VARIANTS (see
 #            below), under $OUT/allreduce/variants
 # Results: allreduce-<gpu>x<NRANKS>.{md,csv}, -wide.csv, -tune.csv, the tuned
@@ -18,7 +22,7 @@
 # md, csv and png to experiments/results/allreduce/ (the md links the png by
 # its bare name). DISTLAB_COMMIT=<hash> names the commit in the results where
 # the checkout has no .git. Typical run: about 5 minutes after the build; every step has a time
-# limit (specs 300 s, torch 180 s, tune+sweep 450 s).
+# limit (specs 300 s, torch 180 s, tune+sweep 480 s, the Lamport A/B 120 s).
 set -u
 OUT="${OUT:-/tmp/distlab-out}"
 R="$OUT/allreduce"
@@ -92,11 +96,20 @@ for s in "${sections[@]}"; do
     sweep)
       stamp "tune and sweep"
       rm -f "$R/allreduce_tables.lua"
-      DISTLAB_AR_TABLE="$R/allreduce_tables.lua" run_for 450 ./distlab run -n "$NR" --device cuda \
+      DISTLAB_AR_TABLE="$R/allreduce_tables.lua" run_for 480 ./distlab run -n "$NR" --device cuda \
         experiments/allreduce/allreduce_sweep.lua --out "$R" --torch "$R/torch.csv" --tune "$R/allreduce_tables.lua" \
         --command "NRANKS=$NR scripts/gpu/allreduce.sh (DISTLAB_AR_TABLE=allreduce_tables.lua, tuned in the same run)" \
         >"$R/sweep.log" 2>&1
       echo "sweep exit code $?" >>"$R/sweep.log"
+      stamp "the Lamport region of before (DISTLAB_AR_LAMPORT_MB=32)"
+      gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o '[AHBL][0-9][0-9]*' | head -1 | tr 'A-Z' 'a-z')"
+      DISTLAB_AR_LAMPORT_MB=32 DISTLAB_AR_TABLE="$R/allreduce_tables.lua" run_for 120 ./distlab run -n "$NR" --device cuda \
+        experiments/allreduce/allreduce_sweep.lua --out "$R" --tag "${gpu}x$NR-lamport_mb-32" \
+        --columns one_shot_lamport,two_shot_lamport --sizes 256K,1M,4M,8M,16M,32M \
+        --command "DISTLAB_AR_LAMPORT_MB=32 NRANKS=$NR scripts/gpu/allreduce.sh sweep (its Lamport A/B)" \
+        >"$R/lamport_mb-32.log" 2>&1
+      echo "lamport A/B exit code $?" >>"$R/lamport_mb-32.log"
+      grep -A8 '^| size' "$R/allreduce-${gpu}x$NR-lamport_mb-32.md" 2>/dev/null || tail -5 "$R/lamport_mb-32.log"
       for wide in "$R"/allreduce-*-wide.csv; do
         [ -f "$wide" ] || continue
         if command -v gnuplot >/dev/null; then experiments/allreduce/allreduce_plot.sh "$wide"
@@ -124,7 +137,7 @@ done
 stamp "done"
 if [ -f "$R/sweep.log" ]; then
   echo "---- targets"
-  grep -A7 '^## Targets' "$R"/allreduce-*x"$NR".md 2>/dev/null | grep '^- ' || tail -5 "$R/sweep.log"
+  grep -A9 '^## Targets' "$R"/allreduce-*x"$NR".md 2>/dev/null | grep '^- ' || tail -5 "$R/sweep.log"
   echo "---- short table (us per all-reduce)"
   sed -n '/^size  /,$p' "$R/sweep.log"
 fi
