@@ -76,13 +76,15 @@ for _, dev in ipairs(H.devices) do
         near(u[2], al, 2.5e-2)
       end)
 
-      -- the fused merge at the Hopper forward's shapes (bf16, head dims 64 and 128: kernels/attn/hopper/ on
-      -- an sm_90 device), beyond a tile: keys in two parts of 150 and 183, merged into an f32 or a bf16
-      -- (CP's) accumulator, against the step over all 333 keys (and max_logit across the parts)
-      for _, d in ipairs({ 64, 128 }) do
+      -- the fused merge at the Hopper forward's shapes (bf16, head dims 64, 128 and MLA's 192/128:
+      -- kernels/attn/hopper/ on an sm_90 device, MLA's with DISTLAB_ATTN_HOPPER_MLA=1), beyond a tile: keys
+      -- in two parts of 150 and 183, merged into an f32 or a bf16 (CP's) accumulator, against the step over
+      -- all 333 keys (and max_logit across the parts)
+      for _, dd in ipairs({ { 64, 64 }, { 128, 128 }, { 192, 128 } }) do
+        local d = dd[1] .. (dd[1] == dd[2] and "" or "/" .. dd[2])
         for _, adt in ipairs({ "f32", "bf16" }) do
         it(layout .. ": fused merge at d " .. d .. " bf16 into " .. adt .. " over two key parts, beyond a tile", function()
-          local c = { layout = layout, dtype = "bf16", b = 2, sq = 200, skv = 333, hq = 4, hkv = 2, dqk = d, dv = d }
+          local c = { layout = layout, dtype = "bf16", b = 2, sq = 200, skv = 333, hq = 4, hkv = 2, dqk = dd[1], dv = dd[2] }
           local x = on(build(c), D)
           local o = { layout = layout }
           local ou, lu, mu = dl.attn.fwd(x.q, x.k, x.v, with(o, { return_max_logit = true }))

@@ -5,6 +5,9 @@
 #   specs  spec/attn_spec.lua, attn_merge_spec.lua and seq_spec.lua with the #gpu specs (every
 #          layout, mask, window, GQA/MQA and thd case, also at d 128 bf16, where the Hopper kernels
 #          run, against the cpu twin; and that they are the kernels taken);
+#   optin  the attn and merge specs again with the opt-in paths on (DISTLAB_ATTN_HOPPER_MLA=1: the forward
+#          at MLA's 192/128; DISTLAB_ATTN_HOPPER_BWD_TURNS=1: the backward's turns at d 64), to make them
+#          the defaults once they pass;
 #   san    experiments/attn/hopper_small.lua (fwd + bwd at small shapes, d 64 and 128, against the
 #          cpu twin) under compute-sanitizer memcheck and racecheck;
 #   torch  PyTorch SDPA's flash and cuDNN (experiments/attn/attn_bench_torch.py) at S, the anchors;
@@ -46,6 +49,13 @@ if want specs; then
     spec/attn_spec.lua spec/attn_merge_spec.lua spec/seq_spec.lua >"$OUT/attn-spec.log" 2>&1 || status=1
   grep -E "^(FAIL|ERROR)" "$OUT/attn-spec.log" | head -20
   tail -n 1 "$OUT/attn-spec.log"
+fi
+if want optin; then # the same specs with the opt-in paths on: MLA's forward, the backward's turns (d 64)
+  echo "== specs, DISTLAB_ATTN_HOPPER_MLA=1 DISTLAB_ATTN_HOPPER_BWD_TURNS=1 ($(date +%T))"
+  DISTLAB_ATTN_HOPPER_MLA=1 DISTLAB_ATTN_HOPPER_BWD_TURNS=1 timeout 300 busted --run=default --exclude-tags=multigpu \
+    -o spec/support/summary.lua spec/attn_spec.lua spec/attn_merge_spec.lua >"$OUT/attn-spec-optin.log" 2>&1 || status=1
+  grep -E "^(FAIL|ERROR)" "$OUT/attn-spec-optin.log" | head -20
+  tail -n 1 "$OUT/attn-spec-optin.log"
 fi
 
 SANBIN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)

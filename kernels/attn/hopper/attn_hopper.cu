@@ -50,15 +50,24 @@ static int env_bwd_turns(void) {
   return env_is("DISTLAB_ATTN_HOPPER_BWD_TURNS", "1", &c);
 }
 
-/* What both directions need: the kernels on, bf16, head dims 64/64 or 128/128, GQA groups, k and v with
- * rows (no tensor map of no rows). 1, or 0 with why. */
-static int common_fit(const dl_attn_params_t *p, char *why, size_t n) {
+/* DISTLAB_ATTN_HOPPER_MLA=1: the forward at MLA's head dims 192/128 (launch<0, 192, 128> below), opt-in
+ * until the attn specs (whose MLA cases are bf16 192/128) pass on a GPU with it */
+static int env_mla(void) {
+  static int c = -1;
+  return env_is("DISTLAB_ATTN_HOPPER_MLA", "1", &c);
+}
+
+/* What both directions need: the kernels on, bf16, head dims 64/64 or 128/128 (the forward: 192/128 with
+ * DISTLAB_ATTN_HOPPER_MLA=1), GQA groups, k and v with rows (no tensor map of no rows). 1, or 0 with why. */
+static int common_fit(const dl_attn_params_t *p, bool fwd, char *why, size_t n) {
   if (env_off()) return fail_why(why, n, "DISTLAB_ATTN_HOPPER=0");
   if (p->dtype != DL_BF16) return fail_why(why, n, "dtype is not bf16");
-  if (!((p->d_qk == 64 && p->d_v == 64) || (p->d_qk == 128 && p->d_v == 128)))
-    return fail_why(why, n, p->d_qk == 192 && p->d_v == 128 /* the forward has it (launch<0, 192, 128> below) */
-                                ? "head dims 192/128 (MLA): checked on the emulator, not yet run on a GPU"
-                                : "head dims are not 64/64 or 128/128");
+  const bool mla = p->d_qk == 192 && p->d_v == 128;
+  if (mla && !fwd) return fail_why(why, n, "head dims 192/128 (MLA): no Hopper backward for them");
+  if (mla && !env_mla())
+    return fail_why(why, n, "head dims 192/128 (MLA): checked on the emulator, not yet on a GPU (DISTLAB_ATTN_HOPPER_MLA=1 takes it)");
+  if (!mla && !((p->d_qk == 64 && p->d_v == 64) || (p->d_qk == 128 && p->d_v == 128)))
+    return fail_why(why, n, "head dims are not 64/64, 128/128 or 192/128");
   if (p->h_kv <= 0 || p->h_q % p->h_kv) return fail_why(why, n, "h_q is not a multiple of h_kv");
   if ((p->cu_seqlens_q ? p->total_kv : p->s_kv) == 0)
     return fail_why(why, n, "k and v have no rows (the portable kernels handle it)");
@@ -66,7 +75,7 @@ static int common_fit(const dl_attn_params_t *p, char *why, size_t n) {
 }
 
 extern "C" int dl_attn_fwd_hopper_fits(const dl_attn_params_t *p, char *why, size_t n) {
-  if (!common_fit(p, why, n)) return 0;
+  if (!common_fit(p, true, why, n)) return 0;
   if (p->acc_out && p->acc_dtype != DL_F32 && p->acc_dtype != DL_BF16)
     return fail_why(why, n, "accumulate.out is neither f32 nor bf16");
   /* TMA: 16-byte aligned bases and strides (dl_attn_validate's cuda rules give that for q, k, v,
@@ -103,7 +112,7 @@ extern "C" int dl_attn_fwd_hopper_usable(const dl_attn_params_t *p, int *yes) {
 }
 
 extern "C" int dl_attn_bwd_hopper_fits(const dl_attn_params_t *p, char *why, size_t n) {
-  if (!common_fit(p, why, n)) return 0;
+  if (!common_fit(p, false, why, n)) return 0;
   if ((p->cu_seqlens_q ? p->total_q : p->s_q) == 0) return fail_why(why, n, "q has no rows");
   if (why && n) snprintf(why, n, "hopper backward (wgmma, TMA; bf16, d %d)", p->d_qk);
   return 1;
