@@ -95,7 +95,7 @@ if opt.columns then
   for _, c in ipairs(opt.columns) do
     local known = false
     for _, k in ipairs(columns) do known = known or k == c end
-    if not known then error("--columns: no column " .. c .. " (" .. table.concat(columns, ", ") .. ")", 0) end
+    if not known then dl.fail("allreduce_sweep: --columns: no column %s (%s)", c, table.concat(columns, ", ")) end
     want[c] = true
   end
   local keep, keep_regular = {}, {}
@@ -416,7 +416,7 @@ local function write_results()
   end
   md[#md + 1] = string.format("- auto within 5%% of the best column at every size: %s (worst auto/best %.3f at %s)",
     verdict(worst_auto <= 1.05), worst_auto, worst_at)
-  md[#md + 1] = string.format("- auto beats both PyTorch anchors from 8 KB to 64 MB: %s%s",
+  md[#md + 1] = string.format("- auto beats each PyTorch anchor from 8 KB to 64 MB: %s%s",
     anchors_seen and verdict(anchors_ok) or "not measured",
     #anchors_bad > 0 and (" (" .. table.concat(anchors_bad, "; ") .. ")") or "")
   for _, col in ipairs { "auto", "auto_zc" } do
