@@ -23,6 +23,15 @@ local function ok_lines(out, word)
   return k
 end
 
+-- auto_zc.lua's "pick" on n ranks: auto on an input in the zero-copy region follows a test table's zc_rows
+local function auto_zc_picks(n, device)
+  local file = H.tmpname(".lua")
+  local rc, out = run(n, device, "auto_zc.lua", file .. " pick", "DISTLAB_AR_TABLE=" .. file)
+  os.remove(file)
+  assert.equal(0, rc, out)
+  assert.equal(n, ok_lines(out, "auto_zc"), out)
+end
+
 local scripts = {
   { "correct.lua", "correct", "every algorithm, dtype and size against the fp64 sum" },
   { "backtoback.lua", "backtoback", "1000 calls back to back, alternating sizes, dtypes and algorithms" },
@@ -114,11 +123,7 @@ describe("allreduce on cpu (shared memory)", function()
 
   it("2 and 4 ranks: auto on an input in the zero-copy region follows the table's zc_rows (in place only)", function()
     for _, n in ipairs { 2, 4 } do
-      local file = H.tmpname(".lua")
-      local rc, out = run(n, "cpu", "auto_zc.lua", file .. " pick", "DISTLAB_AR_TABLE=" .. file)
-      os.remove(file)
-      assert.equal(0, rc, out)
-      assert.equal(n, ok_lines(out, "auto_zc"), out)
+      auto_zc_picks(n, "cpu")
     end
   end)
 
@@ -292,11 +297,7 @@ describe("allreduce on GPUs (DISTLAB_SPEC_RANKS, and DISTLAB_SPEC_GPUS) #multigp
         assert.equal(0, rc, out)
         assert.equal(n, ok_lines(out, "lamport_region"), out)
       end
-      local file = H.tmpname(".lua")
-      local rc, out = run(n, "cuda", "auto_zc.lua", file .. " pick", "DISTLAB_AR_TABLE=" .. file)
-      os.remove(file)
-      assert.equal(0, rc, out)
-      assert.equal(n, ok_lines(out, "auto_zc"), out)
+      auto_zc_picks(n, "cuda")
     end
   end)
 
