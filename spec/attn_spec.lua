@@ -173,6 +173,28 @@ for _, dev in ipairs(H.devices) do
       assert.tensor_near(dv:f64():add_(1), av, 5e-3, 5e-3)
     end)
 
+    it("counts each step under the kernel that ran it (attn.runs), as backends says", function()
+      local x = on(build(with(TINY.bshd, { dtype = "bf16", dqk = 64, dv = 64 })), D)
+      for _, adt in ipairs({ "none", "f32", "bf16" }) do
+        local o = adt == "none" and opts(x) or opts(x, { accumulate = dl.attn.accumulator(x.q, x.v, { dtype = adt }) })
+        local b = dl.attn.backends(x.q, x.k, x.v, o)
+        local kind = D == "cpu" and "cpu" or b.fwd_why:find("kernel: hopper", 1, true) and "hopper" or "portable"
+        local r0 = dl.attn.runs()
+        local out, lse = dl.attn.fwd(x.q, x.k, x.v, o)
+        local r1 = dl.attn.runs()
+        for _, k in ipairs({ "cpu", "portable", "hopper", "cudnn" }) do
+          assert.equal(k == kind and 1 or 0, r1.fwd[k] - r0.fwd[k], adt .. " " .. k)
+        end
+        if adt == "none" then
+          local bk = D == "cpu" and "cpu" or b.bwd_why:find("kernel: hopper", 1, true) and "hopper" or "portable"
+          dl.attn.bwd(out, x.q, x.k, x.v, out, lse, opts(x))
+          local r2 = dl.attn.runs()
+          assert.equal(1, r2.bwd[bk] - r1.bwd[bk])
+          assert.equal(0, r2.fwd.cpu + r2.fwd.portable + r2.fwd.hopper - r1.fwd.cpu - r1.fwd.portable - r1.fwd.hopper)
+        end
+      end
+    end)
+
     it("reads max_seqlen from opts and refuses one below the data", function()
       local c = with(TINY.thd, { dtype = "bf16" })
       local x = on(build(c), D)

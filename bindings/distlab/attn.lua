@@ -55,6 +55,10 @@
 --       likewise "kernel: hopper backward (...)" or "kernel: portable (hopper
 --       backward: <why not>)". DISTLAB_ATTN_HOPPER=0 keeps the
 --       portable kernels (A/B timings).
+--   attn.runs() -> {fwd = {cpu =, portable =, hopper =, cudnn =}, bwd = {...}}:
+--       the steps each kernel has run in this process (a step with no rows
+--       counts nowhere); the difference of two readings says which kernels
+--       a schedule's steps really took (cp_bench prints it per strategy).
 --   attn.cudnn_info() -> {version, header_version, frontend_version, path,
 --       plans, builds, hits, build_ms, last_build_ms, max_workspace}
 --
@@ -250,6 +254,17 @@ function M.cudnn_info()
     max_workspace = tonumber(i.max_workspace) }
 end
 
+local RUN_KINDS = { "cpu", "portable", "hopper", "cudnn" } -- dl_attn_runs' kinds, in order
+function M.runs()
+  local out = ffi.new("int64_t[?]", C.DL_ATTN_RUNS)
+  check(C.dl_attn_runs(out))
+  local r = { fwd = {}, bwd = {} }
+  for i, kind in ipairs(RUN_KINDS) do
+    r.fwd[kind], r.bwd[kind] = tonumber(out[i - 1]), tonumber(out[3 + i])
+  end
+  return r
+end
+
 function M.backends(q, k, v, opts)
   opts = opts or {}
   local op = "attn.backends"
@@ -262,7 +277,9 @@ function M.backends(q, k, v, opts)
   local r = {}
   local chosen, why = ffi.new("int[1]"), ffi.new("char[1024]")
   for dir, name in pairs({ [0] = "fwd", [1] = "bwd" }) do
-    local fused = dir == 0 and opts.accumulate ~= nil and 1 or 0
+    -- the dtype of the accumulate.out the fwd call would have (-1: none; f32 where it is not a tensor yet)
+    local acc = type(opts.accumulate) == "table" and opts.accumulate.out
+    local fused = dir == 0 and opts.accumulate ~= nil and (tensor.is_tensor(acc) and acc.dtype_id or C.DL_F32) or -1
     local ml = dir == 0 and opts.return_max_logit and 1 or 0
     check(C.dl_attn_backend(o, q, k, v, dir, fused, ml, chosen, why, 1024))
     r[name] = backend_names[chosen[0]] or false

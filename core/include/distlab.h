@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-enum { DL_ABI_VERSION = 2 };
+enum { DL_ABI_VERSION = 3 };
 
 /* ---- status codes ------------------------------------------------------ */
 enum {
@@ -415,11 +415,19 @@ int dl_attn_bwd(const dl_attn_opts_t *o, const dl_tensor_t *dout, const dl_tenso
 /* Which backend a fwd (bwd = 0) or bwd call on these operands would run,
  * without running it: *chosen DL_ATTN_OURS or DL_ATTN_CUDNN, or -1 when
  * o->backend is DL_ATTN_CUDNN and cuDNN cannot take it; why (whylen bytes)
- * says why. accumulate, max_logit: the fwd call would have them. May build
- * and cache cuDNN's plan (that is how cuDNN says what it supports). */
+ * says why. accumulate: -1, or the dtype (DL_F32, DL_BF16, DL_F16) of the
+ * accumulate.out the fwd call would have; max_logit: the fwd call would ask
+ * for it. May build and cache cuDNN's plan (that is how cuDNN says what it
+ * supports). */
 int dl_attn_backend(const dl_attn_opts_t *o, const dl_tensor_t *q, const dl_tensor_t *k,
                     const dl_tensor_t *v, int bwd, int accumulate, int max_logit, int *chosen,
                     char *why, int64_t whylen);
+/* The attention steps each kernel has run in this process: out[bwd * 4 +
+ * kind] (DL_ATTN_RUNS entries), kind 0 the cpu twin, 1 our portable CUDA
+ * kernel, 2 our Hopper kernel, 3 cuDNN's. A step with no rows to compute
+ * counts nowhere. For telling which kernel a schedule's steps really took. */
+enum { DL_ATTN_RUNS = 8 };
+int dl_attn_runs(int64_t *out);
 typedef struct dl_attn_cudnn_info {
   int64_t version;          /* cudnnGetVersion() of the library opened; 0: none yet        */
   int64_t header_version;   /* CUDNN_VERSION built against; 0: built without the frontend  */

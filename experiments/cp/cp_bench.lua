@@ -55,6 +55,20 @@ local function timed(fn)
   return h:max(bench.timing.events(fn, { warmup = 2, iters = iters }).median)
 end
 
+-- The kernels the attention steps took between two dl.attn.runs() readings: "fwd hopper, bwd hopper"
+-- (a strategy that falls back to a slower kernel shows it here, not only in its time)
+local function kernels_between(r0, r1)
+  local parts = {}
+  for _, dir in ipairs({ "fwd", "bwd" }) do
+    local ks = {}
+    for _, k in ipairs({ "cpu", "portable", "hopper", "cudnn" }) do
+      if r1[dir][k] > r0[dir][k] then ks[#ks + 1] = k end
+    end
+    parts[#parts + 1] = dir .. " " .. (#ks > 0 and table.concat(ks, "+") or "none")
+  end
+  return table.concat(parts, ", ")
+end
+
 local function full_inputs(S)
   local shape = layout == "thd" and { B * S, nh, D } or layout == "sbhd" and { S, B, nh, D } or { B, S, nh, D }
   local function rnd(seed) return dl.randn(shape, { dtype = "f32", seed = seed }):to("bf16") end
@@ -88,16 +102,18 @@ for _, S in ipairs(lengths) do
   -- One GPU, the whole sequence: the work CP splits C ways.
   local ref = {}
   local t1f = timed(function() ref.out, ref.lse = dl.attn.fwd(x.q, x.k, x.v, x.o) end)
+  local r0 = dl.attn.runs()
   local t1b = timed(function()
     local out, lse = dl.attn.fwd(x.q, x.k, x.v, x.o)
     dl.attn.bwd(x.dout, x.q, x.k, x.v, out, lse, x.o)
   end)
   ref.dq, ref.dk, ref.dv = dl.attn.bwd(x.dout, x.q, x.k, x.v, ref.out, ref.lse, x.o)
+  local kernels1 = kernels_between(r0, dl.attn.runs())
   local so = { comm = world, layout = layout, cu_seqlens_padded = x.seq and x.seq.cu_seqlens_q_padded }
   local q, k, v, dout = dl.cp.shard(x.q, so), dl.cp.shard(x.k, so), dl.cp.shard(x.v, so), dl.cp.shard(x.dout, so)
   local flops = 4 * B * nh * D * S * S / 2 -- causal forward; the backward is 2.5 times that
   rows[#rows + 1] = { backend = backend, S = S, name = "1 GPU, whole sequence", fwd = t1f, fb = t1b,
-    tflops = flops / t1f / 1e9 }
+    tflops = flops / t1f / 1e9, kernels = kernels1 }
   for _, st in ipairs(strategies) do
     local o = presets.options(st)
     o.comm, o.layout, o.mask, o.backend = world, layout, "causal", backend
@@ -119,9 +135,11 @@ for _, S in ipairs(lengths) do
       cp:forward(q, k, v, x.seq)
       cp:backward(dout)
     end)
-    -- Data, after timing: this rank's shard of the one-GPU results.
+    -- Data, after timing: this rank's shard of the one-GPU results (and the kernels its steps took).
+    local r1 = dl.attn.runs()
     local out = cp:forward(q, k, v, x.seq)
     local dq, dk, dv = cp:backward(dout)
+    local kernels = kernels_between(r1, dl.attn.runs())
     local worst = 0
     local wrong = h:check(function()
       local bad = 0
@@ -138,7 +156,7 @@ for _, S in ipairs(lengths) do
     end)
     worst = h:max(worst)
     rows[#rows + 1] = { backend = backend, S = S, name = st.name, fwd = tf, fb = tb, err = worst, wrong = wrong,
-      eff_f = t1f / (C * tf), eff_fb = t1b / (C * tb), tflops = flops / C / tf / 1e9 }
+      eff_f = t1f / (C * tf), eff_fb = t1b / (C * tb), tflops = flops / C / tf / 1e9, kernels = kernels }
     tbl:row({ backend, S, st.name, tf, 100 * t1f / (C * tf), tb, 100 * t1b / (C * tb), t1f, t1b, wrong })
     collectgarbage()
     ::next_strategy::
@@ -153,15 +171,15 @@ local main = {}
 for _, row in ipairs(rows) do if row.name == "main" then main[row.backend .. "/" .. row.S] = row end end
 local lines = {}
 local function p(fmt, ...) lines[#lines + 1] = string.format(fmt, ...) end
-p("| backend | S_total | strategy | fwd ms | fwd eff | fwd TFLOP/s/GPU | fwd+bwd ms | fwd+bwd eff | fwd+bwd vs main | max err | #wrong |")
-p("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+p("| backend | S_total | strategy | fwd ms | fwd eff | fwd TFLOP/s/GPU | fwd+bwd ms | fwd+bwd eff | fwd+bwd vs main | max err | #wrong | kernels (rank 0) |")
+p("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 for _, row in ipairs(rows) do
   local m = main[row.backend .. "/" .. row.S]
-  p("| %s | %d | %s | %.3f | %s | %.1f | %.3f | %s | %s | %s | %s |", row.backend, row.S, row.name, row.fwd,
+  p("| %s | %d | %s | %.3f | %s | %.1f | %.3f | %s | %s | %s | %s | %s |", row.backend, row.S, row.name, row.fwd,
     row.eff_f and string.format("%.1f%%", 100 * row.eff_f) or "—", row.tflops, row.fb,
     row.eff_fb and string.format("%.1f%%", 100 * row.eff_fb) or "—",
     row.eff_fb and m and string.format("%+.1f%%", 100 * (row.fb / m.fb - 1)) or "—",
-    row.err and string.format("%.2g", row.err) or "—", row.wrong and tostring(row.wrong) or "—")
+    row.err and string.format("%.2g", row.err) or "—", row.wrong and tostring(row.wrong) or "—", row.kernels or "—")
 end
 if h.rank0 then
   print("")
@@ -171,10 +189,10 @@ if h.rank0 then
   for _, row in ipairs(rows) do
     local function str(v) return v and tostring(v) end -- 14 significant digits, as before
     csv_rows[#csv_rows + 1] = { row.S, row.name, string.format("%.4f", row.fwd), str(row.eff_f),
-      string.format("%.4f", row.fb), str(row.eff_fb), str(row.err), row.wrong, row.backend }
+      string.format("%.4f", row.fb), str(row.eff_fb), str(row.err), row.wrong, row.backend, row.kernels }
   end
   local csv = h:csv(base .. ".csv", { "S_total", "strategy", "fwd_ms", "fwd_eff", "fwd_bwd_ms", "fwd_bwd_eff", "max_err",
-    "wrong", "backend" }, csv_rows)
+    "wrong", "backend", "kernels" }, csv_rows)
   local body = { "Efficiency = T(1 GPU, whole sequence) / (C x T(CP)): the share of the ideal C-fold",
     "speed-up that the schedule keeps (communication hidden, causal work balanced).",
     "`vs main` compares forward+backward with main (p2p, per-step buffers, post-loop merge).",

@@ -158,12 +158,28 @@ static int lse_shape_of(const step_t *st, int64_t *sz) {
   return dl_attn_lse_shape(st->thd, st->oq.b, st->oq.h, st->oq.s, sz);
 }
 
+/* dl_attn_runs' counts: [bwd * 4 + kind], kind 0 cpu, 1 portable, 2 Hopper, 3 cuDNN */
+static int64_t runs[DL_ATTN_RUNS];
+static void count_run(int bwd, int kind) { __atomic_fetch_add(&runs[bwd * 4 + kind], 1, __ATOMIC_RELAXED); }
+
+int dl_attn_runs(int64_t *out) {
+  DL_CHECK_ARG(out, "dl_attn_runs: out is NULL");
+  for (int i = 0; i < DL_ATTN_RUNS; i++) out[i] = __atomic_load_n(&runs[i], __ATOMIC_RELAXED);
+  return 0;
+}
+
 static int launch(int bwd, const dl_attn_params_t *p, const dl_tensor_t *q, dl_stream_t *s) {
   void *h;
-  if (q->dev_type == DL_CPU) return bwd ? dl_attn_bwd_cpu(p, NULL) : dl_attn_fwd_cpu(p, NULL);
+  if (q->dev_type == DL_CPU) {
+    count_run(bwd, 0);
+    return bwd ? dl_attn_bwd_cpu(p, NULL) : dl_attn_fwd_cpu(p, NULL);
+  }
 #ifdef DL_WITH_CUDA
   DL_TRY(dl_cuda_use(q->dev_index));
   DL_TRY(dl_stream_for(s, q->dev_type, q->dev_index, &h));
+  int hopper = 0; /* the kernel dl_attn_{fwd,bwd}_cuda will take, for dl_attn_runs */
+  DL_TRY(bwd ? dl_attn_bwd_hopper_usable(p, &hopper) : dl_attn_fwd_hopper_usable(p, &hopper));
+  count_run(bwd, hopper ? 2 : 1);
   return bwd ? dl_attn_bwd_cuda(p, h) : dl_attn_fwd_cuda(p, h);
 #else
   (void)h, (void)s;
@@ -228,8 +244,10 @@ int dl_attn_fwd(const dl_attn_opts_t *o, const dl_tensor_t *q, const dl_tensor_t
     void **ptrs[] = {(void **)&p.q, (void **)&p.k, (void **)&p.v};
     dl_attn_lend(ptrs, 3);
 #if defined(DL_WITH_CUDA) && defined(DL_WITH_CUDNN_FE)
-    if (cudnn) rc = dl_attn_cudnn_fwd(&p, st.thd, q, s);
-    else
+    if (cudnn) {
+      count_run(0, 3);
+      rc = dl_attn_cudnn_fwd(&p, st.thd, q, s);
+    } else
 #endif
       rc = launch(0, &p, q, s);
   }
@@ -313,7 +331,10 @@ int dl_attn_bwd(const dl_attn_opts_t *o, const dl_tensor_t *dout, const dl_tenso
                      (void **)&p.dk,  (void **)&p.dv,   (void **)&p.lse};
     dl_attn_lend(ptrs, 9);
 #if defined(DL_WITH_CUDA) && defined(DL_WITH_CUDNN_FE)
-    if (cudnn) rc = dl_attn_cudnn_bwd(&p, st.thd, q, *dq, *dk, *dv, st.layout, s);
+    if (cudnn) {
+      count_run(1, 3);
+      rc = dl_attn_cudnn_bwd(&p, st.thd, q, *dq, *dk, *dv, st.layout, s);
+    }
     else
 #endif
       rc = launch(1, &p, q, s);
@@ -353,7 +374,7 @@ int dl_attn_backend(const dl_attn_opts_t *o, const dl_tensor_t *q, const dl_tens
   if (!rc) {
     dl_attn_opts_t asked = *o;
     if (asked.backend == DL_ATTN_CUDNN) asked.backend = DL_ATTN_AUTO; /* a refusal is an answer here */
-    rc = dl_attn_cudnn_choose(&asked, q, &p, st.thd, bwd, accumulate, max_logit, &use, why,
+    rc = dl_attn_cudnn_choose(&asked, q, &p, st.thd, bwd, accumulate >= 0, max_logit, &use, why,
                               (size_t)whylen);
     if (!rc && !use && o->backend == DL_ATTN_CUDNN && strncmp(why, "ours: no keys", 13)) {
       *chosen = -1;
@@ -365,7 +386,7 @@ int dl_attn_backend(const dl_attn_opts_t *o, const dl_tensor_t *q, const dl_tens
 #ifdef DL_WITH_CUDA
   /* ours on cuda: which of our kernels runs (the Hopper forward or backward, or the portable one) */
   if (!rc && *chosen == DL_ATTN_OURS && q->dev_type == DL_CUDA) {
-    if (!bwd) p.acc_out = accumulate ? (void *)1 : NULL, p.acc_dtype = DL_F32; /* the usual accumulate */
+    if (!bwd && accumulate >= 0) p.acc_out = (void *)1, p.acc_dtype = accumulate; /* what the call would have */
     rc = kernel_why(&p, q->dev_index, bwd ? dl_attn_bwd_hopper_fits : dl_attn_fwd_hopper_fits,
                     bwd ? dl_attn_bwd_hopper_usable : dl_attn_fwd_hopper_usable,
                     bwd ? "hopper backward" : "hopper forward", why, whylen);
