@@ -83,14 +83,16 @@ typedef struct dl_attn_params {
 int dl_attn_validate(const dl_attn_params_t *p, int bwd, int cuda);
 size_t dl_attn_bwd_workspace_bytes(const dl_attn_params_t *p);
 
-int dl_attn_fwd_cuda(const dl_attn_params_t *p, void *stream);
-/* The Hopper forward (kernels/attn/hopper/; sm_90a; bf16, head dims 64/64 or 128/128; 192/128 in the kernel, not yet taken): whether it takes p's shape (1, else 0 with
+/* The step on cuda (fwd, bwd): the Hopper kernel where usable, else the portable one; *hopper (may be
+ * NULL) is set to 1 when the Hopper kernel ran, else 0. */
+int dl_attn_fwd_cuda(const dl_attn_params_t *p, void *stream, int *hopper);
+/* The Hopper forward (kernels/attn/hopper/; sm_90a; bf16, head dims 64/64 or 128/128; 192/128 with DISTLAB_ATTN_HOPPER_MLA=1): whether it takes p's shape (1, else 0 with
  * the reason in why when given), whether it runs here (that and an sm_90 device), and the run.
  * dl_attn_fwd_cuda takes it where usable. */
 int dl_attn_fwd_hopper_fits(const dl_attn_params_t *p, char *why, size_t n);
 int dl_attn_fwd_hopper_usable(const dl_attn_params_t *p, int *yes);
 int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream);
-int dl_attn_bwd_cuda(const dl_attn_params_t *p, void *stream);
+int dl_attn_bwd_cuda(const dl_attn_params_t *p, void *stream, int *hopper);
 /* The Hopper backward's main kernel (kernels/attn/hopper/bwd_kernel.cuh; bf16, head dims 64/64 or
  * 128/128), as the
  * forward's three: dl_attn_bwd_cuda runs it (and its own dQ conversion) after its prep, on its

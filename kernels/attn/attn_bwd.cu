@@ -337,7 +337,7 @@ __global__ void __launch_bounds__(C::NT) attn_bwd_kernel(const dl_attn_params_t 
 /* ---- launchers ------------------------------------------------------------------ */
 
 template <class C>
-static int attn_bwd_run(const dl_attn_params_t *p, void *stream) {
+static int attn_bwd_run(const dl_attn_params_t *p, void *stream, int *ran_hopper) {
   const int64_t rows = attn_ws_rows(p);
   float *dq_acc = (float *)p->workspace;
   float *delta = (float *)((char *)p->workspace + (((size_t)rows * p->h_q * p->d_qk * 4 + 255) & ~(size_t)255));
@@ -349,7 +349,10 @@ static int attn_bwd_run(const dl_attn_params_t *p, void *stream) {
                        rgrid, dim3(128), 0, stream, *p, dq_acc, delta));
   int hopper = 0; /* the main kernel on wgmma and TMA (kernels/attn/hopper/), and its dQ conversion */
   DL_TRY(dl_attn_bwd_hopper_usable(p, &hopper));
-  if (hopper) return dl_attn_bwd_hopper_cuda(p, dq_acc, delta, stream);
+  if (hopper) {
+    if (ran_hopper) *ran_hopper = 1;
+    return dl_attn_bwd_hopper_cuda(p, dq_acc, delta, stream);
+  }
   if (p->s_kv > 0)
     DL_TRY(attn_launch("attn_bwd_kernel", bf16 ? attn_bwd_kernel<C, true> : attn_bwd_kernel<C, false>, grid,
                        dim3(C::NT), C::SMEM, stream, *p, dq_acc, (const float *)delta));
@@ -359,16 +362,17 @@ static int attn_bwd_run(const dl_attn_params_t *p, void *stream) {
   return 0;
 }
 
-extern "C" int dl_attn_bwd_cuda(const dl_attn_params_t *p, void *stream) {
+extern "C" int dl_attn_bwd_cuda(const dl_attn_params_t *p, void *stream, int *ran_hopper) {
+  if (ran_hopper) *ran_hopper = 0;
   DL_TRY(dl_attn_validate(p, 1, 1));
   if (p->b == 0 || (p->s_q == 0 && p->s_kv == 0)) return 0;
   DL_CHECK_ARG(p->s_q <= 65535 * PREP_ROWS && p->s_kv <= 65535 * 32 && p->h_q <= 65535 && p->b <= 65535,
                "attn bwd: grid too large (s_q=%d s_kv=%d h_q=%d b=%d)", p->s_q, p->s_kv, p->h_q, p->b);
   switch (attn_dims_config(p->d_qk, p->d_v)) {
-    case 0: return attn_bwd_run<attn_bwd_cfg<64, 64, 8, 1>>(p, stream);
-    case 1: return attn_bwd_run<attn_bwd_cfg<128, 128, DL_ATTN_BWD128_NW, 1>>(p, stream);
-    case 2: return attn_bwd_run<attn_bwd_cfg<192, 128, 8, 2>>(p, stream);
-    case 3: return attn_bwd_run<attn_bwd_cfg<256, 256, 4, 2>>(p, stream);
+    case 0: return attn_bwd_run<attn_bwd_cfg<64, 64, 8, 1>>(p, stream, ran_hopper);
+    case 1: return attn_bwd_run<attn_bwd_cfg<128, 128, DL_ATTN_BWD128_NW, 1>>(p, stream, ran_hopper);
+    case 2: return attn_bwd_run<attn_bwd_cfg<192, 128, 8, 2>>(p, stream, ran_hopper);
+    case 3: return attn_bwd_run<attn_bwd_cfg<256, 256, 4, 2>>(p, stream, ran_hopper);
   }
   return DL_ERR(DL_EINVAL, "attn bwd: no kernel for head dims %d/%d", p->d_qk, p->d_v);
 }

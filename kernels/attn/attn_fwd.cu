@@ -318,14 +318,18 @@ static int attn_fwd_run(const dl_attn_params_t *p, void *stream) {
   return attn_launch("attn_fwd_kernel", attn_fwd_kernel<C, false>, grid, dim3(C::NT), C::SMEM, stream, *p);
 }
 
-extern "C" int dl_attn_fwd_cuda(const dl_attn_params_t *p, void *stream) {
+extern "C" int dl_attn_fwd_cuda(const dl_attn_params_t *p, void *stream, int *ran_hopper) {
+  if (ran_hopper) *ran_hopper = 0;
   DL_TRY(dl_attn_validate(p, 0, 1));
   if (p->b == 0 || p->s_q == 0) return 0;
   DL_CHECK_ARG(p->s_q <= 65535 * 128 && p->h_q <= 65535 && p->b <= 65535, /* both kernels: 128-row blocks */
                "attn fwd: grid too large (s_q=%d h_q=%d b=%d)", p->s_q, p->h_q, p->b);
   int hopper = 0;
   DL_TRY(dl_attn_fwd_hopper_usable(p, &hopper));
-  if (hopper) return dl_attn_fwd_hopper_cuda(p, stream);
+  if (hopper) {
+    if (ran_hopper) *ran_hopper = 1;
+    return dl_attn_fwd_hopper_cuda(p, stream);
+  }
   switch (attn_dims_config(p->d_qk, p->d_v)) {
     case 0: return attn_fwd_run<attn_fwd_cfg<64, 64, 128, 64, 4>>(p, stream);
     case 1:

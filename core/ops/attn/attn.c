@@ -171,16 +171,17 @@ int dl_attn_runs(int64_t *out) {
 static int launch(int bwd, const dl_attn_params_t *p, const dl_tensor_t *q, dl_stream_t *s) {
   void *h;
   if (q->dev_type == DL_CPU) {
-    count_run(bwd, 0);
-    return bwd ? dl_attn_bwd_cpu(p, NULL) : dl_attn_fwd_cpu(p, NULL);
+    const int rc = bwd ? dl_attn_bwd_cpu(p, NULL) : dl_attn_fwd_cpu(p, NULL);
+    if (!rc) count_run(bwd, 0);
+    return rc;
   }
 #ifdef DL_WITH_CUDA
   DL_TRY(dl_cuda_use(q->dev_index));
   DL_TRY(dl_stream_for(s, q->dev_type, q->dev_index, &h));
-  int hopper = 0; /* the kernel dl_attn_{fwd,bwd}_cuda will take, for dl_attn_runs */
-  DL_TRY(bwd ? dl_attn_bwd_hopper_usable(p, &hopper) : dl_attn_fwd_hopper_usable(p, &hopper));
-  count_run(bwd, hopper ? 2 : 1);
-  return bwd ? dl_attn_bwd_cuda(p, h) : dl_attn_fwd_cuda(p, h);
+  int hopper = 0; /* the kernel dl_attn_{fwd,bwd}_cuda took, for dl_attn_runs */
+  const int rc = bwd ? dl_attn_bwd_cuda(p, h, &hopper) : dl_attn_fwd_cuda(p, h, &hopper);
+  if (!rc) count_run(bwd, hopper ? 2 : 1);
+  return rc;
 #else
   (void)h, (void)s;
   return DL_ERR(DL_ENODEV, "attn: cpu-only build");
@@ -245,8 +246,7 @@ int dl_attn_fwd(const dl_attn_opts_t *o, const dl_tensor_t *q, const dl_tensor_t
     dl_attn_lend(ptrs, 3);
 #if defined(DL_WITH_CUDA) && defined(DL_WITH_CUDNN_FE)
     if (cudnn) {
-      count_run(0, 3);
-      rc = dl_attn_cudnn_fwd(&p, st.thd, q, s);
+      if (!(rc = dl_attn_cudnn_fwd(&p, st.thd, q, s))) count_run(0, 3);
     } else
 #endif
       rc = launch(0, &p, q, s);
@@ -332,8 +332,7 @@ int dl_attn_bwd(const dl_attn_opts_t *o, const dl_tensor_t *dout, const dl_tenso
     dl_attn_lend(ptrs, 9);
 #if defined(DL_WITH_CUDA) && defined(DL_WITH_CUDNN_FE)
     if (cudnn) {
-      count_run(1, 3);
-      rc = dl_attn_cudnn_bwd(&p, st.thd, q, *dq, *dk, *dv, st.layout, s);
+      if (!(rc = dl_attn_cudnn_bwd(&p, st.thd, q, *dq, *dk, *dv, st.layout, s))) count_run(1, 3);
     }
     else
 #endif

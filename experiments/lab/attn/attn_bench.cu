@@ -119,9 +119,9 @@ int main(int argc, char **argv) {
         p.workspace = ws, p.workspace_bytes = ws_bytes;
         double flops = 4.0 * B * H * (double)s * s * D / (causal ? 2 : 1);
         int reps = s <= 8192 ? 20 : 7;
-        double tf = median_ms([&] { check(dl_attn_fwd_cuda(&p, nullptr)); }, reps);
-        double tb = median_ms([&] { check(dl_attn_bwd_cuda(&p, nullptr)); }, reps);
-        double tfb = median_ms([&] { check(dl_attn_fwd_cuda(&p, nullptr)), check(dl_attn_bwd_cuda(&p, nullptr)); }, reps);
+        double tf = median_ms([&] { check(dl_attn_fwd_cuda(&p, nullptr, nullptr)); }, reps);
+        double tb = median_ms([&] { check(dl_attn_bwd_cuda(&p, nullptr, nullptr)); }, reps);
+        double tfb = median_ms([&] { check(dl_attn_fwd_cuda(&p, nullptr, nullptr)), check(dl_attn_bwd_cuda(&p, nullptr, nullptr)); }, reps);
         printf("%-6s %-7s %6d %9.3f %8.1f %9.3f %8.1f %9.3f %8.1f\n", thd ? "thd" : "bshd", causal ? "causal" : "none", s,
                tf, flops / tf / 1e9, tb, 2.5 * flops / tb / 1e9, tfb, 3.5 * flops / tfb / 1e9);
         fflush(stdout);

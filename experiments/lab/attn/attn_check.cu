@@ -36,6 +36,11 @@ static void dev_free(void *p) { free(p); }
 static void to_dev(void *d, const void *h, size_t n) { memcpy(d, h, n); }
 static void to_host(void *h, const void *d, size_t n) { memcpy(h, d, n); }
 static void dev_sync() {}
+// the Hopper kernels are sm_90a-only (hopper/emu*.cpp emulate them): here the portable ones always run
+extern "C" int dl_attn_fwd_hopper_usable(const dl_attn_params_t *, int *yes) { return *yes = 0, 0; }
+extern "C" int dl_attn_bwd_hopper_usable(const dl_attn_params_t *, int *yes) { return *yes = 0, 0; }
+extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *, void *) { return DL_EINVAL; }
+extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *, float *, const float *, void *) { return DL_EINVAL; }
 #else
 #include <cuda_runtime.h>
 static void *dev_alloc(size_t n) {
@@ -311,7 +316,7 @@ static void run_case(const acase &c) {
       p.out = ptr(out[g], gpu), p.out_st = out[g].st, p.lse = (float *)ptr(lse[g], gpu), p.lse_st = lse[g].st;
     }
     if (c.max_logit) p.max_logit = (float *)ptr(ml[g], gpu);
-    rc[g] = gpu ? dl_attn_fwd_cuda(&p, nullptr) : dl_attn_fwd_cpu(&p, nullptr);
+    rc[g] = gpu ? dl_attn_fwd_cuda(&p, nullptr, nullptr) : dl_attn_fwd_cpu(&p, nullptr);
     if (gpu) dev_sync();
   }
   if (rc[0] || rc[1]) {
@@ -350,7 +355,7 @@ static void run_case(const acase &c) {
       p.workspace_bytes = dl_attn_bwd_workspace_bytes(&p);
       p.workspace = ws = dev_alloc(p.workspace_bytes);
     }
-    rc[g] = gpu ? dl_attn_bwd_cuda(&p, nullptr) : dl_attn_bwd_cpu(&p, nullptr);
+    rc[g] = gpu ? dl_attn_bwd_cuda(&p, nullptr, nullptr) : dl_attn_bwd_cpu(&p, nullptr);
     if (gpu) dev_sync();
   }
   dev_free(ws);
@@ -472,7 +477,7 @@ static void run_validation() {
     bc.edit(&p);
     /* the twin needs no alignment: it is only asked what it must refuse */
     bool cpu_too = strcmp(bc.what, "misaligned q") && strcmp(bc.what, "stride not multiple of 8");
-    int r1 = dl_attn_fwd_cuda(&p, nullptr), r2 = cpu_too ? dl_attn_fwd_cpu(&p, nullptr) : DL_EINVAL;
+    int r1 = dl_attn_fwd_cuda(&p, nullptr, nullptr), r2 = cpu_too ? dl_attn_fwd_cpu(&p, nullptr) : DL_EINVAL;
     if (r1 != DL_EINVAL || r2 != DL_EINVAL) {
       wrong++;
       vd.text += std::string(" [") + bc.what + " accepted]";
@@ -480,7 +485,7 @@ static void run_validation() {
   }
   dl_attn_params_t p = good;
   p.workspace = dummy, p.workspace_bytes = 16;
-  if (dl_attn_bwd_cuda(&p, nullptr) != DL_EINVAL) wrong++, vd.text += " [small workspace accepted]";
+  if (dl_attn_bwd_cuda(&p, nullptr, nullptr) != DL_EINVAL) wrong++, vd.text += " [small workspace accepted]";
   vd.ok = wrong == 0;
   if (vd.ok) vd.text = std::string(" e.g. \"") + dl_last_error() + "\"";
   report("validation: bad parameters give DL_EINVAL", vd);
