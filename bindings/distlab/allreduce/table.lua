@@ -109,11 +109,10 @@ function T.table(comm)
   return t.entry, t.path, t.device_name
 end
 
+local function has_zc(e) return e ~= nil and type(e.zc_rows) == "table" and #e.zc_rows > 0 end
+
 -- Does the table "auto" uses for comm have rows for zero-copy inputs?
-function T.has_zc(comm)
-  local e = T.table(comm)
-  return e ~= nil and type(e.zc_rows) == "table" and #e.zc_rows > 0
-end
+function T.has_zc(comm) return has_zc((T.table(comm))) end
 
 local function pick(rows, nbytes)
   for _, r in ipairs(rows) do
@@ -127,7 +126,7 @@ end
 -- sizing); zc: for an input in the zero-copy region, run in place.
 function T.choose(nbytes, comm, zc)
   local e = T.table(comm)
-  if zc and T.has_zc(comm) then return pick(e.zc_rows, nbytes) end
+  if zc and has_zc(e) then return pick(e.zc_rows, nbytes) end
   if not e or not e.rows or #e.rows == 0 then
     if nbytes <= 2 ^ 20 then return "one_shot_push", 0 end
     return nbytes <= 16 * 2 ^ 20 and "two_shot" or "nccl", 0

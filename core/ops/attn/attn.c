@@ -158,7 +158,8 @@ static int lse_shape_of(const step_t *st, int64_t *sz) {
   return dl_attn_lse_shape(st->thd, st->oq.b, st->oq.h, st->oq.s, sz);
 }
 
-/* dl_attn_runs' counts: [bwd * 4 + kind], kind 0 cpu, 1 portable, 2 Hopper, 3 cuDNN */
+/* dl_attn_runs' counts of steps that returned without error: [bwd * 4 + kind], kind 0 cpu, 1 portable, 2 Hopper,
+ * 3 cuDNN */
 static int64_t runs[DL_ATTN_RUNS];
 static void count_run(int bwd, int kind) { __atomic_fetch_add(&runs[bwd * 4 + kind], 1, __ATOMIC_RELAXED); }
 
