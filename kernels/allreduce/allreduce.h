@@ -62,16 +62,21 @@ enum {
 #define DL_AR_LAMPORT_NAN 0x7fffffffu   /* what an input word equal to EMPTY is sent as */
 
 /* A call as one rank runs it. Block 0 of every rank writes its call into
- * every peer's ctrl (calls[seq & 1][from]) as it starts, seq last (release);
- * before any block touches a peer's data it waits until that peer's entry
- * holds its own seq and compares the rest, so ranks that call differently
- * (size, dtype, algorithm, grid) fail instead of summing garbage. It costs a
- * 32-byte store into each peer and a poll of local memory that the peer's
+ * every peer's ctrl (calls[seq & 1][from]) as it starts; before any block
+ * touches a peer's data it waits until that peer's entry is the one of this
+ * call and compares it with its own, so ranks that call differently (size,
+ * dtype, algorithm, grid) fail instead of summing garbage. On the wire
+ * (dl_ar_call_wire_t) each 32-bit word of the call travels in a 64-bit word
+ * whose high half is the call's seq, so every word says by itself which call
+ * it belongs to: the writer stores them without a fence or an order (a
+ * system fence before a seq written last sat on every call's critical path)
+ * and the reader takes the entry once every word carries its seq. It costs
+ * 64 bytes stored into each peer and a poll of local memory that the peer's
  * first flag or data would have been waited for anyway. The entry of call s
  * is rewritten at call s + 2, which its writer starts only after this rank
  * took part in call s + 1 (the double buffering of the staging halves). */
 typedef struct dl_ar_call {
-  uint32_t seq;        /* 1 + the writer's ctrl.seq at this call (0: none yet): written last */
+  uint32_t seq;        /* 1 + the writer's ctrl.seq at this call (0: none yet) */
   uint8_t algo, dtype, zero_copy, pad;
   int32_t blocks, round_vecs;
   int64_t n;           /* elements of the whole run (a large one runs in pieces) */
@@ -83,13 +88,18 @@ static_assert(sizeof(dl_ar_call_t) == 32, "dl_ar_call_t is 8 words");
 _Static_assert(sizeof(dl_ar_call_t) == 32, "dl_ar_call_t is 8 words");
 #endif
 
+/* Word i of a dl_ar_call_t c as stored in a peer: (uint64_t)c.seq << 32 | word i. */
+typedef struct dl_ar_call_wire {
+  uint64_t w[8];
+} dl_ar_call_wire_t;
+
 typedef struct dl_ar_ctrl {
   uint32_t flags[DL_AR_MAX_BLOCKS][DL_SIGNAL_MAX_RANKS];  /* [block][from rank], peers write */
   uint32_t counts[DL_AR_MAX_BLOCKS][DL_SIGNAL_MAX_RANKS]; /* [block][peer], this rank's */
   uint32_t progress[DL_AR_MAX_BLOCKS]; /* pipelined kernels: rounds block b produced */
   uint32_t seq;  /* calls finished on this rank                          */
   uint32_t done; /* blocks of the running call that finished             */
-  dl_ar_call_t calls[2][DL_SIGNAL_MAX_RANKS]; /* [seq & 1][from rank], peers write */
+  dl_ar_call_wire_t calls[2][DL_SIGNAL_MAX_RANKS]; /* [seq & 1][from rank], peers write */
   /* 1 + the rank that gave up (its wait timed out, it saw mismatched calls,
    * a peer of its died): written by that rank into every peer's ctrl, read by
    * every wait here, so no rank completes a call against an abandoned one */

@@ -166,17 +166,37 @@ __device__ __forceinline__ bool ar_wait(const dl_ar_args_t &a, dl_ar_ctrl_t *sel
   return true;
 }
 
-// Block 0, thread p (< nranks, not ours): this call into peer p's ctrl,
-// the marker last (dl_ar_call_t), at the start of every kernel.
+// Block 0, thread p (< nranks, not ours): this call into peer p's ctrl at
+// the start of every kernel, each word tagged with the call's seq
+// (dl_ar_call_wire_t): no fence, no order among the stores.
 __device__ __forceinline__ void ar_announce(const dl_ar_args_t &a, uint32_t seq) {
   const int p = threadIdx.x;
   if (blockIdx.x != 0 || p >= a.nranks || p == a.rank) return;
   uint32_t w[8];
   ar_call_words(a, seq, w);
-  volatile uint32_t *dst = reinterpret_cast<volatile uint32_t *>(&ctrl_of(buf_of(a, p))->calls[seq & 1][a.rank]);
-  for (int i = 1; i < 8; i++) dst[i] = w[i];
-  __threadfence_system();
-  dl_signal_store_release(const_cast<uint32_t *>(&dst[0]), w[0]);
+  volatile uint64_t *dst = ctrl_of(buf_of(a, p))->calls[seq & 1][a.rank].w;
+#pragma unroll
+  for (int i = 0; i < 8; i++) dst[i] = (uint64_t)w[0] << 32 | w[i];
+}
+
+// Peer p's entry for call `mine` (read once): true once every word carries
+// mine[0], its words then in theirs; x the tag of the first word that did not.
+__device__ __forceinline__ bool ar_call_read(const dl_ar_ctrl_t *self, int p, uint32_t seq, const uint32_t (&mine)[8],
+                                             uint32_t (&theirs)[8], uint32_t &x) {
+  const volatile uint64_t *in = self->calls[seq & 1][p].w;
+  uint64_t v[8];
+#pragma unroll
+  for (int i = 0; i < 8; i++) v[i] = in[i]; // eight loads in flight
+  bool here = true;
+#pragma unroll
+  for (int i = 0; i < 8; i++) {
+    theirs[i] = (uint32_t)v[i];
+    if (here && (uint32_t)(v[i] >> 32) != mine[0]) {
+      here = false;
+      x = (uint32_t)(v[i] >> 32);
+    }
+  }
+  return here;
 }
 
 // One thread, before it first reads what peer p sent in this call: wait for
@@ -185,27 +205,21 @@ __device__ __forceinline__ void ar_announce(const dl_ar_args_t &a, uint32_t seq)
 static __device__ __noinline__ bool ar_agree(const dl_ar_args_t &a, dl_ar_ctrl_t *self, int p, uint32_t seq) {
   uint32_t mine[8], theirs[8];
   ar_call_words(a, seq, mine);
-  const uint32_t *in = reinterpret_cast<const uint32_t *>(&self->calls[seq & 1][p]);
   const uint64_t t0 = dl_signal_clock_ns();
-  uint32_t x;
-  for (int spins = 1; (x = dl_signal_load_acquire(in)) != mine[0]; spins++) {
+  uint32_t x = 0;
+  for (int spins = 1; !ar_call_read(self, p, seq, mine, theirs, x); spins++) {
     if (spins % 64 == 0) {
       DL_AR_POLL_PAUSE(spins, 0);
       // a peer that saw the mismatch first gives up at once: its call, once
       // here, says more than its abort
-      if (*reinterpret_cast<volatile uint32_t *>(&self->abort) != 0u &&
-          dl_signal_load_acquire(in) == mine[0])
+      if (*reinterpret_cast<volatile uint32_t *>(&self->abort) != 0u && ar_call_read(self, p, seq, mine, theirs, x))
         break;
       if (ar_stop(a, self, t0, p, mine[0], x, seq, DL_AR_BLOCK_CALL)) return false;
     }
   }
   bool same = true;
-  theirs[0] = mine[0];
-  for (int i = 1; i < 8; i++) {
-    theirs[i] = reinterpret_cast<const volatile uint32_t *>(in)[i];
-    same = same && theirs[i] == mine[i];
-  }
-  if (!same) ar_fail(a, DL_AR_FAIL_MISMATCH, blockIdx.x, p, mine[0], x, seq, mine, theirs);
+  for (int i = 1; i < 8; i++) same = same && theirs[i] == mine[i];
+  if (!same) ar_fail(a, DL_AR_FAIL_MISMATCH, blockIdx.x, p, mine[0], mine[0], seq, mine, theirs);
   return same;
 }
 

@@ -247,10 +247,11 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_one_shot_lamport_kern
   const uint4 empty = lamport_empty();
   const uint64_t t0 = dl_signal_clock_ns();
   bool ok = true;
-  // the peers' calls, compared with ours before their data is read
-#pragma unroll
-  for (int p = 0; p < NRC; p++)
-    if (p < nr && p != me && ok && first < nv) ok = ar_agree(a, self, p, seq);
+  // the peers' calls, compared with ours before their data is read: thread
+  // p of a block with work compares peer p's, the block waits for all
+  const int q = threadIdx.x;
+  if (q < nr && q != me && (int64_t)blockIdx.x * blockDim.x < nv) ok = ar_agree(a, self, q, seq);
+  ok = __syncthreads_and(ok);
   for (int64_t v = first; ok && v < nv; v += stride) {
     if (next < nv) {
       lamport_push<DT, NR, AL>(a, nr, h, next);

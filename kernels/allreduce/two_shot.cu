@@ -192,10 +192,11 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_two_shot_lamport_kern
   const uint4 empty = lamport_empty();
   const uint64_t t0 = dl_signal_clock_ns();
   bool ok = true;
-  // the peers' calls, compared with ours before their data is read
-#pragma unroll
-  for (int p = 0; p < NRC; p++)
-    if (p < nr && p != me && ok && first < sv) ok = ar_agree(a, self, p, seq);
+  // the peers' calls, compared with ours before their data is read: thread
+  // p of a block with work compares peer p's, the block waits for all
+  const int q = threadIdx.x;
+  if (q < nr && q != me && (int64_t)blockIdx.x * blockDim.x < sv) ok = ar_agree(a, self, q, seq);
+  ok = __syncthreads_and(ok);
   int64_t prev = -1; // the position whose sums are gathered next
   for (int64_t j = first; ok && j < sv; j += stride) {
     if (next < sv) {

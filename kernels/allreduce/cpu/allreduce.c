@@ -167,17 +167,35 @@ static dl_ar_call_t call_of(const dl_ar_args_t *a, uint32_t seq) {
   return c;
 }
 
-/* Our call into every peer's ctrl, seq last; then every peer's call, once it
- * is there, compared with ours (kernels: ar_announce, ar_agree). */
+/* Peer p's entry for call `mine`, read once: 1 once every word carries mine's seq
+ * (dl_ar_call_wire_t), the call then in *theirs; *x the tag of the first word that did not. */
+static int call_read(const dl_ar_ctrl_t *self, int p, uint32_t seq, const dl_ar_call_t *mine,
+                     dl_ar_call_t *theirs, uint32_t *x) {
+  const dl_ar_call_wire_t *in = &self->calls[seq & 1][p];
+  uint32_t w[8];
+  for (int i = 0; i < 8; i++) {
+    const uint64_t v = __atomic_load_n(&in->w[i], __ATOMIC_ACQUIRE);
+    if ((uint32_t)(v >> 32) != mine->seq) {
+      *x = (uint32_t)(v >> 32);
+      return 0;
+    }
+    w[i] = (uint32_t)v;
+  }
+  memcpy(theirs, w, sizeof w);
+  return 1;
+}
+
+/* Our call into every peer's ctrl, each word tagged with its seq (no order among the
+ * stores); then every peer's call, once it is there, compared with ours (kernels:
+ * ar_announce, ar_agree). */
 static int ar_agree(const dl_ar_args_t *a, dl_ar_ctrl_t *self, uint32_t seq) {
   const dl_ar_call_t mine = call_of(a, seq);
+  uint32_t mw[8];
+  memcpy(mw, &mine, sizeof mw);
   for (int p = 0; p < a->nranks; p++) {
     if (p == a->rank) continue;
-    dl_ar_call_t *slot = &ctrl_of(a->bufs[p])->calls[seq & 1][a->rank];
-    /* everything but seq, which the peer may be polling, then seq */
-    memcpy((char *)slot + sizeof slot->seq, (const char *)&mine + sizeof mine.seq,
-           sizeof mine - sizeof mine.seq);
-    __atomic_store_n(&slot->seq, mine.seq, __ATOMIC_RELEASE);
+    dl_ar_call_wire_t *slot = &ctrl_of(a->bufs[p])->calls[seq & 1][a->rank];
+    for (int i = 0; i < 8; i++) __atomic_store_n(&slot->w[i], (uint64_t)mine.seq << 32 | mw[i], __ATOMIC_RELAXED);
   }
   /* every peer's slot at each poll, so that a mismatched call that is there is named even when
    * another peer is late or gone (in order, waiting on rank 1 first, rank 0 reported the death
@@ -190,13 +208,12 @@ static int ar_agree(const dl_ar_args_t *a, dl_ar_ctrl_t *self, uint32_t seq) {
     int late = -1;
     for (int p = 0; p < a->nranks; p++) {
       if (p == a->rank || seen[p]) continue;
-      const dl_ar_call_t *in = &self->calls[seq & 1][p];
-      uint32_t got = __atomic_load_n(&in->seq, __ATOMIC_ACQUIRE);
-      if (got != mine.seq) {
+      dl_ar_call_t theirs;
+      uint32_t got = 0;
+      if (!call_read(self, p, seq, &mine, &theirs, &got)) {
         if (late < 0) late = p, x = got;
         continue;
       }
-      dl_ar_call_t theirs = *in;
       if (memcmp(&theirs, &mine, sizeof mine) != 0)
         return ar_fail(a, DL_AR_FAIL_MISMATCH, 0, p, seq, seq, seq, &mine, &theirs);
       seen[p] = 1;
