@@ -91,7 +91,7 @@ _Static_assert(sizeof(dl_ar_call_t) == 32, "dl_ar_call_t is 8 words");
 /* Word i of a dl_ar_call_t c as stored in a peer: (uint64_t)c.seq << 32 | word i. */
 typedef struct dl_ar_call_wire {
   uint64_t w[8];
-} dl_ar_call_wire_t;
+} __attribute__((aligned(64))) dl_ar_call_wire_t; /* one 64-byte piece of a line: read in 4 vector loads */
 
 typedef struct dl_ar_ctrl {
   uint32_t flags[DL_AR_MAX_BLOCKS][DL_SIGNAL_MAX_RANKS];  /* [block][from rank], peers write */

@@ -183,10 +183,15 @@ __device__ __forceinline__ void ar_announce(const dl_ar_args_t &a, uint32_t seq)
 // mine[0], its words then in theirs; x the tag of the first word that did not.
 __device__ __forceinline__ bool ar_call_read(const dl_ar_ctrl_t *self, int p, uint32_t seq, const uint32_t (&mine)[8],
                                              uint32_t (&theirs)[8], uint32_t &x) {
-  const volatile uint64_t *in = self->calls[seq & 1][p].w;
+  const uint64_t *in = self->calls[seq & 1][p].w;
   uint64_t v[8];
+#if defined(__CUDA_ARCH__)
 #pragma unroll
-  for (int i = 0; i < 8; i++) v[i] = in[i]; // eight loads in flight
+  for (int i = 0; i < 8; i += 2) // four 16-byte loads in flight
+    asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(v[i]), "=l"(v[i + 1]) : "l"(in + i) : "memory");
+#else
+  for (int i = 0; i < 8; i++) v[i] = reinterpret_cast<const volatile uint64_t *>(in)[i];
+#endif
   bool here = true;
 #pragma unroll
   for (int i = 0; i < 8; i++) {
@@ -199,28 +204,38 @@ __device__ __forceinline__ bool ar_call_read(const dl_ar_ctrl_t *self, int p, ui
   return here;
 }
 
+// Peer p's call, read once: 1 here and the same as ours, 0 not here yet, -1
+// here and different (recorded: the mismatch, both calls).
+static __device__ __noinline__ int ar_call_peek(const dl_ar_args_t &a, dl_ar_ctrl_t *self, int p, uint32_t seq,
+                                                uint32_t &x) {
+  uint32_t mine[8], theirs[8];
+  ar_call_words(a, seq, mine);
+  if (!ar_call_read(self, p, seq, mine, theirs, x)) return 0;
+  bool same = true;
+  for (int i = 1; i < 8; i++) same = same && theirs[i] == mine[i];
+  if (same) return 1;
+  ar_fail(a, DL_AR_FAIL_MISMATCH, blockIdx.x, p, mine[0], mine[0], seq, mine, theirs);
+  return -1;
+}
+
 // One thread, before it first reads what peer p sent in this call: wait for
 // p's call (ar_announce) and compare it with ours; false (recorded) when
 // they differ or the wait ends.
 static __device__ __noinline__ bool ar_agree(const dl_ar_args_t &a, dl_ar_ctrl_t *self, int p, uint32_t seq) {
-  uint32_t mine[8], theirs[8];
-  ar_call_words(a, seq, mine);
   const uint64_t t0 = dl_signal_clock_ns();
   uint32_t x = 0;
-  for (int spins = 1; !ar_call_read(self, p, seq, mine, theirs, x); spins++) {
+  int got;
+  for (int spins = 1; (got = ar_call_peek(a, self, p, seq, x)) == 0; spins++) {
     if (spins % 64 == 0) {
       DL_AR_POLL_PAUSE(spins, 0);
       // a peer that saw the mismatch first gives up at once: its call, once
       // here, says more than its abort
-      if (*reinterpret_cast<volatile uint32_t *>(&self->abort) != 0u && ar_call_read(self, p, seq, mine, theirs, x))
+      if (*reinterpret_cast<volatile uint32_t *>(&self->abort) != 0u && (got = ar_call_peek(a, self, p, seq, x)) != 0)
         break;
-      if (ar_stop(a, self, t0, p, mine[0], x, seq, DL_AR_BLOCK_CALL)) return false;
+      if (ar_stop(a, self, t0, p, seq + 1, x, seq, DL_AR_BLOCK_CALL)) return false;
     }
   }
-  bool same = true;
-  for (int i = 1; i < 8; i++) same = same && theirs[i] == mine[i];
-  if (!same) ar_fail(a, DL_AR_FAIL_MISMATCH, blockIdx.x, p, mine[0], mine[0], seq, mine, theirs);
-  return same;
+  return got > 0;
 }
 
 // Block b of this rank meets block b of every other rank: this block's
