@@ -13,14 +13,16 @@
 #            auto_zc use the table just tuned; the torch CSV is merged), then the plot;
 #            then the Lamport region's A/B (issue 26): the Lamport columns again with
 #            the fixed region of before (DISTLAB_AR_LAMPORT_MB=32), 256 KB .. 32 MB,
-#            as allreduce-<gpu>x<NRANKS>-lamport_mb-32.{md,csv}
+#            as allreduce-<gpu>x<NRANKS>-lamport_mb-32.{md,csv} (LAMPORT_AB=0: not)
 #     variants  the sweep at 8 KB .. 16 MB once per setting of VARIANTS (see
 #            below), under $OUT/allreduce/variants
 # Results: allreduce-<gpu>x<NRANKS>.{md,csv}, -wide.csv, -tune.csv, the tuned
 # table allreduce_tables.lua, logs, and the PNG where gnuplot exists (else
 # make it from the -wide.csv with experiments/allreduce/allreduce_plot.sh); copy the
 # md, csv and png to experiments/results/allreduce/ (the md links the png by
-# its bare name). DISTLAB_COMMIT=<hash> names the commit in the results where
+# its bare name). distlab's NCCL is PyTorch's wheel's where there is one (the
+# nccl_torch column's library; DISTLAB_AR_NCCL=system: the host's), named in
+# machine.txt and the results' command. DISTLAB_COMMIT=<hash> names the commit in the results where
 # the checkout has no .git. Typical run: about 5 minutes after the build; every step has a time
 # limit (specs 300 s, torch 180 s, tune+sweep 480 s, the Lamport A/B 120 s).
 set -u
@@ -70,6 +72,23 @@ run_for() {
   nvcc --version 2>/dev/null | tail -1
   python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())' 2>&1 | tail -1
 } >"$R/machine.txt"
+# distlab's NCCL: the one PyTorch's wheel brings where there is one (the
+# nccl_torch column's), so the nccl and nccl_torch columns time one library;
+# DISTLAB_AR_NCCL=system keeps the loader's (the host's libnccl2)
+nccl_note="the host's libnccl.so.2"
+if [ "${DISTLAB_AR_NCCL:-torch}" != system ]; then
+  for f in /opt/torch/.venv/lib/python3*/site-packages/nvidia/nccl/lib/libnccl.so.2; do
+    [ -e "$f" ] || continue
+    export LD_LIBRARY_PATH="$(dirname "$(readlink -f "$f")")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    nccl_note="$(readlink -f "$f")"
+    break
+  done
+fi
+lib="$(ldconfig -p 2>/dev/null | grep -m1 'libnccl.so.2 ' | sed 's/.*=> //')"
+[ "$nccl_note" != "the host's libnccl.so.2" ] && lib="$nccl_note"
+ver=$(grep -a -m1 -o 'NCCL version [0-9][0-9.]*' "$lib" 2>/dev/null | head -1)
+nccl_note="$nccl_note${ver:+ ($ver)}"
+echo "distlab's NCCL: $nccl_note" >>"$R/machine.txt"
 cat "$R/machine.txt"
 NR="${NRANKS:-2}"
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
@@ -98,9 +117,10 @@ for s in "${sections[@]}"; do
       rm -f "$R/allreduce_tables.lua"
       DISTLAB_AR_TABLE="$R/allreduce_tables.lua" run_for 480 ./distlab run -n "$NR" --device cuda \
         experiments/allreduce/allreduce_sweep.lua --out "$R" --torch "$R/torch.csv" --tune "$R/allreduce_tables.lua" \
-        --command "NRANKS=$NR scripts/gpu/allreduce.sh (DISTLAB_AR_TABLE=allreduce_tables.lua, tuned in the same run)" \
+        --command "NRANKS=$NR scripts/gpu/allreduce.sh (DISTLAB_AR_TABLE=allreduce_tables.lua, tuned in the same run; distlab's NCCL: $nccl_note)" \
         >"$R/sweep.log" 2>&1
       echo "sweep exit code $?" >>"$R/sweep.log"
+      [ "${LAMPORT_AB:-1}" = 0 ] && continue # LAMPORT_AB=0: no A/B this time
       stamp "the Lamport region of before (DISTLAB_AR_LAMPORT_MB=32)"
       gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o '[AHBL][0-9][0-9]*' | head -1 | tr 'A-Z' 'a-z')"
       DISTLAB_AR_LAMPORT_MB=32 DISTLAB_AR_TABLE="$R/allreduce_tables.lua" run_for 120 ./distlab run -n "$NR" --device cuda \
