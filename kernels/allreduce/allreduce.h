@@ -165,7 +165,7 @@ typedef struct dl_ar_args {
   dl_signal_pad_t *pad;    /* this rank's signal pad: failure records             */
   dl_ar_status_t *status;  /* this rank's status, writable by the kernel           */
   uint64_t timeout_ns;     /* every wait ends after this                            */
-  uint32_t poll_ns;        /* Lamport kernels: nap between polls after the 8th      */
+  uint32_t poll_ns;        /* nap between polls after the 8th (Lamport, call check) */
   int lamport_ahead;       /* Lamport kernels: grid steps pushed before the first
                               is reduced (0: all of them)                          */
   int64_t total_n;         /* elements of the whole run, and this piece's first:    */

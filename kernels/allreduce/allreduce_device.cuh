@@ -226,8 +226,10 @@ static __device__ __noinline__ bool ar_agree(const dl_ar_args_t &a, dl_ar_ctrl_t
   uint32_t x = 0;
   int got;
   for (int spins = 1; (got = ar_call_peek(a, self, p, seq, x)) == 0; spins++) {
+    // a nap between polls after the first few: a grid's pollers crowd the
+    // line the call lands in (the Lamport kernels poll it before their data)
+    DL_AR_POLL_PAUSE(spins, a.poll_ns);
     if (spins % 64 == 0) {
-      DL_AR_POLL_PAUSE(spins, 0);
       // a peer that saw the mismatch first gives up at once: its call, once
       // here, says more than its abort
       if (*reinterpret_cast<volatile uint32_t *>(&self->abort) != 0u && (got = ar_call_peek(a, self, p, seq, x)) != 0)

@@ -246,32 +246,23 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_one_shot_lamport_kern
     lamport_push<DT, NR, AL>(a, nr, h, next);
   const uint4 empty = lamport_empty();
   const uint64_t t0 = dl_signal_clock_ns();
-  // The peers' calls, compared with ours before this call writes anything:
-  // thread q of a block with work compares peer q's once its own first
-  // vector has arrived (the call has almost always arrived by then, so
-  // nobody spins on it), and the block meets before its first store.
+  bool ok = true;
+  // the peers' calls, compared with ours before their data is read: thread
+  // p of a block with work compares peer p's, the block waits for all
   const int q = threadIdx.x;
-  const bool check = q < nr && q != me && (int64_t)blockIdx.x * blockDim.x < nv;
-  bool ok = true, agreed = false;
-  for (int64_t v = first;; v += stride) {
-    const bool work = ok && v < nv;
-    uint4 x[NRC], own;
-    if (work) {
-      if (next < nv) {
-        lamport_push<DT, NR, AL>(a, nr, h, next);
-        next += stride;
-      }
-      own = lamport_clean(ld_user<DT, AL>(a.in, v, a.n));
+  if (q < nr && q != me && (int64_t)blockIdx.x * blockDim.x < nv) ok = ar_agree(a, self, q, seq);
+  ok = __syncthreads_and(ok);
+  for (int64_t v = first; ok && v < nv; v += stride) {
+    if (next < nv) {
+      lamport_push<DT, NR, AL>(a, nr, h, next);
+      next += stride;
+    }
+    uint4 x[NRC];
+    const uint4 own = lamport_clean(ld_user<DT, AL>(a.in, v, a.n));
 #pragma unroll
-      for (int p = 0; p < NRC; p++)
-        if (p < nr && p != me && ok) ok = lamport_wait(a, self, lamport(a, me, h, p), v, p, t0, seq, x[p]);
-    }
-    if (!agreed) { // every thread's first pass
-      agreed = true;
-      if (check && ok) ok = ar_agree(a, self, q, seq);
-      ok = __syncthreads_and(ok);
-    }
-    if (!(work && ok)) break;
+    for (int p = 0; p < NRC; p++)
+      if (p < nr && p != me && ok) ok = lamport_wait(a, self, lamport(a, me, h, p), v, p, t0, seq, x[p]);
+    if (!ok) break;
     st_user<DT, AL>(a.out, v, a.n, reduce_vec_own<DT, NRC>(x, nr, me, own));
 #pragma unroll
     for (int p = 0; p < NRC; p++)

@@ -191,37 +191,26 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_two_shot_lamport_kern
     lamport_scatter<DT, NR, AL>(a, nr, h, sv, nv, next);
   const uint4 empty = lamport_empty();
   const uint64_t t0 = dl_signal_clock_ns();
-  // The peers' calls, compared with ours before this call writes anything
-  // but its scatter: thread q of a block with work compares peer q's once its
-  // own first shares have arrived, and the block meets before its first
-  // store (as one_shot_lamport).
+  bool ok = true;
+  // the peers' calls, compared with ours before their data is read: thread
+  // p of a block with work compares peer p's, the block waits for all
   const int q = threadIdx.x;
-  const bool check = q < nr && q != me && (int64_t)blockIdx.x * blockDim.x < sv;
-  bool ok = true, agreed = false;
+  if (q < nr && q != me && (int64_t)blockIdx.x * blockDim.x < sv) ok = ar_agree(a, self, q, seq);
+  ok = __syncthreads_and(ok);
   int64_t prev = -1; // the position whose sums are gathered next
-  for (int64_t j = first;; j += stride) {
-    const bool work = ok && j < sv;
+  for (int64_t j = first; ok && j < sv; j += stride) {
+    if (next < sv) {
+      lamport_scatter<DT, NR, AL>(a, nr, h, sv, nv, next);
+      next += stride;
+    }
     const int64_t v = me * sv + j;
-    uint4 x[NRC], own;
-    if (work) {
-      if (next < sv) {
-        lamport_scatter<DT, NR, AL>(a, nr, h, sv, nv, next);
-        next += stride;
-      }
-      if (v < nv) { // our slice: the peers' shares of it
-        own = lamport_clean(ld_user<DT, AL>(a.in, v, a.n));
+    if (v < nv) { // our slice: reduce, write out, send the sum to every peer
+      uint4 x[NRC];
+      const uint4 own = lamport_clean(ld_user<DT, AL>(a.in, v, a.n));
 #pragma unroll
-        for (int p = 0; p < NRC; p++)
-          if (p < nr && p != me && ok) ok = lamport_wait(a, self, lamport(a, me, h, p), v, p, t0, seq, x[p]);
-      }
-    }
-    if (!agreed) { // every thread's first pass
-      agreed = true;
-      if (check && ok) ok = ar_agree(a, self, q, seq);
-      ok = __syncthreads_and(ok);
-    }
-    if (!(work && ok)) break;
-    if (v < nv) { // reduce, write out, send the sum to every peer
+      for (int p = 0; p < NRC; p++)
+        if (p < nr && p != me && ok) ok = lamport_wait(a, self, lamport(a, me, h, p), v, p, t0, seq, x[p]);
+      if (!ok) break;
       const uint4 sum = lamport_clean(reduce_vec_own<DT, NRC>(x, nr, me, own));
       st_user<DT, AL>(a.out, v, a.n, sum);
 #pragma unroll
