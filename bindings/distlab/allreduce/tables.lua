@@ -2,16 +2,15 @@
 -- distlab.allreduce.table for algo = "auto" when no tuned table matches;
 -- DISTLAB_AR_TABLE and the file dl.allreduce.tune writes come first). rows: the algorithm (and grid;
 -- 0 = the kernels' own sizing) for sizes up to `upto` bytes; the last row
--- covers everything larger. zc_rows (none here yet; dl.allreduce.tune writes
--- them): the same for an input in the zero-copy region, run in place.
+-- covers everything larger. zc_rows: the same for an input in the zero-copy
+-- region, run in place (ar:choose takes them for such an input).
 --
 -- NVIDIA H200 at 2 and 4 ranks: the tables dl.allreduce.tune wrote on
--- nvidia-h200-x2 (2026-11-22 12:47, every algorithm, one_shot_lamport with one
--- vector a thread a step and two steps of look-ahead; two_shot_lamport did
--- not exist yet) and nvidia-h200-x4 (2026-11-22 13:16, every algorithm) (a
--- few grids per size, CUDA-graph timing); the sweeps in
--- experiments/results/allreduce-h200x2.md and allreduce-h200x4.md ran with
--- exactly these tables. The other entries are still PROVISIONAL: the H100
+-- nvidia-h200-x4 at cc24a47 (2026-11-27 03:22 and 03:23 UTC, every algorithm,
+-- a few grids per size, CUDA-graph timing, zero-copy rows too; the 2-rank one
+-- on two of the host's four GPUs); the sweeps in
+-- experiments/results/allreduce/allreduce-h200x2.md and allreduce-h200x4.md
+-- ran with exactly these tables. The other entries are still PROVISIONAL: the H100
 -- two-rank rows follow seed 002 (vLLM's sweep on H100, TP=2: one-stage custom
 -- all-reduce fastest up to 64 MB, NCCL even at 64 MB), with the push one-shot
 -- in its place; the generic rows for 4, 6 and 8 ranks follow the same seed's
@@ -23,41 +22,66 @@ return {
     device = "NVIDIA H200",
     world = 2,
     dtype = "bf16",
-    date = "2026-11-22 12:47 UTC",
-    source = "dl.allreduce.tune on nvidia-h200-x2 (experiments/results/allreduce-h200x2-tune.csv)",
+    date = "2026-11-27 03:23 UTC",
+    source = "dl.allreduce.tune on nvidia-h200-x4, 2 ranks, cc24a47 (experiments/results/allreduce/allreduce-h200x2-tune.csv)",
     rows = {
-      { upto = 11584, algo = "one_shot_lamport", blocks = 0, us = 3.73, at = 8192 },
-      { upto = 23168, algo = "one_shot_lamport", blocks = 8, us = 3.74, at = 16384 },
-      { upto = 46336, algo = "one_shot_lamport", blocks = 16, us = 3.85, at = 32768 },
-      { upto = 92672, algo = "one_shot_lamport", blocks = 0, us = 3.96, at = 65536 },
-      { upto = 185360, algo = "one_shot_lamport", blocks = 64, us = 4.11, at = 131072 },
-      { upto = 370720, algo = "one_shot_lamport", blocks = 32, us = 4.44, at = 262144 },
-      { upto = 741440, algo = "one_shot_lamport", blocks = 0, us = 5.25, at = 524288 },
-      { upto = 1284224, algo = "one_shot_lamport", blocks = 132, us = 6.71, at = 1048576 },
-      { upto = 5931632, algo = "one_shot_lamport", blocks = 264, us = 8.24, at = 1572864 },
-      { upto = 11863280, algo = "one_shot_lamport", blocks = 0, us = 29.02, at = 8388608 },
-      { algo = "one_shot_push", blocks = 0, us = 56.36, at = 16777216 },
+      { upto = 11584, algo = "one_shot_lamport", blocks = 0, us = 4.51, at = 8192 },
+      { upto = 23168, algo = "one_shot_lamport", blocks = 8, us = 4.51, at = 16384 },
+      { upto = 46336, algo = "one_shot_lamport", blocks = 16, us = 4.60, at = 32768 },
+      { upto = 741440, algo = "one_shot_lamport", blocks = 0, us = 4.61, at = 65536 },
+      { upto = 2568464, algo = "two_shot_lamport", blocks = 64, us = 7.24, at = 1048576 },
+      { upto = 3632368, algo = "one_shot_lamport", blocks = 0, us = 13.96, at = 3145728 },
+      { upto = 5931632, algo = "one_shot_lamport", blocks = 132, us = 16.89, at = 4194304 },
+      { upto = 11863280, algo = "two_shot_lamport", blocks = 132, us = 30.07, at = 8388608 },
+      { upto = 23726560, algo = "two_shot_lamport", blocks = 0, us = 55.98, at = 16777216 },
+      { algo = "one_shot_push", blocks = 0, us = 104.53, at = 33554432 },
+    },
+    zc_rows = {
+      { upto = 11584, algo = "one_shot_lamport", blocks = 0, us = 4.52, at = 8192 },
+      { upto = 92672, algo = "one_shot_lamport", blocks = 8, us = 4.47, at = 16384 },
+      { upto = 185360, algo = "one_shot_lamport", blocks = 16, us = 4.67, at = 131072 },
+      { upto = 741440, algo = "one_shot_lamport", blocks = 0, us = 4.76, at = 262144 },
+      { upto = 1284224, algo = "two_shot_lamport", blocks = 0, us = 7.23, at = 1048576 },
+      { upto = 2568464, algo = "two_shot_lamport", blocks = 64, us = 9.20, at = 1572864 },
+      { upto = 5931632, algo = "one_shot_lamport", blocks = 0, us = 13.99, at = 3145728 },
+      { upto = 11863280, algo = "one_shot_lamport", blocks = 132, us = 30.22, at = 8388608 },
+      { upto = 23726560, algo = "two_shot_lamport", blocks = 132, us = 55.93, at = 16777216 },
+      { algo = "one_shot_push", blocks = 0, us = 104.30, at = 33554432 },
     },
   },
   {
     device = "NVIDIA H200",
     world = 4,
     dtype = "bf16",
-    date = "2026-11-22 13:16 UTC",
-    source = "dl.allreduce.tune on nvidia-h200-x4 (experiments/results/allreduce-h200x4-tune.csv)",
+    date = "2026-11-27 03:22 UTC",
+    source = "dl.allreduce.tune on nvidia-h200-x4, cc24a47 (experiments/results/allreduce/allreduce-h200x4-tune.csv)",
     rows = {
-      { upto = 11584, algo = "one_shot", blocks = 0, us = 5.63, at = 8192 },
-      { upto = 23168, algo = "one_shot", blocks = 8, us = 5.45, at = 16384 },
-      { upto = 92672, algo = "one_shot", blocks = 16, us = 5.55, at = 32768 },
-      { upto = 185360, algo = "one_shot", blocks = 32, us = 6.48, at = 131072 },
-      { upto = 370720, algo = "two_shot_lamport", blocks = 0, us = 8.07, at = 262144 },
-      { upto = 741440, algo = "two_shot_lamport", blocks = 32, us = 9.11, at = 524288 },
-      { upto = 1284224, algo = "two_shot_lamport", blocks = 64, us = 11.09, at = 1048576 },
-      { upto = 2568464, algo = "two_shot_lamport", blocks = 132, us = 13.20, at = 1572864 },
-      { upto = 3632368, algo = "two_shot_lamport", blocks = 264, us = 22.77, at = 3145728 },
-      { upto = 5931632, algo = "two_shot_lamport", blocks = 64, us = 27.28, at = 4194304 },
-      { upto = 11863280, algo = "two_shot_push", blocks = 0, us = 51.34, at = 8388608 },
-      { algo = "nccl", blocks = 0, us = 96.85, at = 16777216 },
+      { upto = 23168, algo = "one_shot_lamport", blocks = 0, us = 6.10, at = 8192 },
+      { upto = 46336, algo = "one_shot_lamport", blocks = 8, us = 6.09, at = 32768 },
+      { upto = 92672, algo = "one_shot_lamport", blocks = 0, us = 6.18, at = 65536 },
+      { upto = 185360, algo = "one_shot_lamport", blocks = 32, us = 6.84, at = 131072 },
+      { upto = 370720, algo = "one_shot_lamport", blocks = 0, us = 8.13, at = 262144 },
+      { upto = 741440, algo = "two_shot_lamport", blocks = 32, us = 9.44, at = 524288 },
+      { upto = 1816176, algo = "two_shot_lamport", blocks = 0, us = 11.79, at = 1048576 },
+      { upto = 2568464, algo = "two_shot_lamport", blocks = 132, us = 16.39, at = 2097152 },
+      { upto = 3632368, algo = "two_shot_lamport", blocks = 264, us = 22.02, at = 3145728 },
+      { upto = 5931632, algo = "two_shot_lamport", blocks = 64, us = 26.73, at = 4194304 },
+      { upto = 11863280, algo = "two_shot_lamport", blocks = 0, us = 46.30, at = 8388608 },
+      { upto = 23726560, algo = "two_shot_lamport", blocks = 132, us = 87.27, at = 16777216 },
+      { algo = "nccl", blocks = 0, us = 173.65, at = 33554432 },
+    },
+    zc_rows = {
+      { upto = 11584, algo = "one_shot_lamport", blocks = 0, us = 6.11, at = 8192 },
+      { upto = 92672, algo = "one_shot_lamport", blocks = 8, us = 5.94, at = 16384 },
+      { upto = 370720, algo = "one_shot_lamport", blocks = 64, us = 6.88, at = 131072 },
+      { upto = 741440, algo = "two_shot_lamport", blocks = 16, us = 9.45, at = 524288 },
+      { upto = 1284224, algo = "two_shot_lamport", blocks = 32, us = 11.82, at = 1048576 },
+      { upto = 1816176, algo = "two_shot_lamport", blocks = 0, us = 13.56, at = 1572864 },
+      { upto = 2568464, algo = "two_shot_lamport", blocks = 132, us = 16.37, at = 2097152 },
+      { upto = 3632368, algo = "two_shot_lamport", blocks = 264, us = 22.01, at = 3145728 },
+      { upto = 5931632, algo = "two_shot_lamport", blocks = 64, us = 26.61, at = 4194304 },
+      { upto = 23726560, algo = "two_shot_lamport", blocks = 0, us = 46.38, at = 8388608 },
+      { algo = "two_shot_push", blocks = 0, us = 165.68, at = 33554432 },
     },
   },
   {
