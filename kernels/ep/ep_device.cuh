@@ -92,12 +92,16 @@ __device__ __forceinline__ void ep_begin(const dl_ep_args_t &a, int phase, ep_bl
   __syncthreads();
 }
 
-// The end of a block: its writes fenced, it counts itself (a block whose
-// wait timed out adds 2^16 more, so the count in device memory says so
-// without a read of the host-mapped record); the last block of the grid
-// resets the count, advances the epoch and stores it into word
-// flag_of(N, rank) of every rank (release), unless a block timed out (the
-// peers then time out too, naming this rank).
+// The end of a block: its writes fenced (system scope: they went to the
+// peers), it counts itself (a block whose wait timed out adds 2^16 more, so
+// the count in device memory says so without a read of the host-mapped
+// record); the last block of the grid resets the count, advances the epoch
+// and stores it into word flag_of(N, rank) of every rank (release), unless
+// a block timed out (the peers then time out too, naming this rank). The
+// last block's acquire of the others' counts is a GPU-scope fence (every
+// block is on this GPU; the release store carries what it saw to the peers),
+// and the release store needs no fence before it: one system fence on the
+// way from a block's last write to the peers' flags, not four.
 __device__ __forceinline__ void ep_finish(const dl_ep_args_t &a, int phase, ep_block &blk,
                                           int64_t (*flag_of)(int, int)) {
   uint32_t *self = ep_ctrl(a, a.rank);
@@ -108,7 +112,7 @@ __device__ __forceinline__ void ep_finish(const dl_ep_args_t &a, int phase, ep_b
     const uint32_t now = atomicAdd(self + dl_ep_done(phase), add) + add;
     blk.last = (now & 0xffffu) == gridDim.x;
     if (blk.last) {
-      __threadfence_system();
+      __threadfence();
       *reinterpret_cast<volatile uint32_t *>(self + dl_ep_done(phase)) = 0;
       *reinterpret_cast<volatile uint32_t *>(self + dl_ep_seq(phase)) = blk.epoch;
       if (now >> 16) blk.last = 0;
@@ -116,10 +120,7 @@ __device__ __forceinline__ void ep_finish(const dl_ep_args_t &a, int phase, ep_b
   }
   __syncthreads();
   const int q = threadIdx.x;
-  if (blk.last && q < a.nranks) {
-    __threadfence_system();
-    dl_signal_store_release(ep_ctrl(a, q) + flag_of(a.nranks, a.rank), blk.epoch);
-  }
+  if (blk.last && q < a.nranks) dl_signal_store_release(ep_ctrl(a, q) + flag_of(a.nranks, a.rank), blk.epoch);
 }
 
 // Exclusive prefix sums of v[0..n) into pre[0..n], pre[n] the total, by the
