@@ -9,10 +9,13 @@
 --       DIR/cp-memory.md, cp-memory-meta.csv, cp-memory.png (gnuplot, where it
 --       exists) (DIR default experiments/results/cp), and takes the GPU
 --       columns from --gpu CSV (default DIR/cp-memory-gpu.csv) when it exists.
---   ./distlab run -n 2 --device cuda experiments/cp/cp_memory.lua [--out DIR]
---       measured on the GPUs at CP=2, and at CP=1 (each GPU alone; main and
---       fused): DIR/cp-memory-gpu.csv and .md. --s shortens the sequence
---       (units do not depend on it).
+--   ./distlab run -n N --device cuda experiments/cp/cp_memory.lua [--out DIR]
+--       [--backend ours|cudnn] [--tag TAG]
+--       measured on the GPUs at CP=N, and at CP=1 (each GPU alone; main and
+--       fused): DIR/cp-memory-gpu[-TAG].csv and .md, distlab's allocator's
+--       peaks beside the driver's free-memory delta (what NCCL, cuDNN and the
+--       CUDA runtime take shows there). --s shortens the sequence (units do
+--       not depend on it).
 -- The presets with a backward-only option (dkv) are left out: cp:memory
 -- measures the schedule's buffers, which that option does not change
 -- forward. Every forward peak measured on meta must equal the schedule's
@@ -31,6 +34,8 @@ local h = bench.harness {
     { "s", "size", 262144, "sequence length S per sequence (units do not depend on it)", meta = "S" },
     { "gpu", "string", nil, "(meta) the GPU run's CSV for the measured table (default DIR/cp-memory-gpu.csv)",
       meta = "CSV" },
+    { "backend", "string", "ours", "(cuda) the attention backend of the steps", values = { "ours", "cudnn" } },
+    { "tag", "string", nil, "(cuda) name the files cp-memory-gpu-TAG.{csv,md} (e.g. h200x4)", meta = "TAG" },
   },
 }
 local B, H, D = 2, 16, 128
@@ -52,10 +57,33 @@ local function measure(comm, st, layout)
   end
   local o = presets.options(st)
   o.comm, o.layout, o.mask = comm, layout, "causal"
-  local cp = dl.cp.attention(o)
+  if not on_meta then o.backend = h.opt.backend end
+  local made, cp = pcall(dl.cp.attention, o)
+  -- a strategy whose merge lives in our kernel's epilogue cannot run on cudnn: left out
+  if not made and o.backend == "cudnn" then return nil end
+  if not made then error(cp, 0) end
+  -- the driver's side (cuda): free memory before and after, the allocator's cache emptied
+  -- first, so the delta holds what the run took from the device: the allocator's blocks
+  -- (still cached at the end, at least the peak) and what NCCL, cuDNN and the CUDA
+  -- runtime allocate themselves; reserved_delta is the allocator's part of it
+  local st0
+  if not on_meta then
+    collectgarbage("collect")
+    dl.synchronize(comm.device)
+    dl.mem.empty_cache(comm.device)
+    st0 = dl.mem.stats(comm.device)
+  end
   local m = cp:memory(shape, shape, shape, { seq = seq })
   local unit = m.fwd.unit
   local row = { device = comm.device, layout = layout, strategy = st.name, C = C, rank = comm.rank, unit = unit }
+  if st0 then
+    dl.synchronize(comm.device)
+    local st1 = dl.mem.stats(comm.device)
+    if st0.driver_free >= 0 then -- cuda only
+      row.driver_delta = st0.driver_free - st1.driver_free
+      row.reserved_delta = st1.reserved - st0.reserved
+    end
+  end
   for _, pass in ipairs({ "fwd", "bwd" }) do
     local rep = m[pass]
     row[pass] = rep.peak
@@ -69,7 +97,8 @@ local function measure(comm, st, layout)
 end
 
 local function csv_header()
-  local cols = { "device", "layout", "strategy", "C", "rank", "unit", "fwd", "fwd_formula", "bwd", "bwd_formula" }
+  local cols = { "device", "layout", "strategy", "C", "rank", "unit", "fwd", "fwd_formula", "bwd", "bwd_formula",
+    "driver_delta", "reserved_delta", "backend" }
   for _, p in ipairs({ "fwd", "bwd" }) do
     for _, t in ipairs(TAGS) do cols[#cols + 1] = p .. ":" .. t end
   end
@@ -98,18 +127,24 @@ end
 -- ---- on the GPUs ------------------------------------------------------------------------
 
 if not on_meta then
-  local rows = {}
+  local function mib(b) return b and string.format("%.1f", b / 2 ^ 20) or "-" end
+  local rows, left = {}, {}
   local alone = world:split(function(r) return r, 0 end)
   for _, layout in ipairs({ "thd", "bshd" }) do
     for _, st in ipairs(strategies) do
       if not presets.applies(st, layout) then goto next end
       if st.name == "main" or st.name == "fused" then rows[#rows + 1] = measure(alone, st, layout) end
-      rows[#rows + 1] = measure(world, st, layout)
+      local r = measure(world, st, layout)
+      if not r then
+        left[#left + 1] = st.name
+        goto next
+      end
+      rows[#rows + 1] = r
       if world.rank == world.size - 1 then
-        local r = rows[#rows]
-        print(string.format("%-5s %-19s CP=%d  fwd %8.1f MiB (%5.2f units; meta %5.2f)  bwd %8.1f MiB (%5.2f; meta %5.2f)",
-          layout, st.name, r.C, r.fwd / 2 ^ 20, r.fwd / r.unit, r.fwd_formula / r.unit, r.bwd / 2 ^ 20,
-          r.bwd / r.unit, r.bwd_formula / r.unit))
+        print(string.format("%-5s %-19s CP=%d  fwd %8.1f MiB (%5.2f units; meta %5.2f)  bwd %8.1f MiB (%5.2f; meta %5.2f)" ..
+          "  driver %s MiB (allocator's cache %s)", layout, st.name, r.C, r.fwd / 2 ^ 20, r.fwd / r.unit,
+          r.fwd_formula / r.unit, r.bwd / 2 ^ 20, r.bwd / r.unit, r.bwd_formula / r.unit, mib(r.driver_delta),
+          mib(r.reserved_delta)))
       end
       ::next::
     end
@@ -118,17 +153,29 @@ if not on_meta then
   -- The last rank writes: its peak is the highest (post_loop bshd keeps the most there).
   if world.rank == world.size - 1 then
     local device = bench.markdown.device_name(world.device)
-    for _, r in ipairs(rows) do r.device = device end
-    local csv = write_csv("cp-memory-gpu.csv", rows)
-    local md = bench.markdown.table({ "layout", "strategy", "CP", "fwd MiB", "fwd units", "bwd MiB", "bwd units" }, {},
-      { "l", "l", "r", "r", "r", "r", "r" })
+    for _, r in ipairs(rows) do r.device, r.backend = device, h.opt.backend end
+    local name = "cp-memory-gpu" .. (h.opt.tag and "-" .. h.opt.tag or "")
+    local csv = write_csv(name .. ".csv", rows)
+    local md = bench.markdown.table({ "layout", "strategy", "CP", "fwd MiB", "fwd units", "meta fwd units", "bwd MiB",
+      "bwd units", "meta bwd units", "driver MiB", "allocator's cache MiB", "driver - cache MiB" }, {},
+      { "l", "l", "r", "r", "r", "r", "r", "r", "r", "r", "r", "r" })
     for _, r in ipairs(rows) do
-      md[#md + 1] = string.format("| %s | %s | %d | %.1f | %.2f | %.1f | %.2f |", r.layout, r.strategy, r.C,
-        r.fwd / 2 ^ 20, r.fwd / r.unit, r.bwd / 2 ^ 20, r.bwd / r.unit)
+      md[#md + 1] = string.format("| %s | %s | %d | %.1f | %.2f | %.2f | %.1f | %.2f | %.2f | %s | %s | %s |",
+        r.layout, r.strategy, r.C, r.fwd / 2 ^ 20, r.fwd / r.unit, r.fwd_formula / r.unit, r.bwd / 2 ^ 20,
+        r.bwd / r.unit, r.bwd_formula / r.unit, mib(r.driver_delta), mib(r.reserved_delta),
+        mib(r.driver_delta and r.driver_delta - r.reserved_delta))
     end
-    local path = h:markdown("cp-memory-gpu.md", "CP peak memory measured on " .. device, md, {
+    local path = h:markdown(name .. ".md", "CP peak memory measured on " .. device .. " (attention backend " ..
+      h.opt.backend .. ")", md, {
       string.format("B=%d, S=%d, H=%d, D=%d, bf16, causal; rank %d of %d (the highest peak); CP=1: each device " ..
-        "alone (main, fused)", B, S, H, D, world.rank, world.size) })
+        "alone (main, fused). fwd/bwd: distlab's allocator, peak over what was allocated before, in MiB and " ..
+        "units (one per-rank Q); meta: the schedule's formula. driver: the device's free memory before the " ..
+        "run (the allocator's cache emptied) minus after it (its blocks still cached, at least the peak): what " ..
+        "the run took from the device; allocator's cache: the growth of the allocator's reserved bytes; the " ..
+        "difference is what NCCL, cuDNN and the CUDA runtime allocated themselves (NCCL's buffers on a " ..
+        "communicator's first collective, cuDNN's handle and plans), and the allocator's rounding.%s", B, S, H, D,
+        world.rank, world.size, #left > 0 and (" Left out with backend cudnn (their merge lives in our kernel's " ..
+        "epilogue): " .. table.concat(left, ", ") .. ".") or "") })
     print("wrote " .. csv .. " and " .. path)
   end
   h:finish()

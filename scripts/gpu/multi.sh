@@ -14,6 +14,10 @@
 #   cp       cp_bench.lua at CP = N (issue 23) on the attention backends CP_BACKENDS
 #            (default "cudnn"; "ours,cudnn" for both), S_total CP_S (16k,64k,128k),
 #            CP_ITERS (20) repeats -> $OUT/cp-bench-<gpu>x<N>[-TAG].{md,csv} (CP_TAG);
+#   cp_memory  cp_memory.lua at CP = N (issue 23, not in the default STEPS): peak memory of
+#            every strategy, distlab's allocator beside the driver's free-memory delta, on
+#            each of CP_BACKENDS (default here "ours,cudnn"), S per sequence CP_MEM_S (65536)
+#            -> $OUT/cp-memory-gpu-<gpu>x<N>[-cudnn].{md,csv};
 #   ep       spec/ep_spec.lua's #multigpu specs, one rank a GPU, then
 #            ep_bench.lua (issue 20, where experiments/ep/ exists) with its PyTorch
 #            baseline (ep_bench_torch.py under torchrun), EP_ARGS passed on
@@ -70,6 +74,19 @@ if want cp; then
     experiments/cp/cp_bench.lua --backends "$CP_BACKENDS" --s "${CP_S:-16384,65536,131072}" --iters "${CP_ITERS:-20}" \
     --tag "$ctag" --out "$OUT" --command "scripts/gpu/multi.sh (STEPS=cp CP_BACKENDS=$CP_BACKENDS)"
   sed -n '/^| backend | S_total/,$p' "$L/cp-bench.log" | head -60 | tee -a "$SUM"
+fi
+
+if want cp_memory; then
+  # peak memory of every CP strategy at CP = N (issue 23): distlab's allocator beside the
+  # driver's free-memory delta, on each backend of CP_BACKENDS, S per sequence CP_MEM_S
+  pick_cudnn
+  for be in $(echo "${CP_BACKENDS:-ours,cudnn}" | tr , ' '); do
+    mtag="$tag$([ "$be" = ours ] || echo "-$be")"
+    step "cp_memory CP=$N, backend $be" 200 "$L/cp-memory-$be.log" "${DL_ENV[@]}" ./distlab run -n "$N" --device cuda \
+      experiments/cp/cp_memory.lua --backend "$be" --s "${CP_MEM_S:-65536}" --tag "$mtag" --out "$OUT" \
+      --command "scripts/gpu/multi.sh (STEPS=cp_memory CP_BACKENDS=${CP_BACKENDS:-ours,cudnn})"
+    grep -E "^(thd|bshd) " "$L/cp-memory-$be.log" | tee -a "$SUM"
+  done
 fi
 
 if want ep && [ -f experiments/ep/ep_bench.lua ]; then
