@@ -17,7 +17,7 @@
 #     variants  the sweep at 8 KB .. 16 MB once per setting of VARIANTS (see
 #            below), under $OUT/allreduce/variants
 # Results: allreduce-<gpu>x<NRANKS>.{md,csv}, -wide.csv, -tune.csv, the tuned
-# table allreduce_tables.lua, logs, and the PNG where gnuplot exists (else
+# table allreduce_tables-x<NRANKS>.lua, logs, and the PNG where gnuplot exists (else
 # make it from the -wide.csv with experiments/allreduce/allreduce_plot.sh); copy the
 # md, csv and png to experiments/results/allreduce/ (the md links the png by
 # its bare name). distlab's NCCL is PyTorch's wheel's where there is one (the
@@ -114,16 +114,17 @@ for s in "${sections[@]}"; do
       tail -5 "$R/torch.log" ;;
     sweep)
       stamp "tune and sweep"
-      rm -f "$R/allreduce_tables.lua"
-      DISTLAB_AR_TABLE="$R/allreduce_tables.lua" run_for 480 ./distlab run -n "$NR" --device cuda \
-        experiments/allreduce/allreduce_sweep.lua --out "$R" --torch "$R/torch.csv" --tune "$R/allreduce_tables.lua" \
-        --command "NRANKS=$NR scripts/gpu/allreduce.sh (DISTLAB_AR_TABLE=allreduce_tables.lua, tuned in the same run; distlab's NCCL: $nccl_note)" \
+      tables="$R/allreduce_tables-x$NR.lua" # one file a world size: a later run at another size keeps it
+      rm -f "$tables"
+      DISTLAB_AR_TABLE="$tables" run_for 480 ./distlab run -n "$NR" --device cuda \
+        experiments/allreduce/allreduce_sweep.lua --out "$R" --torch "$R/torch.csv" --tune "$tables" \
+        --command "NRANKS=$NR scripts/gpu/allreduce.sh (DISTLAB_AR_TABLE=allreduce_tables-x$NR.lua, tuned in the same run; distlab's NCCL: $nccl_note)" \
         >"$R/sweep.log" 2>&1
       echo "sweep exit code $?" >>"$R/sweep.log"
       [ "${LAMPORT_AB:-1}" = 0 ] && continue # LAMPORT_AB=0: no A/B this time
       stamp "the Lamport region of before (DISTLAB_AR_LAMPORT_MB=32)"
       gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o '[AHBL][0-9][0-9]*' | head -1 | tr 'A-Z' 'a-z')"
-      DISTLAB_AR_LAMPORT_MB=32 DISTLAB_AR_TABLE="$R/allreduce_tables.lua" run_for 120 ./distlab run -n "$NR" --device cuda \
+      DISTLAB_AR_LAMPORT_MB=32 DISTLAB_AR_TABLE="$tables" run_for 120 ./distlab run -n "$NR" --device cuda \
         experiments/allreduce/allreduce_sweep.lua --out "$R" --tag "${gpu}x$NR-lamport_mb-32" \
         --columns one_shot_lamport,two_shot_lamport --sizes 256K,1M,4M,8M,16M,32M \
         --command "DISTLAB_AR_LAMPORT_MB=32 NRANKS=$NR scripts/gpu/allreduce.sh sweep (its Lamport A/B)" \
