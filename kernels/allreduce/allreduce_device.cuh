@@ -96,22 +96,27 @@ __device__ __forceinline__ void ar_call_words(const dl_ar_args_t &a, uint32_t se
   memcpy(w, &c, sizeof w);
 }
 
-// The first failure of this rank records itself (pad and status); unless it
-// is a peer's abort, every peer is told to give up too (its ctrl.abort), so
-// no peer completes a call against this rank's abandoned one.
-static __device__ __noinline__ void ar_fail(const dl_ar_args_t &a, uint32_t kind, uint32_t block, int peer,
-                                            uint32_t expected, uint32_t seen, uint32_t seq,
-                                            const uint32_t *mine = nullptr, const uint32_t *theirs = nullptr) {
-  if (atomicCAS(&a.pad->error[0], 0u, kind) != 0u) return;
-  a.pad->error[1] = (uint32_t)peer;
-  a.pad->error[2] = expected;
-  a.pad->error[3] = seen;
-  volatile dl_ar_status_t *s = a.status;
+// The failure paths take plain values, never the parameter block by
+// reference: a __noinline__ function given the block's address makes every
+// thread of every kernel copy the whole block (216 bytes) into local memory
+// at its start and read its parameters from there ever after.
+
+// The first failure of this rank records itself (pad and status): true for
+// the thread that recorded it.
+static __device__ __noinline__ bool ar_record(dl_signal_pad_t *pad, dl_ar_status_t *status, uint32_t algo,
+                                              uint32_t kind, uint32_t block, int peer, uint32_t expected,
+                                              uint32_t seen, uint32_t seq, const uint32_t *mine,
+                                              const uint32_t *theirs) {
+  if (atomicCAS(&pad->error[0], 0u, kind) != 0u) return false;
+  pad->error[1] = (uint32_t)peer;
+  pad->error[2] = expected;
+  pad->error[3] = seen;
+  volatile dl_ar_status_t *s = status;
   s->peer = (uint32_t)peer;
   s->expected = expected;
   s->seen = seen;
   s->block = block;
-  s->algo = (uint32_t)a.algo;
+  s->algo = algo;
   s->seq = seq;
   if (mine && theirs)
     for (int i = 0; i < 8; i++) {
@@ -120,35 +125,48 @@ static __device__ __noinline__ void ar_fail(const dl_ar_args_t &a, uint32_t kind
     }
   __threadfence_system();
   s->kind = kind;
+  return true;
+}
+
+// The first failure of this rank records itself (ar_record); unless it is a
+// peer's abort, every peer is told to give up too (its ctrl.abort), so no
+// peer completes a call against this rank's abandoned one.
+__device__ __forceinline__ void ar_fail(const dl_ar_args_t &a, uint32_t kind, uint32_t block, int peer,
+                                        uint32_t expected, uint32_t seen, uint32_t seq,
+                                        const uint32_t *mine = nullptr, const uint32_t *theirs = nullptr) {
+  if (!ar_record(a.pad, a.status, (uint32_t)a.algo, kind, block, peer, expected, seen, seq, mine, theirs)) return;
   if (kind != DL_AR_FAIL_ABORT)
     for (int p = 0; p < a.nranks; p++)
       if (p != a.rank) dl_signal_store_release(&ctrl_of(buf_of(a, p))->abort, (uint32_t)a.rank + 1);
   __threadfence_system();
 }
 
-// Whether a wait (on peer, begun at t0) must end now, recorded: another
-// thread of this rank failed, a peer gave up, the host saw a peer's process
-// die, or the timeout expired.
-static __device__ __noinline__ bool ar_stop(const dl_ar_args_t &a, dl_ar_ctrl_t *self, uint64_t t0, int peer,
-                                            uint32_t expected, uint32_t seen, uint32_t seq, uint32_t block) {
-  if (*reinterpret_cast<volatile uint32_t *>(&a.pad->error[0]) != 0u) return true;
+// Which failure, if any, ends a wait (on peer, begun at t0) now: 0 none;
+// else kind | (1 + the rank it names) << 16, kind DL_AR_STOP_SEEN where
+// another thread of this rank failed already (recorded). A peer gave up,
+// the host saw a peer's process die, or the timeout expired.
+#define DL_AR_STOP_SEEN 0xffffu
+static __device__ __noinline__ uint32_t ar_stop_kind(dl_signal_pad_t *pad, dl_ar_ctrl_t *self,
+                                                     dl_ar_status_t *status, uint64_t timeout_ns, uint64_t t0,
+                                                     int peer) {
+  if (*reinterpret_cast<volatile uint32_t *>(&pad->error[0]) != 0u) return DL_AR_STOP_SEEN;
   const uint32_t ab = *reinterpret_cast<volatile uint32_t *>(&self->abort);
-  if (ab) {
-    ar_fail(a, DL_AR_FAIL_ABORT, block, (int)ab - 1, expected, seen, seq);
-    return true;
-  }
+  if (ab) return DL_AR_FAIL_ABORT | ab << 16;
   // the watchdog's word is host memory: read over PCIe only once a wait lasts
   const uint64_t waited = dl_signal_clock_ns() - t0;
-  const uint32_t gone = waited > 100000 ? reinterpret_cast<volatile dl_ar_status_t *>(a.status)->gone : 0u;
-  if (gone) {
-    ar_fail(a, DL_AR_FAIL_DEAD, block, (int)gone - 1, expected, seen, seq);
-    return true;
-  }
-  if (waited > a.timeout_ns) {
-    ar_fail(a, DL_AR_FAIL_TIMEOUT, block, peer, expected, seen, seq);
-    return true;
-  }
-  return false;
+  const uint32_t gone = waited > 100000 ? reinterpret_cast<volatile dl_ar_status_t *>(status)->gone : 0u;
+  if (gone) return DL_AR_FAIL_DEAD | gone << 16;
+  if (waited > timeout_ns) return DL_AR_FAIL_TIMEOUT | (uint32_t)(peer + 1) << 16;
+  return 0;
+}
+
+// Whether a wait (on peer, begun at t0) must end now, recorded (ar_stop_kind).
+__device__ __forceinline__ bool ar_stop(const dl_ar_args_t &a, dl_ar_ctrl_t *self, uint64_t t0, int peer,
+                                        uint32_t expected, uint32_t seen, uint32_t seq, uint32_t block) {
+  const uint32_t r = ar_stop_kind(a.pad, self, a.status, a.timeout_ns, t0, peer);
+  if (r == 0) return false;
+  if ((r & 0xffffu) != DL_AR_STOP_SEEN) ar_fail(a, r & 0xffffu, block, (int)(r >> 16) - 1, expected, seen, seq);
+  return true;
 }
 
 // One thread waits until the count *p (peer's signal) reaches v; false once
@@ -204,35 +222,41 @@ __device__ __forceinline__ bool ar_call_read(const dl_ar_ctrl_t *self, int p, ui
   return here;
 }
 
-// Peer p's call, read once: 1 here and the same as ours, 0 not here yet, -1
-// here and different (recorded: the mismatch, both calls).
-static __device__ __noinline__ int ar_call_peek(const dl_ar_args_t &a, dl_ar_ctrl_t *self, int p, uint32_t seq,
-                                                uint32_t &x) {
-  uint32_t mine[8], theirs[8];
-  ar_call_words(a, seq, mine);
+// Peer p's call, read once: 1 here and the same as ours (mine: ar_call_words),
+// 0 not here yet, -1 here and different (recorded: the mismatch, both calls).
+__device__ __forceinline__ int ar_call_peek(const dl_ar_args_t &a, dl_ar_ctrl_t *self, int p, uint32_t seq,
+                                            const uint32_t (&mine)[8], uint32_t &x) {
+  uint32_t theirs[8];
   if (!ar_call_read(self, p, seq, mine, theirs, x)) return 0;
   bool same = true;
+#pragma unroll
   for (int i = 1; i < 8; i++) same = same && theirs[i] == mine[i];
   if (same) return 1;
-  ar_fail(a, DL_AR_FAIL_MISMATCH, blockIdx.x, p, mine[0], mine[0], seq, mine, theirs);
+  uint32_t m[8], t[8]; // the record's copies: only this path keeps words in local memory
+#pragma unroll
+  for (int i = 0; i < 8; i++) m[i] = mine[i], t[i] = theirs[i];
+  ar_fail(a, DL_AR_FAIL_MISMATCH, blockIdx.x, p, mine[0], mine[0], seq, m, t);
   return -1;
 }
 
 // One thread, before it first reads what peer p sent in this call: wait for
 // p's call (ar_announce) and compare it with ours; false (recorded) when
 // they differ or the wait ends.
-static __device__ __noinline__ bool ar_agree(const dl_ar_args_t &a, dl_ar_ctrl_t *self, int p, uint32_t seq) {
+__device__ __forceinline__ bool ar_agree(const dl_ar_args_t &a, dl_ar_ctrl_t *self, int p, uint32_t seq) {
+  uint32_t mine[8];
+  ar_call_words(a, seq, mine);
   const uint64_t t0 = dl_signal_clock_ns();
   uint32_t x = 0;
   int got;
-  for (int spins = 1; (got = ar_call_peek(a, self, p, seq, x)) == 0; spins++) {
+  for (int spins = 1; (got = ar_call_peek(a, self, p, seq, mine, x)) == 0; spins++) {
     // a nap between polls after the first few: a grid's pollers crowd the
     // line the call lands in (the Lamport kernels poll it before their data)
     DL_AR_POLL_PAUSE(spins, a.poll_ns);
     if (spins % 64 == 0) {
       // a peer that saw the mismatch first gives up at once: its call, once
       // here, says more than its abort
-      if (*reinterpret_cast<volatile uint32_t *>(&self->abort) != 0u && (got = ar_call_peek(a, self, p, seq, x)) != 0)
+      if (*reinterpret_cast<volatile uint32_t *>(&self->abort) != 0u &&
+          (got = ar_call_peek(a, self, p, seq, mine, x)) != 0)
         break;
       if (ar_stop(a, self, t0, p, seq + 1, x, seq, DL_AR_BLOCK_CALL)) return false;
     }
