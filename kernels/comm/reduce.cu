@@ -73,7 +73,11 @@ __global__ void reduce_kernel(T *dst, reduce_srcs s, int n, int64_t k, int red) 
   for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < k;
        i += (int64_t)gridDim.x * blockDim.x) {
     A a = E::load(((const T *)s.p[0])[i]);
-    for (int j = 1; j < n; j++) {
+    // unrolled over the most sources, so s.p is indexed by constants (a run-time
+    // index would copy the parameter to local memory in every thread)
+#pragma unroll
+    for (int j = 1; j < DL_REDUCE_MAX_SRCS; j++) {
+      if (j >= n) break;
       A b = E::load(((const T *)s.p[j])[i]);
       if (red == DL_RED_MAX) a = b > a ? b : a;
       else if (red == DL_RED_MIN) a = b < a ? b : a;
