@@ -31,7 +31,7 @@ __global__ void signal_wait_kernel(dl_signal_pad_t *self, int flag, uint32_t val
   else dl_signal_fail(self, DL_SIGNAL_ERR_FLAG, (uint32_t)flag, value, seen);
 }
 
-__global__ void signal_barrier_kernel(dl_signal_peers_t peers, int rank, int nranks,
+__global__ void signal_barrier_kernel(const __grid_constant__ dl_signal_peers_t peers, int rank, int nranks,
                                       uint64_t timeout_ns, const uint32_t *gone) {
   dl_signal_barrier_block(peers, rank, nranks, timeout_ns, gone);
 }
