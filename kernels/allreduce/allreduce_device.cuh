@@ -330,9 +330,11 @@ __device__ __forceinline__ uint32_t ar_begin(const dl_ar_args_t &a, dl_ar_ctrl_t
 // A peer that gave up while this block passed its last signal voids the
 // call here too (recorded; the host reports it at the next run or check).
 __device__ __forceinline__ void ar_end(const dl_ar_args_t &a, dl_ar_ctrl_t *self, uint32_t seq) {
+  // the abort word read before the block's barrier, so that its round trip
+  // overlaps the wait for the block's last threads
+  const uint32_t ab = threadIdx.x == 0 ? *reinterpret_cast<volatile uint32_t *>(&self->abort) : 0u;
   __syncthreads();
   if (threadIdx.x == 0) {
-    const uint32_t ab = *reinterpret_cast<volatile uint32_t *>(&self->abort);
     if (ab && *reinterpret_cast<volatile uint32_t *>(&a.pad->error[0]) == 0u)
       ar_fail(a, DL_AR_FAIL_ABORT, blockIdx.x, (int)ab - 1, 0, 0, seq);
     __threadfence();
