@@ -26,7 +26,8 @@
 #            E 256 -> ep-bench-<gpu>x<N>-split.{md,csv}, the A/B of the fused kernels;
 #            then, for each nb in EP_BLOCKS (unset: none), bf16 E 256 B 1,128 on nb
 #            blocks -> multi/ep-bench-<gpu>x<N>-blocks<nb>.{md,csv} (in the logs tarball).
-# STEPS picks them (default "ag_gemm gemm_rs cp ep"); the build always runs. Results
+# STEPS picks them (default "ag_gemm gemm_rs cp ep"); the build always runs. NGPUS=n
+# runs every step on the host's first n GPUs (CUDA_VISIBLE_DEVICES), tagged x<n>. Results
 # files come back in $OUT (copy them to experiments/results/<family>/ and
 # draw the PNGs locally: the hosts have no gnuplot); every log in
 # $OUT/multi-logs.tgz; verdicts in $OUT/multi-summary.txt. Exit status
@@ -47,6 +48,11 @@ want() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 
 header
 N=$(nvidia-smi -L | grep -c '^GPU')
+if [ -n "${NGPUS:-}" ]; then # the first NGPUS of the host's GPUs (a 2-GPU run on a 4-GPU host)
+  [ "$NGPUS" -le "$N" ] || { say "NGPUS=$NGPUS but the host has $N GPUs"; status=1; exit 1; }
+  N=$NGPUS
+  export CUDA_VISIBLE_DEVICES="$(seq -s, 0 $((N - 1)))"
+fi
 tag="$(gpu_tag)x$N"
 say "$N GPUs: tag $tag; steps: $STEPS"
 [ "$N" -ge 2 ] || { say "multi.sh needs at least 2 GPUs"; status=1; exit 1; }
