@@ -51,6 +51,7 @@
 
 #include <stdint.h>
 
+#include "common/dtype.h" /* DL_HD */
 #include "common/signal_pad.h"
 
 enum {
@@ -88,10 +89,14 @@ static_assert(sizeof(dl_ar_call_t) == 32, "dl_ar_call_t is 8 words");
 _Static_assert(sizeof(dl_ar_call_t) == 32, "dl_ar_call_t is 8 words");
 #endif
 
-/* Word i of a dl_ar_call_t c as stored in a peer: (uint64_t)c.seq << 32 | word i. */
+/* Word i of a dl_ar_call_t c as stored in a peer: dl_ar_call_wire_word(c.seq, word i). */
 typedef struct dl_ar_call_wire {
   uint64_t w[8];
 } __attribute__((aligned(64))) dl_ar_call_wire_t; /* one 64-byte piece of a line: read in 4 vector loads */
+
+/* A word of a call as it travels: the call's seq above it (the reader takes
+ * the word once the high half is its own call's seq). */
+DL_HD uint64_t dl_ar_call_wire_word(uint32_t seq, uint32_t word) { return (uint64_t)seq << 32 | word; }
 
 typedef struct dl_ar_ctrl {
   uint32_t flags[DL_AR_MAX_BLOCKS][DL_SIGNAL_MAX_RANKS];  /* [block][from rank], peers write */

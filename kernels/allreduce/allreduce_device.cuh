@@ -194,12 +194,12 @@ __device__ __forceinline__ void ar_announce(const dl_ar_args_t &a, uint32_t seq)
   ar_call_words(a, seq, w);
   volatile uint64_t *dst = ctrl_of(buf_of(a, p))->calls[seq & 1][a.rank].w;
 #pragma unroll
-  for (int i = 0; i < 8; i++) dst[i] = (uint64_t)w[0] << 32 | w[i];
+  for (int i = 0; i < 8; i++) dst[i] = dl_ar_call_wire_word(w[0], w[i]);
 }
 
-// Peer p's entry for call `mine` (read once): true once every word carries
-// mine[0], its words then in theirs; x the tag of the first word that did not.
-__device__ __forceinline__ bool ar_call_read(const dl_ar_ctrl_t *self, int p, uint32_t seq, const uint32_t (&mine)[8],
+// Peer p's entry for call seq (read once): true once every word carries
+// tag (1 + seq), its words then in theirs; x the tag of the first word that did not.
+__device__ __forceinline__ bool ar_call_read(const dl_ar_ctrl_t *self, int p, uint32_t seq, uint32_t tag,
                                              uint32_t (&theirs)[8], uint32_t &x) {
   const uint64_t *in = self->calls[seq & 1][p].w;
   uint64_t v[8];
@@ -214,7 +214,7 @@ __device__ __forceinline__ bool ar_call_read(const dl_ar_ctrl_t *self, int p, ui
 #pragma unroll
   for (int i = 0; i < 8; i++) {
     theirs[i] = (uint32_t)v[i];
-    if (here && (uint32_t)(v[i] >> 32) != mine[0]) {
+    if (here && (uint32_t)(v[i] >> 32) != tag) {
       here = false;
       x = (uint32_t)(v[i] >> 32);
     }
@@ -227,7 +227,7 @@ __device__ __forceinline__ bool ar_call_read(const dl_ar_ctrl_t *self, int p, ui
 __device__ __forceinline__ int ar_call_peek(const dl_ar_args_t &a, dl_ar_ctrl_t *self, int p, uint32_t seq,
                                             const uint32_t (&mine)[8], uint32_t &x) {
   uint32_t theirs[8];
-  if (!ar_call_read(self, p, seq, mine, theirs, x)) return 0;
+  if (!ar_call_read(self, p, seq, mine[0], theirs, x)) return 0;
   bool same = true;
 #pragma unroll
   for (int i = 1; i < 8; i++) same = same && theirs[i] == mine[i];

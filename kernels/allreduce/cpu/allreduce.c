@@ -167,15 +167,15 @@ static dl_ar_call_t call_of(const dl_ar_args_t *a, uint32_t seq) {
   return c;
 }
 
-/* Peer p's entry for call `mine`, read once: 1 once every word carries mine's seq
- * (dl_ar_call_wire_t), the call then in *theirs; *x the tag of the first word that did not. */
-static int call_read(const dl_ar_ctrl_t *self, int p, uint32_t seq, const dl_ar_call_t *mine,
-                     dl_ar_call_t *theirs, uint32_t *x) {
+/* Peer p's entry for call seq, read once: 1 once every word carries tag (1 + seq;
+ * dl_ar_call_wire_t), the call then in *theirs; *x the tag of the first word that did not. */
+static int call_read(const dl_ar_ctrl_t *self, int p, uint32_t seq, uint32_t tag, dl_ar_call_t *theirs,
+                     uint32_t *x) {
   const dl_ar_call_wire_t *in = &self->calls[seq & 1][p];
   uint32_t w[8];
   for (int i = 0; i < 8; i++) {
     const uint64_t v = __atomic_load_n(&in->w[i], __ATOMIC_ACQUIRE);
-    if ((uint32_t)(v >> 32) != mine->seq) {
+    if ((uint32_t)(v >> 32) != tag) {
       *x = (uint32_t)(v >> 32);
       return 0;
     }
@@ -195,7 +195,7 @@ static int ar_agree(const dl_ar_args_t *a, dl_ar_ctrl_t *self, uint32_t seq) {
   for (int p = 0; p < a->nranks; p++) {
     if (p == a->rank) continue;
     dl_ar_call_wire_t *slot = &ctrl_of(a->bufs[p])->calls[seq & 1][a->rank];
-    for (int i = 0; i < 8; i++) __atomic_store_n(&slot->w[i], (uint64_t)mine.seq << 32 | mw[i], __ATOMIC_RELAXED);
+    for (int i = 0; i < 8; i++) __atomic_store_n(&slot->w[i], dl_ar_call_wire_word(mine.seq, mw[i]), __ATOMIC_RELAXED);
   }
   /* every peer's slot at each poll, so that a mismatched call that is there is named even when
    * another peer is late or gone (in order, waiting on rank 1 first, rank 0 reported the death
@@ -210,7 +210,7 @@ static int ar_agree(const dl_ar_args_t *a, dl_ar_ctrl_t *self, uint32_t seq) {
       if (p == a->rank || seen[p]) continue;
       dl_ar_call_t theirs;
       uint32_t got = 0;
-      if (!call_read(self, p, seq, &mine, &theirs, &got)) {
+      if (!call_read(self, p, seq, mine.seq, &theirs, &got)) {
         if (late < 0) late = p, x = got;
         continue;
       }
