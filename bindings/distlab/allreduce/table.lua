@@ -14,8 +14,8 @@
 -- them, say the same for an input already in the all-reduce's zero-copy
 -- region (ar:buffer, the same offset on every rank), run in place: every
 -- algorithm timed on such an input, so the zero-copy two-shots compete with
--- the ones that copy anyway. An entry without zc_rows (every shipped one so
--- far) chooses from rows for both.
+-- the ones that copy anyway. An entry without zc_rows (the shipped ones
+-- but H200 at 2 and 4 ranks) chooses from rows for both.
 local ffi = require "ffi"
 local core = require "distlab.core"
 
