@@ -34,7 +34,7 @@ local h = bench.harness {
     { "s", "size", 262144, "sequence length S per sequence (units do not depend on it)", meta = "S" },
     { "gpu", "string", nil, "(meta) the GPU run's CSV for the measured table (default DIR/cp-memory-gpu.csv)",
       meta = "CSV" },
-    { "backend", "string", "ours", "(cuda) the attention backend of the steps", values = { "ours", "cudnn" } },
+    { "backend", "choice", "ours", "(cuda) the attention backend of the steps", values = { "ours", "cudnn" } },
     { "tag", "string", nil, "(cuda) name the files cp-memory-gpu-TAG.{csv,md} (e.g. h200x4)", meta = "TAG" },
   },
 }
