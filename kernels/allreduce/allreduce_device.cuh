@@ -145,17 +145,32 @@ __device__ __forceinline__ void ar_fail(const dl_ar_args_t &a, uint32_t kind, ui
 // else kind | (1 + the rank it names) << 16, kind DL_AR_STOP_SEEN where
 // another thread of this rank failed already (recorded). A peer gave up,
 // the host saw a peer's process die, or the timeout expired.
+//
+// The watchdog's word (status->gone) is host memory: a read crosses PCIe.
+// It is read only once a wait has lasted 100 us, and then by at most one
+// waiting thread of a block per gone_gap_ns (a block-wide clock in shared
+// memory; a race costs a read or two, garbage at the kernel's start delays
+// one read). Every waiting thread reading it (gone_gap_ns 0, as before
+// 2026-11-27) puts tens of thousands of reads on PCIe when a Lamport grid
+// waits: they take milliseconds to drain, the late rank's peers then wait
+// past 100 us in turn, and back-to-back calls stay milliseconds slow.
 #define DL_AR_STOP_SEEN 0xffffu
 static __device__ __noinline__ uint32_t ar_stop_kind(dl_signal_pad_t *pad, dl_ar_ctrl_t *self,
                                                      dl_ar_status_t *status, uint64_t timeout_ns, uint64_t t0,
-                                                     int peer) {
+                                                     int peer, uint32_t gone_gap_ns) {
   if (*reinterpret_cast<volatile uint32_t *>(&pad->error[0]) != 0u) return DL_AR_STOP_SEEN;
   const uint32_t ab = *reinterpret_cast<volatile uint32_t *>(&self->abort);
   if (ab) return DL_AR_FAIL_ABORT | ab << 16;
-  // the watchdog's word is host memory: read over PCIe only once a wait lasts
-  const uint64_t waited = dl_signal_clock_ns() - t0;
-  const uint32_t gone = waited > 100000 ? reinterpret_cast<volatile dl_ar_status_t *>(status)->gone : 0u;
-  if (gone) return DL_AR_FAIL_DEAD | gone << 16;
+  const uint64_t now = dl_signal_clock_ns(), waited = now - t0;
+  if (waited > 100000) {
+    __shared__ uint64_t host_read_at; // when a thread of this block last read the host's word
+    volatile uint64_t *last = &host_read_at;
+    if (now - *last >= gone_gap_ns) {
+      *last = now;
+      const uint32_t gone = reinterpret_cast<volatile dl_ar_status_t *>(status)->gone;
+      if (gone) return DL_AR_FAIL_DEAD | gone << 16;
+    }
+  }
   if (waited > timeout_ns) return DL_AR_FAIL_TIMEOUT | (uint32_t)(peer + 1) << 16;
   return 0;
 }
@@ -163,7 +178,7 @@ static __device__ __noinline__ uint32_t ar_stop_kind(dl_signal_pad_t *pad, dl_ar
 // Whether a wait (on peer, begun at t0) must end now, recorded (ar_stop_kind).
 __device__ __forceinline__ bool ar_stop(const dl_ar_args_t &a, dl_ar_ctrl_t *self, uint64_t t0, int peer,
                                         uint32_t expected, uint32_t seen, uint32_t seq, uint32_t block) {
-  const uint32_t r = ar_stop_kind(a.pad, self, a.status, a.timeout_ns, t0, peer);
+  const uint32_t r = ar_stop_kind(a.pad, self, a.status, a.timeout_ns, t0, peer, a.gone_gap_ns);
   if (r == 0) return false;
   if ((r & 0xffffu) != DL_AR_STOP_SEEN) ar_fail(a, r & 0xffffu, block, (int)(r >> 16) - 1, expected, seen, seq);
   return true;

@@ -16,6 +16,8 @@
 #            as allreduce-<gpu>x<NRANKS>-lamport_mb-32.{md,csv} (LAMPORT_AB=0: not)
 #     variants  the sweep at 8 KB .. 16 MB once per setting of VARIANTS (see
 #            below), under $OUT/allreduce/variants
+#     stall  experiments/allreduce/allreduce_stall.lua (STALL_ARGS: its options)
+#            with DISTLAB_AR_GONE_GAP_US=0 and as shipped
 # Results: allreduce-<gpu>x<NRANKS>.{md,csv}, -wide.csv, -tune.csv, the tuned
 # table allreduce_tables-x<NRANKS>.lua, logs, and the PNG where gnuplot exists (else
 # make it from the -wide.csv with experiments/allreduce/allreduce_plot.sh); copy the
@@ -152,7 +154,20 @@ for s in "${sections[@]}"; do
         echo "$v exit code $?" >>"$R/variants/$tag.log"
         grep -E "^ *[0-9]+ (one_shot|one_shot_push|one_shot_lamport|two_shot_push_zc|auto) " "$R/variants/$tag.log"
       done ;;
-    *) echo "unknown section $s (specs, torch, sweep, variants)" ;;
+    stall)
+      # back-to-back calls after a late start (experiments/allreduce/allreduce_stall.lua),
+      # once with every waiting thread reading the watchdog's host word
+      # (DISTLAB_AR_GONE_GAP_US=0, the kernels of before 2026-11-27) and once as shipped
+      for gap in 0 default; do
+        stamp "stall, DISTLAB_AR_GONE_GAP_US=$gap"
+        (if [ "$gap" != default ]; then export DISTLAB_AR_GONE_GAP_US=$gap; fi
+         run_for 150 ./distlab run -n "$NR" --device cuda experiments/allreduce/allreduce_stall.lua --out "$R" \
+           ${STALL_ARGS:-} --command "NRANKS=$NR scripts/gpu/allreduce.sh stall (DISTLAB_AR_GONE_GAP_US=$gap)") \
+          >"$R/stall-gap-$gap.log" 2>&1
+        echo "stall exit code $?" >>"$R/stall-gap-$gap.log"
+        grep -E "^#|^ +[0-9]|exit code" "$R/stall-gap-$gap.log"
+      done ;;
+    *) echo "unknown section $s (specs, torch, sweep, variants, stall)" ;;
   esac
 done
 stamp "done"

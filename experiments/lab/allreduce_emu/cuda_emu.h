@@ -28,6 +28,9 @@
 
 #define __global__
 #define __device__
+/* a block's __shared__ word: one per emulated thread here (allreduce_device.cuh
+ * keeps only a clock in one, so a copy per thread changes how often, not what) */
+#define __shared__ static thread_local
 #define __host__
 #define __forceinline__ inline
 /* inline: a __noinline__ helper of allreduce_device.cuh is defined in every
