@@ -107,6 +107,39 @@ describe("overlap options", function()
       "out_dtype f16 with bf16 inputs")
   end)
 
+  it("merge: ag p2p only, true, \"auto\" or a head of 0 .. m/d rows, in the label", function()
+    refuses(function() dl.overlap.ag_gemm { comm = w, algo = "ring", merge = true } end,
+      "overlap.ag_gemm: merge applies to algo p2p, not ring")
+    refuses(function() dl.overlap.ag_gemm { comm = w, algo = "nccl_then_gemm", merge = 4 } end,
+      "merge applies to algo p2p, not nccl_then_gemm")
+    refuses(function() dl.overlap.gemm_rs { comm = w, algo = "p2p", merge = true } end,
+      "overlap.gemm_rs: merge applies to ag_gemm's p2p only")
+    refuses(function() dl.overlap.ag_gemm { comm = w, merge = "yes" } end,
+      'overlap.ag_gemm: merge must be true, "auto", false or a row count, got yes')
+    refuses(function() dl.overlap.ag_gemm { comm = w, merge = -1 } end, "overlap.ag_gemm: merge %(the head's rows%) is %-1")
+    refuses(function() dl.overlap.ag_gemm { comm = w, merge = 1.5 } end, "merge %(the head's rows%) is 1.5, not an integer")
+    local a = dl.empty({ 4, 8 }, { dtype = "bf16", device = "meta" })
+    local b = dl.empty({ 8, 6 }, { dtype = "bf16", device = "meta" })
+    refuses(function() dl.overlap.ag_gemm { comm = w, merge = 5 }:run(a, b) end,
+      "merge = 5 rows, more than the shard's 4")
+    assert.equal("p2p get ce x2", dl.overlap.ag_gemm { comm = w, merge = false }:label())
+    assert.equal("p2p put ce x2 merge", dl.overlap.ag_gemm { comm = w, transport = "put", merge = true }:label())
+    assert.equal("p2p get sm x3 merge", dl.overlap.ag_gemm { comm = w, copy = "sm", streams = 3, merge = "auto" }:label())
+    assert.equal("p2p get ce x2 merge 4224", dl.overlap.ag_gemm { comm = w, merge = 4224 }:label())
+  end)
+
+  it("merge's default head: a third of the shard or more, in 256-row steps, no wave lost to its tail", function()
+    local head = require("distlab.overlap.ag_p2p_merge").head_rows
+    -- m = 32k, 16k, 8k at 2 ranks, n = 8k, 132 SMs: 128 x 256 tiles, 4 a 256-row block of n = 8k
+    assert.equal(5632, head("auto", 16384, 8192, 132)) -- 11 waves + 52 = 63 = the full GEMM's
+    assert.equal(2816, head("auto", 8192, 8192, 132))  -- 6 + 26 = 32
+    assert.equal(1536, head("auto", 4096, 8192, 132))  -- 3 + 13 = 16
+    assert.equal(5632, head("auto", 16384, 8192, 0))   -- no SM count (cpu, meta): as 132
+    assert.equal(5632, head("auto", 16384, 8192, 0))
+    assert.equal(5, head("auto", 5, 23, 132))          -- shards under 256 rows: the whole shard is the head
+    assert.equal(2, head(2, 5, 23, 132))
+  end)
+
   it("variants lists every algo x transport x copy x streams, the baselines once", function()
     local v = dl.overlap.variants("ag", { 1, 2, 3 })
     assert.equal(1 + 2 * 2 * 2 * 3, #v)

@@ -18,6 +18,10 @@
 --     --streams LIST           stream counts of the variants (default 1,2,3)
 --     --algos, --transports, --copies   which variants (default all)
 --     --copy-blocks B          the sm copy's grid (default 16)
+--     --merge LIST             ag p2p rows with merge (off: none; auto: the default head; a number: the
+--                              head's rows; default off,auto): dl.overlap.ag_gemm's merge option, our
+--                              shard's GEMM split into a head and a part merged with the neighbour's
+--     --merge-copies LIST      the copies of the merge rows (default ce: sm lost at every size on H200)
 --     --iters N                timed runs per row (default 10)
 --     --warm-ms MS             warm-up runs per row filling MS (default 300: the same count on
 --                              every rank, from the slowest rank's estimate)
@@ -91,6 +95,8 @@ local h = bench.harness {
     { "transports", "list", "get,put", "transports", values = { "get", "put" } },
     { "copies", "list", "ce,sm", "copies", values = { "ce", "sm" } },
     { "copy-blocks", "int", 16, "blocks of the sm copy kernel" },
+    { "merge", "list", "off,auto", "ag p2p with merge: off, auto, or the head's rows", meta = "LIST" },
+    { "merge-copies", "list", "ce", "copies of the merge rows", values = { "ce", "sm" } },
     { "iters", "int", 10, "timed runs per row" },
     { "warm-ms", "number", 300, "warm-up work per row (ms), after 2 runs that estimate it" },
     { "torch", "string", nil, "ag_gemm_torch.py's CSV from the same run", meta = "CSV" },
@@ -164,12 +170,23 @@ local anchors = RS and { { "torch_matmul", "torch.matmul alone (local)" },
     { "torch_fused", "torch: fused_all_gather_matmul" } }
 local BASELINE = RS and "gemm_then_nccl" or "nccl_then_gemm"
 
+-- --merge: nil (off), true (auto) or the head's rows
+local merges = {}
+for _, x in ipairs(A.merge) do
+  if x == "off" then merges[#merges + 1] = false
+  elseif x == "auto" then merges[#merges + 1] = true
+  elseif tonumber(x) and tonumber(x) >= 0 and tonumber(x) == math.floor(tonumber(x)) then merges[#merges + 1] = tonumber(x)
+  else dl.fail("ag_gemm_bench: --merge takes off, auto or row counts, got %q", x) end
+end
 local variants = { { algo = BASELINE } }
 for _, algo in ipairs(A.algos) do
-  for _, transport in ipairs(A.transports) do
-    for _, copy in ipairs(A.copies) do
-      for _, s in ipairs(A.streams) do
-        variants[#variants + 1] = { algo = algo, transport = transport, copy = copy, streams = tonumber(s) }
+  for _, merge in ipairs((algo == "p2p" and not RS) and merges or { false }) do
+    for _, transport in ipairs(A.transports) do
+      for _, copy in ipairs(merge and A.merge_copies or A.copies) do
+        for _, s in ipairs(A.streams) do
+          variants[#variants + 1] = { algo = algo, transport = transport, copy = copy, streams = tonumber(s),
+            merge = merge or nil }
+        end
       end
     end
   end
@@ -273,9 +290,13 @@ for _, m in ipairs(A.m) do
     row("gemm (alone, gathered A)", ms, h:check(check_ref(full, b, ref)))
   end
   for _, v in ipairs(variants) do
+    if type(v.merge) == "number" and v.merge > rows then
+      h:print("ag_gemm_bench: m = %d: no row for merge %d (more than the shard's %d rows)", m, v.merge, rows)
+      goto next_variant
+    end
     local make = RS and dl.overlap.gemm_rs or dl.overlap.ag_gemm
     local op = make { comm = w, algo = v.algo, transport = v.transport, copy = v.copy,
-      streams = v.streams, copy_blocks = A.copy_blocks }
+      streams = v.streams, copy_blocks = A.copy_blocks, merge = v.merge }
     local fn = function() op:run(a, b, c) end
     fn()
     fn()
@@ -286,6 +307,7 @@ for _, m in ipairs(A.m) do
     row(op:label(), t, h:check(RS and check_rs(c, refs, kd, op:label()) or check_rows(c, ref, rows)))
     op:free()
     collectgarbage("collect")
+    ::next_variant::
   end
   for _, an in ipairs(anchors) do
     local t = torch[an[1] .. "/" .. m]

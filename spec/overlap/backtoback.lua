@@ -1,7 +1,7 @@
 -- spec/overlap/backtoback.lua [runs] — 200 runs (default) issued back to
 -- back with fresh data each, alternating get and put (and cycling through
 -- all-gather + GEMM and GEMM + reduce-scatter, p2p and ring, ce and sm, one
--- to three streams): nothing waits for the GPU between runs, so runs of the
+-- to three streams, and ag p2p with merge): nothing waits for the GPU between runs, so runs of the
 -- same op and of the others queue behind one another; then every result is
 -- checked against its own fp64 reference, and every op's buffer is where
 -- its first run put it.
@@ -20,6 +20,10 @@ K.report(function()
         ops[#ops + 1] = { kind = kind, op = K.op(kind, v), label = K.label(kind, v) }
       end
     end
+  end
+  for j, transport in ipairs { "get", "put" } do -- p2p with the local shard's GEMM split (merge)
+    local v = { algo = "p2p", transport = transport, copy = "ce", streams = j + 1, merge = j }
+    ops[#ops + 1] = { kind = "ag", op = K.op("ag", v), label = K.label("ag", v) }
   end
   local pending = {}
   for i = 1, runs do

@@ -52,9 +52,10 @@ function K.expect(got, case, what)
   if msg then error(msg, 0) end
 end
 
--- The label of an option table: "ag p2p get sm x2".
+-- The label of an option table: "ag p2p get sm x2" ("ag p2p put ce x2 merge 3").
 function K.label(kind, v)
   return kind .. " " .. (v.transport and string.format("%s %s %s x%d", v.algo, v.transport, v.copy, v.streams) or v.algo)
+    .. (v.merge and (" merge " .. tostring(v.merge)) or "")
 end
 
 -- Run fn; on error print "ERR: <message>" and exit 3.

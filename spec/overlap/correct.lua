@@ -3,7 +3,8 @@
 -- the fp64 reference of the gathered (or reduced) GEMM, at odd shapes (rows
 -- that no copy vector divides), twice per op (the second run finds the
 -- flags back where they started) with c allocated and then given; f16 in
--- and f32 out for a few; and the buffers where the first run put them.
+-- and f32 out for a few; ag p2p with merge (heads of 0, 2 and all rows);
+-- and the buffers where the first run put them.
 local dir = arg[0]:match("^(.*)/[^/]*$") or "."
 local K = dofile(dir .. "/common.lua")
 local dl = require "distlab"
@@ -45,6 +46,17 @@ K.report(function()
     one(kind, { algo = "ring", transport = "put", copy = "ce", streams = 3 }, "f16")
     one(kind, { algo = dl.overlap.algos[kind][1] }, "bf16", "f32")
   end
+  -- ag p2p with the local shard's GEMM split (merge): auto (the whole shard at these rows),
+  -- no head, a head of 2 rows, the whole shard as the head
+  for _, merge in ipairs { true, 0, 2, shapes.ag.rows } do
+    for _, transport in ipairs { "get", "put" } do
+      for s = 1, 3 do
+        one("ag", { algo = "p2p", transport = transport, copy = s == 2 and "sm" or "ce", streams = s, merge = merge },
+          "bf16")
+      end
+    end
+  end
+  one("ag", { algo = "p2p", transport = "put", copy = "ce", streams = 2, merge = 3 }, "f16", "f32")
   K.w:barrier()
   print(string.format("correct ok: rank %d of %d on %s, %d checks", K.me, K.d, K.dev, checks))
 end)

@@ -13,6 +13,8 @@ local variants = {
   { "ag", { algo = "p2p", transport = "get", copy = "ce", streams = 2 } },
   { "ag", { algo = "ring", transport = "put", copy = "sm", streams = 3 } },
   { "ag", { algo = "nccl_then_gemm" } },
+  { "ag", { algo = "p2p", transport = "get", copy = "sm", streams = 2, merge = 1 } },
+  { "ag", { algo = "p2p", transport = "put", copy = "ce", streams = 3, merge = true } },
   { "rs", { algo = "p2p", transport = "put", copy = "sm", streams = 2 } },
   { "rs", { algo = "ring", transport = "get", copy = "ce", streams = 1 } },
 }

@@ -26,6 +26,9 @@
 --              capped at the rank's share of the GPU where ranks share one)
 --   streams    s: step i runs on stream i mod s (default 2)
 --   out_dtype  of an allocated c (default a's dtype; f32 also)
+--   merge      ag p2p only: true (or "auto") multiplies a head of our shard first and the
+--              rest of it with the neighbour's shard in one GEMM (overlap/ag_p2p_merge.lua);
+--              a number: the head's rows (0 .. m/d); default false (overlap/ag_p2p.lua)
 -- transport, copy and streams do not apply to the nccl baselines (they run on one stream).
 --
 -- Every run is stream-ordered on the current stream: it forks onto the op's
@@ -59,7 +62,7 @@ local schedules = {
   rs = { gemm_then_nccl = "rs_nccl", p2p = "rs_p2p", ring = "rs_ring" },
 }
 local KNOWN = { comm = true, algo = true, transport = true, copy = true, streams = true, copy_blocks = true,
-  out_dtype = true }
+  out_dtype = true, merge = true }
 
 local Op = {}
 Op.__index = Op
@@ -87,7 +90,20 @@ local function new(kind, o)
   op.streams = args.int(o.streams or 2, "overlap." .. name .. ": streams", 1, 16)
   op.copy_blocks = args.int32(o.copy_blocks or 16, "overlap." .. name .. ": copy_blocks", 1)
   op.out_dtype = o.out_dtype and core.dtype_names[core.dtype_id(o.out_dtype)]
-  op.schedule = require("distlab.overlap." .. schedules[kind][op.algo])
+  local sched = schedules[kind][op.algo]
+  if o.merge ~= nil and o.merge ~= false then
+    if kind ~= "ag" then fail("overlap.gemm_rs: merge applies to ag_gemm's p2p only") end
+    if op.algo ~= "p2p" then fail("overlap.ag_gemm: merge applies to algo p2p, not %s", op.algo) end
+    if o.merge == true or o.merge == "auto" then
+      op.merge = "auto"
+    elseif type(o.merge) == "number" then
+      op.merge = args.int32(o.merge, "overlap.ag_gemm: merge (the head's rows)", 0)
+    else
+      fail("overlap.ag_gemm: merge must be true, \"auto\", false or a row count, got %s", tostring(o.merge))
+    end
+    sched = "ag_p2p_merge"
+  end
+  op.schedule = require("distlab.overlap." .. sched)
   op.nccl = op.schedule.baseline == true
   if op.nccl then op.streams = 1 end
   return op
@@ -118,7 +134,8 @@ end
 -- "p2p get ce x2", or "nccl_then_gemm"
 function Op:label()
   if self.nccl then return self.algo end
-  return string.format("%s %s %s x%d", self.algo, self.transport, self.copy, self.streams)
+  return string.format("%s %s %s x%d%s", self.algo, self.transport, self.copy, self.streams,
+    self.merge == "auto" and " merge" or self.merge and (" merge " .. self.merge) or "")
 end
 
 -- ---- the first run: shapes, buffers, flags --------------------------------------------
@@ -170,11 +187,17 @@ function Op:plan(a, b)
   end
   self.what = self:describe(sh, a)
   local d = self.size
+  if type(self.merge) == "number" and self.merge > sh.rows then
+    fail("%s: merge = %d rows, more than the shard's %d (the head is a part of our shard)", self.name, self.merge,
+      sh.rows)
+  end
   self.regions, self.slots = {}, {}
   local offset = 0
   for _, reg in ipairs(self.schedule.regions and self.schedule.regions(self) or {}) do
     local name, shape, dtype = reg[1], reg[2], reg[3]
-    local bytes = round256(shape[1] * shape[2] * C.dl_dtype_size(core.dtype_id(dtype)))
+    -- packed: slot j + 1 starts where slot j ends, so that adjacent slots are one tensor (span)
+    local bytes = shape[1] * shape[2] * C.dl_dtype_size(core.dtype_id(dtype))
+    if not reg.packed then bytes = round256(bytes) end
     self.regions[name] = { offset = offset, shape = shape, dtype = dtype, bytes = bytes }
     offset = offset + d * bytes
   end
@@ -224,6 +247,24 @@ function Op:slot(name, j, owner)
   local dimsa = ffi.new("int64_t[2]", reg.shape[1], reg.shape[2])
   local pp = ffi.new("dl_tensor_t*[1]")
   check(C.dl_overlap_tensor(pp, self.ov, owner, reg.offset + j * reg.bytes, core.dtype_id(reg.dtype), 2, dimsa))
+  v = ffi.gc(pp[0], C.dl_tensor_free)
+  self.slots[key] = v
+  return v
+end
+
+-- A view of rows row0 .. row0 + nrows of a packed region `name` taken as one
+-- tensor of its slots one after another (rank owner's, default ours), kept.
+function Op:span(name, row0, nrows, owner)
+  owner = owner or self.rank
+  local key = name .. "/span " .. row0 .. "+" .. nrows .. "/" .. owner
+  local v = self.slots[key]
+  if v then return v end
+  local reg = self.regions[name]
+  local esize = C.dl_dtype_size(core.dtype_id(reg.dtype))
+  local dimsa = ffi.new("int64_t[2]", nrows, reg.shape[2])
+  local pp = ffi.new("dl_tensor_t*[1]")
+  check(C.dl_overlap_tensor(pp, self.ov, owner, reg.offset + row0 * reg.shape[2] * esize, core.dtype_id(reg.dtype), 2,
+    dimsa))
   v = ffi.gc(pp[0], C.dl_tensor_free)
   self.slots[key] = v
   return v
@@ -314,7 +355,7 @@ end
 function Op:info()
   local r = { kind = self.kind, algo = self.algo, transport = self.transport, copy = self.copy,
     streams = self.streams, copy_blocks = self.blocks, rank = self.rank, size = self.size, runs = self.runs,
-    label = self:label() }
+    label = self:label(), merge = self.merge, head = self.head }
   if self.ov then
     local info = ffi.new("dl_overlap_info_t")
     check(C.dl_overlap_info(self.ov, info))
