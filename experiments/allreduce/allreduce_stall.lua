@@ -16,7 +16,8 @@
 --     --replays N    timed replays per case (default 40)
 --     --tag NAME     results: allreduce-stall-TAG.{md,csv}
 -- Run it once per setting of a knob to compare (scripts/gpu/allreduce.sh stall
--- runs it with DISTLAB_AR_GONE_GAP_US=0, the reads of before, and the default).
+-- runs it per word of STALL_VARIANTS); the DISTLAB_AR_* knobs set are named in
+-- the results and the CSV's name (allreduce-stall-h200x2-gone_gap_us0.csv).
 local dl = require "distlab"
 local bench = dl.bench
 
@@ -50,9 +51,14 @@ end
 
 local ar = dl.allreduce.get(w)
 local now_us = dl.core.C.dl_now_us
-local knob = os.getenv("DISTLAB_AR_GONE_GAP_US") or "default"
+-- the knobs this run sets (the all-reduce's DISTLAB_AR_* variables), for the results
+local knobs = {}
+for _, k in ipairs { "DISTLAB_AR_GONE_GAP_US", "DISTLAB_AR_LONG_POLL_NS", "DISTLAB_AR_POLL_NS", "DISTLAB_AR_PDL" } do
+  if os.getenv(k) then knobs[#knobs + 1] = k .. "=" .. os.getenv(k) end
+end
+local knob = #knobs > 0 and table.concat(knobs, " ") or "default"
 h.device_desc = (w.device:match("^cuda") and dl.cuda_device_name(tonumber(w.device:match("%d+"))) or w.device) ..
-  " x " .. N .. ", DISTLAB_AR_GONE_GAP_US=" .. knob
+  " x " .. N .. ", " .. knob
 
 local tbl = h:table({ { "bytes", "%10d" }, { "case", "%-22s" }, { "skew", "%6d", unit = "(us)" },
   { "median", "%9.1f", unit = "(us)" }, { "max", "%9.1f", unit = "(us)" }, { "fastest", "%8.1f", unit = "(us)" },
@@ -85,9 +91,10 @@ for _, bytes in ipairs(sizes) do
   end
 end
 if h.rank0 then
-  local tag = h.tag .. (knob == "default" and "" or "-gap" .. knob)
+  local tag = h.tag
+  for _, k in ipairs(knobs) do tag = tag .. "-" .. k:gsub("^DISTLAB_AR_", ""):gsub("=", ""):lower() end
   h:csv("allreduce-stall-" .. tag .. ".csv",
-    { "bytes", "algo", "blocks", "skew_us", "gone_gap_us", "median_us", "max_us", "fastest_us", "slow_replays", "replays" },
+    { "bytes", "algo", "blocks", "skew_us", "knobs", "median_us", "max_us", "fastest_us", "slow_replays", "replays" },
     rows)
 end
 h:finish()

@@ -17,7 +17,7 @@
 #     variants  the sweep at 8 KB .. 16 MB once per setting of VARIANTS (see
 #            below), under $OUT/allreduce/variants
 #     stall  experiments/allreduce/allreduce_stall.lua (STALL_ARGS: its options)
-#            with DISTLAB_AR_GONE_GAP_US=0 and as shipped
+#            once per knob setting in STALL_VARIANTS (see below)
 # Results: allreduce-<gpu>x<NRANKS>.{md,csv}, -wide.csv, -tune.csv, the tuned
 # table allreduce_tables-x<NRANKS>.lua, logs, and the PNG where gnuplot exists (else
 # make it from the -wide.csv with experiments/allreduce/allreduce_plot.sh); copy the
@@ -156,16 +156,18 @@ for s in "${sections[@]}"; do
       done ;;
     stall)
       # back-to-back calls after a late start (experiments/allreduce/allreduce_stall.lua),
-      # once with every waiting thread reading the watchdog's host word
-      # (DISTLAB_AR_GONE_GAP_US=0, the kernels of before 2026-11-27) and once as shipped
-      for gap in 0 default; do
-        stamp "stall, DISTLAB_AR_GONE_GAP_US=$gap"
-        (if [ "$gap" != default ]; then export DISTLAB_AR_GONE_GAP_US=$gap; fi
+      # once per word of STALL_VARIANTS (NAME=VALUE, or "default": as shipped); the
+      # default compares the kernels of before 2026-11-27 piece by piece: every waiting
+      # thread reading the watchdog's host word (DISTLAB_AR_GONE_GAP_US=0), one nap
+      # for every poll (DISTLAB_AR_LONG_POLL_NS=128), and as shipped
+      for v in ${STALL_VARIANTS:-DISTLAB_AR_GONE_GAP_US=0 DISTLAB_AR_LONG_POLL_NS=128 default}; do
+        stamp "stall, $v"
+        (if [ "$v" != default ]; then export "$v"; fi
          run_for 150 ./distlab run -n "$NR" --device cuda experiments/allreduce/allreduce_stall.lua --out "$R" \
-           ${STALL_ARGS:-} --command "NRANKS=$NR scripts/gpu/allreduce.sh stall (DISTLAB_AR_GONE_GAP_US=$gap)") \
-          >"$R/stall-gap-$gap.log" 2>&1
-        echo "stall exit code $?" >>"$R/stall-gap-$gap.log"
-        grep -E "^#|^ +[0-9]|exit code" "$R/stall-gap-$gap.log"
+           ${STALL_ARGS:-} --command "NRANKS=$NR scripts/gpu/allreduce.sh stall ($v)") \
+          >"$R/stall-$v.log" 2>&1
+        echo "stall exit code $?" >>"$R/stall-$v.log"
+        grep -E "^#|^ +[0-9]|exit code" "$R/stall-$v.log"
       done ;;
     *) echo "unknown section $s (specs, torch, sweep, variants, stall)" ;;
   esac
