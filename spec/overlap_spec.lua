@@ -128,14 +128,14 @@ describe("overlap options", function()
     assert.equal("p2p get ce x2 merge 4224", dl.overlap.ag_gemm { comm = w, merge = 4224 }:label())
   end)
 
-  it("merge's default head: a third of the shard or more, in 256-row steps, no wave lost to its tail", function()
+  it("merge's default head: a third of the shard or more, in 256-row steps, whole waves or none lost", function()
     local head = require("distlab.overlap.ag_p2p_merge").head_rows
     -- m = 32k, 16k, 8k at 2 ranks, n = 8k, 132 SMs: 128 x 256 tiles, 4 a 256-row block of n = 8k
-    assert.equal(5632, head("auto", 16384, 8192, 132)) -- 11 waves + 52 = 63 = the full GEMM's
-    assert.equal(2816, head("auto", 8192, 8192, 132))  -- 6 + 26 = 32
+    assert.equal(8448, head("auto", 16384, 8192, 132)) -- 2112 tiles = 16 whole waves, + 47 = 63, the full GEMM's
+    assert.equal(2816, head("auto", 8192, 8192, 132))  -- no whole waves: 6 + 26 = 32
     assert.equal(1536, head("auto", 4096, 8192, 132))  -- 3 + 13 = 16
-    assert.equal(5632, head("auto", 16384, 8192, 0))   -- no SM count (cpu, meta): as 132
-    assert.equal(5632, head("auto", 16384, 8192, 0))
+    assert.equal(8448, head("auto", 16384, 8192, 0))   -- no SM count (cpu, meta): as 132
+    assert.equal(5632, head("auto", 16384, 8192, 128)) -- 1408 tiles = 11 whole waves of 128
     assert.equal(5, head("auto", 5, 23, 132))          -- shards under 256 rows: the whole shard is the head
     assert.equal(2, head(2, 5, 23, 132))
   end)

@@ -19,9 +19,12 @@
 --     --algos, --transports, --copies   which variants (default all)
 --     --copy-blocks B          the sm copy's grid (default 16)
 --     --merge LIST             ag p2p rows with merge (off: none; auto: the default head; a number: the
---                              head's rows; default off,auto): dl.overlap.ag_gemm's merge option, our
---                              shard's GEMM split into a head and a part merged with the neighbour's
---     --merge-copies LIST      the copies of the merge rows (default ce: sm lost at every size on H200)
+--                              head's rows, no row where the shard has fewer; default off,auto,5632):
+--                              dl.overlap.ag_gemm's merge option, our shard's GEMM split into a head and
+--                              a part merged with the neighbour's (overlap/ag_p2p_merge.lua)
+--     --merge-copies LIST      the copies of the merge rows (default ce: sm lost at every size on H200);
+--                              merge rows at the --streams counts of 2 and more (at 1 the transfer waits
+--                              for the head)
 --     --iters N                timed runs per row (default 10)
 --     --warm-ms MS             warm-up runs per row filling MS (default 300: the same count on
 --                              every rank, from the slowest rank's estimate)
@@ -95,7 +98,7 @@ local h = bench.harness {
     { "transports", "list", "get,put", "transports", values = { "get", "put" } },
     { "copies", "list", "ce,sm", "copies", values = { "ce", "sm" } },
     { "copy-blocks", "int", 16, "blocks of the sm copy kernel" },
-    { "merge", "list", "off,auto", "ag p2p with merge: off, auto, or the head's rows", meta = "LIST" },
+    { "merge", "list", "off,auto,5632", "ag p2p with merge: off, auto, or the head's rows", meta = "LIST" },
     { "merge-copies", "list", "ce", "copies of the merge rows", values = { "ce", "sm" } },
     { "iters", "int", 10, "timed runs per row" },
     { "warm-ms", "number", 300, "warm-up work per row (ms), after 2 runs that estimate it" },
@@ -184,8 +187,10 @@ for _, algo in ipairs(A.algos) do
     for _, transport in ipairs(A.transports) do
       for _, copy in ipairs(merge and A.merge_copies or A.copies) do
         for _, s in ipairs(A.streams) do
-          variants[#variants + 1] = { algo = algo, transport = transport, copy = copy, streams = tonumber(s),
-            merge = merge or nil }
+          if not merge or tonumber(s) > 1 then
+            variants[#variants + 1] = { algo = algo, transport = transport, copy = copy, streams = tonumber(s),
+              merge = merge or nil }
+          end
         end
       end
     end
@@ -291,7 +296,9 @@ for _, m in ipairs(A.m) do
   end
   for _, v in ipairs(variants) do
     if type(v.merge) == "number" and v.merge > rows then
-      h:print("ag_gemm_bench: m = %d: no row for merge %d (more than the shard's %d rows)", m, v.merge, rows)
+      if v.transport == "get" and v.streams == tonumber(A.streams[#A.streams]) then
+        h:print("ag_gemm_bench: m = %d: no rows for merge %d (more than the shard's %d rows)", m, v.merge, rows)
+      end
       goto next_variant
     end
     local make = RS and dl.overlap.gemm_rs or dl.overlap.ag_gemm

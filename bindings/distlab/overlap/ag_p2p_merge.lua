@@ -34,20 +34,28 @@ local M = {}
 
 function M.regions(X) return { { "a", { X.sh.rows, X.sh.k }, X.dtype, packed = true } } end
 
--- Tiles of a GEMM of x rows, and waves of them: the model of the default head,
--- 128 x 256 tiles either way round (x a multiple of 256, n of 256).
-local function waves(x, n, sms) return math.ceil(math.ceil(x / 256) * 256 * n / (128 * 256) / sms) end
+-- Tiles of a GEMM of x rows (x a multiple of 256, n of 256: 128 x 256 tiles
+-- either way round give the same count), and waves of them on sms SMs.
+local function tiles(x, n) return math.ceil(x / 256) * 256 * n / (128 * 256) end
+local function waves(x, n, sms) return math.ceil(tiles(x, n) / sms) end
 
--- The head's rows: X.merge if given; else the smallest multiple of 256 of at
--- least a third of the shard (a transfer over NVLink at ~400 GB/s takes ~0.21
--- of the time the GEMM of as many rows takes at ~680 TFLOP/s with n = 8k)
--- whose waves and the merged GEMM's add up to no more than the waves of the
--- two together (so the head's tail costs nothing); the shard if none is.
+-- The head's rows: X.merge if given; else, among multiples of 256 of at least
+-- a third of the shard (a transfer over NVLink at ~400 GB/s takes ~0.21 of
+-- the time the GEMM of as many rows takes at ~680 TFLOP/s with n = 8k), the
+-- smallest that fills whole waves (8448 rows at m = 32k, d = 2, n = 8k: 16
+-- waves, then 46.06 for the merged GEMM, 63 in all as the GEMM alone), else
+-- the smallest whose waves and the merged GEMM's add up to no more than the
+-- two together need (its last wave's gap is then the merged GEMM's to fill),
+-- else the whole shard.
 function M.head_rows(merge, rows, n, sms)
   if merge ~= "auto" then return merge end
   sms = sms > 0 and sms or 132
+  local from = math.ceil(rows / 3 / 256) * 256
+  for h = from, rows - 1, 256 do
+    if tiles(h, n) % sms == 0 then return h end
+  end
   local best = waves(2 * rows, n, sms)
-  for h = math.ceil(rows / 3 / 256) * 256, rows - 1, 256 do
+  for h = from, rows - 1, 256 do
     if waves(h, n, sms) + waves(2 * rows - h, n, sms) <= best then return h end
   end
   return rows
