@@ -41,22 +41,31 @@
  * Combine message = the bf16 output row [H].
  *
  * Control words (uint32; "from q" = written by rank q into this rank's buffer):
- *   seq[4]        calls finished per phase (DISPATCH_SEND ... COMBINE_RECV):
- *                 the kernels' epochs, in device memory, so graph replays
- *                 advance them
- *   done[4]       blocks of the running call of each phase that finished
- *   disp_flag[N]  from source q: the epoch whose messages to us are written
- *   disp_done[N]  from receiver q: the epoch whose messages from us it read
- *   comb_flag[N]  from expert host q: the combine epoch it wrote to us
- *   comb_done[N]  from owner q: the combine epoch of ours it read
+ *   disp_flag[N]  from source q: a counter; each block of q's dispatch send
+ *                 adds its share once its messages (and, for the last block,
+ *                 the counts) to us are written (release): the shares of a
+ *                 call sum to DL_EP_SHARES, so call e has fully arrived when
+ *                 the counter reaches e * DL_EP_SHARES
+ *   disp_done[N]  from receiver q: the same count of its receive blocks that
+ *                 have read our messages
+ *   comb_flag[N]  from expert host q: the same count of its combine send
+ *   comb_done[N]  from owner q: the same count of its combine receive
  *   ntok[N]       from source q: its messages (per_rank) / distinct tokens
- *                 (per_expert) to us in the epoch of disp_flag[q]
+ *                 (per_expert) to us in the call of disp_flag[q]
  *   cnt[N][L]     from source q: its selections of each of our experts
- * Epochs only grow and are compared as "reached" (modulo 2^32): no word is
- * ever reset between calls except done[], which the last block of a call
- * resets itself. A sender writes into a peer's slots only once that peer
- * has read the previous epoch's (disp_done / comb_done): so calls are safe
- * back to back in any order, under graph replay as eagerly.
+ * No election of a last block and no grid-wide count on the way to a peer:
+ * every block signals every rank itself, one release add a rank, so a
+ * receiver waits for exactly the writes it needs. Each phase's epoch (calls
+ * finished + 1) is read from the counter its own blocks add to at this rank
+ * (disp_flag[rank] for dispatch send, disp_done[rank] for dispatch receive,
+ * ...): a block reads it before adding its own share, so it sees the
+ * previous call complete (a kernel boundary) and this one incomplete, and
+ * counter / DL_EP_SHARES + 1 is the epoch. Counters only grow and are
+ * compared as "reached" (modulo 2^32; epochs wrap at 2^22 calls): no word
+ * is ever reset. A sender writes into a peer's slots only once that peer's
+ * blocks have all read the previous call's (disp_done / comb_done): so
+ * calls are safe back to back in any order, under graph replay as eagerly.
+ * The grid size must not change over a buffer's life (it is the object's).
  *
  * Outputs (the object's own tensors, core/ops/ep/ep.c):
  *   expert_major  x [L][N*B][H] (bf16; fp8: u8 codes and scales
@@ -83,7 +92,9 @@ enum {
   DL_EP_THREADS = 512,
   DL_EP_MAX_BLOCKS = 1024,
   DL_EP_CTRL_ALIGN = 4096,
-  DL_EP_FP8_GROUP = 128    /* values per fp8 scale (kernels/ep/fp8.h)          */
+  DL_EP_FP8_GROUP = 128,   /* values per fp8 scale (kernels/ep/fp8.h)          */
+  DL_EP_SHARE_SHIFT = 10,  /* the shares of a call's blocks sum to 2^10         */
+  DL_EP_SHARES = 1 << DL_EP_SHARE_SHIFT /* >= DL_EP_MAX_BLOCKS: every share >= 1 */
 };
 
 /* phases, as the epochs and the failure record number them; DL_EP_DISPATCH
@@ -152,18 +163,23 @@ typedef struct dl_ep_args {
 DL_EP_HD int64_t dl_ep_align(int64_t n, int64_t a) { return (n + a - 1) / a * a; }
 
 /* control word offsets (uint32 index into a rank's buffer) */
-DL_EP_HD int64_t dl_ep_seq(int phase) { return phase; }
-DL_EP_HD int64_t dl_ep_done(int phase) { return 4 + phase; }
-DL_EP_HD int64_t dl_ep_disp_flag(int n, int q) { (void)n; return 8 + (int64_t)q; }
-DL_EP_HD int64_t dl_ep_disp_done(int n, int q) { return 8 + (int64_t)n + q; }
-DL_EP_HD int64_t dl_ep_comb_flag(int n, int q) { return 8 + 2 * (int64_t)n + q; }
-DL_EP_HD int64_t dl_ep_comb_done(int n, int q) { return 8 + 3 * (int64_t)n + q; }
-DL_EP_HD int64_t dl_ep_ntok(int n, int q) { return 8 + 4 * (int64_t)n + q; }
-DL_EP_HD int64_t dl_ep_cnt(int n, int l, int q, int le) { return 8 + 5 * (int64_t)n + (int64_t)q * l + le; }
-DL_EP_HD int64_t dl_ep_ctrl_words(int n, int l) { return 8 + 5 * (int64_t)n + (int64_t)n * l; }
+DL_EP_HD int64_t dl_ep_disp_flag(int n, int q) { (void)n; return (int64_t)q; }
+DL_EP_HD int64_t dl_ep_disp_done(int n, int q) { return (int64_t)n + q; }
+DL_EP_HD int64_t dl_ep_comb_flag(int n, int q) { return 2 * (int64_t)n + q; }
+DL_EP_HD int64_t dl_ep_comb_done(int n, int q) { return 3 * (int64_t)n + q; }
+DL_EP_HD int64_t dl_ep_ntok(int n, int q) { return 4 * (int64_t)n + q; }
+DL_EP_HD int64_t dl_ep_cnt(int n, int l, int q, int le) { return 5 * (int64_t)n + (int64_t)q * l + le; }
+DL_EP_HD int64_t dl_ep_ctrl_words(int n, int l) { return 5 * (int64_t)n + (int64_t)n * l; }
 DL_EP_HD int64_t dl_ep_ctrl_bytes(int n, int l) {
   return dl_ep_align(dl_ep_ctrl_words(n, l) * 4, DL_EP_CTRL_ALIGN);
 }
+/* block b's share of a call's count (of g blocks): they sum to DL_EP_SHARES */
+DL_EP_HD uint32_t dl_ep_share(int b, int g) {
+  return (uint32_t)(((int64_t)(b + 1) * DL_EP_SHARES) / g - ((int64_t)b * DL_EP_SHARES) / g);
+}
+/* the count at which call e has arrived, and the calls a count holds */
+DL_EP_HD uint32_t dl_ep_count_of(uint32_t e) { return e << DL_EP_SHARE_SHIFT; }
+DL_EP_HD uint32_t dl_ep_calls_of(uint32_t count) { return count >> DL_EP_SHARE_SHIFT; }
 
 /* dispatch header: per_expert 16 B; per_rank the token and K (le, pos, w) */
 DL_EP_HD int64_t dl_ep_hdr_bytes(int per_rank, int k) {

@@ -7,14 +7,14 @@
  *       each expert, or source; at small B per segment of one) sends y's row
  *       to its owner's slot: [k][t] (per_rank; rank_major rows to the
  *       token's first selection on this rank) or [e][t] (per_expert),
- *       16-byte vectors over NVLink. The last block stores the epoch into
+ *       16-byte vectors over NVLink. Every block then adds its share to
  *       every owner's comb_flag.
  *   ep_combine_recv_kernel   on the owner: waits for every rank's comb_flag,
  *       then a warp per token (at small B per segment of one) sums its slots
  *       in fp32, k by k with fmaf (expert_major: weighted by topk_weights;
  *       rank_major: the rows came weighted, one per rank), skipping ids of
- *       -1, and writes bf16. The last block tells every rank it read its
- *       epoch.
+ *       -1, and writes bf16. Every block then adds its share to every
+ *       rank's comb_done.
  *
  * Reference: kernels/ep/cpu/ep.c (the same sums in the same order).
  */
@@ -30,9 +30,10 @@ template <bool PER_RANK, bool EXPERT_MAJOR> __device__ __forceinline__ void ep_c
   const int64_t per_group = EXPERT_MAJOR ? (int64_t)N * B : B;
   int *counts = smem, *pre = counts + groups, *tmp = pre + groups + 1;
   for (int g = tid; g < groups; g += blockDim.x) counts[g] = a.rcounts[g];
-  // the owners have read our previous combine
-  ep_begin(a, phase, blk, dl_ep_comb_done, -1);
+  ep_start(a, blk, dl_ep_comb_flag);
   ep_scan(counts, groups, pre, tmp);
+  // the owners have read our previous combine
+  ep_await(a, phase, blk, dl_ep_comb_done, -1);
   const int64_t warps = (int64_t)gridDim.x * W, rows = pre[groups], nv = H / 8;
   const ep_split sp = ep_split_rows(rows, warps, nv); // rows cut into segments (ep_device.cuh)
   for (int64_t it = (int64_t)blockIdx.x * W + warp; blk.ok && it < rows * sp.segs; it += warps) {
@@ -46,7 +47,7 @@ template <bool PER_RANK, bool EXPERT_MAJOR> __device__ __forceinline__ void ep_c
     char *dst = ep_buf(a, s) + a.crecv_off + (slot * B + t) * a.msg_c;
     ep_copy_row(dst + lo, reinterpret_cast<const char *>(a.y) + row * H * 2 + lo, hi - lo, lane);
   }
-  ep_finish(a, phase, blk, dl_ep_comb_flag);
+  ep_finish(a, blk, dl_ep_comb_flag);
 }
 
 template <bool PER_RANK, bool EXPERT_MAJOR>
@@ -65,7 +66,7 @@ template <bool PER_RANK, bool EXPERT_MAJOR> __device__ __forceinline__ void ep_c
   EP_SHARED(ep_sums, sh); // per warp: the token's slots and weights, in k order
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, W = blockDim.x >> 5;
   const int K = a.topk, B = a.max_tokens, H = a.hidden, L = a.local;
-  ep_begin(a, phase, blk, dl_ep_comb_flag, 0);
+  ep_begin(a, phase, blk, dl_ep_comb_flag, 0, dl_ep_comb_done);
   const char *region = ep_buf(a, a.rank) + a.crecv_off;
   const int64_t warps = (int64_t)gridDim.x * W, nv = H / 8;
   const ep_split sp = ep_split_rows(a.tokens, warps, nv); // tokens cut into segments (ep_device.cuh)
@@ -113,7 +114,7 @@ template <bool PER_RANK, bool EXPERT_MAJOR> __device__ __forceinline__ void ep_c
     }
     __syncwarp();
   }
-  ep_finish(a, phase, blk, dl_ep_comb_done);
+  ep_finish(a, blk, dl_ep_comb_done);
 }
 
 template <bool PER_RANK, bool EXPERT_MAJOR>

@@ -1,7 +1,7 @@
 // ep_device.cuh — what the expert-parallel kernel files (ep_dispatch.cu,
 // ep_combine.cu) share: every rank's buffer and control words, the waits
-// with their timeout and failure record, the end of a block (the last one
-// of the grid signals the peers), a block-wide exclusive scan, and the
+// with their timeout and failure record, the end of a block (each block
+// counts itself at every peer), a block-wide exclusive scan, and the
 // row copies in 16-byte vectors. Protocol, layout and message formats:
 // kernels/ep/ep.h. Only the warp intrinsics __shfl*_sync, __ballot_sync, __match_any_sync,
 // __syncwarp, the block barrier, atomics and the signal-pad loads and
@@ -58,69 +58,74 @@ static __device__ __noinline__ void ep_fail(dl_ep_status_t *s, int phase, uint32
   __threadfence_system();
 }
 
-// One thread: until control word w of this rank reaches v (written by
-// `peer`); false, recorded, after the timeout. The peers' death word is not
-// polled (gone NULL): a dead peer ends the wait at its timeout.
-__device__ __forceinline__ bool ep_wait(const dl_ep_args_t &a, int phase, int64_t w, uint32_t v, int peer,
+// One thread: until control word w of this rank reaches count (written by
+// `peer`); false, recorded (in calls: the call waited for, the calls the
+// count holds), after the timeout. The peers' death word is not polled (gone
+// NULL): a dead peer ends the wait at its timeout.
+__device__ __forceinline__ bool ep_wait(const dl_ep_args_t &a, int phase, int64_t w, uint32_t count, int peer,
                                         uint32_t epoch) {
   uint32_t seen = 0, dead = 0;
-  if (dl_signal_wait_until(ep_ctrl(a, a.rank) + w, v, a.timeout_ns, nullptr, &seen, &dead)) return true;
-  ep_fail(a.status, phase, DL_EP_ERR_TIMEOUT, (uint32_t)peer, v, seen, epoch);
+  if (dl_signal_wait_until(ep_ctrl(a, a.rank) + w, count, a.timeout_ns, nullptr, &seen, &dead)) return true;
+  ep_fail(a.status, phase, DL_EP_ERR_TIMEOUT, (uint32_t)peer, dl_ep_calls_of(count), dl_ep_calls_of(seen), epoch);
   return false;
+}
+
+// Adds v to *p (a peer's counter) after everything this thread did, and what
+// the block did before its last barrier (release, system scope: one fence
+// and a one-way write on NVLink).
+__device__ __forceinline__ void ep_add_release(uint32_t *p, uint32_t v) {
+#ifdef DL_EP_EMU
+  __atomic_fetch_add(p, v, __ATOMIC_RELEASE);
+#else
+  asm volatile("red.release.sys.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+#endif
 }
 
 // Block-wide values a kernel's threads share.
 struct ep_block {
   uint32_t epoch;
-  int ok;   // no wait of this block timed out
-  int last; // this block finished last
+  int ok; // no wait of this block timed out
 };
 
 // The start of a block of phase `phase` (DL_EP_DISPATCH_SEND ... the one it
-// counts as; a fused launch runs two): this phase's epoch (calls finished +
-// 1), and the waits of threads q < N for word word_of(N, q) to reach epoch + lag.
-__device__ __forceinline__ void ep_begin(const dl_ep_args_t &a, int phase, ep_block &blk,
-                                         int64_t (*word_of)(int, int), int lag) {
+// counts as; a fused launch runs two): this phase's epoch, from the counter
+// its blocks add to at this rank, word count_of(N, rank) (ep.h: this block
+// has not added its share yet, so the count holds the previous calls whole
+// and part of this one at most).
+__device__ __forceinline__ void ep_start(const dl_ep_args_t &a, ep_block &blk, int64_t (*count_of)(int, int)) {
   if (threadIdx.x == 0) {
-    blk.epoch = ep_ld_volatile(ep_ctrl(a, a.rank) + dl_ep_seq(phase)) + 1;
+    blk.epoch = dl_ep_calls_of(ep_ld_volatile(ep_ctrl(a, a.rank) + count_of(a.nranks, a.rank))) + 1;
     blk.ok = 1;
   }
   __syncthreads();
+}
+
+// The waits of threads q < N for word word_of(N, q) to count call epoch + lag
+// whole.
+__device__ __forceinline__ void ep_await(const dl_ep_args_t &a, int phase, ep_block &blk,
+                                         int64_t (*word_of)(int, int), int lag) {
   const int q = threadIdx.x;
-  if (q < a.nranks && !ep_wait(a, phase, word_of(a.nranks, q), blk.epoch + (uint32_t)lag, q, blk.epoch))
+  if (q < a.nranks && !ep_wait(a, phase, word_of(a.nranks, q), dl_ep_count_of(blk.epoch + (uint32_t)lag), q, blk.epoch))
     blk.ok = 0;
   __syncthreads();
 }
 
-// The end of a block: its writes fenced (system scope: they went to the
-// peers), it counts itself (a block whose wait timed out adds 2^16 more, so
-// the count in device memory says so without a read of the host-mapped
-// record); the last block of the grid resets the count, advances the epoch
-// and stores it into word flag_of(N, rank) of every rank (release), unless
-// a block timed out (the peers then time out too, naming this rank). The
-// last block's acquire of the others' counts is a GPU-scope fence (every
-// block is on this GPU; the release store carries what it saw to the peers),
-// and the release store needs no fence before it: one system fence on the
-// way from a block's last write to the peers' flags, not four.
-__device__ __forceinline__ void ep_finish(const dl_ep_args_t &a, int phase, ep_block &blk,
-                                          int64_t (*flag_of)(int, int)) {
-  uint32_t *self = ep_ctrl(a, a.rank);
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence_system();
-    const uint32_t add = blk.ok ? 1u : 1u + 0x10000u;
-    const uint32_t now = atomicAdd(self + dl_ep_done(phase), add) + add;
-    blk.last = (now & 0xffffu) == gridDim.x;
-    if (blk.last) {
-      __threadfence();
-      *reinterpret_cast<volatile uint32_t *>(self + dl_ep_done(phase)) = 0;
-      *reinterpret_cast<volatile uint32_t *>(self + dl_ep_seq(phase)) = blk.epoch;
-      if (now >> 16) blk.last = 0;
-    }
-  }
+__device__ __forceinline__ void ep_begin(const dl_ep_args_t &a, int phase, ep_block &blk,
+                                         int64_t (*word_of)(int, int), int lag, int64_t (*count_of)(int, int)) {
+  ep_start(a, blk, count_of);
+  ep_await(a, phase, blk, word_of, lag);
+}
+
+// The end of a block: thread q < N adds the block's share to its word
+// count_of(N, rank) at rank q (ep_add_release: the block's writes go first),
+// unless a wait of the block timed out (the peers then time out too, naming
+// this rank). No count of the grid's blocks, no last block: a block's own
+// system fence and one write on NVLink are all that stand between its last
+// write and the peer.
+__device__ __forceinline__ void ep_finish(const dl_ep_args_t &a, ep_block &blk, int64_t (*count_of)(int, int)) {
   __syncthreads();
   const int q = threadIdx.x;
-  if (blk.last && q < a.nranks) dl_signal_store_release(ep_ctrl(a, q) + flag_of(a.nranks, a.rank), blk.epoch);
+  if (blk.ok && q < a.nranks) ep_add_release(ep_ctrl(a, q) + count_of(a.nranks, a.rank), dl_ep_share(blockIdx.x, gridDim.x));
 }
 
 // Exclusive prefix sums of v[0..n) into pre[0..n], pre[n] the total, by the

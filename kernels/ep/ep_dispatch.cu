@@ -17,16 +17,18 @@
  *       with one scale). per_rank: a message per (token, destination rank),
  *       its first selection's warp sends it; per_expert: one per (token, k).
  *       The last block (its scan and walk cover every token) writes the
- *       counts into every receiver's control words; the last block to finish
- *       stores the epoch into each receiver's disp_flag.
+ *       counts into every receiver's control words; every block then adds
+ *       its share to each receiver's disp_flag (release). The wait for the
+ *       receivers' reading of the previous call (disp_done) comes after the
+ *       routing, just before the first write to a peer.
  *   ep_dispatch_recv_kernel   waits for every source's disp_flag, then a
  *       warp per message (per_rank with expert_major: per message and
  *       selection; at small B per segment of one) copies the payload
  *       (locally) into the outputs: expert_major rows at the expert's offset
  *       for the source (prefix sums of the counts) plus the position;
  *       rank_major row j of the source with its expert ids and weights; and
- *       the row's origin (src) for combine. The last block tells every
- *       source it read its epoch.
+ *       the row's origin (src) for combine. Every block then adds its
+ *       share to each source's disp_done.
  *
  * Requirements: H a multiple of 8 (of 128 with fp8), K <= 24, at most 8
  * ranks, blockDim a multiple of 32. Reference: kernels/ep/cpu/ep.c (the same
@@ -102,8 +104,7 @@ template <bool FP8, bool PER_RANK> __device__ __forceinline__ void ep_dispatch_s
   EP_SHARED(int, nmsg);
   for (int i = tid; i < E + 32; i += blockDim.x) smem[i] = 0;
   if (tid == 0) nmsg = 0;
-  // the receivers have read our previous messages
-  ep_begin(a, phase, blk, dl_ep_disp_done, -1);
+  ep_start(a, blk, dl_ep_disp_flag);
   const uint32_t e = blk.epoch;
 
   // counts of the tokens before our chunk
@@ -167,6 +168,9 @@ template <bool FP8, bool PER_RANK> __device__ __forceinline__ void ep_dispatch_s
     a.hidx[(int64_t)t0 * K + i] = re[i];
     a.hw[(int64_t)t0 * K + i] = a.w[(int64_t)t0 * K + i];
   }
+  // the receivers have read our previous messages (waited for only now: the
+  // routing above touches no peer, and overlaps the wait)
+  ep_await(a, phase, blk, dl_ep_disp_done, -1);
   // the messages, cut into segments so that every warp of the block has one
   // (the first segment's warp writes the header)
   const int nm = nmsg;
@@ -203,7 +207,7 @@ template <bool FP8, bool PER_RANK> __device__ __forceinline__ void ep_dispatch_s
       if (i < N * L) ep_ctrl(a, i / L)[dl_ep_cnt(N, L, a.rank, i % L)] = (uint32_t)hist_e[i];
       else ep_ctrl(a, i - N * L)[dl_ep_ntok(N, a.rank)] = (uint32_t)hist_r[i - N * L];
     }
-  ep_finish(a, phase, blk, dl_ep_disp_flag);
+  ep_finish(a, blk, dl_ep_disp_flag);
 }
 
 template <bool FP8, bool PER_RANK>
@@ -248,7 +252,7 @@ __device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, W = blockDim.x >> 5;
   const int N = a.nranks, L = a.local, K = a.topk, B = a.max_tokens, NL = N * L;
   int *cnt = smem, *pre = cnt + NL, *ntok = pre + NL + 1, *tmp = ntok + N;
-  ep_begin(a, phase, blk, dl_ep_disp_flag, 0);
+  ep_begin(a, phase, blk, dl_ep_disp_flag, 0, dl_ep_disp_done);
   const uint32_t *self = ep_ctrl(a, a.rank);
   for (int i = tid; i < NL; i += blockDim.x) {
     const int s = i % N, le = i / N; // cnt[le * N + s]: expert-major order
@@ -361,7 +365,7 @@ __device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a) {
       }
     }
   }
-  ep_finish(a, phase, blk, dl_ep_disp_done);
+  ep_finish(a, blk, dl_ep_disp_done);
 }
 
 template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR>

@@ -283,6 +283,7 @@ static void free_status(dl_ep_t *ep) {
 static int grid(dl_ep_t *ep, int share) {
   if (ep->dev_type != DL_CUDA) {
     ep->blocks = ep->cfg.blocks > 0 ? ep->cfg.blocks : CPU_BLOCKS;
+    if (ep->blocks > DL_EP_MAX_BLOCKS) ep->blocks = DL_EP_MAX_BLOCKS; /* every block's share >= 1 (ep.h) */
     ep->threads = 1;
     return DL_OK;
   }

@@ -5,8 +5,8 @@
  * same buffer layout, message formats, routing, epochs and handshakes
  * (kernels/ep/ep.h). The blocks of a kernel run one after another here,
  * each with the same share of the work as on the GPU (a contiguous chunk of
- * tokens on dispatch_send), and the last one to finish signals the peers as
- * the last block does there: so the specs exercise the protocol itself
+ * tokens on dispatch_send), and each adds its share to every peer's count as
+ * each block does there: so the specs exercise the protocol itself
  * (back-to-back calls, a fast rank running into the next call, graph
  * replays, timeouts) on a machine without a GPU, and cpu and cuda give the
  * same bits (row order, fp8 codes, sums in fp32 with fmaf in k order).
@@ -37,33 +37,35 @@ static void record(const dl_ep_args_t *a, uint32_t kind, uint32_t peer, uint32_t
   __atomic_store_n(&s->kind, kind, __ATOMIC_RELEASE);
 }
 
-/* Until ctrl word w of this rank reaches v; DL_ETIMEOUT (recorded, the core
- * words the message) when `peer` did not get there in time. */
-static int wait_word(const dl_ep_args_t *a, int64_t w, uint32_t v, int peer, int block,
+/* Until ctrl word w of this rank counts call e whole; DL_ETIMEOUT (recorded
+ * in calls, the core words the message) when `peer` did not get there in
+ * time. */
+static int wait_word(const dl_ep_args_t *a, int64_t w, uint32_t e, int peer, int block,
                      uint32_t epoch) {
-  const uint32_t *p = ctrl_of(a, a->rank) + w;
+  const uint32_t *p = ctrl_of(a, a->rank) + w, v = dl_ep_count_of(e);
   const double deadline = dl_host_now_s() + a->timeout_ns * 1e-9;
   uint32_t x;
   for (long i = 0; !DL_SIGNAL_REACHED(x = __atomic_load_n(p, __ATOMIC_ACQUIRE), v); i++) {
     dl_host_pause(i);
     if (i % 16 == 0 && dl_host_now_s() > deadline) {
-      record(a, DL_EP_ERR_TIMEOUT, (uint32_t)peer, v, x, block, epoch);
+      record(a, DL_EP_ERR_TIMEOUT, (uint32_t)peer, e, dl_ep_calls_of(x), block, epoch);
       return DL_ERR(DL_ETIMEOUT, "ep: rank %d did not arrive", peer);
     }
   }
   return DL_OK;
 }
 
-/* The end of block `block` of a phase: the last one resets the count,
- * advances the epoch and stores it into word `flag(q)` of every rank q. */
-static void finish_block(const dl_ep_args_t *a, uint32_t e, int64_t (*flag)(int, int)) {
-  uint32_t *self = ctrl_of(a, a->rank);
-  if (__atomic_add_fetch(&self[dl_ep_done(a->phase)], 1, __ATOMIC_ACQ_REL) != (uint32_t)a->blocks)
-    return;
-  self[dl_ep_done(a->phase)] = 0;
-  self[dl_ep_seq(a->phase)] = e;
+/* The epoch of block `block` of a phase, from the counter its blocks add to
+ * here (ep.h), read before the block adds its share. */
+static uint32_t epoch_of(const dl_ep_args_t *a, int64_t (*flag)(int, int)) {
+  return dl_ep_calls_of(__atomic_load_n(&ctrl_of(a, a->rank)[flag(a->nranks, a->rank)], __ATOMIC_ACQUIRE)) + 1;
+}
+
+/* The end of block `block` of a phase: it adds its share to word `flag(rank)`
+ * of every rank (release), as each block does on the GPU. */
+static void finish_block(const dl_ep_args_t *a, int block, int64_t (*flag)(int, int)) {
   for (int q = 0; q < a->nranks; q++)
-    __atomic_store_n(&ctrl_of(a, q)[flag(a->nranks, a->rank)], e, __ATOMIC_RELEASE);
+    __atomic_fetch_add(&ctrl_of(a, q)[flag(a->nranks, a->rank)], dl_ep_share(block, a->blocks), __ATOMIC_RELEASE);
 }
 
 static int64_t row_bytes(const dl_ep_args_t *a) { return a->fp8 ? a->hidden : 2 * (int64_t)a->hidden; }
@@ -206,7 +208,7 @@ static int dispatch_send(const dl_ep_args_t *a) {
   }
   int *hist_r = hist_e + a->experts, rc = DL_OK;
   for (int b = 0; b < G && rc == DL_OK; b++) {
-    const uint32_t e = self[dl_ep_seq(DL_EP_DISPATCH_SEND)] + 1;
+    const uint32_t e = epoch_of(a, dl_ep_disp_flag);
     /* the receivers have read our previous messages */
     for (int q = 0; q < a->nranks && rc == DL_OK; q++)
       rc = wait_word(a, dl_ep_disp_done(a->nranks, q), e - 1, q, b, e);
@@ -228,7 +230,7 @@ static int dispatch_send(const dl_ep_args_t *a) {
           c[dl_ep_cnt(a->nranks, L, a->rank, le)] = (uint32_t)hist_e[q * L + le];
         c[dl_ep_ntok(a->nranks, a->rank)] = (uint32_t)hist_r[q];
       }
-    finish_block(a, e, dl_ep_disp_flag);
+    finish_block(a, b, dl_ep_disp_flag);
   }
   free(hist_e);
   free(rt);
@@ -328,7 +330,7 @@ static int dispatch_recv(const dl_ep_args_t *a) {
   if (!off) return DL_ERR(DL_ENOMEM, "ep dispatch: out of host memory");
   int rc = DL_OK;
   for (int b = 0; b < G && rc == DL_OK; b++) {
-    const uint32_t e = self[dl_ep_seq(DL_EP_DISPATCH_RECV)] + 1;
+    const uint32_t e = epoch_of(a, dl_ep_disp_done);
     for (int s = 0; s < N && rc == DL_OK; s++) rc = wait_word(a, dl_ep_disp_flag(N, s), e, s, b, e);
     if (rc) break;
     expert_offsets(a, self, off);
@@ -354,7 +356,7 @@ static int dispatch_recv(const dl_ep_args_t *a) {
           for (int j = 0; j < (int)self[dl_ep_cnt(N, L, s, le)]; j++, i++)
             if (i % G == b) recv_per_expert(a, off, le, s, j);
     }
-    finish_block(a, e, dl_ep_disp_done);
+    finish_block(a, b, dl_ep_disp_done);
   }
   free(off);
   return rc;
@@ -378,7 +380,7 @@ static int combine_send(const dl_ep_args_t *a) {
   uint32_t *self = ctrl_of(a, a->rank);
   int rc = DL_OK;
   for (int b = 0; b < G && rc == DL_OK; b++) {
-    const uint32_t e = self[dl_ep_seq(DL_EP_COMBINE_SEND)] + 1;
+    const uint32_t e = epoch_of(a, dl_ep_comb_flag);
     for (int s = 0; s < N && rc == DL_OK; s++) rc = wait_word(a, dl_ep_comb_done(N, s), e - 1, s, b, e);
     if (rc) break;
     int64_t i = 0;
@@ -388,7 +390,7 @@ static int combine_send(const dl_ep_args_t *a) {
           const int64_t row = g * per_group + r;
           memcpy(combine_dst(a, row), (const uint16_t *)a->y + row * H, 2 * (size_t)H);
         }
-    finish_block(a, e, dl_ep_comb_flag);
+    finish_block(a, b, dl_ep_comb_flag);
   }
   return rc;
 }
@@ -401,7 +403,7 @@ static int combine_recv(const dl_ep_args_t *a) {
   float *acc = malloc(sizeof(float) * (size_t)(H > 0 ? H : 1));
   if (!acc) return DL_ERR(DL_ENOMEM, "ep combine: out of host memory");
   for (int b = 0; b < G && rc == DL_OK; b++) {
-    const uint32_t e = self[dl_ep_seq(DL_EP_COMBINE_RECV)] + 1;
+    const uint32_t e = epoch_of(a, dl_ep_comb_done);
     for (int q = 0; q < N && rc == DL_OK; q++) rc = wait_word(a, dl_ep_comb_flag(N, q), e, q, b, e);
     if (rc) break;
     for (int t = b; t < a->tokens; t += G) {
@@ -425,7 +427,7 @@ static int combine_recv(const dl_ep_args_t *a) {
       uint16_t *o = (uint16_t *)a->out + (int64_t)t * H;
       for (int i = 0; i < H; i++) o[i] = dl_f32_to_bf16(acc[i]);
     }
-    finish_block(a, e, dl_ep_comb_done);
+    finish_block(a, b, dl_ep_comb_done);
   }
   free(acc);
   return rc;
