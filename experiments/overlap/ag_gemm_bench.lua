@@ -8,7 +8,8 @@
 -- then NCCL reduce_scatter; TFLOP/s per GPU = 2 m n k / d / time).
 -- Rows: the GEMM alone on the full (gathered) A, the nccl_then_gemm baseline,
 -- every dl.overlap.ag_gemm variant (p2p and ring x get and put x ce and sm x
--- the stream counts), and PyTorch's anchors from the same run (--torch, the
+-- the stream counts, and p2p with merge), the GEMMs of the p2p and merge
+-- chunks alone ("gemm parts": back to back on one stream, no communication), and PyTorch's anchors from the same run (--torch, the
 -- CSV of experiments/overlap/ag_gemm_torch.py: torch.ops.symm_mem.
 -- fused_all_gather_matmul without multicast, NCCL all_gather_into_tensor then
 -- torch.matmul, and torch.matmul alone).
@@ -278,6 +279,7 @@ for _, m in ipairs(A.m) do
     c = dl.empty({ m, A.n }, { dtype = A.dtype, device = dev })
   end
   local base
+  local heads, seen = {}, {} -- the merge heads of the rows run (but the whole shard: p2p's parts)
   local function row(name, ms, wrong)
     local r = { m = m, row = name, ms = ms, tflops = ms and flops / (ms * 1e-3) / 1e12, wrong = wrong }
     if name == BASELINE then base = r.tflops end
@@ -312,9 +314,41 @@ for _, m in ipairs(A.m) do
     op:check()
     if A.plant ~= 0 then c:mul_(1 + A.plant) end
     row(op:label(), t, h:check(RS and check_rs(c, refs, kd, op:label()) or check_rows(c, ref, rows)))
+    local hd = op:info().head
+    if v.merge and hd < rows and not seen[hd] then heads[#heads + 1], seen[hd] = hd, true end
     op:free()
     collectgarbage("collect")
     ::next_variant::
+  end
+  -- where a pipeline's time goes: the GEMMs of its chunks alone, back to back on one stream,
+  -- no communication (p2p: d GEMMs of m/d rows; merge: the head, the merged GEMM, d - 2 of
+  -- m/d), into c; the pipeline's time over this row's is what the transfers cost it
+  if not RS and d > 1 then
+    local function parts(list)
+      local at, names = 0, {}
+      local views = {}
+      for i, n_rows in ipairs(list) do
+        if n_rows > 0 then
+          views[#views + 1] = { full:narrow(1, at + 1, n_rows), c:narrow(1, at + 1, n_rows) }
+          names[#names + 1] = tostring(n_rows)
+        end
+        at = at + n_rows
+      end
+      local ms = time_ms(function() for _, x in ipairs(views) do dl.gemm(x[1], b, x[2]) end end)
+      local bad = h:check(check_rows(c, ref, rows))
+      return ms, bad, names
+    end
+    local each = {}
+    for p = 1, d do each[p] = rows end
+    local ms, bad, names = parts(each)
+    row("gemm parts, p2p: " .. (d == 2 and names[1] .. " + " .. names[2] or d .. " x " .. rows), ms, bad)
+    for _, hd in ipairs(heads) do
+      local list = { hd, 2 * rows - hd }
+      for _ = 3, d do list[#list + 1] = rows end
+      ms, bad, names = parts(list)
+      row("gemm parts, merge: " .. table.concat(names, " + ", 1, math.min(#names, 2)) ..
+        (d > 2 and (" + " .. (d - 2) .. " x " .. rows) or ""), ms, bad)
+    end
   end
   for _, an in ipairs(anchors) do
     local t = torch[an[1] .. "/" .. m]
@@ -339,7 +373,10 @@ local what = RS and string.format("C = reduce_scatter(A @ B), A [m, %d] sharded 
     A.k, d, A.k, A.n)
 local md = { string.format("%s, time = the median over %d timed runs of the slowest rank's time (each run after a " ..
   "barrier, after warm-up runs filling %g ms); \"vs nccl\": TFLOP/s over %s's. Variants: algo transport copy x " ..
-  "streams (dl.overlap.%s).", what, A.iters, A.warm_ms, BASELINE, A.op), "" }
+  "streams (dl.overlap.%s)%s.", what, A.iters, A.warm_ms, BASELINE, A.op, RS and "" or
+  ("; \"merge [H]\": p2p with the merge option, a head of H rows (none: the default head) multiplied first, the " ..
+  "rest of the shard with the neighbour's in one GEMM; \"gemm parts\": the GEMMs of a pipeline's chunks alone, " ..
+  "back to back on one stream, no communication (what the transfers cost a pipeline: its time over this)")), "" }
 local csv_rows = {}
 for _, m in ipairs(A.m) do
   local cells = {}
