@@ -141,7 +141,8 @@ for s in "${sections[@]}"; do
     variants)
       # the sweep at 8 KB .. 16 MB once per setting in VARIANTS (NAME=VALUE
       # words, default "DISTLAB_AR_PDL=0 DISTLAB_AR_PDL=1"; also e.g.
-      # DISTLAB_AR_ROUND_KB=32), tagged <gpu>x<NRANKS>-<value>
+      # DISTLAB_AR_ROUND_KB=32), tagged <gpu>x<NRANKS>-<value>; VARIANT_ARGS:
+      # more sweep options (a later --sizes wins, e.g. --columns one_shot_lamport)
       mkdir -p "$R/variants"
       gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o '[AHBL][0-9][0-9]*' | head -1 | tr 'A-Z' 'a-z')"
       for v in ${VARIANTS:-DISTLAB_AR_PDL=0 DISTLAB_AR_PDL=1}; do
@@ -149,8 +150,8 @@ for s in "${sections[@]}"; do
         tag="${gpu}x$NR-$(echo "${v#DISTLAB_AR_}" | tr 'A-Z=' 'a-z-')"
         (export "$v"; run_for 150 ./distlab run -n "$NR" --device cuda experiments/allreduce/allreduce_sweep.lua \
           --out "$R/variants" --tag "$tag" --torch "$R/torch.csv" \
-          --sizes 8192,65536,262144,524288,1048576,2097152,3145728,4194304,8388608,16777216 \
-          --command "$v NRANKS=$NR scripts/gpu/allreduce.sh variants") >"$R/variants/$tag.log" 2>&1
+          --sizes 8192,65536,262144,524288,1048576,2097152,3145728,4194304,8388608,16777216 ${VARIANT_ARGS:-} \
+          --command "$v NRANKS=$NR scripts/gpu/allreduce.sh variants ${VARIANT_ARGS:-}") >"$R/variants/$tag.log" 2>&1
         echo "$v exit code $?" >>"$R/variants/$tag.log"
         grep -E "^ *[0-9]+ (one_shot|one_shot_push|one_shot_lamport|two_shot_push_zc|auto) " "$R/variants/$tag.log"
       done ;;
