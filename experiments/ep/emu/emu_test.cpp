@@ -11,8 +11,10 @@
 // token's experts on one rank, no expert, an expert picked twice: dropped
 // and recorded) and data are new; calls run back to back with no host
 // synchronisation between ranks, some dispatched twice before their
-// combine. Last, rank 1 skips a dispatch: rank 0's receive kernel must end
-// by itself and leave a record naming the phase and a rank that skipped it.
+// combine; for half the layouts the counters start just below their wrap
+// (2^32; epochs 2^22). Last, after three whole rounds, rank 1 skips a
+// dispatch: rank 0's receive kernel must end by itself and leave a record
+// naming the phase, a rank that skipped it, the call and the peer's count.
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,6 +60,17 @@ struct world {
 };
 
 static int64_t rows_of(const world &w) { return w.output == DL_EP_EXPERT_MAJOR ? (int64_t)w.E * B : (int64_t)w.n * B; }
+
+// Every counter of every rank at `calls` whole calls (ep.h: the counts a
+// buffer holds after that many calls of each phase); near 2^22 they wrap.
+static void start_at(world &w, uint32_t calls) {
+  for (int q = 0; q < w.n; q++) {
+    uint32_t *c = reinterpret_cast<uint32_t *>(w.r[q].base);
+    for (int p = 0; p < w.n; p++)
+      c[dl_ep_disp_flag(w.n, p)] = c[dl_ep_disp_done(w.n, p)] = c[dl_ep_comb_flag(w.n, p)] =
+          c[dl_ep_comb_done(w.n, p)] = dl_ep_count_of(calls);
+  }
+}
 
 static void make_world(world &w, int n, int layout, int output, int fp8, int E, bool emulated) {
   w.n = n, w.layout = layout, w.output = output, w.fp8 = fp8, w.E = E, w.emulated = emulated;
@@ -233,6 +246,100 @@ static void compare_combine(world &a, world &b, int c) {
     expect(!memcmp(a.r[q].out.data(), b.r[q].out.data(), 2 * (size_t)a.r[q].T * H), "combined out", q, c, 0);
 }
 
+// Free-running ranks, as GPU streams run: every rank makes all its calls on
+// a thread of its own, with no join between calls and random delays, so a
+// fast rank's next dispatch or combine meets a slow rank still reading the
+// last one (what the waits for the peers' done must hold off). The combined
+// outputs of every call must equal the twin's (run phase by phase).
+// What rank q received: its counts, then the valid rows of x.
+static std::vector<uint8_t> received(world &w, int q) {
+  rank_state &s = w.r[q];
+  const int em = w.output == DL_EP_EXPERT_MAJOR;
+  const int64_t rb = (int64_t)H * (w.fp8 ? 1 : 2);
+  std::vector<uint8_t> v((uint8_t *)s.counts.data(), (uint8_t *)(s.counts.data() + s.counts.size()));
+  for (int g = 0; g < (int)s.counts.size(); g++)
+    for (int r = 0; r < s.counts[g]; r++) {
+      const int64_t row = em ? (int64_t)g * w.n * B + r : (int64_t)g * B + r;
+      v.insert(v.end(), s.rx.data() + row * rb, s.rx.data() + (row + 1) * rb);
+    }
+  return v;
+}
+
+static void free_running(int n, int layout, int output, int fp8, int E, int calls, unsigned seed) {
+  world twin, emu;
+  make_world(twin, n, layout, output, fp8, E, false);
+  make_world(emu, n, layout, output, fp8, E, true);
+  start_at(twin, (1u << 22) - 3);
+  start_at(emu, (1u << 22) - 3);
+  struct in_t {
+    int T;
+    std::vector<uint16_t> x;
+    std::vector<int32_t> idx;
+    std::vector<float> w;
+    std::vector<uint16_t> out;
+    std::vector<uint8_t> first; // every third call dispatches twice: what the first one received
+  };
+  std::vector<std::vector<in_t>> in(calls, std::vector<in_t>(n));
+  std::mt19937 g(seed);
+  std::vector<std::vector<in_t>> pre(calls, std::vector<in_t>(n)); // the first dispatch's inputs
+  for (int c = 0; c < calls; c++) {
+    if (c % 3 == 1) {
+      for (int q = 0; q < n; q++) {
+        inputs(twin, q, c, g);
+        pre[c][q] = in_t{twin.r[q].T, twin.r[q].x, twin.r[q].idx, twin.r[q].w, {}, {}};
+      }
+      run(twin, DL_EP_DISPATCH);
+      for (int q = 0; q < n; q++) pre[c][q].first = received(twin, q);
+    }
+    for (int q = 0; q < n; q++) {
+      inputs(twin, q, c, g);
+      in[c][q] = in_t{twin.r[q].T, twin.r[q].x, twin.r[q].idx, twin.r[q].w, {}, {}};
+    }
+    run(twin, DL_EP_DISPATCH);
+    for (int q = 0; q < n; q++) experts(twin, q);
+    run(twin, DL_EP_COMBINE);
+    for (int q = 0; q < n; q++) in[c][q].out.assign(twin.r[q].out.begin(), twin.r[q].out.begin() + (size_t)in[c][q].T * H);
+  }
+  std::vector<std::thread> th;
+  for (int q = 0; q < n; q++)
+    th.emplace_back([&, q] {
+      std::mt19937 d(seed * 31 + q);
+      auto stall = [&] {
+        if (d() % 3 == 0) std::this_thread::sleep_for(std::chrono::microseconds(d() % 3000));
+      };
+      rank_state &s = emu.r[q];
+      for (int c = 0; c < calls; c++) {
+        if (c % 3 == 1) { // a dispatch, then at once the next: the peers may still be reading the first
+          s.T = pre[c][q].T, s.x = pre[c][q].x, s.idx = pre[c][q].idx, s.w = pre[c][q].w;
+          dl_ep_args_t a = args_of(emu, q, c % 2 ? DL_EP_DISPATCH : DL_EP_DISPATCH_SEND);
+          dl_ep_cuda(&a, nullptr);
+          stall();
+          if (c % 2 == 0) {
+            a = args_of(emu, q, DL_EP_DISPATCH_RECV);
+            dl_ep_cuda(&a, nullptr);
+          }
+          expect(received(emu, q) == pre[c][q].first, "free-running first of two dispatches", q, c, 0);
+        }
+        s.T = in[c][q].T, s.x = in[c][q].x, s.idx = in[c][q].idx, s.w = in[c][q].w;
+        for (int phase : {DL_EP_DISPATCH_SEND, DL_EP_DISPATCH_RECV, DL_EP_DISPATCH}) {
+          if ((phase == DL_EP_DISPATCH) != (c % 2 == 1)) continue; // fused every other call
+          stall();
+          dl_ep_args_t a = args_of(emu, q, phase);
+          dl_ep_cuda(&a, nullptr);
+        }
+        experts(emu, q);
+        stall();
+        dl_ep_args_t a = args_of(emu, q, DL_EP_COMBINE);
+        dl_ep_cuda(&a, nullptr);
+        expect(!memcmp(s.out.data(), in[c][q].out.data(), 2 * (size_t)s.T * H), "free-running combined out", q, c, 0);
+        if (s.status.kind == DL_EP_ERR_TIMEOUT) expect(false, "free-running: a timeout", q, c, 0);
+      }
+    });
+  for (auto &t : th) t.join();
+  printf("free-running %s %s: %d calls on %d emulated ranks\n", layout ? "per_rank" : "per_expert",
+         output ? "rank_major" : "expert_major", calls, n);
+}
+
 int main(int argc, char **argv) {
   const int n = argc > 1 ? atoi(argv[1]) : 2, calls = argc > 2 ? atoi(argv[2]) : 12;
   const unsigned seed = argc > 3 ? (unsigned)atoi(argv[3]) : 1;
@@ -250,6 +357,10 @@ int main(int argc, char **argv) {
     world twin, emu;
     make_world(twin, n, layout, output, fp8, E, false);
     make_world(emu, n, layout, output, fp8, E, true);
+    if (combo & 1) { // the counters wrap (2^32, epochs 2^22) during these calls
+      start_at(twin, (1u << 22) - 3);
+      start_at(emu, (1u << 22) - 3);
+    }
     std::mt19937 g(seed * 100 + combo);
     for (int c = 0; c < calls; c++) {
       const int twice = c % 5 == 2; // a second dispatch before the combine
@@ -286,20 +397,39 @@ int main(int argc, char **argv) {
     printf("layout %s output %s %s: %d calls on %d emulated ranks %s\n", layout ? "per_rank" : "per_expert",
            output ? "rank_major" : "expert_major", fp8 ? "fp8" : "bf16", calls, n, failures ? "FAILED" : "match the twin");
   }
-  if (n >= 2) { // rank 1 skips a dispatch: rank 0's receive ends by itself, naming rank 1
+  free_running(n, DL_EP_PER_RANK, DL_EP_RANK_MAJOR, 0, E, calls, seed);
+  free_running(n, DL_EP_PER_EXPERT, DL_EP_EXPERT_MAJOR, 1, E, calls, seed + 1);
+  total += 2 * calls;
+  // After three whole rounds (the counters wrapping), rank 0 alone makes a
+  // fourth dispatch: its receive ends by itself, naming a rank that skipped
+  // it and call 4 (in calls since the start: the epoch wraps at 2^22).
+  for (int at = 0; at < 2 && n >= 2; at++) {
     world w;
-    make_world(w, n, DL_EP_PER_RANK, DL_EP_EXPERT_MAJOR, 0, E, true);
+    make_world(w, n, DL_EP_PER_RANK, at ? DL_EP_RANK_MAJOR : DL_EP_EXPERT_MAJOR, 0, E, true);
+    const uint32_t first = at ? (1u << 22) - 2 : 0;
+    start_at(w, first);
     w.base.timeout_ns = 200000000ull;
     std::mt19937 g(seed);
+    for (int c = 0; c < 3; c++) {
+      for (int q = 0; q < n; q++) inputs(w, q, c, g);
+      run(w, c % 2 ? DL_EP_DISPATCH : DL_EP_DISPATCH_SEND);
+      if (c % 2 == 0) run(w, DL_EP_DISPATCH_RECV);
+      for (int q = 0; q < n; q++) experts(w, q);
+      run(w, DL_EP_COMBINE);
+    }
     for (int q = 0; q < n; q++) inputs(w, q, 0, g);
+    for (int q = 0; q < n; q++) w.r[q].status = dl_ep_status_t{}; // a repeated expert's record, if the inputs had one
     dl_ep_args_t a = args_of(w, 0, DL_EP_DISPATCH_SEND);
     dl_ep_cuda(&a, nullptr);
-    w.r[0].status = dl_ep_status_t{}; // a repeated expert's record, if the inputs had one
+    w.r[0].status = dl_ep_status_t{};
     a = args_of(w, 0, DL_EP_DISPATCH_RECV);
     dl_ep_cuda(&a, nullptr);
     const dl_ep_status_t &s = w.r[0].status;
-    const bool ok = s.kind == DL_EP_ERR_TIMEOUT && s.phase == DL_EP_DISPATCH_RECV && s.peer >= 1 && s.expected == 1;
-    printf("timeout: %s (kind %u phase %u peer %u epoch %u)\n", ok ? "recorded" : "WRONG", s.kind, s.phase, s.peer, s.expected);
+    const uint32_t call = (first + 4) & ((1u << 22) - 1);
+    const bool ok = s.kind == DL_EP_ERR_TIMEOUT && s.phase == DL_EP_DISPATCH_RECV && s.peer >= 1 && s.expected == call &&
+                    s.seen == call - 1 && s.epoch == call;
+    printf("timeout after 3 calls from %u: %s (kind %u phase %u peer %u call %u, its count %u)\n", first,
+           ok ? "recorded" : "WRONG", s.kind, s.phase, s.peer, s.expected, s.seen);
     if (!ok) failures++;
   }
   printf("%s: %d calls, %d failures\n", failures ? "FAIL" : "ok", total, failures.load());
