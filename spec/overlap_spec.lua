@@ -3,7 +3,8 @@
 -- and 1 to 3 streams against the fp64 GEMM of the gathered (or reduced)
 -- operands; m that does not split over the ranks; 200 runs back to back
 -- alternating get and put with fresh data; graph replays among eager runs;
--- a peer that never runs. The multi-rank parts run the scripts of
+-- a peer that never runs; on a GPU, the chunk GEMMs' opt-in cuBLASLt tuning
+-- (spec/overlap/tune.lua). The multi-rank parts run the scripts of
 -- spec/overlap/ through `./distlab run -n N`: on 2 and 3 cpu ranks (shared
 -- memory), and, tagged #multigpu, with H.gpu_ranks ranks on cuda (ranks
 -- sharing one GPU where there are fewer: scripts/gpu/overlap.sh runs 2 and 4).
@@ -191,6 +192,20 @@ describe("dl.overlap.copy", function()
       end
     end)
   end
+end)
+
+describe("cuBLASLt tuning for the chunk GEMMs (DISTLAB_GEMM_TUNE) #gpu", function()
+  it("tuned GEMMs match the fp64 reference, tuned and cached, and a given c is the call's alone", function()
+    local rc, out = H.distlab("run --device cuda:0 spec/overlap/tune.lua", "DISTLAB_GEMM_TUNE=8")
+    assert.equal(0, rc, out)
+    assert.truthy(out:find("tune ok: 8", 1, true), out)
+  end)
+  it("a bad value is an error naming the variable", function()
+    local rc, out = H.distlab("run --device cuda:0 spec/overlap/tune.lua", "DISTLAB_GEMM_TUNE=lots")
+    assert.are_not.equal(0, rc, out)
+    assert.truthy(out:find("DISTLAB_GEMM_TUNE=lots: expected the number of cuBLASLt candidates to time, 0..8", 1,
+      true), out)
+  end)
 end)
 
 describe("overlap on one GPU, DISTLAB_SPEC_RANKS ranks sharing it #multigpu", function()

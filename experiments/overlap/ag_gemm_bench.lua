@@ -33,6 +33,10 @@
 --     --plant F                a test of the data check: scale every variant's C by 1 + F after
 --                              timing (default 0; 0.02 must make the run fail)
 --     --out DIR, --tag NAME    default experiments/results/overlap, the GPU model and d (h100x8)
+-- DISTLAB_GEMM_TUNE=N in the environment (core/ops/gemm/cublaslt.c) times cuBLASLt's first N
+-- candidates of each GEMM shape at its first call and keeps the fastest: the GEMM alone is
+-- tuned in its row, every chunk of the p2p and merge pipelines in the "gemm parts" rows,
+-- which run before the pipelines for that reason (the GPU otherwise idle).
 -- Writes DIR/ag-gemm-TAG.{md,csv} and DIR/ag-gemm-TAG.png (gnuplot, where it exists);
 -- gemm-rs-TAG.* with --op gemm_rs.
 -- With ranks sharing a GPU it runs as a smoke test (the harness says so and
@@ -279,7 +283,6 @@ for _, m in ipairs(A.m) do
     c = dl.empty({ m, A.n }, { dtype = A.dtype, device = dev })
   end
   local base
-  local heads, seen = {}, {} -- the merge heads of the rows run (but the whole shard: p2p's parts)
   local function row(name, ms, wrong)
     local r = { m = m, row = name, ms = ms, tflops = ms and flops / (ms * 1e-3) / 1e12, wrong = wrong }
     if name == BASELINE then base = r.tflops end
@@ -295,6 +298,47 @@ for _, m in ipairs(A.m) do
   else
     local ms = time_ms(function() dl.gemm(full, b, ref) end)
     row("gemm (alone, gathered A)", ms, h:check(check_ref(full, b, ref)))
+  end
+  -- where a pipeline's time goes: the GEMMs of its chunks alone, back to back on one stream,
+  -- no communication (p2p: d GEMMs of m/d rows; merge: the head, the merged GEMM, d - 2 of
+  -- m/d), into c; the pipeline's time over this row's is what the transfers cost it. Before
+  -- the pipelines: with DISTLAB_GEMM_TUNE set, each chunk's GEMM is tuned here, the GPU
+  -- otherwise idle, not at a pipeline's first run among its other GEMMs.
+  if not RS and d > 1 then
+    local function parts(list)
+      local at, names, views = 0, {}, {}
+      for _, n_rows in ipairs(list) do
+        if n_rows > 0 then
+          views[#views + 1] = { full:narrow(1, at + 1, n_rows), c:narrow(1, at + 1, n_rows) }
+          names[#names + 1] = tostring(n_rows)
+        end
+        at = at + n_rows
+      end
+      local ms = time_ms(function() for _, x in ipairs(views) do dl.gemm(x[1], b, x[2]) end end)
+      return ms, h:check(check_rows(c, ref, rows)), names
+    end
+    local each = {}
+    for p = 1, d do each[p] = rows end
+    local ms, bad, names = parts(each)
+    row("gemm parts, p2p: " .. (d == 2 and names[1] .. " + " .. names[2] or d .. " x " .. rows), ms, bad)
+    -- the heads of the merge rows: an op set up (buffers, no run) says its head
+    local seen = {}
+    for _, mg in ipairs(merges) do
+      if mg and not (type(mg) == "number" and mg > rows) then
+        local op = dl.overlap.ag_gemm { comm = w, algo = "p2p", merge = mg }
+        op:plan(a, b)
+        local hd = op:info().head
+        op:free()
+        if hd < rows and not seen[hd] then
+          seen[hd] = true
+          local list = { hd, 2 * rows - hd }
+          for _ = 3, d do list[#list + 1] = rows end
+          ms, bad, names = parts(list)
+          row("gemm parts, merge: " .. table.concat(names, " + ", 1, math.min(#names, 2)) ..
+            (d > 2 and (" + " .. (d - 2) .. " x " .. rows) or ""), ms, bad)
+        end
+      end
+    end
   end
   for _, v in ipairs(variants) do
     if type(v.merge) == "number" and v.merge > rows then
@@ -314,41 +358,9 @@ for _, m in ipairs(A.m) do
     op:check()
     if A.plant ~= 0 then c:mul_(1 + A.plant) end
     row(op:label(), t, h:check(RS and check_rs(c, refs, kd, op:label()) or check_rows(c, ref, rows)))
-    local hd = op:info().head
-    if v.merge and hd < rows and not seen[hd] then heads[#heads + 1], seen[hd] = hd, true end
     op:free()
     collectgarbage("collect")
     ::next_variant::
-  end
-  -- where a pipeline's time goes: the GEMMs of its chunks alone, back to back on one stream,
-  -- no communication (p2p: d GEMMs of m/d rows; merge: the head, the merged GEMM, d - 2 of
-  -- m/d), into c; the pipeline's time over this row's is what the transfers cost it
-  if not RS and d > 1 then
-    local function parts(list)
-      local at, names = 0, {}
-      local views = {}
-      for i, n_rows in ipairs(list) do
-        if n_rows > 0 then
-          views[#views + 1] = { full:narrow(1, at + 1, n_rows), c:narrow(1, at + 1, n_rows) }
-          names[#names + 1] = tostring(n_rows)
-        end
-        at = at + n_rows
-      end
-      local ms = time_ms(function() for _, x in ipairs(views) do dl.gemm(x[1], b, x[2]) end end)
-      local bad = h:check(check_rows(c, ref, rows))
-      return ms, bad, names
-    end
-    local each = {}
-    for p = 1, d do each[p] = rows end
-    local ms, bad, names = parts(each)
-    row("gemm parts, p2p: " .. (d == 2 and names[1] .. " + " .. names[2] or d .. " x " .. rows), ms, bad)
-    for _, hd in ipairs(heads) do
-      local list = { hd, 2 * rows - hd }
-      for _ = 3, d do list[#list + 1] = rows end
-      ms, bad, names = parts(list)
-      row("gemm parts, merge: " .. table.concat(names, " + ", 1, math.min(#names, 2)) ..
-        (d > 2 and (" + " .. (d - 2) .. " x " .. rows) or ""), ms, bad)
-    end
   end
   for _, an in ipairs(anchors) do
     local t = torch[an[1] .. "/" .. m]

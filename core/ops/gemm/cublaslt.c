@@ -34,6 +34,21 @@
  * Alignments are part of the key because cuBLASLt assumes 256-byte aligned
  * pointers unless told: a kernel chosen for aligned rows must never see a
  * view at an odd offset.
+ *
+ * Opt-in tuning: DISTLAB_GEMM_TUNE=N (2..8; unset, 0 or 1: off, the first
+ * candidate as above) times the first N candidates that qualify, at the
+ * configuration's first call, and keeps the fastest (median of 3 runs after
+ * one warm-up each). The runs go to a stream, an output and a workspace of
+ * their own (stream-ordered allocations: nothing waits for the device's other
+ * streams), read the call's operands as they are, and are waited for before
+ * the call's own GEMM is queued; the caller's results are untouched. They
+ * time whatever else the GPU runs meanwhile: make a configuration's first
+ * call with the GPU otherwise idle (ag_gemm_bench's "gemm parts" rows do,
+ * for the chunks of its pipelines). A call inside a graph capture is not
+ * tuned (the first candidate). N is part of the cache key, so a process may
+ * switch it between calls and keep both choices. A chosen kernel may round
+ * differently from the first candidate (another tile order): results are
+ * then equal within fp32 accumulation, not bit-identical.
  */
 #define _GNU_SOURCE /* dladdr */
 #include <dlfcn.h>
@@ -49,7 +64,7 @@
 
 #include <cublasLt.h>
 
-enum { CACHE = 256, HEURISTIC_RESULTS = 8, MAX_DEVS = 16, MIN_MAJOR = 12, KEY = 17 };
+enum { CACHE = 256, HEURISTIC_RESULTS = 8, MAX_DEVS = 16, MIN_MAJOR = 12, KEY = 18, TUNE_RUNS = 3 };
 
 static struct {
   void *lib;
@@ -258,11 +273,83 @@ static void entry_drop(entry_t *e) {
   memset(e, 0, sizeof *e);
 }
 
+/* DISTLAB_GEMM_TUNE: how many candidates to time (0: no tuning). */
+static int tune_count(int *out) {
+  const char *env = getenv("DISTLAB_GEMM_TUNE");
+  *out = 0;
+  if (!env || !*env) return DL_OK;
+  char *end = NULL;
+  long v = strtol(env, &end, 10);
+  if (*end || v < 0 || v > HEURISTIC_RESULTS)
+    return DL_ERR(DL_EINVAL, "DISTLAB_GEMM_TUNE=%s: expected the number of cuBLASLt candidates "
+                  "to time, 0..%d (0 or 1: no tuning)", env, HEURISTIC_RESULTS);
+  *out = v > 1 ? (int)v : 0;
+  return DL_OK;
+}
+
+/* What a tuning run needs of the call: its operands' data and the bytes of
+ * its output (as cuBLASLt lays it out: ld x lcols of out_dt). */
+typedef struct tune_args {
+  const void *x, *y;
+  size_t out_bytes;
+  void *stream;
+} tune_args_t;
+
+/* The fastest of cand[0..n) on t's operands (see the header); *best its index. */
+static int tune_pick(entry_t *e, cublasLtHandle_t h, const cublasLtMatmulAlgo_t *cand, int n,
+                     const tune_args_t *t, int64_t ws_bytes, int *best) {
+  cudaStream_t st = NULL;
+  cudaEvent_t ev[TUNE_RUNS + 1] = {0};
+  void *out = NULL, *ws = NULL;
+  const float alpha = 1.f, beta = 0.f;
+  float best_ms = -1.f;
+  int rc = DL_OK;
+  *best = 0;
+  DL_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  for (int r = 0; r <= TUNE_RUNS && rc == DL_OK; r++)
+    if (cudaEventCreate(&ev[r]) != cudaSuccess) rc = DL_ERR(DL_ECUDA, "gemm tuning: cudaEventCreate failed");
+  if (rc == DL_OK && (cudaMallocAsync(&out, t->out_bytes, st) != cudaSuccess ||
+                      (ws_bytes > 0 && cudaMallocAsync(&ws, (size_t)ws_bytes, st) != cudaSuccess)))
+    rc = DL_ERR(DL_ECUDA, "gemm tuning: cudaMallocAsync of %zu + %lld bytes failed: %s", t->out_bytes,
+                (long long)ws_bytes, cudaGetErrorString(cudaGetLastError()));
+  for (int i = 0; i < n && rc == DL_OK; i++) {
+    float ms[TUNE_RUNS];
+    int ok = lt.Matmul(h, e->desc, &alpha, t->x, e->la, t->y, e->lb, &beta, out, e->ld, out, e->ld,
+                       &cand[i], ws, (size_t)ws_bytes, st) == CUBLAS_STATUS_SUCCESS;
+    if (ok) cudaEventRecord(ev[0], st);
+    for (int r = 0; ok && r < TUNE_RUNS; r++) {
+      ok = lt.Matmul(h, e->desc, &alpha, t->x, e->la, t->y, e->lb, &beta, out, e->ld, out, e->ld,
+                     &cand[i], ws, (size_t)ws_bytes, st) == CUBLAS_STATUS_SUCCESS;
+      cudaEventRecord(ev[r + 1], st);
+    }
+    if (!ok || cudaEventSynchronize(ev[TUNE_RUNS]) != cudaSuccess) {
+      (void)cudaGetLastError();
+      continue; /* a candidate that does not run is not chosen */
+    }
+    for (int r = 0; r < TUNE_RUNS; r++) cudaEventElapsedTime(&ms[r], ev[r], ev[r + 1]);
+    for (int a = 1; a < TUNE_RUNS; a++) /* median: sort 3 */
+      for (int b = a; b > 0 && ms[b] < ms[b - 1]; b--) {
+        float tmp = ms[b];
+        ms[b] = ms[b - 1];
+        ms[b - 1] = tmp;
+      }
+    if (best_ms < 0 || ms[TUNE_RUNS / 2] < best_ms) best_ms = ms[TUNE_RUNS / 2], *best = i;
+  }
+  if (out) cudaFreeAsync(out, st);
+  if (ws) cudaFreeAsync(ws, st);
+  if (cudaStreamSynchronize(st) != cudaSuccess && rc == DL_OK)
+    rc = DL_ERR(DL_ECUDA, "gemm tuning: %s", cudaGetErrorString(cudaGetLastError()));
+  for (int r = 0; r <= TUNE_RUNS; r++)
+    if (ev[r]) cudaEventDestroy(ev[r]);
+  cudaStreamDestroy(st);
+  return rc;
+}
+
 /* Descriptors for key's GEMM x (op) @ y (op) -> d, and the heuristic's first
- * algorithm that fits ws_bytes. */
+ * algorithm that fits ws_bytes (with tune > 1: the fastest of its first tune). */
 static int entry_make(entry_t *e, cublasLtHandle_t h, const operand_t *x, const operand_t *y,
                       const operand_t *c, const operand_t *d, int in_dt, int out_dt, int64_t k,
-                      const int64_t align[4], int64_t ws_bytes) {
+                      const int64_t align[4], int64_t ws_bytes, int tune, const tune_args_t *t) {
   const cublasOperation_t opx = (cublasOperation_t)x->op, opy = (cublasOperation_t)y->op;
   LT_CHECK(lt.MatmulDescCreate(&e->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   LT_CHECK(lt.MatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opx, sizeof opx));
@@ -298,12 +385,22 @@ static int entry_make(entry_t *e, cublasLtHandle_t h, const operand_t *x, const 
   if (st != CUBLAS_STATUS_SUCCESS)
     return DL_ERR(DL_ECUDA, "cublasLtMatmulAlgoGetHeuristic failed: %s (%d)", status_name(st),
                   (int)st);
-  for (int i = 0; i < got; i++)
+  cublasLtMatmulAlgo_t cand[HEURISTIC_RESULTS];
+  int n = 0;
+  for (int i = 0; i < got && n < (tune > 1 ? tune : 1); i++)
     if (res[i].state == CUBLAS_STATUS_SUCCESS && res[i].workspaceSize <= (size_t)ws_bytes &&
-        fp32_partials(&res[i].algo)) {
-      e->algo = res[i].algo;
-      return DL_OK;
-    }
+        fp32_partials(&res[i].algo))
+      cand[n++] = res[i].algo;
+  if (n > 0) {
+    int best = 0;
+    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (n > 1 && cudaStreamIsCapturing((cudaStream_t)t->stream, &cs) == cudaSuccess &&
+        cs == cudaStreamCaptureStatusNone)
+      DL_TRY(tune_pick(e, h, cand, n, t, ws_bytes, &best));
+    (void)cudaGetLastError();
+    e->algo = cand[best];
+    return DL_OK;
+  }
   return DL_ERR(DL_EUNSUPPORTED, "cuBLASLt has no algorithm with fp32 partial sums for %s x %s "
                 "-> %s, op %c/%c, [%lld x %lld] (ld %lld) @ [%lld x %lld] (ld %lld), k = %lld, "
                 "alignments %lld/%lld/%lld/%lld bytes (%d candidates)", dl_dtype_name(in_dt),
@@ -365,15 +462,19 @@ static int run_locked(const dl_gemm_args_t *g, int dev, void *ws, int64_t ws_byt
                   "column-major)");
   const int64_t align[4] = {align_of(x->data), align_of(y->data), align_of(g->c.data),
                             align_of(g->d.data)};
+  int tune;
+  DL_TRY(tune_count(&tune));
   const int64_t key[KEY] = {dev,      g->a.dtype, g->d.dtype, ox.op,    oy.op,    rows,
                             cols,     g->k,       ox.ld,      oy.ld,    oc.ld,    od.ld,
-                            align[0], align[1],   align[2],   align[3], ws_bytes};
+                            align[0], align[1],   align[2],   align[3], ws_bytes, tune};
   entry_t *e;
   int fresh;
   DL_TRY(lookup(key, &e, &fresh));
   if (fresh) {
+    const tune_args_t t = {x->data, y->data,
+                           (size_t)od.ld * (size_t)od.lcols * dl_dtype_size(g->d.dtype), stream};
     int rc = entry_make(e, handles[dev], &ox, &oy, &oc, &od, g->a.dtype, g->d.dtype, g->k, align,
-                        ws_bytes);
+                        ws_bytes, tune, &t);
     if (rc) {
       entry_drop(e);
       /* some cuBLASLt versions refuse the heuristic query while a stream captures */
