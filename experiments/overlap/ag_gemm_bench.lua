@@ -449,7 +449,9 @@ if h.rank0 then
   md[#md + 1] = ok and ("![TFLOP/s against m](" .. png:match("[^/]*$") .. ")") or ("(" .. note .. ")")
   if not ok then png = nil end
 end
-local extra = { "build: " .. dl.build_info(), "torch: " .. (torch_note or (A.torch and ((next(torch) and
+local extra = { "build: " .. dl.build_info(), "cuBLASLt tuning: " .. ((tonumber(os.getenv("DISTLAB_GEMM_TUNE") or "0") or 0) > 1
+  and ("DISTLAB_GEMM_TUNE=" .. os.getenv("DISTLAB_GEMM_TUNE") .. " (each shape's fastest of that many candidates)")
+  or "off (each shape's first heuristic candidate)"), "torch: " .. (torch_note or (A.torch and ((next(torch) and
   select(2, next(torch)).torch) or "its CSV had no rows") or "not run (no --torch)")) }
 if h.rank0 then
   local path = h:markdown(FILE .. h.tag .. ".md", RS and "GEMM + reduce-scatter (dl.overlap.gemm_rs)" or
