@@ -21,7 +21,10 @@
  *       its share to each receiver's disp_flag (release). The wait for the
  *       receivers' reading of the previous call (disp_done) comes after the
  *       routing, just before the first write to a peer.
- *   ep_dispatch_recv_kernel   waits for every source's disp_flag, then a
+ *   ep_dispatch_recv_kernel   per_rank with rank_major output: takes the
+ *       sources one after another, its own first, each as soon as its
+ *       disp_flag counts the call whole (a source's rows do not depend on
+ *       the others'). Otherwise: waits for every source's disp_flag, then a
  *       warp per message (per_rank with expert_major: per message and
  *       selection; at small B per segment of one) copies the payload
  *       (locally) into the outputs: expert_major rows at the expert's offset
@@ -243,9 +246,79 @@ __device__ __forceinline__ void ep_store_row(const dl_ep_args_t &a, const char *
   }
 }
 
+// A warp stores segment sg of per_rank message j of source s as rank_major
+// row j of s, the first segment with its expert ids, weights and origin.
+template <bool FP8>
+__device__ __forceinline__ void ep_recv_rank_row(const dl_ep_args_t &a, const char *msg, int s, int j, int lane,
+                                                 const ep_split &sp, int64_t sg) {
+  const int K = a.topk;
+  const uint32_t *h = reinterpret_cast<const uint32_t *>(msg);
+  const int t = (int)h[0];
+  int le = -1;
+  float w = 0.0f;
+  if (lane < K) {
+    le = (int16_t)(h[1 + 2 * lane] & 0xffffu);
+    w = dl_bits_f32(h[2 + 2 * lane]);
+  }
+  const uint32_t here = __ballot_sync(EP_FULL, le >= 0);
+  const int64_t row = (int64_t)s * a.max_tokens + j;
+  if (lane < K && sg == 0) {
+    a.rids[row * K + lane] = le;
+    a.rweights[row * K + lane] = le >= 0 ? w : 0.0f;
+  }
+  const int kf = here ? __ffs(here) - 1 : 0;
+  const int lef = __shfl_sync(EP_FULL, le, kf);
+  if (lane == 0 && sg == 0) {
+    a.rsrc[row * 2] = t;
+    a.rsrc[row * 2 + 1] = dl_ep_src_pack(s, kf, lef);
+  }
+  ep_store_row<FP8>(a, msg + a.hdr, row, lane, sp, sg);
+}
+
+// The receive phase of per_rank with rank_major output. A source's messages
+// become rows s * B + j whatever the other sources sent, so the grid takes
+// the sources one after another, this rank's own first (they do not cross
+// NVLink), each as soon as its count is whole, instead of waiting for the
+// slowest source before any copy.
+template <bool FP8> __device__ __forceinline__ void ep_dispatch_recv_by_source(const dl_ep_args_t &a) {
+  const int phase = DL_EP_DISPATCH_RECV;
+  struct lates {
+    int v[DL_SIGNAL_MAX_RANKS]; // the wait for the r-th source timed out
+  };
+  EP_SHARED(ep_block, blk);
+  EP_SHARED(lates, late);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, W = blockDim.x >> 5;
+  const int N = a.nranks, B = a.max_tokens;
+  if (tid < DL_SIGNAL_MAX_RANKS) late.v[tid] = 0;
+  ep_start(a, blk, dl_ep_disp_done);
+  const uint32_t *self = ep_ctrl(a, a.rank);
+  const char *region = ep_buf(a, a.rank) + a.drecv_off;
+  const int64_t warps = (int64_t)gridDim.x * W;
+  for (int r = 0; r < N; r++) {
+    const int s = a.rank + r < N ? a.rank + r : a.rank + r - N;
+    if (tid == 0 && !ep_wait(a, phase, dl_ep_disp_flag(N, s), dl_ep_count_of(blk.epoch), s, blk.epoch)) {
+      late.v[r] = 1;
+      blk.ok = 0;
+    }
+    __syncthreads();
+    if (late.v[r]) break; // the whole block: no add, so the sources time out too
+    const int n = (int)ep_ld_volatile(self + dl_ep_ntok(N, s));
+    if (blockIdx.x == 0 && tid == 0) a.rcounts[s] = n;
+    const ep_split sp = ep_split_rows(n, warps, ep_row_vectors<FP8>(a));
+    for (int64_t it = (int64_t)blockIdx.x * W + warp; it < n * sp.segs; it += warps)
+      ep_recv_rank_row<FP8>(a, region + ((int64_t)s * B + it / sp.segs) * a.msg_d, s, (int)(it / sp.segs), lane, sp,
+                            it % sp.segs);
+  }
+  ep_finish(a, blk, dl_ep_disp_done);
+}
+
 // The receive phase, as a kernel of its own or the second half of the fused one.
 template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR>
 __device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a) {
+  if (PER_RANK && !EXPERT_MAJOR) {
+    ep_dispatch_recv_by_source<FP8>(a);
+    return;
+  }
   const int phase = DL_EP_DISPATCH_RECV;
   EP_SMEM(smem);
   EP_SHARED(ep_block, blk);
@@ -306,32 +379,9 @@ __device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a) {
   for (int64_t it = (int64_t)blockIdx.x * W + warp; !(PER_RANK && EXPERT_MAJOR) && blk.ok && it < items * sp.segs;
        it += warps) {
     const int64_t i = it / sp.segs, sg = it % sp.segs;
-    if (PER_RANK) {
+    if (PER_RANK) { // rank_major: not reached (ep_dispatch_recv_by_source takes it), kept whole for a variant
       const int s = ep_group_of(pre, N, i), j = (int)(i - pre[s]);
-      const char *msg = region + ((int64_t)s * B + j) * a.msg_d;
-      const uint32_t *h = reinterpret_cast<const uint32_t *>(msg);
-      const int t = (int)h[0];
-      int le = -1;
-      float w = 0.0f;
-      if (lane < K) {
-        le = (int16_t)(h[1 + 2 * lane] & 0xffffu);
-        w = dl_bits_f32(h[2 + 2 * lane]);
-      }
-      const uint32_t here = __ballot_sync(EP_FULL, le >= 0);
-      { // rank_major: row j of source s (expert_major took the loop above)
-        const int64_t row = (int64_t)s * B + j;
-        if (lane < K && sg == 0) {
-          a.rids[row * K + lane] = le;
-          a.rweights[row * K + lane] = le >= 0 ? w : 0.0f;
-        }
-        const int kf = here ? __ffs(here) - 1 : 0;
-        const int lef = __shfl_sync(EP_FULL, le, kf);
-        if (lane == 0 && sg == 0) {
-          a.rsrc[row * 2] = t;
-          a.rsrc[row * 2 + 1] = dl_ep_src_pack(s, kf, lef);
-        }
-        ep_store_row<FP8>(a, msg + a.hdr, row, lane, sp, sg);
-      }
+      ep_recv_rank_row<FP8>(a, region + ((int64_t)s * B + j) * a.msg_d, s, j, lane, sp, sg);
     } else {
       const int g = ep_group_of(pre, NL, i), le = g / N, s = g % N, j = (int)(i - pre[g]);
       const char *msg = region + ((int64_t)g * B + j) * a.msg_d;
