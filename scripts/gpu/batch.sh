@@ -7,7 +7,8 @@
 #   scripts/gpu/batch.sh "test" "attn_lab.sh QUICK=1" "comm_check.sh bench"
 #   scripts/gpu/batch.sh "specs spec/a_spec.lua spec/b_spec.lua"   (each file under FILE_TIMEOUT)
 # (words with '=' become the step's environment, the others its arguments)
-# Every step gets STEP_TIMEOUT seconds (default 300).
+# Every step gets STEP_TIMEOUT seconds (default 300). out.tgz is packed after
+# every step, so a device call cut at its limit returns the steps that ended.
 set -u
 REAL_OUT="${OUT:-/tmp/distlab-out}"
 export OUT=/tmp/distlab-batch
@@ -45,5 +46,6 @@ for step in "$@"; do
           env "${envs[@]}" timeout "${STEP_TIMEOUT:-300}" bash "scripts/gpu/$name" "${pos[@]}" 2>&1 | tail -40 ;;
     *) echo "unknown step $name" ;;
   esac
+  pack # after every step: a call cut at its time limit still brings back what ran
 done
 echo "=== done ($(( $(date +%s) - t0 )) s)"
