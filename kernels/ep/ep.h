@@ -97,6 +97,9 @@ enum {
   DL_EP_SHARES = 1 << DL_EP_SHARE_SHIFT /* >= DL_EP_MAX_BLOCKS: every share >= 1 */
 };
 
+/* every block's share of a call's count is at least 1 (dl_ep_share) */
+typedef char dl_ep_shares_cover_blocks[DL_EP_SHARES >= DL_EP_MAX_BLOCKS ? 1 : -1];
+
 /* phases, as the epochs and the failure record number them; DL_EP_DISPATCH
  * and DL_EP_COMBINE run a send and its receive in one launch (one kernel on
  * cuda), each half counting and recording as its own phase */
@@ -112,8 +115,9 @@ typedef struct dl_ep_status {
   uint32_t kind;     /* 0, DL_EP_ERR_TIMEOUT or DL_EP_ERR_BAD_ID           */
   uint32_t phase;    /* DL_EP_DISPATCH_SEND ...                            */
   uint32_t peer;     /* timeout: the rank waited for; bad id: the token     */
-  uint32_t expected; /* timeout: the epoch waited for; bad id: k           */
-  uint32_t seen;     /* timeout: the epoch found; bad id: the id           */
+  uint32_t expected; /* timeout: the call waited for; bad id: k            */
+  uint32_t seen;     /* timeout: the calls the peer's count held whole;
+                        bad id: the id                                     */
   uint32_t block;
   uint32_t epoch;    /* the call, counted by the kernels of this phase      */
   uint32_t claim;    /* taken by the first failure, which then fills the

@@ -197,7 +197,6 @@ static void send_messages(const dl_ep_args_t *a, int t, const route_t *r) {
 
 static int dispatch_send(const dl_ep_args_t *a) {
   const int G = a->blocks, K = a->topk, T = a->tokens, L = a->local;
-  uint32_t *self = ctrl_of(a, a->rank);
   const int C = T > 0 ? (T + G - 1) / G : 0;
   int *hist_e = malloc(sizeof(int) * ((size_t)a->experts + (size_t)a->nranks));
   route_t *rt = malloc(sizeof(route_t) * ((size_t)C * K + 1));
@@ -377,7 +376,6 @@ static int combine_send(const dl_ep_args_t *a) {
   const int N = a->nranks, B = a->max_tokens, G = a->blocks, H = a->hidden;
   const int groups = a->output == DL_EP_EXPERT_MAJOR ? a->local : N;
   const int64_t per_group = a->output == DL_EP_EXPERT_MAJOR ? (int64_t)N * B : B;
-  uint32_t *self = ctrl_of(a, a->rank);
   int rc = DL_OK;
   for (int b = 0; b < G && rc == DL_OK; b++) {
     const uint32_t e = epoch_of(a, dl_ep_comb_flag);
@@ -397,7 +395,6 @@ static int combine_send(const dl_ep_args_t *a) {
 
 static int combine_recv(const dl_ep_args_t *a) {
   const int N = a->nranks, K = a->topk, B = a->max_tokens, G = a->blocks, H = a->hidden;
-  uint32_t *self = ctrl_of(a, a->rank);
   const char *base = a->bufs[a->rank] + a->crecv_off;
   int rc = DL_OK;
   float *acc = malloc(sizeof(float) * (size_t)(H > 0 ? H : 1));
