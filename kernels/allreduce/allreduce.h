@@ -171,8 +171,6 @@ typedef struct dl_ar_args {
   dl_ar_status_t *status;  /* this rank's status, writable by the kernel           */
   uint64_t timeout_ns;     /* every wait ends after this                            */
   uint32_t poll_ns;        /* nap between polls after the 8th (Lamport, call check) */
-  int call_first;          /* Lamport kernels: a block meets after the call check,
-                              before any thread polls data (0: they overlap)      */
   uint32_t long_poll_ns;   /* the Lamport waits' nap after their 128th poll       */
   uint32_t gone_gap_ns;    /* a block reads status->gone (host memory) at most once
                               per this, in waits past 100 us (0: every check)      */

@@ -192,17 +192,14 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_two_shot_lamport_kern
   const uint4 empty = lamport_empty();
   const uint64_t t0 = dl_signal_clock_ns();
   bool ok = true;
-  // the peers' calls, compared with ours: thread p of a block with work
-  // compares peer p's while the other threads poll their data (the call and
-  // the data leave the peer together; waiting for the call first cost a
-  // round trip of the L2 a call, 0.4-0.7 us at 2 ranks). A mismatch is
-  // recorded and tells the peers (ar_fail), so the call fails on every rank
-  // whatever this block wrote meanwhile; threads whose data never comes stop
-  // at the record. a.call_first (DISTLAB_AR_CALL_FIRST=1): the block waits
-  // for every call before any thread polls, as before 2026-11-27.
+  // the peers' calls, compared with ours before their data is read: thread
+  // p of a block with work compares peer p's, the block waits for all (its
+  // other threads idle at the barrier: polling their data meanwhile, as
+  // 9128a98 tried, cost 0.3-0.4 us at 2 ranks and 1.2-2.4 us at 4 on H100s,
+  // pollers crowding the lines the data lands in)
   const int q = threadIdx.x;
   if (q < nr && q != me && (int64_t)blockIdx.x * blockDim.x < sv) ok = ar_agree(a, self, q, seq);
-  if (a.call_first) ok = __syncthreads_and(ok);
+  ok = __syncthreads_and(ok);
   int64_t prev = -1; // the position whose sums are gathered next
   for (int64_t j = first; ok && j < sv; j += stride) {
     if (next < sv) {

@@ -36,7 +36,6 @@ struct dl_allreduce {
   int64_t round_max; /* vectors a block moves per round at most (0: the kernels' own) */
   int pdl;           /* launch with programmatic stream serialization (cuda) */
   uint32_t poll_ns;  /* the Lamport kernels' nap between polls */
-  int call_first;        /* the Lamport kernels check the calls before polling */
   uint32_t long_poll_ns; /* their nap once a wait has polled 128 times */
   uint32_t gone_gap_ns; /* a block's least time between reads of status->gone */
   int lamport_ahead; /* the Lamport kernels: grid steps pushed ahead of the reduction */
@@ -323,13 +322,10 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
    * from max_bytes, below; 32: the fixed region of before),
    * DISTLAB_AR_LONG_POLL_NS their nap once a wait has polled 128 times
    * (default 1000; 128, the nap of before 2026-11-27, keeps one nap),
-   * DISTLAB_AR_CALL_FIRST=1 the Lamport kernels' blocks wait for the
-   * peers' calls before they poll data (as before 2026-11-27; 0: the check
-   * overlaps the polls),
    * DISTLAB_AR_GONE_GAP_US the least time between two reads of the
    * watchdog's host word by one block's waits (0: every wait's every
    * check, as before 2026-11-27; allreduce_device.cuh, ar_stop_kind) */
-  long round_kb, pdl, poll_ns, long_poll_ns, ahead, lamport_mb, gone_gap_us, call_first;
+  long round_kb, pdl, poll_ns, long_poll_ns, ahead, lamport_mb, gone_gap_us;
   DL_TRY(env_int("DISTLAB_AR_ROUND_KB", 0, 0, 1 << 20, &round_kb));
   DL_TRY(env_int("DISTLAB_AR_PDL", 1, 0, 1, &pdl));
   DL_TRY(env_int("DISTLAB_AR_POLL_NS", 128, 0, 100000, &poll_ns));
@@ -337,14 +333,12 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
   DL_TRY(env_int("DISTLAB_AR_LAMPORT_AHEAD", 2, 0, 1 << 20, &ahead));
   DL_TRY(env_int("DISTLAB_AR_LAMPORT_MB", 0, 1, 1 << 16, &lamport_mb));
   DL_TRY(env_int("DISTLAB_AR_GONE_GAP_US", 200, 0, 1000000, &gone_gap_us));
-  DL_TRY(env_int("DISTLAB_AR_CALL_FIRST", 0, 0, 1, &call_first));
   dl_allreduce_t *ar = calloc(1, sizeof *ar);
   if (!ar) return DL_ERR(DL_ENOMEM, "dl_allreduce_new: out of host memory");
   ar->round_max = (int64_t)round_kb * 1024 / DL_AR_VEC_BYTES;
   ar->pdl = (int)pdl;
   ar->poll_ns = (uint32_t)poll_ns;
   ar->long_poll_ns = (uint32_t)long_poll_ns;
-  ar->call_first = (int)call_first;
   ar->gone_gap_ns = (uint32_t)gone_gap_us * 1000u;
   ar->lamport_ahead = (int)ahead;
   ar->magic = AR_MAGIC;
@@ -584,7 +578,6 @@ static int run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int 
   a.pdl = ar->pdl;
   a.poll_ns = ar->poll_ns;
   a.long_poll_ns = ar->long_poll_ns;
-  a.call_first = ar->call_first;
   a.gone_gap_ns = ar->gone_gap_ns;
   a.lamport_ahead = ar->lamport_ahead;
   a.total_n = vi.numel;

@@ -54,7 +54,6 @@ struct world {
 struct call {
   int algo, dtype, blocks, round_vecs, ahead, zc, inplace, misalign;
   int64_t n, zc_extra; // zero-copy tensor at this byte offset in the region
-  int call_first;      // the Lamport kernels meet after the call check (DISTLAB_AR_CALL_FIRST)
 };
 
 static double val(int c, int r, int64_t i) { return (double)(((c * 7 + r * 13 + i * 5) % 17) - 8) / 4.0; }
@@ -104,7 +103,6 @@ static void rank_main(world *w, int r, const std::vector<call> *calls, int skip_
       a.blocks = k.blocks;
       a.round_vecs = k.round_vecs;
       a.lamport_ahead = k.ahead;
-      a.call_first = k.call_first;
       dl_allreduce_cuda_shape(n, &a.threads, &a.unroll);
       a.zero_copy = k.zc;
       a.n = k.n;
@@ -329,27 +327,24 @@ int main(int argc, char **argv) {
     }
     ok = mismatch_case(w, base, other, what) && ok;
   }
-  // both sides Lamport: the call check overlaps the data polls (and, with
-  // call_first, comes before them); a rank whose data never comes must stop
-  // at the record, well before the timeout. Every thread of such a grid
-  // polls until it sees the record (each an OS thread here, so on 2 cores
-  // that took up to 0.56 s at 4 ranks): a timeout of 3 s for these, so that
-  // "well before" (half of it) tells a stop at the record from the timeout.
+  // both sides Lamport: a rank whose data never comes must stop at the
+  // record, well before the timeout. Every thread of such a grid polls
+  // until it sees the record (each an OS thread here: on 2 cores under load
+  // that took up to 0.56 s at 4 ranks), so a timeout of 3 s for these, half
+  // of which still tells a stop at the record from the timeout.
   w.timeout_ns = 3000000000ull;
-  for (int cf = 0; cf < 2; cf++)
-    for (int i = 0; i < 4; i++) {
-      call mine = base, other = base;
-      mine.algo = other.algo = i < 2 ? DL_AR_ONE_SHOT_LAMPORT : DL_AR_TWO_SHOT_LAMPORT;
-      mine.call_first = other.call_first = cf;
-      const char *what = "";
-      switch (i) {
-      case 0: other.n = 4096; what = cf ? "one_shot_lamport size, call first" : "one_shot_lamport size"; break;
-      case 1: other.algo = DL_AR_TWO_SHOT_LAMPORT; what = cf ? "one_shot_lamport vs two_shot_lamport, call first" : "one_shot_lamport vs two_shot_lamport"; break;
-      case 2: other.n = 2047; what = cf ? "two_shot_lamport size, call first" : "two_shot_lamport size"; break;
-      case 3: other.dtype = (base.dtype + 1) % 3; what = cf ? "two_shot_lamport dtype, call first" : "two_shot_lamport dtype"; break;
-      }
-      ok = mismatch_case(w, mine, other, what) && ok;
+  for (int i = 0; i < 4; i++) {
+    call mine = base, other = base;
+    mine.algo = other.algo = i < 2 ? DL_AR_ONE_SHOT_LAMPORT : DL_AR_TWO_SHOT_LAMPORT;
+    const char *what = "";
+    switch (i) {
+    case 0: other.n = 4096; what = "one_shot_lamport size"; break;
+    case 1: other.algo = DL_AR_TWO_SHOT_LAMPORT; what = "one_shot_lamport vs two_shot_lamport"; break;
+    case 2: other.n = 2047; what = "two_shot_lamport size"; break;
+    case 3: other.dtype = (base.dtype + 1) % 3; what = "two_shot_lamport dtype"; break;
     }
+    ok = mismatch_case(w, mine, other, what) && ok;
+  }
   w.timeout_ns = 1000000000ull;
   for (int algo : {(int)DL_AR_ONE_SHOT_PUSH, (int)DL_AR_TWO_SHOT_LAMPORT, (int)DL_AR_ONE_SHOT_LAMPORT}) {
     call k = base;
