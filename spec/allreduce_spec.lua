@@ -155,7 +155,7 @@ describe("allreduce on cpu (shared memory)", function()
   it("a bad all-reduce knob in the environment is an error naming it", function()
     for _, env in ipairs { "DISTLAB_AR_POLL_NS=abc", "DISTLAB_AR_PDL=2", "DISTLAB_AR_ROUND_KB=-4",
       "DISTLAB_AR_LAMPORT_AHEAD=-1", "DISTLAB_AR_LAMPORT_MB=0", "DISTLAB_AR_LAMPORT_MB=1.5",
-      "DISTLAB_AR_LAMPORT_MB=99999" } do
+      "DISTLAB_AR_LAMPORT_MB=99999", "DISTLAB_AR_LONG_POLL_NS=x", "DISTLAB_AR_GONE_GAP_US=-1" } do
       local rc, out = run(1, "cpu", "fail.lua", "knob", env)
       assert.equal(0, rc, out)
       local name = env:match("^[%w_]+")

@@ -64,6 +64,14 @@ describe("ep on cpu (shared memory)", function()
     end)
   end
 
+  it("a bad EP knob in the environment is an error naming it", function()
+    for _, env in ipairs { "DISTLAB_EP_PDL=2", "DISTLAB_EP_PDL=yes" } do
+      local rc, out = run(1, "cpu", "fail.lua", "knob", env)
+      assert.equal(0, rc, out)
+      assert.truthy(out:find("ERR: [^\n]*dl_ep_new: DISTLAB_EP_PDL=[^\n]*an integer from 0 to 1"), out)
+    end
+  end)
+
   it("2 ranks given different buffers: an error on every rank", function()
     local rc, out = run(2, "cpu", "fail.lua", "disagree")
     assert.equal(0, rc, out)

@@ -4,6 +4,7 @@
  * timeout of every blocking wait, and teardown tracing.
  */
 #include <sched.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -37,6 +38,19 @@ double dl_timeout_s(void) {
     t = v > 0 ? v : 120.0;
   }
   return t;
+}
+
+int dl_env_int(const char *fn, const char *name, long dflt, long lo, long hi, long *out) {
+  const char *e = getenv(name);
+  *out = dflt;
+  if (!e || !*e) return DL_OK;
+  char *end;
+  errno = 0;
+  long v = strtol(e, &end, 10);
+  if (errno || *end || v < lo || v > hi)
+    return DL_ERR(DL_EINVAL, "%s: %s=%s (an integer from %ld to %ld)", fn, name, e, lo, hi);
+  *out = v;
+  return DL_OK;
 }
 
 void dl_teardown_trace(const char *what, const void *p) {

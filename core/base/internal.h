@@ -2,7 +2,8 @@
  * internal.h — what the core's files share and Lua never sees: the kernels'
  * base header (errors, views; kernels/common/base.h) plus the pieces only
  * the core uses: views of tensors, device names, tensor arguments, the
- * clock of host waits, timeouts and teardown tracing (core/base/clock.c).
+ * clock of host waits, timeouts, integer knobs from the environment and
+ * teardown tracing (core/base/clock.c).
  */
 #ifndef DISTLAB_INTERNAL_H
 #define DISTLAB_INTERNAL_H
@@ -38,6 +39,9 @@ void dl_wait_pause(double since_us);
 int dl_sigint_pending(void);
 /* Default timeout of every blocking wait, seconds: DISTLAB_TIMEOUT or 120. */
 double dl_timeout_s(void);
+/* An integer knob from the environment: dflt where unset or empty, else the
+ * value, or DL_EINVAL naming fn ("dl_ep_new"), the variable and [lo, hi]. */
+int dl_env_int(const char *fn, const char *name, long dflt, long lo, long hi, long *out);
 /* DISTLAB_TRACE_TEARDOWN=1: one line on stderr per step of taking NCCL
  * communicators and graphs down (where an exit hangs, without a debugger). */
 void dl_teardown_trace(const char *what, const void *p);

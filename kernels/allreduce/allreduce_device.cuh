@@ -3,7 +3,7 @@
  * two_shot.cu; their Lamport kernels also lamport.cuh) share, and what the
  * launcher (allreduce_launch.cu) needs of
  * them: the launch shape per world size, every rank's buffer, the per-block
- * barrier and the failure record, programmatic dependent launch, the call
+ * barrier and the failure record, the call
  * counter, sums in rank order, and how each family's file picks the
  * instantiation of its kernel for a call (dl_ar_pick, DL_AR_PICK). No file
  * outside kernels/allreduce/ includes it (the CPU emulation in
@@ -40,6 +40,7 @@
 #include "allreduce/allreduce.h"
 #include "common/vec.cuh" // the 16-byte vectors of each dtype, unpacked to fp32
 #include "common/dtype.h"
+#include "common/pdl.cuh"
 
 // ---- shape, buffers, synchronisation ----------------------------------------------
 
@@ -312,31 +313,12 @@ __device__ __forceinline__ bool named_sync_and(int id, int n, bool pred) {
 }
 #endif
 
-// Programmatic dependent launch (sm_90; no-ops elsewhere). A kernel launched
-// with programmatic stream serialization may start before the grid ahead of
-// it in the stream has finished: pdl_wait() returns once that grid has
-// completed and its memory is visible, so it comes before any access.
-// pdl_release() lets the grid after this one be scheduled now; it too waits
-// for this grid's completion before it touches memory, so releasing early
-// is safe, and it hides the launch of the next all-reduce of a sequence
-// behind this one's tail.
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_release() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
 // The call counter: read by every block at its start, advanced by the last
 // block to finish (each block counts itself after all its reads of seq).
 // Block 0 announces the call to the peers (ar_announce).
 __device__ __forceinline__ uint32_t ar_begin(const dl_ar_args_t &a, dl_ar_ctrl_t *self) {
-  pdl_wait();
-  pdl_release();
+  dl_pdl_wait(); // programmatic dependent launch: common/pdl.cuh
+  dl_pdl_release();
   const uint32_t seq = *reinterpret_cast<volatile uint32_t *>(&self->seq);
   ar_announce(a, seq);
   return seq;

@@ -32,24 +32,10 @@ static int go(dl_ar_kernel_t k, const dl_ar_args_t *a, cudaStream_t st) {
 #ifdef DL_AR_EMU
   k<<<a->blocks, a->threads, 0, st>>>(*a);
 #else
-  cudaLaunchAttribute attr;
-  memset(&attr, 0, sizeof attr);
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.gridDim = dim3((unsigned)a->blocks);
-  cfg.blockDim = dim3((unsigned)a->threads);
-  cfg.stream = st;
-  cfg.attrs = &attr;
-  cfg.numAttrs = a->pdl ? 1 : 0;
-  cudaError_t e = cudaLaunchKernelEx(&cfg, k, *a);
-  if (e == cudaSuccess) e = cudaGetLastError();
-  if (e != cudaSuccess) {
-    (void)cudaGetLastError();
+  const cudaError_t e = dl_pdl_launch(k, a->blocks, a->threads, 0, st, a->pdl, *a);
+  if (e != cudaSuccess)
     return DL_ERR(DL_ECUDA, "launch of allreduce_%s%s_kernel failed: %s", dl_allreduce_algo_name(a->algo),
                   a->algo == DL_AR_ONE_SHOT && a->zero_copy ? "_zero_copy" : "", cudaGetErrorString(e));
-  }
 #endif
   return DL_OK;
 }

@@ -133,6 +133,9 @@ typedef struct dl_ep_args {
   int tokens;      /* this rank's T of the last dispatch_send              */
   int blocks;      /* grid size (cpu: the blocks run one after another)     */
   int threads;     /* per block                                            */
+  int pdl;         /* cuda: launch with programmatic stream serialization
+                      (common/pdl.cuh): the grid is scheduled while the one
+                      before it finishes, and waits for it before any access */
   int64_t hdr, msg_d, msg_c; /* bytes: dispatch header, messages            */
   int64_t drecv_off, crecv_off; /* byte offsets of the receive regions      */
   char *bufs[DL_SIGNAL_MAX_RANKS]; /* every rank's buffer, as mapped here    */

@@ -52,6 +52,8 @@ template <bool PER_RANK, bool EXPERT_MAJOR> __device__ __forceinline__ void ep_c
 
 template <bool PER_RANK, bool EXPERT_MAJOR>
 __global__ void __launch_bounds__(DL_EP_THREADS) ep_combine_send_kernel(const dl_ep_args_t a) {
+  dl_pdl_wait(); // the grid ahead done and visible (a launch with a.pdl may start early)
+  dl_pdl_release();
   ep_combine_send_body<PER_RANK, EXPERT_MAJOR>(a);
 }
 
@@ -119,12 +121,16 @@ template <bool PER_RANK, bool EXPERT_MAJOR> __device__ __forceinline__ void ep_c
 
 template <bool PER_RANK, bool EXPERT_MAJOR>
 __global__ void __launch_bounds__(DL_EP_THREADS) ep_combine_recv_kernel(const dl_ep_args_t a) {
+  dl_pdl_wait(); // the grid ahead done and visible (a launch with a.pdl may start early)
+  dl_pdl_release();
   ep_combine_recv_body<PER_RANK, EXPERT_MAJOR>(a);
 }
 
 // combine in one launch: the send, then the receive (as ep_dispatch_kernel).
 template <bool PER_RANK, bool EXPERT_MAJOR>
 __global__ void __launch_bounds__(DL_EP_THREADS) ep_combine_kernel(const dl_ep_args_t a) {
+  dl_pdl_wait(); // the grid ahead done and visible (a launch with a.pdl may start early)
+  dl_pdl_release();
   ep_combine_send_body<PER_RANK, EXPERT_MAJOR>(a);
   ep_combine_recv_body<PER_RANK, EXPERT_MAJOR>(a);
 }
@@ -147,9 +153,15 @@ static ep_kernel_t combine_kernel(const dl_ep_args_t *a) {
 
 int ep_launch_combine(const dl_ep_args_t *a, void *stream, int64_t smem) {
   const ep_kernel_t k = combine_kernel(a);
+  const char *name = a->phase == DL_EP_COMBINE_SEND   ? "ep_combine_send_kernel"
+                     : a->phase == DL_EP_COMBINE_RECV ? "ep_combine_recv_kernel"
+                                                      : "ep_combine_kernel";
+#ifdef DL_EP_EMU
   k<<<a->blocks, a->threads, (size_t)smem, (cudaStream_t)stream>>>(*a);
-  DL_CUDA_CHECK_LAUNCH(a->phase == DL_EP_COMBINE_SEND   ? "ep_combine_send_kernel"
-                       : a->phase == DL_EP_COMBINE_RECV ? "ep_combine_recv_kernel"
-                                                        : "ep_combine_kernel");
+  DL_CUDA_CHECK_LAUNCH(name);
+#else
+  const cudaError_t e = dl_pdl_launch(k, a->blocks, a->threads, (size_t)smem, (cudaStream_t)stream, a->pdl, *a);
+  if (e != cudaSuccess) return DL_ERR(DL_ECUDA, "launch of %s failed: %s", name, cudaGetErrorString(e));
+#endif
   return DL_OK;
 }

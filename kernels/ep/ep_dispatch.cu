@@ -215,6 +215,8 @@ template <bool FP8, bool PER_RANK> __device__ __forceinline__ void ep_dispatch_s
 
 template <bool FP8, bool PER_RANK>
 __global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_send_kernel(const dl_ep_args_t a) {
+  dl_pdl_wait(); // the grid ahead done and visible (a launch with a.pdl may start early)
+  dl_pdl_release();
   ep_dispatch_send_body<FP8, PER_RANK>(a);
 }
 
@@ -420,6 +422,8 @@ __device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a) {
 
 template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR>
 __global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_recv_kernel(const dl_ep_args_t a) {
+  dl_pdl_wait(); // the grid ahead done and visible (a launch with a.pdl may start early)
+  dl_pdl_release();
   ep_dispatch_recv_body<FP8, PER_RANK, EXPERT_MAJOR>(a);
 }
 
@@ -430,6 +434,8 @@ __global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_recv_kernel(const d
 // receive's first block-wide barrier comes after the send's last use).
 template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR>
 __global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_kernel(const dl_ep_args_t a) {
+  dl_pdl_wait(); // the grid ahead done and visible (a launch with a.pdl may start early)
+  dl_pdl_release();
   ep_dispatch_send_body<FP8, PER_RANK>(a);
   ep_dispatch_recv_body<FP8, PER_RANK, EXPERT_MAJOR>(a);
 }
@@ -458,13 +464,19 @@ static const char *dispatch_name(int phase) {
                                         : "ep_dispatch_kernel";
 }
 
-// One grid of k, with the shared memory it needs (above 48 KiB by opting in).
+// One grid of k, with the shared memory it needs (above 48 KiB by opting in),
+// and programmatic stream serialization when a->pdl (common/pdl.cuh).
 static int go(ep_kernel_t k, const dl_ep_args_t *a, void *stream, int64_t smem, const char *name) {
 #ifndef DL_EP_EMU
   if (smem > 48 * 1024) DL_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
 #endif
+#ifdef DL_EP_EMU
   k<<<a->blocks, a->threads, (size_t)smem, (cudaStream_t)stream>>>(*a);
   DL_CUDA_CHECK_LAUNCH(name);
+#else
+  const cudaError_t e = dl_pdl_launch(k, a->blocks, a->threads, (size_t)smem, (cudaStream_t)stream, a->pdl, *a);
+  if (e != cudaSuccess) return DL_ERR(DL_ECUDA, "launch of %s failed: %s", name, cudaGetErrorString(e));
+#endif
   return DL_OK;
 }
 

@@ -11,6 +11,8 @@
 --   args      1 rank: bad options and inputs, calls out of order, a stale
 --             handle: one ERR line each, naming what was wrong
 --   disagree  2 ranks given different buffers: an error on every rank
+--   knob      1 rank, a bad DISTLAB_EP_PDL in the environment: the buffer's
+--             making fails naming the variable
 local dir = arg[0]:match("^(.*)/[^/]*$") or "."
 local X = dofile(dir .. "/common.lua")
 local dl = require "distlab"
@@ -71,6 +73,10 @@ elseif mode == "badid" or mode == "repeat" then
   local ok2, err2 = pcall(function() pair(ep, 2) end)
   say("AFTER", ok2, err2)
   os.exit((#errs == 1 and ok2) and 0 or 1)
+elseif mode == "knob" then
+  local ok, err = pcall(X.buffer, { B = 4, H = 128, E = 2 * X.N, K = 2 })
+  say("ERR", ok, err)
+  os.exit(ok and 1 or 0)
 elseif mode == "disagree" then
   local ok, err = pcall(X.buffer, { B = 4, H = 128 + 128 * X.me, E = 2 * X.N, K = 2 })
   say("ERR", ok, err)

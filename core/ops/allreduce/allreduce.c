@@ -208,19 +208,6 @@ static void abort_peers(dl_allreduce_t *ar) {
 /* An integer knob from the environment: dflt when unset, an error naming it
  * when it is not an integer in [lo, hi] (a typo must not quietly measure
  * something else). */
-static int env_int(const char *name, long dflt, long lo, long hi, long *out) {
-  const char *e = getenv(name);
-  *out = dflt;
-  if (!e || !*e) return DL_OK;
-  char *end;
-  errno = 0;
-  long v = strtol(e, &end, 10);
-  if (errno || *end || v < lo || v > hi)
-    return DL_ERR(DL_EINVAL, "dl_allreduce_new: %s=%s (an integer from %ld to %ld)", name, e, lo, hi);
-  *out = v;
-  return DL_OK;
-}
-
 /* The bytes of a Lamport slot: the largest piece a Lamport call runs in one
  * go; the region holds 2 halves of one slot a rank, 2 x size slots. A
  * quarter of max_bytes, at least 1 MiB and at most max_bytes: with the
@@ -326,13 +313,13 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
    * watchdog's host word by one block's waits (0: every wait's every
    * check, as before 2026-11-27; allreduce_device.cuh, ar_stop_kind) */
   long round_kb, pdl, poll_ns, long_poll_ns, ahead, lamport_mb, gone_gap_us;
-  DL_TRY(env_int("DISTLAB_AR_ROUND_KB", 0, 0, 1 << 20, &round_kb));
-  DL_TRY(env_int("DISTLAB_AR_PDL", 1, 0, 1, &pdl));
-  DL_TRY(env_int("DISTLAB_AR_POLL_NS", 128, 0, 100000, &poll_ns));
-  DL_TRY(env_int("DISTLAB_AR_LONG_POLL_NS", 1000, 0, 100000, &long_poll_ns));
-  DL_TRY(env_int("DISTLAB_AR_LAMPORT_AHEAD", 2, 0, 1 << 20, &ahead));
-  DL_TRY(env_int("DISTLAB_AR_LAMPORT_MB", 0, 1, 1 << 16, &lamport_mb));
-  DL_TRY(env_int("DISTLAB_AR_GONE_GAP_US", 200, 0, 1000000, &gone_gap_us));
+  DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_ROUND_KB", 0, 0, 1 << 20, &round_kb));
+  DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_PDL", 1, 0, 1, &pdl));
+  DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_POLL_NS", 128, 0, 100000, &poll_ns));
+  DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_LONG_POLL_NS", 1000, 0, 100000, &long_poll_ns));
+  DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_LAMPORT_AHEAD", 2, 0, 1 << 20, &ahead));
+  DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_LAMPORT_MB", 0, 1, 1 << 16, &lamport_mb));
+  DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_GONE_GAP_US", 200, 0, 1000000, &gone_gap_us));
   dl_allreduce_t *ar = calloc(1, sizeof *ar);
   if (!ar) return DL_ERR(DL_ENOMEM, "dl_allreduce_new: out of host memory");
   ar->round_max = (int64_t)round_kb * 1024 / DL_AR_VEC_BYTES;

@@ -371,7 +371,13 @@ int dl_ep_new(dl_ep_t **out, dl_comm_t *c, const dl_ep_config_t *cfg) {
   a->hidden = cfg->hidden;
   a->max_tokens = cfg->max_tokens;
   a->timeout_ns = (uint64_t)(ci.timeout_s * 1e9);
-  int rc = init(ep, c, &ci);
+  /* DISTLAB_EP_PDL=0: launch without programmatic dependent launch (an A/B
+   * knob; ranks may differ: it changes when a grid is scheduled, not what
+   * it does) */
+  long pdl = 1;
+  int rc = dl_env_int("dl_ep_new", "DISTLAB_EP_PDL", 1, 0, 1, &pdl);
+  a->pdl = (int)pdl;
+  if (rc == DL_OK) rc = init(ep, c, &ci);
   if (rc < 0) {
     dl_error_context(rc, "dl_ep_new on rank %d of %d (comm '%s', %lld bytes a rank)", ci.rank,
                      ci.size, ci.name, (long long)ep->bytes[DL_EP_TOTAL_BYTES]);
