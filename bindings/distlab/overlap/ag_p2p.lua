@@ -14,18 +14,25 @@ local M = {}
 
 function M.regions(X) return { { "a", { X.sh.rows, X.sh.k }, X.dtype } } end
 
+-- get's publish: once the readers of our slot r finished their copies of
+-- the last call, our shard a into it, and READY(r) to every reader (also
+-- ag_p2p_merge's, on its aux stream).
+function M.publish(X, a)
+  local r, d = X.rank, X.size
+  for q = 0, d - 1 do
+    if q ~= r then X:wait(X:FREE(q), q, 0, "free") end
+  end
+  X:move(X:slot("a", r), a)
+  for q = 0, d - 1 do
+    if q ~= r then X:signal(q, X:READY(r)) end
+  end
+end
+
 -- get: the owner publishes its shard in its own slot; readers pull it.
 function M.get(X, a, b, c)
   local r, d = X.rank, X.size
   X:on(0, function()
-    if d == 1 then return end
-    for q = 0, d - 1 do -- the readers of our slot r finished their copies of the last call
-      if q ~= r then X:wait(X:FREE(q), q, 0, "free") end
-    end
-    X:move(X:slot("a", r), a)
-    for q = 0, d - 1 do
-      if q ~= r then X:signal(q, X:READY(r)) end
-    end
+    if d > 1 then M.publish(X, a) end
   end)
   for i = 0, d - 1 do
     local p = (r + i) % d

@@ -29,6 +29,7 @@
 -- ag_p2p's, so cuBLASLt may choose another kernel for it: not bit-identical
 -- to ag_p2p, equal within fp32 accumulation.
 local stream = require "distlab.stream"
+local p2p = require "distlab.overlap.ag_p2p"
 
 local M = {}
 
@@ -101,15 +102,7 @@ function M.get(X, a, b, c)
   local r, d = X.rank, X.size
   if d == 1 then return X:on(0, function() X:gemm(a, b, c) end) end
   local nb, lo, _, _, first = layout(X)
-  on_aux(X, function()
-    for q = 0, d - 1 do -- the readers of our slot r finished their copies of the last call
-      if q ~= r then X:wait(X:FREE(q), q, 0, "free") end
-    end
-    X:move(X:slot("a", r), a)
-    for q = 0, d - 1 do
-      if q ~= r then X:signal(q, X:READY(r)) end
-    end
-  end)
+  on_aux(X, function() p2p.publish(X, a) end)
   for i = 0, d - 1 do
     local p = (r + i) % d
     X:on(i, function()
