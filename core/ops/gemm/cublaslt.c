@@ -316,17 +316,18 @@ static int tune_pick(entry_t *e, cublasLtHandle_t h, const cublasLtMatmulAlgo_t 
     float ms[TUNE_RUNS];
     int ok = lt.Matmul(h, e->desc, &alpha, t->x, e->la, t->y, e->lb, &beta, out, e->ld, out, e->ld,
                        &cand[i], ws, (size_t)ws_bytes, st) == CUBLAS_STATUS_SUCCESS;
-    if (ok) cudaEventRecord(ev[0], st);
+    ok = ok && cudaEventRecord(ev[0], st) == cudaSuccess;
     for (int r = 0; ok && r < TUNE_RUNS; r++) {
       ok = lt.Matmul(h, e->desc, &alpha, t->x, e->la, t->y, e->lb, &beta, out, e->ld, out, e->ld,
                      &cand[i], ws, (size_t)ws_bytes, st) == CUBLAS_STATUS_SUCCESS;
-      cudaEventRecord(ev[r + 1], st);
+      ok = ok && cudaEventRecord(ev[r + 1], st) == cudaSuccess;
     }
-    if (!ok || cudaEventSynchronize(ev[TUNE_RUNS]) != cudaSuccess) {
+    ok = ok && cudaEventSynchronize(ev[TUNE_RUNS]) == cudaSuccess;
+    for (int r = 0; ok && r < TUNE_RUNS; r++) ok = cudaEventElapsedTime(&ms[r], ev[r], ev[r + 1]) == cudaSuccess;
+    if (!ok) {
       (void)cudaGetLastError();
-      continue; /* a candidate that does not run is not chosen */
+      continue; /* a candidate that does not run (or cannot be timed) is not chosen */
     }
-    for (int r = 0; r < TUNE_RUNS; r++) cudaEventElapsedTime(&ms[r], ev[r], ev[r + 1]);
     for (int a = 1; a < TUNE_RUNS; a++) /* median: sort 3 */
       for (int b = a; b > 0 && ms[b] < ms[b - 1]; b--) {
         float tmp = ms[b];
