@@ -25,7 +25,9 @@
 #            the same with --split, send and receive as two kernels each, at
 #            E 256 -> ep-bench-<gpu>x<N>-split.{md,csv}, the A/B of the fused kernels;
 #            then, for each nb in EP_BLOCKS (unset: none), bf16 E 256 B 1,128 on nb
-#            blocks -> multi/ep-bench-<gpu>x<N>-blocks<nb>.{md,csv} (in the logs tarball).
+#            blocks -> multi/ep-bench-<gpu>x<N>-blocks<nb>.{md,csv} (in the logs tarball);
+#            EP_PDL_AB=1: bf16 E 256 B 1,32,128 again with DISTLAB_EP_PDL=0
+#            -> ep-bench-<gpu>x<N>-pdl0.{md,csv}, the A/B of programmatic dependent launch.
 # STEPS picks them (default "ag_gemm gemm_rs cp ep"); the build always runs. NGPUS=n
 # runs every step on the host's first n GPUs (CUDA_VISIBLE_DEVICES), tagged x<n>. Results
 # files come back in $OUT (copy them to experiments/results/<family>/ and
@@ -111,6 +113,12 @@ if want ep && [ -f experiments/ep/ep_bench.lua ]; then
       experiments/ep/ep_bench.lua --split --experts 256 --paths ep --out "$OUT" --tag "$tag-split" ${EP_ARGS:-} \
       --command "scripts/gpu/multi.sh (after the fused run, in the same call)"
     tail -n 36 "$L/ep-bench-split.log" >>"$SUM"
+  fi
+  if [ "${EP_PDL_AB:-0}" = 1 ]; then # the same rows without programmatic dependent launch, for the A/B
+    step "ep_bench DISTLAB_EP_PDL=0 ($N ranks)" 90 "$L/ep-bench-pdl0.log" env DISTLAB_EP_PDL=0 ./distlab run -n "$N" \
+      --device cuda experiments/ep/ep_bench.lua --B 1,32,128 --experts 256 --dtypes bf16 --paths ep --out "$OUT" \
+      --tag "$tag-pdl0" --command "DISTLAB_EP_PDL=0 scripts/gpu/multi.sh (EP_PDL_AB, after the default run, in the same call)"
+    grep -E "^\|" "$L/ep-bench-pdl0.log" | tail -n 16 >>"$SUM"
   fi
   for nb in ${EP_BLOCKS:-}; do # the floor against the grid: every ep kernel on nb blocks (bf16, E 256)
     step "ep_bench --blocks $nb ($N ranks)" 90 "$L/ep-bench-blocks$nb.log" ./distlab run -n "$N" --device cuda \
