@@ -28,7 +28,9 @@ local function grid_choices(a, algo, nbytes)
   if algo:match("^two_shot") then vecs = math.ceil(vecs / a.size) end
   local most = math.min(a.max_blocks, math.max(1, math.ceil(vecs / 128)))
   local sms = a.sms > 0 and a.sms or 4
-  local tries = nbytes > 16 * 2 ^ 20 and { 2 * sms } or { 8, 16, 32, 64, sms, 2 * sms }
+  -- above 16 MB only whole-GPU grids: one or two blocks a multiprocessor (at 4 ranks
+  -- two_shot_lamport took 132 blocks at 4-8 MB and 264 at 16 MB on H200s)
+  local tries = nbytes > 16 * 2 ^ 20 and { sms, 2 * sms } or { 8, 16, 32, 64, sms, 2 * sms }
   local out, seen = { 0 }, {}
   for _, g in ipairs(tries) do
     if g <= most and not seen[g] then
