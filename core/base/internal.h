@@ -40,7 +40,8 @@ int dl_sigint_pending(void);
 /* Default timeout of every blocking wait, seconds: DISTLAB_TIMEOUT or 120. */
 double dl_timeout_s(void);
 /* An integer knob from the environment: dflt where unset or empty, else the
- * value, or DL_EINVAL naming fn ("dl_ep_new"), the variable and [lo, hi]. */
+ * value, or DL_EINVAL naming fn ("dl_ep_new"), the variable and [lo, hi] (a
+ * typo must not quietly measure something else). */
 int dl_env_int(const char *fn, const char *name, long dflt, long lo, long hi, long *out);
 /* DISTLAB_TRACE_TEARDOWN=1: one line on stderr per step of taking NCCL
  * communicators and graphs down (where an exit hangs, without a debugger). */

@@ -10,7 +10,6 @@
  * the host changes from call to call except the launch arguments: that is
  * what lets a CUDA graph replay the calls.
  */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -205,9 +204,6 @@ static void abort_peers(dl_allreduce_t *ar) {
 
 /* ---- lifetime ------------------------------------------------------------ */
 
-/* An integer knob from the environment: dflt when unset, an error naming it
- * when it is not an integer in [lo, hi] (a typo must not quietly measure
- * something else). */
 /* The bytes of a Lamport slot: the largest piece a Lamport call runs in one
  * go; the region holds 2 halves of one slot a rank, 2 x size slots. A
  * quarter of max_bytes, at least 1 MiB and at most max_bytes: with the
