@@ -15,6 +15,9 @@
 #      the fused merge into f32 and bf16 (issue 19: at most 3% more), data checked after timing,
 #      and in the same call PyTorch's cuDNN and flash SDPA at those shapes
 #      (experiments/attn/attn_bench_torch.py, bshd).
+#   5. with AB_FLAGS (e.g. "-DHP_FWD_STAGE_ACC=0"): a second binary built with those flags, and the
+#      merge's cost in both, alternating, AB_ROUNDS times (default 2), pipe 0, bshd at AB_S (default
+#      4096,8192) and thd 2 x 4096, causal and not (fwd-ab.log).
 # Env for quicker rounds: SKIP_SAN, SKIP_TORCH (set: leave those steps out), BENCH_S, PIPES;
 # LAB_D=64 runs all of it at head dim 64 (the kernel, its checks, and PyTorch's anchors).
 # Everything under $OUT (summary.txt, fwd-*.log, attn-torch-hopper.{md,csv}).
@@ -55,6 +58,20 @@ for s in $(echo ${BENCH_S:-4096,8192,16384,32768} | tr , ' '); do # thd: two seq
 done >>"$OUT/fwd-bench.log" 2>&1
 say "thd bench rc $?"
 cat "$OUT/fwd-bench.log" | tee -a "$SUM"
+if [ -n "${AB_FLAGS:-}" ]; then
+  nvcc -DLAB_D=${LAB_D:-128} $AB_FLAGS -Ikernels -std=c++17 -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Xptxas -v \
+    -o "$BIN-ab" experiments/lab/attn/hopper/fwd.cu >"$OUT/build-ab.log" 2>&1 || { say "A/B build FAILED"; tail -20 "$OUT/build-ab.log" | tee -a "$SUM"; exit 1; }
+  for round in $(seq ${AB_ROUNDS:-2}); do
+    for b in "$BIN" "$BIN-ab"; do
+      tag=$([ "$b" = "$BIN" ] && echo "as built" || echo "$AB_FLAGS")
+      echo "== round $round: $tag"
+      timeout 120 "$b" --check --merge --s ${AB_S:-4096,8192} --pipe 0 --iters 20
+      timeout 120 "$b" --check --merge --h 16 --thd 4096,4096 --pipe 0 --iters 20
+    done
+  done >"$OUT/fwd-ab.log" 2>&1
+  say "A/B ($AB_FLAGS) rc $?"
+  grep -E "^==|merged into" "$OUT/fwd-ab.log" | tee -a "$SUM"
+fi
 [ -n "${SKIP_TORCH:-}" ] && exit 0
 timeout 300 python3 experiments/attn/attn_bench_torch.py --layouts bshd --d ${LAB_D:-128} --out "$OUT" --name attn-torch-hopper \
   >"$OUT/torch.log" 2>&1

@@ -188,10 +188,9 @@ template <class K> static int allow_smem(K *kernel, size_t smem, int (&done)[64]
 template <int PIPE, int DQK, int DV>
 static int launch(dim3 grid, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv, const params_t &k,
                   void *stream) {
-  const size_t smem = sizeof(smem_t<DQK, DV>) + 1024; // + the slack of aligning it to 1024 bytes
-  static int done[64];
-  DL_TRY(allow_smem(fwd_kernel<PIPE, DQK, DV>, smem, done));
-  fwd_kernel<PIPE, DQK, DV><<<grid, THREADS, smem, (cudaStream_t)stream>>>(tq, tk, tv, k);
+  static int done[64]; // the limit raised once, to what a merge needs (its running rows staged)
+  DL_TRY(allow_smem(fwd_kernel<PIPE, DQK, DV>, fwd_smem_bytes<DQK, DV>(true), done));
+  fwd_kernel<PIPE, DQK, DV><<<grid, THREADS, fwd_smem_bytes<DQK, DV>(k.acc_out != nullptr), (cudaStream_t)stream>>>(tq, tk, tv, k);
   return 0;
 }
 
@@ -237,6 +236,7 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   if (p->acc_out) {
     k.acc_out = p->acc_out, k.acc_lse = p->acc_lse, k.acc_bf16 = p->acc_dtype == DL_BF16;
     copy_st(k.acc_st, p->acc_out_st), copy_st(k.acc_lse_st, p->acc_lse_st);
+    k.acc_vec = hp_acc_vec(k.acc_out, k.acc_st, k.acc_bf16 ? 2 : 4);
   }
   k.max_logit = p->max_logit;
   k.err = dword;

@@ -25,7 +25,11 @@
  *   warpgroup 2, producer (setmaxnreg 24): one thread TMA-loads Q once, then
  *     K and V of each key block (BN = 128; last block first) into STAGES = 2
  *     buffers; full barriers carry the bytes, empty barriers free them. With
- *     the merge, another warp asks the running rows into L2.
+ *     the merge, warps 9-11 copy the running rows (cp.async) into shared
+ *     memory past the tiles at the CTA's start (acc_stage_t), so that the
+ *     epilogue finds them there; where they do not fit beside the tiles
+ *     (MLA's 192/128), the consumers load them into registers under the last
+ *     P V instead (merge_loads).
  *   warpgroups 0, 1, consumers (setmaxnreg 240): 64 query rows each. Per key
  *     block: S = Q K^T (8 wgmma m64n128k16 from shared memory); the element
  *     mask (selects) only in blocks that need it; online softmax in base 2
@@ -67,8 +71,26 @@ template <int DQK, int DV> struct alignas(1024) smem_t {
   uint16_t k[STAGES][DQK / 64][BN * 64];
   uint16_t v[STAGES][DV / 64][BN * 64];
   uint64_t q_full, k_full[STAGES], v_full[STAGES], k_empty[STAGES], v_empty[STAGES];
+  uint64_t acc_full; // the running rows staged (acc_stage_t): warps 9-11's cp.async arrivals
   int fail; // a wait of this CTA timed out (mbar_wait)
 };
+
+// The fused merge's running rows in shared memory right past smem_t: the block's BM rows of acc_out
+// (DV values, fp32 or bf16, a row's 16-byte chunk c at chunk c ^ (row % 8), so that the epilogue's
+// reads of eight rows at once fall in different banks), then BM fp32 LSEs. Staged where the tiles
+// leave room (227 KB an SM: head dims 64 and 128); HP_FWD_STAGE_ACC=0 (a build flag, for A/B
+// timings) turns it off.
+#ifndef HP_FWD_STAGE_ACC
+#define HP_FWD_STAGE_ACC 1
+#endif
+template <int DQK, int DV> struct acc_stage_t {
+  static constexpr uint32_t o_bytes = BM * DV * 4, bytes = o_bytes + BM * 4;
+  static constexpr bool on = HP_FWD_STAGE_ACC && sizeof(smem_t<DQK, DV>) + 1024 + bytes <= 227 * 1024;
+};
+// The dynamic shared memory of a launch (+ 1024: the slack of aligning smem_t to 1024 bytes).
+template <int DQK, int DV> HP_HD size_t fwd_smem_bytes(bool merge) {
+  return sizeof(smem_t<DQK, DV>) + 1024 + (merge && acc_stage_t<DQK, DV>::on ? acc_stage_t<DQK, DV>::bytes : 0);
+}
 
 // Addressing as kernels/attn/attn.h's: row i of sequence bb, head hh, of an operand with strides st
 // (elements: position, head, batch) is at base + i st[0] + hh st[1], base = bb st[2] (bshd, sbhd) or
@@ -92,9 +114,17 @@ struct params_t {
   float *acc_lse;
   int64_t acc_st[3], acc_lse_st[3];
   int acc_bf16;
+  int acc_vec;      // the bytes of one cp.async of acc_out's rows: 16, 8 or 4 (what its base and strides allow)
   float *max_logit; // optional [h]: the largest scaled logit a row sees (the caller fills -inf)
   int *err;         // optional: set to 1 when a wait timed out (the results are then garbage)
 };
+
+// params_t.acc_vec: the largest of 16, 8 and 4 bytes that divides acc_out's base and its strides (es
+// bytes an element), for the hosts.
+HP_HD int hp_acc_vec(const void *acc, const int64_t (&st)[3], int es) {
+  const uint64_t a = (uint64_t)(uintptr_t)acc | (uint64_t)(st[0] * es) | (uint64_t)(st[1] * es) | (uint64_t)(st[2] * es);
+  return a % 16 == 0 ? 16 : a % 8 == 0 ? 8 : 4;
+}
 
 // The two bf16 halves of a 32-bit word (lo: the low half), exactly, as floats.
 HP_DEV float bf16_lo(uint32_t x) { return __uint_as_float(x << 16); }
@@ -295,6 +325,9 @@ __global__ void __launch_bounds__(THREADS, 1)
   const hp_seq_t sq = hp_seq(p, bb);
   const int len_q = sq.len_q, len_kv = sq.len_kv, first_q = sq.first_q, first_kv = sq.first_kv, tb = sq.tb;
   if (m_block * BM >= len_q) return; // the whole CTA, before any barrier
+  using ST = acc_stage_t<DQK, DV>;
+  constexpr bool STAGED = ST::on;
+  const uint32_t stage = hp_smem_u32(&sm) + sizeof(smem_t<DQK, DV>); // the running rows (STAGED)
   // key blocks [n_lo, n_hi): those holding a key that a row of this block sees; walked last to first
   const int shift = p.bottom_right ? len_kv - len_q : 0, wl = p.window_left, wr = p.window_right;
   const int i0 = m_block * BM, i1 = min(i0 + BM, len_q);
@@ -310,6 +343,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_init(&sm.k_empty[i], 256);
       mbar_init(&sm.v_empty[i], 256);
     }
+    mbar_init(&sm.acc_full, 96);
     mbar_init_fence();
   }
   hp_sync();
@@ -319,14 +353,20 @@ __global__ void __launch_bounds__(THREADS, 1)
 
   if (warp_id >= 8) { // producer
     reg_dealloc<24>();
-    if (warp_id == 9 && p.acc_out) { // the running rows this CTA merges into, asked into L2 now, so that
-      // the epilogue's read of them (fp32: twice the bytes the plain step writes) does not wait on DRAM
-      const int lane = threadIdx.x % 32, esize = p.acc_bf16 ? 2 : 4, lines = DV * esize / 128; // a row's lines
-      const char *acc = static_cast<const char *>(p.acc_out);
-      for (int i = lane; i < BM * lines; i += 32)
-        if (i0 + i / lines < len_q) prefetch_l2(acc + at(p.acc_st, i0 + i / lines) * esize + (i % lines) * 128);
-      const int r = lane < 4 ? lane * 32 : i1 - i0 - 1; // the LSE rows' lines, at any alignment
-      if (lane < 5 && r < i1 - i0) prefetch_l2(p.acc_lse + at(p.acc_lse_st, i0 + r));
+    if (STAGED && warp_id >= 9 && p.acc_out) { // the running rows into shared memory (acc_stage_t)
+      // (24 registers: the rows' addresses from the first's, one step a row)
+      const int t = threadIdx.x - 288, es = p.acc_bf16 ? 2 : 4, row_bytes = DV * es, vec = p.acc_vec;
+      const int rows = i1 - i0, per_row = row_bytes / vec;
+      const char *acc = static_cast<const char *>(p.acc_out) + at(p.acc_st, i0) * es;
+      const int64_t step = p.acc_st[0] * es;
+      for (int i = t; i < rows * per_row; i += 96) {
+        const int r = i / per_row, byte = (i - r * per_row) * vec;
+        cp_async(stage + r * row_bytes + (((byte >> 4) ^ (r & 7)) << 4) + (byte & 15), acc + r * step + byte, vec);
+      }
+      const float *lse0 = p.acc_lse + at(p.acc_lse_st, i0);
+      for (int r = t; r < rows; r += 96) cp_async(stage + ST::o_bytes + 4 * r, lse0 + r * p.acc_lse_st[0], 4);
+      cp_async_arrive(&sm.acc_full);
+      mbar_wait(&sm.acc_full, 0, &sm.fail, p.err); // no thread leaves with its copies in flight
     }
     if (threadIdx.x == 256) {
       mbar_expect_tx(&sm.q_full, tile_bytes_t<DQK>::value);
@@ -387,26 +427,28 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto take_turn = [&] { named_bar_sync(4 + c, 256); };
   auto hand_turn = [&] { named_bar_arrive(5 - c, 256); };
   if (c == 0) named_bar_arrive(4, 256);
-  // the merge's reads of the running rows (LSE and O), issued while the last P V runs, so that their
-  // round trip (from L2: the producer asked them there) is not on the epilogue's path
+  // where the running rows are not staged: their reads (LSE and O) into registers, issued while the
+  // last P V runs, so that the round trip is not on the epilogue's path
   float old[2] = {-INFINITY, -INFINITY};
-  float2 x[2][DV / 8];
+  float2 x[2][STAGED ? 1 : DV / 8];
   auto merge_loads = [&] {
-    if (!p.acc_out) return;
+    if constexpr (!STAGED) {
+      if (!p.acc_out) return;
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-      const int row = q0 + 8 * r;
-      const bool in = row < len_q;
-      old[r] = in ? p.acc_lse[at(p.acc_lse_st, row)] : -INFINITY;
-      const int64_t e = (in ? at(p.acc_st, row) : 0) + 2 * (lane % 4);
-      if (p.acc_bf16) {
-        const uint32_t *a = reinterpret_cast<const uint32_t *>(static_cast<const uint16_t *>(p.acc_out) + e);
+      for (int r = 0; r < 2; r++) {
+        const int row = q0 + 8 * r;
+        const bool in = row < len_q;
+        old[r] = in ? p.acc_lse[at(p.acc_lse_st, row)] : -INFINITY;
+        const int64_t e = (in ? at(p.acc_st, row) : 0) + 2 * (lane % 4);
+        if (p.acc_bf16) {
+          const uint32_t *a = reinterpret_cast<const uint32_t *>(static_cast<const uint16_t *>(p.acc_out) + e);
 #pragma unroll
-        for (int j = 0; j < DV / 8; j++) x[r][j] = in ? unpack_bf16(a[4 * j]) : make_float2(0.0f, 0.0f);
-      } else {
-        const float2 *a = reinterpret_cast<const float2 *>(static_cast<const float *>(p.acc_out) + e);
+          for (int j = 0; j < DV / 8; j++) x[r][j] = in ? unpack_bf16(a[4 * j]) : make_float2(0.0f, 0.0f);
+        } else {
+          const float2 *a = reinterpret_cast<const float2 *>(static_cast<const float *>(p.acc_out) + e);
 #pragma unroll
-        for (int j = 0; j < DV / 8; j++) x[r][j] = in ? a[4 * j] : make_float2(0.0f, 0.0f);
+          for (int j = 0; j < DV / 8; j++) x[r][j] = in ? a[4 * j] : make_float2(0.0f, 0.0f);
+        }
       }
     }
   };
@@ -487,26 +529,44 @@ __global__ void __launch_bounds__(THREADS, 1)
     return;
   }
   // merge: L = log(e^L_acc + e^L), acc_out = acc_out e^(L_acc - L) + O e^(L - L); a row of the step
-  // with no key (L = -inf) leaves the running pair as it was. The running LSE and O were read by
-  // merge_loads (under the last P V).
-  hp_syncwarp(); // a row's four threads read the old LSE before its first thread writes the new
+  // with no key (L = -inf) leaves the running pair as it was. The running LSE and O are in shared
+  // memory (STAGED), or were read by merge_loads (under the last P V).
+  if (STAGED) mbar_wait(&sm.acc_full, 0, &sm.fail, p.err);
+  else hp_syncwarp(); // a row's four threads read the old LSE before its first thread writes the new
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     const int row = q0 + 8 * r;
     if (row >= len_q || lse[r] == -INFINITY) continue;
+    // the running row's value pair j (columns 8 j + 2 (lane % 4), + 1); staged: row r0 + 8 r of the
+    // block, its chunks swizzled by (r0 + 8 r) % 8 = r0 % 8
+    const int br = r0 + 8 * r, es = p.acc_bf16 ? 2 : 4;
+    auto old_pair = [&](int j) {
+      if constexpr (STAGED) {
+        const int byte = (8 * j + 2 * (lane % 4)) * es;
+        const uint32_t a = stage + br * DV * es + (((byte >> 4) ^ (br & 7)) << 4) + (byte & 15);
+        return p.acc_bf16 ? unpack_bf16(ld_shared_u32(a)) : ld_shared_f2(a);
+      } else {
+        return x[r][j];
+      }
+    };
+    if constexpr (STAGED) old[r] = ld_shared_f32(stage + ST::o_bytes + 4 * br);
     const float hi = fmaxf(old[r], lse[r]), lnew = hi + log1pf(expf(-fabsf(old[r] - lse[r])));
     const float ka = old[r] == -INFINITY ? 0.0f : expf(old[r] - lnew), kb = expf(lse[r] - lnew) * inv[r];
     const int64_t e = at(p.acc_st, row) + 2 * (lane % 4);
     if (p.acc_bf16) {
       uint32_t *a = reinterpret_cast<uint32_t *>(static_cast<uint16_t *>(p.acc_out) + e);
 #pragma unroll
-      for (int j = 0; j < DV / 8; j++)
-        a[4 * j] = pack_bf16(x[r][j].x * ka + o[4 * j + 2 * r] * kb, x[r][j].y * ka + o[4 * j + 2 * r + 1] * kb);
+      for (int j = 0; j < DV / 8; j++) {
+        const float2 y = old_pair(j);
+        a[4 * j] = pack_bf16(y.x * ka + o[4 * j + 2 * r] * kb, y.y * ka + o[4 * j + 2 * r + 1] * kb);
+      }
     } else {
       float2 *a = reinterpret_cast<float2 *>(static_cast<float *>(p.acc_out) + e);
 #pragma unroll
-      for (int j = 0; j < DV / 8; j++)
-        a[4 * j] = make_float2(x[r][j].x * ka + o[4 * j + 2 * r] * kb, x[r][j].y * ka + o[4 * j + 2 * r + 1] * kb);
+      for (int j = 0; j < DV / 8; j++) {
+        const float2 y = old_pair(j);
+        a[4 * j] = make_float2(y.x * ka + o[4 * j + 2 * r] * kb, y.y * ka + o[4 * j + 2 * r + 1] * kb);
+      }
     }
     if (lane % 4 == 0) p.acc_lse[at(p.acc_lse_st, row)] = lnew;
   }

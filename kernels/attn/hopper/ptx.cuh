@@ -79,8 +79,34 @@ __device__ __forceinline__ void named_bar_sync(int id, int count) {
 __device__ __forceinline__ void named_bar_arrive(int id, int count) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
 }
-// A hint: the 128-byte line holding p into L2.
-__device__ __forceinline__ void prefetch_l2(const void *p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
+// bytes (16, 8 or 4; both addresses aligned to it) from global to shared memory, asynchronously
+// (cp.async; 16 bytes bypass L1); cp_async_arrive says when this thread's copies have landed.
+__device__ __forceinline__ void cp_async(uint32_t dst, const void *src, int bytes) {
+  if (bytes == 16) asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+  else if (bytes == 8) asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(src) : "memory");
+  else asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
+}
+// An arrival on b once every cp_async this thread issued before has landed (.noinc: b's count at
+// init counts this arrival).
+__device__ __forceinline__ void cp_async_arrive(uint64_t *b) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(hp_smem_u32(b)) : "memory");
+}
+// Loads from shared memory (byte addresses).
+__device__ __forceinline__ float ld_shared_f32(uint32_t addr) {
+  float x;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(x) : "r"(addr) : "memory");
+  return x;
+}
+__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
+  uint32_t x;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(x) : "r"(addr) : "memory");
+  return x;
+}
+__device__ __forceinline__ float2 ld_shared_f2(uint32_t addr) {
+  float2 x;
+  asm volatile("ld.shared.v2.f32 {%0, %1}, [%2];\n" : "=f"(x.x), "=f"(x.y) : "r"(addr) : "memory");
+  return x;
+}
 // A warpgroup's register budget a thread, lowered or raised (setmaxnreg; the kernel's entry count
 // comes from __launch_bounds__ with one block an SM).
 template <int N> __device__ __forceinline__ void reg_dealloc() {

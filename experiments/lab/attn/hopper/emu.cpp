@@ -68,6 +68,8 @@ template <int DQK, int DV = DQK> static bool run_case(const hp_case &cs, const h
     for (size_t i = 0; i < acc_lse.size(); i++) acc_lse[i] = i % 7 == 3 ? -INFINITY : 4.0f * u(g);
     p.acc_out = merge == 2 ? (void *)acc16.data() : (void *)acc.data(), p.acc_lse = acc_lse.data();
     p.acc_bf16 = merge == 2;
+    const int most = hp_acc_vec(p.acc_out, p.acc_st, merge == 2 ? 2 : 4); // and smaller copies too
+    p.acc_vec = std::min(most, 4 << (seed % 3));
   }
   const std::vector<float> acc0 = acc, acc_lse0 = acc_lse;
   std::vector<float> max_logit(h, -INFINITY);
@@ -78,7 +80,7 @@ template <int DQK, int DV = DQK> static bool run_case(const hp_case &cs, const h
   for (int z = 0; z < b; z++)
     for (int y = 0; y < h; y++)
       for (int x = 0; x < mb; x++) {
-        const bool done = hp_run_cta(dim3(x, y, z), dim3(mb, h, b), THREADS, sizeof(smem_t<DQK, DV>), [&] {
+        const bool done = hp_run_cta(dim3(x, y, z), dim3(mb, h, b), THREADS, fwd_smem_bytes<DQK, DV>(merge != 0) - 1024, [&] {
           if (pipe == 1) fwd_kernel<1, DQK, DV>(tq, tk, tv, p);
           else fwd_kernel<0, DQK, DV>(tq, tk, tv, p);
         });

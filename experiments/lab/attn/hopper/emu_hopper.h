@@ -5,6 +5,8 @@
 // define them. emu.cpp runs the forward on it, emu_bwd.cpp the backward.
 //   mbarrier   arrival count, transaction bytes, phase parity (try_wait is
 //              true once the phase of the given parity completed);
+//   cp.async   a thread's copies land when its cp.async.mbarrier.arrive's arrival does (at once, or
+//              when the barrier is polled);
 //   TMA        a box of a 4-d tensor into shared memory, rows of 128 bytes
 //              with the 128-byte swizzle (16-byte chunk c of row r lands at
 //              chunk c ^ (r % 8)), zeros outside the tensor; it lands either
@@ -82,7 +84,6 @@ HP_DEV void hp_syncwarp() { attn_syncwarp(); }
 HP_DEV void hp_atomic_max(float *dst, float x) { *dst = fmaxf(*dst, x); } // one thread runs at a time
 HP_DEV int hp_warp_uniform(int x) { return x; } // the kernel passes values that are the same in every lane
 HP_DEV float hp_exp2(float x) { return exp2f(x); }
-HP_DEV void prefetch_l2(const void *) {}
 template <int N> HP_DEV void reg_alloc() {}
 template <int N> HP_DEV void reg_dealloc() {}
 HP_DEV float hp_shfl_xor(float x, int m) { return attn_shfl_xor(x, m); }
@@ -178,6 +179,59 @@ HP_DEV void tma_load(void *dst, const hp_tmap_t *map, uint64_t *bar, int c0, int
   else hp_pending.push_back(c);
 }
 
+// cp.async: a thread's copies (4, 8 or 16 bytes, both addresses aligned to it) wait, unread, until its
+// cp_async_arrive ties them to a barrier; then they land (reading the source then) with one arrival on
+// it, either at once or only when a thread polls it (a coin).
+struct hp_cp {
+  uint32_t dst;
+  const void *src;
+  int bytes;
+};
+struct hp_cp_group {
+  uint32_t bar;
+  std::vector<hp_cp> cps;
+};
+static std::map<int, std::vector<hp_cp>> hp_cp_open; // by thread
+static std::vector<hp_cp_group> hp_cp_groups;
+HP_DEV void cp_async(uint32_t dst, const void *src, int bytes) {
+  if ((bytes != 4 && bytes != 8 && bytes != 16) || dst % bytes || (uintptr_t)src % bytes) {
+    fprintf(stderr, "emu: cp.async of %d bytes at %u <- %p: not a size, or not aligned to it\n", bytes, dst, src);
+    abort();
+  }
+  hp_ptr(dst, bytes); // inside shared memory
+  hp_cp_open[emu.cur].push_back(hp_cp{dst, src, bytes});
+}
+static void hp_cp_land(const hp_cp_group &g) {
+  for (const hp_cp &c : g.cps) memcpy(hp_ptr(c.dst, c.bytes), c.src, c.bytes);
+  hp_mbar &m = hp_bars.at(g.bar);
+  if (m.pending == 0) {
+    fprintf(stderr, "emu: more arrivals than the barrier's count (cp.async)\n");
+    abort();
+  }
+  m.pending--;
+  emu.progress++;
+  hp_complete_if(m);
+}
+HP_DEV void cp_async_arrive(uint64_t *b) {
+  hp_bar(b); // initialised
+  hp_cp_group g{hp_smem_u32(b), std::move(hp_cp_open[emu.cur])};
+  hp_cp_open.erase(emu.cur);
+  if (hp_coin() % 2) hp_cp_land(g);
+  else hp_cp_groups.push_back(std::move(g));
+}
+template <class T> static T hp_ld_shared(uint32_t addr) {
+  if (addr % sizeof(T)) {
+    fprintf(stderr, "emu: ld.shared of %zu bytes at %u, not aligned\n", sizeof(T), addr);
+    abort();
+  }
+  T x;
+  memcpy(&x, hp_ptr(addr, sizeof(T)), sizeof(T));
+  return x;
+}
+HP_DEV float ld_shared_f32(uint32_t addr) { return hp_ld_shared<float>(addr); }
+HP_DEV uint32_t ld_shared_u32(uint32_t addr) { return hp_ld_shared<uint32_t>(addr); }
+HP_DEV float2 ld_shared_f2(uint32_t addr) { return hp_ld_shared<float2>(addr); }
+
 HP_DEV bool mbar_try(uint64_t *b, uint32_t parity) {
   const uint32_t a = hp_smem_u32(b);
   std::vector<hp_copy> keep; // copies to this barrier land now
@@ -186,6 +240,12 @@ HP_DEV bool mbar_try(uint64_t *b, uint32_t parity) {
     else keep.push_back(c);
   }
   hp_pending.swap(keep);
+  std::vector<hp_cp_group> later; // and cp.async groups
+  for (hp_cp_group &g : hp_cp_groups) {
+    if (g.bar == a) hp_cp_land(g);
+    else later.push_back(std::move(g));
+  }
+  hp_cp_groups.swap(later);
   const hp_mbar &m = hp_bar(b);
   // true once the phase of this parity completed, i.e. the current phase has the other parity
   const bool done = (m.phase & 1u) != parity;
@@ -487,6 +547,8 @@ static hp_tmap_t hp_map(const std::vector<uint16_t> &x, int d, int heads, const 
 static bool hp_run_cta(dim3 at, dim3 grid, int threads, size_t smem, const std::function<void()> &kernel) {
   hp_bars.clear();
   hp_pending.clear();
+  hp_cp_open.clear();
+  hp_cp_groups.clear();
   hp_named.clear(); // a CTA's named barriers start empty (warpgroup 0's opening turn is left over)
   const std::function<void()> one = [&] {
     blockIdx = at;
@@ -494,7 +556,9 @@ static bool hp_run_cta(dim3 at, dim3 grid, int threads, size_t smem, const std::
     kernel();
   };
   emu_run(dim3(1, 1, 1), dim3(threads), smem + 1024, one);
-  const char *left = !hp_pending.empty() ? "a TMA copy" : !hp_bulks.empty() ? "a bulk reduction" : nullptr;
+  bool cp_left = !hp_cp_groups.empty();
+  for (const auto &t : hp_cp_open) cp_left = cp_left || !t.second.empty();
+  const char *left = !hp_pending.empty() ? "a TMA copy" : !hp_bulks.empty() ? "a bulk reduction" : cp_left ? "a cp.async" : nullptr;
   for (const hp_wg &g : hp_wgs)
     if (!g.open.empty() || !g.groups.empty()) left = "a wgmma";
   if (left) fprintf(stderr, "emu: %s never waited for\n", left);

@@ -183,11 +183,11 @@ static CUtensorMap tensor_map(const __nv_bfloat16 *x, const layout_t &l, int hea
 static void run(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloat16 *v, const params_t &p,
                 const layout_t &l, int pipe, cudaStream_t st) {
   const CUtensorMap tq = tensor_map(q, l, p.h), tk = tensor_map(k, l, p.h_kv), tv = tensor_map(v, l, p.h_kv);
-  const size_t smem = sizeof(smem_t<D, D>) + 1024;
+  const size_t smem = fwd_smem_bytes<D, D>(p.acc_out != nullptr), most = fwd_smem_bytes<D, D>(true);
   static bool attr = false;
   if (!attr) {
-    CK(cudaFuncSetAttribute(fwd_kernel<0, D, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    CK(cudaFuncSetAttribute(fwd_kernel<1, D, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    CK(cudaFuncSetAttribute(fwd_kernel<0, D, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
+    CK(cudaFuncSetAttribute(fwd_kernel<1, D, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
     attr = true;
   }
   const dim3 grid((p.s_q + BM - 1) / BM, p.h, p.b);
@@ -480,6 +480,7 @@ int main(int argc, char **argv) {
           CK(cudaMalloc(&accl, nlse * 4));
           params_t pm = p;
           pm.acc_out = acc, pm.acc_lse = accl, pm.acc_bf16 = bf;
+          pm.acc_vec = hp_acc_vec(acc, pm.acc_st, (int)esize);
           auto reset = [&] {
             CK(cudaMemcpy(acc, bf ? (const void *)acc0h.data() : (const void *)acc0.data(), n * esize,
                           cudaMemcpyHostToDevice));
