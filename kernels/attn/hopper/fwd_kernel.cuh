@@ -71,7 +71,7 @@ template <int DQK, int DV> struct alignas(1024) smem_t {
   uint16_t k[STAGES][DQK / 64][BN * 64];
   uint16_t v[STAGES][DV / 64][BN * 64];
   uint64_t q_full, k_full[STAGES], v_full[STAGES], k_empty[STAGES], v_empty[STAGES];
-  uint64_t acc_full; // the running rows staged (acc_stage_t): warps 9-11's cp.async arrivals
+  uint64_t acc_go, acc_full; // the running rows staged (acc_stage_t): go (the producer's thread), landed
   int fail; // a wait of this CTA timed out (mbar_wait)
 };
 
@@ -343,6 +343,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_init(&sm.k_empty[i], 256);
       mbar_init(&sm.v_empty[i], 256);
     }
+    mbar_init(&sm.acc_go, 1);
     mbar_init(&sm.acc_full, 96);
     mbar_init_fence();
   }
@@ -353,14 +354,18 @@ __global__ void __launch_bounds__(THREADS, 1)
 
   if (warp_id >= 8) { // producer
     reg_dealloc<24>();
-    if (STAGED && warp_id >= 9 && p.acc_out) { // the running rows into shared memory (acc_stage_t)
-      // (24 registers: the rows' addresses from the first's, one step a row)
+    if (STAGED && warp_id >= 9 && p.acc_out) { // the running rows into shared memory (acc_stage_t), once
+      // the first key blocks are on their way (copied at once, they slowed the first blocks' loads: fp32
+      // rows are as many bytes as Q, K and V of a block)
+      mbar_wait(&sm.acc_go, 0, &sm.fail, p.err);
+      // (in 24 registers: the rows' addresses from the first's, one step a row; shifts, no divisions:
+      // a row's bytes and vec are powers of 2)
       const int t = threadIdx.x - 288, es = p.acc_bf16 ? 2 : 4, row_bytes = DV * es, vec = p.acc_vec;
-      const int rows = i1 - i0, per_row = row_bytes / vec;
+      const int rows = i1 - i0, lg_vec = __ffs(vec) - 1, lg_row = __ffs(row_bytes / vec) - 1;
       const char *acc = static_cast<const char *>(p.acc_out) + at(p.acc_st, i0) * es;
       const int64_t step = p.acc_st[0] * es;
-      for (int i = t; i < rows * per_row; i += 96) {
-        const int r = i / per_row, byte = (i - r * per_row) * vec;
+      for (int i = t; i < rows << lg_row; i += 96) {
+        const int r = i >> lg_row, byte = (i - (r << lg_row)) << lg_vec;
         cp_async(stage + r * row_bytes + (((byte >> 4) ^ (r & 7)) << 4) + (byte & 15), acc + r * step + byte, vec);
       }
       const float *lse0 = p.acc_lse + at(p.acc_lse_st, i0);
@@ -369,6 +374,9 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_wait(&sm.acc_full, 0, &sm.fail, p.err); // no thread leaves with its copies in flight
     }
     if (threadIdx.x == 256) {
+      // the go of the running rows' copies (STAGED merge): once the consumers are done with the first
+      // K (the first S ran), or once every load is issued where there are at most two blocks
+      const bool go = STAGED && p.acc_out;
       mbar_expect_tx(&sm.q_full, tile_bytes_t<DQK>::value);
       for (int half = 0; half < DQK / 64; half++)
         tma_load(sm.q[half], &tq, &sm.q_full, 64 * half, hh, first_q + m_block * BM, tb);
@@ -376,6 +384,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         const int n = n_hi - 1 - it, st = it % STAGES;
         const uint32_t round = it / STAGES;
         if (round > 0) mbar_wait(&sm.k_empty[st], (round - 1) & 1, &sm.fail, p.err);
+        if (go && it == STAGES) mbar_arrive(&sm.acc_go);
         mbar_expect_tx(&sm.k_full[st], tile_bytes_t<DQK>::value);
         for (int half = 0; half < DQK / 64; half++)
           tma_load(sm.k[st][half], &tk, &sm.k_full[st], 64 * half, hkv, first_kv + n * BN, tb);
@@ -384,6 +393,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         for (int half = 0; half < DV / 64; half++)
           tma_load(sm.v[st][half], &tv, &sm.v_full[st], 64 * half, hkv, first_kv + n * BN, tb);
       }
+      if (go && nblk <= STAGES) mbar_arrive(&sm.acc_go);
     }
     return;
   }
