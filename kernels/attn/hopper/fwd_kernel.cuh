@@ -83,12 +83,6 @@ template <int DQK, int DV> struct alignas(1024) smem_t {
 #ifndef HP_FWD_STAGE_ACC
 #define HP_FWD_STAGE_ACC 1
 #endif
-// Staged, the merged rows go back into their shared memory, and each consumer warpgroup then stores
-// its 64 rows whole (16-byte stores, a row's bytes by consecutive threads) instead of each thread
-// storing its pairs; HP_FWD_MERGE_ROWS=0 (for A/B timings) stores the pairs.
-#ifndef HP_FWD_MERGE_ROWS
-#define HP_FWD_MERGE_ROWS 1
-#endif
 template <int DQK, int DV> struct acc_stage_t {
   static constexpr uint32_t o_bytes = BM * DV * 4, bytes = o_bytes + BM * 4;
   static constexpr bool on = HP_FWD_STAGE_ACC && sizeof(smem_t<DQK, DV>) + 1024 + bytes <= 227 * 1024;
@@ -549,71 +543,42 @@ __global__ void __launch_bounds__(THREADS, 1)
   // memory (STAGED), or were read by merge_loads (under the last P V).
   if (STAGED) mbar_wait(&sm.acc_full, 0, &sm.fail, p.err);
   else hp_syncwarp(); // a row's four threads read the old LSE before its first thread writes the new
-  const int es = p.acc_bf16 ? 2 : 4;
-  // the shared memory address of value pair j (columns 8 j + 2 (lane % 4), + 1) of block row br (staged)
-  auto pair_at = [&](int br, int j) {
-    const int byte = (8 * j + 2 * (lane % 4)) * es;
-    return stage + br * DV * es + (((byte >> 4) ^ (br & 7)) << 4) + (byte & 15);
-  };
-  constexpr bool ROWS = STAGED && HP_FWD_MERGE_ROWS;
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     const int row = q0 + 8 * r;
     if (row >= len_q || lse[r] == -INFINITY) continue;
-    // the running row's value pair j; staged: row r0 + 8 r of the block (swizzled by r0 % 8)
-    const int br = r0 + 8 * r;
+    // the running row's value pair j (columns 8 j + 2 (lane % 4), + 1); staged: row r0 + 8 r of the
+    // block, its chunks swizzled by (r0 + 8 r) % 8 = r0 % 8
+    const int br = r0 + 8 * r, es = p.acc_bf16 ? 2 : 4;
     auto old_pair = [&](int j) {
-      if constexpr (STAGED) return p.acc_bf16 ? unpack_bf16(ld_shared_u32(pair_at(br, j))) : ld_shared_f2(pair_at(br, j));
-      else return x[r][j];
+      if constexpr (STAGED) {
+        const int byte = (8 * j + 2 * (lane % 4)) * es;
+        const uint32_t a = stage + br * DV * es + (((byte >> 4) ^ (br & 7)) << 4) + (byte & 15);
+        return p.acc_bf16 ? unpack_bf16(ld_shared_u32(a)) : ld_shared_f2(a);
+      } else {
+        return x[r][j];
+      }
     };
     if constexpr (STAGED) old[r] = ld_shared_f32(stage + ST::o_bytes + 4 * br);
     const float hi = fmaxf(old[r], lse[r]), lnew = hi + log1pf(expf(-fabsf(old[r] - lse[r])));
     const float ka = old[r] == -INFINITY ? 0.0f : expf(old[r] - lnew), kb = expf(lse[r] - lnew) * inv[r];
-    if constexpr (ROWS) { // the merged pairs back into shared memory; stored below, row by row
-      if (p.acc_bf16)
+    const int64_t e = at(p.acc_st, row) + 2 * (lane % 4);
+    if (p.acc_bf16) {
+      uint32_t *a = reinterpret_cast<uint32_t *>(static_cast<uint16_t *>(p.acc_out) + e);
 #pragma unroll
-        for (int j = 0; j < DV / 8; j++) {
-          const float2 y = old_pair(j);
-          st_shared_u32(pair_at(br, j), pack_bf16(y.x * ka + o[4 * j + 2 * r] * kb, y.y * ka + o[4 * j + 2 * r + 1] * kb));
-        }
-      else
-#pragma unroll
-        for (int j = 0; j < DV / 8; j++) {
-          const float2 y = old_pair(j);
-          st_shared_f2(pair_at(br, j), make_float2(y.x * ka + o[4 * j + 2 * r] * kb, y.y * ka + o[4 * j + 2 * r + 1] * kb));
-        }
+      for (int j = 0; j < DV / 8; j++) {
+        const float2 y = old_pair(j);
+        a[4 * j] = pack_bf16(y.x * ka + o[4 * j + 2 * r] * kb, y.y * ka + o[4 * j + 2 * r + 1] * kb);
+      }
     } else {
-      const int64_t e = at(p.acc_st, row) + 2 * (lane % 4);
-      if (p.acc_bf16) {
-        uint32_t *a = reinterpret_cast<uint32_t *>(static_cast<uint16_t *>(p.acc_out) + e);
+      float2 *a = reinterpret_cast<float2 *>(static_cast<float *>(p.acc_out) + e);
 #pragma unroll
-        for (int j = 0; j < DV / 8; j++) {
-          const float2 y = old_pair(j);
-          a[4 * j] = pack_bf16(y.x * ka + o[4 * j + 2 * r] * kb, y.y * ka + o[4 * j + 2 * r + 1] * kb);
-        }
-      } else {
-        float2 *a = reinterpret_cast<float2 *>(static_cast<float *>(p.acc_out) + e);
-#pragma unroll
-        for (int j = 0; j < DV / 8; j++) {
-          const float2 y = old_pair(j);
-          a[4 * j] = make_float2(y.x * ka + o[4 * j + 2 * r] * kb, y.y * ka + o[4 * j + 2 * r + 1] * kb);
-        }
+      for (int j = 0; j < DV / 8; j++) {
+        const float2 y = old_pair(j);
+        a[4 * j] = make_float2(y.x * ka + o[4 * j + 2 * r] * kb, y.y * ka + o[4 * j + 2 * r + 1] * kb);
       }
     }
     if (lane % 4 == 0) p.acc_lse[at(p.acc_lse_st, row)] = lnew;
-  }
-  if constexpr (ROWS) {
-    // the warpgroup's rows (those below len_q; a row with no key of the step goes back as it came),
-    // p.acc_vec bytes a store, consecutive threads along a row
-    named_bar_sync(6 + c, 128);
-    const int rows = min(64, len_q - row0), vec = p.acc_vec, lg_vec = __ffs(vec) - 1;
-    const int lg_row = __ffs(DV * es / vec) - 1;
-    char *acc = static_cast<char *>(p.acc_out) + at(p.acc_st, row0) * es;
-    const int64_t step = p.acc_st[0] * es;
-    for (int i = tid; i < rows << lg_row; i += 128) {
-      const int rr = i >> lg_row, br = c * 64 + rr, byte = (i - (rr << lg_row)) << lg_vec;
-      copy_shared_to_global(acc + rr * step + byte, stage + br * DV * es + (((byte >> 4) ^ (br & 7)) << 4) + (byte & 15), vec);
-    }
   }
 }
 

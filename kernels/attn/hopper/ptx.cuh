@@ -91,23 +91,6 @@ __device__ __forceinline__ void cp_async(uint32_t dst, const void *src, int byte
 __device__ __forceinline__ void cp_async_arrive(uint64_t *b) {
   asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(hp_smem_u32(b)) : "memory");
 }
-// bytes (16, 8 or 4; both addresses aligned to it) from shared memory to global memory, through registers.
-__device__ __forceinline__ void copy_shared_to_global(void *dst, uint32_t src, int bytes) {
-  uint32_t a, b, c, d;
-  if (bytes == 16) {
-    asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "r"(src) : "memory");
-    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"l"(dst), "r"(a), "r"(b), "r"(c), "r"(d) : "memory");
-  } else if (bytes == 8) {
-    asm volatile("ld.shared.v2.b32 {%0, %1}, [%2];\n" : "=r"(a), "=r"(b) : "r"(src) : "memory");
-    asm volatile("st.global.v2.b32 [%0], {%1, %2};\n" ::"l"(dst), "r"(a), "r"(b) : "memory");
-  } else {
-    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(a) : "r"(src) : "memory");
-    asm volatile("st.global.b32 [%0], %1;\n" ::"l"(dst), "r"(a) : "memory");
-  }
-}
-__device__ __forceinline__ void st_shared_f2(uint32_t addr, float2 v) {
-  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(v.x), "f"(v.y) : "memory");
-}
 // Loads from shared memory (byte addresses).
 __device__ __forceinline__ float ld_shared_f32(uint32_t addr) {
   float x;

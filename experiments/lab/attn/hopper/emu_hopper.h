@@ -229,20 +229,6 @@ template <class T> static T hp_ld_shared(uint32_t addr) {
   memcpy(&x, hp_ptr(addr, sizeof(T)), sizeof(T));
   return x;
 }
-HP_DEV void st_shared_f2(uint32_t addr, float2 v) {
-  if (addr % 8) {
-    fprintf(stderr, "emu: st.shared.v2.f32 at %u, not 8-byte aligned\n", addr);
-    abort();
-  }
-  memcpy(hp_ptr(addr, 8), &v, 8);
-}
-HP_DEV void copy_shared_to_global(void *dst, uint32_t src, int bytes) {
-  if ((bytes != 4 && bytes != 8 && bytes != 16) || src % bytes || (uintptr_t)dst % bytes) {
-    fprintf(stderr, "emu: %d bytes from shared %u to %p: not a size, or not aligned to it\n", bytes, src, dst);
-    abort();
-  }
-  memcpy(dst, hp_ptr(src, bytes), bytes);
-}
 HP_DEV float ld_shared_f32(uint32_t addr) { return hp_ld_shared<float>(addr); }
 HP_DEV uint32_t ld_shared_u32(uint32_t addr) { return hp_ld_shared<uint32_t>(addr); }
 HP_DEV float2 ld_shared_f2(uint32_t addr) { return hp_ld_shared<float2>(addr); }
