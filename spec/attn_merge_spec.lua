@@ -77,7 +77,7 @@ for _, dev in ipairs(H.devices) do
       end)
 
       -- the fused merge at the Hopper forward's shapes (bf16, head dims 64, 128 and MLA's 192/128:
-      -- kernels/attn/hopper/ on an sm_90 device, MLA's with DISTLAB_ATTN_HOPPER_MLA=1), beyond a tile: keys
+      -- kernels/attn/hopper/ on an sm_90 device), beyond a tile: keys
       -- in two parts of 150 and 183, merged into an f32 or a bf16 (CP's) accumulator, against the step over
       -- all 333 keys (and max_logit across the parts)
       for _, dd in ipairs({ { 64, 64 }, { 128, 128 }, { 192, 128 } }) do

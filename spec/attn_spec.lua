@@ -57,11 +57,10 @@ for _, dev in ipairs(H.devices) do
         local w64 = dl.attn.backends(q64, q64, q64, {}).fwd_why
         assert.truthy(w64:find(hopper and "kernel: hopper forward (wgmma, TMA; bf16, d 64)" or "kernel: portable", 1, true), w64)
         assert.truthy(dl.attn.backends(f16, f16, f16, {}).fwd_why:find("kernel: portable (hopper forward: dtype is not bf16)", 1, true))
-        -- MLA's 192/128: the Hopper forward with DISTLAB_ATTN_HOPPER_MLA=1 (until a GPU has run these specs on
-        -- it), the portable backward
+        -- MLA's 192/128: the Hopper forward (not with DISTLAB_ATTN_HOPPER_MLA=0), the portable backward
         local qm, vm = dl.randn({ 1, 64, 2, 192 }, { dtype = "bf16", device = D }), dl.randn({ 1, 64, 2, 128 }, { dtype = "bf16", device = D })
         local bm = dl.attn.backends(qm, qm, vm, {})
-        local mla = hopper and os.getenv("DISTLAB_ATTN_HOPPER_MLA") == "1" and os.getenv("DISTLAB_ATTN_HOPPER") ~= "0"
+        local mla = hopper and os.getenv("DISTLAB_ATTN_HOPPER_MLA") ~= "0" and os.getenv("DISTLAB_ATTN_HOPPER") ~= "0"
         assert.truthy(bm.fwd_why:find(mla and "kernel: hopper forward (wgmma, TMA; bf16, d 192/128)" or "kernel: portable", 1, true), bm.fwd_why)
         assert.truthy(bm.bwd_why:find("kernel: portable", 1, true), bm.bwd_why)
         for _, adt in ipairs({ "f32", "bf16" }) do -- the fused merge into either accumulator (CP's is bf16)

@@ -31,7 +31,7 @@ torch = {(r["impl"], r["layout"], r["mask"], int(r["s"])): r for r in rows(os.pa
 variants = {}
 for d in sorted(glob.glob(os.path.join(a.run, "*", "attn-distlab.csv"))):
     variants[os.path.basename(os.path.dirname(d))] = {(r["layout"], r["mask"], int(r["s"])): r for r in rows(d)}
-order = [v for v in ("hopper", "hopper-red", "hopper-turns", "portable") if v in variants]  # hopper-red: runs before 2026-11-27
+order = [v for v in ("hopper", "hopper-red", "hopper-turns", "hopper-noturns", "portable") if v in variants]  # hopper-red, hopper-turns: runs before 2026-11-27 c
 order += [v for v in variants if v not in order]
 device = ""
 for v in order:
@@ -53,7 +53,8 @@ o.append("- command: `bash scripts/gpu/attn_hopper.sh` (one device call: build, 
          "experiments/attn/attn_bench.lua once a variant); this file: `python3 experiments/attn/hopper_report.py "
          f"<$OUT> <this file> --commit {a.commit} --date '{a.date}'`")
 o.append("- variants: hopper (dQ by bulk reductions), hopper-red (dQ by vector reductions; removed 2026-11-27), hopper-turns "
-         "(DISTLAB_ATTN_HOPPER_BWD_TURNS=1, d 64), portable (DISTLAB_ATTN_HOPPER=0)")
+         "(DISTLAB_ATTN_HOPPER_BWD_TURNS=1, d 64; the default since 2026-11-27), hopper-noturns (DISTLAB_ATTN_HOPPER_BWD_TURNS=0), "
+         "portable (DISTLAB_ATTN_HOPPER=0)")
 o.append(f"- specs: {tail(os.path.join(a.run, 'attn-spec.log'), r'passed, .* failed')}")
 for tool in ("memcheck", "racecheck"):
     summ = sorted({l.strip() for f in glob.glob(os.path.join(a.run, f"san-{tool}", "sanitizer-*.log"))

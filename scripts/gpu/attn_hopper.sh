@@ -5,14 +5,14 @@
 #   specs  spec/attn_spec.lua, attn_merge_spec.lua and seq_spec.lua with the #gpu specs (every
 #          layout, mask, window, GQA/MQA and thd case, also at d 128 bf16, where the Hopper kernels
 #          run, against the cpu twin; and that they are the kernels taken);
-#   optin  the attn and merge specs again with the opt-in paths on (DISTLAB_ATTN_HOPPER_MLA=1: the forward
-#          at MLA's 192/128; DISTLAB_ATTN_HOPPER_BWD_TURNS=1: the backward's turns at d 64), to make them
-#          the defaults once they pass;
+#   optout the attn and merge specs again with the paths that became defaults turned off
+#          (DISTLAB_ATTN_HOPPER_MLA=0: MLA's 192/128 on the portable forward; DISTLAB_ATTN_HOPPER_BWD_TURNS=0:
+#          the backward's warpgroups in step at d 64);
 #   san    experiments/attn/hopper_small.lua (fwd + bwd at small shapes, d 64 and 128, against the
 #          cpu twin) under compute-sanitizer memcheck and racecheck;
 #   torch  PyTorch SDPA's flash and cuDNN (experiments/attn/attn_bench_torch.py) at S, the anchors;
 #   bench  experiments/attn/attn_bench.lua at S (default 4096,8192,16384) for each of VARIANTS (default
-#          "hopper portable": the Hopper kernels, DISTLAB_ATTN_HOPPER=0; and hopper-turns: the backward's warpgroups taking turns (DISTLAB_ATTN_HOPPER_BWD_TURNS=1, d 64 only:
+#          "hopper portable": the Hopper kernels, DISTLAB_ATTN_HOPPER=0; and hopper-noturns: the backward's warpgroups in step (DISTLAB_ATTN_HOPPER_BWD_TURNS=0, d 64 only:
 #          with D=64, the head dim of the bench and the anchors, default 128),
 #          each with the anchors when torch ran: $OUT/<variant>/attn-<gpu>.md.
 # Logs and tables (attn-spec.log, san-*.log, attn-torch.*, <variant>/) in $OUT/attn-hopper-logs.tgz, and
@@ -50,12 +50,12 @@ if want specs; then
   grep -E "^(FAIL|ERROR)" "$OUT/attn-spec.log" | head -20
   tail -n 1 "$OUT/attn-spec.log"
 fi
-if want optin; then # the same specs with the opt-in paths on: MLA's forward, the backward's turns (d 64)
-  echo "== specs, DISTLAB_ATTN_HOPPER_MLA=1 DISTLAB_ATTN_HOPPER_BWD_TURNS=1 ($(date +%T))"
-  DISTLAB_ATTN_HOPPER_MLA=1 DISTLAB_ATTN_HOPPER_BWD_TURNS=1 timeout 300 busted --run=default --exclude-tags=multigpu \
-    -o spec/support/summary.lua spec/attn_spec.lua spec/attn_merge_spec.lua >"$OUT/attn-spec-optin.log" 2>&1 || status=1
-  grep -E "^(FAIL|ERROR)" "$OUT/attn-spec-optin.log" | head -20
-  tail -n 1 "$OUT/attn-spec-optin.log"
+if want optout; then # the same specs with the former paths: MLA's on the portable forward, the backward in step (d 64)
+  echo "== specs, DISTLAB_ATTN_HOPPER_MLA=0 DISTLAB_ATTN_HOPPER_BWD_TURNS=0 ($(date +%T))"
+  DISTLAB_ATTN_HOPPER_MLA=0 DISTLAB_ATTN_HOPPER_BWD_TURNS=0 timeout 300 busted --run=default --exclude-tags=multigpu \
+    -o spec/support/summary.lua spec/attn_spec.lua spec/attn_merge_spec.lua >"$OUT/attn-spec-optout.log" 2>&1 || status=1
+  grep -E "^(FAIL|ERROR)" "$OUT/attn-spec-optout.log" | head -20
+  tail -n 1 "$OUT/attn-spec-optout.log"
 fi
 
 SANBIN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
@@ -96,7 +96,7 @@ if want bench; then
     mkdir -p "$OUT/$k"
     case $k in
       hopper) envs="" ;;
-      hopper-turns) envs="DISTLAB_ATTN_HOPPER_BWD_TURNS=1" ;;
+      hopper-noturns) envs="DISTLAB_ATTN_HOPPER_BWD_TURNS=0" ;;
       portable) envs="DISTLAB_ATTN_HOPPER=0" ;;
       *) echo "unknown variant $k"; status=1; continue ;;
     esac

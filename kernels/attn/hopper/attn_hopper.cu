@@ -43,29 +43,30 @@ static int env_off(void) {
   static int c = -1;
   return env_is("DISTLAB_ATTN_HOPPER", "0", &c);
 }
-/* DISTLAB_ATTN_HOPPER_BWD_TURNS=1: at d 64, the backward's warpgroups take turns at the tensor cores
- * (bwd_kernel's TURNS; at d 128 ptxas spills and serialises it), for A/B timings */
+/* At d 64 the backward's warpgroups take turns at the tensor cores (bwd_kernel's TURNS; +0.1-1.5% on an
+ * H100; at d 128 ptxas spills and serialises it); DISTLAB_ATTN_HOPPER_BWD_TURNS=0 keeps them in step
+ * (A/B timings) */
 static int env_bwd_turns(void) {
   static int c = -1;
-  return env_is("DISTLAB_ATTN_HOPPER_BWD_TURNS", "1", &c);
+  return !env_is("DISTLAB_ATTN_HOPPER_BWD_TURNS", "0", &c);
 }
 
-/* DISTLAB_ATTN_HOPPER_MLA=1: the forward at MLA's head dims 192/128 (launch<0, 192, 128> below), opt-in
- * until the attn specs (whose MLA cases are bf16 192/128) pass on a GPU with it */
+/* The forward at MLA's head dims 192/128 (launch<0, 192, 128> below; the attn specs' MLA cases, bf16
+ * 192/128, passed on an H100 at 77c59a1); DISTLAB_ATTN_HOPPER_MLA=0 sends them to the portable kernel */
 static int env_mla(void) {
   static int c = -1;
-  return env_is("DISTLAB_ATTN_HOPPER_MLA", "1", &c);
+  return !env_is("DISTLAB_ATTN_HOPPER_MLA", "0", &c);
 }
 
-/* What both directions need: the kernels on, bf16, head dims 64/64 or 128/128 (the forward: 192/128 with
- * DISTLAB_ATTN_HOPPER_MLA=1), GQA groups, k and v with rows (no tensor map of no rows). 1, or 0 with why. */
+/* What both directions need: the kernels on, bf16, head dims 64/64 or 128/128 (the forward: 192/128
+ * unless DISTLAB_ATTN_HOPPER_MLA=0), GQA groups, k and v with rows (no tensor map of no rows). 1, or 0 with why. */
 static int common_fit(const dl_attn_params_t *p, bool fwd, char *why, size_t n) {
   if (env_off()) return fail_why(why, n, "DISTLAB_ATTN_HOPPER=0");
   if (p->dtype != DL_BF16) return fail_why(why, n, "dtype is not bf16");
   const bool mla = p->d_qk == 192 && p->d_v == 128;
   if (mla && !fwd) return fail_why(why, n, "head dims 192/128 (MLA): no Hopper backward for them");
   if (mla && !env_mla())
-    return fail_why(why, n, "head dims 192/128 (MLA): checked on the emulator, not yet on a GPU (DISTLAB_ATTN_HOPPER_MLA=1 takes it)");
+    return fail_why(why, n, "head dims 192/128 (MLA): DISTLAB_ATTN_HOPPER_MLA=0");
   if (!mla && !((p->d_qk == 64 && p->d_v == 64) || (p->d_qk == 128 && p->d_v == 128)))
     return fail_why(why, n, "head dims are not 64/64, 128/128 or 192/128");
   if (p->h_kv <= 0 || p->h_q % p->h_kv) return fail_why(why, n, "h_q is not a multiple of h_kv");
