@@ -142,7 +142,10 @@ for s in "${sections[@]}"; do
       # the sweep at 8 KB .. 16 MB once per setting in VARIANTS (NAME=VALUE
       # words, default "DISTLAB_AR_PDL=0 DISTLAB_AR_PDL=1"; also e.g.
       # DISTLAB_AR_ROUND_KB=32), tagged <gpu>x<NRANKS>-<value>; VARIANT_ARGS:
-      # more sweep options (a later --sizes wins, e.g. --columns one_shot_lamport)
+      # more sweep options (a later --sizes wins, e.g. --columns one_shot_lamport);
+      # VARIANT_COLUMNS, VARIANT_SIZES: --columns, --sizes in one word each (for
+      # batch.sh's steps, whose words cannot hold spaces)
+      VARIANT_ARGS="${VARIANT_ARGS:-}${VARIANT_COLUMNS:+ --columns $VARIANT_COLUMNS}${VARIANT_SIZES:+ --sizes $VARIANT_SIZES}"
       mkdir -p "$R/variants"
       gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o '[AHBL][0-9][0-9]*' | head -1 | tr 'A-Z' 'a-z')"
       for v in ${VARIANTS:-DISTLAB_AR_PDL=0 DISTLAB_AR_PDL=1}; do
