@@ -26,7 +26,7 @@
  *     K and V of each key block (BN = 128; last block first) into STAGES = 2
  *     buffers; full barriers carry the bytes, empty barriers free them. With
  *     the merge, warps 9-11 copy the running rows (cp.async) into shared
- *     memory past the tiles at the CTA's start (acc_stage_t), so that the
+ *     memory past the tiles once the first S ran (acc_stage_t), so that the
  *     epilogue finds them there; where they do not fit beside the tiles
  *     (MLA's 192/128), the consumers load them into registers under the last
  *     P V instead (merge_loads).
