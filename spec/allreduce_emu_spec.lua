@@ -3,7 +3,7 @@
 -- threads as ranks), so that a kernel change is checked in CI where no GPU
 -- is: random calls of every algorithm checked bit-exactly, then the failure
 -- paths (a peer that never comes, mismatched calls, a late peer, a dead
--- peer). The build (g++, about 20 s on 2 cores) is cached in /tmp.
+-- peer), then one_shot_lamport's tagged form around its size limit. The build (g++, about 20 s on 2 cores) is cached in /tmp.
 local H = require "helpers"
 
 local has = H.has_command
@@ -21,7 +21,8 @@ describe("allreduce kernels on the CPU emulator", function()
       assert.truthy(out:find(c[1] .. " ranks, " .. c[2] .. " calls: ok", 1, true), out)
       assert.falsy(out:find("FAILED", 1, true), out)
       local _, k = out:gsub("dead peer %(algo %d+%): [%d.]+ s[^\n]*: ok", "")
-      assert.equal(2, k, out)
+      assert.equal(3, k, out) -- two_shot, one_shot_lamport untagged and tagged
+      assert.truthy(out:find("tagged sums %([^\n]*: ok"), out)
     end)
   end
 end)

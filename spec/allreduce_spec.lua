@@ -39,7 +39,8 @@ local scripts = {
 }
 
 -- Without debug mode: the kernels compare every rank's call descriptor
--- (kernels/allreduce/allreduce.h, dl_ar_call_t) before reading its data, so
+-- (kernels/allreduce/allreduce.h, dl_ar_call_t) before reading its data
+-- (one_shot_lamport's tagged vectors: as their tags say another call), so
 -- ranks that call differently fail at once, every one naming what differs.
 -- (Ranks that share a GPU talk through the ipc communicator, which keeps
 -- debug mode on: there its store check names the difference first, in its
@@ -110,6 +111,38 @@ describe("allreduce on cpu (shared memory)", function()
 
   mismatches("cpu", { 2, 3 }, A_kernels, true)
 
+  -- one_shot_lamport's small calls go as tagged vectors (kernels/allreduce/allreduce.h):
+  -- no rank waits for the others' calls, the tags in the data say which call sent it
+  it("one_shot_lamport, tagged or not (DISTLAB_AR_TAGGED_MAX_BYTES): sizes under the limit, one under and one " ..
+    "over, dtypes and a flag-based algorithm that differ fail at once on every rank, naming what differs", function()
+    for _, env in ipairs { "DISTLAB_AR_TAGGED_MAX_BYTES=262144", "DISTLAB_AR_TAGGED_MAX_BYTES=0" } do
+      local on = env ~= "DISTLAB_AR_TAGGED_MAX_BYTES=0"
+      local tag = on and ", tagged%)" or ", copy%-in%)"
+      for _, n in ipairs { 2, 3 } do
+        for _, c in ipairs {
+          { "ar_count one_shot_lamport", "on 100[01] f32 [^\n]*" .. tag .. " but rank %d runs one_shot_lamport on 100[01] f32 " ..
+            "[^\n]*" .. tag .. " %(differs: elements 100[01] vs 100[01]%)" },
+          { "ar_big one_shot_lamport", "%(differs: elements [17]0000? vs [17]0000?" ..
+            (on and "[^\n]*; tagged [01] vs [01] %(the size limit" or "[;)]") },
+          { "ar_dtype one_shot_lamport", "%(differs: dtype [bf3216]+ vs [bf3216]+[;)]" },
+          { "ar_algo one_shot_lamport two_shot_write", "%(differs: algorithm [%w_]+ vs [%w_]+" },
+          { "ar_algo one_shot_lamport two_shot_lamport", "%(differs: algorithm [%w_]+ vs [%w_]+" },
+        } do
+          local t0 = os.time()
+          local rc, out = H.distlab(string.format("run -n %d --device cpu spec/comm/mismatch.lua %s", n, c[1]),
+            "SPEC_TIMEOUT=20 " .. env)
+          assert.equal(0, rc, out)
+          assert.falsy(out:find("NOERR", 1, true), out)
+          assert.is_true(os.time() - t0 <= 10, "took " .. os.time() - t0 .. " s (the timeout is 20 s)")
+          for r = 0, n - 1 do
+            assert.truthy(out:find("ERR: [^\n]*all_reduce [%w_]+ on rank " .. r .. " of " .. n ..
+              " [^\n]*mismatched calls [^\n]*" .. c[2]), c[1] .. " " .. env .. "\n" .. out)
+          end
+        end
+      end
+    end
+  end)
+
   it("2, 3 and 4 ranks: the Lamport region holds a quarter of max_bytes a slot (or DISTLAB_AR_LAMPORT_MB in all); " ..
     "a call up to a slot is one piece", function()
     for _, n in ipairs { 2, 3, 4 } do
@@ -155,7 +188,8 @@ describe("allreduce on cpu (shared memory)", function()
   it("a bad all-reduce knob in the environment is an error naming it", function()
     for _, env in ipairs { "DISTLAB_AR_POLL_NS=abc", "DISTLAB_AR_PDL=2", "DISTLAB_AR_ROUND_KB=-4",
       "DISTLAB_AR_LAMPORT_AHEAD=-1", "DISTLAB_AR_LAMPORT_MB=0", "DISTLAB_AR_LAMPORT_MB=1.5",
-      "DISTLAB_AR_LAMPORT_MB=99999", "DISTLAB_AR_LONG_POLL_NS=x", "DISTLAB_AR_GONE_GAP_US=-1" } do
+      "DISTLAB_AR_LAMPORT_MB=99999", "DISTLAB_AR_LONG_POLL_NS=x", "DISTLAB_AR_GONE_GAP_US=-1",
+      "DISTLAB_AR_TAGGED_MAX_BYTES=-1" } do
       local rc, out = run(1, "cpu", "fail.lua", "knob", env)
       assert.equal(0, rc, out)
       local name = env:match("^[%w_]+")

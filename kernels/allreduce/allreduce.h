@@ -45,11 +45,27 @@
  * data of the call in between, which this rank sends only after this call
  * (its emptying included) ended. The region serves no other algorithms, so
  * nothing else leaves data there.
+ *
+ * Tagged vectors (one_shot_lamport up to DISTLAB_AR_TAGGED_MAX_BYTES, a.tagged):
+ * each 16-byte vector of the region carries 8 bytes of the input and says
+ * itself which call sent it, so no thread waits for a peer's call before its
+ * data. The vector is two 64-bit words, each stored and loaded whole (a GPU
+ * moves an aligned 64-bit word in one piece; ar_call_read relies on it too),
+ * each a 32-bit payload word below a 32-bit tag: word 0's tag is
+ * dl_ar_tag_seq(seq), word 1's dl_ar_call_hash of the call. Input vector v
+ * (16 bytes) travels as region vectors 2v and 2v + 1, so a slot holds half
+ * the input it holds untagged. No tag equals DL_AR_LAMPORT_EMPTY: a word is
+ * there once its tag is, whatever its payload (no input word is changed). A
+ * word whose tag is neither empty nor this call's is a peer running another
+ * call: the reader compares the peer's call (announced as above) with its
+ * own and fails with a mismatch naming both. The reader empties both
+ * vectors, and the halves alternate as above.
  */
 #ifndef DISTLAB_ALLREDUCE_H
 #define DISTLAB_ALLREDUCE_H
 
 #include <stdint.h>
+#include <string.h> /* memset, memcpy: dl_ar_call_of, dl_ar_call_hash */
 
 #include "common/dtype.h" /* DL_HD */
 #include "common/signal_pad.h"
@@ -78,7 +94,7 @@ enum {
  * took part in call s + 1 (the double buffering of the staging halves). */
 typedef struct dl_ar_call {
   uint32_t seq;        /* 1 + the writer's ctrl.seq at this call (0: none yet) */
-  uint8_t algo, dtype, zero_copy, pad;
+  uint8_t algo, dtype, zero_copy, tagged; /* tagged: the Lamport vectors carry tags (above) */
   int32_t blocks, round_vecs;
   int64_t n;           /* elements of the whole run (a large one runs in pieces) */
   int64_t offset;      /* this piece's first element */
@@ -154,6 +170,9 @@ typedef struct dl_ar_args {
   int round_vecs; /* vectors per block per round (of the tensor, or of each slice
                      for two-shot); rounds are separated by barriers or flags    */
   int zero_copy; /* the input is at zc_off in every rank's buffer (see above)      */
+  int tagged;    /* one_shot_lamport: tagged vectors (above; 2 x the input's
+                    bytes fit a lamport slot)                                  */
+  uint32_t call_hash; /* dl_ar_call_hash of this call: set by the launcher      */
   int pdl;       /* cuda: launch with programmatic stream serialization (sm_90),
                     so the grid can be scheduled while the kernel before it in
                     the stream finishes; the kernels wait for it before any
@@ -179,6 +198,33 @@ typedef struct dl_ar_args {
   int64_t total_n;         /* elements of the whole run, and this piece's first:    */
   int64_t offset;          /* what the call descriptor says (dl_ar_call_t)          */
 } dl_ar_args_t;
+
+/* This call as every rank describes it to the others (dl_ar_call_t), with
+ * seq 0 (the kernels and the twin put 1 + their seq there). */
+DL_HD dl_ar_call_t dl_ar_call_of(const dl_ar_args_t *a) {
+  dl_ar_call_t c;
+  memset(&c, 0, sizeof c);
+  c.algo = (uint8_t)a->algo;
+  c.dtype = (uint8_t)a->dtype;
+  c.zero_copy = (uint8_t)a->zero_copy;
+  c.tagged = (uint8_t)a->tagged;
+  c.blocks = a->blocks;
+  c.round_vecs = a->round_vecs;
+  c.n = a->total_n;
+  c.offset = a->offset;
+  return c;
+}
+
+/* The tags of a tagged Lamport vector (above): the call's seq, and a hash
+ * (FNV-1a over words 1..7: whatever differs in one word changes it) of the
+ * call; neither is ever DL_AR_LAMPORT_EMPTY. */
+DL_HD uint32_t dl_ar_tag_seq(uint32_t seq) { return seq & 0x7fffffffu; }
+DL_HD uint32_t dl_ar_call_hash(const dl_ar_call_t *c) {
+  uint32_t w[8], x = 2166136261u;
+  memcpy(w, c, sizeof w);
+  for (int i = 1; i < 8; i++) x = (x ^ w[i]) * 16777619u;
+  return x == DL_AR_LAMPORT_EMPTY ? DL_AR_LAMPORT_NAN : x;
+}
 
 #ifdef __cplusplus
 extern "C" {

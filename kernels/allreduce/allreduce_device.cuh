@@ -84,16 +84,8 @@ __device__ __forceinline__ char *staging(const dl_ar_args_t &a, int rank, int ha
 // This call as every rank describes it to the others (dl_ar_call_t), as 8
 // words: word 0 is 1 + seq, the marker a peer polls for.
 __device__ __forceinline__ void ar_call_words(const dl_ar_args_t &a, uint32_t seq, uint32_t (&w)[8]) {
-  dl_ar_call_t c;
-  memset(&c, 0, sizeof c);
+  dl_ar_call_t c = dl_ar_call_of(&a);
   c.seq = seq + 1;
-  c.algo = (uint8_t)a.algo;
-  c.dtype = (uint8_t)a.dtype;
-  c.zero_copy = (uint8_t)a.zero_copy;
-  c.blocks = a.blocks;
-  c.round_vecs = a.round_vecs;
-  c.n = a.total_n;
-  c.offset = a.offset;
   memcpy(w, &c, sizeof w);
 }
 
@@ -239,15 +231,16 @@ __device__ __forceinline__ bool ar_call_read(const dl_ar_ctrl_t *self, int p, ui
 }
 
 // Peer p's call, read once: 1 here and the same as ours (mine: ar_call_words),
-// 0 not here yet, -1 here and different (recorded: the mismatch, both calls).
+// 0 not here yet, -1 here and different (recorded: the mismatch, both calls;
+// also when the same if always: a tagged vector of p said another call).
 __device__ __forceinline__ int ar_call_peek(const dl_ar_args_t &a, dl_ar_ctrl_t *self, int p, uint32_t seq,
-                                            const uint32_t (&mine)[8], uint32_t &x) {
+                                            const uint32_t (&mine)[8], uint32_t &x, bool always = false) {
   uint32_t theirs[8];
   if (!ar_call_read(self, p, seq, mine[0], theirs, x)) return 0;
   bool same = true;
 #pragma unroll
   for (int i = 1; i < 8; i++) same = same && theirs[i] == mine[i];
-  if (same) return 1;
+  if (same && !always) return 1;
   uint32_t m[8], t[8]; // the record's copies: only this path keeps words in local memory
 #pragma unroll
   for (int i = 0; i < 8; i++) m[i] = mine[i], t[i] = theirs[i];
@@ -257,14 +250,16 @@ __device__ __forceinline__ int ar_call_peek(const dl_ar_args_t &a, dl_ar_ctrl_t 
 
 // One thread, before it first reads what peer p sent in this call: wait for
 // p's call (ar_announce) and compare it with ours; false (recorded) when
-// they differ or the wait ends.
-__device__ __forceinline__ bool ar_agree(const dl_ar_args_t &a, dl_ar_ctrl_t *self, int p, uint32_t seq) {
+// they differ or the wait ends (always: a mismatch recorded in any case, the
+// calls in the record, once p's is here).
+__device__ __forceinline__ bool ar_agree(const dl_ar_args_t &a, dl_ar_ctrl_t *self, int p, uint32_t seq,
+                                         bool always = false) {
   uint32_t mine[8];
   ar_call_words(a, seq, mine);
   const uint64_t t0 = dl_signal_clock_ns();
   uint32_t x = 0;
   int got;
-  for (int spins = 1; (got = ar_call_peek(a, self, p, seq, mine, x)) == 0; spins++) {
+  for (int spins = 1; (got = ar_call_peek(a, self, p, seq, mine, x, always)) == 0; spins++) {
     // a nap between polls after the first few: a grid's pollers crowd the
     // line the call lands in (the Lamport kernels poll it before their data)
     DL_AR_POLL_PAUSE(spins, a.poll_ns);
@@ -272,7 +267,7 @@ __device__ __forceinline__ bool ar_agree(const dl_ar_args_t &a, dl_ar_ctrl_t *se
       // a peer that saw the mismatch first gives up at once: its call, once
       // here, says more than its abort
       if (*reinterpret_cast<volatile uint32_t *>(&self->abort) != 0u &&
-          (got = ar_call_peek(a, self, p, seq, mine, x)) != 0)
+          (got = ar_call_peek(a, self, p, seq, mine, x, always)) != 0)
         break;
       if (ar_stop(a, self, t0, p, seq + 1, x, seq, DL_AR_BLOCK_CALL)) return false;
     }

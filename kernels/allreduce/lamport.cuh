@@ -9,8 +9,14 @@
  * rank gets the same bits (an input word equal to the sentinel is sent, and
  * summed, as another NaN).
  *
- * Requirements of both kernels: n >= 1 and at most one lamport slot (the
- * core cuts larger tensors in pieces); in/out aligned to 16 bytes for the
+ * one_shot_lamport's small calls go as tagged vectors instead (a.tagged;
+ * kernels/allreduce/allreduce.h): 8 bytes of input and 8 of tags a vector,
+ * any input word sent as it is, a peer's call compared only when its tags
+ * say another call or a wait lasts.
+ *
+ * Requirements of both kernels: n >= 1 and at most one lamport slot, half a
+ * slot tagged (the core cuts larger tensors in pieces, and tags only calls
+ * that fit); in/out aligned to 16 bytes for the
  * vector path (the AL=false instantiation moves them element by element);
  * the region at the sentinel when a call starts (kernels/allreduce/allreduce.h:
  * how two halves keep that true call after call). Reference:
@@ -72,16 +78,120 @@ __device__ __forceinline__ uint4 lamport_empty() {
   return make_uint4(DL_AR_LAMPORT_EMPTY, DL_AR_LAMPORT_EMPTY, DL_AR_LAMPORT_EMPTY, DL_AR_LAMPORT_EMPTY);
 }
 
+// ---- tagged vectors (kernels/allreduce/allreduce.h) ------------------------------
+
+#ifndef DL_AR_EMU // the CPU emulation brings its own
+// Vector v of base as two 64-bit words, each loaded whole, into (payload 0,
+// tag 0, payload 1, tag 1), going to memory every time.
+__device__ __forceinline__ uint4 ld_volatile_tagged(const char *base, int64_t v) {
+  uint64_t w0, w1;
+  const uint4 *p = reinterpret_cast<const uint4 *>(base) + v;
+  asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(w0), "=l"(w1) : "l"(p) : "memory");
+  return make_uint4((uint32_t)w0, (uint32_t)(w0 >> 32), (uint32_t)w1, (uint32_t)(w1 >> 32));
+}
+// Payload words d0, d1 under tags t0, t1 into vector v of base, as two
+// 64-bit words, each stored whole.
+__device__ __forceinline__ void st_tagged(char *base, int64_t v, uint32_t d0, uint32_t d1, uint32_t t0,
+                                          uint32_t t1) {
+  reinterpret_cast<ulonglong2 *>(base)[v] = make_ulonglong2((uint64_t)t0 << 32 | d0, (uint64_t)t1 << 32 | d1);
+}
+#endif
+
+// A tag that is there and not the one expected.
+__device__ __forceinline__ bool lamport_tag_wrong(uint32_t t, uint32_t want) {
+  return t != DL_AR_LAMPORT_EMPTY && t != want;
+}
+
+// Whether peer p's call for seq is here and differs from ours (hash: ours,
+// dl_ar_call_hash). Plain values (allreduce_device.cuh: the failure paths),
+// called only between the polls of a wait that lasts.
+static __device__ __noinline__ bool lamport_call_differs(const dl_ar_ctrl_t *self, int p, uint32_t seq,
+                                                         uint32_t hash) {
+  const volatile uint64_t *in = self->calls[seq & 1][p].w;
+  uint32_t w[8];
+  for (int i = 0; i < 8; i++) {
+    const uint64_t x = in[i];
+    if ((uint32_t)(x >> 32) != seq + 1) return false;
+    w[i] = (uint32_t)x;
+  }
+  dl_ar_call_t c;
+  memcpy(&c, w, sizeof c);
+  return dl_ar_call_hash(&c) != hash;
+}
+
+// What ended a tagged wait without its data (lamport_wait_tagged), for
+// lamport_tagged_fail: the cold path stays out of the polling loop.
+enum { LAMPORT_STOPPED = 0, LAMPORT_OK = 1, LAMPORT_WRONG_TAG = 2, LAMPORT_CHECK = 3 };
+
+// Poll input vector v of peer `peer` (region vectors 2v and 2v + 1 of src)
+// until every word carries this call's tags (LAMPORT_OK, the payload in x);
+// LAMPORT_WRONG_TAG once a word carries another's; LAMPORT_CHECK once a peer
+// gave up, or `peer`'s call is here and differs (a peer whose algorithm
+// waits for a flag of ours before it compares calls sends no data); neither
+// recorded yet (lamport_tagged_fail). LAMPORT_STOPPED once ar_stop says so
+// (recorded). Naps as lamport_wait's.
+__device__ __forceinline__ int lamport_wait_tagged(const dl_ar_args_t &a, dl_ar_ctrl_t *self, const char *src,
+                                                   int64_t v, int peer, uint64_t t0, uint32_t seq, uint32_t tag,
+                                                   uint4 &x) {
+  const uint32_t hash = a.call_hash;
+  for (int spins = 1;; spins++) {
+    const uint4 lo = ld_volatile_tagged(src, 2 * v), hi = ld_volatile_tagged(src, 2 * v + 1);
+    if (lo.y == tag && hi.y == tag && lo.w == hash && hi.w == hash) {
+      x = make_uint4(lo.x, lo.z, hi.x, hi.z);
+      return LAMPORT_OK;
+    }
+    if (lamport_tag_wrong(lo.y, tag) || lamport_tag_wrong(hi.y, tag) || lamport_tag_wrong(lo.w, hash) ||
+        lamport_tag_wrong(hi.w, hash))
+      return LAMPORT_WRONG_TAG;
+    DL_AR_POLL_PAUSE(spins, spins > 128 ? a.long_poll_ns : a.poll_ns);
+    if (spins % 256 == 0) {
+      if (*reinterpret_cast<volatile uint32_t *>(&self->abort) != 0u ||
+          lamport_call_differs(self, peer, seq, hash))
+        return LAMPORT_CHECK;
+      if (ar_stop(a, self, t0, peer, (uint32_t)v, 0u, seq, blockIdx.x)) return LAMPORT_STOPPED;
+    }
+  }
+}
+
+// A tagged wait on peer `peer` at vector v ended by `why`, recorded. A wrong
+// tag: the peer runs another call; its call (announced at its start) is
+// compared with ours, so the record names both (ar_agree; the same call with
+// other tags is recorded as a mismatch too, which no live buffer shows).
+// LAMPORT_CHECK: a peer whose call is here and differs is named (a peer
+// that gave up saw a mismatch, most likely), else the abort (ar_stop's record).
+__device__ __forceinline__ void lamport_tagged_fail(const dl_ar_args_t &a, dl_ar_ctrl_t *self, int why, int peer,
+                                                    int64_t v, uint64_t t0, uint32_t seq) {
+  if (why == LAMPORT_WRONG_TAG) ar_agree(a, self, peer, seq, true);
+  if (why != LAMPORT_CHECK) return;
+  uint32_t mine[8], x = 0;
+  ar_call_words(a, seq, mine);
+  for (int q = 0; q < a.nranks; q++)
+    if (q != a.rank && ar_call_peek(a, self, q, seq, mine, x) < 0) return;
+  // nothing stops the wait: `peer`'s call differs by its hash but by no word
+  // (which cannot be): recorded as a mismatch all the same
+  if (!ar_stop(a, self, t0, peer, (uint32_t)v, 0u, seq, blockIdx.x)) ar_agree(a, self, peer, seq, true);
+}
+
 // ---- pushes and gathers of the two kernels -------------------------------------
 
-// Input vector v, cleaned, into slot `rank` of every peer's half (one_shot_lamport).
-template <int DT, int NR, bool AL>
-__device__ __forceinline__ void lamport_push(const dl_ar_args_t &a, int nr, int h, int64_t v) {
+// Input vector v into slot `rank` of every peer's half (one_shot_lamport):
+// cleaned, or (TAGGED) as region vectors 2v and 2v + 1 under tags `tag`
+// and a.call_hash.
+template <int DT, int NR, bool AL, bool TAGGED>
+__device__ __forceinline__ void lamport_push(const dl_ar_args_t &a, int nr, int h, int64_t v, uint32_t tag) {
   constexpr int NRC = shape<NR>::NRC;
-  const uint4 x = lamport_clean(ld_user<DT, AL>(a.in, v, a.n));
+  const uint4 x = TAGGED ? ld_user<DT, AL>(a.in, v, a.n) : lamport_clean(ld_user<DT, AL>(a.in, v, a.n));
 #pragma unroll
-  for (int p = 0; p < NRC; p++)
-    if (p < nr && p != a.rank) st_vec(lamport(a, p, h, a.rank), v, x);
+  for (int p = 0; p < NRC; p++) {
+    if (!(p < nr && p != a.rank)) continue;
+    char *dst = lamport(a, p, h, a.rank);
+    if (TAGGED) {
+      st_tagged(dst, 2 * v, x.x, x.y, tag, a.call_hash);
+      st_tagged(dst, 2 * v + 1, x.z, x.w, tag, a.call_hash);
+    } else {
+      st_vec(dst, v, x);
+    }
+  }
 }
 
 // Position j of every slice of our input into slot `rank` of the slice's

@@ -19,7 +19,8 @@
  *                       reduces.
  *   one_shot_lamport    push into every peer's Lamport region, poll the
  *                       peers' copies in ours: no flags, no fences
- *                       (lamport.cuh).
+ *                       (lamport.cuh); small calls as tagged vectors, whose
+ *                       tags say which call sent them (allreduce.h).
  *
  * Requirements: n >= 1; in/out aligned to 16 bytes for the vector path (the
  * AL=false instantiation moves them element by element); a zero-copy input
@@ -231,47 +232,85 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_one_shot_push_flat_ke
 // are in the same thread, so an in-place output is written only after its
 // thread read the input. A wait that times out (or sees another thread's
 // failure) records it and ends the kernel's work.
-template <int DT, int NR, bool AL>
-__global__ void __launch_bounds__(AR_THREADS, 1) allreduce_one_shot_lamport_kernel(const dl_ar_args_t a) {
+//
+// Untagged, the peers' calls are compared with ours before their data is
+// read: thread p of a block with work compares peer p's, the block waits for
+// all (its other threads idle at the barrier: polling their data meanwhile,
+// as 9128a98 tried, cost 0.15-0.9 us at 2 ranks and 0.9-2.4 us at 4 below 1
+// MB on H100s, pollers crowding the lines the data lands in). TAGGED (small
+// calls, a.tagged): every vector says which call sent it (allreduce.h), so
+// each thread checks the tags of what it polls and nothing waits for a call
+// (the wait cost 0.4-0.7 us at 8-64 KB on 2 H200s).
+template <int DT, int NR, bool AL, bool TAGGED>
+__device__ __forceinline__ void one_shot_lamport(const dl_ar_args_t &a) {
   constexpr int NRC = shape<NR>::NRC;
   const int nr = NR ? NR : a.nranks, me = a.rank;
   dl_ar_ctrl_t *self = ctrl_of(buf_of(a, me));
   const uint32_t seq = ar_begin(a, self);
   const int h = seq & 1;
+  const uint32_t tag = dl_ar_tag_seq(seq);
   const int64_t nv = vec_count<DT>(a.n);
   const int64_t stride = (int64_t)blockDim.x * gridDim.x;
   const int64_t first = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   int64_t next = first; // the next vector to push
   for (int j = 0; (a.lamport_ahead <= 0 || j < a.lamport_ahead) && next < nv; j++, next += stride)
-    lamport_push<DT, NR, AL>(a, nr, h, next);
+    lamport_push<DT, NR, AL, TAGGED>(a, nr, h, next, tag);
   const uint4 empty = lamport_empty();
   const uint64_t t0 = dl_signal_clock_ns();
   bool ok = true;
-  // the peers' calls, compared with ours before their data is read: thread
-  // p of a block with work compares peer p's, the block waits for all (its
-  // other threads idle at the barrier: polling their data meanwhile, as
-  // 9128a98 tried, cost 0.15-0.9 us at 2 ranks and 0.9-2.4 us at 4 below 1 MB on H100s,
-  // pollers crowding the lines the data lands in)
-  const int q = threadIdx.x;
-  if (q < nr && q != me && (int64_t)blockIdx.x * blockDim.x < nv) ok = ar_agree(a, self, q, seq);
-  ok = __syncthreads_and(ok);
-  for (int64_t v = first; ok && v < nv; v += stride) {
+  if (!TAGGED) {
+    const int q = threadIdx.x;
+    if (q < nr && q != me && (int64_t)blockIdx.x * blockDim.x < nv) ok = ar_agree(a, self, q, seq);
+    ok = __syncthreads_and(ok);
+  }
+  int64_t v = first;
+  int why = LAMPORT_OK, peer = 0; // TAGGED: how and where a wait ended
+  for (; ok && v < nv; v += stride) {
     if (next < nv) {
-      lamport_push<DT, NR, AL>(a, nr, h, next);
+      lamport_push<DT, NR, AL, TAGGED>(a, nr, h, next, tag);
       next += stride;
     }
     uint4 x[NRC];
-    const uint4 own = lamport_clean(ld_user<DT, AL>(a.in, v, a.n));
+    const uint4 own = TAGGED ? ld_user<DT, AL>(a.in, v, a.n) : lamport_clean(ld_user<DT, AL>(a.in, v, a.n));
 #pragma unroll
-    for (int p = 0; p < NRC; p++)
-      if (p < nr && p != me && ok) ok = lamport_wait(a, self, lamport(a, me, h, p), v, p, t0, seq, x[p]);
+    for (int p = 0; p < NRC; p++) {
+      if (!(p < nr && p != me && ok)) continue;
+      const char *src = lamport(a, me, h, p);
+      if (TAGGED) {
+        why = lamport_wait_tagged(a, self, src, v, p, t0, seq, tag, x[p]);
+        ok = why == LAMPORT_OK;
+        peer = p;
+      } else {
+        ok = lamport_wait(a, self, src, v, p, t0, seq, x[p]);
+      }
+    }
     if (!ok) break;
     st_user<DT, AL>(a.out, v, a.n, reduce_vec_own<DT, NRC>(x, nr, me, own));
 #pragma unroll
-    for (int p = 0; p < NRC; p++)
-      if (p < nr && p != me) st_vec(lamport(a, me, h, p), v, empty);
+    for (int p = 0; p < NRC; p++) {
+      if (!(p < nr && p != me)) continue;
+      char *src = lamport(a, me, h, p);
+      if (TAGGED) {
+        st_vec(src, 2 * v, empty);
+        st_vec(src, 2 * v + 1, empty);
+      } else {
+        st_vec(src, v, empty);
+      }
+    }
   }
+  if (TAGGED && why != LAMPORT_OK) lamport_tagged_fail(a, self, why, peer, v, t0, seq);
   ar_end(a, self, seq);
+}
+
+template <int DT, int NR, bool AL>
+__global__ void __launch_bounds__(AR_THREADS, 1) allreduce_one_shot_lamport_kernel(const dl_ar_args_t a) {
+  one_shot_lamport<DT, NR, AL, false>(a);
+}
+
+// one_shot_lamport with tagged vectors (a.tagged: 2 x the input fits a lamport slot).
+template <int DT, int NR, bool AL>
+__global__ void __launch_bounds__(AR_THREADS, 1) allreduce_one_shot_lamport_tagged_kernel(const dl_ar_args_t a) {
+  one_shot_lamport<DT, NR, AL, true>(a);
 }
 
 // ---- launcher -----------------------------------------------------------------
@@ -283,7 +322,9 @@ dl_ar_kernel_t dl_ar_one_shot_kernel(const dl_ar_args_t *a) {
     return DL_AR_PICK(a, allreduce_one_shot_kernel);
   case DL_AR_ONE_SHOT_PUSH: return DL_AR_PICK(a, allreduce_one_shot_push_kernel);
   case DL_AR_ONE_SHOT_PUSH_FLAT: return DL_AR_PICK(a, allreduce_one_shot_push_flat_kernel);
-  case DL_AR_ONE_SHOT_LAMPORT: return DL_AR_PICK(a, allreduce_one_shot_lamport_kernel);
+  case DL_AR_ONE_SHOT_LAMPORT:
+    if (a->tagged) return DL_AR_PICK(a, allreduce_one_shot_lamport_tagged_kernel);
+    return DL_AR_PICK(a, allreduce_one_shot_lamport_kernel);
   default: return nullptr;
   }
 }

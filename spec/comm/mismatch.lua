@@ -7,6 +7,8 @@
 --   ar_count <algo>          dl.allreduce.run of 1000 elements, rank 1 1001
 --   ar_dtype <algo>          f32 on rank 0, bf16 elsewhere
 --   ar_algo <algo> <algo2>   rank 1 runs algo2
+--   ar_big <algo>            1000 elements, rank 1 70000 (280 KB: over the
+--                            tagged limit of one_shot_lamport, 256 KiB)
 --   cp_mask, cp_correction   a CP schedule with a causal mask (fused correction)
 --                            on rank 0 and none (post_loop) elsewhere
 local dir = arg[0]:match("^(.*)/[^/]*$") or "."
@@ -44,6 +46,10 @@ end
 
 function modes.ar_dtype()
   ar_run(dl.ones(1000, me == 0 and "f32" or "bf16"), arg[2])
+end
+
+function modes.ar_big()
+  ar_run(dl.ones(me == 1 and 70000 or 1000), arg[2])
 end
 
 function modes.ar_algo()

@@ -38,6 +38,7 @@ struct dl_allreduce {
   uint32_t long_poll_ns; /* their nap once a wait has polled 128 times */
   uint32_t gone_gap_ns; /* a block's least time between reads of status->gone */
   int lamport_ahead; /* the Lamport kernels: grid steps pushed ahead of the reduction */
+  int64_t tagged_max; /* one_shot_lamport calls up to this many bytes go tagged (tagged_fits) */
   int failed;
   char failure[512]; /* why, once failed */
   double timeout_s;
@@ -112,9 +113,9 @@ static void call_str(const dl_ar_call_t *c, char *buf, size_t len) {
   char what[64];
   if (c->offset) snprintf(what, sizeof what, "elements %lld.. of ", (long long)c->offset);
   else what[0] = 0;
-  snprintf(buf, len, "%s on %s%lld %s (%d block%s, rounds of %d vectors, %s)", algo_name(c->algo),
+  snprintf(buf, len, "%s on %s%lld %s (%d block%s, rounds of %d vectors, %s%s)", algo_name(c->algo),
            what, (long long)c->n, dl_dtype_name(c->dtype), c->blocks, c->blocks == 1 ? "" : "s",
-           c->round_vecs, c->zero_copy ? "zero copy" : "copy-in");
+           c->round_vecs, c->zero_copy ? "zero copy" : "copy-in", c->tagged ? ", tagged" : "");
 }
 
 /* What differs between two calls: "algorithm one_shot vs two_shot; ...". */
@@ -138,6 +139,8 @@ static void call_diff(const dl_ar_call_t *a, const dl_ar_call_t *b, char *buf, s
   DIFF(a->blocks != b->blocks, "blocks %d vs %d", a->blocks, b->blocks);
   DIFF(a->round_vecs != b->round_vecs, "rounds of %d vs %d vectors", a->round_vecs, b->round_vecs);
   DIFF(a->zero_copy != b->zero_copy, "zero copy %d vs %d", a->zero_copy, b->zero_copy);
+  DIFF(a->tagged != b->tagged, "tagged %d vs %d (the size limit, or DISTLAB_AR_TAGGED_MAX_BYTES differs)",
+       a->tagged, b->tagged);
 #undef DIFF
 }
 
@@ -307,8 +310,13 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
    * (default 1000; 128, the nap of before 2026-11-27, keeps one nap),
    * DISTLAB_AR_GONE_GAP_US the least time between two reads of the
    * watchdog's host word by one block's waits (0: every wait's every
-   * check, as before 2026-11-27; allreduce_device.cuh, ar_stop_kind) */
-  long round_kb, pdl, poll_ns, long_poll_ns, ahead, lamport_mb, gone_gap_us;
+   * check, as before 2026-11-27; allreduce_device.cuh, ar_stop_kind),
+   * DISTLAB_AR_TAGGED_MAX_BYTES the largest one_shot_lamport call sent as
+   * tagged vectors, whose tags say which call sent them, so that no
+   * thread waits for a peer's call before its data (default 256 KiB, and
+   * at most half a Lamport slot; 0: never, every call waits for the
+   * peers' calls as before; kernels/allreduce/allreduce.h) */
+  long round_kb, pdl, poll_ns, long_poll_ns, ahead, lamport_mb, gone_gap_us, tagged_max;
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_ROUND_KB", 0, 0, 1 << 20, &round_kb));
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_PDL", 1, 0, 1, &pdl));
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_POLL_NS", 128, 0, 100000, &poll_ns));
@@ -316,6 +324,7 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_LAMPORT_AHEAD", 2, 0, 1 << 20, &ahead));
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_LAMPORT_MB", 0, 1, 1 << 16, &lamport_mb));
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_GONE_GAP_US", 200, 0, 1000000, &gone_gap_us));
+  DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_TAGGED_MAX_BYTES", 256 << 10, 0, 1 << 30, &tagged_max));
   dl_allreduce_t *ar = calloc(1, sizeof *ar);
   if (!ar) return DL_ERR(DL_ENOMEM, "dl_allreduce_new: out of host memory");
   ar->round_max = (int64_t)round_kb * 1024 / DL_AR_VEC_BYTES;
@@ -324,6 +333,7 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
   ar->long_poll_ns = (uint32_t)long_poll_ns;
   ar->gone_gap_ns = (uint32_t)gone_gap_us * 1000u;
   ar->lamport_ahead = (int)ahead;
+  ar->tagged_max = tagged_max;
   ar->magic = AR_MAGIC;
   ar->comm = c;
   snprintf(ar->comm_name, sizeof ar->comm_name, "%s", ci.name);
@@ -500,6 +510,14 @@ static void shape_for(const dl_allreduce_t *ar, int64_t len, int blocks, int alg
   a->round_vecs = (int)r;
 }
 
+/* Whether a one_shot_lamport call of nbytes goes as tagged vectors: up to
+ * DISTLAB_AR_TAGGED_MAX_BYTES, and twice its whole vectors fit a Lamport
+ * slot (kernels/allreduce/allreduce.h), so it is one piece. */
+static int tagged_fits(const dl_allreduce_t *ar, int algo, int64_t nbytes) {
+  const int64_t whole = (nbytes + DL_AR_VEC_BYTES - 1) / DL_AR_VEC_BYTES * DL_AR_VEC_BYTES;
+  return algo == DL_AR_ONE_SHOT_LAMPORT && nbytes <= ar->tagged_max && 2 * whole <= ar->lslot;
+}
+
 static int launch(dl_allreduce_t *ar, dl_ar_args_t *a, void *stream) {
   ar->calls++;
   dl_graph_note_user(ar); /* a graph being captured now reads this object's buffers */
@@ -563,6 +581,7 @@ static int run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int 
   a.long_poll_ns = ar->long_poll_ns;
   a.gone_gap_ns = ar->gone_gap_ns;
   a.lamport_ahead = ar->lamport_ahead;
+  a.tagged = tagged_fits(ar, algo, nbytes);
   a.total_n = vi.numel;
   /* zero copy: the input already in our region, the output where the
    * algorithm can write it while peers read the inputs */

@@ -121,6 +121,17 @@ static inline uint4 ld_volatile_vec(const char *base, int64_t v) {
   return uint4{__atomic_load_n(p, __ATOMIC_RELAXED), __atomic_load_n(p + 1, __ATOMIC_RELAXED),
                __atomic_load_n(p + 2, __ATOMIC_RELAXED), __atomic_load_n(p + 3, __ATOMIC_RELAXED)};
 }
+/* its tagged vectors: two 64-bit words, each loaded and stored whole, as on a GPU */
+static inline uint4 ld_volatile_tagged(const char *base, int64_t v) {
+  const uint64_t *p = reinterpret_cast<const uint64_t *>(base) + 2 * v;
+  const uint64_t w0 = __atomic_load_n(p, __ATOMIC_RELAXED), w1 = __atomic_load_n(p + 1, __ATOMIC_RELAXED);
+  return uint4{(uint32_t)w0, (uint32_t)(w0 >> 32), (uint32_t)w1, (uint32_t)(w1 >> 32)};
+}
+static inline void st_tagged(char *base, int64_t v, uint32_t d0, uint32_t d1, uint32_t t0, uint32_t t1) {
+  uint64_t *p = reinterpret_cast<uint64_t *>(base) + 2 * v;
+  __atomic_store_n(p, (uint64_t)t0 << 32 | d0, __ATOMIC_RELAXED);
+  __atomic_store_n(p + 1, (uint64_t)t1 << 32 | d1, __ATOMIC_RELAXED);
+}
 #define DL_AR_POLL_PAUSE(spins, ns) std::this_thread::yield()
 /* ---- launches ------------------------------------------------------------------ */
 

@@ -53,6 +53,7 @@ struct world {
 
 struct call {
   int algo, dtype, blocks, round_vecs, ahead, zc, inplace, misalign;
+  int tagged = 0; // one_shot_lamport: tagged vectors (2 x its whole vectors must fit LSLOT)
   int64_t n, zc_extra; // zero-copy tensor at this byte offset in the region
 };
 
@@ -103,6 +104,7 @@ static void rank_main(world *w, int r, const std::vector<call> *calls, int skip_
       a.blocks = k.blocks;
       a.round_vecs = k.round_vecs;
       a.lamport_ahead = k.ahead;
+      a.tagged = k.tagged;
       dl_allreduce_cuda_shape(n, &a.threads, &a.unroll);
       a.zero_copy = k.zc;
       a.n = k.n;
@@ -166,6 +168,12 @@ static void reset(world &w) {
 
 static double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Whether a one_shot_lamport call of n elements of dtype fits the tagged form (the core's tagged_fits).
+static bool tagged_fits(int64_t n, int dtype) {
+  const int64_t whole = (n * dl_dtype_size(dtype) + 15) / 16 * 16;
+  return 2 * whole <= LSLOT;
 }
 
 // Rank 1 calls `theirs`, the others `mine`: every rank must end well before
@@ -238,6 +246,55 @@ static bool dead_case(world &w, const call &k) {
   return ok;
 }
 
+// Tagged one_shot_lamport back to back with untagged ones and other
+// algorithms (so each half is used by both forms in turn): every dtype,
+// sizes at and around the limit (2 x the whole vectors = LSLOT: f32 65536
+// fits, 65537 does not and runs untagged), tails, misaligned (the AL=false
+// path) and in place; sums exact.
+static bool tagged_sums(world &w, unsigned seed) {
+  reset(w);
+  std::mt19937 rng(seed + 100);
+  std::vector<call> calls;
+  const int64_t f32_sizes[] = {1, 3, 4, 5, 8191, 65535, 65536, 65537};
+  for (int c = 0; c < 48; c++) {
+    call k;
+    k.dtype = c % 3;
+    const int64_t per = k.dtype == 0 ? 1 : 2; // elements of 16-bit dtypes a f32 element's bytes hold
+    k.n = f32_sizes[(c / 3) % 8] * per + (k.dtype && c % 2 ? -1 : 0);
+    if (k.n < 1) k.n = 1;
+    k.algo = c % 4 == 3 ? (c % 8 == 3 ? DL_AR_TWO_SHOT_LAMPORT : DL_AR_ONE_SHOT_PUSH) : DL_AR_ONE_SHOT_LAMPORT;
+    k.tagged = k.algo == DL_AR_ONE_SHOT_LAMPORT && c % 4 != 2 && tagged_fits(k.n, k.dtype);
+    int threads, unroll;
+    dl_allreduce_cuda_shape(w.n, &threads, &unroll);
+    k.blocks = 1 + rng() % 4;
+    k.round_vecs = 1 + rng() % (3 * threads * unroll);
+    k.ahead = rng() % 4;
+    k.zc = 0;
+    k.inplace = rng() % 2;
+    k.misalign = rng() % 4 == 0;
+    k.zc_extra = 0;
+    calls.push_back(k);
+  }
+  int tagged = 0;
+  for (const call &k : calls) tagged += k.tagged;
+  failures = 0;
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < w.n; r++) ranks.emplace_back(rank_main, &w, r, &calls, 0, 0.0, false);
+  for (auto &t : ranks) t.join();
+  // the region empty again: every word a tagged call wrote was emptied by its reader
+  bool empty = true;
+  for (int r = 0; r < w.n && empty; r++)
+    for (int64_t i = lamport_off(w.n); i < lamport_off(w.n) + 2 * w.n * LSLOT; i++)
+      if ((unsigned char)w.bufs[r][i] != 0xff) {
+        empty = false;
+        fprintf(stderr, "rank %d: lamport byte %lld not empty\n", r, (long long)(i - lamport_off(w.n)));
+        break;
+      }
+  const bool ok = failures == 0 && empty && tagged > 0;
+  printf("tagged sums (%zu calls, %d tagged, at and around the limit): %s\n", calls.size(), tagged, ok ? "ok" : "FAILED");
+  return ok;
+}
+
 int main(int argc, char **argv) {
   int n = argc > 1 ? atoi(argv[1]) : 2;
   int ncalls = argc > 2 ? atoi(argv[2]) : 200;
@@ -268,6 +325,8 @@ int main(int argc, char **argv) {
     if (k.zc && k.algo != DL_AR_ONE_SHOT) k.inplace = 1; // two-shot zero copy is in place
     k.misalign = !k.zc && rng() % 5 == 0;
     k.zc_extra = k.zc ? 16 * (int64_t)(1 + rng() % 4) : 0;
+    // half the one_shot_lamport calls that fit go tagged (the core: up to its limit)
+    k.tagged = k.algo == DL_AR_ONE_SHOT_LAMPORT && tagged_fits(k.n, k.dtype) && rng() % 2 == 0;
     calls.push_back(k);
   }
   std::vector<std::thread> ranks;
@@ -283,11 +342,16 @@ int main(int argc, char **argv) {
   // rank 1 skips the last call: rank 0 must time out and say so (with the
   // first call's algorithm, then with the Lamport ones, whose waits poll data)
   bool ok = true;
-  for (int algo : {calls[0].algo, (int)DL_AR_ONE_SHOT_LAMPORT, (int)DL_AR_TWO_SHOT_LAMPORT}) {
+  for (int algo : {calls[0].algo, (int)DL_AR_ONE_SHOT_LAMPORT, (int)DL_AR_TWO_SHOT_LAMPORT, -1}) {
     std::vector<call> last(1, calls[0]);
     last[0].algo = algo;
     last[0].zc = 0;
     last[0].blocks = 2;
+    if (algo < 0) { // one_shot_lamport, tagged
+      last[0].algo = algo = DL_AR_ONE_SHOT_LAMPORT;
+      last[0].n = 4095;
+      last[0].tagged = 1;
+    }
     memset(w.pads.data(), 0, sizeof(dl_signal_pad_t) * n);
     memset(w.status.data(), 0, sizeof(dl_ar_status_t) * n);
     ranks.clear();
@@ -302,7 +366,7 @@ int main(int argc, char **argv) {
     bool here = ((s.kind == DL_SIGNAL_ERR_BARRIER && s.peer == 1) ||
                  (n > 2 && s.kind == DL_AR_FAIL_ABORT && s.peer != 1)) &&
                 s.algo == (uint32_t)algo && w.pads[0].error[0] == s.kind;
-    printf("timeout path (algo %d): %s\n", algo, here ? "ok" : "FAILED");
+    printf("timeout path (algo %d%s): %s\n", algo, last[0].tagged ? ", tagged" : "", here ? "ok" : "FAILED");
     ok = ok && here;
   }
 
@@ -345,16 +409,37 @@ int main(int argc, char **argv) {
     }
     ok = mismatch_case(w, mine, other, what) && ok;
   }
+  // tagged one_shot_lamport (its vectors say which call sent them, nothing
+  // waits for a peer's call): a mismatch must be seen in the data, at once
+  for (int i = 0; i < 7; i++) {
+    call mine = base, other = base;
+    mine.algo = other.algo = DL_AR_ONE_SHOT_LAMPORT;
+    mine.tagged = other.tagged = 1;
+    const char *what = "";
+    switch (i) {
+    case 0: other.n = 4096; what = "tagged size"; break;
+    case 1: other.dtype = (base.dtype + 1) % 3; what = "tagged dtype"; break;
+    case 2: other.n = 70001; other.tagged = 0; what = "tagged vs untagged size (one over the limit)"; break;
+    case 3: other.tagged = 0; what = "tagged vs untagged, same size (the limit differs)"; break;
+    case 4: other.algo = DL_AR_TWO_SHOT_LAMPORT; other.tagged = 0; what = "tagged vs two_shot_lamport"; break;
+    case 5: other.algo = DL_AR_TWO_SHOT; other.tagged = 0; what = "tagged vs two_shot"; break;
+    case 6: other.n = 1; what = "tagged size 4095 vs 1"; break;
+    }
+    ok = mismatch_case(w, mine, other, what) && ok;
+  }
   w.timeout_ns = 1000000000ull;
-  for (int algo : {(int)DL_AR_ONE_SHOT_PUSH, (int)DL_AR_TWO_SHOT_LAMPORT, (int)DL_AR_ONE_SHOT_LAMPORT}) {
+  for (int algo : {(int)DL_AR_ONE_SHOT_PUSH, (int)DL_AR_TWO_SHOT_LAMPORT, (int)DL_AR_ONE_SHOT_LAMPORT, -1}) {
     call k = base;
-    k.algo = algo;
+    k.algo = algo < 0 ? DL_AR_ONE_SHOT_LAMPORT : algo;
+    k.tagged = algo < 0;
     ok = late_case(w, k) && ok;
   }
-  for (int algo : {(int)DL_AR_TWO_SHOT, (int)DL_AR_ONE_SHOT_LAMPORT}) {
+  for (int algo : {(int)DL_AR_TWO_SHOT, (int)DL_AR_ONE_SHOT_LAMPORT, -1}) {
     call k = base;
-    k.algo = algo;
+    k.algo = algo < 0 ? DL_AR_ONE_SHOT_LAMPORT : algo;
+    k.tagged = algo < 0;
     ok = dead_case(w, k) && ok;
   }
+  ok = tagged_sums(w, seed) && ok;
   return ok ? 0 : 1;
 }

@@ -154,16 +154,8 @@ static int ar_barrier(const dl_ar_args_t *a, dl_ar_ctrl_t *self, int b, uint32_t
 
 /* This call as the descriptor says it (dl_ar_call_t). */
 static dl_ar_call_t call_of(const dl_ar_args_t *a, uint32_t seq) {
-  dl_ar_call_t c;
-  memset(&c, 0, sizeof c);
+  dl_ar_call_t c = dl_ar_call_of(a);
   c.seq = seq + 1; /* 0: the zeroed entry, before any call */
-  c.algo = (uint8_t)a->algo;
-  c.dtype = (uint8_t)a->dtype;
-  c.zero_copy = (uint8_t)a->zero_copy;
-  c.blocks = a->blocks;
-  c.round_vecs = a->round_vecs;
-  c.n = a->total_n;
-  c.offset = a->offset;
   return c;
 }
 
@@ -186,9 +178,8 @@ static int call_read(const dl_ar_ctrl_t *self, int p, uint32_t seq, uint32_t tag
 }
 
 /* Our call into every peer's ctrl, each word tagged with its seq (no order among the
- * stores); then every peer's call, once it is there, compared with ours (kernels:
- * ar_announce, ar_agree). */
-static int ar_agree(const dl_ar_args_t *a, dl_ar_ctrl_t *self, uint32_t seq) {
+ * stores; kernels: ar_announce). */
+static void ar_announce(const dl_ar_args_t *a, uint32_t seq) {
   const dl_ar_call_t mine = call_of(a, seq);
   uint32_t mw[8];
   memcpy(mw, &mine, sizeof mw);
@@ -197,6 +188,13 @@ static int ar_agree(const dl_ar_args_t *a, dl_ar_ctrl_t *self, uint32_t seq) {
     dl_ar_call_wire_t *slot = &ctrl_of(a->bufs[p])->calls[seq & 1][a->rank];
     for (int i = 0; i < 8; i++) __atomic_store_n(&slot->w[i], dl_ar_call_wire_word(mine.seq, mw[i]), __ATOMIC_RELAXED);
   }
+}
+
+/* Our call announced, then every peer's call, once it is there, compared with ours
+ * (kernels: ar_announce, ar_agree). */
+static int ar_agree(const dl_ar_args_t *a, dl_ar_ctrl_t *self, uint32_t seq) {
+  const dl_ar_call_t mine = call_of(a, seq);
+  ar_announce(a, seq);
   /* every peer's slot at each poll, so that a mismatched call that is there is named even when
    * another peer is late or gone (in order, waiting on rank 1 first, rank 0 reported the death
    * of a rank 2 that had published a mismatched call and exited) */
@@ -389,6 +387,104 @@ static int one_shot_lamport(const job_t *j) {
   return DL_OK;
 }
 
+/* The tagged form (a->tagged; kernels/allreduce/allreduce.h): payload word k
+ * of the input (zeros past nbytes) travels in 64-bit word k of the slot,
+ * below the seq's tag (even k) or the call's hash (odd k), and the reader
+ * takes it once its tag is there; no word is cleaned. Kernel: lamport_push,
+ * lamport_wait_tagged, lamport_tagged_fail. */
+static uint32_t tag_of(int64_t k, uint32_t tseq, uint32_t hash) { return k & 1 ? hash : tseq; }
+
+static void tagged_put(uint64_t *dst, const void *src, int64_t nbytes, int64_t nw, uint32_t tseq, uint32_t hash) {
+  for (int64_t k = 0; k < nw; k++) {
+    uint32_t x = 0;
+    if ((k + 1) * 4 <= nbytes) memcpy(&x, (const char *)src + k * 4, 4);
+    else if (k * 4 < nbytes) memcpy(&x, (const char *)src + k * 4, (size_t)(nbytes - k * 4));
+    __atomic_store_n(dst + k, (uint64_t)tag_of(k, tseq, hash) << 32 | x, __ATOMIC_RELAXED);
+  }
+}
+
+/* A peer gave up (it saw a mismatch, most likely): a peer whose call is here and
+ * differs from ours is named rather than the abort. */
+static int tagged_abort(const dl_ar_args_t *a, dl_ar_ctrl_t *self, uint32_t seq, int gave_up) {
+  const dl_ar_call_t mine = call_of(a, seq);
+  for (int q = 0; q < a->nranks; q++) {
+    dl_ar_call_t theirs;
+    uint32_t x;
+    if (q != a->rank && call_read(self, q, seq, mine.seq, &theirs, &x) && memcmp(&theirs, &mine, sizeof mine))
+      return ar_fail(a, DL_AR_FAIL_MISMATCH, 0, q, seq, seq, seq, &mine, &theirs);
+  }
+  return ar_fail(a, DL_AR_FAIL_ABORT, 0, gave_up, 0, 0, seq, NULL, NULL);
+}
+
+/* A tagged word of peer p said another call: p's call (announced first),
+ * once here, against ours; a mismatch either way. */
+static int tagged_mismatch(const dl_ar_args_t *a, dl_ar_ctrl_t *self, uint32_t seq, int p) {
+  const dl_ar_call_t mine = call_of(a, seq);
+  dl_ar_call_t theirs;
+  uint32_t x = 0;
+  watch_t w = watch_begin(a);
+  for (long i = 0; !call_read(self, p, seq, mine.seq, &theirs, &x); i++) {
+    int who;
+    const uint32_t kind = watch_step(a, &w, i, p, &who, 1);
+    if (kind == DL_AR_FAIL_ABORT) return tagged_abort(a, self, seq, who);
+    if (kind) return ar_fail(a, kind, DL_AR_BLOCK_CALL, who, mine.seq, x, seq, NULL, NULL);
+  }
+  return ar_fail(a, DL_AR_FAIL_MISMATCH, 0, p, seq, seq, seq, &mine, &theirs);
+}
+
+/* Element i of a tagged slot. */
+static float ld_tagged(const char *slot, int64_t i, int dt) {
+  const int es = dt == DL_F32 ? 4 : 2;
+  const int64_t b = i * es;
+  const char *at = slot + b / 4 * 8 + b % 4;
+  uint32_t w = 0;
+  memcpy(&w, at, (size_t)es);
+  if (dt == DL_F32) return dl_bits_f32(w);
+  return dt == DL_F16 ? dl_f16_to_f32((uint16_t)w) : dl_bf16_to_f32((uint16_t)w);
+}
+
+/* one_shot_lamport, tagged: our input into slot `rank` of every peer's half,
+ * every peer's words polled until their tags are there (another call's tag:
+ * a mismatch), summed with our input in rank order, emptied. */
+static int one_shot_lamport_tagged(const job_t *j) {
+  const dl_ar_args_t *a = j->a;
+  const int me = a->rank, nr = a->nranks;
+  const int64_t nw = j->nv * (DL_AR_VEC_BYTES / 4); /* payload words = 64-bit words of the slot */
+  const dl_ar_call_t call = dl_ar_call_of(a);
+  const uint32_t tseq = dl_ar_tag_seq(j->seq), hash = dl_ar_call_hash(&call);
+  for (int p = 0; p < nr; p++)
+    if (p != me) tagged_put((uint64_t *)lamport(a, p, j->h, me), a->in, a->n * j->es, nw, tseq, hash);
+  const char *src[DL_SIGNAL_MAX_RANKS];
+  watch_t wt = watch_begin(a);
+  for (int p = 0; p < nr; p++) {
+    if (p == me) continue;
+    src[p] = lamport(a, me, j->h, p);
+    const uint64_t *w = (const uint64_t *)src[p];
+    for (int64_t k = 0; k < nw; k++) {
+      const uint32_t want = tag_of(k, tseq, hash);
+      uint32_t t;
+      for (long i = 0; (t = (uint32_t)(__atomic_load_n(w + k, __ATOMIC_ACQUIRE) >> 32)) != want; i++) {
+        if (t != DL_AR_LAMPORT_EMPTY) return tagged_mismatch(a, j->self, j->seq, p);
+        int who;
+        const uint32_t kind = watch_step(a, &wt, i, p, &who, 1);
+        if (kind == DL_AR_FAIL_ABORT) return tagged_abort(a, j->self, j->seq, who);
+        if (kind) return ar_fail(a, kind, 0, who, (uint32_t)(k / (DL_AR_VEC_BYTES / 4)), 0, j->seq, NULL, NULL);
+      }
+    }
+  }
+  for (int64_t i = 0; i < a->n; i++) {
+    float acc = 0;
+    for (int p = 0; p < nr; p++) {
+      const float x = p == me ? ld(a->in, i, a->dtype) : ld_tagged(src[p], i, a->dtype);
+      acc = p == 0 ? x : acc + x;
+    }
+    st(a->out, i, a->dtype, acc);
+  }
+  for (int p = 0; p < nr; p++)
+    if (p != me) memset((char *)src[p], 0xff, (size_t)(nw * 8));
+  return DL_OK;
+}
+
 /* Lamport two-shot (kernel: allreduce_two_shot_lamport_kernel): slice q of
  * the input into slot `rank` of rank q's half (our own slice into our own
  * slot, as the one-shot twin does), wait for our slice from everyone, sum it
@@ -454,11 +550,18 @@ int dl_allreduce_cpu(const dl_ar_args_t *a, void *stream) {
   j.nv = (a->n + j.L - 1) / j.L;
   j.chunk = a->round_vecs;
   /* every call is compared first, also when a peer gave up already (it saw
-   * a mismatch: say which); then a peer's abort voids it */
-  int rc = ar_agree(a, j.self, j.seq);
+   * a mismatch: say which); then a peer's abort voids it. Tagged calls are
+   * only announced: their data says which call sent it. */
+  const int tagged = a->tagged && a->algo == DL_AR_ONE_SHOT_LAMPORT;
+  int rc = DL_OK;
+  if (tagged) ar_announce(a, j.seq);
+  else rc = ar_agree(a, j.self, j.seq);
   const uint32_t ab = __atomic_load_n(&j.self->abort, __ATOMIC_ACQUIRE);
-  if (rc == DL_OK && ab) rc = ar_fail(a, DL_AR_FAIL_ABORT, 0, (int)ab - 1, 0, 0, j.seq, NULL, NULL);
-  if (rc == DL_OK) switch (a->algo) {
+  if (rc == DL_OK && ab)
+    rc = tagged ? tagged_abort(a, j.self, j.seq, (int)ab - 1)
+                : ar_fail(a, DL_AR_FAIL_ABORT, 0, (int)ab - 1, 0, 0, j.seq, NULL, NULL);
+  if (rc == DL_OK && tagged) rc = one_shot_lamport_tagged(&j);
+  else if (rc == DL_OK) switch (a->algo) {
   case DL_AR_ONE_SHOT: rc = one_shot(&j); break;
   case DL_AR_ONE_SHOT_PUSH:
   case DL_AR_ONE_SHOT_PUSH_FLAT: rc = one_shot_push(&j); break; /* no roles on the cpu: one twin */
