@@ -144,7 +144,7 @@ describe("allreduce on cpu (shared memory)", function()
   end)
 
   it("2, 3 and 4 ranks: the Lamport region holds a quarter of max_bytes a slot (or DISTLAB_AR_LAMPORT_MB in all); " ..
-    "a call up to a slot is one piece", function()
+    "a call up to a slot (two_shot_lamport: N / 2 slots at 3+ ranks) is one piece", function()
     for _, n in ipairs { 2, 3, 4 } do
       for _, env in ipairs { "", "DISTLAB_AR_LAMPORT_MB=8", "DISTLAB_AR_LAMPORT_MB=32" } do
         local rc, out = run(n, "cpu", "lamport_region.lua", "", env)

@@ -522,7 +522,8 @@ typedef struct dl_allreduce_info {
   int32_t pad;
   int64_t max_bytes;  /* bytes of one piece (the zero-copy region's size)         */
   int64_t calls;      /* kernel calls issued so far                               */
-  int64_t lamport_bytes; /* bytes of one piece of a Lamport algorithm (its slot)   */
+  int64_t lamport_bytes; /* bytes of a Lamport slot: one_shot_lamport's largest
+                            piece (two_shot_lamport's: size / 2 slots at 3+ ranks) */
 } dl_allreduce_info_t;
 
 /* Collective over c's ranks. max_bytes <= 0: 64 MiB on cuda, 8 MiB on cpu. */

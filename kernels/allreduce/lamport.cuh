@@ -194,8 +194,13 @@ __device__ __forceinline__ void lamport_push(const dl_ar_args_t &a, int nr, int 
   }
 }
 
+// two_shot_lamport's slot p of rank q holds two slices of sv vectors: at
+// [0, sv) slice q of p's input (the reduce-scatter's), at [sv, 2 sv) p's sum
+// of slice p (the all-gather's); so a call of up to nranks / 2 slots runs in
+// one piece (the slices at their own positions used 2 / nranks of a slot).
+
 // Position j of every slice of our input into slot `rank` of the slice's
-// owner's half (two_shot_lamport).
+// owner's half, at j (two_shot_lamport).
 template <int DT, int NR, bool AL>
 __device__ __forceinline__ void lamport_scatter(const dl_ar_args_t &a, int nr, int h, int64_t sv, int64_t nv,
                                                 int64_t j) {
@@ -204,11 +209,11 @@ __device__ __forceinline__ void lamport_scatter(const dl_ar_args_t &a, int nr, i
   for (int q = 0; q < NRC; q++) {
     const int64_t v = q * sv + j;
     if (q < nr && q != a.rank && v < nv)
-      st_vec(lamport(a, q, h, a.rank), v, lamport_clean(ld_user<DT, AL>(a.in, v, a.n)));
+      st_vec(lamport(a, q, h, a.rank), j, lamport_clean(ld_user<DT, AL>(a.in, v, a.n)));
   }
 }
 
-// The sums of every other slice at position j: poll, write out, empty.
+// The sums of every other slice at position j (slot q's vector sv + j): poll, write out, empty.
 template <int DT, int NR, bool AL>
 __device__ __forceinline__ bool lamport_gather(const dl_ar_args_t &a, dl_ar_ctrl_t *self, int nr,
                                                int h, int64_t sv, int64_t nv, int64_t j, uint64_t t0,
@@ -221,9 +226,9 @@ __device__ __forceinline__ bool lamport_gather(const dl_ar_args_t &a, dl_ar_ctrl
     if (!(q < nr && q != a.rank && v < nv)) continue;
     char *src = lamport(a, a.rank, h, q);
     uint4 x;
-    if (!lamport_wait(a, self, src, v, q, t0, seq, x)) return false;
+    if (!lamport_wait(a, self, src, sv + j, q, t0, seq, x)) return false;
     st_user<DT, AL>(a.out, v, a.n, x);
-    st_vec(src, v, empty);
+    st_vec(src, sv + j, empty);
   }
   return true;
 }

@@ -164,13 +164,14 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_two_shot_write_kernel
 
 // two_shot_lamport: a two-shot without flags or fences, for more ranks than
 // one-shot Lamport suits (it sends every input to every peer). Slice q of
-// every rank's input goes into slot `rank` of rank q's lamport half, at the
-// slice's own positions; rank q polls its slice from every peer, reduces it
-// in rank order (cleaned, so every rank writes the same bits), writes it out
-// and pushes it into slot q of every peer, again at the slice's positions;
-// every rank polls the other slices' sums there and writes them out. In a
-// rank's half, slot p holds p's share of our slice at our slice's positions
-// and p's sum at p's: the two never meet. Every word is emptied by the rank
+// every rank's input goes into slot `rank` of rank q's lamport half, at
+// [0, sv); rank q polls its slice from every peer, reduces it in rank order
+// (cleaned, so every rank writes the same bits), writes it out and pushes it
+// into slot q of every peer, at [sv, 2 sv); every rank polls the other
+// slices' sums there and writes them out. In a rank's half, slot p holds p's
+// share of our slice in its first sv vectors and p's sum in the next sv: the
+// two never meet, and a piece may be nranks / 2 slots (the core's
+// lamport_piece). Every word is emptied by the rank
 // that polled it. Thread t of block b owns position j = k*T*G + b*T + t of
 // every slice; it scatters step k + a.lamport_ahead before it reduces step
 // k, and reads the sums of step k one step later, when they have had time
@@ -212,15 +213,15 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_two_shot_lamport_kern
       const uint4 own = lamport_clean(ld_user<DT, AL>(a.in, v, a.n));
 #pragma unroll
       for (int p = 0; p < NRC; p++)
-        if (p < nr && p != me && ok) ok = lamport_wait(a, self, lamport(a, me, h, p), v, p, t0, seq, x[p]);
+        if (p < nr && p != me && ok) ok = lamport_wait(a, self, lamport(a, me, h, p), j, p, t0, seq, x[p]);
       if (!ok) break;
       const uint4 sum = lamport_clean(reduce_vec_own<DT, NRC>(x, nr, me, own));
       st_user<DT, AL>(a.out, v, a.n, sum);
 #pragma unroll
       for (int p = 0; p < NRC; p++) {
         if (p < nr && p != me) {
-          st_vec(lamport(a, p, h, me), v, sum);
-          st_vec(lamport(a, me, h, p), v, empty);
+          st_vec(lamport(a, p, h, me), sv + j, sum);
+          st_vec(lamport(a, me, h, p), j, empty);
         }
       }
     }

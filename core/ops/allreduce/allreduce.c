@@ -225,6 +225,14 @@ static int64_t lamport_slot(int64_t slot, int size, long mb) {
   return ls > slot ? slot : ls;
 }
 
+/* The bytes of a Lamport call's largest piece: a slot (one_shot_lamport sends
+ * the whole piece into a slot of every peer), or size / 2 slots for
+ * two_shot_lamport, whose slots each hold two of a piece's size slices
+ * (kernels/allreduce/lamport.cuh): 32 MiB at 4 ranks with 16 MiB slots. */
+static int64_t lamport_piece(const dl_allreduce_t *ar, int algo) {
+  return algo == DL_AR_TWO_SHOT_LAMPORT && ar->size > 2 ? ar->lslot / 2 * ar->size : ar->lslot;
+}
+
 static int64_t lamport_offset(const dl_allreduce_t *ar) {
   return DL_AR_CTRL_BYTES + ar->slot * (1 + 2 * (int64_t)ar->size);
 }
@@ -313,9 +321,13 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
    * check, as before 2026-11-27; allreduce_device.cuh, ar_stop_kind),
    * DISTLAB_AR_TAGGED_MAX_BYTES the largest one_shot_lamport call sent as
    * tagged vectors, whose tags say which call sent them, so that no
-   * thread waits for a peer's call before its data (default 256 KiB, and
-   * at most half a Lamport slot; 0: never, every call waits for the
-   * peers' calls as before; kernels/allreduce/allreduce.h) */
+   * thread waits for a peer's call before its data (at most half a Lamport
+   * slot; 0: never, every call waits for the peers' calls as before;
+   * kernels/allreduce/allreduce.h). Default 64 KiB at 2 ranks, 0 at more:
+   * on 4 H100s (927fc83) tagged one_shot_lamport gained 0.1-0.2 us at 2
+   * ranks to 32 KB and lost from 128 KB, and at 4 ranks lost at every size
+   * (8 KB 6.7 against 6.0 us, 256 KB 17.6 against 8.4: twice the bytes to
+   * three peers) */
   long round_kb, pdl, poll_ns, long_poll_ns, ahead, lamport_mb, gone_gap_us, tagged_max;
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_ROUND_KB", 0, 0, 1 << 20, &round_kb));
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_PDL", 1, 0, 1, &pdl));
@@ -324,7 +336,8 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_LAMPORT_AHEAD", 2, 0, 1 << 20, &ahead));
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_LAMPORT_MB", 0, 1, 1 << 16, &lamport_mb));
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_GONE_GAP_US", 200, 0, 1000000, &gone_gap_us));
-  DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_TAGGED_MAX_BYTES", 256 << 10, 0, 1 << 30, &tagged_max));
+  DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_TAGGED_MAX_BYTES", ci.size == 2 ? 64 << 10 : 0, 0, 1 << 30,
+                     &tagged_max));
   dl_allreduce_t *ar = calloc(1, sizeof *ar);
   if (!ar) return DL_ERR(DL_ENOMEM, "dl_allreduce_new: out of host memory");
   ar->round_max = (int64_t)round_kb * 1024 / DL_AR_VEC_BYTES;
@@ -599,8 +612,12 @@ static int run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int 
     shape_for(ar, algo == DL_AR_ONE_SHOT ? nv : (nv + ar->size - 1) / ar->size, blocks, algo, &a);
     return launch(ar, &a, stream);
   }
-  /* copy-in (or push): pieces of one slot each */
-  const int64_t piece = (is_lamport(algo) ? ar->lslot : ar->slot) / es;
+  /* copy-in (or push): pieces of at most one slot each (two_shot_lamport: size / 2
+   * Lamport slots, lamport_piece), as even as whole vectors allow (48 MB in pieces
+   * of 32 MiB: 24 + 24 MB, not 32 + 16) */
+  const int64_t most = (is_lamport(algo) ? lamport_piece(ar, algo) : ar->slot) / es;
+  const int64_t npieces = (vi.numel + most - 1) / most, ve = DL_AR_VEC_BYTES / es;
+  const int64_t piece = npieces <= 1 ? most : ((vi.numel + npieces - 1) / npieces + ve - 1) / ve * ve;
   for (int64_t off = 0; off < vi.numel; off += piece) {
     a.n = vi.numel - off < piece ? vi.numel - off : piece;
     a.offset = off;

@@ -73,7 +73,9 @@ static void rank_main(world *w, int r, const std::vector<call> *calls, int skip_
                       double delay_s, bool expect_fail) {
   const int n = w->n;
   if (delay_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(delay_s));
-  std::vector<unsigned char> inbuf(SLOT + 2 * GUARD + 16), outbuf(SLOT + 2 * GUARD + 16);
+  // room for the largest call: a staging slot, or two_shot_lamport's piece (n / 2 Lamport slots)
+  const size_t room = (size_t)std::max<int64_t>(SLOT, n * LSLOT / 2) + 2 * GUARD + 16;
+  std::vector<unsigned char> inbuf(room), outbuf(room);
   for (size_t c = 0; c < calls->size(); c++) {
     const call &k = (*calls)[c];
     if (skip_last && c + 1 == calls->size()) return;
@@ -295,6 +297,48 @@ static bool tagged_sums(world &w, unsigned seed) {
   return ok;
 }
 
+// two_shot_lamport at its piece limit (n / 2 Lamport slots at 3+ ranks, one at 2:
+// a slot holds two of the n slices, kernels/allreduce/lamport.cuh) and a few
+// elements below it, back to back (both halves), every dtype, in place or not,
+// misaligned (the AL=false path); sums exact and the region empty after.
+static bool two_shot_lamport_limit(world &w, unsigned seed) {
+  reset(w);
+  std::mt19937 rng(seed + 200);
+  const int64_t most = w.n > 2 ? LSLOT / 2 * w.n : LSLOT; // bytes (the core's lamport_piece)
+  std::vector<call> calls;
+  for (int c = 0; c < 8; c++) {
+    call k;
+    k.algo = DL_AR_TWO_SHOT_LAMPORT;
+    k.dtype = c % 3;
+    k.n = most / dl_dtype_size(k.dtype) - (c % 2 ? 1 + rng() % 7 : 0);
+    int threads, unroll;
+    dl_allreduce_cuda_shape(w.n, &threads, &unroll);
+    k.blocks = 1 + rng() % 4;
+    k.round_vecs = 1 + rng() % (3 * threads * unroll);
+    k.ahead = rng() % 4;
+    k.zc = 0;
+    k.inplace = rng() % 2;
+    k.misalign = c % 4 == 3;
+    k.zc_extra = 0;
+    calls.push_back(k);
+  }
+  failures = 0;
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < w.n; r++) ranks.emplace_back(rank_main, &w, r, &calls, 0, 0.0, false);
+  for (auto &t : ranks) t.join();
+  bool empty = true;
+  for (int r = 0; r < w.n && empty; r++)
+    for (int64_t i = lamport_off(w.n); i < lamport_off(w.n) + 2 * w.n * LSLOT; i++)
+      if ((unsigned char)w.bufs[r][i] != 0xff) {
+        empty = false;
+        fprintf(stderr, "rank %d: lamport byte %lld not empty\n", r, (long long)(i - lamport_off(w.n)));
+        break;
+      }
+  const bool ok = failures == 0 && empty;
+  printf("two_shot_lamport at its piece limit (%lld bytes, %zu calls): %s\n", (long long)most, calls.size(), ok ? "ok" : "FAILED");
+  return ok;
+}
+
 int main(int argc, char **argv) {
   int n = argc > 1 ? atoi(argv[1]) : 2;
   int ncalls = argc > 2 ? atoi(argv[2]) : 200;
@@ -441,5 +485,6 @@ int main(int argc, char **argv) {
     ok = dead_case(w, k) && ok;
   }
   ok = tagged_sums(w, seed) && ok;
+  ok = two_shot_lamport_limit(w, seed) && ok;
   return ok ? 0 : 1;
 }

@@ -486,30 +486,33 @@ static int one_shot_lamport_tagged(const job_t *j) {
 }
 
 /* Lamport two-shot (kernel: allreduce_two_shot_lamport_kernel): slice q of
- * the input into slot `rank` of rank q's half (our own slice into our own
- * slot, as the one-shot twin does), wait for our slice from everyone, sum it
- * into out, clean it as the kernel does and push it into slot `rank` of
- * every peer; wait for every other slice's sum, copy it out; empty every
- * word read. Positions are the tensor's, so the slices never meet. */
+ * the input into slot `rank` of rank q's half, in its first sv vectors (our
+ * own slice into our own slot, as the one-shot twin does), wait for our slice
+ * from everyone, sum it into out, clean it as the kernel does and push it
+ * into slot `rank` of every peer, in its next sv vectors; wait for every
+ * other slice's sum, copy it out; empty every word read. */
 static int two_shot_lamport(const job_t *j) {
   const dl_ar_args_t *a = j->a;
   const int me = a->rank, nr = a->nranks;
   const int W = DL_AR_VEC_BYTES / 4;
   const int64_t sv = (j->nv + nr - 1) / nr, nbytes = a->n * j->es;
-  int64_t w0[DL_SIGNAL_MAX_RANKS] = {0}, w1[DL_SIGNAL_MAX_RANKS] = {0}; /* each slice's words */
+  int64_t w0[DL_SIGNAL_MAX_RANKS] = {0}, w1[DL_SIGNAL_MAX_RANKS] = {0}; /* each slice's words in the tensor */
   for (int q = 0; q < nr; q++) {
     w0[q] = (q * sv < j->nv ? q * sv : j->nv) * W;
     w1[q] = ((q + 1) * sv < j->nv ? (q + 1) * sv : j->nv) * W;
-    lamport_put((uint32_t *)lamport(a, q, j->h, me), a->in, nbytes, w0[q], w1[q]);
+    /* the slice's words, at the slot's start */
+    lamport_put((uint32_t *)lamport(a, q, j->h, me) - w0[q], a->in, nbytes, w0[q], w1[q]);
   }
   watch_t wt = watch_begin(a);
-  char *src[DL_SIGNAL_MAX_RANKS];
+  const int64_t gather = sv * DL_AR_VEC_BYTES; /* where a slot's sums start */
+  char *src[DL_SIGNAL_MAX_RANKS], *mine[DL_SIGNAL_MAX_RANKS]; /* slots; ours at the tensor's positions */
   for (int p = 0; p < nr; p++) {
     src[p] = lamport(a, me, j->h, p);
-    if (p != me) DL_TRY(lamport_poll(j, src[p], w0[me], w1[me], &wt, p));
+    mine[p] = src[p] - w0[me] * 4;
+    if (p != me) DL_TRY(lamport_poll(j, src[p], 0, w1[me] - w0[me], &wt, p));
   }
   const int64_t e0 = w0[me] * 4 / j->es, e1 = w1[me] * 4 / j->es < a->n ? w1[me] * 4 / j->es : a->n;
-  sum_range(a->out, src, nr, e0, e1, a->dtype);
+  sum_range(a->out, mine, nr, e0, e1, a->dtype);
   /* the sum as it is sent: cleaned, the same bits on every rank (whole
    * words; a tensor's last half word is sent padded and kept as it is) */
   for (int64_t w = w0[me]; w < w1[me] && (w + 1) * 4 <= nbytes; w++) {
@@ -518,15 +521,17 @@ static int two_shot_lamport(const job_t *j) {
     if (x == DL_AR_LAMPORT_EMPTY) memcpy((char *)a->out + w * 4, &(uint32_t){DL_AR_LAMPORT_NAN}, 4);
   }
   for (int p = 0; p < nr; p++) {
-    memset(src[p] + w0[me] * 4, 0xff, (size_t)((w1[me] - w0[me]) * 4));
-    if (p != me) lamport_put((uint32_t *)lamport(a, p, j->h, me), a->out, nbytes, w0[me], w1[me]);
+    memset(src[p], 0xff, (size_t)((w1[me] - w0[me]) * 4));
+    if (p != me)
+      lamport_put((uint32_t *)(lamport(a, p, j->h, me) + gather) - w0[me], a->out, nbytes, w0[me], w1[me]);
   }
   for (int q = 0; q < nr; q++) {
     if (q == me) continue;
-    DL_TRY(lamport_poll(j, src[q], w0[q], w1[q], &wt, q));
+    char *sums = src[q] + gather;
+    DL_TRY(lamport_poll(j, sums, 0, w1[q] - w0[q], &wt, q));
     const int64_t b0 = w0[q] * 4, b1 = w1[q] * 4 < nbytes ? w1[q] * 4 : nbytes;
-    if (b1 > b0) memcpy((char *)a->out + b0, src[q] + b0, (size_t)(b1 - b0));
-    memset(src[q] + w0[q] * 4, 0xff, (size_t)((w1[q] - w0[q]) * 4));
+    if (b1 > b0) memcpy((char *)a->out + b0, sums, (size_t)(b1 - b0));
+    memset(sums, 0xff, (size_t)((w1[q] - w0[q]) * 4));
   }
   return DL_OK;
 }
