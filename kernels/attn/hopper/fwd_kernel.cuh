@@ -357,21 +357,24 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (STAGED && warp_id >= 9 && p.acc_out) { // the running rows into shared memory (acc_stage_t), once
       // the first key blocks are on their way (copied at once, they slowed the first blocks' loads: fp32
       // rows are as many bytes as Q, K and V of a block)
-      mbar_wait(&sm.acc_go, 0, &sm.fail, p.err);
-      // (in 24 registers: the rows' addresses from the first's, one step a row; shifts, no divisions:
-      // a row's bytes and vec are powers of 2)
-      const int t = threadIdx.x - 288, es = p.acc_bf16 ? 2 : 4, row_bytes = DV * es, vec = p.acc_vec;
-      const int rows = i1 - i0, lg_vec = __ffs(vec) - 1, lg_row = __ffs(row_bytes / vec) - 1;
-      const char *acc = static_cast<const char *>(p.acc_out) + at(p.acc_st, i0) * es;
-      const int64_t step = p.acc_st[0] * es;
-      for (int i = t; i < rows << lg_row; i += 96) {
-        const int r = i >> lg_row, byte = (i - (r << lg_row)) << lg_vec;
-        cp_async(stage + r * row_bytes + (((byte >> 4) ^ (r & 7)) << 4) + (byte & 15), acc + r * step + byte, vec);
+      // (in 24 registers: one wait in the code, for the go and then for the copies to land, so that no
+      // thread leaves with its copies in flight; the rows' addresses from the first's, one step a row;
+      // shifts, no divisions: a row's bytes and vec are powers of 2)
+      for (int landed = 0;; landed = 1) {
+        mbar_wait(landed ? &sm.acc_full : &sm.acc_go, 0, &sm.fail, p.err);
+        if (landed) break;
+        const int t = threadIdx.x - 288, es = p.acc_bf16 ? 2 : 4, row_bytes = DV * es, vec = p.acc_vec;
+        const int rows = i1 - i0, lg_vec = __ffs(vec) - 1, lg_row = __ffs(row_bytes / vec) - 1;
+        const char *acc = static_cast<const char *>(p.acc_out) + at(p.acc_st, i0) * es;
+        const int64_t step = p.acc_st[0] * es;
+        for (int i = t; i < rows << lg_row; i += 96) {
+          const int r = i >> lg_row, byte = (i - (r << lg_row)) << lg_vec;
+          cp_async(stage + r * row_bytes + (((byte >> 4) ^ (r & 7)) << 4) + (byte & 15), acc + r * step + byte, vec);
+        }
+        const float *lse0 = p.acc_lse + at(p.acc_lse_st, i0);
+        for (int r = t; r < rows; r += 96) cp_async(stage + ST::o_bytes + 4 * r, lse0 + r * p.acc_lse_st[0], 4);
+        cp_async_arrive(&sm.acc_full);
       }
-      const float *lse0 = p.acc_lse + at(p.acc_lse_st, i0);
-      for (int r = t; r < rows; r += 96) cp_async(stage + ST::o_bytes + 4 * r, lse0 + r * p.acc_lse_st[0], 4);
-      cp_async_arrive(&sm.acc_full);
-      mbar_wait(&sm.acc_full, 0, &sm.fail, p.err); // no thread leaves with its copies in flight
     }
     if (threadIdx.x == 256) {
       // the go of the running rows' copies (STAGED merge): once the consumers are done with the first
