@@ -248,6 +248,34 @@ static bool dead_case(world &w, const call &k) {
   return ok;
 }
 
+// A call's grid, round length and steps ahead at random, in place or not, no zero copy.
+static void any_grid(const world &w, std::mt19937 &rng, call &k) {
+  int threads, unroll;
+  dl_allreduce_cuda_shape(w.n, &threads, &unroll);
+  k.blocks = 1 + rng() % 4;
+  k.round_vecs = 1 + rng() % (3 * threads * unroll);
+  k.ahead = rng() % 4;
+  k.zc = 0;
+  k.inplace = rng() % 2;
+  k.zc_extra = 0;
+}
+
+// Every rank runs calls; true when no call failed and every rank's Lamport
+// region is empty again after them (each word emptied by its reader).
+static bool run_emptied(world &w, const std::vector<call> &calls) {
+  failures = 0;
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < w.n; r++) ranks.emplace_back(rank_main, &w, r, &calls, 0, 0.0, false);
+  for (auto &t : ranks) t.join();
+  for (int r = 0; r < w.n; r++)
+    for (int64_t i = lamport_off(w.n); i < lamport_off(w.n) + 2 * w.n * LSLOT; i++)
+      if ((unsigned char)w.bufs[r][i] != 0xff) {
+        fprintf(stderr, "rank %d: lamport byte %lld not empty\n", r, (long long)(i - lamport_off(w.n)));
+        return false;
+      }
+  return failures == 0;
+}
+
 // Tagged one_shot_lamport back to back with untagged ones and other
 // algorithms (so each half is used by both forms in turn): every dtype,
 // sizes at and around the limit (2 x the whole vectors = LSLOT: f32 65536
@@ -266,33 +294,14 @@ static bool tagged_sums(world &w, unsigned seed) {
     if (k.n < 1) k.n = 1;
     k.algo = c % 4 == 3 ? (c % 8 == 3 ? DL_AR_TWO_SHOT_LAMPORT : DL_AR_ONE_SHOT_PUSH) : DL_AR_ONE_SHOT_LAMPORT;
     k.tagged = k.algo == DL_AR_ONE_SHOT_LAMPORT && c % 4 != 2 && tagged_fits(k.n, k.dtype);
-    int threads, unroll;
-    dl_allreduce_cuda_shape(w.n, &threads, &unroll);
-    k.blocks = 1 + rng() % 4;
-    k.round_vecs = 1 + rng() % (3 * threads * unroll);
-    k.ahead = rng() % 4;
-    k.zc = 0;
-    k.inplace = rng() % 2;
+    any_grid(w, rng, k);
     k.misalign = rng() % 4 == 0;
-    k.zc_extra = 0;
     calls.push_back(k);
   }
   int tagged = 0;
   for (const call &k : calls) tagged += k.tagged;
-  failures = 0;
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < w.n; r++) ranks.emplace_back(rank_main, &w, r, &calls, 0, 0.0, false);
-  for (auto &t : ranks) t.join();
   // the region empty again: every word a tagged call wrote was emptied by its reader
-  bool empty = true;
-  for (int r = 0; r < w.n && empty; r++)
-    for (int64_t i = lamport_off(w.n); i < lamport_off(w.n) + 2 * w.n * LSLOT; i++)
-      if ((unsigned char)w.bufs[r][i] != 0xff) {
-        empty = false;
-        fprintf(stderr, "rank %d: lamport byte %lld not empty\n", r, (long long)(i - lamport_off(w.n)));
-        break;
-      }
-  const bool ok = failures == 0 && empty && tagged > 0;
+  const bool ok = run_emptied(w, calls) && tagged > 0;
   printf("tagged sums (%zu calls, %d tagged, at and around the limit): %s\n", calls.size(), tagged, ok ? "ok" : "FAILED");
   return ok;
 }
@@ -311,30 +320,11 @@ static bool two_shot_lamport_limit(world &w, unsigned seed) {
     k.algo = DL_AR_TWO_SHOT_LAMPORT;
     k.dtype = c % 3;
     k.n = most / dl_dtype_size(k.dtype) - (c % 2 ? 1 + rng() % 7 : 0);
-    int threads, unroll;
-    dl_allreduce_cuda_shape(w.n, &threads, &unroll);
-    k.blocks = 1 + rng() % 4;
-    k.round_vecs = 1 + rng() % (3 * threads * unroll);
-    k.ahead = rng() % 4;
-    k.zc = 0;
-    k.inplace = rng() % 2;
+    any_grid(w, rng, k);
     k.misalign = c % 4 == 3;
-    k.zc_extra = 0;
     calls.push_back(k);
   }
-  failures = 0;
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < w.n; r++) ranks.emplace_back(rank_main, &w, r, &calls, 0, 0.0, false);
-  for (auto &t : ranks) t.join();
-  bool empty = true;
-  for (int r = 0; r < w.n && empty; r++)
-    for (int64_t i = lamport_off(w.n); i < lamport_off(w.n) + 2 * w.n * LSLOT; i++)
-      if ((unsigned char)w.bufs[r][i] != 0xff) {
-        empty = false;
-        fprintf(stderr, "rank %d: lamport byte %lld not empty\n", r, (long long)(i - lamport_off(w.n)));
-        break;
-      }
-  const bool ok = failures == 0 && empty;
+  const bool ok = run_emptied(w, calls);
   printf("two_shot_lamport at its piece limit (%lld bytes, %zu calls): %s\n", (long long)most, calls.size(), ok ? "ok" : "FAILED");
   return ok;
 }
