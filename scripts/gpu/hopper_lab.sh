@@ -6,7 +6,8 @@
 #   2. correctness first, both main loops (and the fused merge into f32 and bf16 running outs on the
 #      GQA and thd cases): b=1 h=2 at s 128..1024, GQA 4/2
 #      sbhd, MQA 4/1 (s 384 and 200), thd with lengths 1000, 0, 1, 77, 4096 and
-#      NaN gaps, sliding windows (100, 20) and (64, -1), then b=2 h=16 at s 4k
+#      NaN gaps, the merge into a running out off 16-byte alignment (8- and 4-byte copies), sliding
+#      windows (100, 20) and (64, -1), then b=2 h=16 at s 4k
 #      (the bench shape), causal and not,
 #      against the fp64 reference on sampled rows, with a planted 2% error that
 #      must fail; stop here if it fails;
@@ -40,6 +41,7 @@ command -v $SAN >/dev/null || SAN=/usr/local/cuda/bin/compute-sanitizer
   timeout 60 "$BIN" --check --merge --pipe 0,1 --b 2 --h 4 --hkv 2 --layout sbhd --s 256,640 --iters 2 $Q &&
   timeout 60 "$BIN" --check --b 1 --h 4 --hkv 1 --s 384,200 --iters 2 $Q &&
   timeout 60 "$BIN" --check --merge --pipe 0,1 --h 4 --hkv 2 --thd 1000,0,1,77,4096 --iters 2 $Q &&
+  timeout 60 "$BIN" --check --merge --acc-misalign --pipe 0,1 --b 2 --h 4 --hkv 2 --s 640 --iters 2 $Q &&
   timeout 60 "$BIN" --check --b 1 --h 2 --s 1000 --window 100,20 --iters 2 $Q &&
   timeout 60 "$BIN" --check --h 2 --thd 300,1,900 --window 64,-1 --iters 2 $Q; } >"$OUT/fwd-small.log" 2>&1
 rc=$?

@@ -310,7 +310,7 @@ int main(int argc, char **argv) {
   std::vector<int> ss = {4096, 8192, 16384, 32768}, thd_lens;
   std::vector<int> pipes = {0, 1}; // the kernel's main loops (fwd_kernel.cuh)
   std::vector<std::pair<int, int>> windows = {{-1, -1}, {-1, 0}}; // none, causal
-  bool bottom_right = false, merge = false;
+  bool bottom_right = false, merge = false, acc_misalign = false;
   auto ints = [](char *list) {
     std::vector<int> out;
     for (char *t = strtok(list, ","); t; t = strtok(nullptr, ",")) out.push_back(atoi(t));
@@ -338,6 +338,9 @@ int main(int argc, char **argv) {
       windows = {{w[0], w[1]}};
     } else if (!strcmp(argv[i], "--bottom-right")) bottom_right = true;
     else if (!strcmp(argv[i], "--merge")) merge = true; // also time the fused merge, and check it
+    // the running out one element past a 16-byte boundary: the staged merge's 8-byte (f32) and 4-byte
+    // (bf16) copies instead of 16-byte ones
+    else if (!strcmp(argv[i], "--acc-misalign")) acc_misalign = true;
     else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--warm-ms") && i + 1 < argc) warm_ms = (float)atof(argv[++i]);
     else if (!strcmp(argv[i], "--min-ms") && i + 1 < argc) min_ms = (float)atof(argv[++i]);
@@ -347,7 +350,7 @@ int main(int argc, char **argv) {
     } else if (!strcmp(argv[i], "--s") && i + 1 < argc) ss = ints(argv[++i]);
     else {
       fprintf(stderr, "usage: fwd [--check] [--b B] [--h H] [--hkv H_KV] [--layout bshd|sbhd] [--s S1,S2,...] "
-                      "[--thd L1,L2,...] [--window L,R] [--bottom-right] [--merge] [--iters N] [--warm-ms 300] [--min-ms 600] [--pipe 0,1]\n");
+                      "[--thd L1,L2,...] [--window L,R] [--bottom-right] [--merge [--acc-misalign]] [--iters N] [--warm-ms 300] [--min-ms 600] [--pipe 0,1]\n");
       return 2;
     }
   }
@@ -474,13 +477,15 @@ int main(int argc, char **argv) {
           }
           for (size_t i = 0; i < nlse; i++) lse0[i] = i % 7 == 3 ? -INFINITY : (float)(i % 13) - 6.0f;
           const size_t esize = bf ? 2 : 4;
-          void *acc;
+          void *acc_alloc;
           float *accl;
-          CK(cudaMalloc(&acc, n * esize));
+          CK(cudaMalloc(&acc_alloc, n * esize + 16));
           CK(cudaMalloc(&accl, nlse * 4));
+          void *acc = static_cast<char *>(acc_alloc) + (acc_misalign ? esize : 0);
           params_t pm = p;
           pm.acc_out = acc, pm.acc_lse = accl, pm.acc_bf16 = bf;
           pm.acc_vec = hp_acc_vec(acc, pm.acc_st, (int)esize);
+          if (acc_misalign) printf("  running out at +%zu bytes: copies of %d bytes\n", esize, pm.acc_vec);
           auto reset = [&] {
             CK(cudaMemcpy(acc, bf ? (const void *)acc0h.data() : (const void *)acc0.data(), n * esize,
                           cudaMemcpyHostToDevice));
@@ -494,7 +499,7 @@ int main(int argc, char **argv) {
           CK(cudaDeviceSynchronize());
           check_err("the merge");
           all_ok = check_merge(pm, l, acc0, lse0, o, lse) && all_ok;
-          CK(cudaFree(acc));
+          CK(cudaFree(acc_alloc));
           CK(cudaFree(accl));
         }
         CK(cudaEventDestroy(e0));
