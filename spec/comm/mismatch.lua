@@ -8,7 +8,7 @@
 --   ar_dtype <algo>          f32 on rank 0, bf16 elsewhere
 --   ar_algo <algo> <algo2>   rank 1 runs algo2
 --   ar_big <algo>            1000 elements, rank 1 70000 (280 KB: over the
---                            tagged limit of one_shot_lamport, 256 KiB)
+--                            tagged limit of one_shot_lamport: 64 KiB at 2 ranks)
 --   cp_mask, cp_correction   a CP schedule with a causal mask (fused correction)
 --                            on rank 0 and none (post_loop) elsewhere
 local dir = arg[0]:match("^(.*)/[^/]*$") or "."
