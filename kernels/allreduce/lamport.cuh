@@ -107,13 +107,8 @@ __device__ __forceinline__ bool lamport_tag_wrong(uint32_t t, uint32_t want) {
 // called only between the polls of a wait that lasts.
 static __device__ __noinline__ bool lamport_call_differs(const dl_ar_ctrl_t *self, int p, uint32_t seq,
                                                          uint32_t hash) {
-  const volatile uint64_t *in = self->calls[seq & 1][p].w;
-  uint32_t w[8];
-  for (int i = 0; i < 8; i++) {
-    const uint64_t x = in[i];
-    if ((uint32_t)(x >> 32) != seq + 1) return false;
-    w[i] = (uint32_t)x;
-  }
+  uint32_t w[8], x;
+  if (!ar_call_read(self, p, seq, seq + 1, w, x)) return false;
   dl_ar_call_t c;
   memcpy(&c, w, sizeof c);
   return dl_ar_call_hash(&c) != hash;
