@@ -94,6 +94,10 @@ template <int DQK, int DV> struct acc_stage_t {
   static constexpr uint32_t o_bytes = BM * DV * 4, bytes = o_bytes + BM * 4;
   static constexpr bool on = HP_FWD_STAGE_ACC && sizeof(smem_t<DQK, DV>) + 1024 + bytes <= 227 * 1024;
 };
+// Where byte `byte` of staged row `row` (row_bytes a row) lies (acc_stage_t's swizzle).
+HP_DEV uint32_t acc_stage_at(uint32_t stage, int row, int row_bytes, int byte) {
+  return stage + row * row_bytes + (((byte >> 4) ^ (row & 7)) << 4) + (byte & 15);
+}
 // The dynamic shared memory of a launch (+ 1024: the slack of aligning smem_t to 1024 bytes).
 template <int DQK, int DV> HP_HD size_t fwd_smem_bytes(bool merge) {
   return sizeof(smem_t<DQK, DV>) + 1024 + (merge && acc_stage_t<DQK, DV>::on ? acc_stage_t<DQK, DV>::bytes : 0);
@@ -381,7 +385,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         };
         for (int i = t; i < rows << lg_row; i += 96) {
           const int r = i >> lg_row, byte = (i - (r << lg_row)) << lg_vec;
-          copy(stage + r * row_bytes + (((byte >> 4) ^ (r & 7)) << 4) + (byte & 15), acc + r * step + byte, vec);
+          copy(acc_stage_at(stage, r, row_bytes, byte), acc + r * step + byte, vec);
         }
         const float *lse0 = p.acc_lse + at(p.acc_lse_st, i0);
         for (int r = t; r < rows; r += 96) copy(stage + ST::o_bytes + 4 * r, lse0 + r * p.acc_lse_st[0], 4);
@@ -567,8 +571,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int br = r0 + 8 * r, es = p.acc_bf16 ? 2 : 4;
     auto old_pair = [&](int j) {
       if constexpr (STAGED) {
-        const int byte = (8 * j + 2 * (lane % 4)) * es;
-        const uint32_t a = stage + br * DV * es + (((byte >> 4) ^ (br & 7)) << 4) + (byte & 15);
+        const uint32_t a = acc_stage_at(stage, br, DV * es, (8 * j + 2 * (lane % 4)) * es);
         return p.acc_bf16 ? unpack_bf16(ld_shared_u32(a)) : ld_shared_f2(a);
       } else {
         return x[r][j];
