@@ -31,8 +31,12 @@ say() { echo "$*" | tee -a "$SUM"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$SUM"
 say "commit: ${DISTLAB_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 BIN=/tmp/hopper_fwd # not under $OUT: at most 8 files come back
-nvcc -DLAB_D=${LAB_D:-128} -Ikernels -std=c++17 -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -o "$BIN" \
-  experiments/lab/attn/hopper/fwd.cu >"$OUT/build.log" 2>&1 || { say "build FAILED"; tail -20 "$OUT/build.log" | tee -a "$SUM"; exit 1; }
+# the lab binary $1 with the extra nvcc flags $3, its log in $2
+build() {
+  nvcc -DLAB_D=${LAB_D:-128} $3 -Ikernels -std=c++17 -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -o "$1" \
+    experiments/lab/attn/hopper/fwd.cu >"$2" 2>&1 || { say "build $3 FAILED"; tail -20 "$2" | tee -a "$SUM"; exit 1; }
+}
+build "$BIN" "$OUT/build.log" ""
 grep -A2 "fwd_kernel" "$OUT/build.log" | grep -E "registers|spill" | tee -a "$SUM"
 Q="--warm-ms 0 --min-ms 0" # checks: no timing to speak of
 SAN=compute-sanitizer
@@ -61,8 +65,7 @@ done >>"$OUT/fwd-bench.log" 2>&1
 say "thd bench rc $?"
 cat "$OUT/fwd-bench.log" | tee -a "$SUM"
 if [ -n "${AB_FLAGS:-}" ]; then
-  nvcc -DLAB_D=${LAB_D:-128} $AB_FLAGS -Ikernels -std=c++17 -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Xptxas -v \
-    -o "$BIN-ab" experiments/lab/attn/hopper/fwd.cu >"$OUT/build-ab.log" 2>&1 || { say "A/B build FAILED"; tail -20 "$OUT/build-ab.log" | tee -a "$SUM"; exit 1; }
+  build "$BIN-ab" "$OUT/build-ab.log" "$AB_FLAGS"
   for round in $(seq ${AB_ROUNDS:-2}); do
     for b in "$BIN" "$BIN-ab"; do
       tag=$([ "$b" = "$BIN" ] && echo "as built" || echo "$AB_FLAGS")
