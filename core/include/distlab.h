@@ -483,9 +483,9 @@ int dl_attn_merge_grad(const dl_attn_merge_opts_t *o, int mode, dl_tensor_t *gra
  * bf16 (summed in fp32), any size (sizes above max_bytes run in pieces), in
  * place or not, on the given stream, and safe inside CUDA graphs: the
  * kernels keep their counters in device memory. Memory: (1 + 2 x size) x
- * max_bytes per rank, plus 2 x size Lamport slots of max_bytes / 4 (at
- * least 1 MiB, at most max_bytes; DISTLAB_AR_LAMPORT_MB: that region's MiB
- * in all instead). An input that lies in this rank's zero-copy region
+ * max_bytes per rank, plus 2 x size Lamport slots of max_bytes / 4 at 2
+ * ranks, 2 / size of max_bytes at more (at least 1 MiB, at most max_bytes;
+ * DISTLAB_AR_LAMPORT_MB: that region's MiB in all instead). An input that lies in this rank's zero-copy region
  * (dl_allreduce_buffer; same offset on every rank) is read where it is by
  * one-shot (out must be elsewhere) and two-shot (in place). A device-side
  * wait that times out ends its kernel; the next run or check on this rank

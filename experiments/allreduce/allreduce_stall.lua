@@ -53,7 +53,8 @@ local ar = dl.allreduce.get(w)
 local now_us = dl.core.C.dl_now_us
 -- the knobs this run sets (the all-reduce's DISTLAB_AR_* variables), for the results
 local knobs = {}
-for _, k in ipairs { "DISTLAB_AR_GONE_GAP_US", "DISTLAB_AR_LONG_POLL_NS", "DISTLAB_AR_POLL_NS", "DISTLAB_AR_PDL" } do
+for _, k in ipairs { "DISTLAB_AR_GONE_GAP_US", "DISTLAB_AR_LONG_POLL_NS", "DISTLAB_AR_LONG_POLL_AFTER", "DISTLAB_AR_POLL_NS",
+  "DISTLAB_AR_PDL" } do
   if os.getenv(k) then knobs[#knobs + 1] = k .. "=" .. os.getenv(k) end
 end
 local knob = #knobs > 0 and table.concat(knobs, " ") or "default"

@@ -190,7 +190,8 @@ typedef struct dl_ar_args {
   dl_ar_status_t *status;  /* this rank's status, writable by the kernel           */
   uint64_t timeout_ns;     /* every wait ends after this                            */
   uint32_t poll_ns;        /* nap between polls after the 8th (Lamport, call check) */
-  uint32_t long_poll_ns;   /* the Lamport waits' nap after their 128th poll       */
+  uint32_t long_poll_ns;   /* the Lamport waits' nap after long_poll_after polls   */
+  uint32_t long_poll_after; /* polls of a Lamport wait before its naps grow long   */
   uint32_t gone_gap_ns;    /* a block reads status->gone (host memory) at most once
                               per this, in waits past 100 us (0: every check)      */
   int lamport_ahead;       /* Lamport kernels: grid steps pushed before the first

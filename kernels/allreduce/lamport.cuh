@@ -60,14 +60,14 @@ __device__ __forceinline__ bool lamport_full(const uint4 &x) {
 }
 
 // Poll vector v of `src` (peer `peer`'s copy) until it is whole (naps of
-// a.poll_ns after the first few polls, of a.long_poll_ns after 128: a late
-// peer's data lands among a grid of pollers, each of whose polls is a load
-// of the memory it lands in); false once ar_stop says so (the wait timed
-// out, another thread failed, a peer gave up or died).
+// a.poll_ns after the first few polls, of a.long_poll_ns after
+// a.long_poll_after: a late peer's data lands among a grid of pollers, each
+// of whose polls is a load of the memory it lands in); false once ar_stop
+// says so (the wait timed out, another thread failed, a peer gave up or died).
 __device__ __forceinline__ bool lamport_wait(const dl_ar_args_t &a, dl_ar_ctrl_t *self, const char *src,
                                              int64_t v, int peer, uint64_t t0, uint32_t seq, uint4 &x) {
   for (int spins = 1; !lamport_full(x = ld_volatile_vec(src, v)); spins++) {
-    DL_AR_POLL_PAUSE(spins, spins > 128 ? a.long_poll_ns : a.poll_ns);
+    DL_AR_POLL_PAUSE(spins, (uint32_t)spins > a.long_poll_after ? a.long_poll_ns : a.poll_ns);
     if (spins % 256 == 0 && ar_stop(a, self, t0, peer, (uint32_t)v, 0u, seq, blockIdx.x)) return false;
   }
   return true;
@@ -138,7 +138,7 @@ __device__ __forceinline__ int lamport_wait_tagged(const dl_ar_args_t &a, dl_ar_
     if (lamport_tag_wrong(lo.y, tag) || lamport_tag_wrong(hi.y, tag) || lamport_tag_wrong(lo.w, hash) ||
         lamport_tag_wrong(hi.w, hash))
       return LAMPORT_WRONG_TAG;
-    DL_AR_POLL_PAUSE(spins, spins > 128 ? a.long_poll_ns : a.poll_ns);
+    DL_AR_POLL_PAUSE(spins, (uint32_t)spins > a.long_poll_after ? a.long_poll_ns : a.poll_ns);
     if (spins % 256 == 0) {
       if (*reinterpret_cast<volatile uint32_t *>(&self->abort) != 0u ||
           lamport_call_differs(self, peer, seq, hash))

@@ -1,5 +1,6 @@
 -- spec/allreduce/lamport_region.lua — the Lamport region's size: a slot of
--- max_bytes / 4 (at least 1 MiB, at most max_bytes), or with
+-- max_bytes / 4 at 2 ranks, 2 / N of max_bytes at N > 2 (at least 1 MiB, at
+-- most max_bytes), or with
 -- DISTLAB_AR_LAMPORT_MB=M a region of M MiB in all (2 x N slots); a Lamport
 -- call of up to a slot (two_shot_lamport: N / 2 slots at N > 2) runs as one
 -- kernel call, a larger one in pieces, and
@@ -13,7 +14,8 @@ local MiB = 2 ^ 20
 
 local function expected_slot(max_bytes)
   local mb = tonumber(os.getenv("DISTLAB_AR_LAMPORT_MB") or "")
-  local ls = mb and math.floor(mb * MiB / (2 * N)) or math.max(math.floor(max_bytes / 4), MiB)
+  local ls = mb and math.floor(mb * MiB / (2 * N))
+    or math.max(N > 2 and math.floor(2 * max_bytes / N) or math.floor(max_bytes / 4), MiB)
   ls = ls - ls % 4096
   return math.min(ls, max_bytes)
 end

@@ -35,7 +35,8 @@ struct dl_allreduce {
   int64_t round_max; /* vectors a block moves per round at most (0: the kernels' own) */
   int pdl;           /* launch with programmatic stream serialization (cuda) */
   uint32_t poll_ns;  /* the Lamport kernels' nap between polls */
-  uint32_t long_poll_ns; /* their nap once a wait has polled 128 times */
+  uint32_t long_poll_ns; /* their nap once a wait has polled long_poll_after times */
+  uint32_t long_poll_after;
   uint32_t gone_gap_ns; /* a block's least time between reads of status->gone */
   int lamport_ahead; /* the Lamport kernels: grid steps pushed ahead of the reduction */
   int64_t tagged_max; /* one_shot_lamport calls up to this many bytes go tagged (tagged_fits) */
@@ -207,19 +208,23 @@ static void abort_peers(dl_allreduce_t *ar) {
 
 /* ---- lifetime ------------------------------------------------------------ */
 
-/* The bytes of a Lamport slot: the largest piece a Lamport call runs in one
- * go; the region holds 2 halves of one slot a rank, 2 x size slots. A
- * quarter of max_bytes, at least 1 MiB and at most max_bytes: with the
- * default 64 MiB (cuda) 16 MiB slots, so that an 8 or 16 MB call is one
- * piece at every world size, for a region of 64 / 128 / 256 MiB a rank at
- * 2 / 4 / 8 ranks, beside (1 + 2 x size) x 64 MiB of zero-copy region and
- * staging (320 / 576 / 1088 MiB). On cpu (8 MiB): 2 MiB slots, 8 / 16 / 32
- * MiB. The fixed 32 MiB region this replaces gave 8 / 4 / 2 MiB slots and
- * cut 8 MB in two at 4 ranks (allreduce-h200x4.md: two_shot_lamport 58.1 us
- * there against 27.2 at 4 MB). mb > 0 (DISTLAB_AR_LAMPORT_MB): a region of
- * mb MiB in all instead, as before (32: the old region, for the A/B). */
+/* The bytes of a Lamport slot; the region holds 2 halves of one slot a rank,
+ * 2 x size slots. At 2 ranks a quarter of max_bytes (at least 1 MiB): with
+ * the default 64 MiB (cuda) 16 MiB slots, a region of 64 MiB, so an 8 or 16
+ * MB call is one piece. At more ranks 2 / size of max_bytes, so that a
+ * two_shot_lamport call of max_bytes is one piece (lamport_piece: size / 2
+ * slots): 32 / 16 MiB slots, a region of 256 MiB a rank at 4 / 8 ranks,
+ * beside (1 + 2 x size) x 64 MiB of zero-copy region and staging (576 /
+ * 1088 MiB). A quarter of max_bytes at 4 ranks cut 48 and 64 MB in two
+ * pieces of two_shot_lamport: 251.0 and 326.9 us on 4 H200s (eb0b3a4), where
+ * 16 and 32 MB in one piece took 88.1 and 163.2 us. On cpu (8 MiB): 2 MiB
+ * slots at 2 ranks, 4 MiB at 4. The fixed 32 MiB region of before gave 8 / 4
+ * / 2 MiB slots and cut 8 MB in two at 4 ranks (allreduce-h200x4.md:
+ * two_shot_lamport 58.1 us there against 27.2 at 4 MB). mb > 0
+ * (DISTLAB_AR_LAMPORT_MB): a region of mb MiB in all instead, as before (32:
+ * the old region, for the A/B; 128 at 4 ranks: the quarter of max_bytes). */
 static int64_t lamport_slot(int64_t slot, int size, long mb) {
-  int64_t ls = mb > 0 ? ((int64_t)mb << 20) / (2 * size) : slot / 4;
+  int64_t ls = mb > 0 ? ((int64_t)mb << 20) / (2 * size) : size > 2 ? 2 * slot / size : slot / 4;
   if (mb <= 0 && ls < ((int64_t)1 << 20)) ls = (int64_t)1 << 20;
   ls &= ~(int64_t)4095;
   return ls > slot ? slot : ls;
@@ -228,7 +233,7 @@ static int64_t lamport_slot(int64_t slot, int size, long mb) {
 /* The bytes of a Lamport call's largest piece: a slot (one_shot_lamport sends
  * the whole piece into a slot of every peer), or size / 2 slots for
  * two_shot_lamport, whose slots each hold two of a piece's size slices
- * (kernels/allreduce/lamport.cuh): 32 MiB at 4 ranks with 16 MiB slots. */
+ * (kernels/allreduce/lamport.cuh): max_bytes at more than 2 ranks. */
 static int64_t lamport_piece(const dl_allreduce_t *ar, int algo) {
   return algo == DL_AR_TWO_SHOT_LAMPORT && ar->size > 2 ? ar->lslot / 2 * ar->size : ar->lslot;
 }
@@ -314,8 +319,15 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
    * grid steps pushed ahead of the reduction (default 2; 0: all first),
    * DISTLAB_AR_LAMPORT_MB the Lamport region's MiB in all (unset: sized
    * from max_bytes, below; 32: the fixed region of before),
-   * DISTLAB_AR_LONG_POLL_NS their nap once a wait has polled 128 times
-   * (default 1000; 128, the nap of before 2026-11-27, keeps one nap),
+   * DISTLAB_AR_LONG_POLL_NS their nap once a wait has polled
+   * DISTLAB_AR_LONG_POLL_AFTER times (default 1000 ns after 1024 polls; 128
+   * ns, the nap of before 2026-11-27, keeps one nap). The first default
+   * (f13621f) napped long after 128 polls; between 5339a0a and eb0b3a4
+   * two_shot_lamport lost 0.4-0.7 us at 3-16 MB on 4 H200s, where its waits
+   * outlast 128 polls in normal running and a 1 us nap overshoots the
+   * data's arrival: the suspect, with 4d9f6e2's layout. The stuck calls
+   * after a late start it was made for (2 ranks, one_shot_lamport, 264
+   * blocks, 2 MB: 300 us a call with one nap) wait hundreds of us,
    * DISTLAB_AR_GONE_GAP_US the least time between two reads of the
    * watchdog's host word by one block's waits (0: every wait's every
    * check, as before 2026-11-27; allreduce_device.cuh, ar_stop_kind),
@@ -328,11 +340,12 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
    * ranks to 32 KB and lost from 128 KB, and at 4 ranks lost at every size
    * (8 KB 6.7 against 6.0 us, 256 KB 17.6 against 8.4: twice the bytes to
    * three peers) */
-  long round_kb, pdl, poll_ns, long_poll_ns, ahead, lamport_mb, gone_gap_us, tagged_max;
+  long round_kb, pdl, poll_ns, long_poll_ns, long_poll_after, ahead, lamport_mb, gone_gap_us, tagged_max;
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_ROUND_KB", 0, 0, 1 << 20, &round_kb));
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_PDL", 1, 0, 1, &pdl));
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_POLL_NS", 128, 0, 100000, &poll_ns));
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_LONG_POLL_NS", 1000, 0, 100000, &long_poll_ns));
+  DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_LONG_POLL_AFTER", 1024, 8, 1 << 30, &long_poll_after));
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_LAMPORT_AHEAD", 2, 0, 1 << 20, &ahead));
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_LAMPORT_MB", 0, 1, 1 << 16, &lamport_mb));
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_GONE_GAP_US", 200, 0, 1000000, &gone_gap_us));
@@ -344,6 +357,7 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
   ar->pdl = (int)pdl;
   ar->poll_ns = (uint32_t)poll_ns;
   ar->long_poll_ns = (uint32_t)long_poll_ns;
+  ar->long_poll_after = (uint32_t)long_poll_after;
   ar->gone_gap_ns = (uint32_t)gone_gap_us * 1000u;
   ar->lamport_ahead = (int)ahead;
   ar->tagged_max = tagged_max;
@@ -592,6 +606,7 @@ static int run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int 
   a.pdl = ar->pdl;
   a.poll_ns = ar->poll_ns;
   a.long_poll_ns = ar->long_poll_ns;
+  a.long_poll_after = ar->long_poll_after;
   a.gone_gap_ns = ar->gone_gap_ns;
   a.lamport_ahead = ar->lamport_ahead;
   a.tagged = tagged_fits(ar, algo, nbytes);
