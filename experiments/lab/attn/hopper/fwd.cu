@@ -481,11 +481,13 @@ int main(int argc, char **argv) {
           float *accl;
           CK(cudaMalloc(&acc_alloc, n * esize + 16));
           CK(cudaMalloc(&accl, nlse * 4));
-          void *acc = static_cast<char *>(acc_alloc) + (acc_misalign ? esize : 0);
+          // --acc-misalign: two elements off (8 bytes f32, 4 bf16), the rows' alignment that dl.attn's
+          // even strides allow (attn_hopper.cu rejects odd ones: the epilogue stores element pairs)
+          void *acc = static_cast<char *>(acc_alloc) + (acc_misalign ? 2 * esize : 0);
           params_t pm = p;
           pm.acc_out = acc, pm.acc_lse = accl, pm.acc_bf16 = bf;
           pm.acc_vec = hp_acc_vec(acc, pm.acc_st, (int)esize);
-          if (acc_misalign) printf("  running out at +%zu bytes: copies of %d bytes\n", esize, pm.acc_vec);
+          if (acc_misalign) printf("  running out at +%zu bytes: copies of %d bytes\n", 2 * esize, pm.acc_vec);
           auto reset = [&] {
             CK(cudaMemcpy(acc, bf ? (const void *)acc0h.data() : (const void *)acc0.data(), n * esize,
                           cudaMemcpyHostToDevice));
