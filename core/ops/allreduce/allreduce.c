@@ -320,14 +320,12 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
    * DISTLAB_AR_LAMPORT_MB the Lamport region's MiB in all (unset: sized
    * from max_bytes, below; 32: the fixed region of before),
    * DISTLAB_AR_LONG_POLL_NS their nap once a wait has polled
-   * DISTLAB_AR_LONG_POLL_AFTER times (default 1000 ns after 1024 polls; 128
-   * ns, the nap of before 2026-11-27, keeps one nap). The first default
-   * (f13621f) napped long after 128 polls; between 5339a0a and eb0b3a4
-   * two_shot_lamport lost 0.4-0.7 us at 3-16 MB on 4 H200s, where its waits
-   * outlast 128 polls in normal running and a 1 us nap overshoots the
-   * data's arrival: the suspect, with 4d9f6e2's layout. The stuck calls
-   * after a late start it was made for (2 ranks, one_shot_lamport, 264
-   * blocks, 2 MB: 300 us a call with one nap) wait hundreds of us,
+   * DISTLAB_AR_LONG_POLL_AFTER times (default 1000 ns after 128 polls; 128
+   * ns, the nap of before 2026-11-27, keeps one nap). On 4 H200s (d3b93ff)
+   * 1024 polls before the long nap changed nothing measured: two_shot_lamport
+   * and one_shot_lamport at 1-32 MB within 0.1 us of 128 (the 0.4-0.7 us
+   * two_shot_lamport lost at 3-16 MB since 5339a0a is not the nap), and the
+   * stall cases alike at 2 ranks (allreduce-stall-h200.md),
    * DISTLAB_AR_GONE_GAP_US the least time between two reads of the
    * watchdog's host word by one block's waits (0: every wait's every
    * check, as before 2026-11-27; allreduce_device.cuh, ar_stop_kind),
@@ -345,7 +343,7 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_PDL", 1, 0, 1, &pdl));
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_POLL_NS", 128, 0, 100000, &poll_ns));
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_LONG_POLL_NS", 1000, 0, 100000, &long_poll_ns));
-  DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_LONG_POLL_AFTER", 1024, 8, 1 << 30, &long_poll_after));
+  DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_LONG_POLL_AFTER", 128, 8, 1 << 30, &long_poll_after));
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_LAMPORT_AHEAD", 2, 0, 1 << 20, &ahead));
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_LAMPORT_MB", 0, 1, 1 << 16, &lamport_mb));
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_GONE_GAP_US", 200, 0, 1000000, &gone_gap_us));
