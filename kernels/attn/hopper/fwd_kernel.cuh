@@ -83,13 +83,8 @@ template <int DQK, int DV> struct alignas(1024) smem_t {
 #ifndef HP_FWD_STAGE_ACC
 #define HP_FWD_STAGE_ACC 1
 #endif
-// HP_FWD_ACC_STREAM=1 (a build flag, for the A/B; off by default): the running rows read and written
-// with L2 evict-first hints (cp.async with a cache policy, st.global.cs), so that they do not push the
-// K and V lines that other CTAs of the head still read out of L2 (fp32 rows: 96 KB more traffic a CTA
-// than the plain step).
-#ifndef HP_FWD_ACC_STREAM
-#define HP_FWD_ACC_STREAM 0
-#endif
+// (L2 evict-first hints on the running rows' reads and writes cost fp32 0.5-1 point more at 4k causal on
+// an H200 and gained nothing elsewhere: results/attn/hopper-fwd-merge-h200.md; removed.)
 template <int DQK, int DV> struct acc_stage_t {
   static constexpr uint32_t o_bytes = BM * DV * 4, bytes = o_bytes + BM * 4;
   static constexpr bool on = HP_FWD_STAGE_ACC && sizeof(smem_t<DQK, DV>) + 1024 + bytes <= 227 * 1024;
@@ -378,17 +373,12 @@ __global__ void __launch_bounds__(THREADS, 1)
         const int rows = i1 - i0, lg_vec = __ffs(vec) - 1, lg_row = __ffs(row_bytes / vec) - 1;
         const char *acc = static_cast<const char *>(p.acc_out) + at(p.acc_st, i0) * es;
         const int64_t step = p.acc_st[0] * es;
-        const uint64_t pol = HP_FWD_ACC_STREAM ? l2_evict_first() : 0;
-        auto copy = [&](uint32_t dst, const void *src, int bytes) {
-          if (HP_FWD_ACC_STREAM) cp_async_ef(dst, src, bytes, pol);
-          else cp_async(dst, src, bytes);
-        };
         for (int i = t; i < rows << lg_row; i += 96) {
           const int r = i >> lg_row, byte = (i - (r << lg_row)) << lg_vec;
-          copy(acc_stage_at(stage, r, row_bytes, byte), acc + r * step + byte, vec);
+          cp_async(acc_stage_at(stage, r, row_bytes, byte), acc + r * step + byte, vec);
         }
         const float *lse0 = p.acc_lse + at(p.acc_lse_st, i0);
-        for (int r = t; r < rows; r += 96) copy(stage + ST::o_bytes + 4 * r, lse0 + r * p.acc_lse_st[0], 4);
+        for (int r = t; r < rows; r += 96) cp_async(stage + ST::o_bytes + 4 * r, lse0 + r * p.acc_lse_st[0], 4);
         cp_async_arrive(&sm.acc_full);
       }
     }
@@ -587,8 +577,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       for (int j = 0; j < DV / 8; j++) {
         const float2 y = old_pair(j);
         const uint32_t z = pack_bf16(y.x * ka + o[4 * j + 2 * r] * kb, y.y * ka + o[4 * j + 2 * r + 1] * kb);
-        if (HP_FWD_ACC_STREAM) st_global_cs(a + 4 * j, z);
-        else a[4 * j] = z;
+        a[4 * j] = z;
       }
     } else {
       float2 *a = reinterpret_cast<float2 *>(static_cast<float *>(p.acc_out) + e);
@@ -596,8 +585,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       for (int j = 0; j < DV / 8; j++) {
         const float2 y = old_pair(j);
         const float2 z = make_float2(y.x * ka + o[4 * j + 2 * r] * kb, y.y * ka + o[4 * j + 2 * r + 1] * kb);
-        if (HP_FWD_ACC_STREAM) st_global_cs(a + 4 * j, z);
-        else a[4 * j] = z;
+        a[4 * j] = z;
       }
     }
     if (lane % 4 == 0) p.acc_lse[at(p.acc_lse_st, row)] = lnew;

@@ -86,28 +86,6 @@ __device__ __forceinline__ void cp_async(uint32_t dst, const void *src, int byte
   else if (bytes == 8) asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(src) : "memory");
   else asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
 }
-// The same, marking the lines read evict-first in L2 (a running row is read once; K and V stay):
-// policy from l2_evict_first().
-__device__ __forceinline__ uint64_t l2_evict_first() {
-  uint64_t pol;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(pol));
-  return pol;
-}
-__device__ __forceinline__ void cp_async_ef(uint32_t dst, const void *src, int bytes, uint64_t pol) {
-  if (bytes == 16)
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "l"(pol) : "memory");
-  else if (bytes == 8)
-    asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "l"(pol) : "memory");
-  else
-    asm volatile("cp.async.ca.shared.global.L2::cache_hint [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "l"(pol) : "memory");
-}
-// Streaming stores (st.global.cs: likely read once, evict first) of a running row's values.
-__device__ __forceinline__ void st_global_cs(float2 *p, float2 v) {
-  asm volatile("st.global.cs.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(v.x), "f"(v.y) : "memory");
-}
-__device__ __forceinline__ void st_global_cs(uint32_t *p, uint32_t v) {
-  asm volatile("st.global.cs.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
 // An arrival on b once every cp_async this thread issued before has landed (.noinc: b's count at
 // init counts this arrival).
 __device__ __forceinline__ void cp_async_arrive(uint64_t *b) {

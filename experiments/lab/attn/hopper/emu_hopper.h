@@ -220,11 +220,6 @@ HP_DEV void cp_async_arrive(uint64_t *b) {
   if (hp_coin() % 2) hp_cp_land(g);
   else hp_cp_groups.push_back(std::move(g));
 }
-// the L2 hints are the GPU's business: here plain copies and stores
-HP_DEV uint64_t l2_evict_first() { return 0; }
-HP_DEV void cp_async_ef(uint32_t dst, const void *src, int bytes, uint64_t) { cp_async(dst, src, bytes); }
-HP_DEV void st_global_cs(float2 *p, float2 v) { *p = v; }
-HP_DEV void st_global_cs(uint32_t *p, uint32_t v) { *p = v; }
 template <class T> static T hp_ld_shared(uint32_t addr) {
   if (addr % sizeof(T)) {
     fprintf(stderr, "emu: ld.shared of %zu bytes at %u, not aligned\n", sizeof(T), addr);

@@ -481,8 +481,9 @@ int main(int argc, char **argv) {
           float *accl;
           CK(cudaMalloc(&acc_alloc, n * esize + 16));
           CK(cudaMalloc(&accl, nlse * 4));
-          // --acc-misalign: two elements off (8 bytes f32, 4 bf16), the rows' alignment that dl.attn's
-          // even strides allow (attn_hopper.cu rejects odd ones: the epilogue stores element pairs)
+          // --acc-misalign: two elements off (8 bytes f32, 4 bf16), for the kernel's 8- and 4-byte copies
+          // (dl.attn passes 16-byte aligned rows only; the epilogue stores element pairs, so one element
+          // off faults)
           void *acc = static_cast<char *>(acc_alloc) + (acc_misalign ? 2 * esize : 0);
           params_t pm = p;
           pm.acc_out = acc, pm.acc_lse = accl, pm.acc_bf16 = bf;
