@@ -85,12 +85,22 @@ template <int DQK, int DV> struct alignas(1024) smem_t {
 #endif
 // (L2 evict-first hints on the running rows' reads and writes cost fp32 0.5-1 point more at 4k causal on
 // an H200 and gained nothing elsewhere: results/attn/hopper-fwd-merge-h200.md; removed.)
+// HP_FWD_BULK_STORE=1 (a build flag, for the A/B; off by default): the merged rows go back into their
+// staged slots and out with bulk copies (one thread a warp, its 16 rows, cp.async.bulk: asynchronous), not
+// with the consumers' 8- or 4-byte stores, which are most of the merge's cost at 4k causal on an H200
+// (hopper_merge_diag.sh). The staged rows are then kept whole, each rotated by 16 (row % 8) bytes
+// instead of swizzled: the same banks for eight rows read at once, a row in at most two copies.
+#ifndef HP_FWD_BULK_STORE
+#define HP_FWD_BULK_STORE 0
+#endif
 template <int DQK, int DV> struct acc_stage_t {
   static constexpr uint32_t o_bytes = BM * DV * 4, bytes = o_bytes + BM * 4;
   static constexpr bool on = HP_FWD_STAGE_ACC && sizeof(smem_t<DQK, DV>) + 1024 + bytes <= 227 * 1024;
 };
-// Where byte `byte` of staged row `row` (row_bytes a row) lies (acc_stage_t's swizzle).
+// Where byte `byte` of staged row `row` (row_bytes a row, a power of 2 of at least 128) lies
+// (acc_stage_t's swizzle; HP_FWD_BULK_STORE: its rotation).
 HP_DEV uint32_t acc_stage_at(uint32_t stage, int row, int row_bytes, int byte) {
+  if (HP_FWD_BULK_STORE) return stage + row * row_bytes + ((byte + 16 * (row & 7)) & (row_bytes - 1));
   return stage + row * row_bytes + (((byte >> 4) ^ (row & 7)) << 4) + (byte & 15);
 }
 // The dynamic shared memory of a launch (+ 1024: the slack of aligning smem_t to 1024 bytes).
@@ -552,6 +562,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   // memory (STAGED), or were read by merge_loads (under the last P V).
   if (STAGED) mbar_wait(&sm.acc_full, 0, &sm.fail, p.err);
   else hp_syncwarp(); // a row's four threads read the old LSE before its first thread writes the new
+  // HP_FWD_BULK_STORE: rows that are whole 16-byte chunks in global memory go out by bulk copies
+  const bool bulk = HP_FWD_BULK_STORE && STAGED && p.acc_vec == 16;
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     const int row = q0 + 8 * r;
@@ -571,13 +583,16 @@ __global__ void __launch_bounds__(THREADS, 1)
     const float hi = fmaxf(old[r], lse[r]), lnew = hi + log1pf(expf(-fabsf(old[r] - lse[r])));
     const float ka = old[r] == -INFINITY ? 0.0f : expf(old[r] - lnew), kb = expf(lse[r] - lnew) * inv[r];
     const int64_t e = at(p.acc_st, row) + 2 * (lane % 4);
+    // bulk: the merged pair back into its staged slot (bulk_out sends the rows)
+    auto slot = [&](int j) { return acc_stage_at(stage, br, DV * es, (8 * j + 2 * (lane % 4)) * es); };
     if (p.acc_bf16) {
       uint32_t *a = reinterpret_cast<uint32_t *>(static_cast<uint16_t *>(p.acc_out) + e);
 #pragma unroll
       for (int j = 0; j < DV / 8; j++) {
         const float2 y = old_pair(j);
         const uint32_t z = pack_bf16(y.x * ka + o[4 * j + 2 * r] * kb, y.y * ka + o[4 * j + 2 * r + 1] * kb);
-        a[4 * j] = z;
+        if (bulk) st_shared_u32(slot(j), z);
+        else a[4 * j] = z;
       }
     } else {
       float2 *a = reinterpret_cast<float2 *>(static_cast<float *>(p.acc_out) + e);
@@ -585,10 +600,26 @@ __global__ void __launch_bounds__(THREADS, 1)
       for (int j = 0; j < DV / 8; j++) {
         const float2 y = old_pair(j);
         const float2 z = make_float2(y.x * ka + o[4 * j + 2 * r] * kb, y.y * ka + o[4 * j + 2 * r + 1] * kb);
-        a[4 * j] = z;
+        if (bulk) st_shared_f2(slot(j), z);
+        else a[4 * j] = z;
       }
     }
     if (lane % 4 == 0) p.acc_lse[at(p.acc_lse_st, row)] = lnew;
+  }
+  if (bulk) { // the warp's 16 rows (lane 0's r0 .. r0 + 15) out of their slots, by lane 0, once all are in
+    fence_proxy_async(); // this thread's slot writes, before the async proxy reads them
+    hp_syncwarp();
+    if (lane == 0) {
+      const int es = p.acc_bf16 ? 2 : 4, rb = DV * es;
+      for (int k = 0; k < 16 && q0 + k < len_q; k++) {
+        char *g = static_cast<char *>(p.acc_out) + at(p.acc_st, q0 + k) * es;
+        const uint32_t row = stage + (r0 + k) * rb, rot = 16 * ((r0 + k) & 7); // byte 0 at row + rot
+        bulk_store(g, row + rot, rb - rot);
+        if (rot) bulk_store(g + rb - rot, row, rot);
+      }
+      bulk_commit();
+      bulk_wait_read(); // the slots are the CTA's shared memory, gone when it ends
+    }
   }
 }
 

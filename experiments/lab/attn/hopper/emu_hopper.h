@@ -398,28 +398,43 @@ HP_DEV void st_shared_u32(uint32_t addr, uint32_t v) {
   }
   memcpy(hp_ptr(addr, 4), &v, 4);
 }
-// Bulk reductions (shared -> global, fp32 add): done at the issue or only at the wait that covers
-// them (a coin), reading shared memory then, so a source rewritten before bulk_wait_read shows.
+HP_DEV void st_shared_f2(uint32_t addr, float2 v) {
+  if (addr % 8) {
+    fprintf(stderr, "emu: st.shared.v2.f32 at %u, not 8-byte aligned\n", addr);
+    abort();
+  }
+  memcpy(hp_ptr(addr, 8), &v, 8);
+}
+// Bulk reductions (shared -> global, fp32 add) and copies: done at the issue or only at the wait that
+// covers them (a coin), reading shared memory then, so a source rewritten before bulk_wait_read shows.
 struct hp_bulk {
-  float *dst;
+  void *dst;
   uint32_t src, bytes;
-  bool committed;
+  bool committed, add;
 };
 static std::vector<hp_bulk> hp_bulks;
 static void hp_bulk_do(const hp_bulk &b) {
-  const float *s = (const float *)hp_ptr(b.src, b.bytes);
-  for (uint32_t i = 0; i < b.bytes / 4; i++) b.dst[i] += s[i];
+  if (b.add) {
+    const float *s = (const float *)hp_ptr(b.src, b.bytes);
+    for (uint32_t i = 0; i < b.bytes / 4; i++) static_cast<float *>(b.dst)[i] += s[i];
+  } else {
+    memcpy(b.dst, hp_ptr(b.src, b.bytes), b.bytes);
+  }
   emu.progress++;
 }
-HP_DEV void bulk_reduce_add(float *dst, const void *src, uint32_t bytes) {
-  const hp_bulk b{dst, hp_smem_u32(src), bytes, false};
-  if (b.src % 16 || (uintptr_t)dst % 16 || bytes % 16) {
-    fprintf(stderr, "emu: bulk reduction of %u bytes at %u -> %p: not 16-byte aligned\n", bytes, b.src, (void *)dst);
+static void hp_bulk_issue(const hp_bulk &b) {
+  if (b.src % 16 || (uintptr_t)b.dst % 16 || b.bytes % 16 || b.bytes == 0) {
+    fprintf(stderr, "emu: bulk %s of %u bytes at %u -> %p: not 16-byte aligned\n", b.add ? "reduction" : "copy",
+            b.bytes, b.src, b.dst);
     abort();
   }
   if (hp_coin() % 2) hp_bulk_do(b);
   else hp_bulks.push_back(b);
 }
+HP_DEV void bulk_reduce_add(float *dst, const void *src, uint32_t bytes) {
+  hp_bulk_issue(hp_bulk{dst, hp_smem_u32(src), bytes, false, true});
+}
+HP_DEV void bulk_store(void *dst, uint32_t src, uint32_t bytes) { hp_bulk_issue(hp_bulk{dst, src, bytes, false, false}); }
 HP_DEV void bulk_commit() {
   for (hp_bulk &b : hp_bulks) b.committed = true;
 }
@@ -428,7 +443,7 @@ HP_DEV void bulk_wait_read() {
     for (int n = hp_coin() % 65; n > 0; n--) emu.progress++, emu_yield();
   for (const hp_bulk &b : hp_bulks) {
     if (!b.committed) {
-      fprintf(stderr, "emu: a bulk reduction waited for before its commit\n");
+      fprintf(stderr, "emu: a bulk copy or reduction waited for before its commit\n");
       abort();
     }
     hp_bulk_do(b);
