@@ -11,10 +11,10 @@ local H = require "helpers"
 
 local has = H.has_command
 
-local function run(target)
+local function run(target, flags)
   local build = H.tmpname("_hopper_emu")
-  local p = io.popen(string.format("cd %q/experiments/lab/attn && make -s %s ARGS=--quick BUILD=%q 2>&1; echo __rc=$?; rm -rf %q",
-    H.root, target, build, build))
+  local p = io.popen(string.format("cd %q/experiments/lab/attn && make -s %s ARGS=--quick BUILD=%q EMU_FLAGS=%q 2>&1; " ..
+    "echo __rc=$?; rm -rf %q", H.root, target, build, flags or "", build))
   local out = p:read("*a")
   p:close()
   return out
@@ -33,6 +33,9 @@ describe("the Hopper attention kernels on the CPU emulator", function()
   local it_ = (has("g++") and has("make")) and it or pending
   it_("forward: every case under three masks, both loops, the merge into f32 and bf16, d 64 and MLA's 192/128, against fp64", function()
     all_ok(run("hopper-emu"), "hopper emu: all ok", 40)
+  end)
+  it_("forward with the build flags not yet on by default (the merged rows and O out by bulk copies), the same cases", function()
+    all_ok(run("hopper-emu", "-DHP_FWD_BULK_STORE=1 -DHP_FWD_BULK_O=1"), "hopper emu: all ok", 40)
   end)
   it_("backward: dq, dk, dv of every case under two masks at d 128 and one at d 64, with and without the turns", function()
     local out = run("hopper-emu-bwd")
