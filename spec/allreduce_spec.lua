@@ -144,10 +144,10 @@ describe("allreduce on cpu (shared memory)", function()
   end)
 
   it("2, 3 and 4 ranks: the Lamport region holds a quarter of max_bytes a slot at 2 ranks, 2 / N of it at N > 2 " ..
-    "(or DISTLAB_AR_LAMPORT_MB in all); " ..
+    "(or DISTLAB_AR_LAMPORT_MB in all; also with DISTLAB_AR_LAMPORT_PAD_KB between the slots); " ..
     "a call up to a slot (two_shot_lamport: N / 2 slots at 3+ ranks) is one piece", function()
     for _, n in ipairs { 2, 3, 4 } do
-      for _, env in ipairs { "", "DISTLAB_AR_LAMPORT_MB=8", "DISTLAB_AR_LAMPORT_MB=32" } do
+      for _, env in ipairs { "", "DISTLAB_AR_LAMPORT_MB=8", "DISTLAB_AR_LAMPORT_MB=32", "DISTLAB_AR_LAMPORT_PAD_KB=4" } do
         local rc, out = run(n, "cpu", "lamport_region.lua", "", env)
         assert.equal(0, rc, out)
         assert.equal(n, ok_lines(out, "lamport_region"), out)
@@ -190,7 +190,8 @@ describe("allreduce on cpu (shared memory)", function()
     for _, env in ipairs { "DISTLAB_AR_POLL_NS=abc", "DISTLAB_AR_PDL=2", "DISTLAB_AR_ROUND_KB=-4",
       "DISTLAB_AR_LAMPORT_AHEAD=-1", "DISTLAB_AR_LAMPORT_MB=0", "DISTLAB_AR_LAMPORT_MB=1.5",
       "DISTLAB_AR_LAMPORT_MB=99999", "DISTLAB_AR_LONG_POLL_NS=x", "DISTLAB_AR_GONE_GAP_US=-1",
-      "DISTLAB_AR_TAGGED_MAX_BYTES=-1", "DISTLAB_AR_LONG_POLL_AFTER=4" } do
+      "DISTLAB_AR_TAGGED_MAX_BYTES=-1", "DISTLAB_AR_LONG_POLL_AFTER=4",
+      "DISTLAB_AR_LAMPORT_PAD_KB=-1" } do
       local rc, out = run(1, "cpu", "fail.lua", "knob", env)
       assert.equal(0, rc, out)
       local name = env:match("^[%w_]+")

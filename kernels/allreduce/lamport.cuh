@@ -44,7 +44,7 @@ __device__ __forceinline__ uint4 ld_volatile_vec(const char *base, int64_t v) {
 #endif
 
 __device__ __forceinline__ char *lamport(const dl_ar_args_t &a, int rank, int half, int slot) {
-  return buf_of(a, rank) + a.lamport_off + ((int64_t)half * a.nranks + slot) * a.lamport_slot;
+  return buf_of(a, rank) + a.lamport_off + ((int64_t)half * a.nranks + slot) * a.lamport_stride;
 }
 
 __device__ __forceinline__ uint32_t lamport_word(uint32_t w) {

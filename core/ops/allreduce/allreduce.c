@@ -45,6 +45,7 @@ struct dl_allreduce {
   double timeout_s;
   int64_t slot;  /* bytes of the zero-copy region and of each staging slot */
   int64_t lslot; /* bytes of each lamport slot (kernels/allreduce/allreduce.h) */
+  int64_t lstride; /* bytes from a lamport slot to the next: lslot + DISTLAB_AR_LAMPORT_PAD_KB */
   int64_t calls; /* kernel calls issued */
   int64_t runs;  /* dl_allreduce_run calls, for the debug check */
   int id;        /* which of the comm's symmetric buffers: names debug keys */
@@ -245,7 +246,7 @@ static int64_t lamport_offset(const dl_allreduce_t *ar) {
 /* Counters at zero, the Lamport region empty (every byte 0xff). */
 static int zero_ctrl(dl_allreduce_t *ar) {
   char *lam = ar->bufs[ar->rank] + lamport_offset(ar);
-  const size_t lam_bytes = (size_t)(ar->lslot * 2 * ar->size);
+  const size_t lam_bytes = (size_t)(ar->lstride * 2 * ar->size);
   if (ar->dev_type == DL_CPU) {
     memset(ar->bufs[ar->rank], 0, DL_AR_CTRL_BYTES);
     memset(lam, 0xff, lam_bytes);
@@ -319,6 +320,10 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
    * grid steps pushed ahead of the reduction (default 2; 0: all first),
    * DISTLAB_AR_LAMPORT_MB the Lamport region's MiB in all (unset: sized
    * from max_bytes, below; 32: the fixed region of before),
+   * DISTLAB_AR_LAMPORT_PAD_KB unused KiB after every Lamport slot (default
+   * 0), so that the slots are not a power of two apart: since 4d9f6e2 every
+   * peer's sums land at the same offset of slots 16-32 MiB apart, and
+   * two_shot_lamport lost 0.4-0.7 us at 3-16 MB on 4 H200s (the A/B to run),
    * DISTLAB_AR_LONG_POLL_NS their nap once a wait has polled
    * DISTLAB_AR_LONG_POLL_AFTER times (default 1000 ns after 128 polls; 128
    * ns, the nap of before 2026-11-27, keeps one nap). On 4 H200s (d3b93ff)
@@ -338,7 +343,7 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
    * ranks to 32 KB and lost from 128 KB, and at 4 ranks lost at every size
    * (8 KB 6.7 against 6.0 us, 256 KB 17.6 against 8.4: twice the bytes to
    * three peers) */
-  long round_kb, pdl, poll_ns, long_poll_ns, long_poll_after, ahead, lamport_mb, gone_gap_us, tagged_max;
+  long round_kb, pdl, poll_ns, long_poll_ns, long_poll_after, ahead, lamport_mb, lamport_pad_kb, gone_gap_us, tagged_max;
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_ROUND_KB", 0, 0, 1 << 20, &round_kb));
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_PDL", 1, 0, 1, &pdl));
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_POLL_NS", 128, 0, 100000, &poll_ns));
@@ -346,6 +351,7 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_LONG_POLL_AFTER", 128, 8, 1 << 30, &long_poll_after));
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_LAMPORT_AHEAD", 2, 0, 1 << 20, &ahead));
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_LAMPORT_MB", 0, 1, 1 << 16, &lamport_mb));
+  DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_LAMPORT_PAD_KB", 0, 0, 1 << 16, &lamport_pad_kb));
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_GONE_GAP_US", 200, 0, 1000000, &gone_gap_us));
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_TAGGED_MAX_BYTES", ci.size == 2 ? 64 << 10 : 0, 0, 1 << 30,
                      &tagged_max));
@@ -369,8 +375,9 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
   ar->timeout_s = ci.timeout_s;
   ar->slot = (max_bytes + 4095) & ~(int64_t)4095;
   ar->lslot = lamport_slot(ar->slot, ci.size, lamport_mb);
+  ar->lstride = ar->lslot + ((int64_t)lamport_pad_kb << 10);
   int64_t total = DL_AR_CTRL_BYTES + ar->slot * (1 + 2 * (int64_t)ci.size) +
-                  ar->lslot * 2 * (int64_t)ci.size;
+                  ar->lstride * 2 * (int64_t)ci.size;
   ar->id = dl_comm_next_symm_id(c);
   int rc = new_status(ar);
   /* ranks that share a GPU (the ipc communicator) run their kernels at once
@@ -598,6 +605,7 @@ static int run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int 
   a.slot_bytes = ar->slot;
   a.lamport_off = lamport_offset(ar);
   a.lamport_slot = ar->lslot;
+  a.lamport_stride = ar->lstride;
   a.pad = ar->pad;
   a.status = ar->status;
   a.timeout_ns = (uint64_t)(ar->timeout_s * 1e9);

@@ -118,6 +118,7 @@ static void rank_main(world *w, int r, const std::vector<call> *calls, int skip_
       a.slot_bytes = SLOT;
       a.lamport_off = lamport_off(n);
       a.lamport_slot = LSLOT;
+      a.lamport_stride = LSLOT;
       a.pad = &w->pads[r];
       a.status = &w->status[r];
       a.timeout_ns = w->timeout_ns;

@@ -346,7 +346,7 @@ static int two_shot(const job_t *j, int push, int write) {
  * `rank`; wait until every word of every peer's slot is filled; sum in rank
  * order; empty the slots again. */
 static char *lamport(const dl_ar_args_t *a, int rank, int half, int slot) {
-  return a->bufs[rank] + a->lamport_off + ((int64_t)half * a->nranks + slot) * a->lamport_slot;
+  return a->bufs[rank] + a->lamport_off + ((int64_t)half * a->nranks + slot) * a->lamport_stride;
 }
 
 /* Words [w0, w1) of src (nbytes of data, zeros past them), cleaned as the
