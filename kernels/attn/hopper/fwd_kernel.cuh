@@ -613,7 +613,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     const float hi = fmaxf(old[r], lse[r]), lnew = hi + log1pf(expf(-fabsf(old[r] - lse[r])));
     const float ka = old[r] == -INFINITY ? 0.0f : expf(old[r] - lnew), kb = expf(lse[r] - lnew) * inv[r];
     const int64_t e = at(p.acc_st, row) + 2 * (lane % 4);
-    // bulk: the merged pair back into its staged slot (bulk_out sends the rows)
+    // bulk: the merged pair back into its staged slot (sent with its row after the loop)
     auto slot = [&](int j) { return acc_stage_at(stage, br, DV * es, (8 * j + 2 * (lane % 4)) * es); };
     if (p.acc_bf16) {
       uint32_t *a = reinterpret_cast<uint32_t *>(static_cast<uint16_t *>(p.acc_out) + e);
