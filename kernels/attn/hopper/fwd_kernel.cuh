@@ -98,14 +98,21 @@ template <int DQK, int DV> struct alignas(1024) smem_t {
 #ifndef HP_FWD_BULK_O
 #define HP_FWD_BULK_O 0
 #endif
+// HP_FWD_BULK_LOAD=1 (a build flag, for the A/B; off by default): the running rows come in by bulk copies
+// too (warp 9's lanes, a row in at most two, counted on acc_full's bytes; its LSEs still by cp.async),
+// not by 96 threads' 16-byte cp.async, where acc_out's rows are 16-byte chunks (their loads cost the fp32
+// merge 2.6 points at 4k causal on an H200). It takes the rotated layout of HP_FWD_BULK_STORE.
+#ifndef HP_FWD_BULK_LOAD
+#define HP_FWD_BULK_LOAD 0
+#endif
 template <int DQK, int DV> struct acc_stage_t {
   static constexpr uint32_t o_bytes = BM * DV * 4, bytes = o_bytes + BM * 4;
   static constexpr bool on = HP_FWD_STAGE_ACC && sizeof(smem_t<DQK, DV>) + 1024 + bytes <= 227 * 1024;
 };
 // Where byte `byte` of staged row `row` (row_bytes a row, a power of 2 of at least 128) lies
-// (acc_stage_t's swizzle; HP_FWD_BULK_STORE: its rotation).
+// (acc_stage_t's swizzle; HP_FWD_BULK_STORE or _LOAD: its rotation).
 HP_DEV uint32_t acc_stage_at(uint32_t stage, int row, int row_bytes, int byte) {
-  if (HP_FWD_BULK_STORE) return stage + row * row_bytes + ((byte + 16 * (row & 7)) & (row_bytes - 1));
+  if (HP_FWD_BULK_STORE || HP_FWD_BULK_LOAD) return stage + row * row_bytes + ((byte + 16 * (row & 7)) & (row_bytes - 1));
   return stage + row * row_bytes + (((byte >> 4) ^ (row & 7)) << 4) + (byte & 15);
 }
 // The dynamic shared memory of a launch (+ 1024: the slack of aligning smem_t to 1024 bytes).
@@ -365,7 +372,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_init(&sm.v_empty[i], 256);
     }
     mbar_init(&sm.acc_go, 1);
-    mbar_init(&sm.acc_full, 96);
+    mbar_init(&sm.acc_full, HP_FWD_BULK_LOAD ? 97 : 96); // + HP_FWD_BULK_LOAD: thread 288's arrival
     mbar_init_fence();
   }
   hp_sync();
@@ -388,9 +395,22 @@ __global__ void __launch_bounds__(THREADS, 1)
         const int rows = i1 - i0, lg_vec = __ffs(vec) - 1, lg_row = __ffs(row_bytes / vec) - 1;
         const char *acc = static_cast<const char *>(p.acc_out) + at(p.acc_st, i0) * es;
         const int64_t step = p.acc_st[0] * es;
-        for (int i = t; i < rows << lg_row; i += 96) {
-          const int r = i >> lg_row, byte = (i - (r << lg_row)) << lg_vec;
-          cp_async(acc_stage_at(stage, r, row_bytes, byte), acc + r * step + byte, vec);
+        if (HP_FWD_BULK_LOAD && vec == 16) { // the rows' bytes expected (thread 288's arrival), then sent for
+          if (t == 0) mbar_expect_tx(&sm.acc_full, (uint32_t)(rows * row_bytes));
+          if (t < 32) {
+            hp_syncwarp();
+            for (int r = t; r < rows; r += 32) { // row r's byte 0 at its slot's byte 16 (r % 8)
+              const uint32_t slot = stage + r * row_bytes, rot = 16 * (r & 7);
+              bulk_load(slot + rot, acc + r * step, row_bytes - rot, &sm.acc_full);
+              if (rot) bulk_load(slot, acc + r * step + row_bytes - rot, rot, &sm.acc_full);
+            }
+          }
+        } else {
+          if (HP_FWD_BULK_LOAD && t == 0) mbar_arrive(&sm.acc_full);
+          for (int i = t; i < rows << lg_row; i += 96) {
+            const int r = i >> lg_row, byte = (i - (r << lg_row)) << lg_vec;
+            cp_async(acc_stage_at(stage, r, row_bytes, byte), acc + r * step + byte, vec);
+          }
         }
         const float *lse0 = p.acc_lse + at(p.acc_lse_st, i0);
         for (int r = t; r < rows; r += 96) cp_async(stage + ST::o_bytes + 4 * r, lse0 + r * p.acc_lse_st[0], 4);

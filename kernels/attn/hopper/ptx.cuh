@@ -53,6 +53,12 @@ __device__ __forceinline__ bool mbar_try(uint64_t *b, uint32_t parity) {
 // Makes the barriers' initialisation visible to the TMA unit (the async proxy).
 __device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
 
+// bytes (a multiple of 16; both addresses 16-byte aligned) from global to shared memory in one bulk copy,
+// completing on bar (whose expected bytes count them).
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint64_t *bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+               ::"r"(dst), "l"(src), "r"(bytes), "r"(hp_smem_u32(bar)) : "memory");
+}
 // TMA: box {64, 1, rows, 1} of a 4-d tensor map (d, h, s, b) into shared memory, completing on bar.
 __device__ __forceinline__ void tma_load(void *dst, const hp_tmap_t *map, uint64_t *bar, int c0, int c1, int c2,
                                          int c3) {

@@ -98,8 +98,10 @@ struct hp_mbar {
 };
 struct hp_copy {
   uint32_t dst, bar;
-  const hp_tmap_t *map;
+  const hp_tmap_t *map; // a TMA box of it; nullptr: `bytes` bytes from src (bulk_load)
   int c[4];
+  const void *src;
+  uint32_t bytes;
 };
 static std::map<uint32_t, hp_mbar> hp_bars; // by shared address, per CTA (cleared by the test between CTAs)
 static std::vector<hp_copy> hp_pending;
@@ -142,6 +144,18 @@ HP_DEV void mbar_expect_tx(uint64_t *b, uint32_t bytes) {
 }
 
 static void hp_land(const hp_copy &c) {
+  if (!c.map) { // a bulk copy: the bytes, then their count off the barrier's
+    memcpy(hp_ptr(c.dst, c.bytes), c.src, c.bytes);
+    hp_mbar &b = hp_bars.at(c.bar);
+    b.tx -= c.bytes;
+    if (b.tx < 0) {
+      fprintf(stderr, "emu: more bulk-copy bytes than the barrier expected\n");
+      abort();
+    }
+    emu.progress++;
+    hp_complete_if(b);
+    return;
+  }
   const hp_tmap_t &m = *c.map;
   if (c.dst % 1024) {
     fprintf(stderr, "emu: TMA destination %u not 1024-byte aligned (128-byte swizzle)\n", c.dst);
@@ -174,7 +188,19 @@ static void hp_land(const hp_copy &c) {
 }
 
 HP_DEV void tma_load(void *dst, const hp_tmap_t *map, uint64_t *bar, int c0, int c1, int c2, int c3) {
-  const hp_copy c{hp_smem_u32(dst), hp_smem_u32(bar), map, {c0, c1, c2, c3}};
+  const hp_copy c{hp_smem_u32(dst), hp_smem_u32(bar), map, {c0, c1, c2, c3}, nullptr, 0};
+  hp_bar(bar); // initialised
+  if (hp_coin() % 2) hp_land(c);
+  else hp_pending.push_back(c);
+}
+
+// cp.async.bulk into shared memory, completing on bar (its bytes expected there first): as a TMA box.
+HP_DEV void bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint64_t *bar) {
+  if (dst % 16 || (uintptr_t)src % 16 || bytes % 16 || bytes == 0) {
+    fprintf(stderr, "emu: bulk load of %u bytes at %u <- %p: not 16-byte aligned\n", bytes, dst, src);
+    abort();
+  }
+  const hp_copy c{dst, hp_smem_u32(bar), nullptr, {0, 0, 0, 0}, src, bytes};
   hp_bar(bar); // initialised
   if (hp_coin() % 2) hp_land(c);
   else hp_pending.push_back(c);
