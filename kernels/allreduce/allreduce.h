@@ -172,7 +172,7 @@ typedef struct dl_ar_args {
   int zero_copy; /* the input is at zc_off in every rank's buffer (see above)      */
   int tagged;    /* one_shot_lamport: tagged vectors (above; 2 x the input's
                     bytes fit a lamport slot)                                  */
-  uint32_t call_hash; /* dl_ar_call_hash of this call: set by the launcher      */
+  uint32_t call_hash; /* dl_ar_call_hash of this call: set by the core (launch) */
   int pdl;       /* cuda: launch with programmatic stream serialization (sm_90),
                     so the grid can be scheduled while the kernel before it in
                     the stream finishes; the kernels wait for it before any

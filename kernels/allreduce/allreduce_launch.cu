@@ -66,10 +66,5 @@ extern "C" int dl_allreduce_cuda(const dl_ar_args_t *a, void *stream) {
     return DL_ERR(DL_EUNSUPPORTED, "allreduce kernels: dtype %s (f32, f16, bf16 only)", dl_dtype_name(a->dtype));
   const dl_ar_kernel_t k = kernel_of(a);
   if (!k) return DL_ERR(DL_EINVAL, "allreduce: algorithm %d has no kernel", a->algo);
-  // the hash the tagged kernel's vectors carry, once here rather than in
-  // every thread before its first store
-  dl_ar_args_t b = *a;
-  const dl_ar_call_t c = dl_ar_call_of(a);
-  b.call_hash = dl_ar_call_hash(&c);
-  return go(k, &b, (cudaStream_t)stream);
+  return go(k, a, (cudaStream_t)stream);
 }

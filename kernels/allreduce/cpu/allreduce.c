@@ -450,8 +450,7 @@ static int one_shot_lamport_tagged(const job_t *j) {
   const dl_ar_args_t *a = j->a;
   const int me = a->rank, nr = a->nranks;
   const int64_t nw = j->nv * (DL_AR_VEC_BYTES / 4); /* payload words = 64-bit words of the slot */
-  const dl_ar_call_t call = dl_ar_call_of(a);
-  const uint32_t tseq = dl_ar_tag_seq(j->seq), hash = dl_ar_call_hash(&call);
+  const uint32_t tseq = dl_ar_tag_seq(j->seq), hash = a->call_hash;
   for (int p = 0; p < nr; p++)
     if (p != me) tagged_put((uint64_t *)lamport(a, p, j->h, me), a->in, a->n * j->es, nw, tseq, hash);
   const char *src[DL_SIGNAL_MAX_RANKS];
