@@ -185,8 +185,8 @@ typedef struct dl_ar_args {
   int64_t staging_off; /* byte offset of staging half 0, slot 0                    */
   int64_t slot_bytes;  /* bytes of one staging slot (a multiple of 16)             */
   int64_t lamport_off;  /* byte offset of lamport half 0, slot 0                     */
-  int64_t lamport_slot; /* bytes of one lamport slot (a multiple of 16)              */
-  int64_t lamport_stride; /* bytes from a lamport slot to the next (>= lamport_slot)  */
+  int64_t lamport_stride; /* bytes from a lamport slot to the next (a multiple of 16;
+                             the slot's bytes, the core's lslot, plus any pad)      */
   dl_signal_pad_t *pad;    /* this rank's signal pad: failure records             */
   dl_ar_status_t *status;  /* this rank's status, writable by the kernel           */
   uint64_t timeout_ns;     /* every wait ends after this                            */

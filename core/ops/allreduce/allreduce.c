@@ -607,7 +607,6 @@ static int run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int 
   a.staging_off = DL_AR_CTRL_BYTES + ar->slot;
   a.slot_bytes = ar->slot;
   a.lamport_off = lamport_offset(ar);
-  a.lamport_slot = ar->lslot;
   a.lamport_stride = ar->lstride;
   a.pad = ar->pad;
   a.status = ar->status;

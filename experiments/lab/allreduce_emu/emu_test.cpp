@@ -117,7 +117,6 @@ static void rank_main(world *w, int r, const std::vector<call> *calls, int skip_
       a.staging_off = DL_AR_CTRL_BYTES + SLOT;
       a.slot_bytes = SLOT;
       a.lamport_off = lamport_off(n);
-      a.lamport_slot = LSLOT;
       a.lamport_stride = LSLOT;
       a.pad = &w->pads[r];
       a.status = &w->status[r];
