@@ -568,6 +568,23 @@ __global__ void __launch_bounds__(THREADS, 1)
   float lse[2];
 #pragma unroll
   for (int r = 0; r < 2; r++) lse[r] = sum[r] > 0.0f ? (mx[r] + log2f(sum[r])) * 0.69314718055994531f : -INFINITY;
+  // HP_FWD_BULK_O and _STORE: lane 0 sends the warp's 16 rows (q0 .. q0 + 15, those inside the
+  // sequence) from their slots to `base` (strides st, es bytes an element) by bulk copies, once every
+  // lane wrote its part: row k at slots + k rb, its byte 0 at the slot's byte 16 (k % 8), so at most
+  // two copies a row
+  auto bulk_rows = [&](void *base, const int64_t(&st)[3], int es, uint32_t slots, int rb) {
+    fence_proxy_async(); // this thread's slot writes, before the async proxy reads them
+    hp_syncwarp();
+    if (lane != 0) return;
+    for (int k = 0; k < 16 && q0 + k < len_q; k++) {
+      char *g = static_cast<char *>(base) + at(st, q0 + k) * es;
+      const uint32_t row = slots + k * rb, rot = 16 * (k & 7);
+      bulk_store(g, row + rot, rb - rot);
+      if (rot) bulk_store(g + rb - rot, row, rot);
+    }
+    bulk_commit();
+    bulk_wait_read(); // the slots are the CTA's shared memory, gone when it ends
+  };
   if (!p.acc_out) {
     // HP_FWD_BULK_O: the warp's 16 rows of O into the warpgroup's Q tiles (their last reader, the last S,
     // has completed: nblk > 0), whole rows rotated by 16 (row % 8) bytes as the staged running rows, then
@@ -591,20 +608,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       }
       if (lane % 4 == 0) p.lse[at(p.lse_st, row)] = lse[r];
     }
-    if (obulk) {
-      fence_proxy_async();
-      hp_syncwarp();
-      if (lane == 0) {
-        for (int k = 0; k < 16 && q0 + k < len_q; k++) {
-          char *g = reinterpret_cast<char *>(p.o + at(p.o_st, q0 + k));
-          const uint32_t row = obuf + k * orb, rot = 16 * (k & 7);
-          bulk_store(g, row + rot, orb - rot);
-          if (rot) bulk_store(g + orb - rot, row, rot);
-        }
-        bulk_commit();
-        bulk_wait_read();
-      }
-    }
+    if (obulk) bulk_rows(p.o, p.o_st, 2, obuf, orb);
     return;
   }
   // merge: L = log(e^L_acc + e^L), acc_out = acc_out e^(L_acc - L) + O e^(L - L); a row of the step
@@ -656,20 +660,9 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
     if (lane % 4 == 0) p.acc_lse[at(p.acc_lse_st, row)] = lnew;
   }
-  if (bulk) { // the warp's 16 rows (lane 0's r0 .. r0 + 15) out of their slots, by lane 0, once all are in
-    fence_proxy_async(); // this thread's slot writes, before the async proxy reads them
-    hp_syncwarp();
-    if (lane == 0) {
-      const int es = p.acc_bf16 ? 2 : 4, rb = DV * es;
-      for (int k = 0; k < 16 && q0 + k < len_q; k++) {
-        char *g = static_cast<char *>(p.acc_out) + at(p.acc_st, q0 + k) * es;
-        const uint32_t row = stage + (r0 + k) * rb, rot = 16 * ((r0 + k) & 7); // byte 0 at row + rot
-        bulk_store(g, row + rot, rb - rot);
-        if (rot) bulk_store(g + rb - rot, row, rot);
-      }
-      bulk_commit();
-      bulk_wait_read(); // the slots are the CTA's shared memory, gone when it ends
-    }
+  if (bulk) { // lane 0's r0 is a multiple of 16: its row r0 + k is rotated by 16 (k % 8) (acc_stage_at)
+    const int es = p.acc_bf16 ? 2 : 4;
+    bulk_rows(p.acc_out, p.acc_st, es, stage + r0 * DV * es, DV * es);
   }
 }
 
