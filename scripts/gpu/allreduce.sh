@@ -144,19 +144,23 @@ for s in "${sections[@]}"; do
       # DISTLAB_AR_ROUND_KB=32), tagged <gpu>x<NRANKS>-<value>; VARIANT_ARGS:
       # more sweep options (a later --sizes wins, e.g. --columns one_shot_lamport);
       # VARIANT_COLUMNS, VARIANT_SIZES: --columns, --sizes in one word each (for
-      # batch.sh's steps, whose words cannot hold spaces)
+      # batch.sh's steps, whose words cannot hold spaces); VARIANT_ROUNDS=K: the
+      # settings K times, alternating (tags end -r1 .. -rK)
       VARIANT_ARGS="${VARIANT_ARGS:-}${VARIANT_COLUMNS:+ --columns $VARIANT_COLUMNS}${VARIANT_SIZES:+ --sizes $VARIANT_SIZES}"
       mkdir -p "$R/variants"
       gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o '[AHBL][0-9][0-9]*' | head -1 | tr 'A-Z' 'a-z')"
+      for round in $(seq "${VARIANT_ROUNDS:-1}"); do
       for v in ${VARIANTS:-DISTLAB_AR_PDL=0 DISTLAB_AR_PDL=1}; do
-        stamp "sweep with $v"
+        stamp "sweep with $v (round $round)"
         tag="${gpu}x$NR-$(echo "${v#DISTLAB_AR_}" | tr 'A-Z=' 'a-z-')"
+        [ "${VARIANT_ROUNDS:-1}" -gt 1 ] && tag="$tag-r$round"
         (export "$v"; run_for 150 ./distlab run -n "$NR" --device cuda experiments/allreduce/allreduce_sweep.lua \
           --out "$R/variants" --tag "$tag" --torch "$R/torch.csv" \
           --sizes 8192,65536,262144,524288,1048576,2097152,3145728,4194304,8388608,16777216 ${VARIANT_ARGS:-} \
           --command "$v NRANKS=$NR scripts/gpu/allreduce.sh variants ${VARIANT_ARGS:-}") >"$R/variants/$tag.log" 2>&1
         echo "$v exit code $?" >>"$R/variants/$tag.log"
-        grep -E "^ *[0-9]+ (one_shot|one_shot_push|one_shot_lamport|two_shot_push_zc|auto) " "$R/variants/$tag.log"
+        grep -E "^ *[0-9]+ (one_shot|one_shot_push|one_shot_lamport|two_shot_lamport|two_shot_push_zc|auto) " "$R/variants/$tag.log"
+      done
       done ;;
     stall)
       # back-to-back calls after a late start (experiments/allreduce/allreduce_stall.lua),
