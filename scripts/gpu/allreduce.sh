@@ -18,6 +18,12 @@
 #            below), under $OUT/allreduce/variants
 #     stall  experiments/allreduce/allreduce_stall.lua (STALL_ARGS: its options)
 #            once per knob setting in STALL_VARIANTS (see below)
+#     commits  an older commit against this checkout on one host (the "regressed
+#            since?" question that runs on different days cannot answer): AB_COMMIT
+#            (.ab/AB_COMMIT.tar, carried: `git archive -o .ab/C.tar C`; else this
+#            checkout's .git) built in a folder of its own, then each
+#            tree's own sweep at AB_SIZES (default 8K..256K), alternating, AB_ROUNDS
+#            times (default 3), under $OUT/allreduce/commits
 # Results: allreduce-<gpu>x<NRANKS>.{md,csv}, -wide.csv, -tune.csv, the tuned
 # table allreduce_tables-x<NRANKS>.lua, logs, and the PNG where gnuplot exists (else
 # make it from the -wide.csv with experiments/allreduce/allreduce_plot.sh); copy the
@@ -161,6 +167,36 @@ for s in "${sections[@]}"; do
         echo "$v exit code $?" >>"$R/variants/$tag.log"
         grep -E "^ *[0-9]+ (one_shot|one_shot_push|one_shot_lamport|two_shot_lamport|two_shot_push_zc|auto) " "$R/variants/$tag.log"
       done
+      done ;;
+    commits)
+      [ -n "${AB_COMMIT:-}" ] || { echo "commits: set AB_COMMIT"; continue; }
+      mkdir -p "$R/commits"
+      old=/tmp/distlab-ab-$AB_COMMIT
+      if [ ! -f "$old/build/lib/libdistlab.so" ]; then
+        stamp "building $AB_COMMIT in $old"
+        rm -rf "$old" && mkdir -p "$old"
+        if [ -f ".ab/$AB_COMMIT.tar" ]; then tar -x -C "$old" -f ".ab/$AB_COMMIT.tar" # carried (git archive, locally)
+        else git archive "$AB_COMMIT" | tar -x -C "$old" || { echo "commits: no $AB_COMMIT in this .git, nor .ab/$AB_COMMIT.tar"; continue; }; fi
+        cp -r .deps "$old/" 2>/dev/null
+        (cd "$old" && ./distlab build >"$R/commits/build-$AB_COMMIT.log" 2>&1) || { tail -20 "$R/commits/build-$AB_COMMIT.log"; continue; }
+      fi
+      here="$(git rev-parse --short HEAD 2>/dev/null)"
+      here="${DISTLAB_COMMIT:-${here:-HEAD}}"
+      gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o '[AHBL][0-9][0-9]*' | head -1 | tr 'A-Z' 'a-z')"
+      for round in $(seq "${AB_ROUNDS:-3}"); do
+        for tree in "$old" "$PWD"; do
+          c=$([ "$tree" = "$old" ] && echo "$AB_COMMIT" || echo "$here")
+          sweep=experiments/allreduce/allreduce_sweep.lua
+          [ -f "$tree/$sweep" ] || sweep=experiments/allreduce_sweep.lua # before the rooms
+          stamp "round $round: $c"
+          tag="${gpu}x$NR-$c-r$round"
+          (cd "$tree" && run_for 150 ./distlab run -n "$NR" --device cuda "$sweep" --out "$R/commits" --tag "$tag" \
+            --sizes "${AB_SIZES:-8192,16384,32768,65536,131072,262144}" \
+            --command "AB_COMMIT=$AB_COMMIT NRANKS=$NR scripts/gpu/allreduce.sh commits (the tree of $c)") \
+            >"$R/commits/$tag.log" 2>&1
+          echo "$c exit code $?" >>"$R/commits/$tag.log"
+          grep -E "^ *[0-9]+ (one_shot|one_shot_lamport|two_shot_lamport|auto) " "$R/commits/$tag.log"
+        done
       done ;;
     stall)
       # back-to-back calls after a late start (experiments/allreduce/allreduce_stall.lua),
