@@ -18,11 +18,13 @@
 #            below), under $OUT/allreduce/variants
 #     stall  experiments/allreduce/allreduce_stall.lua (STALL_ARGS: its options)
 #            once per knob setting in STALL_VARIANTS (see below)
-#     commits  an older commit against this checkout on one host (the "regressed
+#     commits  other builds against this checkout on one host (the "regressed
 #            since?" question that runs on different days cannot answer): AB_COMMIT
 #            (.ab/AB_COMMIT.tar, carried: `git archive -o .ab/C.tar C`; else this
-#            checkout's .git) built in a folder of its own, then each
-#            tree's own sweep at AB_SIZES (default 8K..256K), alternating, AB_ROUNDS
+#            checkout's .git) built in a folder of its own, and per word NAME of
+#            AB_PATCHES this checkout with .ab/NAME.patch applied (`git diff >
+#            .ab/NAME.patch`); then each tree's own sweep at AB_SIZES (default
+#            8K..256K; AB_ARGS: more options, e.g. --columns), alternating, AB_ROUNDS
 #            times (default 3), under $OUT/allreduce/commits
 # Results: allreduce-<gpu>x<NRANKS>.{md,csv}, -wide.csv, -tune.csv, the tuned
 # table allreduce_tables-x<NRANKS>.lua, logs, and the PNG where gnuplot exists (else
@@ -169,30 +171,45 @@ for s in "${sections[@]}"; do
       done
       done ;;
     commits)
-      [ -n "${AB_COMMIT:-}" ] || { echo "commits: set AB_COMMIT"; continue; }
+      # the trees: AB_COMMIT's (if set), one patched copy of this checkout per
+      # .ab/NAME.patch in AB_PATCHES (its build copied, so only what the patch
+      # touches compiles again), and this checkout's
+      trees=() names=()
       mkdir -p "$R/commits"
-      old=/tmp/distlab-ab-$AB_COMMIT
-      if [ ! -f "$old/build/lib/libdistlab.so" ]; then
-        stamp "building $AB_COMMIT in $old"
-        rm -rf "$old" && mkdir -p "$old"
-        if [ -f ".ab/$AB_COMMIT.tar" ]; then tar -x -C "$old" -f ".ab/$AB_COMMIT.tar" # carried (git archive, locally)
-        else git archive "$AB_COMMIT" | tar -x -C "$old" || { echo "commits: no $AB_COMMIT in this .git, nor .ab/$AB_COMMIT.tar"; continue; }; fi
-        cp -r .deps "$old/" 2>/dev/null
-        (cd "$old" && ./distlab build >"$R/commits/build-$AB_COMMIT.log" 2>&1) || { tail -20 "$R/commits/build-$AB_COMMIT.log"; continue; }
-      fi
       here="$(git rev-parse --short HEAD 2>/dev/null)"
       here="${DISTLAB_COMMIT:-${here:-HEAD}}"
+      if [ -n "${AB_COMMIT:-}" ]; then
+        old=/tmp/distlab-ab-$AB_COMMIT
+        if [ ! -f "$old/build/lib/libdistlab.so" ]; then
+          stamp "building $AB_COMMIT in $old"
+          rm -rf "$old" && mkdir -p "$old"
+          if [ -f ".ab/$AB_COMMIT.tar" ]; then tar -x -C "$old" -f ".ab/$AB_COMMIT.tar" # carried (git archive, locally)
+          else git archive "$AB_COMMIT" | tar -x -C "$old" || { echo "commits: no $AB_COMMIT in this .git, nor .ab/$AB_COMMIT.tar"; continue; }; fi
+          cp -r .deps "$old/" 2>/dev/null
+          (cd "$old" && ./distlab build >"$R/commits/build-$AB_COMMIT.log" 2>&1) || { tail -20 "$R/commits/build-$AB_COMMIT.log"; continue; }
+        fi
+        trees+=("$old") names+=("$AB_COMMIT")
+      fi
+      for pn in ${AB_PATCHES:-}; do
+        t=/tmp/distlab-ab-$pn
+        stamp "this checkout with .ab/$pn.patch in $t"
+        rm -rf "$t" && mkdir -p "$t" && tar -c --exclude=./.git . | tar -x -C "$t" || continue
+        (cd "$t" && patch -p1 <"$OLDPWD/.ab/$pn.patch" && ./distlab build) >"$R/commits/build-$pn.log" 2>&1 ||
+          { tail -20 "$R/commits/build-$pn.log"; continue; }
+        trees+=("$t") names+=("$here+$pn")
+      done
+      trees+=("$PWD") names+=("$here")
       gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o '[AHBL][0-9][0-9]*' | head -1 | tr 'A-Z' 'a-z')"
       for round in $(seq "${AB_ROUNDS:-3}"); do
-        for tree in "$old" "$PWD"; do
-          c=$([ "$tree" = "$old" ] && echo "$AB_COMMIT" || echo "$here")
+        for k in "${!trees[@]}"; do
+          tree="${trees[$k]}" c="${names[$k]}"
           sweep=experiments/allreduce/allreduce_sweep.lua
           [ -f "$tree/$sweep" ] || sweep=experiments/allreduce_sweep.lua # before the rooms
           stamp "round $round: $c"
           tag="${gpu}x$NR-$c-r$round"
           (cd "$tree" && run_for 150 ./distlab run -n "$NR" --device cuda "$sweep" --out "$R/commits" --tag "$tag" \
-            --sizes "${AB_SIZES:-8192,16384,32768,65536,131072,262144}" \
-            --command "AB_COMMIT=$AB_COMMIT NRANKS=$NR scripts/gpu/allreduce.sh commits (the tree of $c)") \
+            --sizes "${AB_SIZES:-8192,16384,32768,65536,131072,262144}" ${AB_ARGS:-} \
+            --command "AB_COMMIT=${AB_COMMIT:-} AB_PATCHES=${AB_PATCHES:-} NRANKS=$NR scripts/gpu/allreduce.sh commits (the tree of $c)") \
             >"$R/commits/$tag.log" 2>&1
           echo "$c exit code $?" >>"$R/commits/$tag.log"
           grep -E "^ *[0-9]+ (one_shot|one_shot_lamport|two_shot_lamport|auto) " "$R/commits/$tag.log"
