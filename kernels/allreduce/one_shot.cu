@@ -246,7 +246,7 @@ __device__ __forceinline__ void one_shot_lamport(const dl_ar_args_t &a) {
   constexpr int NRC = shape<NR>::NRC;
   const int nr = NR ? NR : a.nranks, me = a.rank;
   dl_ar_ctrl_t *self = ctrl_of(buf_of(a, me));
-  const uint32_t seq = ar_begin(a, self);
+  const uint32_t seq = ar_begin(a, self, !TAGGED);
   const int h = seq & 1;
   const uint32_t tag = dl_ar_tag_seq(seq);
   const int64_t nv = vec_count<DT>(a.n);
@@ -255,6 +255,8 @@ __device__ __forceinline__ void one_shot_lamport(const dl_ar_args_t &a) {
   int64_t next = first; // the next vector to push
   for (int j = 0; (a.lamport_ahead <= 0 || j < a.lamport_ahead) && next < nv; j++, next += stride)
     lamport_push<DT, NR, AL, TAGGED>(a, nr, h, next, tag);
+  if (TAGGED) ar_announce(a, seq); // for the failure paths only: after the data, not ahead of it
+  const uint32_t ab = ar_abort_peek(self); // for ar_end, its round trip under the polls
   const uint4 empty = lamport_empty();
   const uint64_t t0 = dl_signal_clock_ns();
   bool ok = true;
@@ -299,7 +301,7 @@ __device__ __forceinline__ void one_shot_lamport(const dl_ar_args_t &a) {
     }
   }
   if (TAGGED && why != LAMPORT_OK) lamport_tagged_fail(a, self, why, peer, v, t0, seq);
-  ar_end(a, self, seq);
+  ar_end(a, self, seq, ab);
 }
 
 template <int DT, int NR, bool AL>
