@@ -192,12 +192,13 @@ __device__ __forceinline__ bool ar_wait(const dl_ar_args_t &a, dl_ar_ctrl_t *sel
   return true;
 }
 
-// Block 0, thread p (< nranks, not ours): this call into peer p's ctrl at
-// the start of every kernel, each word tagged with the call's seq
-// (dl_ar_call_wire_t): no fence, no order among the stores.
+// Block 0, thread p (< nranks): this call into peer p's ctrl at the start of
+// every kernel, each word tagged with the call's seq (dl_ar_call_wire_t): no
+// fence, no order among the stores. Thread `rank` keeps a copy in our own
+// ctrl, for the host's report of a peer that gave up (core: abort_was_mismatch).
 __device__ __forceinline__ void ar_announce(const dl_ar_args_t &a, uint32_t seq) {
   const int p = threadIdx.x;
-  if (blockIdx.x != 0 || p >= a.nranks || p == a.rank) return;
+  if (blockIdx.x != 0 || p >= a.nranks) return;
   uint32_t w[8];
   ar_call_words(a, seq, w);
   volatile uint64_t *dst = ctrl_of(buf_of(a, p))->calls[seq & 1][a.rank].w;

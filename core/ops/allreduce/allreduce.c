@@ -147,6 +147,47 @@ static void call_diff(const dl_ar_call_t *a, const dl_ar_call_t *b, char *buf, s
 }
 
 /* A failure the kernels recorded, as an error; the object is dead after it. */
+/* Peer q gave up on call seq (an abort record): its call and ours as block 0s
+ * announced them into our ctrl (ar_announce keeps a copy of ours), read here
+ * (the kernels are done): 1 when both are there and differ, the two in *mine
+ * and *theirs. A rank whose wait could not end (a peer running another
+ * algorithm sends no flag or data it waits for) saw the abort first; the
+ * mismatch that made the peer give up is what its error names then, as the
+ * peer's does. Read on the host: in the kernels' failure paths it cost every
+ * kernel registers (10-26 more, and spills). */
+static int abort_was_mismatch(dl_allreduce_t *ar, uint32_t q, uint32_t seq, dl_ar_call_t *mine,
+                              dl_ar_call_t *theirs) {
+  if (q >= (uint32_t)ar->size || (int)q == ar->rank || !ar->bufs[ar->rank]) return 0;
+  dl_ar_call_wire_t w[2];
+  const dl_ar_ctrl_t *self = (const dl_ar_ctrl_t *)ar->bufs[ar->rank];
+  const dl_ar_call_wire_t *src[2] = { &self->calls[seq & 1][ar->rank], &self->calls[seq & 1][q] };
+  for (int k = 0; k < 2; k++) {
+    if (ar->dev_type == DL_CPU) {
+      for (int i = 0; i < 8; i++) w[k].w[i] = __atomic_load_n(&src[k]->w[i], __ATOMIC_ACQUIRE);
+    }
+#ifdef DL_WITH_CUDA
+    else if (ar->dev_type == DL_CUDA) {
+      if (dl_cuda_use(ar->dev_index) != DL_OK ||
+          cudaMemcpy(&w[k], src[k], sizeof w[k], cudaMemcpyDeviceToHost) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+      }
+    }
+#endif
+    else return 0;
+  }
+  uint32_t m[8], t[8];
+  for (int i = 0; i < 8; i++) {
+    if ((uint32_t)(w[0].w[i] >> 32) != seq + 1 || (uint32_t)(w[1].w[i] >> 32) != seq + 1) return 0;
+    m[i] = (uint32_t)w[0].w[i];
+    t[i] = (uint32_t)w[1].w[i];
+  }
+  if (!memcmp(m + 1, t + 1, sizeof m - sizeof m[0])) return 0;
+  memcpy(mine, m, sizeof m);
+  memcpy(theirs, t, sizeof t);
+  return 1;
+}
+
 static int recorded_failure(dl_allreduce_t *ar) {
   if (ar->failed)
     return DL_ERR(DL_ESTATE, "this all-reduce failed earlier and refuses work (make a new "
@@ -156,8 +197,10 @@ static int recorded_failure(dl_allreduce_t *ar) {
   char what[256];
   describe(ar, (int)s->algo, what, sizeof what);
   int rc;
-  if (s->kind == DL_AR_FAIL_MISMATCH) {
-    dl_ar_call_t mine = s->mine, theirs = s->theirs;
+  dl_ar_call_t mine, theirs;
+  const int named = s->kind == DL_AR_FAIL_ABORT && abort_was_mismatch(ar, s->peer, s->seq, &mine, &theirs);
+  if (s->kind == DL_AR_FAIL_MISMATCH || named) {
+    if (!named) mine = s->mine, theirs = s->theirs;
     char a[160], b[160], d[256];
     call_str(&mine, a, sizeof a);
     call_str(&theirs, b, sizeof b);

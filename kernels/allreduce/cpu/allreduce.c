@@ -177,14 +177,13 @@ static int call_read(const dl_ar_ctrl_t *self, int p, uint32_t seq, uint32_t tag
   return 1;
 }
 
-/* Our call into every peer's ctrl, each word tagged with its seq (no order among the
- * stores; kernels: ar_announce). */
+/* Our call into every peer's ctrl, and a copy into ours, each word tagged with its seq
+ * (no order among the stores; kernels: ar_announce). */
 static void ar_announce(const dl_ar_args_t *a, uint32_t seq) {
   const dl_ar_call_t mine = call_of(a, seq);
   uint32_t mw[8];
   memcpy(mw, &mine, sizeof mw);
   for (int p = 0; p < a->nranks; p++) {
-    if (p == a->rank) continue;
     dl_ar_call_wire_t *slot = &ctrl_of(a->bufs[p])->calls[seq & 1][a->rank];
     for (int i = 0; i < 8; i++) __atomic_store_n(&slot->w[i], dl_ar_call_wire_word(mine.seq, mw[i]), __ATOMIC_RELAXED);
   }
