@@ -16,7 +16,7 @@
 #      the fused merge into f32 and bf16 (issue 19: at most 3% more), data checked after timing,
 #      and in the same call PyTorch's cuDNN and flash SDPA at those shapes
 #      (experiments/attn/attn_bench_torch.py, bshd).
-#   5. with AB_FLAGS (e.g. "-DHP_FWD_BULK_STORE=1 -DHP_FWD_BULK_O=1"): a second binary built with those
+#   5. with AB_FLAGS (e.g. "-DHP_FWD_STAGE_ACC=0"): a second binary built with those
 #      flags, and both's plain rates and merge costs, alternating, AB_ROUNDS times (default 2), pipe 0,
 #      bshd at AB_S (default 4096,8192) and thd 2 x 4096, causal and not (fwd-ab.log).
 #   AB_ONLY=1 (with AB_FLAGS): only the two builds, the small checks of each, the sanitizers on the

@@ -85,34 +85,16 @@ template <int DQK, int DV> struct alignas(1024) smem_t {
 #endif
 // (L2 evict-first hints on the running rows' reads and writes cost fp32 0.5-1 point more at 4k causal on
 // an H200 and gained nothing elsewhere: results/attn/hopper-fwd-merge-h200.md; removed.)
-// HP_FWD_BULK_STORE=1 (a build flag, for the A/B; off by default): the merged rows go back into their
-// staged slots and out with bulk copies (one thread a warp, its 16 rows, cp.async.bulk: asynchronous), not
-// with the consumers' 8- or 4-byte stores, which are most of the merge's cost at 4k causal on an H200
-// (hopper_merge_diag.sh). The staged rows are then kept whole, each rotated by 16 (row % 8) bytes
-// instead of swizzled: the same banks for eight rows read at once, a row in at most two copies.
-#ifndef HP_FWD_BULK_STORE
-#define HP_FWD_BULK_STORE 0
-#endif
-// HP_FWD_BULK_O=1 (a build flag, for the A/B; off by default): the plain step's O the same way, staged in
-// the warpgroup's Q tiles (its own stores cost it 2.3% at 4k causal on an H200).
-#ifndef HP_FWD_BULK_O
-#define HP_FWD_BULK_O 0
-#endif
-// HP_FWD_BULK_LOAD=1 (a build flag, for the A/B; off by default): the running rows come in by bulk copies
-// too (warp 9's lanes, a row in at most two, counted on acc_full's bytes; its LSEs still by cp.async),
-// not by 96 threads' 16-byte cp.async, where acc_out's rows are 16-byte chunks (their loads cost the fp32
-// merge 2.6 points at 4k causal on an H200). It takes the rotated layout of HP_FWD_BULK_STORE.
-#ifndef HP_FWD_BULK_LOAD
-#define HP_FWD_BULK_LOAD 0
-#endif
+// (Bulk copies (cp.async.bulk) of the staged rows, out of and into shared memory, and of the plain step's O,
+// in place of the per-thread stores and cp.async loads, cost the merge 1-3.6 points more at 4k causal on an
+// H200, and the plain step 2.3% (results/attn/hopper-fwd-merge-h200.md); removed.)
 template <int DQK, int DV> struct acc_stage_t {
   static constexpr uint32_t o_bytes = BM * DV * 4, bytes = o_bytes + BM * 4;
   static constexpr bool on = HP_FWD_STAGE_ACC && sizeof(smem_t<DQK, DV>) + 1024 + bytes <= 227 * 1024;
 };
 // Where byte `byte` of staged row `row` (row_bytes a row, a power of 2 of at least 128) lies
-// (acc_stage_t's swizzle; HP_FWD_BULK_STORE or _LOAD: its rotation).
+// (acc_stage_t's swizzle).
 HP_DEV uint32_t acc_stage_at(uint32_t stage, int row, int row_bytes, int byte) {
-  if (HP_FWD_BULK_STORE || HP_FWD_BULK_LOAD) return stage + row * row_bytes + ((byte + 16 * (row & 7)) & (row_bytes - 1));
   return stage + row * row_bytes + (((byte >> 4) ^ (row & 7)) << 4) + (byte & 15);
 }
 // The dynamic shared memory of a launch (+ 1024: the slack of aligning smem_t to 1024 bytes).
@@ -372,7 +354,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_init(&sm.v_empty[i], 256);
     }
     mbar_init(&sm.acc_go, 1);
-    mbar_init(&sm.acc_full, HP_FWD_BULK_LOAD ? 97 : 96); // + HP_FWD_BULK_LOAD: thread 288's arrival
+    mbar_init(&sm.acc_full, 96);
     mbar_init_fence();
   }
   hp_sync();
@@ -395,22 +377,9 @@ __global__ void __launch_bounds__(THREADS, 1)
         const int rows = i1 - i0, lg_vec = __ffs(vec) - 1, lg_row = __ffs(row_bytes / vec) - 1;
         const char *acc = static_cast<const char *>(p.acc_out) + at(p.acc_st, i0) * es;
         const int64_t step = p.acc_st[0] * es;
-        if (HP_FWD_BULK_LOAD && vec == 16) { // the rows' bytes expected (thread 288's arrival), then sent for
-          if (t == 0) mbar_expect_tx(&sm.acc_full, (uint32_t)(rows * row_bytes));
-          if (t < 32) {
-            hp_syncwarp();
-            for (int r = t; r < rows; r += 32) { // row r's byte 0 at its slot's byte 16 (r % 8)
-              const uint32_t slot = stage + r * row_bytes, rot = 16 * (r & 7);
-              bulk_load(slot + rot, acc + r * step, row_bytes - rot, &sm.acc_full);
-              if (rot) bulk_load(slot, acc + r * step + row_bytes - rot, rot, &sm.acc_full);
-            }
-          }
-        } else {
-          if (HP_FWD_BULK_LOAD && t == 0) mbar_arrive(&sm.acc_full);
-          for (int i = t; i < rows << lg_row; i += 96) {
-            const int r = i >> lg_row, byte = (i - (r << lg_row)) << lg_vec;
-            cp_async(acc_stage_at(stage, r, row_bytes, byte), acc + r * step + byte, vec);
-          }
+        for (int i = t; i < rows << lg_row; i += 96) {
+          const int r = i >> lg_row, byte = (i - (r << lg_row)) << lg_vec;
+          cp_async(acc_stage_at(stage, r, row_bytes, byte), acc + r * step + byte, vec);
         }
         const float *lse0 = p.acc_lse + at(p.acc_lse_st, i0);
         for (int r = t; r < rows; r += 96) cp_async(stage + ST::o_bytes + 4 * r, lse0 + r * p.acc_lse_st[0], 4);
@@ -568,47 +537,18 @@ __global__ void __launch_bounds__(THREADS, 1)
   float lse[2];
 #pragma unroll
   for (int r = 0; r < 2; r++) lse[r] = sum[r] > 0.0f ? (mx[r] + log2f(sum[r])) * 0.69314718055994531f : -INFINITY;
-  // HP_FWD_BULK_O and _STORE: lane 0 sends the warp's 16 rows (q0 .. q0 + 15, those inside the
-  // sequence) from their slots to `base` (strides st, es bytes an element) by bulk copies, once every
-  // lane wrote its part: row k at slots + k rb, its byte 0 at the slot's byte 16 (k % 8), so at most
-  // two copies a row
-  auto bulk_rows = [&](void *base, const int64_t(&st)[3], int es, uint32_t slots, int rb) {
-    fence_proxy_async(); // this thread's slot writes, before the async proxy reads them
-    hp_syncwarp();
-    if (lane != 0) return;
-    for (int k = 0; k < 16 && q0 + k < len_q; k++) {
-      char *g = static_cast<char *>(base) + at(st, q0 + k) * es;
-      const uint32_t row = slots + k * rb, rot = 16 * (k & 7);
-      bulk_store(g, row + rot, rb - rot);
-      if (rot) bulk_store(g + rb - rot, row, rot);
-    }
-    bulk_commit();
-    bulk_wait_read(); // the slots are the CTA's shared memory, gone when it ends
-  };
   if (!p.acc_out) {
-    // HP_FWD_BULK_O: the warp's 16 rows of O into the warpgroup's Q tiles (their last reader, the last S,
-    // has completed: nblk > 0), whole rows rotated by 16 (row % 8) bytes as the staged running rows, then
-    // out by bulk copies (lane 0), where O's rows are 16-byte aligned
-    static_assert(!HP_FWD_BULK_O || DV <= DQK, "O's rows fit the warpgroup's Q tiles");
-    const bool obulk = HP_FWD_BULK_O && nblk > 0 &&
-                       ((reinterpret_cast<uintptr_t>(p.o) | (uint64_t)(p.o_st[0] | p.o_st[1] | p.o_st[2]) * 2) & 15) == 0;
-    const int orb = DV * 2, woff = warp * 16 * orb; // a row's bytes; the warp's first byte in the warpgroup's 16 KB
-    const uint32_t obuf = hp_smem_u32(sm.q[0]) + (woff / 8192) * (BM * 128) + c * 64 * 128 + woff % 8192;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
       const int row = q0 + 8 * r;
       if (row >= len_q) continue; // rows past the sequence: another sequence's, or nothing
       const int64_t oa = at(p.o_st, row);
-      const int k = lane / 4 + 8 * r; // the row in the warp's 16
 #pragma unroll
-      for (int j = 0; j < DV / 8; j++) {
-        const uint32_t z = pack_bf16(o[4 * j + 2 * r] * inv[r], o[4 * j + 2 * r + 1] * inv[r]);
-        if (obulk) st_shared_u32(obuf + k * orb + ((16 * j + 4 * (lane % 4) + 16 * (k & 7)) & (orb - 1)), z);
-        else *reinterpret_cast<uint32_t *>(p.o + oa + 8 * j + 2 * (lane % 4)) = z;
-      }
+      for (int j = 0; j < DV / 8; j++)
+        *reinterpret_cast<uint32_t *>(p.o + oa + 8 * j + 2 * (lane % 4)) =
+            pack_bf16(o[4 * j + 2 * r] * inv[r], o[4 * j + 2 * r + 1] * inv[r]);
       if (lane % 4 == 0) p.lse[at(p.lse_st, row)] = lse[r];
     }
-    if (obulk) bulk_rows(p.o, p.o_st, 2, obuf, orb);
     return;
   }
   // merge: L = log(e^L_acc + e^L), acc_out = acc_out e^(L_acc - L) + O e^(L - L); a row of the step
@@ -616,8 +556,6 @@ __global__ void __launch_bounds__(THREADS, 1)
   // memory (STAGED), or were read by merge_loads (under the last P V).
   if (STAGED) mbar_wait(&sm.acc_full, 0, &sm.fail, p.err);
   else hp_syncwarp(); // a row's four threads read the old LSE before its first thread writes the new
-  // HP_FWD_BULK_STORE: rows that are whole 16-byte chunks in global memory go out by bulk copies
-  const bool bulk = HP_FWD_BULK_STORE && STAGED && p.acc_vec == 16;
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     const int row = q0 + 8 * r;
@@ -637,32 +575,22 @@ __global__ void __launch_bounds__(THREADS, 1)
     const float hi = fmaxf(old[r], lse[r]), lnew = hi + log1pf(expf(-fabsf(old[r] - lse[r])));
     const float ka = old[r] == -INFINITY ? 0.0f : expf(old[r] - lnew), kb = expf(lse[r] - lnew) * inv[r];
     const int64_t e = at(p.acc_st, row) + 2 * (lane % 4);
-    // bulk: the merged pair back into its staged slot (sent with its row after the loop)
-    auto slot = [&](int j) { return acc_stage_at(stage, br, DV * es, (8 * j + 2 * (lane % 4)) * es); };
     if (p.acc_bf16) {
       uint32_t *a = reinterpret_cast<uint32_t *>(static_cast<uint16_t *>(p.acc_out) + e);
 #pragma unroll
       for (int j = 0; j < DV / 8; j++) {
         const float2 y = old_pair(j);
-        const uint32_t z = pack_bf16(y.x * ka + o[4 * j + 2 * r] * kb, y.y * ka + o[4 * j + 2 * r + 1] * kb);
-        if (bulk) st_shared_u32(slot(j), z);
-        else a[4 * j] = z;
+        a[4 * j] = pack_bf16(y.x * ka + o[4 * j + 2 * r] * kb, y.y * ka + o[4 * j + 2 * r + 1] * kb);
       }
     } else {
       float2 *a = reinterpret_cast<float2 *>(static_cast<float *>(p.acc_out) + e);
 #pragma unroll
       for (int j = 0; j < DV / 8; j++) {
         const float2 y = old_pair(j);
-        const float2 z = make_float2(y.x * ka + o[4 * j + 2 * r] * kb, y.y * ka + o[4 * j + 2 * r + 1] * kb);
-        if (bulk) st_shared_f2(slot(j), z);
-        else a[4 * j] = z;
+        a[4 * j] = make_float2(y.x * ka + o[4 * j + 2 * r] * kb, y.y * ka + o[4 * j + 2 * r + 1] * kb);
       }
     }
     if (lane % 4 == 0) p.acc_lse[at(p.acc_lse_st, row)] = lnew;
-  }
-  if (bulk) { // lane 0's r0 is a multiple of 16: its row r0 + k is rotated by 16 (k % 8) (acc_stage_at)
-    const int es = p.acc_bf16 ? 2 : 4;
-    bulk_rows(p.acc_out, p.acc_st, es, stage + r0 * DV * es, DV * es);
   }
 }
 

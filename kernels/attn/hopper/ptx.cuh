@@ -53,12 +53,6 @@ __device__ __forceinline__ bool mbar_try(uint64_t *b, uint32_t parity) {
 // Makes the barriers' initialisation visible to the TMA unit (the async proxy).
 __device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
 
-// bytes (a multiple of 16; both addresses 16-byte aligned) from global to shared memory in one bulk copy,
-// completing on bar (whose expected bytes count them).
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint64_t *bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
-               ::"r"(dst), "l"(src), "r"(bytes), "r"(hp_smem_u32(bar)) : "memory");
-}
 // TMA: box {64, 1, rows, 1} of a 4-d tensor map (d, h, s, b) into shared memory, completing on bar.
 __device__ __forceinline__ void tma_load(void *dst, const hp_tmap_t *map, uint64_t *bar, int c0, int c1, int c2,
                                          int c3) {
@@ -187,21 +181,12 @@ __device__ __forceinline__ void wgmma_ss_tt(float (&d)[16], uint64_t da, uint64_
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
-__device__ __forceinline__ void st_shared_f2(uint32_t addr, float2 v) {
-  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(v.x), "f"(v.y) : "memory");
-}
 // dst (global) += src (shared), bytes (a multiple of 16; both 16-byte aligned) of fp32, a bulk copy of
 // the async proxy in this thread's bulk group (bulk_commit; bulk_wait_read: its source may be reused;
 // bulk_wait: done).
 __device__ __forceinline__ void bulk_reduce_add(float *dst, const void *src, uint32_t bytes) {
   asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
                ::"l"(dst), "r"(hp_smem_u32(src)), "r"(bytes)
-               : "memory");
-}
-// dst (global) = src (shared), bytes (a multiple of 16; both 16-byte aligned), a bulk copy of the async
-// proxy in this thread's bulk group, as bulk_reduce_add.
-__device__ __forceinline__ void bulk_store(void *dst, uint32_t src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(src), "r"(bytes)
                : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }

@@ -98,10 +98,8 @@ struct hp_mbar {
 };
 struct hp_copy {
   uint32_t dst, bar;
-  const hp_tmap_t *map; // a TMA box of it; nullptr: `bytes` bytes from src (bulk_load)
+  const hp_tmap_t *map;
   int c[4];
-  const void *src;
-  uint32_t bytes;
 };
 static std::map<uint32_t, hp_mbar> hp_bars; // by shared address, per CTA (cleared by the test between CTAs)
 static std::vector<hp_copy> hp_pending;
@@ -144,18 +142,6 @@ HP_DEV void mbar_expect_tx(uint64_t *b, uint32_t bytes) {
 }
 
 static void hp_land(const hp_copy &c) {
-  if (!c.map) { // a bulk copy: the bytes, then their count off the barrier's
-    memcpy(hp_ptr(c.dst, c.bytes), c.src, c.bytes);
-    hp_mbar &b = hp_bars.at(c.bar);
-    b.tx -= c.bytes;
-    if (b.tx < 0) {
-      fprintf(stderr, "emu: more bulk-copy bytes than the barrier expected\n");
-      abort();
-    }
-    emu.progress++;
-    hp_complete_if(b);
-    return;
-  }
   const hp_tmap_t &m = *c.map;
   if (c.dst % 1024) {
     fprintf(stderr, "emu: TMA destination %u not 1024-byte aligned (128-byte swizzle)\n", c.dst);
@@ -188,19 +174,7 @@ static void hp_land(const hp_copy &c) {
 }
 
 HP_DEV void tma_load(void *dst, const hp_tmap_t *map, uint64_t *bar, int c0, int c1, int c2, int c3) {
-  const hp_copy c{hp_smem_u32(dst), hp_smem_u32(bar), map, {c0, c1, c2, c3}, nullptr, 0};
-  hp_bar(bar); // initialised
-  if (hp_coin() % 2) hp_land(c);
-  else hp_pending.push_back(c);
-}
-
-// cp.async.bulk into shared memory, completing on bar (its bytes expected there first): as a TMA box.
-HP_DEV void bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint64_t *bar) {
-  if (dst % 16 || (uintptr_t)src % 16 || bytes % 16 || bytes == 0) {
-    fprintf(stderr, "emu: bulk load of %u bytes at %u <- %p: not 16-byte aligned\n", bytes, dst, src);
-    abort();
-  }
-  const hp_copy c{dst, hp_smem_u32(bar), nullptr, {0, 0, 0, 0}, src, bytes};
+  const hp_copy c{hp_smem_u32(dst), hp_smem_u32(bar), map, {c0, c1, c2, c3}};
   hp_bar(bar); // initialised
   if (hp_coin() % 2) hp_land(c);
   else hp_pending.push_back(c);
@@ -424,43 +398,28 @@ HP_DEV void st_shared_u32(uint32_t addr, uint32_t v) {
   }
   memcpy(hp_ptr(addr, 4), &v, 4);
 }
-HP_DEV void st_shared_f2(uint32_t addr, float2 v) {
-  if (addr % 8) {
-    fprintf(stderr, "emu: st.shared.v2.f32 at %u, not 8-byte aligned\n", addr);
-    abort();
-  }
-  memcpy(hp_ptr(addr, 8), &v, 8);
-}
-// Bulk reductions (shared -> global, fp32 add) and copies: done at the issue or only at the wait that
-// covers them (a coin), reading shared memory then, so a source rewritten before bulk_wait_read shows.
+// Bulk reductions (shared -> global, fp32 add): done at the issue or only at the wait that covers
+// them (a coin), reading shared memory then, so a source rewritten before bulk_wait_read shows.
 struct hp_bulk {
-  void *dst;
+  float *dst;
   uint32_t src, bytes;
-  bool committed, add;
+  bool committed;
 };
 static std::vector<hp_bulk> hp_bulks;
 static void hp_bulk_do(const hp_bulk &b) {
-  if (b.add) {
-    const float *s = (const float *)hp_ptr(b.src, b.bytes);
-    for (uint32_t i = 0; i < b.bytes / 4; i++) static_cast<float *>(b.dst)[i] += s[i];
-  } else {
-    memcpy(b.dst, hp_ptr(b.src, b.bytes), b.bytes);
-  }
+  const float *s = (const float *)hp_ptr(b.src, b.bytes);
+  for (uint32_t i = 0; i < b.bytes / 4; i++) b.dst[i] += s[i];
   emu.progress++;
 }
-static void hp_bulk_issue(const hp_bulk &b) {
-  if (b.src % 16 || (uintptr_t)b.dst % 16 || b.bytes % 16 || b.bytes == 0) {
-    fprintf(stderr, "emu: bulk %s of %u bytes at %u -> %p: not 16-byte aligned\n", b.add ? "reduction" : "copy",
-            b.bytes, b.src, b.dst);
+HP_DEV void bulk_reduce_add(float *dst, const void *src, uint32_t bytes) {
+  const hp_bulk b{dst, hp_smem_u32(src), bytes, false};
+  if (b.src % 16 || (uintptr_t)dst % 16 || bytes % 16) {
+    fprintf(stderr, "emu: bulk reduction of %u bytes at %u -> %p: not 16-byte aligned\n", bytes, b.src, (void *)dst);
     abort();
   }
   if (hp_coin() % 2) hp_bulk_do(b);
   else hp_bulks.push_back(b);
 }
-HP_DEV void bulk_reduce_add(float *dst, const void *src, uint32_t bytes) {
-  hp_bulk_issue(hp_bulk{dst, hp_smem_u32(src), bytes, false, true});
-}
-HP_DEV void bulk_store(void *dst, uint32_t src, uint32_t bytes) { hp_bulk_issue(hp_bulk{dst, src, bytes, false, false}); }
 HP_DEV void bulk_commit() {
   for (hp_bulk &b : hp_bulks) b.committed = true;
 }
@@ -469,7 +428,7 @@ HP_DEV void bulk_wait_read() {
     for (int n = hp_coin() % 65; n > 0; n--) emu.progress++, emu_yield();
   for (const hp_bulk &b : hp_bulks) {
     if (!b.committed) {
-      fprintf(stderr, "emu: a bulk copy or reduction waited for before its commit\n");
+      fprintf(stderr, "emu: a bulk reduction waited for before its commit\n");
       abort();
     }
     hp_bulk_do(b);
