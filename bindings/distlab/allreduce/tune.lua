@@ -31,6 +31,11 @@ local function grid_choices(a, algo, nbytes)
   -- above 16 MB only whole-GPU grids: one or two blocks a multiprocessor (at 4 ranks
   -- two_shot_lamport took 132 blocks at 4-8 MB and 264 at 16 MB on H200s)
   local tries = nbytes > 16 * 2 ^ 20 and { sms, 2 * sms } or { 8, 16, 32, 64, sms, 2 * sms }
+  -- the Lamport two-shot between them as well at 2-8 MB (4 ranks on H200s: 3 MB took 22.9 us at 132 and
+  -- 264 blocks, 23.9 at 64, where PyTorch's two-shot took 22.6; 4 MB 27.3 at 64 against 29.0 at 132)
+  if algo == "two_shot_lamport" and nbytes >= 2 * 2 ^ 20 and nbytes <= 8 * 2 ^ 20 then
+    for _, g in ipairs { 96, math.floor(3 * sms / 2) } do tries[#tries + 1] = g end
+  end
   local out, seen = { 0 }, {}
   for _, g in ipairs(tries) do
     if g <= most and not seen[g] then
