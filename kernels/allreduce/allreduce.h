@@ -228,6 +228,27 @@ DL_HD uint32_t dl_ar_call_hash(const dl_ar_call_t *c) {
   return x == DL_AR_LAMPORT_EMPTY ? DL_AR_LAMPORT_NAN : x;
 }
 
+/* Two calls for call seq as block 0s announce them (a rank's own copy and a
+ * peer's, from its ctrl): 1 when both are there (every word tagged 1 + seq)
+ * and differ, the two then in *a and *b. The host's report of a peer that
+ * gave up names that mismatch instead (core/ops/allreduce: a rank whose wait
+ * could not end saw the abort before it compared calls). */
+DL_HD int dl_ar_calls_differ(const dl_ar_call_wire_t *x, const dl_ar_call_wire_t *y, uint32_t seq, dl_ar_call_t *a,
+                             dl_ar_call_t *b) {
+  uint32_t u[8], v[8];
+  int same = 1;
+  for (int i = 0; i < 8; i++) {
+    if ((uint32_t)(x->w[i] >> 32) != seq + 1 || (uint32_t)(y->w[i] >> 32) != seq + 1) return 0;
+    u[i] = (uint32_t)x->w[i];
+    v[i] = (uint32_t)y->w[i];
+    if (i > 0 && u[i] != v[i]) same = 0;
+  }
+  if (same) return 0;
+  memcpy(a, u, sizeof u);
+  memcpy(b, v, sizeof v);
+  return 1;
+}
+
 #ifdef __cplusplus
 extern "C" {
 #endif

@@ -176,16 +176,7 @@ static int abort_was_mismatch(dl_allreduce_t *ar, uint32_t q, uint32_t seq, dl_a
 #endif
     else return 0;
   }
-  uint32_t m[8], t[8];
-  for (int i = 0; i < 8; i++) {
-    if ((uint32_t)(w[0].w[i] >> 32) != seq + 1 || (uint32_t)(w[1].w[i] >> 32) != seq + 1) return 0;
-    m[i] = (uint32_t)w[0].w[i];
-    t[i] = (uint32_t)w[1].w[i];
-  }
-  if (!memcmp(m + 1, t + 1, sizeof m - sizeof m[0])) return 0;
-  memcpy(mine, m, sizeof m);
-  memcpy(theirs, t, sizeof t);
-  return 1;
+  return dl_ar_calls_differ(&w[0], &w[1], seq, mine, theirs);
 }
 
 static int recorded_failure(dl_allreduce_t *ar) {

@@ -182,7 +182,10 @@ static bool tagged_fits(int64_t n, int dtype) {
 
 // Rank 1 calls `theirs`, the others `mine`: every rank must end well before
 // the timeout, each with a mismatch naming a rank that differs from it, or
-// with the abort of a rank that saw one first.
+// with the abort of a rank that saw one first. At 2 ranks every rank must
+// name the mismatch as the host reports it: an abort whose sender's call
+// and ours (both in our ctrl) differ is reported as that mismatch
+// (dl_ar_calls_differ, core/ops/allreduce).
 static bool mismatch_case(world &w, const call &mine, const call &theirs, const char *what) {
   reset(w);
   std::vector<call> a(1, mine), b(1, theirs);
@@ -192,14 +195,19 @@ static bool mismatch_case(world &w, const call &mine, const call &theirs, const 
   for (auto &t : ranks) t.join();
   const double took = now_s() - t0;
   bool ok = took < 0.5 * w.timeout_ns * 1e-9;
-  int mismatches = 0;
+  int mismatches = 0, reported = 0;
   for (int r = 0; r < w.n; r++) {
     const dl_ar_status_t &s = w.status[r];
     mismatches += s.kind == DL_AR_FAIL_MISMATCH;
     const bool named = s.kind == DL_AR_FAIL_MISMATCH ? (r == 1) != (s.peer == 1) : s.kind == DL_AR_FAIL_ABORT;
     ok = ok && named && s.seq == 0;
+    dl_ar_call_t a, b;
+    const dl_ar_ctrl_t *c = reinterpret_cast<const dl_ar_ctrl_t *>(w.bufs[r]);
+    reported += s.kind == DL_AR_FAIL_MISMATCH ||
+                (s.kind == DL_AR_FAIL_ABORT && s.peer < (uint32_t)w.n &&
+                 dl_ar_calls_differ(&c->calls[s.seq & 1][r], &c->calls[s.seq & 1][s.peer], s.seq, &a, &b));
   }
-  ok = ok && mismatches > 0;
+  ok = ok && mismatches > 0 && (w.n != 2 || reported == 2);
   printf("mismatch (%s): %.2f s, kinds", what, took);
   for (int r = 0; r < w.n; r++) printf(" %u/%u", w.status[r].kind, w.status[r].peer);
   printf(": %s\n", ok ? "ok" : "FAILED");
