@@ -146,7 +146,6 @@ static void call_diff(const dl_ar_call_t *a, const dl_ar_call_t *b, char *buf, s
 #undef DIFF
 }
 
-/* A failure the kernels recorded, as an error; the object is dead after it. */
 /* Peer q gave up on call seq (an abort record): its call and ours as block 0s
  * announced them into our ctrl (ar_announce keeps a copy of ours), read here
  * (the kernels are done): 1 when both are there and differ, the two in *mine
@@ -158,27 +157,26 @@ static void call_diff(const dl_ar_call_t *a, const dl_ar_call_t *b, char *buf, s
 static int abort_was_mismatch(dl_allreduce_t *ar, uint32_t q, uint32_t seq, dl_ar_call_t *mine,
                               dl_ar_call_t *theirs) {
   if (q >= (uint32_t)ar->size || (int)q == ar->rank || !ar->bufs[ar->rank]) return 0;
-  dl_ar_call_wire_t w[2];
-  const dl_ar_ctrl_t *self = (const dl_ar_ctrl_t *)ar->bufs[ar->rank];
-  const dl_ar_call_wire_t *src[2] = { &self->calls[seq & 1][ar->rank], &self->calls[seq & 1][q] };
-  for (int k = 0; k < 2; k++) {
-    if (ar->dev_type == DL_CPU) {
-      for (int i = 0; i < 8; i++) w[k].w[i] = __atomic_load_n(&src[k]->w[i], __ATOMIC_ACQUIRE);
-    }
-#ifdef DL_WITH_CUDA
-    else if (ar->dev_type == DL_CUDA) {
-      if (dl_cuda_use(ar->dev_index) != DL_OK ||
-          cudaMemcpy(&w[k], src[k], sizeof w[k], cudaMemcpyDeviceToHost) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return 0;
-      }
-    }
-#endif
-    else return 0;
+  dl_ar_call_wire_t row[DL_SIGNAL_MAX_RANKS]; /* every rank's entry for seq, as this rank's ctrl holds them */
+  const dl_ar_call_wire_t *src = ((const dl_ar_ctrl_t *)ar->bufs[ar->rank])->calls[seq & 1];
+  if (ar->dev_type == DL_CPU) {
+    for (int r = 0; r < ar->size; r++)
+      for (int i = 0; i < 8; i++) row[r].w[i] = __atomic_load_n(&src[r].w[i], __ATOMIC_ACQUIRE);
   }
-  return dl_ar_calls_differ(&w[0], &w[1], seq, mine, theirs);
+#ifdef DL_WITH_CUDA
+  else if (ar->dev_type == DL_CUDA) {
+    if (dl_cuda_use(ar->dev_index) != DL_OK ||
+        cudaMemcpy(row, src, sizeof row, cudaMemcpyDeviceToHost) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+  }
+#endif
+  else return 0;
+  return dl_ar_calls_differ(&row[ar->rank], &row[q], seq, mine, theirs);
 }
 
+/* A failure the kernels recorded, as an error; the object is dead after it. */
 static int recorded_failure(dl_allreduce_t *ar) {
   if (ar->failed)
     return DL_ERR(DL_ESTATE, "this all-reduce failed earlier and refuses work (make a new "
