@@ -23,6 +23,7 @@
 #      with 2 ranks sharing the GPU, and the cudnn workspace of the CP
 #      schedules measured on the GPU beside the meta formula
 #      (experiments/cp/cp_cudnn_memory.lua on cuda, then on meta).
+#   6. (STEPS=plans only) cuDNN's candidate engines, each timed (DISTLAB_CUDNN_PLAN).
 # STEPS picks steps (default "pick specs bench cp"; the build always runs).
 # Every step runs under `timeout` with the smaller of its own limit and what
 # is left of BUDGET and writes one verdict line to $OUT/cudnn-summary.txt;
@@ -48,7 +49,7 @@ header
 gpu=$(gpu_tag)
 
 step build 240 "$L/build.log" ./distlab build || exit 1
-DL_LIBS=""
+DL_LIBS="${DL_LIBS:-}" # the folders distlab's commands add for cuDNN (pick sets them; or the caller)
 grep -q "cudnn_sdpa" build/make.log || say "WARNING: built without cuDNN's frontend (no .deps/cudnn-frontend?)"
 
 if want pick; then
@@ -106,6 +107,23 @@ if want bench; then
     --command "scripts/gpu/cudnn.sh (attn_bench_torch.py, attn_bench.lua, attn_bench_torch.py, then this with --measured, in the same run)"
   sed -n '/^TFLOP\/s fwd\/bwd/,$p' "$L/attn-table.log" | tee -a "$SUM"
   cp "$OUT"/attn-*.csv "$L/" 2>/dev/null
+fi
+
+if want plans; then
+  # cuDNN's candidate engines against its heuristics' choice (DISTLAB_CUDNN_PLAN, a lab knob of
+  # core/ops/attn/cudnn_sdpa.cpp: every candidate of heuristics modes A and FALLBACK built, listed on
+  # stderr, candidate N run): dl.attn's cudnn backend at PLAN_S (default 4k, 8k), bshd and thd, once
+  # as built and once a candidate in PLANS (default "0 1 2 3")
+  PLAN_S="${PLAN_S:-4096,8192}"
+  for n in default ${PLANS:-0 1 2 3}; do
+    pe=(); [ "$n" = default ] || pe=(DISTLAB_CUDNN_PLAN="$n")
+    step "plans: dl.attn cudnn, candidate $n" 120 "$L/plan-$n.log" env "${pe[@]}" \
+      LD_LIBRARY_PATH="${DL_LIBS:+$DL_LIBS:}${LD_LIBRARY_PATH:-}" ./distlab run -n 1 --device cuda \
+      experiments/attn/attn_bench.lua --s "$PLAN_S" --backends cudnn --warm-ms 150 --min-ms 300 --out "$L/plan-$n"
+    grep -E "^\| (bshd|thd)" "$L/plan-$n/attn-distlab.md" 2>/dev/null | sed "s/^/plan $n: /" | tee -a "$SUM"
+  done
+  grep -h -A12 "^distlab cudnn: fwd thd b=2 h=16 s=4096" "$L/plan-0.log" | head -14 | tee -a "$SUM"
+  grep -h -A12 "^distlab cudnn: bwd thd b=2 h=16 s=4096" "$L/plan-0.log" | head -14 | tee -a "$SUM"
 fi
 
 if want cp; then

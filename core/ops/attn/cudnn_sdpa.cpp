@@ -87,6 +87,7 @@ struct Plan {
   std::string unsupported; /* non-empty: cuDNN refused the key, this is why */
   int64_t workspace = 0;
   int64_t last = 0;
+  int64_t index = -1; /* DISTLAB_CUDNN_PLAN's candidate, or -1: the heuristics' choice */
 };
 
 std::mutex mu;
@@ -312,12 +313,45 @@ void build(Plan *p, cudnnHandle_t h) {
       outs[i]->set_output(true);
     }
   }
+  /* DISTLAB_CUDNN_PLAN=N (a lab knob, for comparing cuDNN's engines): build
+   * every candidate of heuristics modes A and FALLBACK, list them on stderr
+   * and run candidate N (0 is the heuristics' first) */
+  const char *pick = getenv("DISTLAB_CUDNN_PLAN");
+  const bool all = pick && *pick;
   std::string why = check(g->validate(), "validate");
   if (why.empty()) why = check(g->build_operation_graph(h), "operation graph");
-  if (why.empty()) why = check(g->create_execution_plans({fe::HeurMode_t::A}), "heuristics");
+  if (why.empty() && all)
+    why = check(g->create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK}),
+                "heuristics");
+  else if (why.empty())
+    why = check(g->create_execution_plans({fe::HeurMode_t::A}), "heuristics");
   if (why.empty()) why = check(g->check_support(), "support");
-  if (why.empty()) why = check(g->build_plans(fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), "plan");
-  if (why.empty()) why = check(g->get_workspace_size(p->workspace), "workspace size");
+  if (why.empty() && all) {
+    why = check(g->build_plans(fe::BuildPlanPolicy_t::ALL), "plans");
+    const int64_t n = g->get_execution_plan_count();
+    p->index = strtoll(pick, nullptr, 10);
+    fprintf(stderr, "distlab cudnn: %s %s b=%lld h=%lld s=%lld d=%lld%s%s: %lld candidates\n",
+            k.bwd ? "bwd" : "fwd", k.thd ? "thd" : "bshd", (long long)k.b, (long long)k.h_q,
+            (long long)k.s_q, (long long)k.d_qk, k.window_right == 0 ? " causal" : "",
+            k.bottom_right ? " br" : "", (long long)n);
+    for (int64_t i = 0; why.empty() && i < n; i++) {
+      std::string name;
+      int64_t ws = -1;
+      if (g->get_plan_name_at_index(i, name).is_bad()) name = "(not built)";
+      (void)g->get_workspace_size_plan_at_index(i, ws);
+      fprintf(stderr, "  [%lld]%s %s workspace %lld\n", (long long)i, i == p->index ? "*" : " ",
+              name.c_str(), (long long)ws);
+    }
+    if (why.empty() && (p->index < 0 || p->index >= n))
+      why = "DISTLAB_CUDNN_PLAN=" + std::string(pick) + ": there are " + std::to_string(n) +
+            " candidates";
+    if (why.empty()) why = check(g->get_workspace_size_plan_at_index(p->index, p->workspace),
+                                 "workspace size");
+  } else {
+    if (why.empty())
+      why = check(g->build_plans(fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), "plan");
+    if (why.empty()) why = check(g->get_workspace_size(p->workspace), "workspace size");
+  }
   if (why.empty())
     p->graph = g;
   else
@@ -408,7 +442,8 @@ extern "C" int dl_cudnn_run(void *plan, const dl_cudnn_ptrs_t *ptrs, void *works
     if (st != CUDNN_STATUS_SUCCESS)
       return DL_ERR(DL_ECUDA, "attn (cudnn): cudnnSetStream failed: %s",
                     fe::detail::get_error_string(st));
-    fe::error_t e = p->graph->execute(h, pack, workspace);
+    fe::error_t e = p->index >= 0 ? p->graph->execute_plan_at_index(h, pack, workspace, p->index)
+                                  : p->graph->execute(h, pack, workspace);
     if (e.is_bad())
       return DL_ERR(DL_ECUDA, "attn (cudnn): executing the %s plan failed: %s",
                     k.bwd ? "backward" : "forward", e.get_message().c_str());
