@@ -315,7 +315,8 @@ void build(Plan *p, cudnnHandle_t h) {
   }
   /* DISTLAB_CUDNN_PLAN=N (a lab knob, for comparing cuDNN's engines): build
    * every candidate of heuristics modes A and FALLBACK, list them on stderr
-   * and run candidate N (0 is the heuristics' first) */
+   * and run candidate N (0 is the heuristics' first; where there are N or
+   * fewer, candidate 0, marked * in the list) */
   const char *pick = getenv("DISTLAB_CUDNN_PLAN");
   const bool all = pick && *pick;
   std::string why = check(g->validate(), "validate");
@@ -330,6 +331,7 @@ void build(Plan *p, cudnnHandle_t h) {
     why = check(g->build_plans(fe::BuildPlanPolicy_t::ALL), "plans");
     const int64_t n = g->get_execution_plan_count();
     p->index = strtoll(pick, nullptr, 10);
+    if (p->index >= n && n > 0) p->index = 0; /* fewer candidates: the first (the list says so) */
     fprintf(stderr, "distlab cudnn: %s %s b=%lld h=%lld s=%lld d=%lld%s%s: %lld candidates\n",
             k.bwd ? "bwd" : "fwd", k.thd ? "thd" : "bshd", (long long)k.b, (long long)k.h_q,
             (long long)k.s_q, (long long)k.d_qk, k.window_right == 0 ? " causal" : "",

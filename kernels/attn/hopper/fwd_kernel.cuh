@@ -88,15 +88,9 @@ template <int DQK, int DV> struct alignas(1024) smem_t {
 // (Bulk copies (cp.async.bulk) of the staged rows, out of and into shared memory, and of the plain step's O,
 // in place of the per-thread stores and cp.async loads, cost the merge 1-3.6 points more at 4k causal on an
 // H200, and the plain step 2.3% (results/attn/hopper-fwd-merge-h200.md); removed.)
-// HP_FWD_ROW_STORE (a build flag, for A/B timings): the epilogue's global stores by whole rows. A thread
-// holds value pairs of two rows (wgmma's accumulator layout), so a warp's store of its pairs touches 8 rows,
-// 8 cache lines a few bytes each. Instead each warp puts its 16 rows in shared memory (the merge: in the
-// staged running rows' own slots, read just before; the plain step: in its warpgroup's rows of the Q tile,
-// whose last reader has completed) and stores them by 16-byte lanes, a row (or two to four) a store, whole
-// lines. Rows whose base or strides are not 16-byte aligned keep the per-thread stores.
-#ifndef HP_FWD_ROW_STORE
-#define HP_FWD_ROW_STORE 1
-#endif
+// (Stores by whole rows (each warp's 16 rows staged in shared memory, then 16-byte lanes, a row a store,
+// instead of value pairs touching 8 rows a store) cost the fp32 merge 4-6 us more at 4k causal on an H200
+// and did not help the plain step there (results/attn/hopper-fwd-merge-h200.md); removed.)
 template <int DQK, int DV> struct acc_stage_t {
   static constexpr uint32_t o_bytes = BM * DV * 4, bytes = o_bytes + BM * 4;
   static constexpr bool on = HP_FWD_STAGE_ACC && sizeof(smem_t<DQK, DV>) + 1024 + bytes <= 227 * 1024;
@@ -106,24 +100,6 @@ template <int DQK, int DV> struct acc_stage_t {
 HP_DEV uint32_t acc_stage_at(uint32_t stage, int row, int row_bytes, int byte) {
   return stage + row * row_bytes + (((byte >> 4) ^ (row & 7)) << 4) + (byte & 15);
 }
-// Where byte `byte` of row `row` of an O tile (DV bf16 a row) staged in a Q tile lies: Q's own layout (128-byte
-// panels of BM rows, the 16-byte chunk c of a row at c ^ (row % 8)).
-HP_DEV uint32_t q_stage_at(uint32_t q, int row, int byte) {
-  return q + (byte >> 7) * (BM * 128) + row * 128 + ((((byte >> 4) & 7) ^ (row & 7)) << 4) + (byte & 15);
-}
-// A warp's 16 staged rows [row0, row0 + 16) of the block, rows of row_bytes (a power of 2, 128 to 512), out
-// to global memory by 16-byte lanes: rows the sequence has (block row br is sequence row i0 + br < len_q) go to
-// dst + row_at(i0 + br) bytes; where(br, byte) is the staged address.
-template <class W, class A>
-HP_DEV void store_rows(char *dst, int row0, int i0, int len_q, int row_bytes, int lane, W where, A row_at) {
-  const int lg = __ffs(row_bytes >> 4) - 1; // 16-byte chunks a row: 8, 16 or 32
-  for (int i = lane; i < 16 << lg; i += 32) {
-    const int br = row0 + (i >> lg), byte = (i & ((1 << lg) - 1)) << 4;
-    if (i0 + br >= len_q) continue;
-    *reinterpret_cast<uint4 *>(dst + row_at(i0 + br) + byte) = ld_shared_v4(where(br, byte));
-  }
-}
-
 // The dynamic shared memory of a launch (+ 1024: the slack of aligning smem_t to 1024 bytes).
 template <int DQK, int DV> HP_HD size_t fwd_smem_bytes(bool merge) {
   return sizeof(smem_t<DQK, DV>) + 1024 + (merge && acc_stage_t<DQK, DV>::on ? acc_stage_t<DQK, DV>::bytes : 0);
@@ -564,29 +540,17 @@ __global__ void __launch_bounds__(THREADS, 1)
   float lse[2];
 #pragma unroll
   for (int r = 0; r < 2; r++) lse[r] = sum[r] > 0.0f ? (mx[r] + log2f(sum[r])) * 0.69314718055994531f : -INFINITY;
-  const int wrow0 = c * 64 + warp * 16; // the warp's first row of the block
   if (!p.acc_out) {
-    // HP_FWD_ROW_STORE: O by rows through this warpgroup's rows of the Q tile (16-byte aligned rows only)
-    const bool rows_out = HP_FWD_ROW_STORE && ((uintptr_t)p.o | (uint64_t)(p.o_st[0] | p.o_st[1] | p.o_st[2]) * 2) % 16 == 0;
-    const uint32_t q_tile = hp_smem_u32(sm.q[0]);
 #pragma unroll
     for (int r = 0; r < 2; r++) {
       const int row = q0 + 8 * r;
       if (row >= len_q) continue; // rows past the sequence: another sequence's, or nothing
       const int64_t oa = at(p.o_st, row);
 #pragma unroll
-      for (int j = 0; j < DV / 8; j++) {
-        const uint32_t v = pack_bf16(o[4 * j + 2 * r] * inv[r], o[4 * j + 2 * r + 1] * inv[r]);
-        if (rows_out) st_shared_u32(q_stage_at(q_tile, r0 + 8 * r, (8 * j + 2 * (lane % 4)) * 2), v);
-        else *reinterpret_cast<uint32_t *>(p.o + oa + 8 * j + 2 * (lane % 4)) = v;
-      }
+      for (int j = 0; j < DV / 8; j++)
+        *reinterpret_cast<uint32_t *>(p.o + oa + 8 * j + 2 * (lane % 4)) =
+            pack_bf16(o[4 * j + 2 * r] * inv[r], o[4 * j + 2 * r + 1] * inv[r]);
       if (lane % 4 == 0) p.lse[at(p.lse_st, row)] = lse[r];
-    }
-    if (rows_out) {
-      hp_syncwarp(); // the warp's 16 rows are staged (only this warp writes or reads them)
-      store_rows(reinterpret_cast<char *>(p.o), wrow0, i0, len_q, DV * 2, lane,
-                 [&](int br, int byte) { return q_stage_at(q_tile, br, byte); },
-                 [&](int row) { return at(p.o_st, row) * 2; });
     }
     return;
   }
@@ -595,8 +559,6 @@ __global__ void __launch_bounds__(THREADS, 1)
   // memory (STAGED), or were read by merge_loads (under the last P V).
   if (STAGED) mbar_wait(&sm.acc_full, 0, &sm.fail, p.err);
   else hp_syncwarp(); // a row's four threads read the old LSE before its first thread writes the new
-  // HP_FWD_ROW_STORE where the rows are staged and acc_out's rows are 16-byte aligned (acc_vec)
-  const bool rows_out = HP_FWD_ROW_STORE && STAGED && p.acc_vec == 16;
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     const int row = q0 + 8 * r;
@@ -616,37 +578,22 @@ __global__ void __launch_bounds__(THREADS, 1)
     const float hi = fmaxf(old[r], lse[r]), lnew = hi + log1pf(expf(-fabsf(old[r] - lse[r])));
     const float ka = old[r] == -INFINITY ? 0.0f : expf(old[r] - lnew), kb = expf(lse[r] - lnew) * inv[r];
     const int64_t e = at(p.acc_st, row) + 2 * (lane % 4);
-    // rows_out: the merged pair back into its staged slot, which old_pair(j) read just before
-    auto slot = [&](int j) { return acc_stage_at(stage, br, DV * es, (8 * j + 2 * (lane % 4)) * es); };
     if (p.acc_bf16) {
       uint32_t *a = reinterpret_cast<uint32_t *>(static_cast<uint16_t *>(p.acc_out) + e);
 #pragma unroll
       for (int j = 0; j < DV / 8; j++) {
         const float2 y = old_pair(j);
-        const uint32_t v = pack_bf16(y.x * ka + o[4 * j + 2 * r] * kb, y.y * ka + o[4 * j + 2 * r + 1] * kb);
-        if (rows_out) st_shared_u32(slot(j), v);
-        else a[4 * j] = v;
+        a[4 * j] = pack_bf16(y.x * ka + o[4 * j + 2 * r] * kb, y.y * ka + o[4 * j + 2 * r + 1] * kb);
       }
     } else {
       float2 *a = reinterpret_cast<float2 *>(static_cast<float *>(p.acc_out) + e);
 #pragma unroll
       for (int j = 0; j < DV / 8; j++) {
         const float2 y = old_pair(j);
-        const float2 v = make_float2(y.x * ka + o[4 * j + 2 * r] * kb, y.y * ka + o[4 * j + 2 * r + 1] * kb);
-        if (rows_out) st_shared_f2(slot(j), v);
-        else a[4 * j] = v;
+        a[4 * j] = make_float2(y.x * ka + o[4 * j + 2 * r] * kb, y.y * ka + o[4 * j + 2 * r + 1] * kb);
       }
     }
     if (lane % 4 == 0) p.acc_lse[at(p.acc_lse_st, row)] = lnew;
-  }
-  if (rows_out) {
-    // the warp's 16 staged rows out by rows: merged, or as they were (a row with no key in this step keeps
-    // its running values, bit for bit)
-    hp_syncwarp();
-    const int es = p.acc_bf16 ? 2 : 4;
-    store_rows(static_cast<char *>(p.acc_out), wrow0, i0, len_q, DV * es, lane,
-               [&](int br, int byte) { return acc_stage_at(stage, br, DV * es, byte); },
-               [&](int row) { return at(p.acc_st, row) * es; });
   }
 }
 

@@ -181,15 +181,6 @@ __device__ __forceinline__ void wgmma_ss_tt(float (&d)[16], uint64_t da, uint64_
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
 }
-__device__ __forceinline__ void st_shared_f2(uint32_t addr, float2 v) {
-  asm volatile("st.shared.v2.f32 [%0], {%1, %2};\n" ::"r"(addr), "f"(v.x), "f"(v.y) : "memory");
-}
-// 16 bytes from a shared address (16-byte aligned).
-__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
-  uint4 x;
-  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w) : "r"(addr) : "memory");
-  return x;
-}
 // dst (global) += src (shared), bytes (a multiple of 16; both 16-byte aligned) of fp32, a bulk copy of
 // the async proxy in this thread's bulk group (bulk_commit; bulk_wait_read: its source may be reused;
 // bulk_wait: done).

@@ -50,9 +50,6 @@ struct alignas(16) float4 {
   float x, y, z, w;
 };
 static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
-struct alignas(16) uint4 {
-  uint32_t x, y, z, w;
-};
 
 struct hp_tmap_t {
   const uint16_t *base;
@@ -394,16 +391,13 @@ HP_DEV void named_bar_arrive(int id, int count) {
   if (++b.first == count) b.first = 0, ++b.second;
 }
 HP_DEV void st_shared_zero16(uint32_t addr) { memset(hp_ptr(addr, 16), 0, 16); }
-template <class T> static void hp_st_shared(uint32_t addr, const T &v) {
-  if (addr % sizeof(T)) {
-    fprintf(stderr, "emu: st.shared of %zu bytes at %u, not aligned\n", sizeof(T), addr);
+HP_DEV void st_shared_u32(uint32_t addr, uint32_t v) {
+  if (addr % 4) {
+    fprintf(stderr, "emu: st.shared.b32 at %u, not 4-byte aligned\n", addr);
     abort();
   }
-  memcpy(hp_ptr(addr, sizeof(T)), &v, sizeof(T));
+  memcpy(hp_ptr(addr, 4), &v, 4);
 }
-HP_DEV void st_shared_u32(uint32_t addr, uint32_t v) { hp_st_shared(addr, v); }
-HP_DEV void st_shared_f2(uint32_t addr, float2 v) { hp_st_shared(addr, v); }
-HP_DEV uint4 ld_shared_v4(uint32_t addr) { return hp_ld_shared<uint4>(addr); }
 // Bulk reductions (shared -> global, fp32 add): done at the issue or only at the wait that covers
 // them (a coin), reading shared memory then, so a source rewritten before bulk_wait_read shows.
 struct hp_bulk {
