@@ -24,7 +24,8 @@
 #      schedules measured on the GPU beside the meta formula
 #      (experiments/cp/cp_cudnn_memory.lua on cuda, then on meta).
 #   6. (STEPS=plans only) cuDNN's candidate engines, each timed (DISTLAB_CUDNN_PLAN).
-# STEPS picks steps (default "pick specs bench cp"; the build always runs).
+# STEPS picks steps (default "pick specs bench cp"; the build always runs, unless SKIP_BUILD is set and
+# build/lib/libdistlab.so was carried).
 # Every step runs under `timeout` with the smaller of its own limit and what
 # is left of BUDGET and writes one verdict line to $OUT/cudnn-summary.txt;
 # logs are packed into $OUT/cudnn-logs.tgz however the script ends (MPS
@@ -48,9 +49,14 @@ want() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 header
 gpu=$(gpu_tag)
 
-step build 240 "$L/build.log" ./distlab build || exit 1
+if [ -n "${SKIP_BUILD:-}" ] && [ -f build/lib/libdistlab.so ]; then
+  say "build: skipped (SKIP_BUILD: the build/lib/libdistlab.so carried here)"
+else
+  step build 240 "$L/build.log" ./distlab build || exit 1
+  grep -q "cudnn_sdpa" build/make.log || [ -f build/lib/libdistlab_cudnn.a ] ||
+    say "WARNING: built without cuDNN's frontend (no .deps/cudnn-frontend?)"
+fi
 DL_LIBS="${DL_LIBS:-}" # the folders distlab's commands add for cuDNN (pick sets them; or the caller)
-grep -q "cudnn_sdpa" build/make.log || say "WARNING: built without cuDNN's frontend (no .deps/cudnn-frontend?)"
 
 if want pick; then
   # candidates: the loader's (system), PyTorch's wheel, the CUDA toolkit's
