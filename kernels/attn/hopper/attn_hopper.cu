@@ -20,6 +20,7 @@
 #include "bwd_kernel.cuh"
 
 #include <cuda.h>
+#include <limits.h>
 #include <cudaTypedefs.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -187,11 +188,18 @@ template <class K> static int allow_smem(K *kernel, size_t smem, int (&done)[64]
 }
 
 template <int PIPE, int DQK, int DV>
-static int launch(dim3 grid, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv, const params_t &k,
-                  void *stream) {
+static int launch(const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv, const params_t &k, void *stream) {
   static int done[64]; // the limit raised once, to what a merge needs (its running rows staged)
+  static int sms[64];  // each device's multiprocessors (the persistent grid: one CTA each)
   DL_TRY(allow_smem(fwd_kernel<PIPE, DQK, DV>, fwd_smem_bytes<DQK, DV>(true), done));
-  fwd_kernel<PIPE, DQK, DV><<<grid, THREADS, fwd_smem_bytes<DQK, DV>(k.acc_out != nullptr), (cudaStream_t)stream>>>(tq, tk, tv, k);
+  int dev = 0;
+  DL_CUDA_CHECK(cudaGetDevice(&dev));
+  int n = dev >= 0 && dev < 64 ? sms[dev] : 0;
+  if (!n) DL_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+  if (dev >= 0 && dev < 64) sms[dev] = n;
+  unsigned g[3];
+  hp_fwd_grid(k, n, g);
+  fwd_kernel<PIPE, DQK, DV><<<dim3(g[0], g[1], g[2]), THREADS, fwd_smem_bytes<DQK, DV>(k.acc_out != nullptr), (cudaStream_t)stream>>>(tq, tk, tv, k);
   return 0;
 }
 
@@ -242,12 +250,14 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   k.max_logit = p->max_logit;
   k.err = dword;
   static_assert(BM == 128, "dl_attn_fwd_cuda checks the grid for 128-row blocks");
-  const dim3 grid((p->s_q + BM - 1) / BM, p->h_q, p->b);
+  DL_CHECK_ARG((int64_t)((p->s_q + BM - 1) / BM) * p->h_q * p->b <= INT_MAX,
+               "attn fwd (hopper): %lld tiles of 128 query rows (s_q %lld, %d heads, b %d); at most 2^31 - 1",
+               (long long)((p->s_q + BM - 1) / BM) * p->h_q * p->b, (long long)p->s_q, (int)p->h_q, (int)p->b);
   // the faster loop of each head dim on an H200 (experiments/results/attn/hopper-fwd*-h200.md): the
   // steps in turn at d 128 (and MLA's 192/128, not yet timed), FA3's intra-warpgroup pipelining at d 64
-  const int rc = p->d_qk == 64    ? launch<1, 64, 64>(grid, tq, tk, tv, k, stream)
-                 : p->d_qk == 128 ? launch<0, 128, 128>(grid, tq, tk, tv, k, stream)
-                                  : launch<0, 192, 128>(grid, tq, tk, tv, k, stream);
+  const int rc = p->d_qk == 64    ? launch<1, 64, 64>(tq, tk, tv, k, stream)
+                 : p->d_qk == 128 ? launch<0, 128, 128>(tq, tk, tv, k, stream)
+                                  : launch<0, 192, 128>(tq, tk, tv, k, stream);
   if (rc) return rc;
   DL_CUDA_CHECK_LAUNCH("attn fwd (hopper)");
   return 0;

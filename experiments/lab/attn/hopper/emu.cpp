@@ -76,12 +76,15 @@ template <int DQK, int DV = DQK> static bool run_case(const hp_case &cs, const h
   std::vector<float> max_logit(h, -INFINITY);
   p.max_logit = max_logit.data();
   std::vector<double> want_max(h, -INFINITY); // the reference's
-  // one CTA at a time, each with fresh barriers
-  const int mb = (s + BM - 1) / BM;
-  for (int z = 0; z < b; z++)
-    for (int y = 0; y < h; y++)
-      for (int x = 0; x < mb; x++) {
-        const bool done = hp_run_cta(dim3(x, y, z), dim3(mb, h, b), THREADS, fwd_smem_bytes<DQK, DV>(merge != 0) - 1024, [&] {
+  // one CTA at a time, each with fresh barriers; the persistent grid (HP_FWD_PERSIST) as on a GPU of 1 to 4
+  // multiprocessors, so that a CTA takes several tiles and its barriers' phases run on across them
+  unsigned grid[3];
+  hp_fwd_grid(p, 1 + (int)(seed % 4), grid);
+  for (unsigned z = 0; z < grid[2]; z++)
+    for (unsigned y = 0; y < grid[1]; y++)
+      for (unsigned x = 0; x < grid[0]; x++) {
+        const bool done = hp_run_cta(dim3(x, y, z), dim3(grid[0], grid[1], grid[2]), THREADS,
+                                     fwd_smem_bytes<DQK, DV>(merge != 0) - 1024, [&] {
           if (pipe == 1) fwd_kernel<1, DQK, DV>(tq, tk, tv, p);
           else fwd_kernel<0, DQK, DV>(tq, tk, tv, p);
         });

@@ -190,7 +190,11 @@ static void run(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloa
     CK(cudaFuncSetAttribute(fwd_kernel<1, D, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
     attr = true;
   }
-  const dim3 grid((p.s_q + BM - 1) / BM, p.h, p.b);
+  static int sms = 0; // the persistent grid (HP_FWD_PERSIST): one CTA a multiprocessor
+  if (!sms) CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  unsigned g[3];
+  hp_fwd_grid(p, sms, g);
+  const dim3 grid(g[0], g[1], g[2]);
   if (pipe == 1) fwd_kernel<1, D, D><<<grid, THREADS, smem, st>>>(tq, tk, tv, p);
   else fwd_kernel<0, D, D><<<grid, THREADS, smem, st>>>(tq, tk, tv, p);
   CK(cudaGetLastError());
