@@ -21,6 +21,8 @@
 
 #include <cuda.h>
 #include <limits.h>
+
+#include <mutex>
 #include <cudaTypedefs.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -187,6 +189,8 @@ template <class K> static int allow_smem(K *kernel, size_t smem, int (&done)[64]
   return 0;
 }
 
+static int sched_for(int dev, void *stream, unsigned **out);
+
 template <int PIPE, int DQK, int DV>
 static int launch(const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv, const params_t &k, void *stream) {
   static int done[64]; // the limit raised once, to what a merge needs (its running rows staged)
@@ -197,9 +201,11 @@ static int launch(const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMa
   int n = dev >= 0 && dev < 64 ? sms[dev] : 0;
   if (!n) DL_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
   if (dev >= 0 && dev < 64) sms[dev] = n;
+  params_t kk = k;
+  if (HP_FWD_PERSIST) DL_TRY(sched_for(dev, stream, &kk.sched));
   unsigned g[3];
-  hp_fwd_grid(k, n, g);
-  fwd_kernel<PIPE, DQK, DV><<<dim3(g[0], g[1], g[2]), THREADS, fwd_smem_bytes<DQK, DV>(k.acc_out != nullptr), (cudaStream_t)stream>>>(tq, tk, tv, k);
+  hp_fwd_grid(kk, n, g);
+  fwd_kernel<PIPE, DQK, DV><<<dim3(g[0], g[1], g[2]), THREADS, fwd_smem_bytes<DQK, DV>(kk.acc_out != nullptr), (cudaStream_t)stream>>>(tq, tk, tv, kk);
   return 0;
 }
 
@@ -216,13 +222,51 @@ template <class K> static void common_params(K &k, const dl_attn_params_t *p) {
   }
 }
 
+/* The persistent forward's tile counters (params_t.sched, HP_FWD_PERSIST): a pair for each device and
+ * stream, so that forwards on different streams never share one; zeroed once, and every launch leaves
+ * them at 0 (the last CTA resets them). reset: zero them all again (after a kernel gave up, when its
+ * CTAs may not all have counted themselves out). */
+static std::mutex sched_mu;
+static struct {
+  int dev;
+  void *stream;
+  unsigned *buf;
+} sched_tab[256];
+static int sched_n;
+static int sched_for(int dev, void *stream, unsigned **out) {
+  std::lock_guard<std::mutex> lock(sched_mu);
+  for (int i = 0; i < sched_n; i++)
+    if (sched_tab[i].dev == dev && sched_tab[i].stream == stream) return *out = sched_tab[i].buf, 0;
+  if (sched_n == 256)
+    return DL_ERR(DL_EUNSUPPORTED, "attn fwd (hopper): more than 256 (device, stream) pairs ran the forward");
+  unsigned *b = NULL;
+  DL_CUDA_CHECK(cudaMalloc((void **)&b, 2 * sizeof(unsigned)));
+  DL_CUDA_CHECK(cudaMemset(b, 0, 2 * sizeof(unsigned)));
+  sched_tab[sched_n].dev = dev, sched_tab[sched_n].stream = stream, sched_tab[sched_n].buf = b, sched_n++;
+  *out = b;
+  return 0;
+}
+static int sched_reset(void) {
+  std::lock_guard<std::mutex> lock(sched_mu);
+  int dev = 0;
+  DL_CUDA_CHECK(cudaGetDevice(&dev));
+  for (int i = 0; i < sched_n; i++) {
+    DL_CUDA_CHECK(cudaSetDevice(sched_tab[i].dev));
+    DL_CUDA_CHECK(cudaMemset(sched_tab[i].buf, 0, 2 * sizeof(unsigned))); /* after the kernels that run */
+  }
+  DL_CUDA_CHECK(cudaSetDevice(dev));
+  return 0;
+}
+
 /* The status word, checked and cleared: an earlier call's timed-out wait is this call's error. */
 static int status_check(int **dword, const char *op) {
   int *word = status_word(dword);
   if (!word) return DL_ERR(DL_ENOMEM, "%s (hopper): no host-mapped status word", op);
-  if (__atomic_exchange_n(word, 0, __ATOMIC_ACQ_REL))
+  if (__atomic_exchange_n(word, 0, __ATOMIC_ACQ_REL)) {
+    DL_TRY(sched_reset());
     return DL_ERR(DL_ETIMEOUT, "%s (hopper): a wait of an earlier call's kernel (forward or backward) timed out "
                                "(a TMA load or a barrier never completed); that call's results are garbage", op);
+  }
   return 0;
 }
 

@@ -72,6 +72,7 @@ template <int DQK, int DV> struct alignas(1024) smem_t {
   uint16_t v[STAGES][DV / 64][BN * 64];
   uint64_t q_full, q_empty, k_full[STAGES], v_full[STAGES], k_empty[STAGES], v_empty[STAGES];
   uint64_t acc_go, acc_full, acc_empty; // the running rows staged (acc_stage_t): go (the producer's thread), landed, read
+  int tile[2][3]; // tile i's (m-block, head, sequence) at [i % 2], posted by the producer's thread; m-block -1: no more
   int fail; // a wait of this CTA timed out (mbar_wait)
 };
 
@@ -130,6 +131,7 @@ struct params_t {
   int acc_vec;      // the bytes of one cp.async of acc_out's rows: 16, 8 or 4 (what its base and strides allow)
   float *max_logit; // optional [h]: the largest scaled logit a row sees (the caller fills -inf)
   int *err;         // optional: set to 1 when a wait timed out (the results are then garbage)
+  unsigned *sched;  // HP_FWD_PERSIST: [2] the next tile, the CTAs done; 0 at the launch, and the kernel leaves them 0
 };
 
 // params_t.acc_vec: the largest of 16, 8 and 4 bytes that divides acc_out's base and its strides (es
@@ -323,13 +325,13 @@ template <int DH> HP_DEV void zero_tail(uint32_t v_base, int valid, int c, int t
 }
 
 // The tiles: (m-block, q head, sequence), BM query rows each. HP_FWD_PERSIST (a build flag, on): a
-// persistent grid, hp_fwd_ctas CTAs (one an SM), each taking tiles one after another, so that a tile's
-// epilogue (its stores, the merge's running rows) runs while the producer already loads the next
-// tile's Q, K and V; the tiles heaviest first (m-blocks last to first, over every head and sequence:
-// the causal heavy ones first), dealt in rounds of one tile a CTA, every other round in reverse (CTA i
-// takes tile i of round 0, tile 2G - 1 - i of round 1, ...), which evens out the causal work a CTA gets
-// without a global counter. Off: grid (m-blocks, heads, sequences), one tile a CTA, m-blocks last to
-// first.
+// persistent grid, hp_fwd_grid's CTAs (one an SM), each taking tiles one after another from a counter in
+// global memory (params_t.sched), so that a tile's epilogue (its stores, the merge's running rows) runs
+// while the producer already loads the next tile's Q, K and V, and the causal tiles of unequal work spread
+// as they finish (FlashAttention-3's dynamic scheduler). The order: groups of P (q head, sequence) pairs,
+// P m-blocks-worth at least the grid, so that a group keeps every CTA busy while its K and V stay in L2;
+// in a group the m-blocks last to first (the causal heavy ones first), the pairs of one m-block together.
+// Off: grid (m-blocks, heads, sequences), one tile a CTA, m-blocks last to first.
 #ifndef HP_FWD_PERSIST
 #define HP_FWD_PERSIST 1
 #endif
@@ -342,18 +344,12 @@ HP_HD void hp_fwd_grid(const params_t &p, int sms, unsigned (&g)[3]) {
   if (HP_FWD_PERSIST) g[0] = (unsigned)(tiles < sms ? tiles : sms), g[1] = g[2] = 1;
   else g[0] = (unsigned)mb, g[1] = (unsigned)p.h, g[2] = (unsigned)p.b;
 }
-// This CTA's round-r tile; false once it has none left.
-HP_DEV bool hp_fwd_tile(const params_t &p, int r, hp_tile_t &t) {
-  if (!HP_FWD_PERSIST) {
-    t = hp_tile_t{(int)(gridDim.x - 1 - blockIdx.x), (int)blockIdx.y, (int)blockIdx.z};
-    return r == 0;
-  }
-  const int mb = (p.s_q + BM - 1) / BM, hb = p.h * p.b, G = gridDim.x, base = r * G;
-  const int k = base + ((r & 1) ? G - 1 - (int)blockIdx.x : (int)blockIdx.x);
-  if (base >= mb * hb || k >= mb * hb) return false; // a round past the last tile holds none for anyone after it
-  const int level = k / hb, rem = k - level * hb;
-  t = hp_tile_t{mb - 1 - level, rem % p.h, rem / p.h};
-  return true;
+// The tile of schedule index k < tiles (HP_FWD_PERSIST's order above).
+HP_DEV hp_tile_t hp_fwd_tile_at(const params_t &p, int k) {
+  const int mb = (p.s_q + BM - 1) / BM, hb = p.h * p.b, P = max(1, ((int)gridDim.x + mb - 1) / mb);
+  const int gi = k / (P * mb), first = gi * P, np = min(P, hb - first), o = k - gi * P * mb;
+  const int level = o / np, pair = first + (o - level * np);
+  return hp_tile_t{mb - 1 - level, pair % p.h, pair / p.h};
 }
 
 // A tile's sequence, rows and key blocks [n_lo, n_hi) (those holding a key a row of it sees; walked last to first).
@@ -380,9 +376,10 @@ HP_DEV hp_fwd_ctx_t hp_fwd_ctx(const params_t &p, const hp_tile_t &t) {
 // per key block, S, softmax, P V one after another, P in registers. PIPE = 1: FA3's intra-warpgroup
 // pipelining, the softmax of block it between the issue of S(it) with P(it - 1) V(it - 1) and their
 // completion, P in registers. (P through shared memory instead was slower than both: fwd.cu.)
-// Across a CTA's tiles: K and V stages and their phases run on (g counts the key blocks of the CTA);
-// Q is reloaded once the consumers are done with the last tile's (q_empty); the staged running rows
-// once the consumers have read the last tile's (acc_empty).
+// Across a CTA's tiles: the producer's thread takes the next tile and posts it in sm.tile with Q's loads
+// (q_full; a tile with m-block -1 ends the CTA); K and V stages and their phases run on (g counts the key
+// blocks of the CTA); Q is reloaded once the consumers are done with the last tile's (q_empty); the staged
+// running rows once the consumers have read the last tile's (acc_empty).
 template <int PIPE, int DQK, int DV>
 __global__ void __launch_bounds__(THREADS, 1)
     fwd_kernel(const HP_GRID_CONST hp_tmap_t tq, const HP_GRID_CONST hp_tmap_t tk, const HP_GRID_CONST hp_tmap_t tv,
@@ -422,18 +419,15 @@ __global__ void __launch_bounds__(THREADS, 1)
       // once the tile's first key blocks are on their way (copied at once, they slowed the first blocks'
       // loads: fp32 rows are as many bytes as Q, K and V of a block) and the consumers have read the last
       // tile's (in 24 registers: the rows' addresses from the first's, one step a row; shifts, no
-      // divisions: a row's bytes and vec are powers of 2); the last copies landed before the threads leave
-      // (one wait in the code, through which the go, the last tile's rows read, and past the last tile the
-      // last copies landed are waited for: each inlined wait costs registers that 24 do not have)
-      for (int r = 0, u = 0;; r++) { // u: tiles staged
-        hp_tile_t t;
-        const bool have = hp_fwd_tile(p, r, t);
-        if (have && t.m_block * BM >= hp_seq(p, t.bb).len_q) continue; // an empty tile
-        const int nw = have ? (u > 0 ? 2 : 1) : (u > 0 ? 1 : 0);
-        for (int w = 0; w < nw; w++)
-          mbar_wait(!have ? &sm.acc_full : w == 0 ? &sm.acc_go : &sm.acc_empty, (have && w == 0 ? u : u - 1) & 1, &sm.fail,
-                    p.err);
-        if (!have) break;
+      // divisions: a row's bytes and vec are powers of 2). The tile is the one the go posted (sm.tile);
+      // past the last, the producer's thread saw the last copies land before its go. (One wait in the
+      // code, for the go and then for the last tile's rows read: each inlined wait costs registers that 24
+      // do not have.)
+      for (int u = 0;; u++) { // u: tiles staged
+        for (int w = 0; w < (u > 0 ? 2 : 1); w++)
+          mbar_wait(w == 0 ? &sm.acc_go : &sm.acc_empty, (w == 0 ? u : u - 1) & 1, &sm.fail, p.err);
+        const hp_tile_t t{sm.tile[u & 1][0], sm.tile[u & 1][1], sm.tile[u & 1][2]};
+        if (t.m_block < 0) break;
         const hp_fwd_ctx_t x = hp_fwd_ctx(p, t);
         const int tt = threadIdx.x - 288, es = p.acc_bf16 ? 2 : 4, row_bytes = DV * es, vec = p.acc_vec;
         const int rows = x.i1 - x.i0, lg_vec = __ffs(vec) - 1, lg_row = __ffs(row_bytes / vec) - 1;
@@ -446,25 +440,45 @@ __global__ void __launch_bounds__(THREADS, 1)
         const float *lse0 = p.acc_lse + at(x, p.acc_lse_st, x.i0);
         for (int rr = tt; rr < rows; rr += 96) cp_async(stage + ST::o_bytes + 4 * rr, lse0 + rr * p.acc_lse_st[0], 4);
         cp_async_arrive(&sm.acc_full);
-        u++;
       }
     }
     if (threadIdx.x == 256) {
-      // the go of a tile's running rows' copies (STAGED merge): once the consumers are done with its first
-      // K (the first S ran), or once every load is issued where there are at most two blocks
-      // (a tile's go only once the last tile's rows have landed, which the stagers waited for the last go
-      // to start: so that acc_go never runs two phases ahead of the stagers' waits)
+      // the tiles: the next one with rows (HP_FWD_PERSIST: from the counter; else this CTA's, once), posted
+      // in sm.tile[qt % 2] once the consumers are done with the last one's Q, then its Q, K and V; past the
+      // last, m-block -1 posted with a plain arrival on q_full (and a go), which ends the consumers (and the
+      // stagers). The go of a tile's running rows' copies (STAGED merge): once the consumers are done with
+      // its first K (the first S ran), or once every load is issued where there are at most two blocks; and
+      // only once the last tile's rows have landed, which the stagers waited for the last go to start, so
+      // that acc_go never runs two phases ahead of the stagers' waits.
       const bool go = STAGED && p.acc_out;
+      const int tiles = ((p.s_q + BM - 1) / BM) * p.h * p.b;
       int g = 0, qt = 0; // key blocks and tiles loaded so far
       auto arrive_go = [&] {
         if (qt > 0) mbar_wait(&sm.acc_full, (qt - 1) & 1, &sm.fail, p.err);
         mbar_arrive(&sm.acc_go);
       };
-      hp_tile_t t;
-      for (int r = 0; hp_fwd_tile(p, r, t); r++) {
-        const hp_fwd_ctx_t x = hp_fwd_ctx(p, t);
-        if (x.empty) continue;
+      for (int r = 0;; qt++) {
+        hp_tile_t t{-1, 0, 0};
+        hp_fwd_ctx_t x;
+        for (;;) { // the next tile with rows of its sequence, if any
+          int k = tiles;
+          if (HP_FWD_PERSIST) k = (int)hp_atomic_add(p.sched, 1u);
+          else if (r++ == 0) k = 0, t = hp_tile_t{(int)(gridDim.x - 1 - blockIdx.x), (int)blockIdx.y, (int)blockIdx.z};
+          if (k >= tiles) {
+            t.m_block = -1;
+            break;
+          }
+          if (HP_FWD_PERSIST) t = hp_fwd_tile_at(p, k);
+          x = hp_fwd_ctx(p, t);
+          if (!x.empty) break;
+        }
         if (qt > 0) mbar_wait(&sm.q_empty, (qt - 1) & 1, &sm.fail, p.err);
+        sm.tile[qt & 1][0] = t.m_block, sm.tile[qt & 1][1] = t.hh, sm.tile[qt & 1][2] = t.bb;
+        if (t.m_block < 0) {
+          mbar_arrive(&sm.q_full);
+          if (go) arrive_go();
+          break;
+        }
         mbar_expect_tx(&sm.q_full, tile_bytes_t<DQK>::value);
         for (int half = 0; half < DQK / 64; half++)
           tma_load(sm.q[half], &tq, &sm.q_full, 64 * half, x.hh, x.first_q + x.m_block * BM, x.tb);
@@ -482,8 +496,10 @@ __global__ void __launch_bounds__(THREADS, 1)
             tma_load(sm.v[st][half], &tv, &sm.v_full[st], 64 * half, x.hkv, x.first_kv + n * BN, x.tb);
         }
         if (go && x.nblk <= STAGES) arrive_go();
-        qt++;
       }
+      // the CTAs done: the last one leaves the counter at 0 for the next launch
+      if (HP_FWD_PERSIST && hp_atomic_add(p.sched + 1, 1u) == gridDim.x - 1)
+        hp_atomic_exch(p.sched, 0u), hp_atomic_exch(p.sched + 1, 0u);
     }
     return;
   }
@@ -503,11 +519,12 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto take_turn = [&] { named_bar_sync(4 + c, 256); };
   auto hand_turn = [&] { named_bar_arrive(5 - c, 256); };
   if (c == 0) named_bar_arrive(4, 256);
-  int g0 = 0, qt = 0; // the CTA's key blocks and tiles before this tile (every tile is staged where any is)
-  hp_tile_t t;
-  for (int r = 0; hp_fwd_tile(p, r, t); r++) {
+  int g0 = 0; // the CTA's key blocks before this tile
+  for (int qt = 0;; qt++) { // the tiles the producer's thread posts (every tile is staged where any is)
+    mbar_wait(&sm.q_full, qt & 1, &sm.fail, p.err);
+    const hp_tile_t t{sm.tile[qt & 1][0], sm.tile[qt & 1][1], sm.tile[qt & 1][2]};
+    if (t.m_block < 0) break;
     const hp_fwd_ctx_t x = hp_fwd_ctx(p, t);
-    if (x.empty) continue;
     const int len_q = x.len_q, len_kv = x.len_kv, shift = x.shift, n_hi = x.n_hi, nblk = x.nblk;
     const int q0 = x.m_block * BM + r0;
     float o[DV / 2], s[64];
@@ -558,7 +575,6 @@ __global__ void __launch_bounds__(THREADS, 1)
         }
       }
     };
-    mbar_wait(&sm.q_full, qt & 1, &sm.fail, p.err);
 
     if (PIPE == 0) {
       // the turn: P(it - 1) V(it - 1) issued and waited for, then S(it) issued
@@ -617,7 +633,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
     // the tile's GEMMs are done: its Q may be replaced by the next tile's, under this epilogue
     mbar_arrive(&sm.q_empty);
-    g0 += nblk, qt++;
+    g0 += nblk;
 
     // epilogue: the row sums over the four threads of a row, O / l, LSE (natural log); or the merge
     float inv[2];
@@ -642,7 +658,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     // merge: L = log(e^L_acc + e^L), acc_out = acc_out e^(L_acc - L) + O e^(L - L); a row of the step
     // with no key (L = -inf) leaves the running pair as it was. The running LSE and O are in shared
     // memory (STAGED), or were read by merge_loads (under the last P V).
-    if (STAGED) mbar_wait(&sm.acc_full, (qt - 1) & 1, &sm.fail, p.err); // qt counts this tile already
+    if (STAGED) mbar_wait(&sm.acc_full, qt & 1, &sm.fail, p.err);
     else hp_syncwarp(); // a row's four threads read the old LSE before its first thread writes the new
 #pragma unroll
     for (int rr = 0; rr < 2; rr++) {
