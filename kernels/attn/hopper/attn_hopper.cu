@@ -20,9 +20,6 @@
 #include "bwd_kernel.cuh"
 
 #include <cuda.h>
-#include <limits.h>
-
-#include <mutex>
 #include <cudaTypedefs.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -189,23 +186,12 @@ template <class K> static int allow_smem(K *kernel, size_t smem, int (&done)[64]
   return 0;
 }
 
-static int sched_for(int dev, void *stream, unsigned **out);
-
 template <int PIPE, int DQK, int DV>
-static int launch(const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv, const params_t &k, void *stream) {
+static int launch(dim3 grid, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv, const params_t &k,
+                  void *stream) {
   static int done[64]; // the limit raised once, to what a merge needs (its running rows staged)
-  static int sms[64];  // each device's multiprocessors (the persistent grid: one CTA each)
   DL_TRY(allow_smem(fwd_kernel<PIPE, DQK, DV>, fwd_smem_bytes<DQK, DV>(true), done));
-  int dev = 0;
-  DL_CUDA_CHECK(cudaGetDevice(&dev));
-  int n = dev >= 0 && dev < 64 ? sms[dev] : 0;
-  if (!n) DL_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-  if (dev >= 0 && dev < 64) sms[dev] = n;
-  params_t kk = k;
-  if (HP_FWD_PERSIST) DL_TRY(sched_for(dev, stream, &kk.sched));
-  unsigned g[3];
-  hp_fwd_grid(kk, n, g);
-  fwd_kernel<PIPE, DQK, DV><<<dim3(g[0], g[1], g[2]), THREADS, fwd_smem_bytes<DQK, DV>(kk.acc_out != nullptr), (cudaStream_t)stream>>>(tq, tk, tv, kk);
+  fwd_kernel<PIPE, DQK, DV><<<grid, THREADS, fwd_smem_bytes<DQK, DV>(k.acc_out != nullptr), (cudaStream_t)stream>>>(tq, tk, tv, k);
   return 0;
 }
 
@@ -222,51 +208,13 @@ template <class K> static void common_params(K &k, const dl_attn_params_t *p) {
   }
 }
 
-/* The persistent forward's tile counters (params_t.sched, HP_FWD_PERSIST): a pair for each device and
- * stream, so that forwards on different streams never share one; zeroed once, and every launch leaves
- * them at 0 (the last CTA resets them). reset: zero them all again (after a kernel gave up, when its
- * CTAs may not all have counted themselves out). */
-static std::mutex sched_mu;
-static struct {
-  int dev;
-  void *stream;
-  unsigned *buf;
-} sched_tab[256];
-static int sched_n;
-static int sched_for(int dev, void *stream, unsigned **out) {
-  std::lock_guard<std::mutex> lock(sched_mu);
-  for (int i = 0; i < sched_n; i++)
-    if (sched_tab[i].dev == dev && sched_tab[i].stream == stream) return *out = sched_tab[i].buf, 0;
-  if (sched_n == 256)
-    return DL_ERR(DL_EUNSUPPORTED, "attn fwd (hopper): more than 256 (device, stream) pairs ran the forward");
-  unsigned *b = NULL;
-  DL_CUDA_CHECK(cudaMalloc((void **)&b, 2 * sizeof(unsigned)));
-  DL_CUDA_CHECK(cudaMemset(b, 0, 2 * sizeof(unsigned)));
-  sched_tab[sched_n].dev = dev, sched_tab[sched_n].stream = stream, sched_tab[sched_n].buf = b, sched_n++;
-  *out = b;
-  return 0;
-}
-static int sched_reset(void) {
-  std::lock_guard<std::mutex> lock(sched_mu);
-  int dev = 0;
-  DL_CUDA_CHECK(cudaGetDevice(&dev));
-  for (int i = 0; i < sched_n; i++) {
-    DL_CUDA_CHECK(cudaSetDevice(sched_tab[i].dev));
-    DL_CUDA_CHECK(cudaMemset(sched_tab[i].buf, 0, 2 * sizeof(unsigned))); /* after the kernels that run */
-  }
-  DL_CUDA_CHECK(cudaSetDevice(dev));
-  return 0;
-}
-
 /* The status word, checked and cleared: an earlier call's timed-out wait is this call's error. */
 static int status_check(int **dword, const char *op) {
   int *word = status_word(dword);
   if (!word) return DL_ERR(DL_ENOMEM, "%s (hopper): no host-mapped status word", op);
-  if (__atomic_exchange_n(word, 0, __ATOMIC_ACQ_REL)) {
-    DL_TRY(sched_reset());
+  if (__atomic_exchange_n(word, 0, __ATOMIC_ACQ_REL))
     return DL_ERR(DL_ETIMEOUT, "%s (hopper): a wait of an earlier call's kernel (forward or backward) timed out "
                                "(a TMA load or a barrier never completed); that call's results are garbage", op);
-  }
   return 0;
 }
 
@@ -294,14 +242,12 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   k.max_logit = p->max_logit;
   k.err = dword;
   static_assert(BM == 128, "dl_attn_fwd_cuda checks the grid for 128-row blocks");
-  DL_CHECK_ARG((int64_t)((p->s_q + BM - 1) / BM) * p->h_q * p->b <= INT_MAX,
-               "attn fwd (hopper): %lld tiles of 128 query rows (s_q %lld, %d heads, b %d); at most 2^31 - 1",
-               (long long)((p->s_q + BM - 1) / BM) * p->h_q * p->b, (long long)p->s_q, (int)p->h_q, (int)p->b);
+  const dim3 grid((p->s_q + BM - 1) / BM, p->h_q, p->b);
   // the faster loop of each head dim on an H200 (experiments/results/attn/hopper-fwd*-h200.md): the
   // steps in turn at d 128 (and MLA's 192/128, not yet timed), FA3's intra-warpgroup pipelining at d 64
-  const int rc = p->d_qk == 64    ? launch<1, 64, 64>(tq, tk, tv, k, stream)
-                 : p->d_qk == 128 ? launch<0, 128, 128>(tq, tk, tv, k, stream)
-                                  : launch<0, 192, 128>(tq, tk, tv, k, stream);
+  const int rc = p->d_qk == 64    ? launch<1, 64, 64>(grid, tq, tk, tv, k, stream)
+                 : p->d_qk == 128 ? launch<0, 128, 128>(grid, tq, tk, tv, k, stream)
+                                  : launch<0, 192, 128>(grid, tq, tk, tv, k, stream);
   if (rc) return rc;
   DL_CUDA_CHECK_LAUNCH("attn fwd (hopper)");
   return 0;

@@ -70,9 +70,8 @@ template <int DQK, int DV> struct alignas(1024) smem_t {
   uint16_t q[DQK / 64][BM * 64];
   uint16_t k[STAGES][DQK / 64][BN * 64];
   uint16_t v[STAGES][DV / 64][BN * 64];
-  uint64_t q_full, q_empty, k_full[STAGES], v_full[STAGES], k_empty[STAGES], v_empty[STAGES];
-  uint64_t acc_go, acc_full, acc_empty; // the running rows staged (acc_stage_t): go (the producer's thread), landed, read
-  int tile[2][3]; // tile i's (m-block, head, sequence) at [i % 2], posted by the producer's thread; m-block -1: no more
+  uint64_t q_full, k_full[STAGES], v_full[STAGES], k_empty[STAGES], v_empty[STAGES];
+  uint64_t acc_go, acc_full; // the running rows staged (acc_stage_t): go (the producer's thread), landed
   int fail; // a wait of this CTA timed out (mbar_wait)
 };
 
@@ -92,6 +91,11 @@ template <int DQK, int DV> struct alignas(1024) smem_t {
 // (Stores by whole rows (each warp's 16 rows staged in shared memory, then 16-byte lanes, a row a store,
 // instead of value pairs touching 8 rows a store) cost the fp32 merge 4-6 us more at 4k causal on an H200
 // and did not help the plain step there (results/attn/hopper-fwd-merge-h200.md); removed.)
+// (A persistent grid, one CTA an SM taking tile after tile so that a tile's epilogue runs under the next
+// tile's loads, was slower on an H200: dealt statically, heaviest first over all heads, 10% slower dense
+// (K and V of every head at once left L2); taken from a counter in L2-sized groups of heads (FA3's dynamic
+// scheduler), the plain step 1-4% slower and the fp32 merge's cost at 4k causal unchanged
+// (results/attn/hopper-fwd-merge-h200.md); removed.)
 template <int DQK, int DV> struct acc_stage_t {
   static constexpr uint32_t o_bytes = BM * DV * 4, bytes = o_bytes + BM * 4;
   static constexpr bool on = HP_FWD_STAGE_ACC && sizeof(smem_t<DQK, DV>) + 1024 + bytes <= 227 * 1024;
@@ -131,7 +135,6 @@ struct params_t {
   int acc_vec;      // the bytes of one cp.async of acc_out's rows: 16, 8 or 4 (what its base and strides allow)
   float *max_logit; // optional [h]: the largest scaled logit a row sees (the caller fills -inf)
   int *err;         // optional: set to 1 when a wait timed out (the results are then garbage)
-  unsigned *sched;  // HP_FWD_PERSIST: [2] the next tile, the CTAs done; 0 at the launch, and the kernel leaves them 0
 };
 
 // params_t.acc_vec: the largest of 16, 8 and 4 bytes that divides acc_out's base and its strides (es
@@ -324,77 +327,34 @@ template <int DH> HP_DEV void zero_tail(uint32_t v_base, int valid, int c, int t
   named_bar_sync(3, 256);
 }
 
-// The tiles: (m-block, q head, sequence), BM query rows each. HP_FWD_PERSIST (a build flag, on): a
-// persistent grid, hp_fwd_grid's CTAs (one an SM), each taking tiles one after another from a counter in
-// global memory (params_t.sched), so that a tile's epilogue (its stores, the merge's running rows) runs
-// while the producer already loads the next tile's Q, K and V, and the causal tiles of unequal work spread
-// as they finish (FlashAttention-3's dynamic scheduler). The order: groups of P (q head, sequence) pairs,
-// P m-blocks-worth at least the grid, so that a group keeps every CTA busy while its K and V stay in L2;
-// in a group the m-blocks last to first (the causal heavy ones first), the pairs of one m-block together.
-// Off: grid (m-blocks, heads, sequences), one tile a CTA, m-blocks last to first.
-#ifndef HP_FWD_PERSIST
-#define HP_FWD_PERSIST 1
-#endif
-struct hp_tile_t {
-  int m_block, hh, bb;
-};
-// The grid of a launch (sms: the device's multiprocessors).
-HP_HD void hp_fwd_grid(const params_t &p, int sms, unsigned (&g)[3]) {
-  const long mb = (p.s_q + BM - 1) / BM, tiles = mb * p.h * p.b;
-  if (HP_FWD_PERSIST) g[0] = (unsigned)(tiles < sms ? tiles : sms), g[1] = g[2] = 1;
-  else g[0] = (unsigned)mb, g[1] = (unsigned)p.h, g[2] = (unsigned)p.b;
-}
-// The tile of schedule index k < tiles (HP_FWD_PERSIST's order above).
-HP_DEV hp_tile_t hp_fwd_tile_at(const params_t &p, int k) {
-  const int mb = (p.s_q + BM - 1) / BM, hb = p.h * p.b, P = max(1, ((int)gridDim.x + mb - 1) / mb);
-  const int gi = k / (P * mb), first = gi * P, np = min(P, hb - first), o = k - gi * P * mb;
-  const int level = o / np, pair = first + (o - level * np);
-  return hp_tile_t{mb - 1 - level, pair % p.h, pair / p.h};
-}
-
-// A tile's sequence, rows and key blocks [n_lo, n_hi) (those holding a key a row of it sees; walked last to first).
-struct hp_fwd_ctx_t {
-  int m_block, hh, bb, hkv, len_q, len_kv, first_q, first_kv, tb, shift, i0, i1, n_lo, n_hi, nblk;
-  bool empty; // no row of the sequence in this m-block
-};
-HP_DEV hp_fwd_ctx_t hp_fwd_ctx(const params_t &p, const hp_tile_t &t) {
-  hp_fwd_ctx_t x;
-  x.m_block = t.m_block, x.hh = t.hh, x.bb = t.bb, x.hkv = t.hh / (p.h / p.h_kv);
-  const hp_seq_t sq = hp_seq(p, t.bb);
-  x.len_q = sq.len_q, x.len_kv = sq.len_kv, x.first_q = sq.first_q, x.first_kv = sq.first_kv, x.tb = sq.tb;
-  x.empty = t.m_block * BM >= x.len_q;
-  const int wl = p.window_left, wr = p.window_right;
-  x.shift = p.bottom_right ? x.len_kv - x.len_q : 0;
-  x.i0 = t.m_block * BM, x.i1 = min(x.i0 + BM, x.len_q);
-  const int key_lo = wl >= 0 ? max(0, x.i0 + x.shift - wl) : 0;
-  const int key_hi = wr >= 0 ? min(x.len_kv, x.i1 + x.shift + wr) : x.len_kv;
-  x.n_lo = key_lo / BN, x.n_hi = key_hi > key_lo ? (key_hi + BN - 1) / BN : x.n_lo, x.nblk = x.n_hi - x.n_lo;
-  return x;
-}
-
-// The two consumer warpgroups take turns at the tensor cores (take_turn / hand_turn below). PIPE = 0:
-// per key block, S, softmax, P V one after another, P in registers. PIPE = 1: FA3's intra-warpgroup
-// pipelining, the softmax of block it between the issue of S(it) with P(it - 1) V(it - 1) and their
-// completion, P in registers. (P through shared memory instead was slower than both: fwd.cu.)
-// Across a CTA's tiles: the producer's thread takes the next tile and posts it in sm.tile with Q's loads
-// (q_full; a tile with m-block -1 ends the CTA); K and V stages and their phases run on (g counts the key
-// blocks of the CTA); Q is reloaded once the consumers are done with the last tile's (q_empty); the staged
-// running rows once the consumers have read the last tile's (acc_empty).
+// Grid (s / BM, h, b), m-blocks last to first (the causal heavy ones start first). The two consumer
+// warpgroups take turns at the tensor cores (take_turn / hand_turn below). PIPE = 0: per key block,
+// S, softmax, P V one after another, P in registers. PIPE = 1: FA3's intra-warpgroup pipelining,
+// the softmax of block it between the issue of S(it) with P(it - 1) V(it - 1) and their completion,
+// P in registers. (P through shared memory instead was slower than both: fwd.cu.)
 template <int PIPE, int DQK, int DV>
 __global__ void __launch_bounds__(THREADS, 1)
     fwd_kernel(const HP_GRID_CONST hp_tmap_t tq, const HP_GRID_CONST hp_tmap_t tk, const HP_GRID_CONST hp_tmap_t tv,
                const params_t p) {
   smem_t<DQK, DV> &sm = *reinterpret_cast<smem_t<DQK, DV> *>((reinterpret_cast<uintptr_t>(hp_smem()) + 1023) & ~uintptr_t(1023));
+  const int m_block = gridDim.x - 1 - blockIdx.x, hh = blockIdx.y, bb = blockIdx.z, hkv = hh / (p.h / p.h_kv);
   const int warp_id = hp_warp_uniform(threadIdx.x / 32), tid = threadIdx.x % 128; // lane 0's, as CUTLASS does
+  // this sequence: its lengths, the rows (thd) or batch (bshd/sbhd) the tensor maps address it by
+  const hp_seq_t sq = hp_seq(p, bb);
+  const int len_q = sq.len_q, len_kv = sq.len_kv, first_q = sq.first_q, first_kv = sq.first_kv, tb = sq.tb;
+  if (m_block * BM >= len_q) return; // the whole CTA, before any barrier
   using ST = acc_stage_t<DQK, DV>;
   constexpr bool STAGED = ST::on;
   const uint32_t stage = hp_smem_u32(&sm) + sizeof(smem_t<DQK, DV>); // the running rows (STAGED)
-  const int wl = p.window_left, wr = p.window_right;
+  // key blocks [n_lo, n_hi): those holding a key that a row of this block sees; walked last to first
+  const int shift = p.bottom_right ? len_kv - len_q : 0, wl = p.window_left, wr = p.window_right;
+  const int i0 = m_block * BM, i1 = min(i0 + BM, len_q);
+  const int key_lo = wl >= 0 ? max(0, i0 + shift - wl) : 0, key_hi = wr >= 0 ? min(len_kv, i1 + shift + wr) : len_kv;
+  const int n_lo = key_lo / BN, n_hi = key_hi > key_lo ? (key_hi + BN - 1) / BN : n_lo, nblk = n_hi - n_lo;
 
   if (threadIdx.x == 0) {
     sm.fail = 0;
     mbar_init(&sm.q_full, 1);
-    mbar_init(&sm.q_empty, 256);
     for (int i = 0; i < STAGES; i++) {
       mbar_init(&sm.k_full[i], 1);
       mbar_init(&sm.v_full[i], 1);
@@ -403,115 +363,94 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
     mbar_init(&sm.acc_go, 1);
     mbar_init(&sm.acc_full, 96);
-    mbar_init(&sm.acc_empty, 256);
     mbar_init_fence();
   }
   hp_sync();
 
-  // where row `row` of tile x's sequence (from 0) is in an operand with strides st (params_t)
-  auto at = [&](const hp_fwd_ctx_t &x, const int64_t(&st)[3], int row) {
-    return ((int64_t)x.first_q + row) * st[0] + x.hh * st[1] + (int64_t)x.tb * st[2];
-  };
+  // where row `row` of the sequence (from 0) is in an operand with strides st (params_t)
+  auto at = [&](const int64_t(&st)[3], int row) { return ((int64_t)first_q + row) * st[0] + hh * st[1] + (int64_t)tb * st[2]; };
 
   if (warp_id >= 8) { // producer
     reg_dealloc<24>();
-    if (STAGED && warp_id >= 9 && p.acc_out) { // the running rows into shared memory (acc_stage_t), a tile at a time
-      // once the tile's first key blocks are on their way (copied at once, they slowed the first blocks'
-      // loads: fp32 rows are as many bytes as Q, K and V of a block) and the consumers have read the last
-      // tile's (in 24 registers: the rows' addresses from the first's, one step a row; shifts, no
-      // divisions: a row's bytes and vec are powers of 2). The tile is the one the go posted (sm.tile);
-      // past the last, the producer's thread saw the last copies land before its go. (One wait in the
-      // code, for the go and then for the last tile's rows read: each inlined wait costs registers that 24
-      // do not have.)
-      for (int u = 0;; u++) { // u: tiles staged
-        for (int w = 0; w < (u > 0 ? 2 : 1); w++)
-          mbar_wait(w == 0 ? &sm.acc_go : &sm.acc_empty, (w == 0 ? u : u - 1) & 1, &sm.fail, p.err);
-        const hp_tile_t t{sm.tile[u & 1][0], sm.tile[u & 1][1], sm.tile[u & 1][2]};
-        if (t.m_block < 0) break;
-        const hp_fwd_ctx_t x = hp_fwd_ctx(p, t);
-        const int tt = threadIdx.x - 288, es = p.acc_bf16 ? 2 : 4, row_bytes = DV * es, vec = p.acc_vec;
-        const int rows = x.i1 - x.i0, lg_vec = __ffs(vec) - 1, lg_row = __ffs(row_bytes / vec) - 1;
-        const char *acc = static_cast<const char *>(p.acc_out) + at(x, p.acc_st, x.i0) * es;
+    if (STAGED && warp_id >= 9 && p.acc_out) { // the running rows into shared memory (acc_stage_t), once
+      // the first key blocks are on their way (copied at once, they slowed the first blocks' loads: fp32
+      // rows are as many bytes as Q, K and V of a block)
+      // (in 24 registers: one wait in the code, for the go and then for the copies to land, so that no
+      // thread leaves with its copies in flight; the rows' addresses from the first's, one step a row;
+      // shifts, no divisions: a row's bytes and vec are powers of 2)
+      for (int landed = 0;; landed = 1) {
+        mbar_wait(landed ? &sm.acc_full : &sm.acc_go, 0, &sm.fail, p.err);
+        if (landed) break;
+        const int t = threadIdx.x - 288, es = p.acc_bf16 ? 2 : 4, row_bytes = DV * es, vec = p.acc_vec;
+        const int rows = i1 - i0, lg_vec = __ffs(vec) - 1, lg_row = __ffs(row_bytes / vec) - 1;
+        const char *acc = static_cast<const char *>(p.acc_out) + at(p.acc_st, i0) * es;
         const int64_t step = p.acc_st[0] * es;
-        for (int i = tt; i < rows << lg_row; i += 96) {
-          const int rr = i >> lg_row, byte = (i - (rr << lg_row)) << lg_vec;
-          cp_async(acc_stage_at(stage, rr, row_bytes, byte), acc + rr * step + byte, vec);
+        for (int i = t; i < rows << lg_row; i += 96) {
+          const int r = i >> lg_row, byte = (i - (r << lg_row)) << lg_vec;
+          cp_async(acc_stage_at(stage, r, row_bytes, byte), acc + r * step + byte, vec);
         }
-        const float *lse0 = p.acc_lse + at(x, p.acc_lse_st, x.i0);
-        for (int rr = tt; rr < rows; rr += 96) cp_async(stage + ST::o_bytes + 4 * rr, lse0 + rr * p.acc_lse_st[0], 4);
+        const float *lse0 = p.acc_lse + at(p.acc_lse_st, i0);
+        for (int r = t; r < rows; r += 96) cp_async(stage + ST::o_bytes + 4 * r, lse0 + r * p.acc_lse_st[0], 4);
         cp_async_arrive(&sm.acc_full);
       }
     }
     if (threadIdx.x == 256) {
-      // the tiles: the next one with rows (HP_FWD_PERSIST: from the counter; else this CTA's, once), posted
-      // in sm.tile[qt % 2] once the consumers are done with the last one's Q, then its Q, K and V; past the
-      // last, m-block -1 posted with a plain arrival on q_full (and a go), which ends the consumers (and the
-      // stagers). The go of a tile's running rows' copies (STAGED merge): once the consumers are done with
-      // its first K (the first S ran), or once every load is issued where there are at most two blocks; and
-      // only once the last tile's rows have landed, which the stagers waited for the last go to start, so
-      // that acc_go never runs two phases ahead of the stagers' waits.
+      // the go of the running rows' copies (STAGED merge): once the consumers are done with the first
+      // K (the first S ran), or once every load is issued where there are at most two blocks
       const bool go = STAGED && p.acc_out;
-      const int tiles = ((p.s_q + BM - 1) / BM) * p.h * p.b;
-      int g = 0, qt = 0; // key blocks and tiles loaded so far
-      auto arrive_go = [&] {
-        if (qt > 0) mbar_wait(&sm.acc_full, (qt - 1) & 1, &sm.fail, p.err);
-        mbar_arrive(&sm.acc_go);
-      };
-      for (int r = 0;; qt++) {
-        hp_tile_t t{-1, 0, 0};
-        hp_fwd_ctx_t x;
-        for (;;) { // the next tile with rows of its sequence, if any
-          int k = tiles;
-          if (HP_FWD_PERSIST) k = (int)hp_atomic_add(p.sched, 1u);
-          else if (r++ == 0) k = 0, t = hp_tile_t{(int)(gridDim.x - 1 - blockIdx.x), (int)blockIdx.y, (int)blockIdx.z};
-          if (k >= tiles) {
-            t.m_block = -1;
-            break;
-          }
-          if (HP_FWD_PERSIST) t = hp_fwd_tile_at(p, k);
-          x = hp_fwd_ctx(p, t);
-          if (!x.empty) break;
-        }
-        if (qt > 0) mbar_wait(&sm.q_empty, (qt - 1) & 1, &sm.fail, p.err);
-        sm.tile[qt & 1][0] = t.m_block, sm.tile[qt & 1][1] = t.hh, sm.tile[qt & 1][2] = t.bb;
-        if (t.m_block < 0) {
-          mbar_arrive(&sm.q_full);
-          if (go) arrive_go();
-          break;
-        }
-        mbar_expect_tx(&sm.q_full, tile_bytes_t<DQK>::value);
+      mbar_expect_tx(&sm.q_full, tile_bytes_t<DQK>::value);
+      for (int half = 0; half < DQK / 64; half++)
+        tma_load(sm.q[half], &tq, &sm.q_full, 64 * half, hh, first_q + m_block * BM, tb);
+      for (int it = 0; it < nblk; it++) {
+        const int n = n_hi - 1 - it, st = it % STAGES;
+        const uint32_t round = it / STAGES;
+        if (round > 0) mbar_wait(&sm.k_empty[st], (round - 1) & 1, &sm.fail, p.err);
+        if (go && it == STAGES) mbar_arrive(&sm.acc_go);
+        mbar_expect_tx(&sm.k_full[st], tile_bytes_t<DQK>::value);
         for (int half = 0; half < DQK / 64; half++)
-          tma_load(sm.q[half], &tq, &sm.q_full, 64 * half, x.hh, x.first_q + x.m_block * BM, x.tb);
-        for (int it = 0; it < x.nblk; it++, g++) {
-          const int n = x.n_hi - 1 - it, st = g % STAGES;
-          const uint32_t round = g / STAGES;
-          if (round > 0) mbar_wait(&sm.k_empty[st], (round - 1) & 1, &sm.fail, p.err);
-          if (go && it == STAGES) arrive_go();
-          mbar_expect_tx(&sm.k_full[st], tile_bytes_t<DQK>::value);
-          for (int half = 0; half < DQK / 64; half++)
-            tma_load(sm.k[st][half], &tk, &sm.k_full[st], 64 * half, x.hkv, x.first_kv + n * BN, x.tb);
-          if (round > 0) mbar_wait(&sm.v_empty[st], (round - 1) & 1, &sm.fail, p.err);
-          mbar_expect_tx(&sm.v_full[st], tile_bytes_t<DV>::value);
-          for (int half = 0; half < DV / 64; half++)
-            tma_load(sm.v[st][half], &tv, &sm.v_full[st], 64 * half, x.hkv, x.first_kv + n * BN, x.tb);
-        }
-        if (go && x.nblk <= STAGES) arrive_go();
+          tma_load(sm.k[st][half], &tk, &sm.k_full[st], 64 * half, hkv, first_kv + n * BN, tb);
+        if (round > 0) mbar_wait(&sm.v_empty[st], (round - 1) & 1, &sm.fail, p.err);
+        mbar_expect_tx(&sm.v_full[st], tile_bytes_t<DV>::value);
+        for (int half = 0; half < DV / 64; half++)
+          tma_load(sm.v[st][half], &tv, &sm.v_full[st], 64 * half, hkv, first_kv + n * BN, tb);
       }
-      // the CTAs done: the last one leaves the counter at 0 for the next launch
-      if (HP_FWD_PERSIST && hp_atomic_add(p.sched + 1, 1u) == gridDim.x - 1)
-        hp_atomic_exch(p.sched, 0u), hp_atomic_exch(p.sched + 1, 0u);
+      if (go && nblk <= STAGES) mbar_arrive(&sm.acc_go);
     }
     return;
   }
 
   reg_alloc<240>();
-  // consumers: warpgroup c (warps 4c .. 4c + 3) owns rows [c * 64, c * 64 + 64) of a tile
+  // consumers: warpgroup c (warps 4c .. 4c + 3) owns rows [c * 64, c * 64 + 64) of the block
   const int c = warp_id / 4, warp = tid / 32, lane = tid % 32;
-  const int r0 = c * 64 + warp * 16 + lane / 4; // this thread's rows: r0 and r0 + 8 (in the tile)
+  const int r0 = c * 64 + warp * 16 + lane / 4; // this thread's rows: r0 and r0 + 8 (in the block)
+  const int q0 = m_block * BM + r0;
+  float o[DV / 2], s[64];
+  for (int i = 0; i < 64; i++) o[i] = 0.0f;
+  float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
   const uint32_t q_base = hp_smem_u32(sm.q[0]) + c * 64 * 128;
-  auto k_base = [&](int g) { return hp_smem_u32(sm.k[g % STAGES][0]); };
-  auto v_base = [&](int g) { return hp_smem_u32(sm.v[g % STAGES][0]); };
-  auto parity = [](int g) { return (uint32_t)(g / STAGES) & 1u; };
+  const int row0 = m_block * BM + c * 64; // the warpgroup's first row
+  // key block n_hi - 1 - it needs element masks where it reaches past the sequence's keys (the rows
+  // past them hold another sequence's or zeros) or past the window of one of the warpgroup's rows
+  auto diag = [&](int it) {
+    const int j0 = (n_hi - 1 - it) * BN, j1 = j0 + BN - 1; // its first and last key
+    return j1 >= len_kv || (wr >= 0 && j1 > row0 + shift + wr) || (wl >= 0 && j0 < row0 + 63 + shift - wl);
+  };
+  auto key0 = [&](int it) { return (n_hi - 1 - it) * BN; };
+  auto k_base = [&](int it) { return hp_smem_u32(sm.k[it % STAGES][0]); };
+  auto v_base = [&](int it) { return hp_smem_u32(sm.v[it % STAGES][0]); };
+  auto parity = [](int it) { return (uint32_t)(it / STAGES) & 1u; };
+  // V of block it in its stage, with the rows past the sequence's keys zeroed in the one block that has them
+  auto wait_v = [&](int it) {
+    mbar_wait(&sm.v_full[it % STAGES], parity(it), &sm.fail, p.err);
+    const int valid = len_kv - (n_hi - 1 - it) * BN;
+    if (valid < BN) zero_tail<DV>(v_base(it), valid, c, tid);
+  };
+  float corr[2];
+  auto step_softmax = [&](int it) {
+    if (diag(it)) mask_block(s, key0(it), q0, len_kv, shift, wl, wr, lane);
+    softmax_step(s, mx, sum, corr, p.scale_log2);
+  };
+  uint32_t pa[32]; // P in bf16
   // FA3's warpgroup scheduler: a warpgroup issues its GEMMs in its turn (named barrier 4 + c, 256
   // threads: its own 128 and the other's arrival) and hands the turn over (arrives at 5 - c), so that
   // one warpgroup's softmax runs while the other's GEMMs use the tensor cores. Warpgroup 0 starts.
@@ -519,184 +458,147 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto take_turn = [&] { named_bar_sync(4 + c, 256); };
   auto hand_turn = [&] { named_bar_arrive(5 - c, 256); };
   if (c == 0) named_bar_arrive(4, 256);
-  int g0 = 0; // the CTA's key blocks before this tile
-  for (int qt = 0;; qt++) { // the tiles the producer's thread posts (every tile is staged where any is)
-    mbar_wait(&sm.q_full, qt & 1, &sm.fail, p.err);
-    const hp_tile_t t{sm.tile[qt & 1][0], sm.tile[qt & 1][1], sm.tile[qt & 1][2]};
-    if (t.m_block < 0) break;
-    const hp_fwd_ctx_t x = hp_fwd_ctx(p, t);
-    const int len_q = x.len_q, len_kv = x.len_kv, shift = x.shift, n_hi = x.n_hi, nblk = x.nblk;
-    const int q0 = x.m_block * BM + r0;
-    float o[DV / 2], s[64];
-    for (int i = 0; i < DV / 2; i++) o[i] = 0.0f;
-    float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
-    const int row0 = x.m_block * BM + c * 64; // the warpgroup's first row
-    // key block n_hi - 1 - it needs element masks where it reaches past the sequence's keys (the rows
-    // past them hold another sequence's or zeros) or past the window of one of the warpgroup's rows
-    auto diag = [&](int it) {
-      const int j0 = (n_hi - 1 - it) * BN, j1 = j0 + BN - 1; // its first and last key
-      return j1 >= len_kv || (wr >= 0 && j1 > row0 + shift + wr) || (wl >= 0 && j0 < row0 + 63 + shift - wl);
-    };
-    auto key0 = [&](int it) { return (n_hi - 1 - it) * BN; };
-    // V of block it in its stage, with the rows past the sequence's keys zeroed in the one block that has them
-    auto wait_v = [&](int it) {
-      mbar_wait(&sm.v_full[(g0 + it) % STAGES], parity(g0 + it), &sm.fail, p.err);
-      const int valid = len_kv - (n_hi - 1 - it) * BN;
-      if (valid < BN) zero_tail<DV>(v_base(g0 + it), valid, c, tid);
-    };
-    float corr[2];
-    auto step_softmax = [&](int it) {
-      if (diag(it)) mask_block(s, key0(it), q0, len_kv, shift, wl, wr, lane);
-      softmax_step(s, mx, sum, corr, p.scale_log2);
-    };
-    uint32_t pa[32]; // P in bf16
-    // where the running rows are not staged: their reads (LSE and O) into registers, issued while the
-    // last P V runs, so that the round trip is not on the epilogue's path
-    float old[2] = {-INFINITY, -INFINITY};
-    float2 xo[2][STAGED ? 1 : DV / 8];
-    auto merge_loads = [&] {
-      if constexpr (!STAGED) {
-        if (!p.acc_out) return;
+  // where the running rows are not staged: their reads (LSE and O) into registers, issued while the
+  // last P V runs, so that the round trip is not on the epilogue's path
+  float old[2] = {-INFINITY, -INFINITY};
+  float2 x[2][STAGED ? 1 : DV / 8];
+  auto merge_loads = [&] {
+    if constexpr (!STAGED) {
+      if (!p.acc_out) return;
 #pragma unroll
-        for (int rr = 0; rr < 2; rr++) {
-          const int row = q0 + 8 * rr;
-          const bool in = row < len_q;
-          old[rr] = in ? p.acc_lse[at(x, p.acc_lse_st, row)] : -INFINITY;
-          const int64_t e = (in ? at(x, p.acc_st, row) : 0) + 2 * (lane % 4);
-          if (p.acc_bf16) {
-            const uint32_t *a = reinterpret_cast<const uint32_t *>(static_cast<const uint16_t *>(p.acc_out) + e);
+      for (int r = 0; r < 2; r++) {
+        const int row = q0 + 8 * r;
+        const bool in = row < len_q;
+        old[r] = in ? p.acc_lse[at(p.acc_lse_st, row)] : -INFINITY;
+        const int64_t e = (in ? at(p.acc_st, row) : 0) + 2 * (lane % 4);
+        if (p.acc_bf16) {
+          const uint32_t *a = reinterpret_cast<const uint32_t *>(static_cast<const uint16_t *>(p.acc_out) + e);
 #pragma unroll
-            for (int j = 0; j < DV / 8; j++) xo[rr][j] = in ? unpack_bf16(a[4 * j]) : make_float2(0.0f, 0.0f);
-          } else {
-            const float2 *a = reinterpret_cast<const float2 *>(static_cast<const float *>(p.acc_out) + e);
-#pragma unroll
-            for (int j = 0; j < DV / 8; j++) xo[rr][j] = in ? a[4 * j] : make_float2(0.0f, 0.0f);
-          }
-        }
-      }
-    };
-
-    if (PIPE == 0) {
-      // the turn: P(it - 1) V(it - 1) issued and waited for, then S(it) issued
-      take_turn();
-      for (int it = 0; it < nblk; it++) {
-        const int g = g0 + it;
-        mbar_wait(&sm.k_full[g % STAGES], parity(g), &sm.fail, p.err);
-        gemm_qk<DQK>(s, q_base, k_base(g));
-        hand_turn();
-        wg_wait<0>();
-        mbar_arrive(&sm.k_empty[g % STAGES]);
-        step_softmax(it);
-        pack_p(s, pa);
-        scale_o<DV>(o, corr);
-        wait_v(it);
-        take_turn();
-        gemm_pv_regs<DV>(o, pa, v_base(g));
-        if (it == nblk - 1) merge_loads();
-        wg_wait<0>();
-        mbar_arrive(&sm.v_empty[g % STAGES]);
-      }
-      if (nblk == 0) merge_loads();
-      hand_turn();
-    } else if (nblk > 0) {
-      // S(0) and its softmax before the loop, outside the turns; then the turn: S(it) and
-      // P(it - 1) V(it - 1) issued together
-      mbar_wait(&sm.k_full[g0 % STAGES], parity(g0), &sm.fail, p.err);
-      gemm_qk<DQK>(s, q_base, k_base(g0));
-      wg_wait<0>();
-      mbar_arrive(&sm.k_empty[g0 % STAGES]);
-      step_softmax(0);
-      pack_p(s, pa);
-      for (int it = 1; it < nblk; it++) {
-        const int g = g0 + it;
-        mbar_wait(&sm.k_full[g % STAGES], parity(g), &sm.fail, p.err);
-        wait_v(it - 1); // before the turn: the block with a tail meets the other warpgroup there
-        take_turn();
-        gemm_qk<DQK>(s, q_base, k_base(g));
-        gemm_pv_regs<DV>(o, pa, v_base(g - 1));
-        hand_turn();
-        wg_wait<1>(); // S(it) is in (commit groups complete in order); P(it - 1) V(it - 1) still runs
-        mbar_arrive(&sm.k_empty[g % STAGES]);
-        step_softmax(it);
-        wg_wait<0>(); // P(it - 1) V(it - 1) is in: O, P and V's stage are free
-        mbar_arrive(&sm.v_empty[(g - 1) % STAGES]);
-        scale_o<DV>(o, corr);
-        pack_p(s, pa);
-      }
-      wait_v(nblk - 1);
-      gemm_pv_regs<DV>(o, pa, v_base(g0 + nblk - 1));
-      merge_loads();
-      wg_wait<0>();
-      mbar_arrive(&sm.v_empty[(g0 + nblk - 1) % STAGES]);
-    } else {
-      merge_loads();
-    }
-    // the tile's GEMMs are done: its Q may be replaced by the next tile's, under this epilogue
-    mbar_arrive(&sm.q_empty);
-    g0 += nblk;
-
-    // epilogue: the row sums over the four threads of a row, O / l, LSE (natural log); or the merge
-    float inv[2];
-    row_totals(sum, inv, mx, q0, len_q, p, x.hh, lane);
-    float lse[2];
-#pragma unroll
-    for (int rr = 0; rr < 2; rr++) lse[rr] = sum[rr] > 0.0f ? (mx[rr] + log2f(sum[rr])) * 0.69314718055994531f : -INFINITY;
-    if (!p.acc_out) {
-#pragma unroll
-      for (int rr = 0; rr < 2; rr++) {
-        const int row = q0 + 8 * rr;
-        if (row >= len_q) continue; // rows past the sequence: another sequence's, or nothing
-        const int64_t oa = at(x, p.o_st, row);
-#pragma unroll
-        for (int j = 0; j < DV / 8; j++)
-          *reinterpret_cast<uint32_t *>(p.o + oa + 8 * j + 2 * (lane % 4)) =
-              pack_bf16(o[4 * j + 2 * rr] * inv[rr], o[4 * j + 2 * rr + 1] * inv[rr]);
-        if (lane % 4 == 0) p.lse[at(x, p.lse_st, row)] = lse[rr];
-      }
-      continue;
-    }
-    // merge: L = log(e^L_acc + e^L), acc_out = acc_out e^(L_acc - L) + O e^(L - L); a row of the step
-    // with no key (L = -inf) leaves the running pair as it was. The running LSE and O are in shared
-    // memory (STAGED), or were read by merge_loads (under the last P V).
-    if (STAGED) mbar_wait(&sm.acc_full, qt & 1, &sm.fail, p.err);
-    else hp_syncwarp(); // a row's four threads read the old LSE before its first thread writes the new
-#pragma unroll
-    for (int rr = 0; rr < 2; rr++) {
-      const int row = q0 + 8 * rr;
-      if (row >= len_q || lse[rr] == -INFINITY) continue;
-      // the running row's value pair j (columns 8 j + 2 (lane % 4), + 1); staged: row r0 + 8 rr of the
-      // tile, its chunks swizzled by (r0 + 8 rr) % 8 = r0 % 8
-      const int br = r0 + 8 * rr, es = p.acc_bf16 ? 2 : 4;
-      auto old_pair = [&](int j) {
-        if constexpr (STAGED) {
-          const uint32_t a = acc_stage_at(stage, br, DV * es, (8 * j + 2 * (lane % 4)) * es);
-          return p.acc_bf16 ? unpack_bf16(ld_shared_u32(a)) : ld_shared_f2(a);
+          for (int j = 0; j < DV / 8; j++) x[r][j] = in ? unpack_bf16(a[4 * j]) : make_float2(0.0f, 0.0f);
         } else {
-          return xo[rr][j];
-        }
-      };
-      if constexpr (STAGED) old[rr] = ld_shared_f32(stage + ST::o_bytes + 4 * br);
-      const float hi = fmaxf(old[rr], lse[rr]), lnew = hi + log1pf(expf(-fabsf(old[rr] - lse[rr])));
-      const float ka = old[rr] == -INFINITY ? 0.0f : expf(old[rr] - lnew), kb = expf(lse[rr] - lnew) * inv[rr];
-      const int64_t e = at(x, p.acc_st, row) + 2 * (lane % 4);
-      if (p.acc_bf16) {
-        uint32_t *a = reinterpret_cast<uint32_t *>(static_cast<uint16_t *>(p.acc_out) + e);
+          const float2 *a = reinterpret_cast<const float2 *>(static_cast<const float *>(p.acc_out) + e);
 #pragma unroll
-        for (int j = 0; j < DV / 8; j++) {
-          const float2 y = old_pair(j);
-          a[4 * j] = pack_bf16(y.x * ka + o[4 * j + 2 * rr] * kb, y.y * ka + o[4 * j + 2 * rr + 1] * kb);
-        }
-      } else {
-        float2 *a = reinterpret_cast<float2 *>(static_cast<float *>(p.acc_out) + e);
-#pragma unroll
-        for (int j = 0; j < DV / 8; j++) {
-          const float2 y = old_pair(j);
-          a[4 * j] = make_float2(y.x * ka + o[4 * j + 2 * rr] * kb, y.y * ka + o[4 * j + 2 * rr + 1] * kb);
+          for (int j = 0; j < DV / 8; j++) x[r][j] = in ? a[4 * j] : make_float2(0.0f, 0.0f);
         }
       }
-      if (lane % 4 == 0) p.acc_lse[at(x, p.acc_lse_st, row)] = lnew;
     }
-    if (STAGED) mbar_arrive(&sm.acc_empty); // this thread is done with the staged rows: the next tile's may come
+  };
+  mbar_wait(&sm.q_full, 0, &sm.fail, p.err);
+
+  if (PIPE == 0) {
+    // the turn: P(it - 1) V(it - 1) issued and waited for, then S(it) issued
+    take_turn();
+    for (int it = 0; it < nblk; it++) {
+      mbar_wait(&sm.k_full[it % STAGES], parity(it), &sm.fail, p.err);
+      gemm_qk<DQK>(s, q_base, k_base(it));
+      hand_turn();
+      wg_wait<0>();
+      mbar_arrive(&sm.k_empty[it % STAGES]);
+      step_softmax(it);
+      pack_p(s, pa);
+      scale_o<DV>(o, corr);
+      wait_v(it);
+      take_turn();
+      gemm_pv_regs<DV>(o, pa, v_base(it));
+      if (it == nblk - 1) merge_loads();
+      wg_wait<0>();
+      mbar_arrive(&sm.v_empty[it % STAGES]);
+    }
+    if (nblk == 0) merge_loads();
+    hand_turn();
+  } else if (nblk > 0) {
+    // S(0) and its softmax before the loop, outside the turns; then the turn: S(it) and
+    // P(it - 1) V(it - 1) issued together
+    mbar_wait(&sm.k_full[0], parity(0), &sm.fail, p.err);
+    gemm_qk<DQK>(s, q_base, k_base(0));
+    wg_wait<0>();
+    mbar_arrive(&sm.k_empty[0]);
+    step_softmax(0);
+    pack_p(s, pa);
+    for (int it = 1; it < nblk; it++) {
+      mbar_wait(&sm.k_full[it % STAGES], parity(it), &sm.fail, p.err);
+      wait_v(it - 1); // before the turn: the block with a tail meets the other warpgroup there
+      take_turn();
+      gemm_qk<DQK>(s, q_base, k_base(it));
+      gemm_pv_regs<DV>(o, pa, v_base(it - 1));
+      hand_turn();
+      wg_wait<1>(); // S(it) is in (commit groups complete in order); P(it - 1) V(it - 1) still runs
+      mbar_arrive(&sm.k_empty[it % STAGES]);
+      step_softmax(it);
+      wg_wait<0>(); // P(it - 1) V(it - 1) is in: O, P and V's stage are free
+      mbar_arrive(&sm.v_empty[(it - 1) % STAGES]);
+      scale_o<DV>(o, corr);
+      pack_p(s, pa);
+    }
+    wait_v(nblk - 1);
+    gemm_pv_regs<DV>(o, pa, v_base(nblk - 1));
+    merge_loads();
+    wg_wait<0>();
+    mbar_arrive(&sm.v_empty[(nblk - 1) % STAGES]);
+  } else {
+    merge_loads();
+  }
+
+  // epilogue: the row sums over the four threads of a row, O / l, LSE (natural log); or the merge
+  float inv[2];
+  row_totals(sum, inv, mx, q0, len_q, p, hh, lane);
+  float lse[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) lse[r] = sum[r] > 0.0f ? (mx[r] + log2f(sum[r])) * 0.69314718055994531f : -INFINITY;
+  if (!p.acc_out) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      const int row = q0 + 8 * r;
+      if (row >= len_q) continue; // rows past the sequence: another sequence's, or nothing
+      const int64_t oa = at(p.o_st, row);
+#pragma unroll
+      for (int j = 0; j < DV / 8; j++)
+        *reinterpret_cast<uint32_t *>(p.o + oa + 8 * j + 2 * (lane % 4)) =
+            pack_bf16(o[4 * j + 2 * r] * inv[r], o[4 * j + 2 * r + 1] * inv[r]);
+      if (lane % 4 == 0) p.lse[at(p.lse_st, row)] = lse[r];
+    }
+    return;
+  }
+  // merge: L = log(e^L_acc + e^L), acc_out = acc_out e^(L_acc - L) + O e^(L - L); a row of the step
+  // with no key (L = -inf) leaves the running pair as it was. The running LSE and O are in shared
+  // memory (STAGED), or were read by merge_loads (under the last P V).
+  if (STAGED) mbar_wait(&sm.acc_full, 0, &sm.fail, p.err);
+  else hp_syncwarp(); // a row's four threads read the old LSE before its first thread writes the new
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int row = q0 + 8 * r;
+    if (row >= len_q || lse[r] == -INFINITY) continue;
+    // the running row's value pair j (columns 8 j + 2 (lane % 4), + 1); staged: row r0 + 8 r of the
+    // block, its chunks swizzled by (r0 + 8 r) % 8 = r0 % 8
+    const int br = r0 + 8 * r, es = p.acc_bf16 ? 2 : 4;
+    auto old_pair = [&](int j) {
+      if constexpr (STAGED) {
+        const uint32_t a = acc_stage_at(stage, br, DV * es, (8 * j + 2 * (lane % 4)) * es);
+        return p.acc_bf16 ? unpack_bf16(ld_shared_u32(a)) : ld_shared_f2(a);
+      } else {
+        return x[r][j];
+      }
+    };
+    if constexpr (STAGED) old[r] = ld_shared_f32(stage + ST::o_bytes + 4 * br);
+    const float hi = fmaxf(old[r], lse[r]), lnew = hi + log1pf(expf(-fabsf(old[r] - lse[r])));
+    const float ka = old[r] == -INFINITY ? 0.0f : expf(old[r] - lnew), kb = expf(lse[r] - lnew) * inv[r];
+    const int64_t e = at(p.acc_st, row) + 2 * (lane % 4);
+    if (p.acc_bf16) {
+      uint32_t *a = reinterpret_cast<uint32_t *>(static_cast<uint16_t *>(p.acc_out) + e);
+#pragma unroll
+      for (int j = 0; j < DV / 8; j++) {
+        const float2 y = old_pair(j);
+        a[4 * j] = pack_bf16(y.x * ka + o[4 * j + 2 * r] * kb, y.y * ka + o[4 * j + 2 * r + 1] * kb);
+      }
+    } else {
+      float2 *a = reinterpret_cast<float2 *>(static_cast<float *>(p.acc_out) + e);
+#pragma unroll
+      for (int j = 0; j < DV / 8; j++) {
+        const float2 y = old_pair(j);
+        a[4 * j] = make_float2(y.x * ka + o[4 * j + 2 * r] * kb, y.y * ka + o[4 * j + 2 * r + 1] * kb);
+      }
+    }
+    if (lane % 4 == 0) p.acc_lse[at(p.acc_lse_st, row)] = lnew;
   }
 }
 

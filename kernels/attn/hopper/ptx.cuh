@@ -28,9 +28,6 @@ __device__ __forceinline__ void hp_atomic_max(float *dst, float x) {
   if (x >= 0.0f) atomicMax(reinterpret_cast<int *>(dst), __float_as_int(x));
   else atomicMin(reinterpret_cast<unsigned int *>(dst), __float_as_uint(x));
 }
-// *dst += x, atomically; the old value. (hp_atomic_exch: *dst = x.)
-__device__ __forceinline__ unsigned hp_atomic_add(unsigned *dst, unsigned x) { return atomicAdd(dst, x); }
-__device__ __forceinline__ void hp_atomic_exch(unsigned *dst, unsigned x) { atomicExch(dst, x); }
 // x as lane 0 has it: the compiler then knows it is the same across the warp
 __device__ __forceinline__ int hp_warp_uniform(int x) { return __shfl_sync(0xffffffffu, x, 0); }
 __device__ __forceinline__ float hp_shfl_xor(float x, int m) { return __shfl_xor_sync(0xffffffffu, x, m); }

@@ -76,26 +76,17 @@ template <int DQK, int DV = DQK> static bool run_case(const hp_case &cs, const h
   std::vector<float> max_logit(h, -INFINITY);
   p.max_logit = max_logit.data();
   std::vector<double> want_max(h, -INFINITY); // the reference's
-  // one CTA at a time, each with fresh barriers; the persistent grid (HP_FWD_PERSIST) as on a GPU of 1 to 4
-  // multiprocessors: CTAs run one after another here, so the first takes every tile (its barriers' phases
-  // run on across them) and the others none; the schedule's counter must be left at 0
-  unsigned grid[3], sched[2] = {0, 0};
-  p.sched = sched;
-  hp_fwd_grid(p, 1 + (int)(seed % 4), grid);
-  for (unsigned z = 0; z < grid[2]; z++)
-    for (unsigned y = 0; y < grid[1]; y++)
-      for (unsigned x = 0; x < grid[0]; x++) {
-        const bool done = hp_run_cta(dim3(x, y, z), dim3(grid[0], grid[1], grid[2]), THREADS,
-                                     fwd_smem_bytes<DQK, DV>(merge != 0) - 1024, [&] {
+  // one CTA at a time, each with fresh barriers
+  const int mb = (s + BM - 1) / BM;
+  for (int z = 0; z < b; z++)
+    for (int y = 0; y < h; y++)
+      for (int x = 0; x < mb; x++) {
+        const bool done = hp_run_cta(dim3(x, y, z), dim3(mb, h, b), THREADS, fwd_smem_bytes<DQK, DV>(merge != 0) - 1024, [&] {
           if (pipe == 1) fwd_kernel<1, DQK, DV>(tq, tk, tv, p);
           else fwd_kernel<0, DQK, DV>(tq, tk, tv, p);
         });
         if (!done) return false;
       }
-  if (sched[0] || sched[1]) {
-    fprintf(stderr, "emu: the schedule's counter left at %u, %u\n", sched[0], sched[1]);
-    return false;
-  }
   // fp64 reference, every row of every sequence (a sequence with no keys: out 0, lse -inf)
   double num = 0, den = 0, emax = 0, lmax = 0, planted_num = 0;
   const double scale = 1.0 / sqrt((double)DQK);

@@ -82,12 +82,6 @@ static inline uint32_t hp_swizzle(uint32_t addr) { return addr ^ (((addr >> 7) &
 HP_DEV void hp_sync() { attn_sync(); }
 HP_DEV void hp_syncwarp() { attn_syncwarp(); }
 HP_DEV void hp_atomic_max(float *dst, float x) { *dst = fmaxf(*dst, x); } // one thread runs at a time
-HP_DEV unsigned hp_atomic_add(unsigned *dst, unsigned x) {
-  const unsigned old = *dst;
-  *dst = old + x;
-  return old;
-}
-HP_DEV void hp_atomic_exch(unsigned *dst, unsigned x) { *dst = x; }
 HP_DEV int __ffs(int x) { return __builtin_ffs(x); }
 HP_DEV int hp_warp_uniform(int x) { return x; } // the kernel passes values that are the same in every lane
 HP_DEV float hp_exp2(float x) { return exp2f(x); }

@@ -190,25 +190,9 @@ static void run(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloa
     CK(cudaFuncSetAttribute(fwd_kernel<1, D, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
     attr = true;
   }
-#ifdef HP_FWD_PERSIST
-  static int sms = 0; // the persistent grid (HP_FWD_PERSIST): one CTA a multiprocessor
-  static unsigned *sched = nullptr; // its counter: zeroed once, the kernel leaves it at 0
-  if (!sms) {
-    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    CK(cudaMalloc(&sched, 2 * sizeof(unsigned)));
-    CK(cudaMemset(sched, 0, 2 * sizeof(unsigned)));
-  }
-  params_t pp = p;
-  pp.sched = sched;
-  unsigned g[3];
-  hp_fwd_grid(p, sms, g);
-  const dim3 grid(g[0], g[1], g[2]);
-#else // a kernel from before the persistent grid (A/Bs against an older fwd_kernel.cuh: AB_FLAGS=-I<its folder>)
-  const params_t &pp = p;
   const dim3 grid((p.s_q + BM - 1) / BM, p.h, p.b);
-#endif
-  if (pipe == 1) fwd_kernel<1, D, D><<<grid, THREADS, smem, st>>>(tq, tk, tv, pp);
-  else fwd_kernel<0, D, D><<<grid, THREADS, smem, st>>>(tq, tk, tv, pp);
+  if (pipe == 1) fwd_kernel<1, D, D><<<grid, THREADS, smem, st>>>(tq, tk, tv, p);
+  else fwd_kernel<0, D, D><<<grid, THREADS, smem, st>>>(tq, tk, tv, p);
   CK(cudaGetLastError());
 }
 
