@@ -227,6 +227,11 @@ DL_HD uint32_t dl_ar_call_hash(const dl_ar_call_t *c) {
   for (int i = 1; i < 8; i++) x = (x ^ w[i]) * 16777619u;
   return x == DL_AR_LAMPORT_EMPTY ? DL_AR_LAMPORT_NAN : x;
 }
+/* dl_ar_args_t.call_hash for a: the hash of the call it describes. */
+DL_HD uint32_t dl_ar_args_hash(const dl_ar_args_t *a) {
+  const dl_ar_call_t c = dl_ar_call_of(a);
+  return dl_ar_call_hash(&c);
+}
 
 /* Two calls for call seq as block 0s announce them (a rank's own copy and a
  * peer's, from its ctrl): 1 when both are there (every word tagged 1 + seq)

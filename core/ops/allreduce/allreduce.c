@@ -585,8 +585,7 @@ static int tagged_fits(const dl_allreduce_t *ar, int algo, int64_t nbytes) {
 static int launch(dl_allreduce_t *ar, dl_ar_args_t *a, void *stream) {
   ar->calls++;
   /* the hash a tagged call's vectors carry, once a piece for the kernel and the twin */
-  const dl_ar_call_t call = dl_ar_call_of(a);
-  a->call_hash = dl_ar_call_hash(&call);
+  a->call_hash = dl_ar_args_hash(a);
   dl_graph_note_user(ar); /* a graph being captured now reads this object's buffers */
   if (ar->dev_type == DL_CPU) {
     int rc = dl_allreduce_cpu(a, stream);

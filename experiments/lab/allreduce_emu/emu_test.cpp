@@ -122,8 +122,7 @@ static void rank_main(world *w, int r, const std::vector<call> *calls, int skip_
       a.status = &w->status[r];
       a.timeout_ns = w->timeout_ns;
       a.total_n = k.n;
-      const dl_ar_call_t call = dl_ar_call_of(&a);
-      a.call_hash = dl_ar_call_hash(&call);
+      a.call_hash = dl_ar_args_hash(&a);
       int rc = dl_allreduce_cuda(&a, nullptr);
       if (rc != 0) {
         fail(r, (int)c, k, "launcher returned an error", 0, rc, 0);
