@@ -9,6 +9,7 @@
 # (words with '=' become the step's environment, the others its arguments)
 # Every step gets STEP_TIMEOUT seconds (default 300). out.tgz is packed after
 # every step, so a device call cut at its limit returns the steps that ended.
+# SKIP_BUILD=1: no build where build/lib/libdistlab.so is there (carried).
 set -u
 REAL_OUT="${OUT:-/tmp/distlab-out}"
 export OUT=/tmp/distlab-batch
@@ -23,8 +24,12 @@ trap pack EXIT
   nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader
 } | tee "$OUT/machine.txt"
 t0=$(date +%s)
-./distlab build 2>&1 | tail -3 | tee "$OUT/build.log"
-echo "build: $(( $(date +%s) - t0 )) s"
+if [ -n "${SKIP_BUILD:-}" ] && [ -f build/lib/libdistlab.so ]; then
+  echo "build: skipped (SKIP_BUILD: the build/lib/libdistlab.so carried here)" | tee "$OUT/build.log"
+else
+  ./distlab build 2>&1 | tail -3 | tee "$OUT/build.log"
+  echo "build: $(( $(date +%s) - t0 )) s"
+fi
 for step in "$@"; do
   name=${step%% *}
   args=""

@@ -28,7 +28,8 @@
 #            blocks -> multi/ep-bench-<gpu>x<N>-blocks<nb>.{md,csv} (in the logs tarball);
 #            EP_PDL_AB=1: bf16 E 256 B 1,32,128 again with DISTLAB_EP_PDL=0
 #            -> ep-bench-<gpu>x<N>-pdl0.{md,csv}, the A/B of programmatic dependent launch.
-# STEPS picks them (default "ag_gemm gemm_rs cp ep"); the build always runs. NGPUS=n
+# STEPS picks them (default "ag_gemm gemm_rs cp ep"); the build always runs, unless SKIP_BUILD is
+# set and build/lib/libdistlab.so is there (carried: built and stripped elsewhere). NGPUS=n
 # runs every step on the host's first n GPUs (CUDA_VISIBLE_DEVICES), tagged x<n>. Results
 # files come back in $OUT (copy them to experiments/results/<family>/ and
 # draw the PNGs locally: the hosts have no gnuplot); every log in
@@ -58,7 +59,11 @@ fi
 tag="$(gpu_tag)x$N"
 say "$N GPUs: tag $tag; steps: $STEPS"
 [ "$N" -ge 2 ] || { say "multi.sh needs at least 2 GPUs"; status=1; exit 1; }
-step build 240 "$L/build.log" ./distlab build || exit 1
+if [ -n "${SKIP_BUILD:-}" ] && [ -f build/lib/libdistlab.so ]; then
+  say "build: skipped (SKIP_BUILD: the build/lib/libdistlab.so carried here)"
+else
+  step build 240 "$L/build.log" ./distlab build || exit 1
+fi
 port=$((20000 + RANDOM % 20000))
 
 AG_M="${AG_M:-8192,16384,32768}" AG_ITERS="${AG_ITERS:-20}"
