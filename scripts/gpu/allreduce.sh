@@ -126,9 +126,10 @@ for s in "${sections[@]}"; do
       stamp "tune and sweep"
       tables="$R/allreduce_tables-x$NR.lua" # one file a world size: a later run at another size keeps it
       rm -f "$tables"
+      knobs="$(env | grep -E '^DISTLAB_AR_' | grep -v '^DISTLAB_AR_TABLE=' | sort | tr '\n' ' ')" # the run's knobs, named in its command
       DISTLAB_AR_TABLE="$tables" run_for 480 ./distlab run -n "$NR" --device cuda \
         experiments/allreduce/allreduce_sweep.lua --out "$R" --torch "$R/torch.csv" --tune "$tables" \
-        --command "NRANKS=$NR scripts/gpu/allreduce.sh (DISTLAB_AR_TABLE=allreduce_tables-x$NR.lua, tuned in the same run; distlab's NCCL: $nccl_note)" \
+        --command "${knobs}NRANKS=$NR scripts/gpu/allreduce.sh (DISTLAB_AR_TABLE=allreduce_tables-x$NR.lua, tuned in the same run; distlab's NCCL: $nccl_note)" \
         >"$R/sweep.log" 2>&1
       echo "sweep exit code $?" >>"$R/sweep.log"
       [ "${LAMPORT_AB:-1}" = 0 ] && continue # LAMPORT_AB=0: no A/B this time
