@@ -158,8 +158,10 @@ for s in "${sections[@]}"; do
       VARIANT_ARGS="${VARIANT_ARGS:-}${VARIANT_COLUMNS:+ --columns $VARIANT_COLUMNS}${VARIANT_SIZES:+ --sizes $VARIANT_SIZES}"
       mkdir -p "$R/variants"
       gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o '[AHBL][0-9][0-9]*' | head -1 | tr 'A-Z' 'a-z')"
+      VARIANTS="${VARIANTS:-DISTLAB_AR_PDL=0 DISTLAB_AR_PDL=1}"
+      VARIANTS="${VARIANTS//,DISTLAB_/ DISTLAB_}" # commas between settings too (batch.sh's words)
       for round in $(seq "${VARIANT_ROUNDS:-1}"); do
-      for v in ${VARIANTS:-DISTLAB_AR_PDL=0 DISTLAB_AR_PDL=1}; do
+      for v in $VARIANTS; do
         stamp "sweep with $v (round $round)"
         tag="${gpu}x$NR-$(echo "${v#DISTLAB_AR_}" | tr 'A-Z=' 'a-z-')"
         [ "${VARIANT_ROUNDS:-1}" -gt 1 ] && tag="$tag-r$round"
