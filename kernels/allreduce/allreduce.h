@@ -197,9 +197,6 @@ typedef struct dl_ar_args {
                               per this, in waits past 100 us (0: every check)      */
   int lamport_ahead;       /* Lamport kernels: grid steps pushed before the first
                               is reduced (0: all of them)                          */
-  int lamport_spread;      /* Lamport kernels: 1 = a grid step's positions dealt a
-                              warp a block in turn, not a block's threads in a
-                              row (lamport.cuh, lamport_first)                     */
   int64_t total_n;         /* elements of the whole run, and this piece's first:    */
   int64_t offset;          /* what the call descriptor says (dl_ar_call_t)          */
 } dl_ar_args_t;

@@ -53,10 +53,6 @@ template <int NR> struct shape {
 #define DL_AR_THREADS 512
 #endif
 enum { AR_THREADS = DL_AR_THREADS };
-#ifndef DL_AR_SPREAD_LANES // the emulator's blocks are one warp: it deals smaller groups
-#define DL_AR_SPREAD_LANES 32
-#endif
-static_assert(AR_THREADS % DL_AR_SPREAD_LANES == 0, "a block is whole groups of DL_AR_SPREAD_LANES");
 
 __device__ __forceinline__ dl_ar_ctrl_t *ctrl_of(char *buf) {
   return reinterpret_cast<dl_ar_ctrl_t *>(buf);

@@ -28,26 +28,6 @@
 
 #include "allreduce/allreduce_device.cuh"
 
-// ---- which positions a thread owns -----------------------------------------------
-
-// A Lamport kernel's thread owns positions first, first + T*G, ... (a grid
-// step is T*G positions, T threads a block, G blocks). By default block b's
-// thread t starts at b*T + t, so a call of fewer than T*G positions runs on
-// its first blocks only (two_shot_lamport at 3 MB on 4 ranks: 96 of 264
-// blocks). a.lamport_spread deals each step's positions a group of
-// DL_AR_SPREAD_LANES (a warp) a block in turn: group w of block b starts at
-// (w*G + b)*L, so such a call spreads over every block's SM. Either way a step
-// adds T*G, every position has one owner, and a block's first position is its
-// least (lamport_block_first): what the kernels' loops and "has work" tests need.
-__device__ __forceinline__ int64_t lamport_first(const dl_ar_args_t &a) {
-  if (!a.lamport_spread) return (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-  constexpr int L = DL_AR_SPREAD_LANES;
-  return ((int64_t)(threadIdx.x / L) * gridDim.x + blockIdx.x) * L + threadIdx.x % L;
-}
-__device__ __forceinline__ int64_t lamport_block_first(const dl_ar_args_t &a) {
-  return (int64_t)blockIdx.x * (a.lamport_spread ? DL_AR_SPREAD_LANES : blockDim.x);
-}
-
 // ---- the region and its polling ---------------------------------------------------
 
 #ifndef DL_AR_EMU // the CPU emulation brings its own

@@ -223,9 +223,9 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_one_shot_push_flat_ke
 
 // one_shot_lamport: push the input vectors (cleaned) into slot `rank` of
 // every peer's lamport half, and, vector by vector, poll the peers' copies in
-// our half until each is whole, reduce in rank order and empty them. A thread
-// owns vectors first + j*T*G (a step j of the grid is T*G vectors;
-// lamport_first), and pushes its step j + a.lamport_ahead before it reduces step j
+// our half until each is whole, reduce in rank order and empty them. Thread
+// t of block b owns vectors j*T*G + b*T + t (a step j of the grid is T*G
+// vectors), and pushes its step j + a.lamport_ahead before it reduces step j
 // (0: every step first), so the reduction of arrived data overlaps the
 // pushes still going out (2 H200s, 8 MB: 31.9 us with every step first, 29.2
 // with two ahead; allreduce-h200x2-knobs.md). A vector's push and reduction
@@ -251,7 +251,7 @@ __device__ __forceinline__ void one_shot_lamport(const dl_ar_args_t &a) {
   const uint32_t tag = dl_ar_tag_seq(seq);
   const int64_t nv = vec_count<DT>(a.n);
   const int64_t stride = (int64_t)blockDim.x * gridDim.x;
-  const int64_t first = lamport_first(a);
+  const int64_t first = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   int64_t next = first; // the next vector to push
   for (int j = 0; (a.lamport_ahead <= 0 || j < a.lamport_ahead) && next < nv; j++, next += stride)
     lamport_push<DT, NR, AL, TAGGED>(a, nr, h, next, tag);
@@ -262,7 +262,7 @@ __device__ __forceinline__ void one_shot_lamport(const dl_ar_args_t &a) {
   bool ok = true;
   if (!TAGGED) {
     const int q = threadIdx.x;
-    if (q < nr && q != me && lamport_block_first(a) < nv) ok = ar_agree(a, self, q, seq);
+    if (q < nr && q != me && (int64_t)blockIdx.x * blockDim.x < nv) ok = ar_agree(a, self, q, seq);
     ok = __syncthreads_and(ok);
   }
   int64_t v = first;

@@ -172,8 +172,8 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_two_shot_write_kernel
 // share of our slice in its first sv vectors and p's sum in the next sv: the
 // two never meet, and a piece may be nranks / 2 slots (the core's
 // lamport_piece). Every word is emptied by the rank
-// that polled it. A thread owns positions j = first + k*T*G of every slice
-// (lamport_first); it scatters step k + a.lamport_ahead before it reduces step
+// that polled it. Thread t of block b owns position j = k*T*G + b*T + t of
+// every slice; it scatters step k + a.lamport_ahead before it reduces step
 // k, and reads the sums of step k one step later, when they have had time
 // to land.
 template <int DT, int NR, bool AL>
@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_two_shot_lamport_kern
   const int64_t nv = vec_count<DT>(a.n);
   const int64_t sv = (nv + nr - 1) / nr;
   const int64_t stride = (int64_t)blockDim.x * gridDim.x;
-  const int64_t first = lamport_first(a);
+  const int64_t first = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
   int64_t next = first; // the next position to scatter
   for (int k = 0; (a.lamport_ahead <= 0 || k < a.lamport_ahead) && next < sv; k++, next += stride)
     lamport_scatter<DT, NR, AL>(a, nr, h, sv, nv, next);
@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_two_shot_lamport_kern
   // 9128a98 tried, cost 0.15-0.9 us at 2 ranks and 0.9-2.4 us at 4 below 1 MB on H100s,
   // pollers crowding the lines the data lands in)
   const int q = threadIdx.x;
-  if (q < nr && q != me && lamport_block_first(a) < sv) ok = ar_agree(a, self, q, seq);
+  if (q < nr && q != me && (int64_t)blockIdx.x * blockDim.x < sv) ok = ar_agree(a, self, q, seq);
   ok = __syncthreads_and(ok);
   int64_t prev = -1; // the position whose sums are gathered next
   for (int64_t j = first; ok && j < sv; j += stride) {

@@ -39,7 +39,6 @@ struct dl_allreduce {
   uint32_t long_poll_after;
   uint32_t gone_gap_ns; /* a block's least time between reads of status->gone */
   int lamport_ahead; /* the Lamport kernels: grid steps pushed ahead of the reduction */
-  int lamport_spread; /* the Lamport kernels: positions dealt a warp a block (lamport_first) */
   int64_t tagged_max; /* one_shot_lamport calls up to this many bytes go tagged (tagged_fits) */
   int failed;
   char failure[512]; /* why, once failed */
@@ -351,9 +350,6 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
    * DISTLAB_AR_PDL=0 no programmatic dependent launch, DISTLAB_AR_POLL_NS
    * the Lamport kernels' nap between polls, DISTLAB_AR_LAMPORT_AHEAD their
    * grid steps pushed ahead of the reduction (default 2; 0: all first),
-   * DISTLAB_AR_LAMPORT_SPREAD=1 their positions dealt a warp a block in
-   * turn, so a call smaller than a grid step runs on every block's SM
-   * (kernels/allreduce/lamport.cuh; default 0, a block's threads in a row),
    * DISTLAB_AR_LAMPORT_MB the Lamport region's MiB in all (unset: sized
    * from max_bytes, below; 32: the fixed region of before),
    * DISTLAB_AR_LAMPORT_PAD_KB unused KiB after every Lamport slot (default
@@ -379,14 +375,13 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
    * ranks to 32 KB and lost from 128 KB, and at 4 ranks lost at every size
    * (8 KB 6.7 against 6.0 us, 256 KB 17.6 against 8.4: twice the bytes to
    * three peers) */
-  long round_kb, pdl, poll_ns, long_poll_ns, long_poll_after, ahead, spread, lamport_mb, lamport_pad_kb, gone_gap_us, tagged_max;
+  long round_kb, pdl, poll_ns, long_poll_ns, long_poll_after, ahead, lamport_mb, lamport_pad_kb, gone_gap_us, tagged_max;
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_ROUND_KB", 0, 0, 1 << 20, &round_kb));
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_PDL", 1, 0, 1, &pdl));
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_POLL_NS", 128, 0, 100000, &poll_ns));
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_LONG_POLL_NS", 1000, 0, 100000, &long_poll_ns));
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_LONG_POLL_AFTER", 128, 8, 1 << 30, &long_poll_after));
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_LAMPORT_AHEAD", 2, 0, 1 << 20, &ahead));
-  DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_LAMPORT_SPREAD", 0, 0, 1, &spread));
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_LAMPORT_MB", 0, 1, 1 << 16, &lamport_mb));
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_LAMPORT_PAD_KB", 0, 0, 1 << 16, &lamport_pad_kb));
   DL_TRY(dl_env_int("dl_allreduce_new", "DISTLAB_AR_GONE_GAP_US", 200, 0, 1000000, &gone_gap_us));
@@ -401,7 +396,6 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
   ar->long_poll_after = (uint32_t)long_poll_after;
   ar->gone_gap_ns = (uint32_t)gone_gap_us * 1000u;
   ar->lamport_ahead = (int)ahead;
-  ar->lamport_spread = (int)spread;
   ar->tagged_max = tagged_max;
   ar->magic = AR_MAGIC;
   ar->comm = c;
@@ -654,7 +648,6 @@ static int run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int 
   a.long_poll_after = ar->long_poll_after;
   a.gone_gap_ns = ar->gone_gap_ns;
   a.lamport_ahead = ar->lamport_ahead;
-  a.lamport_spread = ar->lamport_spread;
   a.tagged = tagged_fits(ar, algo, nbytes);
   a.total_n = vi.numel;
   /* zero copy: the input already in our region, the output where the

@@ -54,7 +54,6 @@ struct world {
 struct call {
   int algo, dtype, blocks, round_vecs, ahead, zc, inplace, misalign;
   int tagged = 0; // one_shot_lamport: tagged vectors (2 x its whole vectors must fit LSLOT)
-  int spread = 0; // the Lamport kernels: positions dealt a group a block (lamport_first)
   int64_t n, zc_extra; // zero-copy tensor at this byte offset in the region
 };
 
@@ -107,7 +106,6 @@ static void rank_main(world *w, int r, const std::vector<call> *calls, int skip_
       a.blocks = k.blocks;
       a.round_vecs = k.round_vecs;
       a.lamport_ahead = k.ahead;
-      a.lamport_spread = k.spread;
       a.tagged = k.tagged;
       dl_allreduce_cuda_shape(n, &a.threads, &a.unroll);
       a.zero_copy = k.zc;
@@ -269,7 +267,6 @@ static void any_grid(const world &w, std::mt19937 &rng, call &k) {
   k.zc = 0;
   k.inplace = rng() % 2;
   k.zc_extra = 0;
-  k.spread = rng() % 2;
 }
 
 // Every rank runs calls; true when no call failed and every rank's Lamport
@@ -364,7 +361,6 @@ int main(int argc, char **argv) {
     // any round length: partial steps (as the core's even spread gives) and several steps
     k.round_vecs = 1 + rng() % (3 * threads * unroll);
     k.ahead = rng() % 4; // one_shot_lamport: steps pushed ahead (0: all)
-    k.spread = rng() % 2; // the Lamport kernels: either way of dealing positions
     k.zc = k.algo != DL_AR_ONE_SHOT_PUSH && k.algo != DL_AR_ONE_SHOT_LAMPORT &&
            k.algo != DL_AR_ONE_SHOT_PUSH_FLAT && k.algo != DL_AR_TWO_SHOT_LAMPORT && rng() % 3 == 0;
     k.inplace = rng() % 2;
