@@ -21,10 +21,11 @@
  *       its share to each receiver's disp_flag (release). The wait for the
  *       receivers' reading of the previous call (disp_done) comes after the
  *       routing, just before the first write to a peer.
- *   ep_dispatch_recv_kernel   per_rank with rank_major output: takes the
- *       sources one after another, its own first, each as soon as its
- *       disp_flag counts the call whole (a source's rows do not depend on
- *       the others'). Otherwise: waits for every source's disp_flag, then a
+ *   ep_dispatch_recv_kernel   per_rank with rank_major output and
+ *       a.by_source: takes the sources one after another, its own first,
+ *       each as soon as its disp_flag counts the call whole (a source's rows
+ *       do not depend on the others'). Otherwise: waits for every source's
+ *       disp_flag, then a
  *       warp per message (per_rank with expert_major: per message and
  *       selection; at small B per segment of one) copies the payload
  *       (locally) into the outputs: expert_major rows at the expert's offset
@@ -317,7 +318,7 @@ template <bool FP8> __device__ __forceinline__ void ep_dispatch_recv_by_source(c
 // The receive phase, as a kernel of its own or the second half of the fused one.
 template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR>
 __device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a) {
-  if (PER_RANK && !EXPERT_MAJOR) {
+  if (PER_RANK && !EXPERT_MAJOR && a.by_source) {
     ep_dispatch_recv_by_source<FP8>(a);
     return;
   }
@@ -381,7 +382,7 @@ __device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a) {
   for (int64_t it = (int64_t)blockIdx.x * W + warp; !(PER_RANK && EXPERT_MAJOR) && blk.ok && it < items * sp.segs;
        it += warps) {
     const int64_t i = it / sp.segs, sg = it % sp.segs;
-    if (PER_RANK) { // rank_major: not reached (ep_dispatch_recv_by_source takes it), kept whole for a variant
+    if (PER_RANK) { // rank_major, with a.by_source 0 (else ep_dispatch_recv_by_source takes it)
       const int s = ep_group_of(pre, N, i), j = (int)(i - pre[s]);
       ep_recv_rank_row<FP8>(a, region + ((int64_t)s * B + j) * a.msg_d, s, j, lane, sp, sg);
     } else {

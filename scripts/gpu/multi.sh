@@ -28,6 +28,10 @@
 #            blocks -> multi/ep-bench-<gpu>x<N>-blocks<nb>.{md,csv} (in the logs tarball);
 #            EP_PDL_AB=1: bf16 E 256 B 1,32,128 again with DISTLAB_EP_PDL=0
 #            -> ep-bench-<gpu>x<N>-pdl0.{md,csv}, the A/B of programmatic dependent launch.
+#   ep_ab    (not in the default STEPS) an A/B of EP knobs: ep_bench.lua once per setting of
+#            EP_AB (NAME=VALUE, separated by commas or spaces), alternating, EP_AB_ROUNDS (2)
+#            times, with EP_AB_ARGS (default B 1,8,32,128,512, E 256, rank_major, the ep path)
+#            -> $OUT/ep-ab/ep-bench-<gpu>x<N>-<name>-<value>-r<round>.{md,csv}.
 # STEPS picks them (default "ag_gemm gemm_rs cp ep"); the build always runs, unless SKIP_BUILD is
 # set and build/lib/libdistlab.so is there (carried: built and stripped elsewhere). NGPUS=n
 # runs every step on the host's first n GPUs (CUDA_VISIBLE_DEVICES), tagged x<n>. Results
@@ -130,6 +134,17 @@ if want ep && [ -f experiments/ep/ep_bench.lua ]; then
       experiments/ep/ep_bench.lua --blocks "$nb" --B 1,128 --experts 256 --dtypes bf16 --paths ep \
       --out "$L" --tag "$tag-blocks$nb" --command "scripts/gpu/multi.sh (EP_BLOCKS, in the same call)"
     grep -E "^\|" "$L/ep-bench-blocks$nb.log" | tail -n 12 >>"$SUM"
+  done
+fi
+if want ep_ab; then # an A/B of EP knobs on one host: each setting of EP_AB in turn, EP_AB_ROUNDS times
+  for round in $(seq "${EP_AB_ROUNDS:-2}"); do
+    for v in ${EP_AB//,DISTLAB_/ DISTLAB_}; do
+      t="$tag-$(echo "${v#DISTLAB_EP_}" | tr 'A-Z=' 'a-z-')-r$round"
+      step "ep_bench $v round $round ($N ranks)" 90 "$L/ep-ab-$t.log" env "$v" ./distlab run -n "$N" --device cuda \
+        experiments/ep/ep_bench.lua ${EP_AB_ARGS:---B 1,8,32,128,512 --experts 256 --outputs rank_major --paths ep} \
+        --out "$OUT/ep-ab" --tag "$t" --command "$v scripts/gpu/multi.sh (STEPS=ep_ab, round $round of ${EP_AB_ROUNDS:-2}, settings alternating)"
+      grep -E "^\|" "$L/ep-ab-$t.log" | tail -n 24 >>"$SUM"
+    done
   done
 fi
 cp "$OUT"/*.csv "$L/" 2>/dev/null

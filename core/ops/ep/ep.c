@@ -377,6 +377,12 @@ int dl_ep_new(dl_ep_t **out, dl_comm_t *c, const dl_ep_config_t *cfg) {
   long pdl = 1;
   int rc = dl_env_int("dl_ep_new", "DISTLAB_EP_PDL", 1, 0, 1, &pdl);
   a->pdl = (int)pdl;
+  /* DISTLAB_EP_BY_SOURCE=0: per_rank + rank_major receives every source's
+   * rows at once after the last count, not source by source (an A/B knob;
+   * ranks may differ: it changes only how a rank reads its own region) */
+  long by_source = 1;
+  if (rc == DL_OK) rc = dl_env_int("dl_ep_new", "DISTLAB_EP_BY_SOURCE", 1, 0, 1, &by_source);
+  a->by_source = (int)by_source;
   if (rc == DL_OK) rc = init(ep, c, &ci);
   if (rc < 0) {
     dl_error_context(rc, "dl_ep_new on rank %d of %d (comm '%s', %lld bytes a rank)", ci.rank,
