@@ -282,7 +282,10 @@ __device__ __forceinline__ void ep_recv_rank_row(const dl_ep_args_t &a, const ch
 // become rows s * B + j whatever the other sources sent, so the grid takes
 // the sources one after another, this rank's own first (they do not cross
 // NVLink), each as soon as its count is whole, instead of waiting for the
-// slowest source before any copy.
+// slowest source before any copy. Only with a.by_source (DISTLAB_EP_BY_SOURCE=1):
+// on H200s it was slower at every B to 128 (each source costs the grid a wait
+// and a barrier in turn; 4 ranks, B 1: 16.2 us against 14.0), and gained 0-1.2
+// us at B 512 bf16 (experiments/results/ep/ep-recv-ab-h200.md).
 template <bool FP8> __device__ __forceinline__ void ep_dispatch_recv_by_source(const dl_ep_args_t &a) {
   const int phase = DL_EP_DISPATCH_RECV;
   struct lates {

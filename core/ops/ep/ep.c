@@ -377,11 +377,16 @@ int dl_ep_new(dl_ep_t **out, dl_comm_t *c, const dl_ep_config_t *cfg) {
   long pdl = 1;
   int rc = dl_env_int("dl_ep_new", "DISTLAB_EP_PDL", 1, 0, 1, &pdl);
   a->pdl = (int)pdl;
-  /* DISTLAB_EP_BY_SOURCE=0: per_rank + rank_major receives every source's
-   * rows at once after the last count, not source by source (an A/B knob;
-   * ranks may differ: it changes only how a rank reads its own region) */
-  long by_source = 1;
-  if (rc == DL_OK) rc = dl_env_int("dl_ep_new", "DISTLAB_EP_BY_SOURCE", 1, 0, 1, &by_source);
+  /* DISTLAB_EP_BY_SOURCE=1: per_rank + rank_major receives source by
+   * source, each as soon as its count is whole (fa8c8ae), instead of every
+   * source's rows at once after the last count (an A/B knob; ranks may
+   * differ: it changes only how a rank reads its own region). Default 0: on
+   * H200s source by source was slower at every B to 128, 4 ranks B 1 bf16
+   * 16.2 us against 14.0, B 32 22.5 against 19.1, 2 ranks B 1 12.2 against
+   * 11.6; at B 512 bf16 it gained 0-1.2 us
+   * (experiments/results/ep/ep-recv-ab-h200.md) */
+  long by_source = 0;
+  if (rc == DL_OK) rc = dl_env_int("dl_ep_new", "DISTLAB_EP_BY_SOURCE", 0, 0, 1, &by_source);
   a->by_source = (int)by_source;
   if (rc == DL_OK) rc = init(ep, c, &ci);
   if (rc < 0) {
