@@ -371,11 +371,12 @@ int dl_ep_new(dl_ep_t **out, dl_comm_t *c, const dl_ep_config_t *cfg) {
   a->hidden = cfg->hidden;
   a->max_tokens = cfg->max_tokens;
   a->timeout_ns = (uint64_t)(ci.timeout_s * 1e9);
-  /* DISTLAB_EP_PDL=0: launch without programmatic dependent launch (an A/B
-   * knob; ranks may differ: it changes when a grid is scheduled, not what
-   * it does) */
+  /* DISTLAB_EP_PDL=0: launch without programmatic dependent launch; 2: with
+   * it, each block letting the next grid be scheduled as it ends instead of
+   * as it starts (an A/B knob; ranks may differ: it changes when a grid is
+   * scheduled, not what it does) */
   long pdl = 1;
-  int rc = dl_env_int("dl_ep_new", "DISTLAB_EP_PDL", 1, 0, 1, &pdl);
+  int rc = dl_env_int("dl_ep_new", "DISTLAB_EP_PDL", 1, 0, 2, &pdl);
   a->pdl = (int)pdl;
   /* DISTLAB_EP_BY_SOURCE=1: per_rank + rank_major receives source by
    * source, each as soon as its count is whole (fa8c8ae), instead of every
