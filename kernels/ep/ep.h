@@ -135,9 +135,7 @@ typedef struct dl_ep_args {
   int threads;     /* per block                                            */
   int pdl;         /* cuda: launch with programmatic stream serialization
                       (common/pdl.cuh): the grid is scheduled while the one
-                      before it finishes, and waits for it before any access;
-                      1: each block lets the next grid be scheduled as it
-                      starts, 2: as it ends */
+                      before it finishes, and waits for it before any access */
   int by_source;   /* per_rank + rank_major dispatch receive: the sources one
                       after another, each as soon as its count is whole
                       (ep_dispatch_recv_by_source); 0: every source's count

@@ -53,9 +53,8 @@ template <bool PER_RANK, bool EXPERT_MAJOR> __device__ __forceinline__ void ep_c
 template <bool PER_RANK, bool EXPERT_MAJOR>
 __global__ void __launch_bounds__(DL_EP_THREADS) ep_combine_send_kernel(const dl_ep_args_t a) {
   dl_pdl_wait(); // the grid ahead done and visible (a launch with a.pdl may start early)
-  if (a.pdl == 1) dl_pdl_release();
+  dl_pdl_release();
   ep_combine_send_body<PER_RANK, EXPERT_MAJOR>(a);
-  if (a.pdl == 2) dl_pdl_release(); // DISTLAB_EP_PDL=2: the next grid scheduled as this block ends
 }
 
 struct ep_sums {
@@ -123,19 +122,17 @@ template <bool PER_RANK, bool EXPERT_MAJOR> __device__ __forceinline__ void ep_c
 template <bool PER_RANK, bool EXPERT_MAJOR>
 __global__ void __launch_bounds__(DL_EP_THREADS) ep_combine_recv_kernel(const dl_ep_args_t a) {
   dl_pdl_wait(); // the grid ahead done and visible (a launch with a.pdl may start early)
-  if (a.pdl == 1) dl_pdl_release();
+  dl_pdl_release();
   ep_combine_recv_body<PER_RANK, EXPERT_MAJOR>(a);
-  if (a.pdl == 2) dl_pdl_release(); // DISTLAB_EP_PDL=2: the next grid scheduled as this block ends
 }
 
 // combine in one launch: the send, then the receive (as ep_dispatch_kernel).
 template <bool PER_RANK, bool EXPERT_MAJOR>
 __global__ void __launch_bounds__(DL_EP_THREADS) ep_combine_kernel(const dl_ep_args_t a) {
   dl_pdl_wait(); // the grid ahead done and visible (a launch with a.pdl may start early)
-  if (a.pdl == 1) dl_pdl_release();
+  dl_pdl_release();
   ep_combine_send_body<PER_RANK, EXPERT_MAJOR>(a);
   ep_combine_recv_body<PER_RANK, EXPERT_MAJOR>(a);
-  if (a.pdl == 2) dl_pdl_release(); // DISTLAB_EP_PDL=2: the next grid scheduled as this block ends
 }
 
 // ---- launcher ----------------------------------------------------------------------

@@ -217,9 +217,8 @@ template <bool FP8, bool PER_RANK> __device__ __forceinline__ void ep_dispatch_s
 template <bool FP8, bool PER_RANK>
 __global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_send_kernel(const dl_ep_args_t a) {
   dl_pdl_wait(); // the grid ahead done and visible (a launch with a.pdl may start early)
-  if (a.pdl == 1) dl_pdl_release();
+  dl_pdl_release();
   ep_dispatch_send_body<FP8, PER_RANK>(a);
-  if (a.pdl == 2) dl_pdl_release(); // DISTLAB_EP_PDL=2: the next grid scheduled as this block ends
 }
 
 // ---- dispatch receive ----------------------------------------------------------------
@@ -428,9 +427,8 @@ __device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a) {
 template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR>
 __global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_recv_kernel(const dl_ep_args_t a) {
   dl_pdl_wait(); // the grid ahead done and visible (a launch with a.pdl may start early)
-  if (a.pdl == 1) dl_pdl_release();
+  dl_pdl_release();
   ep_dispatch_recv_body<FP8, PER_RANK, EXPERT_MAJOR>(a);
-  if (a.pdl == 2) dl_pdl_release(); // DISTLAB_EP_PDL=2: the next grid scheduled as this block ends
 }
 
 // dispatch in one launch: the send, then (every block of every rank resident,
@@ -441,10 +439,9 @@ __global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_recv_kernel(const d
 template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR>
 __global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_kernel(const dl_ep_args_t a) {
   dl_pdl_wait(); // the grid ahead done and visible (a launch with a.pdl may start early)
-  if (a.pdl == 1) dl_pdl_release();
+  dl_pdl_release();
   ep_dispatch_send_body<FP8, PER_RANK>(a);
   ep_dispatch_recv_body<FP8, PER_RANK, EXPERT_MAJOR>(a);
-  if (a.pdl == 2) dl_pdl_release(); // DISTLAB_EP_PDL=2: the next grid scheduled as this block ends
 }
 
 // ---- launchers ---------------------------------------------------------------------

@@ -371,12 +371,18 @@ int dl_ep_new(dl_ep_t **out, dl_comm_t *c, const dl_ep_config_t *cfg) {
   a->hidden = cfg->hidden;
   a->max_tokens = cfg->max_tokens;
   a->timeout_ns = (uint64_t)(ci.timeout_s * 1e9);
-  /* DISTLAB_EP_PDL=0: launch without programmatic dependent launch; 2: with
-   * it, each block letting the next grid be scheduled as it ends instead of
-   * as it starts (an A/B knob; ranks may differ: it changes when a grid is
-   * scheduled, not what it does) */
-  long pdl = 1;
-  int rc = dl_env_int("dl_ep_new", "DISTLAB_EP_PDL", 1, 0, 2, &pdl);
+  /* Programmatic dependent launch (common/pdl.cuh), except for per_rank
+   * with rank_major output: on 2 H200s (3978ddc, ep-pdl-ab-h200x2.md) PDL
+   * made that buffer's dispatch + combine pairs 2.1-2.4 us slower at every
+   * B from 1 to 128 (B 1: 24.5 against 22.2 us) while it took 0.3 us off
+   * its dispatch alone, and the other three buffers' pairs 0.4-0.9 us
+   * faster; why is not known. DISTLAB_EP_PDL=0 or 1 sets it for every
+   * buffer (an A/B knob; ranks may differ: it changes when a grid is
+   * scheduled, not what it does). Each block releases the next grid as it
+   * starts: releasing as it ends was slower everywhere in the same run. */
+  const long pdl_default = !(cfg->layout == DL_EP_PER_RANK && cfg->output == DL_EP_RANK_MAJOR);
+  long pdl = pdl_default;
+  int rc = dl_env_int("dl_ep_new", "DISTLAB_EP_PDL", pdl_default, 0, 1, &pdl);
   a->pdl = (int)pdl;
   /* DISTLAB_EP_BY_SOURCE=1: per_rank + rank_major receives source by
    * source, each as soon as its count is whole (fa8c8ae), instead of every
