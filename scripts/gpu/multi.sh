@@ -8,7 +8,10 @@
 #            without multicast, NCCL then matmul, matmul alone), then
 #            ag_gemm_bench.lua at m 8k,16k,32k (AG_M), k 16k, n 8k, bf16, GEMM
 #            alone, nccl_then_gemm and every variant, AG_ITERS (20) timed runs
-#            per row -> $OUT/ag-gemm-<gpu>x<N>.{md,csv};
+#            per row, each GEMM shape on the fastest of cuBLASLt's first 8 candidates
+#            (DISTLAB_GEMM_TUNE, default 8 here; 0: the heuristic's first, as before
+#            2026-11-27: on 2 H200s that GEMM alone ran 3-5% under torch.matmul at m 32k
+#            and moved as much between runs) -> $OUT/ag-gemm-<gpu>x<N>.{md,csv};
 #   gemm_rs  the mirror, GEMM + reduce-scatter (issue 21), the same way (--op gemm_rs)
 #            -> $OUT/gemm-rs-<gpu>x<N>.{md,csv};
 #   cp       cp_bench.lua at CP = N (issue 23) on the attention backends CP_BACKENDS
@@ -77,7 +80,7 @@ for op in ag_gemm gemm_rs; do
   step "$op PyTorch anchors ($N ranks)" 150 "$L/$op-torch.log" "$PY" -m torch.distributed.run \
     --nproc_per_node "$N" --master_port "$port" experiments/overlap/ag_gemm_torch.py "$L/$op-torch.csv" \
     --ag-op $op --ag-m "$AG_M" --ag-iters "$AG_ITERS"
-  step "$op bench ($N ranks)" 200 "$L/$op-bench.log" ./distlab run -n "$N" --device cuda \
+  step "$op bench ($N ranks)" 200 "$L/$op-bench.log" env DISTLAB_GEMM_TUNE="${DISTLAB_GEMM_TUNE:-8}" ./distlab run -n "$N" --device cuda \
     experiments/overlap/ag_gemm_bench.lua --op $op --m "$AG_M" --iters "$AG_ITERS" --torch "$L/$op-torch.csv" \
     --out "$OUT" --tag "$tag" --command "scripts/gpu/multi.sh (ag_gemm_torch.py --ag-op $op under torchrun, then this, in the same run)"
   grep -E "^m=" "$L/$op-torch.log" | tee -a "$SUM"
