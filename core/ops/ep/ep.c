@@ -376,7 +376,10 @@ int dl_ep_new(dl_ep_t **out, dl_comm_t *c, const dl_ep_config_t *cfg) {
    * made that buffer's dispatch + combine pairs 2.1-2.4 us slower at every
    * B from 1 to 128 (B 1: 24.5 against 22.2 us) while it took 0.3 us off
    * its dispatch alone, and the other three buffers' pairs 0.4-0.9 us
-   * faster; why is not known. DISTLAB_EP_PDL=0 or 1 sets it for every
+   * faster. The suspect: its bf16 fused dispatch is the only EP kernel at
+   * 84 registers (one block an SM, so PDL cannot make the next grid
+   * resident beside it); branch ep-dispatch-regs takes it to 64, not timed
+   * yet (experiments/ep/NOTES.md). DISTLAB_EP_PDL=0 or 1 sets it for every
    * buffer (an A/B knob; ranks may differ: it changes when a grid is
    * scheduled, not what it does). Each block releases the next grid as it
    * starts: releasing as it ends was slower everywhere in the same run. */
