@@ -49,13 +49,9 @@ want() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 header
 gpu=$(gpu_tag)
 
-if [ -n "${SKIP_BUILD:-}" ] && [ -f build/lib/libdistlab.so ]; then
-  say "build: skipped (SKIP_BUILD: the build/lib/libdistlab.so carried here)"
-else
-  step build 240 "$L/build.log" ./distlab build || exit 1
-  grep -q "cudnn_sdpa" build/make.log || [ -f build/lib/libdistlab_cudnn.a ] ||
-    say "WARNING: built without cuDNN's frontend (no .deps/cudnn-frontend?)"
-fi
+build_or_skip || exit 1
+[ -f build/make.log ] && ! grep -q "cudnn_sdpa" build/make.log && [ ! -f build/lib/libdistlab_cudnn.a ] &&
+  say "WARNING: built without cuDNN's frontend (no .deps/cudnn-frontend?)"
 DL_LIBS="${DL_LIBS:-}" # the folders distlab's commands add for cuDNN (pick sets them; or the caller)
 
 if want pick; then

@@ -29,12 +29,11 @@
 #            E 256 -> ep-bench-<gpu>x<N>-split.{md,csv}, the A/B of the fused kernels;
 #            then, for each nb in EP_BLOCKS (unset: none), bf16 E 256 B 1,128 on nb
 #            blocks -> multi/ep-bench-<gpu>x<N>-blocks<nb>.{md,csv} (in the logs tarball);
-#            EP_PDL_AB=1: bf16 E 256 B 1,32,128 again with DISTLAB_EP_PDL=0
-#            -> ep-bench-<gpu>x<N>-pdl0.{md,csv}, the A/B of programmatic dependent launch.
 #   ep_ab    (not in the default STEPS) an A/B of EP knobs: ep_bench.lua once per setting of
 #            EP_AB (NAME=VALUE, separated by commas or spaces), alternating, EP_AB_ROUNDS (2)
 #            times, with EP_AB_ARGS (default B 1,8,32,128,512, E 256, rank_major, the ep path)
-#            -> $OUT/ep-ab/ep-bench-<gpu>x<N>-<name>-<value>-r<round>.{md,csv}.
+#            -> $OUT/ep-ab/ep-bench-<gpu>x<N>-<name>-<value>-r<round>.{md,csv}; e.g. the A/B of
+#            programmatic dependent launch: EP_AB="DISTLAB_EP_PDL=1,DISTLAB_EP_PDL=0".
 # STEPS picks them (default "ag_gemm gemm_rs cp ep"); the build always runs, unless SKIP_BUILD is
 # set and build/lib/libdistlab.so is there (carried: built and stripped elsewhere). NGPUS=n
 # runs every step on the host's first n GPUs (CUDA_VISIBLE_DEVICES), tagged x<n>. Results
@@ -66,11 +65,7 @@ fi
 tag="$(gpu_tag)x$N"
 say "$N GPUs: tag $tag; steps: $STEPS"
 [ "$N" -ge 2 ] || { say "multi.sh needs at least 2 GPUs"; status=1; exit 1; }
-if [ -n "${SKIP_BUILD:-}" ] && [ -f build/lib/libdistlab.so ]; then
-  say "build: skipped (SKIP_BUILD: the build/lib/libdistlab.so carried here)"
-else
-  step build 240 "$L/build.log" ./distlab build || exit 1
-fi
+build_or_skip || exit 1
 port=$((20000 + RANDOM % 20000))
 
 AG_M="${AG_M:-8192,16384,32768}" AG_ITERS="${AG_ITERS:-20}"
@@ -125,12 +120,6 @@ if want ep && [ -f experiments/ep/ep_bench.lua ]; then
       experiments/ep/ep_bench.lua --split --experts 256 --paths ep --out "$OUT" --tag "$tag-split" ${EP_ARGS:-} \
       --command "scripts/gpu/multi.sh (after the fused run, in the same call)"
     tail -n 36 "$L/ep-bench-split.log" >>"$SUM"
-  fi
-  if [ "${EP_PDL_AB:-0}" = 1 ]; then # the same rows without programmatic dependent launch, for the A/B
-    step "ep_bench DISTLAB_EP_PDL=0 ($N ranks)" 90 "$L/ep-bench-pdl0.log" env DISTLAB_EP_PDL=0 ./distlab run -n "$N" \
-      --device cuda experiments/ep/ep_bench.lua --B 1,32,128 --experts 256 --dtypes bf16 --paths ep --out "$OUT" \
-      --tag "$tag-pdl0" --command "DISTLAB_EP_PDL=0 scripts/gpu/multi.sh (EP_PDL_AB, after the default run, in the same call)"
-    grep -E "^\|" "$L/ep-bench-pdl0.log" | tail -n 16 >>"$SUM"
   fi
   for nb in ${EP_BLOCKS:-}; do # the floor against the grid: every ep kernel on nb blocks (bf16, E 256)
     step "ep_bench --blocks $nb ($N ranks)" 90 "$L/ep-bench-blocks$nb.log" ./distlab run -n "$N" --device cuda \

@@ -9,6 +9,9 @@
 #                            verdict line (and LOG's last line) in $SUM; a failure sets status=1
 #   header                   date, GPUs, commit ($DISTLAB_COMMIT or git), torch into $SUM
 #   gpu_tag                  the GPU model in lower case (h200), "gpu" if unknown
+#   build_or_skip            ./distlab build as a step, or, with SKIP_BUILD set and
+#                            build/lib/libdistlab.so there (built and stripped elsewhere,
+#                            carried), a line saying it was skipped; false if the build failed
 #   mps_start                the MPS daemon (for ranks sharing a GPU); stopped at exit
 #   pick_cudnn               DISTLAB_CUDNN = PyTorch's libcudnn where present (9.19 on
 #                            the lent hosts; the same speed as the system's 9.14 in
@@ -18,6 +21,13 @@
 status=0
 deadline=$((t_start + BUDGET))
 say() { echo "[$NAME +$(($(date +%s) - t_start)) s] $*" | tee -a "$SUM"; }
+build_or_skip() {
+  if [ -n "${SKIP_BUILD:-}" ] && [ -f build/lib/libdistlab.so ]; then
+    say "build: skipped (SKIP_BUILD: the build/lib/libdistlab.so carried here)"
+  else
+    step build 240 "$L/build.log" ./distlab build
+  fi
+}
 
 mps_ctl=""
 steps_finish() {
