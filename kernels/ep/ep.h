@@ -136,11 +136,6 @@ typedef struct dl_ep_args {
   int pdl;         /* cuda: launch with programmatic stream serialization
                       (common/pdl.cuh): the grid is scheduled while the one
                       before it finishes, and waits for it before any access */
-  int by_source;   /* per_rank + rank_major dispatch receive: the sources one
-                      after another, each as soon as its count is whole
-                      (ep_dispatch_recv_by_source); 0: every source's count
-                      first, then one copy of all rows (the default;
-                      DISTLAB_EP_BY_SOURCE=1 for the other) */
   int64_t hdr, msg_d, msg_c; /* bytes: dispatch header, messages            */
   int64_t drecv_off, crecv_off; /* byte offsets of the receive regions      */
   char *bufs[DL_SIGNAL_MAX_RANKS]; /* every rank's buffer, as mapped here    */

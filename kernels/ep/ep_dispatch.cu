@@ -21,11 +21,7 @@
  *       its share to each receiver's disp_flag (release). The wait for the
  *       receivers' reading of the previous call (disp_done) comes after the
  *       routing, just before the first write to a peer.
- *   ep_dispatch_recv_kernel   per_rank with rank_major output and
- *       a.by_source: takes the sources one after another, its own first,
- *       each as soon as its disp_flag counts the call whole (a source's rows
- *       do not depend on the others'). Otherwise: waits for every source's
- *       disp_flag, then a
+ *   ep_dispatch_recv_kernel   waits for every source's disp_flag, then a
  *       warp per message (per_rank with expert_major: per message and
  *       selection; at small B per segment of one) copies the payload
  *       (locally) into the outputs: expert_major rows at the expert's offset
@@ -278,53 +274,9 @@ __device__ __forceinline__ void ep_recv_rank_row(const dl_ep_args_t &a, const ch
   ep_store_row<FP8>(a, msg + a.hdr, row, lane, sp, sg);
 }
 
-// The receive phase of per_rank with rank_major output. A source's messages
-// become rows s * B + j whatever the other sources sent, so the grid takes
-// the sources one after another, this rank's own first (they do not cross
-// NVLink), each as soon as its count is whole, instead of waiting for the
-// slowest source before any copy. Only with a.by_source (DISTLAB_EP_BY_SOURCE=1):
-// on H200s it was slower at every B to 128 (each source costs the grid a wait
-// and a barrier in turn; 4 ranks, B 1: 16.2 us against 14.0), and gained 0-1.2
-// us at B 512 bf16 (experiments/results/ep/ep-recv-ab-h200.md).
-template <bool FP8> __device__ __forceinline__ void ep_dispatch_recv_by_source(const dl_ep_args_t &a) {
-  const int phase = DL_EP_DISPATCH_RECV;
-  struct lates {
-    int v[DL_SIGNAL_MAX_RANKS]; // the wait for the r-th source timed out
-  };
-  EP_SHARED(ep_block, blk);
-  EP_SHARED(lates, late);
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, W = blockDim.x >> 5;
-  const int N = a.nranks, B = a.max_tokens;
-  if (tid < DL_SIGNAL_MAX_RANKS) late.v[tid] = 0;
-  ep_start(a, blk, dl_ep_disp_done);
-  const uint32_t *self = ep_ctrl(a, a.rank);
-  const char *region = ep_buf(a, a.rank) + a.drecv_off;
-  const int64_t warps = (int64_t)gridDim.x * W;
-  for (int r = 0; r < N; r++) {
-    const int s = a.rank + r < N ? a.rank + r : a.rank + r - N;
-    if (tid == 0 && !ep_wait(a, phase, dl_ep_disp_flag(N, s), dl_ep_count_of(blk.epoch), s, blk.epoch)) {
-      late.v[r] = 1;
-      blk.ok = 0;
-    }
-    __syncthreads();
-    if (late.v[r]) break; // the whole block: no add, so the sources time out too
-    const int n = (int)ep_ld_volatile(self + dl_ep_ntok(N, s));
-    if (blockIdx.x == 0 && tid == 0) a.rcounts[s] = n;
-    const ep_split sp = ep_split_rows(n, warps, ep_row_vectors<FP8>(a));
-    for (int64_t it = (int64_t)blockIdx.x * W + warp; it < n * sp.segs; it += warps)
-      ep_recv_rank_row<FP8>(a, region + ((int64_t)s * B + it / sp.segs) * a.msg_d, s, (int)(it / sp.segs), lane, sp,
-                            it % sp.segs);
-  }
-  ep_finish(a, blk, dl_ep_disp_done);
-}
-
 // The receive phase, as a kernel of its own or the second half of the fused one.
 template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR>
 __device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a) {
-  if (PER_RANK && !EXPERT_MAJOR && a.by_source) {
-    ep_dispatch_recv_by_source<FP8>(a);
-    return;
-  }
   const int phase = DL_EP_DISPATCH_RECV;
   EP_SMEM(smem);
   EP_SHARED(ep_block, blk);
@@ -385,7 +337,7 @@ __device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a) {
   for (int64_t it = (int64_t)blockIdx.x * W + warp; !(PER_RANK && EXPERT_MAJOR) && blk.ok && it < items * sp.segs;
        it += warps) {
     const int64_t i = it / sp.segs, sg = it % sp.segs;
-    if (PER_RANK) { // rank_major, with a.by_source 0 (else ep_dispatch_recv_by_source takes it)
+    if (PER_RANK) { // rank_major: row j of source s
       const int s = ep_group_of(pre, N, i), j = (int)(i - pre[s]);
       ep_recv_rank_row<FP8>(a, region + ((int64_t)s * B + j) * a.msg_d, s, j, lane, sp, sg);
     } else {

@@ -376,10 +376,12 @@ int dl_ep_new(dl_ep_t **out, dl_comm_t *c, const dl_ep_config_t *cfg) {
    * made that buffer's dispatch + combine pairs 2.1-2.4 us slower at every
    * B from 1 to 128 (B 1: 24.5 against 22.2 us) while it took 0.3 us off
    * its dispatch alone, and the other three buffers' pairs 0.4-0.9 us
-   * faster. The suspect: its bf16 fused dispatch is the only EP kernel at
-   * 84 registers (one block an SM, so PDL cannot make the next grid
-   * resident beside it); branch ep-dispatch-regs takes it to 64, not timed
-   * yet (experiments/ep/NOTES.md). DISTLAB_EP_PDL=0 or 1 sets it for every
+   * faster. The suspect: its bf16 fused dispatch was then the only EP
+   * kernel at 84 registers (one block an SM, so PDL could not make the next
+   * grid resident beside it), from the source-by-source receive removed
+   * since; it is at 64 now, as the others. Not re-measured: if PDL now helps
+   * this buffer as it helps the others (experiments/ep/NOTES.md has the
+   * A/B), drop this exception. DISTLAB_EP_PDL=0 or 1 sets it for every
    * buffer (an A/B knob; ranks may differ: it changes when a grid is
    * scheduled, not what it does). Each block releases the next grid as it
    * starts: releasing as it ends was slower everywhere in the same run. */
@@ -387,17 +389,6 @@ int dl_ep_new(dl_ep_t **out, dl_comm_t *c, const dl_ep_config_t *cfg) {
   long pdl = pdl_default;
   int rc = dl_env_int("dl_ep_new", "DISTLAB_EP_PDL", pdl_default, 0, 1, &pdl);
   a->pdl = (int)pdl;
-  /* DISTLAB_EP_BY_SOURCE=1: per_rank + rank_major receives source by
-   * source, each as soon as its count is whole (fa8c8ae), instead of every
-   * source's rows at once after the last count (an A/B knob; ranks may
-   * differ: it changes only how a rank reads its own region). Default 0: on
-   * H200s source by source was slower at every B to 128, 4 ranks B 1 bf16
-   * 16.2 us against 14.0, B 32 22.5 against 19.1, 2 ranks B 1 12.2 against
-   * 11.6; at B 512 bf16 it gained 0-1.2 us
-   * (experiments/results/ep/ep-recv-ab-h200.md) */
-  long by_source = 0;
-  if (rc == DL_OK) rc = dl_env_int("dl_ep_new", "DISTLAB_EP_BY_SOURCE", 0, 0, 1, &by_source);
-  a->by_source = (int)by_source;
   if (rc == DL_OK) rc = init(ep, c, &ci);
   if (rc < 0) {
     dl_error_context(rc, "dl_ep_new on rank %d of %d (comm '%s', %lld bytes a rank)", ci.rank,

@@ -114,7 +114,6 @@ static dl_ep_args_t args_of(world &w, int q, int phase) {
   a.rx = s.rx.data(), a.rscales = s.scales.data(), a.rcounts = s.counts.data(), a.rids = s.ids.data();
   a.rweights = s.weights.data(), a.rsrc = s.src.data(), a.y = s.y.data(), a.out = s.out.data();
   a.status = &s.status;
-  a.by_source = (s.T + q) & 1; // per_rank + rank_major: both receives, call by call (ranks may differ)
   return a;
 }
 
