@@ -11,7 +11,9 @@
 #            per row, each GEMM shape on the fastest of cuBLASLt's first 8 candidates
 #            (DISTLAB_GEMM_TUNE, default 8 here; 0: the heuristic's first, as before
 #            2026-11-27: on 2 H200s that GEMM alone ran 3-5% under torch.matmul at m 32k
-#            and moved as much between runs) -> $OUT/ag-gemm-<gpu>x<N>.{md,csv};
+#            and moved as much between runs) -> $OUT/ag-gemm-<gpu>x<N>.{md,csv}; then
+#            (AG_TORCH_AFTER=1, the default) torch.matmul alone once more, after the bench,
+#            on GPUs as warm as it left them (multi/<op>-torch-after.csv, lines in the summary);
 #   gemm_rs  the mirror, GEMM + reduce-scatter (issue 21), the same way (--op gemm_rs)
 #            -> $OUT/gemm-rs-<gpu>x<N>.{md,csv};
 #   cp       cp_bench.lua at CP = N (issue 23) on the attention backends CP_BACKENDS
@@ -79,6 +81,12 @@ for op in ag_gemm gemm_rs; do
     experiments/overlap/ag_gemm_bench.lua --op $op --m "$AG_M" --iters "$AG_ITERS" --torch "$L/$op-torch.csv" \
     --out "$OUT" --tag "$tag" --command "scripts/gpu/multi.sh (ag_gemm_torch.py --ag-op $op under torchrun, then this, in the same run)"
   grep -E "^m=" "$L/$op-torch.log" | tee -a "$SUM"
+  if [ "${AG_TORCH_AFTER:-1}" = 1 ]; then # torch.matmul alone again, on GPUs as warm as the bench left them
+    step "$op torch.matmul alone again, after the bench ($N ranks)" 90 "$L/$op-torch-after.log" "$PY" -m torch.distributed.run \
+      --nproc_per_node "$N" --master_port "$((port + 11))" experiments/overlap/ag_gemm_torch.py "$L/$op-torch-after.csv" \
+      --ag-op $op --ag-m "$AG_M" --ag-iters "$AG_ITERS" --ag-impls torch_matmul
+    grep -E "^m=" "$L/$op-torch-after.log" | sed 's/^/after: /' | tee -a "$SUM"
+  fi
 done
 
 if want cp; then
