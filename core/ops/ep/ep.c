@@ -371,21 +371,18 @@ int dl_ep_new(dl_ep_t **out, dl_comm_t *c, const dl_ep_config_t *cfg) {
   a->hidden = cfg->hidden;
   a->max_tokens = cfg->max_tokens;
   a->timeout_ns = (uint64_t)(ci.timeout_s * 1e9);
-  /* Programmatic dependent launch (common/pdl.cuh), except for per_rank
-   * with rank_major output: on 2 H200s (3978ddc, ep-pdl-ab-h200x2.md) PDL
-   * made that buffer's dispatch + combine pairs 2.1-2.4 us slower at every
-   * B from 1 to 128 (B 1: 24.5 against 22.2 us) while it took 0.3 us off
-   * its dispatch alone, and the other three buffers' pairs 0.4-0.9 us
-   * faster. The suspect: its bf16 fused dispatch was then the only EP
-   * kernel at 84 registers (one block an SM, so PDL could not make the next
-   * grid resident beside it), from the source-by-source receive removed
-   * since; it is at 64 now, as the others. Not re-measured: if PDL now helps
-   * this buffer as it helps the others (experiments/ep/NOTES.md has the
-   * A/B), drop this exception. DISTLAB_EP_PDL=0 or 1 sets it for every
-   * buffer (an A/B knob; ranks may differ: it changes when a grid is
-   * scheduled, not what it does). Each block releases the next grid as it
-   * starts: releasing as it ends was slower everywhere in the same run. */
-  const long pdl_default = !(cfg->layout == DL_EP_PER_RANK && cfg->output == DL_EP_RANK_MAJOR);
+  /* Programmatic dependent launch (common/pdl.cuh) for every buffer. Until
+   * 722b37c per_rank with rank_major output launched without it: on 2 H200s
+   * (3978ddc, ep-pdl-ab-h200x2.md) PDL made that buffer's dispatch + combine
+   * pairs 2.1-2.4 us slower, while its bf16 fused dispatch was the only EP
+   * kernel at 84 registers (one block an SM: the next grid could not be
+   * resident beside it). Since d75b8c0 it is at 64, as the others, and PDL
+   * is 0.1-0.9 us faster for every buffer and B (1-128, bf16, E 256) on 2
+   * and on 4 H100s (ep-pdl-ab-h100.md). DISTLAB_EP_PDL=0 turns it off (an
+   * A/B knob; ranks may differ: it changes when a grid is scheduled, not
+   * what it does). Each block releases the next grid as it starts:
+   * releasing as it ends was slower everywhere. */
+  const long pdl_default = 1;
   long pdl = pdl_default;
   int rc = dl_env_int("dl_ep_new", "DISTLAB_EP_PDL", pdl_default, 0, 1, &pdl);
   a->pdl = (int)pdl;
