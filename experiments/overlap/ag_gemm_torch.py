@@ -25,7 +25,7 @@ of C (first and last of each block) against an fp32 GEMM of the same rows
 
   torchrun --nproc_per_node 8 experiments/overlap/ag_gemm_torch.py OUT.csv [--ag-m 8192,16384,32768]
       [--ag-k 16384] [--ag-n 8192] [--ag-dtype bf16] [--ag-iters 10] [--ag-warm-ms 300] [--ag-op gemm_rs]
-      [--ag-impls torch_matmul,...] (the rows to run; default all three)
+      [--ag-impls torch_matmul,...] (the rows to run; default all)
 
 The options carry an ag- prefix because torchrun parses the whole command
 line with argparse, which takes any --x that is the start of one of its own
@@ -100,7 +100,7 @@ def run_cases(cases, m, flops, args, world, rank, cpu_group, writer, out, about)
     where all of them worked, then check(fn's result) -> status; every rank's status merged (the
     first that is not ok); one CSV row on rank 0."""
     for impl, fn, skip, check in cases:
-        if impl not in args.impls.split(","):
+        if args.impls and impl not in args.impls.split(","):
             continue
         ms, status = float("nan"), skip
         if not skip:
@@ -173,8 +173,9 @@ def main():
     ap.add_argument("--ag-iters", dest="iters", type=int, default=10)
     ap.add_argument("--ag-warm-ms", dest="warm_ms", type=float, default=300)
     ap.add_argument("--ag-op", dest="op", default="ag_gemm", choices=["ag_gemm", "gemm_rs"])
-    ap.add_argument("--ag-impls", dest="impls", default="torch_matmul,torch_nccl_matmul,torch_fused",
-                    help="the rows to run (the gemm_rs names: torch_matmul, torch_matmul_nccl, torch_fused)")
+    ap.add_argument("--ag-impls", dest="impls", default="",
+                    help="the rows to run, comma-separated (default: all; ag_gemm: torch_matmul, "
+                         "torch_nccl_matmul, torch_fused; gemm_rs: torch_matmul, torch_matmul_nccl, torch_fused)")
     args = ap.parse_args()
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
 
