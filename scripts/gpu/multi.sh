@@ -14,6 +14,8 @@
 #            and moved as much between runs) -> $OUT/ag-gemm-<gpu>x<N>.{md,csv}; then
 #            (AG_TORCH_AFTER=1, the default) torch.matmul alone once more, after the bench,
 #            on GPUs as warm as it left them (multi/<op>-torch-after.csv, lines in the summary);
+#            the GPUs' clocks, power, temperature and throttle reasons every 200 ms during
+#            the bench in multi/<op>-clocks.csv;
 #   gemm_rs  the mirror, GEMM + reduce-scatter (issue 21), the same way (--op gemm_rs)
 #            -> $OUT/gemm-rs-<gpu>x<N>.{md,csv};
 #   cp       cp_bench.lua at CP = N (issue 23) on the attention backends CP_BACKENDS
@@ -77,9 +79,20 @@ for op in ag_gemm gemm_rs; do
   step "$op PyTorch anchors ($N ranks)" 150 "$L/$op-torch.log" "$PY" -m torch.distributed.run \
     --nproc_per_node "$N" --master_port "$port" experiments/overlap/ag_gemm_torch.py "$L/$op-torch.csv" \
     --ag-op $op --ag-m "$AG_M" --ag-iters "$AG_ITERS"
+  # the GPUs' clocks, power, temperature and throttle reasons every 200 ms while the bench runs (rows minutes apart
+  # have run 7-15% apart on H100s): $L/$op-clocks.csv, in the logs tarball
+  clocks_pid=""
+  if command -v nvidia-smi >/dev/null; then
+    reasons=clocks_throttle_reasons.active # the newer drivers' name, where this one knows it
+    nvidia-smi --help-query-gpu 2>/dev/null | grep -q clocks_event_reasons.active && reasons=clocks_event_reasons.active
+    nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,temperature.gpu,$reasons \
+      --format=csv -lms 200 >"$L/$op-clocks.csv" 2>&1 &
+    clocks_pid=$!
+  fi
   step "$op bench ($N ranks)" 200 "$L/$op-bench.log" env DISTLAB_GEMM_TUNE="${DISTLAB_GEMM_TUNE:-8}" ./distlab run -n "$N" --device cuda \
     experiments/overlap/ag_gemm_bench.lua --op $op --m "$AG_M" --iters "$AG_ITERS" --torch "$L/$op-torch.csv" \
     --out "$OUT" --tag "$tag" --command "scripts/gpu/multi.sh (ag_gemm_torch.py --ag-op $op under torchrun, then this, in the same run)"
+  [ -n "$clocks_pid" ] && kill "$clocks_pid" 2>/dev/null
   grep -E "^m=" "$L/$op-torch.log" | tee -a "$SUM"
   if [ "${AG_TORCH_AFTER:-1}" = 1 ]; then # torch.matmul alone again, on GPUs as warm as the bench left them
     step "$op torch.matmul alone again, after the bench ($N ranks)" 90 "$L/$op-torch-after.log" "$PY" -m torch.distributed.run \
