@@ -83,7 +83,7 @@ for op in ag_gemm gemm_rs; do
   # have run 7-15% apart on H100s): $L/$op-clocks.csv, in the logs tarball
   clocks_pid=""
   if command -v nvidia-smi >/dev/null; then
-    reasons=clocks_throttle_reasons.active # the newer drivers' name, where this one knows it
+    reasons=clocks_throttle_reasons.active # the older name; the newer one where this driver knows it
     nvidia-smi --help-query-gpu 2>/dev/null | grep -q clocks_event_reasons.active && reasons=clocks_event_reasons.active
     nvidia-smi --query-gpu=timestamp,index,clocks.sm,clocks.mem,power.draw,temperature.gpu,$reasons \
       --format=csv -lms 200 >"$L/$op-clocks.csv" 2>&1 &
