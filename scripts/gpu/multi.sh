@@ -37,7 +37,8 @@
 #            EP_AB (NAME=VALUE, separated by commas or spaces), alternating, EP_AB_ROUNDS (2)
 #            times, with EP_AB_ARGS (default B 1,8,32,128,512, E 256, rank_major, the ep path)
 #            -> $OUT/ep-ab/ep-bench-<gpu>x<N>-<name>-<value>-r<round>.{md,csv}; e.g. the A/B of
-#            programmatic dependent launch: EP_AB="DISTLAB_EP_PDL=1,DISTLAB_EP_PDL=0".
+#            programmatic dependent launch: EP_AB="DISTLAB_EP_PDL=1,DISTLAB_EP_PDL=0"; of two builds:
+#            EP_AB="DISTLAB_LIB=$PWD/build/lib/libdistlab.so,DISTLAB_LIB=$PWD/.ab/NAME.so" (.ab carried).
 # STEPS picks them (default "ag_gemm gemm_rs cp ep"); the build always runs, unless SKIP_BUILD is
 # set and build/lib/libdistlab.so is there (carried: built and stripped elsewhere). NGPUS=n
 # runs every step on the host's first n GPUs (CUDA_VISIBLE_DEVICES), tagged x<n>. Results
@@ -152,7 +153,7 @@ fi
 if want ep_ab; then # an A/B of EP knobs on one host: each setting of EP_AB in turn, EP_AB_ROUNDS times
   for round in $(seq "${EP_AB_ROUNDS:-2}"); do
     for v in ${EP_AB//,DISTLAB_/ DISTLAB_}; do
-      t="$tag-$(echo "${v#DISTLAB_EP_}" | tr 'A-Z=' 'a-z-')-r$round"
+      t="$tag-$(echo "${v#DISTLAB_EP_}" | tr 'A-Z=' 'a-z-' | sed 's,.*/,,; s,\.so$,,')-r$round" # DISTLAB_LIB=/x/y.so: tag y
       step "ep_bench $v round $round ($N ranks)" 90 "$L/ep-ab-$t.log" env "$v" ./distlab run -n "$N" --device cuda \
         experiments/ep/ep_bench.lua ${EP_AB_ARGS:---B 1,8,32,128,512 --experts 256 --outputs rank_major --paths ep} \
         --out "$OUT/ep-ab" --tag "$t" --command "$v scripts/gpu/multi.sh (STEPS=ep_ab, round $round of ${EP_AB_ROUNDS:-2}, settings alternating)"
