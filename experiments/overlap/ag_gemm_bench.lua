@@ -287,6 +287,12 @@ local tbl = h:table({ { "m", "%6d" }, { "row", "%-36s" }, { "ms", "%9.3f" }, { "
 tbl:header(string.format("%s, %s, k = %d, n = %d, %s", RS and "GEMM + reduce-scatter" or "all-gather + GEMM",
   h.device_desc, A.k, A.n, A.dtype))
 if RS and A.k % d ~= 0 then dl.fail("ag_gemm_bench: k = %d does not split over %d ranks", A.k, d) end
+-- the dl.overlap op of variant v (the main pass and the interleaved pairs)
+local function make_op(v)
+  return (RS and dl.overlap.gemm_rs or dl.overlap.ag_gemm) { comm = w, algo = v.algo, transport = v.transport,
+    copy = v.copy, streams = v.streams, copy_blocks = A.copy_blocks, merge = v.merge }
+end
+
 local results, inter = {}, {}
 for _, m in ipairs(A.m) do
   if m % d ~= 0 then dl.fail("ag_gemm_bench: m = %d does not split over %d ranks", m, d) end
@@ -320,13 +326,9 @@ for _, m in ipairs(A.m) do
   end
   -- the GEMM alone: ag, on the gathered A (its result, ref, is every check's reference);
   -- rs, this rank's partial product, the work each rank does without the communication
-  if RS then
-    local ms = time_ms(function() dl.gemm(a, b, local_c) end)
-    row("gemm (alone, local A B)", ms, h:check(check_ref(full, bfull, ref)))
-  else
-    local ms = time_ms(function() dl.gemm(full, b, ref) end)
-    row("gemm (alone, gathered A)", ms, h:check(check_ref(full, b, ref)))
-  end
+  -- (b is bfull for ag); timed first, again after the pipelines, and in the interleaved pairs
+  local alone = RS and function() dl.gemm(a, b, local_c) end or function() dl.gemm(full, b, ref) end
+  row(RS and "gemm (alone, local A B)" or "gemm (alone, gathered A)", time_ms(alone), h:check(check_ref(full, bfull, ref)))
   -- where a pipeline's time goes: the GEMMs of its chunks alone, back to back on one stream,
   -- no communication (p2p: d GEMMs of m/d rows; merge: the head, the merged GEMM, d - 2 of
   -- m/d), into c; the pipeline's time over this row's is what the transfers cost it. Before
@@ -375,9 +377,7 @@ for _, m in ipairs(A.m) do
       end
       goto next_variant
     end
-    local make = RS and dl.overlap.gemm_rs or dl.overlap.ag_gemm
-    local op = make { comm = w, algo = v.algo, transport = v.transport, copy = v.copy,
-      streams = v.streams, copy_blocks = A.copy_blocks, merge = v.merge }
+    local op = make_op(v)
     local fn = function() op:run(a, b, c) end
     fn()
     fn()
@@ -393,13 +393,7 @@ for _, m in ipairs(A.m) do
   end
   -- the GEMM alone once more, after the pipelines: minutes of GEMMs at full power may have
   -- moved the clocks since the first row (PyTorch's anchors ran before this process)
-  if RS then
-    row("gemm (alone, again at the end)", time_ms(function() dl.gemm(a, b, local_c) end),
-      h:check(check_ref(full, bfull, ref)))
-  else
-    row("gemm (alone, again at the end)", time_ms(function() dl.gemm(full, b, ref) end),
-      h:check(check_ref(full, b, ref)))
-  end
+  row("gemm (alone, again at the end)", time_ms(alone), h:check(check_ref(full, bfull, ref)))
   -- the fastest --interleave pipelines again, each alternating run by run with the GEMM
   -- alone: "of GEMM alone" from seconds of the same clocks (the rows above are minutes
   -- apart, and a GPU at its power limit moves several percent in that time)
@@ -409,19 +403,15 @@ for _, m in ipairs(A.m) do
   end
   table.sort(ranked, function(x, y) return x.tflops > y.tflops end)
   for i = 1, math.min(A.interleave, #ranked) do
-    local v = ranked[i].variant
-    local make = RS and dl.overlap.gemm_rs or dl.overlap.ag_gemm
-    local op = make { comm = w, algo = v.algo, transport = v.transport, copy = v.copy,
-      streams = v.streams, copy_blocks = A.copy_blocks, merge = v.merge }
-    local fa = RS and function() dl.gemm(a, b, local_c) end or function() dl.gemm(full, b, ref) end
+    local op = make_op(ranked[i].variant)
     local fb = function() op:run(a, b, c) end
     fb()
     op:check()
-    local ga, pb, ratio = time_pair(fa, fb)
+    local ga, pb, ratio = time_pair(alone, fb)
     op:check()
     if A.plant ~= 0 then c:mul_(1 + A.plant) end
     local bad = h:check(RS and check_rs(c, refs, kd, op:label()) or check_rows(c, ref, rows))
-    if not RS then bad = bad + h:check(check_ref(full, b, ref)) end
+    if not RS then bad = bad + h:check(check_ref(full, bfull, ref)) end -- the GEMM alone wrote ref
     inter[#inter + 1] = { m = m, row = op:label(), gemm_ms = ga, ms = pb, of_gemm = 1 / ratio,
       gemm_tflops = flops / (ga * 1e-3) / 1e12, tflops = flops / (pb * 1e-3) / 1e12, wrong = bad }
     tbl:row({ m, "interleaved: " .. op:label(), pb, flops / (pb * 1e-3) / 1e12, nil, bad })

@@ -376,15 +376,14 @@ int dl_ep_new(dl_ep_t **out, dl_comm_t *c, const dl_ep_config_t *cfg) {
    * (3978ddc, ep-pdl-ab-h200x2.md) PDL made that buffer's dispatch + combine
    * pairs 2.1-2.4 us slower, while its bf16 fused dispatch was the only EP
    * kernel at 84 registers (one block an SM: the next grid could not be
-   * resident beside it). Since d75b8c0 it is at 64, as the others, and PDL
-   * is 0.1-0.9 us faster for every buffer and B (1-128, bf16, E 256) on 2
-   * and on 4 H100s (ep-pdl-ab-h100.md). DISTLAB_EP_PDL=0 turns it off (an
-   * A/B knob; ranks may differ: it changes when a grid is scheduled, not
-   * what it does). Each block releases the next grid as it starts:
-   * releasing as it ends was slower everywhere. */
-  const long pdl_default = 1;
-  long pdl = pdl_default;
-  int rc = dl_env_int("dl_ep_new", "DISTLAB_EP_PDL", pdl_default, 0, 1, &pdl);
+   * resident beside it). Since d75b8c0 it is at 64, as the others, and on 2
+   * and 4 H100s PDL is faster or equal in 93 of 96 cells (every buffer, B
+   * 1-128, bf16, E 256), 0.1-0.3 us slower in three (ep-pdl-ab-h100.md).
+   * DISTLAB_EP_PDL=0 turns it off (an A/B knob; ranks may differ: it changes
+   * when a grid is scheduled, not what it does). Each block releases the
+   * next grid as it starts: releasing as it ends was slower everywhere. */
+  long pdl = 1;
+  int rc = dl_env_int("dl_ep_new", "DISTLAB_EP_PDL", 1, 0, 1, &pdl);
   a->pdl = (int)pdl;
   if (rc == DL_OK) rc = init(ep, c, &ci);
   if (rc < 0) {
