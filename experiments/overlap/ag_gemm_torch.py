@@ -177,6 +177,10 @@ def main():
                     help="the rows to run, comma-separated (default: all; ag_gemm: torch_matmul, "
                          "torch_nccl_matmul, torch_fused; gemm_rs: torch_matmul, torch_matmul_nccl, torch_fused)")
     args = ap.parse_args()
+    known = {"torch_matmul", "torch_nccl_matmul", "torch_fused", "torch_matmul_nccl"}
+    unknown = [x for x in args.impls.split(",") if x and x not in known]
+    if unknown:
+        ap.error(f"--ag-impls: unknown rows {', '.join(unknown)} (known: {', '.join(sorted(known))})")
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
