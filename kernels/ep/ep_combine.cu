@@ -29,29 +29,57 @@ template <bool PER_RANK, bool EXPERT_MAJOR> __device__ __forceinline__ void ep_c
   const int groups = EXPERT_MAJOR ? a.local : N;
   const int64_t per_group = EXPERT_MAJOR ? (int64_t)N * B : B;
   int *counts = smem, *pre = counts + groups, *tmp = pre + groups + 1;
+  const uint32_t count = ep_count_now(a, dl_ep_comb_flag); // ep_start, its load beside the counts'
   for (int g = tid; g < groups; g += blockDim.x) counts[g] = a.rcounts[g];
-  ep_start(a, blk, dl_ep_comb_flag);
+  ep_set_epoch(blk, count);
+  __syncthreads();
   ep_scan(counts, groups, pre, tmp);
-  // the owners have read our previous combine
-  ep_await(a, phase, blk, dl_ep_comb_done, -1);
   const int64_t warps = (int64_t)gridDim.x * W, rows = pre[groups], nv = H / 8;
   const ep_split sp = ep_split_rows(rows, warps, nv); // rows cut into segments (ep_device.cuh)
-  for (int64_t it = (int64_t)blockIdx.x * W + warp; blk.ok && it < rows * sp.segs; it += warps) {
-    const int64_t i = it / sp.segs, lo = 16 * (it % sp.segs) * sp.per, hi = min(16 * nv, lo + 16 * sp.per);
+  // A warp's first row: its origin and its first batch of y are loaded before
+  // the wait below (it guards the stores only), so the wait hides their latency.
+  const int64_t it0 = (int64_t)blockIdx.x * W + warp;
+  // item it: output row `row`, bytes [lo, hi) of it
+  auto locate = [&](int64_t it, int64_t &row, int64_t &lo, int64_t &hi) {
+    const int64_t i = it / sp.segs;
     const int g = ep_group_of(pre, groups, i);
-    const int64_t row = g * per_group + (i - pre[g]);
-    const int t = a.rsrc[row * 2];
-    const uint32_t p = (uint32_t)a.rsrc[row * 2 + 1];
+    row = g * per_group + (i - pre[g]);
+    lo = 16 * (it % sp.segs) * sp.per;
+    hi = min(16 * nv, lo + 16 * sp.per);
+  };
+  ep_batch b;
+  int t = 0;
+  uint32_t p = 0;
+  int64_t row = 0, lo = 0, hi = 0;
+  if (it0 < rows * sp.segs) {
+    locate(it0, row, lo, hi);
+    t = a.rsrc[row * 2];
+    p = (uint32_t)a.rsrc[row * 2 + 1];
+    ep_load_batch(b, reinterpret_cast<const char *>(a.y) + row * H * 2 + lo, (hi - lo) / 16, lane);
+  }
+  // the owners have read our previous combine
+  ep_await(a, phase, blk, dl_ep_comb_done, -1);
+  for (int64_t it = it0; blk.ok && it < rows * sp.segs; it += warps) {
+    const char *src;
+    if (it != it0) {
+      locate(it, row, lo, hi);
+      t = a.rsrc[row * 2];
+      p = (uint32_t)a.rsrc[row * 2 + 1];
+      src = reinterpret_cast<const char *>(a.y) + row * H * 2 + lo;
+      ep_load_batch(b, src, (hi - lo) / 16, lane);
+    } else {
+      src = reinterpret_cast<const char *>(a.y) + row * H * 2 + lo;
+    }
     const int s = (int)(p & 0xffu), k = (int)((p >> 8) & 0xffu), le = (int)(p >> 16);
     const int64_t slot = PER_RANK ? k : (int64_t)a.rank * a.local + le;
     char *dst = ep_buf(a, s) + a.crecv_off + (slot * B + t) * a.msg_c;
-    ep_copy_row(dst + lo, reinterpret_cast<const char *>(a.y) + row * H * 2 + lo, hi - lo, lane);
+    ep_copy_row_loaded(dst + lo, src, hi - lo, lane, b);
   }
-  ep_finish(a, blk, dl_ep_comb_flag);
+  ep_finish(a, blk, dl_ep_comb_flag, true);
 }
 
 template <bool PER_RANK, bool EXPERT_MAJOR>
-__global__ void __launch_bounds__(DL_EP_THREADS) ep_combine_send_kernel(const dl_ep_args_t a) {
+__global__ void __launch_bounds__(DL_EP_THREADS, 2) ep_combine_send_kernel(const dl_ep_args_t a) {
   dl_pdl_wait(); // the grid ahead done and visible (a launch with a.pdl may start early)
   dl_pdl_release();
   ep_combine_send_body<PER_RANK, EXPERT_MAJOR>(a);
@@ -68,17 +96,31 @@ template <bool PER_RANK, bool EXPERT_MAJOR> __device__ __forceinline__ void ep_c
   EP_SHARED(ep_sums, sh); // per warp: the token's slots and weights, in k order
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, W = blockDim.x >> 5;
   const int K = a.topk, B = a.max_tokens, H = a.hidden, L = a.local;
-  ep_begin(a, phase, blk, dl_ep_comb_flag, 0, dl_ep_comb_done);
   const char *region = ep_buf(a, a.rank) + a.crecv_off;
   const int64_t warps = (int64_t)gridDim.x * W, nv = H / 8;
   const ep_split sp = ep_split_rows(a.tokens, warps, nv); // tokens cut into segments (ep_device.cuh)
-  for (int64_t it = (int64_t)blockIdx.x * W + warp; blk.ok && it < a.tokens * sp.segs; it += warps) {
+  // lane k: the expert and weight of selection k of the warp's next token (the
+  // handle is ours: the first token's are loaded before the wait for the rows)
+  int64_t it = (int64_t)blockIdx.x * W + warp;
+  int nid = -1;
+  float nwt = 0.0f;
+  if (it < a.tokens * sp.segs && lane < K) {
+    nid = a.hidx[it / sp.segs * K + lane];
+    nwt = a.hw[it / sp.segs * K + lane];
+  }
+  ep_begin(a, phase, blk, dl_ep_comb_flag, 0, dl_ep_comb_done);
+  for (; blk.ok && it < a.tokens * sp.segs; it += warps) {
     const int t = (int)(it / sp.segs);
     const int64_t lo = (it % sp.segs) * sp.per, hi = min(nv, lo + sp.per);
     // lane k: the slot of selection k and its weight; n of them, in k order
-    const int id = lane < K ? a.hidx[(int64_t)t * K + lane] : -1;
+    const int id = nid;
     bool use = id >= 0;
-    float w = use ? a.hw[(int64_t)t * K + lane] : 0.0f;
+    float w = use ? nwt : 0.0f;
+    nid = -1;
+    if (it + warps < a.tokens * sp.segs && lane < K) {
+      nid = a.hidx[(it + warps) / sp.segs * K + lane];
+      nwt = a.hw[(it + warps) / sp.segs * K + lane];
+    }
     if (!EXPERT_MAJOR) { // one row per rank: the rank's first selection
       for (int j = 0; j < K; j++) {
         const int ij = __shfl_sync(EP_FULL, id, j);
@@ -116,11 +158,11 @@ template <bool PER_RANK, bool EXPERT_MAJOR> __device__ __forceinline__ void ep_c
     }
     __syncwarp();
   }
-  ep_finish(a, blk, dl_ep_comb_done);
+  ep_finish(a, blk, dl_ep_comb_done, false);
 }
 
 template <bool PER_RANK, bool EXPERT_MAJOR>
-__global__ void __launch_bounds__(DL_EP_THREADS) ep_combine_recv_kernel(const dl_ep_args_t a) {
+__global__ void __launch_bounds__(DL_EP_THREADS, 2) ep_combine_recv_kernel(const dl_ep_args_t a) {
   dl_pdl_wait(); // the grid ahead done and visible (a launch with a.pdl may start early)
   dl_pdl_release();
   ep_combine_recv_body<PER_RANK, EXPERT_MAJOR>(a);
@@ -128,7 +170,7 @@ __global__ void __launch_bounds__(DL_EP_THREADS) ep_combine_recv_kernel(const dl
 
 // combine in one launch: the send, then the receive (as ep_dispatch_kernel).
 template <bool PER_RANK, bool EXPERT_MAJOR>
-__global__ void __launch_bounds__(DL_EP_THREADS) ep_combine_kernel(const dl_ep_args_t a) {
+__global__ void __launch_bounds__(DL_EP_THREADS, 2) ep_combine_kernel(const dl_ep_args_t a) {
   dl_pdl_wait(); // the grid ahead done and visible (a launch with a.pdl may start early)
   dl_pdl_release();
   ep_combine_send_body<PER_RANK, EXPERT_MAJOR>(a);

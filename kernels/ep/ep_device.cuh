@@ -82,6 +82,22 @@ __device__ __forceinline__ void ep_add_release(uint32_t *p, uint32_t v) {
 #endif
 }
 
+// The receive side's count: a relaxed add, no fence. What it orders is the
+// block's reads of its slots (the peer writes them again once it sees the
+// count), and every one of those reads has returned before the block's last
+// barrier: its value was stored to an output, or decided a branch. So no
+// write the peer makes after the count can reach them; no system fence is
+// needed, as NCCL's simple protocol posts a receive step with a plain store.
+// The fence cost 1.4 us of a B 1 dispatch and 0.65 us of a combine on 2
+// H200s (lab knobs, experiments/ep/NOTES.md).
+__device__ __forceinline__ void ep_add_relaxed(uint32_t *p, uint32_t v) {
+#ifdef DL_EP_EMU
+  __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
+#else
+  asm volatile("red.relaxed.sys.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+#endif
+}
+
 // Block-wide values a kernel's threads share.
 struct ep_block {
   uint32_t epoch;
@@ -101,6 +117,19 @@ __device__ __forceinline__ void ep_start(const dl_ep_args_t &a, ep_block &blk, i
   __syncthreads();
 }
 
+// ep_start in two halves, so that the count's load overlaps other loads:
+// thread 0 reads the count (ep_count_now), then, once the value is needed,
+// sets the epoch (ep_set_epoch) before a barrier of the caller's.
+__device__ __forceinline__ uint32_t ep_count_now(const dl_ep_args_t &a, int64_t (*count_of)(int, int)) {
+  return threadIdx.x == 0 ? ep_ld_volatile(ep_ctrl(a, a.rank) + count_of(a.nranks, a.rank)) : 0u;
+}
+__device__ __forceinline__ void ep_set_epoch(ep_block &blk, uint32_t count) {
+  if (threadIdx.x == 0) {
+    blk.epoch = dl_ep_calls_of(count) + 1;
+    blk.ok = 1;
+  }
+}
+
 // The waits of threads q < N for word word_of(N, q) to count call epoch + lag
 // whole.
 __device__ __forceinline__ void ep_await(const dl_ep_args_t &a, int phase, ep_block &blk,
@@ -118,15 +147,20 @@ __device__ __forceinline__ void ep_begin(const dl_ep_args_t &a, int phase, ep_bl
 }
 
 // The end of a block: thread q < N adds the block's share to its word
-// count_of(N, rank) at rank q (ep_add_release: the block's writes go first),
-// unless a wait of the block timed out (the peers then time out too, naming
-// this rank). No count of the grid's blocks, no last block: a block's own
-// system fence and one write on NVLink are all that stand between its last
-// write and the peer.
-__device__ __forceinline__ void ep_finish(const dl_ep_args_t &a, ep_block &blk, int64_t (*count_of)(int, int)) {
+// count_of(N, rank) at rank q, unless a wait of the block timed out (the
+// peers then time out too, naming this rank). A send's add is a release
+// (ep_add_release: the block's writes go first); a receive's is relaxed
+// (ep_add_relaxed: its reads are done). No count of the grid's blocks, no
+// last block: a block's own system fence and one write on NVLink are all
+// that stand between its last write and the peer.
+__device__ __forceinline__ void ep_finish(const dl_ep_args_t &a, ep_block &blk, int64_t (*count_of)(int, int),
+                                          bool send) {
   __syncthreads();
   const int q = threadIdx.x;
-  if (blk.ok && q < a.nranks) ep_add_release(ep_ctrl(a, q) + count_of(a.nranks, a.rank), dl_ep_share(blockIdx.x, gridDim.x));
+  if (!blk.ok || q >= a.nranks) return;
+  uint32_t *w = ep_ctrl(a, q) + count_of(a.nranks, a.rank);
+  if (send) ep_add_release(w, dl_ep_share(blockIdx.x, gridDim.x));
+  else ep_add_relaxed(w, dl_ep_share(blockIdx.x, gridDim.x));
 }
 
 // Exclusive prefix sums of v[0..n) into pre[0..n], pre[n] the total, by the
@@ -195,21 +229,42 @@ __device__ __forceinline__ ep_split ep_split_rows(int64_t items, int64_t warps, 
   return r;
 }
 
-// A warp copies `bytes` (a multiple of 16) from src to dst, four vectors in
-// flight per lane.
-__device__ __forceinline__ void ep_copy_row(char *dst, const char *src, int64_t bytes, int lane) {
+// A warp's batch of a row copy: vectors v0 + 32u (u < 4, below nv) of a
+// lane, loaded apart from their stores, so that a caller can issue the loads
+// of a row's first batch before a wait, or beside the loads of its header.
+struct ep_batch {
+  uint4 r[4];
+};
+__device__ __forceinline__ void ep_load_batch(ep_batch &b, const char *src, int64_t nv, int64_t v0) {
   const uint4 *s = reinterpret_cast<const uint4 *>(src);
+#pragma unroll
+  for (int u = 0; u < 4; u++)
+    if (v0 + 32 * u < nv) b.r[u] = s[v0 + 32 * u];
+}
+__device__ __forceinline__ void ep_store_batch(char *dst, const ep_batch &b, int64_t nv, int64_t v0) {
   uint4 *d = reinterpret_cast<uint4 *>(dst);
+#pragma unroll
+  for (int u = 0; u < 4; u++)
+    if (v0 + 32 * u < nv) d[v0 + 32 * u] = b.r[u];
+}
+
+// A warp copies `bytes` (a multiple of 16) from src to dst, four vectors in
+// flight per lane, the first batch already loaded into b (ep_load_batch(b,
+// src, bytes / 16, lane)); b then serves the rest.
+__device__ __forceinline__ void ep_copy_row_loaded(char *dst, const char *src, int64_t bytes, int lane, ep_batch &b) {
   const int64_t nv = bytes / 16;
-  for (int64_t v0 = lane; v0 < nv; v0 += 128) {
-    uint4 r[4];
-#pragma unroll
-    for (int u = 0; u < 4; u++)
-      if (v0 + 32 * u < nv) r[u] = s[v0 + 32 * u];
-#pragma unroll
-    for (int u = 0; u < 4; u++)
-      if (v0 + 32 * u < nv) d[v0 + 32 * u] = r[u];
+  ep_store_batch(dst, b, nv, lane);
+  for (int64_t v0 = lane + 128; v0 < nv; v0 += 128) {
+    ep_load_batch(b, src, nv, v0);
+    ep_store_batch(dst, b, nv, v0);
   }
+}
+
+// The same copy, loads and all.
+__device__ __forceinline__ void ep_copy_row(char *dst, const char *src, int64_t bytes, int lane) {
+  ep_batch b;
+  ep_load_batch(b, src, bytes / 16, lane);
+  ep_copy_row_loaded(dst, src, bytes, lane, b);
 }
 
 // A warp copies n 32-bit words.

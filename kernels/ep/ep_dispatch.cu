@@ -39,10 +39,10 @@
 // ---- dispatch send ----------------------------------------------------------------
 
 // Shared memory of the send kernel: hist_e[E], hist_r[32], then per entry
-// (t, k) of the chunk: expert, slot, position, kmask, and the list of the
-// entries that send a message.
+// (t, k) of the chunk: expert, slot, position, kmask, weight, and the list of
+// the entries that send a message.
 __host__ __device__ __forceinline__ int64_t ep_send_smem(int experts, int chunk, int topk) {
-  return 4 * ((int64_t)experts + 32 + 5 * (int64_t)chunk * topk);
+  return 4 * ((int64_t)experts + 32 + 6 * (int64_t)chunk * topk);
 }
 
 // A warp writes vectors [lo, hi) of token t's payload at p (a vector: 8
@@ -100,36 +100,60 @@ template <bool FP8, bool PER_RANK> __device__ __forceinline__ void ep_dispatch_s
   int *hist_e = smem, *hist_r = smem + E;
   int *re = hist_r + 32, *rslot = re + C * K, *rpos = rslot + C * K;
   uint32_t *rmask = reinterpret_cast<uint32_t *>(rpos + C * K);
-  int *msgs = reinterpret_cast<int *>(rmask + C * K);
+  float *rw = reinterpret_cast<float *>(rmask + C * K);
+  int *msgs = reinterpret_cast<int *>(rw + C * K);
   EP_SHARED(int, nmsg);
+  // this phase's count at this rank (ep_start), its load overlapping the routing's
+  const uint32_t count = ep_count_now(a, dl_ep_disp_flag);
   for (int i = tid; i < E + 32; i += blockDim.x) smem[i] = 0;
   if (tid == 0) nmsg = 0;
-  ep_start(a, blk, dl_ep_disp_flag);
-  const uint32_t e = blk.epoch;
+  __syncthreads();
 
-  // counts of the tokens before our chunk
-  for (int t = tid; t < t0; t += blockDim.x) {
-    uint32_t ranks = 0, seen = 0; // seen: the token's experts mod 32, so that only a
-    for (int k = 0; k < K; k++) { // possible repeat reads the earlier ids again
-      const int ev = a.idx[(int64_t)t * K + k];
-      if (ev < 0 || ev >= E) continue;
-      if (seen >> (ev & 31) & 1u) {
-        bool again = false;
-        for (int j = 0; j < k; j++) again |= a.idx[(int64_t)t * K + j] == ev;
-        if (again) continue;
+  // counts of the tokens before our chunk: a warp reads G = 32 / K tokens a
+  // load (lane = g K + k), eight loads in flight (a thread per token, its K
+  // loads one after another between shared atomics, took 2.5 us at B 1 and
+  // 3.3 us at B 128 on H200s: on the path of every block but the first)
+  {
+    const int G = 32 / K, sub = lane / K, k = lane - sub * K;
+    const uint32_t grp = sub < G ? ((1u << K) - 1u) << (sub * K) : 0u, below = (1u << lane) - 1u;
+    for (int base = warp * 8 * G; base < t0; base += W * 8 * G) {
+      int raw[8];
+#pragma unroll
+      for (int u = 0; u < 8; u++) {
+        const int t = base + u * G + sub;
+        raw[u] = sub < G && t < t0 ? a.idx[(int64_t)t * K + k] : -1;
       }
-      seen |= 1u << (ev & 31);
-      atomicAdd(&hist_e[ev], 1);
-      if (!(ranks >> (ev / L) & 1u)) atomicAdd(&hist_r[ev / L], 1);
-      ranks |= 1u << (ev / L);
+#pragma unroll
+      for (int u = 0; u < 8; u++) {
+        // an expert an earlier k of the token picked is dropped (cpu/ep.c expert_of);
+        // a token counts once for each rank it goes to
+        const uint32_t same = __match_any_sync(EP_FULL, raw[u]) & grp;
+        const int ev = raw[u] >= 0 && raw[u] < E && !(same & below) ? raw[u] : -1;
+        const int q = ev >= 0 ? ev / L : -1;
+        const uint32_t qm = __match_any_sync(EP_FULL, q) & grp;
+        if (ev >= 0) {
+          atomicAdd(&hist_e[ev], 1);
+          if (!(qm & below)) atomicAdd(&hist_r[q], 1);
+        }
+      }
     }
   }
+  ep_set_epoch(blk, count);
   __syncthreads();
+  const uint32_t e = blk.epoch;
   // our chunk in token order: lane k reads the counts, then the first lane
-  // of each rank and of each expert advances them
+  // of each rank and of each expert advances them (the next token's ids and
+  // weights loaded while this one's are used)
   if (warp == 0) {
+    int nraw = t0 < t1 && lane < K ? a.idx[(int64_t)t0 * K + lane] : -1;
+    float nwt = t0 < t1 && lane < K ? a.w[(int64_t)t0 * K + lane] : 0.0f;
     for (int t = t0; t < t1; t++) {
-      const int raw = lane < K ? a.idx[(int64_t)t * K + lane] : -1;
+      const int raw = nraw;
+      const float wt = nwt;
+      if (t + 1 < t1 && lane < K) {
+        nraw = a.idx[(int64_t)(t + 1) * K + lane];
+        nwt = a.w[(int64_t)(t + 1) * K + lane];
+      }
       const uint32_t below = (1u << lane) - 1u;
       // an expert an earlier k picked is dropped (cpu/ep.c expert_of), so the
       // lanes' experts differ: each lane owns its expert's count
@@ -153,6 +177,7 @@ template <bool FP8, bool PER_RANK> __device__ __forceinline__ void ep_dispatch_s
         rslot[i] = slot;
         rpos[i] = pos;
         rmask[i] = qmask;
+        rw[i] = wt;
       }
       // the entries that send: per_rank a token's first selection on each rank
       const uint32_t sends = __ballot_sync(EP_FULL, ev >= 0 && (!PER_RANK || (qmask & below) == 0));
@@ -166,7 +191,7 @@ template <bool FP8, bool PER_RANK> __device__ __forceinline__ void ep_dispatch_s
   // the owner's copy of the routing, for combine
   for (int i = tid; i < CK; i += blockDim.x) {
     a.hidx[(int64_t)t0 * K + i] = re[i];
-    a.hw[(int64_t)t0 * K + i] = a.w[(int64_t)t0 * K + i];
+    a.hw[(int64_t)t0 * K + i] = rw[i];
   }
   // the receivers have read our previous messages (waited for only now: the
   // routing above touches no peer, and overlaps the wait)
@@ -183,6 +208,7 @@ template <bool FP8, bool PER_RANK> __device__ __forceinline__ void ep_dispatch_s
     char *msg = ep_buf(a, q) + a.drecv_off +
                 (PER_RANK ? (int64_t)a.rank * B + rslot[i] : ((int64_t)le * N + a.rank) * B + rpos[i]) * a.msg_d;
     const int lo = (int)(g * sp.per), hi = (int)min((int64_t)a.hidden / 8, (g + 1) * sp.per);
+    ep_send_payload<FP8>(a, t, msg + a.hdr, lane, lo, hi); // first: its loads lead, the header comes from shared memory
     for (int j = lane; g == 0 && j < a.hdr / 4; j += 32) {
       uint32_t v = 0;
       if (j == 0) {
@@ -191,15 +217,14 @@ template <bool FP8, bool PER_RANK> __device__ __forceinline__ void ep_dispatch_s
         const int kk = (j - 1) >> 1, ik = i - k + kk;
         if (kk < K) {
           const bool on = re[ik] >= 0 && re[ik] / L == q;
-          if ((j - 1) & 1) v = on ? dl_f32_bits(a.w[(int64_t)t * K + kk]) : 0u;
+          if ((j - 1) & 1) v = on ? dl_f32_bits(rw[ik]) : 0u;
           else v = on ? ((uint32_t)(re[ik] % L) & 0xffffu) | ((uint32_t)rpos[ik] << 16) : 0xffffu;
         }
       } else {
-        v = j == 1 ? (uint32_t)rslot[i] : j == 2 ? ((uint32_t)k | km << 8) : dl_f32_bits(a.w[(int64_t)t * K + k]);
+        v = j == 1 ? (uint32_t)rslot[i] : j == 2 ? ((uint32_t)k | km << 8) : dl_f32_bits(rw[i]);
       }
       reinterpret_cast<uint32_t *>(msg)[j] = v;
     }
-    ep_send_payload<FP8>(a, t, msg + a.hdr, lane, lo, hi);
   }
   // the last block's counts cover every token: each receiver's counts from us
   if (blockIdx.x == gridDim.x - 1 && blk.ok)
@@ -207,11 +232,11 @@ template <bool FP8, bool PER_RANK> __device__ __forceinline__ void ep_dispatch_s
       if (i < N * L) ep_ctrl(a, i / L)[dl_ep_cnt(N, L, a.rank, i % L)] = (uint32_t)hist_e[i];
       else ep_ctrl(a, i - N * L)[dl_ep_ntok(N, a.rank)] = (uint32_t)hist_r[i - N * L];
     }
-  ep_finish(a, blk, dl_ep_disp_flag);
+  ep_finish(a, blk, dl_ep_disp_flag, true);
 }
 
 template <bool FP8, bool PER_RANK>
-__global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_send_kernel(const dl_ep_args_t a) {
+__global__ void __launch_bounds__(DL_EP_THREADS, 2) ep_dispatch_send_kernel(const dl_ep_args_t a) {
   dl_pdl_wait(); // the grid ahead done and visible (a launch with a.pdl may start early)
   dl_pdl_release();
   ep_dispatch_send_body<FP8, PER_RANK>(a);
@@ -230,14 +255,26 @@ template <bool FP8> __device__ __forceinline__ int64_t ep_row_vectors(const dl_e
   return FP8 ? a.hidden / 16 : a.hidden / 8;
 }
 
+// Bytes of an output row (bf16 values, or fp8 codes) and segment g's share.
+template <bool FP8> __device__ __forceinline__ int64_t ep_row_bytes(const dl_ep_args_t &a) {
+  return FP8 ? a.hidden : 2 * (int64_t)a.hidden;
+}
+__device__ __forceinline__ int64_t ep_seg_lo(const ep_split &sp, int64_t g) { return 16 * g * sp.per; }
+__device__ __forceinline__ int64_t ep_seg_hi(const ep_split &sp, int64_t g, int64_t rb) {
+  return min(rb, 16 * (g + 1) * sp.per);
+}
+
 // A warp copies segment g of a message's payload into output row `row`
-// (the first segment: and the row's scales).
+// (the first segment: and the row's scales); b, if given, holds the
+// segment's first batch, loaded (ep_load_batch).
 template <bool FP8>
 __device__ __forceinline__ void ep_store_row(const dl_ep_args_t &a, const char *payload, int64_t row, int lane,
-                                             const ep_split &sp, int64_t g) {
-  const int64_t rb = FP8 ? a.hidden : 2 * (int64_t)a.hidden;
-  const int64_t lo = 16 * g * sp.per, hi = min(rb, 16 * (g + 1) * sp.per);
-  ep_copy_row(reinterpret_cast<char *>(a.rx) + row * rb + lo, payload + lo, hi - lo, lane);
+                                             const ep_split &sp, int64_t g, ep_batch *b = nullptr) {
+  const int64_t rb = ep_row_bytes<FP8>(a), lo = ep_seg_lo(sp, g), hi = ep_seg_hi(sp, g, rb);
+  char *dst = reinterpret_cast<char *>(a.rx) + row * rb + lo;
+  ep_batch own;
+  if (!b) ep_load_batch(own, payload + lo, (hi - lo) / 16, lane);
+  ep_copy_row_loaded(dst, payload + lo, hi - lo, lane, b ? *b : own);
   if (FP8 && g == 0) {
     const int G = a.hidden / DL_EP_FP8_GROUP;
     ep_copy_words(reinterpret_cast<uint32_t *>(a.rscales) + row * G,
@@ -251,6 +288,10 @@ template <bool FP8>
 __device__ __forceinline__ void ep_recv_rank_row(const dl_ep_args_t &a, const char *msg, int s, int j, int lane,
                                                  const ep_split &sp, int64_t sg) {
   const int K = a.topk;
+  // the segment's first batch, loaded with the header (both in flight at once)
+  const int64_t rb = ep_row_bytes<FP8>(a), lo = ep_seg_lo(sp, sg), hi = ep_seg_hi(sp, sg, rb);
+  ep_batch b;
+  ep_load_batch(b, msg + a.hdr + lo, (hi - lo) / 16, lane);
   const uint32_t *h = reinterpret_cast<const uint32_t *>(msg);
   const int t = (int)h[0];
   int le = -1;
@@ -271,7 +312,7 @@ __device__ __forceinline__ void ep_recv_rank_row(const dl_ep_args_t &a, const ch
     a.rsrc[row * 2] = t;
     a.rsrc[row * 2 + 1] = dl_ep_src_pack(s, kf, lef);
   }
-  ep_store_row<FP8>(a, msg + a.hdr, row, lane, sp, sg);
+  ep_store_row<FP8>(a, msg + a.hdr, row, lane, sp, sg, &b);
 }
 
 // The receive phase, as a kernel of its own or the second half of the fused one.
@@ -285,7 +326,7 @@ __device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a) {
   int *cnt = smem, *pre = cnt + NL, *ntok = pre + NL + 1, *tmp = ntok + N;
   ep_begin(a, phase, blk, dl_ep_disp_flag, 0, dl_ep_disp_done);
   const uint32_t *self = ep_ctrl(a, a.rank);
-  for (int i = tid; i < NL; i += blockDim.x) {
+  for (int i = tid; !(PER_RANK && !EXPERT_MAJOR) && i < NL; i += blockDim.x) { // rank_major per_rank needs none
     const int s = i % N, le = i / N; // cnt[le * N + s]: expert-major order
     cnt[i] = (int)ep_ld_volatile(self + dl_ep_cnt(N, L, s, le));
   }
@@ -373,11 +414,11 @@ __device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a) {
       }
     }
   }
-  ep_finish(a, blk, dl_ep_disp_done);
+  ep_finish(a, blk, dl_ep_disp_done, false);
 }
 
 template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR>
-__global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_recv_kernel(const dl_ep_args_t a) {
+__global__ void __launch_bounds__(DL_EP_THREADS, 2) ep_dispatch_recv_kernel(const dl_ep_args_t a) {
   dl_pdl_wait(); // the grid ahead done and visible (a launch with a.pdl may start early)
   dl_pdl_release();
   ep_dispatch_recv_body<FP8, PER_RANK, EXPERT_MAJOR>(a);
@@ -389,7 +430,7 @@ __global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_recv_kernel(const d
 // Their dynamic shared memory is one region, used by one half at a time (the
 // receive's first block-wide barrier comes after the send's last use).
 template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR>
-__global__ void __launch_bounds__(DL_EP_THREADS) ep_dispatch_kernel(const dl_ep_args_t a) {
+__global__ void __launch_bounds__(DL_EP_THREADS, 2) ep_dispatch_kernel(const dl_ep_args_t a) {
   dl_pdl_wait(); // the grid ahead done and visible (a launch with a.pdl may start early)
   dl_pdl_release();
   ep_dispatch_send_body<FP8, PER_RANK>(a);
