@@ -46,10 +46,12 @@ __host__ __device__ __forceinline__ int64_t ep_send_smem(int experts, int chunk,
 }
 
 // A warp writes vectors [lo, hi) of token t's payload at p (a vector: 8
-// values; lo a multiple of 32): bf16 as it is, or fp8 codes and the scales
-// of their groups (lanes 0-15 and 16-31 each quantize a group of 128 values).
+// values; lo a multiple of 32): bf16 as it is, or fp8 codes at p and the
+// scales of their groups at sc (lanes 0-15 and 16-31 each quantize a group
+// of 128 values).
 template <bool FP8>
-__device__ __forceinline__ void ep_send_payload(const dl_ep_args_t &a, int t, char *p, int lane, int lo, int hi) {
+__device__ __forceinline__ void ep_send_payload(const dl_ep_args_t &a, int t, char *p, float *sc, int lane, int lo,
+                                                int hi) {
   const int H = a.hidden;
   const char *x = reinterpret_cast<const char *>(a.x) + (int64_t)t * H * 2;
   if (!FP8) {
@@ -58,7 +60,7 @@ __device__ __forceinline__ void ep_send_payload(const dl_ep_args_t &a, int t, ch
   }
   const uint4 *src = reinterpret_cast<const uint4 *>(x);
   uint2 *codes = reinterpret_cast<uint2 *>(p);
-  float *scales = reinterpret_cast<float *>(p + H);
+  float *scales = sc;
   for (int base = lo; base < hi; base += 32) {
     const int v = base + lane;
     const bool in = v < hi;
@@ -89,7 +91,13 @@ __device__ __forceinline__ void ep_send_payload(const dl_ep_args_t &a, int t, ch
 }
 
 // The send phase, as a kernel of its own or the first half of the fused one.
-template <bool FP8, bool PER_RANK> __device__ __forceinline__ void ep_dispatch_send_body(const dl_ep_args_t &a) {
+// per_rank with rank_major output (DIRECT): the messages to this rank are not
+// messages: the send writes them straight into their output rows (row j of
+// source `rank`, with ids, weights and origin), and the receive copies only
+// the peers' (at 2 ranks half the rows cross no link and were copied twice).
+template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR>
+__device__ __forceinline__ void ep_dispatch_send_body(const dl_ep_args_t &a) {
+  constexpr bool DIRECT = PER_RANK && !EXPERT_MAJOR;
   const int phase = DL_EP_DISPATCH_SEND;
   EP_SMEM(smem);
   EP_SHARED(ep_block, blk);
@@ -205,11 +213,32 @@ template <bool FP8, bool PER_RANK> __device__ __forceinline__ void ep_dispatch_s
     const int ev = re[i], k = i % K, t = t0 + i / K;
     const uint32_t km = rmask[i];
     const int q = ev / L, le = ev % L;
+    const int lo = (int)(g * sp.per), hi = (int)min((int64_t)a.hidden / 8, (g + 1) * sp.per);
+    const bool direct = DIRECT && q == a.rank; // rank_major row rslot[i] of source `rank`
+    const int64_t row = (int64_t)a.rank * B + rslot[i];
     char *msg = ep_buf(a, q) + a.drecv_off +
                 (PER_RANK ? (int64_t)a.rank * B + rslot[i] : ((int64_t)le * N + a.rank) * B + rpos[i]) * a.msg_d;
-    const int lo = (int)(g * sp.per), hi = (int)min((int64_t)a.hidden / 8, (g + 1) * sp.per);
-    ep_send_payload<FP8>(a, t, msg + a.hdr, lane, lo, hi); // first: its loads lead, the header comes from shared memory
-    for (int j = lane; g == 0 && j < a.hdr / 4; j += 32) {
+    char *pay = direct ? reinterpret_cast<char *>(a.rx) + row * (FP8 ? a.hidden : 2 * (int64_t)a.hidden) : msg + a.hdr;
+    float *sc = !FP8 ? nullptr
+                : direct ? a.rscales + row * (a.hidden / DL_EP_FP8_GROUP)
+                         : reinterpret_cast<float *>(msg + a.hdr + a.hidden);
+    // the payload first: its loads lead, the header comes from shared memory
+    ep_send_payload<FP8>(a, t, pay, sc, lane, lo, hi);
+    if (g != 0) continue;
+    if (direct) { // the row's ids, weights and origin, as ep_recv_rank_row writes them
+      for (int kk = lane; kk < K; kk += 32) {
+        const int ik = i - k + kk;
+        const bool on = re[ik] >= 0 && re[ik] / L == q;
+        a.rids[row * K + kk] = on ? re[ik] % L : -1;
+        a.rweights[row * K + kk] = on ? rw[ik] : 0.0f;
+      }
+      if (lane == 0) {
+        a.rsrc[row * 2] = t;
+        a.rsrc[row * 2 + 1] = dl_ep_src_pack(a.rank, k, le); // k: the token's first selection here
+      }
+      continue;
+    }
+    for (int j = lane; j < a.hdr / 4; j += 32) {
       uint32_t v = 0;
       if (j == 0) {
         v = (uint32_t)t;
@@ -235,11 +264,11 @@ template <bool FP8, bool PER_RANK> __device__ __forceinline__ void ep_dispatch_s
   ep_finish(a, blk, dl_ep_disp_flag, true);
 }
 
-template <bool FP8, bool PER_RANK>
+template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR>
 __global__ void __launch_bounds__(DL_EP_THREADS, 2) ep_dispatch_send_kernel(const dl_ep_args_t a) {
   dl_pdl_wait(); // the grid ahead done and visible (a launch with a.pdl may start early)
   dl_pdl_release();
-  ep_dispatch_send_body<FP8, PER_RANK>(a);
+  ep_dispatch_send_body<FP8, PER_RANK, EXPERT_MAJOR>(a);
 }
 
 // ---- dispatch receive ----------------------------------------------------------------
@@ -323,17 +352,56 @@ __device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a) {
   EP_SHARED(ep_block, blk);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, W = blockDim.x >> 5;
   const int N = a.nranks, L = a.local, K = a.topk, B = a.max_tokens, NL = N * L;
+  constexpr bool DIRECT = PER_RANK && !EXPERT_MAJOR; // ep_dispatch_send_body
   int *cnt = smem, *pre = cnt + NL, *ntok = pre + NL + 1, *tmp = ntok + N;
-  ep_begin(a, phase, blk, dl_ep_disp_flag, 0, dl_ep_disp_done);
   const uint32_t *self = ep_ctrl(a, a.rank);
-  for (int i = tid; !(PER_RANK && !EXPERT_MAJOR) && i < NL; i += blockDim.x) { // rank_major per_rank needs none
-    const int s = i % N, le = i / N; // cnt[le * N + s]: expert-major order
-    cnt[i] = (int)ep_ld_volatile(self + dl_ep_cnt(N, L, s, le));
+  if (PER_RANK) {
+    // Warp 0 does ep_begin, the counts' reads and their scan before one barrier
+    // (not five): lane 0 reads the epoch, lane q < N waits for source q's
+    // messages and reads how many they are, and the lanes scan them (N <= 8).
+    // DIRECT: this rank's own rows are in place already; none is copied.
+    if (warp == 0) {
+      const uint32_t c0 = lane == 0 ? ep_ld_volatile(self + dl_ep_disp_done(N, a.rank)) : 0u;
+      const uint32_t e = dl_ep_calls_of(__shfl_sync(EP_FULL, c0, 0)) + 1;
+      bool ok = true;
+      int n = 0;
+      if (lane < N) {
+        ok = ep_wait(a, phase, dl_ep_disp_flag(N, lane), dl_ep_count_of(e), lane, e);
+        if (ok) n = (int)ep_ld_volatile(self + dl_ep_ntok(N, lane));
+      }
+      int inc = DIRECT && lane == a.rank ? 0 : n;
+#pragma unroll
+      for (int d = 1; d < DL_SIGNAL_MAX_RANKS; d <<= 1) {
+        const int y = __shfl_up_sync(EP_FULL, inc, d);
+        if (lane >= d) inc += y;
+      }
+      if (lane < N) {
+        ntok[lane] = n;
+        pre[lane + 1] = inc;
+      }
+      const bool all = __ballot_sync(EP_FULL, !ok) == 0u;
+      if (lane == 0) {
+        pre[0] = 0;
+        blk.epoch = e;
+        blk.ok = all;
+      }
+    }
+    __syncthreads();
+    for (int i = tid; EXPERT_MAJOR && i < NL; i += blockDim.x) { // the experts' rows from each source
+      const int s = i % N, le = i / N; // cnt[le * N + s]: expert-major order
+      cnt[i] = (int)ep_ld_volatile(self + dl_ep_cnt(N, L, s, le));
+    }
+    if (EXPERT_MAJOR) __syncthreads();
+  } else {
+    ep_begin(a, phase, blk, dl_ep_disp_flag, 0, dl_ep_disp_done);
+    for (int i = tid; i < NL; i += blockDim.x) {
+      const int s = i % N, le = i / N; // cnt[le * N + s]: expert-major order
+      cnt[i] = (int)ep_ld_volatile(self + dl_ep_cnt(N, L, s, le));
+    }
+    for (int s = tid; s < N; s += blockDim.x) ntok[s] = (int)ep_ld_volatile(self + dl_ep_ntok(N, s));
+    __syncthreads();
+    ep_scan(cnt, NL, pre, tmp);
   }
-  for (int s = tid; s < N; s += blockDim.x) ntok[s] = (int)ep_ld_volatile(self + dl_ep_ntok(N, s));
-  __syncthreads();
-  if (PER_RANK) ep_scan(ntok, N, pre, tmp);
-  else ep_scan(cnt, NL, pre, tmp);
   if (blockIdx.x == 0) {
     if (EXPERT_MAJOR)
       for (int le = tid; le < L; le += blockDim.x) {
@@ -433,7 +501,7 @@ template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR>
 __global__ void __launch_bounds__(DL_EP_THREADS, 2) ep_dispatch_kernel(const dl_ep_args_t a) {
   dl_pdl_wait(); // the grid ahead done and visible (a launch with a.pdl may start early)
   dl_pdl_release();
-  ep_dispatch_send_body<FP8, PER_RANK>(a);
+  ep_dispatch_send_body<FP8, PER_RANK, EXPERT_MAJOR>(a);
   ep_dispatch_recv_body<FP8, PER_RANK, EXPERT_MAJOR>(a);
 }
 
@@ -448,9 +516,11 @@ template <bool FP8, bool PER_RANK> static ep_kernel_t recv_kernel(int expert_maj
 
 static ep_kernel_t dispatch_kernel(const dl_ep_args_t *a) {
   const int em = a->output == DL_EP_EXPERT_MAJOR, pr = a->layout == DL_EP_PER_RANK, f = a->phase == DL_EP_DISPATCH;
-  if (a->phase == DL_EP_DISPATCH_SEND)
-    return a->fp8 ? (pr ? ep_dispatch_send_kernel<true, true> : ep_dispatch_send_kernel<true, false>)
-                  : (pr ? ep_dispatch_send_kernel<false, true> : ep_dispatch_send_kernel<false, false>);
+  if (a->phase == DL_EP_DISPATCH_SEND) // per_expert's send is the same for both outputs
+    return a->fp8 ? (pr ? (em ? ep_dispatch_send_kernel<true, true, true> : ep_dispatch_send_kernel<true, true, false>)
+                        : ep_dispatch_send_kernel<true, false, true>)
+                  : (pr ? (em ? ep_dispatch_send_kernel<false, true, true> : ep_dispatch_send_kernel<false, true, false>)
+                        : ep_dispatch_send_kernel<false, false, true>);
   return a->fp8 ? (pr ? recv_kernel<true, true>(em, f) : recv_kernel<true, false>(em, f))
                 : (pr ? recv_kernel<false, true>(em, f) : recv_kernel<false, false>(em, f));
 }
