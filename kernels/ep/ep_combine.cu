@@ -90,7 +90,8 @@ struct ep_sums {
   float weights[DL_EP_THREADS / 32][DL_EP_MAX_TOPK];
 };
 
-template <bool PER_RANK, bool EXPERT_MAJOR> __device__ __forceinline__ void ep_combine_recv_body(const dl_ep_args_t &a) {
+template <bool PER_RANK, bool EXPERT_MAJOR>
+__device__ __forceinline__ void ep_combine_recv_body(const dl_ep_args_t &a, const uint32_t *early = nullptr) {
   const int phase = DL_EP_COMBINE_RECV;
   EP_SHARED(ep_block, blk);
   EP_SHARED(ep_sums, sh); // per warp: the token's slots and weights, in k order
@@ -108,7 +109,7 @@ template <bool PER_RANK, bool EXPERT_MAJOR> __device__ __forceinline__ void ep_c
     nid = a.hidx[it / sp.segs * K + lane];
     nwt = a.hw[it / sp.segs * K + lane];
   }
-  ep_begin(a, phase, blk, dl_ep_comb_flag, 0, dl_ep_comb_done);
+  ep_begin(a, phase, blk, dl_ep_comb_flag, 0, dl_ep_comb_done, early);
   for (; blk.ok && it < a.tokens * sp.segs; it += warps) {
     const int t = (int)(it / sp.segs);
     const int64_t lo = (it % sp.segs) * sp.per, hi = min(nv, lo + sp.per);
@@ -173,8 +174,10 @@ template <bool PER_RANK, bool EXPERT_MAJOR>
 __global__ void __launch_bounds__(DL_EP_THREADS, 2) ep_combine_kernel(const dl_ep_args_t a) {
   dl_pdl_wait(); // the grid ahead done and visible (a launch with a.pdl may start early)
   dl_pdl_release();
+  // the receive half's count (ep_start), read now: its load off the receive's path
+  const uint32_t early = ep_count_now(a, dl_ep_comb_done);
   ep_combine_send_body<PER_RANK, EXPERT_MAJOR>(a);
-  ep_combine_recv_body<PER_RANK, EXPERT_MAJOR>(a);
+  ep_combine_recv_body<PER_RANK, EXPERT_MAJOR>(a, &early);
 }
 
 // ---- launcher ----------------------------------------------------------------------

@@ -108,10 +108,12 @@ struct ep_block {
 // counts as; a fused launch runs two): this phase's epoch, from the counter
 // its blocks add to at this rank, word count_of(N, rank) (ep.h: this block
 // has not added its share yet, so the count holds the previous calls whole
-// and part of this one at most).
-__device__ __forceinline__ void ep_start(const dl_ep_args_t &a, ep_block &blk, int64_t (*count_of)(int, int)) {
+// and part of this one at most). early: that count as thread 0 read it at
+// the start of a fused kernel (the receive half's, read beside the send's).
+__device__ __forceinline__ void ep_start(const dl_ep_args_t &a, ep_block &blk, int64_t (*count_of)(int, int),
+                                         const uint32_t *early = nullptr) {
   if (threadIdx.x == 0) {
-    blk.epoch = dl_ep_calls_of(ep_ld_volatile(ep_ctrl(a, a.rank) + count_of(a.nranks, a.rank))) + 1;
+    blk.epoch = dl_ep_calls_of(early ? *early : ep_ld_volatile(ep_ctrl(a, a.rank) + count_of(a.nranks, a.rank))) + 1;
     blk.ok = 1;
   }
   __syncthreads();
@@ -141,8 +143,9 @@ __device__ __forceinline__ void ep_await(const dl_ep_args_t &a, int phase, ep_bl
 }
 
 __device__ __forceinline__ void ep_begin(const dl_ep_args_t &a, int phase, ep_block &blk,
-                                         int64_t (*word_of)(int, int), int lag, int64_t (*count_of)(int, int)) {
-  ep_start(a, blk, count_of);
+                                         int64_t (*word_of)(int, int), int lag, int64_t (*count_of)(int, int),
+                                         const uint32_t *early = nullptr) {
+  ep_start(a, blk, count_of, early);
   ep_await(a, phase, blk, word_of, lag);
 }
 

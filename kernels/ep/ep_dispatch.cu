@@ -346,7 +346,7 @@ __device__ __forceinline__ void ep_recv_rank_row(const dl_ep_args_t &a, const ch
 
 // The receive phase, as a kernel of its own or the second half of the fused one.
 template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR>
-__device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a) {
+__device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a, const uint32_t *early = nullptr) {
   const int phase = DL_EP_DISPATCH_RECV;
   EP_SMEM(smem);
   EP_SHARED(ep_block, blk);
@@ -361,7 +361,7 @@ __device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a) {
     // messages and reads how many they are, and the lanes scan them (N <= 8).
     // DIRECT: this rank's own rows are in place already; none is copied.
     if (warp == 0) {
-      const uint32_t c0 = lane == 0 ? ep_ld_volatile(self + dl_ep_disp_done(N, a.rank)) : 0u;
+      const uint32_t c0 = lane != 0 ? 0u : early ? *early : ep_ld_volatile(self + dl_ep_disp_done(N, a.rank));
       const uint32_t e = dl_ep_calls_of(__shfl_sync(EP_FULL, c0, 0)) + 1;
       bool ok = true;
       int n = 0;
@@ -393,7 +393,7 @@ __device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a) {
     }
     if (EXPERT_MAJOR) __syncthreads();
   } else {
-    ep_begin(a, phase, blk, dl_ep_disp_flag, 0, dl_ep_disp_done);
+    ep_begin(a, phase, blk, dl_ep_disp_flag, 0, dl_ep_disp_done, early);
     for (int i = tid; i < NL; i += blockDim.x) {
       const int s = i % N, le = i / N; // cnt[le * N + s]: expert-major order
       cnt[i] = (int)ep_ld_volatile(self + dl_ep_cnt(N, L, s, le));
@@ -501,8 +501,10 @@ template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR>
 __global__ void __launch_bounds__(DL_EP_THREADS, 2) ep_dispatch_kernel(const dl_ep_args_t a) {
   dl_pdl_wait(); // the grid ahead done and visible (a launch with a.pdl may start early)
   dl_pdl_release();
+  // the receive half's count (ep_start), read now: its load off the receive's path
+  const uint32_t early = ep_count_now(a, dl_ep_disp_done);
   ep_dispatch_send_body<FP8, PER_RANK, EXPERT_MAJOR>(a);
-  ep_dispatch_recv_body<FP8, PER_RANK, EXPERT_MAJOR>(a);
+  ep_dispatch_recv_body<FP8, PER_RANK, EXPERT_MAJOR>(a, &early);
 }
 
 // ---- launchers ---------------------------------------------------------------------

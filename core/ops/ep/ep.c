@@ -576,7 +576,7 @@ static int dispatch(dl_ep_t *ep, int phase, const dl_tensor_t *x, const dl_tenso
                     const dl_tensor_t *topk_weights, dl_stream_t *s) {
   dl_ep_args_t a;
   DL_TRY(send_args(ep, x, topk_idx, topk_weights, &a));
-  if (phase == DL_EP_DISPATCH) recv_args(ep, &a);
+  recv_args(ep, &a); /* the send too: per_rank + rank_major writes this rank's own rows itself */
   int launched, rc = run(ep, phase, &a, s, &launched);
   if (!launched || (rc < 0 && rc != DL_EINVAL)) return rc;
   /* sent (a bad expert id on cpu is reported now, the protocol done) */
