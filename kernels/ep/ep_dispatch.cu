@@ -187,10 +187,6 @@ __device__ __forceinline__ void ep_dispatch_send_body(const dl_ep_args_t &a) {
         rmask[i] = qmask;
         rw[i] = wt;
       }
-      if (DIRECT) { // the token's own row, for a fused combine (-1: none here)
-        const uint32_t here = __ballot_sync(EP_FULL, ev >= 0 && q == a.rank);
-        if (here ? lane == __ffs(here) - 1 : lane == 0) a.hrow[t] = here ? slot : -1;
-      }
       // the entries that send: per_rank a token's first selection on each rank
       const uint32_t sends = __ballot_sync(EP_FULL, ev >= 0 && (!PER_RANK || (qmask & below) == 0));
       if (sends >> lane & 1u) msgs[nmsg + __popc(sends & below)] = (t - t0) * K + lane;
@@ -204,6 +200,12 @@ __device__ __forceinline__ void ep_dispatch_send_body(const dl_ep_args_t &a) {
   for (int i = tid; i < CK; i += blockDim.x) {
     a.hidx[(int64_t)t0 * K + i] = re[i];
     a.hw[(int64_t)t0 * K + i] = rw[i];
+  }
+  for (int c = tid; DIRECT && c < t1 - t0; c += blockDim.x) { // each token's own row, for a fused combine
+    int r = -1;
+    for (int k = 0; k < K; k++)
+      if (re[c * K + k] >= 0 && re[c * K + k] / L == a.rank) r = rslot[c * K + k];
+    a.hrow[t0 + c] = r;
   }
   // the receivers have read our previous messages (waited for only now: the
   // routing above touches no peer, and overlaps the wait)
