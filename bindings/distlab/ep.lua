@@ -246,7 +246,7 @@ function M.formula(o)
   local em = c.output == C.DL_EP_EXPERT_MAJOR
   local rows = em and L * N * B or N * B
   local outputs = rows * H * (fp8 and 1 or 2) + (fp8 and rows * H / 128 * 4 or 0) + (em and L or N) * 4 +
-    (em and 0 or 2 * rows * K * 4) + B * H * 2 + rows * 2 * 4 + 2 * B * K * 4 + B * 4
+    (em and 0 or 2 * rows * K * 4) + B * H * 2 + rows * 2 * 4 + 2 * B * K * 4
   return { dispatch_send = 0, dispatch_recv = drecv, combine_send = 0, combine_recv = crecv,
     signals = total - drecv - crecv, total = total, outputs = outputs, msg_dispatch = msg_d, msg_combine = msg_c }
 end

@@ -78,9 +78,6 @@
  *                 combine sends the row's output (rank_major: the token's
  *                 first selection on this rank)
  *   hidx, hw      the owner's copy of topk_idx / topk_weights (combine)
- *   hrow          per_rank + rank_major: each token's row among this rank's
- *                 own rows (its row of source `rank`), or -1: a fused
- *                 combine reads those rows of y in place
  */
 #ifndef DISTLAB_EP_H
 #define DISTLAB_EP_H
@@ -148,9 +145,6 @@ typedef struct dl_ep_args {
   const float *w;       /* [T][K]                                          */
   int32_t *hidx;        /* the handle's copies [B][K]                      */
   float *hw;
-  int32_t *hrow;        /* [B] per_rank + rank_major (cuda kernels): the
-                           token's row among this rank's own rank_major rows
-                           (-1: none here), for a fused combine's own rows */
   /* dispatch_recv (combine_send reads counts and src) */
   void *rx;             /* bf16, or u8 codes with fp8                      */
   float *rscales;       /* fp8 only                                        */

@@ -20,12 +20,7 @@
  */
 #include "ep/ep_device.cuh"
 
-// FUSED (send and receive in one kernel) with per_rank and rank_major
-// (DIRECT): the rows of this rank's own tokens are not copied into its own
-// slots; the receive reads them in y where they are (hrow: their rows).
-template <bool PER_RANK, bool EXPERT_MAJOR, bool FUSED>
-__device__ __forceinline__ void ep_combine_send_body(const dl_ep_args_t &a) {
-  constexpr bool DIRECT = FUSED && PER_RANK && !EXPERT_MAJOR;
+template <bool PER_RANK, bool EXPERT_MAJOR> __device__ __forceinline__ void ep_combine_send_body(const dl_ep_args_t &a) {
   const int phase = DL_EP_COMBINE_SEND;
   EP_SMEM(smem);
   EP_SHARED(ep_block, blk);
@@ -35,7 +30,7 @@ __device__ __forceinline__ void ep_combine_send_body(const dl_ep_args_t &a) {
   const int64_t per_group = EXPERT_MAJOR ? (int64_t)N * B : B;
   int *counts = smem, *pre = counts + groups, *tmp = pre + groups + 1;
   const uint32_t count = ep_count_now(a, dl_ep_comb_flag); // ep_start, its load beside the counts'
-  for (int g = tid; g < groups; g += blockDim.x) counts[g] = DIRECT && g == a.rank ? 0 : a.rcounts[g];
+  for (int g = tid; g < groups; g += blockDim.x) counts[g] = a.rcounts[g];
   ep_set_epoch(blk, count);
   __syncthreads();
   ep_scan(counts, groups, pre, tmp);
@@ -87,7 +82,7 @@ template <bool PER_RANK, bool EXPERT_MAJOR>
 __global__ void __launch_bounds__(DL_EP_THREADS, 2) ep_combine_send_kernel(const dl_ep_args_t a) {
   dl_pdl_wait(); // the grid ahead done and visible (a launch with a.pdl may start early)
   dl_pdl_release();
-  ep_combine_send_body<PER_RANK, EXPERT_MAJOR, false>(a);
+  ep_combine_send_body<PER_RANK, EXPERT_MAJOR>(a);
 }
 
 struct ep_sums {
@@ -95,9 +90,8 @@ struct ep_sums {
   float weights[DL_EP_THREADS / 32][DL_EP_MAX_TOPK];
 };
 
-template <bool PER_RANK, bool EXPERT_MAJOR, bool FUSED>
+template <bool PER_RANK, bool EXPERT_MAJOR>
 __device__ __forceinline__ void ep_combine_recv_body(const dl_ep_args_t &a, const uint32_t *early = nullptr) {
-  constexpr bool DIRECT = FUSED && PER_RANK && !EXPERT_MAJOR; // ep_combine_send_body
   const int phase = DL_EP_COMBINE_RECV;
   EP_SHARED(ep_block, blk);
   EP_SHARED(ep_sums, sh); // per warp: the token's slots and weights, in k order
@@ -109,26 +103,24 @@ __device__ __forceinline__ void ep_combine_recv_body(const dl_ep_args_t &a, cons
   // lane k: the expert and weight of selection k of the warp's next token (the
   // handle is ours: the first token's are loaded before the wait for the rows)
   int64_t it = (int64_t)blockIdx.x * W + warp;
-  int nid = -1, nrow = -1;
+  int nid = -1;
   float nwt = 0.0f;
   if (it < a.tokens * sp.segs && lane < K) {
     nid = a.hidx[it / sp.segs * K + lane];
     nwt = a.hw[it / sp.segs * K + lane];
-    if (DIRECT) nrow = a.hrow[it / sp.segs];
   }
   ep_begin(a, phase, blk, dl_ep_comb_flag, 0, dl_ep_comb_done, early);
   for (; blk.ok && it < a.tokens * sp.segs; it += warps) {
     const int t = (int)(it / sp.segs);
     const int64_t lo = (it % sp.segs) * sp.per, hi = min(nv, lo + sp.per);
     // lane k: the slot of selection k and its weight; n of them, in k order
-    const int id = nid, own = nrow;
+    const int id = nid;
     bool use = id >= 0;
     float w = use ? nwt : 0.0f;
     nid = -1;
     if (it + warps < a.tokens * sp.segs && lane < K) {
       nid = a.hidx[(it + warps) / sp.segs * K + lane];
       nwt = a.hw[(it + warps) / sp.segs * K + lane];
-      if (DIRECT) nrow = a.hrow[(it + warps) / sp.segs];
     }
     if (!EXPERT_MAJOR) { // one row per rank: the rank's first selection
       for (int j = 0; j < K; j++) {
@@ -140,10 +132,7 @@ __device__ __forceinline__ void ep_combine_recv_body(const dl_ep_args_t &a, cons
     const uint32_t m = __ballot_sync(EP_FULL, use);
     if (use) {
       const int at = __popc(m & ((1u << lane) - 1u));
-      sh.slots[warp][at] = DIRECT && id / L == a.rank // this rank's own row, in y
-                               ? reinterpret_cast<const uint4 *>(reinterpret_cast<const char *>(a.y) +
-                                                                 ((int64_t)a.rank * B + own) * H * 2)
-                               : reinterpret_cast<const uint4 *>(region + ((PER_RANK ? (int64_t)lane : id) * B + t) * a.msg_c);
+      sh.slots[warp][at] = reinterpret_cast<const uint4 *>(region + ((PER_RANK ? (int64_t)lane : id) * B + t) * a.msg_c);
       sh.weights[warp][at] = w;
     }
     __syncwarp();
@@ -177,7 +166,7 @@ template <bool PER_RANK, bool EXPERT_MAJOR>
 __global__ void __launch_bounds__(DL_EP_THREADS, 2) ep_combine_recv_kernel(const dl_ep_args_t a) {
   dl_pdl_wait(); // the grid ahead done and visible (a launch with a.pdl may start early)
   dl_pdl_release();
-  ep_combine_recv_body<PER_RANK, EXPERT_MAJOR, false>(a);
+  ep_combine_recv_body<PER_RANK, EXPERT_MAJOR>(a);
 }
 
 // combine in one launch: the send, then the receive (as ep_dispatch_kernel).
@@ -187,8 +176,8 @@ __global__ void __launch_bounds__(DL_EP_THREADS, 2) ep_combine_kernel(const dl_e
   dl_pdl_release();
   // the receive half's count (ep_start), read now: its load off the receive's path
   const uint32_t early = ep_count_now(a, dl_ep_comb_done);
-  ep_combine_send_body<PER_RANK, EXPERT_MAJOR, true>(a);
-  ep_combine_recv_body<PER_RANK, EXPERT_MAJOR, true>(a, &early);
+  ep_combine_send_body<PER_RANK, EXPERT_MAJOR>(a);
+  ep_combine_recv_body<PER_RANK, EXPERT_MAJOR>(a, &early);
 }
 
 // ---- launcher ----------------------------------------------------------------------

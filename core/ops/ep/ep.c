@@ -33,7 +33,7 @@ enum { EP_MAGIC = 0xe9e9e9e9u };
 enum { CPU_BLOCKS = 4 }; /* apart: EP_MAGIC makes its enum unsigned */
 enum { IDLE = 0, SENT, DISPATCHED, COMBINE_SENT, COMBINED };
 /* the object's own tensors past the public ones */
-enum { T_SRC = DL_EP_NUM_TENSORS, T_HIDX, T_HW, T_HROW, N_TENSORS };
+enum { T_SRC = DL_EP_NUM_TENSORS, T_HIDX, T_HW, N_TENSORS };
 
 static const char *const part_names[] = {
     [DL_EP_DISPATCH_SEND_BYTES] = "dispatch_send", [DL_EP_DISPATCH_RECV_BYTES] = "dispatch_recv",
@@ -246,7 +246,6 @@ static int new_tensors(dl_ep_t *ep) {
   DL_TRY(new_tensor(ep, T_SRC, DL_I32, 3, g, rows, 2));
   DL_TRY(new_tensor(ep, T_HIDX, DL_I32, 2, B, K, 0));
   DL_TRY(new_tensor(ep, T_HW, DL_F32, 2, B, K, 0));
-  DL_TRY(new_tensor(ep, T_HROW, DL_I32, 1, B, 0, 0));
   return DL_OK;
 }
 
@@ -557,7 +556,6 @@ static int send_args(dl_ep_t *ep, const dl_tensor_t *x, const dl_tensor_t *topk_
   a.w = (const float *)vw.data;
   a.hidx = data(ep->t[T_HIDX]);
   a.hw = data(ep->t[T_HW]);
-  a.hrow = data(ep->t[T_HROW]);
   *out = a;
   return DL_OK;
 }
@@ -631,7 +629,6 @@ static int combine_args(dl_ep_t *ep, const dl_tensor_t *y, dl_tensor_t *out, dl_
     a->out = vo.data;
     a->hidx = data(ep->t[T_HIDX]);
     a->hw = data(ep->t[T_HW]);
-    a->hrow = data(ep->t[T_HROW]);
   }
   return DL_OK;
 }

@@ -45,7 +45,7 @@ struct rank_state {
   char *base = nullptr;
   dl_ep_status_t status{};
   std::vector<uint16_t> x;
-  std::vector<int32_t> idx, hidx, hrow, counts, ids, src;
+  std::vector<int32_t> idx, hidx, counts, ids, src;
   std::vector<float> w, hw, weights, scales;
   std::vector<uint8_t> rx;
   std::vector<uint16_t> y, out;
@@ -100,7 +100,6 @@ static void make_world(world &w, int n, int layout, int output, int fp8, int E, 
     s.weights.assign(rows * K, 0);
     s.src.assign(rows * 2, 0);
     s.hidx.assign(B * K, 0);
-    s.hrow.assign(B, 0);
     s.hw.assign(B * K, 0);
     s.y.assign(rows * H, 0);
     s.out.assign(B * H, 0);
@@ -112,7 +111,6 @@ static dl_ep_args_t args_of(world &w, int q, int phase) {
   rank_state &s = w.r[q];
   a.phase = phase, a.rank = q, a.tokens = s.T;
   a.x = s.x.data(), a.idx = s.idx.data(), a.w = s.w.data(), a.hidx = s.hidx.data(), a.hw = s.hw.data();
-  a.hrow = s.hrow.data();
   a.rx = s.rx.data(), a.rscales = s.scales.data(), a.rcounts = s.counts.data(), a.rids = s.ids.data();
   a.rweights = s.weights.data(), a.rsrc = s.src.data(), a.y = s.y.data(), a.out = s.out.data();
   a.status = &s.status;
