@@ -61,32 +61,42 @@ __device__ __forceinline__ void ep_send_payload(const dl_ep_args_t &a, int t, ch
   const uint4 *src = reinterpret_cast<const uint4 *>(x);
   uint2 *codes = reinterpret_cast<uint2 *>(p);
   float *scales = sc;
-  for (int base = lo; base < hi; base += 32) {
-    const int v = base + lane;
-    const bool in = v < hi;
-    uint4 r = make_uint4(0, 0, 0, 0);
-    if (in) r = src[v];
-    const uint32_t wd[4] = {r.x, r.y, r.z, r.w};
-    float f[8];
+  // four rounds of 32 vectors loaded at once, then quantized one round after
+  // another (one round's load, then its amax, at a time: fp8 B 1 dispatch 3.8 us
+  // behind bf16's on 2 H200s, whose copy keeps four in flight)
+  for (int base = lo; base < hi; base += 128) {
+    uint4 rr[4];
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-      f[2 * i] = dl_bf16_to_f32((uint16_t)(wd[i] & 0xffffu));
-      f[2 * i + 1] = dl_bf16_to_f32((uint16_t)(wd[i] >> 16));
+    for (int u = 0; u < 4; u++) {
+      const int v = base + 32 * u + lane;
+      rr[u] = v < hi ? src[v] : make_uint4(0, 0, 0, 0);
     }
-    float amax = DL_EP_FP8_AMIN;
 #pragma unroll
-    for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(f[i]));
+    for (int u = 0; u < 4; u++) {
+      if (base + 32 * u >= hi) break; // warp-uniform
+      const int v = base + 32 * u + lane;
+      const uint32_t wd[4] = {rr[u].x, rr[u].y, rr[u].z, rr[u].w};
+      float f[8];
 #pragma unroll
-    for (int d = 8; d >= 1; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(EP_FULL, amax, d));
-    const float inv = DL_EP_FP8_MAX / amax;
-    uint32_t lo = 0, hi = 0;
+      for (int i = 0; i < 4; i++) {
+        f[2 * i] = dl_bf16_to_f32((uint16_t)(wd[i] & 0xffffu));
+        f[2 * i + 1] = dl_bf16_to_f32((uint16_t)(wd[i] >> 16));
+      }
+      float amax = DL_EP_FP8_AMIN;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-      lo |= (uint32_t)dl_f32_to_e4m3(f[i] * inv) << (8 * i);
-      hi |= (uint32_t)dl_f32_to_e4m3(f[4 + i] * inv) << (8 * i);
+      for (int i = 0; i < 8; i++) amax = fmaxf(amax, fabsf(f[i]));
+#pragma unroll
+      for (int d = 8; d >= 1; d >>= 1) amax = fmaxf(amax, __shfl_xor_sync(EP_FULL, amax, d));
+      const float inv = DL_EP_FP8_MAX / amax;
+      uint32_t c0 = 0, c1 = 0;
+#pragma unroll
+      for (int i = 0; i < 4; i++) {
+        c0 |= (uint32_t)dl_f32_to_e4m3(f[i] * inv) << (8 * i);
+        c1 |= (uint32_t)dl_f32_to_e4m3(f[4 + i] * inv) << (8 * i);
+      }
+      if (v < hi) codes[v] = make_uint2(c0, c1);
+      if (v < hi && (lane & 15) == 0) scales[v / 16] = amax / DL_EP_FP8_MAX;
     }
-    if (in) codes[v] = make_uint2(lo, hi);
-    if (in && (lane & 15) == 0) scales[v / 16] = amax / DL_EP_FP8_MAX;
   }
 }
 
