@@ -71,30 +71,22 @@ __device__ __forceinline__ bool ep_wait(const dl_ep_args_t &a, int phase, int64_
   return false;
 }
 
-// Adds v to *p (a peer's counter) after everything this thread did, and what
-// the block did before its last barrier (release, system scope: one fence
-// and a one-way write on NVLink).
-__device__ __forceinline__ void ep_add_release(uint32_t *p, uint32_t v) {
+// Adds v to *p (a peer's counter), system scope. release (a send's count):
+// after everything this thread did, and what the block did before its last
+// barrier (one fence and a one-way write on NVLink). Not release (a
+// receive's count): a relaxed add, no fence. What that count orders is the
+// block's reads of its slots (the peer writes them again once it sees it),
+// and every one of those reads has returned before the block's last barrier:
+// its value was stored to an output, or decided a branch. So no write the
+// peer makes after the count can reach them, as NCCL's simple protocol posts
+// a receive step with a plain store. The fence cost 1.4 us of a B 1 dispatch
+// and 0.65 us of a combine on 2 H200s (lab knobs, experiments/ep/NOTES.md).
+__device__ __forceinline__ void ep_add(uint32_t *p, uint32_t v, bool release) {
 #ifdef DL_EP_EMU
-  __atomic_fetch_add(p, v, __ATOMIC_RELEASE);
+  __atomic_fetch_add(p, v, release ? __ATOMIC_RELEASE : __ATOMIC_RELAXED);
 #else
-  asm volatile("red.release.sys.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-#endif
-}
-
-// The receive side's count: a relaxed add, no fence. What it orders is the
-// block's reads of its slots (the peer writes them again once it sees the
-// count), and every one of those reads has returned before the block's last
-// barrier: its value was stored to an output, or decided a branch. So no
-// write the peer makes after the count can reach them; no system fence is
-// needed, as NCCL's simple protocol posts a receive step with a plain store.
-// The fence cost 1.4 us of a B 1 dispatch and 0.65 us of a combine on 2
-// H200s (lab knobs, experiments/ep/NOTES.md).
-__device__ __forceinline__ void ep_add_relaxed(uint32_t *p, uint32_t v) {
-#ifdef DL_EP_EMU
-  __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
-#else
-  asm volatile("red.relaxed.sys.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+  if (release) asm volatile("red.release.sys.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+  else asm volatile("red.relaxed.sys.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 #endif
 }
 
@@ -152,8 +144,8 @@ __device__ __forceinline__ void ep_begin(const dl_ep_args_t &a, int phase, ep_bl
 // The end of a block: thread q < N adds the block's share to its word
 // count_of(N, rank) at rank q, unless a wait of the block timed out (the
 // peers then time out too, naming this rank). A send's add is a release
-// (ep_add_release: the block's writes go first); a receive's is relaxed
-// (ep_add_relaxed: its reads are done). No count of the grid's blocks, no
+// (ep_add: the block's writes go first); a receive's is relaxed (ep_add:
+// its reads are done). No count of the grid's blocks, no
 // last block: a block's own system fence and one write on NVLink are all
 // that stand between its last write and the peer.
 __device__ __forceinline__ void ep_finish(const dl_ep_args_t &a, ep_block &blk, int64_t (*count_of)(int, int),
@@ -162,8 +154,7 @@ __device__ __forceinline__ void ep_finish(const dl_ep_args_t &a, ep_block &blk, 
   const int q = threadIdx.x;
   if (!blk.ok || q >= a.nranks) return;
   uint32_t *w = ep_ctrl(a, q) + count_of(a.nranks, a.rank);
-  if (send) ep_add_release(w, dl_ep_share(blockIdx.x, gridDim.x));
-  else ep_add_relaxed(w, dl_ep_share(blockIdx.x, gridDim.x));
+  ep_add(w, dl_ep_share(blockIdx.x, gridDim.x), send);
 }
 
 // Exclusive prefix sums of v[0..n) into pre[0..n], pre[n] the total, by the
