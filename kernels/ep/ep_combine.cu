@@ -39,37 +39,28 @@ template <bool PER_RANK, bool EXPERT_MAJOR> __device__ __forceinline__ void ep_c
   // A warp's first row: its origin and its first batch of y are loaded before
   // the wait below (it guards the stores only), so the wait hides their latency.
   const int64_t it0 = (int64_t)blockIdx.x * W + warp;
-  // item it: output row `row`, bytes [lo, hi) of it
-  auto locate = [&](int64_t it, int64_t &row, int64_t &lo, int64_t &hi) {
-    const int64_t i = it / sp.segs;
-    const int g = ep_group_of(pre, groups, i);
-    row = g * per_group + (i - pre[g]);
-    lo = 16 * (it % sp.segs) * sp.per;
-    hi = min(16 * nv, lo + 16 * sp.per);
-  };
   ep_batch b;
   int t = 0;
   uint32_t p = 0;
-  int64_t row = 0, lo = 0, hi = 0;
-  if (it0 < rows * sp.segs) {
-    locate(it0, row, lo, hi);
+  int64_t lo = 0, hi = 0;
+  const char *src = nullptr;
+  // item it: bytes [lo, hi) of output row `row`, its origin (t, p) and its first batch of y
+  auto fetch = [&](int64_t it) {
+    const int64_t i = it / sp.segs;
+    const int g = ep_group_of(pre, groups, i);
+    const int64_t row = g * per_group + (i - pre[g]);
+    lo = 16 * (it % sp.segs) * sp.per;
+    hi = min(16 * nv, lo + 16 * sp.per);
     t = a.rsrc[row * 2];
     p = (uint32_t)a.rsrc[row * 2 + 1];
-    ep_load_batch(b, reinterpret_cast<const char *>(a.y) + row * H * 2 + lo, (hi - lo) / 16, lane);
-  }
+    src = reinterpret_cast<const char *>(a.y) + row * H * 2 + lo;
+    ep_load_batch(b, src, (hi - lo) / 16, lane);
+  };
+  if (it0 < rows * sp.segs) fetch(it0);
   // the owners have read our previous combine
   ep_await(a, phase, blk, dl_ep_comb_done, -1);
   for (int64_t it = it0; blk.ok && it < rows * sp.segs; it += warps) {
-    const char *src;
-    if (it != it0) {
-      locate(it, row, lo, hi);
-      t = a.rsrc[row * 2];
-      p = (uint32_t)a.rsrc[row * 2 + 1];
-      src = reinterpret_cast<const char *>(a.y) + row * H * 2 + lo;
-      ep_load_batch(b, src, (hi - lo) / 16, lane);
-    } else {
-      src = reinterpret_cast<const char *>(a.y) + row * H * 2 + lo;
-    }
+    if (it != it0) fetch(it);
     const int s = (int)(p & 0xffu), k = (int)((p >> 8) & 0xffu), le = (int)(p >> 16);
     const int64_t slot = PER_RANK ? k : (int64_t)a.rank * a.local + le;
     char *dst = ep_buf(a, s) + a.crecv_off + (slot * B + t) * a.msg_c;

@@ -102,18 +102,10 @@ struct ep_block {
 // has not added its share yet, so the count holds the previous calls whole
 // and part of this one at most). early: that count as thread 0 read it at
 // the start of a fused kernel (the receive half's, read beside the send's).
-__device__ __forceinline__ void ep_start(const dl_ep_args_t &a, ep_block &blk, int64_t (*count_of)(int, int),
-                                         const uint32_t *early = nullptr) {
-  if (threadIdx.x == 0) {
-    blk.epoch = dl_ep_calls_of(early ? *early : ep_ld_volatile(ep_ctrl(a, a.rank) + count_of(a.nranks, a.rank))) + 1;
-    blk.ok = 1;
-  }
-  __syncthreads();
-}
-
-// ep_start in two halves, so that the count's load overlaps other loads:
-// thread 0 reads the count (ep_count_now), then, once the value is needed,
-// sets the epoch (ep_set_epoch) before a barrier of the caller's.
+//
+// In two halves, so that the count's load can overlap other loads: thread 0
+// reads the count (ep_count_now), then, once the value is needed, sets the
+// epoch (ep_set_epoch) before a barrier of the caller's.
 __device__ __forceinline__ uint32_t ep_count_now(const dl_ep_args_t &a, int64_t (*count_of)(int, int)) {
   return threadIdx.x == 0 ? ep_ld_volatile(ep_ctrl(a, a.rank) + count_of(a.nranks, a.rank)) : 0u;
 }
@@ -122,6 +114,11 @@ __device__ __forceinline__ void ep_set_epoch(ep_block &blk, uint32_t count) {
     blk.epoch = dl_ep_calls_of(count) + 1;
     blk.ok = 1;
   }
+}
+__device__ __forceinline__ void ep_start(const dl_ep_args_t &a, ep_block &blk, int64_t (*count_of)(int, int),
+                                         const uint32_t *early = nullptr) {
+  ep_set_epoch(blk, early ? *early : ep_count_now(a, count_of));
+  __syncthreads();
 }
 
 // The waits of threads q < N for word word_of(N, q) to count call epoch + lag
@@ -143,11 +140,11 @@ __device__ __forceinline__ void ep_begin(const dl_ep_args_t &a, int phase, ep_bl
 
 // The end of a block: thread q < N adds the block's share to its word
 // count_of(N, rank) at rank q, unless a wait of the block timed out (the
-// peers then time out too, naming this rank). A send's add is a release
-// (ep_add: the block's writes go first); a receive's is relaxed (ep_add:
-// its reads are done). No count of the grid's blocks, no
-// last block: a block's own system fence and one write on NVLink are all
-// that stand between its last write and the peer.
+// peers then time out too, naming this rank). A send's add is a release (the
+// block's writes go first), a receive's is relaxed (its reads are done):
+// ep_add. No count of the grid's blocks, no last block: a block's own system
+// fence and one write on NVLink are all that stand between its last write
+// and the peer.
 __device__ __forceinline__ void ep_finish(const dl_ep_args_t &a, ep_block &blk, int64_t (*count_of)(int, int),
                                           bool send) {
   __syncthreads();

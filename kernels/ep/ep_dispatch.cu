@@ -50,8 +50,8 @@ __host__ __device__ __forceinline__ int64_t ep_send_smem(int experts, int chunk,
 // scales of their groups at sc (lanes 0-15 and 16-31 each quantize a group
 // of 128 values).
 template <bool FP8>
-__device__ __forceinline__ void ep_send_payload(const dl_ep_args_t &a, int t, char *p, float *sc, int lane, int lo,
-                                                int hi) {
+__device__ __forceinline__ void ep_send_payload(const dl_ep_args_t &a, int t, char *p, float *scales, int lane,
+                                                int lo, int hi) {
   const int H = a.hidden;
   const char *x = reinterpret_cast<const char *>(a.x) + (int64_t)t * H * 2;
   if (!FP8) {
@@ -60,7 +60,6 @@ __device__ __forceinline__ void ep_send_payload(const dl_ep_args_t &a, int t, ch
   }
   const uint4 *src = reinterpret_cast<const uint4 *>(x);
   uint2 *codes = reinterpret_cast<uint2 *>(p);
-  float *scales = sc;
   // four rounds of 32 vectors loaded at once, then quantized one round after
   // another (one round's load, then its amax, at a time: fp8 B 1 dispatch 3.8 us
   // behind bf16's on 2 H200s, whose copy keeps four in flight)
@@ -356,7 +355,7 @@ __device__ __forceinline__ void ep_recv_rank_row(const dl_ep_args_t &a, const ch
 
 // The receive phase, as a kernel of its own or the second half of the fused one.
 template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR>
-__device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a, const uint32_t *early = nullptr) {
+__device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a) {
   const int phase = DL_EP_DISPATCH_RECV;
   EP_SMEM(smem);
   EP_SHARED(ep_block, blk);
@@ -371,8 +370,7 @@ __device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a, con
     // messages and reads how many they are, and the lanes scan them (N <= 8).
     // DIRECT: this rank's own rows are in place already; none is copied.
     if (warp == 0) {
-      const uint32_t c0 = lane != 0 ? 0u : early ? *early : ep_ld_volatile(self + dl_ep_disp_done(N, a.rank));
-      const uint32_t e = dl_ep_calls_of(__shfl_sync(EP_FULL, c0, 0)) + 1;
+      const uint32_t e = dl_ep_calls_of(__shfl_sync(EP_FULL, ep_count_now(a, dl_ep_disp_done), 0)) + 1;
       bool ok = true;
       int n = 0;
       if (lane < N) {
@@ -403,7 +401,7 @@ __device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a, con
     }
     if (EXPERT_MAJOR) __syncthreads();
   } else {
-    ep_begin(a, phase, blk, dl_ep_disp_flag, 0, dl_ep_disp_done, early);
+    ep_begin(a, phase, blk, dl_ep_disp_flag, 0, dl_ep_disp_done);
     for (int i = tid; i < NL; i += blockDim.x) {
       const int s = i % N, le = i / N; // cnt[le * N + s]: expert-major order
       cnt[i] = (int)ep_ld_volatile(self + dl_ep_cnt(N, L, s, le));
@@ -506,7 +504,7 @@ __global__ void __launch_bounds__(DL_EP_THREADS, 2) ep_dispatch_recv_kernel(cons
 // as for the two kernels one after the other) the receive. One launch and one
 // grid drain fewer than send and receive apart; the same words and epochs.
 // Their dynamic shared memory is one region, used by one half at a time (the
-// receive's first block-wide barrier comes after the send's last use).
+// send's last use comes before the barrier that starts its ep_finish).
 template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR>
 __global__ void __launch_bounds__(DL_EP_THREADS, 2) ep_dispatch_kernel(const dl_ep_args_t a) {
   dl_pdl_wait(); // the grid ahead done and visible (a launch with a.pdl may start early)
