@@ -24,6 +24,10 @@
 #      schedules measured on the GPU beside the meta formula
 #      (experiments/cp/cp_cudnn_memory.lua on cuda, then on meta).
 #   6. (STEPS=plans only) cuDNN's candidate engines, each timed (DISTLAB_CUDNN_PLAN).
+#   7. (STEPS=libs only) every candidate libcudnn through dl.attn's cudnn backend at LIBS_S,
+#      bshd and thd, beside one PyTorch SDPA run. The candidates of 2 and 7 include a newer
+#      cuDNN carried in .deps/cudnn-lib (scripts/fetch-cudnn-lib.sh), run with
+#      CUDNN_LIB_CONFIG=GRAPH_JIT_ONLY (distlab's commands only).
 # STEPS picks steps (default "pick specs bench cp"; the build always runs, unless SKIP_BUILD is set and
 # build/lib/libdistlab.so was carried).
 # Every step runs under `timeout` with the smaller of its own limit and what
@@ -54,41 +58,87 @@ build_or_skip || exit 1
   say "WARNING: built without cuDNN's frontend (no .deps/cudnn-frontend?)"
 DL_LIBS="${DL_LIBS:-}" # the folders distlab's commands add for cuDNN (pick sets them; or the caller)
 
-if want pick; then
-  # candidates: the loader's (system), PyTorch's wheel, the CUDA toolkit's
-  cands=()
+# The cuDNN carried in .deps/cudnn-lib (scripts/fetch-cudnn-lib.sh: a pinned, newer cuDNN's
+# GRAPH_JIT_ONLY sub-libraries, xz): unpacked once into CARRIED_DIR; its runs need
+# CUDNN_LIB_CONFIG=GRAPH_JIT_ONLY and an NVRTC 13 (PyTorch's wheel's or the toolkit's) on the
+# loader's path. Only distlab's commands see that setting: PyTorch keeps its full cuDNN.
+carried_dir="" carried_libs=""
+if [ -f .deps/cudnn-lib/VERSION ]; then
+  carried_dir="/tmp/distlab-cudnn-$(cat .deps/cudnn-lib/VERSION)/lib"
+  mkdir -p "$carried_dir"
+  for x in .deps/cudnn-lib/*.so.9.xz; do
+    so="$carried_dir/$(basename "$x" .xz)"
+    if [ ! -f "$so" ]; then xz -d -c "$x" >"$so.tmp" && mv "$so.tmp" "$so"; fi
+  done
+  carried_libs="$carried_dir"
+  for n in /opt/torch/.venv/lib/python3*/site-packages/nvidia/*/lib/libnvrtc.so.13* /usr/local/cuda/lib64/libnvrtc.so.13*; do
+    [ -e "$n" ] && { carried_libs="$carried_libs:$(dirname "$(readlink -f "$n")")"; break; }
+  done
+  say "carried cuDNN $(cat .deps/cudnn-lib/VERSION) in $carried_dir (NVRTC from ${carried_libs#*:})"
+fi
+DL_CFG="${DL_CFG:-}" # CUDNN_LIB_CONFIG for distlab's commands (set by pick for the carried cuDNN)
+
+if want pick || want libs; then
+  # candidates: the loader's (system), PyTorch's wheel, the CUDA toolkit's, the carried one;
+  # each with its folder's neighbours first on the loader's path (NVRTC and cuBLAS of the same
+  # CUDA major for the wheel's cuDNN) and its CUDNN_LIB_CONFIG (the carried one only)
+  cands=() cand_libs=() cand_cfg=()
   for f in /usr/lib/x86_64-linux-gnu/libcudnn.so.9 /opt/torch/.venv/lib/python3*/site-packages/nvidia/cudnn/lib/libcudnn.so.9 \
     /usr/local/cuda/lib64/libcudnn.so.9; do
-    [ -e "$f" ] && cands+=("$(readlink -f "$f")")
-  done
-  best="" best_ms="" best_ver=0
-  for f in "${cands[@]}"; do
-    # its folder's neighbours first: NVRTC and cuBLAS of the same CUDA major for the wheel's cuDNN
+    [ -e "$f" ] || continue
     libs="$(dirname "$f")"
     for d in "$(dirname "$f")"/../../*/lib; do [ -d "$d" ] && libs="$libs:$(readlink -f "$d")"; done
+    cands+=("$(readlink -f "$f")") cand_libs+=("$libs") cand_cfg+=("")
+  done
+  [ -n "$carried_dir" ] && cands+=("$carried_dir/libcudnn.so.9") cand_libs+=("$carried_libs") cand_cfg+=(GRAPH_JIT_ONLY)
+fi
+
+if want pick; then
+  best="" best_ms="" best_ver=0
+  for i in "${!cands[@]}"; do
+    f=${cands[$i]} libs=${cand_libs[$i]} cfg=${cand_cfg[$i]}
     log="$L/pick-$(echo "$f" | tr '/' '_').log"
-    if DISTLAB_CUDNN="$f" LD_LIBRARY_PATH="$libs:${LD_LIBRARY_PATH:-}" step "pick: $f" 90 "$log" \
-      ./distlab run -n 1 --device cuda experiments/attn/cudnn_pick.lua; then
+    if DISTLAB_CUDNN="$f" LD_LIBRARY_PATH="$libs:${LD_LIBRARY_PATH:-}" step "pick: $f${cfg:+ ($cfg)}" 90 "$log" \
+      env ${cfg:+CUDNN_LIB_CONFIG=$cfg} ./distlab run -n 1 --device cuda experiments/attn/cudnn_pick.lua; then
       ms=$(sed -n 's/^pick ms=\([0-9.]*\).*/\1/p' "$log")
       ver=$(sed -n 's/^pick .*version=\([0-9]*\).*/\1/p' "$log")
       # faster by more than 1%, or as fast (within 1%) and newer
       if [ -n "$ms" ] && { [ -z "$best_ms" ] || awk "BEGIN{exit !($ms < $best_ms * 0.99 || \
         ($ms <= $best_ms * 1.01 && $ver > $best_ver))}"; }; then
-        best=$f best_ms=$ms best_libs=$libs best_ver=$ver
+        best=$f best_ms=$ms best_libs=$libs best_ver=$ver best_cfg=$cfg
       fi
     fi
   done
   if [ -n "$best" ]; then
     # distlab's commands only: PyTorch must keep finding the cuDNN it was built with
-    export DISTLAB_CUDNN="$best" DL_LIBS="$best_libs"
-    say "cuDNN for the rest: $best (version $best_ver, $best_ms ms per causal fwd+bwd at s=8k)"
+    export DISTLAB_CUDNN="$best" DL_LIBS="$best_libs" DL_CFG="$best_cfg"
+    say "cuDNN for the rest: $best (version $best_ver, $best_ms ms per causal fwd+bwd at s=8k${best_cfg:+; CUDNN_LIB_CONFIG=$best_cfg})"
   else
     say "no libcudnn candidate ran; the rest uses the loader's"
   fi
 fi
+# the environment of distlab's commands: the picked cuDNN's folders first, its configuration
+DLENV=(env ${DL_CFG:+CUDNN_LIB_CONFIG=$DL_CFG} LD_LIBRARY_PATH="${DL_LIBS:+$DL_LIBS:}${LD_LIBRARY_PATH:-}")
+
+if want libs; then
+  # every candidate cuDNN through dl.attn's cudnn backend at LIBS_S (default 4k, 8k), bshd and
+  # thd, beside one PyTorch SDPA run at the same shapes: is a newer cuDNN faster?
+  LIBS_S="${LIBS_S:-4096,8192}"
+  step "libs: PyTorch SDPA" 120 "$L/libs-torch.log" "$PY" experiments/attn/attn_bench_torch.py \
+    --s "$LIBS_S" --out "$L" --name libs-torch
+  grep -E "cudnn" "$L/libs-torch.log" | head -20 | tee -a "$SUM"
+  for i in "${!cands[@]}"; do
+    f=${cands[$i]} cfg=${cand_cfg[$i]}
+    step "libs: dl.attn cudnn with $f" 150 "$L/libs-$i.log" env DISTLAB_CUDNN="$f" ${cfg:+CUDNN_LIB_CONFIG=$cfg} \
+      LD_LIBRARY_PATH="${cand_libs[$i]}:${LD_LIBRARY_PATH:-}" ./distlab run -n 1 --device cuda \
+      experiments/attn/attn_bench.lua --s "$LIBS_S" --backends cudnn --warm-ms 150 --min-ms 300 --out "$L/libs-$i"
+    grep -h "cudnn backend" "$L/libs-$i/attn-distlab.md" 2>/dev/null | sed "s/^/lib $i: /" | tee -a "$SUM"
+    grep -E "^\| (bshd|thd)" "$L/libs-$i/attn-distlab.md" 2>/dev/null | sed "s/^/lib $i: /" | tee -a "$SUM"
+  done
+fi
 
 if want specs; then
-  step "attn_cudnn_spec (#gpu)" 200 "$L/attn-cudnn-spec.log" env LD_LIBRARY_PATH="${DL_LIBS:+$DL_LIBS:}${LD_LIBRARY_PATH:-}" ./distlab test --exclude-tags=multigpu spec/attn_cudnn_spec.lua
+  step "attn_cudnn_spec (#gpu)" 200 "$L/attn-cudnn-spec.log" "${DLENV[@]}" ./distlab test --exclude-tags=multigpu spec/attn_cudnn_spec.lua
   grep -E "^(FAIL|ERROR)|^cudnn|^  (bshd|sbhd|thd)" "$L/attn-cudnn-spec.log" | head -40 | tee -a "$SUM"
 fi
 
@@ -96,7 +146,6 @@ if want bench; then
   # PyTorch before and after ours: the anchor is the mean of the two runs, so a drift of the
   # card's clocks between them cancels; the results file is assembled last (--measured)
   BENCH_S="${BENCH_S:-4096,8192,16384,32768}"
-  DLENV=(env LD_LIBRARY_PATH="${DL_LIBS:+$DL_LIBS:}${LD_LIBRARY_PATH:-}")
   step "attn bench: PyTorch SDPA (before)" 200 "$L/attn-torch-1.log" "$PY" experiments/attn/attn_bench_torch.py \
     --s "$BENCH_S" --out "$L" --name attn-torch-1
   step "attn bench: dl.attn ours and cudnn" 240 "$L/attn-bench.log" "${DLENV[@]}" ./distlab run -n 1 --device cuda \
@@ -119,8 +168,8 @@ if want plans; then
   PLAN_S="${PLAN_S:-4096,8192}"
   for n in default ${PLANS:-0 1 2 3}; do
     pe=(); [ "$n" = default ] || pe=(DISTLAB_CUDNN_PLAN="$n")
-    step "plans: dl.attn cudnn, candidate $n" 120 "$L/plan-$n.log" env "${pe[@]}" \
-      LD_LIBRARY_PATH="${DL_LIBS:+$DL_LIBS:}${LD_LIBRARY_PATH:-}" ./distlab run -n 1 --device cuda \
+    step "plans: dl.attn cudnn, candidate $n" 120 "$L/plan-$n.log" "${DLENV[@]}" "${pe[@]}" \
+      ./distlab run -n 1 --device cuda \
       experiments/attn/attn_bench.lua --s "$PLAN_S" --backends cudnn --warm-ms 150 --min-ms 300 --out "$L/plan-$n"
     grep -E "^\| (bshd|thd)" "$L/plan-$n/attn-distlab.md" 2>/dev/null | sed "s/^/plan $n: /" | tee -a "$SUM"
   done
@@ -132,9 +181,9 @@ if want cp; then
   [ "${MPS:-1}" = 1 ] && mps_start
   export DISTLAB_JOB_TIMEOUT="${DISTLAB_JOB_TIMEOUT:-150}"
   DISTLAB_CP_BACKEND=cudnn DISTLAB_SPEC_RANKS=2 step "cp_spec #multigpu, backend cudnn, 2 ranks on one GPU" 200 \
-    "$L/cp-spec-cudnn.log" env LD_LIBRARY_PATH="${DL_LIBS:+$DL_LIBS:}${LD_LIBRARY_PATH:-}" ./distlab test --tags=multigpu spec/cp_spec.lua
+    "$L/cp-spec-cudnn.log" "${DLENV[@]}" ./distlab test --tags=multigpu spec/cp_spec.lua
   grep -E "^(ok|FAIL|ERROR)" "$L/cp-spec-cudnn.log" | head -12 | tee -a "$SUM"
-  step "cp memory: cudnn workspace, 2 ranks on the GPU" 90 "$L/cp-cudnn-memory-gpu.log" env LD_LIBRARY_PATH="${DL_LIBS:+$DL_LIBS:}${LD_LIBRARY_PATH:-}" ./distlab run -n 2 \
+  step "cp memory: cudnn workspace, 2 ranks on the GPU" 90 "$L/cp-cudnn-memory-gpu.log" "${DLENV[@]}" ./distlab run -n 2 \
     --device cuda experiments/cp/cp_cudnn_memory.lua
   step "cp memory: cudnn workspace, meta formula" 30 "$L/cp-cudnn-memory-meta.log" ./distlab run --device meta \
     --world 2 --rank 0 experiments/cp/cp_cudnn_memory.lua

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Fetch a pinned cuDNN library newer than the GPU hosts' (system 9.14, PyTorch's wheel 9.19) for
+# dl.attn's cudnn backend, into .deps/cudnn-lib/ (ignored by git; never committed), compressed so
+# that it fits the 64 MiB a device call carries beside the tree, .debs/ and .deps/cudnn-frontend.
+#
+# Only the sub-libraries of cuDNN's GRAPH_JIT_ONLY configuration are kept (cuDNN frontend docs,
+# "cuDNN Library Configuration": libcudnn.so, libcudnn_graph.so and
+# libcudnn_engines_runtime_compiled.so, with CUDNN_LIB_CONFIG=GRAPH_JIT_ONLY): the graph API and
+# its JIT engines, which is all dl.attn uses. The whole wheel is ~0.5 GB; these three, xz -9e,
+# ~56 MB. scripts/gpu/cudnn.sh unpacks them on the host, offers them as one more candidate of its
+# pick (with CUDNN_LIB_CONFIG=GRAPH_JIT_ONLY and an NVRTC 13 on the loader's path) and names the
+# version that ran in the results.
+#   scripts/fetch-cudnn-lib.sh          fetch unless present
+#   scripts/fetch-cudnn-lib.sh --force  fetch again
+set -euo pipefail
+VERSION=9.28.1.4 # nvidia-cudnn-cu13 on PyPI
+LIBS="libcudnn.so.9 libcudnn_graph.so.9 libcudnn_engines_runtime_compiled.so.9"
+cd "$(dirname "$0")/.."
+DEST=.deps/cudnn-lib
+if [ "${1:-}" != "--force" ] && [ "$(cat "$DEST/VERSION" 2>/dev/null)" = "$VERSION" ]; then
+  exit 0
+fi
+PY="$(command -v python3 || true)"
+[ -n "$PY" ] || { echo "fetch-cudnn-lib: python3 (with pip) is needed to download the wheel" >&2; exit 1; }
+command -v xz >/dev/null || { echo "fetch-cudnn-lib: xz is needed (apt-get install xz-utils)" >&2; exit 1; }
+TMP="$(mktemp -d)"
+trap 'rm -rf "$TMP"' EXIT
+"$PY" -m pip download --quiet --no-deps --only-binary=:all: --timeout 60 --retries 2 \
+  --python-version 3.11 --platform manylinux_2_27_x86_64 \
+  -d "$TMP" "nvidia-cudnn-cu13==$VERSION" >&2 ||
+  { echo "fetch-cudnn-lib: pip could not download nvidia-cudnn-cu13==$VERSION" >&2; exit 1; }
+"$PY" - "$TMP" $LIBS <<'PYEOF'
+import glob, os, sys, zipfile
+src, libs = sys.argv[1], sys.argv[2:]
+whl = glob.glob(src + "/*.whl")[0]
+with zipfile.ZipFile(whl) as z:
+    for lib in libs:
+        name = "nvidia/cudnn/lib/" + lib
+        with z.open(name) as f, open(os.path.join(src, lib), "wb") as out:
+            out.write(f.read())
+    lic = [n for n in z.namelist() if n.endswith("LICENSE") or n.endswith("License.txt")]
+    for n in lic:
+        with z.open(n) as f, open(os.path.join(src, "License.txt"), "wb") as out:
+            out.write(f.read())
+PYEOF
+rm -rf "$DEST"
+mkdir -p "$DEST"
+for lib in $LIBS; do
+  echo "fetch-cudnn-lib: compressing $lib" >&2
+  xz -T0 -9e -c "$TMP/$lib" >"$DEST/$lib.xz"
+done
+[ -f "$TMP/License.txt" ] && cp "$TMP/License.txt" "$DEST/"
+echo "$VERSION" >"$DEST/VERSION"
+du -sh "$DEST" >&2
