@@ -59,6 +59,11 @@ local hopper_flags = nvcc_common .. "-gencode arch=compute_90a,code=sm_90a"
 -- itself is opened at run time (core/ops/attn/cudnn_sdpa.cpp), like NCCL.
 local cudnn_fe = nvcc and os.isfile(".deps/cudnn-frontend/include/cudnn_frontend.h") and
   os.getcwd() .. "/.deps/cudnn-frontend/include"
+-- The pinned cuDNN's own headers (scripts/fetch-cudnn-lib.sh, for GPU hosts) come first when
+-- present: the frontend compiles its paths for the newest cuDNN it may meet (it checks the
+-- library's version at run time as well); else the toolkit's or the system's cudnn.h.
+local cudnn_h = cudnn_fe and os.isfile(".deps/cudnn-lib/include/cudnn.h") and
+  os.getcwd() .. "/.deps/cudnn-lib/include"
 
 if P4 then
   path.iscppfile_p4 = path.iscppfile_p4 or path.iscppfile
@@ -115,6 +120,7 @@ if cudnn_fe then
   project "distlab_cudnn"
     kind "StaticLib"
     language "C++"
+    if cudnn_h then includedirs { cudnn_h } end -- before common()'s, so its cudnn.h is found first
     common()
     objdir "build/obj/cudnn"
     files(os.matchfiles("core/**.cpp"))

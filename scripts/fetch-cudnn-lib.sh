@@ -7,7 +7,8 @@
 # "cuDNN Library Configuration": libcudnn.so, libcudnn_graph.so and
 # libcudnn_engines_runtime_compiled.so, with CUDNN_LIB_CONFIG=GRAPH_JIT_ONLY): the graph API and
 # its JIT engines, which is all dl.attn uses. The whole wheel is ~0.5 GB; these three, xz -9e,
-# ~56 MB. scripts/gpu/cudnn.sh unpacks them on the host, offers them as one more candidate of its
+# ~56 MB; its headers (~0.6 MB) beside them, which premake5.lua prefers when present (so a build
+# on the GPU host compiles the frontend for this version). scripts/gpu/cudnn.sh unpacks them on the host, offers them as one more candidate of its
 # pick (with CUDNN_LIB_CONFIG=GRAPH_JIT_ONLY and an NVRTC 13 on the loader's path) and names the
 # version that ran in the results.
 #   scripts/fetch-cudnn-lib.sh          fetch unless present
@@ -38,6 +39,13 @@ with zipfile.ZipFile(whl) as z:
         name = "nvidia/cudnn/lib/" + lib
         with z.open(name) as f, open(os.path.join(src, lib), "wb") as out:
             out.write(f.read())
+    # its headers (without the *_v9.h copies): a build against them compiles the frontend's
+    # paths for this version (e.g. the unified SDPA node with cu_seqlens, cuDNN 9.24+)
+    os.makedirs(os.path.join(src, "include"), exist_ok=True)
+    for n in z.namelist():
+        if n.startswith("nvidia/cudnn/include/") and n.endswith(".h") and not n.endswith("_v9.h"):
+            with z.open(n) as f, open(os.path.join(src, "include", os.path.basename(n)), "wb") as out:
+                out.write(f.read())
     lic = [n for n in z.namelist() if n.endswith("LICENSE") or n.endswith("License.txt")]
     for n in lic:
         with z.open(n) as f, open(os.path.join(src, "License.txt"), "wb") as out:
@@ -49,6 +57,7 @@ for lib in $LIBS; do
   echo "fetch-cudnn-lib: compressing $lib" >&2
   xz -T0 -9e -c "$TMP/$lib" >"$DEST/$lib.xz"
 done
+cp -r "$TMP/include" "$DEST/"
 [ -f "$TMP/License.txt" ] && cp "$TMP/License.txt" "$DEST/"
 echo "$VERSION" >"$DEST/VERSION"
 du -sh "$DEST" >&2
