@@ -24,6 +24,7 @@
 #      schedules measured on the GPU beside the meta formula
 #      (experiments/cp/cp_cudnn_memory.lua on cuda, then on meta).
 #   6. (STEPS=plans only) cuDNN's candidate engines, each timed (DISTLAB_CUDNN_PLAN).
+#   8. (STEPS=impls only) cuDNN's composite and unified forward nodes against the frontend's choice.
 #   7. (STEPS=libs only) every candidate libcudnn through dl.attn's cudnn backend at LIBS_S,
 #      bshd and thd, beside one PyTorch SDPA run. The candidates of 2 and 7 include a newer
 #      cuDNN carried in .deps/cudnn-lib (scripts/fetch-cudnn-lib.sh), run with
@@ -158,6 +159,21 @@ if want bench; then
     --command "scripts/gpu/cudnn.sh (attn_bench_torch.py, attn_bench.lua, attn_bench_torch.py, then this with --measured, in the same run)"
   sed -n '/^TFLOP\/s fwd\/bwd/,$p' "$L/attn-table.log" | tee -a "$SUM"
   cp "$OUT"/attn-*.csv "$L/" 2>/dev/null
+fi
+
+if want impls; then
+  # cuDNN's two forward nodes (DISTLAB_CUDNN_IMPL, a lab knob of core/ops/attn/cudnn_sdpa.cpp:
+  # composite, unified; default the frontend's choice) through dl.attn's cudnn backend at LIBS_S,
+  # bshd and thd, each once with its candidate list (DISTLAB_CUDNN_PLAN=0) on stderr
+  LIBS_S="${LIBS_S:-4096,8192}"
+  for m in default composite unified; do
+    ie=(); [ "$m" = default ] || ie=(DISTLAB_CUDNN_IMPL="$m")
+    step "impls: dl.attn cudnn, forward node $m" 150 "$L/impl-$m.log" "${DLENV[@]}" "${ie[@]}" DISTLAB_CUDNN_PLAN=0 \
+      ./distlab run -n 1 --device cuda experiments/attn/attn_bench.lua --s "$LIBS_S" --backends cudnn \
+      --warm-ms 150 --min-ms 300 --out "$L/impl-$m"
+    grep -E "^cudnn " "$L/impl-$m.log" | sed "s/^/impl $m: /" | tee -a "$SUM"
+    grep -h -A3 "^distlab cudnn: fwd" "$L/impl-$m.log" | head -24 | sed "s/^/impl $m: /" | tee -a "$SUM"
+  done
 fi
 
 if want plans; then

@@ -283,6 +283,11 @@ void build(Plan *p, cudnnHandle_t h) {
      * (attn_cudnn.c makes the LSE, max + log(sum), and reduces the max) */
     auto a = fe::graph::SDPA_attributes().set_name("sdpa_fwd").set_generate_stats(!k.want_max);
     set_mask(a, k, *g, &seq_q, &seq_kv);
+    /* DISTLAB_CUDNN_IMPL=composite|unified (a lab knob, for comparing cuDNN's two forward
+     * nodes; unset: the frontend's choice, unified where it supports the graph) */
+    const char *impl = getenv("DISTLAB_CUDNN_IMPL");
+    if (impl && !strcmp(impl, "composite")) a.set_implementation(fe::AttentionImplementation_t::COMPOSITE);
+    if (impl && !strcmp(impl, "unified")) a.set_implementation(fe::AttentionImplementation_t::UNIFIED);
     std::shared_ptr<fe::graph::Tensor_attributes> mx, se;
     if (k.want_max) {
       mx = stats_tensor(*g, k, UID_MAX, "max");
