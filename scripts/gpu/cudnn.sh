@@ -166,10 +166,8 @@ if want impls; then
   # composite, unified; default the frontend's choice) through dl.attn's cudnn backend at LIBS_S,
   # bshd and thd, each once with its candidate list (DISTLAB_CUDNN_PLAN=0) on stderr
   LIBS_S="${LIBS_S:-4096,8192}"
-  # (cu: DISTLAB_CUDNN_CU=1, thd's forward reading cu_seqlens itself, on the unified node)
-  for m in ${IMPLS:-default composite unified}; do
-    ie=()
-    case $m in default) ;; cu) ie=(DISTLAB_CUDNN_CU=1) ;; *) ie=(DISTLAB_CUDNN_IMPL="$m") ;; esac
+  for m in default composite unified; do
+    ie=(); [ "$m" = default ] || ie=(DISTLAB_CUDNN_IMPL="$m")
     step "impls: dl.attn cudnn, forward node $m" 150 "$L/impl-$m.log" "${DLENV[@]}" "${ie[@]}" DISTLAB_CUDNN_PLAN=0 \
       ./distlab run -n 1 --device cuda experiments/attn/attn_bench.lua --s "$LIBS_S" --backends cudnn \
       --warm-ms 150 --min-ms 300 --out "$L/impl-$m"

@@ -35,7 +35,6 @@
  * experiments/cp/cp_memory.lua measures the real one beside it).
  */
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "attn_args.h"
@@ -74,8 +73,6 @@ static void key_of(const dl_attn_params_t *p, int thd, int bwd, int want_max, in
   k->window_left = p->window_left, k->window_right = p->window_right;
   k->bottom_right = p->bottom_right, k->want_max = want_max && !bwd;
   memcpy(&k->scale_bits, &p->scale, sizeof p->scale);
-  const char *cu = getenv("DISTLAB_CUDNN_CU");
-  k->cu = thd && !bwd && cu && !strcmp(cu, "1");
 }
 
 static int say(char *why, size_t n, const char *fmt, const char *a) {
@@ -249,15 +246,7 @@ static int run(const dl_attn_params_t *p, int thd, int bwd, int want_max, int de
   if (!stats_tmp) ptrs.stats = p->lse;
   const void *t[DL_CUDNN_NT] = {p->q, p->k, p->v, p->out, p->dout, p->dq, p->dk, p->dv};
   for (int i = 0; i < DL_CUDNN_NT; i++) ptrs.t[i] = (void *)t[i];
-  if (thd) DL_TRY(ragged(p, &ptrs, h)); /* (key.cu: for the stats pass's lengths) */
-  if (key.cu) {
-    ptrs.cu_q = p->cu_seqlens_q, ptrs.cu_kv = p->cu_seqlens_kv;
-    for (int i = 0; i < DL_CUDNN_NT; i++) {
-      const int kv = i == DL_CUDNN_K || i == DL_CUDNN_V || i == DL_CUDNN_DK || i == DL_CUDNN_DV;
-      const int32_t *pad = kv ? p->cu_seqlens_kv_padded : p->cu_seqlens_q_padded;
-      ptrs.rows[i] = pad ? pad : kv ? p->cu_seqlens_kv : p->cu_seqlens_q;
-    }
-  }
+  if (thd) DL_TRY(ragged(p, &ptrs, h));
   if (bwd) DL_TRY(stats_pass(p, thd, &ptrs, 0, h));
   DL_TRY(dl_cudnn_run(plan, &ptrs, workspace, h));
   if (!bwd) DL_TRY(stats_pass(p, thd, &ptrs, 1, h));

@@ -41,8 +41,6 @@ typedef struct dl_cudnn_key {
   int64_t window_left, window_right, bottom_right; /* distlab's convention (attn.h) */
   int64_t want_max;                                /* fwd: also the row max of the logits */
   int64_t scale_bits;                              /* the float scale's bits */
-  int64_t cu; /* thd fwd with DISTLAB_CUDNN_CU=1 (lab knob): cuDNN reads cu_seqlens (and the padded
-                 row starts) itself, as lengths and ragged offsets times the row stride (9.24+) */
 } dl_cudnn_key_t;
 
 typedef struct dl_cudnn_ptrs {
@@ -50,7 +48,6 @@ typedef struct dl_cudnn_ptrs {
   float *stats, *max, *sum_exp; /* fwd with max: max and sum_exp, not stats */
   int32_t *seq_q, *seq_kv;       /* thd: [b] valid lengths                      */
   int32_t *ragged[DL_CUDNN_NT]; /* thd: [b+1] element offset of each sequence   */
-  const int32_t *cu_q, *cu_kv, *rows[DL_CUDNN_NT]; /* key.cu: cu_seqlens, first rows [b+1] */
 } dl_cudnn_ptrs_t;
 
 /* Opens cuDNN (once; see cudnn_sdpa.cpp for the files tried). */

@@ -52,7 +52,6 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
@@ -212,7 +211,6 @@ void describe(const std::shared_ptr<fe::graph::Tensor_attributes> &t, fe::graph:
                           .set_dim({k.b + 1, 1, 1, 1})
                           .set_stride({1, 1, 1, 1}));
     t->set_ragged_offset(r);
-    if (k.cu) t->set_ragged_offset_multiplier(k.st[i][2]); /* first rows x the row stride */
   }
 }
 
@@ -259,23 +257,6 @@ void set_mask(A &a, const dl_cudnn_key_t &k, fe::graph::Graph &g,
                           .set_dim({k.b, 1, 1, 1})
                           .set_stride({1, 1, 1, 1}));
     };
-    if constexpr (std::is_same<A, fe::graph::SDPA_attributes>::value) {
-      if (k.cu) { /* cu_seqlens as they are (dl_cudnn_key_t.cu): the unified node only */
-        auto cu = [&](int64_t uid, const char *name) {
-          return g.tensor(fe::graph::Tensor_attributes()
-                              .set_name(name)
-                              .set_uid(uid)
-                              .set_data_type(fe::DataType_t::INT32)
-                              .set_dim({k.b + 1, 1, 1, 1})
-                              .set_stride({1, 1, 1, 1}));
-        };
-        *seq_q = cu(UID_SEQ_Q, "cu_seq_q");
-        *seq_kv = cu(UID_SEQ_KV, "cu_seq_kv");
-        a.set_padding_mask(true).set_cu_seq_len_q(*seq_q).set_cu_seq_len_kv(*seq_kv);
-        a.set_implementation(fe::AttentionImplementation_t::UNIFIED);
-        return;
-      }
-    }
     *seq_q = len(UID_SEQ_Q, "seq_q");
     *seq_kv = len(UID_SEQ_KV, "seq_kv");
     a.set_padding_mask(true).set_seq_len_q(*seq_q).set_seq_len_kv(*seq_kv);
@@ -449,7 +430,7 @@ extern "C" int dl_cudnn_run(void *plan, const dl_cudnn_ptrs_t *ptrs, void *works
   const int n = k.bwd ? 8 : 4;
   for (int j = 0; j < n; j++) {
     pack[ops[j]] = ptrs->t[ops[j]];
-    if (k.thd) pack[UID_RAGGED + ops[j]] = k.cu ? (void *)ptrs->rows[ops[j]] : ptrs->ragged[ops[j]];
+    if (k.thd) pack[UID_RAGGED + ops[j]] = ptrs->ragged[ops[j]];
   }
   if (k.want_max && !k.bwd) {
     pack[UID_MAX] = ptrs->max;
@@ -458,8 +439,8 @@ extern "C" int dl_cudnn_run(void *plan, const dl_cudnn_ptrs_t *ptrs, void *works
     pack[UID_STATS] = ptrs->stats;
   }
   if (k.thd) {
-    pack[UID_SEQ_Q] = k.cu ? (void *)ptrs->cu_q : ptrs->seq_q;
-    pack[UID_SEQ_KV] = k.cu ? (void *)ptrs->cu_kv : ptrs->seq_kv;
+    pack[UID_SEQ_Q] = ptrs->seq_q;
+    pack[UID_SEQ_KV] = ptrs->seq_kv;
   }
   std::lock_guard<std::mutex> lock(mu); /* one handle per device: its stream is ours until run */
   cudnnHandle_t h = handles[k.dev];
