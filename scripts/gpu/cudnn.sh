@@ -59,24 +59,9 @@ build_or_skip || exit 1
   say "WARNING: built without cuDNN's frontend (no .deps/cudnn-frontend?)"
 DL_LIBS="${DL_LIBS:-}" # the folders distlab's commands add for cuDNN (pick sets them; or the caller)
 
-# The cuDNN carried in .deps/cudnn-lib (scripts/fetch-cudnn-lib.sh: a pinned, newer cuDNN's
-# GRAPH_JIT_ONLY sub-libraries, xz): unpacked once into CARRIED_DIR; its runs need
-# CUDNN_LIB_CONFIG=GRAPH_JIT_ONLY and an NVRTC 13 (PyTorch's wheel's or the toolkit's) on the
-# loader's path. Only distlab's commands see that setting: PyTorch keeps its full cuDNN.
-carried_dir="" carried_libs=""
-if [ -f .deps/cudnn-lib/VERSION ]; then
-  carried_dir="/tmp/distlab-cudnn-$(cat .deps/cudnn-lib/VERSION)/lib"
-  mkdir -p "$carried_dir"
-  for x in .deps/cudnn-lib/*.so.9.xz; do
-    so="$carried_dir/$(basename "$x" .xz)"
-    if [ ! -f "$so" ]; then xz -d -c "$x" >"$so.tmp" && mv "$so.tmp" "$so"; fi
-  done
-  carried_libs="$carried_dir"
-  for n in /opt/torch/.venv/lib/python3*/site-packages/nvidia/*/lib/libnvrtc.so.13* /usr/local/cuda/lib64/libnvrtc.so.13*; do
-    [ -e "$n" ] && { carried_libs="$carried_libs:$(dirname "$(readlink -f "$n")")"; break; }
-  done
-  say "carried cuDNN $(cat .deps/cudnn-lib/VERSION) in $carried_dir (NVRTC from ${carried_libs#*:})"
-fi
+# The cuDNN carried in .deps/cudnn-lib, if any (steps.sh: carried_dir, carried_libs); its runs need
+# CUDNN_LIB_CONFIG=GRAPH_JIT_ONLY, which only distlab's commands see: PyTorch keeps its full cuDNN.
+unpack_carried_cudnn
 DL_CFG="${DL_CFG:-}" # CUDNN_LIB_CONFIG for distlab's commands (set by pick for the carried cuDNN)
 
 if want pick || want libs; then

@@ -13,7 +13,8 @@
 #                            build/lib/libdistlab.so there (built and stripped elsewhere,
 #                            carried), a line saying it was skipped; false if the build failed
 #   mps_start                the MPS daemon (for ranks sharing a GPU); stopped at exit
-#   pick_cudnn               DISTLAB_CUDNN = PyTorch's libcudnn where present (9.19 on
+#   unpack_carried_cudnn     the cuDNN carried in .deps/cudnn-lib, if any: carried_dir, carried_libs
+#   pick_cudnn               DISTLAB_CUDNN = that carried cuDNN, else PyTorch's libcudnn where present (9.19 on
 #                            the lent hosts; the same speed as the system's 9.14 in
 #                            cudnn.sh's pick, and newer), DL_ENV = the environment for
 #                            distlab's commands (its folder's neighbours on LD_LIBRARY_PATH)
@@ -91,9 +92,37 @@ mps_start() {
   say "MPS: $([ -n "$mps_ctl" ] && echo "running ($ctl)" || echo "failed to start")"
 }
 
+# unpack_carried_cudnn: the cuDNN carried in .deps/cudnn-lib (scripts/fetch-cudnn-lib.sh: a
+# pinned, newer cuDNN's GRAPH_JIT_ONLY sub-libraries, xz), unpacked once into carried_dir;
+# carried_libs = that folder and an NVRTC 13's (PyTorch's wheel's or the toolkit's) for the
+# loader's path. Both empty where nothing was carried.
+unpack_carried_cudnn() {
+  local x so n
+  carried_dir="" carried_libs=""
+  [ -f .deps/cudnn-lib/VERSION ] || return 0
+  carried_dir="/tmp/distlab-cudnn-$(cat .deps/cudnn-lib/VERSION)/lib"
+  mkdir -p "$carried_dir"
+  for x in .deps/cudnn-lib/*.so.9.xz; do
+    so="$carried_dir/$(basename "$x" .xz)"
+    if [ ! -f "$so" ]; then xz -d -c "$x" >"$so.tmp" && mv "$so.tmp" "$so"; fi
+  done
+  carried_libs="$carried_dir"
+  for n in /opt/torch/.venv/lib/python3*/site-packages/nvidia/*/lib/libnvrtc.so.13* /usr/local/cuda/lib64/libnvrtc.so.13*; do
+    [ -e "$n" ] && { carried_libs="$carried_libs:$(dirname "$(readlink -f "$n")")"; break; }
+  done
+  say "carried cuDNN $(cat .deps/cudnn-lib/VERSION) in $carried_dir (NVRTC from ${carried_libs#*:})"
+}
+
 DL_ENV=(env)
 pick_cudnn() {
   local f libs d
+  unpack_carried_cudnn
+  if [ -n "$carried_dir" ]; then # newer than PyTorch's; its thd backward is faster (attn-h200-cudnn928.md)
+    export DISTLAB_CUDNN="$carried_dir/libcudnn.so.9"
+    DL_ENV=(env CUDNN_LIB_CONFIG=GRAPH_JIT_ONLY LD_LIBRARY_PATH="$carried_libs:${LD_LIBRARY_PATH:-}")
+    say "cuDNN for distlab: $DISTLAB_CUDNN (carried; CUDNN_LIB_CONFIG=GRAPH_JIT_ONLY)"
+    return 0
+  fi
   for f in /opt/torch/.venv/lib/python3*/site-packages/nvidia/cudnn/lib/libcudnn.so.9; do
     [ -e "$f" ] || continue
     libs="$(dirname "$(readlink -f "$f")")"
