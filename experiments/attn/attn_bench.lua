@@ -181,8 +181,16 @@ do -- which of our kernels ran: dl.attn.backends names them
 end
 local ci = dl.attn.cudnn_info()
 if A.measured then
-  extra[#extra + 1] = "figures from " .. A.measured .. " (timed earlier in the same run; its log names the cudnn " ..
-    "library and plan build times)"
+  -- the timed pass's own results file (beside its CSV) names the cudnn library it ran
+  local f = io.open((A.measured:gsub("%.csv$", ".md")), "r")
+  local lib
+  if f then
+    for line in f:lines() do lib = lib or line:match("^%- (cudnn backend: .*)$") end
+    f:close()
+  end
+  extra[#extra + 1] = "figures from " .. A.measured .. " (timed earlier in the same run" ..
+    (lib and ")" or "; its log names the cudnn library and plan build times)")
+  if lib then extra[#extra + 1] = lib .. " (in the timed pass)" end
 elseif ci.version > 0 then
   extra[#extra + 1] = string.format("cudnn backend: cuDNN %d.%d.%d from %s (DISTLAB_CUDNN=%s), built against headers %d, " ..
     "frontend %d; %d plans built in %.0f ms (%.0f ms per plan), %d calls from the plan cache",
