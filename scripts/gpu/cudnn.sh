@@ -24,11 +24,11 @@
 #      schedules measured on the GPU beside the meta formula
 #      (experiments/cp/cp_cudnn_memory.lua on cuda, then on meta).
 #   6. (STEPS=plans only) cuDNN's candidate engines, each timed (DISTLAB_CUDNN_PLAN).
-#   8. (STEPS=impls only) cuDNN's composite and unified forward nodes against the frontend's choice.
 #   7. (STEPS=libs only) every candidate libcudnn through dl.attn's cudnn backend at LIBS_S,
 #      bshd and thd, beside one PyTorch SDPA run. The candidates of 2 and 7 include a newer
 #      cuDNN carried in .deps/cudnn-lib (scripts/fetch-cudnn-lib.sh), run with
 #      CUDNN_LIB_CONFIG=GRAPH_JIT_ONLY (distlab's commands only).
+#   8. (STEPS=impls only) cuDNN's composite and unified forward nodes against the frontend's choice.
 # STEPS picks steps (default "pick specs bench cp"; the build always runs, unless SKIP_BUILD is set and
 # build/lib/libdistlab.so was carried).
 # Every step runs under `timeout` with the smaller of its own limit and what
@@ -77,6 +77,11 @@ if want pick || want libs; then
     cands+=("$(readlink -f "$f")") cand_libs+=("$libs") cand_cfg+=("")
   done
   [ -n "$carried_dir" ] && cands+=("$carried_dir/libcudnn.so.9") cand_libs+=("$carried_libs") cand_cfg+=(GRAPH_JIT_ONLY)
+  # CENV: the environment of distlab's commands with candidate $1
+  cand_env() {
+    CENV=(env DISTLAB_CUDNN="${cands[$1]}" ${cand_cfg[$1]:+CUDNN_LIB_CONFIG=${cand_cfg[$1]}}
+      LD_LIBRARY_PATH="${cand_libs[$1]}:${LD_LIBRARY_PATH:-}")
+  }
 fi
 
 if want pick; then
@@ -84,8 +89,9 @@ if want pick; then
   for i in "${!cands[@]}"; do
     f=${cands[$i]} libs=${cand_libs[$i]} cfg=${cand_cfg[$i]}
     log="$L/pick-$(echo "$f" | tr '/' '_').log"
-    if DISTLAB_CUDNN="$f" LD_LIBRARY_PATH="$libs:${LD_LIBRARY_PATH:-}" step "pick: $f${cfg:+ ($cfg)}" 90 "$log" \
-      env ${cfg:+CUDNN_LIB_CONFIG=$cfg} ./distlab run -n 1 --device cuda experiments/attn/cudnn_pick.lua; then
+    cand_env "$i"
+    if step "pick: $f${cfg:+ ($cfg)}" 90 "$log" "${CENV[@]}" ./distlab run -n 1 --device cuda \
+      experiments/attn/cudnn_pick.lua; then
       ms=$(sed -n 's/^pick ms=\([0-9.]*\).*/\1/p' "$log")
       ver=$(sed -n 's/^pick .*version=\([0-9]*\).*/\1/p' "$log")
       # faster by more than 1%, or as fast (within 1%) and newer
@@ -114,12 +120,11 @@ if want libs; then
     --s "$LIBS_S" --out "$L" --name libs-torch
   grep -E "cudnn" "$L/libs-torch.log" | head -20 | tee -a "$SUM"
   for i in "${!cands[@]}"; do
-    f=${cands[$i]} cfg=${cand_cfg[$i]}
-    step "libs: dl.attn cudnn with $f" 150 "$L/libs-$i.log" env DISTLAB_CUDNN="$f" ${cfg:+CUDNN_LIB_CONFIG=$cfg} \
-      LD_LIBRARY_PATH="${cand_libs[$i]}:${LD_LIBRARY_PATH:-}" ./distlab run -n 1 --device cuda \
+    cand_env "$i"
+    step "libs: dl.attn cudnn with ${cands[$i]}" 150 "$L/libs-$i.log" "${CENV[@]}" ./distlab run -n 1 --device cuda \
       experiments/attn/attn_bench.lua --s "$LIBS_S" --backends cudnn --warm-ms 150 --min-ms 300 --out "$L/libs-$i"
     grep -h "cudnn backend" "$L/libs-$i/attn-distlab.md" 2>/dev/null | sed "s/^/lib $i: /" | tee -a "$SUM"
-    grep -E "^\| (bshd|thd)" "$L/libs-$i/attn-distlab.md" 2>/dev/null | sed "s/^/lib $i: /" | tee -a "$SUM"
+    grep -E "^cudnn " "$L/libs-$i.log" | sed "s/^/lib $i: /" | tee -a "$SUM"
   done
 fi
 
@@ -172,7 +177,7 @@ if want plans; then
     step "plans: dl.attn cudnn, candidate $n" 120 "$L/plan-$n.log" "${DLENV[@]}" "${pe[@]}" \
       ./distlab run -n 1 --device cuda \
       experiments/attn/attn_bench.lua --s "$PLAN_S" --backends cudnn --warm-ms 150 --min-ms 300 --out "$L/plan-$n"
-    grep -E "^\| (bshd|thd)" "$L/plan-$n/attn-distlab.md" 2>/dev/null | sed "s/^/plan $n: /" | tee -a "$SUM"
+    grep -E "^cudnn " "$L/plan-$n.log" | sed "s/^/plan $n: /" | tee -a "$SUM"
   done
   grep -h -A12 "^distlab cudnn: fwd thd b=2 h=16 s=4096" "$L/plan-0.log" | head -14 | tee -a "$SUM"
   grep -h -A12 "^distlab cudnn: bwd thd b=2 h=16 s=4096" "$L/plan-0.log" | head -14 | tee -a "$SUM"
