@@ -142,9 +142,9 @@ __device__ __forceinline__ void ep_begin(const dl_ep_args_t &a, int phase, ep_bl
 // count_of(N, rank) at rank q, unless a wait of the block timed out (the
 // peers then time out too, naming this rank). A send's add is a release (the
 // block's writes go first), a receive's is relaxed (its reads are done):
-// ep_add. No count of the grid's blocks, no last block: a block's own system
-// fence and one write on NVLink are all that stand between its last write
-// and the peer.
+// ep_add. No count of the grid's blocks, no last block: a send block's own
+// system fence and one write on NVLink (a receive block's: the write alone)
+// are all that stand between its last access and the peer.
 __device__ __forceinline__ void ep_finish(const dl_ep_args_t &a, ep_block &blk, int64_t (*count_of)(int, int),
                                           bool send) {
   __syncthreads();
