@@ -109,7 +109,7 @@ if want cp; then
   ctag="$tag${CP_TAG:+-$CP_TAG}"
   step "cp_bench CP=$N, backends $CP_BACKENDS" 300 "$L/cp-bench.log" "${DL_ENV[@]}" ./distlab run -n "$N" --device cuda \
     experiments/cp/cp_bench.lua --backends "$CP_BACKENDS" --s "${CP_S:-16384,65536,131072}" --iters "${CP_ITERS:-20}" \
-    --tag "$ctag" --out "$OUT" --command "scripts/gpu/multi.sh (STEPS=cp CP_BACKENDS=$CP_BACKENDS)"
+    --tag "$ctag" --out "$OUT" --command "scripts/gpu/multi.sh (STEPS=cp CP_BACKENDS=$CP_BACKENDS${CP_S:+ CP_S=$CP_S}${CP_ITERS:+ CP_ITERS=$CP_ITERS}${CP_TAG:+ CP_TAG=$CP_TAG})"
   sed -n '/^| backend | S_total/,$p' "$L/cp-bench.log" | head -60 | tee -a "$SUM"
 fi
 
