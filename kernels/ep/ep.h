@@ -19,10 +19,10 @@
  *               [le][source][position of
  *               the token among the
  *               source's tokens for e]
- *   per_rank    [N][B]: one message per    [K][B]: the output of selection k
- *               (token, destination        of token t at [k][t]
- *               rank), slot [source][its
- *               position among the
+ *   per_rank    [N][B]: one message per    [2][K][B]: the output of
+ *               (token, destination        selection k of token t at [k][t]
+ *               rank), slot [source][its   of half e & 1 in call e (Lamport
+ *               position among the         slots, below)
  *               source's tokens for that
  *               rank]; its header carries
  *               the token's selections on
@@ -39,6 +39,20 @@
  *     among the source's tokens for that expert, f32 weight
  *   payload: bf16 [H], or fp8 e4m3 [H] bytes then f32 scales [H/128]
  * Combine message = the bf16 output row [H].
+ *
+ * Lamport slots (per_rank's combine, on cuda): every 32-bit word of both
+ * halves is DL_EP_EMPTY except while a call uses it (the buffer starts so).
+ * The sender writes its rows with any word equal to DL_EP_EMPTY sent as
+ * DL_EP_NAN (both NaN pairs in bf16), and no flag: its count (comb_flag) is
+ * a relaxed add, kept for the epochs and a timeout's record. The owner
+ * knows from its handle which slots the call fills; it polls each 16-byte
+ * vector until none of its words is empty, sums, and empties the words
+ * again. So a row is summed as soon as it has arrived, and the send's
+ * system fence and the receive's wait for every rank's count are gone. The
+ * emptying of call e's half needs no fence either: a sender writes that
+ * half again in call e + 2, after the owner's comb_done of call e + 1,
+ * which a later kernel adds once call e's kernels have ended (and their
+ * stores with them). The cpu twin keeps the flags and the first half.
  *
  * Control words (uint32; "from q" = written by rank q into this rank's buffer):
  *   disp_flag[N]  from source q: a counter; each block of q's dispatch send
@@ -96,6 +110,9 @@ enum {
   DL_EP_SHARE_SHIFT = 10,  /* the shares of a call's blocks sum to 2^10         */
   DL_EP_SHARES = 1 << DL_EP_SHARE_SHIFT /* >= DL_EP_MAX_BLOCKS: every share >= 1 */
 };
+
+#define DL_EP_EMPTY 0xffffffffu /* a Lamport slot's empty word (bf16: two NaNs) */
+#define DL_EP_NAN 0x7fffffffu   /* what a row's word equal to DL_EP_EMPTY is sent as */
 
 /* every block's share of a call's count is at least 1 (dl_ep_share) */
 typedef char dl_ep_shares_cover_blocks[DL_EP_SHARES >= DL_EP_MAX_BLOCKS ? 1 : -1];
@@ -205,7 +222,11 @@ DL_EP_HD int64_t dl_ep_dispatch_slots(int per_rank, int n, int e, int b) {
   return (per_rank ? (int64_t)n : (int64_t)e) * b;
 }
 DL_EP_HD int64_t dl_ep_combine_slots(int per_rank, int e, int k, int b) {
-  return (per_rank ? (int64_t)k : (int64_t)e) * b;
+  return (per_rank ? 2 * (int64_t)k : (int64_t)e) * b;
+}
+/* the first combine slot of call `epoch` (per_rank: its half) */
+DL_EP_HD int64_t dl_ep_combine_half(int per_rank, int k, int b, uint32_t epoch) {
+  return per_rank ? (int64_t)(epoch & 1u) * k * b : 0;
 }
 
 /* src word 1: source | k << 8 | local expert << 16 */

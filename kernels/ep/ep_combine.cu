@@ -5,16 +5,19 @@
  *   ep_combine_send_kernel   on the experts' rank: once every owner has read
  *       our previous combine, a warp per output row (rows r < counts[g] of
  *       each expert, or source; at small B per segment of one) sends y's row
- *       to its owner's slot: [k][t] (per_rank; rank_major rows to the
- *       token's first selection on this rank) or [e][t] (per_expert),
- *       16-byte vectors over NVLink. Every block then adds its share to
- *       every owner's comb_flag.
- *   ep_combine_recv_kernel   on the owner: waits for every rank's comb_flag,
- *       then a warp per token (at small B per segment of one) sums its slots
- *       in fp32, k by k with fmaf (expert_major: weighted by topk_weights;
- *       rank_major: the rows came weighted, one per rank), skipping ids of
- *       -1, and writes bf16. Every block then adds its share to every
- *       rank's comb_done.
+ *       to its owner's slot: [k][t] of the call's half (per_rank, Lamport
+ *       slots: ep.h; rank_major rows to the token's first selection on this
+ *       rank) or [e][t] (per_expert), 16-byte vectors over NVLink. Every
+ *       block then adds its share to every owner's comb_flag (a release
+ *       per_expert; per_rank a relaxed add: the rows say themselves that
+ *       they are there).
+ *   ep_combine_recv_kernel   on the owner: per_expert waits for every rank's
+ *       comb_flag; then a warp per token (at small B per segment of one)
+ *       sums its slots in fp32, k by k with fmaf (expert_major: weighted by
+ *       topk_weights; rank_major: the rows came weighted, one per rank),
+ *       skipping ids of -1, and writes bf16; per_rank polls each vector of
+ *       its slots until it is there, and empties it once summed. Every block
+ *       then adds its share to every rank's comb_done.
  *
  * Reference: kernels/ep/cpu/ep.c (the same sums in the same order).
  */
@@ -57,16 +60,18 @@ template <bool PER_RANK, bool EXPERT_MAJOR> __device__ __forceinline__ void ep_c
     ep_load_batch(b, src, (hi - lo) / 16, lane);
   };
   if (it0 < rows * sp.segs) fetch(it0);
-  // the owners have read our previous combine
+  // the owners have read our previous combine (per_rank: and emptied the
+  // slots of this call's half in the call before it, ep.h)
   ep_await(a, phase, blk, dl_ep_comb_done, -1);
+  const int64_t half = dl_ep_combine_half(PER_RANK, a.topk, B, blk.epoch);
   for (int64_t it = it0; blk.ok && it < rows * sp.segs; it += warps) {
     if (it != it0) fetch(it);
     const int s = (int)(p & 0xffu), k = (int)((p >> 8) & 0xffu), le = (int)(p >> 16);
     const int64_t slot = PER_RANK ? k : (int64_t)a.rank * a.local + le;
-    char *dst = ep_buf(a, s) + a.crecv_off + (slot * B + t) * a.msg_c;
-    ep_copy_row_loaded(dst + lo, src, hi - lo, lane, b);
+    char *dst = ep_buf(a, s) + a.crecv_off + (half + slot * B + t) * a.msg_c;
+    ep_copy_row_loaded<PER_RANK>(dst + lo, src, hi - lo, lane, b);
   }
-  ep_finish(a, blk, dl_ep_comb_flag, true);
+  ep_finish(a, blk, dl_ep_comb_flag, !PER_RANK);
 }
 
 template <bool PER_RANK, bool EXPERT_MAJOR>
@@ -79,6 +84,7 @@ __global__ void __launch_bounds__(DL_EP_THREADS, 2) ep_combine_send_kernel(const
 struct ep_sums {
   const uint4 *slots[DL_EP_THREADS / 32][DL_EP_MAX_TOPK];
   float weights[DL_EP_THREADS / 32][DL_EP_MAX_TOPK];
+  int from[DL_EP_THREADS / 32][DL_EP_MAX_TOPK]; // the rank that sends the slot's row (per_rank: a timeout's peer)
 };
 
 template <bool PER_RANK, bool EXPERT_MAJOR>
@@ -88,7 +94,6 @@ __device__ __forceinline__ void ep_combine_recv_body(const dl_ep_args_t &a, cons
   EP_SHARED(ep_sums, sh); // per warp: the token's slots and weights, in k order
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, W = blockDim.x >> 5;
   const int K = a.topk, B = a.max_tokens, H = a.hidden, L = a.local;
-  const char *region = ep_buf(a, a.rank) + a.crecv_off;
   const int64_t warps = (int64_t)gridDim.x * W, nv = H / 8;
   const ep_split sp = ep_split_rows(a.tokens, warps, nv); // tokens cut into segments (ep_device.cuh)
   // lane k: the expert and weight of selection k of the warp's next token (the
@@ -100,8 +105,14 @@ __device__ __forceinline__ void ep_combine_recv_body(const dl_ep_args_t &a, cons
     nid = a.hidx[it / sp.segs * K + lane];
     nwt = a.hw[it / sp.segs * K + lane];
   }
-  ep_begin(a, phase, blk, dl_ep_comb_flag, 0, dl_ep_comb_done, early);
-  for (; blk.ok && it < a.tokens * sp.segs; it += warps) {
+  if (PER_RANK) ep_start(a, blk, dl_ep_comb_done, early); // no wait: the slots say when a row is there
+  else ep_begin(a, phase, blk, dl_ep_comb_flag, 0, dl_ep_comb_done, early);
+  const uint32_t epoch = blk.epoch;
+  char *region = ep_buf(a, a.rank) + a.crecv_off + dl_ep_combine_half(PER_RANK, K, B, epoch) * a.msg_c;
+  // the warp's: no wait of the block timed out (one answer for its lanes:
+  // per_rank, another warp may clear the block's word while they read it)
+  bool ok = __ballot_sync(EP_FULL, *reinterpret_cast<volatile int *>(&blk.ok) == 0) == 0u;
+  for (; ok && it < a.tokens * sp.segs; it += warps) {
     const int t = (int)(it / sp.segs);
     const int64_t lo = (it % sp.segs) * sp.per, hi = min(nv, lo + sp.per);
     // lane k: the slot of selection k and its weight; n of them, in k order
@@ -125,21 +136,51 @@ __device__ __forceinline__ void ep_combine_recv_body(const dl_ep_args_t &a, cons
       const int at = __popc(m & ((1u << lane) - 1u));
       sh.slots[warp][at] = reinterpret_cast<const uint4 *>(region + ((PER_RANK ? (int64_t)lane : id) * B + t) * a.msg_c);
       sh.weights[warp][at] = w;
+      sh.from[warp][at] = id / L;
     }
     __syncwarp();
     const int n = __popc(m);
     uint4 *out = reinterpret_cast<uint4 *>(reinterpret_cast<char *>(a.out) + (int64_t)t * H * 2);
+    bool here = true; // per_rank: every vector this lane summed had arrived
     for (int64_t v = lo + lane; v < hi; v += 32) {
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-#pragma unroll 4
-      for (int j = 0; j < n; j++) {
-        const uint4 y = sh.slots[warp][j][v];
-        const float wj = sh.weights[warp][j];
-        const uint32_t wd[4] = {y.x, y.y, y.z, y.w};
+      if (PER_RANK) { // Lamport slots: four polls in flight, then the slow path for a vector not there yet
+        for (int j0 = 0; j0 < n; j0 += 4) {
+          uint4 y[4];
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-          acc[2 * i] = fmaf(wj, dl_bf16_to_f32((uint16_t)(wd[i] & 0xffffu)), acc[2 * i]);
-          acc[2 * i + 1] = fmaf(wj, dl_bf16_to_f32((uint16_t)(wd[i] >> 16)), acc[2 * i + 1]);
+          for (int u = 0; u < 4; u++)
+            if (j0 + u < n) y[u] = ep_ld_vec_volatile(sh.slots[warp][j0 + u] + v);
+#pragma unroll
+          for (int u = 0; u < 4; u++) {
+            const int j = j0 + u;
+            if (j >= n) break;
+            if (here && !ep_vec_full(y[u]) &&
+                !ep_poll_vec(sh.slots[warp][j] + v, &y[u], a.timeout_ns, a.status, phase, sh.from[warp][j], epoch,
+                             ep_ctrl(a, a.rank) + dl_ep_comb_flag(a.nranks, sh.from[warp][j]), &blk.ok))
+              here = false;
+            const float wj = sh.weights[warp][j];
+            const uint32_t wd[4] = {y[u].x, y[u].y, y[u].z, y[u].w};
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+              acc[2 * i] = fmaf(wj, dl_bf16_to_f32((uint16_t)(wd[i] & 0xffffu)), acc[2 * i]);
+              acc[2 * i + 1] = fmaf(wj, dl_bf16_to_f32((uint16_t)(wd[i] >> 16)), acc[2 * i + 1]);
+            }
+          }
+        }
+        if (!here) continue;
+        const uint4 empty = make_uint4(DL_EP_EMPTY, DL_EP_EMPTY, DL_EP_EMPTY, DL_EP_EMPTY);
+        for (int j = 0; j < n; j++) const_cast<uint4 *>(sh.slots[warp][j])[v] = empty;
+      } else {
+#pragma unroll 4
+        for (int j = 0; j < n; j++) {
+          const uint4 y = sh.slots[warp][j][v];
+          const float wj = sh.weights[warp][j];
+          const uint32_t wd[4] = {y.x, y.y, y.z, y.w};
+#pragma unroll
+          for (int i = 0; i < 4; i++) {
+            acc[2 * i] = fmaf(wj, dl_bf16_to_f32((uint16_t)(wd[i] & 0xffffu)), acc[2 * i]);
+            acc[2 * i + 1] = fmaf(wj, dl_bf16_to_f32((uint16_t)(wd[i] >> 16)), acc[2 * i + 1]);
+          }
         }
       }
       uint32_t o[4];
@@ -148,6 +189,8 @@ __device__ __forceinline__ void ep_combine_recv_body(const dl_ep_args_t &a, cons
         o[i] = (uint32_t)dl_f32_to_bf16(acc[2 * i]) | (uint32_t)dl_f32_to_bf16(acc[2 * i + 1]) << 16;
       out[v] = make_uint4(o[0], o[1], o[2], o[3]);
     }
+    if (PER_RANK) // one answer for the warp's lanes (each reads the block's word; another warp may clear it meanwhile)
+      ok = __ballot_sync(EP_FULL, !here || *reinterpret_cast<volatile int *>(&blk.ok) == 0) == 0u;
     __syncwarp();
   }
   ep_finish(a, blk, dl_ep_comb_done, false);

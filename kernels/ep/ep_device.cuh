@@ -232,22 +232,84 @@ __device__ __forceinline__ void ep_load_batch(ep_batch &b, const char *src, int6
   for (int u = 0; u < 4; u++)
     if (v0 + 32 * u < nv) b.r[u] = s[v0 + 32 * u];
 }
+// A word as it goes into a Lamport slot (ep.h): never DL_EP_EMPTY.
+__device__ __forceinline__ uint32_t ep_lamport_word(uint32_t w) { return w == DL_EP_EMPTY ? DL_EP_NAN : w; }
+__device__ __forceinline__ uint4 ep_lamport_clean(const uint4 &x) {
+  return make_uint4(ep_lamport_word(x.x), ep_lamport_word(x.y), ep_lamport_word(x.z), ep_lamport_word(x.w));
+}
+// CLEAN: into Lamport slots (every word an EMPTY one is not).
+template <bool CLEAN = false>
 __device__ __forceinline__ void ep_store_batch(char *dst, const ep_batch &b, int64_t nv, int64_t v0) {
   uint4 *d = reinterpret_cast<uint4 *>(dst);
 #pragma unroll
   for (int u = 0; u < 4; u++)
-    if (v0 + 32 * u < nv) d[v0 + 32 * u] = b.r[u];
+    if (v0 + 32 * u < nv) d[v0 + 32 * u] = CLEAN ? ep_lamport_clean(b.r[u]) : b.r[u];
 }
 
 // A warp copies `bytes` (a multiple of 16) from src to dst, four vectors in
 // flight per lane, the first batch already loaded into b (ep_load_batch(b,
-// src, bytes / 16, lane)); b then serves the rest.
+// src, bytes / 16, lane)); b then serves the rest. CLEAN: dst is a Lamport slot.
+template <bool CLEAN = false>
 __device__ __forceinline__ void ep_copy_row_loaded(char *dst, const char *src, int64_t bytes, int lane, ep_batch &b) {
   const int64_t nv = bytes / 16;
-  ep_store_batch(dst, b, nv, lane);
+  ep_store_batch<CLEAN>(dst, b, nv, lane);
   for (int64_t v0 = lane + 128; v0 < nv; v0 += 128) {
     ep_load_batch(b, src, nv, v0);
-    ep_store_batch(dst, b, nv, v0);
+    ep_store_batch<CLEAN>(dst, b, nv, v0);
+  }
+}
+
+// ---- Lamport slots (ep.h): a vector is there once none of its words is empty ----
+
+#ifndef DL_EP_EMU // the CPU emulation brings its own
+// The 16-byte vector at p as memory holds it now (the peers write there): L2, every time.
+__device__ __forceinline__ uint4 ep_ld_vec_volatile(const uint4 *p) {
+  uint4 x;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
+               : "l"(p)
+               : "memory");
+  return x;
+}
+#define EP_POLL_YIELD() \
+  do {                  \
+  } while (0)
+#endif
+
+__device__ __forceinline__ bool ep_vec_full(const uint4 &x) {
+  return x.x != DL_EP_EMPTY && x.y != DL_EP_EMPTY && x.z != DL_EP_EMPTY && x.w != DL_EP_EMPTY;
+}
+
+// Polls the vector at p until it is whole (into *x): true; false once the
+// block gave up (*blk_ok 0: another warp's wait timed out), another block
+// recorded a timeout (the host-mapped record, read only once the wait has
+// lasted 100 us; a bad expert id's record stops nothing: that call still
+// completes), or this wait timed out: recorded as a timeout of phase
+// `phase` waiting for `peer`'s row of call `epoch`, with the calls the peer's
+// count (*count, its comb_flag at this rank) held, and *blk_ok set to 0.
+// Plain arguments: a reference to the parameter block would copy it to local
+// memory. The first poll (the fast path) is the caller's.
+static __device__ __noinline__ bool ep_poll_vec(const uint4 *p, uint4 *x, uint64_t timeout_ns, dl_ep_status_t *status,
+                                                int phase, int peer, uint32_t epoch, const uint32_t *count,
+                                                int *blk_ok) {
+  const uint64_t t0 = dl_signal_clock_ns();
+  for (int spins = 1;; spins++) {
+    *x = ep_ld_vec_volatile(p);
+    if (ep_vec_full(*x)) return true;
+    if (spins % 32) continue;
+    EP_POLL_YIELD();
+    if (*reinterpret_cast<volatile int *>(blk_ok) == 0) return false;
+    const uint64_t waited = dl_signal_clock_ns() - t0;
+    if (waited > 100000 && spins % 1024 == 0 &&
+        reinterpret_cast<volatile dl_ep_status_t *>(status)->kind == DL_EP_ERR_TIMEOUT) {
+      *reinterpret_cast<volatile int *>(blk_ok) = 0;
+      return false;
+    }
+    if (waited > timeout_ns) {
+      ep_fail(status, phase, DL_EP_ERR_TIMEOUT, (uint32_t)peer, epoch, dl_ep_calls_of(ep_ld_volatile(count)), epoch);
+      *reinterpret_cast<volatile int *>(blk_ok) = 0;
+      return false;
+    }
   }
 }
 

@@ -327,14 +327,19 @@ static int init(dl_ep_t *ep, dl_comm_t *c, const dl_comm_info_t *ci) {
     DL_TRY(dl_symm_peer_ptr(ep->symm, p, &ptr));
     ep->base.bufs[p] = ptr;
   }
-  /* epochs at zero before anyone signals into them */
+  /* epochs at zero before anyone signals into them; per_rank's combine slots
+   * empty (Lamport slots, kernels/ep/ep.h; the cpu twin ignores them) */
   const size_t ctrl = (size_t)dl_ep_ctrl_bytes(ep->size, ep->local);
+  char *comb = ep->base.bufs[ep->rank] + ep->base.crecv_off;
+  const size_t comb_bytes = ep->cfg.layout == DL_EP_PER_RANK ? (size_t)ep->bytes[DL_EP_COMBINE_RECV_BYTES] : 0;
   if (ep->dev_type == DL_CPU) {
     memset(ep->base.bufs[ep->rank], 0, ctrl);
+    memset(comb, 0xff, comb_bytes);
   } else {
 #ifdef DL_WITH_CUDA
     DL_TRY(dl_cuda_use(ep->dev_index));
     DL_CUDA_CHECK(cudaMemset(ep->base.bufs[ep->rank], 0, ctrl));
+    if (comb_bytes) DL_CUDA_CHECK(cudaMemset(comb, 0xff, comb_bytes));
     DL_CUDA_CHECK(cudaDeviceSynchronize());
 #endif
   }

@@ -190,6 +190,16 @@ static inline bool dl_signal_wait_until(const uint32_t *p, uint32_t v, uint64_t 
   return true;
 }
 
+/* ---- Lamport slots (kernels/ep/ep_device.cuh) -------------------------------------- */
+
+/* a vector as memory holds it now: four word loads (a writer's words land one by one) */
+static inline uint4 ep_ld_vec_volatile(const uint4 *p) {
+  const uint32_t *w = reinterpret_cast<const uint32_t *>(p);
+  return uint4{__atomic_load_n(w, __ATOMIC_RELAXED), __atomic_load_n(w + 1, __ATOMIC_RELAXED),
+               __atomic_load_n(w + 2, __ATOMIC_RELAXED), __atomic_load_n(w + 3, __ATOMIC_RELAXED)};
+}
+#define EP_POLL_YIELD() std::this_thread::yield()
+
 /* ---- launches ------------------------------------------------------------------ */
 
 #define DL_CUDA_CHECK_LAUNCH(name) \

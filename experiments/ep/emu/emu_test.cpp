@@ -92,6 +92,8 @@ static void make_world(world &w, int n, int layout, int output, int fp8, int E, 
     s.buf.assign(total + 4096, (char)0x5a); // garbage everywhere but the control words
     s.base = s.buf.data() + (4096 - (uintptr_t)s.buf.data() % 4096) % 4096;
     memset(s.base, 0, a.drecv_off);
+    if (pr) // per_rank's combine slots start empty (Lamport, ep.h), as dl_ep_new leaves them
+      memset(s.base + a.crecv_off, 0xff, (size_t)(dl_ep_combine_slots(pr, E, K, B) * a.msg_c));
     a.bufs[q] = s.base;
     s.rx.assign(rows * H * (fp8 ? 1 : 2), 0);
     s.scales.assign(rows * (H / 128), 0);
@@ -408,7 +410,6 @@ int main(int argc, char **argv) {
     make_world(w, n, DL_EP_PER_RANK, at ? DL_EP_RANK_MAJOR : DL_EP_EXPERT_MAJOR, 0, E, true);
     const uint32_t first = at ? (1u << 22) - 2 : 0;
     start_at(w, first);
-    w.base.timeout_ns = 200000000ull;
     std::mt19937 g(seed);
     for (int c = 0; c < 3; c++) {
       for (int q = 0; q < n; q++) inputs(w, q, c, g);
@@ -419,6 +420,9 @@ int main(int argc, char **argv) {
     }
     for (int q = 0; q < n; q++) inputs(w, q, 0, g);
     for (int q = 0; q < n; q++) w.r[q].status = dl_ep_status_t{}; // a repeated expert's record, if the inputs had one
+    // the lone call's wait is short; the rounds before keep the long one (200 ms
+    // for them too timed out now and then on 2 cores: 768 threads at 4 ranks)
+    w.base.timeout_ns = 200000000ull;
     dl_ep_args_t a = args_of(w, 0, DL_EP_DISPATCH_SEND);
     dl_ep_cuda(&a, nullptr);
     w.r[0].status = dl_ep_status_t{};
@@ -429,6 +433,43 @@ int main(int argc, char **argv) {
     const bool ok = s.kind == DL_EP_ERR_TIMEOUT && s.phase == DL_EP_DISPATCH_RECV && s.peer >= 1 && s.expected == call &&
                     s.seen == call - 1 && s.epoch == call;
     printf("timeout after 3 calls from %u: %s (kind %u phase %u peer %u call %u, its count %u)\n", first,
+           ok ? "recorded" : "WRONG", s.kind, s.phase, s.peer, s.expected, s.seen);
+    if (!ok) failures++;
+  }
+  // The same for a combine: after three whole rounds rank 0 alone makes a
+  // fourth combine (send, then receive). per_rank's receive polls its
+  // Lamport slots (no count to wait for): it must end by itself, naming a
+  // rank whose row did not come, call 4 and that rank's count (call 3).
+  for (int at = 0; at < 2 && n >= 2; at++) {
+    world w;
+    make_world(w, n, DL_EP_PER_RANK, at ? DL_EP_RANK_MAJOR : DL_EP_EXPERT_MAJOR, 0, E, true);
+    const uint32_t first = at ? (1u << 22) - 2 : 0;
+    start_at(w, first);
+    std::mt19937 g(seed + 7);
+    for (int c = 0; c < 4; c++) {
+      for (int q = 0; q < n; q++) inputs(w, q, c, g);
+      // every token routed to an expert of each rank, so rank 0 waits for a row of every peer
+      for (int q = 0; q < n; q++) {
+        if (w.r[q].T == 0) w.r[q].T = 1;
+        for (int t = 0; t < w.r[q].T; t++)
+          for (int k = 0; k < K; k++) w.r[q].idx[(size_t)t * K + k] = k < n ? k * (E / n) : -1;
+      }
+      run(w, DL_EP_DISPATCH);
+      for (int q = 0; q < n; q++) experts(w, q);
+      if (c < 3) run(w, c % 2 ? DL_EP_COMBINE : DL_EP_COMBINE_SEND);
+      if (c < 3 && c % 2 == 0) run(w, DL_EP_COMBINE_RECV);
+    }
+    for (int q = 0; q < n; q++) w.r[q].status = dl_ep_status_t{};
+    w.base.timeout_ns = 200000000ull; // the lone call's wait only (above)
+    dl_ep_args_t a = args_of(w, 0, DL_EP_COMBINE_SEND);
+    dl_ep_cuda(&a, nullptr);
+    a = args_of(w, 0, DL_EP_COMBINE_RECV);
+    dl_ep_cuda(&a, nullptr);
+    const dl_ep_status_t &s = w.r[0].status;
+    const uint32_t call = (first + 4) & ((1u << 22) - 1);
+    const bool ok = s.kind == DL_EP_ERR_TIMEOUT && s.phase == DL_EP_COMBINE_RECV && s.peer >= 1 &&
+                    (int)s.peer < n && s.expected == call && s.seen == call - 1 && s.epoch == call;
+    printf("combine timeout after 3 calls from %u: %s (kind %u phase %u peer %u call %u, its count %u)\n", first,
            ok ? "recorded" : "WRONG", s.kind, s.phase, s.peer, s.expected, s.seen);
     if (!ok) failures++;
   }
