@@ -19,10 +19,10 @@
  *               [le][source][position of
  *               the token among the
  *               source's tokens for e]
- *   per_rank    [N][B]: one message per    [2][K][B]: the output of
- *               (token, destination        selection k of token t at [k][t]
- *               rank), slot [source][its   of half e & 1 in call e (Lamport
- *               position among the         slots, below)
+ *   per_rank    [N][B]: one message per    [K][B]: the output of selection
+ *               (token, destination        k of token t at [k][t]; Lamport
+ *               rank), slot [source][its   slots (below): [2][K][B], half
+ *               position among the         e & 1 in call e
  *               source's tokens for that
  *               rank]; its header carries
  *               the token's selections on
@@ -40,7 +40,9 @@
  *   payload: bf16 [H], or fp8 e4m3 [H] bytes then f32 scales [H/128]
  * Combine message = the bf16 output row [H].
  *
- * Lamport slots (per_rank's combine, on cuda): every 32-bit word of both
+ * Lamport slots (per_rank's combine on cuda, where a.lamport: buffers of at
+ * most DL_EP_LAMPORT_MAX_TOKENS tokens, DISTLAB_EP_LAMPORT_MAX_TOKENS to
+ * change it; larger ones keep the flag and one half): every 32-bit word of both
  * halves is DL_EP_EMPTY except while a call uses it (the buffer starts so).
  * The sender writes its rows with any word equal to DL_EP_EMPTY sent as
  * DL_EP_NAN (both NaN pairs in bf16), and no flag: its count (comb_flag) is
@@ -52,7 +54,11 @@
  * emptying of call e's half needs no fence either: a sender writes that
  * half again in call e + 2, after the owner's comb_done of call e + 1,
  * which a later kernel adds once call e's kernels have ended (and their
- * stores with them). The cpu twin keeps the flags and the first half.
+ * stores with them). The cpu twin keeps the flags and the first half. The
+ * emptying costs stores as many as the rows read: on 2 H200s (per_rank,
+ * rank_major, bf16, E 256) the combine gained 0.5-1.7 us at B 1-128 and lost
+ * 0.5 us at B 256 and 2.9 us (8%) at B 512, hence the bound on B
+ * (experiments/ep/NOTES.md).
  *
  * Control words (uint32; "from q" = written by rank q into this rank's buffer):
  *   disp_flag[N]  from source q: a counter; each block of q's dispatch send
@@ -107,6 +113,7 @@ enum {
   DL_EP_MAX_BLOCKS = 1024,
   DL_EP_CTRL_ALIGN = 4096,
   DL_EP_FP8_GROUP = 128,   /* values per fp8 scale (kernels/ep/fp8.h)          */
+  DL_EP_LAMPORT_MAX_TOKENS = 128, /* per_rank combines in Lamport slots up to this B */
   DL_EP_SHARE_SHIFT = 10,  /* the shares of a call's blocks sum to 2^10         */
   DL_EP_SHARES = 1 << DL_EP_SHARE_SHIFT /* >= DL_EP_MAX_BLOCKS: every share >= 1 */
 };
@@ -150,6 +157,7 @@ typedef struct dl_ep_args {
   int tokens;      /* this rank's T of the last dispatch_send              */
   int blocks;      /* grid size (cpu: the blocks run one after another)     */
   int threads;     /* per block                                            */
+  int lamport;     /* per_rank's combine slots are Lamport slots (above)    */
   int pdl;         /* cuda: launch with programmatic stream serialization
                       (common/pdl.cuh): the grid is scheduled while the one
                       before it finishes, and waits for it before any access */
@@ -221,12 +229,12 @@ DL_EP_HD int64_t dl_ep_msg_c(int h) { return dl_ep_align(2 * (int64_t)h, 16); }
 DL_EP_HD int64_t dl_ep_dispatch_slots(int per_rank, int n, int e, int b) {
   return (per_rank ? (int64_t)n : (int64_t)e) * b;
 }
-DL_EP_HD int64_t dl_ep_combine_slots(int per_rank, int e, int k, int b) {
-  return (per_rank ? 2 * (int64_t)k : (int64_t)e) * b;
+DL_EP_HD int64_t dl_ep_combine_slots(int per_rank, int lamport, int e, int k, int b) {
+  return (per_rank ? (lamport ? 2 : 1) * (int64_t)k : (int64_t)e) * b;
 }
-/* the first combine slot of call `epoch` (per_rank: its half) */
-DL_EP_HD int64_t dl_ep_combine_half(int per_rank, int k, int b, uint32_t epoch) {
-  return per_rank ? (int64_t)(epoch & 1u) * k * b : 0;
+/* the first combine slot of call `epoch` (Lamport slots: its half) */
+DL_EP_HD int64_t dl_ep_combine_half(int lamport, int k, int b, uint32_t epoch) {
+  return lamport ? (int64_t)(epoch & 1u) * k * b : 0;
 }
 
 /* src word 1: source | k << 8 | local expert << 16 */

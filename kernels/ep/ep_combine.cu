@@ -5,25 +5,27 @@
  *   ep_combine_send_kernel   on the experts' rank: once every owner has read
  *       our previous combine, a warp per output row (rows r < counts[g] of
  *       each expert, or source; at small B per segment of one) sends y's row
- *       to its owner's slot: [k][t] of the call's half (per_rank, Lamport
- *       slots: ep.h; rank_major rows to the token's first selection on this
- *       rank) or [e][t] (per_expert), 16-byte vectors over NVLink. Every
- *       block then adds its share to every owner's comb_flag (a release
- *       per_expert; per_rank a relaxed add: the rows say themselves that
- *       they are there).
- *   ep_combine_recv_kernel   on the owner: per_expert waits for every rank's
- *       comb_flag; then a warp per token (at small B per segment of one)
- *       sums its slots in fp32, k by k with fmaf (expert_major: weighted by
- *       topk_weights; rank_major: the rows came weighted, one per rank),
- *       skipping ids of -1, and writes bf16; per_rank polls each vector of
- *       its slots until it is there, and empties it once summed. Every block
- *       then adds its share to every rank's comb_done.
+ *       to its owner's slot: [k][t] (per_rank; rank_major rows to the
+ *       token's first selection on this rank; in Lamport slots, of the
+ *       call's half, where a.lamport: ep.h) or [e][t] (per_expert), 16-byte
+ *       vectors over NVLink. Every block then adds its share to every
+ *       owner's comb_flag (a release; in Lamport slots a relaxed add: the
+ *       rows say themselves that they are there).
+ *   ep_combine_recv_kernel   on the owner: waits for every rank's comb_flag
+ *       (not with Lamport slots); then a warp per token (at small B per
+ *       segment of one) sums its slots in fp32, k by k with fmaf
+ *       (expert_major: weighted by topk_weights; rank_major: the rows came
+ *       weighted, one per rank), skipping ids of -1, and writes bf16; in
+ *       Lamport slots it polls each vector until it is there, and empties it
+ *       once summed. Every block then adds its share to every rank's
+ *       comb_done.
  *
  * Reference: kernels/ep/cpu/ep.c (the same sums in the same order).
  */
 #include "ep/ep_device.cuh"
 
-template <bool PER_RANK, bool EXPERT_MAJOR> __device__ __forceinline__ void ep_combine_send_body(const dl_ep_args_t &a) {
+template <bool PER_RANK, bool EXPERT_MAJOR, bool LAMPORT>
+__device__ __forceinline__ void ep_combine_send_body(const dl_ep_args_t &a) {
   const int phase = DL_EP_COMBINE_SEND;
   EP_SMEM(smem);
   EP_SHARED(ep_block, blk);
@@ -63,22 +65,22 @@ template <bool PER_RANK, bool EXPERT_MAJOR> __device__ __forceinline__ void ep_c
   // the owners have read our previous combine (per_rank: and emptied the
   // slots of this call's half in the call before it, ep.h)
   ep_await(a, phase, blk, dl_ep_comb_done, -1);
-  const int64_t half = dl_ep_combine_half(PER_RANK, a.topk, B, blk.epoch);
+  const int64_t half = dl_ep_combine_half(LAMPORT, a.topk, B, blk.epoch);
   for (int64_t it = it0; blk.ok && it < rows * sp.segs; it += warps) {
     if (it != it0) fetch(it);
     const int s = (int)(p & 0xffu), k = (int)((p >> 8) & 0xffu), le = (int)(p >> 16);
     const int64_t slot = PER_RANK ? k : (int64_t)a.rank * a.local + le;
     char *dst = ep_buf(a, s) + a.crecv_off + (half + slot * B + t) * a.msg_c;
-    ep_copy_row_loaded<PER_RANK>(dst + lo, src, hi - lo, lane, b);
+    ep_copy_row_loaded<LAMPORT>(dst + lo, src, hi - lo, lane, b);
   }
-  ep_finish(a, blk, dl_ep_comb_flag, !PER_RANK);
+  ep_finish(a, blk, dl_ep_comb_flag, !LAMPORT);
 }
 
-template <bool PER_RANK, bool EXPERT_MAJOR>
+template <bool PER_RANK, bool EXPERT_MAJOR, bool LAMPORT>
 __global__ void __launch_bounds__(DL_EP_THREADS, 2) ep_combine_send_kernel(const dl_ep_args_t a) {
   dl_pdl_wait(); // the grid ahead done and visible (a launch with a.pdl may start early)
   dl_pdl_release();
-  ep_combine_send_body<PER_RANK, EXPERT_MAJOR>(a);
+  ep_combine_send_body<PER_RANK, EXPERT_MAJOR, LAMPORT>(a);
 }
 
 struct ep_sums {
@@ -87,7 +89,7 @@ struct ep_sums {
   int from[DL_EP_THREADS / 32][DL_EP_MAX_TOPK]; // the rank that sends the slot's row (per_rank: a timeout's peer)
 };
 
-template <bool PER_RANK, bool EXPERT_MAJOR>
+template <bool PER_RANK, bool EXPERT_MAJOR, bool LAMPORT>
 __device__ __forceinline__ void ep_combine_recv_body(const dl_ep_args_t &a, const uint32_t *early = nullptr) {
   const int phase = DL_EP_COMBINE_RECV;
   EP_SHARED(ep_block, blk);
@@ -105,14 +107,15 @@ __device__ __forceinline__ void ep_combine_recv_body(const dl_ep_args_t &a, cons
     nid = a.hidx[it / sp.segs * K + lane];
     nwt = a.hw[it / sp.segs * K + lane];
   }
-  if (PER_RANK) ep_start(a, blk, dl_ep_comb_done, early); // no wait: the slots say when a row is there
+  if constexpr (LAMPORT) ep_start(a, blk, dl_ep_comb_done, early); // no wait: the slots say when a row is there
   else ep_begin(a, phase, blk, dl_ep_comb_flag, 0, dl_ep_comb_done, early);
   const uint32_t epoch = blk.epoch;
-  char *region = ep_buf(a, a.rank) + a.crecv_off + dl_ep_combine_half(PER_RANK, K, B, epoch) * a.msg_c;
+  char *region = ep_buf(a, a.rank) + a.crecv_off + dl_ep_combine_half(LAMPORT, K, B, epoch) * a.msg_c;
   // the warp's: no wait of the block timed out (one answer for its lanes:
-  // per_rank, another warp may clear the block's word while they read it)
-  bool ok = __ballot_sync(EP_FULL, *reinterpret_cast<volatile int *>(&blk.ok) == 0) == 0u;
-  for (; ok && it < a.tokens * sp.segs; it += warps) {
+  // with Lamport slots another warp may clear the block's word while they read it)
+  bool ok = true;
+  if constexpr (LAMPORT) ok = __ballot_sync(EP_FULL, *reinterpret_cast<volatile int *>(&blk.ok) == 0) == 0u;
+  for (; (LAMPORT ? ok : blk.ok) && it < a.tokens * sp.segs; it += warps) {
     const int t = (int)(it / sp.segs);
     const int64_t lo = (it % sp.segs) * sp.per, hi = min(nv, lo + sp.per);
     // lane k: the slot of selection k and its weight; n of them, in k order
@@ -136,15 +139,15 @@ __device__ __forceinline__ void ep_combine_recv_body(const dl_ep_args_t &a, cons
       const int at = __popc(m & ((1u << lane) - 1u));
       sh.slots[warp][at] = reinterpret_cast<const uint4 *>(region + ((PER_RANK ? (int64_t)lane : id) * B + t) * a.msg_c);
       sh.weights[warp][at] = w;
-      sh.from[warp][at] = id / L;
+      if constexpr (LAMPORT) sh.from[warp][at] = id / L;
     }
     __syncwarp();
     const int n = __popc(m);
     uint4 *out = reinterpret_cast<uint4 *>(reinterpret_cast<char *>(a.out) + (int64_t)t * H * 2);
-    bool here = true; // per_rank: every vector this lane summed had arrived
+    bool here = true; // Lamport slots: every vector this lane summed had arrived
     for (int64_t v = lo + lane; v < hi; v += 32) {
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      if (PER_RANK) { // Lamport slots: four polls in flight, then the slow path for a vector not there yet
+      if constexpr (LAMPORT) { // four polls in flight, then the slow path for a vector not there yet
         for (int j0 = 0; j0 < n; j0 += 4) {
           uint4 y[4];
 #pragma unroll
@@ -189,45 +192,45 @@ __device__ __forceinline__ void ep_combine_recv_body(const dl_ep_args_t &a, cons
         o[i] = (uint32_t)dl_f32_to_bf16(acc[2 * i]) | (uint32_t)dl_f32_to_bf16(acc[2 * i + 1]) << 16;
       out[v] = make_uint4(o[0], o[1], o[2], o[3]);
     }
-    if (PER_RANK) // one answer for the warp's lanes (each reads the block's word; another warp may clear it meanwhile)
+    if constexpr (LAMPORT) // one answer for the warp's lanes (each reads the block's word; another warp may clear it)
       ok = __ballot_sync(EP_FULL, !here || *reinterpret_cast<volatile int *>(&blk.ok) == 0) == 0u;
     __syncwarp();
   }
   ep_finish(a, blk, dl_ep_comb_done, false);
 }
 
-template <bool PER_RANK, bool EXPERT_MAJOR>
+template <bool PER_RANK, bool EXPERT_MAJOR, bool LAMPORT>
 __global__ void __launch_bounds__(DL_EP_THREADS, 2) ep_combine_recv_kernel(const dl_ep_args_t a) {
   dl_pdl_wait(); // the grid ahead done and visible (a launch with a.pdl may start early)
   dl_pdl_release();
-  ep_combine_recv_body<PER_RANK, EXPERT_MAJOR>(a);
+  ep_combine_recv_body<PER_RANK, EXPERT_MAJOR, LAMPORT>(a);
 }
 
 // combine in one launch: the send, then the receive (as ep_dispatch_kernel).
-template <bool PER_RANK, bool EXPERT_MAJOR>
+template <bool PER_RANK, bool EXPERT_MAJOR, bool LAMPORT>
 __global__ void __launch_bounds__(DL_EP_THREADS, 2) ep_combine_kernel(const dl_ep_args_t a) {
   dl_pdl_wait(); // the grid ahead done and visible (a launch with a.pdl may start early)
   dl_pdl_release();
   // the receive half's count (ep_start), read now: its load off the receive's path
   const uint32_t early = ep_count_now(a, dl_ep_comb_done);
-  ep_combine_send_body<PER_RANK, EXPERT_MAJOR>(a);
-  ep_combine_recv_body<PER_RANK, EXPERT_MAJOR>(a, &early);
+  ep_combine_send_body<PER_RANK, EXPERT_MAJOR, LAMPORT>(a);
+  ep_combine_recv_body<PER_RANK, EXPERT_MAJOR, LAMPORT>(a, &early);
 }
 
 // ---- launcher ----------------------------------------------------------------------
 
 typedef void (*ep_kernel_t)(const dl_ep_args_t);
 
+// per_rank's in Lamport slots or with the flag (a.lamport); per_expert's with the flag.
+#define EP_COMBINE_PICK(K)                                                                       \
+  (pr ? (em ? (lp ? K<true, true, true> : K<true, true, false>) : (lp ? K<true, false, true> : K<true, false, false>)) \
+      : (em ? K<false, true, false> : K<false, false, false>))
+
 static ep_kernel_t combine_kernel(const dl_ep_args_t *a) {
-  const int em = a->output == DL_EP_EXPERT_MAJOR, pr = a->layout == DL_EP_PER_RANK;
-  if (a->phase == DL_EP_COMBINE_SEND)
-    return pr ? (em ? ep_combine_send_kernel<true, true> : ep_combine_send_kernel<true, false>)
-              : (em ? ep_combine_send_kernel<false, true> : ep_combine_send_kernel<false, false>);
-  if (a->phase == DL_EP_COMBINE)
-    return pr ? (em ? ep_combine_kernel<true, true> : ep_combine_kernel<true, false>)
-              : (em ? ep_combine_kernel<false, true> : ep_combine_kernel<false, false>);
-  return pr ? (em ? ep_combine_recv_kernel<true, true> : ep_combine_recv_kernel<true, false>)
-            : (em ? ep_combine_recv_kernel<false, true> : ep_combine_recv_kernel<false, false>);
+  const int em = a->output == DL_EP_EXPERT_MAJOR, pr = a->layout == DL_EP_PER_RANK, lp = pr && a->lamport;
+  if (a->phase == DL_EP_COMBINE_SEND) return EP_COMBINE_PICK(ep_combine_send_kernel);
+  if (a->phase == DL_EP_COMBINE) return EP_COMBINE_PICK(ep_combine_kernel);
+  return EP_COMBINE_PICK(ep_combine_recv_kernel);
 }
 
 int ep_launch_combine(const dl_ep_args_t *a, void *stream, int64_t smem) {

@@ -242,8 +242,11 @@ template <bool CLEAN = false>
 __device__ __forceinline__ void ep_store_batch(char *dst, const ep_batch &b, int64_t nv, int64_t v0) {
   uint4 *d = reinterpret_cast<uint4 *>(dst);
 #pragma unroll
-  for (int u = 0; u < 4; u++)
-    if (v0 + 32 * u < nv) d[v0 + 32 * u] = CLEAN ? ep_lamport_clean(b.r[u]) : b.r[u];
+  for (int u = 0; u < 4; u++) {
+    if (v0 + 32 * u >= nv) continue;
+    if constexpr (CLEAN) d[v0 + 32 * u] = ep_lamport_clean(b.r[u]);
+    else d[v0 + 32 * u] = b.r[u];
+  }
 }
 
 // A warp copies `bytes` (a multiple of 16) from src to dst, four vectors in
@@ -271,9 +274,19 @@ __device__ __forceinline__ uint4 ep_ld_vec_volatile(const uint4 *p) {
                : "memory");
   return x;
 }
+// Between polls of a vector not there yet, after the first few: a nap, so that
+// a grid of pollers does not crowd the lines the rows land in (the all-reduce's
+// Lamport kernels nap 128 ns the same way).
+#define EP_POLL_NAP(spins)                          \
+  do {                                              \
+    if ((spins) > 4 && EP_POLL_NAP_NS > 0) __nanosleep(EP_POLL_NAP_NS); \
+  } while (0)
 #define EP_POLL_YIELD() \
   do {                  \
   } while (0)
+#endif
+#ifndef EP_POLL_NAP_NS
+#define EP_POLL_NAP_NS 128
 #endif
 
 __device__ __forceinline__ bool ep_vec_full(const uint4 &x) {
@@ -296,6 +309,7 @@ static __device__ __noinline__ bool ep_poll_vec(const uint4 *p, uint4 *x, uint64
   for (int spins = 1;; spins++) {
     *x = ep_ld_vec_volatile(p);
     if (ep_vec_full(*x)) return true;
+    EP_POLL_NAP(spins);
     if (spins % 32) continue;
     EP_POLL_YIELD();
     if (*reinterpret_cast<volatile int *>(blk_ok) == 0) return false;

@@ -167,7 +167,17 @@ static int agree(dl_ep_t *ep, int id) {
   mine.blocks = 0; /* grids are each rank's own */
   snprintf(key, sizeof key, "ep%d/cfg/%d", id, ep->rank);
   DL_TRY(dl_comm_store_set(ep->comm, key, &mine, sizeof mine));
+  int32_t lamport = ep->base.lamport, their_lamport = 0;
+  snprintf(key, sizeof key, "ep%d/lamport/%d", id, ep->rank);
+  DL_TRY(dl_comm_store_set(ep->comm, key, &lamport, sizeof lamport));
   for (int r = 0; r < ep->size; r++) {
+    snprintf(key, sizeof key, "ep%d/lamport/%d", id, r);
+    DL_TRY(dl_comm_store_get(ep->comm, key, &their_lamport, sizeof their_lamport));
+    if (their_lamport != lamport)
+      return DL_ERR(DL_EINVAL,
+                    "ep: ranks disagree on the combine's slots: rank %d %s Lamport slots, rank %d %s "
+                    "(DISTLAB_EP_LAMPORT_MAX_TOKENS differs between them: set it alike on every rank)",
+                    ep->rank, lamport ? "uses" : "does not use", r, their_lamport ? "does" : "does not");
     snprintf(key, sizeof key, "ep%d/cfg/%d", id, r);
     DL_TRY(dl_comm_store_get(ep->comm, key, &theirs, sizeof theirs));
     theirs.blocks = 0;
@@ -192,7 +202,7 @@ static void lay_out(dl_ep_t *ep) {
   a->msg_d = dl_ep_msg_d(per_rank, c->fp8, c->topk, c->hidden);
   a->msg_c = dl_ep_msg_c(c->hidden);
   const int64_t drecv = dl_ep_dispatch_slots(per_rank, ep->size, c->experts, c->max_tokens) * a->msg_d;
-  const int64_t crecv = dl_ep_combine_slots(per_rank, c->experts, c->topk, c->max_tokens) * a->msg_c;
+  const int64_t crecv = dl_ep_combine_slots(per_rank, a->lamport, c->experts, c->topk, c->max_tokens) * a->msg_c;
   a->drecv_off = dl_ep_ctrl_bytes(ep->size, ep->local);
   a->crecv_off = a->drecv_off + drecv;
   /* what the symmetric buffer maps: its rounding and signal pad (on cuda
@@ -327,11 +337,11 @@ static int init(dl_ep_t *ep, dl_comm_t *c, const dl_comm_info_t *ci) {
     DL_TRY(dl_symm_peer_ptr(ep->symm, p, &ptr));
     ep->base.bufs[p] = ptr;
   }
-  /* epochs at zero before anyone signals into them; per_rank's combine slots
-   * empty (Lamport slots, kernels/ep/ep.h; the cpu twin ignores them) */
+  /* epochs at zero before anyone signals into them; Lamport combine slots
+   * empty (kernels/ep/ep.h; the cpu twin ignores them) */
   const size_t ctrl = (size_t)dl_ep_ctrl_bytes(ep->size, ep->local);
   char *comb = ep->base.bufs[ep->rank] + ep->base.crecv_off;
-  const size_t comb_bytes = ep->cfg.layout == DL_EP_PER_RANK ? (size_t)ep->bytes[DL_EP_COMBINE_RECV_BYTES] : 0;
+  const size_t comb_bytes = ep->base.lamport ? (size_t)ep->bytes[DL_EP_COMBINE_RECV_BYTES] : 0;
   if (ep->dev_type == DL_CPU) {
     memset(ep->base.bufs[ep->rank], 0, ctrl);
     memset(comb, 0xff, comb_bytes);
@@ -387,9 +397,16 @@ int dl_ep_new(dl_ep_t **out, dl_comm_t *c, const dl_ep_config_t *cfg) {
    * DISTLAB_EP_PDL=0 turns it off (an A/B knob; ranks may differ: it changes
    * when a grid is scheduled, not what it does). Each block releases the
    * next grid as it starts: releasing as it ends was slower everywhere. */
-  long pdl = 1;
+  long pdl = 1, lamport_max = DL_EP_LAMPORT_MAX_TOKENS;
   int rc = dl_env_int("dl_ep_new", "DISTLAB_EP_PDL", 1, 0, 1, &pdl);
   a->pdl = (int)pdl;
+  /* per_rank's combine in Lamport slots (kernels/ep/ep.h) up to this many
+   * tokens: their emptying costs stores as many as the rows, the flag's fence a
+   * fixed cost. Ranks must agree (agree() checks it: it sets the layout). */
+  if (rc == DL_OK)
+    rc = dl_env_int("dl_ep_new", "DISTLAB_EP_LAMPORT_MAX_TOKENS", DL_EP_LAMPORT_MAX_TOKENS, 0, DL_EP_MAX_TOKENS,
+                    &lamport_max);
+  a->lamport = cfg->layout == DL_EP_PER_RANK && cfg->max_tokens <= lamport_max;
   if (rc == DL_OK) rc = init(ep, c, &ci);
   if (rc < 0) {
     dl_error_context(rc, "dl_ep_new on rank %d of %d (comm '%s', %lld bytes a rank)", ci.rank,

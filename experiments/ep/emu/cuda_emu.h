@@ -199,6 +199,9 @@ static inline uint4 ep_ld_vec_volatile(const uint4 *p) {
                __atomic_load_n(w + 2, __ATOMIC_RELAXED), __atomic_load_n(w + 3, __ATOMIC_RELAXED)};
 }
 #define EP_POLL_YIELD() std::this_thread::yield()
+#define EP_POLL_NAP(spins) \
+  do {                     \
+  } while (0)
 
 /* ---- launches ------------------------------------------------------------------ */
 

@@ -72,10 +72,13 @@ static void start_at(world &w, uint32_t calls) {
   }
 }
 
-static void make_world(world &w, int n, int layout, int output, int fp8, int E, bool emulated) {
+// per_rank's combine in Lamport slots (ep.h), as dl_ep_new makes it up to DL_EP_LAMPORT_MAX_TOKENS,
+// except where lamport is false (the flag, as for larger buffers)
+static void make_world(world &w, int n, int layout, int output, int fp8, int E, bool emulated, bool lamport = true) {
   w.n = n, w.layout = layout, w.output = output, w.fp8 = fp8, w.E = E, w.emulated = emulated;
   const int L = E / n, pr = layout == DL_EP_PER_RANK;
   dl_ep_args_t &a = w.base;
+  a.lamport = pr && lamport;
   a.layout = layout, a.output = output, a.fp8 = fp8, a.nranks = n, a.experts = E, a.local = L, a.topk = K;
   a.hidden = H, a.max_tokens = B, a.blocks = BLOCKS, a.threads = emulated ? THREADS : 1;
   a.hdr = dl_ep_hdr_bytes(pr, K);
@@ -84,7 +87,7 @@ static void make_world(world &w, int n, int layout, int output, int fp8, int E, 
   a.drecv_off = dl_ep_ctrl_bytes(n, L);
   a.crecv_off = a.drecv_off + dl_ep_dispatch_slots(pr, n, E, B) * a.msg_d;
   a.timeout_ns = 20000000000ull;
-  const int64_t total = a.crecv_off + dl_ep_combine_slots(pr, E, K, B) * a.msg_c;
+  const int64_t total = a.crecv_off + dl_ep_combine_slots(pr, a.lamport, E, K, B) * a.msg_c;
   w.r.resize(n);
   const int64_t rows = rows_of(w);
   for (int q = 0; q < n; q++) {
@@ -92,8 +95,8 @@ static void make_world(world &w, int n, int layout, int output, int fp8, int E, 
     s.buf.assign(total + 4096, (char)0x5a); // garbage everywhere but the control words
     s.base = s.buf.data() + (4096 - (uintptr_t)s.buf.data() % 4096) % 4096;
     memset(s.base, 0, a.drecv_off);
-    if (pr) // per_rank's combine slots start empty (Lamport, ep.h), as dl_ep_new leaves them
-      memset(s.base + a.crecv_off, 0xff, (size_t)(dl_ep_combine_slots(pr, E, K, B) * a.msg_c));
+    if (a.lamport) // Lamport slots start empty (ep.h), as dl_ep_new leaves them
+      memset(s.base + a.crecv_off, 0xff, (size_t)(dl_ep_combine_slots(pr, 1, E, K, B) * a.msg_c));
     a.bufs[q] = s.base;
     s.rx.assign(rows * H * (fp8 ? 1 : 2), 0);
     s.scales.assign(rows * (H / 128), 0);
@@ -358,7 +361,8 @@ int main(int argc, char **argv) {
     const int output = combo & 2 ? DL_EP_RANK_MAJOR : DL_EP_EXPERT_MAJOR, fp8 = combo >> 2 & 1;
     world twin, emu;
     make_world(twin, n, layout, output, fp8, E, false);
-    make_world(emu, n, layout, output, fp8, E, true);
+    make_world(emu, n, layout, output, fp8, E, true, !fp8); // per_rank: Lamport slots with bf16, the flag with fp8
+    printf("  (%s combine)\n", emu.base.lamport ? "Lamport slots" : "flag");
     if (combo & 1) { // the counters wrap (2^32, epochs 2^22) during these calls
       start_at(twin, (1u << 22) - 3);
       start_at(emu, (1u << 22) - 3);
