@@ -40,9 +40,10 @@
  *   payload: bf16 [H], or fp8 e4m3 [H] bytes then f32 scales [H/128]
  * Combine message = the bf16 output row [H].
  *
- * Lamport slots (per_rank's combine on cuda, where a.lamport: buffers of at
- * most DL_EP_LAMPORT_MAX_TOKENS tokens, DISTLAB_EP_LAMPORT_MAX_TOKENS to
- * change it; larger ones keep the flag and one half): every 32-bit word of both
+ * Lamport slots (per_rank's combine with rank_major output on cuda, where
+ * a.lamport: buffers of at most DL_EP_LAMPORT_MAX_TOKENS tokens,
+ * DISTLAB_EP_LAMPORT_MAX_TOKENS to change it; larger ones and expert_major
+ * output keep the flag and one half): every 32-bit word of both
  * halves is DL_EP_EMPTY except while a call uses it (the buffer starts so).
  * The sender writes its rows with any word equal to DL_EP_EMPTY sent as
  * DL_EP_NAN (both NaN pairs in bf16), and no flag: its count (comb_flag) is

@@ -400,13 +400,16 @@ int dl_ep_new(dl_ep_t **out, dl_comm_t *c, const dl_ep_config_t *cfg) {
   long pdl = 1, lamport_max = DL_EP_LAMPORT_MAX_TOKENS;
   int rc = dl_env_int("dl_ep_new", "DISTLAB_EP_PDL", 1, 0, 1, &pdl);
   a->pdl = (int)pdl;
-  /* per_rank's combine in Lamport slots (kernels/ep/ep.h) up to this many
-   * tokens: their emptying costs stores as many as the rows, the flag's fence a
-   * fixed cost. Ranks must agree (agree() checks it: it sets the layout). */
+  /* per_rank's combine with rank_major output in Lamport slots (kernels/ep/
+   * ep.h) up to this many tokens: their emptying costs stores as many as the
+   * rows, the flag's fence a fixed cost. expert_major output sends K rows a
+   * token, not one a rank: on 2 H200s its combine was 1.5-3.6 us slower in
+   * Lamport slots at B 1-128 (per_rank then 11-17% behind per_expert), so it
+   * keeps the flag. Ranks must agree (agree() checks it: it sets the layout). */
   if (rc == DL_OK)
     rc = dl_env_int("dl_ep_new", "DISTLAB_EP_LAMPORT_MAX_TOKENS", DL_EP_LAMPORT_MAX_TOKENS, 0, DL_EP_MAX_TOKENS,
                     &lamport_max);
-  a->lamport = cfg->layout == DL_EP_PER_RANK && cfg->max_tokens <= lamport_max;
+  a->lamport = cfg->layout == DL_EP_PER_RANK && cfg->output == DL_EP_RANK_MAJOR && cfg->max_tokens <= lamport_max;
   if (rc == DL_OK) rc = init(ep, c, &ci);
   if (rc < 0) {
     dl_error_context(rc, "dl_ep_new on rank %d of %d (comm '%s', %lld bytes a rank)", ci.rank,
