@@ -239,10 +239,10 @@ function M.formula(o)
   local msg_c = align(2 * H, 16)
   local drecv = (per_rank and N or E) * B * msg_d -- slots [N][B] / [L][N][B]
   -- per_rank's combine with rank_major output in Lamport slots (two halves) up to
-  -- DISTLAB_EP_LAMPORT_MAX_TOKENS tokens (default 128: DL_EP_LAMPORT_MAX_TOKENS, kernels/ep/ep.h),
-  -- as dl_ep_new decides
+  -- DISTLAB_EP_LAMPORT_MAX_ROWS rows received, N B (default 256: DL_EP_LAMPORT_MAX_ROWS,
+  -- kernels/ep/ep.h), as dl_ep_new decides
   local lamport = per_rank and c.output == C.DL_EP_RANK_MAJOR and
-    B <= (tonumber(os.getenv("DISTLAB_EP_LAMPORT_MAX_TOKENS") or "") or 128)
+    N * B <= (tonumber(os.getenv("DISTLAB_EP_LAMPORT_MAX_ROWS") or "") or 256)
   local crecv = (per_rank and (lamport and 2 or 1) * K or E) * B * msg_c -- slots [2][K][B] / [K][B] / [E][B]
   local ctrl = align((8 + 5 * N + N * L) * 4, 4096) -- epochs, flags, counts per (source, expert)
   -- the symmetric buffer rounds to 4 KiB and keeps its signal pad behind the data

@@ -161,7 +161,7 @@ p("and combine slots [E][B]; per_rank: one message per (token, destination rank)
 p("the token index and its expert ids and weights for that rank, slots [N][B] and [K][B] (the seed's")
 p("\"after\"). Both write straight into the receiver's slots (no send buffers) and keep one set of")
 p("slots (a handshake instead of odd/even buffers), but for per_rank's combine with rank_major output")
-p("at B <= 128: two halves [2][K][B], odd and even calls, of Lamport slots (no flag: the owner polls")
+p("up to N B = 256 rows received (here N = 2): two halves [2][K][B], odd and even calls, of Lamport slots (no flag: the owner polls")
 p("the rows, empties them, and the half is written again two calls later; `kernels/ep/ep.h`); the")
 p("table's rows are expert_major, `ep-memory.csv` has both. DeepEP's and NCCL EP's columns are their formulas")
 p("(sources and terms in the header of `experiments/ep/ep_memory.lua`).")
@@ -186,9 +186,8 @@ p("%.1f MB (the issue's ~1.9 GB and ~60 MB). per_rank stays below NCCL EP's rank
 p("the same messages (header align16(4 + 8K), the token), one set of receive slots instead of two and no")
 p("per-128 metadata in the combine messages. Against per_expert it is %.1fx smaller at N=%d and more at", worst_ratio, worst_n)
 p("fewer ranks: with equal policies the ratio is (E B (msg_d + msg_c)) / (N B msg_d + K B msg_c), about")
-p("2E / (N + K) = %.1f at N=64 (2E / (N + 2K) = %.1f with rank_major's Lamport halves), so the 10x of the",
-  2 * E / (64 + K), 2 * E / (64 + 2 * K))
-p("issue holds up to N=32 and cannot at N=64 with E=256 (the")
+p("2E / (N + K) = %.1f at N=64, so the 10x of the issue holds up to N=32 and cannot at N=64 with E=256 (the",
+  2 * E / (64 + K))
 p("[N][B] dispatch slots alone are E/N = 4 times fewer than [L][N][B] there); against DeepEP's buffer, which")
 p("also keeps send buffers and doubles everything, per_rank is %.0fx smaller at N=64.",
   deepep(64) / get(64, "per_rank").bytes.total)

@@ -41,8 +41,8 @@
  * Combine message = the bf16 output row [H].
  *
  * Lamport slots (per_rank's combine with rank_major output on cuda, where
- * a.lamport: buffers of at most DL_EP_LAMPORT_MAX_TOKENS tokens,
- * DISTLAB_EP_LAMPORT_MAX_TOKENS to change it; larger ones and expert_major
+ * a.lamport: buffers whose receive is at most DL_EP_LAMPORT_MAX_ROWS rows,
+ * N B, DISTLAB_EP_LAMPORT_MAX_ROWS to change it; larger ones and expert_major
  * output keep the flag and one half): every 32-bit word of both
  * halves is DL_EP_EMPTY except while a call uses it (the buffer starts so).
  * The sender writes its rows with any word equal to DL_EP_EMPTY sent as
@@ -58,8 +58,9 @@
  * stores with them). The cpu twin keeps the flags and the first half. The
  * emptying costs stores as many as the rows read: on 2 H200s (per_rank,
  * rank_major, bf16, E 256) the combine gained 0.5-1.7 us at B 1-128 and lost
- * 0.5 us at B 256 and 2.9 us (8%) at B 512, hence the bound on B
- * (experiments/ep/NOTES.md).
+ * 0.5 us at B 256 and 2.9 us (8%) at B 512; on 4 H100s it gained 1.2-1.7 us
+ * at B 1-64, was even at 128 and lost from 256: so the bound is on the rows
+ * a rank receives, N B (experiments/ep/NOTES.md).
  *
  * Control words (uint32; "from q" = written by rank q into this rank's buffer):
  *   disp_flag[N]  from source q: a counter; each block of q's dispatch send
@@ -114,7 +115,7 @@ enum {
   DL_EP_MAX_BLOCKS = 1024,
   DL_EP_CTRL_ALIGN = 4096,
   DL_EP_FP8_GROUP = 128,   /* values per fp8 scale (kernels/ep/fp8.h)          */
-  DL_EP_LAMPORT_MAX_TOKENS = 128, /* per_rank combines in Lamport slots up to this B */
+  DL_EP_LAMPORT_MAX_ROWS = 256, /* per_rank combines in Lamport slots up to N B rows */
   DL_EP_SHARE_SHIFT = 10,  /* the shares of a call's blocks sum to 2^10         */
   DL_EP_SHARES = 1 << DL_EP_SHARE_SHIFT /* >= DL_EP_MAX_BLOCKS: every share >= 1 */
 };

@@ -176,7 +176,7 @@ static int agree(dl_ep_t *ep, int id) {
     if (their_lamport != lamport)
       return DL_ERR(DL_EINVAL,
                     "ep: ranks disagree on the combine's slots: rank %d %s Lamport slots, rank %d %s "
-                    "(DISTLAB_EP_LAMPORT_MAX_TOKENS differs between them: set it alike on every rank)",
+                    "(DISTLAB_EP_LAMPORT_MAX_ROWS differs between them: set it alike on every rank)",
                     ep->rank, lamport ? "uses" : "does not use", r, their_lamport ? "does" : "does not");
     snprintf(key, sizeof key, "ep%d/cfg/%d", id, r);
     DL_TRY(dl_comm_store_get(ep->comm, key, &theirs, sizeof theirs));
@@ -397,19 +397,20 @@ int dl_ep_new(dl_ep_t **out, dl_comm_t *c, const dl_ep_config_t *cfg) {
    * DISTLAB_EP_PDL=0 turns it off (an A/B knob; ranks may differ: it changes
    * when a grid is scheduled, not what it does). Each block releases the
    * next grid as it starts: releasing as it ends was slower everywhere. */
-  long pdl = 1, lamport_max = DL_EP_LAMPORT_MAX_TOKENS;
+  long pdl = 1, lamport_max = DL_EP_LAMPORT_MAX_ROWS;
   int rc = dl_env_int("dl_ep_new", "DISTLAB_EP_PDL", 1, 0, 1, &pdl);
   a->pdl = (int)pdl;
   /* per_rank's combine with rank_major output in Lamport slots (kernels/ep/
-   * ep.h) up to this many tokens: their emptying costs stores as many as the
-   * rows, the flag's fence a fixed cost. expert_major output sends K rows a
+   * ep.h) up to this many rows received, N B: their emptying costs stores as
+   * many as the rows, the flag's fence a fixed cost. expert_major output sends K rows a
    * token, not one a rank: on 2 H200s its combine was 1.5-3.6 us slower in
    * Lamport slots at B 1-128 (per_rank then 11-17% behind per_expert), so it
    * keeps the flag. Ranks must agree (agree() checks it: it sets the layout). */
   if (rc == DL_OK)
-    rc = dl_env_int("dl_ep_new", "DISTLAB_EP_LAMPORT_MAX_TOKENS", DL_EP_LAMPORT_MAX_TOKENS, 0, DL_EP_MAX_TOKENS,
-                    &lamport_max);
-  a->lamport = cfg->layout == DL_EP_PER_RANK && cfg->output == DL_EP_RANK_MAJOR && cfg->max_tokens <= lamport_max;
+    rc = dl_env_int("dl_ep_new", "DISTLAB_EP_LAMPORT_MAX_ROWS", DL_EP_LAMPORT_MAX_ROWS, 0,
+                    (long)DL_SIGNAL_MAX_RANKS * DL_EP_MAX_TOKENS, &lamport_max);
+  a->lamport = cfg->layout == DL_EP_PER_RANK && cfg->output == DL_EP_RANK_MAJOR &&
+               (int64_t)ci.size * cfg->max_tokens <= lamport_max;
   if (rc == DL_OK) rc = init(ep, c, &ci);
   if (rc < 0) {
     dl_error_context(rc, "dl_ep_new on rank %d of %d (comm '%s', %lld bytes a rank)", ci.rank,

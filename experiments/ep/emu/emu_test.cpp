@@ -73,7 +73,7 @@ static void start_at(world &w, uint32_t calls) {
 }
 
 // per_rank's combine in Lamport slots (ep.h; dl_ep_new takes them for rank_major output up to
-// DL_EP_LAMPORT_MAX_TOKENS tokens, the kernels for either output), except where lamport is false (the flag)
+// DL_EP_LAMPORT_MAX_ROWS rows N B, the kernels for either output), except where lamport is false (the flag)
 static void make_world(world &w, int n, int layout, int output, int fp8, int E, bool emulated, bool lamport = true) {
   w.n = n, w.layout = layout, w.output = output, w.fp8 = fp8, w.E = E, w.emulated = emulated;
   const int L = E / n, pr = layout == DL_EP_PER_RANK;
