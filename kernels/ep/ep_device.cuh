@@ -275,8 +275,10 @@ __device__ __forceinline__ uint4 ep_ld_vec_volatile(const uint4 *p) {
   return x;
 }
 // Between polls of a vector not there yet, after the first few: a nap, so that
-// a grid of pollers does not crowd the lines the rows land in (the all-reduce's
-// Lamport kernels nap 128 ns the same way).
+// a grid of pollers does not crowd the lines the rows land in, as the
+// all-reduce's Lamport kernels nap (against none, on 2 H200s at B 1-512: the
+// same times within 0.2 us; kept for larger grids of pollers, EP_POLL_NAP_NS=0
+// at build time turns it off).
 #define EP_POLL_NAP(spins)                          \
   do {                                              \
     if ((spins) > 4 && EP_POLL_NAP_NS > 0) __nanosleep(EP_POLL_NAP_NS); \
