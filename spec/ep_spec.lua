@@ -70,6 +70,18 @@ describe("ep on cpu (shared memory)", function()
       assert.equal(0, rc, out)
       assert.truthy(out:find("ERR: [^\n]*dl_ep_new: DISTLAB_EP_PDL=[^\n]*an integer from 0 to 1"), out)
     end
+    for _, env in ipairs { "DISTLAB_EP_LAMPORT_MAX_ROWS=-1", "DISTLAB_EP_LAMPORT_MAX_ROWS=many" } do
+      local rc, out = run(1, "cpu", "fail.lua", "knob", env)
+      assert.equal(0, rc, out)
+      assert.truthy(out:find("ERR: [^\n]*dl_ep_new: DISTLAB_EP_LAMPORT_MAX_ROWS=[^\n]*an integer from 0 to 262136"), out)
+    end
+  end)
+
+  it("2 ranks whose DISTLAB_EP_LAMPORT_MAX_ROWS give different combine slots: an error on every rank", function()
+    local rc, out = run(2, "cpu", "fail.lua", "lamport")
+    assert.equal(0, rc, out)
+    local _, k = out:gsub("ERR: [^\n]*ep: ranks disagree on the combine's slots[^\n]*DISTLAB_EP_LAMPORT_MAX_ROWS", "")
+    assert.equal(2, k, out)
   end)
 
   it("2 ranks given different buffers: an error on every rank", function()

@@ -11,8 +11,11 @@
 --   args      1 rank: bad options and inputs, calls out of order, a stale
 --             handle: one ERR line each, naming what was wrong
 --   disagree  2 ranks given different buffers: an error on every rank
---   knob      1 rank, a bad DISTLAB_EP_PDL in the environment: the buffer's
---             making fails naming the variable
+--   knob      1 rank, a bad DISTLAB_EP_PDL or DISTLAB_EP_LAMPORT_MAX_ROWS in
+--             the environment: the buffer's making fails naming the variable
+--   lamport   2 ranks whose DISTLAB_EP_LAMPORT_MAX_ROWS put a per_rank,
+--             rank_major buffer's combine in Lamport slots on one rank and
+--             not on the other: an error on every rank
 local dir = arg[0]:match("^(.*)/[^/]*$") or "."
 local X = dofile(dir .. "/common.lua")
 local dl = require "distlab"
@@ -76,6 +79,14 @@ elseif mode == "badid" or mode == "repeat" then
 elseif mode == "knob" then
   local ok, err = pcall(X.buffer, { B = 4, H = 128, E = 2 * X.N, K = 2 })
   say("ERR", ok, err)
+  os.exit(ok and 1 or 0)
+elseif mode == "lamport" then
+  local ffi = require "ffi"
+  pcall(ffi.cdef, "int setenv(const char *name, const char *value, int overwrite);")
+  ffi.C.setenv("DISTLAB_EP_LAMPORT_MAX_ROWS", X.me == 0 and "0" or "1024", 1)
+  local ok, err = pcall(X.buffer, { B = 4, H = 128, E = 2 * X.N, K = 2, layout = "per_rank", output = "rank_major" })
+  say("ERR", ok, err)
+  X.w:barrier()
   os.exit(ok and 1 or 0)
 elseif mode == "disagree" then
   local ok, err = pcall(X.buffer, { B = 4, H = 128 + 128 * X.me, E = 2 * X.N, K = 2 })
