@@ -65,30 +65,32 @@ describe("ep on cpu (shared memory)", function()
   end
 
   it("a bad EP knob in the environment is an error naming it", function()
-    for _, env in ipairs { "DISTLAB_EP_PDL=2", "DISTLAB_EP_PDL=yes" } do
-      local rc, out = run(1, "cpu", "fail.lua", "knob", env)
-      assert.equal(0, rc, out)
-      assert.truthy(out:find("ERR: [^\n]*dl_ep_new: DISTLAB_EP_PDL=[^\n]*an integer from 0 to 1"), out)
-    end
-    for _, env in ipairs { "DISTLAB_EP_LAMPORT_MAX_ROWS=-1", "DISTLAB_EP_LAMPORT_MAX_ROWS=many" } do
-      local rc, out = run(1, "cpu", "fail.lua", "knob", env)
-      assert.equal(0, rc, out)
-      assert.truthy(out:find("ERR: [^\n]*dl_ep_new: DISTLAB_EP_LAMPORT_MAX_ROWS=[^\n]*an integer from 0 to 262136"), out)
+    for _, c in ipairs {
+      { "DISTLAB_EP_PDL", { "2", "yes" }, 1 },
+      { "DISTLAB_EP_LAMPORT_MAX_ROWS", { "-1", "many" }, 262136 },
+    } do
+      for _, v in ipairs(c[2]) do
+        local rc, out = run(1, "cpu", "fail.lua", "knob", c[1] .. "=" .. v)
+        assert.equal(0, rc, out)
+        assert.truthy(out:find("ERR: [^\n]*dl_ep_new: " .. c[1] .. "=[^\n]*an integer from 0 to " .. c[3]), out)
+      end
     end
   end)
 
-  it("2 ranks whose DISTLAB_EP_LAMPORT_MAX_ROWS give different combine slots: an error on every rank", function()
-    local rc, out = run(2, "cpu", "fail.lua", "lamport")
+  -- fail.lua's mode on 2 ranks: every rank's error matches want
+  local function every_rank_errs(mode, want)
+    local rc, out = run(2, "cpu", "fail.lua", mode)
     assert.equal(0, rc, out)
-    local _, k = out:gsub("ERR: [^\n]*ep: ranks disagree on the combine's slots[^\n]*DISTLAB_EP_LAMPORT_MAX_ROWS", "")
+    local _, k = out:gsub("ERR: [^\n]*" .. want, "")
     assert.equal(2, k, out)
+  end
+
+  it("2 ranks whose DISTLAB_EP_LAMPORT_MAX_ROWS give different combine slots: an error on every rank", function()
+    every_rank_errs("lamport", "ep: ranks disagree on the combine's slots[^\n]*DISTLAB_EP_LAMPORT_MAX_ROWS")
   end)
 
   it("2 ranks given different buffers: an error on every rank", function()
-    local rc, out = run(2, "cpu", "fail.lua", "disagree")
-    assert.equal(0, rc, out)
-    local _, k = out:gsub("ERR: [^\n]*ep: ranks disagree on the buffer", "")
-    assert.equal(2, k, out)
+    every_rank_errs("disagree", "ep: ranks disagree on the buffer")
   end)
 
   it("bad options and inputs, calls out of order and stale handles are errors at the caller's line", function()
