@@ -86,7 +86,7 @@ describe("ep on cpu (shared memory)", function()
   end
 
   it("2 ranks whose DISTLAB_EP_LAMPORT_MAX_ROWS give different combine slots: an error on every rank", function()
-    every_rank_errs("lamport", "ep: ranks disagree on the combine's slots[^\n]*DISTLAB_EP_LAMPORT_MAX_ROWS")
+    every_rank_errs("lamport", "ep: ranks disagree on the dispatch's and combine's slots[^\n]*DISTLAB_EP_LAMPORT_MAX_ROWS")
   end)
 
   it("2 ranks given different buffers: an error on every rank", function()

@@ -26,7 +26,10 @@
  *               source's tokens for that
  *               rank]; its header carries
  *               the token's selections on
- *               that rank
+ *               that rank; Lamport slots:
+ *               [2][N][B], half e & 1 in
+ *               call e, then the sources'
+ *               count words [N]
  *
  * Messages are written by the sender straight into the receiver's slots
  * (NVLink, or shared memory on cpu): no send buffers. Dispatch message =
@@ -43,7 +46,8 @@
  * Lamport slots (per_rank's combine with rank_major output on cuda, where
  * a.lamport: buffers whose receive is at most DL_EP_LAMPORT_MAX_ROWS rows,
  * N B, DISTLAB_EP_LAMPORT_MAX_ROWS to change it; larger ones and expert_major
- * output keep the flag and one half): every 32-bit word of both
+ * output keep the flag and one half; the dispatch of the same buffers, below):
+ * every 32-bit word of both
  * halves is DL_EP_EMPTY except while a call uses it (the buffer starts so).
  * The sender writes its rows with any word equal to DL_EP_EMPTY sent as
  * DL_EP_NAN (both NaN pairs in bf16), and no flag: its count (comb_flag) is
@@ -62,6 +66,20 @@
  * at B 1-64, was even at 128 and lost from 256: so the bound is on the rows
  * a rank receives, N B (experiments/ep/NOTES.md).
  *
+ * The dispatch of the same buffers (dl_ep_dispatch_lamport) in Lamport slots
+ * too, where the receiver does not know how many rows come: the sender's
+ * last block (its walk covers every token) writes each receiver's count of
+ * the call, tagged with the call (dl_ep_count_word), right after its wait
+ * for the receivers' disp_done; the messages (header and payload, every
+ * word as above; fp8: the words after the scales to the vector's end too)
+ * follow, with no fence, and disp_flag is a relaxed add. Every receive block
+ * polls the sources' count words until they carry the call's tag (so they
+ * are never emptied: the last call's word has another tag, and the next
+ * call's comes only after this call's disp_done), then each of its rows'
+ * vectors, copies them out and empties them (a row has one reader). This
+ * rank's own rows go straight to the outputs as before (no slot). The
+ * halves' argument is the combine's, with disp_done: a sender writes half
+ * e & 1 again in call e + 2, after the receivers' disp_done of call e + 1. *
  * Control words (uint32; "from q" = written by rank q into this rank's buffer):
  *   disp_flag[N]  from source q: a counter; each block of q's dispatch send
  *                 adds its share once its messages (and, for the last block,
@@ -73,7 +91,8 @@
  *   comb_flag[N]  from expert host q: the same count of its combine send
  *   comb_done[N]  from owner q: the same count of its combine receive
  *   ntok[N]       from source q: its messages (per_rank) / distinct tokens
- *                 (per_expert) to us in the call of disp_flag[q]
+ *                 (per_expert) to us in the call of disp_flag[q] (not in
+ *                 Lamport slots: the count words above)
  *   cnt[N][L]     from source q: its selections of each of our experts
  * No election of a last block and no grid-wide count on the way to a peer:
  * every block signals every rank itself, one release add a rank, so a
@@ -230,6 +249,30 @@ DL_EP_HD int64_t dl_ep_msg_c(int h) { return dl_ep_align(2 * (int64_t)h, 16); }
 /* slots of the receive regions */
 DL_EP_HD int64_t dl_ep_dispatch_slots(int per_rank, int n, int e, int b) {
   return (per_rank ? (int64_t)n : (int64_t)e) * b;
+}
+/* per_rank's dispatch in Lamport slots: a.lamport with rank_major output */
+DL_EP_HD int dl_ep_dispatch_lamport(int per_rank, int lamport, int output) {
+  return per_rank && lamport && output == DL_EP_RANK_MAJOR;
+}
+/* bytes of the dispatch receive region: its slots; in Lamport slots both
+ * halves [2][N][B], then the sources' count words [N] (to 16 bytes) */
+DL_EP_HD int64_t dl_ep_dispatch_bytes(int per_rank, int lamport_d, int n, int e, int b, int64_t msg_d) {
+  return lamport_d ? 2 * (int64_t)n * b * msg_d + dl_ep_align(4 * (int64_t)n, 16)
+                   : dl_ep_dispatch_slots(per_rank, n, e, b) * msg_d;
+}
+/* the first dispatch slot of call `epoch` (Lamport slots: its half), and the
+ * byte offset in the region of source q's count word */
+DL_EP_HD int64_t dl_ep_dispatch_half(int lamport_d, int n, int b, uint32_t epoch) {
+  return lamport_d ? (int64_t)(epoch & 1u) * n * b : 0;
+}
+DL_EP_HD int64_t dl_ep_dispatch_count_off(int n, int b, int64_t msg_d, int q) {
+  return 2 * (int64_t)n * b * msg_d + 4 * (int64_t)q;
+}
+/* a count word: the call's epoch (its low 16 bits) over the count (<= B <=
+ * DL_EP_MAX_TOKENS, so the empty word is never one) */
+DL_EP_HD uint32_t dl_ep_count_word(uint32_t epoch, uint32_t n) { return (epoch & 0xffffu) << 16 | n; }
+DL_EP_HD int dl_ep_count_word_is(uint32_t w, uint32_t epoch) {
+  return (w >> 16) == (epoch & 0xffffu) && (w & 0xffffu) <= DL_EP_MAX_TOKENS;
 }
 DL_EP_HD int64_t dl_ep_combine_slots(int per_rank, int lamport, int e, int k, int b) {
   return (per_rank ? (lamport ? 2 : 1) * (int64_t)k : (int64_t)e) * b;

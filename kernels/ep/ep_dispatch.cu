@@ -21,6 +21,9 @@
  *       its share to each receiver's disp_flag (release). The wait for the
  *       receivers' reading of the previous call (disp_done) comes after the
  *       routing, just before the first write to a peer.
+ *       per_rank with rank_major output, where a.lamport: the messages go
+ *       into Lamport slots (ep.h), the counts ahead of them, and the flag's
+ *       add is relaxed (no system fence).
  *   ep_dispatch_recv_kernel   waits for every source's disp_flag, then a
  *       warp per message (per_rank with expert_major: per message and
  *       selection; at small B per segment of one) copies the payload
@@ -28,7 +31,9 @@
  *       for the source (prefix sums of the counts) plus the position;
  *       rank_major row j of the source with its expert ids and weights; and
  *       the row's origin (src) for combine. Every block then adds its
- *       share to each source's disp_done.
+ *       share to each source's disp_done. In Lamport slots it polls the
+ *       sources' counts instead of the flag, then each row's header and
+ *       payload vectors until they are there, and empties what it read.
  *
  * Requirements: H a multiple of 8 (of 128 with fp8), K <= 24, at most 8
  * ranks, blockDim a multiple of 32. Reference: kernels/ep/cpu/ep.c (the same
@@ -48,14 +53,16 @@ __host__ __device__ __forceinline__ int64_t ep_send_smem(int experts, int chunk,
 // A warp writes vectors [lo, hi) of token t's payload at p (a vector: 8
 // values; lo a multiple of 32): bf16 as it is, or fp8 codes at p and the
 // scales of their groups at sc (lanes 0-15 and 16-31 each quantize a group
-// of 128 values).
-template <bool FP8>
+// of 128 values). CLEAN: into a Lamport slot (no word DL_EP_EMPTY; ep.h).
+template <bool FP8, bool CLEAN>
 __device__ __forceinline__ void ep_send_payload(const dl_ep_args_t &a, int t, char *p, float *scales, int lane,
                                                 int lo, int hi) {
   const int H = a.hidden;
   const char *x = reinterpret_cast<const char *>(a.x) + (int64_t)t * H * 2;
   if (!FP8) {
-    ep_copy_row(p + 16 * (int64_t)lo, x + 16 * (int64_t)lo, 16 * (int64_t)(hi - lo), lane);
+    ep_batch b;
+    ep_load_batch(b, x + 16 * (int64_t)lo, hi - lo, lane);
+    ep_copy_row_loaded<CLEAN>(p + 16 * (int64_t)lo, x + 16 * (int64_t)lo, 16 * (int64_t)(hi - lo), lane, b);
     return;
   }
   const uint4 *src = reinterpret_cast<const uint4 *>(x);
@@ -93,8 +100,16 @@ __device__ __forceinline__ void ep_send_payload(const dl_ep_args_t &a, int t, ch
         c0 |= (uint32_t)dl_f32_to_e4m3(f[i] * inv) << (8 * i);
         c1 |= (uint32_t)dl_f32_to_e4m3(f[4 + i] * inv) << (8 * i);
       }
+      if constexpr (CLEAN) {
+        c0 = ep_lamport_word(c0);
+        c1 = ep_lamport_word(c1);
+      }
       if (v < hi) codes[v] = make_uint2(c0, c1);
-      if (v < hi && (lane & 15) == 0) scales[v / 16] = amax / DL_EP_FP8_MAX;
+      if (v < hi && (lane & 15) == 0) {
+        const float sv = amax / DL_EP_FP8_MAX;
+        if constexpr (CLEAN) reinterpret_cast<uint32_t *>(scales)[v / 16] = ep_lamport_word(dl_f32_bits(sv));
+        else scales[v / 16] = sv;
+      }
     }
   }
 }
@@ -104,9 +119,13 @@ __device__ __forceinline__ void ep_send_payload(const dl_ep_args_t &a, int t, ch
 // messages: the send writes them straight into their output rows (row j of
 // source `rank`, with ids, weights and origin), and the receive copies only
 // the peers' (at 2 ranks half the rows cross no link and were copied twice).
-template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR>
+// LAMPORT (DIRECT only): the peers' messages go into Lamport slots of the
+// call's half, each receiver's count ahead of them, and the count is relaxed
+// (ep.h).
+template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR, bool LAMPORT>
 __device__ __forceinline__ void ep_dispatch_send_body(const dl_ep_args_t &a) {
   constexpr bool DIRECT = PER_RANK && !EXPERT_MAJOR;
+  static_assert(!LAMPORT || DIRECT, "Lamport slots are per_rank's with rank_major output");
   const int phase = DL_EP_DISPATCH_SEND;
   EP_SMEM(smem);
   EP_SHARED(ep_block, blk);
@@ -213,6 +232,12 @@ __device__ __forceinline__ void ep_dispatch_send_body(const dl_ep_args_t &a) {
   // the receivers have read our previous messages (waited for only now: the
   // routing above touches no peer, and overlaps the wait)
   ep_await(a, phase, blk, dl_ep_disp_done, -1);
+  const int64_t half = dl_ep_dispatch_half(LAMPORT, N, B, e);
+  // Lamport slots: the last block's counts (its walk covered every token) go
+  // ahead of the messages; each receiver polls them, then the rows
+  if (LAMPORT && blockIdx.x == gridDim.x - 1 && blk.ok && tid < N)
+    *reinterpret_cast<uint32_t *>(ep_buf(a, tid) + a.drecv_off + dl_ep_dispatch_count_off(N, B, a.msg_d, a.rank)) =
+        dl_ep_count_word(e, (uint32_t)hist_r[tid]);
   // the messages, cut into segments so that every warp of the block has one
   // (the first segment's warp writes the header)
   const int nm = nmsg;
@@ -226,13 +251,13 @@ __device__ __forceinline__ void ep_dispatch_send_body(const dl_ep_args_t &a) {
     const bool direct = DIRECT && q == a.rank; // rank_major row rslot[i] of source `rank`
     const int64_t row = (int64_t)a.rank * B + rslot[i];
     char *msg = ep_buf(a, q) + a.drecv_off +
-                (PER_RANK ? (int64_t)a.rank * B + rslot[i] : ((int64_t)le * N + a.rank) * B + rpos[i]) * a.msg_d;
+                (PER_RANK ? half + (int64_t)a.rank * B + rslot[i] : ((int64_t)le * N + a.rank) * B + rpos[i]) * a.msg_d;
     char *pay = direct ? reinterpret_cast<char *>(a.rx) + row * (FP8 ? a.hidden : 2 * (int64_t)a.hidden) : msg + a.hdr;
     float *sc = !FP8 ? nullptr
                 : direct ? a.rscales + row * (a.hidden / DL_EP_FP8_GROUP)
                          : reinterpret_cast<float *>(msg + a.hdr + a.hidden);
     // the payload first: its loads lead, the header comes from shared memory
-    ep_send_payload<FP8>(a, t, pay, sc, lane, lo, hi);
+    ep_send_payload<FP8, LAMPORT>(a, t, pay, sc, lane, lo, hi);
     if (g != 0) continue;
     if (direct) { // the row's ids, weights and origin, as ep_recv_rank_row writes them
       for (int kk = lane; kk < K; kk += 32) {
@@ -261,23 +286,27 @@ __device__ __forceinline__ void ep_dispatch_send_body(const dl_ep_args_t &a) {
       } else {
         v = j == 1 ? (uint32_t)rslot[i] : j == 2 ? ((uint32_t)k | km << 8) : dl_f32_bits(rw[i]);
       }
-      reinterpret_cast<uint32_t *>(msg)[j] = v;
+      reinterpret_cast<uint32_t *>(msg)[j] = LAMPORT ? ep_lamport_word(v) : v;
+    }
+    if (LAMPORT && FP8) { // the words after the scales, to the vector's end: the receiver polls whole vectors
+      const int G = a.hidden / DL_EP_FP8_GROUP;
+      for (int j = G + lane; j < (G + 3) / 4 * 4; j += 32) reinterpret_cast<uint32_t *>(sc)[j] = 0u;
     }
   }
   // the last block's counts cover every token: each receiver's counts from us
-  if (blockIdx.x == gridDim.x - 1 && blk.ok)
+  if (!LAMPORT && blockIdx.x == gridDim.x - 1 && blk.ok)
     for (int i = tid; i < N * L + N; i += blockDim.x) {
       if (i < N * L) ep_ctrl(a, i / L)[dl_ep_cnt(N, L, a.rank, i % L)] = (uint32_t)hist_e[i];
       else ep_ctrl(a, i - N * L)[dl_ep_ntok(N, a.rank)] = (uint32_t)hist_r[i - N * L];
     }
-  ep_finish(a, blk, dl_ep_disp_flag, true);
+  ep_finish(a, blk, dl_ep_disp_flag, !LAMPORT);
 }
 
-template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR>
+template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR, bool LAMPORT>
 __global__ void __launch_bounds__(DL_EP_THREADS, 2) ep_dispatch_send_kernel(const dl_ep_args_t a) {
   dl_pdl_wait(); // the grid ahead done and visible (a launch with a.pdl may start early)
   dl_pdl_release();
-  ep_dispatch_send_body<FP8, PER_RANK, EXPERT_MAJOR>(a);
+  ep_dispatch_send_body<FP8, PER_RANK, EXPERT_MAJOR, LAMPORT>(a);
 }
 
 // ---- dispatch receive ----------------------------------------------------------------
@@ -353,8 +382,131 @@ __device__ __forceinline__ void ep_recv_rank_row(const dl_ep_args_t &a, const ch
   ep_store_row<FP8>(a, msg + a.hdr, row, lane, sp, sg, &b);
 }
 
+// Polls source `peer`'s count word at w (Lamport slots, ep.h) until it
+// carries call `epoch`'s tag (into *x): true; false once another block
+// recorded a timeout (read after 100 us) or this wait timed out (recorded as
+// ep_poll_vec's, with the calls the peer's disp_flag here, *count, held).
+static __device__ __noinline__ bool ep_poll_count(const uint32_t *w, uint32_t *x, uint32_t epoch, uint64_t timeout_ns,
+                                                  dl_ep_status_t *status, int peer, const uint32_t *count) {
+  const uint64_t t0 = dl_signal_clock_ns();
+  for (int spins = 1;; spins++) {
+    *x = ep_ld_volatile(w);
+    if (dl_ep_count_word_is(*x, epoch)) return true;
+    if (spins % 32) continue;
+    EP_POLL_YIELD();
+    const uint64_t waited = dl_signal_clock_ns() - t0;
+    if (waited > 100000 && spins % 1024 == 0 &&
+        reinterpret_cast<volatile dl_ep_status_t *>(status)->kind == DL_EP_ERR_TIMEOUT)
+      return false;
+    if (waited > timeout_ns) {
+      ep_fail(status, DL_EP_DISPATCH_RECV, DL_EP_ERR_TIMEOUT, (uint32_t)peer, epoch,
+              dl_ep_calls_of(ep_ld_volatile(count)), epoch);
+      return false;
+    }
+  }
+}
+
+// Word j of the 16-byte vectors the warp's lanes hold (lane j / 4 holds it);
+// each lane asks for its own j.
+__device__ __forceinline__ uint32_t ep_word_of(const uint4 &v, int j) {
+  const int from = j >> 2, c = j & 3;
+  const uint32_t x = __shfl_sync(EP_FULL, v.x, from), y = __shfl_sync(EP_FULL, v.y, from);
+  const uint32_t z = __shfl_sync(EP_FULL, v.z, from), w = __shfl_sync(EP_FULL, v.w, from);
+  return c == 0 ? x : c == 1 ? y : c == 2 ? z : w;
+}
+
+// A warp moves vectors [v0, v1) of a Lamport slot's row at src to dst: it
+// polls each until it is there (four in flight), stores it and empties it.
+// false (this lane): a poll gave up (ep_poll_vec, naming `peer` and call
+// `epoch`).
+__device__ __forceinline__ bool ep_lamport_move(uint4 *dst, uint4 *src, int64_t v0, int64_t v1, int lane,
+                                                const dl_ep_args_t &a, int peer, uint32_t epoch, int *blk_ok) {
+  const uint4 empty = make_uint4(DL_EP_EMPTY, DL_EP_EMPTY, DL_EP_EMPTY, DL_EP_EMPTY);
+  for (int64_t v = v0 + lane; v < v1; v += 128) {
+    uint4 y[4];
+#pragma unroll
+    for (int u = 0; u < 4; u++)
+      if (v + 32 * u < v1) y[u] = ep_ld_vec_volatile(src + v + 32 * u);
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+      const int64_t at = v + 32 * u;
+      if (at >= v1) break;
+      if (!ep_vec_full(y[u]) &&
+          !ep_poll_vec(src + at, &y[u], a.timeout_ns, a.status, DL_EP_DISPATCH_RECV, peer, epoch,
+                       ep_ctrl(a, a.rank) + dl_ep_disp_flag(a.nranks, peer), blk_ok))
+        return false;
+      dst[at] = y[u];
+      src[at] = empty;
+    }
+  }
+  return true;
+}
+
+// ep_recv_rank_row from a Lamport slot (ep.h): the header (first segment)
+// and the payload polled until there, copied, and emptied. false (the whole
+// warp): a poll of a lane gave up.
+template <bool FP8>
+__device__ __forceinline__ bool ep_recv_rank_row_lamport(const dl_ep_args_t &a, char *msg, int s, int j, int lane,
+                                                         const ep_split &sp, int64_t sg, uint32_t epoch, int *blk_ok) {
+  const int K = a.topk, nh = (int)(a.hdr / 16);
+  const int64_t rb = ep_row_bytes<FP8>(a), lo = ep_seg_lo(sp, sg), hi = ep_seg_hi(sp, sg, rb);
+  const int64_t row = (int64_t)s * a.max_tokens + j;
+  const uint4 empty = make_uint4(DL_EP_EMPTY, DL_EP_EMPTY, DL_EP_EMPTY, DL_EP_EMPTY);
+  uint4 *hdr = reinterpret_cast<uint4 *>(msg), *pay = reinterpret_cast<uint4 *>(msg + a.hdr);
+  // the header's first poll beside the payload's
+  uint4 hv = empty;
+  if (sg == 0 && lane < nh) hv = ep_ld_vec_volatile(hdr + lane);
+  bool here = ep_lamport_move(reinterpret_cast<uint4 *>(reinterpret_cast<char *>(a.rx) + row * rb), pay, lo / 16,
+                              hi / 16, lane, a, s, epoch, blk_ok);
+  if (FP8 && sg == 0 && here) { // the scales, in whole vectors (the sender filled the last one's tail)
+    const int G = a.hidden / DL_EP_FP8_GROUP;
+    uint4 *src = reinterpret_cast<uint4 *>(msg + a.hdr + a.hidden);
+    float *dst = a.rscales + row * G;
+    for (int v = lane; here && v < (G + 3) / 4; v += 32) {
+      uint4 y = ep_ld_vec_volatile(src + v);
+      if (!ep_vec_full(y) && !ep_poll_vec(src + v, &y, a.timeout_ns, a.status, DL_EP_DISPATCH_RECV, s, epoch,
+                                          ep_ctrl(a, a.rank) + dl_ep_disp_flag(a.nranks, s), blk_ok))
+        here = false;
+      else {
+        const uint32_t wd[4] = {y.x, y.y, y.z, y.w};
+        for (int i = 0; i < 4 && 4 * v + i < G; i++) dst[4 * v + i] = dl_bits_f32(wd[i]);
+        src[v] = empty;
+      }
+    }
+  }
+  if (sg == 0 && here && lane < nh && !ep_vec_full(hv) &&
+      !ep_poll_vec(hdr + lane, &hv, a.timeout_ns, a.status, DL_EP_DISPATCH_RECV, s,  epoch,
+                   ep_ctrl(a, a.rank) + dl_ep_disp_flag(a.nranks, s), blk_ok))
+    here = false;
+  if (__ballot_sync(EP_FULL, !here) != 0u) return false;
+  if (sg != 0) return true;
+  const int t = (int)ep_word_of(hv, 0);
+  const uint32_t lw = ep_word_of(hv, lane < K ? 1 + 2 * lane : 0), ww = ep_word_of(hv, lane < K ? 2 + 2 * lane : 0);
+  if (lane < nh) hdr[lane] = empty;
+  int le = -1;
+  float w = 0.0f;
+  if (lane < K) {
+    le = (int16_t)(lw & 0xffffu);
+    w = dl_bits_f32(ww);
+  }
+  const uint32_t onr = __ballot_sync(EP_FULL, le >= 0);
+  if (lane < K) {
+    a.rids[row * K + lane] = le;
+    a.rweights[row * K + lane] = le >= 0 ? w : 0.0f;
+  }
+  const int kf = onr ? __ffs(onr) - 1 : 0;
+  const int lef = __shfl_sync(EP_FULL, le, kf);
+  if (lane == 0) {
+    a.rsrc[row * 2] = t;
+    a.rsrc[row * 2 + 1] = dl_ep_src_pack(s, kf, lef);
+  }
+  return true;
+}
+
 // The receive phase, as a kernel of its own or the second half of the fused one.
-template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR>
+// LAMPORT: per_rank's rank_major rows from Lamport slots (ep.h): the sources'
+// counts and rows are polled, no flag is waited for.
+template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR, bool LAMPORT>
 __device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a) {
   const int phase = DL_EP_DISPATCH_RECV;
   EP_SMEM(smem);
@@ -362,6 +514,7 @@ __device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, W = blockDim.x >> 5;
   const int N = a.nranks, L = a.local, K = a.topk, B = a.max_tokens, NL = N * L;
   constexpr bool DIRECT = PER_RANK && !EXPERT_MAJOR; // ep_dispatch_send_body
+  static_assert(!LAMPORT || DIRECT, "Lamport slots are per_rank's with rank_major output");
   int *cnt = smem, *pre = cnt + NL, *ntok = pre + NL + 1, *tmp = ntok + N;
   const uint32_t *self = ep_ctrl(a, a.rank);
   if (PER_RANK) {
@@ -373,7 +526,16 @@ __device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a) {
       const uint32_t e = dl_ep_calls_of(__shfl_sync(EP_FULL, ep_count_now(a, dl_ep_disp_done), 0)) + 1;
       bool ok = true;
       int n = 0;
-      if (lane < N) {
+      if constexpr (LAMPORT) { // lane q polls source q's count word for this call's tag
+        if (lane < N) {
+          const uint32_t *cw = reinterpret_cast<const uint32_t *>(ep_buf(a, a.rank) + a.drecv_off +
+                                                                  dl_ep_dispatch_count_off(N, B, a.msg_d, lane));
+          uint32_t w = ep_ld_volatile(cw);
+          ok = dl_ep_count_word_is(w, e) ||
+               ep_poll_count(cw, &w, e, a.timeout_ns, a.status, lane, self + dl_ep_disp_flag(N, lane));
+          n = ok ? (int)(w & 0xffffu) : 0;
+        }
+      } else if (lane < N) {
         ok = ep_wait(a, phase, dl_ep_disp_flag(N, lane), dl_ep_count_of(e), lane, e);
         if (ok) n = (int)ep_ld_volatile(self + dl_ep_ntok(N, lane));
       }
@@ -421,7 +583,7 @@ __device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a) {
       for (int s = tid; s < N; s += blockDim.x) a.rcounts[s] = ntok[s];
   }
   const int64_t total = PER_RANK ? pre[N] : pre[NL];
-  const char *region = ep_buf(a, a.rank) + a.drecv_off;
+  char *region = ep_buf(a, a.rank) + a.drecv_off;
   // rows cut into segments where the messages are fewer than the grid's warps;
   // a message's header words are written by its first segment's warp
   const int64_t warps = (int64_t)gridDim.x * W, items = PER_RANK && EXPERT_MAJOR ? total * K : total;
@@ -451,7 +613,19 @@ __device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a) {
       ep_store_row<FP8>(a, msg + a.hdr, row, lane, sp, sg);
     }
   }
-  for (int64_t it = (int64_t)blockIdx.x * W + warp; !(PER_RANK && EXPERT_MAJOR) && blk.ok && it < items * sp.segs;
+  if constexpr (LAMPORT) { // rank_major row j of source s, from the slots of the call's half
+    char *slots = region + dl_ep_dispatch_half(true, N, B, blk.epoch) * a.msg_d;
+    // the warp's: no wait of the block gave up (one answer for its lanes: another warp may clear the word)
+    bool ok = __ballot_sync(EP_FULL, *reinterpret_cast<volatile int *>(&blk.ok) == 0) == 0u;
+    for (int64_t it = (int64_t)blockIdx.x * W + warp; ok && it < items * sp.segs; it += warps) {
+      const int64_t i = it / sp.segs, sg = it % sp.segs;
+      const int s = ep_group_of(pre, N, i), j = (int)(i - pre[s]);
+      ok = ep_recv_rank_row_lamport<FP8>(a, slots + ((int64_t)s * B + j) * a.msg_d, s, j, lane, sp, sg, blk.epoch,
+                                         &blk.ok) &&
+           __ballot_sync(EP_FULL, *reinterpret_cast<volatile int *>(&blk.ok) == 0) == 0u;
+    }
+  }
+  for (int64_t it = (int64_t)blockIdx.x * W + warp; !LAMPORT && !(PER_RANK && EXPERT_MAJOR) && blk.ok && it < items * sp.segs;
        it += warps) {
     const int64_t i = it / sp.segs, sg = it % sp.segs;
     if (PER_RANK) { // rank_major: row j of source s
@@ -493,11 +667,11 @@ __device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a) {
   ep_finish(a, blk, dl_ep_disp_done, false);
 }
 
-template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR>
+template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR, bool LAMPORT>
 __global__ void __launch_bounds__(DL_EP_THREADS, 2) ep_dispatch_recv_kernel(const dl_ep_args_t a) {
   dl_pdl_wait(); // the grid ahead done and visible (a launch with a.pdl may start early)
   dl_pdl_release();
-  ep_dispatch_recv_body<FP8, PER_RANK, EXPERT_MAJOR>(a);
+  ep_dispatch_recv_body<FP8, PER_RANK, EXPERT_MAJOR, LAMPORT>(a);
 }
 
 // dispatch in one launch: the send, then (every block of every rank resident,
@@ -505,34 +679,40 @@ __global__ void __launch_bounds__(DL_EP_THREADS, 2) ep_dispatch_recv_kernel(cons
 // grid drain fewer than send and receive apart; the same words and epochs.
 // Their dynamic shared memory is one region, used by one half at a time (the
 // send's last use comes before the barrier that starts its ep_finish).
-template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR>
+template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR, bool LAMPORT>
 __global__ void __launch_bounds__(DL_EP_THREADS, 2) ep_dispatch_kernel(const dl_ep_args_t a) {
   dl_pdl_wait(); // the grid ahead done and visible (a launch with a.pdl may start early)
   dl_pdl_release();
   // (the receive half reads its count where it starts: read here, beside the
   // send's, as the fused combine does, it cost 0.2 us at B 1 on 2 H200s)
-  ep_dispatch_send_body<FP8, PER_RANK, EXPERT_MAJOR>(a);
-  ep_dispatch_recv_body<FP8, PER_RANK, EXPERT_MAJOR>(a);
+  ep_dispatch_send_body<FP8, PER_RANK, EXPERT_MAJOR, LAMPORT>(a);
+  ep_dispatch_recv_body<FP8, PER_RANK, EXPERT_MAJOR, LAMPORT>(a);
 }
 
 // ---- launchers ---------------------------------------------------------------------
 
 typedef void (*ep_kernel_t)(const dl_ep_args_t);
 
-template <bool FP8, bool PER_RANK> static ep_kernel_t recv_kernel(int expert_major, int fused) {
-  if (fused) return expert_major ? ep_dispatch_kernel<FP8, PER_RANK, true> : ep_dispatch_kernel<FP8, PER_RANK, false>;
-  return expert_major ? ep_dispatch_recv_kernel<FP8, PER_RANK, true> : ep_dispatch_recv_kernel<FP8, PER_RANK, false>;
+// The kernel of a phase: per_rank with rank_major output in Lamport slots or
+// with the flag (dl_ep_dispatch_lamport), the other layouts with the flag.
+template <bool FP8> static ep_kernel_t dispatch_kernel_of(const dl_ep_args_t *a) {
+  const int em = a->output == DL_EP_EXPERT_MAJOR, pr = a->layout == DL_EP_PER_RANK;
+  const int lp = dl_ep_dispatch_lamport(pr, a->lamport, a->output);
+  // per_expert's send is the same for both outputs; its receive differs
+#define EP_DISPATCH_PICK(KERNEL)                                                                            \
+  (pr ? (em ? KERNEL<FP8, true, true, false> : lp ? KERNEL<FP8, true, false, true> : KERNEL<FP8, true, false, false>) \
+      : KERNEL<FP8, false, true, false>)
+  switch (a->phase) {
+  case DL_EP_DISPATCH_SEND: return EP_DISPATCH_PICK(ep_dispatch_send_kernel);
+  case DL_EP_DISPATCH_RECV:
+    return !pr && !em ? ep_dispatch_recv_kernel<FP8, false, false, false> : EP_DISPATCH_PICK(ep_dispatch_recv_kernel);
+  default: return !pr && !em ? ep_dispatch_kernel<FP8, false, false, false> : EP_DISPATCH_PICK(ep_dispatch_kernel);
+  }
+#undef EP_DISPATCH_PICK
 }
 
 static ep_kernel_t dispatch_kernel(const dl_ep_args_t *a) {
-  const int em = a->output == DL_EP_EXPERT_MAJOR, pr = a->layout == DL_EP_PER_RANK, f = a->phase == DL_EP_DISPATCH;
-  if (a->phase == DL_EP_DISPATCH_SEND) // per_expert's send is the same for both outputs
-    return a->fp8 ? (pr ? (em ? ep_dispatch_send_kernel<true, true, true> : ep_dispatch_send_kernel<true, true, false>)
-                        : ep_dispatch_send_kernel<true, false, true>)
-                  : (pr ? (em ? ep_dispatch_send_kernel<false, true, true> : ep_dispatch_send_kernel<false, true, false>)
-                        : ep_dispatch_send_kernel<false, false, true>);
-  return a->fp8 ? (pr ? recv_kernel<true, true>(em, f) : recv_kernel<true, false>(em, f))
-                : (pr ? recv_kernel<false, true>(em, f) : recv_kernel<false, false>(em, f));
+  return a->fp8 ? dispatch_kernel_of<true>(a) : dispatch_kernel_of<false>(a);
 }
 
 static const char *dispatch_name(int phase) {

@@ -175,7 +175,7 @@ static int agree(dl_ep_t *ep, int id) {
     DL_TRY(dl_comm_store_get(ep->comm, key, &their_lamport, sizeof their_lamport));
     if (their_lamport != lamport)
       return DL_ERR(DL_EINVAL,
-                    "ep: ranks disagree on the combine's slots: rank %d %s Lamport slots, rank %d %s "
+                    "ep: ranks disagree on the dispatch's and combine's slots: rank %d %s Lamport slots, rank %d %s "
                     "(DISTLAB_EP_LAMPORT_MAX_ROWS differs between them: set it alike on every rank)",
                     ep->rank, lamport ? "uses" : "does not use", r, their_lamport ? "does" : "does not");
     snprintf(key, sizeof key, "ep%d/cfg/%d", id, r);
@@ -201,7 +201,8 @@ static void lay_out(dl_ep_t *ep) {
   a->hdr = dl_ep_hdr_bytes(per_rank, c->topk);
   a->msg_d = dl_ep_msg_d(per_rank, c->fp8, c->topk, c->hidden);
   a->msg_c = dl_ep_msg_c(c->hidden);
-  const int64_t drecv = dl_ep_dispatch_slots(per_rank, ep->size, c->experts, c->max_tokens) * a->msg_d;
+  const int64_t drecv = dl_ep_dispatch_bytes(per_rank, dl_ep_dispatch_lamport(per_rank, a->lamport, c->output),
+                                             ep->size, c->experts, c->max_tokens, a->msg_d);
   const int64_t crecv = dl_ep_combine_slots(per_rank, a->lamport, c->experts, c->topk, c->max_tokens) * a->msg_c;
   a->drecv_off = dl_ep_ctrl_bytes(ep->size, ep->local);
   a->crecv_off = a->drecv_off + drecv;
@@ -337,18 +338,22 @@ static int init(dl_ep_t *ep, dl_comm_t *c, const dl_comm_info_t *ci) {
     DL_TRY(dl_symm_peer_ptr(ep->symm, p, &ptr));
     ep->base.bufs[p] = ptr;
   }
-  /* epochs at zero before anyone signals into them; Lamport combine slots
-   * empty (kernels/ep/ep.h; the cpu twin ignores them) */
+  /* epochs at zero before anyone signals into them; Lamport slots empty
+   * (kernels/ep/ep.h; the cpu twin ignores them) */
   const size_t ctrl = (size_t)dl_ep_ctrl_bytes(ep->size, ep->local);
-  char *comb = ep->base.bufs[ep->rank] + ep->base.crecv_off;
+  char *disp = ep->base.bufs[ep->rank] + ep->base.drecv_off, *comb = ep->base.bufs[ep->rank] + ep->base.crecv_off;
+  const size_t disp_bytes = dl_ep_dispatch_lamport(ep->cfg.layout == DL_EP_PER_RANK, ep->base.lamport, ep->cfg.output)
+                                ? (size_t)ep->bytes[DL_EP_DISPATCH_RECV_BYTES] : 0;
   const size_t comb_bytes = ep->base.lamport ? (size_t)ep->bytes[DL_EP_COMBINE_RECV_BYTES] : 0;
   if (ep->dev_type == DL_CPU) {
     memset(ep->base.bufs[ep->rank], 0, ctrl);
+    memset(disp, 0xff, disp_bytes);
     memset(comb, 0xff, comb_bytes);
   } else {
 #ifdef DL_WITH_CUDA
     DL_TRY(dl_cuda_use(ep->dev_index));
     DL_CUDA_CHECK(cudaMemset(ep->base.bufs[ep->rank], 0, ctrl));
+    if (disp_bytes) DL_CUDA_CHECK(cudaMemset(disp, 0xff, disp_bytes));
     if (comb_bytes) DL_CUDA_CHECK(cudaMemset(comb, 0xff, comb_bytes));
     DL_CUDA_CHECK(cudaDeviceSynchronize());
 #endif
@@ -401,7 +406,8 @@ int dl_ep_new(dl_ep_t **out, dl_comm_t *c, const dl_ep_config_t *cfg) {
   int rc = dl_env_int("dl_ep_new", "DISTLAB_EP_PDL", 1, 0, 1, &pdl);
   a->pdl = (int)pdl;
   /* per_rank's combine with rank_major output in Lamport slots (kernels/ep/
-   * ep.h) up to this many rows received, N B: their emptying costs stores as
+   * ep.h) up to this many rows received, N B, and its dispatch since
+   * (dl_ep_dispatch_lamport): their emptying costs stores as
    * many as the rows, the flag's fence a fixed cost. expert_major output sends K rows a
    * token, not one a rank: on 2 H200s its combine was 1.5-3.6 us slower in
    * Lamport slots at B 1-128 (per_rank then 11-17% behind per_expert), so it

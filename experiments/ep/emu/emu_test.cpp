@@ -72,8 +72,9 @@ static void start_at(world &w, uint32_t calls) {
   }
 }
 
-// per_rank's combine in Lamport slots (ep.h; dl_ep_new takes them for rank_major output up to
-// DL_EP_LAMPORT_MAX_ROWS rows N B, the kernels for either output), except where lamport is false (the flag)
+// per_rank in Lamport slots (ep.h; dl_ep_new takes them for rank_major output up to
+// DL_EP_LAMPORT_MAX_ROWS rows N B: the dispatch's and the combine's; the combine's kernels
+// take them for either output), except where lamport is false (the flag)
 static void make_world(world &w, int n, int layout, int output, int fp8, int E, bool emulated, bool lamport = true) {
   w.n = n, w.layout = layout, w.output = output, w.fp8 = fp8, w.E = E, w.emulated = emulated;
   const int L = E / n, pr = layout == DL_EP_PER_RANK;
@@ -85,7 +86,8 @@ static void make_world(world &w, int n, int layout, int output, int fp8, int E, 
   a.msg_d = dl_ep_msg_d(pr, fp8, K, H);
   a.msg_c = dl_ep_msg_c(H);
   a.drecv_off = dl_ep_ctrl_bytes(n, L);
-  a.crecv_off = a.drecv_off + dl_ep_dispatch_slots(pr, n, E, B) * a.msg_d;
+  const int lamport_d = dl_ep_dispatch_lamport(pr, a.lamport, output);
+  a.crecv_off = a.drecv_off + dl_ep_dispatch_bytes(pr, lamport_d, n, E, B, a.msg_d);
   a.timeout_ns = 20000000000ull;
   const int64_t total = a.crecv_off + dl_ep_combine_slots(pr, a.lamport, E, K, B) * a.msg_c;
   w.r.resize(n);
@@ -97,6 +99,7 @@ static void make_world(world &w, int n, int layout, int output, int fp8, int E, 
     memset(s.base, 0, a.drecv_off);
     if (a.lamport) // Lamport slots start empty (ep.h), as dl_ep_new leaves them
       memset(s.base + a.crecv_off, 0xff, (size_t)(dl_ep_combine_slots(pr, 1, E, K, B) * a.msg_c));
+    if (lamport_d) memset(s.base + a.drecv_off, 0xff, (size_t)(a.crecv_off - a.drecv_off));
     a.bufs[q] = s.base;
     s.rx.assign(rows * H * (fp8 ? 1 : 2), 0);
     s.scales.assign(rows * (H / 128), 0);
@@ -270,10 +273,10 @@ static std::vector<uint8_t> received(world &w, int q) {
   return v;
 }
 
-static void free_running(int n, int layout, int output, int fp8, int E, int calls, unsigned seed) {
+static void free_running(int n, int layout, int output, int fp8, int E, int calls, unsigned seed, bool lamport = true) {
   world twin, emu;
   make_world(twin, n, layout, output, fp8, E, false);
-  make_world(emu, n, layout, output, fp8, E, true);
+  make_world(emu, n, layout, output, fp8, E, true, lamport);
   start_at(twin, (1u << 22) - 3);
   start_at(emu, (1u << 22) - 3);
   struct in_t {
@@ -341,8 +344,9 @@ static void free_running(int n, int layout, int output, int fp8, int E, int call
       }
     });
   for (auto &t : th) t.join();
-  printf("free-running %s %s: %d calls on %d emulated ranks\n", layout ? "per_rank" : "per_expert",
-         output ? "rank_major" : "expert_major", calls, n);
+  printf("free-running %s %s %s (%s): %d calls on %d emulated ranks\n", layout ? "per_rank" : "per_expert",
+         output ? "rank_major" : "expert_major", fp8 ? "fp8" : "bf16", emu.base.lamport ? "Lamport slots" : "flag",
+         calls, n);
 }
 
 int main(int argc, char **argv) {
@@ -361,8 +365,9 @@ int main(int argc, char **argv) {
     const int output = combo & 2 ? DL_EP_RANK_MAJOR : DL_EP_EXPERT_MAJOR, fp8 = combo >> 2 & 1;
     world twin, emu;
     make_world(twin, n, layout, output, fp8, E, false);
-    make_world(emu, n, layout, output, fp8, E, true, !fp8); // per_rank: Lamport slots with bf16, the flag with fp8
-    printf("  (%s combine)\n", emu.base.lamport ? "Lamport slots" : "flag");
+    // per_rank: Lamport slots, but expert_major with fp8 (the flag; its combine's Lamport kernels with bf16)
+    make_world(emu, n, layout, output, fp8, E, true, output == DL_EP_RANK_MAJOR || !fp8);
+    printf("  (%s)\n", !emu.base.lamport ? "flag" : output == DL_EP_RANK_MAJOR ? "Lamport slots" : "Lamport combine");
     if (combo & 1) { // the counters wrap (2^32, epochs 2^22) during these calls
       start_at(twin, (1u << 22) - 3);
       start_at(emu, (1u << 22) - 3);
@@ -397,15 +402,20 @@ int main(int argc, char **argv) {
       }
       compare_combine(emu, twin, c);
       for (int q = 0; q < n; q++)
-        if (emu.r[q].status.kind) fprintf(stderr, "  rank %d call %d: a failure was recorded (kind %u)\n", q, c, emu.r[q].status.kind), failures++;
+        if (emu.r[q].status.kind)
+          fprintf(stderr, "  rank %d call %d: a failure was recorded (kind %u phase %u peer %u call %u seen %u block %u)\n",
+                  q, c, emu.r[q].status.kind, emu.r[q].status.phase, emu.r[q].status.peer, emu.r[q].status.expected,
+                  emu.r[q].status.seen, emu.r[q].status.block),
+              failures++;
       total++;
     }
     printf("layout %s output %s %s: %d calls on %d emulated ranks %s\n", layout ? "per_rank" : "per_expert",
            output ? "rank_major" : "expert_major", fp8 ? "fp8" : "bf16", calls, n, failures ? "FAILED" : "match the twin");
   }
   free_running(n, DL_EP_PER_RANK, DL_EP_RANK_MAJOR, 0, E, calls, seed);
+  free_running(n, DL_EP_PER_RANK, DL_EP_RANK_MAJOR, 1, E, calls, seed + 2, false); // the flag (larger buffers)
   free_running(n, DL_EP_PER_EXPERT, DL_EP_EXPERT_MAJOR, 1, E, calls, seed + 1);
-  total += 2 * calls;
+  total += 3 * calls;
   // After three whole rounds (the counters wrapping), rank 0 alone makes a
   // fourth dispatch: its receive ends by itself, naming a rank that skipped
   // it and call 4 (in calls since the start: the epoch wraps at 2^22).
