@@ -240,16 +240,18 @@ function M.formula(o)
   local N = int(o, "ranks")
   local B, H, E, K, L = c.max_tokens, c.hidden, c.experts, c.topk, c.experts / N
   local per_rank, fp8 = c.layout == C.DL_EP_PER_RANK, c.fp8 == 1
-  local hdr = per_rank and align(4 + 8 * K, 16) or 16 -- token + K (local expert, position, weight) / token, row, k, weight
-  local msg_d = hdr + align(fp8 and (H + 4 * H / 128) or 2 * H, 16)
-  local msg_c = align(2 * H, 16)
+  -- token + K (local expert, position, weight) / token, row, k, weight; header and message
+  -- padded to 128-byte lines (DL_EP_LINE)
+  local hdr = align(per_rank and 4 + 8 * K or 16, 128)
+  local msg_d = align(hdr + align(fp8 and (H + 4 * H / 128) or 2 * H, 16), 128)
+  local msg_c = align(2 * H, 128)
   -- per_rank with rank_major output in Lamport slots (two halves) up to
   -- DISTLAB_EP_LAMPORT_MAX_ROWS rows received, N B (default 256: DL_EP_LAMPORT_MAX_ROWS,
   -- kernels/ep/ep.h), as dl_ep_new decides: the dispatch's and the combine's
   local lamport = per_rank and c.output == C.DL_EP_RANK_MAJOR and
     N * B <= (tonumber(os.getenv("DISTLAB_EP_LAMPORT_MAX_ROWS") or "") or 256)
-  -- slots [2][N][B] and the sources' count words [N] (to 16 bytes) / [N][B] / [L][N][B]
-  local drecv = lamport and 2 * N * B * msg_d + align(4 * N, 16) or (per_rank and N or E) * B * msg_d
+  -- slots [2][N][B] and the sources' count words [N] (to a line) / [N][B] / [L][N][B]
+  local drecv = lamport and 2 * N * B * msg_d + align(4 * N, 128) or (per_rank and N or E) * B * msg_d
   local crecv = (per_rank and (lamport and 2 or 1) * K or E) * B * msg_c -- slots [2][K][B] / [K][B] / [E][B]
   local ctrl = align((8 + 5 * N + N * L) * 4, 4096) -- epochs, flags, counts per (source, expert)
   -- the symmetric buffer rounds to 4 KiB and keeps its signal pad behind the data

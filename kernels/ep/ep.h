@@ -33,7 +33,8 @@
  *
  * Messages are written by the sender straight into the receiver's slots
  * (NVLink, or shared memory on cpu): no send buffers. Dispatch message =
- * header + payload (16-byte aligned each):
+ * header + payload (each padded to 128 bytes, DL_EP_LINE, so that the
+ * payloads' lines are whole; the header's padding is written too):
  *   per_expert header (16 B): int32 token, int32 row (the token's position
  *     among the source's tokens for this rank: its rank-major row), uint32
  *     k | kmask << 8 (kmask: the token's selections on this rank), f32 weight
@@ -133,6 +134,7 @@ enum {
   DL_EP_THREADS = 512,
   DL_EP_MAX_BLOCKS = 1024,
   DL_EP_CTRL_ALIGN = 4096,
+  DL_EP_LINE = 128,        /* messages and payloads start on a line (dl_ep_hdr_bytes) */
   DL_EP_FP8_GROUP = 128,   /* values per fp8 scale (kernels/ep/fp8.h)          */
   DL_EP_LAMPORT_MAX_ROWS = 256, /* per_rank combines in Lamport slots up to N B rows */
   DL_EP_SHARE_SHIFT = 10,  /* the shares of a call's blocks sum to 2^10         */
@@ -234,18 +236,20 @@ DL_EP_HD uint32_t dl_ep_share(int b, int g) {
 DL_EP_HD uint32_t dl_ep_count_of(uint32_t e) { return e << DL_EP_SHARE_SHIFT; }
 DL_EP_HD uint32_t dl_ep_calls_of(uint32_t count) { return count >> DL_EP_SHARE_SHIFT; }
 
-/* dispatch header: per_expert 16 B; per_rank the token and K (le, pos, w) */
+/* dispatch header: per_expert 16 B; per_rank the token and K (le, pos, w);
+ * padded to DL_EP_LINE so that every payload starts a line (a warp's 512
+ * bytes of a row then cross NVLink as four whole 128-byte lines, not five) */
 DL_EP_HD int64_t dl_ep_hdr_bytes(int per_rank, int k) {
-  return per_rank ? dl_ep_align(4 + 8 * (int64_t)k, 16) : 16;
+  return dl_ep_align(per_rank ? 4 + 8 * (int64_t)k : 16, DL_EP_LINE);
 }
 /* payload: bf16 [H], or fp8 [H] and f32 scales [H/128] */
 DL_EP_HD int64_t dl_ep_payload_bytes(int fp8, int h) {
   return dl_ep_align(fp8 ? (int64_t)h + 4 * (int64_t)(h / DL_EP_FP8_GROUP) : 2 * (int64_t)h, 16);
 }
 DL_EP_HD int64_t dl_ep_msg_d(int per_rank, int fp8, int k, int h) {
-  return dl_ep_hdr_bytes(per_rank, k) + dl_ep_payload_bytes(fp8, h);
+  return dl_ep_align(dl_ep_hdr_bytes(per_rank, k) + dl_ep_payload_bytes(fp8, h), DL_EP_LINE);
 }
-DL_EP_HD int64_t dl_ep_msg_c(int h) { return dl_ep_align(2 * (int64_t)h, 16); }
+DL_EP_HD int64_t dl_ep_msg_c(int h) { return dl_ep_align(2 * (int64_t)h, DL_EP_LINE); }
 /* slots of the receive regions */
 DL_EP_HD int64_t dl_ep_dispatch_slots(int per_rank, int n, int e, int b) {
   return (per_rank ? (int64_t)n : (int64_t)e) * b;
@@ -255,9 +259,9 @@ DL_EP_HD int dl_ep_dispatch_lamport(int per_rank, int lamport, int output) {
   return per_rank && lamport && output == DL_EP_RANK_MAJOR;
 }
 /* bytes of the dispatch receive region: its slots; in Lamport slots both
- * halves [2][N][B], then the sources' count words [N] (to 16 bytes) */
+ * halves [2][N][B], then the sources' count words [N] (to a line) */
 DL_EP_HD int64_t dl_ep_dispatch_bytes(int per_rank, int lamport_d, int n, int e, int b, int64_t msg_d) {
-  return lamport_d ? 2 * (int64_t)n * b * msg_d + dl_ep_align(4 * (int64_t)n, 16)
+  return lamport_d ? 2 * (int64_t)n * b * msg_d + dl_ep_align(4 * (int64_t)n, DL_EP_LINE)
                    : dl_ep_dispatch_slots(per_rank, n, e, b) * msg_d;
 }
 /* the first dispatch slot of call `epoch` (Lamport slots: its half), and the

@@ -453,24 +453,25 @@ __device__ __forceinline__ bool ep_recv_rank_row_lamport(const dl_ep_args_t &a, 
   const int64_t row = (int64_t)s * a.max_tokens + j;
   const uint4 empty = make_uint4(DL_EP_EMPTY, DL_EP_EMPTY, DL_EP_EMPTY, DL_EP_EMPTY);
   uint4 *hdr = reinterpret_cast<uint4 *>(msg), *pay = reinterpret_cast<uint4 *>(msg + a.hdr);
-  // the header's first poll beside the payload's
-  uint4 hv = empty;
+  // the first polls of the header and (fp8) of the scales, beside the payload's
+  const int G = FP8 ? a.hidden / DL_EP_FP8_GROUP : 0, ns = (G + 3) / 4; // the scales' vectors
+  uint4 *scv = reinterpret_cast<uint4 *>(msg + a.hdr + a.hidden);
+  uint4 hv = empty, sv = empty;
   if (sg == 0 && lane < nh) hv = ep_ld_vec_volatile(hdr + lane);
+  if (FP8 && sg == 0 && lane < ns) sv = ep_ld_vec_volatile(scv + lane);
   bool here = ep_lamport_move(reinterpret_cast<uint4 *>(reinterpret_cast<char *>(a.rx) + row * rb), pay, lo / 16,
                               hi / 16, lane, a, s, epoch, blk_ok);
-  if (FP8 && sg == 0 && here) { // the scales, in whole vectors (the sender filled the last one's tail)
-    const int G = a.hidden / DL_EP_FP8_GROUP;
-    uint4 *src = reinterpret_cast<uint4 *>(msg + a.hdr + a.hidden);
+  if (FP8 && sg == 0) { // the scales, in whole vectors (the sender filled the last one's tail)
     float *dst = a.rscales + row * G;
-    for (int v = lane; here && v < (G + 3) / 4; v += 32) {
-      uint4 y = ep_ld_vec_volatile(src + v);
-      if (!ep_vec_full(y) && !ep_poll_vec(src + v, &y, a.timeout_ns, a.status, DL_EP_DISPATCH_RECV, s, epoch,
-                                          ep_ctrl(a, a.rank) + dl_ep_disp_flag(a.nranks, s), blk_ok))
+    for (int v = lane; here && v < ns; v += 32) {
+      if (v >= 32) sv = ep_ld_vec_volatile(scv + v);
+      if (!ep_vec_full(sv) && !ep_poll_vec(scv + v, &sv, a.timeout_ns, a.status, DL_EP_DISPATCH_RECV, s, epoch,
+                                           ep_ctrl(a, a.rank) + dl_ep_disp_flag(a.nranks, s), blk_ok))
         here = false;
       else {
-        const uint32_t wd[4] = {y.x, y.y, y.z, y.w};
+        const uint32_t wd[4] = {sv.x, sv.y, sv.z, sv.w};
         for (int i = 0; i < 4 && 4 * v + i < G; i++) dst[4 * v + i] = dl_bits_f32(wd[i]);
-        src[v] = empty;
+        scv[v] = empty;
       }
     }
   }
