@@ -67,20 +67,23 @@
  * at B 1-64, was even at 128 and lost from 256: so the bound is on the rows
  * a rank receives, N B (experiments/ep/NOTES.md).
  *
- * The dispatch of the same buffers (dl_ep_dispatch_lamport) in Lamport slots
- * too, where the receiver does not know how many rows come: the sender's
+ * The dispatch of the same buffers with bf16 payloads (dl_ep_dispatch_lamport)
+ * in Lamport slots too, where the receiver does not know how many rows come:
+ * the sender's
  * last block (its walk covers every token) writes each receiver's count of
  * the call, tagged with the call (dl_ep_count_word), right after its wait
  * for the receivers' disp_done; the messages (header and payload, every
- * word as above; fp8: the words after the scales to the vector's end too)
- * follow, with no fence, and disp_flag is a relaxed add. Every receive block
+ * word as above) follow, with no fence, and disp_flag is a relaxed add. Every receive block
  * polls the sources' count words until they carry the call's tag (so they
  * are never emptied: the last call's word has another tag, and the next
  * call's comes only after this call's disp_done), then each of its rows'
  * vectors, copies them out and empties them (a row has one reader). This
  * rank's own rows go straight to the outputs as before (no slot). The
  * halves' argument is the combine's, with disp_done: a sender writes half
- * e & 1 again in call e + 2, after the receivers' disp_done of call e + 1. *
+ * e & 1 again in call e + 2, after the receivers' disp_done of call e + 1.
+ * On 2 H200s (d6658d6, B 1-128) the bf16 dispatch gained 0.4-1.2 us; fp8's
+ * lost 0.7-1.6 us, so fp8 keeps the flag (experiments/ep/NOTES.md).
+ *
  * Control words (uint32; "from q" = written by rank q into this rank's buffer):
  *   disp_flag[N]  from source q: a counter; each block of q's dispatch send
  *                 adds its share once its messages (and, for the last block,
@@ -254,9 +257,10 @@ DL_EP_HD int64_t dl_ep_msg_c(int h) { return dl_ep_align(2 * (int64_t)h, DL_EP_L
 DL_EP_HD int64_t dl_ep_dispatch_slots(int per_rank, int n, int e, int b) {
   return (per_rank ? (int64_t)n : (int64_t)e) * b;
 }
-/* per_rank's dispatch in Lamport slots: a.lamport with rank_major output */
-DL_EP_HD int dl_ep_dispatch_lamport(int per_rank, int lamport, int output) {
-  return per_rank && lamport && output == DL_EP_RANK_MAJOR;
+/* per_rank's dispatch in Lamport slots: a.lamport with rank_major output and
+ * bf16 payloads (fp8's was 0.7-1.6 us slower than its flag on 2 H200s) */
+DL_EP_HD int dl_ep_dispatch_lamport(int per_rank, int lamport, int output, int fp8) {
+  return per_rank && lamport && output == DL_EP_RANK_MAJOR && !fp8;
 }
 /* bytes of the dispatch receive region: its slots; in Lamport slots both
  * halves [2][N][B], then the sources' count words [N] (to a line) */

@@ -53,12 +53,13 @@ __host__ __device__ __forceinline__ int64_t ep_send_smem(int experts, int chunk,
 // A warp writes vectors [lo, hi) of token t's payload at p (a vector: 8
 // values; lo a multiple of 32): bf16 as it is, or fp8 codes at p and the
 // scales of their groups at sc (lanes 0-15 and 16-31 each quantize a group
-// of 128 values). CLEAN: into a Lamport slot (no word DL_EP_EMPTY; ep.h).
+// of 128 values). CLEAN (bf16): into a Lamport slot (no word DL_EP_EMPTY; ep.h).
 template <bool FP8, bool CLEAN>
 __device__ __forceinline__ void ep_send_payload(const dl_ep_args_t &a, int t, char *p, float *scales, int lane,
                                                 int lo, int hi) {
   const int H = a.hidden;
   const char *x = reinterpret_cast<const char *>(a.x) + (int64_t)t * H * 2;
+  static_assert(!(FP8 && CLEAN), "Lamport slots take bf16 payloads");
   if (!FP8) {
     ep_batch b;
     ep_load_batch(b, x + 16 * (int64_t)lo, hi - lo, lane);
@@ -100,16 +101,8 @@ __device__ __forceinline__ void ep_send_payload(const dl_ep_args_t &a, int t, ch
         c0 |= (uint32_t)dl_f32_to_e4m3(f[i] * inv) << (8 * i);
         c1 |= (uint32_t)dl_f32_to_e4m3(f[4 + i] * inv) << (8 * i);
       }
-      if constexpr (CLEAN) {
-        c0 = ep_lamport_word(c0);
-        c1 = ep_lamport_word(c1);
-      }
       if (v < hi) codes[v] = make_uint2(c0, c1);
-      if (v < hi && (lane & 15) == 0) {
-        const float sv = amax / DL_EP_FP8_MAX;
-        if constexpr (CLEAN) reinterpret_cast<uint32_t *>(scales)[v / 16] = ep_lamport_word(dl_f32_bits(sv));
-        else scales[v / 16] = sv;
-      }
+      if (v < hi && (lane & 15) == 0) scales[v / 16] = amax / DL_EP_FP8_MAX;
     }
   }
 }
@@ -125,7 +118,7 @@ __device__ __forceinline__ void ep_send_payload(const dl_ep_args_t &a, int t, ch
 template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR, bool LAMPORT>
 __device__ __forceinline__ void ep_dispatch_send_body(const dl_ep_args_t &a) {
   constexpr bool DIRECT = PER_RANK && !EXPERT_MAJOR;
-  static_assert(!LAMPORT || DIRECT, "Lamport slots are per_rank's with rank_major output");
+  static_assert(!LAMPORT || (DIRECT && !FP8), "Lamport slots are per_rank's with rank_major output, bf16");
   const int phase = DL_EP_DISPATCH_SEND;
   EP_SMEM(smem);
   EP_SHARED(ep_block, blk);
@@ -288,10 +281,6 @@ __device__ __forceinline__ void ep_dispatch_send_body(const dl_ep_args_t &a) {
       }
       reinterpret_cast<uint32_t *>(msg)[j] = LAMPORT ? ep_lamport_word(v) : v;
     }
-    if (LAMPORT && FP8) { // the words after the scales, to the vector's end: the receiver polls whole vectors
-      const int G = a.hidden / DL_EP_FP8_GROUP;
-      for (int j = G + lane; j < (G + 3) / 4 * 4; j += 32) reinterpret_cast<uint32_t *>(sc)[j] = 0u;
-    }
   }
   // the last block's counts cover every token: each receiver's counts from us
   if (!LAMPORT && blockIdx.x == gridDim.x - 1 && blk.ok)
@@ -442,39 +431,21 @@ __device__ __forceinline__ bool ep_lamport_move(uint4 *dst, uint4 *src, int64_t 
   return true;
 }
 
-// ep_recv_rank_row from a Lamport slot (ep.h): the header (first segment)
-// and the payload polled until there, copied, and emptied. false (the whole
-// warp): a poll of a lane gave up.
-template <bool FP8>
+// ep_recv_rank_row from a Lamport slot (ep.h; bf16): the header (first
+// segment) and the payload polled until there, copied, and emptied. false
+// (the whole warp): a poll of a lane gave up.
 __device__ __forceinline__ bool ep_recv_rank_row_lamport(const dl_ep_args_t &a, char *msg, int s, int j, int lane,
                                                          const ep_split &sp, int64_t sg, uint32_t epoch, int *blk_ok) {
   const int K = a.topk, nh = (int)(a.hdr / 16);
-  const int64_t rb = ep_row_bytes<FP8>(a), lo = ep_seg_lo(sp, sg), hi = ep_seg_hi(sp, sg, rb);
+  const int64_t rb = ep_row_bytes<false>(a), lo = ep_seg_lo(sp, sg), hi = ep_seg_hi(sp, sg, rb);
   const int64_t row = (int64_t)s * a.max_tokens + j;
   const uint4 empty = make_uint4(DL_EP_EMPTY, DL_EP_EMPTY, DL_EP_EMPTY, DL_EP_EMPTY);
   uint4 *hdr = reinterpret_cast<uint4 *>(msg), *pay = reinterpret_cast<uint4 *>(msg + a.hdr);
-  // the first polls of the header and (fp8) of the scales, beside the payload's
-  const int G = FP8 ? a.hidden / DL_EP_FP8_GROUP : 0, ns = (G + 3) / 4; // the scales' vectors
-  uint4 *scv = reinterpret_cast<uint4 *>(msg + a.hdr + a.hidden);
-  uint4 hv = empty, sv = empty;
+  // the header's first poll beside the payload's
+  uint4 hv = empty;
   if (sg == 0 && lane < nh) hv = ep_ld_vec_volatile(hdr + lane);
-  if (FP8 && sg == 0 && lane < ns) sv = ep_ld_vec_volatile(scv + lane);
   bool here = ep_lamport_move(reinterpret_cast<uint4 *>(reinterpret_cast<char *>(a.rx) + row * rb), pay, lo / 16,
                               hi / 16, lane, a, s, epoch, blk_ok);
-  if (FP8 && sg == 0) { // the scales, in whole vectors (the sender filled the last one's tail)
-    float *dst = a.rscales + row * G;
-    for (int v = lane; here && v < ns; v += 32) {
-      if (v >= 32) sv = ep_ld_vec_volatile(scv + v);
-      if (!ep_vec_full(sv) && !ep_poll_vec(scv + v, &sv, a.timeout_ns, a.status, DL_EP_DISPATCH_RECV, s, epoch,
-                                           ep_ctrl(a, a.rank) + dl_ep_disp_flag(a.nranks, s), blk_ok))
-        here = false;
-      else {
-        const uint32_t wd[4] = {sv.x, sv.y, sv.z, sv.w};
-        for (int i = 0; i < 4 && 4 * v + i < G; i++) dst[4 * v + i] = dl_bits_f32(wd[i]);
-        scv[v] = empty;
-      }
-    }
-  }
   if (sg == 0 && here && lane < nh && !ep_vec_full(hv) &&
       !ep_poll_vec(hdr + lane, &hv, a.timeout_ns, a.status, DL_EP_DISPATCH_RECV, s,  epoch,
                    ep_ctrl(a, a.rank) + dl_ep_disp_flag(a.nranks, s), blk_ok))
@@ -515,7 +486,7 @@ __device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, W = blockDim.x >> 5;
   const int N = a.nranks, L = a.local, K = a.topk, B = a.max_tokens, NL = N * L;
   constexpr bool DIRECT = PER_RANK && !EXPERT_MAJOR; // ep_dispatch_send_body
-  static_assert(!LAMPORT || DIRECT, "Lamport slots are per_rank's with rank_major output");
+  static_assert(!LAMPORT || (DIRECT && !FP8), "Lamport slots are per_rank's with rank_major output, bf16");
   int *cnt = smem, *pre = cnt + NL, *ntok = pre + NL + 1, *tmp = ntok + N;
   const uint32_t *self = ep_ctrl(a, a.rank);
   if (PER_RANK) {
@@ -621,7 +592,7 @@ __device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a) {
     for (int64_t it = (int64_t)blockIdx.x * W + warp; ok && it < items * sp.segs; it += warps) {
       const int64_t i = it / sp.segs, sg = it % sp.segs;
       const int s = ep_group_of(pre, N, i), j = (int)(i - pre[s]);
-      ok = ep_recv_rank_row_lamport<FP8>(a, slots + ((int64_t)s * B + j) * a.msg_d, s, j, lane, sp, sg, blk.epoch,
+      ok = ep_recv_rank_row_lamport(a, slots + ((int64_t)s * B + j) * a.msg_d, s, j, lane, sp, sg, blk.epoch,
                                          &blk.ok) &&
            __ballot_sync(EP_FULL, *reinterpret_cast<volatile int *>(&blk.ok) == 0) == 0u;
     }
@@ -698,10 +669,10 @@ typedef void (*ep_kernel_t)(const dl_ep_args_t);
 // with the flag (dl_ep_dispatch_lamport), the other layouts with the flag.
 template <bool FP8> static ep_kernel_t dispatch_kernel_of(const dl_ep_args_t *a) {
   const int em = a->output == DL_EP_EXPERT_MAJOR, pr = a->layout == DL_EP_PER_RANK;
-  const int lp = dl_ep_dispatch_lamport(pr, a->lamport, a->output);
+  const int lp = dl_ep_dispatch_lamport(pr, a->lamport, a->output, FP8);
   // per_expert's send is the same for both outputs; its receive differs
 #define EP_DISPATCH_PICK(KERNEL)                                                                            \
-  (pr ? (em ? KERNEL<FP8, true, true, false> : lp ? KERNEL<FP8, true, false, true> : KERNEL<FP8, true, false, false>) \
+  (pr ? (em ? KERNEL<FP8, true, true, false> : lp ? KERNEL<FP8, true, false, !FP8> : KERNEL<FP8, true, false, false>) \
       : KERNEL<FP8, false, true, false>)
   switch (a->phase) {
   case DL_EP_DISPATCH_SEND: return EP_DISPATCH_PICK(ep_dispatch_send_kernel);

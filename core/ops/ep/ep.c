@@ -201,7 +201,7 @@ static void lay_out(dl_ep_t *ep) {
   a->hdr = dl_ep_hdr_bytes(per_rank, c->topk);
   a->msg_d = dl_ep_msg_d(per_rank, c->fp8, c->topk, c->hidden);
   a->msg_c = dl_ep_msg_c(c->hidden);
-  const int64_t drecv = dl_ep_dispatch_bytes(per_rank, dl_ep_dispatch_lamport(per_rank, a->lamport, c->output),
+  const int64_t drecv = dl_ep_dispatch_bytes(per_rank, dl_ep_dispatch_lamport(per_rank, a->lamport, c->output, c->fp8),
                                              ep->size, c->experts, c->max_tokens, a->msg_d);
   const int64_t crecv = dl_ep_combine_slots(per_rank, a->lamport, c->experts, c->topk, c->max_tokens) * a->msg_c;
   a->drecv_off = dl_ep_ctrl_bytes(ep->size, ep->local);
@@ -302,7 +302,9 @@ static int grid(dl_ep_t *ep, int share) {
   int sms = 0;
   DL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ep->dev_index));
   if (share > 1) sms = sms / (2 * share) > 0 ? sms / (2 * share) : 1;
-  ep->blocks = ep->cfg.blocks > 0 && ep->cfg.blocks < sms ? ep->cfg.blocks : sms;
+  /* a block an SM by default; up to two on request (the kernels' launch
+   * bounds hold two resident, as the fused kernels need every block resident) */
+  ep->blocks = ep->cfg.blocks > 0 ? (ep->cfg.blocks < 2 * sms ? ep->cfg.blocks : 2 * sms) : sms;
   if (ep->blocks > DL_EP_MAX_BLOCKS) ep->blocks = DL_EP_MAX_BLOCKS;
   ep->threads = DL_EP_THREADS;
   int optin = 0;
@@ -342,7 +344,8 @@ static int init(dl_ep_t *ep, dl_comm_t *c, const dl_comm_info_t *ci) {
    * (kernels/ep/ep.h; the cpu twin ignores them) */
   const size_t ctrl = (size_t)dl_ep_ctrl_bytes(ep->size, ep->local);
   char *disp = ep->base.bufs[ep->rank] + ep->base.drecv_off, *comb = ep->base.bufs[ep->rank] + ep->base.crecv_off;
-  const size_t disp_bytes = dl_ep_dispatch_lamport(ep->cfg.layout == DL_EP_PER_RANK, ep->base.lamport, ep->cfg.output)
+  const size_t disp_bytes = dl_ep_dispatch_lamport(ep->cfg.layout == DL_EP_PER_RANK, ep->base.lamport, ep->cfg.output,
+                                                   ep->cfg.fp8)
                                 ? (size_t)ep->bytes[DL_EP_DISPATCH_RECV_BYTES] : 0;
   const size_t comb_bytes = ep->base.lamport ? (size_t)ep->bytes[DL_EP_COMBINE_RECV_BYTES] : 0;
   if (ep->dev_type == DL_CPU) {

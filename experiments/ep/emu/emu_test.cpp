@@ -86,7 +86,7 @@ static void make_world(world &w, int n, int layout, int output, int fp8, int E, 
   a.msg_d = dl_ep_msg_d(pr, fp8, K, H);
   a.msg_c = dl_ep_msg_c(H);
   a.drecv_off = dl_ep_ctrl_bytes(n, L);
-  const int lamport_d = dl_ep_dispatch_lamport(pr, a.lamport, output);
+  const int lamport_d = dl_ep_dispatch_lamport(pr, a.lamport, output, fp8);
   a.crecv_off = a.drecv_off + dl_ep_dispatch_bytes(pr, lamport_d, n, E, B, a.msg_d);
   a.timeout_ns = 20000000000ull;
   const int64_t total = a.crecv_off + dl_ep_combine_slots(pr, a.lamport, E, K, B) * a.msg_c;
@@ -345,8 +345,7 @@ static void free_running(int n, int layout, int output, int fp8, int E, int call
     });
   for (auto &t : th) t.join();
   printf("free-running %s %s %s (%s): %d calls on %d emulated ranks\n", layout ? "per_rank" : "per_expert",
-         output ? "rank_major" : "expert_major", fp8 ? "fp8" : "bf16", emu.base.lamport ? "Lamport slots" : "flag",
-         calls, n);
+         output ? "rank_major" : "expert_major", fp8 ? "fp8" : "bf16", emu.base.lamport ? "Lamport" : "flag", calls, n);
 }
 
 int main(int argc, char **argv) {
@@ -365,9 +364,12 @@ int main(int argc, char **argv) {
     const int output = combo & 2 ? DL_EP_RANK_MAJOR : DL_EP_EXPERT_MAJOR, fp8 = combo >> 2 & 1;
     world twin, emu;
     make_world(twin, n, layout, output, fp8, E, false);
-    // per_rank: Lamport slots, but expert_major with fp8 (the flag; its combine's Lamport kernels with bf16)
+    // per_rank: Lamport slots (the dispatch's with rank_major and bf16), but expert_major with fp8 (the
+    // flag; its combine's Lamport kernels with bf16)
     make_world(emu, n, layout, output, fp8, E, true, output == DL_EP_RANK_MAJOR || !fp8);
-    printf("  (%s)\n", !emu.base.lamport ? "flag" : output == DL_EP_RANK_MAJOR ? "Lamport slots" : "Lamport combine");
+    printf("  (%s)\n", !emu.base.lamport ? "flag"
+                        : dl_ep_dispatch_lamport(layout == DL_EP_PER_RANK, 1, output, fp8) ? "Lamport slots"
+                                                                                          : "Lamport combine");
     if (combo & 1) { // the counters wrap (2^32, epochs 2^22) during these calls
       start_at(twin, (1u << 22) - 3);
       start_at(emu, (1u << 22) - 3);
@@ -413,7 +415,7 @@ int main(int argc, char **argv) {
            output ? "rank_major" : "expert_major", fp8 ? "fp8" : "bf16", calls, n, failures ? "FAILED" : "match the twin");
   }
   free_running(n, DL_EP_PER_RANK, DL_EP_RANK_MAJOR, 0, E, calls, seed);
-  free_running(n, DL_EP_PER_RANK, DL_EP_RANK_MAJOR, 1, E, calls, seed + 2, false); // the flag (larger buffers)
+  free_running(n, DL_EP_PER_RANK, DL_EP_RANK_MAJOR, 0, E, calls, seed + 2, false); // the flag (larger buffers)
   free_running(n, DL_EP_PER_EXPERT, DL_EP_EXPERT_MAJOR, 1, E, calls, seed + 1);
   total += 3 * calls;
   // After three whole rounds (the counters wrapping), rank 0 alone makes a
