@@ -250,9 +250,9 @@ function M.formula(o)
   -- kernels/ep/ep.h), as dl_ep_new decides: the dispatch's and the combine's
   local lamport = per_rank and c.output == C.DL_EP_RANK_MAJOR and
     N * B <= (tonumber(os.getenv("DISTLAB_EP_LAMPORT_MAX_ROWS") or "") or 256)
-  -- (the dispatch's with bf16 payloads): slots [4][N][B] and the sources' count words [4][N]
+  -- (the dispatch's with bf16 payloads): slots [2][N][B] and the sources' count words [N]
   -- (to a line) / [N][B] / [L][N][B]
-  local drecv = lamport and not fp8 and 4 * N * B * msg_d + align(16 * N, 128) or (per_rank and N or E) * B * msg_d
+  local drecv = lamport and not fp8 and 2 * N * B * msg_d + align(4 * N, 128) or (per_rank and N or E) * B * msg_d
   local crecv = (per_rank and (lamport and 2 or 1) * K or E) * B * msg_c -- slots [2][K][B] / [K][B] / [E][B]
   local ctrl = align((8 + 5 * N + N * L) * 4, 4096) -- epochs, flags, counts per (source, expert)
   -- the symmetric buffer rounds to 4 KiB and keeps its signal pad behind the data

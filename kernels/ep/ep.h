@@ -27,9 +27,9 @@
  *               rank]; its header carries
  *               the token's selections on
  *               that rank; Lamport slots:
- *               [4][N][B], set e % 4 in
+ *               [2][N][B], half e & 1 in
  *               call e, then the sources'
- *               count words [4][N]
+ *               count words [N]
  *
  * Messages are written by the sender straight into the receiver's slots
  * (NVLink, or shared memory on cpu): no send buffers. Dispatch message =
@@ -73,21 +73,16 @@
  * last block (its walk covers every token) writes each receiver's count of
  * the call, tagged with the call (dl_ep_count_word), right after its wait
  * for the receivers' disp_done; the messages (header and payload, every
- * word as above) follow, with no fence, and disp_flag is a relaxed add.
- * Every receive block polls the sources' count words until they carry the
- * call's tag (so they are never emptied: the word a slot held before has the
- * tag of call e - 4), then each of its rows' vectors, copies them out and
- * empties them (a row has one reader). This rank's own rows go straight to
- * the outputs as before (no slot). Call e uses set e % 4 (slots and count
- * words), and the sender waits for the receivers' disp_done of call e - 3,
- * not e - 1: set e % 4 was last read and emptied by the receive of call
- * e - 4, whose kernel ended before the one that added disp_done for e - 3
- * (the combine's argument for its halves, one set further), and the wait
- * is a whole call off the sender's path in a stream of dispatches. A
- * receiver's own epoch picks its set, so a sender three calls ahead writes
- * slots no receive of an earlier call reads.
- * On 2 H200s (d6658d6, two halves, B 1-128) the bf16 dispatch gained 0.4-1.2
- * us; fp8's lost 0.7-1.6 us, so fp8 keeps the flag (experiments/ep/NOTES.md).
+ * word as above) follow, with no fence, and disp_flag is a relaxed add. Every receive block
+ * polls the sources' count words until they carry the call's tag (so they
+ * are never emptied: the last call's word has another tag, and the next
+ * call's comes only after this call's disp_done), then each of its rows'
+ * vectors, copies them out and empties them (a row has one reader). This
+ * rank's own rows go straight to the outputs as before (no slot). The
+ * halves' argument is the combine's, with disp_done: a sender writes half
+ * e & 1 again in call e + 2, after the receivers' disp_done of call e + 1.
+ * On 2 H200s (d6658d6, B 1-128) the bf16 dispatch gained 0.4-1.2 us; fp8's
+ * lost 0.7-1.6 us, so fp8 keeps the flag (experiments/ep/NOTES.md).
  *
  * Control words (uint32; "from q" = written by rank q into this rank's buffer):
  *   disp_flag[N]  from source q: a counter; each block of q's dispatch send
@@ -145,8 +140,6 @@ enum {
   DL_EP_LINE = 128,        /* messages and payloads start on a line (dl_ep_hdr_bytes) */
   DL_EP_FP8_GROUP = 128,   /* values per fp8 scale (kernels/ep/fp8.h)          */
   DL_EP_LAMPORT_MAX_ROWS = 256, /* per_rank combines in Lamport slots up to N B rows */
-  DL_EP_DISPATCH_SETS = 4, /* a Lamport dispatch's sets of slots, call e in set e % 4
-                              (a power of two: epochs wrap at 2^22) */
   DL_EP_SHARE_SHIFT = 10,  /* the shares of a call's blocks sum to 2^10         */
   DL_EP_SHARES = 1 << DL_EP_SHARE_SHIFT /* >= DL_EP_MAX_BLOCKS: every share >= 1 */
 };
@@ -269,20 +262,19 @@ DL_EP_HD int64_t dl_ep_dispatch_slots(int per_rank, int n, int e, int b) {
 DL_EP_HD int dl_ep_dispatch_lamport(int per_rank, int lamport, int output, int fp8) {
   return per_rank && lamport && output == DL_EP_RANK_MAJOR && !fp8;
 }
-/* bytes of the dispatch receive region: its slots; in Lamport slots
- * DL_EP_DISPATCH_SETS sets [S][N][B], then the sources' count words [S][N]
- * (to a line) */
+/* bytes of the dispatch receive region: its slots; in Lamport slots both
+ * halves [2][N][B], then the sources' count words [N] (to a line) */
 DL_EP_HD int64_t dl_ep_dispatch_bytes(int per_rank, int lamport_d, int n, int e, int b, int64_t msg_d) {
-  return lamport_d ? DL_EP_DISPATCH_SETS * (int64_t)n * b * msg_d + dl_ep_align(4 * DL_EP_DISPATCH_SETS * (int64_t)n, DL_EP_LINE)
+  return lamport_d ? 2 * (int64_t)n * b * msg_d + dl_ep_align(4 * (int64_t)n, DL_EP_LINE)
                    : dl_ep_dispatch_slots(per_rank, n, e, b) * msg_d;
 }
-/* the first dispatch slot of call `epoch` (Lamport slots: its set), and the
- * byte offset in the region of source q's count word for that call */
-DL_EP_HD int64_t dl_ep_dispatch_set(int lamport_d, int n, int b, uint32_t epoch) {
-  return lamport_d ? (int64_t)(epoch % DL_EP_DISPATCH_SETS) * n * b : 0;
+/* the first dispatch slot of call `epoch` (Lamport slots: its half), and the
+ * byte offset in the region of source q's count word */
+DL_EP_HD int64_t dl_ep_dispatch_half(int lamport_d, int n, int b, uint32_t epoch) {
+  return lamport_d ? (int64_t)(epoch & 1u) * n * b : 0;
 }
-DL_EP_HD int64_t dl_ep_dispatch_count_off(int n, int b, int64_t msg_d, uint32_t epoch, int q) {
-  return DL_EP_DISPATCH_SETS * (int64_t)n * b * msg_d + 4 * ((int64_t)(epoch % DL_EP_DISPATCH_SETS) * n + q);
+DL_EP_HD int64_t dl_ep_dispatch_count_off(int n, int b, int64_t msg_d, int q) {
+  return 2 * (int64_t)n * b * msg_d + 4 * (int64_t)q;
 }
 /* a count word: the call's epoch (its low 16 bits) over the count (<= B <=
  * DL_EP_MAX_TOKENS, so the empty word is never one) */

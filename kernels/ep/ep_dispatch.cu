@@ -113,7 +113,7 @@ __device__ __forceinline__ void ep_send_payload(const dl_ep_args_t &a, int t, ch
 // source `rank`, with ids, weights and origin), and the receive copies only
 // the peers' (at 2 ranks half the rows cross no link and were copied twice).
 // LAMPORT (DIRECT only): the peers' messages go into Lamport slots of the
-// call's set, each receiver's count ahead of them, and the count is relaxed
+// call's half, each receiver's count ahead of them, and the count is relaxed
 // (ep.h).
 template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR, bool LAMPORT>
 __device__ __forceinline__ void ep_dispatch_send_body(const dl_ep_args_t &a) {
@@ -223,14 +223,13 @@ __device__ __forceinline__ void ep_dispatch_send_body(const dl_ep_args_t &a) {
     a.hw[(int64_t)t0 * K + i] = rw[i];
   }
   // the receivers have read our previous messages (waited for only now: the
-  // routing above touches no peer, and overlaps the wait); in Lamport slots
-  // those of call e - 4, which set e % 4 held (ep.h)
-  ep_await(a, phase, blk, dl_ep_disp_done, LAMPORT ? 1 - DL_EP_DISPATCH_SETS : -1);
-  const int64_t set = dl_ep_dispatch_set(LAMPORT, N, B, e);
+  // routing above touches no peer, and overlaps the wait)
+  ep_await(a, phase, blk, dl_ep_disp_done, -1);
+  const int64_t half = dl_ep_dispatch_half(LAMPORT, N, B, e);
   // Lamport slots: the last block's counts (its walk covered every token) go
   // ahead of the messages; each receiver polls them, then the rows
   if (LAMPORT && blockIdx.x == gridDim.x - 1 && blk.ok && tid < N)
-    *reinterpret_cast<uint32_t *>(ep_buf(a, tid) + a.drecv_off + dl_ep_dispatch_count_off(N, B, a.msg_d, e, a.rank)) =
+    *reinterpret_cast<uint32_t *>(ep_buf(a, tid) + a.drecv_off + dl_ep_dispatch_count_off(N, B, a.msg_d, a.rank)) =
         dl_ep_count_word(e, (uint32_t)hist_r[tid]);
   // the messages, cut into segments so that every warp of the block has one
   // (the first segment's warp writes the header)
@@ -245,7 +244,7 @@ __device__ __forceinline__ void ep_dispatch_send_body(const dl_ep_args_t &a) {
     const bool direct = DIRECT && q == a.rank; // rank_major row rslot[i] of source `rank`
     const int64_t row = (int64_t)a.rank * B + rslot[i];
     char *msg = ep_buf(a, q) + a.drecv_off +
-                (PER_RANK ? set + (int64_t)a.rank * B + rslot[i] : ((int64_t)le * N + a.rank) * B + rpos[i]) * a.msg_d;
+                (PER_RANK ? half + (int64_t)a.rank * B + rslot[i] : ((int64_t)le * N + a.rank) * B + rpos[i]) * a.msg_d;
     char *pay = direct ? reinterpret_cast<char *>(a.rx) + row * (FP8 ? a.hidden : 2 * (int64_t)a.hidden) : msg + a.hdr;
     float *sc = !FP8 ? nullptr
                 : direct ? a.rscales + row * (a.hidden / DL_EP_FP8_GROUP)
@@ -502,7 +501,7 @@ __device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a) {
       if constexpr (LAMPORT) { // lane q polls source q's count word for this call's tag
         if (lane < N) {
           const uint32_t *cw = reinterpret_cast<const uint32_t *>(ep_buf(a, a.rank) + a.drecv_off +
-                                                                  dl_ep_dispatch_count_off(N, B, a.msg_d, e, lane));
+                                                                  dl_ep_dispatch_count_off(N, B, a.msg_d, lane));
           uint32_t w = ep_ld_volatile(cw);
           ok = dl_ep_count_word_is(w, e) ||
                ep_poll_count(cw, &w, e, a.timeout_ns, a.status, lane, self + dl_ep_disp_flag(N, lane));
@@ -586,8 +585,8 @@ __device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a) {
       ep_store_row<FP8>(a, msg + a.hdr, row, lane, sp, sg);
     }
   }
-  if constexpr (LAMPORT) { // rank_major row j of source s, from the slots of the call's set
-    char *slots = region + dl_ep_dispatch_set(true, N, B, blk.epoch) * a.msg_d;
+  if constexpr (LAMPORT) { // rank_major row j of source s, from the slots of the call's half
+    char *slots = region + dl_ep_dispatch_half(true, N, B, blk.epoch) * a.msg_d;
     // the warp's: no wait of the block gave up (one answer for its lanes: another warp may clear the word)
     bool ok = __ballot_sync(EP_FULL, *reinterpret_cast<volatile int *>(&blk.ok) == 0) == 0u;
     for (int64_t it = (int64_t)blockIdx.x * W + warp; ok && it < items * sp.segs; it += warps) {
