@@ -132,8 +132,15 @@ __device__ __forceinline__ void ep_dispatch_send_body(const dl_ep_args_t &a) {
   float *rw = reinterpret_cast<float *>(rmask + C * K);
   int *msgs = reinterpret_cast<int *>(rw + C * K);
   EP_SHARED(int, nmsg);
-  // this phase's count at this rank (ep_start), its load overlapping the routing's
+  // this phase's count at this rank (ep_start), its load overlapping the routing's;
+  // warp 0's first token of the chunk too (its walk below), so that the loads overlap the scan
   const uint32_t count = ep_count_now(a, dl_ep_disp_flag);
+  int nraw = -1;
+  float nwt = 0.0f;
+  if (warp == 0 && t0 < t1 && lane < K) {
+    nraw = a.idx[(int64_t)t0 * K + lane];
+    nwt = a.w[(int64_t)t0 * K + lane];
+  }
   for (int i = tid; i < E + 32; i += blockDim.x) smem[i] = 0;
   if (tid == 0) nmsg = 0;
   __syncthreads();
@@ -174,8 +181,6 @@ __device__ __forceinline__ void ep_dispatch_send_body(const dl_ep_args_t &a) {
   // of each rank and of each expert advances them (the next token's ids and
   // weights loaded while this one's are used)
   if (warp == 0) {
-    int nraw = t0 < t1 && lane < K ? a.idx[(int64_t)t0 * K + lane] : -1;
-    float nwt = t0 < t1 && lane < K ? a.w[(int64_t)t0 * K + lane] : 0.0f;
     for (int t = t0; t < t1; t++) {
       const int raw = nraw;
       const float wt = nwt;
