@@ -54,18 +54,16 @@ __host__ __device__ __forceinline__ int64_t ep_send_smem(int experts, int chunk,
 // values; lo a multiple of 32): bf16 as it is, or fp8 codes at p and the
 // scales of their groups at sc (lanes 0-15 and 16-31 each quantize a group
 // of 128 values). CLEAN (bf16): into a Lamport slot (no word DL_EP_EMPTY; ep.h).
-// pre (bf16): the first batch, loaded already (ep_load_batch).
 template <bool FP8, bool CLEAN>
 __device__ __forceinline__ void ep_send_payload(const dl_ep_args_t &a, int t, char *p, float *scales, int lane,
-                                                int lo, int hi, ep_batch *pre = nullptr) {
+                                                int lo, int hi) {
   const int H = a.hidden;
   const char *x = reinterpret_cast<const char *>(a.x) + (int64_t)t * H * 2;
   static_assert(!(FP8 && CLEAN), "Lamport slots take bf16 payloads");
   if (!FP8) {
     ep_batch b;
-    if (!pre) ep_load_batch(b, x + 16 * (int64_t)lo, hi - lo, lane);
-    ep_copy_row_loaded<CLEAN>(p + 16 * (int64_t)lo, x + 16 * (int64_t)lo, 16 * (int64_t)(hi - lo), lane,
-                              pre ? *pre : b);
+    ep_load_batch(b, x + 16 * (int64_t)lo, hi - lo, lane);
+    ep_copy_row_loaded<CLEAN>(p + 16 * (int64_t)lo, x + 16 * (int64_t)lo, 16 * (int64_t)(hi - lo), lane, b);
     return;
   }
   const uint4 *src = reinterpret_cast<const uint4 *>(x);
@@ -229,19 +227,6 @@ __device__ __forceinline__ void ep_dispatch_send_body(const dl_ep_args_t &a) {
     a.hidx[(int64_t)t0 * K + i] = re[i];
     a.hw[(int64_t)t0 * K + i] = rw[i];
   }
-  // the messages, cut into segments so that every warp of the block has one
-  // (the first segment's warp writes the header); bf16: a warp's first batch
-  // of x is loaded before the wait below (it guards the stores only), as the
-  // combine's first batch of y
-  const int nm = nmsg;
-  const ep_split sp = ep_split_rows(nm, W, a.hidden / 8);
-  ep_batch first;
-  if (!FP8 && warp < nm * sp.segs) {
-    const int i = msgs[warp / sp.segs], g = warp % (int)sp.segs;
-    const int lo = (int)(g * sp.per), hi = (int)min((int64_t)a.hidden / 8, (g + 1) * sp.per);
-    ep_load_batch(first, reinterpret_cast<const char *>(a.x) + ((int64_t)(t0 + i / K) * a.hidden + 8 * lo) * 2, hi - lo,
-                  lane);
-  }
   // the receivers have read our previous messages (waited for only now: the
   // routing above touches no peer, and overlaps the wait)
   ep_await(a, phase, blk, dl_ep_disp_done, -1);
@@ -251,6 +236,10 @@ __device__ __forceinline__ void ep_dispatch_send_body(const dl_ep_args_t &a) {
   if (LAMPORT && blockIdx.x == gridDim.x - 1 && blk.ok && tid < N)
     *reinterpret_cast<uint32_t *>(ep_buf(a, tid) + a.drecv_off + dl_ep_dispatch_count_off(N, B, a.msg_d, a.rank)) =
         dl_ep_count_word(e, (uint32_t)hist_r[tid]);
+  // the messages, cut into segments so that every warp of the block has one
+  // (the first segment's warp writes the header)
+  const int nm = nmsg;
+  const ep_split sp = ep_split_rows(nm, W, a.hidden / 8);
   for (int64_t it = warp; blk.ok && it < nm * sp.segs; it += W) {
     const int i = msgs[it / sp.segs], g = (int)(it % sp.segs);
     const int ev = re[i], k = i % K, t = t0 + i / K;
@@ -266,7 +255,7 @@ __device__ __forceinline__ void ep_dispatch_send_body(const dl_ep_args_t &a) {
                 : direct ? a.rscales + row * (a.hidden / DL_EP_FP8_GROUP)
                          : reinterpret_cast<float *>(msg + a.hdr + a.hidden);
     // the payload first: its loads lead, the header comes from shared memory
-    ep_send_payload<FP8, LAMPORT>(a, t, pay, sc, lane, lo, hi, !FP8 && it == warp ? &first : nullptr);
+    ep_send_payload<FP8, LAMPORT>(a, t, pay, sc, lane, lo, hi);
     if (g != 0) continue;
     if (direct) { // the row's ids, weights and origin, as ep_recv_rank_row writes them
       for (int kk = lane; kk < K; kk += 32) {
