@@ -35,14 +35,12 @@
  * (NVLink, or shared memory on cpu): no send buffers. Dispatch message =
  * header + payload (each padded to 128 bytes, DL_EP_LINE, so that the
  * payloads' lines are whole; the header's padding is written too):
- *   per_expert header (16 B, padded): int32 token, int32 row (the token's position
+ *   per_expert header (16 B): int32 token, int32 row (the token's position
  *     among the source's tokens for this rank: its rank-major row), uint32
  *     k | kmask << 8 (kmask: the token's selections on this rank), f32 weight
- *   per_rank header (4 + 8K B, padded): int32 token, then per selection k:
+ *   per_rank header (align16(4 + 8K) B): int32 token, then per selection k:
  *     int16 local expert (-1: not on this rank), int16 position of the token
- *     among the source's tokens for that expert (expert_major output; the
- *     cuda kernels send 0 with rank_major output, which does not read it),
- *     f32 weight
+ *     among the source's tokens for that expert, f32 weight
  *   payload: bf16 [H], or fp8 e4m3 [H] bytes then f32 scales [H/128]
  * Combine message = the bf16 output row [H].
  *

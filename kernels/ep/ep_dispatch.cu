@@ -168,7 +168,7 @@ __device__ __forceinline__ void ep_dispatch_send_body(const dl_ep_args_t &a) {
         const int q = ev >= 0 ? ev / L : -1;
         const uint32_t qm = __match_any_sync(EP_FULL, q) & grp;
         if (ev >= 0) {
-          if (!DIRECT) atomicAdd(&hist_e[ev], 1); // rank_major receives no positions (below)
+          atomicAdd(&hist_e[ev], 1);
           if (!(qm & below)) atomicAdd(&hist_r[q], 1);
         }
       }
@@ -196,16 +196,14 @@ __device__ __forceinline__ void ep_dispatch_send_body(const dl_ep_args_t &a) {
       if (lane < K && ev < 0 && raw != -1) ep_fail(a.status, phase, DL_EP_ERR_BAD_ID, (uint32_t)t, (uint32_t)lane, (uint32_t)raw, e);
       const int q = ev >= 0 ? ev / L : -1;
       const uint32_t qmask = __match_any_sync(EP_FULL, q) & (ev >= 0 ? ~0u : 0u); // the token's selections on q
-      // (per_rank with rank_major output: no position among the expert's
-      // tokens, which only expert_major output reads; its header says 0)
       int slot = 0, pos = 0;
       if (ev >= 0) {
         slot = hist_r[q];
-        if (!DIRECT) pos = hist_e[ev];
+        pos = hist_e[ev];
       }
       __syncwarp();
       if (ev >= 0 && (qmask & below) == 0) hist_r[q] = slot + 1;
-      if (!DIRECT && ev >= 0) hist_e[ev] = pos + 1;
+      if (ev >= 0) hist_e[ev] = pos + 1;
       __syncwarp();
       if (lane < K) {
         const int i = (t - t0) * K + lane;
@@ -290,9 +288,8 @@ __device__ __forceinline__ void ep_dispatch_send_body(const dl_ep_args_t &a) {
     }
   }
   // the last block's counts cover every token: each receiver's counts from us
-  // (rank_major: the tokens; the experts' counts are expert_major's)
   if (!LAMPORT && blockIdx.x == gridDim.x - 1 && blk.ok)
-    for (int i = DIRECT ? N * L + tid : tid; i < N * L + N; i += blockDim.x) {
+    for (int i = tid; i < N * L + N; i += blockDim.x) {
       if (i < N * L) ep_ctrl(a, i / L)[dl_ep_cnt(N, L, a.rank, i % L)] = (uint32_t)hist_e[i];
       else ep_ctrl(a, i - N * L)[dl_ep_ntok(N, a.rank)] = (uint32_t)hist_r[i - N * L];
     }
