@@ -409,13 +409,18 @@ __device__ __forceinline__ uint32_t ep_word_of(const uint4 &v, int j) {
   return c == 0 ? x : c == 1 ? y : c == 2 ? z : w;
 }
 
-// A warp moves vectors [v0, v1) of a Lamport slot's row at src to dst: it
+// A warp moves vectors [v0, v1) of row j of a Lamport slot at src to dst: it
 // polls each until it is there (four in flight), stores it and empties it.
-// false (this lane): a poll gave up (ep_poll_vec, naming `peer` and call
-// `epoch`).
-__device__ __forceinline__ bool ep_lamport_move(uint4 *dst, uint4 *src, int64_t v0, int64_t v1, int lane,
-                                                const dl_ep_args_t &a, int peer, uint32_t epoch, int *blk_ok) {
+// Returns (this lane) 1 when moved; 2 when the row does not come: a vector
+// not there at its first poll sends the lane to the source's count word cw
+// (polled until it carries call `epoch`'s tag; n caches it), and j >= n;
+// 0 when a poll gave up (ep_poll_vec or ep_poll_count, naming `peer` and the
+// call; *blk_ok then 0).
+__device__ __forceinline__ int ep_lamport_move(uint4 *dst, uint4 *src, int64_t v0, int64_t v1, int lane,
+                                               const dl_ep_args_t &a, int peer, uint32_t epoch, int *blk_ok,
+                                               const uint32_t *cw, int j, int &n) {
   const uint4 empty = make_uint4(DL_EP_EMPTY, DL_EP_EMPTY, DL_EP_EMPTY, DL_EP_EMPTY);
+  const uint32_t *count = ep_ctrl(a, a.rank) + dl_ep_disp_flag(a.nranks, peer);
   for (int64_t v = v0 + lane; v < v1; v += 128) {
     uint4 y[4];
 #pragma unroll
@@ -425,22 +430,34 @@ __device__ __forceinline__ bool ep_lamport_move(uint4 *dst, uint4 *src, int64_t 
     for (int u = 0; u < 4; u++) {
       const int64_t at = v + 32 * u;
       if (at >= v1) break;
-      if (!ep_vec_full(y[u]) &&
-          !ep_poll_vec(src + at, &y[u], a.timeout_ns, a.status, DL_EP_DISPATCH_RECV, peer, epoch,
-                       ep_ctrl(a, a.rank) + dl_ep_disp_flag(a.nranks, peer), blk_ok))
-        return false;
+      if (!ep_vec_full(y[u])) {
+        if (n < 0) { // does the row come at all?
+          uint32_t w = ep_ld_volatile(cw);
+          if (!dl_ep_count_word_is(w, epoch) &&
+              !ep_poll_count(cw, &w, epoch, a.timeout_ns, a.status, peer, count)) {
+            *reinterpret_cast<volatile int *>(blk_ok) = 0;
+            return 0;
+          }
+          n = (int)(w & 0xffffu);
+        }
+        if (j >= n) return 2;
+        if (!ep_poll_vec(src + at, &y[u], a.timeout_ns, a.status, DL_EP_DISPATCH_RECV, peer, epoch, count, blk_ok))
+          return 0;
+      }
       dst[at] = y[u];
       src[at] = empty;
     }
   }
-  return true;
+  return 1;
 }
 
 // ep_recv_rank_row from a Lamport slot (ep.h; bf16): the header (first
-// segment) and the payload polled until there, copied, and emptied. false
-// (the whole warp): a poll of a lane gave up.
-__device__ __forceinline__ bool ep_recv_rank_row_lamport(const dl_ep_args_t &a, char *msg, int s, int j, int lane,
-                                                         const ep_split &sp, int64_t sg, uint32_t epoch, int *blk_ok) {
+// segment) and the payload polled until there, copied, and emptied. Returns
+// (the whole warp) 1 when moved, 2 when row j does not come (ep_lamport_move;
+// cw, n), 0 when a poll of a lane gave up.
+__device__ __forceinline__ int ep_recv_rank_row_lamport(const dl_ep_args_t &a, char *msg, int s, int j, int lane,
+                                                        const ep_split &sp, int64_t sg, uint32_t epoch, int *blk_ok,
+                                                        const uint32_t *cw, int &n) {
   const int K = a.topk, nh = (int)(a.hdr / 16);
   const int64_t rb = ep_row_bytes<false>(a), lo = ep_seg_lo(sp, sg), hi = ep_seg_hi(sp, sg, rb);
   const int64_t row = (int64_t)s * a.max_tokens + j;
@@ -449,14 +466,16 @@ __device__ __forceinline__ bool ep_recv_rank_row_lamport(const dl_ep_args_t &a, 
   // the header's first poll beside the payload's
   uint4 hv = empty;
   if (sg == 0 && lane < nh) hv = ep_ld_vec_volatile(hdr + lane);
-  bool here = ep_lamport_move(reinterpret_cast<uint4 *>(reinterpret_cast<char *>(a.rx) + row * rb), pay, lo / 16,
-                              hi / 16, lane, a, s, epoch, blk_ok);
-  if (sg == 0 && here && lane < nh && !ep_vec_full(hv) &&
-      !ep_poll_vec(hdr + lane, &hv, a.timeout_ns, a.status, DL_EP_DISPATCH_RECV, s,  epoch,
+  int r = ep_lamport_move(reinterpret_cast<uint4 *>(reinterpret_cast<char *>(a.rx) + row * rb), pay, lo / 16, hi / 16,
+                          lane, a, s, epoch, blk_ok, cw, j, n);
+  // (a row whose payload came has its header coming)
+  if (sg == 0 && r == 1 && lane < nh && !ep_vec_full(hv) &&
+      !ep_poll_vec(hdr + lane, &hv, a.timeout_ns, a.status, DL_EP_DISPATCH_RECV, s, epoch,
                    ep_ctrl(a, a.rank) + dl_ep_disp_flag(a.nranks, s), blk_ok))
-    here = false;
-  if (__ballot_sync(EP_FULL, !here) != 0u) return false;
-  if (sg != 0) return true;
+    r = 0;
+  if (__ballot_sync(EP_FULL, r == 0) != 0u) return 0;
+  if (__ballot_sync(EP_FULL, r == 2) != 0u) return 2;
+  if (sg != 0) return 1;
   const int t = (int)ep_word_of(hv, 0);
   const uint32_t lw = ep_word_of(hv, lane < K ? 1 + 2 * lane : 0), ww = ep_word_of(hv, lane < K ? 2 + 2 * lane : 0);
   if (lane < nh) hdr[lane] = empty;
@@ -477,7 +496,57 @@ __device__ __forceinline__ bool ep_recv_rank_row_lamport(const dl_ep_args_t &a, 
     a.rsrc[row * 2] = t;
     a.rsrc[row * 2 + 1] = dl_ep_src_pack(s, kf, lef);
   }
-  return true;
+  return 1;
+}
+
+// The receive in Lamport slots (ep.h; per_rank, rank_major, bf16). Rows are
+// dealt without the counts: item i is row j = i % B of the i / B-th peer
+// (this rank's own rows are in place already), so no warp waits for the
+// counts or a barrier before its first poll. A row not whole at its first
+// poll sends the warp to its source's count word, to learn whether the row
+// comes at all (ep_lamport_move). The last block's warp 0 writes the
+// outputs' counts from the count words.
+__device__ __forceinline__ void ep_dispatch_recv_lamport(const dl_ep_args_t &a) {
+  const int phase = DL_EP_DISPATCH_RECV;
+  EP_SHARED(ep_block, blk);
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, W = blockDim.x >> 5;
+  const int N = a.nranks, B = a.max_tokens;
+  const uint32_t *self = ep_ctrl(a, a.rank);
+  char *region = ep_buf(a, a.rank) + a.drecv_off;
+  if (tid == 0) blk.ok = 1;
+  // the call: from the count this phase's blocks add to here, which holds the
+  // calls before whole and this one not (this block has not added its share)
+  const uint32_t e =
+      dl_ep_calls_of(__shfl_sync(EP_FULL, lane == 0 ? ep_ld_volatile(self + dl_ep_disp_done(N, a.rank)) : 0u, 0)) + 1;
+  __syncthreads(); // blk.ok set before any poll reads it
+  auto count_word = [&](int q) {
+    return reinterpret_cast<const uint32_t *>(region + dl_ep_dispatch_count_off(N, B, a.msg_d, q));
+  };
+  char *slots = region + dl_ep_dispatch_half(true, N, B, e) * a.msg_d;
+  const int64_t warps = (int64_t)gridDim.x * W, items = (int64_t)(N - 1) * B;
+  const ep_split sp = ep_split_rows(items, warps, a.hidden / 8);
+  int n = -1, n_of = -1; // a source's count, once read, and the source
+  bool ok = true;
+  for (int64_t it = (int64_t)blockIdx.x * W + warp; ok && it < items * sp.segs; it += warps) {
+    const int64_t i = it / sp.segs, sg = it % sp.segs;
+    const int si = (int)(i / B), j = (int)(i % B), s = si < a.rank ? si : si + 1;
+    if (s != n_of) n = -1, n_of = s;
+    ok = ep_recv_rank_row_lamport(a, slots + ((int64_t)s * B + j) * a.msg_d, s, j, lane, sp, sg, e, &blk.ok,
+                                  count_word(s), n) != 0 &&
+         __ballot_sync(EP_FULL, *reinterpret_cast<volatile int *>(&blk.ok) == 0) == 0u;
+  }
+  // the outputs' counts (rows from each source, this rank's own too)
+  if (blockIdx.x == gridDim.x - 1 && warp == 0 && lane < N) {
+    const uint32_t *cw = count_word(lane);
+    uint32_t w = ep_ld_volatile(cw);
+    if (dl_ep_count_word_is(w, e) ||
+        ep_poll_count(cw, &w, e, a.timeout_ns, a.status, lane, self + dl_ep_disp_flag(N, lane)))
+      a.rcounts[lane] = (int)(w & 0xffffu);
+    else
+      *reinterpret_cast<volatile int *>(&blk.ok) = 0;
+  }
+  ep_finish(a, blk, dl_ep_disp_done, false);
+  (void)phase;
 }
 
 // The receive phase, as a kernel of its own or the second half of the fused one.
@@ -492,6 +561,10 @@ __device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a) {
   const int N = a.nranks, L = a.local, K = a.topk, B = a.max_tokens, NL = N * L;
   constexpr bool DIRECT = PER_RANK && !EXPERT_MAJOR; // ep_dispatch_send_body
   static_assert(!LAMPORT || (DIRECT && !FP8), "Lamport slots are per_rank's with rank_major output, bf16");
+  if constexpr (LAMPORT) {
+    ep_dispatch_recv_lamport(a);
+    return;
+  }
   int *cnt = smem, *pre = cnt + NL, *ntok = pre + NL + 1, *tmp = ntok + N;
   const uint32_t *self = ep_ctrl(a, a.rank);
   if (PER_RANK) {
@@ -503,16 +576,7 @@ __device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a) {
       const uint32_t e = dl_ep_calls_of(__shfl_sync(EP_FULL, ep_count_now(a, dl_ep_disp_done), 0)) + 1;
       bool ok = true;
       int n = 0;
-      if constexpr (LAMPORT) { // lane q polls source q's count word for this call's tag
-        if (lane < N) {
-          const uint32_t *cw = reinterpret_cast<const uint32_t *>(ep_buf(a, a.rank) + a.drecv_off +
-                                                                  dl_ep_dispatch_count_off(N, B, a.msg_d, lane));
-          uint32_t w = ep_ld_volatile(cw);
-          ok = dl_ep_count_word_is(w, e) ||
-               ep_poll_count(cw, &w, e, a.timeout_ns, a.status, lane, self + dl_ep_disp_flag(N, lane));
-          n = ok ? (int)(w & 0xffffu) : 0;
-        }
-      } else if (lane < N) {
+      if (lane < N) {
         ok = ep_wait(a, phase, dl_ep_disp_flag(N, lane), dl_ep_count_of(e), lane, e);
         if (ok) n = (int)ep_ld_volatile(self + dl_ep_ntok(N, lane));
       }
@@ -560,7 +624,7 @@ __device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a) {
       for (int s = tid; s < N; s += blockDim.x) a.rcounts[s] = ntok[s];
   }
   const int64_t total = PER_RANK ? pre[N] : pre[NL];
-  char *region = ep_buf(a, a.rank) + a.drecv_off;
+  const char *region = ep_buf(a, a.rank) + a.drecv_off;
   // rows cut into segments where the messages are fewer than the grid's warps;
   // a message's header words are written by its first segment's warp
   const int64_t warps = (int64_t)gridDim.x * W, items = PER_RANK && EXPERT_MAJOR ? total * K : total;
@@ -590,19 +654,7 @@ __device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a) {
       ep_store_row<FP8>(a, msg + a.hdr, row, lane, sp, sg);
     }
   }
-  if constexpr (LAMPORT) { // rank_major row j of source s, from the slots of the call's half
-    char *slots = region + dl_ep_dispatch_half(true, N, B, blk.epoch) * a.msg_d;
-    // the warp's: no wait of the block gave up (one answer for its lanes: another warp may clear the word)
-    bool ok = __ballot_sync(EP_FULL, *reinterpret_cast<volatile int *>(&blk.ok) == 0) == 0u;
-    for (int64_t it = (int64_t)blockIdx.x * W + warp; ok && it < items * sp.segs; it += warps) {
-      const int64_t i = it / sp.segs, sg = it % sp.segs;
-      const int s = ep_group_of(pre, N, i), j = (int)(i - pre[s]);
-      ok = ep_recv_rank_row_lamport(a, slots + ((int64_t)s * B + j) * a.msg_d, s, j, lane, sp, sg, blk.epoch,
-                                         &blk.ok) &&
-           __ballot_sync(EP_FULL, *reinterpret_cast<volatile int *>(&blk.ok) == 0) == 0u;
-    }
-  }
-  for (int64_t it = (int64_t)blockIdx.x * W + warp; !LAMPORT && !(PER_RANK && EXPERT_MAJOR) && blk.ok && it < items * sp.segs;
+  for (int64_t it = (int64_t)blockIdx.x * W + warp; !(PER_RANK && EXPERT_MAJOR) && blk.ok && it < items * sp.segs;
        it += warps) {
     const int64_t i = it / sp.segs, sg = it % sp.segs;
     if (PER_RANK) { // rank_major: row j of source s
