@@ -68,21 +68,24 @@
  * a rank receives, N B (experiments/ep/NOTES.md).
  *
  * The dispatch of the same buffers with bf16 payloads (dl_ep_dispatch_lamport)
- * in Lamport slots too, where the receiver does not know how many rows come:
- * the sender's
- * last block (its walk covers every token) writes each receiver's count of
- * the call, tagged with the call (dl_ep_count_word), right after its wait
- * for the receivers' disp_done; the messages (header and payload, every
- * word as above) follow, with no fence, and disp_flag is a relaxed add. Every receive block
- * polls the sources' count words until they carry the call's tag (so they
- * are never emptied: the last call's word has another tag, and the next
- * call's comes only after this call's disp_done), then each of its rows'
- * vectors, copies them out and empties them (a row has one reader). This
- * rank's own rows go straight to the outputs as before (no slot). The
- * halves' argument is the combine's, with disp_done: a sender writes half
- * e & 1 again in call e + 2, after the receivers' disp_done of call e + 1.
- * On 2 H200s (d6658d6, B 1-128) the bf16 dispatch gained 0.4-1.2 us; fp8's
- * lost 0.7-1.6 us, so fp8 keeps the flag (experiments/ep/NOTES.md).
+ * in Lamport slots too, where the receiver does not know how many rows come.
+ * The sender's last block (its walk covers every token) writes each
+ * receiver's count of the call as one word tagged with the call
+ * (dl_ep_count_word), right after its wait for the receivers' disp_done; the
+ * messages (header and payload, every word as above) follow, with no fence,
+ * and disp_flag is a relaxed add. The receive deals the rows without the
+ * counts: a warp takes row j of a peer and polls it; only where the row is
+ * not there at the first poll does it poll the source's count word for the
+ * call's tag, to learn whether row j comes at all (j < n). Rows are copied
+ * out and emptied by their one reader; the count words are never emptied
+ * (the word a slot held before carries another call's tag, and the next
+ * call's comes only after this call's disp_done); the outputs' counts are
+ * the last block's. This rank's own rows go straight to the outputs as before
+ * (no slot). The halves' argument is the combine's, with disp_done: a sender
+ * writes half e & 1 again in call e + 2, after the receivers' disp_done of
+ * call e + 1. On 2 H200s (B 1-128) the bf16 dispatch gained 0.5-1.3 us
+ * against the flag (with the line padding below); fp8's lost 0.7-1.6 us, so
+ * fp8 keeps the flag (experiments/ep/NOTES.md).
  *
  * Control words (uint32; "from q" = written by rank q into this rank's buffer):
  *   disp_flag[N]  from source q: a counter; each block of q's dispatch send
