@@ -84,7 +84,7 @@
  * (no slot). The halves' argument is the combine's, with disp_done: a sender
  * writes half e & 1 again in call e + 2, after the receivers' disp_done of
  * call e + 1. On 2 H200s (B 1-128) the bf16 dispatch gained 0.5-1.3 us
- * against the flag (with the line padding below); fp8's lost 0.7-1.6 us, so
+ * against the flag (messages padded to lines, DL_EP_LINE); fp8's lost 0.7-1.6 us, so
  * fp8 keeps the flag (experiments/ep/NOTES.md).
  *
  * Control words (uint32; "from q" = written by rank q into this rank's buffer):

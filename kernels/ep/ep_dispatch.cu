@@ -31,9 +31,11 @@
  *       for the source (prefix sums of the counts) plus the position;
  *       rank_major row j of the source with its expert ids and weights; and
  *       the row's origin (src) for combine. Every block then adds its
- *       share to each source's disp_done. In Lamport slots it polls the
- *       sources' counts instead of the flag, then each row's header and
- *       payload vectors until they are there, and empties what it read.
+ *       share to each source's disp_done. In Lamport slots
+ *       (ep_dispatch_recv_lamport) it waits for no flag: a warp polls row j
+ *       of a peer until it is there (reading the source's count word only to
+ *       learn whether a row not there yet comes at all), copies it and
+ *       empties it.
  *
  * Requirements: H a multiple of 8 (of 128 with fp8), K <= 24, at most 8
  * ranks, blockDim a multiple of 32. Reference: kernels/ep/cpu/ep.c (the same
