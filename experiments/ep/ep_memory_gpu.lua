@@ -1,0 +1,136 @@
+-- experiments/ep/ep_memory_gpu.lua — the expert-parallel buffer's bytes on
+-- GPUs (issue 20): for every layout, output and dtype at B, H, K and each E
+-- (N ranks, one a GPU or sharing), what the allocator charged to each tag
+-- ep_<part> while the buffer lived, ep:bytes(), and the formula
+-- (dl.ep.formula), which must all be equal (a miss counts as wrong data,
+-- exit code 1), beside the driver's free-memory delta: the device's free
+-- memory before the buffer and with it, the allocator's cache emptied first.
+-- That delta holds the symmetric buffer's physical pages (the driver's
+-- granularity) and the outputs' blocks as the allocator rounds them.
+--
+--   ./distlab run -n N --device cuda experiments/ep/ep_memory_gpu.lua [--out DIR]
+--       writes DIR/ep-memory-gpu-<gpu>x<N>.md and .csv (default
+--       experiments/results/ep); rank 0's figures (every rank's buffer is the same)
+local dl = require "distlab"
+local bench = dl.bench
+
+local world = dl.comm.world()
+local h = bench.harness {
+  name = "ep_memory_gpu", family = "ep", comm = world, tag = true,
+  usage = "./distlab run -n N --device cuda experiments/ep/ep_memory_gpu.lua [options]",
+  about = "EP buffer bytes on GPUs: allocator tags, ep:bytes() and formulas, beside the driver's free-memory delta",
+  options = {
+    { "max-tokens", "int", 128, "B: tokens a rank sends per call at most", meta = "B" },
+    { "hidden", "int", 7168, "H", meta = "H" },
+    { "experts", "string", "16,256", "E (those N divides)", meta = "E" },
+    { "topk", "int", 8, "K", meta = "K" },
+  },
+}
+if world.backend == "meta" or world.device == "cpu" then
+  io.stderr:write("ep_memory_gpu: run it on GPUs (--device cuda); ep_memory.lua counts the bytes on meta\n")
+  os.exit(2)
+end
+local B, H, K, N = h.opt.max_tokens, h.opt.hidden, h.opt.topk, world.size
+local Es = {}
+for e in tostring(h.opt.experts):gmatch("%d+") do
+  if tonumber(e) % N == 0 then Es[#Es + 1] = tonumber(e) end
+end
+local MiB = 2 ^ 20
+local function mib(b) return b and string.format("%.1f", b / MiB) or "-" end
+
+-- One buffer: the allocator's tags, ep:bytes(), the formula and the driver's delta.
+local function measure(E, layout, output, dtype)
+  local o = { comm = world, max_tokens = B, hidden = H, experts = E, topk = K, layout = layout, output = output,
+    dtype = dtype }
+  collectgarbage("collect")
+  dl.synchronize(world.device)
+  dl.mem.empty_cache(world.device)
+  world:barrier()
+  local st0 = dl.mem.stats(world.device)
+  local ep = dl.ep.buffer(o)
+  dl.synchronize(world.device)
+  local st1 = dl.mem.stats(world.device)
+  local got = ep:bytes()
+  o.comm, o.ranks = nil, N
+  local f = dl.ep.formula(o)
+  local row = { E = E, layout = layout, output = output, dtype = dtype, bytes = got, formula = f, charged = {},
+    driver = st0.driver_free - st1.driver_free, reserved = st1.reserved - st0.reserved }
+  local total = 0
+  for _, part in ipairs(dl.ep.parts) do
+    if part ~= "total" then
+      local tag = "ep_" .. part
+      local now = (st1.tags[tag] and st1.tags[tag].current or 0) - (st0.tags[tag] and st0.tags[tag].current or 0)
+      row.charged[part] = now
+      if part ~= "outputs" then total = total + now end
+    end
+  end
+  row.charged.total = total
+  ep:free()
+  h:check(function()
+    local wrong = 0
+    for _, part in ipairs(dl.ep.parts) do
+      if got[part] ~= f[part] or row.charged[part] ~= f[part] then
+        wrong = wrong + 1
+        io.stderr:write(string.format("ep_memory_gpu: E=%d %s %s %s: %s is %d (ep:bytes) / %d (allocator), formula %d\n",
+          E, layout, output, dtype, part, got[part], row.charged[part], f[part]))
+      end
+    end
+    return wrong
+  end)
+  return row
+end
+
+local rows = {}
+for _, E in ipairs(Es) do
+  for _, dtype in ipairs { "bf16", "fp8" } do
+    for _, layout in ipairs { "per_expert", "per_rank" } do
+      for _, output in ipairs { "expert_major", "rank_major" } do
+        rows[#rows + 1] = measure(E, layout, output, dtype)
+      end
+    end
+  end
+end
+
+local gpu = h.tag
+local cols = { "E", "layout", "output", "dtype" }
+for _, p in ipairs(dl.ep.parts) do cols[#cols + 1] = p end
+for _, p in ipairs(dl.ep.parts) do cols[#cols + 1] = "formula_" .. p end
+for _, p in ipairs(dl.ep.parts) do cols[#cols + 1] = "allocator_" .. p end
+cols[#cols + 1] = "driver_delta"
+cols[#cols + 1] = "reserved_delta"
+local out = {}
+for i, r in ipairs(rows) do
+  local line = { r.E, r.layout, r.output, r.dtype }
+  for _, p in ipairs(dl.ep.parts) do line[#line + 1] = r.bytes[p] end
+  for _, p in ipairs(dl.ep.parts) do line[#line + 1] = r.formula[p] end
+  for _, p in ipairs(dl.ep.parts) do line[#line + 1] = r.charged[p] end
+  line[#line + 1] = r.driver
+  line[#line + 1] = r.reserved
+  out[i] = line
+end
+local csv = h:csv("ep-memory-gpu-" .. gpu .. ".csv", cols, out)
+
+local md = {}
+local function p(fmt, ...) md[#md + 1] = string.format(fmt, ...) end
+p("Per rank, B=%d, H=%d, K=%d, %d ranks: the symmetric buffer (`total`: dispatch and combine regions, control", B, H, K, N)
+p("words, rounding and signal pad) and the outputs, as the allocator charged them to their tags while the buffer")
+p("lived, each equal to `ep:bytes()` and to `dl.ep.formula` byte for byte (`allocator = formula`; a miss would fail")
+p("the run), beside the driver's free-memory delta across the buffer's creation (the allocator's cache emptied")
+p("first): the outputs' blocks as the allocator's cache took them (`allocator's cache`) plus, on cuda, the")
+p("symmetric buffer's physical pages, so `driver - cache` sits beside `buffer`. Rank 0's figures.")
+p("")
+p("| E | layout | output | dtype | buffer MiB | outputs MiB | allocator = formula | driver delta MiB | allocator's cache MiB | driver - cache MiB |")
+p("|---:|---|---|---|---:|---:|---|---:|---:|---:|")
+for _, r in ipairs(rows) do
+  local same = true
+  for _, part in ipairs(dl.ep.parts) do
+    if r.bytes[part] ~= r.formula[part] or r.charged[part] ~= r.formula[part] then same = false end
+  end
+  p("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |", r.E, r.layout, r.output, r.dtype, mib(r.bytes.total),
+    mib(r.bytes.outputs), same and "yes" or "NO", mib(r.driver), mib(r.reserved), mib(r.driver - r.reserved))
+end
+local path = h:markdown("ep-memory-gpu-" .. gpu .. ".md", "Expert-parallel buffer bytes on GPUs: allocator, formula, driver",
+  md, { "GPU: " .. dl.build_info() })
+print(table.concat(md, "\n"))
+print("wrote " .. path .. " and " .. csv)
+h:finish()
