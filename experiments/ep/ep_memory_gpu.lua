@@ -62,7 +62,7 @@ local function measure(E, layout, output, dtype)
   -- the layout's formula (meta's figures), with cuda's rounding: the symmetric
   -- buffer maps whole 2 MiB pages (the rounding counts as signals, ep.c)
   local f = dl.ep.formula(o)
-  if world.device == "cuda" then f.total = math.ceil(f.total / PAGE) * PAGE end
+  if tostring(world.device):match("^cuda") then f.total = math.ceil(f.total / PAGE) * PAGE end
   f.signals = f.total - f.dispatch_send - f.dispatch_recv - f.combine_send - f.combine_recv
   local row = { E = E, layout = layout, output = output, dtype = dtype, bytes = got, formula = f, charged = {},
     driver = st0.driver_free - st1.driver_free, reserved = st1.reserved - st0.reserved }
