@@ -128,11 +128,11 @@ p("words, rounding and signal pad) and the outputs, as the allocator charged the
 p("lived, against `ep:bytes()` and `dl.ep.formula` (`allocator = formula`; a miss would fail the run): the regions")
 p("byte for byte, the buffer as the formula's total rounded up to whole 2 MiB pages (what cuda maps), the outputs")
 p("within the allocator's 512-byte blocks (at most 4 KiB above). Beside them, the driver's free-memory delta")
-p("across the buffer's creation (the allocator's cache emptied")
-p("first): the outputs' blocks as the allocator's cache took them (`allocator's cache`) plus, on cuda, the")
-p("symmetric buffer's physical pages, so `driver - cache` sits beside `buffer`. Rank 0's figures.")
+p("across the buffer's creation (the allocator's cache emptied first), and the allocator's cache growth over the")
+p("same span (the buffer's pages and the outputs' blocks both come through it); the last column is what the")
+p("driver took beyond the buffer and the outputs (the cache's 2 MiB segments). Rank 0's figures.")
 p("")
-p("| E | layout | output | dtype | buffer MiB | outputs MiB | allocator = formula | driver delta MiB | allocator's cache MiB | driver - cache MiB |")
+p("| E | layout | output | dtype | buffer MiB | outputs MiB | allocator = formula | driver delta MiB | allocator's cache MiB | driver - buffer - outputs MiB |")
 p("|---:|---|---|---|---:|---:|---|---:|---:|---:|")
 for _, r in ipairs(rows) do
   local ok = true
@@ -140,7 +140,7 @@ for _, r in ipairs(rows) do
     if r.bytes[part] ~= r.formula[part] or not same(part, r.charged[part], r.formula[part]) then ok = false end
   end
   p("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |", r.E, r.layout, r.output, r.dtype, mib(r.bytes.total),
-    mib(r.bytes.outputs), ok and "yes" or "NO", mib(r.driver), mib(r.reserved), mib(r.driver - r.reserved))
+    mib(r.bytes.outputs), ok and "yes" or "NO", mib(r.driver), mib(r.reserved), mib(r.driver - r.bytes.total - r.bytes.outputs))
 end
 local path = h:markdown("ep-memory-gpu-" .. gpu .. ".md", "Expert-parallel buffer bytes on GPUs: allocator, formula, driver",
   md, { "GPU: " .. dl.build_info() })
