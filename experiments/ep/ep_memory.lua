@@ -9,6 +9,13 @@
 --   ./distlab run --device meta experiments/ep/ep_memory.lua [--out DIR]
 --       writes DIR/ep-memory.md, ep-memory.csv and ep-memory.png (gnuplot,
 --       where it exists); DIR default experiments/results/ep
+--   ./distlab run -n N --device cuda experiments/ep/ep_memory.lua [--gpu-experts 16,256]
+--       the same count on GPUs (issue 20), N = the world's ranks, every layout,
+--       output and dtype at each E: the allocator's tags, ep:bytes() and the
+--       formula (the buffer as cuda maps it, whole 2 MiB pages; the outputs
+--       in the allocator's blocks), beside the driver's free-memory delta
+--       across the buffer's creation (the allocator's cache emptied first);
+--       writes DIR/ep-memory-gpu-<gpu>x<N>.md and .csv (rank 0's figures)
 --
 -- The other libraries' formulas, as their sources compute them:
 --   DeepEP, csrc/config.hpp LowLatencyLayout (v1, the layout pplx-kernels and
@@ -30,18 +37,20 @@ local bench = dl.bench
 
 local world = dl.comm.world()
 local h = bench.harness {
-  name = "ep_memory", family = "ep", comm = world,
-  usage = "./distlab run --device meta experiments/ep/ep_memory.lua [options]",
-  about = "per-rank bytes of both EP layouts, formulas vs the allocator on meta, beside DeepEP and NCCL EP",
+  name = "ep_memory", family = "ep", comm = world, tag = true,
+  usage = "./distlab run --device meta|cuda experiments/ep/ep_memory.lua [options]",
+  about = "per-rank bytes of both EP layouts, formulas vs the allocator (meta; cuda: and the driver), beside DeepEP and NCCL EP",
   options = {
     { "max-tokens", "int", 128, "B: tokens a rank sends per call at most", meta = "B" },
     { "hidden", "int", 7168, "H", meta = "H" },
-    { "experts", "int", 256, "E", meta = "E" },
+    { "experts", "int", 256, "E (meta)", meta = "E" },
+    { "gpu-experts", "string", "16,256", "E on GPUs (those the ranks divide)", meta = "E" },
     { "topk", "int", 8, "K", meta = "K" },
   },
 }
-if world.backend ~= "meta" then
-  io.stderr:write("ep_memory: run it on the meta device (--device meta): it counts bytes, it moves none\n")
+local on_gpu = tostring(world.device):match("^cuda") ~= nil
+if world.backend ~= "meta" and not on_gpu then
+  io.stderr:write("ep_memory: run it on the meta device (it counts bytes, it moves none) or on GPUs (--device cuda)\n")
   os.exit(2)
 end
 local B, H, E, K = h.opt.max_tokens, h.opt.hidden, h.opt.experts, h.opt.topk
@@ -66,18 +75,47 @@ local function nccl_ep(N)
   return 2 * (N * B * msg_d + K * B * msg_c)
 end
 
--- One buffer on a meta world of N ranks (this process rank 0): the bytes the
--- allocator charged to each tag while it lived, and the formula's.
-local function measure(N, layout, output, dtype)
-  local o = { max_tokens = B, hidden = H, experts = E, topk = K, layout = layout, output = output, dtype = dtype }
-  local before = dl.mem.stats("meta").tags
-  local comm = dl.comm.meta(N, 0)
+-- The allocator's charge of a part against the formula: exact, but on GPUs
+-- the outputs, tensors in the allocator's 512-byte blocks (at most 4 KiB above).
+local function same(part, charged, want)
+  if on_gpu and part == "outputs" then return charged >= want and charged < want + 4096 end
+  return charged == want
+end
+
+-- One buffer of N ranks at E experts: the bytes the allocator charged to each
+-- tag while it lived, and the formula's. On meta a world of N ranks (this
+-- process rank 0); on GPUs the world itself, with the driver's free memory
+-- before and with the buffer (the allocator's cache emptied first) and the
+-- cache's growth, and the formula as cuda maps the buffer (whole 2 MiB pages,
+-- the rounding counted as signals: core/ops/ep/ep.c).
+local function measure(N, layout, output, dtype, experts)
+  local o = { max_tokens = B, hidden = H, experts = experts or E, topk = K, layout = layout, output = output,
+    dtype = dtype }
+  local dev = on_gpu and world.device or "meta"
+  local comm = world
+  if on_gpu then
+    collectgarbage("collect")
+    dl.synchronize(dev)
+    dl.mem.empty_cache(dev)
+    world:barrier()
+  else
+    comm = dl.comm.meta(N, 0)
+  end
+  local st0 = dl.mem.stats(dev)
   o.comm = comm
   local ep = dl.ep.buffer(o)
-  local after, got = dl.mem.stats("meta").tags, ep:bytes()
+  if on_gpu then dl.synchronize(dev) end
+  local st1, got = dl.mem.stats(dev), ep:bytes()
+  local before, after = st0.tags, st1.tags
   o.comm, o.ranks = nil, N
   local f = dl.ep.formula(o)
-  local row = { N = N, layout = layout, output = output, dtype = dtype, formula = f, bytes = got, charged = {} }
+  if on_gpu then
+    f.total = math.ceil(f.total / (2 * MiB)) * (2 * MiB)
+    f.signals = f.total - f.dispatch_send - f.dispatch_recv - f.combine_send - f.combine_recv
+  end
+  local row = { N = N, E = o.experts, layout = layout, output = output, dtype = dtype, formula = f, bytes = got,
+    charged = {} }
+  if on_gpu then row.driver, row.reserved = st0.driver_free - st1.driver_free, st1.reserved - st0.reserved end
   for _, part in ipairs(dl.ep.parts) do
     local tag = "ep_" .. part
     local now = (after[tag] and after[tag].current or 0) - (before[tag] and before[tag].current or 0)
@@ -86,20 +124,88 @@ local function measure(N, layout, output, dtype)
   for _, part in ipairs(dl.ep.parts) do
     if part ~= "total" then row.charged.total = row.charged.total + (part == "outputs" and 0 or row.charged[part]) end
   end
+  row.ok = true
+  for _, part in ipairs(dl.ep.parts) do
+    if got[part] ~= f[part] or not same(part, row.charged[part], f[part]) then row.ok = false end
+  end
   ep:free()
-  comm:free()
+  if not on_gpu then comm:free() end
   h:check(function()
     local wrong = 0
     for _, part in ipairs(dl.ep.parts) do
-      if got[part] ~= f[part] or row.charged[part] ~= f[part] then
+      if got[part] ~= f[part] or not same(part, row.charged[part], f[part]) then
         wrong = wrong + 1
-        io.stderr:write(string.format("ep_memory: N=%d %s %s %s: %s is %d (ep:bytes) / %d (allocator), formula %d\n",
-          N, layout, output, dtype, part, got[part], row.charged[part], f[part]))
+        io.stderr:write(string.format("ep_memory: N=%d E=%d %s %s %s: %s is %d (ep:bytes) / %d (allocator), formula %d\n",
+          N, o.experts, layout, output, dtype, part, got[part], row.charged[part], f[part]))
       end
     end
     return wrong
   end)
   return row
+end
+
+-- The CSV of rows: keys, then every part as ep:bytes(), the formula and the allocator, then extra columns.
+local function write_csv(name, keys, rows, extra)
+  local cols = {}
+  for _, k in ipairs(keys) do cols[#cols + 1] = k end
+  for _, p in ipairs(dl.ep.parts) do cols[#cols + 1] = p end
+  for _, p in ipairs(dl.ep.parts) do cols[#cols + 1] = "formula_" .. p end
+  for _, p in ipairs(dl.ep.parts) do cols[#cols + 1] = "allocator_" .. p end
+  for _, x in ipairs(extra) do cols[#cols + 1] = x[1] end
+  local out = {}
+  for i, r in ipairs(rows) do
+    local line = {}
+    for _, k in ipairs(keys) do line[#line + 1] = r[k] end
+    for _, p in ipairs(dl.ep.parts) do line[#line + 1] = r.bytes[p] end
+    for _, p in ipairs(dl.ep.parts) do line[#line + 1] = r.formula[p] end
+    for _, p in ipairs(dl.ep.parts) do line[#line + 1] = r.charged[p] end
+    for _, x in ipairs(extra) do line[#line + 1] = x[2](r) end
+    out[i] = line
+  end
+  return h:csv(name, cols, out)
+end
+
+if on_gpu then -- the GPU count (issue 20), then done
+  local N, rows = world.size, {}
+  local function mb(b) return string.format("%.1f", b / MiB) end
+  for e in tostring(h.opt.gpu_experts):gmatch("%d+") do
+    if tonumber(e) % N == 0 then
+      for _, dtype in ipairs { "bf16", "fp8" } do
+        for _, layout in ipairs { "per_expert", "per_rank" } do
+          for _, output in ipairs { "expert_major", "rank_major" } do
+            rows[#rows + 1] = measure(N, layout, output, dtype, tonumber(e))
+          end
+        end
+      end
+    end
+  end
+  local base = "ep-memory-gpu-" .. h.tag
+  local csv = write_csv(base .. ".csv", { "E", "layout", "output", "dtype" }, rows,
+    { { "driver_delta", function(r) return r.driver end }, { "reserved_delta", function(r) return r.reserved end } })
+  local md = {}
+  local function p(fmt, ...) md[#md + 1] = string.format(fmt, ...) end
+  p("Per rank, B=%d, H=%d, K=%d, %d ranks: the symmetric buffer (`buffer`: dispatch and combine regions, control", B, H, K, N)
+  p("words, rounding and signal pad) and the outputs, as the allocator charged them to their tags while the buffer")
+  p("lived, against `ep:bytes()` and `dl.ep.formula` (`allocator = formula`; a miss would fail the run): the regions")
+  p("byte for byte, the buffer as the formula's total rounded up to whole 2 MiB pages (what cuda maps), the outputs")
+  p("within the allocator's 512-byte blocks (at most 4 KiB above). Beside them, the driver's free-memory delta")
+  p("across the buffer's creation (the allocator's cache emptied first), and the allocator's cache growth over the")
+  p("same span (the buffer's pages and the outputs' blocks both come through it); the last column is what the")
+  p("driver took beyond the buffer and the outputs (the cache's 2 MiB segments). Rank 0's figures.")
+  p("")
+  p("| E | layout | output | dtype | buffer MiB | outputs MiB | allocator = formula | driver delta MiB | allocator's cache MiB | driver - buffer - outputs MiB |")
+  p("|---:|---|---|---|---:|---:|---|---:|---:|---:|")
+  for _, r in ipairs(rows) do
+    p("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |", r.E, r.layout, r.output, r.dtype, mb(r.bytes.total),
+      mb(r.bytes.outputs), r.ok and "yes" or "NO", mb(r.driver), mb(r.reserved),
+      mb(r.driver - r.bytes.total - r.bytes.outputs))
+  end
+  local path = h:markdown(base .. ".md", "Expert-parallel buffer bytes on GPUs: allocator, formula, driver", md,
+    { "GPU: " .. dl.build_info() })
+  print(table.concat(md, "\n"))
+  print("wrote " .. path .. " and " .. csv)
+  h:finish()
+  return
 end
 
 local rows, at = {}, {}
@@ -127,23 +233,8 @@ end
 
 -- ---- CSV ---------------------------------------------------------------------------------
 
-local cols = { "N", "layout", "output", "dtype" }
-for _, p in ipairs(dl.ep.parts) do cols[#cols + 1] = p end
-for _, p in ipairs(dl.ep.parts) do cols[#cols + 1] = "formula_" .. p end
-for _, p in ipairs(dl.ep.parts) do cols[#cols + 1] = "allocator_" .. p end
-cols[#cols + 1] = "deepep_ll"
-cols[#cols + 1] = "nccl_ep_rank_major"
-local out = {}
-for i, r in ipairs(rows) do
-  local line = { r.N, r.layout, r.output, r.dtype }
-  for _, p in ipairs(dl.ep.parts) do line[#line + 1] = r.bytes[p] end
-  for _, p in ipairs(dl.ep.parts) do line[#line + 1] = r.formula[p] end
-  for _, p in ipairs(dl.ep.parts) do line[#line + 1] = r.charged[p] end
-  line[#line + 1] = deepep(r.N)
-  line[#line + 1] = nccl_ep(r.N)
-  out[i] = line
-end
-local csv = h:csv("ep-memory.csv", cols, out)
+local csv = write_csv("ep-memory.csv", { "N", "layout", "output", "dtype" }, rows,
+  { { "deepep_ll", function(r) return deepep(r.N) end }, { "nccl_ep_rank_major", function(r) return nccl_ep(r.N) end } })
 
 -- ---- the report ------------------------------------------------------------------------
 
