@@ -257,6 +257,7 @@ __device__ __forceinline__ void ep_dispatch_send_body(const dl_ep_args_t &a) {
                 : direct ? a.rscales + row * (a.hidden / DL_EP_FP8_GROUP)
                          : reinterpret_cast<float *>(msg + a.hdr + a.hidden);
     // the payload first: its loads lead, the header comes from shared memory
+    // (in Lamport slots this rank's own rows are cleaned too: ep.h)
     ep_send_payload<FP8, LAMPORT>(a, t, pay, sc, lane, lo, hi);
     if (g != 0) continue;
     if (direct) { // the row's ids, weights and origin, as ep_recv_rank_row writes them
@@ -509,7 +510,6 @@ __device__ __forceinline__ int ep_recv_rank_row_lamport(const dl_ep_args_t &a, c
 // comes at all (ep_lamport_move). The last block's warp 0 writes the
 // outputs' counts from the count words.
 __device__ __forceinline__ void ep_dispatch_recv_lamport(const dl_ep_args_t &a) {
-  const int phase = DL_EP_DISPATCH_RECV;
   EP_SHARED(ep_block, blk);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, W = blockDim.x >> 5;
   const int N = a.nranks, B = a.max_tokens;
@@ -548,12 +548,10 @@ __device__ __forceinline__ void ep_dispatch_recv_lamport(const dl_ep_args_t &a) 
       *reinterpret_cast<volatile int *>(&blk.ok) = 0;
   }
   ep_finish(a, blk, dl_ep_disp_done, false);
-  (void)phase;
 }
 
 // The receive phase, as a kernel of its own or the second half of the fused one.
-// LAMPORT: per_rank's rank_major rows from Lamport slots (ep.h): the sources'
-// counts and rows are polled, no flag is waited for.
+// LAMPORT: ep_dispatch_recv_lamport.
 template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR, bool LAMPORT>
 __device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a) {
   const int phase = DL_EP_DISPATCH_RECV;
@@ -729,7 +727,8 @@ typedef void (*ep_kernel_t)(const dl_ep_args_t);
 template <bool FP8> static ep_kernel_t dispatch_kernel_of(const dl_ep_args_t *a) {
   const int em = a->output == DL_EP_EXPERT_MAJOR, pr = a->layout == DL_EP_PER_RANK;
   const int lp = dl_ep_dispatch_lamport(pr, a->lamport, a->output, FP8);
-  // per_expert's send is the same for both outputs; its receive differs
+  // per_expert's send is the same for both outputs; its receive differs. (lp is
+  // never set with fp8, so no fp8 kernel in Lamport slots is instantiated.)
 #define EP_DISPATCH_PICK(KERNEL)                                                                            \
   (pr ? (em ? KERNEL<FP8, true, true, false> : lp ? KERNEL<FP8, true, false, !FP8> : KERNEL<FP8, true, false, false>) \
       : KERNEL<FP8, false, true, false>)
