@@ -85,7 +85,7 @@ describe("ep on cpu (shared memory)", function()
     assert.equal(2, k, out)
   end
 
-  it("2 ranks whose DISTLAB_EP_LAMPORT_MAX_ROWS give different combine slots: an error on every rank", function()
+  it("2 ranks whose DISTLAB_EP_LAMPORT_MAX_ROWS give different slots: an error on every rank", function()
     every_rank_errs("lamport", "ep: ranks disagree on the dispatch's and combine's slots[^\n]*DISTLAB_EP_LAMPORT_MAX_ROWS")
   end)
 

@@ -14,8 +14,8 @@
 --   knob      1 rank, a bad DISTLAB_EP_PDL or DISTLAB_EP_LAMPORT_MAX_ROWS in
 --             the environment: the buffer's making fails naming the variable
 --   lamport   2 ranks whose DISTLAB_EP_LAMPORT_MAX_ROWS put a per_rank,
---             rank_major buffer's combine in Lamport slots on one rank and
---             not on the other: an error on every rank
+--             rank_major buffer in Lamport slots (its dispatch's and
+--             combine's) on one rank and not on the other: an error on every rank
 local dir = arg[0]:match("^(.*)/[^/]*$") or "."
 local X = dofile(dir .. "/common.lua")
 local dl = require "distlab"
