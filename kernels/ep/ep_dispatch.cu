@@ -346,6 +346,25 @@ __device__ __forceinline__ void ep_store_row(const dl_ep_args_t &a, const char *
   }
 }
 
+// A warp writes rank_major row `row`'s expert ids, weights and origin (src),
+// where `write` (the row's first segment): lane k < K holds selection k's local
+// expert le (-1: on another rank) and weight w of token t from source s.
+__device__ __forceinline__ void ep_rank_row_meta(const dl_ep_args_t &a, int64_t row, int s, int t, int le, float w,
+                                                 int lane, bool write) {
+  const int K = a.topk;
+  const uint32_t here = __ballot_sync(EP_FULL, le >= 0);
+  if (lane < K && write) {
+    a.rids[row * K + lane] = le;
+    a.rweights[row * K + lane] = le >= 0 ? w : 0.0f;
+  }
+  const int kf = here ? __ffs(here) - 1 : 0;
+  const int lef = __shfl_sync(EP_FULL, le, kf);
+  if (lane == 0 && write) {
+    a.rsrc[row * 2] = t;
+    a.rsrc[row * 2 + 1] = dl_ep_src_pack(s, kf, lef);
+  }
+}
+
 // A warp stores segment sg of per_rank message j of source s as rank_major
 // row j of s, the first segment with its expert ids, weights and origin.
 template <bool FP8>
@@ -364,18 +383,8 @@ __device__ __forceinline__ void ep_recv_rank_row(const dl_ep_args_t &a, const ch
     le = (int16_t)(h[1 + 2 * lane] & 0xffffu);
     w = dl_bits_f32(h[2 + 2 * lane]);
   }
-  const uint32_t here = __ballot_sync(EP_FULL, le >= 0);
   const int64_t row = (int64_t)s * a.max_tokens + j;
-  if (lane < K && sg == 0) {
-    a.rids[row * K + lane] = le;
-    a.rweights[row * K + lane] = le >= 0 ? w : 0.0f;
-  }
-  const int kf = here ? __ffs(here) - 1 : 0;
-  const int lef = __shfl_sync(EP_FULL, le, kf);
-  if (lane == 0 && sg == 0) {
-    a.rsrc[row * 2] = t;
-    a.rsrc[row * 2 + 1] = dl_ep_src_pack(s, kf, lef);
-  }
+  ep_rank_row_meta(a, row, s, t, le, w, lane, sg == 0);
   ep_store_row<FP8>(a, msg + a.hdr, row, lane, sp, sg, &b);
 }
 
@@ -488,17 +497,7 @@ __device__ __forceinline__ int ep_recv_rank_row_lamport(const dl_ep_args_t &a, c
     le = (int16_t)(lw & 0xffffu);
     w = dl_bits_f32(ww);
   }
-  const uint32_t onr = __ballot_sync(EP_FULL, le >= 0);
-  if (lane < K) {
-    a.rids[row * K + lane] = le;
-    a.rweights[row * K + lane] = le >= 0 ? w : 0.0f;
-  }
-  const int kf = onr ? __ffs(onr) - 1 : 0;
-  const int lef = __shfl_sync(EP_FULL, le, kf);
-  if (lane == 0) {
-    a.rsrc[row * 2] = t;
-    a.rsrc[row * 2 + 1] = dl_ep_src_pack(s, kf, lef);
-  }
+  ep_rank_row_meta(a, row, s, t, le, w, lane, true);
   return 1;
 }
 
@@ -550,9 +549,9 @@ __device__ __forceinline__ void ep_dispatch_recv_lamport(const dl_ep_args_t &a) 
   ep_finish(a, blk, dl_ep_disp_done, false);
 }
 
-// The receive phase, as a kernel of its own or the second half of the fused one.
-// LAMPORT: ep_dispatch_recv_lamport.
-template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR, bool LAMPORT>
+// The receive phase with the flag, as a kernel of its own or the second half
+// of the fused one (in Lamport slots: ep_dispatch_recv_lamport).
+template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR>
 __device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a) {
   const int phase = DL_EP_DISPATCH_RECV;
   EP_SMEM(smem);
@@ -560,11 +559,6 @@ __device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, W = blockDim.x >> 5;
   const int N = a.nranks, L = a.local, K = a.topk, B = a.max_tokens, NL = N * L;
   constexpr bool DIRECT = PER_RANK && !EXPERT_MAJOR; // ep_dispatch_send_body
-  static_assert(!LAMPORT || (DIRECT && !FP8), "Lamport slots are per_rank's with rank_major output, bf16");
-  if constexpr (LAMPORT) {
-    ep_dispatch_recv_lamport(a);
-    return;
-  }
   int *cnt = smem, *pre = cnt + NL, *ntok = pre + NL + 1, *tmp = ntok + N;
   const uint32_t *self = ep_ctrl(a, a.rank);
   if (PER_RANK) {
@@ -698,9 +692,11 @@ __device__ __forceinline__ void ep_dispatch_recv_body(const dl_ep_args_t &a) {
 
 template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR, bool LAMPORT>
 __global__ void __launch_bounds__(DL_EP_THREADS, 2) ep_dispatch_recv_kernel(const dl_ep_args_t a) {
+  static_assert(!LAMPORT || (PER_RANK && !EXPERT_MAJOR && !FP8), "Lamport slots are per_rank's with rank_major output, bf16");
   dl_pdl_wait(); // the grid ahead done and visible (a launch with a.pdl may start early)
   dl_pdl_release();
-  ep_dispatch_recv_body<FP8, PER_RANK, EXPERT_MAJOR, LAMPORT>(a);
+  if constexpr (LAMPORT) ep_dispatch_recv_lamport(a);
+  else ep_dispatch_recv_body<FP8, PER_RANK, EXPERT_MAJOR>(a);
 }
 
 // dispatch in one launch: the send, then (every block of every rank resident,
@@ -715,7 +711,8 @@ __global__ void __launch_bounds__(DL_EP_THREADS, 2) ep_dispatch_kernel(const dl_
   // (the receive half reads its count where it starts: read here, beside the
   // send's, as the fused combine does, it cost 0.2 us at B 1 on 2 H200s)
   ep_dispatch_send_body<FP8, PER_RANK, EXPERT_MAJOR, LAMPORT>(a);
-  ep_dispatch_recv_body<FP8, PER_RANK, EXPERT_MAJOR, LAMPORT>(a);
+  if constexpr (LAMPORT) ep_dispatch_recv_lamport(a);
+  else ep_dispatch_recv_body<FP8, PER_RANK, EXPERT_MAJOR>(a);
 }
 
 // ---- launchers ---------------------------------------------------------------------
