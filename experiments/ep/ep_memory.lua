@@ -166,15 +166,19 @@ local function write_csv(name, keys, rows, extra)
 end
 
 if on_gpu then -- the GPU count (issue 20), then done
-  local N, rows = world.size, {}
+  local N, rows, Es = world.size, {}, {}
   local function mb(b) return string.format("%.1f", b / MiB) end
-  for e in tostring(h.opt.gpu_experts):gmatch("%d+") do
-    if tonumber(e) % N == 0 then
-      for _, dtype in ipairs { "bf16", "fp8" } do
-        for _, layout in ipairs { "per_expert", "per_rank" } do
-          for _, output in ipairs { "expert_major", "rank_major" } do
-            rows[#rows + 1] = measure(N, layout, output, dtype, tonumber(e))
-          end
+  for e in tostring(h.opt.gpu_experts):gmatch("[^,]+") do
+    local v = tonumber(e)
+    if not v or v < 1 or v % 1 ~= 0 then error("ep_memory: --gpu-experts takes positive integers, got '" .. e .. "'", 0) end
+    if v % N == 0 then Es[#Es + 1] = v end
+  end
+  if #Es == 0 then error("ep_memory: no E of --gpu-experts '" .. h.opt.gpu_experts .. "' is a multiple of " .. N .. " ranks", 0) end
+  for _, e in ipairs(Es) do
+    for _, dtype in ipairs { "bf16", "fp8" } do
+      for _, layout in ipairs { "per_expert", "per_rank" } do
+        for _, output in ipairs { "expert_major", "rank_major" } do
+          rows[#rows + 1] = measure(N, layout, output, dtype, e)
         end
       end
     end
