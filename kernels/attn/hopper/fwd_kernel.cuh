@@ -96,6 +96,9 @@ template <int DQK, int DV> struct alignas(1024) smem_t {
 // (K and V of every head at once left L2); taken from a counter in L2-sized groups of heads (FA3's dynamic
 // scheduler), the plain step 1-4% slower and the fp32 merge's cost at 4k causal unchanged
 // (results/attn/hopper-fwd-merge-h200.md); removed.)
+// (Wide stores, lanes t and t ^ 1 trading a value pair by shuffle so that each stored four adjacent values of
+// one row (16 bytes fp32), cost the fp32 merge 6-9 us more at 4k causal on an H200 and did not help the plain
+// step (results/attn/hopper-fwd-merge-h200.md): the epilogue's cost is its latency, not its stores' count.)
 template <int DQK, int DV> struct acc_stage_t {
   static constexpr uint32_t o_bytes = BM * DV * 4, bytes = o_bytes + BM * 4;
   static constexpr bool on = HP_FWD_STAGE_ACC && sizeof(smem_t<DQK, DV>) + 1024 + bytes <= 227 * 1024;
