@@ -56,6 +56,8 @@ local h = bench.harness {
     { "blocks", "int", 0, "grid of every ep kernel (0: the buffer's choice, a block an SM)" },
     { "split", "flag", false, "time dispatch_send + dispatch_recv and combine_send + combine_recv (two kernels each) " ..
       "instead of dispatch and combine (one)" },
+    { "span", "int", 0, "experts of each rank that the tokens pick among (its first S; 0: all): a routing skewed " ..
+      "onto N S experts, in E's ids (at least topk in all)" },
     { "replays", "int", on_gpu and 30 or 5, "timed replays" },
     { "torch", "string", nil, "ep_bench_torch.py's CSV from the same machine", meta = "T.csv" },
   },
@@ -75,16 +77,24 @@ local function nums(list)
   end
   return out
 end
+if opt.span < 0 then dl.fail("ep_bench: --span %d is negative", opt.span) end
+if opt.span > 0 and opt.span * N < K then
+  dl.fail("ep_bench: --span %d gives %d experts in all, fewer than topk %d", opt.span, opt.span * N, K)
+end
 local Bs, Es = nums(opt.B), {}
-for _, e in ipairs(nums(opt.experts)) do if e % N == 0 and e >= K then Es[#Es + 1] = e end end
+for _, e in ipairs(nums(opt.experts)) do
+  if e % N == 0 and e >= K and opt.span <= e / N then Es[#Es + 1] = e end
+end
 if #Es == 0 then dl.fail("ep_bench: no expert count among %s is a multiple of %d ranks and >= topk %d", table.concat(opt.experts, ","), N, K) end
 
 -- ---- inputs ------------------------------------------------------------------------------
 
 -- Rank me's routing: K distinct experts per token, uniformly (seeded by
--- rank and case); weights 2^-ceil(log2 K) each, so the identity expert's
+-- rank and case) among all E, or (--span S) among the first S of each
+-- rank's E / N; weights 2^-ceil(log2 K) each, so the identity expert's
 -- combine is x times an exact weight sum.
 local function routing(T, E, seed)
+  local S, L = opt.span > 0 and opt.span or E / N, E / N
   local idx = dl.empty({ T, K }, { dtype = "i32", device = "cpu" })
   local p = ffi.cast("int32_t*", idx:data_ptr())
   local s = (seed * 7919 + me * 104729 + 13) % 2147483647
@@ -93,7 +103,8 @@ local function routing(T, E, seed)
       local e
       repeat
         s = (s * 48271) % 2147483647
-        e = s % E
+        e = s % (S * N)
+        e = math.floor(e / S) * L + e % S
         local dup = false
         for j = 0, k - 1 do dup = dup or p[t * K + j] == e end
       until not dup
@@ -307,12 +318,14 @@ end
 local base = "ep-bench-" .. h.tag
 local csv = h:csv(base .. ".csv", COLS, out)
 local md = {
-  string.format("H=%d, K=%d, T=B tokens on every rank, each picking K distinct experts uniformly. Latency: " ..
+  string.format("H=%d, K=%d, T=B tokens on every rank, each picking K distinct experts uniformly%s. Latency: " ..
     "median over %d replays of a CUDA graph of %d calls, max over ranks (the all_to_allv and PyTorch rows: " ..
     "eager calls between events, as a plain MoE layer runs, its split sizes read on the host). Bandwidth as " ..
     "DeepEP counts it: selections x bytes per token / time. Published at 8 ranks on NVLink, B=128: DeepEP " ..
     "42.6 / 72.0 us (dispatch / combine, as Perplexity measured it), pplx-kernels 83.6 / 102.3 us (H100), " ..
-    "NCCL EP about 65 / 79 us (bf16 both ways, H100).%s", H, K, opt.replays, opt.ops,
+    "NCCL EP about 65 / 79 us (bf16 both ways, H100).%s", H, K,
+    opt.span > 0 and string.format(" among the first %d experts of each rank (--span)", opt.span) or "",
+    opt.replays, opt.ops,
     (opt.blocks > 0 and string.format(" Every ep kernel on a grid of %d blocks (--blocks).", opt.blocks) or "") ..
     (opt.split and " Send and receive as two kernels each (--split: dispatch_send + dispatch_recv, " ..
       "combine_send + combine_recv)." or " Send and receive in one kernel each (dispatch, combine).")),

@@ -163,10 +163,30 @@ __device__ __forceinline__ void ep_dispatch_send_body(const dl_ep_args_t &a) {
       }
 #pragma unroll
       for (int u = 0; u < 8; u++) {
-        // an expert an earlier k of the token picked is dropped (cpu/ep.c expert_of);
-        // a token counts once for each rank it goes to
-        const uint32_t same = __match_any_sync(EP_FULL, raw[u]) & grp;
-        const int ev = raw[u] >= 0 && raw[u] < E && !(same & below) ? raw[u] : -1;
+        if (base + u * G >= t0) break; // warp-uniform: no token of this load or the next is before the chunk
+        // an expert an earlier k of the token picked is dropped (cpu/ep.c expert_of):
+        // each lane compares the token's earlier lanes' experts, shuffled up, not the
+        // warp's 32 by __match_any_sync, whose cost grows with their distinct values
+        // (4 tokens' picks: about 32 distinct among 256 experts, 16 among 16; it put
+        // E 256's dispatch 0.6-0.9 us behind E 16's at B 32-128 on 2 H200s:
+        // experiments/ep/NOTES.md). A token counts once for each rank it goes to
+        // (__match_any_sync over at most N + 1 distinct ranks).
+        // (all shuffles of a load are issued at once: K <= 8, the usual, takes 7)
+        bool dup = false;
+        if (K <= 8) {
+#pragma unroll
+          for (int d = 1; d < 8; d++) {
+            const int o = __shfl_up_sync(EP_FULL, raw[u], d);
+            dup = dup || (d < K && k >= d && o == raw[u]);
+          }
+        } else { // rare: one shuffle after another
+#pragma unroll 1
+          for (int d = 1; d < K; d++) {
+            const int o = __shfl_up_sync(EP_FULL, raw[u], d);
+            dup = dup || (k >= d && o == raw[u]);
+          }
+        }
+        const int ev = raw[u] >= 0 && raw[u] < E && !dup ? raw[u] : -1;
         const int q = ev >= 0 ? ev / L : -1;
         const uint32_t qm = __match_any_sync(EP_FULL, q) & grp;
         if (ev >= 0) {

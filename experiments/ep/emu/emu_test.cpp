@@ -35,7 +35,10 @@ extern "C" int dl_set_error(int code, const char *file, int line, const char *fm
   return code;
 }
 
-enum { B = 16, K = 3, BLOCKS = 3 };
+#ifndef EMU_K // selections a token (the Makefile's second binary: 10, past the kernels' K <= 8 fast path)
+#define EMU_K 3
+#endif
+enum { B = 16, K = EMU_K, BLOCKS = 3 };
 // hidden size and threads a block: at 1024 and 128 the kernels cut rows
 // into segments (ep_split_rows) whenever a call has few rows
 static int H = 256, THREADS = 64;
