@@ -165,13 +165,14 @@ __device__ __forceinline__ void ep_dispatch_send_body(const dl_ep_args_t &a) {
       for (int u = 0; u < 8; u++) {
         if (base + u * G >= t0) break; // warp-uniform: no token of this load or the next is before the chunk
         // an expert an earlier k of the token picked is dropped (cpu/ep.c expert_of):
-        // each lane compares the token's earlier lanes' experts, shuffled up, not the
-        // warp's 32 by __match_any_sync, whose cost grows with their distinct values
-        // (4 tokens' picks: about 32 distinct among 256 experts, 16 among 16; it put
-        // E 256's dispatch 0.6-0.9 us behind E 16's at B 32-128 on 2 H200s:
-        // experiments/ep/NOTES.md). A token counts once for each rank it goes to
-        // (__match_any_sync over at most N + 1 distinct ranks).
-        // (all shuffles of a load are issued at once: K <= 8, the usual, takes 7)
+        // each lane compares the experts of its token's earlier lanes, shuffled up
+        // (K <= 8, the usual: 7 shuffles a load, issued at once). Not __match_any_sync
+        // over the warp's 32 experts: its cost grew with their distinct values (4
+        // tokens' picks: about 32 among 256 experts, 16 among 16), which put E 256's
+        // dispatch 0.6-0.9 us behind E 16's at B 32-128 on 2 H200s; 23 unrolled
+        // shuffles for any K cost as much (experiments/results/ep/ep-prefix-ab-h200x2.md).
+        // A token counts once for each rank it goes to (__match_any_sync over at most
+        // N + 1 distinct ranks: cheap).
         bool dup = false;
         if (K <= 8) {
 #pragma unroll

@@ -160,7 +160,6 @@ static inline uint32_t atomicCAS(uint32_t *p, uint32_t cmp, uint32_t val) {
 }
 static inline uint32_t atomicAdd(uint32_t *p, uint32_t v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 static inline int atomicAdd(int *p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
-static inline int atomicExch(int *p, int v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
 
 /* ---- the signal-pad device side (kernels/common/signal_pad.h under __CUDACC__) ----- */
 
