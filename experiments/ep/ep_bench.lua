@@ -85,7 +85,10 @@ local Bs, Es = nums(opt.B), {}
 for _, e in ipairs(nums(opt.experts)) do
   if e % N == 0 and e >= K and opt.span <= e / N then Es[#Es + 1] = e end
 end
-if #Es == 0 then dl.fail("ep_bench: no expert count among %s is a multiple of %d ranks and >= topk %d", table.concat(opt.experts, ","), N, K) end
+if #Es == 0 then
+  dl.fail("ep_bench: no expert count among %s is a multiple of %d ranks and >= topk %d%s", table.concat(opt.experts, ","),
+    N, K, opt.span > 0 and string.format(" with at least --span %d experts a rank", opt.span) or "")
+end
 
 -- ---- inputs ------------------------------------------------------------------------------
 
