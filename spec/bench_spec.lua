@@ -108,6 +108,15 @@ describe("bench options", function()
     assert.matches("unknown type", err(bench.options.new, { { "a", "float" } }))
   end)
 
+  it("reads counts as positive integers and refuses anything else, naming the option", function()
+    local q = bench.options.new({ { "B", "counts", "1,32", "tokens" } }, { program = "t" })
+    assert.same({ 1, 32 }, q:parse({}).B)
+    assert.same({ 4, 128, 512 }, q:parse({ "--B", "4,128,512" }).B)
+    for _, bad in ipairs { "0", "-2", "1.5", "x", "4,y", "," } do
+      assert.matches("%-%-B takes a comma%-separated list of positive integers", err(q.parse, q, { "--B", bad }))
+    end
+  end)
+
   it("lists every option with its default in --help", function()
     local text = p:help()
     assert.matches("^usage: t %[options%]\nA test%.", text)

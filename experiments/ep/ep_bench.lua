@@ -44,10 +44,10 @@ local h = bench.harness {
   usage = "./distlab run -n 8 --device cuda experiments/ep/ep_bench.lua [options]",
   about = "latency and bandwidth of EP dispatch/combine, both layouts and outputs, bf16/fp8, vs all_to_allv and PyTorch",
   options = {
-    { "B", "list", "1,32,128,512", "tokens per rank (T = B)" },
+    { "B", "counts", "1,32,128,512", "tokens per rank (T = B)" },
     { "hidden", "int", on_gpu and 7168 or 256, "H (a multiple of 128)" },
     { "topk", "int", 8, "K" },
-    { "experts", "list", "16,256", "E (those the ranks divide)" },
+    { "experts", "counts", "16,256", "E (those the ranks divide)" },
     { "layouts", "list", "per_expert,per_rank", "layouts", values = { "per_expert", "per_rank" } },
     { "outputs", "list", "expert_major,rank_major", "outputs", values = { "expert_major", "rank_major" } },
     { "dtypes", "list", "bf16,fp8", "dispatch payloads", values = { "bf16", "fp8" } },
@@ -68,21 +68,12 @@ local device_name = on_gpu and dl.cuda_device_name(tonumber(w.device:match("%d+"
 h.device_desc = string.format("%s x %d (%s backend%s)", device_name, N, w.backend,
   h.shared and string.format(", %d ranks a GPU: a smoke run", w.share) or "")
 
-local function nums(list)
-  local out = {}
-  for _, v in ipairs(list) do
-    local n = tonumber(v)
-    if not n or n < 1 or n ~= math.floor(n) then dl.fail("ep_bench: %s is not a positive integer", v) end
-    out[#out + 1] = n
-  end
-  return out
-end
 if opt.span < 0 then dl.fail("ep_bench: --span %d is negative", opt.span) end
 if opt.span > 0 and opt.span * N < K then
   dl.fail("ep_bench: --span %d gives %d experts in all, fewer than topk %d", opt.span, opt.span * N, K)
 end
-local Bs, Es = nums(opt.B), {}
-for _, e in ipairs(nums(opt.experts)) do
+local Bs, Es = opt.B, {}
+for _, e in ipairs(opt.experts) do
   if e % N == 0 and e >= K and opt.span <= e / N then Es[#Es + 1] = e end
 end
 if #Es == 0 then

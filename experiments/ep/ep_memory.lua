@@ -44,7 +44,7 @@ local h = bench.harness {
     { "max-tokens", "int", 128, "B: tokens a rank sends per call at most", meta = "B" },
     { "hidden", "int", 7168, "H", meta = "H" },
     { "experts", "int", 256, "E (meta)", meta = "E" },
-    { "gpu-experts", "string", "16,256", "E on GPUs (those the ranks divide)", meta = "E" },
+    { "gpu-experts", "counts", "16,256", "E on GPUs (those the ranks divide)", meta = "E" },
     { "topk", "int", 8, "K", meta = "K" },
   },
 }
@@ -168,12 +168,13 @@ end
 if on_gpu then -- the GPU count (issue 20), then done
   local N, rows, Es = world.size, {}, {}
   local function mb(b) return string.format("%.1f", b / MiB) end
-  for e in tostring(h.opt.gpu_experts):gmatch("[^,]+") do
-    local v = tonumber(e)
-    if not v or v < 1 or v % 1 ~= 0 then error("ep_memory: --gpu-experts takes positive integers, got '" .. e .. "'", 0) end
+  for _, v in ipairs(h.opt.gpu_experts) do
     if v % N == 0 then Es[#Es + 1] = v end
   end
-  if #Es == 0 then error("ep_memory: no E of --gpu-experts '" .. h.opt.gpu_experts .. "' is a multiple of " .. N .. " ranks", 0) end
+  if #Es == 0 then
+    error("ep_memory: no E of --gpu-experts " .. table.concat(h.opt.gpu_experts, ",") .. " is a multiple of " .. N ..
+      " ranks", 0)
+  end
   for _, e in ipairs(Es) do
     for _, dtype in ipairs { "bf16", "fp8" } do
       for _, layout in ipairs { "per_expert", "per_rank" } do

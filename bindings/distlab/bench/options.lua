@@ -15,7 +15,8 @@
 -- --flag. A dash in a name reads as an underscore in opt (--report-only ->
 -- opt.report_only). Types: string, number, int, size (bytes: 64K, 16M),
 -- sizes (a size list, distlab.bench.sizes), list (comma-separated words;
--- `values` limits them), choice (one of `values`), flag (true when given).
+-- `values` limits them), counts (comma-separated positive integers, as
+-- numbers), choice (one of `values`), flag (true when given).
 -- Defaults go through the same parsing as arguments; a default of nil
 -- leaves the option nil. An unknown option, a missing or a malformed value
 -- is an error that names the option and says where the list is (--help).
@@ -67,6 +68,16 @@ local TYPES = {
       for _, w in ipairs(list) do
         if not one_of(w, o.values) then return nil, "a list of " .. table.concat(o.values, ", ") end
       end
+    end
+    return list
+  end,
+  counts = function(v)
+    local list = words(v)
+    if #list == 0 then return nil, "a comma-separated list of positive integers" end
+    for i, w in ipairs(list) do
+      local n = tonumber(w)
+      if not n or n < 1 or n ~= math.floor(n) then return nil, "a comma-separated list of positive integers" end
+      list[i] = n
     end
     return list
   end,
