@@ -53,6 +53,9 @@ template <int NR> struct shape {
 #define DL_AR_THREADS 512
 #endif
 enum { AR_THREADS = DL_AR_THREADS };
+#ifndef DL_AR_WARP // the granularity of a Lamport kernel's block (the CPU emulation tries smaller ones)
+#define DL_AR_WARP 32
+#endif
 
 __device__ __forceinline__ dl_ar_ctrl_t *ctrl_of(char *buf) {
   return reinterpret_cast<dl_ar_ctrl_t *>(buf);
@@ -66,6 +69,16 @@ __device__ __forceinline__ char *buf_of(const dl_ar_args_t &a, int p) {
   for (int q = 1; q < DL_SIGNAL_MAX_RANKS; q++)
     if (p == q) b = a.bufs[q];
   return b;
+}
+
+// The i-th rank after me (i = 0: me; 1 .. nr - 1 the peers). Every loop
+// that writes to each peer in turn goes in this order, so that the ranks'
+// first writes go to different ranks rather than all to rank 0, then all
+// to rank 1 (4 H200s, two_shot_lamport at 3 MB: 23.0 us in rank order,
+// 20.0 so; experiments/results/allreduce/allreduce-h200-issue26.md).
+__device__ __forceinline__ int peer_after(int me, int i, int nr) {
+  const int q = me + i;
+  return q >= nr ? q - nr : q;
 }
 
 __device__ __forceinline__ char *staging(const dl_ar_args_t &a, int rank, int half, int slot) {

@@ -7,7 +7,8 @@
  * Asynchronous: a wait that times out inside a kernel shows up in
  * *a->status, which the core reads (core/ops/allreduce/allreduce.c).
  *
- * Requirements: the shape dl_allreduce_cuda_shape gives for a->nranks,
+ * Requirements: the shape dl_allreduce_cuda_shape gives for a->nranks (the
+ * Lamport kernels: fewer threads a block too, whole warps),
  * 1..DL_AR_MAX_BLOCKS blocks, 2..DL_SIGNAL_MAX_RANKS ranks, f32 / f16 /
  * bf16. The CPU twin kernels/allreduce/cpu/allreduce.c (dl_allreduce_cpu)
  * takes the same arguments.
@@ -58,7 +59,13 @@ static dl_ar_kernel_t kernel_of(const dl_ar_args_t *a) {
 extern "C" int dl_allreduce_cuda(const dl_ar_args_t *a, void *stream) {
   int threads, unroll;
   dl_allreduce_cuda_shape(a->nranks, &threads, &unroll);
-  if (a->threads != threads || a->unroll != unroll || a->round_vecs < 1 || a->blocks < 1 ||
+  // the Lamport kernels run with fewer threads a block too (the core's
+  // shape_for): whole warps, and one a rank at least (ar_announce, ar_agree)
+  const bool lamport = a->algo == DL_AR_ONE_SHOT_LAMPORT || a->algo == DL_AR_TWO_SHOT_LAMPORT;
+  const bool threads_ok = lamport ? a->threads >= DL_AR_WARP && a->threads <= threads &&
+                                        a->threads % DL_AR_WARP == 0 && a->threads >= a->nranks
+                                  : a->threads == threads;
+  if (!threads_ok || a->unroll != unroll || a->round_vecs < 1 || a->blocks < 1 ||
       a->blocks > DL_AR_MAX_BLOCKS || a->nranks < 2 || a->nranks > DL_SIGNAL_MAX_RANKS)
     return DL_ERR(DL_EINVAL, "allreduce: bad launch shape (%d blocks of %d threads, unroll %d, "
                   "%d vectors a round, %d ranks)", a->blocks, a->threads, a->unroll, a->round_vecs, a->nranks);

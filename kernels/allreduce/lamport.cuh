@@ -177,9 +177,9 @@ __device__ __forceinline__ void lamport_push(const dl_ar_args_t &a, int nr, int 
   constexpr int NRC = shape<NR>::NRC;
   const uint4 x = TAGGED ? ld_user<DT, AL>(a.in, v, a.n) : lamport_clean(ld_user<DT, AL>(a.in, v, a.n));
 #pragma unroll
-  for (int p = 0; p < NRC; p++) {
-    if (!(p < nr && p != a.rank)) continue;
-    char *dst = lamport(a, p, h, a.rank);
+  for (int i = 1; i < NRC; i++) {
+    if (i >= nr) continue;
+    char *dst = lamport(a, peer_after(a.rank, i, nr), h, a.rank);
     if (TAGGED) {
       st_tagged(dst, 2 * v, x.x, x.y, tag, a.call_hash);
       st_tagged(dst, 2 * v + 1, x.z, x.w, tag, a.call_hash);
@@ -201,10 +201,10 @@ __device__ __forceinline__ void lamport_scatter(const dl_ar_args_t &a, int nr, i
                                                 int64_t j) {
   constexpr int NRC = shape<NR>::NRC;
 #pragma unroll
-  for (int q = 0; q < NRC; q++) {
+  for (int i = 1; i < NRC; i++) {
+    const int q = peer_after(a.rank, i, nr);
     const int64_t v = q * sv + j;
-    if (q < nr && q != a.rank && v < nv)
-      st_vec(lamport(a, q, h, a.rank), j, lamport_clean(ld_user<DT, AL>(a.in, v, a.n)));
+    if (i < nr && v < nv) st_vec(lamport(a, q, h, a.rank), j, lamport_clean(ld_user<DT, AL>(a.in, v, a.n)));
   }
 }
 
@@ -216,9 +216,10 @@ __device__ __forceinline__ bool lamport_gather(const dl_ar_args_t &a, dl_ar_ctrl
   constexpr int NRC = shape<NR>::NRC;
   const uint4 empty = lamport_empty();
 #pragma unroll
-  for (int q = 0; q < NRC; q++) {
+  for (int i = 1; i < NRC; i++) {
+    const int q = peer_after(a.rank, i, nr);
     const int64_t v = q * sv + j;
-    if (!(q < nr && q != a.rank && v < nv)) continue;
+    if (!(i < nr && v < nv)) continue;
     char *src = lamport(a, a.rank, h, q);
     uint4 x;
     if (!lamport_wait(a, self, src, sv + j, q, t0, seq, x)) return false;

@@ -110,8 +110,8 @@ __device__ __forceinline__ void one_shot_pipe(const dl_ar_args_t &a) {
           if (v >= r1) continue;
           if (PUSH) {
 #pragma unroll
-            for (int p = 0; p < NRC; p++)
-              if (p < nr && p != me) st_vec(staging(a, p, h, me), v, x[u]);
+            for (int i = 1; i < NRC; i++)
+              if (i < nr) st_vec(staging(a, peer_after(me, i, nr), h, me), v, x[u]);
           } else {
             st_vec(staging(a, me, h, 0), v, x[u]);
           }
@@ -195,8 +195,8 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_one_shot_push_flat_ke
       for (int u = 0; u < U; u++) {
         const int64_t v = s0 + (int64_t)u * blockDim.x;
 #pragma unroll
-        for (int p = 0; p < NRC; p++)
-          if (p < nr && p != me && v < r1) st_vec(staging(a, p, h, me), v, x[u]);
+        for (int i = 1; i < NRC; i++)
+          if (i < nr && v < r1) st_vec(staging(a, peer_after(me, i, nr), h, me), v, x[u]);
       }
     }
     if (!ar_barrier(a, self, seq, r0 == blockIdx.x * per_round)) break;

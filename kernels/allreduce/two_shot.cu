@@ -64,9 +64,10 @@ __device__ __forceinline__ void two_shot(const dl_ar_args_t &a) {
         for (int u = 0; u < U; u++) {
           const int64_t j = s0 + (int64_t)u * blockDim.x;
 #pragma unroll
-          for (int q = 0; q < NRC; q++) {
+          for (int i = 0; i < NRC; i++) {
+            const int q = peer_after(me, i, nr);
             const int64_t v = (int64_t)q * sv + j;
-            if (q < nr && j < r1 && v < nv) {
+            if (i < nr && j < r1 && v < nv) {
               if (!wr) st_vec(mine, v, ld_user<DT, AL>(a.in, v, a.n));
               else if (q != me) st_vec(staging(a, q, h, me), v, ld_user<DT, AL>(a.in, v, a.n));
             }
@@ -101,11 +102,12 @@ __device__ __forceinline__ void two_shot(const dl_ar_args_t &a) {
           }
           if (PUSH) {
 #pragma unroll
-            for (int p = 0; p < NRC; p++)
-              if (p < nr && p != me) {
-                if (a.zero_copy) st_user<DT, true>(buf[p], v, a.n, y);
-                else st_vec(buf[p], v, y);
-              }
+            for (int i = 1; i < NRC; i++) {
+              if (i >= nr) continue;
+              const int p = peer_after(me, i, nr); // buf[p] by its definition: no array indexed at run time
+              if (a.zero_copy) st_user<DT, true>(buf_of(a, p) + a.zc_off, v, a.n, y);
+              else st_vec(staging(a, p, h, 0), v, y);
+            }
           }
         }
       }
@@ -218,11 +220,11 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_two_shot_lamport_kern
       const uint4 sum = lamport_clean(reduce_vec_own<DT, NRC>(x, nr, me, own));
       st_user<DT, AL>(a.out, v, a.n, sum);
 #pragma unroll
-      for (int p = 0; p < NRC; p++) {
-        if (p < nr && p != me) {
-          st_vec(lamport(a, p, h, me), sv + j, sum);
-          st_vec(lamport(a, me, h, p), j, empty);
-        }
+      for (int i = 1; i < NRC; i++) {
+        if (i >= nr) continue;
+        const int p = peer_after(me, i, nr);
+        st_vec(lamport(a, p, h, me), sv + j, sum);
+        st_vec(lamport(a, me, h, p), j, empty);
       }
     }
     if (prev >= 0) ok = lamport_gather<DT, NR, AL>(a, self, nr, h, sv, nv, prev, t0, seq);

@@ -21,12 +21,15 @@ for _, mb in ipairs { 128, 256, 512, 1024 } do U.default_sizes[#U.default_sizes 
 -- Grids worth trying for an algorithm at a size: the kernels' own sizing and
 -- a few fixed ones, none with blocks that would get less than 128 vectors
 -- (2 KiB; the core spreads the vectors evenly over the blocks, so a block
--- may cover less than one step of its threads).
+-- may cover less than one step of its threads), or less than a warp's 32
+-- for the Lamport kernels, whose blocks shrink to the positions they get
+-- (the core's shape_for), so that a small call can use more multiprocessors.
 local function grid_choices(a, algo, nbytes)
   if algo == "nccl" then return { 0 } end
   local vecs = math.ceil(nbytes / 16)
   if algo:match("^two_shot") then vecs = math.ceil(vecs / a.size) end
-  local most = math.min(a.max_blocks, math.max(1, math.ceil(vecs / 128)))
+  local least = algo:match("_lamport$") and 32 or 128
+  local most = math.min(a.max_blocks, math.max(1, math.ceil(vecs / least)))
   local sms = a.sms > 0 and a.sms or 4
   -- above 16 MB only whole-GPU grids: one or two blocks a multiprocessor (at 4 ranks
   -- two_shot_lamport took 132 blocks at 4-8 MB and 264 at 16 MB on H200s)

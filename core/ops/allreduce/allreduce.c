@@ -572,6 +572,17 @@ static void shape_for(const dl_allreduce_t *ar, int64_t len, int blocks, int alg
   r = (r + 31) / 32 * 32; /* whole warps of vectors: rounds start 512-byte aligned */
   a->blocks = (int)g;
   a->round_vecs = (int)r;
+  /* The Lamport kernels give thread t of block b position b*T + t of each
+   * grid step (T threads a block): so that g blocks share the positions
+   * evenly, T is the positions a block gets, in whole warps, at most
+   * ar->threads. A small call then runs on g multiprocessors, not on the
+   * first few (2 H200s, tagged one_shot_lamport: a multiprocessor's remote
+   * stores are what a call of one or a few blocks waits for). */
+  if (is_lamport(algo) && ar->dev_type == DL_CUDA) {
+    int64_t t = (len + g - 1) / g;
+    t = (t + 31) / 32 * 32;
+    a->threads = (int)(t > ar->threads ? ar->threads : t < 32 ? 32 : t);
+  }
 }
 
 /* Whether a one_shot_lamport call of nbytes goes as tagged vectors: up to

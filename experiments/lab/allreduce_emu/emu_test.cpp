@@ -54,6 +54,7 @@ struct world {
 struct call {
   int algo, dtype, blocks, round_vecs, ahead, zc, inplace, misalign;
   int tagged = 0; // one_shot_lamport: tagged vectors (2 x its whole vectors must fit LSLOT)
+  int threads = 0; // the Lamport kernels: threads a block (0: the launch shape's), as the core's shape_for sets them
   int64_t n, zc_extra; // zero-copy tensor at this byte offset in the region
 };
 
@@ -108,6 +109,8 @@ static void rank_main(world *w, int r, const std::vector<call> *calls, int skip_
       a.lamport_ahead = k.ahead;
       a.tagged = k.tagged;
       dl_allreduce_cuda_shape(n, &a.threads, &a.unroll);
+      if (k.threads && (k.algo == DL_AR_ONE_SHOT_LAMPORT || k.algo == DL_AR_TWO_SHOT_LAMPORT))
+        a.threads = k.threads; // (the failure cases below copy a random call and change its algorithm)
       a.zero_copy = k.zc;
       a.n = k.n;
       a.in = in;
@@ -370,6 +373,9 @@ int main(int argc, char **argv) {
     k.zc_extra = k.zc ? 16 * (int64_t)(1 + rng() % 4) : 0;
     // half the one_shot_lamport calls that fit go tagged (the core: up to its limit)
     k.tagged = k.algo == DL_AR_ONE_SHOT_LAMPORT && tagged_fits(k.n, k.dtype) && rng() % 2 == 0;
+    // the Lamport kernels on blocks of fewer threads, in whole "warps" (DL_AR_WARP, 8 here), one a rank at least
+    if ((k.algo == DL_AR_ONE_SHOT_LAMPORT || k.algo == DL_AR_TWO_SHOT_LAMPORT) && rng() % 2 == 0)
+      k.threads = std::max(n, DL_AR_WARP * (int)(1 + rng() % (threads / DL_AR_WARP)));
     calls.push_back(k);
   }
   std::vector<std::thread> ranks;
