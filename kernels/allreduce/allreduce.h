@@ -181,6 +181,8 @@ typedef struct dl_ar_args {
   const void *in;  /* this rank's input (not read when zero_copy)                  */
   void *out;       /* this rank's output; may equal in                             */
   char *bufs[DL_SIGNAL_MAX_RANKS]; /* every rank's symmetric buffer, mapped here   */
+  char *ring[DL_SIGNAL_MAX_RANKS]; /* ring[i]: rank (rank + i) % nranks's buffer,
+                                      set by the launcher (dl_ar_args_ring)       */
   int64_t zc_off;      /* byte offset of the zero-copy input in every buffer       */
   int64_t staging_off; /* byte offset of staging half 0, slot 0                    */
   int64_t slot_bytes;  /* bytes of one staging slot (a multiple of 16)             */
@@ -203,6 +205,14 @@ typedef struct dl_ar_args {
 
 /* This call as every rank describes it to the others (dl_ar_call_t), with
  * seq 0 (the kernels and the twin put 1 + their seq there). */
+/* The buffers in the order the kernels write to the peers (peer_after:
+ * from the next rank on), so that a kernel takes peer i's buffer with i
+ * known when it compiles, not by a search over bufs at run time. */
+DL_HD void dl_ar_args_ring(dl_ar_args_t *a) {
+  for (int i = 0; i < DL_SIGNAL_MAX_RANKS; i++)
+    a->ring[i] = i < a->nranks ? a->bufs[(a->rank + i) % a->nranks] : (char *)0;
+}
+
 DL_HD dl_ar_call_t dl_ar_call_of(const dl_ar_args_t *a) {
   dl_ar_call_t c;
   memset(&c, 0, sizeof c);

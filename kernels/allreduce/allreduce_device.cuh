@@ -71,14 +71,28 @@ __device__ __forceinline__ char *buf_of(const dl_ar_args_t &a, int p) {
   return b;
 }
 
-// The i-th rank after me (i = 0: me; 1 .. nr - 1 the peers). Every loop
-// that writes to each peer in turn goes in this order, so that the ranks'
-// first writes go to different ranks rather than all to rank 0, then all
-// to rank 1 (4 H200s, two_shot_lamport at 3 MB: 23.0 us in rank order,
-// 20.0 so; experiments/results/allreduce/allreduce-h200-issue26.md).
+// The i-th rank after me (i = 0: me; 1 .. nr - 1 the peers), and its
+// buffer (a.ring, dl_ar_args_ring; i known at compile time in the unrolled
+// loops, so no search). Every loop that writes to each peer in turn goes
+// in this order, so that the ranks' first writes go to different ranks
+// rather than all to rank 0, then all to rank 1 (4 H200s, two_shot_lamport
+// at 3 MB: 23.0 us in rank order, 20.0 so;
+// experiments/results/allreduce/allreduce-h200-issue26.md).
 __device__ __forceinline__ int peer_after(int me, int i, int nr) {
   const int q = me + i;
   return q >= nr ? q - nr : q;
+}
+__device__ __forceinline__ char *ring_buf(const dl_ar_args_t &a, int i) {
+  char *b = a.ring[0];
+#pragma unroll
+  for (int q = 1; q < DL_SIGNAL_MAX_RANKS; q++)
+    if (i == q) b = a.ring[q];
+  return b;
+}
+
+// Staging slot `slot` of half `half` in the buffer at base.
+__device__ __forceinline__ char *staging_at(const dl_ar_args_t &a, char *base, int half, int slot) {
+  return base + a.staging_off + ((int64_t)half * a.nranks + slot) * a.slot_bytes;
 }
 
 __device__ __forceinline__ char *staging(const dl_ar_args_t &a, int rank, int half, int slot) {

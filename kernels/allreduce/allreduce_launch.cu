@@ -73,5 +73,7 @@ extern "C" int dl_allreduce_cuda(const dl_ar_args_t *a, void *stream) {
     return DL_ERR(DL_EUNSUPPORTED, "allreduce kernels: dtype %s (f32, f16, bf16 only)", dl_dtype_name(a->dtype));
   const dl_ar_kernel_t k = kernel_of(a);
   if (!k) return DL_ERR(DL_EINVAL, "allreduce: algorithm %d has no kernel", a->algo);
-  return go(k, a, (cudaStream_t)stream);
+  dl_ar_args_t b = *a;
+  dl_ar_args_ring(&b);
+  return go(k, &b, (cudaStream_t)stream);
 }

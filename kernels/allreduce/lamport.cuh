@@ -43,8 +43,10 @@ __device__ __forceinline__ uint4 ld_volatile_vec(const char *base, int64_t v) {
 }
 #endif
 
-__device__ __forceinline__ char *lamport(const dl_ar_args_t &a, int rank, int half, int slot) {
-  return buf_of(a, rank) + a.lamport_off + ((int64_t)half * a.nranks + slot) * a.lamport_stride;
+// Lamport slot `slot` of half `half` in the buffer at base (ring_buf(a, i):
+// the buffer of peer_after(rank, i); ring_buf(a, 0) ours).
+__device__ __forceinline__ char *lamport_at(const dl_ar_args_t &a, char *base, int half, int slot) {
+  return base + a.lamport_off + ((int64_t)half * a.nranks + slot) * a.lamport_stride;
 }
 
 __device__ __forceinline__ uint32_t lamport_word(uint32_t w) {
@@ -179,7 +181,7 @@ __device__ __forceinline__ void lamport_push(const dl_ar_args_t &a, int nr, int 
 #pragma unroll
   for (int i = 1; i < NRC; i++) {
     if (i >= nr) continue;
-    char *dst = lamport(a, peer_after(a.rank, i, nr), h, a.rank);
+    char *dst = lamport_at(a, ring_buf(a, i), h, a.rank);
     if (TAGGED) {
       st_tagged(dst, 2 * v, x.x, x.y, tag, a.call_hash);
       st_tagged(dst, 2 * v + 1, x.z, x.w, tag, a.call_hash);
@@ -204,7 +206,7 @@ __device__ __forceinline__ void lamport_scatter(const dl_ar_args_t &a, int nr, i
   for (int i = 1; i < NRC; i++) {
     const int q = peer_after(a.rank, i, nr);
     const int64_t v = q * sv + j;
-    if (i < nr && v < nv) st_vec(lamport(a, q, h, a.rank), j, lamport_clean(ld_user<DT, AL>(a.in, v, a.n)));
+    if (i < nr && v < nv) st_vec(lamport_at(a, ring_buf(a, i), h, a.rank), j, lamport_clean(ld_user<DT, AL>(a.in, v, a.n)));
   }
 }
 
@@ -220,7 +222,7 @@ __device__ __forceinline__ bool lamport_gather(const dl_ar_args_t &a, dl_ar_ctrl
     const int q = peer_after(a.rank, i, nr);
     const int64_t v = q * sv + j;
     if (!(i < nr && v < nv)) continue;
-    char *src = lamport(a, a.rank, h, q);
+    char *src = lamport_at(a, ring_buf(a, 0), h, q);
     uint4 x;
     if (!lamport_wait(a, self, src, sv + j, q, t0, seq, x)) return false;
     st_user<DT, AL>(a.out, v, a.n, x);

@@ -41,7 +41,7 @@ template <int DT, int NR, bool AL>
 __global__ void __launch_bounds__(AR_THREADS, 2) allreduce_one_shot_zero_copy_kernel(const dl_ar_args_t a) {
   constexpr int NRC = shape<NR>::NRC, U = shape<NR>::U;
   const int nr = NR ? NR : a.nranks;
-  dl_ar_ctrl_t *self = ctrl_of(buf_of(a, a.rank));
+  dl_ar_ctrl_t *self = ctrl_of(ring_buf(a, 0));
   const uint32_t seq = ar_begin(a, self);
   const int64_t nv = vec_count<DT>(a.n);
   const char *src[NRC];
@@ -84,7 +84,7 @@ __device__ __forceinline__ void one_shot_pipe(const dl_ar_args_t &a) {
   const int half = blockDim.x / 2, b = blockIdx.x;
   const bool producer = threadIdx.x < half;
   const int t = producer ? threadIdx.x : threadIdx.x - half; // index within the role
-  dl_ar_ctrl_t *self = ctrl_of(buf_of(a, me));
+  dl_ar_ctrl_t *self = ctrl_of(ring_buf(a, 0));
   const uint32_t seq = ar_begin(a, self);
   const int h = seq & 1;
   const int64_t nv = vec_count<DT>(a.n);
@@ -111,9 +111,9 @@ __device__ __forceinline__ void one_shot_pipe(const dl_ar_args_t &a) {
           if (PUSH) {
 #pragma unroll
             for (int i = 1; i < NRC; i++)
-              if (i < nr) st_vec(staging(a, peer_after(me, i, nr), h, me), v, x[u]);
+              if (i < nr) st_vec(staging_at(a, ring_buf(a, i), h, me), v, x[u]);
           } else {
-            st_vec(staging(a, me, h, 0), v, x[u]);
+            st_vec(staging_at(a, ring_buf(a, 0), h, 0), v, x[u]);
           }
         }
       }
@@ -138,7 +138,7 @@ __device__ __forceinline__ void one_shot_pipe(const dl_ar_args_t &a) {
 #pragma unroll
           for (int p = 0; p < NRC; p++)
             if (p < nr && p != me && v < r1)
-              x[u][p] = ld_vec(PUSH ? staging(a, me, h, p) : staging(a, p, h, 0), v);
+              x[u][p] = ld_vec(PUSH ? staging_at(a, ring_buf(a, 0), h, p) : staging(a, p, h, 0), v);
         }
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -177,7 +177,7 @@ template <int DT, int NR, bool AL>
 __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_one_shot_push_flat_kernel(const dl_ar_args_t a) {
   constexpr int NRC = shape<NR>::NRC, U = shape<NR>::U;
   const int nr = NR ? NR : a.nranks, me = a.rank;
-  dl_ar_ctrl_t *self = ctrl_of(buf_of(a, me));
+  dl_ar_ctrl_t *self = ctrl_of(ring_buf(a, 0));
   const uint32_t seq = ar_begin(a, self);
   const int h = seq & 1;
   const int64_t nv = vec_count<DT>(a.n);
@@ -196,7 +196,7 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_one_shot_push_flat_ke
         const int64_t v = s0 + (int64_t)u * blockDim.x;
 #pragma unroll
         for (int i = 1; i < NRC; i++)
-          if (i < nr && v < r1) st_vec(staging(a, peer_after(me, i, nr), h, me), v, x[u]);
+          if (i < nr && v < r1) st_vec(staging_at(a, ring_buf(a, i), h, me), v, x[u]);
       }
     }
     if (!ar_barrier(a, self, seq, r0 == blockIdx.x * per_round)) break;
@@ -208,7 +208,7 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_one_shot_push_flat_ke
         if (v < r1) own[u] = ld_user<DT, AL>(a.in, v, a.n);
 #pragma unroll
         for (int p = 0; p < NRC; p++)
-          if (p < nr && p != me && v < r1) x[u][p] = ld_vec(staging(a, me, h, p), v);
+          if (p < nr && p != me && v < r1) x[u][p] = ld_vec(staging_at(a, ring_buf(a, 0), h, p), v);
       }
 #pragma unroll
       for (int u = 0; u < U; u++) {
@@ -245,7 +245,7 @@ template <int DT, int NR, bool AL, bool TAGGED>
 __device__ __forceinline__ void one_shot_lamport(const dl_ar_args_t &a) {
   constexpr int NRC = shape<NR>::NRC;
   const int nr = NR ? NR : a.nranks, me = a.rank;
-  dl_ar_ctrl_t *self = ctrl_of(buf_of(a, me));
+  dl_ar_ctrl_t *self = ctrl_of(ring_buf(a, 0));
   const uint32_t seq = ar_begin(a, self, !TAGGED);
   const int h = seq & 1;
   const uint32_t tag = dl_ar_tag_seq(seq);
@@ -277,7 +277,7 @@ __device__ __forceinline__ void one_shot_lamport(const dl_ar_args_t &a) {
 #pragma unroll
     for (int p = 0; p < NRC; p++) {
       if (!(p < nr && p != me && ok)) continue;
-      const char *src = lamport(a, me, h, p);
+      const char *src = lamport_at(a, ring_buf(a, 0), h, p);
       if (TAGGED) {
         why = lamport_wait_tagged(a, self, src, v, p, t0, seq, tag, x[p]);
         ok = why == LAMPORT_OK;
@@ -291,7 +291,7 @@ __device__ __forceinline__ void one_shot_lamport(const dl_ar_args_t &a) {
 #pragma unroll
     for (int p = 0; p < NRC; p++) {
       if (!(p < nr && p != me)) continue;
-      char *src = lamport(a, me, h, p);
+      char *src = lamport_at(a, ring_buf(a, 0), h, p);
       if (TAGGED) {
         st_vec(src, 2 * v, empty);
         st_vec(src, 2 * v + 1, empty);

@@ -39,7 +39,7 @@ template <int DT, int NR, bool AL, bool PUSH, bool WRITE>
 __device__ __forceinline__ void two_shot(const dl_ar_args_t &a) {
   constexpr int NRC = shape<NR>::NRC, U = shape<NR>::U;
   const int nr = NR ? NR : a.nranks, me = a.rank;
-  dl_ar_ctrl_t *self = ctrl_of(buf_of(a, me));
+  dl_ar_ctrl_t *self = ctrl_of(ring_buf(a, 0));
   const uint32_t seq = ar_begin(a, self);
   const int h = seq & 1;
   const int64_t nv = vec_count<DT>(a.n);
@@ -49,7 +49,7 @@ __device__ __forceinline__ void two_shot(const dl_ar_args_t &a) {
 #pragma unroll
   for (int p = 0; p < NRC; p++)
     buf[p] = p < nr ? (a.zero_copy ? a.bufs[p] + a.zc_off : staging(a, p, h, 0)) : nullptr;
-  char *const mine = a.zero_copy ? buf_of(a, me) + a.zc_off : staging(a, me, h, 0);
+  char *const mine = a.zero_copy ? ring_buf(a, 0) + a.zc_off : staging_at(a, ring_buf(a, 0), h, 0);
   // two_shot_write: slice q of every rank p lands in rank q's slot p (slot 0
   // at q's own slice positions is then free for the all-gather's writes, which
   // go to the writer's slice positions: the two never overlap)
@@ -69,7 +69,7 @@ __device__ __forceinline__ void two_shot(const dl_ar_args_t &a) {
             const int64_t v = (int64_t)q * sv + j;
             if (i < nr && j < r1 && v < nv) {
               if (!wr) st_vec(mine, v, ld_user<DT, AL>(a.in, v, a.n));
-              else if (q != me) st_vec(staging(a, q, h, me), v, ld_user<DT, AL>(a.in, v, a.n));
+              else if (i != 0) st_vec(staging_at(a, ring_buf(a, i), h, me), v, ld_user<DT, AL>(a.in, v, a.n));
             }
           }
         }
@@ -87,7 +87,7 @@ __device__ __forceinline__ void two_shot(const dl_ar_args_t &a) {
 #pragma unroll
         for (int p = 0; p < NRC; p++)
           if (p < nr && j < r1 && v < nv && !(wr && p == me))
-            x[u][p] = ld_vec(wr ? staging(a, me, h, p) : buf[p], v);
+            x[u][p] = ld_vec(wr ? staging_at(a, ring_buf(a, 0), h, p) : buf[p], v);
       }
 #pragma unroll
       for (int u = 0; u < U; u++) {
@@ -104,9 +104,9 @@ __device__ __forceinline__ void two_shot(const dl_ar_args_t &a) {
 #pragma unroll
             for (int i = 1; i < NRC; i++) {
               if (i >= nr) continue;
-              const int p = peer_after(me, i, nr); // buf[p] by its definition: no array indexed at run time
-              if (a.zero_copy) st_user<DT, true>(buf_of(a, p) + a.zc_off, v, a.n, y);
-              else st_vec(staging(a, p, h, 0), v, y);
+              char *peer = ring_buf(a, i); // buf[] of peer_after(me, i, nr), by its definition
+              if (a.zero_copy) st_user<DT, true>(peer + a.zc_off, v, a.n, y);
+              else st_vec(staging_at(a, peer, h, 0), v, y);
             }
           }
         }
@@ -182,7 +182,7 @@ template <int DT, int NR, bool AL>
 __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_two_shot_lamport_kernel(const dl_ar_args_t a) {
   constexpr int NRC = shape<NR>::NRC;
   const int nr = NR ? NR : a.nranks, me = a.rank;
-  dl_ar_ctrl_t *self = ctrl_of(buf_of(a, me));
+  dl_ar_ctrl_t *self = ctrl_of(ring_buf(a, 0));
   const uint32_t seq = ar_begin(a, self);
   const int h = seq & 1;
   const int64_t nv = vec_count<DT>(a.n);
@@ -215,16 +215,15 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_two_shot_lamport_kern
       const uint4 own = lamport_clean(ld_user<DT, AL>(a.in, v, a.n));
 #pragma unroll
       for (int p = 0; p < NRC; p++)
-        if (p < nr && p != me && ok) ok = lamport_wait(a, self, lamport(a, me, h, p), j, p, t0, seq, x[p]);
+        if (p < nr && p != me && ok) ok = lamport_wait(a, self, lamport_at(a, ring_buf(a, 0), h, p), j, p, t0, seq, x[p]);
       if (!ok) break;
       const uint4 sum = lamport_clean(reduce_vec_own<DT, NRC>(x, nr, me, own));
       st_user<DT, AL>(a.out, v, a.n, sum);
 #pragma unroll
       for (int i = 1; i < NRC; i++) {
         if (i >= nr) continue;
-        const int p = peer_after(me, i, nr);
-        st_vec(lamport(a, p, h, me), sv + j, sum);
-        st_vec(lamport(a, me, h, p), j, empty);
+        st_vec(lamport_at(a, ring_buf(a, i), h, me), sv + j, sum);
+        st_vec(lamport_at(a, ring_buf(a, 0), h, peer_after(me, i, nr)), j, empty);
       }
     }
     if (prev >= 0) ok = lamport_gather<DT, NR, AL>(a, self, nr, h, sv, nv, prev, t0, seq);

@@ -39,9 +39,19 @@ local function grid_choices(a, algo, nbytes)
   if algo == "two_shot_lamport" and nbytes >= 2 * 2 ^ 20 and nbytes <= 8 * 2 ^ 20 then
     for _, g in ipairs { 96, math.floor(3 * sms / 2) } do tries[#tries + 1] = g end
   end
+  -- one_shot_lamport only on grids resident at once: more blocks than
+  -- multiprocessors only when their blocks shrink to 256 threads or fewer
+  -- (the core's shape_for), so that two or more fit a multiprocessor. On two
+  -- waves of 512-thread blocks (2 ranks, 2 MB, 264 blocks) it falls into a
+  -- mode of about 194 us a call that lasts (2 H200s; allreduce-stall-h200.md),
+  -- and the tune's few timed replays need not meet it.
+  local function resident(g)
+    if algo ~= "one_shot_lamport" or g <= sms then return true end
+    return math.ceil(vecs / g / 32) * 32 <= 256
+  end
   local out, seen = { 0 }, {}
   for _, g in ipairs(tries) do
-    if g <= most and not seen[g] then
+    if g <= most and not seen[g] and resident(g) then
       seen[g] = true
       out[#out + 1] = g
     end
