@@ -304,14 +304,26 @@ __device__ __forceinline__ void one_shot_lamport(const dl_ar_args_t &a) {
   ar_end(a, self, seq, ab);
 }
 
+// Two blocks of AR_THREADS a multiprocessor at 2 and 4 ranks (64 registers,
+// no spills; 66-70 before), so that a grid of twice the multiprocessors is
+// resident at once: on two waves of blocks it fell into a mode of ~194 us a
+// call at 2 MB on 2 H200s (allreduce-stall-h200.md). At 8 and any other
+// count the bound would spill: one block (the tune keeps those grids to one
+// wave, distlab.allreduce.tune).
+template <int NR> struct lamport_occupancy {
+  enum { BLOCKS = NR == 2 || NR == 4 ? 2 : 1 };
+};
+
 template <int DT, int NR, bool AL>
-__global__ void __launch_bounds__(AR_THREADS, 1) allreduce_one_shot_lamport_kernel(const dl_ar_args_t a) {
+__global__ void __launch_bounds__(AR_THREADS, lamport_occupancy<NR>::BLOCKS)
+    allreduce_one_shot_lamport_kernel(const dl_ar_args_t a) {
   one_shot_lamport<DT, NR, AL, false>(a);
 }
 
 // one_shot_lamport with tagged vectors (a.tagged: 2 x the input fits a lamport slot).
 template <int DT, int NR, bool AL>
-__global__ void __launch_bounds__(AR_THREADS, 1) allreduce_one_shot_lamport_tagged_kernel(const dl_ar_args_t a) {
+__global__ void __launch_bounds__(AR_THREADS, lamport_occupancy<NR>::BLOCKS)
+    allreduce_one_shot_lamport_tagged_kernel(const dl_ar_args_t a) {
   one_shot_lamport<DT, NR, AL, true>(a);
 }
 

@@ -39,15 +39,18 @@ local function grid_choices(a, algo, nbytes)
   if algo == "two_shot_lamport" and nbytes >= 2 * 2 ^ 20 and nbytes <= 8 * 2 ^ 20 then
     for _, g in ipairs { 96, math.floor(3 * sms / 2) } do tries[#tries + 1] = g end
   end
-  -- one_shot_lamport only on grids resident at once: more blocks than
-  -- multiprocessors only when their blocks shrink to 256 threads or fewer
-  -- (the core's shape_for), so that two or more fit a multiprocessor. On two
-  -- waves of 512-thread blocks (2 ranks, 2 MB, 264 blocks) it falls into a
-  -- mode of about 194 us a call that lasts (2 H200s; allreduce-stall-h200.md),
-  -- and the tune's few timed replays need not meet it.
+  -- one_shot_lamport only on grids resident at once. On two waves of blocks
+  -- (2 ranks, 2 MB, 264 blocks of 512 threads, one a multiprocessor then) it
+  -- fell into a mode of about 194 us a call that lasts (2 H200s;
+  -- allreduce-stall-h200.md), which the tune's few timed replays need not
+  -- meet. Its kernel takes 1024 threads a multiprocessor at 2 and 4 ranks
+  -- (two blocks of 512, kernels/allreduce/one_shot.cu), 512 at others; its
+  -- blocks shrink to the positions they get (the core's shape_for).
   local function resident(g)
     if algo ~= "one_shot_lamport" or g <= sms then return true end
-    return math.ceil(vecs / g / 32) * 32 <= 256
+    local per_sm = (a.size == 2 or a.size == 4) and 1024 or 512
+    local t = math.min(512, math.ceil(vecs / g / 32) * 32)
+    return g <= sms * math.floor(per_sm / t)
   end
   local out, seen = { 0 }, {}
   for _, g in ipairs(tries) do
