@@ -304,14 +304,16 @@ __device__ __forceinline__ void one_shot_lamport(const dl_ar_args_t &a) {
   ar_end(a, self, seq, ab);
 }
 
-// Two blocks of AR_THREADS a multiprocessor at 2 and 4 ranks (64 registers,
-// no spills; 66-70 before), so that a grid of twice the multiprocessors is
-// resident at once: on two waves of blocks it fell into a mode of ~194 us a
-// call at 2 MB on 2 H200s (allreduce-stall-h200.md). At 8 and any other
-// count the bound would spill: one block (the tune keeps those grids to one
-// wave, distlab.allreduce.tune).
+// Two blocks of AR_THREADS a multiprocessor at 2 ranks (56-64 registers, no
+// spills; 70 before), so that a grid of twice the multiprocessors is resident
+// at once: on two waves of blocks it fell into a mode of ~194 us a call at
+// 2 MB on 2 H200s (allreduce-stall-h200.md); resident, the same grid took
+// 9.6 us a call after 0.3 and 3 ms skews. At 4 ranks the bound cost 0.05-0.3
+// us at 8-256 KB (4 H200s, allreduce-h200-issue26.md) and the tables there
+// want no such grid; at 8 and other counts it would spill. One block there
+// (the tune keeps those grids to one wave, distlab.allreduce.tune).
 template <int NR> struct lamport_occupancy {
-  enum { BLOCKS = NR == 2 || NR == 4 ? 2 : 1 };
+  enum { BLOCKS = NR == 2 ? 2 : 1 };
 };
 
 template <int DT, int NR, bool AL>
