@@ -6,15 +6,19 @@
 -- region, run in place (ar:choose takes them for such an input).
 --
 -- NVIDIA H200 at 2 and 4 ranks: the tables dl.allreduce.tune wrote on
--- nvidia-h200-x4 at c02d33d (2026-11-27 15:30 and 15:31 UTC, every algorithm,
--- a few grids per size, CUDA-graph timing, zero-copy rows too; the 2-rank one
--- on two of the host's four GPUs; 48 and 64 MB at 4 ranks in one
--- two_shot_lamport piece since d3b93ff); the sweeps in
--- experiments/results/allreduce/allreduce-h200x2.md and allreduce-h200x4.md
--- ran with exactly these tables. NVIDIA H100 80GB HBM3 at 2 and 4 ranks: the
--- tables dl.allreduce.tune wrote on 4 H100s at 3d94e80 (2026-11-27 17:48 and
--- 17:50 UTC, the same way; allreduce-h100x2.md and allreduce-h100x4.md ran with
--- them). The other entries are still PROVISIONAL: the generic rows for 2
+-- nvidia-h200-x4 (every algorithm, a few grids per size, CUDA-graph timing,
+-- zero-copy rows too; the 2-rank one on two of the host's four GPUs), at 4
+-- ranks at c573283 (2026-11-28 06:43 UTC), at 2 ranks at 65f3bac (06:57 UTC):
+-- the kernels of HEAD at those rank counts (the PTX of every 4-rank kernel as
+-- c573283's, of every 2-rank one as 65f3bac's; allreduce-h200-issue26.md). The
+-- sweeps in experiments/results/allreduce/allreduce-h200x2.md and
+-- allreduce-h200x4.md ran with exactly these tables. Since c573283 a grid of a
+-- Lamport kernel means blocks that shrink to the positions they get (the
+-- core's shape_for), which the H100 tables below were not tuned with: their
+-- Lamport rows with explicit grids are provisional until re-tuned. NVIDIA H100
+-- 80GB HBM3 at 2 and 4 ranks: the tables dl.allreduce.tune wrote on 4 H100s at
+-- 3d94e80 (2026-11-27 17:48 and 17:50 UTC, the same way; allreduce-h100x2.md
+-- and allreduce-h100x4.md ran with them). The other entries are still PROVISIONAL: the generic rows for 2
 -- ranks follow seed 002 (vLLM's sweep on H100, TP=2: one-stage custom
 -- all-reduce fastest up to 64 MB, NCCL even at 64 MB), with the push one-shot
 -- in its place; the generic rows for 4, 6 and 8 ranks follow the same seed's
@@ -26,71 +30,64 @@ return {
     device = "NVIDIA H200",
     world = 2,
     dtype = "bf16",
-    date = "2026-11-27 15:31 UTC",
-    source = "dl.allreduce.tune on nvidia-h200-x4, 2 ranks, c02d33d (experiments/results/allreduce/allreduce-h200x2-tune.csv)",
+    date = "2026-11-28 06:57 UTC",
+    source = "dl.allreduce.tune on nvidia-h200-x4, 2 ranks, 65f3bac (experiments/results/allreduce/allreduce-h200x2-tune.csv)",
     rows = {
-      { upto = 11584, algo = "one_shot_lamport", blocks = 0, us = 3.94, at = 8192 },
-      { upto = 92672, algo = "one_shot_lamport", blocks = 8, us = 3.98, at = 16384 },
-      { upto = 185360, algo = "one_shot_lamport", blocks = 32, us = 4.23, at = 131072 },
-      { upto = 370720, algo = "one_shot_lamport", blocks = 0, us = 4.32, at = 262144 },
-      { upto = 1284224, algo = "one_shot_lamport", blocks = 132, us = 5.15, at = 524288 },
-      { upto = 1816176, algo = "two_shot_lamport", blocks = 264, us = 8.13, at = 1572864 },
-      { upto = 2568464, algo = "one_shot_lamport", blocks = 264, us = 9.65, at = 2097152 },
-      { upto = 41028672, algo = "two_shot_lamport", blocks = 264, us = 13.12, at = 3145728 },
-      { upto = 189812528, algo = "one_shot_push", blocks = 0, us = 149.39, at = 50167808 },
-      { upto = 759250112, algo = "one_shot_push", blocks = 132, us = 788.87, at = 268435456 },
-      { algo = "one_shot_push", blocks = 0, us = 3153.18, at = 1073741824 },
+      { upto = 11584, algo = "one_shot_lamport", blocks = 8, us = 3.57, at = 8192 },
+      { upto = 23168, algo = "one_shot_lamport", blocks = 32, us = 3.61, at = 16384 },
+      { upto = 370720, algo = "one_shot_lamport", blocks = 64, us = 3.69, at = 32768 },
+      { upto = 741440, algo = "one_shot_lamport", blocks = 132, us = 5.00, at = 524288 },
+      { upto = 1284224, algo = "two_shot_lamport", blocks = 132, us = 6.50, at = 1048576 },
+      { upto = 2568464, algo = "one_shot_lamport", blocks = 264, us = 8.17, at = 1572864 },
+      { upto = 3632368, algo = "two_shot_lamport", blocks = 264, us = 13.18, at = 3145728 },
+      { upto = 5931632, algo = "one_shot_lamport", blocks = 132, us = 15.93, at = 4194304 },
+      { upto = 41028672, algo = "one_shot_lamport", blocks = 264, us = 27.70, at = 8388608 },
+      { upto = 58023296, algo = "one_shot_push", blocks = 132, us = 148.69, at = 50167808 },
+      { upto = 189812528, algo = "one_shot_push", blocks = 0, us = 196.85, at = 67108864 },
+      { upto = 379625056, algo = "one_shot_push", blocks = 132, us = 785.14, at = 268435456 },
+      { algo = "one_shot_push", blocks = 0, us = 1570.42, at = 536870912 },
     },
     zc_rows = {
-      { upto = 11584, algo = "one_shot_lamport", blocks = 0, us = 3.96, at = 8192 },
-      { upto = 46336, algo = "one_shot_lamport", blocks = 8, us = 3.96, at = 16384 },
-      { upto = 92672, algo = "one_shot_lamport", blocks = 0, us = 4.23, at = 65536 },
-      { upto = 185360, algo = "one_shot_lamport", blocks = 16, us = 4.23, at = 131072 },
-      { upto = 370720, algo = "one_shot_lamport", blocks = 32, us = 4.35, at = 262144 },
-      { upto = 1284224, algo = "one_shot_lamport", blocks = 132, us = 5.16, at = 524288 },
-      { upto = 1816176, algo = "two_shot_lamport", blocks = 264, us = 8.13, at = 1572864 },
-      { upto = 2568464, algo = "one_shot_lamport", blocks = 264, us = 9.64, at = 2097152 },
-      { upto = 3632368, algo = "two_shot_lamport", blocks = 198, us = 13.11, at = 3145728 },
-      { upto = 41028672, algo = "two_shot_lamport", blocks = 264, us = 15.55, at = 4194304 },
-      { algo = "one_shot_push", blocks = 132, us = 149.34, at = 50167808 },
+      { upto = 11584, algo = "one_shot_lamport", blocks = 8, us = 3.55, at = 8192 },
+      { upto = 23168, algo = "one_shot_lamport", blocks = 32, us = 3.62, at = 16384 },
+      { upto = 370720, algo = "one_shot_lamport", blocks = 64, us = 3.69, at = 32768 },
+      { upto = 741440, algo = "one_shot_lamport", blocks = 132, us = 4.99, at = 524288 },
+      { upto = 1284224, algo = "two_shot_lamport", blocks = 132, us = 6.51, at = 1048576 },
+      { upto = 2568464, algo = "one_shot_lamport", blocks = 264, us = 8.20, at = 1572864 },
+      { upto = 5931632, algo = "one_shot_lamport", blocks = 132, us = 13.12, at = 3145728 },
+      { upto = 41028672, algo = "one_shot_lamport", blocks = 264, us = 27.72, at = 8388608 },
+      { upto = 58023296, algo = "one_shot_push", blocks = 132, us = 148.63, at = 50167808 },
+      { algo = "one_shot_push", blocks = 0, us = 196.77, at = 67108864 },
     },
   },
   {
     device = "NVIDIA H200",
     world = 4,
     dtype = "bf16",
-    date = "2026-11-27 15:30 UTC",
-    source = "dl.allreduce.tune on nvidia-h200-x4, 4 ranks, c02d33d (experiments/results/allreduce/allreduce-h200x4-tune.csv)",
+    date = "2026-11-28 06:43 UTC",
+    source = "dl.allreduce.tune on nvidia-h200-x4, 4 ranks, c573283 (experiments/results/allreduce/allreduce-h200x4-tune.csv)",
     rows = {
-      { upto = 11584, algo = "one_shot_lamport", blocks = 0, us = 5.84, at = 8192 },
-      { upto = 23168, algo = "one_shot_lamport", blocks = 8, us = 5.78, at = 16384 },
-      { upto = 46336, algo = "one_shot_lamport", blocks = 0, us = 5.83, at = 32768 },
-      { upto = 92672, algo = "one_shot_lamport", blocks = 8, us = 5.88, at = 65536 },
-      { upto = 185360, algo = "one_shot_lamport", blocks = 32, us = 6.64, at = 131072 },
-      { upto = 370720, algo = "one_shot_lamport", blocks = 64, us = 8.00, at = 262144 },
-      { upto = 741440, algo = "two_shot_lamport", blocks = 32, us = 9.20, at = 524288 },
-      { upto = 1284224, algo = "two_shot_lamport", blocks = 64, us = 11.26, at = 1048576 },
-      { upto = 1816176, algo = "two_shot_lamport", blocks = 132, us = 13.42, at = 1572864 },
-      { upto = 2568464, algo = "two_shot_lamport", blocks = 198, us = 15.79, at = 2097152 },
-      { upto = 3632368, algo = "two_shot_lamport", blocks = 264, us = 22.75, at = 3145728 },
-      { upto = 5931632, algo = "two_shot_lamport", blocks = 64, us = 27.73, at = 4194304 },
-      { upto = 11863280, algo = "two_shot_lamport", blocks = 132, us = 46.97, at = 8388608 },
-      { upto = 189812528, algo = "two_shot_lamport", blocks = 264, us = 85.76, at = 16777216 },
-      { algo = "nccl", blocks = 0, us = 1186.85, at = 268435456 },
+      { upto = 11584, algo = "one_shot_lamport", blocks = 8, us = 4.50, at = 8192 },
+      { upto = 92672, algo = "one_shot_lamport", blocks = 32, us = 4.51, at = 16384 },
+      { upto = 185360, algo = "one_shot_lamport", blocks = 64, us = 5.80, at = 131072 },
+      { upto = 741440, algo = "two_shot_lamport", blocks = 64, us = 7.11, at = 262144 },
+      { upto = 1284224, algo = "two_shot_lamport", blocks = 132, us = 10.09, at = 1048576 },
+      { upto = 2568464, algo = "two_shot_lamport", blocks = 64, us = 12.00, at = 1572864 },
+      { upto = 3632368, algo = "two_shot_lamport", blocks = 132, us = 19.65, at = 3145728 },
+      { upto = 11863280, algo = "two_shot_lamport", blocks = 0, us = 24.15, at = 4194304 },
+      { upto = 189812528, algo = "two_shot_lamport", blocks = 264, us = 79.01, at = 16777216 },
+      { algo = "nccl", blocks = 0, us = 1185.41, at = 268435456 },
     },
     zc_rows = {
-      { upto = 11584, algo = "one_shot_lamport", blocks = 0, us = 5.84, at = 8192 },
-      { upto = 46336, algo = "one_shot_lamport", blocks = 8, us = 5.82, at = 16384 },
-      { upto = 92672, algo = "one_shot_lamport", blocks = 0, us = 5.88, at = 65536 },
-      { upto = 370720, algo = "one_shot_lamport", blocks = 64, us = 6.68, at = 131072 },
-      { upto = 741440, algo = "two_shot_lamport", blocks = 32, us = 9.22, at = 524288 },
-      { upto = 1284224, algo = "two_shot_lamport", blocks = 64, us = 11.26, at = 1048576 },
-      { upto = 1816176, algo = "two_shot_lamport", blocks = 132, us = 13.43, at = 1572864 },
-      { upto = 2568464, algo = "two_shot_lamport", blocks = 198, us = 15.85, at = 2097152 },
-      { upto = 3632368, algo = "two_shot_push", blocks = 0, us = 22.21, at = 3145728 },
-      { upto = 5931632, algo = "two_shot_push", blocks = 64, us = 27.18, at = 4194304 },
-      { upto = 11863280, algo = "two_shot_lamport", blocks = 0, us = 46.93, at = 8388608 },
-      { algo = "two_shot_lamport", blocks = 264, us = 85.52, at = 16777216 },
+      { upto = 11584, algo = "one_shot_lamport", blocks = 8, us = 4.50, at = 8192 },
+      { upto = 46336, algo = "one_shot_lamport", blocks = 32, us = 4.51, at = 16384 },
+      { upto = 185360, algo = "one_shot_lamport", blocks = 64, us = 4.95, at = 65536 },
+      { upto = 1816176, algo = "two_shot_lamport", blocks = 64, us = 7.13, at = 262144 },
+      { upto = 2568464, algo = "two_shot_lamport", blocks = 0, us = 14.61, at = 2097152 },
+      { upto = 3632368, algo = "two_shot_lamport", blocks = 132, us = 19.60, at = 3145728 },
+      { upto = 5931632, algo = "two_shot_lamport", blocks = 264, us = 24.15, at = 4194304 },
+      { upto = 11863280, algo = "two_shot_lamport", blocks = 0, us = 42.04, at = 8388608 },
+      { algo = "two_shot_lamport", blocks = 264, us = 79.04, at = 16777216 },
     },
   },
   {
