@@ -5,12 +5,11 @@
 -- covers everything larger. zc_rows: the same for an input in the zero-copy
 -- region, run in place (ar:choose takes them for such an input).
 --
--- NVIDIA H200 at 2 and 4 ranks: the tables dl.allreduce.tune wrote on
--- nvidia-h200-x4 (every algorithm, a few grids per size, CUDA-graph timing,
--- zero-copy rows too; the 2-rank one on two of the host's four GPUs), at 4
--- ranks at c573283 (2026-11-28 06:43 UTC), at 2 ranks at 65f3bac (06:57 UTC):
--- the kernels of HEAD at those rank counts (the PTX of every 4-rank kernel as
--- c573283's, of every 2-rank one as 65f3bac's; allreduce-h200-issue26.md). The
+-- NVIDIA H200 at 2 and 4 ranks: the tables dl.allreduce.tune wrote (every
+-- algorithm, a few grids per size, CUDA-graph timing, zero-copy rows too), at
+-- 4 ranks on nvidia-h200-x4 at c573283 (2026-11-28 06:43 UTC: the 4-rank
+-- kernels of HEAD, whose PTX is c573283's; allreduce-h200-issue26.md), at 2
+-- ranks on nvidia-h200-x2 at d47665d (07:10 UTC). The
 -- sweeps in experiments/results/allreduce/allreduce-h200x2.md and
 -- allreduce-h200x4.md ran with exactly these tables. Since c573283 a grid of a
 -- Lamport kernel means blocks that shrink to the positions they get (the
@@ -30,34 +29,36 @@ return {
     device = "NVIDIA H200",
     world = 2,
     dtype = "bf16",
-    date = "2026-11-28 06:57 UTC",
-    source = "dl.allreduce.tune on nvidia-h200-x4, 2 ranks, 65f3bac (experiments/results/allreduce/allreduce-h200x2-tune.csv)",
+    date = "2026-11-28 07:10 UTC",
+    source = "dl.allreduce.tune on nvidia-h200-x2, 2 ranks, d47665d (experiments/results/allreduce/allreduce-h200x2-tune.csv)",
     rows = {
-      { upto = 11584, algo = "one_shot_lamport", blocks = 8, us = 3.57, at = 8192 },
+      { upto = 11584, algo = "one_shot_lamport", blocks = 16, us = 3.58, at = 8192 },
       { upto = 23168, algo = "one_shot_lamport", blocks = 32, us = 3.61, at = 16384 },
-      { upto = 370720, algo = "one_shot_lamport", blocks = 64, us = 3.69, at = 32768 },
-      { upto = 741440, algo = "one_shot_lamport", blocks = 132, us = 5.00, at = 524288 },
-      { upto = 1284224, algo = "two_shot_lamport", blocks = 132, us = 6.50, at = 1048576 },
-      { upto = 2568464, algo = "one_shot_lamport", blocks = 264, us = 8.17, at = 1572864 },
-      { upto = 3632368, algo = "two_shot_lamport", blocks = 264, us = 13.18, at = 3145728 },
-      { upto = 5931632, algo = "one_shot_lamport", blocks = 132, us = 15.93, at = 4194304 },
-      { upto = 41028672, algo = "one_shot_lamport", blocks = 264, us = 27.70, at = 8388608 },
-      { upto = 58023296, algo = "one_shot_push", blocks = 132, us = 148.69, at = 50167808 },
-      { upto = 189812528, algo = "one_shot_push", blocks = 0, us = 196.85, at = 67108864 },
-      { upto = 379625056, algo = "one_shot_push", blocks = 132, us = 785.14, at = 268435456 },
-      { algo = "one_shot_push", blocks = 0, us = 1570.42, at = 536870912 },
+      { upto = 370720, algo = "one_shot_lamport", blocks = 64, us = 3.67, at = 32768 },
+      { upto = 741440, algo = "one_shot_lamport", blocks = 132, us = 4.98, at = 524288 },
+      { upto = 1284224, algo = "two_shot_lamport", blocks = 264, us = 6.48, at = 1048576 },
+      { upto = 2568464, algo = "one_shot_lamport", blocks = 264, us = 8.10, at = 1572864 },
+      { upto = 3632368, algo = "one_shot_lamport", blocks = 0, us = 13.19, at = 3145728 },
+      { upto = 5931632, algo = "two_shot_lamport", blocks = 198, us = 15.90, at = 4194304 },
+      { upto = 41028672, algo = "one_shot_lamport", blocks = 264, us = 27.69, at = 8388608 },
+      { upto = 58023296, algo = "one_shot_push", blocks = 132, us = 148.62, at = 50167808 },
+      { upto = 94906256, algo = "one_shot_push", blocks = 0, us = 196.62, at = 67108864 },
+      { upto = 189812528, algo = "one_shot_push", blocks = 132, us = 392.56, at = 134217728 },
+      { upto = 759250112, algo = "one_shot_push", blocks = 0, us = 785.41, at = 268435456 },
+      { algo = "one_shot_push", blocks = 132, us = 3138.91, at = 1073741824 },
     },
     zc_rows = {
-      { upto = 11584, algo = "one_shot_lamport", blocks = 8, us = 3.55, at = 8192 },
-      { upto = 23168, algo = "one_shot_lamport", blocks = 32, us = 3.62, at = 16384 },
-      { upto = 370720, algo = "one_shot_lamport", blocks = 64, us = 3.69, at = 32768 },
-      { upto = 741440, algo = "one_shot_lamport", blocks = 132, us = 4.99, at = 524288 },
-      { upto = 1284224, algo = "two_shot_lamport", blocks = 132, us = 6.51, at = 1048576 },
-      { upto = 2568464, algo = "one_shot_lamport", blocks = 264, us = 8.20, at = 1572864 },
-      { upto = 5931632, algo = "one_shot_lamport", blocks = 132, us = 13.12, at = 3145728 },
-      { upto = 41028672, algo = "one_shot_lamport", blocks = 264, us = 27.72, at = 8388608 },
-      { upto = 58023296, algo = "one_shot_push", blocks = 132, us = 148.63, at = 50167808 },
-      { algo = "one_shot_push", blocks = 0, us = 196.77, at = 67108864 },
+      { upto = 11584, algo = "one_shot_lamport", blocks = 16, us = 3.55, at = 8192 },
+      { upto = 46336, algo = "one_shot_lamport", blocks = 32, us = 3.60, at = 16384 },
+      { upto = 370720, algo = "one_shot_lamport", blocks = 64, us = 3.85, at = 65536 },
+      { upto = 741440, algo = "one_shot_lamport", blocks = 132, us = 4.98, at = 524288 },
+      { upto = 1284224, algo = "two_shot_lamport", blocks = 264, us = 6.51, at = 1048576 },
+      { upto = 2568464, algo = "one_shot_lamport", blocks = 264, us = 8.17, at = 1572864 },
+      { upto = 3632368, algo = "one_shot_lamport", blocks = 132, us = 13.10, at = 3145728 },
+      { upto = 5931632, algo = "two_shot_lamport", blocks = 198, us = 15.89, at = 4194304 },
+      { upto = 41028672, algo = "one_shot_lamport", blocks = 264, us = 27.73, at = 8388608 },
+      { upto = 58023296, algo = "one_shot_push", blocks = 132, us = 148.67, at = 50167808 },
+      { algo = "one_shot_push", blocks = 0, us = 196.46, at = 67108864 },
     },
   },
   {
