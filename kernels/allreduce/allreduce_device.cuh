@@ -41,6 +41,7 @@
 #include "common/vec.cuh" // the 16-byte vectors of each dtype, unpacked to fp32
 #include "common/dtype.h"
 #include "common/pdl.cuh"
+#include "common/pick.cuh"
 
 // ---- shape, buffers, synchronisation ----------------------------------------------
 
@@ -61,15 +62,8 @@ __device__ __forceinline__ dl_ar_ctrl_t *ctrl_of(char *buf) {
   return reinterpret_cast<dl_ar_ctrl_t *>(buf);
 }
 
-// Rank p's buffer without indexing the parameter block at run time (which
-// would copy it to local memory).
-__device__ __forceinline__ char *buf_of(const dl_ar_args_t &a, int p) {
-  char *b = a.bufs[0];
-#pragma unroll
-  for (int q = 1; q < DL_SIGNAL_MAX_RANKS; q++)
-    if (p == q) b = a.bufs[q];
-  return b;
-}
+// Rank p's buffer (dl_param_pick: no run-time index into the parameter block).
+__device__ __forceinline__ char *buf_of(const dl_ar_args_t &a, int p) { return dl_param_pick(a.bufs, p); }
 
 // The i-th rank after me (i = 0: me; 1 .. nr - 1 the peers), and its
 // buffer (a.ring, dl_ar_args_ring; i known at compile time in the unrolled
@@ -82,13 +76,7 @@ __device__ __forceinline__ int peer_after(int me, int i, int nr) {
   const int q = me + i;
   return q >= nr ? q - nr : q;
 }
-__device__ __forceinline__ char *ring_buf(const dl_ar_args_t &a, int i) {
-  char *b = a.ring[0];
-#pragma unroll
-  for (int q = 1; q < DL_SIGNAL_MAX_RANKS; q++)
-    if (i == q) b = a.ring[q];
-  return b;
-}
+__device__ __forceinline__ char *ring_buf(const dl_ar_args_t &a, int i) { return dl_param_pick(a.ring, i); }
 
 // Staging slot `slot` of half `half` in the buffer at base.
 __device__ __forceinline__ char *staging_at(const dl_ar_args_t &a, char *base, int half, int slot) {
