@@ -203,8 +203,6 @@ typedef struct dl_ar_args {
   int64_t offset;          /* what the call descriptor says (dl_ar_call_t)          */
 } dl_ar_args_t;
 
-/* This call as every rank describes it to the others (dl_ar_call_t), with
- * seq 0 (the kernels and the twin put 1 + their seq there). */
 /* The buffers in the order the kernels write to the peers (peer_after:
  * from the next rank on), so that a kernel takes peer i's buffer with i
  * known when it compiles, not by a search over bufs at run time. */
@@ -213,6 +211,8 @@ DL_HD void dl_ar_args_ring(dl_ar_args_t *a) {
     a->ring[i] = i < a->nranks ? a->bufs[(a->rank + i) % a->nranks] : (char *)0;
 }
 
+/* This call as every rank describes it to the others (dl_ar_call_t), with
+ * seq 0 (the kernels and the twin put 1 + their seq there). */
 DL_HD dl_ar_call_t dl_ar_call_of(const dl_ar_args_t *a) {
   dl_ar_call_t c;
   memset(&c, 0, sizeof c);
