@@ -84,7 +84,7 @@ __device__ __forceinline__ char *staging_at(const dl_ar_args_t &a, char *base, i
 }
 
 __device__ __forceinline__ char *staging(const dl_ar_args_t &a, int rank, int half, int slot) {
-  return buf_of(a, rank) + a.staging_off + ((int64_t)half * a.nranks + slot) * a.slot_bytes;
+  return staging_at(a, buf_of(a, rank), half, slot);
 }
 
 #ifndef DL_AR_EMU // the CPU emulation brings its own

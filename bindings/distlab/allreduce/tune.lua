@@ -43,13 +43,13 @@ local function grid_choices(a, algo, nbytes)
   -- (2 ranks, 2 MB, 264 blocks of 512 threads, one a multiprocessor then) it
   -- fell into a mode of about 194 us a call that lasts (2 H200s;
   -- allreduce-stall-h200.md), which the tune's few timed replays need not
-  -- meet. Its kernel takes 1024 threads a multiprocessor at 2 ranks (two
-  -- blocks of 512, kernels/allreduce/one_shot.cu), 512 at others; its blocks
-  -- shrink to the positions they get (the core's shape_for).
+  -- meet. Its kernel fits two full blocks (a.threads each) a multiprocessor
+  -- at 2 ranks (kernels/allreduce/one_shot.cu, lamport_occupancy), one at
+  -- others; its blocks shrink to the positions they get (the core's shape_for).
   local function resident(g)
     if algo ~= "one_shot_lamport" or g <= sms then return true end
-    local per_sm = a.size == 2 and 1024 or 512
-    local t = math.min(512, math.ceil(vecs / g / 32) * 32)
+    local per_sm = (a.size == 2 and 2 or 1) * a.threads
+    local t = math.min(a.threads, math.ceil(vecs / g / 32) * 32)
     return g <= sms * math.floor(per_sm / t)
   end
   local out, seen = { 0 }, {}
