@@ -83,6 +83,9 @@ template <int DQK, int DV> struct alignas(1024) smem_t {
 #ifndef HP_FWD_STAGE_ACC
 #define HP_FWD_STAGE_ACC 1
 #endif
+#ifndef HP_FWD_TRACE // the lab's timeline of each CTA (hp_trace)
+#define HP_FWD_TRACE 0
+#endif
 // (L2 evict-first hints on the running rows' reads and writes cost fp32 0.5-1 point more at 4k causal on
 // an H200 and gained nothing elsewhere: results/attn/hopper-fwd-merge-h200.md; removed.)
 // (Bulk copies (cp.async.bulk) of the staged rows, out of and into shared memory, and of the plain step's O,
@@ -138,6 +141,9 @@ struct params_t {
   int acc_vec;      // the bytes of one cp.async of acc_out's rows: 16, 8 or 4 (what its base and strides allow)
   float *max_logit; // optional [h]: the largest scaled logit a row sees (the caller fills -inf)
   int *err;         // optional: set to 1 when a wait timed out (the results are then garbage)
+#if HP_FWD_TRACE
+  unsigned long long *trace; // lab only (HP_FWD_TRACE): HP_TRACE_SLOTS clocks a CTA (hp_trace below)
+#endif
 };
 
 // params_t.acc_vec: the largest of 16, 8 and 4 bytes that divides acc_out's base and its strides (es
@@ -198,6 +204,32 @@ HP_DEV void mbar_wait(uint64_t *b, uint32_t parity, volatile int *fail, int *err
       return;
     }
 }
+
+// HP_FWD_TRACE (a lab build flag, off in dl.attn: the default PTX has none of it): where p.trace is
+// set, a CTA writes the SM clock (%clock64) at its events into HP_TRACE_SLOTS words of its own
+// (blockIdx linear): 0 the SM's id, 1 the start, 2 %globaltimer at the start, 3 the running rows
+// landed (warp 9), 4 the producer's last load issued, 5 Q landed (warp 0), 8 + w consumer warp w's
+// main loop done, 16 + w its epilogue's stores issued. experiments/lab/attn/hopper/fwd.cu --trace
+// reads them: where a CTA's time goes, and the gaps between CTAs on an SM.
+constexpr int HP_TRACE_SLOTS = 24;
+#if HP_FWD_TRACE
+enum { HP_TRACE_CLOCK, HP_TRACE_GLOBAL, HP_TRACE_SMID };
+HP_DEV void hp_trace(const params_t &p, int slot, int what = HP_TRACE_CLOCK) {
+  if (!p.trace) return;
+  unsigned long long t;
+  if (what == HP_TRACE_GLOBAL) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  else if (what == HP_TRACE_SMID) {
+    unsigned id;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+    t = id;
+  } else asm volatile("mov.u64 %0, %%clock64;" : "=l"(t));
+  const size_t cta = blockIdx.x + (size_t)gridDim.x * (blockIdx.y + (size_t)gridDim.y * blockIdx.z);
+  p.trace[cta * HP_TRACE_SLOTS + slot] = t;
+}
+#define HP_TRACE(...) hp_trace(__VA_ARGS__)
+#else
+#define HP_TRACE(...) ((void)0)
+#endif
 
 // A shared memory matrix descriptor with the 128-byte swizzle.
 HP_DEV uint64_t gmma_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
@@ -346,6 +378,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   const hp_seq_t sq = hp_seq(p, bb);
   const int len_q = sq.len_q, len_kv = sq.len_kv, first_q = sq.first_q, first_kv = sq.first_kv, tb = sq.tb;
   if (m_block * BM >= len_q) return; // the whole CTA, before any barrier
+  if (threadIdx.x == 0) HP_TRACE(p, 0, HP_TRACE_SMID), HP_TRACE(p, 1), HP_TRACE(p, 2, HP_TRACE_GLOBAL);
   using ST = acc_stage_t<DQK, DV>;
   constexpr bool STAGED = ST::on;
   const uint32_t stage = hp_smem_u32(&sm) + sizeof(smem_t<DQK, DV>); // the running rows (STAGED)
@@ -383,7 +416,10 @@ __global__ void __launch_bounds__(THREADS, 1)
       // shifts, no divisions: a row's bytes and vec are powers of 2)
       for (int landed = 0;; landed = 1) {
         mbar_wait(landed ? &sm.acc_full : &sm.acc_go, 0, &sm.fail, p.err);
-        if (landed) break;
+        if (landed) {
+          if (threadIdx.x == 288) HP_TRACE(p, 3);
+          break;
+        }
         const int t = threadIdx.x - 288, es = p.acc_bf16 ? 2 : 4, row_bytes = DV * es, vec = p.acc_vec;
         const int rows = i1 - i0, lg_vec = __ffs(vec) - 1, lg_row = __ffs(row_bytes / vec) - 1;
         const char *acc = static_cast<const char *>(p.acc_out) + at(p.acc_st, i0) * es;
@@ -418,6 +454,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           tma_load(sm.v[st][half], &tv, &sm.v_full[st], 64 * half, hkv, first_kv + n * BN, tb);
       }
       if (go && nblk <= STAGES) mbar_arrive(&sm.acc_go);
+      HP_TRACE(p, 4);
     }
     return;
   }
@@ -487,6 +524,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
   };
   mbar_wait(&sm.q_full, 0, &sm.fail, p.err);
+  if (tid == 0 && c == 0) HP_TRACE(p, 5);
 
   if (PIPE == 0) {
     // the turn: P(it - 1) V(it - 1) issued and waited for, then S(it) issued
@@ -543,6 +581,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   }
 
   // epilogue: the row sums over the four threads of a row, O / l, LSE (natural log); or the merge
+  if (lane == 0) HP_TRACE(p, 8 + warp_id);
   float inv[2];
   row_totals(sum, inv, mx, q0, len_q, p, hh, lane);
   float lse[2];
@@ -560,6 +599,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             pack_bf16(o[4 * j + 2 * r] * inv[r], o[4 * j + 2 * r + 1] * inv[r]);
       if (lane % 4 == 0) p.lse[at(p.lse_st, row)] = lse[r];
     }
+    if (lane == 0) HP_TRACE(p, 16 + warp_id);
     return;
   }
   // merge: L = log(e^L_acc + e^L), acc_out = acc_out e^(L_acc - L) + O e^(L - L); a row of the step
@@ -603,6 +643,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
     if (lane % 4 == 0) p.acc_lse[at(p.acc_lse_st, row)] = lnew;
   }
+  if (lane == 0) HP_TRACE(p, 16 + warp_id);
 }
 
 #endif

@@ -302,6 +302,70 @@ static bool check_merge(const params_t &p, const layout_t &l, const std::vector<
   return ok;
 }
 
+#if HP_FWD_TRACE
+// --trace FILE (a build with -DHP_FWD_TRACE=1): one more launch of each timed step with p.trace set,
+// after its timing; each CTA's events (fwd_kernel.cuh's hp_trace) appended to FILE as one line, and a
+// summary printed: per SM, the sums over its CTAs of the start (to Q landed), the main loop (to the last
+// consumer warp's loop end), the epilogue (to the last warp's stores issued) and the gaps between one
+// CTA's end and the next one's start on that SM, averaged over the SMs, in us at the SM clock the
+// trace measured (clock64 against globaltimer).
+static void trace_run(const char *file, const char *tag, const __nv_bfloat16 *q, const __nv_bfloat16 *k,
+                      const __nv_bfloat16 *v, params_t p, const layout_t &l, int pipe) {
+  const size_t ctas = (size_t)((p.s_q + BM - 1) / BM) * p.h * p.b, words = ctas * HP_TRACE_SLOTS;
+  unsigned long long *d;
+  CK(cudaMalloc(&d, words * 8));
+  CK(cudaMemset(d, 0, words * 8));
+  p.trace = d;
+  run(q, k, v, p, l, pipe, 0);
+  CK(cudaDeviceSynchronize());
+  std::vector<unsigned long long> t(words);
+  CK(cudaMemcpy(t.data(), d, words * 8, cudaMemcpyDeviceToHost));
+  CK(cudaFree(d));
+  if (FILE *fp = fopen(file, "a")) {
+    for (size_t c = 0; c < ctas; c++) {
+      fprintf(fp, "%s,%d,%zu", tag, l.s, c);
+      for (int i = 0; i < HP_TRACE_SLOTS; i++) fprintf(fp, ",%llu", t[c * HP_TRACE_SLOTS + i]);
+      fprintf(fp, "\n");
+    }
+    fclose(fp);
+  }
+  struct cta_t { unsigned long long start, gstart, q, loop, end, acc; };
+  std::vector<std::vector<cta_t>> per_sm(1024);
+  int nsm = 0;
+  for (size_t c = 0; c < ctas; c++) {
+    const unsigned long long *w = &t[c * HP_TRACE_SLOTS];
+    if (w[1] == 0) continue; // a CTA past its sequence (thd): returned before the trace
+    cta_t x{w[1], w[2], w[5], 0, 0, w[3]};
+    for (int i = 0; i < 8; i++) x.loop = std::max(x.loop, w[8 + i]), x.end = std::max(x.end, w[16 + i]);
+    per_sm[w[0]].push_back(x), nsm = std::max(nsm, (int)w[0] + 1);
+  }
+  double clk = 0, gns = 0; // the SM clock: clock64 ticks over globaltimer ns, first to last start on each SM
+  double sum_start = 0, sum_main = 0, sum_epi = 0, sum_gap = 0, sum_span = 0, acc_late = 0, n_acc = 0;
+  int used = 0;
+  for (auto &v : per_sm) {
+    if (v.empty()) continue;
+    std::sort(v.begin(), v.end(), [](const cta_t &a, const cta_t &b) { return a.start < b.start; });
+    clk += (double)(v.back().start - v.front().start), gns += (double)(v.back().gstart - v.front().gstart);
+  }
+  const double ghz = gns > 0 ? clk / gns : 1.98, us = 1e-3 / ghz;
+  for (auto &v : per_sm) {
+    if (v.empty()) continue;
+    used++;
+    for (size_t i = 0; i < v.size(); i++) {
+      sum_start += (v[i].q - v[i].start) * us, sum_main += (v[i].loop - v[i].q) * us, sum_epi += (v[i].end - v[i].loop) * us;
+      if (i + 1 < v.size()) sum_gap += ((double)v[i + 1].start - (double)v[i].end) * us;
+      if (v[i].acc) acc_late += ((double)v[i].acc - (double)v[i].loop) * us, n_acc++;
+    }
+    sum_span += (v.back().end - v.front().start) * us;
+  }
+  printf("  trace %s s=%d pipe=%d: %d SMs, %.3f GHz; per SM: start %.1f us, main loop %.1f, epilogue %.1f, "
+         "gaps %.1f, span %.1f", tag, l.s, pipe, used, ghz, sum_start / used, sum_main / used, sum_epi / used,
+         sum_gap / used, sum_span / used);
+  if (n_acc) printf("; running rows landed %.2f us after the loop's end (mean)", acc_late / n_acc);
+  printf("\n");
+}
+#endif
+
 int main(int argc, char **argv) {
   int b = 2, h = 16, h_kv = 0, iters = 20;
   float warm_ms = 300, min_ms = 600;
@@ -311,6 +375,7 @@ int main(int argc, char **argv) {
   std::vector<int> pipes = {0, 1}; // the kernel's main loops (fwd_kernel.cuh)
   std::vector<std::pair<int, int>> windows = {{-1, -1}, {-1, 0}}; // none, causal
   bool bottom_right = false, merge = false, acc_misalign = false;
+  [[maybe_unused]] const char *trace_file = nullptr; // --trace (HP_FWD_TRACE builds)
   auto ints = [](char *list) {
     std::vector<int> out;
     for (char *t = strtok(list, ","); t; t = strtok(nullptr, ",")) out.push_back(atoi(t));
@@ -342,6 +407,13 @@ int main(int argc, char **argv) {
     // (bf16) copies instead of 16-byte ones
     else if (!strcmp(argv[i], "--acc-misalign")) acc_misalign = true;
     else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--trace") && i + 1 < argc) {
+      trace_file = argv[++i];
+      if (!HP_FWD_TRACE) {
+        fprintf(stderr, "--trace needs a build with -DHP_FWD_TRACE=1\n");
+        return 2;
+      }
+    }
     else if (!strcmp(argv[i], "--warm-ms") && i + 1 < argc) warm_ms = (float)atof(argv[++i]);
     else if (!strcmp(argv[i], "--min-ms") && i + 1 < argc) min_ms = (float)atof(argv[++i]);
     else if (!strcmp(argv[i], "--pipe") && i + 1 < argc) {
@@ -460,6 +532,11 @@ int main(int argc, char **argv) {
         const double us = time_us(p);
         printf("s=%6d window (%d,%d) pipe=%d  %9.1f us  %6.1f TFLOP/s\n", l.s, w.first, w.second, pipe, us,
                work / us * 1e-6);
+#if HP_FWD_TRACE
+        char tag[64];
+        snprintf(tag, sizeof tag, "%s,w%d_%d,plain", l.thd ? "thd" : "dense", w.first, w.second);
+        if (trace_file) trace_run(trace_file, tag, q, k, v, p, l, pipe);
+#endif
         if (do_check) { // after timing: the data the timed runs left
           const bool ok = check(q, k, v, p, l, d_first, d_len, false),
                      caught = !check(q, k, v, p, l, d_first, d_len, true);
@@ -497,6 +574,10 @@ int main(int argc, char **argv) {
           const double mus = time_us(pm);
           printf("s=%6d window (%d,%d) pipe=%d  %9.1f us  merged into %s (%+.1f%% against the plain step)\n", l.s,
                  w.first, w.second, pipe, mus, bf ? "bf16" : "f32", (mus / us - 1.0) * 100.0);
+#if HP_FWD_TRACE
+          snprintf(tag, sizeof tag, "%s,w%d_%d,%s", l.thd ? "thd" : "dense", w.first, w.second, bf ? "bf16" : "f32");
+          if (trace_file) trace_run(trace_file, tag, q, k, v, pm, l, pipe);
+#endif
           reset(); // one merge from the known start, checked against the plain step's o and lse
           run(q, k, v, pm, l, pipe, 0);
           CK(cudaDeviceSynchronize());
