@@ -21,7 +21,7 @@ for v in plain trace; do
   grep -A2 fwd_kernel "$OUT/build-$v.log" | grep -E "registers|spill" | sed "s/^/$v: /" | tee -a "$SUM"
 done
 : >"$OUT/trace.csv"
-for round in 1 2; do
+for round in $(seq ${ROUNDS:-1}); do
   for v in plain trace; do
     tr=$([ $v = trace ] && echo "--trace $OUT/trace.csv")
     { echo "== round $round: $v"

@@ -209,9 +209,9 @@ HP_DEV void mbar_wait(uint64_t *b, uint32_t parity, volatile int *fail, int *err
 // set, a CTA writes the SM clock (%clock64) at its events into HP_TRACE_SLOTS words of its own
 // (blockIdx linear): 0 the SM's id, 1 the start, 2 %globaltimer at the start, 3 the running rows
 // landed (warp 9), 4 the producer's last load issued, 5 Q landed (warp 0), 8 + w consumer warp w's
-// main loop done, 16 + w its epilogue's stores issued. experiments/lab/attn/hopper/fwd.cu --trace
+// main loop done, 16 + w its epilogue's stores issued (24 + w: then %globaltimer). experiments/lab/attn/hopper/fwd.cu --trace
 // reads them: where a CTA's time goes, and the gaps between CTAs on an SM.
-constexpr int HP_TRACE_SLOTS = 24;
+constexpr int HP_TRACE_SLOTS = 32;
 #if HP_FWD_TRACE
 enum { HP_TRACE_CLOCK, HP_TRACE_GLOBAL, HP_TRACE_SMID };
 HP_DEV void hp_trace(const params_t &p, int slot, int what = HP_TRACE_CLOCK) {
@@ -599,7 +599,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             pack_bf16(o[4 * j + 2 * r] * inv[r], o[4 * j + 2 * r + 1] * inv[r]);
       if (lane % 4 == 0) p.lse[at(p.lse_st, row)] = lse[r];
     }
-    if (lane == 0) HP_TRACE(p, 16 + warp_id);
+    if (lane == 0) HP_TRACE(p, 16 + warp_id), HP_TRACE(p, 24 + warp_id, HP_TRACE_GLOBAL);
     return;
   }
   // merge: L = log(e^L_acc + e^L), acc_out = acc_out e^(L_acc - L) + O e^(L - L); a row of the step
@@ -643,7 +643,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
     if (lane % 4 == 0) p.acc_lse[at(p.acc_lse_st, row)] = lnew;
   }
-  if (lane == 0) HP_TRACE(p, 16 + warp_id);
+  if (lane == 0) HP_TRACE(p, 16 + warp_id), HP_TRACE(p, 24 + warp_id, HP_TRACE_GLOBAL);
 }
 
 #endif

@@ -303,66 +303,78 @@ static bool check_merge(const params_t &p, const layout_t &l, const std::vector<
 }
 
 #if HP_FWD_TRACE
-// --trace FILE (a build with -DHP_FWD_TRACE=1): one more launch of each timed step with p.trace set,
-// after its timing; each CTA's events (fwd_kernel.cuh's hp_trace) appended to FILE as one line, and a
-// summary printed: per SM, the sums over its CTAs of the start (to Q landed), the main loop (to the last
-// consumer warp's loop end), the epilogue (to the last warp's stores issued) and the gaps between one
-// CTA's end and the next one's start on that SM, averaged over the SMs, in us at the SM clock the
-// trace measured (clock64 against globaltimer).
+// --trace FILE (a build with -DHP_FWD_TRACE=1): after each timed step, TRACE_REPS more launches of it
+// back to back, each with its own p.trace (fwd_kernel.cuh's hp_trace), and a summary over the second
+// half of them (the steady state of a timing loop): a launch's span (its first CTA's start to its last
+// warp's stores, %globaltimer) and the gap to the next launch's first CTA; per SM, the sums over its
+// CTAs of the start (to Q landed), the main loop (to the last consumer warp's loop end), the epilogue
+// (to the last warp's stores issued) and the gaps between CTAs, in us and in SM clocks; the SMs' last
+// ends (median and latest: the grid's tail). The last launch's CTAs are appended to FILE, a line each.
+constexpr int TRACE_REPS = 16;
 static void trace_run(const char *file, const char *tag, const __nv_bfloat16 *q, const __nv_bfloat16 *k,
                       const __nv_bfloat16 *v, params_t p, const layout_t &l, int pipe) {
   const size_t ctas = (size_t)((p.s_q + BM - 1) / BM) * p.h * p.b, words = ctas * HP_TRACE_SLOTS;
   unsigned long long *d;
-  CK(cudaMalloc(&d, words * 8));
-  CK(cudaMemset(d, 0, words * 8));
-  p.trace = d;
-  run(q, k, v, p, l, pipe, 0);
+  CK(cudaMalloc(&d, words * 8 * TRACE_REPS));
+  CK(cudaMemset(d, 0, words * 8 * TRACE_REPS));
+  for (int r = 0; r < TRACE_REPS; r++) p.trace = d + r * words, run(q, k, v, p, l, pipe, 0);
   CK(cudaDeviceSynchronize());
-  std::vector<unsigned long long> t(words);
-  CK(cudaMemcpy(t.data(), d, words * 8, cudaMemcpyDeviceToHost));
+  std::vector<unsigned long long> t(words * TRACE_REPS);
+  CK(cudaMemcpy(t.data(), d, t.size() * 8, cudaMemcpyDeviceToHost));
   CK(cudaFree(d));
   if (FILE *fp = fopen(file, "a")) {
+    const unsigned long long *last = &t[(TRACE_REPS - 1) * words];
     for (size_t c = 0; c < ctas; c++) {
-      fprintf(fp, "%s,%d,%zu", tag, l.s, c);
-      for (int i = 0; i < HP_TRACE_SLOTS; i++) fprintf(fp, ",%llu", t[c * HP_TRACE_SLOTS + i]);
+      fprintf(fp, "%s,%d,%d,%zu", tag, l.s, pipe, c);
+      for (int i = 0; i < HP_TRACE_SLOTS; i++) fprintf(fp, ",%llu", last[c * HP_TRACE_SLOTS + i]);
       fprintf(fp, "\n");
     }
     fclose(fp);
   }
-  struct cta_t { unsigned long long start, gstart, q, loop, end, acc; };
-  std::vector<std::vector<cta_t>> per_sm(1024);
-  int nsm = 0;
-  for (size_t c = 0; c < ctas; c++) {
-    const unsigned long long *w = &t[c * HP_TRACE_SLOTS];
-    if (w[1] == 0) continue; // a CTA past its sequence (thd): returned before the trace
-    cta_t x{w[1], w[2], w[5], 0, 0, w[3]};
-    for (int i = 0; i < 8; i++) x.loop = std::max(x.loop, w[8 + i]), x.end = std::max(x.end, w[16 + i]);
-    per_sm[w[0]].push_back(x), nsm = std::max(nsm, (int)w[0] + 1);
-  }
-  double clk = 0, gns = 0; // the SM clock: clock64 ticks over globaltimer ns, first to last start on each SM
-  double sum_start = 0, sum_main = 0, sum_epi = 0, sum_gap = 0, sum_span = 0, acc_late = 0, n_acc = 0;
-  int used = 0;
-  for (auto &v : per_sm) {
-    if (v.empty()) continue;
-    std::sort(v.begin(), v.end(), [](const cta_t &a, const cta_t &b) { return a.start < b.start; });
-    clk += (double)(v.back().start - v.front().start), gns += (double)(v.back().gstart - v.front().gstart);
-  }
-  const double ghz = gns > 0 ? clk / gns : 1.98, us = 1e-3 / ghz;
-  for (auto &v : per_sm) {
-    if (v.empty()) continue;
-    used++;
-    for (size_t i = 0; i < v.size(); i++) {
-      sum_start += (v[i].q - v[i].start) * us, sum_main += (v[i].loop - v[i].q) * us, sum_epi += (v[i].end - v[i].loop) * us;
-      if (i + 1 < v.size()) sum_gap += ((double)v[i + 1].start - (double)v[i].end) * us;
-      if (v[i].acc) acc_late += ((double)v[i].acc - (double)v[i].loop) * us, n_acc++;
+  struct cta_t { unsigned long long start, gstart, q, loop, end, gend; };
+  double span = 0, gap_next = 0, ghz = 0, s_start = 0, s_main = 0, s_epi = 0, s_gap = 0, c_main = 0, c_epi = 0,
+         end_med = 0, end_max = 0;
+  int counted = 0;
+  unsigned long long prev_end = 0;
+  for (int r = 0; r < TRACE_REPS; r++) {
+    std::vector<std::vector<cta_t>> per_sm(1024);
+    unsigned long long g0 = ~0ull, g1 = 0;
+    for (size_t c = 0; c < ctas; c++) {
+      const unsigned long long *w = &t[(r * ctas + c) * HP_TRACE_SLOTS];
+      if (w[1] == 0) continue; // a CTA past its sequence (thd): returned before the trace
+      cta_t x{w[1], w[2], w[5], 0, 0, 0};
+      for (int i = 0; i < 8; i++)
+        x.loop = std::max(x.loop, w[8 + i]), x.end = std::max(x.end, w[16 + i]), x.gend = std::max(x.gend, w[24 + i]);
+      per_sm[w[0]].push_back(x), g0 = std::min(g0, x.gstart), g1 = std::max(g1, x.gend);
     }
-    sum_span += (v.back().end - v.front().start) * us;
+    if (r > 0 && r > TRACE_REPS / 2) gap_next += (double)g0 - (double)prev_end;
+    prev_end = g1;
+    if (r < TRACE_REPS / 2) continue;
+    counted++, span += (double)(g1 - g0) * 1e-3;
+    double cyc = 0, ns = 0, sm_start = 0, sm_main = 0, sm_epi = 0, sm_gap = 0;
+    std::vector<double> ends;
+    for (auto &v : per_sm) {
+      if (v.empty()) continue;
+      std::sort(v.begin(), v.end(), [](const cta_t &a, const cta_t &b) { return a.start < b.start; });
+      cyc += (double)(v.back().end - v.front().start), ns += (double)(v.back().gend - v.front().gstart);
+      ends.push_back((double)(v.back().gend - g0) * 1e-3);
+      for (size_t i = 0; i < v.size(); i++) {
+        sm_start += v[i].q - v[i].start, sm_main += v[i].loop - v[i].q, sm_epi += v[i].end - v[i].loop;
+        if (i + 1 < v.size()) sm_gap += (double)v[i + 1].start - (double)v[i].end;
+      }
+    }
+    const double g = cyc / ns, n = (double)ends.size();
+    std::sort(ends.begin(), ends.end());
+    ghz += g, s_start += sm_start / n / g * 1e-3, s_main += sm_main / n / g * 1e-3, s_epi += sm_epi / n / g * 1e-3;
+    s_gap += sm_gap / n / g * 1e-3, c_main += sm_main / n, c_epi += sm_epi / n;
+    end_med += ends[ends.size() / 2], end_max += ends.back();
   }
-  printf("  trace %s s=%d pipe=%d: %d SMs, %.3f GHz; per SM: start %.1f us, main loop %.1f, epilogue %.1f, "
-         "gaps %.1f, span %.1f", tag, l.s, pipe, used, ghz, sum_start / used, sum_main / used, sum_epi / used,
-         sum_gap / used, sum_span / used);
-  if (n_acc) printf("; running rows landed %.2f us after the loop's end (mean)", acc_late / n_acc);
-  printf("\n");
+  const double kc = 1.0 / counted, kg = counted > 1 ? 1.0 / (counted - 1) : 0.0;
+  printf("  trace %s s=%d pipe=%d (launches %d-%d of %d): span %.1f us, gap to the next launch %.1f us, SM clock %.3f "
+         "GHz; per SM: start %.1f us, main loop %.1f (%.0f k clocks), epilogue %.1f (%.1f k clocks), gaps %.1f; "
+         "SMs' last ends: median %.1f, latest %.1f us\n",
+         tag, l.s, pipe, TRACE_REPS / 2 + 1, TRACE_REPS, TRACE_REPS, span * kc, gap_next * kg * 1e-3, ghz * kc,
+         s_start * kc, s_main * kc, c_main * kc * 1e-3, s_epi * kc, c_epi * kc * 1e-3, s_gap * kc, end_med * kc, end_max * kc);
 }
 #endif
 
