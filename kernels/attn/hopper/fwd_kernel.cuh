@@ -83,6 +83,12 @@ template <int DQK, int DV> struct alignas(1024) smem_t {
 #ifndef HP_FWD_STAGE_ACC
 #define HP_FWD_STAGE_ACC 1
 #endif
+// When the running rows' copies go (STAGED): HP_FWD_ACC_GO 0, once the consumers are done with the
+// first K (the first S ran); k >= 1, once the producer has issued the loads of key block nblk - k
+// (1: the last), so that no K or V load queues behind them (a build flag, for A/B timings).
+#ifndef HP_FWD_ACC_GO
+#define HP_FWD_ACC_GO 0
+#endif
 #ifndef HP_FWD_TRACE // the lab's timeline of each CTA (hp_trace)
 #define HP_FWD_TRACE 0
 #endif
@@ -437,6 +443,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       // the go of the running rows' copies (STAGED merge): once the consumers are done with the first
       // K (the first S ran), or once every load is issued where there are at most two blocks
       const bool go = STAGED && p.acc_out;
+      const int go_at = HP_FWD_ACC_GO ? max(nblk - HP_FWD_ACC_GO, 0) : -1; // HP_FWD_ACC_GO >= 1: after block go_at's loads
       mbar_expect_tx(&sm.q_full, tile_bytes_t<DQK>::value);
       for (int half = 0; half < DQK / 64; half++)
         tma_load(sm.q[half], &tq, &sm.q_full, 64 * half, hh, first_q + m_block * BM, tb);
@@ -444,7 +451,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         const int n = n_hi - 1 - it, st = it % STAGES;
         const uint32_t round = it / STAGES;
         if (round > 0) mbar_wait(&sm.k_empty[st], (round - 1) & 1, &sm.fail, p.err);
-        if (go && it == STAGES) mbar_arrive(&sm.acc_go);
+        if (go && !HP_FWD_ACC_GO && it == STAGES) mbar_arrive(&sm.acc_go);
         mbar_expect_tx(&sm.k_full[st], tile_bytes_t<DQK>::value);
         for (int half = 0; half < DQK / 64; half++)
           tma_load(sm.k[st][half], &tk, &sm.k_full[st], 64 * half, hkv, first_kv + n * BN, tb);
@@ -452,8 +459,9 @@ __global__ void __launch_bounds__(THREADS, 1)
         mbar_expect_tx(&sm.v_full[st], tile_bytes_t<DV>::value);
         for (int half = 0; half < DV / 64; half++)
           tma_load(sm.v[st][half], &tv, &sm.v_full[st], 64 * half, hkv, first_kv + n * BN, tb);
+        if (go && it == go_at) mbar_arrive(&sm.acc_go);
       }
-      if (go && nblk <= STAGES) mbar_arrive(&sm.acc_go);
+      if (go && (HP_FWD_ACC_GO ? nblk == 0 : nblk <= STAGES)) mbar_arrive(&sm.acc_go);
       HP_TRACE(p, 4);
     }
     return;
