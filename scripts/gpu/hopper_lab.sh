@@ -38,7 +38,9 @@ build() {
   nvcc -DLAB_D=${LAB_D:-128} $3 -Ikernels -std=c++17 -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -o "$1" \
     experiments/lab/attn/hopper/fwd.cu >"$2" 2>&1 || { say "build $3 FAILED"; tail -20 "$2" | tee -a "$SUM"; exit 1; }
 }
-build "$BIN" "$OUT/build.log" ""
+# AB_BASE_FLAGS: the first binary (the A/B's baseline) built with those (e.g. -I.ab/oldk: an older kernel's headers)
+build "$BIN" "$OUT/build.log" "${AB_BASE_FLAGS:-}"
+[ -n "${AB_BASE_FLAGS:-}" ] && say "baseline built with $AB_BASE_FLAGS"
 grep -A2 "fwd_kernel" "$OUT/build.log" | grep -E "registers|spill" | tee -a "$SUM"
 Q="--warm-ms 0 --min-ms 0" # checks: no timing to speak of
 SAN=compute-sanitizer

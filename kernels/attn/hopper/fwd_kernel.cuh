@@ -89,6 +89,15 @@ template <int DQK, int DV> struct alignas(1024) smem_t {
 #ifndef HP_FWD_ACC_GO
 #define HP_FWD_ACC_GO 0
 #endif
+// HP_FWD_FAST_MERGE: the merge's factors for both rows at once, in base 2 on MUFU.EX2/LG2, before the
+// pairs, and the staged pairs' addresses from one offset each 128 bytes (a build flag, for A/B timings).
+// HP_FWD_FAST_COPY: the producer's copies of the running rows with a fixed chunk a thread (a build flag).
+#ifndef HP_FWD_FAST_COPY
+#define HP_FWD_FAST_COPY 0
+#endif
+#ifndef HP_FWD_FAST_MERGE
+#define HP_FWD_FAST_MERGE 0
+#endif
 #ifndef HP_FWD_TRACE // the lab's timeline of each CTA (hp_trace)
 #define HP_FWD_TRACE 0
 #endif
@@ -236,6 +245,11 @@ HP_DEV void hp_trace(const params_t &p, int slot, int what = HP_TRACE_CLOCK) {
 #else
 #define HP_TRACE(...) ((void)0)
 #endif
+
+// A compile-time int as a value (a generic lambda's template argument).
+template <int N> struct hp_int {
+  static constexpr int value = N;
+};
 
 // A shared memory matrix descriptor with the 128-byte swizzle.
 HP_DEV uint64_t gmma_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
@@ -430,6 +444,18 @@ __global__ void __launch_bounds__(THREADS, 1)
         const int rows = i1 - i0, lg_vec = __ffs(vec) - 1, lg_row = __ffs(row_bytes / vec) - 1;
         const char *acc = static_cast<const char *>(p.acc_out) + at(p.acc_st, i0) * es;
         const int64_t step = p.acc_st[0] * es;
+#if HP_FWD_FAST_COPY
+        if (vec == 16) { // 16-byte copies: a thread keeps one chunk c of rows r, r + rstep, ... (16 or 32 chunks a
+          // row divide the 96 threads), so that a copy costs two adds and the swizzle's XOR
+          const int c = t & ((1 << lg_row) - 1), rstep = 96 >> lg_row;
+          const int64_t src_step = rstep * step;
+          const uint32_t dst_step = rstep * row_bytes;
+          int r = t >> lg_row;
+          const char *src = acc + r * step + 16 * c;
+          for (uint32_t dst = stage + r * row_bytes; r < rows; r += rstep, src += src_step, dst += dst_step)
+            cp_async(dst + ((c ^ (r & 7)) << 4), src, 16);
+        } else
+#endif
         for (int i = t; i < rows << lg_row; i += 96) {
           const int r = i >> lg_row, byte = (i - (r << lg_row)) << lg_vec;
           cp_async(acc_stage_at(stage, r, row_bytes, byte), acc + r * step + byte, vec);
@@ -615,41 +641,60 @@ __global__ void __launch_bounds__(THREADS, 1)
   // memory (STAGED), or were read by merge_loads (under the last P V).
   if (STAGED) mbar_wait(&sm.acc_full, 0, &sm.fail, p.err);
   else hp_syncwarp(); // a row's four threads read the old LSE before its first thread writes the new
+#if HP_FWD_FAST_MERGE
+  // both rows' factors first, in base 2 on MUFU.EX2/LG2 (no branch between the rows, so that their
+  // latencies overlap), then the pairs
+  float ka[2], kb[2], lnew[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    if constexpr (STAGED) old[r] = ld_shared_f32(stage + ST::o_bytes + 4 * (r0 + 8 * r));
+    const float o2 = old[r] * 1.4426950408889634f, l2 = mx[r] + hp_log2(sum[r]); // -inf stays -inf
+    const float hi = fmaxf(o2, l2), n2 = hi + hp_log2(1.0f + hp_exp2(fminf(o2, l2) - hi));
+    ka[r] = hp_exp2(o2 - n2), kb[r] = hp_exp2(l2 - n2) * inv[r], lnew[r] = n2 * 0.69314718055994531f;
+  }
+#endif
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     const int row = q0 + 8 * r;
     if (row >= len_q || lse[r] == -INFINITY) continue;
     // the running row's value pair j (columns 8 j + 2 (lane % 4), + 1); staged: row r0 + 8 r of the
     // block, its chunks swizzled by (r0 + 8 r) % 8 = r0 % 8
-    const int br = r0 + 8 * r, es = p.acc_bf16 ? 2 : 4;
-    auto old_pair = [&](int j) {
-      if constexpr (STAGED) {
-        const uint32_t a = acc_stage_at(stage, br, DV * es, (8 * j + 2 * (lane % 4)) * es);
-        return p.acc_bf16 ? unpack_bf16(ld_shared_u32(a)) : ld_shared_f2(a);
-      } else {
-        return x[r][j];
+    const int br = r0 + 8 * r;
+#if HP_FWD_FAST_MERGE
+    const float ka_r = ka[r], kb_r = kb[r], lnew_r = lnew[r];
+#else
+    if constexpr (STAGED) old[r] = ld_shared_f32(stage + ST::o_bytes + 4 * br);
+    const float hi = fmaxf(old[r], lse[r]), lnew_r = hi + log1pf(expf(-fabsf(old[r] - lse[r])));
+    const float ka_r = old[r] == -INFINITY ? 0.0f : expf(old[r] - lnew_r), kb_r = expf(lse[r] - lnew_r) * inv[r];
+#endif
+    const int64_t e = at(p.acc_st, row) + 2 * (lane % 4);
+    // the pairs of a running out of ES bytes an element: pair j (columns 8 j + 2 (lane % 4), + 1) of
+    // staged row br lies at off[j % J] + 128 (j / J), J pairs to 128 bytes (the swizzle's XOR stays
+    // inside 128 bytes)
+    auto merge_row = [&](auto es_c) {
+      constexpr int ES = decltype(es_c)::value, J = 128 / (8 * ES);
+      uint32_t off[J];
+#pragma unroll
+      for (int k = 0; k < J; k++) off[k] = acc_stage_at(stage, br, DV * ES, (8 * k + 2 * (lane % 4)) * ES);
+#pragma unroll
+      for (int j = 0; j < DV / 8; j++) {
+        float2 y;
+        if constexpr (STAGED) {
+          const uint32_t a = HP_FWD_FAST_MERGE ? off[j % J] + 128 * (j / J)
+                                               : acc_stage_at(stage, br, DV * ES, (8 * j + 2 * (lane % 4)) * ES);
+          if constexpr (ES == 2) y = unpack_bf16(ld_shared_u32(a));
+          else y = ld_shared_f2(a);
+        } else {
+          y = x[r][j];
+        }
+        const float v0 = y.x * ka_r + o[4 * j + 2 * r] * kb_r, v1 = y.y * ka_r + o[4 * j + 2 * r + 1] * kb_r;
+        if constexpr (ES == 2) reinterpret_cast<uint32_t *>(static_cast<uint16_t *>(p.acc_out) + e)[4 * j] = pack_bf16(v0, v1);
+        else reinterpret_cast<float2 *>(static_cast<float *>(p.acc_out) + e)[4 * j] = make_float2(v0, v1);
       }
     };
-    if constexpr (STAGED) old[r] = ld_shared_f32(stage + ST::o_bytes + 4 * br);
-    const float hi = fmaxf(old[r], lse[r]), lnew = hi + log1pf(expf(-fabsf(old[r] - lse[r])));
-    const float ka = old[r] == -INFINITY ? 0.0f : expf(old[r] - lnew), kb = expf(lse[r] - lnew) * inv[r];
-    const int64_t e = at(p.acc_st, row) + 2 * (lane % 4);
-    if (p.acc_bf16) {
-      uint32_t *a = reinterpret_cast<uint32_t *>(static_cast<uint16_t *>(p.acc_out) + e);
-#pragma unroll
-      for (int j = 0; j < DV / 8; j++) {
-        const float2 y = old_pair(j);
-        a[4 * j] = pack_bf16(y.x * ka + o[4 * j + 2 * r] * kb, y.y * ka + o[4 * j + 2 * r + 1] * kb);
-      }
-    } else {
-      float2 *a = reinterpret_cast<float2 *>(static_cast<float *>(p.acc_out) + e);
-#pragma unroll
-      for (int j = 0; j < DV / 8; j++) {
-        const float2 y = old_pair(j);
-        a[4 * j] = make_float2(y.x * ka + o[4 * j + 2 * r] * kb, y.y * ka + o[4 * j + 2 * r + 1] * kb);
-      }
-    }
-    if (lane % 4 == 0) p.acc_lse[at(p.acc_lse_st, row)] = lnew;
+    if (p.acc_bf16) merge_row(hp_int<2>{});
+    else merge_row(hp_int<4>{});
+    if (lane % 4 == 0) p.acc_lse[at(p.acc_lse_st, row)] = lnew_r;
   }
   if (lane == 0) HP_TRACE(p, 16 + warp_id), HP_TRACE(p, 24 + warp_id, HP_TRACE_GLOBAL);
 }

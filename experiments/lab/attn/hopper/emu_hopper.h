@@ -85,6 +85,7 @@ HP_DEV void hp_atomic_max(float *dst, float x) { *dst = fmaxf(*dst, x); } // one
 HP_DEV int __ffs(int x) { return __builtin_ffs(x); }
 HP_DEV int hp_warp_uniform(int x) { return x; } // the kernel passes values that are the same in every lane
 HP_DEV float hp_exp2(float x) { return exp2f(x); }
+HP_DEV float hp_log2(float x) { return log2f(x); }
 template <int N> HP_DEV void reg_alloc() {}
 template <int N> HP_DEV void reg_dealloc() {}
 HP_DEV float hp_shfl_xor(float x, int m) { return attn_shfl_xor(x, m); }

@@ -21,6 +21,9 @@
  * scripts/gpu/hopper_lab.sh runs the checks, compute-sanitizer and the bench in one device call.
  */
 #include "attn/hopper/fwd_kernel.cuh"
+#ifndef HP_FWD_TRACE // a kernel from before the trace (an A/B's -I.ab/oldk)
+#define HP_FWD_TRACE 0
+#endif
 
 #ifndef LAB_D
 #define LAB_D 128 // the head dim this binary runs (-DLAB_D=64: the d 64 kernel)
