@@ -83,21 +83,6 @@ template <int DQK, int DV> struct alignas(1024) smem_t {
 #ifndef HP_FWD_STAGE_ACC
 #define HP_FWD_STAGE_ACC 1
 #endif
-// When the running rows' copies go (STAGED): HP_FWD_ACC_GO 0, once the consumers are done with the
-// first K (the first S ran); k >= 1, once the producer has issued the loads of key block nblk - k
-// (1: the last), so that no K or V load queues behind them (a build flag, for A/B timings).
-#ifndef HP_FWD_ACC_GO
-#define HP_FWD_ACC_GO 0
-#endif
-// HP_FWD_FAST_MERGE: the merge's factors for both rows at once, in base 2 on MUFU.EX2/LG2, before the
-// pairs, and the staged pairs' addresses from one offset each 128 bytes (a build flag, for A/B timings).
-// HP_FWD_FAST_COPY: the producer's copies of the running rows with a fixed chunk a thread (a build flag).
-#ifndef HP_FWD_FAST_COPY
-#define HP_FWD_FAST_COPY 0
-#endif
-#ifndef HP_FWD_FAST_MERGE
-#define HP_FWD_FAST_MERGE 0
-#endif
 #ifndef HP_FWD_TRACE // the lab's timeline of each CTA (hp_trace)
 #define HP_FWD_TRACE 0
 #endif
@@ -117,9 +102,19 @@ template <int DQK, int DV> struct alignas(1024) smem_t {
 // (Wide stores, lanes t and t ^ 1 trading a value pair by shuffle so that each stored four adjacent values of
 // one row (16 bytes fp32), cost the fp32 merge 6-9 us more at 4k causal on an H200 and did not help the plain
 // step (results/attn/hopper-fwd-merge-h200.md): the epilogue's cost is its latency, not its stores' count.)
+// (What the merge cost was, found by the lab's trace (HP_FWD_TRACE) and Nsight Compute's instruction counts
+// at 4k causal on an H200: the producer's copies of the running rows took 33 instructions a copy (128 a CTA
+// for fp32), which slowed the main loop by about 1.2k clocks a CTA, and the epilogue ran about 1000
+// instructions a warp (expf/log1pf, an address computed for each staged pair). A copy now costs two adds
+// and an XOR, and the epilogue reads each pair at an immediate offset: the fp32 merge's cost at 4k causal
+// went from +3.4-3.6% to +1.5-2.0%. Starting the copies later (once the last or the second-last key block's
+// loads were issued, so that no K or V load queues behind them) cost 1-3 points more: they take about 9k
+// clocks to land. results/attn/hopper-fwd-merge-h200.md.)
 template <int DQK, int DV> struct acc_stage_t {
   static constexpr uint32_t o_bytes = BM * DV * 4, bytes = o_bytes + BM * 4;
   static constexpr bool on = HP_FWD_STAGE_ACC && sizeof(smem_t<DQK, DV>) + 1024 + bytes <= 227 * 1024;
+  // the copies: each of the 96 copying threads keeps one 16-byte chunk of a row (fwd_kernel)
+  static_assert(!on || 96 % (DV * 4 / 16) == 0, "a staged row's 16-byte chunks must divide 96 threads");
 };
 // Where byte `byte` of staged row `row` (row_bytes a row, a power of 2 of at least 128) lies
 // (acc_stage_t's swizzle).
@@ -444,7 +439,6 @@ __global__ void __launch_bounds__(THREADS, 1)
         const int rows = i1 - i0, lg_vec = __ffs(vec) - 1, lg_row = __ffs(row_bytes / vec) - 1;
         const char *acc = static_cast<const char *>(p.acc_out) + at(p.acc_st, i0) * es;
         const int64_t step = p.acc_st[0] * es;
-#if HP_FWD_FAST_COPY
         if (vec == 16) { // 16-byte copies: a thread keeps one chunk c of rows r, r + rstep, ... (16 or 32 chunks a
           // row divide the 96 threads), so that a copy costs two adds and the swizzle's XOR
           const int c = t & ((1 << lg_row) - 1), rstep = 96 >> lg_row;
@@ -454,12 +448,11 @@ __global__ void __launch_bounds__(THREADS, 1)
           const char *src = acc + r * step + 16 * c;
           for (uint32_t dst = stage + r * row_bytes; r < rows; r += rstep, src += src_step, dst += dst_step)
             cp_async(dst + ((c ^ (r & 7)) << 4), src, 16);
-        } else
-#endif
-        for (int i = t; i < rows << lg_row; i += 96) {
-          const int r = i >> lg_row, byte = (i - (r << lg_row)) << lg_vec;
-          cp_async(acc_stage_at(stage, r, row_bytes, byte), acc + r * step + byte, vec);
-        }
+        } else // 8- or 4-byte copies (a running out off 16-byte alignment; dl.attn never passes one)
+          for (int i = t; i < rows << lg_row; i += 96) {
+            const int r = i >> lg_row, byte = (i - (r << lg_row)) << lg_vec;
+            cp_async(acc_stage_at(stage, r, row_bytes, byte), acc + r * step + byte, vec);
+          }
         const float *lse0 = p.acc_lse + at(p.acc_lse_st, i0);
         for (int r = t; r < rows; r += 96) cp_async(stage + ST::o_bytes + 4 * r, lse0 + r * p.acc_lse_st[0], 4);
         cp_async_arrive(&sm.acc_full);
@@ -469,7 +462,6 @@ __global__ void __launch_bounds__(THREADS, 1)
       // the go of the running rows' copies (STAGED merge): once the consumers are done with the first
       // K (the first S ran), or once every load is issued where there are at most two blocks
       const bool go = STAGED && p.acc_out;
-      const int go_at = HP_FWD_ACC_GO ? max(nblk - HP_FWD_ACC_GO, 0) : -1; // HP_FWD_ACC_GO >= 1: after block go_at's loads
       mbar_expect_tx(&sm.q_full, tile_bytes_t<DQK>::value);
       for (int half = 0; half < DQK / 64; half++)
         tma_load(sm.q[half], &tq, &sm.q_full, 64 * half, hh, first_q + m_block * BM, tb);
@@ -477,7 +469,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         const int n = n_hi - 1 - it, st = it % STAGES;
         const uint32_t round = it / STAGES;
         if (round > 0) mbar_wait(&sm.k_empty[st], (round - 1) & 1, &sm.fail, p.err);
-        if (go && !HP_FWD_ACC_GO && it == STAGES) mbar_arrive(&sm.acc_go);
+        if (go && it == STAGES) mbar_arrive(&sm.acc_go);
         mbar_expect_tx(&sm.k_full[st], tile_bytes_t<DQK>::value);
         for (int half = 0; half < DQK / 64; half++)
           tma_load(sm.k[st][half], &tk, &sm.k_full[st], 64 * half, hkv, first_kv + n * BN, tb);
@@ -485,9 +477,8 @@ __global__ void __launch_bounds__(THREADS, 1)
         mbar_expect_tx(&sm.v_full[st], tile_bytes_t<DV>::value);
         for (int half = 0; half < DV / 64; half++)
           tma_load(sm.v[st][half], &tv, &sm.v_full[st], 64 * half, hkv, first_kv + n * BN, tb);
-        if (go && it == go_at) mbar_arrive(&sm.acc_go);
       }
-      if (go && (HP_FWD_ACC_GO ? nblk == 0 : nblk <= STAGES)) mbar_arrive(&sm.acc_go);
+      if (go && nblk <= STAGES) mbar_arrive(&sm.acc_go);
       HP_TRACE(p, 4);
     }
     return;
@@ -641,7 +632,6 @@ __global__ void __launch_bounds__(THREADS, 1)
   // memory (STAGED), or were read by merge_loads (under the last P V).
   if (STAGED) mbar_wait(&sm.acc_full, 0, &sm.fail, p.err);
   else hp_syncwarp(); // a row's four threads read the old LSE before its first thread writes the new
-#if HP_FWD_FAST_MERGE
   // both rows' factors first, in base 2 on MUFU.EX2/LG2 (no branch between the rows, so that their
   // latencies overlap), then the pairs
   float ka[2], kb[2], lnew[2];
@@ -652,25 +642,16 @@ __global__ void __launch_bounds__(THREADS, 1)
     const float hi = fmaxf(o2, l2), n2 = hi + hp_log2(1.0f + hp_exp2(fminf(o2, l2) - hi));
     ka[r] = hp_exp2(o2 - n2), kb[r] = hp_exp2(l2 - n2) * inv[r], lnew[r] = n2 * 0.69314718055994531f;
   }
-#endif
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     const int row = q0 + 8 * r;
     if (row >= len_q || lse[r] == -INFINITY) continue;
-    // the running row's value pair j (columns 8 j + 2 (lane % 4), + 1); staged: row r0 + 8 r of the
-    // block, its chunks swizzled by (r0 + 8 r) % 8 = r0 % 8
-    const int br = r0 + 8 * r;
-#if HP_FWD_FAST_MERGE
-    const float ka_r = ka[r], kb_r = kb[r], lnew_r = lnew[r];
-#else
-    if constexpr (STAGED) old[r] = ld_shared_f32(stage + ST::o_bytes + 4 * br);
-    const float hi = fmaxf(old[r], lse[r]), lnew_r = hi + log1pf(expf(-fabsf(old[r] - lse[r])));
-    const float ka_r = old[r] == -INFINITY ? 0.0f : expf(old[r] - lnew_r), kb_r = expf(lse[r] - lnew_r) * inv[r];
-#endif
+    const int br = r0 + 8 * r; // the row in the block (staged)
+    const float ka_r = ka[r], kb_r = kb[r];
     const int64_t e = at(p.acc_st, row) + 2 * (lane % 4);
     // the pairs of a running out of ES bytes an element: pair j (columns 8 j + 2 (lane % 4), + 1) of
     // staged row br lies at off[j % J] + 128 (j / J), J pairs to 128 bytes (the swizzle's XOR stays
-    // inside 128 bytes)
+    // inside 128 bytes), so that a pair's read is one instruction with an immediate offset
     auto merge_row = [&](auto es_c) {
       constexpr int ES = decltype(es_c)::value, J = 128 / (8 * ES);
       uint32_t off[J];
@@ -680,8 +661,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       for (int j = 0; j < DV / 8; j++) {
         float2 y;
         if constexpr (STAGED) {
-          const uint32_t a = HP_FWD_FAST_MERGE ? off[j % J] + 128 * (j / J)
-                                               : acc_stage_at(stage, br, DV * ES, (8 * j + 2 * (lane % 4)) * ES);
+          const uint32_t a = off[j % J] + 128 * (j / J);
           if constexpr (ES == 2) y = unpack_bf16(ld_shared_u32(a));
           else y = ld_shared_f2(a);
         } else {
@@ -694,7 +674,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     };
     if (p.acc_bf16) merge_row(hp_int<2>{});
     else merge_row(hp_int<4>{});
-    if (lane % 4 == 0) p.acc_lse[at(p.acc_lse_st, row)] = lnew_r;
+    if (lane % 4 == 0) p.acc_lse[at(p.acc_lse_st, row)] = lnew[r];
   }
   if (lane == 0) HP_TRACE(p, 16 + warp_id), HP_TRACE(p, 24 + warp_id, HP_TRACE_GLOBAL);
 }
