@@ -17,7 +17,7 @@
  *   ./hopper_fwd [--check] [--b 2] [--h 16] [--hkv 16] [--layout bshd|sbhd] [--s 4096,8192,16384,32768]
  *         [--thd L1,L2,...] [--window L,R] [--bottom-right] [--merge] [--iters 20] [--pipe 0,1]
  *         [--warm-ms 300] [--min-ms 600] (timing as attn_bench_torch.py's: warm-up work, then at least
- *         iters launches and min-ms of work)
+ *         iters launches and min-ms of work) [--trace FILE] (a -DHP_FWD_TRACE=1 build: trace_run below)
  * scripts/gpu/hopper_lab.sh runs the checks, compute-sanitizer and the bench in one device call.
  */
 #include "attn/hopper/fwd_kernel.cuh"
@@ -437,7 +437,7 @@ int main(int argc, char **argv) {
     } else if (!strcmp(argv[i], "--s") && i + 1 < argc) ss = ints(argv[++i]);
     else {
       fprintf(stderr, "usage: fwd [--check] [--b B] [--h H] [--hkv H_KV] [--layout bshd|sbhd] [--s S1,S2,...] "
-                      "[--thd L1,L2,...] [--window L,R] [--bottom-right] [--merge [--acc-misalign]] [--iters N] [--warm-ms 300] [--min-ms 600] [--pipe 0,1]\n");
+                      "[--thd L1,L2,...] [--window L,R] [--bottom-right] [--merge [--acc-misalign]] [--iters N] [--warm-ms 300] [--min-ms 600] [--pipe 0,1] [--trace FILE]\n");
       return 2;
     }
   }
