@@ -6,14 +6,7 @@
 # build's times are set beside the default build's (the trace's own cost). PROF=1 adds Nsight
 # Compute on the plain step and the f32 merge at 4k causal (scripts/gpu/hopper_prof.sh).
 # Everything under $OUT: summary.txt, trace.csv, the logs; out.tgz holds them all.
-set -uo pipefail
-OUT="${OUT:-/tmp/hopper-trace}"
-mkdir -p "$OUT"
-SUM="$OUT/summary.txt"
-: >"$SUM"
-say() { echo "$*" | tee -a "$SUM"; }
-nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$SUM"
-say "commit: ${DISTLAB_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+source scripts/gpu/lab_summary.sh /tmp/hopper-trace || exit 2
 for v in plain trace; do
   flags=$([ $v = trace ] && echo -DHP_FWD_TRACE=1)
   nvcc -DLAB_D=128 $flags -Ikernels -std=c++17 -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Xptxas -v \
