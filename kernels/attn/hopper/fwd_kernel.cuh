@@ -241,6 +241,32 @@ HP_DEV void hp_trace(const params_t &p, int slot, int what = HP_TRACE_CLOCK) {
 #define HP_TRACE(...) ((void)0)
 #endif
 
+// The tile a CTA computes: m-block m_block (of BM query rows) of head hh, sequence bb. The grid is (m-blocks,
+// heads, sequences) and CTAs start in that order (x fastest), so by default each head's tiles run last
+// (the heaviest, causal) to first, head after head. HP_FWD_GROUP (a build flag, for A/B timings; off):
+// heads in groups whose K and V fit 16 MB of L2 (HP_FWD_GROUP_BYTES), and within a group the tiles by m-block, heaviest first
+// over all of the group's heads, so that the last heavy tiles do not start near the grid's end (the
+// trace at 4k causal: the last head's 32-block tiles started 85% of the way through).
+#ifndef HP_FWD_GROUP
+#define HP_FWD_GROUP 0
+#endif
+#ifndef HP_FWD_GROUP_BYTES // the L2 a group's K and V may take (a smaller one in the emulator: partial groups)
+#define HP_FWD_GROUP_BYTES (16 << 20)
+#endif
+struct hp_tile_t {
+  int m_block, hh, bb;
+};
+template <int DQK, int DV> HP_DEV hp_tile_t hp_fwd_tile(const params_t &p) {
+  const int nm = gridDim.x;
+  if (!HP_FWD_GROUP) return hp_tile_t{nm - 1 - (int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z};
+  const int nhb = gridDim.y * gridDim.z, lin = blockIdx.x + nm * (blockIdx.y + gridDim.y * blockIdx.z);
+  const int64_t kv_head = (int64_t)p.s_kv * (DQK + DV) * 2; // a head's K and V bytes (bshd; thd: the longest)
+  const int g_max = (int)max((int64_t)1, min((int64_t)nhb, (int64_t)(HP_FWD_GROUP_BYTES) / max(kv_head, (int64_t)1)));
+  const int group = lin / (g_max * nm), first = group * g_max, g = min(g_max, nhb - first);
+  const int within = lin - group * g_max * nm, hb = first + within % g;
+  return hp_tile_t{nm - 1 - within / g, hb % (int)gridDim.y, hb / (int)gridDim.y};
+}
+
 // A compile-time int as a value (a generic lambda's template argument).
 template <int N> struct hp_int {
   static constexpr int value = N;
@@ -387,7 +413,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     fwd_kernel(const HP_GRID_CONST hp_tmap_t tq, const HP_GRID_CONST hp_tmap_t tk, const HP_GRID_CONST hp_tmap_t tv,
                const params_t p) {
   smem_t<DQK, DV> &sm = *reinterpret_cast<smem_t<DQK, DV> *>((reinterpret_cast<uintptr_t>(hp_smem()) + 1023) & ~uintptr_t(1023));
-  const int m_block = gridDim.x - 1 - blockIdx.x, hh = blockIdx.y, bb = blockIdx.z, hkv = hh / (p.h / p.h_kv);
+  const hp_tile_t tile = hp_fwd_tile<DQK, DV>(p);
+  const int m_block = tile.m_block, hh = tile.hh, bb = tile.bb, hkv = hh / (p.h / p.h_kv);
   const int warp_id = hp_warp_uniform(threadIdx.x / 32), tid = threadIdx.x % 128; // lane 0's, as CUTLASS does
   // this sequence: its lengths, the rows (thd) or batch (bshd/sbhd) the tensor maps address it by
   const hp_seq_t sq = hp_seq(p, bb);
