@@ -57,6 +57,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 #ifndef HOPPER_EMU
 #include "ptx.cuh"
 #endif
@@ -271,11 +273,6 @@ template <int DQK, int DV> HP_DEV hp_tile_t hp_fwd_tile(const params_t &p) {
   const int within = lin - group * g_max * nm, hb = first + within % g;
   return hp_tile_t{nm - 1 - within / g, hb % (int)gridDim.y, hb / (int)gridDim.y};
 }
-
-// A compile-time int as a value (a generic lambda's template argument).
-template <int N> struct hp_int {
-  static constexpr int value = N;
-};
 
 // A shared memory matrix descriptor with the 128-byte swizzle.
 HP_DEV uint64_t gmma_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
@@ -670,7 +667,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     if constexpr (STAGED) old[r] = ld_shared_f32(stage + ST::o_bytes + 4 * (r0 + 8 * r));
-    const float o2 = old[r] * 1.4426950408889634f, l2 = mx[r] + hp_log2(sum[r]); // -inf stays -inf
+    const float o2 = old[r] * 1.4426950408889634f, l2 = lse[r] * 1.4426950408889634f; // -inf stays -inf
     const float hi = fmaxf(o2, l2), n2 = hi + hp_log2(1.0f + hp_exp2(fminf(o2, l2) - hi));
     ka[r] = hp_exp2(o2 - n2), kb[r] = hp_exp2(l2 - n2) * inv[r], lnew[r] = n2 * 0.69314718055994531f;
   }
@@ -679,7 +676,6 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int row = q0 + 8 * r;
     if (row >= len_q || lse[r] == -INFINITY) continue;
     const int br = r0 + 8 * r; // the row in the block (staged)
-    const float ka_r = ka[r], kb_r = kb[r];
     const int64_t e = at(p.acc_st, row) + 2 * (lane % 4);
     // the pairs of a running out of ES bytes an element: pair j (columns 8 j + 2 (lane % 4), + 1) of
     // staged row br lies at off[j % J] + 128 (j / J), J pairs to 128 bytes (the swizzle's XOR stays
@@ -688,7 +684,8 @@ __global__ void __launch_bounds__(THREADS, 1)
       constexpr int ES = decltype(es_c)::value, J = 128 / (8 * ES);
       uint32_t off[J];
 #pragma unroll
-      for (int k = 0; k < J; k++) off[k] = acc_stage_at(stage, br, DV * ES, (8 * k + 2 * (lane % 4)) * ES);
+      for (int k = 0; k < J; k++)
+        if constexpr (STAGED) off[k] = acc_stage_at(stage, br, DV * ES, (8 * k + 2 * (lane % 4)) * ES);
 #pragma unroll
       for (int j = 0; j < DV / 8; j++) {
         float2 y;
@@ -699,13 +696,13 @@ __global__ void __launch_bounds__(THREADS, 1)
         } else {
           y = x[r][j];
         }
-        const float v0 = y.x * ka_r + o[4 * j + 2 * r] * kb_r, v1 = y.y * ka_r + o[4 * j + 2 * r + 1] * kb_r;
+        const float v0 = y.x * ka[r] + o[4 * j + 2 * r] * kb[r], v1 = y.y * ka[r] + o[4 * j + 2 * r + 1] * kb[r];
         if constexpr (ES == 2) reinterpret_cast<uint32_t *>(static_cast<uint16_t *>(p.acc_out) + e)[4 * j] = pack_bf16(v0, v1);
         else reinterpret_cast<float2 *>(static_cast<float *>(p.acc_out) + e)[4 * j] = make_float2(v0, v1);
       }
     };
-    if (p.acc_bf16) merge_row(hp_int<2>{});
-    else merge_row(hp_int<4>{});
+    if (p.acc_bf16) merge_row(std::integral_constant<int, 2>{});
+    else merge_row(std::integral_constant<int, 4>{});
     if (lane % 4 == 0) p.acc_lse[at(p.acc_lse_st, row)] = lnew[r];
   }
   if (lane == 0) HP_TRACE(p, 16 + warp_id), HP_TRACE(p, 24 + warp_id, HP_TRACE_GLOBAL);
