@@ -245,14 +245,15 @@ HP_DEV void hp_trace(const params_t &p, int slot, int what = HP_TRACE_CLOCK) {
 
 // The tile a CTA computes: m-block m_block (of BM query rows) of head hh, sequence bb. The grid is (m-blocks,
 // heads, sequences) and CTAs start in that order (x fastest), so by default each head's tiles run last
-// (the heaviest, causal) to first, head after head. HP_FWD_GROUP (a build flag, for A/B timings; off):
-// heads in groups whose K and V fit 16 MB of L2 (HP_FWD_GROUP_BYTES), and within a group the tiles by m-block, heaviest first
-// over all of the group's heads, so that the last heavy tiles do not start near the grid's end (the
-// trace at 4k causal: the last head's 32-block tiles started 85% of the way through); masked calls only
-// (causal, windows). Measured on every call: causal 3.9% faster at 4k and 2.5% at 8k, dense 1.3-2.3% slower
-// (results/attn/hopper-fwd-merge-h200.md); the masked-only form is not yet measured.
+// (the heaviest, causal) to first, head after head. Masked calls (causal, windows), by default (HP_FWD_GROUP 1;
+// 0 for A/B timings): heads in groups whose K and V fit 16 MB of L2 (HP_FWD_GROUP_BYTES), and within a group the
+// tiles by m-block, heaviest first over all of the group's heads, so that the last heavy tiles do not start near
+// the grid's end (the trace at 4k causal: the last head's 32-block tiles started 85% of the way through).
+// Measured on an H200 against the default order, 3 rounds, bshd and thd: causal 3.2-4.7% faster at 4k and
+// 1.6-2.1% at 8k; the fp32 merge's cost at causal 4k +0.2-1.3% (default order +1.8-3.0%), 8k +1.1-2.4%
+// (+2.0-2.4%). Dense keeps the default order (grouped, it was 1.3-2.3% slower). results/attn/hopper-fwd-merge-h200.md.
 #ifndef HP_FWD_GROUP
-#define HP_FWD_GROUP 0
+#define HP_FWD_GROUP 1
 #endif
 #ifndef HP_FWD_GROUP_BYTES // the L2 a group's K and V may take (a smaller one in the emulator: partial groups)
 #define HP_FWD_GROUP_BYTES (16 << 20)
