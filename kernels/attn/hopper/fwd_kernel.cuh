@@ -249,9 +249,9 @@ HP_DEV void hp_trace(const params_t &p, int slot, int what = HP_TRACE_CLOCK) {
 // 0 for A/B timings): heads in groups whose K and V fit 16 MB of L2 (HP_FWD_GROUP_BYTES), and within a group the
 // tiles by m-block, heaviest first over all of the group's heads, so that the last heavy tiles do not start near
 // the grid's end (the trace at 4k causal: the last head's 32-block tiles started 85% of the way through).
-// Measured on an H200 against the default order, 3 rounds, bshd and thd: causal 3.2-4.7% faster at 4k and
-// 1.6-2.1% at 8k; the fp32 merge's cost at causal 4k +0.2-1.3% (default order +1.8-3.0%), 8k +1.1-2.4%
-// (+2.0-2.4%). Dense keeps the default order (grouped, it was 1.3-2.3% slower). results/attn/hopper-fwd-merge-h200.md.
+// Measured on an H200 against the default order, two calls of 3 rounds, bshd and thd: causal 3.2-4.7% faster at
+// 4k and 1.6-2.8% at 8k; the fp32 merge's cost at 4k causal +0.2-2.8% (default order +1.7-3.0%). Dense keeps the
+// default order (grouped, it was 1.3-2.3% slower). results/attn/hopper-fwd-merge-h200.md.
 #ifndef HP_FWD_GROUP
 #define HP_FWD_GROUP 1
 #endif
