@@ -683,7 +683,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     // inside 128 bytes), so that a pair's read is one instruction with an immediate offset
     auto merge_row = [&](auto es_c) {
       constexpr int ES = decltype(es_c)::value, J = 128 / (8 * ES);
-      uint32_t off[J];
+      [[maybe_unused]] uint32_t off[J]; // read only where the rows are staged
 #pragma unroll
       for (int k = 0; k < J; k++)
         if constexpr (STAGED) off[k] = acc_stage_at(stage, br, DV * ES, (8 * k + 2 * (lane % 4)) * ES);
