@@ -109,9 +109,10 @@ template <int DQK, int DV> struct alignas(1024) smem_t {
 // for fp32), which slowed the main loop by about 1.2k clocks a CTA, and the epilogue ran about 1000
 // instructions a warp (expf/log1pf, an address computed for each staged pair). A copy now costs two adds
 // and an XOR, and the epilogue reads each pair at an immediate offset: the fp32 merge's cost at 4k causal
-// went from +3.4-3.6% to +1.5-2.0% in one A/B (+1.5 to +4.0% over three calls, hosts apart). Starting the copies later (once the last or the second-last key block's
-// loads were issued, so that no K or V load queues behind them) cost 1-3 points more: they take about 9k
-// clocks to land. results/attn/hopper-fwd-merge-h200.md.)
+// went from +3.4-3.6% to +1.5-2.0% in one A/B, but +1.5 to +4.0% over three calls; with masked calls'
+// heavy tiles first (hp_fwd_tile), +0.2 to +2.8% over 14 timings. Starting the copies later (once the last
+// or the second-last key block's loads were issued, so that no K or V load queues behind them) cost 1-3
+// points more: they take about 9k clocks to land. results/attn/hopper-fwd-merge-h200.md.)
 template <int DQK, int DV> struct acc_stage_t {
   static constexpr uint32_t o_bytes = BM * DV * 4, bytes = o_bytes + BM * 4;
   static constexpr bool on = HP_FWD_STAGE_ACC && sizeof(smem_t<DQK, DV>) + 1024 + bytes <= 227 * 1024;
