@@ -19,6 +19,13 @@
 --   h:max(v), h:sum(v)       v (number or list) over the ranks
 --   h:check(fn)              after timing: fn() returns this rank's wrong elements;
 --                            the sum over ranks is returned and counted for the exit code
+--   h.quick, h.plant         --quick (the bench's smallest case: the plant spec runs it) and
+--                            --plant noop | scale=X (distlab.bench.verify)
+--   h:planted(fn, o)         fn with --plant's error put in (fn itself without --plant):
+--                            the callable a bench times and verifies
+--   h:verify(spec)           after timing: fresh inputs, poisoned outputs, one more run of the
+--                            timed callable, its check against a reference (distlab.bench.verify);
+--                            wrong elements summed over ranks and counted, each rank's message kept
 --   h:path(name)             DIR/name, DIR made when missing
 --   h:info()                 {device, date, commit, command} (--command replaces the command)
 --   h:csv(name, header, rows), h:markdown(name, title, lines[, extra header lines]) -> path
@@ -32,6 +39,8 @@ local timing = require "distlab.bench.timing"
 local btable = require "distlab.bench.table"
 local csv = require "distlab.bench.csv"
 local markdown = require "distlab.bench.markdown"
+local verify = require "distlab.bench.verify"
+local stream = require "distlab.stream"
 
 local fail = core.fail
 local M = {}
@@ -64,6 +73,8 @@ function M.new(o)
   spec[#spec + 1] = { "out", "string", out_default, "results folder (made when missing)", meta = "DIR" }
   spec[#spec + 1] = { "command", "string", nil, "the command to record in the results (default: this one)",
     meta = "TEXT" }
+  spec[#spec + 1] = { "quick", "flag", false, "the smallest case only (a check that the bench runs and checks)" }
+  spec[#spec + 1] = { "plant", "string", nil, verify.PLANT_HELP, meta = "noop|scale=X" }
   spec[#spec + 1] = { "shared-results", "flag", false,
     "write into experiments/results/ even where ranks share a GPU (timings mean nothing there)" }
   if o.tag then
@@ -81,6 +92,14 @@ function M.new(o)
     os.exit(0)
   end
   h.opt, h.given, h.out, h.tag = opt, given, opt.out, opt.tag
+  h.quick = opt.quick
+  local okp, plant = pcall(verify.parse_plant, opt.plant)
+  if not okp then
+    io.stderr:write(o.name, ": ", tostring(plant), "\n")
+    os.exit(2)
+  end
+  h.plant = plant
+  if plant then h:print("%s: --plant %s: the data check must fail this run", h.name, plant.text) end
   -- the default folder is the checkout's, wherever the run starts; a folder given is the caller's
   if not given.out and not out_default:match("^/") then h.out = core.root .. "/" .. out_default end
   h.shared = comm ~= nil and (comm.share or 1) > 1
@@ -118,6 +137,22 @@ function Harness:check(fn)
   local total = self:sum(mine)
   self.wrong = self.wrong + total
   return total
+end
+
+function Harness:planted(fn, o) return verify.planted(fn, self.plant, o) end
+
+function Harness:verify(spec)
+  local device = self.device
+  local n, msg = verify.run(spec, function() stream.synchronize(device) end)
+  if n > 0 then
+    local line = string.format("%s: data check failed on rank %d of %d: %s: %s", self.name, self.rank, self.size,
+      tostring(spec.what or "?"), msg or (n .. " wrong elements"))
+    io.stderr:write(line, "\n")
+    io.stderr:flush()
+    self.failures = self.failures or {}
+    self.failures[#self.failures + 1] = line
+  end
+  return self:check(n)
 end
 
 function Harness:path(name)
