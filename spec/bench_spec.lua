@@ -339,9 +339,10 @@ describe("bench markdown", function()
     M.write(path, M.header("A title", info, { "method: x", "- knob: y" }))
     local text = read(path)
     assert.matches("^# A title\n\n%- device: cpu\n%- date: [^\n]+ UTC\n%- commit: `[^`\n]+`\n%- command: `%./distlab run %-n 2 " ..
-      "%-%-device cpu x%.lua %-%-out 'a b'`\n%- method: x\n%- knob: y\n$", text)
+      "%-%-device cpu x%.lua %-%-out 'a b'`\n%- libraries: [^\n]+\n%- method: x\n%- knob: y\n$", text)
     local back = M.read_header(path)
-    assert.same({ title = "A title", device = "cpu", date = info.date, commit = info.commit, command = info.command }, back)
+    assert.same({ title = "A title", device = "cpu", date = info.date, commit = info.commit, command = info.command,
+      libraries = M.libraries() }, back)
     assert.matches("needs device, date, commit and command", err(M.header, "t", { device = "cpu" }))
     os.remove(path)
   end)
@@ -350,6 +351,41 @@ describe("bench markdown", function()
     local c = M.command({ [0] = dl.root .. "/experiments/comm/comm_bench.lua", "-b", "8", "--device-name", "NVIDIA H200" })
     assert.matches("experiments/comm/comm_bench%.lua %-b 8 %-%-device%-name 'NVIDIA H200'$", c)
     assert.is_nil(c:find(dl.root, 1, true))
+  end)
+
+  it("records the variables that change a run, and no others", function()
+    for _, k in ipairs({ "DISTLAB_AR_TABLE", "DISTLAB_CUDNN", "NCCL_NVLS_ENABLE", "CUDA_VISIBLE_DEVICES",
+      "CUDA_LAUNCH_BLOCKING", "CUDNN_LOGLEVEL_DBG", "CUBLAS_WORKSPACE_CONFIG", "CUBLASLT_LOG_LEVEL", "LD_LIBRARY_PATH" }) do
+      assert.is_true(M.recorded(k), k)
+    end
+    for _, k in ipairs({ "DISTLAB_RANK", "DISTLAB_ROOT", "DISTLAB_JOB_ID", "HOME", "PATH", "LD_PRELOAD_X", "XCUDA_Y" }) do
+      assert.is_false(M.recorded(k), k)
+    end
+    local rc, out = run("env CUDNN_SPEC_X=1 LD_LIBRARY_PATH=/nowhere NCCL_SPEC_Y='a b' luajit -e " ..
+      sh("package.path = " .. string.format("%q", dl.root .. "/bindings/?.lua;" .. dl.root .. "/bindings/?/init.lua;")
+        .. " .. package.path; io.write(require('distlab').bench.markdown.command({ [0] = 'x.lua', '--y' }))"))
+    assert.equal(0, rc, out)
+    assert.matches("CUDNN_SPEC_X=1 ", out, 1, true)
+    assert.matches("LD_LIBRARY_PATH=/nowhere ", out, 1, true)
+    assert.matches("NCCL_SPEC_Y='a b' ", out, 1, true)
+    assert.matches("luajit x%.lua %-%-y$", out)
+  end)
+
+  it("lists the libraries loaded: CUDA runtime and driver, NCCL, cuDNN, cuBLASLt, 'not loaded' for the others", function()
+    local line = M.libraries()
+    assert.matches("^CUDA runtime [^;]+; NCCL [^;]+; cuDNN [^;]+; cuBLASLt [^;]+$", line)
+    -- nothing is opened to find them: a library opened after the first look shows up in the next
+    local ffi = require "ffi"
+    if line:match("NCCL not loaded") then
+      local h = ffi.C.dlopen("libnccl.so.2", 2) -- RTLD_NOW; kept open (the process may load it for good later)
+      if h ~= nil then assert.matches("; NCCL %d+%.%d+%.%d+ %(/[^)]*libnccl[^)]*%);", M.libraries()) end
+    end
+    if not package.loaded["distlab.gemm"] or dl.gemm.stats().version == 0 then
+      assert.matches("cuBLASLt not loaded$", M.libraries())
+    end
+    -- a header given the line (torch_common.py's, or a wrapper's) writes it as it is
+    local lines = M.header("t", { device = "cpu", date = "d", commit = "c", command = "x", libraries = "torch 9" })
+    assert.equal("- libraries: torch 9", lines[7])
   end)
 
   it("makes tables whose cells cannot break them", function()
