@@ -1,5 +1,6 @@
--- The main job in one run: `./distlab demo` (4 ranks on the cpu device, or
--- one rank a GPU). Three results, each with its time and memory:
+-- The main job in one run: `./distlab demo` (4 ranks on the cpu device, 2
+-- ranks sharing a host's one GPU, or a rank a GPU: demo_plan in
+-- scripts/distlab). Three results, each with its time and memory:
 --   1. seed 000's table: peak forward memory of every context-parallel
 --      strategy at C = 2..64, counted on the meta device from the same
 --      schedule code the ranks run, beside the formulas of the schedule files
@@ -26,6 +27,9 @@ local function mib(b) return b / 2 ^ 20 end
 
 say("distlab demo: %d rank%s on %s (%s)", N, N > 1 and "s" or "", dev, dl.build_info())
 if dev:match("^cuda") then say("  GPU: %s", dl.cuda_device_name(tonumber(dev:match("%d+")))) end
+if w.share > 1 then
+  say("  %d ranks share each GPU through the %s communicator: a correctness mode, whose times mean nothing", w.share, w.backend)
+end
 
 -- ---- 1. seed 000's table: peak forward memory per CP strategy, C = 2..64 -------------
 
