@@ -388,6 +388,15 @@ describe("bench markdown", function()
     assert.equal("- libraries: torch 9", lines[7])
   end)
 
+  it("experiments/torch_common.py heads, writes and times the PyTorch anchors as distlab.bench does", function()
+    -- its own tests (no torch needed): the header lines, the recorded variables, CSV cells, the mean of
+    -- runs, the timing methods on the host clock, and every *_torch.py answering --help
+    local rc, out = run("python3 " .. sh(dl.root .. "/experiments/test_torch_common.py"))
+    if rc == 127 then return pending("no python3 here") end
+    assert.equal(0, rc, out)
+    assert.matches("\n%d+ passed, 0 failed\n", out)
+  end)
+
   it("makes tables whose cells cannot break them", function()
     assert.same({ "| a | b |", "|---|---:|", "| x\\|y | - |" }, M.table({ "a", "b" }, { { "x|y", nil } }))
     assert.equal("`` a`b ``", M.code("a`b"))

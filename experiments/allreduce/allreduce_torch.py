@@ -1,7 +1,9 @@
 """PyTorch anchors for experiments/allreduce/allreduce_sweep.lua, measured the same way
-(a CUDA graph of 10 back-to-back all-reduces, warm-up replays, then each
-replay timed with CUDA events; the median per all-reduce (of an even count:
-the mean of the middle two, as distlab.bench.timing), max over ranks):
+(experiments/torch_common.py's graph, distlab.bench.timing.graph: a CUDA graph
+of 10 back-to-back all-reduces, warm-up replays (at least 5, and enough to fill
+--warm-ms, the same count on every rank), a barrier, then each replay timed
+with CUDA events; the median per all-reduce (of an even count: the mean of
+the middle two), max over ranks):
 
   nccl            torch.distributed.all_reduce, in place (NCCL, NVLS off)
   torch_one_shot  torch.ops.symm_mem.one_shot_all_reduce(buf, "sum", group),
@@ -16,20 +18,24 @@ events, and the method column says so), is recorded as such and the rest goes
 on. Data are checked after timing (bf16 inputs 1..8 per rank, exact sums).
 OUT.csv is written through Python's csv module (RFC 4180: a method or an
 error message holding a comma is quoted), which allreduce_sweep.lua's --torch
-reads with distlab.bench.csv.
+reads with distlab.bench.csv (runs before and after the sweep: one CSV of
+their means from `python3 experiments/torch_common.py mean OUT.csv A.csv B.csv
+--key impl,bytes --runs time_us`); OUT.md beside it, the same rows under the
+results header (device, date, commit, command, libraries).
 
   torchrun --nproc_per_node 2 experiments/allreduce/allreduce_torch.py OUT.csv [--sizes 8192,65536,...]
+      [--replays 50] [--warm-ms 200]
 """
 import argparse
-import csv
 import os
-import statistics
 import sys
-import time
 import traceback
 
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch_common as tc  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -45,45 +51,17 @@ def log(*a):
         print(*a, flush=True)
 
 
-def time_graph(fn, ops, warmup, replays):
-    """Per-call ms of fn: a graph of `ops` calls, or eager if capture fails."""
-    stream = torch.cuda.Stream()
-    method = "graph"
-    try:
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=stream):
-            for _ in range(ops):
-                fn()
-        torch.cuda.synchronize()
-        run = g.replay
-    except Exception as e:  # not capturable here: time eagerly
-        torch.cuda.synchronize()
-        method = "eager (%s)" % type(e).__name__
+def max_over_ranks(x):
+    t = torch.tensor([x], device="cuda", dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.item()
 
-        def run():
-            for _ in range(ops):
-                fn()
 
-    for _ in range(warmup):
-        run()
-    torch.cuda.synchronize()
-    dist.barrier()
-    ev = [torch.cuda.Event(enable_timing=True) for _ in range(replays + 1)]
-    ev[0].record()
-    for i in range(replays):
-        run()
-        ev[i + 1].record()
-    torch.cuda.synchronize()
-    times = [ev[i].elapsed_time(ev[i + 1]) / ops for i in range(replays)]
-    med = torch.tensor([statistics.median(times)], device="cuda", dtype=torch.float64)
-    dist.all_reduce(med, op=dist.ReduceOp.MAX)
-    return med.item(), method
+def time_graph(fn, replays, warm_ms):
+    """Per-call ms of fn (a graph of 10 calls, or eager if capture fails), max over ranks, and the method."""
+    st, method = tc.graph(fn, ops=10, warmup=5, replays=replays, warm_ms=warm_ms, before=dist.barrier,
+                          agree=max_over_ranks)
+    return max_over_ranks(st["median"]), method
 
 
 def check(result, n, world):
@@ -106,6 +84,7 @@ def main():
     ap.add_argument("out")
     ap.add_argument("--sizes", default="")
     ap.add_argument("--replays", type=int, default=50)
+    ap.add_argument("--warm-ms", type=float, default=200, help="warm-up replays per case filling this (ms)")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s] or DEFAULT_SIZES
 
@@ -147,16 +126,14 @@ def main():
     one_shot = getattr(ops, "one_shot_all_reduce", None) if ops is not None else None
     two_shot = getattr(ops, "two_shot_all_reduce_", None) if ops is not None else None
 
-    out = open(args.out, "w", newline="") if rank == 0 else None
-    writer = csv.writer(out, lineterminator="\n") if out else None
-    if out:
-        writer.writerow(["impl", "bytes", "time_us", "method", "wrong"])
+    out = tc.Csv(args.out, ["impl", "bytes", "time_us", "method", "wrong"]) if rank == 0 else None
+    rows = []
 
     def row(impl, nbytes, us, method, wrong):
         """One line of the CSV, written at once (a later crash keeps it)."""
         if out:
-            writer.writerow([impl, nbytes, f"{us:.3f}", method, wrong])
-            out.flush()
+            out.row([impl, nbytes, f"{us:.3f}", method, wrong])
+            rows.append([impl, nbytes, f"{us:.3f}", method, wrong])
 
     log(f"{'bytes':>12} {'impl':<16} {'us':>10}  method")
     for nbytes in sizes:
@@ -175,7 +152,7 @@ def main():
                 x.zero_()
                 if symm is not None:
                     symm[:n].zero_()
-                us, method = time_graph(fn, 10, 5, replays)
+                us, method = time_graph(fn, replays, args.warm_ms)
                 us *= 1e3
                 # data after timing: one call on known inputs
                 if impl == "nccl":
@@ -209,7 +186,16 @@ def main():
                 row(missing, nbytes, float("nan"), "absent: " + why, -1)
     if out:
         out.close()
-        print(f"wrote {args.out} ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())})")
+        md = (args.out[:-4] if args.out.endswith(".csv") else args.out) + ".md"
+        tc.write_markdown(md, "PyTorch all-reduce anchors of allreduce_sweep.lua", tc.run_info(tc.device_desc(
+            world, "nccl")), [
+            "method: bf16, a CUDA graph of 10 back-to-back all-reduces (eager where capture failed: the method "
+            f"says so), at least 5 warm-up replays filling {args.warm_ms:g} ms, a barrier, then up to "
+            f"{args.replays} replays each between two CUDA events; per call the median replay / 10, max over "
+            "ranks; data checked after timing (inputs 1..8, exact sums; #wrong)",
+            "TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and NCCL_NVLS_ENABLE=0 set by the script (no multicast)"],
+            tc.table(["impl", "bytes", "us", "method", "#wrong"], rows))
+        print(f"wrote {args.out} and {md} ({tc.date()})")
     dist.barrier()
     dist.destroy_process_group()
 

@@ -12,10 +12,10 @@ H200 (PyTorch 2.11.0+cu130, cuDNN 9.19, 2026-11-23) it returned a wrong dq at
 s=333 (against the math backend), ran at 6-83 TFLOP/s at s 4k-16k, and hit an
 illegal memory access at s=32k, which ends the process. Where a backend has
 no thd row, attn_bench.lua sets its bshd figure (the same work), saying so.
-Times: medians of CUDA events around each call, as dl.bench takes them, after
-warm-up calls filling --warm-ms and at least --iters timed calls filling
---min-ms (a few calls leave the card's clocks where the previous case put
-them). FLOPs as attn_bench.lua (fwd 4*b*h*s^2*d, halved when causal; bwd
+Times: medians of CUDA events around each call, as dl.bench takes them
+(experiments/torch_common.py's events), after warm-up calls filling --warm-ms
+and at least --iters timed calls filling --min-ms (a few calls leave the
+card's clocks where the previous case put them). FLOPs as attn_bench.lua (fwd 4*b*h*s^2*d, halved when causal; bwd
 2.5x; fwd+bwd 3.5x). The forward runs with inputs that require grad (a
 training forward, saving what backward needs). Data checked after timing:
 outputs finite, and each backend against the math backend in fp32 at a small
@@ -24,63 +24,35 @@ dense result of the same sequences).
   python3 experiments/attn/attn_bench_torch.py [--s 4096,8192] [--layouts bshd,thd]
       [--iters 10] [--warm-ms 300] [--min-ms 600] [--out DIR] [--name attn-torch]
 Writes DIR/NAME.{md,csv} (default experiments/results/attn/attn-torch): the
-markdown headed by device, date, commit and command as distlab.bench.markdown
-heads its files, the CSV through Python's csv module (RFC 4180), which
+markdown headed by device, date, commit, command and libraries as
+distlab.bench.markdown heads its files, the CSV through Python's csv module
+(RFC 4180; its last column, torch, the libraries), which
 attn_bench.lua's --torch reads with distlab.bench.csv (cudnn.sh runs this
 before and after attn_bench.lua and the anchor is the mean of the two runs).
 """
 import argparse
-import csv
-import math
 import os
-import shlex
-import statistics
-import subprocess
 import sys
-import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch_common as tc  # noqa: E402
 
 if "--cudnn-thd" in sys.argv:
     os.environ["TORCH_CUDNN_SDPA_NESTED_TENSOR_ENABLED"] = "1"
 
-import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 B, H, D = 2, 16, 128
 BACKENDS = [("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)]
 
 
-def commit():
-    """$DISTLAB_COMMIT, else `git describe --always --dirty` of the checkout (distlab.bench.markdown.commit)."""
-    if os.environ.get("DISTLAB_COMMIT"):
-        return os.environ["DISTLAB_COMMIT"]
-    try:
-        out = subprocess.run(["git", "-C", ROOT, "describe", "--always", "--dirty"], capture_output=True, text=True)
-        if out.returncode == 0 and out.stdout.strip():
-            return out.stdout.strip()
-    except OSError:
-        pass
-    return "unknown (no git checkout here; set DISTLAB_COMMIT=<hash> to record it)"
-
-
-def events_ms(fn, warmup, iters):
-    for _ in range(warmup):
-        fn()
-    ev = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1)]
-    ev[0].record()
-    for i in range(iters):
-        fn()
-        ev[i + 1].record()
-    torch.cuda.synchronize()
-    return statistics.median(ev[i].elapsed_time(ev[i + 1]) for i in range(iters))
-
-
 def bench(fn, a):
     """dl.bench.timing.events with warm_ms/min_ms: a first estimate (2 + 3 calls),
     then warm-up calls filling warm_ms and at least iters timed calls filling min_ms."""
-    est = max(events_ms(fn, 2, 3), 1e-3)
-    return events_ms(fn, math.ceil(a.warm_ms / est), max(a.iters, math.ceil(a.min_ms / est)))
+    return tc.events(fn, warmup=0, iters=a.iters, warm_ms=a.warm_ms, min_ms=a.min_ms)["median"]
 
 
 def inputs(layout, s, h, device="cuda"):
@@ -166,9 +138,7 @@ def main():
     sizes = [int(x) for x in a.s.split(",")]
     layouts = [x for x in a.layouts.split(",") if x]
     gpu = torch.cuda.get_device_name(0)
-    date = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    command = "python3 " + " ".join(shlex.quote(x) for x in sys.argv)
-    print(f"PyTorch {torch.__version__} SDPA, {gpu}, {date}, cuDNN {torch.backends.cudnn.version()}")
+    print(f"PyTorch {torch.__version__} SDPA, {gpu}, {tc.date()}, cuDNN {torch.backends.cudnn.version()}")
     print(f"{'backend':<7} {'layout':<6} {'mask':<7} {'s':>6}  {'fwd ms':>9} {'bwd ms':>9} {'f+b ms':>9}  "
           f"{'fwd TF/s':>8} {'bwd TF/s':>8} {'f+b TF/s':>8}  check")
     rows = []
@@ -176,10 +146,9 @@ def main():
     os.makedirs(a.out, exist_ok=True)
     path = os.path.join(a.out, a.name)
     # the CSV row by row, so that rows made before a fault that ends the process (a CUDA error) are kept
-    csv_file = open(path + ".csv", "w", newline="")
-    w = csv.writer(csv_file, lineterminator="\n")
-    w.writerow(["impl", "layout", "mask", "s", "fwd_ms", "bwd_ms", "fwdbwd_ms", "fwd_tflops", "bwd_tflops",
-                "fwdbwd_tflops", "check"])
+    w = tc.Csv(path + ".csv", ["impl", "layout", "mask", "s", "fwd_ms", "bwd_ms", "fwdbwd_ms", "fwd_tflops",
+                               "bwd_tflops", "fwdbwd_tflops", "check", "torch"])
+    about = None  # the libraries, read after the first case has loaded them
     for name, backend in BACKENDS:
         for layout in layouts:
             if name == "cudnn" and layout == "thd" and not a.cudnn_thd:
@@ -204,26 +173,21 @@ def main():
                             r = (name, layout, mask, s, nan, nan, nan, nan, nan, nan, "failed: " + one_line(e))
                     torch.cuda.empty_cache()
                     rows.append(r)
-                    w.writerow([r[0], r[1], r[2], r[3], f"{r[4]:.4f}", f"{r[5]:.4f}", f"{r[6]:.4f}", f"{r[7]:.2f}",
-                                f"{r[8]:.2f}", f"{r[9]:.2f}", r[10]])
-                    csv_file.flush()
+                    about = about or tc.libraries()
+                    w.row([r[0], r[1], r[2], r[3], f"{r[4]:.4f}", f"{r[5]:.4f}", f"{r[6]:.4f}", f"{r[7]:.2f}",
+                           f"{r[8]:.2f}", f"{r[9]:.2f}", r[10], about])
                     print(f"{r[0]:<7} {r[1]:<6} {r[2]:<7} {r[3]:>6}  {r[4]:9.3f} {r[5]:9.3f} {r[6]:9.3f}  "
                           f"{r[7]:8.1f} {r[8]:8.1f} {r[9]:8.1f}  {r[10]}", flush=True)
-    csv_file.close()
-    with open(path + ".md", "w") as f:
-        f.write("# PyTorch scaled_dot_product_attention\n\n")
-        f.write(f"- device: {gpu}\n- date: {date}\n- commit: `{commit()}`\n- command: `{command}`\n"
-                f"- PyTorch {torch.__version__}, cuDNN {torch.backends.cudnn.version()}, "
-                f"TORCH_CUDNN_SDPA_NESTED_TENSOR_ENABLED={os.environ.get('TORCH_CUDNN_SDPA_NESTED_TENSOR_ENABLED')}\n")
-        f.write(f"- b={B}, h={H}, d={D}, bf16; bshd inputs as [b, h, s, d] views, thd as nested jagged tensors; "
-                f"FLOPs fwd 4*b*h*s^2*d (halved when causal), bwd 2.5x, fwd+bwd 3.5x; median of CUDA-event "
-                f"timings, warm-up filling {a.warm_ms:g} ms, at least {a.iters} calls filling {a.min_ms:g} ms\n\n")
-        f.write("| backend | layout | mask | s | fwd ms | bwd ms | fwd+bwd ms | fwd TFLOP/s | bwd TFLOP/s | "
-                "fwd+bwd TFLOP/s | check |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
-        for r in rows:
-            check = r[10].replace("|", "\\|").replace("\n", " ")
-            f.write(f"| {r[0]} | {r[1]} | {r[2]} | {r[3]} | {r[4]:.3f} | {r[5]:.3f} | {r[6]:.3f} | {r[7]:.1f} | "
-                    f"{r[8]:.1f} | {r[9]:.1f} | {check} |\n")
+    w.close()
+    table = [[r[0], r[1], r[2], r[3], f"{r[4]:.3f}", f"{r[5]:.3f}", f"{r[6]:.3f}", f"{r[7]:.1f}", f"{r[8]:.1f}",
+              f"{r[9]:.1f}", r[10]] for r in rows]
+    tc.write_markdown(path + ".md", "PyTorch scaled_dot_product_attention", tc.run_info(gpu), [
+        f"TORCH_CUDNN_SDPA_NESTED_TENSOR_ENABLED={os.environ.get('TORCH_CUDNN_SDPA_NESTED_TENSOR_ENABLED')}",
+        f"b={B}, h={H}, d={D}, bf16; bshd inputs as [b, h, s, d] views, thd as nested jagged tensors; "
+        f"FLOPs fwd 4*b*h*s^2*d (halved when causal), bwd 2.5x, fwd+bwd 3.5x; median of CUDA-event "
+        f"timings, warm-up filling {a.warm_ms:g} ms, at least {a.iters} calls filling {a.min_ms:g} ms"],
+        tc.table(["backend", "layout", "mask", "s", "fwd ms", "bwd ms", "fwd+bwd ms", "fwd TFLOP/s", "bwd TFLOP/s",
+                  "fwd+bwd TFLOP/s", "check"], table, ["l"] * 4 + ["r"] * 6 + ["l"]))
     print(f"wrote {path}.md and .csv")
 
 

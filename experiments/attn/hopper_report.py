@@ -4,15 +4,30 @@ forward and backward with each variant of the Hopper kernels (and the portable o
 SDPA's cuDNN and flash from the same call, the ratios issue 19 asks for (at least 0.80 of cuDNN at
 s >= 8k, at least flash at s >= 4k, forward and backward), and the specs' and sanitizers' summaries.
 
-  python3 experiments/attn/hopper_report.py <the run's $OUT folder> <out.md> --commit C --date D
+  python3 experiments/attn/hopper_report.py <the run's $OUT folder> <out.md> [--commit C] [--date D]
+      [--command TEXT]
+
+The header is experiments/torch_common.py's (distlab.bench.markdown's): the device, the libraries
+and the benches' own commands are read from the run's files (attn-torch.md and each variant's
+attn-distlab.md); --commit and --date default to the run's (the first variant's header).
 """
-import argparse, csv, glob, os, re
+import argparse
+import csv
+import glob
+import os
+import re
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch_common as tc  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("run")
 ap.add_argument("out")
-ap.add_argument("--commit", required=True)
-ap.add_argument("--date", required=True)
+ap.add_argument("--commit", help="default: the run's (its first variant's header)")
+ap.add_argument("--date", help="default: the run's (its first variant's header)")
+ap.add_argument("--command", default="bash scripts/gpu/attn_hopper.sh",
+                help="the device call's command (default: bash scripts/gpu/attn_hopper.sh)")
 a = ap.parse_args()
 
 
@@ -33,25 +48,25 @@ for d in sorted(glob.glob(os.path.join(a.run, "*", "attn-distlab.csv"))):
     variants[os.path.basename(os.path.dirname(d))] = {(r["layout"], r["mask"], int(r["s"])): r for r in rows(d)}
 order = [v for v in ("hopper", "hopper-red", "hopper-turns", "hopper-noturns", "portable") if v in variants]  # hopper-red, hopper-turns: runs before 2026-11-27 c
 order += [v for v in variants if v not in order]
-device = ""
-for v in order:
-    md = os.path.join(a.run, v, "attn-distlab.md")
-    if os.path.exists(md):
-        m = re.search(r"^- device: (.+)$", open(md, errors="replace").read(), re.M)
-        if m:
-            device = m.group(1).strip()
-            break
+heads = {v: tc.read_header(os.path.join(a.run, v, "attn-distlab.md")) for v in order}
+torch_head = tc.read_header(os.path.join(a.run, "attn-torch.md"))
+first = next((heads[v] for v in order if heads[v]), {})
+device = first.get("device", "")
 checks = {v: sorted({r["check"] for r in variants[v].values()}) for v in order}
 
-o = ["# dl.attn on Hopper: the wgmma/TMA forward and backward against PyTorch SDPA (issue 19)\n"]
-o.append(f"- device: {device or 'see the bench logs'}")
-o.append(f"- date: {a.date}")
-o.append(f"- commit: `{a.commit}`")
-o.append("- command: `bash scripts/gpu/attn_hopper.sh` (one device call: build, the attn specs with "
-         "the Hopper kernels on, compute-sanitizer on "
-         "experiments/attn/hopper_small.lua, experiments/attn/attn_bench_torch.py, then "
-         "experiments/attn/attn_bench.lua once a variant); this file: `python3 experiments/attn/hopper_report.py "
-         f"<$OUT> <this file> --commit {a.commit} --date '{a.date}'`")
+commit = a.commit or first.get("commit") or tc.commit()
+date = a.date or first.get("date") or tc.date()
+info = {"device": device or "see the bench logs", "date": date, "commit": commit,
+        "command": f"{a.command} (one device call: build, the attn specs with the Hopper kernels on, "
+                   "compute-sanitizer on experiments/attn/hopper_small.lua, experiments/attn/attn_bench_torch.py, "
+                   "then experiments/attn/attn_bench.lua once a variant); this file: "
+                   f"python3 experiments/attn/hopper_report.py <$OUT> <this file> --commit {commit} --date '{date}'",
+        "libraries": "distlab: " + first.get("libraries", "not recorded (a run before the libraries line)")
+                     + "; PyTorch: " + torch_head.get("libraries", "not recorded")}
+o = tc.header("dl.attn on Hopper: the wgmma/TMA forward and backward against PyTorch SDPA (issue 19)", info)
+o.append("- the benches' commands: " + "; ".join(
+    [f"{v}: {tc.code(heads[v]['command'])}" for v in order if heads[v].get("command")]
+    + ([f"torch: {tc.code(torch_head['command'])}"] if torch_head.get("command") else [])))
 o.append("- variants: hopper (dQ by bulk reductions), hopper-red (dQ by vector reductions; removed 2026-11-27), hopper-turns "
          "(DISTLAB_ATTN_HOPPER_BWD_TURNS=1, d 64; the default since 2026-11-27), hopper-noturns (DISTLAB_ATTN_HOPPER_BWD_TURNS=0), "
          "portable (DISTLAB_ATTN_HOPPER=0)")
@@ -63,7 +78,8 @@ for tool in ("memcheck", "racecheck"):
     o.append(f"- compute-sanitizer {tool}: " + ("not run" if not summ and run == "not run" else
                                                 f"{'; '.join(summ) or 'no summary'} ({run})"))
 o.append("- data checked after timing (attn_bench: s=333, h=2 against the cpu twin): "
-         + "; ".join(f"{v}: {', '.join(checks[v])}" for v in order) + "\n")
+         + "; ".join(f"{v}: {', '.join(checks[v])}" for v in order))
+o.append("")
 
 for direction in ("fwd", "bwd"):
     o.append(f"## {'Forward' if direction == 'fwd' else 'Backward'} (TFLOP/s)\n")

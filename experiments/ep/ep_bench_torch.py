@@ -10,24 +10,33 @@ experts uniformly; T = B tokens a rank; weights 2^-ceil(log2 K)).
   combine   all_to_all_single the expert outputs back, then index_add_ them,
             weighted, into the tokens (fp32, then bf16)
 
-Timed eagerly (the host read of the counts cannot be captured): `warmup`
-calls, then `iters` calls each between two CUDA events (host clock on cpu);
-the median on each rank, the max over ranks. Bandwidth as DeepEP counts it:
+Timed eagerly (the host read of the counts cannot be captured), with
+experiments/torch_common.py: warm-up calls (at least --warmup, and enough to
+fill --warm-ms, the same count on every rank), then --iters calls each after
+a barrier between two CUDA events (host clock on cpu); the median on each
+rank, the max over ranks. Bandwidth as DeepEP counts it:
 selections x 2H bytes / time. Data are checked after timing with the identity
 expert: out = x * K * w. With one rank a GPU the backend is NCCL
 (NCCL_NVLS_ENABLE=0); where ranks share a GPU (NCCL refuses that) or there is
 no GPU, gloo, with the all-to-alls through host memory: a smoke run, its
 times mean nothing (the method column says which). Rank 0 writes OUT.csv
-(Python's csv module, RFC 4180), which ep_bench.lua --torch reads.
+(Python's csv module, RFC 4180; row by row), which ep_bench.lua --torch reads
+(runs before and after ep_bench: one CSV of their means from `python3
+experiments/torch_common.py mean OUT.csv A.csv B.csv --key B,E --runs
+both_us`), and OUT.md beside it: the same rows under the results header
+(device, date, commit, command, libraries).
 
   torchrun --nproc_per_node 8 experiments/ep/ep_bench_torch.py OUT.csv [--B 1,32,128,512] [--experts 16,256]
+      [--hidden 7168] [--topk 8] [--warmup 5] [--warm-ms 500] [--iters 30]
 """
 import argparse
-import csv
 import math
 import os
 import statistics
-import time
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch_common as tc  # noqa: E402
 
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
@@ -46,7 +55,8 @@ def main():
     ap.add_argument("--experts", default="16,256")
     ap.add_argument("--hidden", type=int, default=7168)
     ap.add_argument("--topk", type=int, default=8)
-    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=5, help="warm-up calls per case, at least")
+    ap.add_argument("--warm-ms", type=float, default=500, help="warm-up calls per case filling this (ms)")
     ap.add_argument("--iters", type=int, default=30)
     a = ap.parse_args()
 
@@ -96,27 +106,20 @@ def main():
         out.index_add_(0, order // K, back.float() * w.reshape(-1)[order].unsqueeze(1))
         return out.to(torch.bfloat16)
 
-    def timed(fn):
-        for _ in range(a.warmup):
-            fn()
-        times = []
-        for _ in range(a.iters):
-            dist.barrier()
-            if device.type == "cuda":
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record()
-                fn()
-                e1.record()
-                e1.synchronize()
-                times.append(e0.elapsed_time(e1) * 1e3)
-            else:
-                t0 = time.perf_counter()
-                fn()
-                times.append((time.perf_counter() - t0) * 1e6)
-        t = torch.tensor([statistics.median(times)], dtype=torch.float64, device=comm_dev)
+    def max_over_ranks(x):
+        t = torch.tensor([x], dtype=torch.float64, device=comm_dev)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.item()
 
+    def timed(fn):
+        """us per call: the median over --iters calls (each after a barrier) on each rank, max over ranks."""
+        tc.warm(fn, a.warm_ms, a.warmup, max_over_ranks)
+        return max_over_ranks(statistics.median(tc.each(fn, a.iters, dist.barrier)) * 1e3)
+
+    cols = ["B", "E", "H", "K", "dtype", "method", "dispatch_us", "combine_us", "both_us", "dispatch_GBps",
+            "combine_GBps", "wrong", "torch"]
+    sink = tc.Csv(a.out, cols) if rank == 0 else None
+    about = None  # the libraries, read after the first case loaded them
     rows = []
     for E in ints(a.experts):
         if E % N or E < K:
@@ -143,19 +146,26 @@ def main():
             bad = ((out - want).abs() > 2.0 ** -8 * want.abs() + 1e-6).sum().to(comm_dev)
             dist.all_reduce(bad)
             nbytes = B * K * 2 * H
+            about = about or tc.libraries()
             rows.append([B, E, H, K, "bf16", method, f"{d_us:.2f}", f"{c_us:.2f}", f"{b_us:.2f}",
-                         f"{nbytes / (d_us * 1e3):.2f}", f"{nbytes / (c_us * 1e3):.2f}", int(bad.item())])
+                         f"{nbytes / (d_us * 1e3):.2f}", f"{nbytes / (c_us * 1e3):.2f}", int(bad.item()), about])
+            if sink:
+                sink.row(rows[-1])
             if rank == 0:
                 print(f"torch B={B:4d} E={E:4d}: dispatch {d_us:9.1f} us  combine {c_us:9.1f} us  "
                       f"both {b_us:9.1f} us  #wrong {int(bad.item())}", flush=True)
-    if rank == 0:
-        with open(a.out, "w", newline="") as f:
-            out = csv.writer(f)
-            out.writerow(["B", "E", "H", "K", "dtype", "method", "dispatch_us", "combine_us", "both_us",
-                          "dispatch_GBps", "combine_GBps", "wrong"])
-            out.writerows(rows)
-        print(f"wrote {a.out}", flush=True)
-    wrong = sum(r[-1] for r in rows)
+    if sink:
+        sink.close()
+        md = (a.out[:-4] if a.out.endswith(".csv") else a.out) + ".md"
+        tc.write_markdown(md, "PyTorch EP anchor of ep_bench.lua: all_to_all_single dispatch and combine",
+                          tc.run_info(tc.device_desc(N, backend)), [
+            f"method: {method}; at least {a.warmup} warm-up calls filling {a.warm_ms:g} ms (the same count on every "
+            f"rank), then {a.iters} calls each after a barrier between two CUDA events; the median on each rank, "
+            f"the max over ranks; GB/s = B K 2H / time; data checked after timing with the identity expert "
+            f"(out = x K w; #wrong)", f"H = {H}, K = {K}, bf16, tokens a rank T = B"],
+            tc.table(cols[:-1], [r[:-1] for r in rows]))
+        print(f"wrote {a.out} and {md}", flush=True)
+    wrong = sum(r[11] for r in rows)
     dist.barrier()
     dist.destroy_process_group()
     raise SystemExit(1 if wrong else 0)

@@ -1,6 +1,8 @@
 """PyTorch anchors for experiments/overlap/ag_gemm_bench.lua, measured the same way
-(per timed run a barrier, a CUDA event, the run, an event; per run the slowest
-rank's time; the median over runs; TFLOP/s = 2 m n k / time):
+(experiments/torch_common.py: warm-up runs filling --ag-warm-ms, the count from
+the slowest rank's estimate; per timed run a barrier, a CUDA event, the run,
+an event; per run the slowest rank's time; the median over runs; TFLOP/s =
+2 m n k / time):
 
   torch_fused        torch.ops.symm_mem.fused_all_gather_matmul(a_shard, [b], 0, group)
                      (symmetric memory, no multicast: TORCH_SYMM_MEM_DISABLE_MULTICAST=1)
@@ -31,15 +33,20 @@ The options carry an ag- prefix because torchrun parses the whole command
 line with argparse, which takes any --x that is the start of one of its own
 options (--m: --master-port, --max-restarts, ...; --n: --nnodes, ...) as
 that option, or fails as ambiguous; no torchrun option starts with --ag.
-OUT.csv (rank 0; Python's csv module) is what ag_gemm_bench.lua's --torch reads.
+OUT.csv (rank 0; Python's csv module; its torch column: the libraries) is what
+ag_gemm_bench.lua's --torch reads (runs before and after ours: one CSV of
+their means from `python3 experiments/torch_common.py mean OUT.csv A.csv B.csv
+--key impl,m --runs ms`); OUT.md beside it, the same rows under the results
+header (device, date, commit, command, libraries).
 """
 import argparse
-import csv
-import math
 import os
 import statistics
 import sys
 from datetime import timedelta
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import torch_common as tc  # noqa: E402
 
 os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
@@ -58,28 +65,16 @@ def time_ms(fn, iters, cpu_group, warm_ms):
     """ag_gemm_bench.lua's method: 2 runs estimate a run, warm-up runs fill warm_ms (the count
     from the slowest rank's estimate, the same on every rank), then per timed run a barrier,
     an event, the run, an event; the slowest rank's time per run; the median."""
-    est = torch.zeros(1, dtype=torch.float64)
-    for _ in range(2):
+    def barrier():
         dist.barrier(group=cpu_group)
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        fn()
-        e1.record()
-        torch.cuda.synchronize()
-        est[0] = max(est[0].item(), e0.elapsed_time(e1))
-    dist.all_reduce(est, op=dist.ReduceOp.MAX, group=cpu_group)
-    for _ in range(math.ceil(warm_ms / max(est.item(), 1e-3))):
-        fn()
-    per = []
-    for _ in range(iters):
-        dist.barrier(group=cpu_group)
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        fn()
-        e1.record()
-        torch.cuda.synchronize()
-        per.append(e0.elapsed_time(e1))
-    t = torch.tensor(per, dtype=torch.float64)
+
+    def slowest(x):
+        t = torch.tensor([x], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=cpu_group)
+        return t.item()
+
+    tc.warm(fn, warm_ms, 0, slowest, barrier)
+    t = torch.tensor(tc.each(fn, iters, barrier), dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=cpu_group)
     return statistics.median(t.tolist())
 
@@ -122,8 +117,8 @@ def run_cases(cases, m, flops, args, world, rank, cpu_group, writer, out, about)
             status = "failed on another rank"
         tf = flops / (ms * 1e-3) / 1e12 if ms == ms else float("nan")
         if writer:
-            writer.writerow([impl, m, args.k, args.n, world, f"{ms:.4f}", f"{tf:.2f}", status, about])
-            out.flush()
+            writer.row([impl, m, args.k, args.n, world, f"{ms:.4f}", f"{tf:.2f}", status, about()])
+            out.append([impl, m, args.k, args.n, world, f"{ms:.4f}", f"{tf:.2f}", status])
         if rank == 0:
             print(f"m={m:6d} {impl:<18} {ms:9.3f} ms {tf:8.1f} TFLOP/s {status}", flush=True)
 
@@ -192,10 +187,17 @@ def main():
     dist.init_process_group("gloo" if shared else "nccl", timeout=limit)
     cpu_group = dist.new_group(backend="gloo", timeout=limit)
     group_name = dist.group.WORLD.group_name
-    about = (f"torch {torch.__version__} (CUDA {torch.version.cuda}), {torch.cuda.get_device_name()} x {world}"
-             + (", ranks sharing GPUs (gloo group)" if shared else f", NCCL {torch.cuda.nccl.version()}"))
+    where = f"{torch.cuda.get_device_name()} x {world}" + (", ranks sharing GPUs (gloo group)" if shared else "")
+    known_about = []
+
+    def about():
+        """The torch column: the libraries, read at the first row (after the first GEMM: cuBLASLt loads at it)."""
+        if not known_about:
+            known_about.append(f"{tc.libraries()}; {where}")
+        return known_about[0]
+
     if rank == 0:
-        print(about, flush=True)
+        print(f"torch {torch.__version__} (CUDA {torch.version.cuda}), {where}", flush=True)
 
     fused, fused_err = None, ""
     try:
@@ -217,10 +219,9 @@ def main():
     except Exception as e:
         fused_err = f"unavailable: {type(e).__name__}: {str(e).splitlines()[0][:100]}"
 
-    out = open(args.out, "w", newline="") if rank == 0 else None
-    writer = csv.writer(out, lineterminator="\n") if out else None
-    if writer:
-        writer.writerow(["impl", "m", "k", "n", "ranks", "ms", "tflops", "status", "torch"])
+    cols = ["impl", "m", "k", "n", "ranks", "ms", "tflops", "status", "torch"]
+    writer = tc.Csv(args.out, cols) if rank == 0 else None
+    out = []  # the rows, for OUT.md
 
     for m in [int(x) for x in args.m.split(",") if x]:
         if args.op == "gemm_rs":
@@ -254,8 +255,18 @@ def main():
         run_cases(cases, m, flops, args, world, rank, cpu_group, writer, out, about)
         del a, b, full, c, gathered
         torch.cuda.empty_cache()
-    if out:
-        out.close()
+    if writer:
+        writer.close()
+        md = (args.out[:-4] if args.out.endswith(".csv") else args.out) + ".md"
+        tc.write_markdown(md, f"PyTorch anchors of ag_gemm_bench.lua ({args.op})",
+                          tc.run_info(tc.device_desc(world, "gloo" if shared else "nccl")), [
+            f"method: warm-up runs filling {args.warm_ms:g} ms (the count from the slowest rank's estimate of 2 "
+            f"runs), then {args.iters} runs each after a barrier between two CUDA events; per run the slowest "
+            "rank's time, the median over runs; TFLOP/s = 2 m n k / time (gemm_rs: / ranks); "
+            "TORCH_SYMM_MEM_DISABLE_MULTICAST=1 and NCCL_NVLS_ENABLE=0 set by the script",
+            f"k = {args.k}, n = {args.n}, {args.dtype}"],
+            tc.table(cols[:-1], out, ["l"] + ["r"] * 6 + ["l"]))
+        print(f"wrote {args.out} and {md}", flush=True)
     dist.barrier(group=cpu_group)
     dist.destroy_process_group()
 
