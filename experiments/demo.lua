@@ -8,7 +8,7 @@
 --   2. one CP forward + backward across the ranks, checked against
 --      attention on the whole sequence on one rank;
 --   3. one all-reduce with algo = "auto", checked exactly.
--- It ends by naming the README sections that go further.
+-- It ends by naming the pages of docs/ that go further.
 local dl = require "distlab"
 
 local w = dl.comm.world()
@@ -163,6 +163,6 @@ do
   if wrong > 0 then error("all-reduce result differs from the exact sum", 0) end
 end
 
-say("\nDone in %.1f s. Further, in README.md: \"The modules, in one screen\" (every call),", (dl.now_us() - t_start) * 1e-6)
-say("\"Measured\" (the results files: CP memory and time, all-reduce sweeps, attention speed),")
-say("\"Set up, run, test\" (distlab run / repl) and \"GPU hosts without a package registry\".")
+say("\nDone in %.1f s. Further: README.md (one schedule script, the folders), docs/modules.md (every", (dl.now_us() - t_start) * 1e-6)
+say("call), docs/benchmarks.md (the results: CP memory and time, all-reduce sweeps, attention speed),")
+say("docs/launcher.md (distlab run), docs/repl.md (distlab repl), docs/gpu.md (GPU hosts without a registry).")

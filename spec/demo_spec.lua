@@ -25,6 +25,10 @@ describe("distlab demo", function()
     assert.truthy(out:find("(bound 1.0e-02): ok", 1, true), out)
     assert.truthy(out:match("\n   0 of 262144 elements differ"), out)
     assert.falsy(out:find("share each GPU", 1, true), out)
+    -- the pages it names exist
+    for page in out:gmatch("(docs/[%w_-]+%.md)") do
+      assert.truthy(io.open(H.root .. "/" .. page), page .. " does not exist")
+    end
     assert.truthy(out:find("README.md", 1, true), out)
   end)
 

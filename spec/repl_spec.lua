@@ -130,6 +130,12 @@ local function one_rank(device, tag)
       assert.truthy(seen:find('backend = "', 1, true) and seen:find("failed = false", 1, true), seen)
       P:send("?dl.C.dl_sigint_take\r")
       assert.truthy(P:expect("dl> "):find("int dl_sigint_take(void);", 1, true), P:screen())
+      P:send("?docs\r")
+      seen = P:expect("dl> ")
+      assert.truthy(seen:find("knobs", 1, true) and seen:find("docs/repl.md", 1, true), seen)
+      P:send(":help knobs\r")
+      seen = P:expect("dl> ")
+      assert.truthy(seen:find("# Knobs", 1, true) and seen:find("`DISTLAB_TIMEOUT`", 1, true), seen)
       P:send("x:size(1) * 10\r")
       assert.truthy(P:expect("dl> "):find("40", 1, true))
       P:send("_ + 2\r")
@@ -328,6 +334,64 @@ describe("repl completion and help, in process", function()
     text = help.describe(dl.C.dl_store_delete_prefix, "dl.C.dl_store_delete_prefix")
     assert.truthy(text:find("Deletes every key that begins with prefix", 1, true), text)
   end)
+
+  it("?docs lists the pages of docs/, ?docs.<name> and :help <name> show one, ?DISTLAB_X a knob", function()
+    local docs = require "distlab.repl.docs"
+    local none = function() return false end
+    local names = {}
+    for _, pg in ipairs(docs.pages()) do names[pg.name] = pg end
+    for _, want in ipairs { "modules", "knobs", "gpu", "repl", "launcher", "benchmarks", "checks" } do
+      assert.truthy(names[want], "no docs/" .. want .. ".md")
+    end
+    assert.equal("The REPL: `./distlab repl`", names.repl.title)
+    local index = docs.lookup("docs", none)
+    for name, pg in pairs(names) do
+      assert.truthy(index:find(name, 1, true) and index:find(pg.path, 1, true), index)
+    end
+    local page = docs.lookup("docs.knobs", none)
+    assert.truthy(page:find("^docs/knobs.md\n\n# Knobs"), page)
+    assert.equal(page, docs.lookup("knobs", none))
+    -- a global of the name shadows the page; docs itself is reserved
+    assert.is_nil(docs.lookup("knobs", function(n) return n == "knobs" end))
+    assert.equal(index, docs.lookup("docs", function() return true end))
+    assert.truthy(docs.lookup("docs.nothing", none):find("no page 'nothing' in docs/\n", 1, true))
+    assert.is_nil(docs.lookup("nothing", none))
+    assert.is_nil(docs.lookup("dl.attn", none))
+    local knob = docs.lookup("DISTLAB_TIMEOUT", none)
+    assert.truthy(knob:find("| variable |", 1, true) and knob:find("| `DISTLAB_TIMEOUT` | 120 |", 1, true), knob)
+    assert.truthy(docs.lookup("DISTLAB_" .. "NOTHING", none):find("not in docs/knobs.md", 1, true))
+  end)
+end)
+
+-- docs/repl.md shows two sessions as spec/repl/transcript.lua typed them:
+-- type them again and compare, but for the build in the banner and the line
+-- numbers of file:line (the code moves under them).
+describe("docs/repl.md's sessions", function()
+  local function normal(text)
+    local out = {}
+    for l in (text .. "\n"):gmatch("([^\n]*)\n") do
+      l = l:gsub("^(distlab REPL )%b()", "%1(build)"):gsub("([%w_]+%.%a+):%d+", "%1:N"):gsub("%s+$", "")
+      out[#out + 1] = l
+    end
+    while #out > 0 and (out[#out] == "" or out[#out]:match("^dl%S*>$")) do out[#out] = nil end
+    return table.concat(out, "\n")
+  end
+  local f = assert(io.open(H.root .. "/docs/repl.md"))
+  local doc = f:read("*a")
+  f:close()
+  local blocks = {}
+  for b in doc:gmatch("```\n(distlab REPL .-)```") do blocks[#blocks + 1] = b end
+
+  for i, ranks in ipairs { 1, 2 } do
+    it("on " .. ranks .. " rank(s), typed again, as the page shows it", function()
+      assert.truthy(blocks[i], "docs/repl.md has " .. #blocks .. " sessions")
+      local p = io.popen(string.format("cd %q && luajit spec/repl/transcript.lua cpu %d 2>&1; echo \"__rc=$?\"", H.root, ranks))
+      local out = p:read("*a")
+      p:close()
+      assert.truthy(out:find("__rc=0", 1, true), out)
+      assert.equal(normal(blocks[i]), normal(out:gsub("__rc=%d+%s*$", "")))
+    end)
+  end
 end)
 
 one_rank("cpu", "")

@@ -1,5 +1,6 @@
 -- spec/repl/transcript.lua — a short REPL session typed through a terminal,
--- printed as the screen showed it (the README's sessions come from here):
+-- printed as the screen showed it (docs/repl.md's sessions come from here, and
+-- spec/repl_spec.lua compares them with it):
 --
 --   luajit spec/repl/transcript.lua [device] [ranks]     (from the repo root)
 --

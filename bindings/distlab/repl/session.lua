@@ -23,6 +23,7 @@ local dl = require "distlab"
 local pretty = require "distlab.pretty"
 local help = require "distlab.repl.help"
 local complete = require "distlab.repl.complete"
+local docs = require "distlab.repl.docs"
 
 local C = dl.C
 local M = {}
@@ -40,6 +41,7 @@ distlab REPL — `dl` is require "distlab"; results are pretty-printed and the l
   pp(value)                                 pretty-print anything
 ?x  :help x   what x is: a function's or module's documentation (dl.attn, dl.cp.attention),
               a tensor's shape/dtype/device/strides, an object's configuration (world, a CP, an all-reduce)
+?docs         the pages of docs/; ?docs.knobs or :help knobs shows one, ?DISTLAB_TIMEOUT a knob
 :mem     memory report of the default device     :device  the default device and the CUDA devices
 :reset   a new world communicator in place of a failed one (every rank)
 :jit on  compile input (faster loops, but Ctrl-C cannot stop a compiled loop); :jit off again
@@ -151,8 +153,14 @@ function Session:run(src)
   if not ok then self:show_error(e) end
 end
 
--- ?x: evaluates x, then describes it.
+-- ?x: a page of docs/ or a knob where x names one (repl/docs.lua), else
+-- evaluates x and describes it.
 function Session:help(expr)
+  local page = docs.lookup(expr, function(name) return rawget(_G, name) ~= nil or name == "world" end)
+  if page then
+    print(page)
+    return
+  end
   local value = expr:gsub(":([%a_][%w_]*)$", ".%1") -- ?t:narrow is t.narrow
   local fn, err = loadstring("return " .. value, "=stdin")
   if not fn then
