@@ -20,24 +20,35 @@
 --     --plot             draw allreduce-TAG.png (experiments/allreduce/allreduce_plot.sh, gnuplot)
 --     --columns LIST     only these columns (nccl and auto always), e.g. for an A/B of one knob:
 --                        DISTLAB_AR_LAMPORT_MB=32 ... --columns one_shot_lamport,two_shot_lamport
+--     --quick            8 KB and 512 KB, every column, a graph of 2 calls replayed twice (a check
+--                        that it runs and checks); --plant noop|scale=X puts an error into every
+--                        timed all-reduce, which the data check must report (exit code 1)
 --
 -- Method (vLLM's; dl.bench.timing.graph): per case a CUDA graph of 10
 -- back-to-back all-reduces on the same tensor, 3 warm-up replays, a barrier,
 -- then each replay between two device events; time per all-reduce = replay /
 -- 10, the median over replays, the max over ranks. algbw = bytes / time,
 -- busbw = algbw x 2(n-1)/n (nccl-tests, dl.bench.busbw). Inputs are zeros
--- while timing; after timing every case runs once more on random inputs and
--- three windows of the result are checked against an fp64 sum (#wrong, over
--- all ranks; any makes the exit code non-zero). "auto" runs whatever the
+-- while timing. After timing every case runs once more, as it was timed (a
+-- graph of the timed callable, replayed once), on fresh inputs (normal, a new
+-- seed each case and rank) with an out-of-place output poisoned (NaN; an
+-- in-place result overwrites its input, which alone differs from the sum),
+-- and the result is compared with the fp64 sum of every rank's input drawn
+-- again on the host: all of it up to 128K elements, else 128 windows of
+-- 1024 spread over it. Bounds: each element within 1e-2 n + 2^-7 |ref|;
+-- normwise within 1.5 u sqrt((1 + (n + 2)(n - 1) / (2n)) / 3) (u = 2^-8:
+-- the error of n - 1 partial sums each rounded to bf16, as a ring's are,
+-- 1.5 times over; 4.8e-3 at n = 2, 7.8e-3 at n = 8); and the bias
+-- <got - ref, ref> / <ref, ref> within 2^-10 (rounding to nearest has none,
+-- a 1% scale error is 1e-2). #wrong, over all ranks; any makes the exit code
+-- non-zero. "auto" runs whatever the
 -- dispatch table in use picks (its file is named in the results); the
 -- "best" column is the fastest of the algorithms on an ordinary tensor
 -- (every column but auto, the zero-copy ones and PyTorch's), the zero-copy
 -- columns are reported apart.
-local ffi = require "ffi"
 local dl = require "distlab"
 local bench = dl.bench
-
-local C = dl.C
+local verify = require "distlab.bench.verify"
 
 -- ---- options ------------------------------------------------------------------------
 
@@ -65,6 +76,7 @@ h.device_desc = device_name .. " x " .. N .. " (" .. w.backend .. " communicator
   (on_gpu and ", NVLink, no multicast)" or ")")
 
 local sizes = {}
+if h.quick and not opt.sizes then opt.sizes = { 8192, 524288 } end
 if opt.sizes then
   for _, b in ipairs(opt.sizes) do sizes[#sizes + 1] = { bytes = b } end
 else
@@ -106,68 +118,69 @@ end
 
 -- ---- checking ---------------------------------------------------------------------------
 
-local SEED = 4242
+-- rank r's input of check number c: normal(0, 1) in bf16, element i from Philox(seed(c, r), i)
+local checks = 0
+local function seed_of(c, r) return 4242 + 7919 * c * N + r end
+local CHECKED, WINDOW = 131072, 1024 -- at least 1e5 elements spread over the result, or all of it
+local U = 2 ^ -8
+local TOL = { atol = 1e-2 * N, rtol = 2 ^ -7, norm = 1.5 * U * math.sqrt((1 + (N + 2) * (N - 1) / (2 * N)) / 3),
+  bias = 2 ^ -10 }
 
--- rank r's check input: normal(0, 1) in bf16, element i from Philox(SEED + r, i)
-local function fill_input(t) t:normal_(0, 1, SEED + me) end
-
--- Elements [start, start + k) of every rank's input summed in fp64, on the host.
-local function window_ref(start, k)
-  local ref = dl.zeros({ k }, { dtype = "f64", device = "cpu" })
+-- The fp64 sum of every rank's input over the windows wins, on the host.
+local function reference(wins)
+  local total = 0
+  for _, win in ipairs(wins) do total = total + win[2] end
+  local ref = dl.zeros({ total }, { dtype = "f64", device = "cpu" })
   for r = 0, N - 1 do
-    local x = dl.empty({ k }, { dtype = "bf16", device = "cpu" })
-    dl.check(C.dl_tensor_random(x, C.DL_RAND_NORMAL, ffi.cast("uint64_t", SEED + r), start, 0, 1, nil))
-    ref:add_(x:f64())
+    local at = 0
+    for _, win in ipairs(wins) do
+      ref:narrow(1, at + 1, win[2]):add_(verify.normal("bf16", seed_of(checks, r), win[1], win[2]))
+      at = at + win[2]
+    end
   end
   return ref
 end
 
--- Wrong elements in three windows (start, middle, end) of result.
-local function count_wrong(result)
-  local n = result:numel()
-  local k = math.min(n, 4096)
-  local wrong = 0
-  for _, start in ipairs { 0, math.floor((n - k) / 2), n - k } do
-    local got = result:narrow(1, start + 1, k):to("cpu"):f64()
-    local r = dl.compare(got, window_ref(start, k), 1e-2 * N, 2 ^ -7)
-    wrong = wrong + tonumber(r.n_not_close)
-  end
-  return wrong
+-- After timing: the timed callable as it was timed (a graph of it, replayed
+-- once), its input fresh, an out-of-place output poisoned, against the fp64 sum.
+local function check(what, issue, input, result)
+  checks = checks + 1
+  local wins = verify.windows(result:numel(), CHECKED, WINDOW, checks * N + me + 1)
+  return h:verify { what = what,
+    fresh = function() input:normal_(0, 1, seed_of(checks, me)) end,
+    poison = result ~= input and { result } or nil,
+    run = function()
+      local g = dl.graph.capture(issue)
+      g:replay()
+      g:free()
+    end,
+    check = function() return verify.close(verify.take(result, wins), reference(wins), TOL) end }
 end
 
 -- ---- cases ---------------------------------------------------------------------------------
 
--- column -> function(n) returning (issue one all-reduce, run once on check inputs -> result)
+-- column -> function(n) returning (issue one all-reduce (planted), its input, its result)
 local function make(col, n, x)
   local zc = col:match("^(.+)_zc$")
   if not zc then
     local algo = col
-    return function() ar:run(x, { algo = algo }) end, function()
-      fill_input(x)
-      ar:run(x, { algo = algo })
-      return x
-    end
+    return h:planted(function() ar:run(x, { algo = algo }) end, { writes = { x } }), x, x
   end
   if n * 2 > ar.max_bytes then return nil end
   local z = ar:buffer({ n }, "bf16")
   if zc == "one_shot" then
     local out = dl.empty({ n }, { dtype = "bf16" })
-    return function() ar:run(z, { algo = "one_shot", out = out }) end, function()
-      fill_input(z)
-      ar:run(z, { algo = "one_shot", out = out })
-      return out
-    end
+    return h:planted(function() ar:run(z, { algo = "one_shot", out = out }) end, { writes = { out } }), z, out
   end
-  return function() ar:run(z, { algo = zc }) end, function()
-    fill_input(z)
-    ar:run(z, { algo = zc })
-    return z
-  end
+  return h:planted(function() ar:run(z, { algo = zc }) end, { writes = { z } }), z, z
 end
 
 -- Median us of one call, max over ranks: a graph of 10 calls, 3 warm-up replays, a barrier, `replays` timed.
+local OPS, WARMUP = 10, 3
+if h.quick then OPS, WARMUP = 2, 1 end
 local function time_call(issue, replays)
-  local st = bench.timing.graph(issue, { ops = 10, warmup = 3, replays = replays, before = function() w:barrier() end })
+  local st = bench.timing.graph(issue, { ops = OPS, warmup = WARMUP, replays = replays,
+    before = function() w:barrier() end })
   ar:check()
   return h:max(st.median * 1e3)
 end
@@ -175,13 +188,15 @@ end
 local function measure(col, size)
   local n = size.bytes / 2
   local x = size.x
-  local issue, once = make(col, n, x)
+  local issue, input, result = make(col, n, x)
   if not issue then return nil end
   x:zero_()
   if col:match("_zc$") then ar:buffer({ n }, "bf16"):zero_() end
   local replays = math.max(10, math.min(opt.replays, math.floor(opt.replays * 64 * 2 ^ 20 / size.bytes)))
+  if h.quick then replays = 2 end
   local us = time_call(issue, replays)
-  local wrong = h:check(function() return count_wrong(once()) end)
+  local wrong = check(string.format("%s %s", bench.sizes.human(size.bytes), col), issue, input, result)
+  ar:check()
   local alg = bench.busbw.algbw(size.bytes, us)
   return { col = col, us = us, algbw = alg, busbw = bench.busbw.busbw("all_reduce", N, size.bytes, us), wrong = wrong,
     replays = replays }
@@ -307,7 +322,9 @@ local function write_results()
     "dispatch table for auto: " .. tostring(table_file) .. (table_entry and table_entry.provisional and " (provisional)" or ""),
     "method: bf16, in place unless noted; a CUDA graph of 10 back-to-back all-reduces, 3 warm-up replays, " ..
       "then each replay timed with device events; time per all-reduce = median replay / 10, max over ranks " ..
-      "(vLLM's benchmark method); data checked after timing (3 windows of 4096 elements vs an fp64 sum).",
+      "(vLLM's benchmark method); data checked after timing (fresh inputs, an out-of-place output poisoned, " ..
+      string.format("the whole result up to 128K elements or 128 windows of 1024, against an fp64 sum on the host: " ..
+      "each element within %g + 2^-7 |ref|, normwise within %.2g, bias within 2^-10).", TOL.atol, TOL.norm),
     "columns: one_shot (pull, copy into the symmetric buffer in the kernel), two_shot (reduce-scatter and " ..
       "all-gather by reading), nccl (the communicator's NCCL all_reduce), auto (what the table picks), " ..
       "one_shot_push / two_shot_push (writes instead of reads), two_shot_write (both phases write into the " ..

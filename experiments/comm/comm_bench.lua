@@ -27,6 +27,9 @@
 --                            order; --device-name NAME and --ranks N name the machine
 --                            it ran on (any device works for this step)
 --     --command TEXT         the command to record (default: this one); --help lists all
+--     --quick                the smallest case (1 KiB and 1 MiB, few repetitions: a check that
+--                            it runs and checks); --plant noop|scale=X puts an error into every
+--                            timed op, which the data check must report (exit code 1)
 --
 -- Method (the same as nccl_loop.c, so the two are comparable; the harness's
 -- dl.bench.timing.loop_once): per size, 5 warm-up ops, then 5 repetitions of
@@ -35,12 +38,21 @@
 -- repetition, the median over repetitions. algbw = bytes / time; busbw =
 -- algbw x nccl-tests' factor (dl.bench.busbw): all_reduce 2(n-1)/n,
 -- all_gather, reduce_scatter and all_to_all (n-1)/n, sendrecv and symm_put 1.
--- Data are checked after timing (first and last element of each rank's
--- block, like nccl_loop.c); #wrong counts misses over all ranks, and any
--- makes the exit code non-zero.
+-- Data are checked after timing, op by op and size by size: every rank
+-- draws a fresh input (normal, a new seed each check: Philox(seed, i)), its
+-- output is poisoned (NaN), the timed callable runs once more, and what it
+-- wrote is compared with an fp64 reference made on the host from every
+-- rank's seed (not by the op under test): the whole output up to 128K
+-- elements, else 128 windows of 1024 spread over it (every rank's block).
+-- Copies (all_gather, all_to_all, sendrecv, symm_put) must be exact; sums
+-- (all_reduce, reduce_scatter: n f32 terms) within (n - 1) 2^-24 7n
+-- absolute (|x| < 7 for these draws) + 2^-23 relative, and normwise within
+-- 2^-18. #wrong counts the wrong elements over all ranks, and any makes the
+-- exit code non-zero; --raw's NCCL calls are checked the same way.
 local ffi = require "ffi"
 local dl = require "distlab"
 local bench = dl.bench
+local verify = require "distlab.bench.verify"
 
 local w = dl.comm.world()
 local N, me = w.size, w.rank
@@ -82,10 +94,13 @@ h.device_desc = string.format("%s x %d (%s backend)", device_name, N, backend)
 -- ---- ops -------------------------------------------------------------------------
 
 local REPS, WARMUP = 5, 5
-local function iters_for(bytes) return math.max(10, math.min(1000, math.floor(2 ^ 28 / bytes))) end
+if h.quick then REPS, WARMUP = 2, 1 end
+local function iters_for(bytes)
+  return math.max(10, math.min(h.quick and 10 or 1000, math.floor(2 ^ 28 / bytes)))
+end
 local function round_bytes(s) return math.max(4 * N, math.floor(s / (4 * N)) * 4 * N) end
 
-local sizes = opt.sizes or bench.sizes.range(opt.b, opt.e, opt.f)
+local sizes = opt.sizes or (h.quick and { 1024, 2 ^ 20 }) or bench.sizes.range(opt.b, opt.e, opt.f)
 local nxt, prv = (me + 1) % N, (me - 1 + N) % N
 local maxb = round_bytes(math.max(unpack(sizes)))
 local send, recv, symm
@@ -94,23 +109,35 @@ if not opt.report_only then
   recv = dl.empty({ maxb / 4 }):fill_(0)
 end
 
--- op -> function(bytes) returning (issue one op, recv tensor, expected value of element i)
+-- op -> function(bytes) returning (issue one op, this rank's output, its source, the
+-- tensor the issuing rank writes). The source says where output element i
+-- (0-based) comes from: output blocks of `block` elements (nil: one block),
+-- block j made of input elements [off(j), off(j) + block) of the ranks
+-- ranks(j) (summed where there are several).
 local make = {}
+local ALL = {}
+for r = 0, N - 1 do ALL[r + 1] = r end
 function make.all_reduce(b)
   local s, r = send:narrow(1, 1, b / 4), recv:narrow(1, 1, b / 4)
-  return function() w:all_reduce(s, "sum", r) end, r, function() return N * (N + 1) / 2 end
+  return function() w:all_reduce(s, "sum", r) end, r, { ranks = function() return ALL end, off = function() return 0 end }, r
 end
 function make.all_gather(b)
-  local s, r = send:narrow(1, 1, b / 4 / N), recv:narrow(1, 1, b / 4)
-  return function() w:all_gather(r, s) end, r, function(i) return math.floor(i / (b / 4 / N)) + 1 end
+  local cnt = b / 4 / N
+  local s, r = send:narrow(1, 1, cnt), recv:narrow(1, 1, b / 4)
+  return function() w:all_gather(r, s) end, r, { block = cnt, ranks = function(j) return { j } end,
+    off = function() return 0 end }, r
 end
 function make.reduce_scatter(b)
-  local s, r = send:narrow(1, 1, b / 4), recv:narrow(1, 1, b / 4 / N)
-  return function() w:reduce_scatter(r, s, "sum") end, r, function() return N * (N + 1) / 2 end
+  local cnt = b / 4 / N
+  local s, r = send:narrow(1, 1, b / 4), recv:narrow(1, 1, cnt)
+  return function() w:reduce_scatter(r, s, "sum") end, r, { ranks = function() return ALL end,
+    off = function() return me * cnt end }, r
 end
 function make.all_to_all(b)
+  local cnt = b / 4 / N
   local s, r = send:narrow(1, 1, b / 4), recv:narrow(1, 1, b / 4)
-  return function() w:all_to_all(r, s) end, r, function(i) return math.floor(i / (b / 4 / N)) + 1 end
+  return function() w:all_to_all(r, s) end, r, { block = cnt, ranks = function(j) return { j } end,
+    off = function() return me * cnt end }, r
 end
 function make.sendrecv(b)
   local s, r = send:narrow(1, 1, b / 4), recv:narrow(1, 1, b / 4)
@@ -118,14 +145,16 @@ function make.sendrecv(b)
     w:send(s, nxt)
     w:recv(r, prv)
   end
-  return function() dl.comm.group(pair) end, r, function() return prv + 1 end
+  return function() dl.comm.group(pair) end, r, { ranks = function() return { prv } end, off = function() return 0 end }, r
 end
 function make.symm_put(b)
   symm = symm or dl.symm.alloc(w, { maxb / 4 }, "f32")
   local s, dst = send:narrow(1, 1, b / 4), symm:view(nxt, 0, { b / 4 })
-  -- the put lands in the next rank's buffer: check ours after a barrier
+  -- the put lands in the next rank's buffer: each rank checks its own, the
+  -- previous rank's put (the harness's barrier after the run makes it land)
   local mine = symm:view(me, 0, { b / 4 })
-  return function() dst:copy_(s) end, mine, function() return prv + 1 end, function() symm:barrier() end
+  return function() dst:copy_(s) end, mine, { ranks = function() return { prv } end, off = function() return 0 end },
+    dst, function() symm:barrier() end
 end
 
 -- ---- raw NCCL calls (--raw) --------------------------------------------------------------
@@ -189,28 +218,63 @@ local function median(vals, first, count)
   return bench.stats(t).median
 end
 
--- Wrong elements of this rank's result: first and last of each rank's block.
-local function count_wrong(op, out, want)
-  local n = out:numel()
-  local blocks = (op == "all_gather" or op == "all_to_all") and N or 1
-  local block, wrong = math.floor(n / blocks), 0
-  local host = dl.empty({ n }, { device = "cpu" })
-  host:copy_(out)
-  local p = ffi.cast("float*", host:data_ptr())
-  for j = 0, blocks - 1 do
-    local first, last = j * block, (j + 1) * block - 1
-    if p[first] ~= want(first) then wrong = wrong + 1 end
-    if p[last] ~= want(last) then wrong = wrong + 1 end
+-- ---- checking ------------------------------------------------------------------------
+
+-- every rank's input of check number `check` is normal(0, 1) from Philox(seed(check, r), i)
+local checks = 0
+local function seed_of(check, r) return 7919 * check * N + r + 101 end
+local CHECKED, WINDOW = 131072, 1024 -- at least 1e5 elements spread over the output, or all of it
+
+-- the fp64 reference of output elements [start, start + len) (0-based) from src (make's)
+local function reference(src, start, len)
+  local ref = dl.zeros({ len }, { dtype = "f64", device = "cpu" })
+  local block = src.block or math.huge
+  local at = 0
+  while at < len do -- one segment a block: [i, i + l) inside block j
+    local i = start + at
+    local j = block == math.huge and 0 or math.floor(i / block)
+    local l = math.min(len - at, block == math.huge and len or (j + 1) * block - i)
+    local o = src.off(j) + (block == math.huge and i or i - j * block)
+    for _, r in ipairs(src.ranks(j)) do
+      ref:narrow(1, at + 1, l):add_(verify.normal("f32", seed_of(checks, r), o, l))
+    end
+    at = at + l
   end
-  host:free()
-  return wrong
+  return ref
+end
+
+-- f32 sums of N terms; copies exact (see the header)
+local SUMS = { all_reduce = true, reduce_scatter = true }
+local function tolerance(op)
+  if not SUMS[op] then return { atol = 0, rtol = 0, norm = 0 } end
+  return { atol = (N - 1) * 2 ^ -24 * 7 * N, rtol = 2 ^ -23, norm = 2 ^ -18 }
+end
+
+-- after timing: the callable `run` once more on fresh inputs, `out` poisoned, against the reference
+local function check(op, b, run, s, out, src, label)
+  checks = checks + 1
+  local wins = verify.windows(out:numel(), CHECKED, WINDOW, checks * N + me + 1)
+  return h:verify { what = string.format("%s %d B%s", op, b, label or ""),
+    fresh = function() s:normal_(0, 1, seed_of(checks, me)) end,
+    poison = { out }, run = run,
+    check = function()
+      local got = verify.take(out, wins)
+      local ref = dl.empty({ got:numel() }, { dtype = "f64", device = "cpu" })
+      local at = 0
+      for _, win in ipairs(wins) do
+        ref:narrow(1, at + 1, win[2]):copy_(reference(src, win[1], win[2]))
+        at = at + win[2]
+      end
+      return verify.close(got, ref, tolerance(op))
+    end }
 end
 
 local loop_opts = { before = function() w:barrier() end, timeout = w:info().timeout }
 
 local function measure(op, s)
   local b = round_bytes(s)
-  local issue, out, want, settle = make[op](b)
+  local issue, out, src, writes, settle = make[op](b)
+  issue = h:planted(issue, { writes = { writes } })
   local iters = iters_for(b)
   local plain = raw[op] and raw[op](b)
   for _ = 1, WARMUP do issue() end
@@ -229,7 +293,9 @@ local function measure(op, s)
   w:synchronize()
   if settle then settle() end
   local all = h:max(vals)
-  local wrong = h:check(function() return count_wrong(op, out, want) end)
+  local input = op == "all_gather" and send:narrow(1, 1, b / 4 / N) or send:narrow(1, 1, b / 4)
+  local wrong = check(op, b, issue, input, out, src)
+  if plain then wrong = wrong + check(op, b, plain, input, recv:narrow(1, 1, out:numel()), src, " (raw NCCL)") end
   local us = median(all, 1, REPS)
   return { impl = "distlab", op = op, bytes = b, count = b / 4, dtype = "f32", iters = iters, time_us = us,
     algbw = bench.busbw.algbw(b, us), busbw = bench.busbw.busbw(KIND[op], N, b, us), wrong = wrong,
@@ -343,8 +409,9 @@ local function write_results(rows)
     "NCCL watchdog: " .. (os.getenv("DISTLAB_NCCL_WATCHDOG") == "0" and "off" or "on"),
     "method: f32, out of place; 5 warm-up ops, " .. REPS .. " x [barrier, `iters` ops between events], max over " ..
       "ranks, median over repetitions; busbw factors of nccl-tests; host us = the host's time to issue one op " ..
-      "(where it approaches the device time, the loop is host-bound); data checked after timing (first and last " ..
-      "element of each rank's block)",
+      "(where it approaches the device time, the loop is host-bound); data checked after timing (fresh normal " ..
+      "inputs, outputs poisoned, one more run against an fp64 reference from every rank's seed: the whole output " ..
+      "up to 128K elements, else 128 windows of 1024 over it; copies exact, sums within their f32 rounding)",
   })
   print("wrote " .. csv_path .. " and " .. md_path)
 end

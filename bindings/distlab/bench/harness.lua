@@ -20,12 +20,16 @@
 --   h:check(fn)              after timing: fn() returns this rank's wrong elements;
 --                            the sum over ranks is returned and counted for the exit code
 --   h.quick, h.plant         --quick (the bench's smallest case: the plant spec runs it) and
---                            --plant noop | scale=X (distlab.bench.verify)
+--                            --plant noop | scale=X (distlab.bench.verify); --show-checks prints
+--                            what every passing check found (its normwise error and bias)
 --   h:planted(fn, o)         fn with --plant's error put in (fn itself without --plant):
 --                            the callable a bench times and verifies
 --   h:verify(spec)           after timing: fresh inputs, poisoned outputs, one more run of the
 --                            timed callable, its check against a reference (distlab.bench.verify);
 --                            wrong elements summed over ranks and counted, each rank's message kept
+--                            on stderr ("NAME: data check failed on rank R of N: WHAT: ...")
+--   h:unchecked(reason)      this run checks no data (a count of bytes on meta, say): says so,
+--                            and under --plant that the plant has nothing to go into
 --   h:path(name)             DIR/name, DIR made when missing
 --   h:info()                 {device, date, commit, command} (--command replaces the command)
 --   h:csv(name, header, rows), h:markdown(name, title, lines[, extra header lines]) -> path
@@ -75,6 +79,8 @@ function M.new(o)
     meta = "TEXT" }
   spec[#spec + 1] = { "quick", "flag", false, "the smallest case only (a check that the bench runs and checks)" }
   spec[#spec + 1] = { "plant", "string", nil, verify.PLANT_HELP, meta = "noop|scale=X" }
+  spec[#spec + 1] = { "show-checks", "flag", false,
+    "print what every data check found (normwise error, bias; the margins of the bounds) on each rank" }
   spec[#spec + 1] = { "shared-results", "flag", false,
     "write into experiments/results/ even where ranks share a GPU (timings mean nothing there)" }
   if o.tag then
@@ -95,7 +101,7 @@ function M.new(o)
   h.quick = opt.quick
   local okp, plant = pcall(verify.parse_plant, opt.plant)
   if not okp then
-    io.stderr:write(o.name, ": ", tostring(plant), "\n")
+    io.stderr:write(o.name .. ": " .. tostring(plant) .. "\n")
     os.exit(2)
   end
   h.plant = plant
@@ -142,17 +148,39 @@ end
 function Harness:planted(fn, o) return verify.planted(fn, self.plant, o) end
 
 function Harness:verify(spec)
-  local device = self.device
-  local n, msg = verify.run(spec, function() stream.synchronize(device) end)
+  local device, comm = self.device, self.comm
+  -- the device done, and every rank there: no peer writes into an output before
+  -- its owner poisoned it, and all a peer wrote has landed before the check
+  local settle = function()
+    stream.synchronize(device)
+    if comm and comm.size > 1 then comm:barrier() end
+  end
+  self.verified = (self.verified or 0) + 1
+  local n, msg = verify.run(spec, settle)
+  if n == 0 and self.opt.show_checks then
+    io.stdout:flush() -- the line in one write: the ranks' lines do not interleave
+    io.stdout:write(string.format("%s: data check on rank %d of %d: %s: ok: %s\n", self.name, self.rank, self.size,
+      tostring(spec.what or "?"), msg or ""))
+    io.stdout:flush()
+  end
   if n > 0 then
     local line = string.format("%s: data check failed on rank %d of %d: %s: %s", self.name, self.rank, self.size,
       tostring(spec.what or "?"), msg or (n .. " wrong elements"))
-    io.stderr:write(line, "\n")
+    io.stderr:write(line .. "\n") -- one write: the ranks' lines do not interleave
     io.stderr:flush()
     self.failures = self.failures or {}
     self.failures[#self.failures + 1] = line
   end
   return self:check(n)
+end
+
+function Harness:unchecked(reason)
+  self.unchecked_reason = reason
+  self:print("%s: checks no data: %s", self.name, reason)
+  if self.plant and self.rank0 then
+    io.stderr:write(string.format("%s: --plant %s has nothing to go into: this run checks no data (%s)\n",
+      self.name, self.plant.text, reason))
+  end
 end
 
 function Harness:path(name)
@@ -182,6 +210,10 @@ end
 
 function Harness:finish()
   if self.comm and self.comm.size > 1 then self.comm:barrier() end
+  if self.plant and self.wrong == 0 and self.rank0 and not self.unchecked_reason then
+    io.stderr:write(string.format("%s: --plant %s: %s\n", self.name, self.plant.text, (self.verified or 0) > 0
+      and string.format("none of the %d data checks saw it", self.verified) or "no data check ran"))
+  end
   if self.wrong > 0 then
     io.stderr:write(string.format("%s: %d wrong elements\n", self.name, self.wrong))
     os.exit(1)
