@@ -3,7 +3,8 @@
 --
 --   local S = session.new{rank = r, nranks = n}   sets the globals dl, pp, rank, nranks, world
 --   session.incomplete(src)   true while src is Lua that needs more lines
---   S:execute(src)            Lua, `?x`, or a :command; output through the
+--   S:execute(src)            Lua, `?x` (`?docs`: the pages of docs/,
+--                             repl/docs.lua), or a :command; output through the
 --                             globals print and io.write (repl_multi captures them)
 --   S:complete(word)          Tab candidates from this rank's objects
 --
