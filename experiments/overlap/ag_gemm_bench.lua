@@ -34,8 +34,9 @@
 --                              with the GEMM alone, their ratio the median of the pairs' (default 3; 0: not):
 --                              "of GEMM alone" from the same seconds' clocks (2 H100s at their power
 --                              limit moved 7-15% between rows minutes apart)
---     --plant F                a test of the data check: scale every variant's C by 1 + F after
---                              timing (default 0; 0.02 must make the run fail)
+--     --quick                  m = 4d, k = 64, n = 32, 2 timed runs, no warm-up (a check that every
+--                              row runs and checks); --plant noop|scale=X puts an error into every
+--                              timed callable (each row's), which the data check must report
 --     --out DIR, --tag NAME    default experiments/results/overlap, the GPU model and d (h100x8)
 -- DISTLAB_GEMM_TUNE=N in the environment (core/ops/gemm/cublaslt.c) times cuBLASLt's first N
 -- candidates of each GEMM shape at its first call and keeps the fastest: the GEMM alone is
@@ -48,45 +49,50 @@
 --
 -- Method: per timed run a barrier (every rank's host arrives), an event, the
 -- run, an event, a wait; per run the slowest rank's time, then the median
--- over runs: TFLOP/s = 2 m n k / time. Data after timing (#wrong, summed
--- over ranks; any makes the exit code non-zero): C_ref, the GEMM of the
--- gathered A (each rank draws every rank's shard: Philox), checked on two
--- rows against the fp64 CPU twin. All-gather: every variant's first and
--- last rows of each rank's block against C_ref, 2^-7 relative + 2^-7 rms
--- absolute (both are fp32 sums of the same products rounded once: they
--- differ by at most 2u |C| = 2^-7 |C| and fp32 order terms).
--- Reduce-scatter: each rank's first and last rows against want = sum_p P_p,
--- P_p = A[row, slice p] @ B[slice p, :] the d partial rows (slice p: the k/d
--- columns of A and rows of B that rank p owns), summed in fp32 on the device
--- (1 x k/d x n GEMMs), in fp64 on the host; S = sum_p |P_p|. An element is
--- wrong beyond
+-- over runs: TFLOP/s = 2 m n k / time.
+--
+-- Data after every row's timing (#wrong, summed over ranks; any makes the
+-- exit code non-zero): the row's timed callable once more, its output
+-- poisoned (NaN), on inputs none of its timed runs saw: per m, A and B drawn
+-- from new seeds (Philox, every rank drawing every rank's shard), each check
+-- multiplying A by its own power of two (-1/2, 1, -2, 1/4, ...: exact, so
+-- the exact result scales with it, and a result an earlier run left behind,
+-- in the output or in a buffer the op reuses, is off by a factor). The
+-- reference is the fp64 product on the host (verify.matmul_rows, not the
+-- op under test), of max(2d, ceil(1e5 / n)) rows spread over C's m rows
+-- (each rank its own rows, some in every rank's block; all of them where m
+-- is smaller; gemm_rs: max(2, ceil(1e5 / (d n))) of each rank's m/d rows).
+-- All-gather rows, the GEMM alone and its parts (one rounding to C's
+-- dtype, u = 2^-8 for bf16, 2^-11 for f16): each element within 2u |ref|
+-- + 2u rms(ref), normwise within 1.5u (the rounding's rms is below
+-- u / sqrt(3); the fp32 sums add ~1e-5), and the bias <got - ref, ref> /
+-- <ref, ref> within 2^-10 (rounding to nearest has none; a 1% scale error
+-- is 1e-2).
+-- Reduce-scatter: want = sum_p P_p, P_p = A[row, slice p] @ B[slice p, :]
+-- the d partial rows (slice p: the k/d columns of A and rows of B that rank
+-- p owns), S = sum_p |P_p|. An element is wrong beyond
 --   |got - want| <= (2d - 1) u S + u |want| + (k/d + 4) 2^-20 sum_p rms(P_p)
--- (u = 2^-8 for bf16, 2^-11 for f16; rms over the row). The result is d
--- partials rounded to C's dtype and summed by d - 1 additions, each rounded
--- to C's dtype too (NCCL's ring and ours; p2p rounds only the partials and
--- the final fp32 sum), every rounded value at most S to first order: d u S
--- (1 + u)^d in all. The bound allows twice that count, for a summation we
--- did not foresee, which also covers the fp32 epilogue and reduce additions
--- (<= d 2^-23 S). The last term: the kernel's fp32 partial and our P_p add
--- the same k/d exact products in different orders, each of k/d + 4
--- additions off by at most 2^-23 of its running sum; for these zero-mean
--- random inputs a running sum is a random walk whose mean size along the
--- way is about rms(P_p) / 2, and the term allows 4 rms(P_p) with the errors
--- of all additions aligned, twice (theirs and ours). The worst case of
--- spec/gemm_ref.lua, running sums as large as sum |a||b|, is not a useful
--- bound here: 2 (k/d + 4) 2^-23 sum |a||b| is about 10 for a typical
--- element at k = 16k, d = 4, twice the rounding terms. A row whose
--- normwise error ||got - want|| / ||want|| exceeds 4u (2^-6 for bf16) is
--- wrong as a whole (all n elements): roundings to nearest err
+-- (rms over the row). The result is d partials rounded to C's dtype and
+-- summed by d - 1 additions, each rounded to C's dtype too (NCCL's ring and
+-- ours; p2p rounds only the partials and the final fp32 sum), every rounded
+-- value at most S to first order: d u S (1 + u)^d in all. The bound allows
+-- twice that count, for a summation we did not foresee, which also covers
+-- the fp32 epilogue and reduce additions (<= d 2^-23 S). The last term: the
+-- kernel's fp32 partial and the exact P_p differ by k/d + 4 additions, each
+-- off by at most 2^-23 of its running sum; for these zero-mean random
+-- inputs a running sum is a random walk whose mean size along the way is
+-- about rms(P_p) / 2, and the term allows 4 rms(P_p) with the errors of all
+-- additions aligned, twice. Normwise: roundings to nearest err
 -- independently, each with rms at most u |x| / sqrt(3), and with
--- independent partials the j-partial sums have norm ||want|| sqrt(j / d),
--- so the model's normwise error is u sqrt((1 + (d + 2)(d - 1) / (2d)) / 3):
--- 0.82u, 1.04u, 1.34u at d = 2, 4, 8 (p2p: 0.82u at any d); 4u is three
--- times that at d = 8, and a 2% error (5.1u, adding in quadrature to the
--- rest) breaks it: --plant 0.02 (a test option: every variant's C scaled
--- by 1.02 after timing, before its check) must exit non-zero.
+-- independent partials the j-partial sums have norm ||want|| sqrt(j / d), so
+-- the model's normwise error is u sqrt((1 + (d + 2)(d - 1) / (2d)) / 3):
+-- 0.82u, 1.04u, 1.34u at d = 2, 4, 8 (p2p: 0.82u at any d); the bound is
+-- 1.5 times that (4.8e-3 at d = 2, 7.8e-3 at d = 8 for bf16), the bias
+-- within 2^-10 as above. --plant scale=0.01 (1%) breaks the normwise bound
+-- and the bias at every d; --plant noop leaves the poison.
 local dl = require "distlab"
 local bench = dl.bench
+local verify = require "distlab.bench.verify"
 
 local w = dl.comm.world()
 local d, me = w.size, w.rank
@@ -114,10 +120,14 @@ local h = bench.harness {
     { "torch", "string", nil, "ag_gemm_torch.py's CSV from the same run", meta = "CSV" },
     { "interleave", "int", 3, "the fastest N pipelines of each m timed again, run by run alternating with the " ..
       "GEMM alone (0: not)", meta = "N" },
-    { "plant", "number", 0, "test of the data check: scale every variant's C by 1 + F after timing", meta = "F" },
   },
 }
 local A = h.opt
+if h.quick then -- the smallest case, unless the line says otherwise
+  for key, v in pairs { m = { 4 * d }, k = 64, n = 32, iters = 2, warm_ms = 0, interleave = 1 } do
+    if not h.given[key] then A[key] = v end
+  end
+end
 local dev = w.device
 local gpu = dev:match("^cuda") and dl.cuda_device_name(tonumber(dev:match("%d+")) or 0) or dev
 h.device_desc = string.format("%s x %d (%s communicator%s)", gpu, d, w.backend,
@@ -158,31 +168,6 @@ local function time_pair(fa, fb)
   local ratio = {}
   for i = 1, A.iters do ratio[i] = tb[i] / ta[i] end
   return bench.stats(ta).median, bench.stats(tb).median, bench.stats(ratio).median
-end
-
--- C's first and last row of every rank's block against ref: wrong elements
-local function check_rows(c, ref, rows)
-  local bad = 0
-  for p = 0, d - 1 do
-    for _, r in ipairs { p * rows + 1, (p + 1) * rows } do
-      local got, want = c:narrow(1, r, 1):to("cpu"):f64(), ref:narrow(1, r, 1):to("cpu"):f64()
-      local rms = math.sqrt(dl.compare(got, want).sum_sq_ref / want:numel())
-      bad = bad + tonumber(dl.compare(got, want, 2 ^ -7 * rms, 2 ^ -7).n_not_close)
-    end
-  end
-  return bad
-end
-
--- C_ref against the CPU twin on two rows
-local function check_ref(full, b, ref)
-  local hb, bad = b:to("cpu"), 0
-  for _, r in ipairs { 1, full:size(1) } do
-    local want = dl.gemm(full:narrow(1, r, 1):to("cpu"), hb, { out_dtype = "f32" }):f64()
-    local got = ref:narrow(1, r, 1):to("cpu"):f64()
-    local rms = math.sqrt(dl.compare(got, want).sum_sq_ref / want:numel())
-    bad = bad + tonumber(dl.compare(got, want, 2 ^ -7 * rms, 2 ^ -7).n_not_close)
-  end
-  return bad
 end
 
 -- PyTorch's rows: a CSV that is missing or empty (its run failed) leaves them out, and the
@@ -230,56 +215,80 @@ for _, algo in ipairs(A.algos) do
   end
 end
 
--- gemm_rs: the reference of rank me's checked rows (1 and `rows` of its block): the d
--- partial rows P_p in fp32 on the device, summed on the host in fp64 (see the header)
-local function rs_refs(full, bfull, rows, kd)
-  local refs = {}
-  for _, r in ipairs { 1, rows } do
-    local arow = full:narrow(1, me * rows + r, 1)
-    local ref = { r = r, want = {}, S = {}, rms = 0 }
-    for p = 0, d - 1 do
-      local P = dl.gemm(arow:narrow(2, p * kd + 1, kd), bfull:narrow(1, p * kd + 1, kd), { out_dtype = "f32" })
-        :tolist()[1]
-      local sq = 0
-      for j, x in ipairs(P) do
-        ref.want[j], ref.S[j] = (ref.want[j] or 0) + x, (ref.S[j] or 0) + math.abs(x)
-        sq = sq + x * x
-      end
-      ref.rms = ref.rms + math.sqrt(sq / #P)
-    end
-    refs[#refs + 1] = ref
-  end
-  return refs
-end
+-- ---- checking -----------------------------------------------------------------------------
 
--- gemm_rs: this rank's checked rows of C against refs: elements beyond their bound, and
--- every element of a row beyond the normwise bound; a line per bad row on stderr
 local U = { bf16 = 2 ^ -8, f16 = 2 ^ -11 }
-local function check_rs(c, refs, kd, label)
-  local u, bad = U[A.dtype], 0
-  for _, ref in ipairs(refs) do
-    local got = c:narrow(1, ref.r, 1):tolist()[1]
-    local e32 = (kd + 4) * 2 ^ -20 * ref.rms
-    local over, diff2, want2, first = 0, 0, 0, nil
-    for j, g in ipairs(got) do
-      local w, s = ref.want[j], ref.S[j]
-      local e = g == g and math.abs(g - w) or math.huge
-      local bound = (2 * d - 1) * u * s + u * math.abs(w) + e32
-      diff2, want2 = diff2 + e * e, want2 + w * w
-      if not (e <= bound) then
-        over = over + 1
-        first = first or string.format("[%d] got %.6g want %.6g (bound %.3g)", j, g, w, bound)
-      end
+local u = U[A.dtype]
+local TOL = { rtol = 2 * u, atol_rms = 2 * u, norm = 1.5 * u, bias = 2 ^ -10 }
+local TOL_RS = { rtol = u, norm = 1.5 * u * math.sqrt((1 + (d + 2) * (d - 1) / (2 * d)) / 3), bias = 2 ^ -10 }
+
+-- The checks of one m (see the header): fresh() draws the verification inputs
+-- again, times the next power of two; check(what, run, out, kind) runs the
+-- row's timed callable on them into out poisoned and compares with the fp64
+-- reference of kind "ag" (out = C [m, n], all-gather or the GEMM alone on the
+-- gathered A), "rs" (out = C [m/d, n], this rank's block of the reduce-scatter)
+-- or "local" (gemm_rs's GEMM alone: this rank's partial product [m, n]).
+local function checker(m, t)
+  local rows, kd, n = m / d, A.k / d, A.n
+  local seed = 1000003 + 64 * m
+  local count, sc = 0, 1
+  local refs = {}
+  local function fresh()
+    count = count + 1
+    sc = (count % 2 == 1 and -1 or 1) * 2 ^ (count % 4 - 2) -- -1/2, 1, -2, 1/4, -1/2, ...
+    for p = 0, d - 1 do t.full:narrow(1, p * rows + 1, rows):normal_(0, 1, seed + p) end
+    t.full:mul_(sc)
+    t.bfull:normal_(0, 1, seed + 63)
+    if RS then
+      t.a:copy_(t.full:narrow(2, me * kd + 1, kd))
+      t.b:copy_(t.bfull:narrow(1, me * kd + 1, kd))
+    else
+      t.a:copy_(t.full:narrow(1, me * rows + 1, rows))
     end
-    local norm = want2 > 0 and math.sqrt(diff2 / want2) or math.sqrt(diff2)
-    if not (norm <= 4 * u) then over = #got end
-    if over > 0 then
-      io.stderr:write(string.format("ag_gemm_bench: rank %d, %s, row %d of its block: normwise %.3g (bound %.3g), " ..
-        "%d of %d elements wrong%s\n", me, label, ref.r, norm, 4 * u, over, #got, first and (", first " .. first) or ""))
-    end
-    bad = bad + over
   end
-  return bad
+  -- rows (0-based, of out) spread over out's rows; the reference of the checked rows for
+  -- sc = 1, made at the kind's first check (its inputs then are sc times those)
+  local function reference(kind)
+    if refs[kind] then return refs[kind] end
+    local r = {}
+    local per = kind == "rs" and math.max(2, math.ceil(1e5 / (d * n))) or math.max(2 * d, math.ceil(1e5 / n))
+    r.rows = verify.spread(kind == "rs" and rows or m, per, 31 * m + 7 * me + #kind)
+    local at = {} -- the rows of the inputs' product
+    r.wins = {}
+    for i, x in ipairs(r.rows) do
+      r.wins[i] = { x * n, n }
+      at[i] = (kind == "rs" and me * rows or 0) + x + 1
+    end
+    if kind == "ag" then
+      r.ref = verify.matmul_rows(t.full, t.bfull, at)
+    elseif kind == "local" then
+      r.ref = verify.matmul_rows(t.a, t.b, at)
+    else
+      local S, rms
+      r.ref, S, rms = verify.matmul_rows(t.full, t.bfull, at, { parts = d })
+      -- per element: (2d - 1) u S + (k/d + 4) 2^-20 sum_p rms(P_p) of its row (u |want|: rtol)
+      r.allow = S:mul_((2 * d - 1) * u)
+      for i = 1, #at do r.allow:narrow(1, i, 1):add_((kd + 4) * 2 ^ -20 * rms[i]) end
+      r.allow:mul_(1 / math.abs(sc))
+    end
+    r.ref:mul_(1 / sc)
+    r.ref = r.ref:reshape(r.ref:numel())
+    if r.allow then r.allow = r.allow:reshape(r.allow:numel()) end
+    refs[kind] = r
+    return r
+  end
+  return function(what, run, out, kind)
+    return h:verify { what = string.format("m = %d, %s", m, what), fresh = fresh, poison = { out }, run = run,
+      check = function()
+        local r = reference(kind)
+        local ref = r.ref:clone():mul_(sc)
+        if kind ~= "rs" then return verify.close(verify.take(out, r.wins), ref, TOL) end
+        local tol = {}
+        for key, v in pairs(TOL_RS) do tol[key] = v end
+        tol.allow = r.allow:clone():mul_(math.abs(sc))
+        return verify.close(verify.take(out, r.wins), ref, tol)
+      end }
+  end
 end
 
 local tbl = h:table({ { "m", "%6d" }, { "row", "%-36s" }, { "ms", "%9.3f" }, { "TFLOP/s", "%8.1f" },
@@ -288,9 +297,12 @@ tbl:header(string.format("%s, %s, k = %d, n = %d, %s", RS and "GEMM + reduce-sca
   h.device_desc, A.k, A.n, A.dtype))
 if RS and A.k % d ~= 0 then dl.fail("ag_gemm_bench: k = %d does not split over %d ranks", A.k, d) end
 -- the dl.overlap op of variant v (the main pass and the interleaved pairs)
-local function make_op(v)
-  return (RS and dl.overlap.gemm_rs or dl.overlap.ag_gemm) { comm = w, algo = v.algo, transport = v.transport,
+-- planned for (a, b) at once, as a first run would: an op a planted noop never runs is set up too
+local function make_op(v, a, b)
+  local op = (RS and dl.overlap.gemm_rs or dl.overlap.ag_gemm) { comm = w, algo = v.algo, transport = v.transport,
     copy = v.copy, streams = v.streams, copy_blocks = A.copy_blocks, merge = v.merge }
+  op:plan(a, b)
+  return op
 end
 
 local results, inter = {}, {}
@@ -302,20 +314,20 @@ for _, m in ipairs(A.m) do
   local bfull = dl.randn({ A.k, A.n }, { dtype = A.dtype, device = dev, seed = m * 64 + 63 })
   local full = dl.empty({ m, A.k }, { dtype = A.dtype, device = dev })
   for p = 0, d - 1 do full:narrow(1, p * rows + 1, rows):normal_(0, 1, m * 64 + p) end
-  local ref = dl.empty({ m, A.n }, { dtype = A.dtype, device = dev })
-  dl.gemm(full, bfull, ref)
-  local a, b, c, local_c, refs
+  -- c_alone: the GEMM alone's result (ag: of the gathered A, [m, n]; rs: this rank's partial product)
+  local c_alone = dl.empty({ m, A.n }, { dtype = A.dtype, device = dev })
+  local a, b, c
   if RS then -- rank me's columns of A and rows of B
     a = full:narrow(2, me * kd + 1, kd):contiguous()
     b = bfull:narrow(1, me * kd + 1, kd):contiguous()
     c = dl.empty({ rows, A.n }, { dtype = A.dtype, device = dev })
-    local_c = dl.empty({ m, A.n }, { dtype = A.dtype, device = dev })
-    refs = rs_refs(full, bfull, rows, kd)
   else
     a = full:narrow(1, me * rows + 1, rows):clone()
     b = bfull
     c = dl.empty({ m, A.n }, { dtype = A.dtype, device = dev })
   end
+  local check = checker(m, { full = full, bfull = bfull, a = a, b = b })
+  local ALONE, PIPE = RS and "local" or "ag", RS and "rs" or "ag"
   local base
   local function row(name, ms, wrong)
     local r = { m = m, row = name, ms = ms, tflops = ms and flops / (ms * 1e-3) / 1e12, wrong = wrong }
@@ -324,11 +336,13 @@ for _, m in ipairs(A.m) do
     results[#results + 1] = r
     tbl:row({ m, name, ms, r.tflops, r.vs, wrong })
   end
-  -- the GEMM alone: ag, on the gathered A (its result, ref, is every check's reference);
-  -- rs, this rank's partial product, the work each rank does without the communication
-  -- (b is bfull for ag); timed first, again after the pipelines, and in the interleaved pairs
-  local alone = RS and function() dl.gemm(a, b, local_c) end or function() dl.gemm(full, b, ref) end
-  row(RS and "gemm (alone, local A B)" or "gemm (alone, gathered A)", time_ms(alone), h:check(check_ref(full, bfull, ref)))
+  -- the GEMM alone: ag, on the gathered A; rs, this rank's partial product, the work each
+  -- rank does without the communication (b is bfull for ag); timed first, again after the
+  -- pipelines, and in the interleaved pairs
+  local alone = h:planted(RS and function() dl.gemm(a, b, c_alone) end or function() dl.gemm(full, b, c_alone) end,
+    { writes = { c_alone } })
+  local ms = time_ms(alone)
+  row(RS and "gemm (alone, local A B)" or "gemm (alone, gathered A)", ms, check("gemm alone", alone, c_alone, ALONE))
   -- where a pipeline's time goes: the GEMMs of its chunks alone, back to back on one stream,
   -- no communication (p2p: d GEMMs of m/d rows; merge: the head, the merged GEMM, d - 2 of
   -- m/d), into c; the pipeline's time over this row's is what the transfers cost it. Before
@@ -344,13 +358,15 @@ for _, m in ipairs(A.m) do
         end
         at = at + n_rows
       end
-      local ms = time_ms(function() for _, x in ipairs(views) do dl.gemm(x[1], b, x[2]) end end)
-      return ms, h:check(check_rows(c, ref, rows)), names
+      local fn = h:planted(function() for _, x in ipairs(views) do dl.gemm(x[1], b, x[2]) end end,
+        { writes = { c } })
+      local ms = time_ms(fn)
+      return ms, check("gemm parts " .. table.concat(names, "+"), fn, c, "ag"), names
     end
     local each = {}
     for p = 1, d do each[p] = rows end
-    local ms, bad, names = parts(each)
-    row("gemm parts, p2p: " .. (d == 2 and names[1] .. " + " .. names[2] or d .. " x " .. rows), ms, bad)
+    local ms2, bad, names = parts(each)
+    row("gemm parts, p2p: " .. (d == 2 and names[1] .. " + " .. names[2] or d .. " x " .. rows), ms2, bad)
     -- the heads of the merge rows: an op set up (buffers, no run) says its head
     local seen = {}
     for _, mg in ipairs(merges) do
@@ -363,9 +379,9 @@ for _, m in ipairs(A.m) do
           seen[hd] = true
           local list = { hd, 2 * rows - hd }
           for _ = 3, d do list[#list + 1] = rows end
-          ms, bad, names = parts(list)
+          ms2, bad, names = parts(list)
           row("gemm parts, merge: " .. table.concat(names, " + ", 1, math.min(#names, 2)) ..
-            (d > 2 and (" + " .. (d - 2) .. " x " .. rows) or ""), ms, bad)
+            (d > 2 and (" + " .. (d - 2) .. " x " .. rows) or ""), ms2, bad)
         end
       end
     end
@@ -377,15 +393,16 @@ for _, m in ipairs(A.m) do
       end
       goto next_variant
     end
-    local op = make_op(v)
-    local fn = function() op:run(a, b, c) end
+    local op = make_op(v, a, b)
+    local fn = h:planted(function() op:run(a, b, c) end, { writes = { c } })
     fn()
     fn()
     op:check()
     local t = time_ms(fn)
     op:check()
-    if A.plant ~= 0 then c:mul_(1 + A.plant) end
-    row(op:label(), t, h:check(RS and check_rs(c, refs, kd, op:label()) or check_rows(c, ref, rows)))
+    local bad = check(op:label(), fn, c, PIPE)
+    op:check()
+    row(op:label(), t, bad)
     results[#results].variant = v
     op:free()
     collectgarbage("collect")
@@ -393,7 +410,8 @@ for _, m in ipairs(A.m) do
   end
   -- the GEMM alone once more, after the pipelines: minutes of GEMMs at full power may have
   -- moved the clocks since the first row (PyTorch's anchors ran before this process)
-  row("gemm (alone, again at the end)", time_ms(alone), h:check(check_ref(full, bfull, ref)))
+  ms = time_ms(alone)
+  row("gemm (alone, again at the end)", ms, check("gemm alone again", alone, c_alone, ALONE))
   -- the fastest --interleave pipelines again, each alternating run by run with the GEMM
   -- alone: "of GEMM alone" from seconds of the same clocks (the rows above are minutes
   -- apart, and a GPU at its power limit moves several percent in that time)
@@ -403,15 +421,15 @@ for _, m in ipairs(A.m) do
   end
   table.sort(ranked, function(x, y) return x.tflops > y.tflops end)
   for i = 1, math.min(A.interleave, #ranked) do
-    local op = make_op(ranked[i].variant)
-    local fb = function() op:run(a, b, c) end
+    local op = make_op(ranked[i].variant, a, b)
+    local fb = h:planted(function() op:run(a, b, c) end, { writes = { c } })
     fb()
     op:check()
     local ga, pb, ratio = time_pair(alone, fb)
     op:check()
-    if A.plant ~= 0 then c:mul_(1 + A.plant) end
-    local bad = h:check(RS and check_rs(c, refs, kd, op:label()) or check_rows(c, ref, rows))
-    if not RS then bad = bad + h:check(check_ref(full, bfull, ref)) end -- the GEMM alone wrote ref
+    local bad = check("interleaved: " .. op:label(), fb, c, PIPE)
+    op:check()
+    bad = bad + check("interleaved: gemm alone", alone, c_alone, ALONE)
     inter[#inter + 1] = { m = m, row = op:label(), gemm_ms = ga, ms = pb, of_gemm = 1 / ratio,
       gemm_tflops = flops / (ga * 1e-3) / 1e12, tflops = flops / (pb * 1e-3) / 1e12, wrong = bad }
     tbl:row({ m, "interleaved: " .. op:label(), pb, flops / (pb * 1e-3) / 1e12, nil, bad })
@@ -430,7 +448,7 @@ for _, m in ipairs(A.m) do
       tbl:row({ m, an[2], tms, r.tflops, r.vs, t.status == "ok" and 0 or nil })
     end
   end
-  a, b, bfull, full, ref, c, local_c, refs = nil, nil, nil, nil, nil, nil, nil, nil
+  a, b, bfull, full, c, c_alone, check = nil, nil, nil, nil, nil, nil, nil
   collectgarbage("collect")
 end
 

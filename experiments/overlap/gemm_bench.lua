@@ -15,6 +15,9 @@
 --                     instead of timing again (overlap.sh: torch, this, torch, this
 --                     --measured, so that the results file holds both torch runs)
 --     --out DIR       default experiments/results/overlap; --tag NAME (default: the GPU, h100)
+--     --quick         m = 64, k = 256, n = 128, a few calls (a check that it runs and checks);
+--                     --plant noop|scale=X puts an error into the timed GEMM, which the data
+--                     check must report (exit code 1)
 -- Writes DIR/gemm-TAG.md (the results file) and DIR/gemm-TAG.csv.
 --
 -- Method: dl.bench.timing.events (each call between two device events, the
@@ -24,12 +27,18 @@
 -- a 3 ms GEMM (60 ms) left the clocks wherever the last case put them, and
 -- the same GEMM differed by 10% between two runs (H200, m = 8k).
 -- Inputs randn (Philox), out given (a's dtype); dl.gemm's workspace comes
--- from the allocator per call (its cache: no device time). After timing: the
--- result finite, and rows 1, 2 and the last two against the CPU twin (fp64
--- sums): normwise within 2^-7, each element within 2^-7 |ref| + 2^-7 rms
--- (#wrong; any makes the exit code non-zero).
+-- from the allocator per call (its cache: no device time). After timing, per
+-- m: the timed callable once more on fresh inputs (new seeds) into out
+-- poisoned (NaN), and max(4, ceil(1e5 / n)) rows spread over out (all of
+-- them where m is smaller) against the fp64 product on the host
+-- (verify.matmul_rows, not dl.gemm): each element within 2u |ref| + 2u
+-- rms(ref), normwise within 1.5u (one rounding to out's dtype, u = 2^-8 for
+-- bf16, 2^-11 for f16: its rms is below u / sqrt(3); fp32 sums add ~1e-5),
+-- and the bias <got - ref, ref> / <ref, ref> within 2^-10 (#wrong; any makes
+-- the exit code non-zero).
 local dl = require "distlab"
 local bench = dl.bench
+local verify = require "distlab.bench.verify"
 
 local h = bench.harness {
   name = "gemm_bench", family = "overlap", tag = true,
@@ -48,25 +57,37 @@ local h = bench.harness {
   },
 }
 local A = h.opt
+if h.quick then -- the smallest case, unless the line says otherwise
+  for key, v in pairs { m = { 64 }, k = 256, n = 128, iters = 2, warm_ms = 0, min_ms = 0 } do
+    if not h.given[key] then A[key] = v end
+  end
+end
 local dev = dl.default_device()
 local gpu = dev:match("^cuda") and dl.cuda_device_name(tonumber(dev:match("%d+")) or 0) or dev
 if not h.given.tag then h.tag = dev:match("^cuda") and (gpu:match("([AHBL]%d+)") or "gpu"):lower() or dev end
 
--- rows of `out` against the twin: wrong elements
-local function check(a, b, out)
-  local m, bad = a:size(1), 0
-  local hb = b:to("cpu")
-  for _, first in ipairs { 1, math.max(1, m - 1) } do
-    local rows = math.min(2, m - first + 1)
-    local ref = dl.gemm(a:narrow(1, first, rows):to("cpu"), hb, { out_dtype = "f32" }):f64()
-    local got = out:narrow(1, first, rows):to("cpu"):f64()
-    local rms = math.sqrt(dl.compare(got, ref).sum_sq_ref / ref:numel())
-    local r = dl.compare(got, ref, 2 ^ -7 * rms, 2 ^ -7)
-    bad = bad + tonumber(r.n_not_close)
-    if dl.rel_err(got, ref) > 2 ^ -7 then bad = bad + 1 end
+-- after timing: call once more on fresh inputs (a and b drawn again from new seeds), out
+-- poisoned, rows spread over out against the fp64 product on the host (see the header)
+local U = { bf16 = 2 ^ -8, f16 = 2 ^ -11 }
+local function check(m, call, a, b, out)
+  local u, n = U[A.dtype], A.n
+  local rows = verify.spread(m, math.max(4, math.ceil(1e5 / n)), m)
+  local wins = {}
+  for i, r in ipairs(rows) do
+    wins[i] = { r * n, n }
+    rows[i] = r + 1
   end
-  if dl.compare(out, out).n_nonfinite_a > 0 then bad = bad + 1 end
-  return bad
+  return h:verify { what = string.format("m = %d", m),
+    fresh = function()
+      a:normal_(0, 1, 1000003 + 2 * m)
+      b:normal_(0, 1, 1000004 + 2 * m)
+    end,
+    poison = { out }, run = call,
+    check = function()
+      local ref = verify.matmul_rows(a, b, rows)
+      return verify.close(verify.take(out, wins), ref:reshape(ref:numel()),
+        { rtol = 2 * u, atol_rms = 2 * u, norm = 1.5 * u, bias = 2 ^ -10 })
+    end }
 end
 
 -- torch[m] = {ms, tflops (the mean over the CSVs), runs = "a / b" TFLOP/s, status, torch}
@@ -118,9 +139,9 @@ local function measure(m)
   local a = dl.randn({ m, A.k }, { dtype = A.dtype, device = dev, seed = m })
   local b = dl.randn({ A.k, A.n }, { dtype = A.dtype, device = dev, seed = m + 1 })
   local out = dl.empty({ m, A.n }, { dtype = A.dtype, device = dev })
-  local call = function() dl.gemm(a, b, out) end
+  local call = h:planted(function() dl.gemm(a, b, out) end, { writes = { out } })
   local ms = bench.timing.events(call, { warmup = 0, iters = A.iters, warm_ms = A.warm_ms, min_ms = A.min_ms }).median
-  local wrong = h:check(check(a, b, out))
+  local wrong = check(m, call, a, b, out)
   a, b, out = nil, nil, nil
   collectgarbage("collect")
   return ms, wrong
@@ -173,7 +194,8 @@ local extra = { "build: " .. dl.build_info(),
     "cuBLASLt not loaded (not a GPU run)") .. " (dl.gemm: cublasLtMatmul with the heuristic's first algorithm " ..
     "for the configuration, asked once and cached; a 32 MiB workspace; fp32 accumulation)",
   "torch: " .. ((rows[1] and torch[rows[1].m] and torch[rows[1].m].torch) or "not run (no --torch)"),
-  "data checked after timing: rows 1-2 and the last two against the fp64 CPU twin (#wrong)" }
+  "data checked after timing: fresh inputs, out poisoned, max(4, 1e5 / n) rows spread over it against the fp64 " ..
+    "product on the host: elements within 2u |ref| + 2u rms, normwise 1.5u, bias 2^-10 (#wrong)" }
 local path = h:markdown("gemm-" .. h.tag .. ".md", "dl.gemm vs torch.matmul (" .. A.dtype .. ")", lines, extra)
 h:csv("gemm-" .. h.tag .. ".csv", { "m", "k", "n", "dtype", "ms", "tflops", "torch_ms", "torch_tflops", "ratio",
   "wrong" }, csv_rows)

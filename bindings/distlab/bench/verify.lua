@@ -33,7 +33,8 @@
 --   verify.poison(t)                     NaN for floats, 0xFF bytes for uint8 (fp8's NaN),
 --                                        the most negative value for integers
 --   verify.close(got, ref, tol) -> n, msg, stats  n wrong: elements outside atol + rtol |ref|
---                                        (+ atol_rms rms(ref)), non-finite elements, plus one
+--                                        (+ atol_rms rms(ref), + allow[i]: an f64 cpu tensor of
+--                                        per-element allowances), non-finite elements, plus one
 --                                        when ||got - ref|| / ||ref|| > norm, plus one when the
 --                                        bias <got - ref, ref> / <ref, ref> is beyond +-bias
 --                                        (a scale error is all bias; rounding has none; from
@@ -48,6 +49,9 @@
 --   verify.take(t, wins) -> f64 cpu tensor  t's elements (row-major) in those windows
 --   verify.normal(dtype, seed, offset, n) -> f64 cpu tensor  what x:normal_(0, 1, seed) puts
 --                                        at elements offset .. offset + n - 1 of a dtype tensor
+--   verify.normal_sum(dtype, seeds, wins) -> f64 cpu tensor  the fp64 sum over the seeds of
+--                                        what normal_ puts in the windows wins (an all-reduce's
+--                                        reference: every rank's input drawn again on the host)
 --   verify.matmul_rows(a, b, rows, {parts = P}) -> ref[, S, rms]  rows (1-based) of a @ b
 --                                        in fp64 on the host, f64 cpu [#rows, n]; with parts,
 --                                        k in P equal slices: S = sum over slices of |a_p b_p|
@@ -144,6 +148,31 @@ end
 -- than 10 of them for bf16 from 1024 elements (fewer: reported, not checked).
 M.BIAS_MIN = 1024
 
+-- elements of got (host) outside atol + rtol |ref| + allow[i], and the first of them
+local function outside(pg, pr, pw, n, atol, rtol)
+  local bad, first = 0, -1
+  for i = 0, n - 1 do
+    local g, w = pg[i], pr[i]
+    if not (math.abs(g - w) <= atol + rtol * math.abs(w) + pw[i]) and not (g ~= g and w ~= w) then
+      bad = bad + 1
+      if first < 0 then first = i end
+    end
+  end
+  return bad, first
+end
+local function count_allowed(hg, hr, atol, rtol, allow)
+  local n = T.numel(hr)
+  if T.numel(allow) ~= n then fail("verify.close: allow has %d elements, ref %d", T.numel(allow), n) end
+  local g, w, a = T.f64(T.contiguous(hg)), T.f64(T.contiguous(hr)), T.f64(T.contiguous(T.to(allow, "cpu")))
+  local bad, first = outside(ffi.cast("double*", T.data_ptr(g)), ffi.cast("double*", T.data_ptr(w)),
+    ffi.cast("double*", T.data_ptr(a)), n, atol, rtol)
+  C.dl_tensor_check(g) -- the raw pointers above point into these: keep them alive until here
+  C.dl_tensor_check(w)
+  C.dl_tensor_check(a)
+  return bad, first
+end
+jit.off(count_allowed)
+
 function M.close(got, ref, tol)
   tol = tol or {}
   local hg, hr = host(got), host(ref)
@@ -152,6 +181,7 @@ function M.close(got, ref, tol)
   local ref2 = r0.sum_sq_ref
   if tol.atol_rms then atol = atol + tol.atol_rms * math.sqrt(ref2 / math.max(T.numel(hr), 1)) end
   local r = compare.compare(hg, hr, atol, rtol)
+  if tol.allow then r.n_not_close, r.first_not_close = count_allowed(hg, hr, atol, rtol, tol.allow) end
   local n = tonumber(r.n_not_close)
   local nonfinite = tonumber(r.n_nonfinite_a) - tonumber(r.n_nonfinite_b)
   if nonfinite > 0 and n < nonfinite then n = nonfinite end
@@ -239,6 +269,20 @@ function M.normal(dtype, seed, offset, n)
   local x = tensor.empty({ n }, { dtype = dtype, device = "cpu" })
   core.check(C.dl_tensor_random(x, C.DL_RAND_NORMAL, ffi.cast("uint64_t", seed), offset, 0, 1, nil))
   return T.f64(x)
+end
+
+function M.normal_sum(dtype, seeds, wins)
+  local total = 0
+  for _, w in ipairs(wins) do total = total + w[2] end
+  local ref = T.fill_(tensor.empty({ total }, { dtype = "f64", device = "cpu" }), 0)
+  for _, seed in ipairs(seeds) do
+    local at0 = 0
+    for _, w in ipairs(wins) do
+      T.add_(T.narrow(ref, 1, at0 + 1, w[2]), M.normal(dtype, seed, w[1], w[2]))
+      at0 = at0 + w[2]
+    end
+  end
+  return ref
 end
 
 -- The fp64 rows of a @ b: each row of a times b's rows, a chunk of b at a
