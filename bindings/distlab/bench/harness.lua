@@ -9,7 +9,9 @@
 --     options = { {...}, ... },                distlab.bench.options specs; the harness adds
 --                                              --out DIR, --command TEXT and (tag = true) --tag
 --     comm = world,                            ranks (nil: one process)
---     argv = arg, tag = true }
+--     argv = arg, tag = true,
+--     writes = false }                         a run that writes no files (the demo): --out is
+--                                              accepted and unused, ranks sharing a GPU are fine
 --   h.opt, h.given           the parsed options, and which were on the command line
 --                            (--help printed the text and exited 0; a bad option
 --                            printed its error and exited 2)
@@ -109,7 +111,7 @@ function M.new(o)
   -- the default folder is the checkout's, wherever the run starts; a folder given is the caller's
   if not given.out and not out_default:match("^/") then h.out = core.root .. "/" .. out_default end
   h.shared = comm ~= nil and (comm.share or 1) > 1
-  if h.shared then
+  if h.shared and o.writes ~= false then
     h:print("%s: %d ranks share this GPU (the ipc communicator): a correctness run, its timings mean nothing",
       h.name, comm.share)
     local results = (core.root .. "/experiments/results"):gsub("//+", "/")
