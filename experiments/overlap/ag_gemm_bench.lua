@@ -34,6 +34,14 @@
 --                              with the GEMM alone, their ratio the median of the pairs' (default 3; 0: not):
 --                              "of GEMM alone" from the same seconds' clocks (2 H100s at their power
 --                              limit moved 7-15% between rows minutes apart)
+--     --gemm-ref CSV           gemm_bench.lua's CSV from the same device call, on the GEMM alone's shape
+--                              (ag: m x k x n; gemm_rs: m x k/d x n): dl.gemm and torch.matmul timed
+--                              there with torch.matmul before and after dl.gemm (the anchor their mean),
+--                              DISTLAB_GEMM_TUNE set for both runs. "of the best GEMM alone" = "of GEMM
+--                              alone" x min(1, torch.matmul / dl.gemm time there): the pairs above give
+--                              the pipeline against dl.gemm in the same seconds, gemm_bench gives dl.gemm
+--                              against torch.matmul interleaved the same way (experiments/overlap/ag_gemm_ref.sh
+--                              runs both in one device call)
 --     --quick                  m = 4d, k = 64, n = 32, 2 timed runs, no warm-up (a check that every
 --                              row runs and checks); --plant noop|scale=X puts an error into every
 --                              timed callable (each row's), which the data check must report
@@ -120,6 +128,8 @@ local h = bench.harness {
     { "torch", "string", nil, "ag_gemm_torch.py's CSV from the same run", meta = "CSV" },
     { "interleave", "int", 3, "the fastest N pipelines of each m timed again, run by run alternating with the " ..
       "GEMM alone (0: not)", meta = "N" },
+    { "gemm-ref", "string", nil, "gemm_bench.lua's CSV of the same device call (dl.gemm and torch.matmul on the " ..
+      "GEMM alone's shape): \"of the best GEMM alone\" beside \"of GEMM alone\"", meta = "CSV" },
   },
 }
 local A = h.opt
@@ -185,6 +195,25 @@ if A.torch then
   end
 end
 local RS = A.op == "gemm_rs"
+
+-- The GEMM alone's reference (--gemm-ref): gref[m] = {dl =, torch = ms} from gemm_bench's CSV, rows of
+-- the GEMM alone's shape (k/d columns for gemm_rs), whose torch.matmul ran before and after dl.gemm
+local gref, gref_note = {}, nil
+if A.gemm_ref then
+  local head, recs = bench.csv.read(A.gemm_ref)
+  if not head or head[1] ~= "m" or not head[7] or head[7] ~= "torch_ms" then
+    dl.fail("ag_gemm_bench: --gemm-ref %s is not gemm_bench.lua's CSV (%s)", A.gemm_ref, tostring(recs))
+  end
+  local k = RS and A.k / d or A.k
+  for _, r in ipairs(recs) do
+    local dms, tms = bench.csv.number(r.ms), bench.csv.number(r.torch_ms)
+    if tonumber(r.k) == k and tonumber(r.n) == A.n and r.dtype == A.dtype and dms and tms then
+      gref[tonumber(r.m)] = { dl = dms, torch = tms }
+    end
+  end
+  gref_note = string.format("the faster of dl.gemm and torch.matmul on m x %d x %d, from %s (gemm_bench.lua's CSV of "
+    .. "the same device call: torch.matmul the mean of a run before and one after dl.gemm)", k, A.n, A.gemm_ref)
+end
 local anchors = RS and { { "torch_matmul", "torch.matmul alone (local)" },
   { "torch_matmul_nccl", "torch: matmul + NCCL reduce_scatter" }, { "torch_fused", "torch: fused_matmul_reduce_scatter" } }
   or { { "torch_matmul", "torch.matmul alone" }, { "torch_nccl_matmul", "torch: NCCL all_gather + matmul" },
@@ -430,8 +459,10 @@ for _, m in ipairs(A.m) do
     local bad = check("interleaved: " .. op:label(), fb, c, PIPE)
     op:check()
     bad = bad + check("interleaved: gemm alone", alone, c_alone, ALONE)
+    local g = gref[m]
     inter[#inter + 1] = { m = m, row = op:label(), gemm_ms = ga, ms = pb, of_gemm = 1 / ratio,
-      gemm_tflops = flops / (ga * 1e-3) / 1e12, tflops = flops / (pb * 1e-3) / 1e12, wrong = bad }
+      gemm_tflops = flops / (ga * 1e-3) / 1e12, tflops = flops / (pb * 1e-3) / 1e12, wrong = bad,
+      t_over_dl = g and g.torch / g.dl, of_best = g and math.min(1, g.torch / g.dl) / ratio }
     tbl:row({ m, "interleaved: " .. op:label(), pb, flops / (pb * 1e-3) / 1e12, nil, bad })
     h:print("%6d   ... with the GEMM alone at %.3f ms (%.1f TFLOP/s): %.1f%% of it, run by run", m, ga,
       flops / (ga * 1e-3) / 1e12, 100 / ratio)
@@ -489,10 +520,15 @@ for _, m in ipairs(A.m) do
   for _, r in ipairs(inter) do
     if r.m == m then
       ic[#ic + 1] = { r.row, f("%.3f", r.ms), f("%.1f", r.tflops), f("%.3f", r.gemm_ms), f("%.1f", r.gemm_tflops),
-        f("%.1f%%", 100 * r.of_gemm), r.wrong }
+        f("%.1f%%", 100 * r.of_gemm), f("%.3f", r.t_over_dl), f("%.1f%%", r.of_best and 100 * r.of_best), r.wrong }
       csv_rows[#csv_rows + 1] = { m, A.k, A.n, d, "interleaved: " .. r.row, f("%.4f", r.ms), f("%.2f", r.tflops), r.wrong }
       csv_rows[#csv_rows + 1] = { m, A.k, A.n, d, "interleaved: gemm alone, with " .. r.row, f("%.4f", r.gemm_ms),
         f("%.2f", r.gemm_tflops), r.wrong }
+      if r.of_best then -- the best GEMM alone's time in the same seconds: dl.gemm's x min(1, torch / dl.gemm)
+        local best_ms = r.gemm_ms * math.min(1, r.t_over_dl)
+        csv_rows[#csv_rows + 1] = { m, A.k, A.n, d, "interleaved: best gemm alone, with " .. r.row, f("%.4f", best_ms),
+          f("%.2f", r.gemm_tflops * r.gemm_ms / best_ms), r.wrong }
+      end
     end
   end
   if #ic > 0 then
@@ -500,8 +536,13 @@ for _, m in ipairs(A.m) do
       "(%d pairs after warm-up pairs filling %g ms; \"of GEMM alone\": the median of the pairs' ratios):", #ic,
       A.iters, A.warm_ms)
     md[#md + 1] = ""
+    if gref_note then
+      md[#md + 1] = "\"torch / dl.gemm\": torch.matmul's time over dl.gemm's on the GEMM alone's shape (--gemm-ref); " ..
+        "\"of the best GEMM alone\": \"of GEMM alone\" x min(1, that), the pipeline against the faster of the two."
+      md[#md + 1] = ""
+    end
     for _, l in ipairs(bench.markdown.table({ "pipeline", "ms", "TFLOP/s", "GEMM alone ms", "GEMM alone TFLOP/s",
-      "of GEMM alone", "#wrong" }, ic)) do
+      "of GEMM alone", "torch / dl.gemm", "of the best GEMM alone", "#wrong" }, ic)) do
       md[#md + 1] = l
     end
     md[#md + 1] = ""
@@ -549,7 +590,8 @@ end
 local extra = { "build: " .. dl.build_info(), "cuBLASLt tuning: " .. ((tonumber(os.getenv("DISTLAB_GEMM_TUNE") or "0") or 0) > 1
   and ("DISTLAB_GEMM_TUNE=" .. os.getenv("DISTLAB_GEMM_TUNE") .. " (each shape's fastest of that many candidates)")
   or "off (each shape's first heuristic candidate)"), "torch: " .. (torch_note or (A.torch and ((next(torch) and
-  select(2, next(torch)).torch) or "its CSV had no rows") or "not run (no --torch)")) }
+  select(2, next(torch)).torch) or "its CSV had no rows") or "not run (no --torch)")),
+  "GEMM alone's reference: " .. (gref_note or "dl.gemm alone (no --gemm-ref)") }
 if h.rank0 then
   local path = h:markdown(FILE .. h.tag .. ".md", RS and "GEMM + reduce-scatter (dl.overlap.gemm_rs)" or
     "All-gather + GEMM (dl.overlap.ag_gemm)", md, extra)
