@@ -241,10 +241,13 @@ def cell(s):
 
 
 def header(title, info, extra=()):
-    """distlab.bench.markdown.header: title, device, date, commit, command, libraries, then extra."""
+    """distlab.bench.markdown.header: title, device, date, commit, command (and ran_as, the process's own
+    line where the command is a wrapper's), libraries, then extra."""
     lines = [f"# {title}", "", f"- device: {info['device']}", f"- date: {info['date']}",
-             f"- commit: {code(info['commit'])}", f"- command: {code(info['command'])}",
-             f"- libraries: {info['libraries']}"]
+             f"- commit: {code(info['commit'])}", f"- command: {code(info['command'])}"]
+    if info.get("ran_as"):
+        lines.append(f"- ran as: {code(info['ran_as'])}")
+    lines.append(f"- libraries: {info['libraries']}")
     lines += [x if x.startswith("- ") else "- " + x for x in extra]
     return lines
 

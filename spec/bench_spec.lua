@@ -339,7 +339,11 @@ describe("bench markdown", function()
     M.write(path, M.header("A title", info, { "method: x", "- knob: y" }))
     local text = read(path)
     assert.matches("^# A title\n\n%- device: cpu\n%- date: [^\n]+ UTC\n%- commit: `[^`\n]+`\n%- command: `%./distlab run %-n 2 " ..
-      "%-%-device cpu x%.lua %-%-out 'a b'`\n%- libraries: [^\n]+\n%- method: x\n%- knob: y\n$", text)
+      "%-%-device cpu x%.lua %-%-out 'a b'`\n%- ran as: `[^\n]+`\n%- libraries: [^\n]+\n%- method: x\n%- knob: y\n$", text)
+    -- the command given (a wrapper's words) is the command; this process's own line is kept beside it
+    assert.equal(M.command(), info.ran_as)
+    assert.is_nil(M.run_info({ device = "cpu" }).ran_as)
+    assert.equal(M.command(), M.run_info({ device = "cpu" }).command)
     local back = M.read_header(path)
     assert.same({ title = "A title", device = "cpu", date = info.date, commit = info.commit, command = info.command,
       libraries = M.libraries() }, back)

@@ -11,7 +11,9 @@
 --   - libraries: CUDA runtime 13.0, driver 13.0; NCCL 2.28.3 (/usr/lib/x86_64-linux-gnu/libnccl.so.2); cuDNN not loaded; cuBLASLt not loaded
 --   - (the bench's own lines: method, knobs, ...)
 --
---   run_info{comm =, device =, command =} -> {device =, date =, commit =, command =}
+--   run_info{comm =, device =, command =} -> {device =, date =, commit =, command =, ran_as =}
+--               (ran_as: this process's own command line where a wrapper's command
+--               was given, written as "- ran as:" under the command)
 --   device_name(device) -> "NVIDIA H200" for cuda:N, else the device's name
 --   commit() -> $DISTLAB_COMMIT if set, else `git describe --always --dirty` in
 --               the checkout, else "unknown (...)" (a copy without .git: set
@@ -124,7 +126,9 @@ function M.command(argv)
 end
 
 -- run_info{comm =, device =, command =, argv =}: comm names the device and the
--- rank count; a command given (a wrapper script's) replaces the reconstructed one.
+-- rank count; a command given (a wrapper script's) is the command line, and
+-- the process's own (its variables and options, which a wrapper's words may
+-- leave out) is kept beside it as ran_as.
 function M.run_info(o)
   o = o or {}
   local device = o.device or (o.comm and o.comm.device) or core.default_device()
@@ -133,7 +137,9 @@ function M.run_info(o)
     desc = M.device_name(device)
     if o.comm then desc = string.format("%s x %d (%s backend)", desc, o.comm.size, o.comm.backend) end
   end
-  return { device = desc, date = M.date(), commit = M.commit(), command = o.command or M.command(o.argv) }
+  local own = M.command(o.argv)
+  return { device = desc, date = M.date(), commit = M.commit(), command = o.command or own,
+    ran_as = o.command and o.command ~= own and own or nil }
 end
 
 -- ---- the libraries loaded --------------------------------------------------
@@ -242,6 +248,7 @@ function M.header(title, info, extra)
   local lines = { "# " .. title, "", "- device: " .. info.device, "- date: " .. info.date,
     "- commit: " .. M.code(info.commit), "- command: " .. M.code(info.command),
     "- libraries: " .. (info.libraries or M.libraries()) }
+  if info.ran_as then table.insert(lines, 7, "- ran as: " .. M.code(info.ran_as)) end
   for _, l in ipairs(extra or {}) do lines[#lines + 1] = l:match("^%- ") and l or ("- " .. l) end
   return lines
 end
