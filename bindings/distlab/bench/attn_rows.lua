@@ -1,0 +1,460 @@
+-- distlab.bench.attn_rows — attention checked against fp64 on the host at
+-- sampled rows, for shapes whose whole reference costs too much (s^2 d per
+-- head). It reads only the tensors it is given and computes softmax(scale q
+-- k^T) v and its gradients itself, in plain fp64 loops: it shares no code
+-- with dl.attn's kernels or their cpu twin.
+--
+--   local rows = require "distlab.bench.attn_rows"
+--   local R = rows.prepare { q =, k =, v =, dout = (for dq), opts = (dl.attn's options: layout,
+--     mask, window, align, scale, cu_seqlens_*), elements = 1e5, keys = 0.25, seed =,
+--     part = {r, C}, all = false }
+--   local n_wrong, msg, err = R:check { out =, lse =, dq =, dk =, dv = }
+--
+-- Query rows: spread over every (sequence, query head) slice, about
+-- `elements` / d of them in all (every row where there are fewer), each with
+-- its full softmax over the keys it sees: out and lse, and dq (with dout)
+-- from the reference's own out and lse. prepare computes these once; check
+-- compares any number of results with them (cp_bench checks every strategy
+-- against one prepare).
+-- Key rows: `keys` times as many (at least one in every (sequence, kv head)
+-- slice), each with dk and dv summed over every query that sees it, of every
+-- query head of its group. Those need the lse and out of every query of the
+-- slice: check takes them from the out and lse it is given (the ones the
+-- backward was handed), as the backward itself does; their own rows are
+-- checked beside. all = true: every query and key row (small shapes), and
+-- for thd, the rows outside the sequences of out, dq, dk, dv must be 0.
+-- part = {r, C}: this process checks the slices i with i % C == r (ranks
+-- share the work; their counts add up over the ranks).
+--
+-- Each result is compared element-wise (atol + rtol |ref|) and normwise
+-- (||got - ref|| / ||ref|| over the rows checked), as distlab.bench.verify
+-- counts them: non-finite values are wrong, a normwise miss adds one. The
+-- tolerances (rows.TOL): TransformerEngine's element-wise ones, normwise
+-- 6e-3 for bf16 (a result scaled by 1.01 is 1e-2 off), 2e-3 for f16, and
+-- 1e-5 for the fp32 lse. err: the normwise error of each result checked.
+local ffi = require "ffi"
+local core = require "distlab.core"
+local tensor = require "distlab.tensor"
+local verify = require "distlab.bench.verify"
+
+local fail = core.fail
+local T = tensor.methods
+local exp, log, max, min, floor, ceil = math.exp, math.log, math.max, math.min, math.floor, math.ceil
+local NINF = -math.huge
+
+local M = {}
+
+M.TOL = {
+  bf16 = { atol = 2.5e-2, rtol = 2.5e-2, norm = 6e-3 },
+  f16 = { atol = 5e-3, rtol = 5e-3, norm = 2e-3 },
+  lse = { atol = 1e-3, rtol = 1e-4, norm = 1e-5 },
+}
+
+-- ---- geometry --------------------------------------------------------------------------
+
+local function list(x)
+  if x == nil then return nil end
+  if tensor.is_tensor(x) then return T.tolist(x) end
+  return x
+end
+
+-- Sequences, heads and the visible key range of each query (window
+-- semantics as distlab.attn states them).
+local function geometry(q, k, v, o)
+  o = o or {}
+  local layout = o.layout or "bshd"
+  local g = { layout = layout, hq = T.size(q, -2), hkv = T.size(k, -2), dqk = T.size(q, -1), dv = T.size(v, -1),
+    ql = {}, kl = {}, qs = {}, ks = {} }
+  g.scale = o.scale or 1 / math.sqrt(g.dqk)
+  if g.hq % g.hkv ~= 0 then fail("attn_rows: %d query heads over %d kv heads", g.hq, g.hkv) end
+  if layout == "thd" then
+    local cq = list(o.cu_seqlens_q)
+    if not cq then fail("attn_rows: thd needs cu_seqlens_q") end
+    local ck = list(o.cu_seqlens_kv) or cq
+    local pq, pk = list(o.cu_seqlens_q_padded) or cq, list(o.cu_seqlens_kv_padded) or list(o.cu_seqlens_kv) or ck
+    if not o.cu_seqlens_kv_padded and not o.cu_seqlens_kv and o.cu_seqlens_q_padded then pk = pq end
+    g.b = #cq - 1
+    for b = 1, g.b do
+      g.ql[b], g.kl[b] = cq[b + 1] - cq[b], ck[b + 1] - ck[b]
+      g.qs[b], g.ks[b] = pq[b], pk[b]
+    end
+    g.tq, g.tk = T.size(q, 1), T.size(k, 1)
+  else
+    local sdim, bdim = layout == "bshd" and 2 or 1, layout == "bshd" and 1 or 2
+    g.b = T.size(q, bdim)
+    for b = 1, g.b do g.ql[b], g.kl[b], g.qs[b], g.ks[b] = T.size(q, sdim), T.size(k, sdim), 0, 0 end
+  end
+  local wl, wr, br = -1, -1, o.align == "bottom_right"
+  if o.window then wl, wr = o.window[1], o.window[2] end
+  if o.mask == "causal" then wr, br = 0, false end
+  if o.mask == "causal_bottom_right" then wr, br = 0, true end
+  g.wl, g.wr, g.br = wl, wr, br
+  return g
+end
+
+local function shift(g, ql, kl) return g.br and kl - ql or 0 end
+
+-- keys [jlo, jhi] that query i sees; queries [ilo, ihi] that see key j
+local function key_range(g, i, ql, kl)
+  local sh = shift(g, ql, kl)
+  local lo = g.wl < 0 and 0 or max(0, i + sh - g.wl)
+  local hi = g.wr < 0 and kl - 1 or min(kl - 1, i + sh + g.wr)
+  return lo, hi
+end
+local function query_range(g, j, ql, kl)
+  local sh = shift(g, ql, kl)
+  local lo = g.wr < 0 and 0 or max(0, j - sh - g.wr)
+  local hi = g.wl < 0 and ql - 1 or min(ql - 1, j - sh + g.wl)
+  return lo, hi
+end
+
+-- ---- host copies ---------------------------------------------------------------------------
+
+-- Rows [start, start + n) of sequence b (0-based), head h, of t: a contiguous
+-- f64 host tensor [n, d] ([n] for an lse) and its data.
+local function slice(g, t, b, start, n, h, is_lse)
+  local s
+  if is_lse then
+    if g.layout == "thd" then s = T.narrow(T.select(t, 1, h + 1), 1, start + 1, n)
+    else s = T.narrow(T.select(T.select(t, 1, b + 1), 1, h + 1), 1, start + 1, n) end
+  elseif g.layout == "bshd" then s = T.select(T.narrow(T.select(t, 1, b + 1), 1, start + 1, n), 2, h + 1)
+  elseif g.layout == "sbhd" then s = T.select(T.select(T.narrow(t, 1, start + 1, n), 2, b + 1), 2, h + 1)
+  else s = T.select(T.narrow(t, 1, start + 1, n), 2, h + 1) end
+  s = T.contiguous(s)
+  if s.device ~= "cpu" then s = T.to(s, "cpu") end
+  s = T.contiguous(T.to(s, "f64"))
+  return s, ffi.cast("double*", T.data_ptr(s))
+end
+
+-- ---- the fp64 loops ----------------------------------------------------------------------
+
+local function dot(a, ao, b, bo, n)
+  local s0, s1, s2, s3 = 0, 0, 0, 0
+  local n4 = n - n % 4
+  for c = 0, n4 - 1, 4 do
+    s0 = s0 + a[ao + c] * b[bo + c]
+    s1 = s1 + a[ao + c + 1] * b[bo + c + 1]
+    s2 = s2 + a[ao + c + 2] * b[bo + c + 2]
+    s3 = s3 + a[ao + c + 3] * b[bo + c + 3]
+  end
+  for c = n4, n - 1 do s0 = s0 + a[ao + c] * b[bo + c] end
+  return (s0 + s1) + (s2 + s3)
+end
+
+local function axpy(y, yo, alpha, x, xo, n)
+  for c = 0, n - 1 do y[yo + c] = y[yo + c] + alpha * x[xo + c] end
+end
+
+local function zero(y, yo, n) for c = 0, n - 1 do y[yo + c] = 0 end end
+
+-- Query row i: out (and dq, with dO) into ro / rq at offsets oo / qo; returns
+-- its lse. P from the row's own fp64 softmax; dq's D = dO . out from its
+-- own out. S: scratch of at least kl doubles.
+local function query_row(g, i, ql, kl, Q, K, V, dO, S, ro, oo, rq, qo)
+  local d, dv, scale = g.dqk, g.dv, g.scale
+  zero(ro, oo, dv)
+  if rq then zero(rq, qo, d) end
+  local jlo, jhi = key_range(g, i, ql, kl)
+  if jhi < jlo then return NINF end
+  local m = NINF
+  for j = jlo, jhi do
+    local s = scale * dot(Q, i * d, K, j * d, d)
+    S[j] = s
+    if s > m then m = s end
+  end
+  local l = 0
+  for j = jlo, jhi do
+    local p = exp(S[j] - m)
+    S[j] = p
+    l = l + p
+  end
+  local inv = 1 / l
+  for j = jlo, jhi do axpy(ro, oo, S[j] * inv, V, j * dv, dv) end
+  if rq then
+    local D = dot(dO, i * dv, ro, oo, dv)
+    for j = jlo, jhi do
+      local p = S[j] * inv
+      axpy(rq, qo, scale * p * (dot(dO, i * dv, V, j * dv, dv) - D), K, j * d, d)
+    end
+  end
+  return m + log(l)
+end
+
+-- Key row j: dk, dv into rk / rv at offsets ko / vo, summed over the
+-- queries of every head of `heads` ({Q, dO, L, D}) that see it. Returns
+-- false when a handed lse it needs is not finite.
+local function key_row(g, j, ql, kl, K, V, heads, rk, ko, rv, vo)
+  local d, dv, scale = g.dqk, g.dv, g.scale
+  zero(rk, ko, d)
+  zero(rv, vo, dv)
+  local ilo, ihi = query_range(g, j, ql, kl)
+  local ok = true
+  for _, hd in ipairs(heads) do
+    local Q, dO, L, D = hd.Q, hd.dO, hd.L, hd.D
+    for i = ilo, ihi do
+      local li = L[i]
+      if li ~= li or li == NINF or li == math.huge then ok = false
+      else
+        local p = exp(scale * dot(Q, i * d, K, j * d, d) - li)
+        local ds = p * (dot(dO, i * dv, V, j * dv, dv) - D[i])
+        axpy(rv, vo, p, dO, i * dv, dv)
+        axpy(rk, ko, scale * ds, Q, i * d, d)
+      end
+    end
+  end
+  return ok
+end
+
+-- ---- sampling ---------------------------------------------------------------------------
+
+-- The slices (b, h) with rows, and the rows of each: `total` spread evenly
+-- over them (every row when `total` is nil or covers them all).
+local function sample(lens, heads, B, total, seed)
+  local slices, avail = {}, 0
+  for b = 1, B do
+    for h = 0, heads - 1 do
+      if lens[b] > 0 then
+        slices[#slices + 1] = { b = b - 1, h = h, n = lens[b] }
+        avail = avail + lens[b]
+      end
+    end
+  end
+  local per = (total and total < avail) and max(1, ceil(total / #slices)) or math.huge
+  for i, s in ipairs(slices) do s.rows = verify.spread(s.n, min(per, s.n), (seed or 1) * 7919 + i) end
+  return slices
+end
+
+-- ---- prepare and check -----------------------------------------------------------------
+
+local R = {}
+R.__index = R
+
+local function doubles(n) return ffi.new("double[?]", max(n, 1)) end
+
+function M.prepare(o)
+  if type(o) ~= "table" then fail("attn_rows.prepare: expected a table") end
+  for _, key in ipairs { "q", "k", "v" } do
+    if not tensor.is_tensor(o[key]) then fail("attn_rows.prepare: %s must be a tensor", key) end
+  end
+  local g = geometry(o.q, o.k, o.v, o.opts)
+  local r = setmetatable({ g = g, q = o.q, k = o.k, v = o.v, dout = o.dout, all = o.all,
+    dtype = o.q.dtype, part = o.part or { 0, 1 } }, R)
+  local rows_q = not o.all and ceil((o.elements or 1e5) / min(g.dqk, g.dv)) or nil
+  local rows_k = rows_q and max(1, ceil(rows_q * (o.keys or 0.25))) or nil
+  r.qslices = sample(g.ql, g.hq, g.b, rows_q, o.seed)
+  r.kslices = sample(g.kl, g.hkv, g.b, rows_k, (o.seed or 1) + 1)
+  local mine = function(i) return (i - 1) % r.part[2] == r.part[1] end
+  -- the query rows' reference, slice by slice
+  local nq = 0
+  for i, s in ipairs(r.qslices) do if mine(i) then nq = nq + #s.rows end end
+  r.nq = nq
+  r.ref_out, r.ref_lse = doubles(nq * g.dv), doubles(nq)
+  r.ref_dq = o.dout and doubles(nq * g.dqk) or nil
+  local S, at = nil, 0
+  local group = g.hq / g.hkv
+  for i, s in ipairs(r.qslices) do
+    if mine(i) then
+      local b, h = s.b, s.h
+      local ql, kl = g.ql[b + 1], g.kl[b + 1]
+      local hk = floor(h / group)
+      local keep = {}
+      local Q, K, V, dO
+      keep.q, Q = slice(g, o.q, b, g.qs[b + 1], ql, h)
+      if kl > 0 then
+        keep.k, K = slice(g, o.k, b, g.ks[b + 1], kl, hk)
+        keep.v, V = slice(g, o.v, b, g.ks[b + 1], kl, hk)
+      end
+      if o.dout then keep.dout, dO = slice(g, o.dout, b, g.qs[b + 1], ql, h) end
+      if not S or ffi.sizeof(S) < 8 * max(kl, 1) then S = doubles(kl) end
+      for _, row in ipairs(s.rows) do
+        r.ref_lse[at] = query_row(g, row, ql, kl, Q, K, V, dO, S, r.ref_out, at * g.dv, r.ref_dq, at * g.dqk)
+        at = at + 1
+      end
+      keep = nil
+    end
+  end
+  return r
+end
+
+-- got (a slice's host rows) at the sampled rows into buf from offset `at` rows
+local function gather(buf, at, p, rows, width)
+  for n, row in ipairs(rows) do
+    for c = 0, width - 1 do buf[(at + n - 1) * width + c] = p[row * width + c] end
+  end
+end
+
+local function as_tensor(buf, n)
+  local t = tensor.empty({ n }, { dtype = "f64", device = "cpu" })
+  if n > 0 then ffi.copy(T.data_ptr(t), buf, 8 * n) end
+  return t
+end
+
+local function rel(got, ref, n)
+  local num, den = 0, 0
+  for i = 0, n - 1 do
+    local d = got[i] - ref[i]
+    num, den = num + d * d, den + ref[i] * ref[i]
+  end
+  if num ~= num then return math.huge end
+  if den == 0 then return num == 0 and 0 or math.huge end
+  return math.sqrt(num / den)
+end
+
+-- got: {out, lse, dq, dk, dv}, full tensors on any device; dk, dv need out and
+-- lse (those the backward was handed) and the dout given to prepare.
+function R:check(got)
+  local g = self.g
+  local tol = M.TOL[self.dtype] or M.TOL.bf16
+  local mine = function(i) return (i - 1) % self.part[2] == self.part[1] end
+  local bufs = {}
+  local function buf(name, n) bufs[name] = bufs[name] or { p = doubles(n), n = n } return bufs[name].p end
+  -- query rows: out, lse, dq
+  local at = 0
+  for i, s in ipairs(self.qslices) do
+    if mine(i) then
+      local b, h = s.b, s.h
+      local ql = g.ql[b + 1]
+      for _, name in ipairs { "out", "dq" } do
+        if got[name] then
+          local w = name == "out" and g.dv or g.dqk
+          local _, p = slice(g, got[name], b, g.qs[b + 1], ql, h)
+          gather(buf(name, self.nq * w), at, p, s.rows, w)
+        end
+      end
+      if got.lse then
+        local _, p = slice(g, got.lse, b, g.qs[b + 1], ql, h, true)
+        gather(buf("lse", self.nq), at, p, s.rows, 1)
+      end
+      at = at + #s.rows
+    end
+  end
+  local refs = { out = self.ref_out, lse = self.ref_lse, dq = self.ref_dq }
+  if got.dq and not self.ref_dq then fail("attn_rows: dq to check, but prepare had no dout") end
+  -- key rows: dk, dv against the handed out and lse
+  local bad_lse = 0
+  if got.dk or got.dv then
+    if not (got.out and got.lse and self.dout) then fail("attn_rows: dk/dv need out, lse (checked beside) and dout") end
+    local nk = 0
+    for i, s in ipairs(self.kslices) do if mine(i) then nk = nk + #s.rows end end
+    local rk, rv = doubles(nk * g.dqk), doubles(nk * g.dv)
+    local gk, gv = buf("dk", nk * g.dqk), buf("dv", nk * g.dv)
+    local group, kat = g.hq / g.hkv, 0
+    for i, s in ipairs(self.kslices) do
+      if mine(i) then
+        local b, hk = s.b, s.h
+        local ql, kl = g.ql[b + 1], g.kl[b + 1]
+        local keep, heads = {}, {}
+        local K, V
+        keep[#keep + 1], K = slice(g, self.k, b, g.ks[b + 1], kl, hk)
+        keep[#keep + 1], V = slice(g, self.v, b, g.ks[b + 1], kl, hk)
+        if ql > 0 then
+          for h = hk * group, (hk + 1) * group - 1 do
+            local hd = {}
+            keep[#keep + 1], hd.Q = slice(g, self.q, b, g.qs[b + 1], ql, h)
+            keep[#keep + 1], hd.dO = slice(g, self.dout, b, g.qs[b + 1], ql, h)
+            local O
+            keep[#keep + 1], O = slice(g, got.out, b, g.qs[b + 1], ql, h)
+            keep[#keep + 1], hd.L = slice(g, got.lse, b, g.qs[b + 1], ql, h, true)
+            hd.D = doubles(ql)
+            for r = 0, ql - 1 do hd.D[r] = dot(hd.dO, r * g.dv, O, r * g.dv, g.dv) end
+            heads[#heads + 1] = hd
+          end
+        end
+        for n, row in ipairs(s.rows) do
+          local ok = key_row(g, row, ql, kl, K, V, heads, rk, (kat + n - 1) * g.dqk, rv, (kat + n - 1) * g.dv)
+          if not ok then bad_lse = bad_lse + 1 end
+        end
+        if got.dk then gather(gk, kat, select(2, slice(g, got.dk, b, g.ks[b + 1], kl, hk)), s.rows, g.dqk) end
+        if got.dv then gather(gv, kat, select(2, slice(g, got.dv, b, g.ks[b + 1], kl, hk)), s.rows, g.dv) end
+        kat = kat + #s.rows
+        keep, heads = nil, nil
+      end
+    end
+    refs.dk, refs.dv = rk, rv
+    bufs.dk.n, bufs.dv.n = nk * g.dqk, nk * g.dv
+  end
+  -- a row that sees no key: lse -inf in both (then left out of the comparison), or wrong
+  local wrong, msgs, errs = 0, {}, {}
+  if got.lse and bufs.lse then
+    local gp, rp, n_inf = bufs.lse.p, doubles(bufs.lse.n), 0
+    ffi.copy(rp, refs.lse, 8 * bufs.lse.n)
+    refs.lse = rp
+    for i = 0, bufs.lse.n - 1 do
+      if rp[i] == NINF then
+        if gp[i] ~= NINF then n_inf = n_inf + 1 end
+        gp[i], rp[i] = 0, 0
+      end
+    end
+    if n_inf > 0 then
+      wrong = wrong + n_inf
+      msgs[#msgs + 1] = string.format("lse: %d rows that see no key are not -inf", n_inf)
+    end
+  end
+  for _, name in ipairs { "out", "lse", "dq", "dk", "dv" } do
+    local gb = bufs[name]
+    if got[name] and gb then
+      local n = gb.n
+      local t = name == "lse" and M.TOL.lse or tol
+      local gt, rt = as_tensor(gb.p, n), as_tensor(refs[name], n)
+      errs[name] = rel(gb.p, refs[name], n)
+      local w, msg = verify.close(gt, rt, t)
+      if w > 0 then
+        wrong = wrong + w
+        msgs[#msgs + 1] = name .. ": " .. msg
+      end
+    end
+  end
+  if bad_lse > 0 then
+    wrong = wrong + bad_lse
+    msgs[#msgs + 1] = string.format("%d key rows need an lse that is not finite (the one handed to the backward)", bad_lse)
+  end
+  if self.all and g.layout == "thd" then
+    local w, msg = self:gaps(got)
+    if w > 0 then
+      wrong = wrong + w
+      msgs[#msgs + 1] = msg
+    end
+  end
+  return wrong, #msgs > 0 and table.concat(msgs, "; ") or nil, errs
+end
+
+-- thd: rows outside the sequences of out, dq (query rows) and dk, dv (key
+-- rows) that are not 0.
+function R:gaps(got)
+  local g = self.g
+  local function outside(starts, lens, total)
+    local inside, rows = {}, {}
+    for b = 1, g.b do for r = starts[b], starts[b] + lens[b] - 1 do inside[r] = true end end
+    for r = 0, total - 1 do if not inside[r] then rows[#rows + 1] = r end end
+    return rows
+  end
+  local qgaps, kgaps = outside(g.qs, g.ql, g.tq), outside(g.ks, g.kl, g.tk)
+  local bad = 0
+  for _, name in ipairs { "out", "dq", "dk", "dv" } do
+    local t = got[name]
+    if t then
+      for _, r in ipairs((name == "out" or name == "dq") and qgaps or kgaps) do
+        local row = T.to(T.contiguous(T.narrow(t, 1, r + 1, 1)), "cpu")
+        local c = require("distlab.compare").compare(row, tensor.empty(row.shape, { dtype = row.dtype, device = "cpu" })
+          :fill_(0), 0, 0)
+        bad = bad + tonumber(c.n_not_close) + tonumber(c.n_nonfinite_a)
+      end
+    end
+  end
+  return bad, bad > 0 and string.format("%d elements outside the sequences are not 0", bad) or nil
+end
+
+-- What a check covers, for a bench's header line.
+function R:describe()
+  local nq, nk = 0, 0
+  for _, s in ipairs(self.qslices) do nq = nq + #s.rows end
+  for _, s in ipairs(self.kslices) do nk = nk + #s.rows end
+  return string.format("%d query rows over %d (sequence, head) slices (%d elements of out), %d key rows over %d slices",
+    nq, #self.qslices, nq * self.g.dv, nk, #self.kslices)
+end
+
+-- Interpreted: they take raw pointers out of tensors and allocate after
+-- (bindings/distlab/tensor.lua's note); the loops they call stay compiled.
+for _, fn in ipairs { slice, M.prepare, R.check, R.gaps, as_tensor } do jit.off(fn) end
+
+return M
