@@ -8,11 +8,23 @@
 -- when causal; bwd 2.5x fwd; fwd+bwd 3.5x fwd. --backends ours,cudnn times
 -- each backend of dl.attn (cudnn: cuDNN's fused attention; the results name
 -- the libcudnn file and version that ran, and its plan build times).
--- Data checked after timing: every result finite, and the same call at a
--- small shape (s=333, h=2, beyond one tile) equal to the cpu twin within
--- TransformerEngine's bf16 tolerance; a failed check is reported in the
--- table and makes the exit code non-zero. Runs on any device (--device cpu
--- with small --s for a smoke test of the script).
+-- Data checked after timing, every timed shape (distlab.bench.attn_rows):
+-- the timed fwd+bwd callable (the timed fwd and the timed bwd, one after the
+-- other) runs once more on fresh uniform(-1, 1) inputs (a new seed) with
+-- out, lse, dq, dk, dv poisoned (NaN), against an fp64 reference on the host:
+-- out, lse and dq at query rows spread over every (sequence, head) slice,
+-- --check-elements / d of them (>= 1e5 elements of out, and of dq; all rows
+-- where there are fewer), each with its full softmax; dk and dv at a quarter
+-- as many key rows (in every slice), each summed over every query that sees
+-- it (from the out and lse the backward was handed). Element-wise
+-- TransformerEngine's bf16 tolerance (2.5e-2), normwise ||got - ref|| /
+-- ||ref|| <= 6e-3 (lse: 1e-5), so a result 1% off fails. A failed check is
+-- reported in the table (and on stderr, per rank) and makes the exit code
+-- non-zero; the `rel err` column is the largest normwise error of out, dq,
+-- dk, dv. --quick: s = 64, h = 2, one timed call each (the plant spec's
+-- run); --plant noop | scale=X puts an error into the timed calls, which
+-- the check must see. Runs on any device (--device cpu with --quick, or
+-- small --s, for a smoke test of the script).
 --   ./distlab run -n 1 --device cuda experiments/attn/attn_bench.lua [--s 4096,8192]
 --       [--iters 10] [--warm-ms 300] [--min-ms 600] [--out DIR] [--torch a.csv,b.csv] [--tag NAME]
 -- Writes DIR/attn-distlab.{md,csv} (default experiments/results/attn).
@@ -31,8 +43,7 @@
 -- both PyTorch runs).
 local dl = require "distlab"
 local bench = dl.bench
-
-local B, NH = 2, 16
+local rows_ref = require "distlab.bench.attn_rows"
 
 local h = bench.harness {
   name = "attn_bench", family = "attn", tag = true,
@@ -48,10 +59,14 @@ local h = bench.harness {
     { "torch", "string", nil, "attn_bench_torch.py's CSVs of the same run, comma separated: also write " ..
       "the combined table attn-TAG.md (figures: the mean of the runs)", meta = "CSVS" },
     { "measured", "string", nil, "our figures from this bench's attn-distlab.csv of the same run", meta = "CSV" },
+    { "check-elements", "int", 100000, "output elements of out (and of dq) the fp64 check covers per shape " ..
+      "(query rows: this / d; key rows for dk, dv: a quarter as many)", meta = "N" },
   },
 }
 local A = h.opt
 local D = A.d
+local B, NH = 2, h.quick and 2 or 16
+if h.quick and not h.given.s then A.s = { 64 } end
 local dev = dl.default_device()
 local gpu = dev:match("^cuda") and dl.cuda_device_name(tonumber(dev:match("%d+")) or 0) or dev
 if not h.given.tag then h.tag = dev:match("^cuda") and (gpu:match("([AHBL]%d+)") or "gpu"):lower() or dev end
@@ -82,39 +97,19 @@ local function with(t, extra)
   return r
 end
 
-local function finite(t)
-  local r = dl.compare(t, t)
-  return r.n_nonfinite_a == 0
-end
-
--- The same call on the device and the cpu twin at a small shape.
-local function check_small(layout, causal)
-  local x = setup(layout, 333, causal, 2, "cpu")
-  local g = { q = x.q:to(dev), k = x.k:to(dev), v = x.v:to(dev), opts = with(x.opts, {}) }
-  for _, k in ipairs({ "cu_seqlens_q", "cu_seqlens_kv" }) do
-    if x.opts[k] then g.opts[k] = x.opts[k]:to(dev) end
-  end
-  g.opts.max_seqlen_q, g.opts.max_seqlen_kv = x.opts.max_seqlen_q, x.opts.max_seqlen_kv
-  local o, l = dl.attn.fwd(g.q, g.k, g.v, g.opts)
-  local dout = input(o.shape, "cpu")
-  local dq, dk, dv = dl.attn.bwd(dout:to(dev), g.q, g.k, g.v, o, l, g.opts)
-  x.opts.backend = nil -- the reference: the cpu twin
-  local ro, rl = dl.attn.fwd(x.q, x.k, x.v, x.opts)
-  local rq, rk, rv = dl.attn.bwd(dout, x.q, x.k, x.v, o:cpu(), l:cpu(), x.opts)
-  local bad = {}
-  for name, pair in pairs({ out = { ro, o }, lse = { rl, l }, dq = { rq, dq }, dk = { rk, dk }, dv = { rv, dv } }) do
-    local rep = dl.mismatch_report(pair[2], pair[1], 2.5e-2, 2.5e-2, 2)
-    if rep then bad[#bad + 1] = name .. ": " .. rep end
-  end
-  return #bad == 0 and "ok" or ("WRONG " .. table.concat(bad, "; "))
+-- uniform(-1, 1) values from `seed` into t (fresh inputs for the data check)
+local function refill(t, seed)
+  t:copy_(dl.rand(t.shape, { dtype = "f32", device = t.device, low = -1, high = 1, seed = seed }))
 end
 
 local tbl = h:table({ { "backend", "%-6s" }, { "layout", "%-6s" }, { "mask", "%-7s" }, { "s", "%6d" }, { "fwd ms", "%9.3f" },
   { "bwd ms", "%9.3f" }, { "f+b ms", "%9.3f" }, { "fwd TF/s", "%8.1f" }, { "bwd TF/s", "%8.1f" },
-  { "f+b TF/s", "%8.1f" }, { "check", "%-s" } })
+  { "f+b TF/s", "%8.1f" }, { "rel err", "%8.1e" }, { "check", "%-s" } })
 tbl:header(string.format("distlab attention, %s, %s, %s", gpu, bench.markdown.date(), dl.build_info()))
 local rows = {}
 local timing = { warmup = 3, iters = A.iters, warm_ms = A.warm_ms, min_ms = A.min_ms }
+if h.quick then timing = { warmup = 1, iters = 1 } end
+local check_s, check_desc = 0, nil -- host seconds in the data checks; what the last one covered
 if A.measured then
   local head, recs = bench.csv.read(A.measured)
   if not head then dl.fail("attn_bench: cannot read %s: %s", A.measured, tostring(recs)) end
@@ -123,19 +118,19 @@ if A.measured then
   for _, t in ipairs(recs) do
     local r = { backend = t.impl == "distlab" and "ours" or t.impl:gsub("^distlab%-", ""), layout = t.layout,
       mask = t.mask, s = tonumber(t.s), fwd_ms = num(t.fwd_ms), bwd_ms = num(t.bwd_ms), fwdbwd_ms = num(t.fwdbwd_ms),
-      check = t.check }
+      check = t.check, err = num(t.rel_err) }
     local flops = 4 * B * NH * r.s * r.s * D * (r.mask == "causal" and 0.5 or 1)
     r.fwd, r.bwd, r.fwdbwd = flops / r.fwd_ms / 1e9, 2.5 * flops / r.bwd_ms / 1e9, 3.5 * flops / r.fwdbwd_ms / 1e9
     h:check(r.check == "ok" and 0 or 1)
     rows[#rows + 1] = r
-    tbl:row({ r.backend, r.layout, r.mask, r.s, r.fwd_ms, r.bwd_ms, r.fwdbwd_ms, r.fwd, r.bwd, r.fwdbwd, r.check })
+    tbl:row({ r.backend, r.layout, r.mask, r.s, r.fwd_ms, r.bwd_ms, r.fwdbwd_ms, r.fwd, r.bwd, r.fwdbwd, r.err or 0 / 0,
+      r.check })
   end
 end
 for _, be in ipairs(A.measured and {} or A.backends) do
 backend = be
 for _, layout in ipairs({ "bshd", "thd" }) do
   for _, causal in ipairs({ false, true }) do
-    local checked = check_small(layout, causal)
     for _, s in ipairs(A.s) do
       local x = setup(layout, s, causal, NH, dev)
       local o = x.opts
@@ -143,23 +138,43 @@ for _, layout in ipairs({ "bshd", "thd" }) do
       local dout = input(out.shape, dev)
       local dq, dk, dv = dl.attn.bwd(dout, x.q, x.k, x.v, out, lse, o)
       local fo, bo = with(o, { out = out, lse = lse }), with(o, { dq = dq, dk = dk, dv = dv })
-      local tf = bench.timing.events(function() dl.attn.fwd(x.q, x.k, x.v, fo) end, timing).median
-      local tb = bench.timing.events(function() dl.attn.bwd(dout, x.q, x.k, x.v, out, lse, bo) end, timing).median
-      local tfb = bench.timing.events(function()
-        dl.attn.fwd(x.q, x.k, x.v, fo)
-        dl.attn.bwd(dout, x.q, x.k, x.v, out, lse, bo)
-      end, timing).median
-      local ok = checked
-      for _, t in ipairs({ out, lse, dq, dk, dv }) do
-        if not finite(t) then ok = "NON-FINITE" end
+      -- the callables timed (with --plant's error in them) and, after timing, checked
+      local fwd = h:planted(function() dl.attn.fwd(x.q, x.k, x.v, fo) end, { writes = { out, lse } })
+      local bwd = h:planted(function() dl.attn.bwd(dout, x.q, x.k, x.v, out, lse, bo) end, { writes = { dq, dk, dv } })
+      local function fwdbwd()
+        fwd()
+        bwd()
       end
-      h:check(ok == "ok" and 0 or 1)
+      local tf = bench.timing.events(fwd, timing).median
+      local tb = bench.timing.events(bwd, timing).median
+      local tfb = bench.timing.events(fwdbwd, timing).median
+      local mask = causal and "causal" or "none"
+      local seed, err = 1000 + s + (causal and 7 or 0) + (layout == "thd" and 13 or 0), nil
+      local t0 = dl.now_us()
+      local wrong = h:verify {
+        what = string.format("backend %s %s %s s=%d", be, layout, mask, s),
+        fresh = function()
+          for i, t in ipairs({ x.q, x.k, x.v, dout }) do refill(t, seed * 8 + i) end
+        end,
+        poison = { out, lse, dq, dk, dv },
+        run = fwdbwd,
+        check = function()
+          local R = rows_ref.prepare { q = x.q, k = x.k, v = x.v, dout = dout, opts = o, elements = A.check_elements,
+            seed = seed }
+          check_desc = R:describe()
+          local n, msg, e = R:check { out = out, lse = lse, dq = dq, dk = dk, dv = dv }
+          err = math.max(e.out or 0, e.dq or 0, e.dk or 0, e.dv or 0)
+          return n, msg
+        end,
+      }
+      check_s = check_s + (dl.now_us() - t0) / 1e6
+      local ok = wrong == 0 and "ok" or string.format("WRONG (%d)", wrong)
       local flops = 4 * B * NH * s * s * D * (causal and 0.5 or 1)
-      local r = { backend = be, layout = layout, mask = causal and "causal" or "none", s = s, fwd_ms = tf, bwd_ms = tb,
+      local r = { backend = be, layout = layout, mask = mask, s = s, fwd_ms = tf, bwd_ms = tb,
         fwdbwd_ms = tfb, fwd = flops / tf / 1e9, bwd = 2.5 * flops / tb / 1e9, fwdbwd = 3.5 * flops / tfb / 1e9,
-        check = ok }
+        check = ok, err = err }
       rows[#rows + 1] = r
-      tbl:row({ be, r.layout, r.mask, s, tf, tb, tfb, r.fwd, r.bwd, r.fwdbwd, ok })
+      tbl:row({ be, r.layout, r.mask, s, tf, tb, tfb, r.fwd, r.bwd, r.fwdbwd, err or 0 / 0, ok })
       x, out, lse, dout, dq, dk, dv, fo, bo = nil
       collectgarbage("collect")
     end
@@ -169,9 +184,12 @@ end
 
 local extra = { "build: " .. dl.build_info(),
   string.format("b=%d, h=%d, d=%d, bf16; FLOPs fwd 4*b*h*s^2*d (halved when causal), bwd 2.5x, fwd+bwd 3.5x; " ..
-    "median of device-event timings: warm-up filling %g ms, at least %d calls filling %g ms", B, NH, D, A.warm_ms,
-    A.iters, A.min_ms),
-  "data checked after timing: results finite; s=333, h=2 against the cpu twin (TE's bf16 tolerance)" }
+    "median of device-event timings: %s", B, NH, D, h.quick and "--quick: one warm-up call, one timed call" or
+    string.format("warm-up filling %g ms, at least %d calls filling %g ms", A.warm_ms, A.iters, A.min_ms)),
+  "data checked after timing, every shape: the timed fwd and bwd once more on fresh inputs, outputs poisoned, " ..
+    "against fp64 on the host at sampled rows (distlab.bench.attn_rows: " .. (check_desc or "-") .. " at the " ..
+    "last shape); element-wise atol = rtol = 2.5e-2, normwise 6e-3 (lse 1e-5); rel err: the largest normwise " ..
+    string.format("error of out, dq, dk, dv; %.0f s of host time in the checks", check_s) }
 do -- which of our kernels ran: dl.attn.backends names them
   local q = dl.empty({ 1, 128, 1, D }, { dtype = "bf16", device = dev })
   local b = dl.attn.backends(q, q, q, {})
@@ -198,19 +216,20 @@ elseif ci.version > 0 then
     ci.header_version, ci.frontend_version, ci.builds, ci.build_ms, ci.build_ms / math.max(ci.builds, 1), ci.hits)
 end
 
-local md = { "| backend | layout | mask | s | fwd ms | bwd ms | fwd+bwd ms | fwd TFLOP/s | bwd TFLOP/s | fwd+bwd TFLOP/s | check |",
-  "|---|---|---|---|---|---|---|---|---|---|---|" }
+local md = { "| backend | layout | mask | s | fwd ms | bwd ms | fwd+bwd ms | fwd TFLOP/s | bwd TFLOP/s | fwd+bwd TFLOP/s | check | rel err |",
+  "|---|---|---|---|---|---|---|---|---|---|---|---|" }
 local csv = {}
 local function f(fmt, v) return string.format(fmt, v) end
 for _, r in ipairs(rows) do
-  md[#md + 1] = string.format("| %s | %s | %s | %d | %.3f | %.3f | %.3f | %.1f | %.1f | %.1f | %s |", r.backend, r.layout, r.mask,
-    r.s, r.fwd_ms, r.bwd_ms, r.fwdbwd_ms, r.fwd, r.bwd, r.fwdbwd, bench.markdown.cell(r.check))
+  local err = r.err and string.format("%.1e", r.err) or "—"
+  md[#md + 1] = string.format("| %s | %s | %s | %d | %.3f | %.3f | %.3f | %.1f | %.1f | %.1f | %s | %s |", r.backend, r.layout, r.mask,
+    r.s, r.fwd_ms, r.bwd_ms, r.fwdbwd_ms, r.fwd, r.bwd, r.fwdbwd, bench.markdown.cell(r.check), err)
   csv[#csv + 1] = { r.backend == "ours" and "distlab" or "distlab-" .. r.backend, r.layout, r.mask, r.s, f("%.4f", r.fwd_ms), f("%.4f", r.bwd_ms), f("%.4f", r.fwdbwd_ms),
-    f("%.2f", r.fwd), f("%.2f", r.bwd), f("%.2f", r.fwdbwd), r.check }
+    f("%.2f", r.fwd), f("%.2f", r.bwd), f("%.2f", r.fwdbwd), r.check, r.err and f("%.3e", r.err) or "" }
 end
 h:markdown("attn-distlab.md", "distlab attention (dl.attn)", md, extra)
 h:csv("attn-distlab.csv", { "impl", "layout", "mask", "s", "fwd_ms", "bwd_ms", "fwdbwd_ms", "fwd_tflops", "bwd_tflops",
-  "fwdbwd_tflops", "check" }, csv)
+  "fwdbwd_tflops", "check", "rel_err" }, csv)
 print("wrote " .. h:path("attn-distlab.md") .. " and .csv")
 
 -- ---- the combined table -------------------------------------------------------------
