@@ -18,7 +18,7 @@
 -- as many key rows (in every slice), each summed over every query that sees
 -- it (from the out and lse the backward was handed). Element-wise
 -- TransformerEngine's bf16 tolerance (2.5e-2), normwise ||got - ref|| /
--- ||ref|| <= 6e-3 (lse: 1e-5), so a result 1% off fails. A failed check is
+-- ||ref|| <= 8e-3 (lse: 1e-5), bias within 2^-10: a result 1% off fails. A failed check is
 -- reported in the table (and on stderr, per rank) and makes the exit code
 -- non-zero; the `rel err` column is the largest normwise error of out, dq,
 -- dk, dv. --quick: s = 64, h = 2, one timed call each (the plant spec's
@@ -188,7 +188,7 @@ local extra = { "build: " .. dl.build_info(),
     string.format("warm-up filling %g ms, at least %d calls filling %g ms", A.warm_ms, A.iters, A.min_ms)),
   "data checked after timing, every shape: the timed fwd and bwd once more on fresh inputs, outputs poisoned, " ..
     "against fp64 on the host at sampled rows (distlab.bench.attn_rows: " .. (check_desc or "-") .. " at the " ..
-    "last shape); element-wise atol = rtol = 2.5e-2, normwise 6e-3 (lse 1e-5); rel err: the largest normwise " ..
+    "last shape); element-wise atol = rtol = 2.5e-2, normwise 8e-3 (lse 1e-5), bias 2^-10; rel err: the largest normwise " ..
     string.format("error of out, dq, dk, dv; %.0f s of host time in the checks", check_s) }
 do -- which of our kernels ran: dl.attn.backends names them
   local q = dl.empty({ 1, 128, 1, D }, { dtype = "bf16", device = dev })

@@ -7,9 +7,22 @@
 -- the causal work is split evenly. B=1, H=16, D=128, bf16, causal, bshd;
 -- S_total in {16k, 64k, 128k}. Each time is the median of
 -- dl.bench.timing.events (2 warm-up calls, device events) and the max over
--- ranks; the outputs and gradients are checked after timing against the
--- one-GPU attention, shard by shard (#wrong: elements not close, over all
--- ranks; any makes the exit code non-zero). --backends ours,cudnn times
+-- ranks. Data checked after timing, every timed callable (the strategies'
+-- forward and forward+backward, and the one-GPU attention's): once more on
+-- fresh inputs (new seeds, the same for every strategy of a length), against
+-- fp64 single-rank attention on the host at sampled rows
+-- (distlab.bench.attn_rows, prepared once per length): out, lse and dq at
+-- query rows spread over every (sequence, head) of the whole sequence, so
+-- over every rank's shard (--check-elements / D rows: >= 1e5 elements of out
+-- and of dq), dk and dv at a quarter as many key rows (each summed over every
+-- query, from the out and lse the schedule kept), the results gathered to
+-- whole sequences (dl.cp.unshard) and the rows split among the ranks.
+-- TransformerEngine's bf16 tolerance element-wise, normwise 8e-3 (lse 1e-5),
+-- bias within 2^-10, so a result 1% off fails. #wrong: wrong elements over all ranks (any makes
+-- the exit code non-zero, each rank's message on stderr); max err: the
+-- largest |got - ref|, rel err: the largest normwise error of out, dq, dk,
+-- dv. --quick: S = 64 (the plant spec's run, 2 cpu ranks); --plant noop |
+-- scale=X puts an error into every timed call. --backends ours,cudnn times
 -- every strategy on each attention backend against one GPU on the same
 -- backend; the fused correction lives in our kernel's epilogue, so with
 -- cudnn those strategies are left out (the table says so).
@@ -23,6 +36,7 @@
 local dl = require "distlab"
 local bench = dl.bench
 local presets = require "distlab.cp.presets"
+local rows_ref = require "distlab.bench.attn_rows"
 
 local world = dl.comm.world()
 local C = world.size
@@ -40,9 +54,15 @@ local h = bench.harness {
     { "iters", "int", gpu and 10 or 2, "timed calls per case" },
     { "backends", "list", "ours", "attention backends of the steps", values = { "ours", "cudnn" } },
     { "plot", "flag", nil, "draw cp-bench-TAG.png with experiments/cp/cp_bench_plot.sh (needs gnuplot)" },
+    { "check-elements", "int", 100000, "output elements of out (and of dq) the fp64 check covers per length " ..
+      "(query rows: this / D; key rows for dk, dv: a quarter as many)", meta = "N" },
   },
 }
 local layout, lengths, iters = h.opt.layout, h.opt.s, h.opt.iters
+if h.quick then
+  if not h.given.s then lengths = { 64 } end
+  if not h.given.iters then iters = 1 end
+end
 local nh = gpu and H or 4
 
 local strategies = {}
@@ -69,9 +89,10 @@ local function kernels_between(r0, r1)
   return table.concat(parts, ", ")
 end
 
-local function full_inputs(S)
+-- The whole sequence's inputs (seeds base + 1..4) and options.
+local function full_inputs(S, base)
   local shape = layout == "thd" and { B * S, nh, D } or layout == "sbhd" and { S, B, nh, D } or { B, S, nh, D }
-  local function rnd(seed) return dl.randn(shape, { dtype = "f32", seed = seed }):to("bf16") end
+  local function rnd(seed) return dl.randn(shape, { dtype = "f32", seed = (base or 0) + seed }):to("bf16") end
   local x = { q = rnd(1), k = rnd(2), v = rnd(3), dout = rnd(4) }
   if layout == "thd" then
     local cu = {}
@@ -87,7 +108,8 @@ end
 
 local tbl = h:table({ { "backend", "%-6s" }, { "S_total", "%8d" }, { "strategy", "%-20s" }, { "fwd", "%10.3f", unit = "(ms)" },
   { "eff", "%6.1f", unit = "(%)" }, { "fwd+bwd", "%10.3f", unit = "(ms)" }, { "eff", "%6.1f", unit = "(%)" },
-  { "1 GPU fwd", "%10.3f", unit = "(ms)" }, { "1 GPU f+b", "%10.3f", unit = "(ms)" }, { "#wrong", "%6d" } })
+  { "1 GPU fwd", "%10.3f", unit = "(ms)" }, { "1 GPU f+b", "%10.3f", unit = "(ms)" }, { "rel err", "%8.1e" },
+  { "#wrong", "%6d" } })
 local dev = gpu and dl.cuda_device_name(0) or world.device
 local title = string.format("CP attention time, %s x %d, B=%d H=%d D=%d bf16 causal %s, median of %d (max over ranks)",
   dev, C, B, nh, D, layout, iters)
@@ -95,25 +117,85 @@ tbl:header(title)
 
 local rows = {}
 local skipped = {}
+local checks = {} -- S -> {fresh inputs and their shards, the fp64 reference at sampled rows}
+local check_s, check_desc = 0, nil
+
+-- The data check of one length, made once: fresh whole-sequence inputs (seeds no
+-- timed call used), this rank's shards of them, and the fp64 reference at the
+-- sampled rows this rank checks.
+local function check_of(S, x, so)
+  if checks[S] then return checks[S] end
+  local t0 = dl.now_us()
+  local f = full_inputs(S, 100 + S)
+  f.shards = { q = dl.cp.shard(f.q, so), k = dl.cp.shard(f.k, so), v = dl.cp.shard(f.v, so),
+    dout = dl.cp.shard(f.dout, so) }
+  f.ref = rows_ref.prepare { q = f.q, k = f.k, v = f.v, dout = f.dout, opts = x.o, elements = h.opt.check_elements,
+    seed = S, part = { world.rank, C } }
+  check_desc = f.ref:describe()
+  check_s = check_s + (dl.now_us() - t0) / 1e6
+  checks[S] = f
+  return f
+end
+
+-- One check of a timed callable `run` (it returns out, lse[, dq, dk, dv] of the
+-- inputs in `cur`): fresh inputs put in `cur`, then the timed ones back.
+-- full(t, lse): the whole sequence's tensor from this rank's result (or the
+-- result itself). Returns the wrong elements over all ranks, the largest
+-- normwise error and max |got - ref| over the ranks.
+local function verify(what, cur, fresh, run, full)
+  local timed_in, rel, mx = {}, 0, 0
+  for k, v in pairs(cur) do timed_in[k] = v end
+  local t0 = dl.now_us()
+  local wrong = h:verify {
+    what = what,
+    fresh = function() for k, v in pairs(fresh) do cur[k] = v end end,
+    run = run,
+    check = function(out, lse, dq, dk, dv)
+      local got = { out = full(out), lse = full(lse, true) }
+      if dq then got.dq, got.dk, got.dv = full(dq), full(dk), full(dv) end
+      local n, msg, e, m = checks.current.ref:check(got)
+      for _, name in ipairs({ "out", "dq", "dk", "dv" }) do
+        rel, mx = math.max(rel, e[name] or 0), math.max(mx, m[name] or 0)
+      end
+      return n, msg
+    end,
+  }
+  for k, v in pairs(timed_in) do cur[k] = v end
+  check_s = check_s + (dl.now_us() - t0) / 1e6
+  return wrong, h:max(rel), h:max(mx)
+end
+
 for _, backend in ipairs(h.opt.backends) do
 for _, S in ipairs(lengths) do
   local x = full_inputs(S)
   x.o.backend = backend
-  -- One GPU, the whole sequence: the work CP splits C ways.
-  local ref = {}
-  local t1f = timed(function() ref.out, ref.lse = dl.attn.fwd(x.q, x.k, x.v, x.o) end)
-  local r0 = dl.attn.runs()
-  local t1b = timed(function()
-    local out, lse = dl.attn.fwd(x.q, x.k, x.v, x.o)
-    dl.attn.bwd(x.dout, x.q, x.k, x.v, out, lse, x.o)
-  end)
-  ref.dq, ref.dk, ref.dv = dl.attn.bwd(x.dout, x.q, x.k, x.v, ref.out, ref.lse, x.o)
-  local kernels1 = kernels_between(r0, dl.attn.runs())
   local so = { comm = world, layout = layout, cu_seqlens_padded = x.seq and x.seq.cu_seqlens_q_padded }
+  local lso = { comm = world, layout = layout, cu_seqlens_padded = so.cu_seqlens_padded, dim = layout == "thd" and 2 or 3 }
+  -- One GPU, the whole sequence: the work CP splits C ways (the timed calls, planted).
+  local one = { q = x.q, k = x.k, v = x.v, dout = x.dout }
+  local one_f = h:planted(function() return dl.attn.fwd(one.q, one.k, one.v, x.o) end, { returns = true })
+  local one_fb = h:planted(function()
+    local out, lse = dl.attn.fwd(one.q, one.k, one.v, x.o)
+    local dq, dk, dv = dl.attn.bwd(one.dout, one.q, one.k, one.v, out, lse, x.o)
+    return out, lse, dq, dk, dv
+  end, { returns = true })
+  local t1f = timed(function() one_f() end)
+  local r0 = dl.attn.runs()
+  local t1b = timed(function() one_fb() end)
+  local kernels1 = kernels_between(r0, dl.attn.runs())
+  local f = check_of(S, x, so)
+  checks.current = f
+  local as_is = function(t) return t end
+  local w1f, e1f, m1f = verify(string.format("backend %s S=%d 1 GPU forward", backend, S), one,
+    { q = f.q, k = f.k, v = f.v, dout = f.dout }, one_f, as_is)
+  local w1b, e1b, m1b = verify(string.format("backend %s S=%d 1 GPU forward+backward", backend, S), one,
+    { q = f.q, k = f.k, v = f.v, dout = f.dout }, one_fb, as_is)
   local q, k, v, dout = dl.cp.shard(x.q, so), dl.cp.shard(x.k, so), dl.cp.shard(x.v, so), dl.cp.shard(x.dout, so)
   local flops = 4 * B * nh * D * S * S / 2 -- causal forward; the backward is 2.5 times that
   rows[#rows + 1] = { backend = backend, S = S, name = "1 GPU, whole sequence", fwd = t1f, fb = t1b,
-    tflops = flops / t1f / 1e9, kernels = kernels1 }
+    tflops = flops / t1f / 1e9, kernels = kernels1, wrong = w1f + w1b, err = math.max(m1f, m1b),
+    rel = math.max(e1f, e1b) }
+  local function unshard(t, is_lse) return dl.cp.unshard(t, is_lse and lso or so) end
   for _, st in ipairs(strategies) do
     local o = presets.options(st)
     o.comm, o.layout, o.mask, o.backend = world, layout, "causal", backend
@@ -125,42 +207,38 @@ for _, S in ipairs(lengths) do
       skipped[st.name] = tostring(cp):match("cp%.attention: ([^\n]*)") or tostring(cp)
       goto next_strategy
     end
-    local function fwd()
-      local out, lse = cp:forward(q, k, v, x.seq)
-      cp:release()
-      return out, lse
+    do
+      -- the timed calls (planted), on this rank's shards in `cur`
+      local cur = { q = q, k = k, v = v, dout = dout }
+      local fwd = h:planted(function()
+        local out, lse = cp:forward(cur.q, cur.k, cur.v, x.seq)
+        cp:release()
+        return out, lse
+      end, { returns = true })
+      local fwdbwd = h:planted(function()
+        local out, lse = cp:forward(cur.q, cur.k, cur.v, x.seq)
+        local dq, dk, dv = cp:backward(cur.dout)
+        return out, lse, dq, dk, dv
+      end, { returns = true })
+      local tf = timed(function() fwd() end)
+      local tb = timed(function() fwdbwd() end)
+      -- Data, after timing: each timed call on the fresh inputs (and the kernels its steps took).
+      local wf, ef, mf = verify(string.format("backend %s S=%d %s forward", backend, S, st.name), cur, f.shards,
+        fwd, unshard)
+      local r1 = dl.attn.runs()
+      local wb, eb, mb = verify(string.format("backend %s S=%d %s forward+backward", backend, S, st.name), cur,
+        f.shards, fwdbwd, unshard)
+      local kernels = kernels_between(r1, dl.attn.runs())
+      local wrong, rel = wf + wb, math.max(ef, eb)
+      rows[#rows + 1] = { backend = backend, S = S, name = st.name, fwd = tf, fb = tb, err = math.max(mf, mb),
+        rel = rel, wrong = wrong, eff_f = t1f / (C * tf), eff_fb = t1b / (C * tb), tflops = flops / C / tf / 1e9,
+        kernels = kernels }
+      tbl:row({ backend, S, st.name, tf, 100 * t1f / (C * tf), tb, 100 * t1b / (C * tb), t1f, t1b, rel, wrong })
+      collectgarbage()
     end
-    local tf = timed(function() fwd() end)
-    local tb = timed(function()
-      cp:forward(q, k, v, x.seq)
-      cp:backward(dout)
-    end)
-    -- Data, after timing: this rank's shard of the one-GPU results (and the kernels its steps took).
-    local r1 = dl.attn.runs()
-    local out = cp:forward(q, k, v, x.seq)
-    local dq, dk, dv = cp:backward(dout)
-    local kernels = kernels_between(r1, dl.attn.runs())
-    local worst = 0
-    local wrong = h:check(function()
-      local bad = 0
-      for name, pair in pairs({ out = { ref.out, out }, dq = { ref.dq, dq }, dk = { ref.dk, dk }, dv = { ref.dv, dv } }) do
-        local cmp = dl.compare(pair[2], dl.cp.shard(pair[1], so), 2.5e-2, 2.5e-2)
-        worst = math.max(worst, cmp.max_abs_diff)
-        if cmp.n_not_close > 0 then
-          io.stderr:write(string.format("cp_bench: %s S=%d: %s differs from the one-GPU attention in %d elements " ..
-            "on rank %d (max %g)\n", st.name, S, name, tonumber(cmp.n_not_close), world.rank, cmp.max_abs_diff))
-          bad = bad + tonumber(cmp.n_not_close)
-        end
-      end
-      return bad
-    end)
-    worst = h:max(worst)
-    rows[#rows + 1] = { backend = backend, S = S, name = st.name, fwd = tf, fb = tb, err = worst, wrong = wrong,
-      eff_f = t1f / (C * tf), eff_fb = t1b / (C * tb), tflops = flops / C / tf / 1e9, kernels = kernels }
-    tbl:row({ backend, S, st.name, tf, 100 * t1f / (C * tf), tb, 100 * t1b / (C * tb), t1f, t1b, wrong })
-    collectgarbage()
     ::next_strategy::
   end
+  checks.current = nil
   collectgarbage()
 end
 end
@@ -171,15 +249,16 @@ local main = {}
 for _, row in ipairs(rows) do if row.name == "main" then main[row.backend .. "/" .. row.S] = row end end
 local lines = {}
 local function p(fmt, ...) lines[#lines + 1] = string.format(fmt, ...) end
-p("| backend | S_total | strategy | fwd ms | fwd eff | fwd TFLOP/s/GPU | fwd+bwd ms | fwd+bwd eff | fwd+bwd vs main | max err | #wrong | kernels (rank 0) |")
-p("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+p("| backend | S_total | strategy | fwd ms | fwd eff | fwd TFLOP/s/GPU | fwd+bwd ms | fwd+bwd eff | fwd+bwd vs main | max err | #wrong | kernels (rank 0) | rel err |")
+p("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
 for _, row in ipairs(rows) do
   local m = main[row.backend .. "/" .. row.S]
-  p("| %s | %d | %s | %.3f | %s | %.1f | %.3f | %s | %s | %s | %s | %s |", row.backend, row.S, row.name, row.fwd,
+  p("| %s | %d | %s | %.3f | %s | %.1f | %.3f | %s | %s | %s | %s | %s | %s |", row.backend, row.S, row.name, row.fwd,
     row.eff_f and string.format("%.1f%%", 100 * row.eff_f) or "—", row.tflops, row.fb,
     row.eff_fb and string.format("%.1f%%", 100 * row.eff_fb) or "—",
     row.eff_fb and m and string.format("%+.1f%%", 100 * (row.fb / m.fb - 1)) or "—",
-    row.err and string.format("%.2g", row.err) or "—", row.wrong and tostring(row.wrong) or "—", row.kernels or "—")
+    row.err and string.format("%.2g", row.err) or "—", row.wrong and tostring(row.wrong) or "—", row.kernels or "—",
+    row.rel and string.format("%.1e", row.rel) or "—")
 end
 if h.rank0 then
   print("")
@@ -189,10 +268,11 @@ if h.rank0 then
   for _, row in ipairs(rows) do
     local function str(v) return v and tostring(v) end -- 14 significant digits, as before
     csv_rows[#csv_rows + 1] = { row.S, row.name, string.format("%.4f", row.fwd), str(row.eff_f),
-      string.format("%.4f", row.fb), str(row.eff_fb), str(row.err), row.wrong, row.backend, row.kernels }
+      string.format("%.4f", row.fb), str(row.eff_fb), str(row.err), row.wrong, row.backend, row.kernels,
+      row.rel and string.format("%.3e", row.rel) }
   end
   local csv = h:csv(base .. ".csv", { "S_total", "strategy", "fwd_ms", "fwd_eff", "fwd_bwd_ms", "fwd_bwd_eff", "max_err",
-    "wrong", "backend", "kernels" }, csv_rows)
+    "wrong", "backend", "kernels", "rel_err" }, csv_rows)
   local body = { "Efficiency = T(1 GPU, whole sequence) / (C x T(CP)): the share of the ideal C-fold",
     "speed-up that the schedule keeps (communication hidden, causal work balanced).",
     "`vs main` compares forward+backward with main (p2p, per-step buffers, post-loop merge).",
@@ -216,7 +296,12 @@ if h.rank0 then
   local function kernel(why) return why:match("kernel: (.*)$") or (gpu and why or "the fp64 cpu twin") end
   local md = h:markdown(base .. ".md", title, body, {
     "method: each time the median of " .. iters .. " calls between device events after 2 warm-up calls, the max " ..
-      "over ranks; outputs and gradients checked after timing against the one-GPU attention (atol = rtol = 2.5e-2)",
+      "over ranks; every timed call (the strategies' and the one-GPU attention's, forward and forward+backward) " ..
+      "checked after timing: once more on fresh inputs, against fp64 single-rank attention on the host at sampled " ..
+      "rows (distlab.bench.attn_rows: " .. (check_desc or "-") .. " at the last length, split among the ranks; " ..
+      "element-wise atol = rtol = 2.5e-2, normwise 8e-3, lse 1e-5, bias 2^-10; max err the largest |got - ref|, rel err " ..
+      string.format("the largest normwise error of out, dq, dk, dv); %.0f s of host time in the checks on rank 0",
+        check_s),
     "backend ours: forward " .. kernel(kb.fwd_why) .. "; backward " .. kernel(kb.bwd_why) })
   print("wrote " .. csv .. " and " .. md)
   if h.opt.plot then
