@@ -20,9 +20,10 @@
 --     --plot             draw allreduce-TAG.png (experiments/allreduce/allreduce_plot.sh, gnuplot)
 --     --columns LIST     only these columns (nccl and auto always), e.g. for an A/B of one knob:
 --                        DISTLAB_AR_LAMPORT_MB=32 ... --columns one_shot_lamport,two_shot_lamport
---     --quick            8 KB and 512 KB, every column, a graph of 2 calls replayed twice (a check
---                        that it runs and checks); --plant noop|scale=X puts an error into every
---                        timed all-reduce, which the data check must report (exit code 1)
+--     --quick            8 KB and 64 KB, every column, a graph of 2 calls replayed twice, checks of
+--                        8K elements (16 windows of 512 at 64 KB: a check that it runs and checks);
+--                        --plant noop|scale=X puts an error into every timed all-reduce, which the
+--                        data check must report (exit code 1)
 --
 -- Method (vLLM's; dl.bench.timing.graph): per case a CUDA graph of 10
 -- back-to-back all-reduces on the same tensor, 3 warm-up replays, a barrier,
@@ -76,7 +77,7 @@ h.device_desc = device_name .. " x " .. N .. " (" .. w.backend .. " communicator
   (on_gpu and ", NVLink, no multicast)" or ")")
 
 local sizes = {}
-if h.quick and not opt.sizes then opt.sizes = { 8192, 524288 } end
+if h.quick and not opt.sizes then opt.sizes = { 8192, 65536 } end
 if opt.sizes then
   for _, b in ipairs(opt.sizes) do sizes[#sizes + 1] = { bytes = b } end
 else
@@ -122,6 +123,7 @@ end
 local checks = 0
 local function seed_of(c, r) return 4242 + 7919 * c * N + r end
 local CHECKED, WINDOW = 131072, 1024 -- at least 1e5 elements spread over the result, or all of it
+if h.quick then CHECKED, WINDOW = 8192, 512 end -- the windows' path at 64 KB, cheaply
 local U = 2 ^ -8
 local TOL = { atol = 1e-2 * N, rtol = 2 ^ -7, norm = 1.5 * U * math.sqrt((1 + (N + 2) * (N - 1) / (2 * N)) / 3),
   bias = 2 ^ -10 }
