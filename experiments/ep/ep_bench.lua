@@ -27,13 +27,30 @@
 -- captured), each call between events; the permutation and the weighted
 -- sum are not timed (distlab has no gather/scatter ops; the PyTorch baseline
 -- times its index_select and index_add_).
--- Data are checked after timing (one more dispatch and combine, the expert
--- being the identity): counts summed over ranks equal the selections sent;
--- bf16 outputs, sampled, equal x times the token's weight sum (expert_major)
--- or its count of ranks (rank_major); fp8 outputs are checked by the specs.
+-- Data checked after timing (distlab.bench.ep_ref), every row: the timed
+-- dispatch and the timed combine, one after the other as `both` times them,
+-- once more on fresh inputs (new x, new routing, random weights: every rank
+-- draws every rank's again from their seeds) with every output poisoned
+-- (NaN, 0xFF codes, INT_MIN counts). Dispatch: every row every local expert
+-- (expert_major) or every source (rank_major) received, against the rows the
+-- routing sends there (order free): counts exact, bf16 rows bit-exact, fp8
+-- rows dequantized (code x scale) within 2^-4 |x| + 2^-10 scale of x, every
+-- scale amax / 448, their bias against x within 2^-10 plus its noise; rank_major ids
+-- and weights exact. Combine: the experts multiply their rows by coef(e)
+-- (distinct per expert; rank_major rows weighted over their selections), and
+-- every element of every token's output is checked against the fp64 sum
+-- from x, the routing and the weights: element-wise and normwise 2^-8,
+-- bias 2^-10. The all_to_allv path: fresh x, every received row against the
+-- rows sent (exact), the rows back where they went out (exact). A 1% scale
+-- of any output fails; #wrong counts the wrong elements over all ranks (exit
+-- code 1, each rank's message on stderr). --quick: B 2, E 4, K 2, H 128, 2
+-- replays of 2 calls (the plant spec's run); --plant noop | scale=X puts an
+-- error into every timed call.
 local ffi = require "ffi"
 local dl = require "distlab"
 local bench = dl.bench
+local ep_ref = require "distlab.bench.ep_ref"
+local verify = require "distlab.bench.verify"
 
 local w = dl.comm.world()
 local N, me = w.size, w.rank
@@ -63,6 +80,11 @@ local h = bench.harness {
   },
 }
 local opt = h.opt
+if h.quick then -- the smallest case, where not given
+  for key, v in pairs { B = { 2 }, experts = { 4 }, topk = 2, hidden = 128, replays = 2, ops = 2 } do
+    if not h.given[key] then opt[key] = v end
+  end
+end
 local H, K = opt.hidden, opt.topk
 local device_name = on_gpu and dl.cuda_device_name(tonumber(w.device:match("%d+"))) or w.device
 h.device_desc = string.format("%s x %d (%s backend%s)", device_name, N, w.backend,
@@ -83,15 +105,16 @@ end
 
 -- ---- inputs ------------------------------------------------------------------------------
 
--- Rank me's routing: K distinct experts per token, uniformly (seeded by
--- rank and case) among all E, or (--span S) among the first S of each
--- rank's E / N; weights 2^-ceil(log2 K) each, so the identity expert's
--- combine is x times an exact weight sum.
-local function routing(T, E, seed)
+-- Rank `rank`'s routing (default: this rank's): K distinct experts per token,
+-- uniformly (seeded by rank and case) among all E, or (--span S) among the
+-- first S of each rank's E / N; weights 2^-ceil(log2 K) each (the data check
+-- draws random ones).
+local function routing(T, E, seed, rank)
+  rank = rank or me
   local S, L = opt.span > 0 and opt.span or E / N, E / N
   local idx = dl.empty({ T, K }, { dtype = "i32", device = "cpu" })
   local p = ffi.cast("int32_t*", idx:data_ptr())
-  local s = (seed * 7919 + me * 104729 + 13) % 2147483647
+  local s = (seed * 7919 + rank * 104729 + 13) % 2147483647
   for t = 0, T - 1 do
     for k = 0, K - 1 do
       local e
@@ -118,56 +141,39 @@ local function timed(fn)
   return h:max(st.median) * 1e3 -- us
 end
 
--- Sampled elements of got (cpu f32 [T, H]) that differ from x[t] * scale[t].
-local function wrong_rows(got, x, scale, tol)
-  local pg, px = ffi.cast("float*", got:data_ptr()), ffi.cast("float*", x:data_ptr())
-  local bad = 0
-  for t = 0, got:size(1) - 1 do
-    for i = 0, H - 1, 61 do
-      local want = px[t * H + i] * scale[t + 1]
-      if math.abs(pg[t * H + i] - want) > tol * math.abs(want) + 1e-6 then bad = bad + 1 end
-    end
+-- Rank `rank`'s fresh inputs for the data check of a case (seed: the case's):
+-- x, a routing and random weights (f32 multiples of 1/997), on the host.
+local function fresh_inputs(T, E, seed, rank)
+  local idx = routing(T, E, seed + 7, rank)
+  local x = dl.randn({ T, H }, { dtype = "bf16", seed = seed * 131 + rank + 1, device = "cpu" })
+  local w = dl.empty({ T, K }, { dtype = "f32", device = "cpu" })
+  local pw = ffi.cast("float*", w:data_ptr())
+  local s = (seed * 31 + rank * 7 + 5) % 2147483647
+  for i = 0, T * K - 1 do
+    s = (s * 48271) % 2147483647
+    pw[i] = (s % 1000 + 1) / 997
   end
-  return bad
+  return { x = x, idx = idx, w = w, s = rank }
 end
-jit.off(wrong_rows)
-
--- x, idx, wts on the buffer's device; idx_h: the host copy of idx.
-local function check_ep(ep, case, x, idx, wts, idx_h, wk)
-  local recv, hd = ep:dispatch(x, idx, wts)
-  local counts = 0
-  for _, c in ipairs(recv.counts:to("cpu"):tolist()) do counts = counts + c end
-  -- per token: its selections (expert_major rows) or its ranks (rank_major rows)
-  local pi = ffi.cast("int32_t*", idx_h:data_ptr())
-  local L, T, sent, scale = case.E / N, x:size(1), 0, {}
-  for t = 0, T - 1 do
-    local ranks = {}
-    for k = 0, K - 1 do ranks[math.floor(pi[t * K + k] / L)] = true end
-    local r = 0
-    for _ in pairs(ranks) do r = r + 1 end
-    sent = sent + (case.output == "expert_major" and K or r)
-    scale[t + 1] = case.output == "expert_major" and K * wk or r
-  end
-  local wrong = h:sum(counts) == h:sum(sent) and 0 or 1
-  if case.dtype == "bf16" then
-    local out = ep:combine(recv.x, hd)
-    wrong = wrong + wrong_rows(out:to("cpu"):f32(), x:to("cpu"):f32(), scale, 2 ^ -8)
-  end
-  return wrong
-end
-jit.off(check_ep)
+jit.off(fresh_inputs)
 
 local function dispatch_bytes(case, T) return T * K * (case.dtype == "fp8" and H + 4 * H / 128 or 2 * H) end
+
+-- An integer output (counts, ids) or fp8 codes under --plant scale: left as they are
+-- (the float outputs beside them, x or the scales and weights, carry the scale).
+local function keep(_) end
 
 local function run_ep(case)
   local T = case.B
   local ep = dl.ep.buffer { comm = w, max_tokens = case.B, hidden = H, experts = case.E, topk = K,
     layout = case.layout, output = case.output, dtype = case.dtype, blocks = opt.blocks > 0 and opt.blocks or nil }
-  local idx_h, w_h, wk = routing(T, case.E, case.B * 1000 + case.E)
-  local x = dl.randn({ T, H }, { dtype = "bf16", seed = me + 17, device = w.device })
-  local idx, wts = idx_h:to(w.device), w_h:to(w.device)
-  local recv, hd = ep:dispatch(x, idx, wts)
-  local y = dl.randn(recv.x:size(), { dtype = "bf16", device = w.device })
+  local idx_h, w_h = routing(T, case.E, case.B * 1000 + case.E)
+  -- the inputs every timed call reads (`cur`), and the state between them (`st`: the last dispatch)
+  local cur = { x = dl.randn({ T, H }, { dtype = "bf16", seed = me + 17, device = w.device }), idx = idx_h:to(w.device),
+    wts = w_h:to(w.device) }
+  local st = {}
+  st.recv, st.hd = ep:dispatch(cur.x, cur.idx, cur.wts)
+  cur.y = dl.randn(st.recv.x:size(), { dtype = "bf16", device = w.device })
   local r = { impl = "distlab", path = "ep", B = case.B, E = case.E, layout = case.layout, output = case.output,
     dtype = case.dtype, method = "graph" }
   local dispatch, combine = ep.dispatch, ep.combine
@@ -178,29 +184,63 @@ local function run_ep(case)
       return e:combine_recv(hh)
     end
   end
-  r.dispatch_us = timed(function() dispatch(ep, x, idx, wts) end)
-  recv, hd = dispatch(ep, x, idx, wts)
-  r.combine_us = timed(function() combine(ep, y, hd) end)
-  r.both_us = timed(function()
-    local _, hh = dispatch(ep, x, idx, wts)
-    combine(ep, y, hh)
-  end)
+  -- the timed calls, with --plant's error in them
+  local recv_out = {}
+  for _, key in ipairs { "x", "scales", "counts", "expert_ids", "weights" } do recv_out[#recv_out + 1] = st.recv[key] end
+  local out = ep.tensors.out:narrow(1, 1, T)
+  local function plain_dispatch() st.recv, st.hd = dispatch(ep, cur.x, cur.idx, cur.wts) end
+  local pdispatch = h:planted(plain_dispatch, { writes = recv_out, scale = keep })
+  local pcombine = h:planted(function() combine(ep, cur.y, st.hd) end, { writes = { out } })
+  local function both()
+    pdispatch()
+    pcombine()
+  end
+  r.dispatch_us = timed(pdispatch)
+  plain_dispatch()
+  r.combine_us = timed(pcombine)
+  r.both_us = timed(both)
   r.dispatch_GBps = dispatch_bytes(case, T) / (r.dispatch_us * 1e3)
   r.combine_GBps = T * K * 2 * H / (r.combine_us * 1e3)
   r.bytes = ep:bytes().total
-  r.wrong = h:check(function() return check_ep(ep, case, x, idx, wts, idx_h, wk) end)
+  -- Data: `both` once more on fresh inputs; the experts' y made from a dispatch of them first
+  local o = { N = N, me = me, E = case.E, B = case.B, H = H, K = K, output = case.output, dtype = case.dtype }
+  local seed, all = case.B * 1000 + case.E + 500, {}
+  r.wrong = h:verify {
+    what = string.format("ep %s %s %s B=%d E=%d", case.layout, case.output, case.dtype, case.B, case.E),
+    fresh = function()
+      for s = 0, N - 1 do all[s + 1] = fresh_inputs(T, case.E, seed, s) end
+      local mine = all[me + 1]
+      cur.x:copy_(mine.x)
+      cur.idx:copy_(mine.idx)
+      cur.wts:copy_(mine.w)
+      plain_dispatch()
+      for slot, e in pairs(ep_ref.expert_outputs(o, st.recv)) do
+        cur.y:select(1, slot + 1):narrow(1, 1, e.rows):copy_(e.y)
+      end
+      for _, t in ipairs(recv_out) do verify.poison(t) end
+      verify.poison(out)
+    end,
+    run = both,
+    check = function()
+      local bad, msg = ep_ref.check_dispatch(o, st.recv, all)
+      local nc, cmsg = verify.close(out, ep_ref.combine_ref(o, all[me + 1]), ep_ref.COMBINE_TOL)
+      local msgs = {}
+      if bad > 0 then msgs[#msgs + 1] = "dispatch: " .. msg end
+      if nc > 0 then msgs[#msgs + 1] = "combine: " .. cmsg end
+      return bad + nc, #msgs > 0 and table.concat(msgs, "; ") or nil
+    end,
+  }
   ep:free()
   return r
 end
 
 -- ---- the all_to_allv path --------------------------------------------------------------------
 
-local function run_a2av(case)
-  local T, L = case.B, case.E / N
-  local idx = routing(T, case.E, case.B * 1000 + case.E)
+-- Rank `rank`'s rows in destination order (one per (token, k)): {counts[q + 1] = elements, rows = tokens}
+local function a2av_rows(T, E, rank)
+  local L = E / N
+  local idx = routing(T, E, T * 1000 + E, rank)
   local pi = ffi.cast("int32_t*", idx:data_ptr())
-  -- rows sorted by destination rank, one per (token, k): built once, untimed
-  local x = dl.randn({ T, H }, { dtype = "bf16", seed = me + 17, device = w.device })
   local send_counts, rows = {}, {}
   for q = 1, N do send_counts[q] = 0 end
   for q = 0, N - 1 do
@@ -213,8 +253,26 @@ local function run_a2av(case)
       end
     end
   end
+  return send_counts, rows
+end
+jit.off(a2av_rows)
+
+-- rows of x (cpu bf16 [T, H]) in `rows` order, on the host
+local function gather_rows(x, rows, first, n)
+  local out = dl.empty({ math.max(1, n), H }, { dtype = "bf16", device = "cpu" })
+  local px, po = ffi.cast("uint16_t*", x:data_ptr()), ffi.cast("uint16_t*", out:data_ptr())
+  for i = 0, n - 1 do ffi.copy(po + i * H, px + rows[first + i] * H, 2 * H) end
+  return out
+end
+jit.off(gather_rows)
+
+local function run_a2av(case)
+  local T = case.B
+  -- rows sorted by destination rank, one per (token, k): built once, untimed
+  local send_counts, rows = a2av_rows(T, case.E, me)
+  local x = dl.randn({ T, H }, { dtype = "bf16", seed = me + 17, device = "cpu" })
   local send = dl.empty({ math.max(1, #rows), H }, { dtype = "bf16", device = w.device })
-  for i, t in ipairs(rows) do send:narrow(1, i, 1):copy_(x:narrow(1, t + 1, 1)) end
+  send:copy_(gather_rows(x, rows, 1, #rows))
   local cnt_in = dl.from_table(send_counts, { dtype = "i64", device = w.device })
   local cnt_out = dl.empty({ N }, { dtype = "i64", device = w.device })
   w:all_to_all(cnt_out, cnt_in)
@@ -225,12 +283,12 @@ local function run_a2av(case)
   local back = dl.empty({ math.max(1, #rows), H }, { dtype = "bf16", device = w.device })
   local flat = function(t, n) return t:view(t:numel()):narrow(1, 1, n) end
   local sflat, rflat, bflat = flat(send, #rows * H), flat(recv, total), flat(back, #rows * H)
-  local function dispatch()
+  local dispatch = h:planted(function()
     w:all_to_all(cnt_out, cnt_in)
     local rc = cnt_out:to("cpu"):tolist() -- what a plain MoE layer waits for
     w:all_to_allv(rflat, rc, sflat, send_counts)
-  end
-  local function combine() w:all_to_allv(bflat, send_counts, rflat, recv_counts) end
+  end, { writes = { rflat } })
+  local combine = h:planted(function() w:all_to_allv(bflat, send_counts, rflat, recv_counts) end, { writes = { bflat } })
   local function eager(fn)
     local st = bench.timing.events(fn, { warmup = 3, iters = opt.replays })
     return h:max(st.median) * 1e3
@@ -243,13 +301,45 @@ local function run_a2av(case)
   r.dispatch_GBps = T * K * 2 * H / (r.dispatch_us * 1e3)
   r.combine_GBps = T * K * 2 * H / (r.combine_us * 1e3)
   r.bytes = 0
-  -- the rows came back where they went out from
-  r.wrong = h:check(function()
-    dispatch()
-    combine()
-    local b, s = flat(back, #rows * H):to("cpu"), flat(send, #rows * H):to("cpu")
-    return dl.max_abs_diff(b:f32(), s:f32()) == 0 and 0 or 1
-  end)
+  -- Data: both once more on a fresh x; every row received is the row its source sent
+  -- here, and every row came back where it went out
+  local seed = T * 1000 + case.E + 500
+  local want_recv, want_back
+  r.wrong = h:verify {
+    what = string.format("a2av B=%d E=%d", case.B, case.E),
+    fresh = function()
+      local parts = {}
+      for s = 0, N - 1 do
+        local xs = dl.randn({ T, H }, { dtype = "bf16", seed = seed * 131 + s + 1, device = "cpu" })
+        local sc, rs = a2av_rows(T, case.E, s)
+        if s == me then
+          want_back = gather_rows(xs, rs, 1, #rs)
+          send:copy_(want_back)
+        end
+        -- the rows s sends here: its rows for destination me, in its order
+        local first = 1
+        for q = 0, me - 1 do first = first + sc[q + 1] / H end
+        parts[#parts + 1] = gather_rows(xs, rs, first, sc[me + 1] / H):narrow(1, 1, sc[me + 1] / H)
+      end
+      want_recv = dl.empty({ math.max(1, total / H), H }, { dtype = "bf16", device = "cpu" })
+      local at = 1
+      for _, p in ipairs(parts) do
+        local n = p:size(1)
+        if n > 0 then want_recv:narrow(1, at, n):copy_(p) end
+        at = at + n
+      end
+    end,
+    poison = { recv, back },
+    run = function() dispatch(); combine() end,
+    check = function()
+      local n1, m1 = verify.close(flat(recv, total), flat(want_recv, total))
+      local n2, m2 = verify.close(flat(back, #rows * H), flat(want_back, #rows * H))
+      local msgs = {}
+      if n1 > 0 then msgs[#msgs + 1] = "rows received: " .. m1 end
+      if n2 > 0 then msgs[#msgs + 1] = "rows back: " .. m2 end
+      return n1 + n2, #msgs > 0 and table.concat(msgs, "; ") or nil
+    end,
+  }
   return r
 end
 
@@ -322,7 +412,11 @@ local md = {
     opt.replays, opt.ops,
     (opt.blocks > 0 and string.format(" Every ep kernel on a grid of %d blocks (--blocks).", opt.blocks) or "") ..
     (opt.split and " Send and receive as two kernels each (--split: dispatch_send + dispatch_recv, " ..
-      "combine_send + combine_recv)." or " Send and receive in one kernel each (dispatch, combine).")),
+      "combine_send + combine_recv)." or " Send and receive in one kernel each (dispatch, combine).")) ..
+    " Data checked after timing, every row: the timed dispatch and combine once more on fresh inputs, outputs " ..
+    "poisoned; every row every expert received against the routing (bf16 exact, fp8 dequantized within its " ..
+    "bound and unbiased), every combined element against the fp64 sum (2^-8); #wrong: wrong elements over " ..
+    "all ranks (experiments/ep/ep_bench.lua's header).",
   "",
   "| impl | path | B | E | layout | output | dtype | dispatch us | combine us | both us | dispatch GB/s | combine GB/s | buffer MiB | #wrong |",
   "|---|---|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|",

@@ -1,11 +1,12 @@
 -- spec/ep/common.lua — what the ep rank scripts share: the world, every
 -- rank's inputs (each rank can recompute every other rank's, so each checks
 -- what it must receive), an fp8 quantizer written from the format's
--- definition (not from kernels/ep/fp8.h), the expert each rank applies, the
+-- definition (not from kernels/ep/fp8.h; its number conversions are
+-- distlab.bench.ep_ref's, which ep_bench checks with), the expert each rank applies, the
 -- fp64 references and the checks, each returning nil or a message.
 local ffi = require "ffi"
-local bit = require "bit"
 local dl = require "distlab"
+local ep_ref = require "distlab.bench.ep_ref"
 
 local X = {}
 
@@ -41,48 +42,9 @@ end
 
 -- ---- numbers -------------------------------------------------------------------------------
 
-local fbuf = ffi.new("float[1]")
-local ubuf = ffi.cast("uint32_t*", fbuf)
-function X.f32(v) -- v rounded to fp32 (C's conversion: to nearest, ties to even)
-  fbuf[0] = v
-  return fbuf[0]
-end
-function X.bf16_value(h) -- a bf16 bit pattern as a number
-  ubuf[0] = h * 65536
-  return fbuf[0]
-end
-function X.bf16_bits(v) -- v (a number) to bf16 bits: to fp32, then to nearest even
-  fbuf[0] = v
-  local u = ubuf[0]
-  local lsb = bit.band(bit.rshift(u, 16), 1)
-  return math.floor((u + 0x7fff + lsb) / 65536) % 65536
-end
-
--- e4m3: values of codes 0..126; to a code by nearest, ties to the even code,
--- saturating at 448 (the format has no infinity)
-local E4M3 = {}
-for c = 0, 126 do
-  local e, m = bit.rshift(c, 3), bit.band(c, 7)
-  E4M3[c] = e == 0 and m * 2 ^ -9 or (1 + m / 8) * 2 ^ (e - 7)
-end
-function X.e4m3_value(c)
-  local v = E4M3[bit.band(c, 0x7f)] or 0 / 0
-  return c >= 0x80 and -v or v
-end
-function X.e4m3_code(v)
-  local a, sign = math.abs(v), (v < 0 or (v == 0 and 1 / v < 0)) and 0x80 or 0
-  if a >= 448 then return sign + 0x7e end
-  local lo, hi = 0, 126
-  while lo < hi do
-    local mid = math.ceil((lo + hi) / 2)
-    if E4M3[mid] <= a then lo = mid else hi = mid - 1 end
-  end
-  if lo < 126 then
-    local below, above = a - E4M3[lo], E4M3[lo + 1] - a
-    if above < below or (above == below and lo % 2 == 1) then lo = lo + 1 end
-  end
-  return sign + lo
-end
+-- fp32 and bf16 rounding, e4m3 codes: distlab.bench.ep_ref's (ep_bench checks with the same)
+X.f32, X.bf16_value, X.bf16_bits = ep_ref.f32, ep_ref.bf16_value, ep_ref.bf16_bits
+X.e4m3_value, X.e4m3_code = ep_ref.e4m3_value, ep_ref.e4m3_code
 
 -- One row's fp8 payload as the dispatch defines it: codes[H] and scales[H/128].
 function X.quantize(vals, H)
@@ -285,7 +247,7 @@ end
 -- ---- the experts and the combine ------------------------------------------------------------
 
 -- Expert e multiplies by c(e): exact binary fractions, distinct per expert.
-function X.coef(e, E) return 1 + (e % 7) / 8 + math.floor(e / 7) / 64 end
+function X.coef(e) return ep_ref.coef(e) end
 
 -- y for recv as each rank's experts compute it (rows past the counts stay NaN).
 function X.expert_outputs(o, recv)
