@@ -587,7 +587,12 @@ if h.rank0 then
   md[#md + 1] = ok and ("![TFLOP/s against m](" .. png:match("[^/]*$") .. ")") or ("(" .. note .. ")")
   if not ok then png = nil end
 end
-local extra = { "build: " .. dl.build_info(), "cuBLASLt tuning: " .. ((tonumber(os.getenv("DISTLAB_GEMM_TUNE") or "0") or 0) > 1
+local extra = { "build: " .. dl.build_info(), string.format("data checked after every row's timing (#wrong): its timed " ..
+  "callable once more into its output poisoned, on fresh inputs (new seeds a m, a power of two a check), rows " ..
+  "spread over C (every rank's block) against the fp64 product on the host: elements within 2u |ref| + 2u rms, " ..
+  "normwise %.2g%s, bias 2^-10 (u = 2^-%d)", RS and TOL_RS.norm or TOL.norm, RS and
+  " and each element within its reduce-scatter bound (the file's header)" or "", A.dtype == "bf16" and 8 or 11),
+  "cuBLASLt tuning: " .. ((tonumber(os.getenv("DISTLAB_GEMM_TUNE") or "0") or 0) > 1
   and ("DISTLAB_GEMM_TUNE=" .. os.getenv("DISTLAB_GEMM_TUNE") .. " (each shape's fastest of that many candidates)")
   or "off (each shape's first heuristic candidate)"), "torch: " .. (torch_note or (A.torch and ((next(torch) and
   select(2, next(torch)).torch) or "its CSV had no rows") or "not run (no --torch)")),
