@@ -36,7 +36,7 @@
 local dl = require "distlab"
 local bench = dl.bench
 local presets = require "distlab.cp.presets"
-local rows_ref = require "distlab.bench.attn_rows"
+local cpc = require "distlab.bench.cp_check"
 
 local world = dl.comm.world()
 local C = world.size
@@ -90,21 +90,7 @@ local function kernels_between(r0, r1)
 end
 
 -- The whole sequence's inputs (seeds base + 1..4) and options.
-local function full_inputs(S, base)
-  local shape = layout == "thd" and { B * S, nh, D } or layout == "sbhd" and { S, B, nh, D } or { B, S, nh, D }
-  local function rnd(seed) return dl.randn(shape, { dtype = "f32", seed = (base or 0) + seed }):to("bf16") end
-  local x = { q = rnd(1), k = rnd(2), v = rnd(3), dout = rnd(4) }
-  if layout == "thd" then
-    local cu = {}
-    for b = 0, B do cu[b + 1] = b * S end
-    x.seq = { cu_seqlens_q = cu, cu_seqlens_q_padded = cu }
-    local t = dl.from_table(cu, { dtype = "i32" })
-    x.o = { layout = "thd", mask = "causal", cu_seqlens_q = t, cu_seqlens_kv = t, max_seqlen_q = S, max_seqlen_kv = S }
-  else
-    x.o = { layout = layout, mask = "causal" }
-  end
-  return x
-end
+local function full_inputs(S, base) return cpc.inputs { layout = layout, B = B, S = S, H = nh, D = D, seed = base } end
 
 local tbl = h:table({ { "backend", "%-6s" }, { "S_total", "%8d" }, { "strategy", "%-20s" }, { "fwd", "%10.3f", unit = "(ms)" },
   { "eff", "%6.1f", unit = "(%)" }, { "fwd+bwd", "%10.3f", unit = "(ms)" }, { "eff", "%6.1f", unit = "(%)" },
@@ -117,32 +103,27 @@ tbl:header(title)
 
 local rows = {}
 local skipped = {}
-local checks = {} -- S -> {fresh inputs and their shards, the fp64 reference at sampled rows}
+local checks = {} -- S -> the data check of that length (distlab.bench.cp_check)
 local check_s, check_desc = 0, nil
 
 -- The data check of one length, made once: fresh whole-sequence inputs (seeds no
--- timed call used), this rank's shards of them, and the fp64 reference at the
--- sampled rows this rank checks.
-local function check_of(S, x, so)
+-- timed call used) and the fp64 reference at the sampled rows this rank checks.
+local function check_of(S)
   if checks[S] then return checks[S] end
   local t0 = dl.now_us()
-  local f = full_inputs(S, 100 + S)
-  f.shards = { q = dl.cp.shard(f.q, so), k = dl.cp.shard(f.k, so), v = dl.cp.shard(f.v, so),
-    dout = dl.cp.shard(f.dout, so) }
-  f.ref = rows_ref.prepare { q = f.q, k = f.k, v = f.v, dout = f.dout, opts = x.o, elements = h.opt.check_elements,
-    seed = S, part = { world.rank, C } }
-  check_desc = f.ref:describe()
+  local c = cpc.new { inputs = full_inputs(S, 100 + S), comm = world, elements = h.opt.check_elements, seed = S }
+  check_desc = c:describe()
   check_s = check_s + (dl.now_us() - t0) / 1e6
-  checks[S] = f
-  return f
+  checks[S] = c
+  return c
 end
 
 -- One check of a timed callable `run` (it returns out, lse[, dq, dk, dv] of the
--- inputs in `cur`): fresh inputs put in `cur`, then the timed ones back.
--- full(t, lse): the whole sequence's tensor from this rank's result (or the
--- result itself). Returns the wrong elements over all ranks, the largest
--- normwise error and max |got - ref| over the ranks.
-local function verify(what, cur, fresh, run, full)
+-- inputs in `cur`, results of a schedule on `comm`, a whole sequence's where its
+-- size is 1): fresh inputs put in `cur`, then the timed ones back. Returns the
+-- wrong elements over all ranks, the largest normwise error and max |got - ref|
+-- over the ranks.
+local function verify(what, c, cur, fresh, run, comm)
   local timed_in, rel, mx = {}, 0, 0
   for k, v in pairs(cur) do timed_in[k] = v end
   local t0 = dl.now_us()
@@ -150,13 +131,9 @@ local function verify(what, cur, fresh, run, full)
     what = what,
     fresh = function() for k, v in pairs(fresh) do cur[k] = v end end,
     run = run,
-    check = function(out, lse, dq, dk, dv)
-      local got = { out = full(out), lse = full(lse, true) }
-      if dq then got.dq, got.dk, got.dv = full(dq), full(dk), full(dv) end
-      local n, msg, e, m = checks.current.ref:check(got)
-      for _, name in ipairs({ "out", "dq", "dk", "dv" }) do
-        rel, mx = math.max(rel, e[name] or 0), math.max(mx, m[name] or 0)
-      end
+    check = function(...)
+      local n, msg, r, m = c:check(comm, ...)
+      rel, mx = r, m
       return n, msg
     end,
   }
@@ -170,7 +147,6 @@ for _, S in ipairs(lengths) do
   local x = full_inputs(S)
   x.o.backend = backend
   local so = { comm = world, layout = layout, cu_seqlens_padded = x.seq and x.seq.cu_seqlens_q_padded }
-  local lso = { comm = world, layout = layout, cu_seqlens_padded = so.cu_seqlens_padded, dim = layout == "thd" and 2 or 3 }
   -- One GPU, the whole sequence: the work CP splits C ways (the timed calls, planted).
   local one = { q = x.q, k = x.k, v = x.v, dout = x.dout }
   local one_f = h:planted(function() return dl.attn.fwd(one.q, one.k, one.v, x.o) end, { returns = true })
@@ -183,19 +159,16 @@ for _, S in ipairs(lengths) do
   local r0 = dl.attn.runs()
   local t1b = timed(function() one_fb() end)
   local kernels1 = kernels_between(r0, dl.attn.runs())
-  local f = check_of(S, x, so)
-  checks.current = f
-  local as_is = function(t) return t end
-  local w1f, e1f, m1f = verify(string.format("backend %s S=%d 1 GPU forward", backend, S), one,
-    { q = f.q, k = f.k, v = f.v, dout = f.dout }, one_f, as_is)
-  local w1b, e1b, m1b = verify(string.format("backend %s S=%d 1 GPU forward+backward", backend, S), one,
-    { q = f.q, k = f.k, v = f.v, dout = f.dout }, one_fb, as_is)
+  local c = check_of(S)
+  local fx, one_comm = { q = c.x.q, k = c.x.k, v = c.x.v, dout = c.x.dout }, { size = 1 }
+  local w1f, e1f, m1f = verify(string.format("backend %s S=%d 1 GPU forward", backend, S), c, one, fx, one_f, one_comm)
+  local w1b, e1b, m1b = verify(string.format("backend %s S=%d 1 GPU forward+backward", backend, S), c, one, fx, one_fb,
+    one_comm)
   local q, k, v, dout = dl.cp.shard(x.q, so), dl.cp.shard(x.k, so), dl.cp.shard(x.v, so), dl.cp.shard(x.dout, so)
   local flops = 4 * B * nh * D * S * S / 2 -- causal forward; the backward is 2.5 times that
   rows[#rows + 1] = { backend = backend, S = S, name = "1 GPU, whole sequence", fwd = t1f, fb = t1b,
     tflops = flops / t1f / 1e9, kernels = kernels1, wrong = w1f + w1b, err = math.max(m1f, m1b),
     rel = math.max(e1f, e1b) }
-  local function unshard(t, is_lse) return dl.cp.unshard(t, is_lse and lso or so) end
   for _, st in ipairs(strategies) do
     local o = presets.options(st)
     o.comm, o.layout, o.mask, o.backend = world, layout, "causal", backend
@@ -223,11 +196,11 @@ for _, S in ipairs(lengths) do
       local tf = timed(function() fwd() end)
       local tb = timed(function() fwdbwd() end)
       -- Data, after timing: each timed call on the fresh inputs (and the kernels its steps took).
-      local wf, ef, mf = verify(string.format("backend %s S=%d %s forward", backend, S, st.name), cur, f.shards,
-        fwd, unshard)
+      local wf, ef, mf = verify(string.format("backend %s S=%d %s forward", backend, S, st.name), c, cur,
+        c:shards(world), fwd, world)
       local r1 = dl.attn.runs()
-      local wb, eb, mb = verify(string.format("backend %s S=%d %s forward+backward", backend, S, st.name), cur,
-        f.shards, fwdbwd, unshard)
+      local wb, eb, mb = verify(string.format("backend %s S=%d %s forward+backward", backend, S, st.name), c, cur,
+        c:shards(world), fwdbwd, world)
       local kernels = kernels_between(r1, dl.attn.runs())
       local wrong, rel = wf + wb, math.max(ef, eb)
       rows[#rows + 1] = { backend = backend, S = S, name = st.name, fwd = tf, fb = tb, err = math.max(mf, mb),
@@ -238,7 +211,6 @@ for _, S in ipairs(lengths) do
     end
     ::next_strategy::
   end
-  checks.current = nil
   collectgarbage()
 end
 end
