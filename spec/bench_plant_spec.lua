@@ -164,6 +164,27 @@ describe("bench verify", function()
     assert.is_true(math.abs(rms[1] - r) < 1e-12)
   end)
 
+  it("a verification run poisons its output first and what it returned once checked", function()
+    local out = dl.zeros({ 4 }, { device = "cpu" })
+    local made
+    local seen
+    local n = verify.run({ fresh = function() end, poison = { out },
+      run = function()
+        seen = out:tolist()[1]
+        made = dl.full({ 3 }, 2, { device = "cpu" })
+        return made
+      end,
+      check = function(t) return t:tolist()[1] == 2 and 0 or 1 end })
+    assert.equal(0, n)
+    assert.is_true(seen ~= seen) -- NaN: poisoned before the run
+    assert.is_true(made:tolist()[1] ~= made:tolist()[1]) -- and the returned tensor after its check
+    verify.run({ fresh = function() end, keep = true, run = function()
+      made = dl.full({ 3 }, 2, { device = "cpu" })
+      return made
+    end, check = function() return 0 end })
+    assert.same({ 2, 2, 2 }, made:tolist())
+  end)
+
   it("plants noop and scale into a callable that writes or returns its outputs", function()
     local out = dl.zeros({ 4 }, { device = "cpu" })
     local fn = function() out:fill_(2) end

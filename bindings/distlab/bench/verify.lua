@@ -23,12 +23,14 @@
 -- peers write has landed when it is read.
 --
 -- Outputs an op allocates itself ({returns = true}) cannot be poisoned before
--- the run; what makes a block the caching allocator hands back (holding an
--- earlier call's result) fail the check is `fresh`: inputs no earlier call
--- saw, so no earlier result is right for them. A bench's fresh inputs must
--- differ from those of every earlier run, its timed runs and its earlier
--- checks alike (a new seed each check, or the same new draw scaled by a
--- different power of two each check, which scales the exact result with it).
+-- the run, and the caching allocator may hand it a block holding an earlier
+-- call's result. Two things keep such a result from passing: `fresh`, inputs
+-- no earlier call saw, so no earlier result is right for them (a new seed
+-- each check, or the same new draw scaled by a different power of two each
+-- check, which scales the exact result with it); and, where checks share
+-- their inputs, the run's returned tensors are poisoned once checked (unless
+-- the spec says keep = true), so a block they leave to the allocator holds
+-- NaN, not a right answer for the next check.
 --
 --   verify.poison(t)                     NaN for floats, 0xFF bytes for uint8 (fp8's NaN),
 --                                        the most negative value for integers
@@ -377,6 +379,9 @@ function M.run(spec, settle)
   if type(n) ~= "number" then
     fail("bench.verify %s: check must return a count of wrong elements (and a message), got %s",
       tostring(spec.what), tostring(n))
+  end
+  if not spec.keep then
+    for _, v in ipairs(res) do if tensor.is_tensor(v) then M.poison(v) end end
   end
   return n, msg
 end
