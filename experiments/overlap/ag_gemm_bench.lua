@@ -60,47 +60,14 @@
 -- over runs: TFLOP/s = 2 m n k / time.
 --
 -- Data after every row's timing (#wrong, summed over ranks; any makes the
--- exit code non-zero): the row's timed callable once more, its output
--- poisoned (NaN), on inputs none of its timed runs saw: per m, A and B drawn
--- from new seeds (Philox, every rank drawing every rank's shard), each check
--- multiplying A by its own power of two (-1/2, 1, -2, 1/4, ...: exact, so
--- the exact result scales with it, and a result an earlier run left behind,
--- in the output or in a buffer the op reuses, is off by a factor). The
--- reference is the fp64 product on the host (verify.matmul_rows, not the
--- op under test), of max(2d, ceil(1e5 / n)) rows spread over C's m rows
--- (each rank its own rows, some in every rank's block; all of them where m
--- is smaller; gemm_rs: max(2, ceil(1e5 / (d n))) of each rank's m/d rows).
--- All-gather rows, the GEMM alone and its parts (one rounding to C's
--- dtype, u = 2^-8 for bf16, 2^-11 for f16): each element within 2u |ref|
--- + 2u rms(ref), normwise within 1.5u (the rounding's rms is below
--- u / sqrt(3); the fp32 sums add ~1e-5), and the bias <got - ref, ref> /
--- <ref, ref> within 2^-10 (rounding to nearest has none; a 1% scale error
--- is 1e-2).
--- Reduce-scatter: want = sum_p P_p, P_p = A[row, slice p] @ B[slice p, :]
--- the d partial rows (slice p: the k/d columns of A and rows of B that rank
--- p owns), S = sum_p |P_p|. An element is wrong beyond
---   |got - want| <= (2d - 1) u S + u |want| + (k/d + 4) 2^-20 sum_p rms(P_p)
--- (rms over the row). The result is d partials rounded to C's dtype and
--- summed by d - 1 additions, each rounded to C's dtype too (NCCL's ring and
--- ours; p2p rounds only the partials and the final fp32 sum), every rounded
--- value at most S to first order: d u S (1 + u)^d in all. The bound allows
--- twice that count, for a summation we did not foresee, which also covers
--- the fp32 epilogue and reduce additions (<= d 2^-23 S). The last term: the
--- kernel's fp32 partial and the exact P_p differ by k/d + 4 additions, each
--- off by at most 2^-23 of its running sum; for these zero-mean random
--- inputs a running sum is a random walk whose mean size along the way is
--- about rms(P_p) / 2, and the term allows 4 rms(P_p) with the errors of all
--- additions aligned, twice. Normwise: roundings to nearest err
--- independently, each with rms at most u |x| / sqrt(3), and with
--- independent partials the j-partial sums have norm ||want|| sqrt(j / d), so
--- the model's normwise error is u sqrt((1 + (d + 2)(d - 1) / (2d)) / 3):
--- 0.82u, 1.04u, 1.34u at d = 2, 4, 8 (p2p: 0.82u at any d); the bound is
--- 1.5 times that (4.8e-3 at d = 2, 7.8e-3 at d = 8 for bf16), the bias
--- within 2^-10 as above. --plant scale=0.01 (1%) breaks the normwise bound
--- and the bias at every d; --plant noop leaves the poison.
+-- exit code non-zero): the row's timed callable once more into its output
+-- poisoned, on inputs none of its timed runs saw, against the fp64 product
+-- on the host at rows spread over C; distlab.bench.gemm_check says how and
+-- within which bounds (--plant scale=0.01 breaks them at every d; --plant
+-- noop leaves the poison).
 local dl = require "distlab"
 local bench = dl.bench
-local verify = require "distlab.bench.verify"
+local gemm_check = require "distlab.bench.gemm_check"
 
 local w = dl.comm.world()
 local d, me = w.size, w.rank
@@ -244,82 +211,6 @@ for _, algo in ipairs(A.algos) do
   end
 end
 
--- ---- checking -----------------------------------------------------------------------------
-
-local U = { bf16 = 2 ^ -8, f16 = 2 ^ -11 }
-local u = U[A.dtype]
-local TOL = { rtol = 2 * u, atol_rms = 2 * u, norm = 1.5 * u, bias = 2 ^ -10 }
-local TOL_RS = { rtol = u, norm = 1.5 * u * math.sqrt((1 + (d + 2) * (d - 1) / (2 * d)) / 3), bias = 2 ^ -10 }
-
--- The checks of one m (see the header): fresh() draws the verification inputs
--- again, times the next power of two; check(what, run, out, kind) runs the
--- row's timed callable on them into out poisoned and compares with the fp64
--- reference of kind "ag" (out = C [m, n], all-gather or the GEMM alone on the
--- gathered A), "rs" (out = C [m/d, n], this rank's block of the reduce-scatter)
--- or "local" (gemm_rs's GEMM alone: this rank's partial product [m, n]).
-local function checker(m, t)
-  local rows, kd, n = m / d, A.k / d, A.n
-  local seed = 1000003 + 64 * m
-  local count, sc = 0, 1
-  local refs = {}
-  local function fresh()
-    count = count + 1
-    sc = (count % 2 == 1 and -1 or 1) * 2 ^ (count % 4 - 2) -- -1/2, 1, -2, 1/4, -1/2, ...
-    for p = 0, d - 1 do t.full:narrow(1, p * rows + 1, rows):normal_(0, 1, seed + p) end
-    t.full:mul_(sc)
-    t.bfull:normal_(0, 1, seed + 63)
-    if RS then
-      t.a:copy_(t.full:narrow(2, me * kd + 1, kd))
-      t.b:copy_(t.bfull:narrow(1, me * kd + 1, kd))
-    else
-      t.a:copy_(t.full:narrow(1, me * rows + 1, rows))
-    end
-  end
-  -- rows (0-based, of out) spread over out's rows; the reference of the checked rows for
-  -- sc = 1, made at the kind's first check (its inputs then are sc times those)
-  local function reference(kind)
-    if refs[kind] then return refs[kind] end
-    local r = {}
-    local per = kind == "rs" and math.max(2, math.ceil(1e5 / (d * n))) or math.max(2 * d, math.ceil(1e5 / n))
-    r.rows = verify.spread(kind == "rs" and rows or m, per, 31 * m + 7 * me + #kind)
-    local at = {} -- the rows of the inputs' product
-    r.wins = {}
-    for i, x in ipairs(r.rows) do
-      r.wins[i] = { x * n, n }
-      at[i] = (kind == "rs" and me * rows or 0) + x + 1
-    end
-    if kind == "ag" then
-      r.ref = verify.matmul_rows(t.full, t.bfull, at)
-    elseif kind == "local" then
-      r.ref = verify.matmul_rows(t.a, t.b, at)
-    else
-      local S, rms
-      r.ref, S, rms = verify.matmul_rows(t.full, t.bfull, at, { parts = d })
-      -- per element: (2d - 1) u S + (k/d + 4) 2^-20 sum_p rms(P_p) of its row (u |want|: rtol)
-      r.allow = S:mul_((2 * d - 1) * u)
-      for i = 1, #at do r.allow:narrow(1, i, 1):add_((kd + 4) * 2 ^ -20 * rms[i]) end
-      r.allow:mul_(1 / math.abs(sc))
-    end
-    r.ref:mul_(1 / sc)
-    r.ref = r.ref:reshape(r.ref:numel())
-    if r.allow then r.allow = r.allow:reshape(r.allow:numel()) end
-    refs[kind] = r
-    return r
-  end
-  return function(what, run, out, kind)
-    return h:verify { what = string.format("m = %d, %s", m, what), fresh = fresh, poison = { out }, run = run,
-      check = function()
-        local r = reference(kind)
-        local ref = r.ref:clone():mul_(sc)
-        if kind ~= "rs" then return verify.close(verify.take(out, r.wins), ref, TOL) end
-        local tol = {}
-        for key, v in pairs(TOL_RS) do tol[key] = v end
-        tol.allow = r.allow:clone():mul_(math.abs(sc))
-        return verify.close(verify.take(out, r.wins), ref, tol)
-      end }
-  end
-end
-
 local tbl = h:table({ { "m", "%6d" }, { "row", "%-36s" }, { "ms", "%9.3f" }, { "TFLOP/s", "%8.1f" },
   { "vs nccl", "%7.2f" }, { "#wrong", "%6d" } })
 tbl:header(string.format("%s, %s, k = %d, n = %d, %s", RS and "GEMM + reduce-scatter" or "all-gather + GEMM",
@@ -355,7 +246,9 @@ for _, m in ipairs(A.m) do
     b = bfull
     c = dl.empty({ m, A.n }, { dtype = A.dtype, device = dev })
   end
-  local check = checker(m, { full = full, bfull = bfull, a = a, b = b })
+  -- the checks of this m: check(what, run, out, kind) (distlab.bench.gemm_check)
+  local check = gemm_check.checker(h, { m = m, d = d, me = me, k = A.k, n = A.n, dtype = A.dtype, rs = RS,
+    full = full, bfull = bfull, a = a, b = b })
   local ALONE, PIPE = RS and "local" or "ag", RS and "rs" or "ag"
   local base
   local function row(name, ms, wrong)
@@ -590,7 +483,8 @@ end
 local extra = { "build: " .. dl.build_info(), string.format("data checked after every row's timing (#wrong): its timed " ..
   "callable once more into its output poisoned, on fresh inputs (new seeds a m, a power of two a check), rows " ..
   "spread over C (every rank's block) against the fp64 product on the host: elements within 2u |ref| + 2u rms, " ..
-  "normwise %.2g%s, bias 2^-10 (u = 2^-%d)", RS and TOL_RS.norm or TOL.norm, RS and
+  "normwise %.2g%s, bias 2^-10 (u = 2^-%d)", RS and gemm_check.tol_rs(A.dtype, d).norm or
+  gemm_check.tol(A.dtype).norm, RS and
   " and each element within its reduce-scatter bound (the file's header)" or "", A.dtype == "bf16" and 8 or 11),
   "cuBLASLt tuning: " .. ((tonumber(os.getenv("DISTLAB_GEMM_TUNE") or "0") or 0) > 1
   and ("DISTLAB_GEMM_TUNE=" .. os.getenv("DISTLAB_GEMM_TUNE") .. " (each shape's fastest of that many candidates)")

@@ -31,14 +31,15 @@
 -- m: the timed callable once more on fresh inputs (new seeds) into out
 -- poisoned (NaN), and max(4, ceil(1e5 / n)) rows spread over out (all of
 -- them where m is smaller) against the fp64 product on the host
--- (verify.matmul_rows, not dl.gemm): each element within 2u |ref| + 2u
--- rms(ref), normwise within 1.5u (one rounding to out's dtype, u = 2^-8 for
--- bf16, 2^-11 for f16: its rms is below u / sqrt(3); fp32 sums add ~1e-5),
--- and the bias <got - ref, ref> / <ref, ref> within 2^-10 (#wrong; any makes
--- the exit code non-zero).
+-- (verify.matmul_rows, not dl.gemm), within distlab.bench.gemm_check's
+-- bounds of one rounding: each element within 2u |ref| + 2u rms(ref),
+-- normwise within 1.5u (u = 2^-8 for bf16, 2^-11 for f16), the bias
+-- <got - ref, ref> / <ref, ref> within 2^-10 (#wrong; any makes the exit
+-- code non-zero).
 local dl = require "distlab"
 local bench = dl.bench
 local verify = require "distlab.bench.verify"
+local gemm_check = require "distlab.bench.gemm_check"
 
 local h = bench.harness {
   name = "gemm_bench", family = "overlap", tag = true,
@@ -68,9 +69,8 @@ if not h.given.tag then h.tag = dev:match("^cuda") and (gpu:match("([AHBL]%d+)")
 
 -- after timing: call once more on fresh inputs (a and b drawn again from new seeds), out
 -- poisoned, rows spread over out against the fp64 product on the host (see the header)
-local U = { bf16 = 2 ^ -8, f16 = 2 ^ -11 }
 local function check(m, call, a, b, out)
-  local u, n = U[A.dtype], A.n
+  local n = A.n
   local rows = verify.spread(m, math.max(4, math.ceil(1e5 / n)), m)
   local wins = {}
   for i, r in ipairs(rows) do
@@ -85,8 +85,7 @@ local function check(m, call, a, b, out)
     poison = { out }, run = call,
     check = function()
       local ref = verify.matmul_rows(a, b, rows)
-      return verify.close(verify.take(out, wins), ref:reshape(ref:numel()),
-        { rtol = 2 * u, atol_rms = 2 * u, norm = 1.5 * u, bias = 2 ^ -10 })
+      return verify.close(verify.take(out, wins), ref:reshape(ref:numel()), gemm_check.tol(A.dtype))
     end }
 end
 
