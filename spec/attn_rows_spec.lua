@@ -36,12 +36,13 @@ describe("attn_rows: the fp64 rows reference", function()
     end)
   end
 
-  it("samples rows of every slice, and ranks share them without overlap", function()
+  it("samples query rows of every slice, key rows of 4, and ranks share them without overlap", function()
     local c = R.with(R.TINY.thd, { dtype = "bf16", mask = "causal" })
     local x, o, dout, ref = case(c)
     local full = rows.prepare { q = x.q, k = x.k, v = x.v, dout = dout, opts = o, elements = 16 * 6 }
     assert.equal(3 * 4, #full.qslices) -- sequences with rows (one is empty) x 4 heads
     for _, s in ipairs(full.qslices) do assert.is_true(#s.rows >= 1) end
+    assert.equal(4, #full.kslices) -- key rows in 4 of the 8 (sequence, kv head) slices with keys
     local n0 = select(1, full:check(ref))
     assert.equal(0, n0)
     local a = rows.prepare { q = x.q, k = x.k, v = x.v, dout = dout, opts = o, elements = 16 * 6, part = { 0, 2 } }

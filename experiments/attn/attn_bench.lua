@@ -15,8 +15,8 @@
 -- out, lse and dq at query rows spread over every (sequence, head) slice,
 -- --check-elements / d of them (>= 1e5 elements of out, and of dq; all rows
 -- where there are fewer), each with its full softmax; dk and dv at a quarter
--- as many key rows (in every slice), each summed over every query that sees
--- it (from the out and lse the backward was handed). Element-wise
+-- as many key rows in 4 (sequence, head) slices spread over all, each summed
+-- over every query that sees it (from the out and lse the backward was handed). Element-wise
 -- TransformerEngine's bf16 tolerance (2.5e-2), normwise ||got - ref|| /
 -- ||ref|| <= 8e-3 (lse: 1e-5), bias within 2^-10: a result 1% off fails. A failed check is
 -- reported in the table (and on stderr, per rank) and makes the exit code

@@ -14,8 +14,9 @@
 -- (distlab.bench.attn_rows, prepared once per length): out, lse and dq at
 -- query rows spread over every (sequence, head) of the whole sequence, so
 -- over every rank's shard (--check-elements / D rows: >= 1e5 elements of out
--- and of dq), dk and dv at a quarter as many key rows (each summed over every
--- query, from the out and lse the schedule kept), the results gathered to
+-- and of dq), dk and dv at a quarter as many key rows in a few (sequence,
+-- head) slices (each summed over every query, from the out and lse the
+-- schedule kept), the results gathered to
 -- whole sequences (dl.cp.unshard) and the rows split among the ranks.
 -- TransformerEngine's bf16 tolerance element-wise, normwise 8e-3 (lse 1e-5),
 -- bias within 2^-10, so a result 1% off fails. #wrong: wrong elements over all ranks (any makes

@@ -19,7 +19,16 @@
 -- The presets with a backward-only option (dkv) are left out: cp:memory
 -- measures the schedule's buffers, which that option does not change
 -- forward. Every forward peak measured on meta must equal the schedule's
--- formula; a miss is counted as wrong (#wrong, exit code 1).
+-- formula; a miss is counted as wrong (#wrong, exit code 1). On meta nothing
+-- runs, so no data is checked there (the run says so). On cpu and cuda every
+-- schedule measured runs once more, after all the measurements, its forward
+-- and backward (planted: --plant noop | scale=X) on fresh inputs, checked
+-- against fp64 single-rank attention at sampled rows (distlab.bench.cp_check:
+-- --check-elements / D query rows for out, lse, dq, a quarter as many key rows
+-- for dk, dv, spread over the whole sequence, every rank's shard; at S =
+-- 262144 a row sums over up to 262k keys, hence the small default; TE's bf16
+-- tolerance element-wise, normwise 8e-3, bias 2^-10): the GPU table's #wrong.
+-- --quick: S = 64 and H = 4 on cpu/cuda; on meta CP = 2, 8, 64 only.
 local dl = require "distlab"
 local bench = dl.bench
 local presets = require "distlab.cp.presets"
@@ -36,10 +45,17 @@ local h = bench.harness {
       meta = "CSV" },
     { "backend", "choice", "ours", "(cuda) the attention backend of the steps", values = { "ours", "cudnn" } },
     { "tag", "string", nil, "(cuda) name the files cp-memory-gpu-TAG.{csv,md} (e.g. h200x4)", meta = "TAG" },
+    { "check-elements", "int", 16384, "(cpu, cuda) output elements of out (and of dq) the fp64 check covers per " ..
+      "layout (query rows: this / D; key rows for dk, dv: a quarter as many)", meta = "N" },
   },
 }
 local B, H, D = 2, 16, 128
 local S = h.opt.s
+if h.quick and not on_meta then -- the smallest case: a short sequence, 4 heads (a2a's overlap needs 2C)
+  if not h.given.s then S = 64 end
+  H = 4
+end
+if on_meta then h:unchecked("counts the schedules' bytes on meta: nothing runs (on cpu and cuda the schedules run and are checked)") end
 local TAGS = { "inputs", "comm_buffers", "out_per_step", "lse_per_step", "accumulator", "workspace", "seqlens" }
 
 local strategies = {}
@@ -75,7 +91,8 @@ local function measure(comm, st, layout)
   end
   local m = cp:memory(shape, shape, shape, { seq = seq })
   local unit = m.fwd.unit
-  local row = { device = comm.device, layout = layout, strategy = st.name, C = C, rank = comm.rank, unit = unit }
+  local row = { device = comm.device, layout = layout, strategy = st.name, C = C, rank = comm.rank, unit = unit,
+    cp = cp, comm = comm }
   if st0 then
     dl.synchronize(comm.device)
     local st1 = dl.mem.stats(comm.device)
@@ -102,6 +119,7 @@ local function csv_header()
   for _, p in ipairs({ "fwd", "bwd" }) do
     for _, t in ipairs(TAGS) do cols[#cols + 1] = p .. ":" .. t end
   end
+  cols[#cols + 1] = "wrong"
   return cols
 end
 
@@ -150,6 +168,22 @@ if not on_meta then
     end
   end
   world:barrier()
+  -- Data: every schedule measured, once more on fresh inputs (one set per layout), checked
+  local cpc = require "distlab.bench.cp_check"
+  local checks = {}
+  for i, r in ipairs(rows) do
+    local c = checks[r.layout]
+    if not c then
+      c = cpc.new { inputs = cpc.inputs { layout = r.layout, B = B, S = S, H = H, D = D, seed = 700 + i }, comm = world,
+        elements = h.opt.check_elements, seed = i }
+      checks[r.layout] = c
+    end
+    r.wrong = c:verify(h, string.format("%s %s CP=%d", r.layout, r.strategy, r.C), r.cp, r.comm)
+    if world.rank == world.size - 1 then
+      print(string.format("%-5s %-19s CP=%d  data: %s", r.layout, r.strategy, r.C,
+        r.wrong == 0 and "ok" or r.wrong .. " wrong (stderr)"))
+    end
+  end
   -- The last rank writes: its peak is the highest (post_loop bshd keeps the most there).
   if world.rank == world.size - 1 then
     local device = bench.markdown.device_name(world.device)
@@ -157,13 +191,13 @@ if not on_meta then
     local name = "cp-memory-gpu" .. (h.opt.tag and "-" .. h.opt.tag or "")
     local csv = write_csv(name .. ".csv", rows)
     local md = bench.markdown.table({ "layout", "strategy", "CP", "fwd MiB", "fwd units", "meta fwd units", "bwd MiB",
-      "bwd units", "meta bwd units", "driver MiB", "allocator's cache MiB", "driver - cache MiB" }, {},
-      { "l", "l", "r", "r", "r", "r", "r", "r", "r", "r", "r", "r" })
+      "bwd units", "meta bwd units", "driver MiB", "allocator's cache MiB", "driver - cache MiB", "#wrong" }, {},
+      { "l", "l", "r", "r", "r", "r", "r", "r", "r", "r", "r", "r", "r" })
     for _, r in ipairs(rows) do
-      md[#md + 1] = string.format("| %s | %s | %d | %.1f | %.2f | %.2f | %.1f | %.2f | %.2f | %s | %s | %s |",
+      md[#md + 1] = string.format("| %s | %s | %d | %.1f | %.2f | %.2f | %.1f | %.2f | %.2f | %s | %s | %s | %d |",
         r.layout, r.strategy, r.C, r.fwd / 2 ^ 20, r.fwd / r.unit, r.fwd_formula / r.unit, r.bwd / 2 ^ 20,
         r.bwd / r.unit, r.bwd_formula / r.unit, mib(r.driver_delta), mib(r.reserved_delta),
-        mib(r.driver_delta and r.driver_delta - r.reserved_delta))
+        mib(r.driver_delta and r.driver_delta - r.reserved_delta), r.wrong)
     end
     local path = h:markdown(name .. ".md", "CP peak memory measured on " .. device .. " (attention backend " ..
       h.opt.backend .. ")", md, {
@@ -173,7 +207,9 @@ if not on_meta then
         "run (the allocator's cache emptied) minus after it (its blocks still cached, at least the peak): what " ..
         "the run took from the device; allocator's cache: the growth of the allocator's reserved bytes; the " ..
         "difference is what NCCL, cuDNN and the CUDA runtime allocated themselves (NCCL's buffers on a " ..
-        "communicator's first collective, cuDNN's handle and plans), and the allocator's rounding.%s", B, S, H, D,
+        "communicator's first collective, cuDNN's handle and plans), and the allocator's rounding. #wrong: the " ..
+        "schedule run once more after the measurements on fresh inputs, its results against fp64 single-rank " ..
+        "attention at sampled rows (experiments/cp/cp_memory.lua's header), wrong elements over the ranks.%s", B, S, H, D,
         world.rank, world.size, #left > 0 and (" Left out with backend cudnn (their merge lives in our kernel's " ..
         "epilogue): " .. table.concat(left, ", ") .. ".") or "") })
     print("wrote " .. csv .. " and " .. path)
@@ -187,7 +223,7 @@ end
 local rows, worst = {}, {}
 for _, layout in ipairs({ "thd", "bshd" }) do
   for _, st in ipairs(strategies) do
-    for _, C in ipairs({ 2, 4, 8, 16, 32, 64 }) do
+    for _, C in ipairs(h.quick and { 2, 8, 64 } or { 2, 4, 8, 16, 32, 64 }) do
       if (st.algo ~= "a2a" or H % (C * (st.overlap and 2 or 1)) == 0) and presets.applies(st, layout) then
         for _, r in ipairs({ 0, C / 2, C - 1 }) do
           local comm = dl.comm.meta(C, r)

@@ -16,12 +16,12 @@
 -- from the reference's own out and lse. prepare computes these once; check
 -- compares any number of results with them (cp_bench checks every strategy
 -- against one prepare).
--- Key rows: `keys` times as many (at least one in every (sequence, kv head)
--- slice), each with dk and dv summed over every query that sees it, of every
--- query head of its group. Those need the lse and out of every query of the
--- slice: check takes them from the out and lse it is given (the ones the
--- backward was handed), as the backward itself does; their own rows are
--- checked beside. all = true: every query and key row (small shapes), and
+-- Key rows: `keys` times as many, in a few (sequence, kv head) slices spread
+-- over all (4, or one a rank), each with dk and dv summed over every query
+-- that sees it, of every query head of its group. Those need the q, dout, lse
+-- and out of every query of their slice (hence few slices, more rows each):
+-- check takes out and lse from the ones it is given (the ones the backward was
+-- handed), as the backward itself does; their own rows are checked beside. all = true: every query and key row (small shapes), and
 -- for thd, the rows outside the sequences of out, dq, dk, dv must be 0.
 -- part = {r, C}: this process checks the slices i with i % C == r (ranks
 -- share the work; their counts add up over the ranks).
@@ -129,6 +129,19 @@ local function slice(g, t, b, start, n, h, is_lse)
   return s, ffi.cast("double*", T.data_ptr(s))
 end
 
+-- The listed rows (0-based, of sequence b from `start`) of head h of t, one after
+-- the other: a host f64 [#rows, width] and its data (a copy a row: few rows of
+-- a long sequence cost little).
+local function pick(g, t, b, start, rows, h, width, is_lse)
+  local out = tensor.empty({ math.max(#rows, 1), width }, { dtype = "f64", device = "cpu" })
+  local p = ffi.cast("double*", T.data_ptr(out))
+  for n, r in ipairs(rows) do
+    local _, q = slice(g, t, b, start + r, 1, h, is_lse)
+    ffi.copy(p + (n - 1) * width, q, 8 * width)
+  end
+  return out, p
+end
+
 -- ---- the fp64 loops ----------------------------------------------------------------------
 
 local function dot(a, ao, b, bo, n)
@@ -150,10 +163,10 @@ end
 
 local function zero(y, yo, n) for c = 0, n - 1 do y[yo + c] = 0 end end
 
--- Query row i: out (and dq, with dO) into ro / rq at offsets oo / qo; returns
--- its lse. P from the row's own fp64 softmax; dq's D = dO . out from its
--- own out. S: scratch of at least kl doubles.
-local function query_row(g, i, ql, kl, Q, K, V, dO, S, ro, oo, rq, qo)
+-- Query row i (its q and dout at row n of Q and dO): out (and dq, with dO)
+-- into ro / rq at offsets oo / qo; returns its lse. P from the row's own fp64
+-- softmax; dq's D = dO . out from its own out. S: scratch of kl doubles.
+local function query_row(g, i, n, ql, kl, Q, K, V, dO, S, ro, oo, rq, qo)
   local d, dv, scale = g.dqk, g.dv, g.scale
   zero(ro, oo, dv)
   if rq then zero(rq, qo, d) end
@@ -161,7 +174,7 @@ local function query_row(g, i, ql, kl, Q, K, V, dO, S, ro, oo, rq, qo)
   if jhi < jlo then return NINF end
   local m = NINF
   for j = jlo, jhi do
-    local s = scale * dot(Q, i * d, K, j * d, d)
+    local s = scale * dot(Q, n * d, K, j * d, d)
     S[j] = s
     if s > m then m = s end
   end
@@ -174,19 +187,19 @@ local function query_row(g, i, ql, kl, Q, K, V, dO, S, ro, oo, rq, qo)
   local inv = 1 / l
   for j = jlo, jhi do axpy(ro, oo, S[j] * inv, V, j * dv, dv) end
   if rq then
-    local D = dot(dO, i * dv, ro, oo, dv)
+    local D = dot(dO, n * dv, ro, oo, dv)
     for j = jlo, jhi do
       local p = S[j] * inv
-      axpy(rq, qo, scale * p * (dot(dO, i * dv, V, j * dv, dv) - D), K, j * d, d)
+      axpy(rq, qo, scale * p * (dot(dO, n * dv, V, j * dv, dv) - D), K, j * d, d)
     end
   end
   return m + log(l)
 end
 
--- Key row j: dk, dv into rk / rv at offsets ko / vo, summed over the
--- queries of every head of `heads` ({Q, dO, L, D}) that see it. Returns
--- false when a handed lse it needs is not finite.
-local function key_row(g, j, ql, kl, K, V, heads, rk, ko, rv, vo)
+-- Key row j (its k and v at K + kj, V + vj): dk, dv into rk / rv at offsets
+-- ko / vo, summed over the queries of every head of `heads` ({Q, dO, L, D})
+-- that see it. Returns false when a handed lse it needs is not finite.
+local function key_row(g, j, ql, kl, K, kj, V, vj, heads, rk, ko, rv, vo)
   local d, dv, scale = g.dqk, g.dv, g.scale
   zero(rk, ko, d)
   zero(rv, vo, dv)
@@ -198,8 +211,8 @@ local function key_row(g, j, ql, kl, K, V, heads, rk, ko, rv, vo)
       local li = L[i]
       if li ~= li or li == NINF or li == math.huge then ok = false
       else
-        local p = exp(scale * dot(Q, i * d, K, j * d, d) - li)
-        local ds = p * (dot(dO, i * dv, V, j * dv, dv) - D[i])
+        local p = exp(scale * dot(Q, i * d, K, kj, d) - li)
+        local ds = p * (dot(dO, i * dv, V, vj, dv) - D[i])
         axpy(rv, vo, p, dO, i * dv, dv)
         axpy(rk, ko, scale * ds, Q, i * d, d)
       end
@@ -210,17 +223,19 @@ end
 
 -- ---- sampling ---------------------------------------------------------------------------
 
--- The slices (b, h) with rows, and the rows of each: `total` spread evenly
--- over them (every row when `total` is nil or covers them all).
-local function sample(lens, heads, B, total, seed)
-  local slices, avail = {}, 0
+-- The slices (b, h) with rows (at most `most` of them, spread over all), and
+-- the rows of each: `total` spread evenly over them (every row when `total`
+-- is nil or covers them all).
+local function sample(lens, heads, B, total, seed, most)
+  local all, slices, avail = {}, {}, 0
   for b = 1, B do
     for h = 0, heads - 1 do
-      if lens[b] > 0 then
-        slices[#slices + 1] = { b = b - 1, h = h, n = lens[b] }
-        avail = avail + lens[b]
-      end
+      if lens[b] > 0 then all[#all + 1] = { b = b - 1, h = h, n = lens[b] } end
     end
+  end
+  for _, i in ipairs(verify.spread(#all, most or #all, seed)) do
+    slices[#slices + 1] = all[i + 1]
+    avail = avail + all[i + 1].n
   end
   local per = (total and total < avail) and max(1, ceil(total / #slices)) or math.huge
   for i, s in ipairs(slices) do s.rows = verify.spread(s.n, min(per, s.n), (seed or 1) * 7919 + i) end
@@ -245,7 +260,8 @@ function M.prepare(o)
   local rows_q = not o.all and ceil((o.elements or 1e5) / min(g.dqk, g.dv)) or nil
   local rows_k = rows_q and max(1, ceil(rows_q * (o.keys or 0.25))) or nil
   r.qslices = sample(g.ql, g.hq, g.b, rows_q, o.seed)
-  r.kslices = sample(g.kl, g.hkv, g.b, rows_k, (o.seed or 1) + 1)
+  -- key rows need every query of their slice: in a few slices (4, or one a rank), more rows each
+  r.kslices = sample(g.kl, g.hkv, g.b, rows_k, (o.seed or 1) + 1, not o.all and max(4, r.part[2]) or nil)
   local mine = function(i) return (i - 1) % r.part[2] == r.part[1] end
   -- the query rows' reference, slice by slice
   local nq = 0
@@ -255,35 +271,31 @@ function M.prepare(o)
   r.ref_dq = o.dout and doubles(nq * g.dqk) or nil
   local S, at = nil, 0
   local group = g.hq / g.hkv
+  local kv = {} -- the K and V slices of the last (b, hk)
   for i, s in ipairs(r.qslices) do
     if mine(i) then
       local b, h = s.b, s.h
       local ql, kl = g.ql[b + 1], g.kl[b + 1]
       local hk = floor(h / group)
-      local keep = {}
-      local Q, K, V, dO
-      keep.q, Q = slice(g, o.q, b, g.qs[b + 1], ql, h)
-      if kl > 0 then
-        keep.k, K = slice(g, o.k, b, g.ks[b + 1], kl, hk)
-        keep.v, V = slice(g, o.v, b, g.ks[b + 1], kl, hk)
+      if kl > 0 and kv.key ~= b * g.hkv + hk then
+        kv = { key = b * g.hkv + hk }
+        kv.k, kv.K = slice(g, o.k, b, g.ks[b + 1], kl, hk)
+        kv.v, kv.V = slice(g, o.v, b, g.ks[b + 1], kl, hk)
       end
-      if o.dout then keep.dout, dO = slice(g, o.dout, b, g.qs[b + 1], ql, h) end
+      -- the sampled rows of q and dout, one after the other: query_row's row n is rows[n + 1]
+      local qt, Q = pick(g, o.q, b, g.qs[b + 1], s.rows, h, g.dqk)
+      local dt, dO
+      if o.dout then dt, dO = pick(g, o.dout, b, g.qs[b + 1], s.rows, h, g.dv) end
       if not S or ffi.sizeof(S) < 8 * max(kl, 1) then S = doubles(kl) end
-      for _, row in ipairs(s.rows) do
-        r.ref_lse[at] = query_row(g, row, ql, kl, Q, K, V, dO, S, r.ref_out, at * g.dv, r.ref_dq, at * g.dqk)
+      for n, row in ipairs(s.rows) do
+        r.ref_lse[at] = query_row(g, row, n - 1, ql, kl, Q, kv.K, kv.V, dO, S, r.ref_out, at * g.dv, r.ref_dq,
+          at * g.dqk)
         at = at + 1
       end
-      keep = nil
+      qt, dt = nil, nil
     end
   end
   return r
-end
-
--- got (a slice's host rows) at the sampled rows into buf from offset `at` rows
-local function gather(buf, at, p, rows, width)
-  for n, row in ipairs(rows) do
-    for c = 0, width - 1 do buf[(at + n - 1) * width + c] = p[row * width + c] end
-  end
 end
 
 local function as_tensor(buf, n)
@@ -319,16 +331,13 @@ function R:check(got)
     if mine(i) then
       local b, h = s.b, s.h
       local ql = g.ql[b + 1]
-      for _, name in ipairs { "out", "dq" } do
+      for _, name in ipairs { "out", "dq", "lse" } do
         if got[name] then
-          local w = name == "out" and g.dv or g.dqk
-          local _, p = slice(g, got[name], b, g.qs[b + 1], ql, h)
-          gather(buf(name, self.nq * w), at, p, s.rows, w)
+          local w = name == "out" and g.dv or name == "dq" and g.dqk or 1
+          local t, p = pick(g, got[name], b, g.qs[b + 1], s.rows, h, w, name == "lse")
+          ffi.copy(buf(name, self.nq * w) + at * w, p, 8 * w * #s.rows)
+          t = nil
         end
-      end
-      if got.lse then
-        local _, p = slice(g, got.lse, b, g.qs[b + 1], ql, h, true)
-        gather(buf("lse", self.nq), at, p, s.rows, 1)
       end
       at = at + #s.rows
     end
@@ -350,8 +359,8 @@ function R:check(got)
         local ql, kl = g.ql[b + 1], g.kl[b + 1]
         local keep, heads = {}, {}
         local K, V
-        keep[#keep + 1], K = slice(g, self.k, b, g.ks[b + 1], kl, hk)
-        keep[#keep + 1], V = slice(g, self.v, b, g.ks[b + 1], kl, hk)
+        keep[#keep + 1], K = pick(g, self.k, b, g.ks[b + 1], s.rows, hk, g.dqk)
+        keep[#keep + 1], V = pick(g, self.v, b, g.ks[b + 1], s.rows, hk, g.dv)
         if ql > 0 then
           for h = hk * group, (hk + 1) * group - 1 do
             local hd = {}
@@ -366,11 +375,17 @@ function R:check(got)
           end
         end
         for n, row in ipairs(s.rows) do
-          local ok = key_row(g, row, ql, kl, K, V, heads, rk, (kat + n - 1) * g.dqk, rv, (kat + n - 1) * g.dv)
+          local ok = key_row(g, row, ql, kl, K, (n - 1) * g.dqk, V, (n - 1) * g.dv, heads, rk, (kat + n - 1) * g.dqk, rv,
+            (kat + n - 1) * g.dv)
           if not ok then bad_lse = bad_lse + 1 end
         end
-        if got.dk then gather(gk, kat, select(2, slice(g, got.dk, b, g.ks[b + 1], kl, hk)), s.rows, g.dqk) end
-        if got.dv then gather(gv, kat, select(2, slice(g, got.dv, b, g.ks[b + 1], kl, hk)), s.rows, g.dv) end
+        for _, x in ipairs { { got.dk, gk, g.dqk }, { got.dv, gv, g.dv } } do
+          if x[1] then
+            local t, p = pick(g, x[1], b, g.ks[b + 1], s.rows, hk, x[3])
+            ffi.copy(x[2] + kat * x[3], p, 8 * x[3] * #s.rows)
+            keep[#keep + 1] = t
+          end
+        end
         kat = kat + #s.rows
         keep, heads = nil, nil
       end
@@ -460,6 +475,6 @@ end
 
 -- Interpreted: they take raw pointers out of tensors and allocate after
 -- (bindings/distlab/tensor.lua's note); the loops they call stay compiled.
-for _, fn in ipairs { slice, M.prepare, R.check, R.gaps, as_tensor } do jit.off(fn) end
+for _, fn in ipairs { slice, pick, M.prepare, R.check, R.gaps, as_tensor } do jit.off(fn) end
 
 return M
