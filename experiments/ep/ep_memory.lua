@@ -16,6 +16,8 @@
 --       in the allocator's blocks), beside the driver's free-memory delta
 --       across the buffer's creation (the allocator's cache emptied first);
 --       writes DIR/ep-memory-gpu-<gpu>x<N>.md and .csv (rank 0's figures)
+-- Bytes only: no dispatch or combine runs (ep_bench checks their data), so
+-- the run says it checks no data and --plant has nothing to go into.
 --
 -- The other libraries' formulas, as their sources compute them:
 --   DeepEP, csrc/config.hpp LowLatencyLayout (v1, the layout pplx-kernels and
@@ -53,6 +55,8 @@ if world.backend ~= "meta" and not on_gpu then
   io.stderr:write("ep_memory: run it on the meta device (it counts bytes, it moves none) or on GPUs (--device cuda)\n")
   os.exit(2)
 end
+h:unchecked(on_gpu and "counts the EP buffer's bytes: it makes buffers and runs no dispatch or combine " ..
+  "(experiments/ep/ep_bench.lua checks those)" or "counts the EP buffer's bytes on meta: nothing runs")
 local B, H, E, K = h.opt.max_tokens, h.opt.hidden, h.opt.experts, h.opt.topk
 local Ns = {}
 for _, N in ipairs { 2, 4, 8, 16, 32, 64 } do if E % N == 0 then Ns[#Ns + 1] = N end end
