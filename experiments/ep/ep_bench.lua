@@ -222,12 +222,15 @@ local function run_ep(case)
     end,
     run = both,
     check = function()
-      local bad, msg = ep_ref.check_dispatch(o, st.recv, all)
+      local bad, msg, elements = ep_ref.check_dispatch(o, st.recv, all)
       local nc, cmsg = verify.close(out, ep_ref.combine_ref(o, all[me + 1]), ep_ref.COMBINE_TOL)
+      if bad + nc == 0 then
+        return 0, string.format("dispatch: %d elements received as sent; combine: %s", elements, cmsg)
+      end
       local msgs = {}
       if bad > 0 then msgs[#msgs + 1] = "dispatch: " .. msg end
       if nc > 0 then msgs[#msgs + 1] = "combine: " .. cmsg end
-      return bad + nc, #msgs > 0 and table.concat(msgs, "; ") or nil
+      return bad + nc, table.concat(msgs, "; ")
     end,
   }
   ep:free()

@@ -16,6 +16,7 @@
 --       in the allocator's blocks), beside the driver's free-memory delta
 --       across the buffer's creation (the allocator's cache emptied first);
 --       writes DIR/ep-memory-gpu-<gpu>x<N>.md and .csv (rank 0's figures)
+--
 -- Bytes only: no dispatch or combine runs (ep_bench checks their data), so
 -- the run says it checks no data and --plant has nothing to go into.
 --

@@ -9,6 +9,7 @@
 --     mask, window, align, scale, cu_seqlens_*), elements = 1e5, keys = 0.25, seed =,
 --     part = {r, C}, all = false }
 --   local n_wrong, msg, err, maxabs = R:check { out =, lse =, dq =, dk =, dv = }
+--       msg: what was wrong, or (n_wrong 0) what each comparison found (--show-checks)
 --
 -- Query rows: spread over every (sequence, query head) slice, about
 -- `elements` / d of them in all (every row where there are fewer), each with
@@ -394,7 +395,7 @@ function R:check(got)
     bufs.dk.n, bufs.dv.n = nk * g.dqk, nk * g.dv
   end
   -- a row that sees no key: lse -inf in both (then left out of the comparison), or wrong
-  local wrong, msgs, errs, maxabs = 0, {}, {}, {}
+  local wrong, msgs, errs, maxabs, fine = 0, {}, {}, {}, {}
   if got.lse and bufs.lse then
     local gp, rp, n_inf = bufs.lse.p, doubles(bufs.lse.n), 0
     ffi.copy(rp, refs.lse, 8 * bufs.lse.n)
@@ -421,6 +422,8 @@ function R:check(got)
       if w > 0 then
         wrong = wrong + w
         msgs[#msgs + 1] = name .. ": " .. msg
+      else
+        fine[#fine + 1] = name .. ": " .. msg
       end
     end
   end
@@ -435,7 +438,8 @@ function R:check(got)
       msgs[#msgs + 1] = msg
     end
   end
-  return wrong, #msgs > 0 and table.concat(msgs, "; ") or nil, errs, maxabs
+  -- the message: what was wrong, or (all fine) what each comparison found
+  return wrong, table.concat(wrong > 0 and msgs or fine, "; "), errs, maxabs
 end
 
 -- thd: rows outside the sequences of out, dq (query rows) and dk, dv (key
