@@ -80,13 +80,13 @@ for _, layout in ipairs({ "bshd", "thd" }) do
 end
 if on_cuda then
   -- Data: every schedule measured, once more on fresh inputs (one set per layout)
-  local checks = {}
+  local c
   for i, r in ipairs(ran) do
-    local c = checks[r.layout]
-    if not c then
+    if not c or c.x.layout ~= r.layout then -- layout by layout: one set of inputs at a time
+      c = nil
+      collectgarbage("collect")
       c = cpc.new { inputs = cpc.inputs { layout = r.layout, B = B, S = S, H = H, D = D, seed = 900 + i }, comm = world,
         elements = h.opt.check_elements, seed = i }
-      checks[r.layout] = c
     end
     local wrong, rel = c:verify(h, string.format("cudnn %s %s C=%d", r.layout, r.name, world.size), r.cp, world)
     h:print("cudnn_check %-4s %-19s %s (normwise error at most %.1e)", r.layout, r.name,

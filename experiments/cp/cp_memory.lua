@@ -170,13 +170,13 @@ if not on_meta then
   world:barrier()
   -- Data: every schedule measured, once more on fresh inputs (one set per layout), checked
   local cpc = require "distlab.bench.cp_check"
-  local checks = {}
+  local c
   for i, r in ipairs(rows) do
-    local c = checks[r.layout]
-    if not c then
+    if not c or c.x.layout ~= r.layout then -- the rows come layout by layout: one set of inputs at a time
+      c = nil
+      collectgarbage("collect")
       c = cpc.new { inputs = cpc.inputs { layout = r.layout, B = B, S = S, H = H, D = D, seed = 700 + i }, comm = world,
         elements = h.opt.check_elements, seed = i }
-      checks[r.layout] = c
     end
     r.wrong = c:verify(h, string.format("%s %s CP=%d", r.layout, r.strategy, r.C), r.cp, r.comm)
     if world.rank == world.size - 1 then
