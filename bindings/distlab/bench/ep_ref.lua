@@ -99,11 +99,14 @@ function M.e4m3_code(v)
   return sign + lo
 end
 
--- The fp32 scale of 128 values v[0..127] (a function of the index) and 1 / it as the
--- quantizer multiplies by it: amax = max(1e-4, max |v|), scale = amax / 448, inv = 448 / amax.
-local function group_scale(get, base)
+-- The fp32 scale of the 128 bf16 values at px[base ..] and 1 / it as the quantizer
+-- multiplies by it: amax = max(1e-4, max |v|), scale = amax / 448, inv = 448 / amax.
+local function group_scale(px, base)
   local amax = M.f32(1e-4)
-  for i = 0, 127 do amax = math.max(amax, abs(get(base + i))) end
+  for i = 0, 127 do
+    local a = abs(BF16[px[base + i]])
+    if a > amax then amax = a end
+  end
   return M.f32(amax / 448), M.f32(448 / amax)
 end
 M.group_scale = group_scale
@@ -122,20 +125,19 @@ end
 
 local function ptr(t, ct) return ffi.cast(ct, T.data_ptr(t)) end
 
--- bf16 row t of x (uint16 [T, H]) value i
-local function xval(px, H, t, i) return M.bf16_value(px[t * H + i]) end
-
--- The values token t of source input `inp` arrives with: bf16 as it is; fp8 through the
--- quantizer (codes[H], scales[H/128] into the given arrays). Returns an accessor of value i.
-local function arrived(o, inp, t, codes, scales)
-  local H, px = o.H, inp.px
-  if o.dtype ~= "fp8" then return function(i) return xval(px, H, t, i) end end
-  for g = 0, H / 128 - 1 do
-    local s, inv = group_scale(function(i) return xval(px, H, t, i) end, g * 128)
-    scales[g] = s
-    for i = g * 128, g * 128 + 127 do codes[i] = M.e4m3_code(M.f32(xval(px, H, t, i) * inv)) end
+-- The values bf16 row t of px (uint16 [T, H]) arrives with, into vals[0 .. H-1]: itself,
+-- or (fp8) through the quantizer, dequantized. (No closures in these loops: LuaJIT
+-- compiles none where a function is made.)
+local function arrived(fp8, px, H, t, vals)
+  local base = t * H
+  if not fp8 then
+    for i = 0, H - 1 do vals[i] = BF16[px[base + i]] end
+    return
   end
-  return function(i) return M.e4m3_value(codes[i]) * scales[floor(i / 128)] end
+  for g = 0, H / 128 - 1 do
+    local s, inv = group_scale(px, base + g * 128)
+    for i = g * 128, g * 128 + 127 do vals[i] = M.e4m3_value(M.e4m3_code(M.f32(BF16[px[base + i]] * inv))) * s end
+  end
 end
 
 -- Pointers into every source's inputs (kept with them).
@@ -165,8 +167,8 @@ end
 -- The key a row is found by: its bytes (bf16), or its first 128 codes and first scale (fp8).
 local function sent_key(o, inp, t, scratch)
   if o.dtype ~= "fp8" then return ffi.string(inp.px + t * o.H, 2 * o.H) end
-  local s, inv = group_scale(function(i) return xval(inp.px, o.H, t, i) end, 0)
-  for i = 0, 127 do scratch.c[i] = M.e4m3_code(M.f32(xval(inp.px, o.H, t, i) * inv)) end
+  local s, inv = group_scale(inp.px, t * o.H)
+  for i = 0, 127 do scratch.c[i] = M.e4m3_code(M.f32(BF16[inp.px[t * o.H + i]] * inv)) end
   scratch.f[0] = s
   return ffi.string(scratch.c, 128) .. ffi.string(scratch.f, 4)
 end
@@ -176,23 +178,24 @@ local function recv_key(o, rx, rs, row)
   return ffi.string(ffi.cast("uint8_t*", rx) + row * o.H, 128) .. ffi.string(rs + row * (o.H / 128), 4)
 end
 
--- fp8 row `row` of recv against x row t of inp: scales equal to amax / 448, values within
--- the format's bound; sums for the bias. Returns the values off.
-local function fp8_row(o, inp, t, rx, rs, row, acc)
-  local H, off = o.H, 0
+-- fp8 row `row` of recv (codes at rx, scales at rs) against bf16 row t of px: scales
+-- equal to amax / 448, values within the format's bound. Returns the values off and
+-- the sums <e, x>, <x, x>, <e x, e x> (e = deq - x) for the bias.
+local function fp8_row(H, px, t, rx, rs, row)
+  local off, dot, xx, ex2 = 0, 0, 0, 0
   local codes = ffi.cast("uint8_t*", rx) + row * H
   for g = 0, H / 128 - 1 do
-    local s = group_scale(function(i) return xval(inp.px, H, t, i) end, g * 128)
+    local s = group_scale(px, t * H + g * 128)
     local got_s = rs[row * (H / 128) + g]
     if got_s ~= s then off = off + 128 end
     for i = g * 128, g * 128 + 127 do
-      local x, d = xval(inp.px, H, t, i), M.e4m3_value(codes[i]) * got_s
-      local e = d - x
+      local x = BF16[px[t * H + i]]
+      local e = M.e4m3_value(codes[i]) * got_s - x
       if not (abs(e) <= 2 ^ -4 * abs(x) + 2 ^ -10 * s) then off = off + 1 end
-      acc.dot, acc.xx, acc.ex2, acc.n = acc.dot + e * x, acc.xx + x * x, acc.ex2 + (e * x) ^ 2, acc.n + 1
+      dot, xx, ex2 = dot + e * x, xx + x * x, ex2 + (e * x) * (e * x)
     end
   end
-  return off
+  return off, dot, xx, ex2
 end
 
 -- recv: the dispatch's outputs (device tensors); all[s + 1]: source s's inputs.
@@ -249,7 +252,8 @@ function M.check_dispatch(o, recv, all)
         else
           elements = elements + H
           if o.dtype == "fp8" then
-            local off = fp8_row(o, hit.inp, hit.t, rx, rs, r, acc)
+            local off, d1, d2, d3 = fp8_row(H, hit.inp.px, hit.t, rx, rs, r)
+            acc.dot, acc.xx, acc.ex2, acc.n = acc.dot + d1, acc.xx + d2, acc.ex2 + d3, acc.n + H
             if off > 0 then
               wrong = wrong + off
               say("row %d of %s %d (token %d of rank %d): %d fp8 values off their x (scale or bound)", r,
@@ -286,6 +290,20 @@ end
 
 -- ---- the experts and the combine ---------------------------------------------------------
 
+-- fp8 rows (codes at rx, scales at rs) dequantized into pv
+local function dequant(rx, rs, rows, H, pv)
+  local codes = ffi.cast("uint8_t*", rx)
+  for r = 0, rows - 1 do
+    for i = 0, H - 1 do pv[r * H + i] = M.e4m3_value(codes[r * H + i]) * rs[r * (H / 128) + floor(i / 128)] end
+  end
+end
+
+-- c * v rounded to bf16 (the f64 tensor v scaled in place), as a f64 tensor: the
+-- library's own conversion, the same wherever an expert's output is formed
+local function rounded(v, c)
+  return T.to(T.to(T.mul_(v, c), "bf16"), "f64")
+end
+
 -- y for the rows of recv (this rank's experts): {[slot] = {rows =, y = cpu bf16 [rows, H]}}
 function M.expert_outputs(o, recv)
   local N, me, B, H, K = o.N, o.me, o.B, o.H, o.K
@@ -299,27 +317,25 @@ function M.expert_outputs(o, recv)
     local rows = math.max(0, math.min(pc[slot], em and N * B or B))
     if rows > 0 then
       local hx = host(T.narrow(T.select(recv.x, 1, slot + 1), 1, 1, rows))
-      local hs = recv.scales and host(T.narrow(T.select(recv.scales, 1, slot + 1), 1, 1, rows))
-      local rx, rs = T.data_ptr(hx), hs and ptr(hs, "float*")
-      local y = tensor.empty({ rows, H }, { dtype = "bf16", device = "cpu" })
-      local py = ptr(y, "uint16_t*")
-      local fp8 = o.dtype == "fp8"
-      local codes, vals = ffi.cast("uint8_t*", rx), ffi.cast("uint16_t*", rx)
-      for r = 0, rows - 1 do
-        local c
-        if em then c = M.coef(me * L + slot)
-        else
-          c = 0
-          local at = (slot * B + r) * K
+      local v
+      if o.dtype == "fp8" then
+        local hs = host(T.narrow(T.select(recv.scales, 1, slot + 1), 1, 1, rows))
+        v = tensor.empty({ rows, H }, { dtype = "f64", device = "cpu" })
+        dequant(T.data_ptr(hx), ptr(hs, "float*"), rows, H, ptr(v, "double*"))
+      else
+        v = T.to(hx, "f64")
+      end
+      local y
+      if em then y = T.to(T.mul_(v, M.coef(me * L + slot)), "bf16")
+      else
+        for r = 0, rows - 1 do
+          local c, at = 0, (slot * B + r) * K
           for k = 0, K - 1 do
             if pid[at + k] >= 0 then c = c + pw[at + k] * M.coef(me * L + pid[at + k]) end
           end
+          T.mul_(T.narrow(v, 1, r + 1, 1), c)
         end
-        for i = 0, H - 1 do
-          local v = fp8 and M.e4m3_value(codes[r * H + i]) * rs[r * (H / 128) + floor(i / 128)]
-            or M.bf16_value(vals[r * H + i])
-          py[r * H + i] = M.bf16_bits(c * v)
-        end
+        y = T.to(v, "bf16")
       end
       out[slot] = { rows = rows, y = y }
     end
@@ -332,39 +348,33 @@ function M.combine_ref(o, inp)
   prepared({ inp })
   local N, H, K = o.N, o.H, o.K
   local L = o.E / N
-  local ref = tensor.empty({ inp.T, H }, { dtype = "f64", device = "cpu" })
-  local pr = ptr(ref, "double*")
-  local codes, scales = ffi.new("uint8_t[?]", H), ffi.new("float[?]", H / 128)
-  local rank_w = ffi.new("double[?]", N)
+  local ref = T.fill_(tensor.empty({ inp.T, H }, { dtype = "f64", device = "cpu" }), 0)
+  local vals = tensor.empty({ H }, { dtype = "f64", device = "cpu" })
+  local pv = ptr(vals, "double*")
   for t = 0, inp.T - 1 do
-    local val = arrived(o, inp, t, codes, scales)
-    if o.output == "expert_major" then
-      for i = 0, H - 1 do
-        local v, s = val(i), 0
-        for k = 0, K - 1 do
-          local e = inp.pi[t * K + k]
-          if e >= 0 then s = s + inp.pw[t * K + k] * M.bf16_value(M.bf16_bits(M.coef(e) * v)) end
-        end
-        pr[t * H + i] = s
-      end
-    else
-      -- each rank's row: its selections' weighted coefficients, in k order, as expert_outputs sums them
-      for q = 0, N - 1 do rank_w[q] = 0 / 0 end
-      for k = 0, K - 1 do
-        local e = inp.pi[t * K + k]
-        if e >= 0 then
+    arrived(o.dtype == "fp8", inp.px, H, t, pv)
+    local row = T.narrow(ref, 1, t + 1, 1)
+    -- the weighted coefficient of each expert's row (expert_major), or of each rank's (rank_major,
+    -- its selections in k order, as expert_outputs sums them)
+    local parts, order = {}, {}
+    for k = 0, K - 1 do
+      local e = inp.pi[t * K + k]
+      if e >= 0 then
+        if o.output == "expert_major" then
+          order[#order + 1] = { c = M.coef(e), w = inp.pw[t * K + k] }
+        else
           local q = floor(e / L)
-          local c = inp.pw[t * K + k] * M.coef(e)
-          rank_w[q] = rank_w[q] ~= rank_w[q] and c or rank_w[q] + c
+          if not parts[q] then
+            parts[q] = { c = 0, w = 1 }
+            order[#order + 1] = parts[q]
+          end
+          parts[q].c = parts[q].c + inp.pw[t * K + k] * M.coef(e)
         end
       end
-      for i = 0, H - 1 do
-        local v, s = val(i), 0
-        for q = 0, N - 1 do
-          if rank_w[q] == rank_w[q] then s = s + M.bf16_value(M.bf16_bits(rank_w[q] * v)) end
-        end
-        pr[t * H + i] = s
-      end
+    end
+    for _, x in ipairs(order) do
+      local r = rounded(T.clone(vals), x.c)
+      T.add_(row, T.view(r, 1, H), x.w)
     end
   end
   return ref
@@ -372,6 +382,6 @@ end
 
 -- Interpreted: they take raw pointers out of tensors and allocate after
 -- (bindings/distlab/tensor.lua's note).
-for _, fn in ipairs { host, ptr, prepared, M.check_dispatch, M.expert_outputs, M.combine_ref } do jit.off(fn) end
+for _, fn in ipairs { host, ptr, prepared, rounded, M.check_dispatch, M.expert_outputs, M.combine_ref } do jit.off(fn) end
 
 return M
