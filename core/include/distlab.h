@@ -685,8 +685,56 @@ typedef struct dl_gemm_stats {
   int64_t heuristics; /* cublasLtMatmulAlgoGetHeuristic queries (algorithm cache misses) */
   int64_t cached;     /* configurations in the cache now                           */
   int64_t version;    /* cublasLtGetVersion() of the library loaded; 0: none yet   */
+  int64_t grouped_cublas; /* grouped calls run by cublasGemmGroupedBatchedEx            */
+  int64_t grouped_loop;   /* grouped calls run as one cuBLASLt GEMM per group           */
+  int64_t cublas_version; /* cuBLAS (major*10000 + minor*100 + patch) loaded; 0: none yet */
 } dl_gemm_stats_t;
 int dl_gemm_stats(dl_gemm_stats_t *out);
+
+/* ---- grouped GEMM: one GEMM per expert ----------------------------------
+ * The expert GEMMs of a MoE layer on what ep:dispatch hands over: rows of x
+ * grouped by expert, counts[e] rows for expert e of E, either expert-major
+ * ([E, R, .]: rows r < counts[e] of x[e]; rows past the count are neither
+ * read nor written) or packed ([T, .]: expert e's rows follow those of the
+ * experts before it; rows past the sum are neither read nor written).
+ *   DL_GEMM_FWD    a = x [.., K], b = w [E, K, N]    out [.., N]: Y_e = X_e W_e
+ *   DL_GEMM_DGRAD  a = dy [.., N], b = w [E, K, N]   out [.., K]: dX_e = dY_e W_e^T
+ *   DL_GEMM_WGRAD  a = x [.., K], b = dy [.., N]     out [E, K, N]: dW_e = X_e^T dY_e
+ *                  (an expert with no rows: dW_e = 0, or unchanged when accumulating)
+ * out has a's rows layout (fwd, dgrad). Inputs both bf16 or both f16,
+ * products summed in fp32 (fp64 in the cpu twin), out their dtype or f32;
+ * each matrix any strides with a unit stride in one of its two dimensions
+ * (w of [E, N, K] transposed is fine). counts: host_counts (E values) when
+ * not NULL, else the tensor counts (int32 or int64 [E], on cpu or on a's
+ * device: read back to the host, a wait for the stream, refused inside a
+ * graph capture). Backends on cuda: DL_GEMM_GROUPED_CUBLAS, cuBLAS's
+ * cublasGemmGroupedBatchedEx (one launch; libcublas opened at run time as
+ * cuBLASLt is); DL_GEMM_GROUPED_LOOP, one cuBLASLt GEMM per expert (dl_gemm's
+ * algorithm cache) spread over `streams` side streams joined back to s (0: 1,
+ * the calling stream alone); DL_GEMM_GROUPED_AUTO picks (core/ops/gemm/grouped.c
+ * says how). workspace NULL: DL_GEMM_WORKSPACE_BYTES plus the pointer arrays
+ * from the allocator under "gemm_workspace", given back stream-ordered (on
+ * meta charged and given back; nothing runs). accumulate: out += the products
+ * (out must be given). *out NULL: allocated (out_dtype, current memory tag). */
+enum { DL_GEMM_FWD = 0, DL_GEMM_DGRAD = 1, DL_GEMM_WGRAD = 2 };
+enum { DL_GEMM_GROUPED_AUTO = 0, DL_GEMM_GROUPED_CUBLAS = 1, DL_GEMM_GROUPED_LOOP = 2 };
+enum { DL_GEMM_GROUPED_MAX = 4096, DL_GEMM_GROUPED_MAX_STREAMS = 8 };
+typedef struct dl_gemm_grouped_opts {
+  int32_t op;              /* DL_GEMM_FWD, DL_GEMM_DGRAD or DL_GEMM_WGRAD               */
+  int32_t backend;         /* DL_GEMM_GROUPED_*                                          */
+  int32_t streams;         /* loop: side streams, 0..DL_GEMM_GROUPED_MAX_STREAMS         */
+  int32_t out_dtype;       /* of an allocated out: DL_BF16, DL_F16, DL_F32; -1: a's       */
+  int32_t accumulate;      /* out += the products                                        */
+  int32_t chosen;          /* set by the call: the backend that ran (cpu/meta: AUTO)     */
+  int64_t groups;          /* E; with host_counts, its length                            */
+  const int64_t *host_counts; /* E counts on the host, or NULL                          */
+  const dl_tensor_t *counts;  /* else int32/int64 [E]                                   */
+  dl_tensor_t *workspace;  /* cuda: contiguous, >= dl_gemm_grouped_workspace_bytes(E)   */
+} dl_gemm_grouped_opts_t;
+int dl_gemm_grouped(dl_gemm_grouped_opts_t *o, const dl_tensor_t *a, const dl_tensor_t *b,
+                    dl_tensor_t **out, dl_stream_t *s);
+/* Bytes of the workspace a grouped call over `groups` experts takes. */
+int64_t dl_gemm_grouped_workspace_bytes(int64_t groups);
 
 /* ---- overlap: symmetric workspace and flags for comm + GEMM schedules ------
  * What the schedules of distlab.overlap (all-gather + GEMM, GEMM +

@@ -33,6 +33,16 @@ typedef struct dl_gemm_args {
  * hundred. stream is ignored. */
 int dl_gemm_cpu(const dl_gemm_args_t *g, void *stream);
 
+/* The grouped GEMM's twin: g[0..groups) one after the other, each as
+ * dl_gemm_cpu (fp64 sums); a group with k = 0 writes beta * c (0). */
+int dl_gemm_grouped_cpu(const dl_gemm_args_t *g, int64_t groups, void *stream);
+
+/* cuda: dst[i] = src[i] for i < n, src a host array of device pointers
+ * (kernels/gemm/gemm_grouped.cu): the pointer arrays of cuBLAS's grouped
+ * GEMM written by kernels whose arguments carry them, so that the call is
+ * ordered on stream and a graph capture records it. */
+int dl_gemm_pointers_cuda(void **dst, void *const *src, int64_t n, void *stream);
+
 #ifdef __cplusplus
 }
 #endif

@@ -129,8 +129,7 @@ static const char *status_name(cublasStatus_t st) {
 
 /* ---- the library ---------------------------------------------------------- */
 
-/* The folder of the libcudart we run with, "" when unknown. */
-static void cudart_dir(char *buf, size_t len) {
+void dl_gemm_cudart_dir(char *buf, size_t len) {
   Dl_info info;
   buf[0] = 0;
   if (!dladdr((void *)cudaGetDeviceCount, &info) || !info.dli_fname) return;
@@ -181,7 +180,7 @@ static int load(void) {
     found = try_open(env, tried, sizeof tried);
   } else {
     static const char *names[] = {"libcublasLt.so.13", "libcublasLt.so.12"};
-    cudart_dir(dir, sizeof dir);
+    dl_gemm_cudart_dir(dir, sizeof dir);
     for (int i = 0; i < 2 && !found; i++) found = try_open(names[i], tried, sizeof tried);
     for (int i = 0; i < 2 && !found && dir[0]; i++) {
       char path[512];
@@ -440,27 +439,53 @@ static int lookup(const int64_t key[KEY], entry_t **out, int *fresh) {
 
 /* ---- one GEMM ----------------------------------------------------------------- */
 
+/* How cuBLAS(Lt) sees g, column-major: d' = op(x) op(y), rows x cols, with
+ * d' = d^T = b^T a^T when d is row-major (unit column stride), else d = a b.
+ * The grouped GEMM's cuBLAS path maps each group with it too. */
+typedef struct mapped {
+  const dl_gemm_mat_t *x, *y;
+  int64_t rows, cols;
+  operand_t ox, oy, oc, od;
+} mapped_t;
+
+static int map_operands(const dl_gemm_args_t *g, mapped_t *mp) {
+  const int rowmajor = !(g->d.rs == 1 && g->m > 1) && (g->d.cs == 1 || g->n == 1);
+  mp->x = rowmajor ? &g->b : &g->a;
+  mp->y = rowmajor ? &g->a : &g->b;
+  mp->rows = rowmajor ? g->n : g->m;
+  mp->cols = rowmajor ? g->m : g->n;
+  /* row-major: x = b^T (n x k), y = a^T (k x m); else x = a (m x k), y = b (k x n) */
+  DL_TRY(operand(rowmajor ? "b" : "a", mp->x, rowmajor ? g->k : g->m, rowmajor ? g->n : g->k,
+                 rowmajor, &mp->ox));
+  DL_TRY(operand(rowmajor ? "a" : "b", mp->y, rowmajor ? g->m : g->k, rowmajor ? g->k : g->n,
+                 rowmajor, &mp->oy));
+  DL_TRY(operand("out", &g->d, g->m, g->n, rowmajor, &mp->od));
+  DL_TRY(operand("c", &g->c, g->m, g->n, rowmajor, &mp->oc));
+  if (mp->od.op != CUBLAS_OP_N || mp->oc.op != CUBLAS_OP_N)
+    return DL_ERR(DL_EINVAL, "gemm: out and c must have the same layout (both row-major or both "
+                  "column-major)");
+  return DL_OK;
+}
+
+int dl_gemm_lt_map(const dl_gemm_args_t *g, dl_gemm_cm_t *cm) {
+  mapped_t mp;
+  DL_TRY(map_operands(g, &mp));
+  *cm = (dl_gemm_cm_t){mp.x->data, mp.y->data, g->d.data, mp.ox.op, mp.oy.op, mp.rows,
+                       mp.cols, g->k, mp.ox.ld, mp.oy.ld, mp.od.ld};
+  return DL_OK;
+}
+
 static int run_locked(const dl_gemm_args_t *g, int dev, void *ws, int64_t ws_bytes,
                       void *stream) {
   DL_TRY(load());
   DL_CHECK_ARG(dev >= 0 && dev < MAX_DEVS, "gemm: cuda:%d is beyond the %d devices handled", dev,
                MAX_DEVS);
   if (!handles[dev]) LT_CHECK(lt.Create(&handles[dev]));
-  /* d row-major (unit column stride): d^T = b^T a^T; else d = a b */
-  const int rowmajor = !(g->d.rs == 1 && g->m > 1) && (g->d.cs == 1 || g->n == 1);
-  const dl_gemm_mat_t *x = rowmajor ? &g->b : &g->a, *y = rowmajor ? &g->a : &g->b;
-  const int64_t rows = rowmajor ? g->n : g->m, cols = rowmajor ? g->m : g->n;
-  operand_t ox, oy, oc, od;
-  /* row-major: x = b^T (n x k), y = a^T (k x m); else x = a (m x k), y = b (k x n) */
-  DL_TRY(operand(rowmajor ? "b" : "a", x, rowmajor ? g->k : g->m, rowmajor ? g->n : g->k,
-                 rowmajor, &ox));
-  DL_TRY(operand(rowmajor ? "a" : "b", y, rowmajor ? g->m : g->k, rowmajor ? g->k : g->n,
-                 rowmajor, &oy));
-  DL_TRY(operand("out", &g->d, g->m, g->n, rowmajor, &od));
-  DL_TRY(operand("c", &g->c, g->m, g->n, rowmajor, &oc));
-  if (od.op != CUBLAS_OP_N || oc.op != CUBLAS_OP_N)
-    return DL_ERR(DL_EINVAL, "gemm: out and c must have the same layout (both row-major or both "
-                  "column-major)");
+  mapped_t mp;
+  DL_TRY(map_operands(g, &mp));
+  const dl_gemm_mat_t *x = mp.x, *y = mp.y;
+  const int64_t rows = mp.rows, cols = mp.cols;
+  const operand_t ox = mp.ox, oy = mp.oy, oc = mp.oc, od = mp.od;
   const int64_t align[4] = {align_of(x->data), align_of(y->data), align_of(g->c.data),
                             align_of(g->d.data)};
   int tune;

@@ -12,42 +12,15 @@
 
 #include "mem/alloc.h"
 #include "base/device.h"
+#include "gemm_cublas.h"
+#include "gemm_internal.h"
 #include "gemm_lt.h"
 
-static int is_half(int dt) { return dt == DL_BF16 || dt == DL_F16; }
-
-/* [lo, hi): the bytes a view touches (an empty view touches none). */
-static void extent(const dl_view_t *v, uintptr_t *lo, uintptr_t *hi) {
-  int64_t a = 0, b = 0;
-  for (int d = 0; d < v->ndim; d++) {
-    int64_t span = (v->shape[d] - 1) * v->strides[d];
-    if (span < 0) a += span;
-    else b += span;
-  }
-  const int es = dl_dtype_size(v->dtype);
-  *lo = (uintptr_t)v->data + (uintptr_t)(a * es);
-  *hi = v->numel ? (uintptr_t)v->data + (uintptr_t)((b + 1) * es) : *lo;
-}
-
-static int overlaps(const dl_view_t *x, const dl_view_t *y) {
-  if (!x->data || !y->data || !x->numel || !y->numel) return 0;
-  uintptr_t xl, xh, yl, yh;
-  extent(x, &xl, &xh);
-  extent(y, &yl, &yh);
-  return xl < yh && yl < xh;
-}
-
-/* Column-major-like (unit row stride, columns apart by at least a column)
- * or row-major-like: what cuBLASLt can take without a copy, asked of every
- * device so that a script behaves the same on each. A size-1 dimension
- * takes any stride. */
 static int col_major(const dl_view_t *v) {
-  const int64_t r = v->shape[0], c = v->shape[1];
-  return (v->strides[0] == 1 || r == 1) && (c == 1 || v->strides[1] >= (r > 1 ? r : 1));
+  return dl_gemm_col_major(v->shape[0], v->shape[1], v->strides[0], v->strides[1]);
 }
 static int row_major(const dl_view_t *v) {
-  const int64_t r = v->shape[0], c = v->shape[1];
-  return (v->strides[1] == 1 || c == 1) && (r == 1 || v->strides[0] >= (c > 1 ? c : 1));
+  return dl_gemm_row_major(v->shape[0], v->shape[1], v->strides[0], v->strides[1]);
 }
 
 static int matrix(const char *name, const dl_tensor_t *t, dl_view_t *v) {
@@ -80,7 +53,7 @@ static int prepare(const dl_gemm_opts_t *o, const dl_tensor_t *a, const dl_tenso
   DL_TRY(matrix("a", a, &va));
   DL_TRY(matrix("b", b, &vb));
   DL_TRY(same_device("b", b, a));
-  DL_CHECK_ARG(is_half(va.dtype) && vb.dtype == va.dtype,
+  DL_CHECK_ARG(dl_gemm_is_half(va.dtype) && vb.dtype == va.dtype,
                "gemm: a and b must both be bf16 or both f16, got %s and %s",
                dl_dtype_name(va.dtype), dl_dtype_name(vb.dtype));
   DL_CHECK_ARG(va.shape[1] == vb.shape[0], "gemm: a is [%lld, %lld] but b is [%lld, %lld] (a's "
@@ -107,9 +80,9 @@ static int prepare(const dl_gemm_opts_t *o, const dl_tensor_t *a, const dl_tenso
   DL_CHECK_ARG(vd.shape[0] == m && vd.shape[1] == n,
                "gemm: out is [%lld, %lld] but a @ b is [%lld, %lld]", (long long)vd.shape[0],
                (long long)vd.shape[1], (long long)m, (long long)n);
-  DL_CHECK_ARG(!overlaps(&vd, &va) && !overlaps(&vd, &vb),
+  DL_CHECK_ARG(!dl_gemm_overlaps(&vd, &va) && !dl_gemm_overlaps(&vd, &vb),
                "gemm: out overlaps %s in memory (cuBLASLt would read what it writes)",
-               overlaps(&vd, &va) ? "a" : "b");
+               dl_gemm_overlaps(&vd, &va) ? "a" : "b");
   vc = vd;
   if (o->c) {
     DL_TRY(matrix("c", o->c, &vc));
@@ -120,7 +93,7 @@ static int prepare(const dl_gemm_opts_t *o, const dl_tensor_t *a, const dl_tenso
                  (long long)m, (long long)n);
     const int is_out = vc.data == vd.data && vc.strides[0] == vd.strides[0] &&
                        vc.strides[1] == vd.strides[1];
-    DL_CHECK_ARG(is_out || !overlaps(&vd, &vc), "gemm: c overlaps out without being out itself");
+    DL_CHECK_ARG(is_out || !dl_gemm_overlaps(&vd, &vc), "gemm: c overlaps out without being out itself");
     DL_CHECK_ARG(vd.numel == 0 || (row_major(&vc) && row_major(&vd)) ||
                      (col_major(&vc) && col_major(&vd)),
                  "gemm: c and out must both be row-major or both column-major");
@@ -210,6 +183,8 @@ int dl_gemm_stats(dl_gemm_stats_t *out) {
   memset(out, 0, sizeof *out);
 #ifdef DL_WITH_CUDA
   dl_gemm_lt_stats(out);
+  dl_gemm_cublas_stats(out);
 #endif
+  dl_gemm_grouped_stats(out);
   return DL_OK;
 }

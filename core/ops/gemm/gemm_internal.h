@@ -1,0 +1,49 @@
+/*
+ * gemm_internal.h — the operand checks that dl_gemm (core/ops/gemm/gemm.c)
+ * and dl_gemm_grouped (core/ops/gemm/grouped.c) share, so both refuse the
+ * same layouts with the same words on every device.
+ */
+#ifndef DISTLAB_GEMM_INTERNAL_H
+#define DISTLAB_GEMM_INTERNAL_H
+
+#include <stdint.h>
+
+#include "base/internal.h"
+
+static inline int dl_gemm_is_half(int dt) { return dt == DL_BF16 || dt == DL_F16; }
+
+/* [lo, hi): the bytes a view touches (an empty view touches none). */
+static inline void dl_gemm_extent(const dl_view_t *v, uintptr_t *lo, uintptr_t *hi) {
+  int64_t a = 0, b = 0;
+  for (int d = 0; d < v->ndim; d++) {
+    int64_t span = (v->shape[d] - 1) * v->strides[d];
+    if (span < 0) a += span;
+    else b += span;
+  }
+  const int es = dl_dtype_size(v->dtype);
+  *lo = (uintptr_t)v->data + (uintptr_t)(a * es);
+  *hi = v->numel ? (uintptr_t)v->data + (uintptr_t)((b + 1) * es) : *lo;
+}
+
+static inline int dl_gemm_overlaps(const dl_view_t *x, const dl_view_t *y) {
+  if (!x->data || !y->data || !x->numel || !y->numel) return 0;
+  uintptr_t xl, xh, yl, yh;
+  dl_gemm_extent(x, &xl, &xh);
+  dl_gemm_extent(y, &yl, &yh);
+  return xl < yh && yl < xh;
+}
+
+/* An r x c matrix with element strides rs, cs: column-major-like (unit row
+ * stride, columns apart by at least a column) or row-major-like, what
+ * cuBLAS(Lt) takes without a copy. A size-1 dimension takes any stride. */
+static inline int dl_gemm_col_major(int64_t r, int64_t c, int64_t rs, int64_t cs) {
+  return (rs == 1 || r == 1) && (c == 1 || cs >= (r > 1 ? r : 1));
+}
+static inline int dl_gemm_row_major(int64_t r, int64_t c, int64_t rs, int64_t cs) {
+  return (cs == 1 || c == 1) && (r == 1 || rs >= (c > 1 ? c : 1));
+}
+
+/* The grouped GEMM's counters (core/ops/gemm/grouped.c), for dl_gemm_stats. */
+void dl_gemm_grouped_stats(dl_gemm_stats_t *out);
+
+#endif

@@ -1,0 +1,592 @@
+/*
+ * grouped.c — dl_gemm_grouped: the expert GEMMs of a MoE layer, one GEMM
+ * per expert over the rows ep:dispatch grouped by expert (distlab.h says
+ * which three GEMMs and which layouts).
+ *
+ * Every call: check the operands (dtypes, shapes, devices, a unit stride in
+ * each matrix, no output overlapping an input), bring the counts to the host
+ * and check them (each within the rows an expert has, or their sum within
+ * the packed rows), allocate what the caller left out (out under the current
+ * memory tag; on cuda and meta the workspace, DL_GEMM_WORKSPACE_BYTES plus
+ * the pointer arrays, under "gemm_workspace", given back stream-ordered),
+ * then describe each expert's GEMM as dl_gemm's arguments (pointers and
+ * element strides, transposes as swapped strides: no copies) and run them:
+ *   cpu   the fp64 twin, expert after expert (kernels/gemm/cpu/gemm_grouped.c)
+ *   meta  nothing (out and the workspace are charged)
+ *   cuda  backend CUBLAS: one cublasGemmGroupedBatchedEx (core/ops/gemm/cublas.c);
+ *         backend LOOP: one cuBLASLt GEMM per expert through dl_gemm's
+ *         algorithm cache (core/ops/gemm/cublaslt.c), on `streams` side
+ *         streams (expert i on stream i mod streams) that wait for the
+ *         calling stream and that it waits for afterwards, each with its
+ *         slice of the workspace; 0 or 1: the calling stream alone.
+ * Experts with no rows run nothing; in the weight gradient their dW is
+ * zeroed (left as it is when accumulating), since no GEMM writes it.
+ *
+ * AUTO, until the bench's table (experiments/gemm/grouped_bench.lua, its
+ * results in experiments/results/gemm/) says better: cuBLASLt's kernels use
+ * Hopper's warp-group MMA, and NVIDIA described cuBLAS's grouped kernels as
+ * warp-level MMA (12.5's introduction of the API), so a GEMM per expert
+ * should win once every expert's GEMM fills the GPU alone: LOOP (one
+ * stream) when every expert's output has at least as many 128 x 128 tiles as
+ * the device has SMs, else CUBLAS, which keeps the SMs busy across experts.
+ * Where cuBLAS refuses the dtypes (an f32 out, say) AUTO takes LOOP and
+ * remembers it for the process.
+ */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/device.h"
+#include "gemm_cublas.h"
+#include "gemm_internal.h"
+#include "gemm_lt.h"
+#include "mem/alloc.h"
+#include "tensor/elementwise.h"
+
+enum { PTR_ALIGN = 256, TILE = 128 };
+
+static const char *op_name(int op) {
+  return op == DL_GEMM_FWD ? "gemm.grouped" : op == DL_GEMM_DGRAD ? "gemm.grouped_dx"
+                                                                   : "gemm.grouped_dw";
+}
+
+int64_t dl_gemm_grouped_workspace_bytes(int64_t groups) {
+  const int64_t ptrs = (3 * (groups > 0 ? groups : 0) * (int64_t)sizeof(void *) + PTR_ALIGN - 1) /
+                       PTR_ALIGN * PTR_ALIGN;
+  return ptrs + DL_GEMM_WORKSPACE_BYTES;
+}
+
+/* ---- operands ------------------------------------------------------------- */
+
+/* Rows grouped by expert: expert-major [E, R, cols] (experts > 0) or packed
+ * [T, cols] (experts = 0, cap = T). */
+typedef struct rows {
+  const char *name;
+  char *data;
+  int dtype;
+  int64_t experts, cap, cols;
+  int64_t es, rs, cs; /* expert, row and column strides, in elements */
+} rows_t;
+
+static int rows_of(const char *fn, const char *name, const dl_view_t *v, rows_t *r) {
+  DL_CHECK_ARG(v->ndim == 2 || v->ndim == 3, "%s: %s must be [E, R, columns] (expert-major) or "
+               "[T, columns] (packed), got %d dimensions", fn, name, v->ndim);
+  const int x = v->ndim == 3;
+  *r = (rows_t){name, v->data, v->dtype, x ? v->shape[0] : 0, v->shape[x], v->shape[x + 1],
+                x ? v->strides[0] : 0, v->strides[x], v->strides[x + 1]};
+  DL_CHECK_ARG(v->numel == 0 || dl_gemm_row_major(r->cap, r->cols, r->rs, r->cs) ||
+                   dl_gemm_col_major(r->cap, r->cols, r->rs, r->cs),
+               "%s: %s has strides (%lld, %lld) in its last two dimensions: each expert's matrix "
+               "needs a unit stride in one of them and the other at least that dimension's size "
+               "(make it contiguous)", fn, name, (long long)r->rs, (long long)r->cs);
+  return DL_OK;
+}
+
+static const char *layout_name(const rows_t *r) { return r->experts ? "expert-major" : "packed"; }
+
+/* The rows of expert e (first row `first` of the packed rows) as a matrix,
+ * or its transpose. */
+static dl_gemm_mat_t rows_mat(const rows_t *r, int64_t e, int64_t first, int trans) {
+  const int64_t at = r->experts ? e * r->es : first * r->rs;
+  dl_gemm_mat_t m = {r->data + at * dl_dtype_size(r->dtype), trans ? r->cs : r->rs,
+                     trans ? r->rs : r->cs, r->dtype};
+  return m;
+}
+
+/* w [E, K, N] (fwd, dgrad) or dw [E, K, N] (wgrad out). */
+static int experts_of(const char *fn, const char *name, const dl_view_t *v) {
+  DL_CHECK_ARG(v->ndim == 3, "%s: %s must be [E, K, N], got %d dimensions", fn, name, v->ndim);
+  DL_CHECK_ARG(v->numel == 0 ||
+                   dl_gemm_row_major(v->shape[1], v->shape[2], v->strides[1], v->strides[2]) ||
+                   dl_gemm_col_major(v->shape[1], v->shape[2], v->strides[1], v->strides[2]),
+               "%s: %s has strides (%lld, %lld) in its last two dimensions: each expert's matrix "
+               "needs a unit stride in one of them and the other at least that dimension's size "
+               "(make it contiguous)", fn, name, (long long)v->strides[1],
+               (long long)v->strides[2]);
+  return DL_OK;
+}
+
+/* Expert e's matrix [K, N] of a [E, K, N] view. */
+static dl_view_t expert_view(const dl_view_t *v, int64_t e) {
+  dl_view_t z = *v;
+  z.ndim = 2;
+  z.data = v->data + e * v->strides[0] * dl_dtype_size(v->dtype);
+  z.shape[0] = v->shape[1], z.shape[1] = v->shape[2];
+  z.strides[0] = v->strides[1], z.strides[1] = v->strides[2];
+  z.numel = z.shape[0] * z.shape[1];
+  return z;
+}
+
+static int same_device(const char *fn, const char *name, const dl_tensor_t *t,
+                       const dl_tensor_t *a, const char *aname) {
+  DL_CHECK_ARG(t->dev_type == a->dev_type && t->dev_index == a->dev_index,
+               "%s: %s is on %s:%d but %s is on %s:%d", fn, name, dl_device_type_name(t->dev_type),
+               t->dev_index, aname, dl_device_type_name(a->dev_type), a->dev_index);
+  return DL_OK;
+}
+
+/* ---- counts --------------------------------------------------------------- */
+
+#ifdef DL_WITH_CUDA
+static pthread_mutex_t counts_mu = PTHREAD_MUTEX_INITIALIZER;
+static void *pinned; /* DL_GEMM_GROUPED_MAX int64s, for the counts' trip to the host */
+
+/* n counts of es bytes each at dev_ptr, after the work queued on stream. */
+static int counts_from_device(const char *fn, const void *dev_ptr, int64_t n, int es,
+                              void *stream, void *host) {
+  enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  DL_CUDA_CHECK(cudaStreamIsCapturing((cudaStream_t)stream, &cs));
+  DL_CHECK_ARG(cs == cudaStreamCaptureStatusNone, "%s: counts on cuda cannot be read inside a CUDA "
+               "graph capture (pass them as a cpu tensor or a Lua list: a graph replays the "
+               "counts it was captured with)", fn);
+  pthread_mutex_lock(&counts_mu);
+  int rc = DL_OK;
+  cudaEvent_t ev = NULL;
+  if (!pinned && cudaMallocHost(&pinned, DL_GEMM_GROUPED_MAX * sizeof(int64_t)) != cudaSuccess) {
+    pinned = NULL;
+    rc = DL_ERR(DL_ECUDA, "%s: cudaMallocHost for the counts failed: %s", fn,
+                cudaGetErrorString(cudaGetLastError()));
+  }
+  if (!rc && (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) != cudaSuccess ||
+              cudaMemcpyAsync(pinned, dev_ptr, (size_t)n * es, cudaMemcpyDeviceToHost,
+                              (cudaStream_t)stream) != cudaSuccess ||
+              cudaEventRecord(ev, (cudaStream_t)stream) != cudaSuccess))
+    rc = DL_ERR(DL_ECUDA, "%s: reading the counts back: %s", fn,
+                cudaGetErrorString(cudaGetLastError()));
+  /* polled, so that a stream stuck upstream (a dispatch waiting for a peer) ends in an error */
+  const double t0 = dl_now_us(), limit = dl_timeout_s();
+  cudaError_t q = cudaSuccess;
+  while (!rc && (q = cudaEventQuery(ev)) == cudaErrorNotReady) {
+    if (dl_now_us() - t0 > limit * 1e6)
+      rc = DL_ERR(DL_ETIMEOUT, "%s: the counts on cuda were not ready within %.1f s (the work "
+                  "that writes them is stuck; DISTLAB_TIMEOUT sets the limit)", fn, limit);
+    else
+      dl_wait_pause(t0);
+  }
+  if (!rc && q != cudaSuccess)
+    rc = DL_ERR(DL_ECUDA, "%s: reading the counts back: %s", fn, cudaGetErrorString(q));
+  if (!rc) memcpy(host, pinned, (size_t)n * es);
+  if (ev) cudaEventDestroy(ev);
+  (void)cudaGetLastError();
+  pthread_mutex_unlock(&counts_mu);
+  return rc;
+}
+#endif
+
+/* The counts on the host (*cnt, E of them; NULL on meta, where a counts
+ * tensor holds no values), and E. */
+static int read_counts(const char *fn, const dl_gemm_grouped_opts_t *o, const dl_tensor_t *a,
+                       void *stream, int64_t **cnt, int64_t *E) {
+  *cnt = NULL;
+  if (o->host_counts) {
+    DL_CHECK_ARG(o->groups >= 0 && o->groups <= DL_GEMM_GROUPED_MAX, "%s: %lld counts (0..%d "
+                 "experts)", fn, (long long)o->groups, DL_GEMM_GROUPED_MAX);
+    *E = o->groups;
+    *cnt = malloc(sizeof(int64_t) * (size_t)(*E > 0 ? *E : 1));
+    if (!*cnt) return DL_ERR(DL_ENOMEM, "%s: out of host memory", fn);
+    memcpy(*cnt, o->host_counts, sizeof(int64_t) * (size_t)*E);
+    return DL_OK;
+  }
+  DL_CHECK_ARG(o->counts, "%s: no counts (a tensor or host counts)", fn);
+  dl_view_t v;
+  DL_TRY(dl_view_of(o->counts, &v));
+  DL_CHECK_ARG(v.ndim == 1 && (v.dtype == DL_I32 || v.dtype == DL_I64), "%s: counts must be int32 "
+               "or int64 [E], got %s with %d dimensions", fn, dl_dtype_name(v.dtype), v.ndim);
+  DL_CHECK_ARG(v.shape[0] <= DL_GEMM_GROUPED_MAX, "%s: counts has %lld entries (at most %d "
+               "experts)", fn, (long long)v.shape[0], DL_GEMM_GROUPED_MAX);
+  const int on_a = o->counts->dev_type == a->dev_type && o->counts->dev_index == a->dev_index;
+  DL_CHECK_ARG(o->counts->dev_type == DL_CPU || on_a, "%s: counts is on %s:%d; it must be on cpu "
+               "or on %s:%d with the inputs", fn, dl_device_type_name(o->counts->dev_type),
+               o->counts->dev_index, dl_device_type_name(a->dev_type), a->dev_index);
+  *E = v.shape[0];
+  if (o->counts->dev_type == DL_META) return DL_OK;
+  DL_CHECK_ARG(v.shape[0] <= 1 || v.strides[0] == 1, "%s: counts must be contiguous", fn);
+  int64_t *c = malloc(sizeof(int64_t) * (size_t)(*E > 0 ? *E : 1));
+  if (!c) return DL_ERR(DL_ENOMEM, "%s: out of host memory", fn);
+  const int es = dl_dtype_size(v.dtype);
+  const void *src = v.data;
+  void *raw = c; /* int32 counts land in the first half, then widen back to front */
+  int rc = DL_OK;
+#ifdef DL_WITH_CUDA
+  if (o->counts->dev_type == DL_CUDA && *E > 0) {
+    rc = dl_cuda_use(o->counts->dev_index);
+    if (!rc) rc = counts_from_device(fn, src, *E, es, stream, raw);
+  } else
+#endif
+  if (*E > 0) {
+    (void)stream;
+    memcpy(raw, src, (size_t)*E * es);
+  }
+  if (!rc && v.dtype == DL_I32)
+    for (int64_t e = *E - 1; e >= 0; e--) c[e] = ((const int32_t *)raw)[e];
+  if (rc) {
+    free(c);
+    return rc;
+  }
+  *cnt = c;
+  return DL_OK;
+}
+
+/* Each count within what x's layout holds. */
+static int check_counts(const char *fn, const int64_t *cnt, int64_t E, const rows_t *x) {
+  int64_t sum = 0;
+  for (int64_t e = 0; e < E; e++) {
+    DL_CHECK_ARG(cnt[e] >= 0, "%s: the count of expert %lld of %lld (1-based) is %lld; counts "
+                 "must be >= 0", fn, (long long)e + 1, (long long)E, (long long)cnt[e]);
+    DL_CHECK_ARG(!x->experts || cnt[e] <= x->cap, "%s: the count of expert %lld of %lld (1-based) "
+                 "is %lld, more than the %lld rows per expert of %s [%lld, %lld, %lld]", fn,
+                 (long long)e + 1, (long long)E, (long long)cnt[e], (long long)x->cap, x->name,
+                 (long long)x->experts, (long long)x->cap, (long long)x->cols);
+    sum += cnt[e];
+  }
+  DL_CHECK_ARG(x->experts || sum <= x->cap, "%s: the counts sum to %lld, more than the %lld rows "
+               "of %s (packed [T, %lld])", fn, (long long)sum, (long long)x->cap, x->name,
+               (long long)x->cols);
+  return DL_OK;
+}
+
+/* ---- the call's GEMMs ---------------------------------------------------- */
+
+typedef struct plan {
+  dl_gemm_args_t *g; /* the experts with rows, in order */
+  int64_t n;
+  int64_t *empty; /* wgrad: the experts with none (their dW to zero) */
+  int64_t n_empty;
+} plan_t;
+
+static void plan_free(plan_t *p) {
+  free(p->g);
+  free(p->empty);
+  memset(p, 0, sizeof *p);
+}
+
+/* x: the rows operand a; y: b's rows (wgrad) ; w: b's view (fwd, dgrad);
+ * d: out as rows (fwd, dgrad) or its view (wgrad). */
+static int plan_make(int op, const int64_t *cnt, int64_t E, const rows_t *x, const rows_t *y,
+                     const dl_view_t *w, const rows_t *drows, const dl_view_t *dw, double beta,
+                     plan_t *p) {
+  memset(p, 0, sizeof *p);
+  p->g = calloc((size_t)(E > 0 ? E : 1), sizeof *p->g);
+  p->empty = calloc((size_t)(E > 0 ? E : 1), sizeof *p->empty);
+  if (!p->g || !p->empty) {
+    plan_free(p);
+    return DL_ERR(DL_ENOMEM, "%s: out of host memory for %lld experts", op_name(op), (long long)E);
+  }
+  int64_t first = 0;
+  for (int64_t e = 0; e < E; first += cnt[e], e++) {
+    dl_gemm_args_t g;
+    memset(&g, 0, sizeof g);
+    g.alpha = 1;
+    g.beta = beta;
+    if (op == DL_GEMM_WGRAD) {
+      /* dW_e [K, N] = X_e^T [K, m_e] dY_e [m_e, N] */
+      if (cnt[e] == 0) {
+        p->empty[p->n_empty++] = e;
+        continue;
+      }
+      g.m = x->cols, g.n = y->cols, g.k = cnt[e];
+      g.a = rows_mat(x, e, first, 1);
+      g.b = rows_mat(y, e, first, 0);
+      g.d = (dl_gemm_mat_t){dw->data + e * dw->strides[0] * dl_dtype_size(dw->dtype),
+                            dw->strides[1], dw->strides[2], dw->dtype};
+    } else {
+      if (cnt[e] == 0) continue;
+      /* fwd: Y_e = X_e W_e, W_e [K, N]; dgrad: dX_e = dY_e W_e^T, W_e^T [N, K] */
+      const int t = op == DL_GEMM_DGRAD;
+      g.m = cnt[e], g.k = x->cols, g.n = t ? w->shape[1] : w->shape[2];
+      g.a = rows_mat(x, e, first, 0);
+      g.b = (dl_gemm_mat_t){w->data + e * w->strides[0] * dl_dtype_size(w->dtype),
+                            t ? w->strides[2] : w->strides[1], t ? w->strides[1] : w->strides[2],
+                            w->dtype};
+      g.d = rows_mat(drows, e, first, 0);
+    }
+    g.c = g.d;
+    p->g[p->n++] = g;
+  }
+  return DL_OK;
+}
+
+/* ---- cuda ------------------------------------------------------------------ */
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static int64_t n_loop;
+
+#ifdef DL_WITH_CUDA
+enum { MAX_DEVS = 16 };
+static struct side {
+  cudaStream_t s[DL_GEMM_GROUPED_MAX_STREAMS];
+  cudaEvent_t fork, join[DL_GEMM_GROUPED_MAX_STREAMS];
+  int sms;
+  int cublas_refused[2]; /* [out dtype is the inputs'] */
+} sides[MAX_DEVS];
+
+/* dev's side streams and events, made at the first use. Called with mu held. */
+static int side_of(int dev, int streams, struct side **out) {
+  DL_CHECK_ARG(dev >= 0 && dev < MAX_DEVS, "grouped gemm: cuda:%d is beyond the %d devices "
+               "handled", dev, MAX_DEVS);
+  struct side *sd = &sides[dev];
+  if (!sd->fork) DL_CUDA_CHECK(cudaEventCreateWithFlags(&sd->fork, cudaEventDisableTiming));
+  for (int i = 0; i < streams; i++) {
+    if (!sd->s[i]) DL_CUDA_CHECK(cudaStreamCreateWithFlags(&sd->s[i], cudaStreamNonBlocking));
+    if (!sd->join[i]) DL_CUDA_CHECK(cudaEventCreateWithFlags(&sd->join[i], cudaEventDisableTiming));
+  }
+  if (!sd->sms) DL_CUDA_CHECK(cudaDeviceGetAttribute(&sd->sms, cudaDevAttrMultiProcessorCount, dev));
+  *out = sd;
+  return DL_OK;
+}
+
+static int run_loop(const plan_t *p, int dev, struct side *sd, int streams, char *ws,
+                    int64_t ws_bytes, cudaStream_t st) {
+  if (streams <= 1) {
+    for (int64_t i = 0; i < p->n; i++) DL_TRY(dl_gemm_lt_run(&p->g[i], dev, ws, ws_bytes, st));
+    return DL_OK;
+  }
+  const int64_t slice = ws_bytes / streams / PTR_ALIGN * PTR_ALIGN;
+  DL_CUDA_CHECK(cudaEventRecord(sd->fork, st));
+  int used = (int)(p->n < streams ? p->n : streams), rc = DL_OK;
+  for (int j = 0; j < used; j++) DL_CUDA_CHECK(cudaStreamWaitEvent(sd->s[j], sd->fork, 0));
+  for (int64_t i = 0; i < p->n && !rc; i++)
+    rc = dl_gemm_lt_run(&p->g[i], dev, ws + (i % streams) * slice, slice, sd->s[i % streams]);
+  /* joined even after a failure, so the calling stream never runs ahead of the side work */
+  for (int j = 0; j < used; j++) {
+    DL_CUDA_CHECK(cudaEventRecord(sd->join[j], sd->s[j]));
+    DL_CUDA_CHECK(cudaStreamWaitEvent(st, sd->join[j], 0));
+  }
+  return rc;
+}
+
+/* AUTO (see the header): LOOP when every expert's output fills the device alone. */
+static int pick(const plan_t *p, const struct side *sd, int same_dtype) {
+  if (sd->cublas_refused[same_dtype]) return DL_GEMM_GROUPED_LOOP;
+  for (int64_t i = 0; i < p->n; i++) {
+    const int64_t tiles = (p->g[i].m + TILE - 1) / TILE * ((p->g[i].n + TILE - 1) / TILE);
+    if (tiles < sd->sms) return DL_GEMM_GROUPED_CUBLAS;
+  }
+  return DL_GEMM_GROUPED_LOOP;
+}
+
+static int run_cuda(dl_gemm_grouped_opts_t *o, const plan_t *p, const dl_tensor_t *a,
+                    const dl_view_t *dw, int64_t E, dl_stream_t *s) {
+  const char *fn = op_name(o->op);
+  const int dev = a->dev_index;
+  void *h = NULL;
+  DL_TRY(dl_stream_for(s, DL_CUDA, dev, &h));
+  DL_TRY(dl_cuda_use(dev));
+  const int64_t need = dl_gemm_grouped_workspace_bytes(E);
+  char *ws = NULL;
+  dl_storage_t *st = NULL;
+  if (o->workspace) {
+    dl_view_t vw;
+    DL_TRY(dl_tensor_arg(o->workspace, "workspace", DL_CUDA, dev, fn, &vw));
+    const int64_t bytes = vw.numel * dl_dtype_size(vw.dtype);
+    DL_CHECK_ARG(bytes >= need, "%s: the workspace holds %lld bytes, %lld experts need %lld "
+                 "(dl.gemm.grouped_workspace_bytes)", fn, (long long)bytes, (long long)E,
+                 (long long)need);
+    DL_CHECK_ARG((uintptr_t)vw.data % PTR_ALIGN == 0, "%s: the workspace must start %d-byte "
+                 "aligned", fn, PTR_ALIGN);
+    ws = vw.data;
+  } else {
+    DL_TRY(dl_mem_tag_push("gemm_workspace"));
+    int rc = dl_storage_new(DL_CUDA, dev, need, h, &st);
+    dl_mem_tag_pop();
+    if (rc) return dl_error_context(rc, "%s: allocating the workspace", fn);
+    ws = st->ptr;
+  }
+  char *lt_ws = ws + (need - DL_GEMM_WORKSPACE_BYTES);
+  int rc = DL_OK;
+  /* the weight gradient of an expert without rows: no GEMM writes it */
+  for (int64_t i = 0; i < p->n_empty && !rc && !o->accumulate; i++) {
+    const dl_view_t z = expert_view(dw, p->empty[i]);
+    rc = dl_fill_cuda(&z, 0, h);
+  }
+  if (!rc && p->n > 0) {
+    pthread_mutex_lock(&mu);
+    struct side *sd = NULL;
+    const int streams = o->streams > 1 ? o->streams : 1;
+    rc = side_of(dev, streams, &sd);
+    const int same = p->g[0].a.dtype == p->g[0].d.dtype;
+    int backend = o->backend;
+    if (!rc && backend == DL_GEMM_GROUPED_AUTO) backend = pick(p, sd, same);
+    if (!rc && backend == DL_GEMM_GROUPED_CUBLAS) {
+      rc = dl_gemm_cublas_grouped(p->g, p->n, dev, (void **)ws, lt_ws, DL_GEMM_WORKSPACE_BYTES, h);
+      if (rc == DL_EUNSUPPORTED && o->backend == DL_GEMM_GROUPED_AUTO) {
+        sd->cublas_refused[same] = 1; /* AUTO takes the loop from now on */
+        dl_clear_error();
+        rc = DL_OK;
+        backend = DL_GEMM_GROUPED_LOOP;
+      }
+    }
+    if (!rc && backend == DL_GEMM_GROUPED_LOOP) {
+      rc = run_loop(p, dev, sd, streams, lt_ws, DL_GEMM_WORKSPACE_BYTES, (cudaStream_t)h);
+      if (!rc) n_loop++;
+    }
+    if (!rc) o->chosen = backend;
+    pthread_mutex_unlock(&mu);
+  }
+  if (st) dl_storage_release(st); /* stream-ordered: the next user of the block queues after us */
+  return rc;
+}
+#endif
+
+/* meta: the workspace a cuda call would take, charged and given back */
+static int account_workspace(const dl_tensor_t *a, int64_t E) {
+  dl_storage_t *st = NULL;
+  DL_TRY(dl_mem_tag_push("gemm_workspace"));
+  int rc = dl_storage_new(DL_META, a->dev_index, dl_gemm_grouped_workspace_bytes(E), NULL, &st);
+  dl_mem_tag_pop();
+  dl_storage_release(st);
+  return rc;
+}
+
+/* ---- the call ---------------------------------------------------------------- */
+
+/* What the call's operands say: E, the rows operands, the output's shape. */
+typedef struct call {
+  rows_t x, y, d;          /* a's rows; b's rows (wgrad); out's rows (fwd, dgrad) */
+  dl_view_t va, vb, vd;
+  int64_t E;
+  int nd;                  /* dimensions of out, and its shape */
+  int64_t shape[3];
+} call_t;
+
+static int check_inputs(const dl_gemm_grouped_opts_t *o, const dl_tensor_t *a, const dl_tensor_t *b,
+                        int64_t E_counts, call_t *c) {
+  const char *fn = op_name(o->op);
+  const int wg = o->op == DL_GEMM_WGRAD;
+  const char *an = o->op == DL_GEMM_DGRAD ? "dy" : "x", *bn = wg ? "dy" : "w";
+  DL_CHECK_ARG(a, "%s: %s is NULL", fn, an);
+  DL_CHECK_ARG(b, "%s: %s is NULL", fn, bn);
+  DL_TRY(dl_view_of(a, &c->va));
+  DL_TRY(dl_view_of(b, &c->vb));
+  DL_TRY(same_device(fn, bn, b, a, an));
+  DL_CHECK_ARG(dl_gemm_is_half(c->va.dtype) && c->vb.dtype == c->va.dtype, "%s: %s and %s must "
+               "both be bf16 or both f16, got %s and %s", fn, an, bn, dl_dtype_name(c->va.dtype),
+               dl_dtype_name(c->vb.dtype));
+  DL_TRY(rows_of(fn, an, &c->va, &c->x));
+  if (wg) {
+    DL_TRY(rows_of(fn, bn, &c->vb, &c->y));
+    DL_CHECK_ARG(c->x.experts == c->y.experts && c->x.cap == c->y.cap, "%s: x is %s with %lld "
+                 "rows%s but dy is %s with %lld rows%s (the same rows, laid out alike)", fn,
+                 layout_name(&c->x), (long long)c->x.cap, c->x.experts ? " per expert" : "",
+                 layout_name(&c->y), (long long)c->y.cap, c->y.experts ? " per expert" : "");
+    c->E = c->x.experts ? c->x.experts : E_counts;
+    c->nd = 3;
+    c->shape[0] = c->E, c->shape[1] = c->x.cols, c->shape[2] = c->y.cols;
+  } else {
+    DL_TRY(experts_of(fn, bn, &c->vb));
+    c->E = c->vb.shape[0];
+    const int64_t K = c->vb.shape[1], N = c->vb.shape[2];
+    const int64_t want = o->op == DL_GEMM_FWD ? K : N, give = o->op == DL_GEMM_FWD ? N : K;
+    DL_CHECK_ARG(c->x.cols == want, "%s: %s has %lld columns but w is [%lld, %lld, %lld] (it "
+                 "must have %lld: w's %s)", fn, an, (long long)c->x.cols, (long long)c->E,
+                 (long long)K, (long long)N, (long long)want, o->op == DL_GEMM_FWD ? "K" : "N");
+    c->nd = c->va.ndim;
+    for (int d = 0; d < c->nd - 1; d++) c->shape[d] = c->va.shape[d];
+    c->shape[c->nd - 1] = give;
+  }
+  if (c->x.experts)
+    DL_CHECK_ARG(c->x.experts == c->E, "%s: %s has %lld experts but %s %lld", fn, an,
+                 (long long)c->x.experts, wg ? "the counts have" : "w has", (long long)c->E);
+  DL_CHECK_ARG(E_counts == c->E, "%s: the counts have %lld entries but %s %lld experts", fn,
+               (long long)E_counts, wg ? an : "w has", (long long)c->E);
+  return DL_OK;
+}
+
+static int check_out(const dl_gemm_grouped_opts_t *o, const dl_tensor_t *a, dl_tensor_t **out,
+                     dl_stream_t *s, call_t *c, dl_tensor_t **made) {
+  const char *fn = op_name(o->op);
+  DL_CHECK_ARG(out, "%s: the out slot is NULL", fn);
+  DL_CHECK_ARG(*out || !o->accumulate, "%s: accumulate adds into out: give out", fn);
+  if (!*out) {
+    const int dt = o->out_dtype < 0 ? c->va.dtype : o->out_dtype;
+    DL_CHECK_ARG(dt == c->va.dtype || dt == DL_F32, "%s: out_dtype %s with %s inputs (it must be "
+                 "%s or f32)", fn, dl_dtype_name(dt), dl_dtype_name(c->va.dtype),
+                 dl_dtype_name(c->va.dtype));
+    DL_TRY(dl_tensor_empty(made, dt, c->nd, c->shape, a->dev_type, a->dev_index, s));
+    *out = *made;
+  }
+  DL_TRY(dl_view_of(*out, &c->vd));
+  DL_TRY(same_device(fn, "out", *out, a, o->op == DL_GEMM_DGRAD ? "dy" : "x"));
+  DL_CHECK_ARG(c->vd.dtype == c->va.dtype || c->vd.dtype == DL_F32, "%s: out is %s with %s inputs "
+               "(it must be %s or f32)", fn, dl_dtype_name(c->vd.dtype), dl_dtype_name(c->va.dtype),
+               dl_dtype_name(c->va.dtype));
+  const int64_t *want = c->shape;
+  int same = c->vd.ndim == c->nd;
+  for (int d = 0; same && d < c->nd; d++) same = c->vd.shape[d] == want[d];
+  if (!same) {
+    char have[96] = "", need[96] = "";
+    for (int d = 0; d < c->vd.ndim; d++)
+      snprintf(have + strlen(have), sizeof have - strlen(have), "%s%lld", d ? ", " : "",
+               (long long)c->vd.shape[d]);
+    for (int d = 0; d < c->nd; d++)
+      snprintf(need + strlen(need), sizeof need - strlen(need), "%s%lld", d ? ", " : "",
+               (long long)want[d]);
+    return DL_ERR(DL_EINVAL, "%s: out is [%s] but must be [%s]", fn, have, need);
+  }
+  if (o->op == DL_GEMM_WGRAD) DL_TRY(experts_of(fn, "out", &c->vd));
+  else DL_TRY(rows_of(fn, "out", &c->vd, &c->d));
+  DL_CHECK_ARG(!dl_gemm_overlaps(&c->vd, &c->va) && !dl_gemm_overlaps(&c->vd, &c->vb), "%s: out "
+               "overlaps %s in memory (the GEMMs would read what they write)", fn,
+               dl_gemm_overlaps(&c->vd, &c->va) ? (o->op == DL_GEMM_DGRAD ? "dy" : "x")
+                                                : (o->op == DL_GEMM_WGRAD ? "dy" : "w"));
+  return DL_OK;
+}
+
+int dl_gemm_grouped(dl_gemm_grouped_opts_t *o, const dl_tensor_t *a, const dl_tensor_t *b,
+                    dl_tensor_t **out, dl_stream_t *s) {
+  DL_CHECK_ARG(o, "gemm.grouped: opts is NULL");
+  DL_CHECK_ARG(o->op >= DL_GEMM_FWD && o->op <= DL_GEMM_WGRAD, "gemm.grouped: op %d (0 fwd, 1 "
+               "dgrad, 2 wgrad)", o->op);
+  const char *fn = op_name(o->op);
+  DL_CHECK_ARG(o->backend >= DL_GEMM_GROUPED_AUTO && o->backend <= DL_GEMM_GROUPED_LOOP,
+               "%s: backend %d (0 auto, 1 cublas, 2 loop)", fn, o->backend);
+  DL_CHECK_ARG(o->streams >= 0 && o->streams <= DL_GEMM_GROUPED_MAX_STREAMS, "%s: streams is %d, "
+               "outside 0..%d", fn, o->streams, DL_GEMM_GROUPED_MAX_STREAMS);
+  DL_CHECK_ARG(a, "%s: %s is NULL", fn, o->op == DL_GEMM_DGRAD ? "dy" : "x");
+  o->chosen = DL_GEMM_GROUPED_AUTO;
+  void *h = NULL;
+  DL_TRY(dl_stream_for(s, a->dev_type, a->dev_index, &h));
+  int64_t *cnt = NULL, E = 0;
+  DL_TRY(read_counts(fn, o, a, h, &cnt, &E));
+  call_t c;
+  dl_tensor_t *made = NULL;
+  plan_t p = {0};
+  int rc = check_inputs(o, a, b, E, &c);
+  if (!rc && cnt) rc = check_counts(fn, cnt, E, &c.x);
+  if (!rc) rc = check_out(o, a, out, s, &c, &made);
+  if (!rc && o->workspace && a->dev_type == DL_CPU)
+    rc = DL_ERR(DL_EINVAL, "%s: a workspace is for cuda (and meta, which counts it); x is on cpu", fn);
+  if (!rc && a->dev_type == DL_META) {
+    if (!o->workspace) rc = account_workspace(a, E);
+  } else if (!rc) {
+    rc = plan_make(o->op, cnt, E, &c.x, &c.y, &c.vb, &c.d, &c.vd, o->accumulate ? 1 : 0, &p);
+    if (!rc && a->dev_type == DL_CPU) {
+      for (int64_t i = 0; i < p.n_empty && !rc && !o->accumulate; i++) {
+        const dl_view_t z = expert_view(&c.vd, p.empty[i]);
+        rc = dl_fill_cpu(&z, 0, NULL);
+      }
+      if (!rc) rc = dl_gemm_grouped_cpu(p.g, p.n, NULL);
+    } else if (!rc) {
+#ifdef DL_WITH_CUDA
+      rc = run_cuda(o, &p, a, &c.vd, E, s);
+#else
+      rc = DL_ERR(DL_EUNSUPPORTED, "%s on cuda needs a CUDA build (no nvcc at build time)", fn);
+#endif
+    }
+    plan_free(&p);
+  }
+  free(cnt);
+  if (rc && made) {
+    dl_tensor_free(made);
+    *out = NULL;
+  }
+  return rc;
+}
+
+void dl_gemm_grouped_stats(dl_gemm_stats_t *out) {
+  pthread_mutex_lock(&mu);
+  out->grouped_loop = n_loop;
+  pthread_mutex_unlock(&mu);
+}
