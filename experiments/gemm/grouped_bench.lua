@@ -40,11 +40,13 @@
 -- and scaled by a power of two of the backend's own (exact: no earlier output is right),
 -- out poisoned (NaN), the timed call once more; for 3 experts (the largest, the
 -- smallest, one between) 3 rows each against the fp64 product on the host
--- (verify.matmul_rows), each element within 2u |ref| + 2u rms(ref), normwise 1.5u
--- (u = 2^-8, bf16), bias 2^-10 (#wrong; any makes the exit code non-zero).
+-- (verify.matmul_rows), within the bounds of one rounding to bf16 (distlab.bench.gemm_check.tol:
+-- each element within 2u |ref| + 2u rms(ref), normwise 1.5u, u = 2^-8, bias 2^-10; #wrong:
+-- any makes the exit code non-zero).
 local dl = require "distlab"
 local bench = dl.bench
 local verify = require "distlab.bench.verify"
+local gemm_check = require "distlab.bench.gemm_check"
 
 local h = bench.harness {
   name = "grouped_bench", family = "gemm", tag = true,
@@ -179,7 +181,6 @@ if A.measured then
   for _, r in ipairs(recs) do measured[r.case .. "|" .. r.backend] = r end
 end
 
-local U = 2 ^ -8 -- bf16
 local FACTORS = { 0.5, 2, 0.25, 4, 0.125, 8 } -- a power of two per backend's check
 
 -- the operands of a case: a (x or dy), b (w or dy), out; and a's scalable copy for the checks
@@ -312,8 +313,7 @@ for ci, c in ipairs(cases) do
         fresh = function() bufs.a:copy_(bufs.a0):mul_(f) end,
         poison = { bufs.out }, run = r.call,
         check = function()
-          return verify.close(got_rows(bufs, picks, n_out), ref:clone():mul_(f),
-            { rtol = 2 * U, atol_rms = 2 * U, norm = 1.5 * U, bias = 2 ^ -10 })
+          return verify.close(got_rows(bufs, picks, n_out), ref:clone():mul_(f), gemm_check.tol("bf16"))
         end }
     end
     bufs = nil

@@ -3,9 +3,8 @@
  * cublasGemmGroupedBatchedEx (cuBLAS 12.5 or newer), libcublas opened at run
  * time as cublaslt.c opens cuBLASLt.
  *
- * Candidates, in order: $DISTLAB_CUBLAS (a file name or path),
- * libcublas.so.13 and .so.12 on the loader's paths, then the same names in
- * the folder of the libcudart we run with. A missing library or symbol (an
+ * Candidates, in order: libcublas.so.13 and .so.12 on the loader's paths,
+ * then the same names in the folder of the libcudart we run with. A missing library or symbol (an
  * older cuBLAS has no cublasGemmGroupedBatchedEx) is an error naming the
  * file and what to do; every cuBLAS status is checked and reported by name.
  *
@@ -112,25 +111,20 @@ static int bind_symbols(void) {
 static int load(void) {
   if (cb.lib) return DL_OK;
   char tried[2048] = "", dir[400];
-  const char *env = getenv("DISTLAB_CUBLAS");
+  static const char *names[] = {"libcublas.so.13", "libcublas.so.12"};
   int found = 0;
-  if (env && *env) {
-    found = try_open(env, tried, sizeof tried);
-  } else {
-    static const char *names[] = {"libcublas.so.13", "libcublas.so.12"};
-    dl_gemm_cudart_dir(dir, sizeof dir);
-    for (int i = 0; i < 2 && !found; i++) found = try_open(names[i], tried, sizeof tried);
-    for (int i = 0; i < 2 && !found && dir[0]; i++) {
-      char path[512];
-      snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-      found = try_open(path, tried, sizeof tried);
-    }
+  dl_gemm_cudart_dir(dir, sizeof dir);
+  for (int i = 0; i < 2 && !found; i++) found = try_open(names[i], tried, sizeof tried);
+  for (int i = 0; i < 2 && !found && dir[0]; i++) {
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+    found = try_open(path, tried, sizeof tried);
   }
   if (!found)
     return DL_ERR(DL_EUNSUPPORTED, "cannot load cuBLAS (libcublas), which the grouped GEMM's "
                   "cublas backend needs; tried:%s\ninstall the CUDA toolkit's cuBLAS, put the "
-                  "folder of libcublas.so.13 on LD_LIBRARY_PATH, set DISTLAB_CUBLAS to its path, "
-                  "or take backend \"loop\" (cuBLASLt alone)", tried);
+                  "folder of libcublas.so.13 on LD_LIBRARY_PATH, or take backend \"loop\" "
+                  "(cuBLASLt alone)", tried);
   int rc = bind_symbols();
   if (rc) {
     dlclose(cb.lib);
