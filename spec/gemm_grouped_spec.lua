@@ -162,16 +162,25 @@ for _, dev in ipairs(H.devices) do
       end
     end)
 
-    it("every expert full, one expert, all experts empty", function()
-      for _, counts in ipairs { { RW, RW, RW, RW, RW }, { 0, 0, 5, 0, 0 }, { 0, 0, 0, 0, 0 } } do
-        local x, w, dy, shape = operands("packed", "bf16", D, counts)
-        local y = nan(shape(N), "bf16", D)
-        dl.gemm.grouped(x, w, counts, y)
-        expect("fwd", y, x, w, counts)
-        assert.is_true(untouched(y, counts))
-        local dw = nan({ E, K, N }, "f32", D)
-        dl.gemm.grouped_dw(x, dy, counts, dw)
-        expect("wgrad", dw, x, dy, counts)
+    it("every expert full, uniform (one strided batch), runs of one shape, one expert, none", function()
+      for _, counts in ipairs { { RW, RW, RW, RW, RW }, { 7, 7, 7, 7, 7 }, { 4, 4, 0, 4, 9 }, { 6, 6, 6, 2, 2 },
+        { 0, 0, 5, 0, 0 }, { 0, 0, 0, 0, 0 } } do
+        for _, layout in ipairs { "expert_major", "packed" } do
+          for _, be in ipairs(BACKENDS[D]) do
+            local o = backend_opts(be)
+            local x, w, dy, shape = operands(layout, "bf16", D, counts)
+            local y = nan(shape(N), "bf16", D)
+            dl.gemm.grouped(x, w, counts, y, o)
+            expect("fwd", y, x, w, counts)
+            assert.is_true(untouched(y, counts))
+            local dx = nan(shape(K), "f32", D)
+            dl.gemm.grouped_dx(dy, w, counts, dx, o)
+            expect("dgrad", dx, dy, w, counts)
+            local dw = nan({ E, K, N }, "f32", D)
+            dl.gemm.grouped_dw(x, dy, counts, dw, o)
+            expect("wgrad", dw, x, dy, counts)
+          end
+        end
       end
     end)
 
@@ -326,6 +335,12 @@ describe("dl.gemm.grouped on cuda #gpu", function()
     expect("fwd", y, x, w, counts)
     local _, chosen = dl.gemm.grouped(x, w, c)
     assert.truthy(chosen == "cublas" or chosen == "loop", chosen)
+    -- uniform counts: the loop is one strided-batched cuBLASLt call, and auto takes it
+    local s2 = dl.gemm.stats()
+    local _, ran = dl.gemm.grouped(x, w, { 200, 200, 200, 200, 200 }, y)
+    assert.equal("loop", ran)
+    assert.equal(s2.calls + 1, dl.gemm.stats().calls)
+    expect("fwd", y, x, w, { 200, 200, 200, 200, 200 })
   end)
 
   it("a DeepSeek-like shape (H 7168, FFN 2048, 8 experts, skewed rows) with both backends", function()

@@ -35,9 +35,10 @@
 --     bf16 or f16 in, that dtype or f32 out, products summed in fp32 (fp64 on cpu)
 --     opts: out_dtype (of an allocated out), accumulate (out += the products;
 --       out must be given), backend ("auto" | "cublas" | "loop"; cuda only: cuBLAS's
---       grouped GEMM in one launch, or one cuBLASLt GEMM per expert), streams (loop:
---       side streams the experts are spread over, 0..8; default 0: the current
---       stream alone), workspace (cuda: a tensor of at least
+--       grouped GEMM in one launch, or one cuBLASLt GEMM per expert, experts of one
+--       shape as one strided-batched GEMM), streams (loop: side streams the GEMMs are
+--       spread over, 0..8; default 0: the current stream alone), workspace (cuda: a
+--       tensor of at least
 --       dl.gemm.grouped_workspace_bytes(E) bytes; default one from the allocator
 --       per call, under the memory tag "gemm_workspace"; meta charges it)
 --     backend (returned): "cublas" or "loop" where cuda ran, else the device type

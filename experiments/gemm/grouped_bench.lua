@@ -11,8 +11,9 @@
 --                      uN = N rows each, skew = 4096 .. 128); --gemms up,down; --ops fwd,dgrad,wgrad
 --     --hidden, --ffn  K and N of the up GEMM (default 7168, 2048; down: the other way)
 --     --backends LIST  what is timed (default auto,cublas,loop,loop4,auto_dev): auto, cublas,
---                      loop (one cuBLASLt GEMM per expert), loop4 (the same over 4 side
---                      streams), auto_dev (auto with the counts in an int32 tensor on the
+--                      loop (one cuBLASLt GEMM per expert; uniform counts: one strided-batched
+--                      call), loop4 (the same over 4 side streams, the largest GEMM first),
+--                      auto_dev (auto with the counts in an int32 tensor on the
 --                      device, as ep:dispatch leaves them: the call reads them back and waits)
 --     --iters N, --warm-ms, --min-ms   timed calls per row at least, warm-up and timed work
 --                      per row (default 10, 100, 200)
@@ -396,8 +397,10 @@ local function ver(v) return string.format("%d.%d.%d", math.floor(v / 10000), ma
 local extra = { "build: " .. dl.build_info(),
   (st.version > 0 and ("cuBLASLt " .. ver(st.version)) or "cuBLASLt not loaded") .. ", " ..
     (st.cublas_version > 0 and ("cuBLAS " .. ver(st.cublas_version)) or "cuBLAS not loaded") ..
-    " (cublas: cublasGemmGroupedBatchedEx, one problem per expert; loop: cublasLtMatmul per expert, the heuristic's "
-    .. "first fp32-partials algorithm, cached; loop4: over 4 side streams; auto: core/ops/gemm/grouped.c's rule)",
+    " (cublas: cublasGemmGroupedBatchedEx, one problem per expert, experts of one shape one group; loop: "
+    .. "cublasLtMatmul per expert, experts of one shape and evenly spaced one strided-batched call, the heuristic's "
+    .. "first fp32-partials algorithm, cached; loop4: over 4 side streams, the largest first; auto: "
+    .. "core/ops/gemm/grouped.c's rule)",
   "counts: Lua lists (no device read), but auto_dev: an int32 tensor on the device (read back, a wait per call)",
   "torch: " .. (torch_about or "not run (no --torch)"),
   "data checked after timing: per row and backend, fresh inputs scaled by a power of two of its own, out poisoned, "

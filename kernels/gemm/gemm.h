@@ -25,10 +25,14 @@ typedef struct dl_gemm_args {
   dl_gemm_mat_t a, b; /* a [m, k], b [k, n] */
   dl_gemm_mat_t c, d; /* c [m, n] the addend (read only when beta != 0), d [m, n] the result */
   double alpha, beta;
+  /* batch > 1: as many GEMMs, GEMM i's matrices i * sa, sb, sc, sd elements
+   * (>= 0) after the first's (the grouped GEMM's experts of one shape);
+   * 0 or 1: one GEMM */
+  int64_t batch, sa, sb, sc, sd;
 } dl_gemm_args_t;
 
 /* The reference: products summed in fp64, d = alpha * sum + beta * c
- * rounded at the end. Blocked (64 x 256 tiles of d, 256-deep
+ * rounded at the end, each GEMM of a batch in turn. Blocked (64 x 256 tiles of d, 256-deep
  * panels converted to fp64 once), so specs can afford shapes of a few
  * hundred. stream is ignored. */
 int dl_gemm_cpu(const dl_gemm_args_t *g, void *stream);

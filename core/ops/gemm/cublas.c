@@ -8,10 +8,10 @@
  * older cuBLAS has no cublasGemmGroupedBatchedEx) is an error naming the
  * file and what to do; every cuBLAS status is checked and reported by name.
  *
- * Each group is mapped onto column-major cuBLAS as dl_gemm maps one GEMM
- * (dl_gemm_lt_map: a row-major result is computed transposed, each operand
- * op N or op T from its own strides), one group per problem (group_size 1:
- * the sizes differ from expert to expert anyway). The problem sizes, ops,
+ * Each expert's GEMM is mapped onto column-major cuBLAS as dl_gemm maps one
+ * GEMM (dl_gemm_lt_map: a row-major result is computed transposed, each
+ * operand op N or op T from its own strides); consecutive experts of one
+ * shape make one cuBLAS group (uniform counts: a single group of E problems). The problem sizes, ops,
  * leading dimensions and scalars are host arrays; the A, B and C pointer
  * arrays are device memory that dl_gemm_pointers_cuda writes on the stream
  * (kernels/gemm/gemm_grouped.cu). The handle's workspace is the caller's
@@ -171,6 +171,7 @@ static int fill(const dl_gemm_args_t *g, int64_t n, arrays_t *a) {
     dl_gemm_cm_t cm;
     int rc = dl_gemm_lt_map(&g[i], &cm);
     if (rc) return dl_error_context(rc, "grouped gemm, group %lld", (long long)i);
+    DL_CHECK_ARG(g[i].batch <= 1, "grouped gemm (cublas): group %lld is a batch", (long long)i);
     DL_CHECK_ARG(g[i].c.data == g[i].d.data || g[i].beta == 0,
                  "grouped gemm (cublas): group %lld adds a c that is not its out", (long long)i);
     const int64_t dims[6] = {cm.rows, cm.cols, cm.k, cm.ldx, cm.ldy, cm.ldd};
@@ -190,6 +191,29 @@ static int fill(const dl_gemm_args_t *g, int64_t n, arrays_t *a) {
   return DL_OK;
 }
 
+/* Consecutive problems of one shape, ops, leading dimensions and scalars into
+ * one group (every expert alike: one group of E); the pointers stay one per
+ * problem, in order. Returns the number of groups. */
+static int64_t merge_groups(arrays_t *a, int64_t n) {
+  int64_t groups = 0;
+  for (int64_t i = 0; i < n; i++) {
+    const int64_t j = groups - 1;
+    if (groups > 0 && a->ta[i] == a->ta[j] && a->tb[i] == a->tb[j] && a->m[i] == a->m[j] &&
+        a->n[i] == a->n[j] && a->k[i] == a->k[j] && a->lda[i] == a->lda[j] &&
+        a->ldb[i] == a->ldb[j] && a->ldc[i] == a->ldc[j] && a->alpha[i] == a->alpha[j] &&
+        a->beta[i] == a->beta[j]) {
+      a->size[j]++;
+      continue;
+    }
+    a->ta[groups] = a->ta[i], a->tb[groups] = a->tb[i];
+    a->m[groups] = a->m[i], a->n[groups] = a->n[i], a->k[groups] = a->k[i];
+    a->lda[groups] = a->lda[i], a->ldb[groups] = a->ldb[i], a->ldc[groups] = a->ldc[i];
+    a->alpha[groups] = a->alpha[i], a->beta[groups] = a->beta[i];
+    a->size[groups++] = 1;
+  }
+  return groups;
+}
+
 static int run_locked(const dl_gemm_args_t *g, int64_t n, int dev, void **ptrs, void *ws,
                       int64_t ws_bytes, void *stream) {
   DL_TRY(load());
@@ -205,6 +229,7 @@ static int run_locked(const dl_gemm_args_t *g, int64_t n, int dev, void **ptrs, 
   void *blk = arrays_new(n, &a);
   if (!blk) return DL_ERR(DL_ENOMEM, "grouped gemm: out of host memory for %lld groups", (long long)n);
   int rc = fill(g, n, &a);
+  const int64_t groups = rc ? 0 : merge_groups(&a, n);
   if (!rc) rc = dl_gemm_pointers_cuda(ptrs, a.ptr, 3 * n, stream);
   cublasStatus_t st = CUBLAS_STATUS_SUCCESS;
   const char *what = "cublasSetStream";
@@ -217,7 +242,7 @@ static int run_locked(const dl_gemm_args_t *g, int64_t n, int dev, void **ptrs, 
     st = cb.GemmGroupedBatchedEx(handles[dev], a.ta, a.tb, a.m, a.n, a.k, a.alpha,
                                  (const void *const *)ptrs, cuda_type(dt_in), a.lda,
                                  (const void *const *)(ptrs + n), cuda_type(dt_in), a.ldb, a.beta,
-                                 ptrs + 2 * n, cuda_type(dt_out), a.ldc, (int)n, a.size,
+                                 ptrs + 2 * n, cuda_type(dt_out), a.ldc, (int)groups, a.size,
                                  CUBLAS_COMPUTE_32F);
     /* a dtype combination it lacks: NOT_SUPPORTED, or INVALID_VALUE for an output type
      * that is not the inputs' (what the documentation's table leaves out) */

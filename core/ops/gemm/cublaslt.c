@@ -35,6 +35,12 @@
  * pointers unless told: a kernel chosen for aligned rows must never see a
  * view at an odd offset.
  *
+ * A batch (dl_gemm_args_t.batch > 1: the grouped GEMM's experts of one
+ * shape, evenly spaced) is one strided-batched cublasLtMatmul: the layouts
+ * carry the batch count and each operand's stride, and the strides (with
+ * their alignment: every matrix of the batch must meet what the kernel may
+ * assume) are part of the key.
+ *
  * Opt-in tuning: DISTLAB_GEMM_TUNE=N (2..8; unset, 0 or 1: off, the first
  * candidate as above) times the first N candidates that qualify, at the
  * configuration's first call, and keeps the fastest (median of 3 runs after
@@ -64,7 +70,7 @@
 
 #include <cublasLt.h>
 
-enum { CACHE = 256, HEURISTIC_RESULTS = 8, MAX_DEVS = 16, MIN_MAJOR = 12, KEY = 18, TUNE_RUNS = 3 };
+enum { CACHE = 256, HEURISTIC_RESULTS = 8, MAX_DEVS = 16, MIN_MAJOR = 12, KEY = 23, TUNE_RUNS = 3 };
 
 static struct {
   void *lib;
@@ -80,6 +86,8 @@ static struct {
   cublasStatus_t (*MatrixLayoutCreate)(cublasLtMatrixLayout_t *, cudaDataType, uint64_t, uint64_t,
                                        int64_t);
   cublasStatus_t (*MatrixLayoutDestroy)(cublasLtMatrixLayout_t);
+  cublasStatus_t (*MatrixLayoutSetAttribute)(cublasLtMatrixLayout_t, cublasLtMatrixLayoutAttribute_t,
+                                             const void *, size_t);
   cublasStatus_t (*MatmulPreferenceCreate)(cublasLtMatmulPreference_t *);
   cublasStatus_t (*MatmulPreferenceDestroy)(cublasLtMatmulPreference_t);
   cublasStatus_t (*MatmulPreferenceSetAttribute)(cublasLtMatmulPreference_t,
@@ -158,6 +166,7 @@ static int bind_symbols(void) {
                 lt.path, MIN_MAJOR);
   SYM(Create) SYM(GetVersion) SYM(GetStatusName) SYM(MatmulDescCreate) SYM(MatmulDescDestroy)
   SYM(MatmulDescSetAttribute) SYM(MatrixLayoutCreate) SYM(MatrixLayoutDestroy)
+  SYM(MatrixLayoutSetAttribute)
   SYM(MatmulPreferenceCreate) SYM(MatmulPreferenceDestroy) SYM(MatmulPreferenceSetAttribute)
   SYM(MatmulAlgoGetHeuristic) SYM(MatmulAlgoConfigGetAttribute) SYM(Matmul)
 #undef SYM
@@ -347,9 +356,20 @@ static int tune_pick(entry_t *e, cublasLtHandle_t h, const cublasLtMatmulAlgo_t 
 
 /* Descriptors for key's GEMM x (op) @ y (op) -> d, and the heuristic's first
  * algorithm that fits ws_bytes (with tune > 1: the fastest of its first tune). */
+/* A batch of `batch` matrices (> 1), each `stride` elements after the one before. */
+static int layout_batch(cublasLtMatrixLayout_t l, int64_t batch, int64_t stride) {
+  const int32_t count = (int32_t)batch;
+  LT_CHECK(lt.MatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof count));
+  LT_CHECK(lt.MatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &stride,
+                                       sizeof stride));
+  return DL_OK;
+}
+
+/* bs: the batch and the strides of x, y, c, d ({1, ...}: one GEMM). */
 static int entry_make(entry_t *e, cublasLtHandle_t h, const operand_t *x, const operand_t *y,
                       const operand_t *c, const operand_t *d, int in_dt, int out_dt, int64_t k,
-                      const int64_t align[4], int64_t ws_bytes, int tune, const tune_args_t *t) {
+                      const int64_t bs[5], const int64_t align[4], int64_t ws_bytes, int tune,
+                      const tune_args_t *t) {
   const cublasOperation_t opx = (cublasOperation_t)x->op, opy = (cublasOperation_t)y->op;
   LT_CHECK(lt.MatmulDescCreate(&e->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   LT_CHECK(lt.MatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opx, sizeof opx));
@@ -358,6 +378,12 @@ static int entry_make(entry_t *e, cublasLtHandle_t h, const operand_t *x, const 
   LT_CHECK(lt.MatrixLayoutCreate(&e->lb, cuda_type(in_dt), y->lrows, y->lcols, y->ld));
   LT_CHECK(lt.MatrixLayoutCreate(&e->lc, cuda_type(out_dt), c->lrows, c->lcols, c->ld));
   LT_CHECK(lt.MatrixLayoutCreate(&e->ld, cuda_type(out_dt), d->lrows, d->lcols, d->ld));
+  if (bs[0] > 1) {
+    DL_TRY(layout_batch(e->la, bs[0], bs[1]));
+    DL_TRY(layout_batch(e->lb, bs[0], bs[2]));
+    DL_TRY(layout_batch(e->lc, bs[0], bs[3]));
+    DL_TRY(layout_batch(e->ld, bs[0], bs[4]));
+  }
   cublasLtMatmulPreference_t pref = NULL;
   LT_CHECK(lt.MatmulPreferenceCreate(&pref));
   const uint64_t ws = (uint64_t)ws_bytes;
@@ -486,21 +512,35 @@ static int run_locked(const dl_gemm_args_t *g, int dev, void *ws, int64_t ws_byt
   const dl_gemm_mat_t *x = mp.x, *y = mp.y;
   const int64_t rows = mp.rows, cols = mp.cols;
   const operand_t ox = mp.ox, oy = mp.oy, oc = mp.oc, od = mp.od;
-  const int64_t align[4] = {align_of(x->data), align_of(y->data), align_of(g->c.data),
-                            align_of(g->d.data)};
+  /* a batch: the strides of x and y (b and a when d is row-major), and of c and d */
+  const int64_t batch = g->batch > 1 ? g->batch : 1;
+  const int64_t bs[5] = {batch, batch > 1 ? (x == &g->a ? g->sa : g->sb) : 0,
+                         batch > 1 ? (y == &g->a ? g->sa : g->sb) : 0, batch > 1 ? g->sc : 0,
+                         batch > 1 ? g->sd : 0};
+  const void *ptrs[4] = {x->data, y->data, g->c.data, g->d.data};
+  const int es[4] = {dl_dtype_size(x->dtype), dl_dtype_size(y->dtype), dl_dtype_size(g->c.dtype),
+                     dl_dtype_size(g->d.dtype)};
+  int64_t align[4];
+  for (int i = 0; i < 4; i++) { /* every matrix of a batch: the base and the stride's alignment */
+    align[i] = align_of(ptrs[i]);
+    const int64_t sa = align_of((const void *)(uintptr_t)(bs[i + 1] * es[i]));
+    if (batch > 1 && sa < align[i]) align[i] = sa;
+  }
   int tune;
   DL_TRY(tune_count(&tune));
   const int64_t key[KEY] = {dev,      g->a.dtype, g->d.dtype, ox.op,    oy.op,    rows,
                             cols,     g->k,       ox.ld,      oy.ld,    oc.ld,    od.ld,
-                            align[0], align[1],   align[2],   align[3], ws_bytes, tune};
+                            align[0], align[1],   align[2],   align[3], ws_bytes, tune,
+                            bs[0],    bs[1],      bs[2],      bs[3],    bs[4]};
   entry_t *e;
   int fresh;
   DL_TRY(lookup(key, &e, &fresh));
   if (fresh) {
     const tune_args_t t = {x->data, y->data,
-                           (size_t)od.ld * (size_t)od.lcols * dl_dtype_size(g->d.dtype), stream};
-    int rc = entry_make(e, handles[dev], &ox, &oy, &oc, &od, g->a.dtype, g->d.dtype, g->k, align,
-                        ws_bytes, tune, &t);
+                           ((size_t)od.ld * (size_t)od.lcols + (size_t)((batch - 1) * bs[4])) *
+                               dl_dtype_size(g->d.dtype), stream};
+    int rc = entry_make(e, handles[dev], &ox, &oy, &oc, &od, g->a.dtype, g->d.dtype, g->k, bs,
+                        align, ws_bytes, tune, &t);
     if (rc) {
       entry_drop(e);
       /* some cuBLASLt versions refuse the heuristic query while a stream captures */

@@ -11,14 +11,18 @@
  * the pointer arrays, under "gemm_workspace", given back stream-ordered),
  * then describe each expert's GEMM as dl_gemm's arguments (pointers and
  * element strides, transposes as swapped strides: no copies) and run them:
- *   cpu   the fp64 twin, expert after expert (kernels/gemm/cpu/gemm_grouped.c)
+ *   cpu   the fp64 twin, the loop's GEMMs (batches as below) one after the
+ *         other (kernels/gemm/cpu/gemm_grouped.c)
  *   meta  nothing (out and the workspace are charged)
  *   cuda  backend CUBLAS: one cublasGemmGroupedBatchedEx (core/ops/gemm/cublas.c);
  *         backend LOOP: one cuBLASLt GEMM per expert through dl_gemm's
- *         algorithm cache (core/ops/gemm/cublaslt.c), on `streams` side
- *         streams (expert i on stream i mod streams) that wait for the
- *         calling stream and that it waits for afterwards, each with its
- *         slice of the workspace; 0 or 1: the calling stream alone.
+ *         algorithm cache (core/ops/gemm/cublaslt.c), consecutive experts of
+ *         one shape with evenly spaced operands as one strided-batched GEMM
+ *         (uniform counts: a single call, what torch.bmm runs), on `streams`
+ *         side streams that wait for the calling stream and that it waits
+ *         for afterwards (the largest GEMM first, each to the stream with
+ *         the least work so far; each stream its slice of the workspace);
+ *         0 or 1: the calling stream alone.
  * Experts with no rows run nothing; in the weight gradient their dW is
  * zeroed (left as it is when accumulating), since no GEMM writes it.
  *
@@ -26,9 +30,10 @@
  * results in experiments/results/gemm/) says better: cuBLASLt's kernels use
  * Hopper's warp-group MMA, and NVIDIA described cuBLAS's grouped kernels as
  * warp-level MMA (12.5's introduction of the API), so a GEMM per expert
- * should win once every expert's GEMM fills the GPU alone: LOOP (one
- * stream) when every expert's output has at least as many 128 x 128 tiles as
- * the device has SMs, else CUBLAS, which keeps the SMs busy across experts.
+ * should win once every GEMM of the loop fills the GPU alone: LOOP (on the
+ * streams asked for) when the loop is one GEMM or one strided batch, or when
+ * every GEMM's output (all of a batch's) has at least as many 128 x 128 tiles
+ * as the device has SMs; else CUBLAS, which keeps the SMs busy across experts.
  * Where cuBLAS refuses the dtypes (an f32 out, say) AUTO takes LOOP and
  * remembers it for the process.
  */
@@ -313,6 +318,42 @@ static int plan_make(int op, const int64_t *cnt, int64_t E, const rows_t *x, con
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static int64_t n_loop;
 
+/* Whether g continues u's batch: one shape and scalars, each operand laid out
+ * alike and the next of u's evenly spaced ones (step: the strides then). */
+static int joins(const dl_gemm_args_t *u, const dl_gemm_args_t *g, int64_t step[3]) {
+  if (g->m != u->m || g->n != u->n || g->k != u->k || g->alpha != u->alpha || g->beta != u->beta)
+    return 0;
+  const dl_gemm_mat_t *um[3] = {&u->a, &u->b, &u->d}, *gm[3] = {&g->a, &g->b, &g->d};
+  const int64_t batch = u->batch > 1 ? u->batch : 1, st[3] = {u->sa, u->sb, u->sd};
+  for (int i = 0; i < 3; i++) {
+    if (um[i]->rs != gm[i]->rs || um[i]->cs != gm[i]->cs || um[i]->dtype != gm[i]->dtype) return 0;
+    const int64_t bytes = (int64_t)((char *)gm[i]->data - (char *)um[i]->data);
+    const int es = dl_dtype_size(um[i]->dtype);
+    if (bytes <= 0 || bytes % es || bytes / es % batch) return 0;
+    step[i] = bytes / es / batch;
+    if (batch > 1 && step[i] != st[i]) return 0;
+  }
+  return 1;
+}
+
+/* The loop's GEMMs: consecutive experts of one shape and evenly spaced
+ * operands as one strided-batched GEMM (uniform counts: all of them). */
+static int64_t coalesce(const plan_t *p, dl_gemm_args_t *u) {
+  int64_t n = 0, step[3];
+  for (int64_t i = 0; i < p->n; i++) {
+    if (n > 0 && joins(&u[n - 1], &p->g[i], step)) {
+      dl_gemm_args_t *v = &u[n - 1];
+      if (v->batch <= 1) v->sa = step[0], v->sb = step[1], v->sd = v->sc = step[2];
+      v->batch = (v->batch > 1 ? v->batch : 1) + 1;
+      continue;
+    }
+    u[n] = p->g[i];
+    u[n].batch = 1;
+    n++;
+  }
+  return n;
+}
+
 #ifdef DL_WITH_CUDA
 enum { MAX_DEVS = 16 };
 static struct side {
@@ -337,18 +378,45 @@ static int side_of(int dev, int streams, struct side **out) {
   return DL_OK;
 }
 
-static int run_loop(const plan_t *p, int dev, struct side *sd, int streams, char *ws,
-                    int64_t ws_bytes, cudaStream_t st) {
-  if (streams <= 1) {
-    for (int64_t i = 0; i < p->n; i++) DL_TRY(dl_gemm_lt_run(&p->g[i], dev, ws, ws_bytes, st));
+static double flops_of(const dl_gemm_args_t *g) {
+  return 2.0 * (double)g->m * (double)g->n * (double)g->k * (double)(g->batch > 1 ? g->batch : 1);
+}
+
+typedef struct order { double flops; int64_t i; } order_t;
+static int by_flops(const void *x, const void *y) {
+  const order_t *a = x, *b = y;
+  return a->flops < b->flops ? 1 : a->flops > b->flops ? -1 : (a->i > b->i) - (a->i < b->i);
+}
+
+/* The GEMMs u[0..n) on the calling stream st, or over `streams` side streams:
+ * the largest first, each to the stream with the least work so far (longest
+ * processing time first), each stream with its slice of the workspace. */
+static int run_loop(const dl_gemm_args_t *u, int64_t n, int dev, struct side *sd, int streams,
+                    char *ws, int64_t ws_bytes, cudaStream_t st) {
+  if (streams <= 1 || n <= 1) {
+    for (int64_t i = 0; i < n; i++) DL_TRY(dl_gemm_lt_run(&u[i], dev, ws, ws_bytes, st));
     return DL_OK;
   }
+  order_t *ord = malloc(sizeof *ord * (size_t)n);
+  if (!ord) return DL_ERR(DL_ENOMEM, "grouped gemm: out of host memory");
+  for (int64_t i = 0; i < n; i++) ord[i] = (order_t){flops_of(&u[i]), i};
+  qsort(ord, (size_t)n, sizeof *ord, by_flops);
   const int64_t slice = ws_bytes / streams / PTR_ALIGN * PTR_ALIGN;
-  DL_CUDA_CHECK(cudaEventRecord(sd->fork, st));
-  int used = (int)(p->n < streams ? p->n : streams), rc = DL_OK;
-  for (int j = 0; j < used; j++) DL_CUDA_CHECK(cudaStreamWaitEvent(sd->s[j], sd->fork, 0));
-  for (int64_t i = 0; i < p->n && !rc; i++)
-    rc = dl_gemm_lt_run(&p->g[i], dev, ws + (i % streams) * slice, slice, sd->s[i % streams]);
+  const int used = (int)(n < streams ? n : streams);
+  double load[DL_GEMM_GROUPED_MAX_STREAMS] = {0};
+  int rc = cudaEventRecord(sd->fork, st) == cudaSuccess ? DL_OK : DL_ECUDA;
+  for (int j = 0; j < used && !rc; j++)
+    if (cudaStreamWaitEvent(sd->s[j], sd->fork, 0) != cudaSuccess) rc = DL_ECUDA;
+  if (rc) rc = DL_ERR(DL_ECUDA, "grouped gemm: forking the side streams: %s",
+                      cudaGetErrorString(cudaGetLastError()));
+  for (int64_t o = 0; o < n && !rc; o++) {
+    int j = 0;
+    for (int q = 1; q < used; q++)
+      if (load[q] < load[j]) j = q;
+    load[j] += ord[o].flops;
+    rc = dl_gemm_lt_run(&u[ord[o].i], dev, ws + j * slice, slice, sd->s[j]);
+  }
+  free(ord);
   /* joined even after a failure, so the calling stream never runs ahead of the side work */
   for (int j = 0; j < used; j++) {
     DL_CUDA_CHECK(cudaEventRecord(sd->join[j], sd->s[j]));
@@ -357,11 +425,14 @@ static int run_loop(const plan_t *p, int dev, struct side *sd, int streams, char
   return rc;
 }
 
-/* AUTO (see the header): LOOP when every expert's output fills the device alone. */
-static int pick(const plan_t *p, const struct side *sd, int same_dtype) {
+/* AUTO (see the header): LOOP for one (batched) GEMM, or when every GEMM of
+ * the loop fills the device alone; else CUBLAS. */
+static int pick(const dl_gemm_args_t *u, int64_t n, const struct side *sd, int same_dtype) {
   if (sd->cublas_refused[same_dtype]) return DL_GEMM_GROUPED_LOOP;
-  for (int64_t i = 0; i < p->n; i++) {
-    const int64_t tiles = (p->g[i].m + TILE - 1) / TILE * ((p->g[i].n + TILE - 1) / TILE);
+  if (n == 1) return DL_GEMM_GROUPED_LOOP;
+  for (int64_t i = 0; i < n; i++) {
+    const int64_t tiles = (u[i].m + TILE - 1) / TILE * ((u[i].n + TILE - 1) / TILE) *
+                          (u[i].batch > 1 ? u[i].batch : 1);
     if (tiles < sd->sms) return DL_GEMM_GROUPED_CUBLAS;
   }
   return DL_GEMM_GROUPED_LOOP;
@@ -401,14 +472,19 @@ static int run_cuda(dl_gemm_grouped_opts_t *o, const plan_t *p, const dl_tensor_
     const dl_view_t z = expert_view(dw, p->empty[i]);
     rc = dl_fill_cuda(&z, 0, h);
   }
+  dl_gemm_args_t *u = NULL;
+  int64_t nu = 0;
+  if (!rc && p->n > 0 && !(u = malloc(sizeof *u * (size_t)p->n)))
+    rc = DL_ERR(DL_ENOMEM, "%s: out of host memory", fn);
   if (!rc && p->n > 0) {
+    nu = coalesce(p, u);
     pthread_mutex_lock(&mu);
     struct side *sd = NULL;
     const int streams = o->streams > 1 ? o->streams : 1;
     rc = side_of(dev, streams, &sd);
     const int same = p->g[0].a.dtype == p->g[0].d.dtype;
     int backend = o->backend;
-    if (!rc && backend == DL_GEMM_GROUPED_AUTO) backend = pick(p, sd, same);
+    if (!rc && backend == DL_GEMM_GROUPED_AUTO) backend = pick(u, nu, sd, same);
     if (!rc && backend == DL_GEMM_GROUPED_CUBLAS) {
       rc = dl_gemm_cublas_grouped(p->g, p->n, dev, (void **)ws, lt_ws, DL_GEMM_WORKSPACE_BYTES, h);
       if (rc == DL_EUNSUPPORTED && o->backend == DL_GEMM_GROUPED_AUTO) {
@@ -419,12 +495,13 @@ static int run_cuda(dl_gemm_grouped_opts_t *o, const plan_t *p, const dl_tensor_
       }
     }
     if (!rc && backend == DL_GEMM_GROUPED_LOOP) {
-      rc = run_loop(p, dev, sd, streams, lt_ws, DL_GEMM_WORKSPACE_BYTES, (cudaStream_t)h);
+      rc = run_loop(u, nu, dev, sd, streams, lt_ws, DL_GEMM_WORKSPACE_BYTES, (cudaStream_t)h);
       if (!rc) n_loop++;
     }
     if (!rc) o->chosen = backend;
     pthread_mutex_unlock(&mu);
   }
+  free(u);
   if (st) dl_storage_release(st); /* stream-ordered: the next user of the block queues after us */
   return rc;
 }
@@ -567,7 +644,11 @@ int dl_gemm_grouped(dl_gemm_grouped_opts_t *o, const dl_tensor_t *a, const dl_te
         const dl_view_t z = expert_view(&c.vd, p.empty[i]);
         rc = dl_fill_cpu(&z, 0, NULL);
       }
-      if (!rc) rc = dl_gemm_grouped_cpu(p.g, p.n, NULL);
+      /* the loop's GEMMs, batches and all, as cuda's backend LOOP runs them */
+      dl_gemm_args_t *u = p.n > 0 ? malloc(sizeof *u * (size_t)p.n) : NULL;
+      if (!rc && p.n > 0 && !u) rc = DL_ERR(DL_ENOMEM, "%s: out of host memory", fn);
+      if (!rc) rc = dl_gemm_grouped_cpu(u, u ? coalesce(&p, u) : 0, NULL);
+      free(u);
     } else if (!rc) {
 #ifdef DL_WITH_CUDA
       rc = run_cuda(o, &p, a, &c.vd, E, s);

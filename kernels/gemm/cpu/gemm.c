@@ -3,7 +3,8 @@
  * with the products summed in fp64 and d rounded at the end (through fp32,
  * as dl_store_f64 does: far below bf16/f16 resolution), for any element
  * strides and the dtypes the core admits (bf16/f16 inputs; bf16, f16 or f32
- * results; f64 works too).
+ * results; f64 works too), and a batch of them (the grouped GEMM's experts
+ * of one shape) one after the other.
  *
  * Blocked so that the specs can afford real shapes: d is done in tiles of
  * MB x NB held in fp64; for each KB-deep slice the tile's rows of a and the
@@ -23,8 +24,22 @@ static double at(const dl_gemm_mat_t *x, int64_t i, int64_t j) {
   return dl_load_f64(x->data, i * x->rs + j * x->cs, x->dtype);
 }
 
+static int one(const dl_gemm_args_t *g);
+
 int dl_gemm_cpu(const dl_gemm_args_t *g, void *stream) {
   (void)stream;
+  for (int64_t i = 0; i < (g->batch > 1 ? g->batch : 1); i++) {
+    dl_gemm_args_t x = *g;
+    dl_gemm_mat_t *mats[4] = {&x.a, &x.b, &x.c, &x.d};
+    const int64_t strides[4] = {g->sa, g->sb, g->sc, g->sd};
+    for (int j = 0; j < 4 && i > 0; j++)
+      mats[j]->data = (char *)mats[j]->data + i * strides[j] * dl_dtype_size(mats[j]->dtype);
+    DL_TRY(one(&x));
+  }
+  return DL_OK;
+}
+
+static int one(const dl_gemm_args_t *g) {
   if (g->m == 0 || g->n == 0) return DL_OK;
   double *acc = malloc(sizeof(double) * MB * NB);
   double *ap = malloc(sizeof(double) * MB * KB);

@@ -1,7 +1,8 @@
 /*
  * gemm_grouped.c — CPU twin of dl.gemm.grouped (cuBLAS's grouped GEMM or a
- * cuBLASLt GEMM per expert on cuda): each group's GEMM in turn through
- * dl_gemm_cpu, so products are summed in fp64 and every output rounded once.
+ * cuBLASLt GEMM per expert on cuda): each group's GEMM (or batch of them:
+ * experts of one shape) in turn through dl_gemm_cpu, so products are summed
+ * in fp64 and every output rounded once.
  * A group with k = 0 (an expert that got no rows, in the weight gradient)
  * writes alpha * 0 + beta * c: zeros, or c unchanged when accumulating.
  * Checked against a plain fp64 loop in Lua (spec/gemm_grouped_spec.lua).
