@@ -10,26 +10,18 @@ local dl = require "distlab"
 local H = require "helpers"
 local C = require("distlab.core").C
 
-local function run(n, device, script, args, env)
-  return H.distlab(string.format("run -n %d --device %s spec/allreduce/%s %s", n, device, script, args or ""), env)
-end
+local run, comm_run = H.ranks("allreduce"), H.ranks("comm")
 
 -- the algorithms run by kernels (all but the communicator's own)
 local A_kernels = {}
 for _, a in ipairs(dl.allreduce.algos) do if a ~= "nccl" then A_kernels[#A_kernels + 1] = a end end
-
-local function ok_lines(out, word)
-  local _, k = out:gsub(word .. " ok", "")
-  return k
-end
 
 -- auto_zc.lua's "pick" on n ranks: auto on an input in the zero-copy region follows a test table's zc_rows
 local function auto_zc_picks(n, device)
   local file = H.tmpname(".lua")
   local rc, out = run(n, device, "auto_zc.lua", file .. " pick", "DISTLAB_AR_TABLE=" .. file)
   os.remove(file)
-  assert.equal(0, rc, out)
-  assert.equal(n, ok_lines(out, "auto_zc"), out)
+  H.ranks_ok(n, "auto_zc", rc, out)
 end
 
 local scripts = {
@@ -48,8 +40,7 @@ local scripts = {
 local function mismatches(device, worlds, algos, strict)
   local function mismatch(n, args)
     local t0 = os.time()
-    local rc, out = H.distlab(string.format("run -n %d --device %s spec/comm/mismatch.lua %s", n, device, args),
-      "SPEC_TIMEOUT=20")
+    local rc, out = comm_run(n, device, "mismatch.lua", args, "SPEC_TIMEOUT=20")
     assert.equal(0, rc, out)
     assert.falsy(out:find("NOERR", 1, true), out)
     assert.is_true(os.time() - t0 <= 10, "took " .. os.time() - t0 .. " s (the timeout is 20 s)")
@@ -91,9 +82,7 @@ describe("allreduce on cpu (shared memory)", function()
   for _, n in ipairs { 2, 4 } do
     for _, s in ipairs(scripts) do
       it(n .. " ranks: " .. s[3], function()
-        local rc, out = run(n, "cpu", s[1])
-        assert.equal(0, rc, out)
-        assert.equal(n, ok_lines(out, s[2]), out)
+        H.ranks_ok(n, s[2], run(n, "cpu", s[1]))
       end)
     end
   end
@@ -129,8 +118,7 @@ describe("allreduce on cpu (shared memory)", function()
           { "ar_algo one_shot_lamport two_shot_lamport", "%(differs: algorithm [%w_]+ vs [%w_]+" },
         } do
           local t0 = os.time()
-          local rc, out = H.distlab(string.format("run -n %d --device cpu spec/comm/mismatch.lua %s", n, c[1]),
-            "SPEC_TIMEOUT=20 " .. env)
+          local rc, out = comm_run(n, "cpu", "mismatch.lua", c[1], "SPEC_TIMEOUT=20 " .. env)
           assert.equal(0, rc, out)
           assert.falsy(out:find("NOERR", 1, true), out)
           assert.is_true(os.time() - t0 <= 10, "took " .. os.time() - t0 .. " s (the timeout is 20 s)")
@@ -148,9 +136,7 @@ describe("allreduce on cpu (shared memory)", function()
     "a call up to a slot (two_shot_lamport: N / 2 slots at 3+ ranks) is one piece", function()
     for _, n in ipairs { 2, 3, 4 } do
       for _, env in ipairs { "", "DISTLAB_AR_LAMPORT_MB=8", "DISTLAB_AR_LAMPORT_MB=32", "DISTLAB_AR_LAMPORT_PAD_KB=4" } do
-        local rc, out = run(n, "cpu", "lamport_region.lua", "", env)
-        assert.equal(0, rc, out)
-        assert.equal(n, ok_lines(out, "lamport_region"), out)
+        H.ranks_ok(n, "lamport_region", run(n, "cpu", "lamport_region.lua", "", env))
       end
     end
   end)
@@ -203,8 +189,7 @@ describe("allreduce on cpu (shared memory)", function()
     local file = H.tmpname(".lua")
     local rc, out = run(2, "cpu", "tune.lua", file, "DISTLAB_AR_TABLE=" .. file)
     os.remove(file)
-    assert.equal(0, rc, out)
-    assert.equal(2, ok_lines(out, "tune"), out)
+    H.ranks_ok(2, "tune", rc, out)
   end)
 end)
 
@@ -304,9 +289,7 @@ describe("allreduce on GPUs (DISTLAB_SPEC_RANKS, and DISTLAB_SPEC_GPUS) #multigp
   for _, n in ipairs(gpu_worlds) do
     for _, s in ipairs(scripts) do
       it(n .. " ranks: " .. s[3], function()
-        local rc, out = run(n, "cuda", s[1])
-        assert.equal(0, rc, out)
-        assert.equal(n, ok_lines(out, s[2]), out)
+        H.ranks_ok(n, s[2], run(n, "cuda", s[1]))
       end)
     end
   end
@@ -329,9 +312,7 @@ describe("allreduce on GPUs (DISTLAB_SPEC_RANKS, and DISTLAB_SPEC_GPUS) #multigp
   it("the Lamport region's slot, a call up to it in one piece; auto on a zero-copy input follows zc_rows", function()
     for _, n in ipairs(gpu_worlds) do
       for _, env in ipairs { "", "DISTLAB_AR_LAMPORT_MB=32" } do
-        local rc, out = run(n, "cuda", "lamport_region.lua", "", env)
-        assert.equal(0, rc, out)
-        assert.equal(n, ok_lines(out, "lamport_region"), out)
+        H.ranks_ok(n, "lamport_region", run(n, "cuda", "lamport_region.lua", "", env))
       end
       auto_zc_picks(n, "cuda")
     end
@@ -341,7 +322,6 @@ describe("allreduce on GPUs (DISTLAB_SPEC_RANKS, and DISTLAB_SPEC_GPUS) #multigp
     local file = H.tmpname(".lua")
     local rc, out = run(2, "cuda", "tune.lua", file, "DISTLAB_AR_TABLE=" .. file)
     os.remove(file)
-    assert.equal(0, rc, out)
-    assert.equal(2, ok_lines(out, "tune"), out)
+    H.ranks_ok(2, "tune", rc, out)
   end)
 end)

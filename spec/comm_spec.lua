@@ -9,9 +9,7 @@ local H = require "helpers"
 
 local C = dl.C
 
-local function run(n, device, script, args, env)
-  return H.distlab(string.format("run -n %d --device %s spec/comm/%s %s", n, device, script, args or ""), env)
-end
+local run = H.ranks("comm")
 
 local function elapsed(fn)
   local t0 = os.time()
@@ -67,25 +65,16 @@ local small = "DISTLAB_SHM_SLOT_BYTES=4096 DISTLAB_SHM_BOX_BYTES=4096"
 describe("comm on cpu (shared memory)", function()
   for _, n in ipairs { 2, 4 } do
     it(n .. " ranks: every collective and dtype, sizes 1, 7, 1001, in many chunks", function()
-      local rc, out = run(n, "cpu", "collectives.lua", "", small)
-      assert.equal(0, rc, out)
-      local _, k = out:gsub("collectives ok", "")
-      assert.equal(n, k, out)
+      H.ranks_ok(n, "collectives", run(n, "cpu", "collectives.lua", "", small))
     end)
 
     it(n .. " ranks: split communicators", function()
-      local rc, out = run(n, "cpu", "split.lua")
-      assert.equal(0, rc, out)
-      local _, k = out:gsub("split ok", "")
-      assert.equal(n, k, out)
+      H.ranks_ok(n, "split", run(n, "cpu", "split.lua"))
     end)
   end
 
   it("2 ranks: a recorded graph that meets its freed communicator refuses to replay", function()
-    local rc, out = run(2, "cpu", "graph_release.lua")
-    assert.equal(0, rc, out)
-    local _, k = out:gsub("graph_release ok", "")
-    assert.equal(2, k, out)
+    H.ranks_ok(2, "graph_release", run(2, "cpu", "graph_release.lua"))
   end)
 
   it("2 ranks: a large tensor (600001 elements) through the default chunk and mailbox sizes", function()
@@ -126,10 +115,22 @@ describe("choosing a backend", function()
     rc, out = world_with("DISTLAB_COMM_BACKEND=nvlink")
     assert.truthy(out:find('ERR [^\n]*unknown backend "nvlink" %(expected shm, nccl, ipc or meta%)'), out)
   end)
+  -- One rank more than this host has GPUs: the last one (rank G on cuda:G) has none and fails
+  -- before the store, and its error ends the job at once (the ranks that have a GPU would
+  -- otherwise wait for it in the rendezvous until their timeout).
   it("the ipc communicator (ranks sharing a GPU) needs a GPU, and says so", function()
-    local _, out = world_with("DISTLAB_COMM_BACKEND=ipc")
-    local want = "the ipc communicator needs cuda:0, but "
-    assert.truthy(out:find("ERR [^\n]*" .. want:gsub("%-", "%%-")), out)
+    local g, why = dl.cuda_device_count()
+    local file = H.write(H.tmpname(".lua"), 'require("distlab").comm.world()\nprint("NOERR")\n')
+    local t, rc, out = elapsed(function() return H.distlab(string.format("run -n %d --device cpu %s", g + 1, file),
+      "DISTLAB_COMM_BACKEND=ipc") end)
+    os.remove(file)
+    assert.are_not.equal(0, rc, out)
+    local want = string.format("the ipc communicator needs cuda:%d, but %s", g,
+      g == 0 and why or string.format("this machine has %d GPU(s)", g))
+    assert.truthy(out:find("rank " .. g .. " of " .. g + 1 .. " failed", 1, true), out)
+    assert.truthy(out:find(want, 1, true), out)
+    assert.falsy(out:find("NOERR", 1, true), out)
+    assert.is_true(t <= 30, "took " .. t .. " s")
   end)
 end)
 
@@ -194,9 +195,7 @@ describe("comm on GPUs (NCCL; ipc where ranks share a GPU) #multigpu", function(
   end)
   it(G .. " ranks: a graph holding comm work is released when its communicator goes, and the exit does not hang", function()
     local t, rc, out = elapsed(function() return run(G, "cuda", "graph_release.lua") end)
-    assert.equal(0, rc, out)
-    local _, k = out:gsub("graph_release ok", "")
-    assert.equal(G, k, out)
+    H.ranks_ok(G, "graph_release", rc, out)
     assert.is_true(t <= 60, "took " .. t .. " s")
   end)
   -- a hang shows as a kernel that does not finish, or as the host stuck in

@@ -9,9 +9,8 @@ local H = require "helpers"
 
 local groups = { "p2p", "all_gather", "a2a", "extras" }
 
-local function run_check(n, device, group)
-  return H.distlab(string.format("run -n %d --device %s spec/cp/check.lua %s", n, device, group))
-end
+local run, comm_run = H.ranks("cp"), H.ranks("comm")
+local function run_check(n, device, group) return run(n, device, "check.lua", group) end
 
 local function count(out, pat)
   local _, k = out:gsub(pat, "")
@@ -22,9 +21,7 @@ describe("cp schedules on cpu against the single-rank reference", function()
   for _, n in ipairs({ 1, 2, 4 }) do
     for _, g in ipairs(groups) do
       it(string.format("%d rank%s: %s", n, n > 1 and "s" or "", g), function()
-        local rc, out = run_check(n, "cpu", g)
-        assert.equal(0, rc, out)
-        assert.equal(n, count(out, "cp check ok"), out)
+        H.ranks_ok(n, "cp check", run_check(n, "cpu", g))
       end)
     end
   end
@@ -33,7 +30,7 @@ end)
 describe("cp schedules that differ across ranks", function()
   it("fail at creation on every rank, naming what differs (2 and 3 ranks)", function()
     for _, c in ipairs { { 2, "cp_mask", "causal=true vs causal=false" }, { 3, "cp_correction", "correction=fused vs correction=post_loop" } } do
-      local rc, out = H.distlab(string.format("run -n %d --device cpu spec/comm/mismatch.lua %s", c[1], c[2]))
+      local rc, out = comm_run(c[1], "cpu", "mismatch.lua", c[2])
       assert.equal(0, rc, out)
       assert.falsy(out:find("NOERR", 1, true), out)
       assert.equal(c[1], count(out, "ERR: [^\n]*mismatched cp.attention options on comm 'w': rank %d has algo=p2p, [^\n]* but rank %d has algo=p2p"), out)
@@ -46,9 +43,7 @@ end)
 describe("cp schedules on GPUs #multigpu", function()
   for _, g in ipairs(groups) do
     it(H.gpu_ranks .. " ranks: " .. g, function()
-      local rc, out = run_check(H.gpu_ranks, "cuda", g)
-      assert.equal(0, rc, out)
-      assert.equal(H.gpu_ranks, count(out, "cp check ok"), out)
+      local out = H.ranks_ok(H.gpu_ranks, "cp check", run_check(H.gpu_ranks, "cuda", g))
       -- which backend ran (DISTLAB_CP_BACKEND) and what cuDNN refused, in the log
       for l in out:gmatch("[^\n]*cp check ok[^\n]*") do print(l) end
       for l in out:gmatch("refused by cudnn[^\n]*") do print(l) end

@@ -10,9 +10,7 @@
 local dl = require "distlab"
 local H = require "helpers"
 
-local function run(n, device, script, args, env)
-  return H.distlab(string.format("run -n %d --device %s spec/ep/%s %s", n, device, script, args or ""), env)
-end
+local run = H.ranks("ep")
 
 -- fail.lua's mode on one rank: its error matches want, and the buffer's next call has none
 local function reported_then_on(device, mode, want)
@@ -20,11 +18,6 @@ local function reported_then_on(device, mode, want)
   assert.equal(0, rc, out)
   assert.truthy(out:find("ERR: [^\n]*" .. want), out)
   assert.truthy(out:find("AFTER: %(no error%)"), out)
-end
-
-local function ok_lines(out, word)
-  local _, k = out:gsub(word .. " ok", "")
-  return k
 end
 
 local scripts = {
@@ -37,9 +30,7 @@ describe("ep on cpu (shared memory)", function()
   for _, n in ipairs { 2, 3, 4 } do
     for _, s in ipairs(scripts) do
       it(n .. " ranks: " .. s[3], function()
-        local rc, out = run(n, "cpu", s[1])
-        assert.equal(0, rc, out)
-        assert.equal(n, ok_lines(out, s[2]), out)
+        H.ranks_ok(n, s[2], run(n, "cpu", s[1]))
       end)
     end
   end
@@ -216,9 +207,7 @@ describe("ep on GPUs (DISTLAB_SPEC_RANKS ranks, sharing a GPU where there are fe
   local n = H.gpu_ranks
   for _, s in ipairs(scripts) do
     it(n .. " ranks: " .. s[3], function()
-      local rc, out = run(n, "cuda", s[1])
-      assert.equal(0, rc, out)
-      assert.equal(n, ok_lines(out, s[2]), out)
+      H.ranks_ok(n, s[2], run(n, "cuda", s[1]))
     end)
   end
 

@@ -10,6 +10,7 @@
 -- (cpu by default). Then a dead rank that its parent never reaps (a zombie,
 -- which kill(pid, 0) calls alive).
 local H = require "helpers"
+local comm_run = H.ranks("comm")
 
 local trials = tonumber(os.getenv("SPEC_KILL_TRIALS") or "") or 4
 local device = os.getenv("SPEC_KILL_DEVICE") or "cpu"
@@ -46,7 +47,7 @@ local function names_death_or_survivor(msg, victim, s)
 end
 
 local function trial(n, op, seed)
-  local rc, out = H.distlab(string.format("run -n %d --device %s spec/comm/kill.lua %s %d", n, device, op, seed))
+  local rc, out = comm_run(n, device, "kill.lua", op .. " " .. seed)
   local victim = seed % 4 == 0 and 0 or n - 1
   assert.truthy(out:find("VICTIM " .. victim .. " dies in", 1, true), out)
   local s = survivors(out)
@@ -81,8 +82,7 @@ describe("a rank stopped through a death (SIGSTOP, then continued)", function()
     -- names the lowest (unless rank 1 had not exited yet: then rank 2)
     local chained, outs = 0, {}
     for seed = 1, 3 do
-      local rc, out = H.distlab(string.format("run -n 3 --device %s spec/comm/kill.lua symm %d", device, 2 * seed - 1),
-        "KILL_STOP_RANK0=0.4")
+      local rc, out = comm_run(3, device, "kill.lua", "symm " .. 2 * seed - 1, "KILL_STOP_RANK0=0.4")
       local s = survivors(out)
       assert.equal(2, #s, out)
       for _, x in ipairs(s) do

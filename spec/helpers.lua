@@ -47,8 +47,8 @@ if dl.cuda_device_count() > 0 then H.devices[#H.devices + 1] = { name = "cuda:0"
 -- Tagged GPU entry even without a GPU, so busted lists (and skips) it visibly.
 if dl.cuda_device_count() == 0 then H.devices[#H.devices + 1] = { name = "cuda:0", tag = " #gpu" } end
 
--- Ranks of the #multigpu specs: 2, or DISTLAB_SPEC_RANKS (scripts/gpu/shared.sh
--- runs them with 2 and 4 ranks on one GPU, where ranks share it).
+-- Ranks of the #multigpu specs: 2, or DISTLAB_SPEC_RANKS (scripts/gpu/suite.sh
+-- runs them with 2, 4 and 8 ranks on one GPU, where ranks share it).
 H.gpu_ranks = tonumber(os.getenv("DISTLAB_SPEC_RANKS") or "") or 2
 
 -- Runs `./distlab <args>` and returns exit code, stdout+stderr. A job that
@@ -61,6 +61,33 @@ function H.distlab(args, env)
   p:close()
   local rc = tonumber(out:match("__rc=(%d+)%s*$"))
   return rc, out:gsub("__rc=%d+%s*$", "")
+end
+
+-- ---- multi-rank specs ----------------------------------------------------------------
+-- A module's multi-rank specs start the rank scripts of its folder under spec/ through the
+-- launcher, and each rank of a script that passes prints "<word> ok".
+
+-- H.ranks("ep") -> run(n, device, script, args, env): `./distlab run -n n --device device
+-- spec/ep/<script> <args>` with env (words VAR=value) set; returns the exit code and the
+-- output of every rank (H.distlab).
+function H.ranks(dir)
+  return function(n, device, script, args, env)
+    return H.distlab(string.format("run -n %d --device %s spec/%s/%s %s", n, device, dir, script, args or ""), env)
+  end
+end
+
+-- How many times out says "<word> ok" (a Lua pattern: "%-" for a "-" in word).
+function H.ok_lines(out, word)
+  local _, k = out:gsub(word .. " ok", "")
+  return k
+end
+
+-- The job ran through (exit code 0) and each of its n ranks said "<word> ok"; returns out.
+-- Takes run's results as they come: H.ranks_ok(n, "correct", run(n, "cpu", "correct.lua")).
+function H.ranks_ok(n, word, rc, out)
+  assert.equal(0, rc, out)
+  assert.equal(n, H.ok_lines(out, word), out)
+  return out
 end
 
 -- Whether a command is on the PATH.

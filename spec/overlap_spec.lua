@@ -11,14 +11,7 @@
 local dl = require "distlab"
 local H = require "helpers"
 
-local function run(n, device, script, args, env)
-  return H.distlab(string.format("run -n %d --device %s spec/overlap/%s %s", n, device, script, args or ""), env)
-end
-
-local function ok_lines(out, word)
-  local _, k = out:gsub(word .. " ok", "")
-  return k
-end
+local run = H.ranks("overlap")
 
 local scripts = {
   { "correct.lua", "correct", "every variant against the fp64 GEMM, twice per op, buffers that stay put" },
@@ -27,9 +20,7 @@ local scripts = {
 }
 
 local function uneven(n, device)
-  local rc, out = run(n, device, "uneven.lua")
-  assert.equal(0, rc, out)
-  assert.equal(n, ok_lines(out, "uneven"), out)
+  local out = H.ranks_ok(n, "uneven", run(n, device, "uneven.lua"))
   local _, k = out:gsub("AG: [^\n]*mismatched overlap ops: rank %d makes ag_gemm ring put ce x2: a_shard %[[23], 16%]"
     .. "[^\n]*but rank %d makes [^\n]*a_shard %[[23], 16%][^\n]*pad m to a multiple of " .. n, "")
   assert.equal(n, k, out)
@@ -59,9 +50,7 @@ describe("overlap on cpu (shared memory)", function()
   for _, n in ipairs { 2, 3 } do
     for _, s in ipairs(scripts) do
       it(n .. " ranks: " .. s[3], function()
-        local rc, out = run(n, "cpu", s[1])
-        assert.equal(0, rc, out)
-        assert.equal(n, ok_lines(out, s[2]), out)
+        H.ranks_ok(n, s[2], run(n, "cpu", s[1]))
       end)
     end
     it(n .. " ranks: m that does not split over the ranks is an error on every rank", function() uneven(n, "cpu") end)
@@ -196,12 +185,12 @@ end)
 
 describe("cuBLASLt tuning for the chunk GEMMs (DISTLAB_GEMM_TUNE) #gpu", function()
   it("tuned GEMMs match the fp64 reference, tuned and cached, and a given c is the call's alone", function()
-    local rc, out = H.distlab("run --device cuda:0 spec/overlap/tune.lua", "DISTLAB_GEMM_TUNE=8")
+    local rc, out = H.distlab("run --device cuda spec/overlap/tune.lua", "DISTLAB_GEMM_TUNE=8")
     assert.equal(0, rc, out)
     assert.truthy(out:find("tune ok: 8", 1, true), out)
   end)
   it("a bad value is an error naming the variable", function()
-    local rc, out = H.distlab("run --device cuda:0 spec/overlap/tune.lua", "DISTLAB_GEMM_TUNE=lots")
+    local rc, out = H.distlab("run --device cuda spec/overlap/tune.lua", "DISTLAB_GEMM_TUNE=lots")
     assert.are_not.equal(0, rc, out)
     assert.truthy(out:find("DISTLAB_GEMM_TUNE=lots: expected the number of cuBLASLt candidates to time, 0..8", 1,
       true), out)
@@ -212,9 +201,7 @@ describe("overlap on one GPU, DISTLAB_SPEC_RANKS ranks sharing it #multigpu", fu
   local n = H.gpu_ranks
   for _, s in ipairs(scripts) do
     it(n .. " ranks: " .. s[3], function()
-      local rc, out = run(n, "cuda", s[1])
-      assert.equal(0, rc, out)
-      assert.equal(n, ok_lines(out, s[2]), out)
+      H.ranks_ok(n, s[2], run(n, "cuda", s[1]))
     end)
   end
   it(n .. " ranks: m that does not split over the ranks is an error on every rank", function() uneven(n, "cuda") end)

@@ -4,33 +4,26 @@
 -- nobody sets) is in comm_spec.lua.
 local H = require "helpers"
 
-local function run(n, device)
-  return H.distlab(string.format("run -n %d --device %s spec/comm/symm.lua", n, device))
-end
+local comm_run = H.ranks("comm")
+local function run(n, device) return comm_run(n, device, "symm.lua") end
 
 describe("symmetric buffers on cpu", function()
   for _, n in ipairs { 2, 4 } do
     it(n .. " ranks", function()
-      local rc, out = run(n, "cpu")
-      assert.equal(0, rc, out)
-      local _, k = out:gsub("symm ok", "")
-      assert.equal(n, k, out)
+      H.ranks_ok(n, "symm", run(n, "cpu"))
     end)
   end
 end)
 
 describe("symmetric buffers on GPUs #multigpu", function()
   it(H.gpu_ranks .. " ranks: peer reads and writes, flags, barrier", function()
-    local rc, out = run(H.gpu_ranks, "cuda")
-    assert.equal(0, rc, out)
-    local _, k = out:gsub("symm ok", "")
-    assert.equal(H.gpu_ranks, k, out)
+    H.ranks_ok(H.gpu_ranks, "symm", run(H.gpu_ranks, "cuda"))
   end)
 end)
 
 describe("symmetric buffers that differ across ranks", function()
   local function mismatch(n, mode)
-    return H.distlab(string.format("run -n %d --device cpu spec/comm/mismatch.lua %s", n, mode))
+    return comm_run(n, "cpu", "mismatch.lua", mode)
   end
   it("in size: every rank fails at creation, naming both sizes (no SIGBUS)", function()
     for _, n in ipairs { 2, 3 } do
