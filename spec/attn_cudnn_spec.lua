@@ -47,6 +47,27 @@ local function run_case(c, backend)
 end
 
 describe(string.format("attn backend cudnn on cuda:0 (seed %d) #gpu", SEED), function()
+  -- a build without cuDNN's frontend (a GPU host without a registry, .deps/cudnn-frontend not
+  -- carried) has no cudnn backend: its specs are skipped with the reason (this runs where
+  -- busted lists the specs too, so it must not touch a GPU)
+  local info = dl.attn.cudnn_info()
+  local missing = info.header_version == 0 and info.path or nil
+  -- where it cannot run, every spec below is listed as skipped (the first with the reason)
+  local spec_it, it = it, it
+  if missing then
+    local said = false
+    it = function(name)
+      pending(name .. (said and " (skipped: no cudnn backend here)" or " (skipped: " .. missing .. ")"))
+      said = true
+    end
+    spec_it("a call with backend \"cudnn\" says why it cannot run; \"auto\" runs ours", function()
+      local x = on(build(with(R.TINY.bshd, { dtype = "bf16" })), "cuda:0")
+      assert.error_matches(function() dl.attn.fwd(x.q, x.k, x.v, opts(x, { backend = "cudnn" })) end,
+        "attn.fwd: backend \"cudnn\" cannot run this call: " .. missing, 1, true)
+      local got = dl.attn.fwd(x.q, x.k, x.v, opts(x, { backend = "auto" }))
+      assert.tensor_near(dl.attn.fwd(x.q, x.k, x.v, opts(x)), got, 0, 0)
+    end)
+  end
   local refused = {}
   local function case(c, label)
     it(label .. R.describe_case(c), function()
@@ -155,6 +176,127 @@ describe("attn backends on cpu and meta", function()
     b = dl.attn.backends(q, none, none, { backend = "cudnn" })
     assert.equal("ours", b.fwd) -- no keys: nothing to attend, the result is fixed
     assert.is_string(b.cudnn.path)
+  end)
+
+  -- A host's libcudnn candidates, faked under a sysroot (DISTLAB_CUDNN_SYSROOT): empty files
+  -- where the pick looks, with the files it reads versions from (core/ops/attn/cudnn_lib.c).
+  -- kinds: "system" (9.14.0, a deb's versioned file), "toolkit" (9.10.2, from its header),
+  -- "wheel" (PyTorch's 9.19.0), "pinned" (scripts/fetch-cudnn-lib.sh's 9.28.1.4, unpacked).
+  local function fake_host(kinds)
+    local root = H.tmpname("")
+    local site = root .. "/opt/torch/.venv/lib/python3.12/site-packages"
+    local pinned = root .. dl.root .. "/.deps/cudnn-lib"
+    local sh = { "set -e" }
+    for _, k in ipairs(kinds) do
+      if k == "system" then
+        sh[#sh + 1] = "mkdir -p " .. root .. "/usr/lib/x86_64-linux-gnu && cd " .. root .. "/usr/lib/x86_64-linux-gnu" ..
+          " && touch libcudnn.so.9.14.0 && ln -s libcudnn.so.9.14.0 libcudnn.so.9"
+      elseif k == "toolkit" then -- an unversioned file, its version in ../include/cudnn_version.h
+        sh[#sh + 1] = "mkdir -p " .. root .. "/usr/local/cuda/lib64 " .. root .. "/usr/local/cuda/include && touch " ..
+          root .. "/usr/local/cuda/lib64/libcudnn.so.9 && printf '#define CUDNN_MAJOR 9\\n#define CUDNN_MINOR 10\\n" ..
+          "#define CUDNN_PATCHLEVEL 2\\n#define CUDNN_VERSION (CUDNN_MAJOR * 10000 + CUDNN_MINOR * 100)\\n' > " ..
+          root .. "/usr/local/cuda/include/cudnn_version.h"
+      elseif k == "wheel" then
+        sh[#sh + 1] = "mkdir -p " .. site .. "/nvidia/cudnn/lib " .. site .. "/nvidia_cudnn_cu13-9.19.0.56.dist-info" ..
+          " && touch " .. site .. "/nvidia/cudnn/lib/libcudnn.so.9"
+      elseif k == "pinned" then
+        sh[#sh + 1] = "mkdir -p " .. pinned .. "/lib && touch " .. pinned .. "/lib/libcudnn.so.9 && echo 9.28.1.4 > " ..
+          pinned .. "/VERSION"
+      end
+    end
+    assert.is_true(os.execute(table.concat(sh, "\n")) == 0)
+    local p = io.popen("readlink -f " .. root)
+    local real = p:read("*l")
+    p:close()
+    return root, real
+  end
+
+  -- What a meta rank prints about the pick and the calls of `script` (its lines follow the
+  -- pick's), on a host faked from kinds; env: more variables.
+  local function on_fake_host(kinds, body, env)
+    local root, real = fake_host(kinds)
+    local file = H.write(H.tmpname(".lua"), 'local dl = require "distlab"\n' ..
+      'print("PICK " .. dl.attn.cudnn_info().pick)\n' .. (body or ""))
+    -- DISTLAB_CUDNN cleared (scripts/gpu/suite.sh runs this file once with it set) unless env sets it
+    local rc, out = H.distlab("run --device meta " .. file, "DISTLAB_CUDNN= DISTLAB_CUDNN_SYSROOT=" .. root .. " " ..
+      (env or ""))
+    os.remove(file)
+    os.execute("rm -rf " .. root)
+    assert.equal(0, rc, out)
+    return out, real, file
+  end
+
+  local function files(real)
+    return real .. dl.root .. "/.deps/cudnn-lib/lib/libcudnn.so.9",
+      real .. "/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cudnn/lib/libcudnn.so.9",
+      real .. "/usr/lib/x86_64-linux-gnu/libcudnn.so.9.14.0"
+  end
+
+  it("picks the newest libcudnn found (pinned, PyTorch's wheel, the system's), DISTLAB_CUDNN over all", function()
+    local out, real = on_fake_host { "toolkit", "system", "wheel", "pinned" }
+    local pinned, wheel, system = files(real)
+    local want = "PICK will take " .. pinned .. " (the newest found); found: 9.28.1 " .. pinned ..
+      " (pinned, scripts/fetch-cudnn-lib.sh); 9.19.0 " .. wheel .. " (PyTorch's wheel); 9.14.0 " .. system ..
+      " (system); 9.10.2 " .. real .. "/usr/local/cuda/lib64/libcudnn.so.9 (system)\n"
+    assert.truthy(out:find(want, 1, true), want .. "\n" .. out)
+    out, real = on_fake_host { "system", "wheel" }
+    pinned, wheel, system = files(real)
+    want = "PICK will take " .. wheel .. " (the newest found); found: 9.19.0 " .. wheel .. " (PyTorch's wheel); 9.14.0 " ..
+      system .. " (system)"
+    assert.truthy(out:find(want, 1, true), want .. "\n" .. out)
+    out = on_fake_host({ "system", "wheel", "pinned" }, nil, "DISTLAB_CUDNN=/opt/my/libcudnn.so.9")
+    assert.truthy(out:find("PICK will take DISTLAB_CUDNN=/opt/my/libcudnn.so.9; found: 9.28.1 ", 1, true), out)
+    out = on_fake_host {}
+    assert.truthy(out:find("PICK found no libcudnn.so.9; will ask the loader for one", 1, true), out)
+  end)
+
+  -- thd backward at head dim 256 on a host whose newest cuDNN is 9.14 (known to give a wrong dq
+  -- there): "cudnn" refuses it at the caller's line naming the version, what is wrong and the
+  -- fix; "auto" runs ours; neighbouring calls (d 128, the forward, bshd) and 9.19 are not refused
+  local calls = [[
+local function call(d, layout, dir, backend)
+  local thd = layout == "thd"
+  local q = dl.empty(thd and { 600, 4, d } or { 2, 300, 4, d }, { dtype = "f16", device = "meta" })
+  local cu = dl.empty({ 3 }, { dtype = "i32", device = "meta" })
+  local o = thd and { layout = "thd", cu_seqlens_q = cu, cu_seqlens_kv = cu, max_seqlen_q = 300, max_seqlen_kv = 300,
+    mask = "causal_bottom_right", backend = backend } or { mask = "causal_bottom_right", backend = backend }
+  local b = dl.attn.backends(q, q, q, o)
+  print(string.format("%s d %d %s %s: %s (%s)", layout, d, dir, backend, tostring(b[dir]), b[dir .. "_why"]))
+  local ok, err = pcall(function()
+    local out, lse = dl.attn.fwd(q, q, q, o)
+    if dir == "bwd" then dl.attn.bwd(out, q, q, q, out, lse, o) end
+  end)
+  print(string.format("%s d %d %s %s call: %s", layout, d, dir, backend, ok and "ran" or err))
+end
+for _, c in ipairs { { 256, "thd", "bwd" }, { 128, "thd", "bwd" }, { 256, "thd", "fwd" }, { 256, "bshd", "bwd" } } do
+  call(c[1], c[2], c[3], "cudnn")
+  call(c[1], c[2], c[3], "auto")
+end
+]]
+
+  it("refuses what the cuDNN it would open computes wrongly: thd backward at head dim 256 on 9.14", function()
+    local out, real, file = on_fake_host({ "system" }, calls)
+    local lib = real .. "/usr/lib/x86_64-linux-gnu/libcudnn.so.9.14.0"
+    local why = "cuDNN 9.14.0 (" .. lib .. ") is known to compute it wrongly: thd backward with a head dim above 128 " ..
+      "returns a wrong dq, silently"
+    local fix = "use cuDNN 9.19.0 or newer (PyTorch's wheel or scripts/fetch-cudnn-lib.sh's, which the pick prefers; " ..
+      "or DISTLAB_CUDNN=<its libcudnn.so.9>) or backend \"ours\""
+    assert.truthy(out:find("thd d 256 bwd cudnn: false (" .. why, 1, true), out)
+    local line = out:match("thd d 256 bwd cudnn call: ([^\n]*)")
+    assert.truthy(line and line:find(file:match("[^/]*$") .. ":%d+: attn.bwd: backend \"cudnn\" cannot run this call: "),
+      "the error points at the caller's line: " .. tostring(line))
+    assert.truthy(line:find(why, 1, true) and line:find(fix, 1, true), line)
+    assert.truthy(out:find("thd d 256 bwd auto: ours (ours: " .. why, 1, true), out)
+    assert.truthy(out:find("thd d 256 bwd auto call: ran", 1, true), out)
+    for _, c in ipairs { "thd d 128 bwd", "thd d 256 fwd", "bshd d 256 bwd" } do
+      for _, b in ipairs { "cudnn", "auto" } do
+        assert.truthy(out:find(c .. " " .. b .. ": cudnn (meta: cuDNN's workspace counted by formula", 1, true), out)
+        assert.truthy(out:find(c .. " " .. b .. " call: ran", 1, true), out)
+      end
+    end
+    out = on_fake_host({ "system", "wheel" }, calls)
+    assert.truthy(out:find("thd d 256 bwd cudnn: cudnn (meta: cuDNN's workspace counted by formula", 1, true), out)
+    assert.truthy(out:find("thd d 256 bwd cudnn call: ran", 1, true), out)
   end)
 
   it("counts cuDNN's workspace on meta under its own tag, by formula", function()

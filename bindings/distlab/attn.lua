@@ -60,7 +60,13 @@
 --       counts nowhere); the difference of two readings says which kernels
 --       a schedule's steps really took (cp_bench prints it per strategy).
 --   attn.cudnn_info() -> {version, header_version, frontend_version, path,
---       plans, builds, hits, build_ms, last_build_ms, max_workspace}
+--       plans, builds, hits, build_ms, last_build_ms, max_workspace, pick}
+--       pick: which libcudnn was taken and why (DISTLAB_CUDNN, else the newest
+--       found: the pinned copy of scripts/fetch-cudnn-lib.sh, PyTorch's wheel,
+--       the system's), or which will be, and every candidate with its version.
+--       On a cuDNN known to compute a configuration wrongly (attn_cudnn.c's
+--       errata), "cudnn" refuses it naming the version and the fix, and "auto"
+--       runs ours.
 --
 -- Merges (the correction strategies). Common opts: layout, half = "first" |
 -- "second" (rows of every sequence that take part; thd: halves of each
@@ -251,7 +257,7 @@ function M.cudnn_info()
   return { version = tonumber(i.version), header_version = tonumber(i.header_version),
     frontend_version = tonumber(i.frontend_version), path = ffi.string(i.path), plans = tonumber(i.plans),
     builds = tonumber(i.builds), hits = tonumber(i.hits), build_ms = i.build_ms, last_build_ms = i.last_build_ms,
-    max_workspace = tonumber(i.max_workspace) }
+    max_workspace = tonumber(i.max_workspace), pick = ffi.string(i.pick) }
 end
 
 local RUN_KINDS = { "cpu", "portable", "hopper", "cudnn" } -- dl_attn_runs' kinds, in order

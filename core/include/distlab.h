@@ -439,6 +439,7 @@ typedef struct dl_attn_cudnn_info {
   double last_build_ms;
   int64_t max_workspace;    /* the largest workspace a plan asked for, bytes               */
   char path[512];           /* the file opened, or why none could be                       */
+  char pick[1024];          /* why that file (or which it will take), and every candidate  */
 } dl_attn_cudnn_info_t;
 int dl_attn_cudnn_info(dl_attn_cudnn_info_t *out);
 

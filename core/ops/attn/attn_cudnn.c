@@ -11,8 +11,10 @@
  * attend: ours writes the defined result, out 0 and lse -inf), the fused
  * merge (accumulate: it lives in our kernel's epilogue), a build without
  * cuDNN's frontend, a libcudnn that cannot be opened, views whose rows are
- * not 16-byte aligned, then cuDNN's own answer: the plan is built (and
- * cached) and cuDNN's support check says yes or why not.
+ * not 16-byte aligned, a configuration the libcudnn opened is known to
+ * compute wrongly (the errata below: meta reads them for the cuDNN a cuda call
+ * would open, core/ops/attn/cudnn_lib.c), then cuDNN's own answer: the plan is
+ * built (and cached) and cuDNN's support check says yes or why not.
  *
  * A call. Our operands map onto cuDNN's [b, h, s, d] through strides (bshd,
  * sbhd; thd with the largest length as s and per-tensor ragged offsets made
@@ -46,12 +48,52 @@
 
 #if defined(DL_WITH_CUDA) && defined(DL_WITH_CUDNN_FE)
 static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
-#endif
 
 static int strides_aligned(const dl_attn_strides_t *st) {
   return st->b % 8 == 0 && st->h % 8 == 0 && st->s % 8 == 0;
 }
+#endif
 
+/* ---- errata ---------------------------------------------------------------------------- */
+
+/* Configurations a cuDNN release computes wrongly, found by spec/attn_cudnn_spec.lua on a GPU:
+ * below the first release known right, "cudnn" refuses them naming both, "auto" runs ours.
+ * A row matches a direction, thd or not, and a head dim (d_qk or d_v) above above_d. */
+static const struct cudnn_erratum {
+  int64_t fixed_in; /* the first release known right, cudnnGetVersion's numbering */
+  int bwd, thd;
+  int64_t above_d;
+  const char *what;
+} errata[] = {
+    {91900, 1, 1, 128,
+     "thd backward with a head dim above 128 returns a wrong dq, silently (f16, d 256, "
+     "causal_bottom_right: 134147 of 590848 elements, relative error 0.40, cuDNN 9.14.0 on an H200, "
+     "2026-11-28; right on 9.19.0 and 9.28.1; bf16 and the other masks at that head dim are not "
+     "known right before 9.19 either)"},
+};
+
+/* Why cuDNN `version` (the file at path) must not run this call, in buf; NULL if it may. */
+static const char *erratum(int64_t version, const char *path, const dl_attn_params_t *p, int thd,
+                           int bwd, char *buf, size_t n) {
+  for (size_t i = 0; version && i < sizeof errata / sizeof errata[0]; i++) {
+    const struct cudnn_erratum *e = &errata[i];
+    if (version >= e->fixed_in || e->bwd != !!bwd || e->thd != !!thd ||
+        (p->d_qk <= e->above_d && p->d_v <= e->above_d))
+      continue;
+    char v[32], fixed[32];
+    dl_cudnn_version_str(version, v, sizeof v);
+    dl_cudnn_version_str(e->fixed_in, fixed, sizeof fixed);
+    snprintf(buf, n,
+             "cuDNN %s (%s) is known to compute it wrongly: %s; use cuDNN %s or newer (PyTorch's "
+             "wheel or scripts/fetch-cudnn-lib.sh's, which the pick prefers; or DISTLAB_CUDNN=<its "
+             "libcudnn.so.9>) or backend \"ours\"",
+             v, path[0] ? path : "?", e->what, fixed);
+    return buf;
+  }
+  return NULL;
+}
+
+#if defined(DL_WITH_CUDA) && defined(DL_WITH_CUDNN_FE)
 /* The plan key of a call (bwd: with the backward operands' strides). */
 static void key_of(const dl_attn_params_t *p, int thd, int bwd, int want_max, int dev,
                    dl_cudnn_key_t *k) {
@@ -74,6 +116,7 @@ static void key_of(const dl_attn_params_t *p, int thd, int bwd, int want_max, in
   k->bottom_right = p->bottom_right, k->want_max = want_max && !bwd;
   memcpy(&k->scale_bits, &p->scale, sizeof p->scale);
 }
+#endif
 
 static int say(char *why, size_t n, const char *fmt, const char *a) {
   if (why && n) snprintf(why, n, fmt, a);
@@ -89,10 +132,9 @@ int dl_attn_cudnn_choose(const dl_attn_opts_t *o, const dl_tensor_t *q, const dl
                "attn: backend %d is not ours (0), cudnn (1) or auto (2)", backend);
   if (backend == DL_ATTN_OURS) return say(why, whylen, "%s", "backend \"ours\" asked for");
   const char *no = NULL;
-#if defined(DL_WITH_CUDA) && defined(DL_WITH_CUDNN_FE)
-  char buf[1024];
-#else
-  (void)thd, (void)want_max;
+  char buf[2048], path[512];
+#if !defined(DL_WITH_CUDA) || !defined(DL_WITH_CUDNN_FE)
+  (void)want_max;
 #endif
   if (p->s_kv == 0 || p->s_q == 0) /* the result is fixed; not a refusal, even for "cudnn" */
     return say(why, whylen, "%s", "ours: no keys or no queries, nothing to attend (ours writes "
@@ -101,8 +143,12 @@ int dl_attn_cudnn_choose(const dl_attn_opts_t *o, const dl_tensor_t *q, const dl
   else if (fused)
     no = "accumulate (the fused merge) lives in our kernel's epilogue; cuDNN has none";
   else if (q->dev_type == DL_META) {
-    *use = 1;
-    return say(why, whylen, "%s", "meta: cuDNN's workspace counted by formula, nothing runs");
+    /* what cuda would run here: cuDNN unless the cuDNN it would open is known wrong on it */
+    const int64_t v = dl_cudnn_errata_version(path, sizeof path);
+    if (!(no = erratum(v, path, p, thd, bwd, buf, sizeof buf))) {
+      *use = 1;
+      return say(why, whylen, "%s", "meta: cuDNN's workspace counted by formula, nothing runs");
+    }
   }
 #if !defined(DL_WITH_CUDA) || !defined(DL_WITH_CUDNN_FE)
   else
@@ -113,11 +159,15 @@ int dl_attn_cudnn_choose(const dl_attn_opts_t *o, const dl_tensor_t *q, const dl
              !strides_aligned(&p->v_st))
     no = "q, k or v has rows that are not 16-byte aligned (cuDNN needs them)";
   else {
-    dl_cudnn_key_t key;
-    void *plan;
-    int64_t ws;
-    key_of(p, thd, bwd, want_max, q->dev_index, &key);
-    int rc = dl_cudnn_plan(&key, &plan, &ws);
+    int rc = dl_cudnn_load();
+    if (!rc && !(no = erratum(dl_cudnn_errata_version(path, sizeof path), path, p, thd, bwd, buf,
+                              sizeof buf))) {
+      dl_cudnn_key_t key;
+      void *plan;
+      int64_t ws;
+      key_of(p, thd, bwd, want_max, q->dev_index, &key);
+      rc = dl_cudnn_plan(&key, &plan, &ws);
+    }
     if (rc == DL_EUNSUPPORTED) {
       snprintf(buf, sizeof buf, "%s", dl_last_error());
       dl_clear_error();
@@ -323,5 +373,6 @@ int dl_attn_cudnn_info(dl_attn_cudnn_info_t *out) {
   snprintf(out->path, sizeof out->path, "%s",
            "this build has no cuDNN frontend (scripts/fetch-cudnn-frontend.sh, then rebuild)");
 #endif
+  dl_cudnn_pick_describe(out->pick, sizeof out->pick);
   return DL_OK;
 }

@@ -50,7 +50,27 @@ typedef struct dl_cudnn_ptrs {
   int32_t *ragged[DL_CUDNN_NT]; /* thd: [b+1] element offset of each sequence   */
 } dl_cudnn_ptrs_t;
 
-/* Opens cuDNN (once; see cudnn_sdpa.cpp for the files tried). */
+/* ---- which libcudnn (cudnn_lib.c) ---- */
+typedef struct dl_cudnn_cand {
+  char path[512], real[512]; /* where it was found; the file behind it */
+  int64_t version;           /* from its files (cudnnGetVersion's numbering); 0: unknown */
+  const char *origin;        /* "pinned, ...", "PyTorch's wheel", "system" */
+  int jit_only;              /* the pinned copy: CUDNN_LIB_CONFIG=GRAPH_JIT_ONLY */
+} dl_cudnn_cand_t;
+
+/* The candidates this host has, newest first (scanned once per process); their count. */
+int dl_cudnn_candidates(const dl_cudnn_cand_t **list);
+/* What the loader opened: its version (cudnnGetVersion), file and how it was chosen. */
+void dl_cudnn_opened(int64_t version, const char *path, const char *how);
+/* The version the errata are read for: the library opened, else (nothing opened yet, no
+ * DISTLAB_CUDNN) the newest candidate's; 0 if none. path: its file. */
+int64_t dl_cudnn_errata_version(char *path, size_t n);
+/* "took <file> (how); found: <version> <file> (origin); ..." (or "will take ...") */
+void dl_cudnn_pick_describe(char *out, size_t n);
+/* 91400 -> "9.14.0" */
+void dl_cudnn_version_str(int64_t v, char *buf, size_t n);
+
+/* Opens cuDNN (once; see cudnn_lib.c for the files tried). */
 int dl_cudnn_load(void);
 /* The cached plan of key, built on a miss (an unsupported configuration is
  * DL_EUNSUPPORTED with cuDNN's reason); *workspace its workspace bytes. */

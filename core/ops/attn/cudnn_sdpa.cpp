@@ -23,11 +23,12 @@
  * everything else, where cuDNN is absent.
  *
  * Which libcudnn: $DISTLAB_CUDNN (a file name or a path) alone when set;
- * else libcudnn.so.9 on the loader's paths (LD_LIBRARY_PATH, ld.so.cache:
- * the system's cuDNN), then in the folder of the libcudart we run with (the
- * CUDA toolkit's). cuDNN 9 opens its sub-libraries (libcudnn_graph,
- * libcudnn_engines_*) from its own folder. dl_attn_cudnn_info names the file
- * and its version; the benchmarks write both into their results.
+ * else the newest this host has (core/ops/attn/cudnn_lib.c: the pinned copy
+ * of scripts/fetch-cudnn-lib.sh, PyTorch's wheel, the system's), else
+ * libcudnn.so.9 as the loader finds it. cuDNN 9 opens its sub-libraries
+ * (libcudnn_graph, libcudnn_engines_*) from its own folder. dl_attn_cudnn_info
+ * names the file, its version and why it was taken; the benchmarks write them
+ * into their results.
  *
  * Plans: one per dl_cudnn_key_t (shapes, strides, dtype, mask, window, scale,
  * device, direction), built on first use (validate, operation graph,
@@ -43,6 +44,7 @@
 #define CUDNN_FRONTEND_SKIP_JSON_LIB 1
 
 #include <dlfcn.h>
+#include <glob.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <time.h>
@@ -140,21 +142,80 @@ bool try_open(const char *name, std::string &tried) {
 
 }  // namespace
 
-/* Called with mu held. */
+/* An NVRTC of our CUDA major for the pinned cuDNN's JIT engines (cuDNN opens it by soname):
+ * loaded already or on the loader's paths, else beside cudart, the toolkit's or PyTorch's
+ * wheel's, loaded globally so that cuDNN's dlopen finds it. */
+static void ensure_nvrtc() {
+  char name[32], dir[400], path[512];
+  snprintf(name, sizeof name, "libnvrtc.so.%d", CUDART_VERSION / 1000);
+  if (dlopen(name, RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD) || dlopen(name, RTLD_NOW | RTLD_GLOBAL)) return;
+  cudart_dir(dir, sizeof dir);
+  std::vector<std::string> paths = {std::string(dir) + "/" + name, std::string("/usr/local/cuda/lib64/") + name};
+  glob_t g;
+  snprintf(path, sizeof path, "/opt/torch/.venv/lib/python3*/site-packages/nvidia/*/lib/%s", name);
+  if (glob(path, 0, nullptr, &g) == 0) {
+    for (size_t i = 0; i < g.gl_pathc; i++) paths.push_back(g.gl_pathv[i]);
+    globfree(&g);
+  }
+  for (auto &p : paths)
+    if (dlopen(p.c_str(), RTLD_NOW | RTLD_GLOBAL)) return;
+}
+
+/* Called with mu held. DISTLAB_CUDNN, else the candidates of cudnn_lib.c newest first, else
+ * libcudnn.so.9 as the loader finds it. */
 static int load_locked() {
   if (fe::cudnn_dlhandle) return DL_OK;
-  std::string tried;
+  std::string tried, how;
   const char *env = getenv("DISTLAB_CUDNN");
   bool found = false;
+  int64_t expected = 0;
+  const dl_cudnn_cand_t *c;
+  const int n = dl_cudnn_candidates(&c);
+  /* the pinned copy holds the graph API and the JIT engines alone: CUDNN_LIB_CONFIG=GRAPH_JIT_ONLY
+   * (set here unless set otherwise: then that copy is passed over) and an NVRTC */
+  auto jit_only = [&](const dl_cudnn_cand_t &x, bool *set_cfg) {
+    const char *cfg = getenv("CUDNN_LIB_CONFIG");
+    if (cfg && strcmp(cfg, "GRAPH_JIT_ONLY")) {
+      tried += std::string("\n  ") + x.path + ": needs CUDNN_LIB_CONFIG=GRAPH_JIT_ONLY, not " + cfg;
+      return false;
+    }
+    *set_cfg = !cfg;
+    if (*set_cfg) setenv("CUDNN_LIB_CONFIG", "GRAPH_JIT_ONLY", 0);
+    ensure_nvrtc();
+    return true;
+  };
   if (env && *env) {
+    char real[PATH_MAX];
+    bool set_cfg = false;
+    for (int i = 0; i < n; i++) /* DISTLAB_CUDNN naming the pinned copy */
+      if (c[i].jit_only && realpath(env, real) && !strcmp(real, c[i].real)) jit_only(c[i], &set_cfg);
     found = try_open(env, tried);
+    how = std::string("DISTLAB_CUDNN") + (getenv("CUDNN_LIB_CONFIG") ? "; CUDNN_LIB_CONFIG=" : "") +
+          (getenv("CUDNN_LIB_CONFIG") ? getenv("CUDNN_LIB_CONFIG") : "");
   } else {
-    found = try_open("libcudnn.so.9", tried);
-    char dir[400], path[512];
-    cudart_dir(dir, sizeof dir);
-    if (!found && dir[0]) {
-      snprintf(path, sizeof path, "%s/libcudnn.so.9", dir);
-      found = try_open(path, tried);
+    for (int i = 0; i < n && !found; i++) {
+      bool set_cfg = false;
+      if (c[i].jit_only && !jit_only(c[i], &set_cfg)) continue;
+      found = try_open(c[i].path, tried);
+      if (found) {
+        char v[32];
+        dl_cudnn_version_str(c[i].version, v, sizeof v);
+        how = std::string(i == 0 ? "the newest found: " : "the newest that opened: ") + v + ", " + c[i].origin;
+        if (getenv("CUDNN_LIB_CONFIG")) how += std::string("; CUDNN_LIB_CONFIG=") + getenv("CUDNN_LIB_CONFIG");
+        expected = c[i].version;
+      } else if (set_cfg) {
+        unsetenv("CUDNN_LIB_CONFIG");
+      }
+    }
+    if (!found) {
+      how = "the loader's";
+      found = try_open("libcudnn.so.9", tried);
+      char dir[400], path[512];
+      cudart_dir(dir, sizeof dir);
+      if (!found && dir[0]) {
+        snprintf(path, sizeof path, "%s/libcudnn.so.9", dir);
+        found = try_open(path, tried);
+      }
     }
   }
   if (!found) {
@@ -175,6 +236,12 @@ static int load_locked() {
     lib_version = 0;
     return DL_ERR(DL_EUNSUPPORTED, "%s", load_error);
   }
+  if (expected && expected / 100 != lib_version / 100) { /* its files said otherwise */
+    char v[32];
+    dl_cudnn_version_str(expected, v, sizeof v);
+    how += std::string(" (its files said ") + v + ")";
+  }
+  dl_cudnn_opened(lib_version, lib_path, how.c_str());
   load_error[0] = 0;
   return DL_OK;
 }
