@@ -37,51 +37,18 @@
 # the checkout has no .git. Typical run: about 5 minutes after the build; every step has a time
 # limit (specs 300 s, torch 180 s, tune+sweep 480 s, the Lamport A/B 120 s).
 set -u
-OUT="${OUT:-/tmp/distlab-out}"
-R="$OUT/allreduce"
-mkdir -p "$R"
-cd "$(dirname "$0")/../.." || exit 2
-source scripts/gpu/setup.sh || exit 2
+t_start=$(date +%s)
+source "$(dirname "$0")/steps.sh" allreduce 590 || exit 2
+R="$L" # $OUT/allreduce: results and logs, packed into $OUT/allreduce-logs.tgz
 export DISTLAB_TIMEOUT="${DISTLAB_TIMEOUT:-30}" # a hang fails in 30 s, not 120
 sections=("$@")
 [ ${#sections[@]} -eq 0 ] && sections=(specs torch sweep)
-t_start=$(date +%s)
-stamp() { echo "[allreduce.sh +$(( $(date +%s) - t_start )) s] $*"; }
-
-# run_for SECONDS CMD...: the command, in a process group of its own, and
-# everything it started end after SECONDS (a hung rank must not keep a GPU
-# busy for the next step); the exit code is the command's (143/137 if cut).
-run_for() {
-  local limit=$1
-  shift
-  setsid "$@" &
-  local pid=$!
-  (
-    for ((i = 0; i < limit; i++)); do
-      sleep 1
-      kill -0 "$pid" 2>/dev/null || exit 0
-    done
-    echo "allreduce.sh: $1 ran past ${limit} s; stopping it" >&2
-    kill -TERM -- "-$pid" 2>/dev/null
-    for ((i = 0; i < 10; i++)); do
-      sleep 0.5
-      kill -0 -- "-$pid" 2>/dev/null || exit 0
-    done
-    kill -KILL -- "-$pid" 2>/dev/null
-  ) >/dev/null 2>&1 &
-  local dog=$!
-  wait "$pid"
-  local rc=$?
-  wait "$dog" 2>/dev/null
-  return "$rc"
-}
 
 {
-  date -u '+%Y-%m-%d %H:%M UTC'
-  nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader
+  header
   nvidia-smi topo -m 2>/dev/null | head -4
   nvcc --version 2>/dev/null | tail -1
-  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version())' 2>&1 | tail -1
+  "$PY" -c 'import torch; print("torch nccl", torch.cuda.nccl.version())' 2>&1 | tail -1
 } >"$R/machine.txt"
 # distlab's NCCL: the one PyTorch's wheel brings where there is one (the
 # nccl_torch column's), so the nccl and nccl_torch columns time one library;
@@ -102,46 +69,36 @@ nccl_note="$nccl_note${ver:+ ($ver)}"
 echo "distlab's NCCL: $nccl_note" >>"$R/machine.txt"
 cat "$R/machine.txt"
 NR="${NRANKS:-2}"
+gpu=$(gpu_tag)
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
-[ "$ngpu" -ge "$NR" ] || { echo "allreduce.sh: needs $NR GPUs, found $ngpu"; exit 2; }
-[ -f build/lib/libdistlab.so ] || ./distlab build 2>&1 | tail -5
+[ "$ngpu" -ge "$NR" ] || { say "allreduce.sh: needs $NR GPUs, found $ngpu"; status=2; exit 2; }
+if [ ! -f build/lib/libdistlab.so ]; then step build 240 "$R/build.log" ./distlab build || exit 1; fi
 export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-$(seq -s, 0 $((NR - 1)))}"
 
 for s in "${sections[@]}"; do
   case "$s" in
     specs)
-      stamp "specs on 2 GPUs"
-      [ "$NR" = 2 ] || stamp "and the correctness cases on $NR GPUs"
-      DISTLAB_SPEC_GPUS="$NR" run_for 300 busted --run=default --tags=multigpu -o spec/support/summary.lua spec/allreduce_spec.lua \
-        >"$R/spec.log" 2>&1
-      echo "specs exit code $?" >>"$R/spec.log"
+      DISTLAB_SPEC_GPUS="$NR" step "specs on 2 GPUs$([ "$NR" = 2 ] || echo ", and the correctness cases on $NR")" 300 \
+        "$R/spec.log" busted --run=default --tags=multigpu -o spec/support/summary.lua spec/allreduce_spec.lua
       grep -v '^ok ' "$R/spec.log" | tail -30 ;;
     torch)
-      stamp "PyTorch anchors"
       port=$((20000 + RANDOM % 20000))
-      run_for 180 python3 -m torch.distributed.run --nproc_per_node "$NR" --master_port "$port" \
-        experiments/allreduce/allreduce_torch.py "$R/torch.csv" >"$R/torch.log" 2>&1
-      echo "torch exit code $?" >>"$R/torch.log"
+      step "PyTorch anchors" 180 "$R/torch.log" "$PY" -m torch.distributed.run --nproc_per_node "$NR" \
+        --master_port "$port" experiments/allreduce/allreduce_torch.py "$R/torch.csv"
       tail -5 "$R/torch.log" ;;
     sweep)
-      stamp "tune and sweep"
       tables="$R/allreduce_tables-x$NR.lua" # one file a world size: a later run at another size keeps it
       rm -f "$tables"
       knobs="$(env | grep -E '^DISTLAB_AR_' | grep -v '^DISTLAB_AR_TABLE=' | sort | tr '\n' ' ')" # the run's knobs, named in its command
-      DISTLAB_AR_TABLE="$tables" run_for 480 ./distlab run -n "$NR" --device cuda \
+      DISTLAB_AR_TABLE="$tables" step "tune and sweep" 480 "$R/sweep.log" ./distlab run -n "$NR" --device cuda \
         experiments/allreduce/allreduce_sweep.lua --out "$R" --torch "$R/torch.csv" --tune "$tables" \
-        --command "${knobs}NRANKS=$NR scripts/gpu/allreduce.sh (DISTLAB_AR_TABLE=allreduce_tables-x$NR.lua, tuned in the same run; distlab's NCCL: $nccl_note)" \
-        >"$R/sweep.log" 2>&1
-      echo "sweep exit code $?" >>"$R/sweep.log"
+        --command "${knobs}NRANKS=$NR scripts/gpu/allreduce.sh (DISTLAB_AR_TABLE=allreduce_tables-x$NR.lua, tuned in the same run; distlab's NCCL: $nccl_note)"
       [ "${LAMPORT_AB:-1}" = 0 ] && continue # LAMPORT_AB=0: no A/B this time
-      stamp "the Lamport region of before (DISTLAB_AR_LAMPORT_MB=32)"
-      gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o '[AHBL][0-9][0-9]*' | head -1 | tr 'A-Z' 'a-z')"
-      DISTLAB_AR_LAMPORT_MB=32 DISTLAB_AR_TABLE="$tables" run_for 120 ./distlab run -n "$NR" --device cuda \
+      DISTLAB_AR_LAMPORT_MB=32 DISTLAB_AR_TABLE="$tables" step "the Lamport region of before (DISTLAB_AR_LAMPORT_MB=32)" 120 \
+        "$R/lamport_mb-32.log" ./distlab run -n "$NR" --device cuda \
         experiments/allreduce/allreduce_sweep.lua --out "$R" --tag "${gpu}x$NR-lamport_mb-32" \
         --columns one_shot_lamport,two_shot_lamport --sizes 256K,1M,4M,8M,16M,32M \
-        --command "DISTLAB_AR_LAMPORT_MB=32 NRANKS=$NR scripts/gpu/allreduce.sh sweep (its Lamport A/B)" \
-        >"$R/lamport_mb-32.log" 2>&1
-      echo "lamport A/B exit code $?" >>"$R/lamport_mb-32.log"
+        --command "DISTLAB_AR_LAMPORT_MB=32 NRANKS=$NR scripts/gpu/allreduce.sh sweep (its Lamport A/B)"
       grep -A8 '^| size' "$R/allreduce-${gpu}x$NR-lamport_mb-32.md" 2>/dev/null || tail -5 "$R/lamport_mb-32.log"
       for wide in "$R"/allreduce-*-wide.csv; do
         [ -f "$wide" ] || continue
@@ -158,19 +115,16 @@ for s in "${sections[@]}"; do
       # settings K times, alternating (tags end -r1 .. -rK)
       VARIANT_ARGS="${VARIANT_ARGS:-}${VARIANT_COLUMNS:+ --columns $VARIANT_COLUMNS}${VARIANT_SIZES:+ --sizes $VARIANT_SIZES}"
       mkdir -p "$R/variants"
-      gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o '[AHBL][0-9][0-9]*' | head -1 | tr 'A-Z' 'a-z')"
       VARIANTS="${VARIANTS:-DISTLAB_AR_PDL=0 DISTLAB_AR_PDL=1}"
       VARIANTS="${VARIANTS//,DISTLAB_/ DISTLAB_}" # commas between settings too (batch.sh's words)
       for round in $(seq "${VARIANT_ROUNDS:-1}"); do
       for v in $VARIANTS; do
-        stamp "sweep with $v (round $round)"
         tag="${gpu}x$NR-$(echo "${v#DISTLAB_AR_}" | tr 'A-Z=' 'a-z-')"
         [ "${VARIANT_ROUNDS:-1}" -gt 1 ] && tag="$tag-r$round"
-        (export "$v"; run_for 150 ./distlab run -n "$NR" --device cuda experiments/allreduce/allreduce_sweep.lua \
-          --out "$R/variants" --tag "$tag" --torch "$R/torch.csv" \
+        step "sweep with $v (round $round)" 150 "$R/variants/$tag.log" env "$v" ./distlab run -n "$NR" --device cuda \
+          experiments/allreduce/allreduce_sweep.lua --out "$R/variants" --tag "$tag" --torch "$R/torch.csv" \
           --sizes 8192,65536,262144,524288,1048576,2097152,3145728,4194304,8388608,16777216 ${VARIANT_ARGS:-} \
-          --command "$v NRANKS=$NR scripts/gpu/allreduce.sh variants ${VARIANT_ARGS:-}") >"$R/variants/$tag.log" 2>&1
-        echo "$v exit code $?" >>"$R/variants/$tag.log"
+          --command "$v NRANKS=$NR scripts/gpu/allreduce.sh variants ${VARIANT_ARGS:-}"
         grep -E "^ *[0-9]+ (one_shot|one_shot_push|one_shot_lamport|two_shot_lamport|two_shot_push_zc|auto) " "$R/variants/$tag.log"
       done
       done ;;
@@ -185,41 +139,37 @@ for s in "${sections[@]}"; do
       if [ -n "${AB_COMMIT:-}" ]; then
         old=/tmp/distlab-ab-$AB_COMMIT
         if [ ! -f "$old/build/lib/libdistlab.so" ]; then
-          stamp "building $AB_COMMIT in $old"
           rm -rf "$old" && mkdir -p "$old"
           if [ -f ".ab/$AB_COMMIT.tar" ]; then tar -x -C "$old" -f ".ab/$AB_COMMIT.tar" # carried (git archive, locally)
-          else git archive "$AB_COMMIT" | tar -x -C "$old" || { echo "commits: no $AB_COMMIT in this .git, nor .ab/$AB_COMMIT.tar"; continue; }; fi
+          else git archive "$AB_COMMIT" | tar -x -C "$old" || { say "commits: no $AB_COMMIT in this .git, nor .ab/$AB_COMMIT.tar"; continue; }; fi
           cp -r .deps "$old/" 2>/dev/null
-          (cd "$old" && ./distlab build >"$R/commits/build-$AB_COMMIT.log" 2>&1) || { tail -20 "$R/commits/build-$AB_COMMIT.log"; continue; }
+          step "building $AB_COMMIT in $old" 300 "$R/commits/build-$AB_COMMIT.log" env -C "$old" ./distlab build ||
+            { tail -20 "$R/commits/build-$AB_COMMIT.log"; continue; }
         fi
         trees+=("$old") names+=("$AB_COMMIT")
       fi
       for pn in ${AB_PATCHES:-}; do
         t=/tmp/distlab-ab-$pn
-        stamp "this checkout with .ab/$pn.patch in $t"
+        say "this checkout with .ab/$pn.patch in $t"
         rm -rf "$t" && mkdir -p "$t" && tar -c --exclude=./.git . | tar -x -C "$t" || continue
         if [ -f ".ab/$pn.so" ]; then # built and stripped elsewhere, carried: no build here
           (cd "$t" && patch -p1 <"$OLDPWD/.ab/$pn.patch" && mkdir -p build/lib &&
             cp "$OLDPWD/.ab/$pn.so" build/lib/libdistlab.so) >"$R/commits/build-$pn.log" 2>&1
         else
-          (cd "$t" && patch -p1 <"$OLDPWD/.ab/$pn.patch" && ./distlab build) >"$R/commits/build-$pn.log" 2>&1
+          (cd "$t" && patch -p1 <"$OLDPWD/.ab/$pn.patch" && timeout 300 ./distlab build) >"$R/commits/build-$pn.log" 2>&1
         fi || { tail -20 "$R/commits/build-$pn.log"; continue; }
         trees+=("$t") names+=("$here+$pn")
       done
       trees+=("$PWD") names+=("$here")
-      gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -o '[AHBL][0-9][0-9]*' | head -1 | tr 'A-Z' 'a-z')"
       for round in $(seq "${AB_ROUNDS:-3}"); do
         for k in "${!trees[@]}"; do
           tree="${trees[$k]}" c="${names[$k]}"
           sweep=experiments/allreduce/allreduce_sweep.lua
           [ -f "$tree/$sweep" ] || sweep=experiments/allreduce_sweep.lua # before the rooms
-          stamp "round $round: $c"
           tag="${gpu}x$NR-$c-r$round"
-          (cd "$tree" && run_for 150 ./distlab run -n "$NR" --device cuda "$sweep" --out "$R/commits" --tag "$tag" \
-            --sizes "${AB_SIZES:-8192,16384,32768,65536,131072,262144}" ${AB_ARGS:-} \
-            --command "AB_COMMIT=${AB_COMMIT:-} AB_PATCHES=${AB_PATCHES:-} NRANKS=$NR scripts/gpu/allreduce.sh commits (the tree of $c)") \
-            >"$R/commits/$tag.log" 2>&1
-          echo "$c exit code $?" >>"$R/commits/$tag.log"
+          step "round $round: $c" 150 "$R/commits/$tag.log" env -C "$tree" ./distlab run -n "$NR" --device cuda "$sweep" \
+            --out "$R/commits" --tag "$tag" --sizes "${AB_SIZES:-8192,16384,32768,65536,131072,262144}" ${AB_ARGS:-} \
+            --command "AB_COMMIT=${AB_COMMIT:-} AB_PATCHES=${AB_PATCHES:-} NRANKS=$NR scripts/gpu/allreduce.sh commits (the tree of $c)"
           grep -E "^ *[0-9]+ (one_shot|one_shot_lamport|two_shot_lamport|auto) " "$R/commits/$tag.log"
         done
       done ;;
@@ -230,21 +180,18 @@ for s in "${sections[@]}"; do
       # thread reading the watchdog's host word (DISTLAB_AR_GONE_GAP_US=0), one nap
       # for every poll (DISTLAB_AR_LONG_POLL_NS=128), and as shipped
       for v in ${STALL_VARIANTS:-DISTLAB_AR_GONE_GAP_US=0 DISTLAB_AR_LONG_POLL_NS=128 default}; do
-        stamp "stall, $v"
-        (if [ "$v" != default ]; then export "$v"; fi
-         run_for 150 ./distlab run -n "$NR" --device cuda experiments/allreduce/allreduce_stall.lua --out "$R" \
-           ${STALL_ARGS:-} --command "NRANKS=$NR scripts/gpu/allreduce.sh stall ($v)") \
-          >"$R/stall-$v.log" 2>&1
-        echo "stall exit code $?" >>"$R/stall-$v.log"
-        grep -E "^#|^ +[0-9]|exit code" "$R/stall-$v.log"
+        step "stall, $v" 150 "$R/stall-$v.log" env $([ "$v" != default ] && echo "$v") ./distlab run -n "$NR" \
+          --device cuda experiments/allreduce/allreduce_stall.lua --out "$R" \
+          ${STALL_ARGS:-} --command "NRANKS=$NR scripts/gpu/allreduce.sh stall ($v)"
+        grep -E "^#|^ +[0-9]" "$R/stall-$v.log"
       done ;;
-    *) echo "unknown section $s (specs, torch, sweep, variants, stall)" ;;
+    *) say "unknown section $s (specs, torch, sweep, variants, commits, stall)"; status=1 ;;
   esac
 done
-stamp "done"
 if [ -f "$R/sweep.log" ]; then
   echo "---- targets"
   grep -A9 '^## Targets' "$R"/allreduce-*x"$NR".md 2>/dev/null | grep '^- ' || tail -5 "$R/sweep.log"
   echo "---- short table (us per all-reduce)"
   sed -n '/^size  /,$p' "$R/sweep.log"
 fi
+exit $status

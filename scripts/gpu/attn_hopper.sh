@@ -20,97 +20,70 @@
 # after STEPS="specs san", the second call's results file has no spec or sanitizer lines: take them from
 # the first call's logs.
 # About 10-12 minutes in all on an H200: split it as STEPS="specs san" then STEPS="torch bench" (a device
-# call runs at most 600 s; the build stays between calls). A call returns at most 8 files, so every log goes
-# to a scratch folder packed into $OUT/attn-hopper-logs.tgz however the script ends; $OUT also gets the
-# results file.
+# call runs at most 600 s; the build stays between calls; BUDGET, default 1200 s, bounds the whole). Every
+# log goes to $OUT/attn-hopper, packed into $OUT/attn-hopper-logs.tgz however the script ends, the
+# verdicts to $OUT/attn-hopper-summary.txt; $OUT also gets the results file.
 set -uo pipefail
-REAL_OUT="${OUT:-/tmp/distlab-out}"
-OUT=/tmp/attn-hopper-logs
-rm -rf "$OUT"
-mkdir -p "$OUT" "$REAL_OUT"
-pack() {
-  tar czf "$REAL_OUT/attn-hopper-logs.tgz" -C "$OUT" . 2>/dev/null
-  cp "$OUT"/hopper-dlattn-*.md "$REAL_OUT"/ 2>/dev/null
-}
-trap pack EXIT
-cd "$(dirname "$0")/../.." || exit 2
-source scripts/gpu/setup.sh || exit 2
+t_start=$(date +%s)
+source "$(dirname "$0")/steps.sh" attn-hopper 1200 || exit 2
+trap 'cp "$L"/hopper-dlattn-*.md "$OUT"/ 2>/dev/null; steps_finish' EXIT
 STEPS="${STEPS:-specs san torch bench}"
-want() { [[ " $STEPS " == *" $1 "* ]]; }
-status=0
-gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-tag=$(echo "$gpu" | grep -oiE 'h100|h200' | head -1 | tr '[:upper:]' '[:lower:]')
-echo "commit ${DISTLAB_COMMIT:-unknown}; $gpu; steps: $STEPS"
-./distlab build 2>&1 | tail -3 >"$OUT/build.log" || status=1
+tag=$(gpu_tag)
+say "commit ${DISTLAB_COMMIT:-unknown}; $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); steps: $STEPS"
+step build 300 "$L/build.log" ./distlab build
 
 if want specs; then
-  echo "== specs ($(date +%T))"
-  timeout 300 busted --run=default --exclude-tags=multigpu -o spec/support/summary.lua \
-    spec/attn_spec.lua spec/attn_merge_spec.lua spec/seq_spec.lua >"$OUT/attn-spec.log" 2>&1 || status=1
-  grep -E "^(FAIL|ERROR)" "$OUT/attn-spec.log" | head -20
-  tail -n 1 "$OUT/attn-spec.log"
+  step "specs" 300 "$L/attn-spec.log" busted --run=default --exclude-tags=multigpu -o spec/support/summary.lua \
+    spec/attn_spec.lua spec/attn_merge_spec.lua spec/seq_spec.lua
+  grep -E "^(FAIL|ERROR)" "$L/attn-spec.log" | head -20
 fi
 if want optout; then # the same specs with the former paths: MLA's on the portable forward, the backward in step (d 64)
-  echo "== specs, DISTLAB_ATTN_HOPPER_MLA=0 DISTLAB_ATTN_HOPPER_BWD_TURNS=0 ($(date +%T))"
-  DISTLAB_ATTN_HOPPER_MLA=0 DISTLAB_ATTN_HOPPER_BWD_TURNS=0 timeout 300 busted --run=default --exclude-tags=multigpu \
-    -o spec/support/summary.lua spec/attn_spec.lua spec/attn_merge_spec.lua >"$OUT/attn-spec-optout.log" 2>&1 || status=1
-  grep -E "^(FAIL|ERROR)" "$OUT/attn-spec-optout.log" | head -20
-  tail -n 1 "$OUT/attn-spec-optout.log"
+  DISTLAB_ATTN_HOPPER_MLA=0 DISTLAB_ATTN_HOPPER_BWD_TURNS=0 step \
+    "specs, DISTLAB_ATTN_HOPPER_MLA=0 DISTLAB_ATTN_HOPPER_BWD_TURNS=0" 300 "$L/attn-spec-optout.log" \
+    busted --run=default --exclude-tags=multigpu -o spec/support/summary.lua spec/attn_spec.lua spec/attn_merge_spec.lua
+  grep -E "^(FAIL|ERROR)" "$L/attn-spec-optout.log" | head -20
 fi
 
 SANBIN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
 if want san && [ -n "$SANBIN" ]; then
   for tool in memcheck racecheck; do
-    echo "== compute-sanitizer $tool, hopper_small.lua ($(date +%T))"
-    w="$OUT/san-$tool"
+    w="$L/san-$tool"
     mkdir -p "$w"
-    cat >"$w/luajit" <<EOF
-#!/bin/sh
-exec "$SANBIN" --tool $tool --error-exitcode 9 --log-file "$w/sanitizer-%p.log" luajit "\$@"
-EOF
+    printf '#!/bin/sh\nexec "%s" --tool %s --error-exitcode 9 --log-file "%s/sanitizer-%%p.log" luajit "$@"\n' \
+      "$SANBIN" "$tool" "$w" >"$w/luajit"
     chmod +x "$w/luajit"
-    LUAJIT="$w/luajit" DISTLAB_JOB_TIMEOUT=280 timeout 300 ./distlab run -n 1 --device cuda \
-      experiments/attn/hopper_small.lua >"$OUT/san-$tool.log" 2>&1 || status=1
-    tail -n 3 "$OUT/san-$tool.log"
-    grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$w"/sanitizer-*.log 2>/dev/null | sort | uniq -c
+    LUAJIT="$w/luajit" DISTLAB_JOB_TIMEOUT=280 step "compute-sanitizer $tool, hopper_small.lua" 300 "$L/san-$tool.log" \
+      ./distlab run -n 1 --device cuda experiments/attn/hopper_small.lua
+    grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$w"/sanitizer-*.log 2>/dev/null | sort | uniq -c | tee -a "$SUM"
   done
 elif want san; then
-  echo "compute-sanitizer not found: sanitizer runs skipped"
+  say "compute-sanitizer not found: sanitizer runs skipped"
 fi
 
 torch_csv=""
 if want torch; then
-  echo "== PyTorch SDPA ($(date +%T))"
-  if timeout 300 python3 experiments/attn/attn_bench_torch.py --s "${S:-4096,8192,16384}" --d "${D:-128}" --out "$OUT" \
-    >"$OUT/attn-torch.log" 2>&1; then
-    torch_csv="$OUT/attn-torch.csv"
-  else
-    status=1
-  fi
-  grep -vi "warn" "$OUT/attn-torch.log" | tail -n 12
+  step "PyTorch SDPA" 300 "$L/attn-torch.log" python3 experiments/attn/attn_bench_torch.py --s "${S:-4096,8192,16384}" \
+    --d "${D:-128}" --out "$L" && torch_csv="$L/attn-torch.csv"
+  grep -vi "warn" "$L/attn-torch.log" | tail -n 12
 fi
 
 if want bench; then
   for k in ${VARIANTS:-hopper portable}; do
-    echo "== attn_bench, $k ($(date +%T))"
-    mkdir -p "$OUT/$k"
+    mkdir -p "$L/$k"
     case $k in
       hopper) envs="" ;;
       hopper-noturns) envs="DISTLAB_ATTN_HOPPER_BWD_TURNS=0" ;;
       portable) envs="DISTLAB_ATTN_HOPPER=0" ;;
-      *) echo "unknown variant $k"; status=1; continue ;;
+      *) say "unknown variant $k"; status=1; continue ;;
     esac
-    env $envs timeout 240 ./distlab run -n 1 --device cuda experiments/attn/attn_bench.lua \
-      --s "${S:-4096,8192,16384}" --d "${D:-128}" --out "$OUT/$k" ${torch_csv:+--torch "$torch_csv" --tag "${tag:-gpu}"} \
-      >"$OUT/$k/bench.log" 2>&1 || status=1
-    grep -E "^(ours|cudnn) |backend ours" "$OUT/$k/bench.log" | head -20
-    [ -n "$torch_csv" ] && sed -n '/^TFLOP\/s fwd\/bwd/,$p' "$OUT/$k/bench.log" | head -20
+    step "attn_bench, $k" 240 "$L/$k/bench.log" env $envs ./distlab run -n 1 --device cuda experiments/attn/attn_bench.lua \
+      --s "${S:-4096,8192,16384}" --d "${D:-128}" --out "$L/$k" ${torch_csv:+--torch "$torch_csv" --tag "$tag"}
+    grep -E "^(ours|cudnn) |backend ours" "$L/$k/bench.log" | head -20
+    [ -n "$torch_csv" ] && sed -n '/^TFLOP\/s fwd\/bwd/,$p' "$L/$k/bench.log" | head -20
   done
+  # the results file: every variant beside the anchors, issue 19's ratios
+  step "the results file" 60 "$L/report.log" python3 experiments/attn/hopper_report.py "$L" "$L/hopper-dlattn-$tag.md" \
+    --commit "${DISTLAB_COMMIT:-unknown}" --date "$(date -u '+%Y-%m-%d %H:%M UTC')"
+  sed -n '/^## /,$p' "$L/hopper-dlattn-$tag.md" | head -40
 fi
-if want bench; then # the results file: every variant beside the anchors, issue 19's ratios
-  python3 experiments/attn/hopper_report.py "$OUT" "$OUT/hopper-dlattn-${tag:-gpu}.md" \
-    --commit "${DISTLAB_COMMIT:-unknown}" --date "$(date -u '+%Y-%m-%d %H:%M UTC')" >/dev/null || status=1
-  sed -n '/^## /,$p' "$OUT/hopper-dlattn-${tag:-gpu}.md" | head -40
-fi
-echo "== done, status $status ($(date +%T))"
 exit $status

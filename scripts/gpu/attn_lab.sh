@@ -3,24 +3,24 @@
 # experiments/lab/attn/{attn_check,attn_bench} with nvcc for sm_90, runs the
 # checker (all cases), compute-sanitizer memcheck and racecheck on the small
 # subset, then the benchmark. Run from the repository root; outputs go to
-# $OUT (default experiments/results/attn/lab). ~3-5 minutes on an H100/H200.
+# $OUT (default experiments/results/attn/lab), the verdicts in $OUT/summary.txt. ~3-5 minutes on an
+# H100/H200 (BUDGET, default 590 s, is not enforced here: each step has its own timeout).
 #   scripts/gpu/attn_lab.sh            everything
 #   QUICK=1 scripts/gpu/attn_lab.sh    no sanitizers, bench at s=8k only
 #   NOVARIANTS=1 NOBENCH=1 ...          only the checker and the sanitizers
 # Exit status: non-zero if the build, the checker or a sanitizer failed.
 set -uo pipefail
-
-OUT=${OUT:-experiments/results/attn/lab}
+t_start=$(date +%s)
+OUT=${OUT:-experiments/results/attn/lab} LAYOUT=flat SUM_NAME=summary.txt # as the lab notes cite them
+source "$(dirname "$0")/steps.sh" attn_lab 590 || exit 2
 BUILD=${BUILD:-/tmp/distlab_attn_lab_gpu}
 NVCC=${NVCC:-nvcc}
 SAN=${SANITIZER:-compute-sanitizer}
 command -v "$NVCC" >/dev/null || NVCC=/usr/local/cuda/bin/nvcc
 command -v "$SAN" >/dev/null || SAN=/usr/local/cuda/bin/compute-sanitizer
-mkdir -p "$OUT" "$BUILD"
+mkdir -p "$BUILD"
 FLAGS="-Icore -Icore/include -Ikernels -std=c++17 -O3 -lineinfo -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90"
-status=0
-log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
-: > "$OUT/summary.txt"
+log() { say "== $*"; }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$OUT/summary.txt" || true
 
 log "build ($(date +%T))"
@@ -89,5 +89,4 @@ for i in "${!VARIANTS[@]}"; do
   grep -E "^FAIL|passed" "$OUT/check_v$i.txt" | tee -a "$OUT/summary.txt"
   timeout 60 "$BUILD/attn_bench_v$i" --quick 2>&1 | tee "$OUT/bench_v$i.txt" | tee -a "$OUT/summary.txt" || status=1
 done
-log "done, status $status ($(date +%T))"
 exit $status

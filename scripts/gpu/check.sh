@@ -3,34 +3,31 @@
 # and run the GPU checks. Everything it prints and writes lands in $OUT.
 #   scripts/gpu/check.sh [foundation] [more sections as they exist...]
 # Sections: foundation = the specs (gpu-tagged included), overhead benchmark
-# (distlab and PyTorch eager: $OUT/overhead-<gpu>.{md,csv}, overhead-torch-<gpu>.*), demo.
+# (distlab and PyTorch eager: $OUT/overhead-<gpu>.{md,csv}, overhead-torch-<gpu>.*), demo;
+# any other word runs scripts/gpu/<word>.sh. Within BUDGET (default 580 s); verdicts in
+# $OUT/check-summary.txt, logs (test.log, launch_floor.txt, ...) in $OUT/check-logs.tgz.
 set -u
-OUT="${OUT:-/tmp/distlab-out}"
-mkdir -p "$OUT"
-cd "$(dirname "$0")/../.." || exit 2
-source scripts/gpu/setup.sh || exit 2
+t_start=$(date +%s)
+source "$(dirname "$0")/steps.sh" check 580 || exit 2
 sections=("$@")
 [ ${#sections[@]} -eq 0 ] && sections=(foundation)
-
-{
-  date -u '+%Y-%m-%d %H:%M UTC'
-  nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader
-  nvcc --version | tail -1
-} | tee "$OUT/machine.txt"
-
-t0=$(date +%s)
-./distlab build 2>&1 | tail -5 | tee "$OUT/build.log"
-echo "build: $(( $(date +%s) - t0 )) s"
+header
+nvcc --version | tail -1 | tee -a "$SUM"
+step build 240 "$L/build.log" ./distlab build || exit 1
 
 for s in "${sections[@]}"; do
   case "$s" in
     foundation)
-      ./distlab test 2>&1 | tee "$OUT/test.log" | grep -v '^ok ' | tail -40
-      ./distlab run -n 1 --device cuda experiments/foundation/overhead.lua --out "$OUT"
-      nvcc -O2 -arch=sm_90 experiments/lab/launch_floor.cu -o /tmp/launch_floor && /tmp/launch_floor | tee "$OUT/launch_floor.txt"
-      python3 experiments/foundation/overhead_torch.py --out "$OUT"
-      ./distlab demo 2>&1 | tail -8 ;;
+      step "specs" 300 "$L/test.log" ./distlab test
+      grep -v '^ok ' "$L/test.log" | tail -40
+      step "overhead" 120 "$L/overhead.log" ./distlab run -n 1 --device cuda experiments/foundation/overhead.lua --out "$OUT"
+      step "launch floor (build)" 60 "$L/launch_floor_build.log" nvcc -O2 -arch=sm_90 experiments/lab/launch_floor.cu -o /tmp/launch_floor &&
+        step "launch floor" 60 "$L/launch_floor.txt" /tmp/launch_floor && cat "$L/launch_floor.txt"
+      step "overhead, PyTorch" 120 "$L/overhead-torch.log" "$PY" experiments/foundation/overhead_torch.py --out "$OUT"
+      step "demo" 120 "$L/demo.log" ./distlab demo
+      tail -8 "$L/demo.log" ;;
     *)
-      if [ -x "scripts/gpu/$s.sh" ]; then "scripts/gpu/$s.sh"; else echo "unknown section $s"; fi ;;
+      if [ -x "scripts/gpu/$s.sh" ]; then "scripts/gpu/$s.sh"; else say "unknown section $s"; status=1; fi ;;
   esac
 done
+exit $status

@@ -9,7 +9,8 @@
 #      backward timed with each (experiments/attn/cudnn_pick.lua); the
 #      fastest, newest on a tie (within 1%), is exported as DISTLAB_CUDNN for
 #      distlab's commands (with its folder's neighbours, e.g. NVRTC, on their
-#      LD_LIBRARY_PATH; PyTorch's keeps its own);
+#      LD_LIBRARY_PATH; PyTorch's keeps its own); without this step distlab takes
+#      the newest it finds (core/ops/attn/cudnn_lib.c), as everywhere;
 #   3. spec/attn_cudnn_spec.lua (#gpu: every attention case with backend
 #      "cudnn" against the fp64 cpu twin, normwise and element-wise) and
 #      spec/attn_spec.lua (ours unchanged);
@@ -38,18 +39,9 @@
 # names the commit where the checkout has no .git.
 set -u
 t_start=$(date +%s)
-OUT="${OUT:-/tmp/distlab-out}"
-L="$OUT/cudnn"
-rm -rf "$L"
-mkdir -p "$L"
-cd "$(dirname "$0")/../.." || exit 2
-source scripts/gpu/setup.sh || exit 2
-NAME=cudnn SUM="$OUT/cudnn-summary.txt" BUDGET="${BUDGET:-470}"
-: >"$SUM"
-source scripts/gpu/steps.sh # say, step, header, gpu_tag, mps_start; logs packed into $OUT/cudnn-logs.tgz
+source "$(dirname "$0")/steps.sh" cudnn 470 || exit 2 # logs packed into $OUT/cudnn-logs.tgz
 export DISTLAB_TIMEOUT="${DISTLAB_TIMEOUT:-60}" NCCL_NVLS_ENABLE=0
 STEPS="${STEPS:-pick specs bench cp}"
-want() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 
 header
 gpu=$(gpu_tag)

@@ -45,21 +45,13 @@
 # checkout has no .git.
 set -u
 t_start=$(date +%s) # the budget counts from here: unpacking the .debs is part of it
-OUT="${OUT:-/tmp/distlab-out}"
-L="$OUT/ep"
-rm -rf "$L"
-mkdir -p "$L"
-cd "$(dirname "$0")/../.." || exit 2
-source scripts/gpu/setup.sh || exit 2
-NAME=ep SUM="$OUT/ep-summary.txt" BUDGET="${BUDGET:-480}"
-source scripts/gpu/steps.sh
+source "$(dirname "$0")/steps.sh" ep 480 || exit 2
 export CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}" NCCL_NVLS_ENABLE=0
 export DISTLAB_TIMEOUT="${DISTLAB_TIMEOUT:-30}"
 # every job of ranks the specs start ends within DISTLAB_JOB_TIMEOUT, hung or not
 export DISTLAB_JOB_TIMEOUT="${DISTLAB_JOB_TIMEOUT:-90}"
 
 STEPS="${STEPS:-specs bench}"
-want() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 
 header
 say "steps: $STEPS"
@@ -98,12 +90,7 @@ fi
 SANBIN=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
 if want san && [ -n "$SANBIN" ]; then
   # the sanitizer and MPS clients do not mix: the ranks take turns on the GPU from here
-  if [ -n "$mps_ctl" ]; then
-    echo quit | "$mps_ctl" >/dev/null 2>&1
-    mps_ctl=""
-    sleep 1
-    say "MPS stopped for the sanitizer"
-  fi
+  mps_stop
   sd="$L/sanitizer"
   mkdir -p "$sd"
   cat >"$sd/luajit" <<EOF

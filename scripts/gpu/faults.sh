@@ -24,16 +24,9 @@
 # DISTLAB_COMMIT=<hash> names the commit where the checkout has no .git.
 set -u
 t_start=$(date +%s)
-OUT="${OUT:-/tmp/distlab-out}"
-L="$OUT/faults"
-rm -rf "$L"
-mkdir -p "$L"
-cd "$(dirname "$0")/../.." || exit 2
-source scripts/gpu/setup.sh || exit 2
+source "$(dirname "$0")/steps.sh" faults 470 || exit 2
 export DISTLAB_JOB_TIMEOUT="${DISTLAB_JOB_TIMEOUT:-60}"
-NAME=faults SUM="$OUT/faults-summary.txt" BUDGET="${BUDGET:-470}"
 TRIALS="${TRIALS:-20}"
-source scripts/gpu/steps.sh
 header
 say "kernel: $(uname -r); trials per op: $TRIALS; budget: $BUDGET s"
 if [ "${MPS:-0}" = 1 ]; then mps_start; else say "MPS: not started (MPS=1 starts it)"; fi

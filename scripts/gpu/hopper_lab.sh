@@ -24,7 +24,12 @@
 # Env for quicker rounds: SKIP_SAN, SKIP_TORCH (set: leave those steps out), BENCH_S, PIPES;
 # LAB_D=64 runs all of it at head dim 64 (the kernel, its checks, and PyTorch's anchors).
 # Everything under $OUT (summary.txt, fwd-*.log, attn-torch-hopper.{md,csv}).
-source scripts/gpu/lab_summary.sh /tmp/hopper-lab || exit 2
+set -uo pipefail
+t_start=$(date +%s)
+OUT=${OUT:-/tmp/hopper-lab} LAYOUT=flat SUM_NAME=summary.txt
+source "$(dirname "$0")/steps.sh" hopper_lab 590 || exit 2
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$SUM"
+say "commit: ${DISTLAB_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 BIN=/tmp/hopper_fwd # not under $OUT: at most 8 files come back
 # the lab binary $1 with the extra nvcc flags $3, its log in $2
 build() {

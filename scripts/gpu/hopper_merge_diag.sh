@@ -13,12 +13,11 @@
 # and not: the plain step, then merged into fp32 and bf16 (fwd.cu's "merged into" lines, cost against the
 # same binary's plain step). Output: $OUT/diag.log, $OUT/summary.txt.
 set -uo pipefail
-OUT="${OUT:-/tmp/hopper-diag}"
-mkdir -p "$OUT"
-SUM="$OUT/summary.txt"
-: >"$SUM"
+t_start=$(date +%s)
+OUT=${OUT:-/tmp/hopper-diag} LAYOUT=flat SUM_NAME=summary.txt
+source "$(dirname "$0")/steps.sh" hopper_merge_diag 590 || exit 2
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | head -1 | tee -a "$SUM"
-echo "commit: ${DISTLAB_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}" | tee -a "$SUM"
+say "commit: ${DISTLAB_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 K=kernels/attn/hopper/fwd_kernel.cuh
 STORE='a\[4 \* j\] = z;'
 LOAD1='cp_async(acc_stage_at(stage, r, row_bytes, byte), acc + r \* step + byte, vec);'

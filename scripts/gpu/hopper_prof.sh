@@ -6,8 +6,9 @@
 # no warm-up or timing loop). Writes under $OUT: prof.txt (speed of light, warp states, scheduler,
 # pipes), sass.csv (per-instruction stall samples), build.log.
 set -uo pipefail
-OUT="${OUT:-/tmp/hopper-prof}"
-mkdir -p "$OUT"
+t_start=$(date +%s)
+OUT=${OUT:-/tmp/hopper-prof} LAYOUT=flat SUM_NAME=summary.txt
+source "$(dirname "$0")/steps.sh" hopper_prof 590 || exit 2
 NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
 BIN=/tmp/hopper_fwd
 nvcc -Ikernels -std=c++17 -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Xptxas -v -o "$BIN" \

@@ -6,7 +6,12 @@
 # build's times are set beside the default build's (the trace's own cost). PROF=1 adds Nsight
 # Compute on the plain step and the f32 merge at 4k causal (scripts/gpu/hopper_prof.sh).
 # Everything under $OUT: summary.txt, trace.csv, the logs; out.tgz holds them all.
-source scripts/gpu/lab_summary.sh /tmp/hopper-trace || exit 2
+set -uo pipefail
+t_start=$(date +%s)
+OUT=${OUT:-/tmp/hopper-trace} LAYOUT=flat SUM_NAME=summary.txt
+source "$(dirname "$0")/steps.sh" hopper_trace 590 || exit 2
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv,noheader | tee -a "$SUM"
+say "commit: ${DISTLAB_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
 for v in plain trace; do
   flags=$([ $v = trace ] && echo -DHP_FWD_TRACE=1)
   nvcc -DLAB_D=128 $flags -Ikernels -std=c++17 -O3 -lineinfo -gencode=arch=compute_90a,code=sm_90a -Xptxas -v \

@@ -48,17 +48,9 @@
 # non-zero when a step failed. DISTLAB_COMMIT=<hash> names the commit.
 set -u
 t_start=$(date +%s)
-OUT="${OUT:-/tmp/distlab-out}"
-L="$OUT/multi"
-rm -rf "$L"
-mkdir -p "$L"
-cd "$(dirname "$0")/../.." || exit 2
-source scripts/gpu/setup.sh || exit 2
-NAME=multi SUM="$OUT/multi-summary.txt" BUDGET="${BUDGET:-540}"
-source scripts/gpu/steps.sh
+source "$(dirname "$0")/steps.sh" multi 540 || exit 2
 export DISTLAB_TIMEOUT="${DISTLAB_TIMEOUT:-60}" DISTLAB_JOB_TIMEOUT="${DISTLAB_JOB_TIMEOUT:-400}" NCCL_NVLS_ENABLE=0
 STEPS="${STEPS:-ag_gemm gemm_rs cp ep}"
-want() { case " $STEPS " in *" $1 "*) return 0 ;; esac; return 1; }
 
 header
 N=$(nvidia-smi -L | grep -c '^GPU')
@@ -107,7 +99,7 @@ if want cp; then
   pick_cudnn
   CP_BACKENDS="${CP_BACKENDS:-cudnn}"
   ctag="$tag${CP_TAG:+-$CP_TAG}"
-  step "cp_bench CP=$N, backends $CP_BACKENDS" 300 "$L/cp-bench.log" "${DL_ENV[@]}" ./distlab run -n "$N" --device cuda \
+  step "cp_bench CP=$N, backends $CP_BACKENDS" 300 "$L/cp-bench.log" ./distlab run -n "$N" --device cuda \
     experiments/cp/cp_bench.lua --backends "$CP_BACKENDS" --s "${CP_S:-16384,65536,131072}" --iters "${CP_ITERS:-20}" \
     --tag "$ctag" --out "$OUT" --command "scripts/gpu/multi.sh (STEPS=cp CP_BACKENDS=$CP_BACKENDS${CP_S:+ CP_S=$CP_S}${CP_ITERS:+ CP_ITERS=$CP_ITERS}${CP_TAG:+ CP_TAG=$CP_TAG})"
   sed -n '/^| backend | S_total/,$p' "$L/cp-bench.log" | head -60 | tee -a "$SUM"
@@ -119,7 +111,7 @@ if want cp_memory; then
   pick_cudnn
   for be in $(echo "${CP_BACKENDS:-ours,cudnn}" | tr , ' '); do
     mtag="$tag$([ "$be" = ours ] || echo "-$be")"
-    step "cp_memory CP=$N, backend $be" 200 "$L/cp-memory-$be.log" "${DL_ENV[@]}" ./distlab run -n "$N" --device cuda \
+    step "cp_memory CP=$N, backend $be" 200 "$L/cp-memory-$be.log" ./distlab run -n "$N" --device cuda \
       experiments/cp/cp_memory.lua --backend "$be" --s "${CP_MEM_S:-65536}" --tag "$mtag" --out "$OUT" \
       --command "scripts/gpu/multi.sh (STEPS=cp_memory CP_BACKENDS=${CP_BACKENDS:-ours,cudnn})"
     grep -E "^(thd|bshd) " "$L/cp-memory-$be.log" | tee -a "$SUM"

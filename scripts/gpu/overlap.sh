@@ -30,15 +30,8 @@
 # checkout has no .git.
 set -u
 t_start=$(date +%s) # the budget counts from here: unpacking the .debs is part of it
-OUT="${OUT:-/tmp/distlab-out}"
-L="$OUT/overlap"
-rm -rf "$L"
-mkdir -p "$L"
-cd "$(dirname "$0")/../.." || exit 2
-source scripts/gpu/setup.sh || exit 2
+source "$(dirname "$0")/steps.sh" overlap 345 || exit 2
 export DISTLAB_TIMEOUT="${DISTLAB_TIMEOUT:-60}" NCCL_NVLS_ENABLE=0
-NAME=overlap SUM="$OUT/overlap-summary.txt" BUDGET="${BUDGET:-345}"
-source scripts/gpu/steps.sh
 trap 'cp "$OUT"/gemm-*.csv "$L/" 2>/dev/null; steps_finish' EXIT
 header
 gpu=$(gpu_tag)

@@ -14,27 +14,16 @@
 # Expect: the spec's last line "N passed, 0 failed, 0 skipped"; in
 # repl-cuda-2.txt "[1] error: ..." after the second Ctrl-C (or the timeout),
 # "a new world: comm 'w..' (ipc, 2 ranks, cuda)" and tensor([3.0000, ...]).
-# Writes $OUT/repl-spec.log, repl-cuda-1.txt, repl-cuda-2.txt and
-# repl-logs.tgz. About 3-5 minutes with the build.
+# Writes $OUT/repl-spec.log, repl-cuda-1.txt, repl-cuda-2.txt, the verdicts in
+# $OUT/repl-summary.txt and repl-logs.tgz. About 3-5 minutes with the build (BUDGET 580 s).
 set -u
-OUT="${OUT:-/tmp/distlab-out}"
-mkdir -p "$OUT"
-cd "$(dirname "$0")/../.." || exit 2
-source scripts/gpu/setup.sh || exit 2
-{
-  date -u '+%Y-%m-%d %H:%M UTC'
-  nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader
-  echo "commit: ${DISTLAB_COMMIT:-$(git describe --always --dirty 2>/dev/null || echo unknown)}"
-} | tee "$OUT/repl-spec.log"
-
-t0=$(date +%s)
-timeout 300 ./distlab build 2>&1 | tail -3
-echo "build: $(( $(date +%s) - t0 )) s"
-
-DISTLAB_SPEC_RANKS=2 timeout 300 ./distlab test spec/repl_spec.lua >>"$OUT/repl-spec.log" 2>&1
-echo "spec (exit $?): $(tail -n 1 "$OUT/repl-spec.log")"
-timeout 120 luajit spec/repl/transcript.lua cuda 1 >"$OUT/repl-cuda-1.txt" 2>&1
-echo "transcript, 1 rank (exit $?)"
-timeout 180 luajit spec/repl/transcript.lua cuda 2 >"$OUT/repl-cuda-2.txt" 2>&1
-echo "transcript, 2 ranks on one GPU (exit $?)"
-tar -czf "$OUT/repl-logs.tgz" -C "$OUT" repl-spec.log repl-cuda-1.txt repl-cuda-2.txt
+t_start=$(date +%s)
+source "$(dirname "$0")/steps.sh" repl 580 || exit 2
+header
+step build 300 "$L/build.log" ./distlab build || exit 1
+DISTLAB_SPEC_RANKS=2 step "repl_spec (#gpu, #multigpu: 2 ranks on one GPU)" 300 "$OUT/repl-spec.log" \
+  ./distlab test spec/repl_spec.lua
+step "transcript, 1 rank" 120 "$OUT/repl-cuda-1.txt" luajit spec/repl/transcript.lua cuda 1
+step "transcript, 2 ranks on one GPU" 180 "$OUT/repl-cuda-2.txt" luajit spec/repl/transcript.lua cuda 2
+cp "$OUT/repl-spec.log" "$OUT/repl-cuda-1.txt" "$OUT/repl-cuda-2.txt" "$L/" 2>/dev/null
+exit $status

@@ -1,10 +1,10 @@
-# Remote step, sourced on a GPU host from the repo root: unpack the carried
-# Debian packages (.debs/, from scripts/gpu/fetch-debs.sh) under /tmp/debroot
+# shellcheck shell=bash
+# Sourced by scripts/gpu/steps.sh on a GPU host, from the repo root: unpack the carried
+# Debian packages (.debs/, from scripts/fetch-debs.sh) under /tmp/debroot
 # and put their programs and Lua modules on the paths. Idempotent.
-#   source scripts/gpu/setup.sh
 DEBROOT=/tmp/debroot
 if [ ! -x "$DEBROOT/usr/bin/luajit" ]; then
-  [ -d .debs ] || { echo "setup.sh: no .debs/ here: run scripts/gpu/fetch-debs.sh locally and carry .debs" >&2; return 1; }
+  [ -d .debs ] || { echo "setup.sh: no .debs/ here: run scripts/fetch-debs.sh locally and carry .debs" >&2; return 1; }
   mkdir -p "$DEBROOT"
   for f in .debs/*.deb; do dpkg -x "$f" "$DEBROOT"; done
   # Debian's luajit is a symlink to luajit-2.1.0-beta3 in the same folder

@@ -1,43 +1,61 @@
-# Sourced by a remote script on a GPU host after scripts/gpu/setup.sh: the
-# budgeted steps, the summary file and the packed logs that every whole-check
-# script uses. Before sourcing, set NAME (the script's short name), L (its log
-# folder under $OUT), SUM (the summary file), BUDGET (seconds) and t_start
-# (`date +%s` at the script's start). Gives:
-#   say MSG...               a line "[NAME +Ts] MSG" on stdout and in $SUM
-#   step NAME LIMIT LOG CMD  CMD under min(LIMIT, what is left of BUDGET less 10 s for
-#                            packing; under 5 s: skipped and failed), output into LOG, one
-#                            verdict line (and LOG's last line) in $SUM; a failure sets status=1
+# shellcheck shell=bash
+# scripts/gpu/steps.sh — the skeleton of every remote step on a GPU host (scripts/gpu/*.sh),
+# sourced first, before anything else the script does:
+#   source "$(dirname "$0")/steps.sh" NAME [BUDGET]
+# It goes to the repository root (once), unpacks the carried tools (setup.sh) and sets
+#   OUT      where the call's files come back ($OUT, default /tmp/distlab-out), made
+#   L        the script's logs, $OUT/NAME (made afresh), packed into $OUT/NAME-logs.tgz at exit;
+#            with LAYOUT=flat set before sourcing (the lab steps), $OUT itself, not packed
+#   SUM      the verdicts, $OUT/NAME-summary.txt or $OUT/$SUM_NAME (set before sourcing), started empty
+#   t_start  `date +%s` when the script began (unpacking the .debs counts), BUDGET the seconds
+#            every step must end within ($BUDGET, else the second argument, else 540)
+#   status   0, 1 once a step failed; PY PyTorch's python (/opt/torch/.venv), else python3
+# and gives
+#   want WORD                whether STEPS (the script's list of steps) holds WORD
+#   say MSG...               "[NAME +Ts] MSG" on stdout and in $SUM
+#   step NAME LIMIT LOG CMD  CMD under min(LIMIT, what is left of BUDGET less 10 s for packing;
+#                            under 5 s: skipped and failed), in its own process group, output
+#                            into LOG, one verdict line (and LOG's last line) in $SUM; a failure
+#                            sets status=1; returns CMD's exit code
 #   header                   date, GPUs, commit ($DISTLAB_COMMIT or git), torch into $SUM
 #   gpu_tag                  the GPU model in lower case (h200), "gpu" if unknown
 #   build_or_skip            ./distlab build as a step, or, with SKIP_BUILD set and
 #                            build/lib/libdistlab.so there (built and stripped elsewhere,
 #                            carried), a line saying it was skipped; false if the build failed
-#   mps_start                the MPS daemon (for ranks sharing a GPU); stopped at exit
-#   unpack_carried_cudnn     the cuDNN carried in .deps/cudnn-lib, if any: carried_dir, carried_libs
-#   pick_cudnn               DISTLAB_CUDNN = that carried cuDNN, else PyTorch's libcudnn where present (9.19 on
-#                            the lent hosts; the same speed as the system's 9.14 in
-#                            cudnn.sh's pick, and newer), DL_ENV = the environment for
-#                            distlab's commands (its folder's neighbours on LD_LIBRARY_PATH)
+#   mps_start, mps_stop      the MPS daemon (for ranks sharing a GPU); stopped at exit
+#   unpack_carried_cudnn     the cuDNN carried in .deps/cudnn-lib (scripts/fetch-cudnn-lib.sh),
+#                            unpacked once into .deps/cudnn-lib/lib, where libdistlab's pick finds
+#                            it (core/ops/attn/cudnn_lib.c): carried_dir, carried_libs (with an
+#                            NVRTC 13's folder), both empty where nothing was carried
+#   pick_cudnn               the carried cuDNN unpacked, and a line naming the libcudnn distlab
+#                            will take (the newest it finds: the carried one, PyTorch's wheel,
+#                            the system's; DISTLAB_CUDNN overrides)
+#   system_cudnn             the path of the system's libcudnn.so.9 (the loader's), or nothing
 # At exit: MPS stopped, $SUM copied into $L, $L packed into $OUT/NAME-logs.tgz.
+t_start=${t_start:-$(date +%s)}
+cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
+source scripts/gpu/setup.sh || exit 2
+NAME=${1:?steps.sh: source it with the name of the script}
+BUDGET=${BUDGET:-${2:-540}}
+OUT="${OUT:-/tmp/distlab-out}"
+mkdir -p "$OUT" || exit 2
+OUT="$(cd "$OUT" && pwd)"
+if [ "${LAYOUT:-}" = flat ]; then
+  L="$OUT"
+else
+  L="$OUT/$NAME"
+  rm -rf "$L"
+  mkdir -p "$L"
+fi
+SUM="$OUT/${SUM_NAME:-$NAME-summary.txt}"
+: >"$SUM"
 status=0
 deadline=$((t_start + BUDGET))
-say() { echo "[$NAME +$(($(date +%s) - t_start)) s] $*" | tee -a "$SUM"; }
-build_or_skip() {
-  if [ -n "${SKIP_BUILD:-}" ] && [ -f build/lib/libdistlab.so ]; then
-    say "build: skipped (SKIP_BUILD: the build/lib/libdistlab.so carried here)"
-  else
-    step build 240 "$L/build.log" ./distlab build
-  fi
-}
+PY=/opt/torch/.venv/bin/python
+[ -x "$PY" ] || PY=python3
 
-mps_ctl=""
-steps_finish() {
-  [ -n "$mps_ctl" ] && echo quit | "$mps_ctl" >/dev/null 2>&1
-  cp "$SUM" "$L/" 2>/dev/null
-  tar -czf "$OUT/$NAME-logs.tgz" -C "$(dirname "$L")" "$(basename "$L")"
-  say "done, status $status; logs: $OUT/$NAME-logs.tgz"
-}
-trap steps_finish EXIT
+want() { [[ " ${STEPS:-} " == *" $1 "* ]]; }
+say() { echo "[$NAME +$(($(date +%s) - t_start)) s] $*" | tee -a "$SUM"; }
 
 step() {
   local name=$1 limit=$2 log=$3
@@ -51,6 +69,8 @@ step() {
   fi
   local t0 rc verdict
   t0=$(date +%s)
+  # timeout runs CMD in a process group of its own and signals all of it: a hung rank
+  # the launcher started cannot keep the GPU busy for the next step
   timeout -k 5 "$limit" "$@" >"$log" 2>&1
   rc=$?
   case $rc in
@@ -62,9 +82,6 @@ step() {
   say "$name: $verdict in $(($(date +%s) - t0)) s; $(tail -n 1 "$log")"
   return $rc
 }
-
-PY=/opt/torch/.venv/bin/python
-[ -x "$PY" ] || PY=python3
 
 header() {
   {
@@ -81,6 +98,15 @@ gpu_tag() {
   echo "${g:-gpu}"
 }
 
+build_or_skip() {
+  if [ -n "${SKIP_BUILD:-}" ] && [ -f build/lib/libdistlab.so ]; then
+    say "build: skipped (SKIP_BUILD: the build/lib/libdistlab.so carried here)"
+  else
+    step build 240 "$L/build.log" ./distlab build
+  fi
+}
+
+mps_ctl=""
 mps_start() {
   local ctl
   ctl="$(command -v nvidia-cuda-mps-control || ls /usr/local/nvidia/bin/nvidia-cuda-mps-control 2>/dev/null)"
@@ -91,16 +117,31 @@ mps_start() {
   export PATH="$(dirname "$ctl"):$PATH" # the launcher looks for the daemon by name
   say "MPS: $([ -n "$mps_ctl" ] && echo "running ($ctl)" || echo "failed to start")"
 }
+mps_stop() {
+  [ -n "$mps_ctl" ] || return 0
+  echo quit | "$mps_ctl" >/dev/null 2>&1
+  mps_ctl=""
+  sleep 1
+  say "MPS: stopped"
+}
 
-# unpack_carried_cudnn: the cuDNN carried in .deps/cudnn-lib (scripts/fetch-cudnn-lib.sh: a
-# pinned, newer cuDNN's GRAPH_JIT_ONLY sub-libraries, xz), unpacked once into carried_dir;
-# carried_libs = that folder and an NVRTC 13's (PyTorch's wheel's or the toolkit's) for the
-# loader's path. Both empty where nothing was carried.
+steps_finish() {
+  [ -n "$mps_ctl" ] && echo quit | "$mps_ctl" >/dev/null 2>&1
+  if [ "$L" != "$OUT" ]; then
+    cp "$SUM" "$L/" 2>/dev/null
+    tar -czf "$OUT/$NAME-logs.tgz" -C "$(dirname "$L")" "$(basename "$L")"
+    say "done, status $status; logs: $OUT/$NAME-logs.tgz"
+  else
+    say "done, status $status"
+  fi
+}
+trap steps_finish EXIT
+
 unpack_carried_cudnn() {
   local x so n
   carried_dir="" carried_libs=""
   [ -f .deps/cudnn-lib/VERSION ] || return 0
-  carried_dir="/tmp/distlab-cudnn-$(cat .deps/cudnn-lib/VERSION)/lib"
+  carried_dir="$PWD/.deps/cudnn-lib/lib"
   mkdir -p "$carried_dir"
   for x in .deps/cudnn-lib/*.so.9.xz; do
     so="$carried_dir/$(basename "$x" .xz)"
@@ -113,24 +154,14 @@ unpack_carried_cudnn() {
   say "carried cuDNN $(cat .deps/cudnn-lib/VERSION) in $carried_dir (NVRTC from ${carried_libs#*:})"
 }
 
-DL_ENV=(env)
 pick_cudnn() {
-  local f libs d
   unpack_carried_cudnn
-  if [ -n "$carried_dir" ]; then # newer than PyTorch's; its thd backward is faster (attn-h200-cudnn928.md)
-    export DISTLAB_CUDNN="$carried_dir/libcudnn.so.9"
-    DL_ENV=(env CUDNN_LIB_CONFIG=GRAPH_JIT_ONLY LD_LIBRARY_PATH="$carried_libs:${LD_LIBRARY_PATH:-}")
-    say "cuDNN for distlab: $DISTLAB_CUDNN (carried; CUDNN_LIB_CONFIG=GRAPH_JIT_ONLY)"
-    return 0
-  fi
-  for f in /opt/torch/.venv/lib/python3*/site-packages/nvidia/cudnn/lib/libcudnn.so.9; do
-    [ -e "$f" ] || continue
-    libs="$(dirname "$(readlink -f "$f")")"
-    for d in "$(dirname "$f")"/../../*/lib; do [ -d "$d" ] && libs="$libs:$(readlink -f "$d")"; done
-    export DISTLAB_CUDNN="$(readlink -f "$f")"
-    DL_ENV=(env LD_LIBRARY_PATH="$libs:${LD_LIBRARY_PATH:-}")
-    say "cuDNN for distlab: $DISTLAB_CUDNN"
-    return 0
-  done
-  say "cuDNN for distlab: the loader's (no PyTorch wheel's found)"
+  say "cuDNN for distlab: $(DISTLAB_ROOT="$PWD" LUA_PATH="bindings/?.lua;bindings/?/init.lua;${LUA_PATH:-;}" \
+    luajit -e 'io.write(require("distlab").attn.cudnn_info().pick)' 2>&1 | tail -1)"
+}
+
+system_cudnn() {
+  local f
+  f=$(ldconfig -p 2>/dev/null | awk '$1 == "libcudnn.so.9" { print $NF; exit }')
+  [ -n "$f" ] && readlink -f "$f"
 }
