@@ -5,17 +5,20 @@
 #      and carried;
 #   2. the libraries distlab loads here, and their files (scripts/gpu/libs.lua: NCCL, cuBLASLt,
 #      cuDNN and why that one; PyTorch's versions);
-#   3. every spec file with `./distlab test FILE` (the #gpu specs included; #multigpu left to 4),
-#      LANES (default 4) files at a time, the longest first, each under its limit (SLOW below:
-#      the files known to take long, with their limits; FILE_LIMIT for the rest, default 150 s);
-#      and spec/attn_cudnn_spec.lua once more with the system's libcudnn.so.9 forced
-#      (DISTLAB_CUDNN=<it>: 9.14 on the lent hosts, whose known-wrong configurations distlab
-#      refuses), so the pick and the system's cuDNN are both covered;
-#   4. MPS started, then for N in RANKS (default "2 4 8"): the #multigpu spec files with
-#      DISTLAB_SPEC_RANKS=N ranks sharing the GPU(s), one file at a time (spinning ranks need the
-#      GPU to themselves): every one at 2 and 4 ranks (MULTI: comm, symm, allreduce, cp, ep,
-#      overlap, repl), the all-reduce, EP, overlap and CP ones at 8 (MULTI8), at N > 2 less the
-#      specs whose rank count is fixed (they ran at 2: FIXED below).
+#   3. two tracks side by side (TRACKS=serial: one after the other), all under MPS (started
+#      first, so every process on the GPU is a client of the one daemon):
+#      - the lanes: every spec file with `./distlab test FILE` (the #gpu specs included, the
+#        #multigpu ones left to the other track), LANES (default 4) files at a time, the
+#        longest first, each under its limit (SLOW below, else FILE_LIMIT, default 150 s); and
+#        spec/attn_cudnn_spec.lua once more with the system's libcudnn.so.9 forced
+#        (DISTLAB_CUDNN=<it>: 9.14 on the lent hosts, whose known-wrong configurations distlab
+#        refuses), so the pick and the system's cuDNN are both covered. Mostly cpu work: the
+#        twins, the emulators, ranks on cpu;
+#      - the #multigpu track: for N in RANKS (default "2 4 8") the #multigpu spec files with
+#        DISTLAB_SPEC_RANKS=N ranks sharing the GPU(s), one file at a time: every one at 2 and 4
+#        ranks (MULTI: comm, symm, allreduce, cp, ep, overlap, repl), the all-reduce, EP,
+#        overlap and CP ones at 8 (MULTI8), above 2 less the specs whose rank count is fixed
+#        (they ran at 2: FIXED below).
 # Writes $OUT/suite-<gpu>.md (commit it as experiments/results/suite-<gpu>.md): device, date,
 # commit, the exact commands with every DISTLAB_* / NCCL_* / CUDA_* variable set, the libraries
 # loaded, a table of every step (spec file, ranks, passed / failed / skipped, seconds), the
@@ -35,10 +38,12 @@ LANES="${LANES:-4}"
 RANKS="${RANKS:-2 4 8}"
 MULTI="${MULTI:-comm symm allreduce cp ep overlap repl}"
 MULTI8="${MULTI8:-allreduce ep overlap cp}"
-# spec files that take long (seconds on one H200), started first, each with its own limit
-declare -A SLOW=([attn_spec]=240 [attn_cudnn_spec]=240 [attn_merge_spec]=180 [bench_spec]=240
-  [allreduce_spec]=240 [cp_spec]=240 [ep_spec]=180 [faults_spec]=180 [repl_spec]=180 [overlap_spec]=180
-  [comm_spec]=150 [launcher_spec]=150)
+# the spec files that take long, started first, with their limits (seconds): on 2 shared cores
+# the emulators took 280 s (attn_hopper_emu) and 115 s, the cpu ranks of allreduce, ep and cp
+# 110-180 s; the #gpu cases of attn and attn_cudnn check every case against the fp64 twin
+declare -A SLOW=([attn_hopper_emu_spec]=300 [allreduce_emu_spec]=240 [attn_spec]=240 [attn_cudnn_spec]=240
+  [attn_merge_spec]=180 [bench_spec]=240 [allreduce_spec]=240 [cp_spec]=240 [ep_spec]=240 [faults_spec]=180
+  [repl_spec]=180 [overlap_spec]=180 [comm_spec]=150 [launcher_spec]=150)
 # the #multigpu specs whose rank count is fixed (busted --filter-out patterns, one word each:
 # busted re-runs itself through a shell that splits on spaces)
 declare -A FIXED=([allreduce]="never%scomes tune%swrites" [comm]="failure:" [ep]="check" [overlap]="stuck")
@@ -47,7 +52,9 @@ header
 gpu=$(gpu_tag)
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 say "steps: $STEPS; $ngpu GPU(s); lanes $LANES; ranks $RANKS"
+build_how=$([ -n "${SKIP_BUILD:-}" ] && [ -f build/lib/libdistlab.so ] && echo "carried (SKIP_BUILD)" || echo "on the host")
 build_or_skip || exit 1
+export SKIP_BUILD=1 # built: the ./distlab test of every step need not ask make again (one at a time, under a lock)
 unpack_carried_cudnn
 sys_cudnn=$(system_cudnn)
 
@@ -61,7 +68,7 @@ spec_step() {
   t0=$(date +%s)
   step "$(basename "$file") ($ranks rank(s)${vars:+; $vars})" "$limit" "$log" env $vars ./distlab test "$@" "$file"
   rc=$?
-  printf '%s|%s|%s|%s|%s|%s|%s\n' "$file" "$ranks" "$vars" "$(tail -n 1 "$log" 2>/dev/null)" \
+  printf '%s|%s|%s|%s|%s|%s|%s\n' "$file" "$ranks" "$vars" "$(tail -n 1 "$log" 2>/dev/null || echo "not run")" \
     "$(($(date +%s) - t0))" "$rc" "$(basename "$log")" >>"$L/records"
   return $rc
 }
@@ -72,32 +79,9 @@ if want libs; then
     "$L/libs-system-cudnn.log" ./distlab run -n 1 --device cuda scripts/gpu/libs.lua
 fi
 
-if want specs; then
-  # the jobs, longest first: "LIMIT FILE VARS"
-  jobs_list=()
-  for f in ${SPECS:-spec/*_spec.lua}; do
-    b=$(basename "$f" .lua)
-    jobs_list+=("${SLOW[$b]:-${FILE_LIMIT:-150}}|$f|")
-  done
-  if [ -n "$sys_cudnn" ]; then
-    jobs_list+=("240|spec/attn_cudnn_spec.lua|DISTLAB_CUDNN=$sys_cudnn")
-  else
-    say "no system libcudnn.so.9 (ldconfig): the cudnn specs run once, with the pick"
-  fi
-  mapfile -t jobs_list < <(printf '%s\n' "${jobs_list[@]}" | sort -t'|' -k1,1nr)
-  for j in "${jobs_list[@]}"; do
-    IFS='|' read -r limit f vars <<<"$j"
-    while [ "$(jobs -rp | wc -l)" -ge "$LANES" ]; do sleep 0.5; done
-    spec_step "$limit" "$f" 1 "$vars" &
-  done
-  wait
-  # the lanes ran in subshells: their failures are in the records
-  awk -F'|' '$6 != 0 { bad = 1 } END { exit !bad }' "$L/records" 2>/dev/null && status=1
-fi
-
-if want multi; then
-  [ "$ngpu" -ge 1 ] || { say "multi: no GPU"; status=1; exit 1; }
-  [ "${MPS:-1}" = 1 ] && mps_start
+# The #multigpu track: one file at a time, 2 ranks first (the lanes are busiest then), 8 last.
+multi_track() {
+  local n m mods out p
   for n in $RANKS; do
     mods=$MULTI
     [ "$n" -ge 8 ] && mods=$MULTI8
@@ -107,7 +91,46 @@ if want multi; then
       spec_step 240 "spec/${m}_spec.lua" "$n" "DISTLAB_SPEC_RANKS=$n" --tags=multigpu "${out[@]}"
     done
   done
+}
+
+# The spec files, LANES at a time, longest first (by their limits).
+spec_lanes() {
+  local f b j limit vars list=()
+  for f in ${SPECS:-spec/*_spec.lua}; do
+    b=$(basename "$f" .lua)
+    list+=("${SLOW[$b]:-${FILE_LIMIT:-150}}|$f|")
+  done
+  if [ -n "$sys_cudnn" ]; then
+    list+=("240|spec/attn_cudnn_spec.lua|DISTLAB_CUDNN=$sys_cudnn")
+  else
+    say "no system libcudnn.so.9 (ldconfig): the cudnn specs run once, with the pick"
+  fi
+  mapfile -t list < <(printf '%s\n' "${list[@]}" | sort -t'|' -k1,1nr)
+  for j in "${list[@]}"; do
+    IFS='|' read -r limit f vars <<<"$j"
+    while [ "$(jobs -rp | wc -l)" -ge "$LANES" ]; do sleep 0.5; done
+    spec_step "$limit" "$f" 1 "$vars" &
+  done
+  wait
+}
+
+if want multi; then
+  [ "$ngpu" -ge 1 ] || { say "multi: no GPU"; status=1; exit 1; }
+  # before the lanes start, so that every process on the GPU is a client of the one daemon
+  [ "${MPS:-1}" = 1 ] && mps_start
 fi
+# The two tracks side by side (TRACKS=serial: the lanes, then the #multigpu files): the lanes
+# are mostly cpu work (the twins, the emulators, ranks on cpu), the #multigpu track GPU work
+if want multi && want specs && [ "${TRACKS:-parallel}" = parallel ]; then
+  multi_track &
+  spec_lanes
+  wait
+else
+  if want specs; then spec_lanes; fi
+  if want multi; then multi_track; fi
+fi
+# the steps ran in subshells too: their failures are in the records
+awk -F'|' '$6 != 0 { bad = 1 } END { exit !bad }' "$L/records" 2>/dev/null && status=1
 
 # ---- the results file ---------------------------------------------------------------------
 md="$OUT/suite-$gpu.md"
@@ -117,8 +140,8 @@ md="$OUT/suite-$gpu.md"
   echo "- device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1), $ngpu GPU(s); $(nproc) CPU cores"
   echo "- date: $(date -u -d "@$t_start" '+%Y-%m-%d %H:%M UTC')"
   echo "- commit: \`${DISTLAB_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}\`$(git diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
-  echo "- command: \`$(env | grep -E '^(DISTLAB|NCCL|CUDA)_' | sort | tr '\n' ' ')${SKIP_BUILD:+SKIP_BUILD=$SKIP_BUILD }STEPS=\"$STEPS\" LANES=$LANES RANKS=\"$RANKS\" MULTI8=\"$MULTI8\" scripts/gpu/suite.sh\`; each step below is \`[VARS] ./distlab test [ARGS] FILE\` (the #multigpu ones with \`--tags=multigpu\`, at 4 and 8 ranks with the \`--filter-out\` of FIXED), its variables in the table"
-  echo "- build: $([ -n "${SKIP_BUILD:-}" ] && echo "carried (SKIP_BUILD)" || echo "on the host"); $(grep -h '^lib distlab:' "$L/libs.log" 2>/dev/null | sed 's/^lib distlab: //')"
+  echo "- command: \`$(env | grep -E '^(DISTLAB|NCCL|CUDA)_' | sort | tr '\n' ' ')$([ "$build_how" = "on the host" ] || echo "SKIP_BUILD=1 ")STEPS=\"$STEPS\" LANES=$LANES RANKS=\"$RANKS\" MULTI8=\"$MULTI8\" scripts/gpu/suite.sh\`; each step below is \`[VARS] ./distlab test [ARGS] FILE\` (the #multigpu ones with \`--tags=multigpu\`, at 4 and 8 ranks with the \`--filter-out\` of FIXED), its variables in the table"
+  echo "- build: $build_how; $(grep -h '^lib distlab:' "$L/libs.log" 2>/dev/null | sed 's/^lib distlab: //')"
   echo "- libraries loaded (scripts/gpu/libs.lua: an NCCL world, a GEMM, a cudnn attention step):"
   grep -h '^lib \(loaded\|cudnn pick\|NCCL\|cuBLASLt\|cuDNN\):' "$L/libs.log" 2>/dev/null | sed 's/^lib /  - /'
   if [ -f "$L/libs-system-cudnn.log" ]; then
@@ -135,6 +158,8 @@ md="$OUT/suite-$gpu.md"
     if [[ "$summary" =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed,\ ([0-9]+)\ skipped$ ]]; then
       p=${BASH_REMATCH[1]} fl=${BASH_REMATCH[2]} s=${BASH_REMATCH[3]}
       [ "$rc" = 0 ] || [ "$fl" != 0 ] || fl="1 (exit $rc)"
+    elif [ "$summary" = "not run" ]; then
+      p=0 fl="1 (not run: the budget was spent)" s=0
     else
       p=0 fl="1 ($([ "$rc" = 124 ] || [ "$rc" = 137 ] && echo "timed out" || echo "exit $rc, no summary"))" s=0
     fi
