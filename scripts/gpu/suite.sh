@@ -16,7 +16,7 @@
 #        twins, the emulators, ranks on cpu;
 #      - the #multigpu track: for N in RANKS (default "2 4 8") the #multigpu spec files with
 #        DISTLAB_SPEC_RANKS=N ranks sharing the GPU(s), one file at a time: every one at 2 and 4
-#        ranks (MULTI: comm, symm, allreduce, cp, ep, overlap, repl), the all-reduce, EP,
+#        ranks (MULTI: the files with a #multigpu describe), the all-reduce, EP,
 #        overlap and CP ones at 8 (MULTI8), above 2 less the specs whose rank count is fixed
 #        (they ran at 2: FIXED below).
 # Writes $OUT/suite-<gpu>.md (commit it as experiments/results/suite-<gpu>.md): device, date,
@@ -36,7 +36,8 @@ export DISTLAB_TIMEOUT="${DISTLAB_TIMEOUT:-60}" DISTLAB_JOB_TIMEOUT="${DISTLAB_J
 STEPS="${STEPS:-libs specs multi}"
 LANES="${LANES:-4}"
 RANKS="${RANKS:-2 4 8}"
-MULTI="${MULTI:-comm symm allreduce cp ep overlap repl}"
+# every spec file with a #multigpu describe (today comm, symm, allreduce, cp, ep, overlap, repl)
+MULTI="${MULTI:-$(grep -l '#multigpu' spec/*_spec.lua | sed 's,spec/\(.*\)_spec.lua,\1,' | tr '\n' ' ')}"
 MULTI8="${MULTI8:-allreduce ep overlap cp}"
 # the spec files that take long, started first, with their limits (seconds): on 2 shared cores
 # the emulators took 280 s (attn_hopper_emu) and 115 s, the cpu ranks of allreduce, ep and cp
@@ -123,7 +124,7 @@ fi
 # are mostly cpu work (the twins, the emulators, ranks on cpu), the #multigpu track GPU work
 if want multi && want specs && [ "${TRACKS:-parallel}" = parallel ]; then
   multi_track &
-  spec_lanes
+  (spec_lanes) # a shell of its own: its lanes count (and wait for) its jobs alone
   wait
 else
   if want specs; then spec_lanes; fi
