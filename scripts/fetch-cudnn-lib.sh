@@ -8,9 +8,11 @@
 # libcudnn_engines_runtime_compiled.so, with CUDNN_LIB_CONFIG=GRAPH_JIT_ONLY): the graph API and
 # its JIT engines, which is all dl.attn uses. The whole wheel is ~0.5 GB; these three, xz -9e,
 # ~56 MB; its headers (~0.6 MB) beside them, which premake5.lua prefers when present (so a build
-# on the GPU host compiles the frontend for this version). scripts/gpu/cudnn.sh unpacks them on the host, offers them as one more candidate of its
-# pick (with CUDNN_LIB_CONFIG=GRAPH_JIT_ONLY and an NVRTC 13 on the loader's path) and names the
-# version that ran in the results.
+# on the GPU host compiles the frontend for this version). On the host, scripts/gpu/steps.sh
+# (unpack_carried_cudnn, pick_cudnn) unpacks them into .deps/cudnn-lib/lib, where libdistlab's
+# pick finds them and, the newest cuDNN there, takes them (core/ops/attn/cudnn_lib.c: with
+# CUDNN_LIB_CONFIG=GRAPH_JIT_ONLY and an NVRTC 13 loaded first); scripts/gpu/cudnn.sh times them
+# beside the other candidates; the results name the version that ran.
 #   scripts/fetch-cudnn-lib.sh          fetch unless present
 #   scripts/fetch-cudnn-lib.sh --force  fetch again
 set -euo pipefail
