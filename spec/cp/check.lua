@@ -170,9 +170,19 @@ end
 
 -- ---- the cases --------------------------------------------------------------------------
 
+local function gcd(a, b) return b == 0 and a or gcd(b, a % b) end
+
 local cases = {}
 local function add(cs)
   cs.dtype, cs.h, cs.hkv = cs.dtype or "bf16", cs.h or 4, cs.hkv or cs.h or 4
+  if cs.algo == "a2a" then
+    -- all-to-all splits the heads over the ranks (its overlap, two head groups: an even count
+    -- a rank): more ranks than the case's K/V heads take proportionally more heads of both
+    -- (8 ranks sharing one GPU in scripts/gpu/suite.sh; unchanged up to 4 ranks)
+    local need = cs.overlap and 2 * C or C
+    local k = need / gcd(need, cs.hkv)
+    cs.h, cs.hkv = cs.h * k, cs.hkv * k
+  end
   cs.dqk, cs.dv = cs.dqk or 16, cs.dv or cs.dqk or 16
   if cs.layout == "thd" then cs.seq = thd_seqs() end
   cases[#cases + 1] = cs
