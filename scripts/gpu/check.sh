@@ -5,7 +5,8 @@
 # Sections: foundation = the specs (gpu-tagged included), overhead benchmark
 # (distlab and PyTorch eager: $OUT/overhead-<gpu>.{md,csv}, overhead-torch-<gpu>.*), demo;
 # any other word runs scripts/gpu/<word>.sh. Within BUDGET (default 580 s); verdicts in
-# $OUT/check-summary.txt, logs (test.log, launch_floor.txt, ...) in $OUT/check-logs.tgz.
+# $OUT/check-summary.txt, logs (test.log, launch_floor.txt, ...) in $OUT/check-logs.tgz. (The whole
+# suite with ranks sharing the GPU, in one call: scripts/gpu/suite.sh.)
 set -u
 t_start=$(date +%s)
 source "$(dirname "$0")/steps.sh" check 580 || exit 2
@@ -18,7 +19,7 @@ step build 240 "$L/build.log" ./distlab build || exit 1
 for s in "${sections[@]}"; do
   case "$s" in
     foundation)
-      step "specs" 300 "$L/test.log" ./distlab test
+      step "specs" 540 "$L/test.log" ./distlab test
       grep -v '^ok ' "$L/test.log" | tail -40
       step "overhead" 120 "$L/overhead.log" ./distlab run -n 1 --device cuda experiments/foundation/overhead.lua --out "$OUT"
       step "launch floor (build)" 60 "$L/launch_floor_build.log" nvcc -O2 -arch=sm_90 experiments/lab/launch_floor.cu -o /tmp/launch_floor &&
