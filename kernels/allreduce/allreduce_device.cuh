@@ -440,14 +440,20 @@ template <class F> dl_ar_kernel_t dl_ar_pick(const dl_ar_args_t *a, F of) {
   }
 }
 
+// A kernel picked for a call, and its name for errors.
+struct dl_ar_picked_t {
+  dl_ar_kernel_t kernel;
+  const char *name;
+};
+
 // Kernel template `kernel` instantiated for a: DL_AR_PICK(a, allreduce_two_shot_kernel).
 #define DL_AR_PICK(a, kernel) \
-  dl_ar_pick((a), []<int DT, int NR, bool AL>(dl_ar_inst<DT, NR, AL>) { return kernel<DT, NR, AL>; })
+  dl_ar_picked_t{dl_ar_pick((a), []<int DT, int NR, bool AL>(dl_ar_inst<DT, NR, AL>) { return kernel<DT, NR, AL>; }), #kernel}
 
 // The kernel of a->algo picked for a, by the file of its family (NULL for an
 // algorithm of another family). There, not in the launcher: nvcc wants a
 // kernel template instantiated in the file that defines it.
-dl_ar_kernel_t dl_ar_one_shot_kernel(const dl_ar_args_t *a); // one_shot.cu
-dl_ar_kernel_t dl_ar_two_shot_kernel(const dl_ar_args_t *a); // two_shot.cu
+dl_ar_picked_t dl_ar_one_shot_kernel(const dl_ar_args_t *a); // one_shot.cu
+dl_ar_picked_t dl_ar_two_shot_kernel(const dl_ar_args_t *a); // two_shot.cu
 
 #endif

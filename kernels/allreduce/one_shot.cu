@@ -331,7 +331,7 @@ __global__ void __launch_bounds__(AR_THREADS, lamport_occupancy<NR>::BLOCKS)
 
 // ---- launcher -----------------------------------------------------------------
 
-dl_ar_kernel_t dl_ar_one_shot_kernel(const dl_ar_args_t *a) {
+dl_ar_picked_t dl_ar_one_shot_kernel(const dl_ar_args_t *a) {
   switch (a->algo) {
   case DL_AR_ONE_SHOT:
     if (a->zero_copy) return DL_AR_PICK(a, allreduce_one_shot_zero_copy_kernel);
@@ -341,6 +341,6 @@ dl_ar_kernel_t dl_ar_one_shot_kernel(const dl_ar_args_t *a) {
   case DL_AR_ONE_SHOT_LAMPORT:
     if (a->tagged) return DL_AR_PICK(a, allreduce_one_shot_lamport_tagged_kernel);
     return DL_AR_PICK(a, allreduce_one_shot_lamport_kernel);
-  default: return nullptr;
+  default: return {nullptr, nullptr};
   }
 }

@@ -235,12 +235,12 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_two_shot_lamport_kern
 
 // ---- launcher -----------------------------------------------------------------
 
-dl_ar_kernel_t dl_ar_two_shot_kernel(const dl_ar_args_t *a) {
+dl_ar_picked_t dl_ar_two_shot_kernel(const dl_ar_args_t *a) {
   switch (a->algo) {
   case DL_AR_TWO_SHOT: return DL_AR_PICK(a, allreduce_two_shot_kernel);
   case DL_AR_TWO_SHOT_PUSH: return DL_AR_PICK(a, allreduce_two_shot_push_kernel);
   case DL_AR_TWO_SHOT_WRITE: return DL_AR_PICK(a, allreduce_two_shot_write_kernel);
   case DL_AR_TWO_SHOT_LAMPORT: return DL_AR_PICK(a, allreduce_two_shot_lamport_kernel);
-  default: return nullptr;
+  default: return {nullptr, nullptr};
   }
 }

@@ -10,7 +10,7 @@
 #ifndef DISTLAB_EP_DEVICE_CUH
 #define DISTLAB_EP_DEVICE_CUH
 
-#include "common/pdl.cuh"
+#include "common/launch.cuh"
 #include "ep/ep.h"
 #include "ep/fp8.h"
 

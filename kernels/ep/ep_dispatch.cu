@@ -769,24 +769,8 @@ static const char *dispatch_name(int phase) {
                                         : "ep_dispatch_kernel";
 }
 
-// One grid of k, with the shared memory it needs (above 48 KiB by opting in),
-// and programmatic stream serialization when a->pdl (common/pdl.cuh).
-static int go(ep_kernel_t k, const dl_ep_args_t *a, void *stream, int64_t smem, const char *name) {
-#ifndef DL_EP_EMU
-  if (smem > 48 * 1024) DL_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-#endif
-#ifdef DL_EP_EMU
-  k<<<a->blocks, a->threads, (size_t)smem, (cudaStream_t)stream>>>(*a);
-  DL_CUDA_CHECK_LAUNCH(name);
-#else
-  const cudaError_t e = dl_pdl_launch(k, a->blocks, a->threads, (size_t)smem, (cudaStream_t)stream, a->pdl, *a);
-  if (e != cudaSuccess) return DL_ERR(DL_ECUDA, "launch of %s failed: %s", name, cudaGetErrorString(e));
-#endif
-  return DL_OK;
-}
-
 int ep_launch_dispatch(const dl_ep_args_t *a, void *stream, int64_t smem) {
-  return go(dispatch_kernel(a), a, stream, smem, dispatch_name(a->phase));
+  return dl_launch(dispatch_kernel(a), dispatch_name(a->phase), a->blocks, a->threads, smem, stream, a->pdl, *a);
 }
 
 extern "C" int64_t dl_ep_cuda_smem(const dl_ep_args_t *a) {

@@ -16,22 +16,15 @@
 #include <time.h>
 
 #include "allreduce/allreduce.h"
-#include "comm/comm_ops.h"
+#include "ops/common/devop.h"
 #include "base/device.h"
-
-enum { AR_MAGIC = 0xa11ed0ce };
 
 /* cpu twin: one "thread" per block moving 8192 vectors (128 KiB) a round */
 enum { CPU_THREADS = 1, CPU_UNROLL = 8192, CPU_MAX_BLOCKS = 4 };
 
 struct dl_allreduce {
-  uint32_t magic;
-  dl_comm_t *comm; /* borrowed: the caller keeps it alive */
-  char comm_name[96]; /* its name, for messages */
-  dl_symm_t *symm;
-  int rank, size, dev_type, dev_index;
+  dl_devop_t op; /* the lifecycle: identity, buffers, failure (core/ops/common/devop.h) */
   int sms, max_blocks, threads, unroll;
-  int share; /* ranks of the comm on this GPU: the grids are split among them */
   int64_t round_max; /* vectors a block moves per round at most (0: the kernels' own) */
   int pdl;           /* launch with programmatic stream serialization (cuda) */
   uint32_t poll_ns;  /* the Lamport kernels' nap between polls */
@@ -40,20 +33,14 @@ struct dl_allreduce {
   uint32_t gone_gap_ns; /* a block's least time between reads of status->gone */
   int lamport_ahead; /* the Lamport kernels: grid steps pushed ahead of the reduction */
   int64_t tagged_max; /* one_shot_lamport calls up to this many bytes go tagged (tagged_fits) */
-  int failed;
-  char failure[512]; /* why, once failed */
-  double timeout_s;
   int64_t slot;  /* bytes of the zero-copy region and of each staging slot */
   int64_t lslot; /* bytes of each lamport slot (kernels/allreduce/allreduce.h) */
   int64_t lstride; /* bytes from a lamport slot to the next: lslot + DISTLAB_AR_LAMPORT_PAD_KB */
   int64_t calls; /* kernel calls issued */
   int64_t runs;  /* dl_allreduce_run calls, for the debug check */
   int id;        /* which of the comm's symmetric buffers: names debug keys */
-  char *bufs[DL_SIGNAL_MAX_RANKS];
-  int32_t pids[DL_SIGNAL_MAX_RANKS]; /* the ranks' processes on this host, for messages */
-  int watched;                       /* status->gone is watched (peers.c) */
   dl_signal_pad_t *pad;
-  dl_ar_status_t *status; /* host-mapped on cuda, so runs can read it for free */
+  dl_ar_status_t *status; /* op.status: host-mapped on cuda, so runs can read it for free */
 };
 
 /* By DL_AR_*, so a name cannot land on another algorithm's value; the
@@ -91,22 +78,17 @@ static const char *algo_name(int algo) {
   return name ? name : "?";
 }
 
+static const dl_devop_kind_t ar_kind;
+
 static int ar_check(const dl_allreduce_t *ar, const char *fn) {
-  if (!ar || ar->magic != AR_MAGIC)
-    return DL_ERR(DL_ESTATE, "%s: not a live all-reduce (NULL or freed)", fn);
-  return DL_OK;
+  return dl_devop_live(ar ? &ar->op : NULL, &ar_kind, fn);
 }
 
 /* "all_reduce two_shot on rank 1 of 2 (comm 'w', cuda:1)" */
 static int describe(const dl_allreduce_t *ar, int algo, char *buf, size_t len) {
-  return snprintf(buf, len, "all_reduce %s on rank %d of %d (comm '%s', %s:%d)", algo_name(algo),
-                  ar->rank, ar->size, ar->comm_name, dl_device_type_name(ar->dev_type),
-                  ar->dev_index);
-}
-
-static void set_failed(dl_allreduce_t *ar) {
-  ar->failed = 1;
-  snprintf(ar->failure, sizeof ar->failure, "%s", dl_last_error());
+  char what[64];
+  snprintf(what, sizeof what, "all_reduce %s", algo_name(algo));
+  return dl_devop_describe(&ar->op, what, buf, len);
 }
 
 /* "one_shot on 100 f32 (1 block, rounds of 32 vectors, copy-in)", and for a
@@ -156,16 +138,16 @@ static void call_diff(const dl_ar_call_t *a, const dl_ar_call_t *b, char *buf, s
  * kernel registers (10-26 more, and spills). */
 static int abort_was_mismatch(dl_allreduce_t *ar, uint32_t q, uint32_t seq, dl_ar_call_t *mine,
                               dl_ar_call_t *theirs) {
-  if (q >= (uint32_t)ar->size || (int)q == ar->rank || !ar->bufs[ar->rank]) return 0;
+  if (q >= (uint32_t)ar->op.size || (int)q == ar->op.rank || !ar->op.bufs[ar->op.rank]) return 0;
   dl_ar_call_wire_t row[DL_SIGNAL_MAX_RANKS]; /* every rank's entry for seq, as this rank's ctrl holds them */
-  const dl_ar_call_wire_t *src = ((const dl_ar_ctrl_t *)ar->bufs[ar->rank])->calls[seq & 1];
-  if (ar->dev_type == DL_CPU) {
-    for (int r = 0; r < ar->size; r++)
+  const dl_ar_call_wire_t *src = ((const dl_ar_ctrl_t *)ar->op.bufs[ar->op.rank])->calls[seq & 1];
+  if (ar->op.dev_type == DL_CPU) {
+    for (int r = 0; r < ar->op.size; r++)
       for (int i = 0; i < 8; i++) row[r].w[i] = __atomic_load_n(&src[r].w[i], __ATOMIC_ACQUIRE);
   }
 #ifdef DL_WITH_CUDA
-  else if (ar->dev_type == DL_CUDA) {
-    if (dl_cuda_use(ar->dev_index) != DL_OK ||
+  else if (ar->op.dev_type == DL_CUDA) {
+    if (dl_cuda_use(ar->op.dev_index) != DL_OK ||
         cudaMemcpy(row, src, sizeof row, cudaMemcpyDeviceToHost) != cudaSuccess) {
       (void)cudaGetLastError();
       return 0;
@@ -173,16 +155,16 @@ static int abort_was_mismatch(dl_allreduce_t *ar, uint32_t q, uint32_t seq, dl_a
   }
 #endif
   else return 0;
-  return dl_ar_calls_differ(&row[ar->rank], &row[q], seq, mine, theirs);
+  return dl_ar_calls_differ(&row[ar->op.rank], &row[q], seq, mine, theirs);
 }
 
-/* A failure the kernels recorded, as an error; the object is dead after it. */
-static int recorded_failure(dl_allreduce_t *ar) {
-  if (ar->failed)
-    return DL_ERR(DL_ESTATE, "this all-reduce failed earlier and refuses work (make a new "
-                  "one): %s", ar->failure);
+/* A failure the kernels recorded, as an error; the object is dead after it
+ * (dl_devop_recorded_failure). */
+static int recorded(dl_devop_t *op, int *fatal) {
+  dl_allreduce_t *ar = (dl_allreduce_t *)op;
   volatile dl_ar_status_t *s = ar->status;
-  if (!s || s->kind == 0) return DL_OK;
+  *fatal = 1;
+  if (s->kind == 0) return DL_OK;
   char what[256];
   describe(ar, (int)s->algo, what, sizeof what);
   int rc;
@@ -195,14 +177,14 @@ static int recorded_failure(dl_allreduce_t *ar) {
     call_str(&theirs, b, sizeof b);
     call_diff(&mine, &theirs, d, sizeof d);
     rc = DL_ERR(DL_EINVAL, "%s: mismatched calls (the buffer's call %u): rank %d runs %s but rank %u "
-                "runs %s (differs: %s)", what, s->seq, ar->rank, a, s->peer, b, d);
+                "runs %s (differs: %s)", what, s->seq, ar->op.rank, a, s->peer, b, d);
   } else if (s->kind == DL_AR_FAIL_ABORT) {
     rc = DL_ERR(DL_EPEER, "%s: rank %u gave up on this all-reduce (a wait of its timed out, it saw "
                 "mismatched calls or a dead peer: its own error says which), so the buffer's call "
                 "%u is void here", what, s->peer, s->seq);
   } else if (s->kind == DL_AR_FAIL_DEAD) {
     rc = DL_ERR(DL_EPEER, "%s: rank %u (pid %d) has exited (this rank waited for it in the "
-                "buffer's call %u)", what, s->peer, s->peer < DL_SIGNAL_MAX_RANKS ? ar->pids[s->peer] : 0,
+                "buffer's call %u)", what, s->peer, s->peer < DL_SIGNAL_MAX_RANKS ? ar->op.pids[s->peer] : 0,
                 s->seq);
   } else {
     char waited[96]; /* its call, or the Lamport kernels its data, the others a count */
@@ -216,9 +198,8 @@ static int recorded_failure(dl_allreduce_t *ar) {
                "call %u", s->block, s->expected, s->seen, s->seq);
     rc = DL_ERR(DL_ETIMEOUT,
                 "%s: rank %u did not arrive within %.1f s (%s); did every rank call the same "
-                "all-reduce?", what, s->peer, ar->timeout_s, waited);
+                "all-reduce?", what, s->peer, ar->op.timeout_s, waited);
   }
-  set_failed(ar);
   return rc;
 }
 
@@ -226,13 +207,13 @@ static int recorded_failure(dl_allreduce_t *ar) {
  * peer's kernels to give up, as a kernel's own failure does, so that no
  * peer completes a call against this rank's abandoned one. */
 static void abort_peers(dl_allreduce_t *ar) {
-  const uint32_t word = (uint32_t)ar->rank + 1;
-  for (int p = 0; p < ar->size; p++) {
-    if (p == ar->rank || !ar->bufs[p]) continue;
-    uint32_t *dst = &((dl_ar_ctrl_t *)ar->bufs[p])->abort;
-    if (ar->dev_type == DL_CPU) __atomic_store_n(dst, word, __ATOMIC_RELEASE);
+  const uint32_t word = (uint32_t)ar->op.rank + 1;
+  for (int p = 0; p < ar->op.size; p++) {
+    if (p == ar->op.rank || !ar->op.bufs[p]) continue;
+    uint32_t *dst = &((dl_ar_ctrl_t *)ar->op.bufs[p])->abort;
+    if (ar->op.dev_type == DL_CPU) __atomic_store_n(dst, word, __ATOMIC_RELEASE);
 #ifdef DL_WITH_CUDA
-    else if (ar->dev_type == DL_CUDA && dl_cuda_use(ar->dev_index) == DL_OK &&
+    else if (ar->op.dev_type == DL_CUDA && dl_cuda_use(ar->op.dev_index) == DL_OK &&
              cudaMemcpy(dst, &word, sizeof word, cudaMemcpyHostToDevice) != cudaSuccess)
       (void)cudaGetLastError(); /* best effort: the peer still times out by itself */
 #endif
@@ -268,26 +249,26 @@ static int64_t lamport_slot(int64_t slot, int size, long mb) {
  * two_shot_lamport, whose slots each hold two of a piece's size slices
  * (kernels/allreduce/lamport.cuh): max_bytes at more than 2 ranks. */
 static int64_t lamport_piece(const dl_allreduce_t *ar, int algo) {
-  return algo == DL_AR_TWO_SHOT_LAMPORT && ar->size > 2 ? ar->lslot / 2 * ar->size : ar->lslot;
+  return algo == DL_AR_TWO_SHOT_LAMPORT && ar->op.size > 2 ? ar->lslot / 2 * ar->op.size : ar->lslot;
 }
 
 static int64_t lamport_offset(const dl_allreduce_t *ar) {
-  return DL_AR_CTRL_BYTES + ar->slot * (1 + 2 * (int64_t)ar->size);
+  return DL_AR_CTRL_BYTES + ar->slot * (1 + 2 * (int64_t)ar->op.size);
 }
 
 /* Counters at zero, the Lamport region empty (every byte 0xff). */
 static int zero_ctrl(dl_allreduce_t *ar) {
-  char *lam = ar->bufs[ar->rank] + lamport_offset(ar);
-  const size_t lam_bytes = (size_t)(ar->lstride * 2 * ar->size);
-  if (ar->dev_type == DL_CPU) {
-    memset(ar->bufs[ar->rank], 0, DL_AR_CTRL_BYTES);
+  char *lam = ar->op.bufs[ar->op.rank] + lamport_offset(ar);
+  const size_t lam_bytes = (size_t)(ar->lstride * 2 * ar->op.size);
+  if (ar->op.dev_type == DL_CPU) {
+    memset(ar->op.bufs[ar->op.rank], 0, DL_AR_CTRL_BYTES);
     memset(lam, 0xff, lam_bytes);
     return DL_OK;
   }
 #ifdef DL_WITH_CUDA
-  if (ar->dev_type == DL_CUDA) {
-    DL_TRY(dl_cuda_use(ar->dev_index));
-    DL_CUDA_CHECK(cudaMemset(ar->bufs[ar->rank], 0, DL_AR_CTRL_BYTES));
+  if (ar->op.dev_type == DL_CUDA) {
+    DL_TRY(dl_cuda_use(ar->op.dev_index));
+    DL_CUDA_CHECK(cudaMemset(ar->op.bufs[ar->op.rank], 0, DL_AR_CTRL_BYTES));
     DL_CUDA_CHECK(cudaMemset(lam, 0xff, lam_bytes));
     DL_CUDA_CHECK(cudaDeviceSynchronize());
   }
@@ -295,42 +276,21 @@ static int zero_ctrl(dl_allreduce_t *ar) {
   return DL_OK;
 }
 
-static int new_status(dl_allreduce_t *ar) {
+/* The launch shape: the multiprocessors a rank may fill (dl_devop_sms) and
+ * the kernels' threads and unroll on cuda, the twin's elsewhere. */
+static int launch_shape(dl_allreduce_t *ar) {
 #ifdef DL_WITH_CUDA
-  if (ar->dev_type == DL_CUDA) {
-    void *h = NULL, *d = NULL;
-    DL_TRY(dl_cuda_use(ar->dev_index));
-    DL_CUDA_CHECK(cudaHostAlloc(&h, sizeof(dl_ar_status_t), cudaHostAllocMapped));
-    memset(h, 0, sizeof(dl_ar_status_t));
-    ar->status = h;
-    DL_CUDA_CHECK(cudaHostGetDevicePointer(&d, h, 0));
-    if (d != h) return DL_ERR(DL_EUNSUPPORTED, "allreduce: mapped host memory without UVA");
-    DL_CUDA_CHECK(cudaDeviceGetAttribute(&ar->sms, cudaDevAttrMultiProcessorCount,
-                                         ar->dev_index));
-    dl_allreduce_cuda_shape(ar->size, &ar->threads, &ar->unroll);
+  if (ar->op.dev_type == DL_CUDA) {
+    DL_TRY(dl_devop_sms(&ar->op, &ar->sms));
+    dl_allreduce_cuda_shape(ar->op.size, &ar->threads, &ar->unroll);
     ar->max_blocks = DL_AR_MAX_BLOCKS;
     return DL_OK;
   }
 #endif
-  ar->status = calloc(1, sizeof(dl_ar_status_t));
-  if (!ar->status) return DL_ERR(DL_ENOMEM, "allreduce: out of host memory");
   ar->threads = CPU_THREADS;
   ar->unroll = CPU_UNROLL;
   ar->max_blocks = CPU_MAX_BLOCKS;
   return DL_OK;
-}
-
-static void free_status(dl_allreduce_t *ar) {
-  if (!ar->status) return;
-#ifdef DL_WITH_CUDA
-  if (ar->dev_type == DL_CUDA) {
-    cudaFreeHost(ar->status);
-    ar->status = NULL;
-    return;
-  }
-#endif
-  free(ar->status);
-  ar->status = NULL;
 }
 
 int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
@@ -397,49 +357,26 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
   ar->gone_gap_ns = (uint32_t)gone_gap_us * 1000u;
   ar->lamport_ahead = (int)ahead;
   ar->tagged_max = tagged_max;
-  ar->magic = AR_MAGIC;
-  ar->comm = c;
-  snprintf(ar->comm_name, sizeof ar->comm_name, "%s", ci.name);
-  ar->rank = ci.rank;
-  ar->size = ci.size;
-  ar->dev_type = ci.dev_type;
-  ar->dev_index = ci.dev_index;
-  ar->timeout_s = ci.timeout_s;
   ar->slot = (max_bytes + 4095) & ~(int64_t)4095;
   ar->lslot = lamport_slot(ar->slot, ci.size, lamport_mb);
   ar->lstride = ar->lslot + ((int64_t)lamport_pad_kb << 10);
   int64_t total = DL_AR_CTRL_BYTES + ar->slot * (1 + 2 * (int64_t)ci.size) +
                   ar->lstride * 2 * (int64_t)ci.size;
   ar->id = dl_comm_next_symm_id(c);
-  int rc = new_status(ar);
-  /* ranks that share a GPU (the ipc communicator) run their kernels at once
-   * (MPS) or in turns, and a block spins until the same block of every peer
-   * has run: so every rank's grid must be resident beside the others', and
-   * beside the next grid each launches early (programmatic dependent launch)
-   * before its blocks spin too. Half the multiprocessors go to them, a share
-   * each (4 ranks on one H100 with a quarter each deadlocked until the
-   * timeout: a rank's last block found no multiprocessor free) */
-  ar->share = ci.share > 1 ? ci.share : 1;
-  if (ar->share > 1 && ar->sms > 0)
-    ar->sms = ar->sms / (2 * ar->share) > 0 ? ar->sms / (2 * ar->share) : 1;
-  if (rc == DL_OK) rc = dl_symm_alloc(&ar->symm, c, total);
-  for (int p = 0; p < ar->size && rc == DL_OK && ar->dev_type != DL_META; p++) {
-    void *ptr;
-    rc = dl_symm_peer_ptr(ar->symm, p, &ptr);
-    ar->bufs[p] = ptr;
-  }
-  if (rc == DL_OK && ar->dev_type != DL_META) {
+  int rc = dl_devop_open(&ar->op, &ar_kind, c, &ci);
+  ar->status = ar->op.status;
+  if (rc == DL_OK) rc = launch_shape(ar);
+  if (rc == DL_OK) rc = dl_devop_map(&ar->op, total);
+  if (rc == DL_OK && ar->op.dev_type != DL_META) {
     void *pad;
-    rc = dl_symm_signal_pad(ar->symm, ar->rank, &pad);
+    rc = dl_symm_signal_pad(ar->op.symm, ar->op.rank, &pad);
     ar->pad = pad;
   }
-  if (rc == DL_OK && ar->dev_type != DL_META) rc = zero_ctrl(ar);
-  for (int p = 0; p < ar->size && ar->dev_type != DL_META; p++) ar->pids[p] = dl_comm_peer_pid(c, p);
+  if (rc == DL_OK && ar->op.dev_type != DL_META) rc = zero_ctrl(ar);
   /* every wait of the kernels polls status->gone: a dead peer ends them at once */
-  if (rc == DL_OK && ar->dev_type != DL_META && (rc = dl_comm_watch(c, &ar->status->gone)) == DL_OK)
-    ar->watched = 1;
+  if (rc == DL_OK) rc = dl_devop_watch(&ar->op, &ar->status->gone);
   /* nobody signals into a control block before its owner zeroed it */
-  if (rc == DL_OK && ar->dev_type != DL_META && ar->size > 1) rc = dl_comm_barrier(c, NULL);
+  if (rc == DL_OK && ar->op.dev_type != DL_META && ar->op.size > 1) rc = dl_comm_barrier(c, NULL);
   if (rc < 0) {
     dl_error_context(rc, "dl_allreduce_new on rank %d of %d (comm '%s', %lld bytes a rank)",
                      ci.rank, ci.size, ci.name, (long long)total);
@@ -451,13 +388,9 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
 }
 
 void dl_allreduce_free(dl_allreduce_t *ar) {
-  if (!ar || ar->magic != AR_MAGIC) return;
-  /* graphs whose kernels read this object's buffers must not replay after them */
-  dl_graph_release_user(ar, "the all-reduce object (its symmetric buffers)");
-  if (ar->watched) dl_comm_unwatch(&ar->status->gone);
-  dl_symm_free(ar->symm);
-  free_status(ar);
-  ar->magic = 0;
+  if (!ar || ar->op.magic != ar_kind.magic) return;
+  dl_devop_release(&ar->op, "the all-reduce object (its symmetric buffers)");
+  dl_devop_close(&ar->op);
   free(ar);
 }
 
@@ -465,15 +398,15 @@ int dl_allreduce_info(const dl_allreduce_t *ar, dl_allreduce_info_t *out) {
   DL_TRY(ar_check(ar, "dl_allreduce_info"));
   DL_CHECK_ARG(out, "dl_allreduce_info: out is NULL");
   memset(out, 0, sizeof *out);
-  out->rank = ar->rank;
-  out->size = ar->size;
-  out->dev_type = ar->dev_type;
-  out->dev_index = ar->dev_index;
+  out->rank = ar->op.rank;
+  out->size = ar->op.size;
+  out->dev_type = ar->op.dev_type;
+  out->dev_index = ar->op.dev_index;
   out->sms = ar->sms;
   out->max_blocks = ar->max_blocks;
   out->threads = ar->threads;
   out->unroll = ar->unroll;
-  out->failed = ar->failed || (ar->status && ((volatile dl_ar_status_t *)ar->status)->kind != 0);
+  out->failed = ar->op.failed || (ar->status && ((volatile dl_ar_status_t *)ar->status)->kind != 0);
   out->max_bytes = ar->slot;
   out->calls = ar->calls;
   out->lamport_bytes = ar->lslot;
@@ -497,20 +430,20 @@ int dl_allreduce_buffer(dl_allreduce_t *ar, dl_tensor_t **out, int64_t offset, i
                "dl_allreduce_buffer: %lld bytes at offset %lld do not fit the zero-copy region "
                "of %lld bytes (make the all-reduce with a larger max_bytes)",
                (long long)bytes, (long long)offset, (long long)ar->slot);
-  return dl_symm_tensor(out, ar->symm, ar->rank, DL_AR_CTRL_BYTES + offset, dtype, ndim, shape);
+  return dl_symm_tensor(out, ar->op.symm, ar->op.rank, DL_AR_CTRL_BYTES + offset, dtype, ndim, shape);
 }
 
 /* ---- running --------------------------------------------------------------- */
 
 static int tensor_arg(const dl_allreduce_t *ar, const dl_tensor_t *t, const char *what,
                       dl_view_t *v) {
-  int rc = dl_tensor_arg(t, what, ar->dev_type, ar->dev_index, "the all-reduce", v);
+  int rc = dl_tensor_arg(t, what, ar->op.dev_type, ar->op.dev_index, "the all-reduce", v);
   return rc < 0 ? dl_error_context(rc, "all_reduce") : rc;
 }
 
 /* Byte offset of p in this rank's zero-copy region, or -1. */
 static int64_t zc_offset(const dl_allreduce_t *ar, const char *p, int64_t nbytes) {
-  const char *zc = ar->bufs[ar->rank] + DL_AR_CTRL_BYTES;
+  const char *zc = ar->op.bufs[ar->op.rank] + DL_AR_CTRL_BYTES;
   if (p < zc || p + nbytes > zc + ar->slot) return -1;
   return p - zc;
 }
@@ -521,7 +454,7 @@ int dl_allreduce_region_offset(const dl_allreduce_t *ar, const dl_tensor_t *t, i
   DL_TRY(ar_check(ar, "dl_allreduce_region_offset"));
   dl_view_t v;
   DL_TRY(tensor_arg(ar, t, "tensor", &v));
-  if (ar->dev_type == DL_META) return DL_OK;
+  if (ar->op.dev_type == DL_META) return DL_OK;
   const int64_t zc = zc_offset(ar, v.data, v.numel * dl_dtype_size(v.dtype));
   if (zc % DL_AR_VEC_BYTES == 0) *offset = zc; /* run() reads it in place only then */
   return DL_OK;
@@ -540,7 +473,7 @@ int dl_allreduce_region_offset(const dl_allreduce_t *ar, const dl_tensor_t *t, i
 static void shape_for(const dl_allreduce_t *ar, int64_t len, int blocks, int algo,
                       dl_ar_args_t *a) {
   const int pipelined = algo == DL_AR_ONE_SHOT_PUSH || (algo == DL_AR_ONE_SHOT && !a->zero_copy);
-  const int half = ar->dev_type == DL_CUDA && pipelined;
+  const int half = ar->op.dev_type == DL_CUDA && pipelined;
   const int64_t per_step = (int64_t)ar->threads / (half ? 2 : 1) * ar->unroll;
   const int64_t max_rounds = half ? 64 : 4;
   /* the vectors a block gets before the grid grows. The Lamport kernels
@@ -552,11 +485,11 @@ static void shape_for(const dl_allreduce_t *ar, int64_t len, int blocks, int alg
    * vectors) cost 16-43% below 1 MiB. */
   const int push = algo == DL_AR_ONE_SHOT_PUSH || algo == DL_AR_ONE_SHOT_PUSH_FLAT;
   const int64_t fill = is_lamport(algo)                              ? ar->threads
-                       : push && ar->dev_type == DL_CUDA ? 256
+                       : push && ar->op.dev_type == DL_CUDA ? 256
                                                          : per_step;
   int64_t g = blocks;
   if (g <= 0) {
-    int cap = ar->dev_type == DL_CUDA ? (ar->sms > 0 ? ar->sms : 1) : ar->max_blocks;
+    int cap = ar->op.dev_type == DL_CUDA ? (ar->sms > 0 ? ar->sms : 1) : ar->max_blocks;
     g = (len + fill - 1) / fill;
     g = g < 1 ? 1 : g > cap ? cap : g;
   }
@@ -578,7 +511,7 @@ static void shape_for(const dl_allreduce_t *ar, int64_t len, int blocks, int alg
    * ar->threads. A small call then runs on g multiprocessors, not on the
    * first few (2 H200s, tagged one_shot_lamport: a multiprocessor's remote
    * stores are what a call of one or a few blocks waits for). */
-  if (is_lamport(algo) && ar->dev_type == DL_CUDA) {
+  if (is_lamport(algo) && ar->op.dev_type == DL_CUDA) {
     int64_t t = (len + g - 1) / g;
     t = (t + 31) / 32 * 32;
     a->threads = (int)(t > ar->threads ? ar->threads : t < 32 ? 32 : t);
@@ -597,17 +530,7 @@ static int launch(dl_allreduce_t *ar, dl_ar_args_t *a, void *stream) {
   ar->calls++;
   /* the hash a tagged call's vectors carry, once a piece for the kernel and the twin */
   a->call_hash = dl_ar_args_hash(a);
-  dl_graph_note_user(ar); /* a graph being captured now reads this object's buffers */
-  if (ar->dev_type == DL_CPU) {
-    int rc = dl_allreduce_cpu(a, stream);
-    /* the twin's failure in the words the cuda path uses (from the record) */
-    return rc < 0 && ar->status->kind ? recorded_failure(ar) : rc;
-  }
-#ifdef DL_WITH_CUDA
-  return dl_allreduce_cuda(a, stream);
-#else
-  return DL_ERR(DL_EUNSUPPORTED, "allreduce kernels on cuda need a CUDA build");
-#endif
+  return dl_devop_launch(&ar->op, a, stream);
 }
 
 static int run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int algo,
@@ -622,18 +545,18 @@ static int run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int 
   DL_CHECK_ARG(algo >= 0 && algo < DL_AR_NUM_ALGOS, "all_reduce: unknown algorithm %d", algo);
   DL_CHECK_ARG(blocks <= ar->max_blocks, "all_reduce: %d blocks (at most %d)", blocks,
                ar->max_blocks);
-  if (algo == DL_AR_NCCL) return dl_comm_all_reduce(ar->comm, out, in, DL_RED_SUM, s);
+  if (algo == DL_AR_NCCL) return dl_comm_all_reduce(ar->op.comm, out, in, DL_RED_SUM, s);
   /* a grid from a table made for a GPU of one's own: no more than our share */
-  if (ar->share > 1 && ar->dev_type == DL_CUDA && blocks > ar->sms) blocks = ar->sms;
+  if (ar->op.share > 1 && ar->op.dev_type == DL_CUDA && blocks > ar->sms) blocks = ar->sms;
   if (vi.dtype != DL_F32 && vi.dtype != DL_F16 && vi.dtype != DL_BF16)
     return DL_ERR(DL_EUNSUPPORTED, "all_reduce %s: dtype %s (f32, f16 and bf16; algo nccl "
                   "takes the others)", algo_name(algo), dl_dtype_name(vi.dtype));
-  if (vi.numel == 0 || ar->dev_type == DL_META) return DL_OK;
-  if (ar->size == 1) return vo.data == vi.data ? DL_OK : dl_tensor_copy(out, in, s);
+  if (vi.numel == 0 || ar->op.dev_type == DL_META) return DL_OK;
+  if (ar->op.size == 1) return vo.data == vi.data ? DL_OK : dl_tensor_copy(out, in, s);
   void *stream = NULL;
-  DL_TRY(dl_stream_for(s, ar->dev_type, ar->dev_index, &stream));
+  DL_TRY(dl_stream_for(s, ar->op.dev_type, ar->op.dev_index, &stream));
 #ifdef DL_WITH_CUDA
-  if (ar->dev_type == DL_CUDA) DL_TRY(dl_cuda_use(ar->dev_index));
+  if (ar->op.dev_type == DL_CUDA) DL_TRY(dl_cuda_use(ar->op.dev_index));
 #endif
   const int es = dl_dtype_size(vi.dtype);
   const int64_t nbytes = vi.numel * es;
@@ -641,18 +564,18 @@ static int run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int 
   memset(&a, 0, sizeof a);
   a.algo = algo;
   a.dtype = vi.dtype;
-  a.rank = ar->rank;
-  a.nranks = ar->size;
+  a.rank = ar->op.rank;
+  a.nranks = ar->op.size;
   a.threads = ar->threads;
   a.unroll = ar->unroll;
-  for (int p = 0; p < ar->size; p++) a.bufs[p] = ar->bufs[p];
+  for (int p = 0; p < ar->op.size; p++) a.bufs[p] = ar->op.bufs[p];
   a.staging_off = DL_AR_CTRL_BYTES + ar->slot;
   a.slot_bytes = ar->slot;
   a.lamport_off = lamport_offset(ar);
   a.lamport_stride = ar->lstride;
   a.pad = ar->pad;
   a.status = ar->status;
-  a.timeout_ns = (uint64_t)(ar->timeout_s * 1e9);
+  a.timeout_ns = (uint64_t)(ar->op.timeout_s * 1e9);
   a.pdl = ar->pdl;
   a.poll_ns = ar->poll_ns;
   a.long_poll_ns = ar->long_poll_ns;
@@ -674,7 +597,7 @@ static int run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int 
     a.n = vi.numel;
     a.in = vi.data;
     a.out = vo.data;
-    shape_for(ar, algo == DL_AR_ONE_SHOT ? nv : (nv + ar->size - 1) / ar->size, blocks, algo, &a);
+    shape_for(ar, algo == DL_AR_ONE_SHOT ? nv : (nv + ar->op.size - 1) / ar->op.size, blocks, algo, &a);
     return launch(ar, &a, stream);
   }
   /* copy-in (or push): pieces of at most one slot each (two_shot_lamport: size / 2
@@ -690,7 +613,7 @@ static int run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int 
     a.out = vo.data + off * es;
     const int64_t nv = (a.n * es + DL_AR_VEC_BYTES - 1) / DL_AR_VEC_BYTES;
     const int sliced = is_two_shot(algo) || algo == DL_AR_TWO_SHOT_LAMPORT;
-    shape_for(ar, sliced ? (nv + ar->size - 1) / ar->size : nv, blocks, algo, &a);
+    shape_for(ar, sliced ? (nv + ar->op.size - 1) / ar->op.size : nv, blocks, algo, &a);
     DL_TRY(launch(ar, &a, stream));
   }
   return DL_OK;
@@ -720,17 +643,17 @@ static int debug_check(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *
   DL_TRY(dl_view_of(out, &vo));
   int64_t nbytes = vi.numel * dl_dtype_size(vi.dtype);
   ar_sig_t me = {algo, vi.dtype, blocks, 0, vi.numel};
-  if (ar->dev_type != DL_META) me.zero_copy = zc_offset(ar, vi.data, nbytes) >= 0;
+  if (ar->op.dev_type != DL_META) me.zero_copy = zc_offset(ar, vi.data, nbytes) >= 0;
   char key[32];
   snprintf(key, sizeof key, "ar%d", ar->id);
-  return dl_comm_check_same(ar->comm, key, ar->runs, &me, sizeof me, "all-reduce calls", sig_runs);
+  return dl_comm_check_same(ar->op.comm, key, ar->runs, &me, sizeof me, "all-reduce calls", sig_runs);
 }
 
 int dl_allreduce_run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int algo,
                      int blocks, dl_stream_t *s) {
   DL_TRY(ar_check(ar, "dl_allreduce_run"));
-  DL_TRY(recorded_failure(ar));
-  if (dl_comm_debug(ar->comm)) {
+  DL_TRY(dl_devop_recorded_failure(&ar->op));
+  if (dl_comm_debug(ar->op.comm)) {
     int rc = debug_check(ar, out, in, algo, blocks);
     ar->runs++;
     if (rc < 0) {
@@ -739,55 +662,49 @@ int dl_allreduce_run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in
       dl_error_context(rc, "%s", what);
       /* a peer that never made the call: the calls are out of step for good */
       if (rc == DL_ETIMEOUT || rc == DL_EPEER) {
-        set_failed(ar);
+        dl_devop_set_failed(&ar->op);
         abort_peers(ar);
       }
       return rc;
     }
   }
   int rc = run(ar, out, in, algo, blocks, s);
-  if (rc < 0 && algo != DL_AR_NCCL && rc != DL_EINVAL && rc != DL_EUNSUPPORTED && !ar->failed) {
+  if (rc < 0 && algo != DL_AR_NCCL && rc != DL_EINVAL && rc != DL_EUNSUPPORTED && !ar->op.failed) {
     char what[256];
     describe(ar, algo, what, sizeof what);
     dl_error_context(rc, "%s", what);
     /* a CUDA error after a peer's death (the memory it exported went with it) */
-    const uint32_t g = ar->status ? __atomic_load_n(&ar->status->gone, __ATOMIC_ACQUIRE) : 0;
-    if (rc == DL_ECUDA && g)
-      rc = dl_error_context(DL_EPEER, "rank %u (pid %d) has exited", g - 1,
-                            g - 1 < DL_SIGNAL_MAX_RANKS ? ar->pids[g - 1] : 0);
-    set_failed(ar);
+    const uint32_t g = dl_devop_gone(&ar->op);
+    if (rc == DL_ECUDA && g) {
+      char dead[96];
+      dl_devop_gone_str(&ar->op, g, dead, sizeof dead);
+      rc = dl_error_context(DL_EPEER, "%s", dead);
+    }
+    dl_devop_set_failed(&ar->op);
   }
   return rc;
 }
 
 int dl_allreduce_check(dl_allreduce_t *ar, dl_stream_t *s) {
   DL_TRY(ar_check(ar, "dl_allreduce_check"));
-#ifdef DL_WITH_CUDA
-  if (ar->dev_type == DL_CUDA) {
-    void *h = NULL;
-    DL_TRY(dl_stream_for(s, DL_CUDA, ar->dev_index, &h));
-    DL_TRY(dl_cuda_use(ar->dev_index));
-    /* device waits end by themselves within the timeout; allow twice that */
-    const double t0 = dl_now_us();
-    cudaError_t q;
-    while ((q = cudaStreamQuery((cudaStream_t)h)) == cudaErrorNotReady) {
-      if (dl_now_us() - t0 > (2 * ar->timeout_s + 1) * 1e6) {
-        return DL_ERR(DL_ETIMEOUT, "all_reduce check on rank %d of %d: the stream did not "
-                      "finish within %.1f s", ar->rank, ar->size, 2 * ar->timeout_s + 1);
-      }
-      dl_wait_pause(t0);
-    }
-    if (q != cudaSuccess) {
-      (void)cudaGetLastError();
-      const uint32_t g = __atomic_load_n(&ar->status->gone, __ATOMIC_ACQUIRE);
-      if (g) /* the memory a dead peer exported went with it */
-        return DL_ERR(DL_EPEER, "all_reduce check on rank %d of %d: rank %u (pid %d) has exited, "
-                      "and the stream failed: %s", ar->rank, ar->size, g - 1,
-                      g - 1 < DL_SIGNAL_MAX_RANKS ? ar->pids[g - 1] : 0, cudaGetErrorString(q));
-      return DL_ERR(DL_ECUDA, "all_reduce check on rank %d of %d: the stream failed: %s",
-                    ar->rank, ar->size, cudaGetErrorString(q));
-    }
-  }
-#endif
-  return recorded_failure(ar);
+  DL_TRY(dl_devop_wait_stream(&ar->op, s, "all_reduce check", NULL));
+  return dl_devop_recorded_failure(&ar->op);
 }
+
+/* ---- the lifecycle's hooks (core/ops/common/devop.h) --------------------------- */
+
+static int twin(const void *a, void *stream) { return dl_allreduce_cpu(a, stream); }
+#ifdef DL_WITH_CUDA
+static int kernels(const void *a, void *stream) { return dl_allreduce_cuda(a, stream); }
+#endif
+
+static const dl_devop_kind_t ar_kind = {
+    .name = "all-reduce",
+    .magic = 0xa11ed0ce,
+    .status_bytes = sizeof(dl_ar_status_t),
+    .recorded = recorded,
+    .cpu = twin,
+#ifdef DL_WITH_CUDA
+    .cuda = kernels,
+#endif
+};
