@@ -197,9 +197,7 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_two_shot_lamport_kern
   bool ok = true;
   // the peers' calls, compared with ours before their data is read: thread
   // p of a block with work compares peer p's, the block waits for all (its
-  // other threads idle at the barrier: polling their data meanwhile, as
-  // 9128a98 tried, cost 0.15-0.9 us at 2 ranks and 0.9-2.4 us at 4 below 1 MB on H100s,
-  // pollers crowding the lines the data lands in)
+  // other threads idle at the barrier, as in one_shot_lamport)
   const int q = threadIdx.x;
   if (q < nr && q != me && (int64_t)blockIdx.x * blockDim.x < sv) ok = ar_agree(a, self, q, seq);
   ok = __syncthreads_and(ok);
