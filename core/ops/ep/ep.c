@@ -340,27 +340,19 @@ int dl_ep_new(dl_ep_t **out, dl_comm_t *c, const dl_ep_config_t *cfg) {
   a->hidden = cfg->hidden;
   a->max_tokens = cfg->max_tokens;
   a->timeout_ns = (uint64_t)(ci.timeout_s * 1e9);
-  /* Programmatic dependent launch (common/pdl.cuh) for every buffer. Until
-   * 722b37c per_rank with rank_major output launched without it: on 2 H200s
-   * (3978ddc, ep-pdl-ab-h200x2.md) PDL made that buffer's dispatch + combine
-   * pairs 2.1-2.4 us slower, while its bf16 fused dispatch was the only EP
-   * kernel at 84 registers (one block an SM: the next grid could not be
-   * resident beside it). Since d75b8c0 it is at 64, as the others, and on 2
-   * and 4 H100s PDL is faster or equal in 93 of 96 cells (every buffer, B
-   * 1-128, bf16, E 256), 0.1-0.3 us slower in three (ep-pdl-ab-h100.md).
-   * DISTLAB_EP_PDL=0 turns it off (an A/B knob; ranks may differ: it changes
-   * when a grid is scheduled, not what it does). Each block releases the
-   * next grid as it starts: releasing as it ends was slower everywhere. */
+  /* Programmatic dependent launch (common/pdl.cuh) for every buffer; each
+   * block releases the next grid as it starts. DISTLAB_EP_PDL=0 turns it off
+   * (an A/B knob; ranks may differ: it changes when a grid is scheduled, not
+   * what it does). Measured: experiments/ep/NOTES.md (PDL). */
   long pdl = 1, lamport_max = DL_EP_LAMPORT_MAX_ROWS;
   if (rc == DL_OK) rc = dl_env_int("dl_ep_new", "DISTLAB_EP_PDL", 1, 0, 1, &pdl);
   a->pdl = (int)pdl;
   /* per_rank's combine with rank_major output in Lamport slots (kernels/ep/
-   * ep.h) up to this many rows received, N B, and its dispatch since
-   * (dl_ep_dispatch_lamport): their emptying costs stores as
-   * many as the rows, the flag's fence a fixed cost. expert_major output sends K rows a
-   * token, not one a rank: on 2 H200s its combine was 1.5-3.6 us slower in
-   * Lamport slots at B 1-128 (per_rank then 11-17% behind per_expert), so it
-   * keeps the flag. Ranks must agree (agree() checks it: it sets the layout). */
+   * ep.h) up to this many rows received, N B, and its dispatch
+   * (dl_ep_dispatch_lamport): their emptying costs stores as many as the
+   * rows, the flag's fence a fixed cost. expert_major output sends K rows a
+   * token, not one a rank, and keeps the flag (experiments/ep/NOTES.md,
+   * Lamport slots). Ranks must agree (agree() checks it: it sets the layout). */
   if (rc == DL_OK)
     rc = dl_env_int("dl_ep_new", "DISTLAB_EP_LAMPORT_MAX_ROWS", DL_EP_LAMPORT_MAX_ROWS, 0,
                     (long)DL_SIGNAL_MAX_RANKS * DL_EP_MAX_TOKENS, &lamport_max);
