@@ -165,12 +165,7 @@ int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes) {
   return DL_OK;
 }
 
-void dl_allreduce_free(dl_allreduce_t *ar) {
-  if (!ar || ar->op.magic != dl_ar_kind.magic) return;
-  dl_devop_release(&ar->op, "the all-reduce object (its symmetric buffers)");
-  dl_devop_close(&ar->op);
-  free(ar);
-}
+void dl_allreduce_free(dl_allreduce_t *ar) { dl_devop_free(ar ? &ar->op : NULL, &dl_ar_kind); }
 
 int dl_allreduce_info(const dl_allreduce_t *ar, dl_allreduce_info_t *out) {
   DL_TRY(dl_ar_live(ar, "dl_allreduce_info"));
@@ -233,4 +228,5 @@ const dl_devop_kind_t dl_ar_kind = {
 #ifdef DL_WITH_CUDA
     .cuda = kernels,
 #endif
+    .what = "the all-reduce object (its symmetric buffers)",
 };

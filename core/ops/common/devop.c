@@ -77,16 +77,16 @@ int dl_devop_watch(dl_devop_t *op, uint32_t *word) {
   return DL_OK;
 }
 
-void dl_devop_release(dl_devop_t *op, const char *what) { dl_graph_release_user(op, what); }
-
-void dl_devop_close(dl_devop_t *op) {
+void dl_devop_free(dl_devop_t *op, const dl_devop_kind_t *kind) {
+  if (!op || op->magic != kind->magic) return;
+  dl_graph_release_user(op, kind->what);
+  if (kind->fini) kind->fini(op);
   if (op->gone) dl_comm_unwatch(op->gone);
-  op->gone = NULL;
   dl_symm_free(op->symm);
-  op->symm = NULL;
   free_status(op);
   pthread_mutex_destroy(&op->mu);
   op->magic = 0;
+  free(op);
 }
 
 int dl_devop_sms(const dl_devop_t *op, int *sms) {

@@ -38,6 +38,11 @@ typedef struct dl_devop_kind {
    * build without CUDA): the family's argument block and the stream. */
   int (*cpu)(const void *args, void *stream);
   int (*cuda)(const void *args, void *stream);
+  /* What graphs that captured its work name when it is freed ("the ep
+   * buffer (its symmetric buffer and outputs)"), and the family's own
+   * teardown, before the lifecycle's (may be NULL). */
+  const char *what;
+  void (*fini)(dl_devop_t *op);
 } dl_devop_kind_t;
 
 struct dl_devop {
@@ -59,18 +64,18 @@ struct dl_devop {
 };
 
 /* Identity from the communicator, the peers' pids (not on meta), the
- * failure record; the op is live from here (dl_devop_close undoes it). */
+ * failure record; the op is live from here (dl_devop_free undoes it). */
 int dl_devop_open(dl_devop_t *op, const dl_devop_kind_t *kind, dl_comm_t *c, const dl_comm_info_t *ci);
 /* The symmetric buffer of nbytes a rank, every rank's mapped in op->bufs
  * (meta: accounted, nothing mapped). Collective. */
 int dl_devop_map(dl_devop_t *op, int64_t nbytes);
-/* Peers' deaths land in *word (not on meta), until dl_devop_close. */
+/* Peers' deaths land in *word (not on meta), until dl_devop_free. */
 int dl_devop_watch(dl_devop_t *op, uint32_t *word);
-/* Graphs that captured the op's work must not replay after it: before the
- * family frees its own resources; what names them in the graph's error. */
-void dl_devop_release(dl_devop_t *op, const char *what);
-/* The rest goes (watch, buffer, record); the op is no longer live. */
-void dl_devop_close(dl_devop_t *op);
+/* Frees a live op of kind (anything else: nothing): graphs that captured its
+ * work must not replay after it (kind->what names it in their error), the
+ * family's teardown (kind->fini), then the watch, buffer, record and the
+ * object itself (the dl_devop_t at its start). */
+void dl_devop_free(dl_devop_t *op, const dl_devop_kind_t *kind);
 
 /* cuda: the multiprocessors a rank's grids may fill. Ranks that share a GPU
  * (the ipc communicator) run their kernels at once (MPS) or in turns, and a

@@ -372,15 +372,7 @@ int dl_ep_new(dl_ep_t **out, dl_comm_t *c, const dl_ep_config_t *cfg) {
   return DL_OK;
 }
 
-void dl_ep_free(dl_ep_t *ep) {
-  if (!ep || ep->op.magic != ep_kind.magic) return;
-  dl_devop_release(&ep->op, "the ep buffer (its symmetric buffer and outputs)");
-  for (int p = 0; p < ep->charged; p++)
-    dl_mem_uncharge(ep->op.dev_type, ep->op.dev_index, ep->tags[p], ep->bytes[p]);
-  for (int i = 0; i < N_TENSORS; i++) dl_tensor_free(ep->t[i]);
-  dl_devop_close(&ep->op);
-  free(ep);
-}
+void dl_ep_free(dl_ep_t *ep) { dl_devop_free(ep ? &ep->op : NULL, &ep_kind); }
 
 int dl_ep_info(const dl_ep_t *ep, dl_ep_info_t *out) {
   DL_TRY(ep_check(ep, "dl_ep_info"));
@@ -630,6 +622,14 @@ int dl_ep_check(dl_ep_t *ep, dl_stream_t *s) {
 
 /* ---- the lifecycle's hooks (core/ops/common/devop.h) ----------------------------------- */
 
+/* The charged parts and the outputs go (dl_devop_free). */
+static void fini(dl_devop_t *op) {
+  dl_ep_t *ep = (dl_ep_t *)op;
+  for (int p = 0; p < ep->charged; p++)
+    dl_mem_uncharge(ep->op.dev_type, ep->op.dev_index, ep->tags[p], ep->bytes[p]);
+  for (int i = 0; i < N_TENSORS; i++) dl_tensor_free(ep->t[i]);
+}
+
 static int twin(const void *a, void *stream) { return dl_ep_cpu(a, stream); }
 #ifdef DL_WITH_CUDA
 static int kernels(const void *a, void *stream) { return dl_ep_cuda(a, stream); }
@@ -644,4 +644,6 @@ static const dl_devop_kind_t ep_kind = {
 #ifdef DL_WITH_CUDA
     .cuda = kernels,
 #endif
+    .what = "the ep buffer (its symmetric buffer and outputs)",
+    .fini = fini,
 };

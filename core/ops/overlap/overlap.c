@@ -20,7 +20,21 @@
 #include "comm/reduce.h"
 #include "overlap/overlap.h"
 
-static const dl_devop_kind_t overlap_kind = {.name = "overlap op", .magic = 0x0e71a9};
+/* Its flags go once no queued run can touch them (dl_devop_free). */
+static void fini(dl_devop_t *op) {
+  dl_overlap_t *o = (dl_overlap_t *)op;
+#ifdef DL_WITH_CUDA
+  dl_overlap_cu_fini(o); /* after it, no queued run touches the flags */
+#endif
+  dl_overlap_ctl_unmap(o);
+}
+
+static const dl_devop_kind_t overlap_kind = {
+    .name = "overlap op",
+    .magic = 0x0e71a9,
+    .what = "the overlap op (its symmetric buffer and flags)",
+    .fini = fini,
+};
 
 static int live(const dl_overlap_t *o, const char *fn) {
   return dl_devop_live(o ? &o->op : NULL, &overlap_kind, fn);
@@ -134,16 +148,7 @@ int dl_overlap_new(dl_overlap_t **out, dl_comm_t *c, const char *what, int64_t n
   return DL_OK;
 }
 
-void dl_overlap_free(dl_overlap_t *o) {
-  if (!o || o->op.magic != overlap_kind.magic) return;
-  dl_devop_release(&o->op, "the overlap op (its symmetric buffer and flags)");
-#ifdef DL_WITH_CUDA
-  dl_overlap_cu_fini(o); /* after it, no queued run touches the flags */
-#endif
-  dl_overlap_ctl_unmap(o);
-  dl_devop_close(&o->op);
-  free(o);
-}
+void dl_overlap_free(dl_overlap_t *o) { dl_devop_free(o ? &o->op : NULL, &overlap_kind); }
 
 int dl_overlap_info(const dl_overlap_t *o, dl_overlap_info_t *out) {
   DL_TRY(live(o, "dl_overlap_info"));
