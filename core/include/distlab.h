@@ -493,20 +493,9 @@ int dl_attn_merge_grad(const dl_attn_merge_opts_t *o, int mode, dl_tensor_t *gra
  * fails with an error naming the op, the rank and the peer, and the object
  * refuses further work. blocks <= 0: a grid sized from the tensor. */
 typedef struct dl_allreduce dl_allreduce_t;
-enum {
-  DL_AR_NCCL = 0,
-  DL_AR_ONE_SHOT = 1,
-  DL_AR_ONE_SHOT_PUSH = 2,
-  DL_AR_TWO_SHOT = 3,
-  DL_AR_TWO_SHOT_PUSH = 4,
-  DL_AR_TWO_SHOT_WRITE = 5, /* two-shot writing both phases into peers: no copy-in */
-  DL_AR_ONE_SHOT_LAMPORT = 6, /* one-shot push with no flags: data polled against a sentinel */
-  DL_AR_ONE_SHOT_PUSH_FLAT = 7, /* one-shot push, every thread pushing, then reducing, per round */
-  DL_AR_TWO_SHOT_LAMPORT = 8, /* two-shot push with no flags: slices and sums polled against a sentinel */
-  DL_AR_NUM_ALGOS = 9
-};
-/* The name users give algorithm algo: DL_AR_ONE_SHOT is "one_shot", and so
- * on; NULL past the last. The one list of names (the bindings read it). */
+/* The name of algorithm number algo (0: "nccl", 1: "one_shot", ...; the
+ * table of algorithms and their traits is kernels/allreduce/algos.h), NULL
+ * past the last. The one list of names (the bindings read it). */
 const char *dl_allreduce_algo_name(int algo);
 typedef struct dl_allreduce_info {
   int32_t rank;
@@ -531,7 +520,8 @@ typedef struct dl_allreduce_info {
 int dl_allreduce_new(dl_allreduce_t **out, dl_comm_t *c, int64_t max_bytes);
 void dl_allreduce_free(dl_allreduce_t *ar);
 int dl_allreduce_info(const dl_allreduce_t *ar, dl_allreduce_info_t *out);
-/* out = sum over ranks of in (out may be in); algo DL_AR_*. */
+/* out = sum over ranks of in (out may be in); algo: an algorithm's number
+ * (dl_allreduce_algo_name). */
 int dl_allreduce_run(dl_allreduce_t *ar, dl_tensor_t *out, const dl_tensor_t *in, int algo,
                      int blocks, dl_stream_t *s);
 /* A view of this rank's zero-copy region at a byte offset (a multiple of 16). */

@@ -67,6 +67,7 @@
 #include <stdint.h>
 #include <string.h> /* memset, memcpy: dl_ar_call_of, dl_ar_call_hash */
 
+#include "allreduce/algos.h"
 #include "common/dtype.h" /* DL_HD */
 #include "common/signal_pad.h"
 
@@ -161,7 +162,7 @@ typedef struct dl_ar_status {
 } dl_ar_status_t;
 
 typedef struct dl_ar_args {
-  int algo;      /* DL_AR_* (distlab.h), not DL_AR_NCCL                           */
+  int algo;      /* DL_AR_* (algos.h), not DL_AR_NCCL                             */
   int dtype;     /* DL_F32, DL_F16 or DL_BF16                                      */
   int rank, nranks;
   int blocks;    /* grid size, 1..DL_AR_MAX_BLOCKS                                 */

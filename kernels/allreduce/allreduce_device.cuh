@@ -69,9 +69,8 @@ __device__ __forceinline__ char *buf_of(const dl_ar_args_t &a, int p) { return d
 // buffer (a.ring, dl_ar_args_ring; i known at compile time in the unrolled
 // loops, so no search). Every loop that writes to each peer in turn goes
 // in this order, so that the ranks' first writes go to different ranks
-// rather than all to rank 0, then all to rank 1 (4 H200s, two_shot_lamport
-// at 3 MB: 23.0 us in rank order, 20.0 so;
-// experiments/results/allreduce/allreduce-h200-issue26.md).
+// rather than all to rank 0, then all to rank 1 (measured:
+// experiments/results/allreduce/NOTES.md, peer order).
 __device__ __forceinline__ int peer_after(int me, int i, int nr) {
   const int q = me + i;
   return q >= nr ? q - nr : q;
@@ -158,10 +157,10 @@ __device__ __forceinline__ void ar_fail(const dl_ar_args_t &a, uint32_t kind, ui
 // It is read only once a wait has lasted 100 us, and then by at most one
 // waiting thread of a block per gone_gap_ns (a block-wide clock in shared
 // memory; a race costs a read or two, garbage at the kernel's start delays
-// one read). Every waiting thread reading it (gone_gap_ns 0, as before
-// 2026-11-27) puts tens of thousands of reads on PCIe when a Lamport grid
-// waits: they take milliseconds to drain, the late rank's peers then wait
-// past 100 us in turn, and back-to-back calls stay milliseconds slow.
+// one read). Every waiting thread reading it (gone_gap_ns 0) puts tens of
+// thousands of reads on PCIe when a Lamport grid waits: they take
+// milliseconds to drain, the late rank's peers then wait past 100 us in
+// turn, and back-to-back calls stay milliseconds slow.
 #define DL_AR_STOP_SEEN 0xffffu
 static __device__ __noinline__ uint32_t ar_stop_kind(dl_signal_pad_t *pad, dl_ar_ctrl_t *self,
                                                      dl_ar_status_t *status, uint64_t timeout_ns, uint64_t t0,
@@ -345,8 +344,8 @@ __device__ __forceinline__ uint32_t ar_abort_peek(const dl_ar_ctrl_t *self) {
 // call here too (recorded; the host reports it at the next run or check).
 // ab: the abort word as ar_abort_peek read it once the block's waits were
 // under way (one_shot_lamport: before its polls, so that the read's round
-// trip hides under them; read at the end it cost 0.1-0.17 us at 8-128 KB
-// on 2 H200s). A peer that gives up after that read either pushed all its
+// trip hides under them; experiments/results/allreduce/NOTES.md). A peer
+// that gives up after that read either pushed all its
 // data first (this call's sums are right; the next call's read sees the
 // word) or leaves a wait here that stops on the word (ar_stop).
 __device__ __forceinline__ void ar_end(const dl_ar_args_t &a, dl_ar_ctrl_t *self, uint32_t seq, uint32_t ab) {
@@ -440,14 +439,20 @@ template <class F> dl_ar_kernel_t dl_ar_pick(const dl_ar_args_t *a, F of) {
   }
 }
 
+// A kernel picked for a call, and its name for errors.
+struct dl_ar_picked_t {
+  dl_ar_kernel_t kernel;
+  const char *name;
+};
+
 // Kernel template `kernel` instantiated for a: DL_AR_PICK(a, allreduce_two_shot_kernel).
 #define DL_AR_PICK(a, kernel) \
-  dl_ar_pick((a), []<int DT, int NR, bool AL>(dl_ar_inst<DT, NR, AL>) { return kernel<DT, NR, AL>; })
+  dl_ar_picked_t{dl_ar_pick((a), []<int DT, int NR, bool AL>(dl_ar_inst<DT, NR, AL>) { return kernel<DT, NR, AL>; }), #kernel}
 
 // The kernel of a->algo picked for a, by the file of its family (NULL for an
 // algorithm of another family). There, not in the launcher: nvcc wants a
 // kernel template instantiated in the file that defines it.
-dl_ar_kernel_t dl_ar_one_shot_kernel(const dl_ar_args_t *a); // one_shot.cu
-dl_ar_kernel_t dl_ar_two_shot_kernel(const dl_ar_args_t *a); // two_shot.cu
+dl_ar_picked_t dl_ar_one_shot_kernel(const dl_ar_args_t *a); // one_shot.cu
+dl_ar_picked_t dl_ar_two_shot_kernel(const dl_ar_args_t *a); // two_shot.cu
 
 #endif

@@ -13,9 +13,8 @@
  * bf16. The CPU twin kernels/allreduce/cpu/allreduce.c (dl_allreduce_cpu)
  * takes the same arguments.
  */
-#include <string.h>
-
 #include "allreduce/allreduce_device.cuh"
+#include "common/launch.cuh"
 
 // ---- launchers ------------------------------------------------------------------
 
@@ -27,42 +26,23 @@ extern "C" void dl_allreduce_cuda_shape(int nranks, int *threads, int *unroll) {
                           : (int)shape<0>::U;
 }
 
-// One grid of kernel k with the arguments' shape (and programmatic stream
-// serialization when a->pdl), its launch error checked.
-static int go(dl_ar_kernel_t k, const dl_ar_args_t *a, cudaStream_t st) {
-#ifdef DL_AR_EMU
-  k<<<a->blocks, a->threads, 0, st>>>(*a);
-#else
-  const cudaError_t e = dl_pdl_launch(k, a->blocks, a->threads, 0, st, a->pdl, *a);
-  if (e != cudaSuccess)
-    return DL_ERR(DL_ECUDA, "launch of allreduce_%s%s_kernel failed: %s", dl_allreduce_algo_name(a->algo),
-                  a->algo == DL_AR_ONE_SHOT && a->zero_copy ? "_zero_copy" : "", cudaGetErrorString(e));
-#endif
-  return DL_OK;
-}
-
-// The kernel of a->algo, from the file of its family.
-static dl_ar_kernel_t kernel_of(const dl_ar_args_t *a) {
-  switch (a->algo) {
-  case DL_AR_ONE_SHOT:
-  case DL_AR_ONE_SHOT_PUSH:
-  case DL_AR_ONE_SHOT_PUSH_FLAT:
-  case DL_AR_ONE_SHOT_LAMPORT: return dl_ar_one_shot_kernel(a);
-  case DL_AR_TWO_SHOT:
-  case DL_AR_TWO_SHOT_PUSH:
-  case DL_AR_TWO_SHOT_WRITE:
-  case DL_AR_TWO_SHOT_LAMPORT: return dl_ar_two_shot_kernel(a);
-  default: return nullptr;
+// The kernel of a->algo, from the file of its family (algos.h).
+static dl_ar_picked_t kernel_of(const dl_ar_args_t *a, const dl_ar_algo_t *row) {
+  switch (row->family) {
+  case DL_AR_FAMILY_ONE: return dl_ar_one_shot_kernel(a);
+  case DL_AR_FAMILY_TWO: return dl_ar_two_shot_kernel(a);
+  default: return {nullptr, nullptr};
   }
 }
 
 extern "C" int dl_allreduce_cuda(const dl_ar_args_t *a, void *stream) {
   int threads, unroll;
   dl_allreduce_cuda_shape(a->nranks, &threads, &unroll);
+  const dl_ar_algo_t *row = dl_ar_algo(a->algo);
+  if (!row) return DL_ERR(DL_EINVAL, "allreduce: algorithm %d has no kernel", a->algo);
   // the Lamport kernels run with fewer threads a block too (the core's
   // shape_for): whole warps, and one a rank at least (ar_announce, ar_agree)
-  const bool lamport = a->algo == DL_AR_ONE_SHOT_LAMPORT || a->algo == DL_AR_TWO_SHOT_LAMPORT;
-  const bool threads_ok = lamport ? a->threads >= DL_AR_WARP && a->threads <= threads &&
+  const bool threads_ok = row->lamport ? a->threads >= DL_AR_WARP && a->threads <= threads &&
                                         a->threads % DL_AR_WARP == 0 && a->threads >= a->nranks
                                   : a->threads == threads;
   if (!threads_ok || a->unroll != unroll || a->round_vecs < 1 || a->blocks < 1 ||
@@ -71,9 +51,9 @@ extern "C" int dl_allreduce_cuda(const dl_ar_args_t *a, void *stream) {
                   "%d vectors a round, %d ranks)", a->blocks, a->threads, a->unroll, a->round_vecs, a->nranks);
   if (a->dtype != DL_F32 && a->dtype != DL_F16 && a->dtype != DL_BF16)
     return DL_ERR(DL_EUNSUPPORTED, "allreduce kernels: dtype %s (f32, f16, bf16 only)", dl_dtype_name(a->dtype));
-  const dl_ar_kernel_t k = kernel_of(a);
-  if (!k) return DL_ERR(DL_EINVAL, "allreduce: algorithm %d has no kernel", a->algo);
+  const dl_ar_picked_t k = kernel_of(a, row);
+  if (!k.kernel) return DL_ERR(DL_EINVAL, "allreduce: algorithm %d has no kernel", a->algo);
   dl_ar_args_t b = *a;
   dl_ar_args_ring(&b);
-  return go(k, &b, (cudaStream_t)stream);
+  return dl_launch(k.kernel, k.name, b.blocks, b.threads, 0, stream, b.pdl, b);
 }

@@ -227,20 +227,18 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_one_shot_push_flat_ke
 // t of block b owns vectors j*T*G + b*T + t (a step j of the grid is T*G
 // vectors), and pushes its step j + a.lamport_ahead before it reduces step j
 // (0: every step first), so the reduction of arrived data overlaps the
-// pushes still going out (2 H200s, 8 MB: 31.9 us with every step first, 29.2
-// with two ahead; allreduce-h200x2-knobs.md). A vector's push and reduction
+// pushes still going out. A vector's push and reduction
 // are in the same thread, so an in-place output is written only after its
 // thread read the input. A wait that times out (or sees another thread's
 // failure) records it and ends the kernel's work.
 //
 // Untagged, the peers' calls are compared with ours before their data is
 // read: thread p of a block with work compares peer p's, the block waits for
-// all (its other threads idle at the barrier: polling their data meanwhile,
-// as 9128a98 tried, cost 0.15-0.9 us at 2 ranks and 0.9-2.4 us at 4 below 1
-// MB on H100s, pollers crowding the lines the data lands in). TAGGED (small
-// calls, a.tagged): every vector says which call sent it (allreduce.h), so
-// each thread checks the tags of what it polls and nothing waits for a call
-// (the wait cost 0.4-0.7 us at 8-64 KB on 2 H200s).
+// all (its other threads idle at the barrier, not polling the lines the data
+// lands in). TAGGED (small calls, a.tagged): every vector says which call
+// sent it (allreduce.h), so each thread checks the tags of what it polls and
+// nothing waits for a call. The variants measured against these:
+// experiments/results/allreduce/NOTES.md (Lamport kernels).
 template <int DT, int NR, bool AL, bool TAGGED>
 __device__ __forceinline__ void one_shot_lamport(const dl_ar_args_t &a) {
   constexpr int NRC = shape<NR>::NRC;
@@ -304,14 +302,11 @@ __device__ __forceinline__ void one_shot_lamport(const dl_ar_args_t &a) {
   ar_end(a, self, seq, ab);
 }
 
-// Two blocks of AR_THREADS a multiprocessor at 2 ranks (56-64 registers, no
-// spills; 70 before), so that a grid of twice the multiprocessors is resident
-// at once: on two waves of blocks it fell into a mode of ~194 us a call at
-// 2 MB on 2 H200s (allreduce-stall-h200.md); resident, the same grid took
-// 9.6 us a call after 0.3 and 3 ms skews. At 4 ranks the bound cost 0.05-0.3
-// us at 8-256 KB (4 H200s, allreduce-h200-issue26.md) and the tables there
-// want no such grid; at 8 and other counts it would spill. One block there
-// (the tune keeps those grids to one wave, distlab.allreduce.tune).
+// Two blocks of AR_THREADS a multiprocessor at 2 ranks (no spills), so
+// that a grid of twice the multiprocessors is resident at once (on two waves
+// of blocks a call could stall for a wave); one at other counts, where the
+// bound spilled or cost time, and the tuned grids keep to one wave
+// (experiments/results/allreduce/NOTES.md, Lamport occupancy).
 template <int NR> struct lamport_occupancy {
   enum { BLOCKS = NR == 2 ? 2 : 1 };
 };
@@ -331,7 +326,7 @@ __global__ void __launch_bounds__(AR_THREADS, lamport_occupancy<NR>::BLOCKS)
 
 // ---- launcher -----------------------------------------------------------------
 
-dl_ar_kernel_t dl_ar_one_shot_kernel(const dl_ar_args_t *a) {
+dl_ar_picked_t dl_ar_one_shot_kernel(const dl_ar_args_t *a) {
   switch (a->algo) {
   case DL_AR_ONE_SHOT:
     if (a->zero_copy) return DL_AR_PICK(a, allreduce_one_shot_zero_copy_kernel);
@@ -341,6 +336,6 @@ dl_ar_kernel_t dl_ar_one_shot_kernel(const dl_ar_args_t *a) {
   case DL_AR_ONE_SHOT_LAMPORT:
     if (a->tagged) return DL_AR_PICK(a, allreduce_one_shot_lamport_tagged_kernel);
     return DL_AR_PICK(a, allreduce_one_shot_lamport_kernel);
-  default: return nullptr;
+  default: return {nullptr, nullptr};
   }
 }

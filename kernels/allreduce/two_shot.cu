@@ -197,9 +197,7 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_two_shot_lamport_kern
   bool ok = true;
   // the peers' calls, compared with ours before their data is read: thread
   // p of a block with work compares peer p's, the block waits for all (its
-  // other threads idle at the barrier: polling their data meanwhile, as
-  // 9128a98 tried, cost 0.15-0.9 us at 2 ranks and 0.9-2.4 us at 4 below 1 MB on H100s,
-  // pollers crowding the lines the data lands in)
+  // other threads idle at the barrier, as in one_shot_lamport)
   const int q = threadIdx.x;
   if (q < nr && q != me && (int64_t)blockIdx.x * blockDim.x < sv) ok = ar_agree(a, self, q, seq);
   ok = __syncthreads_and(ok);
@@ -235,12 +233,12 @@ __global__ void __launch_bounds__(AR_THREADS, 1) allreduce_two_shot_lamport_kern
 
 // ---- launcher -----------------------------------------------------------------
 
-dl_ar_kernel_t dl_ar_two_shot_kernel(const dl_ar_args_t *a) {
+dl_ar_picked_t dl_ar_two_shot_kernel(const dl_ar_args_t *a) {
   switch (a->algo) {
   case DL_AR_TWO_SHOT: return DL_AR_PICK(a, allreduce_two_shot_kernel);
   case DL_AR_TWO_SHOT_PUSH: return DL_AR_PICK(a, allreduce_two_shot_push_kernel);
   case DL_AR_TWO_SHOT_WRITE: return DL_AR_PICK(a, allreduce_two_shot_write_kernel);
   case DL_AR_TWO_SHOT_LAMPORT: return DL_AR_PICK(a, allreduce_two_shot_lamport_kernel);
-  default: return nullptr;
+  default: return {nullptr, nullptr};
   }
 }

@@ -61,11 +61,8 @@
  * half again in call e + 2, after the owner's comb_done of call e + 1,
  * which a later kernel adds once call e's kernels have ended (and their
  * stores with them). The cpu twin keeps the flags and the first half. The
- * emptying costs stores as many as the rows read: on 2 H200s (per_rank,
- * rank_major, bf16, E 256) the combine gained 0.5-1.7 us at B 1-128 and lost
- * 0.5 us at B 256 and 2.9 us (8%) at B 512; on 4 H100s it gained 1.2-1.7 us
- * at B 1-64, was even at 128 and lost from 256: so the bound is on the rows
- * a rank receives, N B (experiments/ep/NOTES.md).
+ * emptying costs stores as many as the rows read, so the bound is on the
+ * rows a rank receives, N B (measured: experiments/ep/NOTES.md).
  *
  * The dispatch of the same buffers with bf16 payloads (dl_ep_dispatch_lamport)
  * in Lamport slots too, where the receiver does not know how many rows come.
@@ -85,9 +82,8 @@
  * output reads alike (a word equal to DL_EP_EMPTY, two bf16 NaNs, arrives as
  * DL_EP_NAN). The halves' argument is the combine's, with disp_done: a sender
  * writes half e & 1 again in call e + 2, after the receivers' disp_done of
- * call e + 1. On 2 H200s (B 1-128) the bf16 dispatch gained 0.5-1.3 us
- * against the flag (messages padded to lines, DL_EP_LINE); fp8's lost 0.7-1.6 us, so
- * fp8 keeps the flag (experiments/ep/NOTES.md).
+ * call e + 1. Messages are padded to lines (DL_EP_LINE). fp8 payloads keep
+ * the flag, which was faster for them (experiments/ep/NOTES.md).
  *
  * Control words (uint32; "from q" = written by rank q into this rank's buffer):
  *   disp_flag[N]  from source q: a counter; each block of q's dispatch send
@@ -263,7 +259,7 @@ DL_EP_HD int64_t dl_ep_dispatch_slots(int per_rank, int n, int e, int b) {
   return (per_rank ? (int64_t)n : (int64_t)e) * b;
 }
 /* per_rank's dispatch in Lamport slots: a.lamport with rank_major output and
- * bf16 payloads (fp8's was 0.7-1.6 us slower than its flag on 2 H200s) */
+ * bf16 payloads (fp8's keeps the flag: above) */
 DL_EP_HD int dl_ep_dispatch_lamport(int per_rank, int lamport, int output, int fp8) {
   return per_rank && lamport && output == DL_EP_RANK_MAJOR && !fp8;
 }

@@ -238,12 +238,5 @@ int ep_launch_combine(const dl_ep_args_t *a, void *stream, int64_t smem) {
   const char *name = a->phase == DL_EP_COMBINE_SEND   ? "ep_combine_send_kernel"
                      : a->phase == DL_EP_COMBINE_RECV ? "ep_combine_recv_kernel"
                                                       : "ep_combine_kernel";
-#ifdef DL_EP_EMU
-  k<<<a->blocks, a->threads, (size_t)smem, (cudaStream_t)stream>>>(*a);
-  DL_CUDA_CHECK_LAUNCH(name);
-#else
-  const cudaError_t e = dl_pdl_launch(k, a->blocks, a->threads, (size_t)smem, (cudaStream_t)stream, a->pdl, *a);
-  if (e != cudaSuccess) return DL_ERR(DL_ECUDA, "launch of %s failed: %s", name, cudaGetErrorString(e));
-#endif
-  return DL_OK;
+  return dl_launch(k, name, a->blocks, a->threads, smem, stream, a->pdl, *a);
 }

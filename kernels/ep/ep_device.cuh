@@ -10,7 +10,7 @@
 #ifndef DISTLAB_EP_DEVICE_CUH
 #define DISTLAB_EP_DEVICE_CUH
 
-#include "common/pdl.cuh"
+#include "common/launch.cuh"
 #include "ep/ep.h"
 #include "ep/fp8.h"
 
@@ -79,8 +79,7 @@ __device__ __forceinline__ bool ep_wait(const dl_ep_args_t &a, int phase, int64_
 // and every one of those reads has returned before the block's last barrier:
 // its value was stored to an output, or decided a branch. So no write the
 // peer makes after the count can reach them, as NCCL's simple protocol posts
-// a receive step with a plain store. The fence cost 1.4 us of a B 1 dispatch
-// and 0.65 us of a combine on 2 H200s (lab knobs, experiments/ep/NOTES.md).
+// a receive step with a plain store (the fence's cost: experiments/ep/NOTES.md).
 __device__ __forceinline__ void ep_add(uint32_t *p, uint32_t v, bool release) {
 #ifdef DL_EP_EMU
   __atomic_fetch_add(p, v, release ? __ATOMIC_RELEASE : __ATOMIC_RELAXED);
@@ -201,8 +200,8 @@ __device__ __forceinline__ int ep_group_of(const int *pre, int n, int64_t i) {
 
 // Rows cut into segments for small calls. A warp that moves a whole row
 // (14 KB at H = 7168) alone waits for seven rounds of four vectors a lane,
-// and at small B most of the grid's warps sit idle: 17 us for one token on
-// 2 H200s, most of it one warp. So `items` rows of nv 16-byte vectors are
+// and at small B most of the grid's warps sit idle (one token's time was
+// mostly one warp's: experiments/ep/NOTES.md). So `items` rows of nv 16-byte vectors are
 // split over `warps` warps: segs segments of `per` vectors (a multiple of
 // 32, so every lane has work and fp8 groups of 16 vectors stay whole), at
 // most one segment per warp. Segment g covers [g * per, min(nv, (g + 1) * per)).
@@ -276,9 +275,8 @@ __device__ __forceinline__ uint4 ep_ld_vec_volatile(const uint4 *p) {
 }
 // Between polls of a vector not there yet, after the first few: a nap, so that
 // a grid of pollers does not crowd the lines the rows land in, as the
-// all-reduce's Lamport kernels nap (against none, on 2 H200s at B 1-512: the
-// same times within 0.2 us; kept for larger grids of pollers, EP_POLL_NAP_NS=0
-// at build time turns it off).
+// all-reduce's Lamport kernels nap (EP_POLL_NAP_NS=0 at build time turns it
+// off; measured: experiments/ep/NOTES.md).
 #define EP_POLL_NAP(spins)                          \
   do {                                              \
     if ((spins) > 4 && EP_POLL_NAP_NS > 0) __nanosleep(EP_POLL_NAP_NS); \

@@ -71,8 +71,7 @@ __device__ __forceinline__ void ep_send_payload(const dl_ep_args_t &a, int t, ch
   const uint4 *src = reinterpret_cast<const uint4 *>(x);
   uint2 *codes = reinterpret_cast<uint2 *>(p);
   // four rounds of 32 vectors loaded at once, then quantized one round after
-  // another (one round's load, then its amax, at a time: fp8 B 1 dispatch 3.8 us
-  // behind bf16's on 2 H200s, whose copy keeps four in flight)
+  // another, as bf16's copy keeps four in flight (experiments/ep/NOTES.md)
   for (int base = lo; base < hi; base += 128) {
     uint4 rr[4];
 #pragma unroll
@@ -148,9 +147,8 @@ __device__ __forceinline__ void ep_dispatch_send_body(const dl_ep_args_t &a) {
   __syncthreads();
 
   // counts of the tokens before our chunk: a warp reads G = 32 / K tokens a
-  // load (lane = g K + k), eight loads in flight (a thread per token, its K
-  // loads one after another between shared atomics, took 2.5 us at B 1 and
-  // 3.3 us at B 128 on H200s: on the path of every block but the first)
+  // load (lane = g K + k), eight loads in flight (on the path of every block
+  // but the first; a thread per token was slower: experiments/ep/NOTES.md)
   {
     const int G = 32 / K, sub = lane / K, k = lane - sub * K;
     const uint32_t grp = sub < G ? ((1u << K) - 1u) << (sub * K) : 0u, below = (1u << lane) - 1u;
@@ -166,13 +164,10 @@ __device__ __forceinline__ void ep_dispatch_send_body(const dl_ep_args_t &a) {
         if (base + u * G >= t0) break; // warp-uniform: no token of this load or the next is before the chunk
         // an expert an earlier k of the token picked is dropped (cpu/ep.c expert_of):
         // each lane compares the experts of its token's earlier lanes, shuffled up
-        // (K <= 8, the usual: 7 shuffles a load, issued at once). Not __match_any_sync
-        // over the warp's 32 experts: its cost grew with their distinct values (4
-        // tokens' picks: about 32 among 256 experts, 16 among 16), which put E 256's
-        // dispatch 0.6-0.9 us behind E 16's at B 32-128 on 2 H200s; 23 unrolled
-        // shuffles for any K cost as much (experiments/results/ep/ep-prefix-ab-h200x2.md).
-        // A token counts once for each rank it goes to (__match_any_sync over at most
-        // N + 1 distinct ranks: cheap).
+        // (K <= 8, the usual: 7 shuffles a load, issued at once; not __match_any_sync
+        // over the warp's experts, whose cost grows with their distinct values:
+        // experiments/ep/NOTES.md). A token counts once for each rank it goes to
+        // (__match_any_sync over at most N + 1 distinct ranks: cheap).
         bool dup = false;
         if (K <= 8) {
 #pragma unroll
@@ -729,8 +724,8 @@ template <bool FP8, bool PER_RANK, bool EXPERT_MAJOR, bool LAMPORT>
 __global__ void __launch_bounds__(DL_EP_THREADS, 2) ep_dispatch_kernel(const dl_ep_args_t a) {
   dl_pdl_wait(); // the grid ahead done and visible (a launch with a.pdl may start early)
   dl_pdl_release();
-  // (the receive half reads its count where it starts: read here, beside the
-  // send's, as the fused combine does, it cost 0.2 us at B 1 on 2 H200s)
+  // (the receive half reads its count where it starts, not here beside the
+  // send's as the fused combine does: experiments/ep/NOTES.md)
   ep_dispatch_send_body<FP8, PER_RANK, EXPERT_MAJOR, LAMPORT>(a);
   if constexpr (LAMPORT) ep_dispatch_recv_lamport(a);
   else ep_dispatch_recv_body<FP8, PER_RANK, EXPERT_MAJOR>(a);
@@ -769,24 +764,8 @@ static const char *dispatch_name(int phase) {
                                         : "ep_dispatch_kernel";
 }
 
-// One grid of k, with the shared memory it needs (above 48 KiB by opting in),
-// and programmatic stream serialization when a->pdl (common/pdl.cuh).
-static int go(ep_kernel_t k, const dl_ep_args_t *a, void *stream, int64_t smem, const char *name) {
-#ifndef DL_EP_EMU
-  if (smem > 48 * 1024) DL_CUDA_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-#endif
-#ifdef DL_EP_EMU
-  k<<<a->blocks, a->threads, (size_t)smem, (cudaStream_t)stream>>>(*a);
-  DL_CUDA_CHECK_LAUNCH(name);
-#else
-  const cudaError_t e = dl_pdl_launch(k, a->blocks, a->threads, (size_t)smem, (cudaStream_t)stream, a->pdl, *a);
-  if (e != cudaSuccess) return DL_ERR(DL_ECUDA, "launch of %s failed: %s", name, cudaGetErrorString(e));
-#endif
-  return DL_OK;
-}
-
 int ep_launch_dispatch(const dl_ep_args_t *a, void *stream, int64_t smem) {
-  return go(dispatch_kernel(a), a, stream, smem, dispatch_name(a->phase));
+  return dl_launch(dispatch_kernel(a), dispatch_name(a->phase), a->blocks, a->threads, smem, stream, a->pdl, *a);
 }
 
 extern "C" int64_t dl_ep_cuda_smem(const dl_ep_args_t *a) {

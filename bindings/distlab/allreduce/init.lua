@@ -7,7 +7,7 @@
 --       "auto": the dispatch table's choice for this device, world size and size
 --       (for an input in ar:buffer's region, in place, the entry's zc_rows when it
 --       has them: what was fastest measured on such an input).
---   dl.allreduce.algos   every algorithm's name, in DL_AR_* order (from the library)
+--   dl.allreduce.algos   every algorithm's name, in the library's order (kernels/allreduce/algos.h)
 --   dl.allreduce.table(comm) -> entry, file, device name   the table "auto" follows
 --   dl.allreduce.choose(nbytes, comm, zc) -> algo, blocks   what "auto" would run
 --       (zc: for an input in the zero-copy region, run in place)
@@ -36,8 +36,8 @@ local U = require "distlab.allreduce.tune"
 local C, check, fail = core.C, core.check, core.fail
 
 local M = {}
--- The algorithms' names in DL_AR_* order, as the library names them
--- (dl_allreduce_algo_name), and each name's DL_AR_* value.
+-- The algorithms' names in the library's order (dl_allreduce_algo_name), and
+-- each name's number, which dl_allreduce_run takes.
 M.algos = {}
 local ids = {}
 for i = 0, math.huge do

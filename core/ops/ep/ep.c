@@ -25,12 +25,11 @@
 #include <string.h>
 
 #include "ep/ep.h"
-#include "comm/comm_ops.h"
+#include "ops/common/devop.h"
 #include "mem/alloc.h"
 #include "base/device.h"
 
-enum { EP_MAGIC = 0xe9e9e9e9u };
-enum { CPU_BLOCKS = 4 }; /* apart: EP_MAGIC makes its enum unsigned */
+enum { CPU_BLOCKS = 4 };
 enum { IDLE = 0, SENT, DISPATCHED, COMBINE_SENT, COMBINED };
 /* the object's own tensors past the public ones */
 enum { T_SRC = DL_EP_NUM_TENSORS, T_HIDX, T_HW, N_TENSORS };
@@ -55,55 +54,44 @@ static const char *const phase_waits[] = {
     "to finish reading this rank's previous combine", "for its combine messages"};
 
 struct dl_ep {
-  uint32_t magic;
-  dl_comm_t *comm; /* borrowed: the caller keeps it alive */
-  char comm_name[96];
+  dl_devop_t op; /* the lifecycle: identity, buffer, failure (core/ops/common/devop.h) */
   dl_ep_config_t cfg;
-  int rank, size, dev_type, dev_index, local;
+  int local;
   int blocks, threads;
   dl_ep_args_t base;     /* the launch arguments that never change */
   int64_t bytes[DL_EP_NUM_PARTS];
   int tags[DL_EP_NUM_PARTS]; /* the tag each charged part went to */
   int charged;           /* parts charged so far (to give back) */
-  dl_symm_t *symm;
-  dl_ep_status_t *status; /* host-mapped on cuda */
+  dl_ep_status_t *status; /* op.status: host-mapped on cuda */
   dl_tensor_t *t[N_TENSORS];
   int state, tokens;
   int64_t dispatches, combines;
-  int failed;
-  char failure[512];
-  double timeout_s;
 };
 
 static const char *layout_name(int l) { return l == DL_EP_PER_RANK ? "per_rank" : "per_expert"; }
 static const char *output_name(int o) { return o == DL_EP_RANK_MAJOR ? "rank_major" : "expert_major"; }
 
+static const dl_devop_kind_t ep_kind;
+
 static int ep_check(const dl_ep_t *ep, const char *fn) {
-  if (!ep || ep->magic != EP_MAGIC) return DL_ERR(DL_ESTATE, "%s: not a live ep buffer (NULL or freed)", fn);
-  return DL_OK;
+  return dl_devop_live(ep ? &ep->op : NULL, &ep_kind, fn);
 }
 
 /* "ep dispatch recv (per_rank, expert_major, bf16) on rank 1 of 4 (comm 'w', cpu:0)" */
 static int describe(const dl_ep_t *ep, int phase, char *buf, size_t len) {
-  return snprintf(buf, len, "ep %s (%s, %s, %s) on rank %d of %d (comm '%s', %s:%d)",
-                  phase_names[phase], layout_name(ep->cfg.layout), output_name(ep->cfg.output),
-                  ep->cfg.fp8 ? "fp8" : "bf16", ep->rank, ep->size, ep->comm_name,
-                  dl_device_type_name(ep->dev_type), ep->dev_index);
+  char what[96];
+  snprintf(what, sizeof what, "ep %s (%s, %s, %s)", phase_names[phase], layout_name(ep->cfg.layout),
+           output_name(ep->cfg.output), ep->cfg.fp8 ? "fp8" : "bf16");
+  return dl_devop_describe(&ep->op, what, buf, len);
 }
 
-static void set_failed(dl_ep_t *ep) {
-  ep->failed = 1;
-  snprintf(ep->failure, sizeof ep->failure, "%s", dl_last_error());
-}
-
-/* What the kernels recorded, as an error: a timeout kills the object, a bad
- * expert id is reported once. */
-static int recorded_failure(dl_ep_t *ep) {
-  if (ep->failed)
-    return DL_ERR(DL_ESTATE, "this ep buffer failed earlier and refuses work (make a new one): %s",
-                  ep->failure);
+/* What the kernels recorded, as an error (dl_devop_recorded_failure): a
+ * timeout kills the object, a bad expert id is reported once. */
+static int recorded(dl_devop_t *op, int *fatal) {
+  dl_ep_t *ep = (dl_ep_t *)op;
   volatile dl_ep_status_t *s = ep->status;
-  if (!s || s->kind == 0) return DL_OK;
+  *fatal = 1;
+  if (s->kind == 0) return DL_OK;
   char what[256];
   const int phase = s->phase < 4 ? (int)s->phase : 0;
   describe(ep, phase, what, sizeof what);
@@ -122,13 +110,13 @@ static int recorded_failure(dl_ep_t *ep) {
                           what, s->epoch, s->peer, s->expected, (int)s->seen, ep->cfg.experts - 1);
     s->kind = 0;
     s->claim = 0; /* reported: the next failure may record itself */
+    *fatal = 0;
     return rc;
   }
   int rc = DL_ERR(DL_ETIMEOUT,
                   "%s: rank %u did not arrive within %.1f s (block %u waited %s, call %u; its "
                   "count here is %u); did every rank make the same ep calls?",
-                  what, s->peer, ep->timeout_s, s->block, phase_waits[phase], s->expected, s->seen);
-  set_failed(ep);
+                  what, s->peer, ep->op.timeout_s, s->block, phase_waits[phase], s->expected, s->seen);
   return rc;
 }
 
@@ -161,31 +149,31 @@ static int check_config(const dl_ep_config_t *c, const dl_comm_info_t *ci) {
 
 /* Every rank was given the same configuration: a mismatch fails on every rank. */
 static int agree(dl_ep_t *ep, int id) {
-  if (ep->dev_type == DL_META || ep->size == 1) return DL_OK;
+  if (ep->op.dev_type == DL_META || ep->op.size == 1) return DL_OK;
   char key[64];
   dl_ep_config_t mine = ep->cfg, theirs;
   mine.blocks = 0; /* grids are each rank's own */
-  snprintf(key, sizeof key, "ep%d/cfg/%d", id, ep->rank);
-  DL_TRY(dl_comm_store_set(ep->comm, key, &mine, sizeof mine));
+  snprintf(key, sizeof key, "ep%d/cfg/%d", id, ep->op.rank);
+  DL_TRY(dl_comm_store_set(ep->op.comm, key, &mine, sizeof mine));
   int32_t lamport = ep->base.lamport, their_lamport = 0;
-  snprintf(key, sizeof key, "ep%d/lamport/%d", id, ep->rank);
-  DL_TRY(dl_comm_store_set(ep->comm, key, &lamport, sizeof lamport));
-  for (int r = 0; r < ep->size; r++) {
+  snprintf(key, sizeof key, "ep%d/lamport/%d", id, ep->op.rank);
+  DL_TRY(dl_comm_store_set(ep->op.comm, key, &lamport, sizeof lamport));
+  for (int r = 0; r < ep->op.size; r++) {
     snprintf(key, sizeof key, "ep%d/lamport/%d", id, r);
-    DL_TRY(dl_comm_store_get(ep->comm, key, &their_lamport, sizeof their_lamport));
+    DL_TRY(dl_comm_store_get(ep->op.comm, key, &their_lamport, sizeof their_lamport));
     if (their_lamport != lamport)
       return DL_ERR(DL_EINVAL,
                     "ep: ranks disagree on the dispatch's and combine's slots: rank %d %s Lamport slots, rank %d %s "
                     "(DISTLAB_EP_LAMPORT_MAX_ROWS differs between them: set it alike on every rank)",
-                    ep->rank, lamport ? "uses" : "does not use", r, their_lamport ? "does" : "does not");
+                    ep->op.rank, lamport ? "uses" : "does not use", r, their_lamport ? "does" : "does not");
     snprintf(key, sizeof key, "ep%d/cfg/%d", id, r);
-    DL_TRY(dl_comm_store_get(ep->comm, key, &theirs, sizeof theirs));
+    DL_TRY(dl_comm_store_get(ep->op.comm, key, &theirs, sizeof theirs));
     theirs.blocks = 0;
     if (memcmp(&mine, &theirs, sizeof mine) != 0)
       return DL_ERR(DL_EINVAL,
                     "ep: ranks disagree on the buffer: rank %d has max_tokens %d, hidden %d, "
                     "experts %d, topk %d, %s, %s, %s; rank %d has %d, %d, %d, %d, %s, %s, %s",
-                    ep->rank, mine.max_tokens, mine.hidden, mine.experts, mine.topk,
+                    ep->op.rank, mine.max_tokens, mine.hidden, mine.experts, mine.topk,
                     layout_name(mine.layout), output_name(mine.output), mine.fp8 ? "fp8" : "bf16", r,
                     theirs.max_tokens, theirs.hidden, theirs.experts, theirs.topk,
                     layout_name(theirs.layout), output_name(theirs.output), theirs.fp8 ? "fp8" : "bf16");
@@ -202,13 +190,13 @@ static void lay_out(dl_ep_t *ep) {
   a->msg_d = dl_ep_msg_d(per_rank, c->fp8, c->topk, c->hidden);
   a->msg_c = dl_ep_msg_c(c->hidden);
   const int64_t drecv = dl_ep_dispatch_bytes(per_rank, dl_ep_dispatch_lamport(per_rank, a->lamport, c->output, c->fp8),
-                                             ep->size, c->experts, c->max_tokens, a->msg_d);
+                                             ep->op.size, c->experts, c->max_tokens, a->msg_d);
   const int64_t crecv = dl_ep_combine_slots(per_rank, a->lamport, c->experts, c->topk, c->max_tokens) * a->msg_c;
-  a->drecv_off = dl_ep_ctrl_bytes(ep->size, ep->local);
+  a->drecv_off = dl_ep_ctrl_bytes(ep->op.size, ep->local);
   a->crecv_off = a->drecv_off + drecv;
   /* what the symmetric buffer maps: its rounding and signal pad (on cuda
    * whole 2 MiB pages) count as signals */
-  const int64_t mapped = dl_symm_mapped_bytes(ep->dev_type, a->crecv_off + crecv);
+  const int64_t mapped = dl_symm_mapped_bytes(ep->op.dev_type, a->crecv_off + crecv);
   ep->bytes[DL_EP_DISPATCH_SEND_BYTES] = 0; /* messages go straight into the peers' slots */
   ep->bytes[DL_EP_DISPATCH_RECV_BYTES] = drecv;
   ep->bytes[DL_EP_COMBINE_SEND_BYTES] = 0;
@@ -223,7 +211,7 @@ static int charge_parts(dl_ep_t *ep) {
     char tag[64];
     snprintf(tag, sizeof tag, "ep_%s", part_names[p]);
     DL_TRY(dl_mem_tag_push(tag));
-    int rc = dl_mem_charge(ep->dev_type, ep->dev_index, ep->bytes[p], &ep->tags[p]);
+    int rc = dl_mem_charge(ep->op.dev_type, ep->op.dev_index, ep->bytes[p], &ep->tags[p]);
     dl_mem_tag_pop();
     DL_TRY(rc);
     ep->charged = p + 1;
@@ -234,7 +222,7 @@ static int charge_parts(dl_ep_t *ep) {
 static int new_tensor(dl_ep_t *ep, int which, int dtype, int ndim, int64_t d0, int64_t d1,
                       int64_t d2) {
   const int64_t shape[3] = {d0, d1, d2};
-  DL_TRY(dl_tensor_empty(&ep->t[which], dtype, ndim, shape, ep->dev_type, ep->dev_index, NULL));
+  DL_TRY(dl_tensor_empty(&ep->t[which], dtype, ndim, shape, ep->op.dev_type, ep->op.dev_index, NULL));
   int64_t n;
   dl_tensor_storage_info(ep->t[which], &n, NULL);
   ep->bytes[DL_EP_OUTPUTS_BYTES] += n;
@@ -243,7 +231,7 @@ static int new_tensor(dl_ep_t *ep, int which, int dtype, int ndim, int64_t d0, i
 
 static int new_tensors(dl_ep_t *ep) {
   const dl_ep_config_t *c = &ep->cfg;
-  const int64_t N = ep->size, B = c->max_tokens, H = c->hidden, K = c->topk, L = ep->local;
+  const int64_t N = ep->op.size, B = c->max_tokens, H = c->hidden, K = c->topk, L = ep->local;
   const int em = c->output == DL_EP_EXPERT_MAJOR;
   const int64_t g = em ? L : N, rows = em ? N * B : B; /* [g][rows] */
   DL_TRY(new_tensor(ep, DL_EP_X, c->fp8 ? DL_U8 : DL_BF16, 3, g, rows, H));
@@ -260,55 +248,24 @@ static int new_tensors(dl_ep_t *ep) {
   return DL_OK;
 }
 
-static int new_status(dl_ep_t *ep) {
-#ifdef DL_WITH_CUDA
-  if (ep->dev_type == DL_CUDA) {
-    void *h = NULL, *d = NULL;
-    DL_TRY(dl_cuda_use(ep->dev_index));
-    DL_CUDA_CHECK(cudaHostAlloc(&h, sizeof(dl_ep_status_t), cudaHostAllocMapped));
-    memset(h, 0, sizeof(dl_ep_status_t));
-    ep->status = h;
-    DL_CUDA_CHECK(cudaHostGetDevicePointer(&d, h, 0));
-    if (d != h) return DL_ERR(DL_EUNSUPPORTED, "ep: mapped host memory without UVA");
-    return DL_OK;
-  }
-#endif
-  ep->status = calloc(1, sizeof(dl_ep_status_t));
-  return ep->status ? DL_OK : DL_ERR(DL_ENOMEM, "ep: out of host memory");
-}
-
-static void free_status(dl_ep_t *ep) {
-#ifdef DL_WITH_CUDA
-  if (ep->dev_type == DL_CUDA && ep->status) {
-    cudaFreeHost(ep->status);
-    ep->status = NULL;
-  }
-#endif
-  free(ep->status);
-  ep->status = NULL;
-}
-
-/* Grid of every phase: the multiprocessors, or where ranks share a GPU half
- * of them split among the ranks (every rank's blocks spin on the others',
- * so all of them must be resident at once: core/ops/allreduce/allreduce.c). */
-static int grid(dl_ep_t *ep, int share) {
-  if (ep->dev_type != DL_CUDA) {
+/* Grid of every phase: the multiprocessors a rank may fill (dl_devop_sms). */
+static int grid(dl_ep_t *ep) {
+  if (ep->op.dev_type != DL_CUDA) {
     ep->blocks = ep->cfg.blocks > 0 ? ep->cfg.blocks : CPU_BLOCKS;
     if (ep->blocks > DL_EP_MAX_BLOCKS) ep->blocks = DL_EP_MAX_BLOCKS; /* every block's share >= 1 (ep.h) */
     ep->threads = 1;
     return DL_OK;
   }
 #ifdef DL_WITH_CUDA
-  int sms = 0;
-  DL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ep->dev_index));
-  if (share > 1) sms = sms / (2 * share) > 0 ? sms / (2 * share) : 1;
+  int sms;
+  DL_TRY(dl_devop_sms(&ep->op, &sms));
   /* a block an SM by default; up to two on request (the kernels' launch
    * bounds hold two resident, as the fused kernels need every block resident) */
   ep->blocks = ep->cfg.blocks > 0 ? (ep->cfg.blocks < 2 * sms ? ep->cfg.blocks : 2 * sms) : sms;
   if (ep->blocks > DL_EP_MAX_BLOCKS) ep->blocks = DL_EP_MAX_BLOCKS;
   ep->threads = DL_EP_THREADS;
   int optin = 0;
-  DL_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ep->dev_index));
+  DL_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, ep->op.dev_index));
   dl_ep_args_t a = ep->base;
   a.blocks = ep->blocks;
   a.tokens = ep->cfg.max_tokens;
@@ -321,7 +278,7 @@ static int grid(dl_ep_t *ep, int share) {
   return DL_OK;
 }
 
-static int init(dl_ep_t *ep, dl_comm_t *c, const dl_comm_info_t *ci) {
+static int init(dl_ep_t *ep, dl_comm_t *c) {
   const int id = dl_comm_next_symm_id(c);
   lay_out(ep);
   DL_TRY(agree(ep, id));
@@ -330,38 +287,33 @@ static int init(dl_ep_t *ep, dl_comm_t *c, const dl_comm_info_t *ci) {
   int rc = new_tensors(ep);
   dl_mem_tag_pop();
   DL_TRY(rc);
-  DL_TRY(new_status(ep));
-  DL_TRY(grid(ep, ci->share));
-  if (ep->dev_type == DL_META) return DL_OK;
+  DL_TRY(grid(ep));
+  if (ep->op.dev_type == DL_META) return DL_OK;
   /* the buffer: what symm maps is exactly the total charged above */
-  DL_TRY(dl_symm_alloc(&ep->symm, c, ep->base.crecv_off + ep->bytes[DL_EP_COMBINE_RECV_BYTES]));
-  for (int p = 0; p < ep->size; p++) {
-    void *ptr;
-    DL_TRY(dl_symm_peer_ptr(ep->symm, p, &ptr));
-    ep->base.bufs[p] = ptr;
-  }
+  DL_TRY(dl_devop_map(&ep->op, ep->base.crecv_off + ep->bytes[DL_EP_COMBINE_RECV_BYTES]));
+  memcpy(ep->base.bufs, ep->op.bufs, sizeof ep->base.bufs);
   /* epochs at zero before anyone signals into them; Lamport slots empty
    * (kernels/ep/ep.h; the cpu twin ignores them) */
-  const size_t ctrl = (size_t)dl_ep_ctrl_bytes(ep->size, ep->local);
-  char *disp = ep->base.bufs[ep->rank] + ep->base.drecv_off, *comb = ep->base.bufs[ep->rank] + ep->base.crecv_off;
+  const size_t ctrl = (size_t)dl_ep_ctrl_bytes(ep->op.size, ep->local);
+  char *disp = ep->base.bufs[ep->op.rank] + ep->base.drecv_off, *comb = ep->base.bufs[ep->op.rank] + ep->base.crecv_off;
   const size_t disp_bytes = dl_ep_dispatch_lamport(ep->cfg.layout == DL_EP_PER_RANK, ep->base.lamport, ep->cfg.output,
                                                    ep->cfg.fp8)
                                 ? (size_t)ep->bytes[DL_EP_DISPATCH_RECV_BYTES] : 0;
   const size_t comb_bytes = ep->base.lamport ? (size_t)ep->bytes[DL_EP_COMBINE_RECV_BYTES] : 0;
-  if (ep->dev_type == DL_CPU) {
-    memset(ep->base.bufs[ep->rank], 0, ctrl);
+  if (ep->op.dev_type == DL_CPU) {
+    memset(ep->base.bufs[ep->op.rank], 0, ctrl);
     memset(disp, 0xff, disp_bytes);
     memset(comb, 0xff, comb_bytes);
   } else {
 #ifdef DL_WITH_CUDA
-    DL_TRY(dl_cuda_use(ep->dev_index));
-    DL_CUDA_CHECK(cudaMemset(ep->base.bufs[ep->rank], 0, ctrl));
+    DL_TRY(dl_cuda_use(ep->op.dev_index));
+    DL_CUDA_CHECK(cudaMemset(ep->base.bufs[ep->op.rank], 0, ctrl));
     if (disp_bytes) DL_CUDA_CHECK(cudaMemset(disp, 0xff, disp_bytes));
     if (comb_bytes) DL_CUDA_CHECK(cudaMemset(comb, 0xff, comb_bytes));
     DL_CUDA_CHECK(cudaDeviceSynchronize());
 #endif
   }
-  return ep->size > 1 ? dl_comm_barrier(c, NULL) : DL_OK;
+  return ep->op.size > 1 ? dl_comm_barrier(c, NULL) : DL_OK;
 }
 
 int dl_ep_new(dl_ep_t **out, dl_comm_t *c, const dl_ep_config_t *cfg) {
@@ -372,16 +324,10 @@ int dl_ep_new(dl_ep_t **out, dl_comm_t *c, const dl_ep_config_t *cfg) {
   DL_TRY(check_config(cfg, &ci));
   dl_ep_t *ep = calloc(1, sizeof *ep);
   if (!ep) return DL_ERR(DL_ENOMEM, "dl_ep_new: out of host memory");
-  ep->magic = EP_MAGIC;
-  ep->comm = c;
-  snprintf(ep->comm_name, sizeof ep->comm_name, "%s", ci.name);
+  int rc = dl_devop_open(&ep->op, &ep_kind, c, &ci);
+  ep->status = ep->op.status;
   ep->cfg = *cfg;
-  ep->rank = ci.rank;
-  ep->size = ci.size;
-  ep->dev_type = ci.dev_type;
-  ep->dev_index = ci.dev_index;
   ep->local = cfg->experts / ci.size;
-  ep->timeout_s = ci.timeout_s;
   dl_ep_args_t *a = &ep->base;
   a->layout = cfg->layout;
   a->output = cfg->output;
@@ -394,33 +340,25 @@ int dl_ep_new(dl_ep_t **out, dl_comm_t *c, const dl_ep_config_t *cfg) {
   a->hidden = cfg->hidden;
   a->max_tokens = cfg->max_tokens;
   a->timeout_ns = (uint64_t)(ci.timeout_s * 1e9);
-  /* Programmatic dependent launch (common/pdl.cuh) for every buffer. Until
-   * 722b37c per_rank with rank_major output launched without it: on 2 H200s
-   * (3978ddc, ep-pdl-ab-h200x2.md) PDL made that buffer's dispatch + combine
-   * pairs 2.1-2.4 us slower, while its bf16 fused dispatch was the only EP
-   * kernel at 84 registers (one block an SM: the next grid could not be
-   * resident beside it). Since d75b8c0 it is at 64, as the others, and on 2
-   * and 4 H100s PDL is faster or equal in 93 of 96 cells (every buffer, B
-   * 1-128, bf16, E 256), 0.1-0.3 us slower in three (ep-pdl-ab-h100.md).
-   * DISTLAB_EP_PDL=0 turns it off (an A/B knob; ranks may differ: it changes
-   * when a grid is scheduled, not what it does). Each block releases the
-   * next grid as it starts: releasing as it ends was slower everywhere. */
+  /* Programmatic dependent launch (common/pdl.cuh) for every buffer; each
+   * block releases the next grid as it starts. DISTLAB_EP_PDL=0 turns it off
+   * (an A/B knob; ranks may differ: it changes when a grid is scheduled, not
+   * what it does). Measured: experiments/ep/NOTES.md (PDL). */
   long pdl = 1, lamport_max = DL_EP_LAMPORT_MAX_ROWS;
-  int rc = dl_env_int("dl_ep_new", "DISTLAB_EP_PDL", 1, 0, 1, &pdl);
+  if (rc == DL_OK) rc = dl_env_int("dl_ep_new", "DISTLAB_EP_PDL", 1, 0, 1, &pdl);
   a->pdl = (int)pdl;
   /* per_rank's combine with rank_major output in Lamport slots (kernels/ep/
-   * ep.h) up to this many rows received, N B, and its dispatch since
-   * (dl_ep_dispatch_lamport): their emptying costs stores as
-   * many as the rows, the flag's fence a fixed cost. expert_major output sends K rows a
-   * token, not one a rank: on 2 H200s its combine was 1.5-3.6 us slower in
-   * Lamport slots at B 1-128 (per_rank then 11-17% behind per_expert), so it
-   * keeps the flag. Ranks must agree (agree() checks it: it sets the layout). */
+   * ep.h) up to this many rows received, N B, and its dispatch
+   * (dl_ep_dispatch_lamport): their emptying costs stores as many as the
+   * rows, the flag's fence a fixed cost. expert_major output sends K rows a
+   * token, not one a rank, and keeps the flag (experiments/ep/NOTES.md,
+   * Lamport slots). Ranks must agree (agree() checks it: it sets the layout). */
   if (rc == DL_OK)
     rc = dl_env_int("dl_ep_new", "DISTLAB_EP_LAMPORT_MAX_ROWS", DL_EP_LAMPORT_MAX_ROWS, 0,
                     (long)DL_SIGNAL_MAX_RANKS * DL_EP_MAX_TOKENS, &lamport_max);
   a->lamport = cfg->layout == DL_EP_PER_RANK && cfg->output == DL_EP_RANK_MAJOR &&
                (int64_t)ci.size * cfg->max_tokens <= lamport_max;
-  if (rc == DL_OK) rc = init(ep, c, &ci);
+  if (rc == DL_OK) rc = init(ep, c);
   if (rc < 0) {
     dl_error_context(rc, "dl_ep_new on rank %d of %d (comm '%s', %lld bytes a rank)", ci.rank,
                      ci.size, ci.name, (long long)ep->bytes[DL_EP_TOTAL_BYTES]);
@@ -434,31 +372,20 @@ int dl_ep_new(dl_ep_t **out, dl_comm_t *c, const dl_ep_config_t *cfg) {
   return DL_OK;
 }
 
-void dl_ep_free(dl_ep_t *ep) {
-  if (!ep || ep->magic != EP_MAGIC) return;
-  /* graphs whose kernels use this object's buffers must not replay after them */
-  dl_graph_release_user(ep, "the ep buffer (its symmetric buffer and outputs)");
-  dl_symm_free(ep->symm);
-  for (int p = 0; p < ep->charged; p++)
-    dl_mem_uncharge(ep->dev_type, ep->dev_index, ep->tags[p], ep->bytes[p]);
-  for (int i = 0; i < N_TENSORS; i++) dl_tensor_free(ep->t[i]);
-  free_status(ep);
-  ep->magic = 0;
-  free(ep);
-}
+void dl_ep_free(dl_ep_t *ep) { dl_devop_free(ep ? &ep->op : NULL, &ep_kind); }
 
 int dl_ep_info(const dl_ep_t *ep, dl_ep_info_t *out) {
   DL_TRY(ep_check(ep, "dl_ep_info"));
   DL_CHECK_ARG(out, "dl_ep_info: out is NULL");
   memset(out, 0, sizeof *out);
-  out->rank = ep->rank;
-  out->size = ep->size;
-  out->dev_type = ep->dev_type;
-  out->dev_index = ep->dev_index;
+  out->rank = ep->op.rank;
+  out->size = ep->op.size;
+  out->dev_type = ep->op.dev_type;
+  out->dev_index = ep->op.dev_index;
   out->local_experts = ep->local;
   out->blocks = ep->blocks;
   out->threads = ep->threads;
-  out->failed = ep->failed || (ep->status && ((volatile dl_ep_status_t *)ep->status)->kind == DL_EP_ERR_TIMEOUT);
+  out->failed = ep->op.failed || (ep->status && ((volatile dl_ep_status_t *)ep->status)->kind == DL_EP_ERR_TIMEOUT);
   out->tokens = ep->tokens;
   out->msg_dispatch = ep->base.msg_d;
   out->msg_combine = ep->base.msg_c;
@@ -489,7 +416,7 @@ static void *data(const dl_tensor_t *t) {
 /* A tensor argument: contiguous, on the object's device, dtype and shape. */
 static int arg(const dl_ep_t *ep, const dl_tensor_t *t, const char *what, int dtype, int ndim,
                const int64_t *shape, dl_view_t *v) {
-  DL_TRY(dl_tensor_arg(t, what, ep->dev_type, ep->dev_index, "the ep buffer", v));
+  DL_TRY(dl_tensor_arg(t, what, ep->op.dev_type, ep->op.dev_index, "the ep buffer", v));
   char want[96], got[96];
   int n = 0, m = 0;
   for (int d = 0; d < ndim; d++) n += snprintf(want + n, sizeof want - n, "%s%lld", d ? ", " : "", (long long)shape[d]);
@@ -503,21 +430,10 @@ static int arg(const dl_ep_t *ep, const dl_tensor_t *t, const char *what, int dt
 
 /* The phase's kernel (or twin); meta runs nothing. */
 static int launch(dl_ep_t *ep, dl_ep_args_t *a, dl_stream_t *s) {
-  if (ep->dev_type == DL_META) return DL_OK;
+  if (ep->op.dev_type == DL_META) return DL_OK;
   void *stream = NULL;
-  DL_TRY(dl_stream_for(s, ep->dev_type, ep->dev_index, &stream));
-  dl_graph_note_user(ep); /* a graph being captured now uses this object's buffers */
-  if (ep->dev_type == DL_CPU) {
-    int rc = dl_ep_cpu(a, stream);
-    int rec = recorded_failure(ep); /* a timeout or a bad id, worded */
-    return rec < 0 ? rec : rc;
-  }
-#ifdef DL_WITH_CUDA
-  DL_TRY(dl_cuda_use(ep->dev_index));
-  return dl_ep_cuda(a, stream);
-#else
-  return DL_ERR(DL_EUNSUPPORTED, "ep kernels on cuda need a CUDA build");
-#endif
+  DL_TRY(dl_stream_for(s, ep->op.dev_type, ep->op.dev_index, &stream));
+  return dl_devop_launch(&ep->op, a, stream); /* the twin's timeout or bad id, worded */
 }
 
 /* The states each phase may follow: a dispatch after a finished dispatch
@@ -553,8 +469,8 @@ static int run(dl_ep_t *ep, int phase, dl_ep_args_t *a, dl_stream_t *s, int *lau
    * it runs, then the id is reported (DL_EINVAL), as the cpu twin reports
    * it at the end of its own call; the buffer goes on */
   const volatile dl_ep_status_t *st = ep->status;
-  const int deferred = !ep->failed && st && st->kind == DL_EP_ERR_BAD_ID;
-  int rc = deferred ? DL_OK : recorded_failure(ep);
+  const int deferred = !ep->op.failed && st && st->kind == DL_EP_ERR_BAD_ID;
+  int rc = deferred ? DL_OK : dl_devop_recorded_failure(&ep->op);
   if (rc == DL_OK && !in_order(phase, ep->state))
     rc = DL_ERR(DL_ESTATE, "%s: out of order: %s", what, order_rules[phase]);
   if (rc < 0) return rc;
@@ -563,9 +479,9 @@ static int run(dl_ep_t *ep, int phase, dl_ep_args_t *a, dl_stream_t *s, int *lau
   rc = launch(ep, a, s);
   if (rc < 0 && rc != DL_ETIMEOUT && rc != DL_EINVAL) { /* those name the phase already */
     dl_error_context(rc, "%s", what);
-    set_failed(ep);
+    dl_devop_set_failed(&ep->op);
   }
-  if (rc == DL_OK && deferred) rc = recorded_failure(ep);
+  if (rc == DL_OK && deferred) rc = dl_devop_recorded_failure(&ep->op);
   return rc;
 }
 
@@ -575,7 +491,7 @@ static int send_args(dl_ep_t *ep, const dl_tensor_t *x, const dl_tensor_t *topk_
                      const dl_tensor_t *topk_weights, dl_ep_args_t *out) {
   const dl_ep_config_t *c = &ep->cfg;
   dl_view_t vx, vi, vw;
-  DL_TRY(dl_tensor_arg(x, "x", ep->dev_type, ep->dev_index, "the ep buffer", &vx));
+  DL_TRY(dl_tensor_arg(x, "x", ep->op.dev_type, ep->op.dev_index, "the ep buffer", &vx));
   const int64_t T = vx.ndim == 2 ? vx.shape[0] : -1;
   DL_CHECK_ARG(T >= 0, "ep dispatch: x must be [T, %d] (2 dimensions), got %d", c->hidden, vx.ndim);
   DL_CHECK_ARG(T <= c->max_tokens, "ep dispatch: %lld tokens, more than the buffer's max_tokens %d",
@@ -700,26 +616,34 @@ int dl_ep_combine(dl_ep_t *ep, const dl_tensor_t *y, dl_tensor_t *out, dl_stream
 
 int dl_ep_check(dl_ep_t *ep, dl_stream_t *s) {
   DL_TRY(ep_check(ep, "dl_ep_check"));
-#ifdef DL_WITH_CUDA
-  if (ep->dev_type == DL_CUDA) {
-    void *h = NULL;
-    DL_TRY(dl_stream_for(s, DL_CUDA, ep->dev_index, &h));
-    DL_TRY(dl_cuda_use(ep->dev_index));
-    /* device waits end by themselves within the timeout; allow twice that */
-    const double t0 = dl_now_us();
-    cudaError_t q;
-    while ((q = cudaStreamQuery((cudaStream_t)h)) == cudaErrorNotReady) {
-      if (dl_now_us() - t0 > (2 * ep->timeout_s + 1) * 1e6)
-        return DL_ERR(DL_ETIMEOUT, "ep check on rank %d of %d: the stream did not finish within %.1f s",
-                      ep->rank, ep->size, 2 * ep->timeout_s + 1);
-      dl_wait_pause(t0);
-    }
-    if (q != cudaSuccess) {
-      (void)cudaGetLastError();
-      return DL_ERR(DL_ECUDA, "ep check on rank %d of %d: the stream failed: %s", ep->rank,
-                    ep->size, cudaGetErrorString(q));
-    }
-  }
-#endif
-  return recorded_failure(ep);
+  DL_TRY(dl_devop_wait_stream(&ep->op, s, "ep check", NULL));
+  return dl_devop_recorded_failure(&ep->op);
 }
+
+/* ---- the lifecycle's hooks (core/ops/common/devop.h) ----------------------------------- */
+
+/* The charged parts and the outputs go (dl_devop_free). */
+static void fini(dl_devop_t *op) {
+  dl_ep_t *ep = (dl_ep_t *)op;
+  for (int p = 0; p < ep->charged; p++)
+    dl_mem_uncharge(ep->op.dev_type, ep->op.dev_index, ep->tags[p], ep->bytes[p]);
+  for (int i = 0; i < N_TENSORS; i++) dl_tensor_free(ep->t[i]);
+}
+
+static int twin(const void *a, void *stream) { return dl_ep_cpu(a, stream); }
+#ifdef DL_WITH_CUDA
+static int kernels(const void *a, void *stream) { return dl_ep_cuda(a, stream); }
+#endif
+
+static const dl_devop_kind_t ep_kind = {
+    .name = "ep buffer",
+    .magic = 0xe9e9e9e9u,
+    .status_bytes = sizeof(dl_ep_status_t),
+    .recorded = recorded,
+    .cpu = twin,
+#ifdef DL_WITH_CUDA
+    .cuda = kernels,
+#endif
+    .what = "the ep buffer (its symmetric buffer and outputs)",
+    .fini = fini,
+};

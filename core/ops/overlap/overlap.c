@@ -20,46 +20,40 @@
 #include "comm/reduce.h"
 #include "overlap/overlap.h"
 
-enum { OVERLAP_MAGIC = 0x0e71a9 };
+/* Its flags go once no queued run can touch them (dl_devop_free). */
+static void fini(dl_devop_t *op) {
+  dl_overlap_t *o = (dl_overlap_t *)op;
+#ifdef DL_WITH_CUDA
+  dl_overlap_cu_fini(o); /* after it, no queued run touches the flags */
+#endif
+  dl_overlap_ctl_unmap(o);
+}
+
+static const dl_devop_kind_t overlap_kind = {
+    .name = "overlap op",
+    .magic = 0x0e71a9,
+    .what = "the overlap op (its symmetric buffer and flags)",
+    .fini = fini,
+};
 
 static int live(const dl_overlap_t *o, const char *fn) {
-  if (!o || o->magic != OVERLAP_MAGIC)
-    return DL_ERR(DL_ESTATE, "%s: not a live overlap object (NULL or freed)", fn);
-  return DL_OK;
+  return dl_devop_live(o ? &o->op : NULL, &overlap_kind, fn);
 }
 
-int dl_overlap_describe(const dl_overlap_t *o, char *buf, size_t len) {
-  return snprintf(buf, len, "%s on rank %d of %d (comm '%s', %s:%d)", o->what, o->rank, o->size,
-                  o->comm_name, dl_device_type_name(o->dev_type), o->dev_index);
-}
-
-int dl_overlap_gone_str(const dl_overlap_t *o, uint32_t gone, char *buf, size_t len) {
-  const int r = (int)gone - 1;
-  return snprintf(buf, len, "rank %d (pid %d) has exited", r,
-                  r >= 0 && r < DL_SIGNAL_MAX_RANKS ? o->pids[r] : 0);
-}
-
-void dl_overlap_fail_locked(dl_overlap_t *o, const char *why) {
-  if (o->failed) return;
-  o->failed = 1;
-  snprintf(o->failure, sizeof o->failure, "%s", why);
-}
-
-static int refused(dl_overlap_t *o) {
-  pthread_mutex_lock(&o->mu);
-  const uint32_t gone = __atomic_load_n(&o->gone, __ATOMIC_ACQUIRE);
-  if (gone && !o->failed) { /* no run can complete without that rank */
+/* A peer's death fails the op when the host next looks (its waits are
+ * stream operations and host polls, which record nothing), then
+ * dl_devop_refused. */
+static int refused(dl_devop_t *op) {
+  const dl_overlap_t *o = (const dl_overlap_t *)op;
+  const uint32_t gone = dl_devop_gone(op);
+  if (gone && !__atomic_load_n(&op->failed, __ATOMIC_ACQUIRE)) { /* no run can complete without that rank */
     char who[300], dead[96], why[512];
-    dl_overlap_describe(o, who, sizeof who);
-    dl_overlap_gone_str(o, gone, dead, sizeof dead);
+    dl_devop_describe(op, o->what, who, sizeof who);
+    dl_devop_gone_str(op, gone, dead, sizeof dead);
     snprintf(why, sizeof why, "%s: %s", who, dead);
-    dl_overlap_fail_locked(o, why);
+    dl_devop_fail(op, why);
   }
-  int rc = o->failed ? DL_ERR(DL_ESTATE, "this overlap op failed earlier and refuses work (make a "
-                              "new one): %s", o->failure)
-                     : DL_OK;
-  pthread_mutex_unlock(&o->mu);
-  return rc;
+  return dl_devop_refused(op);
 }
 
 /* ---- lifetime ------------------------------------------------------------------- */
@@ -100,8 +94,8 @@ static int same_call(dl_overlap_t *o, dl_comm_t *c, int64_t seq) {
 /* Our flags at their starting values, active and progress at 0 (host
  * memory no stream has touched yet: plain stores, then a fence). */
 static void init_flags(dl_overlap_t *o, const uint32_t *initial) {
-  memset(o->flags[o->rank], 0, DL_OVERLAP_CTL_WORDS * sizeof(uint32_t));
-  for (int f = 0; f < o->nflags && initial; f++) o->flags[o->rank][f] = initial[f];
+  memset(o->flags[o->op.rank], 0, DL_OVERLAP_CTL_WORDS * sizeof(uint32_t));
+  for (int f = 0; f < o->nflags && initial; f++) o->flags[o->op.rank][f] = initial[f];
   __atomic_thread_fence(__ATOMIC_SEQ_CST);
 }
 
@@ -117,53 +111,30 @@ int dl_overlap_new(dl_overlap_t **out, dl_comm_t *c, const char *what, int64_t n
                "dl_overlap_new: %d flags (at most %d)", nflags, DL_OVERLAP_MAX_FLAGS);
   dl_overlap_t *o = calloc(1, sizeof *o);
   if (!o) return DL_ERR(DL_ENOMEM, "dl_overlap_new: out of host memory");
-  o->magic = OVERLAP_MAGIC;
-  pthread_mutex_init(&o->mu, NULL);
   snprintf(o->what, sizeof o->what, "%s", what);
-  snprintf(o->comm_name, sizeof o->comm_name, "%s", ci.name);
-  o->rank = ci.rank;
-  o->size = ci.size;
-  o->dev_type = ci.dev_type;
-  o->dev_index = ci.dev_index;
-  o->share = ci.share > 1 ? ci.share : 1;
   o->nflags = nflags;
-  o->timeout_s = ci.timeout_s;
   o->nbytes = nbytes;
+  int rc = dl_devop_open(&o->op, &overlap_kind, c, &ci);
   const int meta = ci.dev_type == DL_META; /* no flags: nothing runs */
   const int64_t seq = meta ? 0 : next_call(ci.name);
-  int rc = meta ? DL_OK : same_call(o, c, seq);
-  if (rc == DL_OK) rc = dl_symm_alloc(&o->symm, c, nbytes);
-  for (int p = 0; p < o->size && rc == DL_OK && !meta; p++) {
-    void *ptr;
-    rc = dl_symm_peer_ptr(o->symm, p, &ptr);
-    o->bufs[p] = ptr;
-  }
+  if (rc == DL_OK && !meta) rc = same_call(o, c, seq);
+  if (rc == DL_OK) rc = dl_devop_map(&o->op, nbytes);
   if (rc == DL_OK && !meta) rc = dl_overlap_ctl_map(o, c, seq);
   if (rc == DL_OK && !meta) init_flags(o, initial);
   /* a wait (the cpu's polls, the cuda watchdog's ticks) ends at a peer's death */
-  for (int p = 0; p < o->size && !meta; p++) o->pids[p] = dl_comm_peer_pid(c, p);
-  if (rc == DL_OK && !meta && (rc = dl_comm_watch(c, &o->gone)) == DL_OK) o->watched = 1;
+  if (rc == DL_OK) rc = dl_devop_watch(&o->op, &o->gone);
 #ifdef DL_WITH_CUDA
-  if (rc == DL_OK && o->dev_type == DL_CUDA) {
-    int sms = 0;
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, o->dev_index) != cudaSuccess) {
-      (void)cudaGetLastError();
-      rc = DL_ERR(DL_ECUDA, "dl_overlap_new: cannot read the multiprocessor count of cuda:%d",
-                  o->dev_index);
-    }
-    /* where ranks share a GPU, half of it split among them (as the all-reduce kernels) */
-    o->sms = o->share > 1 ? (sms / (2 * o->share) > 0 ? sms / (2 * o->share) : 1) : sms;
-    if (rc == DL_OK) rc = dl_overlap_cu_init(o);
-  }
+  if (rc == DL_OK && o->op.dev_type == DL_CUDA) rc = dl_devop_sms(&o->op, &o->sms);
+  if (rc == DL_OK && o->op.dev_type == DL_CUDA) rc = dl_overlap_cu_init(o);
 #endif
   /* nobody signals into flags before their owner set them; then everyone
    * has read every signature and mapped every segment, and ours can go (the
    * next call's check would delete the signature too, but the last one's
    * would stay) */
-  if (rc == DL_OK && !meta && o->size > 1) rc = dl_comm_barrier(c, NULL);
+  if (rc == DL_OK && !meta && o->op.size > 1) rc = dl_comm_barrier(c, NULL);
   if (rc == DL_OK && !meta) {
     char key[48];
-    snprintf(key, sizeof key, "ov/%lld/%d", (long long)seq, o->rank);
+    snprintf(key, sizeof key, "ov/%lld/%d", (long long)seq, o->op.rank);
     rc = dl_comm_store_delete(c, key);
     if (rc == DL_OK) rc = dl_overlap_ctl_unlink(o, c, seq);
   }
@@ -177,40 +148,27 @@ int dl_overlap_new(dl_overlap_t **out, dl_comm_t *c, const char *what, int64_t n
   return DL_OK;
 }
 
-void dl_overlap_free(dl_overlap_t *o) {
-  if (!o || o->magic != OVERLAP_MAGIC) return;
-  /* graphs that captured its waits and copies must not replay after it */
-  dl_graph_release_user(o, "the overlap op (its symmetric buffer and flags)");
-#ifdef DL_WITH_CUDA
-  dl_overlap_cu_fini(o); /* after it, no queued run touches the flags */
-#endif
-  if (o->watched) dl_comm_unwatch(&o->gone);
-  dl_overlap_ctl_unmap(o);
-  dl_symm_free(o->symm);
-  pthread_mutex_destroy(&o->mu);
-  o->magic = 0;
-  free(o);
-}
+void dl_overlap_free(dl_overlap_t *o) { dl_devop_free(o ? &o->op : NULL, &overlap_kind); }
 
 int dl_overlap_info(const dl_overlap_t *o, dl_overlap_info_t *out) {
   DL_TRY(live(o, "dl_overlap_info"));
   DL_CHECK_ARG(out, "dl_overlap_info: out is NULL");
   memset(out, 0, sizeof *out);
   dl_overlap_t *m = (dl_overlap_t *)o;
-  pthread_mutex_lock(&m->mu);
-  out->rank = o->rank;
-  out->size = o->size;
-  out->dev_type = o->dev_type;
-  out->dev_index = o->dev_index;
-  out->share = o->share;
+  pthread_mutex_lock(&m->op.mu);
+  out->rank = o->op.rank;
+  out->size = o->op.size;
+  out->dev_type = o->op.dev_type;
+  out->dev_index = o->op.dev_index;
+  out->share = o->op.share;
   out->sms = o->sms;
   out->nflags = o->nflags;
-  out->failed = o->failed;
+  out->failed = o->op.failed;
   out->nbytes = o->nbytes;
   out->runs = o->runs;
   out->waits = o->nlog;
-  out->base = o->bufs[o->rank];
-  pthread_mutex_unlock(&m->mu);
+  out->base = o->op.bufs[o->op.rank];
+  pthread_mutex_unlock(&m->op.mu);
   return DL_OK;
 }
 
@@ -224,25 +182,25 @@ int dl_overlap_tensor(dl_tensor_t **out, dl_overlap_t *o, int peer, int64_t offs
   DL_CHECK_ARG(offset >= 0 && offset + n * dl_dtype_size(dtype) <= o->nbytes,
                "dl_overlap_tensor: %lld bytes at offset %lld do not fit the op's %lld",
                (long long)(n * dl_dtype_size(dtype)), (long long)offset, (long long)o->nbytes);
-  return dl_symm_tensor(out, o->symm, peer, offset, dtype, ndim, shape);
+  return dl_symm_tensor(out, o->op.symm, peer, offset, dtype, ndim, shape);
 }
 
 /* ---- a run ----------------------------------------------------------------------- */
 
 static int stream_of(const dl_overlap_t *o, dl_stream_t *s, void **h) {
   *h = NULL;
-  if (o->dev_type != DL_CUDA) return DL_OK;
-  DL_TRY(dl_stream_for(s, DL_CUDA, o->dev_index, h));
+  if (o->op.dev_type != DL_CUDA) return DL_OK;
+  DL_TRY(dl_stream_for(s, DL_CUDA, o->op.dev_index, h));
 #ifdef DL_WITH_CUDA
-  DL_TRY(dl_cuda_use(o->dev_index));
+  DL_TRY(dl_cuda_use(o->op.dev_index));
 #endif
   return DL_OK;
 }
 
 static int flag_args(const dl_overlap_t *o, int peer, int flag, const char *fn) {
   DL_TRY(live(o, fn));
-  DL_CHECK_ARG(peer >= 0 && peer < o->size, "%s: peer %d is not a rank of 0..%d", fn, peer,
-               o->size - 1);
+  DL_CHECK_ARG(peer >= 0 && peer < o->op.size, "%s: peer %d is not a rank of 0..%d", fn, peer,
+               o->op.size - 1);
   DL_CHECK_ARG(flag >= 0 && flag < o->nflags, "%s: flag %d is not in 0..%d", fn, flag,
                o->nflags - 1);
   return DL_OK;
@@ -250,17 +208,17 @@ static int flag_args(const dl_overlap_t *o, int peer, int flag, const char *fn) 
 
 int dl_overlap_begin(dl_overlap_t *o, dl_stream_t *s) {
   DL_TRY(live(o, "dl_overlap_begin"));
-  DL_TRY(refused(o));
+  DL_TRY(refused(&o->op));
   void *h;
   DL_TRY(stream_of(o, s, &h));
-  pthread_mutex_lock(&o->mu);
+  pthread_mutex_lock(&o->op.mu);
   o->nlog = 0;
   o->runs++;
   o->run_id = (uint32_t)o->runs ? (uint32_t)o->runs : 1; /* 0 means "no run" */
-  pthread_mutex_unlock(&o->mu);
-  dl_graph_note_user(o); /* a graph being captured now waits on this object's flags */
+  pthread_mutex_unlock(&o->op.mu);
+  dl_graph_note_user(&o->op); /* a graph being captured now waits on this object's flags */
 #ifdef DL_WITH_CUDA
-  if (o->dev_type == DL_CUDA) return dl_overlap_cu_begin(o, h);
+  if (o->op.dev_type == DL_CUDA) return dl_overlap_cu_begin(o, h);
 #endif
   return DL_OK;
 }
@@ -270,7 +228,7 @@ int dl_overlap_end(dl_overlap_t *o, dl_stream_t *s) {
   void *h;
   DL_TRY(stream_of(o, s, &h));
 #ifdef DL_WITH_CUDA
-  if (o->dev_type == DL_CUDA) return dl_overlap_cu_end(o, h);
+  if (o->op.dev_type == DL_CUDA) return dl_overlap_cu_end(o, h);
 #endif
   return DL_OK;
 }
@@ -279,9 +237,9 @@ int dl_overlap_signal(dl_overlap_t *o, int peer, int flag, dl_stream_t *s) {
   DL_TRY(flag_args(o, peer, flag, "dl_overlap_signal"));
   void *h;
   DL_TRY(stream_of(o, s, &h));
-  if (o->dev_type == DL_CPU) __atomic_store_n(&o->flags[peer][flag], 1u, __ATOMIC_RELEASE);
+  if (o->op.dev_type == DL_CPU) __atomic_store_n(&o->flags[peer][flag], 1u, __ATOMIC_RELEASE);
 #ifdef DL_WITH_CUDA
-  if (o->dev_type == DL_CUDA) return dl_overlap_cu_signal(o, &o->dflags[peer][flag], h);
+  if (o->op.dev_type == DL_CUDA) return dl_overlap_cu_signal(o, &o->dflags[peer][flag], h);
 #endif
   return DL_OK;
 }
@@ -289,24 +247,24 @@ int dl_overlap_signal(dl_overlap_t *o, int peer, int flag, dl_stream_t *s) {
 /* cpu: poll until the flag is 1 (a peer's process sets it), then clear
  * it; a peer's death or the timeout fails the object. */
 static int wait_cpu(dl_overlap_t *o, const wait_rec_t *w) {
-  uint32_t *f = &o->flags[o->rank][w->flag];
+  uint32_t *f = &o->flags[o->op.rank][w->flag];
   const double t0 = dl_host_now_s();
   for (int64_t it = 0; __atomic_load_n(f, __ATOMIC_ACQUIRE) != 1u; it++) {
-    const uint32_t gone = (it & 15) == 0 ? __atomic_load_n(&o->gone, __ATOMIC_ACQUIRE) : 0;
-    if (gone || ((it & 255) == 0 && dl_host_now_s() - t0 > o->timeout_s)) {
+    const uint32_t gone = (it & 15) == 0 ? dl_devop_gone(&o->op) : 0;
+    if (gone || ((it & 255) == 0 && dl_host_now_s() - t0 > o->op.timeout_s)) {
       char who[300], dead[96] = "", why[1024];
-      dl_overlap_describe(o, who, sizeof who);
-      if (gone) dl_overlap_gone_str(o, gone, dead, sizeof dead);
+      dl_devop_describe(&o->op, o->what, who, sizeof who);
+      if (gone) dl_devop_gone_str(&o->op, gone, dead, sizeof dead);
       if (gone)
         snprintf(why, sizeof why, "%s: %s (step %d waited for '%s' from rank %d)", who, dead,
                  w->step, w->what, w->peer);
       else
         snprintf(why, sizeof why, "%s: step %d waited %.1f s for '%s' from rank %d (flag %d is %u, "
-                 "wants 1); did every rank run this op?", who, w->step, o->timeout_s, w->what,
+                 "wants 1); did every rank run this op?", who, w->step, o->op.timeout_s, w->what,
                  w->peer, w->flag, __atomic_load_n(f, __ATOMIC_ACQUIRE));
-      pthread_mutex_lock(&o->mu);
-      dl_overlap_fail_locked(o, why);
-      pthread_mutex_unlock(&o->mu);
+      pthread_mutex_lock(&o->op.mu);
+      dl_devop_fail_locked(&o->op, why);
+      pthread_mutex_unlock(&o->op.mu);
       return DL_ERR(gone ? DL_EPEER : DL_ETIMEOUT, "%s", why);
     }
     dl_host_pause(it);
@@ -320,8 +278,8 @@ int dl_overlap_wait(dl_overlap_t *o, int flag, int peer, int step, const char *w
   DL_TRY(flag_args(o, peer, flag, "dl_overlap_wait"));
   void *h;
   DL_TRY(stream_of(o, s, &h));
-  if (o->dev_type == DL_META) return DL_OK;
-  pthread_mutex_lock(&o->mu);
+  if (o->op.dev_type == DL_META) return DL_OK;
+  pthread_mutex_lock(&o->op.mu);
   const int idx = o->nlog;
   if (idx < DL_OVERLAP_MAX_WAITS) {
     wait_rec_t *w = &o->log[o->nlog++];
@@ -332,42 +290,21 @@ int dl_overlap_wait(dl_overlap_t *o, int flag, int peer, int step, const char *w
     snprintf(w->what, sizeof w->what, "%s", what ? what : "flag");
   }
   const wait_rec_t rec = idx < DL_OVERLAP_MAX_WAITS ? o->log[idx] : (wait_rec_t){0};
-  pthread_mutex_unlock(&o->mu);
+  pthread_mutex_unlock(&o->op.mu);
   DL_CHECK_ARG(idx < DL_OVERLAP_MAX_WAITS, "dl_overlap_wait: more than %d waits in one run",
                DL_OVERLAP_MAX_WAITS);
-  if (o->dev_type == DL_CPU) return wait_cpu(o, &rec);
+  if (o->op.dev_type == DL_CPU) return wait_cpu(o, &rec);
 #ifdef DL_WITH_CUDA
-  return dl_overlap_cu_wait(o, &o->dflags[o->rank][flag], idx, h);
+  return dl_overlap_cu_wait(o, &o->dflags[o->op.rank][flag], idx, h);
 #endif
   return DL_EUNSUPPORTED;
 }
 
 int dl_overlap_check(dl_overlap_t *o, dl_stream_t *s) {
   DL_TRY(live(o, "dl_overlap_check"));
-#ifdef DL_WITH_CUDA
-  if (o->dev_type == DL_CUDA) {
-    void *h;
-    DL_TRY(stream_of(o, s, &h));
-    /* the watchdog fails a stuck run within the timeout; allow twice that */
-    const double t0 = dl_now_us();
-    cudaError_t q;
-    while ((q = cudaStreamQuery((cudaStream_t)h)) == cudaErrorNotReady) {
-      DL_TRY(refused(o));
-      if (dl_now_us() - t0 > (2 * o->timeout_s + 1) * 1e6) {
-        char who[300];
-        dl_overlap_describe(o, who, sizeof who);
-        return DL_ERR(DL_ETIMEOUT, "%s: the stream did not finish within %.1f s", who,
-                      2 * o->timeout_s + 1);
-      }
-      dl_wait_pause(t0);
-    }
-    if (q != cudaSuccess) {
-      (void)cudaGetLastError();
-      return DL_ERR(DL_ECUDA, "overlap check: the stream failed: %s", cudaGetErrorString(q));
-    }
-  }
-#endif
-  return refused(o);
+  /* the watchdog fails a stuck run within the timeout (refused says so) */
+  DL_TRY(dl_devop_wait_stream(&o->op, s, o->what, refused));
+  return refused(&o->op);
 }
 
 /* ---- moving data --------------------------------------------------------------------- */

@@ -59,8 +59,8 @@ static int map_one(dl_overlap_t *o, int r, const char *name, int create) {
   if (rc) return rc;
   o->flags[r] = o->dflags[r] = p;
 #ifdef DL_WITH_CUDA
-  if (o->dev_type == DL_CUDA) {
-    DL_TRY(dl_cuda_use(o->dev_index));
+  if (o->op.dev_type == DL_CUDA) {
+    DL_TRY(dl_cuda_use(o->op.dev_index));
     DL_CUDA_CHECK(
         cudaHostRegister(p, o->ctl_bytes, cudaHostRegisterMapped | cudaHostRegisterPortable));
     o->registered[r] = 1;
@@ -79,13 +79,13 @@ int dl_overlap_ctl_map(dl_overlap_t *o, dl_comm_t *c, int64_t seq) {
   snprintf(name, sizeof name, "/distlab-ov-%d-%lld", (int)getpid(),
            (long long)__atomic_fetch_add(&made, 1, __ATOMIC_RELAXED));
   snprintf(o->ctl_name, sizeof o->ctl_name, "%s", name);
-  DL_TRY(map_one(o, o->rank, name, 1));
-  o->state = o->flags[o->rank] + DL_OVERLAP_MAX_FLAGS;
-  o->dstate = o->dflags[o->rank] + DL_OVERLAP_MAX_FLAGS;
-  key_of(key, sizeof key, seq, o->rank);
+  DL_TRY(map_one(o, o->op.rank, name, 1));
+  o->state = o->flags[o->op.rank] + DL_OVERLAP_MAX_FLAGS;
+  o->dstate = o->dflags[o->op.rank] + DL_OVERLAP_MAX_FLAGS;
+  key_of(key, sizeof key, seq, o->op.rank);
   DL_TRY(dl_comm_store_set(c, key, name, NAME));
-  for (int r = 0; r < o->size; r++) {
-    if (r == o->rank) continue;
+  for (int r = 0; r < o->op.size; r++) {
+    if (r == o->op.rank) continue;
     key_of(key, sizeof key, seq, r);
     DL_TRY(dl_comm_store_get(c, key, name, NAME));
     name[NAME - 1] = 0;
@@ -98,12 +98,12 @@ int dl_overlap_ctl_unlink(dl_overlap_t *o, dl_comm_t *c, int64_t seq) {
   char key[48];
   if (o->ctl_name[0]) shm_unlink(o->ctl_name);
   o->ctl_name[0] = 0;
-  key_of(key, sizeof key, seq, o->rank);
+  key_of(key, sizeof key, seq, o->op.rank);
   return dl_comm_store_delete(c, key);
 }
 
 void dl_overlap_ctl_unmap(dl_overlap_t *o) {
-  for (int r = 0; r < o->size; r++) {
+  for (int r = 0; r < o->op.size; r++) {
     if (!o->flags[r]) continue;
 #ifdef DL_WITH_CUDA
     if (o->registered[r] && cudaHostUnregister(o->flags[r]) != cudaSuccess)

@@ -17,9 +17,7 @@
 #ifndef DISTLAB_OVERLAP_INT_H
 #define DISTLAB_OVERLAP_INT_H
 
-#include <pthread.h>
-
-#include "base/internal.h"
+#include "ops/common/devop.h"
 
 /* One wait of the current run, as issued (for a timeout's message). */
 typedef struct wait_rec {
@@ -33,14 +31,10 @@ typedef struct watch watch_t; /* overlap_watch.c */
 enum { DL_OVERLAP_CTL_WORDS = DL_OVERLAP_MAX_FLAGS + 1 + DL_OVERLAP_MAX_WAITS };
 
 struct dl_overlap {
-  uint32_t magic;
-  char what[200];     /* the call that made it: "ag_gemm p2p get ce ..." */
-  char comm_name[96];
-  int rank, size, dev_type, dev_index, share, sms, nflags;
-  double timeout_s;
+  dl_devop_t op;  /* the lifecycle: identity, buffer, failure; its mu guards log, nlog too */
+  char what[200]; /* the call that made it: "ag_gemm p2p get ce ..." */
+  int sms, nflags;
   int64_t nbytes;
-  dl_symm_t *symm;
-  char *bufs[DL_SIGNAL_MAX_RANKS];
   /* every rank's control words as mapped here: for the host (flags) and for
    * this process's stream memory operations (dflags; the same on cpu) */
   uint32_t *flags[DL_SIGNAL_MAX_RANKS];
@@ -49,26 +43,13 @@ struct dl_overlap {
   size_t ctl_bytes;
   int registered[DL_SIGNAL_MAX_RANKS]; /* cuda: flags[r] is registered with CUDA */
   char ctl_name[64];                   /* our segment's name until it is unlinked */
-  pthread_mutex_t mu;                  /* log, nlog, failed, failure */
   wait_rec_t log[DL_OVERLAP_MAX_WAITS];
   int nlog;
   int64_t runs;
   uint32_t run_id; /* the run being issued: what its begin and waits write */
-  int failed;
-  char failure[1536];
   watch_t *watch;
-  uint32_t gone;                       /* 1 + a rank whose process died (peers.c) */
-  int watched;                         /* gone is watched */
-  int32_t pids[DL_SIGNAL_MAX_RANKS];   /* for messages */
+  uint32_t gone; /* op.gone: 1 + a rank whose process died (peers.c) */
 };
-
-/* "rank R (pid P) has exited" for o->gone's value. */
-int dl_overlap_gone_str(const dl_overlap_t *o, uint32_t gone, char *buf, size_t len);
-
-/* Record why the object failed (the first reason stays); mu held. */
-void dl_overlap_fail_locked(dl_overlap_t *o, const char *why);
-/* "ag_gemm p2p get ce on rank 1 of 2 (comm 'w', cuda:1)" */
-int dl_overlap_describe(const dl_overlap_t *o, char *buf, size_t len);
 
 /* overlap_flags.c. Collective: every rank's control words mapped here (ours
  * zeroed), names published under store keys of call seq. */

@@ -100,11 +100,11 @@ static double now_s(void) { return dl_now_us() * 1e-6; }
 /* The message: for each stream, its first wait that has not passed. mu held. */
 static void diagnose(dl_overlap_t *o, const uint32_t *snap, char *buf, size_t len) {
   char who[300], dead[96];
-  dl_overlap_describe(o, who, sizeof who);
-  const uint32_t gone = __atomic_load_n(&o->gone, __ATOMIC_ACQUIRE);
-  if (gone) dl_overlap_gone_str(o, gone, dead, sizeof dead);
+  dl_devop_describe(&o->op, o->what, who, sizeof who);
+  const uint32_t gone = dl_devop_gone(&o->op);
+  if (gone) dl_devop_gone_str(&o->op, gone, dead, sizeof dead);
   int used = gone ? snprintf(buf, len, "%s: %s; waits that had not passed:", who, dead)
-                  : snprintf(buf, len, "%s: no progress for %.1f s:", who, o->timeout_s);
+                  : snprintf(buf, len, "%s: no progress for %.1f s:", who, o->op.timeout_s);
   void *seen[DL_OVERLAP_MAX_WAITS];
   int nseen = 0;
   for (int i = 0; i < o->nlog && used < (int)len; i++) {
@@ -115,7 +115,7 @@ static void diagnose(dl_overlap_t *o, const uint32_t *snap, char *buf, size_t le
     seen[nseen++] = r->stream;
     used += snprintf(buf + used, len - (size_t)used, " step %d waits for '%s' from rank %d (flag %d is %u);",
                      r->step, r->what, r->peer, r->flag,
-                     __atomic_load_n(&o->flags[o->rank][r->flag], __ATOMIC_ACQUIRE));
+                     __atomic_load_n(&o->flags[o->op.rank][r->flag], __ATOMIC_ACQUIRE));
   }
   if (used < (int)len && !gone)
     snprintf(buf + used, len - (size_t)used, " did every rank run this op?");
@@ -123,51 +123,51 @@ static void diagnose(dl_overlap_t *o, const uint32_t *snap, char *buf, size_t le
 
 /* Every flag of ours := 1: each wait of a queued run passes, its streams drain. */
 static void release(dl_overlap_t *o) {
-  for (int f = 0; f < o->nflags; f++) __atomic_store_n(&o->flags[o->rank][f], 1u, __ATOMIC_RELEASE);
+  for (int f = 0; f < o->nflags; f++) __atomic_store_n(&o->flags[o->op.rank][f], 1u, __ATOMIC_RELEASE);
 }
 
 static void tick(dl_overlap_t *o) {
   watch_t *w = o->watch;
   uint32_t snap[1 + DL_OVERLAP_MAX_WAITS];
-  pthread_mutex_lock(&o->mu);
+  pthread_mutex_lock(&o->op.mu);
   const int n = o->nlog;
-  const uint32_t gone = __atomic_load_n(&o->gone, __ATOMIC_ACQUIRE);
+  const uint32_t gone = dl_devop_gone(&o->op);
   for (int i = 0; i <= n; i++) snap[i] = __atomic_load_n(&o->state[i], __ATOMIC_ACQUIRE);
   if (!snap[0]) { /* idle */
     w->last_n = 0;
-  } else if (o->failed) {
+  } else if (o->op.failed) {
     release(o);
   } else if (!gone && (w->last_n != n + 1 || memcmp(w->last, snap, (size_t)(n + 1) * 4))) {
     memcpy(w->last, snap, (size_t)(n + 1) * 4);
     w->last_n = n + 1;
     w->since = now_s();
-  } else if (gone || now_s() - w->since > o->timeout_s) {
-    char why[sizeof o->failure];
+  } else if (gone || now_s() - w->since > o->op.timeout_s) {
+    char why[sizeof o->op.failure];
     diagnose(o, snap, why, sizeof why);
-    dl_overlap_fail_locked(o, why);
+    dl_devop_fail_locked(&o->op, why);
     fprintf(stderr, "distlab: %s\n", why);
     release(o);
   }
-  pthread_mutex_unlock(&o->mu);
+  pthread_mutex_unlock(&o->op.mu);
 }
 
 static void *watch_main(void *arg) {
   dl_overlap_t *o = arg;
   watch_t *w = o->watch;
-  pthread_mutex_lock(&o->mu);
+  pthread_mutex_lock(&o->op.mu);
   while (!w->stop) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     ts.tv_nsec += TICK_MS * 1000000L;
     ts.tv_sec += ts.tv_nsec / 1000000000L;
     ts.tv_nsec %= 1000000000L;
-    pthread_cond_timedwait(&w->cv, &o->mu, &ts);
+    pthread_cond_timedwait(&w->cv, &o->op.mu, &ts);
     if (w->stop) break;
-    pthread_mutex_unlock(&o->mu);
+    pthread_mutex_unlock(&o->op.mu);
     tick(o);
-    pthread_mutex_lock(&o->mu);
+    pthread_mutex_lock(&o->op.mu);
   }
-  pthread_mutex_unlock(&o->mu);
+  pthread_mutex_unlock(&o->op.mu);
   return NULL;
 }
 
@@ -192,13 +192,13 @@ void dl_overlap_cu_fini(dl_overlap_t *o) {
   /* a run still queued (eager or a graph replay) would touch the flags after
    * they go: wait for the device; a stuck run among them is ended by the
    * watchdog within the timeout */
-  if (o->runs > 0 && dl_cuda_use(o->dev_index) == DL_OK && cudaDeviceSynchronize() != cudaSuccess)
+  if (o->runs > 0 && dl_cuda_use(o->op.dev_index) == DL_OK && cudaDeviceSynchronize() != cudaSuccess)
     (void)cudaGetLastError();
   if (w->started) {
-    pthread_mutex_lock(&o->mu);
+    pthread_mutex_lock(&o->op.mu);
     w->stop = 1;
     pthread_cond_signal(&w->cv);
-    pthread_mutex_unlock(&o->mu);
+    pthread_mutex_unlock(&o->op.mu);
     pthread_join(w->thread, NULL);
   }
   pthread_cond_destroy(&w->cv);

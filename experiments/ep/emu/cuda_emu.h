@@ -6,8 +6,8 @@
  * __syncwarp) an exchange through a barrier of the warp's 32 threads;
  * shared memory a per-block arena; the signal-pad device functions
  * (kernels/common/signal_pad.h) atomics with the same acquire/release
- * pairs. Force-included by the Makefile; launches `k<<<g, b, s, st>>>(args)`
- * are rewritten to `emu_launch(k, g, b, s, st)(args)` by sed, and a launch
+ * pairs. Force-included by the Makefile; a launch (kernels/common/launch.cuh,
+ * compiled without nvcc) calls `emu_launch(k, g, b, s, st)(args)`, which
  * returns once its grid is done (one stream per rank).
  *
  * What it checks: indexing, routing, the walk and the scans, the message
@@ -204,10 +204,6 @@ static inline uint4 ep_ld_vec_volatile(const uint4 *p) {
   } while (0)
 
 /* ---- launches ------------------------------------------------------------------ */
-
-#define DL_CUDA_CHECK_LAUNCH(name) \
-  do {                             \
-  } while (0)
 
 template <typename Kernel> struct emu_launcher {
   Kernel k;

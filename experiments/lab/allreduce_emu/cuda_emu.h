@@ -3,9 +3,10 @@
  * of kernels/allreduce/) on a CPU: every CUDA thread is an OS thread,
  * __syncthreads a real barrier of its block, the signal-pad device functions
  * (kernels/common/signal_pad.h, device side) atomics with the same
- * acquire/release pairs. Force-included by the Makefile; launches
- * `k<<<g, b, 0, s>>>(args)` are rewritten to `emu_launch(k, g, b, 0, s)(args)`
- * by sed, and the launch blocks until the grid is done (one stream per rank).
+ * acquire/release pairs. Force-included by the Makefile; a launch
+ * (kernels/common/launch.cuh, compiled without nvcc) calls
+ * `emu_launch(k, g, b, smem, s)(args)`, which blocks until the grid is done
+ * (one stream per rank).
  *
  * What it checks: indexing, tails, rounds, slices, the flag and double-buffer
  * protocol under real concurrency (blocks of all ranks run at once), the
@@ -87,7 +88,7 @@ inline thread_local emu_block *emu_this_block;
 
 static inline void __syncthreads() { emu_this_block->sync_and(true); }
 #define DL_AR_EMU_NAMED_SYNC
-#define DL_AR_EMU 1 /* kernels/allreduce/allreduce_launch.cu launches with <<<>>> here */
+#define DL_AR_EMU 1 /* kernels/allreduce/*.cuh: this file brings the polls and waits they would define */
 static inline bool named_sync_and(int id, int n, bool pred) { return emu_this_block->named[id].arrive(n, pred); }
 static inline bool __syncthreads_and(bool v) { return emu_this_block->sync_and(v); }
 static inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
@@ -134,10 +135,6 @@ static inline void st_tagged(char *base, int64_t v, uint32_t d0, uint32_t d1, ui
 }
 #define DL_AR_POLL_PAUSE(spins, ns) std::this_thread::yield()
 /* ---- launches ------------------------------------------------------------------ */
-
-#define DL_CUDA_CHECK_LAUNCH(name) \
-  do {                             \
-  } while (0)
 
 template <typename Kernel> struct emu_launcher {
   Kernel k;

@@ -109,7 +109,7 @@ static void rank_main(world *w, int r, const std::vector<call> *calls, int skip_
       a.lamport_ahead = k.ahead;
       a.tagged = k.tagged;
       dl_allreduce_cuda_shape(n, &a.threads, &a.unroll);
-      if (k.threads && (k.algo == DL_AR_ONE_SHOT_LAMPORT || k.algo == DL_AR_TWO_SHOT_LAMPORT))
+      if (k.threads && dl_ar_algo(k.algo)->lamport)
         a.threads = k.threads; // (the failure cases below copy a random call and change its algorithm)
       a.zero_copy = k.zc;
       a.n = k.n;
@@ -364,17 +364,17 @@ int main(int argc, char **argv) {
     // any round length: partial steps (as the core's even spread gives) and several steps
     k.round_vecs = 1 + rng() % (3 * threads * unroll);
     k.ahead = rng() % 4; // one_shot_lamport: steps pushed ahead (0: all)
-    k.zc = k.algo != DL_AR_ONE_SHOT_PUSH && k.algo != DL_AR_ONE_SHOT_LAMPORT &&
-           k.algo != DL_AR_ONE_SHOT_PUSH_FLAT && k.algo != DL_AR_TWO_SHOT_LAMPORT && rng() % 3 == 0;
+    const dl_ar_algo_t *row = dl_ar_algo(k.algo); // its traits (kernels/allreduce/algos.h)
+    k.zc = row->zero_copy != DL_AR_ZC_NONE && rng() % 3 == 0;
     k.inplace = rng() % 2;
-    if (k.zc && k.algo == DL_AR_ONE_SHOT) k.inplace = 0; // the core copies in instead
-    if (k.zc && k.algo != DL_AR_ONE_SHOT) k.inplace = 1; // two-shot zero copy is in place
+    if (k.zc && row->zero_copy == DL_AR_ZC_APART) k.inplace = 0; // the core copies in instead
+    if (k.zc && row->zero_copy == DL_AR_ZC_IN_PLACE) k.inplace = 1; // two-shot zero copy is in place
     k.misalign = !k.zc && rng() % 5 == 0;
     k.zc_extra = k.zc ? 16 * (int64_t)(1 + rng() % 4) : 0;
-    // half the one_shot_lamport calls that fit go tagged (the core: up to its limit)
-    k.tagged = k.algo == DL_AR_ONE_SHOT_LAMPORT && tagged_fits(k.n, k.dtype) && rng() % 2 == 0;
+    // half the tagging (one_shot_lamport) calls that fit go tagged (the core: up to its limit)
+    k.tagged = row->tagged && tagged_fits(k.n, k.dtype) && rng() % 2 == 0;
     // the Lamport kernels on blocks of fewer threads, in whole "warps" (DL_AR_WARP, 8 here), one a rank at least
-    if ((k.algo == DL_AR_ONE_SHOT_LAMPORT || k.algo == DL_AR_TWO_SHOT_LAMPORT) && rng() % 2 == 0)
+    if (row->lamport && rng() % 2 == 0)
       k.threads = std::max(n, DL_AR_WARP * (int)(1 + rng() % (threads / DL_AR_WARP)));
     calls.push_back(k);
   }

@@ -543,6 +543,9 @@ int dl_allreduce_cpu(const dl_ar_args_t *a, void *stream) {
   if (a->dtype != DL_F32 && a->dtype != DL_F16 && a->dtype != DL_BF16)
     return DL_ERR(DL_EUNSUPPORTED, "allreduce (cpu): dtype %s (f32, f16, bf16 only)",
                   dl_dtype_name(a->dtype));
+  const dl_ar_algo_t *row = dl_ar_algo(a->algo);
+  if (!row || row->family == DL_AR_FAMILY_NCCL)
+    return DL_ERR(DL_EINVAL, "allreduce (cpu): algorithm %d has no twin", a->algo);
   job_t j;
   j.a = a;
   j.self = ctrl_of(a->bufs[a->rank]);
@@ -555,7 +558,7 @@ int dl_allreduce_cpu(const dl_ar_args_t *a, void *stream) {
   /* every call is compared first, also when a peer gave up already (it saw
    * a mismatch: say which); then a peer's abort voids it. Tagged calls are
    * only announced: their data says which call sent it. */
-  const int tagged = a->tagged && a->algo == DL_AR_ONE_SHOT_LAMPORT;
+  const int tagged = a->tagged && row->tagged;
   int rc = DL_OK;
   if (tagged) ar_announce(a, j.seq);
   else rc = ar_agree(a, j.self, j.seq);
@@ -564,17 +567,13 @@ int dl_allreduce_cpu(const dl_ar_args_t *a, void *stream) {
     rc = tagged ? tagged_abort(a, j.self, j.seq, (int)ab - 1)
                 : ar_fail(a, DL_AR_FAIL_ABORT, 0, (int)ab - 1, 0, 0, j.seq, NULL, NULL);
   if (rc == DL_OK && tagged) rc = one_shot_lamport_tagged(&j);
-  else if (rc == DL_OK) switch (a->algo) {
-  case DL_AR_ONE_SHOT: rc = one_shot(&j); break;
-  case DL_AR_ONE_SHOT_PUSH:
-  case DL_AR_ONE_SHOT_PUSH_FLAT: rc = one_shot_push(&j); break; /* no roles on the cpu: one twin */
-  case DL_AR_TWO_SHOT: rc = two_shot(&j, 0, 0); break;
-  case DL_AR_TWO_SHOT_PUSH: rc = two_shot(&j, 1, 0); break;
-  case DL_AR_TWO_SHOT_WRITE: rc = two_shot(&j, 1, 1); break;
-  case DL_AR_ONE_SHOT_LAMPORT: rc = one_shot_lamport(&j); break;
-  case DL_AR_TWO_SHOT_LAMPORT: rc = two_shot_lamport(&j); break;
-  default: return DL_ERR(DL_EINVAL, "allreduce (cpu): algorithm %d has no twin", a->algo);
-  }
+  /* the twin of the row's traits (algos.h); no roles on the cpu, so the
+   * pipelined and the flat push share one */
+  else if (rc == DL_OK)
+    rc = row->lamport  ? (row->sliced ? two_shot_lamport(&j) : one_shot_lamport(&j))
+         : row->sliced ? two_shot(&j, row->push >= 1, row->push == 2)
+         : row->push   ? one_shot_push(&j)
+                       : one_shot(&j);
   /* a peer that gave up while we passed its last signal: this call is void */
   const uint32_t late = __atomic_load_n(&j.self->abort, __ATOMIC_ACQUIRE);
   if (rc == DL_OK && late) rc = ar_fail(a, DL_AR_FAIL_ABORT, 0, (int)late - 1, 0, 0, j.seq, NULL, NULL);
