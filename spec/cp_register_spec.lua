@@ -28,6 +28,17 @@ describe("a correction of one's own in the p2p schedule", function()
   end)
 end)
 
+describe("a correction of one's own on GPUs #multigpu", function()
+  it(H.gpu_ranks .. " ranks: the spec's correction and the experiments/cp example", function()
+    local rc, out = H.distlab(string.format("run -n %d --device cuda spec/cp/custom_correction.lua run", H.gpu_ranks))
+    assert.equal(0, rc, out)
+    assert.equal(H.gpu_ranks, count(out, "custom correction ok"), out)
+    rc, out = H.distlab(string.format("run -n %d --device cuda experiments/cp/f32_partials.lua --check", H.gpu_ranks))
+    assert.equal(0, rc, out)
+    print(out)
+  end)
+end)
+
 -- Per-rank shard shapes for C ranks (as spec/cp_spec.lua's).
 local function shapes(layout, C, h, hkv)
   if layout == "thd" then
