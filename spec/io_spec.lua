@@ -5,7 +5,7 @@
 -- every format version; unsupported dtypes and broken files fail naming
 -- what is wrong; what dl.save writes loads back exactly and numpy reads it
 -- back exactly (skipped, saying so, where no Python with numpy is found:
--- python3, or $DISTLAB_PYTHON); 1M f32 loads in under 20 ms on cpu.
+-- python3, or $PYTHON); 1M f32 loads in under 20 ms on cpu.
 local ffi = require "ffi"
 local dl = require "distlab"
 local H = require "helpers"
@@ -259,7 +259,7 @@ end)
 -- ---- numpy reads what dl.save wrote ------------------------------------------------------
 
 local function find_numpy()
-  for _, py in ipairs { os.getenv("DISTLAB_PYTHON") or "", "python3" } do
+  for _, py in ipairs { os.getenv("PYTHON") or "", "python3" } do
     if py ~= "" and os.execute(py .. " -c 'import numpy' >/dev/null 2>&1") == 0 then return py end
   end
 end
@@ -267,7 +267,7 @@ end
 describe("numpy", function()
   local py = find_numpy()
   if not py then
-    pending("reads back what dl.save writes: no Python with numpy here (python3, or $DISTLAB_PYTHON)")
+    pending("reads back what dl.save writes: no Python with numpy here (python3, or $PYTHON)")
     return
   end
   it("reads back exactly what dl.save writes (.npy, and .safetensors by the spec, via numpy)", function()

@@ -26,8 +26,10 @@
 -- orders them by source rank, then token, as the stable sort does); the
 -- combined output within one bf16 ulp (2^-7 relative: EP sums in fp32 and
 -- rounds, the reference sums in fp64 and rounds) of the reference's rows of
--- this rank's tokens, and normwise within 2^-9.
--- Prints "moe ref ok" per rank, or what differs and exits 1.
+-- this rank's tokens, and normwise within 2^-9: h:verify's data check
+-- (distlab.bench.harness: --plant noop | scale=X puts an error into the
+-- combined output, which it must catch; --quick: T 4, H 64). Prints "moe ref
+-- ok" per rank, or "data check failed" with what differs and exits 1.
 local dl = require "distlab"
 
 local w = dl.comm.world()
@@ -45,6 +47,7 @@ local h = dl.bench.harness {
   },
 }
 local T, H, E, K = h.opt.tokens, h.opt.hidden, h.opt.experts, h.opt.topk
+if h.quick then T, H = 4, 64 end
 local L = E / N
 
 -- ---- the weights and every rank's tokens (fixed seeds) ---------------------------------
@@ -87,43 +90,54 @@ local wsorted = wts:view(-1):gather(1, order)          -- each sorted selection'
 local weighted = y:f64():mul_(wsorted:view(-1, 1):expand(N * T * K, H))
 local ref = dl.zeros({ N * T, H }, { dtype = "f64", device = dev }):index_add_(1, tok, weighted):bf16()
 
--- ---- expert parallelism ----------------------------------------------------------------------
-
-local bad = {}
-local function expect(cond, fmt, ...) if not cond then bad[#bad + 1] = string.format(fmt, ...) end end
+-- ---- expert parallelism, checked against the reference ----------------------------------
 
 local x = xs[me + 1]
 local my_w, my_ids = route(x)
+local want = ref:narrow(1, me * T + 1, T)
 for _, layout in ipairs { "per_rank", "per_expert" } do
   local ep = dl.ep.buffer { comm = w, max_tokens = T, hidden = H, experts = E, topk = K, layout = layout,
     output = "expert_major" }
-  local recv, handle = ep:dispatch(x, my_ids:i32(), my_w)
-  local got = recv.counts:tolist()
-  local ey = dl.zeros(recv.x.shape, { dtype = "bf16", device = dev })
-  for le = 0, L - 1 do
-    local e, n = me * L + le, got[le + 1]
-    expect(n == per_expert[e + 1], "%s: expert %d got %d rows, the reference %d", layout, e, n, per_expert[e + 1])
-    if n > 0 and n == per_expert[e + 1] then
-      local mine = recv.x:select(1, le + 1):narrow(1, 1, n)
-      expect(mine:bytes() == rows:narrow(1, offset[e] + 1, n):bytes(),
-        "%s: expert %d's rows differ from the reference's (by source rank, then token)", layout, e)
-      dl.gemm(mine, Wx[e], ey:select(1, le + 1):narrow(1, 1, n))
+  local bad = {} -- what the dispatch got wrong
+  -- dispatch, this rank's experts on what arrived, combine: the op checked (--plant goes into its output)
+  local step = h:planted(function()
+    local recv, handle = ep:dispatch(x, my_ids:i32(), my_w)
+    local got = recv.counts:tolist()
+    bad = {}
+    local ey = dl.zeros(recv.x.shape, { dtype = "bf16", device = dev })
+    for le = 0, L - 1 do
+      local e, n = me * L + le, got[le + 1]
+      if n ~= per_expert[e + 1] then
+        bad[#bad + 1] = string.format("expert %d got %d rows, the reference %d", e, n, per_expert[e + 1])
+      elseif n > 0 then
+        local mine = recv.x:select(1, le + 1):narrow(1, 1, n)
+        if mine:bytes() ~= rows:narrow(1, offset[e] + 1, n):bytes() then
+          bad[#bad + 1] = string.format("expert %d's rows differ from the reference's (by source rank, then token)", e)
+        end
+        dl.gemm(mine, Wx[e], ey:select(1, le + 1):narrow(1, 1, n))
+      end
     end
-  end
-  local out = ep:combine(ey, handle)
-  ep:check()
-  local want = ref:narrow(1, me * T + 1, T)
-  local report = dl.mismatch_report(out, want, 1e-6, 2 ^ -7, 4)
-  expect(report == nil, "%s: combine: %s", layout, tostring(report))
-  local rel = dl.rel_err(out, want)
-  expect(rel <= 2 ^ -9, "%s: combine: normwise error %.3g above 2^-9", layout, rel)
+    local out = ep:combine(ey, handle)
+    ep:check()
+    return out
+  end, { returns = true })
+  h:verify {
+    what = layout .. ": dispatch, experts, combine",
+    fresh = function() end,
+    run = step,
+    keep = true, -- out is the buffer's own tensor
+    check = function(out)
+      local c = dl.compare(out, want, 1e-6, 2 ^ -7)
+      local rel = dl.rel_err(out, want)
+      local n = #bad + c.n_not_close + (rel <= 2 ^ -9 and 0 or 1)
+      if c.n_not_close > 0 then bad[#bad + 1] = dl.mismatch_report(out, want, 1e-6, 2 ^ -7, 4) end
+      if not (rel <= 2 ^ -9) then bad[#bad + 1] = string.format("combine: normwise error %.3g above 2^-9", rel) end
+      return n, n > 0 and table.concat(bad, "; ") or string.format("rows exact, combine normwise %.3g", rel)
+    end,
+  }
   ep:free()
 end
 
-w:barrier()
-if #bad > 0 then
-  print(string.format("moe ref FAIL on rank %d:\n  %s", me, table.concat(bad, "\n  ")))
-  os.exit(1)
-end
+h:finish()
 print(string.format("moe ref ok: rank %d of %d on %s, T %d, H %d, E %d, K %d: dispatch rows exact, combine within "
   .. "one bf16 ulp, per_rank and per_expert", me, N, dev, T, H, E, K))
