@@ -33,7 +33,10 @@
 --   max_logit     a running f32 [h_q] max to update (implies the above)
 --   out, lse      preallocated results, written in place (rows outside the
 --                 sequences untouched: all-gather CP fills one full tensor
---                 step by step through per-step padded offsets)
+--                 step by step through per-step padded offsets). out is q's
+--                 dtype, or f32 for bf16/f16 q: a partial kept in fp32
+--                 (written by the fused merge into (0, -inf): whole, rows
+--                 outside the sequences 0 and lse -inf; backend "ours")
 --   accumulate    {out = O, lse = L}: fused merge; the step is folded into
 --                 the running (O, L) in the kernel's epilogue and no per-step
 --                 output exists. O is f32, bf16 or f16; start from

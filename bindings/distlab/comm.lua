@@ -283,7 +283,7 @@ end
 
 -- A meta world of `size` where this process is `rank` (no store, no peers).
 function M.meta(size, rank, opts)
-  opts = opts or {}
+  opts = args.options(opts, { "timeout" }, "comm.meta")
   return M.new { backend = "meta", size = size, rank = rank or 0, timeout = opts.timeout }
 end
 

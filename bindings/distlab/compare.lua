@@ -16,10 +16,23 @@ local function host(t, what)
   return T.to(t, "cpu")
 end
 
+-- dl.compare(a, b[, atol, rtol]) -> a table of Lua numbers, computed in fp64
+-- on the host over every element (a and b: same shape, any dtypes, any devices
+-- but meta): sum_sq_diff (sum of (a-b)^2 over the finite pairs), sum_sq_ref
+-- (sum of b^2), max_abs_diff, n_nonfinite_a, n_nonfinite_b, n_not_close
+-- (|a-b| > atol + rtol |b|, or a non-finite mismatch; atol and rtol default
+-- 0) and first_not_close (its 0-based row-major position, -1 if none).
+-- n_not_close is what a bench harness's data check returns.
+local FIELDS = { "sum_sq_diff", "sum_sq_ref", "max_abs_diff", "n_nonfinite_a", "n_nonfinite_b", "n_not_close",
+  "first_not_close" }
+local result = ffi.typeof("dl_compare_t")
+
 function M.compare(a, b, atol, rtol)
-  local r = ffi.new("dl_compare_t")
+  local r = result()
   check(C.dl_tensor_compare(host(a, "compare"), host(b, "compare"), atol or 0, rtol or 0, r))
-  return r
+  local out = {}
+  for _, k in ipairs(FIELDS) do out[k] = tonumber(r[k]) end
+  return out
 end
 
 -- ||a - b|| / ||b|| in fp64; inf if a has NaN/Inf that b does not.
@@ -39,11 +52,7 @@ end
 -- |a - b| <= atol + rtol * |b| everywhere (torch's defaults).
 function M.allclose(a, b, atol, rtol)
   if type(atol) == "table" then atol, rtol = atol.atol, atol.rtol end
-  -- host copies and raw data pointers across allocations: see the end of distlab.tensor
-jit.off(M.compare)
-jit.off(M.mismatch_report)
-
-return M.compare(a, b, atol or 1e-8, rtol or 1e-5).n_not_close == 0
+  return M.compare(a, b, atol or 1e-8, rtol or 1e-5).n_not_close == 0
 end
 
 -- nil when close, else a message naming the mismatch count and the first ones.
@@ -55,9 +64,8 @@ function M.mismatch_report(a, b, atol, rtol, max_shown)
   local pb = ffi.cast("double*", T.data_ptr(bh))
   local shape = T.size(a)
   local lines = { string.format("%d of %d elements differ beyond atol=%g rtol=%g (max |a-b| %g, rel err %g, non-finite %d/%d)",
-    tonumber(r.n_not_close), T.numel(a), atol or 0, rtol or 0, r.max_abs_diff,
-    r.sum_sq_ref > 0 and math.sqrt(r.sum_sq_diff / r.sum_sq_ref) or 0,
-    tonumber(r.n_nonfinite_a), tonumber(r.n_nonfinite_b)) }
+    r.n_not_close, T.numel(a), atol or 0, rtol or 0, r.max_abs_diff,
+    r.sum_sq_ref > 0 and math.sqrt(r.sum_sq_diff / r.sum_sq_ref) or 0, r.n_nonfinite_a, r.n_nonfinite_b) }
   local shown = 0
   for i = 0, T.numel(a) - 1 do
     local x, y = pa[i], pb[i]

@@ -1,13 +1,18 @@
 -- distlab — `local dl = require "distlab"`.
 --
--- One table gathers the modules: tensors and their factories, comparisons,
--- streams and events, memory accounting and the benchmark harness. Modules
+-- One table gathers the modules: tensors and their factories, the math a
+-- reference needs (distlab.tensor_math: softmax, topk, sort, gather,
+-- scatter_add, cat, bincount), files and bytes (distlab.io: dl.load,
+-- dl.save, dl.from_bytes), comparisons, streams and events, memory
+-- accounting and the benchmark harness. Modules
 -- of later layers (comm, attn, cp, ...) load lazily on first use:
 -- dl.comm, dl.attn, ... are required from bindings/distlab/<name>.lua.
 local core = require "distlab.core"
 local tensor = require "distlab.tensor"
 local create = require "distlab.create"
 local compare = require "distlab.compare"
+local tensor_math = require "distlab.tensor_math"
+local files = require "distlab.io"
 local stream = require "distlab.stream"
 local bench = require "distlab.bench"
 
@@ -32,6 +37,8 @@ local dl = {
 }
 
 for k, v in pairs(create) do dl[k] = v end
+for k, v in pairs(tensor_math) do dl[k] = v end
+dl.load, dl.save, dl.from_bytes = files.load, files.save, files.from_bytes
 dl.rel_err, dl.max_abs_diff, dl.allclose = compare.rel_err, compare.max_abs_diff, compare.allclose
 dl.compare, dl.mismatch_report = compare.compare, compare.mismatch_report
 

@@ -1,9 +1,14 @@
 -- distlab.mem — what the allocators hold, per device and per tag.
 --
 -- dl.mem.tag(name, fn) charges every allocation made while fn runs to `name`
--- (the innermost tag wins). dl.mem.report{unit = bytes} turns the stats into
--- a table in MiB and in units (one unit = e.g. one per-rank Q tensor), with
--- each tag's share of the device peak, so a peak can be decomposed by tag.
+-- (the innermost tag wins). dl.mem.report{unit = bytes, unit_name =} turns the
+-- stats into a table per tag (now, peak, at the device's peak) and, given a
+-- unit (one unit = e.g. one per-rank Q tensor), in units, so a peak can be
+-- decomposed by tag. Printed, each size carries its own unit (B, KiB, MiB,
+-- GiB: a 4 KiB buffer reads 4.00 KiB, not 0.00 MiB) and units keep three
+-- significant digits below 0.01; the fields (peak, peak_mib, rows[i].peak,
+-- .peak_mib, .peak_units, ...) stay numbers. dl.mem.format_bytes(n) is the
+-- printed form.
 local ffi = require "ffi"
 local core = require "distlab.core"
 local args = require "distlab.args"
@@ -80,24 +85,42 @@ function M.report(opts)
     peak_units = unit and st.allocated_peak / unit or nil }, Report)
 end
 
+-- Bytes as a person reads them: "0 B", "512 B", "4.00 KiB", "12.35 MiB", "1.20 GiB".
+local function fmt_bytes(n)
+  local a = math.abs(n)
+  if a < 1024 then return string.format("%d B", n) end
+  if a < MiB then return string.format("%.2f KiB", n / 1024) end
+  if a < 1024 * MiB then return string.format("%.2f MiB", n / MiB) end
+  return string.format("%.2f GiB", n / (1024 * MiB))
+end
+M.format_bytes = fmt_bytes
+
+-- Units with two decimals, and three significant digits below 0.01 (a small buffer is not 0.00).
+local function fmt_units(v)
+  if v == 0 or math.abs(v) >= 0.01 then return string.format("%.2f", v) end
+  return string.format("%.3g", v)
+end
+
 function Report:__tostring()
   local u = self.unit
   local lines = {}
   if self.title then lines[#lines + 1] = self.title end
-  lines[#lines + 1] = string.format("memory on %s (peak allocated %.1f MiB%s)", self.stats.device,
-    self.peak_mib, u and string.format(" = %.2f %s", self.peak_units, self.unit_name) or "")
-  local hdr = string.format("%-20s %12s %12s %12s", "tag", "now MiB", "peak MiB", "@peak MiB")
-  if u then hdr = hdr .. string.format(" %10s %10s", "peak " .. self.unit_name:sub(1, 4), "@peak " .. self.unit_name:sub(1, 4)) end
+  lines[#lines + 1] = string.format("memory on %s (peak allocated %s%s)", self.stats.device, fmt_bytes(self.peak),
+    u and string.format(" = %s %s", fmt_units(self.peak_units), self.unit_name) or "")
+  local hdr = string.format("%-20s %12s %12s %12s", "tag", "now", "peak", "@peak")
+  local uw = u and math.max(10, #("@peak " .. self.unit_name))
+  if u then hdr = hdr .. string.format(" %" .. uw .. "s %" .. uw .. "s", "peak " .. self.unit_name, "@peak " .. self.unit_name) end
   lines[#lines + 1] = hdr
   for _, r in ipairs(self.rows) do
-    local l = string.format("%-20s %12.2f %12.2f %12.2f", r.tag, r.current_mib, r.peak_mib, r.at_peak_mib)
-    if u then l = l .. string.format(" %10.2f %10.2f", r.peak_units, r.at_peak_units) end
+    local l = string.format("%-20s %12s %12s %12s", r.tag, fmt_bytes(r.current), fmt_bytes(r.peak), fmt_bytes(r.at_peak))
+    if u then l = l .. string.format(" %" .. uw .. "s %" .. uw .. "s", fmt_units(r.peak_units), fmt_units(r.at_peak_units)) end
     lines[#lines + 1] = l
   end
   local st = self.stats
   if st.driver_total and st.driver_total > 0 then
-    lines[#lines + 1] = string.format("reserved %.1f MiB (peak %.1f), untracked by distlab %.1f MiB (CUDA context, NCCL, cuBLAS...), device free %.1f of %.1f MiB",
-      st.reserved / MiB, st.reserved_peak / MiB, st.untracked / MiB, st.driver_free / MiB, st.driver_total / MiB)
+    lines[#lines + 1] = string.format("reserved %s (peak %s), untracked by distlab %s (CUDA context, NCCL, cuBLAS...), device free %s of %s",
+      fmt_bytes(st.reserved), fmt_bytes(st.reserved_peak), fmt_bytes(st.untracked), fmt_bytes(st.driver_free),
+      fmt_bytes(st.driver_total))
   end
   return table.concat(lines, "\n")
 end

@@ -16,7 +16,7 @@ Stream.__tostring = function(s) return "stream(" .. s.device .. ")" end
 -- respect to the default stream). Lower priority numbers run first.
 function M.stream(device, opts)
   if type(device) == "table" then device, opts = nil, device end
-  opts = opts or {}
+  opts = require("distlab.args").options(opts, { "priority" }, "stream")
   local dt, di = core.parse_device(device)
   local pp = ffi.new("dl_stream_t*[1]")
   check(C.dl_stream_new(pp, dt, di, opts.priority or 0))

@@ -358,7 +358,9 @@ function T.to(t, a, b)
   check(C.dl_tensor_check(t))
   local dtype, device
   for _, x in ipairs({ a, b }) do
-    if type(x) == "table" then dtype, device = x.dtype or dtype, x.device or device
+    if type(x) == "table" then
+      args.options(x, BASE_KEYS, "to")
+      dtype, device = x.dtype or dtype, x.device or device
     elseif core.is_dtype(x) then dtype = x
     elseif core.is_device(x) then device = x
     elseif x ~= nil then fail("to: %s is neither a dtype nor a device", tostring(x)) end

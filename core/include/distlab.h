@@ -179,6 +179,59 @@ typedef struct dl_compare {
 int dl_tensor_compare(const dl_tensor_t *a, const dl_tensor_t *b, double atol, double rtol,
                       dl_compare_t *out);
 
+/* The math a reference needs (core/mem/tensor_math.c; kernels/tensor/tensor_math.h),
+ * along dimension dim (0-based) of tensors with any strides, on cpu (the
+ * twins compute in fp64: the reference the specs trust) and cuda; meta
+ * checks and runs nothing. Index tensors are i64 or i32. An index out of
+ * range fails the call naming the first one (on cuda the call then waits
+ * for the stream, to read the kernel's record). */
+/* out := softmax(x) along dim, or log_softmax with log = 1. Float dtypes;
+ * out may be x, or have another float dtype. cuda sums in fp32 (fp64 for
+ * f64). A row of only -inf gives NaN, as torch. */
+int dl_tensor_softmax(dl_tensor_t *out, const dl_tensor_t *x, int dim, int log, dl_stream_t *s);
+/* indices := the permutation that sorts x along dim: stable (equal values
+ * keep their order), ascending or descending; NaN is above +inf and -0
+ * equals +0. indices has x's shape. */
+int dl_tensor_argsort(dl_tensor_t *indices, const dl_tensor_t *x, int dim, int descending,
+                      dl_stream_t *s);
+/* The k largest (largest = 1) or smallest values of x along dim and their
+ * indices, in that order (ties: the lower index first); values or indices
+ * may be NULL. Shapes: x's with size k at dim. Through argsort (its
+ * workspace and an i64 permutation of x's shape, freed on return). */
+int dl_tensor_topk(dl_tensor_t *values, dl_tensor_t *indices, const dl_tensor_t *x, int64_t k, int dim,
+                   int largest, dl_stream_t *s);
+/* torch.gather: out[i] := x[i with i[dim] = index[i]]; out has index's
+ * shape and x's dtype; index's sizes at most x's in the other dims. */
+int dl_tensor_gather(dl_tensor_t *out, const dl_tensor_t *x, int dim, const dl_tensor_t *index,
+                     dl_stream_t *s);
+/* torch.scatter_add_: dst[i with i[dim] = index[i]] += src[i] for every i of
+ * index (sizes at most src's, and dst's outside dim); dst and src of one
+ * dtype, each add rounded to it. cuda adds atomically, in no fixed order. */
+int dl_tensor_scatter_add(dl_tensor_t *dst, int dim, const dl_tensor_t *index, const dl_tensor_t *src,
+                          dl_stream_t *s);
+/* out[v] += 1, or += weights[i], for every value v = x[i] in [0, numel(out));
+ * other values (-1: "none") are skipped. x an integer tensor, out 1-D and
+ * not cleared first: i64/i32 without weights, f32/f64 with them
+ * (weights shaped like x). */
+int dl_tensor_bincount(dl_tensor_t *out, const dl_tensor_t *x, const dl_tensor_t *weights, dl_stream_t *s);
+
+/* ---- a tensor's bytes, in memory and in files (core/mem/tensor_io.c) ------
+ * Its elements in row-major order as the device holds them (little-endian),
+ * the tensor contiguous. cpu reads and writes its storage directly; cuda
+ * goes through two pinned host buffers of up to 8 MiB in turn and returns
+ * once the stream has done the copies; meta checks sizes and moves nothing.
+ * dl.load / dl.save (bindings/distlab/io.lua) parse the file formats.    */
+/* t := the nbytes bytes at src (nbytes: t's own count). */
+int dl_tensor_from_host(dl_tensor_t *t, const void *src, int64_t nbytes, dl_stream_t *s);
+/* dst := t's nbytes bytes (not on meta). */
+int dl_tensor_to_host(const dl_tensor_t *t, void *dst, int64_t nbytes, dl_stream_t *s);
+/* t := its count of bytes from byte `offset` of the file at path; swap = 1
+ * reverses each element's bytes (a big-endian file). meta: checks that the
+ * file holds them. */
+int dl_tensor_read_file(dl_tensor_t *t, const char *path, int64_t offset, int swap, dl_stream_t *s);
+/* Appends t's bytes to the file at path (created when missing). */
+int dl_tensor_append_file(const dl_tensor_t *t, const char *path, dl_stream_t *s);
+
 /* ---- allocator and memory accounting ------------------------------------
  * One caching allocator per device. Every allocation is charged to the tag
  * on top of the tag stack when it is made (tag 0, "untagged", when empty).
@@ -398,7 +451,10 @@ typedef struct dl_attn_opts {
   const dl_tensor_t *cu_seqlens_q_padded, *cu_seqlens_kv_padded; /* thd, or NULL     */
 } dl_attn_opts_t;
 
-/* out, lse: the step's result (ignored when accumulating). max_logit: NULL,
+/* out, lse: the step's result (ignored when accumulating); out is q's dtype,
+ * or a given f32 out for 16-bit q (a partial kept in fp32: written by the
+ * fused merge into (0, -inf), so whole, rows outside the sequences 0 and
+ * lse -inf; "ours" only, as the fused merge). max_logit: NULL,
  * or fp32 [h_q] max of the scaled logits over visible keys (allocated as
  * -inf, or a given running max). acc_out, acc_lse: NULL, or a running
  * (O, L) the step is merged into in the kernel's epilogue (fused merge). */

@@ -4,7 +4,8 @@
 --   local cp = dl.cp.attention{comm = dl.comm.world(),
 --     algo = "p2p" | "all_gather" | "a2a",
 --     comm_buffers = "per_step" | 2,                         (p2p; default 2)
---     correction = "post_loop" | "incremental" | "fused",    (p2p; default "fused")
+--     correction = "post_loop" | "incremental" | "fused" | a registered name | a spec table
+--                                                            (p2p; default "fused")
 --     dkv = "travel" | "local",                              (p2p backward; default "travel")
 --     overlap = bool,        (all_gather, bshd/sbhd, no window: attend to the local
 --                             K/V while the gathers run; a2a: two head groups in a
@@ -22,6 +23,15 @@
 --   cp:memory(q_shape, k_shape, v_shape[, {dtype =, seq =}]) -> measured peaks by tag
 --   x_shard = dl.cp.shard(x, {comm =, layout =, cu_seqlens_padded =, dim =})
 --   x = dl.cp.unshard(x_shard, {comm =, layout =, cu_seqlens_padded =, dim =})
+--   cp:geometry(q, k, v[, seq]) -> g: the sizes the memory formulas are
+--                                     written in (cp/corrections.lua lists them)
+--   dl.cp.register_correction(name, {start =, step =, finish =, peak =})
+--   dl.cp.corrections.names()         the names correction = takes
+--   ?dl.cp.corrections                the contract of a correction
+--       A correction of your own, in your own script: the contract (the
+--       fields of f and st, what finish returns, what peak counts) is in
+--       cp/corrections.lua, the plan's helpers in cp/plan.lua (dl.cp.plan);
+--       experiments/cp/f32_partials.lua is one written as a user would.
 --
 -- q, k, v, out and lse are this rank's shards in dual-chunk order (plan.lua),
 -- as dl.cp.shard cuts them (contiguous: p2p sends k and v as they are);
@@ -32,11 +42,14 @@
 -- and cp/a2a.lua: each reads top to bottom and states its peak memory.
 local dl = require "distlab"
 local plan = require "distlab.cp.plan"
-local p2p = require "distlab.cp.p2p"
+local corrections = require "distlab.cp.corrections"
 local args = require "distlab.args"
 
 local fail = dl.fail
 local M = {}
+-- what a correction of one's own is written with (cp/corrections.lua)
+M.plan, M.free, M.wait, M.on = plan, plan.free, plan.wait, plan.on
+M.register_correction, M.corrections = corrections.register, corrections
 -- the named strategies (main, double, fused, ...): distlab.cp.presets
 M.presets = require "distlab.cp.presets"
 local CP = {}
@@ -71,7 +84,7 @@ function M.attention(opts)
     end
   end
   self.comm_buffers = one_of("comm_buffers", opts.comm_buffers or 2, { "per_step", 2 })
-  self.correction = one_of("correction", opts.correction or "fused", p2p.corrections)
+  self.correction, self.correction_spec = corrections.resolve(opts.correction or "fused", "cp.attention")
   self.dkv = one_of("dkv", opts.dkv or "travel", { "travel", "local" })
   self.layout = one_of("layout", opts.layout or "bshd", { "bshd", "sbhd", "thd" })
   self.backend = one_of("backend", opts.backend or "ours", { "ours", "cudnn", "auto" })
@@ -219,8 +232,8 @@ function CP:geometry(q, k, v, seq)
   local e, hq, hkv = q:element_size(), q:size(-2), k:size(-2)
   local dqk, dv = q:size(-1), v:size(-1)
   local g = { C = C, r = self.comm.rank, layout = self.layout, causal = self.causal, window = self.window,
-    comm_buffers = self.comm_buffers, correction = self.correction, dkv = self.dkv, overlap = self.overlap,
-    rows = rows, hq = hq, hkv = hkv,
+    comm_buffers = self.comm_buffers, correction = self.correction, correction_spec = self.correction_spec,
+    dkv = self.dkv, overlap = self.overlap, rows = rows, hq = hq, hkv = hkv, e = e, dqk = dqk, dv = dv,
     Uq = rows * hq * dqk * e, Uk = rows * hkv * dqk * e, Uv = rows * hkv * dv * e, Uo = rows * hq * dv * e,
     l = rows * hq * 4, ml = self.return_max_logit and 4 * hq or 0, B = pl.B }
   g.seqlens_rows = function(n) return pl.thd and n * (pl.B + 1) * 4 or 0 end
@@ -246,7 +259,7 @@ end
 -- dl.mem.report tables whose .peak counts from what was allocated before,
 -- and .formula = cp:peak(...). On meta nothing runs and bytes are exact.
 function CP:memory(q_shape, k_shape, v_shape, o)
-  o = o or {}
+  o = args.options(o, { "dtype", "seq", "unit" }, "cp:memory")
   local dev = self.comm.device
   collectgarbage("collect")
   collectgarbage("collect")
@@ -280,7 +293,7 @@ end
 
 local function shard_plan(op, x, opts, full)
   if not dl.is_tensor(x) then fail("%s: expected a tensor", op) end
-  opts = opts or {}
+  opts = args.options(opts, { "comm", "layout", "cu_seqlens_padded", "dim" }, op)
   local comm = opts.comm or dl.comm.world()
   local layout = opts.layout or "bshd"
   if layout ~= "bshd" and layout ~= "sbhd" and layout ~= "thd" then

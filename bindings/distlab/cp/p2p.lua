@@ -16,15 +16,10 @@
 --               C live until the loop ends.
 --               2: double buffering (seed 000). Step 0 sends the input K/V
 --               itself; KV_BUFFERS = 2 receive buffers rotate (one when C = 2).
--- correction    how the per-step (out, lse) become one (O, L): an entry of
---               CORRECTIONS below, {start, step, finish, peak}, around the
---               one ring loop. "post_loop": keep every step's (out, lse) and
---               merge after the loop (TE main). "incremental": merge each
---               step into a running (O, L) as it finishes (seed 000), on a
---               side stream, with SLOTS = 2 out/lse slots so that step i+1
---               computes while step i merges. "fused": the attention kernel
---               folds each step into (O, L) in its epilogue; no per-step
---               output ever exists.
+-- correction    how the per-step (out, lse) become one (O, L): a spec
+--               {start, step, finish, peak} around the one ring loop, from
+--               cp/corrections.lua (the library's post_loop, incremental,
+--               fused; the contract; dl.cp.register_correction for yours).
 -- Backward: the K/V ring runs the other way (step i holds rank r+i's K/V,
 -- received from r+1) with KV_BUFFERS buffers whatever comm_buffers says, as
 -- in TE's main. The dK/dV of that K/V travel one hop behind it, to r-1;
@@ -38,7 +33,8 @@
 -- Peak memory per rank (exact on meta; cuda adds the allocator's rounding).
 -- U = one per-rank Q, B*S_r*H*D*e bytes (K, V and O alike for MHA); l = one
 -- per-rank LSE, B*H*S_r*4 bytes; n = min(KV_BUFFERS, C-1) and
--- m = min(SLOTS, C-1), both min(2, C-1); the inputs q, k, v count.
+-- m = min(SLOTS, C-1) (cp/corrections.lua), both min(2, C-1); the inputs q,
+-- k, v count.
 --   forward, fused        3U + comm + U + l
 --   forward, incremental  3U + comm + (1 + m)(U + l)
 --   forward, post_loop    3U + P + max(comm, U + l)
@@ -59,7 +55,7 @@
 local dl = require "distlab"
 local plan = require "distlab.cp.plan"
 
-local free, wait = plan.free, plan.wait
+local free, wait, on = plan.free, plan.wait, plan.on
 local M = {}
 
 -- K/V receive buffers that rotate through the ring: double buffering
@@ -87,18 +83,12 @@ local function select_rows(pl, causal)
   end
 end
 
--- A K/V receive buffer: U_k + U_v.
-local function kv_buffer(k, v, s)
-  local b = dl.mem.tag("comm_buffers", function() return { k = dl.empty_like(k), v = dl.empty_like(v) } end)
+-- A K/V receive buffer: U_k + U_v (under `tag`, default comm_buffers).
+local function kv_buffer(k, v, s, tag)
+  local b = dl.mem.tag(tag or "comm_buffers", function() return { k = dl.empty_like(k), v = dl.empty_like(v) } end)
   b.k:record_stream(s)
   b.v:record_stream(s)
   return b
-end
-
--- Runs fn on stream s and records ev there.
-local function on(s, ev, fn)
-  dl.with_stream(s, fn)
-  ev:record(s)
 end
 
 -- Point-to-point exchange: send `give` to one neighbour, receive `take` from
@@ -118,133 +108,20 @@ local function step_opts(cp, pl, src, extra)
   return qp, kvp, pl:opts({ layout = pl.layout, mask = mask, scale = cp.scale }, "q_" .. qp, "kv" .. src, extra)
 end
 
--- ---- corrections ----------------------------------------------------------------
---
--- How the steps' partial (out, lse) become one (O, L). start(f) runs before
--- the loop and keeps in f what the correction needs; step(f, st) runs the
--- attention of step st.i (st.q: its rows st.part of Q; st.k, st.v; options
--- st.o) and folds it in; finish(f), after the loop and after the K/V
--- buffers are freed, returns (O, L). peak(g, comm) is the memory it adds to
--- the inputs, given comm bytes of K/V buffers (g: see M.peak). f holds the
--- forward's pl, q, v, compute and merge streams (comp, ms) and events (ev).
--- Adding an entry adds a correction: cp.attention accepts its name.
-
--- incremental: out/lse slots that rotate, so that step i+1 computes while
--- step i merges.
-local SLOTS = 2
-
-local function accumulator(f)
-  return dl.mem.tag("accumulator", dl.attn.accumulator, f.q, f.v, { layout = f.pl.layout, dtype = f.q.dtype })
-end
-
-local function attend(st) dl.attn.fwd(st.q, st.k, st.v, st.o) end
-
-local CORRECTIONS = {
-  -- TE's main: keep every step's (out, lse), U + l each (half the rows for
-  -- bshd/sbhd steps on the second half of Q), and merge them after the loop
-  -- into (O, L), U + l, made once the K/V buffers are gone: L = logaddexp of
-  -- every step's lse, then O = sum_i e^(L_i - L) O_i.
-  post_loop = {
-    start = function(f) f.parts = {} end,
-    step = function(f, st)
-      local part = f.pl:result(st.q, f.v, "out_per_step", "lse_per_step")
-      part.half = st.part
-      f.parts[#f.parts + 1] = part
-      st.o.out, st.o.lse = part.out, part.lse
-      attend(st)
-    end,
-    finish = function(f)
-      local acc = accumulator(f)
-      for _, p in ipairs(f.parts) do dl.attn.merge_lse(acc.lse, p.lse, f.pl:merge_opts(p.half)) end
-      for i, p in ipairs(f.parts) do
-        dl.attn.merge_out(acc.out, acc.lse, p.out, p.lse,
-          f.pl:merge_opts(p.half, { mode = i == 1 and "init" or "add", skip_zero_rows = f.pl.thd }))
-        free(p.out, p.lse)
-      end
-      return acc
-    end,
-    peak = function(g, comm)
-      local P = g.C * (g.Uo + g.l)
-      if g.causal and g.layout ~= "thd" then P = (1 + g.r + (g.C - 1 - g.r) / 2) * (g.Uo + g.l) end
-      return P + math.max(comm, g.Uo + g.l)
-    end,
-  },
-
-  -- Seed 000: the running (O, L), U + l, and SLOTS out/lse slots, U + l
-  -- each; each step is merged into (O, L) as it finishes, on the merge
-  -- stream, while the next computes into another slot. Step 0 covers
-  -- every row: it writes (O, L) itself.
-  incremental = {
-    start = function(f)
-      f.acc = accumulator(f)
-      f.slots = {}
-      for j = 1, rotating(SLOTS, f.pl.C) do
-        local s = f.pl:result(f.q, f.v, "out_per_step", "lse_per_step")
-        s.merged = dl.event(f.q.device):record(f.comp) -- the merge that last read the slot
-        s.out:record_stream(f.ms)
-        s.lse:record_stream(f.ms)
-        f.slots[j] = s
-      end
-      if f.pl.thd then f.pl.meta_t:record_stream(f.ms) end
-    end,
-    step = function(f, st)
-      if st.i == 0 then
-        st.o.out, st.o.lse = f.acc.out, f.acc.lse
-        return attend(st)
-      end
-      local s = f.slots[(st.i - 1) % #f.slots + 1]
-      wait(f.comp, s.merged)
-      st.o.out, st.o.lse = f.pl:part(s.out, st.part), f.pl:part(s.lse, st.part, "lse")
-      attend(st)
-      f.ev.done:record(f.comp)
-      wait(f.ms, f.ev.done)
-      on(f.ms, s.merged, function()
-        dl.attn.merge_out(f.acc.out, f.acc.lse, s.out, s.lse,
-          f.pl:merge_opts(st.part, { mode = "incremental", skip_zero_rows = f.pl.thd }))
-      end)
-    end,
-    finish = function(f)
-      for _, s in ipairs(f.slots) do
-        wait(f.comp, s.merged)
-        free(s.out, s.lse)
-      end
-      return f.acc
-    end,
-    peak = function(g, comm) return comm + (1 + rotating(SLOTS, g.C)) * (g.Uo + g.l) end,
-  },
-
-  -- The running (O, L), U + l: the attention kernel folds each step into it
-  -- in its epilogue; no per-step output ever exists.
-  fused = {
-    start = function(f) f.acc = accumulator(f) end,
-    step = function(f, st)
-      st.o.accumulate = { out = f.pl:part(f.acc.out, st.part), lse = f.pl:part(f.acc.lse, st.part, "lse") }
-      attend(st)
-    end,
-    finish = function(f) return f.acc end,
-    peak = function(g, comm) return comm + g.Uo + g.l end,
-  },
-}
-
--- The names cp.attention accepts for `correction`.
-M.corrections = {}
-for name in pairs(CORRECTIONS) do M.corrections[#M.corrections + 1] = name end
-table.sort(M.corrections)
-
 -- ---- the schedule ------------------------------------------------------------------
 
 function M.forward(cp, q, k, v, pl)
   local C, r, comm = pl.C, pl.r, cp.comm
   local nxt, prv = (r + 1) % C, (r - 1 + C) % C
   local comp, cs, ev = dl.current_stream(), cp.streams.comm, cp.events
-  local correction = CORRECTIONS[cp.correction]
+  local correction = cp.correction_spec
   if pl.thd then
     select_rows(pl, cp.causal)
     pl:upload()
   end
 
   -- What the correction keeps across the steps.
-  local f = { pl = pl, q = q, v = v, comp = comp, ms = cp.streams.merge, ev = ev }
+  local f = { pl = pl, q = q, k = k, v = v, cp = cp, comp = comp, ms = cp.streams.merge, ev = ev }
   correction.start(f)
   -- The running max logit, 4H bytes, merged over the ranks at the end.
   local ml
@@ -284,8 +161,8 @@ function M.forward(cp, q, k, v, pl)
 
     -- 2. Attention of step i, folded into (O, L) by the correction.
     local qp, kvp, o = step_opts(cp, pl, src, { max_logit = ml })
-    correction.step(f, { i = i, part = qp, q = pl:part(q, qp), k = pl:part(cur.k, kvp), v = pl:part(cur.v, kvp),
-      o = o })
+    correction.step(f, { i = i, src = src, part = qp, q = pl:part(q, qp), k = pl:part(cur.k, kvp),
+      v = pl:part(cur.v, kvp), o = o })
     pl:drop_views()
 
     -- 3. Step i+1 computes on what arrived.
@@ -296,6 +173,9 @@ function M.forward(cp, q, k, v, pl)
   end
   for _, b in ipairs(bufs) do free(b.k, b.v) end
   local acc = correction.finish(f)
+  if type(acc) ~= "table" or not (dl.is_tensor(acc.out) and dl.is_tensor(acc.lse)) then
+    dl.fail("cp: correction %s: finish must return {out = O, lse = L}, got %s", cp.correction, tostring(acc))
+  end
   if ml then comm:all_reduce(ml, "max") end
   return acc.out, acc.lse, ml
 end
@@ -310,9 +190,10 @@ function M.backward(cp, dout, sv)
   local bufs = {}
   for j = 1, rotating(KV_BUFFERS, C) do bufs[j] = kv_buffer(k, v, cs) end
   -- The travelling dK/dV (starts at zero) and the one arriving: 2 x (U_k + U_v);
-  -- "local" adds the step's own share: U_k + U_v.
-  local grad, other = kv_buffer(k, v, cs), C > 1 and kv_buffer(k, v, cs) or nil
-  local mine = cp.dkv == "local" and C > 1 and kv_buffer(k, v, cs) or nil
+  -- "local" adds the step's own share: U_k + U_v. Gradients, as dq: charged
+  -- to "accumulator" (the one that ends here is returned), not comm_buffers.
+  local grad, other = kv_buffer(k, v, cs, "accumulator"), C > 1 and kv_buffer(k, v, cs, "accumulator") or nil
+  local mine = cp.dkv == "local" and C > 1 and kv_buffer(k, v, cs, "accumulator") or nil
   grad.k:zero_()
   grad.v:zero_()
 
@@ -376,7 +257,7 @@ function M.peak(g)
   local C, n, Ukv = g.C, rotating(KV_BUFFERS, g.C), g.Uk + g.Uv
   local fixed = g.Uq + Ukv + g.ml + g.seqlens_rows(g.causal and 2 * C + 5 or 2 * C + 3)
   local comm = (g.comm_buffers == "per_step" and C or n) * Ukv
-  local fwd = fixed + CORRECTIONS[g.correction].peak(g, comm)
+  local fwd = fixed + g.correction_spec.peak(g, comm)
   local dkv = C == 1 and 1 or g.dkv == "local" and 3 or 2
   local bwd = fixed + 2 * g.Uo + g.l + g.Uq + n * Ukv + dkv * Ukv + g.workspace(g.rows)
   return { fwd = fwd, bwd = bwd }

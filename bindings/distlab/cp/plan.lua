@@ -22,6 +22,21 @@
 -- makes is freed at a known point: views through plan:drop_views(), buffers
 -- with plan.free(...), and the chunk copies of dl.seq free their views at
 -- once. The garbage collector never decides a peak.
+--
+-- What a correction (cp/corrections.lua) or a schedule uses:
+--   pl:result(qv, v, out_tag, lse_tag[, dtype]) -> {out =, lse =}   an empty
+--       step result for the rows of qv (thd: 0 and -inf), dtype "f32" for fp32
+--   pl:part(x, part[, "lse"])   rows "all" | "first" | "second" of a local
+--       tensor along its sequence (or lse) dim: a view, freed by drop_views
+--       (thd: x itself; rows are picked through cu_seqlens)
+--   pl:merge_opts(part[, extra])   options of dl.attn.merge_lse / merge_out /
+--       correct_grad for those rows (thd: this rank's padded offsets)
+--   pl:opts(base, qsel, kvsel[, extra])   a step's dl.attn options
+--   pl:track(view), pl:drop_views()    views freed together
+--   plan.free(...)   free tensors now (nil skipped)
+--   plan.wait(stream, event), plan.on(stream, event, fn), plan.keep(ts, stream)
+--   fields: pl.C, pl.r, pl.layout, pl.thd, pl.device; bshd/sbhd pl.S_r
+--       (positions per rank), pl.half; thd pl.B, pl.T_r, pl.L, pl.P
 local dl = require "distlab"
 local seq = require "distlab.seq"
 
@@ -224,15 +239,16 @@ end
 
 -- Empty (out, lse) for the attention of qv (a q or a view of its rows) with
 -- v's head dim, under tags out_tag / lse_tag; thd: zero / -inf, so that rows
--- no step writes read as "nothing" in the merges.
-function Plan:result(qv, v, out_tag, lse_tag)
+-- no step writes read as "nothing" in the merges. out is qv's dtype, or
+-- `dtype` ("f32": a partial kept in fp32, which dl.attn.fwd writes).
+function Plan:result(qv, v, out_tag, lse_tag, dtype)
   local shape = qv.shape
   shape[#shape] = v:size(-1)
   local lshape
   if self.thd then lshape = { shape[2], shape[1] }
   elseif self.layout == "bshd" then lshape = { shape[1], shape[3], shape[2] }
   else lshape = { shape[2], shape[3], shape[1] } end
-  local out = dl.mem.tag(out_tag, dl.empty, shape, { dtype = qv.dtype, device = qv.device })
+  local out = dl.mem.tag(out_tag, dl.empty, shape, { dtype = dtype or qv.dtype, device = qv.device })
   local lse = dl.mem.tag(lse_tag, dl.empty, lshape, { dtype = "f32", device = qv.device })
   if self.thd then
     out:zero_()
@@ -258,6 +274,12 @@ end
 -- Stream s (nil: the default stream) waits for event ev.
 function M.wait(s, ev)
   dl.check(dl.C.dl_stream_wait_event(s and s.ptr or nil, ev.ptr))
+end
+
+-- Runs fn on stream s and records ev there.
+function M.on(s, ev, fn)
+  dl.with_stream(s, fn)
+  ev:record(s)
 end
 
 -- ---- dual-chunk order <-> sequence order ---------------------------------------------

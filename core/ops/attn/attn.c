@@ -211,6 +211,19 @@ static int fwd_outputs(step_t *st, dl_attn_made_t *m, dl_attn_params_t *p, dl_te
     DL_TRY(dl_attn_arg_expect_shape(op, "accumulate.lse", acc_lse, lnd, lsz));
     DL_TRY(dl_attn_arg_same_device(op, "accumulate.lse", acc_lse, st->q, "q"));
     p->acc_lse = x.ptr, p->acc_lse_st = x.st;
+  } else if (out && *out && (*out)->dtype_id == DL_F32 && st->q->dtype_id != DL_F32) {
+    /* An f32 out for a 16-bit step (a partial kept in fp32): the epilogue's
+     * merge into (out, lse) = (0, -inf) writes exactly the step's (O, L),
+     * with O in f32; rows outside the sequences (thd) come out 0 and -inf. */
+    DL_CHECK_ARG(lse, "%s: out and lse slots are NULL", op);
+    DL_TRY(dl_attn_arg_output(op, "out", m, out, DL_F32, ond, osz, st->q, 0, 0, s));
+    DL_TRY(dl_attn_arg_output(op, "lse", m, lse, DL_F32, lnd, lsz, st->q, 0, 0, s));
+    DL_TRY(dl_attn_arg_seq(op, "out", *out, st->layout, &x));
+    p->acc_out = x.ptr, p->acc_out_st = x.st, p->acc_dtype = DL_F32;
+    DL_TRY(dl_attn_arg_lse(op, "lse", *lse, st->thd, &x));
+    p->acc_lse = x.ptr, p->acc_lse_st = x.st;
+    DL_TRY(dl_tensor_fill(*out, 0, s));
+    DL_TRY(dl_tensor_fill(*lse, -INFINITY, s));
   } else {
     DL_CHECK_ARG(out && lse, "%s: out and lse slots are NULL", op);
     DL_TRY(dl_attn_arg_output(op, "out", m, out, st->q->dtype_id, ond, osz, st->q, st->thd, 0, s));
@@ -237,8 +250,9 @@ int dl_attn_fwd(const dl_attn_opts_t *o, const dl_tensor_t *q, const dl_tensor_t
   dl_attn_made_t m = {.n = 0};
   dl_attn_params_t p = {0};
   int rc = step_inputs(&st, o, q, k, v, &p, s), cudnn = 0;
-  const int fused = acc_out || acc_lse, want_max = max_logit != NULL;
+  const int want_max = max_logit != NULL;
   if (!rc) rc = fwd_outputs(&st, &m, &p, out, lse, max_logit, acc_out, acc_lse, s);
+  const int fused = p.acc_out != NULL; /* accumulate, or an f32 out */
   if (!rc) rc = dl_attn_cudnn_choose(o, q, &p, st.thd, 0, fused, want_max, &cudnn, NULL, 0);
   if (!rc && cudnn && q->dev_type == DL_META)
     rc = dl_attn_cudnn_account(&p, 0, st.thd, want_max, q, 0);
