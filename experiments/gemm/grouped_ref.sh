@@ -6,8 +6,9 @@
 #   3. the cases (grouped_bench.lua --cases-out, on cpu: a list, nothing timed), then on GPU 0:
 #      torch's paths (grouped_torch.py), dl.gemm.grouped (grouped_bench.lua, every backend), torch's
 #      paths again, then grouped_bench's results file from the three (--measured: torch the mean of
-#      the run before and the run after) -> $OUT/grouped-<gpu>.{md,csv}: copy them to
-#      experiments/results/gemm/ (the results file of issue 55's grouped GEMM target).
+#      the run before and the run after) -> $OUT/experiments/results/gemm/grouped-<gpu>.{md,csv}, the
+#      checkout's own path under $OUT: copy that folder over experiments/results/gemm/ (the results
+#      file of issue 55's grouped GEMM target).
 # Logs and the verdicts in $OUT/grouped-ref/ and $OUT/grouped-ref-summary.txt; exit status non-zero
 # when a step failed. BENCH_ARGS (e.g. "--experts 8 --dists skew") narrows the cases of both benches.
 # About 6-8 minutes on one H200 with the build (the build ~2, specs ~1, torch ~1.5 each, ours ~2).
@@ -61,7 +62,7 @@ run "torch's paths (after)" 200 "$L/torch-2.log" env CUDA_VISIBLE_DEVICES=0 "$PY
   "$L/torch-2.csv" --cases "$L/cases.csv"
 run "the results file" 120 "$L/results.log" env CUDA_VISIBLE_DEVICES=0 ./distlab run -n 1 --device cuda \
   experiments/gemm/grouped_bench.lua "${EXTRA[@]}" --measured "$L/grouped-$gpu.csv" \
-  --torch "$L/torch-1.csv,$L/torch-2.csv" --out "$OUT" --tag "$gpu" \
+  --torch "$L/torch-1.csv,$L/torch-2.csv" --out "$OUT/experiments/results/gemm" --tag "$gpu" \
   --command "experiments/gemm/grouped_ref.sh ${BENCH_ARGS:+BENCH_ARGS='$BENCH_ARGS' }(grouped_torch.py, grouped_bench.lua, grouped_torch.py, then this with --measured, in one device call)"
 grep -E "^target|wrote" "$L/results.log" | tee -a "$SUM"
 tar czf "$OUT/grouped-ref-logs.tgz" -C "$OUT" grouped-ref 2>/dev/null
