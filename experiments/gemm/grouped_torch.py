@@ -17,7 +17,7 @@ the run. Data checked after timing: the result finite and, for the first and the
 two rows against an fp32 product of the same rows (normwise within 2^-7); a failed check is the
 row's status.
 
-  python experiments/gemm/grouped_torch.py OUT.csv --cases CASES.csv [--iters 10] [--warm-ms 100] [--min-ms 200]
+  python experiments/gemm/grouped_torch.py OUT.csv --cases CASES.csv [--iters 10] [--warm-ms 50] [--min-ms 150]
 
 OUT.csv (RFC 4180, one row per case and path) is what grouped_bench.lua's --torch reads (several
 runs, comma-separated: the anchor is their mean); OUT.md beside it, the same rows under the results
@@ -156,8 +156,8 @@ def main():
     ap.add_argument("--cases", required=True, help="grouped_bench.lua --cases-out's CSV")
     ap.add_argument("--paths", default=",".join(PATHS))
     ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--warm-ms", type=float, default=100)
-    ap.add_argument("--min-ms", type=float, default=200)
+    ap.add_argument("--warm-ms", type=float, default=50)
+    ap.add_argument("--min-ms", type=float, default=150)
     args = ap.parse_args()
     import torch
     dev = "cuda"
