@@ -254,6 +254,9 @@ for _, dev in ipairs(H.devices) do
       refuses(function() dl.gemm.grouped(x, w:narrow(2, 1, K - 1), SKEW) end,
         "x has 40 columns but w is %[5, 39, 24%] %(it must have 39: w's K%)")
       refuses(function() dl.gemm.grouped(x, w:float(), SKEW) end, "x and w must both be bf16 or both f16")
+      refuses(function() dl.gemm.grouped(x:narrow(3, 1, 0), w:narrow(2, 1, 0), SKEW) end,
+        "w is %[5, 0, 24%]: the sums over its K rows would be empty")
+      assert.same({ E, RW, 0 }, dl.gemm.grouped(x, w:narrow(3, 1, 0), SKEW).shape) -- nothing to compute
       refuses(function() dl.gemm.grouped(x, w, SKEW, { out_dtype = "f16" }) end, "out_dtype f16 with bf16 inputs")
       refuses(function() dl.gemm.grouped(x, w, SKEW, dl.empty({ E, RW, N + 1 }, "bf16", D)) end,
         "out is %[5, 12, 25%] but must be %[5, 12, 24%]")

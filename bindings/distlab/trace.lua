@@ -31,7 +31,8 @@
 -- wrap (default true): while the trace runs, the calls of the op modules
 -- report spans without their own code knowing: dl.gemm (and grouped),
 -- dl.attn's steps and merges, the communicators' collectives and
--- point-to-point ops, ep buffers' dispatch/combine phases, all-reduce runs,
+-- point-to-point ops (a dl.comm.group is one span: its ops are issued at its
+-- end), ep buffers' dispatch/combine phases, all-reduce runs,
 -- overlap ops and their steps (gemm, move, wait, reduce), graph replays
 -- (TARGETS below). stop puts the functions back. Work inside a graph
 -- capture records nothing (nothing runs then); the replay is the span.
@@ -202,11 +203,18 @@ local function describe(...)
   return { shapes = shapes, bytes = bytes }
 end
 
+-- Point-to-point ops inside dl.comm.group are issued at the group's end (NCCL
+-- launches them there): the group is the span, not its sends and receives.
+local IN_GROUP = { ["comm.send"] = true, ["comm.recv"] = true }
+
 local function wrapper(name, f)
+  local grouped, group = IN_GROUP[name], name == "comm.group"
   return function(...)
-    if not S or S.capturing > 0 then return f(...) end
+    if not S or S.capturing > 0 or (grouped and S.grouping > 0) then return f(...) end
     local sp = open(name, describe(...))
+    if group then S.grouping = S.grouping + 1 end
     local res = pack(pcall(f, ...))
+    if group and S then S.grouping = S.grouping - 1 end
     close(sp)
     if not res[1] then error(res[2], 0) end
     return unpack(res, 2, res.n)
@@ -220,6 +228,7 @@ local TARGETS = {
   { "distlab.attn", nil, { "fwd", "bwd", "merge_lse", "merge_out", "correct_grad", "merge" }, "attn." },
   { "distlab.comm", "Comm", { "all_reduce", "all_gather", "reduce_scatter", "all_to_all", "all_to_allv",
     "broadcast", "send", "recv", "barrier" }, "comm." },
+  { "distlab.comm", nil, { "group" }, "comm." },
   { "distlab.ep", "Buffer", { "dispatch", "dispatch_send", "dispatch_recv", "combine", "combine_send",
     "combine_recv" }, "ep." },
   { "distlab.allreduce", "AR", { "run" }, "allreduce." },
@@ -286,7 +295,7 @@ function M.start(opts)
   local dt, di = core.parse_device(device)
   seq = seq + 1
   local s = { spans = {}, n = 0, max = args.int(opts.max_spans or 200000, "trace.start: max_spans", 1),
-    dropped = 0, in_capture = 0, capturing = 0, streams = {}, nstreams = 0, depth = {}, anchors = {}, wrapped = {},
+    dropped = 0, in_capture = 0, capturing = 0, grouping = 0, streams = {}, nstreams = 0, depth = {}, anchors = {}, wrapped = {},
     comm = comm, rank = comm and comm.rank or 0, size = comm and comm.size or 1, device = core.device_name(dt, di),
     dev_type = dt, dev_index = di, seq = seq }
   -- lined up at a barrier (used where ranks are on several hosts), and the host's clock

@@ -16,7 +16,7 @@
 --                      auto_dev (auto with the counts in an int32 tensor on the
 --                      device, as ep:dispatch leaves them: the call reads them back and waits)
 --     --iters N, --warm-ms, --min-ms   timed calls per row at least, warm-up and timed work
---                      per row (default 10, 100, 200)
+--                      per row (default 10, 50, 150)
 --     --torch CSVS     grouped_torch.py's CSVs of the same device call (before and after
 --                      this: the anchor is their mean), comma separated
 --     --measured CSV   dl.gemm.grouped's figures from this bench's own CSV of the same call
@@ -63,8 +63,8 @@ local h = bench.harness {
     { "backends", "list", "auto,cublas,loop,loop4,auto_dev", "what is timed",
       values = { "auto", "cublas", "loop", "loop4", "auto_dev" } },
     { "iters", "int", 10, "timed calls per row, at least" },
-    { "warm-ms", "number", 100, "warm-up work per row (ms)" },
-    { "min-ms", "number", 200, "timed work per row (ms)" },
+    { "warm-ms", "number", 50, "warm-up work per row (ms)" },
+    { "min-ms", "number", 150, "timed work per row (ms)" },
     { "torch", "string", nil, "grouped_torch.py's CSVs from the same device call, comma separated", meta = "CSVS" },
     { "measured", "string", nil, "dl.gemm.grouped's figures from this bench's CSV of the same call", meta = "CSV" },
     { "cases-out", "string", nil, "write the cases as CSV and exit", meta = "FILE" },

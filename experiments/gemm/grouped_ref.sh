@@ -3,21 +3,24 @@
 # device call on a GPU host (repo root as cwd, .debs carried; PyTorch in /opt/torch/.venv):
 #   1. build (SKIP_BUILD=1 and build/lib/libdistlab.so there: not);
 #   2. the specs of the grouped GEMM and of the trace, GPU tags included (NOSPECS=1: not);
-#   3. the cases (grouped_bench.lua --cases-out, on cpu: a list, nothing timed), then on GPU 0:
-#      torch's paths (grouped_torch.py), dl.gemm.grouped (grouped_bench.lua, every backend), torch's
-#      paths again, then grouped_bench's results file from the three (--measured: torch the mean of
-#      the run before and the run after) -> $OUT/grouped-<gpu>.{md,csv}: copy them to
-#      experiments/results/gemm/ (the results file of issue 55's grouped GEMM target).
-# Logs and the verdicts in $OUT/grouped-ref/ and $OUT/grouped-ref-summary.txt; exit status non-zero
-# when a step failed. BENCH_ARGS (e.g. "--experts 8 --dists skew") narrows the cases of both benches.
-# About 6-8 minutes on one H200 with the build (the build ~2, specs ~1, torch ~1.5 each, ours ~2).
+#   3. (NOBENCH=1: not) the cases (grouped_bench.lua --cases-out, on cpu: a list, nothing timed),
+#      then on GPU 0: torch's paths (grouped_torch.py), dl.gemm.grouped (grouped_bench.lua, every
+#      backend), torch's paths again, then grouped_bench's results file from the three (--measured:
+#      torch the mean of the run before and the run after) -> $OUT/grouped-<gpu>.{md,csv}: copy them
+#      to experiments/results/gemm/ (the results file of issue 55's grouped GEMM target).
+# $OUT gets at most 4 files (what a device call brings back is limited): those two, the verdicts
+# ($OUT/grouped-ref-summary.txt) and every log and CSV of the steps ($OUT/grouped-ref-logs.tgz, made
+# in $WORK, default /tmp/grouped-ref); exit status non-zero when a step failed. BENCH_ARGS (e.g.
+# "--experts 8 --dists skew") narrows the cases of both benches. On one H200: build ~2-3 min, specs
+# ~1-2, the benches ~4-5 (torch ~1 each, ours ~2-3): two device calls (NOBENCH=1, then SKIP_BUILD=1
+# NOSPECS=1 on the same warm machine) keep each under its 10 minutes.
 # DISTLAB_COMMIT=<hash> names the commit where the checkout has no .git.
 #
 #   OUT=/tmp/out [BENCH_ARGS=...] bash experiments/gemm/grouped_ref.sh
 set -u
 OUT="${OUT:-/tmp/distlab-out}"
-L="$OUT/grouped-ref"
-mkdir -p "$L"
+L="${WORK:-/tmp/grouped-ref}"
+mkdir -p "$L" "$OUT"
 cd "$(dirname "$0")/../.." || exit 2
 source scripts/gpu/setup.sh || exit 2
 export DISTLAB_TIMEOUT="${DISTLAB_TIMEOUT:-120}"
@@ -38,12 +41,16 @@ run() { # run NAME LIMIT LOG cmd...: one step, its verdict in the summary
   return $rc
 }
 
+finish() {
+  tar czf "$OUT/grouped-ref-logs.tgz" -C "$(dirname "$L")" "$(basename "$L")" 2>/dev/null
+  exit $status
+}
 read -r -a EXTRA <<<"${BENCH_ARGS:-}"
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader -i 0 2>/dev/null | grep -oE '[AHBL][0-9]+' | head -1 | tr 'A-Z' 'a-z')
 gpu="${gpu:-gpu}"
 say "grouped_ref: $gpu, BENCH_ARGS='${BENCH_ARGS:-}', $(date -u '+%Y-%m-%d %H:%M UTC')"
 if [ "${SKIP_BUILD:-0}" = 1 ] && [ -f build/lib/libdistlab.so ]; then say "build: skipped (SKIP_BUILD=1)"
-else run build 400 "$L/build.log" ./distlab build || exit 1; fi
+else run build 400 "$L/build.log" ./distlab build || finish; fi
 
 if [ "${NOSPECS:-0}" != 1 ]; then
   run "specs: grouped GEMM, trace, gemm (GPU tags included)" 300 "$L/specs.log" env CUDA_VISIBLE_DEVICES=0 \
@@ -51,8 +58,10 @@ if [ "${NOSPECS:-0}" != 1 ]; then
   tail -5 "$L/specs.log" | tee -a "$SUM"
 fi
 
+[ "${NOBENCH:-0}" = 1 ] && finish
+
 run "the cases" 60 "$L/cases.log" ./distlab run -n 1 --device cpu experiments/gemm/grouped_bench.lua \
-  --cases-out "$L/cases.csv" "${EXTRA[@]}" || exit 1
+  --cases-out "$L/cases.csv" "${EXTRA[@]}" || finish
 run "torch's paths (before)" 200 "$L/torch-1.log" env CUDA_VISIBLE_DEVICES=0 "$PY" experiments/gemm/grouped_torch.py \
   "$L/torch-1.csv" --cases "$L/cases.csv"
 run "dl.gemm.grouped, every backend" 300 "$L/bench.log" env CUDA_VISIBLE_DEVICES=0 ./distlab run -n 1 --device cuda \
@@ -64,5 +73,4 @@ run "the results file" 120 "$L/results.log" env CUDA_VISIBLE_DEVICES=0 ./distlab
   --torch "$L/torch-1.csv,$L/torch-2.csv" --out "$OUT" --tag "$gpu" \
   --command "experiments/gemm/grouped_ref.sh ${BENCH_ARGS:+BENCH_ARGS='$BENCH_ARGS' }(grouped_torch.py, grouped_bench.lua, grouped_torch.py, then this with --measured, in one device call)"
 grep -E "^target|wrote" "$L/results.log" | tee -a "$SUM"
-tar czf "$OUT/grouped-ref-logs.tgz" -C "$OUT" grouped-ref 2>/dev/null
-exit $status
+finish

@@ -17,7 +17,7 @@ the run. Data checked after timing: the result finite and, for the first and the
 two rows against an fp32 product of the same rows (normwise within 2^-7); a failed check is the
 row's status.
 
-  python experiments/gemm/grouped_torch.py OUT.csv --cases CASES.csv [--iters 10] [--warm-ms 100] [--min-ms 200]
+  python experiments/gemm/grouped_torch.py OUT.csv --cases CASES.csv [--iters 10] [--warm-ms 50] [--min-ms 150]
 
 OUT.csv (RFC 4180, one row per case and path) is what grouped_bench.lua's --torch reads (several
 runs, comma-separated: the anchor is their mean); OUT.md beside it, the same rows under the results
@@ -113,12 +113,22 @@ def make(case, torch, dev):
     return paths, ref, out, gm
 
 
-def column_major_call(gm, torch):
-    """grouped_mm with its second operand's last two dimensions column-major (the same values)."""
+def other_layouts(gm, torch):
+    """grouped_mm on the same values laid out otherwise, for a build that asks a layout of its operands:
+    a row-major and/or b column-major (copies made here, outside the timing). The first that runs, and
+    what it changed."""
     gmm, _ = grouped_mm_fn(torch)
     a, b, offs = gm
-    bcm = b.transpose(-2, -1).contiguous().transpose(-2, -1)
-    return lambda: gmm(a, bcm, offs=offs)
+    row = a.contiguous()
+    col = b.transpose(-2, -1).contiguous().transpose(-2, -1)
+    err = None
+    for x, y, what in ((a, col, "w column-major"), (row, b, "x row-major"), (row, col, "x row-major, w column-major")):
+        try:
+            gmm(x, y, offs=offs)
+            return (lambda: gmm(x, y, offs=offs)), what
+        except RuntimeError as e:  # noqa: PERF203 (a handful of tries)
+            err = e
+    raise err
 
 
 def check(case, path, result, out, ref, torch):
@@ -156,8 +166,8 @@ def main():
     ap.add_argument("--cases", required=True, help="grouped_bench.lua --cases-out's CSV")
     ap.add_argument("--paths", default=",".join(PATHS))
     ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--warm-ms", type=float, default=100)
-    ap.add_argument("--min-ms", type=float, default=200)
+    ap.add_argument("--warm-ms", type=float, default=50)
+    ap.add_argument("--min-ms", type=float, default=150)
     args = ap.parse_args()
     import torch
     dev = "cuda"
@@ -197,10 +207,9 @@ def main():
                     except RuntimeError as e:
                         if p != "grouped_mm":
                             raise
-                        # a build that wants w (or dy) column-major: the same values laid out so
-                        fn = column_major_call(gm, torch)
-                        fn()
-                        notes.add(f"grouped_mm's second operand passed column-major ({str(e).splitlines()[0][:80]})")
+                        # a build that asks a layout of its operands: the same values laid out so
+                        fn, what = other_layouts(gm, torch)
+                        notes.add(f"grouped_mm {case['op']}: {what} ({str(e).splitlines()[0][:80]})")
 
                     def call():
                         res[0] = fn()

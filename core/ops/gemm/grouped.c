@@ -308,7 +308,7 @@ static int plan_make(int op, const int64_t *cnt, int64_t E, const rows_t *x, con
       g.d = rows_mat(drows, e, first, 0);
     }
     g.c = g.d;
-    p->g[p->n++] = g;
+    if (g.m > 0 && g.n > 0) p->g[p->n++] = g; /* an empty result: nothing to run */
   }
   return DL_OK;
 }
@@ -559,6 +559,9 @@ static int check_inputs(const dl_gemm_grouped_opts_t *o, const dl_tensor_t *a, c
     DL_CHECK_ARG(c->x.cols == want, "%s: %s has %lld columns but w is [%lld, %lld, %lld] (it "
                  "must have %lld: w's %s)", fn, an, (long long)c->x.cols, (long long)c->E,
                  (long long)K, (long long)N, (long long)want, o->op == DL_GEMM_FWD ? "K" : "N");
+    DL_CHECK_ARG(want > 0, "%s: w is [%lld, %lld, %lld]: the sums over its %s would be empty "
+                 "(fill out with zeros instead)", fn, (long long)c->E, (long long)K, (long long)N,
+                 o->op == DL_GEMM_FWD ? "K rows" : "N columns");
     c->nd = c->va.ndim;
     for (int d = 0; d < c->nd - 1; d++) c->shape[d] = c->va.shape[d];
     c->shape[c->nd - 1] = give;
