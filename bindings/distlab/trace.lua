@@ -501,7 +501,8 @@ function M.stop(opts)
   if first == math.huge then first = s.sync_us + s.mono_off end
   -- the shift of this rank's times: one host shares CLOCK_MONOTONIC, else line up the start barriers
   local comm, multi = s.comm, s.comm and s.size > 1 and s.comm.store
-  local mine = string.format("%s\t%.3f\t%.3f", info.host, s.sync_us + s.mono_off, first)
+  -- whole microseconds, rounded down: no span of any rank starts before the merged zero
+  local mine = string.format("%s\t%.0f\t%.0f", info.host, math.floor(s.sync_us + s.mono_off), math.floor(first))
   local metas = { mine }
   local key = comm and string.format("distlab/trace/%s/%d/", comm.name, s.seq)
   if multi then
@@ -516,7 +517,7 @@ function M.stop(opts)
     zero = math.min(zero, tonumber(f))
     lead = math.max(lead, tonumber(sync) - tonumber(f))
   end
-  local shift = one_host and -zero or (lead - (s.sync_us + s.mono_off))
+  local shift = one_host and -zero or (lead + 1 - (s.sync_us + s.mono_off)) -- + 1: the rounding above
   for _, r in ipairs(recs) do
     r.ts = r.ts + shift
     if r.host then r.host = { r.host[1] + shift, r.host[2] + shift } end
