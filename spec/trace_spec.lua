@@ -140,6 +140,7 @@ describe("dl.trace on cuda #gpu", function()
   it("puts device times of two streams on the host clock, and the issue times on the host track", function()
     local side = dl.stream(D)
     local a = dl.randn({ 2048, 2048 }, { dtype = "bf16", device = D })
+    dl.synchronize(D) -- drawn on the default stream, read on two others
     dl.trace.start { device = D }
     dl.with_stream(dl.stream(D), function()
       for _ = 1, 3 do dl.gemm(a, a) end
