@@ -13,7 +13,8 @@
 # in $WORK, default /tmp/grouped-ref); exit status non-zero when a step failed. BENCH_ARGS (e.g.
 # "--experts 8 --dists skew") narrows the cases of both benches. On one H200: build ~2-3 min, specs
 # ~1-2, the benches ~4-5 (torch ~1 each, ours ~2-3): two device calls (NOBENCH=1, then SKIP_BUILD=1
-# NOSPECS=1 on the same warm machine) keep each under its 10 minutes.
+# NOSPECS=1 on the same warm machine) keep each under its 10 minutes (the benches' steps are cut at
+# 30 + 120 + 240 + 120 + 60 s: a step cut short leaves its rows out of the results file, says FAIL).
 # DISTLAB_COMMIT=<hash> names the commit where the checkout has no .git.
 #
 #   OUT=/tmp/out [BENCH_ARGS=...] bash experiments/gemm/grouped_ref.sh
@@ -60,15 +61,15 @@ fi
 
 [ "${NOBENCH:-0}" = 1 ] && finish
 
-run "the cases" 60 "$L/cases.log" ./distlab run -n 1 --device cpu experiments/gemm/grouped_bench.lua \
+run "the cases" 30 "$L/cases.log" ./distlab run -n 1 --device cpu experiments/gemm/grouped_bench.lua \
   --cases-out "$L/cases.csv" "${EXTRA[@]}" || finish
-run "torch's paths (before)" 200 "$L/torch-1.log" env CUDA_VISIBLE_DEVICES=0 "$PY" experiments/gemm/grouped_torch.py \
+run "torch's paths (before)" 120 "$L/torch-1.log" env CUDA_VISIBLE_DEVICES=0 "$PY" experiments/gemm/grouped_torch.py \
   "$L/torch-1.csv" --cases "$L/cases.csv"
-run "dl.gemm.grouped, every backend" 300 "$L/bench.log" env CUDA_VISIBLE_DEVICES=0 ./distlab run -n 1 --device cuda \
+run "dl.gemm.grouped, every backend" 240 "$L/bench.log" env CUDA_VISIBLE_DEVICES=0 ./distlab run -n 1 --device cuda \
   experiments/gemm/grouped_bench.lua "${EXTRA[@]}" --out "$L" --tag "$gpu"
-run "torch's paths (after)" 200 "$L/torch-2.log" env CUDA_VISIBLE_DEVICES=0 "$PY" experiments/gemm/grouped_torch.py \
+run "torch's paths (after)" 120 "$L/torch-2.log" env CUDA_VISIBLE_DEVICES=0 "$PY" experiments/gemm/grouped_torch.py \
   "$L/torch-2.csv" --cases "$L/cases.csv"
-run "the results file" 120 "$L/results.log" env CUDA_VISIBLE_DEVICES=0 ./distlab run -n 1 --device cuda \
+run "the results file" 60 "$L/results.log" env CUDA_VISIBLE_DEVICES=0 ./distlab run -n 1 --device cuda \
   experiments/gemm/grouped_bench.lua "${EXTRA[@]}" --measured "$L/grouped-$gpu.csv" \
   --torch "$L/torch-1.csv,$L/torch-2.csv" --out "$OUT" --tag "$gpu" \
   --command "experiments/gemm/grouped_ref.sh ${BENCH_ARGS:+BENCH_ARGS='$BENCH_ARGS' }(grouped_torch.py, grouped_bench.lua, grouped_torch.py, then this with --measured, in one device call)"
