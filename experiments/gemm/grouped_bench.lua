@@ -284,6 +284,15 @@ end
 
 -- results[case.id][backend] = {ms, tflops, wrong, picked}
 local results = {}
+local CSV_COLS = { "case", "E", "dist", "gemm", "op", "K", "N", "rows", "rmax", "backend", "ran", "ms", "tflops",
+  "wrong" }
+local function f(fmt, x) return x and string.format(fmt, x) or "—" end
+local function csv_row(c, be, r)
+  return { c.id, c.E, c.dist, c.gemm, c.op, c.K, c.N, c.rows, c.rmax, be, r.picked or "-", f("%.4f", r.ms),
+    f("%.2f", r.tflops), r.wrong }
+end
+-- the CSV row by row as the cases are measured (a run cut short keeps what it measured)
+local live = not measured and bench.csv.writer(h:path("grouped-" .. h.tag .. ".csv"), CSV_COLS)
 local tbl = h:table({ { "case", "%-22s" }, { "rows", "%6d" }, { "backend", "%-8s" }, { "ran", "%-6s" },
   { "ms", "%9.3f" }, { "TFLOP/s", "%8.1f" }, { "#wrong", "%6d" } })
 tbl:header(string.format("dl.gemm.grouped, %s, bf16, %s", gpu, dl.build_info()))
@@ -294,8 +303,9 @@ for ci, c in ipairs(cases) do
   for _, be in ipairs(BACKENDS) do
     local r
     if measured then
-      local m = measured[c.id .. "|" .. be] or dl.fail("grouped_bench: %s has no row for %s, %s", A.measured, c.id, be)
-      r = { ms = bench.csv.number(m.ms), wrong = h:check(tonumber(m.wrong)), picked = m.ran }
+      local m = measured[c.id .. "|" .. be] -- none: the measuring run was cut short before it
+      r = m and { ms = bench.csv.number(m.ms), wrong = h:check(tonumber(m.wrong)), picked = m.ran }
+        or { wrong = 0, picked = "not measured" }
     else
       local call, picked = call_of(c, bufs, be)
       local ms = bench.timing.events(call, { warmup = 0, iters = A.iters, warm_ms = A.warm_ms, min_ms = A.min_ms }).median
@@ -323,20 +333,17 @@ for ci, c in ipairs(cases) do
   for _, be in ipairs(BACKENDS) do
     local r = results[c.id][be]
     tbl:row({ c.id, c.rows, be, r.picked or "-", r.ms, r.tflops, r.wrong })
+    if live then live:row(csv_row(c, be, r)) end
   end
 end
+if live then live:close() end
 
 -- ---- the results file -------------------------------------------------------------------
 
-local function f(fmt, x) return x and string.format(fmt, x) or "—" end
 local csv_rows, md_rows, met, judged = {}, {}, 0, 0
 for _, c in ipairs(cases) do
   local res = results[c.id]
-  for _, be in ipairs(BACKENDS) do
-    local r = res[be]
-    csv_rows[#csv_rows + 1] = { c.id, c.E, c.dist, c.gemm, c.op, c.K, c.N, c.rows, c.rmax, be, r.picked or "-",
-      f("%.4f", r.ms), f("%.2f", r.tflops), r.wrong }
-  end
+  for _, be in ipairs(BACKENDS) do csv_rows[#csv_rows + 1] = csv_row(c, be, res[be]) end
   -- torch's best path that ran, and ours: auto, and the best backend
   local tbest, tpath
   for _, p in ipairs(PATHS) do
@@ -407,8 +414,7 @@ local extra = { "build: " .. dl.build_info(),
     .. "3 rows of 3 experts against the fp64 product on the host: elements within 2u |ref| + 2u rms, normwise 1.5u, "
     .. "bias 2^-10 (#wrong, summed over the backends)" }
 local path = h:markdown("grouped-" .. h.tag .. ".md", "dl.gemm.grouped vs torch's grouped GEMM (bf16)", lines, extra)
-h:csv("grouped-" .. h.tag .. ".csv", { "case", "E", "dist", "gemm", "op", "K", "N", "rows", "rmax", "backend", "ran", "ms",
-  "tflops", "wrong" }, csv_rows)
+h:csv("grouped-" .. h.tag .. ".csv", CSV_COLS, csv_rows)
 print("wrote " .. path .. " and .csv")
 if judged > 0 then
   print(string.format("target (auto >= %.2f x torch's best): met at %d of %d rows", TARGET, met, judged))
