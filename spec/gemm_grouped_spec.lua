@@ -110,6 +110,18 @@ local function operands(layout, dtype, device, counts)
 end
 
 local BACKENDS = { cpu = { "auto" }, ["cuda:0"] = { "cublas", "loop", "loop4" } }
+
+-- fn() (an f32 result on backend be); cuBLAS's grouped GEMM may lack f32 results from bf16
+-- inputs: then the call says so, by name, and there is nothing to check
+local function ran(be, fn)
+  if be ~= "cublas" then
+    fn()
+    return true
+  end
+  local ok, err = pcall(fn)
+  if not ok then assert.truthy(tostring(err):find("does not take bf16 x bf16 %-> f32"), err) end
+  return ok
+end
 local function backend_opts(name)
   if name == "loop4" then return { backend = "loop", streams = 4 } end
   return { backend = name }
@@ -174,11 +186,13 @@ for _, dev in ipairs(H.devices) do
             expect("fwd", y, x, w, counts)
             assert.is_true(untouched(y, counts))
             local dx = nan(shape(K), "f32", D)
-            dl.gemm.grouped_dx(dy, w, counts, dx, o)
-            expect("dgrad", dx, dy, w, counts)
+            if ran(be, function() dl.gemm.grouped_dx(dy, w, counts, dx, o) end) then
+              expect("dgrad", dx, dy, w, counts)
+            end
             local dw = nan({ E, K, N }, "f32", D)
-            dl.gemm.grouped_dw(x, dy, counts, dw, o)
-            expect("wgrad", dw, x, dy, counts)
+            if ran(be, function() dl.gemm.grouped_dw(x, dy, counts, dw, o) end) then
+              expect("wgrad", dw, x, dy, counts)
+            end
           end
         end
       end
@@ -370,7 +384,7 @@ describe("dl.gemm.grouped on cuda #gpu", function()
   it("is captured in a CUDA graph with host counts (device counts are refused there)", function()
     local counts = { 9, 0, 12, 4, 1 }
     local x, w = operands("expert_major", "bf16", D, counts)
-    local y = dl.empty({ E, RW, N }, "f32", D)
+    local y = dl.empty({ E, RW, N }, "bf16", D)
     local ws = dl.empty({ dl.gemm.grouped_workspace_bytes(E) }, "u8", D)
     for _, be in ipairs { "cublas", "loop" } do
       dl.gemm.grouped(x, w, counts, y, { backend = be, workspace = ws, streams = 2 }) -- the heuristics, before
