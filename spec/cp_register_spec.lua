@@ -122,6 +122,11 @@ describe("the correction registry", function()
     local e = err(function() dl.cp.attention { comm = comm, correction = "nope" } end)
     assert.truthy(e:find("correction = nope is not one of", 1, true) and e:find("spec_noop", 1, true), e)
     assert.equal("spec_noop", dl.cp.attention { comm = comm, correction = "spec_noop" }.correction)
+    -- the specs share one process: the schedules' sweeps over the registry must not meet it
+    dl.cp.unregister_correction("spec_noop")
+    assert.falsy(table.concat(dl.cp.corrections.names(), ","):find("spec_noop", 1, true))
+    assert.matches("no correction spec_noop is registered", err(function() dl.cp.unregister_correction("spec_noop") end))
+    assert.matches("fused is the library's own", err(function() dl.cp.unregister_correction("fused") end))
   end)
 
   it("refuses bad names, the library's names, and specs with missing or unknown keys", function()

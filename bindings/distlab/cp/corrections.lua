@@ -234,6 +234,14 @@ function M.register(name, spec)
   return name
 end
 
+-- dl.cp.unregister_correction(name): forget a correction registered before
+-- (the library's own stay); registering a name again replaces it.
+function M.unregister(name)
+  if BUILTIN[name] then fail("cp.unregister_correction: %s is the library's own correction", tostring(name)) end
+  if registry[name] == nil then fail("cp.unregister_correction: no correction %s is registered", tostring(name)) end
+  registry[name] = nil
+end
+
 -- The (name, spec) of cp.attention's correction option: a registered name or a spec table.
 function M.resolve(x, where)
   if type(x) == "table" then

@@ -26,6 +26,7 @@
 --   cp:geometry(q, k, v[, seq]) -> g: the sizes the memory formulas are
 --                                     written in (cp/corrections.lua lists them)
 --   dl.cp.register_correction(name, {start =, step =, finish =, peak =})
+--   dl.cp.unregister_correction(name)  forget it (registering a name again replaces it)
 --   dl.cp.corrections.names()         the names correction = takes
 --   ?dl.cp.corrections                the contract of a correction
 --       A correction of your own, in your own script: the contract (the
@@ -49,7 +50,8 @@ local fail = dl.fail
 local M = {}
 -- what a correction of one's own is written with (cp/corrections.lua)
 M.plan, M.free, M.wait, M.on = plan, plan.free, plan.wait, plan.on
-M.register_correction, M.corrections = corrections.register, corrections
+M.register_correction, M.unregister_correction, M.corrections = corrections.register, corrections.unregister,
+  corrections
 -- the named strategies (main, double, fused, ...): distlab.cp.presets
 M.presets = require "distlab.cp.presets"
 local CP = {}
