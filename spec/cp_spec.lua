@@ -83,7 +83,7 @@ for _, st in ipairs(presets.list) do
   strategies[#strategies + 1] = o
 end
 for _, cb in ipairs({ "per_step", 2 }) do
-  for _, corr in ipairs(dl.cp.corrections.names()) do
+  for _, corr in ipairs(dl.cp.corrections.library) do
     local o, named = { algo = "p2p", comm_buffers = cb, correction = corr }, false
     for _, st in ipairs(strategies) do named = named or same(st, o) end
     if not named then strategies[#strategies + 1] = o end

@@ -191,7 +191,7 @@ end
 local layouts, masks = { "bshd", "sbhd", "thd" }, { "causal", "none" }
 if group == "p2p" then
   for _, cb in ipairs({ 2, "per_step" }) do
-    for _, corr in ipairs(dl.cp.corrections.names()) do
+    for _, corr in ipairs(dl.cp.corrections.library) do
       for _, l in ipairs(layouts) do
         for _, m in ipairs(masks) do add { algo = "p2p", comm_buffers = cb, correction = corr, layout = l, mask = m } end
       end

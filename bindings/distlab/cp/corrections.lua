@@ -9,6 +9,7 @@
 --       a name in the registry (spec.name, if set, is what the ranks compare
 --       and cp prints; else "custom")
 --   dl.cp.corrections.names() -> the registered names, sorted
+--   dl.cp.corrections.library      the library's own: fused, incremental, post_loop
 --
 -- The contract. A spec is {start = fn, step = fn, finish = fn, peak = fn}
 -- (plus name, doc: strings). The schedule (cp/p2p.lua, M.forward) calls on
@@ -184,10 +185,14 @@ local BUILTIN = {
 -- ---- the registry ------------------------------------------------------------------
 
 local registry = {}
+-- the library's own names, sorted (what its specs sweep; names() adds yours)
+M.library = {}
 for name, spec in pairs(BUILTIN) do
   spec.name = name
   registry[name] = spec
+  M.library[#M.library + 1] = name
 end
+table.sort(M.library)
 
 local SPEC_KEYS = { start = "function", step = "function", finish = "function", peak = "function",
   name = "string", doc = "string" }
