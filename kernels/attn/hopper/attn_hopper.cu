@@ -43,16 +43,15 @@ static int env_off(void) {
   static int c = -1;
   return env_is("DISTLAB_ATTN_HOPPER", "0", &c);
 }
-/* At d 64 the backward's warpgroups take turns at the tensor cores (bwd_kernel's TURNS; +0.1-1.5% on an
- * H100; at d 128 ptxas spills and serialises it); DISTLAB_ATTN_HOPPER_BWD_TURNS=0 keeps them in step
- * (A/B timings) */
+/* At d 64 the backward's warpgroups take turns at the tensor cores (bwd_kernel's TURNS; at d 128 ptxas
+ * spills and serialises it); DISTLAB_ATTN_HOPPER_BWD_TURNS=0 keeps them in step (A/B timings) */
 static int env_bwd_turns(void) {
   static int c = -1;
   return !env_is("DISTLAB_ATTN_HOPPER_BWD_TURNS", "0", &c);
 }
 
-/* The forward at MLA's head dims 192/128 (launch<0, 192, 128> below; the attn specs' MLA cases, bf16
- * 192/128, passed on an H100 at 77c59a1); DISTLAB_ATTN_HOPPER_MLA=0 sends them to the portable kernel */
+/* The forward at MLA's head dims 192/128 (launch<0, 192, 128> below); DISTLAB_ATTN_HOPPER_MLA=0 sends
+ * them to the portable kernel */
 static int env_mla(void) {
   static int c = -1;
   return !env_is("DISTLAB_ATTN_HOPPER_MLA", "0", &c);

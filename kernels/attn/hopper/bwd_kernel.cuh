@@ -33,8 +33,7 @@
  *         of the head dims over all 128 keys: dQ = dS K (SS wgmma with A
  *         transposed, i.e. MN-major, read from dS^T; B = K MN-major), added to
  *         the fp32 accumulator FA3's way, through shared memory and one bulk
- *         reduction of the item's rows by a producer thread (vector reductions
- *         from the consumers' registers were 2-14% slower on an H100).
+ *         reduction of the item's rows by a producer thread.
  *   dK (times the softmax scale) and dV are written once, in bf16.
  *   With TURNS (d 64), the warpgroups take turns at the tensor cores instead,
  *   dQ one item late (bwd_kernel's comment).
@@ -42,6 +41,7 @@
  * query block) are zeroed in shared memory before a GEMM reads them, so that
  * another sequence's rows or NaN gaps (thd) never meet a zero of P or dS.
  * Every wait times out into *err (mbar_wait), as in the forward.
+ * The variants tried and dropped, and their timings: experiments/lab/attn/NOTES.md.
  *
  * Shared memory (d 128): K, V 32 KB each; Q, dO 2 x 16 KB each; dS^T 2 x 16 KB;
  * dQ 32 KB: 192 KB, one CTA an SM. Descriptors as in fwd_kernel.cuh; dS^T is [128 keys]
@@ -153,8 +153,7 @@ template <int DQK> HP_DEV void gemm_dq(float (&dq)[DQK / 4], uint32_t ds_base, u
 // reduction (FA3's way).
 // TURNS: the warpgroups take turns at the tensor cores, dQ one item late; else they go in step, an item
 // after the other. (At d 128 the turns cost ptxas 420 bytes of spills and it serialises the wgmma, so
-// dl.attn runs them at d 64 only. Issuing the next item's S^T and dP^T before this item's dQ wait was
-// serialised by ptxas too, at d 64, and spilled at d 128: dropped.)
+// dl.attn runs them at d 64 only.)
 template <int DQK, int DV, bool TURNS>
 __global__ void __launch_bounds__(THREADS, 1)
     bwd_kernel(const HP_GRID_CONST hp_tmap_t tq, const HP_GRID_CONST hp_tmap_t tk, const HP_GRID_CONST hp_tmap_t tv,

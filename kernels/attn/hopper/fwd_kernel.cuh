@@ -50,6 +50,9 @@
  *     start + rows * 128.
  *   MN-major (V as B; d = N contiguous): SBO = 1024 (8 keys), LBO = BN * 128
  *     (the second 64 columns of d); the k16 step (16 keys) at start + 2048.
+ *
+ * The variants tried and dropped (the merge's stores and copies, persistent
+ * grids, P through shared memory) and their timings: experiments/lab/attn/NOTES.md.
  */
 #ifndef DISTLAB_HOPPER_FWD_KERNEL_CUH
 #define DISTLAB_HOPPER_FWD_KERNEL_CUH
@@ -88,31 +91,7 @@ template <int DQK, int DV> struct alignas(1024) smem_t {
 #ifndef HP_FWD_TRACE // the lab's timeline of each CTA (hp_trace)
 #define HP_FWD_TRACE 0
 #endif
-// (L2 evict-first hints on the running rows' reads and writes cost fp32 0.5-1 point more at 4k causal on
-// an H200 and gained nothing elsewhere: results/attn/hopper-fwd-merge-h200.md; removed.)
-// (Bulk copies (cp.async.bulk) of the staged rows, out of and into shared memory, and of the plain step's O,
-// in place of the per-thread stores and cp.async loads, cost the merge 1-3.6 points more at 4k causal on an
-// H200, and the plain step 2.3% (results/attn/hopper-fwd-merge-h200.md); removed.)
-// (Stores by whole rows (each warp's 16 rows staged in shared memory, then 16-byte lanes, a row a store,
-// instead of value pairs touching 8 rows a store) cost the fp32 merge 4-6 us more at 4k causal on an H200
-// and did not help the plain step there (results/attn/hopper-fwd-merge-h200.md); removed.)
-// (A persistent grid, one CTA an SM taking tile after tile so that a tile's epilogue runs under the next
-// tile's loads, was slower on an H200: dealt statically, heaviest first over all heads, 10% slower dense
-// (K and V of every head at once left L2); taken from a counter in L2-sized groups of heads (FA3's dynamic
-// scheduler), the plain step 1-4% slower and the fp32 merge's cost at 4k causal unchanged
-// (results/attn/hopper-fwd-merge-h200.md); removed.)
-// (Wide stores, lanes t and t ^ 1 trading a value pair by shuffle so that each stored four adjacent values of
-// one row (16 bytes fp32), cost the fp32 merge 6-9 us more at 4k causal on an H200 and did not help the plain
-// step (results/attn/hopper-fwd-merge-h200.md): the epilogue's cost is its latency, not its stores' count.)
-// (What the merge cost was, found by the lab's trace (HP_FWD_TRACE) and Nsight Compute's instruction counts
-// at 4k causal on an H200: the producer's copies of the running rows took 33 instructions a copy (128 a CTA
-// for fp32), which slowed the main loop by about 1.2k clocks a CTA, and the epilogue ran about 1000
-// instructions a warp (expf/log1pf, an address computed for each staged pair). A copy now costs two adds
-// and an XOR, and the epilogue reads each pair at an immediate offset: the fp32 merge's cost at 4k causal
-// went from +3.4-3.6% to +1.5-2.0% in one A/B, but +1.5 to +4.0% over three calls; with masked calls'
-// heavy tiles first (hp_fwd_tile), +0.2 to +2.8% over 14 timings. Starting the copies later (once the last
-// or the second-last key block's loads were issued, so that no K or V load queues behind them) cost 1-3
-// points more: they take about 9k clocks to land. results/attn/hopper-fwd-merge-h200.md.)
+
 template <int DQK, int DV> struct acc_stage_t {
   static constexpr uint32_t o_bytes = BM * DV * 4, bytes = o_bytes + BM * 4;
   static constexpr bool on = HP_FWD_STAGE_ACC && sizeof(smem_t<DQK, DV>) + 1024 + bytes <= 227 * 1024;
@@ -244,15 +223,12 @@ HP_DEV void hp_trace(const params_t &p, int slot, int what = HP_TRACE_CLOCK) {
 #define HP_TRACE(...) ((void)0)
 #endif
 
-// The tile a CTA computes: m-block m_block (of BM query rows) of head hh, sequence bb. The grid is (m-blocks,
-// heads, sequences) and CTAs start in that order (x fastest), so by default each head's tiles run last
-// (the heaviest, causal) to first, head after head. Masked calls (causal, windows), by default (HP_FWD_GROUP 1;
-// 0 for A/B timings): heads in groups whose K and V fit 16 MB of L2 (HP_FWD_GROUP_BYTES), and within a group the
-// tiles by m-block, heaviest first over all of the group's heads, so that the last heavy tiles do not start near
-// the grid's end (the trace at 4k causal: the last head's 32-block tiles started 85% of the way through).
-// Measured on an H200 against the default order, two calls of 3 rounds, bshd and thd: causal 3.2-4.7% faster at
-// 4k and 1.6-2.8% at 8k; the fp32 merge's cost at 4k causal +0.2-2.8% (default order +1.7-3.0%). Dense keeps the
-// default order (grouped, it was 1.3-2.3% slower). results/attn/hopper-fwd-merge-h200.md.
+// The tile a CTA computes: m-block m_block (of BM query rows) of head hh, sequence bb. CTAs start in grid order
+// (m-blocks, heads, sequences; x fastest). Unmasked calls keep it: each head's m-blocks last to first, head after
+// head; their tiles are of one length, so there is no tail to win back, and fewer heads' K and V share L2 at once.
+// Masked calls (causal, windows; HP_FWD_GROUP=0 turns this off) take heads in groups whose K and V fit in L2
+// (HP_FWD_GROUP_BYTES), and within a group the tiles by m-block, heaviest first over all of the group's heads, so
+// that the last heavy tiles do not start near the grid's end. Timings: experiments/lab/attn/NOTES.md.
 #ifndef HP_FWD_GROUP
 #define HP_FWD_GROUP 1
 #endif
@@ -264,8 +240,6 @@ struct hp_tile_t {
 };
 template <int DQK, int DV> HP_DEV hp_tile_t hp_fwd_tile(const params_t &p) {
   const int nm = gridDim.x;
-  // unmasked tiles are all of one length: no tail to win back, and the default order keeps fewer heads' K
-  // and V in L2 at once (grouped, dense was 1.3-2.3% slower on an H200)
   const bool masked = p.window_left >= 0 || p.window_right >= 0;
   if (!HP_FWD_GROUP || !masked) return hp_tile_t{nm - 1 - (int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z};
   const int nhb = gridDim.y * gridDim.z, lin = blockIdx.x + nm * (blockIdx.y + gridDim.y * blockIdx.z);
@@ -411,7 +385,7 @@ template <int DH> HP_DEV void zero_tail(uint32_t v_base, int valid, int c, int t
 // warpgroups take turns at the tensor cores (take_turn / hand_turn below). PIPE = 0: per key block,
 // S, softmax, P V one after another, P in registers. PIPE = 1: FA3's intra-warpgroup pipelining,
 // the softmax of block it between the issue of S(it) with P(it - 1) V(it - 1) and their completion,
-// P in registers. (P through shared memory instead was slower than both: fwd.cu.)
+// P in registers.
 template <int PIPE, int DQK, int DV>
 __global__ void __launch_bounds__(THREADS, 1)
     fwd_kernel(const HP_GRID_CONST hp_tmap_t tq, const HP_GRID_CONST hp_tmap_t tk, const HP_GRID_CONST hp_tmap_t tv,
