@@ -1,12 +1,12 @@
 /*
- * comm_internal.h — what the communicator files share (comm.c, comm_shm.c,
- * comm_nccl.c, comm_meta.c, symm.c, store.c) and nothing else sees: the
+ * comm_internal.h — what the communicator files share (comm.c, comm_store.c,
+ * comm_shm.c, comm_nccl.c, comm_meta.c, symm.c, store.c) and nothing else sees: the
  * communicator struct, the backend table every backend fills, and the
  * helpers for deadlines and error context. Operators see only comm_ops.h.
  *
- * comm.c owns argument checking, the debug-mode cross-rank checks and error
- * context; a backend gets contiguous views that already agree in shape and
- * dtype and only moves bytes.
+ * comm.c owns argument checking and error context, comm_store.c the
+ * debug-mode cross-rank checks; a backend gets contiguous views that already
+ * agree in shape and dtype and only moves bytes.
  */
 #ifndef DISTLAB_COMM_INTERNAL_H
 #define DISTLAB_COMM_INTERNAL_H
@@ -109,6 +109,9 @@ int dl_comm_call_str(int op, int red, int dtype, int root, int64_t n_in, int64_t
 /* The entries ("a, b, c") that differ between two such strings, position by
  * position: "x vs y; ...". */
 void dl_comm_diff(const char *mine, const char *theirs, char *out, size_t len);
+/* Debug mode: this rank's call against every other rank's (DL_EINVAL on a
+ * mismatch); point-to-point calls against their peer's. */
+int dl_comm_debug_check(dl_comm_t *c, const dl_comm_call_t *call);
 
 /* Store internals the communicator files use. dl_store_get_watched waits
  * like dl_store_get and every 100 ms asks watch(ctx) whether to go on: a

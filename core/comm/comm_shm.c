@@ -1,11 +1,7 @@
 /*
  * comm_shm.c — the CPU communicator: the processes of one host meet in one
- * POSIX shared-memory segment, /distlab-<job>-<comm>.
- *
- * Layout: a control block (barrier counters, the abort record, op
- * signatures, all_to_allv count matrices, mailbox counters), then one slot
- * per rank for collectives, then one mailbox per (src, dst) pair for
- * point-to-point.
+ * POSIX shared-memory segment, /distlab-<job>-<comm> (its layout:
+ * comm_shm.h).
  *
  * Collectives move data in chunks through the slots, one barrier per chunk:
  * every rank writes its chunk into half (b & 1) of its own slot, where b is
@@ -21,11 +17,8 @@
  * the first barrier every rank compares all of them, so mismatched calls
  * fail on every rank at once, cheaply, in every mode.
  *
- * Mailboxes are byte rings with monotonic posted/consumed counters; each
- * message starts with its byte count and dtype, so a recv of the wrong size
- * or dtype is an error rather than a desynchronised stream or reinterpreted
- * bytes. Point-to-point ops are queued and progressed together (a group),
- * so ring exchanges cannot deadlock.
+ * Point-to-point goes through a mailbox per (src, dst) pair
+ * (comm_shm_p2p.c).
  *
  * Waits spin, then yield, then sleep, and every millisecond or so check the
  * deadline, the abort record (a rank that failed says why), the word the
@@ -46,68 +39,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "comm_internal.h"
+#include "comm_shm.h"
 #include "common/cpu/host_wait.h"
 #include "comm/reduce.h"
 
-enum { SHM_MAX = 64, SHM_MAGIC = 0x5d15ab01 };
+enum { SHM_MAGIC = 0x5d15ab01 };
 
-typedef struct line {
-  _Alignas(64) uint64_t v;
-} line_t;
-
-typedef struct shm_sig {
-  int32_t op, red, dtype, root;
-  int64_t n_in, n_out;
-} shm_sig_t;
-
-typedef struct shm_ctl {
-  uint32_t magic;
-  int32_t size;
-  int64_t slot_bytes, box_bytes;
-  _Alignas(64) int32_t aborted;
-  int32_t abort_rank;
-  uint64_t abort_passed; /* barriers the rank that gave up had passed */
-  char abort_msg[768];
-  int32_t left[SHM_MAX];
-  line_t arrive[SHM_MAX];
-  shm_sig_t sig[2][SHM_MAX];
-  int64_t sendc[2][SHM_MAX][SHM_MAX]; /* all_to_allv: [parity][src][dst] */
-  int64_t recvc[2][SHM_MAX][SHM_MAX]; /* [parity][dst][src] */
-  line_t posted[SHM_MAX * SHM_MAX];   /* bytes written into box [src][dst] */
-  line_t consumed[SHM_MAX * SHM_MAX];
-} shm_ctl_t;
-
-/* What a message starts with: its size and dtype, so that a recv that
- * expects another size or dtype is an error on arrival, not bytes
- * reinterpreted. */
-typedef struct p2p_hdr {
-  int64_t nbytes;
-  int32_t dtype, pad;
-} p2p_hdr_t;
-enum { HDR = sizeof(p2p_hdr_t) };
-
-typedef struct p2p {
-  int send, peer;
-  char *data;
-  int64_t nbytes, done; /* done counts the header too */
-  int32_t dtype;
-  p2p_hdr_t hdr;
-} p2p_t;
-
-typedef struct shm {
-  shm_ctl_t *ctl;
-  size_t map_bytes;
-  char *slots, *boxes;
-  char name[160];
-  uint64_t bar;    /* barriers issued */
-  uint64_t passed; /* barriers passed (every rank arrived) */
-  int64_t *mat; /* this op's send-count matrix, size x size */
-  p2p_t *ops;
-  int nops, capops;
-} shm_t;
-
-static shm_t *impl(dl_comm_t *c) { return c->impl; }
 static int64_t half_bytes(const shm_ctl_t *ctl) { return ctl->slot_bytes / 2; }
 static char *slot(shm_t *m, int r, uint64_t parity) {
   return m->slots + r * m->ctl->slot_bytes + (int64_t)(parity & 1) * half_bytes(m->ctl);
@@ -150,20 +87,14 @@ static int check_peer(dl_comm_t *c, int peer, const char *what) {
   return DL_OK;
 }
 
-typedef struct waiter {
-  int64_t iter;
-  double deadline, last_check;
-} waiter_t;
-
-static void wait_begin(dl_comm_t *c, waiter_t *w) {
+void dl_shm_wait_begin(dl_comm_t *c, waiter_t *w) {
   w->iter = 0;
   w->last_check = now_s();
   w->deadline = w->last_check + c->timeout_s;
 }
 
-/* Call between polls while waiting on peer; nonzero means stop. The abort
- * record and the peers' word are read every millisecond. */
-static int wait_step(dl_comm_t *c, waiter_t *w, int peer, const char *what) {
+/* The abort record and the peers' word are read every millisecond. */
+int dl_shm_wait_step(dl_comm_t *c, waiter_t *w, int peer, const char *what) {
   dl_host_pause(w->iter++);
   if (w->iter % 64) return DL_OK;
   double t = now_s();
@@ -181,9 +112,9 @@ static int wait_step(dl_comm_t *c, waiter_t *w, int peer, const char *what) {
 static int wait_ge(dl_comm_t *c, const uint64_t *word, uint64_t target, int peer,
                    const char *what) {
   waiter_t w;
-  wait_begin(c, &w);
+  dl_shm_wait_begin(c, &w);
   while (__atomic_load_n(word, __ATOMIC_ACQUIRE) < target) {
-    int rc = wait_step(c, &w, peer, what);
+    int rc = dl_shm_wait_step(c, &w, peer, what);
     /* a peer that arrived and then left has still arrived */
     if (rc < 0 && __atomic_load_n(word, __ATOMIC_ACQUIRE) >= target) return DL_OK;
     if (rc < 0) return rc;
@@ -245,8 +176,6 @@ static int sig_check(dl_comm_t *c) {
 }
 
 /* ---- collectives -------------------------------------------------------- */
-
-static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
 /* The first barrier of an op also checks the signatures. */
 static int chunk_barrier(dl_comm_t *c, const char *opname, int *first) {
@@ -374,112 +303,6 @@ static int all_to_allv(dl_comm_t *c, const dl_comm_call_t *call) {
   return DL_OK;
 }
 
-/* ---- point-to-point ----------------------------------------------------- */
-
-/* Move what fits now through box src->dst; returns bytes moved. */
-static int64_t box_io(dl_comm_t *c, p2p_t *op) {
-  shm_t *m = impl(c);
-  int src = op->send ? c->rank : op->peer, dst = op->send ? op->peer : c->rank;
-  int64_t B = m->ctl->box_bytes, total = HDR + op->nbytes, moved = 0;
-  char *box = m->boxes + ((int64_t)src * c->size + dst) * B;
-  uint64_t *posted = &m->ctl->posted[src * SHM_MAX + dst].v;
-  uint64_t *consumed = &m->ctl->consumed[src * SHM_MAX + dst].v;
-  while (op->done < total) {
-    uint64_t p = __atomic_load_n(posted, op->send ? __ATOMIC_RELAXED : __ATOMIC_ACQUIRE);
-    uint64_t q = __atomic_load_n(consumed, op->send ? __ATOMIC_ACQUIRE : __ATOMIC_RELAXED);
-    uint64_t at = op->send ? p : q;
-    int64_t room = op->send ? B - (int64_t)(p - q) : (int64_t)(p - q);
-    int64_t pos = (int64_t)(at % (uint64_t)B);
-    char *user = op->done < HDR ? (char *)&op->hdr + op->done : op->data + (op->done - HDR);
-    int64_t len = min64(min64(op->done < HDR ? HDR - op->done : total - op->done, room), B - pos);
-    if (len <= 0) break;
-    if (op->send) memcpy(box + pos, user, (size_t)len);
-    else memcpy(user, box + pos, (size_t)len);
-    __atomic_store_n(op->send ? posted : consumed, at + (uint64_t)len, __ATOMIC_RELEASE);
-    op->done += len;
-    moved += len;
-    if (!op->send && op->done == HDR && (op->hdr.nbytes != op->nbytes || op->hdr.dtype != op->dtype)) {
-      c->failed = 1; /* the byte stream from this peer is no longer in step */
-      const int es = dl_dtype_size(op->dtype), hs = dl_dtype_size(op->hdr.dtype);
-      return DL_ERR(DL_EINVAL,
-                    "mismatched %s: rank %d receives %lld elements of %s (%lld bytes) from rank %d, "
-                    "which sends %lld elements of %s (%lld bytes)",
-                    op->hdr.nbytes != op->nbytes ? "sizes" : "dtypes", c->rank,
-                    (long long)(op->nbytes / es), dl_dtype_name(op->dtype), (long long)op->nbytes,
-                    op->peer, (long long)(hs > 0 ? op->hdr.nbytes / hs : 0),
-                    dl_dtype_name(op->hdr.dtype), (long long)op->hdr.nbytes);
-    }
-  }
-  return moved;
-}
-
-static int p2p_queue(dl_comm_t *c, int send, const dl_view_t *v, int peer) {
-  shm_t *m = impl(c);
-  if (m->nops == m->capops) {
-    int cap = m->capops ? 2 * m->capops : 16;
-    p2p_t *ops = realloc(m->ops, sizeof *ops * (size_t)cap);
-    if (!ops) return DL_ERR(DL_ENOMEM, "point-to-point: out of memory");
-    m->ops = ops;
-    m->capops = cap;
-  }
-  int64_t nbytes = v->numel * dl_dtype_size(v->dtype);
-  p2p_hdr_t hdr = {send ? nbytes : 0, send ? v->dtype : -1, 0};
-  m->ops[m->nops++] = (p2p_t){send, peer, v->data, nbytes, 0, v->dtype, hdr};
-  return DL_OK;
-}
-
-/* Progress every queued op until all are done. */
-static int p2p_run(dl_comm_t *c) {
-  shm_t *m = impl(c);
-  waiter_t w;
-  wait_begin(c, &w);
-  int rc = DL_OK, peer_gone_checked = 0;
-  for (;;) {
-    int pending = -1;
-    int64_t moved = 0;
-    /* messages between two ranks arrive in the order they were queued: an op
-     * waits until the earlier ones in its direction with the same peer are done */
-    uint64_t busy[2] = {0, 0};
-    for (int i = 0; i < m->nops && rc == DL_OK; i++) {
-      p2p_t *op = &m->ops[i];
-      if (op->done == HDR + op->nbytes) continue;
-      uint64_t bit = (uint64_t)1 << op->peer;
-      if (!(busy[op->send] & bit)) {
-        int64_t r = box_io(c, op);
-        if (r < 0) rc = (int)r;
-        else moved += r;
-      }
-      if (op->done < HDR + op->nbytes) {
-        busy[op->send] |= bit;
-        if (pending < 0) pending = i;
-      }
-    }
-    if (rc < 0 || pending < 0) break;
-    if (moved) {
-      wait_begin(c, &w);
-      peer_gone_checked = 0;
-      continue;
-    }
-    p2p_t *op = &m->ops[pending];
-    char what[160];
-    snprintf(what, sizeof what, "%s %lld bytes %s rank %d (%lld moved)",
-             op->send ? "sending" : "receiving", (long long)op->nbytes, op->send ? "to" : "from",
-             op->peer, (long long)(op->done > HDR ? op->done - HDR : 0));
-    rc = wait_step(c, &w, op->peer, what);
-    if (rc == DL_EPEER && !peer_gone_checked && !__atomic_load_n(&m->ctl->aborted, __ATOMIC_ACQUIRE)) {
-      /* the peer may have posted its last message and then exited between
-       * our poll and the check: poll once more before calling it gone */
-      peer_gone_checked = 1;
-      dl_clear_error();
-      rc = DL_OK;
-      continue;
-    }
-    if (rc < 0) break;
-  }
-  m->nops = 0;
-  return rc;
-}
-
 /* ---- backend ------------------------------------------------------------ */
 
 static int shm_op(dl_comm_t *c, const dl_comm_call_t *call) {
@@ -492,9 +315,9 @@ static int shm_op(dl_comm_t *c, const dl_comm_call_t *call) {
   case DL_OP_BROADCAST: return broadcast(c, call);
   case DL_OP_SEND:
   case DL_OP_RECV:
-    DL_TRY(p2p_queue(c, call->op == DL_OP_SEND, call->op == DL_OP_SEND ? &call->in : &call->out,
+    DL_TRY(dl_shm_p2p_queue(c, call->op == DL_OP_SEND, call->op == DL_OP_SEND ? &call->in : &call->out,
                      call->peer));
-    return c->in_group ? DL_OK : p2p_run(c);
+    return c->in_group ? DL_OK : dl_shm_p2p_run(c);
   case DL_OP_BARRIER: {
     int first = 1;
     sig_write(c, call);
@@ -515,7 +338,7 @@ static int shm_watch(dl_comm_t *c) {
 }
 
 static int shm_group_start(dl_comm_t *c) { return DL_OK; }
-static int shm_group_end(dl_comm_t *c) { return p2p_run(c); }
+static int shm_group_end(dl_comm_t *c) { return dl_shm_p2p_run(c); }
 static int shm_synchronize(dl_comm_t *c, dl_stream_t *s) { return DL_OK; }
 
 static void shm_abort(dl_comm_t *c, const char *why) {

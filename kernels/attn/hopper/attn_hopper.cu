@@ -17,6 +17,7 @@
  */
 #include "attn/attn.h"
 #include "common/base.h"
+#include "fwd_kernel.cuh"
 #include "bwd_kernel.cuh"
 
 #include <cuda.h>

@@ -1,7 +1,8 @@
 /*
  * bwd_kernel.cuh — dl.attn's backward on Hopper (sm_90a): wgmma and TMA,
  * warp-specialised, FA3's backward written out on the forward's machinery
- * (fwd_kernel.cuh: descriptors, waits, masks; ptx.cuh: the instructions).
+ * (fwd_params.cuh: sizes, waits, masks; fwd_mainloop.cuh: descriptors and GEMMs;
+ * ptx.cuh: the instructions).
  * experiments/lab/attn/hopper/emu_bwd.cpp runs it on the CPU with wgmma, TMA
  * and mbarriers emulated, against an fp64 reference.
  *
@@ -53,9 +54,10 @@
 #ifndef DISTLAB_HOPPER_BWD_KERNEL_CUH
 #define DISTLAB_HOPPER_BWD_KERNEL_CUH
 
-#include "fwd_kernel.cuh"
+#include "fwd_mainloop.cuh"
+#include "fwd_params.cuh"
 
-constexpr int BQ = 64; // query rows an item (BN = 128 keys a CTA, THREADS = 384: fwd_kernel.cuh)
+constexpr int BQ = 64; // query rows an item (BN = 128 keys a CTA, THREADS = 384: fwd_params.cuh)
 
 template <int DQK, int DV> struct alignas(1024) bwd_smem_t {
   uint16_t k[DQK / 64][BN * 64];
@@ -75,7 +77,7 @@ template <int DQK, int DV> struct alignas(1024) bwd_smem_t {
 // distinct banks; bwd_dq_kernel undoes it.
 HP_HD int bwd_dq_col(int c, int i) { return c ^ (8 * (i % 4)); }
 
-// Addressing as params_t's (fwd_kernel.cuh): strides (position, head, batch) in elements.
+// Addressing as params_t's (fwd_params.cuh): strides (position, head, batch) in elements.
 struct bwd_params_t {
   int b, h, h_kv, s_q, s_kv; // thd: s_q, s_kv the longest lengths (the grid)
   int window_left, window_right, bottom_right; // params_t's mask

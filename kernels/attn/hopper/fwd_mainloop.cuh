@@ -1,0 +1,142 @@
+/*
+ * fwd_mainloop.cuh — the consumer warpgroups' steps of the Hopper forward's
+ * main loop (fwd_kernel.cuh): the GEMMs on wgmma (S = Q K^T, O += P V, and
+ * the K-major GEMM the backward shares), the element mask, the online
+ * softmax and its row totals, and the zeroed tail of a V stage.
+ */
+#ifndef DISTLAB_HOPPER_FWD_MAINLOOP_CUH
+#define DISTLAB_HOPPER_FWD_MAINLOOP_CUH
+
+#include "fwd_params.cuh"
+
+// A shared memory matrix descriptor with the 128-byte swizzle.
+HP_DEV uint64_t gmma_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return (uint64_t)((addr >> 4) & 0x3fff) | (uint64_t)((lbo >> 4) & 0x3fff) << 16 |
+         (uint64_t)((sbo >> 4) & 0x3fff) << 32 | 1ull << 62;
+}
+
+// ---- the consumers' steps (thread t of a warpgroup holds rows r0 = 16 (t / 32) + (t % 32) / 4 and
+// r0 + 8 of its 64, columns 8 j + 2 (t % 4) + {0, 1}: value 4 j + e is row r0 + 8 (e / 2), column
+// 8 j + 2 (t % 4) + e % 2) ----
+
+// X = A B^T over DH: A the warpgroup's 64 rows in a tile of A_ROWS rows, B a tile of B_ROWS rows (a
+// tile's second half of d lies ROWS * 128 bytes on), both K-major in shared memory; DH / 16 wgmma
+// m64nNk16 with N = 2 NACC (64 accumulators: N = 128; 32: N = 64), one commit group.
+template <int DH, int A_ROWS, int B_ROWS, int NACC> HP_DEV void gemm_kmajor(float (&x)[NACC], uint32_t a_base, uint32_t b_base) {
+  wg_fence();
+#pragma unroll
+  for (int half = 0; half < DH / 64; half++)
+#pragma unroll
+    for (int kk = 0; kk < 4; kk++)
+      wgmma_ss(x, gmma_desc(a_base + half * A_ROWS * 128 + kk * 32, 16, 1024),
+               gmma_desc(b_base + half * B_ROWS * 128 + kk * 32, 16, 1024), half | kk);
+  wg_commit();
+}
+
+// S = Q K^T over d = DH.
+template <int DH> HP_DEV void gemm_qk(float (&s)[64], uint32_t q_base, uint32_t k_base) { gemm_kmajor<DH, BM, BN>(s, q_base, k_base); }
+
+// The element mask of a key block that needs one (diag below): -inf where the key is past len_kv or
+// outside the row's window. Selects, not branches: a branch an element made the loop too long for the
+// instruction cache (most of the stalls at s 8k were instruction fetch).
+HP_DEV void mask_block(float (&s)[64], int key0, int q0, int len_kv, int shift, int wl, int wr, int lane) {
+#pragma unroll
+  for (int j = 0; j < 16; j++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int col = key0 + 8 * j + 2 * (lane % 4) + (e & 1), row = q0 + 8 * (e >> 1);
+      const bool keep = (col < len_kv) & hp_visible(row, col, shift, wl, wr);
+      s[4 * j + e] = keep ? s[4 * j + e] : -INFINITY;
+    }
+}
+
+// The online softmax in base 2: s (raw logits, masked) becomes exp2(s * scale - max), one FFMA and
+// one MUFU.EX2 an element, with max (mx) in scaled units; sum grows, corr is the factor that brings
+// O (and the old sum, already scaled) to the new max. The block's row maxima are taken on the raw
+// logits (scale > 0).
+HP_DEV void softmax_step(float (&s)[64], float (&mx)[2], float (&sum)[2], float (&corr)[2], float scale_log2) {
+  float mraw[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int j = 0; j < 16; j++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) mraw[e >> 1] = fmaxf(mraw[e >> 1], s[4 * j + e]);
+  float base[2];
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    mraw[r] = fmaxf(mraw[r], hp_shfl_xor(mraw[r], 1));
+    mraw[r] = fmaxf(mraw[r], hp_shfl_xor(mraw[r], 2));
+    const float mnew = fmaxf(mx[r], mraw[r] * scale_log2);
+    base[r] = mnew == -INFINITY ? 0.0f : mnew; // a row with no key yet
+    corr[r] = hp_exp2(mx[r] - base[r]);
+    mx[r] = mnew;
+    sum[r] *= corr[r];
+  }
+#pragma unroll
+  for (int j = 0; j < 16; j++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      s[4 * j + e] = hp_exp2(fmaf(s[4 * j + e], scale_log2, -base[e >> 1]));
+      sum[e >> 1] += s[4 * j + e];
+    }
+}
+
+template <int DH> HP_DEV void scale_o(float (&o)[DH / 2], const float (&corr)[2]) {
+#pragma unroll
+  for (int j = 0; j < DH / 8; j++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) o[4 * j + e] *= corr[e >> 1];
+}
+
+// P rounded to bf16 in registers: the fp32 layout of a 16-column slice pair is wgmma's A layout of a
+// k16 step (a0 row r0 and a1 row r0 + 8 of slice 2 kc, a2 and a3 of slice 2 kc + 1).
+HP_DEV void pack_p(const float (&s)[64], uint32_t (&pa)[32]) {
+#pragma unroll
+  for (int j = 0; j < 16; j++) {
+    pa[2 * j] = pack_bf16(s[4 * j], s[4 * j + 1]);
+    pa[2 * j + 1] = pack_bf16(s[4 * j + 2], s[4 * j + 3]);
+  }
+}
+
+// O += P V with P in registers (pa must stay as it is until the wgmma.wait_group that covers it):
+// 8 wgmma m64nDHk16.
+template <int DH> HP_DEV void gemm_pv_regs(float (&o)[DH / 2], const uint32_t (&pa)[32], uint32_t v_base) {
+  wg_fence();
+#pragma unroll
+  for (int kc = 0; kc < 8; kc++) // pa's own registers (the emulator checks they hold until the wait)
+    wgmma_rs(o, *reinterpret_cast<const uint32_t(*)[4]>(pa + 4 * kc), gmma_desc(v_base + kc * 16 * 128, BN * 128, 1024));
+  wg_commit();
+}
+
+// The epilogue's start: a row's sum over its four threads, 1 / sum (0 for a row with no key), and
+// the rows' largest scaled logit (mx, log2 units) into p.max_logit[hh] (natural units; one atomic a
+// warp) where it is given; rows q0 and q0 + 8 count if below len_q.
+HP_DEV void row_totals(float (&sum)[2], float (&inv)[2], const float (&mx)[2], int q0, int len_q, const params_t &p, int hh,
+                       int lane) {
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    sum[r] += hp_shfl_xor(sum[r], 1);
+    sum[r] += hp_shfl_xor(sum[r], 2);
+  }
+  inv[0] = sum[0] > 0.0f ? 1.0f / sum[0] : 0.0f, inv[1] = sum[1] > 0.0f ? 1.0f / sum[1] : 0.0f;
+  if (p.max_logit) {
+    float m = fmaxf(q0 < len_q ? mx[0] : -INFINITY, q0 + 8 < len_q ? mx[1] : -INFINITY);
+#pragma unroll
+    for (int d = 4; d < 32; d *= 2) m = fmaxf(m, hp_shfl_xor(m, d));
+    if (lane == 0 && m > -INFINITY) hp_atomic_max(p.max_logit + hh, m * 0.69314718055994531f);
+  }
+}
+
+// Rows [valid, BN) of a V stage set to 0 by consumer warpgroup 0, then both consumer warpgroups meet
+// (named barrier 3, 256 threads): the rows past a sequence's keys may hold anything (thd's padding
+// gaps: NaN), and P's zeros there would still make 0 * NaN in P V.
+template <int DH> HP_DEV void zero_tail(uint32_t v_base, int valid, int c, int tid) {
+  if (c == 0)
+    for (int i = tid; i < (BN - valid) * 8 * (DH / 64); i += 128) { // 16-byte chunks: 8 a row in each half of d
+      const int row = valid + i / (8 * (DH / 64)), half = (i / 8) % (DH / 64), chunk = i % 8;
+      st_shared_zero16(v_base + half * BN * 128 + row * 128 + chunk * 16);
+    }
+  fence_proxy_async();
+  named_bar_sync(3, 256);
+}
+
+#endif

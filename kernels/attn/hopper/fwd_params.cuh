@@ -1,0 +1,174 @@
+/*
+ * fwd_params.cuh — what the Hopper forward's kernel (fwd_kernel.cuh), its
+ * launchers and the backward (bwd_kernel.cuh) share: the tile sizes, the
+ * shared memory layout, params_t and its addressing, the masks' visibility
+ * test, the waits that time out, and the lab's trace.
+ */
+#ifndef DISTLAB_HOPPER_FWD_PARAMS_CUH
+#define DISTLAB_HOPPER_FWD_PARAMS_CUH
+
+#include <math.h>
+#include <stdint.h>
+
+#ifndef HOPPER_EMU
+#include "ptx.cuh"
+#endif
+
+// 2 consumer warpgroups (warps 0-7) and a producer warpgroup (8-11); head dims DQK (q, k) and DV (v, o),
+// multiples of 64, in halves of 64 columns (a TMA box each)
+constexpr int BM = 128, BN = 128, STAGES = 2, THREADS = 384;
+template <int DH> struct tile_bytes_t { static constexpr uint32_t value = 128 * DH * 2; }; // a [128][DH] bf16 tile
+
+template <int DQK, int DV> struct alignas(1024) smem_t {
+  uint16_t q[DQK / 64][BM * 64];
+  uint16_t k[STAGES][DQK / 64][BN * 64];
+  uint16_t v[STAGES][DV / 64][BN * 64];
+  uint64_t q_full, k_full[STAGES], v_full[STAGES], k_empty[STAGES], v_empty[STAGES];
+  uint64_t acc_go, acc_full; // the running rows staged (acc_stage_t): go (the producer's thread), landed
+  int fail; // a wait of this CTA timed out (mbar_wait)
+};
+
+// The fused merge's running rows in shared memory right past smem_t: the block's BM rows of acc_out
+// (DV values, fp32 or bf16, a row's 16-byte chunk c at chunk c ^ (row % 8), so that the epilogue's
+// reads of eight rows at once fall in different banks), then BM fp32 LSEs. Staged where the tiles
+// leave room (227 KB an SM: head dims 64 and 128); HP_FWD_STAGE_ACC=0 (a build flag, for A/B
+// timings) turns it off.
+#ifndef HP_FWD_STAGE_ACC
+#define HP_FWD_STAGE_ACC 1
+#endif
+#ifndef HP_FWD_TRACE // the lab's timeline of each CTA (hp_trace)
+#define HP_FWD_TRACE 0
+#endif
+
+template <int DQK, int DV> struct acc_stage_t {
+  static constexpr uint32_t o_bytes = BM * DV * 4, bytes = o_bytes + BM * 4;
+  static constexpr bool on = HP_FWD_STAGE_ACC && sizeof(smem_t<DQK, DV>) + 1024 + bytes <= 227 * 1024;
+  // the copies: each of the 96 copying threads keeps one 16-byte chunk of a row (fwd_kernel)
+  static_assert(!on || 96 % (DV * 4 / 16) == 0, "a staged row's 16-byte chunks must divide 96 threads");
+};
+// Where byte `byte` of staged row `row` (row_bytes a row, a power of 2 of at least 128) lies
+// (acc_stage_t's swizzle).
+HP_DEV uint32_t acc_stage_at(uint32_t stage, int row, int row_bytes, int byte) {
+  return stage + row * row_bytes + (((byte >> 4) ^ (row & 7)) << 4) + (byte & 15);
+}
+// The dynamic shared memory of a launch (+ 1024: the slack of aligning smem_t to 1024 bytes).
+template <int DQK, int DV> HP_HD size_t fwd_smem_bytes(bool merge) {
+  return sizeof(smem_t<DQK, DV>) + 1024 + (merge && acc_stage_t<DQK, DV>::on ? acc_stage_t<DQK, DV>::bytes : 0);
+}
+
+// Addressing as kernels/attn/attn.h's: row i of sequence bb, head hh, of an operand with strides st
+// (elements: position, head, batch) is at base + i st[0] + hh st[1], base = bb st[2] (bshd, sbhd) or
+// start(bb) st[0] (thd: start = pad[bb], or cu[bb] where pad is NULL); d contiguous.
+struct params_t {
+  int b, h, h_kv;      // q heads, K/V heads (GQA/MQA: h a multiple of h_kv; q head hh reads hh / (h / h_kv))
+  int s_q, s_kv;       // bshd/sbhd: every sequence's lengths; thd: the longest query length (the grid)
+  // the mask: query i sees key j where i + shift - window_left <= j <= i + shift + window_right (-1:
+  // no bound), shift = len_kv - len_q (bottom_right) or 0; causal = (-1, 0); none = (-1, -1)
+  int window_left, window_right, bottom_right;
+  float scale_log2;    // softmax scale * log2(e)
+  uint16_t *o;         // bf16
+  int64_t o_st[3];
+  float *lse;          // natural log
+  int64_t lse_st[3];
+  // thd when cu_q is set: sequence bb has cu[bb + 1] - cu[bb] rows (tensor maps: batch extent 1)
+  const int *cu_q, *cu_kv, *pad_q, *pad_kv;
+  // fused merge (dl.attn's accumulate): where acc_out is set, the step's (O, LSE) is merged into the
+  // running (acc_out, acc_lse) and out/lse are not written; acc_out is fp32, or bf16 where acc_bf16
+  void *acc_out;
+  float *acc_lse;
+  int64_t acc_st[3], acc_lse_st[3];
+  int acc_bf16;
+  int acc_vec;      // the bytes of one cp.async of acc_out's rows: 16, 8 or 4 (what its base and strides allow)
+  float *max_logit; // optional [h]: the largest scaled logit a row sees (the caller fills -inf)
+  int *err;         // optional: set to 1 when a wait timed out (the results are then garbage)
+#if HP_FWD_TRACE
+  unsigned long long *trace; // lab only (HP_FWD_TRACE): HP_TRACE_SLOTS clocks a CTA (hp_trace below)
+#endif
+};
+
+// params_t.acc_vec: the largest of 16, 8 and 4 bytes that divides acc_out's base and its strides (es
+// bytes an element), for the hosts.
+HP_HD int hp_acc_vec(const void *acc, const int64_t (&st)[3], int es) {
+  const uint64_t a = (uint64_t)(uintptr_t)acc | (uint64_t)(st[0] * es) | (uint64_t)(st[1] * es) | (uint64_t)(st[2] * es);
+  return a % 16 == 0 ? 16 : a % 8 == 0 ? 8 : 4;
+}
+
+// The two bf16 halves of a 32-bit word (lo: the low half), exactly, as floats.
+HP_DEV float bf16_lo(uint32_t x) { return __uint_as_float(x << 16); }
+HP_DEV float bf16_hi(uint32_t x) { return __uint_as_float(x & 0xffff0000u); }
+HP_DEV float2 unpack_bf16(uint32_t x) { return make_float2(bf16_lo(x), bf16_hi(x)); }
+
+// Strides in elements (position, head, batch) of a [b, s, heads, d] (bshd) or [s, b, heads, d]
+// (sbhd) tensor, for the hosts (tensor maps, references, params_t).
+HP_HD void hp_strides(bool sbhd, int b, int s, int heads, int d, int64_t st[3]) {
+  st[0] = (int64_t)heads * d * (sbhd ? b : 1);
+  st[1] = d;
+  st[2] = (int64_t)heads * d * (sbhd ? 1 : s);
+}
+
+// LSE strides (position, head, batch) of [b, h, s] (bshd, sbhd) or [h, rows] (thd), for the hosts.
+HP_HD void hp_lse_strides(bool thd, int h, int s_or_rows, int64_t st[3]) {
+  st[0] = 1;
+  st[1] = s_or_rows;
+  st[2] = thd ? 0 : (int64_t)h * s_or_rows;
+}
+
+// Whether query i sees key j (params_t's mask; shift = len_kv - len_q with bottom_right, else 0).
+HP_HD bool hp_visible(int i, int j, int shift, int window_left, int window_right) { // bitwise: no branches
+  return (window_left < 0 | j >= i + shift - window_left) & (window_right < 0 | j <= i + shift + window_right);
+}
+
+// Sequence bb of a call (params_t or bwd_params_t: s_q, s_kv, cu_q, cu_kv, pad_q, pad_kv): its lengths,
+// the rows its position 0 is at (thd: pad, else cu; 0 for bshd/sbhd) and the batch index the tensors
+// address it by (thd: 0).
+struct hp_seq_t {
+  int len_q, len_kv, first_q, first_kv, tb;
+};
+template <class P> HP_DEV hp_seq_t hp_seq(const P &p, int bb) {
+  hp_seq_t s{p.s_q, p.s_kv, 0, 0, bb};
+  if (p.cu_q) {
+    s.len_q = p.cu_q[bb + 1] - p.cu_q[bb], s.len_kv = p.cu_kv[bb + 1] - p.cu_kv[bb];
+    s.first_q = p.pad_q ? p.pad_q[bb] : p.cu_q[bb], s.first_kv = p.pad_kv ? p.pad_kv[bb] : p.cu_kv[bb], s.tb = 0;
+  }
+  return s;
+}
+
+// Every wait ends: a phase still open after 2^26 polls, or once another thread of the CTA gave up
+// (*fail), sets *err (params_t.err, which the host reads) and returns, so that the CTA runs to its end
+// on whatever shared memory holds and no barrier hangs. (A trap there made ptxas spill P in PIPE 1.)
+HP_DEV void mbar_wait(uint64_t *b, uint32_t parity, volatile int *fail, int *err) {
+  for (long n = 0; !mbar_try(b, parity); n++)
+    if (n > (1l << 26) || *fail) {
+      *fail = 1;
+      if (err) *err = 1;
+      return;
+    }
+}
+
+// HP_FWD_TRACE (a lab build flag, off in dl.attn: the default PTX has none of it): where p.trace is
+// set, a CTA writes the SM clock (%clock64) at its events into HP_TRACE_SLOTS words of its own
+// (blockIdx linear): 0 the SM's id, 1 the start, 2 %globaltimer at the start, 3 the running rows
+// landed (warp 9), 4 the producer's last load issued, 5 Q landed (warp 0), 8 + w consumer warp w's
+// main loop done, 16 + w its epilogue's stores issued (24 + w: then %globaltimer). experiments/lab/attn/hopper/fwd.cu --trace
+// reads them: where a CTA's time goes, and the gaps between CTAs on an SM.
+constexpr int HP_TRACE_SLOTS = 32;
+#if HP_FWD_TRACE
+enum { HP_TRACE_CLOCK, HP_TRACE_GLOBAL, HP_TRACE_SMID };
+HP_DEV void hp_trace(const params_t &p, int slot, int what = HP_TRACE_CLOCK) {
+  if (!p.trace) return;
+  unsigned long long t;
+  if (what == HP_TRACE_GLOBAL) asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  else if (what == HP_TRACE_SMID) {
+    unsigned id;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+    t = id;
+  } else asm volatile("mov.u64 %0, %%clock64;" : "=l"(t));
+  const size_t cta = blockIdx.x + (size_t)gridDim.x * (blockIdx.y + (size_t)gridDim.y * blockIdx.z);
+  p.trace[cta * HP_TRACE_SLOTS + slot] = t;
+}
+#define HP_TRACE(...) hp_trace(__VA_ARGS__)
+#else
+#define HP_TRACE(...) ((void)0)
+#endif
+
+#endif

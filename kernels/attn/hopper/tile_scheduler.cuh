@@ -1,0 +1,39 @@
+/*
+ * tile_scheduler.cuh — the tile a CTA of the Hopper forward computes:
+ * m-block m_block (of BM query rows) of head hh, sequence bb. CTAs start in
+ * grid order (m-blocks, heads, sequences; x fastest). Unmasked calls keep
+ * it: each head's m-blocks last to first, head after head; their tiles are
+ * of one length, so there is no tail to win back, and fewer heads' K and V
+ * share L2 at once. Masked calls (causal, windows; HP_FWD_GROUP=0 turns this
+ * off) take heads in groups whose K and V fit in L2 (HP_FWD_GROUP_BYTES),
+ * and within a group the tiles by m-block, heaviest first over all of the
+ * group's heads, so that the last heavy tiles do not start near the grid's
+ * end. Timings: experiments/lab/attn/NOTES.md.
+ */
+#ifndef DISTLAB_HOPPER_TILE_SCHEDULER_CUH
+#define DISTLAB_HOPPER_TILE_SCHEDULER_CUH
+
+#include "fwd_params.cuh"
+
+#ifndef HP_FWD_GROUP
+#define HP_FWD_GROUP 1
+#endif
+#ifndef HP_FWD_GROUP_BYTES // the L2 a group's K and V may take (a smaller one in the emulator: partial groups)
+#define HP_FWD_GROUP_BYTES (16 << 20)
+#endif
+struct hp_tile_t {
+  int m_block, hh, bb;
+};
+template <int DQK, int DV> HP_DEV hp_tile_t hp_fwd_tile(const params_t &p) {
+  const int nm = gridDim.x;
+  const bool masked = p.window_left >= 0 || p.window_right >= 0;
+  if (!HP_FWD_GROUP || !masked) return hp_tile_t{nm - 1 - (int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z};
+  const int nhb = gridDim.y * gridDim.z, lin = blockIdx.x + nm * (blockIdx.y + gridDim.y * blockIdx.z);
+  const int64_t kv_head = (int64_t)p.s_kv * (DQK + DV) * 2; // a head's K and V bytes (bshd; thd: the longest)
+  const int g_max = (int)max((int64_t)1, min((int64_t)nhb, (int64_t)(HP_FWD_GROUP_BYTES) / max(kv_head, (int64_t)1)));
+  const int group = lin / (g_max * nm), first = group * g_max, g = min(g_max, nhb - first);
+  const int within = lin - group * g_max * nm, hb = first + within % g;
+  return hp_tile_t{nm - 1 - within / g, hb % (int)gridDim.y, hb / (int)gridDim.y};
+}
+
+#endif
