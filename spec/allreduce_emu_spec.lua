@@ -1,5 +1,5 @@
 -- The all-reduce kernels' own sources (kernels/allreduce/*.cu) on the CPU
--- emulator (experiments/lab/allreduce_emu: OS threads as CUDA threads, host
+-- emulator (experiments/lab/emu/allreduce: OS threads as CUDA threads, host
 -- threads as ranks), so that a kernel change is checked in CI where no GPU
 -- is: random calls of every algorithm checked bit-exactly, then the failure
 -- paths (a peer that never comes, mismatched calls, a late peer, a dead
@@ -13,7 +13,7 @@ describe("allreduce kernels on the CPU emulator", function()
   for _, c in ipairs { { 2, 80, 3 }, { 3, 40, 4 } } do
     local it_ = runnable and it or pending
     it_(c[1] .. " ranks, " .. c[2] .. " random calls, then the failure paths", function()
-      local p = io.popen(string.format("cd %q/experiments/lab/allreduce_emu && make -s run N=%d CALLS=%d SEED=%d 2>&1; echo __rc=$?",
+      local p = io.popen(string.format("cd %q/experiments/lab/emu/allreduce && make -s run N=%d CALLS=%d SEED=%d 2>&1; echo __rc=$?",
         H.root, c[1], c[2], c[3]))
       local out = p:read("*a")
       p:close()

@@ -1,11 +1,11 @@
 -- The Hopper attention kernels' own sources (kernels/attn/hopper/fwd_kernel.cuh
 -- and bwd_kernel.cuh) on the CPU, with wgmma, TMA, mbarriers and bulk
--- reductions emulated (experiments/lab/attn/hopper/emu_hopper.h), so that a
+-- reductions emulated (experiments/lab/emu/attn/hopper.h), so that a
 -- kernel change is checked in CI where no GPU is: the forward and the
 -- backward (dq, dk, dv) against fp64 on bshd, sbhd and thd (offsets, NaN
 -- gaps, lengths 0 and 1), GQA/MQA, masks and windows, the fused merge,
 -- accumulate_grads, each check also failing a planted 2% error (the --quick
--- subsets; `make -C experiments/lab/attn hopper-emu hopper-emu-bwd` runs all).
+-- subsets; `make -C experiments/lab/emu/attn hopper-emu hopper-emu-bwd` runs all).
 -- The builds (g++, about 10 s each on 2 cores) go to a fresh directory.
 local H = require "helpers"
 
@@ -13,7 +13,7 @@ local has = H.has_command
 
 local function run(target, flags)
   local build = H.tmpname("_hopper_emu")
-  local p = io.popen(string.format("cd %q/experiments/lab/attn && make -s %s ARGS=--quick BUILD=%q EMU_FLAGS=%q 2>&1; " ..
+  local p = io.popen(string.format("cd %q/experiments/lab/emu/attn && make -s %s ARGS=--quick BUILD=%q EMU_FLAGS=%q 2>&1; " ..
     "echo __rc=$?; rm -rf %q", H.root, target, build, flags or "", build))
   local out = p:read("*a")
   p:close()

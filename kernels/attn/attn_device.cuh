@@ -3,7 +3,7 @@
  * warp-level PTX (ldmatrix, mma.sync m16n8k16, cp.async, ex2), shuffles,
  * atomics, bf16/fp16 packing, dynamic shared memory, and the launch glue.
  * The kernels are plain C++ on top of these names, so the lab can run them
- * on a CPU: experiments/lab/attn/emu/cuda_emu.h defines the same names (and
+ * on a CPU: experiments/lab/emu/attn/cuda_emu.h defines the same names (and
  * this header's guard) with a warp emulator. Keep the two in step.
  *
  * Fragment conventions (PTX ISA, mma.m16n8k16 .row.col, lane = 4*g + t):

@@ -3,7 +3,7 @@
 // a vector of the caller's tensor (element-wise at the tail or when
 // unaligned) and of the padded staging regions. Device code, included through
 // kernels/allreduce/allreduce_device.cuh (and so by the CPU emulation in
-// experiments/lab/allreduce_emu).
+// experiments/lab/emu/allreduce).
 #ifndef DISTLAB_ALLREDUCE_VEC_CUH
 #define DISTLAB_ALLREDUCE_VEC_CUH
 

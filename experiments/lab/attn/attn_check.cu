@@ -17,7 +17,7 @@
  *   attn_check --list       list the attention cases
  *
  * Built by scripts/gpu/attn_lab.sh on a GPU, or with -DDL_ATTN_EMU on the
- * CPU warp emulator (experiments/lab/attn/emu, `make emu`).
+ * CPU warp emulator (experiments/lab/emu/attn, `make portable`).
  */
 #include <math.h>
 #include <stdio.h>
@@ -36,7 +36,7 @@ static void dev_free(void *p) { free(p); }
 static void to_dev(void *d, const void *h, size_t n) { memcpy(d, h, n); }
 static void to_host(void *h, const void *d, size_t n) { memcpy(h, d, n); }
 static void dev_sync() {}
-// the Hopper kernels are sm_90a-only (hopper/emu*.cpp emulate them): here the portable ones always run
+// the Hopper kernels are sm_90a-only (experiments/lab/emu/attn/hopper_*.cpp emulate them): here the portable ones always run
 extern "C" int dl_attn_fwd_hopper_usable(const dl_attn_params_t *, int *yes) { return *yes = 0, 0; }
 extern "C" int dl_attn_bwd_hopper_usable(const dl_attn_params_t *, int *yes) { return *yes = 0, 0; }
 extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *, void *) { return DL_EINVAL; }

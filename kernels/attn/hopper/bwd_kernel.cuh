@@ -3,7 +3,7 @@
  * warp-specialised, FA3's backward written out on the forward's machinery
  * (fwd_params.cuh: sizes, waits, masks; fwd_mainloop.cuh: descriptors and GEMMs;
  * ptx.cuh: the instructions).
- * experiments/lab/attn/hopper/emu_bwd.cpp runs it on the CPU with wgmma, TMA
+ * experiments/lab/emu/attn/hopper_bwd.cpp runs it on the CPU with wgmma, TMA
  * and mbarriers emulated, against an fp64 reference.
  *
  * dl_attn_bwd_cuda (attn_bwd.cu) runs it on sm_90 after the portable

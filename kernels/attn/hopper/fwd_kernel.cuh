@@ -2,8 +2,9 @@
  * fwd_kernel.cuh — dl.attn's forward on Hopper (sm_90a): wgmma and TMA,
  * warp-specialised, FA3's design written out in PTX (ptx.cuh). The launcher
  * is attn_hopper.cu (which calls are taken: dl_attn_fwd_hopper_fits);
- * experiments/lab/attn/hopper/ times it alone (fwd.cu) and runs this file on
- * the CPU with wgmma, TMA and mbarriers emulated (emu.cpp).
+ * experiments/lab/attn/hopper/fwd.cu times it alone, and
+ * experiments/lab/emu/attn/hopper_fwd.cpp runs it on the CPU with wgmma, TMA
+ * and mbarriers emulated.
  *
  * Why hand-written PTX and not CuTe: the kernel needs a few instructions that
  * CuTe wraps (TMA load, mbarrier, wgmma SS/RS, named barriers, setmaxnreg)

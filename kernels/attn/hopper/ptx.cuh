@@ -2,7 +2,7 @@
  * ptx.cuh — the instructions hopper/fwd_kernel.cuh and bwd_kernel.cuh use, for the GPU: shared
  * memory, the block and named barriers, shuffles, mbarriers, TMA loads,
  * wgmma, the async-proxy fence, bulk reductions and vector reductions, as inline PTX.
- * experiments/lab/attn/hopper/emu_hopper.h provides the same names on the CPU (and defines
+ * experiments/lab/emu/attn/hopper.h provides the same names on the CPU (and defines
  * HOPPER_EMU, so this file is not included there).
  */
 #ifndef DISTLAB_LAB_HOPPER_PTX_CUH

@@ -1,10 +1,10 @@
-// emu.cpp — runs hopper/fwd_kernel.cuh on the CPU with the Hopper
-// instructions emulated (emu_hopper.h), against an fp64 reference: six
+// hopper_fwd.cpp — runs kernels/attn/hopper/fwd_kernel.cuh on the CPU with
+// the Hopper instructions emulated (hopper.h), against an fp64 reference: six
 // cases (bshd, sbhd, thd with gaps, GQA/MQA, lengths off the tile) under
 // five masks, both loops, the fused merge (into an f32 and a bf16 running out),
 // head dims 128, 64 and 192/128.
-//   make -C experiments/lab/attn hopper-emu [ARGS=--quick]
-#include "emu_hopper.h"
+//   make -C experiments/lab/emu/attn hopper-emu [ARGS=--quick]
+#include "hopper.h"
 
 #include "attn/hopper/fwd_kernel.cuh"
 

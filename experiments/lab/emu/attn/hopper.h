@@ -1,8 +1,8 @@
-// emu_hopper.h — the Hopper instructions of kernels/attn/hopper/ (ptx.cuh's
-// names) on the CPU, on the attention lab's warp emulator (../emu/cuda_emu.h:
+// hopper.h — the Hopper instructions of kernels/attn/hopper/ (ptx.cuh's
+// names) on the CPU, on the attention kernels' warp emulator (cuda_emu.h:
 // every CUDA thread a coroutine, warps in a shuffled order, shared memory
 // starting as NaN garbage), as the PTX ISA and CUTLASS's canonical layouts
-// define them. emu.cpp runs the forward on it, emu_bwd.cpp the backward.
+// define them. hopper_fwd.cpp runs the forward on it, hopper_bwd.cpp the backward.
 //   mbarrier   arrival count, transaction bytes, phase parity (try_wait is
 //              true once the phase of the given parity completed);
 //   cp.async   a thread's copies land when its cp.async.mbarrier.arrive's arrival does (at once, or
@@ -33,7 +33,7 @@
 #ifndef DISTLAB_LAB_HOPPER_EMU_H
 #define DISTLAB_LAB_HOPPER_EMU_H
 #define HOPPER_EMU
-#include "../emu/cuda_emu.h"
+#include "cuda_emu.h"
 
 #include <map>
 #include <random>
@@ -461,7 +461,7 @@ template <int N> HP_DEV void wgmma_rs_n(float *d, const uint32_t (&a)[4], uint64
 HP_DEV void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db) { wgmma_rs_n<128>(d, a, db); }
 HP_DEV void wgmma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db) { wgmma_rs_n<64>(d, a, db); }
 
-// ---- test scaffolding (emu.cpp, emu_bwd.cpp) ------------------------------------------------
+// ---- test scaffolding (hopper_fwd.cpp, hopper_bwd.cpp) ----------------------------------------
 
 #include <algorithm>
 #include <random>

@@ -1,24 +1,30 @@
 /*
- * cuda_emu.h — just enough CUDA to run the expert-parallel kernels
- * (kernels/ep/ep_dispatch.cu, ep_combine.cu) on a CPU: every CUDA thread an
- * OS thread; __syncthreads a barrier of its block; the warp intrinsics the
- * kernels use (__shfl_sync, __shfl_xor_sync, __shfl_up_sync, __ballot_sync,
- * __syncwarp) an exchange through a barrier of the warp's 32 threads;
- * shared memory a per-block arena; the signal-pad device functions
- * (kernels/common/signal_pad.h) atomics with the same acquire/release
- * pairs. Force-included by the Makefile; a launch (kernels/common/launch.cuh,
- * compiled without nvcc) calls `emu_launch(k, g, b, s, st)(args)`, which
- * returns once its grid is done (one stream per rank).
+ * thread_core.h — just enough CUDA to run kernel files of kernels/ on a CPU,
+ * every CUDA thread an OS thread: dim3 and the vector types; a block's
+ * barriers (__syncthreads, __syncthreads_and; bar.sync with a thread count
+ * for the family's named barriers); the warp intrinsics (__shfl_sync,
+ * __shfl_xor_sync, __shfl_up_sync, __ballot_sync, __match_any_sync,
+ * __syncwarp) as an exchange through a barrier of the warp's 32 threads;
+ * shared memory as a per-block arena (dynamic, and emu_shared for a kernel's
+ * __shared__ variables); atomics and fences; the signal-pad device functions
+ * (kernels/common/signal_pad.h) as atomics with the same acquire/release
+ * pairs; emu_launch, which a kernel file's launch (kernels/common/launch.cuh,
+ * compiled without nvcc) calls, and which returns once its grid is done (one
+ * stream per rank).
  *
- * What it checks: indexing, routing, the walk and the scans, the message
- * formats, the epochs and handshakes under real concurrency (all blocks of
- * all ranks at once), the timeout path. What it cannot: the GPU's weaker
- * memory ordering (x86 is TSO), NVLink, performance.
+ * A family's part (allreduce/cuda_emu.h, ep/cuda_emu.h) includes this and
+ * adds what its kernels need; the family's Makefile (with thread_core.mk)
+ * force-includes that part, each kernel file compiled on its own as nvcc
+ * compiles it.
+ *
+ * What it checks: indexing, tails, routing, the flag, epoch and
+ * double-buffer protocols under real concurrency (all blocks of all ranks at
+ * once), the timeout paths. What it cannot: the GPU's weaker memory ordering
+ * (x86 is TSO), NVLink, performance.
  */
-#ifndef EP_CUDA_EMU_H
-#define EP_CUDA_EMU_H
+#ifndef DISTLAB_EMU_THREAD_CORE_H
+#define DISTLAB_EMU_THREAD_CORE_H
 
-#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -33,9 +39,11 @@
 #define __device__
 #define __host__
 #define __forceinline__ inline
-#define __noinline__ __attribute__((noinline))
+/* inline: a __noinline__ helper of a kernel header is defined in every
+ * kernel file that includes it, which the linker must accept once (nvcc
+ * keeps one per file) */
+#define __noinline__ __attribute__((noinline)) inline
 #define __launch_bounds__(...)
-#define DL_EP_EMU 1
 
 struct dim3 {
   unsigned x, y, z;
@@ -53,27 +61,32 @@ typedef void *cudaStream_t;
 
 inline thread_local dim3 threadIdx, blockIdx, blockDim, gridDim;
 
-static inline int min(int a, int b) { return a < b ? a : b; }
 static inline int __popc(uint32_t x) { return __builtin_popcount(x); }
 static inline int __ffs(uint32_t x) { return __builtin_ffs((int)x); }
 
 /* ---- blocks and warps --------------------------------------------------------- */
 
+/* A barrier of n threads that also ANDs their predicates. */
 struct emu_sync {
   std::mutex m;
   std::condition_variable cv;
   int count = 0;
   unsigned gen = 0;
-  void arrive(int n) {
+  bool acc = true, result = true;
+  bool arrive(int n, bool v) {
     std::unique_lock<std::mutex> lk(m);
+    acc = acc && v;
     if (++count == n) {
+      result = acc;
+      acc = true;
       count = 0;
       gen++;
       cv.notify_all();
-      return;
+      return result;
     }
     unsigned g = gen;
     cv.wait(lk, [&] { return gen != g; });
+    return result;
   }
 };
 
@@ -83,18 +96,21 @@ struct emu_warp {
 };
 
 struct emu_block {
-  emu_sync all;
+  emu_sync all;       /* __syncthreads: every thread of the block */
+  emu_sync named[16]; /* bar.sync 1..15 with a thread count */
   std::vector<emu_warp> warps;
   std::vector<int64_t> dynamic; /* extern __shared__, 8-byte aligned */
   std::mutex m;
   std::vector<std::vector<int64_t>> statics; /* __shared__ variables, in declaration order */
   int n = 0;
+  bool sync_and(bool v) { return all.arrive(n, v); }
 };
 inline thread_local emu_block *emu_this_block;
 inline thread_local size_t emu_shared_next;
 
-static inline void __syncthreads() { emu_this_block->all.arrive(emu_this_block->n); }
-static inline void __syncwarp(unsigned = 0xffffffffu) { emu_this_block->warps[threadIdx.x / 32].sync.arrive(32); }
+static inline void __syncthreads() { emu_this_block->sync_and(true); }
+static inline bool __syncthreads_and(bool v) { return emu_this_block->sync_and(v); }
+static inline void __syncwarp(unsigned = 0xffffffffu) { emu_this_block->warps[threadIdx.x / 32].sync.arrive(32, true); }
 
 /* Every lane publishes v, then reads lane src's. */
 template <typename T> static inline T emu_exchange(T v, int src) {
@@ -102,11 +118,11 @@ template <typename T> static inline T emu_exchange(T v, int src) {
   uint64_t bits = 0;
   memcpy(&bits, &v, sizeof v);
   w.vals[threadIdx.x % 32] = bits;
-  w.sync.arrive(32);
+  w.sync.arrive(32, true);
   T r;
   uint64_t got = w.vals[src & 31];
   memcpy(&r, &got, sizeof r);
-  w.sync.arrive(32);
+  w.sync.arrive(32, true);
   return r;
 }
 template <typename T> static inline T __shfl_sync(unsigned, T v, int src) { return emu_exchange(v, src); }
@@ -121,10 +137,10 @@ template <typename T> static inline T __shfl_up_sync(unsigned, T v, int d) {
 static inline unsigned __ballot_sync(unsigned, int pred) {
   emu_warp &w = emu_this_block->warps[threadIdx.x / 32];
   w.vals[threadIdx.x % 32] = pred ? 1 : 0;
-  w.sync.arrive(32);
+  w.sync.arrive(32, true);
   unsigned m = 0;
   for (int i = 0; i < 32; i++) m |= (unsigned)(w.vals[i] != 0) << i;
-  w.sync.arrive(32);
+  w.sync.arrive(32, true);
   return m;
 }
 
@@ -132,15 +148,15 @@ static inline unsigned __ballot_sync(unsigned, int pred) {
 static inline unsigned __match_any_sync(unsigned, int v) {
   emu_warp &w = emu_this_block->warps[threadIdx.x / 32];
   w.vals[threadIdx.x % 32] = (uint64_t)(uint32_t)v;
-  w.sync.arrive(32);
+  w.sync.arrive(32, true);
   unsigned m = 0;
   for (int i = 0; i < 32; i++) m |= (unsigned)(w.vals[i] == (uint64_t)(uint32_t)v) << i;
-  w.sync.arrive(32);
+  w.sync.arrive(32, true);
   return m;
 }
 
-#define EP_SMEM(name) int *name = reinterpret_cast<int *>(emu_this_block->dynamic.data())
-#define EP_SHARED(type, name) type &name = emu_shared<type>()
+/* The block's k-th __shared__ variable of a kernel (k: the order the kernel
+ * declares them in), zeroed at the block's start. */
 template <typename T> static inline T &emu_shared() {
   emu_block *b = emu_this_block;
   const size_t k = emu_shared_next++;
@@ -160,6 +176,13 @@ static inline uint32_t atomicCAS(uint32_t *p, uint32_t cmp, uint32_t val) {
 }
 static inline uint32_t atomicAdd(uint32_t *p, uint32_t v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
 static inline int atomicAdd(int *p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); }
+
+/* A 16-byte vector as memory holds it now: four word loads, each atomic
+ * (what a GPU guarantees at least; a writer's words land one by one). */
+static inline uint4 emu_ld_words(const uint32_t *p) {
+  return uint4{__atomic_load_n(p, __ATOMIC_RELAXED), __atomic_load_n(p + 1, __ATOMIC_RELAXED),
+               __atomic_load_n(p + 2, __ATOMIC_RELAXED), __atomic_load_n(p + 3, __ATOMIC_RELAXED)};
+}
 
 /* ---- the signal-pad device side (kernels/common/signal_pad.h under __CUDACC__) ----- */
 
@@ -189,19 +212,6 @@ static inline bool dl_signal_wait_until(const uint32_t *p, uint32_t v, uint64_t 
   }
   return true;
 }
-
-/* ---- Lamport slots (kernels/ep/ep_device.cuh) -------------------------------------- */
-
-/* a vector as memory holds it now: four word loads (a writer's words land one by one) */
-static inline uint4 ep_ld_vec_volatile(const uint4 *p) {
-  const uint32_t *w = reinterpret_cast<const uint32_t *>(p);
-  return uint4{__atomic_load_n(w, __ATOMIC_RELAXED), __atomic_load_n(w + 1, __ATOMIC_RELAXED),
-               __atomic_load_n(w + 2, __ATOMIC_RELAXED), __atomic_load_n(w + 3, __ATOMIC_RELAXED)};
-}
-#define EP_POLL_YIELD() std::this_thread::yield()
-#define EP_POLL_NAP(spins) \
-  do {                     \
-  } while (0)
 
 /* ---- launches ------------------------------------------------------------------ */
 

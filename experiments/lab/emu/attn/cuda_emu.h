@@ -4,7 +4,7 @@
  * layouts, swizzles, masks, pipelines and launchers can be tested on a
  * machine without a GPU. It replaces kernels/attn/attn_device.cuh (it defines
  * that header's guard and every name in it) and is force-included:
- *   g++ -std=c++17 -include experiments/lab/attn/emu/cuda_emu.h -x c++ kernels/attn/attn_fwd.cu
+ *   g++ -std=c++17 -include experiments/lab/emu/attn/cuda_emu.h -x c++ kernels/attn/attn_fwd.cu
  *
  * Semantics follow the PTX ISA: ldmatrix (.x4, .trans) and mma.m16n8k16
  * exchange data between the 32 lanes of a warp at the instruction, which

@@ -1,6 +1,6 @@
-// emu_bwd.cpp — runs hopper/bwd_kernel.cuh (the main kernel, both ways of
-// adding dQ, and its dQ conversion) on the CPU with the Hopper instructions
-// emulated (emu_hopper.h), after a host twin of the portable backward's prep
+// hopper_bwd.cpp — runs kernels/attn/hopper/bwd_kernel.cuh (the main
+// kernel, both ways of adding dQ, and its dQ conversion) on the CPU with the
+// Hopper instructions emulated (hopper.h), after a host twin of the portable backward's prep
 // (attn_bwd.cu: D = rowsum(dO * O) in fp32, the accumulator zeroed, in its
 // workspace layout), against an fp64
 // reference of dq, dk, dv: the forward's six (and one with keys but no queries)
@@ -10,8 +10,8 @@
 // taking turns (TURNS) under every mask (--quick: a few runs a case, the
 // masks turning with the case). Each check also shows
 // that a planted 2% error would fail it.
-//   make -C experiments/lab/attn hopper-emu-bwd
-#include "emu_hopper.h"
+//   make -C experiments/lab/emu/attn hopper-emu-bwd
+#include "hopper.h"
 
 #include "attn/hopper/bwd_kernel.cuh"
 
