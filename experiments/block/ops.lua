@@ -227,35 +227,33 @@ function M.distributed(g, sch, comms)
     for _, t in ipairs(list) do comm:all_reduce(t, "sum") end
   end
 
-  -- What each stage sends to other ranks (payload, bytes; analytic): for the report.
-  function ops.bytes(pl_ids)
-    local T, H, m, hp, dh = g.T, g.H, g.m, g.hp, g.dh
-    local b = {}
-    b.qkv = (P - 1) * T * H * e2                       -- this rank's rows to the TP peers
-    b.proj = (P - 1) * T * H * e2                      -- partial rows of the peers' tokens
-    local kv = 2 * m * hp * dh * e2
-    local q = m * hp * dh * e2
+  -- What each stage (layer.lua's names) sends to other ranks: payload bytes,
+  -- analytic; the EP stages' from the routing this rank's tokens took (ids_ep).
+  function ops.bytes(ids_ep)
+    local T, H, m, hp, dh, K = g.T, g.H, g.m, g.hp, g.dh, g.K
+    local rows = (P - 1) * T * H * e2       -- T rows to (or from) each TP peer
+    local q = m * hp * dh * e2              -- one of this CP rank's Q, K, V, O
+    local b = { ["qkv.fwd"] = rows, ["proj.fwd"] = rows, ["proj.bwd"] = rows, ["qkv.bwd"] = rows,
+      ["wgrad.proj"] = rows, ["wgrad.qkv"] = rows,
+      ["route.fwd"] = (N - 1) * T * K * 8,  -- ids and weights to every rank
+      ["router.bwd"] = (N - 1) * T * K * 4 } -- dL/dw reduce-scattered
     if C > 1 then
       if sch.cp == "a2a" then
-        b.attention = (C - 1) / C * (3 * q + q)        -- q, k, v over; out back
-        b.attention_bwd = (C - 1) / C * (q + 3 * q)    -- dout over; dq, dk, dv back
+        b["attention.fwd"] = (C - 1) / C * 4 * q -- q, k, v over, out back
+        b["attention.bwd"] = (C - 1) / C * 4 * q -- dout over, dq, dk, dv back
       else
-        b.attention = (C - 1) * kv                     -- K/V to every other CP rank (ring or gather)
-        b.attention_bwd = (C - 1) * kv + (C - 1) * kv  -- K/V again, dK/dV back
+        b["attention.fwd"] = (C - 1) * 2 * q     -- K, V to every other CP rank (ring or gather)
+        b["attention.bwd"] = (C - 1) * 4 * q     -- K, V again, dK, dV back
       end
     end
-    b.route = (N - 1) * T * g.K * 8                    -- ids and weights all-gathered
-    b.proj_bwd, b.qkv_bwd = b.qkv, b.proj
-    b.wgrad = 2 * (P - 1) * T * H * e2                 -- dh and x gathered again for dWo, dWqkv
-    b.router_bwd = (N - 1) / N * N * T * g.K * 4       -- dL/dw reduce-scattered
-    local attn_w = (g.H * 3 * hp * dh + hp * dh * g.H) * e2
-    local rep_w = (g.H * g.E + 3 * g.H * g.Fs) * e2
-    b.grads = 2 * (C - 1) / C * attn_w + 2 * (N - 1) / N * rep_w -- ring all-reduce
-    if pl_ids then
-      -- rows this rank's tokens send away: per_rank once per (token, other rank), per_expert
-      -- once per (token, expert on another rank); back (combine) once per (token, other-rank expert)
+    local attn_w = 4 * H * hp * dh * 4           -- f32 gradients: QKV and output shards
+    local rep_w = (H * g.E + 3 * H * g.Fs) * 4   -- router, shared expert
+    b["grads.bwd"] = 2 * (C - 1) / C * attn_w + 2 * (N - 1) / N * rep_w -- ring all-reduces
+    if ids_ep and N > 1 then
+      -- out: per_rank once per (token, other rank), per_expert once per (token, expert
+      -- there); back (combine): once per (token, expert on another rank)
       local send, back = 0, 0
-      for _, row in ipairs(pl_ids:tolist()) do
+      for _, row in ipairs(ids_ep:tolist()) do
         local ranks = {}
         for _, e in ipairs(row) do
           local r = e >= 0 and math.floor(e / g.L) or g.rank
@@ -266,8 +264,8 @@ function M.distributed(g, sch, comms)
           end
         end
       end
-      b.dispatch, b.combine = send * H * e2, back * H * e2
-      b.dispatch_bwd, b.combine_bwd = b.dispatch, b.combine
+      b["dispatch.fwd"], b["combine.bwd"] = send * H * e2, send * H * e2
+      b["combine.fwd"], b["dispatch.bwd"] = back * H * e2, back * H * e2
     end
     return b
   end
