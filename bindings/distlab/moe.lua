@@ -109,7 +109,7 @@ function M.route_bwd(p, w, ids, dw)
   local dt = p.dtype
   local dp = create.zeros({ T, E }, { dtype = dt, device = p.device }):scatter_add_(2, ids, dw)
   local wd = w:clone():mul_(dw)
-  local zero = create.zeros({ T, 1 }, { dtype = "i64", device = p.device }):expand(T, w.shape[2])
+  local zero = create.zeros({ T, w.shape[2] }, { dtype = "i64", device = p.device })
   local s = create.zeros({ T, 1 }, { dtype = dt, device = p.device }):scatter_add_(2, zero, wd)
   return dp:sub_(s:expand(T, E)):mul_(p)
 end

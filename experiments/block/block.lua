@@ -73,7 +73,7 @@ local h = dl.bench.harness {
   about = "a MoE transformer block forward and backward under schedule variants, checked against one rank, "
     .. "timed per stage (see the header). Schedule options (a variant changes some):\n" .. table.concat(opt_doc, "\n"),
   options = {
-    { "shape", "choice", "tiny", "block widths (configs.lua)", values = { "tiny", "small", "dsv3" } },
+    { "shape", "choice", "tiny", "block widths (configs.lua)", values = { "tiny", "check", "small", "dsv3" } },
     { "scale", "number", 1, "scale hidden, heads, experts and FFNs (dsv3 to the GPUs at hand)" },
     { "tokens", "int", nil, "tokens a rank (default: the shape's)" },
     { "tp", "int", nil, "tensor-parallel ranks (cp = N / tp); default 2 where N >= 4 and even, else 1" },
@@ -490,7 +490,9 @@ for vi, var in ipairs(variants) do
       local base = string.format("block-%s-%s", h.tag, sanitize(label))
       dl.trace.start { comm = w }
       timed_steps(blk, Xr, Dr, opt.iters, 1)
-      local path, recs, png = dl.trace.stop { path = h:path(base .. ".json"), png = opt.png == "yes" and nil or false }
+      local png_opt -- nil: the PNG beside the JSON, where gnuplot exists
+      if opt.png == "no" then png_opt = false end
+      local path, recs, png = dl.trace.stop { path = h:path(base .. ".json"), png = png_opt }
       res.trace, res.png = path, png
       res.mem = dl.mem.report { device = dev, unit = T * cfg.hidden * 2, unit_name = "x" }
       res.peak_max = h:max(res.mem.peak)

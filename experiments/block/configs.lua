@@ -12,6 +12,7 @@ local M = {}
 
 M.shapes = {
   tiny = { hidden = 32, heads = 8, head_dim = 16, experts = 8, topk = 2, ffn = 16, shared_ffn = 32, tokens = 16 },
+  check = { hidden = 128, heads = 8, head_dim = 64, experts = 16, topk = 4, ffn = 64, shared_ffn = 128, tokens = 64 },
   small = { hidden = 256, heads = 8, head_dim = 64, experts = 16, topk = 4, ffn = 128, shared_ffn = 256, tokens = 128 },
   dsv3 = { hidden = 7168, heads = 128, head_dim = 128, experts = 256, topk = 8, ffn = 2048, shared_ffn = 2048,
     tokens = 4096 },
