@@ -240,34 +240,43 @@ DL_EP_HD uint32_t dl_ep_share(int b, int g) {
 DL_EP_HD uint32_t dl_ep_count_of(uint32_t e) { return e << DL_EP_SHARE_SHIFT; }
 DL_EP_HD uint32_t dl_ep_calls_of(uint32_t count) { return count >> DL_EP_SHARE_SHIFT; }
 
+/* The layouts (DL_EP_PER_EXPERT, DL_EP_PER_RANK; their kernels
+ * ep_per_expert.cuh, ep_per_rank.cuh, their twins cpu/ep.c): names (NULL
+ * for a number that names none), whether they have Lamport slots (with
+ * rank_major output), and their sizes. */
+static inline const char *dl_ep_layout_name(int layout) {
+  return layout == DL_EP_PER_EXPERT ? "per_expert" : layout == DL_EP_PER_RANK ? "per_rank" : (const char *)0;
+}
+DL_EP_HD int dl_ep_layout_lamport(int layout) { return layout == DL_EP_PER_RANK; }
+
 /* dispatch header: per_expert 16 B; per_rank the token and K (le, pos, w);
  * padded to DL_EP_LINE so that every payload starts a line (a warp's 512
  * bytes of a row then cross NVLink as four whole 128-byte lines, not five) */
-DL_EP_HD int64_t dl_ep_hdr_bytes(int per_rank, int k) {
-  return dl_ep_align(per_rank ? 4 + 8 * (int64_t)k : 16, DL_EP_LINE);
+DL_EP_HD int64_t dl_ep_hdr_bytes(int layout, int k) {
+  return dl_ep_align(layout == DL_EP_PER_RANK ? 4 + 8 * (int64_t)k : 16, DL_EP_LINE);
 }
 /* payload: bf16 [H], or fp8 [H] and f32 scales [H/128] */
 DL_EP_HD int64_t dl_ep_payload_bytes(int fp8, int h) {
   return dl_ep_align(fp8 ? (int64_t)h + 4 * (int64_t)(h / DL_EP_FP8_GROUP) : 2 * (int64_t)h, 16);
 }
-DL_EP_HD int64_t dl_ep_msg_d(int per_rank, int fp8, int k, int h) {
-  return dl_ep_align(dl_ep_hdr_bytes(per_rank, k) + dl_ep_payload_bytes(fp8, h), DL_EP_LINE);
+DL_EP_HD int64_t dl_ep_msg_d(int layout, int fp8, int k, int h) {
+  return dl_ep_align(dl_ep_hdr_bytes(layout, k) + dl_ep_payload_bytes(fp8, h), DL_EP_LINE);
 }
 DL_EP_HD int64_t dl_ep_msg_c(int h) { return dl_ep_align(2 * (int64_t)h, DL_EP_LINE); }
 /* slots of the receive regions */
-DL_EP_HD int64_t dl_ep_dispatch_slots(int per_rank, int n, int e, int b) {
-  return (per_rank ? (int64_t)n : (int64_t)e) * b;
+DL_EP_HD int64_t dl_ep_dispatch_slots(int layout, int n, int e, int b) {
+  return (layout == DL_EP_PER_RANK ? (int64_t)n : (int64_t)e) * b;
 }
 /* per_rank's dispatch in Lamport slots: a.lamport with rank_major output and
  * bf16 payloads (fp8's keeps the flag: above) */
-DL_EP_HD int dl_ep_dispatch_lamport(int per_rank, int lamport, int output, int fp8) {
-  return per_rank && lamport && output == DL_EP_RANK_MAJOR && !fp8;
+DL_EP_HD int dl_ep_dispatch_lamport(int layout, int lamport, int output, int fp8) {
+  return dl_ep_layout_lamport(layout) && lamport && output == DL_EP_RANK_MAJOR && !fp8;
 }
 /* bytes of the dispatch receive region: its slots; in Lamport slots both
  * halves [2][N][B], then the sources' count words [N] (to a line) */
-DL_EP_HD int64_t dl_ep_dispatch_bytes(int per_rank, int lamport_d, int n, int e, int b, int64_t msg_d) {
+DL_EP_HD int64_t dl_ep_dispatch_bytes(int layout, int lamport_d, int n, int e, int b, int64_t msg_d) {
   return lamport_d ? 2 * (int64_t)n * b * msg_d + dl_ep_align(4 * (int64_t)n, DL_EP_LINE)
-                   : dl_ep_dispatch_slots(per_rank, n, e, b) * msg_d;
+                   : dl_ep_dispatch_slots(layout, n, e, b) * msg_d;
 }
 /* the first dispatch slot of call `epoch` (Lamport slots: its half), and the
  * byte offset in the region of source q's count word */
@@ -283,8 +292,8 @@ DL_EP_HD uint32_t dl_ep_count_word(uint32_t epoch, uint32_t n) { return (epoch &
 DL_EP_HD int dl_ep_count_word_is(uint32_t w, uint32_t epoch) {
   return (w >> 16) == (epoch & 0xffffu) && (w & 0xffffu) <= DL_EP_MAX_TOKENS;
 }
-DL_EP_HD int64_t dl_ep_combine_slots(int per_rank, int lamport, int e, int k, int b) {
-  return (per_rank ? (lamport ? 2 : 1) * (int64_t)k : (int64_t)e) * b;
+DL_EP_HD int64_t dl_ep_combine_slots(int layout, int lamport, int e, int k, int b) {
+  return (layout == DL_EP_PER_RANK ? (lamport ? 2 : 1) * (int64_t)k : (int64_t)e) * b;
 }
 /* the first combine slot of call `epoch` (Lamport slots: its half) */
 DL_EP_HD int64_t dl_ep_combine_half(int lamport, int k, int b, uint32_t epoch) {

@@ -1,6 +1,7 @@
 /*
  * ep_combine.cu — the combine kernels of the expert-parallel buffer
- * (layout, message formats and protocol: kernels/ep/ep.h).
+ * (layout, message formats and protocol: kernels/ep/ep.h), instantiated for
+ * each layout policy (ep_layouts.cuh: its combine_slot).
  *
  *   ep_combine_send_kernel   on the experts' rank: once every owner has read
  *       our previous combine, a warp per output row (rows r < counts[g] of
@@ -22,9 +23,9 @@
  *
  * Reference: kernels/ep/cpu/ep.c (the same sums in the same order).
  */
-#include "ep/ep_device.cuh"
+#include "ep/ep_layouts.cuh"
 
-template <bool PER_RANK, bool EXPERT_MAJOR, bool LAMPORT>
+template <class Layout, bool EXPERT_MAJOR, bool LAMPORT>
 __device__ __forceinline__ void ep_combine_send_body(const dl_ep_args_t &a) {
   const int phase = DL_EP_COMBINE_SEND;
   EP_SMEM(smem);
@@ -69,18 +70,18 @@ __device__ __forceinline__ void ep_combine_send_body(const dl_ep_args_t &a) {
   for (int64_t it = it0; blk.ok && it < rows * sp.segs; it += warps) {
     if (it != it0) fetch(it);
     const int s = (int)(p & 0xffu), k = (int)((p >> 8) & 0xffu), le = (int)(p >> 16);
-    const int64_t slot = PER_RANK ? k : (int64_t)a.rank * a.local + le;
+    const int64_t slot = Layout::combine_slot(k, (int64_t)a.rank * a.local + le);
     char *dst = ep_buf(a, s) + a.crecv_off + (half + slot * B + t) * a.msg_c;
     ep_copy_row_loaded<LAMPORT>(dst + lo, src, hi - lo, lane, b);
   }
   ep_finish(a, blk, dl_ep_comb_flag, !LAMPORT);
 }
 
-template <bool PER_RANK, bool EXPERT_MAJOR, bool LAMPORT>
+template <class Layout, bool EXPERT_MAJOR, bool LAMPORT>
 __global__ void __launch_bounds__(DL_EP_THREADS, 2) ep_combine_send_kernel(const dl_ep_args_t a) {
   dl_pdl_wait(); // the grid ahead done and visible (a launch with a.pdl may start early)
   dl_pdl_release();
-  ep_combine_send_body<PER_RANK, EXPERT_MAJOR, LAMPORT>(a);
+  ep_combine_send_body<Layout, EXPERT_MAJOR, LAMPORT>(a);
 }
 
 struct ep_sums {
@@ -89,7 +90,7 @@ struct ep_sums {
   int from[DL_EP_THREADS / 32][DL_EP_MAX_TOPK]; // the rank that sends the slot's row (per_rank: a timeout's peer)
 };
 
-template <bool PER_RANK, bool EXPERT_MAJOR, bool LAMPORT>
+template <class Layout, bool EXPERT_MAJOR, bool LAMPORT>
 __device__ __forceinline__ void ep_combine_recv_body(const dl_ep_args_t &a, const uint32_t *early = nullptr) {
   const int phase = DL_EP_COMBINE_RECV;
   EP_SHARED(ep_block, blk);
@@ -137,7 +138,7 @@ __device__ __forceinline__ void ep_combine_recv_body(const dl_ep_args_t &a, cons
     const uint32_t m = __ballot_sync(EP_FULL, use);
     if (use) {
       const int at = __popc(m & ((1u << lane) - 1u));
-      sh.slots[warp][at] = reinterpret_cast<const uint4 *>(region + ((PER_RANK ? (int64_t)lane : id) * B + t) * a.msg_c);
+      sh.slots[warp][at] = reinterpret_cast<const uint4 *>(region + (Layout::combine_slot(lane, id) * B + t) * a.msg_c);
       sh.weights[warp][at] = w;
       if constexpr (LAMPORT) sh.from[warp][at] = id / L;
     }
@@ -199,38 +200,41 @@ __device__ __forceinline__ void ep_combine_recv_body(const dl_ep_args_t &a, cons
   ep_finish(a, blk, dl_ep_comb_done, false);
 }
 
-template <bool PER_RANK, bool EXPERT_MAJOR, bool LAMPORT>
+template <class Layout, bool EXPERT_MAJOR, bool LAMPORT>
 __global__ void __launch_bounds__(DL_EP_THREADS, 2) ep_combine_recv_kernel(const dl_ep_args_t a) {
   dl_pdl_wait(); // the grid ahead done and visible (a launch with a.pdl may start early)
   dl_pdl_release();
-  ep_combine_recv_body<PER_RANK, EXPERT_MAJOR, LAMPORT>(a);
+  ep_combine_recv_body<Layout, EXPERT_MAJOR, LAMPORT>(a);
 }
 
 // combine in one launch: the send, then the receive (as ep_dispatch_kernel).
-template <bool PER_RANK, bool EXPERT_MAJOR, bool LAMPORT>
+template <class Layout, bool EXPERT_MAJOR, bool LAMPORT>
 __global__ void __launch_bounds__(DL_EP_THREADS, 2) ep_combine_kernel(const dl_ep_args_t a) {
   dl_pdl_wait(); // the grid ahead done and visible (a launch with a.pdl may start early)
   dl_pdl_release();
   // the receive half's count (ep_start), read now: its load off the receive's path
   const uint32_t early = ep_count_now(a, dl_ep_comb_done);
-  ep_combine_send_body<PER_RANK, EXPERT_MAJOR, LAMPORT>(a);
-  ep_combine_recv_body<PER_RANK, EXPERT_MAJOR, LAMPORT>(a, &early);
+  ep_combine_send_body<Layout, EXPERT_MAJOR, LAMPORT>(a);
+  ep_combine_recv_body<Layout, EXPERT_MAJOR, LAMPORT>(a, &early);
 }
 
 // ---- launcher ----------------------------------------------------------------------
 
-typedef void (*ep_kernel_t)(const dl_ep_args_t);
+template <class L, bool EM, bool LP> static ep_kernel_t combine_kernel_at(int phase) {
+  if (phase == DL_EP_COMBINE_SEND) return ep_combine_send_kernel<L, EM, LP>;
+  if (phase == DL_EP_COMBINE) return ep_combine_kernel<L, EM, LP>;
+  return ep_combine_recv_kernel<L, EM, LP>;
+}
 
-// per_rank's in Lamport slots or with the flag (a.lamport); per_expert's with the flag.
-#define EP_COMBINE_PICK(K)                                                                       \
-  (pr ? (em ? (lp ? K<true, true, true> : K<true, true, false>) : (lp ? K<true, false, true> : K<true, false, false>)) \
-      : (em ? K<false, true, false> : K<false, false, false>))
-
+// The combine kernel of a->phase: of a's layout and output, in Lamport slots
+// where the layout has them and a.lamport.
 static ep_kernel_t combine_kernel(const dl_ep_args_t *a) {
-  const int em = a->output == DL_EP_EXPERT_MAJOR, pr = a->layout == DL_EP_PER_RANK, lp = pr && a->lamport;
-  if (a->phase == DL_EP_COMBINE_SEND) return EP_COMBINE_PICK(ep_combine_send_kernel);
-  if (a->phase == DL_EP_COMBINE) return EP_COMBINE_PICK(ep_combine_kernel);
-  return EP_COMBINE_PICK(ep_combine_recv_kernel);
+  return ep_pick_layout(a, ep_layouts(), [a]<class L>() -> ep_kernel_t {
+    const bool em = a->output == DL_EP_EXPERT_MAJOR;
+    if constexpr (L::has_lamport)
+      if (a->lamport) return em ? combine_kernel_at<L, true, true>(a->phase) : combine_kernel_at<L, false, true>(a->phase);
+    return em ? combine_kernel_at<L, true, false>(a->phase) : combine_kernel_at<L, false, false>(a->phase);
+  });
 }
 
 int ep_launch_combine(const dl_ep_args_t *a, void *stream, int64_t smem) {

@@ -1,8 +1,9 @@
 // ep_device.cuh — what the expert-parallel kernel files (ep_dispatch.cu,
-// ep_combine.cu) share: every rank's buffer and control words, the waits
-// with their timeout and failure record, the end of a block (each block
-// counts itself at every peer), a block-wide exclusive scan, and the
-// row copies in 16-byte vectors. Protocol, layout and message formats:
+// ep_combine.cu, the layouts ep_per_expert.cuh and ep_per_rank.cuh) share:
+// every rank's buffer and control words, the waits with their timeout and
+// failure record, the end of a block (each block counts itself at every
+// peer), a block-wide exclusive scan, the row copies in 16-byte vectors and
+// the receives' output rows. Protocol, layout and message formats:
 // kernels/ep/ep.h. Only the warp intrinsics __shfl*_sync, __ballot_sync, __match_any_sync,
 // __syncwarp, the block barrier, atomics and the signal-pad loads and
 // stores are used, so the CPU emulation in experiments/ep/emu runs these
@@ -338,6 +339,60 @@ __device__ __forceinline__ void ep_copy_row(char *dst, const char *src, int64_t 
 __device__ __forceinline__ void ep_copy_words(uint32_t *dst, const uint32_t *src, int64_t n, int lane) {
   for (int64_t i = lane; i < n; i += 32) dst[i] = src[i];
 }
+
+// ---- the receives' rows (both layouts) --------------------------------------------
+
+// 16-byte vectors of an output row: bf16 values, or fp8 codes.
+template <bool FP8> __device__ __forceinline__ int64_t ep_row_vectors(const dl_ep_args_t &a) {
+  return FP8 ? a.hidden / 16 : a.hidden / 8;
+}
+
+// Bytes of an output row (bf16 values, or fp8 codes) and segment g's share.
+template <bool FP8> __device__ __forceinline__ int64_t ep_row_bytes(const dl_ep_args_t &a) {
+  return FP8 ? a.hidden : 2 * (int64_t)a.hidden;
+}
+__device__ __forceinline__ int64_t ep_seg_lo(const ep_split &sp, int64_t g) { return 16 * g * sp.per; }
+__device__ __forceinline__ int64_t ep_seg_hi(const ep_split &sp, int64_t g, int64_t rb) {
+  return min(rb, 16 * (g + 1) * sp.per);
+}
+
+// A warp copies segment g of a message's payload into output row `row`
+// (the first segment: and the row's scales); b, if given, holds the
+// segment's first batch, loaded (ep_load_batch).
+template <bool FP8>
+__device__ __forceinline__ void ep_store_row(const dl_ep_args_t &a, const char *payload, int64_t row, int lane,
+                                             const ep_split &sp, int64_t g, ep_batch *b = nullptr) {
+  const int64_t rb = ep_row_bytes<FP8>(a), lo = ep_seg_lo(sp, g), hi = ep_seg_hi(sp, g, rb);
+  char *dst = reinterpret_cast<char *>(a.rx) + row * rb + lo;
+  ep_batch own;
+  if (!b) ep_load_batch(own, payload + lo, (hi - lo) / 16, lane);
+  ep_copy_row_loaded(dst, payload + lo, hi - lo, lane, b ? *b : own);
+  if (FP8 && g == 0) {
+    const int G = a.hidden / DL_EP_FP8_GROUP;
+    ep_copy_words(reinterpret_cast<uint32_t *>(a.rscales) + row * G,
+                  reinterpret_cast<const uint32_t *>(payload + a.hidden), G, lane);
+  }
+}
+
+// Block 0 writes the outputs' counts: rows of each local expert
+// (expert_major, from cnt[le][source]) or from each source (ntok). The
+// caller's N, L and thread index, not reloaded here.
+template <bool EXPERT_MAJOR>
+__device__ __forceinline__ void ep_recv_counts(const dl_ep_args_t &a, const int *cnt, const int *ntok, int N, int L,
+                                               int tid) {
+  if (blockIdx.x == 0) {
+    if (EXPERT_MAJOR)
+      for (int le = tid; le < L; le += blockDim.x) {
+        int sum = 0;
+        for (int s = 0; s < N; s++) sum += cnt[le * N + s];
+        a.rcounts[le] = sum;
+      }
+    else
+      for (int s = tid; s < N; s += blockDim.x) a.rcounts[s] = ntok[s];
+  }
+}
+
+typedef void (*ep_kernel_t)(const dl_ep_args_t);
 
 // Launches, by the file that defines the kernels (nvcc instantiates a
 // template where it is defined); smem: dynamic shared memory bytes.

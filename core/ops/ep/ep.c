@@ -68,7 +68,7 @@ struct dl_ep {
   int64_t dispatches, combines;
 };
 
-static const char *layout_name(int l) { return l == DL_EP_PER_RANK ? "per_rank" : "per_expert"; }
+static const char *layout_name(int l) { return dl_ep_layout_name(l) ? dl_ep_layout_name(l) : "?"; }
 static const char *output_name(int o) { return o == DL_EP_RANK_MAJOR ? "rank_major" : "expert_major"; }
 
 static const dl_devop_kind_t ep_kind;
@@ -137,8 +137,7 @@ static int check_config(const dl_ep_config_t *c, const dl_comm_info_t *ci) {
                "ep: %d local experts (at most %d)", c->experts / ci->size, DL_EP_MAX_TOKENS);
   DL_CHECK_ARG(c->topk >= 1 && c->topk <= DL_EP_MAX_TOPK && c->topk <= c->experts,
                "ep: topk %d is not in 1..min(%d, experts %d)", c->topk, DL_EP_MAX_TOPK, c->experts);
-  DL_CHECK_ARG(c->layout == DL_EP_PER_EXPERT || c->layout == DL_EP_PER_RANK,
-               "ep: unknown layout %d", c->layout);
+  DL_CHECK_ARG(dl_ep_layout_name(c->layout), "ep: unknown layout %d", c->layout);
   DL_CHECK_ARG(c->output == DL_EP_EXPERT_MAJOR || c->output == DL_EP_RANK_MAJOR,
                "ep: unknown output %d", c->output);
   DL_CHECK_ARG(ci->dev_type == DL_META || ci->size <= DL_SIGNAL_MAX_RANKS,
@@ -184,14 +183,13 @@ static int agree(dl_ep_t *ep, int id) {
 /* Part sizes and the offsets of the regions (kernels/ep/ep.h). */
 static void lay_out(dl_ep_t *ep) {
   const dl_ep_config_t *c = &ep->cfg;
-  const int per_rank = c->layout == DL_EP_PER_RANK;
   dl_ep_args_t *a = &ep->base;
-  a->hdr = dl_ep_hdr_bytes(per_rank, c->topk);
-  a->msg_d = dl_ep_msg_d(per_rank, c->fp8, c->topk, c->hidden);
+  a->hdr = dl_ep_hdr_bytes(c->layout, c->topk);
+  a->msg_d = dl_ep_msg_d(c->layout, c->fp8, c->topk, c->hidden);
   a->msg_c = dl_ep_msg_c(c->hidden);
-  const int64_t drecv = dl_ep_dispatch_bytes(per_rank, dl_ep_dispatch_lamport(per_rank, a->lamport, c->output, c->fp8),
+  const int64_t drecv = dl_ep_dispatch_bytes(c->layout, dl_ep_dispatch_lamport(c->layout, a->lamport, c->output, c->fp8),
                                              ep->op.size, c->experts, c->max_tokens, a->msg_d);
-  const int64_t crecv = dl_ep_combine_slots(per_rank, a->lamport, c->experts, c->topk, c->max_tokens) * a->msg_c;
+  const int64_t crecv = dl_ep_combine_slots(c->layout, a->lamport, c->experts, c->topk, c->max_tokens) * a->msg_c;
   a->drecv_off = dl_ep_ctrl_bytes(ep->op.size, ep->local);
   a->crecv_off = a->drecv_off + drecv;
   /* what the symmetric buffer maps: its rounding and signal pad (on cuda
@@ -296,7 +294,7 @@ static int init(dl_ep_t *ep, dl_comm_t *c) {
    * (kernels/ep/ep.h; the cpu twin ignores them) */
   const size_t ctrl = (size_t)dl_ep_ctrl_bytes(ep->op.size, ep->local);
   char *disp = ep->base.bufs[ep->op.rank] + ep->base.drecv_off, *comb = ep->base.bufs[ep->op.rank] + ep->base.crecv_off;
-  const size_t disp_bytes = dl_ep_dispatch_lamport(ep->cfg.layout == DL_EP_PER_RANK, ep->base.lamport, ep->cfg.output,
+  const size_t disp_bytes = dl_ep_dispatch_lamport(ep->cfg.layout, ep->base.lamport, ep->cfg.output,
                                                    ep->cfg.fp8)
                                 ? (size_t)ep->bytes[DL_EP_DISPATCH_RECV_BYTES] : 0;
   const size_t comb_bytes = ep->base.lamport ? (size_t)ep->bytes[DL_EP_COMBINE_RECV_BYTES] : 0;
@@ -356,7 +354,7 @@ int dl_ep_new(dl_ep_t **out, dl_comm_t *c, const dl_ep_config_t *cfg) {
   if (rc == DL_OK)
     rc = dl_env_int("dl_ep_new", "DISTLAB_EP_LAMPORT_MAX_ROWS", DL_EP_LAMPORT_MAX_ROWS, 0,
                     (long)DL_SIGNAL_MAX_RANKS * DL_EP_MAX_TOKENS, &lamport_max);
-  a->lamport = cfg->layout == DL_EP_PER_RANK && cfg->output == DL_EP_RANK_MAJOR &&
+  a->lamport = dl_ep_layout_lamport(cfg->layout) && cfg->output == DL_EP_RANK_MAJOR &&
                (int64_t)ci.size * cfg->max_tokens <= lamport_max;
   if (rc == DL_OK) rc = init(ep, c);
   if (rc < 0) {

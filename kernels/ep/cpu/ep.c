@@ -70,7 +70,7 @@ static void finish_block(const dl_ep_args_t *a, int block, int64_t (*flag)(int, 
 
 static int64_t row_bytes(const dl_ep_args_t *a) { return a->fp8 ? a->hidden : 2 * (int64_t)a->hidden; }
 
-/* ---- dispatch send -------------------------------------------------------------- */
+/* ---- routing and payloads ------------------------------------------------------ */
 
 /* A block's routing of its chunk of tokens: per entry (t, k) the expert (-1:
  * none), the token's slot at the destination rank (its position among our
@@ -162,36 +162,163 @@ static void write_payload(const dl_ep_args_t *a, int t, char *msg) {
   else memcpy(msg, x, 2 * (size_t)a->hidden);
 }
 
-static void send_messages(const dl_ep_args_t *a, int t, const route_t *r) {
-  const int K = a->topk, L = a->local;
-  for (int k = 0; k < K; k++) {
-    const int e = r[k].e;
-    if (e < 0) continue;
-    const int q = e / L, le = e % L;
-    char *msg;
-    if (a->layout == DL_EP_PER_RANK) {
-      if (r[k].kmask & ((1u << k) - 1u)) continue; /* one message per rank: its first selection's */
-      msg = a->bufs[q] + a->drecv_off + ((int64_t)a->rank * a->max_tokens + r[k].slot) * a->msg_d;
-      int32_t *h = (int32_t *)msg;
-      memset(msg, 0, (size_t)a->hdr);
-      h[0] = t;
-      for (int j = 0; j < K; j++) {
-        const int on = r[j].e >= 0 && r[j].e / L == q;
-        const uint32_t lp = on ? ((uint32_t)(r[j].e % L) & 0xffffu) | ((uint32_t)r[j].pos << 16) : 0xffffu;
-        memcpy(msg + 4 + 8 * j, &lp, 4);
-        const float w = on ? a->w[(int64_t)t * K + j] : 0.0f;
-        memcpy(msg + 8 + 8 * j, &w, 4);
-      }
-    } else {
-      msg = a->bufs[q] + a->drecv_off +
-            (((int64_t)le * a->nranks + a->rank) * a->max_tokens + r[k].pos) * a->msg_d;
-      int32_t *h = (int32_t *)msg;
-      h[0] = t;
-      h[1] = r[k].slot;
-      h[2] = (int32_t)((uint32_t)k | r[k].kmask << 8);
-      memcpy(&h[3], &a->w[(int64_t)t * K + k], 4);
+/* ---- the layouts' twins (kernels/ep/ep_per_expert.cuh, ep_per_rank.cuh) ---------- */
+
+/* per_expert: a message per selection, header (token, row, k | kmask << 8, weight). */
+static char *send_per_expert(const dl_ep_args_t *a, int t, const route_t *r, int k) {
+  const int K = a->topk, q = r[k].e / a->local, le = r[k].e % a->local;
+  char *msg = a->bufs[q] + a->drecv_off + (((int64_t)le * a->nranks + a->rank) * a->max_tokens + r[k].pos) * a->msg_d;
+  int32_t *h = (int32_t *)msg;
+  h[0] = t;
+  h[1] = r[k].slot;
+  h[2] = (int32_t)((uint32_t)k | r[k].kmask << 8);
+  memcpy(&h[3], &a->w[(int64_t)t * K + k], 4);
+  return msg;
+}
+
+/* per_rank: a message per rank, its first selection's; the header carries
+ * every selection of the token on that rank. */
+static char *send_per_rank(const dl_ep_args_t *a, int t, const route_t *r, int k) {
+  const int K = a->topk, L = a->local, q = r[k].e / L;
+  if (r[k].kmask & ((1u << k) - 1u)) return NULL;
+  char *msg = a->bufs[q] + a->drecv_off + ((int64_t)a->rank * a->max_tokens + r[k].slot) * a->msg_d;
+  int32_t *h = (int32_t *)msg;
+  memset(msg, 0, (size_t)a->hdr);
+  h[0] = t;
+  for (int j = 0; j < K; j++) {
+    const int on = r[j].e >= 0 && r[j].e / L == q;
+    const uint32_t lp = on ? ((uint32_t)(r[j].e % L) & 0xffffu) | ((uint32_t)r[j].pos << 16) : 0xffffu;
+    memcpy(msg + 4 + 8 * j, &lp, 4);
+    const float w = on ? a->w[(int64_t)t * K + j] : 0.0f;
+    memcpy(msg + 8 + 8 * j, &w, 4);
+  }
+  return msg;
+}
+
+static void copy_payload(const dl_ep_args_t *a, const char *payload, int64_t row) {
+  const int64_t rb = row_bytes(a);
+  memcpy((char *)a->rx + row * rb, payload, (size_t)rb);
+  if (a->fp8)
+    memcpy(a->rscales + row * (a->hidden / DL_EP_FP8_GROUP), payload + a->hidden,
+           sizeof(float) * (size_t)(a->hidden / DL_EP_FP8_GROUP));
+}
+
+/* off[le * N + s]: the row where source s's tokens for expert le start */
+static void expert_offsets(const dl_ep_args_t *a, const uint32_t *self, int64_t *off) {
+  const int N = a->nranks, L = a->local;
+  for (int le = 0; le < L; le++) {
+    int64_t sum = 0;
+    for (int s = 0; s < N; s++) {
+      off[le * N + s] = sum;
+      sum += self[dl_ep_cnt(N, L, s, le)];
     }
-    write_payload(a, t, msg + a->hdr);
+  }
+}
+
+static void recv_per_rank_row(const dl_ep_args_t *a, const int64_t *off, int s, int j) {
+  const int K = a->topk, N = a->nranks, B = a->max_tokens;
+  const char *msg = a->bufs[a->rank] + a->drecv_off + ((int64_t)s * B + j) * a->msg_d;
+  const int32_t t = *(const int32_t *)msg;
+  const char *payload = msg + a->hdr;
+  int kfirst = -1;
+  for (int k = 0; k < K; k++) {
+    uint32_t lp;
+    float w;
+    memcpy(&lp, msg + 4 + 8 * k, 4);
+    memcpy(&w, msg + 8 + 8 * k, 4);
+    const int le = (int16_t)(lp & 0xffffu), pos = (int)(lp >> 16);
+    if (a->output == DL_EP_RANK_MAJOR) {
+      const int64_t at = ((int64_t)s * B + j) * K + k;
+      a->rids[at] = le;
+      a->rweights[at] = le >= 0 ? w : 0.0f;
+      if (le >= 0 && kfirst < 0) {
+        kfirst = k;
+        a->rsrc[((int64_t)s * B + j) * 2] = t;
+        a->rsrc[((int64_t)s * B + j) * 2 + 1] = dl_ep_src_pack(s, k, le);
+      }
+    } else if (le >= 0) {
+      const int64_t row = (int64_t)le * N * B + off[le * N + s] + pos;
+      copy_payload(a, payload, row);
+      a->rsrc[row * 2] = t;
+      a->rsrc[row * 2 + 1] = dl_ep_src_pack(s, k, le);
+    }
+  }
+  if (a->output == DL_EP_RANK_MAJOR) copy_payload(a, payload, (int64_t)s * B + j);
+}
+
+static void recv_per_expert_row(const dl_ep_args_t *a, const int64_t *off, int le, int s, int j) {
+  const int K = a->topk, N = a->nranks, B = a->max_tokens;
+  const char *msg =
+      a->bufs[a->rank] + a->drecv_off + (((int64_t)le * N + s) * B + j) * a->msg_d;
+  const int32_t *h = (const int32_t *)msg;
+  const int t = h[0], row_q = h[1], k = (int)((uint32_t)h[2] & 0xffu);
+  const uint32_t kmask = (uint32_t)h[2] >> 8;
+  float w;
+  memcpy(&w, &h[3], 4);
+  if (a->output == DL_EP_EXPERT_MAJOR) {
+    const int64_t row = (int64_t)le * N * B + off[le * N + s] + j;
+    copy_payload(a, msg + a->hdr, row);
+    a->rsrc[row * 2] = t;
+    a->rsrc[row * 2 + 1] = dl_ep_src_pack(s, k, le);
+    return;
+  }
+  const int64_t row = (int64_t)s * B + row_q;
+  if ((kmask & ((1u << k) - 1u)) == 0) { /* the token's first selection here: the row's owner */
+    copy_payload(a, msg + a->hdr, row);
+    for (int kk = 0; kk < K; kk++)
+      if (!(kmask >> kk & 1u)) {
+        a->rids[row * K + kk] = -1;
+        a->rweights[row * K + kk] = 0.0f;
+      }
+    a->rsrc[row * 2] = t;
+    a->rsrc[row * 2 + 1] = dl_ep_src_pack(s, k, le);
+  }
+  a->rids[row * K + k] = le;
+  a->rweights[row * K + k] = w;
+}
+
+/* Block b's messages (of G): i = b, b + G, ... in the order the kernel numbers them. */
+static void recv_per_rank(const dl_ep_args_t *a, const uint32_t *self, const int64_t *off, int b) {
+  int64_t i = 0;
+  for (int s = 0; s < a->nranks; s++)
+    for (int j = 0; j < (int)self[dl_ep_ntok(a->nranks, s)]; j++, i++)
+      if (i % a->blocks == b) recv_per_rank_row(a, off, s, j);
+}
+
+static void recv_per_expert(const dl_ep_args_t *a, const uint32_t *self, const int64_t *off, int b) {
+  const int N = a->nranks, L = a->local;
+  int64_t i = 0;
+  for (int le = 0; le < L; le++)
+    for (int s = 0; s < N; s++)
+      for (int j = 0; j < (int)self[dl_ep_cnt(N, L, s, le)]; j++, i++)
+        if (i % a->blocks == b) recv_per_expert_row(a, off, le, s, j);
+}
+
+/* The combine slot of a token's selection k, expert e: one per expert, or one per k. */
+static int64_t slot_per_expert(int k, int64_t e) { return e; }
+static int64_t slot_per_rank(int k, int64_t e) { return k; }
+
+/* The layouts' twins (the kernels' policies: ep_per_expert.cuh, ep_per_rank.cuh). */
+static const struct layout_twin {
+  /* the message of selection k (an expert) of token t, written but for its
+   * payload: where the payload goes (NULL: k sends none) */
+  char *(*send)(const dl_ep_args_t *a, int t, const route_t *r, int k);
+  /* block b's messages into the outputs */
+  void (*recv)(const dl_ep_args_t *a, const uint32_t *self, const int64_t *off, int b);
+  int64_t (*combine_slot)(int k, int64_t e);
+} layouts[] = {
+    [DL_EP_PER_EXPERT] = {send_per_expert, recv_per_expert, slot_per_expert},
+    [DL_EP_PER_RANK] = {send_per_rank, recv_per_rank, slot_per_rank},
+};
+
+/* ---- dispatch, both halves ------------------------------------------------------- */
+
+/* Token t's messages, as its layout writes them, each with its payload. */
+static void send_messages(const dl_ep_args_t *a, int t, const route_t *r) {
+  for (int k = 0; k < a->topk; k++) {
+    if (r[k].e < 0) continue;
+    char *msg = layouts[a->layout].send(a, t, r, k);
+    if (msg) write_payload(a, t, msg + a->hdr);
   }
 }
 
@@ -236,92 +363,6 @@ static int dispatch_send(const dl_ep_args_t *a) {
   return rc;
 }
 
-/* ---- dispatch receive ------------------------------------------------------------- */
-
-static void copy_payload(const dl_ep_args_t *a, const char *payload, int64_t row) {
-  const int64_t rb = row_bytes(a);
-  memcpy((char *)a->rx + row * rb, payload, (size_t)rb);
-  if (a->fp8)
-    memcpy(a->rscales + row * (a->hidden / DL_EP_FP8_GROUP), payload + a->hidden,
-           sizeof(float) * (size_t)(a->hidden / DL_EP_FP8_GROUP));
-}
-
-/* off[le * N + s]: the row where source s's tokens for expert le start */
-static void expert_offsets(const dl_ep_args_t *a, const uint32_t *self, int64_t *off) {
-  const int N = a->nranks, L = a->local;
-  for (int le = 0; le < L; le++) {
-    int64_t sum = 0;
-    for (int s = 0; s < N; s++) {
-      off[le * N + s] = sum;
-      sum += self[dl_ep_cnt(N, L, s, le)];
-    }
-  }
-}
-
-static void recv_per_rank(const dl_ep_args_t *a, const uint32_t *self, const int64_t *off, int s,
-                          int j) {
-  const int K = a->topk, N = a->nranks, B = a->max_tokens;
-  const char *msg = a->bufs[a->rank] + a->drecv_off + ((int64_t)s * B + j) * a->msg_d;
-  const int32_t t = *(const int32_t *)msg;
-  const char *payload = msg + a->hdr;
-  int kfirst = -1;
-  for (int k = 0; k < K; k++) {
-    uint32_t lp;
-    float w;
-    memcpy(&lp, msg + 4 + 8 * k, 4);
-    memcpy(&w, msg + 8 + 8 * k, 4);
-    const int le = (int16_t)(lp & 0xffffu), pos = (int)(lp >> 16);
-    if (a->output == DL_EP_RANK_MAJOR) {
-      const int64_t at = ((int64_t)s * B + j) * K + k;
-      a->rids[at] = le;
-      a->rweights[at] = le >= 0 ? w : 0.0f;
-      if (le >= 0 && kfirst < 0) {
-        kfirst = k;
-        a->rsrc[((int64_t)s * B + j) * 2] = t;
-        a->rsrc[((int64_t)s * B + j) * 2 + 1] = dl_ep_src_pack(s, k, le);
-      }
-    } else if (le >= 0) {
-      const int64_t row = (int64_t)le * N * B + off[le * N + s] + pos;
-      copy_payload(a, payload, row);
-      a->rsrc[row * 2] = t;
-      a->rsrc[row * 2 + 1] = dl_ep_src_pack(s, k, le);
-    }
-  }
-  if (a->output == DL_EP_RANK_MAJOR) copy_payload(a, payload, (int64_t)s * B + j);
-  (void)self;
-}
-
-static void recv_per_expert(const dl_ep_args_t *a, const int64_t *off, int le, int s, int j) {
-  const int K = a->topk, N = a->nranks, B = a->max_tokens;
-  const char *msg =
-      a->bufs[a->rank] + a->drecv_off + (((int64_t)le * N + s) * B + j) * a->msg_d;
-  const int32_t *h = (const int32_t *)msg;
-  const int t = h[0], row_q = h[1], k = (int)((uint32_t)h[2] & 0xffu);
-  const uint32_t kmask = (uint32_t)h[2] >> 8;
-  float w;
-  memcpy(&w, &h[3], 4);
-  if (a->output == DL_EP_EXPERT_MAJOR) {
-    const int64_t row = (int64_t)le * N * B + off[le * N + s] + j;
-    copy_payload(a, msg + a->hdr, row);
-    a->rsrc[row * 2] = t;
-    a->rsrc[row * 2 + 1] = dl_ep_src_pack(s, k, le);
-    return;
-  }
-  const int64_t row = (int64_t)s * B + row_q;
-  if ((kmask & ((1u << k) - 1u)) == 0) { /* the token's first selection here: the row's owner */
-    copy_payload(a, msg + a->hdr, row);
-    for (int kk = 0; kk < K; kk++)
-      if (!(kmask >> kk & 1u)) {
-        a->rids[row * K + kk] = -1;
-        a->rweights[row * K + kk] = 0.0f;
-      }
-    a->rsrc[row * 2] = t;
-    a->rsrc[row * 2 + 1] = dl_ep_src_pack(s, k, le);
-  }
-  a->rids[row * K + k] = le;
-  a->rweights[row * K + k] = w;
-}
-
 static int dispatch_recv(const dl_ep_args_t *a) {
   const int N = a->nranks, L = a->local, G = a->blocks;
   uint32_t *self = ctrl_of(a, a->rank);
@@ -343,18 +384,7 @@ static int dispatch_recv(const dl_ep_args_t *a) {
       else
         for (int s = 0; s < N; s++) a->rcounts[s] = (int32_t)self[dl_ep_ntok(N, s)];
     }
-    /* messages i = b, b + G, ... in the order the kernel numbers them */
-    int64_t i = 0;
-    if (a->layout == DL_EP_PER_RANK) {
-      for (int s = 0; s < N; s++)
-        for (int j = 0; j < (int)self[dl_ep_ntok(N, s)]; j++, i++)
-          if (i % G == b) recv_per_rank(a, self, off, s, j);
-    } else {
-      for (int le = 0; le < L; le++)
-        for (int s = 0; s < N; s++)
-          for (int j = 0; j < (int)self[dl_ep_cnt(N, L, s, le)]; j++, i++)
-            if (i % G == b) recv_per_expert(a, off, le, s, j);
-    }
+    layouts[a->layout].recv(a, self, off, b);
     finish_block(a, b, dl_ep_disp_done);
   }
   free(off);
@@ -417,7 +447,7 @@ static int combine_recv(const dl_ep_args_t *a) {
           if (!first) continue;
           w = 1.0f;
         }
-        const int64_t slot = a->layout == DL_EP_PER_RANK ? k : ex;
+        const int64_t slot = layouts[a->layout].combine_slot(k, ex);
         const uint16_t *y = (const uint16_t *)(base + (slot * B + t) * a->msg_c);
         for (int i = 0; i < H; i++) acc[i] = fmaf(w, dl_bf16_to_f32(y[i]), acc[i]);
       }

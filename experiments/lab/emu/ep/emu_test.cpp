@@ -80,19 +80,19 @@ static void start_at(world &w, uint32_t calls) {
 // take them for either output), except where lamport is false (the flag)
 static void make_world(world &w, int n, int layout, int output, int fp8, int E, bool emulated, bool lamport = true) {
   w.n = n, w.layout = layout, w.output = output, w.fp8 = fp8, w.E = E, w.emulated = emulated;
-  const int L = E / n, pr = layout == DL_EP_PER_RANK;
+  const int L = E / n;
   dl_ep_args_t &a = w.base;
-  a.lamport = pr && lamport;
+  a.lamport = dl_ep_layout_lamport(layout) && lamport;
   a.layout = layout, a.output = output, a.fp8 = fp8, a.nranks = n, a.experts = E, a.local = L, a.topk = K;
   a.hidden = H, a.max_tokens = B, a.blocks = BLOCKS, a.threads = emulated ? THREADS : 1;
-  a.hdr = dl_ep_hdr_bytes(pr, K);
-  a.msg_d = dl_ep_msg_d(pr, fp8, K, H);
+  a.hdr = dl_ep_hdr_bytes(layout, K);
+  a.msg_d = dl_ep_msg_d(layout, fp8, K, H);
   a.msg_c = dl_ep_msg_c(H);
   a.drecv_off = dl_ep_ctrl_bytes(n, L);
-  const int lamport_d = dl_ep_dispatch_lamport(pr, a.lamport, output, fp8);
-  a.crecv_off = a.drecv_off + dl_ep_dispatch_bytes(pr, lamport_d, n, E, B, a.msg_d);
+  const int lamport_d = dl_ep_dispatch_lamport(layout, a.lamport, output, fp8);
+  a.crecv_off = a.drecv_off + dl_ep_dispatch_bytes(layout, lamport_d, n, E, B, a.msg_d);
   a.timeout_ns = 20000000000ull;
-  const int64_t total = a.crecv_off + dl_ep_combine_slots(pr, a.lamport, E, K, B) * a.msg_c;
+  const int64_t total = a.crecv_off + dl_ep_combine_slots(layout, a.lamport, E, K, B) * a.msg_c;
   w.r.resize(n);
   const int64_t rows = rows_of(w);
   for (int q = 0; q < n; q++) {
@@ -101,7 +101,7 @@ static void make_world(world &w, int n, int layout, int output, int fp8, int E, 
     s.base = s.buf.data() + (4096 - (uintptr_t)s.buf.data() % 4096) % 4096;
     memset(s.base, 0, a.drecv_off);
     if (a.lamport) // Lamport slots start empty (ep.h), as dl_ep_new leaves them
-      memset(s.base + a.crecv_off, 0xff, (size_t)(dl_ep_combine_slots(pr, 1, E, K, B) * a.msg_c));
+      memset(s.base + a.crecv_off, 0xff, (size_t)(dl_ep_combine_slots(layout, 1, E, K, B) * a.msg_c));
     if (lamport_d) memset(s.base + a.drecv_off, 0xff, (size_t)(a.crecv_off - a.drecv_off));
     a.bufs[q] = s.base;
     s.rx.assign(rows * H * (fp8 ? 1 : 2), 0);
@@ -371,7 +371,7 @@ int main(int argc, char **argv) {
     // flag; its combine's Lamport kernels with bf16)
     make_world(emu, n, layout, output, fp8, E, true, output == DL_EP_RANK_MAJOR || !fp8);
     printf("  (%s)\n", !emu.base.lamport ? "flag"
-                        : dl_ep_dispatch_lamport(layout == DL_EP_PER_RANK, 1, output, fp8) ? "Lamport slots"
+                        : dl_ep_dispatch_lamport(layout, 1, output, fp8) ? "Lamport slots"
                                                                                           : "Lamport combine");
     if (combo & 1) { // the counters wrap (2^32, epochs 2^22) during these calls
       start_at(twin, (1u << 22) - 3);
