@@ -1,17 +1,9 @@
 /*
  * ep.c — the expert-parallel dispatch/combine object: a communicator, a
  * symmetric buffer laid out for the kernels (kernels/ep/ep.h), the output
- * and handle tensors, the order of the four phases, and the failure record
- * turned into errors.
- *
- * Every rank makes the same calls in the same order: dispatch_send,
- * dispatch_recv, then any number of (combine_send, combine_recv) pairs, then
- * the next dispatch. The host keeps that order; the epochs that pair a
- * phase with the peers' live in the buffer and the kernels advance them, so
- * a CUDA graph of calls replays correctly. One dispatch is in flight per
- * object: its outputs (x, counts, ...) and its routing (the handle: where
- * each row's output goes, the owner's topk copy) are the object's tensors,
- * reused by the next dispatch.
+ * and handle tensors, its lifetime and the failure record turned into
+ * errors (the hooks of the device-op lifecycle, core/ops/common/devop.h).
+ * The phases and their order: ep_run.c.
  *
  * Memory: the symmetric buffer is mapped outside the allocator, so each part
  * is charged to its tag (ep_dispatch_recv, ...; dl_mem_charge) and the
@@ -24,15 +16,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ep/ep.h"
-#include "ops/common/devop.h"
+#include "ep_int.h"
 #include "mem/alloc.h"
 #include "base/device.h"
 
 enum { CPU_BLOCKS = 4 };
-enum { IDLE = 0, SENT, DISPATCHED, COMBINE_SENT, COMBINED };
-/* the object's own tensors past the public ones */
-enum { T_SRC = DL_EP_NUM_TENSORS, T_HIDX, T_HW, N_TENSORS };
 
 static const char *const part_names[] = {
     [DL_EP_DISPATCH_SEND_BYTES] = "dispatch_send", [DL_EP_DISPATCH_RECV_BYTES] = "dispatch_recv",
@@ -53,32 +41,11 @@ static const char *const phase_waits[] = {
     "to finish reading this rank's previous dispatch", "for its dispatch messages",
     "to finish reading this rank's previous combine", "for its combine messages"};
 
-struct dl_ep {
-  dl_devop_t op; /* the lifecycle: identity, buffer, failure (core/ops/common/devop.h) */
-  dl_ep_config_t cfg;
-  int local;
-  int blocks, threads;
-  dl_ep_args_t base;     /* the launch arguments that never change */
-  int64_t bytes[DL_EP_NUM_PARTS];
-  int tags[DL_EP_NUM_PARTS]; /* the tag each charged part went to */
-  int charged;           /* parts charged so far (to give back) */
-  dl_ep_status_t *status; /* op.status: host-mapped on cuda */
-  dl_tensor_t *t[N_TENSORS];
-  int state, tokens;
-  int64_t dispatches, combines;
-};
-
 static const char *layout_name(int l) { return dl_ep_layout_name(l) ? dl_ep_layout_name(l) : "?"; }
 static const char *output_name(int o) { return o == DL_EP_RANK_MAJOR ? "rank_major" : "expert_major"; }
 
-static const dl_devop_kind_t ep_kind;
-
-static int ep_check(const dl_ep_t *ep, const char *fn) {
-  return dl_devop_live(ep ? &ep->op : NULL, &ep_kind, fn);
-}
-
 /* "ep dispatch recv (per_rank, expert_major, bf16) on rank 1 of 4 (comm 'w', cpu:0)" */
-static int describe(const dl_ep_t *ep, int phase, char *buf, size_t len) {
+int dl_ep_describe(const dl_ep_t *ep, int phase, char *buf, size_t len) {
   char what[96];
   snprintf(what, sizeof what, "ep %s (%s, %s, %s)", phase_names[phase], layout_name(ep->cfg.layout),
            output_name(ep->cfg.output), ep->cfg.fp8 ? "fp8" : "bf16");
@@ -94,7 +61,7 @@ static int recorded(dl_devop_t *op, int *fatal) {
   if (s->kind == 0) return DL_OK;
   char what[256];
   const int phase = s->phase < 4 ? (int)s->phase : 0;
-  describe(ep, phase, what, sizeof what);
+  dl_ep_describe(ep, phase, what, sizeof what);
   if (s->kind == DL_EP_ERR_BAD_ID) {
     /* an id in range was recorded because an earlier k of the token picked it */
     const int repeated = (int)s->seen >= 0 && (int)s->seen < ep->cfg.experts;
@@ -322,7 +289,7 @@ int dl_ep_new(dl_ep_t **out, dl_comm_t *c, const dl_ep_config_t *cfg) {
   DL_TRY(check_config(cfg, &ci));
   dl_ep_t *ep = calloc(1, sizeof *ep);
   if (!ep) return DL_ERR(DL_ENOMEM, "dl_ep_new: out of host memory");
-  int rc = dl_devop_open(&ep->op, &ep_kind, c, &ci);
+  int rc = dl_devop_open(&ep->op, &dl_ep_kind, c, &ci);
   ep->status = ep->op.status;
   ep->cfg = *cfg;
   ep->local = cfg->experts / ci.size;
@@ -370,10 +337,10 @@ int dl_ep_new(dl_ep_t **out, dl_comm_t *c, const dl_ep_config_t *cfg) {
   return DL_OK;
 }
 
-void dl_ep_free(dl_ep_t *ep) { dl_devop_free(ep ? &ep->op : NULL, &ep_kind); }
+void dl_ep_free(dl_ep_t *ep) { dl_devop_free(ep ? &ep->op : NULL, &dl_ep_kind); }
 
 int dl_ep_info(const dl_ep_t *ep, dl_ep_info_t *out) {
-  DL_TRY(ep_check(ep, "dl_ep_info"));
+  DL_TRY(dl_ep_live(ep, "dl_ep_info"));
   DL_CHECK_ARG(out, "dl_ep_info: out is NULL");
   memset(out, 0, sizeof *out);
   out->rank = ep->op.rank;
@@ -396,226 +363,11 @@ int dl_ep_info(const dl_ep_t *ep, dl_ep_info_t *out) {
 int dl_ep_tensor(dl_ep_t *ep, int which, dl_tensor_t **out) {
   DL_CHECK_ARG(out, "dl_ep_tensor: out is NULL");
   *out = NULL;
-  DL_TRY(ep_check(ep, "dl_ep_tensor"));
+  DL_TRY(dl_ep_live(ep, "dl_ep_tensor"));
   DL_CHECK_ARG(which >= 0 && which < DL_EP_NUM_TENSORS, "dl_ep_tensor: no tensor %d", which);
   const dl_tensor_t *t = ep->t[which];
   if (!t) return DL_OK;
   return dl_tensor_as_strided(out, t, t->nd, t->sz, t->st, t->offset);
-}
-
-/* ---- running ------------------------------------------------------------------------ */
-
-static void *data(const dl_tensor_t *t) {
-  void *p = NULL;
-  if (t) dl_tensor_data_ptr(t, &p);
-  return p;
-}
-
-/* A tensor argument: contiguous, on the object's device, dtype and shape. */
-static int arg(const dl_ep_t *ep, const dl_tensor_t *t, const char *what, int dtype, int ndim,
-               const int64_t *shape, dl_view_t *v) {
-  DL_TRY(dl_tensor_arg(t, what, ep->op.dev_type, ep->op.dev_index, "the ep buffer", v));
-  char want[96], got[96];
-  int n = 0, m = 0;
-  for (int d = 0; d < ndim; d++) n += snprintf(want + n, sizeof want - n, "%s%lld", d ? ", " : "", (long long)shape[d]);
-  for (int d = 0; d < v->ndim; d++) m += snprintf(got + m, sizeof got - m, "%s%lld", d ? ", " : "", (long long)v->shape[d]);
-  DL_CHECK_ARG(v->dtype == dtype, "%s must be %s, got %s", what, dl_dtype_name(dtype), dl_dtype_name(v->dtype));
-  int same = v->ndim == ndim;
-  for (int d = 0; same && d < ndim; d++) same = v->shape[d] == shape[d];
-  DL_CHECK_ARG(same, "%s must have shape [%s], got [%s]", what, want, got);
-  return DL_OK;
-}
-
-/* The phase's kernel (or twin); meta runs nothing. */
-static int launch(dl_ep_t *ep, dl_ep_args_t *a, dl_stream_t *s) {
-  if (ep->op.dev_type == DL_META) return DL_OK;
-  void *stream = NULL;
-  DL_TRY(dl_stream_for(s, ep->op.dev_type, ep->op.dev_index, &stream));
-  return dl_devop_launch(&ep->op, a, stream); /* the twin's timeout or bad id, worded */
-}
-
-/* The states each phase may follow: a dispatch after a finished dispatch
- * or combine, its receive after its send, combines after a dispatch. */
-static int in_order(int phase, int state) {
-  switch (phase) {
-  case DL_EP_DISPATCH_SEND:
-  case DL_EP_DISPATCH: return state == IDLE || state == DISPATCHED || state == COMBINED;
-  case DL_EP_DISPATCH_RECV: return state == SENT;
-  case DL_EP_COMBINE_SEND:
-  case DL_EP_COMBINE: return state == DISPATCHED || state == COMBINED;
-  default: return state == COMBINE_SENT;
-  }
-}
-
-static const char *const order_rules[] = {
-    "a dispatch_send or combine_send is waiting for its receive phase",
-    "dispatch_recv needs a dispatch_send first",
-    "combine needs a finished dispatch (dispatch_send, dispatch_recv) first",
-    "combine_recv needs a combine_send first",
-    "a dispatch_send or combine_send is waiting for its receive phase",
-    "combine needs a finished dispatch (dispatch_send, dispatch_recv) first"};
-
-/* Runs a phase; *launched says whether it ran (an error from an earlier
- * call's record, or a call out of order, runs nothing). Errors get the
- * phase's description. */
-static int run(dl_ep_t *ep, int phase, dl_ep_args_t *a, dl_stream_t *s, int *launched) {
-  char what[256];
-  describe(ep, phase, what, sizeof what);
-  *launched = 0;
-  /* a bad expert id that an earlier kernel recorded (cuda: the host reads
-   * the record without waiting for the stream) does not stop this phase:
-   * it runs, then the id is reported (DL_EINVAL), as the cpu twin reports
-   * it at the end of its own call; the buffer goes on */
-  const volatile dl_ep_status_t *st = ep->status;
-  const int deferred = !ep->op.failed && st && st->kind == DL_EP_ERR_BAD_ID;
-  int rc = deferred ? DL_OK : dl_devop_recorded_failure(&ep->op);
-  if (rc == DL_OK && !in_order(phase, ep->state))
-    rc = DL_ERR(DL_ESTATE, "%s: out of order: %s", what, order_rules[phase]);
-  if (rc < 0) return rc;
-  a->phase = phase;
-  *launched = 1;
-  rc = launch(ep, a, s);
-  if (rc < 0 && rc != DL_ETIMEOUT && rc != DL_EINVAL) { /* those name the phase already */
-    dl_error_context(rc, "%s", what);
-    dl_devop_set_failed(&ep->op);
-  }
-  if (rc == DL_OK && deferred) rc = dl_devop_recorded_failure(&ep->op);
-  return rc;
-}
-
-/* The send phase's arguments, checked: x [T, H] bf16, topk_idx [T, K] i32,
- * topk_weights [T, K] f32, T <= max_tokens. */
-static int send_args(dl_ep_t *ep, const dl_tensor_t *x, const dl_tensor_t *topk_idx,
-                     const dl_tensor_t *topk_weights, dl_ep_args_t *out) {
-  const dl_ep_config_t *c = &ep->cfg;
-  dl_view_t vx, vi, vw;
-  DL_TRY(dl_tensor_arg(x, "x", ep->op.dev_type, ep->op.dev_index, "the ep buffer", &vx));
-  const int64_t T = vx.ndim == 2 ? vx.shape[0] : -1;
-  DL_CHECK_ARG(T >= 0, "ep dispatch: x must be [T, %d] (2 dimensions), got %d", c->hidden, vx.ndim);
-  DL_CHECK_ARG(T <= c->max_tokens, "ep dispatch: %lld tokens, more than the buffer's max_tokens %d",
-               (long long)T, c->max_tokens);
-  const int64_t sx[2] = {T, c->hidden}, sk[2] = {T, c->topk};
-  DL_TRY(arg(ep, x, "ep dispatch: x", DL_BF16, 2, sx, &vx));
-  DL_TRY(arg(ep, topk_idx, "ep dispatch: topk_idx", DL_I32, 2, sk, &vi));
-  DL_TRY(arg(ep, topk_weights, "ep dispatch: topk_weights", DL_F32, 2, sk, &vw));
-  dl_ep_args_t a = ep->base;
-  a.tokens = (int)T;
-  a.x = vx.data;
-  a.idx = (const int32_t *)vi.data;
-  a.w = (const float *)vw.data;
-  a.hidx = data(ep->t[T_HIDX]);
-  a.hw = data(ep->t[T_HW]);
-  *out = a;
-  return DL_OK;
-}
-
-/* The receive phase's outputs. */
-static void recv_args(const dl_ep_t *ep, dl_ep_args_t *a) {
-  a->rx = data(ep->t[DL_EP_X]);
-  a->rscales = data(ep->t[DL_EP_SCALES]);
-  a->rcounts = data(ep->t[DL_EP_COUNTS]);
-  a->rids = data(ep->t[DL_EP_EXPERT_IDS]);
-  a->rweights = data(ep->t[DL_EP_WEIGHTS]);
-  a->rsrc = data(ep->t[T_SRC]);
-}
-
-/* A dispatch's send (phase DL_EP_DISPATCH_SEND, or both halves with
- * DL_EP_DISPATCH): run, and the state it leaves. */
-static int dispatch(dl_ep_t *ep, int phase, const dl_tensor_t *x, const dl_tensor_t *topk_idx,
-                    const dl_tensor_t *topk_weights, dl_stream_t *s) {
-  dl_ep_args_t a;
-  DL_TRY(send_args(ep, x, topk_idx, topk_weights, &a));
-  recv_args(ep, &a); /* the send too: per_rank + rank_major writes this rank's own rows itself */
-  int launched, rc = run(ep, phase, &a, s, &launched);
-  if (!launched || (rc < 0 && rc != DL_EINVAL)) return rc;
-  /* sent (a bad expert id on cpu is reported now, the protocol done) */
-  ep->state = phase == DL_EP_DISPATCH ? DISPATCHED : SENT;
-  ep->tokens = a.tokens;
-  ep->dispatches++;
-  return rc;
-}
-
-int dl_ep_dispatch_send(dl_ep_t *ep, const dl_tensor_t *x, const dl_tensor_t *topk_idx,
-                        const dl_tensor_t *topk_weights, dl_stream_t *s) {
-  DL_TRY(ep_check(ep, "dl_ep_dispatch_send"));
-  return dispatch(ep, DL_EP_DISPATCH_SEND, x, topk_idx, topk_weights, s);
-}
-
-int dl_ep_dispatch(dl_ep_t *ep, const dl_tensor_t *x, const dl_tensor_t *topk_idx,
-                   const dl_tensor_t *topk_weights, dl_stream_t *s) {
-  DL_TRY(ep_check(ep, "dl_ep_dispatch"));
-  return dispatch(ep, DL_EP_DISPATCH, x, topk_idx, topk_weights, s);
-}
-
-int dl_ep_dispatch_recv(dl_ep_t *ep, dl_stream_t *s) {
-  DL_TRY(ep_check(ep, "dl_ep_dispatch_recv"));
-  dl_ep_args_t a = ep->base;
-  a.tokens = ep->tokens;
-  recv_args(ep, &a);
-  int launched, rc = run(ep, DL_EP_DISPATCH_RECV, &a, s, &launched);
-  if (!launched || (rc < 0 && rc != DL_EINVAL)) return rc;
-  ep->state = DISPATCHED; /* ran (a bad id of an earlier send is reported now) */
-  return rc;
-}
-
-/* The combine's send (y shaped like recv.x, bf16) and receive (out bf16
- * [T, H]) arguments, checked; either may be NULL (not this call's half). */
-static int combine_args(dl_ep_t *ep, const dl_tensor_t *y, dl_tensor_t *out, dl_ep_args_t *a) {
-  *a = ep->base;
-  a->tokens = ep->tokens;
-  if (y) {
-    const dl_tensor_t *x = ep->t[DL_EP_X];
-    dl_view_t vy;
-    DL_TRY(arg(ep, y, "ep combine: y (shaped like recv.x, bf16)", DL_BF16, x->nd, x->sz, &vy));
-    a->y = vy.data;
-    a->rcounts = data(ep->t[DL_EP_COUNTS]);
-    a->rsrc = data(ep->t[T_SRC]);
-  }
-  if (out) {
-    dl_view_t vo;
-    const int64_t so[2] = {ep->tokens, ep->cfg.hidden};
-    DL_TRY(arg(ep, out, "ep combine: out", DL_BF16, 2, so, &vo));
-    a->out = vo.data;
-    a->hidx = data(ep->t[T_HIDX]);
-    a->hw = data(ep->t[T_HW]);
-  }
-  return DL_OK;
-}
-
-/* A combine phase (DL_EP_COMBINE_SEND, _RECV, or both halves with
- * DL_EP_COMBINE): run, and the state it leaves. */
-static int combine(dl_ep_t *ep, int phase, const dl_tensor_t *y, dl_tensor_t *out, dl_stream_t *s) {
-  dl_ep_args_t a;
-  DL_TRY(combine_args(ep, y, out, &a));
-  int launched, rc = run(ep, phase, &a, s, &launched);
-  if (!launched || (rc < 0 && rc != DL_EINVAL)) return rc;
-  ep->state = phase == DL_EP_COMBINE_SEND ? COMBINE_SENT : COMBINED;
-  if (phase != DL_EP_COMBINE_SEND) ep->combines++;
-  return rc;
-}
-
-int dl_ep_combine_send(dl_ep_t *ep, const dl_tensor_t *y, dl_stream_t *s) {
-  DL_TRY(ep_check(ep, "dl_ep_combine_send"));
-  DL_CHECK_ARG(y, "ep combine: y is NULL");
-  return combine(ep, DL_EP_COMBINE_SEND, y, NULL, s);
-}
-
-int dl_ep_combine_recv(dl_ep_t *ep, dl_tensor_t *out, dl_stream_t *s) {
-  DL_TRY(ep_check(ep, "dl_ep_combine_recv"));
-  DL_CHECK_ARG(out, "ep combine: out is NULL");
-  return combine(ep, DL_EP_COMBINE_RECV, NULL, out, s);
-}
-
-int dl_ep_combine(dl_ep_t *ep, const dl_tensor_t *y, dl_tensor_t *out, dl_stream_t *s) {
-  DL_TRY(ep_check(ep, "dl_ep_combine"));
-  DL_CHECK_ARG(y && out, "ep combine: y and out must not be NULL");
-  return combine(ep, DL_EP_COMBINE, y, out, s);
-}
-
-int dl_ep_check(dl_ep_t *ep, dl_stream_t *s) {
-  DL_TRY(ep_check(ep, "dl_ep_check"));
-  DL_TRY(dl_devop_wait_stream(&ep->op, s, "ep check", NULL));
-  return dl_devop_recorded_failure(&ep->op);
 }
 
 /* ---- the lifecycle's hooks (core/ops/common/devop.h) ----------------------------------- */
@@ -633,7 +385,7 @@ static int twin(const void *a, void *stream) { return dl_ep_cpu(a, stream); }
 static int kernels(const void *a, void *stream) { return dl_ep_cuda(a, stream); }
 #endif
 
-static const dl_devop_kind_t ep_kind = {
+const dl_devop_kind_t dl_ep_kind = {
     .name = "ep buffer",
     .magic = 0xe9e9e9e9u,
     .status_bytes = sizeof(dl_ep_status_t),
