@@ -171,10 +171,7 @@ int dl_allreduce_info(const dl_allreduce_t *ar, dl_allreduce_info_t *out) {
   DL_TRY(dl_ar_live(ar, "dl_allreduce_info"));
   DL_CHECK_ARG(out, "dl_allreduce_info: out is NULL");
   memset(out, 0, sizeof *out);
-  out->rank = ar->op.rank;
-  out->size = ar->op.size;
-  out->dev_type = ar->op.dev_type;
-  out->dev_index = ar->op.dev_index;
+  dl_devop_identity(&ar->op, &out->rank, &out->size, &out->dev_type, &out->dev_index);
   out->sms = ar->sms;
   out->max_blocks = ar->max_blocks;
   out->threads = ar->threads;

@@ -109,6 +109,13 @@ int dl_devop_live(const dl_devop_t *op, const dl_devop_kind_t *kind, const char 
   return DL_OK;
 }
 
+void dl_devop_identity(const dl_devop_t *op, int32_t *rank, int32_t *size, int32_t *dev_type, int32_t *dev_index) {
+  *rank = op->rank;
+  *size = op->size;
+  *dev_type = op->dev_type;
+  *dev_index = op->dev_index;
+}
+
 int dl_devop_describe(const dl_devop_t *op, const char *what, char *buf, size_t len) {
   return snprintf(buf, len, "%s on rank %d of %d (comm '%s', %s:%d)", what, op->rank, op->size,
                   op->comm_name, dl_device_type_name(op->dev_type), op->dev_index);

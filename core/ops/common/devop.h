@@ -88,6 +88,8 @@ int dl_devop_sms(const dl_devop_t *op, int *sms);
 
 /* DL_OK if op is a live op of kind, else DL_ESTATE naming fn. */
 int dl_devop_live(const dl_devop_t *op, const dl_devop_kind_t *kind, const char *fn);
+/* The identity every dl_*_info_t opens with. */
+void dl_devop_identity(const dl_devop_t *op, int32_t *rank, int32_t *size, int32_t *dev_type, int32_t *dev_index);
 /* "<what> on rank 1 of 2 (comm 'w', cuda:1)" */
 int dl_devop_describe(const dl_devop_t *op, const char *what, char *buf, size_t len);
 /* 1 + the rank whose death was seen, or 0. */

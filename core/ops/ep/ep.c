@@ -343,10 +343,7 @@ int dl_ep_info(const dl_ep_t *ep, dl_ep_info_t *out) {
   DL_TRY(dl_ep_live(ep, "dl_ep_info"));
   DL_CHECK_ARG(out, "dl_ep_info: out is NULL");
   memset(out, 0, sizeof *out);
-  out->rank = ep->op.rank;
-  out->size = ep->op.size;
-  out->dev_type = ep->op.dev_type;
-  out->dev_index = ep->op.dev_index;
+  dl_devop_identity(&ep->op, &out->rank, &out->size, &out->dev_type, &out->dev_index);
   out->local_experts = ep->local;
   out->blocks = ep->blocks;
   out->threads = ep->threads;

@@ -156,10 +156,7 @@ int dl_overlap_info(const dl_overlap_t *o, dl_overlap_info_t *out) {
   memset(out, 0, sizeof *out);
   dl_overlap_t *m = (dl_overlap_t *)o;
   pthread_mutex_lock(&m->op.mu);
-  out->rank = o->op.rank;
-  out->size = o->op.size;
-  out->dev_type = o->op.dev_type;
-  out->dev_index = o->op.dev_index;
+  dl_devop_identity(&o->op, &out->rank, &out->size, &out->dev_type, &out->dev_index);
   out->share = o->op.share;
   out->sms = o->sms;
   out->nflags = o->nflags;
