@@ -246,3 +246,39 @@ print("RANKS", len(d["otherData"]["ranks"]), "LANES", " ".join("%d:%d" % (p, len
     os.execute("rm -rf " .. dir)
   end)
 end)
+
+-- The same checks with the ranks on GPUs (scripts/gpu/suite.sh: 2 and 4 ranks sharing one
+-- GPU under MPS): every schedule option against the one-rank reference (fp64 on the cpu), a
+-- planted 2% error caught, and a timed run's trace with spans of every rank on both streams.
+describe("the block on GPUs (DISTLAB_SPEC_RANKS ranks, sharing a GPU where there are fewer) #multigpu", function()
+  local n, dir = H.gpu_ranks, H.tmpname("-block-gpu")
+  local function gblock(args)
+    return H.distlab(string.format("run -n %d --device cuda experiments/block/block.lua --show-checks --out %s %s",
+      n, dir, args))
+  end
+
+  it(n .. " ranks: matches the one-rank reference for every schedule option", function()
+    local variants = configs.variants("axes")
+    local rc, out = gblock("--variants axes --time no")
+    assert.equal(0, rc, out)
+    assert.equal(n * #variants, checks_ok(out), out)
+  end)
+
+  it(n .. " ranks: fails a planted 2% error", function()
+    local rc, out = gblock("--time no --plant scale=0.02")
+    assert.are_not.equal(0, rc, out)
+    assert.matches("data check failed on rank", out)
+  end)
+
+  it(n .. " ranks: times every stage and writes a trace with spans of every rank", function()
+    local rc, out = gblock("--iters 3 --warmup 1 --png no --tag gpu")
+    assert.equal(0, rc, out)
+    assert.matches("| experts%.fwd |", out)
+    local f = io.open(dir .. "/block-gpu-default.json")
+    assert.truthy(f, "no trace in " .. dir)
+    local trace = f:read("*a")
+    f:close()
+    for r = 0, n - 1 do assert.truthy(trace:find('"pid":%s*' .. r .. "[,}]"), "no span of rank " .. r) end
+    os.execute("rm -rf " .. dir)
+  end)
+end)
