@@ -33,11 +33,12 @@
 -- frees it. The first pass runs every variant of every kind once, every size at its
 -- largest, so that every code path has run and the high-water marks are reached before
 -- memory is judged: from the later of --warmup and the end of that pass. Rank 0's clock
--- decides, broadcast before each step, when to sample and when to stop. A sample: Lua's
--- garbage collected, the device synchronized, the allocator's allocated and cached bytes
--- read, its cache emptied (every rank, then a barrier), then its reserved bytes, the device's used bytes
--- (cudaMemGetInfo: all processes on the GPU; cuda only) and the process's VmRSS
--- (/proc/self/status; its anonymous, file and shared-memory parts reported beside it).
+-- decides, broadcast before each step, when to sample and when to stop. A sample: the
+-- JIT's traces flushed and Lua's garbage collected, the device synchronized, a barrier,
+-- the allocator's allocated and cached bytes read, its cache emptied, a barrier, then its
+-- reserved bytes, the device's used bytes (cudaMemGetInfo: all processes on the GPU; cuda
+-- only) and the process's VmRSS (/proc/self/status; its anonymous, file and shared-memory
+-- parts, the Lua heap, threads and open files reported beside it).
 -- Verdict: 0 wrong elements, and allocated, reserved, device used and RSS each within
 -- --tol (max - min over the samples judged) on every rank.
 -- Large host blocks are kept out of glibc's heap (mallopt M_MMAP_THRESHOLD 128 KiB, no
@@ -133,6 +134,8 @@ local function sample(t)
   collectgarbage("collect")
   collectgarbage("collect")
   dl.synchronize(dev)
+  -- every rank past the step's frees (a peer's mapping of a buffer we free here is closed)
+  w:barrier()
   local before = dl.mem.stats(dev)
   dl.mem.empty_cache(dev)
   w:barrier()
@@ -220,10 +223,12 @@ local function progress(el)
   local parts = {}
   for _, k in ipairs(opt.kinds) do parts[#parts + 1] = k .. " " .. (by[k] or 0) end
   local s = samples[#samples]
-  io.stdout:write(string.format("[soak +%.0f s] steps %d; ops: %s; wrong %d; allocated %.3f MiB, reserved %.3f MiB%s, "
-    .. "RSS %.3f MiB (anon %.3f, file %.3f, shmem %.3f; Lua heap %.3f; %d threads, %d fds; rank 0)\n", el, steps, table.concat(parts, ", "),
-    total_wrong, s.allocated / MiB, s.reserved / MiB, s.device and string.format(", device used %.3f MiB", s.device / MiB)
-    or "", s.rss / MiB, (s.anon or 0) / MiB, (s.file or 0) / MiB, (s.shmem or 0) / MiB, s.lua / MiB, s.threads or -1, s.fds))
+  local mem = string.format("allocated %.3f MiB, reserved %.3f MiB%s, RSS %.3f MiB (anon %.3f, file %.3f, shmem %.3f; "
+    .. "Lua heap %.3f; %d threads, %d fds; rank 0)", s.allocated / MiB, s.reserved / MiB,
+    s.device and string.format(", device used %.3f MiB", s.device / MiB) or "", s.rss / MiB, (s.anon or 0) / MiB,
+    (s.file or 0) / MiB, (s.shmem or 0) / MiB, s.lua / MiB, s.threads or -1, s.fds or -1)
+  io.stdout:write(string.format("[soak +%.0f s] steps %d; ops: %s; wrong %d; %s\n", el, steps, table.concat(parts, ", "),
+    total_wrong, mem))
   io.stdout:flush()
 end
 
