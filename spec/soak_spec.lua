@@ -46,9 +46,10 @@ describe("soak on 4 cpu ranks", function()
       assert.is_true(steps and steps >= 1 and ops >= steps and elements > 0, kind .. "\n" .. md)
       assert.equal(0, wrong, md)
     end
-    -- a sample at 0, 5, 10, 15 and 20 s at least, the warm-up's marked; the growth table
+    -- samples every 5 s, or after the step that outlasts 5 s (a loaded host): at 0 and two
+    -- judged at least, the warm-up's marked; the growth table
     local samples = select(2, md:gsub("\n| %d+[^|]* | %- | [%d.]+ / [%d.]+ / [%d.]+ %[", ""))
-    assert.is_true(samples >= 5, md)
+    assert.is_true(samples >= 3, md)
     assert.truthy(md:find("| 0 (warm-up) |", 1, true), md)
     assert.truthy(md:find("| host RSS |", 1, true), md)
   end)
