@@ -39,6 +39,7 @@ local NOT_BENCHES = {
   ["experiments/block/configs.lua"] = true, -- block.lua's shapes and options
   ["experiments/block/layer.lua"] = true, -- block.lua's algorithm
   ["experiments/block/ops.lua"] = true, -- block.lua's communication
+  ["experiments/faults/soak_ops.lua"] = true, -- soak.lua's kinds of op
 }
 
 local function sh(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
