@@ -297,11 +297,14 @@ int dl_overlap_wait(dl_overlap_t *o, int flag, int peer, int step, const char *w
   return DL_EUNSUPPORTED;
 }
 
+/* A run that completed needs no peer any more: a peer that finished too and
+ * exited is no failure (its death fails a run still waiting: wait_cpu, and
+ * the cuda watchdog while a run is active), so only a recorded one counts. */
 int dl_overlap_check(dl_overlap_t *o, dl_stream_t *s) {
   DL_TRY(live(o, "dl_overlap_check"));
-  /* the watchdog fails a stuck run within the timeout (refused says so) */
-  DL_TRY(dl_devop_wait_stream(&o->op, s, o->what, refused));
-  return refused(&o->op);
+  /* the watchdog fails a stuck run within the timeout (dl_devop_refused says so) */
+  DL_TRY(dl_devop_wait_stream(&o->op, s, o->what, dl_devop_refused));
+  return dl_devop_refused(&o->op);
 }
 
 /* ---- moving data --------------------------------------------------------------------- */
