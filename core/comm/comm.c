@@ -62,6 +62,26 @@ static int comm_check(const dl_comm_t *c, const char *fn) {
   return DL_OK;
 }
 
+/* A rank that cannot create c tells its peers through the store, whose
+ * waits under c's keys then end at once naming it (store_internal.h): else
+ * they would wait for it the whole timeout. Best effort: the error stays. */
+static void tell_failure(dl_comm_t *c) {
+  if (!c->store || c->size < 2) return;
+  char why[768];
+  const int wr = c->world_ranks ? c->world_ranks[c->rank] : c->rank;
+  int n = snprintf(why, sizeof why, "rank %d gave up creating communicator '%s': %s", wr, c->name,
+                   dl_last_error());
+  if (n >= (int)sizeof why) n = (int)sizeof why - 1;
+  const int code = dl_last_error_code();
+  char saved[1024];
+  snprintf(saved, sizeof saved, "%s", dl_last_error());
+  const double t = dl_store_timeout(c->store);
+  dl_store_set_timeout(c->store, 2); /* a store gone too: do not wait for it */
+  const int rc = dl_comm_store_set(c, DL_STORE_FAILED, why, n);
+  dl_store_set_timeout(c->store, t);
+  if (rc < 0) (void)DL_ERR(code, "%s", saved); /* ours, not the store's */
+}
+
 /* A new comm with the given identity; runs the backend's rendezvous. */
 static int comm_create(dl_comm_t **out, const dl_comm_backend_t *be, dl_store_t *store,
                        int rank, int size, int dev_index, double timeout_s, const char *name,
@@ -95,12 +115,14 @@ static int comm_create(dl_comm_t **out, const dl_comm_backend_t *be, dl_store_t 
   int rc = on_cuda ? dl_device_check(DL_CUDA, dev_index) : DL_OK;
   /* before the backend's rendezvous: once it is done, every member's pid is there */
   if (rc == DL_OK && store && size > 1) rc = dl_comm_publish_pid(c);
+  if (rc == DL_OK && store && size > 1) rc = dl_comm_await_members(c);
   if (rc == DL_OK) rc = be->init(c);
   else c->impl = NULL;
   if (rc == DL_OK && (rc = dl_comm_watch(c, &c->gone)) < 0) be->destroy(c);
   if (rc < 0) {
     dl_error_context(rc, "creating %s communicator '%s' on rank %d of %d", be->name, c->name,
                      rank, size);
+    tell_failure(c);
     c->impl = NULL;
     dl_comm_free(c);
     return rc;
