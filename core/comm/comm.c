@@ -309,6 +309,19 @@ int dl_comm_group_start(void) {
   return DL_OK;
 }
 
+/* A send to this rank is received by this rank: both in the same group
+ * (NCCL's rule, kept on every backend, so an unpaired one is an error
+ * rather than a message left in the shm mailbox or a hang). */
+static int self_paired(dl_comm_t *c, char *why, size_t len) {
+  const int s = c->self_sends, r = c->self_recvs;
+  c->self_sends = c->self_recvs = 0;
+  if (s == r) return 1;
+  snprintf(why, len, "rank %d sent %d message%s to itself but received %d from itself in one group: "
+           "each send to self needs its recv from self in the same dl.comm.group",
+           c->rank, s, s == 1 ? "" : "s", r);
+  return 0;
+}
+
 int dl_comm_group_end(void) {
   DL_CHECK_ARG(group_depth > 0, "dl_comm_group_end without dl_comm_group_start");
   if (--group_depth > 0) return DL_OK;
@@ -319,7 +332,15 @@ int dl_comm_group_end(void) {
     c->group_next = NULL;
     c->in_group = 0;
     if (c->magic != COMM_MAGIC) continue;
-    int r = c->be->group_end(c);
+    char why[256];
+    int r;
+    if (!self_paired(c, why, sizeof why)) { /* the group is void: its waits end now, here and at the peers */
+      if (c->be->abort) c->be->abort(c, why);
+      (void)c->be->group_end(c);
+      r = DL_ERR(DL_EINVAL, "%s", why);
+    } else {
+      r = c->be->group_end(c);
+    }
     if (r < 0 && rc == DL_OK) {
       char what[256];
       dl_comm_describe(c, DL_OP_SEND, what, sizeof what);
@@ -475,7 +496,14 @@ static int p2p(dl_comm_t *c, int op, const dl_tensor_t *t, int peer, dl_stream_t
   DL_CHECK_ARG(peer >= 0 && peer < c->size, "%s: peer %d is not a rank of 0..%d",
                dl_comm_op_name(op), peer, c->size - 1);
   DL_TRY(view_arg(c, t, dl_comm_op_name(op), op == DL_OP_SEND ? &call.in : &call.out));
-  return run(c, &call);
+  if (peer == c->rank) {
+    DL_CHECK_ARG(group_depth > 0, "%s: rank %d to itself outside a group: its %s could never be "
+                 "posted (issue the send and the recv to self in one dl.comm.group)",
+                 dl_comm_op_name(op), peer, op == DL_OP_SEND ? "recv" : "send");
+  }
+  const int rc = run(c, &call);
+  if (rc == DL_OK && peer == c->rank) *(op == DL_OP_SEND ? &c->self_sends : &c->self_recvs) += 1;
+  return rc;
 }
 
 int dl_comm_send(dl_comm_t *c, const dl_tensor_t *t, int peer, dl_stream_t *s) {

@@ -54,6 +54,7 @@ struct dl_comm {
   int failed;              /* set once an op failed; later ops refuse */
   int share;               /* ranks on this rank's GPU (dl_comm_info_t.share) */
   int in_group;            /* p2p ops queued since dl_comm_group_start */
+  int self_sends, self_recvs; /* of the open group: to and from this rank, pairs only */
   struct dl_comm *group_next;
 };
 
