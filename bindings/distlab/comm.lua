@@ -294,6 +294,7 @@ end
 -- The job's world communicator (made on first use; later opts are ignored),
 -- or with opts.new a fresh one in place of the current.
 function M.world(opts)
+  args.options(opts, NEW_KEYS, "comm.world")
   if opts and opts.new then return renew(opts) end
   if not the_world or the_world.ptr == nil then the_world = M.new(opts) end
   return the_world
