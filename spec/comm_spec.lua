@@ -223,3 +223,42 @@ describe("comm on GPUs (NCCL; ipc where ranks share a GPU) #multigpu", function(
     end)
   end
 end)
+
+describe("a rank that cannot make a communicator, sends to self (issue 53)", function()
+  for _, where in ipairs { "lua", "c" } do
+    it("tells its peers at once (" .. where .. " check): every rank fails within a second naming it", function()
+      local rc, out = run(3, "cpu", "create_fail.lua", where)
+      assert.equal(0, rc, out)
+      local n = 0
+      for r, s, msg in out:gmatch("CREATE (%d) ([%d.]+) ([^\n]*)") do
+        n = n + 1
+        assert.is_true(tonumber(s) <= 1.0, "rank " .. r .. " took " .. s .. " s:\n" .. out)
+        assert.truthy(msg:find("cuda", 1, true), out)
+        if r ~= "2" then assert.truthy(msg:find("rank 2 gave up creating communicator 'w': ", 1, true), out) end
+      end
+      assert.equal(3, n, out)
+    end)
+  end
+
+  it("under the launcher, every rank prints its own error and the headline names the one that gave up", function()
+    -- a long grace: ranks still starting on a loaded 2-core host must get there
+    local rc, out = H.distlab("run -n 3 --device cpu spec/comm/create_fail.lua lua raise", "DISTLAB_STOP_GRACE=30")
+    assert.equal(1, rc, out)
+    assert.truthy(out:find("distlab run: rank 2 of 3 failed (exit code 1)", 1, true), out)
+    for r = 0, 1 do
+      assert.truthy(out:find("creating shm communicator 'w' on rank " .. r .. " of 3: [^\n]*rank 2 gave up"), out)
+    end
+  end)
+
+  it("a send or recv to self outside a group is an error; paired in a group it works; unpaired fails every rank", function()
+    local out = H.ranks_ok(3, "self", run(3, "cpu", "self.lua"))
+    local _, k = out:gsub("SELF OUT_SEND %d [^\n]*send: rank %d to itself outside a group", "")
+    assert.equal(3, k, out)
+    _, k = out:gsub("SELF OUT_RECV %d [^\n]*recv: rank %d to itself outside a group", "")
+    assert.equal(3, k, out)
+    _, k = out:gsub("SELF PAIRED %d ok", "")
+    assert.equal(3, k, out)
+    _, k = out:gsub("SELF UNPAIRED [%d.]+ %d [^\n]*rank 2 sent 1 message to itself but received 0 from itself in one group", "")
+    assert.equal(3, k, out)
+  end)
+end)

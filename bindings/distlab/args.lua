@@ -8,6 +8,7 @@
 --   args.int(v, what [, lo, hi])   an integer in [lo, hi] (default: int64)
 --   args.size(v, what)             an integer >= 0 that fits an int64_t
 --   args.int32(v, what [, lo])     an integer in [lo, 2^31 - 1] (lo default -2^31)
+--   args.number(v, what)           a finite number (an int64_t box is taken)
 --   args.options(opts, known, fn)  nil or a table whose keys are all in
 --                                  `known`, a list or a set (else the error
 --                                  lists them)
@@ -47,6 +48,13 @@ function M.int(v, what, lo, hi)
   if v < lo or v > hi or v >= TWO63 then
     fail("%s is %s, outside %s..%s", what, show(v), bound(lo), bound(hi))
   end
+  return v
+end
+
+function M.number(v, what)
+  if type(v) == "cdata" then v = tonumber(v) end
+  if type(v) ~= "number" then fail("%s is %s (a %s), not a number", what, show(v), type(v)) end
+  if v ~= v or v == math.huge or v == -math.huge then fail("%s is %s, not a finite number", what, show(v)) end
   return v
 end
 

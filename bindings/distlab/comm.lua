@@ -179,6 +179,24 @@ end
 -- nccl, or ipc where ranks share a GPU), timeout (s), debug, and for meta
 -- rank/size.
 local NEW_KEYS = { "backend", "timeout", "debug", "rank", "size", "device", "new" }
+local take_world_number
+-- A rank that cannot make the communicator its peers are making tells them
+-- (a failure key in the store, comm_internal.h), so that their waits end at
+-- once naming it instead of at the timeout; then fails.
+local function give_up(e, opts, fmt, ...)
+  local msg = string.format(fmt, ...)
+  if e.world_size > 1 then
+    pcall(function()
+      local store = M.store(opts)
+      local n = take_world_number(store) -- the name dl_comm_new would have given it
+      local name = n == 0 and "w" or "w" .. n
+      local why = string.format("rank %d gave up creating communicator '%s': %s", e.rank, name, msg)
+      for _, prefix in ipairs { name .. "/", "distlab/gpu/" } do store:set(prefix .. "!failed", why) end
+    end)
+  end
+  fail("%s", msg)
+end
+
 function M.new(opts)
   opts = args.options(opts, NEW_KEYS, "comm.new")
   if opts.timeout ~= nil and (type(opts.timeout) ~= "number" or not (opts.timeout >= 0)) then
@@ -198,12 +216,12 @@ function M.new(opts)
     local d = opts.device or core.default_device()
     if not d:match("^cuda") then d = "cuda:" .. e.local_rank end
     dev_index = select(2, core.parse_device(d))
-    -- before the store: a rank 0 that fails here exits at once, and a peer
-    -- still connecting to its store would wait the whole timeout
+    -- before the rendezvous: a rank without the device tells its peers
+    -- through the store (give_up), whose waits end at once naming it
     local n, why = core.cuda_count()
     if dev_index >= n then
-      fail("comm.new: the %s communicator needs cuda:%d, but %s", backend == "cuda" and "GPU" or backend, dev_index,
-        n == 0 and why or string.format("this machine has %d GPU(s)", n))
+      give_up(e, opts, "comm.new: the %s communicator needs cuda:%d, but %s", backend == "cuda" and "GPU" or backend,
+        dev_index, n == 0 and why or string.format("this machine has %d GPU(s)", n))
     end
   end
   local store = backend ~= "meta" and M.store(opts) or nil
@@ -222,7 +240,7 @@ local renewals = 0 -- world{new = true} calls so far: the same on every rank
 -- The number in the name the next dl_comm_new on this store gives ("w" 0,
 -- "w3" 3), found by making (and freeing) a meta communicator on the store:
 -- no rendezvous, no memory, but it takes the name.
-local function take_world_number(store)
+function take_world_number(store)
   local pp = ffi.new("dl_comm_t*[1]")
   check(C.dl_comm_new(pp, C.DL_COMM_META, store.ptr, 0, 1, 0, 0))
   local rc = C.dl_comm_info(pp[0], info)
@@ -276,6 +294,7 @@ end
 -- The job's world communicator (made on first use; later opts are ignored),
 -- or with opts.new a fresh one in place of the current.
 function M.world(opts)
+  args.options(opts, NEW_KEYS, "comm.world")
   if opts and opts.new then return renew(opts) end
   if not the_world or the_world.ptr == nil then the_world = M.new(opts) end
   return the_world

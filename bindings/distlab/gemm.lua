@@ -65,6 +65,17 @@ local function tensor_arg(t, name, fn)
   return t
 end
 
+-- opts.out_dtype as a dtype id (-1: none); a given out must be of it
+local function out_dtype(name, out, fn)
+  if name == nil then return -1 end
+  local id = core.dtype_id(name)
+  if out ~= nil and out.dtype_id ~= id then
+    fail("%s: out_dtype is %s but the given out is %s (out_dtype is for an allocated out)", fn,
+      core.dtype_names[id], out.dtype)
+  end
+  return id
+end
+
 function M.run(a, b, out, opts)
   if opts == nil and type(out) == "table" then out, opts = nil, out end
   opts = args.options(opts, KNOWN, "gemm")
@@ -72,9 +83,9 @@ function M.run(a, b, out, opts)
   tensor_arg(b, "b")
   if out ~= nil then tensor_arg(out, "out") end
   local o = o_t()
-  o.alpha = opts.alpha or 1
-  o.beta = opts.beta or 0
-  o.out_dtype = opts.out_dtype and core.dtype_id(opts.out_dtype) or -1
+  o.alpha = args.number(opts.alpha or 1, "gemm: alpha")
+  o.beta = args.number(opts.beta or 0, "gemm: beta")
+  o.out_dtype = out_dtype(opts.out_dtype, out, "gemm")
   if opts.c ~= nil then o.c = tensor_arg(opts.c, "c") end
   if opts.workspace ~= nil then o.workspace = tensor_arg(opts.workspace, "workspace") end
   local pp = out_pp()
@@ -129,7 +140,7 @@ local function grouped(op, fn, an, bn, ...)
   end
   o.backend = M.grouped_backends[backend]
   o.streams = args.int(opts.streams or 0, fn .. ": streams", 0, tonumber(C.DL_GEMM_GROUPED_MAX_STREAMS))
-  o.out_dtype = opts.out_dtype and core.dtype_id(opts.out_dtype) or -1
+  o.out_dtype = out_dtype(opts.out_dtype, out, fn)
   o.accumulate = opts.accumulate and 1 or 0
   if opts.workspace ~= nil then o.workspace = tensor_arg(opts.workspace, "workspace", fn) end
   local host

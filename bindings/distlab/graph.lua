@@ -37,7 +37,7 @@ local function is_cuda(device) return device:match("^cuda") ~= nil end
 -- dl.graph.capture(fn, {device = d}) -> graph
 function M.capture(fn, opts)
   if type(fn) ~= "function" then fail("graph.capture: expected a function") end
-  opts = opts or {}
+  opts = require("distlab.args").options(opts, { "device" }, "graph.capture")
   local cur = stream.current_stream()
   local device = opts.device or (cur and cur.device) or core.default_device()
   if not is_cuda(device) then return setmetatable({ fn = fn, device = device }, Graph) end

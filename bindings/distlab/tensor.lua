@@ -126,15 +126,23 @@ local function dim_arg(t, d, what)
   return d
 end
 
-function T.dim(t) return t.nd end
+-- A freed tensor (t:free()) answers nothing, not even its shape.
+local function live(t)
+  if t.storage == nil then check(C.dl_tensor_check(t)) end
+  return t
+end
+
+function T.dim(t) return live(t).nd end
 function T.numel(t) check(C.dl_tensor_check(t)) return tonumber(C.dl_tensor_numel(t)) end
 function T.nbytes(t) return T.numel(t) * C.dl_dtype_size(t.dtype_id) end
-function T.element_size(t) return C.dl_dtype_size(t.dtype_id) end
+function T.element_size(t) return C.dl_dtype_size(live(t).dtype_id) end
 function T.size(t, d)
+  live(t)
   if d == nil then return props.shape(t) end
   return tonumber(t.sz[dim_arg(t, d, "size") - 1])
 end
 function T.stride(t, d)
+  live(t)
   if d == nil then
     local s = {}
     for i = 0, t.nd - 1 do s[i + 1] = tonumber(t.st[i]) end
@@ -142,14 +150,14 @@ function T.stride(t, d)
   end
   return tonumber(t.st[dim_arg(t, d, "stride") - 1])
 end
-function T.storage_offset(t) return tonumber(t.offset) end
+function T.storage_offset(t) return tonumber(live(t).offset) end
 function T.is_contiguous(t) check(C.dl_tensor_check(t)) return C.dl_tensor_is_contiguous(t) == 1 end
 function T.data_ptr(t)
   local p = ffi.new("void*[1]")
   check(C.dl_tensor_data_ptr(t, p))
   return p[0]
 end
-function T.is_cuda(t) return t.dev_type == C.DL_CUDA end
+function T.is_cuda(t) return live(t).dev_type == C.DL_CUDA end
 
 -- Frees the storage now (if no view shares it); later use is an error.
 function T.free(t)
@@ -390,16 +398,16 @@ function T.zero_(t) return T.fill_(t, 0) end
 -- t += alpha * x (x a tensor of the same shape, or a number)
 function T.add_(t, x, alpha)
   if type(x) == "number" then
-    check(C.dl_tensor_scale_shift(t, 1, x * (alpha or 1), core.stream))
+    check(C.dl_tensor_scale_shift(t, 1, x * (alpha == nil and 1 or args.number(alpha, "add_: alpha")), core.stream))
   elseif is_tensor(x) then
-    check(C.dl_tensor_axpby(t, 1, x, alpha or 1, core.stream))
+    check(C.dl_tensor_axpby(t, 1, x, alpha == nil and 1 or args.number(alpha, "add_: alpha"), core.stream))
   else
     fail("add_: expected a tensor or a number, got %s", type(x))
   end
   return t
 end
 
-function T.sub_(t, x, alpha) return T.add_(t, x, -(alpha or 1)) end
+function T.sub_(t, x, alpha) return T.add_(t, x, -(alpha == nil and 1 or args.number(alpha, "sub_: alpha"))) end
 
 function T.mul_(t, x)
   if type(x) == "number" then
@@ -429,13 +437,20 @@ local function draw(n, seed)
   return s, o
 end
 
-local function random_(t, dist, a, b, seed)
+-- fn, an, bn name the draw and its two numbers in messages
+local function random_(t, dist, a, b, seed, fn, an, bn)
+  a, b = args.number(a, fn .. ": " .. an), args.number(b, fn .. ": " .. bn)
+  if seed ~= nil then seed = args.int(seed, fn .. ": seed") end
   local s, o = draw(T.numel(t), seed)
   check(C.dl_tensor_random(t, dist, ffi.cast("uint64_t", s), o, a, b, core.stream))
   return t
 end
-function T.normal_(t, mean, std, seed) return random_(t, C.DL_RAND_NORMAL, mean or 0, std or 1, seed) end
-function T.uniform_(t, lo, hi, seed) return random_(t, C.DL_RAND_UNIFORM, lo or 0, hi or 1, seed) end
+function T.normal_(t, mean, std, seed)
+  return random_(t, C.DL_RAND_NORMAL, mean or 0, std or 1, seed, "normal_", "mean", "std")
+end
+function T.uniform_(t, lo, hi, seed)
+  return random_(t, C.DL_RAND_UNIFORM, lo or 0, hi or 1, seed, "uniform_", "low", "high")
+end
 
 -- ---- reading back ------------------------------------------------------------
 
@@ -538,7 +553,7 @@ local mt = {
     local m = T[k]
     if m ~= nil then return m end
     local p = props[k]
-    if p then return p(t) end
+    if p then return p(live(t)) end
     return nil
   end,
   __tostring = tostring_tensor,

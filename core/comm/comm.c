@@ -62,6 +62,26 @@ static int comm_check(const dl_comm_t *c, const char *fn) {
   return DL_OK;
 }
 
+/* A rank that cannot create c tells its peers through the store, whose
+ * waits under c's keys then end at once naming it (store_internal.h): else
+ * they would wait for it the whole timeout. Best effort: the error stays. */
+static void tell_failure(dl_comm_t *c) {
+  if (!c->store || c->size < 2) return;
+  char why[768];
+  const int wr = c->world_ranks ? c->world_ranks[c->rank] : c->rank;
+  int n = snprintf(why, sizeof why, "rank %d gave up creating communicator '%s': %s", wr, c->name,
+                   dl_last_error());
+  if (n >= (int)sizeof why) n = (int)sizeof why - 1;
+  const int code = dl_last_error_code();
+  char saved[1024];
+  snprintf(saved, sizeof saved, "%s", dl_last_error());
+  const double t = dl_store_timeout(c->store);
+  dl_store_set_timeout(c->store, 2); /* a store gone too: do not wait for it */
+  const int rc = dl_comm_store_set(c, DL_STORE_FAILED, why, n);
+  dl_store_set_timeout(c->store, t);
+  if (rc < 0) (void)DL_ERR(code, "%s", saved); /* ours, not the store's */
+}
+
 /* A new comm with the given identity; runs the backend's rendezvous. */
 static int comm_create(dl_comm_t **out, const dl_comm_backend_t *be, dl_store_t *store,
                        int rank, int size, int dev_index, double timeout_s, const char *name,
@@ -95,12 +115,14 @@ static int comm_create(dl_comm_t **out, const dl_comm_backend_t *be, dl_store_t 
   int rc = on_cuda ? dl_device_check(DL_CUDA, dev_index) : DL_OK;
   /* before the backend's rendezvous: once it is done, every member's pid is there */
   if (rc == DL_OK && store && size > 1) rc = dl_comm_publish_pid(c);
+  if (rc == DL_OK && store && size > 1) rc = dl_comm_await_members(c);
   if (rc == DL_OK) rc = be->init(c);
   else c->impl = NULL;
   if (rc == DL_OK && (rc = dl_comm_watch(c, &c->gone)) < 0) be->destroy(c);
   if (rc < 0) {
     dl_error_context(rc, "creating %s communicator '%s' on rank %d of %d", be->name, c->name,
                      rank, size);
+    tell_failure(c);
     c->impl = NULL;
     dl_comm_free(c);
     return rc;
@@ -287,6 +309,19 @@ int dl_comm_group_start(void) {
   return DL_OK;
 }
 
+/* A send to this rank is received by this rank: both in the same group
+ * (NCCL's rule, kept on every backend, so an unpaired one is an error
+ * rather than a message left in the shm mailbox or a hang). */
+static int self_paired(dl_comm_t *c, char *why, size_t len) {
+  const int s = c->self_sends, r = c->self_recvs;
+  c->self_sends = c->self_recvs = 0;
+  if (s == r) return 1;
+  snprintf(why, len, "rank %d sent %d message%s to itself but received %d from itself in one group: "
+           "each send to self needs its recv from self in the same dl.comm.group",
+           c->rank, s, s == 1 ? "" : "s", r);
+  return 0;
+}
+
 int dl_comm_group_end(void) {
   DL_CHECK_ARG(group_depth > 0, "dl_comm_group_end without dl_comm_group_start");
   if (--group_depth > 0) return DL_OK;
@@ -297,7 +332,15 @@ int dl_comm_group_end(void) {
     c->group_next = NULL;
     c->in_group = 0;
     if (c->magic != COMM_MAGIC) continue;
-    int r = c->be->group_end(c);
+    char why[256];
+    int r;
+    if (!self_paired(c, why, sizeof why)) { /* the group is void: its waits end now, here and at the peers */
+      if (c->be->abort) c->be->abort(c, why);
+      (void)c->be->group_end(c);
+      r = DL_ERR(DL_EINVAL, "%s", why);
+    } else {
+      r = c->be->group_end(c);
+    }
     if (r < 0 && rc == DL_OK) {
       char what[256];
       dl_comm_describe(c, DL_OP_SEND, what, sizeof what);
@@ -453,7 +496,14 @@ static int p2p(dl_comm_t *c, int op, const dl_tensor_t *t, int peer, dl_stream_t
   DL_CHECK_ARG(peer >= 0 && peer < c->size, "%s: peer %d is not a rank of 0..%d",
                dl_comm_op_name(op), peer, c->size - 1);
   DL_TRY(view_arg(c, t, dl_comm_op_name(op), op == DL_OP_SEND ? &call.in : &call.out));
-  return run(c, &call);
+  if (peer == c->rank) {
+    DL_CHECK_ARG(group_depth > 0, "%s: rank %d to itself outside a group: its %s could never be "
+                 "posted (issue the send and the recv to self in one dl.comm.group)",
+                 dl_comm_op_name(op), peer, op == DL_OP_SEND ? "recv" : "send");
+  }
+  const int rc = run(c, &call);
+  if (rc == DL_OK && peer == c->rank) *(op == DL_OP_SEND ? &c->self_sends : &c->self_recvs) += 1;
+  return rc;
 }
 
 int dl_comm_send(dl_comm_t *c, const dl_tensor_t *t, int peer, dl_stream_t *s) {

@@ -54,6 +54,7 @@ struct dl_comm {
   int failed;              /* set once an op failed; later ops refuse */
   int share;               /* ranks on this rank's GPU (dl_comm_info_t.share) */
   int in_group;            /* p2p ops queued since dl_comm_group_start */
+  int self_sends, self_recvs; /* of the open group: to and from this rank, pairs only */
   struct dl_comm *group_next;
 };
 
@@ -97,6 +98,10 @@ extern const dl_comm_backend_t dl_comm_ipc_backend;
 int dl_comm_store_barrier(dl_comm_t *c, const char *name);
 /* This member's pid and host, for its peers' dl_comm_peer_pid (peers.c). */
 int dl_comm_publish_pid(dl_comm_t *c);
+/* Waits until every member has published its pid (read into c->pids): a
+ * member that gave up making c instead ends the wait at once (its failure
+ * key), before the backend's rendezvous could wait for it the whole timeout. */
+int dl_comm_await_members(dl_comm_t *c);
 /* "rank R (pid P) has exited" for a watched word's value (1 + R). */
 int dl_comm_gone_str(dl_comm_t *c, uint32_t gone, char *buf, size_t len);
 /* Error helpers: "<op> #<seq> on rank R of N (comm NAME, BACKEND)". */
@@ -112,6 +117,12 @@ void dl_comm_diff(const char *mine, const char *theirs, char *out, size_t len);
 /* Debug mode: this rank's call against every other rank's (DL_EINVAL on a
  * mismatch); point-to-point calls against their peer's. */
 int dl_comm_debug_check(dl_comm_t *c, const dl_comm_call_t *call);
+
+/* A store key "<prefix>!failed" (its value: why) fails every GET and WAIT
+ * of a missing key under <prefix> (ending in '/'), parked or to come, with
+ * that reason: a rank that gives up on a rendezvous (a communicator it
+ * cannot create) ends its peers' waits at once. The first reason stays. */
+#define DL_STORE_FAILED "!failed"
 
 /* Store internals the communicator files use. dl_store_get_watched waits
  * like dl_store_get and every 100 ms asks watch(ctx) whether to go on: a

@@ -4,8 +4,9 @@
  * instead of at the timeout.
  *
  * Every member publishes its pid and host name through the store when the
- * communicator is made (before the backend's rendezvous, so all are there
- * once it is done); dl_comm_peer_pid reads them (once). One watchdog thread
+ * communicator is made and waits for the others' (dl_comm_await_members,
+ * before the backend's rendezvous: a member that gave up instead ends that
+ * wait at once); dl_comm_peer_pid reads them. One watchdog thread
  * per process waits in poll() on a pidfd of every watched member's process,
  * which the kernel makes readable the moment the process exits (also while
  * it is a zombie its parent has not reaped: a rank that died under a
@@ -63,6 +64,31 @@ int dl_comm_publish_pid(dl_comm_t *c) {
   char key[32];
   snprintf(key, sizeof key, "pid/%d", c->rank);
   return dl_comm_store_set(c, key, &me, sizeof me);
+}
+
+int dl_comm_await_members(dl_comm_t *c) {
+  int *pids = calloc((size_t)c->size, sizeof *pids);
+  if (!pids) return DL_ERR(DL_ENOMEM, "communicator: out of host memory");
+  proc_id_t me, them;
+  this_proc(&me);
+  char key[DL_COMM_NAME + 32];
+  int rc = DL_OK;
+  for (int r = 0; r < c->size && rc == DL_OK; r++) {
+    if (r == c->rank) continue;
+    snprintf(key, sizeof key, "%s/pid/%d", c->name, r);
+    int64_t len = 0;
+    rc = dl_store_get(c->store, key, &them, sizeof them, &len);
+    if (rc == DL_ETIMEOUT)
+      rc = dl_error_context(rc, "rank %d did not come to make communicator '%s'", r, c->name);
+    if (rc == DL_OK && len == (int64_t)sizeof them && strcmp(them.host, me.host) == 0) pids[r] = them.pid;
+  }
+  if (rc < 0) {
+    free(pids);
+    return rc;
+  }
+  free(c->pids);
+  c->pids = pids;
+  return DL_OK;
 }
 
 int dl_comm_peer_pid(dl_comm_t *c, int rank) {

@@ -171,6 +171,11 @@ static int store_call(dl_store_t *s, int op, const char *what, const char *key, 
   }
   rep_hdr_t r;
   DL_TRY(recv_all(s, &r, sizeof r, deadline, what, key, watch));
+  char why[512] = "";
+  if (r.status == ST_FAILED) { /* the reason, not the caller's value */
+    out = why;
+    cap = (int64_t)sizeof why - 1;
+  }
   int64_t keep = out ? (r.len < cap ? r.len : cap) : 0;
   if (keep > 0) DL_TRY(recv_all(s, out, keep, deadline, what, key, NULL));
   for (int64_t rest = r.len - keep; rest > 0;) { /* drain what did not fit */
@@ -179,6 +184,8 @@ static int store_call(dl_store_t *s, int op, const char *what, const char *key, 
     DL_TRY(recv_all(s, sink, n, deadline, what, key, NULL));
     rest -= n;
   }
+  if (r.status == ST_FAILED)
+    return DL_ERR(DL_EPEER, "store %s of key '%s' ended: %s", what, key, why);
   if (outlen) *outlen = r.len;
   if (r.status != ST_OK) {
     store_where(s, where, sizeof where);

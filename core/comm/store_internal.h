@@ -12,7 +12,8 @@
 #include "comm_internal.h"
 
 enum { OP_SET = 1, OP_GET, OP_WAIT, OP_ADD, OP_CHECK, OP_DEL, OP_DEL_PREFIX };
-enum { ST_OK = 0, ST_MISSING = 1, ST_BADREQ = 2 };
+/* ST_FAILED: the payload is the reason a failure key holds (comm_internal.h) */
+enum { ST_OK = 0, ST_MISSING = 1, ST_BADREQ = 2, ST_FAILED = 3 };
 
 typedef struct req_hdr {
   uint8_t op, pad[3];

@@ -42,6 +42,8 @@ typedef struct store_server {
   kv_t *buckets[NBUCKETS];
   conn_t *conns;
   int nconns;
+  int world_size, accepted; /* clients expected, connections taken: the linger after a failure */
+  int failed;               /* a failure key was set */
 } server_t;
 
 static uint32_t hash_key(const char *k, int64_t n) {
@@ -91,6 +93,42 @@ static void wake_waiters(server_t *sv, const kv_t *e) {
   }
 }
 
+static const size_t FAILED_LEN = sizeof DL_STORE_FAILED - 1;
+
+/* The failure key that covers key (a "<prefix>!failed" for a prefix of it
+ * ending in '/'), or NULL. */
+static kv_t *failure_of(server_t *sv, const char *key, int64_t n) {
+  if (!sv->failed) return NULL;
+  char buf[1100];
+  for (int64_t i = 0; i < n; i++) {
+    if (key[i] != '/' || i + 1 + (int64_t)FAILED_LEN >= (int64_t)sizeof buf) continue;
+    memcpy(buf, key, (size_t)i + 1);
+    memcpy(buf + i + 1, DL_STORE_FAILED, FAILED_LEN);
+    kv_t *e = kv_find(sv, buf, i + 1 + (int64_t)FAILED_LEN, NULL);
+    if (e) return e;
+  }
+  return NULL;
+}
+
+/* Answer the parked waiters under failure key f's prefix with its reason. */
+static void fail_waiters(server_t *sv, const kv_t *f) {
+  const int64_t plen = (int64_t)strlen(f->key) - (int64_t)FAILED_LEN;
+  for (int i = 0; i < sv->nconns; i++) {
+    conn_t *c = &sv->conns[i];
+    if (!c->waiting) continue;
+    req_hdr_t *h = (req_hdr_t *)c->buf;
+    if ((int64_t)h->keylen < plen || memcmp(c->buf + sizeof *h, f->key, (size_t)plen) != 0) continue;
+    c->waiting = 0;
+    c->have = 0;
+    reply(c->fd, ST_FAILED, f->val, f->len);
+  }
+}
+
+static int is_failure_key(const char *key, int64_t n) {
+  return n > (int64_t)FAILED_LEN && key[n - (int64_t)FAILED_LEN - 1] == '/' &&
+         memcmp(key + n - (int64_t)FAILED_LEN, DL_STORE_FAILED, FAILED_LEN) == 0;
+}
+
 /* Handle the complete request in c->buf; may park it. */
 static void serve_request(server_t *sv, conn_t *c) {
   __atomic_store_n(&sv->last_us, (int64_t)dl_now_us(), __ATOMIC_RELAXED);
@@ -102,6 +140,11 @@ static void serve_request(server_t *sv, conn_t *c) {
   c->have = 0;
   switch (h->op) {
   case OP_SET: {
+    const int failure = is_failure_key(key, h->keylen);
+    if (failure && e) { /* the first reason stays */
+      reply(c->fd, ST_OK, NULL, 0);
+      return;
+    }
     if (!e && !(e = kv_insert(link, key, h->keylen))) {
       reply(c->fd, ST_BADREQ, NULL, 0);
       return;
@@ -112,6 +155,10 @@ static void serve_request(server_t *sv, conn_t *c) {
     e->len = e->val ? h->vallen : 0;
     reply(c->fd, ST_OK, NULL, 0);
     wake_waiters(sv, e);
+    if (failure) {
+      __atomic_store_n(&sv->failed, 1, __ATOMIC_RELEASE);
+      fail_waiters(sv, e);
+    }
     return;
   }
   case OP_ADD: {
@@ -135,6 +182,10 @@ static void serve_request(server_t *sv, conn_t *c) {
   }
   case OP_GET:
   case OP_WAIT:
+    if (!e && (e = failure_of(sv, key, h->keylen)) != NULL) {
+      reply(c->fd, ST_FAILED, e->val, e->len);
+      return;
+    }
     if (!e) {
       c->have = (int64_t)sizeof *h + h->keylen; /* keep the request: parked */
       c->waiting = 1;
@@ -249,6 +300,7 @@ static void *server_main(void *arg) {
         int one = 1;
         setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         sv->conns[sv->nconns++] = (conn_t){.fd = fd};
+        __atomic_fetch_add(&sv->accepted, 1, __ATOMIC_RELEASE);
       } else if (fd >= 0) {
         close(fd);
       }
@@ -279,8 +331,14 @@ static void linger_at_exit(void) {
   const char *e = getenv("DISTLAB_STORE_LINGER");
   double limit = e && *e ? atof(e) : 5, t0 = now_s();
   __atomic_store_n(&sv->last_us, (int64_t)dl_now_us(), __ATOMIC_RELAXED);
-  while (__atomic_load_n(&sv->nconns, __ATOMIC_ACQUIRE) > 0 && now_s() - t0 < limit) {
-    int parked = 0;
+  /* after a failure, the peers that have not connected yet are still to
+   * be told (their waits end at its key, not at the timeout) */
+  while ((__atomic_load_n(&sv->nconns, __ATOMIC_ACQUIRE) > 0 ||
+          (__atomic_load_n(&sv->failed, __ATOMIC_ACQUIRE) &&
+           __atomic_load_n(&sv->accepted, __ATOMIC_ACQUIRE) < sv->world_size)) &&
+         now_s() - t0 < limit) {
+    int parked = __atomic_load_n(&sv->failed, __ATOMIC_ACQUIRE) &&
+                 __atomic_load_n(&sv->accepted, __ATOMIC_ACQUIRE) < sv->world_size;
     for (int i = 0; i < __atomic_load_n(&sv->nconns, __ATOMIC_ACQUIRE); i++)
       parked |= __atomic_load_n(&sv->conns[i].waiting, __ATOMIC_RELAXED);
     if (!parked && dl_now_us() - __atomic_load_n(&sv->last_us, __ATOMIC_RELAXED) > 2e5) break;
@@ -325,6 +383,7 @@ int dl_store_serve(dl_store_t *st) {
   server_t *sv = calloc(1, sizeof *sv);
   if (!sv) return DL_ERR(DL_ENOMEM, "store server: out of memory");
   sv->listen_fd = sv->wake[0] = sv->wake[1] = -1;
+  sv->world_size = st->world_size;
   st->server = sv;
   sv->conns = calloc(MAX_CLIENTS, sizeof *sv->conns);
   if (!sv->conns || pipe(sv->wake) < 0) return DL_ERR(DL_EIO, "store server: out of resources");

@@ -112,6 +112,7 @@ local region_off = ffi.new("int64_t[1]")
 -- The byte offset of t in this rank's zero-copy region (all of it there, at a
 -- multiple of 16: the kernels read it in place), or nil.
 function AR:region_offset(t)
+  if not tensor.is_tensor(t) then fail("allreduce.region_offset: expected a tensor, got %s", type(t)) end
   check(C.dl_allreduce_region_offset(live(self), t, region_off))
   local off = tonumber(region_off[0])
   return off >= 0 and off or nil

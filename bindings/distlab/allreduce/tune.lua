@@ -198,7 +198,8 @@ end
 -- with the input there (ar:buffer), in place, every algorithm: entry.zc_rows,
 -- what "auto" runs on such an input.
 function U.tune(opts)
-  opts = opts or {}
+  opts = require("distlab.args").options(opts, { "comm", "sizes", "algos", "dtype", "log", "zc", "file", "replays",
+    "rematch" }, "allreduce.tune")
   local dl = require "distlab"
   local comm = opts.comm or dl.comm.world()
   local ar = require "distlab.allreduce"

@@ -18,7 +18,7 @@ local Table = {}
 Table.__index = Table
 
 function M.new(columns, opts)
-  opts = opts or {}
+  opts = require("distlab.args").options(opts, { "out", "quiet" }, "bench.table")
   local t = setmetatable({ cols = {}, out = opts.out or io.stdout, quiet = opts.quiet }, Table)
   for i, c in ipairs(columns) do
     local fmt = c[2] or c.fmt or "%s"

@@ -17,6 +17,7 @@
 --                                   over the ranks of comm: "max" (default), "sum", "min"
 local core = require "distlab.core"
 local stream = require "distlab.stream"
+local args = require "distlab.args"
 
 local fail = core.fail
 local M = {}
@@ -57,7 +58,7 @@ end
 -- two H200 runs at 5 + 20 calls); half a second of it settles them.
 function M.events(fn, opts)
   if type(fn) ~= "function" then fail("bench: first argument must be a function") end
-  opts = opts or {}
+  opts = args.options(opts, { "device", "iters", "warmup", "min_ms", "warm_ms", "before" }, "bench")
   local warmup, iters = count(opts, "warmup", 5, 0), count(opts, "iters", 20, 1)
   local warm_ms, min_ms = ms_opt(opts, "warm_ms"), ms_opt(opts, "min_ms")
   local device = device_of(opts)
@@ -87,12 +88,12 @@ end
 -- and meta there are no graphs: a replay calls the ops again (host time).
 function M.graph(fn, opts)
   if type(fn) ~= "function" then fail("bench: first argument must be a function") end
-  opts = opts or {}
+  opts = args.options(opts, { "device", "ops", "warmup", "replays", "before" }, "bench.graph")
   local ops, warmup = count(opts, "ops", 10, 1), count(opts, "warmup", 5, 0)
   local replays = count(opts, "replays", 50, 1)
   local g = require("distlab.graph").capture(function()
     for _ = 1, ops do fn() end
-  end, opts)
+  end, { device = opts.device })
   for _ = 1, warmup do g:replay() end
   if opts.before then opts.before() end
   local device = device_of(opts)
@@ -118,7 +119,7 @@ local now_us = core.C.dl_now_us
 -- time to issue one call: where it nears the device time, the loop is
 -- host-bound.
 function M.loop_once(fn, iters, opts)
-  opts = opts or {}
+  opts = args.options(opts, { "device", "before", "timeout" }, "bench.loop_once")
   local device = device_of(opts)
   local ev = pair[device]
   if not ev then
@@ -140,7 +141,7 @@ end
 -- each batch counts, so the figure is the host's cost per call, not the
 -- device's queue draining.
 function M.host(fn, opts)
-  opts = opts or {}
+  opts = args.options(opts, { "warmup", "batch", "batches", "sync" }, "bench.host")
   local warmup, batch = count(opts, "warmup", 2000, 0), count(opts, "batch", 256, 1)
   local batches, sync = count(opts, "batches", 200, 1), opts.sync or function() end
   for _ = 1, warmup do fn() end

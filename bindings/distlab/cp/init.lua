@@ -13,7 +13,9 @@
 --     backend = "ours" | "cudnn" | "auto",  (dl.attn's backend for every step; default
 --                             "ours". correction "fused" and all_gather's overlap
 --                             merge in our kernel's epilogue: with "cudnn" they are an
---                             error, with "auto" those steps run ours)
+--                             error, with "auto" those steps run ours. "cudnn" needs
+--                             a cuda communicator, or meta, where nothing runs and
+--                             cuDNN's workspace is counted by its formula)
 --     layout = "bshd" | "sbhd" | "thd", mask = "none" | "causal",
 --     window = {left, right}, scale =, return_max_logit = bool}
 --   out, lse[, max_logit] = cp:forward(q, k, v[, {cu_seqlens_q =, cu_seqlens_q_padded =}])
@@ -90,6 +92,10 @@ function M.attention(opts)
   self.dkv = one_of("dkv", opts.dkv or "travel", { "travel", "local" })
   self.layout = one_of("layout", opts.layout or "bshd", { "bshd", "sbhd", "thd" })
   self.backend = one_of("backend", opts.backend or "ours", { "ours", "cudnn", "auto" })
+  if self.backend == "cudnn" and self.comm.device == "cpu" then
+    fail("cp.attention: backend = \"cudnn\" needs a cuda device (cuDNN runs on cuda only), and comm '%s' is on "
+      .. "cpu: use backend \"ours\" or \"auto\" there (on meta, cudnn counts its workspace by formula)", self.comm.name)
+  end
   if self.backend == "cudnn" and self.algo == "p2p" and self.correction == "fused" then
     fail("cp.attention: correction = \"fused\" merges in our attention kernel's epilogue, which cuDNN " ..
       "has not: with backend = \"cudnn\" use correction \"incremental\" or \"post_loop\" (or backend \"auto\", " ..

@@ -175,6 +175,33 @@ end
 
 local function round256(n) return math.ceil(n / 256) * 256 end
 
+-- The fields of a description (Op:describe), by name, in order.
+local FIELDS = { "op", "algo", "transport", "copy", "streams", "merge", "a_shard rows", "k", "n", "dtype", "out_dtype" }
+local function fields(desc)
+  local op, label, r, k, dt, n, out = desc:match("^(%S+) (.-): a_shard %[(%d+), (%d+)%] (%S+), b %[%d+, (%d+)%], out (%S+)$")
+  if not op then return nil end
+  local algo, transport, copy, streams, merge = label:match("^(%S+) (%S+) (%S+) x(%d+) ?(.*)$")
+  return { op = op, algo = algo or label, transport = transport or "-", copy = copy or "-", streams = streams or "-",
+    merge = merge ~= "" and merge or "no", ["a_shard rows"] = r, k = k, n = n, dtype = dt, out_dtype = out }
+end
+
+-- A mismatch of dl_overlap_new names the fields that differ (the core's
+-- diff splits the shapes at their commas); only rows that differ in an
+-- all-gather are the shard of an m that does not split over the ranks.
+local function mismatch(msg, kind, d)
+  local head, mine, theirs = msg:match("^(.-rank %d+ makes (.-) but rank %d+ makes (.-)) %(differs: [^\n]*%)")
+  local a, b = fields(mine or ""), fields(theirs or "")
+  if not (a and b) then return msg end
+  local diff = {}
+  for _, f in ipairs(FIELDS) do
+    if a[f] ~= b[f] then diff[#diff + 1] = string.format("%s %s vs %s", f, a[f], b[f]) end
+  end
+  local hint = kind == "ag" and a["a_shard rows"] ~= b["a_shard rows"]
+    and "; every rank must pass an a_shard of m/d rows: pad m to a multiple of " .. d
+    or "; every rank must make the same op and run it on the same shapes"
+  return string.format("%s (differs: %s%s)", head, table.concat(diff, ", "), hint)
+end
+
 -- Buffers once, at the first run (collective): the symmetric slots the
 -- schedule asks for, the flags (READY 0, FREE 1), a GEMM workspace and an
 -- event per stream.
@@ -209,14 +236,7 @@ function Op:plan(a, b)
   local rc = mem.tag("overlap_buffers", function()
     return C.dl_overlap_new(pp, self.comm.ptr, self.what, offset, nflags, init)
   end)
-  if rc < 0 then
-    local msg = ffi.string(C.dl_last_error())
-    if msg:find("mismatched overlap ops", 1, true) then
-      msg = msg .. (self.kind == "ag" and " (every rank must pass an a_shard of m/d rows: pad m to a multiple of "
-        .. d .. ")" or " (every rank must run the same op on the same shapes)")
-    end
-    fail("%s", msg)
-  end
+  if rc < 0 then fail("%s", mismatch(ffi.string(C.dl_last_error()), self.kind, d)) end
   self.ov = ffi.gc(pp[0], C.dl_overlap_free)
   local info = ffi.new("dl_overlap_info_t")
   check(C.dl_overlap_info(self.ov, info))
@@ -309,8 +329,12 @@ function Op:rows(t, j) return T.narrow(t, 1, j * self.sh.rows + 1, self.sh.rows)
 
 -- ---- running --------------------------------------------------------------------------
 
+local function live(op, what)
+  if op.freed then fail("%s: %s of a freed op", op.name, what) end
+end
+
 function Op:run(a, b, c)
-  if self.freed then fail("%s: use of a freed op", self.name) end
+  live(self, "run")
   if not self.ov then
     self:plan(a, b)
   else
@@ -348,11 +372,13 @@ function Op:run(a, b, c)
 end
 
 function Op:check()
+  live(self, "check")
   if self.ov then check(C.dl_overlap_check(self.ov, core.stream)) end
   return self
 end
 
 function Op:info()
+  live(self, "info")
   local r = { kind = self.kind, algo = self.algo, transport = self.transport, copy = self.copy,
     streams = self.streams, copy_blocks = self.blocks, rank = self.rank, size = self.size, runs = self.runs,
     label = self:label(), merge = self.merge, head = self.head }

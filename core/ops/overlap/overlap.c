@@ -224,6 +224,7 @@ int dl_overlap_end(dl_overlap_t *o, dl_stream_t *s) {
   DL_TRY(live(o, "dl_overlap_end"));
   void *h;
   DL_TRY(stream_of(o, s, &h));
+  if (o->op.dev_type == DL_CPU) __atomic_store_n(&o->flags[o->op.rank][DL_OVERLAP_ENDED], o->run_id, __ATOMIC_RELEASE);
 #ifdef DL_WITH_CUDA
   if (o->op.dev_type == DL_CUDA) return dl_overlap_cu_end(o, h);
 #endif
@@ -241,13 +242,27 @@ int dl_overlap_signal(dl_overlap_t *o, int peer, int flag, dl_stream_t *s) {
   return DL_OK;
 }
 
+/* The death the wait must end at (1 + a rank), or 0. The first dead rank
+ * (the peers' watch) counts unless it ended this run (then it owes us
+ * nothing: it finished and exited, its peers still finishing); then the
+ * peer we wait for, looked at itself, since the watch names one death only. */
+static uint32_t blocking_death(dl_overlap_t *o, const wait_rec_t *w, int64_t it) {
+  const uint32_t gone = dl_devop_gone(&o->op);
+  if (!gone) return 0;
+  const int dead = (int)gone - 1;
+  if (__atomic_load_n(&o->flags[dead][DL_OVERLAP_ENDED], __ATOMIC_ACQUIRE) != o->run_id) return gone;
+  const int pid = o->op.pids[w->peer];
+  return (it & 255) == 0 && pid > 0 && !dl_host_pid_alive(pid) ? (uint32_t)w->peer + 1 : 0;
+}
+
 /* cpu: poll until the flag is 1 (a peer's process sets it), then clear
- * it; a peer's death or the timeout fails the object. */
+ * it; a peer's death that blocks it or the timeout fails the object. */
 static int wait_cpu(dl_overlap_t *o, const wait_rec_t *w) {
   uint32_t *f = &o->flags[o->op.rank][w->flag];
   const double t0 = dl_host_now_s();
   for (int64_t it = 0; __atomic_load_n(f, __ATOMIC_ACQUIRE) != 1u; it++) {
-    const uint32_t gone = (it & 15) == 0 ? dl_devop_gone(&o->op) : 0;
+    uint32_t gone = (it & 15) == 0 ? blocking_death(o, w, it) : 0;
+    if (gone && __atomic_load_n(f, __ATOMIC_ACQUIRE) == 1u) break; /* it signalled, then died */
     if (gone || ((it & 255) == 0 && dl_host_now_s() - t0 > o->op.timeout_s)) {
       char who[300], dead[96] = "", why[1024];
       dl_devop_describe(&o->op, o->what, who, sizeof who);
@@ -297,11 +312,14 @@ int dl_overlap_wait(dl_overlap_t *o, int flag, int peer, int step, const char *w
   return DL_EUNSUPPORTED;
 }
 
+/* A run that completed needs no peer any more: a peer that finished too and
+ * exited is no failure (its death fails a run still waiting: wait_cpu, and
+ * the cuda watchdog while a run is active), so only a recorded one counts. */
 int dl_overlap_check(dl_overlap_t *o, dl_stream_t *s) {
   DL_TRY(live(o, "dl_overlap_check"));
-  /* the watchdog fails a stuck run within the timeout (refused says so) */
-  DL_TRY(dl_devop_wait_stream(&o->op, s, o->what, refused));
-  return refused(&o->op);
+  /* the watchdog fails a stuck run within the timeout (dl_devop_refused says so) */
+  DL_TRY(dl_devop_wait_stream(&o->op, s, o->what, dl_devop_refused));
+  return dl_devop_refused(&o->op);
 }
 
 /* ---- moving data --------------------------------------------------------------------- */

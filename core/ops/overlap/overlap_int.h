@@ -7,7 +7,9 @@
  * Each rank's data lives in a symmetric buffer (device memory on cuda);
  * its control words in host memory every rank of the node maps:
  * [flags: DL_OVERLAP_MAX_FLAGS words, set by peers, cleared by their owner]
- * [active: 1 word][progress: DL_OVERLAP_MAX_WAITS words]. active holds the
+ * [active: 1 word][progress: DL_OVERLAP_MAX_WAITS words][ended: 1 word, cpu:
+ * the id of the last run this rank ended, which its peers read when it
+ * dies: a rank that ended their run owes them nothing]. active holds the
  * run's id (nonzero) from its begin to its end and 0 between runs;
  * progress[i] becomes the run's id when its wait i has passed. Only the
  * owner writes active and progress: they are what the watchdog reads to see
@@ -28,7 +30,8 @@ typedef struct wait_rec {
 
 typedef struct watch watch_t; /* overlap_watch.c */
 
-enum { DL_OVERLAP_CTL_WORDS = DL_OVERLAP_MAX_FLAGS + 1 + DL_OVERLAP_MAX_WAITS };
+enum { DL_OVERLAP_ENDED = DL_OVERLAP_MAX_FLAGS + 1 + DL_OVERLAP_MAX_WAITS,
+       DL_OVERLAP_CTL_WORDS = DL_OVERLAP_ENDED + 1 };
 
 struct dl_overlap {
   dl_devop_t op;  /* the lifecycle: identity, buffer, failure; its mu guards log, nlog too */

@@ -1,0 +1,31 @@
+-- spec/comm/create_fail.lua [lua|c] — the last rank cannot create the
+-- communicator the others are creating (the ipc backend with no GPU: in
+-- comm.new's check, "lua", or in the core's, "c"); it tells them through the
+-- store, and every rank ends at once with an error naming it. Prints
+-- "CREATE <rank> <seconds> <message>"; the timeout is 30 s. With "raise"
+-- after the mode, each rank raises its error instead (the launcher's view).
+local ffi = require "ffi"
+local dl = require "distlab"
+
+local e = dl.comm.env()
+local last = e.rank == e.world_size - 1
+local t0 = dl.now_us()
+local function make()
+  if not last then return dl.comm.new { timeout = 30 } end
+  if arg[1] == "c" then
+    local store = dl.comm.store { timeout = 30 }
+    local pp = ffi.new("dl_comm_t*[1]")
+    dl.check(dl.C.dl_comm_new(pp, dl.C.DL_COMM_IPC, store.ptr, e.rank, e.world_size, 0, 30))
+  else
+    return dl.comm.new { backend = "ipc", timeout = 30 }
+  end
+end
+if arg[2] == "raise" then
+  make()
+  os.exit(0)
+end
+local ok, err = pcall(make)
+io.stdout:write(string.format("CREATE %d %.3f %s\n", e.rank, (dl.now_us() - t0) / 1e6,
+  ok and "made" or tostring(err):gsub("\n", " ")))
+io.stdout:flush()
+os.exit(0)
