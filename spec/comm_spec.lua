@@ -250,7 +250,7 @@ describe("a rank that cannot make a communicator, sends to self (issue 53)", fun
     end
   end)
 
-  it("a send or recv to self outside a group is an error; paired in a group it works; unpaired fails every rank", function()
+  it("a send or recv to self outside a group is an error; paired in a group it works; unpaired fails the rank that sent", function()
     local out = H.ranks_ok(3, "self", run(3, "cpu", "self.lua"))
     local _, k = out:gsub("SELF OUT_SEND %d [^\n]*send: rank %d to itself outside a group", "")
     assert.equal(3, k, out)
@@ -258,7 +258,12 @@ describe("a rank that cannot make a communicator, sends to self (issue 53)", fun
     assert.equal(3, k, out)
     _, k = out:gsub("SELF PAIRED %d ok", "")
     assert.equal(3, k, out)
-    _, k = out:gsub("SELF UNPAIRED [%d.]+ %d [^\n]*rank 2 sent 1 message to itself but received 0 from itself in one group", "")
-    assert.equal(3, k, out)
+    -- the rank that sent to itself fails, naming it; the others fail naming it too where their
+    -- exchange waited on its group, else their messages all arrived (shm sends as they are posted)
+    assert.truthy(out:find("SELF UNPAIRED [%d.]+ 2 [^\n]*rank 2 sent 1 message to itself but received 0 from itself in one group"), out)
+    for r = 0, 1 do
+      local line = out:match("SELF UNPAIRED [%d.]+ " .. r .. " ([^\n]*)")
+      assert.truthy(line == "ok" or line:find("rank 2 sent 1 message to itself", 1, true), out)
+    end
   end)
 end)

@@ -56,7 +56,16 @@ int dl_comm_store_barrier(dl_comm_t *c, const char *name) {
   snprintf(done, sizeof done, "%s/done", key);
   DL_TRY(dl_store_add(c->store, key, 1, &n));
   if (n == c->size) DL_TRY(dl_store_set(c->store, done, "", 0));
-  return dl_store_wait(c->store, done);
+  DL_TRY(dl_store_wait(c->store, done));
+  /* the last rank out deletes the barrier's keys: a communicator that makes buffer after
+   * buffer would otherwise grow rank 0's store by three keys a barrier */
+  char left[230];
+  snprintf(left, sizeof left, "%s/left", key);
+  DL_TRY(dl_store_add(c->store, left, 1, &n));
+  if (n < c->size) return DL_OK;
+  DL_TRY(dl_store_delete(c->store, done));
+  DL_TRY(dl_store_delete(c->store, key));
+  return dl_store_delete(c->store, left);
 }
 
 /* ---- every rank made the same call ------------------------------------ */

@@ -104,6 +104,8 @@ static int map_cpu(dl_symm_t *b, dl_comm_t *c, int k) {
   char bar[32];
   snprintf(bar, sizeof bar, "y%d", k);
   if (rc == DL_OK) rc = dl_comm_store_barrier(c, bar); /* everyone mapped everything */
+  snprintf(key, sizeof key, "y%d/%d", k, b->rank);
+  if (rc == DL_OK) rc = dl_comm_store_delete(c, key); /* read by all: the store keeps no keys */
   shm_unlink(name);
   return rc;
 }
@@ -139,7 +141,9 @@ static int map_cuda(dl_symm_t *b, dl_comm_t *c, int k) {
     b->base[r] = q;
   }
   snprintf(key, sizeof key, "y%d", k);
-  return dl_comm_store_barrier(c, key);
+  DL_TRY(dl_comm_store_barrier(c, key)); /* everyone opened every handle */
+  snprintf(key, sizeof key, "y%d/%d", k, b->rank);
+  return dl_comm_store_delete(c, key); /* read by all: the store keeps no keys */
 }
 #endif
 

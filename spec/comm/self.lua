@@ -2,7 +2,7 @@
 -- error at once (their other half could never be posted); paired in a
 -- group, the bytes arrive; unpaired in a group (the last rank sends to
 -- itself without receiving), an error on that rank naming it, and on the
--- others, whose ring exchange in that group ends with it. Prints "SELF ..."
+-- others where their ring exchange still waited on it. Prints "SELF ..."
 -- lines and "self ok".
 local dl = require "distlab"
 local w = dl.comm.world { timeout = 20 }
