@@ -52,6 +52,23 @@ int dl_ep_describe(const dl_ep_t *ep, int phase, char *buf, size_t len) {
   return dl_devop_describe(&ep->op, what, buf, len);
 }
 
+/* A call out of step (DL_EP_ERR_CALL, kernels/ep/ep.h): the peer's tag of
+ * the other kind equal to this call's, or its tag of this kind another. */
+static int called(const dl_ep_t *ep, const volatile dl_ep_status_t *s, const char *what, int phase) {
+  const int dispatch = phase < DL_EP_COMBINE_SEND, other = (s->seen & DL_EP_TAG_OTHER) != 0;
+  const char *mine = dispatch ? "dispatch" : "combine", *theirs = dispatch != other ? "dispatch" : "combine";
+  const unsigned tag = s->seen & ~DL_EP_TAG_OTHER;
+  if (other)
+    return DL_ERR(DL_ESTATE,
+                  "%s: rank %u made a %s as its ep call %u where this rank made %s %u (its call %u): every "
+                  "rank must make the same ep calls (dispatch, combine) in the same order",
+                  what, s->peer, theirs, tag, mine, s->epoch, s->expected);
+  return DL_ERR(DL_ESTATE,
+                "%s: rank %u's %s %u was its ep call %u, this rank's %s %u is its call %u: every rank "
+                "must make the same ep calls (dispatch, combine) in the same order",
+                what, s->peer, mine, s->epoch, tag, mine, s->epoch, s->expected);
+}
+
 /* What the kernels recorded, as an error (dl_devop_recorded_failure): a
  * timeout kills the object, a bad expert id is reported once. */
 static int recorded(dl_devop_t *op, int *fatal) {
@@ -80,11 +97,18 @@ static int recorded(dl_devop_t *op, int *fatal) {
     *fatal = 0;
     return rc;
   }
-  int rc = DL_ERR(DL_ETIMEOUT,
-                  "%s: rank %u did not arrive within %.1f s (block %u waited %s, call %u; its "
-                  "count here is %u); did every rank make the same ep calls?",
-                  what, s->peer, ep->op.timeout_s, s->block, phase_waits[phase], s->expected, s->seen);
-  return rc;
+  if (s->kind == DL_EP_ERR_GONE) {
+    char dead[96];
+    dl_devop_gone_str(&ep->op, s->peer + 1, dead, sizeof dead);
+    return DL_ERR(DL_EPEER, "%s: %s (block %u waited %s, call %u)", what, dead, s->block, phase_waits[phase],
+                  s->epoch);
+  }
+  if (s->kind == DL_EP_ERR_CALL)
+    return called(ep, s, what, phase);
+  return DL_ERR(DL_ETIMEOUT,
+                "%s: rank %u did not arrive within %.1f s (block %u waited %s, call %u; its "
+                "count here is %u); did every rank make the same ep calls?",
+                what, s->peer, ep->op.timeout_s, s->block, phase_waits[phase], s->expected, s->seen);
 }
 
 /* ---- lifetime -------------------------------------------------------------------- */
@@ -323,6 +347,8 @@ int dl_ep_new(dl_ep_t **out, dl_comm_t *c, const dl_ep_config_t *cfg) {
                     (long)DL_SIGNAL_MAX_RANKS * DL_EP_MAX_TOKENS, &lamport_max);
   a->lamport = dl_ep_layout_lamport(cfg->layout) && cfg->output == DL_EP_RANK_MAJOR &&
                (int64_t)ci.size * cfg->max_tokens <= lamport_max;
+  /* every wait that lasts reads the peers' death from status.gone (ep.h) */
+  if (rc == DL_OK) rc = dl_devop_watch(&ep->op, &ep->status->gone);
   if (rc == DL_OK) rc = init(ep, c);
   if (rc < 0) {
     dl_error_context(rc, "dl_ep_new on rank %d of %d (comm '%s', %lld bytes a rank)", ci.rank,
@@ -347,7 +373,8 @@ int dl_ep_info(const dl_ep_t *ep, dl_ep_info_t *out) {
   out->local_experts = ep->local;
   out->blocks = ep->blocks;
   out->threads = ep->threads;
-  out->failed = ep->op.failed || (ep->status && ((volatile dl_ep_status_t *)ep->status)->kind == DL_EP_ERR_TIMEOUT);
+  const uint32_t kind = ep->status ? ((volatile dl_ep_status_t *)ep->status)->kind : 0u;
+  out->failed = ep->op.failed || (kind != 0u && kind != DL_EP_ERR_BAD_ID);
   out->tokens = ep->tokens;
   out->msg_dispatch = ep->base.msg_d;
   out->msg_combine = ep->base.msg_c;
