@@ -131,13 +131,27 @@ static int check_config(const dl_ep_config_t *c, const dl_comm_info_t *ci) {
   DL_CHECK_ARG(dl_ep_layout_name(c->layout), "ep: unknown layout %d", c->layout);
   DL_CHECK_ARG(c->output == DL_EP_EXPERT_MAJOR || c->output == DL_EP_RANK_MAJOR,
                "ep: unknown output %d", c->output);
+  DL_CHECK_ARG(c->blocks >= 0 && c->blocks <= DL_EP_MAX_BLOCKS,
+               "ep: blocks %d is not in 1..%d (0: the default grid)", c->blocks, DL_EP_MAX_BLOCKS);
   DL_CHECK_ARG(ci->dev_type == DL_META || ci->size <= DL_SIGNAL_MAX_RANKS,
                "ep: comm '%s' has %d ranks; the kernels span one host of at most %d (meta counts "
                "bytes for any size)", ci->name, ci->size, DL_SIGNAL_MAX_RANKS);
   return DL_OK;
 }
 
-/* Every rank was given the same configuration: a mismatch fails on every rank. */
+/* A store wait of agree() for rank r that failed: a rank that made no such
+ * buffer (an extra one here) times out there. */
+static int absent(const dl_ep_t *ep, int rc, int r, int id) {
+  if (rc != DL_ETIMEOUT) return rc;
+  return DL_ERR(DL_ETIMEOUT,
+                "ep: rank %d did not make this ep buffer within %.1f s (rank %d's symmetric object %d on comm "
+                "'%s'): every rank must make the same ep buffers, in the same order",
+                r, ep->op.timeout_s, ep->op.rank, id, ep->op.comm_name);
+}
+
+/* Every rank was given the same configuration: a mismatch fails on every
+ * rank, naming the options that differ (then the Lamport slots, which follow
+ * from them and DISTLAB_EP_LAMPORT_MAX_ROWS). */
 static int agree(dl_ep_t *ep, int id) {
   if (ep->op.dev_type == DL_META || ep->op.size == 1) return DL_OK;
   char key[64];
@@ -149,15 +163,8 @@ static int agree(dl_ep_t *ep, int id) {
   snprintf(key, sizeof key, "ep%d/lamport/%d", id, ep->op.rank);
   DL_TRY(dl_comm_store_set(ep->op.comm, key, &lamport, sizeof lamport));
   for (int r = 0; r < ep->op.size; r++) {
-    snprintf(key, sizeof key, "ep%d/lamport/%d", id, r);
-    DL_TRY(dl_comm_store_get(ep->op.comm, key, &their_lamport, sizeof their_lamport));
-    if (their_lamport != lamport)
-      return DL_ERR(DL_EINVAL,
-                    "ep: ranks disagree on the dispatch's and combine's slots: rank %d %s Lamport slots, rank %d %s "
-                    "(DISTLAB_EP_LAMPORT_MAX_ROWS differs between them: set it alike on every rank)",
-                    ep->op.rank, lamport ? "uses" : "does not use", r, their_lamport ? "does" : "does not");
     snprintf(key, sizeof key, "ep%d/cfg/%d", id, r);
-    DL_TRY(dl_comm_store_get(ep->op.comm, key, &theirs, sizeof theirs));
+    DL_TRY(absent(ep, dl_comm_store_get(ep->op.comm, key, &theirs, sizeof theirs), r, id));
     theirs.blocks = 0;
     if (memcmp(&mine, &theirs, sizeof mine) != 0)
       return DL_ERR(DL_EINVAL,
@@ -167,6 +174,15 @@ static int agree(dl_ep_t *ep, int id) {
                     layout_name(mine.layout), output_name(mine.output), mine.fp8 ? "fp8" : "bf16", r,
                     theirs.max_tokens, theirs.hidden, theirs.experts, theirs.topk,
                     layout_name(theirs.layout), output_name(theirs.output), theirs.fp8 ? "fp8" : "bf16");
+  }
+  for (int r = 0; r < ep->op.size; r++) {
+    snprintf(key, sizeof key, "ep%d/lamport/%d", id, r);
+    DL_TRY(absent(ep, dl_comm_store_get(ep->op.comm, key, &their_lamport, sizeof their_lamport), r, id));
+    if (their_lamport != lamport)
+      return DL_ERR(DL_EINVAL,
+                    "ep: ranks disagree on the dispatch's and combine's slots: rank %d %s Lamport slots, rank %d %s "
+                    "(DISTLAB_EP_LAMPORT_MAX_ROWS differs between them: set it alike on every rank)",
+                    ep->op.rank, lamport ? "uses" : "does not use", r, their_lamport ? "does" : "does not");
   }
   return DL_OK;
 }
