@@ -3,7 +3,7 @@
 --
 --   local ep = dl.ep.buffer { comm = w, max_tokens = B, hidden = H, experts = E, topk = K,
 --     layout = "per_rank" | "per_expert", output = "expert_major" | "rank_major",
---     dtype = "bf16" | "fp8", blocks = nil }                      collective
+--     dtype = "bf16" | "fp8", blocks = nil (1..1024), ranks = nil (the comm's) }   collective
 --   local recv, handle = ep:dispatch(x, topk_idx, topk_weights)
 --       x bf16 [T, H] (T <= B), topk_idx int32 [T, K] (-1: no expert), topk_weights f32 [T, K]
 --       expert_major: recv = {x = [L, N*B, H], counts = [L]}: rows r < counts[e] of x[e]
@@ -27,6 +27,8 @@
 --                the tag "ep_<part>" (dl.mem.report shows them; outputs: ep_outputs).
 --                On cuda the buffer is in whole 2 MiB pages: signals holds the rounding
 --   ep:info(), ep:check() (wait and report what the kernels recorded), ep:free()
+--                (every later call is an error, and so is reading recv's tensors
+--                and combine's default out)
 --   dl.ep.formula(opts) -> the same parts from the layout's formulas, for `ranks` ranks
 --                (as meta and cpu count them: the buffer rounded to 4 KiB)
 --
@@ -40,7 +42,10 @@
 -- recv, handle and the default out are the buffer's own tensors, reused by
 -- the next dispatch (one dispatch in flight per buffer; make two buffers for
 -- two); a handle of an older dispatch is refused. Every rank makes the same
--- calls in the same order, on the current stream. On meta the buffer counts
+-- calls in the same order, on the current stream: a rank a call ahead or behind
+-- (an extra or missing dispatch or combine) is an error on every rank naming the
+-- calls (the call tag, kernels/ep/ep.h), and a dead peer ends every wait within a
+-- second naming it. On meta the buffer counts
 -- its bytes for any world size and moves nothing.
 local ffi = require "ffi"
 local core = require "distlab.core"
