@@ -3,7 +3,7 @@
 --
 --   local ep = dl.ep.buffer { comm = w, max_tokens = B, hidden = H, experts = E, topk = K,
 --     layout = "per_rank" | "per_expert", output = "expert_major" | "rank_major",
---     dtype = "bf16" | "fp8", blocks = nil }                      collective
+--     dtype = "bf16" | "fp8", blocks = nil (1..1024), ranks = nil (the comm's) }   collective
 --   local recv, handle = ep:dispatch(x, topk_idx, topk_weights)
 --       x bf16 [T, H] (T <= B), topk_idx int32 [T, K] (-1: no expert), topk_weights f32 [T, K]
 --       expert_major: recv = {x = [L, N*B, H], counts = [L]}: rows r < counts[e] of x[e]
@@ -27,6 +27,8 @@
 --                the tag "ep_<part>" (dl.mem.report shows them; outputs: ep_outputs).
 --                On cuda the buffer is in whole 2 MiB pages: signals holds the rounding
 --   ep:info(), ep:check() (wait and report what the kernels recorded), ep:free()
+--                (every later call is an error, and so is reading recv's tensors
+--                and combine's default out)
 --   dl.ep.formula(opts) -> the same parts from the layout's formulas, for `ranks` ranks
 --                (as meta and cpu count them: the buffer rounded to 4 KiB)
 --
@@ -40,10 +42,15 @@
 -- recv, handle and the default out are the buffer's own tensors, reused by
 -- the next dispatch (one dispatch in flight per buffer; make two buffers for
 -- two); a handle of an older dispatch is refused. Every rank makes the same
--- calls in the same order, on the current stream. On meta the buffer counts
+-- calls in the same order, on the current stream: a rank a call ahead or behind
+-- (an extra or missing dispatch or combine) is an error on every rank naming the
+-- calls (the call tag, kernels/ep/ep.h), and a dead peer ends every wait within a
+-- second naming it. On meta the buffer counts
 -- its bytes for any world size and moves nothing.
 local ffi = require "ffi"
 local core = require "distlab.core"
+local args = require "distlab.args"
+local tensor = require "distlab.tensor"
 
 local C, check, fail = core.C, core.check, core.fail
 
@@ -62,6 +69,10 @@ end
 local Buffer = {}
 Buffer.__index = Buffer
 
+local function tensor_arg(x, what)
+  if not tensor.is_tensor(x) then fail("%s must be a tensor, got %s", what, type(x)) end
+end
+
 local function names(t)
   local n = {}
   for k in pairs(t) do n[#n + 1] = k end
@@ -69,47 +80,46 @@ local function names(t)
   return table.concat(n, ", ")
 end
 
-local function choice(o, key, list, dflt)
+local function choice(o, key, list, dflt, fn)
   local v = o[key] == nil and dflt or o[key]
-  if list[v] == nil then fail("ep.buffer: %s %s (expected one of %s)", key, tostring(v), names(list)) end
+  if list[v] == nil then fail("%s: %s %s (expected one of %s)", fn, key, tostring(v), names(list)) end
   return v
 end
 
-local function int(o, key, dflt)
-  local v = o[key] == nil and dflt or o[key]
-  if type(v) ~= "number" or v ~= math.floor(v) then
-    fail("ep.buffer: %s must be an integer, got %s", key, tostring(v))
-  end
-  return v
-end
+-- the options of ep.buffer; formula takes them but comm, and ranks
+local buffer_keys = { "comm", "max_tokens", "hidden", "experts", "topk", "layout", "output", "dtype", "blocks", "ranks" }
+local formula_keys = { "max_tokens", "hidden", "experts", "topk", "layout", "output", "dtype", "blocks", "ranks" }
 
--- The options as the library takes them (errors name the option).
-local function config(o)
-  if type(o) ~= "table" then fail("ep.buffer: expected a table of options") end
-  for k in pairs(o) do
-    if not ({ comm = 1, max_tokens = 1, hidden = 1, experts = 1, topk = 1, layout = 1, output = 1, dtype = 1,
-      blocks = 1, ranks = 1 })[k] then
-      fail("ep.buffer: unknown option %s", tostring(k))
-    end
-  end
+-- The options as the library takes them (errors name the option); fn names
+-- the caller in messages. Integers are checked to fit the C int (args.int32),
+-- their ranges by dl_ep_new.
+local function config(o, fn, known)
+  if type(o) ~= "table" then fail("%s: expected a table of options", fn) end
+  args.options(o, known, fn)
+  local function int(key, lo) return args.int32(o[key], fn .. ": " .. key, lo) end
   local c = ffi.new("dl_ep_config_t")
-  c.max_tokens, c.hidden, c.experts, c.topk = int(o, "max_tokens"), int(o, "hidden"), int(o, "experts"), int(o, "topk")
-  c.layout = M.layouts[choice(o, "layout", M.layouts, "per_rank")]
-  c.output = M.outputs[choice(o, "output", M.outputs, "expert_major")]
-  c.fp8 = M.dtypes[choice(o, "dtype", M.dtypes, "bf16")]
-  c.blocks = int(o, "blocks", 0)
+  c.max_tokens, c.hidden, c.experts, c.topk = int("max_tokens", 1), int("hidden", 1), int("experts", 1), int("topk", 1)
+  c.layout = M.layouts[choice(o, "layout", M.layouts, "per_rank", fn)]
+  c.output = M.outputs[choice(o, "output", M.outputs, "expert_major", fn)]
+  c.fp8 = M.dtypes[choice(o, "dtype", M.dtypes, "bf16", fn)]
+  c.blocks = o.blocks == nil and 0 or int("blocks", 1) -- nil: the default grid (0)
   return c
 end
 
 function M.buffer(o)
-  local c = config(o)
+  local c = config(o, "ep.buffer", buffer_keys)
   local comm = o.comm or require("distlab.comm").world()
   if type(comm) ~= "table" or comm.ptr == nil then fail("ep.buffer: comm must be a live communicator") end
+  if o.ranks ~= nil and o.ranks ~= comm.size then
+    fail("ep.buffer: ranks %s, but comm '%s' has %d ranks (ranks is dl.ep.formula's; a buffer takes its comm's)",
+      tostring(o.ranks), tostring(comm.name), comm.size)
+  end
   local pp = ffi.new("dl_ep_t*[1]")
   check(C.dl_ep_new(pp, comm.ptr, c))
   local ep = setmetatable({ ptr = ffi.gc(pp[0], C.dl_ep_free), comm = comm, device = comm.device,
     layout = o.layout or "per_rank", output = o.output or "expert_major", dtype = o.dtype or "bf16",
-    max_tokens = c.max_tokens, hidden = c.hidden, experts = c.experts, topk = c.topk, calls = 0 }, Buffer)
+    max_tokens = c.max_tokens, hidden = c.hidden, experts = c.experts, topk = c.topk, calls = 0,
+    views = setmetatable({}, { __mode = "k" }) }, Buffer)
   local info = ep:info()
   ep.rank, ep.size, ep.local_experts, ep.blocks = info.rank, info.size, info.local_experts, info.blocks
   -- the library's tensors, viewed once
@@ -125,13 +135,23 @@ function M.buffer(o)
 end
 
 Buffer.__tostring = function(ep)
+  if ep.ptr == nil then return "ep(<freed>)" end
   return string.format("ep(%s, %s, %s, B=%d, H=%d, E=%d, K=%d, rank %d of %d, %.1f MiB symmetric)", ep.layout,
     ep.output, ep.dtype, ep.max_tokens, ep.hidden, ep.experts, ep.topk, ep.rank, ep.size, ep:bytes().total / 2 ^ 20)
 end
 
+-- The buffer's handle; an error at the caller's caller's line once freed.
 local function live(ep)
-  if ep.ptr == nil then fail("use of a freed ep buffer") end
+  if type(ep) ~= "table" or getmetatable(ep) ~= Buffer then fail("expected an ep buffer (dl.ep.buffer), got %s", type(ep)) end
+  if ep.ptr == nil then fail("this ep buffer was freed (ep:free()): make a new one") end
   return ep.ptr
+end
+
+-- A view of the buffer's tensor `key` that ep:free() frees too.
+local function view(self, key, n)
+  local v = self.tensors[key]:narrow(1, 1, n)
+  self.views[v] = true
+  return v
 end
 
 local info = ffi.new("dl_ep_info_t")
@@ -160,8 +180,9 @@ end
 -- among them, are freed too).
 function Buffer:free()
   for _, t in pairs(self.tensors or {}) do t:free() end
+  for v in pairs(self.views or {}) do v:free() end
   if self.ptr ~= nil then C.dl_ep_free(ffi.gc(self.ptr, nil)) end
-  self.ptr, self.tensors = nil, nil
+  self.ptr, self.tensors, self.views = nil, nil, {}
 end
 
 -- ---- dispatch and combine ----------------------------------------------------------------
@@ -177,18 +198,24 @@ end
 
 -- The handle of the dispatch that `fn` (dl_ep_dispatch_send or dl_ep_dispatch) ran. A bad
 -- expert id on cpu fails the call after the tokens went out: the dispatch counts all the same.
-local function dispatched(self, fn, x, topk_idx, topk_weights)
-  local rc = fn(live(self), x, topk_idx, topk_weights, core.stream)
+local function dispatched(self, fn, what, x, topk_idx, topk_weights)
+  local ptr = live(self)
+  tensor_arg(x, what .. ": x")
+  tensor_arg(topk_idx, what .. ": topk_idx")
+  tensor_arg(topk_weights, what .. ": topk_weights")
+  local rc = fn(ptr, x, topk_idx, topk_weights, core.stream)
   self.calls = self:info().dispatches
   check(rc)
   return { ep = self, call = self.calls, tokens = tonumber(x.sz[0]) }
 end
 
-function Buffer:dispatch_send(x, topk_idx, topk_weights)
-  return dispatched(self, C.dl_ep_dispatch_send, x, topk_idx, topk_weights)
+function Buffer:dispatch_send(x, topk_idx, topk_weights, ...)
+  args.none_after("ep:dispatch_send", 3, x, topk_idx, topk_weights, ...)
+  return dispatched(self, C.dl_ep_dispatch_send, "ep:dispatch_send", x, topk_idx, topk_weights)
 end
 
 local function handle_of(self, h, what)
+  live(self)
   if type(h) ~= "table" or h.ep ~= self then fail("ep %s: expected a handle of this buffer's dispatch", what) end
   if h.call ~= self.calls then
     fail("ep %s: the handle of dispatch %d is stale: dispatch %d reused the buffer's outputs", what, h.call, self.calls)
@@ -204,27 +231,36 @@ end
 
 -- send and receive in one launch (one kernel on cuda): what dispatch_send
 -- then dispatch_recv give, with one launch and one grid drain fewer
-function Buffer:dispatch(x, topk_idx, topk_weights)
-  local h = dispatched(self, C.dl_ep_dispatch, x, topk_idx, topk_weights)
+function Buffer:dispatch(x, topk_idx, topk_weights, ...)
+  args.none_after("ep:dispatch", 3, x, topk_idx, topk_weights, ...)
+  local h = dispatched(self, C.dl_ep_dispatch, "ep:dispatch", x, topk_idx, topk_weights)
   return received(self), h
 end
 
-function Buffer:combine_send(y, h)
+function Buffer:combine_send(y, h, ...)
+  args.none_after("ep:combine_send", 2, y, h, ...)
   h = handle_of(self, h, "combine_send")
+  tensor_arg(y, "ep:combine_send: y")
   check(C.dl_ep_combine_send(live(self), y, core.stream))
 end
 
-function Buffer:combine_recv(h, out)
+function Buffer:combine_recv(h, out, ...)
+  args.none_after("ep:combine_recv", 2, h, out, ...)
   h = handle_of(self, h, "combine_recv")
-  out = out or self.tensors.out:narrow(1, 1, h.tokens)
+  if out ~= nil then tensor_arg(out, "ep:combine_recv: out") end
+  out = out or view(self, "out", h.tokens)
   check(C.dl_ep_combine_recv(live(self), out, core.stream))
   return out
 end
 
--- send and receive in one launch, as dispatch
-function Buffer:combine(y, h, opts)
+-- send and receive in one launch, as dispatch; opts {out = t}
+function Buffer:combine(y, h, opts, ...)
+  args.none_after("ep:combine", 3, y, h, opts, ...)
   h = handle_of(self, h, "combine")
-  local out = opts and opts.out or self.tensors.out:narrow(1, 1, h.tokens)
+  opts = args.options(opts, { "out" }, "ep:combine")
+  tensor_arg(y, "ep:combine: y")
+  if opts.out ~= nil then tensor_arg(opts.out, "ep:combine: out") end
+  local out = opts.out or view(self, "out", h.tokens)
   check(C.dl_ep_combine(live(self), y, out, core.stream))
   return out
 end
@@ -237,8 +273,11 @@ local function align(n, a) return math.ceil(n / a) * a end
 -- from the layout as kernels/ep/ep.h describes it (not from the library, so
 -- that the allocator's count checks it).
 function M.formula(o)
-  local c = config(o)
-  local N = int(o, "ranks")
+  local c = config(o, "dl.ep.formula", formula_keys)
+  local N = args.int32(o.ranks, "dl.ep.formula: ranks", 1)
+  if c.experts % N ~= 0 then
+    fail("dl.ep.formula: experts %d is not a multiple of the %d ranks (each rank holds experts / ranks)", c.experts, N)
+  end
   local B, H, E, K, L = c.max_tokens, c.hidden, c.experts, c.topk, c.experts / N
   local per_rank, fp8 = c.layout == C.DL_EP_PER_RANK, c.fp8 == 1
   -- token + K (local expert, position, weight) / token, row, k, weight; header and message
@@ -255,7 +294,7 @@ function M.formula(o)
   -- (to a line) / [N][B] / [L][N][B]
   local drecv = lamport and not fp8 and 2 * N * B * msg_d + align(4 * N, 128) or (per_rank and N or E) * B * msg_d
   local crecv = (per_rank and (lamport and 2 or 1) * K or E) * B * msg_c -- slots [2][K][B] / [K][B] / [E][B]
-  local ctrl = align((8 + 5 * N + N * L) * 4, 4096) -- epochs, flags, counts per (source, expert)
+  local ctrl = align((8 + 8 * N + N * L) * 4, 4096) -- flags, counts, call tags, counts per (source, expert)
   -- the symmetric buffer rounds to 4 KiB and keeps its signal pad behind the data
   local pad = 4 * (C.DL_SIGNAL_FLAGS + C.DL_SIGNAL_MAX_BLOCKS * C.DL_SIGNAL_MAX_RANKS + C.DL_SIGNAL_MAX_BLOCKS + 4)
   local total = align(ctrl + drecv + crecv, 4096) + pad

@@ -38,7 +38,8 @@
  *   per_expert header (16 B): int32 token, int32 row (the token's position
  *     among the source's tokens for this rank: its rank-major row), uint32
  *     k | kmask << 8 (kmask: the token's selections on this rank), f32 weight
- *   per_rank header (align16(4 + 8K) B): int32 token, then per selection k:
+ *   per_rank header (align16(4 + 8K) B): int32 token (in Lamport slots: the
+ *     token | the call's tag (dl_ep_call) << 16), then per selection k:
  *     int16 local expert (-1: not on this rank), int16 position of the token
  *     among the source's tokens for that expert, f32 weight
  *   payload: bf16 [H], or fp8 e4m3 [H] bytes then f32 scales [H/128]
@@ -98,7 +99,20 @@
  *   ntok[N]       from source q: its messages (per_rank) / distinct tokens
  *                 (per_expert) to us in the call of disp_flag[q] (not in
  *                 Lamport slots: the count words above)
+ *   dtag[N]       from source q: the call tag of its last dispatch to us
+ *   ctag[N]       from expert host q: the call tag of its last combine to us
+ *   ann[N]        from rank q: the call it has started, and its kind
+ *                 (dl_ep_ann_word), written as its send starts
  *   cnt[N][L]     from source q: its selections of each of our experts
+ * The call tag (dl_ep_call) numbers a rank's dispatches and combines
+ * together: call s of every rank must be the same kind. Each phase's epoch
+ * pairs calls of one kind by their count, so a rank with an extra or a
+ * missing call would pair its calls with the wrong ones; it stops instead:
+ * a receive finds the peer's tag of its kind unequal to its own (the counts
+ * arrived from another call), and a wait that lasts finds the peer's started
+ * call (ann) to be its own call with the other kind (both would wait for
+ * ever otherwise). Both are recorded (DL_EP_ERR_CALL), as is
+ * a dead peer (status.gone, the process's watchdog: DL_EP_ERR_GONE).
  * No election of a last block and no grid-wide count on the way to a peer:
  * every block signals every rank itself, one release add a rank, so a
  * receiver waits for exactly the writes it needs. Each phase's epoch (calls
@@ -157,23 +171,31 @@ typedef char dl_ep_shares_cover_blocks[DL_EP_SHARES >= DL_EP_MAX_BLOCKS ? 1 : -1
 enum { DL_EP_DISPATCH_SEND = 0, DL_EP_DISPATCH_RECV = 1, DL_EP_COMBINE_SEND = 2, DL_EP_COMBINE_RECV = 3,
        DL_EP_DISPATCH = 4, DL_EP_COMBINE = 5 };
 
-/* failure kinds */
-enum { DL_EP_ERR_TIMEOUT = 1, DL_EP_ERR_BAD_ID = 2 };
+/* failure kinds; all but a bad id end the buffer (and every wait of it) */
+enum { DL_EP_ERR_TIMEOUT = 1, DL_EP_ERR_BAD_ID = 2, DL_EP_ERR_CALL = 3, DL_EP_ERR_GONE = 4 };
 
 /* What a kernel leaves for the host (host-mapped on cuda, so the next call
  * reads it for free). The first failure wins. */
 typedef struct dl_ep_status {
-  uint32_t kind;     /* 0, DL_EP_ERR_TIMEOUT or DL_EP_ERR_BAD_ID           */
+  uint32_t kind;     /* 0 or DL_EP_ERR_*                                   */
   uint32_t phase;    /* DL_EP_DISPATCH_SEND ...                            */
-  uint32_t peer;     /* timeout: the rank waited for; bad id: the token     */
-  uint32_t expected; /* timeout: the call waited for; bad id: k            */
+  uint32_t peer;     /* the rank waited for (gone: the dead one); bad id:
+                        the token                                          */
+  uint32_t expected; /* timeout: the call waited for; call: this rank's
+                        call tag; bad id: k                                */
   uint32_t seen;     /* timeout: the calls the peer's count held whole;
-                        bad id: the id                                     */
+                        call: the peer's tag (| DL_EP_TAG_OTHER: of the
+                        other kind); bad id: the id                        */
   uint32_t block;
   uint32_t epoch;    /* the call, counted by the kernels of this phase      */
   uint32_t claim;    /* taken by the first failure, which then fills the
                         fields and sets kind last (the host reads kind first) */
+  uint32_t gone;     /* 1 + a dead peer's rank: the watchdog's word
+                        (core/comm/peers.c), polled by waits that last     */
 } dl_ep_status_t;
+
+/* status.seen of DL_EP_ERR_CALL: the tag was the peer's other kind of call */
+#define DL_EP_TAG_OTHER 0x80000000u
 
 typedef struct dl_ep_args {
   int phase;       /* DL_EP_*_SEND / _RECV                                  */
@@ -227,8 +249,11 @@ DL_EP_HD int64_t dl_ep_disp_done(int n, int q) { return (int64_t)n + q; }
 DL_EP_HD int64_t dl_ep_comb_flag(int n, int q) { return 2 * (int64_t)n + q; }
 DL_EP_HD int64_t dl_ep_comb_done(int n, int q) { return 3 * (int64_t)n + q; }
 DL_EP_HD int64_t dl_ep_ntok(int n, int q) { return 4 * (int64_t)n + q; }
-DL_EP_HD int64_t dl_ep_cnt(int n, int l, int q, int le) { return 5 * (int64_t)n + (int64_t)q * l + le; }
-DL_EP_HD int64_t dl_ep_ctrl_words(int n, int l) { return 5 * (int64_t)n + (int64_t)n * l; }
+DL_EP_HD int64_t dl_ep_dtag(int n, int q) { return 5 * (int64_t)n + q; }
+DL_EP_HD int64_t dl_ep_ctag(int n, int q) { return 6 * (int64_t)n + q; }
+DL_EP_HD int64_t dl_ep_ann(int n, int q) { return 7 * (int64_t)n + q; }
+DL_EP_HD int64_t dl_ep_cnt(int n, int l, int q, int le) { return 8 * (int64_t)n + (int64_t)q * l + le; }
+DL_EP_HD int64_t dl_ep_ctrl_words(int n, int l) { return 8 * (int64_t)n + (int64_t)n * l; }
 DL_EP_HD int64_t dl_ep_ctrl_bytes(int n, int l) {
   return dl_ep_align(dl_ep_ctrl_words(n, l) * 4, DL_EP_CTRL_ALIGN);
 }
@@ -239,6 +264,21 @@ DL_EP_HD uint32_t dl_ep_share(int b, int g) {
 /* the count at which call e has arrived, and the calls a count holds */
 DL_EP_HD uint32_t dl_ep_count_of(uint32_t e) { return e << DL_EP_SHARE_SHIFT; }
 DL_EP_HD uint32_t dl_ep_calls_of(uint32_t count) { return count >> DL_EP_SHARE_SHIFT; }
+/* A phase's kind: dispatch (phases 0, 1) or combine (2, 3). */
+DL_EP_HD int dl_ep_is_dispatch(int phase) { return phase == DL_EP_DISPATCH_SEND || phase == DL_EP_DISPATCH_RECV; }
+/* The call tag of call `epoch` of phase's kind at a rank whose control words
+ * are `self`: the epoch plus the calls of the other kind this rank finished
+ * (its own receive's count here: the kernels before this one have ended). */
+DL_EP_HD uint32_t dl_ep_call(const uint32_t *self, int n, int rank, int phase, uint32_t epoch) {
+  const int64_t done = dl_ep_is_dispatch(phase) ? dl_ep_comb_done(n, rank) : dl_ep_disp_done(n, rank);
+  return epoch + dl_ep_calls_of(*(const volatile uint32_t *)(self + done));
+}
+/* Peer q's tag word here of phase's kind. */
+DL_EP_HD int64_t dl_ep_tag_same(int n, int phase, int q) {
+  return dl_ep_is_dispatch(phase) ? dl_ep_dtag(n, q) : dl_ep_ctag(n, q);
+}
+/* An ann word: call tag `call` started, a dispatch (dispatch = 1) or a combine. */
+DL_EP_HD uint32_t dl_ep_ann_word(uint32_t call, int dispatch) { return call << 1 | (dispatch ? 0u : 1u); }
 
 /* The layouts (DL_EP_PER_EXPERT, DL_EP_PER_RANK; their kernels
  * ep_per_expert.cuh, ep_per_rank.cuh, their twins cpu/ep.c): names (NULL
@@ -286,11 +326,11 @@ DL_EP_HD int64_t dl_ep_dispatch_half(int lamport_d, int n, int b, uint32_t epoch
 DL_EP_HD int64_t dl_ep_dispatch_count_off(int n, int b, int64_t msg_d, int q) {
   return 2 * (int64_t)n * b * msg_d + 4 * (int64_t)q;
 }
-/* a count word: the call's epoch (its low 16 bits) over the count (<= B <=
- * DL_EP_MAX_TOKENS, so the empty word is never one) */
-DL_EP_HD uint32_t dl_ep_count_word(uint32_t epoch, uint32_t n) { return (epoch & 0xffffu) << 16 | n; }
-DL_EP_HD int dl_ep_count_word_is(uint32_t w, uint32_t epoch) {
-  return (w >> 16) == (epoch & 0xffffu) && (w & 0xffffu) <= DL_EP_MAX_TOKENS;
+/* a count word: the call's tag (dl_ep_call, its low 16 bits) over the count
+ * (<= B <= DL_EP_MAX_TOKENS, so the empty word is never one) */
+DL_EP_HD uint32_t dl_ep_count_word(uint32_t tag, uint32_t n) { return (tag & 0xffffu) << 16 | n; }
+DL_EP_HD int dl_ep_count_word_is(uint32_t w, uint32_t tag) {
+  return (w >> 16) == (tag & 0xffffu) && (w & 0xffffu) <= DL_EP_MAX_TOKENS;
 }
 DL_EP_HD int64_t dl_ep_combine_slots(int layout, int lamport, int e, int k, int b) {
   return (layout == DL_EP_PER_RANK ? (lamport ? 2 : 1) * (int64_t)k : (int64_t)e) * b;

@@ -39,6 +39,7 @@ __device__ __forceinline__ void ep_combine_send_body(const dl_ep_args_t &a) {
   for (int g = tid; g < groups; g += blockDim.x) counts[g] = a.rcounts[g];
   ep_set_epoch(blk, count);
   __syncthreads();
+  ep_announce(a, phase, blk.epoch);
   ep_scan(counts, groups, pre, tmp);
   const int64_t warps = (int64_t)gridDim.x * W, rows = pre[groups], nv = H / 8;
   const ep_split sp = ep_split_rows(rows, warps, nv); // rows cut into segments (ep_device.cuh)
@@ -66,6 +67,7 @@ __device__ __forceinline__ void ep_combine_send_body(const dl_ep_args_t &a) {
   // the owners have read our previous combine (per_rank: and emptied the
   // slots of this call's half in the call before it, ep.h)
   ep_await(a, phase, blk, dl_ep_comb_done, -1);
+  if (blockIdx.x == 0 && blk.ok) ep_send_tag(a, phase, blk.epoch); // the call's tag (ep.h), ahead of block 0's count
   const int64_t half = dl_ep_combine_half(LAMPORT, a.topk, B, blk.epoch);
   for (int64_t it = it0; blk.ok && it < rows * sp.segs; it += warps) {
     if (it != it0) fetch(it);
@@ -160,7 +162,7 @@ __device__ __forceinline__ void ep_combine_recv_body(const dl_ep_args_t &a, cons
             if (j >= n) break;
             if (here && !ep_vec_full(y[u]) &&
                 !ep_poll_vec(sh.slots[warp][j] + v, &y[u], a.timeout_ns, a.status, phase, sh.from[warp][j], epoch,
-                             ep_ctrl(a, a.rank) + dl_ep_comb_flag(a.nranks, sh.from[warp][j]), &blk.ok))
+                             ep_ctrl(a, a.rank), a.nranks, a.rank, &blk.ok))
               here = false;
             const float wj = sh.weights[warp][j];
             const uint32_t wd[4] = {y[u].x, y[u].y, y[u].z, y[u].w};

@@ -60,16 +60,114 @@ static __device__ __noinline__ void ep_fail(dl_ep_status_t *s, int phase, uint32
   __threadfence_system();
 }
 
+#ifndef DL_EP_EMU // the CPU emulation brings its own
+// The 16-byte vector at p as memory holds it now (the peers write there): L2, every time.
+__device__ __forceinline__ uint4 ep_ld_vec_volatile(const uint4 *p) {
+  uint4 x;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
+               : "l"(p)
+               : "memory");
+  return x;
+}
+// Between polls of a vector not there yet, after the first few: a nap, so that
+// a grid of pollers does not crowd the lines the rows land in, as the
+// all-reduce's Lamport kernels nap (EP_POLL_NAP_NS=0 at build time turns it
+// off; measured: experiments/ep/NOTES.md).
+#define EP_POLL_NAP(spins)                          \
+  do {                                              \
+    if ((spins) > 4 && EP_POLL_NAP_NS > 0) __nanosleep(EP_POLL_NAP_NS); \
+  } while (0)
+#define EP_POLL_YIELD() \
+  do {                  \
+  } while (0)
+#endif
+#ifndef EP_POLL_NAP_NS
+#define EP_POLL_NAP_NS 128
+#endif
+
+// Whether a wait of `phase` for `peer` in call `epoch`, `waited` ns long
+// already, must stop (ep.h): another block recorded a failure (not a bad
+// id), the peer died (status->gone, host memory: read here only), the peer
+// started the other kind of call as this call (its ann word, ep.h),
+// or the timeout: this wait's reason recorded (a timeout with the call
+// waited for, `expected`, and the calls the peer's count `count` held).
+// Called every so often by waits that last, never on the fast path.
+static __device__ __noinline__ bool ep_stop(dl_ep_status_t *status, const uint32_t *self, int n, int rank, int phase,
+                                            int peer, uint32_t epoch, uint32_t expected, const uint32_t *count,
+                                            uint64_t waited, uint64_t timeout_ns) {
+  volatile dl_ep_status_t *v = status;
+  const uint32_t kind = v->kind, gone = v->gone;
+  if (kind != 0u && kind != DL_EP_ERR_BAD_ID) return true;
+  const uint32_t call = dl_ep_call(self, n, rank, phase, epoch);
+  if (ep_ld_volatile(self + dl_ep_ann(n, peer)) == dl_ep_ann_word(call, !dl_ep_is_dispatch(phase))) {
+    ep_fail(status, phase, DL_EP_ERR_CALL, (uint32_t)peer, call, call | DL_EP_TAG_OTHER, epoch); // (it may have exited since)
+    return true;
+  }
+  if (gone != 0u) {
+    ep_fail(status, phase, DL_EP_ERR_GONE, gone - 1u, epoch, 0u, epoch);
+    return true;
+  }
+  if (waited > timeout_ns) {
+    ep_fail(status, phase, DL_EP_ERR_TIMEOUT, (uint32_t)peer, expected, dl_ep_calls_of(ep_ld_volatile(count)), epoch);
+    return true;
+  }
+  return false;
+}
+
+// The slow path of ep_wait: polls until word p reaches count or ep_stop says stop.
+static __device__ __noinline__ bool ep_wait_slow(dl_ep_status_t *status, const uint32_t *self, int n, int rank,
+                                                 int phase, int peer, uint32_t epoch, const uint32_t *p, uint32_t count,
+                                                 uint64_t timeout_ns) {
+  const uint64_t t0 = dl_signal_clock_ns();
+  for (int spins = 1;; spins++) {
+    if (DL_SIGNAL_REACHED(dl_signal_load_acquire(p), count)) return true;
+    if (spins % 256) continue; // (ep_stop reads host memory: not too often)
+    EP_POLL_YIELD();
+    const uint64_t waited = dl_signal_clock_ns() - t0;
+    if (waited > 100000 &&
+        ep_stop(status, self, n, rank, phase, peer, epoch, dl_ep_calls_of(count), p, waited, timeout_ns))
+      return false;
+  }
+}
+
 // One thread: until control word w of this rank reaches count (written by
-// `peer`); false, recorded (in calls: the call waited for, the calls the
-// count holds), after the timeout. The peers' death word is not polled (gone
-// NULL): a dead peer ends the wait at its timeout.
+// `peer`); false, recorded, once ep_stop says so.
 __device__ __forceinline__ bool ep_wait(const dl_ep_args_t &a, int phase, int64_t w, uint32_t count, int peer,
                                         uint32_t epoch) {
-  uint32_t seen = 0, dead = 0;
-  if (dl_signal_wait_until(ep_ctrl(a, a.rank) + w, count, a.timeout_ns, nullptr, &seen, &dead)) return true;
-  ep_fail(a.status, phase, DL_EP_ERR_TIMEOUT, (uint32_t)peer, dl_ep_calls_of(count), dl_ep_calls_of(seen), epoch);
+  const uint32_t *self = ep_ctrl(a, a.rank);
+  if (DL_SIGNAL_REACHED(dl_signal_load_acquire(self + w), count)) return true;
+  return ep_wait_slow(a.status, self, a.nranks, a.rank, phase, peer, epoch, self + w, count, a.timeout_ns);
+}
+
+// A receive's check of what arrived from `peer` (its count, then read): the
+// peer's tag of this kind is this call's (ep.h), else recorded.
+__device__ __forceinline__ bool ep_tag_ok(const dl_ep_args_t &a, int phase, int peer, uint32_t epoch) {
+  const uint32_t *self = ep_ctrl(a, a.rank);
+  const uint32_t call = dl_ep_call(self, a.nranks, a.rank, phase, epoch);
+  const uint32_t tag = ep_ld_volatile(self + dl_ep_tag_same(a.nranks, phase, peer));
+  if (tag == call) return true;
+  ep_fail(a.status, phase, DL_EP_ERR_CALL, (uint32_t)peer, call, tag, epoch);
   return false;
+}
+
+// Thread q < N of a send's block 0, before its waits: the call this rank
+// starts, into rank q's ann word for us (ep.h).
+__device__ __forceinline__ void ep_announce(const dl_ep_args_t &a, int phase, uint32_t epoch) {
+  const int q = threadIdx.x;
+  if (blockIdx.x == 0 && q < a.nranks)
+    ep_ctrl(a, q)[dl_ep_ann(a.nranks, a.rank)] =
+        dl_ep_ann_word(dl_ep_call(ep_ctrl(a, a.rank), a.nranks, a.rank, phase, epoch), dl_ep_is_dispatch(phase));
+}
+
+// Thread q < N of a send's last block (dispatch) or first (combine), the
+// block's wait done: this call's tag into rank q's word for us (ahead of the
+// block's count there, ep_finish).
+__device__ __forceinline__ void ep_send_tag(const dl_ep_args_t &a, int phase, uint32_t epoch) {
+  const int q = threadIdx.x;
+  if (q < a.nranks)
+    ep_ctrl(a, q)[dl_ep_tag_same(a.nranks, phase, a.rank)] =
+        dl_ep_call(ep_ctrl(a, a.rank), a.nranks, a.rank, phase, epoch);
 }
 
 // Adds v to *p (a peer's counter), system scope. release (a send's count):
@@ -122,11 +220,12 @@ __device__ __forceinline__ void ep_start(const dl_ep_args_t &a, ep_block &blk, i
 }
 
 // The waits of threads q < N for word word_of(N, q) to count call epoch + lag
-// whole.
+// whole (lag 0: a receive's, whose tags are then checked: ep_tag_ok).
 __device__ __forceinline__ void ep_await(const dl_ep_args_t &a, int phase, ep_block &blk,
                                          int64_t (*word_of)(int, int), int lag) {
   const int q = threadIdx.x;
-  if (q < a.nranks && !ep_wait(a, phase, word_of(a.nranks, q), dl_ep_count_of(blk.epoch + (uint32_t)lag), q, blk.epoch))
+  if (q < a.nranks && (!ep_wait(a, phase, word_of(a.nranks, q), dl_ep_count_of(blk.epoch + (uint32_t)lag), q, blk.epoch) ||
+                       (lag == 0 && !ep_tag_ok(a, phase, q, blk.epoch))))
     blk.ok = 0;
   __syncthreads();
 }
@@ -264,49 +363,24 @@ __device__ __forceinline__ void ep_copy_row_loaded(char *dst, const char *src, i
 
 // ---- Lamport slots (ep.h): a vector is there once none of its words is empty ----
 
-#ifndef DL_EP_EMU // the CPU emulation brings its own
-// The 16-byte vector at p as memory holds it now (the peers write there): L2, every time.
-__device__ __forceinline__ uint4 ep_ld_vec_volatile(const uint4 *p) {
-  uint4 x;
-  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w)
-               : "l"(p)
-               : "memory");
-  return x;
-}
-// Between polls of a vector not there yet, after the first few: a nap, so that
-// a grid of pollers does not crowd the lines the rows land in, as the
-// all-reduce's Lamport kernels nap (EP_POLL_NAP_NS=0 at build time turns it
-// off; measured: experiments/ep/NOTES.md).
-#define EP_POLL_NAP(spins)                          \
-  do {                                              \
-    if ((spins) > 4 && EP_POLL_NAP_NS > 0) __nanosleep(EP_POLL_NAP_NS); \
-  } while (0)
-#define EP_POLL_YIELD() \
-  do {                  \
-  } while (0)
-#endif
-#ifndef EP_POLL_NAP_NS
-#define EP_POLL_NAP_NS 128
-#endif
 
 __device__ __forceinline__ bool ep_vec_full(const uint4 &x) {
   return x.x != DL_EP_EMPTY && x.y != DL_EP_EMPTY && x.z != DL_EP_EMPTY && x.w != DL_EP_EMPTY;
 }
 
 // Polls the vector at p until it is whole (into *x): true; false once the
-// block gave up (*blk_ok 0: another warp's wait timed out), another block
-// recorded a timeout (the host-mapped record, read only once the wait has
-// lasted 100 us; a bad expert id's record stops nothing: that call still
-// completes), or this wait timed out: recorded as a timeout of phase
-// `phase` waiting for `peer`'s row of call `epoch`, with the calls the peer's
-// count (*count, its comb_flag at this rank) held, and *blk_ok set to 0.
-// Plain arguments: a reference to the parameter block would copy it to local
+// block gave up (*blk_ok 0: another warp's wait stopped) or ep_stop says
+// stop (read once the wait has lasted 100 us; a bad expert id's record stops
+// nothing: that call still completes), recorded as a wait of phase `phase`
+// for `peer`'s row of call `epoch`, with the calls the peer's count (its
+// disp_flag / comb_flag at this rank, self's) held; *blk_ok then 0. Plain
+// arguments: a reference to the parameter block would copy it to local
 // memory. The first poll (the fast path) is the caller's.
 static __device__ __noinline__ bool ep_poll_vec(const uint4 *p, uint4 *x, uint64_t timeout_ns, dl_ep_status_t *status,
-                                                int phase, int peer, uint32_t epoch, const uint32_t *count,
-                                                int *blk_ok) {
+                                                int phase, int peer, uint32_t epoch, const uint32_t *self, int n,
+                                                int rank, int *blk_ok) {
   const uint64_t t0 = dl_signal_clock_ns();
+  const uint32_t *count = self + (dl_ep_is_dispatch(phase) ? dl_ep_disp_flag(n, peer) : dl_ep_comb_flag(n, peer));
   for (int spins = 1;; spins++) {
     *x = ep_ld_vec_volatile(p);
     if (ep_vec_full(*x)) return true;
@@ -316,12 +390,7 @@ static __device__ __noinline__ bool ep_poll_vec(const uint4 *p, uint4 *x, uint64
     if (*reinterpret_cast<volatile int *>(blk_ok) == 0) return false;
     const uint64_t waited = dl_signal_clock_ns() - t0;
     if (waited > 100000 && spins % 1024 == 0 &&
-        reinterpret_cast<volatile dl_ep_status_t *>(status)->kind == DL_EP_ERR_TIMEOUT) {
-      *reinterpret_cast<volatile int *>(blk_ok) = 0;
-      return false;
-    }
-    if (waited > timeout_ns) {
-      ep_fail(status, phase, DL_EP_ERR_TIMEOUT, (uint32_t)peer, epoch, dl_ep_calls_of(ep_ld_volatile(count)), epoch);
+        ep_stop(status, self, n, rank, phase, peer, epoch, epoch, count, waited, timeout_ns)) {
       *reinterpret_cast<volatile int *>(blk_ok) = 0;
       return false;
     }

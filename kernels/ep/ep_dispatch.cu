@@ -187,6 +187,7 @@ __device__ __forceinline__ void ep_dispatch_send_body(const dl_ep_args_t &a) {
   ep_set_epoch(blk, count);
   __syncthreads();
   const uint32_t e = blk.epoch;
+  ep_announce(a, phase, e);
   // our chunk in token order: lane k reads the counts, then the first lane
   // of each rank and of each expert advances them (the next token's ids and
   // weights loaded while this one's are used)
@@ -243,9 +244,12 @@ __device__ __forceinline__ void ep_dispatch_send_body(const dl_ep_args_t &a) {
   const int64_t half = dl_ep_dispatch_half(LAMPORT, N, B, e);
   // Lamport slots: the last block's counts (its walk covered every token) go
   // ahead of the messages; each receiver polls them, then the rows
+  // (tagged with the call, as the rows' headers are: ep.h)
+  const uint32_t call = LAMPORT ? dl_ep_call(ep_ctrl(a, a.rank), N, a.rank, phase, e) : 0u;
   if (LAMPORT && blockIdx.x == gridDim.x - 1 && blk.ok && tid < N)
     *reinterpret_cast<uint32_t *>(ep_buf(a, tid) + a.drecv_off + dl_ep_dispatch_count_off(N, B, a.msg_d, a.rank)) =
-        dl_ep_count_word(e, (uint32_t)hist_r[tid]);
+        dl_ep_count_word(call, (uint32_t)hist_r[tid]);
+  if (blockIdx.x == gridDim.x - 1 && blk.ok) ep_send_tag(a, phase, e); // the call's tag (ep.h), with the counts
   // the messages, cut into segments so that every warp of the block has one
   // (the first segment's warp writes the header)
   const int nm = nmsg;
@@ -282,7 +286,7 @@ __device__ __forceinline__ void ep_dispatch_send_body(const dl_ep_args_t &a) {
     }
     for (int j = lane; j < a.hdr / 4; j += 32) {
       uint32_t v = 0;
-      if (j == 0) v = (uint32_t)t;
+      if (j == 0) v = LAMPORT ? (uint32_t)t | (call & 0xffffu) << 16 : (uint32_t)t;
       else v = Layout::header_word(re, rpos, rslot, rw, i, k, km, K, L, q, j);
       reinterpret_cast<uint32_t *>(msg)[j] = LAMPORT ? ep_lamport_word(v) : v;
     }

@@ -55,26 +55,23 @@ __device__ __forceinline__ void ep_recv_rank_row(const dl_ep_args_t &a, const ch
 }
 
 // Polls source `peer`'s count word at w (Lamport slots, ep.h) until it
-// carries call `epoch`'s tag (into *x): true; false once another block
-// recorded a timeout (read after 100 us) or this wait timed out (recorded as
-// ep_poll_vec's, with the calls the peer's disp_flag here, *count, held).
-static __device__ __noinline__ bool ep_poll_count(const uint32_t *w, uint32_t *x, uint32_t epoch, uint64_t timeout_ns,
-                                                  dl_ep_status_t *status, int peer, const uint32_t *count) {
+// carries the tag of this call (`epoch`, call tag `tag`) (into *x): true;
+// false once ep_stop says stop (as ep_poll_vec's; self: this rank's control
+// words).
+static __device__ __noinline__ bool ep_poll_count(const uint32_t *w, uint32_t *x, uint32_t epoch, uint32_t tag,
+                                                  uint64_t timeout_ns, dl_ep_status_t *status, int peer,
+                                                  const uint32_t *self, int n, int rank) {
   const uint64_t t0 = dl_signal_clock_ns();
   for (int spins = 1;; spins++) {
     *x = ep_ld_volatile(w);
-    if (dl_ep_count_word_is(*x, epoch)) return true;
+    if (dl_ep_count_word_is(*x, tag)) return true;
     if (spins % 32) continue;
     EP_POLL_YIELD();
     const uint64_t waited = dl_signal_clock_ns() - t0;
     if (waited > 100000 && spins % 1024 == 0 &&
-        reinterpret_cast<volatile dl_ep_status_t *>(status)->kind == DL_EP_ERR_TIMEOUT)
+        ep_stop(status, self, n, rank, DL_EP_DISPATCH_RECV, peer, epoch, epoch, self + dl_ep_disp_flag(n, peer),
+                waited, timeout_ns))
       return false;
-    if (waited > timeout_ns) {
-      ep_fail(status, DL_EP_DISPATCH_RECV, DL_EP_ERR_TIMEOUT, (uint32_t)peer, epoch,
-              dl_ep_calls_of(ep_ld_volatile(count)), epoch);
-      return false;
-    }
   }
 }
 
@@ -91,14 +88,15 @@ __device__ __forceinline__ uint32_t ep_word_of(const uint4 &v, int j) {
 // polls each until it is there (four in flight), stores it and empties it.
 // Returns (this lane) 1 when moved; 2 when the row does not come: a vector
 // not there at its first poll sends the lane to the source's count word cw
-// (polled until it carries call `epoch`'s tag; n caches it), and j >= n;
+// (polled until it carries the call's tag; n caches it), and j >= n;
 // 0 when a poll gave up (ep_poll_vec or ep_poll_count, naming `peer` and the
 // call; *blk_ok then 0).
 __device__ __forceinline__ int ep_lamport_move(uint4 *dst, uint4 *src, int64_t v0, int64_t v1, int lane,
-                                               const dl_ep_args_t &a, int peer, uint32_t epoch, int *blk_ok,
+                                               const dl_ep_args_t &a, int peer, uint32_t epoch, uint32_t tag,
+                                               int *blk_ok,
                                                const uint32_t *cw, int j, int &n) {
   const uint4 empty = make_uint4(DL_EP_EMPTY, DL_EP_EMPTY, DL_EP_EMPTY, DL_EP_EMPTY);
-  const uint32_t *count = ep_ctrl(a, a.rank) + dl_ep_disp_flag(a.nranks, peer);
+  const uint32_t *self = ep_ctrl(a, a.rank);
   for (int64_t v = v0 + lane; v < v1; v += 128) {
     uint4 y[4];
 #pragma unroll
@@ -111,15 +109,16 @@ __device__ __forceinline__ int ep_lamport_move(uint4 *dst, uint4 *src, int64_t v
       if (!ep_vec_full(y[u])) {
         if (n < 0) { // does the row come at all?
           uint32_t w = ep_ld_volatile(cw);
-          if (!dl_ep_count_word_is(w, epoch) &&
-              !ep_poll_count(cw, &w, epoch, a.timeout_ns, a.status, peer, count)) {
+          if (!dl_ep_count_word_is(w, tag) &&
+              !ep_poll_count(cw, &w, epoch, tag, a.timeout_ns, a.status, peer, self, a.nranks, a.rank)) {
             *reinterpret_cast<volatile int *>(blk_ok) = 0;
             return 0;
           }
           n = (int)(w & 0xffffu);
         }
         if (j >= n) return 2;
-        if (!ep_poll_vec(src + at, &y[u], a.timeout_ns, a.status, DL_EP_DISPATCH_RECV, peer, epoch, count, blk_ok))
+        if (!ep_poll_vec(src + at, &y[u], a.timeout_ns, a.status, DL_EP_DISPATCH_RECV, peer, epoch, self, a.nranks,
+                         a.rank, blk_ok))
           return 0;
       }
       dst[at] = y[u];
@@ -134,7 +133,8 @@ __device__ __forceinline__ int ep_lamport_move(uint4 *dst, uint4 *src, int64_t v
 // (the whole warp) 1 when moved, 2 when row j does not come (ep_lamport_move;
 // cw, n), 0 when a poll of a lane gave up.
 __device__ __forceinline__ int ep_recv_rank_row_lamport(const dl_ep_args_t &a, char *msg, int s, int j, int lane,
-                                                        const ep_split &sp, int64_t sg, uint32_t epoch, int *blk_ok,
+                                                        const ep_split &sp, int64_t sg, uint32_t epoch, uint32_t tag,
+                                                        int *blk_ok,
                                                         const uint32_t *cw, int &n) {
   const int K = a.topk, nh = (int)(a.hdr / 16);
   const int64_t rb = ep_row_bytes<false>(a), lo = ep_seg_lo(sp, sg), hi = ep_seg_hi(sp, sg, rb);
@@ -145,16 +145,24 @@ __device__ __forceinline__ int ep_recv_rank_row_lamport(const dl_ep_args_t &a, c
   uint4 hv = empty;
   if (sg == 0 && lane < nh) hv = ep_ld_vec_volatile(hdr + lane);
   int r = ep_lamport_move(reinterpret_cast<uint4 *>(reinterpret_cast<char *>(a.rx) + row * rb), pay, lo / 16, hi / 16,
-                          lane, a, s, epoch, blk_ok, cw, j, n);
+                          lane, a, s, epoch, tag, blk_ok, cw, j, n);
   // (a row whose payload came has its header coming)
   if (sg == 0 && r == 1 && lane < nh && !ep_vec_full(hv) &&
-      !ep_poll_vec(hdr + lane, &hv, a.timeout_ns, a.status, DL_EP_DISPATCH_RECV, s, epoch,
-                   ep_ctrl(a, a.rank) + dl_ep_disp_flag(a.nranks, s), blk_ok))
+      !ep_poll_vec(hdr + lane, &hv, a.timeout_ns, a.status, DL_EP_DISPATCH_RECV, s, epoch, ep_ctrl(a, a.rank),
+                   a.nranks, a.rank, blk_ok))
     r = 0;
   if (__ballot_sync(EP_FULL, r == 0) != 0u) return 0;
   if (__ballot_sync(EP_FULL, r == 2) != 0u) return 2;
   if (sg != 0) return 1;
-  const int t = (int)ep_word_of(hv, 0);
+  // word 0: the token, under the call's tag (ep.h): rows of another call stop here
+  const uint32_t w0 = ep_word_of(hv, 0);
+  const int t = (int)(w0 & 0xffffu);
+  if ((w0 >> 16) != (tag & 0xffffu)) {
+    if (lane == 0)
+      ep_fail(a.status, DL_EP_DISPATCH_RECV, DL_EP_ERR_CALL, (uint32_t)s, tag, w0 >> 16, epoch);
+    *reinterpret_cast<volatile int *>(blk_ok) = 0;
+    return 0;
+  }
   const uint32_t lw = ep_word_of(hv, lane < K ? 1 + 2 * lane : 0), ww = ep_word_of(hv, lane < K ? 2 + 2 * lane : 0);
   if (lane < nh) hdr[lane] = empty;
   int le = -1;
@@ -185,6 +193,7 @@ __device__ __forceinline__ void ep_dispatch_recv_lamport(const dl_ep_args_t &a) 
   // calls before whole and this one not (this block has not added its share)
   const uint32_t e =
       dl_ep_calls_of(__shfl_sync(EP_FULL, lane == 0 ? ep_ld_volatile(self + dl_ep_disp_done(N, a.rank)) : 0u, 0)) + 1;
+  const uint32_t tag = dl_ep_call(self, N, a.rank, DL_EP_DISPATCH_RECV, e); // the rows' and counts' (ep.h)
   __syncthreads(); // blk.ok set before any poll reads it
   auto count_word = [&](int q) {
     return reinterpret_cast<const uint32_t *>(region + dl_ep_dispatch_count_off(N, B, a.msg_d, q));
@@ -198,7 +207,7 @@ __device__ __forceinline__ void ep_dispatch_recv_lamport(const dl_ep_args_t &a) 
     const int64_t i = it / sp.segs, sg = it % sp.segs;
     const int si = (int)(i / B), j = (int)(i % B), s = si < a.rank ? si : si + 1;
     if (s != n_of) n = -1, n_of = s;
-    ok = ep_recv_rank_row_lamport(a, slots + ((int64_t)s * B + j) * a.msg_d, s, j, lane, sp, sg, e, &blk.ok,
+    ok = ep_recv_rank_row_lamport(a, slots + ((int64_t)s * B + j) * a.msg_d, s, j, lane, sp, sg, e, tag, &blk.ok,
                                   count_word(s), n) != 0 &&
          __ballot_sync(EP_FULL, *reinterpret_cast<volatile int *>(&blk.ok) == 0) == 0u;
   }
@@ -206,8 +215,8 @@ __device__ __forceinline__ void ep_dispatch_recv_lamport(const dl_ep_args_t &a) 
   if (blockIdx.x == gridDim.x - 1 && warp == 0 && lane < N) {
     const uint32_t *cw = count_word(lane);
     uint32_t w = ep_ld_volatile(cw);
-    if (dl_ep_count_word_is(w, e) ||
-        ep_poll_count(cw, &w, e, a.timeout_ns, a.status, lane, self + dl_ep_disp_flag(N, lane)))
+    if (dl_ep_count_word_is(w, tag) ||
+        ep_poll_count(cw, &w, e, tag, a.timeout_ns, a.status, lane, self, N, a.rank))
       a.rcounts[lane] = (int)(w & 0xffffu);
     else
       *reinterpret_cast<volatile int *>(&blk.ok) = 0;
@@ -236,7 +245,7 @@ template <bool FP8, bool EXPERT_MAJOR> __device__ __forceinline__ void ep_per_ra
     bool ok = true;
     int n = 0;
     if (lane < N) {
-      ok = ep_wait(a, phase, dl_ep_disp_flag(N, lane), dl_ep_count_of(e), lane, e);
+      ok = ep_wait(a, phase, dl_ep_disp_flag(N, lane), dl_ep_count_of(e), lane, e) && ep_tag_ok(a, phase, lane, e);
       if (ok) n = (int)ep_ld_volatile(self + dl_ep_ntok(N, lane));
     }
     int inc = DIRECT && lane == a.rank ? 0 : n;

@@ -52,6 +52,23 @@ int dl_ep_describe(const dl_ep_t *ep, int phase, char *buf, size_t len) {
   return dl_devop_describe(&ep->op, what, buf, len);
 }
 
+/* A call out of step (DL_EP_ERR_CALL, kernels/ep/ep.h): the peer's tag of
+ * the other kind equal to this call's, or its tag of this kind another. */
+static int called(const dl_ep_t *ep, const volatile dl_ep_status_t *s, const char *what, int phase) {
+  const int dispatch = phase < DL_EP_COMBINE_SEND, other = (s->seen & DL_EP_TAG_OTHER) != 0;
+  const char *mine = dispatch ? "dispatch" : "combine", *theirs = dispatch != other ? "dispatch" : "combine";
+  const unsigned tag = s->seen & ~DL_EP_TAG_OTHER;
+  if (other)
+    return DL_ERR(DL_ESTATE,
+                  "%s: rank %u made a %s as its ep call %u where this rank made %s %u (its call %u): every "
+                  "rank must make the same ep calls (dispatch, combine) in the same order",
+                  what, s->peer, theirs, tag, mine, s->epoch, s->expected);
+  return DL_ERR(DL_ESTATE,
+                "%s: rank %u's %s %u was its ep call %u, this rank's %s %u is its call %u: every rank "
+                "must make the same ep calls (dispatch, combine) in the same order",
+                what, s->peer, mine, s->epoch, tag, mine, s->epoch, s->expected);
+}
+
 /* What the kernels recorded, as an error (dl_devop_recorded_failure): a
  * timeout kills the object, a bad expert id is reported once. */
 static int recorded(dl_devop_t *op, int *fatal) {
@@ -80,11 +97,18 @@ static int recorded(dl_devop_t *op, int *fatal) {
     *fatal = 0;
     return rc;
   }
-  int rc = DL_ERR(DL_ETIMEOUT,
-                  "%s: rank %u did not arrive within %.1f s (block %u waited %s, call %u; its "
-                  "count here is %u); did every rank make the same ep calls?",
-                  what, s->peer, ep->op.timeout_s, s->block, phase_waits[phase], s->expected, s->seen);
-  return rc;
+  if (s->kind == DL_EP_ERR_GONE) {
+    char dead[96];
+    dl_devop_gone_str(&ep->op, s->peer + 1, dead, sizeof dead);
+    return DL_ERR(DL_EPEER, "%s: %s (block %u waited %s, call %u)", what, dead, s->block, phase_waits[phase],
+                  s->epoch);
+  }
+  if (s->kind == DL_EP_ERR_CALL)
+    return called(ep, s, what, phase);
+  return DL_ERR(DL_ETIMEOUT,
+                "%s: rank %u did not arrive within %.1f s (block %u waited %s, call %u; its "
+                "count here is %u); did every rank make the same ep calls?",
+                what, s->peer, ep->op.timeout_s, s->block, phase_waits[phase], s->expected, s->seen);
 }
 
 /* ---- lifetime -------------------------------------------------------------------- */
@@ -107,13 +131,27 @@ static int check_config(const dl_ep_config_t *c, const dl_comm_info_t *ci) {
   DL_CHECK_ARG(dl_ep_layout_name(c->layout), "ep: unknown layout %d", c->layout);
   DL_CHECK_ARG(c->output == DL_EP_EXPERT_MAJOR || c->output == DL_EP_RANK_MAJOR,
                "ep: unknown output %d", c->output);
+  DL_CHECK_ARG(c->blocks >= 0 && c->blocks <= DL_EP_MAX_BLOCKS,
+               "ep: blocks %d is not in 1..%d (0: the default grid)", c->blocks, DL_EP_MAX_BLOCKS);
   DL_CHECK_ARG(ci->dev_type == DL_META || ci->size <= DL_SIGNAL_MAX_RANKS,
                "ep: comm '%s' has %d ranks; the kernels span one host of at most %d (meta counts "
                "bytes for any size)", ci->name, ci->size, DL_SIGNAL_MAX_RANKS);
   return DL_OK;
 }
 
-/* Every rank was given the same configuration: a mismatch fails on every rank. */
+/* A store wait of agree() for rank r that failed: a rank that made no such
+ * buffer (an extra one here) times out there. */
+static int absent(const dl_ep_t *ep, int rc, int r, int id) {
+  if (rc != DL_ETIMEOUT) return rc;
+  return DL_ERR(DL_ETIMEOUT,
+                "ep: rank %d did not make this ep buffer within %.1f s (rank %d's symmetric object %d on comm "
+                "'%s'): every rank must make the same ep buffers, in the same order",
+                r, ep->op.timeout_s, ep->op.rank, id, ep->op.comm_name);
+}
+
+/* Every rank was given the same configuration: a mismatch fails on every
+ * rank, naming the options that differ (then the Lamport slots, which follow
+ * from them and DISTLAB_EP_LAMPORT_MAX_ROWS). */
 static int agree(dl_ep_t *ep, int id) {
   if (ep->op.dev_type == DL_META || ep->op.size == 1) return DL_OK;
   char key[64];
@@ -125,15 +163,8 @@ static int agree(dl_ep_t *ep, int id) {
   snprintf(key, sizeof key, "ep%d/lamport/%d", id, ep->op.rank);
   DL_TRY(dl_comm_store_set(ep->op.comm, key, &lamport, sizeof lamport));
   for (int r = 0; r < ep->op.size; r++) {
-    snprintf(key, sizeof key, "ep%d/lamport/%d", id, r);
-    DL_TRY(dl_comm_store_get(ep->op.comm, key, &their_lamport, sizeof their_lamport));
-    if (their_lamport != lamport)
-      return DL_ERR(DL_EINVAL,
-                    "ep: ranks disagree on the dispatch's and combine's slots: rank %d %s Lamport slots, rank %d %s "
-                    "(DISTLAB_EP_LAMPORT_MAX_ROWS differs between them: set it alike on every rank)",
-                    ep->op.rank, lamport ? "uses" : "does not use", r, their_lamport ? "does" : "does not");
     snprintf(key, sizeof key, "ep%d/cfg/%d", id, r);
-    DL_TRY(dl_comm_store_get(ep->op.comm, key, &theirs, sizeof theirs));
+    DL_TRY(absent(ep, dl_comm_store_get(ep->op.comm, key, &theirs, sizeof theirs), r, id));
     theirs.blocks = 0;
     if (memcmp(&mine, &theirs, sizeof mine) != 0)
       return DL_ERR(DL_EINVAL,
@@ -143,6 +174,15 @@ static int agree(dl_ep_t *ep, int id) {
                     layout_name(mine.layout), output_name(mine.output), mine.fp8 ? "fp8" : "bf16", r,
                     theirs.max_tokens, theirs.hidden, theirs.experts, theirs.topk,
                     layout_name(theirs.layout), output_name(theirs.output), theirs.fp8 ? "fp8" : "bf16");
+  }
+  for (int r = 0; r < ep->op.size; r++) {
+    snprintf(key, sizeof key, "ep%d/lamport/%d", id, r);
+    DL_TRY(absent(ep, dl_comm_store_get(ep->op.comm, key, &their_lamport, sizeof their_lamport), r, id));
+    if (their_lamport != lamport)
+      return DL_ERR(DL_EINVAL,
+                    "ep: ranks disagree on the dispatch's and combine's slots: rank %d %s Lamport slots, rank %d %s "
+                    "(DISTLAB_EP_LAMPORT_MAX_ROWS differs between them: set it alike on every rank)",
+                    ep->op.rank, lamport ? "uses" : "does not use", r, their_lamport ? "does" : "does not");
   }
   return DL_OK;
 }
@@ -323,6 +363,8 @@ int dl_ep_new(dl_ep_t **out, dl_comm_t *c, const dl_ep_config_t *cfg) {
                     (long)DL_SIGNAL_MAX_RANKS * DL_EP_MAX_TOKENS, &lamport_max);
   a->lamport = dl_ep_layout_lamport(cfg->layout) && cfg->output == DL_EP_RANK_MAJOR &&
                (int64_t)ci.size * cfg->max_tokens <= lamport_max;
+  /* every wait that lasts reads the peers' death from status.gone (ep.h) */
+  if (rc == DL_OK) rc = dl_devop_watch(&ep->op, &ep->status->gone);
   if (rc == DL_OK) rc = init(ep, c);
   if (rc < 0) {
     dl_error_context(rc, "dl_ep_new on rank %d of %d (comm '%s', %lld bytes a rank)", ci.rank,
@@ -347,7 +389,8 @@ int dl_ep_info(const dl_ep_t *ep, dl_ep_info_t *out) {
   out->local_experts = ep->local;
   out->blocks = ep->blocks;
   out->threads = ep->threads;
-  out->failed = ep->op.failed || (ep->status && ((volatile dl_ep_status_t *)ep->status)->kind == DL_EP_ERR_TIMEOUT);
+  const uint32_t kind = ep->status ? ((volatile dl_ep_status_t *)ep->status)->kind : 0u;
+  out->failed = ep->op.failed || (kind != 0u && kind != DL_EP_ERR_BAD_ID);
   out->tokens = ep->tokens;
   out->msg_dispatch = ep->base.msg_d;
   out->msg_combine = ep->base.msg_c;

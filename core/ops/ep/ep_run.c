@@ -87,7 +87,7 @@ static int run(dl_ep_t *ep, int phase, dl_ep_args_t *a, dl_stream_t *s, int *lau
   a->phase = phase;
   *launched = 1;
   rc = launch(ep, a, s);
-  if (rc < 0 && rc != DL_ETIMEOUT && rc != DL_EINVAL) { /* those name the phase already */
+  if (rc < 0 && !ep->op.failed && rc != DL_EINVAL) { /* a recorded failure names the phase already */
     dl_error_context(rc, "%s", what);
     dl_devop_set_failed(&ep->op);
   }

@@ -37,9 +37,34 @@ static void record(const dl_ep_args_t *a, uint32_t kind, uint32_t peer, uint32_t
   __atomic_store_n(&s->kind, kind, __ATOMIC_RELEASE);
 }
 
-/* Until ctrl word w of this rank counts call e whole; DL_ETIMEOUT (recorded
- * in calls, the core words the message) when `peer` did not get there in
- * time. */
+/* Whether a wait of this phase for `peer` in call `epoch` must stop, as the
+ * kernels' ep_stop (kernels/ep/ep_device.cuh): the peer died (status.gone,
+ * the watchdog's word), it started the other kind of call as this call (ep.h),
+ * or the deadline passed; recorded (a timeout with the call waited for, e,
+ * and the calls the peer's count x held). */
+static int stop(const dl_ep_args_t *a, int peer, int block, uint32_t epoch, uint32_t e, uint32_t x,
+                double deadline) {
+  const uint32_t *self = ctrl_of(a, a->rank);
+  const uint32_t call = dl_ep_call(self, a->nranks, a->rank, a->phase, epoch);
+  const uint32_t ann = __atomic_load_n(&self[dl_ep_ann(a->nranks, peer)], __ATOMIC_ACQUIRE);
+  if (ann == dl_ep_ann_word(call, !dl_ep_is_dispatch(a->phase))) { /* first: it may have exited since */
+    record(a, DL_EP_ERR_CALL, (uint32_t)peer, call, call | DL_EP_TAG_OTHER, block, epoch);
+    return DL_ERR(DL_ESTATE, "ep: rank %d made another call", peer);
+  }
+  const uint32_t gone = __atomic_load_n(&a->status->gone, __ATOMIC_ACQUIRE);
+  if (gone) {
+    record(a, DL_EP_ERR_GONE, gone - 1, epoch, 0, block, epoch);
+    return DL_ERR(DL_EPEER, "ep: rank %u has exited", gone - 1);
+  }
+  if (dl_host_now_s() > deadline) {
+    record(a, DL_EP_ERR_TIMEOUT, (uint32_t)peer, e, dl_ep_calls_of(x), block, epoch);
+    return DL_ERR(DL_ETIMEOUT, "ep: rank %d did not arrive", peer);
+  }
+  return DL_OK;
+}
+
+/* Until ctrl word w of this rank counts call e whole; an error (recorded,
+ * the core words the message) once stop() says so. */
 static int wait_word(const dl_ep_args_t *a, int64_t w, uint32_t e, int peer, int block,
                      uint32_t epoch) {
   const uint32_t *p = ctrl_of(a, a->rank) + w, v = dl_ep_count_of(e);
@@ -47,18 +72,42 @@ static int wait_word(const dl_ep_args_t *a, int64_t w, uint32_t e, int peer, int
   uint32_t x;
   for (long i = 0; !DL_SIGNAL_REACHED(x = __atomic_load_n(p, __ATOMIC_ACQUIRE), v); i++) {
     dl_host_pause(i);
-    if (i % 16 == 0 && dl_host_now_s() > deadline) {
-      record(a, DL_EP_ERR_TIMEOUT, (uint32_t)peer, e, dl_ep_calls_of(x), block, epoch);
-      return DL_ERR(DL_ETIMEOUT, "ep: rank %d did not arrive", peer);
-    }
+    if (i % 16 == 0 && i > 0) DL_TRY(stop(a, peer, block, epoch, e, x, deadline));
   }
   return DL_OK;
+}
+
+/* A receive's wait for `peer`'s messages of call e, then the check that they
+ * are of this call: the peer's tag of this kind is ours (ep.h). */
+static int wait_sent(const dl_ep_args_t *a, int64_t w, uint32_t e, int peer, int block) {
+  DL_TRY(wait_word(a, w, e, peer, block, e));
+  const uint32_t *self = ctrl_of(a, a->rank);
+  const uint32_t call = dl_ep_call(self, a->nranks, a->rank, a->phase, e);
+  const uint32_t tag = __atomic_load_n(&self[dl_ep_tag_same(a->nranks, a->phase, peer)], __ATOMIC_ACQUIRE);
+  if (tag == call) return DL_OK;
+  record(a, DL_EP_ERR_CALL, (uint32_t)peer, call, tag, block, e);
+  return DL_ERR(DL_ESTATE, "ep: rank %d made another call", peer);
+}
+
+/* A send's tag of call e (ep.h) into every receiver's word for us. */
+static void send_tag(const dl_ep_args_t *a, uint32_t e) {
+  const uint32_t call = dl_ep_call(ctrl_of(a, a->rank), a->nranks, a->rank, a->phase, e);
+  for (int q = 0; q < a->nranks; q++)
+    __atomic_store_n(&ctrl_of(a, q)[dl_ep_tag_same(a->nranks, a->phase, a->rank)], call, __ATOMIC_RELAXED);
 }
 
 /* The epoch of block `block` of a phase, from the counter its blocks add to
  * here (ep.h), read before the block adds its share. */
 static uint32_t epoch_of(const dl_ep_args_t *a, int64_t (*flag)(int, int)) {
   return dl_ep_calls_of(__atomic_load_n(&ctrl_of(a, a->rank)[flag(a->nranks, a->rank)], __ATOMIC_ACQUIRE)) + 1;
+}
+
+/* A send's start: the call it starts (ep.h) into every rank's ann word for us. */
+static void announce(const dl_ep_args_t *a) {
+  const uint32_t e = epoch_of(a, dl_ep_is_dispatch(a->phase) ? dl_ep_disp_flag : dl_ep_comb_flag);
+  const uint32_t w = dl_ep_ann_word(dl_ep_call(ctrl_of(a, a->rank), a->nranks, a->rank, a->phase, e),
+                                    dl_ep_is_dispatch(a->phase));
+  for (int q = 0; q < a->nranks; q++) __atomic_store_n(&ctrl_of(a, q)[dl_ep_ann(a->nranks, a->rank)], w, __ATOMIC_RELAXED);
 }
 
 /* The end of block `block` of a phase: it adds its share to word `flag(rank)`
@@ -333,6 +382,7 @@ static int dispatch_send(const dl_ep_args_t *a) {
     return DL_ERR(DL_ENOMEM, "ep dispatch: out of host memory");
   }
   int *hist_r = hist_e + a->experts, rc = DL_OK;
+  announce(a);
   for (int b = 0; b < G && rc == DL_OK; b++) {
     const uint32_t e = epoch_of(a, dl_ep_disp_flag);
     /* the receivers have read our previous messages */
@@ -349,6 +399,7 @@ static int dispatch_send(const dl_ep_args_t *a) {
         a->hw[(int64_t)t * K + k] = a->w[(int64_t)t * K + k];
       }
     }
+    if (b == G - 1) send_tag(a, e); /* the call's tag (ep.h), with the counts */
     if (b == G - 1) /* its scan and walk covered every token: the counts */
       for (int q = 0; q < a->nranks; q++) {
         uint32_t *c = ctrl_of(a, q);
@@ -371,7 +422,7 @@ static int dispatch_recv(const dl_ep_args_t *a) {
   int rc = DL_OK;
   for (int b = 0; b < G && rc == DL_OK; b++) {
     const uint32_t e = epoch_of(a, dl_ep_disp_done);
-    for (int s = 0; s < N && rc == DL_OK; s++) rc = wait_word(a, dl_ep_disp_flag(N, s), e, s, b, e);
+    for (int s = 0; s < N && rc == DL_OK; s++) rc = wait_sent(a, dl_ep_disp_flag(N, s), e, s, b);
     if (rc) break;
     expert_offsets(a, self, off);
     if (b == 0) {
@@ -407,10 +458,12 @@ static int combine_send(const dl_ep_args_t *a) {
   const int groups = a->output == DL_EP_EXPERT_MAJOR ? a->local : N;
   const int64_t per_group = a->output == DL_EP_EXPERT_MAJOR ? (int64_t)N * B : B;
   int rc = DL_OK;
+  announce(a);
   for (int b = 0; b < G && rc == DL_OK; b++) {
     const uint32_t e = epoch_of(a, dl_ep_comb_flag);
     for (int s = 0; s < N && rc == DL_OK; s++) rc = wait_word(a, dl_ep_comb_done(N, s), e - 1, s, b, e);
     if (rc) break;
+    if (b == 0) send_tag(a, e); /* the call's tag (ep.h), ahead of block 0's count */
     int64_t i = 0;
     for (int g = 0; g < groups; g++)
       for (int64_t r = 0; r < a->rcounts[g]; r++, i++)
@@ -431,7 +484,7 @@ static int combine_recv(const dl_ep_args_t *a) {
   if (!acc) return DL_ERR(DL_ENOMEM, "ep combine: out of host memory");
   for (int b = 0; b < G && rc == DL_OK; b++) {
     const uint32_t e = epoch_of(a, dl_ep_comb_done);
-    for (int q = 0; q < N && rc == DL_OK; q++) rc = wait_word(a, dl_ep_comb_flag(N, q), e, q, b, e);
+    for (int q = 0; q < N && rc == DL_OK; q++) rc = wait_sent(a, dl_ep_comb_flag(N, q), e, q, b);
     if (rc) break;
     for (int t = b; t < a->tokens; t += G) {
       for (int i = 0; i < H; i++) acc[i] = 0.0f;

@@ -15,6 +15,9 @@
 // (2^32; epochs 2^22). Last, after three whole rounds, rank 1 skips a
 // dispatch: rank 0's receive kernel must end by itself and leave a record
 // naming the phase, a rank that skipped it, the call and the peer's count.
+// Then calls out of step (one rank's dispatch against the others' combine)
+// end every rank's kernel with a record of the call, and a dead peer
+// (status.gone) one of the death.
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +30,7 @@
 
 #include "ep/ep.h"
 #include "ep/fp8.h"
+#include "common/cpu/host_wait.h"
 
 extern "C" int dl_set_error(int code, const char *file, int line, const char *fmt, ...) {
   (void)file;
@@ -490,6 +494,57 @@ int main(int argc, char **argv) {
                     (int)s.peer < n && s.expected == call && s.seen == call - 1 && s.epoch == call;
     printf("combine timeout after 3 calls from %u: %s (kind %u phase %u peer %u call %u, its count %u)\n", first,
            ok ? "recorded" : "WRONG", s.kind, s.phase, s.peer, s.expected, s.seen);
+    if (!ok) failures++;
+  }
+  // Calls out of step (ep.h, the call tag): after two whole rounds rank 0
+  // makes a dispatch where the others make a combine (every token routed to
+  // every rank, so each waits for the others); every rank must stop by
+  // itself, long before the timeout, recording DL_EP_ERR_CALL with the call.
+  // Then a dead peer: rank 0 alone dispatches with status.gone set (rank 1
+  // died) and records DL_EP_ERR_GONE.
+  for (int at = 0; at < 3 && n >= 2; at++) {
+    world w;
+    const int layout = at == 2 ? DL_EP_PER_EXPERT : DL_EP_PER_RANK, output = at ? DL_EP_EXPERT_MAJOR : DL_EP_RANK_MAJOR;
+    make_world(w, n, layout, output, 0, E, true);
+    std::mt19937 g(seed + 11);
+    for (int c = 0; c < 2; c++) {
+      for (int q = 0; q < n; q++) inputs(w, q, c, g);
+      for (int q = 0; q < n; q++) {
+        if (w.r[q].T == 0) w.r[q].T = 1;
+        for (int t = 0; t < w.r[q].T; t++)
+          for (int k = 0; k < K; k++) w.r[q].idx[(size_t)t * K + k] = k < n ? k * (E / n) : -1;
+      }
+      run(w, DL_EP_DISPATCH);
+      for (int q = 0; q < n; q++) experts(w, q);
+      run(w, DL_EP_COMBINE);
+    }
+    for (int q = 0; q < n; q++) w.r[q].status = dl_ep_status_t{};
+    const double t0 = dl_host_now_s();
+    std::vector<std::thread> th;
+    for (int q = 0; q < n; q++)
+      th.emplace_back([&w, q] {
+        dl_ep_args_t a = args_of(w, q, q == 0 ? DL_EP_DISPATCH : DL_EP_COMBINE);
+        dl_ep_cuda(&a, nullptr);
+      });
+    for (auto &t : th) t.join();
+    const double took = dl_host_now_s() - t0;
+    for (int q = 0; q < n; q++) {
+      const dl_ep_status_t &s = w.r[q].status;
+      // call 5 on every rank: two rounds of dispatch and combine before it
+      const bool ok = s.kind == DL_EP_ERR_CALL && s.expected == 5 && (q == 0 ? s.phase <= 1 : s.phase >= 2) && took < 10;
+      printf("out of step, %s %s, rank %d (%s): %s in %.2f s (kind %u phase %u peer %u call %u, its %u)\n",
+             dl_ep_layout_name(layout), output ? "rank_major" : "expert_major", q, q == 0 ? "dispatch" : "combine",
+             ok ? "recorded" : "WRONG", took, s.kind, s.phase, s.peer, s.expected, s.seen);
+      if (!ok) failures++;
+    }
+    for (int q = 0; q < n; q++) w.r[q].status = dl_ep_status_t{};
+    w.r[0].status.gone = 2; // rank 1 died
+    dl_ep_args_t a = args_of(w, 0, DL_EP_DISPATCH);
+    dl_ep_cuda(&a, nullptr);
+    const dl_ep_status_t &s = w.r[0].status;
+    const bool ok = s.kind == DL_EP_ERR_GONE && s.peer == 1;
+    printf("dead peer, %s: %s (kind %u phase %u peer %u)\n", dl_ep_layout_name(layout), ok ? "recorded" : "WRONG",
+           s.kind, s.phase, s.peer);
     if (!ok) failures++;
   }
   printf("%s: %d calls, %d failures\n", failures ? "FAIL" : "ok", total, failures.load());
