@@ -187,6 +187,17 @@ static int agree(dl_ep_t *ep, int id) {
   return DL_OK;
 }
 
+/* agree()'s keys of this rank, once every rank read them (they all passed
+ * symm's barrier): the store keeps no keys of a buffer. */
+static int forget(dl_ep_t *ep, int id) {
+  if (ep->op.dev_type == DL_META || ep->op.size == 1) return DL_OK;
+  char key[64];
+  snprintf(key, sizeof key, "ep%d/cfg/%d", id, ep->op.rank);
+  DL_TRY(dl_comm_store_delete(ep->op.comm, key));
+  snprintf(key, sizeof key, "ep%d/lamport/%d", id, ep->op.rank);
+  return dl_comm_store_delete(ep->op.comm, key);
+}
+
 /* Part sizes and the offsets of the regions (kernels/ep/ep.h). */
 static void lay_out(dl_ep_t *ep) {
   const dl_ep_config_t *c = &ep->cfg;
@@ -296,6 +307,7 @@ static int init(dl_ep_t *ep, dl_comm_t *c) {
   if (ep->op.dev_type == DL_META) return DL_OK;
   /* the buffer: what symm maps is exactly the total charged above */
   DL_TRY(dl_devop_map(&ep->op, ep->base.crecv_off + ep->bytes[DL_EP_COMBINE_RECV_BYTES]));
+  DL_TRY(forget(ep, id));
   memcpy(ep->base.bufs, ep->op.bufs, sizeof ep->base.bufs);
   /* epochs at zero before anyone signals into them; Lamport slots empty
    * (kernels/ep/ep.h; the cpu twin ignores them) */
