@@ -40,6 +40,8 @@ local NOT_BENCHES = {
   ["experiments/block/layer.lua"] = true, -- block.lua's algorithm
   ["experiments/block/ops.lua"] = true, -- block.lua's communication
   ["experiments/faults/soak_ops.lua"] = true, -- soak.lua's kinds of op
+  ["experiments/faults/ep_death.lua"] = true, -- a fault trial's rank script (ep_deaths.sh): times nothing
+  ["experiments/faults/overlap_exit.lua"] = true, -- a fault trial's rank script (overlap_exit.sh): times nothing
 }
 
 local function sh(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
