@@ -26,16 +26,13 @@
  * Experts with no rows run nothing; in the weight gradient their dW is
  * zeroed (left as it is when accumulating), since no GEMM writes it.
  *
- * AUTO, until the bench's table (experiments/gemm/grouped_bench.lua, its
- * results in experiments/results/gemm/) says better: cuBLASLt's kernels use
- * Hopper's warp-group MMA, and NVIDIA described cuBLAS's grouped kernels as
- * warp-level MMA (12.5's introduction of the API), so a GEMM per expert
- * should win once every GEMM of the loop fills the GPU alone: LOOP (on the
- * streams asked for) when the loop is one GEMM or one strided batch, or when
- * every GEMM's output (all of a batch's) has at least as many 128 x 128 tiles
- * as the device has SMs; else CUBLAS, which keeps the SMs busy across experts.
- * Where cuBLAS refuses the dtypes (an f32 out, say) AUTO takes LOOP and
- * remembers it for the process.
+ * AUTO is LOOP. cuBLAS's grouped GEMM (warp-level MMA, as NVIDIA described
+ * it at 12.5) ran at 0.44-0.98x the loop's cuBLASLt GEMMs (warp-group MMA) at
+ * every one of the 48 rows of experiments/results/gemm/grouped-h200.md
+ * (DeepSeek-V3 expert shapes, 8 and 32 experts, uniform and skewed counts,
+ * forward and both backward GEMMs), skewed counts included, where the rule
+ * before (CUBLAS unless every GEMM fills the SMs) took it at half speed. It
+ * stays as backend CUBLAS, chosen only by name.
  */
 #include <pthread.h>
 #include <stdint.h>

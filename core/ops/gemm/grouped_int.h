@@ -9,7 +9,7 @@
 #include "gemm/gemm.h"
 #include "gemm_internal.h"
 
-enum { PTR_ALIGN = 256, TILE = 128 };
+enum { PTR_ALIGN = 256 };
 
 static inline const char *dl_grouped_op_name(int op) {
   return op == DL_GEMM_FWD ? "gemm.grouped" : op == DL_GEMM_DGRAD ? "gemm.grouped_dx"

@@ -59,8 +59,6 @@ enum { MAX_DEVS = 16 };
 static struct side {
   cudaStream_t s[DL_GEMM_GROUPED_MAX_STREAMS];
   cudaEvent_t fork, join[DL_GEMM_GROUPED_MAX_STREAMS];
-  int sms;
-  int cublas_refused[2]; /* [out dtype is the inputs'] */
 } sides[MAX_DEVS];
 
 /* dev's side streams and events, made at the first use. Called with mu held. */
@@ -73,7 +71,6 @@ static int side_of(int dev, int streams, struct side **out) {
     if (!sd->s[i]) DL_CUDA_CHECK(cudaStreamCreateWithFlags(&sd->s[i], cudaStreamNonBlocking));
     if (!sd->join[i]) DL_CUDA_CHECK(cudaEventCreateWithFlags(&sd->join[i], cudaEventDisableTiming));
   }
-  if (!sd->sms) DL_CUDA_CHECK(cudaDeviceGetAttribute(&sd->sms, cudaDevAttrMultiProcessorCount, dev));
   *out = sd;
   return DL_OK;
 }
@@ -125,19 +122,6 @@ static int run_loop(const dl_gemm_args_t *u, int64_t n, int dev, struct side *sd
   return rc;
 }
 
-/* AUTO (see the header): LOOP for one (batched) GEMM, or when every GEMM of
- * the loop fills the device alone; else CUBLAS. */
-static int pick(const dl_gemm_args_t *u, int64_t n, const struct side *sd, int same_dtype) {
-  if (sd->cublas_refused[same_dtype]) return DL_GEMM_GROUPED_LOOP;
-  if (n == 1) return DL_GEMM_GROUPED_LOOP;
-  for (int64_t i = 0; i < n; i++) {
-    const int64_t tiles = (u[i].m + TILE - 1) / TILE * ((u[i].n + TILE - 1) / TILE) *
-                          (u[i].batch > 1 ? u[i].batch : 1);
-    if (tiles < sd->sms) return DL_GEMM_GROUPED_CUBLAS;
-  }
-  return DL_GEMM_GROUPED_LOOP;
-}
-
 int dl_grouped_run_cuda(dl_gemm_grouped_opts_t *o, const plan_t *p, const dl_tensor_t *a,
                     const dl_view_t *dw, int64_t E, dl_stream_t *s) {
   const char *fn = dl_grouped_op_name(o->op);
@@ -182,17 +166,10 @@ int dl_grouped_run_cuda(dl_gemm_grouped_opts_t *o, const plan_t *p, const dl_ten
     struct side *sd = NULL;
     const int streams = o->streams > 1 ? o->streams : 1;
     rc = side_of(dev, streams, &sd);
-    const int same = p->g[0].a.dtype == p->g[0].d.dtype;
     int backend = o->backend;
-    if (!rc && backend == DL_GEMM_GROUPED_AUTO) backend = pick(u, nu, sd, same);
+    if (!rc && backend == DL_GEMM_GROUPED_AUTO) backend = DL_GEMM_GROUPED_LOOP; /* the header says why */
     if (!rc && backend == DL_GEMM_GROUPED_CUBLAS) {
       rc = dl_gemm_cublas_grouped(p->g, p->n, dev, (void **)ws, lt_ws, DL_GEMM_WORKSPACE_BYTES, h);
-      if (rc == DL_EUNSUPPORTED && o->backend == DL_GEMM_GROUPED_AUTO) {
-        sd->cublas_refused[same] = 1; /* AUTO takes the loop from now on */
-        dl_clear_error();
-        rc = DL_OK;
-        backend = DL_GEMM_GROUPED_LOOP;
-      }
     }
     if (!rc && backend == DL_GEMM_GROUPED_LOOP) {
       rc = run_loop(u, nu, dev, sd, streams, lt_ws, DL_GEMM_WORKSPACE_BYTES, (cudaStream_t)h);
