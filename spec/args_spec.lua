@@ -4,14 +4,9 @@
 -- an FFI conversion error; and the accounting cases that were silently
 -- wrong give the right numbers.
 local dl = require "distlab"
+local H = require "helpers"
 
-local function fails(fn, msg)
-  local ok, err = pcall(fn)
-  assert.is_false(ok, "expected an error: " .. msg)
-  err = tostring(err)
-  assert.truthy(err:find(msg, 1, true), err)
-  assert.truthy(err:find("args_spec.lua:%d+:"), "the error should point at the caller: " .. err)
-end
+local function fails(fn, msg) return H.failed(msg, "args_spec.lua", pcall(fn)) end
 
 describe("sizes, integers and options", function()
   it("sizes must be integers that fit an int64_t", function()

@@ -9,13 +9,7 @@ local H = require "helpers"
 
 local run = H.ranks("ep")
 
-local function fails(fn, msg)
-  local ok, err = pcall(fn)
-  assert.is_false(ok, "expected an error: " .. msg)
-  err = tostring(err)
-  assert.truthy(err:find(msg, 1, true), err)
-  assert.truthy(err:find("ep_faults_spec.lua:%d+:"), "the error should point at the caller: " .. err)
-end
+local function fails(fn, msg) return H.failed(msg, "ep_faults_spec.lua", pcall(fn)) end
 
 local function buffer(o)
   local c = { comm = dl.comm.world(), max_tokens = 4, hidden = 128, experts = 2, topk = 1 }

@@ -90,6 +90,19 @@ function H.ranks_ok(n, word, rc, out)
   return out
 end
 
+-- The results of pcall(fn) in a spec file are an error that holds msg (plain text) and points
+-- at a line of that file (distlab raises its errors at the caller's line), never a raw FFI
+-- conversion message. Call pcall in the spec file itself, so that a tail call in fn still
+-- points there: local function fails(fn, msg) return H.failed(msg, "x_spec.lua", pcall(fn)) end
+function H.failed(msg, file, ok, err)
+  assert.is_false(ok, "expected an error: " .. msg)
+  err = tostring(err)
+  assert.truthy(err:find(msg, 1, true), err)
+  assert.truthy(err:find(file:gsub("%p", "%%%0") .. ":%d+:"), "the error should point at the caller: " .. err)
+  assert.falsy(err:find("cannot convert", 1, true), err)
+  return err
+end
+
 -- Whether a command is on the PATH.
 function H.has_command(cmd)
   local p = io.popen("command -v " .. cmd .. " 2>/dev/null")

@@ -5,15 +5,9 @@
 -- a completed run whose peers exit), spec/comm_spec.lua (a rank that cannot
 -- make a communicator, sends to self).
 local dl = require "distlab"
+local H = require "helpers"
 
-local function fails(fn, msg)
-  local ok, err = pcall(fn)
-  assert.is_false(ok, "expected an error: " .. msg)
-  err = tostring(err)
-  assert.truthy(err:find(msg, 1, true), err)
-  assert.truthy(err:find("misuse_spec.lua:%d+:"), "the error should point at the caller: " .. err)
-  assert.falsy(err:find("cannot convert", 1, true), err)
-end
+local function fails(fn, msg) return H.failed(msg, "misuse_spec.lua", pcall(fn)) end
 
 describe("numbers handed to C", function()
   local a = dl.randn({ 2, 3 }, { dtype = "bf16" })
