@@ -212,6 +212,10 @@ local function collect(n, set)
   for r = 0, nranks - 1 do left[r] = true end
   local interrupts = waiting_interrupts()
   while next(left) do
+    local busy = {}
+    for r in pairs(left) do busy[#busy + 1] = r end
+    table.sort(busy)
+    busy = table.concat(busy, ",")
     for r in pairs(left) do
       local key = "repl/" .. n .. "/out/" .. r
       if key_exists(key) then
@@ -220,15 +224,11 @@ local function collect(n, set)
         left[r] = nil
       end
     end
-    if next(left) then
-      interrupts(function()
-        local busy = {}
-        for r in pairs(left) do busy[#busy + 1] = r end
-        table.sort(busy)
-        return table.concat(busy, ",")
-      end)
-      sleep_ms(20)
-    end
+    -- also after the last output came: a second Ctrl-C that ended the input
+    -- itself (a store wait it stopped) reached this rank at the same moment,
+    -- so it is pending here by the time that rank's output is in the store
+    interrupts(function() return busy end)
+    if next(left) then sleep_ms(20) end
   end
   show(outs, set)
   for r = 0, nranks - 1 do store:delete("repl/" .. n .. "/out/" .. r) end
@@ -270,16 +270,24 @@ local function follow()
     n = n + 1
     local key = "repl/" .. n
     local interrupts = waiting_interrupts()
-    local function busy() -- the ranks input n-1 still runs on
+    local running, seen = false, nil
+    local function busy() -- the ranks input n-1 still runs on (or ran on, last seen)
+      if not running then return seen or "?" end
       local l = {}
       for r = 0, nranks - 1 do
         if not key_exists("repl/" .. (n - 1) .. "/out/" .. r) then l[#l + 1] = r end
       end
-      return table.concat(l, ",")
+      seen = table.concat(l, ",")
+      return seen
     end
     while not key_exists(key) do
-      -- input n-1 still runs somewhere while its key is there
-      if n > 1 and key_exists("repl/" .. (n - 1)) then interrupts(busy) else C.dl_sigint_take() end
+      -- input n-1 still runs somewhere while its key is there; the first look
+      -- after it went counts too: a second Ctrl-C that ended the input itself
+      -- (a store wait it stopped) is pending here by the time rank 0 has
+      -- shown the outputs and deleted the key
+      local was = running
+      running = n > 1 and key_exists("repl/" .. (n - 1))
+      if running or was then interrupts(busy) else C.dl_sigint_take() end
       sleep_ms(50)
     end
     local msg = store:get(key)

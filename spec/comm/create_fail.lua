@@ -1,6 +1,7 @@
 -- spec/comm/create_fail.lua [lua|c] — the last rank cannot create the
--- communicator the others are creating (the ipc backend with no GPU: in
--- comm.new's check, "lua", or in the core's, "c"); it tells them through the
+-- communicator the others are creating (the ipc backend on cuda:4096, a
+-- device no host has, so that it fails on GPU hosts too: in comm.new's
+-- check, "lua", or in the core's, "c"); it tells them through the
 -- store, and every rank ends at once with an error naming it. Prints
 -- "CREATE <rank> <seconds> <message>"; the timeout is 30 s. With "raise"
 -- after the mode, each rank raises its error instead (the launcher's view).
@@ -10,14 +11,15 @@ local dl = require "distlab"
 local e = dl.comm.env()
 local last = e.rank == e.world_size - 1
 local t0 = dl.now_us()
+local NO_DEVICE = 4096
 local function make()
   if not last then return dl.comm.new { timeout = 30 } end
   if arg[1] == "c" then
     local store = dl.comm.store { timeout = 30 }
     local pp = ffi.new("dl_comm_t*[1]")
-    dl.check(dl.C.dl_comm_new(pp, dl.C.DL_COMM_IPC, store.ptr, e.rank, e.world_size, 0, 30))
+    dl.check(dl.C.dl_comm_new(pp, dl.C.DL_COMM_IPC, store.ptr, e.rank, e.world_size, NO_DEVICE, 30))
   else
-    return dl.comm.new { backend = "ipc", timeout = 30 }
+    return dl.comm.new { backend = "ipc", device = "cuda:" .. NO_DEVICE, timeout = 30 }
   end
 end
 if arg[2] == "raise" then
