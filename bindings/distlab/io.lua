@@ -345,8 +345,9 @@ function M.from_bytes(s, shape, dtype, device)
   local t = tensor.empty(o.shape, { dtype = o.dtype or "f32", device = o.device })
   local want = T.nbytes(t)
   if n ~= want then
+    local dt = t.dtype -- read before the free: a freed tensor answers nothing
     T.free(t)
-    fail("from_bytes: %d bytes given, but %s [%s] takes %d", n, t.dtype, table.concat(o.shape, ", "), want)
+    fail("from_bytes: %d bytes given, but %s [%s] takes %d", n, dt, table.concat(o.shape, ", "), want)
   end
   check(C.dl_tensor_from_host(t, s, n, core.stream))
   return t
