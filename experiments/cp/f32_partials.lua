@@ -16,7 +16,8 @@
 -- Then the peak memory of each at CP = 8 on meta: the formula below and
 -- what the allocator counted, in units of one per-rank Q. The data check
 -- (h:verify; --plant noop | scale=X must fail it): incremental_f32's out at
--- the floor (within 5%) and below incremental's error, its lse and
+-- the floor (within 5%; 50% on cuda, whose kernels round P to bf16) and below
+-- every library correction's error, its lse and
 -- gradients within TE's CP tolerance, and every formula exact. Prints
 -- "f32_partials ok" per rank, or "data check failed" and exits 1.
 --
@@ -98,8 +99,8 @@ if r == 0 then
 end
 
 -- The data check: incremental_f32's forward and backward (--plant goes into
--- what they return): out at the floor (within 5%) and below incremental's
--- error, lse, dq, dk, dv within TE's CP tolerance.
+-- what they return): out at the floor (within 5%, 50% on cuda) and below the
+-- library corrections' errors, lse, dq, dk, dv within TE's CP tolerance.
 local cp = dl.cp.attention { comm = w, layout = layout, mask = mask, correction = "incremental_f32" }
 h:verify {
   what = "incremental_f32 forward + backward",
@@ -111,8 +112,13 @@ h:verify {
   check = function(out, l, gq, gk, gv)
     local why, n = {}, 0
     local rel = dl.rel_err(out, mine32)
-    if not (rel <= 1.05 * e[1] and rel < e[4]) then
-      n, why[#why + 1] = n + 1, string.format("out: error %.3e, floor %.3e, incremental's %.3e", rel, e[1], e[4])
+    -- on cuda each step's kernel rounds its probabilities to bf16 before P V (the flash
+    -- kernels do): that error stays with fp32 partials, so there out must beat every library
+    -- correction (H200, S 128 over 2 ranks: 1.2x the floor, the best of the others 1.36x)
+    local worst = tostring(h.device):find("cuda") and 1.5 or 1.05
+    if not (rel <= worst * e[1] and rel < math.min(e[3], e[4], e[5])) then
+      n, why[#why + 1] = n + 1, string.format("out: error %.3e, floor %.3e (bound %.2fx), the library's best %.3e",
+        rel, e[1], worst, math.min(e[3], e[4], e[5]))
     end
     for name, pair in pairs { lse = { l, lse_mine, 1e-3 }, dq = { gq, shard(dq), 2.5e-2 },
       dk = { gk, shard(dk), 2.5e-2 }, dv = { gv, shard(dv), 2.5e-2 } } do
