@@ -19,7 +19,8 @@
 --   h:print(fmt, ...)        on rank 0
 --   h:table(columns)         a distlab.bench.table printing on rank 0
 --   h:max(v), h:sum(v)       v (number or list) over the ranks
---   h:check(fn)              after timing: fn() returns this rank's wrong elements;
+--   h:check(fn)              after timing: fn() returns this rank's wrong elements (a number,
+--                            or a 64-bit integer from C; fn may be the count itself);
 --                            the sum over ranks is returned and counted for the exit code
 --   h.quick, h.plant         --quick (the bench's smallest case: the plant spec runs it) and
 --                            --plant noop | scale=X (distlab.bench.verify); --show-checks prints
@@ -139,9 +140,10 @@ function Harness:max(v) return timing.over_ranks(self.comm, v, "max") end
 function Harness:sum(v) return timing.over_ranks(self.comm, v, "sum") end
 
 function Harness:check(fn)
-  local mine = type(fn) == "function" and fn() or fn
-  if type(mine) ~= "number" then fail("%s: a data check must return a count of wrong elements, got %s", self.name,
-    tostring(mine)) end
+  local got = type(fn) == "function" and fn() or fn
+  local mine = verify.as_count(got)
+  if not mine then fail("%s: a data check must return a count of wrong elements, got %s", self.name,
+    tostring(got)) end
   local total = self:sum(mine)
   self.wrong = self.wrong + total
   return total

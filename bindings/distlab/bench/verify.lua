@@ -89,6 +89,14 @@ function M.poison(t) return T.fill_(t, POISON[t.dtype] or 0 / 0) end
 
 local function is_float(t) return FLOAT[t.dtype] == true end
 
+-- A count of wrong elements as a Lua number: a 64-bit integer from C (0LL, what a count
+-- read from a C struct is) is one too; anything else is nil.
+function M.as_count(n)
+  if type(n) == "number" then return n end
+  if type(n) == "cdata" and (ffi.istype("int64_t", n) or ffi.istype("uint64_t", n)) then return tonumber(n) end
+  return nil
+end
+
 local function list_of(x)
   if x == nil then return {} end
   if type(x) == "function" then x = x() end
@@ -375,10 +383,11 @@ function M.run(spec, settle)
   if settle then settle() end
   local res = { spec.run() }
   if settle then settle() end
-  local n, msg = spec.check(unpack(res))
-  if type(n) ~= "number" then
+  local got, msg = spec.check(unpack(res))
+  local n = M.as_count(got)
+  if not n then
     fail("bench.verify %s: check must return a count of wrong elements (and a message), got %s",
-      tostring(spec.what), tostring(n))
+      tostring(spec.what), tostring(got))
   end
   if not spec.keep then
     for _, v in ipairs(res) do if tensor.is_tensor(v) then M.poison(v) end end
