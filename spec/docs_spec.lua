@@ -85,4 +85,26 @@ describe("docs", function()
     assert.truthy(err and err < 1e-2, out)
     assert.truthy(out:find("comm_buffers", 1, true), out)
   end)
+
+  it("the README's lines that load a file run as written", function()
+    local block = read("README.md"):match("## A schedule script.-```lua\n.-```.-```lua\n(.-)```")
+    assert.truthy(block and block:find("dl.load(\"x.npy\")", 1, true), "no ```lua block with dl.load in README.md")
+    local dir = H.tmpname("")
+    os.remove(dir)
+    assert.equal(0, (os.execute("mkdir -p " .. dir)))
+    local script = dir .. "/quick.lua"
+    H.write(script, 'local dl = require "distlab"\n'
+      .. 'dl.save("x.npy", dl.randn(3, 5, { dtype = "bf16", seed = 1, device = "cpu" }))\n'
+      .. 'dl.save("w.safetensors", { a = dl.randn(4, { seed = 2, device = "cpu" }) })\n'
+      .. block
+      .. 'assert(dl.load("y.npy"):bytes() == x:to("f32"):bytes() and w.a:numel() == 4)\nprint("quick start ok")\n')
+    local p = io.popen(string.format("root=$(cd %q && pwd) && cd %q && \"$root\"/distlab run --device cpu quick.lua 2>&1;"
+      .. " echo __rc=$?", H.root, dir))
+    local out = p:read("*a")
+    p:close()
+    local rc = tonumber(out:match("__rc=(%d+)%s*$"))
+    os.execute("rm -rf " .. dir)
+    assert.equal(0, rc, out)
+    assert.truthy(out:find("quick start ok", 1, true), out)
+  end)
 end)
