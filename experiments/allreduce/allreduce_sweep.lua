@@ -314,8 +314,9 @@ local function write_results()
 
   local extra = {
     "dispatch table for auto: " .. tostring(table_file) .. (table_entry and table_entry.provisional and " (provisional)" or ""),
-    "method: bf16, in place unless noted; a CUDA graph of 10 back-to-back all-reduces, 3 warm-up replays, " ..
-      "then each replay timed with device events; time per all-reduce = median replay / 10, max over ranks " ..
+    "method: bf16, in place unless noted; " .. (on_gpu and "a CUDA graph of 10 back-to-back all-reduces"
+      or "no graphs on " .. w.device .. ": a replay calls 10 back-to-back all-reduces (host time)") ..
+      ", 3 warm-up replays, then each replay timed with device events; time per all-reduce = median replay / 10, max over ranks " ..
       "(vLLM's benchmark method); data checked after timing (fresh inputs, an out-of-place output poisoned, " ..
       string.format("the whole result up to 128K elements or 128 windows of 1024, against an fp64 sum on the host: " ..
       "each element within %g + 2^-7 |ref|, normwise within %.2g, bias within 2^-10).", TOL.atol, TOL.norm),
@@ -462,8 +463,9 @@ local function write_results()
   end
   print("wrote " .. md_path .. ", .csv and -wide.csv")
   if opt.plot then
-    local ok, note = bench.plot.script("experiments/allreduce/allreduce_plot.sh", { h:path(base .. "-wide.csv") },
-      base .. ".png")
+    local method = on_gpu and "CUDA graph of 10, median" or "host time, 10 calls a replay, median"
+    local ok, note = bench.plot.script("experiments/allreduce/allreduce_plot.sh",
+      { h:path(base .. "-wide.csv"), h:path(base .. ".png"), method }, base .. ".png")
     if not ok then print(note) end
   end
 end
