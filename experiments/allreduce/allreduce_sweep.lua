@@ -243,7 +243,8 @@ local tbl = h:table({ { "bytes", "%12d", unit = "(B)" }, { "column", "%-18s" }, 
 tbl:header(string.format("allreduce sweep: %s x %d, bf16, table %s (%s)", device_name, N, tostring(table_file),
   table_entry and (table_entry.provisional and "provisional" or table_entry.date or "") or "none: built-in rule"))
 local results = {}
-for _, size in ipairs(sizes) do
+for si, size in ipairs(sizes) do
+  h:progress(si, #sizes, bench.sizes.human(size.bytes))
   size.x = dl.empty({ size.bytes / 2 }, { dtype = "bf16" })
   size.auto_algo = dl.allreduce.choose(size.bytes, w)
   if size.bytes <= ar.max_bytes then size.auto_zc_algo = (ar:choose(ar:buffer({ size.bytes / 2 }, "bf16"))) end

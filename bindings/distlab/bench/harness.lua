@@ -17,6 +17,9 @@
 --                            printed its error and exited 2)
 --   h.rank0, h.rank, h.size  h.tag (with tag = true: --tag, default h200x2, cpux2, ...)
 --   h:print(fmt, ...)        on rank 0
+--   h:progress(i, n, what)   case i of n starts: after 10 s of run (--progress S), one line a
+--                            case on stderr, "NAME: case i/n (what), 42 s so far, about 3 min left";
+--                            on cpu the run warns when ranks outnumber this host's cores
 --   h:table(columns)         a distlab.bench.table printing on rank 0
 --   h:max(v), h:sum(v)       v (number or list) over the ranks
 --   h:check(fn)              after timing: fn() returns this rank's wrong elements (a number,
@@ -84,6 +87,8 @@ function M.new(o)
   spec[#spec + 1] = { "plant", "string", nil, verify.PLANT_HELP, meta = "noop|scale=X" }
   spec[#spec + 1] = { "show-checks", "flag", false,
     "print what every data check found (normwise error, bias; the margins of the bounds) on each rank" }
+  spec[#spec + 1] = { "progress", "number", 10, "seconds of run before the case i/N lines (0: every case)",
+    meta = "S" }
   spec[#spec + 1] = { "shared-results", "flag", false,
     "write into experiments/results/ even where ranks share a GPU (timings mean nothing there)" }
   if o.tag then
@@ -108,6 +113,8 @@ function M.new(o)
     os.exit(2)
   end
   h.plant = plant
+  h.t0, h.progress_after = core.C.dl_now_us(), opt.progress
+  M.warn_cores(h)
   if plant then h:print("%s: --plant %s: the data check must fail this run", h.name, plant.text) end
   -- the default folder is the checkout's, wherever the run starts; a folder given is the caller's
   if not given.out and not out_default:match("^/") then h.out = core.root .. "/" .. out_default end
@@ -126,6 +133,52 @@ function M.new(o)
     end
   end
   return h
+end
+
+-- The cores this process may run on (its affinity: taskset and --bind narrow it), nil if unknown.
+function M.cores()
+  local p = io.popen("nproc 2>/dev/null")
+  local n = p and tonumber(p:read("*l") or "")
+  if p then p:close() end
+  return n
+end
+
+-- On cpu every rank's work is the host's: more ranks on this host than cores
+-- and they take turns, so a time is partly the others' work.
+function M.warn_cores(h)
+  if not tostring(h.device):match("^cpu") or not h.rank0 then return end
+  local ranks = tonumber(os.getenv("DISTLAB_LOCAL_WORLD_SIZE") or "") or h.size
+  local cores = M.cores()
+  if cores and ranks > cores then
+    io.stderr:write(string.format("%s: %d ranks on %d core%s of this host: the ranks take turns on the cores, so "
+      .. "times on cpu include the others' work (a correctness run; time with -n %d or fewer)\n",
+      h.name, ranks, cores, cores == 1 and "" or "s", cores))
+  end
+end
+
+-- h:progress(i, n, what): case i of n starts. Once the run has gone
+-- --progress seconds (10; a short run says nothing), rank 0 writes one
+-- line per case on stderr: "NAME: case i/n (what), 42 s so far, about 1 min 5 s
+-- left" (the time left: the mean of the cases done so far, times those left).
+local function span(s)
+  s = math.floor(s + 0.5)
+  if s < 60 then return s .. " s" end
+  if s < 3600 then return string.format("%d min %d s", math.floor(s / 60), s % 60) end
+  return string.format("%d h %d min", math.floor(s / 3600), math.floor(s % 3600 / 60))
+end
+
+function Harness:progress(i, n, what)
+  if not self.rank0 then return end
+  local now = core.C.dl_now_us()
+  local elapsed = (now - self.t0) / 1e6
+  if i == 1 or not self.case_t0 then self.case_t0, self.case_i0 = now, i end
+  if elapsed < self.progress_after then return end
+  local done = i - self.case_i0
+  local left = done > 0 and string.format(", about %s left", span((now - self.case_t0) / 1e6 / done * (n - i + 1)))
+    or ""
+  io.stderr:write(string.format("%s: case %d/%d%s, %s so far%s\n", self.name, i, n,
+    what and " (" .. what .. ")" or "", span(elapsed), left))
+  io.stderr:flush()
 end
 
 function Harness:print(fmt, ...)

@@ -1,9 +1,13 @@
 -- distlab.bench — the benchmark harness: every benchmark under experiments/
 -- runs on it, and a researcher's own script can too.
 --
---   dl.bench(fn, {warmup = 5, iters = 20, device =}) -> {median, min, max, mean, iters, times}
+--   dl.bench(fn, {warmup = 5, iters = 20, device =}) -> {median, min, max, mean, iters, times, method}
 --       ms per call, each call between two device events on the current
---       stream (host time on cpu and meta); same as bench.timing.events
+--       stream; same as bench.timing.events. On cpu and meta there are no
+--       device events: a time is the host's for one whole call (the reference
+--       kernels run inside it, and ranks share the host's cores), so it is
+--       not the sweeps' figure (a graph of 10 calls a replay, timing.graph),
+--       nor a GPU's; `method` says which it is, and print(st) shows it
 --   bench.stats(times)                          median / min / max / mean of a list
 --
 -- The parts, each loaded on first use (bench.options, bench.sizes, ...):

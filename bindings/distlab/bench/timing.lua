@@ -2,8 +2,9 @@
 -- warms up first and returns the times of its repetitions, so the numbers
 -- of two benches that use the same method compare.
 --
---   stats(times)                    median (mean of the middle two when even),
---                                   min, max, mean, iters; times sorted
+--   stats(times[, method])          median (mean of the middle two when even),
+--                                   min, max, mean, iters; times sorted; method: what
+--                                   a time is (print(st) shows it)
 --   events(fn, opts) -> stats, ms   each call of fn between two device events
 --                                   (dl.bench's method; host time on cpu and meta);
 --                                   warm_ms / min_ms: counts filled to that much work
@@ -22,13 +23,31 @@ local args = require "distlab.args"
 local fail = core.fail
 local M = {}
 
-function M.stats(times)
+local Stats = {}
+Stats.__index = Stats
+function Stats:__tostring()
+  return string.format("median %.4g ms (min %.4g, max %.4g) over %d%s", self.median, self.min, self.max, self.iters,
+    self.method and ", " .. self.method or "")
+end
+
+-- stats(times[, method]): method says what a time is, for the reader (events and
+-- graph fill it: on cpu and meta the host's time, not a device's)
+function M.stats(times, method)
   table.sort(times)
   local n, sum = #times, 0
   if n == 0 then fail("bench: no times to summarise") end
   for _, t in ipairs(times) do sum = sum + t end
   local median = n % 2 == 1 and times[(n + 1) / 2] or (times[n / 2] + times[n / 2 + 1]) / 2
-  return { median = median, min = times[1], max = times[n], mean = sum / n, iters = n, times = times }
+  return setmetatable({ median = median, min = times[1], max = times[n], mean = sum / n, iters = n, times = times,
+    method = method }, Stats)
+end
+
+-- What a time of events() or graph() is on a device: cpu and meta have no
+-- device events, so a call's time is the host's, the call's whole work done
+-- by the host before it returns (and by all ranks on the host's cores).
+local function method_of(device, what)
+  if tostring(device):match("^cuda") then return what end
+  return "host time per call on " .. tostring(device) .. " (no device events: the work runs in the call)"
 end
 
 local function device_of(opts)
@@ -77,7 +96,7 @@ function M.events(fn, opts)
   end
   local times = {}
   for i = 1, iters do times[i] = evs[i]:elapsed(evs[i + 1]) end
-  return M.stats(times)
+  return M.stats(times, method_of(device, "device events, one call each"))
 end
 
 -- graph(fn, {ops = 10, warmup = 5, replays = 50, before =, device =}) -> stats (ms per call)
@@ -107,7 +126,7 @@ function M.graph(fn, opts)
   local times = {}
   for i = 1, replays do times[i] = evs[i]:elapsed(evs[i + 1]) / ops end
   g:free()
-  return M.stats(times)
+  return M.stats(times, method_of(device, string.format("a CUDA graph of %d calls a replay", ops)))
 end
 
 local pair = {} -- device -> two events, made once: event creation stays out of the timings
