@@ -202,6 +202,25 @@ local function several_ranks(device, tag, n, timeout)
       finish(P)
     end)
 
+    it("output mostly alike prints once, the lines that differ per rank; io.write's text ends its line", function()
+      local P = start { "-n", tostring(n), "--device", device }
+      P:expect(prompt)
+      P:send("?world\r")
+      local seen = P:expect(prompt)
+      local _, configs = seen:gsub("configuration:", "")
+      assert.equal(1, configs, seen) -- issue 54: every line twice, as one line differs
+      for r = 0, n - 1 do
+        assert.truthy(seen:find(string.format("[%d]   rank = %d\n", r, r), 1, true), seen)
+      end
+      P:send("io.write('abc')\r")
+      seen = P:expect(prompt)
+      assert.truthy(seen:find("\nabc\r?\n", 1) and not seen:find("abcfile", 1, true), seen)
+      P:send("io.write(rank == 0 and 'x' or 'yz') x = 1\r")
+      seen = P:expect(prompt)
+      assert.truthy(seen:find("[0] x\n", 1, true) and seen:find("[1] yz\n", 1, true), seen)
+      finish(P)
+    end)
+
     it("Ctrl-C stops a loop on every rank; each keeps its values", function()
       local P = start { "-n", tostring(n), "--device", device }
       P:expect(prompt)

@@ -6,7 +6,8 @@
 -- through the job's store, with the ranks it is for, to every rank; those
 -- ranks run it with print and io.write captured, and rank 0 shows what each
 -- printed: once, unprefixed, where every rank printed the same, else
--- "[r] ..." per group of ranks that printed the same. A rank whose input
+-- "[r] ..." per group of ranks that printed the same (only the lines that
+-- differ, where most lines are alike). A rank whose input
 -- fails shows its error; the others keep their state. The world
 -- communicator (`world`) is made at the start, on every rank.
 --
@@ -82,9 +83,12 @@ end
 local function run_captured(src)
   local out = {}
   local saved_print, saved_write = print, io.write
+  -- a print (a result's too) after io.write's text without a newline starts a line of its own
+  local function fresh_line() if #out > 0 and out[#out]:sub(-1) ~= "\n" then out[#out + 1] = "\n" end end
   _G.print = function(...)
     local parts = {}
     for i = 1, select("#", ...) do parts[i] = tostring((select(i, ...))) end
+    fresh_line()
     out[#out + 1] = table.concat(parts, "\t") .. "\n"
   end
   io.write = function(...)
@@ -93,7 +97,11 @@ local function run_captured(src)
   end
   local ok, err = pcall(S.execute, S, src)
   _G.print, io.write = saved_print, saved_write
-  if not ok then out[#out + 1] = "error: " .. tostring(err) .. "\n" end
+  if not ok then
+    fresh_line()
+    out[#out + 1] = "error: " .. tostring(err) .. "\n"
+  end
+  fresh_line() -- the prompt starts a line of its own too
   return table.concat(out)
 end
 
@@ -175,8 +183,48 @@ local function read_input(ed, state)
   end
 end
 
+local function lines_of(o)
+  local ls = {}
+  for l in o:gmatch("([^\n]*)\n") do ls[#ls + 1] = l end
+  return ls
+end
+
+-- Every rank printed as many lines, most of them alike (?world: its rank
+-- differs): the lines alike once, bare, each other line per group of ranks
+-- ("[0] rank = 0"), in order. Else nil.
+local function merged_lines(outs)
+  local per, n = {}, nil
+  for r = 0, nranks - 1 do
+    if outs[r] == nil then return nil end
+    per[r] = lines_of(outs[r])
+    if n and #per[r] ~= n then return nil end
+    n = #per[r]
+  end
+  local res, differ = {}, 0
+  for i = 1, n do
+    local groups, order = {}, {}
+    for r = 0, nranks - 1 do
+      local l = per[r][i]
+      if not groups[l] then
+        groups[l] = {}
+        order[#order + 1] = l
+      end
+      table.insert(groups[l], r)
+    end
+    if #order == 1 then
+      res[#res + 1] = order[1] .. "\n"
+    else
+      differ = differ + 1
+      for _, l in ipairs(order) do res[#res + 1] = "[" .. table.concat(groups[l], ",") .. "] " .. l .. "\n" end
+    end
+  end
+  if differ * 2 > n then return nil end
+  return table.concat(res)
+end
+
 -- Ranks that printed the same text share one "[0,2] " prefix; all ranks
--- printing the same print it bare.
+-- printing the same print it bare; where every rank printed mostly the same
+-- lines, only the lines that differ carry ranks (merged_lines).
 local function show(outs, set)
   local groups, order = {}, {}
   for r = 0, nranks - 1 do
@@ -191,6 +239,12 @@ local function show(outs, set)
   end
   if #order == 1 and not set then
     io.write(order[1])
+    return
+  end
+  local merged = not set and #order > 1 and merged_lines(outs)
+  if merged then
+    io.write(merged)
+    io.flush()
     return
   end
   for _, o in ipairs(order) do
