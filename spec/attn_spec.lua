@@ -208,6 +208,34 @@ for _, dev in ipairs(H.devices) do
   end)
 end
 
+-- ---- f32 on the cpu: a reference in fp32 (issue 54) ----------------------------------
+
+describe("attn in f32 on the cpu", function()
+  it("forward equals the bf16 step's f32 out on the same values; backward keeps f32's digits", function()
+    local q = dl.randn({ 2, 33, 4, 64 }, { dtype = "bf16", seed = 3 })
+    local k = dl.randn({ 2, 33, 2, 64 }, { dtype = "bf16", seed = 4 })
+    local v = dl.randn({ 2, 33, 2, 64 }, { dtype = "bf16", seed = 5 })
+    local dout = dl.randn({ 2, 33, 4, 64 }, { dtype = "bf16", seed = 6 })
+    local o16, l16 = dl.attn.fwd(q, k, v, { mask = "causal", out = dl.empty({ 2, 33, 4, 64 }, "f32") })
+    local o32, l32 = dl.attn.fwd(q:f32(), k:f32(), v:f32(), { mask = "causal" })
+    assert.equal("f32", o32.dtype)
+    assert.is_true(dl.rel_err(o32, o16) <= 1e-6, tostring(dl.rel_err(o32, o16)))
+    assert.is_true(dl.rel_err(l32, l16) <= 1e-6, tostring(dl.rel_err(l32, l16)))
+    local dq32 = dl.attn.bwd(dout:f32(), q:f32(), k:f32(), v:f32(), o32, l32, { mask = "causal" })
+    local dq16 = dl.attn.bwd(dout, q, k, v, o16:bf16(), l16, { mask = "causal" })
+    assert.equal("f32", dq32.dtype)
+    assert.is_true(dl.rel_err(dq16, dq32) <= 2 ^ -7, tostring(dl.rel_err(dq16, dq32)))
+    -- f32's digits, not bf16's: dq32 differs from its own bf16 rounding
+    assert.is_true(dl.rel_err(dq32:bf16(), dq32) > 0)
+  end)
+
+  it("is refused on cuda, saying f32 is for the cpu", function()
+    if dl.cuda_device_count() == 0 then return end
+    local q = dl.zeros({ 1, 4, 2, 64 }, { dtype = "f32", device = "cuda" })
+    assert.error_matches(function() dl.attn.fwd(q, q, q) end, "q must be bf16 or f16 on cuda (f32 is for a reference on the cpu), got f32", 1, true)
+  end)
+end)
+
 -- ---- bad input, meta ----------------------------------------------------------------
 
 describe("attn refuses bad input", function()
@@ -215,7 +243,8 @@ describe("attn refuses bad input", function()
   local function fails(fn, msg) assert.error_matches(fn, msg, 1, true) end
   it("names the argument", function()
     local a, k = q(1, 4, 2, 8), q(1, 4, 2, 8)
-    fails(function() dl.attn.fwd(a:f32(), k, k) end, "attn.fwd: q must be bf16 or f16, got f32")
+    fails(function() dl.attn.fwd(a:f64(), k:f64(), k:f64()) end, "attn.fwd: q must be bf16 or f16 (or f32), got f64")
+    fails(function() dl.attn.fwd(a:f32(), k, k) end, "attn.fwd: k is bf16 but q is f32")
     fails(function() dl.attn.fwd(a, k:f16(), k) end, "attn.fwd: k is f16 but q is bf16")
     fails(function() dl.attn.fwd(q(1, 4, 4, 8), q(1, 4, 3, 8), q(1, 4, 3, 8)) end, "k's 3 heads must divide q's 4 heads")
     fails(function() dl.attn.fwd(a, q(1, 4, 2, 16), k) end, "head dims of q (8) and k (16) differ")

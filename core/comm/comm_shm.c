@@ -67,8 +67,10 @@ static int check_abort(dl_comm_t *c, const char *what) {
   shm_ctl_t *ctl = impl(c)->ctl;
   if (!__atomic_load_n(&ctl->aborted, __ATOMIC_ACQUIRE)) return DL_OK;
   c->failed = 1;
-  return DL_ERR(DL_EPEER, "rank %d gave up on the communicator while %s: %s", ctl->abort_rank,
-                what, ctl->abort_msg);
+  /* `what` is this rank's own wait: "rank 0 gave up ... while waiting for rank 0" read as if
+   * rank 0 waited for itself */
+  return DL_ERR(DL_EPEER, "rank %d gave up on the communicator (this rank was %s): %s",
+                ctl->abort_rank, what, ctl->abort_msg);
 }
 
 /* Why the wait on peer must stop now, or DL_OK: an abort, the peer freed

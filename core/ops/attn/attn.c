@@ -96,8 +96,12 @@ static int step_inputs(step_t *st, const dl_attn_opts_t *o, const dl_tensor_t *q
   DL_TRY(dl_attn_arg_seq(op, "q", q, o->layout, &st->oq));
   DL_TRY(dl_attn_arg_seq(op, "k", k, o->layout, &st->ok));
   DL_TRY(dl_attn_arg_seq(op, "v", v, o->layout, &st->ov));
-  DL_CHECK_ARG(q->dtype_id == DL_BF16 || q->dtype_id == DL_F16, "%s: q must be bf16 or f16, got %s",
-               op, dl_dtype_name(q->dtype_id));
+  /* f32 on the cpu: a reference in fp32 (the twin computes in fp64 whatever it loads) */
+  DL_CHECK_ARG(q->dtype_id == DL_BF16 || q->dtype_id == DL_F16 ||
+                   (q->dtype_id == DL_F32 && q->dev_type != DL_CUDA),
+               "%s: q must be bf16 or f16%s, got %s", op,
+               q->dev_type == DL_CUDA ? " on cuda (f32 is for a reference on the cpu)" : " (or f32)",
+               dl_dtype_name(q->dtype_id));
   DL_CHECK_ARG(k->dtype_id == q->dtype_id, "%s: k is %s but q is %s", op,
                dl_dtype_name(k->dtype_id), dl_dtype_name(q->dtype_id));
   DL_CHECK_ARG(v->dtype_id == q->dtype_id, "%s: v is %s but q is %s", op,

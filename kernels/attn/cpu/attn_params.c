@@ -33,7 +33,8 @@ size_t dl_attn_bwd_workspace_bytes(const dl_attn_params_t *p) {
 
 int dl_attn_validate(const dl_attn_params_t *p, int bwd, int cuda) {
   DL_CHECK_ARG(p, "attn: params is NULL");
-  DL_CHECK_ARG(is_half_dtype(p->dtype), "attn: dtype %d is not bf16 or fp16", p->dtype);
+  DL_CHECK_ARG(is_half_dtype(p->dtype) || (!cuda && p->dtype == DL_F32),
+               "attn: dtype %d is not bf16 or fp16 (or fp32, on the cpu)", p->dtype);
   DL_CHECK_ARG(p->b >= 0 && p->s_q >= 0 && p->s_kv >= 0,
                "attn: negative size (b=%d s_q=%d s_kv=%d)", p->b, p->s_q, p->s_kv);
   DL_CHECK_ARG(p->h_q >= 1 && p->h_kv >= 1 && p->h_q % p->h_kv == 0,
