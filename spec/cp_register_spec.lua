@@ -42,20 +42,7 @@ describe("a correction of one's own on GPUs #multigpu", function()
   end)
 end)
 
--- Per-rank shard shapes for C ranks (as spec/cp_spec.lua's).
-local function shapes(layout, C, h, hkv)
-  if layout == "thd" then
-    local L = { 6 * C + 1, 0, 2 * C - 1, 10 * C }
-    local cu, P = { 0 }, { 0 }
-    for b, n in ipairs(L) do
-      cu[b + 1], P[b + 1] = cu[b] + n, P[b] + math.max(2 * C, math.ceil(n / (2 * C)) * 2 * C)
-    end
-    local T_r = P[#P] / C
-    return { T_r, h, 32 }, { T_r, hkv, 32 }, { cu_seqlens_q = cu, cu_seqlens_q_padded = P }
-  end
-  if layout == "bshd" then return { 2, 8, h, 32 }, { 2, 8, hkv, 32 } end
-  return { 8, 2, h, 32 }, { 8, 2, hkv, 32 }
-end
+local shapes = H.cp_shapes
 
 describe("a registered correction's peak formula on meta", function()
   local spec = dofile(H.root .. "/spec/cp/custom_correction.lua")

@@ -103,6 +103,23 @@ function H.failed(msg, file, ok, err)
   return err
 end
 
+-- CP specs: the per-rank shard shapes of q and of k/v for C ranks (h and hkv heads, d 32) in
+-- a layout; thd sequences (lengths 6C + 1, 0, 2C - 1, 10C, each padded to a multiple of 2C)
+-- as {cu_seqlens_q, cu_seqlens_q_padded}.
+function H.cp_shapes(layout, C, h, hkv)
+  if layout == "thd" then
+    local L = { 6 * C + 1, 0, 2 * C - 1, 10 * C }
+    local cu, P = { 0 }, { 0 }
+    for b, n in ipairs(L) do
+      cu[b + 1], P[b + 1] = cu[b] + n, P[b] + math.max(2 * C, math.ceil(n / (2 * C)) * 2 * C)
+    end
+    local T_r = P[#P] / C
+    return { T_r, h, 32 }, { T_r, hkv, 32 }, { cu_seqlens_q = cu, cu_seqlens_q_padded = P }
+  end
+  if layout == "bshd" then return { 2, 8, h, 32 }, { 2, 8, hkv, 32 } end
+  return { 8, 2, h, 32 }, { 8, 2, hkv, 32 }
+end
+
 -- Whether a command is on the PATH.
 function H.has_command(cmd)
   local p = io.popen("command -v " .. cmd .. " 2>/dev/null")

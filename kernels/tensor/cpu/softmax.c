@@ -6,24 +6,15 @@
  */
 #include <math.h>
 
+#include "tensor/cpu/rows.h"
 #include "tensor/tensor_math.h"
 
-/* Offset of row r (a row-major index over the dims other than dim). */
-static int64_t row_base(const dl_view_t *v, int dim, int64_t r) {
-  int64_t off = 0;
-  for (int d = v->ndim - 1; d >= 0; d--) {
-    if (d == dim) continue;
-    off += (r % v->shape[d]) * v->strides[d];
-    r /= v->shape[d];
-  }
-  return off;
-}
 
 int dl_softmax_cpu(const dl_view_t *out, const dl_view_t *x, int dim, int log_out, void *stream) {
   (void)stream;
   int64_t n = x->shape[dim], rows = n ? x->numel / n : 0, sx = x->strides[dim], so = out->strides[dim];
   for (int64_t r = 0; r < rows; r++) {
-    int64_t bx = row_base(x, dim, r), bo = row_base(out, dim, r);
+    int64_t bx = dl_row_base_cpu(x, dim, r), bo = dl_row_base_cpu(out, dim, r);
     double m = -INFINITY, sum = 0;
     for (int64_t j = 0; j < n; j++) {
       double v = dl_load_f64(x->data, bx + j * sx, x->dtype);

@@ -7,6 +7,7 @@
  */
 #include <stdlib.h>
 
+#include "tensor/cpu/rows.h"
 #include "tensor/tensor_math.h"
 
 typedef struct pair {
@@ -20,15 +21,6 @@ static int by_key_then_pos(const void *a, const void *b) {
   return (p->pos > q->pos) - (p->pos < q->pos);
 }
 
-static int64_t row_base(const dl_view_t *v, int dim, int64_t r) {
-  int64_t off = 0;
-  for (int d = v->ndim - 1; d >= 0; d--) {
-    if (d == dim) continue;
-    off += (r % v->shape[d]) * v->strides[d];
-    r /= v->shape[d];
-  }
-  return off;
-}
 
 static uint64_t key_at(const dl_view_t *x, int64_t off) {
   switch (x->dtype) {
@@ -52,7 +44,7 @@ int dl_argsort_cpu(const dl_view_t *idx, const dl_view_t *x, int dim, int descen
                workspace_bytes, sizeof(pair_t) * (size_t)n);
   pair_t *p = workspace;
   for (int64_t r = 0; r < rows; r++) {
-    int64_t bx = row_base(x, dim, r), bi = row_base(idx, dim, r);
+    int64_t bx = dl_row_base_cpu(x, dim, r), bi = dl_row_base_cpu(idx, dim, r);
     for (int64_t j = 0; j < n; j++) {
       uint64_t k = key_at(x, bx + j * x->strides[dim]);
       p[j].key = descending ? ~k : k;

@@ -177,6 +177,16 @@ static void inputs(world &w, int q, int c, std::mt19937 &g) {
   }
 }
 
+// Every token of every rank (at least one a rank) routed to an expert of
+// each of the first K ranks, so each rank waits for a row of those peers.
+static void route_to_every_rank(world &w) {
+  for (int q = 0; q < w.n; q++) {
+    if (w.r[q].T == 0) w.r[q].T = 1;
+    for (int t = 0; t < w.r[q].T; t++)
+      for (int k = 0; k < K; k++) w.r[q].idx[(size_t)t * K + k] = k < w.n ? k * (w.E / w.n) : -1;
+  }
+}
+
 // The experts' outputs from the received rows: x (dequantized) times a
 // per-expert factor (expert_major), or the rank's weighted sum (rank_major).
 static void experts(world &w, int q) {
@@ -471,12 +481,7 @@ int main(int argc, char **argv) {
     std::mt19937 g(seed + 7);
     for (int c = 0; c < 4; c++) {
       for (int q = 0; q < n; q++) inputs(w, q, c, g);
-      // every token routed to an expert of each rank, so rank 0 waits for a row of every peer
-      for (int q = 0; q < n; q++) {
-        if (w.r[q].T == 0) w.r[q].T = 1;
-        for (int t = 0; t < w.r[q].T; t++)
-          for (int k = 0; k < K; k++) w.r[q].idx[(size_t)t * K + k] = k < n ? k * (E / n) : -1;
-      }
+      route_to_every_rank(w); // so rank 0 waits for a row of every peer
       run(w, DL_EP_DISPATCH);
       for (int q = 0; q < n; q++) experts(w, q);
       if (c < 3) run(w, c % 2 ? DL_EP_COMBINE : DL_EP_COMBINE_SEND);
@@ -509,11 +514,7 @@ int main(int argc, char **argv) {
     std::mt19937 g(seed + 11);
     for (int c = 0; c < 2; c++) {
       for (int q = 0; q < n; q++) inputs(w, q, c, g);
-      for (int q = 0; q < n; q++) {
-        if (w.r[q].T == 0) w.r[q].T = 1;
-        for (int t = 0; t < w.r[q].T; t++)
-          for (int k = 0; k < K; k++) w.r[q].idx[(size_t)t * K + k] = k < n ? k * (E / n) : -1;
-      }
+      route_to_every_rank(w);
       run(w, DL_EP_DISPATCH);
       for (int q = 0; q < n; q++) experts(w, q);
       run(w, DL_EP_COMBINE);
