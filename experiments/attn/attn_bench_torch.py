@@ -1,5 +1,8 @@
-"""PyTorch's scaled_dot_product_attention with each backend (FLASH_ATTENTION and
-CUDNN_ATTENTION, forced with torch.nn.attention.sdpa_kernel) on the shapes of
+"""The attention anchors: PyTorch's scaled_dot_product_attention with each backend
+(FLASH_ATTENTION, i.e. FlashAttention-2, and CUDNN_ATTENTION, forced with
+torch.nn.attention.sdpa_kernel) and FlashAttention-4 (flash_attn.cute, PyPI
+flash-attn-4, scripts/fetch-fa4.sh: flash_attn_func on bshd, flash_attn_varlen_func
+with cu_seqlens on thd; --backends picks) on the shapes of
 experiments/attn/attn_bench.lua: b=2, h=16, d=128, bf16, s in {4k, 8k, 16k, 32k},
 causal and not, bshd and thd. bshd inputs are [b, s, h, d] tensors seen as
 SDPA's [b, h, s, d] through a transpose, as distlab's bshd are. thd inputs are
@@ -18,9 +21,12 @@ and at least --iters timed calls filling --min-ms (a few calls leave the
 card's clocks where the previous case put them). FLOPs as attn_bench.lua (fwd 4*b*h*s^2*d, halved when causal; bwd
 2.5x; fwd+bwd 3.5x). The forward runs with inputs that require grad (a
 training forward, saving what backward needs). Data checked after timing:
-outputs finite, and each backend against the math backend in fp32 at a small
-shape (s=333, h=2) within TransformerEngine's bf16 tolerance (thd against the
-dense result of the same sequences).
+outputs finite; every timed shape's forward output at 32 query rows of every
+(sequence, head) slice, spread over it (the last row included), against fp64
+on the GPU (normwise 8e-3, element-wise TransformerEngine's bf16 tolerance
+2.5e-2, as attn_bench.lua checks ours); and each backend, forward and
+backward, against the math backend in fp32 at a small shape (s=333, h=2)
+within that tolerance (thd against the dense result of the same sequences).
   python3 experiments/attn/attn_bench_torch.py [--s 4096,8192] [--layouts bshd,thd]
       [--iters 10] [--warm-ms 300] [--min-ms 600] [--out DIR] [--name attn-torch]
 Writes DIR/NAME.{md,csv} (default experiments/results/attn/attn-torch): the
@@ -31,6 +37,7 @@ attn_bench.lua's --torch reads with distlab.bench.csv (cudnn.sh runs this
 before and after attn_bench.lua and the anchor is the mean of the two runs).
 """
 import argparse
+import math
 import os
 import sys
 
@@ -46,7 +53,27 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 B, H, D = 2, 16, 128
-BACKENDS = [("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)]
+SDPA = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
+ALL = ["flash", "cudnn", "fa4"]
+_fa4 = None
+
+
+def fa4():
+    """FlashAttention-4's (flash_attn_func, flash_attn_varlen_func), imported once; raises where
+    it is not installed (scripts/fetch-fa4.sh, scripts/gpu/steps.sh's fa4_site)."""
+    global _fa4
+    if _fa4 is None:
+        from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
+        _fa4 = (flash_attn_func, flash_attn_varlen_func)
+    return _fa4
+
+
+def fa4_version():
+    try:
+        import importlib.metadata as md
+        return md.version("flash-attn-4")
+    except Exception:  # noqa: BLE001
+        return None
 
 
 def bench(fn, a):
@@ -55,31 +82,38 @@ def bench(fn, a):
     return tc.events(fn, warmup=0, iters=a.iters, warm_ms=a.warm_ms, min_ms=a.min_ms)["median"]
 
 
-def inputs(layout, s, h, device="cuda"):
-    """q, k, v bases requiring grad and their SDPA views [b, h, s, d]: bshd bases
-    [b, s, h, d]; thd bases packed [b*s, h, d], viewed as nested jagged tensors."""
-    if layout == "bshd":
-        bases = [torch.empty(B, s, h, D, device=device, dtype=torch.bfloat16).uniform_(-1, 1).requires_grad_()
-                 for _ in range(3)]
-        return bases, [t.transpose(1, 2) for t in bases]
-    bases = [torch.empty(B * s, h, D, device=device, dtype=torch.bfloat16).uniform_(-1, 1).requires_grad_()
+def case(name, layout, s, h, causal, device="cuda"):
+    """q, k, v bases requiring grad (bshd [b, s, h, d]; thd packed [b*s, h, d], b sequences of s)
+    and fn() -> the output laid out as the bases. SDPA sees [b, h, s, d] views (thd: nested
+    jagged tensors); FA4 takes the bases themselves (thd: its varlen call with cu_seqlens)."""
+    shape = (B, s, h, D) if layout == "bshd" else (B * s, h, D)
+    bases = [torch.empty(shape, device=device, dtype=torch.bfloat16).uniform_(-1, 1).requires_grad_()
              for _ in range(3)]
-    offsets = torch.arange(0, (B + 1) * s, s, device=device, dtype=torch.int64)
-    views = [torch.nested.nested_tensor_from_jagged(t, offsets, max_seqlen=s, min_seqlen=s).transpose(1, 2)
-             for t in bases]
-    return bases, views
+    q, k, v = bases
+    if name == "fa4":
+        dense, varlen = fa4()
+        if layout == "bshd":
+            return bases, lambda: dense(q, k, v, causal=causal)[0]
+        cu = torch.arange(0, (B + 1) * s, s, device=device, dtype=torch.int32)
+        return bases, lambda: varlen(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=s, max_seqlen_k=s,
+                                     causal=causal)[0]
+    if layout == "bshd":
+        views = [t.transpose(1, 2) for t in bases]
+    else:
+        offsets = torch.arange(0, (B + 1) * s, s, device=device, dtype=torch.int64)
+        views = [torch.nested.nested_tensor_from_jagged(t, offsets, max_seqlen=s, min_seqlen=s).transpose(1, 2)
+                 for t in bases]
+
+    def fn():
+        with sdpa_kernel(SDPA[name]):
+            out = F.scaled_dot_product_attention(*views, is_causal=causal).transpose(1, 2)
+        return out.values() if layout == "thd" else out
+    return bases, fn
 
 
-def packed(t, layout):
-    """An SDPA output [b, h, s, d] (dense or nested) as the bases are laid out."""
-    t = t.transpose(1, 2)
-    return t.values() if layout == "thd" else t
-
-
-def check_small(backend, layout, causal):
-    bases, (q, k, v) = inputs(layout, 333, 2)
-    with sdpa_kernel(backend):
-        out = packed(F.scaled_dot_product_attention(q, k, v, is_causal=causal), layout)
+def check_small(name, layout, causal):
+    bases, fn = case(name, layout, 333, 2, causal)
+    out = fn()
     dout = torch.empty_like(out).uniform_(-1, 1)
     try:
         grads, note = torch.autograd.grad(out, bases, dout), ""
@@ -91,29 +125,66 @@ def check_small(backend, layout, causal):
     with sdpa_kernel(SDPBackend.MATH):
         ref = F.scaled_dot_product_attention(rq, rk, rv, is_causal=causal).transpose(1, 2)
     ref_grads = torch.autograd.grad(ref, ref_bases, dout.float().reshape(ref.shape))
-    bad = [name for name, x, y in zip(["out", "dq", "dk", "dv"], (out,) + grads, (ref,) + ref_grads)
+    bad = [n for n, x, y in zip(["out", "dq", "dk", "dv"], (out,) + grads, (ref,) + ref_grads)
            if not torch.allclose(x.float().reshape(y.shape), y, atol=2.5e-2, rtol=2.5e-2)]
     return ("ok" if not bad else "WRONG " + ",".join(bad)) + note
 
 
-def run(backend, layout, s, causal, a):
-    bases, (q, k, v) = inputs(layout, s, H)
-    with sdpa_kernel(backend):
-        def fwd():
-            return packed(F.scaled_dot_product_attention(q, k, v, is_causal=causal), layout)
-        out = fwd()
-        dout = torch.empty_like(out).uniform_(-1, 1)
-        tf = bench(fwd, a)
-        try:  # a backend may run a layout forward only (cuDNN's nested path in some versions)
-            tb = bench(lambda: torch.autograd.grad(out, bases, dout, retain_graph=True), a)
-            tfb = bench(lambda: torch.autograd.grad(fwd(), bases, dout), a)
-            grads = torch.autograd.grad(out, bases, dout)
-            why = None
-        except Exception as e:  # noqa: BLE001 (any refusal is recorded in the row)
-            tb = tfb = float("nan")
-            grads, why = (), "backward failed: " + one_line(e)
+def check_rows(out, bases, layout, s, causal, rows=32):
+    """The forward output at `rows` query rows of every (sequence, head) slice, spread over it,
+    against fp64: "ok" or what was off."""
+    q, k, v = [t.detach().reshape(B, s, -1, D) for t in bases]
+    got = out.detach().reshape(B, s, -1, D)
+    idx = torch.linspace(0, s - 1, rows, device=q.device).round().long()
+    qs = q[:, idx].double().transpose(1, 2)                     # [b, h, rows, d]
+    kt, vt = k.double().transpose(1, 2), v.double().transpose(1, 2)  # [b, h, s, d]
+    p = qs @ kt.transpose(-1, -2) / math.sqrt(D)                  # [b, h, rows, s]
+    if causal:
+        p = p.masked_fill(torch.arange(s, device=q.device)[None, :] > idx[:, None], float("-inf"))
+    ref = torch.softmax(p, dim=-1) @ vt                           # [b, h, rows, d]
+    g = got[:, idx].double().transpose(1, 2)
+    if not torch.isfinite(g).all():
+        return "WRONG out (non-finite at the sampled rows)"
+    norm = ((g - ref).norm() / ref.norm()).item()
+    elem = ((g - ref).abs() > 2.5e-2 + 2.5e-2 * ref.abs()).sum().item()
+    if norm > 8e-3 or elem:
+        return f"WRONG out (sampled rows: normwise {norm:.1e}, {elem} elements off)"
+    return "ok"
+
+
+def run(name, layout, s, causal, a):
+    bases, fwd = case(name, layout, s, H, causal)
+    out = fwd()
+    dout = torch.empty_like(out).uniform_(-1, 1)
+    tf = bench(fwd, a)
+    try:  # a backend may run a layout forward only (cuDNN's nested path in some versions)
+        tb = bench(lambda: torch.autograd.grad(out, bases, dout, retain_graph=True), a)
+        tfb = bench(lambda: torch.autograd.grad(fwd(), bases, dout), a)
+        grads = torch.autograd.grad(out, bases, dout)
+        why = None
+    except Exception as e:  # noqa: BLE001 (any refusal is recorded in the row)
+        tb = tfb = float("nan")
+        grads, why = (), "backward failed: " + one_line(e)
     finite = all(torch.isfinite(t).all().item() for t in (out,) + grads)
-    return tf, tb, tfb, finite, why
+    with torch.no_grad():
+        out = fwd()  # once more after timing, checked at sampled rows
+    rows = check_rows(out, bases, layout, s, causal)
+    return tf, tb, tfb, finite, why if rows == "ok" else rows + ("; " + why if why else "")
+
+
+def libraries(names):
+    """tc.libraries(), with FA4's and the CuTe DSL's versions where fa4 runs."""
+    about = tc.libraries()
+    if "fa4" in names:
+        import importlib.metadata as md
+        vers = []
+        for pkg in ("flash-attn-4", "nvidia-cutlass-dsl", "quack-kernels"):
+            try:
+                vers.append(f"{pkg} {md.version(pkg)}")
+            except Exception:  # noqa: BLE001
+                vers.append(f"{pkg} not installed")
+        about += "; " + ", ".join(vers)
+    return about
 
 
 def one_line(e):
@@ -125,6 +196,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--s", default="4096,8192,16384,32768")
     ap.add_argument("--layouts", default="bshd,thd")
+    ap.add_argument("--backends", default=",".join(ALL),
+                    help="flash (SDPA's FlashAttention-2), cudnn (SDPA's cuDNN), fa4 (FlashAttention-4)")
     ap.add_argument("--d", type=int, default=D, help="head dim")
     ap.add_argument("--iters", type=int, default=10, help="timed calls per case, at least")
     ap.add_argument("--warm-ms", type=float, default=300, help="warm-up work per case (ms)")
@@ -149,14 +222,18 @@ def main():
     w = tc.Csv(path + ".csv", ["impl", "layout", "mask", "s", "fwd_ms", "bwd_ms", "fwdbwd_ms", "fwd_tflops",
                                "bwd_tflops", "fwdbwd_tflops", "check", "torch"])
     about = None  # the libraries, read after the first case has loaded them
-    for name, backend in BACKENDS:
+    names = [x for x in a.backends.split(",") if x]
+    for name in names:
+        if name not in ALL:
+            sys.exit(f"attn_bench_torch.py: unknown backend {name} (known: {', '.join(ALL)})")
+    for name in names:
         for layout in layouts:
             if name == "cudnn" and layout == "thd" and not a.cudnn_thd:
                 continue
             for causal in (False, True):
                 mask = "causal" if causal else "none"
                 try:
-                    checked = check_small(backend, layout, causal)
+                    checked = check_small(name, layout, causal)
                 except Exception as e:  # noqa: BLE001 (a backend that refuses a layout: recorded)
                     checked = "unsupported: " + one_line(e)
                 for s in sizes:
@@ -165,7 +242,7 @@ def main():
                         r = (name, layout, mask, s, nan, nan, nan, nan, nan, nan, checked)
                     else:
                         try:
-                            tf, tb, tfb, finite, why = run(backend, layout, s, causal, a)
+                            tf, tb, tfb, finite, why = run(name, layout, s, causal, a)
                             verdict = "NON-FINITE" if not finite else why or checked
                             r = (name, layout, mask, s, tf, tb, tfb, flops / tf / 1e9, 2.5 * flops / tb / 1e9,
                                  3.5 * flops / tfb / 1e9, verdict)
@@ -173,7 +250,7 @@ def main():
                             r = (name, layout, mask, s, nan, nan, nan, nan, nan, nan, "failed: " + one_line(e))
                     torch.cuda.empty_cache()
                     rows.append(r)
-                    about = about or tc.libraries()
+                    about = about or libraries(names)
                     w.row([r[0], r[1], r[2], r[3], f"{r[4]:.4f}", f"{r[5]:.4f}", f"{r[6]:.4f}", f"{r[7]:.2f}",
                            f"{r[8]:.2f}", f"{r[9]:.2f}", r[10], about])
                     print(f"{r[0]:<7} {r[1]:<6} {r[2]:<7} {r[3]:>6}  {r[4]:9.3f} {r[5]:9.3f} {r[6]:9.3f}  "
@@ -181,9 +258,11 @@ def main():
     w.close()
     table = [[r[0], r[1], r[2], r[3], f"{r[4]:.3f}", f"{r[5]:.3f}", f"{r[6]:.3f}", f"{r[7]:.1f}", f"{r[8]:.1f}",
               f"{r[9]:.1f}", r[10]] for r in rows]
-    tc.write_markdown(path + ".md", "PyTorch scaled_dot_product_attention", tc.run_info(gpu), [
+    tc.write_markdown(path + ".md", "PyTorch SDPA (FlashAttention-2, cuDNN) and FlashAttention-4", tc.run_info(gpu), [
         f"TORCH_CUDNN_SDPA_NESTED_TENSOR_ENABLED={os.environ.get('TORCH_CUDNN_SDPA_NESTED_TENSOR_ENABLED')}",
-        f"b={B}, h={H}, d={D}, bf16; bshd inputs as [b, h, s, d] views, thd as nested jagged tensors; "
+        f"libraries: {about}",
+        f"b={B}, h={H}, d={D}, bf16; SDPA: bshd inputs as [b, h, s, d] views, thd as nested jagged tensors; "
+        f"FA4: flash_attn_func on [b, s, h, d], thd through flash_attn_varlen_func (cu_seqlens); "
         f"FLOPs fwd 4*b*h*s^2*d (halved when causal), bwd 2.5x, fwd+bwd 3.5x; median of CUDA-event "
         f"timings, warm-up filling {a.warm_ms:g} ms, at least {a.iters} calls filling {a.min_ms:g} ms"],
         tc.table(["backend", "layout", "mask", "s", "fwd ms", "bwd ms", "fwd+bwd ms", "fwd TFLOP/s", "bwd TFLOP/s",

@@ -14,12 +14,13 @@
 #   3. spec/attn_cudnn_spec.lua (#gpu: every attention case with backend
 #      "cudnn" against the fp64 cpu twin, normwise and element-wise) and
 #      spec/attn_spec.lua (ours unchanged);
-#   4. the attention bench: PyTorch SDPA flash and cuDNN
-#      (attn_bench_torch.py, bshd and thd), dl.attn ours and cudnn, PyTorch
-#      again, same run, b=2 h=16 d=128 s 4k..32k (BENCH_S), causal and not,
+#   4. the attention bench: FlashAttention-4 (installed by steps.sh's fa4_site
+#      from the wheels of scripts/fetch-fa4.sh, carried in two calls), PyTorch
+#      SDPA flash and cuDNN (attn_bench_torch.py, bshd and thd), dl.attn ours
+#      and cudnn, the anchors again, same run, b=2 h=16 d=128 s 4k..32k (BENCH_S), causal and not,
 #      bshd and thd: $OUT/attn-<gpu>.md, the results file, against the mean
-#      of the two PyTorch runs (target: cudnn >= 0.95 x PyTorch's cuDNN, fwd
-#      and bwd);
+#      of the two anchor runs (targets: ours >= the faster of FA4 and cuDNN,
+#      issue 52; cudnn >= 0.95 x PyTorch's cuDNN, fwd and bwd);
 #   5. MPS started, the CP specs with backend "cudnn" (DISTLAB_CP_BACKEND)
 #      with 2 ranks sharing the GPU, and the cudnn workspace of the CP
 #      schedules measured on the GPU beside the meta formula
@@ -129,11 +130,12 @@ if want bench; then
   # PyTorch before and after ours: the anchor is the mean of the two runs, so a drift of the
   # card's clocks between them cancels; the results file is assembled last (--measured)
   BENCH_S="${BENCH_S:-4096,8192,16384,32768}"
-  step "attn bench: PyTorch SDPA (before)" 200 "$L/attn-torch-1.log" "$PY" experiments/attn/attn_bench_torch.py \
+  fa4_site || say "FA4: its rows will say it is not installed"
+  step "attn bench: PyTorch SDPA, FA4 (before)" 200 "$L/attn-torch-1.log" "$PY" experiments/attn/attn_bench_torch.py \
     --s "$BENCH_S" --out "$L" --name attn-torch-1
   step "attn bench: dl.attn ours and cudnn" 240 "$L/attn-bench.log" "${DLENV[@]}" ./distlab run -n 1 --device cuda \
     experiments/attn/attn_bench.lua --s "$BENCH_S" --backends ours,cudnn --out "$L"
-  step "attn bench: PyTorch SDPA (after)" 200 "$L/attn-torch-2.log" "$PY" experiments/attn/attn_bench_torch.py \
+  step "attn bench: PyTorch SDPA, FA4 (after)" 200 "$L/attn-torch-2.log" "$PY" experiments/attn/attn_bench_torch.py \
     --s "$BENCH_S" --out "$L" --name attn-torch-2
   step "attn bench: the results file" 60 "$L/attn-table.log" "${DLENV[@]}" ./distlab run -n 1 --device cuda \
     experiments/attn/attn_bench.lua --s "$BENCH_S" --backends ours,cudnn --measured "$L/attn-distlab.csv" \

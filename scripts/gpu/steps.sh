@@ -31,6 +31,10 @@
 #                            will take (the newest it finds: the carried one, PyTorch's wheel,
 #                            the system's; DISTLAB_CUDNN overrides)
 #   system_cudnn             the path of the system's libcudnn.so.9 (the loader's), or nothing
+#   fa4_site                 FlashAttention-4 for $PY: importable already, or installed from the
+#                            wheel sets carried from .deps/fa4/1 and /2 (scripts/fetch-fa4.sh; one
+#                            a call, kept in build/fa4-wheels) into build/fa4site, on PYTHONPATH;
+#                            FA4 names the version, or is empty (with a line saying what is missing)
 # At exit: MPS stopped, $SUM copied into $L, $L packed into $OUT/NAME-logs.tgz.
 t_start=${t_start:-$(date +%s)}
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
@@ -164,4 +168,28 @@ system_cudnn() {
   local f
   f=$(ldconfig -p 2>/dev/null | awk '$1 == "libcudnn.so.9" { print $NF; exit }')
   [ -n "$f" ] && readlink -f "$f"
+}
+
+fa4_site() {
+  local d f missing=""
+  FA4=""
+  if [ -d build/fa4site/flash_attn ]; then export PYTHONPATH="$PWD/build/fa4site${PYTHONPATH:+:$PYTHONPATH}"; fi
+  if ! "$PY" -c 'import flash_attn.cute' >/dev/null 2>&1; then
+    mkdir -p build/fa4-wheels
+    for d in .deps/fa4/1 .deps/fa4/2; do [ -d "$d" ] && cp -u "$d"/* build/fa4-wheels/; done
+    [ -f build/fa4-wheels/FILES ] || { say "FA4: not installed and no wheels carried (scripts/fetch-fa4.sh)"; return 1; }
+    while read -r f; do [ -f "build/fa4-wheels/$f" ] || missing="$missing $f"; done <build/fa4-wheels/FILES
+    [ -z "$missing" ] || { say "FA4: still missing (carry the other set of .deps/fa4):$missing"; return 1; }
+    rm -rf build/fa4site && mkdir -p build/fa4site
+    # the wheels, then the repacked one merged over them (pip --target skips folders that exist)
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target build/fa4site \
+      build/fa4-wheels/*.whl >"$L/fa4-install.log" 2>&1 &&
+      cat build/fa4-wheels/*.tar.xz.part-* | xz -d | tar -C build/fa4site -xf - 2>>"$L/fa4-install.log" ||
+      { say "FA4: install failed: $(tail -1 "$L/fa4-install.log")"; return 1; }
+    export PYTHONPATH="$PWD/build/fa4site${PYTHONPATH:+:$PYTHONPATH}"
+  fi
+  # compiled kernels kept on disk between processes (the runs before and after ours)
+  export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR="$PWD/build/fa4cache"
+  FA4=$("$PY" -c 'import importlib.metadata as m; print(m.version("flash-attn-4"))' 2>&1 | tail -1)
+  say "FA4: flash-attn-4 $FA4 ($("$PY" -c 'import flash_attn.cute, os; print(os.path.dirname(flash_attn.cute.__file__))' 2>&1 | tail -1))"
 }
