@@ -156,7 +156,7 @@ __device__ __forceinline__ void ar_fail(const dl_ar_args_t &a, uint32_t kind, ui
 // The watchdog's word (status->gone) is host memory: a read crosses PCIe.
 // It is read only once a wait has lasted 100 us, and then by at most one
 // waiting thread of a block per gone_gap_ns (a block-wide clock in shared
-// memory; a race costs a read or two, garbage at the kernel's start delays
+// memory, taken by compare-and-swap; garbage at the kernel's start delays
 // one read). Every waiting thread reading it (gone_gap_ns 0) puts tens of
 // thousands of reads on PCIe when a Lamport grid waits: they take
 // milliseconds to drain, the late rank's peers then wait past 100 us in
@@ -170,10 +170,11 @@ static __device__ __noinline__ uint32_t ar_stop_kind(dl_signal_pad_t *pad, dl_ar
   if (ab) return DL_AR_FAIL_ABORT | ab << 16;
   const uint64_t now = dl_signal_clock_ns(), waited = now - t0;
   if (waited > 100000) {
-    __shared__ uint64_t host_read_at; // when a thread of this block last read the host's word
-    volatile uint64_t *last = &host_read_at;
-    if (now - *last >= gone_gap_ns) {
-      *last = now;
+    // when a thread of this block last read the host's word: atomics, so that the one thread
+    // whose compare-and-swap wins reads it (racecheck saw the plain read and write race)
+    __shared__ unsigned long long host_read_at;
+    const unsigned long long last = atomicAdd(&host_read_at, 0ull);
+    if (now - last >= gone_gap_ns && atomicCAS(&host_read_at, last, (unsigned long long)now) == last) {
       const uint32_t gone = reinterpret_cast<volatile dl_ar_status_t *>(status)->gone;
       if (gone) return DL_AR_FAIL_DEAD | gone << 16;
     }
