@@ -131,14 +131,15 @@ if want bench; then
   # card's clocks between them cancels; the results file is assembled last (--measured)
   BENCH_S="${BENCH_S:-4096,8192,16384,32768}"
   fa4_site || say "FA4: its rows will say it is not installed"
-  step "attn bench: PyTorch SDPA, FA4 (before)" 200 "$L/attn-torch-1.log" "$PY" experiments/attn/attn_bench_torch.py \
+  BENCH_BACKENDS="${BENCH_BACKENDS:-ours,cudnn}" # dl.attn's; ours alone fits one call with FA4
+  step "attn bench: PyTorch SDPA, FA4 (before)" "${TORCH_LIMIT:-200}" "$L/attn-torch-1.log" "$PY" experiments/attn/attn_bench_torch.py \
     --s "$BENCH_S" --out "$L" --name attn-torch-1
-  step "attn bench: dl.attn ours and cudnn" 240 "$L/attn-bench.log" "${DLENV[@]}" ./distlab run -n 1 --device cuda \
-    experiments/attn/attn_bench.lua --s "$BENCH_S" --backends ours,cudnn --out "$L"
-  step "attn bench: PyTorch SDPA, FA4 (after)" 200 "$L/attn-torch-2.log" "$PY" experiments/attn/attn_bench_torch.py \
+  step "attn bench: dl.attn $BENCH_BACKENDS" 240 "$L/attn-bench.log" "${DLENV[@]}" ./distlab run -n 1 --device cuda \
+    experiments/attn/attn_bench.lua --s "$BENCH_S" --backends "$BENCH_BACKENDS" --out "$L"
+  step "attn bench: PyTorch SDPA, FA4 (after)" "${TORCH_LIMIT:-200}" "$L/attn-torch-2.log" "$PY" experiments/attn/attn_bench_torch.py \
     --s "$BENCH_S" --out "$L" --name attn-torch-2
   step "attn bench: the results file" 60 "$L/attn-table.log" "${DLENV[@]}" ./distlab run -n 1 --device cuda \
-    experiments/attn/attn_bench.lua --s "$BENCH_S" --backends ours,cudnn --measured "$L/attn-distlab.csv" \
+    experiments/attn/attn_bench.lua --s "$BENCH_S" --backends "$BENCH_BACKENDS" --measured "$L/attn-distlab.csv" \
     --torch "$L/attn-torch-1.csv,$L/attn-torch-2.csv" --out "$OUT" --tag "$gpu" \
     --command "scripts/gpu/cudnn.sh (attn_bench_torch.py, attn_bench.lua, attn_bench_torch.py, then this with --measured, in the same run)"
   sed -n '/^TFLOP\/s fwd\/bwd/,$p' "$L/attn-table.log" | tee -a "$SUM"

@@ -173,7 +173,9 @@ system_cudnn() {
 fa4_site() {
   local d f missing=""
   FA4=""
-  if [ -d build/fa4site/flash_attn ]; then export PYTHONPATH="$PWD/build/fa4site${PYTHONPATH:+:$PYTHONPATH}"; fi
+  # build/fa4site and what nvidia-cutlass-dsl's .pth adds (PYTHONPATH folders' .pth files are not read)
+  local site="$PWD/build/fa4site:$PWD/build/fa4site/nvidia_cutlass_dsl/dsl_packages"
+  if [ -d build/fa4site/flash_attn ]; then export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"; fi
   if ! "$PY" -c 'import flash_attn.cute' >/dev/null 2>&1; then
     mkdir -p build/fa4-wheels
     for d in .deps/fa4/1 .deps/fa4/2; do [ -d "$d" ] && cp -u "$d"/* build/fa4-wheels/; done
@@ -186,8 +188,10 @@ fa4_site() {
       build/fa4-wheels/*.whl >"$L/fa4-install.log" 2>&1 &&
       cat build/fa4-wheels/*.tar.xz.part-* | xz -d | tar -C build/fa4site -xf - 2>>"$L/fa4-install.log" ||
       { say "FA4: install failed: $(tail -1 "$L/fa4-install.log")"; return 1; }
-    export PYTHONPATH="$PWD/build/fa4site${PYTHONPATH:+:$PYTHONPATH}"
+    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
   fi
+  "$PY" -c 'import flash_attn.cute' >"$L/fa4-import.log" 2>&1 ||
+    { say "FA4: installed but does not import: $(tail -1 "$L/fa4-import.log")"; return 1; }
   # compiled kernels kept on disk between processes (the runs before and after ours)
   export FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED=1 FLASH_ATTENTION_CUTE_DSL_CACHE_DIR="$PWD/build/fa4cache"
   FA4=$("$PY" -c 'import importlib.metadata as m; print(m.version("flash-attn-4"))' 2>&1 | tail -1)
