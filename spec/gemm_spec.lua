@@ -187,6 +187,23 @@ describe("dl.gemm on meta", function()
     assert.equal(0, st.tags.gemm_workspace.current)
     assert.equal(4096 * 512 * 4, st.tags.gemm_out_spec.current)
   end)
+
+  it("charges a copy of c to gemm_c_copy, held with the workspace, where c is a 16-bit out with beta != 0", function()
+    local a = dl.empty({ 512, 1024 }, { dtype = "bf16", device = "meta" })
+    local b = dl.empty({ 1024, 256 }, { dtype = "bf16", device = "meta" })
+    local acc = dl.empty({ 512, 256 }, { dtype = "bf16", device = "meta" })
+    dl.mem.reset_peak("meta")
+    local base = dl.mem.stats("meta").allocated
+    dl.gemm(a, b, acc, { beta = 1 })
+    local st = dl.mem.stats("meta")
+    assert.equal(512 * 256 * 2, st.tags.gemm_c_copy.peak)
+    assert.equal(0, st.tags.gemm_c_copy.current)
+    assert.equal(base + 512 * 256 * 2 + dl.gemm.workspace_bytes, st.allocated_peak) -- both held at once
+    dl.mem.reset_peak("meta")
+    dl.gemm(a, b, acc) -- beta 0: no copy
+    dl.gemm(a, b, dl.empty({ 512, 256 }, { dtype = "f32", device = "meta" }), { beta = 1 }) -- f32: no copy
+    assert.is_nil(dl.mem.stats("meta").tags.gemm_c_copy)
+  end)
 end)
 
 describe("dl.gemm on cuda #gpu", function()
@@ -237,6 +254,17 @@ describe("dl.gemm on cuda #gpu", function()
       expect(out, na, nb, nil, "replay " .. r)
     end
     g:free()
+  end)
+
+  it("bf16 and f16 accumulated in place (c is out, beta 1) round once, as with c apart", function()
+    -- cuBLASLt 13.1 on an H200 rounded this call twice with c in place (see core/ops/gemm/gemm.c)
+    for _, dt in ipairs { "bf16", "f16" } do
+      local a, b = inputs(512, 1024, 256, dt, D)
+      local c = dl.randn({ 512, 256 }, { dtype = dt, device = D, seed = seed + 21 })
+      local acc = c:clone()
+      dl.gemm(a, b, acc, { beta = 1 })
+      expect(acc, a, b, { beta = 1, c = c }, dt .. " in place, beta 1")
+    end
   end)
 
   it("takes a workspace, or allocates one per call under gemm_workspace; too small is an error", function()
