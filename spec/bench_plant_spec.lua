@@ -121,6 +121,47 @@ describe("bench verify", function()
     assert.equal(1024, verify.BIAS_MIN)
   end)
 
+  it("judges the bias of rows (tol.rows) against the rows' own scatter, never below tol.bias", function()
+    -- rows of 128 whose errors lie along the row: row g is ref_g * (1 + s_g), s_g = +-1%
+    local function rows_case(nrows, scale)
+      local ref = dl.randn({ nrows * 128 }, { dtype = "f64", device = "cpu", seed = 11 })
+      local got = ref:clone()
+      for g = 0, nrows - 1 do got:narrow(1, g * 128 + 1, 128):mul_((1 + (g % 2 == 0 and 0.01 or -0.01)) * scale) end
+      return got, ref
+    end
+    local tol = { atol = 1, bias = 4e-3, rows = 128 }
+    -- 8 rows: the per-row noise alone can show as a bias; the bound widens to 6 standard errors
+    local got, ref = rows_case(8, 1)
+    got:narrow(1, 1, 128):mul_(1.01) -- one row further off: a bias of about 1.2e-3 from 8 rows
+    local n, msg, st = verify.close(got, ref, { atol = 1, bias = 1e-3, rows = 128 })
+    assert.equal(0, n, msg)
+    assert.is_true(st.bias > 1e-3 and st.bias_bound > st.bias, msg)
+    assert.matches("bound [%d.e-]+ = max%(0%.001, 6 se over 8 rows%)", msg)
+    -- the same rows as elements (no tol.rows): 1024 elements, bound 1e-3, fails
+    assert.equal(1, (verify.close(got, ref, { atol = 1, bias = 1e-3 })))
+    -- a 2% scale error moves every row alike and adds no scatter: beside rows +-1% apart it
+    -- fails from 32 rows (at 8, 6 se of that scatter is 2.2%: too few to tell; the soak's CP
+    -- check takes 32 a rank on cuda)
+    for _, nrows in ipairs { 32, 256 } do
+      got, ref = rows_case(nrows, 1.02)
+      n, msg, st = verify.close(got, ref, tol)
+      assert.equal(1, n, msg)
+      assert.is_true(st.bias_bound < 0.02, msg)
+    end
+    -- many rows: se is small, the bound is tol.bias itself
+    got, ref = rows_case(256, 1)
+    n, msg, st = verify.close(got, ref, tol)
+    assert.equal(0, n, msg)
+    assert.equal(4e-3, st.bias_bound)
+    -- fewer than BIAS_MIN_ROWS rows (of BIAS_MIN elements or more): reported, not judged
+    ref = dl.randn({ 4 * 512 }, { dtype = "f64", device = "cpu", seed = 12 })
+    n, msg = verify.close(ref:clone():mul_(1.02), ref, { atol = 1, bias = 4e-3, rows = 512 })
+    assert.equal(0, n, msg)
+    assert.matches("not judged: 4 rows", msg)
+    assert.equal(8, verify.BIAS_MIN_ROWS)
+    assert.has_error(function() verify.close(ref, ref, { bias = 1e-3, rows = 3 }) end, "verify.close: 2048 elements are not rows of 3")
+  end)
+
   it("spreads indices and windows over all of a range, and takes them from a tensor", function()
     local idx = verify.spread(1000, 10, 3)
     assert.equal(10, #idx)

@@ -242,21 +242,28 @@ describe("a rank that cannot make a communicator, sends to self (issue 53)", fun
     end)
   end
 
-  -- Known open (issue 53): with the failing rank raising and the launcher stopping the job, a
-  -- late rank sometimes stays 30 s in its communicator setup instead of reading rank 2's failure
-  -- (about 1 run in 2 on the 2-core host; the same ranks without the launcher end in 0.01 s,
-  -- 6 of 6). Skipped, with this reason, until that wait is found and fixed.
-  pending("under the launcher, every rank prints its own error and the headline names the one that gave up", function()
-    -- a long grace and linger: ranks still starting on a loaded 2-core host must get there (and
-    -- find rank 0's store still up)
-    local rc, out = H.distlab("run -n 3 --device cpu spec/comm/create_fail.lua lua raise",
-      "DISTLAB_STOP_GRACE=30 DISTLAB_STORE_LINGER=30")
-    assert.equal(1, rc, out)
-    assert.truthy(out:find("distlab run: rank 2 of 3 failed (exit code 1)", 1, true), out)
-    for r = 0, 1 do
-      assert.truthy(out:find("creating shm communicator 'w' on rank " .. r .. " of 3: [^\n]*rank 2 gave up"), out)
-    end
-  end)
+  -- rank 0 raises as soon as it reads rank 2's failure, and an uncaught error ends in
+  -- lua_close, whose finalizers free the store: its server must linger there too, until the
+  -- late rank has connected and read the failure (it stopped at once, and the late rank spent
+  -- its 30 s connecting to nothing, about 1 run in 2; "late": every run)
+  for _, late in ipairs { "", "late" } do
+    it("under the launcher" .. (late == "" and "" or ", a rank starting 1 s late")
+      .. ", every rank prints its own error and the headline names the one that gave up", function()
+      -- a long grace and linger: ranks still starting on a loaded 2-core host must get there
+      -- (and find rank 0's store still up); a hang shows as a run of 30 s
+      local t, rc, out = elapsed(function()
+        return H.distlab("run -n 3 --device cpu spec/comm/create_fail.lua lua raise " .. late,
+          "DISTLAB_STOP_GRACE=30 DISTLAB_STORE_LINGER=30")
+      end)
+      assert.equal(1, rc, out)
+      assert.truthy(out:find("distlab run: rank 2 of 3 failed (exit code 1)", 1, true), out)
+      for r = 0, 1 do
+        assert.truthy(out:find("creating shm communicator 'w' on rank " .. r .. " of 3: [^\n]*rank 2 gave up"), out)
+      end
+      assert.is_false(out:find("still ran", 1, true) ~= nil, out)
+      assert.is_true(t <= (late == "" and 10 or 11), "took " .. t .. " s:\n" .. out)
+    end)
+  end
 
   it("a send or recv to self outside a group is an error; paired in a group it works; unpaired fails the rank that sent", function()
     local out = H.ranks_ok(3, "self", run(3, "cpu", "self.lua"))

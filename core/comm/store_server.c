@@ -314,14 +314,18 @@ static void *server_main(void *arg) {
  * it reports, or plain os.exit) while peers are about to read keys it or
  * others set (their half of the same check), they would get "the store
  * closed the connection" instead of their own error. So the process that
- * serves lingers at exit while clients are connected and the store is in
- * use: a request parked, or one served in the last 200 ms; at most
- * DISTLAB_STORE_LINGER seconds (default 5). A peer blocked elsewhere does
- * not hold the exit up. */
+ * serves lingers before its server stops while clients are connected and
+ * the store is in use: a request parked, or one served in the last 200 ms;
+ * at most DISTLAB_STORE_LINGER seconds (default 5). A peer blocked
+ * elsewhere does not hold the exit up.
+ *
+ * Two ways out, both linger: os.exit runs the exit handler below; an
+ * uncaught Lua error ends in lua_close, whose finalizers free the store
+ * (dl_store_serve_end) before any exit handler runs. */
 static server_t *serving;    /* the live server of this process, if any */
 static dl_store_t *serving_client; /* rank 0's own client of it */
 
-static void linger_at_exit(void) {
+static void linger(void) {
   server_t *sv = __atomic_load_n(&serving, __ATOMIC_ACQUIRE);
   if (!sv) return;
   if (serving_client && serving_client->fd >= 0) { /* our own connection counts as none */
@@ -411,7 +415,7 @@ int dl_store_serve(dl_store_t *st) {
     return DL_ERR(DL_EIO, "store server: cannot start its thread");
   }
   static int registered;
-  if (!registered++) atexit(linger_at_exit);
+  if (!registered++) atexit(linger);
   serving_client = st;
   __atomic_store_n(&serving, sv, __ATOMIC_RELEASE);
   return DL_OK;
@@ -419,6 +423,7 @@ int dl_store_serve(dl_store_t *st) {
 
 void dl_store_serve_end(dl_store_t *st) {
   if (st->server && __atomic_load_n(&serving, __ATOMIC_ACQUIRE) == st->server) {
+    linger();
     __atomic_store_n(&serving, NULL, __ATOMIC_RELEASE);
     serving_client = NULL;
   }

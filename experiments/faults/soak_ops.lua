@@ -33,7 +33,11 @@
 -- made for the benches' large shapes, widened for the soak's many small random ones
 -- (SOAK_TOL: normwise x 1.5, bias at most 4e-3, from 1024 elements), where 2^-10 failed
 -- on rounding's own noise (an fp8 combine of 1024 values: bias -1.01e-3; a CP dq at
--- S = 32: normwise 8.3e-3 against 8e-3). A 2% scale error still fails both.
+-- S = 32: normwise 8.3e-3 against 8e-3). A 2% scale error still fails both. CP's rows
+-- are the bias's samples (verify's tol.rows: the bound grows to 6 standard errors over
+-- the rows where they are few and noisy); an all-reduce's normwise error is judged from
+-- NORM_MIN elements (one f32 element that is a near-cancelling sum of 4 has a relative
+-- error of 1.8e-5 against 1e-5, within its element-wise bound).
 local ffi = require "ffi"
 local dl = require "distlab"
 local verify = require "distlab.bench.verify"
@@ -72,7 +76,7 @@ function Rng:chance(p) return (self:next() - 1) / 2147483646 < p end
 
 local function planted(ctx, kind, fn, o) return verify.planted(fn, ctx.plant[kind], o) end
 
-local SOAK_NORM, SOAK_BIAS = 1.5, 4e-3
+local SOAK_NORM, SOAK_BIAS, NORM_MIN = 1.5, 4e-3, 64
 -- a bench's tolerance table, widened for the soak
 local function soak_tol(t)
   local out = {}
@@ -119,7 +123,7 @@ function M.allreduce.shape(c) return string.format("%s n=%d%s", c.dtype, c.n, c.
 function M.allreduce.run(c, ctx)
   local N, me = ctx.N, ctx.me
   local t = AR_TOL[c.dtype]
-  local tol = { rtol = t.rtol, atol = t.atol * N, norm = t.norm, bias = SOAK_BIAS }
+  local tol = { rtol = t.rtol, atol = t.atol * N, norm = c.n >= NORM_MIN and t.norm or nil, bias = SOAK_BIAS }
   local checked, width = ctx.gpu and 16384 or 4096, ctx.gpu and 512 or 256
   local wrong, elements, msgs = 0, 0, {}
   for rep = 1, ctx.reps do
@@ -374,7 +378,9 @@ for k, t in pairs(rows_tol) do rows_tol[k] = soak_tol(t) end
 
 function M.cp.run(c, ctx)
   local x = cpc.inputs { layout = c.layout, B = c.B, S = c.S, H = c.H, D = c.D, seed = c.seed }
-  local check = cpc.new { inputs = x, comm = ctx.w, elements = ctx.gpu and 4096 or 1024, seed = c.seed }
+  -- rows of d elements: 128 query rows on cuda (32 a rank), 32 on cpu (8 a rank); the bias is
+  -- judged over rows (attn_rows), and 8 a rank on cuda let rounding alone pass 4e-3 (4.6e-3)
+  local check = cpc.new { inputs = x, comm = ctx.w, elements = ctx.gpu and 16384 or 4096, seed = c.seed }
   local o = presets.options(c.preset)
   o.comm, o.layout, o.mask = ctx.w, c.layout, "causal"
   local cp = dl.cp.attention(o)

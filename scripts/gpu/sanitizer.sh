@@ -20,10 +20,23 @@
 # counted (API errors off: distlab checks every CUDA call's result itself, and probes that
 # are meant to fail would count; SAN_API_ERRORS=explicit turns them on). SAN_EXTRA adds
 # options (e.g. --kernel-name-exclude kns=cublas).
-# Order: memcheck of every family first, then initcheck, racecheck, synccheck; each run
-# under the smaller of its limit (LIMIT, default 60 s; attention 90 s) and what is left of
-# BUDGET; a run the budget cannot start is SKIPPED and listed. FAMILIES (default "allreduce
-# ep overlap attn") narrows, e.g. a second call:
+# Order: each family once without the sanitizer (tool "none": does the run itself pass on
+# this host? PLAIN=0 skips it), then memcheck of every family, then initcheck, racecheck,
+# synccheck; each run under the smaller of its limit (LIMIT, default 60 s; attention 90 s)
+# and what is left of BUDGET; a run the budget cannot start is SKIPPED and listed.
+# Under the sanitizer everything is 10-100x slower, so each run's own waits are sized from
+# its limit, not from the defaults made for a plain run: DISTLAB_TIMEOUT and SPEC_TIMEOUT
+# (any store, collective or device wait) the limit less 15 s, so that a hang ends in our
+# error naming the wait rather than in the job's kill; DISTLAB_STOP_GRACE 20 s (a rank's
+# peers, slowed too, still print their own errors after it fails; the default is 2 s) and
+# DISTLAB_STORE_LINGER 30 s (rank 0's store outlives it while a slowed peer still connects;
+# default 5 s). Each set in the environment wins.
+# Every rank's stderr is kept in rank-R.err beside its sanitizer log, and how it ended in
+# rank-R.status ("exit N", or "signal N (SIGNAME)": memcheck runs ended with SIGABRT before
+# printing anything, cause unknown); glibc's fatal messages (heap corruption, fortify) go to
+# stderr rather than to /dev/tty (LIBC_FATAL_STDERR_=1). A run that fails lists each rank's
+# end and the last lines of its stderr and of its sanitizer logs in the results file.
+# FAMILIES (default "allreduce ep overlap attn") narrows, e.g. a second call:
 #   SKIP_BUILD=1 scripts/gpu/sanitizer.sh
 #   SKIP_BUILD=1 TOOLS="racecheck synccheck" ATTN_TOOLS= scripts/gpu/sanitizer.sh
 # compute-sanitizer: SANITIZER, else on PATH, else /usr/local/cuda/bin/compute-sanitizer;
@@ -40,7 +53,10 @@ t_start=$(date +%s)
 source "$(dirname "$0")/steps.sh" sanitizer 290 || exit 2
 # the raw logs travel packed (a device call brings back at most 8 files)
 trap 'steps_finish; rm -rf "$L"' EXIT
-export NCCL_NVLS_ENABLE=0 DISTLAB_TIMEOUT="${DISTLAB_TIMEOUT:-90}" SPEC_TIMEOUT="${SPEC_TIMEOUT:-90}"
+export NCCL_NVLS_ENABLE=0 LIBC_FATAL_STDERR_=1
+export DISTLAB_STOP_GRACE="${DISTLAB_STOP_GRACE:-20}" DISTLAB_STORE_LINGER="${DISTLAB_STORE_LINGER:-30}"
+# set here, they win over each run's own (its limit less 15 s)
+user_timeout="${DISTLAB_TIMEOUT:-}" user_spec_timeout="${SPEC_TIMEOUT:-}"
 TOOLS="${TOOLS-memcheck racecheck synccheck}"
 ATTN_TOOLS="${ATTN_TOOLS-memcheck initcheck}"
 FAMILIES="${FAMILIES:-allreduce ep overlap attn}"
@@ -72,8 +88,9 @@ declare -A COVERS=([allreduce]="every algorithm (nccl, one_shot, two_shot, push,
 # an "ok" line each rank prints when its checks passed
 declare -A OKWORD=([allreduce]="correct ok" [ep]="correct ok" [overlap]="correct ok" [attn]="hopper_small: all ok")
 
-# The runs in order: memcheck of every family, then the other tools.
+# The runs in order: every family plain, memcheck of every family, then the other tools.
 runs=()
+if [ "${PLAIN:-1}" = 1 ]; then for f in $FAMILIES; do runs+=("$f:none"); done; fi
 for tool in memcheck initcheck racecheck synccheck; do
   for f in $FAMILIES; do
     if [ "$f" = attn ]; then [[ " $ATTN_TOOLS " == *" $tool "* ]] || continue
@@ -106,21 +123,42 @@ for r in "${runs[@]}"; do
   f=${r%%:*} tool=${r#*:}
   d="$L/$f-$tool"
   mkdir -p "$d"
-  # the rank's luajit under the sanitizer, its stderr kept beside its log
+  # the rank's luajit under the sanitizer (tool none: as it is); its stderr also kept in
+  # rank-R.err, how it ended in rank-R.status
+  run_it="\"$SANBIN\" --tool $tool --target-processes all --error-exitcode 9 --report-api-errors ${SAN_API_ERRORS:-no} ${SAN_EXTRA:-} --log-file \"$d/san-%p.log\" luajit"
+  [ "$tool" = none ] && run_it=luajit
   cat >"$d/luajit" <<EOF
-#!/bin/sh
-exec "$SANBIN" --tool $tool --target-processes all --error-exitcode 9 --report-api-errors ${SAN_API_ERRORS:-no} ${SAN_EXTRA:-} --log-file "$d/san-%p.log" luajit "\$@"
+#!/usr/bin/env bash
+r=\${DISTLAB_RANK:-0}
+$run_it "\$@" 2> >(tee "$d/rank-\$r.err" >&2)
+rc=\$?
+if [ \$rc -gt 128 ]; then echo "signal \$((rc - 128)) (SIG\$(kill -l \$((rc - 128)) 2>/dev/null))"; else echo "exit \$rc"; fi >"$d/rank-\$r.status"
+exit \$rc
 EOF
   chmod +x "$d/luajit"
   limit=$LIMIT
   [ "$f" = attn ] && limit=$((LIMIT * 3 / 2))
   t0=$(date +%s)
   # shellcheck disable=SC2086
-  DISTLAB_JOB_TIMEOUT=$limit LUAJIT="$d/luajit" step "compute-sanitizer $tool: $f (${RANKS[$f]} rank(s))" "$limit" \
+  DISTLAB_TIMEOUT="${user_timeout:-$((limit - 15))}" SPEC_TIMEOUT="${user_spec_timeout:-$((limit - 15))}" \
+    DISTLAB_JOB_TIMEOUT=$limit LUAJIT="$d/luajit" step "compute-sanitizer $tool: $f (${RANKS[$f]} rank(s))" "$limit" \
     "$d/run.log" ./distlab run -n "${RANKS[$f]}" --device "${DEVICE:-cuda}" ${SCRIPT[$f]}
   rc=$?
   secs=$(($(date +%s) - t0))
   read -r procs errs haz unfinished <<<"$(count "$d")"
+  [ "$tool" = none ] && procs=${RANKS[$f]} unfinished=0
+  if [ "$rc" != 0 ]; then
+    # each rank's end, the last lines of its stderr and of its sanitizer logs, for the results file
+    for ((k = 0; k < ${RANKS[$f]}; k++)); do
+      echo "$f $tool rank $k: $(cat "$d/rank-$k.status" 2>/dev/null || echo "no status (its wrapper was stopped: by the launcher once a peer failed, or by the limit)")"
+      tail -n 8 "$d/rank-$k.err" 2>/dev/null | sed 's/^/  stderr: /'
+    done >>"$L/ends"
+    for lg in "$d"/san-*.log; do
+      [ -e "$lg" ] || continue
+      echo "$f $tool $(basename "$lg"):"
+      grep -v '^========= *$' "$lg" | tail -n 8 | sed 's/^/  /'
+    done >>"$L/ends"
+  fi
   oks=$(grep -c "${OKWORD[$f]}" "$d/run.log" 2>/dev/null)
   oks=${oks:-0}
   # where the first errors were: the sanitizer's "at KERNEL+0x.." (racecheck: "access at") lines, distinct, 3 at most
@@ -159,6 +197,14 @@ recorded=$(env | grep -E '^(DISTLAB|NCCL|CUDA)_' | sort | tr '\n' ' ')
   done <"$L/records"
   echo
   echo "Verdict: $([ "$status" = 0 ] && echo "0 errors, 0 hazards in every run" || echo "NOT CLEAN: see the rows above (errors, hazards, a run that failed, timed out or was skipped)")."
+  if [ -s "$L/ends" ]; then
+    echo
+    echo "How the ranks of the runs that failed ended (rank-R.status), and the last lines of their stderr and sanitizer logs:"
+    echo
+    echo '```'
+    cat "$L/ends"
+    echo '```'
+  fi
   if grep -q "SKIPPED\|TIMED OUT" "$SUM"; then
     echo
     echo "Runs that did not run or finish:"

@@ -4,9 +4,14 @@
 -- check, "lua", or in the core's, "c"); it tells them through the
 -- store, and every rank ends at once with an error naming it. Prints
 -- "CREATE <rank> <seconds> <message>"; the timeout is 30 s. With "raise"
--- after the mode, each rank raises its error instead (the launcher's view).
+-- after the mode, each rank raises its error instead (the launcher's view);
+-- with "late" after that, rank 1 starts 1 s after the others, when rank 0
+-- has long read rank 2's failure and raised: it must still find the store
+-- (rank 0's, freed by lua_close's finalizers after the raise) and read it.
 local ffi = require "ffi"
 local dl = require "distlab"
+local dir = arg[0]:match("^(.*)/[^/]*$") or "."
+local U = dofile(dir .. "/util.lua")
 
 local e = dl.comm.env()
 local last = e.rank == e.world_size - 1
@@ -23,6 +28,7 @@ local function make()
   end
 end
 if arg[2] == "raise" then
+  if arg[3] == "late" and e.rank == 1 then U.sleep(1) end
   make()
   os.exit(0)
 end
