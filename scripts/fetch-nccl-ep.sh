@@ -40,31 +40,32 @@ download() {
     { echo "fetch-nccl-ep: pip could not download $1" >&2; exit 1; }
 }
 
+# unpack <dir> <dest> <prefix=to>...: the members of the one wheel in dir under each
+# prefix into dest/to (a member named exactly prefix: the file dest/to)
+unpack() {
+  "$PY" - "$@" <<'PYEOF'
+import glob, os, shutil, sys, zipfile
+src, dest, maps = sys.argv[1], sys.argv[2], [m.split("=", 1) for m in sys.argv[3:]]
+with zipfile.ZipFile(glob.glob(src + "/*.whl")[0]) as z:
+    for n in z.namelist():
+        for prefix, to in maps:
+            if n.endswith("/") or not n.startswith(prefix):
+                continue
+            rest = n[len(prefix):].lstrip("/")
+            out = os.path.join(dest, to, rest) if rest else os.path.join(dest, to)
+            os.makedirs(os.path.dirname(out), exist_ok=True)
+            with z.open(n) as f, open(out, "wb") as g:
+                shutil.copyfileobj(f, g)
+PYEOF
+}
+
 if [ "$FORCE" = 1 ] || [ ! -f "$DEST/lib/libnccl_ep.so" ] || [ "$(cat "$DEST/VERSION" 2>/dev/null)" != "$VERSION" ]; then
   download "nccl-extensions==$VERSION" "$TMP/ep"
   rm -rf "$DEST/lib" "$DEST/include"
   mkdir -p "$DEST"
-  "$PY" - "$TMP/ep" "$DEST" <<'PYEOF'
-import glob, os, shutil, sys, zipfile
-src, dest = sys.argv[1], sys.argv[2]
-whl = glob.glob(src + "/*.whl")[0]
-with zipfile.ZipFile(whl) as z:
-    for n in z.namelist():
-        if n.endswith("/"):
-            continue
-        if n == "nccl/ep/lib/cu13/libnccl_ep.so":
-            out = os.path.join(dest, "lib", "libnccl_ep.so")
-        elif n.startswith("nccl/ep/include/"):
-            out = os.path.join(dest, "include", n[len("nccl/ep/include/"):])
-        elif n.endswith("licenses/LICENSE.txt"):
-            out = os.path.join(dest, "LICENSE.txt")
-        else:
-            continue
-        os.makedirs(os.path.dirname(out), exist_ok=True)
-        with z.open(n) as f, open(out, "wb") as g:
-            shutil.copyfileobj(f, g)
-os.chmod(os.path.join(dest, "lib", "libnccl_ep.so"), 0o755)
-PYEOF
+  unpack "$TMP/ep" "$DEST" "nccl/ep/lib/cu13/libnccl_ep.so=lib/libnccl_ep.so" "nccl/ep/include/=include" \
+    "nccl_extensions-$VERSION.dist-info/licenses/LICENSE.txt=LICENSE.txt"
+  chmod 755 "$DEST/lib/libnccl_ep.so"
   echo "$VERSION" >"$DEST/VERSION"
   echo "fetch-nccl-ep: NCCL EP of nccl-extensions $VERSION in $DEST (lib/, include/)" >&2
 fi
@@ -73,18 +74,7 @@ if [ "$WITH_NCCL" = 1 ] && { [ "$FORCE" = 1 ] || [ "$(cat "$DEST/nccl/VERSION" 2
   download "nvidia-nccl-cu13==$NCCL_VERSION" "$TMP/nccl"
   rm -rf "$DEST/nccl"
   mkdir -p "$DEST/nccl"
-  "$PY" - "$TMP/nccl" "$DEST/nccl" <<'PYEOF'
-import glob, sys, zipfile
-src, dest = sys.argv[1], sys.argv[2]
-whl = glob.glob(src + "/*.whl")[0]
-with zipfile.ZipFile(whl) as z:
-    names = [n for n in z.namelist() if n.startswith("nvidia/nccl/") and not n.endswith("/")
-             and ("/lib/" in n or "/include/" in n)]
-    z.extractall(src + "/x", names)
-import shutil
-for sub in ("lib", "include"):
-    shutil.copytree(src + "/x/nvidia/nccl/" + sub, dest + "/" + sub)
-PYEOF
+  unpack "$TMP/nccl" "$DEST/nccl" "nvidia/nccl/lib/=lib" "nvidia/nccl/include/=include"
   echo "$NCCL_VERSION" >"$DEST/nccl/VERSION"
   echo "fetch-nccl-ep: NCCL $NCCL_VERSION in $DEST/nccl (run with LD_LIBRARY_PATH=$PWD/$DEST/nccl/lib)" >&2
 fi

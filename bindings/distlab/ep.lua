@@ -62,12 +62,23 @@ M.layouts = { per_expert = C.DL_EP_PER_EXPERT, per_rank = C.DL_EP_PER_RANK }
 M.outputs = { expert_major = C.DL_EP_EXPERT_MAJOR, rank_major = C.DL_EP_RANK_MAJOR }
 M.dtypes = { bf16 = 0, fp8 = 1 }
 M.backends = { ours = true, nccl_ep = true }
+-- The names name_of(0), name_of(1), ... up to its first NULL (the library's lists).
+function M.names(name_of)
+  local n = {}
+  for i = 0, math.huge do
+    local name = name_of(i)
+    if name == nil then return n end
+    n[i + 1] = ffi.string(name)
+  end
+end
 -- the parts of ep:bytes(), in DL_EP_*_BYTES order, as the library names them
-M.parts = {}
-for i = 0, math.huge do
-  local name = C.dl_ep_part_name(i)
-  if name == nil then break end
-  M.parts[i + 1] = ffi.string(name)
+M.parts = M.names(C.dl_ep_part_name)
+
+-- {part = bytes} of an info struct's bytes array, in the order of parts
+function M.by_part(parts, bytes)
+  local b = {}
+  for i, name in ipairs(parts) do b[name] = tonumber(bytes[i - 1]) end
+  return b
 end
 
 local Buffer = {}
@@ -111,25 +122,31 @@ local function config(o, fn, known)
   return c
 end
 
+-- A backend's calls, its C functions <prefix>free, check, dispatch_send ...
+-- (their signatures dl_ep_*'s), looked up once; raw(ptr): its info struct
+-- (ctype) filled by <prefix>info; parts: the names of its bytes.
+function M.calls(prefix, ctype, parts)
+  local api, raw = { parts = parts }, ffi.new(ctype)
+  for _, name in ipairs { "free", "check", "dispatch_send", "dispatch", "dispatch_recv", "combine_send", "combine_recv",
+    "combine", "info" } do
+    api[name] = C[prefix .. name]
+  end
+  local info_fn = api.info
+  function api.raw(ptr)
+    check(info_fn(ptr, raw))
+    return raw
+  end
+  return api
+end
+
 -- What the Buffer's methods call for our buffers (ep_nccl.lua has nccl_ep's).
-local info = ffi.new("dl_ep_info_t")
-local ours = {
-  free = C.dl_ep_free, check = C.dl_ep_check, dispatch_send = C.dl_ep_dispatch_send, dispatch = C.dl_ep_dispatch,
-  dispatch_recv = C.dl_ep_dispatch_recv, combine_send = C.dl_ep_combine_send, combine_recv = C.dl_ep_combine_recv,
-  combine = C.dl_ep_combine,
-}
+local ours = M.calls("dl_ep_", "dl_ep_info_t", M.parts)
 function ours.info(ptr)
-  check(C.dl_ep_info(ptr, info))
+  local info = ours.raw(ptr)
   return { rank = info.rank, size = info.size, local_experts = info.local_experts, blocks = info.blocks,
     threads = info.threads, failed = info.failed ~= 0, tokens = info.tokens,
     msg_dispatch = tonumber(info.msg_dispatch), msg_combine = tonumber(info.msg_combine),
     dispatches = tonumber(info.dispatches), combines = tonumber(info.combines) }
-end
-function ours.bytes(ptr)
-  check(C.dl_ep_info(ptr, info))
-  local b = {}
-  for i, name in ipairs(M.parts) do b[name] = tonumber(info.bytes[i - 1]) end
-  return b
 end
 function ours.describe(ep)
   return string.format("ep(%s, %s, %s, B=%d, H=%d, E=%d, K=%d, rank %d of %d, %.1f MiB symmetric)", ep.layout,
@@ -205,7 +222,8 @@ end
 
 function Buffer:info() return self.api.info(live(self)) end
 
-function Buffer:bytes() return self.api.bytes(live(self)) end
+-- {part = bytes} (the backend's parts)
+function Buffer:bytes() return M.by_part(self.api.parts, self.api.raw(live(self)).bytes) end
 
 function Buffer:check()
   check(self.api.check(live(self), core.stream))

@@ -53,12 +53,7 @@ M.outputs = {
   high_throughput = { expert_major = C.DL_EP_EXPERT_MAJOR, flat = C.DL_EP_FLAT },
 }
 -- the parts of ep:bytes(), in DL_EP_NCCL_*_BYTES order
-M.parts = {}
-for i = 0, math.huge do
-  local name = C.dl_ep_nccl_part_name(i)
-  if name == nil then break end
-  M.parts[i + 1] = ffi.string(name)
-end
+M.parts = ep.names(C.dl_ep_nccl_part_name)
 
 local keys = { "comm", "max_tokens", "hidden", "experts", "topk", "output", "dtype", "blocks", "backend",
   "algorithm", "layout", "ranks" }
@@ -89,24 +84,12 @@ local function refuse(o, algorithm)
   end
 end
 
-local info = ffi.new("dl_ep_nccl_info_t")
-local api = {
-  free = C.dl_ep_nccl_free, check = C.dl_ep_nccl_check, dispatch_send = C.dl_ep_nccl_dispatch_send,
-  dispatch = C.dl_ep_nccl_dispatch, dispatch_recv = C.dl_ep_nccl_dispatch_recv,
-  combine_send = C.dl_ep_nccl_combine_send, combine_recv = C.dl_ep_nccl_combine_recv,
-  combine = C.dl_ep_nccl_combine,
-}
+local api = ep.calls("dl_ep_nccl_", "dl_ep_nccl_info_t", M.parts)
 function api.info(ptr)
-  check(C.dl_ep_nccl_info(ptr, info))
+  local info = api.raw(ptr)
   return { rank = info.rank, size = info.size, local_experts = info.local_experts, failed = info.failed ~= 0,
     tokens = info.tokens, version = info.version, nccl_version = info.nccl_version, slots = tonumber(info.slots),
     dispatches = tonumber(info.dispatches), combines = tonumber(info.combines), path = ffi.string(info.path) }
-end
-function api.bytes(ptr)
-  check(C.dl_ep_nccl_info(ptr, info))
-  local b = {}
-  for i, name in ipairs(M.parts) do b[name] = tonumber(info.bytes[i - 1]) end
-  return b
 end
 function api.describe(b)
   local v = b:info().version

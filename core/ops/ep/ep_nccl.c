@@ -196,12 +196,7 @@ static int hook_free(void *p, void *ctx) {
 /* ---- lifetime ----------------------------------------------------------------------- */
 
 static int new_tensor(dl_ep_nccl_t *e, int which, int dtype, int ndim, int64_t d0, int64_t d1, int64_t d2) {
-  const int64_t shape[3] = {d0, d1, d2};
-  DL_TRY(dl_tensor_empty(&e->t[which], dtype, ndim, shape, DL_CUDA, e->dev, NULL));
-  int64_t n;
-  dl_tensor_storage_info(e->t[which], &n, NULL);
-  e->bytes[DL_EP_NCCL_OUTPUTS_BYTES] += n;
-  return DL_OK;
+  return dl_ep_output(&e->t[which], &e->bytes[DL_EP_NCCL_OUTPUTS_BYTES], DL_CUDA, e->dev, dtype, ndim, d0, d1, d2);
 }
 
 /* x, scales, counts, ids, weights, offsets and out, as NCCL EP wants them
