@@ -86,8 +86,9 @@ local function fp8_rows(recv, g, n, H)
   local px, ps = ffi.cast("uint8_t*", x:data_ptr()), ffi.cast("float*", sc:data_ptr())
   local rows = {}
   for r = 0, n - 1 do
-    local v, row = {}, g * R + r
+    local v, row = { scales = {} }, g * R + r
     for i = 0, H - 1 do v[i + 1] = X.e4m3_value(px[row * H + i]) * ps[row * (H / 128) + math.floor(i / 128)] end
+    for q = 0, H / 128 - 1 do v.scales[q + 1] = ps[row * (H / 128) + q] end
     rows[r + 1] = v
   end
   return rows
@@ -103,7 +104,8 @@ local function same_fp8(o, a, b)
         if not used[j] then
           local close = true
           for c = 1, o.H do
-            if math.abs(u[c] - v[c]) > 2 * (2 ^ -4 * math.abs(v[c]) + 2 ^ -10 * 448) then close = false break end
+            local scale = v.scales[math.floor((c - 1) / 128) + 1]
+            if math.abs(u[c] - v[c]) > 2 * (2 ^ -4 * math.abs(v[c]) + 2 ^ -10 * scale) then close = false break end
           end
           if close then found = j break end
         end
