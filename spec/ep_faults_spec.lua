@@ -62,7 +62,7 @@ describe("ep options", function()
   end)
 
   it("buffer and formula refuse unknown options, listing the known ones", function()
-    fails(function() buffer { max_token = 4 } end, "ep.buffer: unknown option max_token (known: blocks, comm, dtype")
+    fails(function() buffer { max_token = 4 } end, "ep.buffer: unknown option max_token (known: backend, blocks, comm, dtype")
     fails(function() dl.ep.formula { max_tokens = 4, hidden = 128, experts = 2, topk = 1, ranks = 2, comm = 1 } end,
       "dl.ep.formula: unknown option comm (known: blocks, dtype, experts")
   end)

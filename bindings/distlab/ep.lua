@@ -3,7 +3,10 @@
 --
 --   local ep = dl.ep.buffer { comm = w, max_tokens = B, hidden = H, experts = E, topk = K,
 --     layout = "per_rank" | "per_expert", output = "expert_major" | "rank_major",
---     dtype = "bf16" | "fp8", blocks = nil (1..1024), ranks = nil (the comm's) }   collective
+--     dtype = "bf16" | "fp8", blocks = nil (1..1024), ranks = nil (the comm's),
+--     backend = "ours" | "nccl_ep" }   collective
+--   backend = "nccl_ep": the same calls over NVIDIA's NCCL EP (distlab.ep_nccl has
+--     its options: algorithm = "low_latency" | "high_throughput", and what maps to what)
 --   local recv, handle = ep:dispatch(x, topk_idx, topk_weights)
 --       x bf16 [T, H] (T <= B), topk_idx int32 [T, K] (-1: no expert), topk_weights f32 [T, K]
 --       expert_major: recv = {x = [L, N*B, H], counts = [L]}: rows r < counts[e] of x[e]
@@ -58,12 +61,24 @@ local M = {}
 M.layouts = { per_expert = C.DL_EP_PER_EXPERT, per_rank = C.DL_EP_PER_RANK }
 M.outputs = { expert_major = C.DL_EP_EXPERT_MAJOR, rank_major = C.DL_EP_RANK_MAJOR }
 M.dtypes = { bf16 = 0, fp8 = 1 }
+M.backends = { ours = true, nccl_ep = true }
+-- The names name_of(0), name_of(1), ... up to its first NULL (the library's lists).
+function M.names(name_of)
+  local n = {}
+  for i = 0, math.huge do
+    local name = name_of(i)
+    if name == nil then return n end
+    n[i + 1] = ffi.string(name)
+  end
+end
 -- the parts of ep:bytes(), in DL_EP_*_BYTES order, as the library names them
-M.parts = {}
-for i = 0, math.huge do
-  local name = C.dl_ep_part_name(i)
-  if name == nil then break end
-  M.parts[i + 1] = ffi.string(name)
+M.parts = M.names(C.dl_ep_part_name)
+
+-- {part = bytes} of an info struct's bytes array, in the order of parts
+function M.by_part(parts, bytes)
+  local b = {}
+  for i, name in ipairs(parts) do b[name] = tonumber(bytes[i - 1]) end
+  return b
 end
 
 local Buffer = {}
@@ -80,14 +95,15 @@ local function names(t)
   return table.concat(n, ", ")
 end
 
-local function choice(o, key, list, dflt, fn)
+function M.choice(o, key, list, dflt, fn)
   local v = o[key] == nil and dflt or o[key]
   if list[v] == nil then fail("%s: %s %s (expected one of %s)", fn, key, tostring(v), names(list)) end
   return v
 end
 
 -- the options of ep.buffer; formula takes them but comm, and ranks
-local buffer_keys = { "comm", "max_tokens", "hidden", "experts", "topk", "layout", "output", "dtype", "blocks", "ranks" }
+local buffer_keys = { "comm", "max_tokens", "hidden", "experts", "topk", "layout", "output", "dtype", "blocks", "ranks",
+  "backend" }
 local formula_keys = { "max_tokens", "hidden", "experts", "topk", "layout", "output", "dtype", "blocks", "ranks" }
 
 -- The options as the library takes them (errors name the option); fn names
@@ -99,14 +115,78 @@ local function config(o, fn, known)
   local function int(key, lo) return args.int32(o[key], fn .. ": " .. key, lo) end
   local c = ffi.new("dl_ep_config_t")
   c.max_tokens, c.hidden, c.experts, c.topk = int("max_tokens", 1), int("hidden", 1), int("experts", 1), int("topk", 1)
-  c.layout = M.layouts[choice(o, "layout", M.layouts, "per_rank", fn)]
-  c.output = M.outputs[choice(o, "output", M.outputs, "expert_major", fn)]
-  c.fp8 = M.dtypes[choice(o, "dtype", M.dtypes, "bf16", fn)]
+  c.layout = M.layouts[M.choice(o, "layout", M.layouts, "per_rank", fn)]
+  c.output = M.outputs[M.choice(o, "output", M.outputs, "expert_major", fn)]
+  c.fp8 = M.dtypes[M.choice(o, "dtype", M.dtypes, "bf16", fn)]
   c.blocks = o.blocks == nil and 0 or int("blocks", 1) -- nil: the default grid (0)
   return c
 end
 
+-- A backend's calls, its C functions <prefix>free, check, dispatch_send ...
+-- (their signatures dl_ep_*'s), looked up once; raw(ptr): its info struct
+-- (ctype) filled by <prefix>info; parts: the names of its bytes.
+function M.calls(prefix, ctype, parts)
+  local api, raw = { parts = parts }, ffi.new(ctype)
+  for _, name in ipairs { "free", "check", "dispatch_send", "dispatch", "dispatch_recv", "combine_send", "combine_recv",
+    "combine", "info" } do
+    api[name] = C[prefix .. name]
+  end
+  local info_fn = api.info
+  function api.raw(ptr)
+    check(info_fn(ptr, raw))
+    return raw
+  end
+  return api
+end
+
+-- What the Buffer's methods call for our buffers (ep_nccl.lua has nccl_ep's).
+local ours = M.calls("dl_ep_", "dl_ep_info_t", M.parts)
+function ours.info(ptr)
+  local info = ours.raw(ptr)
+  return { rank = info.rank, size = info.size, local_experts = info.local_experts, blocks = info.blocks,
+    threads = info.threads, failed = info.failed ~= 0, tokens = info.tokens,
+    msg_dispatch = tonumber(info.msg_dispatch), msg_combine = tonumber(info.msg_combine),
+    dispatches = tonumber(info.dispatches), combines = tonumber(info.combines) }
+end
+function ours.describe(ep)
+  return string.format("ep(%s, %s, %s, B=%d, H=%d, E=%d, K=%d, rank %d of %d, %.1f MiB symmetric)", ep.layout,
+    ep.output, ep.dtype, ep.max_tokens, ep.hidden, ep.experts, ep.topk, ep.rank, ep.size, ep:bytes().total / 2 ^ 20)
+end
+
+-- The buffer around ptr (wrapped for the GC) of a backend's api: fields,
+-- and its output tensors viewed once through tensor_fn (which index: the
+-- DL_EP_* tensors, and `extra` past them).
+function M.wrap(ptr, api, fields, tensor_fn, extra)
+  local ep = setmetatable(fields, Buffer)
+  ep.ptr, ep.api, ep.calls, ep.views = ptr, api, 0, setmetatable({}, { __mode = "k" })
+  local i = ep:info()
+  ep.rank, ep.size, ep.local_experts, ep.blocks = i.rank, i.size, i.local_experts, i.blocks
+  local t = {}
+  local which = { x = C.DL_EP_X, scales = C.DL_EP_SCALES, counts = C.DL_EP_COUNTS,
+    expert_ids = C.DL_EP_EXPERT_IDS, weights = C.DL_EP_WEIGHTS, out = C.DL_EP_OUT }
+  for key, w in pairs(extra or {}) do which[key] = w end
+  for key, w in pairs(which) do
+    local tp = ffi.new("dl_tensor_t*[1]")
+    check(tensor_fn(ptr, w, tp))
+    if tp[0] ~= nil then t[key] = ffi.gc(tp[0], C.dl_tensor_free) end
+  end
+  ep.tensors = t
+  return ep
+end
+
 function M.buffer(o)
+  if type(o) ~= "table" then fail("ep.buffer: expected a table of options") end
+  if M.choice(o, "backend", M.backends, "ours", "ep.buffer") == "nccl_ep" then
+    return require("distlab.ep_nccl").buffer(o)
+  end
+  if o.algorithm ~= nil then
+    fail("ep.buffer: algorithm is nccl_ep's (low_latency, high_throughput); ours is low latency, with two " ..
+      "layouts: per_rank is NCCL EP low_latency's buffer (give backend = \"nccl_ep\" for NCCL EP's own)")
+  end
+  if o.output == "flat" then
+    fail("ep.buffer: output flat is nccl_ep high_throughput's; ours: expert_major or rank_major (the nearest, a row " ..
+      "per token and source rank that the caller weights)")
+  end
   local c = config(o, "ep.buffer", buffer_keys)
   local comm = o.comm or require("distlab.comm").world()
   if type(comm) ~= "table" or comm.ptr == nil then fail("ep.buffer: comm must be a live communicator") end
@@ -116,28 +196,14 @@ function M.buffer(o)
   end
   local pp = ffi.new("dl_ep_t*[1]")
   check(C.dl_ep_new(pp, comm.ptr, c))
-  local ep = setmetatable({ ptr = ffi.gc(pp[0], C.dl_ep_free), comm = comm, device = comm.device,
+  return M.wrap(ffi.gc(pp[0], C.dl_ep_free), ours, { comm = comm, device = comm.device, backend = "ours",
     layout = o.layout or "per_rank", output = o.output or "expert_major", dtype = o.dtype or "bf16",
-    max_tokens = c.max_tokens, hidden = c.hidden, experts = c.experts, topk = c.topk, calls = 0,
-    views = setmetatable({}, { __mode = "k" }) }, Buffer)
-  local info = ep:info()
-  ep.rank, ep.size, ep.local_experts, ep.blocks = info.rank, info.size, info.local_experts, info.blocks
-  -- the library's tensors, viewed once
-  local t = {}
-  for key, which in pairs { x = C.DL_EP_X, scales = C.DL_EP_SCALES, counts = C.DL_EP_COUNTS,
-    expert_ids = C.DL_EP_EXPERT_IDS, weights = C.DL_EP_WEIGHTS, out = C.DL_EP_OUT } do
-    local tp = ffi.new("dl_tensor_t*[1]")
-    check(C.dl_ep_tensor(ep.ptr, which, tp))
-    if tp[0] ~= nil then t[key] = ffi.gc(tp[0], C.dl_tensor_free) end
-  end
-  ep.tensors = t
-  return ep
+    max_tokens = c.max_tokens, hidden = c.hidden, experts = c.experts, topk = c.topk }, C.dl_ep_tensor)
 end
 
 Buffer.__tostring = function(ep)
   if ep.ptr == nil then return "ep(<freed>)" end
-  return string.format("ep(%s, %s, %s, B=%d, H=%d, E=%d, K=%d, rank %d of %d, %.1f MiB symmetric)", ep.layout,
-    ep.output, ep.dtype, ep.max_tokens, ep.hidden, ep.experts, ep.topk, ep.rank, ep.size, ep:bytes().total / 2 ^ 20)
+  return ep.api.describe(ep)
 end
 
 -- The buffer's handle; an error at the caller's caller's line once freed.
@@ -154,25 +220,13 @@ local function view(self, key, n)
   return v
 end
 
-local info = ffi.new("dl_ep_info_t")
+function Buffer:info() return self.api.info(live(self)) end
 
-function Buffer:info()
-  check(C.dl_ep_info(live(self), info))
-  return { rank = info.rank, size = info.size, local_experts = info.local_experts, blocks = info.blocks,
-    threads = info.threads, failed = info.failed ~= 0, tokens = info.tokens,
-    msg_dispatch = tonumber(info.msg_dispatch), msg_combine = tonumber(info.msg_combine),
-    dispatches = tonumber(info.dispatches), combines = tonumber(info.combines) }
-end
-
-function Buffer:bytes()
-  check(C.dl_ep_info(live(self), info))
-  local b = {}
-  for i, name in ipairs(M.parts) do b[name] = tonumber(info.bytes[i - 1]) end
-  return b
-end
+-- {part = bytes} (the backend's parts)
+function Buffer:bytes() return M.by_part(self.api.parts, self.api.raw(live(self)).bytes) end
 
 function Buffer:check()
-  check(C.dl_ep_check(live(self), core.stream))
+  check(self.api.check(live(self), core.stream))
   return self
 end
 
@@ -181,22 +235,21 @@ end
 function Buffer:free()
   for _, t in pairs(self.tensors or {}) do t:free() end
   for v in pairs(self.views or {}) do v:free() end
-  if self.ptr ~= nil then C.dl_ep_free(ffi.gc(self.ptr, nil)) end
+  if self.ptr ~= nil then self.api.free(ffi.gc(self.ptr, nil)) end
   self.ptr, self.tensors, self.views = nil, nil, {}
 end
 
 -- ---- dispatch and combine ----------------------------------------------------------------
 
--- recv: the buffer's output tensors of the last dispatch
+-- recv: the buffer's output tensors of the last dispatch (those its
+-- configuration has: ep.tensors)
 local function received(self)
   local t = self.tensors
-  if self.output == "expert_major" then
-    return { x = t.x, scales = t.scales, counts = t.counts }
-  end
-  return { x = t.x, scales = t.scales, counts = t.counts, expert_ids = t.expert_ids, weights = t.weights }
+  return { x = t.x, scales = t.scales, counts = t.counts, expert_ids = t.expert_ids, weights = t.weights,
+    offsets = t.offsets }
 end
 
--- The handle of the dispatch that `fn` (dl_ep_dispatch_send or dl_ep_dispatch) ran. A bad
+-- The handle of the dispatch that `fn` (api.dispatch_send or api.dispatch) ran. A bad
 -- expert id on cpu fails the call after the tokens went out: the dispatch counts all the same.
 local function dispatched(self, fn, what, x, topk_idx, topk_weights)
   local ptr = live(self)
@@ -211,7 +264,7 @@ end
 
 function Buffer:dispatch_send(x, topk_idx, topk_weights, ...)
   args.none_after("ep:dispatch_send", 3, x, topk_idx, topk_weights, ...)
-  return dispatched(self, C.dl_ep_dispatch_send, "ep:dispatch_send", x, topk_idx, topk_weights)
+  return dispatched(self, self.api.dispatch_send, "ep:dispatch_send", x, topk_idx, topk_weights)
 end
 
 local function handle_of(self, h, what)
@@ -225,7 +278,7 @@ end
 
 function Buffer:dispatch_recv(h)
   h = handle_of(self, h, "dispatch_recv")
-  check(C.dl_ep_dispatch_recv(live(self), core.stream))
+  check(self.api.dispatch_recv(live(self), core.stream))
   return received(self), h
 end
 
@@ -233,7 +286,7 @@ end
 -- then dispatch_recv give, with one launch and one grid drain fewer
 function Buffer:dispatch(x, topk_idx, topk_weights, ...)
   args.none_after("ep:dispatch", 3, x, topk_idx, topk_weights, ...)
-  local h = dispatched(self, C.dl_ep_dispatch, "ep:dispatch", x, topk_idx, topk_weights)
+  local h = dispatched(self, self.api.dispatch, "ep:dispatch", x, topk_idx, topk_weights)
   return received(self), h
 end
 
@@ -241,7 +294,7 @@ function Buffer:combine_send(y, h, ...)
   args.none_after("ep:combine_send", 2, y, h, ...)
   h = handle_of(self, h, "combine_send")
   tensor_arg(y, "ep:combine_send: y")
-  check(C.dl_ep_combine_send(live(self), y, core.stream))
+  check(self.api.combine_send(live(self), y, core.stream))
 end
 
 function Buffer:combine_recv(h, out, ...)
@@ -249,7 +302,7 @@ function Buffer:combine_recv(h, out, ...)
   h = handle_of(self, h, "combine_recv")
   if out ~= nil then tensor_arg(out, "ep:combine_recv: out") end
   out = out or view(self, "out", h.tokens)
-  check(C.dl_ep_combine_recv(live(self), out, core.stream))
+  check(self.api.combine_recv(live(self), out, core.stream))
   return out
 end
 
@@ -261,7 +314,7 @@ function Buffer:combine(y, h, opts, ...)
   tensor_arg(y, "ep:combine: y")
   if opts.out ~= nil then tensor_arg(opts.out, "ep:combine: out") end
   local out = opts.out or view(self, "out", h.tokens)
-  check(C.dl_ep_combine(live(self), y, out, core.stream))
+  check(self.api.combine(live(self), y, out, core.stream))
   return out
 end
 

@@ -1,12 +1,28 @@
 /*
  * info.c — the library's identity and its fixed tables: ABI version, build
- * line, dtype sizes and names, device type names.
+ * line, dtype sizes and names, device type names; where the repository is.
  */
+#define _GNU_SOURCE /* dladdr */
+#include <dlfcn.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "internal.h"
 
 int dl_abi_version(void) { return DL_ABI_VERSION; }
+
+void dl_repo_root(char *out, size_t n) {
+  const char *env = getenv("DISTLAB_ROOT");
+  Dl_info info;
+  out[0] = 0;
+  if (env && *env) {
+    snprintf(out, n, "%s", env);
+  } else if (dladdr((void *)dl_repo_root, &info) && info.dli_fname) {
+    const char *end = strstr(info.dli_fname, "/build/lib/");
+    if (end) snprintf(out, n, "%.*s", (int)(end - info.dli_fname), info.dli_fname);
+  }
+}
 
 int dl_dtype_size(int dtype) {
   static const int sizes[DL_NUM_DTYPES] = {4, 2, 2, 4, 8, 1, 8};

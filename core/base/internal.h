@@ -37,6 +37,9 @@ void dl_wait_pause(double since_us);
  * blocking wait the REPL cannot reach reads it as it starts and ends (taking
  * them) once two more came: Ctrl-C twice during the wait. */
 int dl_sigint_pending(void);
+/* The repository's root (where .deps/ lies): DISTLAB_ROOT, else the folder
+ * above build/lib of this library; "" when neither says. */
+void dl_repo_root(char *out, size_t n);
 /* Default timeout of every blocking wait, seconds: DISTLAB_TIMEOUT or 120. */
 double dl_timeout_s(void);
 /* An integer knob from the environment: dflt where unset or empty, else the

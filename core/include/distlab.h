@@ -704,6 +704,97 @@ int dl_ep_combine(dl_ep_t *ep, const dl_tensor_t *y, dl_tensor_t *out, dl_stream
 /* Wait for s (within twice the timeout) and report what the kernels recorded. */
 int dl_ep_check(dl_ep_t *ep, dl_stream_t *s);
 
+/* ---- expert parallelism through NVIDIA's NCCL EP --------------------------
+ * The same calls as dl_ep_* over NCCL EP (libnccl_ep.so of the pinned
+ * nccl-extensions 0.1.0, NCCL EP 0.2; opened at run time by the first
+ * dl_ep_nccl_new: core/ops/ep/nccl_ep_lib.c says which file and which NCCL),
+ * on an NCCL communicator (cuda, one rank a GPU). Its two algorithms:
+ *  - low latency: outputs expert_major (x [L, N*B, H], counts [L]) and
+ *    rank_major (x [N, B, H], counts [N], expert ids and weights [N, B, K];
+ *    the weight of a selection on another rank is the token's, not 0), and
+ *    combine as dl_ep's; fp8 through its DeepSeek recipe (e4m3 codes, an f32
+ *    scale a 128 values; H a multiple of 512); H a multiple of 128. Its
+ *    buffer is per source rank (our per_rank). dispatch_send / combine_send
+ *    are its send_only calls, the receives its ncclEpComplete.
+ *  - high throughput (bf16): outputs expert_major, a row per (token, local
+ *    expert) in x [S, H], S = N*B*min(K, L), expert e's counts[e] rows from
+ *    row offsets[e], weights [S] each row's routing weight; and flat
+ *    (DL_EP_FLAT), a row per token in x [S, H], S = N*B, counts [1] the rows
+ *    received, expert ids and weights [S, K]. Combine takes y shaped like x,
+ *    each row already weighted by the caller, and sums the rows of each
+ *    token. No send-only phase.
+ * topk_idx (and, expert_major of low latency, topk_weights) are read again
+ * by the combine: the object keeps a view of them until the next dispatch,
+ * and they must not change before the combine. NCCL EP's own checks abort
+ * the process (C++ asserts), so every shape and option is checked here
+ * first. Waits: the comm's timeout; a low-latency wait past it masks the
+ * late peer and is reported by the next call or dl_ep_nccl_check (a
+ * high-throughput one traps the kernel: the CUDA context is lost). */
+typedef struct dl_ep_nccl dl_ep_nccl_t;
+enum { DL_EP_NCCL_LOW_LATENCY = 0, DL_EP_NCCL_HIGH_THROUGHPUT = 1 };
+enum { DL_EP_FLAT = 2 }; /* an output of high throughput */
+typedef struct dl_ep_nccl_config {
+  int32_t max_tokens; /* B                                                    */
+  int32_t hidden;     /* H                                                    */
+  int32_t experts;    /* E: a multiple of the ranks                           */
+  int32_t topk;       /* K: 1..min(32, E)                                     */
+  int32_t algorithm;  /* DL_EP_NCCL_LOW_LATENCY or _HIGH_THROUGHPUT           */
+  int32_t output;     /* DL_EP_EXPERT_MAJOR, DL_EP_RANK_MAJOR or DL_EP_FLAT   */
+  int32_t fp8;        /* low latency only                                     */
+  int32_t sms;        /* NCCL EP's max_num_sms; 0: its default                */
+} dl_ep_nccl_config_t;
+/* Bytes by part (dl_ep_nccl_info_t.bytes): handle, its routing buffers
+ * (ncclEpHandleMemSize); library, what it allocated through the allocator
+ * hooks it offers (its workspace, the handle's, high throughput's buffers);
+ * window, the rest of what the GPU lost while the group and handle were
+ * made (the driver's free memory before and after: its NCCL-registered
+ * buffer, NCCL's device communicator); total, library + window, charged to
+ * the memory tag "ep_nccl"; outputs, the tensors (tag ep_outputs). */
+enum {
+  DL_EP_NCCL_HANDLE_BYTES = 0,
+  DL_EP_NCCL_LIBRARY_BYTES = 1,
+  DL_EP_NCCL_WINDOW_BYTES = 2,
+  DL_EP_NCCL_TOTAL_BYTES = 3,
+  DL_EP_NCCL_OUTPUTS_BYTES = 4,
+  DL_EP_NCCL_NUM_PARTS = 5
+};
+const char *dl_ep_nccl_part_name(int part); /* "handle", ...; NULL past the last */
+typedef struct dl_ep_nccl_info {
+  int32_t rank;
+  int32_t size;
+  int32_t dev_index;
+  int32_t local_experts;
+  int32_t failed;
+  int32_t tokens;        /* T of the last dispatch                          */
+  int32_t version;       /* NCCL EP's, MAJOR*10000 + MINOR*100 + PATCH       */
+  int32_t nccl_version;  /* the NCCL it runs on, the same coding            */
+  int64_t slots;         /* rows of x: L*N*B, N*B or S                       */
+  int64_t bytes[5];      /* by DL_EP_NCCL_*_BYTES                            */
+  int64_t dispatches;
+  int64_t combines;
+  char path[512];        /* the libnccl_ep.so opened                        */
+} dl_ep_nccl_info_t;
+/* dl_ep_nccl_tensor's tensors: dl_ep_tensor's and, high throughput's
+ * expert_major, offsets [L]. */
+enum { DL_EP_OFFSETS = 6 };
+
+/* Collective over c's ranks (every rank the same configuration). */
+int dl_ep_nccl_new(dl_ep_nccl_t **out, dl_comm_t *c, const dl_ep_nccl_config_t *cfg);
+void dl_ep_nccl_free(dl_ep_nccl_t *e);
+int dl_ep_nccl_info(const dl_ep_nccl_t *e, dl_ep_nccl_info_t *out);
+int dl_ep_nccl_tensor(dl_ep_nccl_t *e, int which, dl_tensor_t **out);
+int dl_ep_nccl_dispatch_send(dl_ep_nccl_t *e, const dl_tensor_t *x, const dl_tensor_t *topk_idx,
+                             const dl_tensor_t *topk_weights, dl_stream_t *s);
+int dl_ep_nccl_dispatch_recv(dl_ep_nccl_t *e, dl_stream_t *s);
+/* out: where combine_send wrote (NCCL EP names the output at the send). */
+int dl_ep_nccl_combine_send(dl_ep_nccl_t *e, const dl_tensor_t *y, dl_stream_t *s);
+int dl_ep_nccl_combine_recv(dl_ep_nccl_t *e, dl_tensor_t *out, dl_stream_t *s);
+int dl_ep_nccl_dispatch(dl_ep_nccl_t *e, const dl_tensor_t *x, const dl_tensor_t *topk_idx,
+                        const dl_tensor_t *topk_weights, dl_stream_t *s);
+int dl_ep_nccl_combine(dl_ep_nccl_t *e, const dl_tensor_t *y, dl_tensor_t *out, dl_stream_t *s);
+/* Wait for s (within twice the timeout) and report a masked peer or a trap. */
+int dl_ep_nccl_check(dl_ep_nccl_t *e, dl_stream_t *s);
+
 /* ---- GEMM -----------------------------------------------------------------
  * out = alpha * a @ b + beta * c for matrices: a [m, k], b [k, n], out and c
  * [m, n]. a and b both bf16 or both f16; the products are summed in fp32

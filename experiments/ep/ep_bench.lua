@@ -1,12 +1,16 @@
 -- experiments/ep/ep_bench.lua — latency and bandwidth of distlab's
 -- expert-parallel dispatch and combine (distlab.ep), both layouts, both
--- outputs, bf16 and fp8, beside distlab's own all_to_allv path and (with
--- --torch) a PyTorch baseline on torch.distributed.all_to_all_single
--- (experiments/ep/ep_bench_torch.py).
+-- outputs, bf16 and fp8, beside NVIDIA's NCCL EP behind the same API
+-- (backend = "nccl_ep": low latency and high throughput, every output, where
+-- it runs: an NCCL communicator and the library, docs/ep.md), distlab's own
+-- all_to_allv path and (with --torch) a PyTorch baseline on
+-- torch.distributed.all_to_all_single (experiments/ep/ep_bench_torch.py).
 --
 --   ./distlab run -n 8 --device cuda experiments/ep/ep_bench.lua [options]
 --     --B 1,32,128,512   tokens per rank (T = B, every rank)   --hidden 7168  --topk 8
 --     --experts 16,256   (those N divides)    --layouts, --outputs, --dtypes, --paths ep,a2av
+--     --nccl_ep low_latency,high_throughput   NCCL EP's rows (none: without; skipped, saying
+--                        why, where it cannot run), timed as ours
 --     --torch T.csv      the baseline's CSV from the same machine, merged into the report
 --     --ops 10 --replays 30   --out DIR (default experiments/results/ep)   --help
 --   Several ranks on one GPU (distlab run -n 2 --device cuda on a 1-GPU host) is a
@@ -50,6 +54,7 @@ local ffi = require "ffi"
 local dl = require "distlab"
 local bench = dl.bench
 local ep_ref = require "distlab.bench.ep_ref"
+local nccl_ref = require "distlab.bench.ep_nccl_ref"
 local verify = require "distlab.bench.verify"
 
 local w = dl.comm.world()
@@ -69,6 +74,8 @@ local h = bench.harness {
     { "outputs", "list", "expert_major,rank_major", "outputs", values = { "expert_major", "rank_major" } },
     { "dtypes", "list", "bf16,fp8", "dispatch payloads", values = { "bf16", "fp8" } },
     { "paths", "list", "ep,a2av", "ep: distlab.ep; a2av: all_to_allv on the communicator", values = { "ep", "a2av" } },
+    { "nccl_ep", "list", "low_latency,high_throughput", "NCCL EP's algorithms beside ours (none: no NCCL EP rows)",
+      values = { "low_latency", "high_throughput", "none" } },
     { "ops", "int", 10, "calls per graph" },
     { "blocks", "int", 0, "grid of every ep kernel (0: the buffer's choice, a block an SM)" },
     { "split", "flag", false, "time dispatch_send + dispatch_recv and combine_send + combine_recv (two kernels each) " ..
@@ -163,10 +170,18 @@ local function dispatch_bytes(case, T) return T * K * (case.dtype == "fp8" and H
 -- (the float outputs beside them, x or the scales and weights, carry the scale).
 local function keep(_) end
 
+-- high throughput expert_major: y rows weighted by the caller before their rounding to
+-- bf16 (NCCL EP's contract), where the reference rounds coef x and weights after: two
+-- roundings of 2^-9 apart, then the sum's own
+local HT_EM_TOL = { atol = 1e-6, rtol = 2 ^ -7, norm = 2 ^ -8, bias = 2 ^ -10 }
+
+-- case: {B, E, layout, output, dtype} of ours, or {backend = "nccl_ep", algorithm, output, dtype}
 local function run_ep(case)
   local T = case.B
+  local nccl = case.backend == "nccl_ep"
   local ep = dl.ep.buffer { comm = w, max_tokens = case.B, hidden = H, experts = case.E, topk = K,
-    layout = case.layout, output = case.output, dtype = case.dtype, blocks = opt.blocks > 0 and opt.blocks or nil }
+    layout = not nccl and case.layout or nil, output = case.output, dtype = case.dtype,
+    blocks = opt.blocks > 0 and opt.blocks or nil, backend = case.backend, algorithm = case.algorithm }
   local idx_h, w_h = routing(T, case.E, case.B * 1000 + case.E)
   -- the inputs every timed call reads (`cur`), and the state between them (`st`: the last dispatch)
   local cur = { x = dl.randn({ T, H }, { dtype = "bf16", seed = me + 17, device = w.device }), idx = idx_h:to(w.device),
@@ -174,10 +189,10 @@ local function run_ep(case)
   local st = {}
   st.recv, st.hd = ep:dispatch(cur.x, cur.idx, cur.wts)
   cur.y = dl.randn(st.recv.x:size(), { dtype = "bf16", device = w.device })
-  local r = { impl = "distlab", path = "ep", B = case.B, E = case.E, layout = case.layout, output = case.output,
-    dtype = case.dtype, method = "graph" }
+  local r = { impl = nccl and "nccl_ep" or "distlab", path = "ep", B = case.B, E = case.E,
+    layout = nccl and case.algorithm or case.layout, output = case.output, dtype = case.dtype, method = "graph" }
   local dispatch, combine = ep.dispatch, ep.combine
-  if opt.split then
+  if opt.split and case.algorithm ~= "high_throughput" then
     dispatch = function(e, ...) return e:dispatch_recv(e:dispatch_send(...)) end
     combine = function(e, yy, hh)
       e:combine_send(yy, hh)
@@ -186,7 +201,9 @@ local function run_ep(case)
   end
   -- the timed calls, with --plant's error in them
   local recv_out = {}
-  for _, key in ipairs { "x", "scales", "counts", "expert_ids", "weights" } do recv_out[#recv_out + 1] = st.recv[key] end
+  for _, key in ipairs { "x", "scales", "counts", "expert_ids", "weights", "offsets" } do
+    recv_out[#recv_out + 1] = st.recv[key]
+  end
   local out = ep.tensors.out:narrow(1, 1, T)
   local function plain_dispatch() st.recv, st.hd = dispatch(ep, cur.x, cur.idx, cur.wts) end
   local pdispatch = h:planted(plain_dispatch, { writes = recv_out, scale = keep })
@@ -203,10 +220,15 @@ local function run_ep(case)
   r.combine_GBps = T * K * 2 * H / (r.combine_us * 1e3)
   r.bytes = ep:bytes().total
   -- Data: `both` once more on fresh inputs; the experts' y made from a dispatch of them first
-  local o = { N = N, me = me, E = case.E, B = case.B, H = H, K = K, output = case.output, dtype = case.dtype }
+  -- (nccl_ep's outputs in ours' shape for ours' checks: distlab.bench.ep_nccl_ref)
+  local o = { N = N, me = me, E = case.E, B = case.B, H = H, K = K, output = case.output, dtype = case.dtype,
+    algorithm = case.algorithm }
+  local o_ours = { N = N, me = me, E = case.E, B = case.B, H = H, K = K, dtype = case.dtype,
+    output = nccl and nccl_ref.ours_output(o) or case.output }
+  local tol = case.algorithm == "high_throughput" and case.output == "expert_major" and HT_EM_TOL or ep_ref.COMBINE_TOL
   local seed, all = case.B * 1000 + case.E + 500, {}
   r.wrong = h:verify {
-    what = string.format("ep %s %s %s B=%d E=%d", case.layout, case.output, case.dtype, case.B, case.E),
+    what = string.format("%s %s %s %s B=%d E=%d", r.impl, r.layout, case.output, case.dtype, case.B, case.E),
     fresh = function()
       for s = 0, N - 1 do all[s + 1] = fresh_inputs(T, case.E, seed, s) end
       local mine = all[me + 1]
@@ -214,16 +236,21 @@ local function run_ep(case)
       cur.idx:copy_(mine.idx)
       cur.wts:copy_(mine.w)
       plain_dispatch()
-      for slot, e in pairs(ep_ref.expert_outputs(o, st.recv)) do
-        cur.y:select(1, slot + 1):narrow(1, 1, e.rows):copy_(e.y)
+      if nccl then
+        cur.y:copy_(nccl_ref.expert_outputs(o, st.recv))
+      else
+        for slot, e in pairs(ep_ref.expert_outputs(o, st.recv)) do
+          cur.y:select(1, slot + 1):narrow(1, 1, e.rows):copy_(e.y)
+        end
       end
       for _, t in ipairs(recv_out) do verify.poison(t) end
       verify.poison(out)
     end,
     run = both,
     check = function()
-      local bad, msg, elements = ep_ref.check_dispatch(o, st.recv, all)
-      local nc, cmsg = verify.close(out, ep_ref.combine_ref(o, all[me + 1]), ep_ref.COMBINE_TOL)
+      local recv = nccl and nccl_ref.as_ours(o, st.recv, all) or st.recv
+      local bad, msg, elements = ep_ref.check_dispatch(o_ours, recv, all)
+      local nc, cmsg = verify.close(out, ep_ref.combine_ref(o_ours, all[me + 1]), tol)
       if bad + nc == 0 then
         return 0, string.format("dispatch: %d elements received as sent; combine: %s", elements, cmsg)
       end
@@ -364,6 +391,19 @@ local function add(r)
 end
 local want = {}
 for _, p in ipairs(opt.paths) do want[p] = true end
+-- NCCL EP's rows where it runs here: one buffer made and freed (every rank fails alike)
+local nccl_algos = {}
+for _, a in ipairs(opt.nccl_ep) do
+  if a ~= "none" then nccl_algos[#nccl_algos + 1] = a end
+end
+if want.ep and #nccl_algos > 0 then
+  local ok, b = pcall(dl.ep.buffer, { backend = "nccl_ep", comm = w, max_tokens = 1, hidden = 128, experts = N, topk = 1 })
+  if ok then b:free() else
+    h:print("ep_bench: no NCCL EP rows: %s", tostring(b))
+    nccl_algos = {}
+  end
+end
+local NCCL_OUTPUTS = { low_latency = { "expert_major", "rank_major" }, high_throughput = { "expert_major", "flat" } }
 for _, E in ipairs(Es) do
   for _, B in ipairs(Bs) do
     if want.ep then
@@ -373,6 +413,18 @@ for _, E in ipairs(Es) do
             if dtype ~= "fp8" or H % 128 == 0 then
               add(run_ep { B = B, E = E, layout = layout, output = output, dtype = dtype })
             end
+          end
+        end
+      end
+    end
+    for _, algorithm in ipairs(want.ep and nccl_algos or {}) do
+      for _, output in ipairs(NCCL_OUTPUTS[algorithm]) do
+        for _, dtype in ipairs(opt.dtypes) do
+          -- (its fp8 recipe: low latency, H a multiple of 512; high throughput needs E a multiple of 4)
+          local fits = (dtype == "bf16" or (algorithm == "low_latency" and H % 512 == 0)) and
+            (algorithm == "low_latency" and H % 128 == 0 or algorithm == "high_throughput" and E % 4 == 0)
+          if fits then
+            add(run_ep { backend = "nccl_ep", algorithm = algorithm, B = B, E = E, output = output, dtype = dtype })
           end
         end
       end

@@ -15,7 +15,11 @@
 --       formula (the buffer as cuda maps it, whole 2 MiB pages; the outputs
 --       in the allocator's blocks), beside the driver's free-memory delta
 --       across the buffer's creation (the allocator's cache emptied first);
---       writes DIR/ep-memory-gpu-<gpu>x<N>.md and .csv (rank 0's figures)
+--       writes DIR/ep-memory-gpu-<gpu>x<N>.md and .csv (rank 0's figures); and where
+--       NCCL EP runs (dl.ep.buffer{backend = "nccl_ep"}: an NCCL communicator, the
+--       library; docs/ep.md), its buffers' bytes from its own accounting (ep:bytes():
+--       handle, what it allocated through its hooks, the rest of the GPU memory its
+--       group and handle took) beside ours and its formula below, at each E
 --
 -- Bytes only: no dispatch or combine runs (ep_bench checks their data), so
 -- the run says it checks no data and --plant has nothing to go into.
@@ -209,6 +213,44 @@ if on_gpu then -- the GPU count (issue 20), then done
     p("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |", r.E, r.layout, r.output, r.dtype, mb(r.bytes.total),
       mb(r.bytes.outputs), r.ok and "yes" or "NO", mb(r.driver), mb(r.reserved),
       mb(r.driver - r.bytes.total - r.bytes.outputs))
+  end
+  -- NCCL EP's buffers at the same B, H, K, E, where it runs (every rank fails alike)
+  local ok, probe = pcall(dl.ep.buffer, { backend = "nccl_ep", comm = world, max_tokens = 1, hidden = 128,
+    experts = N, topk = 1 })
+  p("")
+  if not ok then
+    p("NCCL EP's buffers: not measured here (%s).", tostring(probe):gsub("\n", " "))
+  else
+    probe:free()
+    local ours = {}
+    for _, r in ipairs(rows) do ours[r.E .. r.layout .. r.output .. r.dtype] = r.bytes.total end
+    p("NCCL EP's buffers (`dl.ep.buffer{backend = \"nccl_ep\"}`, nccl-extensions 0.1.0) at the same B, H, K, by its")
+    p("own accounting (`ep:bytes()`): `handle` its routing buffers (ncclEpHandleMemSize), `library` what it allocated")
+    p("through its allocator hooks (its 32 MiB workspace among them), `window` the rest of what the GPU lost while its")
+    p("group and handle were made (its NCCL-registered buffer, NCCL's device communicator); beside ours at the same")
+    p("output (per_rank, the layout of its low latency) and the seed's rank-major formula, 2 (N B msg_d + K B msg_c).")
+    p("")
+    p("| E | algorithm | output | dtype | handle MiB | library MiB | window MiB | total MiB | ours per_rank MiB | formula MiB |")
+    p("|---:|---|---|---|---:|---:|---:|---:|---:|---:|")
+    local configs = { { "low_latency", "expert_major" }, { "low_latency", "rank_major" },
+      { "high_throughput", "expert_major" }, { "high_throughput", "flat" } }
+    for _, e in ipairs(Es) do
+      for _, dtype in ipairs { "bf16", "fp8" } do
+        for _, c in ipairs(configs) do
+          local fits = (dtype == "bf16" or c[1] == "low_latency" and H % 512 == 0) and
+            (c[1] == "low_latency" and H % 128 == 0 or c[1] == "high_throughput" and e % 4 == 0)
+          if fits then
+            local b = dl.ep.buffer { backend = "nccl_ep", comm = world, max_tokens = B, hidden = H, experts = e,
+              topk = K, algorithm = c[1], output = c[2], dtype = dtype }
+            local by = b:bytes()
+            b:free()
+            local mine = ours[e .. "per_rank" .. (c[2] == "flat" and "rank_major" or c[2]) .. dtype]
+            p("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s |", e, c[1], c[2], dtype, mb(by.handle), mb(by.library),
+              mb(by.window), mb(by.total), mine and mb(mine) or "-", mb(nccl_ep(N)))
+          end
+        end
+      end
+    end
   end
   local path = h:markdown(base .. ".md", "Expert-parallel buffer bytes on GPUs: allocator, formula, driver", md,
     { "GPU: " .. dl.build_info() })

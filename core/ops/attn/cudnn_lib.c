@@ -40,6 +40,7 @@
 #include <unistd.h>
 
 #include "attn_cudnn.h"
+#include "base/internal.h"
 
 #if defined(DL_WITH_CUDA)
 #include <cuda_runtime_api.h>
@@ -106,22 +107,9 @@ static void add(const char *path, int64_t version, const char *origin, int jit_o
   c->version = version, c->origin = origin, c->jit_only = jit_only;
 }
 
-/* The repository's root: DISTLAB_ROOT, else the folder above build/lib of this library */
-static void root_dir(char *out, size_t n) {
-  const char *env = getenv("DISTLAB_ROOT");
-  Dl_info info;
-  out[0] = 0;
-  if (env && *env) {
-    snprintf(out, n, "%s", env);
-  } else if (dladdr((void *)dl_cudnn_candidates, &info) && info.dli_fname) {
-    const char *end = strstr(info.dli_fname, "/build/lib/");
-    if (end) snprintf(out, n, "%.*s", (int)(end - info.dli_fname), info.dli_fname);
-  }
-}
-
 static void add_pinned(const char *sysroot) {
   char root[PATH_MAX - 64], dir[PATH_MAX], ver[64], lib[PATH_MAX + 32];
-  root_dir(root, sizeof root);
+  dl_repo_root(root, sizeof root);
   if (!root[0]) return;
   snprintf(dir, sizeof dir, "%s%s/.deps/cudnn-lib", sysroot, root);
   snprintf(lib, sizeof lib, "%s/VERSION", dir);

@@ -235,14 +235,20 @@ static int charge_parts(dl_ep_t *ep) {
   return DL_OK;
 }
 
+int dl_ep_output(dl_tensor_t **t, int64_t *bytes, int dev_type, int dev_index, int dtype, int ndim, int64_t d0,
+                 int64_t d1, int64_t d2) {
+  const int64_t shape[3] = {d0, d1, d2};
+  DL_TRY(dl_tensor_empty(t, dtype, ndim, shape, dev_type, dev_index, NULL));
+  int64_t n;
+  dl_tensor_storage_info(*t, &n, NULL);
+  *bytes += n;
+  return DL_OK;
+}
+
 static int new_tensor(dl_ep_t *ep, int which, int dtype, int ndim, int64_t d0, int64_t d1,
                       int64_t d2) {
-  const int64_t shape[3] = {d0, d1, d2};
-  DL_TRY(dl_tensor_empty(&ep->t[which], dtype, ndim, shape, ep->op.dev_type, ep->op.dev_index, NULL));
-  int64_t n;
-  dl_tensor_storage_info(ep->t[which], &n, NULL);
-  ep->bytes[DL_EP_OUTPUTS_BYTES] += n;
-  return DL_OK;
+  return dl_ep_output(&ep->t[which], &ep->bytes[DL_EP_OUTPUTS_BYTES], ep->op.dev_type, ep->op.dev_index, dtype, ndim,
+                      d0, d1, d2);
 }
 
 static int new_tensors(dl_ep_t *ep) {

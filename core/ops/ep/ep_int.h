@@ -36,6 +36,19 @@ extern const dl_devop_kind_t dl_ep_kind;
 static inline int dl_ep_live(const dl_ep_t *ep, const char *fn) {
   return dl_devop_live(ep ? &ep->op : NULL, &dl_ep_kind, fn);
 }
+/* An output tensor [d0, d1, d2][:ndim] of dtype on the device, its storage's
+ * bytes added to *bytes (ep.c). */
+int dl_ep_output(dl_tensor_t **t, int64_t *bytes, int dev_type, int dev_index, int dtype, int ndim, int64_t d0,
+                 int64_t d1, int64_t d2);
+/* A tensor argument of an EP call: contiguous, on (dev_type, dev_index),
+ * of dtype and shape [ndim], or an error naming what and owner. */
+int dl_ep_tensor_arg(const dl_tensor_t *t, const char *what, int dev_type, int dev_index, const char *owner,
+                     int dtype, int ndim, const int64_t *shape, dl_view_t *v);
+/* Whether a phase (DL_EP_DISPATCH_SEND ...) may follow the state (IDLE
+ * ...), and the rule each phase's refusal states (ep_run.c; the nccl_ep
+ * backend keeps the same order: ep_nccl_run.c). */
+int dl_ep_in_order(int phase, int state);
+extern const char *const dl_ep_order_rules[];
 /* "ep dispatch recv (per_rank, expert_major, bf16) on rank 1 of 4 (comm 'w', cpu:0)" */
 int dl_ep_describe(const dl_ep_t *ep, int phase, char *buf, size_t len);
 

@@ -26,7 +26,12 @@ static void *data(const dl_tensor_t *t) {
 /* A tensor argument: contiguous, on the object's device, dtype and shape. */
 static int arg(const dl_ep_t *ep, const dl_tensor_t *t, const char *what, int dtype, int ndim,
                const int64_t *shape, dl_view_t *v) {
-  DL_TRY(dl_tensor_arg(t, what, ep->op.dev_type, ep->op.dev_index, "the ep buffer", v));
+  return dl_ep_tensor_arg(t, what, ep->op.dev_type, ep->op.dev_index, "the ep buffer", dtype, ndim, shape, v);
+}
+
+int dl_ep_tensor_arg(const dl_tensor_t *t, const char *what, int dev_type, int dev_index, const char *owner,
+                     int dtype, int ndim, const int64_t *shape, dl_view_t *v) {
+  DL_TRY(dl_tensor_arg(t, what, dev_type, dev_index, owner, v));
   char want[96], got[96];
   int n = 0, m = 0;
   for (int d = 0; d < ndim; d++) n += snprintf(want + n, sizeof want - n, "%s%lld", d ? ", " : "", (long long)shape[d]);
@@ -48,7 +53,7 @@ static int launch(dl_ep_t *ep, dl_ep_args_t *a, dl_stream_t *s) {
 
 /* The states each phase may follow: a dispatch after a finished dispatch
  * or combine, its receive after its send, combines after a dispatch. */
-static int in_order(int phase, int state) {
+int dl_ep_in_order(int phase, int state) {
   switch (phase) {
   case DL_EP_DISPATCH_SEND:
   case DL_EP_DISPATCH: return state == IDLE || state == DISPATCHED || state == COMBINED;
@@ -59,7 +64,7 @@ static int in_order(int phase, int state) {
   }
 }
 
-static const char *const order_rules[] = {
+const char *const dl_ep_order_rules[] = {
     "a dispatch_send or combine_send is waiting for its receive phase",
     "dispatch_recv needs a dispatch_send first",
     "combine needs a finished dispatch (dispatch_send, dispatch_recv) first",
@@ -81,8 +86,8 @@ static int run(dl_ep_t *ep, int phase, dl_ep_args_t *a, dl_stream_t *s, int *lau
   const volatile dl_ep_status_t *st = ep->status;
   const int deferred = !ep->op.failed && st && st->kind == DL_EP_ERR_BAD_ID;
   int rc = deferred ? DL_OK : dl_devop_recorded_failure(&ep->op);
-  if (rc == DL_OK && !in_order(phase, ep->state))
-    rc = DL_ERR(DL_ESTATE, "%s: out of order: %s", what, order_rules[phase]);
+  if (rc == DL_OK && !dl_ep_in_order(phase, ep->state))
+    rc = DL_ERR(DL_ESTATE, "%s: out of order: %s", what, dl_ep_order_rules[phase]);
   if (rc < 0) return rc;
   a->phase = phase;
   *launched = 1;
