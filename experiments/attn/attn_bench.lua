@@ -192,7 +192,30 @@ local extra = { "build: " .. dl.build_info(),
     "against fp64 on the host at sampled rows (distlab.bench.attn_rows: " .. (check_desc or "-") .. " at the " ..
     "last shape); element-wise atol = rtol = 2.5e-2, normwise 8e-3 (lse 1e-5), bias 2^-10; rel err: the largest normwise " ..
     string.format("error of out, dq, dk, dv; %.0f s of host time in the checks", check_s) }
-do -- which of our kernels ran: dl.attn.backends names them
+-- --measured: the timed pass's results file (beside its CSV) gives this file's device, date, commit,
+-- command and libraries, and what ran and was checked there, so the tables can be assembled on any
+-- host (the line "assembled" names this command)
+local timed_md = A.measured and bench.markdown.read_header((A.measured:gsub("%.csv$", ".md"))) or nil
+local timed_lines = {}
+if timed_md and timed_md.device then
+  local f = io.open((A.measured:gsub("%.csv$", ".md")), "r")
+  for line in f:lines() do
+    if line:match("^%- backend ours: ") or line:match("^%- data checked after timing") or line:match("^%- b=") or
+      line:match("^%- build: ") then
+      timed_lines[#timed_lines + 1] = line:sub(3)
+    end
+  end
+  f:close()
+  local own = h:info()
+  h.run_info = { device = timed_md.device, date = timed_md.date, commit = (timed_md.commit:gsub("`", "")),
+    command = A.command or timed_md.command, libraries = timed_md.libraries }
+  extra = {}
+  for _, l in ipairs(timed_lines) do extra[#extra + 1] = l end
+  extra[#extra + 1] = "timed by: `" .. timed_md.command .. "`"
+  extra[#extra + 1] = "assembled: `" .. own.command .. "` on " .. own.device .. ", " .. own.date ..
+    " (from the CSVs of that run)"
+end
+if not (timed_md and timed_md.device) then -- which of our kernels ran: dl.attn.backends names them
   local q = dl.empty({ 1, 128, 1, D }, { dtype = "bf16", device = dev })
   local b = dl.attn.backends(q, q, q, {})
   local cpu = tostring(dev):match("^cpu") ~= nil
@@ -239,12 +262,17 @@ print("wrote " .. h:path("attn-distlab.md") .. " and .csv")
 if A.torch then
   -- torch[impl/layout/mask/s] = {fwd, bwd, f+b TFLOP/s: the mean over the runs; runs = "a / b" fwd, bwd}
   local torch, nruns, num = {}, 0, bench.csv.number -- "nan": did not run
+  local anchor_libs = {} -- the anchors' libraries, as their CSVs name them
   for file in A.torch:gmatch("[^,]+") do
     local head, recs = bench.csv.read(file)
     if not head then dl.fail("attn_bench: cannot read %s: %s", file, tostring(recs)) end
     if head[1] ~= "impl" or head[2] ~= "layout" then dl.fail("attn_bench: %s is not attn_bench_torch.py's CSV", file) end
     nruns = nruns + 1
     for _, t in ipairs(recs) do
+      if t.torch and t.torch ~= "" and not anchor_libs[t.torch] then
+        anchor_libs[t.torch] = true
+        anchor_libs[#anchor_libs + 1] = t.torch
+      end
       local key = t.impl .. "/" .. t.layout .. "/" .. t.mask .. "/" .. t.s
       local e = torch[key] or { sum = { 0, 0, 0 }, n = { 0, 0, 0 }, runs = { {}, {} } }
       torch[key] = e
@@ -280,8 +308,9 @@ if A.torch then
   local function best_cudnn(r)
     local py, dc = anchor("cudnn", r), ours_cudnn[r.layout .. "/" .. r.mask .. "/" .. r.s]
     local b = { mark = {} }
-    for i, v in ipairs({ dc and dc.fwd, dc and dc.bwd, dc and dc.fwdbwd }) do
-      local p = py.mark[i] == "" and py[i] or nil -- no bshd stand-in for a thd row
+    local ours = { dc and dc.fwd, dc and dc.bwd, dc and dc.fwdbwd }
+    for i = 1, 3 do
+      local v, p = ours[i], py.mark[i] == "" and py[i] or nil -- no bshd stand-in for a thd row
       if p and (not v or p >= v) then b[i], b.mark[i] = p, "" elseif v then b[i], b.mark[i] = v, "‡" end
     end
     return b
@@ -366,6 +395,7 @@ if A.torch then
   end
   out[#out + 1] = ""
   out[#out + 1] = "Gap to cuDNN and the plan to close it: experiments/lab/attn/NOTES.md."
+  for _, l in ipairs(anchor_libs) do extra[#extra + 1] = "anchors' libraries: " .. l end
   local path = h:markdown("attn-" .. h.tag .. ".md", "Attention: distlab vs FlashAttention-4 and cuDNN", out, extra)
   print("wrote " .. path)
   print(string.format("\nTFLOP/s fwd/bwd (target: ours >= 1.0x the faster of FA4 and cuDNN at s >= 8k, " ..
