@@ -140,7 +140,7 @@ md="$OUT/suite-$gpu.md"
   echo
   echo "- device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1), $ngpu GPU(s); $(nproc) CPU cores"
   echo "- date: $(date -u -d "@$t_start" '+%Y-%m-%d %H:%M UTC')"
-  echo "- commit: \`${DISTLAB_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}\`$(git rev-parse --git-dir >/dev/null 2>&1 && ! git diff --quiet HEAD && echo ' (with uncommitted changes)')"
+  echo "- commit: \`${DISTLAB_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}\`$(git rev-parse --git-dir >/dev/null 2>&1 && ! git diff --quiet HEAD && echo " (with uncommitted changes: $(git diff --name-only HEAD | head -3 | tr '\n' ' ')$(git diff --name-only HEAD | wc -l) files)")"
   echo "- command: \`$(env | grep -E '^(DISTLAB|NCCL|CUDA)_' | sort | tr '\n' ' ')$([ "$build_how" = "on the host" ] || echo "SKIP_BUILD=1 ")STEPS=\"$STEPS\" LANES=$LANES RANKS=\"$RANKS\" MULTI=\"${MULTI% }\" MULTI8=\"$MULTI8\" TRACKS=${TRACKS:-parallel}${SPECS:+ SPECS=\"$SPECS\"} scripts/gpu/suite.sh\`; each step below is \`[VARS] ./distlab test [ARGS] FILE\` (the #multigpu ones with \`--tags=multigpu\`, at 4 and 8 ranks with the \`--filter-out\` of FIXED), its variables in the table"
   echo "- build: $build_how; $(grep -h '^lib distlab:' "$L/libs.log" 2>/dev/null | sed 's/^lib distlab: //')"
   echo "- libraries loaded (scripts/gpu/libs.lua: an NCCL world, a GEMM, a cudnn attention step):"
