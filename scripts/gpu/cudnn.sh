@@ -18,7 +18,7 @@
 #      from the wheels of scripts/fetch-fa4.sh, carried in two calls), PyTorch
 #      SDPA flash and cuDNN (attn_bench_torch.py, bshd and thd), dl.attn ours
 #      and cudnn, the anchors again, same run, b=2 h=16 d=128 s 4k..32k (BENCH_S), causal and not,
-#      bshd and thd: $OUT/attn-<gpu>.md, the results file, against the mean
+#      bshd and thd: $OUT/attn-vs-fa4-<gpu>.md, the results file, against the mean
 #      of the two anchor runs (targets: ours >= the faster of FA4 and cuDNN,
 #      issue 52; cudnn >= 0.95 x PyTorch's cuDNN, fwd and bwd);
 #   5. MPS started, the CP specs with backend "cudnn" (DISTLAB_CP_BACKEND)
@@ -127,23 +127,31 @@ if want specs; then
 fi
 
 if want bench; then
-  # PyTorch before and after ours: the anchor is the mean of the two runs, so a drift of the
-  # card's clocks between them cancels; the results file is assembled last (--measured)
+  # The anchors (FA4, PyTorch SDPA) before and after ours: each anchor figure is the mean of the
+  # two runs, so a drift of the card's clocks between them cancels; the results file
+  # (attn-vs-fa4-<gpu>[-dD].md) is assembled last with --measured, which reads the timed pass's
+  # header, so it can be assembled off the host from the logs' CSVs too. BENCH_D: head dims, one
+  # pass each (default 128).
   BENCH_S="${BENCH_S:-4096,8192,16384,32768}"
   fa4_site || say "FA4: its rows will say it is not installed"
-  BENCH_BACKENDS="${BENCH_BACKENDS:-ours,cudnn}" # dl.attn's; ours alone fits one call with FA4
-  step "attn bench: PyTorch SDPA, FA4 (before)" "${TORCH_LIMIT:-200}" "$L/attn-torch-1.log" "$PY" experiments/attn/attn_bench_torch.py \
-    --s "$BENCH_S" --out "$L" --name attn-torch-1
-  step "attn bench: dl.attn $BENCH_BACKENDS" 240 "$L/attn-bench.log" "${DLENV[@]}" ./distlab run -n 1 --device cuda \
-    experiments/attn/attn_bench.lua --s "$BENCH_S" --backends "$BENCH_BACKENDS" --out "$L"
-  step "attn bench: PyTorch SDPA, FA4 (after)" "${TORCH_LIMIT:-200}" "$L/attn-torch-2.log" "$PY" experiments/attn/attn_bench_torch.py \
-    --s "$BENCH_S" --out "$L" --name attn-torch-2
-  step "attn bench: the results file" 60 "$L/attn-table.log" "${DLENV[@]}" ./distlab run -n 1 --device cuda \
-    experiments/attn/attn_bench.lua --s "$BENCH_S" --backends "$BENCH_BACKENDS" --measured "$L/attn-distlab.csv" \
-    --torch "$L/attn-torch-1.csv,$L/attn-torch-2.csv" --out "$OUT" --tag "$gpu" \
-    --command "scripts/gpu/cudnn.sh (attn_bench_torch.py, attn_bench.lua, attn_bench_torch.py, then this with --measured, in the same run)"
-  sed -n '/^TFLOP\/s fwd\/bwd/,$p' "$L/attn-table.log" | tee -a "$SUM"
-  cp "$OUT"/attn-*.csv "$L/" 2>/dev/null
+  BENCH_BACKENDS="${BENCH_BACKENDS:-ours,cudnn}" # dl.attn's
+  for d in ${BENCH_D:-128}; do
+    sfx=$([ "$d" = 128 ] || echo "-d$d") Ld="$L/d$d"
+    mkdir -p "$Ld"
+    step "attn bench d $d: FA4, PyTorch SDPA (before)" "${TORCH_LIMIT:-200}" "$Ld/attn-torch-1.log" "$PY" \
+      experiments/attn/attn_bench_torch.py --s "$BENCH_S" --d "$d" --out "$Ld" --name attn-torch-1
+    step "attn bench d $d: dl.attn $BENCH_BACKENDS" "${OURS_LIMIT:-240}" "$Ld/attn-bench.log" "${DLENV[@]}" \
+      ./distlab run -n 1 --device cuda experiments/attn/attn_bench.lua --s "$BENCH_S" --d "$d" \
+      --backends "$BENCH_BACKENDS" --out "$Ld"
+    step "attn bench d $d: FA4, PyTorch SDPA (after)" "${TORCH_LIMIT:-200}" "$Ld/attn-torch-2.log" "$PY" \
+      experiments/attn/attn_bench_torch.py --s "$BENCH_S" --d "$d" --out "$Ld" --name attn-torch-2
+    step "attn bench d $d: the results file" 60 "$Ld/attn-table.log" "${DLENV[@]}" ./distlab run -n 1 --device cuda \
+      experiments/attn/attn_bench.lua --s "$BENCH_S" --d "$d" --backends "$BENCH_BACKENDS" \
+      --measured "$Ld/attn-distlab.csv" --torch "$Ld/attn-torch-1.csv,$Ld/attn-torch-2.csv" --out "$OUT" \
+      --tag "vs-fa4-$gpu$sfx" \
+      --command "${BENCH_COMMAND:-scripts/gpu/cudnn.sh} (attn_bench_torch.py, attn_bench.lua, attn_bench_torch.py, then this with --measured, in the same call)"
+    sed -n '/^TFLOP\/s fwd\/bwd/,$p' "$Ld/attn-table.log" | tee -a "$SUM"
+  done
 fi
 
 if want impls; then
