@@ -41,24 +41,10 @@
  * their alignment: every matrix of the batch must meet what the kernel may
  * assume) are part of the key.
  *
- * Opt-in tuning: DISTLAB_GEMM_TUNE=N (2..8; unset, 0 or 1: off, the first
- * candidate as above) times the first N candidates that qualify, at the
- * configuration's first call, in the call's own alpha, beta and c (in place
- * where the call is: c copied into the scratch output first), and keeps the
- * fastest (median of 3 runs after one warm-up each) whose output agrees with
- * the first candidate's (tune_pick: a candidate can round twice). Whether
- * beta is 0 and whether c is the output are part of the key. The runs go to a
- * stream, an output and a workspace of their own (stream-ordered allocations:
- * nothing waits for the device's other streams), read the call's operands as
- * they are, and are waited for before the call's own GEMM is queued; the
- * caller's results are untouched. They
- * time whatever else the GPU runs meanwhile: make a configuration's first
- * call with the GPU otherwise idle (ag_gemm_bench's "gemm parts" rows do,
- * for the chunks of its pipelines). A call inside a graph capture is not
- * tuned (the first candidate). N is part of the cache key, so a process may
- * switch it between calls and keep both choices. A chosen kernel may round
- * differently from the first candidate (another tile order): results are
- * then equal within fp32 accumulation, not bit-identical.
+ * Opt-in tuning (DISTLAB_GEMM_TUNE=N): core/ops/gemm/cublaslt_tune.c times and
+ * checks the first N candidates at a configuration's first call and keeps the
+ * fastest that agrees with the first; N, whether beta is 0 and whether c is
+ * the output are part of the key.
  */
 #define _GNU_SOURCE /* dladdr */
 #include <dlfcn.h>
@@ -70,12 +56,13 @@
 
 #include "base/device.h"
 #include "gemm_lt.h"
+#include "gemm_lt_tune.h"
 
 #ifdef DL_WITH_CUDA
 
 #include <cublasLt.h>
 
-enum { CACHE = 256, HEURISTIC_RESULTS = 8, MAX_DEVS = 16, MIN_MAJOR = 12, KEY = 25, TUNE_RUNS = 3 };
+enum { CACHE = 256, HEURISTIC_RESULTS = DL_LT_TUNE_MAX, MAX_DEVS = 16, MIN_MAJOR = 12, KEY = 25 };
 
 static struct {
   void *lib;
@@ -286,133 +273,6 @@ static void entry_drop(entry_t *e) {
   memset(e, 0, sizeof *e);
 }
 
-/* DISTLAB_GEMM_TUNE: how many candidates to time (0: no tuning). */
-static int tune_count(int *out) {
-  const char *env = getenv("DISTLAB_GEMM_TUNE");
-  *out = 0;
-  if (!env || !*env) return DL_OK;
-  char *end = NULL;
-  long v = strtol(env, &end, 10);
-  if (*end || v < 0 || v > HEURISTIC_RESULTS)
-    return DL_ERR(DL_EINVAL, "DISTLAB_GEMM_TUNE=%s: expected the number of cuBLASLt candidates "
-                  "to time, 0..%d (0 or 1: no tuning)", env, HEURISTIC_RESULTS);
-  *out = v > 1 ? (int)v : 0;
-  return DL_OK;
-}
-
-/* What a tuning run needs of the call: its operands' data, its beta and c
- * (c in place: c is d), and the bytes of its output (as cuBLASLt lays it out:
- * ld x lcols of out_dt). */
-typedef struct tune_args {
-  const void *x, *y, *c;
-  float alpha, beta;
-  int in_place, out_dt;
-  size_t out_bytes;
-  void *stream;
-} tune_args_t;
-
-/* Elements of got that differ from want by more than rounding's reordering:
- * 16-bit outputs, any bit (two roundings of one sum differ by an ulp at about a
- * third of the elements, a different order of fp32 sums at few); f32, beyond
- * 2^-16 relative. */
-static size_t tune_differ(const void *got, const void *want, size_t bytes, int out_dt) {
-  size_t bad = 0;
-  if (out_dt == DL_F32) {
-    const float *g = got, *w = want;
-    for (size_t i = 0; i < bytes / 4; i++)
-      if (!(fabsf(g[i] - w[i]) <= fabsf(w[i]) * 0x1p-16f)) bad++;
-  } else {
-    const uint16_t *g = got, *w = want;
-    for (size_t i = 0; i < bytes / 2; i++) bad += g[i] != w[i];
-  }
-  return bad;
-}
-
-/* The fastest of cand[0..n) on t's operands (see the header); *best its index.
- * Each candidate is timed and checked in the call's own configuration (its
- * beta, its c, in place where the call is) on a scratch output: the fastest
- * whose output differs from the heuristic's first candidate's (the untuned
- * choice) at no more than 1 element in 256 is taken. An H200 (cuBLASLt 13.1,
- * 2026-11-28) had a candidate that, at beta 1 with c in place, rounded to bf16
- * twice (19198 of 786432 elements an ulp off). */
-static int tune_pick(entry_t *e, cublasLtHandle_t h, const cublasLtMatmulAlgo_t *cand, int n,
-                     const tune_args_t *t, int64_t ws_bytes, int *best) {
-  cudaStream_t st = NULL;
-  cudaEvent_t ev[TUNE_RUNS + 1] = {0};
-  void *out = NULL, *ws = NULL, *host = NULL;
-  float med[HEURISTIC_RESULTS];
-  int rc = DL_OK;
-  *best = 0;
-  DL_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
-  for (int r = 0; r <= TUNE_RUNS && rc == DL_OK; r++)
-    if (cudaEventCreate(&ev[r]) != cudaSuccess) rc = DL_ERR(DL_ECUDA, "gemm tuning: cudaEventCreate failed");
-  if (rc == DL_OK && (cudaMallocAsync(&out, t->out_bytes, st) != cudaSuccess ||
-                      (ws_bytes > 0 && cudaMallocAsync(&ws, (size_t)ws_bytes, st) != cudaSuccess)))
-    rc = DL_ERR(DL_ECUDA, "gemm tuning: cudaMallocAsync of %zu + %lld bytes failed: %s", t->out_bytes,
-                (long long)ws_bytes, cudaGetErrorString(cudaGetLastError()));
-  if (rc == DL_OK && !(host = malloc(2 * t->out_bytes)))
-    rc = DL_ERR(DL_ENOMEM, "gemm tuning: %zu bytes of host memory", 2 * t->out_bytes);
-  const int fill = t->in_place && t->beta != 0.f; /* c copied into the scratch before a run */
-  const void *c = (t->in_place || t->beta == 0.f || !t->c) ? out : t->c;
-  /* one run of candidate i on the scratch output, c copied in first where the call is in place */
-  #define TUNE_RUN(i)                                                                          \
-    (lt.Matmul(h, e->desc, &t->alpha, t->x, e->la, t->y, e->lb, &t->beta, c, e->lc, out, e->ld, \
-               &cand[i], ws, (size_t)ws_bytes, st) == CUBLAS_STATUS_SUCCESS)
-  #define TUNE_FILL() \
-    (!fill || cudaMemcpyAsync(out, t->c, t->out_bytes, cudaMemcpyDeviceToDevice, st) == cudaSuccess)
-  for (int i = 0; i < n && rc == DL_OK; i++) {
-    float ms[TUNE_RUNS];
-    med[i] = -1.f;
-    int ok = TUNE_FILL() && TUNE_RUN(i) && cudaEventRecord(ev[0], st) == cudaSuccess;
-    for (int r = 0; ok && r < TUNE_RUNS; r++)
-      ok = TUNE_RUN(i) && cudaEventRecord(ev[r + 1], st) == cudaSuccess;
-    ok = ok && cudaEventSynchronize(ev[TUNE_RUNS]) == cudaSuccess;
-    for (int r = 0; ok && r < TUNE_RUNS; r++) ok = cudaEventElapsedTime(&ms[r], ev[r], ev[r + 1]) == cudaSuccess;
-    if (!ok) {
-      (void)cudaGetLastError();
-      continue; /* a candidate that does not run (or cannot be timed) is not chosen */
-    }
-    for (int a = 1; a < TUNE_RUNS; a++) /* median: sort 3 */
-      for (int b = a; b > 0 && ms[b] < ms[b - 1]; b--) {
-        float tmp = ms[b];
-        ms[b] = ms[b - 1];
-        ms[b - 1] = tmp;
-      }
-    med[i] = ms[TUNE_RUNS / 2];
-  }
-  /* the reference output (candidate 0's), then the fastest candidate that agrees with it */
-  char *want = host, *got = want ? want + t->out_bytes : NULL;
-  int have_want = rc == DL_OK && med[0] >= 0 && TUNE_FILL() && TUNE_RUN(0) &&
-                  cudaMemcpyAsync(want, out, t->out_bytes, cudaMemcpyDeviceToHost, st) == cudaSuccess &&
-                  cudaStreamSynchronize(st) == cudaSuccess;
-  for (int tries = 0; have_want && tries < n; tries++) {
-    int f = -1;
-    for (int i = 1; i < n; i++)
-      if (med[i] >= 0 && med[i] < med[0] && (f < 0 || med[i] < med[f])) f = i;
-    if (f < 0) break; /* none faster than the heuristic's first */
-    int ok = TUNE_FILL() && TUNE_RUN(f) &&
-             cudaMemcpyAsync(got, out, t->out_bytes, cudaMemcpyDeviceToHost, st) == cudaSuccess &&
-             cudaStreamSynchronize(st) == cudaSuccess;
-    if (ok && tune_differ(got, want, t->out_bytes, t->out_dt) <= t->out_bytes / dl_dtype_size(t->out_dt) / 256) {
-      *best = f;
-      break;
-    }
-    (void)cudaGetLastError();
-    med[f] = -1.f; /* disagrees (or failed): never chosen */
-  }
-  #undef TUNE_RUN
-  #undef TUNE_FILL
-  free(host);
-  if (out) cudaFreeAsync(out, st);
-  if (ws) cudaFreeAsync(ws, st);
-  if (cudaStreamSynchronize(st) != cudaSuccess && rc == DL_OK)
-    rc = DL_ERR(DL_ECUDA, "gemm tuning: %s", cudaGetErrorString(cudaGetLastError()));
-  for (int r = 0; r <= TUNE_RUNS; r++)
-    if (ev[r]) cudaEventDestroy(ev[r]);
-  cudaStreamDestroy(st);
-  return rc;
-}
-
 /* Descriptors for key's GEMM x (op) @ y (op) -> d, and the heuristic's first
  * algorithm that fits ws_bytes (with tune > 1: the fastest of its first tune). */
 /* A batch of `batch` matrices (> 1), each `stride` elements after the one before. */
@@ -428,7 +288,7 @@ static int layout_batch(cublasLtMatrixLayout_t l, int64_t batch, int64_t stride)
 static int entry_make(entry_t *e, cublasLtHandle_t h, const operand_t *x, const operand_t *y,
                       const operand_t *c, const operand_t *d, int in_dt, int out_dt, int64_t k,
                       const int64_t bs[5], const int64_t align[4], int64_t ws_bytes, int tune,
-                      const tune_args_t *t) {
+                      const dl_lt_tune_args_t *t) {
   const cublasOperation_t opx = (cublasOperation_t)x->op, opy = (cublasOperation_t)y->op;
   LT_CHECK(lt.MatmulDescCreate(&e->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   LT_CHECK(lt.MatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opx, sizeof opx));
@@ -481,7 +341,8 @@ static int entry_make(entry_t *e, cublasLtHandle_t h, const operand_t *x, const 
     enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     if (n > 1 && cudaStreamIsCapturing((cudaStream_t)t->stream, &cs) == cudaSuccess &&
         cs == cudaStreamCaptureStatusNone)
-      DL_TRY(tune_pick(e, h, cand, n, t, ws_bytes, &best));
+      DL_TRY(dl_lt_tune_pick((dl_lt_matmul_fn)lt.Matmul, h, e->desc, e->la, e->lb, e->lc, e->ld, cand,
+                             n, t, ws_bytes, &best));
     (void)cudaGetLastError();
     e->algo = cand[best];
     return DL_OK;
@@ -586,7 +447,7 @@ static int run_locked(const dl_gemm_args_t *g, int dev, void *ws, int64_t ws_byt
     if (batch > 1 && sa < align[i]) align[i] = sa;
   }
   int tune;
-  DL_TRY(tune_count(&tune));
+  DL_TRY(dl_lt_tune_count(&tune));
   /* a tuned choice was checked at its first call's beta and c (in place or not) */
   const int64_t key[KEY] = {dev,      g->a.dtype, g->d.dtype, ox.op,    oy.op,    rows,
                             cols,     g->k,       ox.ld,      oy.ld,    oc.ld,    od.ld,
@@ -597,7 +458,7 @@ static int run_locked(const dl_gemm_args_t *g, int dev, void *ws, int64_t ws_byt
   int fresh;
   DL_TRY(lookup(key, &e, &fresh));
   if (fresh) {
-    const tune_args_t t = {x->data, y->data, g->c.data, (float)g->alpha, (float)g->beta,
+    const dl_lt_tune_args_t t = {x->data, y->data, g->c.data, (float)g->alpha, (float)g->beta,
                            g->c.data == g->d.data, g->d.dtype,
                            ((size_t)od.ld * (size_t)od.lcols + (size_t)((batch - 1) * bs[4])) *
                                dl_dtype_size(g->d.dtype), stream};
