@@ -215,6 +215,42 @@ int dl_tensor_scatter_add(dl_tensor_t *dst, int dim, const dl_tensor_t *index, c
  * (weights shaped like x). */
 int dl_tensor_bincount(dl_tensor_t *out, const dl_tensor_t *x, const dl_tensor_t *weights, dl_stream_t *s);
 
+/* ---- the benches' fp64 attention at sampled rows (core/bench/attn_rows.c) ---
+ * The arithmetic of distlab.bench.attn_rows, the reference the benches check
+ * dl.attn against: plain fp64 loops over rows that the caller copied to the
+ * host as f64, apart from dl.attn's kernels and their cpu twin. Rows are
+ * shared among DISTLAB_CHECK_THREADS threads (else one a core this process
+ * may run on); the results do not depend on how many.
+ * One (sequence, head) slice: ql queries, kl keys; query i sees the keys
+ * j in [0, kl) with i + sh - wl <= j <= i + sh + wr (wl or wr < 0: no bound
+ * that side; sh = kl - ql when bottom_right, else 0).                     */
+typedef struct dl_attn_ref_slice {
+  int64_t ql, kl;
+  int64_t dqk, dv;      /* head dims of q and k, of v */
+  int64_t wl, wr;
+  int32_t bottom_right;
+  int32_t pad;
+  double scale;         /* of q k^T */
+} dl_attn_ref_slice_t;
+/* Query rows rows[0..n) (0-based in the slice), row m's q at q + m dqk and
+ * its dout at dout + m dv, the slice's keys k [kl, dqk] and values v
+ * [kl, dv]: out [n, dv] and lse [n] from the row's full softmax (a row that
+ * sees no key: lse -inf, out 0), and with dout, dq [n, dqk] from them
+ * (dout and dq both NULL: none). */
+int dl_attn_ref_queries(const dl_attn_ref_slice_t *g, int64_t n, const int64_t *rows, const double *q,
+                        const double *dout, const double *k, const double *v, double *out, double *lse,
+                        double *dq);
+/* Key rows rows[0..n), row m's k at k + m dqk and v at v + m dv: dk [n, dqk]
+ * and dv [n, dv] summed over the queries that see it of nheads query heads,
+ * head h given q[h] [ql, dqk], dout[h] [ql, dv], and the out[h] [ql, dv] and
+ * lse[h] [ql] that its backward was handed, of every query of the slice.
+ * *n_bad: the key rows that needed an lse that is not finite (those terms
+ * left out). */
+int dl_attn_ref_keys(const dl_attn_ref_slice_t *g, int64_t n, const int64_t *rows, const double *k,
+                     const double *v, int nheads, const double *const *q, const double *const *dout,
+                     const double *const *out, const double *const *lse, double *dk, double *dv,
+                     int64_t *n_bad);
+
 /* ---- a tensor's bytes, in memory and in files (core/mem/tensor_io.c) ------
  * Its elements in row-major order as the device holds them (little-endian),
  * the tensor contiguous. cpu reads and writes its storage directly; cuda

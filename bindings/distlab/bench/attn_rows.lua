@@ -1,8 +1,10 @@
 -- distlab.bench.attn_rows — attention checked against fp64 on the host at
 -- sampled rows, for shapes whose whole reference costs too much (s^2 d per
 -- head). It reads only the tensors it is given and computes softmax(scale q
--- k^T) v and its gradients itself, in plain fp64 loops: it shares no code
--- with dl.attn's kernels or their cpu twin.
+-- k^T) v and its gradients itself, in plain fp64 loops (core/bench/attn_rows.c,
+-- on host copies of the rows it needs; threads share the rows:
+-- DISTLAB_CHECK_THREADS, else one a core): it shares no code with dl.attn's
+-- kernels or their cpu twin.
 --
 --   local rows = require "distlab.bench.attn_rows"
 --   local R = rows.prepare { q =, k =, v =, dout = (for dq), opts = (dl.attn's options: layout,
@@ -42,9 +44,9 @@ local core = require "distlab.core"
 local tensor = require "distlab.tensor"
 local verify = require "distlab.bench.verify"
 
-local fail = core.fail
+local C, check, fail = core.C, core.check, core.fail
 local T = tensor.methods
-local exp, log, max, min, floor, ceil = math.exp, math.log, math.max, math.min, math.floor, math.ceil
+local max, min, floor, ceil = math.max, math.min, math.floor, math.ceil
 local NINF = -math.huge
 
 local M = {}
@@ -97,22 +99,6 @@ local function geometry(q, k, v, o)
   return g
 end
 
-local function shift(g, ql, kl) return g.br and kl - ql or 0 end
-
--- keys [jlo, jhi] that query i sees; queries [ilo, ihi] that see key j
-local function key_range(g, i, ql, kl)
-  local sh = shift(g, ql, kl)
-  local lo = g.wl < 0 and 0 or max(0, i + sh - g.wl)
-  local hi = g.wr < 0 and kl - 1 or min(kl - 1, i + sh + g.wr)
-  return lo, hi
-end
-local function query_range(g, j, ql, kl)
-  local sh = shift(g, ql, kl)
-  local lo = g.wr < 0 and 0 or max(0, j - sh - g.wr)
-  local hi = g.wl < 0 and ql - 1 or min(ql - 1, j - sh + g.wl)
-  return lo, hi
-end
-
 -- ---- host copies ---------------------------------------------------------------------------
 
 -- Rows [start, start + n) of sequence b (0-based), head h, of t: a contiguous
@@ -144,83 +130,17 @@ local function pick(g, t, b, start, rows, h, width, is_lse)
   return out, p
 end
 
--- ---- the fp64 loops ----------------------------------------------------------------------
+-- ---- the fp64 arithmetic, in C ----------------------------------------------------------
 
-local function dot(a, ao, b, bo, n)
-  local s0, s1, s2, s3 = 0, 0, 0, 0
-  local n4 = n - n % 4
-  for c = 0, n4 - 1, 4 do
-    s0 = s0 + a[ao + c] * b[bo + c]
-    s1 = s1 + a[ao + c + 1] * b[bo + c + 1]
-    s2 = s2 + a[ao + c + 2] * b[bo + c + 2]
-    s3 = s3 + a[ao + c + 3] * b[bo + c + 3]
-  end
-  for c = n4, n - 1 do s0 = s0 + a[ao + c] * b[bo + c] end
-  return (s0 + s1) + (s2 + s3)
+-- Slice b (0-based) of g for C, and the listed rows (0-based) as C's int64s.
+local function ref_slice(g, b)
+  return ffi.new("dl_attn_ref_slice_t", { ql = g.ql[b + 1], kl = g.kl[b + 1], dqk = g.dqk, dv = g.dv,
+    wl = g.wl, wr = g.wr, bottom_right = g.br and 1 or 0, scale = g.scale })
 end
-
-local function axpy(y, yo, alpha, x, xo, n)
-  for c = 0, n - 1 do y[yo + c] = y[yo + c] + alpha * x[xo + c] end
-end
-
-local function zero(y, yo, n) for c = 0, n - 1 do y[yo + c] = 0 end end
-
--- Query row i (its q and dout at row n of Q and dO): out (and dq, with dO)
--- into ro / rq at offsets oo / qo; returns its lse. P from the row's own fp64
--- softmax; dq's D = dO . out from its own out. S: scratch of kl doubles.
-local function query_row(g, i, n, ql, kl, Q, K, V, dO, S, ro, oo, rq, qo)
-  local d, dv, scale = g.dqk, g.dv, g.scale
-  zero(ro, oo, dv)
-  if rq then zero(rq, qo, d) end
-  local jlo, jhi = key_range(g, i, ql, kl)
-  if jhi < jlo then return NINF end
-  local m = NINF
-  for j = jlo, jhi do
-    local s = scale * dot(Q, n * d, K, j * d, d)
-    S[j] = s
-    if s > m then m = s end
-  end
-  local l = 0
-  for j = jlo, jhi do
-    local p = exp(S[j] - m)
-    S[j] = p
-    l = l + p
-  end
-  local inv = 1 / l
-  for j = jlo, jhi do axpy(ro, oo, S[j] * inv, V, j * dv, dv) end
-  if rq then
-    local D = dot(dO, n * dv, ro, oo, dv)
-    for j = jlo, jhi do
-      local p = S[j] * inv
-      axpy(rq, qo, scale * p * (dot(dO, n * dv, V, j * dv, dv) - D), K, j * d, d)
-    end
-  end
-  return m + log(l)
-end
-
--- Key row j (its k and v at K + kj, V + vj): dk, dv into rk / rv at offsets
--- ko / vo, summed over the queries of every head of `heads` ({Q, dO, L, D})
--- that see it. Returns false when a handed lse it needs is not finite.
-local function key_row(g, j, ql, kl, K, kj, V, vj, heads, rk, ko, rv, vo)
-  local d, dv, scale = g.dqk, g.dv, g.scale
-  zero(rk, ko, d)
-  zero(rv, vo, dv)
-  local ilo, ihi = query_range(g, j, ql, kl)
-  local ok = true
-  for _, hd in ipairs(heads) do
-    local Q, dO, L, D = hd.Q, hd.dO, hd.L, hd.D
-    for i = ilo, ihi do
-      local li = L[i]
-      if li ~= li or li == NINF or li == math.huge then ok = false
-      else
-        local p = exp(scale * dot(Q, i * d, K, kj, d) - li)
-        local ds = p * (dot(dO, i * dv, V, vj, dv) - D[i])
-        axpy(rv, vo, p, dO, i * dv, dv)
-        axpy(rk, ko, scale * ds, Q, i * d, d)
-      end
-    end
-  end
-  return ok
+local function int64s(rows)
+  local p = ffi.new("int64_t[?]", max(#rows, 1))
+  for n, r in ipairs(rows) do p[n - 1] = r end
+  return p
 end
 
 -- ---- sampling ---------------------------------------------------------------------------
@@ -271,29 +191,26 @@ function M.prepare(o)
   r.nq = nq
   r.ref_out, r.ref_lse = doubles(nq * g.dv), doubles(nq)
   r.ref_dq = o.dout and doubles(nq * g.dqk) or nil
-  local S, at = nil, 0
+  local at = 0
   local group = g.hq / g.hkv
   local kv = {} -- the K and V slices of the last (b, hk)
   for i, s in ipairs(r.qslices) do
     if mine(i) then
       local b, h = s.b, s.h
-      local ql, kl = g.ql[b + 1], g.kl[b + 1]
+      local kl = g.kl[b + 1]
       local hk = floor(h / group)
       if kl > 0 and kv.key ~= b * g.hkv + hk then
         kv = { key = b * g.hkv + hk }
         kv.k, kv.K = slice(g, o.k, b, g.ks[b + 1], kl, hk)
         kv.v, kv.V = slice(g, o.v, b, g.ks[b + 1], kl, hk)
       end
-      -- the sampled rows of q and dout, one after the other: query_row's row n is rows[n + 1]
+      -- the sampled rows of q and dout, one after the other, as C reads them
       local qt, Q = pick(g, o.q, b, g.qs[b + 1], s.rows, h, g.dqk)
       local dt, dO
       if o.dout then dt, dO = pick(g, o.dout, b, g.qs[b + 1], s.rows, h, g.dv) end
-      if not S or ffi.sizeof(S) < 8 * max(kl, 1) then S = doubles(kl) end
-      for n, row in ipairs(s.rows) do
-        r.ref_lse[at] = query_row(g, row, n - 1, ql, kl, Q, kv.K, kv.V, dO, S, r.ref_out, at * g.dv, r.ref_dq,
-          at * g.dqk)
-        at = at + 1
-      end
+      check(C.dl_attn_ref_queries(ref_slice(g, b), #s.rows, int64s(s.rows), Q, dO, kl > 0 and kv.K or nil,
+        kl > 0 and kv.V or nil, r.ref_out + at * g.dv, r.ref_lse + at, r.ref_dq and r.ref_dq + at * g.dqk))
+      at = at + #s.rows
       qt, dt = nil, nil
     end
   end
@@ -355,32 +272,27 @@ function R:check(got)
     local rk, rv = doubles(nk * g.dqk), doubles(nk * g.dv)
     local gk, gv = buf("dk", nk * g.dqk), buf("dv", nk * g.dv)
     local group, kat = g.hq / g.hkv, 0
+    local n_bad = ffi.new("int64_t[1]")
     for i, s in ipairs(self.kslices) do
       if mine(i) then
         local b, hk = s.b, s.h
         local ql, kl = g.ql[b + 1], g.kl[b + 1]
-        local keep, heads = {}, {}
+        local keep, nh = {}, ql > 0 and group or 0
+        local heads = { Q = ffi.new("const double*[?]", max(nh, 1)), dO = ffi.new("const double*[?]", max(nh, 1)),
+          O = ffi.new("const double*[?]", max(nh, 1)), L = ffi.new("const double*[?]", max(nh, 1)) }
         local K, V
         keep[#keep + 1], K = pick(g, self.k, b, g.ks[b + 1], s.rows, hk, g.dqk)
         keep[#keep + 1], V = pick(g, self.v, b, g.ks[b + 1], s.rows, hk, g.dv)
-        if ql > 0 then
-          for h = hk * group, (hk + 1) * group - 1 do
-            local hd = {}
-            keep[#keep + 1], hd.Q = slice(g, self.q, b, g.qs[b + 1], ql, h)
-            keep[#keep + 1], hd.dO = slice(g, self.dout, b, g.qs[b + 1], ql, h)
-            local O
-            keep[#keep + 1], O = slice(g, got.out, b, g.qs[b + 1], ql, h)
-            keep[#keep + 1], hd.L = slice(g, got.lse, b, g.qs[b + 1], ql, h, true)
-            hd.D = doubles(ql)
-            for r = 0, ql - 1 do hd.D[r] = dot(hd.dO, r * g.dv, O, r * g.dv, g.dv) end
-            heads[#heads + 1] = hd
-          end
+        for n = 0, nh - 1 do
+          local h = hk * group + n
+          keep[#keep + 1], heads.Q[n] = slice(g, self.q, b, g.qs[b + 1], ql, h)
+          keep[#keep + 1], heads.dO[n] = slice(g, self.dout, b, g.qs[b + 1], ql, h)
+          keep[#keep + 1], heads.O[n] = slice(g, got.out, b, g.qs[b + 1], ql, h)
+          keep[#keep + 1], heads.L[n] = slice(g, got.lse, b, g.qs[b + 1], ql, h, true)
         end
-        for n, row in ipairs(s.rows) do
-          local ok = key_row(g, row, ql, kl, K, (n - 1) * g.dqk, V, (n - 1) * g.dv, heads, rk, (kat + n - 1) * g.dqk, rv,
-            (kat + n - 1) * g.dv)
-          if not ok then bad_lse = bad_lse + 1 end
-        end
+        check(C.dl_attn_ref_keys(ref_slice(g, b), #s.rows, int64s(s.rows), K, V, nh, heads.Q, heads.dO, heads.O,
+          heads.L, rk + kat * g.dqk, rv + kat * g.dv, n_bad))
+        bad_lse = bad_lse + tonumber(n_bad[0])
         for _, x in ipairs { { got.dk, gk, g.dqk }, { got.dv, gv, g.dv } } do
           if x[1] then
             local t, p = pick(g, x[1], b, g.ks[b + 1], s.rows, hk, x[3])
