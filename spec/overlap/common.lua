@@ -59,6 +59,13 @@ function K.label(kind, v)
 end
 
 -- Run fn; on error print "ERR: <message>" and exit 3.
+-- fn's error message; an error of its own where fn did not fail
+function K.message(fn)
+  local ok, err = pcall(fn)
+  if ok then error("expected an error", 0) end
+  return tostring(err)
+end
+
 function K.report(fn)
   local ok, err = pcall(fn)
   if not ok then

@@ -5,11 +5,7 @@ local dir = arg[0]:match("^(.*)/[^/]*$") or "."
 local K = dofile(dir .. "/common.lua")
 local dl = require "distlab"
 
-local function message(fn)
-  local ok, err = pcall(fn)
-  if ok then error("expected an error", 0) end
-  return tostring(err)
-end
+local message = K.message
 
 local odd = K.me == K.d - 1
 local cases = {

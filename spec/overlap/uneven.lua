@@ -8,11 +8,7 @@ local dir = arg[0]:match("^(.*)/[^/]*$") or "."
 local K = dofile(dir .. "/common.lua")
 local dl = require "distlab"
 
-local function message(fn)
-  local ok, err = pcall(fn)
-  if ok then error("expected an error", 0) end
-  return tostring(err)
-end
+local message = K.message
 
 K.report(function()
   local op = K.op("ag", { algo = "ring", transport = "put" })
