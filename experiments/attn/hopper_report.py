@@ -46,7 +46,7 @@ torch = {(r["impl"], r["layout"], r["mask"], int(r["s"])): r for r in rows(os.pa
 variants = {}
 for d in sorted(glob.glob(os.path.join(a.run, "*", "attn-distlab.csv"))):
     variants[os.path.basename(os.path.dirname(d))] = {(r["layout"], r["mask"], int(r["s"])): r for r in rows(d)}
-order = [v for v in ("hopper", "hopper-red", "hopper-turns", "hopper-noturns", "portable") if v in variants]  # hopper-red, hopper-turns: runs before 2026-11-27 c
+order = [v for v in ("hopper", "hopper-oldorder", "hopper-red", "hopper-turns", "hopper-noturns", "portable") if v in variants]  # hopper-red, hopper-turns: runs before 2026-11-27 c
 order += [v for v in variants if v not in order]
 heads = {v: tc.read_header(os.path.join(a.run, v, "attn-distlab.md")) for v in order}
 torch_head = tc.read_header(os.path.join(a.run, "attn-torch.md"))
@@ -69,6 +69,7 @@ o.append("- the benches' commands: " + "; ".join(
     + ([f"torch: {tc.code(torch_head['command'])}"] if torch_head.get("command") else [])))
 o.append("- variants: hopper (dQ by bulk reductions), hopper-red (dQ by vector reductions; removed 2026-11-27), hopper-turns "
          "(DISTLAB_ATTN_HOPPER_BWD_TURNS=1, d 64; the default since 2026-11-27), hopper-noturns (DISTLAB_ATTN_HOPPER_BWD_TURNS=0), "
+         "hopper-oldorder (DISTLAB_ATTN_HOPPER_BWD_ORDER=0: the backward's GEMM order before FA4's, 2026-11-29), "
          "portable (DISTLAB_ATTN_HOPPER=0)")
 o.append(f"- specs: {tail(os.path.join(a.run, 'attn-spec.log'), r'passed, .* failed')}")
 for tool in ("memcheck", "racecheck"):

@@ -7,12 +7,14 @@
 #          run, against the cpu twin; and that they are the kernels taken);
 #   optout the attn and merge specs again with the paths that became defaults turned off
 #          (DISTLAB_ATTN_HOPPER_MLA=0: MLA's 192/128 on the portable forward; DISTLAB_ATTN_HOPPER_BWD_TURNS=0:
-#          the backward's warpgroups in step at d 64);
+#          the backward's warpgroups in step at d 64; DISTLAB_ATTN_HOPPER_BWD_ORDER=0: the backward's earlier
+#          GEMM order);
 #   san    experiments/attn/hopper_small.lua (fwd + bwd at small shapes, d 64 and 128, against the
 #          cpu twin) under compute-sanitizer memcheck and racecheck;
 #   torch  PyTorch SDPA's flash and cuDNN (experiments/attn/attn_bench_torch.py) at S, the anchors;
 #   bench  experiments/attn/attn_bench.lua at S (default 4096,8192,16384) for each of VARIANTS (default
-#          "hopper portable": the Hopper kernels, DISTLAB_ATTN_HOPPER=0; and hopper-noturns: the backward's warpgroups in step (DISTLAB_ATTN_HOPPER_BWD_TURNS=0, d 64 only:
+#          "hopper portable": the Hopper kernels, DISTLAB_ATTN_HOPPER=0; hopper-oldorder: the backward's earlier
+#          GEMM order, DISTLAB_ATTN_HOPPER_BWD_ORDER=0; and hopper-noturns: the backward's warpgroups in step (DISTLAB_ATTN_HOPPER_BWD_TURNS=0, d 64 only:
 #          with D=64, the head dim of the bench and the anchors, default 128),
 #          each with the anchors when torch ran: $OUT/<variant>/attn-<gpu>.md.
 # Logs and tables (attn-spec.log, san-*.log, attn-torch.*, <variant>/) in $OUT/attn-hopper-logs.tgz, and
@@ -38,8 +40,8 @@ if want specs; then
   grep -E "^(FAIL|ERROR)" "$L/attn-spec.log" | head -20
 fi
 if want optout; then # the same specs with the former paths: MLA's on the portable forward, the backward in step (d 64)
-  DISTLAB_ATTN_HOPPER_MLA=0 DISTLAB_ATTN_HOPPER_BWD_TURNS=0 step \
-    "specs, DISTLAB_ATTN_HOPPER_MLA=0 DISTLAB_ATTN_HOPPER_BWD_TURNS=0" 300 "$L/attn-spec-optout.log" \
+  DISTLAB_ATTN_HOPPER_MLA=0 DISTLAB_ATTN_HOPPER_BWD_TURNS=0 DISTLAB_ATTN_HOPPER_BWD_ORDER=0 step \
+    "specs, DISTLAB_ATTN_HOPPER_MLA=0 DISTLAB_ATTN_HOPPER_BWD_TURNS=0 DISTLAB_ATTN_HOPPER_BWD_ORDER=0" 300 "$L/attn-spec-optout.log" \
     busted --run=default --exclude-tags=multigpu -o spec/support/summary.lua spec/attn_spec.lua spec/attn_merge_spec.lua
   grep -E "^(FAIL|ERROR)" "$L/attn-spec-optout.log" | head -20
 fi
@@ -73,6 +75,7 @@ if want bench; then
     case $k in
       hopper) envs="" ;;
       hopper-noturns) envs="DISTLAB_ATTN_HOPPER_BWD_TURNS=0" ;;
+      hopper-oldorder) envs="DISTLAB_ATTN_HOPPER_BWD_ORDER=0" ;;
       portable) envs="DISTLAB_ATTN_HOPPER=0" ;;
       *) say "unknown variant $k"; status=1; continue ;;
     esac

@@ -50,6 +50,12 @@ static int env_bwd_turns(void) {
   static int c = -1;
   return !env_is("DISTLAB_ATTN_HOPPER_BWD_TURNS", "0", &c);
 }
+/* The backward's in-step loop issues an item's GEMMs in FA4's order (bwd_kernel's BWD_ORDER);
+ * DISTLAB_ATTN_HOPPER_BWD_ORDER=0 keeps the earlier order (BWD_STEP; A/B timings) */
+static int env_bwd_order(void) {
+  static int c = -1;
+  return !env_is("DISTLAB_ATTN_HOPPER_BWD_ORDER", "0", &c);
+}
 
 /* The forward at MLA's head dims 192/128 (launch<0, 192, 128> below); DISTLAB_ATTN_HOPPER_MLA=0 sends
  * them to the portable kernel */
@@ -253,13 +259,13 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   return 0;
 }
 
-template <int DQK, int DV, bool TURNS>
+template <int DQK, int DV, int LOOP>
 static int launch_bwd(dim3 grid, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv,
                       const CUtensorMap &tdo, const bwd_params_t &k, void *stream) {
   const size_t smem = sizeof(bwd_smem_t<DQK, DV>) + 1024;
   static int done[64];
-  DL_TRY(allow_smem(bwd_kernel<DQK, DV, TURNS>, smem, done));
-  bwd_kernel<DQK, DV, TURNS><<<grid, THREADS, smem, (cudaStream_t)stream>>>(tq, tk, tv, tdo, k);
+  DL_TRY(allow_smem(bwd_kernel<DQK, DV, LOOP>, smem, done));
+  bwd_kernel<DQK, DV, LOOP><<<grid, THREADS, smem, (cudaStream_t)stream>>>(tq, tk, tv, tdo, k);
   return 0;
 }
 
@@ -286,10 +292,15 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
   k.ws_rows = thd ? p->total_q : (int64_t)p->b * p->s_q; /* attn_bwd.cu's workspace rows */
   k.err = dword;
   const dim3 grid((p->s_kv + BN - 1) / BN, p->h_kv, p->b);
-  const bool turns = p->d_qk == 64 && env_bwd_turns();
-  const int rc = p->d_qk == 64 ? (turns ? launch_bwd<64, 64, true>(grid, tq, tk, tv, tdo, k, stream)
-                                        : launch_bwd<64, 64, false>(grid, tq, tk, tv, tdo, k, stream))
-                               : launch_bwd<128, 128, false>(grid, tq, tk, tv, tdo, k, stream);
+  const bool turns = p->d_qk == 64 && env_bwd_turns(), order = env_bwd_order();
+  int rc;
+  if (p->d_qk == 64)
+    rc = turns ? launch_bwd<64, 64, BWD_TURNS>(grid, tq, tk, tv, tdo, k, stream)
+         : order ? launch_bwd<64, 64, BWD_ORDER>(grid, tq, tk, tv, tdo, k, stream)
+                 : launch_bwd<64, 64, BWD_STEP>(grid, tq, tk, tv, tdo, k, stream);
+  else
+    rc = order ? launch_bwd<128, 128, BWD_ORDER>(grid, tq, tk, tv, tdo, k, stream)
+               : launch_bwd<128, 128, BWD_STEP>(grid, tq, tk, tv, tdo, k, stream);
   if (rc) return rc;
   DL_CUDA_CHECK_LAUNCH("attn bwd (hopper)");
   const dim3 rgrid((p->s_q + BQ - 1) / BQ, p->h_q, p->b);

@@ -36,8 +36,12 @@
  *         the fp32 accumulator FA3's way, through shared memory and one bulk
  *         reduction of the item's rows by a producer thread.
  *   dK (times the softmax scale) and dV are written once, in bf16.
- *   With TURNS (d 64), the warpgroups take turns at the tensor cores instead,
- *   dQ one item late (bwd_kernel's comment).
+ *   The loop (bwd_loop_t): BWD_ORDER (the default) issues an item's GEMMs in
+ *   FA4's sm90 order: dV right after P^T, so that it runs under dS's
+ *   arithmetic, then dQ before dK, so that the dQ tile goes to shared memory
+ *   while dK runs. BWD_STEP is the order above (dV and dK in one group, then
+ *   dQ, then all waited for). With BWD_TURNS (d 64), the warpgroups take turns
+ *   at the tensor cores instead, dQ one item late (bwd_kernel's comment).
  * Rows past a sequence (keys of the last key block, queries of the last
  * query block) are zeroed in shared memory before a GEMM reads them, so that
  * another sequence's rows or NaN gaps (thd) never meet a zero of P or dS.
@@ -68,7 +72,7 @@ template <int DQK, int DV> struct alignas(1024) bwd_smem_t {
   float dq[BQ * DQK];           // an item's dQ, [query][DQK] as the accumulator's rows hold it
   float lse2[2][BQ], delta[2][BQ];
   uint64_t kv_full, q_full[2], do_full[2], q_empty[2], do_empty[2], dq_full, dq_empty;
-  uint64_t ds_ready[2], ds_free[2]; // TURNS: both warpgroups' halves of a dS^T buffer in; their dQ read it
+  uint64_t ds_ready[2], ds_free[2]; // BWD_TURNS: both warpgroups' halves of a dS^T buffer in; their dQ read it
   int fail;
 };
 
@@ -151,16 +155,23 @@ template <int DQK> HP_DEV void gemm_dq(float (&dq)[DQK / 4], uint32_t ds_base, u
   wg_commit();
 }
 
+// The consumers' loop. BWD_STEP and BWD_ORDER: the warpgroups go in step, an item after the other;
+// per item, BWD_STEP: S^T, dP^T; P^T, dS^T; dV + dK (one group); dS^T stored; dQ; wait for all.
+// BWD_ORDER (FA4's sm90 backward, flash_bwd_sm90.py): S^T, dP^T; P^T; dV; dS^T (under dV); dS^T
+// stored; dQ; dK; wait for dQ (and dV): dO's stage free, the dQ tile stored while dK runs; wait for dK:
+// Q's stage free. BWD_TURNS: the warpgroups take turns at the tensor cores, dQ one item late. (At d 128
+// the turns cost ptxas 420 bytes of spills and it serialises the wgmma, so dl.attn runs them at d 64
+// only.) dl.attn takes BWD_ORDER unless DISTLAB_ATTN_HOPPER_BWD_ORDER=0 (attn_hopper.cu).
+enum bwd_loop_t { BWD_STEP = 0, BWD_ORDER = 1, BWD_TURNS = 2 };
+
 // Each item's dQ goes to shared memory and a producer warp adds it to the accumulator with one bulk
 // reduction (FA3's way).
-// TURNS: the warpgroups take turns at the tensor cores, dQ one item late; else they go in step, an item
-// after the other. (At d 128 the turns cost ptxas 420 bytes of spills and it serialises the wgmma, so
-// dl.attn runs them at d 64 only.)
-template <int DQK, int DV, bool TURNS>
+template <int DQK, int DV, int LOOP>
 __global__ void __launch_bounds__(THREADS, 1)
     bwd_kernel(const HP_GRID_CONST hp_tmap_t tq, const HP_GRID_CONST hp_tmap_t tk, const HP_GRID_CONST hp_tmap_t tv,
                const HP_GRID_CONST hp_tmap_t tdo, const bwd_params_t p) {
   static_assert(DQK == 64 || DQK == 128, "dQ's split of the head dims between the warpgroups");
+  static_assert(LOOP == BWD_STEP || LOOP == BWD_ORDER || LOOP == BWD_TURNS, "bwd_loop_t");
   bwd_smem_t<DQK, DV> &sm = *reinterpret_cast<bwd_smem_t<DQK, DV> *>((reinterpret_cast<uintptr_t>(hp_smem()) + 1023) & ~uintptr_t(1023));
   const int n_block = blockIdx.x, hkv = blockIdx.y, bb = blockIdx.z, group = p.h / p.h_kv;
   const int warp_id = hp_warp_uniform(threadIdx.x / 32), tid = threadIdx.x % 128;
@@ -331,6 +342,53 @@ __global__ void __launch_bounds__(THREADS, 1)
     gemm_acc<DQK>(dk, da, hp_smem_u32(sm.q[it % 2][0]));
     wg_commit();
   };
+  // BWD_ORDER's halves of p_and_ds. P^T once S^T is in (dP^T the newest group), masked where the block
+  // needs it, into pa. dP^T is not masked: a P^T of 0 makes dS^T 0, and dP^T is finite (the rows past a
+  // sequence, of V and dO, are zeros in shared memory).
+  auto p_only = [&](int it, float(&s)[32]) {
+    const int st = it % 2, i0 = (m_lo + it % nm) * BQ;
+    wg_wait<1>();
+    const float *l2 = sm.lse2[st];
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) s[4 * j + e] = hp_exp2(fmaf(s[4 * j + e], p.scale_log2, -l2[8 * j + 2 * (lane % 4) + (e & 1)]));
+    const bool diag = key_hi >= len_kv || i0 + BQ - 1 >= len_q || (wr >= 0 && key_hi - i0 > shift + wr) ||
+                      (wl >= 0 && key_lo - (i0 + BQ - 1) < shift - wl);
+    if (diag) {
+#pragma unroll
+      for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const int key = n0 + kr + 8 * (e >> 1), qi = i0 + 8 * j + 2 * (lane % 4) + (e & 1);
+          const bool keep = (key < len_kv) & (qi < len_q) & hp_visible(qi, key, shift, wl, wr);
+          s[4 * j + e] = keep ? s[4 * j + e] : 0.0f;
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < 8; j++) pa[2 * j] = pack_bf16(s[4 * j], s[4 * j + 1]), pa[2 * j + 1] = pack_bf16(s[4 * j + 2], s[4 * j + 3]);
+  };
+  // dS^T = P^T (dP^T - D) into da once dP^T is in (dV, issued after it, the newest group)
+  auto ds_only = [&](int it, const float(&s)[32], float(&dp)[32]) {
+    const float *dd = sm.delta[it % 2];
+    wg_wait<1>();
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - dd[8 * j + 2 * (lane % 4) + (e & 1)]);
+      da[2 * j] = pack_bf16(dp[4 * j], dp[4 * j + 1]), da[2 * j + 1] = pack_bf16(dp[4 * j + 2], dp[4 * j + 3]);
+    }
+  };
+  auto issue_dv = [&](int it) { // dV += P^T dO: a commit group
+    wg_fence();
+    gemm_acc<DV>(dv, pa, hp_smem_u32(sm.dout[it % 2][0]));
+    wg_commit();
+  };
+  auto issue_dk = [&](int it) { // dK += dS^T Q: a commit group (da written before gemm_dq's fence)
+    wg_fence();
+    gemm_acc<DQK>(dk, da, hp_smem_u32(sm.q[it % 2][0]));
+    wg_commit();
+  };
   // dS^T (row = key, column = query) into buffer it % 2, rows of 128 bytes with the 128-byte swizzle,
   // then visible to the wgmma of either warpgroup
   auto store_ds = [&](int it) {
@@ -365,7 +423,25 @@ __global__ void __launch_bounds__(THREADS, 1)
     mbar_arrive(&sm.do_empty[it % 2]);
   };
 
-  if (!TURNS) { // both warpgroups in step: they meet at named barrier 1 every item (dS^T both halves)
+  if (LOOP == BWD_ORDER) { // in step, FA4's order (the enum's comment)
+    for (int it = 0; it < items; it++) {
+      float s[32], dp[32], dq[DQK / 4];
+      stage_in(it);
+      issue_sdp(it, s, dp);
+      p_only(it, s);
+      issue_dv(it);
+      ds_only(it, s, dp);
+      store_ds(it);
+      named_bar_sync(1, 256); // both warpgroups' dS^T are in (the other buffer is free: see the header)
+      gemm_dq<DQK>(dq, hp_smem_u32(sm.ds[it % 2]), k_cols);
+      issue_dk(it);
+      wg_wait<1>(); // dV and dQ are in (dK runs on): dO's stage is free, the dQ tile goes out
+      mbar_arrive(&sm.do_empty[it % 2]);
+      store_dq(it, dq);
+      wg_wait<0>(); // dK is in: Q's stage is free
+      mbar_arrive(&sm.q_empty[it % 2]);
+    }
+  } else if (LOOP == BWD_STEP) { // both warpgroups in step: they meet at named barrier 1 every item (dS^T both halves)
     for (int it = 0; it < items; it++) {
       float s[32], dp[32], dq[DQK / 4];
       stage_in(it);
@@ -379,7 +455,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       free_stage(it);
       store_dq(it, dq);
     }
-  } else { // TURNS: the warpgroups take turns at the tensor cores, dQ one item late
+  } else { // BWD_TURNS: the warpgroups take turns at the tensor cores, dQ one item late
     // A turn (named barrier 4 + c, 256 threads: its own and the other's hand-over) to issue GEMMs, so
     // that one warpgroup's P and dS run under the other's GEMMs (fwd_kernel's scheduler). dQ of item
     // it - 1 is issued with dV and dK of item it, once both halves of its dS^T are in (ds_ready); a

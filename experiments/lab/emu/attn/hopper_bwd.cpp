@@ -6,9 +6,10 @@
 // reference of dq, dk, dv: the forward's six (and one with keys but no queries)
 // cases (bshd, sbhd, thd with offsets and NaN gaps, GQA/MQA, lengths off the
 // tile, keys of other lengths) under five masks at head dim 128, and under
-// three at head dim 64, with accumulate_grads on some; and the warpgroups
-// taking turns (TURNS) under every mask (--quick: a few runs a case, the
-// masks turning with the case). Each check also shows
+// three at head dim 64, with accumulate_grads on some, in the default loop
+// (BWD_ORDER: FA4's order of an item's GEMMs); the earlier order (BWD_STEP)
+// and the warpgroups taking turns (BWD_TURNS) under every mask (--quick: a few
+// runs a case, the masks turning with the case). Each check also shows
 // that a planted 2% error would fail it.
 //   make -C experiments/lab/emu/attn hopper-emu-bwd
 #include "hopper.h"
@@ -42,7 +43,7 @@ struct errs {
   double pw() const { return den > 0 ? sqrt(planted / den) : 1.0; }
 };
 
-template <int D, bool TURNS = false> static bool run_case(const hp_case &cs, const hp_mask &mk, unsigned seed, bool accumulate) {
+template <int D, int LOOP = BWD_ORDER> static bool run_case(const hp_case &cs, const hp_mask &mk, unsigned seed, bool accumulate) {
   const hp_seqs sq_(cs);
   const bool thd = sq_.thd, sbhd = sq_.sbhd;
   const int b = cs.b, h = cs.h, h_kv = cs.h_kv, group = h / h_kv, s = sq_.s, s_kv = sq_.s_kv, rows = sq_.rows,
@@ -141,7 +142,7 @@ template <int D, bool TURNS = false> static bool run_case(const hp_case &cs, con
     for (int y = 0; y < h_kv; y++)
       for (int x = 0; x < nb; x++)
         if (!hp_run_cta(dim3(x, y, z), dim3(nb, h_kv, b), THREADS, sizeof(bwd_smem_t<D, D>),
-                        [&] { bwd_kernel<D, D, TURNS>(tq, tk, tv, tdo, p); }))
+                        [&] { bwd_kernel<D, D, LOOP>(tq, tk, tv, tdo, p); }))
           return false;
   const int mb = (s + BQ - 1) / BQ;
   if (mb > 0) {
@@ -219,7 +220,7 @@ template <int D, bool TURNS = false> static bool run_case(const hp_case &cs, con
   const std::string what = sq_.what(true);
   printf("bwd d=%d%s %s h=%d/%d window (%d,%d)%s%s: dq %.2e/%.2e dk %.2e/%.2e dv %.2e/%.2e (normwise/elementwise), "
          "stray %zu; planted 2%%: %.1e %.1e %.1e %s -> %s\n",
-         D, TURNS ? " turns" : "", what.c_str(), h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", accumulate ? " accumulate" : "", eq.nw(), eq.emax(),
+         D, LOOP == BWD_TURNS ? " turns" : LOOP == BWD_STEP ? " step" : "", what.c_str(), h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", accumulate ? " accumulate" : "", eq.nw(), eq.emax(),
          ek.nw(), ek.emax(), ev.nw(), ev.emax(), stray, eq.pw(), ek.pw(), ev.pw(), caught ? "caught" : "MISSED",
          ok && caught ? "ok" : "FAIL");
   return ok && caught;
@@ -234,11 +235,13 @@ int main(int argc, char **argv) {
   unsigned seed = 1;
   for (size_t ci = 0; ci < cases.size(); ci++) {
     const hp_case &c = cases[ci];
-    if (quick) { // each case under two masks at d 128 and two at d 64 (one with TURNS), turning with the case
+    if (quick) { // each case under two masks at d 128 and two at d 64 (one with the turns), turning with the
+                 // case; every other case also in the earlier order at d 128
       ok = run_case<128>(c, masks[ci % 5], seed++, ci % 3 == 0) && ok;
       ok = run_case<128>(c, masks[(ci + 2) % 5], seed++, ci % 3 == 1) && ok;
       ok = run_case<64>(c, masks[(ci + 4) % 5], seed++, ci % 3 == 2) && ok;
-      ok = run_case<64, true>(c, masks[(ci + 1) % 5], seed++, ci % 3 == 0) && ok;
+      ok = run_case<64, BWD_TURNS>(c, masks[(ci + 1) % 5], seed++, ci % 3 == 0) && ok;
+      if (ci % 2 == 0) ok = run_case<128, BWD_STEP>(c, masks[(ci + 3) % 5], seed++, ci % 3 == 2) && ok;
       continue;
     }
     for (int m = 0; m < 5; m++) {
@@ -249,8 +252,10 @@ int main(int argc, char **argv) {
       ok = run_case<64>(c, masks[m], seed++, m == 2) && ok;
       if (m == 2) ok = run_case<64>(c, masks[m], seed++, false) && ok;
     }
-    for (int m = 0; m < 5; m++) // TURNS (dl.attn runs it at d 64, opt-in)
-      ok = run_case<64, true>(c, masks[m], seed++, m == 1 || m == 2) && ok;
+    for (int m = 0; m < 5; m++) // the turns (dl.attn runs them at d 64) and the earlier order
+      ok = run_case<64, BWD_TURNS>(c, masks[m], seed++, m == 1 || m == 2) && ok;
+    for (int m = 0; m < 5; m++) ok = run_case<128, BWD_STEP>(c, masks[m], seed++, m == 3) && ok;
+    for (int m : {0, 2, 4}) ok = run_case<64, BWD_STEP>(c, masks[m], seed++, m == 2) && ok;
   }
   printf("%s\n", ok ? "hopper emu bwd: all ok" : "hopper emu bwd: FAILED");
   return ok ? 0 : 1;
