@@ -5,7 +5,8 @@
 -- element-wise and normwise bounds from the output's rounding and the fp32
 -- sum) on fresh random inputs with the outputs poisoned: expert-major and
 -- packed rows, skewed counts with empty and full experts, counts as int32 and
--- int64 tensors and Lua lists, transposed weights, f32 out, accumulation, the
+-- int64 tensors and Lua lists, transposed weights, f32 out, accumulation
+-- (into bf16 and f16 dw on exact inputs: rounded once, bit for bit), the
 -- rows past the counts left alone; a planted 2% error (the whole result or
 -- one element) that the check must catch; bad arguments named at the
 -- caller's line; on meta the accounting.
@@ -214,6 +215,37 @@ for _, dev in ipairs(H.devices) do
       assert.equal(0, dl.max_abs_diff(acc:select(1, 2), c:select(1, 2)), "an empty expert's accumulated dw changed")
     end)
 
+    it("grouped_dw accumulated into bf16 and f16 dw rounds once (1024x768 per expert, k 512), every backend", function()
+      -- cuBLASLt 13.1 on an H200 rounded an accumulation into its own 16-bit c twice
+      -- (core/ops/gemm/gemm_internal.h); on exact inputs (spec/gemm_ref.lua) one rounding is bit-exact
+      local EK, KK, NK = 3, 1024, 768
+      for _, counts in ipairs { { 512, 512, 512 }, { 512, 0, 300 } } do
+        seed = seed + 4
+        local refs, x, dy, c = {}, {}, {}, {}
+        for _, dt in ipairs { "bf16", "f16" } do -- the same values in both dtypes
+          x[dt] = R.exact_inputs({ EK, 512, KK }, dt, D, seed, "a")
+          dy[dt] = R.exact_inputs({ EK, 512, NK }, dt, D, seed + 1, "b")
+          c[dt] = R.exact_inputs({ EK, KK, NK }, dt, D, seed + 2, "c")
+        end
+        for e, n in ipairs(counts) do
+          refs[e] = R.matmul(rows(x.bf16, e, 0, n):transpose(1, 2), rows(dy.bf16, e, 0, n),
+            { beta = 1, c = c.bf16:select(1, e) })
+        end
+        for _, be in ipairs(BACKENDS[D]) do
+          for _, dt in ipairs { "bf16", "f16" } do
+            local acc, o = c[dt]:clone(), backend_opts(be)
+            o.accumulate = true
+            dl.gemm.grouped_dw(x[dt], dy[dt], counts, acc, o)
+            for e in ipairs(counts) do
+              local msg = R.check_rounded_once(acc:select(1, e), refs[e],
+                string.format("%s %s counts %s expert %d", be, dt, table.concat(counts, ","), e))
+              assert(msg == nil, msg)
+            end
+          end
+        end
+      end
+    end)
+
     it("takes ep:dispatch's recv table", function()
       local x, w, dy = operands("expert_major", "bf16", D, SKEW)
       local recv = { x = x, counts = counts_as(SKEW, "i32", "cpu") }
@@ -331,6 +363,28 @@ describe("dl.gemm.grouped on meta", function()
     local px = dl.empty({ 1000, 7168 }, { dtype = "bf16", device = "meta" })
     assert.same({ 1000, 7168 }, dl.gemm.grouped_dx(dl.gemm.grouped(px, w, { 100, 200, 0, 0, 0, 0, 0, 700 }), w,
       { 100, 200, 0, 0, 0, 0, 0, 700 }).shape)
+  end)
+end)
+
+describe("dl.gemm.grouped accumulating on meta", function()
+  it("charges the copy of c that the loop takes (all of a 16-bit dw: one batch), held with the workspace", function()
+    local x = dl.empty({ 4, 512, 1024 }, { dtype = "bf16", device = "meta" })
+    local dy = dl.empty({ 4, 512, 768 }, { dtype = "bf16", device = "meta" })
+    local counts = dl.empty({ 4 }, { dtype = "i32", device = "meta" })
+    local acc = dl.empty({ 4, 1024, 768 }, { dtype = "bf16", device = "meta" })
+    dl.mem.reset_peak("meta")
+    local base = dl.mem.stats("meta").allocated
+    dl.gemm.grouped_dw(x, dy, counts, acc, { accumulate = true })
+    local st = dl.mem.stats("meta")
+    assert.equal(4 * 1024 * 768 * 2, st.tags.gemm_c_copy.peak)
+    assert.equal(0, st.tags.gemm_c_copy.current)
+    assert.equal(base + 4 * 1024 * 768 * 2 + dl.gemm.grouped_workspace_bytes(4), st.allocated_peak)
+    dl.mem.reset_peak("meta")
+    dl.gemm.grouped_dw(x, dy, counts, acc) -- no accumulation: no copy
+    dl.gemm.grouped_dw(x, dy, counts, dl.empty({ 4, 1024, 768 }, { dtype = "f32", device = "meta" }),
+      { accumulate = true }) -- f32: no copy
+    dl.gemm.grouped_dw(x, dy, counts, acc, { accumulate = true, backend = "cublas" }) -- C is D there
+    assert.is_nil(dl.mem.stats("meta").tags.gemm_c_copy)
   end)
 end)
 

@@ -110,4 +110,52 @@ function R.check(got, ref, abs, u_rel, u_abs, what)
     norm, bound, bad, n, #shown > 0 and ": " or "", table.concat(shown, "; ")), norm
 end
 
+-- Rounded once or twice. The bound of R.check cannot tell d = rn(a @ b + c) from
+-- d = rn(rn(a @ b) + c) (two roundings: an error of up to an ulp where one gives half):
+-- it allows u |ref| (half an ulp to one) and the fp32 sum's error on top. On R.exact_inputs
+-- the fp32 sum and epilogue are exact whatever the order, tiles or split-K (every partial
+-- sum is a multiple of 2^-8 below 2^14: 22 bits), so a GEMM that rounds once returns
+-- exactly ref rounded to its dtype, on every run.
+
+-- a tensor of `shape` on device: operands ("a", "b": multiples of 1/16 in [-2, 2]) or the
+-- addend ("c": multiples of 1/64 in [-4, 4]), exact in bf16 and f16; seed picks them
+function R.exact_inputs(shape, dtype, device, seed, role)
+  local h = dl.empty(shape, { dtype = "f64", device = "cpu" })
+  local p, x = ffi.cast("double*", h:data_ptr()), (seed % 2147483646) + 1
+  local span, unit = 32, 16
+  if role == "c" then span, unit = 255, 64 end
+  for i = 0, h:numel() - 1 do
+    x = x * 16807 % 2147483647 -- Park-Miller
+    p[i] = (x % (2 * span + 1) - span) / unit
+  end
+  dl.C.dl_tensor_check(h)
+  return h:to(dtype):to(device)
+end
+
+-- nil when every element of got is ref rounded once to got's dtype (ref: R.matmul of
+-- R.exact_inputs, exact in fp32, so its conversion is the one rounding), else a message:
+-- how many elements differ and the first few
+function R.check_rounded_once(got, ref, what)
+  local once = ref:to(got.dtype):f64()
+  local hg, pg = host(got)
+  local po, pr = ffi.cast("double*", once:data_ptr()), ffi.cast("double*", ref:data_ptr())
+  local f, cols, bad, shown = ffi.new("float[1]"), ref:size(2), 0, {}
+  for i = 0, ref:numel() - 1 do
+    f[0] = pr[i]
+    assert(f[0] == pr[i], "check_rounded_once: ref is not exact in fp32 (inputs not from R.exact_inputs?)")
+    if pg[i] ~= po[i] then
+      bad = bad + 1
+      if #shown < 4 then
+        shown[#shown + 1] = string.format("[%d, %d] got %.8g want %.8g (exact %.8g)", math.floor(i / cols) + 1,
+          i % cols + 1, pg[i], po[i], pr[i])
+      end
+    end
+  end
+  dl.C.dl_tensor_check(hg)
+  dl.C.dl_tensor_check(once)
+  if bad == 0 then return nil end
+  return string.format("%s: %d of %d elements are not the exact result rounded once to %s: %s", what or "result",
+    bad, ref:numel(), got.dtype, table.concat(shown, "; "))
+end
+
 return R

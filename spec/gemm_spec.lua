@@ -3,7 +3,8 @@
 -- inputs (spec/gemm_ref.lua: an element-wise bound from the output dtype's
 -- rounding and the fp32 sum, and the normwise one it implies), outputs
 -- poisoned with NaN before each call: every dtype pair, transposed and
--- strided views, odd and empty shapes, alpha/beta and a separate addend,
+-- strided views, odd and empty shapes, alpha/beta and a separate addend, in
+-- place at beta 1 rounded once (exact inputs, bit for bit; twice must fail),
 -- bad arguments, a planted 2% error that the check must catch; on meta the
 -- accounting; on cuda the algorithm cache, graph capture, the workspace,
 -- and a clear error where cuBLASLt cannot be loaded.
@@ -106,6 +107,24 @@ for _, dev in ipairs(H.devices) do
       expect(out, a, b, nil, "beta 0 ignores c")
     end)
 
+    it("bf16 and f16 accumulated in place (c is out, beta 1) round once; rounding twice fails the check", function()
+      -- cuBLASLt 13.1 on an H200 rounded this call twice with c in place (core/ops/gemm/gemm_internal.h)
+      local m, k, n = 1024, 512, 768
+      for _, dt in ipairs { "bf16", "f16" } do
+        seed = seed + 3
+        local a = R.exact_inputs({ m, k }, dt, D, seed, "a")
+        local b = R.exact_inputs({ k, n }, dt, D, seed + 1, "b")
+        local c = R.exact_inputs({ m, n }, dt, D, seed + 2, "c")
+        local ref = R.matmul(a, b, { beta = 1, c = c })
+        local acc = c:clone()
+        dl.gemm(a, b, acc, { beta = 1 })
+        local msg = R.check_rounded_once(acc, ref, dt .. " in place, beta 1")
+        assert(msg == nil, msg)
+        local twice = dl.gemm(a, b):add_(c) -- rn(rn(a @ b) + c)
+        assert.truthy(R.check_rounded_once(twice, ref), dt .. ": rounding twice passed the check")
+      end
+    end)
+
     it("strided views with a unit stride; other strides are refused", function()
       local big = dl.randn({ 21, 50 }, { dtype = "bf16", device = D, seed = seed + 13 })
       local a = big:narrow(2, 4, 40) -- row stride 50
@@ -202,6 +221,7 @@ describe("dl.gemm on meta", function()
     dl.mem.reset_peak("meta")
     dl.gemm(a, b, acc) -- beta 0: no copy
     dl.gemm(a, b, dl.empty({ 512, 256 }, { dtype = "f32", device = "meta" }), { beta = 1 }) -- f32: no copy
+    dl.gemm(a, b, acc, { beta = 1, c = dl.empty({ 512, 256 }, { dtype = "bf16", device = "meta" }) }) -- c apart
     assert.is_nil(dl.mem.stats("meta").tags.gemm_c_copy)
   end)
 end)
@@ -254,17 +274,6 @@ describe("dl.gemm on cuda #gpu", function()
       expect(out, na, nb, nil, "replay " .. r)
     end
     g:free()
-  end)
-
-  it("bf16 and f16 accumulated in place (c is out, beta 1) round once, as with c apart", function()
-    -- cuBLASLt 13.1 on an H200 rounded this call twice with c in place (see core/ops/gemm/gemm.c)
-    for _, dt in ipairs { "bf16", "f16" } do
-      local a, b = inputs(512, 1024, 256, dt, D)
-      local c = dl.randn({ 512, 256 }, { dtype = dt, device = D, seed = seed + 21 })
-      local acc = c:clone()
-      dl.gemm(a, b, acc, { beta = 1 })
-      expect(acc, a, b, { beta = 1, c = c }, dt .. " in place, beta 1")
-    end
   end)
 
   it("takes a workspace, or allocates one per call under gemm_workspace; too small is an error", function()

@@ -41,6 +41,9 @@
  * their alignment: every matrix of the batch must meet what the kernel may
  * assume) are part of the key.
  *
+ * c in place (c is d) with a 16-bit d and beta != 0 runs on a copy of c
+ * (run_on_copy; gemm_internal.h says why), here so that every caller gets it.
+ *
  * Opt-in tuning (DISTLAB_GEMM_TUNE=N): core/ops/gemm/cublaslt_tune.c times and
  * checks the first N candidates at a configuration's first call and keeps the
  * fastest that agrees with the first; N, whether beta is 0 and whether c is
@@ -55,8 +58,10 @@
 #include <string.h>
 
 #include "base/device.h"
+#include "gemm_internal.h"
 #include "gemm_lt.h"
 #include "gemm_lt_tune.h"
+#include "mem/alloc.h"
 
 #ifdef DL_WITH_CUDA
 
@@ -485,7 +490,30 @@ static int run_locked(const dl_gemm_args_t *g, int dev, void *ws, int64_t ws_byt
   return DL_OK;
 }
 
+/* g with c in place, 16-bit, beta != 0 (gemm_internal.h says why): c copied to a block of its
+ * own on `stream`'s pool and handed to cuBLASLt as c. Given back stream-ordered after the GEMM,
+ * so GEMMs in turn on one stream reuse one block, and GEMMs on several streams (the grouped
+ * loop) hold a copy each. */
+static int run_on_copy(const dl_gemm_args_t *g, int64_t bytes, int dev, void *ws,
+                       int64_t ws_bytes, void *stream) {
+  dl_storage_t *cs = NULL;
+  DL_TRY(dl_mem_tag_push("gemm_c_copy"));
+  int rc = dl_storage_new(DL_CUDA, dev, bytes, stream, &cs);
+  dl_mem_tag_pop();
+  if (rc) return dl_error_context(rc, "gemm: allocating the copy of c (c is out)");
+  dl_gemm_args_t gc = *g;
+  gc.c.data = cs->ptr;
+  const cudaError_t e = cudaMemcpyAsync(cs->ptr, g->c.data, (size_t)bytes,
+                                        cudaMemcpyDeviceToDevice, (cudaStream_t)stream);
+  rc = e == cudaSuccess ? dl_gemm_lt_run(&gc, dev, ws, ws_bytes, stream)
+                        : DL_ERR(DL_ECUDA, "gemm: copying c: %s", cudaGetErrorString(e));
+  dl_storage_release(cs);
+  return rc;
+}
+
 int dl_gemm_lt_run(const dl_gemm_args_t *g, int dev, void *ws, int64_t ws_bytes, void *stream) {
+  const int64_t copy = dl_gemm_c_copy_bytes(g);
+  if (copy > 0) return run_on_copy(g, copy, dev, ws, ws_bytes, stream);
   pthread_mutex_lock(&mu);
   int rc = run_locked(g, dev, ws, ws_bytes, stream);
   pthread_mutex_unlock(&mu);

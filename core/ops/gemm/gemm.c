@@ -4,8 +4,9 @@
  * overlapping an input), allocates what the caller left out (the output under
  * the current memory tag; on cuda the workspace, DL_GEMM_WORKSPACE_BYTES,
  * under the tag "gemm_workspace", given back stream-ordered after the call;
- * c in place with a 16-bit out: a copy of c, under "gemm_c_copy", see
- * c_copy_bytes), and runs cuBLASLt (core/ops/gemm/cublaslt.c) or the CPU twin
+ * c in place with a 16-bit out: a copy of c, under "gemm_c_copy", made by
+ * dl_gemm_lt_run, see gemm_internal.h), and runs cuBLASLt
+ * (core/ops/gemm/cublaslt.c) or the CPU twin
  * (kernels/gemm/cpu/gemm.c). On meta it allocates the same and runs nothing.
  */
 #include <stdint.h>
@@ -112,37 +113,12 @@ static int prepare(const dl_gemm_opts_t *o, const dl_tensor_t *a, const dl_tenso
   return DL_OK;
 }
 
-/* c in place (c is out) with a 16-bit out and beta != 0: cuBLASLt 13.1 on an H200 rounded such
- * calls twice (a @ b to bf16, then + c: 18976 of 786432 elements of a 1024x512x768 bf16 GEMM an
- * ulp off, 2026-11-29), while the same algorithm with c in a buffer of its own was right. So c
- * goes to a copy of its own first: c_copy_bytes of it (0: none needed), under "gemm_c_copy". */
-static int64_t c_copy_bytes(const dl_gemm_args_t *g) {
-  if (g->beta == 0 || g->c.data != g->d.data || !dl_gemm_is_half(g->d.dtype)) return 0;
-  return ((g->m - 1) * g->c.rs + (g->n - 1) * g->c.cs + 1) * dl_dtype_size(g->c.dtype);
-}
-
 static int run_cuda(const dl_gemm_args_t *g, const dl_tensor_t *a, dl_tensor_t *ws,
                     dl_stream_t *s) {
 #ifdef DL_WITH_CUDA
   void *h = NULL;
   DL_TRY(dl_stream_for(s, DL_CUDA, a->dev_index, &h));
   DL_TRY(dl_cuda_use(a->dev_index));
-  const int64_t cb = c_copy_bytes(g);
-  if (cb > 0) {
-    dl_storage_t *cs = NULL;
-    DL_TRY(dl_mem_tag_push("gemm_c_copy"));
-    int rc = dl_storage_new(DL_CUDA, a->dev_index, cb, h, &cs);
-    dl_mem_tag_pop();
-    if (rc) return dl_error_context(rc, "gemm: allocating the copy of c (c is out)");
-    dl_gemm_args_t gc = *g;
-    gc.c.data = cs->ptr;
-    const cudaError_t e = cudaMemcpyAsync(cs->ptr, g->c.data, (size_t)cb, cudaMemcpyDeviceToDevice,
-                                          (cudaStream_t)h);
-    rc = e == cudaSuccess ? run_cuda(&gc, a, ws, s)
-                          : DL_ERR(DL_ECUDA, "gemm: copying c: %s", cudaGetErrorString(e));
-    dl_storage_release(cs); /* stream-ordered, after the GEMM that reads it */
-    return rc;
-  }
   if (ws) {
     dl_view_t vw;
     DL_TRY(dl_tensor_arg(ws, "gemm workspace", DL_CUDA, a->dev_index, "gemm", &vw));
@@ -196,8 +172,10 @@ int dl_gemm(const dl_gemm_opts_t *o, const dl_tensor_t *a, const dl_tensor_t *b,
   int rc = prepare(o, a, b, out, s, &g, &made);
   if (!rc && o->workspace && a->dev_type == DL_CPU)
     rc = DL_ERR(DL_EINVAL, "gemm: a workspace is for cuda (and meta, which counts it); a is on cpu");
+  /* meta data pointers are all NULL: a c of a storage of its own is not out */
   if (!rc && a->dev_type == DL_META)
-    rc = account_workspace(a, g.m && g.n && g.k ? c_copy_bytes(&g) : 0, !o->workspace);
+    rc = account_workspace(a, g.k && !(o->c && o->c->storage != (*out)->storage)
+                                  ? dl_gemm_c_copy_bytes(&g) : 0, !o->workspace);
   if (!rc && a->dev_type == DL_CPU) rc = dl_gemm_cpu(&g, NULL);
   if (!rc && a->dev_type == DL_CUDA && g.m && g.n && g.k == 0) {
     /* an empty sum (cuBLASLt refuses k = 0): out = beta * c */

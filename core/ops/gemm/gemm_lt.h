@@ -11,7 +11,9 @@
 #include "gemm/gemm.h"
 
 /* g on cuda:dev, ordered on stream (a cudaStream_t); workspace: ws_bytes of
- * device memory, the algorithm must fit in it. */
+ * device memory, the algorithm must fit in it. c in place with a 16-bit d and
+ * beta != 0 runs on a copy of c, allocated on stream under "gemm_c_copy"
+ * (dl_gemm_c_copy_bytes). */
 int dl_gemm_lt_run(const dl_gemm_args_t *g, int dev, void *workspace, int64_t ws_bytes,
                    void *stream);
 void dl_gemm_lt_stats(dl_gemm_stats_t *out);

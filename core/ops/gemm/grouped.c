@@ -13,7 +13,8 @@
  * element strides, transposes as swapped strides: no copies) and run them:
  *   cpu   the fp64 twin, the loop's GEMMs (batches as below) one after the
  *         other (kernels/gemm/cpu/gemm_grouped.c)
- *   meta  nothing (out and the workspace are charged)
+ *   meta  nothing (out and the workspace are charged, and when the loop
+ *         accumulates into a 16-bit out, the copy of c that it takes: copy_bound)
  *   cuda  backend CUBLAS: one cublasGemmGroupedBatchedEx (core/ops/gemm/cublas.c);
  *         backend LOOP: one cuBLASLt GEMM per expert through dl_gemm's
  *         algorithm cache (core/ops/gemm/cublaslt.c), consecutive experts of
@@ -286,13 +287,37 @@ static int plan_make(int op, const int64_t *cnt, int64_t E, const rows_t *x, con
   return DL_OK;
 }
 
-/* meta: the workspace a cuda call would take, charged and given back */
-static int account_workspace(const dl_tensor_t *a, int64_t E) {
-  dl_storage_t *st = NULL;
-  DL_TRY(dl_mem_tag_push("gemm_workspace"));
-  int rc = dl_storage_new(DL_META, a->dev_index, dl_gemm_grouped_workspace_bytes(E), NULL, &st);
-  dl_mem_tag_pop();
-  dl_storage_release(st);
+/* meta: the most that cuda's loop takes for the copy of c (dl_gemm_lt_run, gemm_internal.h)
+ * when it accumulates into a 16-bit out: all of out, which every expert in one strided batch
+ * (uniform counts) copies; other counts copy one GEMM's or batch's part at a time. */
+static int64_t copy_bound(const dl_gemm_grouped_opts_t *o, const dl_view_t *vd) {
+  if (!o->accumulate || !dl_gemm_is_half(vd->dtype) || o->backend == DL_GEMM_GROUPED_CUBLAS ||
+      !vd->numel)
+    return 0;
+  int64_t last = 0;
+  for (int d = 0; d < vd->ndim; d++) last += (vd->shape[d] - 1) * vd->strides[d];
+  return (last + 1) * dl_dtype_size(vd->dtype);
+}
+
+/* meta: what a cuda call would take, charged and given back: the workspace (with_ws: none was
+ * given) and, held with it, the copy of c (copy > 0) */
+static int account_workspace(const dl_tensor_t *a, int64_t E, int with_ws, int64_t copy) {
+  dl_storage_t *st = NULL, *cs = NULL;
+  int rc = DL_OK;
+  if (with_ws) {
+    DL_TRY(dl_mem_tag_push("gemm_workspace"));
+    rc = dl_storage_new(DL_META, a->dev_index, dl_gemm_grouped_workspace_bytes(E), NULL, &st);
+    dl_mem_tag_pop();
+  }
+  if (!rc && copy > 0) {
+    rc = dl_mem_tag_push("gemm_c_copy"); /* the tag's id, >= 0, or an error */
+    if (rc >= 0) {
+      rc = dl_storage_new(DL_META, a->dev_index, copy, NULL, &cs);
+      dl_mem_tag_pop();
+    }
+  }
+  if (cs) dl_storage_release(cs);
+  if (st) dl_storage_release(st);
   return rc;
 }
 
@@ -418,7 +443,7 @@ int dl_gemm_grouped(dl_gemm_grouped_opts_t *o, const dl_tensor_t *a, const dl_te
   if (!rc && o->workspace && a->dev_type == DL_CPU)
     rc = DL_ERR(DL_EINVAL, "%s: a workspace is for cuda (and meta, which counts it); x is on cpu", fn);
   if (!rc && a->dev_type == DL_META) {
-    if (!o->workspace) rc = account_workspace(a, E);
+    rc = account_workspace(a, E, !o->workspace, copy_bound(o, &c.vd));
   } else if (!rc) {
     rc = plan_make(o->op, cnt, E, &c.x, &c.y, &c.vb, &c.d, &c.vd, o->accumulate ? 1 : 0, &p);
     if (!rc && a->dev_type == DL_CPU) {
