@@ -51,7 +51,7 @@ if want san && [ -n "$SANBIN" ]; then
   for tool in memcheck racecheck; do
     w="$L/san-$tool"
     mkdir -p "$w"
-    printf '#!/bin/sh\nexec "%s" --tool %s --error-exitcode 9 --log-file "%s/sanitizer-%%p.log" luajit "$@"\n' \
+    printf '#!/bin/sh\nexec "%s" --tool %s --error-exitcode 9 --log-file "%s/sanitizer-%%p.log" luajit -joff "$@"\n' \
       "$SANBIN" "$tool" "$w" >"$w/luajit"
     chmod +x "$w/luajit"
     LUAJIT="$w/luajit" DISTLAB_JOB_TIMEOUT=280 step "compute-sanitizer $tool, hopper_small.lua" 300 "$L/san-$tool.log" \

@@ -30,8 +30,9 @@
 #      communicator setup hit cudaErrorNoKernelImageForDevice 4 times inside
 #      NCCL under the sanitizer and was aborted after 20 s, before any ep
 #      kernel; 2 ranks sharing the GPU ended within 4 s with exit 6 and
-#      nothing on either rank's stderr to say where. Since then the ranks use
-#      the ipc communicator (no NCCL) under the sanitizer; not yet run.
+#      nothing on either rank's stderr: LuaJIT's compiled traces, which the
+#      sanitizer's host backtraces cannot unwind (scripts/gpu/sanitizer.sh
+#      runs luajit -joff for that; use it rather than this step).
 # STEPS (default "specs bench") picks 3-5, 6-7 and 8.
 # Expect "5 passed, 0 failed", "3 passed, 0 failed", "args done", torch lines
 # with "#wrong 0", an ep_bench table whose #wrong column is all 0, status 0.
@@ -95,7 +96,7 @@ if want san && [ -n "$SANBIN" ]; then
   mkdir -p "$sd"
   cat >"$sd/luajit" <<EOF
 #!/bin/sh
-exec "$SANBIN" --tool memcheck --error-exitcode 9 --log-file "$sd/rank-%p.log" luajit "\$@" 2>"$sd/stderr-\$\$.log"
+exec "$SANBIN" --tool memcheck --error-exitcode 9 --log-file "$sd/rank-%p.log" luajit -joff "\$@" 2>"$sd/stderr-\$\$.log"
 EOF
   chmod +x "$sd/luajit"
   for n in ${SAN_RANKS:-1 2}; do

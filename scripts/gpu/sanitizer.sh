@@ -32,9 +32,14 @@
 # DISTLAB_STORE_LINGER 30 s (rank 0's store outlives it while a slowed peer still connects;
 # default 5 s). Each set in the environment wins.
 # Every rank's stderr is kept in rank-R.err beside its sanitizer log, and how it ended in
-# rank-R.status ("exit N", or "signal N (SIGNAME)": memcheck runs ended with SIGABRT before
-# printing anything, cause unknown); glibc's fatal messages (heap corruption, fortify) go to
-# stderr rather than to /dev/tty (LIBC_FATAL_STDERR_=1). A run that fails lists each rank's
+# rank-R.status ("exit N", or "signal N (SIGNAME)"); glibc's fatal messages (heap corruption,
+# fortify) go to stderr rather than to /dev/tty (LIBC_FATAL_STDERR_=1). LuaJIT runs with its
+# JIT off under the sanitizer (-joff; the kernels and every CUDA call are the same): the
+# sanitizer unwinds the host stack at each CUDA call for its backtraces, and LuaJIT's compiled
+# traces have no unwind tables, so libgcc's unwinder aborted the rank (SIGABRT, nothing
+# printed; the sanitizer reports exit 6) within 1-2 s under memcheck, initcheck, racecheck
+# and synccheck alike; with -joff hopper_small.lua ended clean under memcheck (H200,
+# 2026-11-29). A run that fails lists each rank's
 # end and the last lines of its stderr and of its sanitizer logs in the results file.
 # FAMILIES (default "allreduce ep overlap attn") narrows, e.g. a second call:
 #   SKIP_BUILD=1 scripts/gpu/sanitizer.sh
@@ -125,7 +130,7 @@ for r in "${runs[@]}"; do
   mkdir -p "$d"
   # the rank's luajit under the sanitizer (tool none: as it is); its stderr also kept in
   # rank-R.err, how it ended in rank-R.status
-  run_it="\"$SANBIN\" --tool $tool --target-processes all --error-exitcode 9 --report-api-errors ${SAN_API_ERRORS:-no} ${SAN_EXTRA:-} --log-file \"$d/san-%p.log\" luajit"
+  run_it="\"$SANBIN\" --tool $tool --target-processes all --error-exitcode 9 --report-api-errors ${SAN_API_ERRORS:-no} ${SAN_EXTRA:-} --log-file \"$d/san-%p.log\" luajit -joff"
   [ "$tool" = none ] && run_it=luajit
   cat >"$d/luajit" <<EOF
 #!/usr/bin/env bash
@@ -184,7 +189,7 @@ recorded=$(env | grep -E '^(DISTLAB|NCCL|CUDA)_' | sort | tr '\n' ' ')
   echo "- commit: \`${DISTLAB_COMMIT:-$(git describe --always --dirty 2>/dev/null || echo unknown)}\`"
   echo "- command: \`${recorded}$([ -n "${SKIP_BUILD:-}" ] && echo "SKIP_BUILD=1 ")TOOLS=\"$TOOLS\" ATTN_TOOLS=\"$ATTN_TOOLS\" FAMILIES=\"$FAMILIES\" LIMIT=$LIMIT BUDGET=$BUDGET${DEVICE:+ DEVICE=$DEVICE}${SAN_EXTRA:+ SAN_EXTRA=\"$SAN_EXTRA\"}${SAN_API_ERRORS:+ SAN_API_ERRORS=$SAN_API_ERRORS} scripts/gpu/sanitizer.sh\`"
   echo "- libraries: ${libs:-(scripts/gpu/libs.lua did not say)}; compute-sanitizer $san_version ($SANBIN)"
-  echo "- each run: \`LUAJIT=<wrapper> ./distlab run -n R --device cuda SCRIPT\`, every rank's luajit under \`compute-sanitizer --tool T --target-processes all --error-exitcode 9 --report-api-errors ${SAN_API_ERRORS:-no} ${SAN_EXTRA:-}--log-file san-%p.log\`; 2 ranks share one GPU through CUDA IPC (the ipc communicator), MPS off; raw logs in sanitizer-logs.tgz (\`sanitizer/<family>-<tool>/\`)"
+  echo "- each run: \`LUAJIT=<wrapper> ./distlab run -n R --device cuda SCRIPT\`, every rank's \`luajit -joff\` under \`compute-sanitizer --tool T --target-processes all --error-exitcode 9 --report-api-errors ${SAN_API_ERRORS:-no} ${SAN_EXTRA:-}--log-file san-%p.log\`; 2 ranks share one GPU through CUDA IPC (the ipc communicator), MPS off; raw logs in sanitizer-logs.tgz (\`sanitizer/<family>-<tool>/\`)"
   echo
   echo "| family | what ran | ranks | tool | processes | errors | hazards | exit | ok lines | seconds | first error sites |"
   echo "|---|---|---:|---|---:|---:|---:|---|---:|---:|---|"
