@@ -215,7 +215,7 @@ for _, dev in ipairs(H.devices) do
       assert.equal(0, dl.max_abs_diff(acc:select(1, 2), c:select(1, 2)), "an empty expert's accumulated dw changed")
     end)
 
-    it("grouped_dw accumulated into bf16 and f16 dw rounds once (1024x768 per expert, k 512), every backend", function()
+    it("grouped_dw accumulated into bf16 and f16 dw rounds once (1024x768 per expert, k 512), the loop backends; backend cublas refuses it (it would round twice)", function()
       -- cuBLASLt 13.1 on an H200 rounded an accumulation into its own 16-bit c twice
       -- (core/ops/gemm/gemm_internal.h); on exact inputs (spec/gemm_ref.lua) one rounding is bit-exact
       local EK, KK, NK = 3, 1024, 768
@@ -235,8 +235,14 @@ for _, dev in ipairs(H.devices) do
           for _, dt in ipairs { "bf16", "f16" } do
             local acc, o = c[dt]:clone(), backend_opts(be)
             o.accumulate = true
-            dl.gemm.grouped_dw(x[dt], dy[dt], counts, acc, o)
-            for e in ipairs(counts) do
+            if be == "cublas" then -- it would round twice (measured): refused, by name
+              local ok, err = pcall(dl.gemm.grouped_dw, x[dt], dy[dt], counts, acc, o)
+              assert(not ok and tostring(err):find("backend cublas cannot accumulate into a " .. dt, 1, true),
+                tostring(err))
+            else
+              dl.gemm.grouped_dw(x[dt], dy[dt], counts, acc, o)
+            end
+            for e in ipairs(be == "cublas" and {} or counts) do
               local msg = R.check_rounded_once(acc:select(1, e), refs[e],
                 string.format("%s %s counts %s expert %d", be, dt, table.concat(counts, ","), e))
               assert(msg == nil, msg)
@@ -383,8 +389,23 @@ describe("dl.gemm.grouped accumulating on meta", function()
     dl.gemm.grouped_dw(x, dy, counts, acc) -- no accumulation: no copy
     dl.gemm.grouped_dw(x, dy, counts, dl.empty({ 4, 1024, 768 }, { dtype = "f32", device = "meta" }),
       { accumulate = true }) -- f32: no copy
-    dl.gemm.grouped_dw(x, dy, counts, acc, { accumulate = true, backend = "cublas" }) -- C is D there
+    dl.gemm.grouped_dw(x, dy, counts, dl.empty({ 4, 1024, 768 }, { dtype = "f32", device = "meta" }),
+      { accumulate = true, backend = "cublas" }) -- C is D there, f32: no copy
     assert.is_nil(dl.mem.stats("meta").tags.gemm_c_copy)
+  end)
+
+  it("refuses backend cublas accumulating into a 16-bit out (it rounds twice), naming the way out", function()
+    local x = dl.empty({ 2, 64, 32 }, { dtype = "bf16", device = "meta" })
+    local dy = dl.empty({ 2, 64, 16 }, { dtype = "bf16", device = "meta" })
+    for _, dt in ipairs { "bf16", "f16" } do
+      local xd, dyd = x:to(dt), dy:to(dt)
+      local ok, err = pcall(dl.gemm.grouped_dw, xd, dyd, { 64, 64 }, dl.empty({ 2, 32, 16 }, { dtype = dt, device = "meta" }),
+        { accumulate = true, backend = "cublas" })
+      assert.is_false(ok)
+      assert.truthy(tostring(err):find("backend cublas cannot accumulate into a " .. dt .. " out", 1, true), tostring(err))
+      assert.truthy(tostring(err):find("take backend loop", 1, true))
+      assert.truthy(tostring(err):find("gemm_grouped_spec.lua", 1, true), "the error names the caller's line: " .. tostring(err))
+    end
   end)
 end)
 

@@ -36,7 +36,8 @@
 --     opts: out_dtype (of an allocated out), accumulate (out += the products;
 --       out must be given), backend ("auto" | "cublas" | "loop"; cuda only: cuBLAS's
 --       grouped GEMM in one launch, or one cuBLASLt GEMM per expert, experts of one
---       shape as one strided-batched GEMM), streams (loop: side streams the GEMMs are
+--       shape as one strided-batched GEMM; "cublas" refuses accumulate into a bf16/f16
+--       out: it rounds twice there), streams (loop: side streams the GEMMs are
 --       spread over, 0..8; default 0: the current stream alone), workspace (cuda: a
 --       tensor of at least
 --       dl.gemm.grouped_workspace_bytes(E) bytes; default one from the allocator
