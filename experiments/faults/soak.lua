@@ -16,6 +16,13 @@
 --     --steps N      stop after N steps too (0: no limit)
 --     --first all|kinds   the first pass: every variant of every kind (default), or one case
 --                    of each kind (a short run: spec/soak_spec.lua)
+--     --pool N       N shapes per variant drawn once at the start; the first pass then runs each
+--                    of them too, and every later step picks a variant and one of its N shapes
+--                    (fresh data each time). 0 (default): every step draws its shapes afresh.
+--                    Libraries load code and grow their own tables on a shape they first meet
+--                    (cuBLASLt's kernels for a new GEMM shape): memory that grows with new
+--                    shapes is not memory that grows with ops; with a pool, growth after the
+--                    first pass is the ops' own
 --     --quick        one step of each kind, one rep, memory sampled but not judged (the
 --                    benches' smallest case: spec/bench_plant_spec.lua runs it)
 --     --tol BYTES    how far memory may move after the warm-up (default 1M)
@@ -83,6 +90,8 @@ local parser = options.new({
   { "steps", "int", 0, "stop after this many steps too (0: no limit)" },
   { "first", "choice", "all", "the first pass, every size at its largest: every variant of every kind, or one case "
     .. "of each kind", values = { "all", "kinds" } },
+  { "pool", "int", 0, "shapes per variant drawn once at the start, the steps then pick among them (0: every "
+    .. "step draws afresh)" },
   { "quick", "flag", nil, "one step of each kind, one rep; memory sampled, not judged" },
   { "out", "string", "experiments/results/faults", "results folder", meta = "DIR" },
   { "tag", "string", nil, "the results file is soak-TAG.md (default: GPU model, or cpu)" },
@@ -262,6 +271,38 @@ do
   end
 end
 
+-- --pool N: every variant's N shapes, drawn now; the first pass runs each of them after the
+-- largest ones (the kinds in turn), so that every shape has met its libraries before judging
+local pool = {}
+if opt.pool > 0 then
+  local most = 0
+  for _, k in ipairs(opt.kinds) do
+    pool[k] = {}
+    for _, v in ipairs(ops[k].variants(ctx)) do
+      local shapes = {}
+      for _ = 1, opt.pool do shapes[#shapes + 1] = ops[k].draw(rng, ctx, false, v) end
+      pool[k][#pool[k] + 1] = shapes
+    end
+    most = math.max(most, #pool[k] * opt.pool)
+  end
+  for j = 1, most do
+    for _, k in ipairs(opt.kinds) do
+      local per = pool[k]
+      local vi, si = (j - 1) % #per + 1, math.floor((j - 1) / #per) + 1
+      if per[vi] and per[vi][si] then first[#first + 1] = { kind = k, case = per[vi][si] } end
+    end
+  end
+end
+
+-- a pooled case again, on fresh data (its seed redrawn; its shapes as drawn)
+local function from_pool(kind)
+  local per = pool[kind]
+  local c = {}
+  for key, val in pairs(per[rng:int(1, #per)][rng:int(1, opt.pool)]) do c[key] = val end
+  c.seed = rng:int(1, 2 ^ 20)
+  return c
+end
+
 local function soak()
   local kinds = opt.kinds
   while true do
@@ -276,10 +317,10 @@ local function soak()
     local kind, c
     if steps < #first then
       kind = first[steps + 1].kind
-      c = ops[kind].draw(rng, ctx, true, first[steps + 1].v)
+      c = first[steps + 1].case or ops[kind].draw(rng, ctx, true, first[steps + 1].v)
     else
       kind = kinds[steps % #kinds + 1]
-      c = ops[kind].draw(rng, ctx, false)
+      c = opt.pool > 0 and from_pool(kind) or ops[kind].draw(rng, ctx, false)
     end
     steps = steps + 1
     record(kind, c, ops[kind].run(c, ctx))
@@ -339,7 +380,9 @@ if me == 0 then
       ", MPS not named in the environment") or ""),
     string.format("options: duration %g s, warm-up %g s, samples every %g s, seed %d, %d reps per case, kinds %s, " ..
       "first pass over %s (%d steps), memory tolerance %s MiB%s", opt.duration, opt.warmup, opt.sample, opt.seed,
-      opt.reps, table.concat(opt.kinds, ","), opt.first == "all" and "every variant" or "one case of each kind", #first,
+      opt.reps, table.concat(opt.kinds, ","), (opt.first == "all" and "every variant" or "one case of each kind") ..
+      (opt.pool > 0 and string.format(" and then every shape of the pool (%d per variant, drawn at the start; "
+        .. "every later step picks one of them)", opt.pool) or ""), #first,
       mib(opt.tol),
       opt.plant and (", PLANTED " .. opt.plant) or ""),
     "method: see experiments/faults/soak.lua's header (and soak_ops.lua for each kind's reference)",
