@@ -181,6 +181,12 @@ describe("comm failures on cpu end in a clear error within the timeout", functio
   end
 end)
 
+describe("comm debug mode on cpu", function()
+  it("leaves no key of its point-to-point check in the store (the receive deletes the send's)", function()
+    H.ranks_ok(2, "debug_keys", run(2, "cpu", "debug_keys.lua"))
+  end)
+end)
+
 local G = H.gpu_ranks
 describe("comm on GPUs (NCCL; ipc where ranks share a GPU) #multigpu", function()
   it(G .. " ranks: every collective and dtype, odd sizes", function()
