@@ -172,7 +172,9 @@ end
 local METRICS = { { "allocated", "allocated" }, { "reserved", "reserved (after emptying the cache)" },
   { "device", "device used (all processes)" }, { "rss", "host RSS" } }
 -- reported beside them, not judged: where RSS that grew went
-local SHOWN = { { "malloc", "malloc in use (reported, not judged)" }, { "lua", "Lua heap (reported, not judged)" } }
+local SHOWN = { { "anon", "RSS anonymous (reported, not judged)" }, { "file", "RSS file-backed (reported, not judged)" },
+  { "shmem", "RSS shared memory (reported, not judged)" },
+  { "malloc", "malloc in use (reported, not judged)" }, { "lua", "Lua heap (reported, not judged)" } }
 for i, m in ipairs(METRICS) do table.insert(SHOWN, i, m) end
 
 -- memory is judged from the later of --warmup and the end of the first pass (nil: not reached)
