@@ -189,6 +189,88 @@ class Timing(unittest.TestCase):
         self.assertEqual(5, tc.host(lambda: None, warmup=1, batch=2, batches=5)["iters"])
 
 
+class Planted(unittest.TestCase):
+    class Fake:
+        """A tensor's fill_, mul_ and is_floating_point, on a list."""
+        def __init__(self, v, floating=True):
+            self.v, self.floating = list(v), floating
+
+        def fill_(self, x):
+            self.v = [x] * len(self.v)
+            return self
+
+        def mul_(self, f):
+            self.v = [a * f for a in self.v]
+            return self
+
+        def is_floating_point(self):
+            return self.floating
+
+    def test_parse_plant_is_verifys(self):
+        self.assertIsNone(tc.parse_plant(None))
+        self.assertIsNone(tc.parse_plant("none"))
+        self.assertEqual("noop", tc.parse_plant("noop")["kind"])
+        self.assertEqual(0.01, tc.parse_plant("scale=0.01")["x"])
+        for bad in ("scale=0", "scale=-1", "scale=x", "zero"):
+            self.assertRaises(ValueError, tc.parse_plant, bad)
+
+    def test_noop_and_scale(self):
+        out = self.Fake([0, 0])
+
+        def fn():
+            out.v = [2, 2]
+        self.assertIs(fn, tc.planted(fn, None, writes=[out]))
+        tc.planted(fn, tc.parse_plant("noop"), writes=[out])()
+        self.assertEqual([0, 0], out.v)
+        tc.planted(fn, tc.parse_plant("scale=0.5"), writes=lambda: [out])()
+        self.assertEqual([3, 3], out.v)
+        ret, idx = self.Fake([4]), self.Fake([1], floating=False)
+        r = tc.planted(lambda: (ret, (idx, 7)), tc.parse_plant("noop"), returns=True)()
+        self.assertTrue(r[0].v[0] != r[0].v[0])  # NaN: the returned float tensor holds nothing computed
+        self.assertEqual([1], idx.v)
+        ret.v = [4]
+        self.assertEqual([5], tc.planted(lambda: ret, tc.parse_plant("scale=0.25"), returns=True)().v)
+        self.assertRaises(ValueError, tc.planted, fn, tc.parse_plant("noop"))
+
+
+def real_torch():
+    """True where a real torch imports (not the stand-in), so that a script can run on gloo."""
+    r = subprocess.run([sys.executable, "-c", "import torch.distributed as d; print(d.is_available())"],
+                       capture_output=True, text=True)
+    return r.returncode == 0 and r.stdout.strip().endswith("True")
+
+
+class EpAnchorOnGloo(unittest.TestCase):
+    """experiments/ep/ep_bench_torch.py at --quick on 2 cpu processes (gloo, nothing captured): clean it
+    exits 0, and a planted error fails its data check in both modes. Where torch is installed."""
+
+    def run_ep(self, *extra):
+        d = tempfile.mkdtemp(prefix="ep-torch-")
+        port = str(20000 + os.getpid() % 20000)
+        r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                            port, os.path.join(HERE, "ep", "ep_bench_torch.py"), os.path.join(d, "o.csv"), "--quick",
+                            *extra], capture_output=True, text=True, timeout=300,
+                           env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+        rows = list(csv.DictReader(open(os.path.join(d, "o.csv")))) if os.path.exists(os.path.join(d, "o.csv")) else []
+        return r, rows
+
+    @unittest.skipUnless(real_torch(), "no torch here (pip install torch into a venv and run this file with its python)")
+    def test_clean_and_planted(self):
+        r, rows = self.run_ep()
+        self.assertEqual(0, r.returncode, r.stdout + r.stderr)
+        self.assertIn("graph capture needs CUDA", r.stdout)
+        self.assertEqual(["graph", "eager"], [x["mode"] for x in rows])
+        self.assertEqual(["0", "0"], [x["wrong"] for x in rows])
+        self.assertIn("eager (host-read counts)", rows[1]["method"])
+        for plant in ("noop", "scale=0.01"):
+            r, rows = self.run_ep("--plant", plant)
+            self.assertEqual(1, r.returncode, r.stdout + r.stderr)
+            self.assertIn("data check failed", r.stdout + r.stderr)
+            # a crash in the script, not the data check (torchrun's own traceback reports the exit code 1)
+            self.assertNotIn('ep_bench_torch.py", line', r.stdout + r.stderr)
+            self.assertTrue(all(int(x["wrong"]) > 0 for x in rows), rows)
+
+
 class Scripts(unittest.TestCase):
     def test_every_anchor_answers_help_with_a_stand_in_torch(self):
         self.assertGreaterEqual(len(SCRIPTS), 7)

@@ -40,13 +40,28 @@ Timing (distlab.bench.timing's methods; times in ms, host clock where there is n
                               timing.loop_once with one call, `iters` times -> the list of times
   warm(fn, warm_ms, least, agree, before)
                               warm-up calls filling warm_ms (from 2 timed calls), at least `least`
-  graph(fn, ops, warmup, replays, warm_ms, before, agree)
+  capture(fn, ops, mode)      a CUDA graph of `ops` calls of fn (2 eager calls on the capture stream
+                              first: they also make NCCL's communicator) -> the graph (.replay());
+                              mode: capture_error_mode ("thread_local" for NCCL collectives);
+                              raises where fn cannot be captured
+  graph(fn, ops, warmup, replays, warm_ms, before, agree, mode)
                               a CUDA graph of `ops` calls, each replay between two events, per call
                               = replay / ops: timing.graph; eager (`ops` calls between events)
                               where fn cannot be captured, the method says so
+  l2_flush()                  zero a 256 MB buffer and wait (DeepEP's bench flushes the L2 so): the
+                              before() of a call timed alone, so it finds none of the previous
+                              call's data in the L2
   host(fn, warmup, batch, batches, sync)
                               the host's issue time per call (us), batches with sync() between:
                               timing.host
+
+Planted errors (distlab.bench.verify's --plant, for the anchors that check their data)
+  parse_plant(text)           None | {"kind": "noop"} | {"kind": "scale", "x": X}; PLANT_HELP
+  planted(fn, plant, writes, returns)
+                              fn planted: noop, fn writes nothing (with returns: its returned tensors
+                              poisoned, NaN); scale=X, its outputs (writes: the tensors it writes, or
+                              a function giving them) times 1 + X after it. A data check after timing
+                              must then fail ("data check failed", exit code 1)
 
 Anchors before and after ours
   Where a device call times PyTorch, then ours, then PyTorch again, the anchor is the mean of the
@@ -418,26 +433,52 @@ def events(fn, warmup=5, iters=20, warm_ms=None, min_ms=None, agree=None):
     return stats(_back_to_back(fn, warmup, iters))
 
 
-def graph(fn, ops=10, warmup=5, replays=50, warm_ms=None, before=None, agree=None):
+def capture(fn, ops=1, mode=None):
+    """A CUDA graph of `ops` calls of fn, after 2 eager calls on the capture stream (they make what fn
+    makes lazily: NCCL's communicator and its peers' connections, cuBLAS's handle) -> the
+    torch.cuda.CUDAGraph. mode: torch.cuda.graph's capture_error_mode ("thread_local" lets other
+    threads, NCCL's and PyTorch's watchdog, make their calls during the capture, as nccl-tests
+    captures); default torch's ("global"). Raises where fn cannot be captured (a host read, a sync)."""
+    import torch
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=stream, **({"capture_error_mode": mode} if mode else {})):
+        for _ in range(ops):
+            fn()
+    torch.cuda.synchronize()
+    return g
+
+
+_L2_FLUSH = []
+
+
+def l2_flush():
+    """Zero a 256 MB device buffer (made once) and wait: DeepEP's bench does so before each call it
+    times alone, so that the call finds nothing of the previous one in the L2 (50 MB on an H200). No-op
+    without a GPU."""
+    if not _cuda_ok():
+        return
+    import torch
+    if not _L2_FLUSH:
+        _L2_FLUSH.append(torch.empty(256 * 10 ** 6 // 4, dtype=torch.int32, device="cuda"))
+    _L2_FLUSH[0].zero_()
+    torch.cuda.synchronize()
+
+
+def graph(fn, ops=10, warmup=5, replays=50, warm_ms=None, before=None, agree=None, mode=None):
     """distlab.bench.timing.graph -> (stats of ms per call, method): a graph of `ops` calls (2 eager calls
     on the capture stream first), warm-up replays (at least `warmup`, filling warm_ms), before() (a
     barrier), then `replays` replays each between two events; "eager (Error)" where capture failed."""
     import torch
-    stream = torch.cuda.Stream()
     method = "graph"
     try:
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                fn()
-        torch.cuda.current_stream().wait_stream(stream)
-        torch.cuda.synchronize()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, stream=stream):
-            for _ in range(ops):
-                fn()
-        torch.cuda.synchronize()
-        run = g.replay
+        run = capture(fn, ops, mode).replay
     except Exception as e:  # noqa: BLE001 (not capturable here: timed eagerly, and the method says so)
         torch.cuda.synchronize()
         method = "eager (%s)" % type(e).__name__
@@ -467,6 +508,65 @@ def host(fn, warmup=2000, batch=256, batches=200, sync=None):
         samples.append((time.perf_counter() - t0) / batch * 1e6)
         sync()
     return stats(samples)
+
+
+# ---- planted errors ----------------------------------------------------------------------------
+
+PLANT_HELP = ("plant an error into the timed op, to show the data check sees it: noop (the op returns without "
+              "writing) or scale=X (its outputs times 1 + X)")
+
+
+def parse_plant(text):
+    """distlab.bench.verify.parse_plant: None | {"kind": "noop"} | {"kind": "scale", "x": X}."""
+    if text in (None, "", "none"):
+        return None
+    if text == "noop":
+        return {"kind": "noop", "text": text}
+    m = re.match(r"^scale=(.+)$", text)
+    x = _num(m.group(1)) if m else None
+    if x is not None and x != 0 and x == x and x > -1:
+        return {"kind": "scale", "x": x, "text": text}
+    raise ValueError(f"--plant: expected noop or scale=X (X a number > -1, not 0), got {text!r}")
+
+
+def _poison(t):
+    return t.fill_(float("nan"))
+
+
+def _tensors(v):
+    """The float tensors among v (a tensor, or a tuple's items)."""
+    return [x for x in (v if isinstance(v, (list, tuple)) else [v])
+            if hasattr(x, "fill_") and (not hasattr(x, "is_floating_point") or x.is_floating_point())]
+
+
+def planted(fn, plant, writes=None, returns=False):
+    """distlab.bench.verify.planted: fn as `plant` says. writes: the (float) tensors fn writes, or a function
+    giving them; returns: fn returns its outputs (a tensor, or a tuple whose tensors are)."""
+    if not plant:
+        return fn
+    if writes is None and not returns:
+        raise ValueError("planted: say which outputs the op writes (writes=[...] or returns=True)")
+
+    def outs():
+        return list(writes() if callable(writes) else writes or [])
+
+    if plant["kind"] == "noop":
+        if returns:
+            def noop_returning(*a):
+                r = fn(*a)
+                for t in _tensors(r):
+                    _poison(t)
+                return r
+            return noop_returning
+        return lambda *a: None
+    factor = 1 + plant["x"]
+
+    def scaled(*a):
+        r = fn(*a)
+        for t in outs() + (_tensors(r) if returns else []):
+            t.mul_(factor)
+        return r
+    return scaled
 
 
 # ---- the mean of runs --------------------------------------------------------------------------

@@ -129,6 +129,53 @@ describe("ep_bench on cpu", function()
     assert.truthy(md:find("| distlab | a2av | 4 | 4 |", 1, true), md)
     os.execute("rm -rf " .. dir)
   end)
+
+  it("--torch: ep_bench_torch.py's graph rows are the anchor, its eager rows an extra row labelled so", function()
+    local dir = H.tmpname("")
+    os.execute("mkdir -p " .. dir)
+    -- the columns ep_bench_torch.py writes (the mean of two runs adds runs, both_us_runs), the eager row
+    -- first as a run of --mode eager,graph would write it
+    local f = assert(io.open(dir .. "/torch.csv", "w"))
+    f:write("B,E,H,K,dtype,mode,method,dispatch_us,combine_us,both_us,dispatch_lat_us,combine_lat_us,both_lat_us,",
+      "dispatch_GBps,combine_GBps,dispatch_lat_GBps,combine_lat_GBps,wrong,torch,runs,both_us_runs\n",
+      '2,4,128,2,bf16,eager,"eager (host-read counts), nccl",600.5,400.21,900,,,,0.01,0.01,,,0,t,1,900\n',
+      '2,4,128,2,bf16,graph,"fixed splits, graph, nccl",30.5,40.21,70,45.5,50.21,90.75,0.03,0.02,0.02,0.02,0,t,2,',
+      '"69 / 71"\n')
+    f:close()
+    -- and a CSV of the script before its modes: every row eager
+    f = assert(io.open(dir .. "/old.csv", "w"))
+    f:write("B,E,H,K,dtype,method,dispatch_us,combine_us,both_us,dispatch_GBps,combine_GBps,wrong,torch\n",
+      '2,4,128,2,bf16,"eager, nccl",600.5,400.21,900,0.01,0.01,0,t\n')
+    f:close()
+    for _, case in ipairs { { "torch.csv", 2 }, { "old.csv", 1 } } do
+      local out = dir .. "/" .. case[1]:gsub("%.csv$", "")
+      local rc, log = H.distlab("run -n 2 --device cpu experiments/ep/ep_bench.lua --quick --paths ep --layouts per_rank " ..
+        "--outputs rank_major --dtypes bf16 --nccl_ep none --out " .. out .. " --torch " .. dir .. "/" .. case[1])
+      assert.equal(0, rc, log)
+      local m = assert(io.open(out .. "/ep-bench-cpux2.md")):read("*a")
+      local eager = m:find("| torch | a2a | 2 | 4 | eager | - | bf16 | 600.5 | 400.2 | 900.0 |", 1, true)
+      assert.truthy(eager, m)
+      if case[2] == 2 then
+        local graph = m:find("| torch | a2a | 2 | 4 | graph | em_packed | bf16 | 30.5 | 40.2 | 70.0 |", 1, true)
+        assert.truthy(graph and graph < eager, m) -- the anchor first
+        assert.truthy(m:find("| 2 | 4 | 45.5 | 50.2 | 90.8 | 0.0 | 0.0 | 2 | fixed splits, graph, nccl | 0 |", 1, true), m)
+        local c = assert(io.open(out .. "/ep-bench-cpux2.csv")):read("*a")
+        assert.truthy(c:find('torch,a2a,2,4,graph,em_packed,bf16,"fixed splits, graph, nccl",30.50,40.21,70,', 1, true), c)
+        assert.truthy(c:find(",45.50,50.21,90.75\n", 1, true), c)
+        -- --measured: the same report from that CSV, nothing timed (ours' rows as they were)
+        local again = dir .. "/again"
+        rc, log = H.distlab("run -n 2 --device cpu experiments/ep/ep_bench.lua --quick --paths ep --nccl_ep none " ..
+          "--out " .. again .. " --torch " .. dir .. "/torch.csv --measured " .. out .. "/ep-bench-cpux2.csv")
+        assert.equal(0, rc, log)
+        local c2 = assert(io.open(again .. "/ep-bench-cpux2.csv")):read("*a")
+        assert.equal(c:match("\ndistlab,ep,[^\n]*"), c2:match("\ndistlab,ep,[^\n]*"), c2)
+        assert.truthy(c2:find('torch,a2a,2,4,graph,em_packed,bf16,"fixed splits, graph, nccl",30.50,', 1, true), c2)
+      else
+        assert.is_nil(m:find("isolated latency", 1, true), m)
+      end
+    end
+    os.execute("rm -rf " .. dir)
+  end)
 end)
 
 describe("ep bytes", function()

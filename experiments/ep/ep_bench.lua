@@ -3,15 +3,22 @@
 -- outputs, bf16 and fp8, beside NVIDIA's NCCL EP behind the same API
 -- (backend = "nccl_ep": low latency and high throughput, every output, where
 -- it runs: an NCCL communicator and the library, docs/ep.md), distlab's own
--- all_to_allv path and (with --torch) a PyTorch baseline on
--- torch.distributed.all_to_all_single (experiments/ep/ep_bench_torch.py).
+-- all_to_allv path and (with --torch) the PyTorch anchor on
+-- torch.distributed.all_to_all_single (experiments/ep/ep_bench_torch.py): its
+-- graph rows (split sizes and permutations planned ahead, dispatch and combine
+-- captured in CUDA graphs) are the anchor, beside ours in the table, with
+-- their isolated latency in a second table; its eager rows (counts read on
+-- the host) an extra row labelled so.
 --
 --   ./distlab run -n 8 --device cuda experiments/ep/ep_bench.lua [options]
 --     --B 1,32,128,512   tokens per rank (T = B, every rank)   --hidden 7168  --topk 8
 --     --experts 16,256   (those N divides)    --layouts, --outputs, --dtypes, --paths ep,a2av
 --     --nccl_ep low_latency,high_throughput   NCCL EP's rows (none: without; skipped, saying
 --                        why, where it cannot run), timed as ours
---     --torch T.csv      the baseline's CSV from the same machine, merged into the report
+--     --torch T.csv      the anchor's CSV from the same machine (one run's, or the mean of the
+--                        runs before and after this one: torch_common.py mean), merged into the report
+--     --measured OURS.csv  time nothing: ours' rows from an earlier run's CSV, the report
+--                        assembled again with --torch (the anchor's mean is known only after ours)
 --     --ops 10 --replays 30   --out DIR (default experiments/results/ep)   --help
 --   Several ranks on one GPU (distlab run -n 2 --device cuda on a 1-GPU host) is a
 --   smoke run: timings mean nothing there, and results go to --out elsewhere.
@@ -83,7 +90,10 @@ local h = bench.harness {
     { "span", "int", 0, "experts of each rank that the tokens pick among (its first S; 0: all): a routing skewed " ..
       "onto N S experts, in E's ids (at least topk in all)" },
     { "replays", "int", on_gpu and 30 or 5, "timed replays" },
-    { "torch", "string", nil, "ep_bench_torch.py's CSV from the same machine", meta = "T.csv" },
+    { "torch", "string", nil, "ep_bench_torch.py's CSV from the same machine (graph rows: the anchor; eager: " ..
+      "an extra row)", meta = "T.csv" },
+    { "measured", "string", nil, "ours' rows from this bench's CSV of an earlier run: time nothing, only write " ..
+      "the report with --torch (give the run's other options again)", meta = "OURS.csv" },
   },
 }
 local opt = h.opt
@@ -376,7 +386,7 @@ end
 -- ---- running --------------------------------------------------------------------------------
 
 local COLS = { "impl", "path", "B", "E", "layout", "output", "dtype", "method", "dispatch_us", "combine_us", "both_us",
-  "dispatch_GBps", "combine_GBps", "bytes", "wrong" }
+  "dispatch_GBps", "combine_GBps", "bytes", "wrong", "dispatch_lat_us", "combine_lat_us", "both_lat_us" }
 local tbl = h:table {
   { "impl", "%-8s" }, { "path", "%-5s" }, { "B", "%5d" }, { "E", "%4d" }, { "layout", "%-10s" },
   { "output", "%-12s" }, { "dtype", "%-5s" }, { "dispatch", "%9.1f", unit = "(us)" }, { "combine", "%9.1f", unit = "(us)" },
@@ -391,6 +401,20 @@ local function add(r)
 end
 local want = {}
 for _, p in ipairs(opt.paths) do want[p] = true end
+-- --measured: ours' rows from an earlier run's CSV, nothing timed here: the report assembled once
+-- the anchor's run after ours has ended (scripts/gpu/multi.sh)
+if opt.measured then
+  want = {}
+  local head, recs = bench.csv.read(opt.measured)
+  if not head then dl.fail("ep_bench: cannot read %s: %s", opt.measured, tostring(recs)) end
+  for _, t in ipairs(recs) do
+    if t.impl ~= "torch" then
+      local r = {}
+      for _, c in ipairs(COLS) do r[c] = tonumber(t[c]) or (t[c] ~= "" and t[c] or nil) end
+      add(r)
+    end
+  end
+end
 -- NCCL EP's rows where it runs here: one buffer made and freed (every rank fails alike)
 local nccl_algos = {}
 for _, a in ipairs(opt.nccl_ep) do
@@ -432,17 +456,29 @@ for _, E in ipairs(Es) do
     if want.a2av then add(run_a2av { B = B, E = E }) end
   end
 end
+-- The PyTorch anchor's rows: mode graph (layout planned ahead, captured; its output expert-major,
+-- packed) as layout "graph", mode eager (host-read counts; a CSV from before the modes has only
+-- these) as "eager"; each with its isolated latency where it has one (*_lat_us)
+local LAT = { "dispatch_lat_us", "combine_lat_us", "both_lat_us", "dispatch_lat_GBps", "combine_lat_GBps" }
+local torch_rows = {}
 if opt.torch then
   local head, recs = bench.csv.read(opt.torch)
   if not head then dl.fail("ep_bench: cannot read %s: %s", opt.torch, tostring(recs)) end
   for _, t in ipairs(recs) do
-    local r = { impl = "torch", path = "a2a", B = tonumber(t.B), E = tonumber(t.E), layout = "-", output = "-",
-      dtype = t.dtype, method = t.method }
-    for _, c in ipairs { "dispatch_us", "combine_us", "both_us", "dispatch_GBps", "combine_GBps", "wrong" } do
+    local mode = (t.mode == nil or t.mode == "") and "eager" or t.mode
+    local r = { impl = "torch", path = "a2a", B = tonumber(t.B), E = tonumber(t.E), layout = mode,
+      output = mode == "graph" and "em_packed" or "-", dtype = t.dtype, method = t.method, runs = tonumber(t.runs) }
+    for _, c in ipairs { "dispatch_us", "combine_us", "both_us", "dispatch_GBps", "combine_GBps", "wrong", unpack(LAT) } do
       r[c] = tonumber(t[c])
     end
     r.bytes = 0
-    add(r)
+    torch_rows[#torch_rows + 1] = r
+  end
+  -- the anchor first, then the eager rows
+  for _, want_mode in ipairs { "graph", "eager" } do
+    for _, r in ipairs(torch_rows) do
+      if (r.layout == "graph") == (want_mode == "graph") then add(r) end
+    end
   end
 end
 
@@ -458,8 +494,10 @@ local base = "ep-bench-" .. h.tag
 local csv = h:csv(base .. ".csv", COLS, out)
 local md = {
   string.format("H=%d, K=%d, T=B tokens on every rank, each picking K distinct experts uniformly%s. Latency: " ..
-    "median over %d replays of a CUDA graph of %d calls, max over ranks (the all_to_allv and PyTorch rows: " ..
-    "eager calls between events, as a plain MoE layer runs, its split sizes read on the host). Bandwidth as " ..
+    "median over %d replays of a CUDA graph of %d calls, max over ranks (the all_to_allv and PyTorch eager " ..
+    "rows: eager calls between events, as a plain MoE layer runs, its split sizes read on the host; the " ..
+    "PyTorch graph rows, the anchor: the same graph method, their split sizes, send order and expert-major " ..
+    "permutation planned ahead, untimed, output packed per expert; ep_bench_torch.py). Bandwidth as " ..
     "DeepEP counts it: selections x bytes per token / time. Published at 8 ranks on NVLink, B=128: DeepEP " ..
     "42.6 / 72.0 us (dispatch / combine, as Perplexity measured it), pplx-kernels 83.6 / 102.3 us (H100), " ..
     "NCCL EP about 65 / 79 us (bf16 both ways, H100).%s", H, K,
@@ -480,6 +518,25 @@ for _, r in ipairs(rows) do
   md[#md + 1] = string.format("| %s | %s | %d | %d | %s | %s | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %d |",
     r.impl, r.path, r.B, r.E, r.layout, r.output, r.dtype, r.dispatch_us, r.combine_us, r.both_us, r.dispatch_GBps,
     r.combine_GBps, r.bytes / 2 ^ 20, r.wrong)
+end
+local anchor = {}
+for _, r in ipairs(torch_rows) do
+  if r.layout == "graph" then anchor[#anchor + 1] = r end
+end
+if #anchor > 0 then
+  md[#md + 1] = ""
+  md[#md + 1] = "PyTorch anchor (graph), isolated latency: one replay of a graph of one call between two events, " ..
+    "after an L2 flush, a sync and a barrier; median, max over ranks (ep_bench_torch.py). runs: 2 where the " ..
+    "figures are the mean of a run before and one after this bench."
+  md[#md + 1] = ""
+  md[#md + 1] = "| B | E | dispatch us | combine us | both us | dispatch GB/s | combine GB/s | runs | method | #wrong |"
+  md[#md + 1] = "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"
+  local function f1(v) return v and string.format("%.1f", v) or "-" end
+  for _, r in ipairs(anchor) do
+    md[#md + 1] = string.format("| %d | %d | %s | %s | %s | %s | %s | %s | %s | %d |", r.B, r.E, f1(r.dispatch_lat_us),
+      f1(r.combine_lat_us), f1(r.both_lat_us), f1(r.dispatch_lat_GBps), f1(r.combine_lat_GBps), r.runs or 1,
+      tostring(r.method):gsub("|", "\\|"), r.wrong)
+  end
 end
 local path = h:markdown(base .. ".md", "Expert-parallel dispatch/combine: latency on " .. h.device_desc, md)
 h:print("wrote %s and %s", csv, path)

@@ -23,7 +23,7 @@ for r in csv.DictReader(open(path)):
     if r["E"] != E:
         continue
     name = "+".join((r["layout"], r["output"], r["dtype"])) if r["impl"] == "distlab" and r["path"] == "ep" \
-        else "-".join((r["impl"], r["path"], r["dtype"]))
+        else "-".join((r["impl"], r["path"], r["layout"], r["dtype"]))  # torch: graph (the anchor) or eager
     series.setdefault(re.sub(r"[^A-Za-z0-9+_-]", "_", name), []).append((int(r["B"]), r["dispatch_us"], r["combine_us"]))
 for name, rows in series.items():
     with open(f"{out}/{name}.dat", "w") as f:

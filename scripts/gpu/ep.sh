@@ -17,8 +17,10 @@
 #   4. the same with 4 ranks sharing the GPU, less the two whose rank count
 #      is fixed (their names hold "check()"): 3 specs;
 #   5. the errors at the caller's line (T > B, dtypes, shapes, ...) on cuda, 1 rank;
-#   6. the PyTorch baseline (experiments/ep/ep_bench_torch.py under torchrun),
-#      2 ranks: gloo through host memory, since NCCL refuses two ranks on one GPU;
+#   6. the PyTorch anchor (experiments/ep/ep_bench_torch.py under torchrun, its
+#      graph and eager modes), 2 ranks: gloo through host memory, since NCCL
+#      refuses two ranks on one GPU, so nothing captured (a smoke run of its
+#      plan and data check; the graphs run on 2 GPUs: scripts/gpu/multi.sh);
 #   7. experiments/ep/ep_bench.lua, 2 ranks sharing the GPU: B 1 and 128,
 #      E 16, both layouts, outputs and dtypes, the all_to_allv path and the
 #      baseline's CSV merged, written under $OUT/ep/bench (the harness
@@ -76,7 +78,7 @@ fi
 
 if want bench; then
   port=$((20000 + RANDOM % 20000))
-  step "ep_bench_torch (2 ranks, one GPU, gloo)" 90 "$L/torch.log" "$PY" -m torch.distributed.run \
+  step "ep_bench_torch (2 ranks, one GPU, gloo: nothing captured)" 120 "$L/torch.log" "$PY" -m torch.distributed.run \
     --nproc_per_node 2 --master_port "$port" experiments/ep/ep_bench_torch.py "$L/torch.csv" \
     --B 1,128 --experts 16 --iters 10 --warmup 3
   grep -E "^torch " "$L/torch.log" | tee -a "$SUM"

@@ -26,8 +26,10 @@
 #            each of CP_BACKENDS (default here "ours,cudnn"), S per sequence CP_MEM_S (65536)
 #            -> $OUT/cp-memory-gpu-<gpu>x<N>[-cudnn].{md,csv};
 #   ep       spec/ep_spec.lua's #multigpu specs, one rank a GPU, then
-#            ep_bench.lua (issue 20, where experiments/ep/ exists) with its PyTorch
-#            baseline (ep_bench_torch.py under torchrun), EP_ARGS passed on
+#            ep_bench.lua (issue 20, where experiments/ep/ exists) between two runs of
+#            its PyTorch anchor (ep_bench_torch.py under torchrun, EP_TORCH_ARGS: --mode
+#            graph,eager before, --mode graph after; the graph rows the mean of the
+#            two), EP_ARGS passed on, the results file assembled last (--measured)
 #            -> $OUT/ep-bench-<gpu>x<N>.{md,csv}; then (EP_SPLIT=1, the default)
 #            the same with --split, send and receive as two kernels each, at
 #            E 256 -> ep-bench-<gpu>x<N>-split.{md,csv}, the A/B of the fused kernels;
@@ -123,12 +125,37 @@ if want ep && [ -f experiments/ep/ep_bench.lua ]; then
   DISTLAB_SPEC_RANKS=$N step "ep_spec #multigpu ($N ranks, a GPU each)" 150 "$L/ep-spec.log" \
     ./distlab test --tags=multigpu spec/ep_spec.lua
   grep -E "^(FAIL|ERROR)|passed," "$L/ep-spec.log" | head -12 | tee -a "$SUM"
-  step "ep PyTorch baseline ($N ranks)" 120 "$L/ep-torch.log" "$PY" -m torch.distributed.run \
-    --nproc_per_node "$N" --master_port "$((port + 1))" experiments/ep/ep_bench_torch.py "$L/ep-torch.csv" ${EP_TORCH_ARGS:-}
+  # The PyTorch anchor before and after ours (ep_bench_torch.py under torchrun): its graph mode
+  # (layout planned ahead, CUDA graphs) both times, its eager mode (host-read counts) once, before;
+  # the anchor figures the mean of the two runs (torch_common.py mean), so a drift of the clocks
+  # over the call cancels. Ours timed between them (its own files under the logs), the results
+  # file assembled last from ours' CSV and that mean (ep_bench.lua --measured: nothing timed).
+  torch_ep() { # $1: 1 (before) or 2 (after), $2: modes, $3: limit (s), $4: the summary lines' label
+    step "ep PyTorch anchor ($2, ${4}) ($N ranks)" "$3" "$L/ep-torch-$1.log" "$PY" -m torch.distributed.run \
+      --nproc_per_node "$N" --master_port "$((port + 1))" experiments/ep/ep_bench_torch.py "$L/ep-torch-$1.csv" \
+      --mode "$2" ${EP_TORCH_ARGS:-}
+    grep -E "^torch |data check failed" "$L/ep-torch-$1.log" | sed "s/^/$4: /" | tee -a "$SUM"
+  }
+  torch_ep 1 graph,eager 240 before
   step "ep_bench ($N ranks)" 240 "$L/ep-bench.log" ./distlab run -n "$N" --device cuda experiments/ep/ep_bench.lua \
-    --torch "$L/ep-torch.csv" --out "$OUT" --tag "$tag" ${EP_ARGS:-} \
-    --command "scripts/gpu/multi.sh (ep_bench_torch.py under torchrun, then this, in the same run)"
-  tail -n 40 "$L/ep-bench.log" >>"$SUM"
+    --out "$L/ep-ours" --tag "$tag" ${EP_ARGS:-} \
+    --command "scripts/gpu/multi.sh (ep_bench_torch.py before and after it, in the same run)"
+  port=$((port + 2))
+  torch_ep 2 graph 180 after
+  runs=()
+  for f in "$L/ep-torch-1.csv" "$L/ep-torch-2.csv"; do [ -s "$f" ] && runs+=("$f"); done
+  torch_arg=()
+  if [ ${#runs[@]} -gt 0 ] && "$PY" experiments/torch_common.py mean "$L/ep-torch.csv" "${runs[@]}" --key B,E,mode \
+    --runs both_us >>"$L/ep-torch-mean.log" 2>&1; then
+    torch_arg=(--torch "$L/ep-torch.csv")
+  else
+    say "ep: no PyTorch anchor to merge (see ep-torch-*.log)"
+  fi
+  step "ep_bench: the results file ($N ranks)" 60 "$L/ep-table.log" ./distlab run -n "$N" --device cuda \
+    experiments/ep/ep_bench.lua --measured "$L/ep-ours/ep-bench-$tag.csv" ${torch_arg[@]+"${torch_arg[@]}"} --out "$OUT" \
+    --tag "$tag" ${EP_ARGS:-} --command "scripts/gpu/multi.sh (ep_bench_torch.py --mode graph,eager, ep_bench.lua, \
+ep_bench_torch.py --mode graph, then this with --measured and their mean, in the same call)"
+  tail -n 60 "$L/ep-table.log" >>"$SUM"
   if [ "${EP_SPLIT:-1}" = 1 ]; then
     step "ep_bench --split ($N ranks)" 120 "$L/ep-bench-split.log" ./distlab run -n "$N" --device cuda \
       experiments/ep/ep_bench.lua --split --experts 256 --paths ep --out "$OUT" --tag "$tag-split" ${EP_ARGS:-} \
