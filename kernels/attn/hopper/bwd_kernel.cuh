@@ -301,17 +301,30 @@ __global__ void __launch_bounds__(THREADS, 1)
     gemm_kmajor<DQK, BN, BQ>(s, k_c, hp_smem_u32(sm.q[it % 2][0]));
     gemm_kmajor<DV, BN, BQ>(dp, v_c, hp_smem_u32(sm.dout[it % 2][0]));
   };
-  // P^T = exp2(S^T scale log2e - lse2) once S^T is in, dS^T = P^T (dP^T - D) once dP^T is in (the two
-  // newest commit groups), the mask where the block needs one; both packed to bf16 (pa, da)
-  auto p_and_ds = [&](int it, float(&s)[32], float(&dp)[32]) {
-    const int st = it % 2, i0 = (m_lo + it % nm) * BQ;
-    // this thread's queries: columns 8 j + 2 (lane % 4) + e % 2 of the item's 64
-    wg_wait<1>(); // S^T and dP^T are the two newest commit groups
-    const float *l2 = sm.lse2[st], *dd = sm.delta[st];
+  // This thread's queries are columns 8 j + 2 (lane % 4) + e % 2 of the item's 64, its keys rows
+  // n0 + kr + 8 (e >> 1). P^T = exp2(S^T scale log2e - lse2), in place.
+  auto exp_p = [&](int st, float(&s)[32]) {
+    const float *l2 = sm.lse2[st];
 #pragma unroll
     for (int j = 0; j < 8; j++)
 #pragma unroll
       for (int e = 0; e < 4; e++) s[4 * j + e] = hp_exp2(fmaf(s[4 * j + e], p.scale_log2, -l2[8 * j + 2 * (lane % 4) + (e & 1)]));
+  };
+  auto visible = [&](int i0, int j, int e) {
+    const int key = n0 + kr + 8 * (e >> 1), qi = i0 + 8 * j + 2 * (lane % 4) + (e & 1);
+    return (key < len_kv) & (qi < len_q) & hp_visible(qi, key, shift, wl, wr);
+  };
+  auto pack_pa = [&](const float(&s)[32]) {
+#pragma unroll
+    for (int j = 0; j < 8; j++) pa[2 * j] = pack_bf16(s[4 * j], s[4 * j + 1]), pa[2 * j + 1] = pack_bf16(s[4 * j + 2], s[4 * j + 3]);
+  };
+  // P^T once S^T is in, dS^T = P^T (dP^T - D) once dP^T is in (the two newest commit groups), the mask
+  // where the block needs one; both packed to bf16 (pa, da)
+  auto p_and_ds = [&](int it, float(&s)[32], float(&dp)[32]) {
+    const int st = it % 2, i0 = (m_lo + it % nm) * BQ;
+    wg_wait<1>(); // S^T and dP^T are the two newest commit groups
+    const float *dd = sm.delta[st];
+    exp_p(st, s);
     const bool diag = key_hi >= len_kv || i0 + BQ - 1 >= len_q || (wr >= 0 && key_hi - i0 > shift + wr) ||
                       (wl >= 0 && key_lo - (i0 + BQ - 1) < shift - wl);
     wg_wait<0>();
@@ -324,8 +337,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       for (int j = 0; j < 8; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
-          const int key = n0 + kr + 8 * (e >> 1), qi = i0 + 8 * j + 2 * (lane % 4) + (e & 1);
-          const bool keep = (key < len_kv) & (qi < len_q) & hp_visible(qi, key, shift, wl, wr);
+          const bool keep = visible(i0, j, e);
           s[4 * j + e] = keep ? s[4 * j + e] : 0.0f;
           dp[4 * j + e] = keep ? dp[4 * j + e] : 0.0f;
         }
@@ -348,25 +360,17 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto p_only = [&](int it, float(&s)[32]) {
     const int st = it % 2, i0 = (m_lo + it % nm) * BQ;
     wg_wait<1>();
-    const float *l2 = sm.lse2[st];
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) s[4 * j + e] = hp_exp2(fmaf(s[4 * j + e], p.scale_log2, -l2[8 * j + 2 * (lane % 4) + (e & 1)]));
+    exp_p(st, s);
+    // written out as in p_and_ds: as one shared lambda, ptxas scheduled this kernel's prologue differently
     const bool diag = key_hi >= len_kv || i0 + BQ - 1 >= len_q || (wr >= 0 && key_hi - i0 > shift + wr) ||
                       (wl >= 0 && key_lo - (i0 + BQ - 1) < shift - wl);
     if (diag) {
 #pragma unroll
       for (int j = 0; j < 8; j++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-          const int key = n0 + kr + 8 * (e >> 1), qi = i0 + 8 * j + 2 * (lane % 4) + (e & 1);
-          const bool keep = (key < len_kv) & (qi < len_q) & hp_visible(qi, key, shift, wl, wr);
-          s[4 * j + e] = keep ? s[4 * j + e] : 0.0f;
-        }
+        for (int e = 0; e < 4; e++) s[4 * j + e] = visible(i0, j, e) ? s[4 * j + e] : 0.0f;
     }
-#pragma unroll
-    for (int j = 0; j < 8; j++) pa[2 * j] = pack_bf16(s[4 * j], s[4 * j + 1]), pa[2 * j + 1] = pack_bf16(s[4 * j + 2], s[4 * j + 3]);
+    pack_pa(s);
   };
   // dS^T = P^T (dP^T - D) into da once dP^T is in (dV, issued after it, the newest group)
   auto ds_only = [&](int it, const float(&s)[32], float(&dp)[32]) {
