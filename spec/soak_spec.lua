@@ -54,6 +54,19 @@ describe("soak on 4 cpu ranks", function()
     assert.truthy(md:find("| host RSS |", 1, true), md)
   end)
 
+  it("--pool: the first pass runs every variant's pooled shapes too, later steps reuse them", function()
+    local rc, out, md = soak("--duration 6 --warmup 0 --sample 3 --kinds allreduce --pool 2 --tol 32M")
+    assert.equal(0, rc, out)
+    local variants = #require("distlab").allreduce.algos
+    -- every variant at its largest, then its 2 pooled shapes: 3 steps a variant before judging
+    assert.truthy(md:find("every shape of the pool (2 per variant, drawn at the start; every later step picks " ..
+      "one of them) (" .. 3 * variants .. " steps)", 1, true), md)
+    local steps, _, _, wrong = totals(md, "allreduce")
+    assert.is_true(steps > 3 * variants, "the soak stopped in its first pass:\n" .. md)
+    assert.equal(0, wrong, md)
+    assert.truthy(md:find("%*%*Verdict: PASSED"), md)
+  end)
+
   it("an error planted into the all-reduce's outputs (x 1.02) fails the soak, naming it", function()
     local rc, out, md = soak("--duration 6 --warmup 0 --sample 3 --first kinds --kinds allreduce,ep --plant allreduce")
     assert.equal(1, rc, out)
