@@ -516,6 +516,25 @@ PLANT_HELP = ("plant an error into the timed op, to show the data check sees it:
               "writing) or scale=X (its outputs times 1 + X)")
 
 
+def symm_mem_for(group_name):
+    """torch's symmetric memory module with the CUDA backend chosen and `group_name` enabled
+    (the calls torch 2.11 still needs and later versions drop); raises where it is missing."""
+    import warnings
+
+    import torch.distributed._symmetric_memory as symm_mem
+
+    if hasattr(symm_mem, "set_backend"):
+        try:
+            symm_mem.set_backend("CUDA")
+        except Exception:
+            pass
+    if hasattr(symm_mem, "enable_symm_mem_for_group"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            symm_mem.enable_symm_mem_for_group(group_name)
+    return symm_mem
+
+
 def parse_plant(text):
     """distlab.bench.verify.parse_plant: None | {"kind": "noop"} | {"kind": "scale", "x": X}."""
     if text in (None, "", "none"):

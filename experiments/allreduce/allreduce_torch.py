@@ -100,18 +100,7 @@ def main():
     # symmetric memory: a buffer as large as the largest size
     symm, symm_err = None, ""
     try:
-        import torch.distributed._symmetric_memory as symm_mem
-
-        try:
-            symm_mem.set_backend("CUDA")
-        except Exception:
-            pass
-        if hasattr(symm_mem, "enable_symm_mem_for_group"):
-            import warnings
-
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                symm_mem.enable_symm_mem_for_group(group_name)
+        symm_mem = tc.symm_mem_for(group_name)
         symm = symm_mem.empty(max(sizes) // 2, dtype=torch.bfloat16, device="cuda")
         try:
             symm_mem.rendezvous(symm, group_name)

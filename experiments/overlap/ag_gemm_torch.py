@@ -201,19 +201,7 @@ def main():
 
     fused, fused_err = None, ""
     try:
-        import torch.distributed._symmetric_memory as symm_mem
-
-        if hasattr(symm_mem, "set_backend"):
-            try:
-                symm_mem.set_backend("CUDA")
-            except Exception:
-                pass
-        if hasattr(symm_mem, "enable_symm_mem_for_group"):
-            import warnings
-
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                symm_mem.enable_symm_mem_for_group(group_name)
+        tc.symm_mem_for(group_name)
         fused = (torch.ops.symm_mem.fused_matmul_reduce_scatter if args.op == "gemm_rs"
                  else torch.ops.symm_mem.fused_all_gather_matmul)
     except Exception as e:
