@@ -51,7 +51,6 @@
  */
 #define _GNU_SOURCE /* dladdr */
 #include <dlfcn.h>
-#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
