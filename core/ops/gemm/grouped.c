@@ -19,7 +19,9 @@
  *         backend LOOP: one cuBLASLt GEMM per expert through dl_gemm's
  *         algorithm cache (core/ops/gemm/cublaslt.c), consecutive experts of
  *         one shape with evenly spaced operands as one strided-batched GEMM
- *         (uniform counts: a single call, what torch.bmm runs), on `streams`
+ *         (uniform counts: a single call, what torch.bmm runs; its algorithm
+ *         the fastest of cuBLASLt's first 8 at its first call unless
+ *         DISTLAB_GEMM_TUNE says otherwise, cublaslt_tune.c), on `streams`
  *         side streams that wait for the calling stream and that it waits
  *         for afterwards (the largest GEMM first, each to the stream with
  *         the least work so far; each stream its slice of the workspace);
