@@ -20,7 +20,8 @@
  *         algorithm cache (core/ops/gemm/cublaslt.c), consecutive experts of
  *         one shape with evenly spaced operands as one strided-batched GEMM
  *         (uniform counts: a single call, what torch.bmm runs; its algorithm
- *         the fastest of cuBLASLt's first 8 at its first call unless
+ *         the fastest of cuBLASLt's first 8 at its first call, which may
+ *         round up to 1 element in 256 differently from the first, unless
  *         DISTLAB_GEMM_TUNE says otherwise, cublaslt_tune.c), on `streams`
  *         side streams that wait for the calling stream and that it waits
  *         for afterwards (the largest GEMM first, each to the stream with
