@@ -8,9 +8,9 @@
 -- NVIDIA H200 at 2 and 4 ranks: the tables dl.allreduce.tune wrote (every
 -- algorithm, a few grids per size, CUDA-graph timing, zero-copy rows too), at
 -- 4 ranks on nvidia-h200-x4 at c573283 (2026-11-28 06:43 UTC: the 4-rank
--- kernels of HEAD, whose PTX is c573283's; allreduce-h200-issue26.md), at 2
+-- kernels of HEAD, whose PTX is c573283's; allreduce/history/allreduce-h200-issue26.md), at 2
 -- ranks on nvidia-h200-x2 at d47665d (07:10 UTC). The
--- sweeps in experiments/results/allreduce/allreduce-h200x2.md and
+-- sweeps in experiments/results/allreduce/history/allreduce-h200x2.md and
 -- allreduce-h200x4.md ran with exactly these tables. Since c573283 a grid of a
 -- Lamport kernel means blocks that shrink to the positions they get (the
 -- core's shape_for), which the H100 tables below were not tuned with: their
