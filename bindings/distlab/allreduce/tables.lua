@@ -30,7 +30,7 @@ return {
     world = 2,
     dtype = "bf16",
     date = "2026-11-28 07:10 UTC",
-    source = "dl.allreduce.tune on nvidia-h200-x2, 2 ranks, d47665d (experiments/results/allreduce/allreduce-h200x2-tune.csv)",
+    source = "dl.allreduce.tune on nvidia-h200-x2, 2 ranks, d47665d (experiments/results/allreduce/history/allreduce-h200x2-tune.csv)",
     rows = {
       { upto = 11584, algo = "one_shot_lamport", blocks = 16, us = 3.58, at = 8192 },
       { upto = 23168, algo = "one_shot_lamport", blocks = 32, us = 3.61, at = 16384 },
@@ -66,7 +66,7 @@ return {
     world = 4,
     dtype = "bf16",
     date = "2026-11-28 06:43 UTC",
-    source = "dl.allreduce.tune on nvidia-h200-x4, 4 ranks, c573283 (experiments/results/allreduce/allreduce-h200x4-tune.csv)",
+    source = "dl.allreduce.tune on nvidia-h200-x4, 4 ranks, c573283 (experiments/results/allreduce/history/allreduce-h200x4-tune.csv)",
     rows = {
       { upto = 11584, algo = "one_shot_lamport", blocks = 8, us = 4.50, at = 8192 },
       { upto = 92672, algo = "one_shot_lamport", blocks = 32, us = 4.51, at = 16384 },
@@ -96,7 +96,7 @@ return {
     world = 2,
     dtype = "bf16",
     date = "2026-11-27 17:50 UTC",
-    source = "dl.allreduce.tune on nvidia-h200-x4 (the lease gave 4 H100s), 2 ranks, 3d94e80 (experiments/results/allreduce/allreduce-h100x2-tune.csv)",
+    source = "dl.allreduce.tune on nvidia-h200-x4 (the lease gave 4 H100s), 2 ranks, 3d94e80 (experiments/results/allreduce/history/allreduce-h100x2-tune.csv)",
     rows = {
       { upto = 11584, algo = "one_shot_lamport", blocks = 0, us = 4.10, at = 8192 },
       { upto = 46336, algo = "one_shot_lamport", blocks = 8, us = 4.15, at = 16384 },
@@ -133,7 +133,7 @@ return {
     world = 4,
     dtype = "bf16",
     date = "2026-11-27 17:48 UTC",
-    source = "dl.allreduce.tune on nvidia-h200-x4 (the lease gave 4 H100s), 4 ranks, 3d94e80 (experiments/results/allreduce/allreduce-h100x4-tune.csv)",
+    source = "dl.allreduce.tune on nvidia-h200-x4 (the lease gave 4 H100s), 4 ranks, 3d94e80 (experiments/results/allreduce/history/allreduce-h100x4-tune.csv)",
     rows = {
       { upto = 11584, algo = "one_shot_lamport", blocks = 0, us = 6.00, at = 8192 },
       { upto = 92672, algo = "one_shot_lamport", blocks = 8, us = 5.94, at = 16384 },
