@@ -182,7 +182,8 @@ describe("comm failures on cpu end in a clear error within the timeout", functio
 end)
 
 describe("comm debug mode on cpu", function()
-  it("leaves no key of its point-to-point check in the store (the receive deletes the send's)", function()
+  it("leaves no key of its point-to-point check in the store (the receive deletes the send's), and of its "
+    .. "collective checks only each rank's last, numbered alike on every rank whatever p2p ops each made", function()
     H.ranks_ok(2, "debug_keys", run(2, "cpu", "debug_keys.lua"))
   end)
 end)

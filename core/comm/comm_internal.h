@@ -49,6 +49,8 @@ struct dl_comm {
   int64_t seq;             /* ops issued so far (names them in messages) */
   int nsplits, nsymm;      /* children made so far: name them identically on every rank */
   int nagree;              /* dl_comm_agree calls so far (their store keys) */
+  int64_t nchecked;        /* collectives debug mode checked so far: their keys' numbers, one
+                            * apart (seq counts p2p ops too), so each check deletes its last */
   int *pids;               /* each member's process on this host (0: elsewhere), read lazily */
   uint32_t gone;           /* 1 + a member whose process is gone (peers.c), polled by waits */
   int failed;              /* set once an op failed; later ops refuse */
