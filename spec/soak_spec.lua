@@ -53,6 +53,8 @@ describe("soak on 4 cpu ranks", function()
     assert.truthy(md:find("| 0 (warm-up) |", 1, true), md)
     assert.truthy(md:find("| host private (RSS anonymous + shared memory) |", 1, true), md)
     assert.truthy(md:find("| host RSS (reported, not judged) |", 1, true), md)
+    -- where the anonymous pages moved, by mapping, every rank
+    for r = 0, 3 do assert.truthy(md:find("\n%- rank " .. r .. ": [+-]%d+ KiB anonymous from"), md) end
   end)
 
   it("--pool: the first pass runs every variant's pooled shapes too, later steps reuse them", function()

@@ -51,7 +51,8 @@
 -- came and went as single samples 1.5 MiB high on 4 cpu ranks (no growth before or after).
 -- malloc in use (mallinfo2: heap and mmapped blocks) tells a leak of malloc'ed memory (ours,
 -- or a library's) from pages a driver maps itself: RSS that grows while it stays flat is the
--- latter.
+-- latter; /proc/self/smaps, read at each sample, says by mapping where the anonymous pages
+-- moved between the first sample judged and the last (reported under the growth table).
 -- Host memory judged: the process's own, RSS's anonymous and shared-memory parts. Its
 -- file-backed part (pages of the libraries' code and data, the page cache's, which the kernel
 -- brings in at a code path's first use and may drop at will) is reported, not judged: on an
@@ -148,6 +149,27 @@ local function rss()
   return kb.VmRSS or -1, kb.RssAnon, kb.RssFile, kb.RssShmem, kb.threads, fds
 end
 
+-- The process's anonymous pages by mapping (/proc/self/smaps): {[start] = {name =, kb =}}, name the
+-- mapping's path or [heap]/[stack]/..., "" for an unnamed one; a file mapping's anonymous pages are its
+-- private copies (a library's written data). Where host private memory moved, at the end.
+local function anon_maps()
+  local f = io.open("/proc/self/smaps", "r")
+  if not f then return nil end
+  local maps, cur = {}, nil
+  for line in f:lines() do
+    local lo, name = line:match("^(%x+)%-%x+ %S+ %x+ %S+ %d+%s*(.*)$")
+    if lo then
+      cur = { name = name, kb = 0 }
+      maps[lo] = cur
+    elseif cur then
+      local kb = line:match("^Anonymous:%s+(%d+) kB")
+      if kb then cur.kb = tonumber(kb) end
+    end
+  end
+  f:close()
+  return maps
+end
+
 -- One sample (collective): every rank at once
 local function sample(t)
   -- compiled traces are let go (they come back as the code runs): what the JIT holds grows
@@ -170,6 +192,7 @@ local function sample(t)
   -- the process's own pages (VmRSS where the kernel gives no parts)
   s.private = s.anon and s.anon + (s.shmem or 0) or s.rss
   s.lua = collectgarbage("count") * 1024
+  s.maps = anon_maps()
   if st.driver_total and st.driver_total > 0 then s.device = st.driver_total - st.driver_free end
   w:barrier()
   return s
@@ -341,8 +364,49 @@ local elapsed = (dl.now_us() - t0) / 1e6
 
 -- ---- every rank's figures to rank 0 (the store), the results file -----------------------------
 
+-- Where the anonymous pages moved between the first sample judged and the last, by mapping: a line
+-- (nil without smaps or without two samples judged)
+local function where_moved()
+  local a, b
+  for _, x in ipairs(samples) do
+    if judged_from and x.t >= judged_from and x.maps then a, b = a or x, x end
+  end
+  if not a or a == b then return nil end
+  local by, singles, total = {}, {}, 0
+  local n = { [a] = 0, [b] = 0 }
+  local keys = {}
+  for k in pairs(a.maps) do keys[k] = true end
+  for k in pairs(b.maps) do keys[k] = true end
+  for k in pairs(keys) do
+    local x, y = a.maps[k], b.maps[k]
+    local name = (y or x).name
+    local d = (y and y.kb or 0) - (x and x.kb or 0)
+    local class = name == "" and "unnamed" or name:match("^%[") and name or name:match("([^/]+)$")
+    by[class] = (by[class] or 0) + d
+    total = total + d
+    if name == "" then
+      if x then n[a] = n[a] + 1 end
+      if y then n[b] = n[b] + 1 end
+    end
+    if d ~= 0 then singles[#singles + 1] = { d = d, what = (name == "" and "unnamed" or name) .. " @" .. k } end
+  end
+  local parts = {}
+  for class, d in pairs(by) do if d ~= 0 then parts[#parts + 1] = { class = class, d = d } end end
+  table.sort(parts, function(p, q) return math.abs(p.d) > math.abs(q.d) end)
+  table.sort(singles, function(p, q) return math.abs(p.d) > math.abs(q.d) end)
+  local out = {}
+  for i = 1, math.min(4, #parts) do out[#out + 1] = string.format("%s %+d KiB", parts[i].class, parts[i].d) end
+  local top = {}
+  for i = 1, math.min(3, #singles) do top[#top + 1] = string.format("%s %+d KiB", singles[i].what, singles[i].d) end
+  return string.format("%+d KiB anonymous from %.0f s to %.0f s: %s; unnamed mappings %d -> %d; largest: %s", total,
+    a.t, b.t, #out > 0 and table.concat(out, ", ") or "none moved", n[a], n[b], #top > 0 and table.concat(top, "; ")
+    or "-")
+end
+local moved = where_moved()
+for _, x in ipairs(samples) do x.maps = nil end -- not sent to rank 0
+
 local mine = { rank = me, stats = stats, order = order, samples = samples, msgs = msgs, wrong = total_wrong,
-  steps = steps, error = not ok and tostring(err) or nil }
+  steps = steps, moved = moved, error = not ok and tostring(err) or nil }
 local all = { [0] = mine }
 if ok then
   local store = dl.comm.store()
@@ -460,6 +524,13 @@ if me == 0 then
   local ghead = { "growth after the warm-up (max - min)" }
   for r = 0, N - 1 do ghead[#ghead + 1] = "rank " .. r end
   for _, l in ipairs(markdown.table(ghead, grows)) do lines[#lines + 1] = l end
+  lines[#lines + 1] = ""
+  lines[#lines + 1] = "Where the anonymous pages moved, by mapping (/proc/self/smaps at the first sample judged and the "
+    .. "last; a library's name: its private copies; unnamed: mmap'd by the process or a driver; [heap]: glibc's heap):"
+  lines[#lines + 1] = ""
+  for r = 0, N - 1 do
+    lines[#lines + 1] = string.format("- rank %d: %s", r, all[r] and all[r].moved or "not read")
+  end
   local bad = {}
   for r = 0, N - 1 do for _, m in ipairs(all[r] and all[r].msgs or {}) do bad[#bad + 1] = "rank " .. r .. ": " .. m end end
   if #bad > 0 or not ok then
