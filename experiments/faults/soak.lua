@@ -51,8 +51,9 @@
 -- came and went as single samples 1.5 MiB high on 4 cpu ranks (no growth before or after).
 -- malloc in use (mallinfo2: heap and mmapped blocks) tells a leak of malloc'ed memory (ours,
 -- or a library's) from pages a driver maps itself: RSS that grows while it stays flat is the
--- latter; /proc/self/smaps, read at each sample, says by mapping where the anonymous pages
--- moved between the first sample judged and the last (reported under the growth table).
+-- latter; /proc/<pid>/smaps, copied to a file by `cat` at the first sample judged (after its
+-- figures, so nothing the soak holds grows with it) and read again at the end, says by mapping
+-- where the anonymous pages moved (reported under the growth table).
 -- Host memory judged: the process's own, RSS's anonymous and shared-memory parts. Its
 -- file-backed part (pages of the libraries' code and data, the page cache's, which the kernel
 -- brings in at a code path's first use and may drop at will) is reported, not judged: on an
@@ -149,11 +150,11 @@ local function rss()
   return kb.VmRSS or -1, kb.RssAnon, kb.RssFile, kb.RssShmem, kb.threads, fds
 end
 
--- The process's anonymous pages by mapping (/proc/self/smaps): {[start] = {name =, kb =}}, name the
--- mapping's path or [heap]/[stack]/..., "" for an unnamed one; a file mapping's anonymous pages are its
+-- The anonymous pages by mapping of an smaps file: {[start] = {name =, kb =}}, name the mapping's
+-- path or [heap]/[stack]/..., "" for an unnamed one; a file mapping's anonymous pages are its
 -- private copies (a library's written data). Where host private memory moved, at the end.
-local function anon_maps()
-  local f = io.open("/proc/self/smaps", "r")
+local function anon_maps(path)
+  local f = io.open(path, "r")
   if not f then return nil end
   local maps, cur = {}, nil
   for line in f:lines() do
@@ -192,7 +193,6 @@ local function sample(t)
   -- the process's own pages (VmRSS where the kernel gives no parts)
   s.private = s.anon and s.anon + (s.shmem or 0) or s.rss
   s.lua = collectgarbage("count") * 1024
-  s.maps = anon_maps()
   if st.driver_total and st.driver_total > 0 then s.device = st.driver_total - st.driver_free end
   w:barrier()
   return s
@@ -209,6 +209,16 @@ for i, m in ipairs(METRICS) do table.insert(SHOWN, i, m) end
 
 -- memory is judged from the later of --warmup and the end of the first pass (nil: not reached)
 local judged_from = nil
+
+-- the mappings at the first sample judged, kept in a file (not in this process's memory)
+local smaps_file = os.tmpname()
+local smaps_at = nil -- that sample's time, once smaps_file has them
+local function keep_smaps(t)
+  if judged_from and t >= judged_from and not smaps_at then
+    smaps_at = t
+    os.execute(string.format("cat /proc/%d/smaps > '%s' 2>/dev/null", ffi.C.getpid(), smaps_file))
+  end
+end
 
 -- max - min of each metric over the samples judged: {metric = bytes}, and how many
 local function growth(samples)
@@ -342,6 +352,7 @@ local function soak()
     if steps == #first and not judged_from then judged_from = math.max(opt.warmup, el) end
     if do_sample then
       samples[#samples + 1] = sample(el)
+      keep_smaps(el)
       progress(el)
       while next_sample <= el do next_sample = next_sample + opt.sample end
     end
@@ -364,29 +375,28 @@ local elapsed = (dl.now_us() - t0) / 1e6
 
 -- ---- every rank's figures to rank 0 (the store), the results file -----------------------------
 
--- Where the anonymous pages moved between the first sample judged and the last, by mapping: a line
--- (nil without smaps or without two samples judged)
+-- Where the anonymous pages moved between the first sample judged and the end, by mapping: a line
+-- (nil without smaps or without a sample judged)
 local function where_moved()
-  local a, b
-  for _, x in ipairs(samples) do
-    if judged_from and x.t >= judged_from and x.maps then a, b = a or x, x end
-  end
-  if not a or a == b then return nil end
-  local by, singles, total = {}, {}, 0
-  local n = { [a] = 0, [b] = 0 }
+  collectgarbage("collect") -- as a sample reads it
+  ffi.C.malloc_trim(0)
+  local a, b = smaps_at and anon_maps(smaps_file), anon_maps("/proc/self/smaps")
+  os.remove(smaps_file)
+  if not (a and b and next(a)) then return nil end
+  local by, singles, total, n = {}, {}, 0, { 0, 0 }
   local keys = {}
-  for k in pairs(a.maps) do keys[k] = true end
-  for k in pairs(b.maps) do keys[k] = true end
+  for k in pairs(a) do keys[k] = true end
+  for k in pairs(b) do keys[k] = true end
   for k in pairs(keys) do
-    local x, y = a.maps[k], b.maps[k]
+    local x, y = a[k], b[k]
     local name = (y or x).name
     local d = (y and y.kb or 0) - (x and x.kb or 0)
     local class = name == "" and "unnamed" or name:match("^%[") and name or name:match("([^/]+)$")
     by[class] = (by[class] or 0) + d
     total = total + d
     if name == "" then
-      if x then n[a] = n[a] + 1 end
-      if y then n[b] = n[b] + 1 end
+      if x then n[1] = n[1] + 1 end
+      if y then n[2] = n[2] + 1 end
     end
     if d ~= 0 then singles[#singles + 1] = { d = d, what = (name == "" and "unnamed" or name) .. " @" .. k } end
   end
@@ -398,12 +408,11 @@ local function where_moved()
   for i = 1, math.min(4, #parts) do out[#out + 1] = string.format("%s %+d KiB", parts[i].class, parts[i].d) end
   local top = {}
   for i = 1, math.min(3, #singles) do top[#top + 1] = string.format("%s %+d KiB", singles[i].what, singles[i].d) end
-  return string.format("%+d KiB anonymous from %.0f s to %.0f s: %s; unnamed mappings %d -> %d; largest: %s", total,
-    a.t, b.t, #out > 0 and table.concat(out, ", ") or "none moved", n[a], n[b], #top > 0 and table.concat(top, "; ")
+  return string.format("%+d KiB anonymous from %.0f s to the end: %s; unnamed mappings %d -> %d; largest: %s", total,
+    smaps_at, #out > 0 and table.concat(out, ", ") or "none moved", n[1], n[2], #top > 0 and table.concat(top, "; ")
     or "-")
 end
 local moved = where_moved()
-for _, x in ipairs(samples) do x.maps = nil end -- not sent to rank 0
 
 local mine = { rank = me, stats = stats, order = order, samples = samples, msgs = msgs, wrong = total_wrong,
   steps = steps, moved = moved, error = not ok and tostring(err) or nil }
@@ -525,8 +534,8 @@ if me == 0 then
   for r = 0, N - 1 do ghead[#ghead + 1] = "rank " .. r end
   for _, l in ipairs(markdown.table(ghead, grows)) do lines[#lines + 1] = l end
   lines[#lines + 1] = ""
-  lines[#lines + 1] = "Where the anonymous pages moved, by mapping (/proc/self/smaps at the first sample judged and the "
-    .. "last; a library's name: its private copies; unnamed: mmap'd by the process or a driver; [heap]: glibc's heap):"
+  lines[#lines + 1] = "Where the anonymous pages moved, by mapping (smaps at the first sample judged and at the "
+    .. "end; a library's name: its private copies; unnamed: mmap'd by the process or a driver; [heap]: glibc's heap):"
   lines[#lines + 1] = ""
   for r = 0, N - 1 do
     lines[#lines + 1] = string.format("- rank %d: %s", r, all[r] and all[r].moved or "not read")
