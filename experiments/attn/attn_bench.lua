@@ -195,25 +195,11 @@ local extra = { "build: " .. dl.build_info(),
 -- --measured: the timed pass's results file (beside its CSV) gives this file's device, date, commit,
 -- command and libraries, and what ran and was checked there, so the tables can be assembled on any
 -- host (the line "assembled" names this command)
-local timed_md = A.measured and bench.markdown.read_header((A.measured:gsub("%.csv$", ".md"))) or nil
-local timed_lines = {}
-if timed_md and timed_md.device then
-  local f = io.open((A.measured:gsub("%.csv$", ".md")), "r")
-  for line in f:lines() do
-    if line:match("^%- backend ours: ") or line:match("^%- data checked after timing") or line:match("^%- b=") or
-      line:match("^%- build: ") then
-      timed_lines[#timed_lines + 1] = line:sub(3)
-    end
-  end
-  f:close()
-  local own = h:info()
-  h.run_info = { device = timed_md.device, date = timed_md.date, commit = (timed_md.commit:gsub("`", "")),
-    command = A.command or timed_md.command, libraries = timed_md.libraries }
-  extra = {}
-  for _, l in ipairs(timed_lines) do extra[#extra + 1] = l end
-  extra[#extra + 1] = "timed by: `" .. timed_md.command .. "`"
-  extra[#extra + 1] = "assembled: `" .. own.command .. "` on " .. own.device .. ", " .. own.date ..
-    " (from the CSVs of that run)"
+local timed_md, timed_extra
+if A.measured then
+  timed_md, timed_extra = h:adopt_timed(A.measured,
+    { "^%- backend ours: ", "^%- data checked after timing", "^%- b=", "^%- build: " })
+  if timed_md then extra = timed_extra end
 end
 if not (timed_md and timed_md.device) then -- which of our kernels ran: dl.attn.backends names them
   local q = dl.empty({ 1, 128, 1, D }, { dtype = "bf16", device = dev })

@@ -402,27 +402,10 @@ if #notes > 0 then
 end
 local st = dl.gemm.stats()
 local function ver(v) return string.format("%d.%d.%d", math.floor(v / 10000), math.floor(v / 100) % 100, v % 100) end
-local libs = (st.version > 0 and ("cuBLASLt " .. ver(st.version)) or "cuBLASLt not loaded") .. ", " ..
-  (st.cublas_version > 0 and ("cuBLAS " .. ver(st.cublas_version)) or "cuBLAS not loaded")
-local build = "build: " .. dl.build_info()
--- --measured: this process timed nothing, so the timed run's results file (beside its CSV) gives the
--- device, date, commit, libraries and build, and the file can be assembled on any host (the line
--- "assembled" names this command)
-local timed_md = A.measured and bench.markdown.read_header((A.measured:gsub("%.csv$", ".md"))) or nil
-local assembled
-if timed_md and timed_md.device and timed_md.libraries then
-  local own = h:info()
-  h.run_info = { device = timed_md.device, date = timed_md.date, commit = (timed_md.commit:gsub("`", "")),
-    command = own.command, ran_as = own.ran_as, libraries = timed_md.libraries }
-  for line in io.lines((A.measured:gsub("%.csv$", ".md"))) do
-    build = line:match("^%- (build: .*)") or build
-    libs = line:match("^%- (cuBLASLt [%d.]+, cuBLAS [^(]*) %(") or libs
-  end
-  assembled = "timed by: `" .. timed_md.command .. "`; assembled: `" .. own.command .. "` on " .. own.device .. ", "
-    .. own.date .. " (from the CSVs of that run)"
-end
-local extra = { build,
-  libs .. " (cublas: cublasGemmGroupedBatchedEx, one problem per expert, experts of one shape one group; loop: "
+local extra = { "build: " .. dl.build_info(),
+  (st.version > 0 and ("cuBLASLt " .. ver(st.version)) or "cuBLASLt not loaded") .. ", " ..
+    (st.cublas_version > 0 and ("cuBLAS " .. ver(st.cublas_version)) or "cuBLAS not loaded") ..
+    " (cublas: cublasGemmGroupedBatchedEx, one problem per expert, experts of one shape one group; loop: "
     .. "cublasLtMatmul per expert, the heuristic's first fp32-partials algorithm, cached; experts of one shape and "
     .. "evenly spaced one strided-batched call, the fastest of the heuristic's first 8 that agrees with its first, "
     .. "timed at the shape's first call; loop4: over 4 side streams, the largest first; auto: "
@@ -432,7 +415,16 @@ local extra = { build,
   "data checked after timing: per row and backend, fresh inputs scaled by a power of two of its own, out poisoned, "
     .. "3 rows of 3 experts against the fp64 product on the host: elements within 2u |ref| + 2u rms, normwise 1.5u, "
     .. "bias 2^-10 (#wrong, summed over the backends)" }
-if assembled then extra[#extra + 1] = assembled end
+-- --measured: this process timed nothing; the timed run's results file gives the header and, in
+-- place of the first two lines, its build and library lines, and who timed and who assembled
+if A.measured then
+  local timed, lines = h:adopt_timed(A.measured, { "^%- build: ", "^%- cuBLASLt " })
+  if timed then
+    table.remove(extra, 1)
+    table.remove(extra, 1)
+    for i, l in ipairs(lines) do table.insert(extra, i, l) end
+  end
+end
 local path = h:markdown("grouped-" .. h.tag .. ".md", "dl.gemm.grouped vs torch's grouped GEMM (bf16)", lines, extra)
 h:csv("grouped-" .. h.tag .. ".csv", CSV_COLS, csv_rows)
 print("wrote " .. path .. " and .csv")

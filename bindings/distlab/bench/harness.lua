@@ -256,6 +256,33 @@ function Harness:info()
   return self.run_info
 end
 
+-- --measured CSV: the timed run's results file beside it (its name with .md) gives this file's
+-- device, date, commit and libraries (the command: --command's, else the timed run's), so a report
+-- can be assembled on any host. Returns that file's header fields (nil: none there) and extra lines:
+-- its lines matching one of the patterns in keep (without the "- "), then which command timed and
+-- which assembled.
+function Harness:adopt_timed(csv_path, keep)
+  local path = csv_path:gsub("%.csv$", ".md")
+  local t = markdown.read_header(path)
+  if not (t and t.device) then return nil end
+  local own, lines = self:info(), {}
+  for line in io.lines(path) do
+    for _, p in ipairs(keep or {}) do
+      if line:match(p) then
+        lines[#lines + 1] = line:sub(3)
+        break
+      end
+    end
+  end
+  lines[#lines + 1] = "timed by: `" .. t.command .. "`"
+  lines[#lines + 1] = "assembled: `" .. own.command .. "` on " .. own.device .. ", " .. own.date ..
+    " (from the CSVs of that run)"
+  self.run_info = { device = t.device, date = t.date, commit = (t.commit:gsub("`", "")),
+    command = self.opt.command or t.command, ran_as = self.opt.command and own.ran_as or nil,
+    libraries = t.libraries }
+  return t, lines
+end
+
 function Harness:csv(name, header, rows) return csv.write(self:path(name), header, rows) end
 
 function Harness:markdown(name, title, lines, extra)
