@@ -277,8 +277,6 @@ static void entry_drop(entry_t *e) {
   memset(e, 0, sizeof *e);
 }
 
-/* Descriptors for key's GEMM x (op) @ y (op) -> d, and the heuristic's first
- * algorithm that fits ws_bytes (with tune > 1: the fastest of its first tune). */
 /* A batch of `batch` matrices (> 1), each `stride` elements after the one before. */
 static int layout_batch(cublasLtMatrixLayout_t l, int64_t batch, int64_t stride) {
   const int32_t count = (int32_t)batch;
@@ -288,7 +286,9 @@ static int layout_batch(cublasLtMatrixLayout_t l, int64_t batch, int64_t stride)
   return DL_OK;
 }
 
-/* bs: the batch and the strides of x, y, c, d ({1, ...}: one GEMM). */
+/* Descriptors for key's GEMM x (op) @ y (op) -> d, and the heuristic's first
+ * algorithm that fits ws_bytes (with tune > 1: the fastest of its first tune).
+ * bs: the batch and the strides of x, y, c, d ({1, ...}: one GEMM). */
 static int entry_make(entry_t *e, cublasLtHandle_t h, const operand_t *x, const operand_t *y,
                       const operand_t *c, const operand_t *d, int in_dt, int out_dt, int64_t k,
                       const int64_t bs[5], const int64_t align[4], int64_t ws_bytes, int tune,
