@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Remote step on a GPU host (repo root as cwd, .debs carried) for issue 53: the soak,
 # experiments/faults/soak.lua, with RANKS (default 4) ranks sharing one GPU under MPS for
-# DURATION seconds (default 600): all-reduce (every algorithm), EP dispatch/combine (both
+# DURATION seconds (default 720): all-reduce (every algorithm), EP dispatch/combine (both
 # layouts), ag_gemm/gemm_rs and CP forward/backward with shapes changing from op to op,
-# every result checked, memory sampled every SAMPLE s (60) and judged after WARMUP s (60).
+# every result checked, memory sampled every SAMPLE s (60) and judged after WARMUP s (240:
+# soak.lua's header says why).
 #   1. build (240 s), or SKIP_BUILD=1 with a build/lib/libdistlab.so built for sm_90
 #      elsewhere and carried (with a build, DETACH's two calls are needed: COLLECT waits);
 #   2. MPS started (MPS=0: not; the ranks' contexts then take turns on the GPU);
@@ -19,7 +20,7 @@
 # where the checkout has no .git. DEVICE=cpu runs the ranks on the cpu (no MPS): the
 # script's own plumbing, tried where there is no GPU.
 #
-# A device call runs at most 600 s, and 600 s of soak need about 660. So, by default
+# A device call runs at most 600 s, and 720 s of soak need about 780. So, by default
 # (DETACH=1), the script starts itself again in a session of its own (setsid: it outlives
 # the call), writing under /tmp/distlab-soak, and waits up to WAIT s (default 570) for it:
 # done by then, its files are copied to $OUT as above; else the call ends saying so, and a
@@ -31,7 +32,7 @@
 set -u
 t_start=$(date +%s)
 cd "$(dirname "$0")/../.." || exit 2
-DURATION="${DURATION:-600}"
+DURATION="${DURATION:-720}" WARMUP="${WARMUP:-240}"
 SOAK_DIR=/tmp/distlab-soak
 OUT="${OUT:-/tmp/distlab-out}"
 
@@ -107,11 +108,11 @@ if [ "${MPS:-1}" = 1 ] && [ "$DEVICE" = cuda ]; then mps_start; else say "MPS: n
 
 # the command as it was given, with the variables that change what runs
 recorded=$(env | grep -E '^(DISTLAB|NCCL|CUDA)_' | grep -vE '^CUDA_MPS_' | sort | tr '\n' ' ')
-cmd="${recorded}$([ -n "${SKIP_BUILD:-}" ] && echo "SKIP_BUILD=1 ")DURATION=$DURATION RANKS=$RANKS${SOAK_ARGS:+ SOAK_ARGS=\"$SOAK_ARGS\"}$([ "${MPS:-1}" = 1 ] || echo " MPS=0")$([ "$DEVICE" = cuda ] || echo " DEVICE=$DEVICE") scripts/gpu/soak.sh"
+cmd="${recorded}$([ -n "${SKIP_BUILD:-}" ] && echo "SKIP_BUILD=1 ")DURATION=$DURATION WARMUP=$WARMUP RANKS=$RANKS${SOAK_ARGS:+ SOAK_ARGS=\"$SOAK_ARGS\"}$([ "${MPS:-1}" = 1 ] || echo " MPS=0")$([ "$DEVICE" = cuda ] || echo " DEVICE=$DEVICE") scripts/gpu/soak.sh"
 # shellcheck disable=SC2086
 step "soak ($RANKS ranks, $DURATION s)" $((DURATION + 150)) "$L/soak.log" \
   ./distlab run -n "$RANKS" --device "$DEVICE" experiments/faults/soak.lua --duration "$DURATION" \
-  --warmup "${WARMUP:-60}" --sample "${SAMPLE:-60}" --out "$OUT" --tag "$gpu" --command "$cmd" ${SOAK_ARGS:-}
+  --warmup "$WARMUP" --sample "${SAMPLE:-60}" --out "$OUT" --tag "$gpu" --command "$cmd" ${SOAK_ARGS:-}
 grep -h "^\[soak" "$L/soak.log" | tee -a "$SUM"
 grep -h "^soak: " "$L/soak.log" | head -25 | tee -a "$SUM"
 [ -f "$OUT/soak-$gpu.md" ] || { say "no results file: $OUT/soak-$gpu.md"; status=1; }
