@@ -402,29 +402,26 @@ if #notes > 0 then
 end
 local st = dl.gemm.stats()
 local function ver(v) return string.format("%d.%d.%d", math.floor(v / 10000), math.floor(v / 100) % 100, v % 100) end
-local extra = { "build: " .. dl.build_info(),
+-- the build and the libraries: this run's, or with --measured (this process timed nothing) the timed
+-- run's lines from its results file, and who timed and who assembled
+local head = { "build: " .. dl.build_info(),
   (st.version > 0 and ("cuBLASLt " .. ver(st.version)) or "cuBLASLt not loaded") .. ", " ..
     (st.cublas_version > 0 and ("cuBLAS " .. ver(st.cublas_version)) or "cuBLAS not loaded") ..
     " (cublas: cublasGemmGroupedBatchedEx, one problem per expert, experts of one shape one group; loop: "
     .. "cublasLtMatmul per expert, the heuristic's first fp32-partials algorithm, cached; experts of one shape and "
     .. "evenly spaced one strided-batched call, the fastest of the heuristic's first 8 that agrees with its first, "
     .. "timed at the shape's first call; loop4: over 4 side streams, the largest first; auto: "
-    .. "core/ops/gemm/grouped.c's rule)",
-  "counts: Lua lists (no device read), but auto_dev: an int32 tensor on the device (read back, a wait per call)",
+    .. "core/ops/gemm/grouped.c's rule)" }
+if A.measured then
+  local timed, adopted = h:adopt_timed(A.measured, { "^%- build: ", "^%- cuBLASLt " })
+  if timed then head = adopted end
+end
+local extra = { "counts: Lua lists (no device read), but auto_dev: an int32 tensor on the device (read back, a wait per call)",
   "torch: " .. (torch_about or "not run (no --torch)"),
   "data checked after timing: per row and backend, fresh inputs scaled by a power of two of its own, out poisoned, "
     .. "3 rows of 3 experts against the fp64 product on the host: elements within 2u |ref| + 2u rms, normwise 1.5u, "
     .. "bias 2^-10 (#wrong, summed over the backends)" }
--- --measured: this process timed nothing; the timed run's results file gives the header and, in
--- place of the first two lines, its build and library lines, and who timed and who assembled
-if A.measured then
-  local timed, lines = h:adopt_timed(A.measured, { "^%- build: ", "^%- cuBLASLt " })
-  if timed then
-    table.remove(extra, 1)
-    table.remove(extra, 1)
-    for i, l in ipairs(lines) do table.insert(extra, i, l) end
-  end
-end
+for i, l in ipairs(head) do table.insert(extra, i, l) end
 local path = h:markdown("grouped-" .. h.tag .. ".md", "dl.gemm.grouped vs torch's grouped GEMM (bf16)", lines, extra)
 h:csv("grouped-" .. h.tag .. ".csv", CSV_COLS, csv_rows)
 print("wrote " .. path .. " and .csv")
