@@ -57,6 +57,13 @@ static int env_bwd_order(void) {
   return !env_is("DISTLAB_ATTN_HOPPER_BWD_ORDER", "0", &c);
 }
 
+/* The forward's A/B variants at d 128 (fwd_params.cuh's HP_FWD_OPT_*; experiments/lab/attn/FA4-GAP.md F2):
+ * DISTLAB_ATTN_HOPPER_FWD_ELECT=1 releases K/V stages with one arrival a consumer warp */
+static int env_fwd_opt(void) {
+  static int elect = -1;
+  return env_is("DISTLAB_ATTN_HOPPER_FWD_ELECT", "1", &elect) ? HP_FWD_OPT_ELECT : 0;
+}
+
 /* The forward at MLA's head dims 192/128 (launch<0, 192, 128> below); DISTLAB_ATTN_HOPPER_MLA=0 sends
  * them to the portable kernel */
 static int env_mla(void) {
@@ -192,12 +199,12 @@ template <class K> static int allow_smem(K *kernel, size_t smem, int (&done)[64]
   return 0;
 }
 
-template <int PIPE, int DQK, int DV>
+template <int PIPE, int DQK, int DV, int OPT = HP_FWD_OPT>
 static int launch(dim3 grid, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv, const params_t &k,
                   void *stream) {
   static int done[64]; // the limit raised once, to what a merge needs (its running rows staged)
-  DL_TRY(allow_smem(fwd_kernel<PIPE, DQK, DV>, fwd_smem_bytes<DQK, DV>(true), done));
-  fwd_kernel<PIPE, DQK, DV><<<grid, THREADS, fwd_smem_bytes<DQK, DV>(k.acc_out != nullptr), (cudaStream_t)stream>>>(tq, tk, tv, k);
+  DL_TRY(allow_smem(fwd_kernel<PIPE, DQK, DV, OPT>, fwd_smem_bytes<DQK, DV>(true), done));
+  fwd_kernel<PIPE, DQK, DV, OPT><<<grid, THREADS, fwd_smem_bytes<DQK, DV>(k.acc_out != nullptr), (cudaStream_t)stream>>>(tq, tk, tv, k);
   return 0;
 }
 
@@ -250,10 +257,14 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   static_assert(BM == 128, "dl_attn_fwd_cuda checks the grid for 128-row blocks");
   const dim3 grid((p->s_q + BM - 1) / BM, p->h_q, p->b);
   // the faster loop of each head dim on an H200 (experiments/results/attn/hopper-fwd*-h200.md): the
-  // steps in turn at d 128 (and MLA's 192/128, not yet timed), FA3's intra-warpgroup pipelining at d 64
+  // steps in turn at d 128 (and MLA's 192/128, not yet timed), FA3's intra-warpgroup pipelining at d 64;
+  // at d 128 the A/B variants the build or the environment asks for
+  constexpr int E = HP_FWD_OPT_ELECT, O = HP_FWD_OPT;
+  const int opt = O | env_fwd_opt();
   const int rc = p->d_qk == 64    ? launch<1, 64, 64>(grid, tq, tk, tv, k, stream)
-                 : p->d_qk == 128 ? launch<0, 128, 128>(grid, tq, tk, tv, k, stream)
-                                  : launch<0, 192, 128>(grid, tq, tk, tv, k, stream);
+                 : p->d_qk != 128 ? launch<0, 192, 128>(grid, tq, tk, tv, k, stream)
+                 : opt != O       ? launch<0, 128, 128, O | E>(grid, tq, tk, tv, k, stream)
+                                  : launch<0, 128, 128>(grid, tq, tk, tv, k, stream);
   if (rc) return rc;
   DL_CUDA_CHECK_LAUNCH("attn fwd (hopper)");
   return 0;

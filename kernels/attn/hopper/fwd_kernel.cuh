@@ -73,8 +73,8 @@
 // warpgroups take turns at the tensor cores (take_turn / hand_turn below). PIPE = 0: per key block,
 // S, softmax, P V one after another, P in registers. PIPE = 1: FA3's intra-warpgroup pipelining,
 // the softmax of block it between the issue of S(it) with P(it - 1) V(it - 1) and their completion,
-// P in registers.
-template <int PIPE, int DQK, int DV>
+// P in registers. OPT: the A/B variants' bits (fwd_params.cuh, HP_FWD_OPT_*).
+template <int PIPE, int DQK, int DV, int OPT = HP_FWD_OPT>
 __global__ void __launch_bounds__(THREADS, 1)
     fwd_kernel(const HP_GRID_CONST hp_tmap_t tq, const HP_GRID_CONST hp_tmap_t tk, const HP_GRID_CONST hp_tmap_t tv,
                const params_t p) {
@@ -90,6 +90,9 @@ __global__ void __launch_bounds__(THREADS, 1)
   using ST = acc_stage_t<DQK, DV>;
   constexpr bool STAGED = ST::on;
   const uint32_t stage = hp_smem_u32(&sm) + sizeof(smem_t<DQK, DV>); // the running rows (STAGED)
+  // the arrivals that free a K or V stage: every consumer thread's, or (ELECT) one a consumer warp's
+  constexpr bool ELECT = OPT & HP_FWD_OPT_ELECT;
+  constexpr uint32_t RELEASES = ELECT ? 8 : 256;
   // key blocks [n_lo, n_hi): those holding a key that a row of this block sees; walked last to first
   const int shift = p.bottom_right ? len_kv - len_q : 0, wl = p.window_left, wr = p.window_right;
   const int i0 = m_block * BM, i1 = min(i0 + BM, len_q);
@@ -102,8 +105,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     for (int i = 0; i < STAGES; i++) {
       mbar_init(&sm.k_full[i], 1);
       mbar_init(&sm.v_full[i], 1);
-      mbar_init(&sm.k_empty[i], 256);
-      mbar_init(&sm.v_empty[i], 256);
+      mbar_init(&sm.k_empty[i], RELEASES);
+      mbar_init(&sm.v_empty[i], RELEASES);
     }
     mbar_init(&sm.acc_go, 1);
     mbar_init(&sm.acc_full, 96);
@@ -197,6 +200,14 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto k_base = [&](int it) { return hp_smem_u32(sm.k[it % STAGES][0]); };
   auto v_base = [&](int it) { return hp_smem_u32(sm.v[it % STAGES][0]); };
   auto parity = [](int it) { return (uint32_t)(it / STAGES) & 1u; };
+  // a stage's release, once the wgmma.wait_group that covers the GEMMs reading it passed: that wait is
+  // warp-aligned (every lane past it), and the warpgroup's wgmma, whose shared memory reads it
+  // completes, is one operation for all its lanes, so with ELECT lane 0 alone arrives. No lane wrote the
+  // stage with generic stores since its last barrier (zero_tail's stores are ordered by named barrier 3),
+  // so no __syncwarp is needed first.
+  auto release = [&](uint64_t *b) {
+    if (!ELECT || lane == 0) mbar_arrive(b);
+  };
   // V of block it in its stage, with the rows past the sequence's keys zeroed in the one block that has them
   auto wait_v = [&](int it) {
     mbar_wait(&sm.v_full[it % STAGES], parity(it), &sm.fail, p.err);
@@ -252,7 +263,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       gemm_qk<DQK>(s, q_base, k_base(it));
       hand_turn();
       wg_wait<0>();
-      mbar_arrive(&sm.k_empty[it % STAGES]);
+      release(&sm.k_empty[it % STAGES]);
       step_softmax(it);
       pack_p(s, pa);
       scale_o<DV>(o, corr);
@@ -261,7 +272,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       gemm_pv_regs<DV>(o, pa, v_base(it));
       if (it == nblk - 1) merge_loads();
       wg_wait<0>();
-      mbar_arrive(&sm.v_empty[it % STAGES]);
+      release(&sm.v_empty[it % STAGES]);
     }
     if (nblk == 0) merge_loads();
     hand_turn();
@@ -271,7 +282,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     mbar_wait(&sm.k_full[0], parity(0), &sm.fail, p.err);
     gemm_qk<DQK>(s, q_base, k_base(0));
     wg_wait<0>();
-    mbar_arrive(&sm.k_empty[0]);
+    release(&sm.k_empty[0]);
     step_softmax(0);
     pack_p(s, pa);
     for (int it = 1; it < nblk; it++) {
@@ -282,10 +293,10 @@ __global__ void __launch_bounds__(THREADS, 1)
       gemm_pv_regs<DV>(o, pa, v_base(it - 1));
       hand_turn();
       wg_wait<1>(); // S(it) is in (commit groups complete in order); P(it - 1) V(it - 1) still runs
-      mbar_arrive(&sm.k_empty[it % STAGES]);
+      release(&sm.k_empty[it % STAGES]);
       step_softmax(it);
       wg_wait<0>(); // P(it - 1) V(it - 1) is in: O, P and V's stage are free
-      mbar_arrive(&sm.v_empty[(it - 1) % STAGES]);
+      release(&sm.v_empty[(it - 1) % STAGES]);
       scale_o<DV>(o, corr);
       pack_p(s, pa);
     }
@@ -293,7 +304,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     gemm_pv_regs<DV>(o, pa, v_base(nblk - 1));
     merge_loads();
     wg_wait<0>();
-    mbar_arrive(&sm.v_empty[(nblk - 1) % STAGES]);
+    release(&sm.v_empty[(nblk - 1) % STAGES]);
   } else {
     merge_loads();
   }

@@ -36,6 +36,17 @@ template <int DQK, int DV> struct alignas(1024) smem_t {
 #ifndef HP_FWD_STAGE_ACC
 #define HP_FWD_STAGE_ACC 1
 #endif
+// The forward's A/B variants (experiments/lab/attn/FA4-GAP.md, item F2), bits of fwd_kernel's
+// template parameter OPT, off in the default build:
+//   HP_FWD_OPT_ELECT: a K or V stage is released by one arrival a warp (lane 0, after the warp's
+//     wgmma.wait_group), on empty barriers of count 8, instead of one a consumer thread (256).
+// The build flag HP_FWD_ELECT=1 sets it in OPT's default (the lab's fwd.cu, the emulator); dl.attn's
+// launcher also takes it at run time at d 128 (DISTLAB_ATTN_HOPPER_FWD_ELECT: attn_hopper.cu).
+enum { HP_FWD_OPT_ELECT = 1 };
+#ifndef HP_FWD_ELECT
+#define HP_FWD_ELECT 0
+#endif
+constexpr int HP_FWD_OPT = HP_FWD_ELECT ? HP_FWD_OPT_ELECT : 0;
 #ifndef HP_FWD_TRACE // the lab's timeline of each CTA (hp_trace)
 #define HP_FWD_TRACE 0
 #endif
