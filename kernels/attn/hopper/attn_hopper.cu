@@ -57,11 +57,13 @@ static int env_bwd_order(void) {
   return !env_is("DISTLAB_ATTN_HOPPER_BWD_ORDER", "0", &c);
 }
 
-/* The forward's A/B variants at d 128 (fwd_params.cuh's HP_FWD_OPT_*; experiments/lab/attn/FA4-GAP.md F2):
- * DISTLAB_ATTN_HOPPER_FWD_ELECT=1 releases K/V stages with one arrival a consumer warp */
+/* The forward's A/B variants at d 128 (fwd_params.cuh's HP_FWD_OPT_*; experiments/lab/attn/FA4-GAP.md F2, F3):
+ * DISTLAB_ATTN_HOPPER_FWD_ELECT=1 releases K/V stages with one arrival a consumer warp,
+ * DISTLAB_ATTN_HOPPER_FWD_TREE=1 takes the softmax's row max and sum in four chains a row */
 static int env_fwd_opt(void) {
-  static int elect = -1;
-  return env_is("DISTLAB_ATTN_HOPPER_FWD_ELECT", "1", &elect) ? HP_FWD_OPT_ELECT : 0;
+  static int elect = -1, tree = -1;
+  return (env_is("DISTLAB_ATTN_HOPPER_FWD_ELECT", "1", &elect) ? HP_FWD_OPT_ELECT : 0) |
+         (env_is("DISTLAB_ATTN_HOPPER_FWD_TREE", "1", &tree) ? HP_FWD_OPT_TREE : 0);
 }
 
 /* The forward at MLA's head dims 192/128 (launch<0, 192, 128> below); DISTLAB_ATTN_HOPPER_MLA=0 sends
@@ -259,11 +261,13 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   // the faster loop of each head dim on an H200 (experiments/results/attn/hopper-fwd*-h200.md): the
   // steps in turn at d 128 (and MLA's 192/128, not yet timed), FA3's intra-warpgroup pipelining at d 64;
   // at d 128 the A/B variants the build or the environment asks for
-  constexpr int E = HP_FWD_OPT_ELECT, O = HP_FWD_OPT;
+  constexpr int E = HP_FWD_OPT_ELECT, T = HP_FWD_OPT_TREE, O = HP_FWD_OPT;
   const int opt = O | env_fwd_opt();
   const int rc = p->d_qk == 64    ? launch<1, 64, 64>(grid, tq, tk, tv, k, stream)
                  : p->d_qk != 128 ? launch<0, 192, 128>(grid, tq, tk, tv, k, stream)
-                 : opt != O       ? launch<0, 128, 128, O | E>(grid, tq, tk, tv, k, stream)
+                 : opt == (E | T) ? launch<0, 128, 128, E | T>(grid, tq, tk, tv, k, stream)
+                 : opt == (O | E) ? launch<0, 128, 128, O | E>(grid, tq, tk, tv, k, stream)
+                 : opt == (O | T) ? launch<0, 128, 128, O | T>(grid, tq, tk, tv, k, stream)
                                   : launch<0, 128, 128>(grid, tq, tk, tv, k, stream);
   if (rc) return rc;
   DL_CUDA_CHECK_LAUNCH("attn fwd (hopper)");

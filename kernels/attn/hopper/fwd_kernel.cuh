@@ -93,6 +93,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   // the arrivals that free a K or V stage: every consumer thread's, or (ELECT) one a consumer warp's
   constexpr bool ELECT = OPT & HP_FWD_OPT_ELECT;
   constexpr uint32_t RELEASES = ELECT ? 8 : 256;
+  constexpr int NSUM = OPT & HP_FWD_OPT_TREE ? 4 : 1; // partial row sums a row (softmax_step)
   // key blocks [n_lo, n_hi): those holding a key that a row of this block sees; walked last to first
   const int shift = p.bottom_right ? len_kv - len_q : 0, wl = p.window_left, wr = p.window_right;
   const int i0 = m_block * BM, i1 = min(i0 + BM, len_q);
@@ -187,7 +188,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int q0 = m_block * BM + r0;
   float o[DV / 2], s[64];
   for (int i = 0; i < 64; i++) o[i] = 0.0f;
-  float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
+  float mx[2] = {-INFINITY, -INFINITY}, sums[2 * NSUM] = {};
   const uint32_t q_base = hp_smem_u32(sm.q[0]) + c * 64 * 128;
   const int row0 = m_block * BM + c * 64; // the warpgroup's first row
   // key block n_hi - 1 - it needs element masks where it reaches past the sequence's keys (the rows
@@ -217,7 +218,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   float corr[2];
   auto step_softmax = [&](int it) {
     if (diag(it)) mask_block(s, key0(it), q0, len_kv, shift, wl, wr, lane);
-    softmax_step(s, mx, sum, corr, p.scale_log2);
+    softmax_step<NSUM>(s, mx, sums, corr, p.scale_log2);
   };
   uint32_t pa[32]; // P in bf16
   // FA3's warpgroup scheduler: a warpgroup issues its GEMMs in its turn (named barrier 4 + c, 256
@@ -311,7 +312,8 @@ __global__ void __launch_bounds__(THREADS, 1)
 
   // epilogue: the row sums over the four threads of a row, O / l, LSE (natural log); or the merge
   if (lane == 0) HP_TRACE(p, 8 + warp_id);
-  float inv[2];
+  float inv[2], sum[2];
+  row_sums<NSUM>(sums, sum);
   row_totals(sum, inv, mx, q0, len_q, p, hh, lane);
   float lse[2];
 #pragma unroll
