@@ -4,7 +4,9 @@
 -- kernel change is checked in CI where no GPU is: the forward and the
 -- backward (dq, dk, dv) against fp64 on bshd, sbhd and thd (offsets, NaN
 -- gaps, lengths 0 and 1), GQA/MQA, masks and windows, the fused merge,
--- accumulate_grads, each check also failing a planted 2% error (the --quick
+-- accumulate_grads, the backward's loops also with one arrival a warp on
+-- the consumers' releases (ELECT, lanes drifting apart within a warp), each
+-- check also failing a planted 2% error (the --quick
 -- subsets; `make -C experiments/lab/emu/attn hopper-emu hopper-emu-bwd` runs all).
 -- The builds (g++, about 10 s each on 2 cores) go to a fresh directory.
 local H = require "helpers"
@@ -43,12 +45,14 @@ describe("the Hopper attention kernels on the CPU emulator", function()
   it_("forward with HP_FWD_TREE=1: the softmax's row max and sum in four chains a row (the sums' order changed), within the fp64 checks", function()
     all_ok(run("hopper-emu", "-DHP_FWD_TREE=1"), "hopper emu: all ok", 40)
   end)
-  it_("backward: dq, dk, dv of every case under two masks at d 128 and one at d 64, with and without the turns, and in the earlier GEMM order", function()
+  it_("backward: dq, dk, dv of every case under two masks at d 128 and one at d 64, with and without the turns, in the earlier GEMM order, and with one arrival a warp", function()
     local out = run("hopper-emu-bwd")
     all_ok(out, "hopper emu bwd: all ok", 20)
     local _, plain = out:gsub("bwd d=64 thd", "")
     local _, turns = out:gsub("bwd d=64 turns thd", "")
     local _, step = out:gsub("bwd d=128 step thd", "")
-    assert.is_true(plain > 0 and turns > 0 and step > 0, out)
+    local _, elect = out:gsub("bwd d=128 elect thd", "")
+    local _, turns_elect = out:gsub("bwd d=64 turns elect thd", "")
+    assert.is_true(plain > 0 and turns > 0 and step > 0 and elect > 0 and turns_elect > 0, out)
   end)
 end)

@@ -56,6 +56,14 @@ static int env_bwd_order(void) {
   static int c = -1;
   return !env_is("DISTLAB_ATTN_HOPPER_BWD_ORDER", "0", &c);
 }
+/* DISTLAB_ATTN_HOPPER_BWD_ELECT=1: the backward's consumers release their barriers with one arrival a
+ * warp instead of one a thread (bwd_kernel's ELECT; FA4-GAP.md B2, A/B timings). Built for the default
+ * loops only (BWD_ORDER at d 128, BWD_TURNS at d 64); with DISTLAB_ATTN_HOPPER_BWD_ORDER=0 or (d 64)
+ * DISTLAB_ATTN_HOPPER_BWD_TURNS=0 it is ignored. */
+static int env_bwd_elect(void) {
+  static int c = -1;
+  return env_is("DISTLAB_ATTN_HOPPER_BWD_ELECT", "1", &c);
+}
 
 /* The forward's A/B variants at d 128 (fwd_params.cuh's HP_FWD_OPT_*; experiments/lab/attn/FA4-GAP.md F2, F3):
  * DISTLAB_ATTN_HOPPER_FWD_ELECT=1 releases K/V stages with one arrival a consumer warp,
@@ -274,13 +282,13 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   return 0;
 }
 
-template <int DQK, int DV, int LOOP>
+template <int DQK, int DV, int LOOP, bool ELECT = false>
 static int launch_bwd(dim3 grid, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv,
                       const CUtensorMap &tdo, const bwd_params_t &k, void *stream) {
   const size_t smem = sizeof(bwd_smem_t<DQK, DV>) + 1024;
   static int done[64];
-  DL_TRY(allow_smem(bwd_kernel<DQK, DV, LOOP>, smem, done));
-  bwd_kernel<DQK, DV, LOOP><<<grid, THREADS, smem, (cudaStream_t)stream>>>(tq, tk, tv, tdo, k);
+  DL_TRY(allow_smem(bwd_kernel<DQK, DV, LOOP, ELECT>, smem, done));
+  bwd_kernel<DQK, DV, LOOP, ELECT><<<grid, THREADS, smem, (cudaStream_t)stream>>>(tq, tk, tv, tdo, k);
   return 0;
 }
 
@@ -307,15 +315,17 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
   k.ws_rows = thd ? p->total_q : (int64_t)p->b * p->s_q; /* attn_bwd.cu's workspace rows */
   k.err = dword;
   const dim3 grid((p->s_kv + BN - 1) / BN, p->h_kv, p->b);
-  const bool turns = p->d_qk == 64 && env_bwd_turns(), order = env_bwd_order();
+  const bool turns = p->d_qk == 64 && env_bwd_turns(), order = env_bwd_order(), elect = env_bwd_elect();
   int rc;
   if (p->d_qk == 64)
-    rc = turns ? launch_bwd<64, 64, BWD_TURNS>(grid, tq, tk, tv, tdo, k, stream)
-         : order ? launch_bwd<64, 64, BWD_ORDER>(grid, tq, tk, tv, tdo, k, stream)
-                 : launch_bwd<64, 64, BWD_STEP>(grid, tq, tk, tv, tdo, k, stream);
+    rc = turns && elect ? launch_bwd<64, 64, BWD_TURNS, true>(grid, tq, tk, tv, tdo, k, stream)
+         : turns        ? launch_bwd<64, 64, BWD_TURNS>(grid, tq, tk, tv, tdo, k, stream)
+         : order        ? launch_bwd<64, 64, BWD_ORDER>(grid, tq, tk, tv, tdo, k, stream)
+                        : launch_bwd<64, 64, BWD_STEP>(grid, tq, tk, tv, tdo, k, stream);
   else
-    rc = order ? launch_bwd<128, 128, BWD_ORDER>(grid, tq, tk, tv, tdo, k, stream)
-               : launch_bwd<128, 128, BWD_STEP>(grid, tq, tk, tv, tdo, k, stream);
+    rc = order && elect ? launch_bwd<128, 128, BWD_ORDER, true>(grid, tq, tk, tv, tdo, k, stream)
+         : order        ? launch_bwd<128, 128, BWD_ORDER>(grid, tq, tk, tv, tdo, k, stream)
+                        : launch_bwd<128, 128, BWD_STEP>(grid, tq, tk, tv, tdo, k, stream);
   if (rc) return rc;
   DL_CUDA_CHECK_LAUNCH("attn bwd (hopper)");
   const dim3 rgrid((p->s_q + BQ - 1) / BQ, p->h_q, p->b);

@@ -19,7 +19,8 @@
  *     query block of BQ = 64 rows that sees the keys: Q and dO into two
  *     stages; another warp loads the rows' LSE (as lse log2(e), +inf for a
  *     row with no key) and D beside them. Full barriers carry the bytes and
- *     that warp's 32 arrivals, empty barriers (256 arrivals) free a stage.
+ *     that warp's 32 arrivals, empty barriers (256 arrivals, or 8 with ELECT:
+ *     bwd_releases) free a stage.
  *   warpgroups 0 and 1, consumers (setmaxnreg 240): 64 keys each; dK, dV in
  *     registers over all the items. Per item:
  *       S^T = K_c Q^T and dP^T = V_c dO^T (SS wgmma m64n64k16, K-major both:
@@ -164,9 +165,18 @@ template <int DQK> HP_DEV void gemm_dq(float (&dq)[DQK / 4], uint32_t ds_base, u
 // only.) dl.attn takes BWD_ORDER unless DISTLAB_ATTN_HOPPER_BWD_ORDER=0 (attn_hopper.cu).
 enum bwd_loop_t { BWD_STEP = 0, BWD_ORDER = 1, BWD_TURNS = 2 };
 
+// The consumers' releases (q_empty, do_empty, dq_full, ds_ready, ds_free): every consumer thread
+// arrives (counts 256), or with ELECT (FA4-GAP.md B2; DISTLAB_ATTN_HOPPER_BWD_ELECT=1) lane 0 of each
+// consumer warp (counts 8). A release after a wgmma wait needs no more: the wait is warp-converged and
+// the wgmma's shared-memory reads are done at it, and the threads' generic reads of the stage (lse2,
+// delta) precede a named barrier of all of them (1, or a turn) before the release. A release after
+// the warp's generic stores (the dQ tile, dS^T; each thread fences them for the async proxy) has the
+// warp converge first (__syncwarp), so that lane 0's arrival follows all 32 lanes' stores.
+constexpr uint32_t bwd_releases(bool elect) { return elect ? 8 : 256; }
+
 // Each item's dQ goes to shared memory and a producer warp adds it to the accumulator with one bulk
 // reduction (FA3's way).
-template <int DQK, int DV, int LOOP>
+template <int DQK, int DV, int LOOP, bool ELECT>
 __global__ void __launch_bounds__(THREADS, 1)
     bwd_kernel(const HP_GRID_CONST hp_tmap_t tq, const HP_GRID_CONST hp_tmap_t tk, const HP_GRID_CONST hp_tmap_t tv,
                const HP_GRID_CONST hp_tmap_t tdo, const bwd_params_t p) {
@@ -192,14 +202,14 @@ __global__ void __launch_bounds__(THREADS, 1)
     for (int i = 0; i < 2; i++) {
       mbar_init(&sm.q_full[i], 1 + 32); // the TMA thread's expect_tx and warp 9's rows of lse2
       mbar_init(&sm.do_full[i], 1 + 32); // and of D
-      mbar_init(&sm.q_empty[i], 256);
-      mbar_init(&sm.do_empty[i], 256);
+      mbar_init(&sm.q_empty[i], bwd_releases(ELECT));
+      mbar_init(&sm.do_empty[i], bwd_releases(ELECT));
     }
-    mbar_init(&sm.dq_full, 256); // the consumers wrote an item's dQ
+    mbar_init(&sm.dq_full, bwd_releases(ELECT)); // the consumers wrote an item's dQ
     mbar_init(&sm.dq_empty, 1);  // and the producer's reduction has read it
     for (int i = 0; i < 2; i++) {
-      mbar_init(&sm.ds_ready[i], 256);
-      mbar_init(&sm.ds_free[i], 256);
+      mbar_init(&sm.ds_ready[i], bwd_releases(ELECT));
+      mbar_init(&sm.ds_free[i], bwd_releases(ELECT));
     }
     mbar_init_fence();
   }
@@ -259,6 +269,15 @@ __global__ void __launch_bounds__(THREADS, 1)
   // consumers: warpgroup c owns keys [c * 64, c * 64 + 64) of the block; this thread keys kr and kr + 8
   const int c = warp_id / 4, warp = tid / 32, lane = tid % 32;
   const int kr = c * 64 + warp * 16 + lane / 4;
+  // the consumers' arrivals on a barrier they release (bwd_releases): after a wgmma wait, and after
+  // the warp's fenced generic stores into shared memory
+  auto release = [&](uint64_t *bar) {
+    if (!ELECT || lane == 0) mbar_arrive(bar);
+  };
+  auto release_stores = [&](uint64_t *bar) {
+    if (ELECT) hp_syncwarp();
+    release(bar);
+  };
   float dk[DQK / 2], dv[DV / 2];
 #pragma unroll
   for (int i = 0; i < DQK / 2; i++) dk[i] = 0.0f;
@@ -420,11 +439,11 @@ __global__ void __launch_bounds__(THREADS, 1)
             make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
     }
     fence_proxy_async();
-    mbar_arrive(&sm.dq_full);
+    release_stores(&sm.dq_full);
   };
   auto free_stage = [&](int it) {
-    mbar_arrive(&sm.q_empty[it % 2]);
-    mbar_arrive(&sm.do_empty[it % 2]);
+    release(&sm.q_empty[it % 2]);
+    release(&sm.do_empty[it % 2]);
   };
 
   if (LOOP == BWD_ORDER) { // in step, FA4's order (the enum's comment)
@@ -440,10 +459,10 @@ __global__ void __launch_bounds__(THREADS, 1)
       gemm_dq<DQK>(dq, hp_smem_u32(sm.ds[it % 2]), k_cols);
       issue_dk(it);
       wg_wait<1>(); // dV and dQ are in (dK runs on): dO's stage is free, the dQ tile goes out
-      mbar_arrive(&sm.do_empty[it % 2]);
+      release(&sm.do_empty[it % 2]);
       store_dq(it, dq);
       wg_wait<0>(); // dK is in: Q's stage is free
-      mbar_arrive(&sm.q_empty[it % 2]);
+      release(&sm.q_empty[it % 2]);
     }
   } else if (LOOP == BWD_STEP) { // both warpgroups in step: they meet at named barrier 1 every item (dS^T both halves)
     for (int it = 0; it < items; it++) {
@@ -477,7 +496,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       p_and_ds(it, s, dp);
       if (it >= 2) mbar_wait(&sm.ds_free[it % 2], parity(it - 2), &sm.fail, p.err);
       store_ds(it);
-      mbar_arrive(&sm.ds_ready[it % 2]);
+      release_stores(&sm.ds_ready[it % 2]);
       take_turn();
       issue_dkv(it);
       if (it >= 1) {
@@ -488,7 +507,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       wg_wait<0>(); // dV, dK (and dQ of it - 1) are in
       free_stage(it);
       if (it >= 1) {
-        mbar_arrive(&sm.ds_free[(it - 1) % 2]);
+        release(&sm.ds_free[(it - 1) % 2]);
         store_dq(it - 1, dq);
       }
     }

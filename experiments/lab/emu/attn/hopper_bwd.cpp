@@ -8,9 +8,15 @@
 // tile, keys of other lengths) under five masks at head dim 128, and under
 // three at head dim 64, with accumulate_grads on some, in the default loop
 // (BWD_ORDER: FA4's order of an item's GEMMs); the earlier order (BWD_STEP)
-// and the warpgroups taking turns (BWD_TURNS) under every mask (--quick: a few
+// and the warpgroups taking turns (BWD_TURNS) under every mask; each loop also
+// with one arrival a warp on the consumers' releases (ELECT) (--quick: a few
 // runs a case, the masks turning with the case). Each check also shows
-// that a planted 2% error would fail it.
+// that a planted 2% error would fail it. Lanes drift apart within a warp
+// (cuda_emu.h's lane_drift), so that an elected arrival that overtakes its
+// warp's stores shows (FA4-GAP.md B2's planted bugs: without the __syncwarp
+// before dq_full's arrival, lane 0's arrivals let the dQ handoff's phases
+// complete twice before its warp's other lanes polled dq_empty's first, a
+// deadlock by phase parity, as it would be on the GPU).
 //   make -C experiments/lab/emu/attn hopper-emu-bwd
 #include "hopper.h"
 
@@ -43,7 +49,7 @@ struct errs {
   double pw() const { return den > 0 ? sqrt(planted / den) : 1.0; }
 };
 
-template <int D, int LOOP = BWD_ORDER> static bool run_case(const hp_case &cs, const hp_mask &mk, unsigned seed, bool accumulate) {
+template <int D, int LOOP = BWD_ORDER, bool ELECT = false> static bool run_case(const hp_case &cs, const hp_mask &mk, unsigned seed, bool accumulate) {
   const hp_seqs sq_(cs);
   const bool thd = sq_.thd, sbhd = sq_.sbhd;
   const int b = cs.b, h = cs.h, h_kv = cs.h_kv, group = h / h_kv, s = sq_.s, s_kv = sq_.s_kv, rows = sq_.rows,
@@ -142,7 +148,7 @@ template <int D, int LOOP = BWD_ORDER> static bool run_case(const hp_case &cs, c
     for (int y = 0; y < h_kv; y++)
       for (int x = 0; x < nb; x++)
         if (!hp_run_cta(dim3(x, y, z), dim3(nb, h_kv, b), THREADS, sizeof(bwd_smem_t<D, D>),
-                        [&] { bwd_kernel<D, D, LOOP>(tq, tk, tv, tdo, p); }))
+                        [&] { bwd_kernel<D, D, LOOP, ELECT>(tq, tk, tv, tdo, p); }))
           return false;
   const int mb = (s + BQ - 1) / BQ;
   if (mb > 0) {
@@ -218,9 +224,9 @@ template <int D, int LOOP = BWD_ORDER> static bool run_case(const hp_case &cs, c
     caught = caught && (e->den == 0 || e->pw() > tol_nw);
   }
   const std::string what = sq_.what(true);
-  printf("bwd d=%d%s %s h=%d/%d window (%d,%d)%s%s: dq %.2e/%.2e dk %.2e/%.2e dv %.2e/%.2e (normwise/elementwise), "
+  printf("bwd d=%d%s%s %s h=%d/%d window (%d,%d)%s%s: dq %.2e/%.2e dk %.2e/%.2e dv %.2e/%.2e (normwise/elementwise), "
          "stray %zu; planted 2%%: %.1e %.1e %.1e %s -> %s\n",
-         D, LOOP == BWD_TURNS ? " turns" : LOOP == BWD_STEP ? " step" : "", what.c_str(), h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", accumulate ? " accumulate" : "", eq.nw(), eq.emax(),
+         D, LOOP == BWD_TURNS ? " turns" : LOOP == BWD_STEP ? " step" : "", ELECT ? " elect" : "", what.c_str(), h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", accumulate ? " accumulate" : "", eq.nw(), eq.emax(),
          ek.nw(), ek.emax(), ev.nw(), ev.emax(), stray, eq.pw(), ek.pw(), ev.pw(), caught ? "caught" : "MISSED",
          ok && caught ? "ok" : "FAIL");
   return ok && caught;
@@ -229,6 +235,7 @@ template <int D, int LOOP = BWD_ORDER> static bool run_case(const hp_case &cs, c
 int main(int argc, char **argv) {
   const bool quick = argc > 1 && !strcmp(argv[1], "--quick");
   bool ok = true;
+  emu.lane_drift = true;
   std::vector<hp_case> cases = hp_cases;
   cases.push_back({2, 2, 2, 1, 0, {0, 50}, {0, 3}, {140, 60}}); // thd: no queries for 140 keys (dk, dv = 0)
   const hp_mask *masks = hp_masks;
@@ -242,6 +249,11 @@ int main(int argc, char **argv) {
       ok = run_case<64>(c, masks[(ci + 4) % 5], seed++, ci % 3 == 2) && ok;
       ok = run_case<64, BWD_TURNS>(c, masks[(ci + 1) % 5], seed++, ci % 3 == 0) && ok;
       if (ci % 2 == 0) ok = run_case<128, BWD_STEP>(c, masks[(ci + 3) % 5], seed++, ci % 3 == 2) && ok;
+      // one arrival a warp (ELECT): dl.attn's two (d 128 in FA4's order, d 64 with the turns), the
+      // earlier order on every other case
+      ok = run_case<128, BWD_ORDER, true>(c, masks[(ci + 1) % 5], seed++, ci % 3 == 1) && ok;
+      ok = run_case<64, BWD_TURNS, true>(c, masks[(ci + 3) % 5], seed++, ci % 3 == 2) && ok;
+      if (ci % 2 == 1) ok = run_case<128, BWD_STEP, true>(c, masks[(ci + 4) % 5], seed++, ci % 3 == 0) && ok;
       continue;
     }
     for (int m = 0; m < 5; m++) {
@@ -256,6 +268,15 @@ int main(int argc, char **argv) {
       ok = run_case<64, BWD_TURNS>(c, masks[m], seed++, m == 1 || m == 2) && ok;
     for (int m = 0; m < 5; m++) ok = run_case<128, BWD_STEP>(c, masks[m], seed++, m == 3) && ok;
     for (int m : {0, 2, 4}) ok = run_case<64, BWD_STEP>(c, masks[m], seed++, m == 2) && ok;
+    for (int m = 0; m < 5; m++) { // one arrival a warp, in every loop
+      ok = run_case<128, BWD_ORDER, true>(c, masks[m], seed++, m == 1) && ok;
+      ok = run_case<128, BWD_STEP, true>(c, masks[m], seed++, m == 4) && ok;
+      ok = run_case<64, BWD_TURNS, true>(c, masks[m], seed++, m == 0) && ok;
+    }
+    for (int m : {0, 2, 4}) {
+      ok = run_case<64, BWD_ORDER, true>(c, masks[m], seed++, m == 4) && ok;
+      ok = run_case<64, BWD_STEP, true>(c, masks[m], seed++, m == 0) && ok;
+    }
   }
   printf("%s\n", ok ? "hopper emu bwd: all ok" : "hopper emu bwd: FAILED");
   return ok ? 0 : 1;
