@@ -487,7 +487,8 @@ for i, r in ipairs(rows) do
   out[i] = {}
   for j, c in ipairs(COLS) do
     local v = r[c]
-    out[i][j] = type(v) == "number" and v ~= math.floor(v) and string.format("%.2f", v) or v
+    -- times and rates at two decimals always (a re-read 14.00 stays 14.00), counts as they are
+    out[i][j] = type(v) == "number" and (c:match("_us$") or c:match("_GBps$")) and string.format("%.2f", v) or v
   end
 end
 local base = "ep-bench-" .. h.tag

@@ -137,7 +137,8 @@ if not h.given.tag then h.tag = dev:match("^cuda") and (gpu:match("([AHBL]%d+)")
 local cuda = dev:match("^cuda") ~= nil
 local BACKENDS = {}
 for _, b in ipairs(A.backends) do
-  if cuda or b == "auto" or b == "auto_dev" then BACKENDS[#BACKENDS + 1] = b end -- cpu: the twin alone
+  -- cpu: the twin alone, but --measured reports what the timed run's CSV has, on any host
+  if cuda or A.measured or b == "auto" or b == "auto_dev" then BACKENDS[#BACKENDS + 1] = b end
 end
 
 -- ---- torch's figures (--torch) --------------------------------------------------------
@@ -401,18 +402,37 @@ if #notes > 0 then
 end
 local st = dl.gemm.stats()
 local function ver(v) return string.format("%d.%d.%d", math.floor(v / 10000), math.floor(v / 100) % 100, v % 100) end
-local extra = { "build: " .. dl.build_info(),
-  (st.version > 0 and ("cuBLASLt " .. ver(st.version)) or "cuBLASLt not loaded") .. ", " ..
-    (st.cublas_version > 0 and ("cuBLAS " .. ver(st.cublas_version)) or "cuBLAS not loaded") ..
-    " (cublas: cublasGemmGroupedBatchedEx, one problem per expert, experts of one shape one group; loop: "
-    .. "cublasLtMatmul per expert, experts of one shape and evenly spaced one strided-batched call, the heuristic's "
-    .. "first fp32-partials algorithm, cached; loop4: over 4 side streams, the largest first; auto: "
+local libs = (st.version > 0 and ("cuBLASLt " .. ver(st.version)) or "cuBLASLt not loaded") .. ", " ..
+  (st.cublas_version > 0 and ("cuBLAS " .. ver(st.cublas_version)) or "cuBLAS not loaded")
+local build = "build: " .. dl.build_info()
+-- --measured: this process timed nothing, so the timed run's results file (beside its CSV) gives the
+-- device, date, commit, libraries and build, and the file can be assembled on any host (the line
+-- "assembled" names this command)
+local timed_md = A.measured and bench.markdown.read_header((A.measured:gsub("%.csv$", ".md"))) or nil
+local assembled
+if timed_md and timed_md.device and timed_md.libraries then
+  local own = h:info()
+  h.run_info = { device = timed_md.device, date = timed_md.date, commit = (timed_md.commit:gsub("`", "")),
+    command = own.command, ran_as = own.ran_as, libraries = timed_md.libraries }
+  for line in io.lines((A.measured:gsub("%.csv$", ".md"))) do
+    build = line:match("^%- (build: .*)") or build
+    libs = line:match("^%- (cuBLASLt [%d.]+, cuBLAS [^(]*) %(") or libs
+  end
+  assembled = "timed by: `" .. timed_md.command .. "`; assembled: `" .. own.command .. "` on " .. own.device .. ", "
+    .. own.date .. " (from the CSVs of that run)"
+end
+local extra = { build,
+  libs .. " (cublas: cublasGemmGroupedBatchedEx, one problem per expert, experts of one shape one group; loop: "
+    .. "cublasLtMatmul per expert, the heuristic's first fp32-partials algorithm, cached; experts of one shape and "
+    .. "evenly spaced one strided-batched call, the fastest of the heuristic's first 8 that agrees with its first, "
+    .. "timed at the shape's first call; loop4: over 4 side streams, the largest first; auto: "
     .. "core/ops/gemm/grouped.c's rule)",
   "counts: Lua lists (no device read), but auto_dev: an int32 tensor on the device (read back, a wait per call)",
   "torch: " .. (torch_about or "not run (no --torch)"),
   "data checked after timing: per row and backend, fresh inputs scaled by a power of two of its own, out poisoned, "
     .. "3 rows of 3 experts against the fp64 product on the host: elements within 2u |ref| + 2u rms, normwise 1.5u, "
     .. "bias 2^-10 (#wrong, summed over the backends)" }
+if assembled then extra[#extra + 1] = assembled end
 local path = h:markdown("grouped-" .. h.tag .. ".md", "dl.gemm.grouped vs torch's grouped GEMM (bf16)", lines, extra)
 h:csv("grouped-" .. h.tag .. ".csv", CSV_COLS, csv_rows)
 print("wrote " .. path .. " and .csv")

@@ -135,12 +135,22 @@ awk -F'|' '$6 != 0 { bad = 1 } END { exit !bad }' "$L/records" 2>/dev/null && st
 
 # ---- the results file ---------------------------------------------------------------------
 md="$OUT/suite-$gpu.md"
+git_head=$(git rev-parse --short HEAD 2>/dev/null)
+# uncommitted changes, told only where this host's .git is the commit named: a tree carried with
+# DISTLAB_COMMIT set is that commit's, and a diff against an older .git here would list its commits
+dirty_note() {
+  if [ -n "$git_head" ] && { [ -z "${DISTLAB_COMMIT:-}" ] || [ "${DISTLAB_COMMIT}" = "$git_head" ]; }; then
+    git diff --quiet HEAD || echo " (with uncommitted changes: $(git diff --name-only HEAD | head -3 | tr '\n' ' ')$(git diff --name-only HEAD | wc -l) files)"
+  elif [ -n "$git_head" ]; then
+    echo " (the tree carried as DISTLAB_COMMIT; this host's .git is at $git_head)"
+  fi
+}
 {
   echo "# The whole suite on one $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) (scripts/gpu/suite.sh)"
   echo
   echo "- device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1), $ngpu GPU(s); $(nproc) CPU cores"
   echo "- date: $(date -u -d "@$t_start" '+%Y-%m-%d %H:%M UTC')"
-  echo "- commit: \`${DISTLAB_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}\`$(git rev-parse --git-dir >/dev/null 2>&1 && ! git diff --quiet HEAD && echo " (with uncommitted changes: $(git diff --name-only HEAD | head -3 | tr '\n' ' ')$(git diff --name-only HEAD | wc -l) files)")"
+  echo "- commit: \`${DISTLAB_COMMIT:-${git_head:-unknown}}\`$(dirty_note)"
   echo "- command: \`$(env | grep -E '^(DISTLAB|NCCL|CUDA)_' | sort | tr '\n' ' ')$([ "$build_how" = "on the host" ] || echo "SKIP_BUILD=1 ")STEPS=\"$STEPS\" LANES=$LANES RANKS=\"$RANKS\" MULTI=\"${MULTI% }\" MULTI8=\"$MULTI8\" TRACKS=${TRACKS:-parallel}${SPECS:+ SPECS=\"$SPECS\"} scripts/gpu/suite.sh\`; each step below is \`[VARS] ./distlab test [ARGS] FILE\` (the #multigpu ones with \`--tags=multigpu\`, at 4 and 8 ranks with the \`--filter-out\` of FIXED), its variables in the table"
   echo "- build: $build_how; $(grep -h '^lib distlab:' "$L/libs.log" 2>/dev/null | sed 's/^lib distlab: //')"
   echo "- libraries loaded (scripts/gpu/libs.lua: an NCCL world, a GEMM, a cudnn attention step):"

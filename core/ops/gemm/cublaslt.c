@@ -44,14 +44,13 @@
  * c in place (c is d) with a 16-bit d and beta != 0 runs on a copy of c
  * (run_on_copy; gemm_internal.h says why), here so that every caller gets it.
  *
- * Opt-in tuning (DISTLAB_GEMM_TUNE=N): core/ops/gemm/cublaslt_tune.c times and
- * checks the first N candidates at a configuration's first call and keeps the
- * fastest that agrees with the first; N, whether beta is 0 and whether c is
- * the output are part of the key.
+ * Tuning (DISTLAB_GEMM_TUNE=N; a strided batch by default): core/ops/gemm/
+ * cublaslt_tune.c times and checks the first N candidates at a configuration's
+ * first call and keeps the fastest that agrees with the first; N, whether beta
+ * is 0 and whether c is the output are part of the key.
  */
 #define _GNU_SOURCE /* dladdr */
 #include <dlfcn.h>
-#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -452,7 +451,7 @@ static int run_locked(const dl_gemm_args_t *g, int dev, void *ws, int64_t ws_byt
     if (batch > 1 && sa < align[i]) align[i] = sa;
   }
   int tune;
-  DL_TRY(dl_lt_tune_count(&tune));
+  DL_TRY(dl_lt_tune_count(batch > 1, &tune));
   /* a tuned choice was checked at its first call's beta and c (in place or not) */
   const int64_t key[KEY] = {dev,      g->a.dtype, g->d.dtype, ox.op,    oy.op,    rows,
                             cols,     g->k,       ox.ld,      oy.ld,    oc.ld,    od.ld,

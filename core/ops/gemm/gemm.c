@@ -142,26 +142,24 @@ static int run_cuda(const dl_gemm_args_t *g, const dl_tensor_t *a, dl_tensor_t *
 #endif
 }
 
-/* meta: what a cuda call would take, charged and given back: the copy of c (c_bytes > 0, held
- * across the GEMM) and the workspace (with_ws: none was given) */
-static int account_workspace(const dl_tensor_t *a, int64_t c_bytes, int with_ws) {
-  dl_storage_t *cs = NULL, *st = NULL;
+int dl_gemm_meta_charge(int dev_index, int64_t ws_bytes, int64_t copy_bytes) {
+  dl_storage_t *ws = NULL, *cs = NULL;
   int rc = DL_OK;
-  if (c_bytes > 0) {
-    DL_TRY(dl_mem_tag_push("gemm_c_copy"));
-    rc = dl_storage_new(DL_META, a->dev_index, c_bytes, NULL, &cs);
+  if (ws_bytes > 0) {
+    DL_TRY(dl_mem_tag_push("gemm_workspace"));
+    rc = dl_storage_new(DL_META, dev_index, ws_bytes, NULL, &ws);
     dl_mem_tag_pop();
   }
-  if (!rc && with_ws) {
-    rc = dl_mem_tag_push("gemm_workspace"); /* the tag's id, >= 0, or an error */
+  if (!rc && copy_bytes > 0) {
+    rc = dl_mem_tag_push("gemm_c_copy"); /* the tag's id, >= 0, or an error */
     if (rc >= 0) {
-      rc = dl_storage_new(DL_META, a->dev_index, DL_GEMM_WORKSPACE_BYTES, NULL, &st);
+      rc = dl_storage_new(DL_META, dev_index, copy_bytes, NULL, &cs);
       dl_mem_tag_pop();
     }
   }
-  if (st) dl_storage_release(st);
   if (cs) dl_storage_release(cs);
-  return rc;
+  if (ws) dl_storage_release(ws);
+  return rc < 0 ? rc : DL_OK;
 }
 
 int dl_gemm(const dl_gemm_opts_t *o, const dl_tensor_t *a, const dl_tensor_t *b,
@@ -174,8 +172,9 @@ int dl_gemm(const dl_gemm_opts_t *o, const dl_tensor_t *a, const dl_tensor_t *b,
     rc = DL_ERR(DL_EINVAL, "gemm: a workspace is for cuda (and meta, which counts it); a is on cpu");
   /* meta data pointers are all NULL: a c of a storage of its own is not out */
   if (!rc && a->dev_type == DL_META)
-    rc = account_workspace(a, g.k && !(o->c && o->c->storage != (*out)->storage)
-                                  ? dl_gemm_c_copy_bytes(&g) : 0, !o->workspace);
+    rc = dl_gemm_meta_charge(a->dev_index, o->workspace ? 0 : DL_GEMM_WORKSPACE_BYTES,
+                             g.k && !(o->c && o->c->storage != (*out)->storage)
+                                 ? dl_gemm_c_copy_bytes(&g) : 0);
   if (!rc && a->dev_type == DL_CPU) rc = dl_gemm_cpu(&g, NULL);
   if (!rc && a->dev_type == DL_CUDA && g.m && g.n && g.k == 0) {
     /* an empty sum (cuBLASLt refuses k = 0): out = beta * c */

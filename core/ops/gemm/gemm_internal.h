@@ -58,6 +58,11 @@ static inline int64_t dl_gemm_c_copy_bytes(const dl_gemm_args_t *g) {
   return (last + 1) * dl_dtype_size(g->c.dtype);
 }
 
+/* meta: what a cuda call would take, charged and given back, both held at once so the peak
+ * counts them: ws_bytes under "gemm_workspace", copy_bytes (the copy of c) under "gemm_c_copy";
+ * 0: none (core/ops/gemm/gemm.c) */
+int dl_gemm_meta_charge(int dev_index, int64_t ws_bytes, int64_t copy_bytes);
+
 /* The grouped GEMM's counters (core/ops/gemm/grouped.c), for dl_gemm_stats. */
 void dl_gemm_grouped_stats(dl_gemm_stats_t *out);
 

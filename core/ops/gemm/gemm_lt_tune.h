@@ -1,17 +1,21 @@
 /*
  * gemm_lt_tune.h — cuBLASLt's opt-in tuning (core/ops/gemm/cublaslt_tune.c),
  * which core/ops/gemm/cublaslt.c asks at a configuration's first call when
- * DISTLAB_GEMM_TUNE is set.
+ * DISTLAB_GEMM_TUNE is set, and for a strided batch unless it is 0 or 1.
  */
 #ifndef DISTLAB_GEMM_LT_TUNE_H
 #define DISTLAB_GEMM_LT_TUNE_H
 
 #include "base/internal.h"
 
-enum { DL_LT_TUNE_MAX = 8 }; /* candidates asked of the heuristic, at most */
+enum {
+  DL_LT_TUNE_MAX = 8,     /* candidates asked of the heuristic, at most */
+  DL_LT_TUNE_BATCHED = 8, /* timed for a strided batch when DISTLAB_GEMM_TUNE is unset */
+};
 
-/* DISTLAB_GEMM_TUNE: how many candidates to time (0: no tuning); an error names a bad value. */
-int dl_lt_tune_count(int *out);
+/* DISTLAB_GEMM_TUNE: how many candidates to time (0: no tuning) for a GEMM, a strided batch
+ * of them when batched (unset: DL_LT_TUNE_BATCHED); an error names a bad value. */
+int dl_lt_tune_count(int batched, int *out);
 
 #ifdef DL_WITH_CUDA
 #include <cublasLt.h>

@@ -19,7 +19,10 @@
  *         backend LOOP: one cuBLASLt GEMM per expert through dl_gemm's
  *         algorithm cache (core/ops/gemm/cublaslt.c), consecutive experts of
  *         one shape with evenly spaced operands as one strided-batched GEMM
- *         (uniform counts: a single call, what torch.bmm runs), on `streams`
+ *         (uniform counts: a single call, what torch.bmm runs; its algorithm
+ *         the fastest of cuBLASLt's first 8 at its first call, which may
+ *         round up to 1 element in 256 differently from the first, unless
+ *         DISTLAB_GEMM_TUNE says otherwise, cublaslt_tune.c), on `streams`
  *         side streams that wait for the calling stream and that it waits
  *         for afterwards (the largest GEMM first, each to the stream with
  *         the least work so far; each stream its slice of the workspace);
@@ -289,36 +292,13 @@ static int plan_make(int op, const int64_t *cnt, int64_t E, const rows_t *x, con
 
 /* meta: the most that cuda's loop takes for the copy of c (dl_gemm_lt_run, gemm_internal.h)
  * when it accumulates into a 16-bit out: all of out, which every expert in one strided batch
- * (uniform counts) copies; other counts copy one GEMM's or batch's part at a time. */
+ * (uniform counts) copies; other counts copy one GEMM's or batch's part at a time. (Backend
+ * cublas, which has no C apart from out, refuses that case: check_out.) */
 static int64_t copy_bound(const dl_gemm_grouped_opts_t *o, const dl_view_t *vd) {
-  if (!o->accumulate || !dl_gemm_is_half(vd->dtype) || o->backend == DL_GEMM_GROUPED_CUBLAS ||
-      !vd->numel)
-    return 0;
-  int64_t last = 0;
-  for (int d = 0; d < vd->ndim; d++) last += (vd->shape[d] - 1) * vd->strides[d];
-  return (last + 1) * dl_dtype_size(vd->dtype);
-}
-
-/* meta: what a cuda call would take, charged and given back: the workspace (with_ws: none was
- * given) and, held with it, the copy of c (copy > 0) */
-static int account_workspace(const dl_tensor_t *a, int64_t E, int with_ws, int64_t copy) {
-  dl_storage_t *st = NULL, *cs = NULL;
-  int rc = DL_OK;
-  if (with_ws) {
-    DL_TRY(dl_mem_tag_push("gemm_workspace"));
-    rc = dl_storage_new(DL_META, a->dev_index, dl_gemm_grouped_workspace_bytes(E), NULL, &st);
-    dl_mem_tag_pop();
-  }
-  if (!rc && copy > 0) {
-    rc = dl_mem_tag_push("gemm_c_copy"); /* the tag's id, >= 0, or an error */
-    if (rc >= 0) {
-      rc = dl_storage_new(DL_META, a->dev_index, copy, NULL, &cs);
-      dl_mem_tag_pop();
-    }
-  }
-  if (cs) dl_storage_release(cs);
-  if (st) dl_storage_release(st);
-  return rc;
+  if (!o->accumulate || !dl_gemm_is_half(vd->dtype)) return 0;
+  uintptr_t lo, hi;
+  dl_gemm_extent(vd, &lo, &hi);
+  return (int64_t)(hi - lo);
 }
 
 /* ---- the call ---------------------------------------------------------------- */
@@ -450,7 +430,8 @@ int dl_gemm_grouped(dl_gemm_grouped_opts_t *o, const dl_tensor_t *a, const dl_te
   if (!rc && o->workspace && a->dev_type == DL_CPU)
     rc = DL_ERR(DL_EINVAL, "%s: a workspace is for cuda (and meta, which counts it); x is on cpu", fn);
   if (!rc && a->dev_type == DL_META) {
-    rc = account_workspace(a, E, !o->workspace, copy_bound(o, &c.vd));
+    rc = dl_gemm_meta_charge(a->dev_index, o->workspace ? 0 : dl_gemm_grouped_workspace_bytes(E),
+                             copy_bound(o, &c.vd));
   } else if (!rc) {
     rc = plan_make(o->op, cnt, E, &c.x, &c.y, &c.vb, &c.d, &c.vd, o->accumulate ? 1 : 0, &p);
     if (!rc && a->dev_type == DL_CPU) {
