@@ -64,6 +64,15 @@ static int env_bwd_elect(void) {
   static int c = -1;
   return env_is("DISTLAB_ATTN_HOPPER_BWD_ELECT", "1", &c);
 }
+/* DISTLAB_ATTN_HOPPER_BWD_BULK_LSE=1: the backward runs its own prep (bwd_prep_kernel: lse log2(e) and D
+ * in rows padded per sequence) and its main kernel loads an item's rows of them by cp.async.bulk with Q
+ * and dO (bwd_kernel's BULK; FA4-GAP.md B5, A/B timings). Built for the default loops only (BWD_ORDER at
+ * d 128, BWD_TURNS at d 64, each with and without ELECT); ignored with DISTLAB_ATTN_HOPPER_BWD_ORDER=0
+ * or (d 64) DISTLAB_ATTN_HOPPER_BWD_TURNS=0 (dl_attn_bwd_hopper_preps). */
+static int env_bwd_bulk_lse(void) {
+  static int c = -1;
+  return env_is("DISTLAB_ATTN_HOPPER_BWD_BULK_LSE", "1", &c);
+}
 
 /* The forward's A/B variants at d 128 (fwd_params.cuh's HP_FWD_OPT_*; experiments/lab/attn/FA4-GAP.md F2, F3):
  * DISTLAB_ATTN_HOPPER_FWD_ELECT=1 releases K/V stages with one arrival a consumer warp,
@@ -146,6 +155,10 @@ extern "C" int dl_attn_bwd_hopper_usable(const dl_attn_params_t *p, int *yes) {
   *yes = 0;
   if (!dl_attn_bwd_hopper_fits(p, NULL, 0)) return 0;
   return on_hopper(yes);
+}
+
+extern "C" int dl_attn_bwd_hopper_preps(const dl_attn_params_t *p) {
+  return env_bwd_bulk_lse() && (p->d_qk == 64 ? env_bwd_turns() : env_bwd_order());
 }
 
 static PFN_cuTensorMapEncodeTiled_v12000 encode_fn(void) {
@@ -282,18 +295,19 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   return 0;
 }
 
-template <int DQK, int DV, int LOOP, bool ELECT = false>
+template <int DQK, int DV, int LOOP, bool ELECT = false, bool BULK = false>
 static int launch_bwd(dim3 grid, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv,
                       const CUtensorMap &tdo, const bwd_params_t &k, void *stream) {
   const size_t smem = sizeof(bwd_smem_t<DQK, DV>) + 1024;
   static int done[64];
-  DL_TRY(allow_smem(bwd_kernel<DQK, DV, LOOP, ELECT>, smem, done));
-  bwd_kernel<DQK, DV, LOOP, ELECT><<<grid, THREADS, smem, (cudaStream_t)stream>>>(tq, tk, tv, tdo, k);
+  DL_TRY(allow_smem(bwd_kernel<DQK, DV, LOOP, ELECT, BULK>, smem, done));
+  bwd_kernel<DQK, DV, LOOP, ELECT, BULK><<<grid, THREADS, smem, (cudaStream_t)stream>>>(tq, tk, tv, tdo, k);
   return 0;
 }
 
-extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc, const float *delta, void *stream) {
-  /* after dl_attn_bwd_cuda's prep: the main kernel, then bwd_dq_kernel */
+extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc, float *delta, void *stream) {
+  /* after dl_attn_bwd_cuda's prep (or, with dl_attn_bwd_hopper_preps, this one's own): the main
+   * kernel, then bwd_dq_kernel */
   int *dword = NULL;
   DL_TRY(status_check(&dword, "attn bwd"));
   const bool thd = p->cu_seqlens_q != NULL;
@@ -311,21 +325,39 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
   k.dq = (uint16_t *)p->dq, k.dk = (uint16_t *)p->dk, k.dv = (uint16_t *)p->dv;
   copy_st(k.dq_st, p->dq_st), copy_st(k.dk_st, p->dk_st), copy_st(k.dv_st, p->dv_st);
   k.accumulate = p->accumulate_grads;
-  k.delta = delta, k.dq_acc = dq_acc;
+  k.dq_acc = dq_acc;
   k.ws_rows = thd ? p->total_q : (int64_t)p->b * p->s_q; /* attn_bwd.cu's workspace rows */
   k.err = dword;
   const dim3 grid((p->s_kv + BN - 1) / BN, p->h_kv, p->b);
   const bool turns = p->d_qk == 64 && env_bwd_turns(), order = env_bwd_order(), elect = env_bwd_elect();
+  const bool bulk = dl_attn_bwd_hopper_preps(p);
+  if (bulk) { /* the prep into bwd_lse_row's rows: D where delta points, lse log2(e) after it */
+    k.lse_rows = dl_attn_bwd_lse_rows(p);
+    float *lse2 = delta + (size_t)k.lse_rows * p->h_q;
+    k.o = (const uint16_t *)p->out, k.dout = (const uint16_t *)p->dout, k.lse2 = lse2;
+    copy_st(k.o_st, p->out_st), copy_st(k.do_st, p->dout_st);
+    const dim3 pgrid((p->s_q + BQ - 1) / BQ, p->h_q, p->b);
+    if (p->s_q > 0) {
+      if (p->d_qk == 64) bwd_prep_kernel<64, 64><<<pgrid, 128, 0, (cudaStream_t)stream>>>(k, delta, lse2);
+      else bwd_prep_kernel<128, 128><<<pgrid, 128, 0, (cudaStream_t)stream>>>(k, delta, lse2);
+      DL_CUDA_CHECK_LAUNCH("attn bwd (hopper) prep");
+    }
+  }
+  k.delta = delta;
   int rc;
   if (p->d_qk == 64)
-    rc = turns && elect ? launch_bwd<64, 64, BWD_TURNS, true>(grid, tq, tk, tv, tdo, k, stream)
-         : turns        ? launch_bwd<64, 64, BWD_TURNS>(grid, tq, tk, tv, tdo, k, stream)
-         : order        ? launch_bwd<64, 64, BWD_ORDER>(grid, tq, tk, tv, tdo, k, stream)
-                        : launch_bwd<64, 64, BWD_STEP>(grid, tq, tk, tv, tdo, k, stream);
+    rc = turns && bulk && elect ? launch_bwd<64, 64, BWD_TURNS, true, true>(grid, tq, tk, tv, tdo, k, stream)
+         : turns && bulk        ? launch_bwd<64, 64, BWD_TURNS, false, true>(grid, tq, tk, tv, tdo, k, stream)
+         : turns && elect       ? launch_bwd<64, 64, BWD_TURNS, true>(grid, tq, tk, tv, tdo, k, stream)
+         : turns                ? launch_bwd<64, 64, BWD_TURNS>(grid, tq, tk, tv, tdo, k, stream)
+         : order                ? launch_bwd<64, 64, BWD_ORDER>(grid, tq, tk, tv, tdo, k, stream)
+                                : launch_bwd<64, 64, BWD_STEP>(grid, tq, tk, tv, tdo, k, stream);
   else
-    rc = order && elect ? launch_bwd<128, 128, BWD_ORDER, true>(grid, tq, tk, tv, tdo, k, stream)
-         : order        ? launch_bwd<128, 128, BWD_ORDER>(grid, tq, tk, tv, tdo, k, stream)
-                        : launch_bwd<128, 128, BWD_STEP>(grid, tq, tk, tv, tdo, k, stream);
+    rc = order && bulk && elect ? launch_bwd<128, 128, BWD_ORDER, true, true>(grid, tq, tk, tv, tdo, k, stream)
+         : order && bulk        ? launch_bwd<128, 128, BWD_ORDER, false, true>(grid, tq, tk, tv, tdo, k, stream)
+         : order && elect       ? launch_bwd<128, 128, BWD_ORDER, true>(grid, tq, tk, tv, tdo, k, stream)
+         : order                ? launch_bwd<128, 128, BWD_ORDER>(grid, tq, tk, tv, tdo, k, stream)
+                                : launch_bwd<128, 128, BWD_STEP>(grid, tq, tk, tv, tdo, k, stream);
   if (rc) return rc;
   DL_CUDA_CHECK_LAUNCH("attn bwd (hopper)");
   const dim3 rgrid((p->s_q + BQ - 1) / BQ, p->h_q, p->b);

@@ -10,7 +10,9 @@
  * backward's prep (D = rowsum(dO * O), the fp32 dQ accumulator zeroed), on
  * that workspace (D [h][rows] and dQ [h][rows][DQK], row ws_row(sequence,
  * i)), then bwd_dq_kernel (dq = scale * accumulator; the accumulator's
- * columns are permuted within a row, bwd_dq_col).
+ * columns are permuted within a row, bwd_dq_col). With BULK its own
+ * bwd_prep_kernel replaces that prep (D and lse log2(e) in bwd_lse_row's
+ * padded rows).
  *
  * bwd_kernel: CTA = BN = 128 keys of one kv head and batch, 384 threads;
  * grid (key blocks, kv heads, batches).
@@ -20,7 +22,10 @@
  *     stages; another warp loads the rows' LSE (as lse log2(e), +inf for a
  *     row with no key) and D beside them. Full barriers carry the bytes and
  *     that warp's 32 arrivals, empty barriers (256 arrivals, or 8 with ELECT:
- *     bwd_releases) free a stage.
+ *     bwd_releases) free a stage. With BULK (FA4-GAP.md B5), bwd_prep_kernel
+ *     has prepared lse log2(e) and D in rows padded per sequence, and the TMA
+ *     thread loads an item's rows of both with its Q and dO (cp.async.bulk):
+ *     full barriers of one arrival and the bytes.
  *   warpgroups 0 and 1, consumers (setmaxnreg 240): 64 keys each; dK, dV in
  *     registers over all the items. Per item:
  *       S^T = K_c Q^T and dP^T = V_c dO^T (SS wgmma m64n64k16, K-major both:
@@ -97,6 +102,13 @@ struct bwd_params_t {
   float *dq_acc;
   int64_t ws_rows;           // thd: the packed rows of q; else b * s_q
   int *err;                  // optional: set to 1 when a wait timed out
+  // BULK only (bwd_prep_kernel's inputs and output; kept last, so that the other kernels' parameters
+  // stay where they were): out and dO (bf16), and lse log2(e) [h][lse_rows] in bwd_lse_row's rows
+  // (delta then holds D in the same layout)
+  const uint16_t *o, *dout;
+  int64_t o_st[3], do_st[3];
+  const float *lse2;
+  int64_t lse_rows;
 };
 
 HP_DEV int64_t bwd_at(const int64_t (&st)[3], int first, int row, int head, int tb) {
@@ -105,6 +117,49 @@ HP_DEV int64_t bwd_at(const int64_t (&st)[3], int first, int row, int head, int 
 // The workspace row of row i of sequence bb (attn_bwd.cu's attn_ws_row).
 HP_DEV int64_t bwd_ws_row(const bwd_params_t &p, const hp_seq_t &s, int bb, int i) {
   return p.cu_q ? (int64_t)s.first_q + i : (int64_t)bb * p.s_q + i;
+}
+
+// BULK: row i of sequence bb in the prepared rows of lse log2(e) and D. Each sequence starts at a
+// multiple of BQ, so that an item's BQ rows are one 16-byte aligned bulk copy that stays inside its
+// sequence's rows, the pad of the last item included (filled by bwd_prep_kernel: lse2 +inf, D 0, so
+// P = dS = 0 there). Padding, rather than scalar loads for the clipped last item, because the
+// unpadded rows of an item start at any row (thd offsets, b s_q), where a bulk copy is not aligned.
+// The starts ((workspace row of the sequence + BQ bb) / BQ) BQ keep the sequences apart for
+// non-decreasing offsets; dl_attn_bwd_workspace_bytes's round_up(rows, 64) + 64 b rows a head hold them.
+HP_DEV int64_t bwd_lse_row(const bwd_params_t &p, const hp_seq_t &s, int bb, int i) {
+  return (bwd_ws_row(p, s, bb, 0) + (int64_t)BQ * bb) / BQ * BQ + i;
+}
+
+// BULK's prep (the portable prep's work, attn_bwd.cu, in the padded rows): grid (blocks of BQ rows, h,
+// b), 128 threads, a warp a row. D = rowsum(dO * out) in fp32 and lse log2(e) (+inf for a row with no
+// key) into bwd_lse_row's rows, the pad up to the sequence's next multiple of BQ 0 and +inf; the fp32
+// dQ accumulator's rows zeroed.
+template <int DQK, int DV> __global__ void __launch_bounds__(128) bwd_prep_kernel(const bwd_params_t p, float *delta, float *lse2) {
+  const int hh = blockIdx.y, bb = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const hp_seq_t sq = hp_seq(p, bb);
+  for (int r = warp; r < BQ; r += 4) {
+    const int i = blockIdx.x * BQ + r;
+    if (i >= (sq.len_q + BQ - 1) / BQ * BQ) return;
+    const int64_t at = hh * p.lse_rows + bwd_lse_row(p, sq, bb, i);
+    if (i >= sq.len_q) {
+      if (lane == 0) delta[at] = 0.0f, lse2[at] = INFINITY;
+      continue;
+    }
+    const uint16_t *o = p.o + bwd_at(p.o_st, sq.first_q, i, hh, sq.tb), *d = p.dout + bwd_at(p.do_st, sq.first_q, i, hh, sq.tb);
+    float acc = 0.0f;
+    for (int c = 2 * lane; c < DV; c += 64) {
+      const uint32_t x = *reinterpret_cast<const uint32_t *>(o + c), y = *reinterpret_cast<const uint32_t *>(d + c);
+      acc += bf16_lo(x) * bf16_lo(y) + bf16_hi(x) * bf16_hi(y);
+    }
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1) acc += hp_shfl_xor(acc, m);
+    if (lane == 0) {
+      const float l = p.lse[bwd_at(p.lse_st, sq.first_q, i, hh, sq.tb)];
+      delta[at] = acc, lse2[at] = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
+    }
+    float *dq = p.dq_acc + (hh * p.ws_rows + bwd_ws_row(p, sq, bb, i)) * DQK;
+    for (int c = lane; c < DQK; c += 32) dq[c] = 0.0f;
+  }
 }
 
 // grid (blocks of BQ rows, h, b), 128 threads, a warp a row: dq = scale * accumulator (+ dq), the
@@ -175,8 +230,11 @@ enum bwd_loop_t { BWD_STEP = 0, BWD_ORDER = 1, BWD_TURNS = 2 };
 constexpr uint32_t bwd_releases(bool elect) { return elect ? 8 : 256; }
 
 // Each item's dQ goes to shared memory and a producer warp adds it to the accumulator with one bulk
-// reduction (FA3's way).
-template <int DQK, int DV, int LOOP, bool ELECT>
+// reduction (FA3's way). BULK (FA4-GAP.md B5; DISTLAB_ATTN_HOPPER_BWD_BULK_LSE=1): an item's lse2 and D
+// rows come by cp.async.bulk from bwd_prep_kernel's rows (p.lse2, p.delta in bwd_lse_row's layout)
+// with its Q and dO, on their full barriers (one arrival, the bytes); else warp 9 loads them with
+// scalar loads from p.lse and D's workspace rows.
+template <int DQK, int DV, int LOOP, bool ELECT, bool BULK = false>
 __global__ void __launch_bounds__(THREADS, 1)
     bwd_kernel(const HP_GRID_CONST hp_tmap_t tq, const HP_GRID_CONST hp_tmap_t tk, const HP_GRID_CONST hp_tmap_t tv,
                const HP_GRID_CONST hp_tmap_t tdo, const bwd_params_t p) {
@@ -200,8 +258,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     sm.fail = 0;
     mbar_init(&sm.kv_full, 1);
     for (int i = 0; i < 2; i++) {
-      mbar_init(&sm.q_full[i], 1 + 32); // the TMA thread's expect_tx and warp 9's rows of lse2
-      mbar_init(&sm.do_full[i], 1 + 32); // and of D
+      mbar_init(&sm.q_full[i], BULK ? 1 : 1 + 32); // the TMA thread's expect_tx (and warp 9's rows of lse2)
+      mbar_init(&sm.do_full[i], BULK ? 1 : 1 + 32); // (and of D)
       mbar_init(&sm.q_empty[i], bwd_releases(ELECT));
       mbar_init(&sm.do_empty[i], bwd_releases(ELECT));
     }
@@ -225,13 +283,15 @@ __global__ void __launch_bounds__(THREADS, 1)
         const int hq = hkv * group + it / nm, m = m_lo + it % nm, st = it % 2;
         const uint32_t round = it / 2;
         if (round > 0) mbar_wait(&sm.q_empty[st], (round - 1) & 1, &sm.fail, p.err);
-        mbar_expect_tx(&sm.q_full[st], tile_bytes_t<DQK>::value / 2);
+        mbar_expect_tx(&sm.q_full[st], tile_bytes_t<DQK>::value / 2 + (BULK ? BQ * 4 : 0));
         for (int half = 0; half < DQK / 64; half++) tma_load(sm.q[st][half], &tq, &sm.q_full[st], 64 * half, hq, sq.first_q + m * BQ, sq.tb);
+        if (BULK) bulk_load(sm.lse2[st], p.lse2 + hq * p.lse_rows + bwd_lse_row(p, sq, bb, m * BQ), BQ * 4, &sm.q_full[st]);
         if (round > 0) mbar_wait(&sm.do_empty[st], (round - 1) & 1, &sm.fail, p.err);
-        mbar_expect_tx(&sm.do_full[st], tile_bytes_t<DV>::value / 2);
+        mbar_expect_tx(&sm.do_full[st], tile_bytes_t<DV>::value / 2 + (BULK ? BQ * 4 : 0));
         for (int half = 0; half < DV / 64; half++) tma_load(sm.dout[st][half], &tdo, &sm.do_full[st], 64 * half, hq, sq.first_q + m * BQ, sq.tb);
+        if (BULK) bulk_load(sm.delta[st], p.delta + hq * p.lse_rows + bwd_lse_row(p, sq, bb, m * BQ), BQ * 4, &sm.do_full[st]);
       }
-    } else if (warp_id == 9) { // the rows' lse2 and D (rows past the sequence: +inf and 0, so P = dS = 0)
+    } else if (!BULK && warp_id == 9) { // the rows' lse2 and D (rows past the sequence: +inf and 0, so P = dS = 0)
       const int lane = threadIdx.x % 32;
       for (int it = 0; it < items; it++) {
         const int hq = hkv * group + it / nm, st = it % 2;

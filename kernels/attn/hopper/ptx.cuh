@@ -1,6 +1,6 @@
 /*
  * ptx.cuh — the instructions hopper/fwd_kernel.cuh and bwd_kernel.cuh use, for the GPU: shared
- * memory, the block and named barriers, shuffles, mbarriers, TMA loads,
+ * memory, the block and named barriers, shuffles, mbarriers, TMA and bulk loads,
  * wgmma, the async-proxy fence, bulk reductions and vector reductions, as inline PTX.
  * experiments/lab/emu/attn/hopper.h provides the same names on the CPU (and defines
  * HOPPER_EMU, so this file is not included there).
@@ -58,6 +58,14 @@ __device__ __forceinline__ void tma_load(void *dst, const hp_tmap_t *map, uint64
                                          int c3) {
   asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2];\n"
                ::"r"(hp_smem_u32(dst)), "l"((uint64_t)map), "r"(hp_smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
+
+// bytes (a multiple of 16; both addresses 16-byte aligned) from global memory into shared memory, a bulk
+// copy (no tensor map) completing on bar like tma_load.
+__device__ __forceinline__ void bulk_load(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+               ::"r"(hp_smem_u32(dst)), "l"(src), "r"(bytes), "r"(hp_smem_u32(bar))
                : "memory");
 }
 

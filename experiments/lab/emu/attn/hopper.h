@@ -12,6 +12,8 @@
 //              chunk c ^ (r % 8)), zeros outside the tensor; it lands either
 //              at once or only when a thread polls its barrier (a coin), and
 //              completes that many transaction bytes;
+//   bulk copy  cp.async.bulk global -> shared (16-byte aligned and sized),
+//              landing and completing its bytes as a TMA box does;
 //   wgmma      m64nNk16 (N 128, 64 or 32), bf16 in, fp32 accumulators: a
 //              collective of the 128 threads of a warpgroup, A and B decoded
 //              from shared memory descriptors (K-major: row r at (r % 8) * 128
@@ -99,8 +101,10 @@ struct hp_mbar {
 };
 struct hp_copy {
   uint32_t dst, bar;
-  const hp_tmap_t *map;
+  const hp_tmap_t *map; // a TMA box; nullptr: a plain bulk copy of bytes from src
   int c[4];
+  const void *src;
+  uint32_t bytes;
 };
 static std::map<uint32_t, hp_mbar> hp_bars; // by shared address, per CTA (cleared by the test between CTAs)
 static std::vector<hp_copy> hp_pending;
@@ -142,7 +146,19 @@ HP_DEV void mbar_expect_tx(uint64_t *b, uint32_t bytes) {
   mbar_arrive(b);
 }
 
+static void hp_land_bulk(const hp_copy &c) {
+  memcpy(hp_ptr(c.dst, c.bytes), c.src, c.bytes);
+  hp_mbar &b = hp_bars.at(c.bar);
+  b.tx -= c.bytes;
+  if (b.tx < 0) {
+    fprintf(stderr, "emu: more bulk-copy bytes than the barrier expected\n");
+    abort();
+  }
+  emu.progress++;
+  hp_complete_if(b);
+}
 static void hp_land(const hp_copy &c) {
+  if (!c.map) return hp_land_bulk(c);
   const hp_tmap_t &m = *c.map;
   if (c.dst % 1024) {
     fprintf(stderr, "emu: TMA destination %u not 1024-byte aligned (128-byte swizzle)\n", c.dst);
@@ -177,6 +193,19 @@ static void hp_land(const hp_copy &c) {
 HP_DEV void tma_load(void *dst, const hp_tmap_t *map, uint64_t *bar, int c0, int c1, int c2, int c3) {
   const hp_copy c{hp_smem_u32(dst), hp_smem_u32(bar), map, {c0, c1, c2, c3}};
   hp_bar(bar); // initialised
+  if (hp_coin() % 2) hp_land(c);
+  else hp_pending.push_back(c);
+}
+// cp.async.bulk global -> shared: reads its source when it lands (at the issue or when a thread polls
+// its barrier, a coin), as a TMA box does
+HP_DEV void bulk_load(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
+  const hp_copy c{hp_smem_u32(dst), hp_smem_u32(bar), nullptr, {0, 0, 0, 0}, src, bytes};
+  if (c.dst % 16 || (uintptr_t)src % 16 || bytes % 16 || bytes == 0) {
+    fprintf(stderr, "emu: bulk copy of %u bytes %p -> %u: not 16-byte aligned or sized\n", bytes, src, c.dst);
+    abort();
+  }
+  hp_ptr(c.dst, bytes); // inside shared memory
+  hp_bar(bar);          // initialised
   if (hp_coin() % 2) hp_land(c);
   else hp_pending.push_back(c);
 }

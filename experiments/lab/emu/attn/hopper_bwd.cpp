@@ -9,7 +9,9 @@
 // three at head dim 64, with accumulate_grads on some, in the default loop
 // (BWD_ORDER: FA4's order of an item's GEMMs); the earlier order (BWD_STEP)
 // and the warpgroups taking turns (BWD_TURNS) under every mask; each loop also
-// with one arrival a warp on the consumers' releases (ELECT) (--quick: a few
+// with one arrival a warp on the consumers' releases (ELECT); dl.attn's loops
+// with the rows' lse2 and D from the kernel's own prep by bulk copies (BULK,
+// FA4-GAP.md B5) (--quick: a few
 // runs a case, the masks turning with the case). Each check also shows
 // that a planted 2% error would fail it. Lanes drift apart within a warp
 // (cuda_emu.h's lane_drift), so that an elected arrival that overtakes its
@@ -49,7 +51,7 @@ struct errs {
   double pw() const { return den > 0 ? sqrt(planted / den) : 1.0; }
 };
 
-template <int D, int LOOP = BWD_ORDER, bool ELECT = false> static bool run_case(const hp_case &cs, const hp_mask &mk, unsigned seed, bool accumulate) {
+template <int D, int LOOP = BWD_ORDER, bool ELECT = false, bool BULK = false> static bool run_case(const hp_case &cs, const hp_mask &mk, unsigned seed, bool accumulate) {
   const hp_seqs sq_(cs);
   const bool thd = sq_.thd, sbhd = sq_.sbhd;
   const int b = cs.b, h = cs.h, h_kv = cs.h_kv, group = h / h_kv, s = sq_.s, s_kv = sq_.s_kv, rows = sq_.rows,
@@ -132,23 +134,35 @@ template <int D, int LOOP = BWD_ORDER, bool ELECT = false> static bool run_case(
   p.accumulate = accumulate;
   // the portable layout: D [h][ws_rows], dQ [h][ws_rows][D]; NaN where no sequence's row is
   p.ws_rows = thd ? rows : (int64_t)b * s;
-  std::vector<float> delta((size_t)h * p.ws_rows, NAN), dq_acc((size_t)h * p.ws_rows * D, NAN);
+  // BULK: D and lse2 [h][lse_rows] (dl_attn_bwd_lse_rows' count), NaN where bwd_prep_kernel writes nothing
+  const int64_t lse_rows = ((thd ? rows : (int64_t)b * s) + 63) / 64 * 64 + 64 * (int64_t)b;
+  std::vector<float> delta((size_t)h * (BULK ? lse_rows : p.ws_rows), NAN), dq_acc((size_t)h * p.ws_rows * D, NAN);
+  std::vector<float> lse2(BULK ? (size_t)h * lse_rows : 0, NAN);
   p.delta = delta.data(), p.dq_acc = dq_acc.data();
   auto wsr = [&](int bb, int i) { return thd ? (int64_t)first[bb] + i : (int64_t)bb * s + i; };
-  for (int bb = 0; bb < b; bb++) // the prep's twin: fp32 sums of bf16 products, the accumulator zeroed
-    for (int hh = 0; hh < h; hh++)
-      for (int i = 0; i < len[bb]; i++) {
-        float a = 0;
-        for (int c = 0; c < D; c++) a += f32_of(dout[qi(bb, i, hh) + c]) * f32_of(o[qi(bb, i, hh) + c]);
-        delta[hh * p.ws_rows + wsr(bb, i)] = a;
-        for (int c = 0; c < D; c++) dq_acc[(hh * p.ws_rows + wsr(bb, i)) * D + c] = 0.0f;
-      }
+  if (BULK) { // the kernel's own prep (bwd_prep_kernel)
+    p.o = o.data(), p.dout = dout.data(), p.lse2 = lse2.data(), p.lse_rows = lse_rows;
+    memcpy(p.o_st, sq, sizeof sq), memcpy(p.do_st, sq, sizeof sq);
+    const int pb = (s + BQ - 1) / BQ;
+    if (pb > 0) {
+      const std::function<void()> prep = [&] { bwd_prep_kernel<D, D>(p, delta.data(), lse2.data()); };
+      emu_run(dim3(pb, h, b), dim3(128), 0, prep);
+    }
+  } else
+    for (int bb = 0; bb < b; bb++) // the prep's twin: fp32 sums of bf16 products, the accumulator zeroed
+      for (int hh = 0; hh < h; hh++)
+        for (int i = 0; i < len[bb]; i++) {
+          float a = 0;
+          for (int c = 0; c < D; c++) a += f32_of(dout[qi(bb, i, hh) + c]) * f32_of(o[qi(bb, i, hh) + c]);
+          delta[hh * p.ws_rows + wsr(bb, i)] = a;
+          for (int c = 0; c < D; c++) dq_acc[(hh * p.ws_rows + wsr(bb, i)) * D + c] = 0.0f;
+        }
   const int nb = (s_kv + BN - 1) / BN;
   for (int z = 0; z < b; z++)
     for (int y = 0; y < h_kv; y++)
       for (int x = 0; x < nb; x++)
         if (!hp_run_cta(dim3(x, y, z), dim3(nb, h_kv, b), THREADS, sizeof(bwd_smem_t<D, D>),
-                        [&] { bwd_kernel<D, D, LOOP, ELECT>(tq, tk, tv, tdo, p); }))
+                        [&] { bwd_kernel<D, D, LOOP, ELECT, BULK>(tq, tk, tv, tdo, p); }))
           return false;
   const int mb = (s + BQ - 1) / BQ;
   if (mb > 0) {
@@ -224,9 +238,9 @@ template <int D, int LOOP = BWD_ORDER, bool ELECT = false> static bool run_case(
     caught = caught && (e->den == 0 || e->pw() > tol_nw);
   }
   const std::string what = sq_.what(true);
-  printf("bwd d=%d%s%s %s h=%d/%d window (%d,%d)%s%s: dq %.2e/%.2e dk %.2e/%.2e dv %.2e/%.2e (normwise/elementwise), "
+  printf("bwd d=%d%s%s%s %s h=%d/%d window (%d,%d)%s%s: dq %.2e/%.2e dk %.2e/%.2e dv %.2e/%.2e (normwise/elementwise), "
          "stray %zu; planted 2%%: %.1e %.1e %.1e %s -> %s\n",
-         D, LOOP == BWD_TURNS ? " turns" : LOOP == BWD_STEP ? " step" : "", ELECT ? " elect" : "", what.c_str(), h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", accumulate ? " accumulate" : "", eq.nw(), eq.emax(),
+         D, LOOP == BWD_TURNS ? " turns" : LOOP == BWD_STEP ? " step" : "", ELECT ? " elect" : "", BULK ? " bulk" : "", what.c_str(), h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", accumulate ? " accumulate" : "", eq.nw(), eq.emax(),
          ek.nw(), ek.emax(), ev.nw(), ev.emax(), stray, eq.pw(), ek.pw(), ev.pw(), caught ? "caught" : "MISSED",
          ok && caught ? "ok" : "FAIL");
   return ok && caught;
@@ -254,6 +268,11 @@ int main(int argc, char **argv) {
       ok = run_case<128, BWD_ORDER, true>(c, masks[(ci + 1) % 5], seed++, ci % 3 == 1) && ok;
       ok = run_case<64, BWD_TURNS, true>(c, masks[(ci + 3) % 5], seed++, ci % 3 == 2) && ok;
       if (ci % 2 == 1) ok = run_case<128, BWD_STEP, true>(c, masks[(ci + 4) % 5], seed++, ci % 3 == 0) && ok;
+      // lse2 and D by bulk copies from the kernel's own prep (BULK), in dl.attn's two loops, ELECT on
+      // every other case
+      ok = run_case<128, BWD_ORDER, false, true>(c, masks[(ci + 3) % 5], seed++, ci % 3 == 2) && ok;
+      if (ci % 2 == 0) ok = run_case<64, BWD_TURNS, true, true>(c, masks[(ci + 2) % 5], seed++, ci % 3 == 1) && ok;
+      else ok = run_case<128, BWD_ORDER, true, true>(c, masks[(ci + 2) % 5], seed++, ci % 3 == 1) && ok;
       continue;
     }
     for (int m = 0; m < 5; m++) {
@@ -276,6 +295,14 @@ int main(int argc, char **argv) {
     for (int m : {0, 2, 4}) {
       ok = run_case<64, BWD_ORDER, true>(c, masks[m], seed++, m == 4) && ok;
       ok = run_case<64, BWD_STEP, true>(c, masks[m], seed++, m == 0) && ok;
+    }
+    for (int m = 0; m < 5; m++) { // lse2 and D by bulk copies (BULK), in dl.attn's two loops
+      ok = run_case<128, BWD_ORDER, false, true>(c, masks[m], seed++, m == 2) && ok;
+      ok = run_case<64, BWD_TURNS, false, true>(c, masks[m], seed++, m == 3) && ok;
+    }
+    for (int m : {0, 2, 4}) {
+      ok = run_case<128, BWD_ORDER, true, true>(c, masks[m], seed++, m == 0) && ok;
+      ok = run_case<64, BWD_TURNS, true, true>(c, masks[m], seed++, m == 4) && ok;
     }
   }
   printf("%s\n", ok ? "hopper emu bwd: all ok" : "hopper emu bwd: FAILED");
