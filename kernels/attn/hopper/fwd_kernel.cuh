@@ -38,7 +38,9 @@
  *     V transposed by its descriptor). The two warpgroups take turns at the
  *     tensor cores (FA3's scheduler: named barriers 4 and 5), so one's
  *     softmax runs under the other's GEMMs. PIPE = 1 adds FA3's
- *     intra-warpgroup pipelining (S(j) issued with P(j-1) V(j-1)).
+ *     intra-warpgroup pipelining (S(j) issued with P(j-1) V(j-1)); PIPE = 2
+ *     the same with V(j)'s wait placed so that ptxas keeps S(j)'s softmax
+ *     under P(j-1) V(j-1).
  *   Every wait times out into *err (no trap: a trap made ptxas spill P).
  *
  * Shared memory tiles, each a TMA box of 64 columns (128 bytes) x rows with
@@ -73,7 +75,8 @@
 // warpgroups take turns at the tensor cores (take_turn / hand_turn below). PIPE = 0: per key block,
 // S, softmax, P V one after another, P in registers. PIPE = 1: FA3's intra-warpgroup pipelining,
 // the softmax of block it between the issue of S(it) with P(it - 1) V(it - 1) and their completion,
-// P in registers. OPT: the A/B variants' bits (fwd_params.cuh, HP_FWD_OPT_*).
+// P in registers. PIPE = 2: PIPE 1 with V(it) waited for after S(it)'s softmax (below). OPT: the A/B
+// variants' bits (fwd_params.cuh, HP_FWD_OPT_*).
 template <int PIPE, int DQK, int DV, int OPT = HP_FWD_OPT>
 __global__ void __launch_bounds__(THREADS, 1)
     fwd_kernel(const HP_GRID_CONST hp_tmap_t tq, const HP_GRID_CONST hp_tmap_t tk, const HP_GRID_CONST hp_tmap_t tv,
@@ -279,16 +282,21 @@ __global__ void __launch_bounds__(THREADS, 1)
     hand_turn();
   } else if (nblk > 0) {
     // S(0) and its softmax before the loop, outside the turns; then the turn: S(it) and
-    // P(it - 1) V(it - 1) issued together
+    // P(it - 1) V(it - 1) issued together. PIPE 2 waits for V(it) between S(it)'s softmax and
+    // the wait for P(it - 1) V(it - 1) (PIPE 1: for V(it - 1) before the turn): the try-wait
+    // loop ends a basic block, and ptxas then keeps that wgmma wait after the exps (in PIPE 1 it
+    // hoists it above the row max, so the softmax does not run under the P V; FA4-GAP.md F1).
+    constexpr bool LATE_V = PIPE == 2;
     mbar_wait(&sm.k_full[0], parity(0), &sm.fail, p.err);
     gemm_qk<DQK>(s, q_base, k_base(0));
     wg_wait<0>();
     release(&sm.k_empty[0]);
     step_softmax(0);
     pack_p(s, pa);
+    if (LATE_V) wait_v(0);
     for (int it = 1; it < nblk; it++) {
       mbar_wait(&sm.k_full[it % STAGES], parity(it), &sm.fail, p.err);
-      wait_v(it - 1); // before the turn: the block with a tail meets the other warpgroup there
+      if (!LATE_V) wait_v(it - 1); // before the turn: the block with a tail meets the other warpgroup there
       take_turn();
       gemm_qk<DQK>(s, q_base, k_base(it));
       gemm_pv_regs<DV>(o, pa, v_base(it - 1));
@@ -296,12 +304,13 @@ __global__ void __launch_bounds__(THREADS, 1)
       wg_wait<1>(); // S(it) is in (commit groups complete in order); P(it - 1) V(it - 1) still runs
       release(&sm.k_empty[it % STAGES]);
       step_softmax(it);
+      if (LATE_V) wait_v(it); // for the next turn's P V; a tail block meets the other warpgroup here
       wg_wait<0>(); // P(it - 1) V(it - 1) is in: O, P and V's stage are free
       release(&sm.v_empty[(it - 1) % STAGES]);
       scale_o<DV>(o, corr);
       pack_p(s, pa);
     }
-    wait_v(nblk - 1);
+    if (!LATE_V) wait_v(nblk - 1);
     gemm_pv_regs<DV>(o, pa, v_base(nblk - 1));
     merge_loads();
     wg_wait<0>();
