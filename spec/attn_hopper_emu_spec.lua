@@ -35,7 +35,7 @@ end
 
 describe("the Hopper attention kernels on the CPU emulator", function()
   local it_ = (has("g++") and has("make")) and it or pending
-  it_("forward: every case under three masks, both loops, the merge into f32 and bf16, d 64 and MLA's 192/128, against fp64", function()
+  it_("forward: every case under three masks, the three loops (PIPE 0, 1, 2), the merge into f32 and bf16, d 64 and MLA's 192/128, against fp64", function()
     all_ok(run("hopper-emu"), "hopper emu: all ok", 40)
   end)
   it_("forward with HP_FWD_GROUP_BYTES small: masked calls' tiles heaviest first in groups of heads that do not divide the heads", function()
