@@ -51,6 +51,76 @@ struct errs {
   double pw() const { return den > 0 ? sqrt(planted / den) : 1.0; }
 };
 
+// The emulator's m64n80k16 (hopper.h decodes any N a multiple of 8) and stmatrix .trans, checked on
+// small cases against sums written out here, on tiles laid out as the TMA writes them (row r of 64
+// bf16 at r * 128, 16-byte chunk c at c ^ (r % 8)): S = A B^T with both K-major (A 64 x 64, B 80 x 64),
+// and D = A^T B^T with A MN-major (A's tile 128 x 64, read as 64 x 128 transposed: rows are the K
+// dimension) and B K-major (80 x 64, the K dimension its columns); then a warp's four 8 x 8 matrices
+// stored transposed.
+static bool unit_m64n80() {
+  std::mt19937 g(11);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> A(64 * 64), B(80 * 64), K(128 * 64);
+  for (float &x : A) x = f32_of(bf16_of(u(g)));
+  for (float &x : B) x = f32_of(bf16_of(u(g)));
+  for (float &x : K) x = f32_of(bf16_of(u(g)));
+  const uint32_t a_off = 0, b_off = 8192, k_off = 8192 + 10240, st_off = k_off + 16384; // 1024-byte aligned
+  double err1 = 0, err2 = 0;
+  int bad_st = 0;
+  const std::function<void()> kernel = [&] {
+    char *sm = (char *)(((uintptr_t)hp_smem() + 1023) & ~uintptr_t(1023));
+    const uint32_t base = hp_smem_u32(sm);
+    auto put = [&](uint32_t tile, const std::vector<float> &x, int rows) {
+      for (int r = 0; r < rows; r++)
+        for (int e = 0; e < 64; e++) {
+          const uint16_t h = bf16_of(x[r * 64 + e]);
+          memcpy(sm + tile + r * 128 + ((e / 8) ^ (r % 8)) * 16 + (e % 8) * 2, &h, 2);
+        }
+    };
+    if (threadIdx.x == 0) put(a_off, A, 64), put(b_off, B, 80), put(k_off, K, 128);
+    hp_sync();
+    float s[40], d[40];
+    wg_fence();
+    for (int kk = 0; kk < 4; kk++)
+      wgmma_ss(s, gmma_desc(base + a_off + kk * 32, 16, 1024), gmma_desc(base + b_off + kk * 32, 16, 1024), kk > 0);
+    for (int kc = 0; kc < 4; kc++) // 64 of the tile's 128 rows: the K dimension
+      wgmma_ss_ta(d, gmma_desc(base + k_off + kc * 16 * 128, 128 * 128, 1024), gmma_desc(base + b_off + kc * 32, 16, 1024), kc > 0);
+    wg_commit();
+    wg_wait<0>();
+    const int t = threadIdx.x;
+    for (int v = 0; v < 40; v++) {
+      const int m = hp_row(t, v), n = hp_col(t, v);
+      double r1 = 0, r2 = 0;
+      for (int k = 0; k < 64; k++) r1 += (double)A[m * 64 + k] * B[n * 64 + k], r2 += (double)K[k * 64 + m] * B[n * 64 + k];
+      err1 = fmax(err1, fabs(s[v] - r1)), err2 = fmax(err2, fabs(d[v] - r2));
+    }
+    // stmatrix: warp w's matrix m (lane l: row l / 4, columns 2 (l % 4) + {0, 1}) holds 64 m + 8 row + col
+    // (exact in bf16); its transpose's row i at st_off + w 512 + m 128 + 16 i
+    const int w = t / 32, l = t % 32;
+    uint32_t r[4];
+    for (int m = 0; m < 4; m++) {
+      const float x0 = 64 * m + 8 * (l / 4) + 2 * (l % 4);
+      r[m] = pack_bf16(x0, x0 + 1);
+    }
+    stmatrix_x4_trans(base + st_off + w * 512 + (l / 8) * 128 + (l % 8) * 16, r[0], r[1], r[2], r[3]);
+    hp_sync();
+    if (t == 0)
+      for (int ww = 0; ww < 4; ww++)
+        for (int m = 0; m < 4; m++)
+          for (int i = 0; i < 8; i++)
+            for (int row = 0; row < 8; row++) { // transpose's (i, row) = matrix's (row, i)
+              uint16_t h;
+              memcpy(&h, sm + st_off + ww * 512 + m * 128 + 16 * i + 2 * row, 2);
+              bad_st += f32_of(h) != 64 * m + 8 * row + i;
+            }
+  };
+  const bool ran = hp_run_cta(dim3(0, 0, 0), dim3(1, 1, 1), 128, st_off + 2048, kernel);
+  const bool ok = ran && err1 < 1e-3 && err2 < 1e-3 && bad_st == 0;
+  printf("unit wgmma m64n80k16 K-major/K-major max err %.1e, MN-major A/K-major B %.1e; stmatrix.x4.trans %d wrong -> %s\n",
+         err1, err2, bad_st, ok ? "ok" : "FAIL");
+  return ok;
+}
+
 template <int D, int LOOP = BWD_ORDER, bool ELECT = false, bool BULK = false> static bool run_case(const hp_case &cs, const hp_mask &mk, unsigned seed, bool accumulate) {
   const hp_seqs sq_(cs);
   const bool thd = sq_.thd, sbhd = sq_.sbhd;
@@ -250,6 +320,8 @@ int main(int argc, char **argv) {
   const bool quick = argc > 1 && !strcmp(argv[1], "--quick");
   bool ok = true;
   emu.lane_drift = true;
+  ok = unit_m64n80() && ok;
+  if (argc > 1 && !strcmp(argv[1], "--unit")) return ok ? 0 : 1; // the unit checks alone
   std::vector<hp_case> cases = hp_cases;
   cases.push_back({2, 2, 2, 1, 0, {0, 50}, {0, 3}, {140, 60}}); // thd: no queries for 140 keys (dk, dv = 0)
   const hp_mask *masks = hp_masks;
