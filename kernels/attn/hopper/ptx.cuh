@@ -220,6 +220,13 @@ __device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, ui
                : "memory");
 }
 
+// x, as a value the compiler cannot see through: computations from it stay where they are written
+// (the backward's BQ 80 keeps ptxas from hoisting its wgmma descriptors out of the loop and spilling them)
+__device__ __forceinline__ uint32_t hp_opaque(uint32_t x) {
+  asm volatile("mov.b32 %0, %0;\n" : "+r"(x));
+  return x;
+}
+
 // 4 bytes at a shared address.
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");

@@ -86,6 +86,7 @@ HP_DEV void hp_syncwarp() { attn_syncwarp(); }
 HP_DEV void hp_atomic_max(float *dst, float x) { *dst = fmaxf(*dst, x); } // one thread runs at a time
 HP_DEV int __ffs(int x) { return __builtin_ffs(x); }
 HP_DEV int hp_warp_uniform(int x) { return x; } // the kernel passes values that are the same in every lane
+HP_DEV uint32_t hp_opaque(uint32_t x) { return x; }
 HP_DEV float hp_exp2(float x) { return exp2f(x); }
 HP_DEV float hp_log2(float x) { return log2f(x); }
 template <int N> HP_DEV void reg_alloc() {}

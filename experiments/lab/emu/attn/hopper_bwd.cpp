@@ -121,7 +121,7 @@ static bool unit_m64n80() {
   return ok;
 }
 
-template <int D, int LOOP = BWD_ORDER, bool ELECT = false, bool BULK = false> static bool run_case(const hp_case &cs, const hp_mask &mk, unsigned seed, bool accumulate) {
+template <int D, int LOOP = BWD_ORDER, bool ELECT = false, bool BULK = false, int BQ = BWD_BQ> static bool run_case(const hp_case &cs, const hp_mask &mk, unsigned seed, bool accumulate) {
   const hp_seqs sq_(cs);
   const bool thd = sq_.thd, sbhd = sq_.sbhd;
   const int b = cs.b, h = cs.h, h_kv = cs.h_kv, group = h / h_kv, s = sq_.s, s_kv = sq_.s_kv, rows = sq_.rows,
@@ -192,7 +192,7 @@ template <int D, int LOOP = BWD_ORDER, bool ELECT = false, bool BULK = false> st
         }
       }
     }
-  const hp_tmap_t tq = hp_map(q, D, h, sq, rows, tb, BQ), tdo = hp_map(dout, D, h, sq, rows, tb, BQ),
+  const hp_tmap_t tq = hp_map(q, D, h, sq, rows, tb, BQ), tdo = hp_map(dout, D, h, sq, rows, tb, BQ), // BQ rows a box
                   tk = hp_map(k, D, h_kv, sk, rows_kv, tb, BN), tv = hp_map(v, D, h_kv, sk, rows_kv, tb, BN);
   bwd_params_t p{};
   p.b = b, p.h = h, p.h_kv = h_kv, p.s_q = s, p.s_kv = s_kv;
@@ -213,7 +213,7 @@ template <int D, int LOOP = BWD_ORDER, bool ELECT = false, bool BULK = false> st
   if (BULK) { // the kernel's own prep (bwd_prep_kernel)
     p.o = o.data(), p.dout = dout.data(), p.lse2 = lse2.data(), p.lse_rows = lse_rows;
     memcpy(p.o_st, sq, sizeof sq), memcpy(p.do_st, sq, sizeof sq);
-    const int pb = (s + BQ - 1) / BQ;
+    const int pb = (s + BWD_BQ - 1) / BWD_BQ;
     if (pb > 0) {
       const std::function<void()> prep = [&] { bwd_prep_kernel<D, D>(p, delta.data(), lse2.data()); };
       emu_run(dim3(pb, h, b), dim3(128), 0, prep);
@@ -231,12 +231,12 @@ template <int D, int LOOP = BWD_ORDER, bool ELECT = false, bool BULK = false> st
   for (int z = 0; z < b; z++)
     for (int y = 0; y < h_kv; y++)
       for (int x = 0; x < nb; x++)
-        if (!hp_run_cta(dim3(x, y, z), dim3(nb, h_kv, b), THREADS, sizeof(bwd_smem_t<D, D>),
-                        [&] { bwd_kernel<D, D, LOOP, ELECT, BULK>(tq, tk, tv, tdo, p); }))
+        if (!hp_run_cta(dim3(x, y, z), dim3(nb, h_kv, b), THREADS, sizeof(bwd_smem_t<D, D, BQ>),
+                        [&] { bwd_kernel<D, D, LOOP, ELECT, BULK, BQ>(tq, tk, tv, tdo, p); }))
           return false;
-  const int mb = (s + BQ - 1) / BQ;
+  const int mb = (s + BWD_BQ - 1) / BWD_BQ;
   if (mb > 0) {
-    const std::function<void()> conv = [&] { bwd_dq_kernel<D>(p); };
+    const std::function<void()> conv = [&] { bwd_dq_kernel<D, BQ>(p); };
     emu_run(dim3(mb, h, b), dim3(128), 0, conv);
   }
   // the reference gradients (D = rowsum(dO * out) with out as given, as dl.attn's backward defines it)
@@ -308,16 +308,16 @@ template <int D, int LOOP = BWD_ORDER, bool ELECT = false, bool BULK = false> st
     caught = caught && (e->den == 0 || e->pw() > tol_nw);
   }
   const std::string what = sq_.what(true);
-  printf("bwd d=%d%s%s%s %s h=%d/%d window (%d,%d)%s%s: dq %.2e/%.2e dk %.2e/%.2e dv %.2e/%.2e (normwise/elementwise), "
+  printf("bwd d=%d%s%s%s%s %s h=%d/%d window (%d,%d)%s%s: dq %.2e/%.2e dk %.2e/%.2e dv %.2e/%.2e (normwise/elementwise), "
          "stray %zu; planted 2%%: %.1e %.1e %.1e %s -> %s\n",
-         D, LOOP == BWD_TURNS ? " turns" : LOOP == BWD_STEP ? " step" : "", ELECT ? " elect" : "", BULK ? " bulk" : "", what.c_str(), h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", accumulate ? " accumulate" : "", eq.nw(), eq.emax(),
+         D, BQ == 80 ? " m80" : "", LOOP == BWD_TURNS ? " turns" : LOOP == BWD_STEP ? " step" : "", ELECT ? " elect" : "", BULK ? " bulk" : "", what.c_str(), h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", accumulate ? " accumulate" : "", eq.nw(), eq.emax(),
          ek.nw(), ek.emax(), ev.nw(), ev.emax(), stray, eq.pw(), ek.pw(), ev.pw(), caught ? "caught" : "MISSED",
          ok && caught ? "ok" : "FAIL");
   return ok && caught;
 }
 
 int main(int argc, char **argv) {
-  const bool quick = argc > 1 && !strcmp(argv[1], "--quick");
+  const bool quick = argc > 1 && !strcmp(argv[1], "--quick"), m80 = argc > 1 && !strcmp(argv[1], "--m80");
   bool ok = true;
   emu.lane_drift = true;
   ok = unit_m64n80() && ok;
@@ -328,6 +328,14 @@ int main(int argc, char **argv) {
   unsigned seed = 1;
   for (size_t ci = 0; ci < cases.size(); ci++) {
     const hp_case &c = cases[ci];
+    if (m80) { // --m80: the runs of 80 query rows an item alone (the full run's, below)
+      for (int m = 0; m < 5; m++) {
+        ok = run_case<128, BWD_ORDER, false, false, 80>(c, masks[m], seed++, m == 2) && ok;
+        ok = run_case<128, BWD_ORDER, true, false, 80>(c, masks[m], seed++, m == 0) && ok;
+        if (m == 0) ok = run_case<128, BWD_ORDER, false, false, 80>(c, masks[m], seed++, true) && ok;
+      }
+      continue;
+    }
     if (quick) { // each case under two masks at d 128 and two at d 64 (one with the turns), turning with the
                  // case; every other case also in the earlier order at d 128
       ok = run_case<128>(c, masks[ci % 5], seed++, ci % 3 == 0) && ok;
@@ -345,6 +353,11 @@ int main(int argc, char **argv) {
       ok = run_case<128, BWD_ORDER, false, true>(c, masks[(ci + 3) % 5], seed++, ci % 3 == 2) && ok;
       if (ci % 2 == 0) ok = run_case<64, BWD_TURNS, true, true>(c, masks[(ci + 2) % 5], seed++, ci % 3 == 1) && ok;
       else ok = run_case<128, BWD_ORDER, true, true>(c, masks[(ci + 2) % 5], seed++, ci % 3 == 1) && ok;
+      // 80 query rows an item (FA4-GAP.md B3): without a mask, as dl.attn runs it, ELECT on every other
+      // case; and under the case's turning mask
+      if (ci % 2 == 1) ok = run_case<128, BWD_ORDER, true, false, 80>(c, masks[0], seed++, ci % 3 == 0) && ok;
+      else ok = run_case<128, BWD_ORDER, false, false, 80>(c, masks[0], seed++, ci % 3 == 0) && ok;
+      if (ci % 2 == 0) ok = run_case<128, BWD_ORDER, false, false, 80>(c, masks[(ci + 1) % 5], seed++, ci % 3 == 2) && ok;
       continue;
     }
     for (int m = 0; m < 5; m++) {
@@ -375,6 +388,13 @@ int main(int argc, char **argv) {
     for (int m : {0, 2, 4}) {
       ok = run_case<128, BWD_ORDER, true, true>(c, masks[m], seed++, m == 0) && ok;
       ok = run_case<64, BWD_TURNS, true, true>(c, masks[m], seed++, m == 4) && ok;
+    }
+    // 80 query rows an item (FA4-GAP.md B3; dl.attn takes it without a mask only): every mask, with and
+    // without ELECT, the mask-free runs twice
+    for (int m = 0; m < 5; m++) {
+      ok = run_case<128, BWD_ORDER, false, false, 80>(c, masks[m], seed++, m == 2) && ok;
+      ok = run_case<128, BWD_ORDER, true, false, 80>(c, masks[m], seed++, m == 0) && ok;
+      if (m == 0) ok = run_case<128, BWD_ORDER, false, false, 80>(c, masks[m], seed++, true) && ok;
     }
   }
   printf("%s\n", ok ? "hopper emu bwd: all ok" : "hopper emu bwd: FAILED");
