@@ -55,6 +55,14 @@
  * Every wait times out into *err (mbar_wait), as in the forward.
  * The variants tried and dropped, and their timings: experiments/lab/attn/NOTES.md.
  *
+ * M80 (BQ = 80, FA4's sm90 tile for d 128 without a mask; FA4-GAP.md B3; dl.attn takes it with
+ * DISTLAB_ATTN_HOPPER_BWD_M80=1): S^T and dP^T are m64n80 (40 accumulators); dV and dK take K = 80 (5
+ * k16 steps, P^T and dS^T from those accumulators); dQ cannot have M = 80 (wgmma's M is 64 a
+ * warpgroup), so dQ^T = K^T dS^T (gemm_dqt): M = the warpgroup's 64 columns of d, N = 80 queries, K =
+ * 128 keys, with dS stored query-major (stmatrix .trans: [key half][80][64 keys], a warpgroup's keys a
+ * half) and dQ^T stored into the tile transposed (bwd_dq_col<80>). P^T and dS^T are both in fp32
+ * before either is packed, dV is issued after dS^T and waited for before dQ^T, and warp 11 loads D while
+ * warp 9 loads lse2: in BWD_ORDER's order ptxas spilled (registers). 224 KB of shared memory.
  * Shared memory (d 128): K, V 32 KB each; Q, dO 2 x 16 KB each; dS^T 2 x 16 KB;
  * dQ 32 KB: 192 KB, one CTA an SM. Descriptors as in fwd_kernel.cuh; dS^T is [128 keys]
  * [64 queries] (a 128-byte row a key): as A of dQ = dS K it is MN-major (M =
