@@ -69,6 +69,14 @@ static int env_bwd_elect(void) {
  * and dO (bwd_kernel's BULK; FA4-GAP.md B5, A/B timings). Built for the default loops only (BWD_ORDER at
  * d 128, BWD_TURNS at d 64, each with and without ELECT); ignored with DISTLAB_ATTN_HOPPER_BWD_ORDER=0
  * or (d 64) DISTLAB_ATTN_HOPPER_BWD_TURNS=0 (dl_attn_bwd_hopper_preps). */
+/* DISTLAB_ATTN_HOPPER_BWD_M80=1: at d 128 without a mask (no causal, no window), the backward's items
+ * take 80 query rows instead of 64 (bwd_kernel's BQ = 80, FA4's sm90 choice; FA4-GAP.md B3, A/B
+ * timings). Built for BWD_ORDER with and without ELECT; ignored with DISTLAB_ATTN_HOPPER_BWD_ORDER=0 and
+ * with DISTLAB_ATTN_HOPPER_BWD_BULK_LSE=1 (whose prepared rows are padded to 64 a sequence). */
+static int env_bwd_m80(void) {
+  static int c = -1;
+  return env_is("DISTLAB_ATTN_HOPPER_BWD_M80", "1", &c);
+}
 static int env_bwd_bulk_lse(void) {
   static int c = -1;
   return env_is("DISTLAB_ATTN_HOPPER_BWD_BULK_LSE", "1", &c);
@@ -307,13 +315,14 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   return 0;
 }
 
-template <int DQK, int DV, int LOOP, bool ELECT = false, bool BULK = false>
+template <int DQK, int DV, int LOOP, bool ELECT = false, bool BULK = false, int BQ = BWD_BQ>
 static int launch_bwd(dim3 grid, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv,
                       const CUtensorMap &tdo, const bwd_params_t &k, void *stream) {
-  const size_t smem = sizeof(bwd_smem_t<DQK, DV>) + 1024;
+  const size_t smem = sizeof(bwd_smem_t<DQK, DV, BQ>) + 1024;
+  static_assert(sizeof(bwd_smem_t<DQK, DV, BQ>) + 1024 <= 227 * 1024, "the backward's shared memory");
   static int done[64];
-  DL_TRY(allow_smem(bwd_kernel<DQK, DV, LOOP, ELECT, BULK>, smem, done));
-  bwd_kernel<DQK, DV, LOOP, ELECT, BULK><<<grid, THREADS, smem, (cudaStream_t)stream>>>(tq, tk, tv, tdo, k);
+  DL_TRY(allow_smem(bwd_kernel<DQK, DV, LOOP, ELECT, BULK, BQ>, smem, done));
+  bwd_kernel<DQK, DV, LOOP, ELECT, BULK, BQ><<<grid, THREADS, smem, (cudaStream_t)stream>>>(tq, tk, tv, tdo, k);
   return 0;
 }
 
@@ -326,8 +335,14 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
   CUtensorMap tq, tk, tv, tdo;
   const int64_t rq = thd ? p->total_q : p->s_q, rkv = thd ? p->total_kv : p->s_kv;
   const int bt = thd ? 1 : p->b;
-  DL_TRY(tensor_map(&tq, p->q, p->q_st, p->d_qk, p->h_q, rq, bt, "q", BQ));
-  DL_TRY(tensor_map(&tdo, p->dout, p->dout_st, p->d_v, p->h_q, rq, bt, "dout", BQ));
+  const bool turns = p->d_qk == 64 && env_bwd_turns(), order = env_bwd_order(), elect = env_bwd_elect();
+  const bool bulk = dl_attn_bwd_hopper_preps(p);
+  /* FA4-GAP.md B3: 80 query rows an item, d 128 without a mask, FA4's order, warp 9's lse2 and D */
+  const bool m80 = p->d_qk == 128 && p->d_v == 128 && p->window_left < 0 && p->window_right < 0 && order && !bulk &&
+                   env_bwd_m80();
+  const int bq = m80 ? 80 : BWD_BQ;
+  DL_TRY(tensor_map(&tq, p->q, p->q_st, p->d_qk, p->h_q, rq, bt, "q", bq));
+  DL_TRY(tensor_map(&tdo, p->dout, p->dout_st, p->d_v, p->h_q, rq, bt, "dout", bq));
   DL_TRY(tensor_map(&tk, p->k, p->k_st, p->d_qk, p->h_kv, rkv, bt, "k", BN));
   DL_TRY(tensor_map(&tv, p->v, p->v_st, p->d_v, p->h_kv, rkv, bt, "v", BN));
   bwd_params_t k = {};
@@ -341,14 +356,12 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
   k.ws_rows = thd ? p->total_q : (int64_t)p->b * p->s_q; /* attn_bwd.cu's workspace rows */
   k.err = dword;
   const dim3 grid((p->s_kv + BN - 1) / BN, p->h_kv, p->b);
-  const bool turns = p->d_qk == 64 && env_bwd_turns(), order = env_bwd_order(), elect = env_bwd_elect();
-  const bool bulk = dl_attn_bwd_hopper_preps(p);
   if (bulk) { /* the prep into bwd_lse_row's rows: D where delta points, lse log2(e) after it */
     k.lse_rows = dl_attn_bwd_lse_rows(p);
     float *lse2 = delta + (size_t)k.lse_rows * p->h_q;
     k.o = (const uint16_t *)p->out, k.dout = (const uint16_t *)p->dout, k.lse2 = lse2;
     copy_st(k.o_st, p->out_st), copy_st(k.do_st, p->dout_st);
-    const dim3 pgrid((p->s_q + BQ - 1) / BQ, p->h_q, p->b);
+    const dim3 pgrid((p->s_q + BWD_BQ - 1) / BWD_BQ, p->h_q, p->b);
     if (p->s_q > 0) {
       if (p->d_qk == 64) bwd_prep_kernel<64, 64><<<pgrid, 128, 0, (cudaStream_t)stream>>>(k, delta, lse2);
       else bwd_prep_kernel<128, 128><<<pgrid, 128, 0, (cudaStream_t)stream>>>(k, delta, lse2);
@@ -364,6 +377,9 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
          : turns                ? launch_bwd<64, 64, BWD_TURNS>(grid, tq, tk, tv, tdo, k, stream)
          : order                ? launch_bwd<64, 64, BWD_ORDER>(grid, tq, tk, tv, tdo, k, stream)
                                 : launch_bwd<64, 64, BWD_STEP>(grid, tq, tk, tv, tdo, k, stream);
+  else if (m80)
+    rc = elect ? launch_bwd<128, 128, BWD_ORDER, true, false, 80>(grid, tq, tk, tv, tdo, k, stream)
+               : launch_bwd<128, 128, BWD_ORDER, false, false, 80>(grid, tq, tk, tv, tdo, k, stream);
   else
     rc = order && bulk && elect ? launch_bwd<128, 128, BWD_ORDER, true, true>(grid, tq, tk, tv, tdo, k, stream)
          : order && bulk        ? launch_bwd<128, 128, BWD_ORDER, false, true>(grid, tq, tk, tv, tdo, k, stream)
@@ -372,8 +388,9 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
                                 : launch_bwd<128, 128, BWD_STEP>(grid, tq, tk, tv, tdo, k, stream);
   if (rc) return rc;
   DL_CUDA_CHECK_LAUNCH("attn bwd (hopper)");
-  const dim3 rgrid((p->s_q + BQ - 1) / BQ, p->h_q, p->b);
+  const dim3 rgrid((p->s_q + BWD_BQ - 1) / BWD_BQ, p->h_q, p->b);
   if (p->d_qk == 64) bwd_dq_kernel<64><<<rgrid, 128, 0, (cudaStream_t)stream>>>(k);
+  else if (m80) bwd_dq_kernel<128, 80><<<rgrid, 128, 0, (cudaStream_t)stream>>>(k); /* dQ^T's column order */
   else bwd_dq_kernel<128><<<rgrid, 128, 0, (cudaStream_t)stream>>>(k);
   DL_CUDA_CHECK_LAUNCH("attn bwd (hopper) dq");
   return 0;

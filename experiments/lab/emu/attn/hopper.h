@@ -14,7 +14,7 @@
 //              completes that many transaction bytes;
 //   bulk copy  cp.async.bulk global -> shared (16-byte aligned and sized),
 //              landing and completing its bytes as a TMA box does;
-//   wgmma      m64nNk16 (N 128, 64 or 32), bf16 in, fp32 accumulators: a
+//   wgmma      m64nNk16 (N a multiple of 8 up to 128), bf16 in, fp32 accumulators: a
 //              collective of the 128 threads of a warpgroup, A and B decoded
 //              from shared memory descriptors (K-major: row r at (r % 8) * 128
 //              + (r / 8) * SBO; MN-major (B, or A transposed): 8 elements a
@@ -86,6 +86,7 @@ HP_DEV void hp_syncwarp() { attn_syncwarp(); }
 HP_DEV void hp_atomic_max(float *dst, float x) { *dst = fmaxf(*dst, x); } // one thread runs at a time
 HP_DEV int __ffs(int x) { return __builtin_ffs(x); }
 HP_DEV int hp_warp_uniform(int x) { return x; } // the kernel passes values that are the same in every lane
+HP_DEV uint32_t hp_opaque(uint32_t x) { return x; }
 HP_DEV float hp_exp2(float x) { return exp2f(x); }
 HP_DEV float hp_log2(float x) { return log2f(x); }
 template <int N> HP_DEV void reg_alloc() {}
@@ -467,15 +468,18 @@ HP_DEV void bulk_wait_read() {
 }
 HP_DEV void bulk_wait() { bulk_wait_read(); }
 
-// SS: N columns; A K-major, or (ta) A and B MN-major
-template <int N, bool TA> HP_DEV void wgmma_ss_n(float *d, uint64_t da, uint64_t db, int accumulate) {
+// SS: N columns (any multiple of 8 up to 128); A K-major, or (TA) MN-major; B K-major, or (TB) MN-major
+template <int N, bool TA, bool TB = TA> HP_DEV void wgmma_ss_n(float *d, uint64_t da, uint64_t db, int accumulate) {
+  static_assert(N % 8 == 0 && N >= 8 && N <= 128, "wgmma m64nNk16: N a multiple of 8 (up to the emulator's 128)");
   hp_wg &g = hp_wgs[emu.cur / 128];
   const int t = emu.cur % 128;
   g.d[t] = d, g.da[t] = da, g.db[t] = db, g.acc[t] = accumulate != 0;
-  hp_wg_op([](hp_wg &g) { g.n = N, hp_issue(g, false, TA, TA); });
+  hp_wg_op([](hp_wg &g) { g.n = N, hp_issue(g, false, TB, TA); });
 }
 HP_DEV void wgmma_ss(float (&d)[64], uint64_t da, uint64_t db, int accumulate) { wgmma_ss_n<128, false>(d, da, db, accumulate); }
+HP_DEV void wgmma_ss(float (&d)[40], uint64_t da, uint64_t db, int accumulate) { wgmma_ss_n<80, false>(d, da, db, accumulate); }
 HP_DEV void wgmma_ss(float (&d)[32], uint64_t da, uint64_t db, int accumulate) { wgmma_ss_n<64, false>(d, da, db, accumulate); }
+HP_DEV void wgmma_ss_ta(float (&d)[40], uint64_t da, uint64_t db, int accumulate) { wgmma_ss_n<80, true, false>(d, da, db, accumulate); }
 HP_DEV void wgmma_ss_tt(float (&d)[32], uint64_t da, uint64_t db, int accumulate) { wgmma_ss_n<64, true>(d, da, db, accumulate); }
 HP_DEV void wgmma_ss_tt(float (&d)[16], uint64_t da, uint64_t db, int accumulate) { wgmma_ss_n<32, true>(d, da, db, accumulate); }
 
@@ -489,6 +493,29 @@ template <int N> HP_DEV void wgmma_rs_n(float *d, const uint32_t (&a)[4], uint64
 }
 HP_DEV void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db) { wgmma_rs_n<128>(d, a, db); }
 HP_DEV void wgmma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db) { wgmma_rs_n<64>(d, a, db); }
+
+// stmatrix.sync.aligned.m8n8.x4.trans.shared.b16: a warp collective; matrix m is register m of the
+// lanes (lane l: row l / 4, columns 2 (l % 4), + 1), row i of its transpose (column i: 8 bf16, 16
+// bytes) stored at the address of lane 8 m + i (16-byte aligned)
+HP_DEV void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  emu_warp &w = emu.warps[emu.cur / 32];
+  const int lane = emu.cur % 32;
+  w.in[lane][0] = r0, w.in[lane][1] = r1, w.in[lane][2] = r2, w.in[lane][3] = r3, w.in[lane][4] = addr;
+  emu_warp_op(9, [](emu_warp &w) { // (cuda_emu.h's collectives use 1-7 and 2 + 16 mask)
+    for (int m = 0; m < 4; m++)
+      for (int i = 0; i < 8; i++) {
+        const uint32_t a = w.in[8 * m + i][4];
+        if (a % 16) {
+          fprintf(stderr, "emu: stmatrix row at %u, not 16-byte aligned\n", a);
+          abort();
+        }
+        for (int r = 0; r < 8; r++) { // element (r, i) of the matrix: lane 4 r + i / 2, half i % 2
+          const uint16_t h = (uint16_t)(w.in[4 * r + i / 2][m] >> (16 * (i % 2)));
+          memcpy(hp_ptr(a + 2 * r, 2), &h, 2);
+        }
+      }
+  });
+}
 
 // ---- test scaffolding (hopper_fwd.cpp, hopper_bwd.cpp) ----------------------------------------
 
