@@ -91,13 +91,17 @@ static int env_fwd_opt(void) {
          (env_is("DISTLAB_ATTN_HOPPER_FWD_TREE", "1", &tree) ? HP_FWD_OPT_TREE : 0);
 }
 
-/* DISTLAB_ATTN_HOPPER_FWD_PIPE=1 or 2: the forward's main loop at d 128 and 64 (fwd_kernel's PIPE; FA4-GAP.md
- * F1, A/B timings): 1 FA3's intra-warpgroup pipelining at d 128 too, 2 the same with V's wait placed so
- * that ptxas keeps the softmax under the P V (at d 64 as well); with it the d 128 kernel is built for
- * the default OPT bits only (ELECT/TREE above ignored). Unset or other values: each head dim's default. */
+/* DISTLAB_ATTN_HOPPER_FWD_PIPE=1, 2 or 3: the forward's main loop at d 128 and 64 (fwd_kernel's PIPE; FA4-GAP.md
+ * F1, F1b, A/B timings): 1 FA3's intra-warpgroup pipelining at d 128 too, 2 the same with V's wait placed so
+ * that ptxas keeps the softmax under the P V (at d 64 as well), 3 PIPE 2 with FA4's load order (K(j+1)
+ * before V(j)); with it the d 128 kernel is built for the default OPT bits only (ELECT/TREE above
+ * ignored). Unset or other values: each head dim's default. */
 static int env_fwd_pipe(void) {
-  static int one = -1, two = -1;
-  return env_is("DISTLAB_ATTN_HOPPER_FWD_PIPE", "1", &one) ? 1 : env_is("DISTLAB_ATTN_HOPPER_FWD_PIPE", "2", &two) ? 2 : -1;
+  static int one = -1, two = -1, three = -1;
+  return env_is("DISTLAB_ATTN_HOPPER_FWD_PIPE", "1", &one)     ? 1
+         : env_is("DISTLAB_ATTN_HOPPER_FWD_PIPE", "2", &two)   ? 2
+         : env_is("DISTLAB_ATTN_HOPPER_FWD_PIPE", "3", &three) ? 3
+                                                               : -1;
 }
 
 /* The forward at MLA's head dims 192/128 (launch<0, 192, 128> below); DISTLAB_ATTN_HOPPER_MLA=0 sends
@@ -301,11 +305,13 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   // at d 128 the A/B variants the build or the environment asks for
   constexpr int E = HP_FWD_OPT_ELECT, T = HP_FWD_OPT_TREE, O = HP_FWD_OPT;
   const int opt = O | env_fwd_opt(), pipe = env_fwd_pipe();
-  const int rc = p->d_qk == 64    ? (pipe == 2 ? launch<2, 64, 64>(grid, tq, tk, tv, k, stream)
-                                               : launch<1, 64, 64>(grid, tq, tk, tv, k, stream))
+  const int rc = p->d_qk == 64    ? (pipe == 2   ? launch<2, 64, 64>(grid, tq, tk, tv, k, stream)
+                                     : pipe == 3 ? launch<3, 64, 64>(grid, tq, tk, tv, k, stream)
+                                                 : launch<1, 64, 64>(grid, tq, tk, tv, k, stream))
                  : p->d_qk != 128 ? launch<0, 192, 128>(grid, tq, tk, tv, k, stream)
                  : pipe == 1      ? launch<1, 128, 128>(grid, tq, tk, tv, k, stream)
                  : pipe == 2      ? launch<2, 128, 128>(grid, tq, tk, tv, k, stream)
+                 : pipe == 3      ? launch<3, 128, 128>(grid, tq, tk, tv, k, stream)
                  : opt == (E | T) ? launch<0, 128, 128, E | T>(grid, tq, tk, tv, k, stream)
                  : opt == (O | E) ? launch<0, 128, 128, O | E>(grid, tq, tk, tv, k, stream)
                  : opt == (O | T) ? launch<0, 128, 128, O | T>(grid, tq, tk, tv, k, stream)

@@ -40,7 +40,8 @@
  *     softmax runs under the other's GEMMs. PIPE = 1 adds FA3's
  *     intra-warpgroup pipelining (S(j) issued with P(j-1) V(j-1)); PIPE = 2
  *     the same with V(j)'s wait placed so that ptxas keeps S(j)'s softmax
- *     under P(j-1) V(j-1).
+ *     under P(j-1) V(j-1); PIPE = 3 is PIPE 2 with FA4's load order (the
+ *     producer issues K(0), Q, then K(j+1) before V(j)).
  *   Every wait times out into *err (no trap: a trap made ptxas spill P).
  *
  * Shared memory tiles, each a TMA box of 64 columns (128 bytes) x rows with
@@ -75,7 +76,8 @@
 // warpgroups take turns at the tensor cores (take_turn / hand_turn below). PIPE = 0: per key block,
 // S, softmax, P V one after another, P in registers. PIPE = 1: FA3's intra-warpgroup pipelining,
 // the softmax of block it between the issue of S(it) with P(it - 1) V(it - 1) and their completion,
-// P in registers. PIPE = 2: PIPE 1 with V(it) waited for after S(it)'s softmax (below). OPT: the A/B
+// P in registers. PIPE = 2: PIPE 1 with V(it) waited for after S(it)'s softmax (below). PIPE = 3:
+// PIPE 2's loop, the producer loading K(0), Q, then K(it + 1) before V(it) (FA4's order). OPT: the A/B
 // variants' bits (fwd_params.cuh, HP_FWD_OPT_*).
 template <int PIPE, int DQK, int DV, int OPT = HP_FWD_OPT>
 __global__ void __launch_bounds__(THREADS, 1)
@@ -158,7 +160,41 @@ __global__ void __launch_bounds__(THREADS, 1)
         cp_async_arrive(&sm.acc_full);
       }
     }
-    if (threadIdx.x == 256) {
+    if (threadIdx.x == 256 && PIPE == 3) {
+      // FA4's order (flash_fwd_sm90.py's load with intra-warpgroup overlap): K(0), Q, then K(it + 1)
+      // before V(it), since the loop needs K(it + 1) for S(it + 1) in the turn where it issues
+      // P(it) V(it), and V(it) only after S(it)'s softmax. K and V keep their own stages and
+      // barriers, and block it its stage it % STAGES and phase, so only the issue order changes.
+      const bool go = STAGED && p.acc_out;
+      auto load_k = [&](int it) {
+        const int st = it % STAGES;
+        const uint32_t round = it / STAGES;
+        if (round > 0) mbar_wait(&sm.k_empty[st], (round - 1) & 1, &sm.fail, p.err);
+        if (go && it == STAGES) mbar_arrive(&sm.acc_go);
+        mbar_expect_tx(&sm.k_full[st], tile_bytes_t<DQK>::value);
+        for (int half = 0; half < DQK / 64; half++)
+          tma_load(sm.k[st][half], &tk, &sm.k_full[st], 64 * half, hkv, first_kv + (n_hi - 1 - it) * BN, tb);
+      };
+      auto load_v = [&](int it) {
+        const int st = it % STAGES;
+        const uint32_t round = it / STAGES;
+        if (round > 0) mbar_wait(&sm.v_empty[st], (round - 1) & 1, &sm.fail, p.err);
+        mbar_expect_tx(&sm.v_full[st], tile_bytes_t<DV>::value);
+        for (int half = 0; half < DV / 64; half++)
+          tma_load(sm.v[st][half], &tv, &sm.v_full[st], 64 * half, hkv, first_kv + (n_hi - 1 - it) * BN, tb);
+      };
+      if (nblk > 0) load_k(0);
+      mbar_expect_tx(&sm.q_full, tile_bytes_t<DQK>::value);
+      for (int half = 0; half < DQK / 64; half++)
+        tma_load(sm.q[half], &tq, &sm.q_full, 64 * half, hh, first_q + m_block * BM, tb);
+      for (int it = 1; it < nblk; it++) {
+        load_k(it);
+        load_v(it - 1);
+      }
+      if (nblk > 0) load_v(nblk - 1);
+      if (go && nblk <= STAGES) mbar_arrive(&sm.acc_go);
+      HP_TRACE(p, 4);
+    } else if (threadIdx.x == 256) {
       // the go of the running rows' copies (STAGED merge): once the consumers are done with the first
       // K (the first S ran), or once every load is issued where there are at most two blocks
       const bool go = STAGED && p.acc_out;
@@ -286,7 +322,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     // the wait for P(it - 1) V(it - 1) (PIPE 1: for V(it - 1) before the turn): the try-wait
     // loop ends a basic block, and ptxas then keeps that wgmma wait after the exps (in PIPE 1 it
     // hoists it above the row max, so the softmax does not run under the P V; FA4-GAP.md F1).
-    constexpr bool LATE_V = PIPE == 2;
+    constexpr bool LATE_V = PIPE >= 2;
     mbar_wait(&sm.k_full[0], parity(0), &sm.fail, p.err);
     gemm_qk<DQK>(s, q_base, k_base(0));
     wg_wait<0>();

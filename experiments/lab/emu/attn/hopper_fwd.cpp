@@ -1,7 +1,7 @@
 // hopper_fwd.cpp — runs kernels/attn/hopper/fwd_kernel.cuh on the CPU with
 // the Hopper instructions emulated (hopper.h), against an fp64 reference: six
 // cases (bshd, sbhd, thd with gaps, GQA/MQA, lengths off the tile) under
-// five masks, the three loops (PIPE 0, 1, 2), the fused merge (into an f32 and a bf16 running out),
+// five masks, the four loops (PIPE 0-3), the fused merge (into an f32 and a bf16 running out),
 // head dims 128, 64 and 192/128.
 //   make -C experiments/lab/emu/attn hopper-emu [ARGS=--quick | ARGS="--pipe N"]
 #include "hopper.h"
@@ -82,7 +82,8 @@ template <int DQK, int DV = DQK> static bool run_case(const hp_case &cs, const h
     for (int y = 0; y < h; y++)
       for (int x = 0; x < mb; x++) {
         const bool done = hp_run_cta(dim3(x, y, z), dim3(mb, h, b), THREADS, fwd_smem_bytes<DQK, DV>(merge != 0) - 1024, [&] {
-          if (pipe == 2) fwd_kernel<2, DQK, DV>(tq, tk, tv, p);
+          if (pipe == 3) fwd_kernel<3, DQK, DV>(tq, tk, tv, p);
+          else if (pipe == 2) fwd_kernel<2, DQK, DV>(tq, tk, tv, p);
           else if (pipe == 1) fwd_kernel<1, DQK, DV>(tq, tk, tv, p);
           else fwd_kernel<0, DQK, DV>(tq, tk, tv, p);
         });
@@ -173,6 +174,7 @@ template <int DQK, int DV = DQK> static bool run_case(const hp_case &cs, const h
 // --quick (the CI spec): each case under three masks with the loop taken in turn, the merge with the
 // loop taken in turn, d 64 under one mask, MLA's under one. --pipe N: every case, loop N only (and
 // MLA's, which has PIPE 0 alone, only for N = 0).
+constexpr int NPIPE = 4; // the loops: PIPE 0 to 3
 int main(int argc, char **argv) {
   const bool quick = argc > 1 && !strcmp(argv[1], "--quick");
   const int only = argc > 2 && !strcmp(argv[1], "--pipe") ? atoi(argv[2]) : -1;
@@ -181,23 +183,23 @@ int main(int argc, char **argv) {
   const hp_mask *masks = hp_masks;
   unsigned seed = 1;
   int n = 0; // runs so far: quick takes the loops in turn by it
-  auto pick = [&](int pipe) { return quick ? pipe == n % 3 : only < 0 || pipe == only; };
+  auto pick = [&](int pipe) { return quick ? pipe == n % NPIPE : only < 0 || pipe == only; };
   for (const hp_case &c : cases)
     for (int m = 0; m < 5; m++) {
       if (quick && m % 2 == 0 && m != 2) continue;
-      for (int pipe = 0; pipe < 3; pipe++)
+      for (int pipe = 0; pipe < NPIPE; pipe++)
         if (pick(pipe)) ok = run_case<128>(c, masks[m], pipe, seed++) && ok;
       n++;
     }
   for (const hp_case &c : cases) // the fused merge into f32 and bf16, causal and not (quick: one of each)
     for (int m = 0; m < 2; m++, n++)
-      for (int pipe = 0; pipe < 3; pipe++)
+      for (int pipe = 0; pipe < NPIPE; pipe++)
         for (int acc = 1; acc <= 2; acc++)
           if (pick(pipe) && (!quick || acc == 1 + (&c - cases.data() + m) % 2)) ok = run_case<128>(c, masks[m], pipe, seed++, acc) && ok;
   for (const hp_case &c : cases) // head dim 64: every case under three masks, and merged causal
     for (int m : {0, 2, 4}) {
       if (quick && m != 2) continue;
-      for (int pipe = 0; pipe < 3; pipe++)
+      for (int pipe = 0; pipe < NPIPE; pipe++)
         if (pick(pipe)) ok = run_case<64>(c, masks[m], pipe, seed, m == 2 ? 1 + seed % 2 : 0) && ok, seed++;
       n++;
     }
