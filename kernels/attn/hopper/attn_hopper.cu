@@ -104,6 +104,15 @@ static int env_fwd_pipe(void) {
                                                                : -1;
 }
 
+/* DISTLAB_ATTN_HOPPER_FWD_TMA_O=1: the forward's plain epilogue (no merge) writes O through shared memory
+ * (over Q's tile) with TMA stores (fwd_params.cuh's HP_FWD_OPT_TMA_O; FA4-GAP.md F4, A/B timings). Built
+ * for each head dim's default loop and PIPE 2 and 3 at d 128 and 64, with the default OPT bits (ELECT/TREE
+ * ignored); MLA's 192/128, DISTLAB_ATTN_HOPPER_FWD_PIPE=1 at d 128 and the merge keep the per-thread stores. */
+static int env_fwd_tma_o(void) {
+  static int c = -1;
+  return env_is("DISTLAB_ATTN_HOPPER_FWD_TMA_O", "1", &c);
+}
+
 /* The forward at MLA's head dims 192/128 (launch<0, 192, 128> below); DISTLAB_ATTN_HOPPER_MLA=0 sends
  * them to the portable kernel */
 static int env_mla(void) {
@@ -243,13 +252,21 @@ template <class K> static int allow_smem(K *kernel, size_t smem, int (&done)[64]
   return 0;
 }
 
+/* to: O's tensor map (boxes of 64 rows) where OPT has HP_FWD_OPT_TMA_O, else any map (unread). */
 template <int PIPE, int DQK, int DV, int OPT = HP_FWD_OPT>
 static int launch(dim3 grid, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv, const params_t &k,
-                  void *stream) {
+                  const CUtensorMap &to, void *stream) {
   static int done[64]; // the limit raised once, to what a merge needs (its running rows staged)
   DL_TRY(allow_smem(fwd_kernel<PIPE, DQK, DV, OPT>, fwd_smem_bytes<DQK, DV>(true), done));
-  fwd_kernel<PIPE, DQK, DV, OPT><<<grid, THREADS, fwd_smem_bytes<DQK, DV>(k.acc_out != nullptr), (cudaStream_t)stream>>>(tq, tk, tv, k);
+  fwd_kernel<PIPE, DQK, DV, OPT><<<grid, THREADS, fwd_smem_bytes<DQK, DV>(k.acc_out != nullptr), (cudaStream_t)stream>>>(tq, tk, tv, k, to);
   return 0;
+}
+/* launch's loop PIPE with the TMA store of O (HP_FWD_OPT_TMA_O) where tma, else with the default OPT */
+template <int PIPE, int DQK, int DV>
+static int launch_o(bool tma, dim3 grid, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv,
+                    const params_t &k, const CUtensorMap &to, void *stream) {
+  return tma ? launch<PIPE, DQK, DV, HP_FWD_OPT | HP_FWD_OPT_TMA_O>(grid, tq, tk, tv, k, to, stream)
+             : launch<PIPE, DQK, DV>(grid, tq, tk, tv, k, to, stream);
 }
 
 static void copy_st(int64_t (&dst)[3], const dl_attn_strides_t &st) { dst[0] = st.s, dst[1] = st.h, dst[2] = st.b; }
@@ -298,6 +315,12 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   }
   k.max_logit = p->max_logit;
   k.err = dword;
+  /* F4's TMA store of O: the plain epilogue only, d 128 and 64 (launch_o below) */
+  const bool tma_o = env_fwd_tma_o() && !p->acc_out && p->out && p->d_qk == p->d_v && p->d_qk <= 128 &&
+                     !(p->d_qk == 128 && env_fwd_pipe() == 1);
+  CUtensorMap to = tq; /* unread by a kernel without the TMA store (or with the merge) */
+  if ((tma_o || (HP_FWD_OPT & HP_FWD_OPT_TMA_O)) && !p->acc_out && p->out) /* the knob, or the build flag */
+    DL_TRY(tensor_map(&to, p->out, p->out_st, p->d_v, p->h_q, rq, bt, "out", 64));
   static_assert(BM == 128, "dl_attn_fwd_cuda checks the grid for 128-row blocks");
   const dim3 grid((p->s_q + BM - 1) / BM, p->h_q, p->b);
   // the faster loop of each head dim on an H200 (experiments/results/attn/hopper-fwd*-h200.md): the
@@ -305,17 +328,18 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   // at d 128 the A/B variants the build or the environment asks for
   constexpr int E = HP_FWD_OPT_ELECT, T = HP_FWD_OPT_TREE, O = HP_FWD_OPT;
   const int opt = O | env_fwd_opt(), pipe = env_fwd_pipe();
-  const int rc = p->d_qk == 64    ? (pipe == 2   ? launch<2, 64, 64>(grid, tq, tk, tv, k, stream)
-                                     : pipe == 3 ? launch<3, 64, 64>(grid, tq, tk, tv, k, stream)
-                                                 : launch<1, 64, 64>(grid, tq, tk, tv, k, stream))
-                 : p->d_qk != 128 ? launch<0, 192, 128>(grid, tq, tk, tv, k, stream)
-                 : pipe == 1      ? launch<1, 128, 128>(grid, tq, tk, tv, k, stream)
-                 : pipe == 2      ? launch<2, 128, 128>(grid, tq, tk, tv, k, stream)
-                 : pipe == 3      ? launch<3, 128, 128>(grid, tq, tk, tv, k, stream)
-                 : opt == (E | T) ? launch<0, 128, 128, E | T>(grid, tq, tk, tv, k, stream)
-                 : opt == (O | E) ? launch<0, 128, 128, O | E>(grid, tq, tk, tv, k, stream)
-                 : opt == (O | T) ? launch<0, 128, 128, O | T>(grid, tq, tk, tv, k, stream)
-                                  : launch<0, 128, 128>(grid, tq, tk, tv, k, stream);
+  const int rc = p->d_qk == 64    ? (pipe == 2   ? launch_o<2, 64, 64>(tma_o, grid, tq, tk, tv, k, to, stream)
+                                     : pipe == 3 ? launch_o<3, 64, 64>(tma_o, grid, tq, tk, tv, k, to, stream)
+                                                 : launch_o<1, 64, 64>(tma_o, grid, tq, tk, tv, k, to, stream))
+                 : p->d_qk != 128 ? launch<0, 192, 128>(grid, tq, tk, tv, k, to, stream)
+                 : pipe == 1      ? launch<1, 128, 128>(grid, tq, tk, tv, k, to, stream)
+                 : pipe == 2      ? launch_o<2, 128, 128>(tma_o, grid, tq, tk, tv, k, to, stream)
+                 : pipe == 3      ? launch_o<3, 128, 128>(tma_o, grid, tq, tk, tv, k, to, stream)
+                 : tma_o          ? launch<0, 128, 128, O | HP_FWD_OPT_TMA_O>(grid, tq, tk, tv, k, to, stream)
+                 : opt == (E | T) ? launch<0, 128, 128, E | T>(grid, tq, tk, tv, k, to, stream)
+                 : opt == (O | E) ? launch<0, 128, 128, O | E>(grid, tq, tk, tv, k, to, stream)
+                 : opt == (O | T) ? launch<0, 128, 128, O | T>(grid, tq, tk, tv, k, to, stream)
+                                  : launch<0, 128, 128>(grid, tq, tk, tv, k, to, stream);
   if (rc) return rc;
   DL_CUDA_CHECK_LAUNCH("attn fwd (hopper)");
   return 0;

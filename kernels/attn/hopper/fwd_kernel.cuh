@@ -43,6 +43,9 @@
  *     under P(j-1) V(j-1); PIPE = 3 is PIPE 2 with FA4's load order (the
  *     producer issues K(0), Q, then K(j+1) before V(j)).
  *   Every wait times out into *err (no trap: a trap made ptxas spill P).
+ *   Epilogue: O / l in bf16 and the LSE by each thread's stores; or (OPT's
+ *     HP_FWD_OPT_TMA_O) O through shared memory over the warpgroup's rows of
+ *     Q and TMA stores (the fifth tensor map, to); or the fused merge.
  *
  * Shared memory tiles, each a TMA box of 64 columns (128 bytes) x rows with
  * the 128-byte swizzle, 1024-byte aligned; a d = 128 tile is two of them:
@@ -82,7 +85,7 @@
 template <int PIPE, int DQK, int DV, int OPT = HP_FWD_OPT>
 __global__ void __launch_bounds__(THREADS, 1)
     fwd_kernel(const HP_GRID_CONST hp_tmap_t tq, const HP_GRID_CONST hp_tmap_t tk, const HP_GRID_CONST hp_tmap_t tv,
-               const params_t p) {
+               const params_t p, const HP_GRID_CONST hp_tmap_t to) {
   smem_t<DQK, DV> &sm = *reinterpret_cast<smem_t<DQK, DV> *>((reinterpret_cast<uintptr_t>(hp_smem()) + 1023) & ~uintptr_t(1023));
   const hp_tile_t tile = hp_fwd_tile<DQK, DV>(p);
   const int m_block = tile.m_block, hh = tile.hh, bb = tile.bb, hkv = hh / (p.h / p.h_kv);
@@ -364,6 +367,39 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
   for (int r = 0; r < 2; r++) lse[r] = sum[r] > 0.0f ? (mx[r] + log2f(sum[r])) * 0.69314718055994531f : -INFINITY;
   if (!p.acc_out) {
+    if constexpr ((OPT & HP_FWD_OPT_TMA_O) != 0) {
+      // FA4's epilogue (sO = sQ): the warpgroup's O in bf16 over its own 64 rows of Q, whose last reader
+      // (its last S) completed at a wgmma wait above (with no key block: Q landed, waited for before the
+      // loop), swizzled as the map's 128-byte swizzle places them (16-byte chunk k of row r at chunk
+      // k ^ (r % 8): a row's four threads fill a chunk, eight rows eight chunks, no bank conflict); then
+      // one thread stores each half of d (64 columns x 64 rows) by TMA. bshd/sbhd: the map clips rows
+      // past s_q. thd: a warpgroup whose rows reach past its sequence keeps the stores below.
+      if (!p.cu_q || row0 + 64 <= len_q) {
+        const uint32_t ob = hp_smem_u32(sm.q[0]) + c * 64 * 128; // the warpgroup's rows, first half of d
+        const int wr0 = r0 - c * 64;                             // this thread's first row among them
+#pragma unroll
+        for (int j = 0; j < DV / 8; j++)
+#pragma unroll
+          for (int r = 0; r < 2; r++) {
+            const int row = wr0 + 8 * r;
+            st_shared_u32(ob + (j / 8) * BM * 128 + row * 128 + (((j % 8) ^ (row & 7)) << 4) + 4 * (lane % 4),
+                          pack_bf16(o[4 * j + 2 * r] * inv[r], o[4 * j + 2 * r + 1] * inv[r]));
+          }
+        fence_proxy_async();       // the writes, visible to the TMA unit (the async proxy)
+        named_bar_sync(6 + c, 128); // the warpgroup's writes all done
+        if (tid == 0) {
+          for (int half = 0; half < DV / 64; half++)
+            tma_store(&to, sm.q[half] + c * 64 * 64, 64 * half, hh, first_q + row0, tb);
+          bulk_commit();
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+          if (q0 + 8 * r < len_q && lane % 4 == 0) p.lse[at(p.lse_st, q0 + 8 * r)] = lse[r];
+        if (tid == 0) bulk_wait_read(); // shared memory stays the CTA's until the stores read it
+        if (lane == 0) HP_TRACE(p, 16 + warp_id), HP_TRACE(p, 24 + warp_id, HP_TRACE_GLOBAL);
+        return;
+      }
+    }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
       const int row = q0 + 8 * r;

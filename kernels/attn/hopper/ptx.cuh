@@ -239,6 +239,14 @@ __device__ __forceinline__ void bulk_reduce_add(float *dst, const void *src, uin
                ::"l"(dst), "r"(hp_smem_u32(src)), "r"(bytes)
                : "memory");
 }
+// A box {64, 1, rows, 1} of a 4-d tensor map (d, h, s, b) stored from shared memory (the map's swizzle),
+// a bulk copy of the async proxy in this thread's bulk group like bulk_reduce_add; the box's elements
+// outside the tensor are not written. The shared memory writes it reads need fence_proxy_async first.
+__device__ __forceinline__ void tma_store(const hp_tmap_t *map, const void *src, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
+               ::"l"((uint64_t)map), "r"(hp_smem_u32(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }

@@ -14,6 +14,9 @@
 //              completes that many transaction bytes;
 //   bulk copy  cp.async.bulk global -> shared (16-byte aligned and sized),
 //              landing and completing its bytes as a TMA box does;
+//   TMA store  a box from shared memory (the swizzle read back) into the
+//              tensor, clipped at its bounds, at the issue or at the issuing
+//              thread's cp.async.bulk.wait_group.read (a coin);
 //   wgmma      m64nNk16 (N a multiple of 8 up to 128), bf16 in, fp32 accumulators: a
 //              collective of the 128 threads of a warpgroup, A and B decoded
 //              from shared memory descriptors (K-major: row r at (r % 8) * 128
@@ -37,6 +40,7 @@
 #define HOPPER_EMU
 #include "cuda_emu.h"
 
+#include <algorithm>
 #include <map>
 #include <random>
 #include <string>
@@ -451,10 +455,64 @@ HP_DEV void bulk_reduce_add(float *dst, const void *src, uint32_t bytes) {
   if (hp_coin() % 2) hp_bulk_do(b);
   else hp_bulks.push_back(b);
 }
+// TMA stores (shared -> global, a box of a 4-d tensor map, the 128-byte swizzle read back): done at the
+// issue or only at the issuing thread's bulk_wait_read (a coin), reading shared memory then, so that a
+// box stored before all its rows were written, or rewritten before the wait, shows; the box's elements
+// outside the tensor are not written.
+struct hp_store {
+  int thread;
+  const hp_tmap_t *map;
+  uint32_t src;
+  int c[4];
+  bool committed;
+};
+static std::vector<hp_store> hp_stores;
+static void hp_store_do(const hp_store &st) {
+  const hp_tmap_t &m = *st.map;
+  uint32_t r = 0;
+  for (uint32_t i3 = 0; i3 < m.box[3]; i3++)
+    for (uint32_t i2 = 0; i2 < m.box[2]; i2++)
+      for (uint32_t i1 = 0; i1 < m.box[1]; i1++, r++)
+        for (uint32_t e = 0; e < m.box[0]; e++) {
+          const int64_t x[4] = {(int64_t)st.c[0] + e, (int64_t)st.c[1] + i1, (int64_t)st.c[2] + i2, (int64_t)st.c[3] + i3};
+          bool in = true;
+          for (int a = 0; a < 4; a++) in = in && x[a] >= 0 && (uint64_t)x[a] < m.dims[a];
+          if (!in) continue;
+          const uint32_t addr = st.src + r * 128 + ((e / 8) ^ (r % 8)) * 16 + (e % 8) * 2;
+          char *dst = (char *)m.base + 2 * x[0] + x[1] * m.strides[0] + x[2] * m.strides[1] + x[3] * m.strides[2];
+          memcpy(dst, hp_ptr(addr, 2), 2);
+        }
+  emu.progress++;
+}
+HP_DEV void tma_store(const hp_tmap_t *map, const void *src, int c0, int c1, int c2, int c3) {
+  const hp_store st{emu.cur, map, hp_smem_u32(src), {c0, c1, c2, c3}, false};
+  if (st.src % 1024 || map->box[0] * 2 != 128) {
+    fprintf(stderr, "emu: TMA store from %u: not 1024-byte aligned (128-byte swizzle), or rows not of 128 bytes\n", st.src);
+    abort();
+  }
+  hp_ptr(st.src, (size_t)128 * map->box[1] * map->box[2] * map->box[3]); // inside shared memory
+  if (hp_coin() % 2) hp_store_do(st);
+  else hp_stores.push_back(st);
+}
 HP_DEV void bulk_commit() {
   for (hp_bulk &b : hp_bulks) b.committed = true;
+  for (hp_store &st : hp_stores)
+    if (st.thread == emu.cur) st.committed = true;
 }
 HP_DEV void bulk_wait_read() {
+  auto mine = [](const hp_store &st) { return st.thread == emu.cur; }; // this thread's TMA stores
+  if (std::any_of(hp_stores.begin(), hp_stores.end(), mine)) {
+    for (int n = hp_coin() % 65; n > 0; n--) emu.progress++, emu_yield();
+    for (const hp_store &st : hp_stores)
+      if (mine(st)) {
+        if (!st.committed) {
+          fprintf(stderr, "emu: a TMA store waited for before its commit\n");
+          abort();
+        }
+        hp_store_do(st);
+      }
+    hp_stores.erase(std::remove_if(hp_stores.begin(), hp_stores.end(), mine), hp_stores.end());
+  }
   if (!hp_bulks.empty()) // the other threads run on (up to 64 rounds) while the copy engine reads
     for (int n = hp_coin() % 65; n > 0; n--) emu.progress++, emu_yield();
   for (const hp_bulk &b : hp_bulks) {
@@ -608,6 +666,7 @@ static bool hp_run_cta(dim3 at, dim3 grid, int threads, size_t smem, const std::
   hp_cp_open.clear();
   hp_cp_groups.clear();
   hp_named.clear(); // a CTA's named barriers start empty (warpgroup 0's opening turn is left over)
+  hp_stores.clear();
   const std::function<void()> one = [&] {
     blockIdx = at;
     gridDim = grid;
@@ -616,7 +675,11 @@ static bool hp_run_cta(dim3 at, dim3 grid, int threads, size_t smem, const std::
   emu_run(dim3(1, 1, 1), dim3(threads), smem + 1024, one);
   bool cp_left = !hp_cp_groups.empty();
   for (const auto &t : hp_cp_open) cp_left = cp_left || !t.second.empty();
-  const char *left = !hp_pending.empty() ? "a TMA copy" : !hp_bulks.empty() ? "a bulk reduction" : cp_left ? "a cp.async" : nullptr;
+  const char *left = !hp_pending.empty() ? "a TMA copy"
+                     : !hp_bulks.empty() ? "a bulk reduction"
+                     : !hp_stores.empty() ? "a TMA store"
+                     : cp_left           ? "a cp.async"
+                                         : nullptr;
   for (const hp_wg &g : hp_wgs)
     if (!g.open.empty() || !g.groups.empty()) left = "a wgmma";
   if (left) fprintf(stderr, "emu: %s never waited for\n", left);
