@@ -429,6 +429,14 @@ HP_DEV void st_shared_u32(uint32_t addr, uint32_t v) {
   }
   memcpy(hp_ptr(addr, 4), &v, 4);
 }
+HP_DEV void st_shared_v2(uint32_t addr, uint32_t x, uint32_t y) {
+  if (addr % 8) {
+    fprintf(stderr, "emu: st.shared.v2.b32 at %u, not 8-byte aligned\n", addr);
+    abort();
+  }
+  const uint32_t v[2] = {x, y};
+  memcpy(hp_ptr(addr, 8), v, 8);
+}
 // Bulk reductions (shared -> global, fp32 add): done at the issue or only at the wait that covers
 // them (a coin), reading shared memory then, so a source rewritten before bulk_wait_read shows.
 struct hp_bulk {

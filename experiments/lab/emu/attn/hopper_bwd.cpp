@@ -11,7 +11,8 @@
 // and the warpgroups taking turns (BWD_TURNS) under every mask; each loop also
 // with one arrival a warp on the consumers' releases (ELECT); dl.attn's loops
 // with the rows' lse2 and D from the kernel's own prep by bulk copies (BULK,
-// FA4-GAP.md B5) (--quick: a few
+// FA4-GAP.md B5); 80 query rows an item at d 128 (B3; --m80: those alone) and 128 at d 64
+// (B6; --m128: those alone) (--quick: a few
 // runs a case, the masks turning with the case). Each check also shows
 // that a planted 2% error would fail it. Lanes drift apart within a warp
 // (cuda_emu.h's lane_drift), so that an elected arrival that overtakes its
@@ -310,14 +311,15 @@ template <int D, int LOOP = BWD_ORDER, bool ELECT = false, bool BULK = false, in
   const std::string what = sq_.what(true);
   printf("bwd d=%d%s%s%s%s %s h=%d/%d window (%d,%d)%s%s: dq %.2e/%.2e dk %.2e/%.2e dv %.2e/%.2e (normwise/elementwise), "
          "stray %zu; planted 2%%: %.1e %.1e %.1e %s -> %s\n",
-         D, BQ == 80 ? " m80" : "", LOOP == BWD_TURNS ? " turns" : LOOP == BWD_STEP ? " step" : "", ELECT ? " elect" : "", BULK ? " bulk" : "", what.c_str(), h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", accumulate ? " accumulate" : "", eq.nw(), eq.emax(),
+         D, BQ == 80 ? " m80" : BQ == 128 ? " m128" : "", LOOP == BWD_TURNS ? " turns" : LOOP == BWD_STEP ? " step" : "", ELECT ? " elect" : "", BULK ? " bulk" : "", what.c_str(), h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", accumulate ? " accumulate" : "", eq.nw(), eq.emax(),
          ek.nw(), ek.emax(), ev.nw(), ev.emax(), stray, eq.pw(), ek.pw(), ev.pw(), caught ? "caught" : "MISSED",
          ok && caught ? "ok" : "FAIL");
   return ok && caught;
 }
 
 int main(int argc, char **argv) {
-  const bool quick = argc > 1 && !strcmp(argv[1], "--quick"), m80 = argc > 1 && !strcmp(argv[1], "--m80");
+  const bool quick = argc > 1 && !strcmp(argv[1], "--quick"), m80 = argc > 1 && !strcmp(argv[1], "--m80"),
+             m128 = argc > 1 && !strcmp(argv[1], "--m128");
   bool ok = true;
   emu.lane_drift = true;
   ok = unit_m64n80() && ok;
@@ -326,8 +328,21 @@ int main(int argc, char **argv) {
   cases.push_back({2, 2, 2, 1, 0, {0, 50}, {0, 3}, {140, 60}}); // thd: no queries for 140 keys (dk, dv = 0)
   const hp_mask *masks = hp_masks;
   unsigned seed = 1;
+  // 128 query rows an item at d 64 (FA4-GAP.md B6; dl.attn takes it under every mask): every mask, with
+  // and without ELECT, the mask-free runs twice
+  auto runs_m128 = [&](const hp_case &c) {
+    for (int m = 0; m < 5; m++) {
+      ok = run_case<64, BWD_ORDER, false, false, 128>(c, masks[m], seed++, m == 2) && ok;
+      ok = run_case<64, BWD_ORDER, true, false, 128>(c, masks[m], seed++, m == 0) && ok;
+      if (m == 0) ok = run_case<64, BWD_ORDER, false, false, 128>(c, masks[m], seed++, true) && ok;
+    }
+  };
   for (size_t ci = 0; ci < cases.size(); ci++) {
     const hp_case &c = cases[ci];
+    if (m128) { // --m128: the runs of 128 query rows an item alone (the full run's, below)
+      runs_m128(c);
+      continue;
+    }
     if (m80) { // --m80: the runs of 80 query rows an item alone (the full run's, below)
       for (int m = 0; m < 5; m++) {
         ok = run_case<128, BWD_ORDER, false, false, 80>(c, masks[m], seed++, m == 2) && ok;
@@ -358,6 +373,9 @@ int main(int argc, char **argv) {
       if (ci % 2 == 1) ok = run_case<128, BWD_ORDER, true, false, 80>(c, masks[0], seed++, ci % 3 == 0) && ok;
       else ok = run_case<128, BWD_ORDER, false, false, 80>(c, masks[0], seed++, ci % 3 == 0) && ok;
       if (ci % 2 == 0) ok = run_case<128, BWD_ORDER, false, false, 80>(c, masks[(ci + 1) % 5], seed++, ci % 3 == 2) && ok;
+      // 128 query rows an item at d 64 (FA4-GAP.md B6) under the case's turning mask, ELECT on every other case
+      if (ci % 2 == 0) ok = run_case<64, BWD_ORDER, false, false, 128>(c, masks[(ci + 2) % 5], seed++, ci % 3 == 1) && ok;
+      else ok = run_case<64, BWD_ORDER, true, false, 128>(c, masks[(ci + 2) % 5], seed++, ci % 3 == 1) && ok;
       continue;
     }
     for (int m = 0; m < 5; m++) {
@@ -396,6 +414,7 @@ int main(int argc, char **argv) {
       ok = run_case<128, BWD_ORDER, true, false, 80>(c, masks[m], seed++, m == 0) && ok;
       if (m == 0) ok = run_case<128, BWD_ORDER, false, false, 80>(c, masks[m], seed++, true) && ok;
     }
+    runs_m128(c);
   }
   printf("%s\n", ok ? "hopper emu bwd: all ok" : "hopper emu bwd: FAILED");
   return ok ? 0 : 1;
