@@ -70,9 +70,11 @@
  * and dK take K = 128 (8 k16 steps); dQ = dS K in two halves of 64 queries, warpgroup c the queries
  * [64 c, 64 c + 64) and all 64 columns of d (gemm_dq<64>: m64n64, as d 128's), so dS^T is stored as two
  * [128 keys][64 queries] tiles, a query half each, and the dQ tile and bwd_dq_col keep BQ 64's layout.
- * In FA4's order with M80's registers-driven changes (P^T and dS^T in fp32, then packed; dV waited for
- * before dQ), warps 9 and 11 loading lse2 and D, and the dQ tile stored by shared addresses (16 generic
- * ones a thread cost ptxas 68 bytes of spills). 195 KB of shared memory.
+ * In FA4's order as M80 runs it (P^T and dS^T in fp32, then both packed, then dV: in BWD_ORDER's own
+ * order S^T, dP^T and P^T would be live with dK, dV at the dS^T step), but dQ issued without waiting for
+ * dV (0 spills either way); warps 9 and 11 load lse2 and D; the dQ tile is stored by shared addresses
+ * (16 generic ones a thread cost ptxas 68 bytes of spills), K's and V's bases through hp_opaque (4 bytes
+ * of spills without). 195 KB of shared memory.
  * Shared memory (d 128, BQ 64): K, V 32 KB each; Q, dO 2 x 16 KB each; dS^T 2 x 16 KB;
  * dQ 32 KB: 192 KB, one CTA an SM. Descriptors as in fwd_kernel.cuh; dS^T is [128 keys]
  * [64 queries] (a 128-byte row a key): as A of dQ = dS K it is MN-major (M =
@@ -643,8 +645,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       if constexpr (BQ == 80) {
         wg_wait<0>(); // dV is in: pa free before dQ^T's 40 accumulators (registers)
         gemm_dqt(dq, hp_smem_u32(sm.ds[it % 2]), in_loop(k_cols));
-      } else if constexpr (BQ == 128) { // the warpgroup's 64 queries (its tile of dS^T) x all of d
-        wg_wait<0>(); // dV is in: pa free before dQ's 32 accumulators (registers)
+      } else if constexpr (BQ == 128) { // the warpgroup's 64 queries (its tile of dS^T) x all of d (no wait for dV: fits)
         gemm_dq<64>(dq, hp_smem_u32(sm.ds[it % 2]) + c * BN * 128, in_loop(k_all));
       } else gemm_dq<DQK / 2>(dq, hp_smem_u32(sm.ds[it % 2]), k_cols);
       issue_dk(it);
