@@ -69,12 +69,13 @@
  * waits, stage handoffs, the dQ handoff) per FLOP. S^T and dP^T are m64n128 (64 accumulators each); dV
  * and dK take K = 128 (8 k16 steps); dQ = dS K in two halves of 64 queries, warpgroup c the queries
  * [64 c, 64 c + 64) and all 64 columns of d (gemm_dq<64>: m64n64, as d 128's), so dS^T is stored as two
- * [128 keys][64 queries] tiles, a query half each, and the dQ tile and bwd_dq_col keep BQ 64's layout.
+ * [128 keys][64 queries] tiles, a query half each (stmatrix, 8 a warp), and the dQ tile and bwd_dq_col
+ * keep BQ 64's layout.
  * In FA4's order as M80 runs it (P^T and dS^T in fp32, then both packed, then dV: in BWD_ORDER's own
  * order S^T, dP^T and P^T would be live with dK, dV at the dS^T step), but dQ issued without waiting for
  * dV (0 spills either way); warps 9 and 11 load lse2 and D; the dQ tile is stored by shared addresses
- * (16 generic ones a thread cost ptxas 68 bytes of spills), K's and V's bases through hp_opaque (4 bytes
- * of spills without). 195 KB of shared memory.
+ * (16 generic ones a thread cost ptxas 68 bytes of spills), K's and V's bases and the stmatrix addresses
+ * through hp_opaque (4 bytes of spills each without). 195 KB of shared memory.
  * Shared memory (d 128, BQ 64): K, V 32 KB each; Q, dO 2 x 16 KB each; dS^T 2 x 16 KB;
  * dQ 32 KB: 192 KB, one CTA an SM. Descriptors as in fwd_kernel.cuh; dS^T is [128 keys]
  * [64 queries] (a 128-byte row a key): as A of dQ = dS K it is MN-major (M =
@@ -561,10 +562,19 @@ __global__ void __launch_bounds__(THREADS, 1)
   // row) into its tile of the buffer, the 8 x 8 blocks of da transposed by stmatrix: block (keys 16 warp
   // + 8 r, queries 8 j) is matrix 2 (j % 2) + r of the x4 of j / 2; lane 8 m + i gives row i of matrix
   // m's transpose, query 8 j + i, whose 16-byte chunk (2 warp + r) lies at chunk (2 warp + r) ^ i.
-  // BQ 128: queries 8 j + ... of tile j / 8 (query half), each tile as BQ 64's dS^T.
+  // BQ 128: queries 8 j of tile j / 8 (query half), each tile as BQ 64's dS^T, by 8 stmatrix.x4 a warp
+  // rather than 32 STS a thread: block (keys 16 warp + 8 r, queries 8 j), in the accumulator's layout,
+  // is da[2 j + r], matrix 2 (j % 2) + r of the x4 of j / 2; lane 8 m + i gives row (key) i of matrix m.
   auto store_ds = [&](int it) {
     const uint32_t ds_base = hp_smem_u32(sm.ds[it % 2]);
-    if constexpr (BQ == 80) {
+    if constexpr (BQ == 128) {
+      const int t = (int)in_loop((uint32_t)tid), m = (t % 32) / 8, i = t % 8; // t: the address in the loop (registers)
+      const uint32_t at = ds_base + (c * 64 + 16 * (t / 32) + 8 * (m % 2) + i) * 128;
+#pragma unroll
+      for (int g = 0; g < BQ / 16; g++)
+        stmatrix_x4(at + (g / 4) * BN * 128 + ((((2 * g) % 8 + m / 2) ^ i) << 4), da[4 * g], da[4 * g + 1], da[4 * g + 2],
+                    da[4 * g + 3]);
+    } else if constexpr (BQ == 80) {
       const int m = lane / 8, i = lane % 8, r = m % 2;
       const uint32_t at = ds_base + c * BQ * 128 + i * 128 + (((2 * warp + r) ^ i) << 4);
 #pragma unroll

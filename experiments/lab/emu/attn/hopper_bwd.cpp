@@ -57,7 +57,7 @@ struct errs {
 // bf16 at r * 128, 16-byte chunk c at c ^ (r % 8)): S = A B^T with both K-major (A 64 x 64, B 80 x 64),
 // and D = A^T B^T with A MN-major (A's tile 128 x 64, read as 64 x 128 transposed: rows are the K
 // dimension) and B K-major (80 x 64, the K dimension its columns); then a warp's four 8 x 8 matrices
-// stored transposed.
+// stored transposed, and stored as they are (stmatrix without .trans: M128's dS^T).
 static bool unit_m64n80() {
   std::mt19937 g(11);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
@@ -67,7 +67,7 @@ static bool unit_m64n80() {
   for (float &x : K) x = f32_of(bf16_of(u(g)));
   const uint32_t a_off = 0, b_off = 8192, k_off = 8192 + 10240, st_off = k_off + 16384; // 1024-byte aligned
   double err1 = 0, err2 = 0;
-  int bad_st = 0;
+  int bad_st = 0, bad_st_n = 0;
   const std::function<void()> kernel = [&] {
     char *sm = (char *)(((uintptr_t)hp_smem() + 1023) & ~uintptr_t(1023));
     const uint32_t base = hp_smem_u32(sm);
@@ -104,6 +104,7 @@ static bool unit_m64n80() {
       r[m] = pack_bf16(x0, x0 + 1);
     }
     stmatrix_x4_trans(base + st_off + w * 512 + (l / 8) * 128 + (l % 8) * 16, r[0], r[1], r[2], r[3]);
+    stmatrix_x4(base + st_off + 2048 + w * 512 + (l / 8) * 128 + (l % 8) * 16, r[0], r[1], r[2], r[3]);
     hp_sync();
     if (t == 0)
       for (int ww = 0; ww < 4; ww++)
@@ -113,12 +114,15 @@ static bool unit_m64n80() {
               uint16_t h;
               memcpy(&h, sm + st_off + ww * 512 + m * 128 + 16 * i + 2 * row, 2);
               bad_st += f32_of(h) != 64 * m + 8 * row + i;
+              memcpy(&h, sm + st_off + 2048 + ww * 512 + m * 128 + 16 * row + 2 * i, 2); // row `row`, column i
+              bad_st_n += f32_of(h) != 64 * m + 8 * row + i;
             }
   };
-  const bool ran = hp_run_cta(dim3(0, 0, 0), dim3(1, 1, 1), 128, st_off + 2048, kernel);
-  const bool ok = ran && err1 < 1e-3 && err2 < 1e-3 && bad_st == 0;
-  printf("unit wgmma m64n80k16 K-major/K-major max err %.1e, MN-major A/K-major B %.1e; stmatrix.x4.trans %d wrong -> %s\n",
-         err1, err2, bad_st, ok ? "ok" : "FAIL");
+  const bool ran = hp_run_cta(dim3(0, 0, 0), dim3(1, 1, 1), 128, st_off + 4096, kernel);
+  const bool ok = ran && err1 < 1e-3 && err2 < 1e-3 && bad_st == 0 && bad_st_n == 0;
+  printf("unit wgmma m64n80k16 K-major/K-major max err %.1e, MN-major A/K-major B %.1e; stmatrix.x4.trans %d wrong, "
+         "stmatrix.x4 %d wrong -> %s\n",
+         err1, err2, bad_st, bad_st_n, ok ? "ok" : "FAIL");
   return ok;
 }
 
