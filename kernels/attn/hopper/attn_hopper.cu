@@ -77,6 +77,15 @@ static int env_bwd_m80(void) {
   static int c = -1;
   return env_is("DISTLAB_ATTN_HOPPER_BWD_M80", "1", &c);
 }
+/* DISTLAB_ATTN_HOPPER_BWD_M128=1: at d 64 the backward's items take 128 query rows instead of 64
+ * (bwd_kernel's BQ = 128, FA4's sm90 choice at d 64; FA4-GAP.md B6, A/B timings), in FA4's order (in
+ * place of the turns) with and without ELECT, under every mask; DISTLAB_ATTN_HOPPER_BWD_TURNS and
+ * ..._ORDER do not apply to it. Ignored with DISTLAB_ATTN_HOPPER_BWD_BULK_LSE=1 (whose prepared rows are
+ * padded to 64 a sequence). */
+static int env_bwd_m128(void) {
+  static int c = -1;
+  return env_is("DISTLAB_ATTN_HOPPER_BWD_M128", "1", &c);
+}
 static int env_bwd_bulk_lse(void) {
   static int c = -1;
   return env_is("DISTLAB_ATTN_HOPPER_BWD_BULK_LSE", "1", &c);
@@ -370,7 +379,9 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
   /* FA4-GAP.md B3: 80 query rows an item, d 128 without a mask, FA4's order, warp 9's lse2 and D */
   const bool m80 = p->d_qk == 128 && p->d_v == 128 && p->window_left < 0 && p->window_right < 0 && order && !bulk &&
                    env_bwd_m80();
-  const int bq = m80 ? 80 : BWD_BQ;
+  /* FA4-GAP.md B6: 128 query rows an item at d 64, FA4's order, warps 9 and 11's lse2 and D */
+  const bool m128 = p->d_qk == 64 && p->d_v == 64 && !env_bwd_bulk_lse() && env_bwd_m128();
+  const int bq = m80 ? 80 : m128 ? 128 : BWD_BQ;
   DL_TRY(tensor_map(&tq, p->q, p->q_st, p->d_qk, p->h_q, rq, bt, "q", bq));
   DL_TRY(tensor_map(&tdo, p->dout, p->dout_st, p->d_v, p->h_q, rq, bt, "dout", bq));
   DL_TRY(tensor_map(&tk, p->k, p->k_st, p->d_qk, p->h_kv, rkv, bt, "k", BN));
@@ -400,7 +411,10 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
   }
   k.delta = delta;
   int rc;
-  if (p->d_qk == 64)
+  if (m128)
+    rc = elect ? launch_bwd<64, 64, BWD_ORDER, true, false, 128>(grid, tq, tk, tv, tdo, k, stream)
+               : launch_bwd<64, 64, BWD_ORDER, false, false, 128>(grid, tq, tk, tv, tdo, k, stream);
+  else if (p->d_qk == 64)
     rc = turns && bulk && elect ? launch_bwd<64, 64, BWD_TURNS, true, true>(grid, tq, tk, tv, tdo, k, stream)
          : turns && bulk        ? launch_bwd<64, 64, BWD_TURNS, false, true>(grid, tq, tk, tv, tdo, k, stream)
          : turns && elect       ? launch_bwd<64, 64, BWD_TURNS, true>(grid, tq, tk, tv, tdo, k, stream)

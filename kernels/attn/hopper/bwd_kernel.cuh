@@ -18,8 +18,8 @@
  * grid (key blocks, kv heads, batches).
  *   warpgroup 2, producer (setmaxnreg 24): one thread TMA-loads K and V of
  *     the block once, then for every q head of the kv head's group and every
- *     query block of BQ rows (64; 80 with DISTLAB_ATTN_HOPPER_BWD_M80=1, below)
- *     that sees the keys: Q and dO into two
+ *     query block of BQ rows (64; 80 with DISTLAB_ATTN_HOPPER_BWD_M80=1, 128 with
+ *     DISTLAB_ATTN_HOPPER_BWD_M128=1, below) that sees the keys: Q and dO into two
  *     stages; another warp loads the rows' LSE (as lse log2(e), +inf for a
  *     row with no key) and D beside them. Full barriers carry the bytes and
  *     that warp's 32 arrivals, empty barriers (256 arrivals, or 8 with ELECT:
@@ -63,7 +63,20 @@
  * half) and dQ^T stored into the tile transposed (bwd_dq_col<80>). P^T and dS^T are both in fp32
  * before either is packed, dV is issued after dS^T and waited for before dQ^T, and warp 11 loads D while
  * warp 9 loads lse2: in BWD_ORDER's order ptxas spilled (registers). 224 KB of shared memory.
- * Shared memory (d 128): K, V 32 KB each; Q, dO 2 x 16 KB each; dS^T 2 x 16 KB;
+ *
+ * M128 (BQ = 128 at d 64, FA4's sm90 tile there, under every mask; FA4-GAP.md B6; dl.attn takes it with
+ * DISTLAB_ATTN_HOPPER_BWD_M128=1): twice the rows an item halves the per-item fixed costs (barriers,
+ * waits, stage handoffs, the dQ handoff) per FLOP. S^T and dP^T are m64n128 (64 accumulators each); dV
+ * and dK take K = 128 (8 k16 steps); dQ = dS K in two halves of 64 queries, warpgroup c the queries
+ * [64 c, 64 c + 64) and all 64 columns of d (gemm_dq<64>: m64n64, as d 128's), so dS^T is stored as two
+ * [128 keys][64 queries] tiles, a query half each (stmatrix, 8 a warp), and the dQ tile and bwd_dq_col
+ * keep BQ 64's layout.
+ * In FA4's order as M80 runs it (P^T and dS^T in fp32, then both packed, then dV: in BWD_ORDER's own
+ * order S^T, dP^T and P^T would be live with dK, dV at the dS^T step), but dQ issued without waiting for
+ * dV (0 spills either way); warps 9 and 11 load lse2 and D; the dQ tile is stored by shared addresses
+ * (16 generic ones a thread cost ptxas 68 bytes of spills), K's and V's bases and the stmatrix addresses
+ * through hp_opaque (4 bytes of spills each without). 195 KB of shared memory.
+ * Shared memory (d 128, BQ 64): K, V 32 KB each; Q, dO 2 x 16 KB each; dS^T 2 x 16 KB;
  * dQ 32 KB: 192 KB, one CTA an SM. Descriptors as in fwd_kernel.cuh; dS^T is [128 keys]
  * [64 queries] (a 128-byte row a key): as A of dQ = dS K it is MN-major (M =
  * queries contiguous), SBO = 1024 (8 keys), the k16 step (16 keys) at + 2048;
@@ -81,7 +94,8 @@
 constexpr int BWD_BQ = 64;
 
 // BQ 64: ds holds dS^T, [key][query] (128 keys of 128 bytes); BQ 80: dS, [key half][query][64 keys] (two
-// tiles of 80 rows of 128 bytes, a warpgroup's keys each; bwd_kernel's M80 notes).
+// tiles of 80 rows of 128 bytes, a warpgroup's keys each; bwd_kernel's M80 notes); BQ 128 (d 64): dS^T,
+// [query half][key][64 queries] (two tiles of 128 keys of 128 bytes, a warpgroup's dQ rows each; M128).
 template <int DQK, int DV, int BQ = BWD_BQ> struct alignas(1024) bwd_smem_t {
   uint16_t k[DQK / 64][BN * 64];
   uint16_t v[DV / 64][BN * 64];
@@ -215,9 +229,9 @@ template <int DH, int BQ> HP_DEV void gemm_acc(float (&acc)[DH / 2], const uint3
     wgmma_rs(acc, *reinterpret_cast<const uint32_t(*)[4]>(xa + 4 * kc), gmma_desc(b_base + kc * 16 * 128, BQ * 128, 1024));
 }
 
-// dQ (64 queries x the warpgroup's DQK / 2 columns) = dS K over the block's 128 keys: A = dS^T in
-// shared memory read transposed (MN-major), B = K MN-major; one commit group.
-template <int DQK> HP_DEV void gemm_dq(float (&dq)[DQK / 4], uint32_t ds_base, uint32_t k_cols) {
+// dQ (64 queries x the warpgroup's NC columns of d: DQK / 2, or BQ 128's all 64) = dS K over the block's
+// 128 keys: A = dS^T in shared memory read transposed (MN-major), B = K MN-major; one commit group.
+template <int NC> HP_DEV void gemm_dq(float (&dq)[NC / 2], uint32_t ds_base, uint32_t k_cols) {
   wg_fence();
 #pragma unroll
   for (int kc = 0; kc < BN / 16; kc++)
@@ -268,9 +282,12 @@ __global__ void __launch_bounds__(THREADS, 1)
                const HP_GRID_CONST hp_tmap_t tdo, const bwd_params_t p) {
   static_assert(DQK == 64 || DQK == 128, "dQ's split of the head dims between the warpgroups");
   static_assert(LOOP == BWD_STEP || LOOP == BWD_ORDER || LOOP == BWD_TURNS, "bwd_loop_t");
-  static_assert(BQ == 64 || (BQ == 80 && DQK == 128 && DV == 128 && LOOP == BWD_ORDER && !BULK),
+  static_assert(BQ == 64 || BQ == 128 || (BQ == 80 && DQK == 128 && DV == 128 && LOOP == BWD_ORDER && !BULK),
                 "80 query rows an item: d 128, FA4's order, lse2 and D by warp 9 (BULK pads to 64)");
-  constexpr int NDQ = BQ == 80 ? 40 : DQK / 4; // a thread's dQ (BQ 80: of dQ^T)
+  static_assert(BQ != 128 || (DQK == 64 && DV == 64 && LOOP == BWD_ORDER && !BULK),
+                "128 query rows an item: d 64, FA4's order, lse2 and D by warps 9 and 11 (BULK pads to 64)");
+  // a thread's dQ (BQ 80: of dQ^T; BQ 128: its warpgroup's 64 queries x all 64 columns of d)
+  constexpr int NDQ = BQ == 80 ? 40 : BQ == 128 ? 32 : DQK / 4;
   bwd_smem_t<DQK, DV, BQ> &sm = *reinterpret_cast<bwd_smem_t<DQK, DV, BQ> *>((reinterpret_cast<uintptr_t>(hp_smem()) + 1023) & ~uintptr_t(1023));
   const int n_block = blockIdx.x, hkv = blockIdx.y, bb = blockIdx.z, group = p.h / p.h_kv;
   const int warp_id = hp_warp_uniform(threadIdx.x / 32), tid = threadIdx.x % 128;
@@ -324,7 +341,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       }
     } else if (!BULK && warp_id == 9) { // the rows' lse2 and D (rows past the sequence: +inf and 0, so P = dS = 0)
       const int lane = threadIdx.x % 32;
-      if constexpr (BQ == 80) { // the lse2 rows only (warp 11 loads D), the item's head and block counted: 24 registers
+      if constexpr (BQ != 64) { // the lse2 rows only (warp 11 loads D), the item's head and block counted: 24 registers
         int hq = hkv * group, m = m_lo;
         for (int it = 0; it < items; it++) {
           const int st = it % 2;
@@ -357,7 +374,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           }
           mbar_arrive(&sm.do_full[st]);
         }
-    } else if (BQ == 80 && warp_id == 11) { // BQ 80: the rows' D (warp 9's lse2 rows alone fill its registers)
+    } else if (BQ != 64 && warp_id == 11) { // BQ 80, 128: the rows' D (warp 9's lse2 rows alone fill its registers)
       const int lane = threadIdx.x % 32;
       int hq = hkv * group, m = m_lo;
       for (int it = 0; it < items; it++) {
@@ -441,7 +458,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   // BQ 80: the shared-memory bases of K and V through hp_opaque every item, so that ptxas derives their
   // descriptors in the loop rather than holding (and spilling) 24 of them over it
   auto in_loop = [](uint32_t x) {
-    if constexpr (BQ == 80) return hp_opaque(x);
+    if constexpr (BQ != 64) return hp_opaque(x);
     else return x;
   };
   auto issue_sdp = [&](int it, float(&s)[BQ / 2], float(&dp)[BQ / 2]) {
@@ -545,9 +562,19 @@ __global__ void __launch_bounds__(THREADS, 1)
   // row) into its tile of the buffer, the 8 x 8 blocks of da transposed by stmatrix: block (keys 16 warp
   // + 8 r, queries 8 j) is matrix 2 (j % 2) + r of the x4 of j / 2; lane 8 m + i gives row i of matrix
   // m's transpose, query 8 j + i, whose 16-byte chunk (2 warp + r) lies at chunk (2 warp + r) ^ i.
+  // BQ 128: queries 8 j of tile j / 8 (query half), each tile as BQ 64's dS^T, by 8 stmatrix.x4 a warp
+  // rather than 32 STS a thread: block (keys 16 warp + 8 r, queries 8 j), in the accumulator's layout,
+  // is da[2 j + r], matrix 2 (j % 2) + r of the x4 of j / 2; lane 8 m + i gives row (key) i of matrix m.
   auto store_ds = [&](int it) {
     const uint32_t ds_base = hp_smem_u32(sm.ds[it % 2]);
-    if constexpr (BQ == 80) {
+    if constexpr (BQ == 128) {
+      const int t = (int)in_loop((uint32_t)tid), m = (t % 32) / 8, i = t % 8; // t: the address in the loop (registers)
+      const uint32_t at = ds_base + (c * 64 + 16 * (t / 32) + 8 * (m % 2) + i) * 128;
+#pragma unroll
+      for (int g = 0; g < BQ / 16; g++)
+        stmatrix_x4(at + (g / 4) * BN * 128 + ((((2 * g) % 8 + m / 2) ^ i) << 4), da[4 * g], da[4 * g + 1], da[4 * g + 2],
+                    da[4 * g + 3]);
+    } else if constexpr (BQ == 80) {
       const int m = lane / 8, i = lane % 8, r = m % 2;
       const uint32_t at = ds_base + c * BQ * 128 + i * 128 + (((2 * warp + r) ^ i) << 4);
 #pragma unroll
@@ -559,7 +586,8 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
         for (int r = 0; r < 2; r++) {
           const int row = kr + 8 * r, col = 8 * j + 2 * (lane % 4);
-          st_shared_u32(ds_base + row * 128 + (((col / 8) ^ (row % 8)) * 16) + (col % 8) * 2, da[2 * j + r]);
+          st_shared_u32(ds_base + (j / 8) * BN * 128 + row * 128 + ((((col / 8) % 8) ^ (row % 8)) * 16) + (col % 8) * 2,
+                        da[2 * j + r]);
         }
     }
     fence_proxy_async();
@@ -568,7 +596,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   // into the accumulator: into shared memory once the last item's reduction has read it, then the
   // producer's turn. n: the items stored so far.
   // BQ 80: dq holds dQ^T (row = the column 64 c + 16 warp + lane / 4 (+ 8) of d, column = query 8 j + 2
-  // (lane % 4) (+ 1)); one 4-byte store a value, bwd_dq_col<80>'s order.
+  // (lane % 4) (+ 1)); one 4-byte store a value, bwd_dq_col<80>'s order. BQ 128: rows 64 c + 16 warp +
+  // lane / 4 (+ 8), all 64 columns.
   auto store_dq = [&](int n, const float(&dq)[NDQ]) {
     if (n > 0) mbar_wait(&sm.dq_empty, (uint32_t)(n - 1) & 1u, &sm.fail, p.err);
     if constexpr (BQ == 80) {
@@ -580,6 +609,16 @@ __global__ void __launch_bounds__(THREADS, 1)
           const int col = c * 64 + warp * 16 + lane / 4 + 8 * (e >> 1), row = 8 * j + 2 * (lane % 4) + (e & 1);
           st_shared_u32(dq_base + 4 * (row * DQK + bwd_dq_col<BQ>(col, row)), __float_as_uint(dq[4 * j + e]));
         }
+    } else if constexpr (BQ == 128) { // by shared addresses: 16 generic ones cost ptxas spills (registers)
+      const uint32_t dq_base = hp_smem_u32(sm.dq);
+#pragma unroll
+      for (int r = 0; r < 2; r++) {
+        const int row = c * 64 + warp * 16 + lane / 4 + 8 * r;
+#pragma unroll
+        for (int j = 0; j < DQK / 8; j++)
+          st_shared_v2(dq_base + 4 * (row * DQK + bwd_dq_col(8 * j + 2 * (lane % 4), row)), __float_as_uint(dq[4 * j + 2 * r]),
+                       __float_as_uint(dq[4 * j + 2 * r + 1]));
+      }
     } else {
 #pragma unroll
       for (int r = 0; r < 2; r++) {
@@ -603,7 +642,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       float s[BQ / 2], dp[BQ / 2], dq[NDQ];
       stage_in(it);
       issue_sdp(it, s, dp);
-      if constexpr (BQ == 80) { // P^T and dS^T in fp32, then both packed: dV after dS, as FA4 (registers)
+      if constexpr (BQ != 64) { // P^T and dS^T in fp32, then both packed: dV after dS, as FA4 (registers)
         p_and_ds(it, s, dp);
         issue_dv(it);
       } else {
@@ -616,7 +655,9 @@ __global__ void __launch_bounds__(THREADS, 1)
       if constexpr (BQ == 80) {
         wg_wait<0>(); // dV is in: pa free before dQ^T's 40 accumulators (registers)
         gemm_dqt(dq, hp_smem_u32(sm.ds[it % 2]), in_loop(k_cols));
-      } else gemm_dq<DQK>(dq, hp_smem_u32(sm.ds[it % 2]), k_cols);
+      } else if constexpr (BQ == 128) { // the warpgroup's 64 queries (its tile of dS^T) x all of d (no wait for dV: fits)
+        gemm_dq<64>(dq, hp_smem_u32(sm.ds[it % 2]) + c * BN * 128, in_loop(k_all));
+      } else gemm_dq<DQK / 2>(dq, hp_smem_u32(sm.ds[it % 2]), k_cols);
       issue_dk(it);
       wg_wait<1>(); // dV and dQ are in (dK runs on): dO's stage is free, the dQ tile goes out
       release(&sm.do_empty[it % 2]);
@@ -633,7 +674,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       issue_dkv(it);
       store_ds(it);
       named_bar_sync(1, 256); // both warpgroups' dS^T are in (the other buffer is free: see the header)
-      gemm_dq<DQK>(dq, hp_smem_u32(sm.ds[it % 2]), k_cols);
+      gemm_dq<DQK / 2>(dq, hp_smem_u32(sm.ds[it % 2]), k_cols);
       wg_wait<0>(); // dV, dK and dQ are in: the stage is free
       free_stage(it);
       store_dq(it, dq);
@@ -661,7 +702,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       issue_dkv(it);
       if (it >= 1) {
         mbar_wait(&sm.ds_ready[(it - 1) % 2], parity(it - 1), &sm.fail, p.err);
-        gemm_dq<DQK>(dq, hp_smem_u32(sm.ds[(it - 1) % 2]), k_cols);
+        gemm_dq<DQK / 2>(dq, hp_smem_u32(sm.ds[(it - 1) % 2]), k_cols);
       }
       hand_turn();
       wg_wait<0>(); // dV, dK (and dQ of it - 1) are in
@@ -675,7 +716,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       float dq[DQK / 4];
       take_turn();
       mbar_wait(&sm.ds_ready[(items - 1) % 2], parity(items - 1), &sm.fail, p.err);
-      gemm_dq<DQK>(dq, hp_smem_u32(sm.ds[(items - 1) % 2]), k_cols);
+      gemm_dq<DQK / 2>(dq, hp_smem_u32(sm.ds[(items - 1) % 2]), k_cols);
       hand_turn();
       wg_wait<0>();
       store_dq(items - 1, dq);

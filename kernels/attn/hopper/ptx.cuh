@@ -220,6 +220,14 @@ __device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, ui
                : "memory");
 }
 
+// stmatrix without .trans: row i of matrix m (lane l holds row l / 4, columns 2 (l % 4), + 1 of
+// register m) at lane 8 m + i's address (the backward's BQ 128 stores dS^T with it)
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1), "r"(r2),
+               "r"(r3)
+               : "memory");
+}
+
 // x, as a value the compiler cannot see through: computations from it stay where they are written
 // (the backward's BQ 80 keeps ptxas from hoisting its wgmma descriptors out of the loop and spilling them)
 __device__ __forceinline__ uint32_t hp_opaque(uint32_t x) {
@@ -230,6 +238,10 @@ __device__ __forceinline__ uint32_t hp_opaque(uint32_t x) {
 // 4 bytes at a shared address.
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+// 8 bytes (two words) at a shared address, 8-byte aligned.
+__device__ __forceinline__ void st_shared_v2(uint32_t addr, uint32_t x, uint32_t y) {
+  asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(addr), "r"(x), "r"(y) : "memory");
 }
 // dst (global) += src (shared), bytes (a multiple of 16; both 16-byte aligned) of fp32, a bulk copy of
 // the async proxy in this thread's bulk group (bulk_commit; bulk_wait_read: its source may be reused;

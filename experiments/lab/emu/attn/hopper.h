@@ -433,6 +433,14 @@ HP_DEV void st_shared_u32(uint32_t addr, uint32_t v) {
   }
   memcpy(hp_ptr(addr, 4), &v, 4);
 }
+HP_DEV void st_shared_v2(uint32_t addr, uint32_t x, uint32_t y) {
+  if (addr % 8) {
+    fprintf(stderr, "emu: st.shared.v2.b32 at %u, not 8-byte aligned\n", addr);
+    abort();
+  }
+  const uint32_t v[2] = {x, y};
+  memcpy(hp_ptr(addr, 8), v, 8);
+}
 // Bulk reductions (shared -> global, fp32 add): done at the issue or only at the wait that covers
 // them (a coin), reading shared memory then, so a source rewritten before bulk_wait_read shows.
 struct hp_bulk {
@@ -559,7 +567,7 @@ HP_DEV void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t 
   emu_warp &w = emu.warps[emu.cur / 32];
   const int lane = emu.cur % 32;
   w.in[lane][0] = r0, w.in[lane][1] = r1, w.in[lane][2] = r2, w.in[lane][3] = r3, w.in[lane][4] = addr;
-  emu_warp_op(9, [](emu_warp &w) { // (cuda_emu.h's collectives use 1-7 and 2 + 16 mask)
+  emu_warp_op(9, [](emu_warp &w) { // (cuda_emu.h's collectives use 1-7 and 2 + 16 mask; stmatrix_x4 8)
     for (int m = 0; m < 4; m++)
       for (int i = 0; i < 8; i++) {
         const uint32_t a = w.in[8 * m + i][4];
@@ -570,6 +578,28 @@ HP_DEV void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t 
         for (int r = 0; r < 8; r++) { // element (r, i) of the matrix: lane 4 r + i / 2, half i % 2
           const uint16_t h = (uint16_t)(w.in[4 * r + i / 2][m] >> (16 * (i % 2)));
           memcpy(hp_ptr(a + 2 * r, 2), &h, 2);
+        }
+      }
+  });
+}
+
+// stmatrix.sync.aligned.m8n8.x4.shared.b16 (no .trans): row i of matrix m (8 bf16, 16 bytes) stored at
+// the address of lane 8 m + i
+HP_DEV void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  emu_warp &w = emu.warps[emu.cur / 32];
+  const int lane = emu.cur % 32;
+  w.in[lane][0] = r0, w.in[lane][1] = r1, w.in[lane][2] = r2, w.in[lane][3] = r3, w.in[lane][4] = addr;
+  emu_warp_op(8, [](emu_warp &w) {
+    for (int m = 0; m < 4; m++)
+      for (int i = 0; i < 8; i++) {
+        const uint32_t a = w.in[8 * m + i][4];
+        if (a % 16) {
+          fprintf(stderr, "emu: stmatrix row at %u, not 16-byte aligned\n", a);
+          abort();
+        }
+        for (int col = 0; col < 8; col++) { // element (i, col): lane 4 i + col / 2, half col % 2
+          const uint16_t h = (uint16_t)(w.in[4 * i + col / 2][m] >> (16 * (col % 2)));
+          memcpy(hp_ptr(a + 2 * col, 2), &h, 2);
         }
       }
   });

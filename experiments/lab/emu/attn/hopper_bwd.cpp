@@ -11,7 +11,8 @@
 // and the warpgroups taking turns (BWD_TURNS) under every mask; each loop also
 // with one arrival a warp on the consumers' releases (ELECT); dl.attn's loops
 // with the rows' lse2 and D from the kernel's own prep by bulk copies (BULK,
-// FA4-GAP.md B5) (--quick: a few
+// FA4-GAP.md B5); 80 query rows an item at d 128 (B3; --m80: those alone) and 128 at d 64
+// (B6; --m128: those alone) (--quick: a few
 // runs a case, the masks turning with the case). Each check also shows
 // that a planted 2% error would fail it. Lanes drift apart within a warp
 // (cuda_emu.h's lane_drift), so that an elected arrival that overtakes its
@@ -56,7 +57,7 @@ struct errs {
 // bf16 at r * 128, 16-byte chunk c at c ^ (r % 8)): S = A B^T with both K-major (A 64 x 64, B 80 x 64),
 // and D = A^T B^T with A MN-major (A's tile 128 x 64, read as 64 x 128 transposed: rows are the K
 // dimension) and B K-major (80 x 64, the K dimension its columns); then a warp's four 8 x 8 matrices
-// stored transposed.
+// stored transposed, and stored as they are (stmatrix without .trans: M128's dS^T).
 static bool unit_m64n80() {
   std::mt19937 g(11);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
@@ -66,7 +67,7 @@ static bool unit_m64n80() {
   for (float &x : K) x = f32_of(bf16_of(u(g)));
   const uint32_t a_off = 0, b_off = 8192, k_off = 8192 + 10240, st_off = k_off + 16384; // 1024-byte aligned
   double err1 = 0, err2 = 0;
-  int bad_st = 0;
+  int bad_st = 0, bad_st_n = 0;
   const std::function<void()> kernel = [&] {
     char *sm = (char *)(((uintptr_t)hp_smem() + 1023) & ~uintptr_t(1023));
     const uint32_t base = hp_smem_u32(sm);
@@ -103,6 +104,7 @@ static bool unit_m64n80() {
       r[m] = pack_bf16(x0, x0 + 1);
     }
     stmatrix_x4_trans(base + st_off + w * 512 + (l / 8) * 128 + (l % 8) * 16, r[0], r[1], r[2], r[3]);
+    stmatrix_x4(base + st_off + 2048 + w * 512 + (l / 8) * 128 + (l % 8) * 16, r[0], r[1], r[2], r[3]);
     hp_sync();
     if (t == 0)
       for (int ww = 0; ww < 4; ww++)
@@ -112,12 +114,15 @@ static bool unit_m64n80() {
               uint16_t h;
               memcpy(&h, sm + st_off + ww * 512 + m * 128 + 16 * i + 2 * row, 2);
               bad_st += f32_of(h) != 64 * m + 8 * row + i;
+              memcpy(&h, sm + st_off + 2048 + ww * 512 + m * 128 + 16 * row + 2 * i, 2); // row `row`, column i
+              bad_st_n += f32_of(h) != 64 * m + 8 * row + i;
             }
   };
-  const bool ran = hp_run_cta(dim3(0, 0, 0), dim3(1, 1, 1), 128, st_off + 2048, kernel);
-  const bool ok = ran && err1 < 1e-3 && err2 < 1e-3 && bad_st == 0;
-  printf("unit wgmma m64n80k16 K-major/K-major max err %.1e, MN-major A/K-major B %.1e; stmatrix.x4.trans %d wrong -> %s\n",
-         err1, err2, bad_st, ok ? "ok" : "FAIL");
+  const bool ran = hp_run_cta(dim3(0, 0, 0), dim3(1, 1, 1), 128, st_off + 4096, kernel);
+  const bool ok = ran && err1 < 1e-3 && err2 < 1e-3 && bad_st == 0 && bad_st_n == 0;
+  printf("unit wgmma m64n80k16 K-major/K-major max err %.1e, MN-major A/K-major B %.1e; stmatrix.x4.trans %d wrong, "
+         "stmatrix.x4 %d wrong -> %s\n",
+         err1, err2, bad_st, bad_st_n, ok ? "ok" : "FAIL");
   return ok;
 }
 
@@ -310,14 +315,15 @@ template <int D, int LOOP = BWD_ORDER, bool ELECT = false, bool BULK = false, in
   const std::string what = sq_.what(true);
   printf("bwd d=%d%s%s%s%s %s h=%d/%d window (%d,%d)%s%s: dq %.2e/%.2e dk %.2e/%.2e dv %.2e/%.2e (normwise/elementwise), "
          "stray %zu; planted 2%%: %.1e %.1e %.1e %s -> %s\n",
-         D, BQ == 80 ? " m80" : "", LOOP == BWD_TURNS ? " turns" : LOOP == BWD_STEP ? " step" : "", ELECT ? " elect" : "", BULK ? " bulk" : "", what.c_str(), h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", accumulate ? " accumulate" : "", eq.nw(), eq.emax(),
+         D, BQ == 80 ? " m80" : BQ == 128 ? " m128" : "", LOOP == BWD_TURNS ? " turns" : LOOP == BWD_STEP ? " step" : "", ELECT ? " elect" : "", BULK ? " bulk" : "", what.c_str(), h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", accumulate ? " accumulate" : "", eq.nw(), eq.emax(),
          ek.nw(), ek.emax(), ev.nw(), ev.emax(), stray, eq.pw(), ek.pw(), ev.pw(), caught ? "caught" : "MISSED",
          ok && caught ? "ok" : "FAIL");
   return ok && caught;
 }
 
 int main(int argc, char **argv) {
-  const bool quick = argc > 1 && !strcmp(argv[1], "--quick"), m80 = argc > 1 && !strcmp(argv[1], "--m80");
+  const bool quick = argc > 1 && !strcmp(argv[1], "--quick"), m80 = argc > 1 && !strcmp(argv[1], "--m80"),
+             m128 = argc > 1 && !strcmp(argv[1], "--m128");
   bool ok = true;
   emu.lane_drift = true;
   ok = unit_m64n80() && ok;
@@ -326,8 +332,21 @@ int main(int argc, char **argv) {
   cases.push_back({2, 2, 2, 1, 0, {0, 50}, {0, 3}, {140, 60}}); // thd: no queries for 140 keys (dk, dv = 0)
   const hp_mask *masks = hp_masks;
   unsigned seed = 1;
+  // 128 query rows an item at d 64 (FA4-GAP.md B6; dl.attn takes it under every mask): every mask, with
+  // and without ELECT, the mask-free runs twice
+  auto runs_m128 = [&](const hp_case &c) {
+    for (int m = 0; m < 5; m++) {
+      ok = run_case<64, BWD_ORDER, false, false, 128>(c, masks[m], seed++, m == 2) && ok;
+      ok = run_case<64, BWD_ORDER, true, false, 128>(c, masks[m], seed++, m == 0) && ok;
+      if (m == 0) ok = run_case<64, BWD_ORDER, false, false, 128>(c, masks[m], seed++, true) && ok;
+    }
+  };
   for (size_t ci = 0; ci < cases.size(); ci++) {
     const hp_case &c = cases[ci];
+    if (m128) { // --m128: the runs of 128 query rows an item alone (the full run's, below)
+      runs_m128(c);
+      continue;
+    }
     if (m80) { // --m80: the runs of 80 query rows an item alone (the full run's, below)
       for (int m = 0; m < 5; m++) {
         ok = run_case<128, BWD_ORDER, false, false, 80>(c, masks[m], seed++, m == 2) && ok;
@@ -358,6 +377,9 @@ int main(int argc, char **argv) {
       if (ci % 2 == 1) ok = run_case<128, BWD_ORDER, true, false, 80>(c, masks[0], seed++, ci % 3 == 0) && ok;
       else ok = run_case<128, BWD_ORDER, false, false, 80>(c, masks[0], seed++, ci % 3 == 0) && ok;
       if (ci % 2 == 0) ok = run_case<128, BWD_ORDER, false, false, 80>(c, masks[(ci + 1) % 5], seed++, ci % 3 == 2) && ok;
+      // 128 query rows an item at d 64 (FA4-GAP.md B6) under the case's turning mask, ELECT on every other case
+      if (ci % 2 == 0) ok = run_case<64, BWD_ORDER, false, false, 128>(c, masks[(ci + 2) % 5], seed++, ci % 3 == 1) && ok;
+      else ok = run_case<64, BWD_ORDER, true, false, 128>(c, masks[(ci + 2) % 5], seed++, ci % 3 == 1) && ok;
       continue;
     }
     for (int m = 0; m < 5; m++) {
@@ -396,6 +418,7 @@ int main(int argc, char **argv) {
       ok = run_case<128, BWD_ORDER, true, false, 80>(c, masks[m], seed++, m == 0) && ok;
       if (m == 0) ok = run_case<128, BWD_ORDER, false, false, 80>(c, masks[m], seed++, true) && ok;
     }
+    runs_m128(c);
   }
   printf("%s\n", ok ? "hopper emu bwd: all ok" : "hopper emu bwd: FAILED");
   return ok ? 0 : 1;
