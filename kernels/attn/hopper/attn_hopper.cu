@@ -69,6 +69,10 @@ static int env_bwd_elect(void) {
  * and dO (bwd_kernel's BULK; FA4-GAP.md B5, A/B timings). Built for the default loops only (BWD_ORDER at
  * d 128, BWD_TURNS at d 64, each with and without ELECT); ignored with DISTLAB_ATTN_HOPPER_BWD_ORDER=0
  * or (d 64) DISTLAB_ATTN_HOPPER_BWD_TURNS=0 (dl_attn_bwd_hopper_preps). */
+static int env_bwd_bulk_lse(void) {
+  static int c = -1;
+  return env_is("DISTLAB_ATTN_HOPPER_BWD_BULK_LSE", "1", &c);
+}
 /* DISTLAB_ATTN_HOPPER_BWD_M80=1: at d 128 without a mask (no causal, no window), the backward's items
  * take 80 query rows instead of 64 (bwd_kernel's BQ = 80, FA4's sm90 choice; FA4-GAP.md B3, A/B
  * timings). Built for BWD_ORDER with and without ELECT; ignored with DISTLAB_ATTN_HOPPER_BWD_ORDER=0 and
@@ -85,10 +89,6 @@ static int env_bwd_m80(void) {
 static int env_bwd_m128(void) {
   static int c = -1;
   return env_is("DISTLAB_ATTN_HOPPER_BWD_M128", "1", &c);
-}
-static int env_bwd_bulk_lse(void) {
-  static int c = -1;
-  return env_is("DISTLAB_ATTN_HOPPER_BWD_BULK_LSE", "1", &c);
 }
 
 /* The forward's A/B variants at d 128 (fwd_params.cuh's HP_FWD_OPT_*; experiments/lab/attn/FA4-GAP.md F2, F3):
