@@ -332,7 +332,7 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
     DL_TRY(tensor_map(&to, p->out, p->out_st, p->d_v, p->h_q, rq, bt, "out", 64));
   static_assert(BM == 128, "dl_attn_fwd_cuda checks the grid for 128-row blocks");
   const dim3 grid((p->s_q + BM - 1) / BM, p->h_q, p->b);
-  // the faster loop of each head dim on an H200 (experiments/results/attn/hopper-fwd*-h200.md): the
+  // the faster loop of each head dim on an H200 (experiments/results/attn/history/hopper-fwd*-h200.md): the
   // steps in turn at d 128 (and MLA's 192/128, not yet timed), FA3's intra-warpgroup pipelining at d 64;
   // at d 128 the A/B variants the build or the environment asks for
   constexpr int E = HP_FWD_OPT_ELECT, T = HP_FWD_OPT_TREE, O = HP_FWD_OPT;
