@@ -4,7 +4,11 @@
 -- kernel change is checked in CI where no GPU is: the forward and the
 -- backward (dq, dk, dv) against fp64 on bshd, sbhd and thd (offsets, NaN
 -- gaps, lengths 0 and 1), GQA/MQA, masks and windows, the fused merge,
--- accumulate_grads, each check also failing a planted 2% error (the --quick
+-- accumulate_grads, the backward's loops also with one arrival a warp on
+-- the consumers' releases (ELECT, lanes drifting apart within a warp), and
+-- with the rows' lse log2(e) and D from the kernel's own prep by bulk copies
+-- (BULK: DISTLAB_ATTN_HOPPER_BWD_BULK_LSE=1), each
+-- check also failing a planted 2% error (the --quick
 -- subsets; `make -C experiments/lab/emu/attn hopper-emu hopper-emu-bwd` runs all).
 -- The builds (g++, about 10 s each on 2 cores) go to a fresh directory.
 local H = require "helpers"
@@ -31,18 +35,28 @@ end
 
 describe("the Hopper attention kernels on the CPU emulator", function()
   local it_ = (has("g++") and has("make")) and it or pending
-  it_("forward: every case under three masks, both loops, the merge into f32 and bf16, d 64 and MLA's 192/128, against fp64", function()
+  it_("forward: every case under three masks, the three loops (PIPE 0, 1, 2), the merge into f32 and bf16, d 64 and MLA's 192/128, against fp64", function()
     all_ok(run("hopper-emu"), "hopper emu: all ok", 40)
   end)
   it_("forward with HP_FWD_GROUP_BYTES small: masked calls' tiles heaviest first in groups of heads that do not divide the heads", function()
     all_ok(run("hopper-emu", "-DHP_FWD_GROUP_BYTES=400000"), "hopper emu: all ok", 40)
   end)
-  it_("backward: dq, dk, dv of every case under two masks at d 128 and one at d 64, with and without the turns, and in the earlier GEMM order", function()
+  it_("forward with HP_FWD_ELECT=1: K and V stages freed by one arrival a consumer warp (empty barriers of count 8)", function()
+    all_ok(run("hopper-emu", "-DHP_FWD_ELECT=1"), "hopper emu: all ok", 40)
+  end)
+  it_("forward with HP_FWD_TREE=1: the softmax's row max and sum in four chains a row (the sums' order changed), within the fp64 checks", function()
+    all_ok(run("hopper-emu", "-DHP_FWD_TREE=1"), "hopper emu: all ok", 40)
+  end)
+  it_("backward: dq, dk, dv of every case under two masks at d 128 and one at d 64, with and without the turns, in the earlier GEMM order, with one arrival a warp, and with lse2 and D by bulk copies", function()
     local out = run("hopper-emu-bwd")
     all_ok(out, "hopper emu bwd: all ok", 20)
     local _, plain = out:gsub("bwd d=64 thd", "")
     local _, turns = out:gsub("bwd d=64 turns thd", "")
     local _, step = out:gsub("bwd d=128 step thd", "")
-    assert.is_true(plain > 0 and turns > 0 and step > 0, out)
+    local _, elect = out:gsub("bwd d=128 elect thd", "")
+    local _, turns_elect = out:gsub("bwd d=64 turns elect thd", "")
+    local _, bulk = out:gsub("bwd d=128 bulk thd", "")
+    local _, turns_bulk = out:gsub("bwd d=64 turns elect bulk thd", "")
+    assert.is_true(plain > 0 and turns > 0 and step > 0 and elect > 0 and turns_elect > 0 and bulk > 0 and turns_bulk > 0, out)
   end)
 end)

@@ -82,6 +82,10 @@ typedef struct dl_attn_params {
  * 0, or DL_EINVAL with a message naming the field. */
 int dl_attn_validate(const dl_attn_params_t *p, int bwd, int cuda);
 size_t dl_attn_bwd_workspace_bytes(const dl_attn_params_t *p);
+/* Rows a head of the workspace's D (and of the Hopper backward's lse log2(e) after it): the rows of q
+ * rounded up to 64, plus 64 a sequence (each sequence's rows at a multiple of 64 for the Hopper
+ * backward's bulk loads: bwd_kernel.cuh's bwd_lse_row). */
+int64_t dl_attn_bwd_lse_rows(const dl_attn_params_t *p);
 
 /* The step on cuda (fwd, bwd): the Hopper kernel where usable, else the portable one; *hopper (may be
  * NULL) is set to 1 when the Hopper kernel ran, else 0. */
@@ -99,7 +103,11 @@ int dl_attn_bwd_cuda(const dl_attn_params_t *p, void *stream, int *hopper);
  * workspace (the fp32 dQ accumulator and D = rowsum(dO * O)). */
 int dl_attn_bwd_hopper_fits(const dl_attn_params_t *p, char *why, size_t n);
 int dl_attn_bwd_hopper_usable(const dl_attn_params_t *p, int *yes);
-int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc, const float *delta, void *stream);
+int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc, float *delta, void *stream);
+/* 1 when dl_attn_bwd_hopper_cuda runs its own prep for p (DISTLAB_ATTN_HOPPER_BWD_BULK_LSE=1: D and
+ * lse log2(e) in rows padded per sequence, dl_attn_bwd_lse_rows a head), so that dl_attn_bwd_cuda
+ * runs none. */
+int dl_attn_bwd_hopper_preps(const dl_attn_params_t *p);
 int dl_attn_fwd_cpu(const dl_attn_params_t *p, void *stream);
 int dl_attn_bwd_cpu(const dl_attn_params_t *p, void *stream);
 

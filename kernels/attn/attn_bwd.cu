@@ -14,7 +14,8 @@
  * On sm_90, where dl_attn_bwd_hopper_fits takes the call, the Hopper main
  * kernel (kernels/attn/hopper/bwd_kernel.cuh: wgmma, TMA) and its own dQ
  * conversion run instead of attn_bwd_kernel and attn_bwd_dq_kernel, on the
- * same workspace.
+ * same workspace (and with DISTLAB_ATTN_HOPPER_BWD_BULK_LSE=1 its own prep
+ * instead of attn_bwd_prep_kernel: dl_attn_bwd_hopper_preps).
  *
  * In attn_bwd_kernel each warp owns 16 keys and computes transposed tiles:
  * S^T = K Q^T and dP^T = V dO^T have keys as rows, so P^T and
@@ -341,14 +342,16 @@ static int attn_bwd_run(const dl_attn_params_t *p, void *stream, int *ran_hopper
   const int64_t rows = attn_ws_rows(p);
   float *dq_acc = (float *)p->workspace;
   float *delta = (float *)((char *)p->workspace + (((size_t)rows * p->h_q * p->d_qk * 4 + 255) & ~(size_t)255));
+  /* D: [h][rows] here; the Hopper backward's own prep lays out D, then lse log2(e), in rows padded per
+   * sequence (dl_attn_bwd_workspace_bytes) */
   dim3 rgrid((p->s_q + PREP_ROWS - 1) / PREP_ROWS, p->h_q, p->b);
   dim3 grid(((p->s_kv + C::BN - 1) / C::BN) * C::NSPLIT, p->h_kv, p->b);
   const bool bf16 = p->dtype == DL_BF16;
-  if (p->s_q > 0)
-    DL_TRY(attn_launch("attn_bwd_prep_kernel", bf16 ? attn_bwd_prep_kernel<true> : attn_bwd_prep_kernel<false>,
-                       rgrid, dim3(128), 0, stream, *p, dq_acc, delta));
   int hopper = 0; /* the main kernel on wgmma and TMA (kernels/attn/hopper/), and its dQ conversion */
   DL_TRY(dl_attn_bwd_hopper_usable(p, &hopper));
+  if (p->s_q > 0 && !(hopper && dl_attn_bwd_hopper_preps(p)))
+    DL_TRY(attn_launch("attn_bwd_prep_kernel", bf16 ? attn_bwd_prep_kernel<true> : attn_bwd_prep_kernel<false>,
+                       rgrid, dim3(128), 0, stream, *p, dq_acc, delta));
   if (hopper) {
     if (ran_hopper) *ran_hopper = 1;
     return dl_attn_bwd_hopper_cuda(p, dq_acc, delta, stream);

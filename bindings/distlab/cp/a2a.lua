@@ -25,7 +25,7 @@
 --             + max(2U_o, U_o + U_q + U_k + U_v + W,            dout over; attention
 --                   U_k + U_v + 2U_q, U_q + U_v + 2U_k, U_q + U_k + 2U_v)   dq, dk, dv back
 --             W = the attention backward's workspace over the whole sequence
---             with H/C heads, the same bytes as 2U + l; cuda and meta only.
+--             with H/C heads, the same bytes as 2U + 2l' (p2p.lua's W); cuda and meta only.
 -- Plus 4H + 4H/C bytes with return_max_logit (the gathered max and this
 -- rank's), and for thd a seqlens tensor of 3 rows of (B+1) int32.
 --

@@ -33,8 +33,8 @@
 --               2C (U_k + U_v) + U + W,                  K/V, dK/dV whole, dq, workspace
 --               U + C U_v + 2C U_k, U + U_k + 2C U_v)    reduce-scatter of dK, of dV
 --             W = the attention backward's workspace for the Q rows of one
---             step (fp32 dQ + rowsum): bshd/sbhd half the rows (U + l/2),
---             thd all of them (2U + l); cuda and meta only.
+--             step (fp32 dQ, rowsum and lse log2(e) padded: p2p.lua's W): bshd/sbhd
+--             half the rows, thd all of them; cuda and meta only.
 -- Plus 4H bytes with return_max_logit, and for thd a seqlens tensor of 9
 -- rows of (B+1) int32. M.peak gives the exact bytes.
 --

@@ -246,11 +246,14 @@ function CP:geometry(q, k, v, seq)
     l = rows * hq * 4, ml = self.return_max_logit and 4 * hq or 0, B = pl.B }
   g.seqlens_rows = function(n) return pl.thd and n * (pl.B + 1) * 4 or 0 end
   -- The attention backward's workspace for `rws` query rows of `h` heads
-  -- (fp32 dQ, 256-aligned, and a rowsum), on cuda and meta.
+  -- (fp32 dQ, 256-aligned; a rowsum and the Hopper kernel's lse log2(e), each
+  -- in rows padded to 64 a sequence: dl_attn_bwd_lse_rows), on cuda and meta.
+  -- Every step's attention call has the shard's batches (bshd, sbhd) or sequences (thd).
+  local nb = pl.thd and pl.B or q:size(self.layout == "sbhd" and 2 or 1)
   g.workspace = function(rws, h)
     h = h or hq
     if q.device == "cpu" then return 0 end
-    return round256(rws * h * dqk * 4) + rws * h * 4
+    return round256(rws * h * dqk * 4) + 2 * h * 4 * (math.ceil(rws / 64) * 64 + 64 * nb)
   end
   return g
 end

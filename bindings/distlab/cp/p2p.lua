@@ -44,8 +44,10 @@
 --   backward  5U + l (q, k, v, dout, out, lse: held) + U (dq) + 2n U (K/V)
 --     + 2 x 2U (the travelling dK/dV and the one arriving; "local" 3 x 2U,
 --     with its own share; C = 1 only 2U) + W, where
---     W = 2U + l is the attention backward's workspace (fp32 dQ, rowsum;
---     the dQ part rounded up to 256 B), taken on cuda and meta only.
+--     W = 2U + 2l' is the attention backward's workspace (fp32 dQ, rounded
+--     up to 256 B; a rowsum and the Hopper kernel's lse log2(e), each l' =
+--     l over the rows rounded up to 64, plus 64 rows a batch or sequence),
+--     taken on cuda and meta only.
 -- Plus 4H bytes with return_max_logit, and for thd the seqlens tensor:
 -- (2C + 5) rows causal, (2C + 3) not, of (B+1) int32. GQA scales the K/V
 -- terms by h_kv/h. M.peak gives the exact bytes of any configuration.

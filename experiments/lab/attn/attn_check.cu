@@ -40,7 +40,8 @@ static void dev_sync() {}
 extern "C" int dl_attn_fwd_hopper_usable(const dl_attn_params_t *, int *yes) { return *yes = 0, 0; }
 extern "C" int dl_attn_bwd_hopper_usable(const dl_attn_params_t *, int *yes) { return *yes = 0, 0; }
 extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *, void *) { return DL_EINVAL; }
-extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *, float *, const float *, void *) { return DL_EINVAL; }
+extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *, float *, float *, void *) { return DL_EINVAL; }
+extern "C" int dl_attn_bwd_hopper_preps(const dl_attn_params_t *) { return 0; }
 #else
 #include <cuda_runtime.h>
 static void *dev_alloc(size_t n) {

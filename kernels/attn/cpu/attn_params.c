@@ -2,7 +2,8 @@
  * attn_params.c — validation of the attention and merge parameter structs,
  * shared by the CPU twins and the CUDA launchers so that both reject the
  * same requests with the same message, and the size of the backward
- * workspace (fp32 dQ accumulator + rowsum(dO*O)), which the core allocates.
+ * workspace (fp32 dQ accumulator, rowsum(dO*O), the Hopper backward's lse
+ * log2(e)), which the core allocates.
  */
 #include <math.h>
 
@@ -24,11 +25,18 @@ static int check_chunks(const char *name, const void *ptr, const dl_attn_strides
   return 0;
 }
 
+int64_t dl_attn_bwd_lse_rows(const dl_attn_params_t *p) {
+  int64_t rows = p->cu_seqlens_q ? p->total_q : (int64_t)p->b * p->s_q;
+  return (rows + 63) / 64 * 64 + 64 * (int64_t)p->b;
+}
+
+/* The fp32 dQ accumulator [h][rows][d_qk] (256-aligned), then D [h][lse rows] (the portable kernels
+ * use its first rows a head, [h][rows]), then the Hopper backward's lse log2(e) [h][lse rows]. */
 size_t dl_attn_bwd_workspace_bytes(const dl_attn_params_t *p) {
   int64_t rows = p->cu_seqlens_q ? p->total_q : (int64_t)p->b * p->s_q;
   size_t dq = (size_t)rows * p->h_q * p->d_qk * sizeof(float);
   dq = (dq + 255) & ~(size_t)255;
-  return dq + (size_t)rows * p->h_q * sizeof(float);
+  return dq + 2 * (size_t)dl_attn_bwd_lse_rows(p) * p->h_q * sizeof(float);
 }
 
 int dl_attn_validate(const dl_attn_params_t *p, int bwd, int cuda) {

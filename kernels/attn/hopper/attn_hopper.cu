@@ -56,6 +56,71 @@ static int env_bwd_order(void) {
   static int c = -1;
   return !env_is("DISTLAB_ATTN_HOPPER_BWD_ORDER", "0", &c);
 }
+/* DISTLAB_ATTN_HOPPER_BWD_ELECT=1: the backward's consumers release their barriers with one arrival a
+ * warp instead of one a thread (bwd_kernel's ELECT; FA4-GAP.md B2, A/B timings). Built for the default
+ * loops only (BWD_ORDER at d 128, BWD_TURNS at d 64); with DISTLAB_ATTN_HOPPER_BWD_ORDER=0 or (d 64)
+ * DISTLAB_ATTN_HOPPER_BWD_TURNS=0 it is ignored. */
+static int env_bwd_elect(void) {
+  static int c = -1;
+  return env_is("DISTLAB_ATTN_HOPPER_BWD_ELECT", "1", &c);
+}
+/* DISTLAB_ATTN_HOPPER_BWD_BULK_LSE=1: the backward runs its own prep (bwd_prep_kernel: lse log2(e) and D
+ * in rows padded per sequence) and its main kernel loads an item's rows of them by cp.async.bulk with Q
+ * and dO (bwd_kernel's BULK; FA4-GAP.md B5, A/B timings). Built for the default loops only (BWD_ORDER at
+ * d 128, BWD_TURNS at d 64, each with and without ELECT); ignored with DISTLAB_ATTN_HOPPER_BWD_ORDER=0
+ * or (d 64) DISTLAB_ATTN_HOPPER_BWD_TURNS=0 (dl_attn_bwd_hopper_preps). */
+static int env_bwd_bulk_lse(void) {
+  static int c = -1;
+  return env_is("DISTLAB_ATTN_HOPPER_BWD_BULK_LSE", "1", &c);
+}
+/* DISTLAB_ATTN_HOPPER_BWD_M80=1: at d 128 without a mask (no causal, no window), the backward's items
+ * take 80 query rows instead of 64 (bwd_kernel's BQ = 80, FA4's sm90 choice; FA4-GAP.md B3, A/B
+ * timings). Built for BWD_ORDER with and without ELECT; ignored with DISTLAB_ATTN_HOPPER_BWD_ORDER=0 and
+ * with DISTLAB_ATTN_HOPPER_BWD_BULK_LSE=1 (whose prepared rows are padded to 64 a sequence). */
+static int env_bwd_m80(void) {
+  static int c = -1;
+  return env_is("DISTLAB_ATTN_HOPPER_BWD_M80", "1", &c);
+}
+/* DISTLAB_ATTN_HOPPER_BWD_M128=1: at d 64 the backward's items take 128 query rows instead of 64
+ * (bwd_kernel's BQ = 128, FA4's sm90 choice at d 64; FA4-GAP.md B6, A/B timings), in FA4's order (in
+ * place of the turns) with and without ELECT, under every mask; DISTLAB_ATTN_HOPPER_BWD_TURNS and
+ * ..._ORDER do not apply to it. Ignored with DISTLAB_ATTN_HOPPER_BWD_BULK_LSE=1 (whose prepared rows are
+ * padded to 64 a sequence). */
+static int env_bwd_m128(void) {
+  static int c = -1;
+  return env_is("DISTLAB_ATTN_HOPPER_BWD_M128", "1", &c);
+}
+
+/* The forward's A/B variants at d 128 (fwd_params.cuh's HP_FWD_OPT_*; experiments/lab/attn/FA4-GAP.md F2, F3):
+ * DISTLAB_ATTN_HOPPER_FWD_ELECT=1 releases K/V stages with one arrival a consumer warp,
+ * DISTLAB_ATTN_HOPPER_FWD_TREE=1 takes the softmax's row max and sum in four chains a row */
+static int env_fwd_opt(void) {
+  static int elect = -1, tree = -1;
+  return (env_is("DISTLAB_ATTN_HOPPER_FWD_ELECT", "1", &elect) ? HP_FWD_OPT_ELECT : 0) |
+         (env_is("DISTLAB_ATTN_HOPPER_FWD_TREE", "1", &tree) ? HP_FWD_OPT_TREE : 0);
+}
+
+/* DISTLAB_ATTN_HOPPER_FWD_PIPE=1, 2 or 3: the forward's main loop at d 128 and 64 (fwd_kernel's PIPE; FA4-GAP.md
+ * F1, F1b, A/B timings): 1 FA3's intra-warpgroup pipelining at d 128 too, 2 the same with V's wait placed so
+ * that ptxas keeps the softmax under the P V (at d 64 as well), 3 PIPE 2 with FA4's load order (K(j+1)
+ * before V(j)); with it the d 128 kernel is built for the default OPT bits only (ELECT/TREE above
+ * ignored). Unset or other values: each head dim's default. */
+static int env_fwd_pipe(void) {
+  static int one = -1, two = -1, three = -1;
+  return env_is("DISTLAB_ATTN_HOPPER_FWD_PIPE", "1", &one)     ? 1
+         : env_is("DISTLAB_ATTN_HOPPER_FWD_PIPE", "2", &two)   ? 2
+         : env_is("DISTLAB_ATTN_HOPPER_FWD_PIPE", "3", &three) ? 3
+                                                               : -1;
+}
+
+/* DISTLAB_ATTN_HOPPER_FWD_TMA_O=1: the forward's plain epilogue (no merge) writes O through shared memory
+ * (over Q's tile) with TMA stores (fwd_params.cuh's HP_FWD_OPT_TMA_O; FA4-GAP.md F4, A/B timings). Built
+ * for each head dim's default loop and PIPE 2 and 3 at d 128 and 64, with the default OPT bits (ELECT/TREE
+ * ignored); MLA's 192/128, DISTLAB_ATTN_HOPPER_FWD_PIPE=1 at d 128 and the merge keep the per-thread stores. */
+static int env_fwd_tma_o(void) {
+  static int c = -1;
+  return env_is("DISTLAB_ATTN_HOPPER_FWD_TMA_O", "1", &c);
+}
 
 /* The forward at MLA's head dims 192/128 (launch<0, 192, 128> below); DISTLAB_ATTN_HOPPER_MLA=0 sends
  * them to the portable kernel */
@@ -131,6 +196,10 @@ extern "C" int dl_attn_bwd_hopper_usable(const dl_attn_params_t *p, int *yes) {
   return on_hopper(yes);
 }
 
+extern "C" int dl_attn_bwd_hopper_preps(const dl_attn_params_t *p) {
+  return env_bwd_bulk_lse() && (p->d_qk == 64 ? env_bwd_turns() : env_bwd_order());
+}
+
 static PFN_cuTensorMapEncodeTiled_v12000 encode_fn(void) {
   static PFN_cuTensorMapEncodeTiled_v12000 fn;
   if (!fn) {
@@ -192,13 +261,21 @@ template <class K> static int allow_smem(K *kernel, size_t smem, int (&done)[64]
   return 0;
 }
 
-template <int PIPE, int DQK, int DV>
+/* to: O's tensor map (boxes of 64 rows) where OPT has HP_FWD_OPT_TMA_O, else any map (unread). */
+template <int PIPE, int DQK, int DV, int OPT = HP_FWD_OPT>
 static int launch(dim3 grid, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv, const params_t &k,
-                  void *stream) {
+                  const CUtensorMap &to, void *stream) {
   static int done[64]; // the limit raised once, to what a merge needs (its running rows staged)
-  DL_TRY(allow_smem(fwd_kernel<PIPE, DQK, DV>, fwd_smem_bytes<DQK, DV>(true), done));
-  fwd_kernel<PIPE, DQK, DV><<<grid, THREADS, fwd_smem_bytes<DQK, DV>(k.acc_out != nullptr), (cudaStream_t)stream>>>(tq, tk, tv, k);
+  DL_TRY(allow_smem(fwd_kernel<PIPE, DQK, DV, OPT>, fwd_smem_bytes<DQK, DV>(true), done));
+  fwd_kernel<PIPE, DQK, DV, OPT><<<grid, THREADS, fwd_smem_bytes<DQK, DV>(k.acc_out != nullptr), (cudaStream_t)stream>>>(tq, tk, tv, k, to);
   return 0;
+}
+/* launch's loop PIPE with the TMA store of O (HP_FWD_OPT_TMA_O) where tma, else with the default OPT */
+template <int PIPE, int DQK, int DV>
+static int launch_o(bool tma, dim3 grid, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv,
+                    const params_t &k, const CUtensorMap &to, void *stream) {
+  return tma ? launch<PIPE, DQK, DV, HP_FWD_OPT | HP_FWD_OPT_TMA_O>(grid, tq, tk, tv, k, to, stream)
+             : launch<PIPE, DQK, DV>(grid, tq, tk, tv, k, to, stream);
 }
 
 static void copy_st(int64_t (&dst)[3], const dl_attn_strides_t &st) { dst[0] = st.s, dst[1] = st.h, dst[2] = st.b; }
@@ -247,38 +324,66 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   }
   k.max_logit = p->max_logit;
   k.err = dword;
+  /* F4's TMA store of O: the plain epilogue only, d 128 and 64 (launch_o below) */
+  const bool tma_o = env_fwd_tma_o() && !p->acc_out && p->out && p->d_qk == p->d_v && p->d_qk <= 128 &&
+                     !(p->d_qk == 128 && env_fwd_pipe() == 1);
+  CUtensorMap to = tq; /* unread by a kernel without the TMA store (or with the merge) */
+  if ((tma_o || (HP_FWD_OPT & HP_FWD_OPT_TMA_O)) && !p->acc_out && p->out) /* the knob, or the build flag */
+    DL_TRY(tensor_map(&to, p->out, p->out_st, p->d_v, p->h_q, rq, bt, "out", 64));
   static_assert(BM == 128, "dl_attn_fwd_cuda checks the grid for 128-row blocks");
   const dim3 grid((p->s_q + BM - 1) / BM, p->h_q, p->b);
-  // the faster loop of each head dim on an H200 (experiments/results/attn/hopper-fwd*-h200.md): the
-  // steps in turn at d 128 (and MLA's 192/128, not yet timed), FA3's intra-warpgroup pipelining at d 64
-  const int rc = p->d_qk == 64    ? launch<1, 64, 64>(grid, tq, tk, tv, k, stream)
-                 : p->d_qk == 128 ? launch<0, 128, 128>(grid, tq, tk, tv, k, stream)
-                                  : launch<0, 192, 128>(grid, tq, tk, tv, k, stream);
+  // the faster loop of each head dim on an H200 (experiments/results/attn/history/hopper-fwd*-h200.md): the
+  // steps in turn at d 128 (and MLA's 192/128, not yet timed), FA3's intra-warpgroup pipelining at d 64;
+  // at d 128 the A/B variants the build or the environment asks for
+  constexpr int E = HP_FWD_OPT_ELECT, T = HP_FWD_OPT_TREE, O = HP_FWD_OPT;
+  const int opt = O | env_fwd_opt(), pipe = env_fwd_pipe();
+  const int rc = p->d_qk == 64    ? (pipe == 2   ? launch_o<2, 64, 64>(tma_o, grid, tq, tk, tv, k, to, stream)
+                                     : pipe == 3 ? launch_o<3, 64, 64>(tma_o, grid, tq, tk, tv, k, to, stream)
+                                                 : launch_o<1, 64, 64>(tma_o, grid, tq, tk, tv, k, to, stream))
+                 : p->d_qk != 128 ? launch<0, 192, 128>(grid, tq, tk, tv, k, to, stream)
+                 : pipe == 1      ? launch<1, 128, 128>(grid, tq, tk, tv, k, to, stream)
+                 : pipe == 2      ? launch_o<2, 128, 128>(tma_o, grid, tq, tk, tv, k, to, stream)
+                 : pipe == 3      ? launch_o<3, 128, 128>(tma_o, grid, tq, tk, tv, k, to, stream)
+                 : tma_o          ? launch<0, 128, 128, O | HP_FWD_OPT_TMA_O>(grid, tq, tk, tv, k, to, stream)
+                 : opt == (E | T) ? launch<0, 128, 128, E | T>(grid, tq, tk, tv, k, to, stream)
+                 : opt == (O | E) ? launch<0, 128, 128, O | E>(grid, tq, tk, tv, k, to, stream)
+                 : opt == (O | T) ? launch<0, 128, 128, O | T>(grid, tq, tk, tv, k, to, stream)
+                                  : launch<0, 128, 128>(grid, tq, tk, tv, k, to, stream);
   if (rc) return rc;
   DL_CUDA_CHECK_LAUNCH("attn fwd (hopper)");
   return 0;
 }
 
-template <int DQK, int DV, int LOOP>
+template <int DQK, int DV, int LOOP, bool ELECT = false, bool BULK = false, int BQ = BWD_BQ>
 static int launch_bwd(dim3 grid, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv,
                       const CUtensorMap &tdo, const bwd_params_t &k, void *stream) {
-  const size_t smem = sizeof(bwd_smem_t<DQK, DV>) + 1024;
+  const size_t smem = sizeof(bwd_smem_t<DQK, DV, BQ>) + 1024;
+  static_assert(sizeof(bwd_smem_t<DQK, DV, BQ>) + 1024 <= 227 * 1024, "the backward's shared memory");
   static int done[64];
-  DL_TRY(allow_smem(bwd_kernel<DQK, DV, LOOP>, smem, done));
-  bwd_kernel<DQK, DV, LOOP><<<grid, THREADS, smem, (cudaStream_t)stream>>>(tq, tk, tv, tdo, k);
+  DL_TRY(allow_smem(bwd_kernel<DQK, DV, LOOP, ELECT, BULK, BQ>, smem, done));
+  bwd_kernel<DQK, DV, LOOP, ELECT, BULK, BQ><<<grid, THREADS, smem, (cudaStream_t)stream>>>(tq, tk, tv, tdo, k);
   return 0;
 }
 
-extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc, const float *delta, void *stream) {
-  /* after dl_attn_bwd_cuda's prep: the main kernel, then bwd_dq_kernel */
+extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc, float *delta, void *stream) {
+  /* after dl_attn_bwd_cuda's prep (or, with dl_attn_bwd_hopper_preps, this one's own): the main
+   * kernel, then bwd_dq_kernel */
   int *dword = NULL;
   DL_TRY(status_check(&dword, "attn bwd"));
   const bool thd = p->cu_seqlens_q != NULL;
   CUtensorMap tq, tk, tv, tdo;
   const int64_t rq = thd ? p->total_q : p->s_q, rkv = thd ? p->total_kv : p->s_kv;
   const int bt = thd ? 1 : p->b;
-  DL_TRY(tensor_map(&tq, p->q, p->q_st, p->d_qk, p->h_q, rq, bt, "q", BQ));
-  DL_TRY(tensor_map(&tdo, p->dout, p->dout_st, p->d_v, p->h_q, rq, bt, "dout", BQ));
+  const bool turns = p->d_qk == 64 && env_bwd_turns(), order = env_bwd_order(), elect = env_bwd_elect();
+  const bool bulk = dl_attn_bwd_hopper_preps(p);
+  /* FA4-GAP.md B3: 80 query rows an item, d 128 without a mask, FA4's order, warp 9's lse2 and D */
+  const bool m80 = p->d_qk == 128 && p->d_v == 128 && p->window_left < 0 && p->window_right < 0 && order && !bulk &&
+                   env_bwd_m80();
+  /* FA4-GAP.md B6: 128 query rows an item at d 64, FA4's order, warps 9 and 11's lse2 and D */
+  const bool m128 = p->d_qk == 64 && p->d_v == 64 && !env_bwd_bulk_lse() && env_bwd_m128();
+  const int bq = m80 ? 80 : m128 ? 128 : BWD_BQ;
+  DL_TRY(tensor_map(&tq, p->q, p->q_st, p->d_qk, p->h_q, rq, bt, "q", bq));
+  DL_TRY(tensor_map(&tdo, p->dout, p->dout_st, p->d_v, p->h_q, rq, bt, "dout", bq));
   DL_TRY(tensor_map(&tk, p->k, p->k_st, p->d_qk, p->h_kv, rkv, bt, "k", BN));
   DL_TRY(tensor_map(&tv, p->v, p->v_st, p->d_v, p->h_kv, rkv, bt, "v", BN));
   bwd_params_t k = {};
@@ -288,23 +393,48 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
   k.dq = (uint16_t *)p->dq, k.dk = (uint16_t *)p->dk, k.dv = (uint16_t *)p->dv;
   copy_st(k.dq_st, p->dq_st), copy_st(k.dk_st, p->dk_st), copy_st(k.dv_st, p->dv_st);
   k.accumulate = p->accumulate_grads;
-  k.delta = delta, k.dq_acc = dq_acc;
+  k.dq_acc = dq_acc;
   k.ws_rows = thd ? p->total_q : (int64_t)p->b * p->s_q; /* attn_bwd.cu's workspace rows */
   k.err = dword;
   const dim3 grid((p->s_kv + BN - 1) / BN, p->h_kv, p->b);
-  const bool turns = p->d_qk == 64 && env_bwd_turns(), order = env_bwd_order();
+  if (bulk) { /* the prep into bwd_lse_row's rows: D where delta points, lse log2(e) after it */
+    k.lse_rows = dl_attn_bwd_lse_rows(p);
+    float *lse2 = delta + (size_t)k.lse_rows * p->h_q;
+    k.o = (const uint16_t *)p->out, k.dout = (const uint16_t *)p->dout, k.lse2 = lse2;
+    copy_st(k.o_st, p->out_st), copy_st(k.do_st, p->dout_st);
+    const dim3 pgrid((p->s_q + BWD_BQ - 1) / BWD_BQ, p->h_q, p->b);
+    if (p->s_q > 0) {
+      if (p->d_qk == 64) bwd_prep_kernel<64, 64><<<pgrid, 128, 0, (cudaStream_t)stream>>>(k, delta, lse2);
+      else bwd_prep_kernel<128, 128><<<pgrid, 128, 0, (cudaStream_t)stream>>>(k, delta, lse2);
+      DL_CUDA_CHECK_LAUNCH("attn bwd (hopper) prep");
+    }
+  }
+  k.delta = delta;
   int rc;
-  if (p->d_qk == 64)
-    rc = turns ? launch_bwd<64, 64, BWD_TURNS>(grid, tq, tk, tv, tdo, k, stream)
-         : order ? launch_bwd<64, 64, BWD_ORDER>(grid, tq, tk, tv, tdo, k, stream)
-                 : launch_bwd<64, 64, BWD_STEP>(grid, tq, tk, tv, tdo, k, stream);
+  if (m128)
+    rc = elect ? launch_bwd<64, 64, BWD_ORDER, true, false, 128>(grid, tq, tk, tv, tdo, k, stream)
+               : launch_bwd<64, 64, BWD_ORDER, false, false, 128>(grid, tq, tk, tv, tdo, k, stream);
+  else if (p->d_qk == 64)
+    rc = turns && bulk && elect ? launch_bwd<64, 64, BWD_TURNS, true, true>(grid, tq, tk, tv, tdo, k, stream)
+         : turns && bulk        ? launch_bwd<64, 64, BWD_TURNS, false, true>(grid, tq, tk, tv, tdo, k, stream)
+         : turns && elect       ? launch_bwd<64, 64, BWD_TURNS, true>(grid, tq, tk, tv, tdo, k, stream)
+         : turns                ? launch_bwd<64, 64, BWD_TURNS>(grid, tq, tk, tv, tdo, k, stream)
+         : order                ? launch_bwd<64, 64, BWD_ORDER>(grid, tq, tk, tv, tdo, k, stream)
+                                : launch_bwd<64, 64, BWD_STEP>(grid, tq, tk, tv, tdo, k, stream);
+  else if (m80)
+    rc = elect ? launch_bwd<128, 128, BWD_ORDER, true, false, 80>(grid, tq, tk, tv, tdo, k, stream)
+               : launch_bwd<128, 128, BWD_ORDER, false, false, 80>(grid, tq, tk, tv, tdo, k, stream);
   else
-    rc = order ? launch_bwd<128, 128, BWD_ORDER>(grid, tq, tk, tv, tdo, k, stream)
-               : launch_bwd<128, 128, BWD_STEP>(grid, tq, tk, tv, tdo, k, stream);
+    rc = order && bulk && elect ? launch_bwd<128, 128, BWD_ORDER, true, true>(grid, tq, tk, tv, tdo, k, stream)
+         : order && bulk        ? launch_bwd<128, 128, BWD_ORDER, false, true>(grid, tq, tk, tv, tdo, k, stream)
+         : order && elect       ? launch_bwd<128, 128, BWD_ORDER, true>(grid, tq, tk, tv, tdo, k, stream)
+         : order                ? launch_bwd<128, 128, BWD_ORDER>(grid, tq, tk, tv, tdo, k, stream)
+                                : launch_bwd<128, 128, BWD_STEP>(grid, tq, tk, tv, tdo, k, stream);
   if (rc) return rc;
   DL_CUDA_CHECK_LAUNCH("attn bwd (hopper)");
-  const dim3 rgrid((p->s_q + BQ - 1) / BQ, p->h_q, p->b);
+  const dim3 rgrid((p->s_q + BWD_BQ - 1) / BWD_BQ, p->h_q, p->b);
   if (p->d_qk == 64) bwd_dq_kernel<64><<<rgrid, 128, 0, (cudaStream_t)stream>>>(k);
+  else if (m80) bwd_dq_kernel<128, 80><<<rgrid, 128, 0, (cudaStream_t)stream>>>(k); /* dQ^T's column order */
   else bwd_dq_kernel<128><<<rgrid, 128, 0, (cudaStream_t)stream>>>(k);
   DL_CUDA_CHECK_LAUNCH("attn bwd (hopper) dq");
   return 0;

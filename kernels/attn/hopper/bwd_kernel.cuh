@@ -10,16 +10,23 @@
  * backward's prep (D = rowsum(dO * O), the fp32 dQ accumulator zeroed), on
  * that workspace (D [h][rows] and dQ [h][rows][DQK], row ws_row(sequence,
  * i)), then bwd_dq_kernel (dq = scale * accumulator; the accumulator's
- * columns are permuted within a row, bwd_dq_col).
+ * columns are permuted within a row, bwd_dq_col). With BULK its own
+ * bwd_prep_kernel replaces that prep (D and lse log2(e) in bwd_lse_row's
+ * padded rows).
  *
  * bwd_kernel: CTA = BN = 128 keys of one kv head and batch, 384 threads;
  * grid (key blocks, kv heads, batches).
  *   warpgroup 2, producer (setmaxnreg 24): one thread TMA-loads K and V of
  *     the block once, then for every q head of the kv head's group and every
- *     query block of BQ = 64 rows that sees the keys: Q and dO into two
+ *     query block of BQ rows (64; 80 with DISTLAB_ATTN_HOPPER_BWD_M80=1, 128 with
+ *     DISTLAB_ATTN_HOPPER_BWD_M128=1, below) that sees the keys: Q and dO into two
  *     stages; another warp loads the rows' LSE (as lse log2(e), +inf for a
  *     row with no key) and D beside them. Full barriers carry the bytes and
- *     that warp's 32 arrivals, empty barriers (256 arrivals) free a stage.
+ *     that warp's 32 arrivals, empty barriers (256 arrivals, or 8 with ELECT:
+ *     bwd_releases) free a stage. With BULK (FA4-GAP.md B5), bwd_prep_kernel
+ *     has prepared lse log2(e) and D in rows padded per sequence, and the TMA
+ *     thread loads an item's rows of both with its Q and dO (cp.async.bulk):
+ *     full barriers of one arrival and the bytes.
  *   warpgroups 0 and 1, consumers (setmaxnreg 240): 64 keys each; dK, dV in
  *     registers over all the items. Per item:
  *       S^T = K_c Q^T and dP^T = V_c dO^T (SS wgmma m64n64k16, K-major both:
@@ -48,7 +55,28 @@
  * Every wait times out into *err (mbar_wait), as in the forward.
  * The variants tried and dropped, and their timings: experiments/lab/attn/NOTES.md.
  *
- * Shared memory (d 128): K, V 32 KB each; Q, dO 2 x 16 KB each; dS^T 2 x 16 KB;
+ * M80 (BQ = 80, FA4's sm90 tile for d 128 without a mask; FA4-GAP.md B3; dl.attn takes it with
+ * DISTLAB_ATTN_HOPPER_BWD_M80=1): S^T and dP^T are m64n80 (40 accumulators); dV and dK take K = 80 (5
+ * k16 steps, P^T and dS^T from those accumulators); dQ cannot have M = 80 (wgmma's M is 64 a
+ * warpgroup), so dQ^T = K^T dS^T (gemm_dqt): M = the warpgroup's 64 columns of d, N = 80 queries, K =
+ * 128 keys, with dS stored query-major (stmatrix .trans: [key half][80][64 keys], a warpgroup's keys a
+ * half) and dQ^T stored into the tile transposed (bwd_dq_col<80>). P^T and dS^T are both in fp32
+ * before either is packed, dV is issued after dS^T and waited for before dQ^T, and warp 11 loads D while
+ * warp 9 loads lse2: in BWD_ORDER's order ptxas spilled (registers). 224 KB of shared memory.
+ *
+ * M128 (BQ = 128 at d 64, FA4's sm90 tile there, under every mask; FA4-GAP.md B6; dl.attn takes it with
+ * DISTLAB_ATTN_HOPPER_BWD_M128=1): twice the rows an item halves the per-item fixed costs (barriers,
+ * waits, stage handoffs, the dQ handoff) per FLOP. S^T and dP^T are m64n128 (64 accumulators each); dV
+ * and dK take K = 128 (8 k16 steps); dQ = dS K in two halves of 64 queries, warpgroup c the queries
+ * [64 c, 64 c + 64) and all 64 columns of d (gemm_dq<64>: m64n64, as d 128's), so dS^T is stored as two
+ * [128 keys][64 queries] tiles, a query half each (stmatrix, 8 a warp), and the dQ tile and bwd_dq_col
+ * keep BQ 64's layout.
+ * In FA4's order as M80 runs it (P^T and dS^T in fp32, then both packed, then dV: in BWD_ORDER's own
+ * order S^T, dP^T and P^T would be live with dK, dV at the dS^T step), but dQ issued without waiting for
+ * dV (0 spills either way); warps 9 and 11 load lse2 and D; the dQ tile is stored by shared addresses
+ * (16 generic ones a thread cost ptxas 68 bytes of spills), K's and V's bases and the stmatrix addresses
+ * through hp_opaque (4 bytes of spills each without). 195 KB of shared memory.
+ * Shared memory (d 128, BQ 64): K, V 32 KB each; Q, dO 2 x 16 KB each; dS^T 2 x 16 KB;
  * dQ 32 KB: 192 KB, one CTA an SM. Descriptors as in fwd_kernel.cuh; dS^T is [128 keys]
  * [64 queries] (a 128-byte row a key): as A of dQ = dS K it is MN-major (M =
  * queries contiguous), SBO = 1024 (8 keys), the k16 step (16 keys) at + 2048;
@@ -61,14 +89,19 @@
 #include "fwd_mainloop.cuh"
 #include "fwd_params.cuh"
 
-constexpr int BQ = 64; // query rows an item (BN = 128 keys a CTA, THREADS = 384: fwd_params.cuh)
+// Query rows an item by default (bwd_kernel's BQ; BN = 128 keys a CTA, THREADS = 384: fwd_params.cuh),
+// and the rows a CTA of bwd_prep_kernel and bwd_dq_kernel, and BULK's padding unit, whatever BQ is.
+constexpr int BWD_BQ = 64;
 
-template <int DQK, int DV> struct alignas(1024) bwd_smem_t {
+// BQ 64: ds holds dS^T, [key][query] (128 keys of 128 bytes); BQ 80: dS, [key half][query][64 keys] (two
+// tiles of 80 rows of 128 bytes, a warpgroup's keys each; bwd_kernel's M80 notes); BQ 128 (d 64): dS^T,
+// [query half][key][64 queries] (two tiles of 128 keys of 128 bytes, a warpgroup's dQ rows each; M128).
+template <int DQK, int DV, int BQ = BWD_BQ> struct alignas(1024) bwd_smem_t {
   uint16_t k[DQK / 64][BN * 64];
   uint16_t v[DV / 64][BN * 64];
   uint16_t q[2][DQK / 64][BQ * 64];
   uint16_t dout[2][DV / 64][BQ * 64];
-  uint16_t ds[2][BN * 64];      // dS^T: [key][query]
+  uint16_t ds[2][BN * BQ];
   float dq[BQ * DQK];           // an item's dQ, [query][DQK] as the accumulator's rows hold it
   float lse2[2][BQ], delta[2][BQ];
   uint64_t kv_full, q_full[2], do_full[2], q_empty[2], do_empty[2], dq_full, dq_empty;
@@ -78,8 +111,10 @@ template <int DQK, int DV> struct alignas(1024) bwd_smem_t {
 
 // The accumulator's rows hold dQ's columns permuted: column c of a row i at c ^ (8 (i % 4)), so that
 // the consumers' stores of a tile into shared memory (two columns a lane, eight rows a warp) hit
-// distinct banks; bwd_dq_kernel undoes it.
-HP_HD int bwd_dq_col(int c, int i) { return c ^ (8 * (i % 4)); }
+// distinct banks; bwd_dq_kernel undoes it. BQ 80 stores dQ^T (one column a lane, eight columns and four
+// rows 2 apart a warp): c ^ (8 ((i / 2) % 4)). Items start at multiples of 8 rows, so i is the
+// tile's row as well as the sequence's.
+template <int BQ = BWD_BQ> HP_HD int bwd_dq_col(int c, int i) { return BQ == 80 ? c ^ (8 * ((i / 2) % 4)) : c ^ (8 * (i % 4)); }
 
 // Addressing as params_t's (fwd_params.cuh): strides (position, head, batch) in elements.
 struct bwd_params_t {
@@ -96,6 +131,13 @@ struct bwd_params_t {
   float *dq_acc;
   int64_t ws_rows;           // thd: the packed rows of q; else b * s_q
   int *err;                  // optional: set to 1 when a wait timed out
+  // BULK only (bwd_prep_kernel's inputs and output; kept last, so that the other kernels' parameters
+  // stay where they were): out and dO (bf16), and lse log2(e) [h][lse_rows] in bwd_lse_row's rows
+  // (delta then holds D in the same layout)
+  const uint16_t *o, *dout;
+  int64_t o_st[3], do_st[3];
+  const float *lse2;
+  int64_t lse_rows;
 };
 
 HP_DEV int64_t bwd_at(const int64_t (&st)[3], int first, int row, int head, int tb) {
@@ -106,18 +148,61 @@ HP_DEV int64_t bwd_ws_row(const bwd_params_t &p, const hp_seq_t &s, int bb, int 
   return p.cu_q ? (int64_t)s.first_q + i : (int64_t)bb * p.s_q + i;
 }
 
-// grid (blocks of BQ rows, h, b), 128 threads, a warp a row: dq = scale * accumulator (+ dq), the
-// accumulator's columns as bwd_dq_col placed them (attn_bwd.cu's attn_bwd_dq_kernel, for that layout).
-template <int DQK> __global__ void __launch_bounds__(128) bwd_dq_kernel(const bwd_params_t p) {
+// BULK: row i of sequence bb in the prepared rows of lse log2(e) and D. Each sequence starts at a
+// multiple of BWD_BQ, so that an item's BWD_BQ rows are one 16-byte aligned bulk copy that stays inside its
+// sequence's rows, the pad of the last item included (filled by bwd_prep_kernel: lse2 +inf, D 0, so
+// P = dS = 0 there). Padding, rather than scalar loads for the clipped last item, because the
+// unpadded rows of an item start at any row (thd offsets, b s_q), where a bulk copy is not aligned.
+// The starts ((workspace row of the sequence + BWD_BQ bb) / BWD_BQ) BWD_BQ keep the sequences apart for
+// non-decreasing offsets; dl_attn_bwd_workspace_bytes's round_up(rows, 64) + 64 b rows a head hold them.
+HP_DEV int64_t bwd_lse_row(const bwd_params_t &p, const hp_seq_t &s, int bb, int i) {
+  return (bwd_ws_row(p, s, bb, 0) + (int64_t)BWD_BQ * bb) / BWD_BQ * BWD_BQ + i;
+}
+
+// BULK's prep (the portable prep's work, attn_bwd.cu, in the padded rows): grid (blocks of BWD_BQ rows, h,
+// b), 128 threads, a warp a row. D = rowsum(dO * out) in fp32 and lse log2(e) (+inf for a row with no
+// key) into bwd_lse_row's rows, the pad up to the sequence's next multiple of BWD_BQ 0 and +inf; the fp32
+// dQ accumulator's rows zeroed.
+template <int DQK, int DV> __global__ void __launch_bounds__(128) bwd_prep_kernel(const bwd_params_t p, float *delta, float *lse2) {
   const int hh = blockIdx.y, bb = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const hp_seq_t sq = hp_seq(p, bb);
-  for (int r = warp; r < BQ; r += 4) {
-    const int i = blockIdx.x * BQ + r;
+  for (int r = warp; r < BWD_BQ; r += 4) {
+    const int i = blockIdx.x * BWD_BQ + r;
+    if (i >= (sq.len_q + BWD_BQ - 1) / BWD_BQ * BWD_BQ) return;
+    const int64_t at = hh * p.lse_rows + bwd_lse_row(p, sq, bb, i);
+    if (i >= sq.len_q) {
+      if (lane == 0) delta[at] = 0.0f, lse2[at] = INFINITY;
+      continue;
+    }
+    const uint16_t *o = p.o + bwd_at(p.o_st, sq.first_q, i, hh, sq.tb), *d = p.dout + bwd_at(p.do_st, sq.first_q, i, hh, sq.tb);
+    float acc = 0.0f;
+    for (int c = 2 * lane; c < DV; c += 64) {
+      const uint32_t x = *reinterpret_cast<const uint32_t *>(o + c), y = *reinterpret_cast<const uint32_t *>(d + c);
+      acc += bf16_lo(x) * bf16_lo(y) + bf16_hi(x) * bf16_hi(y);
+    }
+#pragma unroll
+    for (int m = 16; m > 0; m >>= 1) acc += hp_shfl_xor(acc, m);
+    if (lane == 0) {
+      const float l = p.lse[bwd_at(p.lse_st, sq.first_q, i, hh, sq.tb)];
+      delta[at] = acc, lse2[at] = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
+    }
+    float *dq = p.dq_acc + (hh * p.ws_rows + bwd_ws_row(p, sq, bb, i)) * DQK;
+    for (int c = lane; c < DQK; c += 32) dq[c] = 0.0f;
+  }
+}
+
+// grid (blocks of BWD_BQ rows, h, b), 128 threads, a warp a row: dq = scale * accumulator (+ dq), the
+// accumulator's columns as bwd_dq_col<BQ> placed them (attn_bwd.cu's attn_bwd_dq_kernel, for that layout).
+template <int DQK, int BQ = BWD_BQ> __global__ void __launch_bounds__(128) bwd_dq_kernel(const bwd_params_t p) {
+  const int hh = blockIdx.y, bb = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const hp_seq_t sq = hp_seq(p, bb);
+  for (int r = warp; r < BWD_BQ; r += 4) {
+    const int i = blockIdx.x * BWD_BQ + r;
     if (i >= sq.len_q) return;
     const float *acc = p.dq_acc + (hh * p.ws_rows + bwd_ws_row(p, sq, bb, i)) * DQK;
     uint16_t *dq = p.dq + bwd_at(p.dq_st, sq.first_q, i, hh, sq.tb);
     for (int c = 2 * lane; c < DQK; c += 64) {
-      const float2 a = *reinterpret_cast<const float2 *>(acc + bwd_dq_col(c, i));
+      const float2 a = *reinterpret_cast<const float2 *>(acc + bwd_dq_col<BQ>(c, i));
       float x = a.x * p.scale, y = a.y * p.scale;
       if (p.accumulate) {
         const uint32_t old = *reinterpret_cast<const uint32_t *>(dq + c);
@@ -137,21 +222,34 @@ template <int DH> HP_DEV void zero_rows(uint32_t base, int rows, int valid, int 
   }
 }
 
-// acc (64 keys x DH) += X^T (in registers, bf16: the A layout) B (the item's 64 rows x DH, MN-major).
-template <int DH> HP_DEV void gemm_acc(float (&acc)[DH / 2], const uint32_t (&xa)[16], uint32_t b_base) {
+// acc (64 keys x DH) += X^T (in registers, bf16: the A layout) B (the item's BQ rows x DH, MN-major).
+template <int DH, int BQ> HP_DEV void gemm_acc(float (&acc)[DH / 2], const uint32_t (&xa)[BQ / 4], uint32_t b_base) {
 #pragma unroll
   for (int kc = 0; kc < BQ / 16; kc++)
     wgmma_rs(acc, *reinterpret_cast<const uint32_t(*)[4]>(xa + 4 * kc), gmma_desc(b_base + kc * 16 * 128, BQ * 128, 1024));
 }
 
-// dQ (64 queries x the warpgroup's DQK / 2 columns) = dS K over the block's 128 keys: A = dS^T in
-// shared memory read transposed (MN-major), B = K MN-major; one commit group.
-template <int DQK> HP_DEV void gemm_dq(float (&dq)[DQK / 4], uint32_t ds_base, uint32_t k_cols) {
+// dQ (64 queries x the warpgroup's NC columns of d: DQK / 2, or BQ 128's all 64) = dS K over the block's
+// 128 keys: A = dS^T in shared memory read transposed (MN-major), B = K MN-major; one commit group.
+template <int NC> HP_DEV void gemm_dq(float (&dq)[NC / 2], uint32_t ds_base, uint32_t k_cols) {
   wg_fence();
 #pragma unroll
   for (int kc = 0; kc < BN / 16; kc++)
-    wgmma_ss_tt(dq, gmma_desc(ds_base + kc * 16 * 128, BQ * 128, 1024), gmma_desc(k_cols + kc * 16 * 128, BN * 128, 1024),
+    wgmma_ss_tt(dq, gmma_desc(ds_base + kc * 16 * 128, BWD_BQ * 128, 1024), gmma_desc(k_cols + kc * 16 * 128, BN * 128, 1024),
                 kc > 0);
+  wg_commit();
+}
+
+// BQ 80 (d 128): dQ^T (the warpgroup's 64 columns of d x 80 queries) = K^T dS^T over the block's 128
+// keys, FA4's dQ_swapAB (wgmma's M is 64 a warpgroup, so 80 queries cannot be M): A = K read
+// transposed (MN-major: the warpgroup's half of d, k_cols), B = dS K-major (keys contiguous: half kc / 4
+// of the two [80][64] tiles, 16 keys at + 32 bytes); m64n80k16, one commit group.
+HP_DEV void gemm_dqt(float (&dq)[40], uint32_t ds_base, uint32_t k_cols) {
+  wg_fence();
+#pragma unroll
+  for (int kc = 0; kc < BN / 16; kc++)
+    wgmma_ss_ta(dq, gmma_desc(k_cols + kc * 16 * 128, BN * 128, 1024),
+                gmma_desc(ds_base + (kc / 4) * 80 * 128 + (kc % 4) * 32, 16, 1024), kc > 0);
   wg_commit();
 }
 
@@ -164,15 +262,33 @@ template <int DQK> HP_DEV void gemm_dq(float (&dq)[DQK / 4], uint32_t ds_base, u
 // only.) dl.attn takes BWD_ORDER unless DISTLAB_ATTN_HOPPER_BWD_ORDER=0 (attn_hopper.cu).
 enum bwd_loop_t { BWD_STEP = 0, BWD_ORDER = 1, BWD_TURNS = 2 };
 
+// The consumers' releases (q_empty, do_empty, dq_full, ds_ready, ds_free): every consumer thread
+// arrives (counts 256), or with ELECT (FA4-GAP.md B2; DISTLAB_ATTN_HOPPER_BWD_ELECT=1) lane 0 of each
+// consumer warp (counts 8). A release after a wgmma wait needs no more: the wait is warp-converged and
+// the wgmma's shared-memory reads are done at it, and the threads' generic reads of the stage (lse2,
+// delta) precede a named barrier of all of them (1, or a turn) before the release. A release after
+// the warp's generic stores (the dQ tile, dS^T; each thread fences them for the async proxy) has the
+// warp converge first (__syncwarp), so that lane 0's arrival follows all 32 lanes' stores.
+constexpr uint32_t bwd_releases(bool elect) { return elect ? 8 : 256; }
+
 // Each item's dQ goes to shared memory and a producer warp adds it to the accumulator with one bulk
-// reduction (FA3's way).
-template <int DQK, int DV, int LOOP>
+// reduction (FA3's way). BULK (FA4-GAP.md B5; DISTLAB_ATTN_HOPPER_BWD_BULK_LSE=1): an item's lse2 and D
+// rows come by cp.async.bulk from bwd_prep_kernel's rows (p.lse2, p.delta in bwd_lse_row's layout)
+// with its Q and dO, on their full barriers (one arrival, the bytes); else warp 9 loads them with
+// scalar loads from p.lse and D's workspace rows.
+template <int DQK, int DV, int LOOP, bool ELECT, bool BULK = false, int BQ = BWD_BQ>
 __global__ void __launch_bounds__(THREADS, 1)
     bwd_kernel(const HP_GRID_CONST hp_tmap_t tq, const HP_GRID_CONST hp_tmap_t tk, const HP_GRID_CONST hp_tmap_t tv,
                const HP_GRID_CONST hp_tmap_t tdo, const bwd_params_t p) {
   static_assert(DQK == 64 || DQK == 128, "dQ's split of the head dims between the warpgroups");
   static_assert(LOOP == BWD_STEP || LOOP == BWD_ORDER || LOOP == BWD_TURNS, "bwd_loop_t");
-  bwd_smem_t<DQK, DV> &sm = *reinterpret_cast<bwd_smem_t<DQK, DV> *>((reinterpret_cast<uintptr_t>(hp_smem()) + 1023) & ~uintptr_t(1023));
+  static_assert(BQ == 64 || BQ == 128 || (BQ == 80 && DQK == 128 && DV == 128 && LOOP == BWD_ORDER && !BULK),
+                "80 query rows an item: d 128, FA4's order, lse2 and D by warp 9 (BULK pads to 64)");
+  static_assert(BQ != 128 || (DQK == 64 && DV == 64 && LOOP == BWD_ORDER && !BULK),
+                "128 query rows an item: d 64, FA4's order, lse2 and D by warps 9 and 11 (BULK pads to 64)");
+  // a thread's dQ (BQ 80: of dQ^T; BQ 128: its warpgroup's 64 queries x all 64 columns of d)
+  constexpr int NDQ = BQ == 80 ? 40 : BQ == 128 ? 32 : DQK / 4;
+  bwd_smem_t<DQK, DV, BQ> &sm = *reinterpret_cast<bwd_smem_t<DQK, DV, BQ> *>((reinterpret_cast<uintptr_t>(hp_smem()) + 1023) & ~uintptr_t(1023));
   const int n_block = blockIdx.x, hkv = blockIdx.y, bb = blockIdx.z, group = p.h / p.h_kv;
   const int warp_id = hp_warp_uniform(threadIdx.x / 32), tid = threadIdx.x % 128;
   const hp_seq_t sq = hp_seq(p, bb);
@@ -190,16 +306,16 @@ __global__ void __launch_bounds__(THREADS, 1)
     sm.fail = 0;
     mbar_init(&sm.kv_full, 1);
     for (int i = 0; i < 2; i++) {
-      mbar_init(&sm.q_full[i], 1 + 32); // the TMA thread's expect_tx and warp 9's rows of lse2
-      mbar_init(&sm.do_full[i], 1 + 32); // and of D
-      mbar_init(&sm.q_empty[i], 256);
-      mbar_init(&sm.do_empty[i], 256);
+      mbar_init(&sm.q_full[i], BULK ? 1 : 1 + 32); // the TMA thread's expect_tx (and warp 9's rows of lse2)
+      mbar_init(&sm.do_full[i], BULK ? 1 : 1 + 32); // (and of D)
+      mbar_init(&sm.q_empty[i], bwd_releases(ELECT));
+      mbar_init(&sm.do_empty[i], bwd_releases(ELECT));
     }
-    mbar_init(&sm.dq_full, 256); // the consumers wrote an item's dQ
+    mbar_init(&sm.dq_full, bwd_releases(ELECT)); // the consumers wrote an item's dQ
     mbar_init(&sm.dq_empty, 1);  // and the producer's reduction has read it
     for (int i = 0; i < 2; i++) {
-      mbar_init(&sm.ds_ready[i], 256);
-      mbar_init(&sm.ds_free[i], 256);
+      mbar_init(&sm.ds_ready[i], bwd_releases(ELECT));
+      mbar_init(&sm.ds_free[i], bwd_releases(ELECT));
     }
     mbar_init_fence();
   }
@@ -215,30 +331,63 @@ __global__ void __launch_bounds__(THREADS, 1)
         const int hq = hkv * group + it / nm, m = m_lo + it % nm, st = it % 2;
         const uint32_t round = it / 2;
         if (round > 0) mbar_wait(&sm.q_empty[st], (round - 1) & 1, &sm.fail, p.err);
-        mbar_expect_tx(&sm.q_full[st], tile_bytes_t<DQK>::value / 2);
+        mbar_expect_tx(&sm.q_full[st], BQ * DQK * 2 + (BULK ? BQ * 4 : 0));
         for (int half = 0; half < DQK / 64; half++) tma_load(sm.q[st][half], &tq, &sm.q_full[st], 64 * half, hq, sq.first_q + m * BQ, sq.tb);
+        if (BULK) bulk_load(sm.lse2[st], p.lse2 + hq * p.lse_rows + bwd_lse_row(p, sq, bb, m * BQ), BQ * 4, &sm.q_full[st]);
         if (round > 0) mbar_wait(&sm.do_empty[st], (round - 1) & 1, &sm.fail, p.err);
-        mbar_expect_tx(&sm.do_full[st], tile_bytes_t<DV>::value / 2);
+        mbar_expect_tx(&sm.do_full[st], BQ * DV * 2 + (BULK ? BQ * 4 : 0));
         for (int half = 0; half < DV / 64; half++) tma_load(sm.dout[st][half], &tdo, &sm.do_full[st], 64 * half, hq, sq.first_q + m * BQ, sq.tb);
+        if (BULK) bulk_load(sm.delta[st], p.delta + hq * p.lse_rows + bwd_lse_row(p, sq, bb, m * BQ), BQ * 4, &sm.do_full[st]);
       }
-    } else if (warp_id == 9) { // the rows' lse2 and D (rows past the sequence: +inf and 0, so P = dS = 0)
+    } else if (!BULK && warp_id == 9) { // the rows' lse2 and D (rows past the sequence: +inf and 0, so P = dS = 0)
       const int lane = threadIdx.x % 32;
-      for (int it = 0; it < items; it++) {
-        const int hq = hkv * group + it / nm, st = it % 2;
-        const uint32_t round = it / 2;
-        if (round > 0) mbar_wait(&sm.q_empty[st], (round - 1) & 1, &sm.fail, p.err);
-        for (int r = lane; r < BQ; r += 32) {
-          const int i = (m_lo + it % nm) * BQ + r;
-          const float l = i < len_q ? p.lse[bwd_at(p.lse_st, sq.first_q, i, hq, sq.tb)] : -INFINITY;
-          sm.lse2[st][r] = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
+      if constexpr (BQ != 64) { // the lse2 rows only (warp 11 loads D), the item's head and block counted: 24 registers
+        int hq = hkv * group, m = m_lo;
+        for (int it = 0; it < items; it++) {
+          const int st = it % 2;
+          const uint32_t round = it / 2;
+          if (round > 0) mbar_wait(&sm.q_empty[st], (round - 1) & 1, &sm.fail, p.err);
+#pragma unroll 1
+          for (int r = lane; r < BQ; r += 32) {
+            const int i = m * BQ + r;
+            const float l = i < len_q ? p.lse[bwd_at(p.lse_st, sq.first_q, i, hq, sq.tb)] : -INFINITY;
+            sm.lse2[st][r] = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
+          }
+          mbar_arrive(&sm.q_full[st]);
+          if (++m == m_hi) m = m_lo, hq++;
         }
-        mbar_arrive(&sm.q_full[st]);
+      } else
+        for (int it = 0; it < items; it++) {
+          const int hq = hkv * group + it / nm, st = it % 2;
+          const uint32_t round = it / 2;
+          if (round > 0) mbar_wait(&sm.q_empty[st], (round - 1) & 1, &sm.fail, p.err);
+          for (int r = lane; r < BQ; r += 32) {
+            const int i = (m_lo + it % nm) * BQ + r;
+            const float l = i < len_q ? p.lse[bwd_at(p.lse_st, sq.first_q, i, hq, sq.tb)] : -INFINITY;
+            sm.lse2[st][r] = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
+          }
+          mbar_arrive(&sm.q_full[st]);
+          if (round > 0) mbar_wait(&sm.do_empty[st], (round - 1) & 1, &sm.fail, p.err);
+          for (int r = lane; r < BQ; r += 32) {
+            const int i = (m_lo + it % nm) * BQ + r;
+            sm.delta[st][r] = i < len_q ? p.delta[hq * p.ws_rows + bwd_ws_row(p, sq, bb, i)] : 0.0f;
+          }
+          mbar_arrive(&sm.do_full[st]);
+        }
+    } else if (BQ != 64 && warp_id == 11) { // BQ 80, 128: the rows' D (warp 9's lse2 rows alone fill its registers)
+      const int lane = threadIdx.x % 32;
+      int hq = hkv * group, m = m_lo;
+      for (int it = 0; it < items; it++) {
+        const int st = it % 2;
+        const uint32_t round = it / 2;
         if (round > 0) mbar_wait(&sm.do_empty[st], (round - 1) & 1, &sm.fail, p.err);
+#pragma unroll 1
         for (int r = lane; r < BQ; r += 32) {
-          const int i = (m_lo + it % nm) * BQ + r;
+          const int i = m * BQ + r;
           sm.delta[st][r] = i < len_q ? p.delta[hq * p.ws_rows + bwd_ws_row(p, sq, bb, i)] : 0.0f;
         }
         mbar_arrive(&sm.do_full[st]);
+        if (++m == m_hi) m = m_lo, hq++;
       }
     } else if (threadIdx.x == 320) { // each item's dQ from shared memory into the accumulator
       for (int it = 0; it < items; it++) {
@@ -259,6 +408,15 @@ __global__ void __launch_bounds__(THREADS, 1)
   // consumers: warpgroup c owns keys [c * 64, c * 64 + 64) of the block; this thread keys kr and kr + 8
   const int c = warp_id / 4, warp = tid / 32, lane = tid % 32;
   const int kr = c * 64 + warp * 16 + lane / 4;
+  // the consumers' arrivals on a barrier they release (bwd_releases): after a wgmma wait, and after
+  // the warp's fenced generic stores into shared memory
+  auto release = [&](uint64_t *bar) {
+    if (!ELECT || lane == 0) mbar_arrive(bar);
+  };
+  auto release_stores = [&](uint64_t *bar) {
+    if (ELECT) hp_syncwarp();
+    release(bar);
+  };
   float dk[DQK / 2], dv[DV / 2];
 #pragma unroll
   for (int i = 0; i < DQK / 2; i++) dk[i] = 0.0f;
@@ -280,7 +438,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int key_lo = n0 + c * 64, key_hi = key_lo + 63; // the warpgroup's keys
   // S^T and dP^T (s, dp: arrays of the loop's body, so that the compiler sees them dead between items),
   // P^T and dS^T in bf16 (pa, da: A of dV and dK, held until the wait that covers them)
-  uint32_t pa[16], da[16];
+  uint32_t pa[BQ / 4], da[BQ / 4];
   // S^T = K_c Q^T and dP^T = V_c dO^T of item it issued (two commit groups), once its stage is in and
   // the query rows past the sequence are zeros (Q and dO are B of dK and dV)
   auto stage_in = [&](int it) {
@@ -297,16 +455,22 @@ __global__ void __launch_bounds__(THREADS, 1)
       named_bar_sync(2, 256);
     }
   };
-  auto issue_sdp = [&](int it, float(&s)[32], float(&dp)[32]) {
-    gemm_kmajor<DQK, BN, BQ>(s, k_c, hp_smem_u32(sm.q[it % 2][0]));
-    gemm_kmajor<DV, BN, BQ>(dp, v_c, hp_smem_u32(sm.dout[it % 2][0]));
+  // BQ 80: the shared-memory bases of K and V through hp_opaque every item, so that ptxas derives their
+  // descriptors in the loop rather than holding (and spilling) 24 of them over it
+  auto in_loop = [](uint32_t x) {
+    if constexpr (BQ != 64) return hp_opaque(x);
+    else return x;
+  };
+  auto issue_sdp = [&](int it, float(&s)[BQ / 2], float(&dp)[BQ / 2]) {
+    gemm_kmajor<DQK, BN, BQ>(s, in_loop(k_c), hp_smem_u32(sm.q[it % 2][0]));
+    gemm_kmajor<DV, BN, BQ>(dp, in_loop(v_c), hp_smem_u32(sm.dout[it % 2][0]));
   };
   // This thread's queries are columns 8 j + 2 (lane % 4) + e % 2 of the item's 64, its keys rows
   // n0 + kr + 8 (e >> 1). P^T = exp2(S^T scale log2e - lse2), in place.
-  auto exp_p = [&](int st, float(&s)[32]) {
+  auto exp_p = [&](int st, float(&s)[BQ / 2]) {
     const float *l2 = sm.lse2[st];
 #pragma unroll
-    for (int j = 0; j < 8; j++)
+    for (int j = 0; j < BQ / 8; j++)
 #pragma unroll
       for (int e = 0; e < 4; e++) s[4 * j + e] = hp_exp2(fmaf(s[4 * j + e], p.scale_log2, -l2[8 * j + 2 * (lane % 4) + (e & 1)]));
   };
@@ -314,13 +478,13 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int key = n0 + kr + 8 * (e >> 1), qi = i0 + 8 * j + 2 * (lane % 4) + (e & 1);
     return (key < len_kv) & (qi < len_q) & hp_visible(qi, key, shift, wl, wr);
   };
-  auto pack_pa = [&](const float(&s)[32]) {
+  auto pack_pa = [&](const float(&s)[BQ / 2]) {
 #pragma unroll
-    for (int j = 0; j < 8; j++) pa[2 * j] = pack_bf16(s[4 * j], s[4 * j + 1]), pa[2 * j + 1] = pack_bf16(s[4 * j + 2], s[4 * j + 3]);
+    for (int j = 0; j < BQ / 8; j++) pa[2 * j] = pack_bf16(s[4 * j], s[4 * j + 1]), pa[2 * j + 1] = pack_bf16(s[4 * j + 2], s[4 * j + 3]);
   };
   // P^T once S^T is in, dS^T = P^T (dP^T - D) once dP^T is in (the two newest commit groups), the mask
   // where the block needs one; both packed to bf16 (pa, da)
-  auto p_and_ds = [&](int it, float(&s)[32], float(&dp)[32]) {
+  auto p_and_ds = [&](int it, float(&s)[BQ / 2], float(&dp)[BQ / 2]) {
     const int st = it % 2, i0 = (m_lo + it % nm) * BQ;
     wg_wait<1>(); // S^T and dP^T are the two newest commit groups
     const float *dd = sm.delta[st];
@@ -329,12 +493,12 @@ __global__ void __launch_bounds__(THREADS, 1)
                       (wl >= 0 && key_lo - (i0 + BQ - 1) < shift - wl);
     wg_wait<0>();
 #pragma unroll
-    for (int j = 0; j < 8; j++)
+    for (int j = 0; j < BQ / 8; j++)
 #pragma unroll
       for (int e = 0; e < 4; e++) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - dd[8 * j + 2 * (lane % 4) + (e & 1)]);
     if (diag) {
 #pragma unroll
-      for (int j = 0; j < 8; j++)
+      for (int j = 0; j < BQ / 8; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
           const bool keep = visible(i0, j, e);
@@ -343,21 +507,21 @@ __global__ void __launch_bounds__(THREADS, 1)
         }
     }
 #pragma unroll
-    for (int j = 0; j < 8; j++) {
+    for (int j = 0; j < BQ / 8; j++) {
       pa[2 * j] = pack_bf16(s[4 * j], s[4 * j + 1]), pa[2 * j + 1] = pack_bf16(s[4 * j + 2], s[4 * j + 3]);
       da[2 * j] = pack_bf16(dp[4 * j], dp[4 * j + 1]), da[2 * j + 1] = pack_bf16(dp[4 * j + 2], dp[4 * j + 3]);
     }
   };
   auto issue_dkv = [&](int it) { // dV += P^T dO, dK += dS^T Q: one commit group
     wg_fence();
-    gemm_acc<DV>(dv, pa, hp_smem_u32(sm.dout[it % 2][0]));
-    gemm_acc<DQK>(dk, da, hp_smem_u32(sm.q[it % 2][0]));
+    gemm_acc<DV, BQ>(dv, pa, hp_smem_u32(sm.dout[it % 2][0]));
+    gemm_acc<DQK, BQ>(dk, da, hp_smem_u32(sm.q[it % 2][0]));
     wg_commit();
   };
   // BWD_ORDER's halves of p_and_ds. P^T once S^T is in (dP^T the newest group), masked where the block
   // needs it, into pa. dP^T is not masked: a P^T of 0 makes dS^T 0, and dP^T is finite (the rows past a
   // sequence, of V and dO, are zeros in shared memory).
-  auto p_only = [&](int it, float(&s)[32]) {
+  auto p_only = [&](int it, float(&s)[BQ / 2]) {
     const int st = it % 2, i0 = (m_lo + it % nm) * BQ;
     wg_wait<1>();
     exp_p(st, s);
@@ -366,18 +530,18 @@ __global__ void __launch_bounds__(THREADS, 1)
                       (wl >= 0 && key_lo - (i0 + BQ - 1) < shift - wl);
     if (diag) {
 #pragma unroll
-      for (int j = 0; j < 8; j++)
+      for (int j = 0; j < BQ / 8; j++)
 #pragma unroll
         for (int e = 0; e < 4; e++) s[4 * j + e] = visible(i0, j, e) ? s[4 * j + e] : 0.0f;
     }
     pack_pa(s);
   };
   // dS^T = P^T (dP^T - D) into da once dP^T is in (dV, issued after it, the newest group)
-  auto ds_only = [&](int it, const float(&s)[32], float(&dp)[32]) {
+  auto ds_only = [&](int it, const float(&s)[BQ / 2], float(&dp)[BQ / 2]) {
     const float *dd = sm.delta[it % 2];
     wg_wait<1>();
 #pragma unroll
-    for (int j = 0; j < 8; j++) {
+    for (int j = 0; j < BQ / 8; j++) {
 #pragma unroll
       for (int e = 0; e < 4; e++) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - dd[8 * j + 2 * (lane % 4) + (e & 1)]);
       da[2 * j] = pack_bf16(dp[4 * j], dp[4 * j + 1]), da[2 * j + 1] = pack_bf16(dp[4 * j + 2], dp[4 * j + 3]);
@@ -385,76 +549,132 @@ __global__ void __launch_bounds__(THREADS, 1)
   };
   auto issue_dv = [&](int it) { // dV += P^T dO: a commit group
     wg_fence();
-    gemm_acc<DV>(dv, pa, hp_smem_u32(sm.dout[it % 2][0]));
+    gemm_acc<DV, BQ>(dv, pa, hp_smem_u32(sm.dout[it % 2][0]));
     wg_commit();
   };
   auto issue_dk = [&](int it) { // dK += dS^T Q: a commit group (da written before gemm_dq's fence)
     wg_fence();
-    gemm_acc<DQK>(dk, da, hp_smem_u32(sm.q[it % 2][0]));
+    gemm_acc<DQK, BQ>(dk, da, hp_smem_u32(sm.q[it % 2][0]));
     wg_commit();
   };
   // dS^T (row = key, column = query) into buffer it % 2, rows of 128 bytes with the 128-byte swizzle,
-  // then visible to the wgmma of either warpgroup
+  // then visible to the wgmma of either warpgroup. BQ 80: dS (row = query, the warpgroup's 64 keys a
+  // row) into its tile of the buffer, the 8 x 8 blocks of da transposed by stmatrix: block (keys 16 warp
+  // + 8 r, queries 8 j) is matrix 2 (j % 2) + r of the x4 of j / 2; lane 8 m + i gives row i of matrix
+  // m's transpose, query 8 j + i, whose 16-byte chunk (2 warp + r) lies at chunk (2 warp + r) ^ i.
+  // BQ 128: queries 8 j of tile j / 8 (query half), each tile as BQ 64's dS^T, by 8 stmatrix.x4 a warp
+  // rather than 32 STS a thread: block (keys 16 warp + 8 r, queries 8 j), in the accumulator's layout,
+  // is da[2 j + r], matrix 2 (j % 2) + r of the x4 of j / 2; lane 8 m + i gives row (key) i of matrix m.
   auto store_ds = [&](int it) {
     const uint32_t ds_base = hp_smem_u32(sm.ds[it % 2]);
+    if constexpr (BQ == 128) {
+      const int t = (int)in_loop((uint32_t)tid), m = (t % 32) / 8, i = t % 8; // t: the address in the loop (registers)
+      const uint32_t at = ds_base + (c * 64 + 16 * (t / 32) + 8 * (m % 2) + i) * 128;
 #pragma unroll
-    for (int j = 0; j < 8; j++)
+      for (int g = 0; g < BQ / 16; g++)
+        stmatrix_x4(at + (g / 4) * BN * 128 + ((((2 * g) % 8 + m / 2) ^ i) << 4), da[4 * g], da[4 * g + 1], da[4 * g + 2],
+                    da[4 * g + 3]);
+    } else if constexpr (BQ == 80) {
+      const int m = lane / 8, i = lane % 8, r = m % 2;
+      const uint32_t at = ds_base + c * BQ * 128 + i * 128 + (((2 * warp + r) ^ i) << 4);
 #pragma unroll
-      for (int r = 0; r < 2; r++) {
-        const int row = kr + 8 * r, col = 8 * j + 2 * (lane % 4);
-        st_shared_u32(ds_base + row * 128 + (((col / 8) ^ (row % 8)) * 16) + (col % 8) * 2, da[2 * j + r]);
-      }
+      for (int g = 0; g < BQ / 16; g++)
+        stmatrix_x4_trans(at + (8 * (2 * g + m / 2)) * 128, da[4 * g], da[4 * g + 1], da[4 * g + 2], da[4 * g + 3]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < BQ / 8; j++)
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+          const int row = kr + 8 * r, col = 8 * j + 2 * (lane % 4);
+          st_shared_u32(ds_base + (j / 8) * BN * 128 + row * 128 + ((((col / 8) % 8) ^ (row % 8)) * 16) + (col % 8) * 2,
+                        da[2 * j + r]);
+        }
+    }
     fence_proxy_async();
   };
   // dQ of item it (rows i0 + 16 warp + lane / 4 (+ 8), the warpgroup's columns, bwd_dq_col's order)
   // into the accumulator: into shared memory once the last item's reduction has read it, then the
   // producer's turn. n: the items stored so far.
-  auto store_dq = [&](int n, const float(&dq)[DQK / 4]) {
+  // BQ 80: dq holds dQ^T (row = the column 64 c + 16 warp + lane / 4 (+ 8) of d, column = query 8 j + 2
+  // (lane % 4) (+ 1)); one 4-byte store a value, bwd_dq_col<80>'s order. BQ 128: rows 64 c + 16 warp +
+  // lane / 4 (+ 8), all 64 columns.
+  auto store_dq = [&](int n, const float(&dq)[NDQ]) {
     if (n > 0) mbar_wait(&sm.dq_empty, (uint32_t)(n - 1) & 1u, &sm.fail, p.err);
+    if constexpr (BQ == 80) {
+      const uint32_t dq_base = hp_smem_u32(sm.dq);
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-      const int row = warp * 16 + lane / 4 + 8 * r;
+      for (int j = 0; j < BQ / 8; j++)
 #pragma unroll
-      for (int j = 0; j < DQK / 16; j++)
-        *reinterpret_cast<float2 *>(sm.dq + row * DQK + bwd_dq_col(c * (DQK / 2) + 8 * j + 2 * (lane % 4), row)) =
-            make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+        for (int e = 0; e < 4; e++) {
+          const int col = c * 64 + warp * 16 + lane / 4 + 8 * (e >> 1), row = 8 * j + 2 * (lane % 4) + (e & 1);
+          st_shared_u32(dq_base + 4 * (row * DQK + bwd_dq_col<BQ>(col, row)), __float_as_uint(dq[4 * j + e]));
+        }
+    } else if constexpr (BQ == 128) { // by shared addresses: 16 generic ones cost ptxas spills (registers)
+      const uint32_t dq_base = hp_smem_u32(sm.dq);
+#pragma unroll
+      for (int r = 0; r < 2; r++) {
+        const int row = c * 64 + warp * 16 + lane / 4 + 8 * r;
+#pragma unroll
+        for (int j = 0; j < DQK / 8; j++)
+          st_shared_v2(dq_base + 4 * (row * DQK + bwd_dq_col(8 * j + 2 * (lane % 4), row)), __float_as_uint(dq[4 * j + 2 * r]),
+                       __float_as_uint(dq[4 * j + 2 * r + 1]));
+      }
+    } else {
+#pragma unroll
+      for (int r = 0; r < 2; r++) {
+        const int row = warp * 16 + lane / 4 + 8 * r;
+#pragma unroll
+        for (int j = 0; j < DQK / 16; j++)
+          *reinterpret_cast<float2 *>(sm.dq + row * DQK + bwd_dq_col(c * (DQK / 2) + 8 * j + 2 * (lane % 4), row)) =
+              make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+      }
     }
     fence_proxy_async();
-    mbar_arrive(&sm.dq_full);
+    release_stores(&sm.dq_full);
   };
   auto free_stage = [&](int it) {
-    mbar_arrive(&sm.q_empty[it % 2]);
-    mbar_arrive(&sm.do_empty[it % 2]);
+    release(&sm.q_empty[it % 2]);
+    release(&sm.do_empty[it % 2]);
   };
 
-  if (LOOP == BWD_ORDER) { // in step, FA4's order (the enum's comment)
+  if constexpr (LOOP == BWD_ORDER) { // in step, FA4's order (the enum's comment)
     for (int it = 0; it < items; it++) {
-      float s[32], dp[32], dq[DQK / 4];
+      float s[BQ / 2], dp[BQ / 2], dq[NDQ];
       stage_in(it);
       issue_sdp(it, s, dp);
-      p_only(it, s);
-      issue_dv(it);
-      ds_only(it, s, dp);
+      if constexpr (BQ != 64) { // P^T and dS^T in fp32, then both packed: dV after dS, as FA4 (registers)
+        p_and_ds(it, s, dp);
+        issue_dv(it);
+      } else {
+        p_only(it, s);
+        issue_dv(it);
+        ds_only(it, s, dp);
+      }
       store_ds(it);
       named_bar_sync(1, 256); // both warpgroups' dS^T are in (the other buffer is free: see the header)
-      gemm_dq<DQK>(dq, hp_smem_u32(sm.ds[it % 2]), k_cols);
+      if constexpr (BQ == 80) {
+        wg_wait<0>(); // dV is in: pa free before dQ^T's 40 accumulators (registers)
+        gemm_dqt(dq, hp_smem_u32(sm.ds[it % 2]), in_loop(k_cols));
+      } else if constexpr (BQ == 128) { // the warpgroup's 64 queries (its tile of dS^T) x all of d (no wait for dV: fits)
+        gemm_dq<64>(dq, hp_smem_u32(sm.ds[it % 2]) + c * BN * 128, in_loop(k_all));
+      } else gemm_dq<DQK / 2>(dq, hp_smem_u32(sm.ds[it % 2]), k_cols);
       issue_dk(it);
       wg_wait<1>(); // dV and dQ are in (dK runs on): dO's stage is free, the dQ tile goes out
-      mbar_arrive(&sm.do_empty[it % 2]);
+      release(&sm.do_empty[it % 2]);
       store_dq(it, dq);
       wg_wait<0>(); // dK is in: Q's stage is free
-      mbar_arrive(&sm.q_empty[it % 2]);
+      release(&sm.q_empty[it % 2]);
     }
-  } else if (LOOP == BWD_STEP) { // both warpgroups in step: they meet at named barrier 1 every item (dS^T both halves)
+  } else if constexpr (LOOP == BWD_STEP) { // both warpgroups in step: they meet at named barrier 1 every item (dS^T both halves)
     for (int it = 0; it < items; it++) {
-      float s[32], dp[32], dq[DQK / 4];
+      float s[BQ / 2], dp[BQ / 2], dq[NDQ];
       stage_in(it);
       issue_sdp(it, s, dp);
       p_and_ds(it, s, dp);
       issue_dkv(it);
       store_ds(it);
       named_bar_sync(1, 256); // both warpgroups' dS^T are in (the other buffer is free: see the header)
-      gemm_dq<DQK>(dq, hp_smem_u32(sm.ds[it % 2]), k_cols);
+      gemm_dq<DQK / 2>(dq, hp_smem_u32(sm.ds[it % 2]), k_cols);
       wg_wait<0>(); // dV, dK and dQ are in: the stage is free
       free_stage(it);
       store_dq(it, dq);
@@ -469,7 +689,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     auto parity = [](int it) { return (uint32_t)(it / 2) & 1u; };
     if (c == 0) named_bar_arrive(4, 256);
     for (int it = 0; it < items; it++) {
-      float s[32], dp[32], dq[DQK / 4];
+      float s[BQ / 2], dp[BQ / 2], dq[NDQ];
       stage_in(it);
       take_turn();
       issue_sdp(it, s, dp);
@@ -477,18 +697,18 @@ __global__ void __launch_bounds__(THREADS, 1)
       p_and_ds(it, s, dp);
       if (it >= 2) mbar_wait(&sm.ds_free[it % 2], parity(it - 2), &sm.fail, p.err);
       store_ds(it);
-      mbar_arrive(&sm.ds_ready[it % 2]);
+      release_stores(&sm.ds_ready[it % 2]);
       take_turn();
       issue_dkv(it);
       if (it >= 1) {
         mbar_wait(&sm.ds_ready[(it - 1) % 2], parity(it - 1), &sm.fail, p.err);
-        gemm_dq<DQK>(dq, hp_smem_u32(sm.ds[(it - 1) % 2]), k_cols);
+        gemm_dq<DQK / 2>(dq, hp_smem_u32(sm.ds[(it - 1) % 2]), k_cols);
       }
       hand_turn();
       wg_wait<0>(); // dV, dK (and dQ of it - 1) are in
       free_stage(it);
       if (it >= 1) {
-        mbar_arrive(&sm.ds_free[(it - 1) % 2]);
+        release(&sm.ds_free[(it - 1) % 2]);
         store_dq(it - 1, dq);
       }
     }
@@ -496,7 +716,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       float dq[DQK / 4];
       take_turn();
       mbar_wait(&sm.ds_ready[(items - 1) % 2], parity(items - 1), &sm.fail, p.err);
-      gemm_dq<DQK>(dq, hp_smem_u32(sm.ds[(items - 1) % 2]), k_cols);
+      gemm_dq<DQK / 2>(dq, hp_smem_u32(sm.ds[(items - 1) % 2]), k_cols);
       hand_turn();
       wg_wait<0>();
       store_dq(items - 1, dq);

@@ -38,8 +38,14 @@
  *     V transposed by its descriptor). The two warpgroups take turns at the
  *     tensor cores (FA3's scheduler: named barriers 4 and 5), so one's
  *     softmax runs under the other's GEMMs. PIPE = 1 adds FA3's
- *     intra-warpgroup pipelining (S(j) issued with P(j-1) V(j-1)).
+ *     intra-warpgroup pipelining (S(j) issued with P(j-1) V(j-1)); PIPE = 2
+ *     the same with V(j)'s wait placed so that ptxas keeps S(j)'s softmax
+ *     under P(j-1) V(j-1); PIPE = 3 is PIPE 2 with FA4's load order (the
+ *     producer issues K(0), Q, then K(j+1) before V(j)).
  *   Every wait times out into *err (no trap: a trap made ptxas spill P).
+ *   Epilogue: O / l in bf16 and the LSE by each thread's stores; or (OPT's
+ *     HP_FWD_OPT_TMA_O) O through shared memory over the warpgroup's rows of
+ *     Q and TMA stores (the fifth tensor map, to); or the fused merge.
  *
  * Shared memory tiles, each a TMA box of 64 columns (128 bytes) x rows with
  * the 128-byte swizzle, 1024-byte aligned; a d = 128 tile is two of them:
@@ -73,11 +79,13 @@
 // warpgroups take turns at the tensor cores (take_turn / hand_turn below). PIPE = 0: per key block,
 // S, softmax, P V one after another, P in registers. PIPE = 1: FA3's intra-warpgroup pipelining,
 // the softmax of block it between the issue of S(it) with P(it - 1) V(it - 1) and their completion,
-// P in registers.
-template <int PIPE, int DQK, int DV>
+// P in registers. PIPE = 2: PIPE 1 with V(it) waited for after S(it)'s softmax (below). PIPE = 3:
+// PIPE 2's loop, the producer loading K(0), Q, then K(it + 1) before V(it) (FA4's order). OPT: the A/B
+// variants' bits (fwd_params.cuh, HP_FWD_OPT_*).
+template <int PIPE, int DQK, int DV, int OPT = HP_FWD_OPT>
 __global__ void __launch_bounds__(THREADS, 1)
     fwd_kernel(const HP_GRID_CONST hp_tmap_t tq, const HP_GRID_CONST hp_tmap_t tk, const HP_GRID_CONST hp_tmap_t tv,
-               const params_t p) {
+               const params_t p, const HP_GRID_CONST hp_tmap_t to) {
   smem_t<DQK, DV> &sm = *reinterpret_cast<smem_t<DQK, DV> *>((reinterpret_cast<uintptr_t>(hp_smem()) + 1023) & ~uintptr_t(1023));
   const hp_tile_t tile = hp_fwd_tile<DQK, DV>(p);
   const int m_block = tile.m_block, hh = tile.hh, bb = tile.bb, hkv = hh / (p.h / p.h_kv);
@@ -90,6 +98,10 @@ __global__ void __launch_bounds__(THREADS, 1)
   using ST = acc_stage_t<DQK, DV>;
   constexpr bool STAGED = ST::on;
   const uint32_t stage = hp_smem_u32(&sm) + sizeof(smem_t<DQK, DV>); // the running rows (STAGED)
+  // the arrivals that free a K or V stage: every consumer thread's, or (ELECT) one a consumer warp's
+  constexpr bool ELECT = OPT & HP_FWD_OPT_ELECT;
+  constexpr uint32_t RELEASES = ELECT ? 8 : 256;
+  constexpr int NSUM = OPT & HP_FWD_OPT_TREE ? 4 : 1; // partial row sums a row (softmax_step)
   // key blocks [n_lo, n_hi): those holding a key that a row of this block sees; walked last to first
   const int shift = p.bottom_right ? len_kv - len_q : 0, wl = p.window_left, wr = p.window_right;
   const int i0 = m_block * BM, i1 = min(i0 + BM, len_q);
@@ -102,8 +114,8 @@ __global__ void __launch_bounds__(THREADS, 1)
     for (int i = 0; i < STAGES; i++) {
       mbar_init(&sm.k_full[i], 1);
       mbar_init(&sm.v_full[i], 1);
-      mbar_init(&sm.k_empty[i], 256);
-      mbar_init(&sm.v_empty[i], 256);
+      mbar_init(&sm.k_empty[i], RELEASES);
+      mbar_init(&sm.v_empty[i], RELEASES);
     }
     mbar_init(&sm.acc_go, 1);
     mbar_init(&sm.acc_full, 96);
@@ -151,7 +163,41 @@ __global__ void __launch_bounds__(THREADS, 1)
         cp_async_arrive(&sm.acc_full);
       }
     }
-    if (threadIdx.x == 256) {
+    if (threadIdx.x == 256 && PIPE == 3) {
+      // FA4's order (flash_fwd_sm90.py's load with intra-warpgroup overlap): K(0), Q, then K(it + 1)
+      // before V(it), since the loop needs K(it + 1) for S(it + 1) in the turn where it issues
+      // P(it) V(it), and V(it) only after S(it)'s softmax. K and V keep their own stages and
+      // barriers, and block it its stage it % STAGES and phase, so only the issue order changes.
+      const bool go = STAGED && p.acc_out;
+      auto load_k = [&](int it) {
+        const int st = it % STAGES;
+        const uint32_t round = it / STAGES;
+        if (round > 0) mbar_wait(&sm.k_empty[st], (round - 1) & 1, &sm.fail, p.err);
+        if (go && it == STAGES) mbar_arrive(&sm.acc_go);
+        mbar_expect_tx(&sm.k_full[st], tile_bytes_t<DQK>::value);
+        for (int half = 0; half < DQK / 64; half++)
+          tma_load(sm.k[st][half], &tk, &sm.k_full[st], 64 * half, hkv, first_kv + (n_hi - 1 - it) * BN, tb);
+      };
+      auto load_v = [&](int it) {
+        const int st = it % STAGES;
+        const uint32_t round = it / STAGES;
+        if (round > 0) mbar_wait(&sm.v_empty[st], (round - 1) & 1, &sm.fail, p.err);
+        mbar_expect_tx(&sm.v_full[st], tile_bytes_t<DV>::value);
+        for (int half = 0; half < DV / 64; half++)
+          tma_load(sm.v[st][half], &tv, &sm.v_full[st], 64 * half, hkv, first_kv + (n_hi - 1 - it) * BN, tb);
+      };
+      if (nblk > 0) load_k(0);
+      mbar_expect_tx(&sm.q_full, tile_bytes_t<DQK>::value);
+      for (int half = 0; half < DQK / 64; half++)
+        tma_load(sm.q[half], &tq, &sm.q_full, 64 * half, hh, first_q + m_block * BM, tb);
+      for (int it = 1; it < nblk; it++) {
+        load_k(it);
+        load_v(it - 1);
+      }
+      if (nblk > 0) load_v(nblk - 1);
+      if (go && nblk <= STAGES) mbar_arrive(&sm.acc_go);
+      HP_TRACE(p, 4);
+    } else if (threadIdx.x == 256) {
       // the go of the running rows' copies (STAGED merge): once the consumers are done with the first
       // K (the first S ran), or once every load is issued where there are at most two blocks
       const bool go = STAGED && p.acc_out;
@@ -184,7 +230,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int q0 = m_block * BM + r0;
   float o[DV / 2], s[64];
   for (int i = 0; i < 64; i++) o[i] = 0.0f;
-  float mx[2] = {-INFINITY, -INFINITY}, sum[2] = {0.0f, 0.0f};
+  float mx[2] = {-INFINITY, -INFINITY}, sums[2 * NSUM] = {};
   const uint32_t q_base = hp_smem_u32(sm.q[0]) + c * 64 * 128;
   const int row0 = m_block * BM + c * 64; // the warpgroup's first row
   // key block n_hi - 1 - it needs element masks where it reaches past the sequence's keys (the rows
@@ -197,6 +243,14 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto k_base = [&](int it) { return hp_smem_u32(sm.k[it % STAGES][0]); };
   auto v_base = [&](int it) { return hp_smem_u32(sm.v[it % STAGES][0]); };
   auto parity = [](int it) { return (uint32_t)(it / STAGES) & 1u; };
+  // a stage's release, once the wgmma.wait_group that covers the GEMMs reading it passed: that wait is
+  // warp-aligned (every lane past it), and the warpgroup's wgmma, whose shared memory reads it
+  // completes, is one operation for all its lanes, so with ELECT lane 0 alone arrives. No lane wrote the
+  // stage with generic stores since its last barrier (zero_tail's stores are ordered by named barrier 3),
+  // so no __syncwarp is needed first.
+  auto release = [&](uint64_t *b) {
+    if (!ELECT || lane == 0) mbar_arrive(b);
+  };
   // V of block it in its stage, with the rows past the sequence's keys zeroed in the one block that has them
   auto wait_v = [&](int it) {
     mbar_wait(&sm.v_full[it % STAGES], parity(it), &sm.fail, p.err);
@@ -206,7 +260,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   float corr[2];
   auto step_softmax = [&](int it) {
     if (diag(it)) mask_block(s, key0(it), q0, len_kv, shift, wl, wr, lane);
-    softmax_step(s, mx, sum, corr, p.scale_log2);
+    softmax_step<NSUM>(s, mx, sums, corr, p.scale_log2);
   };
   uint32_t pa[32]; // P in bf16
   // FA3's warpgroup scheduler: a warpgroup issues its GEMMs in its turn (named barrier 4 + c, 256
@@ -252,7 +306,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       gemm_qk<DQK>(s, q_base, k_base(it));
       hand_turn();
       wg_wait<0>();
-      mbar_arrive(&sm.k_empty[it % STAGES]);
+      release(&sm.k_empty[it % STAGES]);
       step_softmax(it);
       pack_p(s, pa);
       scale_o<DV>(o, corr);
@@ -261,51 +315,91 @@ __global__ void __launch_bounds__(THREADS, 1)
       gemm_pv_regs<DV>(o, pa, v_base(it));
       if (it == nblk - 1) merge_loads();
       wg_wait<0>();
-      mbar_arrive(&sm.v_empty[it % STAGES]);
+      release(&sm.v_empty[it % STAGES]);
     }
     if (nblk == 0) merge_loads();
     hand_turn();
   } else if (nblk > 0) {
     // S(0) and its softmax before the loop, outside the turns; then the turn: S(it) and
-    // P(it - 1) V(it - 1) issued together
+    // P(it - 1) V(it - 1) issued together. PIPE 2 waits for V(it) between S(it)'s softmax and
+    // the wait for P(it - 1) V(it - 1) (PIPE 1: for V(it - 1) before the turn): the try-wait
+    // loop ends a basic block, and ptxas then keeps that wgmma wait after the exps (in PIPE 1 it
+    // hoists it above the row max, so the softmax does not run under the P V; FA4-GAP.md F1).
+    constexpr bool LATE_V = PIPE >= 2;
     mbar_wait(&sm.k_full[0], parity(0), &sm.fail, p.err);
     gemm_qk<DQK>(s, q_base, k_base(0));
     wg_wait<0>();
-    mbar_arrive(&sm.k_empty[0]);
+    release(&sm.k_empty[0]);
     step_softmax(0);
     pack_p(s, pa);
+    if (LATE_V) wait_v(0);
     for (int it = 1; it < nblk; it++) {
       mbar_wait(&sm.k_full[it % STAGES], parity(it), &sm.fail, p.err);
-      wait_v(it - 1); // before the turn: the block with a tail meets the other warpgroup there
+      if (!LATE_V) wait_v(it - 1); // before the turn: the block with a tail meets the other warpgroup there
       take_turn();
       gemm_qk<DQK>(s, q_base, k_base(it));
       gemm_pv_regs<DV>(o, pa, v_base(it - 1));
       hand_turn();
       wg_wait<1>(); // S(it) is in (commit groups complete in order); P(it - 1) V(it - 1) still runs
-      mbar_arrive(&sm.k_empty[it % STAGES]);
+      release(&sm.k_empty[it % STAGES]);
       step_softmax(it);
+      if (LATE_V) wait_v(it); // for the next turn's P V; a tail block meets the other warpgroup here
       wg_wait<0>(); // P(it - 1) V(it - 1) is in: O, P and V's stage are free
-      mbar_arrive(&sm.v_empty[(it - 1) % STAGES]);
+      release(&sm.v_empty[(it - 1) % STAGES]);
       scale_o<DV>(o, corr);
       pack_p(s, pa);
     }
-    wait_v(nblk - 1);
+    if (!LATE_V) wait_v(nblk - 1);
     gemm_pv_regs<DV>(o, pa, v_base(nblk - 1));
     merge_loads();
     wg_wait<0>();
-    mbar_arrive(&sm.v_empty[(nblk - 1) % STAGES]);
+    release(&sm.v_empty[(nblk - 1) % STAGES]);
   } else {
     merge_loads();
   }
 
   // epilogue: the row sums over the four threads of a row, O / l, LSE (natural log); or the merge
   if (lane == 0) HP_TRACE(p, 8 + warp_id);
-  float inv[2];
+  float inv[2], sum[2];
+  row_sums<NSUM>(sums, sum);
   row_totals(sum, inv, mx, q0, len_q, p, hh, lane);
   float lse[2];
 #pragma unroll
   for (int r = 0; r < 2; r++) lse[r] = sum[r] > 0.0f ? (mx[r] + log2f(sum[r])) * 0.69314718055994531f : -INFINITY;
   if (!p.acc_out) {
+    if constexpr ((OPT & HP_FWD_OPT_TMA_O) != 0) {
+      // FA4's epilogue (sO = sQ): the warpgroup's O in bf16 over its own 64 rows of Q, whose last reader
+      // (its last S) completed at a wgmma wait above (with no key block: Q landed, waited for before the
+      // loop), swizzled as the map's 128-byte swizzle places them (16-byte chunk k of row r at chunk
+      // k ^ (r % 8): a row's four threads fill a chunk, eight rows eight chunks, no bank conflict); then
+      // one thread stores each half of d (64 columns x 64 rows) by TMA. bshd/sbhd: the map clips rows
+      // past s_q. thd: a warpgroup whose rows reach past its sequence keeps the stores below.
+      if (!p.cu_q || row0 + 64 <= len_q) {
+        const uint32_t ob = hp_smem_u32(sm.q[0]) + c * 64 * 128; // the warpgroup's rows, first half of d
+        const int wr0 = r0 - c * 64;                             // this thread's first row among them
+#pragma unroll
+        for (int j = 0; j < DV / 8; j++)
+#pragma unroll
+          for (int r = 0; r < 2; r++) {
+            const int row = wr0 + 8 * r;
+            st_shared_u32(ob + (j / 8) * BM * 128 + row * 128 + (((j % 8) ^ (row & 7)) << 4) + 4 * (lane % 4),
+                          pack_bf16(o[4 * j + 2 * r] * inv[r], o[4 * j + 2 * r + 1] * inv[r]));
+          }
+        fence_proxy_async();       // the writes, visible to the TMA unit (the async proxy)
+        named_bar_sync(6 + c, 128); // the warpgroup's writes all done
+        if (tid == 0) {
+          for (int half = 0; half < DV / 64; half++)
+            tma_store(&to, sm.q[half] + c * 64 * 64, 64 * half, hh, first_q + row0, tb);
+          bulk_commit();
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+          if (q0 + 8 * r < len_q && lane % 4 == 0) p.lse[at(p.lse_st, q0 + 8 * r)] = lse[r];
+        if (tid == 0) bulk_wait_read(); // shared memory stays the CTA's until the stores read it
+        if (lane == 0) HP_TRACE(p, 16 + warp_id), HP_TRACE(p, 24 + warp_id, HP_TRACE_GLOBAL);
+        return;
+      }
+    }
 #pragma unroll
     for (int r = 0; r < 2; r++) {
       const int row = q0 + 8 * r;

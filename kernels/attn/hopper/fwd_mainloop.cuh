@@ -51,15 +51,33 @@ HP_DEV void mask_block(float (&s)[64], int key0, int q0, int len_kv, int shift, 
 }
 
 // The online softmax in base 2: s (raw logits, masked) becomes exp2(s * scale - max), one FFMA and
-// one MUFU.EX2 an element, with max (mx) in scaled units; sum grows, corr is the factor that brings
-// O (and the old sum, already scaled) to the new max. The block's row maxima are taken on the raw
-// logits (scale > 0).
-HP_DEV void softmax_step(float (&s)[64], float (&mx)[2], float (&sum)[2], float (&corr)[2], float scale_log2) {
+// one MUFU.EX2 an element, with max (mx) in scaled units; the sums grow, corr is the factor that brings
+// O (and the old sums, already scaled) to the new max. The block's row maxima are taken on the raw
+// logits (scale > 0). NSUM = 1: a row's max and sum each one chain over its 32 values (sum[r]);
+// NSUM = 4 (HP_FWD_OPT_TREE): 4 independent chains of 8 a row, the maxima then joined by a tree, the
+// sums kept apart across blocks (sum[4 r + a]) and added by row_sums.
+template <int NSUM = 1>
+HP_DEV void softmax_step(float (&s)[64], float (&mx)[2], float (&sum)[2 * NSUM], float (&corr)[2], float scale_log2) {
+  static_assert(NSUM == 1 || NSUM == 4, "one chain a row, or four");
   float mraw[2] = {-INFINITY, -INFINITY};
+  if constexpr (NSUM == 1) {
 #pragma unroll
-  for (int j = 0; j < 16; j++)
+    for (int j = 0; j < 16; j++)
 #pragma unroll
-    for (int e = 0; e < 4; e++) mraw[e >> 1] = fmaxf(mraw[e >> 1], s[4 * j + e]);
+      for (int e = 0; e < 4; e++) mraw[e >> 1] = fmaxf(mraw[e >> 1], s[4 * j + e]);
+  } else { // chain a = 2 (j % 2) + e % 2 of row r: values 4 j + 2 r + e % 2
+    float m4[2][4];
+#pragma unroll
+    for (int r = 0; r < 2; r++)
+#pragma unroll
+      for (int a = 0; a < 4; a++) m4[r][a] = s[4 * (a >> 1) + 2 * r + (a & 1)];
+#pragma unroll
+    for (int j = 2; j < 16; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) m4[e >> 1][2 * (j & 1) + (e & 1)] = fmaxf(m4[e >> 1][2 * (j & 1) + (e & 1)], s[4 * j + e]);
+#pragma unroll
+    for (int r = 0; r < 2; r++) mraw[r] = fmaxf(fmaxf(m4[r][0], m4[r][1]), fmaxf(m4[r][2], m4[r][3]));
+  }
   float base[2];
 #pragma unroll
   for (int r = 0; r < 2; r++) {
@@ -69,15 +87,25 @@ HP_DEV void softmax_step(float (&s)[64], float (&mx)[2], float (&sum)[2], float 
     base[r] = mnew == -INFINITY ? 0.0f : mnew; // a row with no key yet
     corr[r] = hp_exp2(mx[r] - base[r]);
     mx[r] = mnew;
-    sum[r] *= corr[r];
+#pragma unroll
+    for (int a = 0; a < NSUM; a++) sum[NSUM * r + a] *= corr[r];
   }
 #pragma unroll
   for (int j = 0; j < 16; j++)
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       s[4 * j + e] = hp_exp2(fmaf(s[4 * j + e], scale_log2, -base[e >> 1]));
-      sum[e >> 1] += s[4 * j + e];
+      if constexpr (NSUM == 1) sum[e >> 1] += s[4 * j + e];
+      else sum[4 * (e >> 1) + 2 * (j & 1) + (e & 1)] += s[4 * j + e];
     }
+}
+
+// A row's sum of a thread from its NSUM partial sums (softmax_step), a tree where there are 4.
+template <int NSUM> HP_DEV void row_sums(const float (&sum)[2 * NSUM], float (&tot)[2]) {
+#pragma unroll
+  for (int r = 0; r < 2; r++)
+    if constexpr (NSUM == 1) tot[r] = sum[r];
+    else tot[r] = (sum[4 * r] + sum[4 * r + 1]) + (sum[4 * r + 2] + sum[4 * r + 3]);
 }
 
 template <int DH> HP_DEV void scale_o(float (&o)[DH / 2], const float (&corr)[2]) {

@@ -36,6 +36,32 @@ template <int DQK, int DV> struct alignas(1024) smem_t {
 #ifndef HP_FWD_STAGE_ACC
 #define HP_FWD_STAGE_ACC 1
 #endif
+// The forward's A/B variants (experiments/lab/attn/FA4-GAP.md, items F2 and F3), bits of fwd_kernel's
+// template parameter OPT, off in the default build:
+//   HP_FWD_OPT_ELECT: a K or V stage is released by one arrival a warp (lane 0, after the warp's
+//     wgmma.wait_group), on empty barriers of count 8, instead of one a consumer thread (256);
+//   HP_FWD_OPT_TREE: the softmax's row max over 4 independent accumulators then a tree, and the row
+//     sum as 4 partial sums carried over the key blocks and added in the epilogue (dependent chains of
+//     8 + 2, not 32).
+//   HP_FWD_OPT_TMA_O (FA4-GAP.md F4): the plain epilogue (no merge) writes a warpgroup's O in bf16 over
+//     its own rows of Q in shared memory and stores them with one TMA store a half of d (the kernel's
+//     fifth tensor map, boxes of 64 rows); thd keeps the per-thread stores for a warpgroup whose 64 rows
+//     reach past its sequence (the map would write the next sequence's rows).
+// The build flags HP_FWD_ELECT=1, HP_FWD_TREE=1 and HP_FWD_TMA_O=1 set them in OPT's default (the lab's
+// fwd.cu, the emulator); dl.attn's launcher also takes them at run time (DISTLAB_ATTN_HOPPER_FWD_ELECT,
+// DISTLAB_ATTN_HOPPER_FWD_TREE at d 128; DISTLAB_ATTN_HOPPER_FWD_TMA_O: attn_hopper.cu).
+enum { HP_FWD_OPT_ELECT = 1, HP_FWD_OPT_TREE = 2, HP_FWD_OPT_TMA_O = 4 };
+#ifndef HP_FWD_ELECT
+#define HP_FWD_ELECT 0
+#endif
+#ifndef HP_FWD_TREE
+#define HP_FWD_TREE 0
+#endif
+#ifndef HP_FWD_TMA_O
+#define HP_FWD_TMA_O 0
+#endif
+constexpr int HP_FWD_OPT = (HP_FWD_ELECT ? HP_FWD_OPT_ELECT : 0) | (HP_FWD_TREE ? HP_FWD_OPT_TREE : 0) |
+                           (HP_FWD_TMA_O ? HP_FWD_OPT_TMA_O : 0);
 #ifndef HP_FWD_TRACE // the lab's timeline of each CTA (hp_trace)
 #define HP_FWD_TRACE 0
 #endif

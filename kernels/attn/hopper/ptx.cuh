@@ -1,6 +1,6 @@
 /*
  * ptx.cuh — the instructions hopper/fwd_kernel.cuh and bwd_kernel.cuh use, for the GPU: shared
- * memory, the block and named barriers, shuffles, mbarriers, TMA loads,
+ * memory, the block and named barriers, shuffles, mbarriers, TMA and bulk loads,
  * wgmma, the async-proxy fence, bulk reductions and vector reductions, as inline PTX.
  * experiments/lab/emu/attn/hopper.h provides the same names on the CPU (and defines
  * HOPPER_EMU, so this file is not included there).
@@ -58,6 +58,14 @@ __device__ __forceinline__ void tma_load(void *dst, const hp_tmap_t *map, uint64
                                          int c3) {
   asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2];\n"
                ::"r"(hp_smem_u32(dst)), "l"((uint64_t)map), "r"(hp_smem_u32(bar)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
+
+// bytes (a multiple of 16; both addresses 16-byte aligned) from global memory into shared memory, a bulk
+// copy (no tensor map) completing on bar like tma_load.
+__device__ __forceinline__ void bulk_load(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n"
+               ::"r"(hp_smem_u32(dst)), "l"(src), "r"(bytes), "r"(hp_smem_u32(bar))
                : "memory");
 }
 
@@ -183,9 +191,57 @@ __device__ __forceinline__ void wgmma_ss_tt(float (&d)[16], uint64_t da, uint64_
       : "l"(da), "l"(db), "r"(accumulate));
 }
 
+// D (64 x 80, fp32) (+)= A (64 x 16, K-major) * B (16 x 80, K-major): the backward's S^T and dP^T of an
+// item of 80 query rows (bwd_kernel's BQ = 80)
+__device__ __forceinline__ void wgmma_ss(float (&d)[40], uint64_t da, uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, %40, %41, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+
+// D (64 x 80) (+)= A (64 x 16, MN-major: transposed) * B (16 x 80, K-major): the backward's dQ^T = K^T dS^T
+// of an item of 80 query rows (A = K, B = dS with the keys contiguous)
+__device__ __forceinline__ void wgmma_ss_ta(float (&d)[40], uint64_t da, uint64_t db, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %42, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n80k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39}, %40, %41, p, 1, 1, 1, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39])
+      : "l"(da), "l"(db), "r"(accumulate));
+}
+
+// Four 8 x 8 bf16 matrices of a warp (matrix m: register r[m], lane l holding row l / 4, columns 2 (l % 4)
+// and + 1, the accumulator fragment's layout) stored transposed: row i of matrix m's transpose (16 bytes)
+// at the shared address lane 8 m + i gives.
+__device__ __forceinline__ void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+
+// stmatrix without .trans: row i of matrix m (lane l holds row l / 4, columns 2 (l % 4), + 1 of
+// register m) at lane 8 m + i's address (the backward's BQ 128 stores dS^T with it)
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(r0), "r"(r1), "r"(r2),
+               "r"(r3)
+               : "memory");
+}
+
+// x, as a value the compiler cannot see through: computations from it stay where they are written
+// (the backward's BQ 80 keeps ptxas from hoisting its wgmma descriptors out of the loop and spilling them)
+__device__ __forceinline__ uint32_t hp_opaque(uint32_t x) {
+  asm volatile("mov.b32 %0, %0;\n" : "+r"(x));
+  return x;
+}
+
 // 4 bytes at a shared address.
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
   asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(v) : "memory");
+}
+// 8 bytes (two words) at a shared address, 8-byte aligned.
+__device__ __forceinline__ void st_shared_v2(uint32_t addr, uint32_t x, uint32_t y) {
+  asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(addr), "r"(x), "r"(y) : "memory");
 }
 // dst (global) += src (shared), bytes (a multiple of 16; both 16-byte aligned) of fp32, a bulk copy of
 // the async proxy in this thread's bulk group (bulk_commit; bulk_wait_read: its source may be reused;
@@ -193,6 +249,14 @@ __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
 __device__ __forceinline__ void bulk_reduce_add(float *dst, const void *src, uint32_t bytes) {
   asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
                ::"l"(dst), "r"(hp_smem_u32(src)), "r"(bytes)
+               : "memory");
+}
+// A box {64, 1, rows, 1} of a 4-d tensor map (d, h, s, b) stored from shared memory (the map's swizzle),
+// a bulk copy of the async proxy in this thread's bulk group like bulk_reduce_add; the box's elements
+// outside the tensor are not written. The shared memory writes it reads need fence_proxy_async first.
+__device__ __forceinline__ void tma_store(const hp_tmap_t *map, const void *src, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
+               ::"l"((uint64_t)map), "r"(hp_smem_u32(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
                : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }

@@ -1,8 +1,10 @@
 /*
  * fwd.cu — lab driver of dl.attn's Hopper forward (kernels/attn/hopper/fwd_kernel.cuh,
  * whose header says how it works): the kernel alone, with its own checker and
- * timer, both main loops (PIPE 0: the steps in turn; PIPE 1: FA3's
- * intra-warpgroup pipelining; P through shared memory was slower than both).
+ * timer, its main loops (PIPE 0: the steps in turn; PIPE 1: FA3's
+ * intra-warpgroup pipelining; PIPE 2: PIPE 1 with V's wait placed so that
+ * ptxas keeps the softmax under the P V; P through shared memory was slower
+ * than 0 and 1).
  * Shapes: bshd, sbhd or thd (NaN between sequences), bf16, d = 128 (or 64: -DLAB_D=64), GQA/MQA,
  * any length, windows top-left or bottom-right, the fused merge.
  *
@@ -15,7 +17,7 @@
  *
  *   make -C experiments/lab/attn hopper       (nvcc -Ikernels ... -gencode=arch=compute_90a,code=sm_90a)
  *   ./hopper_fwd [--check] [--b 2] [--h 16] [--hkv 16] [--layout bshd|sbhd] [--s 4096,8192,16384,32768]
- *         [--thd L1,L2,...] [--window L,R] [--bottom-right] [--merge] [--iters 20] [--pipe 0,1]
+ *         [--thd L1,L2,...] [--window L,R] [--bottom-right] [--merge] [--iters 20] [--pipe 0,1,2]
  *         [--warm-ms 300] [--min-ms 600] (timing as attn_bench_torch.py's: warm-up work, then at least
  *         iters launches and min-ms of work) [--trace FILE] (a -DHP_FWD_TRACE=1 build: trace_run below)
  * scripts/gpu/hopper_lab.sh runs the checks, compute-sanitizer and the bench in one device call.
@@ -191,11 +193,14 @@ static void run(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloa
   if (!attr) {
     CK(cudaFuncSetAttribute(fwd_kernel<0, D, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
     CK(cudaFuncSetAttribute(fwd_kernel<1, D, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
+    CK(cudaFuncSetAttribute(fwd_kernel<2, D, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
     attr = true;
   }
   const dim3 grid((p.s_q + BM - 1) / BM, p.h, p.b);
-  if (pipe == 1) fwd_kernel<1, D, D><<<grid, THREADS, smem, st>>>(tq, tk, tv, p);
-  else fwd_kernel<0, D, D><<<grid, THREADS, smem, st>>>(tq, tk, tv, p);
+  // the fifth map (O's, for HP_FWD_OPT_TMA_O) unread: the lab builds no TMA store of O
+  if (pipe == 2) fwd_kernel<2, D, D><<<grid, THREADS, smem, st>>>(tq, tk, tv, p, tq);
+  else if (pipe == 1) fwd_kernel<1, D, D><<<grid, THREADS, smem, st>>>(tq, tk, tv, p, tq);
+  else fwd_kernel<0, D, D><<<grid, THREADS, smem, st>>>(tq, tk, tv, p, tq);
   CK(cudaGetLastError());
 }
 
@@ -437,7 +442,7 @@ int main(int argc, char **argv) {
     } else if (!strcmp(argv[i], "--s") && i + 1 < argc) ss = ints(argv[++i]);
     else {
       fprintf(stderr, "usage: fwd [--check] [--b B] [--h H] [--hkv H_KV] [--layout bshd|sbhd] [--s S1,S2,...] "
-                      "[--thd L1,L2,...] [--window L,R] [--bottom-right] [--merge [--acc-misalign]] [--iters N] [--warm-ms 300] [--min-ms 600] [--pipe 0,1] [--trace FILE]\n");
+                      "[--thd L1,L2,...] [--window L,R] [--bottom-right] [--merge [--acc-misalign]] [--iters N] [--warm-ms 300] [--min-ms 600] [--pipe 0,1,2] [--trace FILE]\n");
       return 2;
     }
   }

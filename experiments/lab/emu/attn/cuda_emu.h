@@ -15,7 +15,9 @@
  * before a barrier clobbers data still in use; warps run in a different
  * order every round and a random quarter of them sit each round out, so
  * they drift apart between barriers as on hardware and a missing barrier
- * shows as stale data; a barrier lets no thread past before all arrive. Not emulated: memory ordering between CTAs,
+ * shows as stale data; with emu.lane_drift (hopper_bwd.cpp sets it) lanes of
+ * a warp also sit rounds out, so that one lane's signal can overtake its
+ * warp's other lanes (a missing __syncwarp); a barrier lets no thread past before all arrive. Not emulated: memory ordering between CTAs,
  * bank conflicts, timing.
  */
 #ifndef DISTLAB_KERNELS_ATTN_DEVICE_CUH
@@ -111,6 +113,9 @@ struct emu_state {
   size_t smem_bytes;
   const std::function<void()> *body;
   bool deadlock;
+  /* lanes drift too: about a quarter of the lanes of each warp also sit a round out, so that a
+   * lane's signal to other warps can overtake its warp's other lanes (a missing __syncwarp) */
+  bool lane_drift;
 };
 inline emu_state emu;
 
@@ -201,7 +206,13 @@ static inline void emu_run(dim3 grid, dim3 block, size_t smem, const std::functi
           for (int k = 0; k < nt; k++) {
             const int w = (w0 + (k / 32) * stride) % nw, t = w * 32 + k % 32;
             if (emu.th[t].done) continue;
-            if ((sit_out >> (w % 64)) & 1) {
+            uint64_t lanes = 0;
+            if (emu.lane_drift) {
+              lanes = order * (2 * (uint64_t)w + 1) * 0x9e3779b97f4a7c15ull;
+              lanes ^= lanes >> 29;
+              lanes = lanes & (lanes >> 32);
+            }
+            if ((sit_out >> (w % 64)) & 1 || (lanes >> (k % 32)) & 1) {
               left++;
               continue;
             }

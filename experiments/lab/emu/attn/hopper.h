@@ -12,7 +12,12 @@
 //              chunk c ^ (r % 8)), zeros outside the tensor; it lands either
 //              at once or only when a thread polls its barrier (a coin), and
 //              completes that many transaction bytes;
-//   wgmma      m64nNk16 (N 128, 64 or 32), bf16 in, fp32 accumulators: a
+//   bulk copy  cp.async.bulk global -> shared (16-byte aligned and sized),
+//              landing and completing its bytes as a TMA box does;
+//   TMA store  a box from shared memory (the swizzle read back) into the
+//              tensor, clipped at its bounds, at the issue or at the issuing
+//              thread's cp.async.bulk.wait_group.read (a coin);
+//   wgmma      m64nNk16 (N a multiple of 8 up to 128), bf16 in, fp32 accumulators: a
 //              collective of the 128 threads of a warpgroup, A and B decoded
 //              from shared memory descriptors (K-major: row r at (r % 8) * 128
 //              + (r / 8) * SBO; MN-major (B, or A transposed): 8 elements a
@@ -35,6 +40,7 @@
 #define HOPPER_EMU
 #include "cuda_emu.h"
 
+#include <algorithm>
 #include <map>
 #include <random>
 #include <string>
@@ -84,6 +90,7 @@ HP_DEV void hp_syncwarp() { attn_syncwarp(); }
 HP_DEV void hp_atomic_max(float *dst, float x) { *dst = fmaxf(*dst, x); } // one thread runs at a time
 HP_DEV int __ffs(int x) { return __builtin_ffs(x); }
 HP_DEV int hp_warp_uniform(int x) { return x; } // the kernel passes values that are the same in every lane
+HP_DEV uint32_t hp_opaque(uint32_t x) { return x; }
 HP_DEV float hp_exp2(float x) { return exp2f(x); }
 HP_DEV float hp_log2(float x) { return log2f(x); }
 template <int N> HP_DEV void reg_alloc() {}
@@ -99,8 +106,10 @@ struct hp_mbar {
 };
 struct hp_copy {
   uint32_t dst, bar;
-  const hp_tmap_t *map;
+  const hp_tmap_t *map; // a TMA box; nullptr: a plain bulk copy of bytes from src
   int c[4];
+  const void *src;
+  uint32_t bytes;
 };
 static std::map<uint32_t, hp_mbar> hp_bars; // by shared address, per CTA (cleared by the test between CTAs)
 static std::vector<hp_copy> hp_pending;
@@ -142,7 +151,19 @@ HP_DEV void mbar_expect_tx(uint64_t *b, uint32_t bytes) {
   mbar_arrive(b);
 }
 
+static void hp_land_bulk(const hp_copy &c) {
+  memcpy(hp_ptr(c.dst, c.bytes), c.src, c.bytes);
+  hp_mbar &b = hp_bars.at(c.bar);
+  b.tx -= c.bytes;
+  if (b.tx < 0) {
+    fprintf(stderr, "emu: more bulk-copy bytes than the barrier expected\n");
+    abort();
+  }
+  emu.progress++;
+  hp_complete_if(b);
+}
 static void hp_land(const hp_copy &c) {
+  if (!c.map) return hp_land_bulk(c);
   const hp_tmap_t &m = *c.map;
   if (c.dst % 1024) {
     fprintf(stderr, "emu: TMA destination %u not 1024-byte aligned (128-byte swizzle)\n", c.dst);
@@ -177,6 +198,19 @@ static void hp_land(const hp_copy &c) {
 HP_DEV void tma_load(void *dst, const hp_tmap_t *map, uint64_t *bar, int c0, int c1, int c2, int c3) {
   const hp_copy c{hp_smem_u32(dst), hp_smem_u32(bar), map, {c0, c1, c2, c3}};
   hp_bar(bar); // initialised
+  if (hp_coin() % 2) hp_land(c);
+  else hp_pending.push_back(c);
+}
+// cp.async.bulk global -> shared: reads its source when it lands (at the issue or when a thread polls
+// its barrier, a coin), as a TMA box does
+HP_DEV void bulk_load(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {
+  const hp_copy c{hp_smem_u32(dst), hp_smem_u32(bar), nullptr, {0, 0, 0, 0}, src, bytes};
+  if (c.dst % 16 || (uintptr_t)src % 16 || bytes % 16 || bytes == 0) {
+    fprintf(stderr, "emu: bulk copy of %u bytes %p -> %u: not 16-byte aligned or sized\n", bytes, src, c.dst);
+    abort();
+  }
+  hp_ptr(c.dst, bytes); // inside shared memory
+  hp_bar(bar);          // initialised
   if (hp_coin() % 2) hp_land(c);
   else hp_pending.push_back(c);
 }
@@ -399,6 +433,14 @@ HP_DEV void st_shared_u32(uint32_t addr, uint32_t v) {
   }
   memcpy(hp_ptr(addr, 4), &v, 4);
 }
+HP_DEV void st_shared_v2(uint32_t addr, uint32_t x, uint32_t y) {
+  if (addr % 8) {
+    fprintf(stderr, "emu: st.shared.v2.b32 at %u, not 8-byte aligned\n", addr);
+    abort();
+  }
+  const uint32_t v[2] = {x, y};
+  memcpy(hp_ptr(addr, 8), v, 8);
+}
 // Bulk reductions (shared -> global, fp32 add): done at the issue or only at the wait that covers
 // them (a coin), reading shared memory then, so a source rewritten before bulk_wait_read shows.
 struct hp_bulk {
@@ -421,10 +463,64 @@ HP_DEV void bulk_reduce_add(float *dst, const void *src, uint32_t bytes) {
   if (hp_coin() % 2) hp_bulk_do(b);
   else hp_bulks.push_back(b);
 }
+// TMA stores (shared -> global, a box of a 4-d tensor map, the 128-byte swizzle read back): done at the
+// issue or only at the issuing thread's bulk_wait_read (a coin), reading shared memory then, so that a
+// box stored before all its rows were written, or rewritten before the wait, shows; the box's elements
+// outside the tensor are not written.
+struct hp_store {
+  int thread;
+  const hp_tmap_t *map;
+  uint32_t src;
+  int c[4];
+  bool committed;
+};
+static std::vector<hp_store> hp_stores;
+static void hp_store_do(const hp_store &st) {
+  const hp_tmap_t &m = *st.map;
+  uint32_t r = 0;
+  for (uint32_t i3 = 0; i3 < m.box[3]; i3++)
+    for (uint32_t i2 = 0; i2 < m.box[2]; i2++)
+      for (uint32_t i1 = 0; i1 < m.box[1]; i1++, r++)
+        for (uint32_t e = 0; e < m.box[0]; e++) {
+          const int64_t x[4] = {(int64_t)st.c[0] + e, (int64_t)st.c[1] + i1, (int64_t)st.c[2] + i2, (int64_t)st.c[3] + i3};
+          bool in = true;
+          for (int a = 0; a < 4; a++) in = in && x[a] >= 0 && (uint64_t)x[a] < m.dims[a];
+          if (!in) continue;
+          const uint32_t addr = st.src + r * 128 + ((e / 8) ^ (r % 8)) * 16 + (e % 8) * 2;
+          char *dst = (char *)m.base + 2 * x[0] + x[1] * m.strides[0] + x[2] * m.strides[1] + x[3] * m.strides[2];
+          memcpy(dst, hp_ptr(addr, 2), 2);
+        }
+  emu.progress++;
+}
+HP_DEV void tma_store(const hp_tmap_t *map, const void *src, int c0, int c1, int c2, int c3) {
+  const hp_store st{emu.cur, map, hp_smem_u32(src), {c0, c1, c2, c3}, false};
+  if (st.src % 1024 || map->box[0] * 2 != 128) {
+    fprintf(stderr, "emu: TMA store from %u: not 1024-byte aligned (128-byte swizzle), or rows not of 128 bytes\n", st.src);
+    abort();
+  }
+  hp_ptr(st.src, (size_t)128 * map->box[1] * map->box[2] * map->box[3]); // inside shared memory
+  if (hp_coin() % 2) hp_store_do(st);
+  else hp_stores.push_back(st);
+}
 HP_DEV void bulk_commit() {
   for (hp_bulk &b : hp_bulks) b.committed = true;
+  for (hp_store &st : hp_stores)
+    if (st.thread == emu.cur) st.committed = true;
 }
 HP_DEV void bulk_wait_read() {
+  auto mine = [](const hp_store &st) { return st.thread == emu.cur; }; // this thread's TMA stores
+  if (std::any_of(hp_stores.begin(), hp_stores.end(), mine)) {
+    for (int n = hp_coin() % 65; n > 0; n--) emu.progress++, emu_yield();
+    for (const hp_store &st : hp_stores)
+      if (mine(st)) {
+        if (!st.committed) {
+          fprintf(stderr, "emu: a TMA store waited for before its commit\n");
+          abort();
+        }
+        hp_store_do(st);
+      }
+    hp_stores.erase(std::remove_if(hp_stores.begin(), hp_stores.end(), mine), hp_stores.end());
+  }
   if (!hp_bulks.empty()) // the other threads run on (up to 64 rounds) while the copy engine reads
     for (int n = hp_coin() % 65; n > 0; n--) emu.progress++, emu_yield();
   for (const hp_bulk &b : hp_bulks) {
@@ -438,15 +534,18 @@ HP_DEV void bulk_wait_read() {
 }
 HP_DEV void bulk_wait() { bulk_wait_read(); }
 
-// SS: N columns; A K-major, or (ta) A and B MN-major
-template <int N, bool TA> HP_DEV void wgmma_ss_n(float *d, uint64_t da, uint64_t db, int accumulate) {
+// SS: N columns (any multiple of 8 up to 128); A K-major, or (TA) MN-major; B K-major, or (TB) MN-major
+template <int N, bool TA, bool TB = TA> HP_DEV void wgmma_ss_n(float *d, uint64_t da, uint64_t db, int accumulate) {
+  static_assert(N % 8 == 0 && N >= 8 && N <= 128, "wgmma m64nNk16: N a multiple of 8 (up to the emulator's 128)");
   hp_wg &g = hp_wgs[emu.cur / 128];
   const int t = emu.cur % 128;
   g.d[t] = d, g.da[t] = da, g.db[t] = db, g.acc[t] = accumulate != 0;
-  hp_wg_op([](hp_wg &g) { g.n = N, hp_issue(g, false, TA, TA); });
+  hp_wg_op([](hp_wg &g) { g.n = N, hp_issue(g, false, TB, TA); });
 }
 HP_DEV void wgmma_ss(float (&d)[64], uint64_t da, uint64_t db, int accumulate) { wgmma_ss_n<128, false>(d, da, db, accumulate); }
+HP_DEV void wgmma_ss(float (&d)[40], uint64_t da, uint64_t db, int accumulate) { wgmma_ss_n<80, false>(d, da, db, accumulate); }
 HP_DEV void wgmma_ss(float (&d)[32], uint64_t da, uint64_t db, int accumulate) { wgmma_ss_n<64, false>(d, da, db, accumulate); }
+HP_DEV void wgmma_ss_ta(float (&d)[40], uint64_t da, uint64_t db, int accumulate) { wgmma_ss_n<80, true, false>(d, da, db, accumulate); }
 HP_DEV void wgmma_ss_tt(float (&d)[32], uint64_t da, uint64_t db, int accumulate) { wgmma_ss_n<64, true>(d, da, db, accumulate); }
 HP_DEV void wgmma_ss_tt(float (&d)[16], uint64_t da, uint64_t db, int accumulate) { wgmma_ss_n<32, true>(d, da, db, accumulate); }
 
@@ -460,6 +559,51 @@ template <int N> HP_DEV void wgmma_rs_n(float *d, const uint32_t (&a)[4], uint64
 }
 HP_DEV void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db) { wgmma_rs_n<128>(d, a, db); }
 HP_DEV void wgmma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db) { wgmma_rs_n<64>(d, a, db); }
+
+// stmatrix.sync.aligned.m8n8.x4.trans.shared.b16: a warp collective; matrix m is register m of the
+// lanes (lane l: row l / 4, columns 2 (l % 4), + 1), row i of its transpose (column i: 8 bf16, 16
+// bytes) stored at the address of lane 8 m + i (16-byte aligned)
+HP_DEV void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  emu_warp &w = emu.warps[emu.cur / 32];
+  const int lane = emu.cur % 32;
+  w.in[lane][0] = r0, w.in[lane][1] = r1, w.in[lane][2] = r2, w.in[lane][3] = r3, w.in[lane][4] = addr;
+  emu_warp_op(9, [](emu_warp &w) { // (cuda_emu.h's collectives use 1-7 and 2 + 16 mask; stmatrix_x4 8)
+    for (int m = 0; m < 4; m++)
+      for (int i = 0; i < 8; i++) {
+        const uint32_t a = w.in[8 * m + i][4];
+        if (a % 16) {
+          fprintf(stderr, "emu: stmatrix row at %u, not 16-byte aligned\n", a);
+          abort();
+        }
+        for (int r = 0; r < 8; r++) { // element (r, i) of the matrix: lane 4 r + i / 2, half i % 2
+          const uint16_t h = (uint16_t)(w.in[4 * r + i / 2][m] >> (16 * (i % 2)));
+          memcpy(hp_ptr(a + 2 * r, 2), &h, 2);
+        }
+      }
+  });
+}
+
+// stmatrix.sync.aligned.m8n8.x4.shared.b16 (no .trans): row i of matrix m (8 bf16, 16 bytes) stored at
+// the address of lane 8 m + i
+HP_DEV void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  emu_warp &w = emu.warps[emu.cur / 32];
+  const int lane = emu.cur % 32;
+  w.in[lane][0] = r0, w.in[lane][1] = r1, w.in[lane][2] = r2, w.in[lane][3] = r3, w.in[lane][4] = addr;
+  emu_warp_op(8, [](emu_warp &w) {
+    for (int m = 0; m < 4; m++)
+      for (int i = 0; i < 8; i++) {
+        const uint32_t a = w.in[8 * m + i][4];
+        if (a % 16) {
+          fprintf(stderr, "emu: stmatrix row at %u, not 16-byte aligned\n", a);
+          abort();
+        }
+        for (int col = 0; col < 8; col++) { // element (i, col): lane 4 i + col / 2, half col % 2
+          const uint16_t h = (uint16_t)(w.in[4 * i + col / 2][m] >> (16 * (col % 2)));
+          memcpy(hp_ptr(a + 2 * col, 2), &h, 2);
+        }
+      }
+  });
+}
 
 // ---- test scaffolding (hopper_fwd.cpp, hopper_bwd.cpp) ----------------------------------------
 
@@ -552,6 +696,7 @@ static bool hp_run_cta(dim3 at, dim3 grid, int threads, size_t smem, const std::
   hp_cp_open.clear();
   hp_cp_groups.clear();
   hp_named.clear(); // a CTA's named barriers start empty (warpgroup 0's opening turn is left over)
+  hp_stores.clear();
   const std::function<void()> one = [&] {
     blockIdx = at;
     gridDim = grid;
@@ -560,7 +705,11 @@ static bool hp_run_cta(dim3 at, dim3 grid, int threads, size_t smem, const std::
   emu_run(dim3(1, 1, 1), dim3(threads), smem + 1024, one);
   bool cp_left = !hp_cp_groups.empty();
   for (const auto &t : hp_cp_open) cp_left = cp_left || !t.second.empty();
-  const char *left = !hp_pending.empty() ? "a TMA copy" : !hp_bulks.empty() ? "a bulk reduction" : cp_left ? "a cp.async" : nullptr;
+  const char *left = !hp_pending.empty() ? "a TMA copy"
+                     : !hp_bulks.empty() ? "a bulk reduction"
+                     : !hp_stores.empty() ? "a TMA store"
+                     : cp_left           ? "a cp.async"
+                                         : nullptr;
   for (const hp_wg &g : hp_wgs)
     if (!g.open.empty() || !g.groups.empty()) left = "a wgmma";
   if (left) fprintf(stderr, "emu: %s never waited for\n", left);

@@ -8,9 +8,18 @@
 // tile, keys of other lengths) under five masks at head dim 128, and under
 // three at head dim 64, with accumulate_grads on some, in the default loop
 // (BWD_ORDER: FA4's order of an item's GEMMs); the earlier order (BWD_STEP)
-// and the warpgroups taking turns (BWD_TURNS) under every mask (--quick: a few
+// and the warpgroups taking turns (BWD_TURNS) under every mask; each loop also
+// with one arrival a warp on the consumers' releases (ELECT); dl.attn's loops
+// with the rows' lse2 and D from the kernel's own prep by bulk copies (BULK,
+// FA4-GAP.md B5); 80 query rows an item at d 128 (B3; --m80: those alone) and 128 at d 64
+// (B6; --m128: those alone) (--quick: a few
 // runs a case, the masks turning with the case). Each check also shows
-// that a planted 2% error would fail it.
+// that a planted 2% error would fail it. Lanes drift apart within a warp
+// (cuda_emu.h's lane_drift), so that an elected arrival that overtakes its
+// warp's stores shows (FA4-GAP.md B2's planted bugs: without the __syncwarp
+// before dq_full's arrival, lane 0's arrivals let the dQ handoff's phases
+// complete twice before its warp's other lanes polled dq_empty's first, a
+// deadlock by phase parity, as it would be on the GPU).
 //   make -C experiments/lab/emu/attn hopper-emu-bwd
 #include "hopper.h"
 
@@ -43,7 +52,81 @@ struct errs {
   double pw() const { return den > 0 ? sqrt(planted / den) : 1.0; }
 };
 
-template <int D, int LOOP = BWD_ORDER> static bool run_case(const hp_case &cs, const hp_mask &mk, unsigned seed, bool accumulate) {
+// The emulator's m64n80k16 (hopper.h decodes any N a multiple of 8) and stmatrix .trans, checked on
+// small cases against sums written out here, on tiles laid out as the TMA writes them (row r of 64
+// bf16 at r * 128, 16-byte chunk c at c ^ (r % 8)): S = A B^T with both K-major (A 64 x 64, B 80 x 64),
+// and D = A^T B^T with A MN-major (A's tile 128 x 64, read as 64 x 128 transposed: rows are the K
+// dimension) and B K-major (80 x 64, the K dimension its columns); then a warp's four 8 x 8 matrices
+// stored transposed, and stored as they are (stmatrix without .trans: M128's dS^T).
+static bool unit_m64n80() {
+  std::mt19937 g(11);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> A(64 * 64), B(80 * 64), K(128 * 64);
+  for (float &x : A) x = f32_of(bf16_of(u(g)));
+  for (float &x : B) x = f32_of(bf16_of(u(g)));
+  for (float &x : K) x = f32_of(bf16_of(u(g)));
+  const uint32_t a_off = 0, b_off = 8192, k_off = 8192 + 10240, st_off = k_off + 16384; // 1024-byte aligned
+  double err1 = 0, err2 = 0;
+  int bad_st = 0, bad_st_n = 0;
+  const std::function<void()> kernel = [&] {
+    char *sm = (char *)(((uintptr_t)hp_smem() + 1023) & ~uintptr_t(1023));
+    const uint32_t base = hp_smem_u32(sm);
+    auto put = [&](uint32_t tile, const std::vector<float> &x, int rows) {
+      for (int r = 0; r < rows; r++)
+        for (int e = 0; e < 64; e++) {
+          const uint16_t h = bf16_of(x[r * 64 + e]);
+          memcpy(sm + tile + r * 128 + ((e / 8) ^ (r % 8)) * 16 + (e % 8) * 2, &h, 2);
+        }
+    };
+    if (threadIdx.x == 0) put(a_off, A, 64), put(b_off, B, 80), put(k_off, K, 128);
+    hp_sync();
+    float s[40], d[40];
+    wg_fence();
+    for (int kk = 0; kk < 4; kk++)
+      wgmma_ss(s, gmma_desc(base + a_off + kk * 32, 16, 1024), gmma_desc(base + b_off + kk * 32, 16, 1024), kk > 0);
+    for (int kc = 0; kc < 4; kc++) // 64 of the tile's 128 rows: the K dimension
+      wgmma_ss_ta(d, gmma_desc(base + k_off + kc * 16 * 128, 128 * 128, 1024), gmma_desc(base + b_off + kc * 32, 16, 1024), kc > 0);
+    wg_commit();
+    wg_wait<0>();
+    const int t = threadIdx.x;
+    for (int v = 0; v < 40; v++) {
+      const int m = hp_row(t, v), n = hp_col(t, v);
+      double r1 = 0, r2 = 0;
+      for (int k = 0; k < 64; k++) r1 += (double)A[m * 64 + k] * B[n * 64 + k], r2 += (double)K[k * 64 + m] * B[n * 64 + k];
+      err1 = fmax(err1, fabs(s[v] - r1)), err2 = fmax(err2, fabs(d[v] - r2));
+    }
+    // stmatrix: warp w's matrix m (lane l: row l / 4, columns 2 (l % 4) + {0, 1}) holds 64 m + 8 row + col
+    // (exact in bf16); its transpose's row i at st_off + w 512 + m 128 + 16 i
+    const int w = t / 32, l = t % 32;
+    uint32_t r[4];
+    for (int m = 0; m < 4; m++) {
+      const float x0 = 64 * m + 8 * (l / 4) + 2 * (l % 4);
+      r[m] = pack_bf16(x0, x0 + 1);
+    }
+    stmatrix_x4_trans(base + st_off + w * 512 + (l / 8) * 128 + (l % 8) * 16, r[0], r[1], r[2], r[3]);
+    stmatrix_x4(base + st_off + 2048 + w * 512 + (l / 8) * 128 + (l % 8) * 16, r[0], r[1], r[2], r[3]);
+    hp_sync();
+    if (t == 0)
+      for (int ww = 0; ww < 4; ww++)
+        for (int m = 0; m < 4; m++)
+          for (int i = 0; i < 8; i++)
+            for (int row = 0; row < 8; row++) { // transpose's (i, row) = matrix's (row, i)
+              uint16_t h;
+              memcpy(&h, sm + st_off + ww * 512 + m * 128 + 16 * i + 2 * row, 2);
+              bad_st += f32_of(h) != 64 * m + 8 * row + i;
+              memcpy(&h, sm + st_off + 2048 + ww * 512 + m * 128 + 16 * row + 2 * i, 2); // row `row`, column i
+              bad_st_n += f32_of(h) != 64 * m + 8 * row + i;
+            }
+  };
+  const bool ran = hp_run_cta(dim3(0, 0, 0), dim3(1, 1, 1), 128, st_off + 4096, kernel);
+  const bool ok = ran && err1 < 1e-3 && err2 < 1e-3 && bad_st == 0 && bad_st_n == 0;
+  printf("unit wgmma m64n80k16 K-major/K-major max err %.1e, MN-major A/K-major B %.1e; stmatrix.x4.trans %d wrong, "
+         "stmatrix.x4 %d wrong -> %s\n",
+         err1, err2, bad_st, bad_st_n, ok ? "ok" : "FAIL");
+  return ok;
+}
+
+template <int D, int LOOP = BWD_ORDER, bool ELECT = false, bool BULK = false, int BQ = BWD_BQ> static bool run_case(const hp_case &cs, const hp_mask &mk, unsigned seed, bool accumulate) {
   const hp_seqs sq_(cs);
   const bool thd = sq_.thd, sbhd = sq_.sbhd;
   const int b = cs.b, h = cs.h, h_kv = cs.h_kv, group = h / h_kv, s = sq_.s, s_kv = sq_.s_kv, rows = sq_.rows,
@@ -114,7 +197,7 @@ template <int D, int LOOP = BWD_ORDER> static bool run_case(const hp_case &cs, c
         }
       }
     }
-  const hp_tmap_t tq = hp_map(q, D, h, sq, rows, tb, BQ), tdo = hp_map(dout, D, h, sq, rows, tb, BQ),
+  const hp_tmap_t tq = hp_map(q, D, h, sq, rows, tb, BQ), tdo = hp_map(dout, D, h, sq, rows, tb, BQ), // BQ rows a box
                   tk = hp_map(k, D, h_kv, sk, rows_kv, tb, BN), tv = hp_map(v, D, h_kv, sk, rows_kv, tb, BN);
   bwd_params_t p{};
   p.b = b, p.h = h, p.h_kv = h_kv, p.s_q = s, p.s_kv = s_kv;
@@ -126,27 +209,39 @@ template <int D, int LOOP = BWD_ORDER> static bool run_case(const hp_case &cs, c
   p.accumulate = accumulate;
   // the portable layout: D [h][ws_rows], dQ [h][ws_rows][D]; NaN where no sequence's row is
   p.ws_rows = thd ? rows : (int64_t)b * s;
-  std::vector<float> delta((size_t)h * p.ws_rows, NAN), dq_acc((size_t)h * p.ws_rows * D, NAN);
+  // BULK: D and lse2 [h][lse_rows] (dl_attn_bwd_lse_rows' count), NaN where bwd_prep_kernel writes nothing
+  const int64_t lse_rows = ((thd ? rows : (int64_t)b * s) + 63) / 64 * 64 + 64 * (int64_t)b;
+  std::vector<float> delta((size_t)h * (BULK ? lse_rows : p.ws_rows), NAN), dq_acc((size_t)h * p.ws_rows * D, NAN);
+  std::vector<float> lse2(BULK ? (size_t)h * lse_rows : 0, NAN);
   p.delta = delta.data(), p.dq_acc = dq_acc.data();
   auto wsr = [&](int bb, int i) { return thd ? (int64_t)first[bb] + i : (int64_t)bb * s + i; };
-  for (int bb = 0; bb < b; bb++) // the prep's twin: fp32 sums of bf16 products, the accumulator zeroed
-    for (int hh = 0; hh < h; hh++)
-      for (int i = 0; i < len[bb]; i++) {
-        float a = 0;
-        for (int c = 0; c < D; c++) a += f32_of(dout[qi(bb, i, hh) + c]) * f32_of(o[qi(bb, i, hh) + c]);
-        delta[hh * p.ws_rows + wsr(bb, i)] = a;
-        for (int c = 0; c < D; c++) dq_acc[(hh * p.ws_rows + wsr(bb, i)) * D + c] = 0.0f;
-      }
+  if (BULK) { // the kernel's own prep (bwd_prep_kernel)
+    p.o = o.data(), p.dout = dout.data(), p.lse2 = lse2.data(), p.lse_rows = lse_rows;
+    memcpy(p.o_st, sq, sizeof sq), memcpy(p.do_st, sq, sizeof sq);
+    const int pb = (s + BWD_BQ - 1) / BWD_BQ;
+    if (pb > 0) {
+      const std::function<void()> prep = [&] { bwd_prep_kernel<D, D>(p, delta.data(), lse2.data()); };
+      emu_run(dim3(pb, h, b), dim3(128), 0, prep);
+    }
+  } else
+    for (int bb = 0; bb < b; bb++) // the prep's twin: fp32 sums of bf16 products, the accumulator zeroed
+      for (int hh = 0; hh < h; hh++)
+        for (int i = 0; i < len[bb]; i++) {
+          float a = 0;
+          for (int c = 0; c < D; c++) a += f32_of(dout[qi(bb, i, hh) + c]) * f32_of(o[qi(bb, i, hh) + c]);
+          delta[hh * p.ws_rows + wsr(bb, i)] = a;
+          for (int c = 0; c < D; c++) dq_acc[(hh * p.ws_rows + wsr(bb, i)) * D + c] = 0.0f;
+        }
   const int nb = (s_kv + BN - 1) / BN;
   for (int z = 0; z < b; z++)
     for (int y = 0; y < h_kv; y++)
       for (int x = 0; x < nb; x++)
-        if (!hp_run_cta(dim3(x, y, z), dim3(nb, h_kv, b), THREADS, sizeof(bwd_smem_t<D, D>),
-                        [&] { bwd_kernel<D, D, LOOP>(tq, tk, tv, tdo, p); }))
+        if (!hp_run_cta(dim3(x, y, z), dim3(nb, h_kv, b), THREADS, sizeof(bwd_smem_t<D, D, BQ>),
+                        [&] { bwd_kernel<D, D, LOOP, ELECT, BULK, BQ>(tq, tk, tv, tdo, p); }))
           return false;
-  const int mb = (s + BQ - 1) / BQ;
+  const int mb = (s + BWD_BQ - 1) / BWD_BQ;
   if (mb > 0) {
-    const std::function<void()> conv = [&] { bwd_dq_kernel<D>(p); };
+    const std::function<void()> conv = [&] { bwd_dq_kernel<D, BQ>(p); };
     emu_run(dim3(mb, h, b), dim3(128), 0, conv);
   }
   // the reference gradients (D = rowsum(dO * out) with out as given, as dl.attn's backward defines it)
@@ -218,23 +313,48 @@ template <int D, int LOOP = BWD_ORDER> static bool run_case(const hp_case &cs, c
     caught = caught && (e->den == 0 || e->pw() > tol_nw);
   }
   const std::string what = sq_.what(true);
-  printf("bwd d=%d%s %s h=%d/%d window (%d,%d)%s%s: dq %.2e/%.2e dk %.2e/%.2e dv %.2e/%.2e (normwise/elementwise), "
+  printf("bwd d=%d%s%s%s%s %s h=%d/%d window (%d,%d)%s%s: dq %.2e/%.2e dk %.2e/%.2e dv %.2e/%.2e (normwise/elementwise), "
          "stray %zu; planted 2%%: %.1e %.1e %.1e %s -> %s\n",
-         D, LOOP == BWD_TURNS ? " turns" : LOOP == BWD_STEP ? " step" : "", what.c_str(), h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", accumulate ? " accumulate" : "", eq.nw(), eq.emax(),
+         D, BQ == 80 ? " m80" : BQ == 128 ? " m128" : "", LOOP == BWD_TURNS ? " turns" : LOOP == BWD_STEP ? " step" : "", ELECT ? " elect" : "", BULK ? " bulk" : "", what.c_str(), h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", accumulate ? " accumulate" : "", eq.nw(), eq.emax(),
          ek.nw(), ek.emax(), ev.nw(), ev.emax(), stray, eq.pw(), ek.pw(), ev.pw(), caught ? "caught" : "MISSED",
          ok && caught ? "ok" : "FAIL");
   return ok && caught;
 }
 
 int main(int argc, char **argv) {
-  const bool quick = argc > 1 && !strcmp(argv[1], "--quick");
+  const bool quick = argc > 1 && !strcmp(argv[1], "--quick"), m80 = argc > 1 && !strcmp(argv[1], "--m80"),
+             m128 = argc > 1 && !strcmp(argv[1], "--m128");
   bool ok = true;
+  emu.lane_drift = true;
+  ok = unit_m64n80() && ok;
+  if (argc > 1 && !strcmp(argv[1], "--unit")) return ok ? 0 : 1; // the unit checks alone
   std::vector<hp_case> cases = hp_cases;
   cases.push_back({2, 2, 2, 1, 0, {0, 50}, {0, 3}, {140, 60}}); // thd: no queries for 140 keys (dk, dv = 0)
   const hp_mask *masks = hp_masks;
   unsigned seed = 1;
+  // 128 query rows an item at d 64 (FA4-GAP.md B6; dl.attn takes it under every mask): every mask, with
+  // and without ELECT, the mask-free runs twice
+  auto runs_m128 = [&](const hp_case &c) {
+    for (int m = 0; m < 5; m++) {
+      ok = run_case<64, BWD_ORDER, false, false, 128>(c, masks[m], seed++, m == 2) && ok;
+      ok = run_case<64, BWD_ORDER, true, false, 128>(c, masks[m], seed++, m == 0) && ok;
+      if (m == 0) ok = run_case<64, BWD_ORDER, false, false, 128>(c, masks[m], seed++, true) && ok;
+    }
+  };
   for (size_t ci = 0; ci < cases.size(); ci++) {
     const hp_case &c = cases[ci];
+    if (m128) { // --m128: the runs of 128 query rows an item alone (the full run's, below)
+      runs_m128(c);
+      continue;
+    }
+    if (m80) { // --m80: the runs of 80 query rows an item alone (the full run's, below)
+      for (int m = 0; m < 5; m++) {
+        ok = run_case<128, BWD_ORDER, false, false, 80>(c, masks[m], seed++, m == 2) && ok;
+        ok = run_case<128, BWD_ORDER, true, false, 80>(c, masks[m], seed++, m == 0) && ok;
+        if (m == 0) ok = run_case<128, BWD_ORDER, false, false, 80>(c, masks[m], seed++, true) && ok;
+      }
+      continue;
+    }
     if (quick) { // each case under two masks at d 128 and two at d 64 (one with the turns), turning with the
                  // case; every other case also in the earlier order at d 128
       ok = run_case<128>(c, masks[ci % 5], seed++, ci % 3 == 0) && ok;
@@ -242,6 +362,24 @@ int main(int argc, char **argv) {
       ok = run_case<64>(c, masks[(ci + 4) % 5], seed++, ci % 3 == 2) && ok;
       ok = run_case<64, BWD_TURNS>(c, masks[(ci + 1) % 5], seed++, ci % 3 == 0) && ok;
       if (ci % 2 == 0) ok = run_case<128, BWD_STEP>(c, masks[(ci + 3) % 5], seed++, ci % 3 == 2) && ok;
+      // one arrival a warp (ELECT): dl.attn's two (d 128 in FA4's order, d 64 with the turns), the
+      // earlier order on every other case
+      ok = run_case<128, BWD_ORDER, true>(c, masks[(ci + 1) % 5], seed++, ci % 3 == 1) && ok;
+      ok = run_case<64, BWD_TURNS, true>(c, masks[(ci + 3) % 5], seed++, ci % 3 == 2) && ok;
+      if (ci % 2 == 1) ok = run_case<128, BWD_STEP, true>(c, masks[(ci + 4) % 5], seed++, ci % 3 == 0) && ok;
+      // lse2 and D by bulk copies from the kernel's own prep (BULK), in dl.attn's two loops, ELECT on
+      // every other case
+      ok = run_case<128, BWD_ORDER, false, true>(c, masks[(ci + 3) % 5], seed++, ci % 3 == 2) && ok;
+      if (ci % 2 == 0) ok = run_case<64, BWD_TURNS, true, true>(c, masks[(ci + 2) % 5], seed++, ci % 3 == 1) && ok;
+      else ok = run_case<128, BWD_ORDER, true, true>(c, masks[(ci + 2) % 5], seed++, ci % 3 == 1) && ok;
+      // 80 query rows an item (FA4-GAP.md B3): without a mask, as dl.attn runs it, ELECT on every other
+      // case; and under the case's turning mask
+      if (ci % 2 == 1) ok = run_case<128, BWD_ORDER, true, false, 80>(c, masks[0], seed++, ci % 3 == 0) && ok;
+      else ok = run_case<128, BWD_ORDER, false, false, 80>(c, masks[0], seed++, ci % 3 == 0) && ok;
+      if (ci % 2 == 0) ok = run_case<128, BWD_ORDER, false, false, 80>(c, masks[(ci + 1) % 5], seed++, ci % 3 == 2) && ok;
+      // 128 query rows an item at d 64 (FA4-GAP.md B6) under the case's turning mask, ELECT on every other case
+      if (ci % 2 == 0) ok = run_case<64, BWD_ORDER, false, false, 128>(c, masks[(ci + 2) % 5], seed++, ci % 3 == 1) && ok;
+      else ok = run_case<64, BWD_ORDER, true, false, 128>(c, masks[(ci + 2) % 5], seed++, ci % 3 == 1) && ok;
       continue;
     }
     for (int m = 0; m < 5; m++) {
@@ -256,6 +394,31 @@ int main(int argc, char **argv) {
       ok = run_case<64, BWD_TURNS>(c, masks[m], seed++, m == 1 || m == 2) && ok;
     for (int m = 0; m < 5; m++) ok = run_case<128, BWD_STEP>(c, masks[m], seed++, m == 3) && ok;
     for (int m : {0, 2, 4}) ok = run_case<64, BWD_STEP>(c, masks[m], seed++, m == 2) && ok;
+    for (int m = 0; m < 5; m++) { // one arrival a warp, in every loop
+      ok = run_case<128, BWD_ORDER, true>(c, masks[m], seed++, m == 1) && ok;
+      ok = run_case<128, BWD_STEP, true>(c, masks[m], seed++, m == 4) && ok;
+      ok = run_case<64, BWD_TURNS, true>(c, masks[m], seed++, m == 0) && ok;
+    }
+    for (int m : {0, 2, 4}) {
+      ok = run_case<64, BWD_ORDER, true>(c, masks[m], seed++, m == 4) && ok;
+      ok = run_case<64, BWD_STEP, true>(c, masks[m], seed++, m == 0) && ok;
+    }
+    for (int m = 0; m < 5; m++) { // lse2 and D by bulk copies (BULK), in dl.attn's two loops
+      ok = run_case<128, BWD_ORDER, false, true>(c, masks[m], seed++, m == 2) && ok;
+      ok = run_case<64, BWD_TURNS, false, true>(c, masks[m], seed++, m == 3) && ok;
+    }
+    for (int m : {0, 2, 4}) {
+      ok = run_case<128, BWD_ORDER, true, true>(c, masks[m], seed++, m == 0) && ok;
+      ok = run_case<64, BWD_TURNS, true, true>(c, masks[m], seed++, m == 4) && ok;
+    }
+    // 80 query rows an item (FA4-GAP.md B3; dl.attn takes it without a mask only): every mask, with and
+    // without ELECT, the mask-free runs twice
+    for (int m = 0; m < 5; m++) {
+      ok = run_case<128, BWD_ORDER, false, false, 80>(c, masks[m], seed++, m == 2) && ok;
+      ok = run_case<128, BWD_ORDER, true, false, 80>(c, masks[m], seed++, m == 0) && ok;
+      if (m == 0) ok = run_case<128, BWD_ORDER, false, false, 80>(c, masks[m], seed++, true) && ok;
+    }
+    runs_m128(c);
   }
   printf("%s\n", ok ? "hopper emu bwd: all ok" : "hopper emu bwd: FAILED");
   return ok ? 0 : 1;
