@@ -7,7 +7,8 @@
 -- accumulate_grads, the backward's loops also with one arrival a warp on
 -- the consumers' releases (ELECT, lanes drifting apart within a warp), and
 -- with the rows' lse log2(e) and D from the kernel's own prep by bulk copies
--- (BULK: DISTLAB_ATTN_HOPPER_BWD_BULK_LSE=1), each
+-- (BULK, the default at d 128 with a mask), 80 query rows an item (M80, the
+-- default at d 128 without one) and 128 (M128, the default at d 64), each
 -- check also failing a planted 2% error (the --quick
 -- subsets; `make -C experiments/lab/emu/attn hopper-emu hopper-emu-bwd` runs all).
 -- The builds (g++, about 10 s each on 2 cores) go to a fresh directory.
@@ -47,7 +48,7 @@ describe("the Hopper attention kernels on the CPU emulator", function()
   it_("forward with HP_FWD_TREE=1: the softmax's row max and sum in four chains a row (the sums' order changed), within the fp64 checks", function()
     all_ok(run("hopper-emu", "-DHP_FWD_TREE=1"), "hopper emu: all ok", 40)
   end)
-  it_("backward: dq, dk, dv of every case under two masks at d 128 and one at d 64, with and without the turns, in the earlier GEMM order, with one arrival a warp, and with lse2 and D by bulk copies", function()
+  it_("backward: dq, dk, dv of every case under two masks at d 128 and one at d 64, with and without the turns, in the earlier GEMM order, with one arrival a warp, with lse2 and D by bulk copies, and with 80 (d 128) and 128 (d 64) query rows an item", function()
     local out = run("hopper-emu-bwd")
     all_ok(out, "hopper emu bwd: all ok", 20)
     local _, plain = out:gsub("bwd d=64 thd", "")
@@ -57,6 +58,9 @@ describe("the Hopper attention kernels on the CPU emulator", function()
     local _, turns_elect = out:gsub("bwd d=64 turns elect thd", "")
     local _, bulk = out:gsub("bwd d=128 bulk thd", "")
     local _, turns_bulk = out:gsub("bwd d=64 turns elect bulk thd", "")
+    local _, m80 = out:gsub("bwd d=128 m80 ", "")
+    local _, m128 = out:gsub("bwd d=64 m128 ", "")
     assert.is_true(plain > 0 and turns > 0 and step > 0 and elect > 0 and turns_elect > 0 and bulk > 0 and turns_bulk > 0, out)
+    assert.is_true(m80 > 0 and m128 > 0, out)
   end)
 end)

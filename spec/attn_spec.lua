@@ -69,8 +69,17 @@ for _, dev in ipairs(H.devices) do
           assert.truthy(wa:find(hopper and "kernel: hopper forward (wgmma, TMA; bf16, d 128)" or "kernel: portable", 1, true), wa)
         end
         local on = os.getenv("DISTLAB_ATTN_HOPPER") ~= "0"
-        assert.truthy(b.bwd_why:find(hopper and on and "kernel: hopper backward (wgmma, TMA; bf16, d 128)" or
-          "kernel: portable (hopper backward: ", 1, true), b.bwd_why)
+        -- B3's 80 query rows an item at d 128 without a mask, B6's 128 at d 64, unless turned off
+        local m80 = os.getenv("DISTLAB_ATTN_HOPPER_BWD_M80") ~= "0" and os.getenv("DISTLAB_ATTN_HOPPER_BWD_ORDER") ~= "0"
+        assert.truthy(b.bwd_why:find(hopper and on and ("kernel: hopper backward (wgmma, TMA; bf16, d 128; " ..
+          (m80 and 80 or 64) .. " query rows an item)") or "kernel: portable (hopper backward: ", 1, true), b.bwd_why)
+        local bc = dl.attn.backends(q, q, q, { mask = "causal" }).bwd_why
+        assert.truthy(bc:find(hopper and on and "kernel: hopper backward (wgmma, TMA; bf16, d 128; 64 query rows an item)" or
+          "kernel: portable (hopper backward: ", 1, true), bc)
+        local b64 = dl.attn.backends(q64, q64, q64, { mask = "causal" }).bwd_why
+        local m128 = os.getenv("DISTLAB_ATTN_HOPPER_BWD_M128") ~= "0"
+        assert.truthy(b64:find(hopper and on and ("kernel: hopper backward (wgmma, TMA; bf16, d 64; " ..
+          (m128 and 128 or 64) .. " query rows an item)") or "kernel: portable (hopper backward: ", 1, true), b64)
         assert.truthy(dl.attn.backends(f16, f16, f16, {}).bwd_why:find("kernel: portable (hopper backward: ", 1, true))
       end)
     end

@@ -55,7 +55,7 @@
 --       cuda, fwd_why ends with the kernel: "kernel: hopper forward (...)"
 --       (kernels/attn/hopper/: sm_90, bf16, head dims 64 or 128, accumulate in
 --       f32 or bf16) or "kernel: portable (hopper forward: <why not>)"; bwd_why
---       likewise "kernel: hopper backward (...)" or "kernel: portable (hopper
+--       likewise "kernel: hopper backward (...; N query rows an item)" or "kernel: portable (hopper
 --       backward: <why not>)". DISTLAB_ATTN_HOPPER=0 keeps the
 --       portable kernels (A/B timings).
 --   attn.runs() -> {fwd = {cpu =, portable =, hopper =, cudnn =}, bwd = {...}}:

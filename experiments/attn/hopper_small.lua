@@ -1,6 +1,6 @@
 -- experiments/attn/hopper_small.lua — dl.attn's forward and backward at small
--- shapes beyond a tile (bshd causal and not, sbhd with a window, GQA, thd with
--- offsets and gaps; d 64 and 128, bf16), each checked in full against fp64
+-- shapes beyond a tile (bshd causal and not (GQA 4:1), sbhd with a window, GQA, thd with
+-- offsets and gaps, causal and not; d 64 and 128, bf16), each checked in full against fp64
 -- on the host (distlab.bench.attn_rows with all rows: out, lse, dq, dk, dv
 -- over every row, normwise <= 8e-3 (lse 1e-5), bias 2^-10 and
 -- TransformerEngine's bf16 tolerance element-wise; thd rows outside the sequences must be 0), after
@@ -60,12 +60,16 @@ for _, d in ipairs(h.quick and { 64 } or { 128, 64 }) do
   case("bshd b=2 s=333 h=2 d=" .. d .. " causal", { 2, 333, 2, d }, { 2, 333, 2, d }, { mask = "causal" })
   case("bshd b=1 s=300/kv 200 h=4/2 d=" .. d .. " bottom-right", { 1, 300, 4, d }, { 1, 200, 2, d },
     { mask = "causal_bottom_right" })
+  case("bshd b=1 s=211/kv 333 h=4/1 d=" .. d .. " no mask", { 1, 211, 4, d }, { 1, 333, 1, d }, {})
   case("sbhd s=257 b=2 h=2 d=" .. d .. " window (64, 16)", { 257, 2, 2, d }, { 257, 2, 2, d },
     { layout = "sbhd", window = { 64, 16 } })
   local cu = dl.from_table({ 0, 130, 130, 207 }, { dtype = "i32", device = "cpu" })
   local pad = dl.from_table({ 5, 140, 141, 220 }, { dtype = "i32", device = "cpu" })
   case("thd 130,0,77 at 5,140,141 h=2 d=" .. d .. " causal", { 224, 2, d }, { 224, 2, d },
     { layout = "thd", mask = "causal", cu_seqlens_q = cu, cu_seqlens_kv = cu, cu_seqlens_q_padded = pad,
+      cu_seqlens_kv_padded = pad, max_seqlen_q = 130, max_seqlen_kv = 130 })
+  case("thd 130,0,77 at 5,140,141 h=2 d=" .. d .. " no mask", { 224, 2, d }, { 224, 2, d },
+    { layout = "thd", cu_seqlens_q = cu, cu_seqlens_kv = cu, cu_seqlens_q_padded = pad,
       cu_seqlens_kv_padded = pad, max_seqlen_q = 130, max_seqlen_kv = 130 })
 end
 print(failed == 0 and "hopper_small: all ok" or ("hopper_small: " .. failed .. " cases WRONG"))

@@ -64,31 +64,39 @@ static int env_bwd_elect(void) {
   static int c = -1;
   return env_is("DISTLAB_ATTN_HOPPER_BWD_ELECT", "1", &c);
 }
-/* DISTLAB_ATTN_HOPPER_BWD_BULK_LSE=1: the backward runs its own prep (bwd_prep_kernel: lse log2(e) and D
- * in rows padded per sequence) and its main kernel loads an item's rows of them by cp.async.bulk with Q
- * and dO (bwd_kernel's BULK; FA4-GAP.md B5, A/B timings). Built for the default loops only (BWD_ORDER at
- * d 128, BWD_TURNS at d 64, each with and without ELECT); ignored with DISTLAB_ATTN_HOPPER_BWD_ORDER=0
- * or (d 64) DISTLAB_ATTN_HOPPER_BWD_TURNS=0 (dl_attn_bwd_hopper_preps). */
+/* The backward runs its own prep (bwd_prep_kernel: lse log2(e) and D in rows padded per sequence) and its
+ * main kernel loads an item's rows of them by cp.async.bulk with Q and dO (bwd_kernel's BULK; FA4-GAP.md
+ * B5: +0.1-2.0% backward at d 128, H200 A/B 2026-11-29). Built for the default loops only (BWD_ORDER at
+ * d 128, BWD_TURNS at d 64, each with and without ELECT), where M80 and M128 below do not apply;
+ * DISTLAB_ATTN_HOPPER_BWD_BULK_LSE=0 turns it off (A/B timings), as do ..._BWD_ORDER=0 or (d 64)
+ * ..._BWD_TURNS=0 (dl_attn_bwd_hopper_preps). */
 static int env_bwd_bulk_lse(void) {
   static int c = -1;
-  return env_is("DISTLAB_ATTN_HOPPER_BWD_BULK_LSE", "1", &c);
+  return !env_is("DISTLAB_ATTN_HOPPER_BWD_BULK_LSE", "0", &c);
 }
-/* DISTLAB_ATTN_HOPPER_BWD_M80=1: at d 128 without a mask (no causal, no window), the backward's items
- * take 80 query rows instead of 64 (bwd_kernel's BQ = 80, FA4's sm90 choice; FA4-GAP.md B3, A/B
- * timings). Built for BWD_ORDER with and without ELECT; ignored with DISTLAB_ATTN_HOPPER_BWD_ORDER=0 and
- * with DISTLAB_ATTN_HOPPER_BWD_BULK_LSE=1 (whose prepared rows are padded to 64 a sequence). */
+/* At d 128 without a mask (no causal, no window) the backward's items take 80 query rows instead of 64
+ * (bwd_kernel's BQ = 80, FA4's sm90 choice; FA4-GAP.md B3: +9-11.5% backward, H200 A/B 2026-11-29).
+ * Built for BWD_ORDER with and without ELECT; DISTLAB_ATTN_HOPPER_BWD_M80=0 turns it off (A/B timings),
+ * as does ..._BWD_ORDER=0. Its rows are not BULK's (padded to 64 a sequence): where it runs, BULK does not. */
 static int env_bwd_m80(void) {
   static int c = -1;
-  return env_is("DISTLAB_ATTN_HOPPER_BWD_M80", "1", &c);
+  return !env_is("DISTLAB_ATTN_HOPPER_BWD_M80", "0", &c);
 }
-/* DISTLAB_ATTN_HOPPER_BWD_M128=1: at d 64 the backward's items take 128 query rows instead of 64
- * (bwd_kernel's BQ = 128, FA4's sm90 choice at d 64; FA4-GAP.md B6, A/B timings), in FA4's order (in
- * place of the turns) with and without ELECT, under every mask; DISTLAB_ATTN_HOPPER_BWD_TURNS and
- * ..._ORDER do not apply to it. Ignored with DISTLAB_ATTN_HOPPER_BWD_BULK_LSE=1 (whose prepared rows are
- * padded to 64 a sequence). */
+/* At d 64 the backward's items take 128 query rows instead of 64 (bwd_kernel's BQ = 128, FA4's sm90
+ * choice at d 64; FA4-GAP.md B6: +20-21.5% backward, H200 A/B 2026-11-29), in FA4's order (in place of
+ * the turns) with and without ELECT, under every mask; DISTLAB_ATTN_HOPPER_BWD_TURNS and ..._ORDER do
+ * not apply to it. DISTLAB_ATTN_HOPPER_BWD_M128=0 turns it off (A/B timings); where it runs, BULK does not. */
 static int env_bwd_m128(void) {
   static int c = -1;
-  return env_is("DISTLAB_ATTN_HOPPER_BWD_M128", "1", &c);
+  return !env_is("DISTLAB_ATTN_HOPPER_BWD_M128", "0", &c);
+}
+/* Which of the backward's item heights runs for p: 80 (M80), 128 (M128) or BWD_BQ */
+static int bwd_rows(const dl_attn_params_t *p) {
+  if (p->d_qk == 128 && p->d_v == 128 && p->window_left < 0 && p->window_right < 0 && env_bwd_order() &&
+      env_bwd_m80())
+    return 80;
+  if (p->d_qk == 64 && p->d_v == 64 && env_bwd_m128()) return 128;
+  return BWD_BQ;
 }
 
 /* The forward's A/B variants at d 128 (fwd_params.cuh's HP_FWD_OPT_*; experiments/lab/attn/FA4-GAP.md F2, F3):
@@ -186,7 +194,7 @@ extern "C" int dl_attn_fwd_hopper_usable(const dl_attn_params_t *p, int *yes) {
 extern "C" int dl_attn_bwd_hopper_fits(const dl_attn_params_t *p, char *why, size_t n) {
   if (!common_fit(p, false, why, n)) return 0;
   if ((p->cu_seqlens_q ? p->total_q : p->s_q) == 0) return fail_why(why, n, "q has no rows");
-  if (why && n) snprintf(why, n, "hopper backward (wgmma, TMA; bf16, d %d)", p->d_qk);
+  if (why && n) snprintf(why, n, "hopper backward (wgmma, TMA; bf16, d %d; %d query rows an item)", p->d_qk, bwd_rows(p));
   return 1;
 }
 
@@ -197,7 +205,7 @@ extern "C" int dl_attn_bwd_hopper_usable(const dl_attn_params_t *p, int *yes) {
 }
 
 extern "C" int dl_attn_bwd_hopper_preps(const dl_attn_params_t *p) {
-  return env_bwd_bulk_lse() && (p->d_qk == 64 ? env_bwd_turns() : env_bwd_order());
+  return env_bwd_bulk_lse() && bwd_rows(p) == BWD_BQ && (p->d_qk == 64 ? env_bwd_turns() : env_bwd_order());
 }
 
 static PFN_cuTensorMapEncodeTiled_v12000 encode_fn(void) {
@@ -376,12 +384,10 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
   const int bt = thd ? 1 : p->b;
   const bool turns = p->d_qk == 64 && env_bwd_turns(), order = env_bwd_order(), elect = env_bwd_elect();
   const bool bulk = dl_attn_bwd_hopper_preps(p);
-  /* FA4-GAP.md B3: 80 query rows an item, d 128 without a mask, FA4's order, warp 9's lse2 and D */
-  const bool m80 = p->d_qk == 128 && p->d_v == 128 && p->window_left < 0 && p->window_right < 0 && order && !bulk &&
-                   env_bwd_m80();
-  /* FA4-GAP.md B6: 128 query rows an item at d 64, FA4's order, warps 9 and 11's lse2 and D */
-  const bool m128 = p->d_qk == 64 && p->d_v == 64 && !env_bwd_bulk_lse() && env_bwd_m128();
-  const int bq = m80 ? 80 : m128 ? 128 : BWD_BQ;
+  /* B3's 80 query rows an item (d 128 without a mask; warp 9's lse2 and D), B6's 128 (d 64; warps 9 and
+   * 11's): FA4's order; neither with BULK */
+  const int bq = bwd_rows(p);
+  const bool m80 = bq == 80, m128 = bq == 128;
   DL_TRY(tensor_map(&tq, p->q, p->q_st, p->d_qk, p->h_q, rq, bt, "q", bq));
   DL_TRY(tensor_map(&tdo, p->dout, p->dout_st, p->d_v, p->h_q, rq, bt, "dout", bq));
   DL_TRY(tensor_map(&tk, p->k, p->k_st, p->d_qk, p->h_kv, rkv, bt, "k", BN));
