@@ -66,26 +66,26 @@ static int env_bwd_elect(void) {
 }
 /* The backward runs its own prep (bwd_prep_kernel: lse log2(e) and D in rows padded per sequence) and its
  * main kernel loads an item's rows of them by cp.async.bulk with Q and dO (bwd_kernel's BULK; FA4-GAP.md
- * B5: +0.1-2.0% backward at d 128, H200 A/B 2026-11-29). Built for the default loops only (BWD_ORDER at
- * d 128, BWD_TURNS at d 64, each with and without ELECT), where M80 and M128 below do not apply;
- * DISTLAB_ATTN_HOPPER_BWD_BULK_LSE=0 turns it off (A/B timings), as do ..._BWD_ORDER=0 or (d 64)
- * ..._BWD_TURNS=0 (dl_attn_bwd_hopper_preps). */
+ * B5: +0.1-2.0% backward at d 128; the A/B: experiments/results/attn/hopper-knobs-ab-h200.md). Built for
+ * the default loops only (BWD_ORDER at d 128, BWD_TURNS at d 64, each with and without ELECT), where M80
+ * and M128 below do not apply; DISTLAB_ATTN_HOPPER_BWD_BULK_LSE=0 turns it off (A/B timings), as do
+ * ..._BWD_ORDER=0 or (d 64) ..._BWD_TURNS=0 (dl_attn_bwd_hopper_preps). */
 static int env_bwd_bulk_lse(void) {
   static int c = -1;
   return !env_is("DISTLAB_ATTN_HOPPER_BWD_BULK_LSE", "0", &c);
 }
 /* At d 128 without a mask (no causal, no window) the backward's items take 80 query rows instead of 64
- * (bwd_kernel's BQ = 80, FA4's sm90 choice; FA4-GAP.md B3: +9-11.5% backward, H200 A/B 2026-11-29).
- * Built for BWD_ORDER with and without ELECT; DISTLAB_ATTN_HOPPER_BWD_M80=0 turns it off (A/B timings),
- * as does ..._BWD_ORDER=0. Its rows are not BULK's (padded to 64 a sequence): where it runs, BULK does not. */
+ * (bwd_kernel's BQ = 80, FA4's sm90 choice; FA4-GAP.md B3: +8.8-11.5% backward, the same A/B). Built for
+ * BWD_ORDER with and without ELECT; DISTLAB_ATTN_HOPPER_BWD_M80=0 turns it off (A/B timings), as does
+ * ..._BWD_ORDER=0. Its rows are not BULK's (padded to 64 a sequence): where it runs, BULK does not. */
 static int env_bwd_m80(void) {
   static int c = -1;
   return !env_is("DISTLAB_ATTN_HOPPER_BWD_M80", "0", &c);
 }
 /* At d 64 the backward's items take 128 query rows instead of 64 (bwd_kernel's BQ = 128, FA4's sm90
- * choice at d 64; FA4-GAP.md B6: +20-21.5% backward, H200 A/B 2026-11-29), in FA4's order (in place of
- * the turns) with and without ELECT, under every mask; DISTLAB_ATTN_HOPPER_BWD_TURNS and ..._ORDER do
- * not apply to it. DISTLAB_ATTN_HOPPER_BWD_M128=0 turns it off (A/B timings); where it runs, BULK does not. */
+ * choice at d 64; FA4-GAP.md B6: +19.9-21.5% backward, the same A/B), in FA4's order (in place of the
+ * turns) with and without ELECT, under every mask; DISTLAB_ATTN_HOPPER_BWD_TURNS and ..._ORDER do not
+ * apply to it. DISTLAB_ATTN_HOPPER_BWD_M128=0 turns it off (A/B timings); where it runs, BULK does not. */
 static int env_bwd_m128(void) {
   static int c = -1;
   return !env_is("DISTLAB_ATTN_HOPPER_BWD_M128", "0", &c);
