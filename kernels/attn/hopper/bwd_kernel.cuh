@@ -18,8 +18,8 @@
  * grid (key blocks, kv heads, batches).
  *   warpgroup 2, producer (setmaxnreg 24): one thread TMA-loads K and V of
  *     the block once, then for every q head of the kv head's group and every
- *     query block of BQ rows (64; 80 with DISTLAB_ATTN_HOPPER_BWD_M80=1, 128 with
- *     DISTLAB_ATTN_HOPPER_BWD_M128=1, below) that sees the keys: Q and dO into two
+ *     query block of BQ rows (dl.attn's defaults: 80 at d 128 without a mask, 128 at
+ *     d 64, else 64: M80 and M128 below) that sees the keys: Q and dO into two
  *     stages; another warp loads the rows' LSE (as lse log2(e), +inf for a
  *     row with no key) and D beside them. Full barriers carry the bytes and
  *     that warp's 32 arrivals, empty barriers (256 arrivals, or 8 with ELECT:
@@ -55,8 +55,8 @@
  * Every wait times out into *err (mbar_wait), as in the forward.
  * The variants tried and dropped, and their timings: experiments/lab/attn/NOTES.md.
  *
- * M80 (BQ = 80, FA4's sm90 tile for d 128 without a mask; FA4-GAP.md B3; dl.attn takes it with
- * DISTLAB_ATTN_HOPPER_BWD_M80=1): S^T and dP^T are m64n80 (40 accumulators); dV and dK take K = 80 (5
+ * M80 (BQ = 80, FA4's sm90 tile for d 128 without a mask; FA4-GAP.md B3; dl.attn's default there,
+ * DISTLAB_ATTN_HOPPER_BWD_M80=0 turns it off): S^T and dP^T are m64n80 (40 accumulators); dV and dK take K = 80 (5
  * k16 steps, P^T and dS^T from those accumulators); dQ cannot have M = 80 (wgmma's M is 64 a
  * warpgroup), so dQ^T = K^T dS^T (gemm_dqt): M = the warpgroup's 64 columns of d, N = 80 queries, K =
  * 128 keys, with dS stored query-major (stmatrix .trans: [key half][80][64 keys], a warpgroup's keys a
@@ -64,8 +64,8 @@
  * before either is packed, dV is issued after dS^T and waited for before dQ^T, and warp 11 loads D while
  * warp 9 loads lse2: in BWD_ORDER's order ptxas spilled (registers). 224 KB of shared memory.
  *
- * M128 (BQ = 128 at d 64, FA4's sm90 tile there, under every mask; FA4-GAP.md B6; dl.attn takes it with
- * DISTLAB_ATTN_HOPPER_BWD_M128=1): twice the rows an item halves the per-item fixed costs (barriers,
+ * M128 (BQ = 128 at d 64, FA4's sm90 tile there, under every mask; FA4-GAP.md B6; dl.attn's default
+ * there, DISTLAB_ATTN_HOPPER_BWD_M128=0 turns it off): twice the rows an item halves the per-item fixed costs (barriers,
  * waits, stage handoffs, the dQ handoff) per FLOP. S^T and dP^T are m64n128 (64 accumulators each); dV
  * and dK take K = 128 (8 k16 steps); dQ = dS K in two halves of 64 queries, warpgroup c the queries
  * [64 c, 64 c + 64) and all 64 columns of d (gemm_dq<64>: m64n64, as d 128's), so dS^T is stored as two
@@ -89,7 +89,7 @@
 #include "fwd_mainloop.cuh"
 #include "fwd_params.cuh"
 
-// Query rows an item by default (bwd_kernel's BQ; BN = 128 keys a CTA, THREADS = 384: fwd_params.cuh),
+// Query rows an item unless M80 or M128 (bwd_kernel's BQ; BN = 128 keys a CTA, THREADS = 384: fwd_params.cuh),
 // and the rows a CTA of bwd_prep_kernel and bwd_dq_kernel, and BULK's padding unit, whatever BQ is.
 constexpr int BWD_BQ = 64;
 
@@ -272,8 +272,8 @@ enum bwd_loop_t { BWD_STEP = 0, BWD_ORDER = 1, BWD_TURNS = 2 };
 constexpr uint32_t bwd_releases(bool elect) { return elect ? 8 : 256; }
 
 // Each item's dQ goes to shared memory and a producer warp adds it to the accumulator with one bulk
-// reduction (FA3's way). BULK (FA4-GAP.md B5; DISTLAB_ATTN_HOPPER_BWD_BULK_LSE=1): an item's lse2 and D
-// rows come by cp.async.bulk from bwd_prep_kernel's rows (p.lse2, p.delta in bwd_lse_row's layout)
+// reduction (FA3's way). BULK (FA4-GAP.md B5; dl.attn's default where M80/M128 do not run): an item's
+// lse2 and D rows come by cp.async.bulk from bwd_prep_kernel's rows (p.lse2, p.delta in bwd_lse_row's layout)
 // with its Q and dO, on their full barriers (one arrival, the bytes); else warp 9 loads them with
 // scalar loads from p.lse and D's workspace rows.
 template <int DQK, int DV, int LOOP, bool ELECT, bool BULK = false, int BQ = BWD_BQ>
