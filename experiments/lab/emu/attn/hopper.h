@@ -162,6 +162,22 @@ static void hp_land_bulk(const hp_copy &c) {
   emu.progress++;
   hp_complete_if(b);
 }
+// One TMA box of m at coordinates c, 128-byte swizzle, rows of 128 bytes: f(the global element, or
+// nullptr outside the tensor, and its shared-memory address from smem), for tma_load and tma_store.
+template <class F> static void hp_tma_box(const hp_tmap_t &m, const int *c, uint32_t smem, F f) {
+  uint32_t r = 0;
+  for (uint32_t i3 = 0; i3 < m.box[3]; i3++)
+    for (uint32_t i2 = 0; i2 < m.box[2]; i2++)
+      for (uint32_t i1 = 0; i1 < m.box[1]; i1++, r++)
+        for (uint32_t e = 0; e < m.box[0]; e++) {
+          const int64_t x[4] = {(int64_t)c[0] + e, (int64_t)c[1] + i1, (int64_t)c[2] + i2, (int64_t)c[3] + i3};
+          bool in = true;
+          for (int a = 0; a < 4; a++) in = in && x[a] >= 0 && (uint64_t)x[a] < m.dims[a];
+          char *g = in ? (char *)m.base + 2 * x[0] + x[1] * m.strides[0] + x[2] * m.strides[1] + x[3] * m.strides[2]
+                       : nullptr;
+          f(g, smem + r * 128 + ((e / 8) ^ (r % 8)) * 16 + (e % 8) * 2);
+        }
+}
 static void hp_land(const hp_copy &c) {
   if (!c.map) return hp_land_bulk(c);
   const hp_tmap_t &m = *c.map;
@@ -173,18 +189,11 @@ static void hp_land(const hp_copy &c) {
     fprintf(stderr, "emu: the emulated TMA takes rows of 128 bytes\n");
     abort();
   }
-  uint32_t r = 0;
-  for (uint32_t i3 = 0; i3 < m.box[3]; i3++)
-    for (uint32_t i2 = 0; i2 < m.box[2]; i2++)
-      for (uint32_t i1 = 0; i1 < m.box[1]; i1++, r++)
-        for (uint32_t e = 0; e < m.box[0]; e++) {
-          const uint64_t x[4] = {(uint64_t)c.c[0] + e, (uint64_t)c.c[1] + i1, (uint64_t)c.c[2] + i2, (uint64_t)c.c[3] + i3};
-          uint16_t v = 0;
-          if (x[0] < m.dims[0] && x[1] < m.dims[1] && x[2] < m.dims[2] && x[3] < m.dims[3])
-            memcpy(&v, (const char *)m.base + 2 * x[0] + x[1] * m.strides[0] + x[2] * m.strides[1] + x[3] * m.strides[2], 2);
-          const uint32_t addr = c.dst + r * 128 + ((e / 8) ^ (r % 8)) * 16 + (e % 8) * 2;
-          memcpy(hp_ptr(addr, 2), &v, 2);
-        }
+  hp_tma_box(m, c.c, c.dst, [](char *g, uint32_t a) { /* out of bounds: zeros, as TMA fills */
+    uint16_t v = 0;
+    if (g) memcpy(&v, g, 2);
+    memcpy(hp_ptr(a, 2), &v, 2);
+  });
   hp_mbar &b = hp_bars.at(c.bar);
   b.tx -= (int64_t)m.box[0] * m.box[1] * m.box[2] * m.box[3] * 2;
   if (b.tx < 0) {
@@ -476,20 +485,9 @@ struct hp_store {
 };
 static std::vector<hp_store> hp_stores;
 static void hp_store_do(const hp_store &st) {
-  const hp_tmap_t &m = *st.map;
-  uint32_t r = 0;
-  for (uint32_t i3 = 0; i3 < m.box[3]; i3++)
-    for (uint32_t i2 = 0; i2 < m.box[2]; i2++)
-      for (uint32_t i1 = 0; i1 < m.box[1]; i1++, r++)
-        for (uint32_t e = 0; e < m.box[0]; e++) {
-          const int64_t x[4] = {(int64_t)st.c[0] + e, (int64_t)st.c[1] + i1, (int64_t)st.c[2] + i2, (int64_t)st.c[3] + i3};
-          bool in = true;
-          for (int a = 0; a < 4; a++) in = in && x[a] >= 0 && (uint64_t)x[a] < m.dims[a];
-          if (!in) continue;
-          const uint32_t addr = st.src + r * 128 + ((e / 8) ^ (r % 8)) * 16 + (e % 8) * 2;
-          char *dst = (char *)m.base + 2 * x[0] + x[1] * m.strides[0] + x[2] * m.strides[1] + x[3] * m.strides[2];
-          memcpy(dst, hp_ptr(addr, 2), 2);
-        }
+  hp_tma_box(*st.map, st.c, st.src, [](char *g, uint32_t a) { /* out of bounds: not written, as TMA clips */
+    if (g) memcpy(g, hp_ptr(a, 2), 2);
+  });
   emu.progress++;
 }
 HP_DEV void tma_store(const hp_tmap_t *map, const void *src, int c0, int c1, int c2, int c3) {
