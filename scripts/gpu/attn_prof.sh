@@ -135,16 +135,18 @@ if want ours; then
     step "ours $mask: plain run (launches, check)" 120 "$L/ours-plain-$mask.log" ./distlab run -n 1 --device "$DEV" \
       experiments/attn/attn_prof.lua $(args "$mask")
     grep -E '^attn_prof: (fwd_why|bwd_why|.* launches: )' "$L/ours-plain-$mask.log" | tee -a "$SUM"
-    # fwd_kernel, bwd_kernel, not attn_fwd_kernel, attn_bwd_kernel (portable), bwd_dq_kernel, bwd_prep_kernel:
-    # the name at the start, or after a character no identifier has (ncu's name without templates, or with)
+    # regex:fwd_kernel, as hopper_prof.sh matched it on these hosts; regex:bwd_kernel matches neither
+    # bwd_prep_kernel nor bwd_dq_kernel. Both also match the portable attn_fwd_kernel / attn_bwd_kernel,
+    # which do not run where the Hopper kernels do (the plain run's fwd_why / bwd_why say which run; the
+    # summary names the kernel each report holds).
     # (luajit -joff: compute-sanitizer's backtraces aborted LuaJIT's compiled traces, sanitizer.sh; ncu takes
     # none by default, and with the JIT off the launches are the same, so it costs nothing to rule that out)
     # shellcheck disable=SC2046
-    prof "ours-fwd-$mask" 'regex:(^|[^_a-zA-Z0-9])fwd_kernel' $((CALLS - 1)) env LUAJIT="$OURS_LUAJIT" ./distlab run \
-      -n 1 --device "$DEV" experiments/attn/attn_prof.lua $(args "$mask")
+    prof "ours-fwd-$mask" regex:fwd_kernel $((CALLS - 1)) env LUAJIT="$OURS_LUAJIT" ./distlab run -n 1 \
+      --device "$DEV" experiments/attn/attn_prof.lua $(args "$mask")
     # shellcheck disable=SC2046
-    prof "ours-bwd-$mask" 'regex:(^|[^_a-zA-Z0-9])bwd_kernel' $((CALLS - 1)) env LUAJIT="$OURS_LUAJIT" ./distlab run \
-      -n 1 --device "$DEV" experiments/attn/attn_prof.lua $(args "$mask")
+    prof "ours-bwd-$mask" regex:bwd_kernel $((CALLS - 1)) env LUAJIT="$OURS_LUAJIT" ./distlab run -n 1 \
+      --device "$DEV" experiments/attn/attn_prof.lua $(args "$mask")
   done
 fi
 
