@@ -558,14 +558,15 @@ template <int N> HP_DEV void wgmma_rs_n(float *d, const uint32_t (&a)[4], uint64
 HP_DEV void wgmma_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db) { wgmma_rs_n<128>(d, a, db); }
 HP_DEV void wgmma_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db) { wgmma_rs_n<64>(d, a, db); }
 
-// stmatrix.sync.aligned.m8n8.x4.trans.shared.b16: a warp collective; matrix m is register m of the
-// lanes (lane l: row l / 4, columns 2 (l % 4), + 1), row i of its transpose (column i: 8 bf16, 16
-// bytes) stored at the address of lane 8 m + i (16-byte aligned)
-HP_DEV void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+// stmatrix.sync.aligned.m8n8.x4[.trans].shared.b16: a warp collective; matrix m is register m of the
+// lanes (lane l: row l / 4, columns 2 (l % 4), + 1); row i of matrix m (TRANS: of its transpose, column
+// i), 8 bf16 (16 bytes), stored at the address of lane 8 m + i (16-byte aligned)
+template <bool TRANS> static void hp_stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
   emu_warp &w = emu.warps[emu.cur / 32];
   const int lane = emu.cur % 32;
   w.in[lane][0] = r0, w.in[lane][1] = r1, w.in[lane][2] = r2, w.in[lane][3] = r3, w.in[lane][4] = addr;
-  emu_warp_op(9, [](emu_warp &w) { // (cuda_emu.h's collectives use 1-7 and 2 + 16 mask; stmatrix_x4 8)
+  // (cuda_emu.h's collectives use 1-7 and 2 + 16 mask)
+  emu_warp_op(TRANS ? 9 : 8, [](emu_warp &w) {
     for (int m = 0; m < 4; m++)
       for (int i = 0; i < 8; i++) {
         const uint32_t a = w.in[8 * m + i][4];
@@ -573,34 +574,19 @@ HP_DEV void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t 
           fprintf(stderr, "emu: stmatrix row at %u, not 16-byte aligned\n", a);
           abort();
         }
-        for (int r = 0; r < 8; r++) { // element (r, i) of the matrix: lane 4 r + i / 2, half i % 2
-          const uint16_t h = (uint16_t)(w.in[4 * r + i / 2][m] >> (16 * (i % 2)));
-          memcpy(hp_ptr(a + 2 * r, 2), &h, 2);
+        for (int j = 0; j < 8; j++) { // element j of the stored row: (j, i) of the matrix with TRANS, else (i, j)
+          const int row = TRANS ? j : i, col = TRANS ? i : j;
+          const uint16_t h = (uint16_t)(w.in[4 * row + col / 2][m] >> (16 * (col % 2)));
+          memcpy(hp_ptr(a + 2 * j, 2), &h, 2);
         }
       }
   });
 }
-
-// stmatrix.sync.aligned.m8n8.x4.shared.b16 (no .trans): row i of matrix m (8 bf16, 16 bytes) stored at
-// the address of lane 8 m + i
+HP_DEV void stmatrix_x4_trans(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  hp_stmatrix_x4<true>(addr, r0, r1, r2, r3);
+}
 HP_DEV void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
-  emu_warp &w = emu.warps[emu.cur / 32];
-  const int lane = emu.cur % 32;
-  w.in[lane][0] = r0, w.in[lane][1] = r1, w.in[lane][2] = r2, w.in[lane][3] = r3, w.in[lane][4] = addr;
-  emu_warp_op(8, [](emu_warp &w) {
-    for (int m = 0; m < 4; m++)
-      for (int i = 0; i < 8; i++) {
-        const uint32_t a = w.in[8 * m + i][4];
-        if (a % 16) {
-          fprintf(stderr, "emu: stmatrix row at %u, not 16-byte aligned\n", a);
-          abort();
-        }
-        for (int col = 0; col < 8; col++) { // element (i, col): lane 4 i + col / 2, half col % 2
-          const uint16_t h = (uint16_t)(w.in[4 * i + col / 2][m] >> (16 * (col % 2)));
-          memcpy(hp_ptr(a + 2 * col, 2), &h, 2);
-        }
-      }
-  });
+  hp_stmatrix_x4<false>(addr, r0, r1, r2, r3);
 }
 
 // ---- test scaffolding (hopper_fwd.cpp, hopper_bwd.cpp) ----------------------------------------
