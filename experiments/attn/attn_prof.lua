@@ -78,13 +78,9 @@ if not cuda then
 else
   fwd_k = hopper_fwd and "fwd_kernel" or "attn_fwd_kernel"
   if hopper_bwd then
-    -- dl_attn_bwd_hopper_preps (attn_hopper.cu): the Hopper prep where the items take BWD_BQ rows
-    -- (64, bwd_kernel.cuh; neither M80 nor M128), with ..._BWD_BULK_LSE and the loop it is built for
-    -- (ORDER at d 128, TURNS at d 64) left on; else attn_bwd.cu's own
-    local rows = tonumber(b.bwd_why:match("(%d+) query rows an item"))
-    local loop = D == 64 and "DISTLAB_ATTN_HOPPER_BWD_TURNS" or "DISTLAB_ATTN_HOPPER_BWD_ORDER"
-    local bulk = rows == 64 and os.getenv("DISTLAB_ATTN_HOPPER_BWD_BULK_LSE") ~= "0" and os.getenv(loop) ~= "0"
-    prep_k, bwd_k, dq_k = bulk and "bwd_prep_kernel" or "attn_bwd_prep_kernel", "bwd_kernel", "bwd_dq_kernel"
+    -- the prep: the Hopper backward's own (bwd_prep_kernel) or attn_bwd.cu's (attn_bwd_prep_kernel), as
+    -- dl_attn_bwd_hopper_preps decides; neither is profiled
+    prep_k, bwd_k, dq_k = "bwd_prep_kernel or attn_bwd_prep_kernel", "bwd_kernel", "bwd_dq_kernel"
   else
     prep_k, bwd_k, dq_k = "attn_bwd_prep_kernel", "attn_bwd_kernel", "attn_bwd_dq_kernel"
   end

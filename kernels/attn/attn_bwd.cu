@@ -14,8 +14,8 @@
  * On sm_90, where dl_attn_bwd_hopper_fits takes the call, the Hopper main
  * kernel (kernels/attn/hopper/bwd_kernel.cuh: wgmma, TMA) and its own dQ
  * conversion run instead of attn_bwd_kernel and attn_bwd_dq_kernel, on the
- * same workspace (and with DISTLAB_ATTN_HOPPER_BWD_BULK_LSE=1 its own prep
- * instead of attn_bwd_prep_kernel: dl_attn_bwd_hopper_preps).
+ * same workspace (and, where dl_attn_bwd_hopper_preps says so, its own prep
+ * instead of attn_bwd_prep_kernel).
  *
  * In attn_bwd_kernel each warp owns 16 keys and computes transposed tiles:
  * S^T = K Q^T and dP^T = V dO^T have keys as rows, so P^T and

@@ -80,15 +80,6 @@ fi
 
 # The driver's arguments for one mask (both drivers take the same)
 args() { echo "--s $S --d $D --mask $1 --layout $LAYOUT --calls $CALLS"; }
-# A command as a shell line: words with other than [A-Za-z0-9_./:=,+-] in single quotes
-shell_line() {
-  local w out=()
-  for w in "$@"; do
-    if [[ "$w" =~ ^[A-Za-z0-9_./:=,+-]+$ ]]; then out+=("$w"); else out+=("'${w//\'/\'\\\'\'}'"); fi
-  done
-  echo "${out[*]}"
-}
-
 # prof LABEL FILTER SKIP CMD...: ncu on CMD, one launch of the kernels FILTER matches (the one after SKIP
 # of them); LABEL.ncu-rep, its exports and LABEL.meta in $R (the exports also in $L/reports)
 prof() {
@@ -106,7 +97,7 @@ prof() {
   {
     echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
     echo "commit: $COMMIT"
-    echo "command: $(shell_line "${cmd[@]}")"
+    echo "command: $(printf '%q ' "${cmd[@]}")"
     echo "exit: $rc"
     # the driver's verdict on its data (its last line naming the shape), and ours' launch counts
     echo "check: $(grep -E '^attn_prof(_fa4)?: (bshd|thd) (none|causal) s=[0-9]+ d=[0-9]+: ' "$rep.log" | tail -1 |
