@@ -15,17 +15,23 @@
 #   scripts/fetch-nccl-ep.sh          fetch unless present
 #   scripts/fetch-nccl-ep.sh --nccl   and the NCCL it needs
 #   scripts/fetch-nccl-ep.sh --force  fetch again
+#   scripts/fetch-nccl-ep.sh --nccl --carry   and .deps/nccl-ep-carry (~50 MB): what a GPU
+#       host needs of both, to carry in one call: libnccl_ep.so and a copy of libnccl.so.2
+#       with only Hopper's device code (scripts/prune-fatbin.py ... 90: 38 MB under xz
+#       instead of 150), both xz'd, and the headers; scripts/gpu/steps.sh's
+#       unpack_carried_nccl_ep makes .deps/nccl-ep of it there (CARRY_SM=100: Blackwell's)
 set -euo pipefail
 VERSION=0.1.0      # nccl-extensions
 NCCL_VERSION=2.30.7 # nvidia-nccl-cu13, as nccl-extensions 0.1.0's [cu13] extra pins it
 cd "$(dirname "$0")/.."
 DEST=.deps/nccl-ep
-FORCE=0 WITH_NCCL=0
+FORCE=0 WITH_NCCL=0 CARRY=0
 for a in "$@"; do
   case "$a" in
   --force) FORCE=1 ;;
   --nccl) WITH_NCCL=1 ;;
-  *) echo "fetch-nccl-ep: unknown option $a (--nccl, --force)" >&2; exit 2 ;;
+  --carry) CARRY=1 ;;
+  *) echo "fetch-nccl-ep: unknown option $a (--nccl, --carry, --force)" >&2; exit 2 ;;
   esac
 done
 PY="$(command -v python3 || true)"
@@ -36,7 +42,7 @@ trap 'rm -rf "$TMP"' EXIT
 # download <requirement> <dir>: one manylinux wheel for CPython 3.12, no dependencies
 download() {
   "$PY" -m pip download --quiet --no-deps --only-binary=:all: --timeout 60 --retries 2 \
-    --python-version 3.12 --platform manylinux_2_28_x86_64 -d "$2" "$1" >&2 ||
+    --python-version 3.12 --platform manylinux_2_28_x86_64 --platform manylinux_2_18_x86_64 -d "$2" "$1" >&2 ||
     { echo "fetch-nccl-ep: pip could not download $1" >&2; exit 1; }
 }
 
@@ -77,4 +83,19 @@ if [ "$WITH_NCCL" = 1 ] && { [ "$FORCE" = 1 ] || [ "$(cat "$DEST/nccl/VERSION" 2
   unpack "$TMP/nccl" "$DEST/nccl" "nvidia/nccl/lib/=lib" "nvidia/nccl/include/=include"
   echo "$NCCL_VERSION" >"$DEST/nccl/VERSION"
   echo "fetch-nccl-ep: NCCL $NCCL_VERSION in $DEST/nccl (run with LD_LIBRARY_PATH=$PWD/$DEST/nccl/lib)" >&2
+fi
+
+if [ "$CARRY" = 1 ]; then
+  [ -f "$DEST/nccl/lib/libnccl.so.2" ] || { echo "fetch-nccl-ep: --carry needs --nccl (NCCL $NCCL_VERSION)" >&2; exit 1; }
+  SM="${CARRY_SM:-90}"
+  C=.deps/nccl-ep-carry
+  rm -rf "$C"
+  mkdir -p "$C/lib" "$C/nccl"
+  cp -r "$DEST/include" "$DEST/VERSION" "$C/"
+  cp -r "$DEST/nccl/include" "$DEST/nccl/VERSION" "$C/nccl/"
+  xz -T0 -6 -c "$DEST/lib/libnccl_ep.so" >"$C/lib/libnccl_ep.so.xz"
+  "$PY" scripts/prune-fatbin.py "$DEST/nccl/lib/libnccl.so.2" "$TMP/libnccl.so.2" "$SM" >&2
+  xz -T0 -6 -c "$TMP/libnccl.so.2" >"$C/nccl/libnccl.so.2.xz"
+  echo "$SM" >"$C/nccl/SM"
+  echo "fetch-nccl-ep: $C ($(du -sh "$C" | cut -f1)): carry it to a GPU host (sm_$SM device code only in its NCCL)" >&2
 fi

@@ -15,6 +15,8 @@
 --       (and the PNG: by default the path with .png, where gnuplot exists) and
 --       returns their paths; every rank gets its own spans ({name, rank, tid, ts,
 --       dur, args, host = {issue start, end} on cuda}, us on the merged timeline)
+--   dl.trace.draw(json [, png]) -> png | nil, why    the PNG of a trace stop() wrote (drawn
+--       where gnuplot exists: a GPU host's trace, here)
 --   dl.trace.active() -> bool
 --
 -- Times. A span on a cuda stream is two device events recorded on the
@@ -484,6 +486,55 @@ local function draw(png, ranks)
   local ok, note = plot.gnuplot(script, png)
   os.remove(dat)
   return ok, note
+end
+
+-- draw(json, png) -> png | nil, note: the PNG of a trace JSON that stop() wrote (on a host without
+-- gnuplot: a GPU host's trace drawn here), its lanes and colours as stop() draws them; a span's
+-- depth (its bar's height) from its nesting in its lane
+function M.draw(path, png)
+  if type(path) ~= "string" then fail("trace.draw: the trace JSON's path must be a string") end
+  local f, err = io.open(path, "r")
+  if not f then fail("trace.draw: cannot read %s: %s", path, tostring(err)) end
+  local doc = require("distlab.json").decode(f:read("*a"), path)
+  f:close()
+  if type(doc) ~= "table" or type(doc.traceEvents) ~= "table" then
+    fail("trace.draw: %s is not a trace JSON (no traceEvents)", path)
+  end
+  local byrank, list = {}, {}
+  local function rank_of(pid)
+    if not byrank[pid] then
+      byrank[pid] = { rank = pid, tracks = {}, spans = {} }
+      list[#list + 1] = byrank[pid]
+    end
+    return byrank[pid]
+  end
+  for _, e in ipairs(doc.traceEvents) do
+    local rk = rank_of(e.pid)
+    if e.ph == "M" and e.name == "thread_name" then
+      rk.tracks[#rk.tracks + 1] = { tid = e.tid, name = e.args.name }
+    elseif e.ph == "X" and e.tid ~= HOST_TID then
+      rk.spans[#rk.spans + 1] = e
+    end
+  end
+  table.sort(list, function(a, b) return a.rank < b.rank end)
+  for _, rk in ipairs(list) do
+    table.sort(rk.tracks, function(a, b) return a.tid < b.tid end)
+    table.sort(rk.spans, function(a, b) return a.ts < b.ts or (a.ts == b.ts and a.dur > b.dur) end)
+    local open, lines = {}, {} -- per lane: the ends of the spans that hold the next one
+    for _, e in ipairs(rk.spans) do
+      local st = open[e.tid] or {}
+      open[e.tid] = st
+      while #st > 0 and st[#st] <= e.ts do st[#st] = nil end
+      lines[#lines + 1] = string.format("%d %.6f %.6f %d %s", e.tid, e.ts * 1e-3, (e.ts + e.dur) * 1e-3, #st,
+        ((e.name:match("^([^.]+)") or e.name):gsub("%s", "_")))
+      st[#st + 1] = e.ts + e.dur
+    end
+    rk.plot = table.concat(lines, "\n")
+  end
+  png = png or path:gsub("%.json$", "") .. ".png"
+  local ok, note = draw(png, list)
+  if not ok then return nil, note end
+  return png
 end
 
 local STOP_KEYS = { path = true, png = true }

@@ -92,6 +92,7 @@ local h = bench.harness {
     { "replays", "int", on_gpu and 30 or 5, "timed replays" },
     { "torch", "string", nil, "ep_bench_torch.py's CSV from the same machine (graph rows: the anchor; eager: " ..
       "an extra row)", meta = "T.csv" },
+    { "name", "string", "ep-bench", "the results files' name: NAME-<tag>.md and .csv" },
     { "measured", "string", nil, "ours' rows from this bench's CSV of an earlier run: time nothing, only write " ..
       "the report with --torch (give the run's other options again)", meta = "OURS.csv" },
   },
@@ -155,6 +156,11 @@ jit.off(routing)
 local function timed(fn)
   local st = bench.timing.graph(fn, { ops = opt.ops, replays = opt.replays, warmup = 3,
     before = function() w:barrier() end })
+  return h:max(st.median) * 1e3 -- us
+end
+-- isolated latency: each call alone after an L2 flush, a sync and a barrier (as the PyTorch anchor's)
+local function alone(fn)
+  local st = bench.timing.isolated(fn, { replays = opt.replays, warmup = 3, before = function() w:barrier() end })
   return h:max(st.median) * 1e3 -- us
 end
 
@@ -226,8 +232,14 @@ local function run_ep(case)
   plain_dispatch()
   r.combine_us = timed(pcombine)
   r.both_us = timed(both)
+  r.dispatch_lat_us = alone(pdispatch)
+  plain_dispatch()
+  r.combine_lat_us = alone(pcombine)
+  r.both_lat_us = alone(both)
   r.dispatch_GBps = dispatch_bytes(case, T) / (r.dispatch_us * 1e3)
   r.combine_GBps = T * K * 2 * H / (r.combine_us * 1e3)
+  r.dispatch_lat_GBps = dispatch_bytes(case, T) / (r.dispatch_lat_us * 1e3)
+  r.combine_lat_GBps = T * K * 2 * H / (r.combine_lat_us * 1e3)
   r.bytes = ep:bytes().total
   -- Data: `both` once more on fresh inputs; the experts' y made from a dispatch of them first
   -- (nccl_ep's outputs in ours' shape for ours' checks: distlab.bench.ep_nccl_ref)
@@ -386,7 +398,8 @@ end
 -- ---- running --------------------------------------------------------------------------------
 
 local COLS = { "impl", "path", "B", "E", "layout", "output", "dtype", "method", "dispatch_us", "combine_us", "both_us",
-  "dispatch_GBps", "combine_GBps", "bytes", "wrong", "dispatch_lat_us", "combine_lat_us", "both_lat_us" }
+  "dispatch_GBps", "combine_GBps", "bytes", "wrong", "dispatch_lat_us", "combine_lat_us", "both_lat_us",
+  "dispatch_lat_GBps", "combine_lat_GBps" }
 local tbl = h:table {
   { "impl", "%-8s" }, { "path", "%-5s" }, { "B", "%5d" }, { "E", "%4d" }, { "layout", "%-10s" },
   { "output", "%-12s" }, { "dtype", "%-5s" }, { "dispatch", "%9.1f", unit = "(us)" }, { "combine", "%9.1f", unit = "(us)" },
@@ -491,7 +504,7 @@ for i, r in ipairs(rows) do
     out[i][j] = type(v) == "number" and (c:match("_us$") or c:match("_GBps$")) and string.format("%.2f", v) or v
   end
 end
-local base = "ep-bench-" .. h.tag
+local base = opt.name .. "-" .. h.tag
 local csv = h:csv(base .. ".csv", COLS, out)
 local md = {
   string.format("H=%d, K=%d, T=B tokens on every rank, each picking K distinct experts uniformly%s. Latency: " ..
@@ -520,24 +533,63 @@ for _, r in ipairs(rows) do
     r.impl, r.path, r.B, r.E, r.layout, r.output, r.dtype, r.dispatch_us, r.combine_us, r.both_us, r.dispatch_GBps,
     r.combine_GBps, r.bytes / 2 ^ 20, r.wrong)
 end
-local anchor = {}
-for _, r in ipairs(torch_rows) do
-  if r.layout == "graph" then anchor[#anchor + 1] = r end
+-- Isolated latency, every row that has one: ours and NCCL EP's (this run), the PyTorch anchor's
+local lat_rows = {}
+for _, r in ipairs(rows) do
+  if r.dispatch_lat_us and (r.impl ~= "torch" or r.layout == "graph") then lat_rows[#lat_rows + 1] = r end
 end
-if #anchor > 0 then
+local function f1(v) return v and string.format("%.1f", v) or "-" end
+if #lat_rows > 0 then
   md[#md + 1] = ""
-  md[#md + 1] = "PyTorch anchor (graph), isolated latency: one replay of a graph of one call between two events, " ..
-    "after an L2 flush, a sync and a barrier; median, max over ranks (ep_bench_torch.py). runs: 2 where the " ..
-    "figures are the mean of a run before and one after this bench."
+  md[#md + 1] = "Isolated latency: one replay of a graph of one call between two events, after an L2 flush (256 MB " ..
+    "zeroed), a sync and a barrier, the previous call's output in place; median over the replays on each rank, max " ..
+    "over ranks (ours and NCCL EP's: bench.timing.isolated, this run; PyTorch's: ep_bench_torch.py, runs 2 where " ..
+    "the figures are the mean of a run before and one after this bench)."
   md[#md + 1] = ""
-  md[#md + 1] = "| B | E | dispatch us | combine us | both us | dispatch GB/s | combine GB/s | runs | method | #wrong |"
-  md[#md + 1] = "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"
-  local function f1(v) return v and string.format("%.1f", v) or "-" end
-  for _, r in ipairs(anchor) do
-    md[#md + 1] = string.format("| %d | %d | %s | %s | %s | %s | %s | %s | %s | %d |", r.B, r.E, f1(r.dispatch_lat_us),
-      f1(r.combine_lat_us), f1(r.both_lat_us), f1(r.dispatch_lat_GBps), f1(r.combine_lat_GBps), r.runs or 1,
-      tostring(r.method):gsub("|", "\\|"), r.wrong)
+  md[#md + 1] = "| impl | B | E | layout | output | dtype | dispatch us | combine us | both us | dispatch GB/s | " ..
+    "combine GB/s | buffer MiB | #wrong |"
+  md[#md + 1] = "|---|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|"
+  for _, r in ipairs(lat_rows) do
+    md[#md + 1] = string.format("| %s | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d |", r.impl, r.B, r.E,
+      r.layout, r.output, r.dtype, f1(r.dispatch_lat_us), f1(r.combine_lat_us), f1(r.both_lat_us),
+      f1(r.dispatch_lat_GBps), f1(r.combine_lat_GBps), r.impl == "torch" and "-" or f1(r.bytes / 2 ^ 20), r.wrong)
   end
+end
+-- Ours against NCCL EP's low latency, output for output (its buffer is per source rank: our per_rank):
+-- its isolated latency over ours (above 1: ours faster), and the buffers
+local function find(impl, layout, output, B, E, dtype)
+  for _, r in ipairs(rows) do
+    if r.impl == impl and r.layout == layout and r.output == output and r.B == B and r.E == E and r.dtype == dtype and
+      r.dispatch_lat_us then
+      return r
+    end
+  end
+end
+local vs = {}
+for _, n in ipairs(rows) do
+  if n.impl == "nccl_ep" and n.layout == "low_latency" and n.dispatch_lat_us then
+    for _, layout in ipairs { "per_rank", "per_expert" } do
+      local o = find("distlab", layout, n.output, n.B, n.E, n.dtype)
+      if o then
+        vs[#vs + 1] = string.format("| %d | %d | %s | %s | %s | %.1f / %.1f = **%.2fx** | %.1f / %.1f = **%.2fx** | " ..
+          "%.1f / %.1f = %.2fx | %.1f / %.1f |", n.B, n.E, n.dtype, n.output, layout, n.dispatch_lat_us,
+          o.dispatch_lat_us, n.dispatch_lat_us / o.dispatch_lat_us, n.combine_lat_us, o.combine_lat_us,
+          n.combine_lat_us / o.combine_lat_us, n.dispatch_us, o.dispatch_us, n.dispatch_us / o.dispatch_us,
+          o.bytes / 2 ^ 20, n.bytes / 2 ^ 20)
+      end
+    end
+  end
+end
+if #vs > 0 then
+  md[#md + 1] = ""
+  md[#md + 1] = "Ours against NCCL EP's low latency, the same output (isolated latency, NCCL EP's over ours: above 1.00x " ..
+    "ours is faster; graph: the same ratio of the graph rows' dispatch; buffers: ours' from our allocator, NCCL " ..
+    "EP's from its allocator hooks and its NCCL window, ep:bytes()):"
+  md[#md + 1] = ""
+  md[#md + 1] = "| B | E | dtype | output | ours | dispatch us (NCCL EP / ours) | combine us | graph dispatch us | " ..
+    "buffer MiB (ours / NCCL EP) |"
+  md[#md + 1] = "|---:|---:|---|---|---|---:|---:|---:|---:|"
+  for _, l in ipairs(vs) do md[#md + 1] = l end
 end
 local path = h:markdown(base .. ".md", "Expert-parallel dispatch/combine: latency on " .. h.device_desc, md)
 h:print("wrote %s and %s", csv, path)

@@ -33,8 +33,19 @@
 #            -> $OUT/ep-bench-<gpu>x<N>.{md,csv}; then (EP_SPLIT=1, the default)
 #            the same with --split, send and receive as two kernels each, at
 #            E 256 -> ep-bench-<gpu>x<N>-split.{md,csv}, the A/B of the fused kernels;
-#            then, for each nb in EP_BLOCKS (unset: none), bf16 E 256 B 1,128 on nb
+#            (ours, and NCCL EP's low latency and high throughput where .deps/nccl-ep-carry came
+#            along: then the file is ep-vs-nccl-ep-<gpu>x<N>, and spec/ep_nccl_spec.lua's
+#            equivalence specs run after ep_spec's) then, for each nb in EP_BLOCKS (unset: none), bf16 E 256 B 1,128 on nb
 #            blocks -> multi/ep-bench-<gpu>x<N>-blocks<nb>.{md,csv} (in the logs tarball);
+#   ep_memory  (not in the default STEPS) experiments/ep/ep_memory.lua on the GPUs: our buffers'
+#            bytes from the allocator and the driver beside NCCL EP's own (where it runs) and the
+#            formulas -> $OUT/ep-memory-gpu-<gpu>x<N>.{md,csv};
+#   block    (not in the default STEPS) the MoE block (issue 55): first checked at BLOCK_CHECK_SHAPE
+#            (check) against one rank on the cpu (fp64), every named schedule; then timed at
+#            BLOCK_SHAPE (dsv3) x BLOCK_SCALE (1), BLOCK_TOKENS (4096) tokens a rank, BLOCK_VARIANTS
+#            (named), the compute alone beside each -> $OUT/block-<gpu>x<N>.md, each variant's
+#            trace JSON in the logs tarball (the hosts have no gnuplot: draw the PNGs here,
+#            dl.trace.draw);
 #   ep_ab    (not in the default STEPS) an A/B of EP knobs: ep_bench.lua once per setting of
 #            EP_AB (NAME=VALUE, separated by commas or spaces), alternating, EP_AB_ROUNDS (2)
 #            times, with EP_AB_ARGS (default B 1,8,32,128,512, E 256, rank_major, the ep path)
@@ -65,6 +76,7 @@ tag="$(gpu_tag)x$N"
 say "$N GPUs: tag $tag; steps: $STEPS"
 [ "$N" -ge 2 ] || { say "multi.sh needs at least 2 GPUs"; status=1; exit 1; }
 build_or_skip || exit 1
+unpack_carried_nccl_ep
 port=$((20000 + RANDOM % 20000))
 
 AG_M="${AG_M:-8192,16384,32768}" AG_ITERS="${AG_ITERS:-20}"
@@ -123,8 +135,15 @@ fi
 if want ep && [ -f experiments/ep/ep_bench.lua ]; then
   # correctness first, one rank a GPU: the specs ep.sh runs with ranks sharing one GPU
   DISTLAB_SPEC_RANKS=$N step "ep_spec #multigpu ($N ranks, a GPU each)" 150 "$L/ep-spec.log" \
-    ./distlab test --tags=multigpu spec/ep_spec.lua
+    "${DLENV[@]}" ./distlab test --tags=multigpu spec/ep_spec.lua
   grep -E "^(FAIL|ERROR)|passed," "$L/ep-spec.log" | head -12 | tee -a "$SUM"
+  ep_name=ep-bench
+  if [ -f .deps/nccl-ep/lib/libnccl_ep.so ]; then
+    ep_name=ep-vs-nccl-ep
+    DISTLAB_SPEC_RANKS=$N step "ep_nccl_spec #multigpu ($N ranks, a GPU each: ours and NCCL EP)" 200 \
+      "$L/ep-nccl-spec.log" "${DLENV[@]}" ./distlab test --tags=multigpu spec/ep_nccl_spec.lua
+    grep -E "^(FAIL|ERROR)|passed,|skip" "$L/ep-nccl-spec.log" | head -12 | tee -a "$SUM"
+  fi
   # The PyTorch anchor before and after ours (ep_bench_torch.py under torchrun): its graph mode
   # (layout planned ahead, CUDA graphs) both times, its eager mode (host-read counts) once, before;
   # the anchor figures the mean of the two runs (torch_common.py mean), so a drift of the clocks
@@ -137,8 +156,8 @@ if want ep && [ -f experiments/ep/ep_bench.lua ]; then
     grep -E "^torch |data check failed" "$L/ep-torch-$1.log" | sed "s/^/$4: /" | tee -a "$SUM"
   }
   torch_ep 1 graph,eager 240 before
-  step "ep_bench ($N ranks)" 240 "$L/ep-bench.log" ./distlab run -n "$N" --device cuda experiments/ep/ep_bench.lua \
-    --out "$L/ep-ours" --tag "$tag" ${EP_ARGS:-} \
+  step "ep_bench ($N ranks)" "${EP_LIMIT:-240}" "$L/ep-bench.log" "${DLENV[@]}" ./distlab run -n "$N" --device cuda \
+    experiments/ep/ep_bench.lua --out "$L/ep-ours" --name "$ep_name" --tag "$tag" ${EP_ARGS:-} \
     --command "scripts/gpu/multi.sh (ep_bench_torch.py before and after it, in the same run)"
   port=$((port + 2))
   torch_ep 2 graph 180 after
@@ -151,9 +170,9 @@ if want ep && [ -f experiments/ep/ep_bench.lua ]; then
   else
     say "ep: no PyTorch anchor to merge (see ep-torch-*.log)"
   fi
-  step "ep_bench: the results file ($N ranks)" 60 "$L/ep-table.log" ./distlab run -n "$N" --device cuda \
-    experiments/ep/ep_bench.lua --measured "$L/ep-ours/ep-bench-$tag.csv" ${torch_arg[@]+"${torch_arg[@]}"} --out "$OUT" \
-    --tag "$tag" ${EP_ARGS:-} --command "scripts/gpu/multi.sh (ep_bench_torch.py --mode graph,eager, ep_bench.lua, \
+  step "ep_bench: the results file ($N ranks)" 60 "$L/ep-table.log" "${DLENV[@]}" ./distlab run -n "$N" --device cuda \
+    experiments/ep/ep_bench.lua --measured "$L/ep-ours/$ep_name-$tag.csv" ${torch_arg[@]+"${torch_arg[@]}"} --out "$OUT" \
+    --name "$ep_name" --tag "$tag" ${EP_ARGS:-} --command "scripts/gpu/multi.sh (ep_bench_torch.py --mode graph,eager, ep_bench.lua, \
 ep_bench_torch.py --mode graph, then this with --measured and their mean, in the same call)"
   tail -n 60 "$L/ep-table.log" >>"$SUM"
   if [ "${EP_SPLIT:-1}" = 1 ]; then
@@ -168,6 +187,25 @@ ep_bench_torch.py --mode graph, then this with --measured and their mean, in the
       --out "$L" --tag "$tag-blocks$nb" --command "scripts/gpu/multi.sh (EP_BLOCKS, in the same call)"
     grep -E "^\|" "$L/ep-bench-blocks$nb.log" | tail -n 12 >>"$SUM"
   done
+fi
+if want ep_memory; then
+  step "ep_memory ($N ranks, a GPU each)" 120 "$L/ep-memory.log" "${DLENV[@]}" ./distlab run -n "$N" --device cuda \
+    experiments/ep/ep_memory.lua --out "$OUT" --tag "$tag" --command "scripts/gpu/multi.sh (STEPS=ep_memory)"
+  grep -E "^\|" "$L/ep-memory.log" | tail -n 30 >>"$SUM"
+fi
+if want block; then
+  # correctness first (fp64 on the cpu, every named schedule, a GPU a rank), then the timed run
+  step "block check ($N ranks, shape ${BLOCK_CHECK_SHAPE:-check})" 200 "$L/block-check.log" "${DLENV[@]}" \
+    ./distlab run -n "$N" --device cuda experiments/block/block.lua --shape "${BLOCK_CHECK_SHAPE:-check}" \
+    --variants named --check yes --time no --out "$L/block-check" --tag "$tag"
+  grep -E "ok|wrong|FAIL" "$L/block-check.log" | tail -n 20 >>"$SUM"
+  step "block ($N ranks, ${BLOCK_SHAPE:-dsv3} x${BLOCK_SCALE:-1}, ${BLOCK_TOKENS:-4096} tokens a rank)" \
+    "${BLOCK_LIMIT:-300}" "$L/block.log" "${DLENV[@]}" ./distlab run -n "$N" --device cuda experiments/block/block.lua \
+    --shape "${BLOCK_SHAPE:-dsv3}" --scale "${BLOCK_SCALE:-1}" --tokens "${BLOCK_TOKENS:-4096}" \
+    --variants "${BLOCK_VARIANTS:-named}" --check no --compute yes --png no ${BLOCK_ARGS:-} --out "$L/block" --tag "$tag" \
+    --command "scripts/gpu/multi.sh (STEPS=block${BLOCK_SCALE:+ BLOCK_SCALE=$BLOCK_SCALE}${BLOCK_VARIANTS:+ BLOCK_VARIANTS=$BLOCK_VARIANTS})"
+  tail -n 40 "$L/block.log" >>"$SUM"
+  cp "$L/block/block-$tag.md" "$OUT/" 2>/dev/null # the traces stay in the logs tarball (a call returns 8 files)
 fi
 if want ep_ab; then # an A/B of EP knobs on one host: each setting of EP_AB in turn, EP_AB_ROUNDS times
   for round in $(seq "${EP_AB_ROUNDS:-2}"); do

@@ -31,6 +31,11 @@
 #                            will take (the newest it finds: the carried one, PyTorch's wheel,
 #                            the system's; DISTLAB_CUDNN overrides)
 #   system_cudnn             the path of the system's libcudnn.so.9 (the loader's), or nothing
+#   unpack_carried_nccl_ep   NCCL EP and its NCCL carried in .deps/nccl-ep-carry (scripts/fetch-nccl-ep.sh
+#                            --nccl --carry) unpacked once into .deps/nccl-ep, where libdistlab opens it;
+#                            DLENV: the command prefix that puts that NCCL first for distlab's runs
+#                            (env LD_LIBRARY_PATH=...; plain `env` where nothing was carried), so
+#                            PyTorch's anchors keep their own NCCL
 #   fa4_site                 FlashAttention-4 for $PY: importable already, or installed from the
 #                            wheel sets carried from .deps/fa4/1 and /2 (scripts/fetch-fa4.sh; one
 #                            a call, kept in build/fa4-wheels) into build/fa4site, on PYTHONPATH;
@@ -168,6 +173,21 @@ system_cudnn() {
   local f
   f=$(ldconfig -p 2>/dev/null | awk '$1 == "libcudnn.so.9" { print $NF; exit }')
   [ -n "$f" ] && readlink -f "$f"
+}
+
+DLENV=(env)
+unpack_carried_nccl_ep() {
+  local c=.deps/nccl-ep-carry d=.deps/nccl-ep
+  [ -f "$c/VERSION" ] || return 0
+  if [ ! -f "$d/nccl/lib/libnccl.so.2" ] || [ "$(cat "$d/nccl/VERSION" 2>/dev/null)" != "$(cat "$c/nccl/VERSION")" ]; then
+    rm -rf "$d" && mkdir -p "$d/lib" "$d/nccl/lib" &&
+      cp -r "$c/include" "$c/VERSION" "$d/" && cp -r "$c/nccl/include" "$c/nccl/VERSION" "$d/nccl/" &&
+      xz -d -c "$c/lib/libnccl_ep.so.xz" >"$d/lib/libnccl_ep.so" &&
+      xz -d -c "$c/nccl/libnccl.so.2.xz" >"$d/nccl/lib/libnccl.so.2" ||
+      { say "carried NCCL EP: unpacking failed"; rm -rf "$d"; return 1; }
+  fi
+  DLENV=(env LD_LIBRARY_PATH="$PWD/$d/nccl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
+  say "carried NCCL EP $(cat "$d/VERSION") (nccl-extensions) with NCCL $(cat "$d/nccl/VERSION") (sm_$(cat "$c/nccl/SM") only), first on distlab's LD_LIBRARY_PATH"
 }
 
 fa4_site() {

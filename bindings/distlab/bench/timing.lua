@@ -10,6 +10,8 @@
 --                                   warm_ms / min_ms: counts filled to that much work
 --   graph(fn, opts) -> stats, ms    per call: a CUDA graph of `ops` back-to-back
 --                                   calls, each replay between two events / ops
+--   isolated(fn, opts) -> stats, ms one call alone: a graph of one call, each replay
+--                                   after an L2 flush, a sync and before() (a barrier)
 --   loop_once(fn, iters, opts)      one repetition of [before(), event, `iters`
 --                                   calls, event] -> device us, host us per call
 --   host(fn, opts) -> stats, us     the host's time to issue one call, batches
@@ -127,6 +129,41 @@ function M.graph(fn, opts)
   for i = 1, replays do times[i] = evs[i]:elapsed(evs[i + 1]) / ops end
   g:free()
   return M.stats(times, method_of(device, string.format("a CUDA graph of %d calls a replay", ops)))
+end
+
+-- isolated(fn, {replays = 30, warmup = 3, before =, device =}) -> stats (ms per call)
+-- DeepEP's and ep_bench_torch.py's isolated latency: a graph of one call of fn,
+-- `warmup` replays, then each of `replays` replays alone: the L2 flushed (a
+-- 256 MB buffer zeroed, made once a device: the call finds nothing of the one
+-- before in the H200's 50 MB), the device synchronised, opts.before (a
+-- barrier: the ranks start together), then the replay between two events,
+-- waited for. On cpu and meta: host time, as graph().
+local flush_buf = {} -- device -> the 256 MB buffer
+function M.isolated(fn, opts)
+  if type(fn) ~= "function" then fail("bench: first argument must be a function") end
+  opts = args.options(opts, { "device", "warmup", "replays", "before" }, "bench.isolated")
+  local warmup, replays = count(opts, "warmup", 3, 0), count(opts, "replays", 30, 1)
+  local device = device_of(opts)
+  local on_gpu = tostring(device):match("^cuda") ~= nil
+  if on_gpu and not flush_buf[device] then
+    flush_buf[device] = require("distlab").empty({ 64 * 2 ^ 20 }, { dtype = "i32", device = device })
+  end
+  local g = require("distlab.graph").capture(fn, { device = opts.device })
+  for _ = 1, warmup do g:replay() end
+  local e0, e1 = stream.event(device), stream.event(device)
+  local times = {}
+  for i = 1, replays do
+    if on_gpu then flush_buf[device]:zero_() end
+    stream.synchronize(device)
+    if opts.before then opts.before() end
+    e0:record()
+    g:replay()
+    e1:record()
+    e1:synchronize()
+    times[i] = e0:elapsed(e1)
+  end
+  g:free()
+  return M.stats(times, method_of(device, "one call alone: a graph of one call, after an L2 flush, a sync and a barrier"))
 end
 
 local pair = {} -- device -> two events, made once: event creation stays out of the timings
