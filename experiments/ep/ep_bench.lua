@@ -434,7 +434,7 @@ for _, a in ipairs(opt.nccl_ep) do
   if a ~= "none" then nccl_algos[#nccl_algos + 1] = a end
 end
 if want.ep and #nccl_algos > 0 then
-  local ok, b = pcall(dl.ep.buffer, { backend = "nccl_ep", comm = w, max_tokens = 1, hidden = 128, experts = N, topk = 1 })
+  local ok, b = pcall(dl.ep.buffer, { backend = "nccl_ep", comm = w, max_tokens = 1, hidden = 512, experts = N, topk = 1 })
   if ok then b:free() else
     h:print("ep_bench: no NCCL EP rows: %s", tostring(b))
     nccl_algos = {}

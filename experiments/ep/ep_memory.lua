@@ -215,7 +215,7 @@ if on_gpu then -- the GPU count (issue 20), then done
       mb(r.driver - r.bytes.total - r.bytes.outputs))
   end
   -- NCCL EP's buffers at the same B, H, K, E, where it runs (every rank fails alike)
-  local ok, probe = pcall(dl.ep.buffer, { backend = "nccl_ep", comm = world, max_tokens = 1, hidden = 128,
+  local ok, probe = pcall(dl.ep.buffer, { backend = "nccl_ep", comm = world, max_tokens = 1, hidden = 512,
     experts = N, topk = 1 })
   p("")
   if not ok then

@@ -32,7 +32,7 @@ if X.w.backend ~= "nccl" then
     X.w.device))
 end
 do -- the library and its NCCL: every rank fails alike (they agree before NCCL EP's group)
-  local ok, b = pcall(dl.ep.buffer, { backend = "nccl_ep", comm = X.w, max_tokens = 1, hidden = 128, experts = N,
+  local ok, b = pcall(dl.ep.buffer, { backend = "nccl_ep", comm = X.w, max_tokens = 1, hidden = 512, experts = N,
     topk = 1 })
   if not ok then
     local e = tostring(b)
