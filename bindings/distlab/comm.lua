@@ -10,6 +10,8 @@
 --   world:broadcast(t, root)  world:send(t, peer)  world:recv(t, peer)
 --   dl.comm.group(function() ... end)     point-to-point ops issued together
 --   world:barrier()  world:synchronize()  world:split(color, key)  world:free()
+--                                         (free: collective on nccl, every rank in one order; a
+--                                         comm the collector takes is aborted there, locally)
 --   world:agree(what, desc)               every rank made the same object (else an error on every rank)
 --   world:info()                          rank, size, backend, seq, timeout, debug, failed,
 --                                         name, native (nccl: the ncclComm_t, for calling
@@ -139,7 +141,7 @@ local info = ffi.new("dl_comm_info_t")
 local function wrap(ptr, store)
   check(C.dl_comm_info(ptr, info))
   return setmetatable({
-    ptr = ffi.gc(ptr, C.dl_comm_free),
+    ptr = ffi.gc(ptr, C.dl_comm_drop), -- collected: local (dl_comm_drop); :free() is collective
     rank = info.rank,
     size = info.size,
     backend = backend_names[info.backend],

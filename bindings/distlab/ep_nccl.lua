@@ -12,6 +12,8 @@
 --     output "expert_major" | "rank_major": recv and combine as distlab.ep's, except
 --       that rank_major's recv.weights of a selection on another rank hold the
 --       token's weight (ours: 0; its recv.expert_ids is -1 there, as ours);
+--     hidden, max_tokens and topk such that its combine buffers come in 16-byte units
+--       (hidden a multiple of 512 always does; else a clear error says what fits);
 --     dtype "fp8": NCCL EP's DeepSeek recipe (e4m3 codes, an f32 scale a 128 values,
 --       recv.scales as ours); hidden a multiple of 512 (bf16: of 128)
 --     dispatch_send / dispatch_recv and combine_send / combine_recv: its send_only
@@ -22,7 +24,10 @@
 --       S = N*B*min(K, L): expert e's counts[e] rows from row offsets[e] (0-based),
 --       weights each row's routing weight. y shaped like x, each row already
 --       weighted by the caller (NCCL EP's contract: ours weights in the combine)
---     output "flat": recv = {x [S, H], counts [1], expert_ids [S, K], weights [S, K]},
+--     output "flat": recv = {x [S, H], counts [1], expert_ids [S, K] (i64: NCCL EP's
+--       high throughput writes 64-bit ids), weights [S, K]},
+--       on 3 ranks or fewer an even max_tokens and even tokens a dispatch (its flat
+--       dispatch moves them in pairs; an odd count is a clear error, not its abort),
 --       S = N*B: counts[1] rows, a row per token that picked an expert here, its
 --       selections' local ids (-1 elsewhere) and weights; y each row weighted
 --       over its selections here (as rank_major's)

@@ -161,6 +161,12 @@ void dl_comm_free(dl_comm_t *c) {
   free(c);
 }
 
+void dl_comm_drop(dl_comm_t *c) {
+  if (!c || c->magic != COMM_MAGIC) return;
+  c->dropped = 1;
+  dl_comm_free(c);
+}
+
 int dl_comm_info(const dl_comm_t *c, dl_comm_info_t *out) {
   DL_TRY(comm_check(c, "dl_comm_info"));
   DL_CHECK_ARG(out, "dl_comm_info: out is NULL");

@@ -54,6 +54,7 @@ struct dl_comm {
   int *pids;               /* each member's process on this host (0: elsewhere), read lazily */
   uint32_t gone;           /* 1 + a member whose process is gone (peers.c), polled by waits */
   int failed;              /* set once an op failed; later ops refuse */
+  int dropped;             /* freed by dl_comm_drop (the collector): no collective teardown */
   int share;               /* ranks on this rank's GPU (dl_comm_info_t.share) */
   int in_group;            /* p2p ops queued since dl_comm_group_start */
   int self_sends, self_recvs; /* of the open group: to and from this rank, pairs only */

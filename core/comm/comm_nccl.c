@@ -511,8 +511,10 @@ static void nccl_destroy(dl_comm_t *c) {
     /* work that cannot finish would block ncclCommDestroy: the wait aborts it */
     dl_teardown_trace("synchronize", m);
     if (!m->failed && nccl_synchronize(c, NULL) < 0) dl_clear_error();
-    dl_teardown_trace(m->aborted ? "aborted before" : "ncclCommDestroy", m);
-    if (!m->aborted) api.CommDestroy(m->comm);
+    /* the collector's free is local: ncclCommDestroy would wait for the peers, whose
+     * collectors free their communicators in another order (dl_comm_drop) */
+    dl_teardown_trace(m->aborted ? "aborted before" : c->dropped ? "ncclCommAbort (collected)" : "ncclCommDestroy", m);
+    if (!m->aborted) (c->dropped ? api.CommAbort : api.CommDestroy)(m->comm);
     dl_teardown_trace("comm gone", m);
   }
   if (m->sync_buf) cudaFree(m->sync_buf);

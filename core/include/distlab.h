@@ -373,7 +373,14 @@ typedef struct dl_comm_info {
  * the GPU for nccl. */
 int dl_comm_new(dl_comm_t **out, int backend, dl_store_t *store, int rank, int size,
                 int dev_index, double timeout_s);
+/* Collective on nccl (ncclCommDestroy waits for the peers): every rank frees
+ * its communicators in one order. */
 void dl_comm_free(dl_comm_t *c);
+/* The collector's free (Lua's finalizer): as dl_comm_free, but local: an NCCL
+ * communicator is aborted, not destroyed, since the ranks' collectors free
+ * their communicators in different orders (two ranks each in the destroy of
+ * another communicator wait for each other for good). */
+void dl_comm_drop(dl_comm_t *c);
 int dl_comm_info(const dl_comm_t *c, dl_comm_info_t *out);
 int dl_comm_set_timeout(dl_comm_t *c, double timeout_s);
 /* Debug mode: before each op, check through the store that every rank calls

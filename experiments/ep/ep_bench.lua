@@ -13,6 +13,7 @@
 --   ./distlab run -n 8 --device cuda experiments/ep/ep_bench.lua [options]
 --     --B 1,32,128,512   tokens per rank (T = B, every rank)   --hidden 7168  --topk 8
 --     --experts 16,256   (those N divides)    --layouts, --outputs, --dtypes, --paths ep,a2av
+--     --nccl_dtypes bf16,fp8   NCCL EP's rows' payloads
 --     --nccl_ep low_latency,high_throughput   NCCL EP's rows (none: without; skipped, saying
 --                        why, where it cannot run), timed as ours
 --     --torch T.csv      the anchor's CSV from the same machine (one run's, or the mean of the
@@ -83,6 +84,8 @@ local h = bench.harness {
     { "paths", "list", "ep,a2av", "ep: distlab.ep; a2av: all_to_allv on the communicator", values = { "ep", "a2av" } },
     { "nccl_ep", "list", "low_latency,high_throughput", "NCCL EP's algorithms beside ours (none: no NCCL EP rows)",
       values = { "low_latency", "high_throughput", "none" } },
+    { "nccl_dtypes", "list", "bf16,fp8", "NCCL EP's rows' dispatch payloads (those --dtypes also names)",
+      values = { "bf16", "fp8" } },
     { "ops", "int", 10, "calls per graph" },
     { "blocks", "int", 0, "grid of every ep kernel (0: the buffer's choice, a block an SM)" },
     { "split", "flag", false, "time dispatch_send + dispatch_recv and combine_send + combine_recv (two kernels each) " ..
@@ -440,6 +443,8 @@ if want.ep and #nccl_algos > 0 then
     nccl_algos = {}
   end
 end
+local nccl_dtype = {}
+for _, d in ipairs(opt.nccl_dtypes) do nccl_dtype[d] = true end
 local NCCL_OUTPUTS = { low_latency = { "expert_major", "rank_major" }, high_throughput = { "expert_major", "flat" } }
 for _, E in ipairs(Es) do
   for _, B in ipairs(Bs) do
@@ -457,9 +462,11 @@ for _, E in ipairs(Es) do
     for _, algorithm in ipairs(want.ep and nccl_algos or {}) do
       for _, output in ipairs(NCCL_OUTPUTS[algorithm]) do
         for _, dtype in ipairs(opt.dtypes) do
-          -- (its fp8 recipe: low latency, H a multiple of 512; high throughput needs E a multiple of 4)
+          -- (its fp8 recipe: low latency, H a multiple of 512; high throughput needs E a multiple of 4, and
+          -- its flat output on 3 ranks or fewer an even B: ep_nccl.c)
           local fits = (dtype == "bf16" or (algorithm == "low_latency" and H % 512 == 0)) and
-            (algorithm == "low_latency" and H % 128 == 0 or algorithm == "high_throughput" and E % 4 == 0)
+            (algorithm == "low_latency" and H % 128 == 0 or algorithm == "high_throughput" and E % 4 == 0) and
+            nccl_dtype[dtype] and not (output == "flat" and N <= 3 and B % 2 == 1)
           if fits then
             add(run_ep { backend = "nccl_ep", algorithm = algorithm, B = B, E = E, output = output, dtype = dtype })
           end
@@ -532,6 +539,12 @@ for _, r in ipairs(rows) do
   md[#md + 1] = string.format("| %s | %s | %d | %d | %s | %s | %s | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %d |",
     r.impl, r.path, r.B, r.E, r.layout, r.output, r.dtype, r.dispatch_us, r.combine_us, r.both_us, r.dispatch_GBps,
     r.combine_GBps, r.bytes / 2 ^ 20, r.wrong)
+end
+if #nccl_algos > 0 then
+  md[#md + 1] = ""
+  md[#md + 1] = string.format("NCCL EP's rows: %s, payloads %s (--nccl_dtypes); its high-throughput flat output on " ..
+    "3 ranks or fewer only at even B (NCCL EP's flat dispatch moves tokens in pairs there).",
+    table.concat(nccl_algos, " and "), table.concat(opt.nccl_dtypes, ", "))
 end
 -- Isolated latency, every row that has one: ours and NCCL EP's (this run), the PyTorch anchor's
 local lat_rows = {}

@@ -76,7 +76,7 @@ local function by_source(o, recv, all)
       end
     end
   end
-  local x, ids, w = host(recv.x), host(recv.expert_ids), host(recv.weights)
+  local x, ids, w = host(recv.x), T.to(host(recv.expert_ids), "i32"), host(recv.weights) -- flat's ids: i64
   local total = ptr(host(recv.counts), "int32_t*")[0]
   local x3 = T.fill_(empty({ N, B, H }, "bf16"), 0)
   local ids3, w3 = T.fill_(empty({ N, B, K }, "i32"), -1), T.fill_(empty({ N, B, K }, "f32"), 0)
@@ -132,7 +132,8 @@ function M.expert_outputs(o, recv)
       for r = po[le], po[le] + pc[le] - 1 do scale(r, pw[r] * ep_ref.coef(me * L + le)) end
     end
   else
-    local pid = ptr(host(recv.expert_ids), "int32_t*")
+    local ids = T.to(host(recv.expert_ids), "i32") -- i64 from NCCL EP
+    local pid = ptr(ids, "int32_t*")
     for r = 0, pc[0] - 1 do
       local c = 0
       for k = 0, K - 1 do

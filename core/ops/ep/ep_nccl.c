@@ -100,6 +100,12 @@ static int check_config(const dl_ep_nccl_config_t *c, const dl_comm_info_t *ci) 
                  "algorithm = \"low_latency\", or dtype = \"bf16\"");
     DL_CHECK_ARG(c->hidden >= 8 && c->hidden % 8 == 0,
                  "nccl_ep: hidden %d is not a positive multiple of 8 (high_throughput moves 16-byte rows)", c->hidden);
+    /* NCCL EP asserts (a process abort) that its flat dispatch's bulk copies move a multiple of 4
+     * tokens x inner elements, "even num_tokens_per_rank" where an NVLink team has 3 ranks or fewer:
+     * refused here, with max_tokens and each dispatch's tokens even (ep_nccl_run.c), on the safe side */
+    DL_CHECK_ARG(c->output != DL_EP_FLAT || ci->size > 3 || c->max_tokens % 2 == 0,
+                 "nccl_ep: high_throughput flat on %d ranks needs an even max_tokens (NCCL EP's flat dispatch on "
+                 "3 ranks or fewer moves tokens in pairs), got %d", ci->size, c->max_tokens);
     DL_CHECK_ARG(c->experts % 4 == 0,
                  "nccl_ep: high_throughput needs experts %d to be a multiple of 4 (its routing probabilities of an "
                  "NVLink domain travel as 16-byte rows)", c->experts);
@@ -108,6 +114,18 @@ static int check_config(const dl_ep_nccl_config_t *c, const dl_comm_info_t *ci) 
                  "nccl_ep: hidden %d is not a positive multiple of %d (%s)", c->hidden, c->fp8 ? 512 : 128,
                  c->fp8 ? "low_latency's fp8 recipe quantizes 512 values a step"
                         : "low_latency's combine moves 128 values a step");
+    /* Its buffers come in 16-byte units: NCCL EP asserts it (common.hpp, LowLatencyLayout), and its
+     * assertion is a C++ exception that would reach the caller as nothing but "C++ exception". A
+     * combine message is the bf16 row and an f32 a 128 values: 2 hidden + hidden / 32 bytes, sent
+     * into a slot a rank (rank_major) or an expert (expert_major) and received topk a token. */
+    const int64_t msg = 2 * (int64_t)c->hidden + 4 * (c->hidden / 128), B = c->max_tokens;
+    const int64_t slots = c->output == DL_EP_RANK_MAJOR ? ci->size : c->experts;
+    DL_CHECK_ARG((slots * B * msg) % 16 == 0 && (B * c->topk * msg) % 16 == 0,
+                 "nccl_ep: low_latency %s with hidden %d, max_tokens %d, topk %d and %lld %s: NCCL EP needs its "
+                 "combine buffers in 16-byte units, max_tokens x topk and max_tokens x %lld times its %lld-byte "
+                 "message (2 hidden + hidden / 32): hidden a multiple of 512 always fits, else max_tokens a "
+                 "multiple of 4", output_name(c->output), c->hidden, c->max_tokens, c->topk, (long long)slots,
+                 c->output == DL_EP_RANK_MAJOR ? "ranks" : "experts", (long long)slots, (long long)msg);
   }
   return DL_OK;
 }
@@ -223,7 +241,7 @@ static int new_tensors(dl_ep_nccl_t *e) {
   } else {
     DL_TRY(new_tensor(e, DL_EP_X, x_dtype, 2, S, H, 0));
     DL_TRY(new_tensor(e, DL_EP_COUNTS, DL_I32, 1, 1, 0, 0));
-    DL_TRY(new_tensor(e, DL_EP_EXPERT_IDS, DL_I32, 2, S, K, 0));
+    DL_TRY(new_tensor(e, DL_EP_EXPERT_IDS, DL_I64, 2, S, K, 0)); /* NCCL EP's high throughput asserts int64 */
     DL_TRY(new_tensor(e, DL_EP_WEIGHTS, DL_F32, 2, S, K, 0));
   }
   return new_tensor(e, DL_EP_OUT, DL_BF16, 2, B, H, 0);
