@@ -19,15 +19,14 @@
 --     dispatch_send / dispatch_recv and combine_send / combine_recv: its send_only
 --       calls and ncclEpComplete; combine_recv writes where combine_send said: the
 --       buffer's own out (use ep:combine(y, h, {out = t}) for another)
---   algorithm "high_throughput" (bf16; no send/receive phases):
+--   algorithm "high_throughput" (bf16; no send/receive phases; on 3 ranks or fewer an even
+--   max_tokens: its dispatch moves the buffer's tokens in pairs, and NCCL EP aborts otherwise):
 --     output "expert_major": recv = {x [S, H], counts [L], offsets [L], weights [S]},
 --       S = N*B*min(K, L): expert e's counts[e] rows from row offsets[e] (0-based),
 --       weights each row's routing weight. y shaped like x, each row already
 --       weighted by the caller (NCCL EP's contract: ours weights in the combine)
 --     output "flat": recv = {x [S, H], counts [1], expert_ids [S, K] (i64: NCCL EP's
 --       high throughput writes 64-bit ids), weights [S, K]},
---       on 3 ranks or fewer an even max_tokens and even tokens a dispatch (its flat
---       dispatch moves them in pairs; an odd count is a clear error, not its abort),
 --       S = N*B: counts[1] rows, a row per token that picked an expert here, its
 --       selections' local ids (-1 elsewhere) and weights; y each row weighted
 --       over its selections here (as rank_major's)

@@ -463,10 +463,10 @@ for _, E in ipairs(Es) do
       for _, output in ipairs(NCCL_OUTPUTS[algorithm]) do
         for _, dtype in ipairs(opt.dtypes) do
           -- (its fp8 recipe: low latency, H a multiple of 512; high throughput needs E a multiple of 4, and
-          -- its flat output on 3 ranks or fewer an even B: ep_nccl.c)
+          -- on 3 ranks or fewer an even B: ep_nccl.c)
           local fits = (dtype == "bf16" or (algorithm == "low_latency" and H % 512 == 0)) and
             (algorithm == "low_latency" and H % 128 == 0 or algorithm == "high_throughput" and E % 4 == 0) and
-            nccl_dtype[dtype] and not (output == "flat" and N <= 3 and B % 2 == 1)
+            nccl_dtype[dtype] and not (algorithm == "high_throughput" and N <= 3 and B % 2 == 1)
           if fits then
             add(run_ep { backend = "nccl_ep", algorithm = algorithm, B = B, E = E, output = output, dtype = dtype })
           end
@@ -542,8 +542,8 @@ for _, r in ipairs(rows) do
 end
 if #nccl_algos > 0 then
   md[#md + 1] = ""
-  md[#md + 1] = string.format("NCCL EP's rows: %s, payloads %s (--nccl_dtypes); its high-throughput flat output on " ..
-    "3 ranks or fewer only at even B (NCCL EP's flat dispatch moves tokens in pairs there).",
+  md[#md + 1] = string.format("NCCL EP's rows: %s, payloads %s (--nccl_dtypes); its high throughput on 3 ranks or " ..
+    "fewer only at even B (NCCL EP's dispatch moves its buffer's tokens in pairs there).",
     table.concat(nccl_algos, " and "), table.concat(opt.nccl_dtypes, ", "))
 end
 -- Isolated latency, every row that has one: ours and NCCL EP's (this run), the PyTorch anchor's

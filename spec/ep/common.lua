@@ -77,7 +77,6 @@ end
 function X.inputs(o, call, s, route, T)
   local rnd = lcg(call * 131 + s * 7 + 1)
   T = T or o.T or rnd(o.B + 1)
-  if o.even then T = T - T % 2 end -- (nccl_ep high_throughput flat on 3 ranks or fewer: tokens in pairs)
   local L = o.E / X.N
   local idx, w = {}, {}
   for t = 1, T do

@@ -58,10 +58,12 @@ local function unpack_experts(o, recv)
   return { x = x3, counts = counts }
 end
 
--- high throughput flat: each row's source and token, from the bytes of the tokens routed here
+-- high throughput flat: each row's source and token, from the bytes of the tokens routed here; its
+-- selections here are packed first in a row (NCCL EP's order), put back at their place k in the
+-- token's routing (ours' rank_major keeps the token's K places, -1 where the expert is elsewhere)
 local function by_source(o, recv, all)
   local N, me, B, H, K, L = o.N, o.me, o.B, o.H, o.K, o.E / o.N
-  local owners = {} -- row bytes -> list of sources that sent such a token here
+  local owners = {} -- row bytes -> list of {source, its token's routing row} that sent such a token here
   for s = 0, N - 1 do
     local inp = all[s + 1]
     local xs, pi = host(inp.x), ptr(host(inp.idx), "int32_t*")
@@ -72,7 +74,9 @@ local function by_source(o, recv, all)
       if here then
         local key = ffi.string(ptr(xs, "uint16_t*") + t * H, 2 * H)
         owners[key] = owners[key] or {}
-        table.insert(owners[key], s)
+        local route = {}
+        for k = 0, K - 1 do route[k] = pi[t * K + k] end
+        table.insert(owners[key], { s = s, route = route })
       end
     end
   end
@@ -85,15 +89,22 @@ local function by_source(o, recv, all)
   local p3, pid3, pw3, pc = ptr(x3, "uint16_t*"), ptr(ids3, "int32_t*"), ptr(w3, "float*"), ptr(counts, "int32_t*")
   for r = 0, math.min(total, T.size(x, 1)) - 1 do
     local list = owners[ffi.string(px + r * H, 2 * H)]
-    local s = list and table.remove(list, 1)
+    local own = list and table.remove(list, 1)
+    local s = own and own.s
     if s and pc[s] < B then
       local j = pc[s]
       pc[s] = j + 1
       ffi.copy(p3 + (s * B + j) * H, px + r * H, 2 * H)
-      for k = 0, K - 1 do
-        local id = pid[r * K + k]
-        pid3[(s * B + j) * K + k] = id
-        pw3[(s * B + j) * K + k] = id >= 0 and pw[r * K + k] or 0
+      for i = 0, K - 1 do
+        local id = pid[r * K + i]
+        if id >= 0 then -- its place in the token's routing (a selection the routing lacks: left at place i)
+          local at = i
+          for k = 0, K - 1 do
+            if own.route[k] == me * L + id then at = k end
+          end
+          pid3[(s * B + j) * K + at] = id
+          pw3[(s * B + j) * K + at] = pw[r * K + i]
+        end
       end
     end
   end

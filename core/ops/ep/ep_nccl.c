@@ -100,12 +100,12 @@ static int check_config(const dl_ep_nccl_config_t *c, const dl_comm_info_t *ci) 
                  "algorithm = \"low_latency\", or dtype = \"bf16\"");
     DL_CHECK_ARG(c->hidden >= 8 && c->hidden % 8 == 0,
                  "nccl_ep: hidden %d is not a positive multiple of 8 (high_throughput moves 16-byte rows)", c->hidden);
-    /* NCCL EP asserts (a process abort) that its flat dispatch's bulk copies move a multiple of 4
-     * tokens x inner elements, "even num_tokens_per_rank" where an NVLink team has 3 ranks or fewer:
-     * refused here, with max_tokens and each dispatch's tokens even (ep_nccl_run.c), on the safe side */
-    DL_CHECK_ARG(c->output != DL_EP_FLAT || ci->size > 3 || c->max_tokens % 2 == 0,
-                 "nccl_ep: high_throughput flat on %d ranks needs an even max_tokens (NCCL EP's flat dispatch on "
-                 "3 ranks or fewer moves tokens in pairs), got %d", ci->size, c->max_tokens);
+    /* NCCL EP asserts (a process abort) that its dispatch's bulk copies move a multiple of 4 of
+     * max_tokens x an inner size, "even num_tokens_per_rank" where an NVLink team has 3 ranks or
+     * fewer (seen at max_tokens 1 on 2 H200s, both outputs; a dispatch of fewer tokens runs) */
+    DL_CHECK_ARG(ci->size > 3 || c->max_tokens % 2 == 0,
+                 "nccl_ep: high_throughput on %d ranks needs an even max_tokens (NCCL EP's dispatch on 3 ranks or "
+                 "fewer moves its buffer's tokens in pairs), got %d", ci->size, c->max_tokens);
     DL_CHECK_ARG(c->experts % 4 == 0,
                  "nccl_ep: high_throughput needs experts %d to be a multiple of 4 (its routing probabilities of an "
                  "NVLink domain travel as 16-byte rows)", c->experts);

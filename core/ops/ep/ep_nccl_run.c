@@ -115,9 +115,6 @@ static int dispatch(dl_ep_nccl_t *e, int call, const char *fn, const dl_tensor_t
   DL_CHECK_ARG(T >= 0, "nccl_ep dispatch: x must be [T, %d] (2 dimensions), got %d", c->hidden, vx.ndim);
   DL_CHECK_ARG(T <= c->max_tokens, "nccl_ep dispatch: %lld tokens, more than the buffer's max_tokens %d",
                (long long)T, c->max_tokens);
-  DL_CHECK_ARG(c->output != DL_EP_FLAT || e->size > 3 || T % 2 == 0,
-               "nccl_ep dispatch: high_throughput flat on %d ranks takes an even number of tokens (NCCL EP's flat "
-               "dispatch on 3 ranks or fewer moves them in pairs), got %lld", e->size, (long long)T);
   const int64_t sx[2] = {T, c->hidden}, sk[2] = {T, c->topk};
   DL_TRY(dl_ep_tensor_arg(x, "nccl_ep dispatch: x", DL_CUDA, e->dev, owner, DL_BF16, 2, sx, &vx));
   DL_TRY(dl_ep_tensor_arg(topk_idx, "nccl_ep dispatch: topk_idx", DL_CUDA, e->dev, owner, DL_I32, 2, sk, &vi));
