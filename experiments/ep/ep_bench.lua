@@ -261,9 +261,7 @@ local function run_ep(case)
       cur.idx:copy_(mine.idx)
       cur.wts:copy_(mine.w)
       plain_dispatch()
-      if nccl then
-        cur.y:copy_(nccl_ref.expert_outputs(o, st.recv))
-      else
+      if not nccl then
         for slot, e in pairs(ep_ref.expert_outputs(o, st.recv)) do
           cur.y:select(1, slot + 1):narrow(1, 1, e.rows):copy_(e.y)
         end
@@ -271,7 +269,13 @@ local function run_ep(case)
       for _, t in ipairs(recv_out) do verify.poison(t) end
       verify.poison(out)
     end,
-    run = both,
+    -- NCCL EP places an expert's rows in arrival order, which changes from one dispatch to the next:
+    -- its experts' y come from the very dispatch that is checked (ours' places are fixed: `both`)
+    run = nccl and function()
+      pdispatch()
+      cur.y:copy_(nccl_ref.expert_outputs(o, st.recv))
+      pcombine()
+    end or both,
     check = function()
       local recv = nccl and nccl_ref.as_ours(o, st.recv, all) or st.recv
       local bad, msg, elements = ep_ref.check_dispatch(o_ours, recv, all)

@@ -134,15 +134,16 @@ fi
 
 if want ep && [ -f experiments/ep/ep_bench.lua ]; then
   # correctness first, one rank a GPU: the specs ep.sh runs with ranks sharing one GPU
-  DISTLAB_SPEC_RANKS=$N step "ep_spec #multigpu ($N ranks, a GPU each)" 150 "$L/ep-spec.log" \
+  # (EP_SPECS=0: the timings alone, where the specs ran at this commit in an earlier call)
+  [ "${EP_SPECS:-1}" = 1 ] && DISTLAB_SPEC_RANKS=$N step "ep_spec #multigpu ($N ranks, a GPU each)" 150 "$L/ep-spec.log" \
     "${DLENV[@]}" ./distlab test --tags=multigpu spec/ep_spec.lua
-  grep -E "^(FAIL|ERROR)|passed," "$L/ep-spec.log" | head -12 | tee -a "$SUM"
+  grep -E "^(FAIL|ERROR)|passed," "$L/ep-spec.log" 2>/dev/null | head -12 | tee -a "$SUM"
   ep_name=ep-bench
   if [ -f .deps/nccl-ep/lib/libnccl_ep.so ]; then
     ep_name=ep-vs-nccl-ep
-    DISTLAB_SPEC_RANKS=$N step "ep_nccl_spec #multigpu ($N ranks, a GPU each: ours and NCCL EP)" 200 \
+    [ "${EP_SPECS:-1}" = 1 ] && DISTLAB_SPEC_RANKS=$N step "ep_nccl_spec #multigpu ($N ranks, a GPU each: ours and NCCL EP)" 200 \
       "$L/ep-nccl-spec.log" "${DLENV[@]}" ./distlab test --tags=multigpu spec/ep_nccl_spec.lua
-    grep -E "^(FAIL|ERROR)|passed,|skip" "$L/ep-nccl-spec.log" | head -12 | tee -a "$SUM"
+    grep -E "^(FAIL|ERROR)|passed,|skip" "$L/ep-nccl-spec.log" 2>/dev/null | head -12 | tee -a "$SUM"
   fi
   # The PyTorch anchor before and after ours (ep_bench_torch.py under torchrun): its graph mode
   # (layout planned ahead, CUDA graphs) both times, its eager mode (host-read counts) once, before;
