@@ -105,16 +105,20 @@ describe("nccl_ep's outputs in our shape (distlab.bench.ep_nccl_ref)", function(
     local r = ours("rank_major", inp)
     local n = r.counts:tolist()[1]
     local x = dl.full({ B, Hd }, 0 / 0, { dtype = "bf16" })
-    local ids, w = dl.full({ B, K }, -7, { dtype = "i32" }), dl.full({ B, K }, 0 / 0, { dtype = "f32" })
+    local ids, w = dl.full({ B, K }, -7, { dtype = "i64" }), dl.full({ B, K }, 0 / 0, { dtype = "f32" })
     local pi, pw = ffi.cast("int32_t*", r.expert_ids:data_ptr()), ffi.cast("float*", r.weights:data_ptr())
-    local qi, qw = ffi.cast("int32_t*", ids:data_ptr()), ffi.cast("float*", w:data_ptr())
-    for j = 0, n - 1 do -- reversed, and the weights of selections elsewhere not 0, as NCCL EP leaves them
-      local d = n - 1 - j
+    local qi, qw = ffi.cast("int64_t*", ids:data_ptr()), ffi.cast("float*", w:data_ptr())
+    for j = 0, n - 1 do -- as NCCL EP leaves them: rows reversed, 64-bit ids, a row's selections here packed
+      local d = n - 1 - j -- first (in reverse), the rest -1 with weights not 0
       x:narrow(1, d + 1, 1):copy_(r.x:select(1, 1):narrow(1, j + 1, 1))
-      for k = 0, K - 1 do
-        qi[d * K + k] = pi[j * K + k]
-        qw[d * K + k] = pi[j * K + k] >= 0 and pw[j * K + k] or 9
+      local at = 0
+      for k = K - 1, 0, -1 do
+        if pi[j * K + k] >= 0 then
+          qi[d * K + at], qw[d * K + at] = pi[j * K + k], pw[j * K + k]
+          at = at + 1
+        end
       end
+      for k = at, K - 1 do qi[d * K + k], qw[d * K + k] = -1, 9 end
     end
     local fake = { x = x, counts = dl.from_table({ n }, { dtype = "i32" }), expert_ids = ids, weights = w }
     local on = { N = 1, me = 0, E = E, B = B, H = Hd, K = K, dtype = "bf16", output = "flat", algorithm = "high_throughput" }
@@ -122,6 +126,52 @@ describe("nccl_ep's outputs in our shape (distlab.bench.ep_nccl_ref)", function(
     assert.equal("rank_major", o.output)
     local bad, msg = ep_ref.check_dispatch(o, nref.as_ours(on, fake, { inp }), { inp })
     assert.equal(0, bad, msg)
+  end)
+end)
+
+describe("fp8 rows of another recipe (distlab.bench.ep_ref, fp8_scales = \"own\")", function()
+  local B, Hd, E, K = 6, 256, 4, 2
+  local function case()
+    local idx = dl.from_table({ { 0, 1 }, { 2, -1 }, { 3, 0 }, { -1, -1 }, { 1, 2 }, { 3, 2 } }, { dtype = "i32" })
+    local inp = { x = dl.randn({ B, Hd }, { dtype = "bf16", seed = 9 }), idx = idx, w = dl.ones({ B, K }, { dtype = "f32" }),
+      s = 0 }
+    local b = dl.ep.buffer { comm = dl.comm.world(), max_tokens = B, hidden = Hd, experts = E, topk = K, dtype = "fp8" }
+    local r = b:dispatch(inp.x, inp.idx, inp.w)
+    local recv = {}
+    for k, t in pairs(r) do recv[k] = t:clone() end
+    b:free()
+    return inp, recv
+  end
+  -- recv with each expert's rows reversed and every scale times f (the codes kept)
+  local function other(recv, f)
+    local out = { counts = recv.counts, x = recv.x:clone(), scales = recv.scales:clone() }
+    local counts = recv.counts:tolist()
+    for e = 1, E do
+      for j = 1, counts[e] do
+        out.x:select(1, e):narrow(1, j, 1):copy_(recv.x:select(1, e):narrow(1, counts[e] - j + 1, 1))
+        out.scales:select(1, e):narrow(1, j, 1):copy_(recv.scales:select(1, e):narrow(1, counts[e] - j + 1, 1))
+      end
+    end
+    local ps = ffi.cast("float*", out.scales:data_ptr())
+    for i = 0, out.scales:numel() - 1 do ps[i] = ps[i] * f end
+    return out
+  end
+  local o = { N = 1, me = 0, E = E, B = B, H = Hd, K = K, dtype = "fp8", output = "expert_major" }
+
+  it("rows in another order with scales an ulp off pass as own, not as ours'", function()
+    local inp, recv = case()
+    local o_own = setmetatable({ fp8_scales = "own" }, { __index = o })
+    local near = other(recv, 1 + 2 ^ -23)
+    assert.equal(0, (ep_ref.check_dispatch(o_own, near, { inp })))
+    assert.is_true(ep_ref.check_dispatch(o, near, { inp }) > 0)
+  end)
+
+  it("a 2% scale error fails as own", function()
+    local inp, recv = case()
+    local o_own = setmetatable({ fp8_scales = "own" }, { __index = o })
+    local bad, msg = ep_ref.check_dispatch(o_own, other(recv, 1.02), { inp })
+    assert.is_true(bad > 0)
+    assert.truthy(msg:find("fp8 values off their x", 1, true), msg)
   end)
 end)
 
