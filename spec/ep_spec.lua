@@ -158,10 +158,11 @@ describe("ep_bench on cpu", function()
       if case[2] == 2 then
         local graph = m:find("| torch | a2a | 2 | 4 | graph | em_packed | bf16 | 30.5 | 40.2 | 70.0 |", 1, true)
         assert.truthy(graph and graph < eager, m) -- the anchor first
-        assert.truthy(m:find("| 2 | 4 | 45.5 | 50.2 | 90.8 | 0.0 | 0.0 | 2 | fixed splits, graph, nccl | 0 |", 1, true), m)
+        assert.truthy(m:find("| torch | 2 | 4 | graph | em_packed | bf16 | 45.5 | 50.2 | 90.8 | 0.0 | 0.0 | - | 2 | 0 |", 1,
+          true), m) -- its isolated latency beside ours', the mean of 2 runs
         local c = assert(io.open(out .. "/ep-bench-cpux2.csv")):read("*a")
         assert.truthy(c:find('torch,a2a,2,4,graph,em_packed,bf16,"fixed splits, graph, nccl",30.50,40.21,70.00,', 1, true), c)
-        assert.truthy(c:find(",45.50,50.21,90.75\n", 1, true), c)
+        assert.truthy(c:find(",45.50,50.21,90.75,", 1, true), c)
         -- --measured: the same report from that CSV, nothing timed (ours' rows as they were; a time
         -- of whole microseconds, 14.00, stays so)
         local ours = c:gsub("(\ndistlab,ep,[^,]*,[^,]*,[^,]*,[^,]*,[^,]*,[^,]*,)[^,]*,", "%114.00,", 1)
@@ -177,7 +178,7 @@ describe("ep_bench on cpu", function()
         assert.equal(ours:match("\ndistlab,ep,[^\n]*"), c2:match("\ndistlab,ep,[^\n]*"), c2)
         assert.truthy(c2:find('torch,a2a,2,4,graph,em_packed,bf16,"fixed splits, graph, nccl",30.50,', 1, true), c2)
       else
-        assert.is_nil(m:find("isolated latency", 1, true), m)
+        assert.is_nil(m:find("| torch | 2 | 4 |", 1, true), m) -- no latency of the anchor's before its modes
       end
     end
     os.execute("rm -rf " .. dir)

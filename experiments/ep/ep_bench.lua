@@ -569,16 +569,17 @@ local function section(caption, header, align, lines)
 end
 local lat_lines = {}
 for _, r in ipairs(lat_rows) do
-  lat_lines[#lat_lines + 1] = string.format("| %s | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d |",
+  lat_lines[#lat_lines + 1] = string.format("| %s | %d | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d | %d |",
     r.impl, r.B, r.E, r.layout, r.output, r.dtype, f1(r.dispatch_lat_us), f1(r.combine_lat_us), f1(r.both_lat_us),
-    f1(r.dispatch_lat_GBps), f1(r.combine_lat_GBps), r.impl == "torch" and "-" or f1(r.bytes / 2 ^ 20), r.wrong)
+    f1(r.dispatch_lat_GBps), f1(r.combine_lat_GBps), r.impl == "torch" and "-" or f1(r.bytes / 2 ^ 20), r.runs or 1,
+    r.wrong)
 end
 section("Isolated latency: one replay of a graph of one call between two events, after an L2 flush (256 MB " ..
   "zeroed), a sync and a barrier, the previous call's output in place; median over the replays on each rank, max " ..
   "over ranks (ours and NCCL EP's: bench.timing.isolated, this run; PyTorch's: ep_bench_torch.py, runs 2 where " ..
   "the figures are the mean of a run before and one after this bench).",
   "| impl | B | E | layout | output | dtype | dispatch us | combine us | both us | dispatch GB/s | combine GB/s | " ..
-  "buffer MiB | #wrong |", "|---|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|", lat_lines)
+  "buffer MiB | runs | #wrong |", "|---|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|", lat_lines)
 -- Ours against NCCL EP's low latency, output for output (its buffer is per source rank: our per_rank):
 -- its isolated latency over ours (above 1: ours faster), and the buffers
 local function find(impl, layout, output, B, E, dtype)
