@@ -520,16 +520,15 @@ function M.draw(path, png)
   for _, rk in ipairs(list) do
     table.sort(rk.tracks, function(a, b) return a.tid < b.tid end)
     table.sort(rk.spans, function(a, b) return a.ts < b.ts or (a.ts == b.ts and a.dur > b.dur) end)
-    local open, lines = {}, {} -- per lane: the ends of the spans that hold the next one
+    local open, recs = {}, {} -- per lane: the ends of the spans that hold the next one
     for _, e in ipairs(rk.spans) do
       local st = open[e.tid] or {}
       open[e.tid] = st
       while #st > 0 and st[#st] <= e.ts do st[#st] = nil end
-      lines[#lines + 1] = string.format("%d %.6f %.6f %d %s", e.tid, e.ts * 1e-3, (e.ts + e.dur) * 1e-3, #st,
-        ((e.name:match("^([^.]+)") or e.name):gsub("%s", "_")))
+      recs[#recs + 1] = { tid = e.tid, ts = e.ts, dur = e.dur, depth = #st, name = e.name }
       st[#st + 1] = e.ts + e.dur
     end
-    rk.plot = table.concat(lines, "\n")
+    rk.plot = plot_lines(recs, 0)
   end
   png = png or path:gsub("%.json$", "") .. ".png"
   local ok, note = draw(png, list)
