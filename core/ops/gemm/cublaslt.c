@@ -30,7 +30,12 @@
  * the workspace; no split-K is scheme NONE), and a candidate whose
  * configuration says otherwise is skipped. The choice is made once and
  * cached with the descriptors (CACHE entries, least recently used out), so
- * a repeated shape costs no heuristic query and no descriptor creation.
+ * a repeated shape costs no heuristic query and no descriptor creation. A
+ * MoE step's grouped GEMMs alone bring 6 shapes an expert (64 experts: 384):
+ * with 256 entries they went round the cache and missed every call (8-15 ms
+ * of host time a 64-expert grouped GEMM on an H200, block-h200x2.md), so
+ * the cache holds 4096, found through a hash index (linear probing over
+ * twice as many slots; an evicted entry's slot is deleted by shifting back).
  * Alignments are part of the key because cuBLASLt assumes 256-byte aligned
  * pointers unless told: a kernel chosen for aligned rows must never see a
  * view at an odd offset.
@@ -66,7 +71,7 @@
 
 #include <cublasLt.h>
 
-enum { CACHE = 256, HEURISTIC_RESULTS = DL_LT_TUNE_MAX, MAX_DEVS = 16, MIN_MAJOR = 12, KEY = 25 };
+enum { CACHE = 4096, SLOTS = 2 * CACHE, HEURISTIC_RESULTS = DL_LT_TUNE_MAX, MAX_DEVS = 16, MIN_MAJOR = 12, KEY = 25 };
 
 static struct {
   void *lib;
@@ -117,6 +122,7 @@ typedef struct entry {
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static cublasLtHandle_t handles[MAX_DEVS];
 static entry_t cache[CACHE];
+static int32_t slots[SLOTS]; /* the hash index: entry + 1, 0 empty */
 static int64_t n_calls, n_heuristics, n_lookups;
 
 static const char *status_name(cublasStatus_t st) {
@@ -361,28 +367,79 @@ static int entry_make(entry_t *e, cublasLtHandle_t h, const operand_t *x, const 
                 (long long)align[3], got);
 }
 
+/* FNV-1a over the key's bytes: its home slot */
+static uint32_t home(const int64_t key[KEY]) {
+  const unsigned char *p = (const unsigned char *)key;
+  uint32_t h = 2166136261u;
+  for (size_t i = 0; i < sizeof(int64_t) * KEY; i++) h = (h ^ p[i]) * 16777619u;
+  return h & (SLOTS - 1);
+}
+
+/* The slot holding entry i's index, or -1. */
+static int slot_of(int i) {
+  for (uint32_t s = home(cache[i].key), n = 0; n < SLOTS; s = (s + 1) & (SLOTS - 1), n++) {
+    if (slots[s] == 0) return -1;
+    if (slots[s] == i + 1) return (int)s;
+  }
+  return -1;
+}
+
+/* Delete slot s, shifting back the entries after it whose probe passed it. */
+static void slot_delete(uint32_t s) {
+  uint32_t hole = s;
+  slots[hole] = 0;
+  for (uint32_t j = (hole + 1) & (SLOTS - 1); slots[j]; j = (j + 1) & (SLOTS - 1)) {
+    const uint32_t h = home(cache[slots[j] - 1].key);
+    /* j's entry may move to the hole unless its home lies in (hole, j] */
+    const int stays = hole <= j ? (h > hole && h <= j) : (h > hole || h <= j);
+    if (!stays) {
+      slots[hole] = slots[j];
+      slots[j] = 0;
+      hole = j;
+    }
+  }
+}
+
+/* Entry e out of the index and dropped (its making failed). */
+static void forget(entry_t *e) {
+  const int s = slot_of((int)(e - cache));
+  if (s >= 0) slot_delete((uint32_t)s);
+  entry_drop(e);
+}
+
 /* The entry of key, made on a miss (the least recently used one goes). */
 static int lookup(const int64_t key[KEY], entry_t **out, int *fresh) {
-  entry_t *victim = &cache[0];
   n_lookups++;
-  for (int i = 0; i < CACHE; i++) {
-    entry_t *e = &cache[i];
-    if (e->used && !memcmp(e->key, key, sizeof e->key)) {
+  uint32_t s = home(key);
+  for (; slots[s]; s = (s + 1) & (SLOTS - 1)) {
+    entry_t *e = &cache[slots[s] - 1];
+    if (!memcmp(e->key, key, sizeof e->key)) {
       e->last = n_lookups;
       *out = e;
       *fresh = 0;
       return DL_OK;
     }
-    if (!e->used) {
-      if (victim->used) victim = e;
-    } else if (victim->used && e->last < victim->last) {
-      victim = e;
-    }
   }
-  entry_drop(victim);
-  memcpy(victim->key, key, sizeof victim->key);
-  victim->last = n_lookups;
-  *out = victim;
+  /* a miss: a free entry, else the least recently used (its slot deleted first) */
+  int v = 0;
+  for (int i = 0; i < CACHE; i++) {
+    if (!cache[i].used) {
+      v = i;
+      break;
+    }
+    if (cache[i].last < cache[v].last) v = i;
+  }
+  if (cache[v].used) {
+    const int vs = slot_of(v);
+    if (vs >= 0) slot_delete((uint32_t)vs);
+  }
+  entry_drop(&cache[v]);
+  memcpy(cache[v].key, key, sizeof cache[v].key);
+  cache[v].last = n_lookups;
+  for (s = home(key); slots[s]; s = (s + 1) & (SLOTS - 1)) {
+  }
+  slots[s] = v + 1;
+  *out = &cache[v];
   *fresh = 1;
   return DL_OK;
 }
@@ -469,7 +526,7 @@ static int run_locked(const dl_gemm_args_t *g, int dev, void *ws, int64_t ws_byt
     int rc = entry_make(e, handles[dev], &ox, &oy, &oc, &od, g->a.dtype, g->d.dtype, g->k, bs,
                         align, ws_bytes, tune, &t);
     if (rc) {
-      entry_drop(e);
+      forget(e);
       /* some cuBLASLt versions refuse the heuristic query while a stream captures */
       enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
       if (cudaStreamIsCapturing((cudaStream_t)stream, &cs) != cudaSuccess)
