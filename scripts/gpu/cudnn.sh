@@ -20,7 +20,10 @@
 #      and cudnn, the anchors again, same run, b=2 h=16 d=128 s 4k..32k (BENCH_S), causal and not,
 #      bshd and thd: $OUT/attn-vs-fa4-<gpu>.md, the results file, against the mean
 #      of the two anchor runs (targets: ours >= the faster of FA4 and cuDNN,
-#      issue 52; cudnn >= 0.95 x PyTorch's cuDNN, fwd and bwd);
+#      issue 52; cudnn >= 0.95 x PyTorch's cuDNN, fwd and bwd). BENCH_TORCH_BACKENDS
+#      (default: all three) narrows both anchor runs, e.g. fa4,cudnn: at d 128 the
+#      whole table took 173 + 212 + ~175 s on an H200 with FlashAttention-2's rows,
+#      past one call's budget; without them it fits;
 #   5. MPS started, the CP specs with backend "cudnn" (DISTLAB_CP_BACKEND)
 #      with 2 ranks sharing the GPU, and the cudnn workspace of the CP
 #      schedules measured on the GPU beside the meta formula
@@ -135,16 +138,17 @@ if want bench; then
   BENCH_S="${BENCH_S:-4096,8192,16384,32768}"
   fa4_site || say "FA4: its rows will say it is not installed"
   BENCH_BACKENDS="${BENCH_BACKENDS:-ours,cudnn}" # dl.attn's
+  TB=(); [ -z "${BENCH_TORCH_BACKENDS:-}" ] || TB=(--backends "$BENCH_TORCH_BACKENDS") # the anchors
   for d in ${BENCH_D:-128}; do
     sfx=$([ "$d" = 128 ] || echo "-d$d") Ld="$L/d$d"
     mkdir -p "$Ld"
     step "attn bench d $d: FA4, PyTorch SDPA (before)" "${TORCH_LIMIT:-200}" "$Ld/attn-torch-1.log" "$PY" \
-      experiments/attn/attn_bench_torch.py --s "$BENCH_S" --d "$d" --out "$Ld" --name attn-torch-1
+      experiments/attn/attn_bench_torch.py --s "$BENCH_S" --d "$d" --out "$Ld" --name attn-torch-1 "${TB[@]}"
     step "attn bench d $d: dl.attn $BENCH_BACKENDS" "${OURS_LIMIT:-240}" "$Ld/attn-bench.log" "${DLENV[@]}" \
       ./distlab run -n 1 --device cuda experiments/attn/attn_bench.lua --s "$BENCH_S" --d "$d" \
       --backends "$BENCH_BACKENDS" --out "$Ld"
     step "attn bench d $d: FA4, PyTorch SDPA (after)" "${TORCH_LIMIT:-200}" "$Ld/attn-torch-2.log" "$PY" \
-      experiments/attn/attn_bench_torch.py --s "$BENCH_S" --d "$d" --out "$Ld" --name attn-torch-2
+      experiments/attn/attn_bench_torch.py --s "$BENCH_S" --d "$d" --out "$Ld" --name attn-torch-2 "${TB[@]}"
     step "attn bench d $d: the results file" 60 "$Ld/attn-table.log" "${DLENV[@]}" ./distlab run -n 1 --device cuda \
       experiments/attn/attn_bench.lua --s "$BENCH_S" --d "$d" --backends "$BENCH_BACKENDS" \
       --measured "$Ld/attn-distlab.csv" --torch "$Ld/attn-torch-1.csv,$Ld/attn-torch-2.csv" --out "$OUT" \
