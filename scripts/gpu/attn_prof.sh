@@ -36,6 +36,9 @@
 # attn_prof-logs.tgz (the logs and every report's text exports: attn_prof/reports/), and the binary
 # reports in attn-prof-reports.tgz (split into attn-prof-reports.tgz.part-N of 15 MiB where larger:
 # `cat attn-prof-reports.tgz.part-* | tar -xz`; over 3 parts they stay on the machine only).
+# OURS_VARIANTS (default "ours"): ours' columns, each NAME or NAME:VAR=VALUE,VAR=VALUE (environment knobs,
+# e.g. "ours pipe2:DISTLAB_ATTN_HOPPER_FWD_PIPE=2"): every one profiled as NAME-fwd-MASK and NAME-bwd-MASK and
+# put beside FA4's in the summary (the forward knobs of FA4-GAP.md profiled against the default loop).
 # Limits: NCU_LIMIT (180 s) each ncu run, within BUDGET (570 s; the summary and packing after it).
 # NCU: the ncu binary (default: PATH, else /usr/local/cuda/bin/ncu); NCU_EXTRA: more ncu options
 # (e.g. `--clock-control none`: by default ncu locks the clocks to base, so durations are not the
@@ -55,6 +58,11 @@ export PYTHONUNBUFFERED=1
 STEPS="${STEPS:-ours fa4 summary}"
 S="${S:-8192}" D="${D:-128}" LAYOUT="${LAYOUT:-bshd}" MASKS="${MASKS:-none causal}" CALLS="${CALLS:-3}"
 DEV="${DEVICE:-cuda}"
+OURS_VARIANTS="${OURS_VARIANTS:-ours}"
+for v in $OURS_VARIANTS; do
+  [[ "${v%%:*}" =~ ^[a-z][a-z0-9]*$ ]] && [ "${v%%:*}" != fa4 ] || { say "OURS_VARIANTS: a name ([a-z][a-z0-9]*, not fa4) before ':', got $v"; exit 2; }
+  [[ "$v" != *:* ]] || [[ "${v#*:}" =~ ^[A-Z_0-9]+=[^,]*(,[A-Z_0-9]+=[^,]*)*$ ]] || { say "OURS_VARIANTS: NAME:VAR=VALUE[,VAR=VALUE...], got $v"; exit 2; }
+done
 for m in $MASKS; do [ "$m" = none ] || [ "$m" = causal ] || { say "MASKS: none or causal, got $m"; exit 2; }; done
 [ "$LAYOUT" = bshd ] || [ "$LAYOUT" = thd ] || { say "LAYOUT: bshd or thd, got $LAYOUT"; exit 2; }
 [[ "$CALLS" =~ ^[1-9][0-9]*$ ]] || { say "CALLS: a positive integer, got $CALLS"; exit 2; }
@@ -68,6 +76,7 @@ OURS_LUAJIT="${OURS_LUAJIT:-luajit -joff}" # ours' luajit under ncu
 # the variables that change a run, as the call set them (before fa4_site sets FA4's cache), then the script's own
 RECORDED="$(env | grep -E '^(DISTLAB|CUDA|CUTE_DSL|FLASH_ATTENTION)_' | grep -v '^DISTLAB_COMMIT=' | sort | tr '\n' ' ')"
 RECORDED="${RECORDED}S=$S D=$D LAYOUT=$LAYOUT MASKS=\"$MASKS\" CALLS=$CALLS STEPS=\"$STEPS\"${DEVICE:+ DEVICE=$DEVICE}"
+[ "$OURS_VARIANTS" = ours ] || RECORDED="$RECORDED OURS_VARIANTS=\"$OURS_VARIANTS\""
 RECORDED="$RECORDED${SKIP_BUILD:+ SKIP_BUILD=$SKIP_BUILD}${NCU_EXTRA:+ NCU_EXTRA=\"$NCU_EXTRA\"}"
 
 header
@@ -121,11 +130,14 @@ prof() {
 
 if want ours; then
   build_or_skip || exit 1
+  for v in $OURS_VARIANTS; do
+  name=${v%%:*} knobs=()
+  [[ "$v" != *:* ]] || IFS=, read -r -a knobs <<<"${v#*:}"
   for mask in $MASKS; do
     # shellcheck disable=SC2046 # args: words
-    step "ours $mask: plain run (launches, check)" 120 "$L/ours-plain-$mask.log" ./distlab run -n 1 --device "$DEV" \
-      experiments/attn/attn_prof.lua $(args "$mask")
-    grep -E '^attn_prof: (fwd_why|bwd_why|.* launches: )' "$L/ours-plain-$mask.log" | tee -a "$SUM"
+    step "$name $mask: plain run (launches, check)${knobs[*]:+ (${knobs[*]})}" 120 "$L/$name-plain-$mask.log" \
+      env "${knobs[@]}" ./distlab run -n 1 --device "$DEV" experiments/attn/attn_prof.lua $(args "$mask")
+    grep -E '^attn_prof: (fwd_why|bwd_why|.* launches: )' "$L/$name-plain-$mask.log" | tee -a "$SUM"
     # regex:fwd_kernel, as hopper_prof.sh matched it on these hosts; regex:bwd_kernel matches neither
     # bwd_prep_kernel nor bwd_dq_kernel. Both also match the portable attn_fwd_kernel / attn_bwd_kernel,
     # which do not run where the Hopper kernels do (the plain run's fwd_why / bwd_why say which run; the
@@ -133,11 +145,12 @@ if want ours; then
     # (luajit -joff: compute-sanitizer's backtraces aborted LuaJIT's compiled traces, sanitizer.sh; ncu takes
     # none by default, and with the JIT off the launches are the same, so it costs nothing to rule that out)
     # shellcheck disable=SC2046
-    prof "ours-fwd-$mask" regex:fwd_kernel $((CALLS - 1)) env LUAJIT="$OURS_LUAJIT" ./distlab run -n 1 \
+    prof "$name-fwd-$mask" regex:fwd_kernel $((CALLS - 1)) env "${knobs[@]}" LUAJIT="$OURS_LUAJIT" ./distlab run -n 1 \
       --device "$DEV" experiments/attn/attn_prof.lua $(args "$mask")
     # shellcheck disable=SC2046
-    prof "ours-bwd-$mask" regex:bwd_kernel $((CALLS - 1)) env LUAJIT="$OURS_LUAJIT" ./distlab run -n 1 \
+    prof "$name-bwd-$mask" regex:bwd_kernel $((CALLS - 1)) env "${knobs[@]}" LUAJIT="$OURS_LUAJIT" ./distlab run -n 1 \
       --device "$DEV" experiments/attn/attn_prof.lua $(args "$mask")
+  done
   done
 fi
 
@@ -178,7 +191,12 @@ if want summary; then
   field() { sed -n "s/^$1: //p" "$2"; }
   cols=() lines=()
   for mask in $MASKS; do
-    for label in "ours-fwd-$mask" "fa4-fwd-$mask" "ours-bwd-$mask" "fa4-bwd-$mask"; do
+    labels=()
+    for dir in fwd bwd; do
+      for v in $OURS_VARIANTS; do labels+=("${v%%:*}-$dir-$mask"); done
+      labels+=("fa4-$dir-$mask")
+    done
+    for label in "${labels[@]}"; do
       cols+=("$label=$R/$label.raw.csv")
       m="$R/$label.meta"
       if [ -f "$m" ]; then
