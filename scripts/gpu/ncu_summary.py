@@ -92,17 +92,17 @@ def table(head, rows):
 
 
 def summarize(pairs, title, preamble):
-    cols, notes, units = [], [], {}  # cols: (label, row dict or None)
+    cols, notes, units = [], [], []  # cols: (label, row dict or None); units: each column's {metric: unit}
     for label, path in pairs:
         names, u, rows = read_raw(path)
         if not rows:
             notes.append(f"- {label}: no profiled kernel in `{path}` (missing, empty, or ncu profiled nothing)")
             cols.append((label, None))
+            units.append({})
             continue
-        for k, v in u.items():
-            units.setdefault(k, v)
         for i, r in enumerate(rows):
             cols.append((label if i == 0 else f"{label}#{i + 1}", r))
+            units.append(u)
     metrics = []
     for _, r in cols:
         for k in (r or {}):
@@ -126,11 +126,22 @@ def summarize(pairs, title, preamble):
         if not mine:
             out += ["No metric of the reports matches " + ", ".join(f"`{p}`" for p in pats) + ".", ""]
             continue
-        rows = [[f"`{m}`", units.get(m, "") or ""] + [cell(r.get(m)) if r else "—" for _, r in cols] for m in mine]
+        rows = [metric_row(m, cols, units) for m in mine]
         out += table(["metric", "unit"] + labels, rows) + [""]
         if gtitle == "Warp stalls":
             out += stall_shares(cols, labels, metrics)
     return "\n".join(out) + "\n"
+
+
+def metric_row(m, cols, units):
+    """A metric's table row. ncu scales a unit per report (the same duration is "ms" in one and "us" in
+    another), so where the columns' units differ, each cell carries its own and the unit column says so."""
+    have = {u.get(m, "") or "" for (_, r), u in zip(cols, units) if r and r.get(m) not in (None, "")}
+    if len(have) <= 1:
+        return [f"`{m}`", next(iter(have), "")] + [cell(r.get(m)) if r else "—" for _, r in cols]
+    cells = [(f"{cell(r.get(m))} {u.get(m, '')}".rstrip() if r.get(m) not in (None, "") else cell(r.get(m)))
+             if r else "—" for (_, r), u in zip(cols, units)]
+    return [f"`{m}`", "(each cell's)"] + cells
 
 
 def stall_shares(cols, labels, metrics):
