@@ -274,17 +274,24 @@ if A.torch then
   end
   -- PyTorch's figures for a row, each direction its own: thd ones where it ran thd, else its bshd ones
   -- (the same work), marked with a dagger
+  -- few[i]: the figure is the mean of fewer runs than the call made (a run cut short), marked ¹
   local function anchor(impl, r)
     local own = torch[impl .. "/" .. r.layout .. "/" .. r.mask .. "/" .. r.s] or {}
     local dense = torch[impl .. "/bshd/" .. r.mask .. "/" .. r.s] or {}
-    local a = { mark = {}, runs = own.runs or dense.runs or "—" }
+    local a = { mark = {}, few = {}, runs = own.runs or dense.runs or "—" }
     for i = 1, 3 do
       a[i] = own[i] or dense[i]
       a.mark[i] = (not own[i] and dense[i] and r.layout ~= "bshd") and "†" or ""
+      local from = own[i] and own or dense[i] and dense
+      a.few[i] = from and from.n[i] < nruns and "¹" or ""
     end
     return a
   end
-  local function cell(v, mark) return v and string.format("%.0f%s", v, mark or "") or "—" end
+  local nfew = 0 -- anchor figures in the table from fewer runs than the call made
+  local function cell(v, mark, few)
+    if v and few and few ~= "" then nfew = nfew + 1 end
+    return v and string.format("%.0f%s%s", v, mark or "", few or "") or "—"
+  end
   -- dl.attn's cudnn backend's own figures for a row (this run), the cuDNN route thd has
   local ours_cudnn = {}
   for _, r in ipairs(rows) do
@@ -293,11 +300,12 @@ if A.torch then
   -- the faster cuDNN of PyTorch's SDPA and dl.attn's cudnn backend, per direction, and which it was
   local function best_cudnn(r)
     local py, dc = anchor("cudnn", r), ours_cudnn[r.layout .. "/" .. r.mask .. "/" .. r.s]
-    local b = { mark = {} }
+    local b = { mark = {}, few = {} }
     local ours = { dc and dc.fwd, dc and dc.bwd, dc and dc.fwdbwd }
     for i = 1, 3 do
       local v, p = ours[i], py.mark[i] == "" and py[i] or nil -- no bshd stand-in for a thd row
-      if p and (not v or p >= v) then b[i], b.mark[i] = p, "" elseif v then b[i], b.mark[i] = v, "‡" end
+      b.few[i] = ""
+      if p and (not v or p >= v) then b[i], b.mark[i], b.few[i] = p, "", py.few[i] elseif v then b[i], b.mark[i] = v, "‡" end
     end
     return b
   end
@@ -333,14 +341,20 @@ if A.torch then
     end
     local function ratio(x) return x and string.format("%.3f", x) or "—" end
     out[#out + 1] = string.format("| %s | %s | %d | %.0f | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %s |",
-      r.layout, r.mask, r.s, r.fwd, r.bwd, cell(own(f4, 1)), cell(own(f4, 2)), cell(cu[1], cu.mark[1]),
-      cell(cu[2], cu.mark[2]), ratio(rf), ratio(rb), target, cell(own(fl, 1)), cell(own(fl, 2)))
+      r.layout, r.mask, r.s, r.fwd, r.bwd, cell(own(f4, 1), "", f4.few[1]), cell(own(f4, 2), "", f4.few[2]),
+      cell(cu[1], cu.mark[1], cu.few[1]), cell(cu[2], cu.mark[2], cu.few[2]), ratio(rf), ratio(rb), target,
+      cell(own(fl, 1), "", fl.few[1]), cell(own(fl, 2), "", fl.few[2]))
     short[#short + 1] = string.format("%-4s %-6s %6d  ours %4.0f/%4.0f  fa4 %4s/%4s  cudnn %4s/%4s  ratio %s/%s  %s",
       r.layout, r.mask, r.s, r.fwd, r.bwd, cell(own(f4, 1)), cell(own(f4, 2)), cell(cu[1], cu.mark[1]),
       cell(cu[2], cu.mark[2]), ratio(rf), ratio(rb), target)
     ::next::
   end
   out[#out + 1] = ""
+  if nfew > 0 then
+    out[#out + 1] = string.format("¹ %d anchor figure%s above from fewer than the %d runs (a run was cut short: the " ..
+      "mean of those that have it).", nfew, nfew == 1 and "" or "s", nruns)
+    out[#out + 1] = ""
+  end
   out[#out + 1] = string.format("Target (issue 52) met at %d of %d shapes.", tmet, tn)
   -- dl.attn's cudnn backend against PyTorch's cuDNN SDPA (issue 18: >= 0.95 x, fwd and bwd, every shape)
   local cshort, met, n = {}, 0, 0
