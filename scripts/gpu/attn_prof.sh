@@ -131,26 +131,26 @@ prof() {
 if want ours; then
   build_or_skip || exit 1
   for v in $OURS_VARIANTS; do
-  name=${v%%:*} knobs=()
-  [[ "$v" != *:* ]] || IFS=, read -r -a knobs <<<"${v#*:}"
-  for mask in $MASKS; do
-    # shellcheck disable=SC2046 # args: words
-    step "$name $mask: plain run (launches, check)${knobs[*]:+ (${knobs[*]})}" 120 "$L/$name-plain-$mask.log" \
-      env "${knobs[@]}" ./distlab run -n 1 --device "$DEV" experiments/attn/attn_prof.lua $(args "$mask")
-    grep -E '^attn_prof: (fwd_why|bwd_why|.* launches: )' "$L/$name-plain-$mask.log" | tee -a "$SUM"
-    # regex:fwd_kernel, as hopper_prof.sh matched it on these hosts; regex:bwd_kernel matches neither
-    # bwd_prep_kernel nor bwd_dq_kernel. Both also match the portable attn_fwd_kernel / attn_bwd_kernel,
-    # which do not run where the Hopper kernels do (the plain run's fwd_why / bwd_why say which run; the
-    # summary names the kernel each report holds).
-    # (luajit -joff: compute-sanitizer's backtraces aborted LuaJIT's compiled traces, sanitizer.sh; ncu takes
-    # none by default, and with the JIT off the launches are the same, so it costs nothing to rule that out)
-    # shellcheck disable=SC2046
-    prof "$name-fwd-$mask" regex:fwd_kernel $((CALLS - 1)) env "${knobs[@]}" LUAJIT="$OURS_LUAJIT" ./distlab run -n 1 \
-      --device "$DEV" experiments/attn/attn_prof.lua $(args "$mask")
-    # shellcheck disable=SC2046
-    prof "$name-bwd-$mask" regex:bwd_kernel $((CALLS - 1)) env "${knobs[@]}" LUAJIT="$OURS_LUAJIT" ./distlab run -n 1 \
-      --device "$DEV" experiments/attn/attn_prof.lua $(args "$mask")
-  done
+    name=${v%%:*} knobs=()
+    [[ "$v" != *:* ]] || IFS=, read -r -a knobs <<<"${v#*:}"
+    for mask in $MASKS; do
+      # shellcheck disable=SC2046 # args: words
+      step "$name $mask: plain run (launches, check)${knobs[*]:+ (${knobs[*]})}" 120 "$L/$name-plain-$mask.log" \
+        env "${knobs[@]}" ./distlab run -n 1 --device "$DEV" experiments/attn/attn_prof.lua $(args "$mask")
+      grep -E '^attn_prof: (fwd_why|bwd_why|.* launches: )' "$L/$name-plain-$mask.log" | tee -a "$SUM"
+      # regex:fwd_kernel, as hopper_prof.sh matched it on these hosts; regex:bwd_kernel matches neither
+      # bwd_prep_kernel nor bwd_dq_kernel. Both also match the portable attn_fwd_kernel / attn_bwd_kernel,
+      # which do not run where the Hopper kernels do (the plain run's fwd_why / bwd_why say which run; the
+      # summary names the kernel each report holds).
+      # (luajit -joff: compute-sanitizer's backtraces aborted LuaJIT's compiled traces, sanitizer.sh; ncu takes
+      # none by default, and with the JIT off the launches are the same, so it costs nothing to rule that out)
+      # shellcheck disable=SC2046
+      prof "$name-fwd-$mask" regex:fwd_kernel $((CALLS - 1)) env "${knobs[@]}" LUAJIT="$OURS_LUAJIT" ./distlab run -n 1 \
+        --device "$DEV" experiments/attn/attn_prof.lua $(args "$mask")
+      # shellcheck disable=SC2046
+      prof "$name-bwd-$mask" regex:bwd_kernel $((CALLS - 1)) env "${knobs[@]}" LUAJIT="$OURS_LUAJIT" ./distlab run -n 1 \
+        --device "$DEV" experiments/attn/attn_prof.lua $(args "$mask")
+    done
   done
 fi
 
