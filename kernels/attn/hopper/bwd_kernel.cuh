@@ -224,9 +224,10 @@ template <int DH> HP_DEV void zero_rows(uint32_t base, int rows, int valid, int 
 
 // acc (64 keys x DH) += X^T (in registers, bf16: the A layout) B (the item's BQ rows x DH, MN-major).
 template <int DH, int BQ> HP_DEV void gemm_acc(float (&acc)[DH / 2], const uint32_t (&xa)[BQ / 4], uint32_t b_base) {
+  const uint64_t db = gmma_desc(b_base, BQ * 128, 1024);
 #pragma unroll
   for (int kc = 0; kc < BQ / 16; kc++)
-    wgmma_rs(acc, *reinterpret_cast<const uint32_t(*)[4]>(xa + 4 * kc), gmma_desc(b_base + kc * 16 * 128, BQ * 128, 1024));
+    wgmma_rs(acc, *reinterpret_cast<const uint32_t(*)[4]>(xa + 4 * kc), desc_at(db, kc * 16 * 128));
 }
 
 // dQ (64 queries x the warpgroup's NC columns of d: DQK / 2, or BQ 128's all 64) = dS K over the block's
@@ -245,11 +246,11 @@ template <int NC> HP_DEV void gemm_dq(float (&dq)[NC / 2], uint32_t ds_base, uin
 // transposed (MN-major: the warpgroup's half of d, k_cols), B = dS K-major (keys contiguous: half kc / 4
 // of the two [80][64] tiles, 16 keys at + 32 bytes); m64n80k16, one commit group.
 HP_DEV void gemm_dqt(float (&dq)[40], uint32_t ds_base, uint32_t k_cols) {
+  const uint64_t da = gmma_desc(k_cols, BN * 128, 1024), db = gmma_desc(ds_base, 16, 1024);
   wg_fence();
 #pragma unroll
   for (int kc = 0; kc < BN / 16; kc++)
-    wgmma_ss_ta(dq, gmma_desc(k_cols + kc * 16 * 128, BN * 128, 1024),
-                gmma_desc(ds_base + (kc / 4) * 80 * 128 + (kc % 4) * 32, 16, 1024), kc > 0);
+    wgmma_ss_ta(dq, desc_at(da, kc * 16 * 128), desc_at(db, (kc / 4) * 80 * 128 + (kc % 4) * 32), kc > 0);
   wg_commit();
 }
 
