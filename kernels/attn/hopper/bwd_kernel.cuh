@@ -602,14 +602,19 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto store_dq = [&](int n, const float(&dq)[NDQ]) {
     if (n > 0) mbar_wait(&sm.dq_empty, (uint32_t)(n - 1) & 1u, &sm.fail, p.err);
     if constexpr (BQ == 80) {
-      const uint32_t dq_base = hp_smem_u32(sm.dq);
+      // value 4 j + e: column col0 + 8 (e / 2) of d, query row 8 j + 2 k + e % 2 (k = lane % 4), at
+      // bwd_dq_col<80>'s column col ^ 8 ((row / 2) % 4) = col ^ 8 k, the thread's own for all its rows: so
+      // two addresses, a0 and a1, and the 40 stores at constant offsets from them (no address arithmetic
+      // a store: it was ~3 instructions each, 13% of the backward's, attn-prof-h200.md; FA4-GAP.md B8a;
+      // the addresses checked equal to bwd_dq_col's for every thread, item row and value)
+      const int k = lane % 4, col0 = c * 64 + warp * 16 + lane / 4; // col0's bit 3 is clear
+      const uint32_t a = hp_smem_u32(sm.dq) + 4 * (2 * k) * DQK;
+      const uint32_t a0 = a + 4 * (col0 ^ (8 * k)), a1 = a + 4 * ((col0 + 8) ^ (8 * k));
 #pragma unroll
       for (int j = 0; j < BQ / 8; j++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-          const int col = c * 64 + warp * 16 + lane / 4 + 8 * (e >> 1), row = 8 * j + 2 * (lane % 4) + (e & 1);
-          st_shared_u32(dq_base + 4 * (row * DQK + bwd_dq_col<BQ>(col, row)), __float_as_uint(dq[4 * j + e]));
-        }
+        for (int e = 0; e < 4; e++)
+          st_shared_u32(((e >> 1) ? a1 : a0) + 4 * (8 * j + (e & 1)) * DQK, __float_as_uint(dq[4 * j + e]));
     } else if constexpr (BQ == 128) { // by shared addresses: 16 generic ones cost ptxas spills (registers)
       const uint32_t dq_base = hp_smem_u32(sm.dq);
 #pragma unroll
