@@ -626,14 +626,20 @@ __global__ void __launch_bounds__(THREADS, 1)
                        __float_as_uint(dq[4 * j + 2 * r + 1]));
       }
     } else {
+      // value pair (j, r): row warp 16 + lane / 4 + 8 r, column c DQK / 2 + 8 j + 2 (lane % 4), at bwd_dq_col's
+      // column ^ 8 (row % 4) = ^ 8 k (k = (lane / 4) % 4, the same for both rows): 8 (j ^ k) over an address
+      // whose bits 5-7 are clear (sm.dq 256-byte aligned, rows of 4 DQK bytes, halves of 2 DQK), i.e. the
+      // address of j = B ^ 32 j. Shared stores from one address a thread (were 16 generic 8-byte stores with
+      // their 64-bit addresses; FA4-GAP.md B8a; checked equal to bwd_dq_col's for every thread and value)
+      using smem_t = bwd_smem_t<DQK, DV, BQ>;
+      static_assert(offsetof(smem_t, dq) % 256 == 0, "B8a's addresses need sm.dq 256-byte aligned");
+      const int k = (lane / 4) % 4;
+      const uint32_t b = hp_smem_u32(sm.dq) + 4 * ((warp * 16 + lane / 4) * DQK + c * (DQK / 2) + 2 * (lane % 4)) + 32 * k;
 #pragma unroll
-      for (int r = 0; r < 2; r++) {
-        const int row = warp * 16 + lane / 4 + 8 * r;
+      for (int r = 0; r < 2; r++)
 #pragma unroll
         for (int j = 0; j < DQK / 16; j++)
-          *reinterpret_cast<float2 *>(sm.dq + row * DQK + bwd_dq_col(c * (DQK / 2) + 8 * j + 2 * (lane % 4), row)) =
-              make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
-      }
+          st_shared_v2((b ^ (32u * j)) + r * 8 * 4 * DQK, __float_as_uint(dq[4 * j + 2 * r]), __float_as_uint(dq[4 * j + 2 * r + 1]));
     }
     fence_proxy_async();
     release_stores(&sm.dq_full);
