@@ -468,12 +468,18 @@ __global__ void __launch_bounds__(THREADS, 1)
   };
   // This thread's queries are columns 8 j + 2 (lane % 4) + e % 2 of the item's 64, its keys rows
   // n0 + kr + 8 (e >> 1). P^T = exp2(S^T scale log2e - lse2), in place.
+  // The two rows' values of a stage's lse2 or D this thread's columns j need (queries 8 j + 2 (lane % 4), + 1)
+  // by one 8-byte load (were two 4-byte ones a j; attn-prof-h200.md, FA4-GAP.md B8b). Through the generic
+  // pointer still: by ld.shared (asm, a memory clobber) ptxas spilled 16 bytes in the BULK kernels.
+  auto rows2 = [&](const float *a, int j) { return *reinterpret_cast<const float2 *>(a + 8 * j + 2 * (lane % 4)); };
   auto exp_p = [&](int st, float(&s)[BQ / 2]) {
     const float *l2 = sm.lse2[st];
 #pragma unroll
-    for (int j = 0; j < BQ / 8; j++)
+    for (int j = 0; j < BQ / 8; j++) {
+      const float2 l = rows2(l2, j);
 #pragma unroll
-      for (int e = 0; e < 4; e++) s[4 * j + e] = hp_exp2(fmaf(s[4 * j + e], p.scale_log2, -l2[8 * j + 2 * (lane % 4) + (e & 1)]));
+      for (int e = 0; e < 4; e++) s[4 * j + e] = hp_exp2(fmaf(s[4 * j + e], p.scale_log2, -((e & 1) ? l.y : l.x)));
+    }
   };
   auto visible = [&](int i0, int j, int e) {
     const int key = n0 + kr + 8 * (e >> 1), qi = i0 + 8 * j + 2 * (lane % 4) + (e & 1);
@@ -494,9 +500,11 @@ __global__ void __launch_bounds__(THREADS, 1)
                       (wl >= 0 && key_lo - (i0 + BQ - 1) < shift - wl);
     wg_wait<0>();
 #pragma unroll
-    for (int j = 0; j < BQ / 8; j++)
+    for (int j = 0; j < BQ / 8; j++) {
+      const float2 d = rows2(dd, j);
 #pragma unroll
-      for (int e = 0; e < 4; e++) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - dd[8 * j + 2 * (lane % 4) + (e & 1)]);
+      for (int e = 0; e < 4; e++) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? d.y : d.x));
+    }
     if (diag) {
 #pragma unroll
       for (int j = 0; j < BQ / 8; j++)
@@ -543,8 +551,9 @@ __global__ void __launch_bounds__(THREADS, 1)
     wg_wait<1>();
 #pragma unroll
     for (int j = 0; j < BQ / 8; j++) {
+      const float2 d = rows2(dd, j);
 #pragma unroll
-      for (int e = 0; e < 4; e++) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - dd[8 * j + 2 * (lane % 4) + (e & 1)]);
+      for (int e = 0; e < 4; e++) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? d.y : d.x));
       da[2 * j] = pack_bf16(dp[4 * j], dp[4 * j + 1]), da[2 * j + 1] = pack_bf16(dp[4 * j + 2], dp[4 * j + 3]);
     }
   };
