@@ -289,7 +289,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                 "128 query rows an item: d 64, FA4's order, lse2 and D by warps 9 and 11 (BULK pads to 64)");
   // a thread's dQ (BQ 80: of dQ^T; BQ 128: its warpgroup's 64 queries x all 64 columns of d)
   constexpr int NDQ = BQ == 80 ? 40 : BQ == 128 ? 32 : DQK / 4;
-  bwd_smem_t<DQK, DV, BQ> &sm = *reinterpret_cast<bwd_smem_t<DQK, DV, BQ> *>((reinterpret_cast<uintptr_t>(hp_smem()) + 1023) & ~uintptr_t(1023));
+  bwd_smem_t<DQK, DV, BQ> &sm = *reinterpret_cast<bwd_smem_t<DQK, DV, BQ> *>(hp_smem_aligned());
   const int n_block = blockIdx.x, hkv = blockIdx.y, bb = blockIdx.z, group = p.h / p.h_kv;
   const int warp_id = hp_warp_uniform(threadIdx.x / 32), tid = threadIdx.x % 128;
   const hp_seq_t sq = hp_seq(p, bb);
