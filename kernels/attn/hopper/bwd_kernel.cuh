@@ -224,9 +224,10 @@ template <int DH> HP_DEV void zero_rows(uint32_t base, int rows, int valid, int 
 
 // acc (64 keys x DH) += X^T (in registers, bf16: the A layout) B (the item's BQ rows x DH, MN-major).
 template <int DH, int BQ> HP_DEV void gemm_acc(float (&acc)[DH / 2], const uint32_t (&xa)[BQ / 4], uint32_t b_base) {
+  const uint64_t db = gmma_desc(b_base, BQ * 128, 1024);
 #pragma unroll
   for (int kc = 0; kc < BQ / 16; kc++)
-    wgmma_rs(acc, *reinterpret_cast<const uint32_t(*)[4]>(xa + 4 * kc), gmma_desc(b_base + kc * 16 * 128, BQ * 128, 1024));
+    wgmma_rs(acc, *reinterpret_cast<const uint32_t(*)[4]>(xa + 4 * kc), desc_at(db, kc * 16 * 128));
 }
 
 // dQ (64 queries x the warpgroup's NC columns of d: DQK / 2, or BQ 128's all 64) = dS K over the block's
@@ -245,11 +246,11 @@ template <int NC> HP_DEV void gemm_dq(float (&dq)[NC / 2], uint32_t ds_base, uin
 // transposed (MN-major: the warpgroup's half of d, k_cols), B = dS K-major (keys contiguous: half kc / 4
 // of the two [80][64] tiles, 16 keys at + 32 bytes); m64n80k16, one commit group.
 HP_DEV void gemm_dqt(float (&dq)[40], uint32_t ds_base, uint32_t k_cols) {
+  const uint64_t da = gmma_desc(k_cols, BN * 128, 1024), db = gmma_desc(ds_base, 16, 1024);
   wg_fence();
 #pragma unroll
   for (int kc = 0; kc < BN / 16; kc++)
-    wgmma_ss_ta(dq, gmma_desc(k_cols + kc * 16 * 128, BN * 128, 1024),
-                gmma_desc(ds_base + (kc / 4) * 80 * 128 + (kc % 4) * 32, 16, 1024), kc > 0);
+    wgmma_ss_ta(dq, desc_at(da, kc * 16 * 128), desc_at(db, (kc / 4) * 80 * 128 + (kc % 4) * 32), kc > 0);
   wg_commit();
 }
 
@@ -288,7 +289,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                 "128 query rows an item: d 64, FA4's order, lse2 and D by warps 9 and 11 (BULK pads to 64)");
   // a thread's dQ (BQ 80: of dQ^T; BQ 128: its warpgroup's 64 queries x all 64 columns of d)
   constexpr int NDQ = BQ == 80 ? 40 : BQ == 128 ? 32 : DQK / 4;
-  bwd_smem_t<DQK, DV, BQ> &sm = *reinterpret_cast<bwd_smem_t<DQK, DV, BQ> *>((reinterpret_cast<uintptr_t>(hp_smem()) + 1023) & ~uintptr_t(1023));
+  bwd_smem_t<DQK, DV, BQ> &sm = *reinterpret_cast<bwd_smem_t<DQK, DV, BQ> *>(hp_smem_aligned());
   const int n_block = blockIdx.x, hkv = blockIdx.y, bb = blockIdx.z, group = p.h / p.h_kv;
   const int warp_id = hp_warp_uniform(threadIdx.x / 32), tid = threadIdx.x % 128;
   const hp_seq_t sq = hp_seq(p, bb);
@@ -467,12 +468,18 @@ __global__ void __launch_bounds__(THREADS, 1)
   };
   // This thread's queries are columns 8 j + 2 (lane % 4) + e % 2 of the item's 64, its keys rows
   // n0 + kr + 8 (e >> 1). P^T = exp2(S^T scale log2e - lse2), in place.
+  // The two rows' values of a stage's lse2 or D this thread's columns j need (queries 8 j + 2 (lane % 4), + 1)
+  // by one 8-byte load (were two 4-byte ones a j; attn-prof-h200.md, FA4-GAP.md B8b). Through the generic
+  // pointer still: by ld.shared (asm, a memory clobber) ptxas spilled 16 bytes in the BULK kernels.
+  auto rows2 = [&](const float *a, int j) { return *reinterpret_cast<const float2 *>(a + 8 * j + 2 * (lane % 4)); };
   auto exp_p = [&](int st, float(&s)[BQ / 2]) {
     const float *l2 = sm.lse2[st];
 #pragma unroll
-    for (int j = 0; j < BQ / 8; j++)
+    for (int j = 0; j < BQ / 8; j++) {
+      const float2 l = rows2(l2, j);
 #pragma unroll
-      for (int e = 0; e < 4; e++) s[4 * j + e] = hp_exp2(fmaf(s[4 * j + e], p.scale_log2, -l2[8 * j + 2 * (lane % 4) + (e & 1)]));
+      for (int e = 0; e < 4; e++) s[4 * j + e] = hp_exp2(fmaf(s[4 * j + e], p.scale_log2, -((e & 1) ? l.y : l.x)));
+    }
   };
   auto visible = [&](int i0, int j, int e) {
     const int key = n0 + kr + 8 * (e >> 1), qi = i0 + 8 * j + 2 * (lane % 4) + (e & 1);
@@ -493,9 +500,11 @@ __global__ void __launch_bounds__(THREADS, 1)
                       (wl >= 0 && key_lo - (i0 + BQ - 1) < shift - wl);
     wg_wait<0>();
 #pragma unroll
-    for (int j = 0; j < BQ / 8; j++)
+    for (int j = 0; j < BQ / 8; j++) {
+      const float2 d = rows2(dd, j);
 #pragma unroll
-      for (int e = 0; e < 4; e++) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - dd[8 * j + 2 * (lane % 4) + (e & 1)]);
+      for (int e = 0; e < 4; e++) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? d.y : d.x));
+    }
     if (diag) {
 #pragma unroll
       for (int j = 0; j < BQ / 8; j++)
@@ -542,8 +551,9 @@ __global__ void __launch_bounds__(THREADS, 1)
     wg_wait<1>();
 #pragma unroll
     for (int j = 0; j < BQ / 8; j++) {
+      const float2 d = rows2(dd, j);
 #pragma unroll
-      for (int e = 0; e < 4; e++) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - dd[8 * j + 2 * (lane % 4) + (e & 1)]);
+      for (int e = 0; e < 4; e++) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? d.y : d.x));
       da[2 * j] = pack_bf16(dp[4 * j], dp[4 * j + 1]), da[2 * j + 1] = pack_bf16(dp[4 * j + 2], dp[4 * j + 3]);
     }
   };
@@ -601,14 +611,19 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto store_dq = [&](int n, const float(&dq)[NDQ]) {
     if (n > 0) mbar_wait(&sm.dq_empty, (uint32_t)(n - 1) & 1u, &sm.fail, p.err);
     if constexpr (BQ == 80) {
-      const uint32_t dq_base = hp_smem_u32(sm.dq);
+      // value 4 j + e: column col0 + 8 (e / 2) of d, query row 8 j + 2 k + e % 2 (k = lane % 4), at
+      // bwd_dq_col<80>'s column col ^ 8 ((row / 2) % 4) = col ^ 8 k, the thread's own for all its rows: so
+      // two addresses, a0 and a1, and the 40 stores at constant offsets from them (no address arithmetic
+      // a store: it was ~3 instructions each, 13% of the backward's, attn-prof-h200.md; FA4-GAP.md B8a;
+      // the addresses checked equal to bwd_dq_col's for every thread, item row and value)
+      const int k = lane % 4, col0 = c * 64 + warp * 16 + lane / 4; // col0's bit 3 is clear
+      const uint32_t a = hp_smem_u32(sm.dq) + 4 * (2 * k) * DQK;
+      const uint32_t a0 = a + 4 * (col0 ^ (8 * k)), a1 = a + 4 * ((col0 + 8) ^ (8 * k));
 #pragma unroll
       for (int j = 0; j < BQ / 8; j++)
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-          const int col = c * 64 + warp * 16 + lane / 4 + 8 * (e >> 1), row = 8 * j + 2 * (lane % 4) + (e & 1);
-          st_shared_u32(dq_base + 4 * (row * DQK + bwd_dq_col<BQ>(col, row)), __float_as_uint(dq[4 * j + e]));
-        }
+        for (int e = 0; e < 4; e++)
+          st_shared_u32(((e >> 1) ? a1 : a0) + 4 * (8 * j + (e & 1)) * DQK, __float_as_uint(dq[4 * j + e]));
     } else if constexpr (BQ == 128) { // by shared addresses: 16 generic ones cost ptxas spills (registers)
       const uint32_t dq_base = hp_smem_u32(sm.dq);
 #pragma unroll
@@ -620,14 +635,20 @@ __global__ void __launch_bounds__(THREADS, 1)
                        __float_as_uint(dq[4 * j + 2 * r + 1]));
       }
     } else {
+      // value pair (j, r): row warp 16 + lane / 4 + 8 r, column c DQK / 2 + 8 j + 2 (lane % 4), at bwd_dq_col's
+      // column ^ 8 (row % 4) = ^ 8 k (k = (lane / 4) % 4, the same for both rows): 8 (j ^ k) over an address
+      // whose bits 5-7 are clear (sm.dq 256-byte aligned, rows of 4 DQK bytes, halves of 2 DQK), i.e. the
+      // address of j = B ^ 32 j. Shared stores from one address a thread (were 16 generic 8-byte stores with
+      // their 64-bit addresses; FA4-GAP.md B8a; checked equal to bwd_dq_col's for every thread and value)
+      using smem_t = bwd_smem_t<DQK, DV, BQ>;
+      static_assert(offsetof(smem_t, dq) % 256 == 0, "B8a's addresses need sm.dq 256-byte aligned");
+      const int k = (lane / 4) % 4;
+      const uint32_t b = hp_smem_u32(sm.dq) + 4 * ((warp * 16 + lane / 4) * DQK + c * (DQK / 2) + 2 * (lane % 4)) + 32 * k;
 #pragma unroll
-      for (int r = 0; r < 2; r++) {
-        const int row = warp * 16 + lane / 4 + 8 * r;
+      for (int r = 0; r < 2; r++)
 #pragma unroll
         for (int j = 0; j < DQK / 16; j++)
-          *reinterpret_cast<float2 *>(sm.dq + row * DQK + bwd_dq_col(c * (DQK / 2) + 8 * j + 2 * (lane % 4), row)) =
-              make_float2(dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
-      }
+          st_shared_v2((b ^ (32u * j)) + r * 8 * 4 * DQK, __float_as_uint(dq[4 * j + 2 * r]), __float_as_uint(dq[4 * j + 2 * r + 1]));
     }
     fence_proxy_async();
     release_stores(&sm.dq_full);

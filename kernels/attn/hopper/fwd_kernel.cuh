@@ -86,7 +86,7 @@ template <int PIPE, int DQK, int DV, int OPT = HP_FWD_OPT>
 __global__ void __launch_bounds__(THREADS, 1)
     fwd_kernel(const HP_GRID_CONST hp_tmap_t tq, const HP_GRID_CONST hp_tmap_t tk, const HP_GRID_CONST hp_tmap_t tv,
                const params_t p, const HP_GRID_CONST hp_tmap_t to) {
-  smem_t<DQK, DV> &sm = *reinterpret_cast<smem_t<DQK, DV> *>((reinterpret_cast<uintptr_t>(hp_smem()) + 1023) & ~uintptr_t(1023));
+  smem_t<DQK, DV> &sm = *reinterpret_cast<smem_t<DQK, DV> *>(hp_smem_aligned());
   const hp_tile_t tile = hp_fwd_tile<DQK, DV>(p);
   const int m_block = tile.m_block, hh = tile.hh, bb = tile.bb, hkv = hh / (p.h / p.h_kv);
   const int warp_id = hp_warp_uniform(threadIdx.x / 32), tid = threadIdx.x % 128; // lane 0's, as CUTLASS does

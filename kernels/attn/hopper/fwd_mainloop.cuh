@@ -14,6 +14,12 @@ HP_DEV uint64_t gmma_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
   return (uint64_t)((addr >> 4) & 0x3fff) | (uint64_t)((lbo >> 4) & 0x3fff) << 16 |
          (uint64_t)((sbo >> 4) & 0x3fff) << 32 | 1ull << 62;
 }
+// A descriptor moved on by `bytes` (a multiple of 16, a compile-time offset within the same tile): the
+// address field (bits 0-13, address / 16) takes the sum with no carry out of it, shared memory ending
+// below 2^18 bytes. A GEMM's wgmmas then cost one add each, where gmma_desc of each address cost a shift
+// and masks (the profile, experiments/results/attn/attn-prof-h200.md: ~6 uniform instructions a
+// wgmma, 1.36x FA4's instructions in the forward; FA4-GAP.md section 7).
+HP_DEV uint64_t desc_at(uint64_t d, uint32_t bytes) { return d + (bytes >> 4); }
 
 // ---- the consumers' steps (thread t of a warpgroup holds rows r0 = 16 (t / 32) + (t % 32) / 4 and
 // r0 + 8 of its 64, columns 8 j + 2 (t % 4) + {0, 1}: value 4 j + e is row r0 + 8 (e / 2), column
@@ -23,13 +29,13 @@ HP_DEV uint64_t gmma_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
 // tile's second half of d lies ROWS * 128 bytes on), both K-major in shared memory; DH / 16 wgmma
 // m64nNk16 with N = 2 NACC (64 accumulators: N = 128; 32: N = 64), one commit group.
 template <int DH, int A_ROWS, int B_ROWS, int NACC> HP_DEV void gemm_kmajor(float (&x)[NACC], uint32_t a_base, uint32_t b_base) {
+  const uint64_t da = gmma_desc(a_base, 16, 1024), db = gmma_desc(b_base, 16, 1024);
   wg_fence();
 #pragma unroll
   for (int half = 0; half < DH / 64; half++)
 #pragma unroll
     for (int kk = 0; kk < 4; kk++)
-      wgmma_ss(x, gmma_desc(a_base + half * A_ROWS * 128 + kk * 32, 16, 1024),
-               gmma_desc(b_base + half * B_ROWS * 128 + kk * 32, 16, 1024), half | kk);
+      wgmma_ss(x, desc_at(da, half * A_ROWS * 128 + kk * 32), desc_at(db, half * B_ROWS * 128 + kk * 32), half | kk);
   wg_commit();
 }
 
@@ -128,10 +134,11 @@ HP_DEV void pack_p(const float (&s)[64], uint32_t (&pa)[32]) {
 // O += P V with P in registers (pa must stay as it is until the wgmma.wait_group that covers it):
 // 8 wgmma m64nDHk16.
 template <int DH> HP_DEV void gemm_pv_regs(float (&o)[DH / 2], const uint32_t (&pa)[32], uint32_t v_base) {
+  const uint64_t dv = gmma_desc(v_base, BN * 128, 1024);
   wg_fence();
 #pragma unroll
   for (int kc = 0; kc < 8; kc++) // pa's own registers (the emulator checks they hold until the wait)
-    wgmma_rs(o, *reinterpret_cast<const uint32_t(*)[4]>(pa + 4 * kc), gmma_desc(v_base + kc * 16 * 128, BN * 128, 1024));
+    wgmma_rs(o, *reinterpret_cast<const uint32_t(*)[4]>(pa + 4 * kc), desc_at(dv, kc * 16 * 128));
   wg_commit();
 }
 

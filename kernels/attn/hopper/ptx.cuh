@@ -21,6 +21,13 @@ __device__ __forceinline__ char *hp_smem() {
   extern __shared__ char hp_smem_raw[];
   return hp_smem_raw;
 }
+// Its first 1024-aligned byte (the 128-byte swizzle's atoms), by pointer arithmetic on the __shared__ array:
+// through an integer's round trip the compiler lost that it is shared memory, and the kernels' C++ reads and
+// writes of their shared structs were generic LD.E/ST.E with 64-bit addresses (FA4-GAP.md B8c)
+__device__ __forceinline__ char *hp_smem_aligned() {
+  char *p = hp_smem();
+  return p + ((1024 - (reinterpret_cast<uintptr_t>(p) & 1023)) & 1023);
+}
 __device__ __forceinline__ void hp_sync() { __syncthreads(); }
 __device__ __forceinline__ void hp_syncwarp() { __syncwarp(); }
 // *dst = max(*dst, x) for floats, atomically (integer order of the bits: max for x >= 0, min below)

@@ -67,6 +67,10 @@ struct hp_tmap_t {
 
 static inline uint32_t hp_off0() { return (uint32_t)((uintptr_t)emu.smem % 1024); }
 HP_DEV char *hp_smem() { return emu.smem; }
+HP_DEV char *hp_smem_aligned() {
+  char *p = hp_smem();
+  return p + ((1024 - (reinterpret_cast<uintptr_t>(p) & 1023)) & 1023);
+}
 HP_DEV uint32_t hp_smem_u32(const void *p) {
   const ptrdiff_t o = (const char *)p - emu.smem;
   if (o < 0 || (size_t)o >= emu.smem_bytes) {
