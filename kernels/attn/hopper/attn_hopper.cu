@@ -108,14 +108,15 @@ static int env_fwd_opt(void) {
          (env_is("DISTLAB_ATTN_HOPPER_FWD_TREE", "1", &tree) ? HP_FWD_OPT_TREE : 0);
 }
 
-/* DISTLAB_ATTN_HOPPER_FWD_PIPE=1, 2 or 3: the forward's main loop at d 128 and 64 (fwd_kernel's PIPE; FA4-GAP.md
- * F1, F1b, A/B timings): 1 FA3's intra-warpgroup pipelining at d 128 too, 2 the same with V's wait placed so
- * that ptxas keeps the softmax under the P V (at d 64 as well), 3 PIPE 2 with FA4's load order (K(j+1)
- * before V(j)); with it the d 128 kernel is built for the default OPT bits only (ELECT/TREE above
- * ignored). Unset or other values: each head dim's default. */
+/* DISTLAB_ATTN_HOPPER_FWD_PIPE=0, 1, 2 or 3: the forward's main loop at d 128 and 64 (fwd_kernel's PIPE; FA4-GAP.md
+ * F1, F1b, A/B timings): 0 the steps in turn (d 128 only; the ELECT/TREE variants above with it alone), 1 FA3's
+ * intra-warpgroup pipelining, 2 the same with V's wait placed so that ptxas keeps the softmax under the P V,
+ * 3 PIPE 2 with FA4's load order (K(j+1) before V(j)). Unset or other values: -1, each head dim's default
+ * (PIPE 2 at d 128 since FA4-GAP B8c, PIPE 1 at d 64). */
 static int env_fwd_pipe(void) {
-  static int one = -1, two = -1, three = -1;
-  return env_is("DISTLAB_ATTN_HOPPER_FWD_PIPE", "1", &one)     ? 1
+  static int zero = -1, one = -1, two = -1, three = -1;
+  return env_is("DISTLAB_ATTN_HOPPER_FWD_PIPE", "0", &zero)    ? 0
+         : env_is("DISTLAB_ATTN_HOPPER_FWD_PIPE", "1", &one)   ? 1
          : env_is("DISTLAB_ATTN_HOPPER_FWD_PIPE", "2", &two)   ? 2
          : env_is("DISTLAB_ATTN_HOPPER_FWD_PIPE", "3", &three) ? 3
                                                                : -1;
@@ -340,11 +341,12 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
     DL_TRY(tensor_map(&to, p->out, p->out_st, p->d_v, p->h_q, rq, bt, "out", 64));
   static_assert(BM == 128, "dl_attn_fwd_cuda checks the grid for 128-row blocks");
   const dim3 grid((p->s_q + BM - 1) / BM, p->h_q, p->b);
-  // the faster loop of each head dim on an H200 (experiments/results/attn/history/hopper-fwd*-h200.md): the
-  // steps in turn at d 128 (and MLA's 192/128, not yet timed), FA3's intra-warpgroup pipelining at d 64;
-  // at d 128 the A/B variants the build or the environment asks for
+  // the faster loop of each head dim on an H200 (experiments/results/attn/hopper-f5-ab-h200.md): PIPE 2 at
+  // d 128 (1.3-2.7% ahead of PIPE 0 since B8c), FA3's intra-warpgroup pipelining at d 64 (PIPE 2 -1.3 to
+  // +0.3% against it), the steps in turn at MLA's 192/128 (not yet timed); PIPE 0 at d 128 with the A/B
+  // variants the build or the environment asks for
   constexpr int E = HP_FWD_OPT_ELECT, T = HP_FWD_OPT_TREE, O = HP_FWD_OPT;
-  const int opt = O | env_fwd_opt(), pipe = env_fwd_pipe();
+  const int opt = O | env_fwd_opt(), pipe = env_fwd_pipe() >= 0 ? env_fwd_pipe() : p->d_qk == 128 ? 2 : 1;
   const int rc = p->d_qk == 64    ? (pipe == 2   ? launch_o<2, 64, 64>(tma_o, grid, tq, tk, tv, k, to, stream)
                                      : pipe == 3 ? launch_o<3, 64, 64>(tma_o, grid, tq, tk, tv, k, to, stream)
                                                  : launch_o<1, 64, 64>(tma_o, grid, tq, tk, tv, k, to, stream))
