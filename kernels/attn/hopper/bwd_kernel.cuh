@@ -233,11 +233,10 @@ template <int DH, int BQ> HP_DEV void gemm_acc(float (&acc)[DH / 2], const uint3
 // dQ (64 queries x the warpgroup's NC columns of d: DQK / 2, or BQ 128's all 64) = dS K over the block's
 // 128 keys: A = dS^T in shared memory read transposed (MN-major), B = K MN-major; one commit group.
 template <int NC> HP_DEV void gemm_dq(float (&dq)[NC / 2], uint32_t ds_base, uint32_t k_cols) {
+  const uint64_t da = gmma_desc(ds_base, BWD_BQ * 128, 1024), db = gmma_desc(k_cols, BN * 128, 1024);
   wg_fence();
 #pragma unroll
-  for (int kc = 0; kc < BN / 16; kc++)
-    wgmma_ss_tt(dq, gmma_desc(ds_base + kc * 16 * 128, BWD_BQ * 128, 1024), gmma_desc(k_cols + kc * 16 * 128, BN * 128, 1024),
-                kc > 0);
+  for (int kc = 0; kc < BN / 16; kc++) wgmma_ss_tt(dq, desc_at(da, kc * 16 * 128), desc_at(db, kc * 16 * 128), kc > 0);
   wg_commit();
 }
 
@@ -301,7 +300,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int n1 = min(n0 + BN, len_kv) - 1;
   const int i_lo = wr >= 0 ? max(0, n0 - shift - wr) : 0, i_hi = wl >= 0 ? min(len_q, n1 - shift + wl + 1) : len_q;
   const int m_lo = i_lo / BQ, m_hi = i_hi > i_lo ? (i_hi + BQ - 1) / BQ : m_lo, nm = m_hi - m_lo;
-  const int items = group * nm; // item it: q head hkv * group + it / nm, query block m_lo + it % nm
+  const int items = group * nm; // item it: q head hkv * group + it / nm, query block m_lo + it % nm (counted in the loops)
 
   if (threadIdx.x == 0) {
     sm.fail = 0;
@@ -328,8 +327,9 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_expect_tx(&sm.kv_full, tile_bytes_t<DQK>::value + tile_bytes_t<DV>::value);
       for (int half = 0; half < DQK / 64; half++) tma_load(sm.k[half], &tk, &sm.kv_full, 64 * half, hkv, sq.first_kv + n0, sq.tb);
       for (int half = 0; half < DV / 64; half++) tma_load(sm.v[half], &tv, &sm.kv_full, 64 * half, hkv, sq.first_kv + n0, sq.tb);
-      for (int it = 0; it < items; it++) {
-        const int hq = hkv * group + it / nm, m = m_lo + it % nm, st = it % 2;
+      int hq = hkv * group, m = m_lo; // item it's head and query block, counted (no division an item)
+      for (int it = 0; it < items; it++, m = m + 1 == m_hi ? (hq++, m_lo) : m + 1) {
+        const int st = it % 2;
         const uint32_t round = it / 2;
         if (round > 0) mbar_wait(&sm.q_empty[st], (round - 1) & 1, &sm.fail, p.err);
         mbar_expect_tx(&sm.q_full[st], BQ * DQK * 2 + (BULK ? BQ * 4 : 0));
@@ -357,24 +357,26 @@ __global__ void __launch_bounds__(THREADS, 1)
           mbar_arrive(&sm.q_full[st]);
           if (++m == m_hi) m = m_lo, hq++;
         }
-      } else
-        for (int it = 0; it < items; it++) {
-          const int hq = hkv * group + it / nm, st = it % 2;
+      } else {
+        int hq = hkv * group, m = m_lo;
+        for (int it = 0; it < items; it++, m = m + 1 == m_hi ? (hq++, m_lo) : m + 1) {
+          const int st = it % 2;
           const uint32_t round = it / 2;
           if (round > 0) mbar_wait(&sm.q_empty[st], (round - 1) & 1, &sm.fail, p.err);
           for (int r = lane; r < BQ; r += 32) {
-            const int i = (m_lo + it % nm) * BQ + r;
+            const int i = m * BQ + r;
             const float l = i < len_q ? p.lse[bwd_at(p.lse_st, sq.first_q, i, hq, sq.tb)] : -INFINITY;
             sm.lse2[st][r] = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
           }
           mbar_arrive(&sm.q_full[st]);
           if (round > 0) mbar_wait(&sm.do_empty[st], (round - 1) & 1, &sm.fail, p.err);
           for (int r = lane; r < BQ; r += 32) {
-            const int i = (m_lo + it % nm) * BQ + r;
+            const int i = m * BQ + r;
             sm.delta[st][r] = i < len_q ? p.delta[hq * p.ws_rows + bwd_ws_row(p, sq, bb, i)] : 0.0f;
           }
           mbar_arrive(&sm.do_full[st]);
         }
+      }
     } else if (BQ != 64 && warp_id == 11) { // BQ 80, 128: the rows' D (warp 9's lse2 rows alone fill its registers)
       const int lane = threadIdx.x % 32;
       int hq = hkv * group, m = m_lo;
@@ -391,8 +393,9 @@ __global__ void __launch_bounds__(THREADS, 1)
         if (++m == m_hi) m = m_lo, hq++;
       }
     } else if (threadIdx.x == 320) { // each item's dQ from shared memory into the accumulator
-      for (int it = 0; it < items; it++) {
-        const int hq = hkv * group + it / nm, i0 = (m_lo + it % nm) * BQ;
+      int hq = hkv * group, m = m_lo;
+      for (int it = 0; it < items; it++, m = m + 1 == m_hi ? (hq++, m_lo) : m + 1) {
+        const int i0 = m * BQ;
         mbar_wait(&sm.dq_full, (uint32_t)it & 1u, &sm.fail, p.err);
         const int rows = min(BQ, len_q - i0); // not into the next sequence's rows
         bulk_reduce_add(p.dq_acc + (hq * p.ws_rows + bwd_ws_row(p, sq, bb, i0)) * DQK, sm.dq, (uint32_t)(rows * DQK * 4));
@@ -440,10 +443,14 @@ __global__ void __launch_bounds__(THREADS, 1)
   // S^T and dP^T (s, dp: arrays of the loop's body, so that the compiler sees them dead between items),
   // P^T and dS^T in bf16 (pa, da: A of dV and dK, held until the wait that covers them)
   uint32_t pa[BQ / 4], da[BQ / 4];
+  // the current item's query block, m_lo + it % nm, advanced at the end of each item (next_item): the
+  // modulo cost an integer division an item (~35 instructions; FA4-GAP.md B9)
+  int mb = m_lo;
+  auto next_item = [&] { mb = mb + 1 == m_hi ? m_lo : mb + 1; };
   // S^T = K_c Q^T and dP^T = V_c dO^T of item it issued (two commit groups), once its stage is in and
   // the query rows past the sequence are zeros (Q and dO are B of dK and dV)
   auto stage_in = [&](int it) {
-    const int st = it % 2, i0 = (m_lo + it % nm) * BQ;
+    const int st = it % 2, i0 = mb * BQ;
     const uint32_t ph = (uint32_t)(it / 2) & 1u;
     mbar_wait(&sm.q_full[st], ph, &sm.fail, p.err);
     mbar_wait(&sm.do_full[st], ph, &sm.fail, p.err);
@@ -492,7 +499,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   // P^T once S^T is in, dS^T = P^T (dP^T - D) once dP^T is in (the two newest commit groups), the mask
   // where the block needs one; both packed to bf16 (pa, da)
   auto p_and_ds = [&](int it, float(&s)[BQ / 2], float(&dp)[BQ / 2]) {
-    const int st = it % 2, i0 = (m_lo + it % nm) * BQ;
+    const int st = it % 2, i0 = mb * BQ;
     wg_wait<1>(); // S^T and dP^T are the two newest commit groups
     const float *dd = sm.delta[st];
     exp_p(st, s);
@@ -531,7 +538,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   // needs it, into pa. dP^T is not masked: a P^T of 0 makes dS^T 0, and dP^T is finite (the rows past a
   // sequence, of V and dO, are zeros in shared memory).
   auto p_only = [&](int it, float(&s)[BQ / 2]) {
-    const int st = it % 2, i0 = (m_lo + it % nm) * BQ;
+    const int st = it % 2, i0 = mb * BQ;
     wg_wait<1>();
     exp_p(st, s);
     // written out as in p_and_ds: as one shared lambda, ptxas scheduled this kernel's prologue differently
@@ -572,12 +579,13 @@ __global__ void __launch_bounds__(THREADS, 1)
   // row) into its tile of the buffer, the 8 x 8 blocks of da transposed by stmatrix: block (keys 16 warp
   // + 8 r, queries 8 j) is matrix 2 (j % 2) + r of the x4 of j / 2; lane 8 m + i gives row i of matrix
   // m's transpose, query 8 j + i, whose 16-byte chunk (2 warp + r) lies at chunk (2 warp + r) ^ i.
-  // BQ 128: queries 8 j of tile j / 8 (query half), each tile as BQ 64's dS^T, by 8 stmatrix.x4 a warp
-  // rather than 32 STS a thread: block (keys 16 warp + 8 r, queries 8 j), in the accumulator's layout,
-  // is da[2 j + r], matrix 2 (j % 2) + r of the x4 of j / 2; lane 8 m + i gives row (key) i of matrix m.
+  // BQ 64 and 128: queries 8 j of tile j / 8 (query half at 128), by BQ / 16 stmatrix.x4 a warp rather
+  // than BQ / 4 STS a thread (FA4-GAP.md B9): block (keys 16 warp + 8 r, queries 8 j), in the
+  // accumulator's layout, is da[2 j + r], matrix 2 (j % 2) + r of the x4 of j / 2; lane 8 m + i gives row
+  // (key) i of matrix m.
   auto store_ds = [&](int it) {
     const uint32_t ds_base = hp_smem_u32(sm.ds[it % 2]);
-    if constexpr (BQ == 128) {
+    if constexpr (BQ == 128 || BQ == 64) {
       const int t = (int)in_loop((uint32_t)tid), m = (t % 32) / 8, i = t % 8; // t: the address in the loop (registers)
       const uint32_t at = ds_base + (c * 64 + 16 * (t / 32) + 8 * (m % 2) + i) * 128;
 #pragma unroll
@@ -590,15 +598,6 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
       for (int g = 0; g < BQ / 16; g++)
         stmatrix_x4_trans(at + (8 * (2 * g + m / 2)) * 128, da[4 * g], da[4 * g + 1], da[4 * g + 2], da[4 * g + 3]);
-    } else {
-#pragma unroll
-      for (int j = 0; j < BQ / 8; j++)
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-          const int row = kr + 8 * r, col = 8 * j + 2 * (lane % 4);
-          st_shared_u32(ds_base + (j / 8) * BN * 128 + row * 128 + ((((col / 8) % 8) ^ (row % 8)) * 16) + (col % 8) * 2,
-                        da[2 * j + r]);
-        }
     }
     fence_proxy_async();
   };
@@ -685,6 +684,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       store_dq(it, dq);
       wg_wait<0>(); // dK is in: Q's stage is free
       release(&sm.q_empty[it % 2]);
+      next_item();
     }
   } else if constexpr (LOOP == BWD_STEP) { // both warpgroups in step: they meet at named barrier 1 every item (dS^T both halves)
     for (int it = 0; it < items; it++) {
@@ -699,6 +699,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       wg_wait<0>(); // dV, dK and dQ are in: the stage is free
       free_stage(it);
       store_dq(it, dq);
+      next_item();
     }
   } else { // BWD_TURNS: the warpgroups take turns at the tensor cores, dQ one item late
     // A turn (named barrier 4 + c, 256 threads: its own and the other's hand-over) to issue GEMMs, so
@@ -732,6 +733,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         release(&sm.ds_free[(it - 1) % 2]);
         store_dq(it - 1, dq);
       }
+      next_item();
     }
     if (items > 0) { // the last item's dQ
       float dq[DQK / 4];
