@@ -3,7 +3,8 @@
 -- reductions emulated (experiments/lab/emu/attn/hopper.h), so that a
 -- kernel change is checked in CI where no GPU is: the forward and the
 -- backward (dq, dk, dv) against fp64 on bshd, sbhd and thd (offsets, NaN
--- gaps, lengths 0 and 1), GQA/MQA, masks and windows, the fused merge,
+-- gaps, lengths 0 and 1), GQA/MQA, masks and windows, the fused merge, the
+-- forward's 192-row CTAs at d 64 (M192, three consumer warpgroups),
 -- accumulate_grads, the backward's loops also with one arrival a warp on
 -- the consumers' releases (ELECT, lanes drifting apart within a warp), and
 -- with the rows' lse log2(e) and D from the kernel's own prep by bulk copies
@@ -36,13 +37,16 @@ end
 
 describe("the Hopper attention kernels on the CPU emulator", function()
   local it_ = (has("g++") and has("make")) and it or pending
-  it_("forward: every case under three masks, the three loops (PIPE 0, 1, 2), the merge into f32 and bf16, d 64 and MLA's 192/128, against fp64", function()
-    all_ok(run("hopper-emu"), "hopper emu: all ok", 40)
+  it_("forward: every case under three masks, the four loops (PIPE 0-3), the merge into f32 and bf16, d 64, d 64's 192-row CTAs of three consumer warpgroups (M192) and MLA's 192/128, against fp64", function()
+    local out = run("hopper-emu")
+    all_ok(out, "hopper emu: all ok", 40)
+    local _, m192 = out:gsub("d=64/64 m192 ", "")
+    assert.is_true(m192 >= 18, out)
   end)
   it_("forward with HP_FWD_GROUP_BYTES small: masked calls' tiles heaviest first in groups of heads that do not divide the heads", function()
     all_ok(run("hopper-emu", "-DHP_FWD_GROUP_BYTES=400000"), "hopper emu: all ok", 40)
   end)
-  it_("forward with HP_FWD_ELECT=1: K and V stages freed by one arrival a consumer warp (empty barriers of count 8)", function()
+  it_("forward with HP_FWD_ELECT=1: K and V stages freed by one arrival a consumer warp (empty barriers of count 8, 12 with M192)", function()
     all_ok(run("hopper-emu", "-DHP_FWD_ELECT=1"), "hopper emu: all ok", 40)
   end)
   it_("forward with HP_FWD_TREE=1: the softmax's row max and sum in four chains a row (the sums' order changed), within the fp64 checks", function()

@@ -131,6 +131,15 @@ static int env_fwd_tma_o(void) {
   return env_is("DISTLAB_ATTN_HOPPER_FWD_TMA_O", "1", &c);
 }
 
+/* DISTLAB_ATTN_HOPPER_FWD_M192=1: at d 64 the forward's CTAs take 192 query rows with three consumer
+ * warpgroups (fwd_kernel's HP_FWD_OPT_M192, FA4's sm90 tile at d 64; FA4-GAP.md F6, A/B timings), with the
+ * plain epilogue (..._FWD_TMA_O too) and the fused merge, under every mask; its loop is PIPE 1 (d 64's
+ * default), or PIPE 2 with DISTLAB_ATTN_HOPPER_FWD_PIPE=2 (other PIPE values: PIPE 1) */
+static int env_fwd_m192(void) {
+  static int c = -1;
+  return env_is("DISTLAB_ATTN_HOPPER_FWD_M192", "1", &c);
+}
+
 /* The forward at MLA's head dims 192/128 (launch<0, 192, 128> below); DISTLAB_ATTN_HOPPER_MLA=0 sends
  * them to the portable kernel */
 static int env_mla(void) {
@@ -164,7 +173,8 @@ extern "C" int dl_attn_fwd_hopper_fits(const dl_attn_params_t *p, char *why, siz
   if (p->acc_out && ((p->acc_out_st.s | p->acc_out_st.h | p->acc_out_st.b) & 1))
     return fail_why(why, n, "accumulate.out has an odd stride");
   if (why && n) {
-    if (p->d_qk == p->d_v) snprintf(why, n, "hopper forward (wgmma, TMA; bf16, d %d)", p->d_qk);
+    if (p->d_qk == 64 && env_fwd_m192()) snprintf(why, n, "hopper forward (wgmma, TMA; bf16, d 64), 192 query rows a CTA");
+    else if (p->d_qk == p->d_v) snprintf(why, n, "hopper forward (wgmma, TMA; bf16, d %d)", p->d_qk);
     else snprintf(why, n, "hopper forward (wgmma, TMA; bf16, d %d/%d)", p->d_qk, p->d_v);
   }
   return 1;
@@ -275,16 +285,17 @@ template <int PIPE, int DQK, int DV, int OPT = HP_FWD_OPT>
 static int launch(dim3 grid, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv, const params_t &k,
                   const CUtensorMap &to, void *stream) {
   static int done[64]; // the limit raised once, to what a merge needs (its running rows staged)
-  DL_TRY(allow_smem(fwd_kernel<PIPE, DQK, DV, OPT>, fwd_smem_bytes<DQK, DV>(true), done));
-  fwd_kernel<PIPE, DQK, DV, OPT><<<grid, THREADS, fwd_smem_bytes<DQK, DV>(k.acc_out != nullptr), (cudaStream_t)stream>>>(tq, tk, tv, k, to);
+  DL_TRY(allow_smem(fwd_kernel<PIPE, DQK, DV, OPT>, fwd_smem_bytes<DQK, DV, fwd_rows(OPT)>(true), done));
+  fwd_kernel<PIPE, DQK, DV, OPT><<<grid, fwd_threads(OPT), fwd_smem_bytes<DQK, DV, fwd_rows(OPT)>(k.acc_out != nullptr),
+                                   (cudaStream_t)stream>>>(tq, tk, tv, k, to);
   return 0;
 }
-/* launch's loop PIPE with the TMA store of O (HP_FWD_OPT_TMA_O) where tma, else with the default OPT */
-template <int PIPE, int DQK, int DV>
+/* launch's loop PIPE with the TMA store of O (HP_FWD_OPT_TMA_O) where tma, else with OPT (the default's) */
+template <int PIPE, int DQK, int DV, int OPT = HP_FWD_OPT>
 static int launch_o(bool tma, dim3 grid, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv,
                     const params_t &k, const CUtensorMap &to, void *stream) {
-  return tma ? launch<PIPE, DQK, DV, HP_FWD_OPT | HP_FWD_OPT_TMA_O>(grid, tq, tk, tv, k, to, stream)
-             : launch<PIPE, DQK, DV>(grid, tq, tk, tv, k, to, stream);
+  return tma ? launch<PIPE, DQK, DV, OPT | HP_FWD_OPT_TMA_O>(grid, tq, tk, tv, k, to, stream)
+             : launch<PIPE, DQK, DV, OPT>(grid, tq, tk, tv, k, to, stream);
 }
 
 static void copy_st(int64_t (&dst)[3], const dl_attn_strides_t &st) { dst[0] = st.s, dst[1] = st.h, dst[2] = st.b; }
@@ -318,7 +329,10 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   const int64_t rq = thd ? p->total_q : p->s_q, rkv = thd ? p->total_kv : p->s_kv;
   const int bt = thd ? 1 : p->b;
   if (rq == 0) return 0; /* nothing to write (no keys: dl_attn_fwd_hopper_fits sent it elsewhere) */
-  DL_TRY(tensor_map(&tq, p->q, p->q_st, p->d_qk, p->h_q, rq, bt, "q"));
+  /* F6's 192-row CTAs at d 64 (env_fwd_m192): Q's boxes of 192 rows (TMA's limit 256), the grid by 192 */
+  const bool m192 = p->d_qk == 64 && p->d_v == 64 && env_fwd_m192();
+  const int rows = m192 ? fwd_rows(HP_FWD_OPT_M192) : BM;
+  DL_TRY(tensor_map(&tq, p->q, p->q_st, p->d_qk, p->h_q, rq, bt, "q", rows));
   DL_TRY(tensor_map(&tk, p->k, p->k_st, p->d_qk, p->h_kv, rkv, bt, "k"));
   DL_TRY(tensor_map(&tv, p->v, p->v_st, p->d_v, p->h_kv, rkv, bt, "v"));
   params_t k = {};
@@ -339,15 +353,18 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   CUtensorMap to = tq; /* unread by a kernel without the TMA store (or with the merge) */
   if ((tma_o || (HP_FWD_OPT & HP_FWD_OPT_TMA_O)) && !p->acc_out && p->out) /* the knob, or the build flag */
     DL_TRY(tensor_map(&to, p->out, p->out_st, p->d_v, p->h_q, rq, bt, "out", 64));
-  static_assert(BM == 128, "dl_attn_fwd_cuda checks the grid for 128-row blocks");
-  const dim3 grid((p->s_q + BM - 1) / BM, p->h_q, p->b);
+  static_assert(BM == 128 && fwd_rows(HP_FWD_OPT_M192) >= BM, "dl_attn_fwd_cuda checks the grid for 128-row blocks");
+  const dim3 grid((p->s_q + rows - 1) / rows, p->h_q, p->b);
   // the faster loop of each head dim on an H200 (experiments/results/attn/hopper-f5-ab-h200.md): PIPE 2 at
   // d 128 (1.3-2.7% ahead of PIPE 0 since B8c), FA3's intra-warpgroup pipelining at d 64 (PIPE 2 -1.3 to
   // +0.3% against it), the steps in turn at MLA's 192/128 (not yet timed); PIPE 0 at d 128 with the A/B
   // variants the build or the environment asks for
   constexpr int E = HP_FWD_OPT_ELECT, T = HP_FWD_OPT_TREE, O = HP_FWD_OPT;
   const int opt = O | env_fwd_opt(), pipe = env_fwd_pipe() >= 0 ? env_fwd_pipe() : p->d_qk == 128 ? 2 : 1;
-  const int rc = p->d_qk == 64    ? (pipe == 2   ? launch_o<2, 64, 64>(tma_o, grid, tq, tk, tv, k, to, stream)
+  constexpr int M = HP_FWD_OPT | HP_FWD_OPT_M192;
+  const int rc = m192             ? (pipe == 2 ? launch_o<2, 64, 64, M>(tma_o, grid, tq, tk, tv, k, to, stream)
+                                               : launch_o<1, 64, 64, M>(tma_o, grid, tq, tk, tv, k, to, stream))
+                 : p->d_qk == 64  ? (pipe == 2   ? launch_o<2, 64, 64>(tma_o, grid, tq, tk, tv, k, to, stream)
                                      : pipe == 3 ? launch_o<3, 64, 64>(tma_o, grid, tq, tk, tv, k, to, stream)
                                                  : launch_o<1, 64, 64>(tma_o, grid, tq, tk, tv, k, to, stream))
                  : p->d_qk != 128 ? launch<0, 192, 128>(grid, tq, tk, tv, k, to, stream)

@@ -42,6 +42,11 @@
  *     the same with V(j)'s wait placed so that ptxas keeps S(j)'s softmax
  *     under P(j-1) V(j-1); PIPE = 3 is PIPE 2 with FA4's load order (the
  *     producer issues K(0), Q, then K(j+1) before V(j)).
+ *   M192 (OPT's HP_FWD_OPT_M192, d 64 only; FA4's sm90 tile there): 512
+ *     threads, BM = 192 rows, consumer warpgroups 0-2 (setmaxnreg 160) take
+ *     the turn in rotation, so that each softmax has two other warpgroups'
+ *     GEMMs to hide under; the producer is warpgroup 3 (setmaxnreg 32; warps
+ *     13-15 copy the merge's rows). Same loops, epilogues and merge.
  *   Every wait times out into *err (no trap: a trap made ptxas spill P).
  *   Epilogue: O / l in bf16 and the LSE by each thread's stores; or (OPT's
  *     HP_FWD_OPT_TMA_O) O through shared memory over the warpgroup's rows of
@@ -83,28 +88,32 @@
 // PIPE 2's loop, the producer loading K(0), Q, then K(it + 1) before V(it) (FA4's order). OPT: the A/B
 // variants' bits (fwd_params.cuh, HP_FWD_OPT_*).
 template <int PIPE, int DQK, int DV, int OPT = HP_FWD_OPT>
-__global__ void __launch_bounds__(THREADS, 1)
+__global__ void __launch_bounds__(fwd_threads(OPT), 1)
     fwd_kernel(const HP_GRID_CONST hp_tmap_t tq, const HP_GRID_CONST hp_tmap_t tk, const HP_GRID_CONST hp_tmap_t tv,
                const params_t p, const HP_GRID_CONST hp_tmap_t to) {
-  smem_t<DQK, DV> &sm = *reinterpret_cast<smem_t<DQK, DV> *>(hp_smem_aligned());
+  // NWG consumer warpgroups of 64 rows (2, or 3 with M192), ROWS query rows a CTA, the producer's first
+  // thread PROD (warpgroup NWG)
+  constexpr int NWG = fwd_wgs(OPT), ROWS = fwd_rows(OPT), PROD = 128 * NWG;
+  static_assert(NWG == 2 || (DQK == 64 && DV == 64), "M192: head dim 64 only (registers: 160 a consumer thread)");
+  smem_t<DQK, DV, ROWS> &sm = *reinterpret_cast<smem_t<DQK, DV, ROWS> *>(hp_smem_aligned());
   const hp_tile_t tile = hp_fwd_tile<DQK, DV>(p);
   const int m_block = tile.m_block, hh = tile.hh, bb = tile.bb, hkv = hh / (p.h / p.h_kv);
   const int warp_id = hp_warp_uniform(threadIdx.x / 32), tid = threadIdx.x % 128; // lane 0's, as CUTLASS does
   // this sequence: its lengths, the rows (thd) or batch (bshd/sbhd) the tensor maps address it by
   const hp_seq_t sq = hp_seq(p, bb);
   const int len_q = sq.len_q, len_kv = sq.len_kv, first_q = sq.first_q, first_kv = sq.first_kv, tb = sq.tb;
-  if (m_block * BM >= len_q) return; // the whole CTA, before any barrier
+  if (m_block * ROWS >= len_q) return; // the whole CTA, before any barrier
   if (threadIdx.x == 0) HP_TRACE(p, 0, HP_TRACE_SMID), HP_TRACE(p, 1), HP_TRACE(p, 2, HP_TRACE_GLOBAL);
-  using ST = acc_stage_t<DQK, DV>;
+  using ST = acc_stage_t<DQK, DV, ROWS>;
   constexpr bool STAGED = ST::on;
-  const uint32_t stage = hp_smem_u32(&sm) + sizeof(smem_t<DQK, DV>); // the running rows (STAGED)
+  const uint32_t stage = hp_smem_u32(&sm) + sizeof(smem_t<DQK, DV, ROWS>); // the running rows (STAGED)
   // the arrivals that free a K or V stage: every consumer thread's, or (ELECT) one a consumer warp's
   constexpr bool ELECT = OPT & HP_FWD_OPT_ELECT;
-  constexpr uint32_t RELEASES = ELECT ? 8 : 256;
+  constexpr uint32_t RELEASES = ELECT ? 4 * NWG : 128 * NWG;
   constexpr int NSUM = OPT & HP_FWD_OPT_TREE ? 4 : 1; // partial row sums a row (softmax_step)
   // key blocks [n_lo, n_hi): those holding a key that a row of this block sees; walked last to first
   const int shift = p.bottom_right ? len_kv - len_q : 0, wl = p.window_left, wr = p.window_right;
-  const int i0 = m_block * BM, i1 = min(i0 + BM, len_q);
+  const int i0 = m_block * ROWS, i1 = min(i0 + ROWS, len_q);
   const int key_lo = wl >= 0 ? max(0, i0 + shift - wl) : 0, key_hi = wr >= 0 ? min(len_kv, i1 + shift + wr) : len_kv;
   const int n_lo = key_lo / BN, n_hi = key_hi > key_lo ? (key_hi + BN - 1) / BN : n_lo, nblk = n_hi - n_lo;
 
@@ -126,9 +135,9 @@ __global__ void __launch_bounds__(THREADS, 1)
   // where row `row` of the sequence (from 0) is in an operand with strides st (params_t)
   auto at = [&](const int64_t(&st)[3], int row) { return ((int64_t)first_q + row) * st[0] + hh * st[1] + (int64_t)tb * st[2]; };
 
-  if (warp_id >= 8) { // producer
-    reg_dealloc<24>();
-    if (STAGED && warp_id >= 9 && p.acc_out) { // the running rows into shared memory (acc_stage_t), once
+  if (warp_id >= 4 * NWG) { // producer
+    reg_dealloc<NWG == 3 ? 32 : 24>();
+    if (STAGED && warp_id >= 4 * NWG + 1 && p.acc_out) { // the running rows into shared memory (acc_stage_t), once
       // the first key blocks are on their way (copied at once, they slowed the first blocks' loads: fp32
       // rows are as many bytes as Q, K and V of a block)
       // (in 24 registers: one wait in the code, for the go and then for the copies to land, so that no
@@ -137,10 +146,10 @@ __global__ void __launch_bounds__(THREADS, 1)
       for (int landed = 0;; landed = 1) {
         mbar_wait(landed ? &sm.acc_full : &sm.acc_go, 0, &sm.fail, p.err);
         if (landed) {
-          if (threadIdx.x == 288) HP_TRACE(p, 3);
+          if (threadIdx.x == PROD + 32) HP_TRACE(p, 3);
           break;
         }
-        const int t = threadIdx.x - 288, es = p.acc_bf16 ? 2 : 4, row_bytes = DV * es, vec = p.acc_vec;
+        const int t = threadIdx.x - (PROD + 32), es = p.acc_bf16 ? 2 : 4, row_bytes = DV * es, vec = p.acc_vec;
         const int rows = i1 - i0, lg_vec = __ffs(vec) - 1, lg_row = __ffs(row_bytes / vec) - 1;
         const char *acc = static_cast<const char *>(p.acc_out) + at(p.acc_st, i0) * es;
         const int64_t step = p.acc_st[0] * es;
@@ -163,7 +172,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         cp_async_arrive(&sm.acc_full);
       }
     }
-    if (threadIdx.x == 256 && PIPE == 3) {
+    if (threadIdx.x == PROD && PIPE == 3) {
       // FA4's order (flash_fwd_sm90.py's load with intra-warpgroup overlap): K(0), Q, then K(it + 1)
       // before V(it), since the loop needs K(it + 1) for S(it + 1) in the turn where it issues
       // P(it) V(it), and V(it) only after S(it)'s softmax. K and V keep their own stages and
@@ -187,9 +196,9 @@ __global__ void __launch_bounds__(THREADS, 1)
           tma_load(sm.v[st][half], &tv, &sm.v_full[st], 64 * half, hkv, first_kv + (n_hi - 1 - it) * BN, tb);
       };
       if (nblk > 0) load_k(0);
-      mbar_expect_tx(&sm.q_full, tile_bytes_t<DQK>::value);
+      mbar_expect_tx(&sm.q_full, ROWS * DQK * 2);
       for (int half = 0; half < DQK / 64; half++)
-        tma_load(sm.q[half], &tq, &sm.q_full, 64 * half, hh, first_q + m_block * BM, tb);
+        tma_load(sm.q[half], &tq, &sm.q_full, 64 * half, hh, first_q + m_block * ROWS, tb);
       for (int it = 1; it < nblk; it++) {
         load_k(it);
         load_v(it - 1);
@@ -197,13 +206,13 @@ __global__ void __launch_bounds__(THREADS, 1)
       if (nblk > 0) load_v(nblk - 1);
       if (go && nblk <= STAGES) mbar_arrive(&sm.acc_go);
       HP_TRACE(p, 4);
-    } else if (threadIdx.x == 256) {
+    } else if (threadIdx.x == PROD) {
       // the go of the running rows' copies (STAGED merge): once the consumers are done with the first
       // K (the first S ran), or once every load is issued where there are at most two blocks
       const bool go = STAGED && p.acc_out;
-      mbar_expect_tx(&sm.q_full, tile_bytes_t<DQK>::value);
+      mbar_expect_tx(&sm.q_full, ROWS * DQK * 2);
       for (int half = 0; half < DQK / 64; half++)
-        tma_load(sm.q[half], &tq, &sm.q_full, 64 * half, hh, first_q + m_block * BM, tb);
+        tma_load(sm.q[half], &tq, &sm.q_full, 64 * half, hh, first_q + m_block * ROWS, tb);
       for (int it = 0; it < nblk; it++) {
         const int n = n_hi - 1 - it, st = it % STAGES;
         const uint32_t round = it / STAGES;
@@ -223,16 +232,16 @@ __global__ void __launch_bounds__(THREADS, 1)
     return;
   }
 
-  reg_alloc<240>();
+  reg_alloc<NWG == 3 ? 160 : 240>();
   // consumers: warpgroup c (warps 4c .. 4c + 3) owns rows [c * 64, c * 64 + 64) of the block
   const int c = warp_id / 4, warp = tid / 32, lane = tid % 32;
   const int r0 = c * 64 + warp * 16 + lane / 4; // this thread's rows: r0 and r0 + 8 (in the block)
-  const int q0 = m_block * BM + r0;
+  const int q0 = m_block * ROWS + r0;
   float o[DV / 2], s[64];
   for (int i = 0; i < 64; i++) o[i] = 0.0f;
   float mx[2] = {-INFINITY, -INFINITY}, sums[2 * NSUM] = {};
   const uint32_t q_base = hp_smem_u32(sm.q[0]) + c * 64 * 128;
-  const int row0 = m_block * BM + c * 64; // the warpgroup's first row
+  const int row0 = m_block * ROWS + c * 64; // the warpgroup's first row
   // key block n_hi - 1 - it needs element masks where it reaches past the sequence's keys (the rows
   // past them hold another sequence's or zeros) or past the window of one of the warpgroup's rows
   auto diag = [&](int it) {
@@ -255,7 +264,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto wait_v = [&](int it) {
     mbar_wait(&sm.v_full[it % STAGES], parity(it), &sm.fail, p.err);
     const int valid = len_kv - (n_hi - 1 - it) * BN;
-    if (valid < BN) zero_tail<DV>(v_base(it), valid, c, tid);
+    if (valid < BN) zero_tail<DV, NWG>(v_base(it), valid, c, tid);
   };
   float corr[2];
   auto step_softmax = [&](int it) {
@@ -264,11 +273,12 @@ __global__ void __launch_bounds__(THREADS, 1)
   };
   uint32_t pa[32]; // P in bf16
   // FA3's warpgroup scheduler: a warpgroup issues its GEMMs in its turn (named barrier 4 + c, 256
-  // threads: its own 128 and the other's arrival) and hands the turn over (arrives at 5 - c), so that
-  // one warpgroup's softmax runs while the other's GEMMs use the tensor cores. Warpgroup 0 starts.
+  // threads: its own 128 and the previous one's arrival) and hands the turn to the next (arrives at
+  // 4 + (c + 1) % NWG: 5 - c of two, a rotation 0, 1, 2 of three as FA4's WarpSchedulerWG barriers), so
+  // that one warpgroup's softmax runs while another's GEMMs use the tensor cores. Warpgroup 0 starts.
   // Every turn taken is handed over; warpgroup 0's opening arrival is the one left at the end.
   auto take_turn = [&] { named_bar_sync(4 + c, 256); };
-  auto hand_turn = [&] { named_bar_arrive(5 - c, 256); };
+  auto hand_turn = [&] { named_bar_arrive(NWG == 2 ? 5 - c : 4 + (c + 1) % NWG, 256); };
   if (c == 0) named_bar_arrive(4, 256);
   // where the running rows are not staged: their reads (LSE and O) into registers, issued while the
   // last P V runs, so that the round trip is not on the epilogue's path
@@ -303,7 +313,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     take_turn();
     for (int it = 0; it < nblk; it++) {
       mbar_wait(&sm.k_full[it % STAGES], parity(it), &sm.fail, p.err);
-      gemm_qk<DQK>(s, q_base, k_base(it));
+      gemm_qk<DQK, ROWS>(s, q_base, k_base(it));
       hand_turn();
       wg_wait<0>();
       release(&sm.k_empty[it % STAGES]);
@@ -327,7 +337,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     // hoists it above the row max, so the softmax does not run under the P V; FA4-GAP.md F1).
     constexpr bool LATE_V = PIPE >= 2;
     mbar_wait(&sm.k_full[0], parity(0), &sm.fail, p.err);
-    gemm_qk<DQK>(s, q_base, k_base(0));
+    gemm_qk<DQK, ROWS>(s, q_base, k_base(0));
     wg_wait<0>();
     release(&sm.k_empty[0]);
     step_softmax(0);
@@ -337,7 +347,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_wait(&sm.k_full[it % STAGES], parity(it), &sm.fail, p.err);
       if (!LATE_V) wait_v(it - 1); // before the turn: the block with a tail meets the other warpgroup there
       take_turn();
-      gemm_qk<DQK>(s, q_base, k_base(it));
+      gemm_qk<DQK, ROWS>(s, q_base, k_base(it));
       gemm_pv_regs<DV>(o, pa, v_base(it - 1));
       hand_turn();
       wg_wait<1>(); // S(it) is in (commit groups complete in order); P(it - 1) V(it - 1) still runs
@@ -359,7 +369,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   }
 
   // epilogue: the row sums over the four threads of a row, O / l, LSE (natural log); or the merge
-  if (lane == 0) HP_TRACE(p, 8 + warp_id);
+  if (lane == 0 && warp_id < 8) HP_TRACE(p, 8 + warp_id); // (M192's warps 8-11: no slots)
   float inv[2], sum[2];
   row_sums<NSUM>(sums, sum);
   row_totals(sum, inv, mx, q0, len_q, p, hh, lane);
@@ -382,11 +392,11 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
           for (int r = 0; r < 2; r++) {
             const int row = wr0 + 8 * r;
-            st_shared_u32(ob + (j / 8) * BM * 128 + row * 128 + (((j % 8) ^ (row & 7)) << 4) + 4 * (lane % 4),
+            st_shared_u32(ob + (j / 8) * ROWS * 128 + row * 128 + (((j % 8) ^ (row & 7)) << 4) + 4 * (lane % 4),
                           pack_bf16(o[4 * j + 2 * r] * inv[r], o[4 * j + 2 * r + 1] * inv[r]));
           }
         fence_proxy_async();       // the writes, visible to the TMA unit (the async proxy)
-        named_bar_sync(6 + c, 128); // the warpgroup's writes all done
+        named_bar_sync(4 + NWG + c, 128); // the warpgroup's writes all done (ids past the turns')
         if (tid == 0) {
           for (int half = 0; half < DV / 64; half++)
             tma_store(&to, sm.q[half] + c * 64 * 64, 64 * half, hh, first_q + row0, tb);
@@ -396,7 +406,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         for (int r = 0; r < 2; r++)
           if (q0 + 8 * r < len_q && lane % 4 == 0) p.lse[at(p.lse_st, q0 + 8 * r)] = lse[r];
         if (tid == 0) bulk_wait_read(); // shared memory stays the CTA's until the stores read it
-        if (lane == 0) HP_TRACE(p, 16 + warp_id), HP_TRACE(p, 24 + warp_id, HP_TRACE_GLOBAL);
+        if (lane == 0 && warp_id < 8) HP_TRACE(p, 16 + warp_id), HP_TRACE(p, 24 + warp_id, HP_TRACE_GLOBAL);
         return;
       }
     }
@@ -411,7 +421,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             pack_bf16(o[4 * j + 2 * r] * inv[r], o[4 * j + 2 * r + 1] * inv[r]);
       if (lane % 4 == 0) p.lse[at(p.lse_st, row)] = lse[r];
     }
-    if (lane == 0) HP_TRACE(p, 16 + warp_id), HP_TRACE(p, 24 + warp_id, HP_TRACE_GLOBAL);
+    if (lane == 0 && warp_id < 8) HP_TRACE(p, 16 + warp_id), HP_TRACE(p, 24 + warp_id, HP_TRACE_GLOBAL);
     return;
   }
   // merge: L = log(e^L_acc + e^L), acc_out = acc_out e^(L_acc - L) + O e^(L - L); a row of the step
@@ -463,7 +473,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     else merge_row(std::integral_constant<int, 4>{});
     if (lane % 4 == 0) p.acc_lse[at(p.acc_lse_st, row)] = lnew[r];
   }
-  if (lane == 0) HP_TRACE(p, 16 + warp_id), HP_TRACE(p, 24 + warp_id, HP_TRACE_GLOBAL);
+  if (lane == 0 && warp_id < 8) HP_TRACE(p, 16 + warp_id), HP_TRACE(p, 24 + warp_id, HP_TRACE_GLOBAL);
 }
 
 #endif

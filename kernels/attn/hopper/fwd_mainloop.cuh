@@ -39,8 +39,10 @@ template <int DH, int A_ROWS, int B_ROWS, int NACC> HP_DEV void gemm_kmajor(floa
   wg_commit();
 }
 
-// S = Q K^T over d = DH.
-template <int DH> HP_DEV void gemm_qk(float (&s)[64], uint32_t q_base, uint32_t k_base) { gemm_kmajor<DH, BM, BN>(s, q_base, k_base); }
+// S = Q K^T over d = DH, Q a tile of ROWS rows.
+template <int DH, int ROWS = BM> HP_DEV void gemm_qk(float (&s)[64], uint32_t q_base, uint32_t k_base) {
+  gemm_kmajor<DH, ROWS, BN>(s, q_base, k_base);
+}
 
 // The element mask of a key block that needs one (diag below): -inf where the key is past len_kv or
 // outside the row's window. Selects, not branches: a branch an element made the loop too long for the
@@ -161,17 +163,17 @@ HP_DEV void row_totals(float (&sum)[2], float (&inv)[2], const float (&mx)[2], i
   }
 }
 
-// Rows [valid, BN) of a V stage set to 0 by consumer warpgroup 0, then both consumer warpgroups meet
-// (named barrier 3, 256 threads): the rows past a sequence's keys may hold anything (thd's padding
-// gaps: NaN), and P's zeros there would still make 0 * NaN in P V.
-template <int DH> HP_DEV void zero_tail(uint32_t v_base, int valid, int c, int tid) {
+// Rows [valid, BN) of a V stage set to 0 by consumer warpgroup 0, then the NWG consumer warpgroups
+// meet (named barrier 3, 128 NWG threads): the rows past a sequence's keys may hold anything (thd's
+// padding gaps: NaN), and P's zeros there would still make 0 * NaN in P V.
+template <int DH, int NWG = 2> HP_DEV void zero_tail(uint32_t v_base, int valid, int c, int tid) {
   if (c == 0)
     for (int i = tid; i < (BN - valid) * 8 * (DH / 64); i += 128) { // 16-byte chunks: 8 a row in each half of d
       const int row = valid + i / (8 * (DH / 64)), half = (i / 8) % (DH / 64), chunk = i % 8;
       st_shared_zero16(v_base + half * BN * 128 + row * 128 + chunk * 16);
     }
   fence_proxy_async();
-  named_bar_sync(3, 256);
+  named_bar_sync(3, 128 * NWG);
 }
 
 #endif

@@ -15,12 +15,15 @@
 #endif
 
 // 2 consumer warpgroups (warps 0-7) and a producer warpgroup (8-11); head dims DQK (q, k) and DV (v, o),
-// multiples of 64, in halves of 64 columns (a TMA box each)
+// multiples of 64, in halves of 64 columns (a TMA box each). The forward's M192 variant (fwd_kernel's
+// HP_FWD_OPT_M192) has 3 consumer warpgroups (warps 0-11), the producer's warps 12-15 and BM = 192 rows
+// a CTA: fwd_rows/fwd_threads below; BM and THREADS stay the default kernels' and the backward's.
 constexpr int BM = 128, BN = 128, STAGES = 2, THREADS = 384;
 template <int DH> struct tile_bytes_t { static constexpr uint32_t value = 128 * DH * 2; }; // a [128][DH] bf16 tile
 
-template <int DQK, int DV> struct alignas(1024) smem_t {
-  uint16_t q[DQK / 64][BM * 64];
+// ROWS: the query rows of a CTA (BM, or 192 with HP_FWD_OPT_M192)
+template <int DQK, int DV, int ROWS = BM> struct alignas(1024) smem_t {
+  uint16_t q[DQK / 64][ROWS * 64];
   uint16_t k[STAGES][DQK / 64][BN * 64];
   uint16_t v[STAGES][DV / 64][BN * 64];
   uint64_t q_full, k_full[STAGES], v_full[STAGES], k_empty[STAGES], v_empty[STAGES];
@@ -28,9 +31,9 @@ template <int DQK, int DV> struct alignas(1024) smem_t {
   int fail; // a wait of this CTA timed out (mbar_wait)
 };
 
-// The fused merge's running rows in shared memory right past smem_t: the block's BM rows of acc_out
+// The fused merge's running rows in shared memory right past smem_t: the block's ROWS rows of acc_out
 // (DV values, fp32 or bf16, a row's 16-byte chunk c at chunk c ^ (row % 8), so that the epilogue's
-// reads of eight rows at once fall in different banks), then BM fp32 LSEs. Staged where the tiles
+// reads of eight rows at once fall in different banks), then ROWS fp32 LSEs. Staged where the tiles
 // leave room (227 KB an SM: head dims 64 and 128); HP_FWD_STAGE_ACC=0 (a build flag, for A/B
 // timings) turns it off.
 #ifndef HP_FWD_STAGE_ACC
@@ -47,10 +50,17 @@ template <int DQK, int DV> struct alignas(1024) smem_t {
 //     its own rows of Q in shared memory and stores them with one TMA store a half of d (the kernel's
 //     fifth tensor map, boxes of 64 rows); thd keeps the per-thread stores for a warpgroup whose 64 rows
 //     reach past its sequence (the map would write the next sequence's rows).
+//   HP_FWD_OPT_M192 (FA4-GAP.md F6, FA4's sm90 tile at d 64): 192 query rows a CTA, three consumer
+//     warpgroups of 64 rows taking the tensor-core turn in rotation, 512 threads, setmaxnreg 160 for
+//     the consumers and 32 for the producer (3 x 128 x 160 + 128 x 32 = 64K registers).
 // The build flags HP_FWD_ELECT=1, HP_FWD_TREE=1 and HP_FWD_TMA_O=1 set them in OPT's default (the lab's
 // fwd.cu, the emulator); dl.attn's launcher also takes them at run time (DISTLAB_ATTN_HOPPER_FWD_ELECT,
 // DISTLAB_ATTN_HOPPER_FWD_TREE at d 128; DISTLAB_ATTN_HOPPER_FWD_TMA_O: attn_hopper.cu).
-enum { HP_FWD_OPT_ELECT = 1, HP_FWD_OPT_TREE = 2, HP_FWD_OPT_TMA_O = 4 };
+enum { HP_FWD_OPT_ELECT = 1, HP_FWD_OPT_TREE = 2, HP_FWD_OPT_TMA_O = 4, HP_FWD_OPT_M192 = 8 };
+// A forward kernel's consumer warpgroups, query rows and threads for its OPT bits.
+constexpr HP_HD int fwd_wgs(int opt) { return opt & HP_FWD_OPT_M192 ? 3 : 2; }
+constexpr HP_HD int fwd_rows(int opt) { return 64 * fwd_wgs(opt); }
+constexpr HP_HD int fwd_threads(int opt) { return 128 * (fwd_wgs(opt) + 1); }
 #ifndef HP_FWD_ELECT
 #define HP_FWD_ELECT 0
 #endif
@@ -66,9 +76,9 @@ constexpr int HP_FWD_OPT = (HP_FWD_ELECT ? HP_FWD_OPT_ELECT : 0) | (HP_FWD_TREE 
 #define HP_FWD_TRACE 0
 #endif
 
-template <int DQK, int DV> struct acc_stage_t {
-  static constexpr uint32_t o_bytes = BM * DV * 4, bytes = o_bytes + BM * 4;
-  static constexpr bool on = HP_FWD_STAGE_ACC && sizeof(smem_t<DQK, DV>) + 1024 + bytes <= 227 * 1024;
+template <int DQK, int DV, int ROWS = BM> struct acc_stage_t {
+  static constexpr uint32_t o_bytes = ROWS * DV * 4, bytes = o_bytes + ROWS * 4;
+  static constexpr bool on = HP_FWD_STAGE_ACC && sizeof(smem_t<DQK, DV, ROWS>) + 1024 + bytes <= 227 * 1024;
   // the copies: each of the 96 copying threads keeps one 16-byte chunk of a row (fwd_kernel)
   static_assert(!on || 96 % (DV * 4 / 16) == 0, "a staged row's 16-byte chunks must divide 96 threads");
 };
@@ -78,8 +88,9 @@ HP_DEV uint32_t acc_stage_at(uint32_t stage, int row, int row_bytes, int byte) {
   return stage + row * row_bytes + (((byte >> 4) ^ (row & 7)) << 4) + (byte & 15);
 }
 // The dynamic shared memory of a launch (+ 1024: the slack of aligning smem_t to 1024 bytes).
-template <int DQK, int DV> HP_HD size_t fwd_smem_bytes(bool merge) {
-  return sizeof(smem_t<DQK, DV>) + 1024 + (merge && acc_stage_t<DQK, DV>::on ? acc_stage_t<DQK, DV>::bytes : 0);
+template <int DQK, int DV, int ROWS = BM> HP_HD size_t fwd_smem_bytes(bool merge) {
+  using ST = acc_stage_t<DQK, DV, ROWS>;
+  return sizeof(smem_t<DQK, DV, ROWS>) + 1024 + (merge && ST::on ? ST::bytes : 0);
 }
 
 // Addressing as kernels/attn/attn.h's: row i of sequence bb, head hh, of an operand with strides st

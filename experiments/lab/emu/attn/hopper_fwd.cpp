@@ -2,10 +2,11 @@
 // the Hopper instructions emulated (hopper.h), against an fp64 reference: six
 // cases (bshd, sbhd, thd with gaps, GQA/MQA, lengths off the tile) under
 // five masks, the four loops (PIPE 0-3), the fused merge (into an f32 and a bf16 running out),
-// head dims 128, 64 and 192/128.
+// head dims 128, 64 and 192/128, and d 64's 192-row CTAs of three consumer warpgroups (M192).
 // The TMA store of O (HP_FWD_OPT_TMA_O) in the plain epilogue's runs: ARGS=--tma-o all of them,
 // --quick every other one, none otherwise.
-//   make -C experiments/lab/emu/attn hopper-emu [ARGS=--quick | ARGS="--pipe N" | ARGS="--tma-o [--pipe N]"]
+//   make -C experiments/lab/emu/attn hopper-emu [ARGS=--quick | ARGS="--pipe N" | ARGS="--tma-o [--pipe N]" |
+//                                                ARGS="--m192 [--quick | --pipe N]"]
 #include "hopper.h"
 
 #include "attn/hopper/fwd_kernel.cuh"
@@ -15,8 +16,11 @@
 // merge: the step merged into a running (acc_out, acc_lse) of random rows, some with lse -inf; acc_out
 // fp32 (1) or bf16 (2)
 // tma: the kernel with HP_FWD_OPT_TMA_O (O by TMA stores in the plain epilogue; the merge ignores it)
+// m192: with HP_FWD_OPT_M192 (192 rows a CTA, three consumer warpgroups, 512 threads; d 64)
 template <int DQK, int DV = DQK>
-static bool run_case(const hp_case &cs, const hp_mask &mk, int pipe, unsigned seed, int merge = 0, bool tma = false) {
+static bool run_case(const hp_case &cs, const hp_mask &mk, int pipe, unsigned seed, int merge = 0, bool tma = false,
+                     bool m192 = false) {
+  const int rows_cta = m192 ? fwd_rows(HP_FWD_OPT_M192) : BM;
   const hp_seqs sq_(cs);
   const bool thd = sq_.thd, sbhd = sq_.sbhd;
   const int b = cs.b, h = cs.h, h_kv = cs.h_kv, rows = sq_.rows, rows_kv = sq_.rows_kv, tb = sq_.tb;
@@ -52,7 +56,7 @@ static bool run_case(const hp_case &cs, const hp_mask &mk, int pipe, unsigned se
         for (int c = 0; c < DV; c++) v[vi(bb, pos, hd) + c] = bf16_of(u(g));
       }
   }
-  const hp_tmap_t tq = hp_map(q, DQK, h, sq, rows, tb, BM), tk = hp_map(k, DQK, h_kv, sk, rows_kv, tb, BN),
+  const hp_tmap_t tq = hp_map(q, DQK, h, sq, rows, tb, rows_cta), tk = hp_map(k, DQK, h_kv, sk, rows_kv, tb, BN),
                   tv = hp_map(v, DV, h_kv, sv, rows_kv, tb, BN), to = hp_map(o, DV, h, so, rows, tb, 64);
   params_t p{};
   p.b = b, p.h = h, p.h_kv = h_kv, p.s_q = p.s_kv = s;
@@ -80,22 +84,26 @@ static bool run_case(const hp_case &cs, const hp_mask &mk, int pipe, unsigned se
   std::vector<float> max_logit(h, -INFINITY);
   p.max_logit = max_logit.data();
   std::vector<double> want_max(h, -INFINITY); // the reference's
-  // one CTA at a time, each with fresh barriers
-  const int mb = (s + BM - 1) / BM;
+  // one CTA at a time, each with fresh barriers; the kernel of loop `pipe` and the bits OPT
+  auto kernel = [&](auto opt_c) {
+    constexpr int OPT = decltype(opt_c)::value;
+    const hp_tmap_t &om = OPT & HP_FWD_OPT_TMA_O ? to : tq; // (unread without the TMA store)
+    if (pipe == 3) fwd_kernel<3, DQK, DV, OPT>(tq, tk, tv, p, om);
+    else if (pipe == 2) fwd_kernel<2, DQK, DV, OPT>(tq, tk, tv, p, om);
+    else if (pipe == 1) fwd_kernel<1, DQK, DV, OPT>(tq, tk, tv, p, om);
+    else fwd_kernel<0, DQK, DV, OPT>(tq, tk, tv, p, om);
+  };
+  constexpr int O = HP_FWD_OPT, T = HP_FWD_OPT_TMA_O, M = HP_FWD_OPT_M192;
+  const int mb = (s + rows_cta - 1) / rows_cta;
+  const size_t smem = (m192 ? fwd_smem_bytes<DQK, DV, fwd_rows(M)>(merge != 0) : fwd_smem_bytes<DQK, DV>(merge != 0)) - 1024;
   for (int z = 0; z < b; z++)
     for (int y = 0; y < h; y++)
       for (int x = 0; x < mb; x++) {
-        const bool done = hp_run_cta(dim3(x, y, z), dim3(mb, h, b), THREADS, fwd_smem_bytes<DQK, DV>(merge != 0) - 1024, [&] {
-          constexpr int T = HP_FWD_OPT | HP_FWD_OPT_TMA_O;
-          if (tma) {
-            if (pipe == 3) fwd_kernel<3, DQK, DV, T>(tq, tk, tv, p, to);
-            else if (pipe == 2) fwd_kernel<2, DQK, DV, T>(tq, tk, tv, p, to);
-            else if (pipe == 1) fwd_kernel<1, DQK, DV, T>(tq, tk, tv, p, to);
-            else fwd_kernel<0, DQK, DV, T>(tq, tk, tv, p, to);
-          } else if (pipe == 3) fwd_kernel<3, DQK, DV>(tq, tk, tv, p, tq);
-          else if (pipe == 2) fwd_kernel<2, DQK, DV>(tq, tk, tv, p, tq);
-          else if (pipe == 1) fwd_kernel<1, DQK, DV>(tq, tk, tv, p, tq);
-          else fwd_kernel<0, DQK, DV>(tq, tk, tv, p, tq);
+        const bool done = hp_run_cta(dim3(x, y, z), dim3(mb, h, b), m192 ? fwd_threads(M) : THREADS, smem, [&] {
+          if constexpr (DQK == 64 && DV == 64)
+            if (m192) return tma ? kernel(std::integral_constant<int, O | T | M>{}) : kernel(std::integral_constant<int, O | M>{});
+          if (tma) kernel(std::integral_constant<int, O | T>{});
+          else kernel(std::integral_constant<int, O>{});
         });
         if (!done) return false;
       }
@@ -175,51 +183,63 @@ static bool run_case(const hp_case &cs, const hp_mask &mk, int pipe, unsigned se
   const double nwb = merge == 2 ? 6e-3 : 4e-3;
   const bool ok = nw <= nwb && emax <= 1e-2 && lmax <= 1e-4 && mlmax <= 1e-5 && touched == 0, caught = pw > nwb;
   const std::string what = sq_.what(false);
-  printf("d=%d/%d pipe=%d%s %s h=%d/%d window (%d,%d)%s%s: normwise %.2e, elementwise %.2e, lse %.2e, max_logit %.1e; %zu written outside the rows; planted 2%%: %.2e %s -> %s\n",
-         DQK, DV, pipe, tma ? " tma-o" : "", what.c_str(), h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", merge == 2 ? " merged into bf16" : merge ? " merged" : "", nw, emax, lmax, mlmax, touched, pw, caught ? "caught" : "MISSED",
+  printf("d=%d/%d%s pipe=%d%s %s h=%d/%d window (%d,%d)%s%s: normwise %.2e, elementwise %.2e, lse %.2e, max_logit %.1e; %zu written outside the rows; planted 2%%: %.2e %s -> %s\n",
+         DQK, DV, m192 ? " m192" : "", pipe, tma ? " tma-o" : "", what.c_str(), h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", merge == 2 ? " merged into bf16" : merge ? " merged" : "", nw, emax, lmax, mlmax, touched, pw, caught ? "caught" : "MISSED",
          ok && caught ? "ok" : "FAIL");
   return ok && caught;
 }
 
 // --quick (the CI spec): each case under three masks with the loop taken in turn, the merge with the
-// loop taken in turn, d 64 under one mask, MLA's under one. --pipe N: every case, loop N only (and
-// MLA's, which has PIPE 0 alone, only for N = 0).
+// loop taken in turn, d 64 under one mask, d 64's M192 under three, MLA's under one. --pipe N: every
+// case, loop N only (and MLA's, which has PIPE 0 alone, only for N = 0). --m192: M192's runs alone.
 constexpr int NPIPE = 4; // the loops: PIPE 0 to 3
 int main(int argc, char **argv) {
-  bool quick = false, tma_all = false;
+  bool quick = false, tma_all = false, m192_only = false;
   int only = -1;
   for (int i = 1; i < argc; i++)
     if (!strcmp(argv[i], "--quick")) quick = true;
     else if (!strcmp(argv[i], "--tma-o")) tma_all = true;
+    else if (!strcmp(argv[i], "--m192")) m192_only = true;
     else if (!strcmp(argv[i], "--pipe") && i + 1 < argc) only = atoi(argv[++i]);
   // the TMA store of O (the plain epilogue's runs): --tma-o every one; --quick every other one; else none
   auto tma = [&](unsigned sd) { return tma_all || (quick && sd % 2 == 1); };
   bool ok = true;
-  const std::vector<hp_case> &cases = hp_cases;
+  const std::vector<hp_case> &cases = hp_cases, none;
+  const std::vector<hp_case> &others = m192_only ? none : cases; // the runs other than M192's
   const hp_mask *masks = hp_masks;
   unsigned seed = 1;
   int n = 0; // runs so far: quick takes the loops in turn by it
   auto pick = [&](int pipe) { return quick ? pipe == n % NPIPE : only < 0 || pipe == only; };
-  for (const hp_case &c : cases)
+  for (const hp_case &c : others)
     for (int m = 0; m < 5; m++) {
       if (quick && m % 2 == 0 && m != 2) continue;
       for (int pipe = 0; pipe < NPIPE; pipe++)
         if (pick(pipe)) ok = run_case<128>(c, masks[m], pipe, seed, 0, tma(seed)) && ok, seed++;
       n++;
     }
-  for (const hp_case &c : cases) // the fused merge into f32 and bf16, causal and not (quick: one of each)
+  for (const hp_case &c : others) // the fused merge into f32 and bf16, causal and not (quick: one of each)
     for (int m = 0; m < 2; m++, n++)
       for (int pipe = 0; pipe < NPIPE; pipe++)
         for (int acc = 1; acc <= 2; acc++)
           if (pick(pipe) && (!quick || acc == 1 + (&c - cases.data() + m) % 2)) ok = run_case<128>(c, masks[m], pipe, seed++, acc) && ok;
-  for (const hp_case &c : cases) // head dim 64: every case under three masks, and merged causal
+  for (const hp_case &c : others) // head dim 64: every case under three masks, and merged causal
     for (int m : {0, 2, 4}) {
       if (quick && m != 2) continue;
       for (int pipe = 0; pipe < NPIPE; pipe++)
         if (pick(pipe)) ok = run_case<64>(c, masks[m], pipe, seed, m == 2 ? 1 + seed % 2 : 0, m != 2 && tma(seed)) && ok, seed++;
       n++;
     }
-  for (const hp_case &c : cases) // MLA's 192/128: every case causal bottom-right merged, and a window
+  // head dim 64 with 192-row CTAs (M192, three consumer warpgroups): every case under the five masks
+  // (quick: three), causal bottom-right merged (f32 and bf16 in turn), the plain runs with and without
+  // the TMA store of O in turn (whatever --tma-o says: the knob takes both)
+  for (const hp_case &c : cases)
+    for (int m = 0; m < 5; m++) {
+      if (quick && m % 2 == 1) continue;
+      for (int pipe = 0; pipe < NPIPE; pipe++)
+        if (pick(pipe)) ok = run_case<64>(c, masks[m], pipe, seed, m == 2 ? 1 + seed % 2 : 0, m != 2 && seed % 2, true) && ok, seed++;
+      n++;
+    }
+  for (const hp_case &c : others) // MLA's 192/128: every case causal bottom-right merged, and a window
     for (int m : {2, 3})
       if (quick ? m == 2 : only <= 0) ok = run_case<192, 128>(c, masks[m], 0, seed++, m == 2) && ok;
   printf("%s\n", ok ? "hopper emu: all ok" : "hopper emu: FAILED");
