@@ -238,7 +238,7 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
   const int r0 = c * 64 + warp * 16 + lane / 4; // this thread's rows: r0 and r0 + 8 (in the block)
   const int q0 = m_block * ROWS + r0;
   float o[DV / 2], s[64];
-  for (int i = 0; i < 64; i++) o[i] = 0.0f;
+  for (int i = 0; i < DV / 2; i++) o[i] = 0.0f;
   float mx[2] = {-INFINITY, -INFINITY}, sums[2 * NSUM] = {};
   const uint32_t q_base = hp_smem_u32(sm.q[0]) + c * 64 * 128;
   const int row0 = m_block * ROWS + c * 64; // the warpgroup's first row
