@@ -77,10 +77,11 @@ static int env_bwd_bulk_lse(void) {
 /* At d 128 without a mask (no causal, no window) the backward's items take 80 query rows instead of 64
  * (bwd_kernel's BQ = 80, FA4's sm90 choice; FA4-GAP.md B3: +8.8-11.5% backward, the same A/B). Built for
  * BWD_ORDER with and without ELECT; DISTLAB_ATTN_HOPPER_BWD_M80=0 turns it off (A/B timings), as does
- * ..._BWD_ORDER=0. Its rows are not BULK's (padded to 64 a sequence): where it runs, BULK does not. */
+ * ..._BWD_ORDER=0; =2 takes it under every mask too (FA4 keeps 64 with one; FA4-GAP.md section 9's A/B).
+ * Its rows are not BULK's (padded to 64 a sequence): where it runs, BULK does not. Returns 0, 1 or 2. */
 static int env_bwd_m80(void) {
-  static int c = -1;
-  return !env_is("DISTLAB_ATTN_HOPPER_BWD_M80", "0", &c);
+  static int off = -1, all = -1;
+  return env_is("DISTLAB_ATTN_HOPPER_BWD_M80", "0", &off) ? 0 : env_is("DISTLAB_ATTN_HOPPER_BWD_M80", "2", &all) ? 2 : 1;
 }
 /* At d 64 the backward's items take 128 query rows instead of 64 (bwd_kernel's BQ = 128, FA4's sm90
  * choice at d 64; FA4-GAP.md B6: +19.9-21.5% backward, the same A/B), in FA4's order (in place of the
@@ -92,8 +93,9 @@ static int env_bwd_m128(void) {
 }
 /* Which of the backward's item heights runs for p: 80 (M80), 128 (M128) or BWD_BQ */
 static int bwd_rows(const dl_attn_params_t *p) {
-  if (p->d_qk == 128 && p->d_v == 128 && p->window_left < 0 && p->window_right < 0 && env_bwd_order() &&
-      env_bwd_m80())
+  const int m80 = env_bwd_m80();
+  if (p->d_qk == 128 && p->d_v == 128 && env_bwd_order() &&
+      (m80 == 2 || (m80 == 1 && p->window_left < 0 && p->window_right < 0)))
     return 80;
   if (p->d_qk == 64 && p->d_v == 64 && env_bwd_m128()) return 128;
   return BWD_BQ;
