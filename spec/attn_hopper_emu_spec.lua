@@ -37,11 +37,13 @@ end
 
 describe("the Hopper attention kernels on the CPU emulator", function()
   local it_ = (has("g++") and has("make")) and it or pending
-  it_("forward: every case under three masks, the four loops (PIPE 0-3), the merge into f32 and bf16, d 64, d 64's 192-row CTAs of three consumer warpgroups (M192) and MLA's 192/128, against fp64", function()
+  it_("forward: every case under three masks, the four loops (PIPE 0-3), the merge into f32 and bf16, d 64, d 64's 192-row CTAs of three consumer warpgroups (M192), the lazy rescale (LAZY) and MLA's 192/128, against fp64", function()
     local out = run("hopper-emu")
     all_ok(out, "hopper emu: all ok", 40)
     local _, m192 = out:gsub("d=64/64 m192 ", "")
     assert.is_true(m192 >= 18, out)
+    local _, lazy = out:gsub("d=%d+/%d+ [%w ]-lazy pipe", "")
+    assert.is_true(lazy >= 20, out)
   end)
   it_("forward with HP_FWD_GROUP_BYTES small: masked calls' tiles heaviest first in groups of heads that do not divide the heads", function()
     all_ok(run("hopper-emu", "-DHP_FWD_GROUP_BYTES=400000"), "hopper emu: all ok", 40)

@@ -142,6 +142,15 @@ static int env_fwd_m192(void) {
   return env_is("DISTLAB_ATTN_HOPPER_FWD_M192", "1", &c);
 }
 
+/* DISTLAB_ATTN_HOPPER_FWD_LAZY=1: the forward's exps keep a row's base until a block raises its max by more
+ * than 2^8, and O's rescale is skipped where no row of a warp moved (fwd_kernel's HP_FWD_OPT_LAZY; FA4-GAP.md
+ * section 9, A/B timings); built for each head dim's default loop (PIPE 2 at d 128, PIPE 1 at d 64 and with
+ * ..._FWD_M192), with or without ..._FWD_TMA_O; not where max_logit is asked for (the base is not the max) */
+static int env_fwd_lazy(void) {
+  static int c = -1;
+  return env_is("DISTLAB_ATTN_HOPPER_FWD_LAZY", "1", &c);
+}
+
 /* The forward at MLA's head dims 192/128 (launch<0, 192, 128> below); DISTLAB_ATTN_HOPPER_MLA=0 sends
  * them to the portable kernel */
 static int env_mla(void) {
@@ -363,14 +372,18 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   // variants the build or the environment asks for
   constexpr int E = HP_FWD_OPT_ELECT, T = HP_FWD_OPT_TREE, O = HP_FWD_OPT;
   const int opt = O | env_fwd_opt(), pipe = env_fwd_pipe() >= 0 ? env_fwd_pipe() : p->d_qk == 128 ? 2 : 1;
-  constexpr int M = HP_FWD_OPT | HP_FWD_OPT_M192;
+  constexpr int M = HP_FWD_OPT | HP_FWD_OPT_M192, L = HP_FWD_OPT_LAZY;
+  const bool lazy = env_fwd_lazy() && !p->max_logit;
   const int rc = m192             ? (pipe == 2 ? launch_o<2, 64, 64, M>(tma_o, grid, tq, tk, tv, k, to, stream)
+                                     : lazy    ? launch_o<1, 64, 64, M | L>(tma_o, grid, tq, tk, tv, k, to, stream)
                                                : launch_o<1, 64, 64, M>(tma_o, grid, tq, tk, tv, k, to, stream))
                  : p->d_qk == 64  ? (pipe == 2   ? launch_o<2, 64, 64>(tma_o, grid, tq, tk, tv, k, to, stream)
                                      : pipe == 3 ? launch_o<3, 64, 64>(tma_o, grid, tq, tk, tv, k, to, stream)
+                                     : lazy      ? launch_o<1, 64, 64, O | L>(tma_o, grid, tq, tk, tv, k, to, stream)
                                                  : launch_o<1, 64, 64>(tma_o, grid, tq, tk, tv, k, to, stream))
                  : p->d_qk != 128 ? launch<0, 192, 128>(grid, tq, tk, tv, k, to, stream)
                  : pipe == 1      ? launch<1, 128, 128>(grid, tq, tk, tv, k, to, stream)
+                 : pipe == 2 && lazy ? launch_o<2, 128, 128, O | L>(tma_o, grid, tq, tk, tv, k, to, stream)
                  : pipe == 2      ? launch_o<2, 128, 128>(tma_o, grid, tq, tk, tv, k, to, stream)
                  : pipe == 3      ? launch_o<3, 128, 128>(tma_o, grid, tq, tk, tv, k, to, stream)
                  : tma_o          ? launch<0, 128, 128, O | HP_FWD_OPT_TMA_O>(grid, tq, tk, tv, k, to, stream)

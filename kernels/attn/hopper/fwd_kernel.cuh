@@ -111,6 +111,7 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
   constexpr bool ELECT = OPT & HP_FWD_OPT_ELECT;
   constexpr uint32_t RELEASES = ELECT ? 4 * NWG : 128 * NWG;
   constexpr int NSUM = OPT & HP_FWD_OPT_TREE ? 4 : 1; // partial row sums a row (softmax_step)
+  constexpr bool LAZY = (OPT & HP_FWD_OPT_LAZY) != 0;  // the exps' base moved by more than 2^8 only
   // key blocks [n_lo, n_hi): those holding a key that a row of this block sees; walked last to first
   const int shift = p.bottom_right ? len_kv - len_q : 0, wl = p.window_left, wr = p.window_right;
   const int i0 = m_block * ROWS, i1 = min(i0 + ROWS, len_q);
@@ -269,7 +270,7 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
   float corr[2];
   auto step_softmax = [&](int it) {
     if (diag(it)) mask_block(s, key0(it), q0, len_kv, shift, wl, wr, lane);
-    softmax_step<NSUM>(s, mx, sums, corr, p.scale_log2);
+    softmax_step<NSUM, LAZY>(s, mx, sums, corr, p.scale_log2);
   };
   uint32_t pa[32]; // P in bf16
   // FA3's warpgroup scheduler: a warpgroup issues its GEMMs in its turn (named barrier 4 + c, 256
@@ -319,7 +320,7 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
       release(&sm.k_empty[it % STAGES]);
       step_softmax(it);
       pack_p(s, pa);
-      scale_o<DV>(o, corr);
+      if (!LAZY || hp_any(corr[0] != 1.0f || corr[1] != 1.0f)) scale_o<DV>(o, corr); // LAZY: a row of the warp moved
       wait_v(it);
       take_turn();
       gemm_pv_regs<DV>(o, pa, v_base(it));
@@ -356,7 +357,7 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
       if (LATE_V) wait_v(it); // for the next turn's P V; a tail block meets the other warpgroup here
       wg_wait<0>(); // P(it - 1) V(it - 1) is in: O, P and V's stage are free
       release(&sm.v_empty[(it - 1) % STAGES]);
-      scale_o<DV>(o, corr);
+      if (!LAZY || hp_any(corr[0] != 1.0f || corr[1] != 1.0f)) scale_o<DV>(o, corr); // LAZY: a row of the warp moved
       pack_p(s, pa);
     }
     if (!LATE_V) wait_v(nblk - 1);

@@ -63,8 +63,9 @@ HP_DEV void mask_block(float (&s)[64], int key0, int q0, int len_kv, int shift, 
 // O (and the old sums, already scaled) to the new max. The block's row maxima are taken on the raw
 // logits (scale > 0). NSUM = 1: a row's max and sum each one chain over its 32 values (sum[r]);
 // NSUM = 4 (HP_FWD_OPT_TREE): 4 independent chains of 8 a row, the maxima then joined by a tree, the
-// sums kept apart across blocks (sum[4 r + a]) and added by row_sums.
-template <int NSUM = 1>
+// sums kept apart across blocks (sum[4 r + a]) and added by row_sums. LAZY (HP_FWD_OPT_LAZY): mx, the
+// exps' base, stays where the block raises the row's max by HP_FWD_LAZY_LOG2 or less (corr 1).
+template <int NSUM = 1, bool LAZY = false>
 HP_DEV void softmax_step(float (&s)[64], float (&mx)[2], float (&sum)[2 * NSUM], float (&corr)[2], float scale_log2) {
   static_assert(NSUM == 1 || NSUM == 4, "one chain a row, or four");
   float mraw[2] = {-INFINITY, -INFINITY};
@@ -92,6 +93,10 @@ HP_DEV void softmax_step(float (&s)[64], float (&mx)[2], float (&sum)[2 * NSUM],
     mraw[r] = fmaxf(mraw[r], hp_shfl_xor(mraw[r], 1));
     mraw[r] = fmaxf(mraw[r], hp_shfl_xor(mraw[r], 2));
     const float mnew = fmaxf(mx[r], mraw[r] * scale_log2);
+    if (LAZY && mx[r] != -INFINITY && mnew - mx[r] <= HP_FWD_LAZY_LOG2) { // the same for a row's 4 threads
+      base[r] = mx[r], corr[r] = 1.0f;
+      continue;
+    }
     base[r] = mnew == -INFINITY ? 0.0f : mnew; // a row with no key yet
     corr[r] = hp_exp2(mx[r] - base[r]);
     mx[r] = mnew;

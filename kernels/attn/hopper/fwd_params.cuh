@@ -53,10 +53,16 @@ template <int DQK, int DV, int ROWS = BM> struct alignas(1024) smem_t {
 //   HP_FWD_OPT_M192 (FA4-GAP.md F6, FA4's sm90 tile at d 64): 192 query rows a CTA, three consumer
 //     warpgroups of 64 rows taking the tensor-core turn in rotation, 512 threads, setmaxnreg 160 for
 //     the consumers and 32 for the producer (3 x 128 x 160 + 128 x 32 = 64K registers).
+//   HP_FWD_OPT_LAZY (FA4-GAP.md section 9): a row's running max, the base of its exps, moves only where a
+//     block raises it by more than HP_FWD_LAZY_LOG2 (2^8: P up to 256, exact in the end since O, the sums
+//     and the LSE share the stale base), and O's rescale is skipped where no row of the warp moved (a vote):
+//     the 32 or 64 FMULs a thread a block, on the path between P V(it - 1) and P V(it). Not with max_logit
+//     (the stale base is not the max; attn_hopper.cu keeps the knob off there).
 // The build flags HP_FWD_ELECT=1, HP_FWD_TREE=1 and HP_FWD_TMA_O=1 set them in OPT's default (the lab's
 // fwd.cu, the emulator); dl.attn's launcher also takes them at run time (DISTLAB_ATTN_HOPPER_FWD_ELECT,
 // DISTLAB_ATTN_HOPPER_FWD_TREE at d 128; DISTLAB_ATTN_HOPPER_FWD_TMA_O: attn_hopper.cu).
-enum { HP_FWD_OPT_ELECT = 1, HP_FWD_OPT_TREE = 2, HP_FWD_OPT_TMA_O = 4, HP_FWD_OPT_M192 = 8 };
+enum { HP_FWD_OPT_ELECT = 1, HP_FWD_OPT_TREE = 2, HP_FWD_OPT_TMA_O = 4, HP_FWD_OPT_M192 = 8, HP_FWD_OPT_LAZY = 16 };
+constexpr float HP_FWD_LAZY_LOG2 = 8.0f; // HP_FWD_OPT_LAZY's slack, in log2 units (FA4's sm100 rescale threshold)
 // A forward kernel's consumer warpgroups, query rows and threads for its OPT bits.
 constexpr HP_HD int fwd_wgs(int opt) { return opt & HP_FWD_OPT_M192 ? 3 : 2; }
 constexpr HP_HD int fwd_rows(int opt) { return 64 * fwd_wgs(opt); }

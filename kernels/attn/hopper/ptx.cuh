@@ -38,6 +38,7 @@ __device__ __forceinline__ void hp_atomic_max(float *dst, float x) {
 // x as lane 0 has it: the compiler then knows it is the same across the warp
 __device__ __forceinline__ int hp_warp_uniform(int x) { return __shfl_sync(0xffffffffu, x, 0); }
 __device__ __forceinline__ float hp_shfl_xor(float x, int m) { return __shfl_xor_sync(0xffffffffu, x, m); }
+__device__ __forceinline__ bool hp_any(bool x) { return __any_sync(0xffffffffu, x); } // the whole warp's or
 __device__ __forceinline__ uint32_t hp_smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
 __device__ __forceinline__ void mbar_init(uint64_t *b, uint32_t count) {

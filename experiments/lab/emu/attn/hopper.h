@@ -100,6 +100,11 @@ HP_DEV float hp_log2(float x) { return log2f(x); }
 template <int N> HP_DEV void reg_alloc() {}
 template <int N> HP_DEV void reg_dealloc() {}
 HP_DEV float hp_shfl_xor(float x, int m) { return attn_shfl_xor(x, m); }
+HP_DEV bool hp_any(bool x) { // __any_sync by shuffles (the emulator has no vote)
+  float v = x ? 1.0f : 0.0f;
+  for (int m = 1; m < 32; m *= 2) v = fmaxf(v, attn_shfl_xor(v, m));
+  return v > 0.0f;
+}
 HP_DEV uint32_t pack_bf16(float lo, float hi) { return emu_f32_to_b16(lo, true) | emu_f32_to_b16(hi, true) << 16; }
 
 // ---- mbarriers and TMA ----------------------------------------------------------------------

@@ -2,11 +2,12 @@
 // the Hopper instructions emulated (hopper.h), against an fp64 reference: six
 // cases (bshd, sbhd, thd with gaps, GQA/MQA, lengths off the tile) under
 // five masks, the four loops (PIPE 0-3), the fused merge (into an f32 and a bf16 running out),
-// head dims 128, 64 and 192/128, and d 64's 192-row CTAs of three consumer warpgroups (M192).
+// head dims 128, 64 and 192/128, d 64's 192-row CTAs of three consumer warpgroups (M192), and the lazy
+// rescale (LAZY: the exps' base moved by more than 2^8 only) at d 128 and 64.
 // The TMA store of O (HP_FWD_OPT_TMA_O) in the plain epilogue's runs: ARGS=--tma-o all of them,
 // --quick every other one, none otherwise.
 //   make -C experiments/lab/emu/attn hopper-emu [ARGS=--quick | ARGS="--pipe N" | ARGS="--tma-o [--pipe N]" |
-//                                                ARGS="--m192 [--quick | --pipe N]"]
+//                                                ARGS="--m192 [--quick | --pipe N]" | ARGS="--lazy [--quick]"]
 #include "hopper.h"
 
 #include "attn/hopper/fwd_kernel.cuh"
@@ -17,9 +18,12 @@
 // fp32 (1) or bf16 (2)
 // tma: the kernel with HP_FWD_OPT_TMA_O (O by TMA stores in the plain epilogue; the merge ignores it)
 // m192: with HP_FWD_OPT_M192 (192 rows a CTA, three consumer warpgroups, 512 threads; d 64)
+// lazy: with HP_FWD_OPT_LAZY (the exps' base moved by more than 2^8 only), on logits 24 times sharper so
+// that blocks raise a row's max past the slack and below it; no max_logit (the launcher keeps LAZY off there)
 template <int DQK, int DV = DQK>
 static bool run_case(const hp_case &cs, const hp_mask &mk, int pipe, unsigned seed, int merge = 0, bool tma = false,
-                     bool m192 = false) {
+                     bool m192 = false, bool lazy = false) {
+  const double sharp = lazy ? 24.0 : 1.0;
   const int rows_cta = m192 ? fwd_rows(HP_FWD_OPT_M192) : BM;
   const hp_seqs sq_(cs);
   const bool thd = sq_.thd, sbhd = sq_.sbhd;
@@ -61,7 +65,7 @@ static bool run_case(const hp_case &cs, const hp_mask &mk, int pipe, unsigned se
   params_t p{};
   p.b = b, p.h = h, p.h_kv = h_kv, p.s_q = p.s_kv = s;
   p.window_left = mk.wl, p.window_right = mk.wr, p.bottom_right = mk.br;
-  p.scale_log2 = 1.4426950408889634f / sqrtf((float)DQK), p.o = o.data(), p.lse = lse.data();
+  p.scale_log2 = (float)(sharp * 1.4426950408889634 / sqrt((double)DQK)), p.o = o.data(), p.lse = lse.data();
   memcpy(p.o_st, so, sizeof so);
   hp_lse_strides(thd, h, thd ? rows : s, p.lse_st);
   memcpy(p.acc_st, p.o_st, sizeof sq), memcpy(p.acc_lse_st, p.lse_st, sizeof sq);
@@ -82,7 +86,7 @@ static bool run_case(const hp_case &cs, const hp_mask &mk, int pipe, unsigned se
   const std::vector<float> acc0 = acc, acc_lse0 = acc_lse;
   const std::vector<uint16_t> acc16_0 = acc16;
   std::vector<float> max_logit(h, -INFINITY);
-  p.max_logit = max_logit.data();
+  p.max_logit = lazy ? nullptr : max_logit.data();
   std::vector<double> want_max(h, -INFINITY); // the reference's
   // one CTA at a time, each with fresh barriers; the kernel of loop `pipe` and the bits OPT
   auto kernel = [&](auto opt_c) {
@@ -93,7 +97,12 @@ static bool run_case(const hp_case &cs, const hp_mask &mk, int pipe, unsigned se
     else if (pipe == 1) fwd_kernel<1, DQK, DV, OPT>(tq, tk, tv, p, om);
     else fwd_kernel<0, DQK, DV, OPT>(tq, tk, tv, p, om);
   };
-  constexpr int O = HP_FWD_OPT, T = HP_FWD_OPT_TMA_O, M = HP_FWD_OPT_M192;
+  constexpr int O = HP_FWD_OPT, T = HP_FWD_OPT_TMA_O, M = HP_FWD_OPT_M192, L = HP_FWD_OPT_LAZY;
+  auto run = [&](auto opt_c) { // the bits, with LAZY's where lazy
+    constexpr int OPT = decltype(opt_c)::value;
+    if (lazy) kernel(std::integral_constant<int, OPT | L>{});
+    else kernel(opt_c);
+  };
   const int mb = (s + rows_cta - 1) / rows_cta;
   const size_t smem = (m192 ? fwd_smem_bytes<DQK, DV, fwd_rows(M)>(merge != 0) : fwd_smem_bytes<DQK, DV>(merge != 0)) - 1024;
   for (int z = 0; z < b; z++)
@@ -101,15 +110,15 @@ static bool run_case(const hp_case &cs, const hp_mask &mk, int pipe, unsigned se
       for (int x = 0; x < mb; x++) {
         const bool done = hp_run_cta(dim3(x, y, z), dim3(mb, h, b), m192 ? fwd_threads(M) : THREADS, smem, [&] {
           if constexpr (DQK == 64 && DV == 64)
-            if (m192) return tma ? kernel(std::integral_constant<int, O | T | M>{}) : kernel(std::integral_constant<int, O | M>{});
-          if (tma) kernel(std::integral_constant<int, O | T>{});
-          else kernel(std::integral_constant<int, O>{});
+            if (m192) return tma ? run(std::integral_constant<int, O | T | M>{}) : run(std::integral_constant<int, O | M>{});
+          if (tma) run(std::integral_constant<int, O | T>{});
+          else run(std::integral_constant<int, O>{});
         });
         if (!done) return false;
       }
   // fp64 reference, every row of every sequence (a sequence with no keys: out 0, lse -inf)
   double num = 0, den = 0, emax = 0, lmax = 0, planted_num = 0;
-  const double scale = 1.0 / sqrt((double)DQK);
+  const double scale = sharp / sqrt((double)DQK);
   std::vector<double> sc(std::max(s, 1) + 1), accr(DV);
   for (int bb = 0; bb < b; bb++)
     for (int hh = 0; hh < h; hh++)
@@ -174,8 +183,8 @@ static bool run_case(const hp_case &cs, const hp_mask &mk, int pipe, unsigned se
     if (!mine[i])
       touched += merge == 2 ? acc16[i] != acc16_0[i] : merge ? memcmp(&acc[i], &acc0[i], 4) != 0 : o[i] != 0xffff;
   const double nw = sqrt(num / den), pw = sqrt(planted_num / den);
-  double mlmax = 0; // max_logit, every head
-  for (int hh = 0; hh < h; hh++)
+  double mlmax = 0; // max_logit, every head (not asked for with lazy)
+  for (int hh = 0; !lazy && hh < h; hh++)
     mlmax = (want_max[hh] == -INFINITY) != (max_logit[hh] == -INFINITY) || max_logit[hh] != max_logit[hh] ? INFINITY
             : want_max[hh] == -INFINITY ? mlmax
                                         : fmax(mlmax, fabs(max_logit[hh] - want_max[hh]) / fmax(1.0, fabs(want_max[hh])));
@@ -183,8 +192,8 @@ static bool run_case(const hp_case &cs, const hp_mask &mk, int pipe, unsigned se
   const double nwb = merge == 2 ? 6e-3 : 4e-3;
   const bool ok = nw <= nwb && emax <= 1e-2 && lmax <= 1e-4 && mlmax <= 1e-5 && touched == 0, caught = pw > nwb;
   const std::string what = sq_.what(false);
-  printf("d=%d/%d%s pipe=%d%s %s h=%d/%d window (%d,%d)%s%s: normwise %.2e, elementwise %.2e, lse %.2e, max_logit %.1e; %zu written outside the rows; planted 2%%: %.2e %s -> %s\n",
-         DQK, DV, m192 ? " m192" : "", pipe, tma ? " tma-o" : "", what.c_str(), h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", merge == 2 ? " merged into bf16" : merge ? " merged" : "", nw, emax, lmax, mlmax, touched, pw, caught ? "caught" : "MISSED",
+  printf("d=%d/%d%s%s pipe=%d%s %s h=%d/%d window (%d,%d)%s%s: normwise %.2e, elementwise %.2e, lse %.2e, max_logit %.1e; %zu written outside the rows; planted 2%%: %.2e %s -> %s\n",
+         DQK, DV, m192 ? " m192" : "", lazy ? " lazy" : "", pipe, tma ? " tma-o" : "", what.c_str(), h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", merge == 2 ? " merged into bf16" : merge ? " merged" : "", nw, emax, lmax, mlmax, touched, pw, caught ? "caught" : "MISSED",
          ok && caught ? "ok" : "FAIL");
   return ok && caught;
 }
@@ -194,18 +203,20 @@ static bool run_case(const hp_case &cs, const hp_mask &mk, int pipe, unsigned se
 // case, loop N only (and MLA's, which has PIPE 0 alone, only for N = 0). --m192: M192's runs alone.
 constexpr int NPIPE = 4; // the loops: PIPE 0 to 3
 int main(int argc, char **argv) {
-  bool quick = false, tma_all = false, m192_only = false;
+  bool quick = false, tma_all = false, m192_only = false, lazy_only = false;
   int only = -1;
   for (int i = 1; i < argc; i++)
     if (!strcmp(argv[i], "--quick")) quick = true;
     else if (!strcmp(argv[i], "--tma-o")) tma_all = true;
     else if (!strcmp(argv[i], "--m192")) m192_only = true;
+    else if (!strcmp(argv[i], "--lazy")) lazy_only = true;
     else if (!strcmp(argv[i], "--pipe") && i + 1 < argc) only = atoi(argv[++i]);
   // the TMA store of O (the plain epilogue's runs): --tma-o every one; --quick every other one; else none
   auto tma = [&](unsigned sd) { return tma_all || (quick && sd % 2 == 1); };
   bool ok = true;
   const std::vector<hp_case> &cases = hp_cases, none;
-  const std::vector<hp_case> &others = m192_only ? none : cases; // the runs other than M192's
+  const std::vector<hp_case> &others = m192_only || lazy_only ? none : cases; // the runs other than M192's and LAZY's
+  const std::vector<hp_case> &lazy_cases = m192_only ? none : cases, &m192_cases = lazy_only ? none : cases;
   const hp_mask *masks = hp_masks;
   unsigned seed = 1;
   int n = 0; // runs so far: quick takes the loops in turn by it
@@ -232,12 +243,23 @@ int main(int argc, char **argv) {
   // head dim 64 with 192-row CTAs (M192, three consumer warpgroups): every case under the five masks
   // (quick: three), causal bottom-right merged (f32 and bf16 in turn), the plain runs with and without
   // the TMA store of O in turn (whatever --tma-o says: the knob takes both)
-  for (const hp_case &c : cases)
+  for (const hp_case &c : m192_cases)
     for (int m = 0; m < 5; m++) {
       if (quick && m % 2 == 1) continue;
       for (int pipe = 0; pipe < NPIPE; pipe++)
         if (pick(pipe)) ok = run_case<64>(c, masks[m], pipe, seed, m == 2 ? 1 + seed % 2 : 0, m != 2 && seed % 2, true) && ok, seed++;
       n++;
+    }
+  // LAZY (HP_FWD_OPT_LAZY, on sharper logits): every case under the five masks at d 128 (PIPE 2, the
+  // default, and PIPE 0 in turn) and d 64 (PIPE 1; M192 on every other case), causal top-left merged (f32
+  // and bf16 in turn), the TMA store of O on every other plain run (quick: two masks a case)
+  for (const hp_case &c : lazy_cases)
+    for (int m = 0; m < 5; m++) {
+      const int ci = (int)(&c - lazy_cases.data()), t = (ci + m) % 2; // t: what the case and mask take in turn
+      if (quick && m != ci % 5 && m != 2) continue;
+      const int mg = m == 1 ? 1 + ci % 2 : 0;
+      ok = run_case<128>(c, masks[m], t ? 2 : 0, seed++, mg, !mg && t, false, true) && ok;
+      ok = run_case<64>(c, masks[m], 1, seed++, mg, !mg && !t, t == 1, true) && ok;
     }
   for (const hp_case &c : others) // MLA's 192/128: every case causal bottom-right merged, and a window
     for (int m : {2, 3})
