@@ -150,6 +150,12 @@ static int env_fwd_lazy(void) {
   static int c = -1;
   return env_is("DISTLAB_ATTN_HOPPER_FWD_LAZY", "1", &c);
 }
+/* Whether the forward of p runs with LAZY: the knob, no max_logit, a loop it is built for (the dispatch's) */
+static bool fwd_lazy(const dl_attn_params_t *p) {
+  const int pipe = env_fwd_pipe() >= 0 ? env_fwd_pipe() : p->d_qk == 128 ? 2 : 1;
+  return env_fwd_lazy() && !p->max_logit && p->d_qk == p->d_v &&
+         ((p->d_qk == 128 && pipe == 2) || (p->d_qk == 64 && pipe != 2 && pipe != 3));
+}
 
 /* The forward at MLA's head dims 192/128 (launch<0, 192, 128> below); DISTLAB_ATTN_HOPPER_MLA=0 sends
  * them to the portable kernel */
@@ -187,6 +193,8 @@ extern "C" int dl_attn_fwd_hopper_fits(const dl_attn_params_t *p, char *why, siz
     if (p->d_qk == 64 && env_fwd_m192()) snprintf(why, n, "hopper forward (wgmma, TMA; bf16, d 64), 192 query rows a CTA");
     else if (p->d_qk == p->d_v) snprintf(why, n, "hopper forward (wgmma, TMA; bf16, d %d)", p->d_qk);
     else snprintf(why, n, "hopper forward (wgmma, TMA; bf16, d %d/%d)", p->d_qk, p->d_v);
+    const size_t used = strlen(why);
+    if (fwd_lazy(p) && used < n) snprintf(why + used, n - used, ", lazy rescale");
   }
   return 1;
 }
@@ -373,7 +381,7 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   constexpr int E = HP_FWD_OPT_ELECT, T = HP_FWD_OPT_TREE, O = HP_FWD_OPT;
   const int opt = O | env_fwd_opt(), pipe = env_fwd_pipe() >= 0 ? env_fwd_pipe() : p->d_qk == 128 ? 2 : 1;
   constexpr int M = HP_FWD_OPT | HP_FWD_OPT_M192, L = HP_FWD_OPT_LAZY;
-  const bool lazy = env_fwd_lazy() && !p->max_logit;
+  const bool lazy = fwd_lazy(p);
   const int rc = m192             ? (pipe == 2 ? launch_o<2, 64, 64, M>(tma_o, grid, tq, tk, tv, k, to, stream)
                                      : lazy    ? launch_o<1, 64, 64, M | L>(tma_o, grid, tq, tk, tv, k, to, stream)
                                                : launch_o<1, 64, 64, M>(tma_o, grid, tq, tk, tv, k, to, stream))
