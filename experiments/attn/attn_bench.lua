@@ -309,15 +309,21 @@ if A.torch then
     end
     return b
   end
+  -- SDPA's flash (FA2) is in the anchors' runs only where they were asked for it (BENCH_TORCH_BACKENDS)
+  local has_flash = false
+  for key, e in pairs(torch) do
+    if key:match("^flash/") and (e[1] or e[2]) then has_flash = true end
+  end
   local out = { string.format("Anchors from `experiments/attn/attn_bench_torch.py`, %d run%s in the same call as " ..
     "ours (before and after it; each figure the mean): FlashAttention-4 (flash_attn.cute, `scripts/fetch-fa4.sh`; " ..
     "bshd through flash_attn_func, thd through flash_attn_varlen_func with the same cu_seqlens), PyTorch SDPA's " ..
     "cuDNN on [b, h, s, d] views of bshd tensors, and SDPA's flash (FlashAttention-2, a labelled extra column; " ..
-    "thd on nested jagged tensors: its varlen kernels). cuDNN is the faster of PyTorch's cuDNN SDPA and " ..
+    "%s). cuDNN is the faster of PyTorch's cuDNN SDPA and " ..
     "dl.attn's cudnn backend (this run; ‡ where ours was the faster, and on thd, where PyTorch's cuDNN path is " ..
     "not run: with PyTorch 2.11 it gave a wrong dq and an illegal memory access, attn_bench_torch.py's header). " ..
     "TFLOP/s; ratios: ours over the faster of FA4 and cuDNN; target (issue 52): >= 1.0x forward and backward " ..
-    "at s >= 8k, >= 0.95x at 4k.", nruns, nruns == 1 and "" or "s"), "",
+    "at s >= 8k, >= 0.95x at 4k.", nruns, nruns == 1 and "" or "s",
+    has_flash and "thd on nested jagged tensors: its varlen kernels" or "not in this call's anchor runs: its columns are —"), "",
     "| layout | mask | s | ours fwd | ours bwd | FA4 fwd | FA4 bwd | cuDNN fwd | cuDNN bwd | fwd ratio | bwd ratio | " ..
       "target | FA2 fwd | FA2 bwd |",
     "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" }

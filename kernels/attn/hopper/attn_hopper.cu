@@ -101,8 +101,8 @@ static int bwd_rows(const dl_attn_params_t *p) {
   return BWD_BQ;
 }
 
-/* The forward's A/B variants at d 128 (fwd_params.cuh's HP_FWD_OPT_*; experiments/lab/attn/FA4-GAP.md F2, F3):
- * DISTLAB_ATTN_HOPPER_FWD_ELECT=1 releases K/V stages with one arrival a consumer warp,
+/* The forward's A/B variants at d 128 with PIPE 0 (fwd_params.cuh's HP_FWD_OPT_*; experiments/lab/attn/FA4-GAP.md
+ * F2, F3): DISTLAB_ATTN_HOPPER_FWD_ELECT=1 releases K/V stages with one arrival a consumer warp,
  * DISTLAB_ATTN_HOPPER_FWD_TREE=1 takes the softmax's row max and sum in four chains a row */
 static int env_fwd_opt(void) {
   static int elect = -1, tree = -1;
