@@ -69,7 +69,7 @@ static bool unit_m64n80() {
   double err1 = 0, err2 = 0;
   int bad_st = 0, bad_st_n = 0;
   const std::function<void()> kernel = [&] {
-    char *sm = (char *)(((uintptr_t)hp_smem() + 1023) & ~uintptr_t(1023));
+    char *sm = hp_smem_aligned();
     const uint32_t base = hp_smem_u32(sm);
     auto put = [&](uint32_t tile, const std::vector<float> &x, int rows) {
       for (int r = 0; r < rows; r++)
