@@ -150,9 +150,11 @@ static int env_fwd_lazy(void) {
   static int c = -1;
   return env_is("DISTLAB_ATTN_HOPPER_FWD_LAZY", "1", &c);
 }
+/* The forward's loop for p: the knob's, else the head dim's default (PIPE 2 at d 128, PIPE 1 at d 64) */
+static int fwd_pipe(const dl_attn_params_t *p) { return env_fwd_pipe() >= 0 ? env_fwd_pipe() : p->d_qk == 128 ? 2 : 1; }
 /* Whether the forward of p runs with LAZY: the knob, no max_logit, a loop it is built for (the dispatch's) */
 static bool fwd_lazy(const dl_attn_params_t *p) {
-  const int pipe = env_fwd_pipe() >= 0 ? env_fwd_pipe() : p->d_qk == 128 ? 2 : 1;
+  const int pipe = fwd_pipe(p);
   return env_fwd_lazy() && !p->max_logit && p->d_qk == p->d_v &&
          ((p->d_qk == 128 && pipe == 2) || (p->d_qk == 64 && pipe != 2 && pipe != 3));
 }
@@ -379,7 +381,7 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   // +0.3% against it), the steps in turn at MLA's 192/128 (not yet timed); PIPE 0 at d 128 with the A/B
   // variants the build or the environment asks for
   constexpr int E = HP_FWD_OPT_ELECT, T = HP_FWD_OPT_TREE, O = HP_FWD_OPT;
-  const int opt = O | env_fwd_opt(), pipe = env_fwd_pipe() >= 0 ? env_fwd_pipe() : p->d_qk == 128 ? 2 : 1;
+  const int opt = O | env_fwd_opt(), pipe = fwd_pipe(p);
   constexpr int M = HP_FWD_OPT | HP_FWD_OPT_M192, L = HP_FWD_OPT_LAZY;
   const bool lazy = fwd_lazy(p);
   const int rc = m192             ? (pipe == 2 ? launch_o<2, 64, 64, M>(tma_o, grid, tq, tk, tv, k, to, stream)
