@@ -56,6 +56,12 @@ for _, dev in ipairs(H.devices) do
         local q64 = dl.randn({ 1, 64, 2, 64 }, { dtype = "bf16", device = D })
         local w64 = dl.attn.backends(q64, q64, q64, {}).fwd_why
         assert.truthy(w64:find(hopper and "kernel: hopper forward (wgmma, TMA; bf16, d 64)" or "kernel: portable", 1, true), w64)
+        -- the defaults: 192-row CTAs at d 64 (FWD_M192=0 off), the lazy rescale at d 128's PIPE 2 (FWD_LAZY=0 off)
+        local m192 = hopper and os.getenv("DISTLAB_ATTN_HOPPER_FWD_M192") ~= "0"
+        assert.equal(m192 and true or false, w64:find("192 query rows a CTA", 1, true) ~= nil, w64)
+        local pipe = os.getenv("DISTLAB_ATTN_HOPPER_FWD_PIPE")
+        local lazy = hopper and os.getenv("DISTLAB_ATTN_HOPPER_FWD_LAZY") ~= "0" and pipe ~= "0" and pipe ~= "1" and pipe ~= "3"
+        assert.equal(lazy and true or false, b.fwd_why:find(", lazy rescale", 1, true) ~= nil, b.fwd_why)
         assert.truthy(dl.attn.backends(f16, f16, f16, {}).fwd_why:find("kernel: portable (hopper forward: dtype is not bf16)", 1, true))
         -- MLA's 192/128: the Hopper forward (not with DISTLAB_ATTN_HOPPER_MLA=0), the portable backward
         local qm, vm = dl.randn({ 1, 64, 2, 192 }, { dtype = "bf16", device = D }), dl.randn({ 1, 64, 2, 128 }, { dtype = "bf16", device = D })
@@ -69,12 +75,12 @@ for _, dev in ipairs(H.devices) do
           assert.truthy(wa:find(hopper and "kernel: hopper forward (wgmma, TMA; bf16, d 128)" or "kernel: portable", 1, true), wa)
         end
         local on = os.getenv("DISTLAB_ATTN_HOPPER") ~= "0"
-        -- B3's 80 query rows an item at d 128 without a mask, B6's 128 at d 64, unless turned off
+        -- B3's 80 query rows an item at d 128 (under every mask unless BWD_M80=1), B6's 128 at d 64, unless turned off
         local m80 = os.getenv("DISTLAB_ATTN_HOPPER_BWD_M80") ~= "0" and os.getenv("DISTLAB_ATTN_HOPPER_BWD_ORDER") ~= "0"
         assert.truthy(b.bwd_why:find(hopper and on and ("kernel: hopper backward (wgmma, TMA; bf16, d 128; " ..
           (m80 and 80 or 64) .. " query rows an item)") or "kernel: portable (hopper backward: ", 1, true), b.bwd_why)
         local bc = dl.attn.backends(q, q, q, { mask = "causal" }).bwd_why
-        local m80all = m80 and os.getenv("DISTLAB_ATTN_HOPPER_BWD_M80") == "2" -- 80 under every mask
+        local m80all = m80 and os.getenv("DISTLAB_ATTN_HOPPER_BWD_M80") ~= "1" -- 80 under every mask
         assert.truthy(bc:find(hopper and on and ("kernel: hopper backward (wgmma, TMA; bf16, d 128; " ..
           (m80all and 80 or 64) .. " query rows an item)") or "kernel: portable (hopper backward: ", 1, true), bc)
         local b64 = dl.attn.backends(q64, q64, q64, { mask = "causal" }).bwd_why

@@ -74,14 +74,15 @@ static int env_bwd_bulk_lse(void) {
   static int c = -1;
   return !env_is("DISTLAB_ATTN_HOPPER_BWD_BULK_LSE", "0", &c);
 }
-/* At d 128 without a mask (no causal, no window) the backward's items take 80 query rows instead of 64
- * (bwd_kernel's BQ = 80, FA4's sm90 choice; FA4-GAP.md B3: +8.8-11.5% backward, the same A/B). Built for
- * BWD_ORDER with and without ELECT; DISTLAB_ATTN_HOPPER_BWD_M80=0 turns it off (A/B timings), as does
- * ..._BWD_ORDER=0; =2 takes it under every mask too (FA4 keeps 64 with one; FA4-GAP.md section 9's A/B).
- * Its rows are not BULK's (padded to 64 a sequence): where it runs, BULK does not. Returns 0, 1 or 2. */
+/* At d 128 the backward's items take 80 query rows instead of 64 (bwd_kernel's BQ = 80, FA4's sm90 choice
+ * without a mask; FA4-GAP.md B3: +8.8-11.5% backward), under every mask (2, the default: FA4 keeps 64 with
+ * one, but ours runs 3.4-4.7% faster causal with 80; hopper-s9-ab-h200.md). Built for BWD_ORDER with and
+ * without ELECT; DISTLAB_ATTN_HOPPER_BWD_M80=1 takes it without a mask only, =0 turns it off (A/B
+ * timings), as does ..._BWD_ORDER=0. Its rows are not BULK's (padded to 64 a sequence): where it runs,
+ * BULK does not. Returns 0, 1 or 2. */
 static int env_bwd_m80(void) {
-  static int off = -1, all = -1;
-  return env_is("DISTLAB_ATTN_HOPPER_BWD_M80", "0", &off) ? 0 : env_is("DISTLAB_ATTN_HOPPER_BWD_M80", "2", &all) ? 2 : 1;
+  static int off = -1, bare = -1;
+  return env_is("DISTLAB_ATTN_HOPPER_BWD_M80", "0", &off) ? 0 : env_is("DISTLAB_ATTN_HOPPER_BWD_M80", "1", &bare) ? 1 : 2;
 }
 /* At d 64 the backward's items take 128 query rows instead of 64 (bwd_kernel's BQ = 128, FA4's sm90
  * choice at d 64; FA4-GAP.md B6: +19.9-21.5% backward, the same A/B), in FA4's order (in place of the
@@ -133,30 +134,34 @@ static int env_fwd_tma_o(void) {
   return env_is("DISTLAB_ATTN_HOPPER_FWD_TMA_O", "1", &c);
 }
 
-/* DISTLAB_ATTN_HOPPER_FWD_M192=1: at d 64 the forward's CTAs take 192 query rows with three consumer
- * warpgroups (fwd_kernel's HP_FWD_OPT_M192, FA4's sm90 tile at d 64; FA4-GAP.md F6, A/B timings), with the
+/* At d 64 the forward's CTAs take 192 query rows with three consumer warpgroups (fwd_kernel's
+ * HP_FWD_OPT_M192, FA4's sm90 tile at d 64; FA4-GAP.md F6: +12-18% forward, hopper-s9-ab-h200.md), with the
  * plain epilogue (..._FWD_TMA_O too) and the fused merge, under every mask; its loop is PIPE 1 (d 64's
- * default), or PIPE 2 with DISTLAB_ATTN_HOPPER_FWD_PIPE=2 (other PIPE values: PIPE 1) */
+ * default), or PIPE 2 with DISTLAB_ATTN_HOPPER_FWD_PIPE=2 (other PIPE values: PIPE 1).
+ * DISTLAB_ATTN_HOPPER_FWD_M192=0 turns it off (128-row CTAs; A/B timings). */
 static int env_fwd_m192(void) {
   static int c = -1;
-  return env_is("DISTLAB_ATTN_HOPPER_FWD_M192", "1", &c);
+  return !env_is("DISTLAB_ATTN_HOPPER_FWD_M192", "0", &c);
 }
 
-/* DISTLAB_ATTN_HOPPER_FWD_LAZY=1: the forward's exps keep a row's base until a block raises its max by more
- * than 2^8, and O's rescale is skipped where no row of a warp moved (fwd_kernel's HP_FWD_OPT_LAZY; FA4-GAP.md
- * section 9, A/B timings); built for each head dim's default loop (PIPE 2 at d 128, PIPE 1 at d 64 and with
- * ..._FWD_M192), with or without ..._FWD_TMA_O; not where max_logit is asked for (the base is not the max) */
+/* The lazy rescale: the forward's exps keep a row's base until a block raises its max by more than 2^8, and
+ * O's rescale is skipped where no row of a warp moved (fwd_kernel's HP_FWD_OPT_LAZY; FA4-GAP.md section 9).
+ * Built for each head dim's default loop (PIPE 2 at d 128, PIPE 1 at d 64 and with M192), with or without
+ * ..._FWD_TMA_O; not where max_logit is asked for (the base is not the max). Unset: at d 128 (+2.5-4.1%
+ * forward, hopper-s9-ab-h200.md); DISTLAB_ATTN_HOPPER_FWD_LAZY=1: at d 64 too (where it was -0.5 to +1.0%
+ * with M192, -3 to -6% without), =0: nowhere (A/B timings). Returns 0, 1 (d 128) or 2 (both). */
 static int env_fwd_lazy(void) {
-  static int c = -1;
-  return env_is("DISTLAB_ATTN_HOPPER_FWD_LAZY", "1", &c);
+  static int off = -1, both = -1;
+  return env_is("DISTLAB_ATTN_HOPPER_FWD_LAZY", "0", &off) ? 0 : env_is("DISTLAB_ATTN_HOPPER_FWD_LAZY", "1", &both) ? 2 : 1;
 }
 /* The forward's loop for p: the knob's, else the head dim's default (PIPE 2 at d 128, PIPE 1 at d 64) */
 static int fwd_pipe(const dl_attn_params_t *p) { return env_fwd_pipe() >= 0 ? env_fwd_pipe() : p->d_qk == 128 ? 2 : 1; }
 /* Whether the forward of p runs with LAZY: the knob, no max_logit, a loop it is built for (the dispatch's) */
 static bool fwd_lazy(const dl_attn_params_t *p) {
   const int pipe = fwd_pipe(p);
-  return env_fwd_lazy() && !p->max_logit && p->d_qk == p->d_v &&
-         ((p->d_qk == 128 && pipe == 2) || (p->d_qk == 64 && pipe != 2 && pipe != 3));
+  const int lazy = env_fwd_lazy();
+  return lazy && !p->max_logit && p->d_qk == p->d_v &&
+         ((p->d_qk == 128 && pipe == 2) || (lazy == 2 && p->d_qk == 64 && pipe != 2 && pipe != 3));
 }
 
 /* The forward at MLA's head dims 192/128 (launch<0, 192, 128> below); DISTLAB_ATTN_HOPPER_MLA=0 sends
@@ -376,10 +381,10 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
     DL_TRY(tensor_map(&to, p->out, p->out_st, p->d_v, p->h_q, rq, bt, "out", 64));
   static_assert(BM == 128 && fwd_rows(HP_FWD_OPT_M192) >= BM, "dl_attn_fwd_cuda checks the grid for 128-row blocks");
   const dim3 grid((p->s_q + rows - 1) / rows, p->h_q, p->b);
-  // the faster loop of each head dim on an H200 (experiments/results/attn/hopper-f5-ab-h200.md): PIPE 2 at
-  // d 128 (1.3-2.7% ahead of PIPE 0 since B8c), FA3's intra-warpgroup pipelining at d 64 (PIPE 2 -1.3 to
-  // +0.3% against it), the steps in turn at MLA's 192/128 (not yet timed); PIPE 0 at d 128 with the A/B
-  // variants the build or the environment asks for
+  // the faster loop of each head dim on an H200 (experiments/results/attn/hopper-f5-ab-h200.md,
+  // hopper-s9-ab-h200.md): PIPE 2 at d 128 (1.3-2.7% ahead of PIPE 0 since B8c) with the lazy rescale, FA3's
+  // intra-warpgroup pipelining at d 64 in 192-row CTAs (PIPE 2 1-3% behind there), the steps in turn at
+  // MLA's 192/128 (not yet timed); PIPE 0 at d 128 with the A/B variants the build or the environment asks for
   constexpr int E = HP_FWD_OPT_ELECT, T = HP_FWD_OPT_TREE, O = HP_FWD_OPT;
   const int opt = O | env_fwd_opt(), pipe = fwd_pipe(p);
   constexpr int M = HP_FWD_OPT | HP_FWD_OPT_M192, L = HP_FWD_OPT_LAZY;
