@@ -381,8 +381,8 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
     DL_TRY(tensor_map(&to, p->out, p->out_st, p->d_v, p->h_q, rq, bt, "out", 64));
   static_assert(BM == 128 && fwd_rows(HP_FWD_OPT_M192) >= BM, "dl_attn_fwd_cuda checks the grid for 128-row blocks");
   const dim3 grid((p->s_q + rows - 1) / rows, p->h_q, p->b);
-  // the faster loop of each head dim on an H200 (experiments/results/attn/hopper-f5-ab-h200.md,
-  // hopper-s9-ab-h200.md): PIPE 2 at d 128 (1.3-2.7% ahead of PIPE 0 since B8c) with the lazy rescale, FA3's
+  // the faster loop of each head dim on an H200 (experiments/results/attn/hopper-s9-ab-h200.md,
+  // history/hopper-f5-ab-h200.md): PIPE 2 at d 128 (1.3-2.7% ahead of PIPE 0 since B8c) with the lazy rescale, FA3's
   // intra-warpgroup pipelining at d 64 in 192-row CTAs (PIPE 2 1-3% behind there), the steps in turn at
   // MLA's 192/128 (not yet timed); PIPE 0 at d 128 with the A/B variants the build or the environment asks for
   constexpr int E = HP_FWD_OPT_ELECT, T = HP_FWD_OPT_TREE, O = HP_FWD_OPT;
