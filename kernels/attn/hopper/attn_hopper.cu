@@ -76,7 +76,7 @@ static int env_bwd_bulk_lse(void) {
 }
 /* At d 128 the backward's items take 80 query rows instead of 64 (bwd_kernel's BQ = 80, FA4's sm90 choice
  * without a mask; FA4-GAP.md B3: +8.8-11.5% backward), under every mask (2, the default: FA4 keeps 64 with
- * one, but ours runs 3.4-4.7% faster causal with 80; hopper-s9-ab-h200.md). Built for BWD_ORDER with and
+ * one, but ours runs 3.1-4.7% faster causal with 80; hopper-s9-ab-h200.md). Built for BWD_ORDER with and
  * without ELECT; DISTLAB_ATTN_HOPPER_BWD_M80=1 takes it without a mask only, =0 turns it off (A/B
  * timings), as does ..._BWD_ORDER=0. Its rows are not BULK's (padded to 64 a sequence): where it runs,
  * BULK does not. Returns 0, 1 or 2. */
@@ -148,8 +148,8 @@ static int env_fwd_m192(void) {
  * O's rescale is skipped where no row of a warp moved (fwd_kernel's HP_FWD_OPT_LAZY; FA4-GAP.md section 9).
  * Built for each head dim's default loop (PIPE 2 at d 128, PIPE 1 at d 64 and with M192), with or without
  * ..._FWD_TMA_O; not where max_logit is asked for (the base is not the max). Unset: at d 128 (+2.5-4.1%
- * forward, hopper-s9-ab-h200.md); DISTLAB_ATTN_HOPPER_FWD_LAZY=1: at d 64 too (where it was -0.5 to +1.0%
- * with M192, -3 to -6% without), =0: nowhere (A/B timings). Returns 0, 1 (d 128) or 2 (both). */
+ * forward, hopper-s9-ab-h200.md); DISTLAB_ATTN_HOPPER_FWD_LAZY=1: at d 64 too (where it was noise
+ * with M192 (-0.7 to +1.1%), -2.9 to -5.6% without), =0: nowhere (A/B timings). Returns 0, 1 (d 128) or 2 (both). */
 static int env_fwd_lazy(void) {
   static int off = -1, both = -1;
   return env_is("DISTLAB_ATTN_HOPPER_FWD_LAZY", "0", &off) ? 0 : env_is("DISTLAB_ATTN_HOPPER_FWD_LAZY", "1", &both) ? 2 : 1;

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Remote step on a one-GPU host: an A/B of the attention kernels between libraries built elsewhere (each from a
+# commit: scripts/ab-pack.sh NAME on the CPU machine packs build/lib/libdistlab.so into .ab/libNAME.so.xz and its
+# commit into .ab/NAME.commit; carry .ab and .debs) and environment knobs, in one call:
+#   VARIANTS  "NAME:LIB[:VAR=V,VAR=V]" separated by spaces (default "base:main"); the first is the base the
+#             report sets every other against; LIB names .ab/libLIB.so.xz
+#   ROUNDS    rounds (default 2); the variants' order is reversed in even rounds, so that neither end of a
+#             round (a cool or a warm GPU) favours one variant
+#   S, D      attn_bench's --s (default 8192,16384) and --d (128); BACKENDS its --backends (ours)
+# Each run: the variant's library copied to build/lib/libdistlab.so, then `[knobs] DISTLAB_COMMIT=<LIB's commit>
+# ./distlab run -n 1 --device $DEVICE experiments/attn/attn_bench.lua --s S --d D --backends BACKENDS --out
+# $L/dD-NAME-rR` (bshd and thd, causal and not, each shape timed by the bench and checked after timing against
+# fp64 at sampled rows, outputs poisoned); its log beside it. At the end the first variant's library is left in
+# build/lib/libdistlab.so (each put there by rename; on a checkout of one's own, ./distlab build restores its
+# own). Then experiments/attn/attn_ab_report.py writes $OUT/attn-ab-dD.md (each run's header, the speed-ups
+# over the base in the same round, their ranges, the checks) and $OUT/attn-ab-dD.csv (every row with d,
+# variant and round). A run that fails, or a row whose check is not ok, fails the script.
+# BUDGET (560 s) bounds the call; a run gets at most RUN_LIMIT (150 s). About 40 s a run at d 128, 33 s at d 64
+# on an H200 (S 8k and 16k). DEVICE=cpu with a small S runs the plumbing where there is no GPU (a stand-in
+# nvidia-smi on PATH). DISTLAB_COMMIT is not read: each run names its library's commit.
+set -u
+t_start=$(date +%s)
+source "$(dirname "$0")/steps.sh" attn_ab 560 || exit 2
+# $L travels packed (attn_ab-logs.tgz): a device call brings back a few files only
+trap 'steps_finish; rm -rf "$L"' EXIT
+VARIANTS="${VARIANTS:-base:main}" ROUNDS="${ROUNDS:-2}" S="${S:-8192,16384}" D="${D:-128}"
+BACKENDS="${BACKENDS:-ours}" DEV="${DEVICE:-cuda}" RUN_LIMIT="${RUN_LIMIT:-150}"
+[[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || { say "ROUNDS: a positive integer, got $ROUNDS"; exit 2; }
+[[ "$D" =~ ^[0-9]+$ ]] || { say "D: a head dim, got $D"; exit 2; }
+names=()
+for v in $VARIANTS; do
+  IFS=: read -r name lib knobs <<<"$v"
+  [[ "$name" =~ ^[a-z][a-z0-9]*$ ]] || { say "VARIANTS: NAME ([a-z][a-z0-9]*) first in $v"; exit 2; }
+  [[ " ${names[*]} " != *" $name "* ]] || { say "VARIANTS: $name twice"; exit 2; }
+  [[ "$lib" =~ ^[a-z0-9]+$ ]] || { say "VARIANTS: NAME:LIB, LIB a packed library's name ([a-z0-9]+), in $v"; exit 2; }
+  [ -z "$knobs" ] || [[ "$knobs" =~ ^[A-Z_0-9]+=[^,]*(,[A-Z_0-9]+=[^,]*)*$ ]] || { say "VARIANTS: knobs VAR=V[,VAR=V] in $v"; exit 2; }
+  [ -f ".ab/lib$lib.so.xz" ] && [ -f ".ab/$lib.commit" ] || { say "VARIANTS: .ab/lib$lib.so.xz or .ab/$lib.commit missing (scripts/ab-pack.sh $lib; carry .ab)"; exit 2; }
+  names+=("$name")
+done
+[ "${#names[@]}" -ge 2 ] || { say "VARIANTS: two or more variants, got '$VARIANTS'"; exit 2; }
+header
+mkdir -p build/ab build/lib
+for lib in $(for v in $VARIANTS; do echo "$v" | cut -d: -f2; done | sort -u); do
+  xz -dc ".ab/lib$lib.so.xz" >"build/ab/lib$lib.so" || { say "unpacking .ab/lib$lib.so.xz failed"; exit 2; }
+  say "library $lib: commit $(cat ".ab/$lib.commit"), $(stat -c %s "build/ab/lib$lib.so") bytes"
+done
+# the library in place by rename, so that a process still running the old one keeps its pages
+install_lib() { cp "build/ab/lib$1.so" build/lib/.libdistlab.so.ab && mv -f build/lib/.libdistlab.so.ab build/lib/libdistlab.so; }
+list_rev() { echo "$1" | tr ' ' '\n' | grep . | tac | tr '\n' ' '; }
+for r in $(seq "$ROUNDS"); do
+  order=$VARIANTS
+  [ $((r % 2)) = 0 ] && order=$(list_rev "$VARIANTS")
+  for v in $order; do
+    IFS=: read -r name lib knobs <<<"$v"
+    install_lib "$lib"
+    # shellcheck disable=SC2046 # the knobs are VAR=V words
+    step "d$D $name round $r" "$RUN_LIMIT" "$L/d$D-$name-r$r.log" \
+      env DISTLAB_COMMIT="$(cat ".ab/$lib.commit")" $(echo "$knobs" | tr , ' ') ./distlab run -n 1 --device "$DEV" \
+      experiments/attn/attn_bench.lua --s "$S" --d "$D" --backends "$BACKENDS" --out "$L/d$D-$name-r$r"
+  done
+done
+first=$(echo "$VARIANTS" | awk '{print $1}' | cut -d: -f2)
+install_lib "$first"
+step "report" 60 "$L/report.log" python3 experiments/attn/attn_ab_report.py "$L" "$D" "$VARIANTS" \
+  "$OUT/attn-ab-d$D.csv" "$OUT/attn-ab-d$D.md"
+{
+  echo
+  echo "Made by: \`$(env | grep -E '^(CUDA|NCCL)_' | sort | tr '\n' ' ')VARIANTS=\"$VARIANTS\" ROUNDS=$ROUNDS S=$S D=$D BACKENDS=$BACKENDS${DEVICE:+ DEVICE=$DEVICE} scripts/gpu/attn_ab.sh\` (device, date and each library's commit above and in each run's header)"
+} >>"$OUT/attn-ab-d$D.md" 2>/dev/null
+say "done, status $status"
+exit "$status"
