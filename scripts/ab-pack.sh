@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# scripts/ab-pack.sh NAME [TREE]: pack the library a checkout built (TREE/build/lib/libdistlab.so; TREE default
-# the repository) for scripts/gpu/attn_ab.sh: stripped (strip --strip-unneeded) and xz'd into .ab/libNAME.so.xz,
-# its commit (TREE's HEAD) into .ab/NAME.commit. Refuses a tree whose tracked files differ from HEAD, or a
-# library older than a tracked source under core/ or kernels/, so that the commit names what was built.
+# scripts/ab-pack.sh NAME [TREE]: pack the library a checkout built (TREE/build/lib/libdistlab.so; TREE absolute
+# or from the repository root, default the repository) for scripts/gpu/attn_ab.sh: stripped (strip
+# --strip-unneeded) and xz'd into .ab/libNAME.so.xz, its commit (TREE's HEAD) into .ab/NAME.commit. Refuses a
+# tree whose tracked files differ from HEAD, or a library older than a tracked source under core/ or kernels/,
+# so that the commit names what was built.
 set -eu
 cd "$(dirname "$0")/.."
 NAME=${1:?usage: scripts/ab-pack.sh NAME [TREE]}
