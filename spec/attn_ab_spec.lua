@@ -3,28 +3,8 @@
 -- variant in the same round, their ranges, and the failures: a missing run or a row whose check is not ok
 -- makes it fail and is named, and no speed-up is read from such a row.
 local dl = require "distlab"
-
-local function sh(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-
-local function run(cmd)
-  local p = io.popen(cmd .. " 2>&1; echo \"__rc=$?\"")
-  local out = p:read("*a")
-  p:close()
-  return tonumber(out:match("__rc=(%d+)%s*$")), out:gsub("__rc=%d+%s*$", "")
-end
-
-local function write(path, s)
-  local f = assert(io.open(path, "w"))
-  f:write(s)
-  f:close()
-end
-
-local function read(path)
-  local f = assert(io.open(path, "r"), "cannot read " .. path)
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local H = require "helpers"
+local sh, run, read, write = H.sh, H.run, H.read, H.write
 
 local HEAD = "impl,layout,mask,s,fwd_ms,bwd_ms,fwdbwd_ms,fwd_tflops,bwd_tflops,fwdbwd_tflops,check,rel_err\n"
 
@@ -42,8 +22,7 @@ end
 describe("attn A/B report (experiments/attn/attn_ab_report.py)", function()
   local dir, script
   before_each(function()
-    dir = os.tmpname()
-    os.remove(dir)
+    dir = H.tmpname("-ab")
     os.execute("mkdir -p " .. sh(dir))
     script = dl.root .. "/experiments/attn/attn_ab_report.py"
   end)

@@ -44,7 +44,7 @@ local NOT_BENCHES = {
   ["experiments/faults/overlap_exit.lua"] = true, -- a fault trial's rank script (overlap_exit.sh): times nothing
 }
 
-local function sh(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local sh = H.sh
 
 local function benches()
   local p = io.popen("cd " .. sh(H.root) .. " && find experiments -name '*.lua' -type f | LC_ALL=C sort")

@@ -12,21 +12,7 @@ local function err(fn, ...)
   return tostring(e)
 end
 
-local function sh(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
-
-local function run(cmd)
-  local p = io.popen(cmd .. " 2>&1; echo \"__rc=$?\"")
-  local out = p:read("*a")
-  p:close()
-  return tonumber(out:match("__rc=(%d+)%s*$")), out:gsub("__rc=%d+%s*$", "")
-end
-
-local function read(path)
-  local f = assert(io.open(path, "r"), "cannot read " .. path)
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local sh, run, read = H.sh, H.run, H.read
 
 local function hex(s) return (s:gsub(".", function(c) return string.format("%02x", c:byte()) end)) end
 local function unhex(s) return (s:gsub("%x%x", function(x) return string.char(tonumber(x, 16)) end)) end

@@ -54,14 +54,20 @@ H.gpu_ranks = tonumber(os.getenv("DISTLAB_SPEC_RANKS") or "") or 2
 -- Runs `./distlab <args>` and returns exit code, stdout+stderr. A job that
 -- runs past DISTLAB_JOB_TIMEOUT (default 300 s) is stopped by the launcher.
 function H.distlab(args, env)
-  local cmd = string.format("cd %q && DISTLAB_JOB_TIMEOUT=${DISTLAB_JOB_TIMEOUT:-300} %s ./distlab %s 2>&1",
-    H.root, env or "", args)
-  local p = io.popen(cmd .. "; echo \"__rc=$?\"")
+  return H.run(string.format("cd %q && DISTLAB_JOB_TIMEOUT=${DISTLAB_JOB_TIMEOUT:-300} %s ./distlab %s",
+    H.root, env or "", args))
+end
+
+-- A shell command's exit code and output (stdout and stderr together).
+function H.run(cmd)
+  local p = io.popen(cmd .. " 2>&1; echo \"__rc=$?\"")
   local out = p:read("*a")
   p:close()
-  local rc = tonumber(out:match("__rc=(%d+)%s*$"))
-  return rc, out:gsub("__rc=%d+%s*$", "")
+  return tonumber(out:match("__rc=(%d+)%s*$")), (out:gsub("__rc=%d+%s*$", ""))
 end
+
+-- s quoted for the shell (single quotes).
+function H.sh(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
 
 -- ---- multi-rank specs ----------------------------------------------------------------
 -- A module's multi-rank specs start the rank scripts of its folder under spec/ through the
@@ -133,6 +139,13 @@ function H.tmpname(suffix)
   local name = os.tmpname()
   os.remove(name)
   return name .. (suffix or "")
+end
+
+function H.read(path)
+  local f = assert(io.open(path, "r"), "cannot read " .. path)
+  local s = f:read("*a")
+  f:close()
+  return s
 end
 
 function H.write(path, text)

@@ -11,7 +11,7 @@
 local H = require "helpers"
 local markdown = require "distlab.bench.markdown"
 
-local function sh(s) return "'" .. tostring(s):gsub("'", "'\\''") .. "'" end
+local sh = H.sh
 
 -- rc, output, the results file's text of a soak on 4 cpu ranks
 local function soak(args)
