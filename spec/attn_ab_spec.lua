@@ -20,6 +20,7 @@ local function put_run(dir, name, rows)
 end
 
 describe("attn A/B report (experiments/attn/attn_ab_report.py)", function()
+  local it_ = H.has_command("python3") and it or pending -- the report is Python
   local dir, script
   before_each(function()
     dir = H.tmpname("-ab")
@@ -34,13 +35,12 @@ describe("attn A/B report (experiments/attn/attn_ab_report.py)", function()
     return rc, out, (io.open(dir .. "/ab.md") and read(dir .. "/ab.md") or "")
   end
 
-  it("sets each variant against the base of the same round and gives the ranges", function()
+  it_("sets each variant against the base of the same round and gives the ranges", function()
     for r = 1, 2 do
       put_run(dir, "d128-base-r" .. r, { { "bshd", "none", "2.0", "4.0" }, { "bshd", "causal", "1.0", "3.0" } })
       put_run(dir, "d128-fast-r" .. r, { { "bshd", "none", r == 1 and "1.6" or "1.0", "4.0" }, { "bshd", "causal", "1.0", "2.5" } })
     end
     local rc, out, md = report("base:main fast:lib:DISTLAB_X=1")
-    if rc == 127 then return pending("no python3 here") end
     assert.equal(0, rc, out)
     assert.truthy(md:find("| bshd | none | 8192 | 2.000, 2.000 | 4.000, 4.000 | 1.250, 1.000; 2.000, 1.000 |", 1, true), md)
     assert.truthy(md:find("| bshd | causal | 8192 | 1.000, 1.000 | 3.000, 3.000 | 1.000, 1.200; 1.000, 1.200 |", 1, true), md)
@@ -52,12 +52,11 @@ describe("attn A/B report (experiments/attn/attn_ab_report.py)", function()
     assert.equal(8, select(2, csv:gsub("\n128,", "")))
   end)
 
-  it("fails on a missing run and on a row whose check is not ok, and reads no speed-up from either", function()
+  it_("fails on a missing run and on a row whose check is not ok, and reads no speed-up from either", function()
     put_run(dir, "d128-base-r1", { { "bshd", "none", "2.0", "4.0" } })
     put_run(dir, "d128-base-r2", { { "bshd", "none", "2.0", "4.0" } })
     put_run(dir, "d128-slow-r1", { { "bshd", "none", "1.0", "2.0", "FAIL" } }) -- a planted failure
     local rc, out, md = report("base:main slow:lib")
-    if rc == 127 then return pending("no python3 here") end
     assert.equal(1, rc, out)
     assert.truthy(md:find("- d128-slow-r2: no attn-distlab.csv", 1, true), md)
     assert.truthy(md:find("- d128-slow-r1 bshd none s 8192: check FAIL", 1, true), md)
@@ -65,9 +64,8 @@ describe("attn A/B report (experiments/attn/attn_ab_report.py)", function()
     assert.truthy(md:find("2 of 3 rows ok", 1, true), md)
   end)
 
-  it("refuses fewer than two variants or a name twice", function()
+  it_("refuses fewer than two variants or a name twice", function()
     local rc, out = report("base:main")
-    if rc == 127 then return pending("no python3 here") end
     assert.is_true(rc ~= 0)
     assert.truthy(out:find("two or more distinct names", 1, true), out)
     rc, out = report("a:x a:y")

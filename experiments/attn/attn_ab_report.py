@@ -72,7 +72,7 @@ def main(argv):
         b, t = ms(base, r, k, col), ms(v, r, k, col)
         return b / t if b and t else None
 
-    f = lambda x: "—" if x is None else "%.3f" % x
+    fmt = lambda x: "—" if x is None else "%.3f" % x
     out = [f"# attn A/B, d {d}: {' '.join(names)} (scripts/gpu/attn_ab.sh)", ""]
     out.append("Each run's header (attn_bench's own results file, `%s/d%d-<variant>-r<round>/attn-distlab.md`):" % (os.path.basename(runs.rstrip('/')), d))
     out.append("")
@@ -87,9 +87,9 @@ def main(argv):
     out.append("| layout | mask | s | %s fwd ms | %s bwd ms | " % (base, base) + " | ".join(f"{v} fwd, bwd" for v in names[1:]) + " |")
     out.append("|---|---|---:|---|---|" + "---|" * (len(names) - 1))
     for k in shapes:
-        cells = [", ".join(f(ms(base, r, k, c)) for r in rounds) for c in ("fwd_ms", "bwd_ms")]
+        cells = [", ".join(fmt(ms(base, r, k, c)) for r in rounds) for c in ("fwd_ms", "bwd_ms")]
         for v in names[1:]:
-            cells.append("; ".join(f"{f(sp(v, r, k, 'fwd_ms'))}, {f(sp(v, r, k, 'bwd_ms'))}" for r in rounds))
+            cells.append("; ".join(f"{fmt(sp(v, r, k, 'fwd_ms'))}, {fmt(sp(v, r, k, 'bwd_ms'))}" for r in rounds))
         out.append(f"| {k[0]} | {k[1]} | {k[2]} | " + " | ".join(cells) + " |")
     out += ["", "Ranges over every shape and round (min-max of the speed-ups above):", ""]
     for v in names[1:]:
