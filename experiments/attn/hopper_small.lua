@@ -18,6 +18,9 @@ local h = dl.bench.harness {
   usage = "./distlab run -n 1 --device cuda experiments/attn/hopper_small.lua [--quick]",
   about = "dl.attn fwd + bwd at small shapes (d 64, 128) against fp64 in full; see the file's header",
 }
+-- a line at a time, also into a file: where a run hangs or is killed (a sanitizer's limit), its log ends
+-- at the last case that finished
+io.stdout:setvbuf("line")
 local dev = dl.default_device()
 local failed, ncase = 0, 0
 
