@@ -85,6 +85,9 @@
  */
 #ifndef DISTLAB_HOPPER_BWD_KERNEL_CUH
 #define DISTLAB_HOPPER_BWD_KERNEL_CUH
+#ifndef HP_BWD_B9_OLD80
+#define HP_BWD_B9_OLD80 1 // branch b9x: the A/B of B9 at BQ 80 (FA4-GAP.md section 10)
+#endif
 
 #include "fwd_mainloop.cuh"
 #include "fwd_params.cuh"
@@ -301,6 +304,10 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int i_lo = wr >= 0 ? max(0, n0 - shift - wr) : 0, i_hi = wl >= 0 ? min(len_q, n1 - shift + wl + 1) : len_q;
   const int m_lo = i_lo / BQ, m_hi = i_hi > i_lo ? (i_hi + BQ - 1) / BQ : m_lo, nm = m_hi - m_lo;
   const int items = group * nm; // item it: q head hkv * group + it / nm, query block m_lo + it % nm (counted in the loops)
+  // HP_BWD_B9_OLD80 (A/B only): at BQ 80 the item's head and block by division again, as before B9
+  constexpr bool DIV80 = HP_BWD_B9_OLD80 && BQ == 80;
+  auto ihq = [&](int it, int hq) { return DIV80 ? hkv * group + it / nm : hq; };
+  auto im = [&](int it, int m) { return DIV80 ? m_lo + it % nm : m; };
 
   if (threadIdx.x == 0) {
     sm.fail = 0;
@@ -333,12 +340,12 @@ __global__ void __launch_bounds__(THREADS, 1)
         const uint32_t round = it / 2;
         if (round > 0) mbar_wait(&sm.q_empty[st], (round - 1) & 1, &sm.fail, p.err);
         mbar_expect_tx(&sm.q_full[st], BQ * DQK * 2 + (BULK ? BQ * 4 : 0));
-        for (int half = 0; half < DQK / 64; half++) tma_load(sm.q[st][half], &tq, &sm.q_full[st], 64 * half, hq, sq.first_q + m * BQ, sq.tb);
-        if (BULK) bulk_load(sm.lse2[st], p.lse2 + hq * p.lse_rows + bwd_lse_row(p, sq, bb, m * BQ), BQ * 4, &sm.q_full[st]);
+        for (int half = 0; half < DQK / 64; half++) tma_load(sm.q[st][half], &tq, &sm.q_full[st], 64 * half, ihq(it, hq), sq.first_q + im(it, m) * BQ, sq.tb);
+        if (BULK) bulk_load(sm.lse2[st], p.lse2 + ihq(it, hq) * p.lse_rows + bwd_lse_row(p, sq, bb, im(it, m) * BQ), BQ * 4, &sm.q_full[st]);
         if (round > 0) mbar_wait(&sm.do_empty[st], (round - 1) & 1, &sm.fail, p.err);
         mbar_expect_tx(&sm.do_full[st], BQ * DV * 2 + (BULK ? BQ * 4 : 0));
-        for (int half = 0; half < DV / 64; half++) tma_load(sm.dout[st][half], &tdo, &sm.do_full[st], 64 * half, hq, sq.first_q + m * BQ, sq.tb);
-        if (BULK) bulk_load(sm.delta[st], p.delta + hq * p.lse_rows + bwd_lse_row(p, sq, bb, m * BQ), BQ * 4, &sm.do_full[st]);
+        for (int half = 0; half < DV / 64; half++) tma_load(sm.dout[st][half], &tdo, &sm.do_full[st], 64 * half, ihq(it, hq), sq.first_q + im(it, m) * BQ, sq.tb);
+        if (BULK) bulk_load(sm.delta[st], p.delta + ihq(it, hq) * p.lse_rows + bwd_lse_row(p, sq, bb, im(it, m) * BQ), BQ * 4, &sm.do_full[st]);
       }
     } else if (!BULK && warp_id == 9) { // the rows' lse2 and D (rows past the sequence: +inf and 0, so P = dS = 0)
       const int lane = threadIdx.x % 32;
@@ -350,8 +357,8 @@ __global__ void __launch_bounds__(THREADS, 1)
           if (round > 0) mbar_wait(&sm.q_empty[st], (round - 1) & 1, &sm.fail, p.err);
 #pragma unroll 1
           for (int r = lane; r < BQ; r += 32) {
-            const int i = m * BQ + r;
-            const float l = i < len_q ? p.lse[bwd_at(p.lse_st, sq.first_q, i, hq, sq.tb)] : -INFINITY;
+            const int i = im(it, m) * BQ + r;
+            const float l = i < len_q ? p.lse[bwd_at(p.lse_st, sq.first_q, i, ihq(it, hq), sq.tb)] : -INFINITY;
             sm.lse2[st][r] = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
           }
           mbar_arrive(&sm.q_full[st]);
@@ -364,15 +371,15 @@ __global__ void __launch_bounds__(THREADS, 1)
           const uint32_t round = it / 2;
           if (round > 0) mbar_wait(&sm.q_empty[st], (round - 1) & 1, &sm.fail, p.err);
           for (int r = lane; r < BQ; r += 32) {
-            const int i = m * BQ + r;
-            const float l = i < len_q ? p.lse[bwd_at(p.lse_st, sq.first_q, i, hq, sq.tb)] : -INFINITY;
+            const int i = im(it, m) * BQ + r;
+            const float l = i < len_q ? p.lse[bwd_at(p.lse_st, sq.first_q, i, ihq(it, hq), sq.tb)] : -INFINITY;
             sm.lse2[st][r] = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
           }
           mbar_arrive(&sm.q_full[st]);
           if (round > 0) mbar_wait(&sm.do_empty[st], (round - 1) & 1, &sm.fail, p.err);
           for (int r = lane; r < BQ; r += 32) {
-            const int i = m * BQ + r;
-            sm.delta[st][r] = i < len_q ? p.delta[hq * p.ws_rows + bwd_ws_row(p, sq, bb, i)] : 0.0f;
+            const int i = im(it, m) * BQ + r;
+            sm.delta[st][r] = i < len_q ? p.delta[ihq(it, hq) * p.ws_rows + bwd_ws_row(p, sq, bb, i)] : 0.0f;
           }
           mbar_arrive(&sm.do_full[st]);
         }
@@ -386,8 +393,8 @@ __global__ void __launch_bounds__(THREADS, 1)
         if (round > 0) mbar_wait(&sm.do_empty[st], (round - 1) & 1, &sm.fail, p.err);
 #pragma unroll 1
         for (int r = lane; r < BQ; r += 32) {
-          const int i = m * BQ + r;
-          sm.delta[st][r] = i < len_q ? p.delta[hq * p.ws_rows + bwd_ws_row(p, sq, bb, i)] : 0.0f;
+          const int i = im(it, m) * BQ + r;
+          sm.delta[st][r] = i < len_q ? p.delta[ihq(it, hq) * p.ws_rows + bwd_ws_row(p, sq, bb, i)] : 0.0f;
         }
         mbar_arrive(&sm.do_full[st]);
         if (++m == m_hi) m = m_lo, hq++;
@@ -395,10 +402,10 @@ __global__ void __launch_bounds__(THREADS, 1)
     } else if (threadIdx.x == 320) { // each item's dQ from shared memory into the accumulator
       int hq = hkv * group, m = m_lo;
       for (int it = 0; it < items; it++, m = m + 1 == m_hi ? (hq++, m_lo) : m + 1) {
-        const int i0 = m * BQ;
+        const int i0 = im(it, m) * BQ;
         mbar_wait(&sm.dq_full, (uint32_t)it & 1u, &sm.fail, p.err);
         const int rows = min(BQ, len_q - i0); // not into the next sequence's rows
-        bulk_reduce_add(p.dq_acc + (hq * p.ws_rows + bwd_ws_row(p, sq, bb, i0)) * DQK, sm.dq, (uint32_t)(rows * DQK * 4));
+        bulk_reduce_add(p.dq_acc + (ihq(it, hq) * p.ws_rows + bwd_ws_row(p, sq, bb, i0)) * DQK, sm.dq, (uint32_t)(rows * DQK * 4));
         bulk_commit();
         bulk_wait_read();
         mbar_arrive(&sm.dq_empty);
@@ -450,7 +457,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   // S^T = K_c Q^T and dP^T = V_c dO^T of item it issued (two commit groups), once its stage is in and
   // the query rows past the sequence are zeros (Q and dO are B of dK and dV)
   auto stage_in = [&](int it) {
-    const int st = it % 2, i0 = mb * BQ;
+    const int st = it % 2, i0 = (DIV80 ? m_lo + it % nm : mb) * BQ;
     const uint32_t ph = (uint32_t)(it / 2) & 1u;
     mbar_wait(&sm.q_full[st], ph, &sm.fail, p.err);
     mbar_wait(&sm.do_full[st], ph, &sm.fail, p.err);
@@ -499,7 +506,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   // P^T once S^T is in, dS^T = P^T (dP^T - D) once dP^T is in (the two newest commit groups), the mask
   // where the block needs one; both packed to bf16 (pa, da)
   auto p_and_ds = [&](int it, float(&s)[BQ / 2], float(&dp)[BQ / 2]) {
-    const int st = it % 2, i0 = mb * BQ;
+    const int st = it % 2, i0 = (DIV80 ? m_lo + it % nm : mb) * BQ;
     wg_wait<1>(); // S^T and dP^T are the two newest commit groups
     const float *dd = sm.delta[st];
     exp_p(st, s);
@@ -538,7 +545,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   // needs it, into pa. dP^T is not masked: a P^T of 0 makes dS^T 0, and dP^T is finite (the rows past a
   // sequence, of V and dO, are zeros in shared memory).
   auto p_only = [&](int it, float(&s)[BQ / 2]) {
-    const int st = it % 2, i0 = mb * BQ;
+    const int st = it % 2, i0 = (DIV80 ? m_lo + it % nm : mb) * BQ;
     wg_wait<1>();
     exp_p(st, s);
     // written out as in p_and_ds: as one shared lambda, ptxas scheduled this kernel's prologue differently
