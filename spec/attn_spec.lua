@@ -45,6 +45,21 @@ for _, dev in ipairs(H.devices) do
           it("at d 128 bf16: " .. describe_case(h), function() check_case(h, D) end)
         end
       end
+      it("DISTLAB_ATTN_HOPPER_FWD_GROUP_MB and ..._BWD_GROUP_MB (the masked schedules' groups of heads): 0 (the grid's order) and 1 MB give hopper_small's fp64-checked results; 12x stops the call with an error naming the knob (subprocesses: the knobs are read once)", function()
+        local name = dl.cuda_device_name(tonumber(D:match("%d+")) or 0)
+        if not (name:match("H100") or name:match("H200") or name:match("H800") or name:match("H20")) then return end
+        local script = "run -n 1 --device " .. D .. " experiments/attn/hopper_small.lua"
+        for _, mb in ipairs { "0", "1" } do
+          local rc, out = H.distlab(script, "DISTLAB_ATTN_HOPPER_FWD_GROUP_MB=" .. mb .. " DISTLAB_ATTN_HOPPER_BWD_GROUP_MB=" .. mb)
+          assert.equal(0, rc, out)
+          assert.truthy(out:find("hopper_small: all ok", 1, true), out)
+        end
+        for _, knob in ipairs { "DISTLAB_ATTN_HOPPER_FWD_GROUP_MB=12x", "DISTLAB_ATTN_HOPPER_BWD_GROUP_MB=12x" } do
+          local rc, out = H.distlab(script .. " --quick", knob)
+          assert.are_not.equal(0, rc, out)
+          assert.truthy(out:find(knob .. ": the masked schedule's group in MB of L2", 1, true), out)
+        end
+      end)
       it("runs the Hopper forward at d 64 and 128 bf16 on an sm_90 device, the portable kernel elsewhere", function()
         local q = dl.randn({ 1, 64, 2, 128 }, { dtype = "bf16", device = D })
         local f16 = dl.randn({ 1, 64, 2, 128 }, { dtype = "f16", device = D })

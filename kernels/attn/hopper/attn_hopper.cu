@@ -22,6 +22,7 @@
 
 #include <cuda.h>
 #include <cudaTypedefs.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,6 +92,31 @@ static int env_bwd_m80(void) {
 static int env_bwd_m128(void) {
   static int c = -1;
   return !env_is("DISTLAB_ATTN_HOPPER_BWD_M128", "0", &c);
+}
+/* The masked schedules' groups of heads (tile_scheduler.cuh: the forward's tiles and, since B10, the
+ * backward's key blocks heaviest first over a group whose operands fit in L2), in MB of L2:
+ * DISTLAB_ATTN_HOPPER_FWD_GROUP_MB and ..._BWD_GROUP_MB, unset the build's 16 MB, 0 the grid's order (A/B
+ * timings: FA4-GAP.md F5, B10), else 1 to 4096; *mb as params_t.group_mb wants it (0, -1 or N). Read once. */
+static int env_group_mb(const char *name, int *cache, int *mb) {
+  if (*cache == INT_MIN) {
+    const char *e = getenv(name);
+    char *end = NULL;
+    const long v = e && *e ? strtol(e, &end, 10) : 0;
+    if (e && *e && (*end || v < 0 || v > 4096))
+      return DL_ERR(DL_EINVAL, "attn (hopper): %s=%s: the masked schedule's group in MB of L2, an integer from 0 "
+                               "(the grid's order) to 4096, or unset (16)", name, e);
+    *cache = !e || !*e ? 0 : v == 0 ? -1 : (int)v;
+  }
+  *mb = *cache;
+  return 0;
+}
+static int env_fwd_group_mb(int *mb) {
+  static int c = INT_MIN;
+  return env_group_mb("DISTLAB_ATTN_HOPPER_FWD_GROUP_MB", &c, mb);
+}
+static int env_bwd_group_mb(int *mb) {
+  static int c = INT_MIN;
+  return env_group_mb("DISTLAB_ATTN_HOPPER_BWD_GROUP_MB", &c, mb);
 }
 /* Which of the backward's item heights runs for p: 80 (M80), 128 (M128) or BWD_BQ */
 static int bwd_rows(const dl_attn_params_t *p) {
@@ -363,6 +389,7 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   DL_TRY(tensor_map(&tv, p->v, p->v_st, p->d_v, p->h_kv, rkv, bt, "v"));
   params_t k = {};
   common_params(k, p);
+  DL_TRY(env_fwd_group_mb(&k.group_mb));
   k.o = (uint16_t *)p->out, k.lse = p->lse;
   if (p->out) copy_st(k.o_st, p->out_st);
   if (p->lse) copy_st(k.lse_st, p->lse_st);
@@ -443,6 +470,7 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
   DL_TRY(tensor_map(&tv, p->v, p->v_st, p->d_v, p->h_kv, rkv, bt, "v", BN));
   bwd_params_t k = {};
   common_params(k, p);
+  DL_TRY(env_bwd_group_mb(&k.group_mb));
   k.scale = p->scale, k.lse = p->lse;
   copy_st(k.lse_st, p->lse_st);
   k.dq = (uint16_t *)p->dq, k.dk = (uint16_t *)p->dk, k.dv = (uint16_t *)p->dv;

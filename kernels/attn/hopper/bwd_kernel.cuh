@@ -139,6 +139,7 @@ struct bwd_params_t {
   int64_t o_st[3], do_st[3];
   const float *lse2;
   int64_t lse_rows;
+  int group_mb; // params_t's: the masked schedule's groups of kv heads in MB of L2, 0 the build's, -1 none
 };
 
 HP_DEV int64_t bwd_at(const int64_t (&st)[3], int first, int row, int head, int tb) {

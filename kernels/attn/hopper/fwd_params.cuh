@@ -124,6 +124,7 @@ struct params_t {
   int acc_vec;      // the bytes of one cp.async of acc_out's rows: 16, 8 or 4 (what its base and strides allow)
   float *max_logit; // optional [h]: the largest scaled logit a row sees (the caller fills -inf)
   int *err;         // optional: set to 1 when a wait timed out (the results are then garbage)
+  int group_mb;     // the masked schedule's groups of heads (tile_scheduler.cuh): MB of L2, 0 the build's, -1 none
 #if HP_FWD_TRACE
   unsigned long long *trace; // lab only (HP_FWD_TRACE): HP_TRACE_SLOTS clocks a CTA (hp_trace below)
 #endif

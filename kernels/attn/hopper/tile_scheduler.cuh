@@ -4,10 +4,11 @@
  * grid order (m-blocks, heads, sequences; x fastest). Unmasked calls keep
  * it: each head's m-blocks last to first, head after head; their tiles are
  * of one length, so there is no tail to win back, and fewer heads' K and V
- * share L2 at once. Masked calls (causal, windows; HP_FWD_GROUP=0 turns this
- * off) take heads in groups whose K and V fit in L2 (HP_FWD_GROUP_BYTES),
- * and within a group the tiles by m-block, heaviest first over all of the
- * group's heads, so that the last heavy tiles do not start near the grid's
+ * share L2 at once. Masked calls (causal, windows) take heads in groups
+ * whose K and V fit in p.group_mb MB of L2 (0: HP_FWD_GROUP_BYTES; -1 or
+ * HP_FWD_GROUP=0: the grid's order, as unmasked calls), and within a group
+ * the tiles by m-block, heaviest first over all of the group's heads, so
+ * that the last heavy tiles do not start near the grid's
  * end. Timings: experiments/lab/attn/NOTES.md.
  */
 #ifndef DISTLAB_HOPPER_TILE_SCHEDULER_CUH
@@ -27,10 +28,11 @@ struct hp_tile_t {
 template <int DQK, int DV> HP_DEV hp_tile_t hp_fwd_tile(const params_t &p) {
   const int nm = gridDim.x;
   const bool masked = p.window_left >= 0 || p.window_right >= 0;
-  if (!HP_FWD_GROUP || !masked) return hp_tile_t{nm - 1 - (int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z};
+  if (!HP_FWD_GROUP || p.group_mb < 0 || !masked) return hp_tile_t{nm - 1 - (int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z};
   const int nhb = gridDim.y * gridDim.z, lin = blockIdx.x + nm * (blockIdx.y + gridDim.y * blockIdx.z);
   const int64_t kv_head = (int64_t)p.s_kv * (DQK + DV) * 2; // a head's K and V bytes (bshd; thd: the longest)
-  const int g_max = (int)max((int64_t)1, min((int64_t)nhb, (int64_t)(HP_FWD_GROUP_BYTES) / max(kv_head, (int64_t)1)));
+  const int64_t bytes = p.group_mb > 0 ? (int64_t)p.group_mb << 20 : (int64_t)(HP_FWD_GROUP_BYTES);
+  const int g_max = (int)max((int64_t)1, min((int64_t)nhb, bytes / max(kv_head, (int64_t)1)));
   const int group = lin / (g_max * nm), first = group * g_max, g = min(g_max, nhb - first);
   const int within = lin - group * g_max * nm, hb = first + within % g;
   return hp_tile_t{nm - 1 - within / g, hb % (int)gridDim.y, hb / (int)gridDim.y};
@@ -38,11 +40,12 @@ template <int DQK, int DV> HP_DEV hp_tile_t hp_fwd_tile(const params_t &p) {
 
 /* The key block a CTA of the Hopper backward computes: block n_block of kv head hkv, sequence bb. Unmasked
  * calls keep the grid's order (key blocks of one head, head after head: every block has the same items).
- * Masked calls (HP_BWD_GROUP=0 turns this off) take the kv heads in groups whose Q, dO and dQ accumulator
- * fit in HP_BWD_GROUP_BYTES of L2, and within a group the key blocks in order over all of the group's heads:
- * block 0 (the most items, causal) of every head first, so that the grid ends on light blocks rather than on
- * the last head's heaviest (at 4k causal, in a model of the block scheduler, 13% over the ideal makespan
- * head after head, 0.2% in groups of 4 heads). */
+ * Masked calls take the kv heads in groups whose Q, dO and dQ accumulator fit in p.group_mb MB of L2 (0:
+ * HP_BWD_GROUP_BYTES; -1 or HP_BWD_GROUP=0: the grid's order), and within a group the key blocks in order
+ * over all of the group's heads: block 0 (the most items, causal) of every head first, so that the grid
+ * ends on light blocks rather than on the last head's heaviest (at 4k causal, in a model of the block
+ * scheduler, 13% over the ideal makespan head after head, 0.2% in groups of 4 heads;
+ * experiments/results/attn/hopper-lpt-ab-h200.md). */
 #ifndef HP_BWD_GROUP
 #define HP_BWD_GROUP 1
 #endif
@@ -54,11 +57,12 @@ struct hp_bwd_tile_t {
 };
 template <int DQK, int DV, class P> HP_DEV hp_bwd_tile_t hp_bwd_tile(const P &p) {
   const bool masked = p.window_left >= 0 || p.window_right >= 0;
-  if (!HP_BWD_GROUP || !masked) return hp_bwd_tile_t{(int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z};
+  if (!HP_BWD_GROUP || p.group_mb < 0 || !masked) return hp_bwd_tile_t{(int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z};
   const int nn = gridDim.x, nhb = gridDim.y * gridDim.z, lin = blockIdx.x + nn * (blockIdx.y + gridDim.y * blockIdx.z);
   // a kv head's Q and dO (bf16) and dQ accumulator (fp32), over its group of query heads (bshd; thd: the longest)
   const int64_t head = (int64_t)(p.h / p.h_kv) * p.s_q * ((DQK + DV) * 2 + DQK * 4);
-  const int g_max = (int)max((int64_t)1, min((int64_t)nhb, (int64_t)(HP_BWD_GROUP_BYTES) / max(head, (int64_t)1)));
+  const int64_t bytes = p.group_mb > 0 ? (int64_t)p.group_mb << 20 : (int64_t)(HP_BWD_GROUP_BYTES);
+  const int g_max = (int)max((int64_t)1, min((int64_t)nhb, bytes / max(head, (int64_t)1)));
   const int group = lin / (g_max * nn), first = group * g_max, g = min(g_max, nhb - first);
   const int within = lin - group * g_max * nn, hb = first + within % g;
   return hp_bwd_tile_t{within / g, hb % (int)gridDim.y, hb / (int)gridDim.y};
