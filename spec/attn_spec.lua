@@ -48,7 +48,8 @@ for _, dev in ipairs(H.devices) do
       it("DISTLAB_ATTN_HOPPER_FWD_GROUP_MB and ..._BWD_GROUP_MB (the masked schedules' groups of heads): 0 (the grid's order) and 1 MB give hopper_small's fp64-checked results; 12x stops the call with an error naming the knob (subprocesses: the knobs are read once)", function()
         local name = dl.cuda_device_name(tonumber(D:match("%d+")) or 0)
         if not (name:match("H100") or name:match("H200") or name:match("H800") or name:match("H20")) then return end
-        local script = "run -n 1 --device " .. D .. " experiments/attn/hopper_small.lua"
+        -- a subprocess on H.devices' cuda:0: run takes --device cpu, meta or cuda
+        local script = "run -n 1 --device cuda experiments/attn/hopper_small.lua"
         for _, mb in ipairs { "0", "1" } do
           local rc, out = H.distlab(script, "DISTLAB_ATTN_HOPPER_FWD_GROUP_MB=" .. mb .. " DISTLAB_ATTN_HOPPER_BWD_GROUP_MB=" .. mb)
           assert.equal(0, rc, out)
