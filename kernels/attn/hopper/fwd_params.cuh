@@ -177,14 +177,22 @@ template <class P> HP_DEV hp_seq_t hp_seq(const P &p, int bb) {
   return s;
 }
 
-// Every wait ends: a phase still open after 2^26 polls, or once another thread of the CTA gave up
-// (*fail), sets *err (params_t.err, which the host reads) and returns, so that the CTA runs to its end
-// on whatever shared memory holds and no barrier hangs. (A trap there made ptxas spill P in PIPE 1.)
-// The poll count is an int (a long cost a 64-bit compare a poll); *fail stays a generic volatile read:
-// read by ld.shared, or every 16th poll only, ptxas spilled 8-24 bytes in 1 to 9 of the kernels.
+// Every wait ends: a phase still open HP_WAIT_LIMIT_NS after the wait began (%globaltimer_lo), or once
+// another thread of the CTA gave up (*fail), sets *err (params_t.err, which the host reads) and returns,
+// so that the CTA runs to its end on whatever shared memory holds and no barrier hangs. (A trap there
+// made ptxas spill P in PIPE 1.) The first try costs nothing more than a poll; after it the thread
+// sleeps in mbar_try_sleep (HP_WAIT_SLEEP_NS at most) and reads the clock and *fail once a wake-up.
+// (Until session 11 each wait polled, 2^26 polls at most: attn-prof-h200.md, FA4-GAP.md section 12.)
+// *fail stays a generic volatile read: read by ld.shared, ptxas spilled 8-24 bytes in 1 to 9 of the kernels.
+#ifndef HP_WAIT_SLEEP_NS
+#define HP_WAIT_SLEEP_NS 0x989680u // 10 ms, FA4's and CUTLASS's hint
+#endif
+constexpr uint32_t HP_WAIT_LIMIT_NS = 4000000000u; // 4 s (< 2^32 ns): every wait inside a CTA is microseconds when it works
 HP_DEV void mbar_wait(uint64_t *b, uint32_t parity, volatile int *fail, int *err) {
-  for (int n = 0; !mbar_try(b, parity); n++)
-    if (n > (1 << 26) || *fail) {
+  if (mbar_try(b, parity)) return;
+  const uint32_t t0 = hp_globaltimer_lo(); // 32 bits: a 64-bit start cost 4 bytes of spills in 7 backward kernels
+  while (!mbar_try_sleep(b, parity, HP_WAIT_SLEEP_NS))
+    if (*fail || hp_globaltimer_lo() - t0 > HP_WAIT_LIMIT_NS) {
       *fail = 1;
       if (err) *err = 1;
       return;

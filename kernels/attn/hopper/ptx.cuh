@@ -58,6 +58,24 @@ __device__ __forceinline__ bool mbar_try(uint64_t *b, uint32_t parity) {
                : "memory");
   return ok != 0;
 }
+// try_wait with a suspend-time hint: while the phase is open the thread sleeps (SASS NANOSLEEP.SYNCS)
+// until it completes or ns pass, rather than coming back at once to poll again. FA4's and CUTLASS's
+// waits (ns = 0x989680, 10 ms); attn-prof-h200.md: without it our backward's waits polled 140M times
+// (FA4's 25M), 10 instructions and a shared load a poll, on SMs whose tensor cores wait for issue slots.
+__device__ __forceinline__ bool mbar_try_sleep(uint64_t *b, uint32_t parity, uint32_t ns) {
+  uint32_t ok;
+  asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\nselp.u32 %0, 1, 0, p;\n}\n"
+               : "=r"(ok)
+               : "r"(hp_smem_u32(b)), "r"(parity), "r"(ns)
+               : "memory");
+  return ok != 0;
+}
+// The low 32 bits of %globaltimer (ns; the waits' time limit, differences mod 2^32 ns = 4.29 s).
+__device__ __forceinline__ uint32_t hp_globaltimer_lo() {
+  uint32_t t;
+  asm volatile("mov.u32 %0, %%globaltimer_lo;" : "=r"(t));
+  return t;
+}
 // Makes the barriers' initialisation visible to the TMA unit (the async proxy).
 __device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
 
