@@ -112,10 +112,18 @@ template <int DQK, int DV, int BQ = BWD_BQ> struct alignas(1024) bwd_smem_t {
 
 // The accumulator's rows hold dQ's columns permuted: column c of a row i at c ^ (8 (i % 4)), so that
 // the consumers' stores of a tile into shared memory (two columns a lane, eight rows a warp) hit
-// distinct banks; bwd_dq_kernel undoes it. BQ 80 stores dQ^T (one column a lane, eight columns and four
-// rows 2 apart a warp): c ^ (8 ((i / 2) % 4)). Items start at multiples of 8 rows, so i is the
-// tile's row as well as the sequence's.
-template <int BQ = BWD_BQ> HP_HD int bwd_dq_col(int c, int i) { return BQ == 80 ? c ^ (8 * ((i / 2) % 4)) : c ^ (8 * (i % 4)); }
+// distinct banks; bwd_dq_kernel undoes it. BQ 80 (d 128) stores dQ^T, whose thread holds columns c and
+// c + 8 (c % 16 < 8) of rows 8 j + 2 k + e (k = lane % 4): column c = 16 a + 8 h + b of row i goes to
+// 2 slot + h, slot = 8 (a ^ (k % 2)) + (b ^ 4 (k / 2)), k = (i / 2) % 4, so that a thread's two
+// columns of a row are one 8-byte store and a half warp's 16 stores hit 16 distinct 8-byte bank pairs
+// (20 STS.64 a thread and item, not 40 STS.32: attn-prof-h200.md, FA4-GAP.md section 12). Items start at
+// multiples of 8 rows, so i is the tile's row as well as the sequence's.
+template <int BQ = BWD_BQ> HP_HD int bwd_dq_col(int c, int i) {
+  if constexpr (BQ == 80) {
+    const int k = (i / 2) % 4, a = c / 16, h = (c / 8) % 2, b = c % 8;
+    return 2 * (8 * (a ^ (k % 2)) + (b ^ (4 * (k / 2)))) + h;
+  } else return c ^ (8 * (i % 4));
+}
 
 // Addressing as params_t's (fwd_params.cuh): strides (position, head, batch) in elements.
 struct bwd_params_t {
@@ -203,6 +211,23 @@ template <int DQK, int BQ = BWD_BQ> __global__ void __launch_bounds__(128) bwd_d
     if (i >= sq.len_q) return;
     const float *acc = p.dq_acc + (hh * p.ws_rows + bwd_ws_row(p, sq, bb, i)) * DQK;
     uint16_t *dq = p.dq + bwd_at(p.dq_st, sq.first_q, i, hh, sq.tb);
+    if constexpr (BQ == 80) { // columns c, c + 1 and c + 8, c + 9 a lane: (c, c + 8) and (c + 1, c + 9) are 8-byte pairs
+      static_assert(DQK == 128, "BQ 80 is d 128's");
+      const int c = 16 * (lane / 4) + 2 * (lane % 4);
+      const float2 a = *reinterpret_cast<const float2 *>(acc + bwd_dq_col<BQ>(c, i)),
+                   b = *reinterpret_cast<const float2 *>(acc + bwd_dq_col<BQ>(c + 1, i));
+      float v[4] = {a.x * p.scale, b.x * p.scale, a.y * p.scale, b.y * p.scale}; // c, c + 1, c + 8, c + 9
+#pragma unroll
+      for (int h = 0; h < 2; h++) {
+        uint32_t *to = reinterpret_cast<uint32_t *>(dq + c + 8 * h);
+        if (p.accumulate) {
+          const uint32_t old = *to;
+          v[2 * h] += bf16_lo(old), v[2 * h + 1] += bf16_hi(old);
+        }
+        *to = pack_bf16(v[2 * h], v[2 * h + 1]);
+      }
+      continue;
+    }
     for (int c = 2 * lane; c < DQK; c += 64) {
       const float2 a = *reinterpret_cast<const float2 *>(acc + bwd_dq_col<BQ>(c, i));
       float x = a.x * p.scale, y = a.y * p.scale;
@@ -614,24 +639,23 @@ __global__ void __launch_bounds__(THREADS, 1)
   // into the accumulator: into shared memory once the last item's reduction has read it, then the
   // producer's turn. n: the items stored so far.
   // BQ 80: dq holds dQ^T (row = the column 64 c + 16 warp + lane / 4 (+ 8) of d, column = query 8 j + 2
-  // (lane % 4) (+ 1)); one 4-byte store a value, bwd_dq_col<80>'s order. BQ 128: rows 64 c + 16 warp +
-  // lane / 4 (+ 8), all 64 columns.
+  // (lane % 4) (+ 1)); one 8-byte store a query row's two columns, bwd_dq_col<80>'s order. BQ 128: rows
+  // 64 c + 16 warp + lane / 4 (+ 8), all 64 columns.
   auto store_dq = [&](int n, const float(&dq)[NDQ]) {
     if (n > 0) mbar_wait(&sm.dq_empty, (uint32_t)(n - 1) & 1u, &sm.fail, p.err);
     if constexpr (BQ == 80) {
-      // value 4 j + e: column col0 + 8 (e / 2) of d, query row 8 j + 2 k + e % 2 (k = lane % 4), at
-      // bwd_dq_col<80>'s column col ^ 8 ((row / 2) % 4) = col ^ 8 k, the thread's own for all its rows: so
-      // two addresses, a0 and a1, and the 40 stores at constant offsets from them (no address arithmetic
-      // a store: it was ~3 instructions each, 13% of the backward's, attn-prof-h200.md; FA4-GAP.md B8a;
-      // the addresses checked equal to bwd_dq_col's for every thread, item row and value)
-      const int k = lane % 4, col0 = c * 64 + warp * 16 + lane / 4; // col0's bit 3 is clear
-      const uint32_t a = hp_smem_u32(sm.dq) + 4 * (2 * k) * DQK;
-      const uint32_t a0 = a + 4 * (col0 ^ (8 * k)), a1 = a + 4 * ((col0 + 8) ^ (8 * k));
+      // value 4 j + e: column col0 + 8 (e / 2) of d, query row 8 j + 2 k + e % 2 (k = lane % 4), so
+      // values 4 j + r and 4 j + 2 + r are row 8 j + 2 k + r's columns col0 and col0 + 8: one 8-byte
+      // store at bwd_dq_col<80>'s 2 slot, the slot the thread's own for all its rows ((row / 2) % 4 = k).
+      // One address and 20 stores at constant offsets from it (checked equal to bwd_dq_col's for every
+      // thread, item row and value, and conflict-free a half warp: FA4-GAP.md section 12)
+      const int k = lane % 4, a = c * 4 + warp, b = lane / 4; // col0 = 16 a + b
+      const uint32_t at = hp_smem_u32(sm.dq) + 4 * (2 * k) * DQK + 8 * (8 * (a ^ (k % 2)) + (b ^ (4 * (k / 2))));
 #pragma unroll
       for (int j = 0; j < BQ / 8; j++)
 #pragma unroll
-        for (int e = 0; e < 4; e++)
-          st_shared_u32(((e >> 1) ? a1 : a0) + 4 * (8 * j + (e & 1)) * DQK, __float_as_uint(dq[4 * j + e]));
+        for (int r = 0; r < 2; r++)
+          st_shared_v2(at + 4 * (8 * j + r) * DQK, __float_as_uint(dq[4 * j + r]), __float_as_uint(dq[4 * j + 2 + r]));
     } else if constexpr (BQ == 128) { // by shared addresses: 16 generic ones cost ptxas spills (registers)
       const uint32_t dq_base = hp_smem_u32(sm.dq);
 #pragma unroll
