@@ -226,17 +226,16 @@ template <int DQK, int BQ = BWD_BQ> __global__ void __launch_bounds__(128) bwd_d
         }
         *to = pack_bf16(v[2 * h], v[2 * h + 1]);
       }
-      continue;
-    }
-    for (int c = 2 * lane; c < DQK; c += 64) {
-      const float2 a = *reinterpret_cast<const float2 *>(acc + bwd_dq_col<BQ>(c, i));
-      float x = a.x * p.scale, y = a.y * p.scale;
-      if (p.accumulate) {
-        const uint32_t old = *reinterpret_cast<const uint32_t *>(dq + c);
-        x += bf16_lo(old), y += bf16_hi(old);
+    } else
+      for (int c = 2 * lane; c < DQK; c += 64) {
+        const float2 a = *reinterpret_cast<const float2 *>(acc + bwd_dq_col<BQ>(c, i));
+        float x = a.x * p.scale, y = a.y * p.scale;
+        if (p.accumulate) {
+          const uint32_t old = *reinterpret_cast<const uint32_t *>(dq + c);
+          x += bf16_lo(old), y += bf16_hi(old);
+        }
+        *reinterpret_cast<uint32_t *>(dq + c) = pack_bf16(x, y);
       }
-      *reinterpret_cast<uint32_t *>(dq + c) = pack_bf16(x, y);
-    }
   }
 }
 
