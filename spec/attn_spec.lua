@@ -61,6 +61,13 @@ for _, dev in ipairs(H.devices) do
           assert.truthy(out:find(knob .. ": the masked schedule's group in MB of L2", 1, true), out)
         end
       end)
+      it("DISTLAB_ATTN_HOPPER_BWD_PDL=0 (the backward's kernels launched plainly, not by programmatic dependent launch) gives hopper_small's fp64-checked results", function()
+        local name = dl.cuda_device_name(tonumber(D:match("%d+")) or 0)
+        if not (name:match("H100") or name:match("H200") or name:match("H800") or name:match("H20")) then return end
+        local rc, out = H.distlab("run -n 1 --device cuda experiments/attn/hopper_small.lua", "DISTLAB_ATTN_HOPPER_BWD_PDL=0")
+        assert.equal(0, rc, out)
+        assert.truthy(out:find("hopper_small: all ok", 1, true), out)
+      end)
       it("runs the Hopper forward at d 64 and 128 bf16 on an sm_90 device, the portable kernel elsewhere", function()
         local q = dl.randn({ 1, 64, 2, 128 }, { dtype = "bf16", device = D })
         local f16 = dl.randn({ 1, 64, 2, 128 }, { dtype = "f16", device = D })

@@ -68,6 +68,7 @@ enum { PREP_ROWS = 16 };
 /* grid (ceil(s_q/16), h_q, b), 128 threads: a warp per row at a time. */
 template <bool BF16>
 __global__ void attn_bwd_prep_kernel(const dl_attn_params_t p, float *dq_acc, float *delta) {
+  dl_pdl_release(); // the Hopper main kernel may start (its reads of D and the accumulator wait: B11)
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, hq = blockIdx.y, bi = blockIdx.z;
   const attn_seq_t sq = attn_seq(p, bi);
   const int64_t rows = p.cu_seqlens_q ? p.total_q : (int64_t)p.b * p.s_q;

@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "common/base.h"
+#include "common/pdl.cuh" /* the backward's prep releases the Hopper main kernel early */
 
 #define ATTN_DEV __device__ __forceinline__
 

@@ -93,6 +93,33 @@ static int env_bwd_m128(void) {
   static int c = -1;
   return !env_is("DISTLAB_ATTN_HOPPER_BWD_M128", "0", &c);
 }
+/* Programmatic dependent launch between the backward's kernels (FA4-GAP.md B11, FA4's sm90 backward does
+ * it): the main kernel may start while the prep runs (its loads of K, V, Q and dO and its barriers' set-up
+ * under the prep's tail; the warps that read D or the accumulator wait for the prep: bwd_kernel's B11 notes),
+ * and bwd_dq_kernel once every CTA of the main kernel has started. Only where the prep ran right before the
+ * main kernel (s_q > 0). DISTLAB_ATTN_HOPPER_BWD_PDL=0 turns it off (A/B timings). */
+static int env_bwd_pdl(void) {
+  static int c = -1;
+  return !env_is("DISTLAB_ATTN_HOPPER_BWD_PDL", "0", &c);
+}
+/* One grid of kernel k on the stream, with programmatic stream serialization when pdl (common/pdl.cuh). */
+template <class... P, class... A>
+static int launch_pdl(void (*k)(P...), dim3 grid, int threads, size_t smem, void *stream, bool pdl, const char *name,
+                      A &&...args) {
+  cudaLaunchAttribute attr = {};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid, cfg.blockDim = dim3((unsigned)threads), cfg.dynamicSmemBytes = smem;
+  cfg.stream = (cudaStream_t)stream, cfg.attrs = &attr, cfg.numAttrs = pdl ? 1 : 0;
+  const cudaError_t e = cudaLaunchKernelEx(&cfg, k, static_cast<A &&>(args)...);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    return DL_ERR(DL_ECUDA, "launch of %s failed: %s", name, cudaGetErrorString(e));
+  }
+  DL_CUDA_CHECK_LAUNCH(name);
+  return 0;
+}
 /* The masked schedules' groups of heads (tile_scheduler.cuh: the forward's tiles and, since B10, the
  * backward's key blocks heaviest first over a group whose operands fit in L2), in MB of L2:
  * DISTLAB_ATTN_HOPPER_FWD_GROUP_MB and ..._BWD_GROUP_MB, unset the build's 16 MB, 0 the grid's order (A/B
@@ -440,13 +467,13 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
 
 template <int DQK, int DV, int LOOP, bool ELECT = false, bool BULK = false, int BQ = BWD_BQ>
 static int launch_bwd(dim3 grid, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv,
-                      const CUtensorMap &tdo, const bwd_params_t &k, void *stream) {
+                      const CUtensorMap &tdo, const bwd_params_t &k, void *stream, bool pdl) {
   const size_t smem = sizeof(bwd_smem_t<DQK, DV, BQ>) + 1024;
   static_assert(sizeof(bwd_smem_t<DQK, DV, BQ>) + 1024 <= 227 * 1024, "the backward's shared memory");
   static int done[64];
   DL_TRY(allow_smem(bwd_kernel<DQK, DV, LOOP, ELECT, BULK, BQ>, smem, done));
-  bwd_kernel<DQK, DV, LOOP, ELECT, BULK, BQ><<<grid, THREADS, smem, (cudaStream_t)stream>>>(tq, tk, tv, tdo, k);
-  return 0;
+  return launch_pdl(bwd_kernel<DQK, DV, LOOP, ELECT, BULK, BQ>, grid, THREADS, smem, stream, pdl, "attn bwd (hopper)", tq, tk,
+                    tv, tdo, k);
 }
 
 extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc, float *delta, void *stream) {
@@ -493,32 +520,29 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
     }
   }
   k.delta = delta;
+  const bool pdl = p->s_q > 0 && env_bwd_pdl(); /* the prep ran right before (env_bwd_pdl) */
   int rc;
   if (m128)
-    rc = elect ? launch_bwd<64, 64, BWD_ORDER, true, false, 128>(grid, tq, tk, tv, tdo, k, stream)
-               : launch_bwd<64, 64, BWD_ORDER, false, false, 128>(grid, tq, tk, tv, tdo, k, stream);
+    rc = elect ? launch_bwd<64, 64, BWD_ORDER, true, false, 128>(grid, tq, tk, tv, tdo, k, stream, pdl)
+               : launch_bwd<64, 64, BWD_ORDER, false, false, 128>(grid, tq, tk, tv, tdo, k, stream, pdl);
   else if (p->d_qk == 64)
-    rc = turns && bulk && elect ? launch_bwd<64, 64, BWD_TURNS, true, true>(grid, tq, tk, tv, tdo, k, stream)
-         : turns && bulk        ? launch_bwd<64, 64, BWD_TURNS, false, true>(grid, tq, tk, tv, tdo, k, stream)
-         : turns && elect       ? launch_bwd<64, 64, BWD_TURNS, true>(grid, tq, tk, tv, tdo, k, stream)
-         : turns                ? launch_bwd<64, 64, BWD_TURNS>(grid, tq, tk, tv, tdo, k, stream)
-         : order                ? launch_bwd<64, 64, BWD_ORDER>(grid, tq, tk, tv, tdo, k, stream)
-                                : launch_bwd<64, 64, BWD_STEP>(grid, tq, tk, tv, tdo, k, stream);
+    rc = turns && bulk && elect ? launch_bwd<64, 64, BWD_TURNS, true, true>(grid, tq, tk, tv, tdo, k, stream, pdl)
+         : turns && bulk        ? launch_bwd<64, 64, BWD_TURNS, false, true>(grid, tq, tk, tv, tdo, k, stream, pdl)
+         : turns && elect       ? launch_bwd<64, 64, BWD_TURNS, true>(grid, tq, tk, tv, tdo, k, stream, pdl)
+         : turns                ? launch_bwd<64, 64, BWD_TURNS>(grid, tq, tk, tv, tdo, k, stream, pdl)
+         : order                ? launch_bwd<64, 64, BWD_ORDER>(grid, tq, tk, tv, tdo, k, stream, pdl)
+                                : launch_bwd<64, 64, BWD_STEP>(grid, tq, tk, tv, tdo, k, stream, pdl);
   else if (m80)
-    rc = elect ? launch_bwd<128, 128, BWD_ORDER, true, false, 80>(grid, tq, tk, tv, tdo, k, stream)
-               : launch_bwd<128, 128, BWD_ORDER, false, false, 80>(grid, tq, tk, tv, tdo, k, stream);
+    rc = elect ? launch_bwd<128, 128, BWD_ORDER, true, false, 80>(grid, tq, tk, tv, tdo, k, stream, pdl)
+               : launch_bwd<128, 128, BWD_ORDER, false, false, 80>(grid, tq, tk, tv, tdo, k, stream, pdl);
   else
-    rc = order && bulk && elect ? launch_bwd<128, 128, BWD_ORDER, true, true>(grid, tq, tk, tv, tdo, k, stream)
-         : order && bulk        ? launch_bwd<128, 128, BWD_ORDER, false, true>(grid, tq, tk, tv, tdo, k, stream)
-         : order && elect       ? launch_bwd<128, 128, BWD_ORDER, true>(grid, tq, tk, tv, tdo, k, stream)
-         : order                ? launch_bwd<128, 128, BWD_ORDER>(grid, tq, tk, tv, tdo, k, stream)
-                                : launch_bwd<128, 128, BWD_STEP>(grid, tq, tk, tv, tdo, k, stream);
+    rc = order && bulk && elect ? launch_bwd<128, 128, BWD_ORDER, true, true>(grid, tq, tk, tv, tdo, k, stream, pdl)
+         : order && bulk        ? launch_bwd<128, 128, BWD_ORDER, false, true>(grid, tq, tk, tv, tdo, k, stream, pdl)
+         : order && elect       ? launch_bwd<128, 128, BWD_ORDER, true>(grid, tq, tk, tv, tdo, k, stream, pdl)
+         : order                ? launch_bwd<128, 128, BWD_ORDER>(grid, tq, tk, tv, tdo, k, stream, pdl)
+                                : launch_bwd<128, 128, BWD_STEP>(grid, tq, tk, tv, tdo, k, stream, pdl);
   if (rc) return rc;
-  DL_CUDA_CHECK_LAUNCH("attn bwd (hopper)");
   const dim3 rgrid((p->s_q + BWD_BQ - 1) / BWD_BQ, p->h_q, p->b);
-  if (p->d_qk == 64) bwd_dq_kernel<64><<<rgrid, 128, 0, (cudaStream_t)stream>>>(k);
-  else if (m80) bwd_dq_kernel<128, 80><<<rgrid, 128, 0, (cudaStream_t)stream>>>(k); /* dQ^T's column order */
-  else bwd_dq_kernel<128><<<rgrid, 128, 0, (cudaStream_t)stream>>>(k);
-  DL_CUDA_CHECK_LAUNCH("attn bwd (hopper) dq");
-  return 0;
+  return launch_pdl(p->d_qk == 64 ? bwd_dq_kernel<64> : m80 ? bwd_dq_kernel<128, 80> /* dQ^T's column order */ : bwd_dq_kernel<128>,
+                    rgrid, 128, 0, stream, pdl, "attn bwd (hopper) dq", k);
 }

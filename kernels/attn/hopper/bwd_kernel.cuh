@@ -53,6 +53,12 @@
  * query block) are zeroed in shared memory before a GEMM reads them, so that
  * another sequence's rows or NaN gaps (thd) never meet a zero of P or dS.
  * Every wait times out into *err (mbar_wait), as in the forward.
+ * B11 (FA4-GAP.md; FA4's sm90 backward does it): the three kernels are launched with programmatic stream
+ * serialization (attn_hopper.cu's env_bwd_pdl). The preps release at their start; bwd_kernel may then start
+ * under the prep's tail, and only its readers of what the prep writes wait (dl_pdl_wait): warp 11 (D at BQ
+ * 80 and 128), warp 9 where it loads D (BQ 64), the TMA thread with BULK (lse2 and D), the dQ reducer (the
+ * zeroed accumulator). Everything else it reads was written before the prep started (its launch waits
+ * for those). bwd_kernel releases at its start and bwd_dq_kernel waits for its end.
  * The variants tried and dropped, and their timings: experiments/lab/attn/NOTES.md.
  *
  * M80 (BQ = 80, FA4's sm90 tile for d 128 without a mask; FA4-GAP.md B3; dl.attn's default there,
@@ -174,6 +180,7 @@ HP_DEV int64_t bwd_lse_row(const bwd_params_t &p, const hp_seq_t &s, int bb, int
 // key) into bwd_lse_row's rows, the pad up to the sequence's next multiple of BWD_BQ 0 and +inf; the fp32
 // dQ accumulator's rows zeroed.
 template <int DQK, int DV> __global__ void __launch_bounds__(128) bwd_prep_kernel(const bwd_params_t p, float *delta, float *lse2) {
+  dl_pdl_release(); // the main kernel may start (B11: bwd_kernel's comment)
   const int hh = blockIdx.y, bb = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const hp_seq_t sq = hp_seq(p, bb);
   for (int r = warp; r < BWD_BQ; r += 4) {
@@ -204,6 +211,7 @@ template <int DQK, int DV> __global__ void __launch_bounds__(128) bwd_prep_kerne
 // grid (blocks of BWD_BQ rows, h, b), 128 threads, a warp a row: dq = scale * accumulator (+ dq), the
 // accumulator's columns as bwd_dq_col<BQ> placed them (attn_bwd.cu's attn_bwd_dq_kernel, for that layout).
 template <int DQK, int BQ = BWD_BQ> __global__ void __launch_bounds__(128) bwd_dq_kernel(const bwd_params_t p) {
+  dl_pdl_wait(); // launched while bwd_kernel runs (B11): its reductions done and visible
   const int hh = blockIdx.y, bb = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const hp_seq_t sq = hp_seq(p, bb);
   for (int r = warp; r < BWD_BQ; r += 4) {
@@ -314,6 +322,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                 "128 query rows an item: d 64, FA4's order, lse2 and D by warps 9 and 11 (BULK pads to 64)");
   // a thread's dQ (BQ 80: of dQ^T; BQ 128: its warpgroup's 64 queries x all 64 columns of d)
   constexpr int NDQ = BQ == 80 ? 40 : BQ == 128 ? 32 : DQK / 4;
+  dl_pdl_release(); // bwd_dq_kernel may be scheduled once every CTA has started (it waits for our end)
   bwd_smem_t<DQK, DV, BQ> &sm = *reinterpret_cast<bwd_smem_t<DQK, DV, BQ> *>(hp_smem_aligned());
   const hp_bwd_tile_t tile = hp_bwd_tile<DQK, DV>(p);
   const int n_block = tile.n_block, hkv = tile.hkv, bb = tile.bb, group = p.h / p.h_kv;
@@ -360,6 +369,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_expect_tx(&sm.kv_full, tile_bytes_t<DQK>::value + tile_bytes_t<DV>::value);
       for (int half = 0; half < DQK / 64; half++) tma_load(sm.k[half], &tk, &sm.kv_full, 64 * half, hkv, sq.first_kv + n0, sq.tb);
       for (int half = 0; half < DV / 64; half++) tma_load(sm.v[half], &tv, &sm.kv_full, 64 * half, hkv, sq.first_kv + n0, sq.tb);
+      if constexpr (BULK) dl_pdl_wait(); // the prep's lse2 and D rows (B11)
       int hq = hkv * group, m = m_lo; // item it's head and query block, counted (no division an item)
       for (int it = 0; it < items; it++, m = m + 1 == m_hi ? (hq++, m_lo) : m + 1) {
         const int st = it % 2;
@@ -391,6 +401,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           if (++m == m_hi) m = m_lo, hq++;
         }
       } else {
+        dl_pdl_wait(); // the prep's D (B11)
         int hq = hkv * group, m = m_lo;
         for (int it = 0; it < items; it++, m = m + 1 == m_hi ? (hq++, m_lo) : m + 1) {
           const int st = it % 2;
@@ -411,6 +422,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         }
       }
     } else if (BQ != 64 && warp_id == 11) { // BQ 80, 128: the rows' D (warp 9's lse2 rows alone fill its registers)
+      dl_pdl_wait(); // the prep's D (B11)
       const int lane = threadIdx.x % 32;
       int hq = hkv * group, m = m_lo;
       for (int it = 0; it < items; it++) {
@@ -426,6 +438,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         if (++m == m_hi) m = m_lo, hq++;
       }
     } else if (threadIdx.x == 320) { // each item's dQ from shared memory into the accumulator
+      dl_pdl_wait(); // the prep's zeroed accumulator (B11)
       int hq = hkv * group, m = m_lo;
       for (int it = 0; it < items; it++, m = m + 1 == m_hi ? (hq++, m_lo) : m + 1) {
         const int i0 = item_m(it, m) * BQ;

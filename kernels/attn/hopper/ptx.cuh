@@ -12,6 +12,8 @@
 #include <cuda_bf16.h>
 #include <stdint.h>
 
+#include "common/pdl.cuh"
+
 typedef CUtensorMap hp_tmap_t;
 #define HP_GRID_CONST __grid_constant__
 #define HP_DEV __device__ __forceinline__
