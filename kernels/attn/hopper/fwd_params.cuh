@@ -177,7 +177,7 @@ template <class P> HP_DEV hp_seq_t hp_seq(const P &p, int bb) {
   return s;
 }
 
-// Every wait ends: a phase still open HP_WAIT_LIMIT_NS after the wait began (%globaltimer_lo), or once
+// Every wait ends: a phase still open HP_WAIT_LIMIT_US after the wait began (%globaltimer), or once
 // another thread of the CTA gave up (*fail), sets *err (params_t.err, which the host reads) and returns,
 // so that the CTA runs to its end on whatever shared memory holds and no barrier hangs. (A trap there
 // made ptxas spill P in PIPE 1.) The first try costs nothing more than a poll; after it the thread
@@ -187,12 +187,14 @@ template <class P> HP_DEV hp_seq_t hp_seq(const P &p, int bb) {
 #ifndef HP_WAIT_SLEEP_NS
 #define HP_WAIT_SLEEP_NS 0x989680u // 10 ms, FA4's and CUTLASS's hint
 #endif
-constexpr uint32_t HP_WAIT_LIMIT_NS = 4000000000u; // 4 s (< 2^32 ns): every wait inside a CTA is microseconds when it works
+// 30 s: every wait inside a CTA is microseconds when it works, and a kernel under compute-sanitizer runs
+// 100-1000x slower (the old limit, in polls, slowed with it)
+constexpr uint32_t HP_WAIT_LIMIT_US = (uint32_t)(30000000000ull >> 10); // in hp_globaltimer_us units
 HP_DEV void mbar_wait(uint64_t *b, uint32_t parity, volatile int *fail, int *err) {
   if (mbar_try(b, parity)) return;
-  const uint32_t t0 = hp_globaltimer_lo(); // 32 bits: a 64-bit start cost 4 bytes of spills in 7 backward kernels
+  const uint32_t t0 = hp_globaltimer_us(); // 32 bits: a 64-bit start cost 4 bytes of spills in 7 backward kernels
   while (!mbar_try_sleep(b, parity, HP_WAIT_SLEEP_NS))
-    if (*fail || hp_globaltimer_lo() - t0 > HP_WAIT_LIMIT_NS) {
+    if (*fail || hp_globaltimer_us() - t0 > HP_WAIT_LIMIT_US) {
       *fail = 1;
       if (err) *err = 1;
       return;

@@ -72,11 +72,11 @@ __device__ __forceinline__ bool mbar_try_sleep(uint64_t *b, uint32_t parity, uin
                : "memory");
   return ok != 0;
 }
-// The low 32 bits of %globaltimer (ns; the waits' time limit, differences mod 2^32 ns = 4.29 s).
-__device__ __forceinline__ uint32_t hp_globaltimer_lo() {
-  uint32_t t;
-  asm volatile("mov.u32 %0, %%globaltimer_lo;" : "=r"(t));
-  return t;
+// %globaltimer in units of 1.024 us, 32 bits (the waits' time limit: differences mod 2^32 units = 73 min).
+__device__ __forceinline__ uint32_t hp_globaltimer_us() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return (uint32_t)(t >> 10);
 }
 // Makes the barriers' initialisation visible to the TMA unit (the async proxy).
 __device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }

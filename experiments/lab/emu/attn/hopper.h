@@ -310,7 +310,7 @@ HP_DEV bool mbar_try(uint64_t *b, uint32_t parity) {
 // The hinted wait polls as mbar_try does; the emulated clock stands still, so a wait never times out here:
 // the scheduler finds a phase that never completes (deadlock) instead.
 HP_DEV bool mbar_try_sleep(uint64_t *b, uint32_t parity, uint32_t) { return mbar_try(b, parity); }
-HP_DEV uint32_t hp_globaltimer_lo() { return 0; }
+HP_DEV uint32_t hp_globaltimer_us() { return 0; }
 
 // ---- wgmma ----------------------------------------------------------------------------------
 
