@@ -153,7 +153,7 @@ if want bench; then
       experiments/attn/attn_bench.lua --s "$BENCH_S" --d "$d" --backends "$BENCH_BACKENDS" \
       --measured "$Ld/attn-distlab.csv" --torch "$Ld/attn-torch-1.csv,$Ld/attn-torch-2.csv" --out "$OUT" \
       --tag "vs-fa4-$gpu$sfx" \
-      --command "${BENCH_COMMAND:-scripts/gpu/cudnn.sh} (attn_bench_torch.py, attn_bench.lua, attn_bench_torch.py, then this with --measured, in the same call)"
+      --command "${BENCH_COMMAND:-$(call_line 'SKIP_BUILD|STEPS|BUDGET|BENCH_[A-Z_]+|TORCH_LIMIT|OURS_LIMIT')} (attn_bench_torch.py, attn_bench.lua, attn_bench_torch.py, then this with --measured, in the same call)"
     sed -n '/^TFLOP\/s fwd\/bwd/,$p' "$Ld/attn-table.log" | tee -a "$SUM"
   done
 fi

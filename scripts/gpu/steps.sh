@@ -101,6 +101,19 @@ header() {
   } | tee -a "$SUM"
 }
 
+# The call as made, for a results file's header: every exported variable named DISTLAB_*, NCCL_*, CUDA_* or
+# matching $1 (an ERE of the script's own knobs), as VAR=value (in double quotes where the value has other
+# characters than [A-Za-z0-9_./,:=+@%-]), then the script. Exported only: what the caller set, not the
+# script's own defaults.
+call_line() {
+  local v val out=
+  for v in $(compgen -e | grep -E "^((DISTLAB|NCCL|CUDA)_[A-Z0-9_]*|${1:-})\$" | sort); do
+    val=${!v}
+    if [[ "$val" =~ ^[A-Za-z0-9_./,:=+@%-]*$ ]]; then out+="$v=$val "; else out+="$v=\"${val//\"/\\\"}\" "; fi
+  done
+  echo "${out}scripts/gpu/$NAME.sh"
+}
+
 gpu_tag() {
   local g
   g=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1 | grep -oiE '[AHBL][0-9]+' | head -1 | tr '[:upper:]' '[:lower:]')
