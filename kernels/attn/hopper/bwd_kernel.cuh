@@ -331,6 +331,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int len_q = sq.len_q, len_kv = sq.len_kv;
   const int n0 = n_block * BN;
   if (n0 >= len_kv) return; // the whole CTA, before any barrier
+  if (threadIdx.x == 256) tma_prefetch_desc(&tq), tma_prefetch_desc(&tk), tma_prefetch_desc(&tv), tma_prefetch_desc(&tdo);
   // query blocks [m_lo, m_hi): those holding a row that sees one of the keys [n0, n1]
   const int shift = p.bottom_right ? len_kv - len_q : 0, wl = p.window_left, wr = p.window_right;
   const int n1 = min(n0 + BN, len_kv) - 1;

@@ -104,6 +104,7 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
   const int len_q = sq.len_q, len_kv = sq.len_kv, first_q = sq.first_q, first_kv = sq.first_kv, tb = sq.tb;
   if (m_block * ROWS >= len_q) return; // the whole CTA, before any barrier
   if (threadIdx.x == 0) HP_TRACE(p, 0, HP_TRACE_SMID), HP_TRACE(p, 1), HP_TRACE(p, 2, HP_TRACE_GLOBAL);
+  if (threadIdx.x == PROD) tma_prefetch_desc(&tq), tma_prefetch_desc(&tk), tma_prefetch_desc(&tv); // under the set-up
   using ST = acc_stage_t<DQK, DV, ROWS>;
   constexpr bool STAGED = ST::on;
   const uint32_t stage = hp_smem_u32(&sm) + sizeof(smem_t<DQK, DV, ROWS>); // the running rows (STAGED)

@@ -82,6 +82,11 @@ __device__ __forceinline__ uint32_t hp_globaltimer_us() {
 __device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
 
 // TMA: box {64, 1, rows, 1} of a 4-d tensor map (d, h, s, b) into shared memory, completing on bar.
+// A tensor map into the TMA unit's descriptor cache before its first load (CUTLASS's and FA4's prologue:
+// the fetch then runs under the barriers' set-up instead of ahead of the first tile).
+__device__ __forceinline__ void tma_prefetch_desc(const hp_tmap_t *map) {
+  asm volatile("prefetch.tensormap [%0];" ::"l"((uint64_t)map) : "memory");
+}
 __device__ __forceinline__ void tma_load(void *dst, const hp_tmap_t *map, uint64_t *bar, int c0, int c1, int c2,
                                          int c3) {
   asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, %6}], [%2];\n"

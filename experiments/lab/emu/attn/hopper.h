@@ -311,6 +311,7 @@ HP_DEV bool mbar_try(uint64_t *b, uint32_t parity) {
 // the scheduler finds a phase that never completes (deadlock) instead.
 HP_DEV bool mbar_try_sleep(uint64_t *b, uint32_t parity, uint32_t) { return mbar_try(b, parity); }
 HP_DEV uint32_t hp_globaltimer_us() { return 0; }
+HP_DEV void tma_prefetch_desc(const hp_tmap_t *) {} // no descriptor cache here
 
 // ---- wgmma ----------------------------------------------------------------------------------
 
