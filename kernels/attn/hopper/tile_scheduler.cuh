@@ -25,30 +25,38 @@
 struct hp_tile_t {
   int m_block, hh, bb;
 };
+// The grouped order of both schedules: of a grid of nb blocks x (gridDim.y x gridDim.z) heads, the CTA
+// blockIdx takes block `block` (0 first) of head hb (y + gridDim.y z), the heads in groups of as many as fit
+// in group_mb MB (0: build_bytes) at head_bytes each, block 0 of every head of a group, then block 1, ...
+struct hp_grouped_t {
+  int block, hb;
+};
+HP_DEV hp_grouped_t hp_grouped(int nb, int64_t head_bytes, int group_mb, int64_t build_bytes) {
+  const int nhb = gridDim.y * gridDim.z, lin = blockIdx.x + nb * (blockIdx.y + gridDim.y * blockIdx.z);
+  const int64_t bytes = group_mb > 0 ? (int64_t)group_mb << 20 : build_bytes;
+  const int g_max = (int)max((int64_t)1, min((int64_t)nhb, bytes / max(head_bytes, (int64_t)1)));
+  const int group = lin / (g_max * nb), first = group * g_max, g = min(g_max, nhb - first);
+  const int within = lin - group * g_max * nb;
+  return hp_grouped_t{within / g, first + within % g};
+}
+
 template <int DQK, int DV> HP_DEV hp_tile_t hp_fwd_tile(const params_t &p) {
   const int nm = gridDim.x;
   const bool masked = p.window_left >= 0 || p.window_right >= 0;
   if (!HP_FWD_GROUP || p.group_mb < 0 || !masked) return hp_tile_t{nm - 1 - (int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z};
-  const int nhb = gridDim.y * gridDim.z, lin = blockIdx.x + nm * (blockIdx.y + gridDim.y * blockIdx.z);
   const int64_t kv_head = (int64_t)p.s_kv * (DQK + DV) * 2; // a head's K and V bytes (bshd; thd: the longest)
-  const int64_t bytes = p.group_mb > 0 ? (int64_t)p.group_mb << 20 : (int64_t)(HP_FWD_GROUP_BYTES);
-  const int g_max = (int)max((int64_t)1, min((int64_t)nhb, bytes / max(kv_head, (int64_t)1)));
-  const int group = lin / (g_max * nm), first = group * g_max, g = min(g_max, nhb - first);
-  const int within = lin - group * g_max * nm, hb = first + within % g;
-  return hp_tile_t{nm - 1 - within / g, hb % (int)gridDim.y, hb / (int)gridDim.y};
+  const hp_grouped_t t = hp_grouped(nm, kv_head, p.group_mb, (int64_t)(HP_FWD_GROUP_BYTES));
+  return hp_tile_t{nm - 1 - t.block, t.hb % (int)gridDim.y, t.hb / (int)gridDim.y};
 }
 
 /* The key block a CTA of the Hopper backward computes: block n_block of kv head hkv, sequence bb. Unmasked
  * calls keep the grid's order (key blocks of one head, head after head: every block has the same items).
  * Masked calls take the kv heads in groups whose Q, dO and dQ accumulator fit in p.group_mb MB of L2 (0:
- * HP_BWD_GROUP_BYTES; -1 or HP_BWD_GROUP=0: the grid's order), and within a group the key blocks in order
+ * HP_BWD_GROUP_BYTES; -1: the grid's order), and within a group the key blocks in order
  * over all of the group's heads: block 0 (the most items, causal) of every head first, so that the grid
  * ends on light blocks rather than on the last head's heaviest (at 4k causal, in a model of the block
  * scheduler, 13% over the ideal makespan head after head, 0.2% in groups of 4 heads;
  * experiments/results/attn/hopper-lpt-ab-h200.md). */
-#ifndef HP_BWD_GROUP
-#define HP_BWD_GROUP 1
-#endif
 #ifndef HP_BWD_GROUP_BYTES
 #define HP_BWD_GROUP_BYTES (16 << 20)
 #endif
@@ -57,15 +65,11 @@ struct hp_bwd_tile_t {
 };
 template <int DQK, int DV, class P> HP_DEV hp_bwd_tile_t hp_bwd_tile(const P &p) {
   const bool masked = p.window_left >= 0 || p.window_right >= 0;
-  if (!HP_BWD_GROUP || p.group_mb < 0 || !masked) return hp_bwd_tile_t{(int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z};
-  const int nn = gridDim.x, nhb = gridDim.y * gridDim.z, lin = blockIdx.x + nn * (blockIdx.y + gridDim.y * blockIdx.z);
+  if (p.group_mb < 0 || !masked) return hp_bwd_tile_t{(int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z};
   // a kv head's Q and dO (bf16) and dQ accumulator (fp32), over its group of query heads (bshd; thd: the longest)
   const int64_t head = (int64_t)(p.h / p.h_kv) * p.s_q * ((DQK + DV) * 2 + DQK * 4);
-  const int64_t bytes = p.group_mb > 0 ? (int64_t)p.group_mb << 20 : (int64_t)(HP_BWD_GROUP_BYTES);
-  const int g_max = (int)max((int64_t)1, min((int64_t)nhb, bytes / max(head, (int64_t)1)));
-  const int group = lin / (g_max * nn), first = group * g_max, g = min(g_max, nhb - first);
-  const int within = lin - group * g_max * nn, hb = first + within % g;
-  return hp_bwd_tile_t{within / g, hb % (int)gridDim.y, hb / (int)gridDim.y};
+  const hp_grouped_t t = hp_grouped(gridDim.x, head, p.group_mb, (int64_t)(HP_BWD_GROUP_BYTES));
+  return hp_bwd_tile_t{t.block, t.hb % (int)gridDim.y, t.hb / (int)gridDim.y};
 }
 
 #endif
