@@ -27,6 +27,12 @@ local cases = R.cases
 
 -- ---- specs ------------------------------------------------------------------------
 
+-- whether device D (cuda:N) is a Hopper GPU, where dl.attn runs kernels/attn/hopper/
+local function is_hopper(D)
+  local name = dl.cuda_device_name(tonumber(D:match("%d+")) or 0)
+  return name:match("H100") or name:match("H200") or name:match("H800") or name:match("H20")
+end
+
 for _, dev in ipairs(H.devices) do
   local D = dev.name
   describe(string.format("attn step on %s (seed %d)%s", D, SEED, dev.tag), function()
@@ -46,8 +52,7 @@ for _, dev in ipairs(H.devices) do
         end
       end
       it("DISTLAB_ATTN_HOPPER_FWD_GROUP_MB and ..._BWD_GROUP_MB (the masked schedules' groups of heads): 0 (the grid's order) and 1 MB give hopper_small's fp64-checked results; 12x stops the call with an error naming the knob (subprocesses: the knobs are read once)", function()
-        local name = dl.cuda_device_name(tonumber(D:match("%d+")) or 0)
-        if not (name:match("H100") or name:match("H200") or name:match("H800") or name:match("H20")) then return end
+        if not is_hopper(D) then return end
         -- a subprocess on H.devices' cuda:0: run takes --device cpu, meta or cuda
         local script = "run -n 1 --device cuda experiments/attn/hopper_small.lua"
         for _, mb in ipairs { "0", "1" } do
@@ -65,8 +70,7 @@ for _, dev in ipairs(H.devices) do
         local q = dl.randn({ 1, 64, 2, 128 }, { dtype = "bf16", device = D })
         local f16 = dl.randn({ 1, 64, 2, 128 }, { dtype = "f16", device = D })
         local b = dl.attn.backends(q, q, q, {})
-        local name = dl.cuda_device_name(tonumber(D:match("%d+")) or 0)
-        local hopper = name:match("H100") or name:match("H200") or name:match("H800") or name:match("H20")
+        local hopper = is_hopper(D)
         assert.equal("ours", b.fwd)
         assert.truthy(b.fwd_why:find(hopper and "kernel: hopper forward" or "kernel: portable", 1, true), b.fwd_why)
         local q64 = dl.randn({ 1, 64, 2, 64 }, { dtype = "bf16", device = D })
