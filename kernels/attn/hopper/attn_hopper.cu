@@ -130,7 +130,8 @@ static int bwd_rows(const dl_attn_params_t *p) {
 
 /* The forward's A/B variants at d 128 with PIPE 0 (fwd_params.cuh's HP_FWD_OPT_*; experiments/lab/attn/FA4-GAP.md
  * F2, F3): DISTLAB_ATTN_HOPPER_FWD_ELECT=1 releases K/V stages with one arrival a consumer warp,
- * DISTLAB_ATTN_HOPPER_FWD_TREE=1 takes the softmax's row max and sum in four chains a row */
+ * DISTLAB_ATTN_HOPPER_FWD_TREE=1 takes the softmax's row max and sum in four chains a row (F3b: also in
+ * d 128's default loop, PIPE 2 with the lazy rescale, and d 64's, PIPE 1 in 192-row CTAs) */
 static int env_fwd_opt(void) {
   static int elect = -1, tree = -1;
   return (env_is("DISTLAB_ATTN_HOPPER_FWD_ELECT", "1", &elect) ? HP_FWD_OPT_ELECT : 0) |
@@ -416,8 +417,10 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   const int opt = O | env_fwd_opt(), pipe = fwd_pipe(p);
   constexpr int M = HP_FWD_OPT | HP_FWD_OPT_M192, L = HP_FWD_OPT_LAZY;
   const bool lazy = fwd_lazy(p);
+  const bool tree = opt & T; /* F3b: the four-chain max and sums in the default loops too (A/B) */
   const int rc = m192             ? (pipe == 2 ? launch_o<2, 64, 64, M>(tma_o, grid, tq, tk, tv, k, to, stream)
                                      : lazy    ? launch_o<1, 64, 64, M | L>(tma_o, grid, tq, tk, tv, k, to, stream)
+                                     : tree    ? launch_o<1, 64, 64, M | T>(tma_o, grid, tq, tk, tv, k, to, stream)
                                                : launch_o<1, 64, 64, M>(tma_o, grid, tq, tk, tv, k, to, stream))
                  : p->d_qk == 64  ? (pipe == 2   ? launch_o<2, 64, 64>(tma_o, grid, tq, tk, tv, k, to, stream)
                                      : pipe == 3 ? launch_o<3, 64, 64>(tma_o, grid, tq, tk, tv, k, to, stream)
@@ -425,6 +428,7 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
                                                  : launch_o<1, 64, 64>(tma_o, grid, tq, tk, tv, k, to, stream))
                  : p->d_qk != 128 ? launch<0, 192, 128>(grid, tq, tk, tv, k, to, stream)
                  : pipe == 1      ? launch<1, 128, 128>(grid, tq, tk, tv, k, to, stream)
+                 : pipe == 2 && lazy && tree ? launch_o<2, 128, 128, O | L | T>(tma_o, grid, tq, tk, tv, k, to, stream)
                  : pipe == 2 && lazy ? launch_o<2, 128, 128, O | L>(tma_o, grid, tq, tk, tv, k, to, stream)
                  : pipe == 2      ? launch_o<2, 128, 128>(tma_o, grid, tq, tk, tv, k, to, stream)
                  : pipe == 3      ? launch_o<3, 128, 128>(tma_o, grid, tq, tk, tv, k, to, stream)
