@@ -82,6 +82,17 @@ for _, dev in ipairs(H.devices) do
         local pipe = os.getenv("DISTLAB_ATTN_HOPPER_FWD_PIPE")
         local lazy = hopper and os.getenv("DISTLAB_ATTN_HOPPER_FWD_LAZY") ~= "0" and pipe ~= "0" and pipe ~= "1" and pipe ~= "3"
         assert.equal(lazy and true or false, b.fwd_why:find(", lazy rescale", 1, true) ~= nil, b.fwd_why)
+        -- F3b: d 128's default loop (the lazy one) takes the four-chain softmax (FWD_TREE=0 off) and, writing out
+        -- (not merging), the TMA store of O (FWD_TMA_O=0 off; =1 also outside the default loop but PIPE 1)
+        local tree = lazy and os.getenv("DISTLAB_ATTN_HOPPER_FWD_TREE") ~= "0"
+        local tma_knob = os.getenv("DISTLAB_ATTN_HOPPER_FWD_TMA_O")
+        local tma = hopper and (tma_knob == "1" and pipe ~= "1" or lazy and tma_knob ~= "0")
+        assert.equal(tree and true or false, b.fwd_why:find(", row max and sum in four chains", 1, true) ~= nil, b.fwd_why)
+        assert.equal(tma and true or false, b.fwd_why:find(", O by TMA store", 1, true) ~= nil, b.fwd_why)
+        assert.is_nil(w64:find(", row max and sum in four chains", 1, true), w64) -- d 64: only with FWD_TREE=1
+        local bl = dl.attn.backends(q, q, q, { return_max_logit = true }).fwd_why -- max_logit: no lazy base, none of them
+        assert.is_nil(bl:find(", lazy rescale", 1, true), bl)
+        assert.is_nil(bl:find(", row max and sum in four chains", 1, true), bl)
         assert.truthy(dl.attn.backends(f16, f16, f16, {}).fwd_why:find("kernel: portable (hopper forward: dtype is not bf16)", 1, true))
         -- MLA's 192/128: the Hopper forward (not with DISTLAB_ATTN_HOPPER_MLA=0), the portable backward
         local qm, vm = dl.randn({ 1, 64, 2, 192 }, { dtype = "bf16", device = D }), dl.randn({ 1, 64, 2, 128 }, { dtype = "bf16", device = D })

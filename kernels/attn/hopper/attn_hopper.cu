@@ -152,13 +152,19 @@ static int env_fwd_pipe(void) {
                                                                : -1;
 }
 
-/* DISTLAB_ATTN_HOPPER_FWD_TMA_O=1: the forward's plain epilogue (no merge) writes O through shared memory
- * (over Q's tile) with TMA stores (fwd_params.cuh's HP_FWD_OPT_TMA_O; FA4-GAP.md F4, A/B timings). Built
- * for each head dim's default loop and PIPE 2 and 3 at d 128 and 64, with the default OPT bits (ELECT/TREE
- * ignored); MLA's 192/128, DISTLAB_ATTN_HOPPER_FWD_PIPE=1 at d 128 and the merge keep the per-thread stores. */
+/* DISTLAB_ATTN_HOPPER_FWD_TMA_O: the forward's plain epilogue (no merge) writes O through shared memory (over
+ * Q's tile) with TMA stores (fwd_params.cuh's HP_FWD_OPT_TMA_O; FA4-GAP.md F4, F3b). Built for each head dim's
+ * default loop and PIPE 2 and 3 at d 128 and 64; MLA's 192/128, DISTLAB_ATTN_HOPPER_FWD_PIPE=1 at d 128 and the
+ * merge keep the per-thread stores. 1 on, 0 off; unset: fwd_d128_default's loop (below). -1 where unset. */
 static int env_fwd_tma_o(void) {
-  static int c = -1;
-  return env_is("DISTLAB_ATTN_HOPPER_FWD_TMA_O", "1", &c);
+  static int on = -1, off = -1;
+  return env_is("DISTLAB_ATTN_HOPPER_FWD_TMA_O", "1", &on) ? 1 : env_is("DISTLAB_ATTN_HOPPER_FWD_TMA_O", "0", &off) ? 0 : -1;
+}
+/* DISTLAB_ATTN_HOPPER_FWD_TREE as the default loops read it: 1 on (PIPE 0's variants read env_fwd_opt), 0 off;
+ * unset: fwd_d128_default's loop. -1 where unset. */
+static int env_fwd_tree(void) {
+  static int on = -1, off = -1;
+  return env_is("DISTLAB_ATTN_HOPPER_FWD_TREE", "1", &on) ? 1 : env_is("DISTLAB_ATTN_HOPPER_FWD_TREE", "0", &off) ? 0 : -1;
 }
 
 /* At d 64 the forward's CTAs take 192 query rows with three consumer warpgroups (fwd_kernel's
@@ -189,6 +195,23 @@ static bool fwd_lazy(const dl_attn_params_t *p) {
   const int lazy = env_fwd_lazy();
   return lazy && !p->max_logit && p->d_qk == p->d_v &&
          ((p->d_qk == 128 && pipe == 2) || (lazy == 2 && p->d_qk == 64 && pipe != 2 && pipe != 3));
+}
+
+/* d 128's default forward (PIPE 2 with the lazy rescale) takes the four-chain softmax (TREE) and the TMA store
+ * of O unless their knobs say 0: together 1.012-1.045x forward at s 4k and 8k, bshd and thd, causal and not, in
+ * both rounds on an H200 (experiments/results/attn/hopper-f3b-ab-h200.md; each alone 0.997-1.010x, 1.008-1.031x) */
+static bool fwd_d128_default(const dl_attn_params_t *p) { return p->d_qk == 128 && p->d_v == 128 && fwd_pipe(p) == 2 && fwd_lazy(p); }
+/* Whether the forward of p runs the four-chain softmax: d 128's default loop unless the knob says 0, d 64's
+ * 192-row PIPE 1 without the lazy rescale where it says 1 (PIPE 0's variants: env_fwd_opt) */
+static bool fwd_tree(const dl_attn_params_t *p) {
+  const int t = env_fwd_tree();
+  const bool d64 = p->d_qk == 64 && p->d_v == 64 && env_fwd_m192() && fwd_pipe(p) != 2 && !fwd_lazy(p);
+  return (fwd_d128_default(p) && t != 0) || (d64 && t == 1);
+}
+static bool fwd_tma_o(const dl_attn_params_t *p) {
+  const int t = env_fwd_tma_o();
+  return (t == 1 || (t < 0 && fwd_d128_default(p))) && !p->acc_out && p->out && p->d_qk == p->d_v && p->d_qk <= 128 &&
+         !(p->d_qk == 128 && env_fwd_pipe() == 1);
 }
 
 /* The forward at MLA's head dims 192/128 (launch<0, 192, 128> below); DISTLAB_ATTN_HOPPER_MLA=0 sends
@@ -229,6 +252,10 @@ extern "C" int dl_attn_fwd_hopper_fits(const dl_attn_params_t *p, char *why, siz
     else snprintf(why, n, "hopper forward (wgmma, TMA; bf16, d %d/%d)", p->d_qk, p->d_v);
     const size_t used = strlen(why);
     if (fwd_lazy(p) && used < n) snprintf(why + used, n - used, ", lazy rescale");
+    const size_t more = strlen(why);
+    if (fwd_tree(p) && more < n) snprintf(why + more, n - more, ", row max and sum in four chains");
+    const size_t last = strlen(why);
+    if (fwd_tma_o(p) && last < n) snprintf(why + last, n - last, ", O by TMA store");
   }
   return 1;
 }
@@ -402,22 +429,22 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   k.max_logit = p->max_logit;
   k.err = dword;
   /* F4's TMA store of O: the plain epilogue only, d 128 and 64 (launch_o below) */
-  const bool tma_o = env_fwd_tma_o() && !p->acc_out && p->out && p->d_qk == p->d_v && p->d_qk <= 128 &&
-                     !(p->d_qk == 128 && env_fwd_pipe() == 1);
+  const bool tma_o = fwd_tma_o(p);
   CUtensorMap to = tq; /* unread by a kernel without the TMA store (or with the merge) */
   if ((tma_o || (HP_FWD_OPT & HP_FWD_OPT_TMA_O)) && !p->acc_out && p->out) /* the knob, or the build flag */
     DL_TRY(tensor_map(&to, p->out, p->out_st, p->d_v, p->h_q, rq, bt, "out", 64));
   static_assert(BM == 128 && fwd_rows(HP_FWD_OPT_M192) >= BM, "dl_attn_fwd_cuda checks the grid for 128-row blocks");
   const dim3 grid((p->s_q + rows - 1) / rows, p->h_q, p->b);
   // the faster loop of each head dim on an H200 (experiments/results/attn/hopper-s9-ab-h200.md,
-  // history/hopper-f5-ab-h200.md): PIPE 2 at d 128 (1.3-2.7% ahead of PIPE 0 since B8c) with the lazy rescale, FA3's
+  // history/hopper-f5-ab-h200.md): PIPE 2 at d 128 (1.3-2.7% ahead of PIPE 0 since B8c) with the lazy rescale (and
+  // F3b's four-chain softmax and TMA store of O: fwd_tree, fwd_tma_o), FA3's
   // intra-warpgroup pipelining at d 64 in 192-row CTAs (PIPE 2 1-3% behind there), the steps in turn at
   // MLA's 192/128 (not yet timed); PIPE 0 at d 128 with the A/B variants the build or the environment asks for
   constexpr int E = HP_FWD_OPT_ELECT, T = HP_FWD_OPT_TREE, O = HP_FWD_OPT;
   const int opt = O | env_fwd_opt(), pipe = fwd_pipe(p);
   constexpr int M = HP_FWD_OPT | HP_FWD_OPT_M192, L = HP_FWD_OPT_LAZY;
   const bool lazy = fwd_lazy(p);
-  const bool tree = opt & T; /* F3b: the four-chain max and sums in the default loops too (A/B) */
+  const bool tree = fwd_tree(p); /* F3b: the four-chain max and sums in the default loops too */
   const int rc = m192             ? (pipe == 2 ? launch_o<2, 64, 64, M>(tma_o, grid, tq, tk, tv, k, to, stream)
                                      : lazy    ? launch_o<1, 64, 64, M | L>(tma_o, grid, tq, tk, tv, k, to, stream)
                                      : tree    ? launch_o<1, 64, 64, M | T>(tma_o, grid, tq, tk, tv, k, to, stream)
