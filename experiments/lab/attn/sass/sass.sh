@@ -8,6 +8,8 @@
 #   loops FILE           per kernel of a .sass file: its instructions, and in the first window from a
 #                        `WARPGROUP.DEPBAR.LE gsb0, 0x1` to the next `... 0x0` (the forward: S in, then P V in; the
 #                        first may be a masked block's path, so read the file where it matters) the MUFU.EX2, FMNMX
+#   events FILE FROM TO  the order of lines FROM-TO's waits, barriers, wgmma groups, arrives and softmax arithmetic
+#                        (events.py), to set two kernels' loops side by side
 # Tools, pinned and fetched from PyPI into build/sass/ (ignored): nvdisasm (nvidia-cuda-nvdisasm, the CPU
 # machine's CUDA toolkit has none) and, for fa4, a venv with nvidia-cutlass-dsl, flash-attn-4 and quack-kernels
 # (--no-deps: fa4_compile.py stands a mock in for torch, which only FA4's interface needs). FA4's backward does
@@ -59,5 +61,7 @@ case "${1:-}" in
          on && /WARPGROUP.DEPBAR.LE gsb0, 0x0/ { on = 0; done = 1; pm = m; pf = f }
          function report() { printf "%s\n  %d instructions; first DEPBAR 1-to-0 window: %s\n", name, n, done ? pm " MUFU.EX2, " pf " FMNMX" : "none" }
          END { if (name) report() }' "$F" ;;
-  *) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+  events)
+    python3 experiments/lab/attn/sass/events.py "${2:?usage: sass.sh events FILE FROM TO}" "${3:?FROM}" "${4:?TO}" ;;
+  *) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
