@@ -37,7 +37,6 @@ local D = A.d
 local B, NH = 2, h.quick and 2 or 16
 if h.quick and not h.given.s then A.s = { 64 } end
 local dev = dl.default_device()
-local gpu = dev:match("^cuda") and dl.cuda_device_name(tonumber(dev:match("%d+")) or 0) or dev
 
 local function input(shape, seed)
   return dl.rand(shape, { dtype = "f32", device = dev, low = -1, high = 1, seed = seed }):to("bf16")
@@ -45,13 +44,6 @@ end
 local function refill(t, seed)
   t:copy_(dl.rand(t.shape, { dtype = "f32", device = t.device, low = -1, high = 1, seed = seed }))
 end
-local function with(t, extra)
-  local r = {}
-  for k, v in pairs(t) do r[k] = v end
-  for k, v in pairs(extra) do r[k] = v end
-  return r
-end
-
 local timing = { warmup = 3, iters = A.iters, warm_ms = A.warm_ms, min_ms = A.min_ms }
 if h.quick then timing = { warmup = 1, iters = 1 } end
 local function median(fn) return bench.timing.events(fn, timing).median end
@@ -63,8 +55,8 @@ for _, dt in ipairs(A.dtypes) do
 end
 cols[#cols + 1] = { "check", "%-s" }
 local tbl = h:table(cols)
-tbl:header(string.format("dl.attn's fused merge against the plain step, %s, %s, %s", gpu, bench.markdown.date(),
-  dl.build_info()))
+tbl:header(string.format("dl.attn's fused merge against the plain step, %s, %s, %s", h:info().device,
+  bench.markdown.date(), dl.build_info()))
 local rows, check_desc, worst = {}, nil, {}
 
 for _, layout in ipairs({ "bshd", "thd" }) do
@@ -74,13 +66,16 @@ for _, layout in ipairs({ "bshd", "thd" }) do
       local shape = layout == "thd" and { B * s, NH, D } or { B, s, NH, D }
       local seed = 2000 + s + (causal and 7 or 0) + (layout == "thd" and 13 or 0)
       local q, k, v = input(shape, seed), input(shape, seed + 1), input(shape, seed + 2)
-      local o = { layout = layout, mask = mask, backend = "ours" }
-      if layout == "thd" then
-        local cu = dl.from_table({ 0, s, 2 * s }, { dtype = "i32", device = dev })
-        o.cu_seqlens_q, o.cu_seqlens_kv, o.max_seqlen_q, o.max_seqlen_kv = cu, cu, s, s
+      local cu = layout == "thd" and dl.from_table({ 0, s, 2 * s }, { dtype = "i32", device = dev }) or nil
+      local function opts() -- the call's options, a fresh table each (the plain step's and each merge's own)
+        local t = { layout = layout, mask = mask, backend = "ours" }
+        if cu then t.cu_seqlens_q, t.cu_seqlens_kv, t.max_seqlen_q, t.max_seqlen_kv = cu, cu, s, s end
+        return t
       end
+      local o = opts()
       local out, lse = dl.attn.fwd(q, k, v, o)
-      local fo = with(o, { out = out, lse = lse })
+      local fo = opts()
+      fo.out, fo.lse = out, lse
       local plain = h:planted(function() dl.attn.fwd(q, k, v, fo) end, { writes = { out, lse } })
       -- one check for every timed callable: fresh inputs, the outputs poisoned (or the running rows
       -- emptied over a sentinel), one run, out and lse against fp64 at sampled rows
@@ -107,7 +102,8 @@ for _, layout in ipairs({ "bshd", "thd" }) do
       local merges = {}
       for _, dt in ipairs(A.dtypes) do
         local acc = dl.attn.accumulator(q, v, { layout = layout, dtype = dt })
-        local mo = with(o, { accumulate = acc })
+        local mo = opts()
+        mo.accumulate = acc
         local merge = h:planted(function() dl.attn.fwd(q, k, v, mo) end, { writes = { acc.out, acc.lse } })
         r.ms[dt] = median(merge)
         merges[dt] = { fn = merge, acc = acc }
