@@ -389,8 +389,10 @@ function R:describe()
   local nq, nk = 0, 0
   for _, s in ipairs(self.qslices) do nq = nq + #s.rows end
   for _, s in ipairs(self.kslices) do nk = nk + #s.rows end
-  return string.format("%d query rows over %d (sequence, head) slices (%d elements of out), %d key rows over %d slices",
-    nq, #self.qslices, nq * self.g.dv, nk, #self.kslices)
+  local q = string.format("%d query rows over %d (sequence, head) slices (%d elements of out)", nq, #self.qslices,
+    nq * self.g.dv)
+  if not self.dout then return q end -- no dout: no key rows are checked (dk, dv need it)
+  return string.format("%s, %d key rows over %d slices", q, nk, #self.kslices)
 end
 
 -- Interpreted: they take raw pointers out of tensors and allocate after
