@@ -681,8 +681,8 @@ __global__ void __launch_bounds__(THREADS, 1)
       }
       store_ds(it);
       named_bar_sync(1, 256); // both warpgroups' dS^T are in (the other buffer is free: see the header)
-      if constexpr (BQ == 80) {
-        wg_wait<0>(); // dV is in: pa free before dQ^T's 40 accumulators (registers)
+      if constexpr (BQ == 80) { // dQ^T under dV, as FA4's mma_dsk_fn (wg_wait=1): no wait for dV here (B15;
+        // pa, dV's A, stays held until the wait that covers dV: ptxas keeps dq off it, 0 spills)
         gemm_dqt(dq, hp_smem_u32(sm.ds[it % 2]), in_loop(k_cols));
       } else if constexpr (BQ == 128) { // the warpgroup's 64 queries (its tile of dS^T) x all of d (no wait for dV: fits)
         gemm_dq<64>(dq, hp_smem_u32(sm.ds[it % 2]) + c * BN * 128, in_loop(k_all));
