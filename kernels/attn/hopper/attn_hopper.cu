@@ -202,10 +202,10 @@ static bool fwd_lazy(const dl_attn_params_t *p) {
  * both rounds on an H200 (experiments/results/attn/hopper-f3b-ab-h200.md; each alone 0.997-1.010x, 1.008-1.031x) */
 static bool fwd_d128_default(const dl_attn_params_t *p) { return p->d_qk == 128 && p->d_v == 128 && fwd_pipe(p) == 2 && fwd_lazy(p); }
 /* Whether the forward of p runs the four-chain softmax: d 128's default loop unless the knob says 0, d 64's
- * 192-row PIPE 1 without the lazy rescale where it says 1 (PIPE 0's variants: env_fwd_opt) */
+ * 192-row PIPE 1 without the lazy rescale, or PIPE 2, where it says 1 (PIPE 0's variants: env_fwd_opt) */
 static bool fwd_tree(const dl_attn_params_t *p) {
   const int t = env_fwd_tree();
-  const bool d64 = p->d_qk == 64 && p->d_v == 64 && env_fwd_m192() && fwd_pipe(p) != 2 && !fwd_lazy(p);
+  const bool d64 = p->d_qk == 64 && p->d_v == 64 && env_fwd_m192() && !fwd_lazy(p);
   return (fwd_d128_default(p) && t != 0) || (d64 && t == 1);
 }
 static bool fwd_tma_o(const dl_attn_params_t *p) {
@@ -445,7 +445,8 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   constexpr int M = HP_FWD_OPT | HP_FWD_OPT_M192, L = HP_FWD_OPT_LAZY;
   const bool lazy = fwd_lazy(p);
   const bool tree = fwd_tree(p); /* F3b: the four-chain max and sums in the default loops too */
-  const int rc = m192             ? (pipe == 2 ? launch_o<2, 64, 64, M>(tma_o, grid, tq, tk, tv, k, to, stream)
+  const int rc = m192             ? (pipe == 2 && tree ? launch_o<2, 64, 64, M | T>(tma_o, grid, tq, tk, tv, k, to, stream)
+                                     : pipe == 2 ? launch_o<2, 64, 64, M>(tma_o, grid, tq, tk, tv, k, to, stream)
                                      : lazy    ? launch_o<1, 64, 64, M | L>(tma_o, grid, tq, tk, tv, k, to, stream)
                                      : tree    ? launch_o<1, 64, 64, M | T>(tma_o, grid, tq, tk, tv, k, to, stream)
                                                : launch_o<1, 64, 64, M>(tma_o, grid, tq, tk, tv, k, to, stream))
