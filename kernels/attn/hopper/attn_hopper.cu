@@ -208,6 +208,13 @@ static bool fwd_tree(const dl_attn_params_t *p) {
   const bool d64 = p->d_qk == 64 && p->d_v == 64 && env_fwd_m192() && !fwd_lazy(p);
   return (fwd_d128_default(p) && t != 0) || (d64 && t == 1);
 }
+/* Whether the forward of p frees K and V stages with one arrival a consumer warp (HP_FWD_OPT_ELECT; FA4's
+ * elected arrive) in a default loop: DISTLAB_ATTN_HOPPER_FWD_ELECT=1 at d 128's (with TREE) and at d 64's
+ * 192-row PIPE 1 without the lazy rescale (A/B; PIPE 0's variants: env_fwd_opt) */
+static bool fwd_elect(const dl_attn_params_t *p) {
+  const bool d64 = p->d_qk == 64 && p->d_v == 64 && env_fwd_m192() && fwd_pipe(p) != 2 && !fwd_lazy(p);
+  return (env_fwd_opt() & HP_FWD_OPT_ELECT) && ((fwd_d128_default(p) && fwd_tree(p)) || d64);
+}
 static bool fwd_tma_o(const dl_attn_params_t *p) {
   const int t = env_fwd_tma_o();
   return (t == 1 || (t < 0 && fwd_d128_default(p))) && !p->acc_out && p->out && p->d_qk == p->d_v && p->d_qk <= 128 &&
@@ -256,6 +263,8 @@ extern "C" int dl_attn_fwd_hopper_fits(const dl_attn_params_t *p, char *why, siz
     if (fwd_tree(p) && more < n) snprintf(why + more, n - more, ", row max and sum in four chains");
     const size_t last = strlen(why);
     if (fwd_tma_o(p) && last < n) snprintf(why + last, n - last, ", O by TMA store");
+    const size_t end = strlen(why);
+    if (fwd_elect(p) && end < n) snprintf(why + end, n - end, ", stages freed by one arrival a warp");
   }
   return 1;
 }
@@ -444,11 +453,13 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   const int opt = O | env_fwd_opt(), pipe = fwd_pipe(p);
   constexpr int M = HP_FWD_OPT | HP_FWD_OPT_M192, L = HP_FWD_OPT_LAZY;
   const bool lazy = fwd_lazy(p);
-  const bool tree = fwd_tree(p); /* F3b: the four-chain max and sums in the default loops too */
+  const bool tree = fwd_tree(p), elect = fwd_elect(p); /* F3b, F2b: in the default loops too */
   const int rc = m192             ? (pipe == 2 && tree ? launch_o<2, 64, 64, M | T>(tma_o, grid, tq, tk, tv, k, to, stream)
                                      : pipe == 2 ? launch_o<2, 64, 64, M>(tma_o, grid, tq, tk, tv, k, to, stream)
                                      : lazy    ? launch_o<1, 64, 64, M | L>(tma_o, grid, tq, tk, tv, k, to, stream)
+                                     : tree && elect ? launch_o<1, 64, 64, M | T | E>(tma_o, grid, tq, tk, tv, k, to, stream)
                                      : tree    ? launch_o<1, 64, 64, M | T>(tma_o, grid, tq, tk, tv, k, to, stream)
+                                     : elect   ? launch_o<1, 64, 64, M | E>(tma_o, grid, tq, tk, tv, k, to, stream)
                                                : launch_o<1, 64, 64, M>(tma_o, grid, tq, tk, tv, k, to, stream))
                  : p->d_qk == 64  ? (pipe == 2   ? launch_o<2, 64, 64>(tma_o, grid, tq, tk, tv, k, to, stream)
                                      : pipe == 3 ? launch_o<3, 64, 64>(tma_o, grid, tq, tk, tv, k, to, stream)
@@ -456,6 +467,7 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
                                                  : launch_o<1, 64, 64>(tma_o, grid, tq, tk, tv, k, to, stream))
                  : p->d_qk != 128 ? launch<0, 192, 128>(grid, tq, tk, tv, k, to, stream)
                  : pipe == 1      ? launch<1, 128, 128>(grid, tq, tk, tv, k, to, stream)
+                 : pipe == 2 && lazy && tree && elect ? launch_o<2, 128, 128, O | L | T | E>(tma_o, grid, tq, tk, tv, k, to, stream)
                  : pipe == 2 && lazy && tree ? launch_o<2, 128, 128, O | L | T>(tma_o, grid, tq, tk, tv, k, to, stream)
                  : pipe == 2 && lazy ? launch_o<2, 128, 128, O | L>(tma_o, grid, tq, tk, tv, k, to, stream)
                  : pipe == 2      ? launch_o<2, 128, 128>(tma_o, grid, tq, tk, tv, k, to, stream)
