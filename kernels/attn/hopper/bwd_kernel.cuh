@@ -488,11 +488,19 @@ __global__ void __launch_bounds__(THREADS, 1)
   // by one 8-byte load (were two 4-byte ones a j; attn-prof-h200.md, FA4-GAP.md B8b). Through the generic
   // pointer still: by ld.shared (asm, a memory clobber) ptxas spilled 16 bytes in the BULK kernels.
   auto rows2 = [&](const float *a, int j) { return *reinterpret_cast<const float2 *>(a + 8 * j + 2 * (lane % 4)); };
-  auto exp_p = [&](int st, float(&s)[BQ / 2]) {
-    const float *l2 = sm.lse2[st];
+  // All of them into registers before the wait for the GEMM that needs them (B17, FA4's load_s2r of LSE and
+  // dPsum): the loads' latency under the in-flight wgmmas, not after them (they are in: stage_in waited for
+  // q_full and do_full, which lse2's and D's writers arrive on). Not at BQ 128: its 128 accumulators of S^T
+  // and dP^T leave no room (ptxas spilled 32 bytes), so there after the waits as before.
+  constexpr bool EARLY = BQ != 128;
+  auto load_rows2 = [&](const float *a, float2(&v)[BQ / 8]) {
+#pragma unroll
+    for (int j = 0; j < BQ / 8; j++) v[j] = rows2(a, j);
+  };
+  auto exp_p = [&](int st, const float2(&l2)[BQ / 8], float(&s)[BQ / 2]) {
 #pragma unroll
     for (int j = 0; j < BQ / 8; j++) {
-      const float2 l = rows2(l2, j);
+      const float2 l = EARLY ? l2[j] : rows2(sm.lse2[st], j);
 #pragma unroll
       for (int e = 0; e < 4; e++) s[4 * j + e] = hp_exp2(fmaf(s[4 * j + e], p.scale_log2, -((e & 1) ? l.y : l.x)));
     }
@@ -509,15 +517,17 @@ __global__ void __launch_bounds__(THREADS, 1)
   // where the block needs one; both packed to bf16 (pa, da)
   auto p_and_ds = [&](int it, float(&s)[BQ / 2], float(&dp)[BQ / 2]) {
     const int st = it % 2, i0 = item_m(it, mb) * BQ;
+    float2 l2[BQ / 8], dd[BQ / 8]; // (unread where !EARLY: each loaded where it is used, after the wait)
+    if constexpr (EARLY) load_rows2(sm.lse2[st], l2);
     wg_wait<1>(); // S^T and dP^T are the two newest commit groups
-    const float *dd = sm.delta[st];
-    exp_p(st, s);
+    exp_p(st, l2, s);
+    if constexpr (EARLY) load_rows2(sm.delta[st], dd);
     const bool diag = key_hi >= len_kv || i0 + BQ - 1 >= len_q || (wr >= 0 && key_hi - i0 > shift + wr) ||
                       (wl >= 0 && key_lo - (i0 + BQ - 1) < shift - wl);
     wg_wait<0>();
 #pragma unroll
     for (int j = 0; j < BQ / 8; j++) {
-      const float2 d = rows2(dd, j);
+      const float2 d = EARLY ? dd[j] : rows2(sm.delta[st], j);
 #pragma unroll
       for (int e = 0; e < 4; e++) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? d.y : d.x));
     }
@@ -548,8 +558,10 @@ __global__ void __launch_bounds__(THREADS, 1)
   // sequence, of V and dO, are zeros in shared memory).
   auto p_only = [&](int it, float(&s)[BQ / 2]) {
     const int st = it % 2, i0 = item_m(it, mb) * BQ;
+    float2 l2[BQ / 8];
+    load_rows2(sm.lse2[st], l2); // (BQ 64: EARLY)
     wg_wait<1>();
-    exp_p(st, s);
+    exp_p(st, l2, s);
     // written out as in p_and_ds: as one shared lambda, ptxas scheduled this kernel's prologue differently
     const bool diag = key_hi >= len_kv || i0 + BQ - 1 >= len_q || (wr >= 0 && key_hi - i0 > shift + wr) ||
                       (wl >= 0 && key_lo - (i0 + BQ - 1) < shift - wl);
@@ -563,11 +575,12 @@ __global__ void __launch_bounds__(THREADS, 1)
   };
   // dS^T = P^T (dP^T - D) into da once dP^T is in (dV, issued after it, the newest group)
   auto ds_only = [&](int it, const float(&s)[BQ / 2], float(&dp)[BQ / 2]) {
-    const float *dd = sm.delta[it % 2];
+    float2 dd[BQ / 8];
+    load_rows2(sm.delta[it % 2], dd);
     wg_wait<1>();
 #pragma unroll
     for (int j = 0; j < BQ / 8; j++) {
-      const float2 d = rows2(dd, j);
+      const float2 d = dd[j];
 #pragma unroll
       for (int e = 0; e < 4; e++) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? d.y : d.x));
       da[2 * j] = pack_bf16(dp[4 * j], dp[4 * j + 1]), da[2 * j + 1] = pack_bf16(dp[4 * j + 2], dp[4 * j + 3]);
