@@ -31,6 +31,11 @@ static int fail_why(char *why, size_t n, const char *msg) {
   if (why && n) snprintf(why, n, "%s", msg);
   return 0;
 }
+/* why gets ", what" appended where on (the variants a kernel runs with) */
+static void add_why(char *why, size_t n, bool on, const char *what) {
+  const size_t used = strlen(why);
+  if (on && used < n) snprintf(why + used, n - used, ", %s", what);
+}
 
 /* Whether the environment's name is value, read once (*cache: -1 until then). */
 static int env_is(const char *name, const char *value, int *cache) {
@@ -39,6 +44,10 @@ static int env_is(const char *name, const char *value, int *cache) {
     *cache = e && !strcmp(e, value);
   }
   return *cache;
+}
+/* A knob that is on (1), off (0) or unset (-1, any other value too), read once (cache: {-1, -1} until then). */
+static int env_on_off(const char *name, int (&cache)[2]) {
+  return env_is(name, "1", &cache[0]) ? 1 : env_is(name, "0", &cache[1]) ? 0 : -1;
 }
 /* DISTLAB_ATTN_HOPPER=0: the portable kernels only (A/B timings) */
 static int env_off(void) {
@@ -160,14 +169,14 @@ static int env_fwd_pipe(void) {
  * default loop and PIPE 2 and 3 at d 128 and 64; MLA's 192/128, DISTLAB_ATTN_HOPPER_FWD_PIPE=1 at d 128 and the
  * merge keep the per-thread stores. 1 on, 0 off; unset: fwd_d128_default's loop (below). -1 where unset. */
 static int env_fwd_tma_o(void) {
-  static int on = -1, off = -1;
-  return env_is("DISTLAB_ATTN_HOPPER_FWD_TMA_O", "1", &on) ? 1 : env_is("DISTLAB_ATTN_HOPPER_FWD_TMA_O", "0", &off) ? 0 : -1;
+  static int c[2] = {-1, -1};
+  return env_on_off("DISTLAB_ATTN_HOPPER_FWD_TMA_O", c);
 }
 /* DISTLAB_ATTN_HOPPER_FWD_TREE as the default loops read it: 1 on (PIPE 0's variants read env_fwd_opt), 0 off;
  * unset: fwd_d128_default's loop. -1 where unset. */
 static int env_fwd_tree(void) {
-  static int on = -1, off = -1;
-  return env_is("DISTLAB_ATTN_HOPPER_FWD_TREE", "1", &on) ? 1 : env_is("DISTLAB_ATTN_HOPPER_FWD_TREE", "0", &off) ? 0 : -1;
+  static int c[2] = {-1, -1};
+  return env_on_off("DISTLAB_ATTN_HOPPER_FWD_TREE", c);
 }
 
 /* At d 64 the forward's CTAs take 192 query rows with three consumer warpgroups (fwd_kernel's
@@ -262,14 +271,10 @@ extern "C" int dl_attn_fwd_hopper_fits(const dl_attn_params_t *p, char *why, siz
     if (p->d_qk == 64 && env_fwd_m192()) snprintf(why, n, "hopper forward (wgmma, TMA; bf16, d 64), 192 query rows a CTA");
     else if (p->d_qk == p->d_v) snprintf(why, n, "hopper forward (wgmma, TMA; bf16, d %d)", p->d_qk);
     else snprintf(why, n, "hopper forward (wgmma, TMA; bf16, d %d/%d)", p->d_qk, p->d_v);
-    const size_t used = strlen(why);
-    if (fwd_lazy(p) && used < n) snprintf(why + used, n - used, ", lazy rescale");
-    const size_t more = strlen(why);
-    if (fwd_tree(p) && more < n) snprintf(why + more, n - more, ", row max and sum in four chains");
-    const size_t last = strlen(why);
-    if (fwd_tma_o(p) && last < n) snprintf(why + last, n - last, ", O by TMA store");
-    const size_t end = strlen(why);
-    if (fwd_elect(p) && end < n) snprintf(why + end, n - end, ", stages freed by one arrival a warp");
+    add_why(why, n, fwd_lazy(p), "lazy rescale");
+    add_why(why, n, fwd_tree(p), "row max and sum in four chains");
+    add_why(why, n, fwd_tma_o(p), "O by TMA store");
+    add_why(why, n, fwd_elect(p), "stages freed by one arrival a warp");
   }
   return 1;
 }
