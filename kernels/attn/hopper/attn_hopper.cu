@@ -147,20 +147,17 @@ static int env_fwd_opt(void) {
          (env_is("DISTLAB_ATTN_HOPPER_FWD_TREE", "1", &tree) ? HP_FWD_OPT_TREE : 0);
 }
 
-/* DISTLAB_ATTN_HOPPER_FWD_PIPE=0, 1, 2, 3 or 4: the forward's main loop at d 128 and 64 (fwd_kernel's PIPE; FA4-GAP.md
+/* DISTLAB_ATTN_HOPPER_FWD_PIPE=0, 1, 2 or 3: the forward's main loop at d 128 and 64 (fwd_kernel's PIPE; FA4-GAP.md
  * F1, F1b, A/B timings): 0 the steps in turn (d 128 only; the ELECT/TREE variants above with it alone), 1 FA3's
  * intra-warpgroup pipelining, 2 the same with V's wait placed so that ptxas keeps the softmax under the P V,
- * 3 PIPE 2 with FA4's load order (K(j+1) before V(j)), 4 FA4's placement (the row max under the P V, the exps
- * after its wait; section 13), built for d 128 with the lazy rescale (else PIPE 1) and d 64's 192-row CTAs
- * (without the lazy rescale; else PIPE 1). Unset or other values: -1, each head dim's default (PIPE 2 at d 128
- * since FA4-GAP B8c, PIPE 1 at d 64). */
+ * 3 PIPE 2 with FA4's load order (K(j+1) before V(j)). Unset or other values: -1, each head dim's default
+ * (PIPE 2 at d 128 since FA4-GAP B8c, PIPE 1 at d 64). */
 static int env_fwd_pipe(void) {
-  static int zero = -1, one = -1, two = -1, three = -1, four = -1;
+  static int zero = -1, one = -1, two = -1, three = -1;
   return env_is("DISTLAB_ATTN_HOPPER_FWD_PIPE", "0", &zero)    ? 0
          : env_is("DISTLAB_ATTN_HOPPER_FWD_PIPE", "1", &one)   ? 1
          : env_is("DISTLAB_ATTN_HOPPER_FWD_PIPE", "2", &two)   ? 2
          : env_is("DISTLAB_ATTN_HOPPER_FWD_PIPE", "3", &three) ? 3
-         : env_is("DISTLAB_ATTN_HOPPER_FWD_PIPE", "4", &four)  ? 4
                                                                : -1;
 }
 
@@ -206,15 +203,13 @@ static bool fwd_lazy(const dl_attn_params_t *p) {
   const int pipe = fwd_pipe(p);
   const int lazy = env_fwd_lazy();
   return lazy && !p->max_logit && p->d_qk == p->d_v &&
-         ((p->d_qk == 128 && (pipe == 2 || pipe == 4)) || (lazy == 2 && p->d_qk == 64 && pipe != 2 && pipe != 3));
+         ((p->d_qk == 128 && pipe == 2) || (lazy == 2 && p->d_qk == 64 && pipe != 2 && pipe != 3));
 }
 
 /* d 128's default forward (PIPE 2 with the lazy rescale) takes the four-chain softmax (TREE) and the TMA store
  * of O unless their knobs say 0: together 1.012-1.045x forward at s 4k and 8k, bshd and thd, causal and not, in
  * both rounds on an H200 (experiments/results/attn/hopper-f3b-ab-h200.md; each alone 0.997-1.010x, 1.008-1.031x) */
-static bool fwd_d128_default(const dl_attn_params_t *p) {
-  return p->d_qk == 128 && p->d_v == 128 && (fwd_pipe(p) == 2 || fwd_pipe(p) == 4) && fwd_lazy(p);
-}
+static bool fwd_d128_default(const dl_attn_params_t *p) { return p->d_qk == 128 && p->d_v == 128 && fwd_pipe(p) == 2 && fwd_lazy(p); }
 /* Whether the forward of p runs the four-chain softmax: d 128's default loop unless the knob says 0, d 64's
  * 192-row PIPE 1 without the lazy rescale, or PIPE 2, where it says 1 (PIPE 0's variants: env_fwd_opt) */
 static bool fwd_tree(const dl_attn_params_t *p) {
@@ -464,9 +459,7 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   constexpr int M = HP_FWD_OPT | HP_FWD_OPT_M192, L = HP_FWD_OPT_LAZY;
   const bool lazy = fwd_lazy(p);
   const bool tree = fwd_tree(p), elect = fwd_elect(p); /* F3b, F2b: in the default loops too */
-  const int rc = m192             ? (pipe == 4 && tree ? launch_o<4, 64, 64, M | T>(tma_o, grid, tq, tk, tv, k, to, stream)
-                                     : pipe == 4 ? launch_o<4, 64, 64, M>(tma_o, grid, tq, tk, tv, k, to, stream)
-                                     : pipe == 2 && tree ? launch_o<2, 64, 64, M | T>(tma_o, grid, tq, tk, tv, k, to, stream)
+  const int rc = m192             ? (pipe == 2 && tree ? launch_o<2, 64, 64, M | T>(tma_o, grid, tq, tk, tv, k, to, stream)
                                      : pipe == 2 ? launch_o<2, 64, 64, M>(tma_o, grid, tq, tk, tv, k, to, stream)
                                      : lazy    ? launch_o<1, 64, 64, M | L>(tma_o, grid, tq, tk, tv, k, to, stream)
                                      : tree && elect ? launch_o<1, 64, 64, M | T | E>(tma_o, grid, tq, tk, tv, k, to, stream)
@@ -479,9 +472,6 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
                                                  : launch_o<1, 64, 64>(tma_o, grid, tq, tk, tv, k, to, stream))
                  : p->d_qk != 128 ? launch<0, 192, 128>(grid, tq, tk, tv, k, to, stream)
                  : pipe == 1      ? launch<1, 128, 128>(grid, tq, tk, tv, k, to, stream)
-                 : pipe == 4 && lazy && tree ? launch_o<4, 128, 128, O | L | T>(tma_o, grid, tq, tk, tv, k, to, stream)
-                 : pipe == 4 && lazy ? launch_o<4, 128, 128, O | L>(tma_o, grid, tq, tk, tv, k, to, stream)
-                 : pipe == 4      ? launch<1, 128, 128>(grid, tq, tk, tv, k, to, stream)
                  : pipe == 2 && lazy && tree && elect ? launch_o<2, 128, 128, O | L | T | E>(tma_o, grid, tq, tk, tv, k, to, stream)
                  : pipe == 2 && lazy && tree ? launch_o<2, 128, 128, O | L | T>(tma_o, grid, tq, tk, tv, k, to, stream)
                  : pipe == 2 && lazy ? launch_o<2, 128, 128, O | L>(tma_o, grid, tq, tk, tv, k, to, stream)

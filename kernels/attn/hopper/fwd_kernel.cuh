@@ -336,15 +336,7 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
     // the wait for P(it - 1) V(it - 1) (PIPE 1: for V(it - 1) before the turn): the try-wait
     // loop ends a basic block, and ptxas then keeps that wgmma wait after the exps (in PIPE 1 it
     // hoists it above the row max, so the softmax does not run under the P V; FA4-GAP.md F1).
-    constexpr bool LATE_V = PIPE == 2 || PIPE == 3;
-    // PIPE 4, FA4's placement (its SASS, FA4-GAP.md section 13): V waited for before the turn (PIPE 1), the
-    // row max under P(it - 1) V(it - 1), then the wait for it, then the exps. A branch that ptxas keeps
-    // (on *fail: a CTA whose wait gave up; err is set already then) ends the max's basic block, so that ptxas
-    // does not hoist the wgmma wait above the max as it does in PIPE 1.
-    constexpr bool SPLIT = PIPE == 4;
-    auto bb_fence = [&] {
-      if (*static_cast<volatile int *>(&sm.fail) && p.err) *p.err = 1;
-    };
+    constexpr bool LATE_V = PIPE >= 2;
     mbar_wait(&sm.k_full[0], parity(0), &sm.fail, p.err);
     gemm_qk<DQK, ROWS>(s, q_base, k_base(0));
     wg_wait<0>();
@@ -361,17 +353,9 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
       hand_turn();
       wg_wait<1>(); // S(it) is in (commit groups complete in order); P(it - 1) V(it - 1) still runs
       release(&sm.k_empty[it % STAGES]);
-      float base[2];
-      if constexpr (SPLIT) {
-        if (diag(it)) mask_block(s, key0(it), q0, len_kv, shift, wl, wr, lane);
-        softmax_max<NSUM, LAZY>(s, mx, sums, corr, base, p.scale_log2);
-        bb_fence();
-      } else {
-        step_softmax(it);
-      }
+      step_softmax(it);
       if (LATE_V) wait_v(it); // for the next turn's P V; a tail block meets the other warpgroup here
       wg_wait<0>(); // P(it - 1) V(it - 1) is in: O, P and V's stage are free
-      if constexpr (SPLIT) softmax_exp<NSUM>(s, sums, base, p.scale_log2);
       release(&sm.v_empty[(it - 1) % STAGES]);
       if (!LAZY || hp_any(corr[0] != 1.0f || corr[1] != 1.0f)) scale_o<DV>(o, corr); // LAZY: a row of the warp moved
       pack_p(s, pa);

@@ -65,11 +65,8 @@ HP_DEV void mask_block(float (&s)[64], int key0, int q0, int len_kv, int shift, 
 // NSUM = 4 (HP_FWD_OPT_TREE): 4 independent chains of 8 a row, the maxima then joined by a tree, the
 // sums kept apart across blocks (sum[4 r + a]) and added by row_sums. LAZY (HP_FWD_OPT_LAZY): mx, the
 // exps' base, stays where the block raises the row's max by HP_FWD_LAZY_LOG2 or less (corr 1).
-// softmax_step's halves (PIPE 4 waits for the in-flight P V between them): the row maxima, each row's base
-// and corr, the sums brought to the new base; then the exps and their sums.
 template <int NSUM = 1, bool LAZY = false>
-HP_DEV void softmax_max(const float (&s)[64], float (&mx)[2], float (&sum)[2 * NSUM], float (&corr)[2], float (&base)[2],
-                        float scale_log2) {
+HP_DEV void softmax_step(float (&s)[64], float (&mx)[2], float (&sum)[2 * NSUM], float (&corr)[2], float scale_log2) {
   static_assert(NSUM == 1 || NSUM == 4, "one chain a row, or four");
   float mraw[2] = {-INFINITY, -INFINITY};
   if constexpr (NSUM == 1) {
@@ -90,6 +87,7 @@ HP_DEV void softmax_max(const float (&s)[64], float (&mx)[2], float (&sum)[2 * N
 #pragma unroll
     for (int r = 0; r < 2; r++) mraw[r] = fmaxf(fmaxf(m4[r][0], m4[r][1]), fmaxf(m4[r][2], m4[r][3]));
   }
+  float base[2];
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     mraw[r] = fmaxf(mraw[r], hp_shfl_xor(mraw[r], 1));
@@ -105,9 +103,6 @@ HP_DEV void softmax_max(const float (&s)[64], float (&mx)[2], float (&sum)[2 * N
 #pragma unroll
     for (int a = 0; a < NSUM; a++) sum[NSUM * r + a] *= corr[r];
   }
-}
-template <int NSUM = 1>
-HP_DEV void softmax_exp(float (&s)[64], float (&sum)[2 * NSUM], const float (&base)[2], float scale_log2) {
 #pragma unroll
   for (int j = 0; j < 16; j++)
 #pragma unroll
@@ -116,12 +111,6 @@ HP_DEV void softmax_exp(float (&s)[64], float (&sum)[2 * NSUM], const float (&ba
       if constexpr (NSUM == 1) sum[e >> 1] += s[4 * j + e];
       else sum[4 * (e >> 1) + 2 * (j & 1) + (e & 1)] += s[4 * j + e];
     }
-}
-template <int NSUM = 1, bool LAZY = false>
-HP_DEV void softmax_step(float (&s)[64], float (&mx)[2], float (&sum)[2 * NSUM], float (&corr)[2], float scale_log2) {
-  float base[2];
-  softmax_max<NSUM, LAZY>(s, mx, sum, corr, base, scale_log2);
-  softmax_exp<NSUM>(s, sum, base, scale_log2);
 }
 
 // A row's sum of a thread from its NSUM partial sums (softmax_step), a tree where there are 4.
