@@ -164,13 +164,13 @@ static int env_fwd_pipe(void) {
 /* DISTLAB_ATTN_HOPPER_FWD_TMA_O: the forward's plain epilogue (no merge) writes O through shared memory (over
  * Q's tile) with TMA stores (fwd_params.cuh's HP_FWD_OPT_TMA_O; FA4-GAP.md F4, F3b). Built for each head dim's
  * default loop and PIPE 2 and 3 at d 128 and 64; MLA's 192/128, DISTLAB_ATTN_HOPPER_FWD_PIPE=1 at d 128 and the
- * merge keep the per-thread stores. 1 on, 0 off; unset: fwd_d128_default's loop (below). -1 where unset. */
+ * merge keep the per-thread stores. 1 on, 0 off; unset: the default loops (fwd_d128_default, fwd_d64_default). -1 where unset. */
 static int env_fwd_tma_o(void) {
   static int c[2] = {-1, -1};
   return env_on_off("DISTLAB_ATTN_HOPPER_FWD_TMA_O", c);
 }
 /* DISTLAB_ATTN_HOPPER_FWD_TREE as the default loops read it: 1 on (PIPE 0's variants read env_fwd_opt), 0 off;
- * unset: fwd_d128_default's loop. -1 where unset. */
+ * unset: the default loops (fwd_d128_default, fwd_d64_default). -1 where unset. */
 static int env_fwd_tree(void) {
   static int c[2] = {-1, -1};
   return env_on_off("DISTLAB_ATTN_HOPPER_FWD_TREE", c);
@@ -210,24 +210,36 @@ static bool fwd_lazy(const dl_attn_params_t *p) {
  * of O unless their knobs say 0: together 1.012-1.045x forward at s 4k and 8k, bshd and thd, causal and not, in
  * both rounds on an H200 (experiments/results/attn/hopper-f3b-ab-h200.md; each alone 0.997-1.010x, 1.008-1.031x) */
 static bool fwd_d128_default(const dl_attn_params_t *p) { return p->d_qk == 128 && p->d_v == 128 && fwd_pipe(p) == 2 && fwd_lazy(p); }
-/* Whether the forward of p runs the four-chain softmax: d 128's default loop unless the knob says 0, d 64's
- * 192-row PIPE 1 without the lazy rescale, or PIPE 2, where it says 1 (PIPE 0's variants: env_fwd_opt) */
+/* d 64's default forward (192-row CTAs, PIPE 1, no lazy rescale) takes the four-chain softmax, the TMA store of O
+ * and the elected arrive (FWD_ELECT) unless their knobs say 0: together 1.003-1.027x forward at s 4k and 8k,
+ * bshd and thd, causal and not, in both rounds on an H200 (hopper-b16-ab-h200-d64.md; TREE and the TMA store
+ * alone 1.001-1.026x) */
+static bool fwd_d64_default(const dl_attn_params_t *p) {
+  return p->d_qk == 64 && p->d_v == 64 && env_fwd_m192() && fwd_pipe(p) != 2 && !fwd_lazy(p);
+}
+/* DISTLAB_ATTN_HOPPER_FWD_ELECT as the default loops read it: 1 on, 0 off, -1 unset (fwd_elect) */
+static int env_fwd_elect(void) {
+  static int c[2] = {-1, -1};
+  return env_on_off("DISTLAB_ATTN_HOPPER_FWD_ELECT", c);
+}
+/* Whether the forward of p runs the four-chain softmax: each head dim's default loop unless the knob says 0;
+ * d 64's 192-row PIPE 2 without the lazy rescale where it says 1 (PIPE 0's variants: env_fwd_opt) */
 static bool fwd_tree(const dl_attn_params_t *p) {
   const int t = env_fwd_tree();
   const bool d64 = p->d_qk == 64 && p->d_v == 64 && env_fwd_m192() && !fwd_lazy(p);
-  return (fwd_d128_default(p) && t != 0) || (d64 && t == 1);
+  return ((fwd_d128_default(p) || fwd_d64_default(p)) && t != 0) || (d64 && t == 1);
 }
 /* Whether the forward of p frees K and V stages with one arrival a consumer warp (HP_FWD_OPT_ELECT; FA4's
- * elected arrive) in a default loop: DISTLAB_ATTN_HOPPER_FWD_ELECT=1 at d 128's (with TREE) and at d 64's
- * 192-row PIPE 1 without the lazy rescale (A/B; PIPE 0's variants: env_fwd_opt) */
+ * elected arrive) in a default loop: d 64's unless DISTLAB_ATTN_HOPPER_FWD_ELECT=0; d 128's (with TREE) where
+ * it says 1 (0.984-0.996x there, hopper-b16-ab-h200.md; PIPE 0's variants: env_fwd_opt) */
 static bool fwd_elect(const dl_attn_params_t *p) {
-  const bool d64 = p->d_qk == 64 && p->d_v == 64 && env_fwd_m192() && fwd_pipe(p) != 2 && !fwd_lazy(p);
-  return (env_fwd_opt() & HP_FWD_OPT_ELECT) && ((fwd_d128_default(p) && fwd_tree(p)) || d64);
+  const int e = env_fwd_elect();
+  return (fwd_d64_default(p) && e != 0) || (fwd_d128_default(p) && fwd_tree(p) && e == 1);
 }
 static bool fwd_tma_o(const dl_attn_params_t *p) {
   const int t = env_fwd_tma_o();
-  return (t == 1 || (t < 0 && fwd_d128_default(p))) && !p->acc_out && p->out && p->d_qk == p->d_v && p->d_qk <= 128 &&
-         !(p->d_qk == 128 && env_fwd_pipe() == 1);
+  return (t == 1 || (t < 0 && (fwd_d128_default(p) || fwd_d64_default(p)))) && !p->acc_out && p->out &&
+         p->d_qk == p->d_v && p->d_qk <= 128 && !(p->d_qk == 128 && env_fwd_pipe() == 1);
 }
 
 /* The forward at MLA's head dims 192/128 (launch<0, 192, 128> below); DISTLAB_ATTN_HOPPER_MLA=0 sends
@@ -452,7 +464,8 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   // the faster loop of each head dim on an H200 (experiments/results/attn/hopper-s9-ab-h200.md,
   // history/hopper-f5-ab-h200.md): PIPE 2 at d 128 (1.3-2.7% ahead of PIPE 0 since B8c) with the lazy rescale (and
   // F3b's four-chain softmax and TMA store of O: fwd_tree, fwd_tma_o), FA3's
-  // intra-warpgroup pipelining at d 64 in 192-row CTAs (PIPE 2 1-3% behind there), the steps in turn at
+  // intra-warpgroup pipelining at d 64 in 192-row CTAs (PIPE 2 1-3% behind there; with the four-chain softmax,
+  // the TMA store and the elected arrive: fwd_d64_default), the steps in turn at
   // MLA's 192/128 (not yet timed); PIPE 0 at d 128 with the A/B variants the build or the environment asks for
   constexpr int E = HP_FWD_OPT_ELECT, T = HP_FWD_OPT_TREE, O = HP_FWD_OPT;
   const int opt = O | env_fwd_opt(), pipe = fwd_pipe(p);
