@@ -89,9 +89,17 @@ for _, dev in ipairs(H.devices) do
         local tma = hopper and (tma_knob == "1" and pipe ~= "1" or lazy and tma_knob ~= "0")
         assert.equal(tree and true or false, b.fwd_why:find(", row max and sum in four chains", 1, true) ~= nil, b.fwd_why)
         assert.equal(tma and true or false, b.fwd_why:find(", O by TMA store", 1, true) ~= nil, b.fwd_why)
-        if os.getenv("DISTLAB_ATTN_HOPPER_FWD_TREE") ~= "1" then -- d 64: only with FWD_TREE=1
-          assert.is_nil(w64:find(", row max and sum in four chains", 1, true), w64)
-        end
+        -- d 64's default loop (192 rows, PIPE 1, no lazy rescale) takes the four-chain softmax, the TMA store of O
+        -- and the elected arrive (each knob's 0 off); FWD_TREE=1 also its PIPE 2; d 128 arrives elected only with =1
+        local tree_knob, elect_knob = os.getenv("DISTLAB_ATTN_HOPPER_FWD_TREE"), os.getenv("DISTLAB_ATTN_HOPPER_FWD_ELECT")
+        local lazy64 = os.getenv("DISTLAB_ATTN_HOPPER_FWD_LAZY") == "1" and pipe ~= "2" and pipe ~= "3"
+        local d64def = m192 and pipe ~= "2" and not lazy64
+        local tree64 = d64def and tree_knob ~= "0" or m192 and not lazy64 and tree_knob == "1"
+        local tma64 = hopper and (tma_knob == "1" or d64def and tma_knob ~= "0")
+        assert.equal(tree64 and true or false, w64:find(", row max and sum in four chains", 1, true) ~= nil, w64)
+        assert.equal(tma64 and true or false, w64:find(", O by TMA store", 1, true) ~= nil, w64)
+        assert.equal(d64def and elect_knob ~= "0", w64:find(", stages freed by one arrival a warp", 1, true) ~= nil, w64)
+        assert.equal(tree and elect_knob == "1", b.fwd_why:find(", stages freed by one arrival a warp", 1, true) ~= nil, b.fwd_why)
         local bl = dl.attn.backends(q, q, q, { return_max_logit = true }).fwd_why -- max_logit: no lazy base, none of them
         assert.is_nil(bl:find(", lazy rescale", 1, true), bl)
         assert.is_nil(bl:find(", row max and sum in four chains", 1, true), bl)
