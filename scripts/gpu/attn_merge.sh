@@ -8,14 +8,38 @@
 # build/lib/libdistlab.so carried (scripts/ab-pack.sh, unpacked by the caller) skips the build;
 # DISTLAB_COMMIT=<hash> names the commit where the checkout has no .git. DEVICE=cpu with a small S runs the
 # plumbing where there is no GPU (a stand-in nvidia-smi on PATH).
+# VARIANTS "NAME[:VAR=V,VAR=V] ..." (default one, "base": the files straight in $OUT) runs the bench once a
+# variant and round with its knobs in the environment, each into $OUT/NAME-rR/; ROUNDS (default 1) rounds,
+# the variants' order reversed in even rounds (an A/B of kernel knobs, e.g. DISTLAB_ATTN_HOPPER_FWD_TMA_M=1).
 set -u
 t_start=$(date +%s)
 source "$(dirname "$0")/steps.sh" attn_merge 240 || exit 2
-S="${S:-4096,8192}" D="${D:-128}"
+S="${S:-4096,8192}" D="${D:-128}" VARIANTS="${VARIANTS:-base}" ROUNDS="${ROUNDS:-1}"
 [[ "$D" =~ ^[0-9]+$ ]] || { say "D: a head dim, got $D"; exit 2; }
+[[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || { say "ROUNDS: a positive integer, got $ROUNDS"; exit 2; }
+n=0
+for v in $VARIANTS; do
+  IFS=: read -r name knobs <<<"$v"
+  [[ "$name" =~ ^[a-z][a-z0-9]*$ ]] || { say "VARIANTS: NAME ([a-z][a-z0-9]*) first in $v"; exit 2; }
+  [ -z "$knobs" ] || [[ "$knobs" =~ ^[A-Z_0-9]+=[^,]*(,[A-Z_0-9]+=[^,]*)*$ ]] || { say "VARIANTS: knobs VAR=V[,VAR=V] in $v"; exit 2; }
+  n=$((n + 1))
+done
+runs=$((n * ROUNDS))
 header
 build_or_skip || exit 1
-step "merge cost d$D s $S" $((BUDGET - 20)) "$L/merge.log" ./distlab run -n 1 --device "${DEVICE:-cuda}" \
-  experiments/attn/attn_merge_bench.lua --s "$S" --d "$D" --out "$OUT" --command "$(call_line 'S|D|DEVICE')"
-tail -n 14 "$L/merge.log"
+for r in $(seq "$ROUNDS"); do
+  order=$VARIANTS
+  [ $((r % 2)) = 0 ] && order=$(echo "$VARIANTS" | tr ' ' '\n' | grep . | tac | tr '\n' ' ')
+  for v in $order; do
+    IFS=: read -r name knobs <<<"$v"
+    out="$OUT/$name-r$r" log="$L/merge-$name-r$r.log"
+    [ "$runs" = 1 ] && out="$OUT" log="$L/merge.log"
+    mkdir -p "$out"
+    # shellcheck disable=SC2046 # the knobs are VAR=V words
+    step "merge cost d$D s $S $name round $r" $(((BUDGET - 20) / runs)) "$log" env $(echo "$knobs" | tr , ' ') \
+      ./distlab run -n 1 --device "${DEVICE:-cuda}" experiments/attn/attn_merge_bench.lua --s "$S" --d "$D" \
+      --out "$out" --command "$(echo "$knobs" | tr , ' ')${knobs:+ }$(call_line 'S|D|DEVICE|VARIANTS|ROUNDS')"
+    tail -n 14 "$log"
+  done
+done
 exit "$status"
