@@ -5,6 +5,9 @@
 #   fa4 D CAUSAL         FA4's FlashAttentionForwardSm90 at head dim D (64 or 128), CAUSAL 0 or 1, as FA4's
 #                        interface picks its tile for sm90 (d 128: 128 x 128; d 64: 192 x 128; RS, intra-warpgroup
 #                        overlap), compiled by the CuTe DSL for sm_90a with fake tensors: build/sass/fa4-fwd-dD-cC.sass
+#   fa4bwd D CAUSAL      FA4's FlashAttentionBackwardSm90 likewise (fa4_compile_bwd.py: its sm90 tile; two lines of
+#                        quack's copy_utils.py rewritten in a copy, which the DSL does not trace here otherwise):
+#                        build/sass/fa4-bwd-dD-cC.sass
 #   loops FILE           per kernel of a .sass file: its instructions, and in the first window from a
 #                        `WARPGROUP.DEPBAR.LE gsb0, 0x1` to the next `... 0x0` (the forward: S in, then P V in; the
 #                        first may be a masked block's path, so read the file where it matters) the MUFU.EX2, FMNMX
@@ -12,8 +15,7 @@
 #                        (events.py), to set two kernels' loops side by side
 # Tools, pinned and fetched from PyPI into build/sass/ (ignored): nvdisasm (nvidia-cuda-nvdisasm, the CPU
 # machine's CUDA toolkit has none) and, for fa4, a venv with nvidia-cutlass-dsl, flash-attn-4 and quack-kernels
-# (--no-deps: fa4_compile.py stands a mock in for torch, which only FA4's interface needs). FA4's backward does
-# not compile this way (quack 0.6.5's copy_fn indexes with an Ellipsis the DSL's Python API refuses here).
+# (--no-deps: fa4_compile.py stands a mock in for torch, which only FA4's interface needs).
 set -euo pipefail
 cd "$(dirname "$0")/../../../.."
 OUT=build/sass
@@ -51,6 +53,21 @@ case "${1:-}" in
       "$V/bin/python" experiments/lab/attn/sass/fa4_compile.py
     nvdisasm -c "$dump"/*.cubin >"$OUT/fa4-fwd-d$D-c$C.sass"
     echo "$OUT/fa4-fwd-d$D-c$C.sass" ;;
+  fa4bwd)
+    D=${2:?usage: sass.sh fa4bwd D CAUSAL}; C=${3:?usage: sass.sh fa4bwd D CAUSAL}
+    [[ "$D" =~ ^(64|128)$ && "$C" =~ ^[01]$ ]] || { echo "sass.sh fa4bwd: D 64 or 128, CAUSAL 0 or 1" >&2; exit 2; }
+    V="$OUT/venv"
+    if [ ! -x "$V/bin/python" ]; then
+      python3 -m venv "$V"
+      "$V/bin/pip" install -q $FA4_PINS
+      "$V/bin/pip" install -q --no-deps $FA4_NODEPS
+    fi
+    dump="$OUT/fa4bwd-dump-d$D-c$C"
+    rm -rf "$dump" && mkdir -p "$dump"
+    QUACK_DIR="$OUT/quack-bwd" D=$D CAUSAL=$C CUTE_DSL_ARCH=sm_90a CUTE_DSL_KEEP=cubin CUTE_DSL_DUMP_DIR="$dump" \
+      "$V/bin/python" experiments/lab/attn/sass/fa4_compile_bwd.py
+    nvdisasm -c "$dump"/*.cubin >"$OUT/fa4-bwd-d$D-c$C.sass"
+    echo "$OUT/fa4-bwd-d$D-c$C.sass" ;;
   loops)
     F=${2:?usage: sass.sh loops FILE.sass}
     awk '/^\.text\./ { if (name) report(); name = $0; n = 0; m = 0; f = 0; on = 0; done = 0; next }
