@@ -31,6 +31,16 @@ nvdisasm() {
   fi
   "$bin" "$@" 2>/dev/null
 }
+# the venv of the CuTe DSL and FA4 (fa4, fa4bwd), made once; its path on stdout
+fa4_venv() {
+  local v="$OUT/venv"
+  if [ ! -x "$v/bin/python" ]; then
+    python3 -m venv "$v" >&2
+    "$v/bin/pip" install -q $FA4_PINS >&2
+    "$v/bin/pip" install -q --no-deps $FA4_NODEPS >&2
+  fi
+  echo "$v"
+}
 case "${1:-}" in
   ours)
     nvcc -Icore -Icore/include -Ikernels -I/usr/local/cuda/include -std=c++20 -O3 -Xcompiler -fPIC \
@@ -38,36 +48,17 @@ case "${1:-}" in
       kernels/attn/hopper/attn_hopper.cu
     nvdisasm -c "$OUT/ours.cubin" >"$OUT/ours.sass"
     echo "$OUT/ours.sass" ;;
-  fa4)
-    D=${2:?usage: sass.sh fa4 D CAUSAL}; C=${3:?usage: sass.sh fa4 D CAUSAL}
-    [[ "$D" =~ ^(64|128)$ && "$C" =~ ^[01]$ ]] || { echo "sass.sh fa4: D 64 or 128, CAUSAL 0 or 1" >&2; exit 2; }
-    V="$OUT/venv"
-    if [ ! -x "$V/bin/python" ]; then
-      python3 -m venv "$V"
-      "$V/bin/pip" install -q $FA4_PINS
-      "$V/bin/pip" install -q --no-deps $FA4_NODEPS
-    fi
-    dump="$OUT/fa4-dump-d$D-c$C"
-    rm -rf "$dump" && mkdir -p "$dump"
-    D=$D CAUSAL=$C CUTE_DSL_ARCH=sm_90a CUTE_DSL_KEEP=cubin CUTE_DSL_DUMP_DIR="$dump" \
-      "$V/bin/python" experiments/lab/attn/sass/fa4_compile.py
-    nvdisasm -c "$dump"/*.cubin >"$OUT/fa4-fwd-d$D-c$C.sass"
-    echo "$OUT/fa4-fwd-d$D-c$C.sass" ;;
-  fa4bwd)
-    D=${2:?usage: sass.sh fa4bwd D CAUSAL}; C=${3:?usage: sass.sh fa4bwd D CAUSAL}
-    [[ "$D" =~ ^(64|128)$ && "$C" =~ ^[01]$ ]] || { echo "sass.sh fa4bwd: D 64 or 128, CAUSAL 0 or 1" >&2; exit 2; }
-    V="$OUT/venv"
-    if [ ! -x "$V/bin/python" ]; then
-      python3 -m venv "$V"
-      "$V/bin/pip" install -q $FA4_PINS
-      "$V/bin/pip" install -q --no-deps $FA4_NODEPS
-    fi
-    dump="$OUT/fa4bwd-dump-d$D-c$C"
+  fa4 | fa4bwd)
+    D=${2:?usage: sass.sh $1 D CAUSAL}; C=${3:?usage: sass.sh $1 D CAUSAL}
+    [[ "$D" =~ ^(64|128)$ && "$C" =~ ^[01]$ ]] || { echo "sass.sh $1: D 64 or 128, CAUSAL 0 or 1" >&2; exit 2; }
+    if [ "$1" = fa4 ]; then dir=fwd py=fa4_compile.py; else dir=bwd py=fa4_compile_bwd.py; fi
+    V=$(fa4_venv)
+    dump="$OUT/fa4-$dir-dump-d$D-c$C"
     rm -rf "$dump" && mkdir -p "$dump"
     QUACK_DIR="$OUT/quack-bwd" D=$D CAUSAL=$C CUTE_DSL_ARCH=sm_90a CUTE_DSL_KEEP=cubin CUTE_DSL_DUMP_DIR="$dump" \
-      "$V/bin/python" experiments/lab/attn/sass/fa4_compile_bwd.py
-    nvdisasm -c "$dump"/*.cubin >"$OUT/fa4-bwd-d$D-c$C.sass"
-    echo "$OUT/fa4-bwd-d$D-c$C.sass" ;;
+      "$V/bin/python" "experiments/lab/attn/sass/$py"
+    nvdisasm -c "$dump"/*.cubin >"$OUT/fa4-$dir-d$D-c$C.sass"
+    echo "$OUT/fa4-$dir-d$D-c$C.sass" ;;
   loops)
     F=${2:?usage: sass.sh loops FILE.sass}
     awk '/^\.text\./ { if (name) report(); name = $0; n = 0; m = 0; f = 0; on = 0; done = 0; next }
