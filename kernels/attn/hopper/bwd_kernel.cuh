@@ -497,14 +497,24 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
     for (int j = 0; j < BQ / 8; j++) v[j] = rows2(a, j);
   };
-  auto exp_p = [&](int st, const float2(&l2)[BQ / 8], float(&s)[BQ / 2]) {
+  // P^T's column j, its rows' lse2 l
+  auto exp_j = [&](float(&s)[BQ / 2], int j, float2 l) {
 #pragma unroll
-    for (int j = 0; j < BQ / 8; j++) {
-      const float2 l = EARLY ? l2[j] : rows2(sm.lse2[st], j);
-#pragma unroll
-      for (int e = 0; e < 4; e++) s[4 * j + e] = hp_exp2(fmaf(s[4 * j + e], p.scale_log2, -((e & 1) ? l.y : l.x)));
-    }
+    for (int e = 0; e < 4; e++) s[4 * j + e] = hp_exp2(fmaf(s[4 * j + e], p.scale_log2, -((e & 1) ? l.y : l.x)));
   };
+  // P^T's columns j of [j0, j1)
+  auto exp_p = [&](int st, const float2(&l2)[BQ / 8], float(&s)[BQ / 2], int j0 = 0, int j1 = BQ / 8) {
+#pragma unroll
+    for (int j = j0; j < j1; j++) exp_j(s, j, EARLY ? l2[j] : rows2(sm.lse2[st], j));
+  };
+  // B18 (FA4-GAP.md section 14): p_and_ds runs the exps of P^T's first EXPS columns j under dP^T's GEMM and the
+  // rest after its wait, each beside its dS^T arithmetic (FA4's sm90 backward: 11 of 40 exps before that wait,
+  // the others interleaved with dS's FADD, FMUL and packing). HP_BWD_EXPS (a build flag): that count, 3 (12
+  // exps at BQ 80 and 128) unless set; -1: all of them, the order before B18.
+#ifndef HP_BWD_EXPS
+#define HP_BWD_EXPS 3
+#endif
+  constexpr int EXPS = HP_BWD_EXPS < 0 || HP_BWD_EXPS > BQ / 8 ? BQ / 8 : HP_BWD_EXPS;
   auto visible = [&](int i0, int j, int e) {
     const int key = n0 + kr + 8 * (e >> 1), qi = i0 + 8 * j + 2 * (lane % 4) + (e & 1);
     return (key < len_kv) & (qi < len_q) & hp_visible(qi, key, shift, wl, wr);
@@ -520,13 +530,15 @@ __global__ void __launch_bounds__(THREADS, 1)
     float2 l2[BQ / 8], dd[BQ / 8]; // (unread where !EARLY: each loaded where it is used, after the wait)
     if constexpr (EARLY) load_rows2(sm.lse2[st], l2);
     wg_wait<1>(); // S^T and dP^T are the two newest commit groups
-    exp_p(st, l2, s);
+    exp_p(st, l2, s, 0, EXPS);
     if constexpr (EARLY) load_rows2(sm.delta[st], dd);
     const bool diag = key_hi >= len_kv || i0 + BQ - 1 >= len_q || (wr >= 0 && key_hi - i0 > shift + wr) ||
                       (wl >= 0 && key_lo - (i0 + BQ - 1) < shift - wl);
     wg_wait<0>();
 #pragma unroll
     for (int j = 0; j < BQ / 8; j++) {
+      // (B18) beside dS^T's arithmetic, its lse2 read here (held over the wait, ptxas spilled 56 bytes at BQ 80)
+      if (j >= EXPS) exp_j(s, j, rows2(sm.lse2[st], j));
       const float2 d = EARLY ? dd[j] : rows2(sm.delta[st], j);
 #pragma unroll
       for (int e = 0; e < 4; e++) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? d.y : d.x));
