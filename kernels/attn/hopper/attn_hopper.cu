@@ -137,18 +137,8 @@ static int bwd_rows(const dl_attn_params_t *p) {
   return BWD_BQ;
 }
 
-/* The forward's A/B variants at d 128 with PIPE 0 (fwd_params.cuh's HP_FWD_OPT_*; experiments/lab/attn/FA4-GAP.md
- * F2, F3): DISTLAB_ATTN_HOPPER_FWD_ELECT=1 releases K/V stages with one arrival a consumer warp,
- * DISTLAB_ATTN_HOPPER_FWD_TREE=1 takes the softmax's row max and sum in four chains a row (F3b: also in
- * d 128's default loop, PIPE 2 with the lazy rescale, and d 64's, PIPE 1 in 192-row CTAs) */
-static int env_fwd_opt(void) {
-  static int elect = -1, tree = -1;
-  return (env_is("DISTLAB_ATTN_HOPPER_FWD_ELECT", "1", &elect) ? HP_FWD_OPT_ELECT : 0) |
-         (env_is("DISTLAB_ATTN_HOPPER_FWD_TREE", "1", &tree) ? HP_FWD_OPT_TREE : 0);
-}
-
 /* DISTLAB_ATTN_HOPPER_FWD_PIPE=0, 1, 2 or 3: the forward's main loop at d 128 and 64 (fwd_kernel's PIPE; FA4-GAP.md
- * F1, F1b, A/B timings): 0 the steps in turn (d 128 only; the ELECT/TREE variants above with it alone), 1 FA3's
+ * F1, F1b, A/B timings): 0 the steps in turn (d 128 only; env_fwd_opt's ELECT/TREE variants with it alone), 1 FA3's
  * intra-warpgroup pipelining, 2 the same with V's wait placed so that ptxas keeps the softmax under the P V,
  * 3 PIPE 2 with FA4's load order (K(j+1) before V(j)). Unset or other values: -1, each head dim's default
  * (PIPE 2 at d 128 since FA4-GAP B8c, PIPE 1 at d 64). */
@@ -222,6 +212,13 @@ static int env_fwd_elect(void) {
   static int c[2] = {-1, -1};
   return env_on_off("DISTLAB_ATTN_HOPPER_FWD_ELECT", c);
 }
+/* The forward's A/B variants at d 128 with PIPE 0 (fwd_params.cuh's HP_FWD_OPT_*; experiments/lab/attn/FA4-GAP.md
+ * F2, F3): DISTLAB_ATTN_HOPPER_FWD_ELECT=1 releases K/V stages with one arrival a consumer warp,
+ * DISTLAB_ATTN_HOPPER_FWD_TREE=1 takes the softmax's row max and sum in four chains a row (both also in the
+ * default loops: fwd_tree, fwd_elect) */
+static int env_fwd_opt(void) {
+  return (env_fwd_elect() == 1 ? HP_FWD_OPT_ELECT : 0) | (env_fwd_tree() == 1 ? HP_FWD_OPT_TREE : 0);
+}
 /* Whether the forward of p runs the four-chain softmax: each head dim's default loop unless the knob says 0;
  * d 64's 192-row PIPE 2 without the lazy rescale where it says 1 (PIPE 0's variants: env_fwd_opt) */
 static bool fwd_tree(const dl_attn_params_t *p) {
@@ -240,6 +237,25 @@ static bool fwd_tma_o(const dl_attn_params_t *p) {
   const int t = env_fwd_tma_o();
   return (t == 1 || (t < 0 && (fwd_d128_default(p) || fwd_d64_default(p)))) && !p->acc_out && p->out &&
          p->d_qk == p->d_v && p->d_qk <= 128 && !(p->d_qk == 128 && env_fwd_pipe() == 1);
+}
+
+/* The fused merge's running rows in by TMA boxes and the merged rows back by TMA stores (HP_FWD_OPT_TMA_M;
+ * FA4-GAP.md section 15), in each head dim's default loop: the default for a bf16 running out (CP's; its merge
+ * at 4k causal +2.9-4.1% against +5.5-6.0% without, experiments/results/attn/attn-merge-tmam-h200.md), not for
+ * fp32 (no faster: its TMA stores cost more cycles than each thread's 8-byte stores).
+ * DISTLAB_ATTN_HOPPER_FWD_TMA_M=1 takes it for both, =0 for neither. */
+static int env_fwd_tma_m(void) {
+  static int c[2] = {-1, -1};
+  return env_on_off("DISTLAB_ATTN_HOPPER_FWD_TMA_M", c);
+}
+static bool fwd_tma_m(const dl_attn_params_t *p) {
+  const int t = env_fwd_tma_m();
+  if (!p->acc_out || !(t == 1 || (t < 0 && p->acc_dtype == DL_BF16))) return false;
+  /* TMA: 16-byte aligned base and strides (the kernel's own test, params_t.acc_vec) */
+  const int64_t st[3] = {p->acc_out_st.s, p->acc_out_st.h, p->acc_out_st.b};
+  const bool aligned = hp_acc_vec(p->acc_out, st, p->acc_dtype == DL_BF16 ? 2 : 4) == 16;
+  return aligned && fwd_tree(p) &&
+         ((fwd_d128_default(p) && !fwd_elect(p)) || (fwd_d64_default(p) && fwd_elect(p))); /* launch's kernels */
 }
 
 /* The forward at MLA's head dims 192/128 (launch<0, 192, 128> below); DISTLAB_ATTN_HOPPER_MLA=0 sends
@@ -282,6 +298,7 @@ extern "C" int dl_attn_fwd_hopper_fits(const dl_attn_params_t *p, char *why, siz
     add_why(why, n, fwd_tree(p), "row max and sum in four chains");
     add_why(why, n, fwd_tma_o(p), "O by TMA store");
     add_why(why, n, fwd_elect(p), "stages freed by one arrival a warp");
+    add_why(why, n, fwd_tma_m(p), "running rows in and out by TMA");
   }
   return 1;
 }
@@ -341,14 +358,16 @@ static PFN_cuTensorMapEncodeTiled_v12000 encode_fn(void) {
 /* A [b][s][h][d] bf16 operand (strides st; thd: rows packed, batch extent 1) as a 4-d tensor map
  * (d, h, s, b) with boxes of 64 columns x box_rows rows and the 128-byte swizzle. */
 static int tensor_map(CUtensorMap *m, const void *base, const dl_attn_strides_t &st, int d, int heads, int64_t rows,
-                      int batches, const char *what, int box_rows = BM) {
+                      int batches, const char *what, int box_rows = BM, int es = 2) {
   PFN_cuTensorMapEncodeTiled_v12000 enc = encode_fn();
   if (!enc) return DL_ERR(DL_ECUDA, "attn (hopper): cuTensorMapEncodeTiled not found in the driver");
   const cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)heads, (cuuint64_t)rows, (cuuint64_t)batches};
-  const cuuint64_t strides[3] = {(cuuint64_t)st.h * 2, (cuuint64_t)st.s * 2,
-                                 (cuuint64_t)(batches > 1 ? st.b : st.s * rows) * 2};
-  const cuuint32_t box[4] = {64, 1, (cuuint32_t)box_rows, 1}, elem[4] = {1, 1, 1, 1};
-  CUresult r = enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, const_cast<void *>(base), dims, strides, box, elem,
+  /* es bytes an element (bf16, or fp32: the merge's running out); boxes of 128 bytes x box_rows rows */
+  const cuuint64_t strides[3] = {(cuuint64_t)st.h * es, (cuuint64_t)st.s * es,
+                                 (cuuint64_t)(batches > 1 ? st.b : st.s * rows) * es};
+  const cuuint32_t box[4] = {(cuuint32_t)(128 / es), 1, (cuuint32_t)box_rows, 1}, elem[4] = {1, 1, 1, 1};
+  const CUtensorMapDataType dt = es == 4 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+  CUresult r = enc(m, dt, 4, const_cast<void *>(base), dims, strides, box, elem,
                    CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
@@ -402,6 +421,14 @@ static int launch_o(bool tma, dim3 grid, const CUtensorMap &tq, const CUtensorMa
                     const params_t &k, const CUtensorMap &to, void *stream) {
   return tma ? launch<PIPE, DQK, DV, OPT | HP_FWD_OPT_TMA_O>(grid, tq, tk, tv, k, to, stream)
              : launch<PIPE, DQK, DV, OPT>(grid, tq, tk, tv, k, to, stream);
+}
+
+/* launch_o's, or with the running rows by TMA (HP_FWD_OPT_TMA_M) where tma_m (a merge: no TMA store of O) */
+template <int PIPE, int DQK, int DV, int OPT = HP_FWD_OPT>
+static int launch_m(bool tma_m, bool tma, dim3 grid, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv,
+                    const params_t &k, const CUtensorMap &to, void *stream) {
+  return tma_m ? launch<PIPE, DQK, DV, OPT | HP_FWD_OPT_TMA_M>(grid, tq, tk, tv, k, to, stream)
+               : launch_o<PIPE, DQK, DV, OPT>(tma, grid, tq, tk, tv, k, to, stream);
 }
 
 static void copy_st(int64_t (&dst)[3], const dl_attn_strides_t &st) { dst[0] = st.s, dst[1] = st.h, dst[2] = st.b; }
@@ -459,6 +486,10 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   CUtensorMap to = tq; /* unread by a kernel without the TMA store (or with the merge) */
   if ((tma_o || (HP_FWD_OPT & HP_FWD_OPT_TMA_O)) && !p->acc_out && p->out) /* the knob, or the build flag */
     DL_TRY(tensor_map(&to, p->out, p->out_st, p->d_v, p->h_q, rq, bt, "out", 64));
+  /* the merge's running rows by TMA: `to` is the running out's map (fp32 or bf16 boxes of 128 bytes x 64 rows) */
+  const bool tma_m = fwd_tma_m(p);
+  if (tma_m)
+    DL_TRY(tensor_map(&to, p->acc_out, p->acc_out_st, p->d_v, p->h_q, rq, bt, "accumulate.out", 64, k.acc_bf16 ? 2 : 4));
   static_assert(BM == 128 && fwd_rows(HP_FWD_OPT_M192) >= BM, "dl_attn_fwd_cuda checks the grid for 128-row blocks");
   const dim3 grid((p->s_q + rows - 1) / rows, p->h_q, p->b);
   // the faster loop of each head dim on an H200 (experiments/results/attn/hopper-s9-ab-h200.md,
@@ -475,7 +506,7 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   const int rc = m192             ? (pipe == 2 && tree ? launch_o<2, 64, 64, M | T>(tma_o, grid, tq, tk, tv, k, to, stream)
                                      : pipe == 2 ? launch_o<2, 64, 64, M>(tma_o, grid, tq, tk, tv, k, to, stream)
                                      : lazy    ? launch_o<1, 64, 64, M | L>(tma_o, grid, tq, tk, tv, k, to, stream)
-                                     : tree && elect ? launch_o<1, 64, 64, M | T | E>(tma_o, grid, tq, tk, tv, k, to, stream)
+                                     : tree && elect ? launch_m<1, 64, 64, M | T | E>(tma_m, tma_o, grid, tq, tk, tv, k, to, stream)
                                      : tree    ? launch_o<1, 64, 64, M | T>(tma_o, grid, tq, tk, tv, k, to, stream)
                                      : elect   ? launch_o<1, 64, 64, M | E>(tma_o, grid, tq, tk, tv, k, to, stream)
                                                : launch_o<1, 64, 64, M>(tma_o, grid, tq, tk, tv, k, to, stream))
@@ -486,7 +517,7 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
                  : p->d_qk != 128 ? launch<0, 192, 128>(grid, tq, tk, tv, k, to, stream)
                  : pipe == 1      ? launch<1, 128, 128>(grid, tq, tk, tv, k, to, stream)
                  : pipe == 2 && lazy && tree && elect ? launch_o<2, 128, 128, O | L | T | E>(tma_o, grid, tq, tk, tv, k, to, stream)
-                 : pipe == 2 && lazy && tree ? launch_o<2, 128, 128, O | L | T>(tma_o, grid, tq, tk, tv, k, to, stream)
+                 : pipe == 2 && lazy && tree ? launch_m<2, 128, 128, O | L | T>(tma_m, tma_o, grid, tq, tk, tv, k, to, stream)
                  : pipe == 2 && lazy ? launch_o<2, 128, 128, O | L>(tma_o, grid, tq, tk, tv, k, to, stream)
                  : pipe == 2      ? launch_o<2, 128, 128>(tma_o, grid, tq, tk, tv, k, to, stream)
                  : pipe == 3      ? launch_o<3, 128, 128>(tma_o, grid, tq, tk, tv, k, to, stream)

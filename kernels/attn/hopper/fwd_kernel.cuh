@@ -28,9 +28,11 @@
  *     buffers; full barriers carry the bytes, empty barriers free them. With
  *     the merge, warps 9-11 copy the running rows (cp.async) into shared
  *     memory past the tiles once the first S ran (acc_stage_t), so that the
- *     epilogue finds them there; where they do not fit beside the tiles
- *     (MLA's 192/128), the consumers load them into registers under the last
- *     P V instead (merge_loads).
+ *     epilogue finds them there (OPT's HP_FWD_OPT_TMA_M: warp 9's first
+ *     thread by TMA boxes of the map `to`, and the merged rows go back by
+ *     TMA stores); where they do not fit beside the tiles (MLA's 192/128),
+ *     the consumers load them into registers under the last P V instead
+ *     (merge_loads).
  *   warpgroups 0, 1, consumers (setmaxnreg 240): 64 query rows each. Per key
  *     block: S = Q K^T (8 wgmma m64n128k16 from shared memory); the element
  *     mask (selects) only in blocks that need it; online softmax in base 2
@@ -106,7 +108,11 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
   if (threadIdx.x == 0) HP_TRACE(p, 0, HP_TRACE_SMID), HP_TRACE(p, 1), HP_TRACE(p, 2, HP_TRACE_GLOBAL);
   using ST = acc_stage_t<DQK, DV, ROWS>;
   constexpr bool STAGED = ST::on;
-  const uint32_t stage = hp_smem_u32(&sm) + sizeof(smem_t<DQK, DV, ROWS>); // the running rows (STAGED)
+  char *const stage_ptr = reinterpret_cast<char *>(&sm) + sizeof(smem_t<DQK, DV, ROWS>); // the running rows (STAGED)
+  const uint32_t stage = hp_smem_u32(stage_ptr);
+  // the running rows in and out by TMA (the map `to` is the running out's); staged rows only
+  constexpr bool TMA_M = STAGED && (OPT & HP_FWD_OPT_TMA_M) != 0;
+  static_assert(!(OPT & HP_FWD_OPT_TMA_M) || STAGED, "HP_FWD_OPT_TMA_M: only where the running rows are staged");
   // the arrivals that free a K or V stage: every consumer thread's, or (ELECT) one a consumer warp's
   constexpr bool ELECT = OPT & HP_FWD_OPT_ELECT;
   constexpr uint32_t RELEASES = ELECT ? 4 * NWG : 128 * NWG;
@@ -128,7 +134,7 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
       mbar_init(&sm.v_empty[i], RELEASES);
     }
     mbar_init(&sm.acc_go, 1);
-    mbar_init(&sm.acc_full, 96);
+    mbar_init(&sm.acc_full, TMA_M ? 97 : 96);
     mbar_init_fence();
   }
   hp_sync();
@@ -136,6 +142,26 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
   // where row `row` of the sequence (from 0) is in an operand with strides st (params_t)
   auto at = [&](const int64_t(&st)[3], int row) { return ((int64_t)first_q + row) * st[0] + hh * st[1] + (int64_t)tb * st[2]; };
 
+  // the go of the running rows' copies (STAGED merge), from the producer's first thread; with TMA_M it
+  // issues their boxes first (128 bytes x 64 rows of the map `to`, rows past the tensor zeros; acc_full
+  // counts its expect_tx as the 97th arrival), so that the copy warps copy only the LSEs
+  auto acc_go = [&] {
+    if constexpr (TMA_M) {
+      auto boxes = [&](auto es_c) {
+        constexpr int ES = decltype(es_c)::value;
+        mbar_expect_tx(&sm.acc_full, ROWS * DV * ES);
+#pragma unroll
+        for (int rb = 0; rb < ROWS / 64; rb++)
+#pragma unroll
+          for (int b = 0; b < DV * ES / 128; b++)
+            tma_load(stage_ptr + b * (ROWS * 128) + rb * (64 * 128), &to, &sm.acc_full, b * 128 / ES, hh,
+                     first_q + i0 + 64 * rb, tb);
+      };
+      if (p.acc_bf16) boxes(std::integral_constant<int, 2>{});
+      else boxes(std::integral_constant<int, 4>{});
+    }
+    mbar_arrive(&sm.acc_go);
+  };
   if (warp_id >= 4 * NWG) { // producer
     reg_dealloc<NWG == 3 ? 32 : 24>();
     if (STAGED && warp_id >= 4 * NWG + 1 && p.acc_out) { // the running rows into shared memory (acc_stage_t), once
@@ -144,33 +170,44 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
       // (in 24 registers: one wait in the code, for the go and then for the copies to land, so that no
       // thread leaves with its copies in flight; the rows' addresses from the first's, one step a row;
       // shifts, no divisions: a row's bytes and vec are powers of 2)
-      for (int landed = 0;; landed = 1) {
-        mbar_wait(landed ? &sm.acc_full : &sm.acc_go, 0, &sm.fail, p.err);
-        if (landed) {
-          if (threadIdx.x == PROD + 32) HP_TRACE(p, 3);
-          break;
-        }
-        const int t = threadIdx.x - (PROD + 32), es = p.acc_bf16 ? 2 : 4, row_bytes = DV * es, vec = p.acc_vec;
-        const int rows = i1 - i0, lg_vec = __ffs(vec) - 1, lg_row = __ffs(row_bytes / vec) - 1;
-        const char *acc = static_cast<const char *>(p.acc_out) + at(p.acc_st, i0) * es;
-        const int64_t step = p.acc_st[0] * es;
-        if (vec == 16) { // 16-byte copies: a thread keeps one chunk c of rows r, r + rstep, ... (16 or 32 chunks a
-          // row divide the 96 threads), so that a copy costs two adds and the swizzle's XOR
-          const int c = t & ((1 << lg_row) - 1), rstep = 96 >> lg_row;
-          const int64_t src_step = rstep * step;
-          const uint32_t dst_step = rstep * row_bytes;
-          int r = t >> lg_row;
-          const char *src = acc + r * step + 16 * c;
-          for (uint32_t dst = stage + r * row_bytes; r < rows; r += rstep, src += src_step, dst += dst_step)
-            cp_async(dst + ((c ^ (r & 7)) << 4), src, 16);
-        } else // 8- or 4-byte copies (a running out off 16-byte alignment; dl.attn never passes one)
-          for (int i = t; i < rows << lg_row; i += 96) {
-            const int r = i >> lg_row, byte = (i - (r << lg_row)) << lg_vec;
-            cp_async(acc_stage_at(stage, r, row_bytes, byte), acc + r * step + byte, vec);
-          }
+      // the running LSEs of the block's rows, a row a copy over the 96 copying threads (t), then the arrival
+      auto copy_lses = [&](int t, int rows) {
         const float *lse0 = p.acc_lse + at(p.acc_lse_st, i0);
         for (int r = t; r < rows; r += 96) cp_async(stage + ST::o_bytes + 4 * r, lse0 + r * p.acc_lse_st[0], 4);
         cp_async_arrive(&sm.acc_full);
+      };
+      if constexpr (TMA_M) { // the rows come by TMA boxes (acc_go): the LSEs alone, then the wait for all
+        mbar_wait(&sm.acc_go, 0, &sm.fail, p.err);
+        copy_lses(threadIdx.x - (PROD + 32), i1 - i0);
+        mbar_wait(&sm.acc_full, 0, &sm.fail, p.err);
+        if (threadIdx.x == PROD + 32) HP_TRACE(p, 3);
+      } else { // the rows and the LSEs by the copy warps' cp.asyncs
+        for (int landed = 0;; landed = 1) {
+          mbar_wait(landed ? &sm.acc_full : &sm.acc_go, 0, &sm.fail, p.err);
+          if (landed) {
+            if (threadIdx.x == PROD + 32) HP_TRACE(p, 3);
+            break;
+          }
+          const int t = threadIdx.x - (PROD + 32), es = p.acc_bf16 ? 2 : 4, row_bytes = DV * es, vec = p.acc_vec;
+          const int rows = i1 - i0, lg_vec = __ffs(vec) - 1, lg_row = __ffs(row_bytes / vec) - 1;
+          const char *acc = static_cast<const char *>(p.acc_out) + at(p.acc_st, i0) * es;
+          const int64_t step = p.acc_st[0] * es;
+          if (vec == 16) { // 16-byte copies: a thread keeps one chunk c of rows r, r + rstep, ... (16 or
+            // 32 chunks a row divide the 96 threads), so that a copy costs two adds and the swizzle's XOR
+            const int c = t & ((1 << lg_row) - 1), rstep = 96 >> lg_row;
+            const int64_t src_step = rstep * step;
+            const uint32_t dst_step = rstep * 128;
+            int r = t >> lg_row;
+            const char *src = acc + r * step + 16 * c;
+            for (uint32_t dst = stage + (c >> 3) * (ROWS * 128) + r * 128; r < rows; r += rstep, src += src_step, dst += dst_step)
+              cp_async(dst + (((c & 7) ^ (r & 7)) << 4), src, 16);
+          } else // 8- or 4-byte copies (a running out off 16-byte alignment; dl.attn never passes one)
+            for (int i = t; i < rows << lg_row; i += 96) {
+              const int r = i >> lg_row, byte = (i - (r << lg_row)) << lg_vec;
+              cp_async(acc_stage_at<ROWS>(stage, r, byte), acc + r * step + byte, vec);
+            }
+          copy_lses(t, rows);
+        }
       }
     }
     if (threadIdx.x == PROD && PIPE == 3) {
@@ -183,7 +220,7 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
         const int st = it % STAGES;
         const uint32_t round = it / STAGES;
         if (round > 0) mbar_wait(&sm.k_empty[st], (round - 1) & 1, &sm.fail, p.err);
-        if (go && it == STAGES) mbar_arrive(&sm.acc_go);
+        if (go && it == STAGES) acc_go();
         mbar_expect_tx(&sm.k_full[st], tile_bytes_t<DQK>::value);
         for (int half = 0; half < DQK / 64; half++)
           tma_load(sm.k[st][half], &tk, &sm.k_full[st], 64 * half, hkv, first_kv + (n_hi - 1 - it) * BN, tb);
@@ -205,7 +242,7 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
         load_v(it - 1);
       }
       if (nblk > 0) load_v(nblk - 1);
-      if (go && nblk <= STAGES) mbar_arrive(&sm.acc_go);
+      if (go && nblk <= STAGES) acc_go();
       HP_TRACE(p, 4);
     } else if (threadIdx.x == PROD) {
       // the go of the running rows' copies (STAGED merge): once the consumers are done with the first
@@ -218,7 +255,7 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
         const int n = n_hi - 1 - it, st = it % STAGES;
         const uint32_t round = it / STAGES;
         if (round > 0) mbar_wait(&sm.k_empty[st], (round - 1) & 1, &sm.fail, p.err);
-        if (go && it == STAGES) mbar_arrive(&sm.acc_go);
+        if (go && it == STAGES) acc_go();
         mbar_expect_tx(&sm.k_full[st], tile_bytes_t<DQK>::value);
         for (int half = 0; half < DQK / 64; half++)
           tma_load(sm.k[st][half], &tk, &sm.k_full[st], 64 * half, hkv, first_kv + n * BN, tb);
@@ -227,7 +264,7 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
         for (int half = 0; half < DV / 64; half++)
           tma_load(sm.v[st][half], &tv, &sm.v_full[st], 64 * half, hkv, first_kv + n * BN, tb);
       }
-      if (go && nblk <= STAGES) mbar_arrive(&sm.acc_go);
+      if (go && nblk <= STAGES) acc_go();
       HP_TRACE(p, 4);
     }
     return;
@@ -440,39 +477,68 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
     const float hi = fmaxf(o2, l2), n2 = hi + hp_log2(1.0f + hp_exp2(fminf(o2, l2) - hi));
     ka[r] = hp_exp2(o2 - n2), kb[r] = hp_exp2(l2 - n2) * inv[r], lnew[r] = n2 * 0.69314718055994531f;
   }
+  // TMA_M: the merged pairs back into their staged places, then the warpgroup's boxes by TMA stores (a row
+  // left as it was goes back as it came); thd: a warpgroup whose rows reach past its sequence stores its
+  // own rows (its boxes would carry stale rows over another sequence's)
+  const bool tma_m = TMA_M && (!p.cu_q || row0 + 64 <= len_q);
+  // the rows, their pairs to shared memory (SM: TMA_M) or to global memory; one path or the other for
+  // the whole epilogue, so that neither holds the other's addresses
+  auto merge_rows = [&](auto sm_c) {
+    constexpr bool SM = decltype(sm_c)::value;
 #pragma unroll
-  for (int r = 0; r < 2; r++) {
-    const int row = q0 + 8 * r;
-    if (row >= len_q || lse[r] == -INFINITY) continue;
-    const int br = r0 + 8 * r; // the row in the block (staged)
-    const int64_t e = at(p.acc_st, row) + 2 * (lane % 4);
-    // the pairs of a running out of ES bytes an element: pair j (columns 8 j + 2 (lane % 4), + 1) of
-    // staged row br lies at off[j % J] + 128 (j / J), J pairs to 128 bytes (the swizzle's XOR stays
-    // inside 128 bytes), so that a pair's read is one instruction with an immediate offset
-    auto merge_row = [&](auto es_c) {
-      constexpr int ES = decltype(es_c)::value, J = 128 / (8 * ES);
-      [[maybe_unused]] uint32_t off[J]; // read only where the rows are staged
+    for (int r = 0; r < 2; r++) {
+      const int row = q0 + 8 * r;
+      if (row >= len_q || lse[r] == -INFINITY) continue;
+      const int br = r0 + 8 * r; // the row in the block (staged)
+      // the pairs of a running out of ES bytes an element: pair j (columns 8 j + 2 (lane % 4), + 1) of
+      // staged row br lies at off[j % J] + ROWS 128 (j / J), J pairs to a box's 128 bytes, so that a
+      // pair's read is one instruction with an immediate offset; SM: the merged pair back there
+      auto merge_row = [&](auto es_c) {
+        constexpr int ES = decltype(es_c)::value, J = 128 / (8 * ES);
+        [[maybe_unused]] const int64_t e = SM ? 0 : at(p.acc_st, row) + 2 * (lane % 4);
+        [[maybe_unused]] uint32_t off[J]; // read only where the rows are staged
 #pragma unroll
-      for (int k = 0; k < J; k++)
-        if constexpr (STAGED) off[k] = acc_stage_at(stage, br, DV * ES, (8 * k + 2 * (lane % 4)) * ES);
+        for (int k = 0; k < J; k++)
+          if constexpr (STAGED) off[k] = acc_stage_at<ROWS>(stage, br, (8 * k + 2 * (lane % 4)) * ES);
 #pragma unroll
-      for (int j = 0; j < DV / 8; j++) {
-        float2 y;
-        if constexpr (STAGED) {
-          const uint32_t a = off[j % J] + 128 * (j / J);
-          if constexpr (ES == 2) y = unpack_bf16(ld_shared_u32(a));
-          else y = ld_shared_f2(a);
-        } else {
-          y = x[r][j];
+        for (int j = 0; j < DV / 8; j++) {
+          float2 y;
+          [[maybe_unused]] uint32_t a = 0;
+          if constexpr (STAGED) {
+            a = off[j % J] + ROWS * 128 * (j / J);
+            if constexpr (ES == 2) y = unpack_bf16(ld_shared_u32(a));
+            else y = ld_shared_f2(a);
+          } else {
+            y = x[r][j];
+          }
+          const float v0 = y.x * ka[r] + o[4 * j + 2 * r] * kb[r], v1 = y.y * ka[r] + o[4 * j + 2 * r + 1] * kb[r];
+          if constexpr (SM) {
+            if constexpr (ES == 2) st_shared_u32(a, pack_bf16(v0, v1));
+            else st_shared_v2(a, __float_as_uint(v0), __float_as_uint(v1));
+          } else if constexpr (ES == 2) {
+            reinterpret_cast<uint32_t *>(static_cast<uint16_t *>(p.acc_out) + e)[4 * j] = pack_bf16(v0, v1);
+          } else {
+            reinterpret_cast<float2 *>(static_cast<float *>(p.acc_out) + e)[4 * j] = make_float2(v0, v1);
+          }
         }
-        const float v0 = y.x * ka[r] + o[4 * j + 2 * r] * kb[r], v1 = y.y * ka[r] + o[4 * j + 2 * r + 1] * kb[r];
-        if constexpr (ES == 2) reinterpret_cast<uint32_t *>(static_cast<uint16_t *>(p.acc_out) + e)[4 * j] = pack_bf16(v0, v1);
-        else reinterpret_cast<float2 *>(static_cast<float *>(p.acc_out) + e)[4 * j] = make_float2(v0, v1);
-      }
-    };
-    if (p.acc_bf16) merge_row(std::integral_constant<int, 2>{});
-    else merge_row(std::integral_constant<int, 4>{});
-    if (lane % 4 == 0) p.acc_lse[at(p.acc_lse_st, row)] = lnew[r];
+      };
+      if (p.acc_bf16) merge_row(std::integral_constant<int, 2>{});
+      else merge_row(std::integral_constant<int, 4>{});
+      if (lane % 4 == 0) p.acc_lse[at(p.acc_lse_st, row)] = lnew[r];
+    }
+  };
+  if (tma_m) merge_rows(std::integral_constant<bool, TMA_M>{}); // (tma_m: TMA_M)
+  else merge_rows(std::false_type{});
+  if (tma_m) {
+    fence_proxy_async();              // the writes, visible to the TMA unit (the async proxy)
+    named_bar_sync(4 + NWG + c, 128); // the warpgroup's rows all written (ids past the turns')
+    if (tid == 0) {
+      const int es = p.acc_bf16 ? 2 : 4;
+      for (int b = 0; b < DV * es / 128; b++)
+        tma_store(&to, stage_ptr + b * (ROWS * 128) + c * (64 * 128), b * 128 / es, hh, first_q + row0, tb);
+      bulk_commit();
+      bulk_wait_read(); // shared memory stays the CTA's until the stores read it
+    }
   }
   if (lane == 0 && warp_id < 8) HP_TRACE(p, 16 + warp_id), HP_TRACE(p, 24 + warp_id, HP_TRACE_GLOBAL);
 }

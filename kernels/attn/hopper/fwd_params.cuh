@@ -32,8 +32,10 @@ template <int DQK, int DV, int ROWS = BM> struct alignas(1024) smem_t {
 };
 
 // The fused merge's running rows in shared memory right past smem_t: the block's ROWS rows of acc_out
-// (DV values, fp32 or bf16, a row's 16-byte chunk c at chunk c ^ (row % 8), so that the epilogue's
-// reads of eight rows at once fall in different banks), then ROWS fp32 LSEs. Staged where the tiles
+// (DV values, fp32 or bf16) as TMA's 128-byte swizzle lays out boxes of 128 bytes x ROWS rows, one a
+// 128 bytes of a row (a row's 16-byte chunk c in box c / 8 at chunk (c % 8) ^ (row % 8), so that the
+// epilogue's reads of eight rows at once fall in different banks and a TMA copy can fill or store
+// them: HP_FWD_OPT_TMA_M), then ROWS fp32 LSEs. Staged where the tiles
 // leave room (227 KB an SM: head dims 64 and 128); HP_FWD_STAGE_ACC=0 (a build flag, for A/B
 // timings) turns it off.
 #ifndef HP_FWD_STAGE_ACC
@@ -61,7 +63,19 @@ template <int DQK, int DV, int ROWS = BM> struct alignas(1024) smem_t {
 // The build flags HP_FWD_ELECT=1, HP_FWD_TREE=1 and HP_FWD_TMA_O=1 set them in OPT's default (the lab's
 // fwd.cu, the emulator); dl.attn's launcher also takes them at run time (DISTLAB_ATTN_HOPPER_FWD_ELECT,
 // DISTLAB_ATTN_HOPPER_FWD_TREE at d 128; DISTLAB_ATTN_HOPPER_FWD_TMA_O: attn_hopper.cu).
-enum { HP_FWD_OPT_ELECT = 1, HP_FWD_OPT_TREE = 2, HP_FWD_OPT_TMA_O = 4, HP_FWD_OPT_M192 = 8, HP_FWD_OPT_LAZY = 16 };
+//   HP_FWD_OPT_TMA_M (FA4-GAP.md section 14): the fused merge's running rows (staged, acc_stage_t) come in
+//     by TMA boxes of the fifth tensor map (to: the running out's, fp32 or bf16, boxes of 128 bytes x 64
+//     rows) where the producer's three copy warps issued a cp.async a 16 bytes, and the merged rows go
+//     back from shared memory by TMA stores (thd: a warpgroup whose rows reach past its sequence keeps
+//     its stores); the LSEs as before. attn_hopper.cu sets it where dl.attn asks for it (a knob).
+enum {
+  HP_FWD_OPT_ELECT = 1,
+  HP_FWD_OPT_TREE = 2,
+  HP_FWD_OPT_TMA_O = 4,
+  HP_FWD_OPT_M192 = 8,
+  HP_FWD_OPT_LAZY = 16,
+  HP_FWD_OPT_TMA_M = 32
+};
 constexpr float HP_FWD_LAZY_LOG2 = 8.0f; // HP_FWD_OPT_LAZY's slack, in log2 units (FA4's sm100 rescale threshold)
 // A forward kernel's consumer warpgroups, query rows and threads for its OPT bits.
 constexpr HP_HD int fwd_wgs(int opt) { return opt & HP_FWD_OPT_M192 ? 3 : 2; }
@@ -88,10 +102,9 @@ template <int DQK, int DV, int ROWS = BM> struct acc_stage_t {
   // the copies: each of the 96 copying threads keeps one 16-byte chunk of a row (fwd_kernel)
   static_assert(!on || 96 % (DV * 4 / 16) == 0, "a staged row's 16-byte chunks must divide 96 threads");
 };
-// Where byte `byte` of staged row `row` (row_bytes a row, a power of 2 of at least 128) lies
-// (acc_stage_t's swizzle).
-HP_DEV uint32_t acc_stage_at(uint32_t stage, int row, int row_bytes, int byte) {
-  return stage + row * row_bytes + (((byte >> 4) ^ (row & 7)) << 4) + (byte & 15);
+// Where byte `byte` of staged row `row` of ROWS lies (acc_stage_t's boxes and swizzle).
+template <int ROWS> HP_DEV uint32_t acc_stage_at(uint32_t stage, int row, int byte) {
+  return stage + (byte >> 7) * (ROWS * 128) + row * 128 + ((((byte >> 4) & 7) ^ (row & 7)) << 4) + (byte & 15);
 }
 // The dynamic shared memory of a launch (+ 1024: the slack of aligning smem_t to 1024 bytes).
 template <int DQK, int DV, int ROWS = BM> HP_HD size_t fwd_smem_bytes(bool merge) {

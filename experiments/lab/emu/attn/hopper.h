@@ -58,9 +58,10 @@ struct alignas(16) float4 {
 static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
 
 struct hp_tmap_t {
-  const uint16_t *base;
+  const void *base;
   uint64_t dims[4], strides[3]; // strides in bytes of dims 1..3
   uint32_t box[4];
+  uint32_t es; // bytes an element: 2 (bf16), 4 (fp32: the merge's running out)
 };
 
 // ---- shared memory addresses: offsets that keep the real pointer's alignment mod 1024 ----
@@ -115,10 +116,13 @@ struct hp_mbar {
 };
 struct hp_copy {
   uint32_t dst, bar;
-  const hp_tmap_t *map; // a TMA box; nullptr: a plain bulk copy of bytes from src
+  const hp_tmap_t *map; // a TMA box (points at tmap, its copy); nullptr: a plain bulk copy of bytes from src
   int c[4];
   const void *src;
   uint32_t bytes;
+  // the map as issued: a kernel's map is a parameter on its thread's stack, which the thread's exit
+  // overwrites while its copies may still be pending (on a GPU the map stays in parameter space)
+  hp_tmap_t tmap;
 };
 static std::map<uint32_t, hp_mbar> hp_bars; // by shared address, per CTA (cleared by the test between CTAs)
 static std::vector<hp_copy> hp_pending;
@@ -172,7 +176,8 @@ static void hp_land_bulk(const hp_copy &c) {
   hp_complete_if(b);
 }
 // One TMA box of m at coordinates c, 128-byte swizzle, rows of 128 bytes: f(the global element, or
-// nullptr outside the tensor, and its shared-memory address from smem), for tma_load and tma_store.
+// nullptr outside the tensor, its shared-memory address from smem, and its bytes m.es), for tma_load and
+// tma_store.
 template <class F> static void hp_tma_box(const hp_tmap_t &m, const int *c, uint32_t smem, F f) {
   uint32_t r = 0;
   for (uint32_t i3 = 0; i3 < m.box[3]; i3++)
@@ -182,29 +187,30 @@ template <class F> static void hp_tma_box(const hp_tmap_t &m, const int *c, uint
           const int64_t x[4] = {(int64_t)c[0] + e, (int64_t)c[1] + i1, (int64_t)c[2] + i2, (int64_t)c[3] + i3};
           bool in = true;
           for (int a = 0; a < 4; a++) in = in && x[a] >= 0 && (uint64_t)x[a] < m.dims[a];
-          char *g = in ? (char *)m.base + 2 * x[0] + x[1] * m.strides[0] + x[2] * m.strides[1] + x[3] * m.strides[2]
+          char *g = in ? (char *)m.base + m.es * x[0] + x[1] * m.strides[0] + x[2] * m.strides[1] + x[3] * m.strides[2]
                        : nullptr;
-          f(g, smem + r * 128 + ((e / 8) ^ (r % 8)) * 16 + (e % 8) * 2);
+          const uint32_t byte = e * m.es;
+          f(g, smem + r * 128 + ((byte / 16) ^ (r % 8)) * 16 + byte % 16, m.es);
         }
 }
 static void hp_land(const hp_copy &c) {
   if (!c.map) return hp_land_bulk(c);
-  const hp_tmap_t &m = *c.map;
+  const hp_tmap_t &m = c.tmap;
   if (c.dst % 1024) {
     fprintf(stderr, "emu: TMA destination %u not 1024-byte aligned (128-byte swizzle)\n", c.dst);
     abort();
   }
-  if (m.box[0] * 2 != 128) {
+  if (m.box[0] * m.es != 128) {
     fprintf(stderr, "emu: the emulated TMA takes rows of 128 bytes\n");
     abort();
   }
-  hp_tma_box(m, c.c, c.dst, [](char *g, uint32_t a) { /* out of bounds: zeros, as TMA fills */
-    uint16_t v = 0;
-    if (g) memcpy(&v, g, 2);
-    memcpy(hp_ptr(a, 2), &v, 2);
+  hp_tma_box(m, c.c, c.dst, [](char *g, uint32_t a, uint32_t es) { /* out of bounds: zeros, as TMA fills */
+    uint32_t v = 0;
+    if (g) memcpy(&v, g, es);
+    memcpy(hp_ptr(a, es), &v, es);
   });
   hp_mbar &b = hp_bars.at(c.bar);
-  b.tx -= (int64_t)m.box[0] * m.box[1] * m.box[2] * m.box[3] * 2;
+  b.tx -= (int64_t)m.box[0] * m.box[1] * m.box[2] * m.box[3] * m.es;
   if (b.tx < 0) {
     fprintf(stderr, "emu: more TMA bytes than the barrier expected\n");
     abort();
@@ -214,7 +220,7 @@ static void hp_land(const hp_copy &c) {
 }
 
 HP_DEV void tma_load(void *dst, const hp_tmap_t *map, uint64_t *bar, int c0, int c1, int c2, int c3) {
-  const hp_copy c{hp_smem_u32(dst), hp_smem_u32(bar), map, {c0, c1, c2, c3}};
+  const hp_copy c{hp_smem_u32(dst), hp_smem_u32(bar), map, {c0, c1, c2, c3}, nullptr, 0, *map};
   hp_bar(bar); // initialised
   if (hp_coin() % 2) hp_land(c);
   else hp_pending.push_back(c);
@@ -494,14 +500,14 @@ struct hp_store {
 };
 static std::vector<hp_store> hp_stores;
 static void hp_store_do(const hp_store &st) {
-  hp_tma_box(*st.map, st.c, st.src, [](char *g, uint32_t a) { /* out of bounds: not written, as TMA clips */
-    if (g) memcpy(g, hp_ptr(a, 2), 2);
+  hp_tma_box(*st.map, st.c, st.src, [](char *g, uint32_t a, uint32_t es) { /* out of bounds: not written, as TMA clips */
+    if (g) memcpy(g, hp_ptr(a, es), es);
   });
   emu.progress++;
 }
 HP_DEV void tma_store(const hp_tmap_t *map, const void *src, int c0, int c1, int c2, int c3) {
   const hp_store st{emu.cur, map, hp_smem_u32(src), {c0, c1, c2, c3}, false};
-  if (st.src % 1024 || map->box[0] * 2 != 128) {
+  if (st.src % 1024 || map->box[0] * map->es != 128) {
     fprintf(stderr, "emu: TMA store from %u: not 1024-byte aligned (128-byte swizzle), or rows not of 128 bytes\n", st.src);
     abort();
   }
@@ -669,14 +675,16 @@ struct hp_seqs {
   }
 };
 
-// The tensor map of a [tb][rows][heads][d] (or sbhd) bf16 tensor x with strides st (elements:
-// position, head, batch), boxes of 64 columns x box_rows rows.
-static hp_tmap_t hp_map(const std::vector<uint16_t> &x, int d, int heads, const int64_t *st, int rows, int tb, int box_rows) {
+// The tensor map of a [tb][rows][heads][d] (or sbhd) bf16 (or fp32) tensor x with strides st (elements:
+// position, head, batch), boxes of 128 bytes (64 or 32 columns) x box_rows rows.
+template <class E>
+static hp_tmap_t hp_map(const std::vector<E> &x, int d, int heads, const int64_t *st, int rows, int tb, int box_rows) {
+  static_assert(sizeof(E) == 2 || sizeof(E) == 4, "bf16 or fp32 elements");
   hp_tmap_t m;
-  m.base = x.data();
+  m.base = x.data(), m.es = sizeof(E);
   const uint64_t dims[4] = {(uint64_t)d, (uint64_t)heads, (uint64_t)rows, (uint64_t)tb};
-  const uint64_t bst[3] = {(uint64_t)st[1] * 2, (uint64_t)st[0] * 2, (uint64_t)st[2] * 2};
-  const uint32_t box[4] = {64, 1, (uint32_t)box_rows, 1};
+  const uint64_t bst[3] = {(uint64_t)st[1] * m.es, (uint64_t)st[0] * m.es, (uint64_t)st[2] * m.es};
+  const uint32_t box[4] = {128 / m.es, 1, (uint32_t)box_rows, 1};
   memcpy(m.dims, dims, sizeof dims), memcpy(m.strides, bst, sizeof bst), memcpy(m.box, box, sizeof box);
   return m;
 }

@@ -4,7 +4,8 @@
 // five masks, the four loops (PIPE 0-3), the fused merge (into an f32 and a bf16 running out),
 // head dims 128, 64 and 192/128, d 64's 192-row CTAs of three consumer warpgroups (M192), and the lazy
 // rescale (LAZY: the exps' base moved by more than 2^8 only) at d 128 and 64.
-// The TMA store of O (HP_FWD_OPT_TMA_O) in the plain epilogue's runs: ARGS=--tma-o all of them,
+// The TMA store of O (HP_FWD_OPT_TMA_O) in the plain epilogue's runs, and the merge's running rows in and
+// out by TMA (HP_FWD_OPT_TMA_M) in the merge's runs where they are staged: ARGS=--tma-o all of them,
 // --quick every other one, none otherwise.
 //   make -C experiments/lab/emu/attn hopper-emu [ARGS=--quick | ARGS="--pipe N" | ARGS="--tma-o [--pipe N]" |
 //                                                ARGS="--m192 [--quick | --pipe N]" | ARGS="--lazy [--quick]"]
@@ -16,7 +17,8 @@
 
 // merge: the step merged into a running (acc_out, acc_lse) of random rows, some with lse -inf; acc_out
 // fp32 (1) or bf16 (2)
-// tma: the kernel with HP_FWD_OPT_TMA_O (O by TMA stores in the plain epilogue; the merge ignores it)
+// tma: the kernel with HP_FWD_OPT_TMA_O (O by TMA stores in the plain epilogue), or in a merge with the
+// rows staged HP_FWD_OPT_TMA_M (the running rows by TMA loads and stores, the map of the running out)
 // m192: with HP_FWD_OPT_M192 (192 rows a CTA, three consumer warpgroups, 512 threads; d 64)
 // lazy: with HP_FWD_OPT_LAZY (the exps' base moved by more than 2^8 only), on logits 24 times sharper so
 // that blocks raise a row's max past the slack and below it; no max_logit (the launcher keeps LAZY off there)
@@ -83,6 +85,7 @@ static bool run_case(const hp_case &cs, const hp_mask &mk, int pipe, unsigned se
     const int most = hp_acc_vec(p.acc_out, p.acc_st, merge == 2 ? 2 : 4); // and smaller copies too
     p.acc_vec = std::min(most, 4 << (seed % 3));
   }
+  const hp_tmap_t ta = merge == 2 ? hp_map(acc16, DV, h, so, rows, tb, 64) : hp_map(acc, DV, h, so, rows, tb, 64);
   const std::vector<float> acc0 = acc, acc_lse0 = acc_lse;
   const std::vector<uint16_t> acc16_0 = acc16;
   std::vector<float> max_logit(h, -INFINITY);
@@ -91,13 +94,14 @@ static bool run_case(const hp_case &cs, const hp_mask &mk, int pipe, unsigned se
   // one CTA at a time, each with fresh barriers; the kernel of loop `pipe` and the bits OPT
   auto kernel = [&](auto opt_c) {
     constexpr int OPT = decltype(opt_c)::value;
-    const hp_tmap_t &om = OPT & HP_FWD_OPT_TMA_O ? to : tq; // (unread without the TMA store)
+    const hp_tmap_t &om = OPT & HP_FWD_OPT_TMA_O ? to : OPT & HP_FWD_OPT_TMA_M ? ta : tq; // (unread without either)
     if (pipe == 3) fwd_kernel<3, DQK, DV, OPT>(tq, tk, tv, p, om);
     else if (pipe == 2) fwd_kernel<2, DQK, DV, OPT>(tq, tk, tv, p, om);
     else if (pipe == 1) fwd_kernel<1, DQK, DV, OPT>(tq, tk, tv, p, om);
     else fwd_kernel<0, DQK, DV, OPT>(tq, tk, tv, p, om);
   };
-  constexpr int O = HP_FWD_OPT, T = HP_FWD_OPT_TMA_O, M = HP_FWD_OPT_M192, L = HP_FWD_OPT_LAZY;
+  constexpr int O = HP_FWD_OPT, T = HP_FWD_OPT_TMA_O, M = HP_FWD_OPT_M192, L = HP_FWD_OPT_LAZY, TM = HP_FWD_OPT_TMA_M;
+  constexpr bool staged = acc_stage_t<DQK, DV>::on; // TMA_M needs the rows staged (not MLA's 192/128)
   auto run = [&](auto opt_c) { // the bits, with LAZY's where lazy
     constexpr int OPT = decltype(opt_c)::value;
     if (lazy) kernel(std::integral_constant<int, OPT | L>{});
@@ -110,7 +114,12 @@ static bool run_case(const hp_case &cs, const hp_mask &mk, int pipe, unsigned se
       for (int x = 0; x < mb; x++) {
         const bool done = hp_run_cta(dim3(x, y, z), dim3(mb, h, b), m192 ? fwd_threads(M) : THREADS, smem, [&] {
           if constexpr (DQK == 64 && DV == 64)
-            if (m192) return tma ? run(std::integral_constant<int, O | T | M>{}) : run(std::integral_constant<int, O | M>{});
+            if (m192) {
+              if (tma && merge) return run(std::integral_constant<int, O | M | TM>{});
+              return tma ? run(std::integral_constant<int, O | T | M>{}) : run(std::integral_constant<int, O | M>{});
+            }
+          if constexpr (staged)
+            if (tma && merge) return run(std::integral_constant<int, O | TM>{});
           if (tma) run(std::integral_constant<int, O | T>{});
           else run(std::integral_constant<int, O>{});
         });
@@ -193,7 +202,7 @@ static bool run_case(const hp_case &cs, const hp_mask &mk, int pipe, unsigned se
   const bool ok = nw <= nwb && emax <= 1e-2 && lmax <= 1e-4 && mlmax <= 1e-5 && touched == 0, caught = pw > nwb;
   const std::string what = sq_.what(false);
   printf("d=%d/%d%s%s pipe=%d%s %s h=%d/%d window (%d,%d)%s%s: normwise %.2e, elementwise %.2e, lse %.2e, max_logit %.1e; %zu written outside the rows; planted 2%%: %.2e %s -> %s\n",
-         DQK, DV, m192 ? " m192" : "", lazy ? " lazy" : "", pipe, tma ? " tma-o" : "", what.c_str(), h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", merge == 2 ? " merged into bf16" : merge ? " merged" : "", nw, emax, lmax, mlmax, touched, pw, caught ? "caught" : "MISSED",
+         DQK, DV, m192 ? " m192" : "", lazy ? " lazy" : "", pipe, tma ? (merge ? " tma-m" : " tma-o") : "", what.c_str(), h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", merge == 2 ? " merged into bf16" : merge ? " merged" : "", nw, emax, lmax, mlmax, touched, pw, caught ? "caught" : "MISSED",
          ok && caught ? "ok" : "FAIL");
   return ok && caught;
 }
@@ -211,7 +220,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--m192")) m192_only = true;
     else if (!strcmp(argv[i], "--lazy")) lazy_only = true;
     else if (!strcmp(argv[i], "--pipe") && i + 1 < argc) only = atoi(argv[++i]);
-  // the TMA store of O (the plain epilogue's runs): --tma-o every one; --quick every other one; else none
+  // the TMA store of O (the plain epilogue's runs) or the merge's rows by TMA (the merge's): --tma-o every
+  // one; --quick every other one; else none
   auto tma = [&](unsigned sd) { return tma_all || (quick && sd % 2 == 1); };
   bool ok = true;
   const std::vector<hp_case> &cases = hp_cases, none;
@@ -232,22 +242,25 @@ int main(int argc, char **argv) {
     for (int m = 0; m < 2; m++, n++)
       for (int pipe = 0; pipe < NPIPE; pipe++)
         for (int acc = 1; acc <= 2; acc++)
-          if (pick(pipe) && (!quick || acc == 1 + (&c - cases.data() + m) % 2)) ok = run_case<128>(c, masks[m], pipe, seed++, acc) && ok;
+          if (pick(pipe) && (!quick || acc == 1 + (&c - cases.data() + m) % 2))
+            ok = run_case<128>(c, masks[m], pipe, seed, acc, tma(seed)) && ok, seed++;
   for (const hp_case &c : others) // head dim 64: every case under three masks, and merged causal
     for (int m : {0, 2, 4}) {
       if (quick && m != 2) continue;
       for (int pipe = 0; pipe < NPIPE; pipe++)
-        if (pick(pipe)) ok = run_case<64>(c, masks[m], pipe, seed, m == 2 ? 1 + seed % 2 : 0, m != 2 && tma(seed)) && ok, seed++;
+        if (pick(pipe)) ok = run_case<64>(c, masks[m], pipe, seed, m == 2 ? 1 + seed % 2 : 0, tma(seed)) && ok, seed++;
       n++;
     }
   // head dim 64 with 192-row CTAs (M192, three consumer warpgroups): every case under the five masks
   // (quick: three), causal bottom-right merged (f32 and bf16 in turn), the plain runs with and without
-  // the TMA store of O in turn (whatever --tma-o says: the knob takes both)
+  // the TMA store of O in turn (whatever --tma-o says: the knob takes both), the merged ones with the rows
+  // by TMA as --tma-o and --quick say
   for (const hp_case &c : m192_cases)
     for (int m = 0; m < 5; m++) {
       if (quick && m % 2 == 1) continue;
       for (int pipe = 0; pipe < NPIPE; pipe++)
-        if (pick(pipe)) ok = run_case<64>(c, masks[m], pipe, seed, m == 2 ? 1 + seed % 2 : 0, m != 2 && seed % 2, true) && ok, seed++;
+        if (pick(pipe))
+          ok = run_case<64>(c, masks[m], pipe, seed, m == 2 ? 1 + seed % 2 : 0, m == 2 ? tma(seed) : seed % 2 == 1, true) && ok, seed++;
       n++;
     }
   // LAZY (HP_FWD_OPT_LAZY, on sharper logits): every case under the five masks at d 128 (PIPE 2, the
@@ -258,8 +271,9 @@ int main(int argc, char **argv) {
       const int ci = (int)(&c - lazy_cases.data()), t = (ci + m) % 2; // t: what the case and mask take in turn
       if (quick && m != ci % 5 && m != 2) continue;
       const int mg = m == 1 ? 1 + ci % 2 : 0;
-      ok = run_case<128>(c, masks[m], t ? 2 : 0, seed++, mg, !mg && t, false, true) && ok;
-      ok = run_case<64>(c, masks[m], 1, seed++, mg, !mg && !t, t == 1, true) && ok;
+      const unsigned s1 = seed++, s2 = seed++; // merged: the rows by TMA as --tma-o and --quick say
+      ok = run_case<128>(c, masks[m], t ? 2 : 0, s1, mg, mg ? tma(s1) : t == 1, false, true) && ok;
+      ok = run_case<64>(c, masks[m], 1, s2, mg, mg ? tma(s2) : t == 0, t == 1, true) && ok;
     }
   for (const hp_case &c : others) // MLA's 192/128: every case causal bottom-right merged, and a window
     for (int m : {2, 3})
