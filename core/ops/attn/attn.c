@@ -404,8 +404,9 @@ int dl_attn_backend(const dl_attn_opts_t *o, const dl_tensor_t *q, const dl_tens
 #ifdef DL_WITH_CUDA
   /* ours on cuda: which of our kernels runs (the Hopper forward or backward, or the portable one) */
   if (!rc && *chosen == DL_ATTN_OURS && q->dev_type == DL_CUDA) {
-    /* what the call would have: a merge target, else out; max_logit (the forward's variants read all three) */
-    if (!bwd && accumulate >= 0) p.acc_out = (void *)1, p.acc_dtype = accumulate;
+    /* what the call would have: a merge target, else out; max_logit (the forward's variants read all three);
+     * the merge target's stand-in 16-byte aligned as dl.attn's accumulators are (the TMA_M test reads it) */
+    if (!bwd && accumulate >= 0) p.acc_out = (void *)(uintptr_t)256, p.acc_dtype = accumulate;
     else if (!bwd) p.out = (void *)1;
     if (!bwd && max_logit) p.max_logit = (float *)1;
     rc = kernel_why(&p, q->dev_index, bwd ? dl_attn_bwd_hopper_fits : dl_attn_fwd_hopper_fits,
