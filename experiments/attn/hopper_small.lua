@@ -4,7 +4,8 @@
 -- on the host (distlab.bench.attn_rows with all rows: out, lse, dq, dk, dv
 -- over every row, normwise <= 8e-3 (lse 1e-5), bias 2^-10 and
 -- TransformerEngine's bf16 tolerance element-wise; thd rows outside the sequences must be 0), after
--- printing which kernels dl.attn.backends says run. Nothing is timed: each
+-- printing which kernels dl.attn.backends says run; and the fused merge into fp32 and bf16 running rows
+-- (bshd and thd causal; merge_case below). Nothing is timed: each
 -- case runs once, on fresh inputs, through h:planted (--plant noop |
 -- scale=X must fail it). Small enough for compute-sanitizer
 -- (scripts/gpu/attn_hopper.sh runs it under memcheck and racecheck).
@@ -59,6 +60,41 @@ local function case(name, shape_q, shape_kv, opts)
   if wrong > 0 then failed = failed + 1 end
 end
 
+-- The fused merge (opts.accumulate) into an fp32 or a bf16 running (out, lse): the running rows emptied (lse
+-- -inf) over an out of 7.0 before each run, so that the merged rows must equal the step's own, checked in full
+-- against fp64 as above (a merge that kept the old rows, or left a row unwritten, leaves 7.0). The bf16 one
+-- takes the running rows in and out by TMA in the default loops (TMA_M), the fp32 one the copy warps'.
+local function merge_case(name, shape_q, shape_kv, opts, adt)
+  local g = {}
+  for key, val in pairs(opts) do g[key] = dl.is_tensor(val) and val:to(dev) or val end
+  local x = {}
+  ncase = ncase + 1
+  local seed = ncase
+  local function draw(base) x.q, x.k, x.v = input(shape_q, base + 1), input(shape_kv, base + 2), input(shape_kv, base + 3) end
+  draw(seed * 8)
+  local acc = dl.attn.accumulator(x.q, x.v, { layout = g.layout, dtype = adt })
+  local m = { accumulate = acc }
+  for key, val in pairs(g) do m[key] = val end
+  local run = h:planted(function() dl.attn.fwd(x.q, x.k, x.v, m) end, { writes = { acc.out, acc.lse } })
+  local b = dl.attn.backends(x.q, x.k, x.v, m)
+  local wrong = h:verify {
+    what = name,
+    fresh = function()
+      draw(seed * 8 + 4)
+      acc.out:fill_(7)
+      acc.lse:fill_(-math.huge)
+    end,
+    run = run,
+    check = function()
+      local R = rows_ref.prepare { q = x.q, k = x.k, v = x.v, opts = g, all = true }
+      return R:check { out = acc.out, lse = acc.lse }
+    end,
+  }
+  print(string.format("%-44s fwd: %s | %s", name, b.fwd_why:match("kernel: (.*)$") or b.fwd_why,
+    wrong == 0 and "ok" or string.format("WRONG (%d)", wrong)))
+  if wrong > 0 then failed = failed + 1 end
+end
+
 for _, d in ipairs(h.quick and { 64 } or { 128, 64 }) do
   case("bshd b=2 s=333 h=2 d=" .. d .. " causal", { 2, 333, 2, d }, { 2, 333, 2, d }, { mask = "causal" })
   case("bshd b=1 s=300/kv 200 h=4/2 d=" .. d .. " bottom-right", { 1, 300, 4, d }, { 1, 200, 2, d },
@@ -74,6 +110,14 @@ for _, d in ipairs(h.quick and { 64 } or { 128, 64 }) do
   case("thd 130,0,77 at 5,140,141 h=2 d=" .. d .. " no mask", { 224, 2, d }, { 224, 2, d },
     { layout = "thd", cu_seqlens_q = cu, cu_seqlens_kv = cu, cu_seqlens_q_padded = pad,
       cu_seqlens_kv_padded = pad, max_seqlen_q = 130, max_seqlen_kv = 130 })
+  local cm = dl.from_table({ 0, 130, 207 }, { dtype = "i32", device = "cpu" })
+  for _, adt in ipairs({ "f32", "bf16" }) do
+    merge_case("merge into " .. adt .. ": bshd b=2 s=333 h=2 d=" .. d .. " causal", { 2, 333, 2, d }, { 2, 333, 2, d },
+      { mask = "causal" }, adt)
+    merge_case("merge into " .. adt .. ": thd 130,77 h=2 d=" .. d .. " causal", { 207, 2, d }, { 207, 2, d },
+      { layout = "thd", mask = "causal", cu_seqlens_q = cm, cu_seqlens_kv = cm, max_seqlen_q = 130, max_seqlen_kv = 130 },
+      adt)
+  end
 end
 print(failed == 0 and "hopper_small: all ok" or ("hopper_small: " .. failed .. " cases WRONG"))
 h:finish()
