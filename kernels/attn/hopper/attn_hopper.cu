@@ -241,7 +241,7 @@ static bool fwd_tma_o(const dl_attn_params_t *p) {
 
 /* The fused merge's running rows in by TMA boxes and the merged rows back by TMA stores (HP_FWD_OPT_TMA_M;
  * FA4-GAP.md section 15), in each head dim's default loop: the default for a bf16 running out (CP's; its merge
- * at 4k causal +2.9-4.1% against +5.5-6.0% without, experiments/results/attn/attn-merge-tmam-h200.md), not for
+ * at 4k causal +2.9-4.1% against +5.1-6.0% without, experiments/results/attn/attn-merge-tmam-h200.md), not for
  * fp32 (no faster: its TMA stores cost more cycles than each thread's 8-byte stores).
  * DISTLAB_ATTN_HOPPER_FWD_TMA_M=1 takes it for both, =0 for neither. */
 static int env_fwd_tma_m(void) {
