@@ -21,8 +21,6 @@
 set -u
 t_start=$(date +%s)
 source "$(dirname "$0")/steps.sh" attn_ab 560 || exit 2
-# $L travels packed (attn_ab-logs.tgz): a device call brings back a few files only
-trap 'steps_finish; rm -rf "$L"' EXIT
 VARIANTS="${VARIANTS:-base:main}" ROUNDS="${ROUNDS:-2}" S="${S:-8192,16384}" D="${D:-128}"
 BACKENDS="${BACKENDS:-ours}" DEV="${DEVICE:-cuda}" RUN_LIMIT="${RUN_LIMIT:-150}"
 [[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || { say "ROUNDS: a positive integer, got $ROUNDS"; exit 2; }

@@ -52,8 +52,6 @@
 set -u
 t_start=$(date +%s)
 source "$(dirname "$0")/steps.sh" attn_prof 570 || exit 2
-# $L travels packed (attn_prof-logs.tgz): a device call brings back at most 8 files
-trap 'steps_finish; rm -rf "$L"' EXIT
 export PYTHONUNBUFFERED=1
 STEPS="${STEPS:-ours fa4 summary}"
 S="${S:-8192}" D="${D:-128}" LAYOUT="${LAYOUT:-bshd}" MASKS="${MASKS:-none causal}" CALLS="${CALLS:-3}"

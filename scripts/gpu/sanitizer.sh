@@ -56,8 +56,6 @@
 set -u
 t_start=$(date +%s)
 source "$(dirname "$0")/steps.sh" sanitizer 290 || exit 2
-# the raw logs travel packed (a device call brings back at most 8 files)
-trap 'steps_finish; rm -rf "$L"' EXIT
 export NCCL_NVLS_ENABLE=0 LIBC_FATAL_STDERR_=1
 export DISTLAB_STOP_GRACE="${DISTLAB_STOP_GRACE:-20}" DISTLAB_STORE_LINGER="${DISTLAB_STORE_LINGER:-30}"
 # set here, they win over each run's own (its limit less 15 s)

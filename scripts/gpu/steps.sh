@@ -40,7 +40,7 @@
 #                            wheel sets carried from .deps/fa4/1 and /2 (scripts/fetch-fa4.sh; one
 #                            a call, kept in build/fa4-wheels) into build/fa4site, on PYTHONPATH;
 #                            FA4 names the version, or is empty (with a line saying what is missing)
-# At exit: MPS stopped, $SUM copied into $L, $L packed into $OUT/NAME-logs.tgz.
+# At exit: MPS stopped, $SUM copied into $L, $L packed into $OUT/NAME-logs.tgz and removed (KEEP_LOGS=1 keeps it).
 t_start=${t_start:-$(date +%s)}
 cd "$(dirname "${BASH_SOURCE[0]}")/../.." || exit 2
 source scripts/gpu/setup.sh || exit 2
@@ -151,7 +151,9 @@ steps_finish() {
   [ -n "$mps_ctl" ] && echo quit | "$mps_ctl" >/dev/null 2>&1
   if [ "$L" != "$OUT" ]; then
     cp "$SUM" "$L/" 2>/dev/null
-    tar -czf "$OUT/$NAME-logs.tgz" -C "$(dirname "$L")" "$(basename "$L")"
+    # packed, then gone unless KEEP_LOGS: a device call brings back a few files only, and loose logs
+    # crowded a results file out (session 14's whole-suite call returned neither suite-h200.md nor its logs)
+    tar -czf "$OUT/$NAME-logs.tgz" -C "$(dirname "$L")" "$(basename "$L")" && [ -z "${KEEP_LOGS:-}" ] && rm -rf "$L"
     say "done, status $status; logs: $OUT/$NAME-logs.tgz"
   else
     say "done, status $status"
