@@ -137,18 +137,8 @@ static int bwd_rows(const dl_attn_params_t *p) {
   return BWD_BQ;
 }
 
-/* The forward's A/B variants at d 128 with PIPE 0 (fwd_params.cuh's HP_FWD_OPT_*; experiments/lab/attn/FA4-GAP.md
- * F2, F3): DISTLAB_ATTN_HOPPER_FWD_ELECT=1 releases K/V stages with one arrival a consumer warp,
- * DISTLAB_ATTN_HOPPER_FWD_TREE=1 takes the softmax's row max and sum in four chains a row (F3b: also in
- * d 128's default loop, PIPE 2 with the lazy rescale, and d 64's, PIPE 1 in 192-row CTAs) */
-static int env_fwd_opt(void) {
-  static int elect = -1, tree = -1;
-  return (env_is("DISTLAB_ATTN_HOPPER_FWD_ELECT", "1", &elect) ? HP_FWD_OPT_ELECT : 0) |
-         (env_is("DISTLAB_ATTN_HOPPER_FWD_TREE", "1", &tree) ? HP_FWD_OPT_TREE : 0);
-}
-
 /* DISTLAB_ATTN_HOPPER_FWD_PIPE=0, 1, 2 or 3: the forward's main loop at d 128 and 64 (fwd_kernel's PIPE; FA4-GAP.md
- * F1, F1b, A/B timings): 0 the steps in turn (d 128 only; the ELECT/TREE variants above with it alone), 1 FA3's
+ * F1, F1b, A/B timings): 0 the steps in turn (d 128 only; env_fwd_opt's ELECT/TREE variants with it alone), 1 FA3's
  * intra-warpgroup pipelining, 2 the same with V's wait placed so that ptxas keeps the softmax under the P V,
  * 3 PIPE 2 with FA4's load order (K(j+1) before V(j)). Unset or other values: -1, each head dim's default
  * (PIPE 2 at d 128 since FA4-GAP B8c, PIPE 1 at d 64). */
@@ -222,6 +212,13 @@ static int env_fwd_elect(void) {
   static int c[2] = {-1, -1};
   return env_on_off("DISTLAB_ATTN_HOPPER_FWD_ELECT", c);
 }
+/* The forward's A/B variants at d 128 with PIPE 0 (fwd_params.cuh's HP_FWD_OPT_*; experiments/lab/attn/FA4-GAP.md
+ * F2, F3): DISTLAB_ATTN_HOPPER_FWD_ELECT=1 releases K/V stages with one arrival a consumer warp,
+ * DISTLAB_ATTN_HOPPER_FWD_TREE=1 takes the softmax's row max and sum in four chains a row (both also in the
+ * default loops: fwd_tree, fwd_elect) */
+static int env_fwd_opt(void) {
+  return (env_fwd_elect() == 1 ? HP_FWD_OPT_ELECT : 0) | (env_fwd_tree() == 1 ? HP_FWD_OPT_TREE : 0);
+}
 /* Whether the forward of p runs the four-chain softmax: each head dim's default loop unless the knob says 0;
  * d 64's 192-row PIPE 2 without the lazy rescale where it says 1 (PIPE 0's variants: env_fwd_opt) */
 static bool fwd_tree(const dl_attn_params_t *p) {
@@ -251,9 +248,9 @@ static int env_fwd_tma_m(void) {
 }
 static bool fwd_tma_m(const dl_attn_params_t *p) {
   if (!env_fwd_tma_m() || !p->acc_out) return false;
-  const int64_t es = p->acc_dtype == DL_BF16 ? 2 : 4; /* TMA: 16-byte aligned base and strides */
-  const bool aligned = (uintptr_t)p->acc_out % 16 == 0 && (p->acc_out_st.s * es) % 16 == 0 &&
-                       (p->acc_out_st.h * es) % 16 == 0 && (p->acc_out_st.b * es) % 16 == 0;
+  /* TMA: 16-byte aligned base and strides (the kernel's own test, params_t.acc_vec) */
+  const int64_t st[3] = {p->acc_out_st.s, p->acc_out_st.h, p->acc_out_st.b};
+  const bool aligned = hp_acc_vec(p->acc_out, st, p->acc_dtype == DL_BF16 ? 2 : 4) == 16;
   return aligned && fwd_tree(p) &&
          ((fwd_d128_default(p) && !fwd_elect(p)) || (fwd_d64_default(p) && fwd_elect(p))); /* launch's kernels */
 }
@@ -487,7 +484,7 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   if ((tma_o || (HP_FWD_OPT & HP_FWD_OPT_TMA_O)) && !p->acc_out && p->out) /* the knob, or the build flag */
     DL_TRY(tensor_map(&to, p->out, p->out_st, p->d_v, p->h_q, rq, bt, "out", 64));
   /* the merge's running rows by TMA: `to` is the running out's map (fp32 or bf16 boxes of 128 bytes x 64 rows) */
-  const bool tma_m = fwd_tma_m(p) && k.acc_vec == 16;
+  const bool tma_m = fwd_tma_m(p);
   if (tma_m)
     DL_TRY(tensor_map(&to, p->acc_out, p->acc_out_st, p->d_v, p->h_q, rq, bt, "accumulate.out", 64, k.acc_bf16 ? 2 : 4));
   static_assert(BM == 128 && fwd_rows(HP_FWD_OPT_M192) >= BM, "dl_attn_fwd_cuda checks the grid for 128-row blocks");

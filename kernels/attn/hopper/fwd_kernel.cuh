@@ -170,12 +170,15 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
       // (in 24 registers: one wait in the code, for the go and then for the copies to land, so that no
       // thread leaves with its copies in flight; the rows' addresses from the first's, one step a row;
       // shifts, no divisions: a row's bytes and vec are powers of 2)
-      if constexpr (TMA_M) { // the rows come by TMA boxes (acc_go): the LSEs alone, then the wait for all
-        mbar_wait(&sm.acc_go, 0, &sm.fail, p.err);
-        const int t = threadIdx.x - (PROD + 32), rows = i1 - i0;
+      // the running LSEs of the block's rows, a row a copy over the 96 copying threads (t), then the arrival
+      auto copy_lses = [&](int t, int rows) {
         const float *lse0 = p.acc_lse + at(p.acc_lse_st, i0);
         for (int r = t; r < rows; r += 96) cp_async(stage + ST::o_bytes + 4 * r, lse0 + r * p.acc_lse_st[0], 4);
         cp_async_arrive(&sm.acc_full);
+      };
+      if constexpr (TMA_M) { // the rows come by TMA boxes (acc_go): the LSEs alone, then the wait for all
+        mbar_wait(&sm.acc_go, 0, &sm.fail, p.err);
+        copy_lses(threadIdx.x - (PROD + 32), i1 - i0);
         mbar_wait(&sm.acc_full, 0, &sm.fail, p.err);
         if (threadIdx.x == PROD + 32) HP_TRACE(p, 3);
       } else { // the rows and the LSEs by the copy warps' cp.asyncs
@@ -203,9 +206,7 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
               const int r = i >> lg_row, byte = (i - (r << lg_row)) << lg_vec;
               cp_async(acc_stage_at<ROWS>(stage, r, byte), acc + r * step + byte, vec);
             }
-          const float *lse0 = p.acc_lse + at(p.acc_lse_st, i0);
-          for (int r = t; r < rows; r += 96) cp_async(stage + ST::o_bytes + 4 * r, lse0 + r * p.acc_lse_st[0], 4);
-          cp_async_arrive(&sm.acc_full);
+          copy_lses(t, rows);
         }
       }
     }
