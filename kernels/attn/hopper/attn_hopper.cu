@@ -240,11 +240,12 @@ static bool fwd_tma_o(const dl_attn_params_t *p) {
 }
 
 /* DISTLAB_ATTN_HOPPER_FWD_TMA_M=1: the fused merge's running rows come in by TMA boxes and the merged rows go
- * back by TMA stores (HP_FWD_OPT_TMA_M; FA4-GAP.md section 14), in each head dim's default loop; A/B, off
- * until timed */
+ * back by TMA stores (HP_FWD_OPT_TMA_M; FA4-GAP.md section 14), in each head dim's default loop; =in: in by TMA
+ * boxes, back by each thread's stores (params_t.acc_thread_out); A/B, off until timed. 0 off, 1 in and out,
+ * 2 in only. */
 static int env_fwd_tma_m(void) {
-  static int c = -1;
-  return env_is("DISTLAB_ATTN_HOPPER_FWD_TMA_M", "1", &c);
+  static int one = -1, in = -1;
+  return env_is("DISTLAB_ATTN_HOPPER_FWD_TMA_M", "1", &one) ? 1 : env_is("DISTLAB_ATTN_HOPPER_FWD_TMA_M", "in", &in) ? 2 : 0;
 }
 static bool fwd_tma_m(const dl_attn_params_t *p) {
   if (!env_fwd_tma_m() || !p->acc_out) return false;
@@ -295,7 +296,7 @@ extern "C" int dl_attn_fwd_hopper_fits(const dl_attn_params_t *p, char *why, siz
     add_why(why, n, fwd_tree(p), "row max and sum in four chains");
     add_why(why, n, fwd_tma_o(p), "O by TMA store");
     add_why(why, n, fwd_elect(p), "stages freed by one arrival a warp");
-    add_why(why, n, fwd_tma_m(p), "running rows in and out by TMA");
+    add_why(why, n, fwd_tma_m(p), env_fwd_tma_m() == 2 ? "running rows in by TMA" : "running rows in and out by TMA");
   }
   return 1;
 }
@@ -485,6 +486,7 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
     DL_TRY(tensor_map(&to, p->out, p->out_st, p->d_v, p->h_q, rq, bt, "out", 64));
   /* the merge's running rows by TMA: `to` is the running out's map (fp32 or bf16 boxes of 128 bytes x 64 rows) */
   const bool tma_m = fwd_tma_m(p);
+  k.acc_thread_out = env_fwd_tma_m() == 2;
   if (tma_m)
     DL_TRY(tensor_map(&to, p->acc_out, p->acc_out_st, p->d_v, p->h_q, rq, bt, "accumulate.out", 64, k.acc_bf16 ? 2 : 4));
   static_assert(BM == 128 && fwd_rows(HP_FWD_OPT_M192) >= BM, "dl_attn_fwd_cuda checks the grid for 128-row blocks");
