@@ -114,14 +114,13 @@ for _, dev in ipairs(H.devices) do
           local acc = dl.attn.accumulator(q, q, { dtype = adt })
           local wa = dl.attn.backends(q, q, q, { accumulate = acc }).fwd_why
           assert.truthy(wa:find(hopper and "kernel: hopper forward (wgmma, TMA; bf16, d 128)" or "kernel: portable", 1, true), wa)
-          -- FWD_TMA_M=1: the running rows in and out by TMA, =in: in only; in d 128's default loop (not with
-          -- FWD_ELECT=1)
+          -- the running rows in and out by TMA, in d 128's default loop (not with FWD_ELECT=1): a bf16 running
+          -- out's default (FWD_TMA_M=0 turns it off), an fp32 one's with FWD_TMA_M=1
           local tmk = os.getenv("DISTLAB_ATTN_HOPPER_FWD_TMA_M")
-          local tm = (hopper and (tmk == "1" or tmk == "in") and tree and elect_knob ~= "1") and true or false
-          assert.equal(tm and tmk == "1", wa:find(", running rows in and out by TMA", 1, true) ~= nil, wa)
-          assert.equal(tm and tmk == "in", wa:find(", running rows in by TMA", 1, true) ~= nil, wa)
+          local tm = hopper and (tmk == "1" or (adt == "bf16" and tmk ~= "0")) and tree and elect_knob ~= "1"
+          assert.equal(tm and true or false, wa:find(", running rows in and out by TMA", 1, true) ~= nil, wa)
         end
-        assert.is_nil(b.fwd_why:find(", running rows in", 1, true), b.fwd_why) -- no merge, no rows
+        assert.is_nil(b.fwd_why:find(", running rows in and out by TMA", 1, true), b.fwd_why) -- no merge, no rows
         local on = os.getenv("DISTLAB_ATTN_HOPPER") ~= "0"
         -- B3's 80 query rows an item at d 128 (under every mask unless BWD_M80=1), B6's 128 at d 64, unless turned off
         local m80 = os.getenv("DISTLAB_ATTN_HOPPER_BWD_M80") ~= "0" and os.getenv("DISTLAB_ATTN_HOPPER_BWD_ORDER") ~= "0"

@@ -239,16 +239,18 @@ static bool fwd_tma_o(const dl_attn_params_t *p) {
          p->d_qk == p->d_v && p->d_qk <= 128 && !(p->d_qk == 128 && env_fwd_pipe() == 1);
 }
 
-/* DISTLAB_ATTN_HOPPER_FWD_TMA_M=1: the fused merge's running rows come in by TMA boxes and the merged rows go
- * back by TMA stores (HP_FWD_OPT_TMA_M; FA4-GAP.md section 14), in each head dim's default loop; =in: in by TMA
- * boxes, back by each thread's stores (params_t.acc_thread_out); A/B, off until timed. 0 off, 1 in and out,
- * 2 in only. */
+/* The fused merge's running rows in by TMA boxes and the merged rows back by TMA stores (HP_FWD_OPT_TMA_M;
+ * FA4-GAP.md section 15), in each head dim's default loop: the default for a bf16 running out (CP's; its merge
+ * at 4k causal +2.9-4.1% against +5.5-6.0% without, experiments/results/attn/attn-merge-tmam-h200.md), not for
+ * fp32 (no faster: its TMA stores cost more cycles than each thread's 8-byte stores).
+ * DISTLAB_ATTN_HOPPER_FWD_TMA_M=1 takes it for both, =0 for neither. */
 static int env_fwd_tma_m(void) {
-  static int one = -1, in = -1;
-  return env_is("DISTLAB_ATTN_HOPPER_FWD_TMA_M", "1", &one) ? 1 : env_is("DISTLAB_ATTN_HOPPER_FWD_TMA_M", "in", &in) ? 2 : 0;
+  static int c[2] = {-1, -1};
+  return env_on_off("DISTLAB_ATTN_HOPPER_FWD_TMA_M", c);
 }
 static bool fwd_tma_m(const dl_attn_params_t *p) {
-  if (!env_fwd_tma_m() || !p->acc_out) return false;
+  const int t = env_fwd_tma_m();
+  if (!p->acc_out || !(t == 1 || (t < 0 && p->acc_dtype == DL_BF16))) return false;
   /* TMA: 16-byte aligned base and strides (the kernel's own test, params_t.acc_vec) */
   const int64_t st[3] = {p->acc_out_st.s, p->acc_out_st.h, p->acc_out_st.b};
   const bool aligned = hp_acc_vec(p->acc_out, st, p->acc_dtype == DL_BF16 ? 2 : 4) == 16;
@@ -296,7 +298,7 @@ extern "C" int dl_attn_fwd_hopper_fits(const dl_attn_params_t *p, char *why, siz
     add_why(why, n, fwd_tree(p), "row max and sum in four chains");
     add_why(why, n, fwd_tma_o(p), "O by TMA store");
     add_why(why, n, fwd_elect(p), "stages freed by one arrival a warp");
-    add_why(why, n, fwd_tma_m(p), env_fwd_tma_m() == 2 ? "running rows in by TMA" : "running rows in and out by TMA");
+    add_why(why, n, fwd_tma_m(p), "running rows in and out by TMA");
   }
   return 1;
 }
@@ -486,7 +488,6 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
     DL_TRY(tensor_map(&to, p->out, p->out_st, p->d_v, p->h_q, rq, bt, "out", 64));
   /* the merge's running rows by TMA: `to` is the running out's map (fp32 or bf16 boxes of 128 bytes x 64 rows) */
   const bool tma_m = fwd_tma_m(p);
-  k.acc_thread_out = env_fwd_tma_m() == 2;
   if (tma_m)
     DL_TRY(tensor_map(&to, p->acc_out, p->acc_out_st, p->d_v, p->h_q, rq, bt, "accumulate.out", 64, k.acc_bf16 ? 2 : 4));
   static_assert(BM == 128 && fwd_rows(HP_FWD_OPT_M192) >= BM, "dl_attn_fwd_cuda checks the grid for 128-row blocks");

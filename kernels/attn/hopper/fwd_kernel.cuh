@@ -28,10 +28,9 @@
  *     buffers; full barriers carry the bytes, empty barriers free them. With
  *     the merge, warps 9-11 copy the running rows (cp.async) into shared
  *     memory past the tiles once the first S ran (acc_stage_t), so that the
- *     epilogue finds them there (OPT's HP_FWD_OPT_TMA_M: the TMA thread
- *     by boxes of the map `to`, and the merged rows go back by TMA stores,
- *     or by each thread's where p.acc_thread_out); where they do not fit
- *     beside the tiles (MLA's 192/128),
+ *     epilogue finds them there (OPT's HP_FWD_OPT_TMA_M: warp 9's first
+ *     thread by TMA boxes of the map `to`, and the merged rows go back by
+ *     TMA stores); where they do not fit beside the tiles (MLA's 192/128),
  *     the consumers load them into registers under the last P V instead
  *     (merge_loads).
  *   warpgroups 0, 1, consumers (setmaxnreg 240): 64 query rows each. Per key
@@ -480,9 +479,8 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
   }
   // TMA_M: the merged pairs back into their staged places, then the warpgroup's boxes by TMA stores (a row
   // left as it was goes back as it came); thd: a warpgroup whose rows reach past its sequence stores its
-  // own rows (its boxes would carry stale rows over another sequence's); acc_thread_out: every warpgroup
-  // its own rows (the rows came in by TMA all the same)
-  const bool tma_m = TMA_M && !p.acc_thread_out && (!p.cu_q || row0 + 64 <= len_q);
+  // own rows (its boxes would carry stale rows over another sequence's)
+  const bool tma_m = TMA_M && (!p.cu_q || row0 + 64 <= len_q);
   // the rows, their pairs to shared memory (SM: TMA_M) or to global memory; one path or the other for
   // the whole epilogue, so that neither holds the other's addresses
   auto merge_rows = [&](auto sm_c) {

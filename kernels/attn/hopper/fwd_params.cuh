@@ -135,7 +135,6 @@ struct params_t {
   int64_t acc_st[3], acc_lse_st[3];
   int acc_bf16;
   int acc_vec;      // the bytes of one cp.async of acc_out's rows: 16, 8 or 4 (what its base and strides allow)
-  int acc_thread_out; // HP_FWD_OPT_TMA_M kernels: the merged rows out by each thread's stores (1), not TMA stores (0)
   float *max_logit; // optional [h]: the largest scaled logit a row sees (the caller fills -inf)
   int *err;         // optional: set to 1 when a wait timed out (the results are then garbage)
   int group_mb;     // the masked schedule's groups of heads (tile_scheduler.cuh): MB of L2, 0 the build's, -1 none

@@ -84,7 +84,6 @@ static bool run_case(const hp_case &cs, const hp_mask &mk, int pipe, unsigned se
     p.acc_bf16 = merge == 2;
     const int most = hp_acc_vec(p.acc_out, p.acc_st, merge == 2 ? 2 : 4); // and smaller copies too
     p.acc_vec = std::min(most, 4 << (seed % 3));
-    p.acc_thread_out = (seed / 3) % 2; // TMA_M's kernels: the merged rows out by each thread's stores, or by TMA
   }
   const hp_tmap_t ta = merge == 2 ? hp_map(acc16, DV, h, so, rows, tb, 64) : hp_map(acc, DV, h, so, rows, tb, 64);
   const std::vector<float> acc0 = acc, acc_lse0 = acc_lse;
