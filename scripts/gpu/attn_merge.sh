@@ -9,8 +9,11 @@
 # DISTLAB_COMMIT=<hash> names the commit where the checkout has no .git. DEVICE=cpu with a small S runs the
 # plumbing where there is no GPU (a stand-in nvidia-smi on PATH).
 # VARIANTS "NAME[:VAR=V,VAR=V] ..." (default one, "base": the files straight in $OUT) runs the bench once a
-# variant and round with its knobs in the environment, each into $OUT/NAME-rR/; ROUNDS (default 1) rounds,
-# the variants' order reversed in even rounds (an A/B of kernel knobs, e.g. DISTLAB_ATTN_HOPPER_FWD_TMA_M=1).
+# variant and round with its knobs in the environment, each into NAME-rR/ of the logs (attn_merge-logs.tgz);
+# ROUNDS (default 1) rounds, the variants' order reversed in even rounds (an A/B of kernel knobs, e.g. DISTLAB_ATTN_HOPPER_FWD_TMA_M=1);
+# with more than one run, experiments/attn/attn_merge_ab_report.py sets them side by side in $OUT/attn-merge-ab.md
+# (each run's header, every cost by round, each variant's ranges, the checks), the one file to fetch;
+# the runs' own files travel in the logs' tgz.
 set -u
 t_start=$(date +%s)
 source "$(dirname "$0")/steps.sh" attn_merge 240 || exit 2
@@ -32,7 +35,7 @@ for r in $(seq "$ROUNDS"); do
   [ $((r % 2)) = 0 ] && order=$(echo "$VARIANTS" | tr ' ' '\n' | grep . | tac | tr '\n' ' ')
   for v in $order; do
     IFS=: read -r name knobs <<<"$v"
-    out="$OUT/$name-r$r" log="$L/merge-$name-r$r.log"
+    out="$L/$name-r$r" log="$L/merge-$name-r$r.log"
     [ "$runs" = 1 ] && out="$OUT" log="$L/merge.log"
     mkdir -p "$out"
     # shellcheck disable=SC2046 # the knobs are VAR=V words
@@ -42,4 +45,10 @@ for r in $(seq "$ROUNDS"); do
     tail -n 14 "$log"
   done
 done
+if [ "$runs" -gt 1 ]; then # the variants side by side, from each run's CSV and header
+  names=$(for v in $VARIANTS; do echo "${v%%:*}"; done)
+  # shellcheck disable=SC2086 # the names are words
+  step "report" 30 "$OUT/attn-merge-ab.md" "$PY" experiments/attn/attn_merge_ab_report.py "$L" $names \
+    --rounds "$ROUNDS" --made-by "$(call_line 'S|D|DEVICE|VARIANTS|ROUNDS')"
+fi
 exit "$status"
