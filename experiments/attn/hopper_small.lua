@@ -27,9 +27,22 @@ local failed, ncase = 0, 0
 
 local function input(shape, seed) return dl.randn(shape, { dtype = "bf16", seed = seed, device = "cpu" }):to(dev) end
 
-local function case(name, shape_q, shape_kv, opts)
+-- opts with its tensors (thd's offsets) on the device
+local function on_dev(opts)
   local g = {}
   for key, val in pairs(opts) do g[key] = dl.is_tensor(val) and val:to(dev) or val end
+  return g
+end
+-- a case's line: what dl.attn.backends says runs (bwd_why where the case runs the backward), the verdict
+local function report(name, b, wrong, bwd)
+  print(string.format("%-44s fwd: %s%s | %s", name, b.fwd_why:match("kernel: (.*)$") or b.fwd_why,
+    bwd and (" | bwd: " .. (b.bwd_why:match("kernel: (.*)$") or b.bwd_why)) or "",
+    wrong == 0 and "ok" or string.format("WRONG (%d)", wrong)))
+  if wrong > 0 then failed = failed + 1 end
+end
+
+local function case(name, shape_q, shape_kv, opts)
+  local g = on_dev(opts)
   local x = {}
   local run = h:planted(function()
     local out, lse = dl.attn.fwd(x.q, x.k, x.v, g)
@@ -55,9 +68,7 @@ local function case(name, shape_q, shape_kv, opts)
       return R:check { out = out, lse = lse, dq = dq, dk = dk, dv = dv }
     end,
   }
-  print(string.format("%-44s fwd: %s | bwd: %s | %s", name, b.fwd_why:match("kernel: (.*)$") or b.fwd_why,
-    b.bwd_why:match("kernel: (.*)$") or b.bwd_why, wrong == 0 and "ok" or string.format("WRONG (%d)", wrong)))
-  if wrong > 0 then failed = failed + 1 end
+  report(name, b, wrong, true)
 end
 
 -- The fused merge (opts.accumulate) into an fp32 or a bf16 running (out, lse): the running rows emptied (lse
@@ -65,8 +76,7 @@ end
 -- against fp64 as above (a merge that kept the old rows, or left a row unwritten, leaves 7.0). The bf16 one
 -- takes the running rows in and out by TMA in the default loops (TMA_M), the fp32 one the copy warps'.
 local function merge_case(name, shape_q, shape_kv, opts, adt)
-  local g = {}
-  for key, val in pairs(opts) do g[key] = dl.is_tensor(val) and val:to(dev) or val end
+  local g = on_dev(opts)
   local x = {}
   ncase = ncase + 1
   local seed = ncase
@@ -90,9 +100,7 @@ local function merge_case(name, shape_q, shape_kv, opts, adt)
       return R:check { out = acc.out, lse = acc.lse }
     end,
   }
-  print(string.format("%-44s fwd: %s | %s", name, b.fwd_why:match("kernel: (.*)$") or b.fwd_why,
-    wrong == 0 and "ok" or string.format("WRONG (%d)", wrong)))
-  if wrong > 0 then failed = failed + 1 end
+  report(name, b, wrong, false)
 end
 
 for _, d in ipairs(h.quick and { 64 } or { 128, 64 }) do
