@@ -8,7 +8,8 @@
 #          around it (its RUNS merge launches between two runs of the plain step's kernel)
 #   clock  the lab forward (experiments/lab/attn/hopper/fwd.cu, LAB_D 128, TREE: the merge's own loop; the lab's
 #          plain step keeps the per-thread epilogue) at 4k causal, plain, f32 and bf16 merges each timed for
-#          WARM_MS + MIN_MS, with nvidia-smi sampling the SM clock, the power and the throttle reasons every
+#          WARM_MS + MIN_MS and checked (--check: the plain step against fp64 with a planted 2% that must fail,
+#          each merge against the plain step), with nvidia-smi sampling the SM clock, the power and the throttle reasons every
 #          50 ms: merge_power.py averages each phase (its last two thirds) from the lab's line times
 # Writes $OUT/attn-merge-power.md (both tables, the device, the commit, the commands) and the raw files in
 # attn_merge_power-logs.tgz. STEPS (default "ncu clock"): the parts to run. LAB: a prebuilt lab binary
@@ -33,7 +34,7 @@ if want clock && [ -z "$LAB" ]; then
   step "lab forward build" 120 "$L/lab-build.log" nvcc -DLAB_D=128 -DHP_FWD_TREE=1 -Ikernels -std=c++17 -O3 \
     -gencode=arch=compute_90a,code=sm_90a -o "$LAB" experiments/lab/attn/hopper/fwd.cu
 fi
-lab_cmd=("$LAB" --merge --s 4096 --window -1,0 --pipe 2 --iters 20 --warm-ms "$WARM_MS" --min-ms "$MIN_MS")
+lab_cmd=("$LAB" --check --merge --s 4096 --window -1,0 --pipe 2 --iters 20 --warm-ms "$WARM_MS" --min-ms "$MIN_MS")
 if want clock; then
   nvidia-smi --query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu,clocks_event_reasons.active \
     --format=csv,noheader -lms 50 >"$L/smi.csv" &
@@ -41,7 +42,7 @@ if want clock; then
   sleep 1
   # each line of the lab's output with its time (the phases' ends)
   step "lab forward, plain and merges timed, clocks sampled" 90 "$L/lab.log" bash -c \
-    "stdbuf -oL ${lab_cmd[*]} 2>&1 | while IFS= read -r l; do echo \"\$(date +%Y/%m/%d\ %H:%M:%S.%N) \$l\"; done"
+    "set -o pipefail; stdbuf -oL ${lab_cmd[*]} 2>&1 | while IFS= read -r l; do echo \"\$(date +%Y/%m/%d\ %H:%M:%S.%N) \$l\"; done"
   sleep 0.5
   kill "$smi" 2>/dev/null
   wait "$smi" 2>/dev/null

@@ -6,7 +6,7 @@ Usage: merge_power.py [--ncu NCU.csv] [--lab LAB.log --smi SMI.csv]
            runs before and after the merges' kernel (the merge template), whose timed run holds the f32
            launches then the bf16 ones (the bench's --dtypes order); the medians of each set side by side
   LAB.log  the lab forward's output, each line led by its time ("%Y/%m/%d %H:%M:%S.%N"): the phases end at
-           its plain line (TFLOP/s), its f32 line and its bf16 line; the bf16 phase starts after the f32 check
+           its plain line (TFLOP/s), its f32 line and its bf16 line, each starting at the line before it
   SMI.csv  nvidia-smi's samples (timestamp, clocks.sm, power.draw, temperature, throttle reasons)
 Prints two markdown tables: the merge's cost at base clocks (cycles), and each lab phase's mean SM clock and
 power (its last two thirds, past the warm-up's transition) beside the lab's own time and cost.
@@ -96,16 +96,11 @@ def lab_table(lab, smi):
     if not lines:
         print("no lab lines in", lab)
         return False
-    t0 = lines[0][0]
-    for t, x in lines:
-        if "TFLOP/s" in x:
-            ends["plain"] = (t0, t, x)
-        elif "merged into f32" in x:
-            ends["f32"] = (ends["plain"][1], t, x)
-        elif "merge into f32 against" in x:
-            t_check = t
-        elif "merged into bf16" in x:
-            ends["bf16"] = (t_check, t, x)
+    # a phase: from the line before its own (the last thing the lab did before it: its start, a check) to its line
+    for i, (t, x) in enumerate(lines):
+        ph = "plain" if "TFLOP/s" in x else "f32" if "merged into f32" in x else "bf16" if "merged into bf16" in x else None
+        if ph and i > 0:
+            ends[ph] = (lines[i - 1][0], t, x)
     samples = []
     for l in open(smi):
         p = [x.strip() for x in l.split(",")]
