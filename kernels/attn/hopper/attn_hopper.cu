@@ -127,6 +127,14 @@ static int env_bwd_group_mb(int *mb) {
   static int c = INT_MIN;
   return env_group_mb("DISTLAB_ATTN_HOPPER_BWD_GROUP_MB", &c, mb);
 }
+/* The backward's tail split (tile_scheduler.cuh: hp_bwd_tile, hp_bwd_split_plan): without a mask on bshd
+ * and sbhd, the key blocks of the last, partial wave go in parts over every SM, their dK and dV added up in
+ * the workspace's split slots (dl_attn_bwd_split_slots); DISTLAB_ATTN_HOPPER_BWD_SPLIT=0 turns it off (A/B
+ * timings: FA4-GAP.md section 16). */
+static int env_bwd_split(void) {
+  static int c = -1;
+  return !env_is("DISTLAB_ATTN_HOPPER_BWD_SPLIT", "0", &c);
+}
 /* Which of the backward's item heights runs for p: 80 (M80), 128 (M128) or BWD_BQ */
 static int bwd_rows(const dl_attn_params_t *p) {
   const int m80 = env_bwd_m80();
@@ -586,26 +594,45 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
     }
   }
   k.delta = delta;
+  /* the tail split: the plan for this GPU's SMs (a part's own cost taken as 2 items; at least 1% saved) */
+  dim3 grid_run = grid;
+  const int slots = dl_attn_bwd_split_slots(p);
+  if (slots > 0 && env_bwd_split() && p->s_q > 0) {
+    int dev = 0, sms = 0, first = 0;
+    DL_CUDA_CHECK(cudaGetDevice(&dev));
+    DL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const int64_t nblocks = (int64_t)grid.x * grid.y * grid.z;
+    const int items = (p->h_q / p->h_kv) * ((p->s_q + bq - 1) / bq);
+    const int parts = hp_bwd_split_plan(nblocks, items, sms, slots, 2.0, 0.01, &first);
+    if (parts > 1) {
+      const int64_t split = nblocks - first;
+      k.split_first = first, k.split_parts = parts;
+      k.split_acc = (float *)((char *)p->workspace + dl_attn_bwd_split_offset(p));
+      k.split_count = (int *)(k.split_acc + split * BN * (p->d_qk + p->d_v));
+      DL_CUDA_CHECK(cudaMemsetAsync(k.split_acc, 0, (size_t)split * (BN * (p->d_qk + p->d_v) + 1) * sizeof(float), (cudaStream_t)stream));
+      grid_run = dim3((unsigned)(first + split * parts), 1, 1);
+    }
+  }
   int rc;
   if (m128)
-    rc = elect ? launch_bwd<64, 64, BWD_ORDER, true, false, 128>(grid, tq, tk, tv, tdo, k, stream)
-               : launch_bwd<64, 64, BWD_ORDER, false, false, 128>(grid, tq, tk, tv, tdo, k, stream);
+    rc = elect ? launch_bwd<64, 64, BWD_ORDER, true, false, 128>(grid_run, tq, tk, tv, tdo, k, stream)
+               : launch_bwd<64, 64, BWD_ORDER, false, false, 128>(grid_run, tq, tk, tv, tdo, k, stream);
   else if (p->d_qk == 64)
-    rc = turns && bulk && elect ? launch_bwd<64, 64, BWD_TURNS, true, true>(grid, tq, tk, tv, tdo, k, stream)
-         : turns && bulk        ? launch_bwd<64, 64, BWD_TURNS, false, true>(grid, tq, tk, tv, tdo, k, stream)
-         : turns && elect       ? launch_bwd<64, 64, BWD_TURNS, true>(grid, tq, tk, tv, tdo, k, stream)
-         : turns                ? launch_bwd<64, 64, BWD_TURNS>(grid, tq, tk, tv, tdo, k, stream)
-         : order                ? launch_bwd<64, 64, BWD_ORDER>(grid, tq, tk, tv, tdo, k, stream)
-                                : launch_bwd<64, 64, BWD_STEP>(grid, tq, tk, tv, tdo, k, stream);
+    rc = turns && bulk && elect ? launch_bwd<64, 64, BWD_TURNS, true, true>(grid_run, tq, tk, tv, tdo, k, stream)
+         : turns && bulk        ? launch_bwd<64, 64, BWD_TURNS, false, true>(grid_run, tq, tk, tv, tdo, k, stream)
+         : turns && elect       ? launch_bwd<64, 64, BWD_TURNS, true>(grid_run, tq, tk, tv, tdo, k, stream)
+         : turns                ? launch_bwd<64, 64, BWD_TURNS>(grid_run, tq, tk, tv, tdo, k, stream)
+         : order                ? launch_bwd<64, 64, BWD_ORDER>(grid_run, tq, tk, tv, tdo, k, stream)
+                                : launch_bwd<64, 64, BWD_STEP>(grid_run, tq, tk, tv, tdo, k, stream);
   else if (m80)
-    rc = elect ? launch_bwd<128, 128, BWD_ORDER, true, false, 80>(grid, tq, tk, tv, tdo, k, stream)
-               : launch_bwd<128, 128, BWD_ORDER, false, false, 80>(grid, tq, tk, tv, tdo, k, stream);
+    rc = elect ? launch_bwd<128, 128, BWD_ORDER, true, false, 80>(grid_run, tq, tk, tv, tdo, k, stream)
+               : launch_bwd<128, 128, BWD_ORDER, false, false, 80>(grid_run, tq, tk, tv, tdo, k, stream);
   else
-    rc = order && bulk && elect ? launch_bwd<128, 128, BWD_ORDER, true, true>(grid, tq, tk, tv, tdo, k, stream)
-         : order && bulk        ? launch_bwd<128, 128, BWD_ORDER, false, true>(grid, tq, tk, tv, tdo, k, stream)
-         : order && elect       ? launch_bwd<128, 128, BWD_ORDER, true>(grid, tq, tk, tv, tdo, k, stream)
-         : order                ? launch_bwd<128, 128, BWD_ORDER>(grid, tq, tk, tv, tdo, k, stream)
-                                : launch_bwd<128, 128, BWD_STEP>(grid, tq, tk, tv, tdo, k, stream);
+    rc = order && bulk && elect ? launch_bwd<128, 128, BWD_ORDER, true, true>(grid_run, tq, tk, tv, tdo, k, stream)
+         : order && bulk        ? launch_bwd<128, 128, BWD_ORDER, false, true>(grid_run, tq, tk, tv, tdo, k, stream)
+         : order && elect       ? launch_bwd<128, 128, BWD_ORDER, true>(grid_run, tq, tk, tv, tdo, k, stream)
+         : order                ? launch_bwd<128, 128, BWD_ORDER>(grid_run, tq, tk, tv, tdo, k, stream)
+                                : launch_bwd<128, 128, BWD_STEP>(grid_run, tq, tk, tv, tdo, k, stream);
   if (rc) return rc;
   DL_CUDA_CHECK_LAUNCH("attn bwd (hopper)");
   const dim3 rgrid((p->s_q + BWD_BQ - 1) / BWD_BQ, p->h_q, p->b);

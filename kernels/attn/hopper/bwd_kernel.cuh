@@ -90,6 +90,13 @@
 #include "fwd_params.cuh"
 #include "tile_scheduler.cuh"
 
+// BQ 80 and 128 in BWD_ORDER: an item's dS^T goes to shared memory (stmatrix) before dV's wgmma is issued
+// and is fenced for the async proxy after it, as FA4's sm90 backward orders them (0: after dV's issue, the
+// fence right behind the stores; FA4-GAP.md section 16)
+#ifndef HP_BWD_DS_EARLY
+#define HP_BWD_DS_EARLY 1
+#endif
+
 // Query rows an item unless M80 or M128 (bwd_kernel's BQ; BN = 128 keys a CTA, THREADS = 384: fwd_params.cuh),
 // and the rows a CTA of bwd_prep_kernel and bwd_dq_kernel, and BULK's padding unit, whatever BQ is.
 constexpr int BWD_BQ = 64;
@@ -108,6 +115,7 @@ template <int DQK, int DV, int BQ = BWD_BQ> struct alignas(1024) bwd_smem_t {
   uint64_t kv_full, q_full[2], do_full[2], q_empty[2], do_empty[2], dq_full, dq_empty;
   uint64_t ds_ready[2], ds_free[2]; // BWD_TURNS: both warpgroups' halves of a dS^T buffer in; their dQ read it
   int fail;
+  int ticket; // the tail split: this part's arrival (the last adds up the block's dK and dV)
 };
 
 // The accumulator's rows hold dQ's columns permuted: column c of a row i at c ^ (8 (i % 4)), so that
@@ -140,6 +148,12 @@ struct bwd_params_t {
   const float *lse2;
   int64_t lse_rows;
   int group_mb; // params_t's: the masked schedule's groups of kv heads in MB of L2, 0 the build's, -1 none
+  // The tail split (hp_bwd_tile; split_parts 0 or 1: none): the 1-D grid's first split CTA, the parts a
+  // split block's items go in, and the split blocks' fp32 dK (unscaled) and dV, [slot][BN keys][DQK + DV],
+  // and their arrival counts [slot], both zeroed before the kernel
+  int split_first, split_parts;
+  float *split_acc;
+  int *split_count;
 };
 
 HP_DEV int64_t bwd_at(const int64_t (&st)[3], int first, int row, int head, int tb) {
@@ -303,13 +317,17 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int n1 = min(n0 + BN, len_kv) - 1;
   const int i_lo = wr >= 0 ? max(0, n0 - shift - wr) : 0, i_hi = wl >= 0 ? min(len_q, n1 - shift + wl + 1) : len_q;
   const int m_lo = i_lo / BQ, m_hi = i_hi > i_lo ? (i_hi + BQ - 1) / BQ : m_lo, nm = m_hi - m_lo;
-  const int items = group * nm; // item it: q head hkv * group + it / nm, query block m_lo + it % nm
+  // the CTA's items: all group * nm of the block, or its part's (the tail split); item it of the block: q
+  // head hkv * group + it / nm, query block m_lo + it % nm; the loops count it from 0, the item it + it_off
+  const int it_off = tile.part * (group * nm) / tile.parts;
+  const int items = (tile.part + 1) * (group * nm) / tile.parts - it_off;
+  const int hq0 = hkv * group + it_off / nm, m0 = m_lo + it_off % nm; // the first item's head and block
   // The item's head and block (hq, m) counted in the loops, without a division an item (FA4-GAP.md B9),
   // except at BQ 80: its kernel ran 1.000-1.032x faster without a mask by the division
   // (experiments/results/attn/hopper-b9x-ab-h200.md), where the counters are dead code
   constexpr bool DIV = BQ == 80;
-  auto item_hq = [&](int it, int hq) { return DIV ? hkv * group + it / nm : hq; };
-  auto item_m = [&](int it, int m) { return DIV ? m_lo + it % nm : m; };
+  auto item_hq = [&](int it, int hq) { return DIV ? hkv * group + (it + it_off) / nm : hq; };
+  auto item_m = [&](int it, int m) { return DIV ? m_lo + (it + it_off) % nm : m; };
 
   if (threadIdx.x == 0) {
     sm.fail = 0;
@@ -336,7 +354,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_expect_tx(&sm.kv_full, tile_bytes_t<DQK>::value + tile_bytes_t<DV>::value);
       for (int half = 0; half < DQK / 64; half++) tma_load(sm.k[half], &tk, &sm.kv_full, 64 * half, hkv, sq.first_kv + n0, sq.tb);
       for (int half = 0; half < DV / 64; half++) tma_load(sm.v[half], &tv, &sm.kv_full, 64 * half, hkv, sq.first_kv + n0, sq.tb);
-      int hq = hkv * group, m = m_lo; // item it's head and query block, counted (no division an item)
+      int hq = hq0, m = m0; // item it's head and query block, counted (no division an item)
       for (int it = 0; it < items; it++, m = m + 1 == m_hi ? (hq++, m_lo) : m + 1) {
         const int st = it % 2;
         const uint32_t round = it / 2;
@@ -352,7 +370,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     } else if (!BULK && warp_id == 9) { // the rows' lse2 and D (rows past the sequence: +inf and 0, so P = dS = 0)
       const int lane = threadIdx.x % 32;
       if constexpr (BQ != 64) { // the lse2 rows only (warp 11 loads D), the item's head and block counted: 24 registers
-        int hq = hkv * group, m = m_lo;
+        int hq = hq0, m = m0;
         for (int it = 0; it < items; it++) {
           const int st = it % 2;
           const uint32_t round = it / 2;
@@ -367,7 +385,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           if (++m == m_hi) m = m_lo, hq++;
         }
       } else {
-        int hq = hkv * group, m = m_lo;
+        int hq = hq0, m = m0;
         for (int it = 0; it < items; it++, m = m + 1 == m_hi ? (hq++, m_lo) : m + 1) {
           const int st = it % 2;
           const uint32_t round = it / 2;
@@ -388,7 +406,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       }
     } else if (BQ != 64 && warp_id == 11) { // BQ 80, 128: the rows' D (warp 9's lse2 rows alone fill its registers)
       const int lane = threadIdx.x % 32;
-      int hq = hkv * group, m = m_lo;
+      int hq = hq0, m = m0;
       for (int it = 0; it < items; it++) {
         const int st = it % 2;
         const uint32_t round = it / 2;
@@ -402,7 +420,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         if (++m == m_hi) m = m_lo, hq++;
       }
     } else if (threadIdx.x == 320) { // each item's dQ from shared memory into the accumulator
-      int hq = hkv * group, m = m_lo;
+      int hq = hq0, m = m0;
       for (int it = 0; it < items; it++, m = m + 1 == m_hi ? (hq++, m_lo) : m + 1) {
         const int i0 = item_m(it, m) * BQ;
         mbar_wait(&sm.dq_full, (uint32_t)it & 1u, &sm.fail, p.err);
@@ -454,7 +472,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   uint32_t pa[BQ / 4], da[BQ / 4];
   // the current item's query block, m_lo + it % nm, advanced at the end of each item (next_item): the
   // modulo cost an integer division an item (~35 instructions; FA4-GAP.md B9); BQ 80 divides (item_m)
-  int mb = m_lo;
+  int mb = m0;
   auto next_item = [&] { mb = mb + 1 == m_hi ? m_lo : mb + 1; };
   // S^T = K_c Q^T and dP^T = V_c dO^T of item it issued (two commit groups), once its stage is in and
   // the query rows past the sequence are zeros (Q and dO are B of dK and dV)
@@ -605,7 +623,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   // than BQ / 4 STS a thread (FA4-GAP.md B9): block (keys 16 warp + 8 r, queries 8 j), in the
   // accumulator's layout, is da[2 j + r], matrix 2 (j % 2) + r of the x4 of j / 2; lane 8 m + i gives row
   // (key) i of matrix m.
-  auto store_ds = [&](int it) {
+  auto store_ds_only = [&](int it) { // the stmatrix stores; store_ds adds the fence
     const uint32_t ds_base = hp_smem_u32(sm.ds[it % 2]);
     if constexpr (BQ == 128 || BQ == 64) {
       const int t = (int)in_loop((uint32_t)tid), m = (t % 32) / 8, i = t % 8; // t: the address in the loop (registers)
@@ -621,6 +639,9 @@ __global__ void __launch_bounds__(THREADS, 1)
       for (int g = 0; g < BQ / 16; g++)
         stmatrix_x4_trans(at + (8 * (2 * g + m / 2)) * 128, da[4 * g], da[4 * g + 1], da[4 * g + 2], da[4 * g + 3]);
     }
+  };
+  auto store_ds = [&](int it) {
+    store_ds_only(it);
     fence_proxy_async();
   };
   // dQ of item it (rows i0 + 16 warp + lane / 4 (+ 8), the warpgroup's columns, bwd_dq_col's order)
@@ -686,13 +707,20 @@ __global__ void __launch_bounds__(THREADS, 1)
       issue_sdp(it, s, dp);
       if constexpr (BQ != 64) { // P^T and dS^T in fp32, then both packed: dV after dS, as FA4 (registers)
         p_and_ds(it, s, dp);
-        issue_dv(it);
+        if constexpr (HP_BWD_DS_EARLY) { // dS^T's stores before dV's issue, the fence after it (FA4's order)
+          store_ds_only(it);
+          issue_dv(it);
+          fence_proxy_async();
+        } else {
+          issue_dv(it);
+          store_ds(it);
+        }
       } else {
         p_only(it, s);
         issue_dv(it);
         ds_only(it, s, dp);
+        store_ds(it);
       }
-      store_ds(it);
       named_bar_sync(1, 256); // both warpgroups' dS^T are in (the other buffer is free: see the header)
       if constexpr (BQ == 80) { // dQ^T under dV, as FA4's mma_dsk_fn (wg_wait=1): no wait for dV here (B15;
         // pa, dV's A, stays held until the wait that covers dV: ptxas keeps dq off it, 0 spills)
@@ -768,6 +796,33 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
   }
 
+  if (tile.parts > 1) { // the tail split: this part's sums into the block's slot; the last part writes them
+    float *acc = p.split_acc + (int64_t)tile.slot * BN * (DQK + DV);
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      float *row = acc + (kr + 8 * r) * (DQK + DV) + 2 * (lane % 4);
+#pragma unroll
+      for (int j = 0; j < DQK / 8; j++) atomicAdd(row + 8 * j, dk[4 * j + 2 * r]), atomicAdd(row + 8 * j + 1, dk[4 * j + 2 * r + 1]);
+#pragma unroll
+      for (int j = 0; j < DV / 8; j++)
+        atomicAdd(row + DQK + 8 * j, dv[4 * j + 2 * r]), atomicAdd(row + DQK + 8 * j + 1, dv[4 * j + 2 * r + 1]);
+    }
+    __threadfence(); // this thread's adds before its part's arrival
+    named_bar_sync(1, 256);
+    if (threadIdx.x == 0) sm.ticket = atomicAdd(p.split_count + tile.slot, 1);
+    named_bar_sync(1, 256);
+    if (sm.ticket != tile.parts - 1) return;
+    __threadfence(); // every part's adds (each fenced before its arrival) before the reads
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+      const float *row = acc + (kr + 8 * r) * (DQK + DV) + 2 * (lane % 4);
+#pragma unroll
+      for (int j = 0; j < DQK / 8; j++) dk[4 * j + 2 * r] = __ldcg(row + 8 * j), dk[4 * j + 2 * r + 1] = __ldcg(row + 8 * j + 1);
+#pragma unroll
+      for (int j = 0; j < DV / 8; j++)
+        dv[4 * j + 2 * r] = __ldcg(row + DQK + 8 * j), dv[4 * j + 2 * r + 1] = __ldcg(row + DQK + 8 * j + 1);
+    }
+  }
   // dK (times the scale) and dV of the keys in the sequence, bf16
 #pragma unroll
   for (int r = 0; r < 2; r++) {

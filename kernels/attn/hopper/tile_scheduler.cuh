@@ -62,14 +62,47 @@ template <int DQK, int DV> HP_DEV hp_tile_t hp_fwd_tile(const params_t &p) {
 #endif
 struct hp_bwd_tile_t {
   int n_block, hkv, bb;
+  int part, parts, slot; // the CTA's share of its block's items (part of parts), and its split slot (-1: none)
 };
+/* The tail split (p.split_parts > 1; unmasked bshd, where every key block has the same items): the grid is
+ * 1-D, the blocks in the grid's order (key blocks of a head, head after head, batch after batch); blocks
+ * [0, split_first) whole, then each block after them in split_parts parts of its items, one CTA a part, so
+ * that the last wave's few blocks spread over every SM rather than leaving most of them idle (the parts
+ * add their dK and dV into split slot block - split_first; the last to finish writes them). */
 template <int DQK, int DV, class P> HP_DEV hp_bwd_tile_t hp_bwd_tile(const P &p) {
   const bool masked = p.window_left >= 0 || p.window_right >= 0;
-  if (p.group_mb < 0 || !masked) return hp_bwd_tile_t{(int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z};
+  if (p.split_parts > 1) {
+    const int nb = (p.s_kv + BN - 1) / BN, lin = (int)blockIdx.x;
+    const int piece = lin - p.split_first, blk = piece < 0 ? lin : p.split_first + piece / p.split_parts;
+    const int hb = blk / nb;
+    return hp_bwd_tile_t{blk % nb, hb % p.h_kv, hb / p.h_kv, piece < 0 ? 0 : piece % p.split_parts, piece < 0 ? 1 : p.split_parts,
+                         piece < 0 ? -1 : blk - p.split_first};
+  }
+  if (p.group_mb < 0 || !masked) return hp_bwd_tile_t{(int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z, 0, 1, -1};
   // a kv head's Q and dO (bf16) and dQ accumulator (fp32), over its group of query heads (bshd; thd: the longest)
   const int64_t head = (int64_t)(p.h / p.h_kv) * p.s_q * ((DQK + DV) * 2 + DQK * 4);
   const hp_grouped_t t = hp_grouped(gridDim.x, head, p.group_mb, (int64_t)(HP_BWD_GROUP_BYTES));
-  return hp_bwd_tile_t{t.block, t.hb % (int)gridDim.y, t.hb / (int)gridDim.y};
+  return hp_bwd_tile_t{t.block, t.hb % (int)gridDim.y, t.hb / (int)gridDim.y, 0, 1, -1};
+}
+
+/* The tail split's plan (host): of nblocks key blocks of `items` items each on `sms` SMs (one CTA an SM),
+ * the last nblocks % sms (the tail wave's) are split when that shortens the grid. Each in k parts runs as
+ * ceil(tail k / sms) rounds of ceil(items / k) items and `ov` items' worth of a part's own cost (K and V in,
+ * the pipeline's fill, the fp32 adds of dK and dV), against one block's items unsplit; the best k (2-64)
+ * is taken where it saves at least min_gain of the grid's time, and where the tail fits max_slots split
+ * slots. Returns the parts (0: no split) and sets *first, the first split block. */
+static inline int hp_bwd_split_plan(int64_t nblocks, int items, int sms, int max_slots, double ov, double min_gain, int *first) {
+  const int64_t tail = sms > 0 ? nblocks % sms : 0, waves = sms > 0 ? (nblocks + sms - 1) / sms : 0;
+  if (tail == 0 || tail > max_slots || items < 2) return 0;
+  int best = 0;
+  double best_t = items;
+  for (int k = 2; k <= 64 && k <= items; k++) {
+    const double t = (double)((tail * k + sms - 1) / sms) * ((items + k - 1) / k + ov);
+    if (t < best_t) best_t = t, best = k;
+  }
+  if (best == 0 || items - best_t < min_gain * (double)waves * items) return 0;
+  *first = (int)(nblocks - tail);
+  return best;
 }
 
 #endif

@@ -51,6 +51,10 @@ static inline float __int_as_float(int x) { float f; memcpy(&f, &x, 4); return f
 static inline int __float_as_int(float f) { int x; memcpy(&x, &f, 4); return x; }
 static inline float __uint_as_float(uint32_t x) { float f; memcpy(&f, &x, 4); return f; }
 static inline uint32_t __float_as_uint(float f) { uint32_t x; memcpy(&x, &f, 4); return x; }
+// global atomics, fences and L2 loads: the emulated threads run one at a time, so plain accesses
+template <class T> static inline T atomicAdd(T *p, T v) { const T old = *p; *p = old + v; return old; }
+static inline void __threadfence() {}
+template <class T> static inline T __ldcg(const T *p) { return *p; }
 
 /* ---- the scheduler ------------------------------------------------------------ */
 

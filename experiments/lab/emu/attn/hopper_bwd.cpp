@@ -126,6 +126,11 @@ static bool unit_m64n80() {
   return ok;
 }
 
+// --split P: the unmasked bshd and sbhd runs with the tail split (tile_scheduler.cuh's hp_bwd_tile), the second
+// half of the key blocks in P parts each (P past a block's items leaves parts without any), the 1-D grid
+// run last CTA first, so that a part other than the last index adds up its block
+static int g_split = 0;
+
 template <int D, int LOOP = BWD_ORDER, bool ELECT = false, bool BULK = false, int BQ = BWD_BQ> static bool run_case(const hp_case &cs, const hp_mask &mk, unsigned seed, bool accumulate) {
   const hp_seqs sq_(cs);
   const bool thd = sq_.thd, sbhd = sq_.sbhd;
@@ -233,12 +238,31 @@ template <int D, int LOOP = BWD_ORDER, bool ELECT = false, bool BULK = false, in
           for (int c = 0; c < D; c++) dq_acc[(hh * p.ws_rows + wsr(bb, i)) * D + c] = 0.0f;
         }
   const int nb = (s_kv + BN - 1) / BN;
-  for (int z = 0; z < b; z++)
-    for (int y = 0; y < h_kv; y++)
-      for (int x = 0; x < nb; x++)
-        if (!hp_run_cta(dim3(x, y, z), dim3(nb, h_kv, b), THREADS, sizeof(bwd_smem_t<D, D, BQ>),
-                        [&] { bwd_kernel<D, D, LOOP, ELECT, BULK, BQ>(tq, tk, tv, tdo, p); }))
-          return false;
+  const bool split = g_split > 0 && !thd && mk.wl < 0 && mk.wr < 0;
+  std::vector<float> split_acc;
+  std::vector<int> split_count;
+  if (split) {
+    const int blocks = nb * h_kv * b;
+    p.split_parts = g_split, p.split_first = blocks / 2;
+    split_acc.assign((size_t)(blocks - p.split_first) * BN * 2 * D, 0.0f), split_count.assign(blocks - p.split_first, 0);
+    p.split_acc = split_acc.data(), p.split_count = split_count.data();
+    const int grid = p.split_first + (blocks - p.split_first) * g_split;
+    for (int x = grid - 1; x >= 0; x--)
+      if (!hp_run_cta(dim3(x, 0, 0), dim3(grid, 1, 1), THREADS, sizeof(bwd_smem_t<D, D, BQ>),
+                      [&] { bwd_kernel<D, D, LOOP, ELECT, BULK, BQ>(tq, tk, tv, tdo, p); }))
+        return false;
+    for (size_t i = 0; i < split_count.size(); i++)
+      if (split_count[i] != g_split) {
+        printf("split slot %zu: %d arrivals, %d parts\n", i, split_count[i], g_split);
+        return false;
+      }
+  } else
+    for (int z = 0; z < b; z++)
+      for (int y = 0; y < h_kv; y++)
+        for (int x = 0; x < nb; x++)
+          if (!hp_run_cta(dim3(x, y, z), dim3(nb, h_kv, b), THREADS, sizeof(bwd_smem_t<D, D, BQ>),
+                          [&] { bwd_kernel<D, D, LOOP, ELECT, BULK, BQ>(tq, tk, tv, tdo, p); }))
+            return false;
   const int mb = (s + BWD_BQ - 1) / BWD_BQ;
   if (mb > 0) {
     const std::function<void()> conv = [&] { bwd_dq_kernel<D, BQ>(p); };
@@ -313,9 +337,9 @@ template <int D, int LOOP = BWD_ORDER, bool ELECT = false, bool BULK = false, in
     caught = caught && (e->den == 0 || e->pw() > tol_nw);
   }
   const std::string what = sq_.what(true);
-  printf("bwd d=%d%s%s%s%s %s h=%d/%d window (%d,%d)%s%s: dq %.2e/%.2e dk %.2e/%.2e dv %.2e/%.2e (normwise/elementwise), "
+  printf("bwd d=%d%s%s%s%s%s %s h=%d/%d window (%d,%d)%s%s: dq %.2e/%.2e dk %.2e/%.2e dv %.2e/%.2e (normwise/elementwise), "
          "stray %zu; planted 2%%: %.1e %.1e %.1e %s -> %s\n",
-         D, BQ == 80 ? " m80" : BQ == 128 ? " m128" : "", LOOP == BWD_TURNS ? " turns" : LOOP == BWD_STEP ? " step" : "", ELECT ? " elect" : "", BULK ? " bulk" : "", what.c_str(), h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", accumulate ? " accumulate" : "", eq.nw(), eq.emax(),
+         D, split ? (" split " + std::to_string(g_split)).c_str() : "", BQ == 80 ? " m80" : BQ == 128 ? " m128" : "", LOOP == BWD_TURNS ? " turns" : LOOP == BWD_STEP ? " step" : "", ELECT ? " elect" : "", BULK ? " bulk" : "", what.c_str(), h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", accumulate ? " accumulate" : "", eq.nw(), eq.emax(),
          ek.nw(), ek.emax(), ev.nw(), ev.emax(), stray, eq.pw(), ek.pw(), ev.pw(), caught ? "caught" : "MISSED",
          ok && caught ? "ok" : "FAIL");
   return ok && caught;
@@ -324,6 +348,23 @@ template <int D, int LOOP = BWD_ORDER, bool ELECT = false, bool BULK = false, in
 int main(int argc, char **argv) {
   const bool quick = argc > 1 && !strcmp(argv[1], "--quick"), m80 = argc > 1 && !strcmp(argv[1], "--m80"),
              m128 = argc > 1 && !strcmp(argv[1], "--m128");
+  if (argc > 2 && !strcmp(argv[1], "--split")) { // the tail split: the unmasked runs of dl.attn's loops alone
+    g_split = atoi(argv[2]);
+    bool ok = true;
+    unsigned seed = 1;
+    for (const hp_case &c : hp_cases) {
+      if (c.layout == 2) continue;
+      ok = run_case<128, BWD_ORDER, false, false, 80>(c, hp_masks[0], seed++, false) && ok;
+      ok = run_case<128, BWD_ORDER, true, false, 80>(c, hp_masks[0], seed++, true) && ok;
+      ok = run_case<64, BWD_ORDER, false, false, 128>(c, hp_masks[0], seed++, true) && ok;
+      ok = run_case<64, BWD_ORDER, true, false, 128>(c, hp_masks[0], seed++, false) && ok;
+      ok = run_case<128, BWD_ORDER, false, true>(c, hp_masks[0], seed++, false) && ok;
+      ok = run_case<64, BWD_TURNS, false, true>(c, hp_masks[0], seed++, true) && ok;
+      ok = run_case<128, BWD_STEP>(c, hp_masks[0], seed++, false) && ok;
+    }
+    printf("%s\n", ok ? "hopper emu bwd split: all ok" : "hopper emu bwd split: FAILED");
+    return ok ? 0 : 1;
+  }
   bool ok = true;
   emu.lane_drift = true;
   ok = unit_m64n80() && ok;
