@@ -597,7 +597,7 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
   /* the tail split: the plan for this GPU's SMs (a part's own cost taken as 2 items; at least 1% saved) */
   dim3 grid_run = grid;
   const int slots = dl_attn_bwd_split_slots(p);
-  if (slots > 0 && env_bwd_split() && p->s_q > 0) {
+  if (slots > 0 && env_bwd_split() && p->s_q > 0 && (bq != BWD_BQ || bulk)) { /* bwd_kernel's SPLIT */
     int dev = 0, sms = 0, first = 0;
     DL_CUDA_CHECK(cudaGetDevice(&dev));
     DL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));

@@ -319,8 +319,11 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int m_lo = i_lo / BQ, m_hi = i_hi > i_lo ? (i_hi + BQ - 1) / BQ : m_lo, nm = m_hi - m_lo;
   // the CTA's items: all group * nm of the block, or its part's (the tail split); item it of the block: q
   // head hkv * group + it / nm, query block m_lo + it % nm; the loops count it from 0, the item it + it_off
-  const int it_off = tile.part * (group * nm) / tile.parts;
-  const int items = (tile.part + 1) * (group * nm) / tile.parts - it_off;
+  // (built into dl.attn's loops only, BQ 80 and 128 and BULK: in BQ 64's others ptxas spilled 20 bytes)
+  constexpr bool SPLIT = BQ != 64 || BULK;
+  const int part = SPLIT ? tile.part : 0, parts = SPLIT ? tile.parts : 1;
+  const int it_off = part * (group * nm) / parts;
+  const int items = (part + 1) * (group * nm) / parts - it_off;
   const int hq0 = hkv * group + it_off / nm, m0 = m_lo + it_off % nm; // the first item's head and block
   // The item's head and block (hq, m) counted in the loops, without a division an item (FA4-GAP.md B9),
   // except at BQ 80: its kernel ran 1.000-1.032x faster without a mask by the division
@@ -796,7 +799,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
   }
 
-  if (tile.parts > 1) { // the tail split: this part's sums into the block's slot; the last part writes them
+  if (parts > 1) { // the tail split: this part's sums into the block's slot; the last part writes them
     float *acc = p.split_acc + (int64_t)tile.slot * BN * (DQK + DV);
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -811,7 +814,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     named_bar_sync(1, 256);
     if (threadIdx.x == 0) sm.ticket = atomicAdd(p.split_count + tile.slot, 1);
     named_bar_sync(1, 256);
-    if (sm.ticket != tile.parts - 1) return;
+    if (sm.ticket != parts - 1) return;
     __threadfence(); // every part's adds (each fenced before its arrival) before the reads
 #pragma unroll
     for (int r = 0; r < 2; r++) {
