@@ -324,7 +324,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int part = SPLIT ? tile.part : 0, parts = SPLIT ? tile.parts : 1;
   const int it_off = part * (group * nm) / parts;
   const int items = (part + 1) * (group * nm) / parts - it_off;
-  const int hq0 = hkv * group + it_off / nm, m0 = m_lo + it_off % nm; // the first item's head and block
+  const int hq0 = hkv * group + (nm > 0 ? it_off / nm : 0), m0 = m_lo + (nm > 0 ? it_off % nm : 0); // the first item's
   // The item's head and block (hq, m) counted in the loops, without a division an item (FA4-GAP.md B9),
   // except at BQ 80: its kernel ran 1.000-1.032x faster without a mask by the division
   // (experiments/results/attn/hopper-b9x-ab-h200.md), where the counters are dead code
