@@ -594,7 +594,8 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
     }
   }
   k.delta = delta;
-  /* the tail split: the plan for this GPU's SMs (a part's own cost taken as 2 items; at least 1% saved) */
+  /* the tail split: the plan for this GPU's SMs (a tail of at most a quarter of them; a part's own cost
+   * taken as 2 items; at least 1% saved) */
   dim3 grid_run = grid;
   const int slots = dl_attn_bwd_split_slots(p);
   if (slots > 0 && env_bwd_split() && p->s_q > 0 && (bq != BWD_BQ || bulk)) { /* bwd_kernel's SPLIT */
@@ -603,7 +604,7 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
     DL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     const int64_t nblocks = (int64_t)grid.x * grid.y * grid.z;
     const int items = (p->h_q / p->h_kv) * ((p->s_q + bq - 1) / bq);
-    const int parts = hp_bwd_split_plan(nblocks, items, sms, slots, 2.0, 0.01, &first);
+    const int parts = hp_bwd_split_plan(nblocks, items, sms, slots, 0.25, 2.0, 0.01, &first);
     if (parts > 1) {
       const int64_t split = nblocks - first;
       k.split_first = first, k.split_parts = parts;

@@ -90,9 +90,10 @@
 #include "fwd_params.cuh"
 #include "tile_scheduler.cuh"
 
-// BQ 80 and 128 in BWD_ORDER: an item's dS^T goes to shared memory (stmatrix) before dV's wgmma is issued
+// BQ 128 (d 64) in BWD_ORDER: an item's dS^T goes to shared memory (stmatrix) before dV's wgmma is issued
 // and is fenced for the async proxy after it, as FA4's sm90 backward orders them (0: after dV's issue, the
-// fence right behind the stores; FA4-GAP.md section 16)
+// fence right behind the stores). On an H200 +2.3-3.3% backward at d 64; at d 128 (BQ 80) 0.979-1.004x, so
+// not there (experiments/results/attn/hopper-b22-ab-h200.md; FA4-GAP.md section 16)
 #ifndef HP_BWD_DS_EARLY
 #define HP_BWD_DS_EARLY 1
 #endif
@@ -710,7 +711,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       issue_sdp(it, s, dp);
       if constexpr (BQ != 64) { // P^T and dS^T in fp32, then both packed: dV after dS, as FA4 (registers)
         p_and_ds(it, s, dp);
-        if constexpr (HP_BWD_DS_EARLY) { // dS^T's stores before dV's issue, the fence after it (FA4's order)
+        if constexpr (HP_BWD_DS_EARLY && BQ == 128) { // dS^T's stores before dV's issue, the fence after it
           store_ds_only(it);
           issue_dv(it);
           fence_proxy_async();

@@ -89,11 +89,15 @@ template <int DQK, int DV, class P> HP_DEV hp_bwd_tile_t hp_bwd_tile(const P &p)
  * the last nblocks % sms (the tail wave's) are split when that shortens the grid. Each in k parts runs as
  * ceil(tail k / sms) rounds of ceil(items / k) items and `ov` items' worth of a part's own cost (K and V in,
  * the pipeline's fill, the fp32 adds of dK and dV), against one block's items unsplit; the best k (2-64)
- * is taken where it saves at least min_gain of the grid's time, and where the tail fits max_slots split
- * slots. Returns the parts (0: no split) and sets *first, the first split block. */
-static inline int hp_bwd_split_plan(int64_t nblocks, int items, int sms, int max_slots, double ov, double min_gain, int *first) {
+ * is taken where it saves at least min_gain of the grid's time, where the tail is at most max_tail of the
+ * SMs and fits max_slots split slots. Returns the parts (0: no split) and sets *first, the first split
+ * block. (On an H200 at d 128, b 2, h 16: a tail of 4 blocks in 30 parts, s 16k, 1.011-1.028x backward; a
+ * tail of 68 in 7 parts, s 8k, 0.975-0.994x: a wave half full runs its blocks faster than a full one, so
+ * the model's gain is not there; hence max_tail. hopper-b22-ab-h200.md.) */
+static inline int hp_bwd_split_plan(int64_t nblocks, int items, int sms, int max_slots, double max_tail, double ov,
+                                    double min_gain, int *first) {
   const int64_t tail = sms > 0 ? nblocks % sms : 0, waves = sms > 0 ? (nblocks + sms - 1) / sms : 0;
-  if (tail == 0 || tail > max_slots || items < 2) return 0;
+  if (tail == 0 || tail > max_slots || tail > max_tail * sms || items < 2) return 0;
   int best = 0;
   double best_t = items;
   for (int k = 2; k <= 64 && k <= items; k++) {
