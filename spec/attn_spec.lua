@@ -370,10 +370,8 @@ describe("attn on meta", function()
     local tag = dl.mem.stats("meta").tags.attn_spec_bwd
     local unit = 2 * 4096 * 16 * 128 * 2
     -- dq, dk, dv, plus the workspace: the fp32 dq accumulator, then row sums and the Hopper kernel's
-    -- lse log2(e), each in rows padded to 64, plus 64 a batch (dl_attn_bwd_lse_rows), then (the backward
-    -- has no mask) the tail split's slots: 128 key blocks' fp32 dK and dV and a count each
-    -- (dl_attn_bwd_split_slots)
-    assert.equal(3 * unit + 2 * unit + 2 * (2 * 4096 + 2 * 64) * 16 * 4 + 128 * (128 * 256 + 1) * 4, tag.peak)
+    -- lse log2(e), each in rows padded to 64, plus 64 a batch (dl_attn_bwd_lse_rows)
+    assert.equal(3 * unit + 2 * unit + 2 * (2 * 4096 + 2 * 64) * 16 * 4, tag.peak)
   end)
 
   it("sizes the thd workspace by the rows of q, as on cuda", function()

@@ -82,12 +82,6 @@ typedef struct dl_attn_params {
  * 0, or DL_EINVAL with a message naming the field. */
 int dl_attn_validate(const dl_attn_params_t *p, int bwd, int cuda);
 size_t dl_attn_bwd_workspace_bytes(const dl_attn_params_t *p);
-/* The Hopper backward's tail split (kernels/attn/hopper/tile_scheduler.cuh): the key blocks it may
- * split (without a mask on bshd/sbhd at d 64 and 128: up to DL_ATTN_BWD_SPLIT_SLOTS, else 0), and the
- * workspace's byte offset of their fp32 dK and dV [slots][128][d_qk + d_v] and counts [slots]. */
-#define DL_ATTN_BWD_SPLIT_SLOTS 128
-int dl_attn_bwd_split_slots(const dl_attn_params_t *p);
-size_t dl_attn_bwd_split_offset(const dl_attn_params_t *p);
 /* Rows a head of the workspace's D (and of the Hopper backward's lse log2(e) after it): the rows of q
  * rounded up to 64, plus 64 a sequence (each sequence's rows at a multiple of 64 for the Hopper
  * backward's bulk loads: bwd_kernel.cuh's bwd_lse_row). */

@@ -31,26 +31,12 @@ int64_t dl_attn_bwd_lse_rows(const dl_attn_params_t *p) {
 }
 
 /* The fp32 dQ accumulator [h][rows][d_qk] (256-aligned), then D [h][lse rows] (the portable kernels
- * use its first rows a head, [h][rows]), then the Hopper backward's lse log2(e) [h][lse rows], then
- * (256-aligned) its tail split's slots: fp32 dK and dV [slots][128][d_qk + d_v], counts [slots]. */
-int dl_attn_bwd_split_slots(const dl_attn_params_t *p) {
-  if (p->cu_seqlens_q || p->window_left >= 0 || p->window_right >= 0 || p->d_qk != p->d_v ||
-      (p->d_qk != 64 && p->d_qk != 128) || p->s_kv <= 0)
-    return 0;
-  const int64_t blocks = (int64_t)(p->s_kv + 127) / 128 * p->h_kv * p->b;
-  return blocks < DL_ATTN_BWD_SPLIT_SLOTS ? (int)blocks : DL_ATTN_BWD_SPLIT_SLOTS;
-}
-
-size_t dl_attn_bwd_split_offset(const dl_attn_params_t *p) {
+ * use its first rows a head, [h][rows]), then the Hopper backward's lse log2(e) [h][lse rows]. */
+size_t dl_attn_bwd_workspace_bytes(const dl_attn_params_t *p) {
   int64_t rows = p->cu_seqlens_q ? p->total_q : (int64_t)p->b * p->s_q;
   size_t dq = (size_t)rows * p->h_q * p->d_qk * sizeof(float);
   dq = (dq + 255) & ~(size_t)255;
-  return (dq + 2 * (size_t)dl_attn_bwd_lse_rows(p) * p->h_q * sizeof(float) + 255) & ~(size_t)255;
-}
-
-size_t dl_attn_bwd_workspace_bytes(const dl_attn_params_t *p) {
-  const size_t slots = (size_t)dl_attn_bwd_split_slots(p);
-  return dl_attn_bwd_split_offset(p) + slots * (128 * (size_t)(p->d_qk + p->d_v) + 1) * sizeof(float);
+  return dq + 2 * (size_t)dl_attn_bwd_lse_rows(p) * p->h_q * sizeof(float);
 }
 
 int dl_attn_validate(const dl_attn_params_t *p, int bwd, int cuda) {

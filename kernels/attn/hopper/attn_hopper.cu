@@ -129,8 +129,9 @@ static int env_bwd_group_mb(int *mb) {
 }
 /* The backward's tail split (tile_scheduler.cuh: hp_bwd_tile, hp_bwd_split_plan): without a mask on bshd
  * and sbhd, the key blocks of the last, partial wave go in parts over every SM, their dK and dV added up in
- * the workspace's split slots (dl_attn_bwd_split_slots); DISTLAB_ATTN_HOPPER_BWD_SPLIT=0 turns it off (A/B
- * timings: FA4-GAP.md section 16). */
+ * split slots in the workspace's lse log2(e) rows, which only BULK's kernels use (as many slots as fit
+ * there: the workspace does not grow); DISTLAB_ATTN_HOPPER_BWD_SPLIT=0 turns it off (A/B timings:
+ * FA4-GAP.md section 16). */
 static int env_bwd_split(void) {
   static int c = -1;
   return !env_is("DISTLAB_ATTN_HOPPER_BWD_SPLIT", "0", &c);
@@ -597,18 +598,21 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
   /* the tail split: the plan for this GPU's SMs (a tail of at most a quarter of them; a part's own cost
    * taken as 2 items; at least 1% saved) */
   dim3 grid_run = grid;
-  const int slots = dl_attn_bwd_split_slots(p);
-  if (slots > 0 && env_bwd_split() && p->s_q > 0 && (bq != BWD_BQ || bulk)) { /* bwd_kernel's SPLIT */
+  const int64_t lse_rows = dl_attn_bwd_lse_rows(p);
+  const size_t slot_bytes = ((size_t)BN * (p->d_qk + p->d_v) + 1) * sizeof(float);
+  const int64_t slots = (int64_t)((size_t)lse_rows * p->h_q * sizeof(float) / slot_bytes); /* in the lse2 rows */
+  if (!thd && p->window_left < 0 && p->window_right < 0 && slots > 0 && env_bwd_split() && p->s_q > 0 &&
+      bq != BWD_BQ) { /* bwd_kernel's SPLIT (not BULK's kernels: they read the lse2 rows) */
     int dev = 0, sms = 0, first = 0;
     DL_CUDA_CHECK(cudaGetDevice(&dev));
     DL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
     const int64_t nblocks = (int64_t)grid.x * grid.y * grid.z;
     const int items = (p->h_q / p->h_kv) * ((p->s_q + bq - 1) / bq);
-    const int parts = hp_bwd_split_plan(nblocks, items, sms, slots, 0.25, 2.0, 0.01, &first);
+    const int parts = hp_bwd_split_plan(nblocks, items, sms, (int)(slots < 1024 ? slots : 1024), 0.25, 2.0, 0.01, &first);
     if (parts > 1) {
       const int64_t split = nblocks - first;
       k.split_first = first, k.split_parts = parts;
-      k.split_acc = (float *)((char *)p->workspace + dl_attn_bwd_split_offset(p));
+      k.split_acc = delta + (size_t)lse_rows * p->h_q; /* the lse2 rows (256-aligned: lse_rows is of 64) */
       k.split_count = (int *)(k.split_acc + split * BN * (p->d_qk + p->d_v));
       DL_CUDA_CHECK(cudaMemsetAsync(k.split_acc, 0, (size_t)split * (BN * (p->d_qk + p->d_v) + 1) * sizeof(float), (cudaStream_t)stream));
       grid_run = dim3((unsigned)(first + split * parts), 1, 1);

@@ -320,8 +320,9 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int m_lo = i_lo / BQ, m_hi = i_hi > i_lo ? (i_hi + BQ - 1) / BQ : m_lo, nm = m_hi - m_lo;
   // the CTA's items: all group * nm of the block, or its part's (the tail split); item it of the block: q
   // head hkv * group + it / nm, query block m_lo + it % nm; the loops count it from 0, the item it + it_off
-  // (built into dl.attn's loops only, BQ 80 and 128 and BULK: in BQ 64's others ptxas spilled 20 bytes)
-  constexpr bool SPLIT = BQ != 64 || BULK;
+  // (built into dl.attn's loops at BQ 80 and 128 only: in BQ 64's ptxas spilled 20 bytes, and BULK's read
+  // the workspace's lse2 rows, where the split slots are)
+  constexpr bool SPLIT = BQ != 64;
   const int part = SPLIT ? tile.part : 0, parts = SPLIT ? tile.parts : 1;
   const int it_off = part * (group * nm) / parts;
   const int items = (part + 1) * (group * nm) / parts - it_off;
