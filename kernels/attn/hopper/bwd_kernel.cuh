@@ -15,7 +15,9 @@
  * padded rows).
  *
  * bwd_kernel: CTA = BN = 128 keys of one kv head and batch, 384 threads;
- * grid (key blocks, kv heads, batches).
+ * grid (key blocks, kv heads, batches), or with the tail split (BQ 80 and 128
+ * without a mask: tile_scheduler.cuh) a 1-D grid whose last blocks go in parts,
+ * a CTA a part's items, their dK and dV added up in fp32 by the last part.
  *   warpgroup 2, producer (setmaxnreg 24): one thread TMA-loads K and V of
  *     the block once, then for every q head of the kv head's group and every
  *     query block of BQ rows (dl.attn's defaults: 80 at d 128 without a mask, 128 at
