@@ -9,18 +9,19 @@
 -- the consumers' releases (ELECT, lanes drifting apart within a warp), and
 -- with the rows' lse log2(e) and D from the kernel's own prep by bulk copies
 -- (BULK, the default at d 128 with a mask), 80 query rows an item (M80, the
--- default at d 128 without one) and 128 (M128, the default at d 64), each
--- check also failing a planted 2% error (the --quick
--- subsets; `make -C experiments/lab/emu/attn hopper-emu hopper-emu-bwd` runs all).
+-- default at d 128 without one) and 128 (M128, the default at d 64), the
+-- backward's tail split (a key block's items in parts, their dK and dV added
+-- up by the last part), each check also failing a planted 2% error (the --quick
+-- subsets, and --split 3; `make -C experiments/lab/emu/attn hopper-emu hopper-emu-bwd` runs all).
 -- The builds (g++, about 10 s each on 2 cores) go to a fresh directory.
 local H = require "helpers"
 
 local has = H.has_command
 
-local function run(target, flags)
+local function run(target, flags, args)
   local build = H.tmpname("_hopper_emu")
-  local p = io.popen(string.format("cd %q/experiments/lab/emu/attn && make -s %s ARGS=--quick BUILD=%q EMU_FLAGS=%q 2>&1; " ..
-    "echo __rc=$?; rm -rf %q", H.root, target, build, flags or "", build))
+  local p = io.popen(string.format("cd %q/experiments/lab/emu/attn && make -s %s ARGS=%q BUILD=%q EMU_FLAGS=%q 2>&1; " ..
+    "echo __rc=$?; rm -rf %q", H.root, target, args or "--quick", build, flags or "", build))
   local out = p:read("*a")
   p:close()
   return out
@@ -68,6 +69,12 @@ describe("the Hopper attention kernels on the CPU emulator", function()
     local _, m128 = out:gsub("bwd d=64 m128 ", "")
     assert.is_true(plain > 0 and turns > 0 and step > 0 and elect > 0 and turns_elect > 0 and bulk > 0 and turns_bulk > 0, out)
     assert.is_true(m80 > 0 and m128 > 0, out)
+  end)
+  it_("backward with the tail split (--split 3): the unmasked bshd and sbhd cases at d 128 (80 query rows an item) and d 64 (128), with and without ELECT, half the key blocks in 3 parts each (fewer items than parts too), the grid run last CTA first, against fp64", function()
+    local out = run("hopper-emu-bwd", nil, "--split 3")
+    all_ok(out, "hopper emu bwd split: all ok", 16)
+    local _, n = out:gsub("bwd d=%d+ split 3 ", "")
+    assert.is_true(n >= 16, out)
   end)
   it_("backward with HP_BWD_GROUP_BYTES small: masked calls' key blocks heaviest first in groups of kv heads that do not divide them (a group of 3 of 4 at d 128, s 200)", function()
     all_ok(run("hopper-emu-bwd", "-DHP_BWD_GROUP_BYTES=700000"), "hopper emu bwd: all ok", 20)
