@@ -5,7 +5,8 @@
 -- over every row, normwise <= 8e-3 (lse 1e-5), bias 2^-10 and
 -- TransformerEngine's bf16 tolerance element-wise; thd rows outside the sequences must be 0), after
 -- printing which kernels dl.attn.backends says run; and the fused merge into fp32 and bf16 running rows
--- (bshd and thd causal; merge_case below). Nothing is timed: each
+-- (bshd and thd causal; merge_case below); on cuda a no-mask case that the backward's tail split splits.
+-- Nothing is timed: each
 -- case runs once, on fresh inputs, through h:planted (--plant noop |
 -- scale=X must fail it). Small enough for compute-sanitizer
 -- (scripts/gpu/attn_hopper.sh runs it under memcheck and racecheck).
@@ -110,6 +111,14 @@ for _, d in ipairs(h.quick and { 64 } or { 128, 64 }) do
   case("bshd b=1 s=211/kv 333 h=4/1 d=" .. d .. " no mask", { 1, 211, 4, d }, { 1, 333, 1, d }, {})
   case("sbhd s=257 b=2 h=2 d=" .. d .. " window (64, 16)", { 257, 2, 2, d }, { 257, 2, 2, d },
     { layout = "sbhd", window = { 64, 16 } })
+  if tostring(dev):find("cuda") then
+    -- the backward's tail split (tile_scheduler.cuh): 134 key blocks, 2 past 132 SMs, each in parts (16 at
+    -- d 128, 8 at d 64), whose dK and dV the last part writes; small grids do not split (their split slots
+    -- live in the workspace's lse log2(e) rows), so this case is about the smallest that does on an H200.
+    -- On cuda only (the split is the Hopper kernel's): on the cpu it adds ~30 s of checks to CI's --quick run
+    -- (there it passed, and failed --plant scale=1.02)
+    case("bshd b=1 s=256 h=268/67 d=" .. d .. " no mask, split", { 1, 256, 268, d }, { 1, 256, 67, d }, {})
+  end
   local cu = dl.from_table({ 0, 130, 130, 207 }, { dtype = "i32", device = "cpu" })
   local pad = dl.from_table({ 5, 140, 141, 220 }, { dtype = "i32", device = "cpu" })
   case("thd 130,0,77 at 5,140,141 h=2 d=" .. d .. " causal", { 224, 2, d }, { 224, 2, d },
