@@ -31,7 +31,7 @@ for v in $VARIANTS; do
   [[ "$name" =~ ^[a-z][a-z0-9]*$ ]] || { say "VARIANTS: NAME ([a-z][a-z0-9]*) first in $v"; exit 2; }
   [[ " ${names[*]} " != *" $name "* ]] || { say "VARIANTS: $name twice"; exit 2; }
   [[ "$lib" =~ ^[a-z0-9]+$ ]] || { say "VARIANTS: NAME:LIB, LIB a packed library's name ([a-z0-9]+), in $v"; exit 2; }
-  [ -z "$knobs" ] || [[ "$knobs" =~ ^[A-Z_0-9]+=[^,]*(,[A-Z_0-9]+=[^,]*)*$ ]] || { say "VARIANTS: knobs VAR=V[,VAR=V] in $v"; exit 2; }
+  knobs_ok "$knobs" || { say "VARIANTS: knobs VAR=V[,VAR=V] in $v"; exit 2; }
   [ -f ".ab/lib$lib.so.xz" ] && [ -f ".ab/$lib.commit" ] || { say "VARIANTS: .ab/lib$lib.so.xz or .ab/$lib.commit missing (scripts/ab-pack.sh $lib; carry .ab)"; exit 2; }
   names+=("$name")
 done
@@ -44,7 +44,6 @@ for lib in $(for v in $VARIANTS; do echo "$v" | cut -d: -f2; done | sort -u); do
 done
 # the library in place by rename, so that a process still running the old one keeps its pages
 install_lib() { cp "build/ab/lib$1.so" build/lib/.libdistlab.so.ab && mv -f build/lib/.libdistlab.so.ab build/lib/libdistlab.so; }
-list_rev() { echo "$1" | tr ' ' '\n' | grep . | tac | tr '\n' ' '; }
 for r in $(seq "$ROUNDS"); do
   order=$VARIANTS
   [ $((r % 2)) = 0 ] && order=$(list_rev "$VARIANTS")

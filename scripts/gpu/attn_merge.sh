@@ -24,7 +24,7 @@ n=0
 for v in $VARIANTS; do
   IFS=: read -r name knobs <<<"$v"
   [[ "$name" =~ ^[a-z][a-z0-9]*$ ]] || { say "VARIANTS: NAME ([a-z][a-z0-9]*) first in $v"; exit 2; }
-  [ -z "$knobs" ] || [[ "$knobs" =~ ^[A-Z_0-9]+=[^,]*(,[A-Z_0-9]+=[^,]*)*$ ]] || { say "VARIANTS: knobs VAR=V[,VAR=V] in $v"; exit 2; }
+  knobs_ok "$knobs" || { say "VARIANTS: knobs VAR=V[,VAR=V] in $v"; exit 2; }
   n=$((n + 1))
 done
 runs=$((n * ROUNDS))
@@ -32,7 +32,7 @@ header
 build_or_skip || exit 1
 for r in $(seq "$ROUNDS"); do
   order=$VARIANTS
-  [ $((r % 2)) = 0 ] && order=$(echo "$VARIANTS" | tr ' ' '\n' | grep . | tac | tr '\n' ' ')
+  [ $((r % 2)) = 0 ] && order=$(list_rev "$VARIANTS")
   for v in $order; do
     IFS=: read -r name knobs <<<"$v"
     out="$L/$name-r$r" log="$L/merge-$name-r$r.log"

@@ -36,6 +36,8 @@
 #                            DLENV: the command prefix that puts that NCCL first for distlab's runs
 #                            (env LD_LIBRARY_PATH=...; plain `env` where nothing was carried), so
 #                            PyTorch's anchors keep their own NCCL
+#   list_rev "W1 W2 ..."     the words in reverse order (the A/B scripts' even rounds)
+#   knobs_ok KNOBS           whether KNOBS is empty or VAR=V[,VAR=V] (a VARIANTS entry's knobs)
 #   fa4_site                 FlashAttention-4 for $PY: importable already, or installed from the
 #                            wheel sets carried from .deps/fa4/1 and /2 (scripts/fetch-fa4.sh; one
 #                            a call, kept in build/fa4-wheels) into build/fa4site, on PYTHONPATH;
@@ -64,6 +66,8 @@ PY=/opt/torch/.venv/bin/python
 [ -x "$PY" ] || PY=python3
 
 want() { [[ " ${STEPS:-} " == *" $1 "* ]]; }
+list_rev() { echo "$1" | tr ' ' '\n' | grep . | tac | tr '\n' ' '; }
+knobs_ok() { [ -z "$1" ] || [[ "$1" =~ ^[A-Z_0-9]+=[^,]*(,[A-Z_0-9]+=[^,]*)*$ ]]; }
 say() { echo "[$NAME +$(($(date +%s) - t_start)) s] $*" | tee -a "$SUM"; }
 
 step() {
