@@ -64,5 +64,4 @@ step "report" 60 "$L/report.log" python3 experiments/attn/attn_ab_report.py "$L"
   echo
   echo "Made by: \`$(env | grep -E '^(CUDA|NCCL)_' | sort | tr '\n' ' ')VARIANTS=\"$VARIANTS\" ROUNDS=$ROUNDS S=$S D=$D BACKENDS=$BACKENDS${DEVICE:+ DEVICE=$DEVICE} scripts/gpu/attn_ab.sh\` (device, date and each library's commit above and in each run's header)"
 } >>"$OUT/attn-ab-d$D.md" 2>/dev/null
-say "done, status $status"
 exit "$status"

@@ -59,5 +59,4 @@ fi
     $(want clock && echo --lab "$L/lab.log" --smi "$L/smi.csv")
 } >"$OUT/attn-merge-power.md" 2>&1 || status=1
 cat "$OUT/attn-merge-power.md"
-say "done, status $status"
 exit $status

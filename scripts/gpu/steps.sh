@@ -152,6 +152,8 @@ mps_stop() {
 }
 
 steps_finish() {
+  local rc=$? # the script's exit status: an `exit 2` before any step (bad input) is the status said
+  [ "$rc" != 0 ] && [ "$status" = 0 ] && status=$rc
   [ -n "$mps_ctl" ] && echo quit | "$mps_ctl" >/dev/null 2>&1
   if [ "$L" != "$OUT" ]; then
     cp "$SUM" "$L/" 2>/dev/null
