@@ -100,6 +100,12 @@
 #define HP_BWD_DS_EARLY 1
 #endif
 
+// BWD_ORDER: an item's S^T issued once Q's stage is in, dO's waited for after it (FA4's sm90 order; 0: both
+// stages waited for, then S^T and dP^T). FA4-GAP.md section 17
+#ifndef HP_BWD_Q_FIRST
+#define HP_BWD_Q_FIRST 1
+#endif
+
 // Query rows an item unless M80 or M128 (bwd_kernel's BQ; BN = 128 keys a CTA, THREADS = 384: fwd_params.cuh),
 // and the rows a CTA of bwd_prep_kernel and bwd_dq_kernel, and BULK's padding unit, whatever BQ is.
 constexpr int BWD_BQ = 64;
@@ -483,12 +489,15 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto next_item = [&] { mb = mb + 1 == m_hi ? m_lo : mb + 1; };
   // S^T = K_c Q^T and dP^T = V_c dO^T of item it issued (two commit groups), once its stage is in and
   // the query rows past the sequence are zeros (Q and dO are B of dK and dV)
-  auto stage_in = [&](int it) {
+  // stage_q: Q's stage in (and for an item with rows past the sequence, dO's too, both zeroed there);
+  // stage_do: dO's in. HP_BWD_Q_FIRST issues S^T between them (FA4's order: dO's wait under S^T's GEMM).
+  auto stage_do = [&](int it) { mbar_wait(&sm.do_full[it % 2], (uint32_t)(it / 2) & 1u, &sm.fail, p.err); };
+  auto stage_q = [&](int it) {
     const int st = it % 2, i0 = item_m(it, mb) * BQ;
     const uint32_t ph = (uint32_t)(it / 2) & 1u;
     mbar_wait(&sm.q_full[st], ph, &sm.fail, p.err);
-    mbar_wait(&sm.do_full[st], ph, &sm.fail, p.err);
     if (len_q - i0 < BQ) {
+      stage_do(it);
       if (c == 0) {
         zero_rows<DQK>(hp_smem_u32(sm.q[st][0]), BQ, len_q - i0, tid);
         zero_rows<DV>(hp_smem_u32(sm.dout[st][0]), BQ, len_q - i0, tid);
@@ -497,15 +506,21 @@ __global__ void __launch_bounds__(THREADS, 1)
       named_bar_sync(2, 256);
     }
   };
+  auto stage_in = [&](int it) {
+    stage_q(it);
+    stage_do(it);
+  };
   // BQ 80: the shared-memory bases of K and V through hp_opaque every item, so that ptxas derives their
   // descriptors in the loop rather than holding (and spilling) 24 of them over it
   auto in_loop = [](uint32_t x) {
     if constexpr (BQ != 64) return hp_opaque(x);
     else return x;
   };
+  auto issue_s = [&](int it, float(&s)[BQ / 2]) { gemm_kmajor<DQK, BN, BQ>(s, in_loop(k_c), hp_smem_u32(sm.q[it % 2][0])); };
+  auto issue_dp = [&](int it, float(&dp)[BQ / 2]) { gemm_kmajor<DV, BN, BQ>(dp, in_loop(v_c), hp_smem_u32(sm.dout[it % 2][0])); };
   auto issue_sdp = [&](int it, float(&s)[BQ / 2], float(&dp)[BQ / 2]) {
-    gemm_kmajor<DQK, BN, BQ>(s, in_loop(k_c), hp_smem_u32(sm.q[it % 2][0]));
-    gemm_kmajor<DV, BN, BQ>(dp, in_loop(v_c), hp_smem_u32(sm.dout[it % 2][0]));
+    issue_s(it, s);
+    issue_dp(it, dp);
   };
   // This thread's queries are columns 8 j + 2 (lane % 4) + e % 2 of the item's 64, its keys rows
   // n0 + kr + 8 (e >> 1). P^T = exp2(S^T scale log2e - lse2), in place.
@@ -710,8 +725,15 @@ __global__ void __launch_bounds__(THREADS, 1)
   if constexpr (LOOP == BWD_ORDER) { // in step, FA4's order (the enum's comment)
     for (int it = 0; it < items; it++) {
       float s[BQ / 2], dp[BQ / 2], dq[NDQ];
-      stage_in(it);
-      issue_sdp(it, s, dp);
+      if constexpr (HP_BWD_Q_FIRST) {
+        stage_q(it);
+        issue_s(it, s);
+        stage_do(it);
+        issue_dp(it, dp);
+      } else {
+        stage_in(it);
+        issue_sdp(it, s, dp);
+      }
       if constexpr (BQ != 64) { // P^T and dS^T in fp32, then both packed: dV after dS, as FA4 (registers)
         p_and_ds(it, s, dp);
         if constexpr (HP_BWD_DS_EARLY && BQ == 128) { // dS^T's stores before dV's issue, the fence after it
@@ -806,13 +828,12 @@ __global__ void __launch_bounds__(THREADS, 1)
   if (parts > 1) { // the tail split: this part's sums into the block's slot; the last part writes them
     float *acc = p.split_acc + (int64_t)tile.slot * BN * (DQK + DV);
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-      float *row = acc + (kr + 8 * r) * (DQK + DV) + 2 * (lane % 4);
+    for (int r = 0; r < 2; r++) { // a thread's two adjacent columns by one 8-byte add (sm_90's float2 atomicAdd)
+      float2 *row = reinterpret_cast<float2 *>(acc + (kr + 8 * r) * (DQK + DV) + 2 * (lane % 4));
 #pragma unroll
-      for (int j = 0; j < DQK / 8; j++) atomicAdd(row + 8 * j, dk[4 * j + 2 * r]), atomicAdd(row + 8 * j + 1, dk[4 * j + 2 * r + 1]);
+      for (int j = 0; j < DQK / 8; j++) atomicAdd(row + 4 * j, make_float2(dk[4 * j + 2 * r], dk[4 * j + 2 * r + 1]));
 #pragma unroll
-      for (int j = 0; j < DV / 8; j++)
-        atomicAdd(row + DQK + 8 * j, dv[4 * j + 2 * r]), atomicAdd(row + DQK + 8 * j + 1, dv[4 * j + 2 * r + 1]);
+      for (int j = 0; j < DV / 8; j++) atomicAdd(row + DQK / 2 + 4 * j, make_float2(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]));
     }
     __threadfence(); // this thread's adds before its part's arrival
     named_bar_sync(1, 256);
@@ -822,12 +843,17 @@ __global__ void __launch_bounds__(THREADS, 1)
     __threadfence(); // every part's adds (each fenced before its arrival) before the reads
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-      const float *row = acc + (kr + 8 * r) * (DQK + DV) + 2 * (lane % 4);
+      const float2 *row = reinterpret_cast<const float2 *>(acc + (kr + 8 * r) * (DQK + DV) + 2 * (lane % 4));
 #pragma unroll
-      for (int j = 0; j < DQK / 8; j++) dk[4 * j + 2 * r] = __ldcg(row + 8 * j), dk[4 * j + 2 * r + 1] = __ldcg(row + 8 * j + 1);
+      for (int j = 0; j < DQK / 8; j++) {
+        const float2 x = __ldcg(row + 4 * j);
+        dk[4 * j + 2 * r] = x.x, dk[4 * j + 2 * r + 1] = x.y;
+      }
 #pragma unroll
-      for (int j = 0; j < DV / 8; j++)
-        dv[4 * j + 2 * r] = __ldcg(row + DQK + 8 * j), dv[4 * j + 2 * r + 1] = __ldcg(row + DQK + 8 * j + 1);
+      for (int j = 0; j < DV / 8; j++) {
+        const float2 x = __ldcg(row + DQK / 2 + 4 * j);
+        dv[4 * j + 2 * r] = x.x, dv[4 * j + 2 * r + 1] = x.y;
+      }
     }
   }
   // dK (times the scale) and dV of the keys in the sequence, bf16

@@ -26,11 +26,12 @@
 //              on the address) or A from each thread's registers, D in the
 //              accumulator layout (thread t, value v: row 16 (t / 32) +
 //              (t % 32) / 4 + 8 ((v / 2) % 2), column 8 (v / 4) + 2 (t % 4) +
-//              v % 2). Asynchronous as on the GPU: a wgmma runs at the
-//              wgmma.wait_group that covers its commit group, reading shared
-//              memory and adding to the accumulators then, so a stage reused,
-//              or accumulators read or written, before that wait give wrong
-//              results.
+//              v % 2). Asynchronous as on the GPU: a wgmma adds to the
+//              accumulators at the wgmma.wait_group that covers its commit
+//              group, and reads its shared operands then or at its issue (a
+//              coin), so a stage reused, or accumulators read or written,
+//              before that wait, or a stage read before its TMA landed, give
+//              wrong results.
 // This checks a kernel's own logic (fragment maps, softmax, masks, the
 // pipeline's barriers and phases, the epilogue) against an fp64 reference;
 // it cannot check that the hardware reads the layouts as emulated: that is
@@ -52,6 +53,11 @@ struct float2 {
   float x, y;
 };
 static inline float2 make_float2(float x, float y) { return float2{x, y}; }
+static inline float2 atomicAdd(float2 *p, float2 v) { // sm_90's 8-byte add (the emulated threads run one at a time)
+  const float2 old = *p;
+  *p = float2{old.x + v.x, old.y + v.y};
+  return old;
+}
 struct alignas(16) float4 {
   float x, y, z, w;
 };
@@ -326,6 +332,7 @@ struct hp_op {
   float *d[128];
   uint32_t a[128][4];          // A's registers at the issue
   const uint32_t *ap[128];     // and where they are: they must hold until the wait
+  std::vector<float> c;        // A B, when the coin read the operands at the issue (64 x 128)
 };
 struct hp_wg {
   int arrived = 0, n = 128;
@@ -341,6 +348,7 @@ struct hp_wg {
 static hp_wg hp_wgs[8];
 
 static void hp_mma(const hp_op &op);
+static void hp_product(const hp_op &op, float *C);
 template <class F> static void hp_wg_op(F compute);
 
 HP_DEV void wg_fence() {}
@@ -410,19 +418,18 @@ static void hp_issue(hp_wg &g, bool rs, bool bt, bool at = false) {
   memcpy(op.d, g.d, sizeof op.d);
   memcpy(op.a, g.a, sizeof op.a);
   memcpy(op.ap, g.ap, sizeof op.ap);
+  // the hardware reads the shared operands at some time between the issue and the wait: a coin takes
+  // either end, so that a stage read before its barrier's wait (its TMA still in flight) shows as well
+  // as one reused before the wait that covers the read
+  if (hp_coin() % 2) op.c.resize(64 * 128), hp_product(op, op.c.data());
   g.open.push_back(op);
 }
 
-static void hp_mma(const hp_op &op) {
-  static float A[64][16], C[64][128];
+// A B of one wgmma into C (64 x 128), its shared-memory operands read now
+static void hp_product(const hp_op &op, float *C) {
+  static float A[64][16];
   for (int m = 0; m < 64; m++)
     for (int k = 0; k < 16; k++) A[m][k] = op.rs ? NAN : op.at ? hp_mnmajor(op.da, k, m) : hp_kmajor(op.da, m, k);
-  if (op.rs)
-    for (int t = 0; t < 128; t++)
-      if (memcmp(op.a[t], op.ap[t], 16)) {
-        fprintf(stderr, "emu: a wgmma's A registers changed before the wait that covers it (thread %d)\n", t);
-        abort();
-      }
   if (op.rs)
     for (int t = 0; t < 128; t++)
       for (int v = 0; v < 8; v++) A[hp_row(t, v)][hp_col(t, v)] = emu_b16_to_f32(op.a[t][v / 2] >> (16 * (v % 2)), true);
@@ -430,10 +437,23 @@ static void hp_mma(const hp_op &op) {
     for (int n = 0; n < op.n; n++) {
       float c = 0;
       for (int k = 0; k < 16; k++) c += A[m][k] * (op.bt ? hp_mnmajor(op.db, k, n) : hp_kmajor(op.db, n, k));
-      C[m][n] = c;
+      C[128 * m + n] = c;
     }
+}
+// The wait's part: the accumulators added to now; the shared operands read now unless the issue's coin
+// read them then (hp_issue)
+static void hp_mma(const hp_op &op) {
+  static float C[64 * 128];
+  if (op.rs)
+    for (int t = 0; t < 128; t++)
+      if (memcmp(op.a[t], op.ap[t], 16)) {
+        fprintf(stderr, "emu: a wgmma's A registers changed before the wait that covers it (thread %d)\n", t);
+        abort();
+      }
+  if (op.c.empty()) hp_product(op, C);
+  const float *c = op.c.empty() ? C : op.c.data();
   for (int t = 0; t < 128; t++)
-    for (int v = 0; v < op.n / 2; v++) op.d[t][v] = (op.acc ? op.d[t][v] : 0.0f) + C[hp_row(t, v)][hp_col(t, v)];
+    for (int v = 0; v < op.n / 2; v++) op.d[t][v] = (op.acc ? op.d[t][v] : 0.0f) + c[128 * hp_row(t, v) + hp_col(t, v)];
 }
 
 // bar.sync id, count across warpgroups (the test's kernels use id 3 for both consumer warpgroups)
