@@ -806,13 +806,12 @@ __global__ void __launch_bounds__(THREADS, 1)
   if (parts > 1) { // the tail split: this part's sums into the block's slot; the last part writes them
     float *acc = p.split_acc + (int64_t)tile.slot * BN * (DQK + DV);
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-      float *row = acc + (kr + 8 * r) * (DQK + DV) + 2 * (lane % 4);
+    for (int r = 0; r < 2; r++) { // a thread's two adjacent columns by one 8-byte add (sm_90's float2 atomicAdd)
+      float2 *row = reinterpret_cast<float2 *>(acc + (kr + 8 * r) * (DQK + DV) + 2 * (lane % 4));
 #pragma unroll
-      for (int j = 0; j < DQK / 8; j++) atomicAdd(row + 8 * j, dk[4 * j + 2 * r]), atomicAdd(row + 8 * j + 1, dk[4 * j + 2 * r + 1]);
+      for (int j = 0; j < DQK / 8; j++) atomicAdd(row + 4 * j, make_float2(dk[4 * j + 2 * r], dk[4 * j + 2 * r + 1]));
 #pragma unroll
-      for (int j = 0; j < DV / 8; j++)
-        atomicAdd(row + DQK + 8 * j, dv[4 * j + 2 * r]), atomicAdd(row + DQK + 8 * j + 1, dv[4 * j + 2 * r + 1]);
+      for (int j = 0; j < DV / 8; j++) atomicAdd(row + DQK / 2 + 4 * j, make_float2(dv[4 * j + 2 * r], dv[4 * j + 2 * r + 1]));
     }
     __threadfence(); // this thread's adds before its part's arrival
     named_bar_sync(1, 256);
@@ -822,12 +821,17 @@ __global__ void __launch_bounds__(THREADS, 1)
     __threadfence(); // every part's adds (each fenced before its arrival) before the reads
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-      const float *row = acc + (kr + 8 * r) * (DQK + DV) + 2 * (lane % 4);
+      const float2 *row = reinterpret_cast<const float2 *>(acc + (kr + 8 * r) * (DQK + DV) + 2 * (lane % 4));
 #pragma unroll
-      for (int j = 0; j < DQK / 8; j++) dk[4 * j + 2 * r] = __ldcg(row + 8 * j), dk[4 * j + 2 * r + 1] = __ldcg(row + 8 * j + 1);
+      for (int j = 0; j < DQK / 8; j++) {
+        const float2 x = __ldcg(row + 4 * j);
+        dk[4 * j + 2 * r] = x.x, dk[4 * j + 2 * r + 1] = x.y;
+      }
 #pragma unroll
-      for (int j = 0; j < DV / 8; j++)
-        dv[4 * j + 2 * r] = __ldcg(row + DQK + 8 * j), dv[4 * j + 2 * r + 1] = __ldcg(row + DQK + 8 * j + 1);
+      for (int j = 0; j < DV / 8; j++) {
+        const float2 x = __ldcg(row + DQK / 2 + 4 * j);
+        dv[4 * j + 2 * r] = x.x, dv[4 * j + 2 * r + 1] = x.y;
+      }
     }
   }
   // dK (times the scale) and dV of the keys in the sequence, bf16

@@ -53,6 +53,11 @@ struct float2 {
   float x, y;
 };
 static inline float2 make_float2(float x, float y) { return float2{x, y}; }
+static inline float2 atomicAdd(float2 *p, float2 v) { // sm_90's 8-byte add (the emulated threads run one at a time)
+  const float2 old = *p;
+  *p = float2{old.x + v.x, old.y + v.y};
+  return old;
+}
 struct alignas(16) float4 {
   float x, y, z, w;
 };
