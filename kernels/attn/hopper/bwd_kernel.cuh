@@ -100,6 +100,13 @@
 #define HP_BWD_DS_EARLY 1
 #endif
 
+// BQ 80 in BWD_ORDER: a warpgroup issues the half of dQ^T over its own keys (its own dS) before the
+// warpgroups meet, and the other half after (0: all of dQ^T after they meet). The profile at 82e5cb5 put 4.3%
+// of the backward's stall samples on that meeting, FA4's 1.3% (FA4-GAP.md section 17)
+#ifndef HP_BWD_DQ_OWN_FIRST
+#define HP_BWD_DQ_OWN_FIRST 1
+#endif
+
 // Query rows an item unless M80 or M128 (bwd_kernel's BQ; BN = 128 keys a CTA, THREADS = 384: fwd_params.cuh),
 // and the rows a CTA of bwd_prep_kernel and bwd_dq_kernel, and BULK's padding unit, whatever BQ is.
 constexpr int BWD_BQ = 64;
@@ -270,6 +277,16 @@ HP_DEV void gemm_dqt(float (&dq)[40], uint32_t ds_base, uint32_t k_cols) {
   for (int kc = 0; kc < BN / 16; kc++)
     wgmma_ss_ta(dq, desc_at(da, kc * 16 * 128), desc_at(db, (kc / 4) * 80 * 128 + (kc % 4) * 32), kc > 0);
   wg_commit();
+}
+// gemm_dqt's k16 steps over one half of the keys (key half h: warpgroup h's dS tile), not committed; the
+// first half issued starts the sum (first), the second adds to it and commits (HP_BWD_DQ_OWN_FIRST)
+HP_DEV void gemm_dqt_half(float (&dq)[40], uint32_t ds_base, uint32_t k_cols, int h, bool first) {
+  const uint64_t da = gmma_desc(k_cols, BN * 128, 1024), db = gmma_desc(ds_base, 16, 1024);
+  if (first) wg_fence();
+#pragma unroll
+  for (int k = 0; k < 4; k++)
+    wgmma_ss_ta(dq, desc_at(da, (4 * h + k) * 16 * 128), desc_at(db, h * 80 * 128 + k * 32), !first || k > 0);
+  if (!first) wg_commit();
 }
 
 // The consumers' loop. BWD_STEP and BWD_ORDER: the warpgroups go in step, an item after the other;
@@ -728,13 +745,20 @@ __global__ void __launch_bounds__(THREADS, 1)
         ds_only(it, s, dp);
         store_ds(it);
       }
-      named_bar_sync(1, 256); // both warpgroups' dS^T are in (the other buffer is free: see the header)
-      if constexpr (BQ == 80) { // dQ^T under dV, as FA4's mma_dsk_fn (wg_wait=1): no wait for dV here (B15;
-        // pa, dV's A, stays held until the wait that covers dV: ptxas keeps dq off it, 0 spills)
-        gemm_dqt(dq, hp_smem_u32(sm.ds[it % 2]), in_loop(k_cols));
-      } else if constexpr (BQ == 128) { // the warpgroup's 64 queries (its tile of dS^T) x all of d (no wait for dV: fits)
-        gemm_dq<64>(dq, hp_smem_u32(sm.ds[it % 2]) + c * BN * 128, in_loop(k_all));
-      } else gemm_dq<DQK / 2>(dq, hp_smem_u32(sm.ds[it % 2]), k_cols);
+      if constexpr (BQ == 80 && HP_BWD_DQ_OWN_FIRST) { // the own keys' half of dQ^T before the warpgroups meet
+        named_bar_sync(6 + c, 128); // the warpgroup's four warps' dS are in
+        gemm_dqt_half(dq, hp_smem_u32(sm.ds[it % 2]), in_loop(k_cols), c, true);
+        named_bar_sync(1, 256); // and the other warpgroup's (the other buffer is free: see the header)
+        gemm_dqt_half(dq, hp_smem_u32(sm.ds[it % 2]), in_loop(k_cols), 1 - c, false);
+      } else {
+        named_bar_sync(1, 256); // both warpgroups' dS^T are in (the other buffer is free: see the header)
+        if constexpr (BQ == 80) { // dQ^T under dV, as FA4's mma_dsk_fn (wg_wait=1): no wait for dV here (B15;
+          // pa, dV's A, stays held until the wait that covers dV: ptxas keeps dq off it, 0 spills)
+          gemm_dqt(dq, hp_smem_u32(sm.ds[it % 2]), in_loop(k_cols));
+        } else if constexpr (BQ == 128) { // the warpgroup's 64 queries (its tile of dS^T) x all of d (no wait for dV: fits)
+          gemm_dq<64>(dq, hp_smem_u32(sm.ds[it % 2]) + c * BN * 128, in_loop(k_all));
+        } else gemm_dq<DQK / 2>(dq, hp_smem_u32(sm.ds[it % 2]), k_cols);
+      }
       issue_dk(it);
       wg_wait<1>(); // dV and dQ are in (dK runs on): dO's stage is free, the dQ tile goes out
       release(&sm.do_empty[it % 2]);
