@@ -543,12 +543,12 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
 
 template <int DQK, int DV, int LOOP, bool ELECT = false, bool BULK = false, int BQ = BWD_BQ>
 static int launch_bwd(dim3 grid, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv,
-                      const CUtensorMap &tdo, const bwd_params_t &k, void *stream) {
+                      const CUtensorMap &tdo, const CUtensorMap &tdq, const bwd_params_t &k, void *stream) {
   const size_t smem = sizeof(bwd_smem_t<DQK, DV, BQ>) + 1024;
   static_assert(sizeof(bwd_smem_t<DQK, DV, BQ>) + 1024 <= 227 * 1024, "the backward's shared memory");
   static int done[64];
   DL_TRY(allow_smem(bwd_kernel<DQK, DV, LOOP, ELECT, BULK, BQ>, smem, done));
-  bwd_kernel<DQK, DV, LOOP, ELECT, BULK, BQ><<<grid, THREADS, smem, (cudaStream_t)stream>>>(tq, tk, tv, tdo, k);
+  bwd_kernel<DQK, DV, LOOP, ELECT, BULK, BQ><<<grid, THREADS, smem, (cudaStream_t)stream>>>(tq, tk, tv, tdo, tdq, k);
   return 0;
 }
 
@@ -582,6 +582,14 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
   k.dq_acc = dq_acc;
   k.ws_rows = thd ? p->total_q : (int64_t)p->b * p->s_q; /* attn_bwd.cu's workspace rows */
   k.err = dword;
+  /* BQ 80 (HP_BWD_DQ_TMA): the fp32 accumulator [h][ws_rows][d] as a tensor map, boxes of 32 columns x 80
+   * rows, that each warpgroup adds its half of an item's dQ into; else unread (q's map in its place) */
+  CUtensorMap tdq = tq;
+  if (m80 && HP_BWD_DQ_TMA) {
+    dl_attn_strides_t ast = {};
+    ast.s = p->d_qk, ast.h = k.ws_rows * p->d_qk;
+    DL_TRY(tensor_map(&tdq, dq_acc, ast, p->d_qk, p->h_q, k.ws_rows, 1, "the dQ accumulator", bq, 4));
+  }
   const dim3 grid((p->s_kv + BN - 1) / BN, p->h_kv, p->b);
   if (bulk) { /* the prep into bwd_lse_row's rows: D where delta points, lse log2(e) after it */
     k.lse_rows = dl_attn_bwd_lse_rows(p);
@@ -621,24 +629,24 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
   }
   int rc;
   if (m128)
-    rc = elect ? launch_bwd<64, 64, BWD_ORDER, true, false, 128>(grid_run, tq, tk, tv, tdo, k, stream)
-               : launch_bwd<64, 64, BWD_ORDER, false, false, 128>(grid_run, tq, tk, tv, tdo, k, stream);
+    rc = elect ? launch_bwd<64, 64, BWD_ORDER, true, false, 128>(grid_run, tq, tk, tv, tdo, tdq, k, stream)
+               : launch_bwd<64, 64, BWD_ORDER, false, false, 128>(grid_run, tq, tk, tv, tdo, tdq, k, stream);
   else if (p->d_qk == 64)
-    rc = turns && bulk && elect ? launch_bwd<64, 64, BWD_TURNS, true, true>(grid_run, tq, tk, tv, tdo, k, stream)
-         : turns && bulk        ? launch_bwd<64, 64, BWD_TURNS, false, true>(grid_run, tq, tk, tv, tdo, k, stream)
-         : turns && elect       ? launch_bwd<64, 64, BWD_TURNS, true>(grid_run, tq, tk, tv, tdo, k, stream)
-         : turns                ? launch_bwd<64, 64, BWD_TURNS>(grid_run, tq, tk, tv, tdo, k, stream)
-         : order                ? launch_bwd<64, 64, BWD_ORDER>(grid_run, tq, tk, tv, tdo, k, stream)
-                                : launch_bwd<64, 64, BWD_STEP>(grid_run, tq, tk, tv, tdo, k, stream);
+    rc = turns && bulk && elect ? launch_bwd<64, 64, BWD_TURNS, true, true>(grid_run, tq, tk, tv, tdo, tdq, k, stream)
+         : turns && bulk        ? launch_bwd<64, 64, BWD_TURNS, false, true>(grid_run, tq, tk, tv, tdo, tdq, k, stream)
+         : turns && elect       ? launch_bwd<64, 64, BWD_TURNS, true>(grid_run, tq, tk, tv, tdo, tdq, k, stream)
+         : turns                ? launch_bwd<64, 64, BWD_TURNS>(grid_run, tq, tk, tv, tdo, tdq, k, stream)
+         : order                ? launch_bwd<64, 64, BWD_ORDER>(grid_run, tq, tk, tv, tdo, tdq, k, stream)
+                                : launch_bwd<64, 64, BWD_STEP>(grid_run, tq, tk, tv, tdo, tdq, k, stream);
   else if (m80)
-    rc = elect ? launch_bwd<128, 128, BWD_ORDER, true, false, 80>(grid_run, tq, tk, tv, tdo, k, stream)
-               : launch_bwd<128, 128, BWD_ORDER, false, false, 80>(grid_run, tq, tk, tv, tdo, k, stream);
+    rc = elect ? launch_bwd<128, 128, BWD_ORDER, true, false, 80>(grid_run, tq, tk, tv, tdo, tdq, k, stream)
+               : launch_bwd<128, 128, BWD_ORDER, false, false, 80>(grid_run, tq, tk, tv, tdo, tdq, k, stream);
   else
-    rc = order && bulk && elect ? launch_bwd<128, 128, BWD_ORDER, true, true>(grid_run, tq, tk, tv, tdo, k, stream)
-         : order && bulk        ? launch_bwd<128, 128, BWD_ORDER, false, true>(grid_run, tq, tk, tv, tdo, k, stream)
-         : order && elect       ? launch_bwd<128, 128, BWD_ORDER, true>(grid_run, tq, tk, tv, tdo, k, stream)
-         : order                ? launch_bwd<128, 128, BWD_ORDER>(grid_run, tq, tk, tv, tdo, k, stream)
-                                : launch_bwd<128, 128, BWD_STEP>(grid_run, tq, tk, tv, tdo, k, stream);
+    rc = order && bulk && elect ? launch_bwd<128, 128, BWD_ORDER, true, true>(grid_run, tq, tk, tv, tdo, tdq, k, stream)
+         : order && bulk        ? launch_bwd<128, 128, BWD_ORDER, false, true>(grid_run, tq, tk, tv, tdo, tdq, k, stream)
+         : order && elect       ? launch_bwd<128, 128, BWD_ORDER, true>(grid_run, tq, tk, tv, tdo, tdq, k, stream)
+         : order                ? launch_bwd<128, 128, BWD_ORDER>(grid_run, tq, tk, tv, tdo, tdq, k, stream)
+                                : launch_bwd<128, 128, BWD_STEP>(grid_run, tq, tk, tv, tdo, tdq, k, stream);
   if (rc) return rc;
   DL_CUDA_CHECK_LAUNCH("attn bwd (hopper)");
   const dim3 rgrid((p->s_q + BWD_BQ - 1) / BWD_BQ, p->h_q, p->b);

@@ -107,6 +107,15 @@
 #define HP_BWD_DQ_OWN_FIRST 1
 #endif
 
+// BQ 80: each warpgroup hands its half of the item's dQ tile to the accumulator itself: its 128 threads store
+// it into their own two swizzled boxes of the tile, and one thread adds them into the accumulator by TMA
+// reductions (tdq, boxes of 32 columns x 80 rows; the rows past the sequence add zeros: their dS is 0), so
+// that neither warpgroup waits for the other's stores there, as FA4's per-warpgroup dQ writer (0: both
+// halves in one tile, one bulk reduction by the producer's thread 320 after both warpgroups' arrivals)
+#ifndef HP_BWD_DQ_TMA
+#define HP_BWD_DQ_TMA 1
+#endif
+
 // Query rows an item unless M80 or M128 (bwd_kernel's BQ; BN = 128 keys a CTA, THREADS = 384: fwd_params.cuh),
 // and the rows a CTA of bwd_prep_kernel and bwd_dq_kernel, and BULK's padding unit, whatever BQ is.
 constexpr int BWD_BQ = 64;
@@ -126,6 +135,7 @@ template <int DQK, int DV, int BQ = BWD_BQ> struct alignas(1024) bwd_smem_t {
   uint64_t ds_ready[2], ds_free[2]; // BWD_TURNS: both warpgroups' halves of a dS^T buffer in; their dQ read it
   int fail;
   int ticket; // the tail split: this part's arrival (the last adds up the block's dK and dV)
+  int item_row[2], item_hq[2]; // HP_BWD_DQ_TMA: a stage's item's first workspace row and q head (the TMA thread's)
 };
 
 // The accumulator's rows hold dQ's columns permuted: column c of a row i at c ^ (8 (i % 4)), so that
@@ -133,7 +143,9 @@ template <int DQK, int DV, int BQ = BWD_BQ> struct alignas(1024) bwd_smem_t {
 // distinct banks; bwd_dq_kernel undoes it. BQ 80 stores dQ^T (one column a lane, eight columns and four
 // rows 2 apart a warp): c ^ (8 ((i / 2) % 4)). Items start at multiples of 8 rows, so i is the
 // tile's row as well as the sequence's.
-template <int BQ = BWD_BQ> HP_HD int bwd_dq_col(int c, int i) { return BQ == 80 ? c ^ (8 * ((i / 2) % 4)) : c ^ (8 * (i % 4)); }
+template <int BQ = BWD_BQ> HP_HD int bwd_dq_col(int c, int i) {
+  return BQ == 80 ? (HP_BWD_DQ_TMA ? c : c ^ (8 * ((i / 2) % 4))) : c ^ (8 * (i % 4));
+}
 
 // Addressing as params_t's (fwd_params.cuh): strides (position, head, batch) in elements.
 struct bwd_params_t {
@@ -315,7 +327,7 @@ constexpr uint32_t bwd_releases(bool elect) { return elect ? 8 : 256; }
 template <int DQK, int DV, int LOOP, bool ELECT, bool BULK = false, int BQ = BWD_BQ>
 __global__ void __launch_bounds__(THREADS, 1)
     bwd_kernel(const HP_GRID_CONST hp_tmap_t tq, const HP_GRID_CONST hp_tmap_t tk, const HP_GRID_CONST hp_tmap_t tv,
-               const HP_GRID_CONST hp_tmap_t tdo, const bwd_params_t p) {
+               const HP_GRID_CONST hp_tmap_t tdo, const HP_GRID_CONST hp_tmap_t tdq, const bwd_params_t p) {
   static_assert(DQK == 64 || DQK == 128, "dQ's split of the head dims between the warpgroups");
   static_assert(LOOP == BWD_STEP || LOOP == BWD_ORDER || LOOP == BWD_TURNS, "bwd_loop_t");
   static_assert(BQ == 64 || BQ == 128 || (BQ == 80 && DQK == 128 && DV == 128 && LOOP == BWD_ORDER && !BULK),
@@ -324,6 +336,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                 "128 query rows an item: d 64, FA4's order, lse2 and D by warps 9 and 11 (BULK pads to 64)");
   // a thread's dQ (BQ 80: of dQ^T; BQ 128: its warpgroup's 64 queries x all 64 columns of d)
   constexpr int NDQ = BQ == 80 ? 40 : BQ == 128 ? 32 : DQK / 4;
+  constexpr bool DQ_TMA = BQ == 80 && HP_BWD_DQ_TMA; // tdq read only then
   bwd_smem_t<DQK, DV, BQ> &sm = *reinterpret_cast<bwd_smem_t<DQK, DV, BQ> *>(hp_smem_aligned());
   const hp_bwd_tile_t tile = hp_bwd_tile<DQK, DV>(p);
   const int n_block = tile.n_block, hkv = tile.hkv, bb = tile.bb, group = p.h / p.h_kv;
@@ -383,6 +396,10 @@ __global__ void __launch_bounds__(THREADS, 1)
         const int st = it % 2;
         const uint32_t round = it / 2;
         if (round > 0) mbar_wait(&sm.q_empty[st], (round - 1) & 1, &sm.fail, p.err);
+        if (DQ_TMA) { // for send_dq (before the arrival that publishes them with the stage)
+          sm.item_row[st] = (int)bwd_ws_row(p, sq, bb, item_m(it, m) * BQ);
+          sm.item_hq[st] = item_hq(it, hq);
+        }
         mbar_expect_tx(&sm.q_full[st], BQ * DQK * 2 + (BULK ? BQ * 4 : 0));
         for (int half = 0; half < DQK / 64; half++) tma_load(sm.q[st][half], &tq, &sm.q_full[st], 64 * half, item_hq(it, hq), sq.first_q + item_m(it, m) * BQ, sq.tb);
         if (BULK) bulk_load(sm.lse2[st], p.lse2 + item_hq(it, hq) * p.lse_rows + bwd_lse_row(p, sq, bb, item_m(it, m) * BQ), BQ * 4, &sm.q_full[st]);
@@ -443,7 +460,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         mbar_arrive(&sm.do_full[st]);
         if (++m == m_hi) m = m_lo, hq++;
       }
-    } else if (threadIdx.x == 320) { // each item's dQ from shared memory into the accumulator
+    } else if (!DQ_TMA && threadIdx.x == 320) { // each item's dQ from shared memory into the accumulator
       int hq = hq0, m = m0;
       for (int it = 0; it < items; it++, m = m + 1 == m_hi ? (hq++, m_lo) : m + 1) {
         const int i0 = item_m(it, m) * BQ;
@@ -675,6 +692,32 @@ __global__ void __launch_bounds__(THREADS, 1)
   // (lane % 4) (+ 1)); one 4-byte store a value, bwd_dq_col<80>'s order. BQ 128: rows 64 c + 16 warp +
   // lane / 4 (+ 8), all 64 columns.
   auto store_dq = [&](int n, const float(&dq)[NDQ]) {
+    if constexpr (DQ_TMA) {
+      // the warpgroup's boxes: columns [64 c + 32 x, + 32) of d, 80 rows of 128 bytes, 16-byte chunk u of row
+      // r at u ^ (r % 8). Value 4 j + e: column col0 + 8 (e / 2), row 8 j + 2 k + e % 2 (k = lane % 4): a
+      // warp's 32 stores of one (j, e) fall in 8 distinct chunks of 4 rows (r % 8 = 2 k + e % 2), 4 words
+      // each: conflict-free
+      if (n > 0) { // this warpgroup's reductions of the item before have read its boxes
+        if (tid == 0) bulk_wait_read();
+        named_bar_sync(6 + c, 128);
+      }
+      using smem_t = bwd_smem_t<DQK, DV, BQ>;
+      static_assert(offsetof(smem_t, dq) % 1024 == 0, "the boxes' 128-byte swizzle needs sm.dq 1024-byte aligned");
+      // row % 8 = 2 k + e % 2 whatever j is, and col / 32 = warp / 2 for both columns: four addresses a thread
+      // (a[e]), the 40 stores at constant offsets from them (j 1024 bytes: 8 rows)
+      const int k = lane % 4, cl = warp * 16 + lane / 4; // the column in the warpgroup's half, and + 8
+      const uint32_t box = hp_smem_u32(sm.dq) + (c * 2 + warp / 2) * BQ * 128;
+      const uint32_t a0 = box + 2 * k * 128 + ((((cl % 32) / 4) ^ (2 * k)) << 4) + 4 * (cl % 4);
+      const uint32_t a1 = (a0 ^ 16) + 128; // row + 1: chunk ^ 1
+#pragma unroll
+      for (int j = 0; j < BQ / 8; j++) { // column + 8: chunk + 2 = chunk ^ 2 (the chunk's bit 1 is clear)
+        st_shared_u32(a0 + j * 1024, __float_as_uint(dq[4 * j]));
+        st_shared_u32(a1 + j * 1024, __float_as_uint(dq[4 * j + 1]));
+        st_shared_u32((a0 ^ 32) + j * 1024, __float_as_uint(dq[4 * j + 2]));
+        st_shared_u32((a1 ^ 32) + j * 1024, __float_as_uint(dq[4 * j + 3]));
+      }
+      return; // send_dq adds them once dK is in (its A registers free: ptxas spilled with the adds here)
+    }
     if (n > 0) mbar_wait(&sm.dq_empty, (uint32_t)(n - 1) & 1u, &sm.fail, p.err);
     if constexpr (BQ == 80) {
       // value 4 j + e: column col0 + 8 (e / 2) of d, query row 8 j + 2 k + e % 2 (k = lane % 4), at
@@ -718,6 +761,20 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
     fence_proxy_async();
     release_stores(&sm.dq_full);
+  };
+  // DQ_TMA: the warpgroup's boxes of item n (store_dq's) added into the accumulator by one thread
+  auto send_dq = [&](int n) {
+    if constexpr (DQ_TMA) {
+      fence_proxy_async();
+      named_bar_sync(6 + c, 128);
+      if (tid == 0) { // (Q's stage is released after this: the TMA thread's row and head of item n still there)
+        const int row0 = sm.item_row[n % 2], hq = sm.item_hq[n % 2];
+        const uint32_t box = in_loop(hp_smem_u32(sm.dq)) + c * 2 * BQ * 128;
+        tma_reduce_add(&tdq, box, 64 * c, hq, row0, 0);
+        tma_reduce_add(&tdq, box + BQ * 128, 64 * c + 32, hq, row0, 0);
+        bulk_commit();
+      }
+    }
   };
   auto free_stage = [&](int it) {
     release(&sm.q_empty[it % 2]);
@@ -764,6 +821,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       release(&sm.do_empty[it % 2]);
       store_dq(it, dq);
       wg_wait<0>(); // dK is in: Q's stage is free
+      send_dq(it);
       release(&sm.q_empty[it % 2]);
       next_item();
     }
@@ -827,6 +885,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
   }
 
+  if (DQ_TMA && tid == 0) bulk_wait(); // the warpgroup's last reductions done before the CTA ends
   if (parts > 1) { // the tail split: this part's sums into the block's slot; the last part writes them
     float *acc = p.split_acc + (int64_t)tile.slot * BN * (DQK + DV);
 #pragma unroll

@@ -267,6 +267,13 @@ __device__ __forceinline__ void tma_store(const hp_tmap_t *map, const void *src,
                ::"l"((uint64_t)map), "r"(hp_smem_u32(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
                : "memory");
 }
+// A box of a 4-d fp32 tensor map added into the tensor from shared memory at src (the map's swizzle), in this
+// thread's bulk group like tma_store; the box's elements outside the tensor are not added.
+__device__ __forceinline__ void tma_reduce_add(const hp_tmap_t *map, uint32_t src, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.reduce.async.bulk.tensor.4d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3, %4, %5}], [%1];\n"
+               ::"l"((uint64_t)map), "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }

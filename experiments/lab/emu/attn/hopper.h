@@ -517,23 +517,40 @@ struct hp_store {
   uint32_t src;
   int c[4];
   bool committed;
+  bool add; // tma_reduce_add: fp32 elements added to the tensor's
 };
 static std::vector<hp_store> hp_stores;
 static void hp_store_do(const hp_store &st) {
-  hp_tma_box(*st.map, st.c, st.src, [](char *g, uint32_t a, uint32_t es) { /* out of bounds: not written, as TMA clips */
-    if (g) memcpy(g, hp_ptr(a, es), es);
-  });
+  if (st.add)
+    hp_tma_box(*st.map, st.c, st.src, [](char *g, uint32_t a, uint32_t) { /* out of bounds: not added */
+      if (g) *(float *)g += *(const float *)hp_ptr(a, 4);
+    });
+  else
+    hp_tma_box(*st.map, st.c, st.src, [](char *g, uint32_t a, uint32_t es) { /* out of bounds: not written, as TMA clips */
+      if (g) memcpy(g, hp_ptr(a, es), es);
+    });
   emu.progress++;
 }
-HP_DEV void tma_store(const hp_tmap_t *map, const void *src, int c0, int c1, int c2, int c3) {
-  const hp_store st{emu.cur, map, hp_smem_u32(src), {c0, c1, c2, c3}, false};
+static void hp_store_issue(const hp_tmap_t *map, uint32_t src, const int (&c)[4], bool add) {
+  const hp_store st{emu.cur, map, src, {c[0], c[1], c[2], c[3]}, false, add};
   if (st.src % 1024 || map->box[0] * map->es != 128) {
     fprintf(stderr, "emu: TMA store from %u: not 1024-byte aligned (128-byte swizzle), or rows not of 128 bytes\n", st.src);
+    abort();
+  }
+  if (add && map->es != 4) {
+    fprintf(stderr, "emu: a TMA reduction into a tensor that is not fp32\n");
     abort();
   }
   hp_ptr(st.src, (size_t)128 * map->box[1] * map->box[2] * map->box[3]); // inside shared memory
   if (hp_coin() % 2) hp_store_do(st);
   else hp_stores.push_back(st);
+}
+HP_DEV void tma_store(const hp_tmap_t *map, const void *src, int c0, int c1, int c2, int c3) {
+  hp_store_issue(map, hp_smem_u32(src), {c0, c1, c2, c3}, false);
+}
+// TMA reductions (fp32 add into the tensor): as TMA stores, the box's elements added
+HP_DEV void tma_reduce_add(const hp_tmap_t *map, uint32_t src, int c0, int c1, int c2, int c3) {
+  hp_store_issue(map, src, {c0, c1, c2, c3}, true);
 }
 HP_DEV void bulk_commit() {
   for (hp_bulk &b : hp_bulks) b.committed = true;

@@ -219,6 +219,9 @@ template <int D, int LOOP = BWD_ORDER, bool ELECT = false, bool BULK = false, in
   std::vector<float> delta((size_t)h * (BULK ? lse_rows : p.ws_rows), NAN), dq_acc((size_t)h * p.ws_rows * D, NAN);
   std::vector<float> lse2(BULK ? (size_t)h * lse_rows : 0, NAN);
   p.delta = delta.data(), p.dq_acc = dq_acc.data();
+  // BQ 80 (HP_BWD_DQ_TMA): the accumulator as the tensor map the warpgroups add their halves of dQ into
+  const int64_t sacc[3] = {D, p.ws_rows * D, 0};
+  const hp_tmap_t tdq = hp_map(dq_acc, D, h, sacc, (int)p.ws_rows, 1, BQ);
   auto wsr = [&](int bb, int i) { return thd ? (int64_t)first[bb] + i : (int64_t)bb * s + i; };
   if (BULK) { // the kernel's own prep (bwd_prep_kernel)
     p.o = o.data(), p.dout = dout.data(), p.lse2 = lse2.data(), p.lse_rows = lse_rows;
@@ -249,7 +252,7 @@ template <int D, int LOOP = BWD_ORDER, bool ELECT = false, bool BULK = false, in
     const int grid = p.split_first + (blocks - p.split_first) * g_split;
     for (int x = grid - 1; x >= 0; x--)
       if (!hp_run_cta(dim3(x, 0, 0), dim3(grid, 1, 1), THREADS, sizeof(bwd_smem_t<D, D, BQ>),
-                      [&] { bwd_kernel<D, D, LOOP, ELECT, BULK, BQ>(tq, tk, tv, tdo, p); }))
+                      [&] { bwd_kernel<D, D, LOOP, ELECT, BULK, BQ>(tq, tk, tv, tdo, tdq, p); }))
         return false;
     for (size_t i = 0; i < split_count.size(); i++)
       if (split_count[i] != g_split) {
@@ -261,7 +264,7 @@ template <int D, int LOOP = BWD_ORDER, bool ELECT = false, bool BULK = false, in
       for (int y = 0; y < h_kv; y++)
         for (int x = 0; x < nb; x++)
           if (!hp_run_cta(dim3(x, y, z), dim3(nb, h_kv, b), THREADS, sizeof(bwd_smem_t<D, D, BQ>),
-                          [&] { bwd_kernel<D, D, LOOP, ELECT, BULK, BQ>(tq, tk, tv, tdo, p); }))
+                          [&] { bwd_kernel<D, D, LOOP, ELECT, BULK, BQ>(tq, tk, tv, tdo, tdq, p); }))
             return false;
   const int mb = (s + BWD_BQ - 1) / BWD_BQ;
   if (mb > 0) {
