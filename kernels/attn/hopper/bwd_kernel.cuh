@@ -107,11 +107,11 @@
 #define HP_BWD_DQ_OWN_FIRST 1
 #endif
 
-// BQ 80: each warpgroup hands its half of the item's dQ tile to the accumulator itself: its 128 threads store
-// it into their own two swizzled boxes of the tile, and one thread adds them into the accumulator by TMA
-// reductions (tdq, boxes of 32 columns x 80 rows; the rows past the sequence add zeros: their dS is 0), so
-// that neither warpgroup waits for the other's stores there, as FA4's per-warpgroup dQ writer (0: both
-// halves in one tile, one bulk reduction by the producer's thread 320 after both warpgroups' arrivals)
+// BQ 80: each warpgroup hands its half of the item's dQ tile over on its own: its 128 threads store it into
+// two 128-byte-swizzled boxes of the tile and arrive on the warpgroup's barrier, and the producer's thread 320
+// adds the boxes into the accumulator by TMA reductions (tdq, boxes of 32 columns x 80 rows; the rows past the
+// sequence add zeros: their dS is 0), so that a warpgroup waits only for its own half's last reduction, as
+// FA4's per-warpgroup dQ handoff (0: both halves in one tile, one bulk reduction after both warpgroups)
 #ifndef HP_BWD_DQ_TMA
 #define HP_BWD_DQ_TMA 1
 #endif
@@ -135,7 +135,7 @@ template <int DQK, int DV, int BQ = BWD_BQ> struct alignas(1024) bwd_smem_t {
   uint64_t ds_ready[2], ds_free[2]; // BWD_TURNS: both warpgroups' halves of a dS^T buffer in; their dQ read it
   int fail;
   int ticket; // the tail split: this part's arrival (the last adds up the block's dK and dV)
-  int item_row[2], item_hq[2]; // HP_BWD_DQ_TMA: a stage's item's first workspace row and q head (the TMA thread's)
+  uint64_t wg_dq_full[2], wg_dq_empty[2]; // HP_BWD_DQ_TMA: warpgroup c wrote its boxes of an item's dQ; they were read
 };
 
 // The accumulator's rows hold dQ's columns permuted: column c of a row i at c ^ (8 (i % 4)), so that
@@ -377,6 +377,10 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
     mbar_init(&sm.dq_full, bwd_releases(ELECT)); // the consumers wrote an item's dQ
     mbar_init(&sm.dq_empty, 1);  // and the producer's reduction has read it
+    for (int i = 0; i < 2; i++) { // DQ_TMA: the same a warpgroup's half
+      mbar_init(&sm.wg_dq_full[i], bwd_releases(ELECT) / 2);
+      mbar_init(&sm.wg_dq_empty[i], 1);
+    }
     for (int i = 0; i < 2; i++) {
       mbar_init(&sm.ds_ready[i], bwd_releases(ELECT));
       mbar_init(&sm.ds_free[i], bwd_releases(ELECT));
@@ -396,10 +400,6 @@ __global__ void __launch_bounds__(THREADS, 1)
         const int st = it % 2;
         const uint32_t round = it / 2;
         if (round > 0) mbar_wait(&sm.q_empty[st], (round - 1) & 1, &sm.fail, p.err);
-        if (DQ_TMA) { // for send_dq (before the arrival that publishes them with the stage)
-          sm.item_row[st] = (int)bwd_ws_row(p, sq, bb, item_m(it, m) * BQ);
-          sm.item_hq[st] = item_hq(it, hq);
-        }
         mbar_expect_tx(&sm.q_full[st], BQ * DQK * 2 + (BULK ? BQ * 4 : 0));
         for (int half = 0; half < DQK / 64; half++) tma_load(sm.q[st][half], &tq, &sm.q_full[st], 64 * half, item_hq(it, hq), sq.first_q + item_m(it, m) * BQ, sq.tb);
         if (BULK) bulk_load(sm.lse2[st], p.lse2 + item_hq(it, hq) * p.lse_rows + bwd_lse_row(p, sq, bb, item_m(it, m) * BQ), BQ * 4, &sm.q_full[st]);
@@ -460,6 +460,21 @@ __global__ void __launch_bounds__(THREADS, 1)
         mbar_arrive(&sm.do_full[st]);
         if (++m == m_hi) m = m_lo, hq++;
       }
+    } else if (DQ_TMA && threadIdx.x == 320) { // each item's dQ by halves: warpgroup c's boxes by TMA reductions
+      int hq = hq0, m = m0;
+      for (int it = 0; it < items; it++, m = m + 1 == m_hi ? (hq++, m_lo) : m + 1) {
+        const int row0 = (int)bwd_ws_row(p, sq, bb, item_m(it, m) * BQ);
+        for (int c = 0; c < 2; c++) {
+          mbar_wait(&sm.wg_dq_full[c], (uint32_t)it & 1u, &sm.fail, p.err);
+          const uint32_t box = hp_smem_u32(sm.dq) + c * 2 * BQ * 128; // (rows past the sequence add zeros: their dS is 0)
+          tma_reduce_add(&tdq, box, 64 * c, item_hq(it, hq), row0, 0);
+          tma_reduce_add(&tdq, box + BQ * 128, 64 * c + 32, item_hq(it, hq), row0, 0);
+          bulk_commit();
+          bulk_wait_read();
+          mbar_arrive(&sm.wg_dq_empty[c]);
+        }
+      }
+      bulk_wait(); // the last reductions done before the CTA ends
     } else if (!DQ_TMA && threadIdx.x == 320) { // each item's dQ from shared memory into the accumulator
       int hq = hq0, m = m0;
       for (int it = 0; it < items; it++, m = m + 1 == m_hi ? (hq++, m_lo) : m + 1) {
@@ -697,10 +712,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       // r at u ^ (r % 8). Value 4 j + e: column col0 + 8 (e / 2), row 8 j + 2 k + e % 2 (k = lane % 4): a
       // warp's 32 stores of one (j, e) fall in 8 distinct chunks of 4 rows (r % 8 = 2 k + e % 2), 4 words
       // each: conflict-free
-      if (n > 0) { // this warpgroup's reductions of the item before have read its boxes
-        if (tid == 0) bulk_wait_read();
-        named_bar_sync(6 + c, 128);
-      }
+      if (n > 0) mbar_wait(&sm.wg_dq_empty[c], (uint32_t)(n - 1) & 1u, &sm.fail, p.err); // item n - 1's boxes read
       using smem_t = bwd_smem_t<DQK, DV, BQ>;
       static_assert(offsetof(smem_t, dq) % 1024 == 0, "the boxes' 128-byte swizzle needs sm.dq 1024-byte aligned");
       // row % 8 = 2 k + e % 2 whatever j is, and col / 32 = warp / 2 for both columns: four addresses a thread
@@ -716,7 +728,9 @@ __global__ void __launch_bounds__(THREADS, 1)
         st_shared_u32((a0 ^ 32) + j * 1024, __float_as_uint(dq[4 * j + 2]));
         st_shared_u32((a1 ^ 32) + j * 1024, __float_as_uint(dq[4 * j + 3]));
       }
-      return; // send_dq adds them once dK is in (its A registers free: ptxas spilled with the adds here)
+      fence_proxy_async();
+      release_stores(&sm.wg_dq_full[c]);
+      return;
     }
     if (n > 0) mbar_wait(&sm.dq_empty, (uint32_t)(n - 1) & 1u, &sm.fail, p.err);
     if constexpr (BQ == 80) {
@@ -761,20 +775,6 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
     fence_proxy_async();
     release_stores(&sm.dq_full);
-  };
-  // DQ_TMA: the warpgroup's boxes of item n (store_dq's) added into the accumulator by one thread
-  auto send_dq = [&](int n) {
-    if constexpr (DQ_TMA) {
-      fence_proxy_async();
-      named_bar_sync(6 + c, 128);
-      if (tid == 0) { // (Q's stage is released after this: the TMA thread's row and head of item n still there)
-        const int row0 = sm.item_row[n % 2], hq = sm.item_hq[n % 2];
-        const uint32_t box = in_loop(hp_smem_u32(sm.dq)) + c * 2 * BQ * 128;
-        tma_reduce_add(&tdq, box, 64 * c, hq, row0, 0);
-        tma_reduce_add(&tdq, box + BQ * 128, 64 * c + 32, hq, row0, 0);
-        bulk_commit();
-      }
-    }
   };
   auto free_stage = [&](int it) {
     release(&sm.q_empty[it % 2]);
@@ -821,7 +821,6 @@ __global__ void __launch_bounds__(THREADS, 1)
       release(&sm.do_empty[it % 2]);
       store_dq(it, dq);
       wg_wait<0>(); // dK is in: Q's stage is free
-      send_dq(it);
       release(&sm.q_empty[it % 2]);
       next_item();
     }
@@ -885,7 +884,6 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
   }
 
-  if (DQ_TMA && tid == 0) bulk_wait(); // the warpgroup's last reductions done before the CTA ends
   if (parts > 1) { // the tail split: this part's sums into the block's slot; the last part writes them
     float *acc = p.split_acc + (int64_t)tile.slot * BN * (DQK + DV);
 #pragma unroll
