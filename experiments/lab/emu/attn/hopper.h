@@ -560,7 +560,9 @@ HP_DEV void bulk_commit() {
 HP_DEV void bulk_wait_read() {
   auto mine = [](const hp_store &st) { return st.thread == emu.cur; }; // this thread's TMA stores
   if (std::any_of(hp_stores.begin(), hp_stores.end(), mine)) {
-    for (int n = hp_coin() % 65; n > 0; n--) emu.progress++, emu_yield();
+    // the other threads run on while the copy engine reads: up to 64 rounds, or one time in 8 a long stall
+    // (2000 rounds), so that a source rewritten an item later without waiting for this read shows too
+    for (int n = hp_coin() % 8 == 0 ? 2000 : hp_coin() % 65; n > 0; n--) emu.progress++, emu_yield();
     for (const hp_store &st : hp_stores)
       if (mine(st)) {
         if (!st.committed) {
