@@ -104,7 +104,7 @@
 // warpgroups meet, and the other half after (0: all of dQ^T after they meet). The profile at 82e5cb5 put 4.3%
 // of the backward's stall samples on that meeting, FA4's 1.3% (FA4-GAP.md section 17)
 #ifndef HP_BWD_DQ_OWN_FIRST
-#define HP_BWD_DQ_OWN_FIRST 1
+#define HP_BWD_DQ_OWN_FIRST 0
 #endif
 
 // BQ 80: each warpgroup hands its half of the item's dQ tile over on its own: its 128 threads store it into
