@@ -552,6 +552,30 @@ static int launch_bwd(dim3 grid, const CUtensorMap &tq, const CUtensorMap &tk, c
   return 0;
 }
 
+#if HP_BWD_TRACE
+/* The lab's sums of the backward's steps (bwd_kernel.cuh's HP_BWD_TRACE): with
+ * DISTLAB_ATTN_HOPPER_BWD_TRACE=FILE each backward call's, after the call, into FILE (overwritten: the last
+ * call's), headed by the grid's CTAs, BQ and HP_BT_WORDS (int32 each), then [2][HP_BT_WORDS] uint64 */
+static unsigned long long *bwd_trace_buf(void) {
+  static unsigned long long *d = NULL;
+  if (!d && getenv("DISTLAB_ATTN_HOPPER_BWD_TRACE") &&
+      cudaMalloc(&d, sizeof(unsigned long long) * 2 * HP_BT_WORDS) != cudaSuccess)
+    d = NULL;
+  return d;
+}
+static int bwd_trace_write(unsigned long long *d, int ctas, int bq, void *stream) {
+  unsigned long long h[2 * HP_BT_WORDS];
+  DL_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)stream));
+  DL_CUDA_CHECK(cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost));
+  const char *name = getenv("DISTLAB_ATTN_HOPPER_BWD_TRACE");
+  FILE *f = fopen(name, "wb");
+  const int head[3] = {ctas, bq, HP_BT_WORDS};
+  const bool ok = f && fwrite(head, sizeof head, 1, f) == 1 && fwrite(h, sizeof h, 1, f) == 1;
+  if (f) fclose(f);
+  return ok ? 0 : DL_ERR(DL_EIO, "attn bwd trace: cannot write %s", name);
+}
+#endif
+
 extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc, float *delta, void *stream) {
   /* after dl_attn_bwd_cuda's prep (or, with dl_attn_bwd_hopper_preps, this one's own): the main
    * kernel, then bwd_dq_kernel */
@@ -619,6 +643,11 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
       grid_run = dim3((unsigned)(first + split * parts), 1, 1);
     }
   }
+#if HP_BWD_TRACE
+  k.trace = bwd_trace_buf();
+  if (k.trace)
+    DL_CUDA_CHECK(cudaMemsetAsync(k.trace, 0, sizeof(unsigned long long) * 2 * HP_BT_WORDS, (cudaStream_t)stream));
+#endif
   int rc;
   if (m128)
     rc = elect ? launch_bwd<64, 64, BWD_ORDER, true, false, 128>(grid_run, tq, tk, tv, tdo, k, stream)
@@ -641,6 +670,9 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
                                 : launch_bwd<128, 128, BWD_STEP>(grid_run, tq, tk, tv, tdo, k, stream);
   if (rc) return rc;
   DL_CUDA_CHECK_LAUNCH("attn bwd (hopper)");
+#if HP_BWD_TRACE
+  if (k.trace) DL_TRY(bwd_trace_write(k.trace, (int)(grid_run.x * grid_run.y * grid_run.z), bq, stream));
+#endif
   const dim3 rgrid((p->s_q + BWD_BQ - 1) / BWD_BQ, p->h_q, p->b);
   if (p->d_qk == 64) bwd_dq_kernel<64><<<rgrid, 128, 0, (cudaStream_t)stream>>>(k);
   else if (m80) bwd_dq_kernel<128, 80><<<rgrid, 128, 0, (cudaStream_t)stream>>>(k); /* dQ^T's column order */

@@ -100,6 +100,22 @@
 #define HP_BWD_DS_EARLY 1
 #endif
 
+// HP_BWD_TRACE (a lab build flag, off in dl.attn: the default PTX has none of it): thread 0 of each
+// consumer warpgroup sums the SM clock's cycles (32 bits) of BWD_ORDER's steps over the CTA's items in
+// shared memory (one register held, the last step's clock: a clock written out at every step perturbed the
+// kernel by 29%), and the meeting's arrival gap (warpgroup 1's arrival less warpgroup 0's: its absolute
+// value, and how often it is positive); at the CTA's end they are added into p.trace, [2][HP_BT_WORDS]
+// 64-bit sums (HP_BT_ITEMS: the items). experiments/lab/attn/bwd_trace.py reads them: which warpgroup
+// waits at the meeting before dQ^T, and after what.
+#ifndef HP_BWD_TRACE
+#define HP_BWD_TRACE 0
+#endif
+// the steps, each timed from the one before: Q's and dO's stages in, S^T and dP^T issued, P^T and dS^T in
+// registers, dV issued and dS^T stored (the meeting's arrival), the meeting left, dQ^T and dK issued, dV
+// and dQ^T in, dQ stored, dK in, the next item's top
+enum bwd_trace_t { BT_STAGE, BT_SDP, BT_SOFT, BT_ARRIVE, BT_MEET, BT_ISSUED, BT_WAIT1, BT_DQ, BT_WAIT0, BT_NEXT,
+                   BT_GAP, BT_LATE1, BT_ITEMS, HP_BT_WORDS = 16 };
+
 // Query rows an item unless M80 or M128 (bwd_kernel's BQ; BN = 128 keys a CTA, THREADS = 384: fwd_params.cuh),
 // and the rows a CTA of bwd_prep_kernel and bwd_dq_kernel, and BULK's padding unit, whatever BQ is.
 constexpr int BWD_BQ = 64;
@@ -119,6 +135,9 @@ template <int DQK, int DV, int BQ = BWD_BQ> struct alignas(1024) bwd_smem_t {
   uint64_t ds_ready[2], ds_free[2]; // BWD_TURNS: both warpgroups' halves of a dS^T buffer in; their dQ read it
   int fail;
   int ticket; // the tail split: this part's arrival (the last adds up the block's dK and dV)
+#if HP_BWD_TRACE
+  uint32_t bt[2][HP_BT_WORDS], bt_arr[2][2]; // the lab's sums (HP_BWD_TRACE) and the meeting's arrivals
+#endif
 };
 
 // The accumulator's rows hold dQ's columns permuted: column c of a row i at c ^ (8 (i % 4)), so that
@@ -157,6 +176,9 @@ struct bwd_params_t {
   int split_first, split_parts;
   float *split_acc;
   int *split_count;
+#if HP_BWD_TRACE
+  unsigned long long *trace; // lab only: [2][HP_BT_WORDS] sums over the CTAs (HP_BWD_TRACE above)
+#endif
 };
 
 HP_DEV int64_t bwd_at(const int64_t (&st)[3], int first, int row, int head, int tb) {
@@ -455,6 +477,28 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (ELECT) hp_syncwarp();
     release(bar);
   };
+#if HP_BWD_TRACE
+  uint32_t bt_prev = 0; // the last step's clock (thread 0 of the warpgroup)
+  if (tid == 0) {
+    for (int i = 0; i < HP_BT_WORDS; i++) sm.bt[c][i] = 0;
+    bt_prev = (uint32_t)clock();
+  }
+#define HP_BT(it, step) \
+  do { \
+    if (tid == 0) { \
+      const uint32_t now_ = (uint32_t)clock(); \
+      sm.bt[c][step] += now_ - bt_prev; \
+      bt_prev = now_; \
+      if ((step) == BT_ARRIVE) sm.bt_arr[(it) % 2][c] = now_; \
+      if ((step) == BT_MEET && c == 0) { /* both arrivals are in: the named barrier orders them */ \
+        const int gap_ = (int)(sm.bt_arr[(it) % 2][1] - sm.bt_arr[(it) % 2][0]); \
+        sm.bt[0][BT_GAP] += gap_ < 0 ? -gap_ : gap_, sm.bt[0][BT_LATE1] += gap_ > 0; \
+      } \
+    } \
+  } while (0)
+#else
+#define HP_BT(it, step) ((void)0)
+#endif
   float dk[DQK / 2], dv[DV / 2];
 #pragma unroll
   for (int i = 0; i < DQK / 2; i++) dk[i] = 0.0f;
@@ -711,9 +755,12 @@ __global__ void __launch_bounds__(THREADS, 1)
     for (int it = 0; it < items; it++) {
       float s[BQ / 2], dp[BQ / 2], dq[NDQ];
       stage_in(it);
+      HP_BT(it, BT_STAGE);
       issue_sdp(it, s, dp);
+      HP_BT(it, BT_SDP);
       if constexpr (BQ != 64) { // P^T and dS^T in fp32, then both packed: dV after dS, as FA4 (registers)
         p_and_ds(it, s, dp);
+        HP_BT(it, BT_SOFT);
         if constexpr (HP_BWD_DS_EARLY && BQ == 128) { // dS^T's stores before dV's issue, the fence after it
           store_ds_only(it);
           issue_dv(it);
@@ -728,7 +775,9 @@ __global__ void __launch_bounds__(THREADS, 1)
         ds_only(it, s, dp);
         store_ds(it);
       }
+      HP_BT(it, BT_ARRIVE);
       named_bar_sync(1, 256); // both warpgroups' dS^T are in (the other buffer is free: see the header)
+      HP_BT(it, BT_MEET);
       if constexpr (BQ == 80) { // dQ^T under dV, as FA4's mma_dsk_fn (wg_wait=1): no wait for dV here (B15;
         // pa, dV's A, stays held until the wait that covers dV: ptxas keeps dq off it, 0 spills)
         gemm_dqt(dq, hp_smem_u32(sm.ds[it % 2]), in_loop(k_cols));
@@ -736,12 +785,17 @@ __global__ void __launch_bounds__(THREADS, 1)
         gemm_dq<64>(dq, hp_smem_u32(sm.ds[it % 2]) + c * BN * 128, in_loop(k_all));
       } else gemm_dq<DQK / 2>(dq, hp_smem_u32(sm.ds[it % 2]), k_cols);
       issue_dk(it);
+      HP_BT(it, BT_ISSUED);
       wg_wait<1>(); // dV and dQ are in (dK runs on): dO's stage is free, the dQ tile goes out
+      HP_BT(it, BT_WAIT1);
       release(&sm.do_empty[it % 2]);
       store_dq(it, dq);
+      HP_BT(it, BT_DQ);
       wg_wait<0>(); // dK is in: Q's stage is free
+      HP_BT(it, BT_WAIT0);
       release(&sm.q_empty[it % 2]);
       next_item();
+      HP_BT(it, BT_NEXT);
     }
   } else if constexpr (LOOP == BWD_STEP) { // both warpgroups in step: they meet at named barrier 1 every item (dS^T both halves)
     for (int it = 0; it < items; it++) {
@@ -803,6 +857,13 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
   }
 
+#if HP_BWD_TRACE
+  if (tid == 0 && LOOP == BWD_ORDER) { // the lab's sums into p.trace (HP_BWD_TRACE)
+    sm.bt[c][BT_ITEMS] = items;
+    if (p.trace)
+      for (int i = 0; i < HP_BT_WORDS; i++) atomicAdd(p.trace + c * HP_BT_WORDS + i, (unsigned long long)sm.bt[c][i]);
+  }
+#endif
   if (parts > 1) { // the tail split: this part's sums into the block's slot; the last part writes them
     float *acc = p.split_acc + (int64_t)tile.slot * BN * (DQK + DV);
 #pragma unroll
