@@ -1,10 +1,10 @@
 -- experiments/lab/attn/bwd_trace.lua — the Hopper backward's per-warpgroup clock trace, on a library built
 -- with HP_BWD_TRACE 1 (bwd_kernel.cuh; a lab build, never dl.attn's): b 2, h 16, s (--s), d (--d), bf16,
 -- bshd, --mask none or causal. The backward timed by events (dl.bench.timing.events); then, where
--- DISTLAB_ATTN_HOPPER_BWD_TRACE=FILE is set, one more call, whose clocks the library writes into FILE
--- (experiments/lab/attn/bwd_trace.py reads it). Run it twice, without and with the variable: the first
--- run's time is the traced build's with no trace stores (compare it with attn_bench's), the second's
--- times include the file's writes and are not printed.
+-- DISTLAB_ATTN_HOPPER_BWD_TRACE=FILE is set, three calls instead, the last one's sums in FILE
+-- (experiments/lab/attn/bwd_trace.py reads it). Run it without the variable on dl.attn's library and on
+-- the traced build (which sums its steps either way): the two times say how much the trace perturbs.
+-- Nothing here is checked against a reference (a lab tool; attn_bench checks the same kernels).
 --   ./distlab run -n 1 --device cuda experiments/lab/attn/bwd_trace.lua [--s 16384] [--d 128] [--mask none]
 local dl = require "distlab"
 local bench = dl.bench
@@ -35,10 +35,10 @@ local tracing = os.getenv("DISTLAB_ATTN_HOPPER_BWD_TRACE")
 if not tracing then
   local st = bench.timing.events(function() dl.attn.bwd(dout, q, k, v, out, lse, bo) end,
     { warm_ms = 300, min_ms = 600, iters = 10 })
-  print(string.format("bwd_trace: s %d, d %d, %s, untraced run of the traced build: bwd %s", A.s, A.d, A.mask,
-    tostring(st)))
+  print(string.format("bwd_trace: s %d, d %d, %s, %s: bwd %s", A.s, A.d, A.mask, dl.build_info(), tostring(st)))
 else
   for _ = 1, 3 do dl.attn.bwd(dout, q, k, v, out, lse, bo) end
   dl.synchronize()
-  print(string.format("bwd_trace: s %d, d %d, %s: the last of 3 calls' clocks in %s", A.s, A.d, A.mask, tracing))
+  print(string.format("bwd_trace: s %d, d %d, %s, %s: the last of 3 calls' sums in %s", A.s, A.d, A.mask,
+    dl.build_info(), tracing))
 end
