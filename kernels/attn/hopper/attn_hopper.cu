@@ -405,6 +405,18 @@ static int *status_word(int **dev) {
   return word;
 }
 
+/* The current device's multiprocessors, asked of the runtime once per device (every backward call plans its
+ * tail split with them). */
+static int device_sms(int *sms) {
+  static int known[64];
+  int dev = 0;
+  DL_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev >= 0 && dev < 64 && known[dev]) return *sms = known[dev], 0;
+  DL_CUDA_CHECK(cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev));
+  if (dev >= 0 && dev < 64) known[dev] = *sms;
+  return 0;
+}
+
 /* kernel's dynamic shared memory limit raised to smem, once per device (done: the kernel's own flags). */
 template <class K> static int allow_smem(K *kernel, size_t smem, int (&done)[64]) {
   int dev = 0;
@@ -628,9 +640,8 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
   const int64_t slots = (int64_t)((size_t)lse_rows * p->h_q * sizeof(float) / slot_bytes); /* in the lse2 rows */
   if (!thd && p->window_left < 0 && p->window_right < 0 && slots > 0 && env_bwd_split() && p->s_q > 0 &&
       bq != BWD_BQ) { /* bwd_kernel's SPLIT (not BULK's kernels: they read the lse2 rows) */
-    int dev = 0, sms = 0, first = 0;
-    DL_CUDA_CHECK(cudaGetDevice(&dev));
-    DL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    int sms = 0, first = 0;
+    DL_TRY(device_sms(&sms));
     const int64_t nblocks = (int64_t)grid.x * grid.y * grid.z;
     const int items = (p->h_q / p->h_kv) * ((p->s_q + bq - 1) / bq);
     const int parts = hp_bwd_split_plan(nblocks, items, sms, (int)(slots < 1024 ? slots : 1024), 0.25, 2.0, 0.01, &first);
