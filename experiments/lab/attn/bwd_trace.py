@@ -11,7 +11,8 @@ import struct
 import sys
 
 STEPS = [
-    ("qwait", "the loop top, Q's stage wait (its lse2 rows, warp 9's)"),
+    ("head", "the loop's top (the item's head and block, what ptxas puts before the first wait)"),
+    ("qwait", "Q's stage wait (its lse2 rows, warp 9's)"),
     ("stage", "dO's stage wait (its D rows, warp 11's)"),
     ("sdp", "S^T and dP^T issued"),
     ("soft", "P^T and dS^T (S^T's and dP^T's waits in it)"),
@@ -19,11 +20,12 @@ STEPS = [
     ("meet", "the meeting (named barrier 1)"),
     ("issued", "dQ^T and dK issued"),
     ("wait1", "wait for dV and dQ^T"),
-    ("dq", "dQ's tile stored (dq_empty's wait in it)"),
+    ("dqe", "dq_empty's wait (the last item's reduction has read the tile)"),
+    ("dq", "dQ's tile stored"),
     ("wait0", "wait for dK"),
     ("next", "the stages released, the next item's head"),
 ]
-GAP, LATE1, ITEMS = 11, 12, 13
+GAP, LATE1, ITEMS = 13, 14, 15
 
 
 def summary(path):

@@ -110,11 +110,12 @@
 #ifndef HP_BWD_TRACE
 #define HP_BWD_TRACE 0
 #endif
-// the steps, each timed from the one before: Q's stage in (its lse2 rows with it), dO's (its D rows), S^T and dP^T issued, P^T and dS^T in
+// the steps, each timed from the one before: the loop's top (what ptxas puts before the first wait), Q's
+// stage in (its lse2 rows with it), dO's (its D rows), S^T and dP^T issued, P^T and dS^T in
 // registers, dV issued and dS^T stored (the meeting's arrival), the meeting left, dQ^T and dK issued, dV
-// and dQ^T in, dQ stored, dK in, the next item's top
-enum bwd_trace_t { BT_QWAIT, BT_STAGE, BT_SDP, BT_SOFT, BT_ARRIVE, BT_MEET, BT_ISSUED, BT_WAIT1, BT_DQ, BT_WAIT0, BT_NEXT,
-                   BT_GAP, BT_LATE1, BT_ITEMS, HP_BT_WORDS = 16 };
+// and dQ^T in, dq_empty's wait (the last reduction has read the tile), dQ stored, dK in, the next item's top
+enum bwd_trace_t { BT_HEAD, BT_QWAIT, BT_STAGE, BT_SDP, BT_SOFT, BT_ARRIVE, BT_MEET, BT_ISSUED, BT_WAIT1, BT_DQE, BT_DQ,
+                   BT_WAIT0, BT_NEXT, BT_GAP, BT_LATE1, BT_ITEMS, HP_BT_WORDS = 16 };
 
 // Query rows an item unless M80 or M128 (bwd_kernel's BQ; BN = 128 keys a CTA, THREADS = 384: fwd_params.cuh),
 // and the rows a CTA of bwd_prep_kernel and bwd_dq_kernel, and BULK's padding unit, whatever BQ is.
@@ -542,6 +543,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto stage_in = [&](int it) {
     const int st = it % 2, i0 = item_m(it, mb) * BQ;
     const uint32_t ph = (uint32_t)(it / 2) & 1u;
+    if (LOOP == BWD_ORDER) HP_BT(it, BT_HEAD);
     mbar_wait(&sm.q_full[st], ph, &sm.fail, p.err);
     if (LOOP == BWD_ORDER) HP_BT(it, BT_QWAIT);
     mbar_wait(&sm.do_full[st], ph, &sm.fail, p.err);
@@ -716,6 +718,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   // lane / 4 (+ 8), all 64 columns.
   auto store_dq = [&](int n, const float(&dq)[NDQ]) {
     if (n > 0) mbar_wait(&sm.dq_empty, (uint32_t)(n - 1) & 1u, &sm.fail, p.err);
+    if (LOOP == BWD_ORDER) HP_BT(n, BT_DQE);
     if constexpr (BQ == 80) {
       // value 4 j + e: column col0 + 8 (e / 2) of d, query row 8 j + 2 k + e % 2 (k = lane % 4), at
       // bwd_dq_col<80>'s column col ^ 8 ((row / 2) % 4) = col ^ 8 k, the thread's own for all its rows: so
