@@ -388,14 +388,16 @@ __global__ void __launch_bounds__(THREADS, 1)
       for (int it = 0; it < items; it++, m = m + 1 == m_hi ? (hq++, m_lo) : m + 1) {
         const int st = it % 2;
         const uint32_t round = it / 2;
-        if (round > 0) mbar_wait(&sm.q_empty[st], (round - 1) & 1, &sm.fail, p.err);
-        mbar_expect_tx(&sm.q_full[st], BQ * DQK * 2 + (BULK ? BQ * 4 : 0));
-        for (int half = 0; half < DQK / 64; half++) tma_load(sm.q[st][half], &tq, &sm.q_full[st], 64 * half, item_hq(it, hq), sq.first_q + item_m(it, m) * BQ, sq.tb);
-        if (BULK) bulk_load(sm.lse2[st], p.lse2 + item_hq(it, hq) * p.lse_rows + bwd_lse_row(p, sq, bb, item_m(it, m) * BQ), BQ * 4, &sm.q_full[st]);
+        // dO's stage first: the consumers free it at their first wait (dV and dQ in), Q's only after dK
+        // (BWD_ORDER; in the other loops both at once), so dO's load need not wait for Q's stage
         if (round > 0) mbar_wait(&sm.do_empty[st], (round - 1) & 1, &sm.fail, p.err);
         mbar_expect_tx(&sm.do_full[st], BQ * DV * 2 + (BULK ? BQ * 4 : 0));
         for (int half = 0; half < DV / 64; half++) tma_load(sm.dout[st][half], &tdo, &sm.do_full[st], 64 * half, item_hq(it, hq), sq.first_q + item_m(it, m) * BQ, sq.tb);
         if (BULK) bulk_load(sm.delta[st], p.delta + item_hq(it, hq) * p.lse_rows + bwd_lse_row(p, sq, bb, item_m(it, m) * BQ), BQ * 4, &sm.do_full[st]);
+        if (round > 0) mbar_wait(&sm.q_empty[st], (round - 1) & 1, &sm.fail, p.err);
+        mbar_expect_tx(&sm.q_full[st], BQ * DQK * 2 + (BULK ? BQ * 4 : 0));
+        for (int half = 0; half < DQK / 64; half++) tma_load(sm.q[st][half], &tq, &sm.q_full[st], 64 * half, item_hq(it, hq), sq.first_q + item_m(it, m) * BQ, sq.tb);
+        if (BULK) bulk_load(sm.lse2[st], p.lse2 + item_hq(it, hq) * p.lse_rows + bwd_lse_row(p, sq, bb, item_m(it, m) * BQ), BQ * 4, &sm.q_full[st]);
       }
     } else if (!BULK && warp_id == 9) { // the rows' lse2 and D (rows past the sequence: +inf and 0, so P = dS = 0)
       const int lane = threadIdx.x % 32;
