@@ -100,6 +100,14 @@
 #define HP_BWD_DS_EARLY 1
 #endif
 
+// BQ 80 in BWD_ORDER: which warpgroups issue dK (their own dS^T's GEMM) before the meeting rather than after
+// dQ^T: 0 none, 1 both, 2 warpgroup 1 only. The trace (HP_BWD_TRACE) at s 8k and 16k found warpgroup 1 first
+// at the meeting at 99.9% of the items, waiting there 538 cycles an item of 4800 while warpgroup 0, whose
+// GEMMs queue behind warpgroup 1's, finished its dS^T; issued first, dK runs under that wait
+#ifndef HP_BWD_DK_EARLY
+#define HP_BWD_DK_EARLY 0
+#endif
+
 // HP_BWD_TRACE (a lab build flag, off in dl.attn: the default PTX has none of it): thread 0 of each
 // consumer warpgroup sums the SM clock's cycles (32 bits) of BWD_ORDER's steps over the CTA's items in
 // shared memory (one register held, the last step's clock: a clock written out at every step perturbed the
@@ -775,6 +783,8 @@ __global__ void __launch_bounds__(THREADS, 1)
         ds_only(it, s, dp);
         store_ds(it);
       }
+      const bool dk_early = BQ == 80 && (HP_BWD_DK_EARLY == 1 || (HP_BWD_DK_EARLY == 2 && c == 1));
+      if (dk_early) issue_dk(it);
       HP_BT(it, BT_ARRIVE);
       named_bar_sync(1, 256); // both warpgroups' dS^T are in (the other buffer is free: see the header)
       HP_BT(it, BT_MEET);
@@ -784,16 +794,24 @@ __global__ void __launch_bounds__(THREADS, 1)
       } else if constexpr (BQ == 128) { // the warpgroup's 64 queries (its tile of dS^T) x all of d (no wait for dV: fits)
         gemm_dq<64>(dq, hp_smem_u32(sm.ds[it % 2]) + c * BN * 128, in_loop(k_all));
       } else gemm_dq<DQK / 2>(dq, hp_smem_u32(sm.ds[it % 2]), k_cols);
-      issue_dk(it);
+      if (!dk_early) issue_dk(it);
       HP_BT(it, BT_ISSUED);
-      wg_wait<1>(); // dV and dQ are in (dK runs on): dO's stage is free, the dQ tile goes out
-      HP_BT(it, BT_WAIT1);
+      wg_wait<1>(); // dV and dQ are in (dK runs on): dO's stage is free, the dQ tile goes out (dk_early: dV
+      HP_BT(it, BT_WAIT1); // and dK are in, dQ^T runs on: both stages are free)
       release(&sm.do_empty[it % 2]);
-      store_dq(it, dq);
-      HP_BT(it, BT_DQ);
-      wg_wait<0>(); // dK is in: Q's stage is free
-      HP_BT(it, BT_WAIT0);
-      release(&sm.q_empty[it % 2]);
+      if (dk_early) {
+        release(&sm.q_empty[it % 2]);
+        wg_wait<0>();
+        HP_BT(it, BT_DQ);
+        store_dq(it, dq);
+        HP_BT(it, BT_WAIT0);
+      } else {
+        store_dq(it, dq);
+        HP_BT(it, BT_DQ);
+        wg_wait<0>(); // dK is in: Q's stage is free
+        HP_BT(it, BT_WAIT0);
+        release(&sm.q_empty[it % 2]);
+      }
       next_item();
       HP_BT(it, BT_NEXT);
     }
