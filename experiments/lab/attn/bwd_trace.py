@@ -11,7 +11,8 @@ import struct
 import sys
 
 STEPS = [
-    ("stage", "Q's and dO's stage waits"),
+    ("qwait", "the loop top, Q's stage wait (its lse2 rows, warp 9's)"),
+    ("stage", "dO's stage wait (its D rows, warp 11's)"),
     ("sdp", "S^T and dP^T issued"),
     ("soft", "P^T and dS^T (S^T's and dP^T's waits in it)"),
     ("arrive", "dV issued, dS^T stored and fenced"),
@@ -22,7 +23,7 @@ STEPS = [
     ("wait0", "wait for dK"),
     ("next", "the stages released, the next item's head"),
 ]
-GAP, LATE1, ITEMS = 10, 11, 12
+GAP, LATE1, ITEMS = 11, 12, 13
 
 
 def summary(path):

@@ -118,10 +118,10 @@
 #ifndef HP_BWD_TRACE
 #define HP_BWD_TRACE 0
 #endif
-// the steps, each timed from the one before: Q's and dO's stages in, S^T and dP^T issued, P^T and dS^T in
+// the steps, each timed from the one before: Q's stage in (its lse2 rows with it), dO's (its D rows), S^T and dP^T issued, P^T and dS^T in
 // registers, dV issued and dS^T stored (the meeting's arrival), the meeting left, dQ^T and dK issued, dV
 // and dQ^T in, dQ stored, dK in, the next item's top
-enum bwd_trace_t { BT_STAGE, BT_SDP, BT_SOFT, BT_ARRIVE, BT_MEET, BT_ISSUED, BT_WAIT1, BT_DQ, BT_WAIT0, BT_NEXT,
+enum bwd_trace_t { BT_QWAIT, BT_STAGE, BT_SDP, BT_SOFT, BT_ARRIVE, BT_MEET, BT_ISSUED, BT_WAIT1, BT_DQ, BT_WAIT0, BT_NEXT,
                    BT_GAP, BT_LATE1, BT_ITEMS, HP_BT_WORDS = 16 };
 
 // Query rows an item unless M80 or M128 (bwd_kernel's BQ; BN = 128 keys a CTA, THREADS = 384: fwd_params.cuh),
@@ -539,6 +539,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     const int st = it % 2, i0 = item_m(it, mb) * BQ;
     const uint32_t ph = (uint32_t)(it / 2) & 1u;
     mbar_wait(&sm.q_full[st], ph, &sm.fail, p.err);
+    if (LOOP == BWD_ORDER) HP_BT(it, BT_QWAIT);
     mbar_wait(&sm.do_full[st], ph, &sm.fail, p.err);
     if (len_q - i0 < BQ) {
       if (c == 0) {
