@@ -407,17 +407,24 @@ __global__ void __launch_bounds__(THREADS, 1)
     } else if (!BULK && warp_id == 9) { // the rows' lse2 and D (rows past the sequence: +inf and 0, so P = dS = 0)
       const int lane = threadIdx.x % 32;
       if constexpr (BQ != 64) { // the lse2 rows only (warp 11 loads D), the item's head and block counted: 24 registers
+        // The item's rows loaded into registers before the wait for its stage, all in flight at once, so
+        // that their latency runs under that wait (one after another after it, the stage came in late: the
+        // trace put 270-310 cycles an item on the consumers' wait for Q's stage, FA4-GAP section 18)
+        constexpr int NR = (BQ + 31) / 32;
         int hq = hq0, m = m0;
         for (int it = 0; it < items; it++) {
           const int st = it % 2;
           const uint32_t round = it / 2;
-          if (round > 0) mbar_wait(&sm.q_empty[st], (round - 1) & 1, &sm.fail, p.err);
-#pragma unroll 1
-          for (int r = lane; r < BQ; r += 32) {
-            const int i = item_m(it, m) * BQ + r;
-            const float l = i < len_q ? p.lse[bwd_at(p.lse_st, sq.first_q, i, item_hq(it, hq), sq.tb)] : -INFINITY;
-            sm.lse2[st][r] = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
+          float l[NR];
+#pragma unroll
+          for (int k = 0; k < NR; k++) {
+            const int r = lane + 32 * k, i = item_m(it, m) * BQ + r;
+            l[k] = r < BQ && i < len_q ? p.lse[bwd_at(p.lse_st, sq.first_q, i, item_hq(it, hq), sq.tb)] : -INFINITY;
           }
+          if (round > 0) mbar_wait(&sm.q_empty[st], (round - 1) & 1, &sm.fail, p.err);
+#pragma unroll
+          for (int k = 0; k < NR; k++)
+            if (lane + 32 * k < BQ) sm.lse2[st][lane + 32 * k] = l[k] == -INFINITY ? INFINITY : l[k] * 1.4426950408889634f;
           mbar_arrive(&sm.q_full[st]);
           if (++m == m_hi) m = m_lo, hq++;
         }
@@ -443,16 +450,21 @@ __global__ void __launch_bounds__(THREADS, 1)
       }
     } else if (BQ != 64 && warp_id == 11) { // BQ 80, 128: the rows' D (warp 9's lse2 rows alone fill its registers)
       const int lane = threadIdx.x % 32;
+      constexpr int NR = (BQ + 31) / 32;
       int hq = hq0, m = m0;
       for (int it = 0; it < items; it++) {
         const int st = it % 2;
         const uint32_t round = it / 2;
-        if (round > 0) mbar_wait(&sm.do_empty[st], (round - 1) & 1, &sm.fail, p.err);
-#pragma unroll 1
-        for (int r = lane; r < BQ; r += 32) {
-          const int i = item_m(it, m) * BQ + r;
-          sm.delta[st][r] = i < len_q ? p.delta[item_hq(it, hq) * p.ws_rows + bwd_ws_row(p, sq, bb, i)] : 0.0f;
+        float d[NR]; // loaded before the stage's wait, as warp 9's lse2 rows
+#pragma unroll
+        for (int k = 0; k < NR; k++) {
+          const int r = lane + 32 * k, i = item_m(it, m) * BQ + r;
+          d[k] = r < BQ && i < len_q ? p.delta[item_hq(it, hq) * p.ws_rows + bwd_ws_row(p, sq, bb, i)] : 0.0f;
         }
+        if (round > 0) mbar_wait(&sm.do_empty[st], (round - 1) & 1, &sm.fail, p.err);
+#pragma unroll
+        for (int k = 0; k < NR; k++)
+          if (lane + 32 * k < BQ) sm.delta[st][lane + 32 * k] = d[k];
         mbar_arrive(&sm.do_full[st]);
         if (++m == m_hi) m = m_lo, hq++;
       }
