@@ -105,7 +105,7 @@
 // at the meeting at 99.9% of the items, waiting there 538 cycles an item of 4800 while warpgroup 0, whose
 // GEMMs queue behind warpgroup 1's, finished its dS^T; issued first, dK runs under that wait
 #ifndef HP_BWD_DK_EARLY
-#define HP_BWD_DK_EARLY 0
+#define HP_BWD_DK_EARLY 2
 #endif
 
 // HP_BWD_TRACE (a lab build flag, off in dl.attn: the default PTX has none of it): thread 0 of each
