@@ -116,7 +116,7 @@
 // 64-bit sums (HP_BT_ITEMS: the items). experiments/lab/attn/bwd_trace.py reads them: which warpgroup
 // waits at the meeting before dQ^T, and after what.
 #ifndef HP_BWD_TRACE
-#define HP_BWD_TRACE 0
+#define HP_BWD_TRACE 1
 #endif
 // the steps, each timed from the one before: Q's stage in (its lse2 rows with it), dO's (its D rows), S^T and dP^T issued, P^T and dS^T in
 // registers, dV issued and dS^T stored (the meeting's arrival), the meeting left, dQ^T and dK issued, dV
