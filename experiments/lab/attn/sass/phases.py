@@ -13,21 +13,9 @@ item's cycles (CYCLES x SMS / items, items = that count / 8 consumer warps) is i
 of the loop are folded into the one before unless --all.
 """
 import collections
-import csv
-import re
 import sys
 
-
-def load(path):
-    rows = list(csv.reader(open(path, newline="")))
-    head = rows[1]
-    ix = {h: i for i, h in enumerate(head)}
-    return [(r[ix["Source"]].strip(), int(r[ix["Instructions Executed"]] or 0),
-             int(r[ix["Warp Stall Sampling (All Samples)"]] or 0)) for r in rows[2:] if len(r) >= len(head)]
-
-
-def opcode(src):
-    return re.sub(r"^@!?U?P[T0-9]+\s+", "", src).split(" ")[0]
+from prof_sass import load, opcode
 
 
 def starts_phase(op, prev):
@@ -42,7 +30,7 @@ def main(argv):
         sys.exit(__doc__)
     path, cycles = args[0], float(args[1])
     sms = int(args[2]) if len(args) > 2 else 132
-    ins = load(path)
+    ins = [(src, e, s) for _, e, s, src in load(path)[1]]  # text, executions, stall samples
     counts = collections.Counter(e for s, e, _ in ins if "HGMMA" in s)
     per_item = counts.most_common(1)[0][0]
     at = [i for i, (_, e, _) in enumerate(ins) if e == per_item]

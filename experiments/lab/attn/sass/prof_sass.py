@@ -13,6 +13,11 @@ import re
 import sys
 
 
+def opcode(src):
+    """An instruction's opcode with its modifiers (BAR.SYNC.DEFER_BLOCKING), its predicate taken off."""
+    return re.sub(r"^@!?U?P[T0-9]+\s+", "", src).split(" ")[0]
+
+
 def load(path):
     rows = list(csv.reader(open(path, newline="")))
     head = rows[1]  # rows[0] names the kernel
@@ -22,7 +27,7 @@ def load(path):
         if len(r) < len(head):
             continue
         src = r[ix["Source"]].strip()
-        op = re.sub(r"^@!?U?P[T0-9]+\s+", "", src).split(" ")[0].split(".")[0]
+        op = opcode(src).split(".")[0]
         out.append((op, int(r[ix["Instructions Executed"]] or 0),
                     int(r[ix["Warp Stall Sampling (All Samples)"]] or 0), src))
     return rows[0][1] if len(rows[0]) > 1 else path, out
