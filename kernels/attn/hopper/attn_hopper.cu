@@ -568,12 +568,12 @@ static int launch_bwd(dim3 grid, const CUtensorMap &tq, const CUtensorMap &tk, c
 /* The lab's sums of the backward's steps (bwd_kernel.cuh's HP_BWD_TRACE): with
  * DISTLAB_ATTN_HOPPER_BWD_TRACE=FILE each backward call's, after the call, into FILE (overwritten: the last
  * call's), headed by the grid's CTAs, BQ and HP_BT_WORDS (int32 each), then [2][HP_BT_WORDS] uint64 */
-static unsigned long long *bwd_trace_buf(void) {
+static int bwd_trace_buf(unsigned long long **buf) {
   static unsigned long long *d = NULL;
-  if (!d && getenv("DISTLAB_ATTN_HOPPER_BWD_TRACE") &&
-      cudaMalloc(&d, sizeof(unsigned long long) * 2 * HP_BT_WORDS) != cudaSuccess)
-    d = NULL;
-  return d;
+  if (!d && getenv("DISTLAB_ATTN_HOPPER_BWD_TRACE"))
+    DL_CUDA_CHECK(cudaMalloc(&d, sizeof(unsigned long long) * 2 * HP_BT_WORDS));
+  *buf = d;
+  return 0;
 }
 static int bwd_trace_write(unsigned long long *d, int ctas, int bq, void *stream) {
   unsigned long long h[2 * HP_BT_WORDS];
@@ -655,7 +655,7 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
     }
   }
 #if HP_BWD_TRACE
-  k.trace = bwd_trace_buf();
+  DL_TRY(bwd_trace_buf(&k.trace));
   if (k.trace)
     DL_CUDA_CHECK(cudaMemsetAsync(k.trace, 0, sizeof(unsigned long long) * 2 * HP_BT_WORDS, (cudaStream_t)stream));
 #endif
