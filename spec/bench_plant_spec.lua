@@ -42,6 +42,7 @@ local NOT_BENCHES = {
   ["experiments/faults/soak_ops.lua"] = true, -- soak.lua's kinds of op
   ["experiments/faults/ep_death.lua"] = true, -- a fault trial's rank script (ep_deaths.sh): times nothing
   ["experiments/faults/overlap_exit.lua"] = true, -- a fault trial's rank script (overlap_exit.sh): times nothing
+  ["experiments/lab/attn/bwd_trace.lua"] = true, -- the lab trace's driver: backward calls for a traced build's sums; times nothing
 }
 
 local sh = H.sh

@@ -405,6 +405,18 @@ static int *status_word(int **dev) {
   return word;
 }
 
+/* The current device's multiprocessors, asked of the runtime once per device (every backward call plans its
+ * tail split with them). */
+static int device_sms(int *sms) {
+  static int known[64];
+  int dev = 0;
+  DL_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev >= 0 && dev < 64 && known[dev]) return *sms = known[dev], 0;
+  DL_CUDA_CHECK(cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev));
+  if (dev >= 0 && dev < 64) known[dev] = *sms;
+  return 0;
+}
+
 /* kernel's dynamic shared memory limit raised to smem, once per device (done: the kernel's own flags). */
 template <class K> static int allow_smem(K *kernel, size_t smem, int (&done)[64]) {
   int dev = 0;
@@ -552,6 +564,30 @@ static int launch_bwd(dim3 grid, const CUtensorMap &tq, const CUtensorMap &tk, c
   return 0;
 }
 
+#if HP_BWD_TRACE
+/* The lab's sums of the backward's steps (bwd_kernel.cuh's HP_BWD_TRACE): with
+ * DISTLAB_ATTN_HOPPER_BWD_TRACE=FILE each backward call's, after the call, into FILE (overwritten: the last
+ * call's), headed by the grid's CTAs, BQ and HP_BT_WORDS (int32 each), then [2][HP_BT_WORDS] uint64 */
+static int bwd_trace_buf(unsigned long long **buf) {
+  static unsigned long long *d = NULL;
+  if (!d && getenv("DISTLAB_ATTN_HOPPER_BWD_TRACE"))
+    DL_CUDA_CHECK(cudaMalloc(&d, sizeof(unsigned long long) * 2 * HP_BT_WORDS));
+  *buf = d;
+  return 0;
+}
+static int bwd_trace_write(unsigned long long *d, int ctas, int bq, void *stream) {
+  unsigned long long h[2 * HP_BT_WORDS];
+  DL_CUDA_CHECK(cudaStreamSynchronize((cudaStream_t)stream));
+  DL_CUDA_CHECK(cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost));
+  const char *name = getenv("DISTLAB_ATTN_HOPPER_BWD_TRACE");
+  FILE *f = fopen(name, "wb");
+  const int head[3] = {ctas, bq, HP_BT_WORDS};
+  const bool ok = f && fwrite(head, sizeof head, 1, f) == 1 && fwrite(h, sizeof h, 1, f) == 1;
+  if (f) fclose(f);
+  return ok ? 0 : DL_ERR(DL_EIO, "attn bwd trace: cannot write %s", name);
+}
+#endif
+
 extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc, float *delta, void *stream) {
   /* after dl_attn_bwd_cuda's prep (or, with dl_attn_bwd_hopper_preps, this one's own): the main
    * kernel, then bwd_dq_kernel */
@@ -604,9 +640,8 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
   const int64_t slots = (int64_t)((size_t)lse_rows * p->h_q * sizeof(float) / slot_bytes); /* in the lse2 rows */
   if (!thd && p->window_left < 0 && p->window_right < 0 && slots > 0 && env_bwd_split() && p->s_q > 0 &&
       bq != BWD_BQ) { /* bwd_kernel's SPLIT (not BULK's kernels: they read the lse2 rows) */
-    int dev = 0, sms = 0, first = 0;
-    DL_CUDA_CHECK(cudaGetDevice(&dev));
-    DL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    int sms = 0, first = 0;
+    DL_TRY(device_sms(&sms));
     const int64_t nblocks = (int64_t)grid.x * grid.y * grid.z;
     const int items = (p->h_q / p->h_kv) * ((p->s_q + bq - 1) / bq);
     const int parts = hp_bwd_split_plan(nblocks, items, sms, (int)(slots < 1024 ? slots : 1024), 0.25, 2.0, 0.01, &first);
@@ -619,6 +654,11 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
       grid_run = dim3((unsigned)(first + split * parts), 1, 1);
     }
   }
+#if HP_BWD_TRACE
+  DL_TRY(bwd_trace_buf(&k.trace));
+  if (k.trace)
+    DL_CUDA_CHECK(cudaMemsetAsync(k.trace, 0, sizeof(unsigned long long) * 2 * HP_BT_WORDS, (cudaStream_t)stream));
+#endif
   int rc;
   if (m128)
     rc = elect ? launch_bwd<64, 64, BWD_ORDER, true, false, 128>(grid_run, tq, tk, tv, tdo, k, stream)
@@ -641,6 +681,9 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
                                 : launch_bwd<128, 128, BWD_STEP>(grid_run, tq, tk, tv, tdo, k, stream);
   if (rc) return rc;
   DL_CUDA_CHECK_LAUNCH("attn bwd (hopper)");
+#if HP_BWD_TRACE
+  if (k.trace) DL_TRY(bwd_trace_write(k.trace, (int)(grid_run.x * grid_run.y * grid_run.z), bq, stream));
+#endif
   const dim3 rgrid((p->s_q + BWD_BQ - 1) / BWD_BQ, p->h_q, p->b);
   if (p->d_qk == 64) bwd_dq_kernel<64><<<rgrid, 128, 0, (cudaStream_t)stream>>>(k);
   else if (m80) bwd_dq_kernel<128, 80><<<rgrid, 128, 0, (cudaStream_t)stream>>>(k); /* dQ^T's column order */

@@ -100,6 +100,23 @@
 #define HP_BWD_DS_EARLY 1
 #endif
 
+// HP_BWD_TRACE (a lab build flag, off in dl.attn: the default PTX has none of it): thread 0 of each
+// consumer warpgroup sums the SM clock's cycles (32 bits) of BWD_ORDER's steps over the CTA's items in
+// shared memory (one register held, the last step's clock: a clock written out at every step perturbed the
+// kernel by 29%), and the meeting's arrival gap (warpgroup 1's arrival less warpgroup 0's: its absolute
+// value, and how often it is positive); at the CTA's end they are added into p.trace, [2][HP_BT_WORDS]
+// 64-bit sums (BT_ITEMS: the items). experiments/lab/attn/bwd_trace.py reads them: which warpgroup
+// waits at the meeting before dQ^T, and after what.
+#ifndef HP_BWD_TRACE
+#define HP_BWD_TRACE 0
+#endif
+// the steps, each timed from the one before: the loop's top (what ptxas puts before the first wait), Q's
+// stage in (its lse2 rows with it), dO's (its D rows), S^T and dP^T issued, P^T and dS^T in
+// registers, dV issued and dS^T stored (the meeting's arrival), the meeting left, dQ^T and dK issued, dV
+// and dQ^T in, dq_empty's wait (the last reduction has read the tile), dQ stored, dK in, the next item's top
+enum bwd_trace_t { BT_HEAD, BT_QWAIT, BT_STAGE, BT_SDP, BT_SOFT, BT_ARRIVE, BT_MEET, BT_ISSUED, BT_WAIT1, BT_DQE, BT_DQ,
+                   BT_WAIT0, BT_NEXT, BT_GAP, BT_LATE1, BT_ITEMS, HP_BT_WORDS = 16 };
+
 // Query rows an item unless M80 or M128 (bwd_kernel's BQ; BN = 128 keys a CTA, THREADS = 384: fwd_params.cuh),
 // and the rows a CTA of bwd_prep_kernel and bwd_dq_kernel, and BULK's padding unit, whatever BQ is.
 constexpr int BWD_BQ = 64;
@@ -119,6 +136,9 @@ template <int DQK, int DV, int BQ = BWD_BQ> struct alignas(1024) bwd_smem_t {
   uint64_t ds_ready[2], ds_free[2]; // BWD_TURNS: both warpgroups' halves of a dS^T buffer in; their dQ read it
   int fail;
   int ticket; // the tail split: this part's arrival (the last adds up the block's dK and dV)
+#if HP_BWD_TRACE
+  uint32_t bt[2][HP_BT_WORDS], bt_arr[2][2]; // the lab's sums (HP_BWD_TRACE) and the meeting's arrivals
+#endif
 };
 
 // The accumulator's rows hold dQ's columns permuted: column c of a row i at c ^ (8 (i % 4)), so that
@@ -157,6 +177,9 @@ struct bwd_params_t {
   int split_first, split_parts;
   float *split_acc;
   int *split_count;
+#if HP_BWD_TRACE
+  unsigned long long *trace; // lab only: [2][HP_BT_WORDS] sums over the CTAs (HP_BWD_TRACE above)
+#endif
 };
 
 HP_DEV int64_t bwd_at(const int64_t (&st)[3], int first, int row, int head, int tb) {
@@ -377,17 +400,24 @@ __global__ void __launch_bounds__(THREADS, 1)
     } else if (!BULK && warp_id == 9) { // the rows' lse2 and D (rows past the sequence: +inf and 0, so P = dS = 0)
       const int lane = threadIdx.x % 32;
       if constexpr (BQ != 64) { // the lse2 rows only (warp 11 loads D), the item's head and block counted: 24 registers
+        // The item's rows loaded into registers before the wait for its stage, all in flight at once, so
+        // that their latency runs under that wait, not one load after another after it (FA4-GAP section 18:
+        // 0.988-1.032x backward at d 128, 0.997-1.018x at d 64, hopper-b27r-ab-h200.md)
+        constexpr int NR = (BQ + 31) / 32;
         int hq = hq0, m = m0;
         for (int it = 0; it < items; it++) {
           const int st = it % 2;
           const uint32_t round = it / 2;
-          if (round > 0) mbar_wait(&sm.q_empty[st], (round - 1) & 1, &sm.fail, p.err);
-#pragma unroll 1
-          for (int r = lane; r < BQ; r += 32) {
-            const int i = item_m(it, m) * BQ + r;
-            const float l = i < len_q ? p.lse[bwd_at(p.lse_st, sq.first_q, i, item_hq(it, hq), sq.tb)] : -INFINITY;
-            sm.lse2[st][r] = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
+          float l[NR];
+#pragma unroll
+          for (int k = 0; k < NR; k++) {
+            const int r = lane + 32 * k, i = item_m(it, m) * BQ + r;
+            l[k] = r < BQ && i < len_q ? p.lse[bwd_at(p.lse_st, sq.first_q, i, item_hq(it, hq), sq.tb)] : -INFINITY;
           }
+          if (round > 0) mbar_wait(&sm.q_empty[st], (round - 1) & 1, &sm.fail, p.err);
+#pragma unroll
+          for (int k = 0; k < NR; k++)
+            if (lane + 32 * k < BQ) sm.lse2[st][lane + 32 * k] = l[k] == -INFINITY ? INFINITY : l[k] * 1.4426950408889634f;
           mbar_arrive(&sm.q_full[st]);
           if (++m == m_hi) m = m_lo, hq++;
         }
@@ -413,16 +443,21 @@ __global__ void __launch_bounds__(THREADS, 1)
       }
     } else if (BQ != 64 && warp_id == 11) { // BQ 80, 128: the rows' D (warp 9's lse2 rows alone fill its registers)
       const int lane = threadIdx.x % 32;
+      constexpr int NR = (BQ + 31) / 32;
       int hq = hq0, m = m0;
       for (int it = 0; it < items; it++) {
         const int st = it % 2;
         const uint32_t round = it / 2;
-        if (round > 0) mbar_wait(&sm.do_empty[st], (round - 1) & 1, &sm.fail, p.err);
-#pragma unroll 1
-        for (int r = lane; r < BQ; r += 32) {
-          const int i = item_m(it, m) * BQ + r;
-          sm.delta[st][r] = i < len_q ? p.delta[item_hq(it, hq) * p.ws_rows + bwd_ws_row(p, sq, bb, i)] : 0.0f;
+        float d[NR]; // loaded before the stage's wait, as warp 9's lse2 rows
+#pragma unroll
+        for (int k = 0; k < NR; k++) {
+          const int r = lane + 32 * k, i = item_m(it, m) * BQ + r;
+          d[k] = r < BQ && i < len_q ? p.delta[item_hq(it, hq) * p.ws_rows + bwd_ws_row(p, sq, bb, i)] : 0.0f;
         }
+        if (round > 0) mbar_wait(&sm.do_empty[st], (round - 1) & 1, &sm.fail, p.err);
+#pragma unroll
+        for (int k = 0; k < NR; k++)
+          if (lane + 32 * k < BQ) sm.delta[st][lane + 32 * k] = d[k];
         mbar_arrive(&sm.do_full[st]);
         if (++m == m_hi) m = m_lo, hq++;
       }
@@ -455,6 +490,28 @@ __global__ void __launch_bounds__(THREADS, 1)
     if (ELECT) hp_syncwarp();
     release(bar);
   };
+#if HP_BWD_TRACE
+  uint32_t bt_prev = 0; // the last step's clock (thread 0 of the warpgroup)
+  if (tid == 0) {
+    for (int i = 0; i < HP_BT_WORDS; i++) sm.bt[c][i] = 0;
+    bt_prev = (uint32_t)clock();
+  }
+#define HP_BT(it, step) \
+  do { \
+    if (tid == 0) { \
+      const uint32_t now_ = (uint32_t)clock(); \
+      sm.bt[c][step] += now_ - bt_prev; \
+      bt_prev = now_; \
+      if ((step) == BT_ARRIVE) sm.bt_arr[(it) % 2][c] = now_; \
+      if ((step) == BT_MEET && c == 0) { /* both arrivals are in: the named barrier orders them */ \
+        const int gap_ = (int)(sm.bt_arr[(it) % 2][1] - sm.bt_arr[(it) % 2][0]); \
+        sm.bt[0][BT_GAP] += gap_ < 0 ? -gap_ : gap_, sm.bt[0][BT_LATE1] += gap_ > 0; \
+      } \
+    } \
+  } while (0)
+#else
+#define HP_BT(it, step) ((void)0)
+#endif
   float dk[DQK / 2], dv[DV / 2];
 #pragma unroll
   for (int i = 0; i < DQK / 2; i++) dk[i] = 0.0f;
@@ -486,7 +543,9 @@ __global__ void __launch_bounds__(THREADS, 1)
   auto stage_in = [&](int it) {
     const int st = it % 2, i0 = item_m(it, mb) * BQ;
     const uint32_t ph = (uint32_t)(it / 2) & 1u;
+    if (LOOP == BWD_ORDER) HP_BT(it, BT_HEAD);
     mbar_wait(&sm.q_full[st], ph, &sm.fail, p.err);
+    if (LOOP == BWD_ORDER) HP_BT(it, BT_QWAIT);
     mbar_wait(&sm.do_full[st], ph, &sm.fail, p.err);
     if (len_q - i0 < BQ) {
       if (c == 0) {
@@ -659,6 +718,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   // lane / 4 (+ 8), all 64 columns.
   auto store_dq = [&](int n, const float(&dq)[NDQ]) {
     if (n > 0) mbar_wait(&sm.dq_empty, (uint32_t)(n - 1) & 1u, &sm.fail, p.err);
+    if (LOOP == BWD_ORDER) HP_BT(n, BT_DQE);
     if constexpr (BQ == 80) {
       // value 4 j + e: column col0 + 8 (e / 2) of d, query row 8 j + 2 k + e % 2 (k = lane % 4), at
       // bwd_dq_col<80>'s column col ^ 8 ((row / 2) % 4) = col ^ 8 k, the thread's own for all its rows: so
@@ -711,9 +771,12 @@ __global__ void __launch_bounds__(THREADS, 1)
     for (int it = 0; it < items; it++) {
       float s[BQ / 2], dp[BQ / 2], dq[NDQ];
       stage_in(it);
+      HP_BT(it, BT_STAGE);
       issue_sdp(it, s, dp);
+      HP_BT(it, BT_SDP);
       if constexpr (BQ != 64) { // P^T and dS^T in fp32, then both packed: dV after dS, as FA4 (registers)
         p_and_ds(it, s, dp);
+        HP_BT(it, BT_SOFT);
         if constexpr (HP_BWD_DS_EARLY && BQ == 128) { // dS^T's stores before dV's issue, the fence after it
           store_ds_only(it);
           issue_dv(it);
@@ -728,7 +791,9 @@ __global__ void __launch_bounds__(THREADS, 1)
         ds_only(it, s, dp);
         store_ds(it);
       }
+      HP_BT(it, BT_ARRIVE);
       named_bar_sync(1, 256); // both warpgroups' dS^T are in (the other buffer is free: see the header)
+      HP_BT(it, BT_MEET);
       if constexpr (BQ == 80) { // dQ^T under dV, as FA4's mma_dsk_fn (wg_wait=1): no wait for dV here (B15;
         // pa, dV's A, stays held until the wait that covers dV: ptxas keeps dq off it, 0 spills)
         gemm_dqt(dq, hp_smem_u32(sm.ds[it % 2]), in_loop(k_cols));
@@ -736,12 +801,17 @@ __global__ void __launch_bounds__(THREADS, 1)
         gemm_dq<64>(dq, hp_smem_u32(sm.ds[it % 2]) + c * BN * 128, in_loop(k_all));
       } else gemm_dq<DQK / 2>(dq, hp_smem_u32(sm.ds[it % 2]), k_cols);
       issue_dk(it);
+      HP_BT(it, BT_ISSUED);
       wg_wait<1>(); // dV and dQ are in (dK runs on): dO's stage is free, the dQ tile goes out
+      HP_BT(it, BT_WAIT1);
       release(&sm.do_empty[it % 2]);
       store_dq(it, dq);
+      HP_BT(it, BT_DQ);
       wg_wait<0>(); // dK is in: Q's stage is free
+      HP_BT(it, BT_WAIT0);
       release(&sm.q_empty[it % 2]);
       next_item();
+      HP_BT(it, BT_NEXT);
     }
   } else if constexpr (LOOP == BWD_STEP) { // both warpgroups in step: they meet at named barrier 1 every item (dS^T both halves)
     for (int it = 0; it < items; it++) {
@@ -803,6 +873,13 @@ __global__ void __launch_bounds__(THREADS, 1)
     }
   }
 
+#if HP_BWD_TRACE
+  if (tid == 0 && LOOP == BWD_ORDER) { // the lab's sums into p.trace (HP_BWD_TRACE)
+    sm.bt[c][BT_ITEMS] = items;
+    if (p.trace)
+      for (int i = 0; i < HP_BT_WORDS; i++) atomicAdd(p.trace + c * HP_BT_WORDS + i, (unsigned long long)sm.bt[c][i]);
+  }
+#endif
   if (parts > 1) { // the tail split: this part's sums into the block's slot; the last part writes them
     float *acc = p.split_acc + (int64_t)tile.slot * BN * (DQK + DV);
 #pragma unroll
