@@ -114,8 +114,9 @@ count() {
       errs=$((errs + $(echo "$line" | grep -oE '[0-9]+ error' | grep -oE '[0-9]+' || echo 0)))
     elif line=$(grep -m1 -E "ERROR SUMMARY: [0-9]+ error" "$f"); then
       errs=$((errs + $(echo "$line" | grep -oE '[0-9]+ error' | grep -oE '[0-9]+')))
-    else
+    else # stopped before its summary: the error records it holds so far (one "at KERNEL" line each)
       unfinished=$((unfinished + 1))
+      errs=$((errs + $(grep -cE '^========= +at ' "$f")))
     fi
   done
   echo "$procs $errs $haz $unfinished"
