@@ -355,9 +355,11 @@ __global__ void __launch_bounds__(THREADS, 1)
   // The item's head and block (hq, m) counted in the loops, without a division an item (FA4-GAP.md B9),
   // except at BQ 80: its kernel ran 1.000-1.032x faster without a mask by the division
   // (experiments/results/attn/hopper-b9x-ab-h200.md), where the counters are dead code
+  // (by hp_divmod's multiply-high: `/` and `%` rebuilt a reciprocal every item at the loop's top, FA4-GAP.md section 19)
   constexpr bool DIV = BQ == 80;
-  auto item_hq = [&](int it, int hq) { return DIV ? hkv * group + (it + it_off) / nm : hq; };
-  auto item_m = [&](int it, int m) { return DIV ? m_lo + (it + it_off) % nm : m; };
+  const hp_divmod_t by_nm = hp_divmod(max(nm, 1));
+  auto item_hq = [&](int it, int hq) { return DIV ? hkv * group + by_nm.div(it + it_off) : hq; };
+  auto item_m = [&](int it, int m) { return DIV ? m_lo + by_nm.mod(it + it_off) : m; };
 
   if (threadIdx.x == 0) {
     sm.fail = 0;

@@ -109,4 +109,23 @@ static inline int hp_bwd_split_plan(int64_t nblocks, int items, int sms, int max
   return best;
 }
 
+// Division by a divisor d >= 1 fixed for the whole CTA, of numerators 0 <= n < 2^31, by a multiply-high, an add and
+// a shift (Granlund and Montgomery's round-up method: l = ceil(log2 d), mul = 2^32 (2^l - d) / d + 1, n / d =
+// (umulhi(n, mul) + n) >> l, exact for every such n; hp_divmod_check in the emulator tries it against /). The
+// backward's BQ 80 item loop divides its item index by the CTA's query blocks every item: as `%` by a value ptxas
+// cannot see, a reciprocal by MUFU.RCP and conversions rebuilt every item at the loop's top, in front of the
+// first stage wait (FA4-GAP.md section 19).
+struct hp_divmod_t {
+  uint32_t mul, l;
+  int d;
+  HP_DEV int div(int n) const { return (int)(((uint32_t)(((uint64_t)(uint32_t)n * mul) >> 32) + (uint32_t)n) >> l); }
+  HP_DEV int mod(int n) const { return n - div(n) * d; }
+};
+HP_DEV hp_divmod_t hp_divmod(int d) {
+  uint32_t l = 0;
+  while ((1ull << l) < (uint64_t)d) l++;
+  const uint32_t mul = (uint32_t)((((1ull << l) - (uint64_t)d) << 32) / (uint64_t)d + 1);
+  return hp_divmod_t{mul, l, d};
+}
+
 #endif

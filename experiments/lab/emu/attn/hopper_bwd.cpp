@@ -126,6 +126,28 @@ static bool unit_m64n80() {
   return ok;
 }
 
+// hp_divmod (tile_scheduler.cuh) against / and %: every divisor to 4096 with every numerator to 3 d + 40, then 2000
+// random divisors to 2^24; for each, the numerators either side of its first 41 multiples and of 41 below 2^31,
+// 200 random ones below 2^31 and 2^31 - 1
+static bool unit_divmod() {
+  std::mt19937 g(5);
+  long bad = 0, n_tried = 0;
+  auto try_d = [&](int d, bool all) {
+    const hp_divmod_t dm = hp_divmod(d);
+    auto one = [&](int n) { n_tried++, bad += dm.div(n) != n / d || dm.mod(n) != n % d; };
+    if (all)
+      for (int n = 0; n <= 3 * d + 40; n++) one(n);
+    for (int k = 0; k <= 40; k++) // either side of the first multiples (and of one near 2^31)
+      for (int e = -1; e <= 1; e++) one(std::max(0, k * d + e)), one(std::max(0, (0x7fffffff / d - k) * d + e));
+    for (int k = 0; k < 200; k++) one((int)(g() & 0x7fffffffu));
+    one(0x7fffffff);
+  };
+  for (int d = 1; d <= 4096; d++) try_d(d, true);
+  for (int k = 0; k < 2000; k++) try_d(1 + (int)(g() % (1u << 24)), false);
+  printf("unit hp_divmod: %ld numerators, %ld wrong -> %s\n", n_tried, bad, bad == 0 ? "ok" : "FAIL");
+  return bad == 0;
+}
+
 // --split P: the unmasked bshd and sbhd runs with the tail split (tile_scheduler.cuh's hp_bwd_tile), the second
 // half of the key blocks in P parts each (P past a block's items leaves parts without any), the 1-D grid
 // run last CTA first, so that a part other than the last index adds up its block
@@ -365,6 +387,7 @@ int main(int argc, char **argv) {
   bool ok = true;
   emu.lane_drift = true;
   ok = unit_m64n80() && ok;
+  ok = unit_divmod() && ok;
   if (argc > 1 && !strcmp(argv[1], "--unit")) return ok ? 0 : 1; // the unit checks alone
   std::vector<hp_case> cases = hp_cases;
   cases.push_back({2, 2, 2, 1, 0, {0, 50}, {0, 3}, {140, 60}}); // thd: no queries for 140 keys (dk, dv = 0)
