@@ -108,7 +108,7 @@
 // 64-bit sums (BT_ITEMS: the items). experiments/lab/attn/bwd_trace.py reads them: which warpgroup
 // waits at the meeting before dQ^T, and after what.
 #ifndef HP_BWD_TRACE
-#define HP_BWD_TRACE 0
+#define HP_BWD_TRACE 1
 #endif
 // the steps, each timed from the one before: the loop's top (what ptxas puts before the first wait), Q's
 // stage in (its lse2 rows with it), dO's (its D rows), S^T and dP^T issued, P^T and dS^T in
