@@ -10,21 +10,25 @@
 -- case runs once, on fresh inputs, through h:planted (--plant noop |
 -- scale=X must fail it). Small enough for compute-sanitizer
 -- (scripts/gpu/attn_hopper.sh runs it under memcheck and racecheck).
--- --quick: the d 64 cases only. Exit code 1 on a mismatch.
---   ./distlab run -n 1 --device cuda experiments/attn/hopper_small.lua
+-- --quick: the d 64 cases only; --case TEXT: the cases whose names hold TEXT (a slower sanitizer's run of one
+-- case; a TEXT that names none is an error). Exit code 1 on a mismatch.
+--   ./distlab run -n 1 --device cuda experiments/attn/hopper_small.lua [--quick] [--case TEXT]
 local dl = require "distlab"
 local rows_ref = require "distlab.bench.attn_rows"
 
 local h = dl.bench.harness {
   name = "hopper_small", family = "attn", writes = false,
-  usage = "./distlab run -n 1 --device cuda experiments/attn/hopper_small.lua [--quick]",
+  usage = "./distlab run -n 1 --device cuda experiments/attn/hopper_small.lua [--quick] [--case TEXT]",
+  options = { { "case", "string", nil, "only the cases whose names hold this text (plain text, not a pattern)" } },
   about = "dl.attn fwd + bwd at small shapes (d 64, 128) against fp64 in full; see the file's header",
 }
 -- a line at a time, also into a file: where a run hangs or is killed (a sanitizer's limit), its log ends
 -- at the last case that finished
 io.stdout:setvbuf("line")
 local dev = dl.default_device()
-local failed, ncase = 0, 0
+local failed, ncase, nrun = 0, 0, 0
+-- whether --case leaves the case out (its seed is drawn either way, so a case's inputs do not depend on it)
+local function left_out(name) return h.opt.case ~= nil and not name:find(h.opt.case, 1, true) end
 
 local function input(shape, seed) return dl.randn(shape, { dtype = "bf16", seed = seed, device = "cpu" }):to(dev) end
 
@@ -52,6 +56,8 @@ local function case(name, shape_q, shape_kv, opts)
   end, { returns = true })
   ncase = ncase + 1
   local seed = ncase
+  if left_out(name) then return end
+  nrun = nrun + 1
   local function draw(base)
     x.q, x.k, x.v = input(shape_q, base + 1), input(shape_kv, base + 2), input(shape_kv, base + 3)
     local dv_shape = { unpack(shape_q) }
@@ -81,6 +87,8 @@ local function merge_case(name, shape_q, shape_kv, opts, adt)
   local x = {}
   ncase = ncase + 1
   local seed = ncase
+  if left_out(name) then return end
+  nrun = nrun + 1
   local function draw(base) x.q, x.k, x.v = input(shape_q, base + 1), input(shape_kv, base + 2), input(shape_kv, base + 3) end
   draw(seed * 8)
   local acc = dl.attn.accumulator(x.q, x.v, { layout = g.layout, dtype = adt })
@@ -136,5 +144,6 @@ for _, d in ipairs(h.quick and { 64 } or { 128, 64 }) do
       adt)
   end
 end
+if nrun == 0 then dl.fail("hopper_small: --case %q names none of the %d cases", h.opt.case, ncase) end
 print(failed == 0 and "hopper_small: all ok" or ("hopper_small: " .. failed .. " cases WRONG"))
 h:finish()

@@ -12,7 +12,8 @@
 #               gaps), checked in full against fp64
 # The first three with 2 ranks sharing one GPU (the ipc communicator: CUDA IPC, no NCCL),
 # under TOOLS (default "memcheck racecheck synccheck"); attention with 1 rank under
-# ATTN_TOOLS (default "memcheck initcheck"). MPS is not started: the sanitizer and MPS
+# ATTN_TOOLS (default "memcheck initcheck"; ATTN_ARGS: hopper_small.lua's arguments, split on spaces, e.g.
+# "--quick" or "--case s=333" for one tool's slow run). MPS is not started: the sanitizer and MPS
 # clients do not mix (scripts/gpu/ep.sh), so the ranks take turns on the GPU. Each rank's
 # luajit runs under `compute-sanitizer --tool T --target-processes all --error-exitcode 9
 # --report-api-errors no --log-file DIR/san-%p.log` (LUAJIT: the launcher starts each rank
@@ -83,7 +84,7 @@ build_or_skip || exit 1
 # family -> ranks, what it runs (the rank script and its arguments), what it covers
 declare -A RANKS=([allreduce]=2 [ep]=2 [overlap]=2 [attn]=1)
 declare -A SCRIPT=([allreduce]="spec/allreduce/correct.lua 7 4095 70000" [ep]="spec/ep/correct.lua"
-  [overlap]="spec/overlap/correct.lua" [attn]="experiments/attn/hopper_small.lua")
+  [overlap]="spec/overlap/correct.lua" [attn]="experiments/attn/hopper_small.lua${ATTN_ARGS:+ $ATTN_ARGS}")
 declare -A COVERS=([allreduce]="every algorithm (nccl, one_shot, two_shot, push, write, Lamport, flat), bf16/f16/f32, in place, out of place, misaligned, zero copy, pieces"
   [ep]="dispatch + combine, per_rank and per_expert, expert_major and rank_major, bf16 and fp8"
   [overlap]="ag_gemm and gemm_rs: nccl baselines, p2p and ring x get/put x ce/sm x 1-3 streams, merge, f16 -> f32 (copy kernels, flags, cuBLASLt GEMMs)"
@@ -186,7 +187,7 @@ recorded=$(env | grep -E '^(DISTLAB|NCCL|CUDA)_' | sort | tr '\n' ' ')
   echo "- device: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | head -1)"
   echo "- date: $(date -u -d "@$t_start" '+%Y-%m-%d %H:%M UTC')"
   echo "- commit: \`${DISTLAB_COMMIT:-$(git describe --always --dirty 2>/dev/null || echo unknown)}\`"
-  echo "- command: \`${recorded}$([ -n "${SKIP_BUILD:-}" ] && echo "SKIP_BUILD=1 ")TOOLS=\"$TOOLS\" ATTN_TOOLS=\"$ATTN_TOOLS\" FAMILIES=\"$FAMILIES\" LIMIT=$LIMIT BUDGET=$BUDGET${DEVICE:+ DEVICE=$DEVICE}${SAN_EXTRA:+ SAN_EXTRA=\"$SAN_EXTRA\"}${SAN_API_ERRORS:+ SAN_API_ERRORS=$SAN_API_ERRORS} scripts/gpu/sanitizer.sh\`"
+  echo "- command: \`${recorded}$([ -n "${SKIP_BUILD:-}" ] && echo "SKIP_BUILD=1 ")TOOLS=\"$TOOLS\" ATTN_TOOLS=\"$ATTN_TOOLS\"${ATTN_ARGS:+ ATTN_ARGS=\"$ATTN_ARGS\"} FAMILIES=\"$FAMILIES\" LIMIT=$LIMIT BUDGET=$BUDGET${DEVICE:+ DEVICE=$DEVICE}${SAN_EXTRA:+ SAN_EXTRA=\"$SAN_EXTRA\"}${SAN_API_ERRORS:+ SAN_API_ERRORS=$SAN_API_ERRORS} scripts/gpu/sanitizer.sh\`"
   echo "- libraries: ${libs:-(scripts/gpu/libs.lua did not say)}; compute-sanitizer $san_version ($SANBIN)"
   echo "- each run: \`LUAJIT=<wrapper> ./distlab run -n R --device cuda SCRIPT\`, every rank's \`luajit -joff\` under \`compute-sanitizer --tool T --target-processes all --error-exitcode 9 --report-api-errors ${SAN_API_ERRORS:-no} ${SAN_EXTRA:-}--log-file san-%p.log\`; 2 ranks share one GPU through CUDA IPC (the ipc communicator), MPS off; raw logs in sanitizer-logs.tgz (\`sanitizer/<family>-<tool>/\`)"
   echo
