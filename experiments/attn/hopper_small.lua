@@ -47,6 +47,10 @@ local function report(name, b, wrong, bwd)
 end
 
 local function case(name, shape_q, shape_kv, opts)
+  ncase = ncase + 1
+  local seed = ncase
+  if left_out(name) then return end
+  nrun = nrun + 1
   local g = on_dev(opts)
   local x = {}
   local run = h:planted(function()
@@ -54,10 +58,6 @@ local function case(name, shape_q, shape_kv, opts)
     local dq, dk, dv = dl.attn.bwd(x.dout, x.q, x.k, x.v, out, lse, g)
     return out, lse, dq, dk, dv
   end, { returns = true })
-  ncase = ncase + 1
-  local seed = ncase
-  if left_out(name) then return end
-  nrun = nrun + 1
   local function draw(base)
     x.q, x.k, x.v = input(shape_q, base + 1), input(shape_kv, base + 2), input(shape_kv, base + 3)
     local dv_shape = { unpack(shape_q) }
@@ -83,12 +83,12 @@ end
 -- against fp64 as above (a merge that kept the old rows, or left a row unwritten, leaves 7.0). The bf16 one
 -- takes the running rows in and out by TMA in the default loops (TMA_M), the fp32 one the copy warps'.
 local function merge_case(name, shape_q, shape_kv, opts, adt)
-  local g = on_dev(opts)
-  local x = {}
   ncase = ncase + 1
   local seed = ncase
   if left_out(name) then return end
   nrun = nrun + 1
+  local g = on_dev(opts)
+  local x = {}
   local function draw(base) x.q, x.k, x.v = input(shape_q, base + 1), input(shape_kv, base + 2), input(shape_kv, base + 3) end
   draw(seed * 8)
   local acc = dl.attn.accumulator(x.q, x.v, { layout = g.layout, dtype = adt })

@@ -1,22 +1,22 @@
 -- experiments/lab/attn/bwd_trace.lua — the driver of the Hopper backward's per-warpgroup trace, on a
 -- library built with the lab flag HP_BWD_TRACE 1 (bwd_kernel.cuh; never dl.attn's own build): b 2, h 16,
--- s (--s), d (--d), bf16, bshd, --mask none or causal; three backward calls, the last one's sums in FILE
+-- s (--s), d (--d), bf16, bshd, --mask none or causal; four backward calls, the last one's sums in FILE
 -- (DISTLAB_ATTN_HOPPER_BWD_TRACE=FILE; experiments/lab/attn/bwd_trace.py reads it). It times nothing and
 -- checks nothing: what the trace costs, attn_bench says with its data check (scripts/gpu/attn_ab.sh with the
 -- traced build as a variant against dl.attn's library).
 --   DISTLAB_ATTN_HOPPER_BWD_TRACE=FILE ./distlab run -n 1 --device cuda experiments/lab/attn/bwd_trace.lua [--s 16384] [--d 128] [--mask none]
 local dl = require "distlab"
 
-local A = { s = 16384, d = 128, mask = "none" }
-local i = 1
-while i <= #arg do
-  local k, v = arg[i]:match("^%-%-(%a+)$"), arg[i + 1]
-  if not k or A[k] == nil or v == nil then dl.fail("bwd_trace: options --s N, --d N, --mask none|causal; got %s", arg[i]) end
-  A[k] = type(A[k]) == "number" and tonumber(v) or v
-  if A[k] == nil then dl.fail("bwd_trace: --%s wants a number, got %s", k, v) end
-  i = i + 2
-end
-if A.mask ~= "none" and A.mask ~= "causal" then dl.fail("bwd_trace: --mask none or causal, got %s", A.mask) end
+local options = require "distlab.bench.options"
+local parser = options.new({
+  { "s", "int", 16384, "sequence length" },
+  { "d", "int", 128, "head dim" },
+  { "mask", "choice", "none", "the mask", values = { "none", "causal" } },
+}, { program = "bwd_trace", usage = "DISTLAB_ATTN_HOPPER_BWD_TRACE=FILE ./distlab run -n 1 --device cuda "
+  .. "experiments/lab/attn/bwd_trace.lua [--s 16384] [--d 128] [--mask none]",
+  about = "the Hopper backward's per-warpgroup trace sums (a library built with HP_BWD_TRACE 1); see the file's header" })
+local A = parser:parse(arg)
+if A.help then return print(parser:help()) end
 local file = os.getenv("DISTLAB_ATTN_HOPPER_BWD_TRACE")
 if not file then dl.fail("bwd_trace: set DISTLAB_ATTN_HOPPER_BWD_TRACE=FILE (and load a library built with HP_BWD_TRACE 1)") end
 
