@@ -374,6 +374,7 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
     // loop ends a basic block, and ptxas then keeps that wgmma wait after the exps (in PIPE 1 it
     // hoists it above the row max, so the softmax does not run under the P V; FA4-GAP.md F1).
     constexpr bool LATE_V = PIPE >= 2;
+    constexpr int EXPS_EARLY = 3; // of 16 columns (12 of a thread's 64 exps; FA4's SASS: 11)
     mbar_wait(&sm.k_full[0], parity(0), &sm.fail, p.err);
     gemm_qk<DQK, ROWS>(s, q_base, k_base(0));
     wg_wait<0>();
@@ -390,12 +391,17 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
       hand_turn();
       wg_wait<1>(); // S(it) is in (commit groups complete in order); P(it - 1) V(it - 1) still runs
       release(&sm.k_empty[it % STAGES]);
-      step_softmax(it);
+      // the softmax with the wait for P(it - 1) V(it - 1) after its first EXPS_EARLY columns' exps (FA4's
+      // place), so that P's packing into the registers that GEMM read runs among the other exps
+      if (diag(it)) mask_block(s, key0(it), q0, len_kv, shift, wl, wr, lane);
+      float base[2];
+      softmax_base<NSUM, LAZY>(s, mx, sums, corr, base, p.scale_log2);
+      softmax_exps<NSUM, 0, EXPS_EARLY>(s, sums, base, p.scale_log2);
       if (LATE_V) wait_v(it); // for the next turn's P V; a tail block meets the other warpgroup here
       wg_wait<0>(); // P(it - 1) V(it - 1) is in: O, P and V's stage are free
       release(&sm.v_empty[(it - 1) % STAGES]);
       if (!LAZY || hp_any(corr[0] != 1.0f || corr[1] != 1.0f)) scale_o<DV>(o, corr); // LAZY: a row of the warp moved
-      pack_p(s, pa);
+      softmax_exps_pack<NSUM, EXPS_EARLY>(s, sums, base, p.scale_log2, pa);
     }
     if (!LATE_V) wait_v(nblk - 1);
     gemm_pv_regs<DV>(o, pa, v_base(nblk - 1));

@@ -65,8 +65,12 @@ HP_DEV void mask_block(float (&s)[64], int key0, int q0, int len_kv, int shift, 
 // NSUM = 4 (HP_FWD_OPT_TREE): 4 independent chains of 8 a row, the maxima then joined by a tree, the
 // sums kept apart across blocks (sum[4 r + a]) and added by row_sums. LAZY (HP_FWD_OPT_LAZY): mx, the
 // exps' base, stays where the block raises the row's max by HP_FWD_LAZY_LOG2 or less (corr 1).
+// softmax_base is its first half (the maxima, base, corr and the old sums scaled), softmax_exps<J0, J1>
+// the exps of columns 8 j.. for j in [J0, J1): split so that the loop can wait for the last P V (and
+// pack P into the registers it read) among the exps (softmax_exps_pack), as FA4 does.
 template <int NSUM = 1, bool LAZY = false>
-HP_DEV void softmax_step(float (&s)[64], float (&mx)[2], float (&sum)[2 * NSUM], float (&corr)[2], float scale_log2) {
+HP_DEV void softmax_base(const float (&s)[64], float (&mx)[2], float (&sum)[2 * NSUM], float (&corr)[2], float (&base)[2],
+                         float scale_log2) {
   static_assert(NSUM == 1 || NSUM == 4, "one chain a row, or four");
   float mraw[2] = {-INFINITY, -INFINITY};
   if constexpr (NSUM == 1) {
@@ -87,7 +91,6 @@ HP_DEV void softmax_step(float (&s)[64], float (&mx)[2], float (&sum)[2 * NSUM],
 #pragma unroll
     for (int r = 0; r < 2; r++) mraw[r] = fmaxf(fmaxf(m4[r][0], m4[r][1]), fmaxf(m4[r][2], m4[r][3]));
   }
-  float base[2];
 #pragma unroll
   for (int r = 0; r < 2; r++) {
     mraw[r] = fmaxf(mraw[r], hp_shfl_xor(mraw[r], 1));
@@ -103,14 +106,29 @@ HP_DEV void softmax_step(float (&s)[64], float (&mx)[2], float (&sum)[2 * NSUM],
 #pragma unroll
     for (int a = 0; a < NSUM; a++) sum[NSUM * r + a] *= corr[r];
   }
+}
+
+template <int NSUM>
+HP_DEV void softmax_exp_col(float (&s)[64], float (&sum)[2 * NSUM], const float (&base)[2], float scale_log2, int j) {
 #pragma unroll
-  for (int j = 0; j < 16; j++)
+  for (int e = 0; e < 4; e++) {
+    s[4 * j + e] = hp_exp2(fmaf(s[4 * j + e], scale_log2, -base[e >> 1]));
+    if constexpr (NSUM == 1) sum[e >> 1] += s[4 * j + e];
+    else sum[4 * (e >> 1) + 2 * (j & 1) + (e & 1)] += s[4 * j + e];
+  }
+}
+
+template <int NSUM, int J0, int J1>
+HP_DEV void softmax_exps(float (&s)[64], float (&sum)[2 * NSUM], const float (&base)[2], float scale_log2) {
 #pragma unroll
-    for (int e = 0; e < 4; e++) {
-      s[4 * j + e] = hp_exp2(fmaf(s[4 * j + e], scale_log2, -base[e >> 1]));
-      if constexpr (NSUM == 1) sum[e >> 1] += s[4 * j + e];
-      else sum[4 * (e >> 1) + 2 * (j & 1) + (e & 1)] += s[4 * j + e];
-    }
+  for (int j = J0; j < J1; j++) softmax_exp_col<NSUM>(s, sum, base, scale_log2, j);
+}
+
+template <int NSUM = 1, bool LAZY = false>
+HP_DEV void softmax_step(float (&s)[64], float (&mx)[2], float (&sum)[2 * NSUM], float (&corr)[2], float scale_log2) {
+  float base[2];
+  softmax_base<NSUM, LAZY>(s, mx, sum, corr, base, scale_log2);
+  softmax_exps<NSUM, 0, 16>(s, sum, base, scale_log2);
 }
 
 // A row's sum of a thread from its NSUM partial sums (softmax_step), a tree where there are 4.
@@ -133,6 +151,20 @@ template <int DH> HP_DEV void scale_o(float (&o)[DH / 2], const float (&corr)[2]
 HP_DEV void pack_p(const float (&s)[64], uint32_t (&pa)[32]) {
 #pragma unroll
   for (int j = 0; j < 16; j++) {
+    pa[2 * j] = pack_bf16(s[4 * j], s[4 * j + 1]);
+    pa[2 * j + 1] = pack_bf16(s[4 * j + 2], s[4 * j + 3]);
+  }
+}
+
+// P packed into pa, columns [0, J0) done by softmax_exps before, the exps of [J0, 16) each packed as soon
+// as its values are in: the F2FPs fill MUFU.EX2's issue gaps, as in FA4's SASS, where pack_p after
+// all the exps ran them alone (FA4-GAP.md section 20).
+template <int NSUM, int J0>
+HP_DEV void softmax_exps_pack(float (&s)[64], float (&sum)[2 * NSUM], const float (&base)[2], float scale_log2,
+                              uint32_t (&pa)[32]) {
+#pragma unroll
+  for (int j = 0; j < 16; j++) {
+    if (j >= J0) softmax_exp_col<NSUM>(s, sum, base, scale_log2, j);
     pa[2 * j] = pack_bf16(s[4 * j], s[4 * j + 1]);
     pa[2 * j + 1] = pack_bf16(s[4 * j + 2], s[4 * j + 3]);
   }
