@@ -369,9 +369,9 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
     hand_turn();
   } else if (nblk > 0) {
     // S(0) and its softmax before the loop, outside the turns; then the turn: S(it) and
-    // P(it - 1) V(it - 1) issued together. PIPE 2 waits for V(it) between S(it)'s softmax and
-    // the wait for P(it - 1) V(it - 1) (PIPE 1: for V(it - 1) before the turn): the try-wait
-    // loop ends a basic block, and ptxas then keeps that wgmma wait after the exps (in PIPE 1 it
+    // P(it - 1) V(it - 1) issued together. PIPE 2 waits for V(it) after the first of S(it)'s exps,
+    // before the wait for P(it - 1) V(it - 1) (PIPE 1: for V(it - 1) before the turn): the try-wait
+    // loop ends a basic block, and ptxas then keeps that wgmma wait where it is (in PIPE 1 it
     // hoists it above the row max, so the softmax does not run under the P V; FA4-GAP.md F1).
     constexpr bool LATE_V = PIPE >= 2;
     constexpr int EXPS_EARLY = 3; // of 16 columns (12 of a thread's 64 exps; FA4's SASS: 11)
@@ -391,17 +391,26 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
       hand_turn();
       wg_wait<1>(); // S(it) is in (commit groups complete in order); P(it - 1) V(it - 1) still runs
       release(&sm.k_empty[it % STAGES]);
-      // the softmax with the wait for P(it - 1) V(it - 1) after its first EXPS_EARLY columns' exps (FA4's
-      // place), so that P's packing into the registers that GEMM read runs among the other exps
-      if (diag(it)) mask_block(s, key0(it), q0, len_kv, shift, wl, wr, lane);
-      float base[2];
-      softmax_base<NSUM, LAZY>(s, mx, sums, corr, base, p.scale_log2);
-      softmax_exps<NSUM, 0, EXPS_EARLY>(s, sums, base, p.scale_log2);
-      if (LATE_V) wait_v(it); // for the next turn's P V; a tail block meets the other warpgroup here
-      wg_wait<0>(); // P(it - 1) V(it - 1) is in: O, P and V's stage are free
-      release(&sm.v_empty[(it - 1) % STAGES]);
-      if (!LAZY || hp_any(corr[0] != 1.0f || corr[1] != 1.0f)) scale_o<DV>(o, corr); // LAZY: a row of the warp moved
-      softmax_exps_pack<NSUM, EXPS_EARLY>(s, sums, base, p.scale_log2, pa);
+      if constexpr (LATE_V) {
+        // the wait for P(it - 1) V(it - 1) after the first EXPS_EARLY columns' exps (FA4's place), so that
+        // P's packing into the registers that GEMM read runs among the other exps (A/B: d 128 forward
+        // +0.5-3.5%; PIPE 1, whose wait ptxas hoists above the row max, gained nothing at d 64)
+        if (diag(it)) mask_block(s, key0(it), q0, len_kv, shift, wl, wr, lane);
+        float base[2];
+        softmax_base<NSUM, LAZY>(s, mx, sums, corr, base, p.scale_log2);
+        softmax_exps<NSUM, 0, EXPS_EARLY>(s, sums, base, p.scale_log2);
+        wait_v(it); // for the next turn's P V; a tail block meets the other warpgroup here
+        wg_wait<0>(); // P(it - 1) V(it - 1) is in: O, P and V's stage are free
+        release(&sm.v_empty[(it - 1) % STAGES]);
+        if (!LAZY || hp_any(corr[0] != 1.0f || corr[1] != 1.0f)) scale_o<DV>(o, corr); // LAZY: a row of the warp moved
+        softmax_exps_pack<NSUM, EXPS_EARLY>(s, sums, base, p.scale_log2, pa);
+      } else {
+        step_softmax(it);
+        wg_wait<0>();
+        release(&sm.v_empty[(it - 1) % STAGES]);
+        if (!LAZY || hp_any(corr[0] != 1.0f || corr[1] != 1.0f)) scale_o<DV>(o, corr);
+        pack_p(s, pa);
+      }
     }
     if (!LATE_V) wait_v(nblk - 1);
     gemm_pv_regs<DV>(o, pa, v_base(nblk - 1));
