@@ -598,23 +598,49 @@ __global__ void __launch_bounds__(THREADS, 1)
     for (int j = 0; j < BQ / 8; j++) pa[2 * j] = pack_bf16(s[4 * j], s[4 * j + 1]), pa[2 * j + 1] = pack_bf16(s[4 * j + 2], s[4 * j + 3]);
   };
   // P^T once S^T is in, dS^T = P^T (dP^T - D) once dP^T is in (the two newest commit groups), the mask
-  // where the block needs one; both packed to bf16 (pa, da)
+  // where the block needs one; both packed to bf16 (pa, da). BQ 80: the wait for dP^T after the first JE
+  // columns' exps, then, where the block needs no mask, each other column's exps, dS^T and both packs
+  // together, so that the FADD, FMUL and F2FP fill MUFU.EX2's gaps (FA4's order: the profile had our 40 MUFU
+  // back to back, then the wait, then the rest; FA4-GAP.md section 20); a masked block the rest in the
+  // order below. BQ 64 and 128 (ptxas spilled 52 bytes with it at 128): every exp before the wait, as before.
+  constexpr int JE = BQ == 80 ? 3 : BQ / 8; // of BQ / 8 columns (FA4's SASS at BQ 80: 14 of 40 exps before it)
   auto p_and_ds = [&](int it, float(&s)[BQ / 2], float(&dp)[BQ / 2]) {
     const int st = it % 2, i0 = item_m(it, mb) * BQ;
     float2 l2[BQ / 8], dd[BQ / 8]; // (unread where !EARLY: each loaded where it is used, after the wait)
     if constexpr (EARLY) load_rows2(sm.lse2[st], l2);
     wg_wait<1>(); // S^T and dP^T are the two newest commit groups
-    exp_p(st, l2, s);
-    if constexpr (EARLY) load_rows2(sm.delta[st], dd);
+    auto exp_col = [&](int j) {
+      // lse2 in registers for the columns before the wait (EARLY), the others' read as they are used (all
+      // of them held across the wait spilled 12 bytes at BQ 80)
+      const float2 l = EARLY && j < JE ? l2[j] : rows2(sm.lse2[st], j);
+#pragma unroll
+      for (int e = 0; e < 4; e++) s[4 * j + e] = hp_exp2(fmaf(s[4 * j + e], p.scale_log2, -((e & 1) ? l.y : l.x)));
+    };
+    auto ds_col = [&](int j, float2 d) {
+#pragma unroll
+      for (int e = 0; e < 4; e++) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? d.y : d.x));
+    };
+#pragma unroll
+    for (int j = 0; j < JE; j++) exp_col(j);
+    if constexpr (EARLY && BQ != 80) load_rows2(sm.delta[st], dd);
     const bool diag = key_hi >= len_kv || i0 + BQ - 1 >= len_q || (wr >= 0 && key_hi - i0 > shift + wr) ||
                       (wl >= 0 && key_lo - (i0 + BQ - 1) < shift - wl);
     wg_wait<0>();
+    if (BQ == 80 && !diag) { // D's values a column as it is used (all of them in registers spilled at BQ 80)
 #pragma unroll
-    for (int j = 0; j < BQ / 8; j++) {
-      const float2 d = EARLY ? dd[j] : rows2(sm.delta[st], j);
-#pragma unroll
-      for (int e = 0; e < 4; e++) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? d.y : d.x));
+      for (int j = 0; j < BQ / 8; j++) {
+        if (j >= JE) exp_col(j);
+        ds_col(j, rows2(sm.delta[st], j));
+        pa[2 * j] = pack_bf16(s[4 * j], s[4 * j + 1]), pa[2 * j + 1] = pack_bf16(s[4 * j + 2], s[4 * j + 3]);
+        da[2 * j] = pack_bf16(dp[4 * j], dp[4 * j + 1]), da[2 * j + 1] = pack_bf16(dp[4 * j + 2], dp[4 * j + 3]);
+      }
+      return;
     }
+#pragma unroll
+    for (int j = JE; j < BQ / 8; j++) exp_col(j); // (BQ 80's masked blocks)
+    if constexpr (EARLY && BQ == 80) load_rows2(sm.delta[st], dd);
+#pragma unroll
+    for (int j = 0; j < BQ / 8; j++) ds_col(j, EARLY ? dd[j] : rows2(sm.delta[st], j));
     if (diag) {
 #pragma unroll
       for (int j = 0; j < BQ / 8; j++)
