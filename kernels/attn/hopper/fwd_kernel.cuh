@@ -391,26 +391,21 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
       hand_turn();
       wg_wait<1>(); // S(it) is in (commit groups complete in order); P(it - 1) V(it - 1) still runs
       release(&sm.k_empty[it % STAGES]);
+      // PIPE 2: the wait for P(it - 1) V(it - 1) after the first EXPS_EARLY columns' exps (FA4's place), so
+      // that P's packing into the registers that GEMM read runs among the other exps (A/B: d 128 forward
+      // +0.5-3.5%; PIPE 1, whose wait ptxas hoists above the row max, gained nothing at d 64)
+      float base[2];
       if constexpr (LATE_V) {
-        // the wait for P(it - 1) V(it - 1) after the first EXPS_EARLY columns' exps (FA4's place), so that
-        // P's packing into the registers that GEMM read runs among the other exps (A/B: d 128 forward
-        // +0.5-3.5%; PIPE 1, whose wait ptxas hoists above the row max, gained nothing at d 64)
         if (diag(it)) mask_block(s, key0(it), q0, len_kv, shift, wl, wr, lane);
-        float base[2];
         softmax_base<NSUM, LAZY>(s, mx, sums, corr, base, p.scale_log2);
         softmax_exps<NSUM, 0, EXPS_EARLY>(s, sums, base, p.scale_log2);
         wait_v(it); // for the next turn's P V; a tail block meets the other warpgroup here
-        wg_wait<0>(); // P(it - 1) V(it - 1) is in: O, P and V's stage are free
-        release(&sm.v_empty[(it - 1) % STAGES]);
-        if (!LAZY || hp_any(corr[0] != 1.0f || corr[1] != 1.0f)) scale_o<DV>(o, corr); // LAZY: a row of the warp moved
-        softmax_exps_pack<NSUM, EXPS_EARLY>(s, sums, base, p.scale_log2, pa);
-      } else {
-        step_softmax(it);
-        wg_wait<0>();
-        release(&sm.v_empty[(it - 1) % STAGES]);
-        if (!LAZY || hp_any(corr[0] != 1.0f || corr[1] != 1.0f)) scale_o<DV>(o, corr);
-        pack_p(s, pa);
-      }
+      } else step_softmax(it);
+      wg_wait<0>(); // P(it - 1) V(it - 1) is in: O, P and V's stage are free
+      release(&sm.v_empty[(it - 1) % STAGES]);
+      if (!LAZY || hp_any(corr[0] != 1.0f || corr[1] != 1.0f)) scale_o<DV>(o, corr); // LAZY: a row of the warp moved
+      if constexpr (LATE_V) softmax_exps_pack<NSUM, EXPS_EARLY>(s, sums, base, p.scale_log2, pa);
+      else pack_p(s, pa);
     }
     if (!LATE_V) wait_v(nblk - 1);
     gemm_pv_regs<DV>(o, pa, v_base(nblk - 1));
