@@ -147,13 +147,15 @@ template <int DH> HP_DEV void scale_o(float (&o)[DH / 2], const float (&corr)[2]
 }
 
 // P rounded to bf16 in registers: the fp32 layout of a 16-column slice pair is wgmma's A layout of a
-// k16 step (a0 row r0 and a1 row r0 + 8 of slice 2 kc, a2 and a3 of slice 2 kc + 1).
+// k16 step (a0 row r0 and a1 row r0 + 8 of slice 2 kc, a2 and a3 of slice 2 kc + 1). pack_col: column
+// slice j's two registers; pack_p: all 16.
+HP_DEV void pack_col(const float (&s)[64], uint32_t (&pa)[32], int j) {
+  pa[2 * j] = pack_bf16(s[4 * j], s[4 * j + 1]);
+  pa[2 * j + 1] = pack_bf16(s[4 * j + 2], s[4 * j + 3]);
+}
 HP_DEV void pack_p(const float (&s)[64], uint32_t (&pa)[32]) {
 #pragma unroll
-  for (int j = 0; j < 16; j++) {
-    pa[2 * j] = pack_bf16(s[4 * j], s[4 * j + 1]);
-    pa[2 * j + 1] = pack_bf16(s[4 * j + 2], s[4 * j + 3]);
-  }
+  for (int j = 0; j < 16; j++) pack_col(s, pa, j);
 }
 
 // P packed into pa, columns [0, J0) done by softmax_exps before, the exps of [J0, 16) each packed as soon
@@ -165,8 +167,7 @@ HP_DEV void softmax_exps_pack(float (&s)[64], float (&sum)[2 * NSUM], const floa
 #pragma unroll
   for (int j = 0; j < 16; j++) {
     if (j >= J0) softmax_exp_col<NSUM>(s, sum, base, scale_log2, j);
-    pa[2 * j] = pack_bf16(s[4 * j], s[4 * j + 1]);
-    pa[2 * j + 1] = pack_bf16(s[4 * j + 2], s[4 * j + 3]);
+    pack_col(s, pa, j);
   }
 }
 
