@@ -76,6 +76,7 @@
 #ifndef DISTLAB_HOPPER_FWD_KERNEL_CUH
 #define DISTLAB_HOPPER_FWD_KERNEL_CUH
 
+#include <climits>
 #include <type_traits>
 
 #include "fwd_mainloop.cuh"
@@ -282,14 +283,20 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
   const int row0 = m_block * ROWS + c * 64; // the warpgroup's first row
   // key block n_hi - 1 - it needs element masks where it reaches past the sequence's keys (the rows
   // past them hold another sequence's or zeros) or past the window of one of the warpgroup's rows
-  auto diag = [&](int it) {
-    const int j0 = (n_hi - 1 - it) * BN, j1 = j0 + BN - 1; // its first and last key
-    return j1 >= len_kv || (wr >= 0 && j1 > row0 + shift + wr) || (wl >= 0 && j0 < row0 + 63 + shift - wl);
+  // (its last key j1 against two bounds set once: j1 >= len_kv, or past the right window of the warpgroup's
+  // first row, j1 > row0 + shift + wr; or its first key j1 - BN + 1 left of the left window of its last
+  // row, < row0 + 63 + shift - wl; two compares an iteration where the three tests cost ten instructions)
+  const int j1_hi = wr >= 0 ? min(len_kv, row0 + shift + wr + 1) : len_kv;
+  const int j1_lo = wl >= 0 ? row0 + 63 + shift - wl + BN - 1 : INT_MIN;
+  auto diag = [&](uint32_t it) {
+    const int j1 = (n_hi - (int)it) * BN - 1; // the block's last key
+    return j1 >= j1_hi || j1 < j1_lo;
   };
-  auto key0 = [&](int it) { return (n_hi - 1 - it) * BN; };
-  auto k_base = [&](int it) { return hp_smem_u32(sm.k[it % STAGES][0]); };
-  auto v_base = [&](int it) { return hp_smem_u32(sm.v[it % STAGES][0]); };
-  auto parity = [](int it) { return (uint32_t)(it / STAGES) & 1u; };
+  auto key0 = [&](uint32_t it) { return (n_hi - 1 - (int)it) * BN; };
+  // block it's stage and phase, from an unsigned it (a signed one costs the modulo's sign fix-ups)
+  auto k_base = [&](uint32_t it) { return hp_smem_u32(sm.k[it % STAGES][0]); };
+  auto v_base = [&](uint32_t it) { return hp_smem_u32(sm.v[it % STAGES][0]); };
+  auto parity = [](uint32_t it) { return (it / STAGES) & 1u; };
   // a stage's release, once the wgmma.wait_group that covers the GEMMs reading it passed: that wait is
   // warp-aligned (every lane past it), and the warpgroup's wgmma, whose shared memory reads it
   // completes, is one operation for all its lanes, so with ELECT lane 0 alone arrives. No lane wrote the
@@ -299,13 +306,16 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
     if (!ELECT || lane == 0) mbar_arrive(b);
   };
   // V of block it in its stage, with the rows past the sequence's keys zeroed in the one block that has them
-  auto wait_v = [&](int it) {
-    mbar_wait(&sm.v_full[it % STAGES], parity(it), &sm.fail, p.err);
-    const int valid = len_kv - (n_hi - 1 - it) * BN;
+  // (only block n_hi - 1, it 0, can have such rows: key_hi <= len_kv; the pipelined loops wait for V(0)
+  // before their loop and for later blocks by wait_v_full, without the test)
+  auto wait_v_full = [&](uint32_t it) { mbar_wait(&sm.v_full[it % STAGES], parity(it), &sm.fail, p.err); };
+  auto wait_v = [&](uint32_t it) {
+    wait_v_full(it);
+    const int valid = len_kv - (n_hi - 1 - (int)it) * BN;
     if (valid < BN) zero_tail<DV, NWG>(v_base(it), valid, c, tid);
   };
   float corr[2];
-  auto step_softmax = [&](int it) {
+  auto step_softmax = [&](uint32_t it) {
     if (diag(it)) mask_block(s, key0(it), q0, len_kv, shift, wl, wr, lane);
     softmax_step<NSUM, LAZY>(s, mx, sums, corr, p.scale_log2);
   };
@@ -370,7 +380,7 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
   } else if (nblk > 0) {
     // S(0) and its softmax before the loop, outside the turns; then the turn: S(it) and
     // P(it - 1) V(it - 1) issued together. PIPE 2 waits for V(it) after the first of S(it)'s exps,
-    // before the wait for P(it - 1) V(it - 1) (PIPE 1: for V(it - 1) before the turn): the try-wait
+    // before the wait for P(it - 1) V(it - 1) (PIPE 1: after P(it)'s packing): the try-wait
     // loop ends a basic block, and ptxas then keeps that wgmma wait where it is (in PIPE 1 it
     // hoists it above the row max, so the softmax does not run under the P V; FA4-GAP.md F1).
     constexpr bool LATE_V = PIPE >= 2;
@@ -381,10 +391,9 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
     release(&sm.k_empty[0]);
     step_softmax(0);
     pack_p(s, pa);
-    if (LATE_V) wait_v(0);
-    for (int it = 1; it < nblk; it++) {
+    wait_v(0); // the one block that can have a tail: it meets the other warpgroups in zero_tail here
+    for (uint32_t it = 1; it < (uint32_t)nblk; it++) {
       mbar_wait(&sm.k_full[it % STAGES], parity(it), &sm.fail, p.err);
-      if (!LATE_V) wait_v(it - 1); // before the turn: the block with a tail meets the other warpgroup there
       take_turn();
       gemm_qk<DQK, ROWS>(s, q_base, k_base(it));
       gemm_pv_regs<DV>(o, pa, v_base(it - 1));
@@ -399,15 +408,17 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
         if (diag(it)) mask_block(s, key0(it), q0, len_kv, shift, wl, wr, lane);
         softmax_base<NSUM, LAZY>(s, mx, sums, corr, base, p.scale_log2);
         softmax_exps<NSUM, 0, EXPS_EARLY>(s, sums, base, p.scale_log2);
-        wait_v(it); // for the next turn's P V; a tail block meets the other warpgroup here
+        wait_v_full(it); // for the next turn's P V
       } else step_softmax(it);
       wg_wait<0>(); // P(it - 1) V(it - 1) is in: O, P and V's stage are free
       release(&sm.v_empty[(it - 1) % STAGES]);
       if (!LAZY || hp_any(corr[0] != 1.0f || corr[1] != 1.0f)) scale_o<DV>(o, corr); // LAZY: a row of the warp moved
       if constexpr (LATE_V) softmax_exps_pack<NSUM, EXPS_EARLY>(s, sums, base, p.scale_log2, pa);
-      else pack_p(s, pa);
+      else {
+        pack_p(s, pa);
+        wait_v_full(it); // PIPE 1: V(it), for the next turn's P V, after the softmax as before the turn
+      }
     }
-    if (!LATE_V) wait_v(nblk - 1);
     gemm_pv_regs<DV>(o, pa, v_base(nblk - 1));
     merge_loads();
     wg_wait<0>();
