@@ -119,11 +119,20 @@ HP_DEV void softmax_base(const float (&s)[64], float (&mx)[2], float (&sum)[2 * 
   }
 }
 
+// HP_FWD_EXP_FMA: the exps of columns j with j % 8 in {1, 4, 6} (24 of a thread's 64 a block) by hp_exp2_fma on
+// the FMA pipe, the rest on the MUFU: at d 64 a block's MUFU work (three consumer warps a sub-partition, 64 exps
+// each at 8 cycles) equals its tensor work (FA4-GAP.md section 22). 0: every exp on the MUFU.
+#ifndef HP_FWD_EXP_FMA
+#define HP_FWD_EXP_FMA 1
+#endif
+HP_DEV constexpr bool fwd_exp_fma(int j) { return HP_FWD_EXP_FMA && (j % 8 == 1 || j % 8 == 4 || j % 8 == 6); }
+
 template <int NSUM>
 HP_DEV void softmax_exp_col(float (&s)[64], float (&sum)[2 * NSUM], const float (&base)[2], float scale_log2, int j) {
 #pragma unroll
   for (int e = 0; e < 4; e++) {
-    s[4 * j + e] = hp_exp2(fmaf(s[4 * j + e], scale_log2, -base[e >> 1]));
+    const float x = fmaf(s[4 * j + e], scale_log2, -base[e >> 1]);
+    s[4 * j + e] = fwd_exp_fma(j) ? hp_exp2_fma(x) : hp_exp2(x);
     if constexpr (NSUM == 1) sum[e >> 1] += s[4 * j + e];
     else sum[4 * (e >> 1) + 2 * (j & 1) + (e & 1)] += s[4 * j + e];
   }
