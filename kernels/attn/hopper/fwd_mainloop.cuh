@@ -119,13 +119,19 @@ HP_DEV void softmax_base(const float (&s)[64], float (&mx)[2], float (&sum)[2 * 
   }
 }
 
-// HP_FWD_EXP_FMA: the exps of columns j with j % 8 in {1, 4, 6} (24 of a thread's 64 a block) by hp_exp2_fma on
-// the FMA pipe, the rest on the MUFU: at d 64 a block's MUFU work (three consumer warps a sub-partition, 64 exps
-// each at 8 cycles) equals its tensor work (FA4-GAP.md section 22). 0: every exp on the MUFU.
+// Whether column slice j's exps go to hp_exp2_fma when n of every 8 slices do (0-4; spread: 1 -> {4}, 2 ->
+// {2, 6}, 3 -> {1, 4, 6}, 4 -> the odd ones)
+HP_DEV constexpr bool exp_fma_col(int n, int j) {
+  return n == 1 ? j % 8 == 4 : n == 2 ? j % 4 == 2 : n == 3 ? (j % 8 == 1 || j % 8 == 4 || j % 8 == 6) : n == 4 ? j % 2 == 1 : false;
+}
+// HP_FWD_EXP_FMA (0-4): the forward's exps of n of every 8 column slices by hp_exp2_fma on the FMA pipe, the rest
+// on the MUFU. At d 64 a block's MUFU work (three consumer warps a sub-partition, 64 exps each at 8 cycles) equals
+// its tensor work, but its issue (~434 instructions a warp a block) is near both, and each exp moved costs ~8 more
+// issue slots (FA4-GAP.md section 22). 0: every exp on the MUFU.
 #ifndef HP_FWD_EXP_FMA
-#define HP_FWD_EXP_FMA 1
+#define HP_FWD_EXP_FMA 3
 #endif
-HP_DEV constexpr bool fwd_exp_fma(int j) { return HP_FWD_EXP_FMA && (j % 8 == 1 || j % 8 == 4 || j % 8 == 6); }
+HP_DEV constexpr bool fwd_exp_fma(int j) { return exp_fma_col(HP_FWD_EXP_FMA, j); }
 
 template <int NSUM>
 HP_DEV void softmax_exp_col(float (&s)[64], float (&sum)[2 * NSUM], const float (&base)[2], float scale_log2, int j) {
