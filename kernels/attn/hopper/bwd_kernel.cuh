@@ -598,7 +598,7 @@ __global__ void __launch_bounds__(THREADS, 1)
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         const float x = fmaf(s[4 * j + e], p.scale_log2, -((e & 1) ? l.y : l.x));
-        s[4 * j + e] = bwd_exp_fma(j) ? hp_exp2_fma(x) : hp_exp2(x);
+        s[4 * j + e] = bwd_exp_fma(j) ? hp_exp2_fma<3>(x) : hp_exp2(x);
       }
     }
   };

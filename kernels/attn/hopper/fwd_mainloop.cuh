@@ -48,14 +48,21 @@ template <int DH, int ROWS = BM> HP_DEV void gemm_qk(float (&s)[64], uint32_t q_
 // outside the row's window. Selects, not branches: a branch an element made the loop too long for the
 // instruction cache (most of the stalls at s 8k were instruction fetch).
 // 2^x on the FMA pipe, for a share of a softmax's exps beside MUFU.EX2 (16 a clock an SM on Hopper; FA4's ex2
-// emulation, utils.py ex2_emulation: x = n + f with n = floor(x) by a round-down add, 2^f by a degree-3
-// polynomial, n added into the exponent). The polynomial's constant term is FA4's 1 lowered by 1.26e-5, so that
-// its error, under 9.4e-5 relative on [0, 1), averages ~0 over f (FA4's: +8.7e-6): a row sum of many exps, and
-// so an lse, carries no bias. 0 for x < -127 (a masked -inf), as the MUFU's flush to zero gives there; 10
-// instructions, none on the MUFU.
-HP_DEV float hp_exp2_fma(float x) {
+// emulation, utils.py ex2_emulation: x = n + f with n = floor(x) by a round-down add, 2^f by a polynomial, n
+// added into the exponent). DEG 3: FA4's polynomial with its constant term lowered by 1.26e-5, so that its error,
+// under 9.4e-5 relative on [0, 1), averages ~0 over f (FA4's: +8.7e-6); for P of the backward, whose error only
+// reaches bf16 gradients. DEG 5 (a near-minimax fit of the relative error, Lawson's iteration): under 1.2e-7, as
+// the MUFU's, for the forward, whose row sums make an lse (with DEG 3 a row of few keys had its lse 9e-5 off in
+// the emulator). 0 for x < -127 (a masked -inf), as the MUFU's flush to zero gives there; 9 or 11 instructions,
+// none on the MUFU.
+template <int DEG> HP_DEV float hp_exp2_fma(float x) {
+  static_assert(DEG == 3 || DEG == 5, "degree 3 or 5");
   const float r = hp_floor_big(x), f = x - (r - 12582912.0f);
-  const float q = fmaf(fmaf(fmaf(0x1.3be13ap-4f, f, 0x1.d20d48p-3f), f, 0x1.63ea32p-1f), f, 0x1.fffe5ap-1f);
+  float q;
+  if constexpr (DEG == 3) q = fmaf(fmaf(fmaf(0x1.3be13ap-4f, f, 0x1.d20d48p-3f), f, 0x1.63ea32p-1f), f, 0x1.fffe5ap-1f);
+  else
+    q = fmaf(fmaf(fmaf(fmaf(fmaf(0x1.ec320cp-10f, f, 0x1.26900cp-7f), f, 0x1.c95446p-5f), f, 0x1.ebd5a8p-3f), f, 0x1.62e4f6p-1f),
+             f, 0x1.fffffep-1f);
   return x < -127.0f ? 0.0f : __uint_as_float(__float_as_uint(q) + (__float_as_uint(r) << 23));
 }
 HP_DEV void mask_block(float (&s)[64], int key0, int q0, int len_kv, int shift, int wl, int wr, int lane) {
@@ -127,7 +134,7 @@ HP_DEV constexpr bool exp_fma_col(int n, int j) {
 // HP_FWD_EXP_FMA (0-4): the forward's exps of n of every 8 column slices by hp_exp2_fma on the FMA pipe, the rest
 // on the MUFU. At d 64 a block's MUFU work (three consumer warps a sub-partition, 64 exps each at 8 cycles) equals
 // its tensor work, but its issue (~434 instructions a warp a block) is near both, and each exp moved costs ~8 more
-// issue slots (FA4-GAP.md section 22). 0: every exp on the MUFU.
+// issue slots (10 with the forward's degree 5; FA4-GAP.md section 22). 0: every exp on the MUFU.
 #ifndef HP_FWD_EXP_FMA
 #define HP_FWD_EXP_FMA 3
 #endif
@@ -138,7 +145,7 @@ HP_DEV void softmax_exp_col(float (&s)[64], float (&sum)[2 * NSUM], const float 
 #pragma unroll
   for (int e = 0; e < 4; e++) {
     const float x = fmaf(s[4 * j + e], scale_log2, -base[e >> 1]);
-    s[4 * j + e] = fwd_exp_fma(j) ? hp_exp2_fma(x) : hp_exp2(x);
+    s[4 * j + e] = fwd_exp_fma(j) ? hp_exp2_fma<5>(x) : hp_exp2(x);
     if constexpr (NSUM == 1) sum[e >> 1] += s[4 * j + e];
     else sum[4 * (e >> 1) + 2 * (j & 1) + (e & 1)] += s[4 * j + e];
   }
