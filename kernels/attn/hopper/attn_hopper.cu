@@ -210,12 +210,13 @@ static bool fwd_lazy(const dl_attn_params_t *p) {
  * of O unless their knobs say 0: together 1.012-1.045x forward at s 4k and 8k, bshd and thd, causal and not, in
  * both rounds on an H200 (experiments/results/attn/hopper-f3b-ab-h200.md; each alone 0.997-1.010x, 1.008-1.031x) */
 static bool fwd_d128_default(const dl_attn_params_t *p) { return p->d_qk == 128 && p->d_v == 128 && fwd_pipe(p) == 2 && fwd_lazy(p); }
-/* d 64's default forward (192-row CTAs, PIPE 1, no lazy rescale) takes the four-chain softmax, the TMA store of O
- * and the elected arrive (FWD_ELECT) unless their knobs say 0: together 1.003-1.027x forward at s 4k and 8k,
+/* d 64's default forward (192-row CTAs, PIPE 1, or PIPE 2 where DISTLAB_ATTN_HOPPER_FWD_PIPE=2 says so; no lazy
+ * rescale) takes the four-chain softmax, the TMA store of O and the elected arrive (FWD_ELECT) unless their knobs
+ * say 0 (with PIPE 2 since b31, so that the knob's A/B sets loop against loop): together 1.003-1.027x forward at s 4k and 8k,
  * bshd and thd, causal and not, in both rounds on an H200 (hopper-b16-ab-h200-d64.md; TREE and the TMA store
  * alone 1.001-1.026x) */
 static bool fwd_d64_default(const dl_attn_params_t *p) {
-  return p->d_qk == 64 && p->d_v == 64 && env_fwd_m192() && fwd_pipe(p) != 2 && !fwd_lazy(p);
+  return p->d_qk == 64 && p->d_v == 64 && env_fwd_m192() && !fwd_lazy(p);
 }
 /* DISTLAB_ATTN_HOPPER_FWD_ELECT as the default loops read it: 1 on, 0 off, -1 unset (fwd_elect) */
 static int env_fwd_elect(void) {
@@ -525,7 +526,8 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   constexpr int M = HP_FWD_OPT | HP_FWD_OPT_M192, L = HP_FWD_OPT_LAZY;
   const bool lazy = fwd_lazy(p);
   const bool tree = fwd_tree(p), elect = fwd_elect(p); /* F3b, F2b: in the default loops too */
-  const int rc = m192             ? (pipe == 2 && tree ? launch_o<2, 64, 64, M | T>(tma_o, grid, tq, tk, tv, k, to, stream)
+  const int rc = m192             ? (pipe == 2 && tree && elect ? launch_m<2, 64, 64, M | T | E>(tma_m, tma_o, grid, tq, tk, tv, k, to, stream)
+                                     : pipe == 2 && tree ? launch_o<2, 64, 64, M | T>(tma_o, grid, tq, tk, tv, k, to, stream)
                                      : pipe == 2 ? launch_o<2, 64, 64, M>(tma_o, grid, tq, tk, tv, k, to, stream)
                                      : lazy    ? launch_o<1, 64, 64, M | L>(tma_o, grid, tq, tk, tv, k, to, stream)
                                      : tree && elect ? launch_m<1, 64, 64, M | T | E>(tma_m, tma_o, grid, tq, tk, tv, k, to, stream)

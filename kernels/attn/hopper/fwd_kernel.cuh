@@ -384,7 +384,8 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
     // loop ends a basic block, and ptxas then keeps that wgmma wait where it is (in PIPE 1 it
     // hoists it above the row max, so the softmax does not run under the P V; FA4-GAP.md F1).
     constexpr bool LATE_V = PIPE >= 2;
-    constexpr int EXPS_EARLY = 3; // of 16 columns (12 of a thread's 64 exps; FA4's SASS: 11)
+    // of 16 columns: d 128 3 (12 of a thread's 64 exps; FA4's SASS: 11), d 64 8 (FA4's d 64 SASS: 32 of 64)
+    constexpr int EXPS_EARLY = DQK == 64 ? 8 : 3;
     mbar_wait(&sm.k_full[0], parity(0), &sm.fail, p.err);
     gemm_qk<DQK, ROWS>(s, q_base, k_base(0));
     wg_wait<0>();
