@@ -384,8 +384,9 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
     // loop ends a basic block, and ptxas then keeps that wgmma wait where it is (in PIPE 1 it
     // hoists it above the row max, so the softmax does not run under the P V; FA4-GAP.md F1).
     constexpr bool LATE_V = PIPE >= 2;
-    // of 16 columns: d 128 3 (12 of a thread's 64 exps; FA4's SASS: 11), d 64 8 (FA4's d 64 SASS: 32 of 64)
-    constexpr int EXPS_EARLY = DQK == 64 ? 8 : 3;
+    // of 16 columns: 3 (12 of a thread's 64 exps). FA4's SASS waits after 11 at d 128 and after 12-13 in
+    // d 64's unmasked loop (its 32 of 64 are the first, masked, block's); b31's 8 at d 64 ran 0.956-0.969x
+    constexpr int EXPS_EARLY = 3;
     mbar_wait(&sm.k_full[0], parity(0), &sm.fail, p.err);
     gemm_qk<DQK, ROWS>(s, q_base, k_base(0));
     wg_wait<0>();
