@@ -117,6 +117,16 @@
 enum bwd_trace_t { BT_HEAD, BT_QWAIT, BT_STAGE, BT_SDP, BT_SOFT, BT_ARRIVE, BT_MEET, BT_ISSUED, BT_WAIT1, BT_DQE, BT_DQ,
                    BT_WAIT0, BT_NEXT, BT_GAP, BT_LATE1, BT_ITEMS, HP_BT_WORDS = 16 };
 
+// HP_BWD_EXP_FMA: P^T's exps of columns j with j % 8 in {1, 4, 6} (3 of 8: 24 of BQ 128's 64 a thread, 16 of
+// BQ 80's 40) by hp_exp2_fma on the FMA pipe, the rest on the MUFU. After S^T's wait a thread's exps run back to
+// back, MUFU-bound (8 cycles a warp instruction a sub-partition, two consumer warps on each): with k of N on the
+// FMA pipe (~9 more issue slots each) the MUFU's 8 (N - k) and the issue's N + 8 k meet at k = 3 N / 8
+// (FA4-GAP.md section 22). 0: every exp on the MUFU.
+#ifndef HP_BWD_EXP_FMA
+#define HP_BWD_EXP_FMA 1
+#endif
+HP_DEV constexpr bool bwd_exp_fma(int j) { return HP_BWD_EXP_FMA && (j % 8 == 1 || j % 8 == 4 || j % 8 == 6); }
+
 // Query rows an item unless M80 or M128 (bwd_kernel's BQ; BN = 128 keys a CTA, THREADS = 384: fwd_params.cuh),
 // and the rows a CTA of bwd_prep_kernel and bwd_dq_kernel, and BULK's padding unit, whatever BQ is.
 constexpr int BWD_BQ = 64;
@@ -586,7 +596,10 @@ __global__ void __launch_bounds__(THREADS, 1)
     for (int j = 0; j < BQ / 8; j++) {
       const float2 l = EARLY ? l2[j] : rows2(sm.lse2[st], j);
 #pragma unroll
-      for (int e = 0; e < 4; e++) s[4 * j + e] = hp_exp2(fmaf(s[4 * j + e], p.scale_log2, -((e & 1) ? l.y : l.x)));
+      for (int e = 0; e < 4; e++) {
+        const float x = fmaf(s[4 * j + e], p.scale_log2, -((e & 1) ? l.y : l.x));
+        s[4 * j + e] = bwd_exp_fma(j) ? hp_exp2_fma(x) : hp_exp2(x);
+      }
     }
   };
   auto visible = [&](int i0, int j, int e) {

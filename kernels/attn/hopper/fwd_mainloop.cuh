@@ -47,6 +47,17 @@ template <int DH, int ROWS = BM> HP_DEV void gemm_qk(float (&s)[64], uint32_t q_
 // The element mask of a key block that needs one (diag below): -inf where the key is past len_kv or
 // outside the row's window. Selects, not branches: a branch an element made the loop too long for the
 // instruction cache (most of the stalls at s 8k were instruction fetch).
+// 2^x on the FMA pipe, for a share of a softmax's exps beside MUFU.EX2 (16 a clock an SM on Hopper; FA4's ex2
+// emulation, utils.py ex2_emulation: x = n + f with n = floor(x) by a round-down add, 2^f by a degree-3
+// polynomial, n added into the exponent). The polynomial's constant term is FA4's 1 lowered by 1.26e-5, so that
+// its error, under 9.4e-5 relative on [0, 1), averages ~0 over f (FA4's: +8.7e-6): a row sum of many exps, and
+// so an lse, carries no bias. 0 for x < -127 (a masked -inf), as the MUFU's flush to zero gives there; 10
+// instructions, none on the MUFU.
+HP_DEV float hp_exp2_fma(float x) {
+  const float r = hp_floor_big(x), f = x - (r - 12582912.0f);
+  const float q = fmaf(fmaf(fmaf(0x1.3be13ap-4f, f, 0x1.d20d48p-3f), f, 0x1.63ea32p-1f), f, 0x1.fffe5ap-1f);
+  return x < -127.0f ? 0.0f : __uint_as_float(__float_as_uint(q) + (__float_as_uint(r) << 23));
+}
 HP_DEV void mask_block(float (&s)[64], int key0, int q0, int len_kv, int shift, int wl, int wr, int lane) {
 #pragma unroll
   for (int j = 0; j < 16; j++)

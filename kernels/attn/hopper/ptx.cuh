@@ -137,6 +137,9 @@ __device__ __forceinline__ float hp_exp2(float x) {
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
+// x + 1.5 * 2^23 rounded down (FADD.RM, the FMA pipe): for |x| < 2^22, floor(x) in the float's low mantissa
+// bits (hp_exp2_fma)
+__device__ __forceinline__ float hp_floor_big(float x) { return __fadd_rd(x, 12582912.0f); }
 // log2(x) (MUFU.LG2 alone; absolute error about 2^-22 near 1)
 __device__ __forceinline__ float hp_log2(float x) {
   float y;

@@ -99,6 +99,7 @@ HP_DEV int hp_warp_uniform(int x) { return x; } // the kernel passes values that
 HP_DEV uint32_t hp_opaque(uint32_t x) { return x; }
 HP_DEV float hp_exp2(float x) { return exp2f(x); }
 HP_DEV float hp_log2(float x) { return log2f(x); }
+HP_DEV float hp_floor_big(float x) { return floorf(x) + 12582912.0f; } // FADD.RM's result for |x| < 2^22
 template <int N> HP_DEV void reg_alloc() {}
 template <int N> HP_DEV void reg_dealloc() {}
 HP_DEV float hp_shfl_xor(float x, int m) { return attn_shfl_xor(x, m); }
