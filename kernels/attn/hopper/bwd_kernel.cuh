@@ -127,6 +127,12 @@ enum bwd_trace_t { BT_HEAD, BT_QWAIT, BT_STAGE, BT_SDP, BT_SOFT, BT_ARRIVE, BT_M
 #endif
 HP_DEV constexpr bool bwd_exp_fma(int j) { return exp_fma_col(HP_BWD_EXP_FMA, j); }
 
+// HP_BWD_LSE_EARLY: at BQ 128 (where lse2's rows are read after S^T's wait) the first n of a thread's 16
+// slices of them loaded before it (p_and_ds); 0: none, as before
+#ifndef HP_BWD_LSE_EARLY
+#define HP_BWD_LSE_EARLY 8
+#endif
+
 // Query rows an item unless M80 or M128 (bwd_kernel's BQ; BN = 128 keys a CTA, THREADS = 384: fwd_params.cuh),
 // and the rows a CTA of bwd_prep_kernel and bwd_dq_kernel, and BULK's padding unit, whatever BQ is.
 constexpr int BWD_BQ = 64;
@@ -585,16 +591,20 @@ __global__ void __launch_bounds__(THREADS, 1)
   // All of them into registers before the wait for the GEMM that needs them (B17, FA4's load_s2r of LSE and
   // dPsum): the loads' latency under the in-flight wgmmas, not after them (they are in: stage_in waited for
   // q_full and do_full, which lse2's and D's writers arrive on). Not at BQ 128: its 128 accumulators of S^T
-  // and dP^T leave no room (ptxas spilled 32 bytes), so there after the waits as before.
+  // and dP^T leave no room (ptxas spilled 32 bytes), so there after the waits, but for lse2's first
+  // HP_BWD_LSE_EARLY slices: the first FFMAs after S^T's wait waited on their LDS.64 (the d 64 profile: 4.6k of
+  // the phase's 61k stall samples on the first three, FA4-GAP.md section 22).
   constexpr bool EARLY = BQ != 128;
-  auto load_rows2 = [&](const float *a, float2(&v)[BQ / 8]) {
+  constexpr int LSE_EARLY = EARLY ? BQ / 8 : HP_BWD_LSE_EARLY; // lse2's slices loaded before S^T's wait
+  auto load_rows2 = [&](const float *a, float2(&v)[BQ / 8], int n = BQ / 8) {
 #pragma unroll
-    for (int j = 0; j < BQ / 8; j++) v[j] = rows2(a, j);
+    for (int j = 0; j < BQ / 8; j++)
+      if (j < n) v[j] = rows2(a, j);
   };
   auto exp_p = [&](int st, const float2(&l2)[BQ / 8], float(&s)[BQ / 2]) {
 #pragma unroll
     for (int j = 0; j < BQ / 8; j++) {
-      const float2 l = EARLY ? l2[j] : rows2(sm.lse2[st], j);
+      const float2 l = j < LSE_EARLY ? l2[j] : rows2(sm.lse2[st], j);
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         const float x = fmaf(s[4 * j + e], p.scale_log2, -((e & 1) ? l.y : l.x));
@@ -614,8 +624,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   // where the block needs one; both packed to bf16 (pa, da)
   auto p_and_ds = [&](int it, float(&s)[BQ / 2], float(&dp)[BQ / 2]) {
     const int st = it % 2, i0 = item_m(it, mb) * BQ;
-    float2 l2[BQ / 8], dd[BQ / 8]; // (unread where !EARLY: each loaded where it is used, after the wait)
-    if constexpr (EARLY) load_rows2(sm.lse2[st], l2);
+    float2 l2[BQ / 8], dd[BQ / 8]; // (unread where !EARLY past LSE_EARLY: each loaded where it is used, after the wait)
+    load_rows2(sm.lse2[st], l2, LSE_EARLY);
     wg_wait<1>(); // S^T and dP^T are the two newest commit groups
     exp_p(st, l2, s);
     if constexpr (EARLY) load_rows2(sm.delta[st], dd);
