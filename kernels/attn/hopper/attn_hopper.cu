@@ -309,6 +309,9 @@ extern "C" int dl_attn_fwd_hopper_fits(const dl_attn_params_t *p, char *why, siz
     add_why(why, n, fwd_tma_o(p), "O by TMA store");
     add_why(why, n, fwd_elect(p), "stages freed by one arrival a warp");
     add_why(why, n, fwd_tma_m(p), "running rows in and out by TMA");
+    char fma[64];
+    snprintf(fma, sizeof fma, "%d of 8 exp column slices on the FMA pipe", HP_FWD_EXP_FMA);
+    add_why(why, n, HP_FWD_EXP_FMA > 0, fma);
   }
   return 1;
 }
@@ -338,7 +341,12 @@ extern "C" int dl_attn_fwd_hopper_usable(const dl_attn_params_t *p, int *yes) {
 extern "C" int dl_attn_bwd_hopper_fits(const dl_attn_params_t *p, char *why, size_t n) {
   if (!common_fit(p, false, why, n)) return 0;
   if ((p->cu_seqlens_q ? p->total_q : p->s_q) == 0) return fail_why(why, n, "q has no rows");
-  if (why && n) snprintf(why, n, "hopper backward (wgmma, TMA; bf16, d %d; %d query rows an item)", p->d_qk, bwd_rows(p));
+  if (why && n) {
+    snprintf(why, n, "hopper backward (wgmma, TMA; bf16, d %d; %d query rows an item)", p->d_qk, bwd_rows(p));
+    char fma[64];
+    snprintf(fma, sizeof fma, "%d of 8 exp column slices on the FMA pipe", HP_BWD_EXP_FMA);
+    add_why(why, n, HP_BWD_EXP_FMA > 0, fma);
+  }
   return 1;
 }
 
