@@ -368,7 +368,7 @@ int dl_attn_bwd(const dl_attn_opts_t *o, const dl_tensor_t *dout, const dl_tenso
 static int kernel_why(dl_attn_params_t *p, int dev_index, int (*fits)(const dl_attn_params_t *, char *, size_t),
                       int (*usable)(const dl_attn_params_t *, int *), const char *label, char *why,
                       int64_t whylen) {
-  char path[256]; // the kernel's why: its features, up to ~200 characters
+  char path[256]; // the kernel's why: its features (the forward's with the merge's options passed 160)
   int ok = 0, rc = 0;
   const int fit = fits(p, path, sizeof path);
   if (fit && !(rc = dl_cuda_use(dev_index))) rc = usable(p, &ok);
