@@ -152,8 +152,7 @@ describe("fp8 rows of another recipe (distlab.bench.ep_ref, fp8_scales = \"own\"
         out.scales:select(1, e):narrow(1, j, 1):copy_(recv.scales:select(1, e):narrow(1, counts[e] - j + 1, 1))
       end
     end
-    local ps = ffi.cast("float*", out.scales:data_ptr())
-    for i = 0, out.scales:numel() - 1 do ps[i] = ps[i] * f end
+    out.scales:mul_(f)
     return out
   end
   local o = { N = 1, me = 0, E = E, B = B, H = Hd, K = K, dtype = "fp8", output = "expert_major" }
