@@ -37,7 +37,9 @@ for v in $VARIANTS; do
   names+=("$name")
 done
 [ "${#names[@]}" -ge 2 ] || { say "VARIANTS: two or more variants, got '$VARIANTS'"; exit 2; }
-header
+# the runs' libraries name their commits; the host's .git may be older than the tree carried to it (a
+# device host's was: its describe said fe02c3d-dirty on a later tree), so the header does not ask it
+HEADER_COMMIT="each library's own, below" header
 mkdir -p build/ab build/lib
 for lib in $(for v in $VARIANTS; do echo "$v" | cut -d: -f2; done | sort -u); do
   xz -dc ".ab/lib$lib.so.xz" >"build/ab/lib$lib.so" || { say "unpacking .ab/lib$lib.so.xz failed"; exit 2; }

@@ -100,7 +100,7 @@ header() {
   {
     date -u '+%Y-%m-%d %H:%M UTC'
     nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader
-    echo "commit: ${DISTLAB_COMMIT:-$(git describe --always --dirty 2>/dev/null || echo unknown)}"
+    echo "commit: ${HEADER_COMMIT:-${DISTLAB_COMMIT:-$(git describe --always --dirty 2>/dev/null || echo unknown)}}"
     "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())' 2>&1 | tail -1
   } | tee -a "$SUM"
 }
