@@ -136,7 +136,7 @@ HP_DEV constexpr bool exp_fma_col(int n, int j) {
 // its tensor work, but its issue (~434 instructions a warp a block) is near both, and each exp moved costs ~8 more
 // issue slots (10 with the forward's degree 5; FA4-GAP.md section 22). 0: every exp on the MUFU.
 #ifndef HP_FWD_EXP_FMA
-#define HP_FWD_EXP_FMA 1
+#define HP_FWD_EXP_FMA 0
 #endif
 HP_DEV constexpr bool fwd_exp_fma(int j) { return exp_fma_col(HP_FWD_EXP_FMA, j); }
 
