@@ -62,13 +62,9 @@ done
 first=$(echo "$VARIANTS" | awk '{print $1}' | cut -d: -f2)
 install_lib "$first"
 # The report of whatever ran, also where the budget cut a run (session 21: a run cut left no report at all): it
-# reads the runs' CSVs in under a second, within the 10 s the budget keeps for packing, so not through `step`
-t_rep=$(date +%s)
-timeout -k 2 8 python3 experiments/attn/attn_ab_report.py "$L" "$D" "$VARIANTS" "$OUT/attn-ab-d$D.csv" \
-  "$OUT/attn-ab-d$D.md" >"$L/report.log" 2>&1
-rc=$?
-[ $rc = 0 ] || status=1
-say "report: $([ $rc = 0 ] && echo ok || echo "FAILED (exit $rc: a run missing or a row not ok names itself in the report)") in $(($(date +%s) - t_rep)) s; $(tail -n 1 "$L/report.log")"
+# reads the runs' CSVs in under a second, so it runs in the 10 s the budget keeps for packing
+STEP_RESERVE=0 step "report (a run missing or a row not ok names itself)" 5 "$L/report.log" \
+  python3 experiments/attn/attn_ab_report.py "$L" "$D" "$VARIANTS" "$OUT/attn-ab-d$D.csv" "$OUT/attn-ab-d$D.md"
 {
   echo
   echo "Made by: \`$(env | grep -E '^(CUDA|NCCL)_' | sort | tr '\n' ' ')VARIANTS=\"$VARIANTS\" ROUNDS=$ROUNDS S=$S D=$D BACKENDS=$BACKENDS${DEVICE:+ DEVICE=$DEVICE} scripts/gpu/attn_ab.sh\` (device, date and each library's commit above and in each run's header)"
