@@ -392,7 +392,9 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
     step_softmax(0);
     pack_p(s, pa);
     wait_v(0); // the one block that can have a tail: it meets the other warpgroups in zero_tail here
-    for (uint32_t it = 1; it < (uint32_t)nblk; it++) {
+    // one turn of block it; MASKED: its element masks (the caller's diag(it)), none where it is false
+    auto turn = [&](uint32_t it, auto masked) {
+      constexpr bool MASKED = decltype(masked)::value;
       mbar_wait(&sm.k_full[it % STAGES], parity(it), &sm.fail, p.err);
       take_turn();
       gemm_qk<DQK, ROWS>(s, q_base, k_base(it));
@@ -404,12 +406,13 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
       // that P's packing into the registers that GEMM read runs among the other exps (A/B: d 128 forward
       // +0.5-3.5%; PIPE 1, whose wait ptxas hoists above the row max, gained nothing at d 64)
       float base[2];
+      if (MASKED && diag(it)) mask_block(s, key0(it), q0, len_kv, shift, wl, wr, lane); // (the test: mask_block in a
+      // basic block of its own, as the loop had it before; masks merged into the softmax's block spilled)
       if constexpr (LATE_V) {
-        if (diag(it)) mask_block(s, key0(it), q0, len_kv, shift, wl, wr, lane);
         softmax_base<NSUM, LAZY>(s, mx, sums, corr, base, p.scale_log2);
         softmax_exps<NSUM, 0, EXPS_EARLY>(s, sums, base, p.scale_log2);
         wait_v_full(it); // for the next turn's P V
-      } else step_softmax(it);
+      } else softmax_step<NSUM, LAZY>(s, mx, sums, corr, p.scale_log2);
       wg_wait<0>(); // P(it - 1) V(it - 1) is in: O, P and V's stage are free
       release(&sm.v_empty[(it - 1) % STAGES]);
       if (!LAZY || hp_any(corr[0] != 1.0f || corr[1] != 1.0f)) scale_o<DV>(o, corr); // LAZY: a row of the warp moved
@@ -418,7 +421,18 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
         pack_p(s, pa);
         wait_v_full(it); // PIPE 1: V(it), for the next turn's P V, after the softmax as before the turn
       }
-    }
+    };
+    // The blocks that need masks are a first run [1, it_a) (past the keys or the right window) and a last
+    // one [it_b, nblk) (left of the left window; diag's j1 falls as it rises); the blocks between run in a
+    // loop of their own with no mask test in its body (FA4's separate masked and unmasked loops), so that
+    // the softmax follows S's wait in one basic block
+    uint32_t it_a = 1, it_b = nblk;
+    while (it_a < it_b && diag(it_a)) it_a++;
+    while (it_b > it_a && diag(it_b - 1)) it_b--;
+    uint32_t it = 1;
+    for (; it < it_a; it++) turn(it, std::true_type{});
+    for (; it < it_b; it++) turn(it, std::false_type{});
+    for (; it < (uint32_t)nblk; it++) turn(it, std::true_type{});
     gemm_pv_regs<DV>(o, pa, v_base(nblk - 1));
     merge_loads();
     wg_wait<0>();
