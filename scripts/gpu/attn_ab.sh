@@ -18,8 +18,8 @@
 # BUDGET (560 s) bounds the runs (a run the budget cuts is named in the report, which is written from the others);
 # a run gets at most RUN_LIMIT (150 s). About 45 s a run at d 128, 37 s at d 64 on an H200 (S 8k and 16k;
 # session 22: 42-46 s and 36-37 s), so BUDGET >= runs x that + 20 (the start, the unpacking, the reserve); a
-# smaller BUDGET is named at the start with the runs it may leave out. DEVICE=cpu with a small S runs the plumbing where there is no GPU (a stand-in
-# nvidia-smi on PATH). DISTLAB_COMMIT is not read: each run names its library's commit.
+# smaller BUDGET is named at the start with the runs it may leave out. DEVICE=cpu with a small S runs the
+# plumbing where there is no GPU (a stand-in nvidia-smi on PATH). DISTLAB_COMMIT is not read: each run names its library's commit.
 set -u
 t_start=$(date +%s)
 source "$(dirname "$0")/steps.sh" attn_ab 560 || exit 2
