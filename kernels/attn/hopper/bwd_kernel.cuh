@@ -100,6 +100,15 @@
 #define HP_BWD_DS_EARLY 1
 #endif
 
+// BQ 80 and 128: each thread adds its dQ values into the fp32 accumulator by red.global.add from its
+// registers (FA2's way, fire and forget), instead of FA3's tile in shared memory and a producer thread's bulk
+// reduction: the item's 80 KB of shared-memory traffic (the tile stored, then read by the reduction) and the
+// wait for the last reduction (dq_empty) go; the L2 gets the same bytes to add. The accumulator's layout is
+// kept (bwd_dq_col's permutation: the adds land where the bulk reduction put them). FA4-GAP.md section 24
+#ifndef HP_BWD_DQ_RED
+#define HP_BWD_DQ_RED 1
+#endif
+
 // HP_BWD_TRACE (a lab build flag, off in dl.attn: the default PTX has none of it): thread 0 of each
 // consumer warpgroup sums the SM clock's cycles (32 bits) of BWD_ORDER's steps over the CTA's items in
 // shared memory (one register held, the last step's clock: a clock written out at every step perturbed the
@@ -330,6 +339,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                 "128 query rows an item: d 64, FA4's order, lse2 and D by warps 9 and 11 (BULK pads to 64)");
   // a thread's dQ (BQ 80: of dQ^T; BQ 128: its warpgroup's 64 queries x all 64 columns of d)
   constexpr int NDQ = BQ == 80 ? 40 : BQ == 128 ? 32 : DQK / 4;
+  constexpr bool DQ_RED = HP_BWD_DQ_RED && LOOP == BWD_ORDER && (BQ == 80 || BQ == 128); // (HP_BWD_DQ_RED)
   bwd_smem_t<DQK, DV, BQ> &sm = *reinterpret_cast<bwd_smem_t<DQK, DV, BQ> *>(hp_smem_aligned());
   const hp_bwd_tile_t tile = hp_bwd_tile<DQK, DV>(p);
   const int n_block = tile.n_block, hkv = tile.hkv, bb = tile.bb, group = p.h / p.h_kv;
@@ -461,7 +471,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         mbar_arrive(&sm.do_full[st]);
         if (++m == m_hi) m = m_lo, hq++;
       }
-    } else if (threadIdx.x == 320) { // each item's dQ from shared memory into the accumulator
+    } else if (!DQ_RED && threadIdx.x == 320) { // each item's dQ from shared memory into the accumulator
       int hq = hq0, m = m0;
       for (int it = 0; it < items; it++, m = m + 1 == m_hi ? (hq++, m_lo) : m + 1) {
         const int i0 = item_m(it, m) * BQ;
@@ -536,8 +546,11 @@ __global__ void __launch_bounds__(THREADS, 1)
   uint32_t pa[BQ / 4], da[BQ / 4];
   // the current item's query block, m_lo + it % nm, advanced at the end of each item (next_item): the
   // modulo cost an integer division an item (~35 instructions; FA4-GAP.md B9); BQ 80 divides (item_m)
-  int mb = m0;
-  auto next_item = [&] { mb = mb + 1 == m_hi ? m_lo : mb + 1; };
+  int mb = m0, hqc = hq0; // hqc: the item's head, counted for DQ_RED's adds at BQ 128 (BQ 80 divides)
+  auto next_item = [&] {
+    if (mb + 1 == m_hi) mb = m_lo, hqc++;
+    else mb++;
+  };
   // S^T = K_c Q^T and dP^T = V_c dO^T of item it issued (two commit groups), once its stage is in and
   // the query rows past the sequence are zeros (Q and dO are B of dK and dV)
   auto stage_in = [&](int it) {
@@ -716,7 +729,43 @@ __global__ void __launch_bounds__(THREADS, 1)
   // BQ 80: dq holds dQ^T (row = the column 64 c + 16 warp + lane / 4 (+ 8) of d, column = query 8 j + 2
   // (lane % 4) (+ 1)); one 4-byte store a value, bwd_dq_col<80>'s order. BQ 128: rows 64 c + 16 warp +
   // lane / 4 (+ 8), all 64 columns.
+  // DQ_RED: the same values into the accumulator's rows i0 + row (row < the item's rows in the sequence),
+  // each at the column its tile would hold (bwd_dq_col), by red.global.add; no tile, no barrier.
+  auto red_dq = [&](int n, const float(&dq)[NDQ]) {
+    const int i0 = item_m(n, mb) * BQ, rows = min(BQ, len_q - i0);
+    float *g = p.dq_acc + (item_hq(n, hqc) * p.ws_rows + bwd_ws_row(p, sq, bb, i0)) * DQK;
+    if constexpr (BQ == 80) { // value 4 j + e: row 8 j + 2 k + e % 2, column (col0 + 8 (e / 2)) ^ 8 k (store_dq's)
+      const int k = lane % 4, col0 = c * 64 + warp * 16 + lane / 4;
+      float *g0 = g + 2 * k * DQK + (col0 ^ (8 * k)), *g1 = g + 2 * k * DQK + ((col0 + 8) ^ (8 * k));
+      if (rows == BQ) {
+#pragma unroll
+        for (int j = 0; j < BQ / 8; j++)
+#pragma unroll
+          for (int e = 0; e < 4; e++) red_add_f32(((e >> 1) ? g1 : g0) + (8 * j + (e & 1)) * DQK, dq[4 * j + e]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < BQ / 8; j++)
+#pragma unroll
+          for (int e = 0; e < 4; e++)
+            if (8 * j + 2 * k + (e & 1) < rows) red_add_f32(((e >> 1) ? g1 : g0) + (8 * j + (e & 1)) * DQK, dq[4 * j + e]);
+      }
+    } else { // BQ 128: rows 64 c + 16 warp + lane / 4 (+ 8), column pairs 8 j + 2 (lane % 4) (store_dq's)
+#pragma unroll
+      for (int r = 0; r < 2; r++) {
+        const int row = c * 64 + warp * 16 + lane / 4 + 8 * r;
+        if (row < rows) {
+          float *gr = g + row * DQK;
+#pragma unroll
+          for (int j = 0; j < DQK / 8; j++) red_add_v2(gr + bwd_dq_col(8 * j + 2 * (lane % 4), row), dq[4 * j + 2 * r], dq[4 * j + 2 * r + 1]);
+        }
+      }
+    }
+  };
   auto store_dq = [&](int n, const float(&dq)[NDQ]) {
+    if constexpr (DQ_RED) {
+      red_dq(n, dq);
+      return;
+    }
     if (n > 0) mbar_wait(&sm.dq_empty, (uint32_t)(n - 1) & 1u, &sm.fail, p.err);
     if (LOOP == BWD_ORDER) HP_BT(n, BT_DQE);
     if constexpr (BQ == 80) {

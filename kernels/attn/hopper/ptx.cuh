@@ -251,6 +251,14 @@ __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
 __device__ __forceinline__ void st_shared_v2(uint32_t addr, uint32_t x, uint32_t y) {
   asm volatile("st.shared.v2.b32 [%0], {%1, %2};\n" ::"r"(addr), "r"(x), "r"(y) : "memory");
 }
+// *dst += v (global fp32), fire and forget (red: no value comes back; relaxed, gpu scope, as atomicAdd's
+// unused result compiles to). red_add_v2: two adjacent floats, 8-byte aligned, one instruction (sm_90).
+__device__ __forceinline__ void red_add_f32(float *dst, float v) {
+  asm volatile("red.relaxed.gpu.global.add.f32 [%0], %1;\n" ::"l"(dst), "f"(v) : "memory");
+}
+__device__ __forceinline__ void red_add_v2(float *dst, float x, float y) {
+  asm volatile("red.relaxed.gpu.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(dst), "f"(x), "f"(y) : "memory");
+}
 // dst (global) += src (shared), bytes (a multiple of 16; both 16-byte aligned) of fp32, a bulk copy of
 // the async proxy in this thread's bulk group (bulk_commit; bulk_wait_read: its source may be reused;
 // bulk_wait: done).

@@ -480,6 +480,19 @@ HP_DEV void st_shared_v2(uint32_t addr, uint32_t x, uint32_t y) {
   const uint32_t v[2] = {x, y};
   memcpy(hp_ptr(addr, 8), v, 8);
 }
+// red.global.add (fp32, and .v2: 8-byte aligned): the add at once (a coroutine runs alone until it yields)
+HP_DEV void red_add_f32(float *dst, float v) {
+  *dst += v;
+  emu.progress++;
+}
+HP_DEV void red_add_v2(float *dst, float x, float y) {
+  if ((uintptr_t)dst % 8) {
+    fprintf(stderr, "emu: red.global.add.v2.f32 at %p, not 8-byte aligned\n", (void *)dst);
+    abort();
+  }
+  dst[0] += x, dst[1] += y;
+  emu.progress++;
+}
 // Bulk reductions (shared -> global, fp32 add): done at the issue or only at the wait that covers
 // them (a coin), reading shared memory then, so a source rewritten before bulk_wait_read shows.
 struct hp_bulk {
