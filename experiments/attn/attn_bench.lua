@@ -316,6 +316,7 @@ if A.torch then
     if key:match("^flash/") and (e[1] or e[2]) then has_flash = true end
   end
   -- issue 52's target: d 128 at least even with the faster anchor from 8k on (0.95x at 4k); other head dims 0.95x
+  local function target_need(s) return (D == 128 and s >= 8192) and 1.0 or 0.95 end
   local target_text = D == 128 and ">= 1.0x the faster of FA4 and cuDNN forward and backward at s >= 8k, >= 0.95x at 4k"
     or ">= 0.95x the faster of FA4 and cuDNN forward and backward at every s (d " .. D .. ")"
   local out = { string.format("Anchors from `experiments/attn/attn_bench_torch.py`, %d run%s in the same call as " ..
@@ -342,7 +343,7 @@ if A.torch then
     end
     local bf, bb = best(1), best(2)
     local rf, rb = bf and r.fwd / bf, bb and r.bwd / bb
-    local need = (D ~= 128 or r.s < 8192) and 0.95 or 1.0
+    local need = target_need(r.s)
     local target = "—"
     if rf and rb then
       tn = tn + 1
