@@ -83,6 +83,10 @@
 #include "fwd_params.cuh"
 #include "tile_scheduler.cuh"
 
+#ifndef HP_FWD_SKIP0 // (the kernel's SKIP0)
+#define HP_FWD_SKIP0 1
+#endif
+
 // Grid (s / BM, h, b); which tile a CTA computes: tile_scheduler.cuh. The two consumer
 // warpgroups take turns at the tensor cores (take_turn / hand_turn below). PIPE = 0: per key block,
 // S, softmax, P V one after another, P in registers. PIPE = 1: FA3's intra-warpgroup pipelining,
@@ -119,6 +123,9 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
   constexpr uint32_t RELEASES = ELECT ? 4 * NWG : 128 * NWG;
   constexpr int NSUM = OPT & HP_FWD_OPT_TREE ? 4 : 1; // partial row sums a row (softmax_step)
   constexpr bool LAZY = (OPT & HP_FWD_OPT_LAZY) != 0;  // the exps' base moved by more than 2^8 only
+  // HP_FWD_SKIP0: a warpgroup skips block 0 where it is past all its rows' right window (M192 only: there
+  // 192 rows over 128-key blocks leave the first warpgroup a whole block past the causal diagonal)
+  constexpr bool SKIP0 = HP_FWD_SKIP0 && ROWS > BN;
   // key blocks [n_lo, n_hi): those holding a key that a row of this block sees; walked last to first
   const int shift = p.bottom_right ? len_kv - len_q : 0, wl = p.window_left, wr = p.window_right;
   const int i0 = m_block * ROWS, i1 = min(i0 + ROWS, len_q);
@@ -385,22 +392,30 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
     // hoists it above the row max, so the softmax does not run under the P V; FA4-GAP.md F1).
     constexpr bool LATE_V = PIPE >= 2;
     constexpr int EXPS_EARLY = 3; // of 16 columns (12 of a thread's 64 exps; FA4's SASS: 11)
-    mbar_wait(&sm.k_full[0], parity(0), &sm.fail, p.err);
-    gemm_qk<DQK, ROWS>(s, q_base, k_base(0));
-    wg_wait<0>();
-    release(&sm.k_empty[0]);
-    step_softmax(0);
-    pack_p(s, pa);
+    // SKIP0: block 0 (the CTA's last keys) lies past the right window of every row of this warpgroup (M192's
+    // first warpgroups on the causal diagonal: 192 rows a CTA over 128-key blocks), so its S, softmax and
+    // P V would add nothing: the warpgroup releases its stages unused and starts at block 1 (FA4 computes it)
+    const bool skip0 = SKIP0 && wr >= 0 && nblk >= 2 && key0(0) > row0 + 63 + shift + wr;
+    if (!skip0) {
+      mbar_wait(&sm.k_full[0], parity(0), &sm.fail, p.err);
+      gemm_qk<DQK, ROWS>(s, q_base, k_base(0));
+      wg_wait<0>();
+      release(&sm.k_empty[0]);
+      step_softmax(0);
+      pack_p(s, pa);
+    } else release(&sm.k_empty[0]); // (V(0)'s stage: released in turn 1, as after its P V)
     wait_v(0); // the one block that can have a tail: it meets the other warpgroups in zero_tail here
-    // one turn of block it; MASKED: its element masks (the caller's diag(it)), none where it is false
-    auto turn = [&](uint32_t it, auto masked) {
-      constexpr bool MASKED = decltype(masked)::value;
+    // one turn of block it; MASKED: its element masks (the caller's diag(it)), none where it is false;
+    // FIRST: the warpgroup's first block after SKIP0's, with no P V of block it - 1
+    auto turn = [&](uint32_t it, auto masked, auto first) {
+      constexpr bool MASKED = decltype(masked)::value, FIRST = decltype(first)::value;
       mbar_wait(&sm.k_full[it % STAGES], parity(it), &sm.fail, p.err);
       take_turn();
       gemm_qk<DQK, ROWS>(s, q_base, k_base(it));
-      gemm_pv_regs<DV>(o, pa, v_base(it - 1));
+      if constexpr (!FIRST) gemm_pv_regs<DV>(o, pa, v_base(it - 1));
       hand_turn();
-      wg_wait<1>(); // S(it) is in (commit groups complete in order); P(it - 1) V(it - 1) still runs
+      if constexpr (FIRST) wg_wait<0>(); // S(it), the only group
+      else wg_wait<1>(); // S(it) is in (commit groups complete in order); P(it - 1) V(it - 1) still runs
       release(&sm.k_empty[it % STAGES]);
       // PIPE 2: the wait for P(it - 1) V(it - 1) after the first EXPS_EARLY columns' exps (FA4's place), so
       // that P's packing into the registers that GEMM read runs among the other exps (A/B: d 128 forward
@@ -430,9 +445,10 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
     while (it_a < it_b && diag(it_a)) it_a++;
     while (it_b > it_a && diag(it_b - 1)) it_b--;
     uint32_t it = 1;
-    for (; it < it_a; it++) turn(it, std::true_type{});
-    for (; it < it_b; it++) turn(it, std::false_type{});
-    for (; it < (uint32_t)nblk; it++) turn(it, std::true_type{});
+    if (skip0) turn(it++, std::true_type{}, std::true_type{});
+    for (; it < it_a; it++) turn(it, std::true_type{}, std::false_type{});
+    for (; it < it_b; it++) turn(it, std::false_type{}, std::false_type{});
+    for (; it < (uint32_t)nblk; it++) turn(it, std::true_type{}, std::false_type{});
     gemm_pv_regs<DV>(o, pa, v_base(nblk - 1));
     merge_loads();
     wg_wait<0>();
