@@ -57,6 +57,14 @@ struct alignas(16) float4 {
   float x, y, z, w;
 };
 static inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+struct alignas(16) uint4 {
+  uint32_t x, y, z, w;
+};
+static inline uint4 make_uint4(uint32_t x, uint32_t y, uint32_t z, uint32_t w) { return uint4{x, y, z, w}; }
+struct alignas(8) uint2 {
+  uint32_t x, y;
+};
+static inline uint2 make_uint2(uint32_t x, uint32_t y) { return uint2{x, y}; }
 
 struct hp_tmap_t {
   const void *base;
@@ -563,6 +571,15 @@ HP_DEV void bulk_wait_read() {
   hp_bulks.clear();
 }
 HP_DEV void bulk_wait() { bulk_wait_read(); }
+// (everything the emulator issued is complete at a wait)
+HP_DEV void bulk_wait_prev() { bulk_wait_read(); }
+HP_DEV void fence_proxy_async_global() {}
+HP_DEV void red_release_add(int *p, int v) { __atomic_fetch_add(p, v, __ATOMIC_RELEASE); }
+HP_DEV int ld_acquire(const int *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
+// the emulator runs a grid after the one before it
+HP_DEV void hp_pdl_wait() {}
+HP_DEV void hp_pdl_release() {}
+HP_DEV void __nanosleep(unsigned) { emu_yield(); }
 
 // SS: N columns (any multiple of 8 up to 128); A K-major, or (TA) MN-major; B K-major, or (TB) MN-major
 template <int N, bool TA, bool TB = TA> HP_DEV void wgmma_ss_n(float *d, uint64_t da, uint64_t db, int accumulate) {
