@@ -178,9 +178,10 @@ struct bwd_params_t {
   float *split_acc;
   int *split_count;
   // DQ_OVERLAP (BQ 80 and 128; null: off): an item's arrivals, [h][b][dq_nm] (dq_nm = ceil(s_q / BQ), item m
-  // of q head hq and sequence bb at (hq b + bb) dq_nm + m), zeroed by bwd_prep_ws_kernel; each CTA's dQ reducer
-  // adds 1 once its reduction of the item is complete, and bwd_dq_kernel, launched to run beside the main
-  // kernel's last wave, converts a row block once its items have all of their key blocks' (bwd_item_blocks)
+  // of q head hq and sequence bb at (hq b + bb) dq_nm + m), zeroed by bwd_prep_ws_kernel; a CTA's dQ reducer
+  // adds 1 to each of its items' once all its reductions are complete, at the CTA's end, and bwd_dq_kernel,
+  // launched to run beside the main kernel's last wave, converts a row block once its items have all of
+  // their key blocks' arrivals (bwd_item_blocks)
   int *dq_done;
   int dq_nm, dq_bq; // items a (head, sequence), and rows an item (bwd_kernel's BQ)
 #if HP_BWD_TRACE
@@ -568,7 +569,6 @@ __global__ void __launch_bounds__(THREADS, 1)
       }
     } else if (threadIdx.x == 320) { // each item's dQ from shared memory into the accumulator
       int hq = hq0, m = m0;
-      int *done = nullptr; // DQ_OVERLAP: the arrival count of the item whose reduction is in flight
       for (int it = 0; it < items; it++, m = m + 1 == m_hi ? (hq++, m_lo) : m + 1) {
         const int i0 = item_m(it, m) * BQ;
         mbar_wait(&sm.dq_full, (uint32_t)it & 1u, &sm.fail, p.err);
@@ -577,19 +577,16 @@ __global__ void __launch_bounds__(THREADS, 1)
         bulk_commit();
         bulk_wait_read();
         mbar_arrive(&sm.dq_empty);
-        if (SPLIT && p.dq_done) { // the item before's reduction complete: its arrival, after the tile is free
-          if (done) {
-            bulk_wait_prev();
-            fence_proxy_async_global();
-            red_release_add(done, 1);
-          }
-          done = p.dq_done + (item_hq(it, hq) * p.b + bb) * p.dq_nm + item_m(it, m);
-        }
       }
       bulk_wait(); // the last reduction done before the CTA ends
-      if (done) {
+      if (SPLIT && p.dq_done && items > 0) { // DQ_OVERLAP: every item's arrival once all its reductions are complete
+        // (one release for them all, not one an item in the loop: bwd_dq_kernel's blocks only run once SMs
+        // go idle, after whole CTAs)
         fence_proxy_async_global();
-        red_release_add(done, 1);
+        __threadfence();
+        hq = hq0, m = m0;
+        for (int it = 0; it < items; it++, m = m + 1 == m_hi ? (hq++, m_lo) : m + 1)
+          atomicAdd(p.dq_done + (item_hq(it, hq) * p.b + bb) * p.dq_nm + item_m(it, m), 1);
       }
     }
     return;

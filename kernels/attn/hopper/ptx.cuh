@@ -270,20 +270,14 @@ __device__ __forceinline__ void tma_store(const hp_tmap_t *map, const void *src,
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
-// All but this thread's newest bulk group done (the one before it complete, its writes performed).
-__device__ __forceinline__ void bulk_wait_prev() { asm volatile("cp.async.bulk.wait_group 1;\n" ::: "memory"); }
 // Orders this thread's completed async-proxy writes to global memory (bulk reductions) before its later
-// generic accesses (a release that publishes them).
+// generic accesses (the counts that publish them).
 __device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 // Programmatic dependent launch (common/pdl.cuh's dl_pdl_*, here for the emulator's sake): wait for the
 // grid before this one to complete, and let the grid after this one be scheduled.
 __device__ __forceinline__ void hp_pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 __device__ __forceinline__ void hp_pdl_release() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
-// *p += v at gpu scope with release semantics (a count that publishes the writes before it), and its
-// reader's acquire load.
-__device__ __forceinline__ void red_release_add(int *p, int v) {
-  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
-}
+// An acquire load at gpu scope (a count whose writer published its writes before it).
 __device__ __forceinline__ int ld_acquire(const int *p) {
   int v;
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");

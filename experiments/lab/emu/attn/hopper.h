@@ -571,10 +571,7 @@ HP_DEV void bulk_wait_read() {
   hp_bulks.clear();
 }
 HP_DEV void bulk_wait() { bulk_wait_read(); }
-// (everything the emulator issued is complete at a wait)
-HP_DEV void bulk_wait_prev() { bulk_wait_read(); }
 HP_DEV void fence_proxy_async_global() {}
-HP_DEV void red_release_add(int *p, int v) { __atomic_fetch_add(p, v, __ATOMIC_RELEASE); }
 HP_DEV int ld_acquire(const int *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 // the emulator runs a grid after the one before it
 HP_DEV void hp_pdl_wait() {}
