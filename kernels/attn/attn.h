@@ -104,9 +104,10 @@ int dl_attn_bwd_cuda(const dl_attn_params_t *p, void *stream, int *hopper);
 int dl_attn_bwd_hopper_fits(const dl_attn_params_t *p, char *why, size_t n);
 int dl_attn_bwd_hopper_usable(const dl_attn_params_t *p, int *yes);
 int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc, float *delta, void *stream);
-/* 1 when dl_attn_bwd_hopper_cuda runs its own prep for p (B5, on unless DISTLAB_ATTN_HOPPER_BWD_BULK_LSE=0,
- * where B3's 80 and B6's 128 query rows do not run: D and lse log2(e) in rows padded per sequence,
- * dl_attn_bwd_lse_rows a head), so that dl_attn_bwd_cuda runs none. */
+/* 1 when dl_attn_bwd_hopper_cuda runs its own prep for p, so that dl_attn_bwd_cuda runs none: B5's (on unless
+ * DISTLAB_ATTN_HOPPER_BWD_BULK_LSE=0, where B3's 80 and B6's 128 query rows do not run: D and lse log2(e) in
+ * rows padded per sequence, dl_attn_bwd_lse_rows a head), or where they run bwd_prep_ws_kernel (the portable
+ * prep's layout; off with DISTLAB_ATTN_HOPPER_BWD_PREP_WS=0). */
 int dl_attn_bwd_hopper_preps(const dl_attn_params_t *p);
 int dl_attn_fwd_cpu(const dl_attn_params_t *p, void *stream);
 int dl_attn_bwd_cpu(const dl_attn_params_t *p, void *stream);

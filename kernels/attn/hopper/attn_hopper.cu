@@ -137,18 +137,12 @@ static int env_bwd_split(void) {
   static int c = -1;
   return !env_is("DISTLAB_ATTN_HOPPER_BWD_SPLIT", "0", &c);
 }
-/* Where M80 or M128 runs: the backward's own prep, bwd_prep_ws_kernel (D and the zeroed accumulator in the
- * portable prep's layout, by 16-byte loads and stores; DISTLAB_ATTN_HOPPER_BWD_PREP_WS=0: attn_bwd.cu's prep),
- * and the dQ conversion beside the main kernel's last wave (bwd_kernel.cuh's DQ_OVERLAP: bwd_dq_kernel
- * launched with programmatic stream serialization, each of its blocks waiting for its items' reductions;
- * DISTLAB_ATTN_HOPPER_BWD_DQ_OVERLAP=0: after the main kernel, as before). A/B timings: FA4-GAP.md section 26. */
+/* Where M80 or M128 runs, the backward's own prep, bwd_prep_ws_kernel (D and the zeroed accumulator in the
+ * portable prep's layout, by 16-byte loads and stores; FA4-GAP.md section 26: backward 1.009-1.021x at d 64,
+ * 0.993-1.016x at d 128, s 4k and 8k); DISTLAB_ATTN_HOPPER_BWD_PREP_WS=0 runs attn_bwd.cu's (A/B timings). */
 static int env_bwd_prep_ws(void) {
   static int c = -1;
   return !env_is("DISTLAB_ATTN_HOPPER_BWD_PREP_WS", "0", &c);
-}
-static int env_bwd_dq_overlap(void) {
-  static int c = -1;
-  return !env_is("DISTLAB_ATTN_HOPPER_BWD_DQ_OVERLAP", "0", &c);
 }
 /* Which of the backward's item heights runs for p: 80 (M80), 128 (M128) or BWD_BQ */
 static int bwd_rows(const dl_attn_params_t *p) {
@@ -649,17 +643,6 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
     }
   }
   k.delta = delta;
-  const int64_t lse_rows = dl_attn_bwd_lse_rows(p);
-  /* M80, M128: DQ_OVERLAP's arrival counts at the end of the lse2 rows (which only BULK's kernels use),
-   * zeroed by bwd_prep_ws_kernel or here; the split slots before them */
-  size_t lse2_bytes = (size_t)lse_rows * p->h_q * sizeof(float);
-  const bool overlap = bq != BWD_BQ && env_bwd_dq_overlap() && p->s_q > 0;
-  if (overlap) {
-    k.dq_bq = bq, k.dq_nm = (p->s_q + bq - 1) / bq;
-    const size_t n = (size_t)p->h_q * p->b * k.dq_nm;
-    lse2_bytes = (lse2_bytes - n * sizeof(int)) & ~(size_t)15;
-    k.dq_done = (int *)((char *)(delta + (size_t)lse_rows * p->h_q) + lse2_bytes);
-  }
   if (bq != BWD_BQ && env_bwd_prep_ws() && p->s_q > 0) {
     k.o = (const uint16_t *)p->out, k.dout = (const uint16_t *)p->dout;
     copy_st(k.o_st, p->out_st), copy_st(k.do_st, p->dout_st);
@@ -667,13 +650,13 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
     if (p->d_qk == 64) bwd_prep_ws_kernel<64, 64><<<pgrid, 256, 0, (cudaStream_t)stream>>>(k, delta);
     else bwd_prep_ws_kernel<128, 128><<<pgrid, 256, 0, (cudaStream_t)stream>>>(k, delta);
     DL_CUDA_CHECK_LAUNCH("attn bwd (hopper) prep");
-  } else if (overlap)
-    DL_CUDA_CHECK(cudaMemsetAsync(k.dq_done, 0, (size_t)p->h_q * p->b * k.dq_nm * sizeof(int), (cudaStream_t)stream));
+  }
   /* the tail split: the plan for this GPU's SMs (a tail of at most a quarter of them; a part's own cost
    * taken as 2 items; at least 1% saved) */
   dim3 grid_run = grid;
+  const int64_t lse_rows = dl_attn_bwd_lse_rows(p);
   const size_t slot_bytes = ((size_t)BN * (p->d_qk + p->d_v) + 1) * sizeof(float);
-  const int64_t slots = (int64_t)(lse2_bytes / slot_bytes); /* in the lse2 rows */
+  const int64_t slots = (int64_t)((size_t)lse_rows * p->h_q * sizeof(float) / slot_bytes); /* in the lse2 rows */
   if (!thd && p->window_left < 0 && p->window_right < 0 && slots > 0 && env_bwd_split() && p->s_q > 0 &&
       bq != BWD_BQ) { /* bwd_kernel's SPLIT (not BULK's kernels: they read the lse2 rows) */
     int sms = 0, first = 0;
@@ -721,20 +704,9 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
   if (k.trace) DL_TRY(bwd_trace_write(k.trace, (int)(grid_run.x * grid_run.y * grid_run.z), bq, stream));
 #endif
   const dim3 rgrid((p->s_q + BWD_BQ - 1) / BWD_BQ, p->h_q, p->b);
-  if (p->s_q == 0) return 0;
-  void (*dqk)(const bwd_params_t) = p->d_qk == 64 ? bwd_dq_kernel<64> : m80 ? bwd_dq_kernel<128, 80> /* dQ^T's columns */
-                                                                            : bwd_dq_kernel<128>;
-  /* DQ_OVERLAP: scheduled once every main CTA is resident (each released at its start), so that its blocks
-   * run on the SMs the last wave leaves idle; each waits for its items' counts (bwd_dq_kernel) */
-  cudaLaunchAttribute attr;
-  memset(&attr, 0, sizeof attr);
-  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.gridDim = rgrid, cfg.blockDim = dim3(128), cfg.stream = (cudaStream_t)stream;
-  cfg.attrs = &attr, cfg.numAttrs = overlap ? 1 : 0;
-  DL_CUDA_CHECK(cudaLaunchKernelEx(&cfg, dqk, k));
+  if (p->d_qk == 64) bwd_dq_kernel<64><<<rgrid, 128, 0, (cudaStream_t)stream>>>(k);
+  else if (m80) bwd_dq_kernel<128, 80><<<rgrid, 128, 0, (cudaStream_t)stream>>>(k); /* dQ^T's column order */
+  else bwd_dq_kernel<128><<<rgrid, 128, 0, (cudaStream_t)stream>>>(k);
   DL_CUDA_CHECK_LAUNCH("attn bwd (hopper) dq");
   return 0;
 }

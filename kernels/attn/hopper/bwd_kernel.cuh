@@ -177,13 +177,6 @@ struct bwd_params_t {
   int split_first, split_parts;
   float *split_acc;
   int *split_count;
-  // DQ_OVERLAP (BQ 80 and 128; null: off): an item's arrivals, [h][b][dq_nm] (dq_nm = ceil(s_q / BQ), item m
-  // of q head hq and sequence bb at (hq b + bb) dq_nm + m), zeroed by bwd_prep_ws_kernel; a CTA's dQ reducer
-  // adds 1 to each of its items' once all its reductions are complete, at the CTA's end, and bwd_dq_kernel,
-  // launched to run beside the main kernel's last wave, converts a row block once its items have all of
-  // their key blocks' arrivals (bwd_item_blocks)
-  int *dq_done;
-  int dq_nm, dq_bq; // items a (head, sequence), and rows an item (bwd_kernel's BQ)
 #if HP_BWD_TRACE
   unsigned long long *trace; // lab only: [2][HP_BT_WORDS] sums over the CTAs (HP_BWD_TRACE above)
 #endif
@@ -208,31 +201,9 @@ HP_DEV int64_t bwd_lse_row(const bwd_params_t &p, const hp_seq_t &s, int bb, int
   return (bwd_ws_row(p, s, bb, 0) + (int64_t)BWD_BQ * bb) / BWD_BQ * BWD_BQ + i;
 }
 
-// The key blocks whose CTAs add into query block m of a sequence (rows [m bq, min(m bq + bq, len_q))): of
-// bwd_kernel's blocks (n0 < len_kv), those whose items [m_lo, m_hi) hold m, i.e. whose keys [n0, n1] a row
-// i of the block sees (n0 <= i + shift + wr where wr >= 0, n1 >= i + shift - wl where wl >= 0). Both bounds
-// grow with n, so the blocks are a range.
-HP_HD int bwd_item_blocks(int m, int bq, int len_q, int len_kv, int shift, int wl, int wr) {
-  const int a = m * bq, b = (len_q < a + bq ? len_q : a + bq) - 1;
-  if (b < a || len_kv <= 0) return 0;
-  int lo = 0, hi = (len_kv + BN - 1) / BN - 1;
-  if (wr >= 0) {
-    const int t = b + shift + wr; // the last key a row sees
-    if (t < 0) return 0;
-    hi = hi < t / BN ? hi : t / BN;
-  }
-  if (wl >= 0) {
-    const int t = a + shift - wl; // the first key a row sees
-    if (t > len_kv - 1) return 0;
-    lo = t > 0 ? t / BN : 0;
-  }
-  return hi >= lo ? hi - lo + 1 : 0;
-}
-
 // The prep where BULK does not run (BQ 80 and 128): D = rowsum(dO * out) in fp32 into delta [h][ws_rows]
-// (the portable prep's layout, attn_bwd.cu), the rows' fp32 dQ accumulator zeroed, and with DQ_OVERLAP the
-// arrival counts of the items whose first row is in the CTA's rows (p.dq_bq rows an item). Grid (blocks of 64 rows, h, b),
-// 256 threads; a row's 16-byte chunks of out and dO over DV / 8 lanes, each thread's loads all issued
+// (the portable prep's layout, attn_bwd.cu) and the rows' fp32 dQ accumulator zeroed. Grid (blocks of 64
+// rows, h, b), 256 threads; a row's 16-byte chunks of out and dO over DV / 8 lanes, each thread's loads all issued
 // before their sums (the portable prep's 4-byte loads, a warp a row, ran at ~2.9 TB/s on an H200).
 template <int DQK, int DV> __global__ void __launch_bounds__(256) bwd_prep_ws_kernel(const bwd_params_t p, float *delta) {
   constexpr int L = DV / 8, RW = 32 / L, PASSES = 64 / (8 * RW); // lanes a row, rows a warp, passes of the 8 warps
@@ -265,10 +236,6 @@ template <int DQK, int DV> __global__ void __launch_bounds__(256) bwd_prep_ws_ke
   // the rows' accumulator: rows x DQK floats, contiguous (a sequence's workspace rows are)
   float4 *acc = reinterpret_cast<float4 *>(p.dq_acc + (hh * p.ws_rows + bwd_ws_row(p, sq, bb, r0)) * DQK);
   for (int j = tid; j < rows * DQK / 4; j += 256) acc[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  if (p.dq_done && tid == 0) { // the item m with r0 <= m bq < r0 + rows, if any (bq >= 64: at most one)
-    const int m = (r0 + p.dq_bq - 1) / p.dq_bq;
-    if (m * p.dq_bq < r0 + rows) p.dq_done[(hh * p.b + bb) * p.dq_nm + m] = 0;
-  }
 }
 
 // BULK's prep (the portable prep's work, attn_bwd.cu, in the padded rows): grid (blocks of BWD_BQ rows, h,
@@ -306,31 +273,11 @@ template <int DQK, int DV> __global__ void __launch_bounds__(128) bwd_prep_kerne
 // grid (blocks of BWD_BQ rows, h, b), 128 threads, a warp a row: dq = scale * accumulator (+ dq), the
 // accumulator's columns as bwd_dq_col<BQ> placed them (attn_bwd.cu's attn_bwd_dq_kernel, for that layout); a
 // lane's 4 (d 128) or 2 (d 64) adjacent columns, which bwd_dq_col keeps adjacent (it flips bits 3 and up).
-// With DQ_OVERLAP (p.dq_done) the grid is launched to start beside the main kernel's last wave (PDL): a CTA
-// first waits until each item its rows are in has every one of its key blocks' reductions (bwd_item_blocks;
-// a count past that sets *err), and one CTA ends only after the main grid, so that the stream's next work
-// waits for both.
 template <int DQK, int BQ = BWD_BQ> __global__ void __launch_bounds__(128) bwd_dq_kernel(const bwd_params_t p) {
   constexpr int V = DQK / 32; // columns a lane
   const int hh = blockIdx.y, bb = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const hp_seq_t sq = hp_seq(p, bb);
   const int r0 = blockIdx.x * BWD_BQ;
-  if (p.dq_done) {
-    if (threadIdx.x < 2 && r0 < sq.len_q) { // the items of the block's first and last rows
-      const int m = (threadIdx.x == 0 ? r0 : min(r0 + BWD_BQ, sq.len_q) - 1) / p.dq_bq;
-      const int shift = p.bottom_right ? sq.len_kv - sq.len_q : 0;
-      const int want = bwd_item_blocks(m, p.dq_bq, sq.len_q, sq.len_kv, shift, p.window_left, p.window_right);
-      const int *at = p.dq_done + (hh * p.b + bb) * p.dq_nm + m;
-      int got = ld_acquire(at);
-      for (int n = 0; got < want; n++, got = ld_acquire(at)) {
-        if (n > (1 << 24)) break; // ~16 s of 1 us sleeps
-        __nanosleep(1000);
-      }
-      if (got != want && p.err) *p.err = 1;
-    }
-    hp_sync();
-    if (blockIdx.x == 0 && hh == 0 && bb == 0) hp_pdl_wait(); // this grid ends after the main one
-  }
   for (int r = warp; r < BWD_BQ; r += 4) {
     const int i = r0 + r;
     if (i >= sq.len_q) return;
@@ -480,7 +427,6 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_init(&sm.ds_free[i], bwd_releases(ELECT));
     }
     mbar_init_fence();
-    if (SPLIT && p.dq_done) hp_pdl_release(); // bwd_dq_kernel may start once every CTA is resident
   }
   hp_sync();
 
@@ -579,15 +525,6 @@ __global__ void __launch_bounds__(THREADS, 1)
         mbar_arrive(&sm.dq_empty);
       }
       bulk_wait(); // the last reduction done before the CTA ends
-      if (SPLIT && p.dq_done && items > 0) { // DQ_OVERLAP: every item's arrival once all its reductions are complete
-        // (one release for them all, not one an item in the loop: bwd_dq_kernel's blocks only run once SMs
-        // go idle, after whole CTAs)
-        fence_proxy_async_global();
-        __threadfence();
-        hq = hq0, m = m0;
-        for (int it = 0; it < items; it++, m = m + 1 == m_hi ? (hq++, m_lo) : m + 1)
-          atomicAdd(p.dq_done + (item_hq(it, hq) * p.b + bb) * p.dq_nm + item_m(it, m), 1);
-      }
     }
     return;
   }

@@ -270,19 +270,6 @@ __device__ __forceinline__ void tma_store(const hp_tmap_t *map, const void *src,
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
-// Orders this thread's completed async-proxy writes to global memory (bulk reductions) before its later
-// generic accesses (the counts that publish them).
-__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
-// Programmatic dependent launch (common/pdl.cuh's dl_pdl_*, here for the emulator's sake): wait for the
-// grid before this one to complete, and let the grid after this one be scheduled.
-__device__ __forceinline__ void hp_pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
-__device__ __forceinline__ void hp_pdl_release() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
-// An acquire load at gpu scope (a count whose writer published its writes before it).
-__device__ __forceinline__ int ld_acquire(const int *p) {
-  int v;
-  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);

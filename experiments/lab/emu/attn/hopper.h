@@ -571,12 +571,6 @@ HP_DEV void bulk_wait_read() {
   hp_bulks.clear();
 }
 HP_DEV void bulk_wait() { bulk_wait_read(); }
-HP_DEV void fence_proxy_async_global() {}
-HP_DEV int ld_acquire(const int *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-// the emulator runs a grid after the one before it
-HP_DEV void hp_pdl_wait() {}
-HP_DEV void hp_pdl_release() {}
-HP_DEV void __nanosleep(unsigned) { emu_yield(); }
 
 // SS: N columns (any multiple of 8 up to 128); A K-major, or (TA) MN-major; B K-major, or (TB) MN-major
 template <int N, bool TA, bool TB = TA> HP_DEV void wgmma_ss_n(float *d, uint64_t da, uint64_t db, int accumulate) {

@@ -229,13 +229,10 @@ template <int D, int LOOP = BWD_ORDER, bool ELECT = false, bool BULK = false, in
       emu_run(dim3(pb, h, b), dim3(128), 0, prep);
     }
   }
-  // BQ 80 and 128: dl.attn's own prep (bwd_prep_ws_kernel) and DQ_OVERLAP's arrival counts, garbage before it
-  const int nm_done = (s + BQ - 1) / BQ;
-  std::vector<int> dq_done(BQ != BWD_BQ ? (size_t)h * b * nm_done : 0, 0x5a5a5a5a);
+  // BQ 80 and 128: dl.attn's own prep (bwd_prep_ws_kernel)
   if (BQ != BWD_BQ) {
     p.o = o.data(), p.dout = dout.data();
     memcpy(p.o_st, sq, sizeof sq), memcpy(p.do_st, sq, sizeof sq);
-    p.dq_done = dq_done.data(), p.dq_nm = nm_done, p.dq_bq = BQ;
     const int pb = (s + 63) / 64;
     if (pb > 0) {
       const std::function<void()> prep = [&] { bwd_prep_ws_kernel<D, D>(p, delta.data()); };
@@ -276,27 +273,6 @@ template <int D, int LOOP = BWD_ORDER, bool ELECT = false, bool BULK = false, in
           if (!hp_run_cta(dim3(x, y, z), dim3(nb, h_kv, b), THREADS, sizeof(bwd_smem_t<D, D, BQ>),
                           [&] { bwd_kernel<D, D, LOOP, ELECT, BULK, BQ>(tq, tk, tv, tdo, p); }))
             return false;
-  // every item's arrivals: bwd_item_blocks, and the key blocks whose [m_lo, m_hi) hold it, counted here
-  for (int bb = 0; bb < b && BQ != BWD_BQ; bb++) {
-    const int shift = mk.br ? len_kv[bb] - len[bb] : 0;
-    for (int m = 0; m * BQ < len[bb]; m++) {
-      int want = 0;
-      for (int n0 = 0; n0 < len_kv[bb]; n0 += BN) {
-        const int n1 = std::min(n0 + BN, len_kv[bb]) - 1;
-        const int i_lo = mk.wr >= 0 ? std::max(0, n0 - shift - mk.wr) : 0;
-        const int i_hi = mk.wl >= 0 ? std::min(len[bb], n1 - shift + mk.wl + 1) : len[bb];
-        want += i_hi > i_lo && i_lo / BQ <= m && m < (i_hi + BQ - 1) / BQ;
-      }
-      const int model = bwd_item_blocks(m, BQ, len[bb], len_kv[bb], shift, mk.wl, mk.wr);
-      for (int hh = 0; hh < h; hh++) {
-        const int got = dq_done[((size_t)hh * b + bb) * nm_done + m];
-        if (got != want || model != want) {
-          printf("item (head %d, sequence %d, block %d): %d arrivals, %d key blocks, bwd_item_blocks %d\n", hh, bb, m, got, want, model);
-          return false;
-        }
-      }
-    }
-  }
   const int mb = (s + BWD_BQ - 1) / BWD_BQ;
   if (mb > 0) {
     const std::function<void()> conv = [&] { bwd_dq_kernel<D, BQ>(p); };
