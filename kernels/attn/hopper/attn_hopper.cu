@@ -139,7 +139,7 @@ static int env_bwd_split(void) {
 }
 /* Where M80 or M128 runs, the backward's own prep, bwd_prep_ws_kernel (D and the zeroed accumulator in the
  * portable prep's layout, by 16-byte loads and stores; FA4-GAP.md section 26: backward 1.009-1.021x at d 64,
- * 0.993-1.016x at d 128, s 4k and 8k); DISTLAB_ATTN_HOPPER_BWD_PREP_WS=0 runs attn_bwd.cu's (A/B timings). */
+ * 0.994-1.016x at d 128, s 4k and 8k); DISTLAB_ATTN_HOPPER_BWD_PREP_WS=0 runs attn_bwd.cu's (A/B timings). */
 static int env_bwd_prep_ws(void) {
   static int c = -1;
   return !env_is("DISTLAB_ATTN_HOPPER_BWD_PREP_WS", "0", &c);
