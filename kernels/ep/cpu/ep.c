@@ -41,9 +41,15 @@ static void record(const dl_ep_args_t *a, uint32_t kind, uint32_t peer, uint32_t
  * kernels' ep_stop (kernels/ep/ep_device.cuh): the peer died (status.gone,
  * the watchdog's word), it started the other kind of call as this call (ep.h),
  * or the deadline passed; recorded (a timeout with the call waited for, e,
- * and the calls the peer's count x held). */
+ * and the calls the peer's count x held). A process can be descheduled
+ * between its wait's last look at the word and this test, for longer than a
+ * peer takes to finish the call and exit (ep_faults_spec's 3 ranks on a
+ * loaded 2-core machine): so before a death or a timeout is recorded, the
+ * word p is read again, and a wait it already ends is not stopped; and a
+ * death is reported as the call out of step that any peer announced, where
+ * one did (the dead peer's announcement stays in this rank's words). */
 static int stop(const dl_ep_args_t *a, int peer, int block, uint32_t epoch, uint32_t e, uint32_t x,
-                double deadline) {
+                double deadline, const uint32_t *p, uint32_t v) {
   const uint32_t *self = ctrl_of(a, a->rank);
   const uint32_t call = dl_ep_call(self, a->nranks, a->rank, a->phase, epoch);
   const uint32_t ann = __atomic_load_n(&self[dl_ep_ann(a->nranks, peer)], __ATOMIC_ACQUIRE);
@@ -52,6 +58,14 @@ static int stop(const dl_ep_args_t *a, int peer, int block, uint32_t epoch, uint
     return DL_ERR(DL_ESTATE, "ep: rank %d made another call", peer);
   }
   const uint32_t gone = __atomic_load_n(&a->status->gone, __ATOMIC_ACQUIRE);
+  if ((gone || dl_host_now_s() > deadline) && DL_SIGNAL_REACHED(__atomic_load_n(p, __ATOMIC_ACQUIRE), v)) return DL_OK;
+  if (gone) /* a peer that started the other kind of call, the dead one included (its word is here), is the cause */
+    for (int q = 0; q < a->nranks; q++)
+      if (q != peer && __atomic_load_n(&self[dl_ep_ann(a->nranks, q)], __ATOMIC_ACQUIRE) ==
+                           dl_ep_ann_word(call, !dl_ep_is_dispatch(a->phase))) {
+        record(a, DL_EP_ERR_CALL, (uint32_t)q, call, call | DL_EP_TAG_OTHER, block, epoch);
+        return DL_ERR(DL_ESTATE, "ep: rank %d made another call", q);
+      }
   if (gone) {
     record(a, DL_EP_ERR_GONE, gone - 1, epoch, 0, block, epoch);
     return DL_ERR(DL_EPEER, "ep: rank %u has exited", gone - 1);
@@ -72,7 +86,7 @@ static int wait_word(const dl_ep_args_t *a, int64_t w, uint32_t e, int peer, int
   uint32_t x;
   for (long i = 0; !DL_SIGNAL_REACHED(x = __atomic_load_n(p, __ATOMIC_ACQUIRE), v); i++) {
     dl_host_pause(i);
-    if (i % 16 == 0 && i > 0) DL_TRY(stop(a, peer, block, epoch, e, x, deadline));
+    if (i % 16 == 0 && i > 0) DL_TRY(stop(a, peer, block, epoch, e, x, deadline, p, v));
   }
   return DL_OK;
 }
