@@ -59,14 +59,14 @@ static int stop(const dl_ep_args_t *a, int peer, int block, uint32_t epoch, uint
   }
   const uint32_t gone = __atomic_load_n(&a->status->gone, __ATOMIC_ACQUIRE);
   if ((gone || dl_host_now_s() > deadline) && DL_SIGNAL_REACHED(__atomic_load_n(p, __ATOMIC_ACQUIRE), v)) return DL_OK;
-  if (gone) /* a peer that started the other kind of call, the dead one included (its word is here), is the cause */
+  if (gone) {
+    /* a peer that started the other kind of call, the dead one included (its word is here), is the cause */
     for (int q = 0; q < a->nranks; q++)
       if (q != peer && __atomic_load_n(&self[dl_ep_ann(a->nranks, q)], __ATOMIC_ACQUIRE) ==
                            dl_ep_ann_word(call, !dl_ep_is_dispatch(a->phase))) {
         record(a, DL_EP_ERR_CALL, (uint32_t)q, call, call | DL_EP_TAG_OTHER, block, epoch);
         return DL_ERR(DL_ESTATE, "ep: rank %d made another call", q);
       }
-  if (gone) {
     record(a, DL_EP_ERR_GONE, gone - 1, epoch, 0, block, epoch);
     return DL_ERR(DL_EPEER, "ep: rank %u has exited", gone - 1);
   }
