@@ -144,6 +144,13 @@ static int env_bwd_prep_ws(void) {
   static int c = -1;
   return !env_is("DISTLAB_ATTN_HOPPER_BWD_PREP_WS", "0", &c);
 }
+/* With that prep, the dQ accumulator is not zeroed: each item's first CTA stores its dQ tile and the others add
+ * theirs after its flag (bwd_kernel.cuh's FIRST: the prep writes half its bytes, and the first reduction into a
+ * line no longer reads zeros back); DISTLAB_ATTN_HOPPER_BWD_FIRST=0 zeroes it as before (A/B timings). */
+static int env_bwd_first(void) {
+  static int c = -1;
+  return !env_is("DISTLAB_ATTN_HOPPER_BWD_FIRST", "0", &c);
+}
 /* Which of the backward's item heights runs for p: 80 (M80), 128 (M128) or BWD_BQ */
 static int bwd_rows(const dl_attn_params_t *p) {
   const int m80 = env_bwd_m80();
@@ -643,6 +650,17 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
     }
   }
   k.delta = delta;
+  const int64_t lse_rows = dl_attn_bwd_lse_rows(p);
+  /* FIRST's tickets and flags at the end of the lse2 rows (which only BULK's kernels use), the split slots
+   * before them */
+  size_t lse2_bytes = (size_t)lse_rows * p->h_q * sizeof(float);
+  const size_t n_first = 2 * (size_t)p->h_q * p->b * ((p->s_q + bq - 1) / bq);
+  if (bq != BWD_BQ && env_bwd_prep_ws() && env_bwd_first() && p->s_q > 0 && n_first * sizeof(int) <= lse2_bytes / 2) {
+    /* (thd with many short sequences beside a long one may not leave room: the accumulator zeroed then) */
+    k.dq_bq = bq, k.dq_nm = (p->s_q + bq - 1) / bq;
+    lse2_bytes = (lse2_bytes - n_first * sizeof(int)) & ~(size_t)255;
+    k.dq_first = (int *)((char *)(delta + (size_t)lse_rows * p->h_q) + lse2_bytes);
+  }
   if (bq != BWD_BQ && env_bwd_prep_ws() && p->s_q > 0) {
     k.o = (const uint16_t *)p->out, k.dout = (const uint16_t *)p->dout;
     copy_st(k.o_st, p->out_st), copy_st(k.do_st, p->dout_st);
@@ -654,9 +672,8 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
   /* the tail split: the plan for this GPU's SMs (a tail of at most a quarter of them; a part's own cost
    * taken as 2 items; at least 1% saved) */
   dim3 grid_run = grid;
-  const int64_t lse_rows = dl_attn_bwd_lse_rows(p);
   const size_t slot_bytes = ((size_t)BN * (p->d_qk + p->d_v) + 1) * sizeof(float);
-  const int64_t slots = (int64_t)((size_t)lse_rows * p->h_q * sizeof(float) / slot_bytes); /* in the lse2 rows */
+  const int64_t slots = (int64_t)(lse2_bytes / slot_bytes); /* in the lse2 rows */
   if (!thd && p->window_left < 0 && p->window_right < 0 && slots > 0 && env_bwd_split() && p->s_q > 0 &&
       bq != BWD_BQ) { /* bwd_kernel's SPLIT (not BULK's kernels: they read the lse2 rows) */
     int sms = 0, first = 0;

@@ -177,6 +177,13 @@ struct bwd_params_t {
   int split_first, split_parts;
   float *split_acc;
   int *split_count;
+  // FIRST (BQ 80 and 128; null: off): the accumulator is not zeroed; of an item's contributing CTAs (its key
+  // blocks') the first to take its ticket stores its dQ tile (a bulk copy) and raises its flag once the store is
+  // complete, the others add theirs by bulk reductions after seeing the flag. [2][h][b][dq_nm] ints (tickets,
+  // then flags; item m of q head hq and sequence bb at (hq b + bb) dq_nm + m), zeroed by bwd_prep_ws_kernel;
+  // bwd_dq_kernel writes 0 for the rows of an item no CTA took (no key block sees it)
+  int *dq_first;
+  int dq_nm, dq_bq; // items a (head, sequence); rows an item (bwd_kernel's BQ)
 #if HP_BWD_TRACE
   unsigned long long *trace; // lab only: [2][HP_BT_WORDS] sums over the CTAs (HP_BWD_TRACE above)
 #endif
@@ -202,8 +209,9 @@ HP_DEV int64_t bwd_lse_row(const bwd_params_t &p, const hp_seq_t &s, int bb, int
 }
 
 // The prep where BULK does not run (BQ 80 and 128): D = rowsum(dO * out) in fp32 into delta [h][ws_rows]
-// (the portable prep's layout, attn_bwd.cu) and the rows' fp32 dQ accumulator zeroed. Grid (blocks of 64
-// rows, h, b), 256 threads; a row's 16-byte chunks of out and dO over DV / 8 lanes, each thread's loads all issued
+// (the portable prep's layout, attn_bwd.cu) and the rows' fp32 dQ accumulator zeroed, or with FIRST
+// (p.dq_first) the tickets and flags of the items whose first row is in the CTA's rows instead. Grid (blocks of
+// 64 rows, h, b), 256 threads; a row's 16-byte chunks of out and dO over DV / 8 lanes, each thread's loads all issued
 // before their sums (the portable prep's 4-byte loads, a warp a row, ran at ~2.9 TB/s on an H200).
 template <int DQK, int DV> __global__ void __launch_bounds__(256) bwd_prep_ws_kernel(const bwd_params_t p, float *delta) {
   constexpr int L = DV / 8, RW = 32 / L, PASSES = 64 / (8 * RW); // lanes a row, rows a warp, passes of the 8 warps
@@ -232,6 +240,11 @@ template <int DQK, int DV> __global__ void __launch_bounds__(256) bwd_prep_ws_ke
     for (int m = L / 2; m > 0; m >>= 1) acc += hp_shfl_xor(acc, m);
     const int r = (k * 8 + warp) * RW + lane / L;
     if (lane % L == 0 && r < rows) delta[hh * p.ws_rows + bwd_ws_row(p, sq, bb, r0 + r)] = acc;
+  }
+  if (p.dq_first) { // the item m with r0 <= m bq < r0 + rows, if any (bq >= 64: at most one)
+    const int m = (r0 + p.dq_bq - 1) / p.dq_bq, n = p.h * p.b * p.dq_nm;
+    if (tid < 2 && m * p.dq_bq < r0 + rows) p.dq_first[tid * n + (hh * p.b + bb) * p.dq_nm + m] = 0;
+    return;
   }
   // the rows' accumulator: rows x DQK floats, contiguous (a sequence's workspace rows are)
   float4 *acc = reinterpret_cast<float4 *>(p.dq_acc + (hh * p.ws_rows + bwd_ws_row(p, sq, bb, r0)) * DQK);
@@ -272,30 +285,39 @@ template <int DQK, int DV> __global__ void __launch_bounds__(128) bwd_prep_kerne
 
 // grid (blocks of BWD_BQ rows, h, b), 128 threads, a warp a row: dq = scale * accumulator (+ dq), the
 // accumulator's columns as bwd_dq_col<BQ> placed them (attn_bwd.cu's attn_bwd_dq_kernel, for that layout); a
-// lane's 4 (d 128) or 2 (d 64) adjacent columns, which bwd_dq_col keeps adjacent (it flips bits 3 and up).
+// lane's 4 (d 128) or 2 (d 64) adjacent columns, which bwd_dq_col keeps adjacent (it flips bits 3 and up). A
+// warp's 16 rows' loads all issued before their conversions (one load's latency a warp, not 16). With FIRST
+// (p.dq_first) the rows of an item no CTA took (its ticket 0: no key block sees it) convert as 0.
 template <int DQK, int BQ = BWD_BQ> __global__ void __launch_bounds__(128) bwd_dq_kernel(const bwd_params_t p) {
-  constexpr int V = DQK / 32; // columns a lane
+  constexpr int V = DQK / 32, R = BWD_BQ / 4; // columns a lane, rows a warp
   const int hh = blockIdx.y, bb = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const hp_seq_t sq = hp_seq(p, bb);
-  const int r0 = blockIdx.x * BWD_BQ;
-  for (int r = warp; r < BWD_BQ; r += 4) {
-    const int i = r0 + r;
-    if (i >= sq.len_q) return;
-    const float *acc = p.dq_acc + (hh * p.ws_rows + bwd_ws_row(p, sq, bb, i)) * DQK;
-    uint16_t *dq = p.dq + bwd_at(p.dq_st, sq.first_q, i, hh, sq.tb);
-    const int c = V * lane;
-    float x[V];
+  const int r0 = blockIdx.x * BWD_BQ, c = V * lane;
+  float x[R][V];
+#pragma unroll
+  for (int k = 0; k < R; k++) {
+    const int i = r0 + warp + 4 * k;
+#pragma unroll
+    for (int e = 0; e < V; e++) x[k][e] = 0.0f;
+    if (i >= sq.len_q || (p.dq_first && p.dq_first[(hh * p.b + bb) * p.dq_nm + i / p.dq_bq] == 0)) continue;
+    const float *acc = p.dq_acc + (hh * p.ws_rows + bwd_ws_row(p, sq, bb, i)) * DQK + bwd_dq_col<BQ>(c, i);
     if constexpr (V == 4) {
-      const float4 a = __ldcg(reinterpret_cast<const float4 *>(acc + bwd_dq_col<BQ>(c, i)));
-      x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w;
+      const float4 a = __ldcg(reinterpret_cast<const float4 *>(acc));
+      x[k][0] = a.x, x[k][1] = a.y, x[k][2] = a.z, x[k][3] = a.w;
     } else {
-      const float2 a = __ldcg(reinterpret_cast<const float2 *>(acc + bwd_dq_col<BQ>(c, i)));
-      x[0] = a.x, x[1] = a.y;
+      const float2 a = __ldcg(reinterpret_cast<const float2 *>(acc));
+      x[k][0] = a.x, x[k][1] = a.y;
     }
+  }
+#pragma unroll
+  for (int k = 0; k < R; k++) {
+    const int i = r0 + warp + 4 * k;
+    if (i >= sq.len_q) break;
+    uint16_t *dq = p.dq + bwd_at(p.dq_st, sq.first_q, i, hh, sq.tb);
     uint32_t out[V / 2];
 #pragma unroll
     for (int e = 0; e < V / 2; e++) {
-      float u = x[2 * e] * p.scale, v = x[2 * e + 1] * p.scale;
+      float u = x[k][2 * e] * p.scale, v = x[k][2 * e + 1] * p.scale;
       if (p.accumulate) {
         const uint32_t old = *reinterpret_cast<const uint32_t *>(dq + c + 2 * e);
         u += bf16_lo(old), v += bf16_hi(old);
@@ -519,7 +541,29 @@ __global__ void __launch_bounds__(THREADS, 1)
         const int i0 = item_m(it, m) * BQ;
         mbar_wait(&sm.dq_full, (uint32_t)it & 1u, &sm.fail, p.err);
         const int rows = min(BQ, len_q - i0); // not into the next sequence's rows
-        bulk_reduce_add(p.dq_acc + (item_hq(it, hq) * p.ws_rows + bwd_ws_row(p, sq, bb, i0)) * DQK, sm.dq, (uint32_t)(rows * DQK * 4));
+        float *dst = p.dq_acc + (item_hq(it, hq) * p.ws_rows + bwd_ws_row(p, sq, bb, i0)) * DQK;
+        if (SPLIT && p.dq_first) { // FIRST: the item's first CTA stores, the others add after its flag
+          int *ticket = p.dq_first + (item_hq(it, hq) * p.b + bb) * p.dq_nm + item_m(it, m);
+          int *flag = ticket + p.h * p.b * p.dq_nm;
+          if (atomicAdd(ticket, 1) == 0) {
+            bulk_store(dst, sm.dq, (uint32_t)(rows * DQK * 4));
+            bulk_commit();
+            bulk_wait_read();
+            mbar_arrive(&sm.dq_empty);
+            bulk_wait(); // the store complete, then published
+            fence_proxy_async_global();
+            st_release(flag, 1);
+            continue;
+          }
+          for (int n = 0; !ld_acquire(flag); n++)
+            if (n > (1 << 26) || sm.fail) {
+              sm.fail = 1;
+              if (p.err) *p.err = 1;
+              break;
+            }
+          fence_proxy_async_global();
+        }
+        bulk_reduce_add(dst, sm.dq, (uint32_t)(rows * DQK * 4));
         bulk_commit();
         bulk_wait_read();
         mbar_arrive(&sm.dq_empty);

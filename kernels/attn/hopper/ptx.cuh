@@ -259,6 +259,25 @@ __device__ __forceinline__ void bulk_reduce_add(float *dst, const void *src, uin
                ::"l"(dst), "r"(hp_smem_u32(src)), "r"(bytes)
                : "memory");
 }
+// bytes from shared memory stored to global memory (a plain bulk copy: both addresses 16-byte aligned, bytes a
+// multiple of 16), in this thread's bulk group like bulk_reduce_add.
+__device__ __forceinline__ void bulk_store(float *dst, const void *src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst), "r"(hp_smem_u32(src)), "r"(bytes)
+               : "memory");
+}
+// Orders this thread's async-proxy accesses of global memory (completed bulk copies, later bulk reductions) with
+// its generic ones: between a completed bulk store and the release that publishes it, and between an acquire
+// and the bulk reduction it allows.
+__device__ __forceinline__ void fence_proxy_async_global() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
+// A flag at gpu scope: its release store, and its acquire load.
+__device__ __forceinline__ void st_release(int *p, int v) {
+  asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ int ld_acquire(const int *p) {
+  int v;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
 // A box {64, 1, rows, 1} of a 4-d tensor map (d, h, s, b) stored from shared memory (the map's swizzle),
 // a bulk copy of the async proxy in this thread's bulk group like bulk_reduce_add; the box's elements
 // outside the tensor are not written. The shared memory writes it reads need fence_proxy_async first.

@@ -493,16 +493,16 @@ HP_DEV void st_shared_v2(uint32_t addr, uint32_t x, uint32_t y) {
 struct hp_bulk {
   float *dst;
   uint32_t src, bytes;
-  bool committed;
+  bool committed, store; // store: a plain bulk copy (bulk_store), else an fp32 add
 };
 static std::vector<hp_bulk> hp_bulks;
 static void hp_bulk_do(const hp_bulk &b) {
   const float *s = (const float *)hp_ptr(b.src, b.bytes);
-  for (uint32_t i = 0; i < b.bytes / 4; i++) b.dst[i] += s[i];
+  for (uint32_t i = 0; i < b.bytes / 4; i++) b.dst[i] = b.store ? s[i] : b.dst[i] + s[i];
   emu.progress++;
 }
-HP_DEV void bulk_reduce_add(float *dst, const void *src, uint32_t bytes) {
-  const hp_bulk b{dst, hp_smem_u32(src), bytes, false};
+HP_DEV void bulk_reduce_add(float *dst, const void *src, uint32_t bytes, bool store = false) {
+  const hp_bulk b{dst, hp_smem_u32(src), bytes, false, store};
   if (b.src % 16 || (uintptr_t)dst % 16 || bytes % 16) {
     fprintf(stderr, "emu: bulk reduction of %u bytes at %u -> %p: not 16-byte aligned\n", bytes, b.src, (void *)dst);
     abort();
@@ -571,6 +571,10 @@ HP_DEV void bulk_wait_read() {
   hp_bulks.clear();
 }
 HP_DEV void bulk_wait() { bulk_wait_read(); }
+HP_DEV void bulk_store(float *dst, const void *src, uint32_t bytes) { bulk_reduce_add(dst, src, bytes, true); }
+HP_DEV void fence_proxy_async_global() {}
+HP_DEV void st_release(int *p, int v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
+HP_DEV int ld_acquire(const int *p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
 
 // SS: N columns (any multiple of 8 up to 128); A K-major, or (TA) MN-major; B K-major, or (TB) MN-major
 template <int N, bool TA, bool TB = TA> HP_DEV void wgmma_ss_n(float *d, uint64_t da, uint64_t db, int accumulate) {

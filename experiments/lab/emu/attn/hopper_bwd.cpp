@@ -130,6 +130,8 @@ static bool unit_m64n80() {
 // half of the key blocks in P parts each (P past a block's items leaves parts without any), the 1-D grid
 // run last CTA first, so that a part other than the last index adds up its block
 static int g_split = 0;
+// --no-first: BQ 80 and 128 with the accumulator zeroed by the prep (DISTLAB_ATTN_HOPPER_BWD_FIRST=0), not FIRST
+static bool g_first = true;
 
 template <int D, int LOOP = BWD_ORDER, bool ELECT = false, bool BULK = false, int BQ = BWD_BQ> static bool run_case(const hp_case &cs, const hp_mask &mk, unsigned seed, bool accumulate) {
   const hp_seqs sq_(cs);
@@ -229,10 +231,14 @@ template <int D, int LOOP = BWD_ORDER, bool ELECT = false, bool BULK = false, in
       emu_run(dim3(pb, h, b), dim3(128), 0, prep);
     }
   }
-  // BQ 80 and 128: dl.attn's own prep (bwd_prep_ws_kernel)
+  // BQ 80 and 128: dl.attn's own prep (bwd_prep_ws_kernel) and FIRST's tickets and flags (garbage before it;
+  // the accumulator then stays NaN until each item's first CTA stores into it)
+  const int nm_first = (s + BQ - 1) / BQ;
+  std::vector<int> dq_first(BQ != BWD_BQ ? 2 * (size_t)h * b * nm_first : 0, 0x5a5a5a5a);
   if (BQ != BWD_BQ) {
     p.o = o.data(), p.dout = dout.data();
     memcpy(p.o_st, sq, sizeof sq), memcpy(p.do_st, sq, sizeof sq);
+    if (g_first) p.dq_first = dq_first.data(), p.dq_nm = nm_first, p.dq_bq = BQ;
     const int pb = (s + 63) / 64;
     if (pb > 0) {
       const std::function<void()> prep = [&] { bwd_prep_ws_kernel<D, D>(p, delta.data()); };
@@ -356,6 +362,7 @@ template <int D, int LOOP = BWD_ORDER, bool ELECT = false, bool BULK = false, in
 }
 
 int main(int argc, char **argv) {
+  if (argc > 1 && !strcmp(argv[1], "--no-first")) g_first = false, argv++, argc--; // then any of the others
   const bool quick = argc > 1 && !strcmp(argv[1], "--quick"), m80 = argc > 1 && !strcmp(argv[1], "--m80"),
              m128 = argc > 1 && !strcmp(argv[1], "--m128");
   if (argc > 2 && !strcmp(argv[1], "--split")) { // the tail split: the unmasked runs of dl.attn's loops alone
