@@ -66,6 +66,18 @@ for _, dev in ipairs(H.devices) do
           assert.truthy(out:find(knob .. ": the masked schedule's group in MB of L2", 1, true), out)
         end
       end)
+      it("DISTLAB_ATTN_HOPPER_BWD_ROT (a key block's query blocks rotated): 2 and 1000 give hopper_small's fp64-checked results; 7x stops the call with an error naming the knob (subprocesses: the knob is read once)", function()
+        if not is_hopper(D) then return end
+        local script = "run -n 1 --device cuda experiments/attn/hopper_small.lua"
+        for _, n in ipairs { "2", "1000" } do
+          local rc, out = H.distlab(script, "DISTLAB_ATTN_HOPPER_BWD_ROT=" .. n)
+          assert.equal(0, rc, out)
+          assert.truthy(out:find("hopper_small: all ok", 1, true), out)
+        end
+        local rc, out = H.distlab(script .. " --quick", "DISTLAB_ATTN_HOPPER_BWD_ROT=7x")
+        assert.are_not.equal(0, rc, out)
+        assert.truthy(out:find("DISTLAB_ATTN_HOPPER_BWD_ROT=7x: the backward's rotation", 1, true), out)
+      end)
       it("runs the Hopper forward at d 64 and 128 bf16 on an sm_90 device, the portable kernel elsewhere", function()
         local q = dl.randn({ 1, 64, 2, 128 }, { dtype = "bf16", device = D })
         local f16 = dl.randn({ 1, 64, 2, 128 }, { dtype = "f16", device = D })

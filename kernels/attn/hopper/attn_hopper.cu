@@ -127,6 +127,23 @@ static int env_bwd_group_mb(int *mb) {
   static int c = INT_MIN;
   return env_group_mb("DISTLAB_ATTN_HOPPER_BWD_GROUP_MB", &c, mb);
 }
+/* ROT (bwd_kernel.cuh, FA4-GAP.md section 27: branch b45, untimed): DISTLAB_ATTN_HOPPER_BWD_ROT=N (1 to 65536)
+ * starts key block n's CTA at query block (n % N) % nm of its items, wrapping, so that a head's CTAs do not
+ * run the same item at the same moment; unset or 0 the blocks in order (the default). Read once. */
+static int env_bwd_rot(int *rot) {
+  static int c = INT_MIN;
+  if (c == INT_MIN) {
+    const char *e = getenv("DISTLAB_ATTN_HOPPER_BWD_ROT");
+    char *end = NULL;
+    const long v = e && *e ? strtol(e, &end, 10) : 0;
+    if (e && *e && (*end || v < 0 || v > 65536))
+      return DL_ERR(DL_EINVAL, "attn (hopper): DISTLAB_ATTN_HOPPER_BWD_ROT=%s: the backward's rotation of a key "
+                               "block's query blocks, an integer from 0 (none) to 65536, or unset (none)", e);
+    c = (int)v;
+  }
+  *rot = c;
+  return 0;
+}
 /* The backward's tail split (tile_scheduler.cuh: hp_bwd_tile, hp_bwd_split_plan): without a mask on bshd
  * and sbhd, the key blocks of the last, partial wave go in parts over every SM, their dK and dV added up in
  * split slots in the workspace's lse log2(e) rows, which only BULK's kernels use (as many slots as fit
@@ -621,6 +638,7 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
   bwd_params_t k = {};
   common_params(k, p);
   DL_TRY(env_bwd_group_mb(&k.group_mb));
+  DL_TRY(env_bwd_rot(&k.rot));
   k.scale = p->scale, k.lse = p->lse;
   copy_st(k.lse_st, p->lse_st);
   k.dq = (uint16_t *)p->dq, k.dk = (uint16_t *)p->dk, k.dv = (uint16_t *)p->dv;

@@ -177,6 +177,7 @@ struct bwd_params_t {
   int split_first, split_parts;
   float *split_acc;
   int *split_count;
+  int rot; // ROT (> 0): a CTA's query blocks from block (n_block % rot) % nm on, wrapping (bwd_kernel); 0: from m_lo
 #if HP_BWD_TRACE
   unsigned long long *trace; // lab only: [2][HP_BT_WORDS] sums over the CTAs (HP_BWD_TRACE above)
 #endif
@@ -409,7 +410,15 @@ __global__ void __launch_bounds__(THREADS, 1)
   // (experiments/results/attn/hopper-b9x-ab-h200.md), where the counters are dead code
   constexpr bool DIV = BQ == 80;
   auto item_hq = [&](int it, int hq) { return DIV ? hkv * group + (it + it_off) / nm : hq; };
-  auto item_m = [&](int it, int m) { return DIV ? m_lo + (it + it_off) % nm : m; };
+  // ROT (p.rot > 0; FA4-GAP.md section 27, b45): the CTA runs a head's query blocks from block rot on,
+  // wrapping, rot = (n_block % p.rot) % nm. Without a mask every key block of a head has the same items in
+  // the same order, so all of a head's CTAs load the same Q and dO tiles and reduce into the same dQ rows at
+  // about the same moment (b44's flags waited on it); rotated, neighbouring key blocks are an item or more
+  // apart. Only the order changes: each CTA (each part of a split block) keeps its items. Built into the
+  // loops of BQ 80 and 128 only (as SPLIT: in BQ 64's at d 64 ptxas spilled 4 bytes).
+  const int rot = SPLIT && p.rot > 0 && nm > 0 ? (n_block % p.rot) % nm : 0;
+  auto rotated = [&](int u) { return m_lo + (u + rot >= nm ? u + rot - nm : u + rot); }; // u in [0, nm)
+  auto item_m = [&](int it, int m) { return DIV ? rotated((it + it_off) % nm) : SPLIT ? rotated(m - m_lo) : m; };
 
   if (threadIdx.x == 0) {
     sm.fail = 0;

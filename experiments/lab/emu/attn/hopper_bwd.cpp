@@ -130,6 +130,9 @@ static bool unit_m64n80() {
 // half of the key blocks in P parts each (P past a block's items leaves parts without any), the 1-D grid
 // run last CTA first, so that a part other than the last index adds up its block
 static int g_split = 0;
+// --rot N (before the other arguments): every run with bwd_params_t.rot = N (ROT: a key block's query blocks
+// from (n_block % N) % nm on, wrapping)
+static int g_rot = 0;
 
 template <int D, int LOOP = BWD_ORDER, bool ELECT = false, bool BULK = false, int BQ = BWD_BQ> static bool run_case(const hp_case &cs, const hp_mask &mk, unsigned seed, bool accumulate) {
   const hp_seqs sq_(cs);
@@ -212,6 +215,7 @@ template <int D, int LOOP = BWD_ORDER, bool ELECT = false, bool BULK = false, in
   p.lse = lse.data(), p.dq = dq.data(), p.dk = dk.data(), p.dv = dv.data();
   memcpy(p.dq_st, sq, sizeof sq), memcpy(p.dk_st, sk, sizeof sk), memcpy(p.dv_st, sk, sizeof sk), memcpy(p.lse_st, sl, sizeof sl);
   p.accumulate = accumulate;
+  p.rot = g_rot;
   // the portable layout: D [h][ws_rows], dQ [h][ws_rows][D]; NaN where no sequence's row is
   p.ws_rows = thd ? rows : (int64_t)b * s;
   // BULK: D and lse2 [h][lse_rows] (dl_attn_bwd_lse_rows' count), NaN where bwd_prep_kernel writes nothing
@@ -356,6 +360,11 @@ template <int D, int LOOP = BWD_ORDER, bool ELECT = false, bool BULK = false, in
 }
 
 int main(int argc, char **argv) {
+  if (argc > 2 && !strcmp(argv[1], "--rot")) { // ROT, then the other arguments as without it
+    g_rot = atoi(argv[2]);
+    printf("hopper emu bwd: rot %d\n", g_rot);
+    argv[2] = argv[0], argv += 2, argc -= 2;
+  }
   const bool quick = argc > 1 && !strcmp(argv[1], "--quick"), m80 = argc > 1 && !strcmp(argv[1], "--m80"),
              m128 = argc > 1 && !strcmp(argv[1], "--m128");
   if (argc > 2 && !strcmp(argv[1], "--split")) { // the tail split: the unmasked runs of dl.attn's loops alone
