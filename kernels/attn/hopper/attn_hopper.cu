@@ -102,21 +102,28 @@ static int env_bwd_m128(void) {
   static int c = -1;
   return !env_is("DISTLAB_ATTN_HOPPER_BWD_M128", "0", &c);
 }
+/* An integer knob from 0 to hi, read once into *cache (INT_MIN before): *v -1 where unset or empty; anything
+ * else an error naming the knob and `what` it takes. */
+static int env_int(const char *name, long hi, const char *what, int *cache, int *v) {
+  if (*cache == INT_MIN) {
+    const char *e = getenv(name);
+    char *end = NULL;
+    const long x = e && *e ? strtol(e, &end, 10) : -1;
+    if (e && *e && (*end || x < 0 || x > hi)) return DL_ERR(DL_EINVAL, "attn (hopper): %s=%s: %s", name, e, what);
+    *cache = (int)x;
+  }
+  *v = *cache;
+  return 0;
+}
 /* The masked schedules' groups of heads (tile_scheduler.cuh: the forward's tiles and, since B10, the
  * backward's key blocks heaviest first over a group whose operands fit in L2), in MB of L2:
  * DISTLAB_ATTN_HOPPER_FWD_GROUP_MB and ..._BWD_GROUP_MB, unset the build's 16 MB, 0 the grid's order (A/B
  * timings: FA4-GAP.md F5, B10), else 1 to 4096; *mb as params_t.group_mb wants it (0, -1 or N). Read once. */
 static int env_group_mb(const char *name, int *cache, int *mb) {
-  if (*cache == INT_MIN) {
-    const char *e = getenv(name);
-    char *end = NULL;
-    const long v = e && *e ? strtol(e, &end, 10) : 0;
-    if (e && *e && (*end || v < 0 || v > 4096))
-      return DL_ERR(DL_EINVAL, "attn (hopper): %s=%s: the masked schedule's group in MB of L2, an integer from 0 "
-                               "(the grid's order) to 4096, or unset (16)", name, e);
-    *cache = !e || !*e ? 0 : v == 0 ? -1 : (int)v;
-  }
-  *mb = *cache;
+  int v;
+  DL_TRY(env_int(name, 4096, "the masked schedule's group in MB of L2, an integer from 0 (the grid's order) to 4096, "
+                 "or unset (16)", cache, &v));
+  *mb = v < 0 ? 0 : v == 0 ? -1 : v;
   return 0;
 }
 static int env_fwd_group_mb(int *mb) {
@@ -132,16 +139,10 @@ static int env_bwd_group_mb(int *mb) {
  * run the same item at the same moment; unset or 0 the blocks in order (the default). Read once. */
 static int env_bwd_rot(int *rot) {
   static int c = INT_MIN;
-  if (c == INT_MIN) {
-    const char *e = getenv("DISTLAB_ATTN_HOPPER_BWD_ROT");
-    char *end = NULL;
-    const long v = e && *e ? strtol(e, &end, 10) : 0;
-    if (e && *e && (*end || v < 0 || v > 65536))
-      return DL_ERR(DL_EINVAL, "attn (hopper): DISTLAB_ATTN_HOPPER_BWD_ROT=%s: the backward's rotation of a key "
-                               "block's query blocks, an integer from 0 (none) to 65536, or unset (none)", e);
-    c = (int)v;
-  }
-  *rot = c;
+  int v;
+  DL_TRY(env_int("DISTLAB_ATTN_HOPPER_BWD_ROT", 65536, "the backward's rotation of a key block's query blocks, an "
+                 "integer from 0 (none) to 65536, or unset (none)", &c, &v));
+  *rot = v < 0 ? 0 : v;
   return 0;
 }
 /* The backward's tail split (tile_scheduler.cuh: hp_bwd_tile, hp_bwd_split_plan): without a mask on bshd
