@@ -100,6 +100,23 @@
 #define HP_BWD_DS_EARLY 1
 #endif
 
+// BQ 80's exps partly among dS^T's arithmetic (p_and_ds's MIX); HP_BWD_MIX_J of the 10 column groups before dP^T's wait
+#ifndef HP_BWD_MIX
+#define HP_BWD_MIX 1
+#endif
+#ifndef HP_BWD_MIX_J
+#define HP_BWD_MIX_J 3
+#endif
+
+// The producer warps' waits asleep in the barrier (fwd_params.cuh's mbar_wait_idle); 0: mbar_wait's polls
+#ifndef HP_BWD_SLEEP
+#define HP_BWD_SLEEP 1
+#endif
+HP_DEV void bwd_pwait(uint64_t *b, uint32_t parity, volatile int *fail, int *err) {
+  if constexpr (HP_BWD_SLEEP) mbar_wait_idle(b, parity, fail, err);
+  else mbar_wait(b, parity, fail, err);
+}
+
 // HP_BWD_TRACE (a lab build flag, off in dl.attn: the default PTX has none of it): thread 0 of each
 // consumer warpgroup sums the SM clock's cycles (32 bits) of BWD_ORDER's steps over the CTA's items in
 // shared memory (one register held, the last step's clock: a clock written out at every step perturbed the
@@ -440,11 +457,11 @@ __global__ void __launch_bounds__(THREADS, 1)
       for (int it = 0; it < items; it++, m = m + 1 == m_hi ? (hq++, m_lo) : m + 1) {
         const int st = it % 2;
         const uint32_t round = it / 2;
-        if (round > 0) mbar_wait(&sm.q_empty[st], (round - 1) & 1, &sm.fail, p.err);
+        if (round > 0) bwd_pwait(&sm.q_empty[st], (round - 1) & 1, &sm.fail, p.err);
         mbar_expect_tx(&sm.q_full[st], BQ * DQK * 2 + (BULK ? BQ * 4 : 0));
         for (int half = 0; half < DQK / 64; half++) tma_load(sm.q[st][half], &tq, &sm.q_full[st], 64 * half, item_hq(it, hq), sq.first_q + item_m(it, m) * BQ, sq.tb);
         if (BULK) bulk_load(sm.lse2[st], p.lse2 + item_hq(it, hq) * p.lse_rows + bwd_lse_row(p, sq, bb, item_m(it, m) * BQ), BQ * 4, &sm.q_full[st]);
-        if (round > 0) mbar_wait(&sm.do_empty[st], (round - 1) & 1, &sm.fail, p.err);
+        if (round > 0) bwd_pwait(&sm.do_empty[st], (round - 1) & 1, &sm.fail, p.err);
         mbar_expect_tx(&sm.do_full[st], BQ * DV * 2 + (BULK ? BQ * 4 : 0));
         for (int half = 0; half < DV / 64; half++) tma_load(sm.dout[st][half], &tdo, &sm.do_full[st], 64 * half, item_hq(it, hq), sq.first_q + item_m(it, m) * BQ, sq.tb);
         if (BULK) bulk_load(sm.delta[st], p.delta + item_hq(it, hq) * p.lse_rows + bwd_lse_row(p, sq, bb, item_m(it, m) * BQ), BQ * 4, &sm.do_full[st]);
@@ -466,7 +483,7 @@ __global__ void __launch_bounds__(THREADS, 1)
             const int r = lane + 32 * k, i = item_m(it, m) * BQ + r;
             l[k] = r < BQ && i < len_q ? p.lse[bwd_at(p.lse_st, sq.first_q, i, item_hq(it, hq), sq.tb)] : -INFINITY;
           }
-          if (round > 0) mbar_wait(&sm.q_empty[st], (round - 1) & 1, &sm.fail, p.err);
+          if (round > 0) bwd_pwait(&sm.q_empty[st], (round - 1) & 1, &sm.fail, p.err);
 #pragma unroll
           for (int k = 0; k < NR; k++)
             if (lane + 32 * k < BQ) sm.lse2[st][lane + 32 * k] = l[k] == -INFINITY ? INFINITY : l[k] * 1.4426950408889634f;
@@ -478,14 +495,14 @@ __global__ void __launch_bounds__(THREADS, 1)
         for (int it = 0; it < items; it++, m = m + 1 == m_hi ? (hq++, m_lo) : m + 1) {
           const int st = it % 2;
           const uint32_t round = it / 2;
-          if (round > 0) mbar_wait(&sm.q_empty[st], (round - 1) & 1, &sm.fail, p.err);
+          if (round > 0) bwd_pwait(&sm.q_empty[st], (round - 1) & 1, &sm.fail, p.err);
           for (int r = lane; r < BQ; r += 32) {
             const int i = item_m(it, m) * BQ + r;
             const float l = i < len_q ? p.lse[bwd_at(p.lse_st, sq.first_q, i, item_hq(it, hq), sq.tb)] : -INFINITY;
             sm.lse2[st][r] = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
           }
           mbar_arrive(&sm.q_full[st]);
-          if (round > 0) mbar_wait(&sm.do_empty[st], (round - 1) & 1, &sm.fail, p.err);
+          if (round > 0) bwd_pwait(&sm.do_empty[st], (round - 1) & 1, &sm.fail, p.err);
           for (int r = lane; r < BQ; r += 32) {
             const int i = item_m(it, m) * BQ + r;
             sm.delta[st][r] = i < len_q ? p.delta[item_hq(it, hq) * p.ws_rows + bwd_ws_row(p, sq, bb, i)] : 0.0f;
@@ -506,7 +523,7 @@ __global__ void __launch_bounds__(THREADS, 1)
           const int r = lane + 32 * k, i = item_m(it, m) * BQ + r;
           d[k] = r < BQ && i < len_q ? p.delta[item_hq(it, hq) * p.ws_rows + bwd_ws_row(p, sq, bb, i)] : 0.0f;
         }
-        if (round > 0) mbar_wait(&sm.do_empty[st], (round - 1) & 1, &sm.fail, p.err);
+        if (round > 0) bwd_pwait(&sm.do_empty[st], (round - 1) & 1, &sm.fail, p.err);
 #pragma unroll
         for (int k = 0; k < NR; k++)
           if (lane + 32 * k < BQ) sm.delta[st][lane + 32 * k] = d[k];
@@ -517,7 +534,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       int hq = hq0, m = m0;
       for (int it = 0; it < items; it++, m = m + 1 == m_hi ? (hq++, m_lo) : m + 1) {
         const int i0 = item_m(it, m) * BQ;
-        mbar_wait(&sm.dq_full, (uint32_t)it & 1u, &sm.fail, p.err);
+        bwd_pwait(&sm.dq_full, (uint32_t)it & 1u, &sm.fail, p.err);
         const int rows = min(BQ, len_q - i0); // not into the next sequence's rows
         bulk_reduce_add(p.dq_acc + (item_hq(it, hq) * p.ws_rows + bwd_ws_row(p, sq, bb, i0)) * DQK, sm.dq, (uint32_t)(rows * DQK * 4));
         bulk_commit();
@@ -629,6 +646,11 @@ __global__ void __launch_bounds__(THREADS, 1)
   // q_full and do_full, which lse2's and D's writers arrive on). Not at BQ 128: its 128 accumulators of S^T
   // and dP^T leave no room (ptxas spilled 32 bytes), so there after the waits as before.
   constexpr bool EARLY = BQ != 128;
+  // MIX (BQ 80): the exps of P^T past the first HP_BWD_MIX_J column groups wait for dP^T and go with dS^T's
+  // arithmetic, so that the MUFU pipe (16 a clock an SM: 8 cycles a warp's exp) runs under the FADDs, FMULs
+  // and packs rather than 40 exps back to back and the rest after them (FA4's sm90 SASS: 12 before its dP
+  // wait, 28 among dS's; attn-prof-h200.md's exps stalled 26% of the consumers' samples on "wait", FA4's 12%)
+  constexpr bool MIX = HP_BWD_MIX && BQ == 80;
   auto load_rows2 = [&](const float *a, float2(&v)[BQ / 8]) {
 #pragma unroll
     for (int j = 0; j < BQ / 8; j++) v[j] = rows2(a, j);
@@ -656,7 +678,15 @@ __global__ void __launch_bounds__(THREADS, 1)
     float2 l2[BQ / 8], dd[BQ / 8]; // (unread where !EARLY: each loaded where it is used, after the wait)
     if constexpr (EARLY) load_rows2(sm.lse2[st], l2);
     wg_wait<1>(); // S^T and dP^T are the two newest commit groups
-    exp_p(st, l2, s);
+    if constexpr (MIX) { // S^T scale log2e - lse2 all, exp2 of the first MIX_J column groups (MIX's note)
+#pragma unroll
+      for (int j = 0; j < BQ / 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+          const float x = fmaf(s[4 * j + e], p.scale_log2, -((e & 1) ? l2[j].y : l2[j].x));
+          s[4 * j + e] = j < HP_BWD_MIX_J ? hp_exp2(x) : x;
+        }
+    } else exp_p(st, l2, s);
     if constexpr (EARLY) load_rows2(sm.delta[st], dd);
     const bool diag = key_hi >= len_kv || i0 + BQ - 1 >= len_q || (wr >= 0 && key_hi - i0 > shift + wr) ||
                       (wl >= 0 && key_lo - (i0 + BQ - 1) < shift - wl);
@@ -665,7 +695,10 @@ __global__ void __launch_bounds__(THREADS, 1)
     for (int j = 0; j < BQ / 8; j++) {
       const float2 d = EARLY ? dd[j] : rows2(sm.delta[st], j);
 #pragma unroll
-      for (int e = 0; e < 4; e++) dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? d.y : d.x));
+      for (int e = 0; e < 4; e++) {
+        if (MIX && j >= HP_BWD_MIX_J) s[4 * j + e] = hp_exp2(s[4 * j + e]);
+        dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? d.y : d.x));
+      }
     }
     if (diag) {
 #pragma unroll

@@ -58,6 +58,23 @@ __device__ __forceinline__ bool mbar_try(uint64_t *b, uint32_t parity) {
                : "memory");
   return ok != 0;
 }
+// try_wait with a suspend-time hint: a thread whose phase is still open sleeps in the barrier until the
+// phase completes or about the hint's nanoseconds pass (CUTLASS's ClusterBarrier::wait passes 10 ms), rather
+// than coming back after the hardware's own short limit to poll again (the hint 10 ms, as CUTLASS's)
+__device__ __forceinline__ bool mbar_try_sleep(uint64_t *b, uint32_t parity) {
+  uint32_t ok;
+  asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2, %3;\nselp.u32 %0, 1, 0, p;\n}\n"
+               : "=r"(ok)
+               : "r"(hp_smem_u32(b)), "r"(parity), "r"(10000000u)
+               : "memory");
+  return ok != 0;
+}
+// The global timer's low 32 bits (nanoseconds; wraps every 4.29 s)
+__device__ __forceinline__ uint32_t hp_timer_ns() {
+  uint32_t t;
+  asm volatile("mov.u32 %0, %%globaltimer_lo;" : "=r"(t));
+  return t;
+}
 // Makes the barriers' initialisation visible to the TMA unit (the async proxy).
 __device__ __forceinline__ void mbar_init_fence() { asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); }
 
