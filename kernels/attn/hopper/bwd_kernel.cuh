@@ -687,13 +687,13 @@ __global__ void __launch_bounds__(THREADS, 1)
           s[4 * j + e] = j < HP_BWD_MIX_J ? hp_exp2(x) : x;
         }
     } else exp_p(st, l2, s);
-    if constexpr (EARLY) load_rows2(sm.delta[st], dd);
+    if constexpr (EARLY && !MIX) load_rows2(sm.delta[st], dd); // (MIX: D's rows in dS's loop, 20 registers fewer over the wait)
     const bool diag = key_hi >= len_kv || i0 + BQ - 1 >= len_q || (wr >= 0 && key_hi - i0 > shift + wr) ||
                       (wl >= 0 && key_lo - (i0 + BQ - 1) < shift - wl);
     wg_wait<0>();
 #pragma unroll
     for (int j = 0; j < BQ / 8; j++) {
-      const float2 d = EARLY ? dd[j] : rows2(sm.delta[st], j);
+      const float2 d = EARLY && !MIX ? dd[j] : rows2(sm.delta[st], j);
 #pragma unroll
       for (int e = 0; e < 4; e++) {
         if (MIX && j >= HP_BWD_MIX_J) s[4 * j + e] = hp_exp2(s[4 * j + e]);
