@@ -102,7 +102,7 @@
 
 // BQ 80's exps partly among dS^T's arithmetic (p_and_ds's MIX); HP_BWD_MIX_J of the 10 column groups before dP^T's wait
 #ifndef HP_BWD_MIX
-#define HP_BWD_MIX 1
+#define HP_BWD_MIX 0
 #endif
 #ifndef HP_BWD_MIX_J
 #define HP_BWD_MIX_J 3
