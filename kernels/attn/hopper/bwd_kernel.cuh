@@ -110,7 +110,7 @@
 
 // The producer warps' waits asleep in the barrier (fwd_params.cuh's mbar_wait_idle); 0: mbar_wait's polls
 #ifndef HP_BWD_SLEEP
-#define HP_BWD_SLEEP 1
+#define HP_BWD_SLEEP 0
 #endif
 HP_DEV void bwd_pwait(uint64_t *b, uint32_t parity, volatile int *fail, int *err) {
   if constexpr (HP_BWD_SLEEP) mbar_wait_idle(b, parity, fail, err);
