@@ -100,6 +100,20 @@
 #define HP_BWD_DS_EARLY 1
 #endif
 
+// BQ 80: the next item's S^T and dP^T issued behind this item's dK (the BWD_ORDER loop's NEXT)
+#ifndef HP_BWD_NEXT
+#define HP_BWD_NEXT 1
+#endif
+#ifndef HP_BWD_NEXT_LATE
+#define HP_BWD_NEXT_LATE 0
+#endif
+#ifndef HP_BWD_NEXT_DP
+#define HP_BWD_NEXT_DP 0
+#endif
+#ifndef HP_BWD_DK_SS
+#define HP_BWD_DK_SS 1
+#endif
+
 // HP_BWD_TRACE (a lab build flag, off in dl.attn: the default PTX has none of it): thread 0 of each
 // consumer warpgroup sums the SM clock's cycles (32 bits) of BWD_ORDER's steps over the CTA's items in
 // shared memory (one register held, the last step's clock: a clock written out at every step perturbed the
@@ -322,6 +336,14 @@ template <int DH, int BQ> HP_DEV void gemm_acc(float (&acc)[DH / 2], const uint3
 #pragma unroll
   for (int kc = 0; kc < BQ / 16; kc++)
     wgmma_rs(acc, *reinterpret_cast<const uint32_t(*)[4]>(xa + 4 * kc), desc_at(db, kc * 16 * 128));
+}
+
+// acc (64 keys x DH) += X^T B as gemm_acc, X^T read from shared memory (MN-major: a [BQ][64 keys] tile of
+// 128-byte rows, the 128-byte swizzle, as BQ 80's dS tiles are) rather than from registers
+template <int DH, int BQ> HP_DEV void gemm_acc_ss(float (&acc)[DH / 2], uint32_t a_base, uint32_t b_base) {
+  const uint64_t da = gmma_desc(a_base, BQ * 128, 1024), db = gmma_desc(b_base, BQ * 128, 1024);
+#pragma unroll
+  for (int kc = 0; kc < BQ / 16; kc++) wgmma_ss_tt(acc, desc_at(da, kc * 16 * 128), desc_at(db, kc * 16 * 128), 1);
 }
 
 // dQ (64 queries x the warpgroup's NC columns of d: DQK / 2, or BQ 128's all 64) = dS K over the block's
@@ -628,7 +650,11 @@ __global__ void __launch_bounds__(THREADS, 1)
   // dPsum): the loads' latency under the in-flight wgmmas, not after them (they are in: stage_in waited for
   // q_full and do_full, which lse2's and D's writers arrive on). Not at BQ 128: its 128 accumulators of S^T
   // and dP^T leave no room (ptxas spilled 32 bytes), so there after the waits as before.
-  constexpr bool EARLY = BQ != 128;
+  // NEXT (BQ 80; the BWD_ORDER loop's note): dS^T for dK from the warpgroup's tile of the dS buffer, so that
+  // da is dead once stored and S^T and dP^T of the next item fit beside dK's wgmma in flight (with da held,
+  // ptxas spilled 704 bytes)
+  constexpr bool NEXT = HP_BWD_NEXT && BQ == 80 && LOOP == BWD_ORDER;
+  constexpr bool EARLY = BQ != 128 && !(NEXT && HP_BWD_NEXT_LATE);
   auto load_rows2 = [&](const float *a, float2(&v)[BQ / 8]) {
 #pragma unroll
     for (int j = 0; j < BQ / 8; j++) v[j] = rows2(a, j);
@@ -729,7 +755,8 @@ __global__ void __launch_bounds__(THREADS, 1)
   };
   auto issue_dk = [&](int it) { // dK += dS^T Q: a commit group (da written before gemm_dq's fence)
     wg_fence();
-    gemm_acc<DQK, BQ>(dk, da, hp_smem_u32(sm.q[it % 2][0]));
+    if constexpr (NEXT && HP_BWD_DK_SS) gemm_acc_ss<DQK, BQ>(dk, hp_smem_u32(sm.ds[it % 2]) + c * BQ * 128, hp_smem_u32(sm.q[it % 2][0]));
+    else gemm_acc<DQK, BQ>(dk, da, hp_smem_u32(sm.q[it % 2][0]));
     wg_commit();
   };
   // dS^T (row = key, column = query) into buffer it % 2, rows of 128 bytes with the 128-byte swizzle,
@@ -820,50 +847,77 @@ __global__ void __launch_bounds__(THREADS, 1)
   };
 
   if constexpr (LOOP == BWD_ORDER) { // in step, FA4's order (the enum's comment)
-    for (int it = 0; it < items; it++) {
-      float s[BQ / 2], dp[BQ / 2], dq[NDQ];
-      stage_in(it);
-      HP_BT(it, BT_STAGE);
-      issue_sdp(it, s, dp);
-      HP_BT(it, BT_SDP);
-      if constexpr (BQ != 64) { // P^T and dS^T in fp32, then both packed: dV after dS, as FA4 (registers)
-        p_and_ds(it, s, dp);
-        HP_BT(it, BT_SOFT);
-        if constexpr (HP_BWD_DS_EARLY && BQ == 128) { // dS^T's stores before dV's issue, the fence after it
-          store_ds_only(it);
-          issue_dv(it);
-          fence_proxy_async();
+    // NEXT (BQ 80): the next item's S^T and dP^T issued once this item's dQ tile is stored, behind its dK
+    // rather than after dK's wait, so that the tensor pipe has them queued when dK ends (without, both
+    // warpgroups wait for dK, free the stage and wait for the next one's barriers before either issues);
+    // dK's wait is then the next item's first (p_and_ds's: dK of it - 1 and S^T of it), which frees Q's stage
+    // (one issue site for S^T and dP^T: the loop starts at item -1, which only issues item 0's; with a
+    // prologue ptxas serialised its wgmmas and spilled their accumulators)
+    float s[BQ / 2], dp[BQ / 2]; // (NEXT: over the loop's back edge, as the wgmmas in flight write them)
+    for (int it = NEXT ? -1 : 0; it < items; it++) {
+      if (!NEXT) {
+        stage_in(it);
+        HP_BT(it, BT_STAGE);
+        issue_sdp(it, s, dp);
+      }
+      if (!NEXT || it >= 0) { // (NEXT: item -1 issues item 0 only)
+        float dq[NDQ];
+        if constexpr (NEXT && !HP_BWD_NEXT_DP) gemm_kmajor<DV, BN, BQ>(dp, in_loop(v_c), hp_smem_u32(sm.dout[it % 2][0]));
+        HP_BT(it, BT_SDP);
+        if constexpr (BQ != 64) { // P^T and dS^T in fp32, then both packed: dV after dS, as FA4 (registers)
+          p_and_ds(it, s, dp);
+          if (NEXT && it > 0) release(&sm.q_empty[(it - 1) % 2]); // dK of it - 1 is in (p_and_ds's first wait)
+          HP_BT(it, BT_SOFT);
+          if constexpr (HP_BWD_DS_EARLY && BQ == 128) { // dS^T's stores before dV's issue, the fence after it
+            store_ds_only(it);
+            issue_dv(it);
+            fence_proxy_async();
+          } else {
+            issue_dv(it);
+            store_ds(it);
+          }
         } else {
+          p_only(it, s);
           issue_dv(it);
+          ds_only(it, s, dp);
           store_ds(it);
         }
-      } else {
-        p_only(it, s);
-        issue_dv(it);
-        ds_only(it, s, dp);
-        store_ds(it);
+        HP_BT(it, BT_ARRIVE);
+        named_bar_sync(1, 256); // both warpgroups' dS^T are in (the other buffer is free: see the header)
+        HP_BT(it, BT_MEET);
+        if constexpr (BQ == 80) { // dQ^T under dV, as FA4's mma_dsk_fn (wg_wait=1): no wait for dV here (B15;
+          // pa, dV's A, stays held until the wait that covers dV: ptxas keeps dq off it, 0 spills)
+          gemm_dqt(dq, hp_smem_u32(sm.ds[it % 2]), in_loop(k_cols));
+        } else if constexpr (BQ == 128) { // the warpgroup's 64 queries (its tile of dS^T) x all of d (no wait for dV: fits)
+          gemm_dq<64>(dq, hp_smem_u32(sm.ds[it % 2]) + c * BN * 128, in_loop(k_all));
+        } else gemm_dq<DQK / 2>(dq, hp_smem_u32(sm.ds[it % 2]), k_cols);
+        issue_dk(it);
+        HP_BT(it, BT_ISSUED);
+        wg_wait<1>(); // dV and dQ are in (dK runs on): dO's stage is free, the dQ tile goes out
+        HP_BT(it, BT_WAIT1);
+        release(&sm.do_empty[it % 2]);
+        store_dq(it, dq);
+        HP_BT(it, BT_DQ);
       }
-      HP_BT(it, BT_ARRIVE);
-      named_bar_sync(1, 256); // both warpgroups' dS^T are in (the other buffer is free: see the header)
-      HP_BT(it, BT_MEET);
-      if constexpr (BQ == 80) { // dQ^T under dV, as FA4's mma_dsk_fn (wg_wait=1): no wait for dV here (B15;
-        // pa, dV's A, stays held until the wait that covers dV: ptxas keeps dq off it, 0 spills)
-        gemm_dqt(dq, hp_smem_u32(sm.ds[it % 2]), in_loop(k_cols));
-      } else if constexpr (BQ == 128) { // the warpgroup's 64 queries (its tile of dS^T) x all of d (no wait for dV: fits)
-        gemm_dq<64>(dq, hp_smem_u32(sm.ds[it % 2]) + c * BN * 128, in_loop(k_all));
-      } else gemm_dq<DQK / 2>(dq, hp_smem_u32(sm.ds[it % 2]), k_cols);
-      issue_dk(it);
-      HP_BT(it, BT_ISSUED);
-      wg_wait<1>(); // dV and dQ are in (dK runs on): dO's stage is free, the dQ tile goes out
-      HP_BT(it, BT_WAIT1);
-      release(&sm.do_empty[it % 2]);
-      store_dq(it, dq);
-      HP_BT(it, BT_DQ);
-      wg_wait<0>(); // dK is in: Q's stage is free
-      HP_BT(it, BT_WAIT0);
-      release(&sm.q_empty[it % 2]);
-      next_item();
-      HP_BT(it, BT_NEXT);
+      if constexpr (NEXT) {
+        if (it >= 0) next_item();
+        if (it + 1 < items) {
+          stage_in(it + 1);
+          if constexpr (HP_BWD_NEXT_DP) issue_sdp(it + 1, s, dp);
+          else gemm_kmajor<DQK, BN, BQ>(s, in_loop(k_c), hp_smem_u32(sm.q[(it + 1) % 2][0])); // (dP^T at the item's top)
+        }
+        HP_BT(it, BT_NEXT);
+      } else {
+        wg_wait<0>(); // dK is in: Q's stage is free
+        HP_BT(it, BT_WAIT0);
+        release(&sm.q_empty[it % 2]);
+        next_item();
+        HP_BT(it, BT_NEXT);
+      }
+    }
+    if (NEXT && items > 0) { // the last item's dK
+      wg_wait<0>();
+      release(&sm.q_empty[(items - 1) % 2]);
     }
   } else if constexpr (LOOP == BWD_STEP) { // both warpgroups in step: they meet at named barrier 1 every item (dS^T both halves)
     for (int it = 0; it < items; it++) {
