@@ -100,6 +100,14 @@
 #define HP_BWD_DS_EARLY 1
 #endif
 
+// BQ 80: dK waited for at the next item's first wait (the BWD_ORDER loop's LATE); HP_BWD_DK_SS: its dS^T from shared memory
+#ifndef HP_BWD_LATE_DK
+#define HP_BWD_LATE_DK 1
+#endif
+#ifndef HP_BWD_DK_SS
+#define HP_BWD_DK_SS 0
+#endif
+
 // HP_BWD_TRACE (a lab build flag, off in dl.attn: the default PTX has none of it): thread 0 of each
 // consumer warpgroup sums the SM clock's cycles (32 bits) of BWD_ORDER's steps over the CTA's items in
 // shared memory (one register held, the last step's clock: a clock written out at every step perturbed the
@@ -322,6 +330,14 @@ template <int DH, int BQ> HP_DEV void gemm_acc(float (&acc)[DH / 2], const uint3
 #pragma unroll
   for (int kc = 0; kc < BQ / 16; kc++)
     wgmma_rs(acc, *reinterpret_cast<const uint32_t(*)[4]>(xa + 4 * kc), desc_at(db, kc * 16 * 128));
+}
+
+// acc (64 keys x DH) += X^T B as gemm_acc, X^T read from shared memory (MN-major: a [BQ][64 keys] tile of
+// 128-byte rows, the 128-byte swizzle, as BQ 80's dS tiles are) rather than from registers
+template <int DH, int BQ> HP_DEV void gemm_acc_ss(float (&acc)[DH / 2], uint32_t a_base, uint32_t b_base) {
+  const uint64_t da = gmma_desc(a_base, BQ * 128, 1024), db = gmma_desc(b_base, BQ * 128, 1024);
+#pragma unroll
+  for (int kc = 0; kc < BQ / 16; kc++) wgmma_ss_tt(acc, desc_at(da, kc * 16 * 128), desc_at(db, kc * 16 * 128), 1);
 }
 
 // dQ (64 queries x the warpgroup's NC columns of d: DQK / 2, or BQ 128's all 64) = dS K over the block's
@@ -727,9 +743,16 @@ __global__ void __launch_bounds__(THREADS, 1)
     gemm_acc<DV, BQ>(dv, pa, hp_smem_u32(sm.dout[it % 2][0]));
     wg_commit();
   };
+  // LATE (BQ 80): dK's wait moved from the item's end to the next item's first wait (p_and_ds's), so that the
+  // next item's S^T and dP^T are issued while dK runs and the tensor pipe has them queued when it ends (the
+  // item's end, its stage barriers and the issue no longer wait for dK). da stays held over the loop's back
+  // edge until that wait (0 spills); HP_BWD_DK_SS=1 reads dK's dS^T from the warpgroup's tile of the dS buffer
+  // instead (an SS wgmma), so that da is dead once stored
+  constexpr bool LATE = HP_BWD_LATE_DK && BQ == 80 && LOOP == BWD_ORDER;
   auto issue_dk = [&](int it) { // dK += dS^T Q: a commit group (da written before gemm_dq's fence)
     wg_fence();
-    gemm_acc<DQK, BQ>(dk, da, hp_smem_u32(sm.q[it % 2][0]));
+    if constexpr (LATE && HP_BWD_DK_SS) gemm_acc_ss<DQK, BQ>(dk, hp_smem_u32(sm.ds[it % 2]) + c * BQ * 128, hp_smem_u32(sm.q[it % 2][0]));
+    else gemm_acc<DQK, BQ>(dk, da, hp_smem_u32(sm.q[it % 2][0]));
     wg_commit();
   };
   // dS^T (row = key, column = query) into buffer it % 2, rows of 128 bytes with the 128-byte swizzle,
@@ -828,6 +851,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       HP_BT(it, BT_SDP);
       if constexpr (BQ != 64) { // P^T and dS^T in fp32, then both packed: dV after dS, as FA4 (registers)
         p_and_ds(it, s, dp);
+        if (LATE && it > 0) release(&sm.q_empty[(it - 1) % 2]); // dK of it - 1 is in (p_and_ds's first wait)
         HP_BT(it, BT_SOFT);
         if constexpr (HP_BWD_DS_EARLY && BQ == 128) { // dS^T's stores before dV's issue, the fence after it
           store_ds_only(it);
@@ -859,11 +883,18 @@ __global__ void __launch_bounds__(THREADS, 1)
       release(&sm.do_empty[it % 2]);
       store_dq(it, dq);
       HP_BT(it, BT_DQ);
-      wg_wait<0>(); // dK is in: Q's stage is free
-      HP_BT(it, BT_WAIT0);
-      release(&sm.q_empty[it % 2]);
+      if constexpr (!LATE) {
+        wg_wait<0>(); // dK is in: Q's stage is free
+        HP_BT(it, BT_WAIT0);
+        release(&sm.q_empty[it % 2]);
+      }
       next_item();
       HP_BT(it, BT_NEXT);
+    }
+    if constexpr (LATE) { // the last item's dK (waited for on every path: a path without the wait made
+      // ptxas inject one and serialise every wgmma, C7515, C7517)
+      wg_wait<0>();
+      if (items > 0) release(&sm.q_empty[(items - 1) % 2]);
     }
   } else if constexpr (LOOP == BWD_STEP) { // both warpgroups in step: they meet at named barrier 1 every item (dS^T both halves)
     for (int it = 0; it < items; it++) {

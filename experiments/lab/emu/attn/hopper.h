@@ -584,6 +584,7 @@ HP_DEV void wgmma_ss(float (&d)[64], uint64_t da, uint64_t db, int accumulate) {
 HP_DEV void wgmma_ss(float (&d)[40], uint64_t da, uint64_t db, int accumulate) { wgmma_ss_n<80, false>(d, da, db, accumulate); }
 HP_DEV void wgmma_ss(float (&d)[32], uint64_t da, uint64_t db, int accumulate) { wgmma_ss_n<64, false>(d, da, db, accumulate); }
 HP_DEV void wgmma_ss_ta(float (&d)[40], uint64_t da, uint64_t db, int accumulate) { wgmma_ss_n<80, true, false>(d, da, db, accumulate); }
+HP_DEV void wgmma_ss_tt(float (&d)[64], uint64_t da, uint64_t db, int accumulate) { wgmma_ss_n<128, true>(d, da, db, accumulate); }
 HP_DEV void wgmma_ss_tt(float (&d)[32], uint64_t da, uint64_t db, int accumulate) { wgmma_ss_n<64, true>(d, da, db, accumulate); }
 HP_DEV void wgmma_ss_tt(float (&d)[16], uint64_t da, uint64_t db, int accumulate) { wgmma_ss_n<32, true>(d, da, db, accumulate); }
 
