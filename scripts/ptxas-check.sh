@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # scripts/ptxas-check.sh [NVCC_ARGS...]: the Hopper kernel files (kernels/**/hopper/*.cu) compiled for sm_90a
-# with the build's flags (premake5.lua's hopper_flags) and `ptxas -v`, on the CPU machine, before a library goes
+# with premake5.lua's hopper_flags (copied here: keep the two alike) and `ptxas -v`, on the CPU machine, before a library goes
 # to a GPU: per kernel its registers and spill bytes, and every note ptxas gives of a performance loss (C75xx:
 # the wgmmas serialised, a wgmma wait injected). Exits 1 on any spill or any such note, 2 when a file does not
 # compile. NVCC_ARGS go to nvcc as they are, e.g. `-DHP_BWD_NEXT=1` for a lab flag. About a minute a file.
@@ -22,10 +22,8 @@ else
   CUDA_HOME=$(dirname "$(dirname "$NVCC")")
 fi
 for f in ${logfile:-kernels/*/hopper/*.cu}; do
-  log="$tmp/$(basename "$f").log"
-  if [ -n "$logfile" ]; then
-    cp "$logfile" "$log"
-  elif ! "$NVCC" -DDL_WITH_CUDA -Icore -Icore/include -Ikernels -I"$CUDA_HOME/include" --forward-unknown-to-host-compiler \
+  log=${logfile:-$tmp/$(basename "$f").log}
+  if [ -z "$logfile" ] && ! "$NVCC" -DDL_WITH_CUDA -Icore -Icore/include -Ikernels -I"$CUDA_HOME/include" --forward-unknown-to-host-compiler \
     -std=c++20 -O3 -Xcompiler -fPIC --expt-relaxed-constexpr -lineinfo -gencode arch=compute_90a,code=sm_90a \
     -Xptxas -v -cubin "$@" -o "$tmp/out.cubin" "$f" >"$log" 2>&1; then
     echo "ptxas-check: $f does not compile:" >&2

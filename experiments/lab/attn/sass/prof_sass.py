@@ -23,7 +23,9 @@ def opcode(src):
     return re.sub(r"^@!?U?P[T0-9]+\s+", "", src).split(" ")[0]
 
 
-def load(path, extra=False):
+def load(path):
+    """The kernel's name and a row an instruction: opcode, executions, stall samples, text, address, the threads
+    a warp executed it with, the samples by stall reason."""
     rows = list(csv.reader(open(path, newline="")))
     head = rows[1]  # rows[0] names the kernel
     ix = {h: i for i, h in enumerate(head)}
@@ -34,11 +36,9 @@ def load(path, extra=False):
             continue
         src = r[ix["Source"]].strip()
         op = opcode(src).split(".")[0]
-        row = (op, int(r[ix["Instructions Executed"]] or 0), int(r[ix["Warp Stall Sampling (All Samples)"]] or 0), src)
-        if extra:  # the address, the threads a warp executed it with, the samples by reason
-            row += (int(r[ix["Address"]], 16), float(r[ix["Avg. Threads Executed"]] or 0),
-                    {k[6:]: int(r[ix[k]] or 0) for k in reasons})
-        out.append(row)
+        out.append((op, int(r[ix["Instructions Executed"]] or 0), int(r[ix["Warp Stall Sampling (All Samples)"]] or 0), src,
+                    int(r[ix["Address"]], 16), float(r[ix["Avg. Threads Executed"]] or 0),
+                    {k[6:]: int(r[ix[k]] or 0) for k in reasons}))
     return rows[0][1] if len(rows[0]) > 1 else path, out
 
 
@@ -78,7 +78,7 @@ def main(argv):
     if not argv:
         sys.exit(__doc__)
     for path in argv:
-        name, ins = load(path, extra=True)
+        name, ins = load(path)
         total = sum(x[1] for x in ins)
         samples = sum(x[2] for x in ins) or 1
         byop = collections.Counter()
