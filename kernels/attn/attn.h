@@ -106,7 +106,7 @@ int dl_attn_bwd_hopper_usable(const dl_attn_params_t *p, int *yes);
 int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc, float *delta, void *stream);
 /* 1 when dl_attn_bwd_hopper_cuda runs its own prep for p, so that dl_attn_bwd_cuda runs none: B5's (on unless
  * DISTLAB_ATTN_HOPPER_BWD_BULK_LSE=0, where B3's 80 and B6's 128 query rows do not run: D and lse log2(e) in
- * rows padded per sequence, dl_attn_bwd_lse_rows a head), or where they run bwd_prep_ws_kernel (the portable
+ * rows padded per sequence, dl_attn_bwd_lse_rows a head), or where they run bwd_prep_kernel without BULK (the portable
  * prep's layout; off with DISTLAB_ATTN_HOPPER_BWD_PREP_WS=0). */
 int dl_attn_bwd_hopper_preps(const dl_attn_params_t *p);
 int dl_attn_fwd_cpu(const dl_attn_params_t *p, void *stream);

@@ -137,7 +137,7 @@ static int env_bwd_split(void) {
   static int c = -1;
   return !env_is("DISTLAB_ATTN_HOPPER_BWD_SPLIT", "0", &c);
 }
-/* Where M80 or M128 runs, the backward's own prep, bwd_prep_ws_kernel (D and the zeroed accumulator in the
+/* Where M80 or M128 runs, the backward's own prep, bwd_prep_kernel without BULK (D and the zeroed accumulator in the
  * portable prep's layout, by 16-byte loads and stores; FA4-GAP.md section 26: backward 1.009-1.021x at d 64,
  * 0.994-1.016x at d 128, s 4k and 8k); DISTLAB_ATTN_HOPPER_BWD_PREP_WS=0 runs attn_bwd.cu's (A/B timings). */
 static int env_bwd_prep_ws(void) {
@@ -355,7 +355,7 @@ extern "C" int dl_attn_bwd_hopper_usable(const dl_attn_params_t *p, int *yes) {
   return on_hopper(yes);
 }
 
-/* BULK's prep (BWD_BQ), or bwd_prep_ws_kernel (M80, M128) */
+/* bwd_prep_kernel with BULK (BWD_BQ), or without (M80, M128) */
 static bool bwd_bulk(const dl_attn_params_t *p) {
   return env_bwd_bulk_lse() && bwd_rows(p) == BWD_BQ && (p->d_qk == 64 ? env_bwd_turns() : env_bwd_order());
 }
@@ -637,8 +637,8 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
     copy_st(k.o_st, p->out_st), copy_st(k.do_st, p->dout_st);
     const dim3 pgrid((p->s_q + BWD_BQ - 1) / BWD_BQ, p->h_q, p->b);
     if (p->s_q > 0) {
-      if (p->d_qk == 64) bwd_prep_kernel<64, 64><<<pgrid, 128, 0, (cudaStream_t)stream>>>(k, delta, lse2);
-      else bwd_prep_kernel<128, 128><<<pgrid, 128, 0, (cudaStream_t)stream>>>(k, delta, lse2);
+      if (p->d_qk == 64) bwd_prep_kernel<64, 64, true><<<pgrid, 256, 0, (cudaStream_t)stream>>>(k, delta, lse2);
+      else bwd_prep_kernel<128, 128, true><<<pgrid, 256, 0, (cudaStream_t)stream>>>(k, delta, lse2);
       DL_CUDA_CHECK_LAUNCH("attn bwd (hopper) prep");
     }
   }
@@ -647,8 +647,8 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
     k.o = (const uint16_t *)p->out, k.dout = (const uint16_t *)p->dout;
     copy_st(k.o_st, p->out_st), copy_st(k.do_st, p->dout_st);
     const dim3 pgrid((p->s_q + 63) / 64, p->h_q, p->b);
-    if (p->d_qk == 64) bwd_prep_ws_kernel<64, 64><<<pgrid, 256, 0, (cudaStream_t)stream>>>(k, delta);
-    else bwd_prep_ws_kernel<128, 128><<<pgrid, 256, 0, (cudaStream_t)stream>>>(k, delta);
+    if (p->d_qk == 64) bwd_prep_kernel<64, 64, false><<<pgrid, 256, 0, (cudaStream_t)stream>>>(k, delta, nullptr);
+    else bwd_prep_kernel<128, 128, false><<<pgrid, 256, 0, (cudaStream_t)stream>>>(k, delta, nullptr);
     DL_CUDA_CHECK_LAUNCH("attn bwd (hopper) prep");
   }
   /* the tail split: the plan for this GPU's SMs (a tail of at most a quarter of them; a part's own cost

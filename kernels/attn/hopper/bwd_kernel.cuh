@@ -201,25 +201,32 @@ HP_DEV int64_t bwd_lse_row(const bwd_params_t &p, const hp_seq_t &s, int bb, int
   return (bwd_ws_row(p, s, bb, 0) + (int64_t)BWD_BQ * bb) / BWD_BQ * BWD_BQ + i;
 }
 
-// The prep where BULK does not run (BQ 80 and 128): D = rowsum(dO * out) in fp32 into delta [h][ws_rows]
-// (the portable prep's layout, attn_bwd.cu) and the rows' fp32 dQ accumulator zeroed. Grid (blocks of 64
-// rows, h, b), 256 threads; a row's 16-byte chunks of out and dO over DV / 8 lanes, each thread's loads all issued
-// before their sums (the portable prep's 4-byte loads, a warp a row, ran at ~2.9 TB/s on an H200).
-template <int DQK, int DV> __global__ void __launch_bounds__(256) bwd_prep_ws_kernel(const bwd_params_t p, float *delta) {
+// The backward's prep, D = rowsum(dO * out) in fp32 and the rows' fp32 dQ accumulator zeroed. BULK (BQ 64):
+// D and lse log2(e) (+inf for a row with no key) into bwd_lse_row's rows, the pad up to the sequence's next
+// multiple of BWD_BQ 0 and +inf (the main kernel's TMA thread loads them with Q and dO); else (BQ 80, 128) D
+// into delta [h][ws_rows] (the portable prep's layout, attn_bwd.cu; warps 9 and 11 load it). Grid (blocks of
+// BWD_BQ rows, h, b), 256 threads; a row's 16-byte chunks of out and dO over DV / 8 lanes, each thread's
+// loads all issued before their sums (4-byte loads, a warp a row, ran at ~2.9 TB/s on an H200).
+template <int DQK, int DV, bool BULK>
+__global__ void __launch_bounds__(256) bwd_prep_kernel(const bwd_params_t p, float *delta, float *lse2) {
+  static_assert(BWD_BQ == 64, "a CTA's 8 warps cover BWD_BQ rows in PASSES");
   constexpr int L = DV / 8, RW = 32 / L, PASSES = 64 / (8 * RW); // lanes a row, rows a warp, passes of the 8 warps
   const int hh = blockIdx.y, bb = blockIdx.z, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const hp_seq_t sq = hp_seq(p, bb);
   const int r0 = blockIdx.x * 64;
-  if (r0 >= sq.len_q) return;
+  if (r0 >= sq.len_q) return; // (BULK: the block's 64 rows lie inside the sequence's padded rows)
   const int rows = min(64, sq.len_q - r0), c = (lane % L) * 8;
   uint4 o[PASSES], d[PASSES];
+  float l[PASSES];
 #pragma unroll
   for (int k = 0; k < PASSES; k++) {
     const int r = (k * 8 + warp) * RW + lane / L;
     o[k] = d[k] = make_uint4(0, 0, 0, 0);
+    l[k] = -INFINITY;
     if (r < rows) {
       o[k] = *reinterpret_cast<const uint4 *>(p.o + bwd_at(p.o_st, sq.first_q, r0 + r, hh, sq.tb) + c);
       d[k] = *reinterpret_cast<const uint4 *>(p.dout + bwd_at(p.do_st, sq.first_q, r0 + r, hh, sq.tb) + c);
+      if (BULK && lane % L == 0) l[k] = p.lse[bwd_at(p.lse_st, sq.first_q, r0 + r, hh, sq.tb)];
     }
   }
 #pragma unroll
@@ -231,79 +238,74 @@ template <int DQK, int DV> __global__ void __launch_bounds__(256) bwd_prep_ws_ke
 #pragma unroll
     for (int m = L / 2; m > 0; m >>= 1) acc += hp_shfl_xor(acc, m);
     const int r = (k * 8 + warp) * RW + lane / L;
-    if (lane % L == 0 && r < rows) delta[hh * p.ws_rows + bwd_ws_row(p, sq, bb, r0 + r)] = acc;
+    if (lane % L != 0) continue;
+    if (BULK) { // every row of the block: the pad's (r >= rows) 0 and +inf
+      const int64_t at = hh * p.lse_rows + bwd_lse_row(p, sq, bb, r0 + r);
+      delta[at] = acc, lse2[at] = l[k] == -INFINITY ? INFINITY : l[k] * 1.4426950408889634f;
+    } else if (r < rows)
+      delta[hh * p.ws_rows + bwd_ws_row(p, sq, bb, r0 + r)] = acc;
   }
   // the rows' accumulator: rows x DQK floats, contiguous (a sequence's workspace rows are)
   float4 *acc = reinterpret_cast<float4 *>(p.dq_acc + (hh * p.ws_rows + bwd_ws_row(p, sq, bb, r0)) * DQK);
   for (int j = tid; j < rows * DQK / 4; j += 256) acc[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 }
 
-// BULK's prep (the portable prep's work, attn_bwd.cu, in the padded rows): grid (blocks of BWD_BQ rows, h,
-// b), 128 threads, a warp a row. D = rowsum(dO * out) in fp32 and lse log2(e) (+inf for a row with no
-// key) into bwd_lse_row's rows, the pad up to the sequence's next multiple of BWD_BQ 0 and +inf; the fp32
-// dQ accumulator's rows zeroed.
-template <int DQK, int DV> __global__ void __launch_bounds__(128) bwd_prep_kernel(const bwd_params_t p, float *delta, float *lse2) {
-  const int hh = blockIdx.y, bb = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const hp_seq_t sq = hp_seq(p, bb);
-  for (int r = warp; r < BWD_BQ; r += 4) {
-    const int i = blockIdx.x * BWD_BQ + r;
-    if (i >= (sq.len_q + BWD_BQ - 1) / BWD_BQ * BWD_BQ) return;
-    const int64_t at = hh * p.lse_rows + bwd_lse_row(p, sq, bb, i);
-    if (i >= sq.len_q) {
-      if (lane == 0) delta[at] = 0.0f, lse2[at] = INFINITY;
-      continue;
-    }
-    const uint16_t *o = p.o + bwd_at(p.o_st, sq.first_q, i, hh, sq.tb), *d = p.dout + bwd_at(p.do_st, sq.first_q, i, hh, sq.tb);
-    float acc = 0.0f;
-    for (int c = 2 * lane; c < DV; c += 64) {
-      const uint32_t x = *reinterpret_cast<const uint32_t *>(o + c), y = *reinterpret_cast<const uint32_t *>(d + c);
-      acc += bf16_lo(x) * bf16_lo(y) + bf16_hi(x) * bf16_hi(y);
-    }
-#pragma unroll
-    for (int m = 16; m > 0; m >>= 1) acc += hp_shfl_xor(acc, m);
-    if (lane == 0) {
-      const float l = p.lse[bwd_at(p.lse_st, sq.first_q, i, hh, sq.tb)];
-      delta[at] = acc, lse2[at] = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
-    }
-    float *dq = p.dq_acc + (hh * p.ws_rows + bwd_ws_row(p, sq, bb, i)) * DQK;
-    for (int c = lane; c < DQK; c += 32) dq[c] = 0.0f;
-  }
-}
-
-// grid (blocks of BWD_BQ rows, h, b), 128 threads, a warp a row: dq = scale * accumulator (+ dq), the
-// accumulator's columns as bwd_dq_col<BQ> placed them (attn_bwd.cu's attn_bwd_dq_kernel, for that layout); a
-// lane's 4 (d 128) or 2 (d 64) adjacent columns, which bwd_dq_col keeps adjacent (it flips bits 3 and up).
+// grid (blocks of BWD_BQ rows, h, b), 128 threads, a warp BWD_BQ / 4 rows: dq = scale * accumulator (+ dq),
+// the accumulator's columns as bwd_dq_col<BQ> placed them (attn_bwd.cu's attn_bwd_dq_kernel, for that
+// layout); a lane's 4 (d 128) or 2 (d 64) adjacent columns, which bwd_dq_col keeps adjacent (it flips bits
+// 3 and up). Every load of a warp's rows is issued before any conversion: one latency a warp, not one a row.
 template <int DQK, int BQ = BWD_BQ> __global__ void __launch_bounds__(128) bwd_dq_kernel(const bwd_params_t p) {
-  constexpr int V = DQK / 32; // columns a lane
+  constexpr int V = DQK / 32, R = BWD_BQ / 4; // columns a lane, rows a warp
   const int hh = blockIdx.y, bb = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const hp_seq_t sq = hp_seq(p, bb);
-  const int r0 = blockIdx.x * BWD_BQ;
-  for (int r = warp; r < BWD_BQ; r += 4) {
-    const int i = r0 + r;
-    if (i >= sq.len_q) return;
-    const float *acc = p.dq_acc + (hh * p.ws_rows + bwd_ws_row(p, sq, bb, i)) * DQK;
-    uint16_t *dq = p.dq + bwd_at(p.dq_st, sq.first_q, i, hh, sq.tb);
-    const int c = V * lane;
-    float x[V];
+  const int r0 = blockIdx.x * BWD_BQ, c = V * lane;
+  if (r0 >= sq.len_q) return;
+  float x[R][V];
+  uint32_t old[R][V / 2];
+#pragma unroll
+  for (int k = 0; k < R; k++) {
+    const int i = r0 + warp + 4 * k;
+#pragma unroll
+    for (int e = 0; e < V; e++) x[k][e] = 0.0f;
+    if (i >= sq.len_q) continue;
+    const float *acc = p.dq_acc + (hh * p.ws_rows + bwd_ws_row(p, sq, bb, i)) * DQK + bwd_dq_col<BQ>(c, i);
     if constexpr (V == 4) {
-      const float4 a = __ldcg(reinterpret_cast<const float4 *>(acc + bwd_dq_col<BQ>(c, i)));
-      x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w;
+      const float4 a = __ldcg(reinterpret_cast<const float4 *>(acc));
+      x[k][0] = a.x, x[k][1] = a.y, x[k][2] = a.z, x[k][3] = a.w;
     } else {
-      const float2 a = __ldcg(reinterpret_cast<const float2 *>(acc + bwd_dq_col<BQ>(c, i)));
-      x[0] = a.x, x[1] = a.y;
+      const float2 a = __ldcg(reinterpret_cast<const float2 *>(acc));
+      x[k][0] = a.x, x[k][1] = a.y;
     }
+  }
+  if (p.accumulate) {
+#pragma unroll
+    for (int k = 0; k < R; k++) {
+      const int i = r0 + warp + 4 * k;
+#pragma unroll
+      for (int e = 0; e < V / 2; e++) old[k][e] = 0;
+      if (i >= sq.len_q) continue;
+      const uint16_t *dq = p.dq + bwd_at(p.dq_st, sq.first_q, i, hh, sq.tb) + c;
+      if constexpr (V == 4) {
+        const uint2 u = *reinterpret_cast<const uint2 *>(dq);
+        old[k][0] = u.x, old[k][1] = u.y;
+      } else
+        old[k][0] = *reinterpret_cast<const uint32_t *>(dq);
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < R; k++) {
+    const int i = r0 + warp + 4 * k;
+    if (i >= sq.len_q) break;
     uint32_t out[V / 2];
 #pragma unroll
     for (int e = 0; e < V / 2; e++) {
-      float u = x[2 * e] * p.scale, v = x[2 * e + 1] * p.scale;
-      if (p.accumulate) {
-        const uint32_t old = *reinterpret_cast<const uint32_t *>(dq + c + 2 * e);
-        u += bf16_lo(old), v += bf16_hi(old);
-      }
+      float u = x[k][2 * e] * p.scale, v = x[k][2 * e + 1] * p.scale;
+      if (p.accumulate) u += bf16_lo(old[k][e]), v += bf16_hi(old[k][e]);
       out[e] = pack_bf16(u, v);
     }
-    if constexpr (V == 4) *reinterpret_cast<uint2 *>(dq + c) = make_uint2(out[0], out[1]);
-    else *reinterpret_cast<uint32_t *>(dq + c) = out[0];
+    uint16_t *dq = p.dq + bwd_at(p.dq_st, sq.first_q, i, hh, sq.tb) + c;
+    if constexpr (V == 4) *reinterpret_cast<uint2 *>(dq) = make_uint2(out[0], out[1]);
+    else *reinterpret_cast<uint32_t *>(dq) = out[0];
   }
 }
 

@@ -225,17 +225,17 @@ template <int D, int LOOP = BWD_ORDER, bool ELECT = false, bool BULK = false, in
     memcpy(p.o_st, sq, sizeof sq), memcpy(p.do_st, sq, sizeof sq);
     const int pb = (s + BWD_BQ - 1) / BWD_BQ;
     if (pb > 0) {
-      const std::function<void()> prep = [&] { bwd_prep_kernel<D, D>(p, delta.data(), lse2.data()); };
-      emu_run(dim3(pb, h, b), dim3(128), 0, prep);
+      const std::function<void()> prep = [&] { bwd_prep_kernel<D, D, true>(p, delta.data(), lse2.data()); };
+      emu_run(dim3(pb, h, b), dim3(256), 0, prep);
     }
   }
-  // BQ 80 and 128: dl.attn's own prep (bwd_prep_ws_kernel)
+  // BQ 80 and 128: dl.attn's own prep (bwd_prep_kernel without BULK)
   if (BQ != BWD_BQ) {
     p.o = o.data(), p.dout = dout.data();
     memcpy(p.o_st, sq, sizeof sq), memcpy(p.do_st, sq, sizeof sq);
     const int pb = (s + 63) / 64;
     if (pb > 0) {
-      const std::function<void()> prep = [&] { bwd_prep_ws_kernel<D, D>(p, delta.data()); };
+      const std::function<void()> prep = [&] { bwd_prep_kernel<D, D, false>(p, delta.data(), nullptr); };
       emu_run(dim3(pb, h, b), dim3(256), 0, prep);
     }
   } else if (!BULK)
