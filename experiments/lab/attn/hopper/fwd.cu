@@ -30,6 +30,10 @@
 #ifndef LAB_D
 #define LAB_D 128 // the head dim this binary runs (-DLAB_D=64: the d 64 kernel)
 #endif
+#ifndef LAB_OPT // the kernels' OPT bits (fwd_params.cuh's HP_FWD_OPT_*; -DLAB_OPT=18: dl.attn's d 128 loop, TREE
+#define LAB_OPT HP_FWD_OPT // and LAZY, with the lab's epilogue: no TMA store of O, TMA_O's 4 is refused below)
+#endif
+static_assert(!(LAB_OPT & HP_FWD_OPT_TMA_O), "LAB_OPT: the lab builds no TMA store of O (its fifth map is q's)");
 constexpr int D = LAB_D;
 
 #include <cuda.h>
@@ -191,16 +195,16 @@ static void run(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloa
   const size_t smem = fwd_smem_bytes<D, D>(p.acc_out != nullptr), most = fwd_smem_bytes<D, D>(true);
   static bool attr = false;
   if (!attr) {
-    CK(cudaFuncSetAttribute(fwd_kernel<0, D, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
-    CK(cudaFuncSetAttribute(fwd_kernel<1, D, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
-    CK(cudaFuncSetAttribute(fwd_kernel<2, D, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
+    CK(cudaFuncSetAttribute(fwd_kernel<0, D, D, LAB_OPT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
+    CK(cudaFuncSetAttribute(fwd_kernel<1, D, D, LAB_OPT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
+    CK(cudaFuncSetAttribute(fwd_kernel<2, D, D, LAB_OPT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)most));
     attr = true;
   }
   const dim3 grid((p.s_q + BM - 1) / BM, p.h, p.b);
   // the fifth map (O's, for HP_FWD_OPT_TMA_O) unread: the lab builds no TMA store of O
-  if (pipe == 2) fwd_kernel<2, D, D><<<grid, THREADS, smem, st>>>(tq, tk, tv, p, tq);
-  else if (pipe == 1) fwd_kernel<1, D, D><<<grid, THREADS, smem, st>>>(tq, tk, tv, p, tq);
-  else fwd_kernel<0, D, D><<<grid, THREADS, smem, st>>>(tq, tk, tv, p, tq);
+  if (pipe == 2) fwd_kernel<2, D, D, LAB_OPT><<<grid, THREADS, smem, st>>>(tq, tk, tv, p, tq);
+  else if (pipe == 1) fwd_kernel<1, D, D, LAB_OPT><<<grid, THREADS, smem, st>>>(tq, tk, tv, p, tq);
+  else fwd_kernel<0, D, D, LAB_OPT><<<grid, THREADS, smem, st>>>(tq, tk, tv, p, tq);
   CK(cudaGetLastError());
 }
 
