@@ -428,6 +428,17 @@ static int device_sms(int *sms) {
   return 0;
 }
 
+/* HP_PREFETCH (params_t.next_ctas): each CTA's TMA thread, once its last loads are issued, prefetches into L2
+ * the first inputs of CTA lin + (the SMs), the one that starts about when it ends (one CTA an SM): the
+ * forward's Q tile and first K and V blocks, the backward's K and V. DISTLAB_ATTN_HOPPER_PREFETCH=0 turns
+ * it off (A/B timings: FA4-GAP.md section 29). */
+static int next_ctas(int *n) {
+  static int c = -1;
+  *n = 0;
+  if (env_is("DISTLAB_ATTN_HOPPER_PREFETCH", "0", &c)) return 0;
+  return device_sms(n);
+}
+
 /* kernel's dynamic shared memory limit raised to smem, once per device (done: the kernel's own flags). */
 template <class K> static int allow_smem(K *kernel, size_t smem, int (&done)[64]) {
   int dev = 0;
@@ -514,6 +525,7 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   }
   k.max_logit = p->max_logit;
   k.err = dword;
+  DL_TRY(next_ctas(&k.next_ctas));
   /* F4's TMA store of O: the plain epilogue only, d 128 and 64 (launch_o below) */
   const bool tma_o = fwd_tma_o(p);
   CUtensorMap to = tq; /* unread by a kernel without the TMA store (or with the merge) */
@@ -629,6 +641,7 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
   k.dq_acc = dq_acc;
   k.ws_rows = thd ? p->total_q : (int64_t)p->b * p->s_q; /* attn_bwd.cu's workspace rows */
   k.err = dword;
+  DL_TRY(next_ctas(&k.next_ctas));
   const dim3 grid((p->s_kv + BN - 1) / BN, p->h_kv, p->b);
   if (bulk) { /* the prep into bwd_lse_row's rows: D where delta points, lse log2(e) after it */
     k.lse_rows = dl_attn_bwd_lse_rows(p);

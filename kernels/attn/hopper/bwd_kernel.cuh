@@ -177,6 +177,7 @@ struct bwd_params_t {
   int split_first, split_parts;
   float *split_acc;
   int *split_count;
+  int next_ctas; // params_t's (HP_PREFETCH): the GPU's SMs, 0 off
 #if HP_BWD_TRACE
   unsigned long long *trace; // lab only: [2][HP_BT_WORDS] sums over the CTAs (HP_BWD_TRACE above)
 #endif
@@ -448,6 +449,17 @@ __global__ void __launch_bounds__(THREADS, 1)
         mbar_expect_tx(&sm.do_full[st], BQ * DV * 2 + (BULK ? BQ * 4 : 0));
         for (int half = 0; half < DV / 64; half++) tma_load(sm.dout[st][half], &tdo, &sm.do_full[st], 64 * half, item_hq(it, hq), sq.first_q + item_m(it, m) * BQ, sq.tb);
         if (BULK) bulk_load(sm.delta[st], p.delta + item_hq(it, hq) * p.lse_rows + bwd_lse_row(p, sq, bb, item_m(it, m) * BQ), BQ * 4, &sm.do_full[st]);
+      }
+      // HP_PREFETCH: K and V of the CTA that starts about when this one ends (hp_cta_lin), its first loads
+      // and a key block's own (no other CTA reads them), into L2 while this CTA's last items run
+      const int nxt = hp_cta_lin() + p.next_ctas;
+      if (p.next_ctas > 0 && nxt < hp_grid_ctas()) {
+        const hp_bwd_tile_t t = hp_bwd_tile<DQK, DV>(p, nxt);
+        const hp_seq_t s = hp_seq(p, t.bb);
+        if (t.n_block * BN < s.len_kv) {
+          for (int half = 0; half < DQK / 64; half++) tma_prefetch_l2(&tk, 64 * half, t.hkv, s.first_kv + t.n_block * BN, s.tb);
+          for (int half = 0; half < DV / 64; half++) tma_prefetch_l2(&tv, 64 * half, t.hkv, s.first_kv + t.n_block * BN, s.tb);
+        }
       }
     } else if (!BULK && warp_id == 9) { // the rows' lse2 and D (rows past the sequence: +inf and 0, so P = dS = 0)
       const int lane = threadIdx.x % 32;
