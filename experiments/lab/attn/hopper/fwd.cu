@@ -30,10 +30,9 @@
 #ifndef LAB_D
 #define LAB_D 128 // the head dim this binary runs (-DLAB_D=64: the d 64 kernel)
 #endif
-#ifndef LAB_OPT // the kernels' OPT bits (fwd_params.cuh's HP_FWD_OPT_*; -DLAB_OPT=18: dl.attn's d 128 loop, TREE
-#define LAB_OPT HP_FWD_OPT // and LAZY, with the lab's epilogue: no TMA store of O, TMA_O's 4 is refused below)
+#ifndef LAB_OPT // the kernels' OPT bits (fwd_params.cuh's HP_FWD_OPT_*; -DLAB_OPT=22: dl.attn's d 128 kernel,
+#define LAB_OPT HP_FWD_OPT // TREE, TMA_O and LAZY; with TMA_O the fifth map is O's, boxes of 64 rows)
 #endif
-static_assert(!(LAB_OPT & HP_FWD_OPT_TMA_O), "LAB_OPT: the lab builds no TMA store of O (its fifth map is q's)");
 constexpr int D = LAB_D;
 
 #include <cuda.h>
@@ -171,14 +170,14 @@ static PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   return fn;
 }
 
-// (d, heads, rows, batch) of a tensor of layout l; boxes of 64 x 1 x 128 x 1 with the 128-byte swizzle.
-static CUtensorMap tensor_map(const __nv_bfloat16 *x, const layout_t &l, int heads) {
+// (d, heads, rows, batch) of a tensor of layout l; boxes of 64 x 1 x box_rows x 1 with the 128-byte swizzle.
+static CUtensorMap tensor_map(const __nv_bfloat16 *x, const layout_t &l, int heads, int box_rows = 128) {
   CUtensorMap m;
   int64_t st[3];
   hp_strides(l.sbhd, l.tb, l.rows, heads, D, st);
   const cuuint64_t dims[4] = {(cuuint64_t)D, (cuuint64_t)heads, (cuuint64_t)l.rows, (cuuint64_t)l.tb};
   const cuuint64_t strides[3] = {(cuuint64_t)st[1] * 2, (cuuint64_t)st[0] * 2, (cuuint64_t)st[2] * 2};
-  const cuuint32_t box[4] = {64, 1, 128, 1}, estr[4] = {1, 1, 1, 1};
+  const cuuint32_t box[4] = {64, 1, (cuuint32_t)box_rows, 1}, estr[4] = {1, 1, 1, 1};
   const CUresult r = encode_fn()(&m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 4, (void *)x, dims, strides, box, estr,
                                  CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                                  CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
@@ -201,10 +200,11 @@ static void run(const __nv_bfloat16 *q, const __nv_bfloat16 *k, const __nv_bfloa
     attr = true;
   }
   const dim3 grid((p.s_q + BM - 1) / BM, p.h, p.b);
-  // the fifth map (O's, for HP_FWD_OPT_TMA_O) unread: the lab builds no TMA store of O
-  if (pipe == 2) fwd_kernel<2, D, D, LAB_OPT><<<grid, THREADS, smem, st>>>(tq, tk, tv, p, tq);
-  else if (pipe == 1) fwd_kernel<1, D, D, LAB_OPT><<<grid, THREADS, smem, st>>>(tq, tk, tv, p, tq);
-  else fwd_kernel<0, D, D, LAB_OPT><<<grid, THREADS, smem, st>>>(tq, tk, tv, p, tq);
+  // the fifth map: O's (boxes of a warpgroup's 64 rows) for HP_FWD_OPT_TMA_O's store, else unread
+  const CUtensorMap to = LAB_OPT & HP_FWD_OPT_TMA_O ? tensor_map(reinterpret_cast<const __nv_bfloat16 *>(p.o), l, p.h, 64) : tq;
+  if (pipe == 2) fwd_kernel<2, D, D, LAB_OPT><<<grid, THREADS, smem, st>>>(tq, tk, tv, p, to);
+  else if (pipe == 1) fwd_kernel<1, D, D, LAB_OPT><<<grid, THREADS, smem, st>>>(tq, tk, tv, p, to);
+  else fwd_kernel<0, D, D, LAB_OPT><<<grid, THREADS, smem, st>>>(tq, tk, tv, p, to);
   CK(cudaGetLastError());
 }
 
