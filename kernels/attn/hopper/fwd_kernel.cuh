@@ -170,6 +170,23 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
     }
     mbar_arrive(&sm.acc_go);
   };
+  // HP_PREFETCH (p.next_ctas): once its last K and V are issued, the TMA thread hints into L2 the Q tile and
+  // the first K and V blocks of the CTA that starts about when this one ends (hp_cta_lin): its Q is its own,
+  // so its first loads would otherwise wait on HBM at its start, with its SM idle
+  auto prefetch_next = [&] {
+    const int nxt = hp_cta_lin() + p.next_ctas;
+    if (p.next_ctas <= 0 || nxt >= hp_grid_ctas()) return;
+    const hp_tile_t t = hp_fwd_tile<DQK, DV>(p, nxt);
+    const hp_seq_t s = hp_seq(p, t.bb);
+    if (t.m_block * ROWS >= s.len_q) return;
+    for (int half = 0; half < DQK / 64; half++) tma_prefetch_l2(&tq, 64 * half, t.hh, s.first_q + t.m_block * ROWS, s.tb);
+    const int sh = p.bottom_right ? s.len_kv - s.len_q : 0, last = min((t.m_block + 1) * ROWS, s.len_q) - 1;
+    const int kh = p.window_right >= 0 ? min(s.len_kv, last + 1 + sh + p.window_right) : s.len_kv; // its key_hi
+    if (kh <= 0) return;
+    const int k0 = s.first_kv + (kh - 1) / BN * BN, hk = t.hh / (p.h / p.h_kv);
+    for (int half = 0; half < DQK / 64; half++) tma_prefetch_l2(&tk, 64 * half, hk, k0, s.tb);
+    for (int half = 0; half < DV / 64; half++) tma_prefetch_l2(&tv, 64 * half, hk, k0, s.tb);
+  };
   if (warp_id >= 4 * NWG) { // producer
     reg_dealloc<NWG == 3 ? 32 : 24>();
     if (STAGED && warp_id >= 4 * NWG + 1 && p.acc_out) { // the running rows into shared memory (acc_stage_t), once
@@ -251,6 +268,7 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
       }
       if (nblk > 0) load_v(nblk - 1);
       if (go && nblk <= STAGES) acc_go();
+      prefetch_next();
       HP_TRACE(p, 4);
     } else if (threadIdx.x == PROD) {
       // the go of the running rows' copies (STAGED merge): once the consumers are done with the first
@@ -273,6 +291,7 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
           tma_load(sm.v[st][half], &tv, &sm.v_full[st], 64 * half, hkv, first_kv + n * BN, tb);
       }
       if (go && nblk <= STAGES) acc_go();
+      prefetch_next();
       HP_TRACE(p, 4);
     }
     return;

@@ -138,6 +138,7 @@ struct params_t {
   float *max_logit; // optional [h]: the largest scaled logit a row sees (the caller fills -inf)
   int *err;         // optional: set to 1 when a wait timed out (the results are then garbage)
   int group_mb;     // the masked schedule's groups of heads (tile_scheduler.cuh): MB of L2, 0 the build's, -1 none
+  int next_ctas;    // HP_PREFETCH: the GPU's SMs, so that CTA lin + next_ctas starts about when CTA lin ends; 0 off
 #if HP_FWD_TRACE
   unsigned long long *trace; // lab only (HP_FWD_TRACE): HP_TRACE_SLOTS clocks a CTA (hp_trace below)
 #endif

@@ -69,6 +69,14 @@ __device__ __forceinline__ void tma_load(void *dst, const hp_tmap_t *map, uint64
                : "memory");
 }
 
+// TMA: the same box into L2 only, a hint (no barrier, no shared memory; coordinates past the tensor fetch
+// nothing): the inputs of the CTA that starts after this one (HP_PREFETCH).
+__device__ __forceinline__ void tma_prefetch_l2(const hp_tmap_t *map, int c0, int c1, int c2, int c3) {
+  asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global [%0, {%1, %2, %3, %4}];\n" ::"l"((uint64_t)map), "r"(c0), "r"(c1),
+               "r"(c2), "r"(c3)
+               : "memory");
+}
+
 // bytes (a multiple of 16; both addresses 16-byte aligned) from global memory into shared memory, a bulk
 // copy (no tensor map) completing on bar like tma_load.
 __device__ __forceinline__ void bulk_load(void *dst, const void *src, uint32_t bytes, uint64_t *bar) {

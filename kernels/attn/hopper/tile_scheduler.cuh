@@ -31,8 +31,13 @@ struct hp_tile_t {
 struct hp_grouped_t {
   int block, hb;
 };
-HP_DEV hp_grouped_t hp_grouped(int nb, int64_t head_bytes, int group_mb, int64_t build_bytes) {
-  const int nhb = gridDim.y * gridDim.z, lin = blockIdx.x + nb * (blockIdx.y + gridDim.y * blockIdx.z);
+// A CTA's linear index in the grid, x fastest: the order in which the block scheduler starts CTAs, so that
+// CTA lin + (the SMs) is about the one that starts when CTA lin ends (one CTA an SM; HP_PREFETCH).
+HP_DEV int hp_cta_lin() { return (int)(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)); }
+HP_DEV int hp_grid_ctas() { return (int)(gridDim.x * gridDim.y * gridDim.z); }
+// (of the CTA at linear index lin)
+HP_DEV hp_grouped_t hp_grouped(int nb, int64_t head_bytes, int group_mb, int64_t build_bytes, int lin) {
+  const int nhb = gridDim.y * gridDim.z;
   const int64_t bytes = group_mb > 0 ? (int64_t)group_mb << 20 : build_bytes;
   const int g_max = (int)max((int64_t)1, min((int64_t)nhb, bytes / max(head_bytes, (int64_t)1)));
   const int group = lin / (g_max * nb), first = group * g_max, g = min(g_max, nhb - first);
@@ -40,14 +45,16 @@ HP_DEV hp_grouped_t hp_grouped(int nb, int64_t head_bytes, int group_mb, int64_t
   return hp_grouped_t{within / g, first + within % g};
 }
 
-template <int DQK, int DV> HP_DEV hp_tile_t hp_fwd_tile(const params_t &p) {
-  const int nm = gridDim.x;
+// (the tile of the CTA at linear index lin; hp_fwd_tile(p): this CTA's)
+template <int DQK, int DV> HP_DEV hp_tile_t hp_fwd_tile(const params_t &p, int lin) {
+  const int nm = gridDim.x, x = lin % nm, yz = lin / nm;
   const bool masked = p.window_left >= 0 || p.window_right >= 0;
-  if (!HP_FWD_GROUP || p.group_mb < 0 || !masked) return hp_tile_t{nm - 1 - (int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z};
+  if (!HP_FWD_GROUP || p.group_mb < 0 || !masked) return hp_tile_t{nm - 1 - x, yz % (int)gridDim.y, yz / (int)gridDim.y};
   const int64_t kv_head = (int64_t)p.s_kv * (DQK + DV) * 2; // a head's K and V bytes (bshd; thd: the longest)
-  const hp_grouped_t t = hp_grouped(nm, kv_head, p.group_mb, (int64_t)(HP_FWD_GROUP_BYTES));
+  const hp_grouped_t t = hp_grouped(nm, kv_head, p.group_mb, (int64_t)(HP_FWD_GROUP_BYTES), lin);
   return hp_tile_t{nm - 1 - t.block, t.hb % (int)gridDim.y, t.hb / (int)gridDim.y};
 }
+template <int DQK, int DV> HP_DEV hp_tile_t hp_fwd_tile(const params_t &p) { return hp_fwd_tile<DQK, DV>(p, hp_cta_lin()); }
 
 /* The key block a CTA of the Hopper backward computes: block n_block of kv head hkv, sequence bb. Unmasked
  * calls keep the grid's order (key blocks of one head, head after head: every block has the same items).
@@ -69,21 +76,24 @@ struct hp_bwd_tile_t {
  * [0, split_first) whole, then each block after them in split_parts parts of its items, one CTA a part, so
  * that the last wave's few blocks spread over every SM rather than leaving most of them idle (the parts
  * add their dK and dV into split slot block - split_first; the last to finish writes them). */
-template <int DQK, int DV, class P> HP_DEV hp_bwd_tile_t hp_bwd_tile(const P &p) {
+// (the CTA at linear index lin; hp_bwd_tile(p): this CTA)
+template <int DQK, int DV, class P> HP_DEV hp_bwd_tile_t hp_bwd_tile(const P &p, int lin) {
   const bool masked = p.window_left >= 0 || p.window_right >= 0;
-  if (p.split_parts > 1) {
-    const int nb = (p.s_kv + BN - 1) / BN, lin = (int)blockIdx.x;
+  if (p.split_parts > 1) { // (a 1-D grid)
+    const int nb = (p.s_kv + BN - 1) / BN;
     const int piece = lin - p.split_first, blk = piece < 0 ? lin : p.split_first + piece / p.split_parts;
     const int hb = blk / nb;
     return hp_bwd_tile_t{blk % nb, hb % p.h_kv, hb / p.h_kv, piece < 0 ? 0 : piece % p.split_parts, piece < 0 ? 1 : p.split_parts,
                          piece < 0 ? -1 : blk - p.split_first};
   }
-  if (p.group_mb < 0 || !masked) return hp_bwd_tile_t{(int)blockIdx.x, (int)blockIdx.y, (int)blockIdx.z, 0, 1, -1};
+  const int x = lin % (int)gridDim.x, yz = lin / (int)gridDim.x;
+  if (p.group_mb < 0 || !masked) return hp_bwd_tile_t{x, yz % (int)gridDim.y, yz / (int)gridDim.y, 0, 1, -1};
   // a kv head's Q and dO (bf16) and dQ accumulator (fp32), over its group of query heads (bshd; thd: the longest)
   const int64_t head = (int64_t)(p.h / p.h_kv) * p.s_q * ((DQK + DV) * 2 + DQK * 4);
-  const hp_grouped_t t = hp_grouped(gridDim.x, head, p.group_mb, (int64_t)(HP_BWD_GROUP_BYTES));
+  const hp_grouped_t t = hp_grouped(gridDim.x, head, p.group_mb, (int64_t)(HP_BWD_GROUP_BYTES), lin);
   return hp_bwd_tile_t{t.block, t.hb % (int)gridDim.y, t.hb / (int)gridDim.y, 0, 1, -1};
 }
+template <int DQK, int DV, class P> HP_DEV hp_bwd_tile_t hp_bwd_tile(const P &p) { return hp_bwd_tile<DQK, DV>(p, hp_cta_lin()); }
 
 /* The tail split's plan (host): of nblocks key blocks of `items` items each on `sms` SMs (one CTA an SM),
  * the last nblocks % sms (the tail wave's) are split when that shortens the grid. Each in k parts runs as

@@ -42,8 +42,10 @@
 #include "cuda_emu.h"
 
 #include <algorithm>
+#include <array>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 
 #define HP_DEV inline
@@ -228,11 +230,42 @@ static void hp_land(const hp_copy &c) {
   hp_complete_if(b);
 }
 
+// PDL (kernels/common/pdl.cuh): the emulator runs a grid after the one before it, so both are nothing
+HP_DEV void dl_pdl_wait() {}
+HP_DEV void dl_pdl_release() {}
+// the boxes loaded and prefetched (tma_prefetch_l2 below): a box is its tensor's base and coordinates
+using hp_box = std::array<uint64_t, 5>;
+static std::set<hp_box> hp_prefetched, hp_loaded;
 HP_DEV void tma_load(void *dst, const hp_tmap_t *map, uint64_t *bar, int c0, int c1, int c2, int c3) {
+  hp_loaded.insert(hp_box{(uint64_t)(uintptr_t)map->base, (uint64_t)c0, (uint64_t)c1, (uint64_t)c2, (uint64_t)c3});
   const hp_copy c{hp_smem_u32(dst), hp_smem_u32(bar), map, {c0, c1, c2, c3}, nullptr, 0, *map};
   hp_bar(bar); // initialised
   if (hp_coin() % 2) hp_land(c);
   else hp_pending.push_back(c);
+}
+// the TMA's L2 prefetch: a hint with nothing to emulate. The kernels prefetch a box that another CTA of the
+// grid loads (HP_PREFETCH: the first loads of CTA lin + next_ctas), so each is recorded (its tensor's base
+// and coordinates) beside every box tma_load loads, and hp_prefetch_check compares the two once the grid ran
+HP_DEV void tma_prefetch_l2(const hp_tmap_t *map, int c0, int c1, int c2, int c3) {
+  if (!map) {
+    fprintf(stderr, "emu: tma_prefetch_l2 without a tensor map\n");
+    abort();
+  }
+  hp_prefetched.insert(hp_box{(uint64_t)(uintptr_t)map->base, (uint64_t)c0, (uint64_t)c1, (uint64_t)c2, (uint64_t)c3});
+}
+// After a grid (or the grids of one call): every prefetched box is one some CTA loaded (1), or the first
+// one that is not is printed (0); both records are cleared for the next call.
+static inline bool hp_prefetch_check(const char *what) {
+  bool ok = true;
+  for (const hp_box &b : hp_prefetched)
+    if (!hp_loaded.count(b)) {
+      printf("%s: prefetched box (%d, %d, %d, %d) of the tensor at %p: no CTA loads it\n", what, (int)b[1], (int)b[2],
+             (int)b[3], (int)b[4], (void *)(uintptr_t)b[0]);
+      ok = false;
+      break;
+    }
+  hp_prefetched.clear(), hp_loaded.clear();
+  return ok;
 }
 // cp.async.bulk global -> shared: reads its source when it lands (at the issue or when a thread polls
 // its barrier, a coin), as a TMA box does

@@ -205,6 +205,7 @@ template <int D, int LOOP = BWD_ORDER, bool ELECT = false, bool BULK = false, in
   const hp_tmap_t tq = hp_map(q, D, h, sq, rows, tb, BQ), tdo = hp_map(dout, D, h, sq, rows, tb, BQ), // BQ rows a box
                   tk = hp_map(k, D, h_kv, sk, rows_kv, tb, BN), tv = hp_map(v, D, h_kv, sk, rows_kv, tb, BN);
   bwd_params_t p{};
+  p.next_ctas = 1 + (int)(seed % 5); // HP_PREFETCH's stride (the GPU's SMs), small so that most CTAs prefetch
   p.b = b, p.h = h, p.h_kv = h_kv, p.s_q = s, p.s_kv = s_kv;
   p.window_left = mk.wl, p.window_right = mk.wr, p.bottom_right = mk.br;
   p.scale = (float)scale, p.scale_log2 = (float)(scale * 1.4426950408889634);
@@ -273,6 +274,7 @@ template <int D, int LOOP = BWD_ORDER, bool ELECT = false, bool BULK = false, in
           if (!hp_run_cta(dim3(x, y, z), dim3(nb, h_kv, b), THREADS, sizeof(bwd_smem_t<D, D, BQ>),
                           [&] { bwd_kernel<D, D, LOOP, ELECT, BULK, BQ>(tq, tk, tv, tdo, p); }))
             return false;
+  if (!hp_prefetch_check("bwd")) return false;
   const int mb = (s + BWD_BQ - 1) / BWD_BQ;
   if (mb > 0) {
     const std::function<void()> conv = [&] { bwd_dq_kernel<D, BQ>(p); };

@@ -66,6 +66,7 @@ static bool run_case(const hp_case &cs, const hp_mask &mk, int pipe, unsigned se
                   tv = hp_map(v, DV, h_kv, sv, rows_kv, tb, BN), to = hp_map(o, DV, h, so, rows, tb, 64);
   params_t p{};
   p.b = b, p.h = h, p.h_kv = h_kv, p.s_q = p.s_kv = s;
+  p.next_ctas = 1 + (int)(seed % 5); // HP_PREFETCH's stride (the GPU's SMs), small so that most CTAs prefetch
   p.window_left = mk.wl, p.window_right = mk.wr, p.bottom_right = mk.br;
   p.scale_log2 = (float)(sharp * 1.4426950408889634 / sqrt((double)DQK)), p.o = o.data(), p.lse = lse.data();
   memcpy(p.o_st, so, sizeof so);
@@ -125,6 +126,7 @@ static bool run_case(const hp_case &cs, const hp_mask &mk, int pipe, unsigned se
         });
         if (!done) return false;
       }
+  if (!hp_prefetch_check("fwd")) return false;
   // fp64 reference, every row of every sequence (a sequence with no keys: out 0, lse -inf)
   double num = 0, den = 0, emax = 0, lmax = 0, planted_num = 0;
   const double scale = sharp / sqrt((double)DQK);
