@@ -13,7 +13,8 @@
  * has released, so every one of them is resident by then.
  *
  * dl_pdl_launch (nvcc only; the CPU emulations launch with <<<>>>): one
- * grid of k, with the attribute when pdl, its error returned.
+ * grid of k (blocks and threads, each an int or a dim3) with its arguments,
+ * with the attribute when pdl, its error returned.
  */
 #ifndef DISTLAB_KERNELS_COMMON_PDL_CUH
 #define DISTLAB_KERNELS_COMMON_PDL_CUH
@@ -32,22 +33,23 @@ __device__ __forceinline__ void dl_pdl_release() {
 }
 
 #ifdef __CUDACC__
-template <class A>
-static cudaError_t dl_pdl_launch(void (*k)(const A), int blocks, int threads, size_t smem, cudaStream_t st,
-                                 int pdl, const A &a) {
+#include <utility>
+template <class... P, class... A>
+static cudaError_t dl_pdl_launch(void (*k)(P...), dim3 blocks, dim3 threads, size_t smem, cudaStream_t st, int pdl,
+                                 A &&...a) {
   cudaLaunchAttribute attr;
   memset(&attr, 0, sizeof attr);
   attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attr.val.programmaticStreamSerializationAllowed = 1;
   cudaLaunchConfig_t cfg;
   memset(&cfg, 0, sizeof cfg);
-  cfg.gridDim = dim3((unsigned)blocks);
-  cfg.blockDim = dim3((unsigned)threads);
+  cfg.gridDim = blocks;
+  cfg.blockDim = threads;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = st;
   cfg.attrs = &attr;
   cfg.numAttrs = pdl ? 1 : 0;
-  cudaError_t e = cudaLaunchKernelEx(&cfg, k, a);
+  cudaError_t e = cudaLaunchKernelEx(&cfg, k, std::forward<A>(a)...);
   if (e == cudaSuccess) e = cudaGetLastError();
   if (e != cudaSuccess) (void)cudaGetLastError();
   return e;

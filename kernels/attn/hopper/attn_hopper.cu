@@ -428,6 +428,16 @@ static int device_sms(int *sms) {
   return 0;
 }
 
+/* PDL in the backward (launch_bwd, launch_dq): the main kernel and the dQ conversion are launched with
+ * programmatic stream serialization after the kernel before them (the prep, the main kernel), so that each
+ * starts under the tail of the one before and waits (dl_pdl_wait) only where it reads that one's output (FA4's
+ * sm90 backward launches its main kernel so). DISTLAB_ATTN_HOPPER_BWD_PDL=0 launches them plainly (A/B
+ * timings: FA4-GAP.md section 29). */
+static int env_bwd_pdl(void) {
+  static int c = -1;
+  return !env_is("DISTLAB_ATTN_HOPPER_BWD_PDL", "0", &c);
+}
+
 /* HP_PREFETCH (params_t.next_ctas): each CTA's TMA thread, once its last loads are issued, prefetches into L2
  * the first inputs of CTA lin + (the SMs), the one that starts about when it ends (one CTA an SM): the
  * forward's Q tile and first K and V blocks, the backward's K and V. DISTLAB_ATTN_HOPPER_PREFETCH=0 turns
@@ -583,7 +593,13 @@ static int launch_bwd(dim3 grid, const CUtensorMap &tq, const CUtensorMap &tk, c
   static_assert(sizeof(bwd_smem_t<DQK, DV, BQ>) + 1024 <= 227 * 1024, "the backward's shared memory");
   static int done[64];
   DL_TRY(allow_smem(bwd_kernel<DQK, DV, LOOP, ELECT, BULK, BQ>, smem, done));
-  bwd_kernel<DQK, DV, LOOP, ELECT, BULK, BQ><<<grid, THREADS, smem, (cudaStream_t)stream>>>(tq, tk, tv, tdo, k);
+  DL_CUDA_CHECK(dl_pdl_launch(bwd_kernel<DQK, DV, LOOP, ELECT, BULK, BQ>, grid, THREADS, smem, (cudaStream_t)stream,
+                              env_bwd_pdl(), tq, tk, tv, tdo, k));
+  return 0;
+}
+/* bwd_dq_kernel<DQK, BQ> after the main kernel, by PDL as launch_bwd */
+template <int DQK, int BQ = BWD_BQ> static int launch_dq(dim3 grid, const bwd_params_t &k, void *stream) {
+  DL_CUDA_CHECK(dl_pdl_launch(bwd_dq_kernel<DQK, BQ>, grid, 128, 0, (cudaStream_t)stream, env_bwd_pdl(), k));
   return 0;
 }
 
@@ -643,29 +659,9 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
   k.err = dword;
   DL_TRY(next_ctas(&k.next_ctas));
   const dim3 grid((p->s_kv + BN - 1) / BN, p->h_kv, p->b);
-  if (bulk) { /* the prep into bwd_lse_row's rows: D where delta points, lse log2(e) after it */
-    k.lse_rows = dl_attn_bwd_lse_rows(p);
-    float *lse2 = delta + (size_t)k.lse_rows * p->h_q;
-    k.o = (const uint16_t *)p->out, k.dout = (const uint16_t *)p->dout, k.lse2 = lse2;
-    copy_st(k.o_st, p->out_st), copy_st(k.do_st, p->dout_st);
-    const dim3 pgrid((p->s_q + BWD_BQ - 1) / BWD_BQ, p->h_q, p->b);
-    if (p->s_q > 0) {
-      if (p->d_qk == 64) bwd_prep_kernel<64, 64><<<pgrid, 128, 0, (cudaStream_t)stream>>>(k, delta, lse2);
-      else bwd_prep_kernel<128, 128><<<pgrid, 128, 0, (cudaStream_t)stream>>>(k, delta, lse2);
-      DL_CUDA_CHECK_LAUNCH("attn bwd (hopper) prep");
-    }
-  }
-  k.delta = delta;
-  if (bq != BWD_BQ && env_bwd_prep_ws() && p->s_q > 0) {
-    k.o = (const uint16_t *)p->out, k.dout = (const uint16_t *)p->dout;
-    copy_st(k.o_st, p->out_st), copy_st(k.do_st, p->dout_st);
-    const dim3 pgrid((p->s_q + 63) / 64, p->h_q, p->b);
-    if (p->d_qk == 64) bwd_prep_ws_kernel<64, 64><<<pgrid, 256, 0, (cudaStream_t)stream>>>(k, delta);
-    else bwd_prep_ws_kernel<128, 128><<<pgrid, 256, 0, (cudaStream_t)stream>>>(k, delta);
-    DL_CUDA_CHECK_LAUNCH("attn bwd (hopper) prep");
-  }
   /* the tail split: the plan for this GPU's SMs (a tail of at most a quarter of them; a part's own cost
-   * taken as 2 items; at least 1% saved) */
+   * taken as 2 items; at least 1% saved); its memset before the prep, so that the main kernel follows the prep
+   * directly (PDL: launch_bwd) */
   dim3 grid_run = grid;
   const int64_t lse_rows = dl_attn_bwd_lse_rows(p);
   const size_t slot_bytes = ((size_t)BN * (p->d_qk + p->d_v) + 1) * sizeof(float);
@@ -691,6 +687,27 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
   if (k.trace)
     DL_CUDA_CHECK(cudaMemsetAsync(k.trace, 0, sizeof(unsigned long long) * 2 * HP_BT_WORDS, (cudaStream_t)stream));
 #endif
+  if (bulk) { /* the prep into bwd_lse_row's rows: D where delta points, lse log2(e) after it */
+    k.lse_rows = dl_attn_bwd_lse_rows(p);
+    float *lse2 = delta + (size_t)k.lse_rows * p->h_q;
+    k.o = (const uint16_t *)p->out, k.dout = (const uint16_t *)p->dout, k.lse2 = lse2;
+    copy_st(k.o_st, p->out_st), copy_st(k.do_st, p->dout_st);
+    const dim3 pgrid((p->s_q + BWD_BQ - 1) / BWD_BQ, p->h_q, p->b);
+    if (p->s_q > 0) {
+      if (p->d_qk == 64) bwd_prep_kernel<64, 64><<<pgrid, 128, 0, (cudaStream_t)stream>>>(k, delta, lse2);
+      else bwd_prep_kernel<128, 128><<<pgrid, 128, 0, (cudaStream_t)stream>>>(k, delta, lse2);
+      DL_CUDA_CHECK_LAUNCH("attn bwd (hopper) prep");
+    }
+  }
+  k.delta = delta;
+  if (bq != BWD_BQ && env_bwd_prep_ws() && p->s_q > 0) {
+    k.o = (const uint16_t *)p->out, k.dout = (const uint16_t *)p->dout;
+    copy_st(k.o_st, p->out_st), copy_st(k.do_st, p->dout_st);
+    const dim3 pgrid((p->s_q + 63) / 64, p->h_q, p->b);
+    if (p->d_qk == 64) bwd_prep_ws_kernel<64, 64><<<pgrid, 256, 0, (cudaStream_t)stream>>>(k, delta);
+    else bwd_prep_ws_kernel<128, 128><<<pgrid, 256, 0, (cudaStream_t)stream>>>(k, delta);
+    DL_CUDA_CHECK_LAUNCH("attn bwd (hopper) prep");
+  }
   int rc;
   if (m128)
     rc = elect ? launch_bwd<64, 64, BWD_ORDER, true, false, 128>(grid_run, tq, tk, tv, tdo, k, stream)
@@ -717,9 +734,6 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
   if (k.trace) DL_TRY(bwd_trace_write(k.trace, (int)(grid_run.x * grid_run.y * grid_run.z), bq, stream));
 #endif
   const dim3 rgrid((p->s_q + BWD_BQ - 1) / BWD_BQ, p->h_q, p->b);
-  if (p->d_qk == 64) bwd_dq_kernel<64><<<rgrid, 128, 0, (cudaStream_t)stream>>>(k);
-  else if (m80) bwd_dq_kernel<128, 80><<<rgrid, 128, 0, (cudaStream_t)stream>>>(k); /* dQ^T's column order */
-  else bwd_dq_kernel<128><<<rgrid, 128, 0, (cudaStream_t)stream>>>(k);
-  DL_CUDA_CHECK_LAUNCH("attn bwd (hopper) dq");
-  return 0;
+  /* (m80: dQ^T's column order) */
+  return p->d_qk == 64 ? launch_dq<64>(rgrid, k, stream) : m80 ? launch_dq<128, 80>(rgrid, k, stream) : launch_dq<128>(rgrid, k, stream);
 }

@@ -91,6 +91,9 @@
 #include "fwd_mainloop.cuh"
 #include "fwd_params.cuh"
 #include "tile_scheduler.cuh"
+#ifndef HOPPER_EMU
+#include "common/pdl.cuh"
+#endif
 
 // BQ 128 (d 64) in BWD_ORDER: an item's dS^T goes to shared memory (stmatrix) before dV's wgmma is issued
 // and is fenced for the async proxy after it, as FA4's sm90 backward orders them (0: after dV's issue, the
@@ -207,6 +210,7 @@ HP_DEV int64_t bwd_lse_row(const bwd_params_t &p, const hp_seq_t &s, int bb, int
 // rows, h, b), 256 threads; a row's 16-byte chunks of out and dO over DV / 8 lanes, each thread's loads all issued
 // before their sums (the portable prep's 4-byte loads, a warp a row, ran at ~2.9 TB/s on an H200).
 template <int DQK, int DV> __global__ void __launch_bounds__(256) bwd_prep_ws_kernel(const bwd_params_t p, float *delta) {
+  dl_pdl_release(); // the main kernel may start (its readers of this kernel's rows wait for it: dl_pdl_wait)
   constexpr int L = DV / 8, RW = 32 / L, PASSES = 64 / (8 * RW); // lanes a row, rows a warp, passes of the 8 warps
   const int hh = blockIdx.y, bb = blockIdx.z, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const hp_seq_t sq = hp_seq(p, bb);
@@ -244,6 +248,7 @@ template <int DQK, int DV> __global__ void __launch_bounds__(256) bwd_prep_ws_ke
 // key) into bwd_lse_row's rows, the pad up to the sequence's next multiple of BWD_BQ 0 and +inf; the fp32
 // dQ accumulator's rows zeroed.
 template <int DQK, int DV> __global__ void __launch_bounds__(128) bwd_prep_kernel(const bwd_params_t p, float *delta, float *lse2) {
+  dl_pdl_release(); // (as bwd_prep_ws_kernel)
   const int hh = blockIdx.y, bb = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const hp_seq_t sq = hp_seq(p, bb);
   for (int r = warp; r < BWD_BQ; r += 4) {
@@ -275,6 +280,7 @@ template <int DQK, int DV> __global__ void __launch_bounds__(128) bwd_prep_kerne
 // accumulator's columns as bwd_dq_col<BQ> placed them (attn_bwd.cu's attn_bwd_dq_kernel, for that layout); a
 // lane's 4 (d 128) or 2 (d 64) adjacent columns, which bwd_dq_col keeps adjacent (it flips bits 3 and up).
 template <int DQK, int BQ = BWD_BQ> __global__ void __launch_bounds__(128) bwd_dq_kernel(const bwd_params_t p) {
+  dl_pdl_wait(); // (launched by PDL: the main kernel's reductions done and visible)
   constexpr int V = DQK / 32; // columns a lane
   const int hh = blockIdx.y, bb = blockIdx.z, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const hp_seq_t sq = hp_seq(p, bb);
@@ -384,6 +390,10 @@ __global__ void __launch_bounds__(THREADS, 1)
   // a thread's dQ (BQ 80: of dQ^T; BQ 128: its warpgroup's 64 queries x all 64 columns of d)
   constexpr int NDQ = BQ == 80 ? 40 : BQ == 128 ? 32 : DQK / 4;
   bwd_smem_t<DQK, DV, BQ> &sm = *reinterpret_cast<bwd_smem_t<DQK, DV, BQ> *>(hp_smem_aligned());
+  // PDL (launch_bwd): the conversion may be scheduled once every CTA of this grid has started; the prep's
+  // rows (D, BULK's lse2, the zeroed dQ accumulator) are read only after dl_pdl_wait, in the producer's roles
+  // that read them, so that the CTA's set-up and its K, V, Q and dO loads run under the prep's tail
+  dl_pdl_release();
   const hp_bwd_tile_t tile = hp_bwd_tile<DQK, DV>(p);
   const int n_block = tile.n_block, hkv = tile.hkv, bb = tile.bb, group = p.h / p.h_kv;
   const int warp_id = hp_warp_uniform(threadIdx.x / 32), tid = threadIdx.x % 128;
@@ -441,6 +451,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       for (int it = 0; it < items; it++, m = m + 1 == m_hi ? (hq++, m_lo) : m + 1) {
         const int st = it % 2;
         const uint32_t round = it / 2;
+        if (BULK && it == 0) dl_pdl_wait(); // BULK's lse2 and D rows are the prep's (Q and dO's first tiles are not)
         if (round > 0) mbar_wait(&sm.q_empty[st], (round - 1) & 1, &sm.fail, p.err);
         mbar_expect_tx(&sm.q_full[st], BQ * DQK * 2 + (BULK ? BQ * 4 : 0));
         for (int half = 0; half < DQK / 64; half++) tma_load(sm.q[st][half], &tq, &sm.q_full[st], 64 * half, item_hq(it, hq), sq.first_q + item_m(it, m) * BQ, sq.tb);
@@ -463,6 +474,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       }
     } else if (!BULK && warp_id == 9) { // the rows' lse2 and D (rows past the sequence: +inf and 0, so P = dS = 0)
       const int lane = threadIdx.x % 32;
+      if constexpr (BQ == 64) dl_pdl_wait(); // (D: the prep's; BQ 80 and 128 load lse alone here, the forward's)
       if constexpr (BQ != 64) { // the lse2 rows only (warp 11 loads D), the item's head and block counted: 24 registers
         // The item's rows loaded into registers before the wait for its stage, all in flight at once, so
         // that their latency runs under that wait, not one load after another after it (FA4-GAP section 18:
@@ -507,6 +519,7 @@ __global__ void __launch_bounds__(THREADS, 1)
       }
     } else if (BQ != 64 && warp_id == 11) { // BQ 80, 128: the rows' D (warp 9's lse2 rows alone fill its registers)
       const int lane = threadIdx.x % 32;
+      dl_pdl_wait(); // D is the prep's
       constexpr int NR = (BQ + 31) / 32;
       int hq = hq0, m = m0;
       for (int it = 0; it < items; it++) {
@@ -526,6 +539,7 @@ __global__ void __launch_bounds__(THREADS, 1)
         if (++m == m_hi) m = m_lo, hq++;
       }
     } else if (threadIdx.x == 320) { // each item's dQ from shared memory into the accumulator
+      dl_pdl_wait(); // the accumulator's rows: zeroed by the prep
       int hq = hq0, m = m0;
       for (int it = 0; it < items; it++, m = m + 1 == m_hi ? (hq++, m_lo) : m + 1) {
         const int i0 = item_m(it, m) * BQ;

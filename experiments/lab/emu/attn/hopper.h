@@ -230,6 +230,9 @@ static void hp_land(const hp_copy &c) {
   hp_complete_if(b);
 }
 
+// PDL (kernels/common/pdl.cuh): the emulator runs a grid after the one before it, so both are nothing
+HP_DEV void dl_pdl_wait() {}
+HP_DEV void dl_pdl_release() {}
 // the boxes loaded and prefetched (tma_prefetch_l2 below): a box is its tensor's base and coordinates
 using hp_box = std::array<uint64_t, 5>;
 static std::set<hp_box> hp_prefetched, hp_loaded;
