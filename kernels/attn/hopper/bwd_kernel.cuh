@@ -447,11 +447,11 @@ __global__ void __launch_bounds__(THREADS, 1)
       mbar_expect_tx(&sm.kv_full, tile_bytes_t<DQK>::value + tile_bytes_t<DV>::value);
       for (int half = 0; half < DQK / 64; half++) tma_load(sm.k[half], &tk, &sm.kv_full, 64 * half, hkv, sq.first_kv + n0, sq.tb);
       for (int half = 0; half < DV / 64; half++) tma_load(sm.v[half], &tv, &sm.kv_full, 64 * half, hkv, sq.first_kv + n0, sq.tb);
+      if constexpr (BULK) dl_pdl_wait(); // after K and V, before item 0's loads: BULK's lse2 and D rows (bulk-loaded with Q and dO) are the prep's
       int hq = hq0, m = m0; // item it's head and query block, counted (no division an item)
       for (int it = 0; it < items; it++, m = m + 1 == m_hi ? (hq++, m_lo) : m + 1) {
         const int st = it % 2;
         const uint32_t round = it / 2;
-        if (BULK && it == 0) dl_pdl_wait(); // before item 0's loads: BULK's lse2 and D rows (bulk-loaded with Q and dO) are the prep's
         if (round > 0) mbar_wait(&sm.q_empty[st], (round - 1) & 1, &sm.fail, p.err);
         mbar_expect_tx(&sm.q_full[st], BQ * DQK * 2 + (BULK ? BQ * 4 : 0));
         for (int half = 0; half < DQK / 64; half++) tma_load(sm.q[st][half], &tq, &sm.q_full[st], 64 * half, item_hq(it, hq), sq.first_q + item_m(it, m) * BQ, sq.tb);

@@ -87,6 +87,14 @@
 #define HP_FWD_SKIP0 1
 #endif
 
+// the end (exclusive) of the keys that rows [ROWS m_block, ROWS (m_block + 1)) of sequence s see: the
+// right window's (causal: 0) past the block's last row, bottom-right aligned where p.bottom_right; the tile's
+// and HP_PREFETCH's (the next CTA's last key block) one formula
+template <int ROWS> HP_DEV int hp_fwd_key_hi(const params_t &p, const hp_seq_t &s, int m_block) {
+  const int shift = p.bottom_right ? s.len_kv - s.len_q : 0, i1 = min((m_block + 1) * ROWS, s.len_q);
+  return p.window_right >= 0 ? min(s.len_kv, i1 + shift + p.window_right) : s.len_kv;
+}
+
 // Grid (s / BM, h, b); which tile a CTA computes: tile_scheduler.cuh. The two consumer
 // warpgroups take turns at the tensor cores (take_turn / hand_turn below). PIPE = 0: per key block,
 // S, softmax, P V one after another, P in registers. PIPE = 1: FA3's intra-warpgroup pipelining,
@@ -129,7 +137,7 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
   // key blocks [n_lo, n_hi): those holding a key that a row of this block sees; walked last to first
   const int shift = p.bottom_right ? len_kv - len_q : 0, wl = p.window_left, wr = p.window_right;
   const int i0 = m_block * ROWS, i1 = min(i0 + ROWS, len_q);
-  const int key_lo = wl >= 0 ? max(0, i0 + shift - wl) : 0, key_hi = wr >= 0 ? min(len_kv, i1 + shift + wr) : len_kv;
+  const int key_lo = wl >= 0 ? max(0, i0 + shift - wl) : 0, key_hi = hp_fwd_key_hi<ROWS>(p, sq, m_block);
   const int n_lo = key_lo / BN, n_hi = key_hi > key_lo ? (key_hi + BN - 1) / BN : n_lo, nblk = n_hi - n_lo;
 
   if (threadIdx.x == 0) {
@@ -180,8 +188,7 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
     const hp_seq_t s = hp_seq(p, t.bb);
     if (t.m_block * ROWS >= s.len_q) return;
     for (int half = 0; half < DQK / 64; half++) tma_prefetch_l2(&tq, 64 * half, t.hh, s.first_q + t.m_block * ROWS, s.tb);
-    const int sh = p.bottom_right ? s.len_kv - s.len_q : 0, last = min((t.m_block + 1) * ROWS, s.len_q) - 1;
-    const int kh = p.window_right >= 0 ? min(s.len_kv, last + 1 + sh + p.window_right) : s.len_kv; // its key_hi
+    const int kh = hp_fwd_key_hi<ROWS>(p, s, t.m_block);
     if (kh <= 0) return;
     const int k0 = s.first_kv + (kh - 1) / BN * BN, hk = t.hh / (p.h / p.h_kv);
     for (int half = 0; half < DQK / 64; half++) tma_prefetch_l2(&tk, 64 * half, hk, k0, s.tb);
