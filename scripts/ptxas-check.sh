@@ -5,6 +5,9 @@
 # the wgmmas serialised, a wgmma wait injected). Exits 1 on any spill or any such note, 2 when a file does not
 # compile. NVCC_ARGS go to nvcc as they are, e.g. `-DHP_BWD_NEXT=1` for a lab flag. About a minute a file.
 # `--log FILE`: read a log of `nvcc -Xptxas -v` (or ptxas -v) instead of compiling (spec/ptxas_check_spec.lua's planted logs).
+# SUMS=FILE: also write each kernel's machine code digest (md5 of its cubin .text section, one line a kernel,
+# sorted by name) to FILE, so that two trees' SASS compare by `diff` where no cuobjdump is (this machine):
+# a change of form whose digests all match needs no GPU timing (line numbers and comments do not enter .text).
 # Why: a variant timed at 0.80x its base turned out to have had every wgmma of its kernel serialised (C7515),
 # which a check for C7512 alone did not see (experiments/lab/attn/FA4-GAP.md section 28).
 set -u
@@ -29,6 +32,20 @@ for f in ${logfile:-kernels/*/hopper/*.cu}; do
     echo "ptxas-check: $f does not compile:" >&2
     grep -m5 -E 'error' "$log" >&2
     exit 2
+  fi
+  if [ -n "${SUMS:-}" ] && [ -z "$logfile" ]; then
+    python3 - "$tmp/out.cubin" "$f" >>"$tmp/sums" <<'EOF' || { echo "ptxas-check: $f: could not read the cubin's sections" >&2; exit 2; }
+import hashlib, struct, sys
+d = open(sys.argv[1], "rb").read()  # ELF64: the section headers, their names, each .text.<kernel>'s bytes
+shoff, = struct.unpack_from("<Q", d, 0x28)
+shentsize, shnum, shstrndx = struct.unpack_from("<HHH", d, 0x3A)
+secs = [struct.unpack_from("<IIQQQQIIQQ", d, shoff + i * shentsize) for i in range(shnum)]
+names = secs[shstrndx][4]
+for s in secs:
+    name = d[names + s[0]:d.index(b"\0", names + s[0])].decode()
+    if name.startswith(".text."):
+        print(hashlib.md5(d[s[4]:s[4] + s[5]]).hexdigest(), sys.argv[2], name[6:])
+EOF
   fi
   python3 - "$f" "$log" <<'EOF' || status=1
 import re, subprocess, sys
@@ -65,4 +82,8 @@ for k in bad:
 sys.exit(1 if bad else 0)
 EOF
 done
+if [ -n "${SUMS:-}" ] && [ -z "$logfile" ]; then
+  sort -k3 "$tmp/sums" >"$SUMS"
+  echo "ptxas-check: $(wc -l <"$SUMS") kernels' machine code digests in $SUMS"
+fi
 exit $status
