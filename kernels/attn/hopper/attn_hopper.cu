@@ -127,8 +127,8 @@ static int env_bwd_group_mb(int *mb) {
   static int c = INT_MIN;
   return env_group_mb("DISTLAB_ATTN_HOPPER_BWD_GROUP_MB", &c, mb);
 }
-/* The backward's tail split (tile_scheduler.cuh: hp_bwd_tile, hp_bwd_split_plan): without a mask on bshd
- * and sbhd, the key blocks of the last, partial wave go in parts over every SM, their dK and dV added up in
+/* The backward's tail split (tile_scheduler.cuh: hp_bwd_tile, hp_bwd_split_plan): without a mask on bshd,
+ * sbhd and thd of equal, unpadded lengths (bwd_uniform), the key blocks of the last, partial wave go in parts over every SM, their dK and dV added up in
  * split slots in the workspace's lse log2(e) rows, which only BULK's kernels use (as many slots as fit
  * there: the workspace does not grow). Their dK and dV are then sums of fp32 atomics, not bitwise the same
  * run to run (as dQ never is); DISTLAB_ATTN_HOPPER_BWD_SPLIT=0 turns it off (A/B timings: FA4-GAP.md
@@ -136,6 +136,14 @@ static int env_bwd_group_mb(int *mb) {
 static int env_bwd_split(void) {
   static int c = -1;
   return !env_is("DISTLAB_ATTN_HOPPER_BWD_SPLIT", "0", &c);
+}
+/* Whether the split plan's cost model (every key block the same items) can hold: bshd and sbhd, and thd
+ * unpadded with b times the longest length rows (packed equal lengths; the lengths themselves are on the
+ * device: shorter ones only make the plan a poorer guess, the split is right for any, emu --split). */
+static bool bwd_uniform(const dl_attn_params_t *p) {
+  if (!p->cu_seqlens_q) return true;
+  return !p->cu_seqlens_q_padded && !p->cu_seqlens_kv_padded && p->total_q == (int64_t)p->b * p->s_q &&
+         p->total_kv == (int64_t)p->b * p->s_kv;
 }
 /* Where M80 or M128 runs, the backward's own prep, bwd_prep_ws_kernel (D and the zeroed accumulator in the
  * portable prep's layout, by 16-byte loads and stores; FA4-GAP.md section 26: backward 1.009-1.021x at d 64,
@@ -666,7 +674,7 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
   const int64_t lse_rows = dl_attn_bwd_lse_rows(p);
   const size_t slot_bytes = ((size_t)BN * (p->d_qk + p->d_v) + 1) * sizeof(float);
   const int64_t slots = (int64_t)((size_t)lse_rows * p->h_q * sizeof(float) / slot_bytes); /* in the lse2 rows */
-  if (!thd && p->window_left < 0 && p->window_right < 0 && slots > 0 && env_bwd_split() && p->s_q > 0 &&
+  if (bwd_uniform(p) && p->window_left < 0 && p->window_right < 0 && slots > 0 && env_bwd_split() && p->s_q > 0 &&
       bq != BWD_BQ) { /* bwd_kernel's SPLIT (not BULK's kernels: they read the lse2 rows) */
     int sms = 0, first = 0;
     DL_TRY(device_sms(&sms));
