@@ -34,8 +34,8 @@
 #      cuDNN carried in .deps/cudnn-lib (scripts/fetch-cudnn-lib.sh), run with
 #      CUDNN_LIB_CONFIG=GRAPH_JIT_ONLY (distlab's commands only).
 #   8. (STEPS=impls only) cuDNN's composite and unified forward nodes against the frontend's choice.
-# STEPS picks steps (default "pick specs bench cp"; the build always runs, unless SKIP_BUILD is set and
-# build/lib/libdistlab.so was carried).
+# STEPS picks steps (default "pick specs bench cp"; the build always runs, unless SKIP_BUILD is set:
+# then build/lib/libdistlab.so must be there, carried, or the script stops at once).
 # Every step runs under `timeout` with the smaller of its own limit and what
 # is left of BUDGET and writes one verdict line to $OUT/cudnn-summary.txt;
 # logs are packed into $OUT/cudnn-logs.tgz however the script ends (MPS

@@ -53,7 +53,7 @@
 #            programmatic dependent launch: EP_AB="DISTLAB_EP_PDL=1,DISTLAB_EP_PDL=0"; of two builds:
 #            EP_AB="DISTLAB_LIB=$PWD/build/lib/libdistlab.so,DISTLAB_LIB=$PWD/.ab/NAME.so" (.ab carried).
 # STEPS picks them (default "ag_gemm gemm_rs cp ep"); the build always runs, unless SKIP_BUILD is
-# set and build/lib/libdistlab.so is there (carried: built and stripped elsewhere). NGPUS=n
+# set: then build/lib/libdistlab.so must be there (carried: built and stripped elsewhere), or it stops. NGPUS=n
 # runs every step on the host's first n GPUs (CUDA_VISIBLE_DEVICES), tagged x<n>. Results
 # files come back in $OUT (copy them to experiments/results/<family>/ and
 # draw the PNGs locally: the hosts have no gnuplot); every log in

@@ -21,7 +21,8 @@
 #   gpu_tag                  the GPU model in lower case (h200), "gpu" if unknown
 #   build_or_skip            ./distlab build as a step, or, with SKIP_BUILD set and
 #                            build/lib/libdistlab.so there (built and stripped elsewhere,
-#                            carried), a line saying it was skipped; false if the build failed
+#                            carried), a line saying it was skipped; false if the build failed,
+#                            or if SKIP_BUILD is set and no library is there (no build then)
 #   mps_start, mps_stop      the MPS daemon (for ranks sharing a GPU); stopped at exit
 #   unpack_carried_cudnn     the cuDNN carried in .deps/cudnn-lib (scripts/fetch-cudnn-lib.sh),
 #                            unpacked once into .deps/cudnn-lib/lib, where libdistlab's pick finds
@@ -129,6 +130,12 @@ gpu_tag() {
 build_or_skip() {
   if [ -n "${SKIP_BUILD:-}" ] && [ -f build/lib/libdistlab.so ]; then
     say "build: skipped (SKIP_BUILD: the build/lib/libdistlab.so carried here)"
+  elif [ -n "${SKIP_BUILD:-}" ]; then
+    # a call that meant to run a carried library, on a machine without it (a fresh one: the warm one was
+    # released), would otherwise build its own here, without what was carried for it (cuDNN's frontend)
+    say "build: SKIP_BUILD is set but there is no build/lib/libdistlab.so (a fresh machine? unpack the carried library first; unset SKIP_BUILD to build here)"
+    status=1
+    return 1
   else
     step build 240 "$L/build.log" ./distlab build
   fi
