@@ -83,7 +83,7 @@ sys.exit(1 if bad else 0)
 EOF
 done
 if [ -n "${SUMS:-}" ] && [ -z "$logfile" ]; then
-  sort -k3 "$tmp/sums" >"$SUMS"
+  LC_ALL=C sort -k3 "$tmp/sums" >"$SUMS"
   echo "ptxas-check: $(wc -l <"$SUMS") kernels' machine code digests in $SUMS"
 fi
 exit $status

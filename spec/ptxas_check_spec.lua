@@ -63,9 +63,24 @@ describe("scripts/ptxas-check.sh", function()
   end)
 
   local it_ = H.has_command("nvcc") and it or pending
-  it_("finds the Hopper kernels free of spills and serialised wgmmas", function()
-    local out, rc = check("")
-    assert.are.equal(0, rc, out)
-    assert.truthy(out:find("attn_hopper.cu: %d+ kernels, 0 spilling, 0 with a performance note"), out)
+  it_("finds the Hopper kernels free of spills and serialised wgmmas, and writes one digest a kernel (SUMS)", function()
+    local sums = H.tmpname("_sums.txt")
+    local p = io.popen(string.format("SUMS=%q %q/scripts/ptxas-check.sh 2>&1; echo __rc=$?", sums, H.root))
+    local out = p:read("*a")
+    p:close()
+    assert.are.equal(0, tonumber(out:match("__rc=(%d+)")), out)
+    local n = tonumber(out:match("attn_hopper.cu: (%d+) kernels, 0 spilling, 0 with a performance note"))
+    assert.truthy(n and n > 0, out)
+    -- the digests: as many as the kernels ptxas named, each a kernel's own (no name twice), sorted by name
+    local names, prev, lines = {}, "", 0
+    for line in io.lines(sums) do
+      local md5, file, name = line:match("^(%x+) (%S+) (%S+)$")
+      assert.truthy(md5 and #md5 == 32 and file:find("attn_hopper.cu", 1, true) and name:find("^_Z"), line)
+      assert.is_nil(names[name], "twice: " .. name)
+      assert.truthy(name >= prev, "not sorted at " .. name)
+      names[name], prev, lines = true, name, lines + 1
+    end
+    os.remove(sums)
+    assert.are.equal(n, lines, out)
   end)
 end)
