@@ -128,11 +128,11 @@ static int env_bwd_group_mb(int *mb) {
   return env_group_mb("DISTLAB_ATTN_HOPPER_BWD_GROUP_MB", &c, mb);
 }
 /* The backward's tail split (tile_scheduler.cuh: hp_bwd_tile, hp_bwd_split_plan): without a mask on bshd,
- * sbhd and thd of equal, unpadded lengths (bwd_uniform), the key blocks of the last, partial wave go in parts over every SM, their dK and dV added up in
- * split slots in the workspace's lse log2(e) rows, which only BULK's kernels use (as many slots as fit
- * there: the workspace does not grow). Their dK and dV are then sums of fp32 atomics, not bitwise the same
- * run to run (as dQ never is); DISTLAB_ATTN_HOPPER_BWD_SPLIT=0 turns it off (A/B timings: FA4-GAP.md
- * section 16). */
+ * sbhd and thd of equal, unpadded lengths (bwd_uniform), the key blocks of the last, partial wave go in
+ * parts over every SM, their dK and dV added up in split slots in the workspace's lse log2(e) rows, which
+ * only BULK's kernels use (as many slots as fit there: the workspace does not grow). Their dK and dV are
+ * then sums of fp32 atomics, not bitwise the same run to run (as dQ never is);
+ * DISTLAB_ATTN_HOPPER_BWD_SPLIT=0 turns it off (A/B timings: FA4-GAP.md section 16). */
 static int env_bwd_split(void) {
   static int c = -1;
   return !env_is("DISTLAB_ATTN_HOPPER_BWD_SPLIT", "0", &c);

@@ -71,12 +71,12 @@ struct hp_bwd_tile_t {
   int n_block, hkv, bb;
   int part, parts, slot; // the CTA's share of its block's items (part of parts), and its split slot (-1: none)
 };
-/* The tail split (p.split_parts > 1; unmasked bshd, sbhd or thd of equal lengths, where every key block has the
- * same items): the grid is
- * 1-D, the blocks in the grid's order (key blocks of a head, head after head, batch after batch); blocks
- * [0, split_first) whole, then each block after them in split_parts parts of its items, one CTA a part, so
- * that the last wave's few blocks spread over every SM rather than leaving most of them idle (the parts
- * add their dK and dV into split slot block - split_first; the last to finish writes them). */
+/* The tail split (p.split_parts > 1; unmasked bshd, sbhd or thd of equal lengths, where every key block has
+ * the same items): the grid is 1-D, the blocks in the grid's order (key blocks of a head, head after head,
+ * batch after batch); blocks [0, split_first) whole, then each block after them in split_parts parts of its
+ * items, one CTA a part, so that the last wave's few blocks spread over every SM rather than leaving most of
+ * them idle (the parts add their dK and dV into split slot block - split_first; the last to finish writes
+ * them). */
 // (the CTA at linear index lin; hp_bwd_tile(p): this CTA)
 template <int DQK, int DV, class P> HP_DEV hp_bwd_tile_t hp_bwd_tile(const P &p, int lin) {
   const bool masked = p.window_left >= 0 || p.window_right >= 0;
