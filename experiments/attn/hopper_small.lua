@@ -5,7 +5,8 @@
 -- over every row, normwise <= 8e-3 (lse 1e-5), bias 2^-10 and
 -- TransformerEngine's bf16 tolerance element-wise; thd rows outside the sequences must be 0), after
 -- printing which kernels dl.attn.backends says run; and the fused merge into fp32 and bf16 running rows
--- (bshd and thd causal; merge_case below); on cuda a no-mask case that the backward's tail split splits.
+-- (bshd and thd causal; merge_case below); on cuda no-mask cases that the backward's tail split splits (bshd, and
+-- thd of equal packed lengths).
 -- Nothing is timed: each
 -- case runs once, on fresh inputs, through h:planted (--plant noop |
 -- scale=X must fail it). Small enough for compute-sanitizer
@@ -126,6 +127,11 @@ for _, d in ipairs(h.quick and { 64 } or { 128, 64 }) do
     -- On cuda only (the split is the Hopper kernel's): on the cpu it adds ~30 s of checks to CI's --quick run
     -- (there it passed, and failed --plant scale=1.02)
     case("bshd b=1 s=256 h=268/67 d=" .. d .. " no mask, split", { 1, 256, 268, d }, { 1, 256, 67, d }, {})
+    -- thd of equal packed lengths splits too (attn_hopper.cu's bwd_uniform): 2 sequences of 192, each 2 key
+    -- blocks (the second partial) a kv head, 136 key blocks, 4 past 132 SMs
+    local cs = dl.from_table({ 0, 192, 384 }, { dtype = "i32", device = "cpu" })
+    case("thd 192,192 h=136/34 d=" .. d .. " no mask, split", { 384, 136, d }, { 384, 34, d },
+      { layout = "thd", cu_seqlens_q = cs, cu_seqlens_kv = cs, max_seqlen_q = 192, max_seqlen_kv = 192 })
   end
   local cu = dl.from_table({ 0, 130, 130, 207 }, { dtype = "i32", device = "cpu" })
   local pad = dl.from_table({ 5, 140, 141, 220 }, { dtype = "i32", device = "cpu" })
