@@ -15,7 +15,9 @@
 -- out, lse, dq, dk, dv are checked against fp64 on the host at sampled rows
 -- (distlab.bench.attn_rows, as attn_bench.lua checks: --check-elements). --plant noop |
 -- scale=X goes into every call and must fail the check. Exit code 1 on a mismatch. Runs on any device
--- (--device cpu with a small --s: the fp64 twin, no kernels; --quick: s 64, h 2).
+-- (--device cpu with a small --s: the fp64 twin, no kernels; --quick: s 64, h 2). --stamp (for
+-- scripts/gpu/attn_clock.sh, not for ncu): one warm-up call of each first, then "stamp fwd start",
+-- "fwd end", "bwd start", "bwd end" lines, each after the device is synchronized.
 --   ./distlab run -n 1 --device cuda experiments/attn/attn_prof.lua --s 8192 --d 128 \
 --       --mask causal|none --layout bshd|thd [--calls 3]
 local dl = require "distlab"
@@ -33,6 +35,9 @@ local h = dl.bench.harness {
     { "layout", "choice", "bshd", "bshd ([b, s, h, d]) or thd (b sequences of s packed)", values = { "bshd", "thd" } },
     { "calls", "int", 3, "calls of dl.attn.fwd, then of dl.attn.bwd" },
     { "check-elements", "int", 100000, "elements of out (and of dq) the fp64 check covers (attn_rows)", meta = "N" },
+    { "stamp", "flag", false, "a warm-up call of each first, then a line at each phase's start and end, the " ..
+      "device synchronized there (a clock sampler's phases: scripts/gpu/attn_clock.sh; not for ncu: " ..
+      "the launch counts are --calls + 1)" },
   },
 }
 local A = h.opt
@@ -109,8 +114,25 @@ local wrong = h:verify {
   end,
   poison = { out, lse, dq, dk, dv },
   run = function()
+    if not A.stamp then
+      for _ = 1, N do fwd() end
+      for _ = 1, N do bwd() end
+      return
+    end
+    -- --stamp: each phase between two synchronized lines (the wrapper times the lines)
+    local function stamp(msg)
+      dl.synchronize(dev.name)
+      print(string.format("attn_prof: stamp %s (host %.3f ms)", msg, dl.now_us() / 1e3))
+      io.stdout:flush()
+    end
+    fwd()
+    bwd()
+    stamp("fwd start")
     for _ = 1, N do fwd() end
+    stamp("fwd end")
+    stamp("bwd start")
     for _ = 1, N do bwd() end
+    stamp("bwd end")
   end,
   check = function()
     local t1 = dl.now_us()

@@ -22,12 +22,16 @@ reading is checked, not assumed: --list-kernels runs the same calls under torch.
 every kernel launched with its count, and prints the ncu filter and --launch-skip to use: the class
 regex where the names hold it, else the exact name of the phase's longest kernel.
   /opt/torch/.venv/bin/python experiments/attn/attn_prof_fa4.py --s 8192 --d 128 \\
-      --mask causal|none --layout bshd|thd [--calls 3] [--list-kernels]
+      --mask causal|none --layout bshd|thd [--calls 3] [--list-kernels] [--stamp]
+--stamp (scripts/gpu/attn_clock.sh, not for ncu): one warm-up forward and backward first (the
+compiles), then "stamp fwd start", "fwd end", "bwd start", "bwd end" lines, the device synchronized
+before each.
 """
 import argparse
 import os
 import re
 import sys
+import time
 
 # kernel families per call: (phase, class name in the kernel's name, what it does)
 FAMILIES = [
@@ -77,6 +81,9 @@ def main():
     ap.add_argument("--calls", type=int, default=3, help="forward calls, then backward calls")
     ap.add_argument("--list-kernels", action="store_true",
                     help="run under torch.profiler: every kernel launched, and the ncu filters (not under ncu)")
+    ap.add_argument("--stamp", action="store_true",
+                    help="a warm-up call of each first (the compiles), then a line at each phase's start and end, "
+                         "the device synchronized there (scripts/gpu/attn_clock.sh; not for ncu: --calls + 1 launches)")
     a = ap.parse_args()
     if a.calls < 1:
         sys.exit("attn_prof_fa4.py: --calls must be at least 1")
@@ -114,9 +121,20 @@ def main():
             out = fwd()
         return out
 
+    def stamp(msg):
+        if a.stamp:
+            torch.cuda.synchronize()
+            print(f"{tag}: stamp {msg} (host {time.monotonic() * 1e3:.3f} ms)", flush=True)
+
+    if a.stamp:  # the compiles, and a first call of each, outside the phases
+        torch.autograd.grad(fwd(), bases, dout)
+    stamp("fwd start")
     out = phase("fwd", fwd_calls)
+    stamp("fwd end")
+    stamp("bwd start")
     grads = phase("bwd", lambda: [torch.autograd.grad(out, bases, dout, retain_graph=True)
                                   for _ in range(a.calls)][-1])
+    stamp("bwd end")
     for name in ("fwd", "bwd"):
         if name not in seen:
             continue
