@@ -35,6 +35,8 @@ local h = dl.bench.harness {
     { "layout", "choice", "bshd", "bshd ([b, s, h, d]) or thd (b sequences of s packed)", values = { "bshd", "thd" } },
     { "calls", "int", 3, "calls of dl.attn.fwd, then of dl.attn.bwd" },
     { "check-elements", "int", 100000, "elements of out (and of dq) the fp64 check covers (attn_rows)", meta = "N" },
+    { "fwd-calls", "int", 0, "with --stamp: the forward phase's calls (0: --calls), so that each phase " ..
+      "fills seconds (the power cap's steady state)", meta = "N" },
     { "stamp", "flag", false, "a warm-up call of each first, then a line at each phase's start and end, the " ..
       "device synchronized there (a clock sampler's phases: scripts/gpu/attn_clock.sh; not for ncu: " ..
       "the launch counts are --calls + 1)" },
@@ -44,6 +46,8 @@ local A = h.opt
 -- --quick (the plant spec's run on the cpu): s 64 and 2 heads unless given
 local B, NH, S, D, N = 2, h.quick and 2 or 16, (h.quick and not h.given.s) and 64 or A.s, A.d, A.calls
 if N < 1 then dl.fail("attn_prof: --calls must be at least 1") end
+local NF = A.fwd_calls > 0 and A.fwd_calls or N -- the stamped forward phase's calls
+if A.fwd_calls ~= 0 and not A.stamp then dl.fail("attn_prof: --fwd-calls goes with --stamp") end
 local dev = dl.default_device()
 local cuda = tostring(dev):match("^cuda") ~= nil
 
@@ -72,7 +76,7 @@ local b = dl.attn.backends(q, k, v, o)
 print("attn_prof: build: " .. dl.build_info())
 print("attn_prof: libraries: " .. markdown.libraries())
 print(string.format("attn_prof: b=%d h=%d s=%d d=%d bf16 %s mask %s on %s, %d calls of fwd then %d of bwd",
-  B, NH, S, D, A.layout, A.mask, tostring(dev), N, N))
+  B, NH, S, D, A.layout, A.mask, tostring(dev), A.stamp and NF or N, N))
 print("attn_prof: fwd_why: " .. b.fwd_why)
 print("attn_prof: bwd_why: " .. b.bwd_why)
 local hopper_fwd = b.fwd_why:match("kernel: hopper forward") ~= nil
@@ -128,7 +132,7 @@ local wrong = h:verify {
     fwd()
     bwd()
     stamp("fwd start")
-    for _ = 1, N do fwd() end
+    for _ = 1, NF do fwd() end
     stamp("fwd end")
     stamp("bwd start")
     for _ = 1, N do bwd() end

@@ -29,10 +29,10 @@ def read_run(path):
             lines.append((stamp(m.group(1)), m.group(2)))
     shape, marks, verdict = {}, {}, None
     for t, x in lines:
-        m = re.search(r"b=(\d+) h=(\d+) s=(\d+) d=(\d+) bf16 (\w+) mask (\w+) on .*, (\d+) calls of fwd", x)
+        m = re.search(r"b=(\d+) h=(\d+) s=(\d+) d=(\d+) bf16 (\w+) mask (\w+) on .*, (\d+) calls of fwd then (\d+)", x)
         if m:
             shape = dict(b=int(m.group(1)), h=int(m.group(2)), s=int(m.group(3)), d=int(m.group(4)),
-                         layout=m.group(5), mask=m.group(6), calls=int(m.group(7)))
+                         layout=m.group(5), mask=m.group(6), fwd=int(m.group(7)), bwd=int(m.group(8)))
         m = re.search(r"stamp (fwd|bwd) (start|end) \(host ([0-9.]+) ms\)", x)
         if m:
             marks[(m.group(1), m.group(2))] = (t, float(m.group(3)))
@@ -43,7 +43,7 @@ def read_run(path):
     for ph in ("fwd", "bwd"):
         if (ph, "start") in marks and (ph, "end") in marks and shape:
             (w0, h0), (w1, h1) = marks[(ph, "start")], marks[(ph, "end")]
-            phases[ph] = (w0, w1, (h1 - h0) / shape["calls"])
+            phases[ph] = (w0, w1, (h1 - h0) / shape[ph])
     return shape, phases, verdict
 
 
@@ -86,9 +86,9 @@ def main():
             by.setdefault((impl, ph), []).append((ms, mhz, cyc))
     if rows:
         sh = shape
-        print("b %d, h %d, s %d, d %d, bf16, %s, mask %s, %d calls a phase; the clock and power: nvidia-smi's samples "
-              "over each phase's last two thirds\n" % (sh["b"], sh["h"], sh["s"], sh["d"], sh["layout"], sh["mask"],
-                                                       sh["calls"]))
+        print("b %d, h %d, s %d, d %d, bf16, %s, mask %s, %d forward then %d backward calls; the clock and power: "
+              "nvidia-smi's samples over each phase's last two thirds\n" % (sh["b"], sh["h"], sh["s"], sh["d"],
+                                                                            sh["layout"], sh["mask"], sh["fwd"], sh["bwd"]))
         print("| run | phase | ms a call | TFLOP/s | SM clock MHz | power W | Mcycles a call | samples | throttle reasons | check |")
         print("|---|---|---:|---:|---:|---:|---:|---:|---|---|")
         for r in rows:
