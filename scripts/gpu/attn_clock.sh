@@ -4,7 +4,7 @@
 # kernel that spends less energy a FLOP runs at a higher SM clock: the bench's time ratio is cycles times
 # clock, and this tells the two apart. ROUNDS rounds of FA4 then ours then ours then FA4 (the anchors before
 # and after ours), each experiments/attn/attn_prof_fa4.py or attn_prof.lua with --stamp (a warm-up call, then
-# CALLS forward calls and CALLS backward calls, each phase between two synchronized lines, each line
+# FWD_CALLS forward calls and CALLS backward calls, each phase between two synchronized lines, each line
 # timed here), while nvidia-smi samples the SM clock, the power and the throttle reasons every 50 ms;
 # experiments/lab/attn/clock_pair.py sets each phase's time beside its clock. Every run checks its last call
 # (ours: out, lse, dq, dk, dv against fp64 at sampled rows; FA4: out against fp64, gradients finite).

@@ -68,6 +68,8 @@ def main():
             print("- %s: no stamped phases in %s" % (label, path))
             ok = False
             continue
+        if verdict is None:
+            verdict = "none (the run ended before its check)"
         if verdict != "ok":
             print("- %s: check %s" % (label, verdict))
             ok = False
