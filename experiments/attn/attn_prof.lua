@@ -46,7 +46,7 @@ local A = h.opt
 -- --quick (the plant spec's run on the cpu): s 64 and 2 heads unless given
 local B, NH, S, D, N = 2, h.quick and 2 or 16, (h.quick and not h.given.s) and 64 or A.s, A.d, A.calls
 if N < 1 then dl.fail("attn_prof: --calls must be at least 1") end
-local NF = A.fwd_calls > 0 and A.fwd_calls or N -- the stamped forward phase's calls
+local NF = A.fwd_calls > 0 and A.fwd_calls or N -- the forward's calls (--fwd-calls needs --stamp)
 if A.fwd_calls ~= 0 and not A.stamp then dl.fail("attn_prof: --fwd-calls goes with --stamp") end
 local dev = dl.default_device()
 local cuda = tostring(dev):match("^cuda") ~= nil
@@ -76,7 +76,7 @@ local b = dl.attn.backends(q, k, v, o)
 print("attn_prof: build: " .. dl.build_info())
 print("attn_prof: libraries: " .. markdown.libraries())
 print(string.format("attn_prof: b=%d h=%d s=%d d=%d bf16 %s mask %s on %s, %d calls of fwd then %d of bwd",
-  B, NH, S, D, A.layout, A.mask, tostring(dev), A.stamp and NF or N, N))
+  B, NH, S, D, A.layout, A.mask, tostring(dev), NF, N))
 print("attn_prof: fwd_why: " .. b.fwd_why)
 print("attn_prof: bwd_why: " .. b.bwd_why)
 local hopper_fwd = b.fwd_why:match("kernel: hopper forward") ~= nil
@@ -118,19 +118,17 @@ local wrong = h:verify {
   end,
   poison = { out, lse, dq, dk, dv },
   run = function()
-    if not A.stamp then
-      for _ = 1, N do fwd() end
-      for _ = 1, N do bwd() end
-      return
-    end
-    -- --stamp: each phase between two synchronized lines (the wrapper times the lines)
+    -- --stamp: a warm-up call of each, then each phase between two synchronized lines (the wrapper times them)
     local function stamp(msg)
+      if not A.stamp then return end
       dl.synchronize(dev.name)
       print(string.format("attn_prof: stamp %s (host %.3f ms)", msg, dl.now_us() / 1e3))
       io.stdout:flush()
     end
-    fwd()
-    bwd()
+    if A.stamp then
+      fwd()
+      bwd()
+    end
     stamp("fwd start")
     for _ = 1, NF do fwd() end
     stamp("fwd end")

@@ -89,7 +89,7 @@ def main():
     a = ap.parse_args()
     if a.fwd_calls and not a.stamp:
         sys.exit("attn_prof_fa4.py: --fwd-calls goes with --stamp")
-    nf = a.fwd_calls or a.calls
+    nf = a.fwd_calls or a.calls  # the forward's calls (--fwd-calls needs --stamp)
     if a.calls < 1:
         sys.exit("attn_prof_fa4.py: --calls must be at least 1")
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -99,7 +99,7 @@ def main():
     causal = a.mask == "causal"
     tag = "attn_prof_fa4"
     print(f"{tag}: b={abt.B} h={abt.H} s={a.s} d={a.d} bf16 {a.layout} mask {a.mask} on "
-          f"{torch.cuda.get_device_name(0)}, {nf if a.stamp else a.calls} calls of fwd then {a.calls} of bwd")
+          f"{torch.cuda.get_device_name(0)}, {nf} calls of fwd then {a.calls} of bwd")
     for phase, cls, what in FAMILIES:
         print(f"{tag}: expected {cls} launches: {a.calls} ({phase}, {what})")
 
@@ -122,7 +122,7 @@ def main():
 
     def fwd_calls():
         out = None
-        for _ in range(nf if a.stamp else a.calls):
+        for _ in range(nf):
             out = fwd()
         return out
 

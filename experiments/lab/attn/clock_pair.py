@@ -17,18 +17,13 @@ import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from merge_power import num, stamp  # noqa: E402  (the same nvidia-smi and line-time formats)
+from merge_power import smi_samples, timed_lines  # noqa: E402  (the same nvidia-smi and line-time formats)
 
 
 def read_run(path):
     """(shape dict, {phase: (wall start, wall end, ms a call)}, check verdict line or None)."""
-    lines = []
-    for l in open(path, errors="replace"):
-        m = re.match(r"(\d{4}/\d\d/\d\d \d\d:\d\d:\d\d\.\d+) (.*)", l.rstrip("\n"))
-        if m:
-            lines.append((stamp(m.group(1)), m.group(2)))
     shape, marks, verdict = {}, {}, None
-    for t, x in lines:
+    for t, x in timed_lines(path):
         m = re.search(r"b=(\d+) h=(\d+) s=(\d+) d=(\d+) bf16 (\w+) mask (\w+) on .*, (\d+) calls of fwd then (\d+)", x)
         if m:
             shape = dict(b=int(m.group(1)), h=int(m.group(2)), s=int(m.group(3)), d=int(m.group(4)),
@@ -52,12 +47,7 @@ def main():
     ap.add_argument("--smi", required=True)
     ap.add_argument("logs", nargs="+")
     a = ap.parse_args()
-    samples = []
-    for l in open(a.smi):
-        p = [x.strip() for x in l.split(",")]
-        if len(p) < 5 or "MHz" not in p[1]:
-            continue
-        samples.append((stamp(p[0]), num(p[1].split()[0]), num(p[2].split()[0]), p[4]))
+    samples = smi_samples(a.smi)
     ok = True
     rows, by = [], {}
     for path in a.logs:

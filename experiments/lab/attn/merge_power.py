@@ -87,12 +87,29 @@ def stamp(s):
     return datetime.datetime.strptime(d + " " + sec, "%Y/%m/%d %H:%M:%S").timestamp() + float("0." + frac)
 
 
-def lab_table(lab, smi):
-    ends, lines = {}, []
-    for l in open(lab):
+def timed_lines(path):
+    """[(seconds, text)]: the lines of a log whose lines are led by their time ("%Y/%m/%d %H:%M:%S.%N")."""
+    lines = []
+    for l in open(path, errors="replace"):
         m = re.match(r"(\d{4}/\d\d/\d\d \d\d:\d\d:\d\d\.\d+) (.*)", l.rstrip("\n"))
         if m:
             lines.append((stamp(m.group(1)), m.group(2)))
+    return lines
+
+
+def smi_samples(path):
+    """[(seconds, SM MHz, W, throttle reasons)]: nvidia-smi's CSV samples (timestamp, clocks.sm, power.draw, ...)."""
+    samples = []
+    for l in open(path):
+        p = [x.strip() for x in l.split(",")]
+        if len(p) < 5 or "MHz" not in p[1]:
+            continue
+        samples.append((stamp(p[0]), num(p[1].split()[0]), num(p[2].split()[0]), p[4]))
+    return samples
+
+
+def lab_table(lab, smi):
+    ends, lines = {}, timed_lines(lab)
     if not lines:
         print("no lab lines in", lab)
         return False
@@ -101,12 +118,7 @@ def lab_table(lab, smi):
         ph = "plain" if "TFLOP/s" in x else "f32" if "merged into f32" in x else "bf16" if "merged into bf16" in x else None
         if ph and i > 0:
             ends[ph] = (lines[i - 1][0], t, x)
-    samples = []
-    for l in open(smi):
-        p = [x.strip() for x in l.split(",")]
-        if len(p) < 5 or "MHz" not in p[1]:
-            continue
-        samples.append((stamp(p[0]), num(p[1].split()[0]), num(p[2].split()[0]), p[4]))
+    samples = smi_samples(smi)
     print("The lab forward at 4k causal (bshd, b 2, h 16, d 128, pipe 2), each phase timed by the lab and its SM")
     print("clock and power from nvidia-smi (mean of the phase's last two thirds):\n")
     print("| phase | lab time | clock MHz | power W | samples | throttle reasons seen |")
