@@ -5,29 +5,34 @@ local H = require "helpers"
 
 local B, NH = 2, 16
 
--- our CSV and one anchor run's, fa4 only: at each s ours runs at `ratio` of FA4's speed, forward and backward
-local function write_csvs(dir, d, ratio)
+-- our CSV and one anchor run's, fa4 only: at each s ours runs at `ratio` of FA4's speed, forward and backward;
+-- hkv, tkv: the kv heads each CSV says (nil: no h_kv column, as the CSVs before --gqa)
+local function write_csvs(dir, d, ratio, hkv, tkv)
   local ours = assert(io.open(dir .. "/attn-distlab.csv", "w"))
   local torch = assert(io.open(dir .. "/torch.csv", "w"))
-  ours:write("impl,layout,mask,s,fwd_ms,bwd_ms,fwdbwd_ms,fwd_tflops,bwd_tflops,fwdbwd_tflops,check,rel_err\n")
-  torch:write("impl,layout,mask,s,fwd_ms,bwd_ms,fwdbwd_ms,fwd_tflops,bwd_tflops,fwdbwd_tflops,check,torch\n")
+  ours:write("impl,layout,mask,s,fwd_ms,bwd_ms,fwdbwd_ms,fwd_tflops,bwd_tflops,fwdbwd_tflops,check,rel_err" ..
+    (hkv and ",h_kv" or "") .. "\n")
+  torch:write("impl,layout,mask,s,fwd_ms,bwd_ms,fwdbwd_ms,fwd_tflops,bwd_tflops,fwdbwd_tflops,check," ..
+    (tkv and "h_kv," or "") .. "torch\n")
   for _, s in ipairs { 4096, 8192 } do
     local flops = 4 * B * NH * s * s * d
     local fm, bm = 1.0, 2.0 -- FA4's ms
     local tf, tb = flops / fm / 1e9, 2.5 * flops / bm / 1e9
-    torch:write(string.format("fa4,bshd,none,%d,%.4f,%.4f,%.4f,%.2f,%.2f,%.2f,ok,\"torch t\"\n", s, fm, bm, fm + bm,
-      tf, tb, 3.5 * flops / (fm + bm) / 1e9))
-    ours:write(string.format("distlab,bshd,none,%d,%.4f,%.4f,%.4f,%.2f,%.2f,%.2f,ok,1.0e-03\n", s, fm / ratio,
-      bm / ratio, (fm + bm) / ratio, tf * ratio, tb * ratio, 3.5 * flops / (fm + bm) / 1e9 * ratio))
+    torch:write(string.format("fa4,bshd,none,%d,%.4f,%.4f,%.4f,%.2f,%.2f,%.2f,ok,%s\"torch t\"\n", s, fm, bm, fm + bm,
+      tf, tb, 3.5 * flops / (fm + bm) / 1e9, tkv and tkv .. "," or ""))
+    ours:write(string.format("distlab,bshd,none,%d,%.4f,%.4f,%.4f,%.2f,%.2f,%.2f,ok,1.0e-03%s\n", s, fm / ratio,
+      bm / ratio, (fm + bm) / ratio, tf * ratio, tb * ratio, 3.5 * flops / (fm + bm) / 1e9 * ratio,
+      hkv and "," .. hkv or ""))
   end
   ours:close()
   torch:close()
 end
 
-local function table_rows(dir, d, ratio)
-  write_csvs(dir, d, ratio)
+local function table_rows(dir, d, ratio, gqa, hkv, tkv)
+  write_csvs(dir, d, ratio, hkv, tkv)
   local rc, log = H.distlab(string.format("run -n 1 --device cpu experiments/attn/attn_bench.lua --s 4096,8192 " ..
-    "--d %d --backends ours --measured %s/attn-distlab.csv --torch %s/torch.csv --out %s/out --tag t", d, dir, dir, dir))
+    "--d %d --gqa %d --backends ours --measured %s/attn-distlab.csv --torch %s/torch.csv --out %s/out --tag t", d,
+    gqa or 1, dir, dir, dir))
   assert.equal(0, rc, log)
   local md = assert(io.open(dir .. "/out/attn-t.md")):read("*a")
   local got = {}
@@ -51,6 +56,29 @@ describe("attn_bench's target against the faster anchor (issue 52)", function()
     assert.same({ [4096] = "below", [8192] = "below" }, got, md)
     got, md = table_rows(dir, 128, 0.93)
     assert.same({ [4096] = "below", [8192] = "below" }, got, md)
+    os.execute("rm -rf " .. dir)
+  end)
+end)
+
+describe("attn_bench --gqa", function()
+  it("assembles GQA rows from CSVs of the same kv heads, and refuses CSVs of other kv heads", function()
+    local dir = H.tmpname("")
+    os.execute("mkdir -p " .. dir)
+    local got, md = table_rows(dir, 128, 1.01, 4, 4, 4)
+    assert.same({ [4096] = "met", [8192] = "met" }, got, md)
+    assert.truthy(md:find("GQA 4:1 (16 query heads, 4 kv heads) on every side", 1, true), md)
+    -- MHA CSVs (h_kv 16 in the column, or no column at all, as written before --gqa) under --gqa 4: refused
+    for _, case in ipairs { { 4, 16 }, { 4, false }, { 16, 4 } } do
+      write_csvs(dir, 128, 1.01, case[1], case[2] or nil)
+      local rc, log = H.distlab(string.format("run -n 1 --device cpu experiments/attn/attn_bench.lua --s 4096,8192 " ..
+        "--d 128 --gqa 4 --backends ours --measured %s/attn-distlab.csv --torch %s/torch.csv --out %s/out --tag t",
+        dir, dir, dir))
+      assert.are_not.equal(0, rc, log)
+      assert.truthy(log:find("kv heads, this run has 4 (--gqa 4)", 1, true), log)
+    end
+    -- and the MHA table still takes the CSVs without the column
+    got = table_rows(dir, 128, 1.01)
+    assert.same({ [4096] = "met", [8192] = "met" }, got)
     os.execute("rm -rf " .. dir)
   end)
 end)

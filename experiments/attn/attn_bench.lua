@@ -1,7 +1,7 @@
 -- experiments/attn/attn_bench.lua — TFLOP/s of dl.attn.fwd, bwd and fwd+bwd:
 -- b=2, h=16, d=128 (--d), bf16, s in {4k, 8k, 16k, 32k}, causal and not, bshd and
 -- thd (thd: b sequences of s tokens packed, max_seqlen given so nothing
--- syncs). Times are medians of device events around each call
+-- syncs); --gqa G: h/G kv heads (GQA G:1; 1, the default: MHA). Times are medians of device events around each call
 -- (dl.bench.timing.events) after warm-up calls filling --warm-ms, at least
 -- --iters timed calls filling --min-ms (a few calls of a short kernel leave
 -- the card's clocks where the previous case put them). FLOPs: fwd 4*b*h*s^2*d, halved
@@ -23,7 +23,7 @@
 -- non-zero; the `rel err` column is the largest normwise error of out, dq,
 -- dk, dv. --quick: s = 64, h = 2, one timed call each (the plant spec's
 -- run); --plant noop | scale=X puts an error into the timed calls, which
--- the check must see. Runs on any device (--device cpu with --quick, or
+-- the check must see (--quick --gqa G: h = 2 G, so that G divides it). Runs on any device (--device cpu with --quick, or
 -- small --s, for a smoke test of the script).
 --   ./distlab run -n 1 --device cuda experiments/attn/attn_bench.lua [--s 4096,8192]
 --       [--iters 10] [--warm-ms 300] [--min-ms 600] [--out DIR] [--torch a.csv,b.csv] [--tag NAME]
@@ -51,10 +51,11 @@ local rows_ref = require "distlab.bench.attn_rows"
 local h = bench.harness {
   name = "attn_bench", family = "attn", tag = true,
   usage = "./distlab run -n 1 --device cuda experiments/attn/attn_bench.lua [options]",
-  about = "TFLOP/s of dl.attn.fwd, bwd and fwd+bwd (b=2, h=16, d=128 or --d, bf16); see the file's header",
+  about = "TFLOP/s of dl.attn.fwd, bwd and fwd+bwd (b=2, h=16, d=128 or --d, --gqa, bf16); see the file's header",
   options = {
     { "s", "sizes", "4096,8192,16384,32768", "sequence lengths (4K,8K or 4K..32K)", meta = "LENGTHS" },
     { "d", "int", 128, "head dim (q, k, v)" },
+    { "gqa", "int", 1, "query heads per kv head (GQA G:1; 1: MHA)", meta = "G" },
     { "iters", "int", 10, "timed calls per case, at least" },
     { "warm-ms", "number", 300, "warm-up work per case (ms)" },
     { "min-ms", "number", 600, "timed work per case (ms)" },
@@ -68,7 +69,11 @@ local h = bench.harness {
 }
 local A = h.opt
 local D = A.d
-local B, NH = 2, h.quick and 2 or 16
+local G = A.gqa
+local B, NH = 2, h.quick and 2 * G or 16
+if G < 1 or NH % G ~= 0 then dl.fail("attn_bench: --gqa %d must divide the %d query heads", G, NH) end
+local HKV = math.floor(NH / G) -- kv heads
+local heads = G == 1 and string.format("h=%d", NH) or string.format("h=%d, h_kv=%d (GQA %d:1)", NH, HKV, G)
 if h.quick and not h.given.s then A.s = { 64 } end
 local dev = dl.default_device()
 local gpu = dev:match("^cuda") and dl.cuda_device_name(tonumber(dev:match("%d+")) or 0) or dev
@@ -81,9 +86,9 @@ end
 
 -- Inputs and options of one configuration.
 local backend = "ours" -- set per pass below
-local function setup(layout, s, causal, nh, device)
-  local shape = layout == "thd" and { B * s, nh, D } or { B, s, nh, D }
-  local x = { q = input(shape, device), k = input(shape, device), v = input(shape, device) }
+local function setup(layout, s, causal, nh, hkv, device)
+  local function shape(heads) return layout == "thd" and { B * s, heads, D } or { B, s, heads, D } end
+  local x = { q = input(shape(nh), device), k = input(shape(hkv), device), v = input(shape(hkv), device) }
   x.opts = { layout = layout, mask = causal and "causal" or "none", backend = backend }
   if layout == "thd" then
     local cu = dl.from_table({ 0, s, 2 * s }, { dtype = "i32", device = device })
@@ -113,12 +118,21 @@ local rows = {}
 local timing = { warmup = 3, iters = A.iters, warm_ms = A.warm_ms, min_ms = A.min_ms }
 if h.quick then timing = { warmup = 1, iters = 1 } end
 local check_s, check_desc = 0, nil -- host seconds in the data checks; what the last one covered
+-- A CSV row (ours' or the anchors') of as many kv heads as this run's: its h_kv column, or MHA's h where a
+-- CSV has none (those written before --gqa)
+local function same_heads(file, t)
+  local hkv = tonumber(t.h_kv) or NH
+  if hkv ~= HKV then
+    dl.fail("attn_bench: %s holds rows of %d kv heads, this run has %d (--gqa %d)", file, hkv, HKV, G)
+  end
+end
 if A.measured then
   local head, recs = bench.csv.read(A.measured)
   if not head then dl.fail("attn_bench: cannot read %s: %s", A.measured, tostring(recs)) end
   if head[1] ~= "impl" or head[5] ~= "fwd_ms" then dl.fail("attn_bench: %s is not attn_bench's CSV", A.measured) end
   local num = bench.csv.number
   for _, t in ipairs(recs) do
+    same_heads(A.measured, t)
     local r = { backend = t.impl == "distlab" and "ours" or t.impl:gsub("^distlab%-", ""), layout = t.layout,
       mask = t.mask, s = tonumber(t.s), fwd_ms = num(t.fwd_ms), bwd_ms = num(t.bwd_ms), fwdbwd_ms = num(t.fwdbwd_ms),
       check = t.check, err = num(t.rel_err) }
@@ -135,7 +149,7 @@ backend = be
 for _, layout in ipairs({ "bshd", "thd" }) do
   for _, causal in ipairs({ false, true }) do
     for _, s in ipairs(A.s) do
-      local x = setup(layout, s, causal, NH, dev)
+      local x = setup(layout, s, causal, NH, HKV, dev)
       local o = x.opts
       local out, lse = dl.attn.fwd(x.q, x.k, x.v, o)
       local dout = input(out.shape, dev)
@@ -186,8 +200,8 @@ end
 end
 
 local extra = { "build: " .. dl.build_info(),
-  string.format("b=%d, h=%d, d=%d, bf16; FLOPs fwd 4*b*h*s^2*d (halved when causal), bwd 2.5x, fwd+bwd 3.5x; " ..
-    "median of device-event timings: %s", B, NH, D, h.quick and "--quick: one warm-up call, one timed call" or
+  string.format("b=%d, %s, d=%d, bf16; FLOPs fwd 4*b*h*s^2*d (halved when causal), bwd 2.5x, fwd+bwd 3.5x; " ..
+    "median of device-event timings: %s", B, heads, D, h.quick and "--quick: one warm-up call, one timed call" or
     string.format("warm-up filling %g ms, at least %d calls filling %g ms", A.warm_ms, A.iters, A.min_ms)),
   "data checked after timing, every shape: the timed fwd and bwd once more on fresh inputs, outputs poisoned, " ..
     "against fp64 on the host at sampled rows (distlab.bench.attn_rows: " .. (check_desc or "-") .. " at the " ..
@@ -237,11 +251,11 @@ for _, r in ipairs(rows) do
   md[#md + 1] = string.format("| %s | %s | %s | %d | %.3f | %.3f | %.3f | %.1f | %.1f | %.1f | %s | %s |", r.backend, r.layout, r.mask,
     r.s, r.fwd_ms, r.bwd_ms, r.fwdbwd_ms, r.fwd, r.bwd, r.fwdbwd, bench.markdown.cell(r.check), err)
   csv[#csv + 1] = { r.backend == "ours" and "distlab" or "distlab-" .. r.backend, r.layout, r.mask, r.s, f("%.4f", r.fwd_ms), f("%.4f", r.bwd_ms), f("%.4f", r.fwdbwd_ms),
-    f("%.2f", r.fwd), f("%.2f", r.bwd), f("%.2f", r.fwdbwd), r.check, r.err and f("%.3e", r.err) or "" }
+    f("%.2f", r.fwd), f("%.2f", r.bwd), f("%.2f", r.fwdbwd), r.check, r.err and f("%.3e", r.err) or "", HKV }
 end
 h:markdown("attn-distlab.md", "distlab attention (dl.attn)", md, extra)
 h:csv("attn-distlab.csv", { "impl", "layout", "mask", "s", "fwd_ms", "bwd_ms", "fwdbwd_ms", "fwd_tflops", "bwd_tflops",
-  "fwdbwd_tflops", "check", "rel_err" }, csv)
+  "fwdbwd_tflops", "check", "rel_err", "h_kv" }, csv)
 print("wrote " .. h:path("attn-distlab.md") .. " and .csv")
 
 -- ---- the combined table -------------------------------------------------------------
@@ -256,6 +270,7 @@ if A.torch then
     if head[1] ~= "impl" or head[2] ~= "layout" then dl.fail("attn_bench: %s is not attn_bench_torch.py's CSV", file) end
     nruns = nruns + 1
     for _, t in ipairs(recs) do
+      same_heads(file, t)
       if t.torch and t.torch ~= "" and not anchor_libs[t.torch] then
         anchor_libs[t.torch] = true
         anchor_libs[#anchor_libs + 1] = t.torch
@@ -326,9 +341,11 @@ if A.torch then
     "%s). cuDNN is the faster of PyTorch's cuDNN SDPA and " ..
     "dl.attn's cudnn backend (this run; ‡ where ours was the faster, and on thd, where PyTorch's cuDNN path is " ..
     "not run: with PyTorch 2.11 it gave a wrong dq and an illegal memory access, attn_bench_torch.py's header). " ..
-    "TFLOP/s; ratios: ours over the faster of FA4 and cuDNN; target (issue 52): %s.", nruns, nruns == 1 and "" or "s",
+    "TFLOP/s; ratios: ours over the faster of FA4 and cuDNN; target (issue 52): %s.%s", nruns, nruns == 1 and "" or "s",
     has_flash and "thd on nested jagged tensors: its varlen kernels" or "not in this call's anchor runs: its columns are —",
-    target_text), "",
+    target_text, G == 1 and "" or string.format(" GQA %d:1 (%d query heads, %d kv heads) on every side: FA4 and " ..
+      "SDPA take the kv heads as they are (SDPA with enable_gqa), as dl.attn does; FLOPs count the query heads.",
+      G, NH, HKV)), "",
     "| layout | mask | s | ours fwd | ours bwd | FA4 fwd | FA4 bwd | cuDNN fwd | cuDNN bwd | fwd ratio | bwd ratio | " ..
       "target | FA2 fwd | FA2 bwd |",
     "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|" }

@@ -4,7 +4,8 @@ torch.nn.attention.sdpa_kernel) and FlashAttention-4 (flash_attn.cute, PyPI
 flash-attn-4, scripts/fetch-fa4.sh: flash_attn_func on bshd, flash_attn_varlen_func
 with cu_seqlens on thd; --backends picks) on the shapes of
 experiments/attn/attn_bench.lua: b=2, h=16, d=128, bf16, s in {4k, 8k, 16k, 32k},
-causal and not, bshd and thd. bshd inputs are [b, s, h, d] tensors seen as
+causal and not, bshd and thd; --gqa G gives k and v h/G heads (GQA G:1: FA4 takes
+them as they are, SDPA with enable_gqa=True; the checks repeat them). bshd inputs are [b, s, h, d] tensors seen as
 SDPA's [b, h, s, d] through a transpose, as distlab's bshd are. thd inputs are
 packed [b*s, h, d] tensors seen as nested jagged tensors (offsets 0, s, 2s;
 torch.nested.nested_tensor_from_jagged), which SDPA runs on its variable-length
@@ -27,12 +28,12 @@ on the GPU (normwise 8e-3, element-wise TransformerEngine's bf16 tolerance
 2.5e-2, as attn_bench.lua checks ours); and each backend, forward and
 backward, against the math backend in fp32 at a small shape (s=333, h=2)
 within that tolerance (thd against the dense result of the same sequences).
-  python3 experiments/attn/attn_bench_torch.py [--s 4096,8192] [--layouts bshd,thd]
+  python3 experiments/attn/attn_bench_torch.py [--s 4096,8192] [--layouts bshd,thd] [--gqa 4]
       [--iters 10] [--warm-ms 300] [--min-ms 600] [--out DIR] [--name attn-torch]
 Writes DIR/NAME.{md,csv} (default experiments/results/attn/attn-torch): the
 markdown headed by device, date, commit, command and libraries as
 distlab.bench.markdown heads its files, the CSV through Python's csv module
-(RFC 4180; its last column, torch, the libraries), which
+(RFC 4180; h_kv the kv heads, and its last column, torch, the libraries), which
 attn_bench.lua's --torch reads with distlab.bench.csv (cudnn.sh runs this
 before and after attn_bench.lua and the anchor is the mean of the two runs).
 """
@@ -53,6 +54,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 B, H, D = 2, 16, 128
+G = 1  # query heads per kv head (--gqa)
 SDPA = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
 ALL = ["flash", "cudnn", "fa4"]
 _fa4 = None
@@ -85,10 +87,12 @@ def bench(fn, a):
 def case(name, layout, s, h, causal, device="cuda"):
     """q, k, v bases requiring grad (bshd [b, s, h, d]; thd packed [b*s, h, d], b sequences of s)
     and fn() -> the output laid out as the bases. SDPA sees [b, h, s, d] views (thd: nested
-    jagged tensors); FA4 takes the bases themselves (thd: its varlen call with cu_seqlens)."""
-    shape = (B, s, h, D) if layout == "bshd" else (B * s, h, D)
-    bases = [torch.empty(shape, device=device, dtype=torch.bfloat16).uniform_(-1, 1).requires_grad_()
-             for _ in range(3)]
+    jagged tensors); FA4 takes the bases themselves (thd: its varlen call with cu_seqlens). k and v
+    have h / G heads."""
+    def shape(heads):
+        return (B, s, heads, D) if layout == "bshd" else (B * s, heads, D)
+    bases = [torch.empty(shape(n), device=device, dtype=torch.bfloat16).uniform_(-1, 1).requires_grad_()
+             for n in (h, h // G, h // G)]
     q, k, v = bases
     if name == "fa4":
         dense, varlen = fa4()
@@ -106,13 +110,13 @@ def case(name, layout, s, h, causal, device="cuda"):
 
     def fn():
         with sdpa_kernel(SDPA[name]):
-            out = F.scaled_dot_product_attention(*views, is_causal=causal).transpose(1, 2)
+            out = F.scaled_dot_product_attention(*views, is_causal=causal, enable_gqa=G > 1).transpose(1, 2)
         return out.values() if layout == "thd" else out
     return bases, fn
 
 
 def check_small(name, layout, causal):
-    bases, fn = case(name, layout, 333, 2, causal)
+    bases, fn = case(name, layout, 333, 2 * G, causal)
     out = fn()
     dout = torch.empty_like(out).uniform_(-1, 1)
     try:
@@ -120,10 +124,10 @@ def check_small(name, layout, causal):
     except Exception as e:  # noqa: BLE001 (forward only: the forward is still checked and timed)
         grads, note = (), " (forward only; backward failed: " + one_line(e) + ")"
     # the reference: the math backend in fp32 on dense [b, s, h, d] copies of the same data
-    ref_bases = [t.detach().float().reshape(B, 333, 2, D).requires_grad_() for t in bases]
+    ref_bases = [t.detach().float().reshape(B, 333, -1, D).requires_grad_() for t in bases]
     rq, rk, rv = [t.transpose(1, 2) for t in ref_bases]
     with sdpa_kernel(SDPBackend.MATH):
-        ref = F.scaled_dot_product_attention(rq, rk, rv, is_causal=causal).transpose(1, 2)
+        ref = F.scaled_dot_product_attention(rq, rk, rv, is_causal=causal, enable_gqa=G > 1).transpose(1, 2)
     ref_grads = torch.autograd.grad(ref, ref_bases, dout.float().reshape(ref.shape))
     bad = [n for n, x, y in zip(["out", "dq", "dk", "dv"], (out,) + grads, (ref,) + ref_grads)
            if not torch.allclose(x.float().reshape(y.shape), y, atol=2.5e-2, rtol=2.5e-2)]
@@ -134,6 +138,7 @@ def check_rows(out, bases, layout, s, causal, rows=32):
     """The forward output at `rows` query rows of every (sequence, head) slice, spread over it,
     against fp64: "ok" or what was off."""
     q, k, v = [t.detach().reshape(B, s, -1, D) for t in bases]
+    k, v = k.repeat_interleave(G, dim=2), v.repeat_interleave(G, dim=2)  # GQA: query head j reads kv head j // G
     got = out.detach().reshape(B, s, -1, D)
     idx = torch.linspace(0, s - 1, rows, device=q.device).round().long()
     qs = q[:, idx].double().transpose(1, 2)                     # [b, h, rows, d]
@@ -192,13 +197,14 @@ def one_line(e):
 
 
 def main():
-    global D
+    global D, G
     ap = argparse.ArgumentParser()
     ap.add_argument("--s", default="4096,8192,16384,32768")
     ap.add_argument("--layouts", default="bshd,thd")
     ap.add_argument("--backends", default=",".join(ALL),
                     help="flash (SDPA's FlashAttention-2), cudnn (SDPA's cuDNN), fa4 (FlashAttention-4)")
     ap.add_argument("--d", type=int, default=D, help="head dim")
+    ap.add_argument("--gqa", type=int, default=1, help="query heads per kv head (GQA G:1; 1: MHA)")
     ap.add_argument("--iters", type=int, default=10, help="timed calls per case, at least")
     ap.add_argument("--warm-ms", type=float, default=300, help="warm-up work per case (ms)")
     ap.add_argument("--min-ms", type=float, default=600, help="timed work per case (ms)")
@@ -208,6 +214,9 @@ def main():
                     help="also run cuDNN on thd (nested tensors; see the header: wrong and faulting in 2.11)")
     a = ap.parse_args()
     D = a.d
+    G = a.gqa
+    if G < 1 or H % G:
+        sys.exit(f"attn_bench_torch.py: --gqa {G} must divide the {H} query heads")
     sizes = [int(x) for x in a.s.split(",")]
     layouts = [x for x in a.layouts.split(",") if x]
     gpu = torch.cuda.get_device_name(0)
@@ -220,7 +229,7 @@ def main():
     path = os.path.join(a.out, a.name)
     # the CSV row by row, so that rows made before a fault that ends the process (a CUDA error) are kept
     w = tc.Csv(path + ".csv", ["impl", "layout", "mask", "s", "fwd_ms", "bwd_ms", "fwdbwd_ms", "fwd_tflops",
-                               "bwd_tflops", "fwdbwd_tflops", "check", "torch"])
+                               "bwd_tflops", "fwdbwd_tflops", "check", "h_kv", "torch"])
     about = None  # the libraries, read after the first case has loaded them
     names = [x for x in a.backends.split(",") if x]
     for name in names:
@@ -252,7 +261,7 @@ def main():
                     rows.append(r)
                     about = about or libraries(names)
                     w.row([r[0], r[1], r[2], r[3], f"{r[4]:.4f}", f"{r[5]:.4f}", f"{r[6]:.4f}", f"{r[7]:.2f}",
-                           f"{r[8]:.2f}", f"{r[9]:.2f}", r[10], about])
+                           f"{r[8]:.2f}", f"{r[9]:.2f}", r[10], H // G, about])
                     print(f"{r[0]:<7} {r[1]:<6} {r[2]:<7} {r[3]:>6}  {r[4]:9.3f} {r[5]:9.3f} {r[6]:9.3f}  "
                           f"{r[7]:8.1f} {r[8]:8.1f} {r[9]:8.1f}  {r[10]}", flush=True)
     w.close()
@@ -261,7 +270,7 @@ def main():
     tc.write_markdown(path + ".md", "PyTorch SDPA (FlashAttention-2, cuDNN) and FlashAttention-4", tc.run_info(gpu), [
         f"TORCH_CUDNN_SDPA_NESTED_TENSOR_ENABLED={os.environ.get('TORCH_CUDNN_SDPA_NESTED_TENSOR_ENABLED')}",
         f"libraries: {about}",
-        f"b={B}, h={H}, d={D}, bf16; SDPA: bshd inputs as [b, h, s, d] views, thd as nested jagged tensors; "
+        f"b={B}, h={H}, h_kv={H // G}, d={D}, bf16; SDPA: bshd inputs as [b, h, s, d] views, thd as nested jagged tensors; "
         f"FA4: flash_attn_func on [b, s, h, d], thd through flash_attn_varlen_func (cu_seqlens); "
         f"FLOPs fwd 4*b*h*s^2*d (halved when causal), bwd 2.5x, fwd+bwd 3.5x; median of CUDA-event "
         f"timings, warm-up filling {a.warm_ms:g} ms, at least {a.iters} calls filling {a.min_ms:g} ms"],

@@ -135,7 +135,8 @@ if want bench; then
   # two runs, so a drift of the card's clocks between them cancels; the results file
   # (attn-vs-fa4-<gpu>[-dD].md) is assembled last with --measured, which reads the timed pass's
   # header, so it can be assembled off the host from the logs' CSVs too. BENCH_D: head dims, one
-  # pass each (default 128).
+  # pass each (default 128). BENCH_GQA: query heads per kv head (default 1, MHA; G > 1 adds -gqaG
+  # to the results file's name).
   BENCH_S="${BENCH_S:-4096,8192,16384,32768}"
   if ! fa4_site; then
     # asked for by name (the issue-52 table), a table without FA4 is not the table: stop before timing
@@ -144,18 +145,19 @@ if want bench; then
   fi
   BENCH_BACKENDS="${BENCH_BACKENDS:-ours,cudnn}" # dl.attn's
   TB=(); [ -z "${BENCH_TORCH_BACKENDS:-}" ] || TB=(--backends "$BENCH_TORCH_BACKENDS") # the anchors
+  gqa="${BENCH_GQA:-1}" gsfx=$([ "${BENCH_GQA:-1}" = 1 ] || echo "-gqa${BENCH_GQA}")
   for d in ${BENCH_D:-128}; do
-    sfx=$([ "$d" = 128 ] || echo "-d$d") Ld="$L/d$d"
+    sfx=$([ "$d" = 128 ] || echo "-d$d")$gsfx Ld="$L/d$d$gsfx"
     mkdir -p "$Ld"
     step "attn bench d $d: FA4, PyTorch SDPA (before)" "${TORCH_LIMIT:-200}" "$Ld/attn-torch-1.log" "$PY" \
-      experiments/attn/attn_bench_torch.py --s "$BENCH_S" --d "$d" --out "$Ld" --name attn-torch-1 "${TB[@]}"
+      experiments/attn/attn_bench_torch.py --s "$BENCH_S" --d "$d" --gqa "$gqa" --out "$Ld" --name attn-torch-1 "${TB[@]}"
     step "attn bench d $d: dl.attn $BENCH_BACKENDS" "${OURS_LIMIT:-240}" "$Ld/attn-bench.log" "${DLENV[@]}" \
-      ./distlab run -n 1 --device cuda experiments/attn/attn_bench.lua --s "$BENCH_S" --d "$d" \
+      ./distlab run -n 1 --device cuda experiments/attn/attn_bench.lua --s "$BENCH_S" --d "$d" --gqa "$gqa" \
       --backends "$BENCH_BACKENDS" --out "$Ld"
     step "attn bench d $d: FA4, PyTorch SDPA (after)" "${TORCH_LIMIT:-200}" "$Ld/attn-torch-2.log" "$PY" \
-      experiments/attn/attn_bench_torch.py --s "$BENCH_S" --d "$d" --out "$Ld" --name attn-torch-2 "${TB[@]}"
+      experiments/attn/attn_bench_torch.py --s "$BENCH_S" --d "$d" --gqa "$gqa" --out "$Ld" --name attn-torch-2 "${TB[@]}"
     step "attn bench d $d: the results file" 60 "$Ld/attn-table.log" "${DLENV[@]}" ./distlab run -n 1 --device cuda \
-      experiments/attn/attn_bench.lua --s "$BENCH_S" --d "$d" --backends "$BENCH_BACKENDS" \
+      experiments/attn/attn_bench.lua --s "$BENCH_S" --d "$d" --gqa "$gqa" --backends "$BENCH_BACKENDS" \
       --measured "$Ld/attn-distlab.csv" --torch "$Ld/attn-torch-1.csv,$Ld/attn-torch-2.csv" --out "$OUT" \
       --tag "vs-fa4-$gpu$sfx" \
       --command "${BENCH_COMMAND:-$(call_line 'SKIP_BUILD|STEPS|BUDGET|BENCH_[A-Z_]+|TORCH_LIMIT|OURS_LIMIT')} (attn_bench_torch.py, attn_bench.lua, attn_bench_torch.py, then this with --measured, in the same call)"
