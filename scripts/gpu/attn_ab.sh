@@ -6,7 +6,8 @@
 #             report sets every other against; LIB names .ab/libLIB.so.xz
 #   ROUNDS    rounds (default 2); the variants' order is reversed in even rounds, so that neither end of a
 #             round (a cool or a warm GPU) favours one variant
-#   S, D      attn_bench's --s (default 8192,16384) and --d (128); BACKENDS its --backends (ours)
+#   S, D      attn_bench's --s (default 8192,16384) and --d (128); BACKENDS its --backends (ours); GQA its
+#             --gqa (1: MHA)
 # Each run: the variant's library copied to build/lib/libdistlab.so, then `[knobs] DISTLAB_COMMIT=<LIB's commit>
 # ./distlab run -n 1 --device $DEVICE experiments/attn/attn_bench.lua --s S --d D --backends BACKENDS --out
 # $L/dD-NAME-rR` (bshd and thd, causal and not, each shape timed by the bench and checked after timing against
@@ -23,10 +24,11 @@
 set -u
 t_start=$(date +%s)
 source "$(dirname "$0")/steps.sh" attn_ab 560 || exit 2
-VARIANTS="${VARIANTS:-base:main}" ROUNDS="${ROUNDS:-2}" S="${S:-8192,16384}" D="${D:-128}"
+VARIANTS="${VARIANTS:-base:main}" ROUNDS="${ROUNDS:-2}" S="${S:-8192,16384}" D="${D:-128}" GQA="${GQA:-1}"
 BACKENDS="${BACKENDS:-ours}" DEV="${DEVICE:-cuda}" RUN_LIMIT="${RUN_LIMIT:-150}"
 [[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || { say "ROUNDS: a positive integer, got $ROUNDS"; exit 2; }
 [[ "$D" =~ ^[0-9]+$ ]] || { say "D: a head dim, got $D"; exit 2; }
+[[ "$GQA" =~ ^[1-9][0-9]*$ ]] || { say "GQA: query heads per kv head, got $GQA"; exit 2; }
 names=()
 for v in $VARIANTS; do
   IFS=: read -r name lib knobs <<<"$v"
@@ -64,7 +66,7 @@ for r in $(seq "$ROUNDS"); do
     # shellcheck disable=SC2046 # the knobs are VAR=V words
     step "d$D $name round $r" "$RUN_LIMIT" "$L/d$D-$name-r$r.log" \
       env DISTLAB_COMMIT="$(cat ".ab/$lib.commit")" $(echo "$knobs" | tr , ' ') ./distlab run -n 1 --device "$DEV" \
-      experiments/attn/attn_bench.lua --s "$S" --d "$D" --backends "$BACKENDS" --out "$L/d$D-$name-r$r"
+      experiments/attn/attn_bench.lua --s "$S" --d "$D" --gqa "$GQA" --backends "$BACKENDS" --out "$L/d$D-$name-r$r"
   done
 done
 first=$(echo "$VARIANTS" | awk '{print $1}' | cut -d: -f2)
