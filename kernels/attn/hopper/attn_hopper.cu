@@ -436,28 +436,6 @@ static int device_sms(int *sms) {
   return 0;
 }
 
-/* The masked backward's group of kv heads in MB of L2 for p (bwd_params_t.group_mb, from the knob's mb). Its key
- * blocks go heaviest first over the group (tile_scheduler.cuh, B10), which balances the SMs only if the group
- * holds about a wave of them: with fewer, each group's heaviest blocks start behind the last group's light ones.
- * Under GQA a kv head's operands are its query heads' (4:1: four times MHA's), so at 4k the build's 16 MB held
- * one kv head, 32 key blocks on 132 SMs, and the causal backward ran at 0.80x FA4's. Unless the knob sets the
- * size, the group is as large as its L2 budget or as holds at least the SMs' count of key blocks, whichever
- * is larger (GQA 4:1 causal backward +25% at 4k, +9% at 8k; experiments/results/attn/hopper-gqa-ab-h200.md). */
-static int bwd_group_mb(const dl_attn_params_t *p, int mb, int *out) {
-  *out = mb;
-  if (mb != 0 || (p->window_left < 0 && p->window_right < 0)) return 0; /* the knob's, or no masked schedule */
-  int sms = 0;
-  DL_TRY(device_sms(&sms));
-  const int64_t nb = (p->s_kv + BN - 1) / BN, nhb = (int64_t)p->h_kv * p->b;
-  if (nb <= 0 || nhb <= 0) return 0;
-  const int64_t g_min = nhb < (sms + nb - 1) / nb ? nhb : (sms + nb - 1) / nb;
-  /* a kv head's bytes as hp_bwd_tile counts them */
-  const int64_t head = (int64_t)(p->h_q / p->h_kv) * p->s_q * ((p->d_qk + p->d_v) * 2 + p->d_qk * 4);
-  const int64_t need = (g_min * head + (1 << 20) - 1) >> 20;
-  if (need > (int64_t)(HP_BWD_GROUP_BYTES >> 20)) *out = need < 4096 ? (int)need : 4096;
-  return 0;
-}
-
 /* PDL in the backward (launch_bwd, launch_dq): the main kernel and the dQ conversion are launched with
  * programmatic stream serialization after the kernel before them (the prep, the main kernel), so that each
  * starts under the tail of the one before and waits (dl_pdl_wait) only where it reads that one's output (FA4's
@@ -679,7 +657,6 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
   bwd_params_t k = {};
   common_params(k, p);
   DL_TRY(env_bwd_group_mb(&k.group_mb));
-  DL_TRY(bwd_group_mb(p, k.group_mb, &k.group_mb));
   k.scale = p->scale, k.lse = p->lse;
   copy_st(k.lse_st, p->lse_st);
   k.dq = (uint16_t *)p->dq, k.dk = (uint16_t *)p->dk, k.dv = (uint16_t *)p->dv;
