@@ -70,8 +70,9 @@ local h = bench.harness {
 local A = h.opt
 local D = A.d
 local G = A.gqa
+if G < 1 then dl.fail("attn_bench: --gqa %d: query heads per kv head, at least 1", G) end
 local B, NH = 2, h.quick and 2 * G or 16
-if G < 1 or NH % G ~= 0 then dl.fail("attn_bench: --gqa %d must divide the %d query heads", G, NH) end
+if NH % G ~= 0 then dl.fail("attn_bench: --gqa %d must divide the %d query heads", G, NH) end
 local HKV = math.floor(NH / G) -- kv heads
 local heads = G == 1 and string.format("h=%d", NH) or string.format("h=%d, h_kv=%d (GQA %d:1)", NH, HKV, G)
 if h.quick and not h.given.s then A.s = { 64 } end
