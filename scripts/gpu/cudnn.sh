@@ -145,7 +145,8 @@ if want bench; then
   fi
   BENCH_BACKENDS="${BENCH_BACKENDS:-ours,cudnn}" # dl.attn's
   TB=(); [ -z "${BENCH_TORCH_BACKENDS:-}" ] || TB=(--backends "$BENCH_TORCH_BACKENDS") # the anchors
-  gqa="${BENCH_GQA:-1}" gsfx=$([ "${BENCH_GQA:-1}" = 1 ] || echo "-gqa${BENCH_GQA}")
+  gqa="${BENCH_GQA:-1}"
+  gsfx=$([ "$gqa" = 1 ] || echo "-gqa$gqa")
   for d in ${BENCH_D:-128}; do
     sfx=$([ "$d" = 128 ] || echo "-d$d")$gsfx Ld="$L/d$d$gsfx"
     mkdir -p "$Ld"
