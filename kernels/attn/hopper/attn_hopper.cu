@@ -436,6 +436,27 @@ static int device_sms(int *sms) {
   return 0;
 }
 
+/* The masked backward's group of kv heads in MB of L2 for p (bwd_params_t.group_mb, from the knob's mb). Its key
+ * blocks go heaviest first over the group (tile_scheduler.cuh, B10), which balances the SMs only if the group
+ * holds about a wave of them: with fewer, each group's heaviest blocks start behind the last group's light ones.
+ * Under GQA a kv head's operands are its query heads' (4:1: four times MHA's), so at 4k the build's 16 MB held
+ * one kv head, 32 key blocks on 132 SMs, and the causal backward ran at 0.80x FA4's. Unless the knob sets the
+ * size, a group holds its L2 budget's kv heads or round(SMs / key blocks) of them, whichever is more: about a
+ * wave of key blocks a group (tile_scheduler.cuh's hp_bwd_group_mb; a ceiling instead made 5 + 3 of GQA 4k's 8
+ * kv heads and 3 + 3 + 2 of 8k's, and lost most of the gain). MHA's groups at d 64 and 128 stay the L2
+ * budget's at every s 4k-32k; GQA 4:1's at 4k and 8k become 4 and 2 kv heads (causal backward +24% and +9% with
+ * those sizes set by the knob; experiments/results/attn/hopper-gqa-ab-h200.md). */
+static int bwd_group_mb(const dl_attn_params_t *p, int mb, int *out) {
+  *out = mb;
+  if (mb != 0 || (p->window_left < 0 && p->window_right < 0)) return 0; /* the knob's, or no masked schedule */
+  int sms = 0;
+  DL_TRY(device_sms(&sms));
+  /* a kv head's bytes as hp_bwd_tile counts them */
+  const int64_t head = (int64_t)(p->h_q / p->h_kv) * p->s_q * ((p->d_qk + p->d_v) * 2 + p->d_qk * 4);
+  *out = hp_bwd_group_mb((p->s_kv + BN - 1) / BN, (int64_t)p->h_kv * p->b, head, sms, mb);
+  return 0;
+}
+
 /* PDL in the backward (launch_bwd, launch_dq): the main kernel and the dQ conversion are launched with
  * programmatic stream serialization after the kernel before them (the prep, the main kernel), so that each
  * starts under the tail of the one before and waits (dl_pdl_wait) only where it reads that one's output (FA4's
@@ -657,6 +678,7 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
   bwd_params_t k = {};
   common_params(k, p);
   DL_TRY(env_bwd_group_mb(&k.group_mb));
+  DL_TRY(bwd_group_mb(p, k.group_mb, &k.group_mb));
   k.scale = p->scale, k.lse = p->lse;
   copy_st(k.lse_st, p->lse_st);
   k.dq = (uint16_t *)p->dq, k.dk = (uint16_t *)p->dk, k.dv = (uint16_t *)p->dv;

@@ -120,4 +120,18 @@ static inline int hp_bwd_split_plan(int64_t nblocks, int items, int sms, int max
   return best;
 }
 
+/* The masked backward's group (bwd_params_t.group_mb, MB of L2) for nb key blocks of nhb kv heads of head_bytes
+ * each (as hp_bwd_tile counts them) on sms SMs, from the knob's mb: -1 (the grid's order) or N kept; 0 (unset):
+ * the build's HP_BWD_GROUP_BYTES, or the MB that hold round(sms / nb) kv heads where that is more, so that a
+ * group holds about a wave of key blocks for its heaviest-first order to balance (attn_hopper.cu's
+ * bwd_group_mb says why; the emulator's unit_group_mb checks the groups hp_grouped then makes). */
+static inline int hp_bwd_group_mb(int64_t nb, int64_t nhb, int64_t head_bytes, int sms, int mb) {
+  if (mb != 0 || nb <= 0 || nhb <= 0 || head_bytes <= 0) return mb;
+  const int64_t wave = (sms + nb / 2) / nb > 1 ? (sms + nb / 2) / nb : 1; // round(sms / nb), at least 1
+  const int64_t heads = nhb < wave ? nhb : wave, budget = (int64_t)(HP_BWD_GROUP_BYTES) / head_bytes;
+  if ((budget > 1 ? budget : 1) >= heads) return 0; // the build's budget holds them: left unset
+  const int64_t need = (heads * head_bytes + (1 << 20) - 1) >> 20;
+  return (int)(need < 4096 ? need : 4096);
+}
+
 #endif

@@ -362,6 +362,58 @@ template <int D, int LOOP = BWD_ORDER, bool ELECT = false, bool BULK = false, in
   return ok && caught;
 }
 
+// The masked backward's groups of kv heads (tile_scheduler.cuh's hp_bwd_group_mb, the host's rule; the groups
+// hp_grouped then makes of the MB it returns, as the kernel does): b 2, h 16, d 64 and 128, h_kv 16 to 1, s 1k to
+// 64k, on 132, 114 and 78 SMs. Every group holds at least min(kv heads, round(SMs / key blocks)) kv heads, and no
+// fewer than the build's 16 MB gave; where those gave that many the MB stays unset (the schedule unchanged: MHA's
+// at d 64 and 128, s 4k-32k, on 132 SMs); GQA 4:1 at d 128 takes 4 kv heads at 4k and 2 at 8k on 132 SMs (the
+// knob's 64 MB, hopper-gqa-ab-h200.md); the knob's values pass through. Planted: e7b50bf's ceiling must change
+// a schedule the budget already balanced (it moved MHA d 128 8k to 3 kv heads). The shape-named checks and the
+// planted one need the build's 16 MB (the spec also builds a small budget, for partial groups: there the
+// properties alone).
+static int first_group(int nb, int hkv, int b, int64_t head, int mb) { // kv heads in the grid's first group
+  gridDim = dim3(nb, hkv, b);
+  int g = 0;
+  for (int lin = 0; lin < nb * hkv * b && hp_grouped(nb, head, mb, (int64_t)(HP_BWD_GROUP_BYTES), lin).block == 0; lin++) g++;
+  return g;
+}
+static bool unit_group_mb() {
+  auto ceil_rule = [](int64_t nb, int64_t nhb, int64_t head, int sms, int mb) { // e7b50bf's, reverted
+    if (mb != 0) return mb;
+    const int64_t heads = nhb < (sms + nb - 1) / nb ? nhb : (sms + nb - 1) / nb;
+    const int64_t need = (heads * head + (1 << 20) - 1) >> 20;
+    return need > (int64_t)(HP_BWD_GROUP_BYTES >> 20) ? (int)need : 0;
+  };
+  int bad = 0, planted = 0, n = 0;
+  const int b = 2, hq = 16;
+  constexpr bool budget16 = (int64_t)(HP_BWD_GROUP_BYTES) == (int64_t)16 << 20;
+  for (int sms : {132, 114, 78})
+    for (int d : {64, 128})
+      for (int hkv : {16, 8, 4, 2, 1})
+        for (int s = 1024; s <= 65536; s *= 2) {
+          const int64_t nb = (s + BN - 1) / BN, nhb = (int64_t)hkv * b, head = (int64_t)(hq / hkv) * s * (4 * d + 4 * d);
+          const int64_t wave = std::max<int64_t>(1, (sms + nb / 2) / nb);
+          const int mb = hp_bwd_group_mb(nb, nhb, head, sms, 0), mb_ceil = ceil_rule(nb, nhb, head, sms, 0);
+          const int g = first_group((int)nb, hkv, b, head, mb), g0 = first_group((int)nb, hkv, b, head, 0);
+          const bool mha = budget16 && hkv == hq && s >= 4096 && s <= 32768 && sms == 132;
+          const bool balanced = g0 >= std::min(nhb, wave); // the budget's groups already hold a wave
+          n++;
+          bool ok = g >= std::min(nhb, wave) && g >= g0 && (!balanced || mb == 0) && (!mha || mb == 0);
+          if (budget16 && sms == 132 && d == 128 && hkv == 4 && s == 4096) ok = ok && g == 4;
+          if (budget16 && sms == 132 && d == 128 && hkv == 4 && s == 8192) ok = ok && g == 2;
+          if (!ok) {
+            bad++;
+            printf("  unit_group_mb: sms %d d %d h_kv %d s %d: %d kv heads a group (16 MB: %d, a wave: %lld), MB %d\n", sms, d, hkv,
+                   s, g, g0, (long long)wave, mb);
+          }
+          if (balanced && first_group((int)nb, hkv, b, head, mb_ceil) != g0) planted++;
+        }
+  for (int mb : {-1, 1, 64, 4096}) bad += hp_bwd_group_mb(32, 8, 16 << 20, 132, mb) != mb; // the knob's, kept
+  printf("unit_group_mb: %d shapes x SMs (budget %lld MB), %d wrong; planted ceiling caught at %d shapes: %s\n", n,
+         (long long)(HP_BWD_GROUP_BYTES) >> 20, bad, planted, bad == 0 && (planted > 0 || !budget16) ? "ok" : "FAIL");
+  return bad == 0 && (planted > 0 || !budget16);
+}
+
 int main(int argc, char **argv) {
   const bool quick = argc > 1 && !strcmp(argv[1], "--quick"), m80 = argc > 1 && !strcmp(argv[1], "--m80"),
              m128 = argc > 1 && !strcmp(argv[1], "--m128");
@@ -381,6 +433,7 @@ int main(int argc, char **argv) {
   bool ok = true;
   emu.lane_drift = true;
   ok = unit_m64n80() && ok;
+  ok = unit_group_mb() && ok;
   if (argc > 1 && !strcmp(argv[1], "--unit")) return ok ? 0 : 1; // the unit checks alone
   std::vector<hp_case> cases = hp_cases;
   cases.push_back({2, 2, 2, 1, 0, {0, 50}, {0, 3}, {140, 60}}); // thd: no queries for 140 keys (dk, dv = 0)
