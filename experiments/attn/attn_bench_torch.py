@@ -2,7 +2,9 @@
 (FLASH_ATTENTION, i.e. FlashAttention-2, and CUDNN_ATTENTION, forced with
 torch.nn.attention.sdpa_kernel) and FlashAttention-4 (flash_attn.cute, PyPI
 flash-attn-4, scripts/fetch-fa4.sh: flash_attn_func on bshd, flash_attn_varlen_func
-with cu_seqlens on thd; --backends picks) on the shapes of
+with cu_seqlens on thd; --backends picks; fa4-nopack is FA4 with pack_gqa=False, a
+labelled diagnostic that attn_bench.lua's tables do not read: FA4 packs a kv head's query heads
+into one tile by default under GQA) on the shapes of
 experiments/attn/attn_bench.lua: b=2, h=16, d=128, bf16, s in {4k, 8k, 16k, 32k},
 causal and not, bshd and thd; --gqa G gives k and v h/G heads (GQA G:1: FA4 takes
 them as they are, SDPA with enable_gqa=True; the checks repeat them). bshd inputs are [b, s, h, d] tensors seen as
@@ -56,7 +58,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 B, H, D = 2, 16, 128
 G = 1  # query heads per kv head (--gqa)
 SDPA = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
-ALL = ["flash", "cudnn", "fa4"]
+ALL = ["flash", "cudnn", "fa4", "fa4-nopack"]
 _fa4 = None
 
 
@@ -94,13 +96,14 @@ def case(name, layout, s, h, causal, device="cuda"):
     bases = [torch.empty(shape(n), device=device, dtype=torch.bfloat16).uniform_(-1, 1).requires_grad_()
              for n in (h, h // G, h // G)]
     q, k, v = bases
-    if name == "fa4":
+    if name.startswith("fa4"):
         dense, varlen = fa4()
+        pack = False if name == "fa4-nopack" else None  # None: FA4's own choice (packed where h_kv < h)
         if layout == "bshd":
-            return bases, lambda: dense(q, k, v, causal=causal)[0]
+            return bases, lambda: dense(q, k, v, causal=causal, pack_gqa=pack)[0]
         cu = torch.arange(0, (B + 1) * s, s, device=device, dtype=torch.int32)
         return bases, lambda: varlen(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=s, max_seqlen_k=s,
-                                     causal=causal)[0]
+                                     causal=causal, pack_gqa=pack)[0]
     if layout == "bshd":
         views = [t.transpose(1, 2) for t in bases]
     else:
@@ -180,7 +183,7 @@ def run(name, layout, s, causal, a):
 def libraries(names):
     """tc.libraries(), with FA4's and the CuTe DSL's versions where fa4 runs."""
     about = tc.libraries()
-    if "fa4" in names:
+    if any(n.startswith("fa4") for n in names):
         import importlib.metadata as md
         vers = []
         for pkg in ("flash-attn-4", "nvidia-cutlass-dsl", "quack-kernels"):
@@ -202,7 +205,8 @@ def main():
     ap.add_argument("--s", default="4096,8192,16384,32768")
     ap.add_argument("--layouts", default="bshd,thd")
     ap.add_argument("--backends", default=",".join(ALL),
-                    help="flash (SDPA's FlashAttention-2), cudnn (SDPA's cuDNN), fa4 (FlashAttention-4)")
+                    help="flash (SDPA's FlashAttention-2), cudnn (SDPA's cuDNN), fa4 (FlashAttention-4), "
+                         "fa4-nopack (FA4 with pack_gqa=False: a diagnostic row under --gqa)")
     ap.add_argument("--d", type=int, default=D, help="head dim")
     ap.add_argument("--gqa", type=int, default=1, help="query heads per kv head (GQA G:1; 1: MHA)")
     ap.add_argument("--iters", type=int, default=10, help="timed calls per case, at least")
@@ -271,7 +275,8 @@ def main():
         f"TORCH_CUDNN_SDPA_NESTED_TENSOR_ENABLED={os.environ.get('TORCH_CUDNN_SDPA_NESTED_TENSOR_ENABLED')}",
         f"libraries: {about}",
         f"b={B}, h={H}, h_kv={H // G}, d={D}, bf16; SDPA: bshd inputs as [b, h, s, d] views, thd as nested jagged tensors; "
-        f"FA4: flash_attn_func on [b, s, h, d], thd through flash_attn_varlen_func (cu_seqlens); "
+        f"FA4: flash_attn_func on [b, s, h, d], thd through flash_attn_varlen_func (cu_seqlens), pack_gqa its own "
+        f"choice (fa4-nopack: False); "
         f"FLOPs fwd 4*b*h*s^2*d (halved when causal), bwd 2.5x, fwd+bwd 3.5x; median of CUDA-event "
         f"timings, warm-up filling {a.warm_ms:g} ms, at least {a.iters} calls filling {a.min_ms:g} ms"],
         tc.table(["backend", "layout", "mask", "s", "fwd ms", "bwd ms", "fwd+bwd ms", "fwd TFLOP/s", "bwd TFLOP/s",
