@@ -451,8 +451,7 @@ static int bwd_group_mb(const dl_attn_params_t *p, int mb, int *out) {
   if (mb != 0 || (p->window_left < 0 && p->window_right < 0)) return 0; /* the knob's, or no masked schedule */
   int sms = 0;
   DL_TRY(device_sms(&sms));
-  /* a kv head's bytes as hp_bwd_tile counts them */
-  const int64_t head = (int64_t)(p->h_q / p->h_kv) * p->s_q * ((p->d_qk + p->d_v) * 2 + p->d_qk * 4);
+  const int64_t head = hp_bwd_head_bytes(p->h_q / p->h_kv, p->s_q, p->d_qk, p->d_v);
   *out = hp_bwd_group_mb((p->s_kv + BN - 1) / BN, (int64_t)p->h_kv * p->b, head, sms, mb);
   return 0;
 }

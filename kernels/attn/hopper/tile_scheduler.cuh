@@ -77,6 +77,11 @@ struct hp_bwd_tile_t {
  * items, one CTA a part, so that the last wave's few blocks spread over every SM rather than leaving most of
  * them idle (the parts add their dK and dV into split slot block - split_first; the last to finish writes
  * them). */
+// The masked backward's bytes of a kv head in L2: its group's query heads' Q and dO (bf16) and dQ accumulator
+// (fp32) over s_q rows (bshd; thd: the longest); hp_bwd_tile's groups and the host's hp_bwd_group_mb count them so.
+HP_HD int64_t hp_bwd_head_bytes(int group, int s_q, int dqk, int dv) {
+  return (int64_t)group * s_q * ((dqk + dv) * 2 + dqk * 4);
+}
 // (the CTA at linear index lin; hp_bwd_tile(p): this CTA)
 template <int DQK, int DV, class P> HP_DEV hp_bwd_tile_t hp_bwd_tile(const P &p, int lin) {
   const bool masked = p.window_left >= 0 || p.window_right >= 0;
@@ -89,8 +94,7 @@ template <int DQK, int DV, class P> HP_DEV hp_bwd_tile_t hp_bwd_tile(const P &p,
   }
   const int x = lin % (int)gridDim.x, yz = lin / (int)gridDim.x;
   if (p.group_mb < 0 || !masked) return hp_bwd_tile_t{x, yz % (int)gridDim.y, yz / (int)gridDim.y, 0, 1, -1};
-  // a kv head's Q and dO (bf16) and dQ accumulator (fp32), over its group of query heads (bshd; thd: the longest)
-  const int64_t head = (int64_t)(p.h / p.h_kv) * p.s_q * ((DQK + DV) * 2 + DQK * 4);
+  const int64_t head = hp_bwd_head_bytes(p.h / p.h_kv, p.s_q, DQK, DV);
   const hp_grouped_t t = hp_grouped(gridDim.x, head, p.group_mb, (int64_t)(HP_BWD_GROUP_BYTES), lin);
   return hp_bwd_tile_t{t.block, t.hb % (int)gridDim.y, t.hb / (int)gridDim.y, 0, 1, -1};
 }
