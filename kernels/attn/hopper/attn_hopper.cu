@@ -201,6 +201,16 @@ static int env_fwd_m192(void) {
   return !env_is("DISTLAB_ATTN_HOPPER_FWD_M192", "0", &c);
 }
 
+/* A masked forward's short m-block first (params_t.rag_first, fwd_params.cuh's hp_fwd_row_off): where the
+ * query length is not a multiple of the CTA's rows and a window bounds the keys on the right (causal), the
+ * blocks are aligned to the sequence's end, so that the short block holds the first rows (the fewest keys)
+ * rather than the last (the most: at d 64's 192-row CTAs, 4k causal, 32 key blocks for 64 rows, a twelfth of
+ * the forward's key blocks). DISTLAB_ATTN_HOPPER_FWD_RAG=0 turns it off (A/B timings). */
+static int env_fwd_rag(void) {
+  static int c = -1;
+  return !env_is("DISTLAB_ATTN_HOPPER_FWD_RAG", "0", &c);
+}
+
 /* The lazy rescale: the forward's exps keep a row's base until a block raises its max by more than 2^8, and
  * O's rescale is skipped where no row of a warp moved (fwd_kernel's HP_FWD_OPT_LAZY; FA4-GAP.md section 9).
  * Built for each head dim's default loop (PIPE 2 at d 128, PIPE 1 at d 64 and with M192), with or without
@@ -564,6 +574,7 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   k.max_logit = p->max_logit;
   k.err = dword;
   DL_TRY(next_ctas(&k.next_ctas));
+  k.rag_first = env_fwd_rag();
   /* F4's TMA store of O: the plain epilogue only, d 128 and 64 (launch_o below) */
   const bool tma_o = fwd_tma_o(p);
   CUtensorMap to = tq; /* unread by a kernel without the TMA store (or with the merge) */

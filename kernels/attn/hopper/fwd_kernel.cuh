@@ -109,7 +109,9 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
   // this sequence: its lengths, the rows (thd) or batch (bshd/sbhd) the tensor maps address it by
   const hp_seq_t sq = hp_seq(p, bb);
   const int len_q = sq.len_q, len_kv = sq.len_kv, first_q = sq.first_q, first_kv = sq.first_kv, tb = sq.tb;
-  if (m_block * ROWS >= len_q) return; // the whole CTA, before any barrier
+  if (m_block * ROWS >= len_q) return; // the whole CTA, before any barrier (the same with base's offset)
+  // the block's first row (negative where the short block comes first: hp_fwd_row_off)
+  const int base = m_block * ROWS - hp_fwd_row_off(p, len_q, ROWS);
   if (threadIdx.x == 0) HP_TRACE(p, 0, HP_TRACE_SMID), HP_TRACE(p, 1), HP_TRACE(p, 2, HP_TRACE_GLOBAL);
   using ST = acc_stage_t<DQK, DV, ROWS>;
   constexpr bool STAGED = ST::on;
@@ -128,7 +130,7 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
   constexpr bool SKIP0 = HP_FWD_SKIP0 && ROWS > BN;
   // key blocks [n_lo, n_hi): those holding a key that a row of this block sees; walked last to first
   const int shift = p.bottom_right ? len_kv - len_q : 0, wl = p.window_left, wr = p.window_right;
-  const int i0 = m_block * ROWS, i1 = min(i0 + ROWS, len_q);
+  const int i0 = max(base, 0), i1 = min(base + ROWS, len_q);
   const int key_lo = wl >= 0 ? max(0, i0 + shift - wl) : 0, key_hi = wr >= 0 ? min(len_kv, i1 + shift + wr) : len_kv;
   const int n_lo = key_lo / BN, n_hi = key_hi > key_lo ? (key_hi + BN - 1) / BN : n_lo, nblk = n_hi - n_lo;
 
@@ -179,8 +181,9 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
     const hp_tile_t t = hp_fwd_tile<DQK, DV>(p, nxt);
     const hp_seq_t s = hp_seq(p, t.bb);
     if (t.m_block * ROWS >= s.len_q) return;
-    for (int half = 0; half < DQK / 64; half++) tma_prefetch_l2(&tq, 64 * half, t.hh, s.first_q + t.m_block * ROWS, s.tb);
-    const int sh = p.bottom_right ? s.len_kv - s.len_q : 0, last = min((t.m_block + 1) * ROWS, s.len_q) - 1;
+    const int nbase = t.m_block * ROWS - hp_fwd_row_off(p, s.len_q, ROWS);
+    for (int half = 0; half < DQK / 64; half++) tma_prefetch_l2(&tq, 64 * half, t.hh, s.first_q + nbase, s.tb);
+    const int sh = p.bottom_right ? s.len_kv - s.len_q : 0, last = min(nbase + ROWS, s.len_q) - 1;
     const int kh = p.window_right >= 0 ? min(s.len_kv, last + 1 + sh + p.window_right) : s.len_kv; // its key_hi
     if (kh <= 0) return;
     const int k0 = s.first_kv + (kh - 1) / BN * BN, hk = t.hh / (p.h / p.h_kv);
@@ -261,7 +264,7 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
       if (nblk > 0) load_k(0);
       mbar_expect_tx(&sm.q_full, ROWS * DQK * 2);
       for (int half = 0; half < DQK / 64; half++)
-        tma_load(sm.q[half], &tq, &sm.q_full, 64 * half, hh, first_q + m_block * ROWS, tb);
+        tma_load(sm.q[half], &tq, &sm.q_full, 64 * half, hh, first_q + base, tb);
       for (int it = 1; it < nblk; it++) {
         load_k(it);
         load_v(it - 1);
@@ -276,7 +279,7 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
       const bool go = STAGED && p.acc_out;
       mbar_expect_tx(&sm.q_full, ROWS * DQK * 2);
       for (int half = 0; half < DQK / 64; half++)
-        tma_load(sm.q[half], &tq, &sm.q_full, 64 * half, hh, first_q + m_block * ROWS, tb);
+        tma_load(sm.q[half], &tq, &sm.q_full, 64 * half, hh, first_q + base, tb);
       for (int it = 0; it < nblk; it++) {
         const int n = n_hi - 1 - it, st = it % STAGES;
         const uint32_t round = it / STAGES;
@@ -301,12 +304,12 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
   // consumers: warpgroup c (warps 4c .. 4c + 3) owns rows [c * 64, c * 64 + 64) of the block
   const int c = warp_id / 4, warp = tid / 32, lane = tid % 32;
   const int r0 = c * 64 + warp * 16 + lane / 4; // this thread's rows: r0 and r0 + 8 (in the block)
-  const int q0 = m_block * ROWS + r0;
+  const int q0 = base + r0;
   float o[DV / 2], s[64];
   for (int i = 0; i < DV / 2; i++) o[i] = 0.0f;
   float mx[2] = {-INFINITY, -INFINITY}, sums[2 * NSUM] = {};
   const uint32_t q_base = hp_smem_u32(sm.q[0]) + c * 64 * 128;
-  const int row0 = m_block * ROWS + c * 64; // the warpgroup's first row
+  const int row0 = base + c * 64; // the warpgroup's first row
   // key block n_hi - 1 - it needs element masks where it reaches past the sequence's keys (the rows
   // past them hold another sequence's or zeros) or past the window of one of the warpgroup's rows
   // (its last key j1 against two bounds set once: j1 >= len_kv, or past the right window of the warpgroup's
@@ -492,7 +495,7 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
       // k ^ (r % 8): a row's four threads fill a chunk, eight rows eight chunks, no bank conflict); then
       // one thread stores each half of d (64 columns x 64 rows) by TMA. bshd/sbhd: the map clips rows
       // past s_q. thd: a warpgroup whose rows reach past its sequence keeps the stores below.
-      if (!p.cu_q || row0 + 64 <= len_q) {
+      if (row0 >= 0 && (!p.cu_q || row0 + 64 <= len_q)) {
         const uint32_t ob = hp_smem_u32(sm.q[0]) + c * 64 * 128; // the warpgroup's rows, first half of d
         const int wr0 = r0 - c * 64;                             // this thread's first row among them
 #pragma unroll
@@ -521,7 +524,7 @@ __global__ void __launch_bounds__(fwd_threads(OPT), 1)
 #pragma unroll
     for (int r = 0; r < 2; r++) {
       const int row = q0 + 8 * r;
-      if (row >= len_q) continue; // rows past the sequence: another sequence's, or nothing
+      if (row < 0 || row >= len_q) continue; // rows outside the sequence: another sequence's, or nothing
       const int64_t oa = at(p.o_st, row);
 #pragma unroll
       for (int j = 0; j < DV / 8; j++)

@@ -194,7 +194,7 @@ HP_DEV void row_totals(float (&sum)[2], float (&inv)[2], const float (&mx)[2], i
   }
   inv[0] = sum[0] > 0.0f ? 1.0f / sum[0] : 0.0f, inv[1] = sum[1] > 0.0f ? 1.0f / sum[1] : 0.0f;
   if (p.max_logit) {
-    float m = fmaxf(q0 < len_q ? mx[0] : -INFINITY, q0 + 8 < len_q ? mx[1] : -INFINITY);
+    float m = fmaxf(q0 >= 0 && q0 < len_q ? mx[0] : -INFINITY, q0 + 8 >= 0 && q0 + 8 < len_q ? mx[1] : -INFINITY);
 #pragma unroll
     for (int d = 4; d < 32; d *= 2) m = fmaxf(m, hp_shfl_xor(m, d));
     if (lane == 0 && m > -INFINITY) hp_atomic_max(p.max_logit + hh, m * 0.69314718055994531f);

@@ -139,6 +139,7 @@ struct params_t {
   int *err;         // optional: set to 1 when a wait timed out (the results are then garbage)
   int group_mb;     // the masked schedule's groups of heads (tile_scheduler.cuh): MB of L2, 0 the build's, -1 none
   int next_ctas;    // HP_PREFETCH: the GPU's SMs, so that CTA lin + next_ctas starts about when CTA lin ends; 0 off
+  int rag_first;    // a masked call's short m-block first (hp_fwd_row_off); 0 off
 #if HP_FWD_TRACE
   unsigned long long *trace; // lab only (HP_FWD_TRACE): HP_TRACE_SLOTS clocks a CTA (hp_trace below)
 #endif
@@ -169,6 +170,16 @@ HP_HD void hp_lse_strides(bool thd, int h, int s_or_rows, int64_t st[3]) {
   st[0] = 1;
   st[1] = s_or_rows;
   st[2] = thd ? 0 : (int64_t)h * s_or_rows;
+}
+
+// The rows a sequence's m-blocks are shifted by (params_t.rag_first): where a window bounds the keys on the
+// right (causal) and there is no merge, m-block m takes rows [m ROWS - off, (m + 1) ROWS - off), off the rows
+// the last block would lack, so that the short block is the first (the fewest keys) and not the last (the most):
+// at d 64's 192-row CTAs, 4k causal, a 64-row CTA over 32 key blocks (its other warpgroups' rows computed and
+// dropped) becomes one over 1. Rows below 0: TMA's zeros (bshd, sbhd) or another sequence's rows (thd),
+// computed, never stored.
+HP_HD int hp_fwd_row_off(const params_t &p, int len_q, int rows) {
+  return p.rag_first && p.window_right >= 0 && !p.acc_out ? (rows - len_q % rows) % rows : 0;
 }
 
 // Whether query i sees key j (params_t's mask; shift = len_kv - len_q with bottom_right, else 0).
