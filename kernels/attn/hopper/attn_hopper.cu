@@ -211,6 +211,15 @@ static int env_fwd_rag(void) {
   return !env_is("DISTLAB_ATTN_HOPPER_FWD_RAG", "0", &c);
 }
 
+/* The backward's short item first (bwd_params_t.rag_first, bwd_kernel.cuh's hp_bwd_row_off): where a window
+ * bounds the keys on the right (causal) and the query length is not a multiple of the item's rows (d 128's 80),
+ * the items align to the sequence's end, so that the short one holds the first rows, which only the first key
+ * blocks run (4k causal: 883 -> 858 items a kv head). DISTLAB_ATTN_HOPPER_BWD_RAG=0 turns it off (A/B timings). */
+static int env_bwd_rag(void) {
+  static int c = -1;
+  return !env_is("DISTLAB_ATTN_HOPPER_BWD_RAG", "0", &c);
+}
+
 /* The lazy rescale: the forward's exps keep a row's base until a block raises its max by more than 2^8, and
  * O's rescale is skipped where no row of a warp moved (fwd_kernel's HP_FWD_OPT_LAZY; FA4-GAP.md section 9).
  * Built for each head dim's default loop (PIPE 2 at d 128, PIPE 1 at d 64 and with M192), with or without
@@ -625,14 +634,14 @@ extern "C" int dl_attn_fwd_hopper_cuda(const dl_attn_params_t *p, void *stream) 
   return 0;
 }
 
-template <int DQK, int DV, int LOOP, bool ELECT = false, bool BULK = false, int BQ = BWD_BQ>
+template <int DQK, int DV, int LOOP, bool ELECT = false, bool BULK = false, int BQ = BWD_BQ, bool RAG = false>
 static int launch_bwd(dim3 grid, const CUtensorMap &tq, const CUtensorMap &tk, const CUtensorMap &tv,
                       const CUtensorMap &tdo, const bwd_params_t &k, void *stream) {
   const size_t smem = sizeof(bwd_smem_t<DQK, DV, BQ>) + 1024;
   static_assert(sizeof(bwd_smem_t<DQK, DV, BQ>) + 1024 <= 227 * 1024, "the backward's shared memory");
   static int done[64];
-  DL_TRY(allow_smem(bwd_kernel<DQK, DV, LOOP, ELECT, BULK, BQ>, smem, done));
-  DL_CUDA_CHECK(dl_pdl_launch(bwd_kernel<DQK, DV, LOOP, ELECT, BULK, BQ>, grid, THREADS, smem, (cudaStream_t)stream,
+  DL_TRY(allow_smem(bwd_kernel<DQK, DV, LOOP, ELECT, BULK, BQ, RAG>, smem, done));
+  DL_CUDA_CHECK(dl_pdl_launch(bwd_kernel<DQK, DV, LOOP, ELECT, BULK, BQ, RAG>, grid, THREADS, smem, (cudaStream_t)stream,
                               env_bwd_pdl(), tq, tk, tv, tdo, k));
   return 0;
 }
@@ -697,6 +706,10 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
   k.dq_acc = dq_acc;
   k.ws_rows = thd ? p->total_q : (int64_t)p->b * p->s_q; /* attn_bwd.cu's workspace rows */
   k.err = dword;
+  /* the short item first (hp_bwd_row_off) by its own kernels (bwd_kernel's RAG): the default loops' item rows
+   * (M80, M128; not with ELECT), a window bounding the keys on the right, and an offset that is not 0 (bshd's
+   * and sbhd's lengths are s_q; thd's are on the device, so any) */
+  k.rag_first = (m80 || m128) && !elect && env_bwd_rag() && p->window_right >= 0 && (thd || (bq - p->s_q % bq) % bq / 8 > 0);
   DL_TRY(next_ctas(&k.next_ctas));
   const dim3 grid((p->s_kv + BN - 1) / BN, p->h_kv, p->b);
   /* the tail split: the plan for this GPU's SMs (a tail of at most a quarter of them; a part's own cost
@@ -750,8 +763,9 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
   }
   int rc;
   if (m128)
-    rc = elect ? launch_bwd<64, 64, BWD_ORDER, true, false, 128>(grid_run, tq, tk, tv, tdo, k, stream)
-               : launch_bwd<64, 64, BWD_ORDER, false, false, 128>(grid_run, tq, tk, tv, tdo, k, stream);
+    rc = elect        ? launch_bwd<64, 64, BWD_ORDER, true, false, 128>(grid_run, tq, tk, tv, tdo, k, stream)
+         : k.rag_first ? launch_bwd<64, 64, BWD_ORDER, false, false, 128, true>(grid_run, tq, tk, tv, tdo, k, stream)
+                       : launch_bwd<64, 64, BWD_ORDER, false, false, 128>(grid_run, tq, tk, tv, tdo, k, stream);
   else if (p->d_qk == 64)
     rc = turns && bulk && elect ? launch_bwd<64, 64, BWD_TURNS, true, true>(grid_run, tq, tk, tv, tdo, k, stream)
          : turns && bulk        ? launch_bwd<64, 64, BWD_TURNS, false, true>(grid_run, tq, tk, tv, tdo, k, stream)
@@ -760,8 +774,9 @@ extern "C" int dl_attn_bwd_hopper_cuda(const dl_attn_params_t *p, float *dq_acc,
          : order                ? launch_bwd<64, 64, BWD_ORDER>(grid_run, tq, tk, tv, tdo, k, stream)
                                 : launch_bwd<64, 64, BWD_STEP>(grid_run, tq, tk, tv, tdo, k, stream);
   else if (m80)
-    rc = elect ? launch_bwd<128, 128, BWD_ORDER, true, false, 80>(grid_run, tq, tk, tv, tdo, k, stream)
-               : launch_bwd<128, 128, BWD_ORDER, false, false, 80>(grid_run, tq, tk, tv, tdo, k, stream);
+    rc = elect        ? launch_bwd<128, 128, BWD_ORDER, true, false, 80>(grid_run, tq, tk, tv, tdo, k, stream)
+         : k.rag_first ? launch_bwd<128, 128, BWD_ORDER, false, false, 80, true>(grid_run, tq, tk, tv, tdo, k, stream)
+                       : launch_bwd<128, 128, BWD_ORDER, false, false, 80>(grid_run, tq, tk, tv, tdo, k, stream);
   else
     rc = order && bulk && elect ? launch_bwd<128, 128, BWD_ORDER, true, true>(grid_run, tq, tk, tv, tdo, k, stream)
          : order && bulk        ? launch_bwd<128, 128, BWD_ORDER, false, true>(grid_run, tq, tk, tv, tdo, k, stream)

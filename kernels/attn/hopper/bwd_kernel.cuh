@@ -181,6 +181,7 @@ struct bwd_params_t {
   float *split_acc;
   int *split_count;
   int next_ctas; // params_t's (HP_PREFETCH): the GPU's SMs, 0 off
+  int rag_first; // params_t's: a masked call's short item first (hp_bwd_row_off); 0 off
 #if HP_BWD_TRACE
   unsigned long long *trace; // lab only: [2][HP_BT_WORDS] sums over the CTAs (HP_BWD_TRACE above)
 #endif
@@ -189,6 +190,17 @@ struct bwd_params_t {
 HP_DEV int64_t bwd_at(const int64_t (&st)[3], int first, int row, int head, int tb) {
   return ((int64_t)first + row) * st[0] + (int64_t)head * st[1] + (int64_t)tb * st[2];
 }
+// The rows a masked backward's items are shifted by (bwd_params_t.rag_first; the forward's hp_fwd_row_off):
+// where a window bounds the keys on the right (causal), every key block's items run from its diagonal to the
+// sequence's end, the short item among them (d 128: 4096 = 51 x 80 + 16); with item m at rows
+// [m BQ - off, (m + 1) BQ - off) the short item holds the first rows, which only the first key blocks reach
+// (4k causal: 883 -> 858 items a kv head). A multiple of 8, so that an item's rows keep bwd_dq_col's column
+// order (period 8 in the row); BQ 80 and 128 only (BULK's rows are padded from the sequence's first row).
+// Rows below 0: zeros in shared memory (Q, dO), lse2 +inf and D 0, so P = dS = 0; no dQ.
+template <int BQ> HP_DEV int hp_bwd_row_off(const bwd_params_t &p, int len_q) {
+  return BQ != 64 && p.rag_first && p.window_right >= 0 ? (BQ - len_q % BQ) % BQ / 8 * 8 : 0;
+}
+
 // The workspace row of row i of sequence bb (attn_bwd.cu's attn_ws_row).
 HP_DEV int64_t bwd_ws_row(const bwd_params_t &p, const hp_seq_t &s, int bb, int i) {
   return p.cu_q ? (int64_t)s.first_q + i : (int64_t)bb * p.s_q + i;
@@ -314,11 +326,15 @@ template <int DQK, int BQ = BWD_BQ> __global__ void __launch_bounds__(128) bwd_d
   }
 }
 
-// Rows [valid, rows) of a [DH / 64][rows][64] tile set to 0 by the 128 threads of warpgroup 0 (the
-// caller then fences and meets the other warpgroup).
-template <int DH> HP_DEV void zero_rows(uint32_t base, int rows, int valid, int tid) {
+// Rows [valid, rows) and [0, front) of a [DH / 64][rows][64] tile set to 0 by the 128 threads of warpgroup 0
+// (the caller then fences and meets the other warpgroup).
+template <int DH> HP_DEV void zero_rows(uint32_t base, int rows, int valid, int tid, int front = 0) {
   for (int i = tid; i < (rows - valid) * 8 * (DH / 64); i += 128) {
     const int row = valid + i / (8 * (DH / 64)), half = (i / 8) % (DH / 64), chunk = i % 8;
+    st_shared_zero16(base + half * rows * 128 + row * 128 + chunk * 16);
+  }
+  for (int i = tid; i < front * 8 * (DH / 64); i += 128) {
+    const int row = i / (8 * (DH / 64)), half = (i / 8) % (DH / 64), chunk = i % 8;
     st_shared_zero16(base + half * rows * 128 + row * 128 + chunk * 16);
   }
 }
@@ -377,7 +393,7 @@ constexpr uint32_t bwd_releases(bool elect) { return elect ? 8 : 256; }
 // lse2 and D rows come by cp.async.bulk from bwd_prep_kernel's rows (p.lse2, p.delta in bwd_lse_row's layout)
 // with its Q and dO, on their full barriers (one arrival, the bytes); else warp 9 loads them with
 // scalar loads from p.lse and D's workspace rows.
-template <int DQK, int DV, int LOOP, bool ELECT, bool BULK = false, int BQ = BWD_BQ>
+template <int DQK, int DV, int LOOP, bool ELECT, bool BULK = false, int BQ = BWD_BQ, bool RAG = false>
 __global__ void __launch_bounds__(THREADS, 1)
     bwd_kernel(const HP_GRID_CONST hp_tmap_t tq, const HP_GRID_CONST hp_tmap_t tk, const HP_GRID_CONST hp_tmap_t tv,
                const HP_GRID_CONST hp_tmap_t tdo, const bwd_params_t p) {
@@ -387,6 +403,7 @@ __global__ void __launch_bounds__(THREADS, 1)
                 "80 query rows an item: d 128, FA4's order, lse2 and D by warp 9 (BULK pads to 64)");
   static_assert(BQ != 128 || (DQK == 64 && DV == 64 && LOOP == BWD_ORDER && !BULK),
                 "128 query rows an item: d 64, FA4's order, lse2 and D by warps 9 and 11 (BULK pads to 64)");
+  static_assert(!RAG || BQ != 64, "the short item first (hp_bwd_row_off): BQ 80 and 128");
   // a thread's dQ (BQ 80: of dQ^T; BQ 128: its warpgroup's 64 queries x all 64 columns of d)
   constexpr int NDQ = BQ == 80 ? 40 : BQ == 128 ? 32 : DQK / 4;
   bwd_smem_t<DQK, DV, BQ> &sm = *reinterpret_cast<bwd_smem_t<DQK, DV, BQ> *>(hp_smem_aligned());
@@ -405,7 +422,10 @@ __global__ void __launch_bounds__(THREADS, 1)
   const int shift = p.bottom_right ? len_kv - len_q : 0, wl = p.window_left, wr = p.window_right;
   const int n1 = min(n0 + BN, len_kv) - 1;
   const int i_lo = wr >= 0 ? max(0, n0 - shift - wr) : 0, i_hi = wl >= 0 ? min(len_q, n1 - shift + wl + 1) : len_q;
-  const int m_lo = i_lo / BQ, m_hi = i_hi > i_lo ? (i_hi + BQ - 1) / BQ : m_lo, nm = m_hi - m_lo;
+  // RAG: items may start below row 0 (hp_bwd_row_off); its own kernels, launched for masked calls only, so that
+  // the others keep their code (b56's run-time offset in every kernel cost 1.3-3% at d 128 16k without a mask)
+  const int off = RAG ? hp_bwd_row_off<BQ>(p, len_q) : 0; // item m's rows: [m BQ - off, (m + 1) BQ - off)
+  const int m_lo = (i_lo + off) / BQ, m_hi = i_hi > i_lo ? (i_hi + off + BQ - 1) / BQ : m_lo, nm = m_hi - m_lo;
   // the CTA's items: all group * nm of the block, or its part's (the tail split); item it of the block: q
   // head hkv * group + it / nm, query block m_lo + it % nm; the loops count it from 0, the item it + it_off
   // (built into dl.attn's loops at BQ 80 and 128 only: in BQ 64's ptxas spilled 20 bytes, and BULK's read
@@ -454,11 +474,11 @@ __global__ void __launch_bounds__(THREADS, 1)
         if (BULK && it == 0) dl_pdl_wait(); // before item 0's loads: BULK's lse2 and D rows (bulk-loaded with Q and dO) are the prep's
         if (round > 0) mbar_wait(&sm.q_empty[st], (round - 1) & 1, &sm.fail, p.err);
         mbar_expect_tx(&sm.q_full[st], BQ * DQK * 2 + (BULK ? BQ * 4 : 0));
-        for (int half = 0; half < DQK / 64; half++) tma_load(sm.q[st][half], &tq, &sm.q_full[st], 64 * half, item_hq(it, hq), sq.first_q + item_m(it, m) * BQ, sq.tb);
+        for (int half = 0; half < DQK / 64; half++) tma_load(sm.q[st][half], &tq, &sm.q_full[st], 64 * half, item_hq(it, hq), sq.first_q + item_m(it, m) * BQ - off, sq.tb);
         if (BULK) bulk_load(sm.lse2[st], p.lse2 + item_hq(it, hq) * p.lse_rows + bwd_lse_row(p, sq, bb, item_m(it, m) * BQ), BQ * 4, &sm.q_full[st]);
         if (round > 0) mbar_wait(&sm.do_empty[st], (round - 1) & 1, &sm.fail, p.err);
         mbar_expect_tx(&sm.do_full[st], BQ * DV * 2 + (BULK ? BQ * 4 : 0));
-        for (int half = 0; half < DV / 64; half++) tma_load(sm.dout[st][half], &tdo, &sm.do_full[st], 64 * half, item_hq(it, hq), sq.first_q + item_m(it, m) * BQ, sq.tb);
+        for (int half = 0; half < DV / 64; half++) tma_load(sm.dout[st][half], &tdo, &sm.do_full[st], 64 * half, item_hq(it, hq), sq.first_q + item_m(it, m) * BQ - off, sq.tb);
         if (BULK) bulk_load(sm.delta[st], p.delta + item_hq(it, hq) * p.lse_rows + bwd_lse_row(p, sq, bb, item_m(it, m) * BQ), BQ * 4, &sm.do_full[st]);
       }
       // HP_PREFETCH: K and V of the CTA that starts about when this one ends (hp_cta_lin), its first loads
@@ -487,8 +507,8 @@ __global__ void __launch_bounds__(THREADS, 1)
           float l[NR];
 #pragma unroll
           for (int k = 0; k < NR; k++) {
-            const int r = lane + 32 * k, i = item_m(it, m) * BQ + r;
-            l[k] = r < BQ && i < len_q ? p.lse[bwd_at(p.lse_st, sq.first_q, i, item_hq(it, hq), sq.tb)] : -INFINITY;
+            const int r = lane + 32 * k, i = item_m(it, m) * BQ - off + r;
+            l[k] = r < BQ && (!RAG || i >= 0) && i < len_q ? p.lse[bwd_at(p.lse_st, sq.first_q, i, item_hq(it, hq), sq.tb)] : -INFINITY;
           }
           if (round > 0) mbar_wait(&sm.q_empty[st], (round - 1) & 1, &sm.fail, p.err);
 #pragma unroll
@@ -504,15 +524,15 @@ __global__ void __launch_bounds__(THREADS, 1)
           const uint32_t round = it / 2;
           if (round > 0) mbar_wait(&sm.q_empty[st], (round - 1) & 1, &sm.fail, p.err);
           for (int r = lane; r < BQ; r += 32) {
-            const int i = item_m(it, m) * BQ + r;
-            const float l = i < len_q ? p.lse[bwd_at(p.lse_st, sq.first_q, i, item_hq(it, hq), sq.tb)] : -INFINITY;
+            const int i = item_m(it, m) * BQ - off + r;
+            const float l = (!RAG || i >= 0) && i < len_q ? p.lse[bwd_at(p.lse_st, sq.first_q, i, item_hq(it, hq), sq.tb)] : -INFINITY;
             sm.lse2[st][r] = l == -INFINITY ? INFINITY : l * 1.4426950408889634f;
           }
           mbar_arrive(&sm.q_full[st]);
           if (round > 0) mbar_wait(&sm.do_empty[st], (round - 1) & 1, &sm.fail, p.err);
           for (int r = lane; r < BQ; r += 32) {
-            const int i = item_m(it, m) * BQ + r;
-            sm.delta[st][r] = i < len_q ? p.delta[item_hq(it, hq) * p.ws_rows + bwd_ws_row(p, sq, bb, i)] : 0.0f;
+            const int i = item_m(it, m) * BQ - off + r;
+            sm.delta[st][r] = (!RAG || i >= 0) && i < len_q ? p.delta[item_hq(it, hq) * p.ws_rows + bwd_ws_row(p, sq, bb, i)] : 0.0f;
           }
           mbar_arrive(&sm.do_full[st]);
         }
@@ -528,8 +548,8 @@ __global__ void __launch_bounds__(THREADS, 1)
         float d[NR]; // loaded before the stage's wait, as warp 9's lse2 rows
 #pragma unroll
         for (int k = 0; k < NR; k++) {
-          const int r = lane + 32 * k, i = item_m(it, m) * BQ + r;
-          d[k] = r < BQ && i < len_q ? p.delta[item_hq(it, hq) * p.ws_rows + bwd_ws_row(p, sq, bb, i)] : 0.0f;
+          const int r = lane + 32 * k, i = item_m(it, m) * BQ - off + r;
+          d[k] = r < BQ && (!RAG || i >= 0) && i < len_q ? p.delta[item_hq(it, hq) * p.ws_rows + bwd_ws_row(p, sq, bb, i)] : 0.0f;
         }
         if (round > 0) mbar_wait(&sm.do_empty[st], (round - 1) & 1, &sm.fail, p.err);
 #pragma unroll
@@ -542,10 +562,11 @@ __global__ void __launch_bounds__(THREADS, 1)
       dl_pdl_wait(); // the accumulator's rows: zeroed by the prep
       int hq = hq0, m = m0;
       for (int it = 0; it < items; it++, m = m + 1 == m_hi ? (hq++, m_lo) : m + 1) {
-        const int i0 = item_m(it, m) * BQ;
+        const int i0 = item_m(it, m) * BQ - off, lo = RAG ? max(i0, 0) : i0; // (rows below 0: none of the sequence's)
         mbar_wait(&sm.dq_full, (uint32_t)it & 1u, &sm.fail, p.err);
-        const int rows = min(BQ, len_q - i0); // not into the next sequence's rows
-        bulk_reduce_add(p.dq_acc + (item_hq(it, hq) * p.ws_rows + bwd_ws_row(p, sq, bb, i0)) * DQK, sm.dq, (uint32_t)(rows * DQK * 4));
+        const int rows = min(BQ, len_q - i0) - (lo - i0); // not into the next sequence's rows, nor the last's
+        bulk_reduce_add(p.dq_acc + (item_hq(it, hq) * p.ws_rows + bwd_ws_row(p, sq, bb, lo)) * DQK, sm.dq + (lo - i0) * DQK,
+                        (uint32_t)(rows * DQK * 4));
         bulk_commit();
         bulk_wait_read();
         mbar_arrive(&sm.dq_empty);
@@ -619,16 +640,16 @@ __global__ void __launch_bounds__(THREADS, 1)
   // S^T = K_c Q^T and dP^T = V_c dO^T of item it issued (two commit groups), once its stage is in and
   // the query rows past the sequence are zeros (Q and dO are B of dK and dV)
   auto stage_in = [&](int it) {
-    const int st = it % 2, i0 = item_m(it, mb) * BQ;
+    const int st = it % 2, i0 = item_m(it, mb) * BQ - off;
     const uint32_t ph = (uint32_t)(it / 2) & 1u;
     if (LOOP == BWD_ORDER) HP_BT(it, BT_HEAD);
     mbar_wait(&sm.q_full[st], ph, &sm.fail, p.err);
     if (LOOP == BWD_ORDER) HP_BT(it, BT_QWAIT);
     mbar_wait(&sm.do_full[st], ph, &sm.fail, p.err);
-    if (len_q - i0 < BQ) {
+    if (len_q - i0 < BQ || (RAG && i0 < 0)) { // (i0 < 0: off's first item)
       if (c == 0) {
-        zero_rows<DQK>(hp_smem_u32(sm.q[st][0]), BQ, len_q - i0, tid);
-        zero_rows<DV>(hp_smem_u32(sm.dout[st][0]), BQ, len_q - i0, tid);
+        zero_rows<DQK>(hp_smem_u32(sm.q[st][0]), BQ, len_q - i0, tid, RAG ? -i0 : 0);
+        zero_rows<DV>(hp_smem_u32(sm.dout[st][0]), BQ, len_q - i0, tid, RAG ? -i0 : 0);
       }
       fence_proxy_async();
       named_bar_sync(2, 256);
@@ -669,7 +690,7 @@ __global__ void __launch_bounds__(THREADS, 1)
   };
   auto visible = [&](int i0, int j, int e) {
     const int key = n0 + kr + 8 * (e >> 1), qi = i0 + 8 * j + 2 * (lane % 4) + (e & 1);
-    return (key < len_kv) & (qi < len_q) & hp_visible(qi, key, shift, wl, wr);
+    return (key < len_kv) & (!RAG | (qi >= 0)) & (qi < len_q) & hp_visible(qi, key, shift, wl, wr);
   };
   auto pack_pa = [&](const float(&s)[BQ / 2]) {
 #pragma unroll
@@ -678,13 +699,13 @@ __global__ void __launch_bounds__(THREADS, 1)
   // P^T once S^T is in, dS^T = P^T (dP^T - D) once dP^T is in (the two newest commit groups), the mask
   // where the block needs one; both packed to bf16 (pa, da)
   auto p_and_ds = [&](int it, float(&s)[BQ / 2], float(&dp)[BQ / 2]) {
-    const int st = it % 2, i0 = item_m(it, mb) * BQ;
+    const int st = it % 2, i0 = item_m(it, mb) * BQ - off;
     float2 l2[BQ / 8], dd[BQ / 8]; // (unread where !EARLY: each loaded where it is used, after the wait)
     if constexpr (EARLY) load_rows2(sm.lse2[st], l2);
     wg_wait<1>(); // S^T and dP^T are the two newest commit groups
     exp_p(st, l2, s);
     if constexpr (EARLY) load_rows2(sm.delta[st], dd);
-    const bool diag = key_hi >= len_kv || i0 + BQ - 1 >= len_q || (wr >= 0 && key_hi - i0 > shift + wr) ||
+    const bool diag = key_hi >= len_kv || i0 + BQ - 1 >= len_q || (RAG && i0 < 0) || (wr >= 0 && key_hi - i0 > shift + wr) ||
                       (wl >= 0 && key_lo - (i0 + BQ - 1) < shift - wl);
     wg_wait<0>();
 #pragma unroll
@@ -719,13 +740,13 @@ __global__ void __launch_bounds__(THREADS, 1)
   // needs it, into pa. dP^T is not masked: a P^T of 0 makes dS^T 0, and dP^T is finite (the rows past a
   // sequence, of V and dO, are zeros in shared memory).
   auto p_only = [&](int it, float(&s)[BQ / 2]) {
-    const int st = it % 2, i0 = item_m(it, mb) * BQ;
+    const int st = it % 2, i0 = item_m(it, mb) * BQ - off;
     float2 l2[BQ / 8];
     load_rows2(sm.lse2[st], l2); // (BQ 64: EARLY)
     wg_wait<1>();
     exp_p(st, l2, s);
     // written out as in p_and_ds: as one shared lambda, ptxas scheduled this kernel's prologue differently
-    const bool diag = key_hi >= len_kv || i0 + BQ - 1 >= len_q || (wr >= 0 && key_hi - i0 > shift + wr) ||
+    const bool diag = key_hi >= len_kv || i0 + BQ - 1 >= len_q || (RAG && i0 < 0) || (wr >= 0 && key_hi - i0 > shift + wr) ||
                       (wl >= 0 && key_lo - (i0 + BQ - 1) < shift - wl);
     if (diag) {
 #pragma unroll

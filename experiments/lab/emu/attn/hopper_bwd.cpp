@@ -208,6 +208,7 @@ template <int D, int LOOP = BWD_ORDER, bool ELECT = false, bool BULK = false, in
                   tk = hp_map(k, D, h_kv, sk, rows_kv, tb, BN), tv = hp_map(v, D, h_kv, sk, rows_kv, tb, BN);
   bwd_params_t p{};
   p.next_ctas = 1 + (int)(seed % 5); // HP_PREFETCH's stride (the GPU's SMs), small so that most CTAs prefetch
+  p.rag_first = seed % 4 != 0;        // the short item first (hp_bwd_row_off) in three runs of four
   p.b = b, p.h = h, p.h_kv = h_kv, p.s_q = s, p.s_kv = s_kv;
   p.window_left = mk.wl, p.window_right = mk.wr, p.bottom_right = mk.br;
   p.scale = (float)scale, p.scale_log2 = (float)(scale * 1.4426950408889634);
@@ -251,6 +252,14 @@ template <int D, int LOOP = BWD_ORDER, bool ELECT = false, bool BULK = false, in
           for (int c = 0; c < D; c++) dq_acc[(hh * p.ws_rows + wsr(bb, i)) * D + c] = 0.0f;
         }
   const int nb = (s_kv + BN - 1) / BN;
+  // the kernel dl.attn launches: RAG's where the host sets rag_first (attn_hopper.cu: M80 and M128 under a
+  // window bounding the keys on the right), so that the RAG kernels see offsets 0 (bshd at a multiple) too
+  const bool rag = BQ != 64 && !ELECT && p.rag_first && mk.wr >= 0;
+  auto kern = [&] {
+    if constexpr (BQ != 64 && !ELECT)
+      if (rag) return bwd_kernel<D, D, LOOP, ELECT, BULK, BQ, true>(tq, tk, tv, tdo, p);
+    bwd_kernel<D, D, LOOP, ELECT, BULK, BQ>(tq, tk, tv, tdo, p);
+  };
   const bool split = g_split > 0 && mk.wl < 0 && mk.wr < 0 && BQ != BWD_BQ; // bwd_kernel's SPLIT
   std::vector<float> split_acc;
   std::vector<int> split_count;
@@ -262,7 +271,7 @@ template <int D, int LOOP = BWD_ORDER, bool ELECT = false, bool BULK = false, in
     const int grid = p.split_first + (blocks - p.split_first) * g_split;
     for (int x = grid - 1; x >= 0; x--)
       if (!hp_run_cta(dim3(x, 0, 0), dim3(grid, 1, 1), THREADS, sizeof(bwd_smem_t<D, D, BQ>),
-                      [&] { bwd_kernel<D, D, LOOP, ELECT, BULK, BQ>(tq, tk, tv, tdo, p); }))
+                      kern))
         return false;
     for (size_t i = 0; i < split_count.size(); i++) { // every part of a block arrives; none where the block
       const int blk = p.split_first + (int)i;     // lies past its sequence's keys (they return at the top)
@@ -277,7 +286,7 @@ template <int D, int LOOP = BWD_ORDER, bool ELECT = false, bool BULK = false, in
       for (int y = 0; y < h_kv; y++)
         for (int x = 0; x < nb; x++)
           if (!hp_run_cta(dim3(x, y, z), dim3(nb, h_kv, b), THREADS, sizeof(bwd_smem_t<D, D, BQ>),
-                          [&] { bwd_kernel<D, D, LOOP, ELECT, BULK, BQ>(tq, tk, tv, tdo, p); }))
+                          kern))
             return false;
   if (!hp_prefetch_check("bwd")) return false;
   const int mb = (s + BWD_BQ - 1) / BWD_BQ;
@@ -354,9 +363,9 @@ template <int D, int LOOP = BWD_ORDER, bool ELECT = false, bool BULK = false, in
     caught = caught && (e->den == 0 || e->pw() > tol_nw);
   }
   const std::string what = sq_.what(true);
-  printf("bwd d=%d%s%s%s%s%s %s h=%d/%d window (%d,%d)%s%s: dq %.2e/%.2e dk %.2e/%.2e dv %.2e/%.2e (normwise/elementwise), "
+  printf("bwd d=%d%s%s%s%s%s %s h=%d/%d window (%d,%d)%s%s%s: dq %.2e/%.2e dk %.2e/%.2e dv %.2e/%.2e (normwise/elementwise), "
          "stray %zu; planted 2%%: %.1e %.1e %.1e %s -> %s\n",
-         D, split ? (" split " + std::to_string(g_split)).c_str() : "", BQ == 80 ? " m80" : BQ == 128 ? " m128" : "", LOOP == BWD_TURNS ? " turns" : LOOP == BWD_STEP ? " step" : "", ELECT ? " elect" : "", BULK ? " bulk" : "", what.c_str(), h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", accumulate ? " accumulate" : "", eq.nw(), eq.emax(),
+         D, split ? (" split " + std::to_string(g_split)).c_str() : "", BQ == 80 ? " m80" : BQ == 128 ? " m128" : "", LOOP == BWD_TURNS ? " turns" : LOOP == BWD_STEP ? " step" : "", ELECT ? " elect" : "", BULK ? " bulk" : "", what.c_str(), h, h_kv, mk.wl, mk.wr, mk.br ? " bottom-right" : "", rag ? " rag-first" : "", accumulate ? " accumulate" : "", eq.nw(), eq.emax(),
          ek.nw(), ek.emax(), ev.nw(), ev.emax(), stray, eq.pw(), ek.pw(), ev.pw(), caught ? "caught" : "MISSED",
          ok && caught ? "ok" : "FAIL");
   return ok && caught;
