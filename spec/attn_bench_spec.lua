@@ -82,3 +82,57 @@ describe("attn_bench --gqa", function()
     os.execute("rm -rf " .. dir)
   end)
 end)
+
+describe("attn_bench with an erratic anchor run", function()
+  -- a second anchor run whose FA4 times are those of torch.csv over `slow` (runs: torch.csv, torch2.csv)
+  local function second_run(dir, slow)
+    local out = {}
+    for line in io.lines(dir .. "/torch.csv") do
+      local impl, lay, mask, s, fm, bm, rest = line:match("^(fa4),([^,]+),([^,]+),(%d+),([^,]+),([^,]+),[^,]+,(.*)$")
+      if impl then
+        fm, bm = tonumber(fm) * slow, tonumber(bm) * slow
+        local flops = 4 * B * NH * tonumber(s) * tonumber(s) * 64
+        local tf, tb, tt = flops / fm / 1e9, 2.5 * flops / bm / 1e9, 3.5 * flops / (fm + bm) / 1e9
+        rest = rest:gsub("^[^,]+,[^,]+,[^,]+", string.format("%.2f,%.2f,%.2f", tf, tb, tt))
+        line = string.format("%s,%s,%s,%s,%.4f,%.4f,%.4f,%s", impl, lay, mask, s, fm, bm, fm + bm, rest)
+      end
+      out[#out + 1] = line
+    end
+    local f = assert(io.open(dir .. "/torch2.csv", "w"))
+    f:write(table.concat(out, "\n") .. "\n")
+    f:close()
+  end
+  local function assemble(dir)
+    local rc, log = H.distlab(string.format("run -n 1 --device cpu experiments/attn/attn_bench.lua --s 4096,8192 " ..
+      "--d 64 --backends ours --measured %s/attn-distlab.csv --torch %s/torch.csv,%s/torch2.csv --out %s/out --tag t",
+      dir, dir, dir, dir))
+    assert.equal(0, rc, log)
+    local md = assert(io.open(dir .. "/out/attn-t.md")):read("*a")
+    local got = {}
+    for s, f4, target in md:gmatch("\n| bshd | none | (%d+) | [^|]+ | [^|]+ | ([^|]+) | [^\n]-| ([a-z]+) | [^|\n]* | [^|\n]* |") do
+      got[tonumber(s)] = { f4, target }
+    end
+    return got, md
+  end
+  it("takes the anchor's faster run where its runs differ by more than 5%, marked, and its mean otherwise", function()
+    local dir = H.tmpname("")
+    os.execute("mkdir -p " .. dir)
+    -- ours at 0.94x FA4's faster run, whose other run is 1.3x slower: the mean (0.82x the faster) would read ours at
+    -- 1.08x and "met"; the faster run reads 0.94x, below d 64's 0.95
+    write_csvs(dir, 64, 0.94)
+    second_run(dir, 1.3)
+    local got, md = assemble(dir)
+    assert.same("below", got[4096][2], md)
+    assert.same("below", got[8192][2], md)
+    assert.truthy(got[4096][1]:find("%*$"), md)
+    assert.truthy(md:find("* 4 anchor figures above from the fastest of the call's runs, not their mean", 1, true), md)
+    -- runs 3% apart: the mean, unmarked (ours 0.97x the faster run, ~0.985x the mean: met)
+    write_csvs(dir, 64, 0.97)
+    second_run(dir, 1.03)
+    got, md = assemble(dir)
+    assert.same("met", got[4096][2], md)
+    assert.falsy(got[4096][1]:find("*", 1, true), md)
+    assert.falsy(md:find("from the fastest of the call's runs", 1, true), md)
+    os.execute("rm -rf " .. dir)
+  end)
+end)

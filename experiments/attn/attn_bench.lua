@@ -30,7 +30,8 @@
 -- Writes DIR/attn-distlab.{md,csv} (default experiments/results/attn).
 -- --torch reads experiments/attn/attn_bench_torch.py's CSVs (cudnn.sh runs
 -- it before and after this; each figure is the mean of the runs, so a drift
--- of the card's clocks cancels, and both runs are listed) and also writes
+-- of the card's clocks cancels, and both runs are listed; the fastest run, marked
+-- *, where they differ by more than 5%: an erratic run) and also writes
 -- DIR/attn-TAG.md (TAG: the GPU model, e.g. h200): ours against the faster
 -- of FlashAttention-4 and cuDNN (PyTorch's SDPA or our cudnn backend,
 -- whichever ran faster; thd: FA4 varlen and our cudnn backend), target
@@ -61,7 +62,7 @@ local h = bench.harness {
     { "min-ms", "number", 600, "timed work per case (ms)" },
     { "backends", "list", "ours", "dl.attn backends to time", values = { "ours", "cudnn" } },
     { "torch", "string", nil, "attn_bench_torch.py's CSVs of the same run, comma separated: also write " ..
-      "the combined table attn-TAG.md (figures: the mean of the runs)", meta = "CSVS" },
+      "the combined table attn-TAG.md (figures: the mean of the runs; their fastest where they differ by more than 5%)", meta = "CSVS" },
     { "measured", "string", nil, "our figures from this bench's attn-distlab.csv of the same run", meta = "CSV" },
     { "check-elements", "int", 100000, "output elements of out (and of dq) the fp64 check covers per shape " ..
       "(query rows: this / d; key rows for dk, dv: a quarter as many)", meta = "N" },
@@ -72,6 +73,9 @@ local D = A.d
 local G = A.gqa
 if G < 1 then dl.fail("attn_bench: --gqa %d: query heads per kv head, at least 1", G) end
 local B, NH = 2, h.quick and 2 * G or 16
+-- an anchor's runs further apart than this ratio (FA4's d 64 causal 4k forward: 316 then 454 TFLOP/s in one call) give
+-- the table their fastest, not their mean
+local WIDE = 1.05
 if NH % G ~= 0 then dl.fail("attn_bench: --gqa %d must divide the %d query heads", G, NH) end
 local HKV = math.floor(NH / G) -- kv heads
 local heads = G == 1 and string.format("h=%d", NH) or string.format("h=%d, h_kv=%d (GQA %d:1)", NH, HKV, G)
@@ -262,7 +266,8 @@ print("wrote " .. h:path("attn-distlab.md") .. " and .csv")
 -- ---- the combined table -------------------------------------------------------------
 
 if A.torch then
-  -- torch[impl/layout/mask/s] = {fwd, bwd, f+b TFLOP/s: the mean over the runs; runs = "a / b" fwd, bwd}
+  -- torch[impl/layout/mask/s] = {fwd, bwd, f+b TFLOP/s: the mean over the runs, or the fastest run where the runs
+  -- differ by more than WIDE (wide[i]: an erratic anchor must not make ours look faster); runs = "a / b" fwd, bwd}
   local torch, nruns, num = {}, 0, bench.csv.number -- "nan": did not run
   local anchor_libs = {} -- the anchors' libraries, as their CSVs name them
   for file in A.torch:gmatch("[^,]+") do
@@ -277,16 +282,22 @@ if A.torch then
         anchor_libs[#anchor_libs + 1] = t.torch
       end
       local key = t.impl .. "/" .. t.layout .. "/" .. t.mask .. "/" .. t.s
-      local e = torch[key] or { sum = { 0, 0, 0 }, n = { 0, 0, 0 }, runs = { {}, {} } }
+      local e = torch[key] or { sum = { 0, 0, 0 }, n = { 0, 0, 0 }, hi = {}, lo = {}, wide = {}, runs = { {}, {} } }
       torch[key] = e
       for i, v in ipairs({ num(t.fwd_tflops), num(t.bwd_tflops), num(t.fwdbwd_tflops) }) do
-        if v then e.sum[i], e.n[i] = e.sum[i] + v, e.n[i] + 1 end
+        if v then
+          e.sum[i], e.n[i] = e.sum[i] + v, e.n[i] + 1
+          e.hi[i], e.lo[i] = math.max(e.hi[i] or v, v), math.min(e.lo[i] or v, v)
+        end
         if i <= 2 then e.runs[i][#e.runs[i] + 1] = v and string.format("%.0f", v) or "-" end
       end
     end
   end
   for _, e in pairs(torch) do
-    for i = 1, 3 do e[i] = e.n[i] > 0 and e.sum[i] / e.n[i] or nil end
+    for i = 1, 3 do
+      e[i] = e.n[i] > 0 and e.sum[i] / e.n[i] or nil
+      if e[i] and e.hi[i] > WIDE * e.lo[i] then e[i], e.wide[i] = e.hi[i], true end
+    end
     e.runs = table.concat(e.runs[1], " / ") .. " ; " .. table.concat(e.runs[2], " / ")
   end
   -- PyTorch's figures for a row, each direction its own: thd ones where it ran thd, else its bshd ones
@@ -295,19 +306,21 @@ if A.torch then
   local function anchor(impl, r)
     local own = torch[impl .. "/" .. r.layout .. "/" .. r.mask .. "/" .. r.s] or {}
     local dense = torch[impl .. "/bshd/" .. r.mask .. "/" .. r.s] or {}
-    local a = { mark = {}, few = {}, runs = own.runs or dense.runs or "—" }
+    local a = { mark = {}, few = {}, wide = {}, runs = own.runs or dense.runs or "—" }
     for i = 1, 3 do
       a[i] = own[i] or dense[i]
       a.mark[i] = (not own[i] and dense[i] and r.layout ~= "bshd") and "†" or ""
       local from = own[i] and own or dense[i] and dense
       a.few[i] = from and from.n[i] < nruns and "¹" or ""
+      a.wide[i] = from and from.wide[i] and "*" or ""
     end
     return a
   end
-  local nfew = 0 -- anchor figures in the table from fewer runs than the call made
-  local function cell(v, mark, few)
+  local nfew, nwide = 0, 0 -- anchor figures in the table from fewer runs than the call made; from the fastest run
+  local function cell(v, mark, few, wide)
     if v and few and few ~= "" then nfew = nfew + 1 end
-    return v and string.format("%.0f%s%s", v, mark or "", few or "") or "—"
+    if v and wide and wide ~= "" then nwide = nwide + 1 end
+    return v and string.format("%.0f%s%s%s", v, mark or "", few or "", wide or "") or "—"
   end
   -- dl.attn's cudnn backend's own figures for a row (this run), the cuDNN route thd has
   local ours_cudnn = {}
@@ -317,12 +330,16 @@ if A.torch then
   -- the faster cuDNN of PyTorch's SDPA and dl.attn's cudnn backend, per direction, and which it was
   local function best_cudnn(r)
     local py, dc = anchor("cudnn", r), ours_cudnn[r.layout .. "/" .. r.mask .. "/" .. r.s]
-    local b = { mark = {}, few = {} }
+    local b = { mark = {}, few = {}, wide = {} }
     local ours = { dc and dc.fwd, dc and dc.bwd, dc and dc.fwdbwd }
     for i = 1, 3 do
       local v, p = ours[i], py.mark[i] == "" and py[i] or nil -- no bshd stand-in for a thd row
-      b.few[i] = ""
-      if p and (not v or p >= v) then b[i], b.mark[i], b.few[i] = p, "", py.few[i] elseif v then b[i], b.mark[i] = v, "‡" end
+      b.few[i], b.wide[i] = "", ""
+      if p and (not v or p >= v) then
+        b[i], b.mark[i], b.few[i], b.wide[i] = p, "", py.few[i], py.wide[i]
+      elseif v then
+        b[i], b.mark[i] = v, "‡"
+      end
     end
     return b
   end
@@ -336,13 +353,15 @@ if A.torch then
   local target_text = D == 128 and ">= 1.0x the faster of FA4 and cuDNN forward and backward at s >= 8k, >= 0.95x at 4k"
     or ">= 0.95x the faster of FA4 and cuDNN forward and backward at every s (d " .. D .. ")"
   local out = { string.format("Anchors from `experiments/attn/attn_bench_torch.py`, %d run%s in the same call as " ..
-    "ours (before and after it; each figure the mean): FlashAttention-4 (flash_attn.cute, `scripts/fetch-fa4.sh`; " ..
+    "ours (before and after it; each figure the mean, or the fastest run where they differ by more than %.0f%%: *): " ..
+    "FlashAttention-4 (flash_attn.cute, `scripts/fetch-fa4.sh`; " ..
     "bshd through flash_attn_func, thd through flash_attn_varlen_func with the same cu_seqlens), PyTorch SDPA's " ..
     "cuDNN on [b, h, s, d] views of bshd tensors, and SDPA's flash (FlashAttention-2, a labelled extra column; " ..
     "%s). cuDNN is the faster of PyTorch's cuDNN SDPA and " ..
     "dl.attn's cudnn backend (this run; ‡ where ours was the faster, and on thd, where PyTorch's cuDNN path is " ..
     "not run: with PyTorch 2.11 it gave a wrong dq and an illegal memory access, attn_bench_torch.py's header). " ..
     "TFLOP/s; ratios: ours over the faster of FA4 and cuDNN; target (issue 52): %s.%s", nruns, nruns == 1 and "" or "s",
+    (WIDE - 1) * 100,
     has_flash and "thd on nested jagged tensors: its varlen kernels" or "not in this call's anchor runs: its columns are —",
     target_text, G == 1 and "" or string.format(" GQA %d:1 (%d query heads, %d kv heads) on every side: FA4 and " ..
       "SDPA take the kv heads as they are (SDPA with enable_gqa), as dl.attn does; FLOPs count the query heads.",
@@ -370,8 +389,9 @@ if A.torch then
     end
     local function ratio(x) return x and string.format("%.3f", x) or "—" end
     out[#out + 1] = string.format("| %s | %s | %d | %.0f | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %s |",
-      r.layout, r.mask, r.s, r.fwd, r.bwd, cell(own(f4, 1), "", f4.few[1]), cell(own(f4, 2), "", f4.few[2]),
-      cell(cu[1], cu.mark[1], cu.few[1]), cell(cu[2], cu.mark[2], cu.few[2]), ratio(rf), ratio(rb), target,
+      r.layout, r.mask, r.s, r.fwd, r.bwd, cell(own(f4, 1), "", f4.few[1], f4.wide[1]),
+      cell(own(f4, 2), "", f4.few[2], f4.wide[2]), cell(cu[1], cu.mark[1], cu.few[1], cu.wide[1]),
+      cell(cu[2], cu.mark[2], cu.few[2], cu.wide[2]), ratio(rf), ratio(rb), target,
       cell(own(fl, 1), "", fl.few[1]), cell(own(fl, 2), "", fl.few[2]))
     short[#short + 1] = string.format("%-4s %-6s %6d  ours %4.0f/%4.0f  fa4 %4s/%4s  cudnn %4s/%4s  ratio %s/%s  %s",
       r.layout, r.mask, r.s, r.fwd, r.bwd, cell(own(f4, 1)), cell(own(f4, 2)), cell(cu[1], cu.mark[1]),
@@ -384,6 +404,16 @@ if A.torch then
       "mean of those that have it).", nfew, nfew == 1 and "" or "s", nruns)
     out[#out + 1] = ""
   end
+  -- the note under a table whose cells took an anchor's fastest run (nwide of them since the last note)
+  local function wide_note()
+    if nwide == 0 then return end
+    out[#out + 1] = string.format("* %d anchor figure%s above from the fastest of the call's runs, not their mean: the " ..
+      "runs differed by more than %.0f%% (each run's figures: the anchors' CSVs), so an erratic run cannot make ours " ..
+      "look faster.", nwide, nwide == 1 and "" or "s", (WIDE - 1) * 100)
+    out[#out + 1] = ""
+    nwide = 0
+  end
+  wide_note()
   out[#out + 1] = string.format("Target (issue 52) met at %d of %d shapes.", tmet, tn)
   -- dl.attn's cudnn backend against PyTorch's cuDNN SDPA (issue 18: >= 0.95 x, fwd and bwd, every shape)
   local cshort, met, n = {}, 0, 0
@@ -411,8 +441,9 @@ if A.torch then
       end
       local function ratio(x) return x and string.format("%.3f", x) or "—" end
       out[#out + 1] = string.format("| %s | %s | %d | %.0f | %.0f | %.0f | %s | %s | %s | %s | %s | %s | %s | %s | %s |",
-        r.layout, r.mask, r.s, r.fwd, r.bwd, r.fwdbwd, cell(cu[1], cu.mark[1]), cell(cu[2], cu.mark[2]),
-        cell(cu[3], cu.mark[3]), cu.runs, cell(fl[1], fl.mark[1]), cell(fl[2], fl.mark[2]), ratio(rf), ratio(rb), target)
+        r.layout, r.mask, r.s, r.fwd, r.bwd, r.fwdbwd, cell(cu[1], cu.mark[1], nil, cu.wide[1]),
+        cell(cu[2], cu.mark[2], nil, cu.wide[2]), cell(cu[3], cu.mark[3], nil, cu.wide[3]), cu.runs,
+        cell(fl[1], fl.mark[1], nil, fl.wide[1]), cell(fl[2], fl.mark[2], nil, fl.wide[2]), ratio(rf), ratio(rb), target)
       cshort[#cshort + 1] = string.format("%-4s %-6s %6d  cudnn %4.0f/%4.0f  torch-cudnn %4s/%4s  ratio %s/%s  %s",
         r.layout, r.mask, r.s, r.fwd, r.bwd, cell(cu[1], cu.mark[1]), cell(cu[2], cu.mark[2]), ratio(rf), ratio(rb),
         target)
@@ -420,6 +451,7 @@ if A.torch then
   end
   if n > 0 then
     out[#out + 1] = ""
+    wide_note()
     out[#out + 1] = string.format("Target met at %d of %d shapes.", met, n)
   end
   out[#out + 1] = ""
