@@ -157,6 +157,21 @@ describe("bench stats and timing", function()
     assert.matches("no times", err(bench.stats, {}))
   end)
 
+  it("an anchor's figure from its runs: the mean, or the best where the runs are more than 5% apart", function()
+    local v, wide = bench.anchor({ 100, 104 }, "high")
+    assert.equal(102, v)
+    assert.is_false(wide)
+    v, wide = bench.anchor({ 316, 454 }, "high") -- FA4's d 64 causal 4k forward in one call
+    assert.equal(454, v)
+    assert.is_true(wide)
+    v, wide = bench.anchor({ 1.3, 1.0 }, "low") -- times: the shortest
+    assert.equal(1.0, v)
+    assert.is_true(wide)
+    assert.equal(2.0, (bench.anchor({ nil, 2.0 }, "low"))) -- a run without the figure is skipped
+    assert.is_nil((bench.anchor({}, "high")))
+    assert.matches('better must be "high" or "low"', err(bench.anchor, { 1 }, "fast"))
+  end)
+
   it("times a function with events, a graph replay, a loop and the host clock (cpu)", function()
     local t = dl.zeros({ 16 }, { device = "cpu" })
     local calls = 0

@@ -73,9 +73,6 @@ local D = A.d
 local G = A.gqa
 if G < 1 then dl.fail("attn_bench: --gqa %d: query heads per kv head, at least 1", G) end
 local B, NH = 2, h.quick and 2 * G or 16
--- an anchor's runs further apart than this ratio (FA4's d 64 causal 4k forward: 316 then 454 TFLOP/s in one call) give
--- the table their fastest, not their mean
-local WIDE = 1.05
 if NH % G ~= 0 then dl.fail("attn_bench: --gqa %d must divide the %d query heads", G, NH) end
 local HKV = math.floor(NH / G) -- kv heads
 local heads = G == 1 and string.format("h=%d", NH) or string.format("h=%d, h_kv=%d (GQA %d:1)", NH, HKV, G)
@@ -266,8 +263,8 @@ print("wrote " .. h:path("attn-distlab.md") .. " and .csv")
 -- ---- the combined table -------------------------------------------------------------
 
 if A.torch then
-  -- torch[impl/layout/mask/s] = {fwd, bwd, f+b TFLOP/s: the mean over the runs, or the fastest run where the runs
-  -- differ by more than WIDE (wide[i]: an erratic anchor must not make ours look faster); runs = "a / b" fwd, bwd}
+  -- torch[impl/layout/mask/s] = {fwd, bwd, f+b TFLOP/s: bench.anchor's figure of the runs (their mean, or their
+  -- fastest where they are far apart: wide[i]); runs = "a / b" fwd, bwd}
   local torch, nruns, num = {}, 0, bench.csv.number -- "nan": did not run
   local anchor_libs = {} -- the anchors' libraries, as their CSVs name them
   for file in A.torch:gmatch("[^,]+") do
@@ -282,22 +279,16 @@ if A.torch then
         anchor_libs[#anchor_libs + 1] = t.torch
       end
       local key = t.impl .. "/" .. t.layout .. "/" .. t.mask .. "/" .. t.s
-      local e = torch[key] or { sum = { 0, 0, 0 }, n = { 0, 0, 0 }, hi = {}, lo = {}, wide = {}, runs = { {}, {} } }
+      local e = torch[key] or { vals = { {}, {}, {} }, n = { 0, 0, 0 }, wide = {}, runs = { {}, {} } }
       torch[key] = e
       for i, v in ipairs({ num(t.fwd_tflops), num(t.bwd_tflops), num(t.fwdbwd_tflops) }) do
-        if v then
-          e.sum[i], e.n[i] = e.sum[i] + v, e.n[i] + 1
-          e.hi[i], e.lo[i] = math.max(e.hi[i] or v, v), math.min(e.lo[i] or v, v)
-        end
+        if v then e.vals[i][#e.vals[i] + 1], e.n[i] = v, e.n[i] + 1 end
         if i <= 2 then e.runs[i][#e.runs[i] + 1] = v and string.format("%.0f", v) or "-" end
       end
     end
   end
   for _, e in pairs(torch) do
-    for i = 1, 3 do
-      e[i] = e.n[i] > 0 and e.sum[i] / e.n[i] or nil
-      if e[i] and e.hi[i] > WIDE * e.lo[i] then e[i], e.wide[i] = e.hi[i], true end
-    end
+    for i = 1, 3 do e[i], e.wide[i] = bench.anchor(e.vals[i], "high") end
     e.runs = table.concat(e.runs[1], " / ") .. " ; " .. table.concat(e.runs[2], " / ")
   end
   -- PyTorch's figures for a row, each direction its own: thd ones where it ran thd, else its bshd ones
@@ -361,7 +352,7 @@ if A.torch then
     "dl.attn's cudnn backend (this run; ‡ where ours was the faster, and on thd, where PyTorch's cuDNN path is " ..
     "not run: with PyTorch 2.11 it gave a wrong dq and an illegal memory access, attn_bench_torch.py's header). " ..
     "TFLOP/s; ratios: ours over the faster of FA4 and cuDNN; target (issue 52): %s.%s", nruns, nruns == 1 and "" or "s",
-    (WIDE - 1) * 100,
+    (bench.timing.ANCHOR_WIDE - 1) * 100,
     has_flash and "thd on nested jagged tensors: its varlen kernels" or "not in this call's anchor runs: its columns are —",
     target_text, G == 1 and "" or string.format(" GQA %d:1 (%d query heads, %d kv heads) on every side: FA4 and " ..
       "SDPA take the kv heads as they are (SDPA with enable_gqa), as dl.attn does; FLOPs count the query heads.",
@@ -409,7 +400,7 @@ if A.torch then
     if nwide == 0 then return end
     out[#out + 1] = string.format("* %d anchor figure%s above from the fastest of the call's runs, not their mean: the " ..
       "runs differed by more than %.0f%% (each run's figures: the anchors' CSVs), so an erratic run cannot make ours " ..
-      "look faster.", nwide, nwide == 1 and "" or "s", (WIDE - 1) * 100)
+      "look faster.", nwide, nwide == 1 and "" or "s", (bench.timing.ANCHOR_WIDE - 1) * 100)
     out[#out + 1] = ""
     nwide = 0
   end

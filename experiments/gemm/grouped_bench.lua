@@ -18,7 +18,8 @@
 --     --iters N, --warm-ms, --min-ms   timed calls per row at least, warm-up and timed work
 --                      per row (default 10, 50, 150)
 --     --torch CSVS     grouped_torch.py's CSVs of the same device call (before and after
---                      this: the anchor is their mean), comma separated
+--                      this: the anchor is their mean, or their fastest, marked *, where they
+--                      are more than 5% apart), comma separated
 --     --measured CSV   dl.gemm.grouped's figures from this bench's own CSV of the same call
 --                      (grouped_ref.sh: torch, this, torch, this --measured)
 --     --cases-out FILE write the cases (one CSV row per case: its counts) and exit:
@@ -144,7 +145,8 @@ end
 -- ---- torch's figures (--torch) --------------------------------------------------------
 
 local PATHS = { "grouped_mm", "matmul_loop", "bmm_padded" }
--- torch[case][path] = {ms, tflops (the means over the CSVs), runs = "a / b", status}
+-- torch[case][path] = {ms (bench.anchor's over the CSVs: the mean, or the fastest run where the runs are far apart:
+-- wide), runs = "a / b", status}
 local torch, nruns, torch_about = {}, 0, nil
 for file in (A.torch or ""):gmatch("[^,]+") do
   local head, recs = bench.csv.read(file)
@@ -155,19 +157,19 @@ for file in (A.torch or ""):gmatch("[^,]+") do
     torch[r.case] = torch[r.case] or {}
     local t = torch[r.case][r.path]
     if not t then
-      t = { sum_ms = 0, n = 0, runs = {}, status = r.status }
+      t = { all_ms = {}, runs = {}, status = r.status }
       torch[r.case][r.path] = t
     end
     torch_about = torch_about or r.torch
     local ms = bench.csv.number(r.ms)
     if r.status ~= "ok" then t.status = r.status end
     t.runs[#t.runs + 1] = ms and string.format("%.3f", ms) or "-"
-    if ms and r.status == "ok" then t.sum_ms, t.n = t.sum_ms + ms, t.n + 1 end
+    if ms and r.status == "ok" then t.all_ms[#t.all_ms + 1] = ms end
   end
 end
 for _, paths in pairs(torch) do
   for _, t in pairs(paths) do
-    if t.n > 0 then t.ms = t.sum_ms / t.n end
+    t.ms, t.wide = bench.anchor(t.all_ms, "low")
     t.runs = table.concat(t.runs, " / ")
   end
 end
@@ -368,7 +370,8 @@ for _, c in ipairs(cases) do
   end
   for _, p in ipairs(PATHS) do
     local t = torch[c.id] and torch[c.id][p]
-    cells[#cells + 1] = t and t.ms and f("%.1f", c.flops / (t.ms * 1e-3) / 1e12) or (t and t.status and "failed" or "—")
+    cells[#cells + 1] = t and t.ms and (f("%.1f", c.flops / (t.ms * 1e-3) / 1e12) .. (t.wide and "*" or ""))
+      or (t and t.status and "failed" or "—")
   end
   cells[#cells + 1] = f("%.3f", ratio)
   cells[#cells + 1] = bratio and string.format("%.3f (%s)", bratio, bname) or "—"
@@ -385,9 +388,9 @@ for _, x in ipairs { "auto / torch best", "best backend / torch best", "target",
 local lines = { string.format("TFLOP/s = 2 (rows) K N / time, rows = the sum of the counts; time: the median of at least "
   .. "%d calls and %g ms of work, each call between two device events, after %g ms of warm-up calls; torch's paths "
   .. "timed the same way by `experiments/gemm/grouped_torch.py` in the same device call, %d time(s) (before and after "
-  .. "dl.gemm.grouped; the mean). up: K = %d, N = %d; down: K = %d, N = %d. Ratios: torch's best path's time over "
+  .. "dl.gemm.grouped; the mean, or the fastest run where they are more than %.0f%% apart: *). up: K = %d, N = %d; down: K = %d, N = %d. Ratios: torch's best path's time over "
   .. "ours (>= %.2f: the target of issue 55). auto / auto_dev: in brackets the backend auto ran.", A.iters, A.min_ms,
-  A.warm_ms, nruns, A.hidden, A.ffn, A.ffn, A.hidden, TARGET), "" }
+  A.warm_ms, nruns, (bench.timing.ANCHOR_WIDE - 1) * 100, A.hidden, A.ffn, A.ffn, A.hidden, TARGET), "" }
 for _, l in ipairs(bench.markdown.table(head, md_rows)) do lines[#lines + 1] = l end
 local notes = {}
 for _, c in ipairs(cases) do

@@ -9,7 +9,8 @@
 --     --warm-ms, --min-ms  warm-up and timed work per case in ms (default 500 and 1000)
 --     --torch CSVS    experiments/overlap/gemm_bench_torch.py's CSVs from the same run, comma
 --                     separated (overlap.sh runs it before and after this: the anchor is the
---                     mean of the runs, so a drift of the card's clocks cancels); its columns
+--                     mean of the runs, so a drift of the card's clocks cancels; their fastest,
+--                     marked *, where they are more than 5% apart: an erratic run); its columns
 --                     beside ours, the ratio and the target
 --     --measured CSV  take dl.gemm's figures from this bench's own CSV of the same run
 --                     instead of timing again (overlap.sh: torch, this, torch, this
@@ -89,7 +90,8 @@ local function check(m, call, a, b, out)
     end }
 end
 
--- torch[m] = {ms, tflops (the mean over the CSVs), runs = "a / b" TFLOP/s, status, torch}
+-- torch[m] = {ms, tflops (bench.anchor's over the CSVs: the mean, or the fastest run where the runs are far apart:
+-- wide), runs = "a / b" TFLOP/s, status, torch}
 local torch, nruns = {}, 0
 for file in (A.torch or ""):gmatch("[^,]+") do
   local head, recs = bench.csv.read(file)
@@ -100,18 +102,19 @@ for file in (A.torch or ""):gmatch("[^,]+") do
     local m, t = tonumber(r.m), torch[tonumber(r.m)]
     local tf = bench.csv.number(r.tflops)
     if not t then
-      t = { status = r.status, torch = r.torch, sum_ms = 0, sum_tf = 0, n = 0, runs = {} }
+      t = { status = r.status, torch = r.torch, all_ms = {}, all_tf = {}, runs = {} }
       torch[m] = t
     end
     if r.status ~= "ok" then t.status = r.status end
     t.runs[#t.runs + 1] = tf and string.format("%.1f", tf) or "-"
-    if tf and r.status == "ok" then
-      t.sum_ms, t.sum_tf, t.n = t.sum_ms + bench.csv.number(r.ms), t.sum_tf + tf, t.n + 1
-    end
+    if tf and r.status == "ok" then t.all_ms[#t.all_ms + 1], t.all_tf[#t.all_tf + 1] = bench.csv.number(r.ms), tf end
   end
 end
 for _, t in pairs(torch) do
-  if t.n > 0 then t.ms, t.tflops = t.sum_ms / t.n, t.sum_tf / t.n end
+  local w1, w2
+  t.ms, w1 = bench.anchor(t.all_ms, "low")
+  t.tflops, w2 = bench.anchor(t.all_tf, "high")
+  t.wide = w1 or w2
   t.runs = table.concat(t.runs, " / ")
 end
 
@@ -154,7 +157,7 @@ for _, m in ipairs(A.m) do
   local tms, ttf = t.ms, t.tflops
   local ratio = ttf and tf / ttf
   local r = { m = m, ms = ms, tf = tf, tms = tms, ttf = ttf, ratio = ratio, wrong = wrong,
-    target = ratio and (ratio >= 0.98 and "met" or "below") or "-", tstatus = t.status, truns = t.runs }
+    target = ratio and (ratio >= 0.98 and "met" or "below") or "-", tstatus = t.status, truns = t.runs, twide = t.wide }
   rows[#rows + 1] = r
   tbl:row({ m, A.k, A.n, ms, tf, tms, ttf, ratio, r.target, wrong })
 end
@@ -168,16 +171,18 @@ local v = stats.version
 local function f(fmt, x) return x and string.format(fmt, x) or "—" end
 local md_rows, csv_rows = {}, {}
 for _, r in ipairs(rows) do
-  md_rows[#md_rows + 1] = { r.m, A.k, A.n, f("%.3f", r.ms), f("%.1f", r.tf), f("%.3f", r.tms), f("%.1f", r.ttf),
-    r.truns or "—", f("%.3f", r.ratio), r.target, r.wrong }
+  local star = r.twide and "*" or ""
+  md_rows[#md_rows + 1] = { r.m, A.k, A.n, f("%.3f", r.ms), f("%.1f", r.tf), f("%.3f", r.tms) .. star,
+    f("%.1f", r.ttf) .. star, r.truns or "—", f("%.3f", r.ratio), r.target, r.wrong }
   csv_rows[#csv_rows + 1] = { r.m, A.k, A.n, A.dtype, f("%.4f", r.ms), f("%.2f", r.tf), f("%.4f", r.tms),
     f("%.2f", r.ttf), f("%.4f", r.ratio), r.wrong }
 end
 local lines = { string.format("TFLOP/s = 2 m n k / time; time: the median of at least %d calls and %g ms of work, " ..
   "each call between two device events, after %g ms of warm-up calls (torch.matmul timed the same way by " ..
   "`experiments/overlap/gemm_bench_torch.py`, in the same run, %d time(s): before and after dl.gemm, its " ..
-  "figure the mean of the runs, each run's TFLOP/s listed). Target (issue 17): dl.gemm >= 0.98 x torch.matmul " ..
-  "at every m.", A.iters, A.min_ms, A.warm_ms, nruns), "" }
+  "figure the mean of the runs, or their fastest where they are more than %.0f%% apart (*), each run's TFLOP/s " ..
+  "listed). Target (issue 17): dl.gemm >= 0.98 x torch.matmul at every m.", A.iters, A.min_ms, A.warm_ms, nruns,
+  (bench.timing.ANCHOR_WIDE - 1) * 100), "" }
 for _, l in ipairs(bench.markdown.table({ "m", "k", "n", "dl.gemm ms", "dl.gemm TFLOP/s", "torch ms",
   "torch TFLOP/s", "torch runs", "ratio", "target", "#wrong" }, md_rows)) do lines[#lines + 1] = l end
 local notes = {}

@@ -9,6 +9,7 @@
 --       not the sweeps' figure (a graph of 10 calls a replay, timing.graph),
 --       nor a GPU's; `method` says which it is, and print(st) shows it
 --   bench.stats(times)                          median / min / max / mean of a list
+--   bench.anchor(runs, "high"|"low")           an anchor's figure from its runs (timing.anchor)
 --
 -- The parts, each loaded on first use (bench.options, bench.sizes, ...):
 --   options   typed command-line options with defaults, --help, a clear error for unknown ones
@@ -31,6 +32,7 @@ local timing = require "distlab.bench.timing"
 
 local M = {
   stats = timing.stats,
+  anchor = timing.anchor,
   bench = timing.events,
 }
 

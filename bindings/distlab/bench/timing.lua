@@ -18,6 +18,11 @@
 --                                   with a sync between them (not counted)
 --   over_ranks(comm, v, op)         v (a number or a list of numbers) reduced
 --                                   over the ranks of comm: "max" (default), "sum", "min"
+--   anchor(runs, better) -> v, wide an anchor's figure from its runs in one call (before
+--                                   and after ours): their mean, so a drift of the clocks
+--                                   cancels; their best (better: "high" for a rate, "low"
+--                                   for a time) where the runs are more than ANCHOR_WIDE
+--                                   apart, wide = true, so an erratic run cannot flatter ours
 local core = require "distlab.core"
 local stream = require "distlab.stream"
 local args = require "distlab.args"
@@ -42,6 +47,20 @@ function M.stats(times, method)
   local median = n % 2 == 1 and times[(n + 1) / 2] or (times[n / 2] + times[n / 2 + 1]) / 2
   return setmetatable({ median = median, min = times[1], max = times[n], mean = sum / n, iters = n, times = times,
     method = method }, Stats)
+end
+
+-- anchor(runs, better): runs a list of numbers (nil entries: runs without the figure, skipped); nil when none
+M.ANCHOR_WIDE = 1.05
+function M.anchor(runs, better)
+  if better ~= "high" and better ~= "low" then fail("bench.anchor: better must be \"high\" or \"low\", not %s", tostring(better)) end
+  local sum, n, lo, hi = 0, 0, nil, nil
+  for i = 1, table.maxn(runs) do
+    local v = runs[i]
+    if v then sum, n, lo, hi = sum + v, n + 1, math.min(lo or v, v), math.max(hi or v, v) end
+  end
+  if n == 0 then return nil, false end
+  if lo > 0 and hi > M.ANCHOR_WIDE * lo then return better == "high" and hi or lo, true end
+  return sum / n, false
 end
 
 -- What a time of events() or graph() is on a device: cpu and meta have no
